@@ -1,0 +1,65 @@
+"""The ``gpufold`` command line.
+
+Each subcommand lives in its own module under ``gpufold.cli_commands`` and
+exposes ``register(subparsers)``; this module only discovers and dispatches, so
+adding a command never touches the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from gpufold import __version__, cli_commands
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one clear line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufold",
+        description="Event-sourced GPU scheduler: deterministic allocation fold over Kafka or an embedded log.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufold {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_info in sorted(pkgutil.iter_modules(cli_commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{cli_commands.__name__}.{module_info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except CliError as error:
+        print(f"gpufold: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpufold: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``gpufold`` subcommand (or group); each exposes ``register(subparsers)``."""

@@ -1,0 +1,144 @@
+"""The capacity index: schedulable nodes grouped by free-capacity signature.
+
+Nodes with equal :class:`~processor.resources.Signature` are interchangeable, so
+a placement looks at groups, not nodes: ``feasible(shape)`` visits the groups of
+the allowed GPU models only and returns those that fit. Within a group the node
+with the smallest id is the one used (ties break on node id).
+
+Complexity: ``add``/``remove``/``update`` are O(log g) (g = nodes in the group,
+a sorted list); ``feasible`` is O(S_m), S_m = distinct signatures among the
+schedulable nodes of the allowed models. S_m is bounded by how many distinct
+node types and free-capacity states exist, not by the number of nodes: 100,000
+identical idle nodes are one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+from processor.resources import NodeClass, PodShape, Signature, class_admits, gpu_fits
+
+
+class NodeGroup:
+    """The schedulable nodes that share one signature, kept sorted by id."""
+
+    __slots__ = ("node_ids", "signature")
+
+    def __init__(self, signature: Signature) -> None:
+        self.signature = signature
+        self.node_ids: SortedList = SortedList()
+
+    def first(self) -> str:
+        """The node used when this group is chosen: the smallest id."""
+        return self.node_ids[0]  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+
+class CapacityIndex:
+    """Groups of schedulable nodes, by GPU model then signature."""
+
+    __slots__ = ("_admits", "_by_model", "_signature_of")
+
+    def __init__(self) -> None:
+        self._by_model: dict[str, dict[Signature, NodeGroup]] = {}
+        self._signature_of: dict[str, Signature] = {}
+        # (node class, selector, tolerations) -> admits; classes are few, so this stays small.
+        self._admits: dict[tuple[NodeClass, tuple[tuple[str, str], ...], tuple[object, ...]], bool] = {}
+
+    def add(self, node_id: str, signature: Signature) -> None:
+        """Make a node schedulable under a signature. O(log g)."""
+        groups = self._by_model.setdefault(signature.gpu_model, {})
+        group = groups.get(signature)
+        if group is None:
+            group = groups[signature] = NodeGroup(signature)
+        group.node_ids.add(node_id)
+        self._signature_of[node_id] = signature
+
+    def remove(self, node_id: str) -> None:
+        """Take a node out of the index (no-op if absent). O(log g)."""
+        signature = self._signature_of.pop(node_id, None)
+        if signature is None:
+            return
+        groups = self._by_model[signature.gpu_model]
+        group = groups[signature]
+        group.node_ids.remove(node_id)
+        if not group.node_ids:
+            del groups[signature]
+            if not groups:
+                del self._by_model[signature.gpu_model]
+
+    def update(self, node_id: str, signature: Signature) -> None:
+        """Move a schedulable node to its new signature. O(log g)."""
+        if self._signature_of.get(node_id) == signature:
+            return
+        self.remove(node_id)
+        self.add(node_id, signature)
+
+    def signature_of(self, node_id: str) -> Signature | None:
+        return self._signature_of.get(node_id)
+
+    def __contains__(self, node_id: str) -> bool:
+        return node_id in self._signature_of
+
+    def __len__(self) -> int:
+        return len(self._signature_of)
+
+    def groups(self) -> Iterator[NodeGroup]:
+        """Every group, in a deterministic order (model, then signature). O(S log S)."""
+        for model in sorted(self._by_model):
+            groups = self._by_model[model]
+            for signature in sorted(groups):
+                yield groups[signature]
+
+    def admits(self, node_class: NodeClass, shape: PodShape) -> bool:
+        key = (node_class, shape.node_selector, shape.tolerations)
+        result = self._admits.get(key)
+        if result is None:
+            result = self._admits[key] = class_admits(node_class, shape)
+        return result
+
+    def fits(self, signature: Signature, shape: PodShape) -> bool:
+        """Whether nodes of this signature can take the shape. O(1) amortised."""
+        if shape.gpu_models and signature.gpu_model not in shape.gpu_models:
+            return False
+        return (
+            signature.cpu_free >= shape.cpu_milli
+            and signature.memory_free >= shape.memory_mib
+            and gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli)
+            and self.admits(signature.node_class, shape)
+        )
+
+    def feasible(self, shape: PodShape) -> list[NodeGroup]:
+        """The groups whose nodes can take the shape, in insertion order. O(S_m)."""
+        models = shape.gpu_models or tuple(self._by_model)
+        num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
+        cpu, memory = shape.cpu_milli, shape.memory_mib
+        found: list[NodeGroup] = []
+        for model in models:
+            groups = self._by_model.get(model)
+            if not groups:
+                continue
+            for signature, group in groups.items():
+                if (
+                    signature.cpu_free >= cpu
+                    and signature.memory_free >= memory
+                    and gpu_fits(signature.gpu_free, num_gpu, gpu_milli)
+                    and self.admits(signature.node_class, shape)
+                ):
+                    found.append(group)
+        return found
+
+    def rebuilt(self, schedulable: dict[str, Signature]) -> CapacityIndex:
+        """A fresh index from node signatures, for checking the incremental one."""
+        index = CapacityIndex()
+        for node_id in sorted(schedulable):
+            index.add(node_id, schedulable[node_id])
+        return index
+
+    def content(self) -> dict[Signature, list[str]]:
+        """The index as plain data (signature -> sorted node ids), for equality checks."""
+        return {group.signature: list(group.node_ids) for group in self.groups()}

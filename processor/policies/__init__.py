@@ -1,0 +1,32 @@
+"""The placement policy registry, keyed by name (like kube-scheduler's plugin registry)."""
+
+from __future__ import annotations
+
+from processor.policies.base import Choice, Policy, ScoringPolicy, default_gpus
+from processor.policies.best_fit import BestFit
+from processor.policies.first_fit import FirstFit
+from processor.policies.spread import Spread
+
+REGISTRY: dict[str, Policy] = {}
+
+
+def register(policy: Policy) -> Policy:
+    """Add a policy to the registry under its name (names are unique)."""
+    if policy.name in REGISTRY:
+        raise ValueError(f"policy {policy.name!r} is already registered")
+    REGISTRY[policy.name] = policy
+    return policy
+
+
+def get_policy(name: str) -> Policy | None:
+    return REGISTRY.get(name)
+
+
+def policy_names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+for _policy in (FirstFit(), BestFit(), Spread()):
+    register(_policy)
+
+__all__ = ["REGISTRY", "Choice", "Policy", "ScoringPolicy", "default_gpus", "get_policy", "policy_names", "register"]

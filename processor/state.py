@@ -1,0 +1,200 @@
+"""The fold state of one partition: clusters, their nodes, pods, indexes and queue.
+
+One writer owns a ``PartitionState`` and changes it only through
+``processor.fold.apply``; the indexes are updated in place on each event.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from processor.capacity import CapacityIndex
+from processor.commands import Taint
+from processor.errors import InvariantViolation
+from processor.events import GpuShare, PodSpec
+from processor.pending import PendingQueue, QueueKey
+from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature
+
+DEFAULT_POLICY = "best-fit"
+DEFAULT_SEEN_WINDOW = 100_000
+"""How many recent command ids each partition remembers for idempotency.
+
+A command id repeated within the last 100,000 commands of its partition is
+rejected as DUPLICATE_COMMAND; older ids are forgotten (oldest first), which
+bounds memory (about 10 MB) and snapshot size. Senders retrying for longer than
+that window must use the idempotent producer, which Kafka dedupes itself.
+"""
+
+
+class Node:
+    """A node: its fixed capacity and what is free now, GPU by GPU."""
+
+    __slots__ = (
+        "cordoned",
+        "cpu_free",
+        "cpu_milli",
+        "failed",
+        "gpu_count",
+        "gpu_free",
+        "gpu_model",
+        "labels",
+        "memory_free",
+        "memory_mib",
+        "node_class",
+        "node_id",
+        "pods",
+        "taints",
+    )
+
+    def __init__(
+        self,
+        node_id: str,
+        gpu_model: str,
+        gpu_count: int,
+        cpu_milli: int,
+        memory_mib: int,
+        labels: dict[str, str],
+        taints: tuple[Taint, ...],
+    ) -> None:
+        self.node_id = node_id
+        self.gpu_model = gpu_model
+        self.gpu_count = gpu_count
+        self.cpu_milli = cpu_milli
+        self.memory_mib = memory_mib
+        self.labels = dict(labels)
+        self.taints = tuple(taints)
+        self.node_class: NodeClass = (tuple(sorted(self.labels.items())), self.taints)
+        self.gpu_free = [GPU_MILLI] * gpu_count
+        self.cpu_free = cpu_milli
+        self.memory_free = memory_mib
+        self.cordoned = False
+        self.failed = False
+        self.pods: dict[str, None] = {}  # running pod ids, in placement order
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.cordoned or self.failed)
+
+    def signature(self) -> Signature:
+        return Signature(
+            self.gpu_model,
+            self.node_class,
+            self.cpu_milli,
+            self.memory_mib,
+            tuple(sorted(self.gpu_free, reverse=True)),
+            self.cpu_free,
+            self.memory_free,
+        )
+
+    def allocate(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
+        """Take a pod's resources; raises InvariantViolation rather than over-commit."""
+        if self.cpu_free < pod.cpu_milli or self.memory_free < pod.memory_mib:
+            raise InvariantViolation(f"pod {pod.pod_id} over-commits CPU or memory on node {self.node_id}")
+        for share in gpus:
+            if not 0 <= share.index < self.gpu_count or self.gpu_free[share.index] < share.milli:
+                raise InvariantViolation(f"pod {pod.pod_id} over-commits GPU {share.index} on node {self.node_id}")
+        if len({share.index for share in gpus}) != len(gpus) or sum(s.milli for s in gpus) != pod.gpu_milli_total:
+            raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
+        for share in gpus:
+            self.gpu_free[share.index] -= share.milli
+        self.cpu_free -= pod.cpu_milli
+        self.memory_free -= pod.memory_mib
+        self.pods[pod.pod_id] = None
+
+    def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
+        for share in gpus:
+            self.gpu_free[share.index] += share.milli
+        self.cpu_free += pod.cpu_milli
+        self.memory_free += pod.memory_mib
+        del self.pods[pod.pod_id]
+        if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
+            raise InvariantViolation(f"node {self.node_id} freed more than its capacity")
+
+    @property
+    def gpu_milli_allocated(self) -> int:
+        return self.gpu_count * GPU_MILLI - sum(self.gpu_free)
+
+
+@dataclass(slots=True)
+class Pod:
+    """A pod known to the fold: queued (node_id None) or running (node_id set)."""
+
+    spec: PodSpec
+    shape: PodShape
+    node_id: str | None = None
+    gpus: tuple[GpuShare, ...] = ()
+    queued: bool = False  # waiting in the pending queue (an evicted pod is briefly neither)
+
+    @property
+    def queue_key(self) -> QueueKey:
+        return (-self.spec.priority, self.spec.arrival, self.spec.pod_id)
+
+    @property
+    def running(self) -> bool:
+        return self.node_id is not None
+
+
+def shape_of(spec: PodSpec) -> PodShape:
+    return PodShape(
+        spec.num_gpu,
+        spec.gpu_milli,
+        spec.cpu_milli,
+        spec.memory_mib,
+        tuple(sorted(set(spec.gpu_models))),
+        tuple(sorted(spec.node_selector.items())),
+        spec.tolerations,
+    )
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """One cluster: nodes, pods, the capacity index and the pending queue."""
+
+    name: str
+    policy: str = DEFAULT_POLICY
+    arrivals: int = 0  # accepted SubmitPods so far: the next PodSpec.arrival
+    nodes: dict[str, Node] = field(default_factory=dict)
+    pods: dict[str, Pod] = field(default_factory=dict)
+    index: CapacityIndex = field(default_factory=CapacityIndex)
+    queue: PendingQueue = field(default_factory=PendingQueue)
+    model_nodes: dict[str, int] = field(default_factory=dict)  # GPU model -> nodes present
+    gpu_milli_capacity: int = 0  # of nodes that are not failed
+    gpu_milli_allocated: int = 0
+
+    def reindex(self, node: Node) -> None:
+        """Put a node in the capacity index under its current signature, or take it out."""
+        if node.schedulable:
+            self.index.update(node.node_id, node.signature())
+        else:
+            self.index.remove(node.node_id)
+
+    @property
+    def unschedulable_nodes(self) -> int:
+        return len(self.nodes) - len(self.index)
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """Everything the fold knows for one partition of the command log."""
+
+    partition: int = 0
+    clusters: dict[str, ClusterState] = field(default_factory=dict)
+    sequence: int = 0  # the next event's sequence number
+    next_offset: int = 0  # the next command offset to fold
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen_window: int = DEFAULT_SEEN_WINDOW
+
+    def cluster(self, name: str) -> ClusterState:
+        """The cluster, created on first use (only ``apply`` may call this)."""
+        state = self.clusters.get(name)
+        if state is None:
+            state = self.clusters[name] = ClusterState(name)
+        return state
+
+    def remember(self, command_id: str) -> None:
+        if command_id in self.seen:
+            return
+        self.seen[command_id] = None
+        if len(self.seen) > self.seen_window:
+            self.seen.popitem(last=False)

@@ -1,0 +1,172 @@
+"""Avro single-object encoding on fastavro, with writer/reader schema resolution.
+
+A frame is ``C3 01`` + the little-endian CRC-64-AVRO fingerprint of the writer
+schema's Parsing Canonical Form + the Avro binary body. Decoding looks the
+fingerprint up among the schemas this process knows (the current one and any
+older versions registered with :meth:`SchemaRegistry.register`) and resolves
+the writer schema to the reader schema, so a record written with an older
+schema decodes under a newer one that adds a defaulted field.
+
+Timestamps are carried as plain epoch milliseconds: the runtime copy of each
+schema drops the ``timestamp-millis`` logical type (Parsing Canonical Form drops
+logical types too, so fingerprints are unchanged) so that decoding never turns
+them into ``datetime`` objects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+MAGIC = b"\xc3\x01"
+HEADER_SIZE = 10
+
+COMMAND = "gpufold.Command"
+EVENT = "gpufold.Event"
+SNAPSHOT = "gpufold.Snapshot"
+DEAD_LETTER = "gpufold.DeadLetter"
+
+_SCHEMA_FILES = ("types.avsc", "command.avsc", "event.avsc", "snapshot.avsc", "dead_letter.avsc")
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid single-object-encoded record of a known schema."""
+
+
+def _strip_logical_types(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        if schema.get("logicalType") == "timestamp-millis":
+            return schema["type"]
+        return {key: _strip_logical_types(value) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_strip_logical_types(item) for item in schema]
+    return schema
+
+
+def _load_json(name: str) -> Any:
+    return json.loads(resources.files("schemas").joinpath(name).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class AvroCodec:
+    """Encodes and decodes one record type (the reader schema) in single-object frames."""
+
+    name: str
+    schema: Any  # parsed runtime schema (the reader schema)
+    fingerprint: bytes
+    registry: SchemaRegistry
+
+    def encode(self, record: Any) -> bytes:
+        """Encode a record (a mapping as fastavro takes it) into one frame."""
+        buffer = io.BytesIO()
+        buffer.write(MAGIC)
+        buffer.write(self.fingerprint)
+        fastavro.schemaless_writer(buffer, self.schema, record)
+        return buffer.getvalue()
+
+    def encode_body(self, record: Any) -> bytes:
+        """Encode only the Avro binary body (no header), e.g. for hashing."""
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, self.schema, record)
+        return buffer.getvalue()
+
+    def decode(self, frame: bytes) -> Any:
+        """Decode one frame into a mapping; raises DecodeError on anything malformed."""
+        if not isinstance(frame, (bytes, bytearray, memoryview)):
+            raise DecodeError(f"expected bytes, got {type(frame).__name__}")
+        frame = bytes(frame)
+        if len(frame) < HEADER_SIZE:
+            raise DecodeError(f"frame of {len(frame)} bytes is shorter than the 10-byte header")
+        if frame[:2] != MAGIC:
+            raise DecodeError(f"bad magic {frame[:2].hex()}: not Avro single-object encoding (want c301)")
+        writer = self.registry.writer_schema(frame[2:HEADER_SIZE])
+        if writer is None:
+            raise DecodeError(f"unknown schema fingerprint {frame[2:HEADER_SIZE].hex()}")
+        buffer = io.BytesIO(frame)
+        buffer.seek(HEADER_SIZE)
+        reader = None if writer is self.schema else self.schema
+        try:
+            record = fastavro.schemaless_reader(
+                buffer,
+                writer,
+                reader,
+                return_record_name=True,
+                return_record_name_override=True,
+            )
+        except Exception as error:  # fastavro raises many types on corrupt bodies
+            raise DecodeError(f"corrupt Avro body: {type(error).__name__}: {error}") from error
+        if buffer.tell() != len(frame):
+            raise DecodeError(f"{len(frame) - buffer.tell()} trailing bytes after the record")
+        return record
+
+
+class SchemaRegistry:
+    """The schemas this process knows, by full name and by fingerprint.
+
+    The current schemas come from the .avsc files of this package; older writer
+    schemas can be registered so their records still decode (schema evolution).
+    """
+
+    def __init__(self) -> None:
+        self._named: dict[str, Any] = {}
+        self._by_fingerprint: dict[bytes, Any] = {}
+        self._codecs: dict[str, AvroCodec] = {}
+        for file_name in _SCHEMA_FILES:
+            document = _load_json(file_name)
+            for schema in document if isinstance(document, list) else [document]:
+                self._add_current(schema)
+
+    def _add_current(self, schema: dict[str, Any]) -> None:
+        parsed = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=self._named)
+        name = parsed["name"]
+        self._codecs[name] = AvroCodec(name, parsed, self._fingerfingerprint_bytesof(parsed), self)
+        self._by_fingerprint[self._codecs[name].fingerprint] = parsed
+
+    def _fingerfingerprint_bytesof(self, parsed: Any) -> bytes:
+        # Named types from types.avsc must be inlined at first use for the
+        # Parsing Canonical Form to describe the whole schema.
+        expanded = fastavro.parse_schema(parsed, named_schemas=dict(self._named), expand=True)
+        canonical = to_parsing_canonical_form(expanded)
+        return struct.pack("<Q", int(fingerprint(canonical, "CRC-64-AVRO"), 16))
+
+    def register(self, schema: dict[str, Any]) -> bytes:
+        """Register an older (or other) writer schema; returns its fingerprint.
+
+        The schema may refer to the shared named types of types.avsc.
+        """
+        named = dict(self._named)
+        parsed = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=named)
+        fingerprint_bytes = self._fingerfingerprint_bytesof(parsed)
+        self._by_fingerprint[fingerprint_bytes] = parsed
+        return fingerprint_bytes
+
+    def writer_schema(self, fingerfingerprint_bytesbytes: bytes) -> Any | None:
+        return self._by_fingerprint.get(fingerfingerprint_bytesbytes)
+
+    def codec(self, name: str) -> AvroCodec:
+        try:
+            return self._codecs[name]
+        except KeyError:
+            raise KeyError(f"no schema named {name!r}; known: {sorted(self._codecs)}") from None
+
+    def canonical_form(self, name: str) -> str:
+        parsed = self._codecs[name].schema
+        return to_parsing_canonical_form(fastavro.parse_schema(parsed, named_schemas=dict(self._named), expand=True))
+
+
+_REGISTRY: SchemaRegistry | None = None
+
+
+def registry() -> SchemaRegistry:
+    """The process-wide registry, parsed once on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = SchemaRegistry()
+    return _REGISTRY
