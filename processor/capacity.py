@@ -24,15 +24,26 @@ from processor.resources import NodeClass, PodShape, Signature, class_admits, gp
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
 
-    __slots__ = ("node_ids", "signature")
+    __slots__ = ("_first", "node_ids", "signature")
 
     def __init__(self, signature: Signature) -> None:
         self.signature = signature
         self.node_ids: SortedList = SortedList()
+        self._first = ""
 
     def first(self) -> str:
-        """The node used when this group is chosen: the smallest id."""
-        return self.node_ids[0]  # type: ignore[no-any-return]
+        """The node used when this group is chosen: the smallest id. O(1)."""
+        return self._first
+
+    def add(self, node_id: str) -> None:
+        self.node_ids.add(node_id)
+        if not self._first or node_id < self._first:
+            self._first = node_id
+
+    def discard(self, node_id: str) -> None:
+        self.node_ids.remove(node_id)
+        if node_id == self._first:
+            self._first = self.node_ids[0] if self.node_ids else ""
 
     def __len__(self) -> int:
         return len(self.node_ids)
@@ -55,7 +66,7 @@ class CapacityIndex:
         group = groups.get(signature)
         if group is None:
             group = groups[signature] = NodeGroup(signature)
-        group.node_ids.add(node_id)
+        group.add(node_id)
         self._signature_of[node_id] = signature
 
     def remove(self, node_id: str) -> None:
@@ -65,7 +76,7 @@ class CapacityIndex:
             return
         groups = self._by_model[signature.gpu_model]
         group = groups[signature]
-        group.node_ids.remove(node_id)
+        group.discard(node_id)
         if not group.node_ids:
             del groups[signature]
             if not groups:
@@ -117,6 +128,9 @@ class CapacityIndex:
         models = shape.gpu_models or tuple(self._by_model)
         num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
         cpu, memory = shape.cpu_milli, shape.memory_mib
+        # A pod with no selector and no tolerations fits any untainted node class.
+        plain = not shape.node_selector and not shape.tolerations
+        admits = self.admits
         found: list[NodeGroup] = []
         for model in models:
             groups = self._by_model.get(model)
@@ -127,7 +141,7 @@ class CapacityIndex:
                     signature.cpu_free >= cpu
                     and signature.memory_free >= memory
                     and gpu_fits(signature.gpu_free, num_gpu, gpu_milli)
-                    and self.admits(signature.node_class, shape)
+                    and ((plain and not signature.node_class[1]) or admits(signature.node_class, shape))
                 ):
                     found.append(group)
         return found

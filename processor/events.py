@@ -13,7 +13,7 @@ from processor.commands import Taint, Toleration
 from processor.records import Record
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class PodSpec(Record):
     """A pod as accepted by the fold; ``arrival`` orders pods FIFO within a priority."""
 
@@ -40,13 +40,13 @@ class PodSpec(Record):
         return hash(self.pod_id)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class GpuShare(Record):
     index: int
     milli: int
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class QueueReason(Record):
     code: str
     nodes: int

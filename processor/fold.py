@@ -135,14 +135,11 @@ def _check_envelope(command: Command) -> None:
         )
 
 
+_ID = re.compile(rf"\S{{1,{MAX_ID_LENGTH}}}")
+
+
 def _check_id(what: str, value: Any) -> None:
-    if (
-        not isinstance(value, str)
-        or not value
-        or len(value) > MAX_ID_LENGTH
-        or not value.isprintable()
-        or any(ch.isspace() for ch in value)
-    ):
+    if not isinstance(value, str) or not _ID.fullmatch(value) or not value.isprintable():
         raise Rejected(
             RejectionCode.INVALID_COMMAND,
             f"{what} must be 1-{MAX_ID_LENGTH} printable characters without spaces, got {value!r}",

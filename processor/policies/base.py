@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from processor.state import ClusterState, Node
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
     node_id: str
     gpus: tuple[GpuShare, ...]
@@ -71,13 +71,13 @@ class ScoringPolicy(Policy):
         """The score of placing the shape on a node of this signature (lower wins)."""
 
     def place(self, cluster: ClusterState, shape: PodShape, groups: list[NodeGroup]) -> Choice:
-        best_key: tuple[tuple[float, ...], str] | None = None
-        for group in groups:
-            key = (self.score(group.signature, shape), group.first())
-            if best_key is None or key < best_key:
-                best_key = key
-        assert best_key is not None
-        score, node_id = best_key
-        node = cluster.nodes[node_id]
-        scores = dict(zip(self.score_names, map(float, score), strict=True))
-        return Choice(node_id, self.choose_gpus(node, shape), scores)
+        score = self.score
+        best_group = groups[0]
+        best_score = score(best_group.signature, shape)
+        for group in groups[1:]:
+            candidate = score(group.signature, shape)
+            if candidate < best_score or (candidate == best_score and group.first() < best_group.first()):
+                best_group, best_score = group, candidate
+        node_id = best_group.first()
+        scores = dict(zip(self.score_names, map(float, best_score), strict=True))
+        return Choice(node_id, self.choose_gpus(cluster.nodes[node_id], shape), scores)

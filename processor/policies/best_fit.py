@@ -13,7 +13,7 @@ class BestFit(ScoringPolicy):
 
     def score(self, signature: Signature, shape: PodShape) -> tuple[float, ...]:
         return (
-            sum(signature.gpu_free) - shape.gpu_milli_total,
+            sum(signature.gpu_free) - shape.num_gpu * shape.gpu_milli,
             signature.cpu_free - shape.cpu_milli,
             signature.memory_free - shape.memory_mib,
         )
