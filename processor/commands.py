@@ -12,9 +12,12 @@ from typing import Any
 from processor.records import Record
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, order=True)
 class Taint(Record):
-    """A node taint; effects NoSchedule and NoExecute keep untolerating pods off the node."""
+    """A node taint; effects NoSchedule and NoExecute keep untolerating pods off the node.
+
+    Ordered because node signatures (which hold taints) are sorted to iterate the capacity index.
+    """
 
     key: str
     value: str = ""
