@@ -1,0 +1,127 @@
+"""``gpufold events``: list the events (or dead letters) the processor published to the embedded log."""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufold.cli import CliError
+from gpufold.cli_commands._embedded import add_log_argument, open_log, partitions_arg
+from gpufold.jsonl import to_json_value
+from schemas import DEAD_LETTER, EVENT, DecodeError, registry
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "events",
+        help="list the events in the embedded log",
+        description="List the events the processor published, in offset order per partition. Text lines read "
+        "PARTITION:OFFSET TIME CLUSTER COMMAND_ID TYPE DETAILS; --json prints one event envelope per line "
+        '(payload as {"Type": {...}}) with its partition and offset.',
+    )
+    add_log_argument(parser)
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--from", dest="start", type=int, default=0, metavar="N", help="first event offset (default 0)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="print at most N events")
+    parser.add_argument("--partition", type=int, default=None, help="only this partition")
+    parser.add_argument("--cluster", default=None, help="only events of this cluster")
+    parser.add_argument(
+        "--type",
+        dest="types",
+        action="append",
+        default=None,
+        metavar="TYPE",
+        help="only events of this type, e.g. CommandRejected (repeatable)",
+    )
+    parser.add_argument(
+        "--dead-letters",
+        action="store_true",
+        help="list the dead letters instead (command records that did not decode)",
+    )
+    parser.set_defaults(handler=_events)
+
+
+def iso(millis: int) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC time."""
+    return datetime.fromtimestamp(millis / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def describe(type_name: str, body: dict[str, Any]) -> str:
+    """A short human description of an event payload."""
+    if type_name == "PodScheduled":
+        pod = body["pod"]
+        gpus = ",".join(f"{g['index']}:{g['milli']}" for g in body["gpus"])
+        extra = " from queue" if body["from_queue"] else ""
+        return (
+            f"{pod['pod_id']} -> {body['node_id']}" + (f" gpus {gpus}" if gpus else "") + f" ({body['policy']}{extra})"
+        )
+    if type_name == "PodQueued":
+        reasons = ", ".join(f"{r['code']} x{r['nodes']}" for r in body["reasons"])
+        return f"{body['pod']['pod_id']}" + (" requeued" if body["requeued"] else "") + f": {reasons}"
+    if type_name == "CommandRejected":
+        return f"{body['command_type']} {body['code']}: {body['message']}"
+    if type_name == "NodeAdded":
+        gpus = f" {body['gpu_count']}x{body['gpu_model']}" if body["gpu_count"] else ""
+        return f"{body['node_id']}{gpus} cpu {body['cpu_milli']} mem {body['memory_mib']}"
+    if type_name == "PodReleased":
+        where = f" from {body['node_id']}" if body["node_id"] else " (was queued)"
+        return f"{body['pod_id']}{where}: {body['reason']}"
+    if type_name == "PodEvicted":
+        return f"{body['pod_id']} from {body['node_id']}: {body['reason']}"
+    if type_name in ("NodeDrained", "NodeFailed"):
+        return f"{body['node_id']} evicted {body['evicted']}" + (f": {body['reason']}" if body.get("reason") else "")
+    if type_name == "PolicyChanged":
+        return f"{body['previous']} -> {body['policy']}"
+    return " ".join(f"{key}={value}" for key, value in body.items())
+
+
+def _events(args: argparse.Namespace) -> int:
+    if args.start < 0 or (args.limit is not None and args.limit < 0):
+        raise CliError("--from and --limit must be >= 0")
+    with open_log(args, readonly=True) as log:
+        topic = log.topics.dead_letters if args.dead_letters else log.topics.events
+        codec = registry().codec(DEAD_LETTER if args.dead_letters else EVENT)
+        partitions = partitions_arg(log, args.partition)
+        # Merge partitions in (offset, partition) order: with one partition it is simply offset order.
+        streams = [((r.offset, r.partition, r.value) for r in log.read(topic, p, args.start)) for p in partitions]
+        printed = 0
+        wanted = set(args.types) if args.types else None
+        for offset, partition, value in heapq.merge(*streams):
+            if args.limit is not None and printed >= args.limit:
+                break
+            try:
+                record = codec.decode(value)  # type: ignore[arg-type]
+            except DecodeError as error:  # never expected: the processor wrote these
+                print(f"{partition}:{offset} undecodable record: {error}")
+                printed += 1
+                continue
+            if args.dead_letters:
+                _print_dead_letter(partition, offset, record, args.json)
+                printed += 1
+                continue
+            type_name = record["payload"][0].rsplit(".", 1)[-1]
+            if (args.cluster and record["cluster"] != args.cluster) or (wanted and type_name not in wanted):
+                continue
+            if args.json:
+                print(json.dumps({"partition": partition, "offset": offset, **to_json_value(record)}))
+            else:
+                print(
+                    f"{partition}:{offset}  {iso(record['occurred_at'])}  {record['cluster']}  "
+                    f"{record['command_id']}  {type_name}  {describe(type_name, record['payload'][1])}"
+                )
+            printed += 1
+    return 0
+
+
+def _print_dead_letter(partition: int, offset: int, record: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"partition": partition, "offset": offset, **to_json_value(record)}))
+    else:
+        size = len(record["value"]) if record["value"] is not None else 0
+        print(
+            f"{partition}:{offset}  {record['topic']}[{record['partition']}]@{record['offset']}  "
+            f"{size} bytes  {record['error']}"
+        )

@@ -1,0 +1,229 @@
+"""``gpufold log``: append JSON-lines commands to the embedded log, inspect it, export and import it."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+from gpufold.cli import CliError
+from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
+from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog
+from gpufold.jsonl import LineError, ParsedCommand, command_types, read_commands
+from gpufold.log_export import ROLES, ExportError, export_log, import_log
+
+APPEND_CHUNK = 10_000
+
+_JSONL_HELP = (
+    'One command per line, field names as in schemas/command.avsc, payload as {"Type": {...}} '
+    f"(types: {', '.join(command_types())}). Fields with a schema default may be left out; issued_at is "
+    "epoch milliseconds or an ISO-8601 time with a zone. Blank lines and lines starting with # are skipped. "
+    "A line that does not parse is reported with its number and reason and skipped; the others are appended "
+    "(exit status 1 if any line was skipped). Example line:\n"
+    '  {"command_id": "c1", "cluster": "lab", "issued_at": 1767225600000, '
+    '"payload": {"SubmitPod": {"pod_id": "p1", "num_gpu": 1, "gpu_milli": 500, "cpu_milli": 4000}}}'
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "log",
+        help="the embedded log: append commands, show what it holds, export/import it",
+        description="The embedded log: one SQLite file with Kafka's topics, partitions and offsets (no servers).",
+    )
+    commands = parser.add_subparsers(dest="log_command", metavar="ACTION", required=True)
+
+    append = commands.add_parser(
+        "append",
+        help="append JSON-lines commands (a file or - for stdin)",
+        description="Append JSON-lines commands to the embedded log (created if missing). " + _JSONL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_log_argument(append)
+    append.add_argument("file", metavar="FILE.jsonl", help="the commands, or - to read standard input")
+    append.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help=f"command partitions of a NEW log (default {DEFAULT_PARTITIONS}); a cluster's partition is "
+        "murmur2(cluster) mod this, as on Kafka",
+    )
+    append.add_argument("--strict", action="store_true", help="append nothing if any line is bad (all or nothing)")
+    append.set_defaults(handler=_append)
+
+    info = commands.add_parser("info", help="partitions, record counts, processor position and lag")
+    add_log_argument(info)
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(handler=_info)
+
+    export = commands.add_parser(
+        "export",
+        help="export topics as Avro object container files",
+        description="Write one Avro object container file per topic (commands.avro, events.avro, snapshots.avro, "
+        "dead-letters.avro) into DIR. Record bytes and offsets are kept exactly, so the commands replay to "
+        "identical events anywhere.",
+    )
+    add_log_argument(export)
+    export.add_argument("out_dir", metavar="DIR", help="directory to write (created if missing)")
+    export.add_argument("--topics", default=",".join(ROLES), help=f"comma-separated roles (default {','.join(ROLES)})")
+    export.set_defaults(handler=_export)
+
+    imp = commands.add_parser(
+        "import",
+        help="import an export into a new log",
+        description="Create a new embedded log from an export directory (e.g. taken from production). With "
+        "--topics commands only, `gpufold run` re-derives every event locally; with events too, the "
+        "processor's committed positions come along.",
+    )
+    add_log_argument(imp)
+    imp.add_argument("in_dir", metavar="DIR", help="an export directory")
+    imp.add_argument("--topics", default=None, help="comma-separated roles to import (default: all files present)")
+    imp.set_defaults(handler=_import)
+
+
+# ------------------------------------------------------------ append
+
+
+def _lines(path: str) -> Iterator[str]:
+    if path == "-":
+        yield from sys.stdin
+        return
+    try:
+        with open(path, encoding="utf-8") as source:
+            yield from source
+    except OSError as error:
+        raise CliError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise CliError(f"{path} is not UTF-8 text: {error}") from None
+
+
+def _report(name: str, error: LineError, stream: TextIO) -> None:
+    print(f"gpufold: {name} {error}", file=stream)
+
+
+def _append(args: argparse.Namespace) -> int:
+    name = "<stdin>" if args.file == "-" else args.file
+    parsed = read_commands(_lines(args.file))
+    appended = 0
+    bad = 0
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    with open_log(args, readonly=False, partitions=args.partitions) as log:
+        if args.strict:
+            good: list[ParsedCommand] = []
+            for item in parsed:
+                if isinstance(item, LineError):
+                    _report(name, item, sys.stderr)
+                    bad += 1
+                else:
+                    good.append(item)
+            if bad:
+                raise CliError(f"{bad} bad line(s) in {name}; nothing appended (--strict)")
+            chunks: Iterable[list[ParsedCommand | LineError]] = [list(good)]
+        else:
+            chunks = _chunked(parsed, APPEND_CHUNK)
+        for chunk in chunks:
+            frames = []
+            for item in chunk:
+                if isinstance(item, LineError):
+                    _report(name, item, sys.stderr)
+                    bad += 1
+                else:
+                    frames.append((item.key, item.frame()))  # type: ignore[union-attr]
+            for partition, offset in log.append_commands(frames):
+                first.setdefault(partition, offset)
+                last[partition] = offset
+            appended += len(frames)
+        where = ", ".join(f"partition {p} offsets {first[p]}-{last[p]}" for p in sorted(first))
+        print(f"appended {appended} command(s) to {log.path}" + (f" ({where})" if where else ""))
+        if bad:
+            print(f"skipped {bad} bad line(s) (reported above)")
+        lag = log.lag()
+    if lag:
+        print(f"{lag} command(s) waiting: gpufold run --log {log_path(args)}")
+    return 1 if bad else 0
+
+
+def _chunked(items: Iterable[ParsedCommand | LineError], size: int) -> Iterator[list[ParsedCommand | LineError]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+# ------------------------------------------------------------ info
+
+
+def log_info(log: EmbeddedLog) -> dict[str, object]:
+    topics = log.topics
+    partitions = []
+    for partition in range(log.partitions):
+        end = log.end_offset(topics.commands, partition)
+        committed = log.committed(partition)
+        partitions.append(
+            {
+                "partition": partition,
+                "commands": end,
+                "committed": committed,
+                "lag": end - committed,
+                "events": log.count(topics.events, partition),
+                "snapshots": log.count(topics.snapshots, partition),
+                "dead_letters": log.count(topics.dead_letters, partition),
+            }
+        )
+    return {"log": str(log.path), "group": log.group, "partitions": partitions}
+
+
+def _info(args: argparse.Namespace) -> int:
+    with open_log(args, readonly=True) as log:
+        info = log_info(log)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"log {info['log']} (processor group {info['group']})")
+    for p in info["partitions"]:  # type: ignore[attr-defined]
+        print(
+            f"partition {p['partition']}: {p['commands']} commands, committed {p['committed']} (lag {p['lag']}), "
+            f"{p['events']} events, {p['snapshots']} snapshots, {p['dead_letters']} dead letters"
+        )
+    return 0
+
+
+# ------------------------------------------------------------ export / import
+
+
+def _roles(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    roles = [role.strip() for role in text.split(",") if role.strip()]
+    unknown = [role for role in roles if role not in ROLES]
+    if unknown:
+        raise CliError(f"unknown topic(s) {', '.join(unknown)}; choose from {', '.join(ROLES)}")
+    return roles
+
+
+def _export(args: argparse.Namespace) -> int:
+    roles = _roles(args.topics) or list(ROLES)
+    with open_log(args, readonly=True) as log:
+        try:
+            counts = export_log(log, args.out_dir, roles)
+        except OSError as error:
+            raise CliError(f"cannot write {args.out_dir}: {error.strerror}") from None
+    for role, count in counts.items():
+        print(f"{role}: {count} record(s) -> {args.out_dir}/{role}.avro")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    target = log_path(args)
+    try:
+        counts = import_log(args.in_dir, target, _roles(args.topics))
+    except ExportError as error:
+        raise CliError(str(error)) from None
+    for role, count in counts.items():
+        print(f"{role}: {count} record(s) imported into {target}")
+    if "events" not in counts:
+        print(f"no events imported: gpufold run --log {target} derives them")
+    return 0
