@@ -302,7 +302,7 @@ def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
         command.cpu_milli,
         command.memory_mib,
         tuple(command.gpu_models),
-        dict(command.node_selector),
+        dict(sorted(command.node_selector.items())),  # canonical order: a restored spec encodes alike
         tuple(command.tolerations),
         decision.command.issued_at,
         cluster.arrivals,
