@@ -1,0 +1,392 @@
+"""The Kafka adapter of :class:`processor.loop.CommandLog`: exactly-once with Kafka transactions.
+
+One consumer in a group (``isolation.level=read_committed``, no auto-commit, static membership with
+``group.instance.id`` = the instance id) reads the commands topic; one transactional producer
+(``transactional.id`` = ``<group>.<instance id>``, stable across restarts) writes each batch's events,
+dead letters and snapshots *and* the consumer offsets in one transaction. A restarted instance fences
+its zombie and aborts the zombie's open transaction in ``init_transactions``.
+
+Errors (see :meth:`KafkaCommandLog.commit`)::
+
+    KafkaLogError
+    ├── BatchAborted      an abortable error: the transaction was aborted and the consumer rewound to the
+    │                     committed offsets; the Processor forgets those partitions and rebuilds them
+    └── KafkaFatalError   fenced (another instance took over) or a fatal client error: exit non-zero
+
+Restoring a partition (``processor.loop.restore_state``) reads the latest snapshot of the compacted
+snapshots topic and the commands up to the committed offset with a separate, group-less reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from gpufold.kafka_config import KafkaConfig, masked_dict
+from gpufold.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
+from processor.loop import InputRecord, OutputRecord, Topics
+
+log = logging.getLogger("gpufold.kafka")
+
+DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
+COMMIT_RETRIES = 5
+_FENCED = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+class KafkaLogError(Exception):
+    """Base of the Kafka adapter's errors."""
+
+
+class BatchAborted(KafkaLogError):
+    """The batch's transaction was aborted and the consumer rewound; folding can go on."""
+
+
+class KafkaFatalError(KafkaLogError):
+    """This instance cannot go on (fenced by a newer instance, or a fatal client error)."""
+
+
+def _describe(error: KafkaError) -> str:
+    flags = [name for name, on in (("fatal", error.fatal()), ("retriable", error.retriable())) if on]
+    if error.txn_requires_abort():
+        flags.append("abortable")
+    return f"{error.name()}: {error.str()}" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    arg = exc.args[0] if exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def is_fenced(error: KafkaError) -> bool:
+    return error.code() in _FENCED
+
+
+class KafkaCommandLog:
+    """A :class:`~processor.loop.CommandLog` over a Kafka cluster, exactly-once via transactions."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        topics: Topics,
+        *,
+        group_id: str = "gpufold-processor",
+        instance_id: str = "0",
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        request_timeout: float = 30.0,
+        on_revoked: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.topics = topics
+        self.group_id = group_id
+        self.instance_id = instance_id
+        self.transactional_id = f"{group_id}.{instance_id}"
+        self.timeout = request_timeout
+        self.on_revoked = on_revoked
+        self._secrets = config.secrets()
+        rdkafka_log = logging.getLogger("gpufold.kafka.rdkafka")
+        self._producer_config = config.client(
+            {"linger.ms": 2, "compression.type": "lz4", "message.max.bytes": SNAPSHOT_MAX_BYTES + (1 << 20)},
+            {
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "error_cb": self._on_error,
+                "logger": rdkafka_log,
+            },
+        )
+        self._consumer_config = config.client(
+            {"session.timeout.ms": session_timeout_ms, "auto.offset.reset": "earliest"},
+            {
+                "group.id": group_id,
+                "group.instance.id": instance_id,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "error_cb": self._on_error,
+                "logger": rdkafka_log,
+            },
+        )
+        self._reader_config = config.client(
+            {"auto.offset.reset": "earliest", "fetch.max.bytes": 128 << 20},
+            {
+                "group.id": f"{group_id}.restore",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "logger": rdkafka_log,
+            },
+        )
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._reader: Consumer | None = None
+        self._assigned: set[int] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> KafkaCommandLog:
+        """Init transactions (fencing any older instance with this id), then join the group."""
+        log.info(
+            "connecting: transactional.id=%s group=%s config=%s",
+            self.transactional_id,
+            self.group_id,
+            masked_dict({k: v for k, v in self._producer_config.items() if k not in ("error_cb", "logger")}),
+        )
+        try:
+            self._producer = Producer(self._producer_config)
+            self._producer.init_transactions(self.timeout)
+            self._consumer = Consumer(self._consumer_config)
+            self._consumer.subscribe(
+                [self.topics.commands], on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
+            )
+            self._reader = Consumer(self._reader_config)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
+        return self
+
+    def close(self) -> None:
+        """Leave cleanly: nothing is in flight between batches, so this only closes the clients."""
+        for client in (self._reader, self._consumer):
+            if client is not None:
+                try:
+                    client.close()
+                except (KafkaException, RuntimeError) as exc:
+                    log.warning("closing consumer: %s", self._scrub(str(exc)))
+        if self._producer is not None:
+            self._producer.flush(5)
+        self._reader = self._consumer = self._producer = None
+
+    def __enter__(self) -> KafkaCommandLog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ CommandLog
+
+    def assignment(self) -> list[int]:
+        return sorted(self._assigned)
+
+    def poll(self, max_records: int, timeout: float, linger: float = 0.005) -> list[InputRecord]:
+        """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (batch bound)."""
+        consumer = self._require(self._consumer)
+        try:
+            first = consumer.poll(timeout)
+            if first is None:
+                return []
+            messages = [first]
+            if max_records > 1:
+                messages.extend(consumer.consume(max_records - 1, linger))
+        except KafkaException as exc:
+            self._consumer_failed(exc)
+            return []
+        records: list[InputRecord] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._consumer_error(error)
+                continue
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
+            records.append(InputRecord(partition, offset, message.key(), message.value()))
+        return records
+
+    def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+        """Produce ``outputs`` and commit ``positions`` as the group's offsets, in one transaction.
+
+        Raises :class:`BatchAborted` (transaction aborted, consumer rewound) or :class:`KafkaFatalError`.
+        """
+        producer = self._require(self._producer)
+        consumer = self._require(self._consumer)
+        try:
+            producer.begin_transaction()
+            for record in outputs:
+                self._produce(producer, record)
+            offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), self.timeout)
+            self._commit_transaction(producer)
+        except KafkaException as exc:
+            self._transaction_failed(exc, positions)
+
+    def committed(self, partition: int) -> int:
+        consumer = self._require(self._consumer)
+        try:
+            [tp] = consumer.committed([TopicPartition(self.topics.commands, partition)], self.timeout)
+        except KafkaException as exc:
+            raise KafkaLogError(self._scrub(f"cannot read committed offset of partition {partition}: {exc}")) from None
+        return max(tp.offset, 0)
+
+    def latest_snapshot(self, partition: int) -> bytes | None:
+        key = str(partition).encode()
+        latest: bytes | None = None
+        for message in self._read(self.topics.snapshots, partition, None, None):
+            if message.key() == key:
+                latest = message.value()
+        return latest
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        if start >= end:
+            return
+        for message in self._read(self.topics.commands, partition, start, end):
+            offset = message.offset()
+            assert offset is not None
+            yield InputRecord(partition, offset, message.key(), message.value())
+
+    # ------------------------------------------------------------------ transactions
+
+    def _produce(self, producer: Producer, record: OutputRecord) -> None:
+        while True:
+            try:
+                producer.produce(record.topic, record.value, record.key, partition=record.partition)
+                return
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def _commit_transaction(self, producer: Producer) -> None:
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                producer.commit_transaction(self.timeout)
+                return
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is None or not error.retriable() or attempt == COMMIT_RETRIES - 1:
+                    raise
+                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(_describe(error)))
+
+    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
+        error = _kafka_error(exc)
+        described = self._scrub(_describe(error) if error is not None else str(exc))
+        if error is None or error.fatal() or is_fenced(error):
+            raise KafkaFatalError(
+                f"transaction of {self.transactional_id} failed fatally ({described}); another instance with "
+                "the same id may have taken over. Nothing of this batch is visible; exiting."
+            ) from None
+        log.warning("aborting transaction: %s", described)
+        producer = self._require(self._producer)
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                producer.abort_transaction(self.timeout)
+                break
+            except KafkaException as abort_exc:
+                abort_error = _kafka_error(abort_exc)
+                if abort_error is None or abort_error.fatal() or is_fenced(abort_error):
+                    raise KafkaFatalError(self._scrub(f"abort_transaction failed: {abort_exc}")) from None
+                if attempt == COMMIT_RETRIES - 1:
+                    raise KafkaFatalError(self._scrub(f"abort_transaction kept failing: {abort_exc}")) from None
+                time.sleep(0.5)
+        self._rewind(positions)
+        raise BatchAborted(f"transaction aborted ({described}); partitions {sorted(positions)} rewound")
+
+    def _rewind(self, positions: dict[int, int]) -> None:
+        """Seek the consumer back to the committed offsets of the batch's (still assigned) partitions."""
+        consumer = self._require(self._consumer)
+        for partition in sorted(positions):
+            if partition not in self._assigned:
+                continue
+            offset = self.committed(partition)
+            try:
+                consumer.seek(TopicPartition(self.topics.commands, partition, offset))
+            except KafkaException as exc:
+                # Without the rewind the next records would skip the aborted ones: stop instead.
+                raise KafkaFatalError(self._scrub(f"cannot rewind partition {partition} to {offset}: {exc}")) from None
+            log.info("partition %d rewound to committed offset %d", partition, offset)
+
+    # ------------------------------------------------------------------ rebalancing
+
+    def _assigned_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned.update(tp.partition for tp in partitions)
+        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+
+    def _revoked_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches are committed before the next poll, so nothing is in flight here: drop the state.
+        self._drop([tp.partition for tp in partitions], "revoked")
+
+    def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost (session expired / fenced member): another instance may own them already; never commit for them.
+        self._drop([tp.partition for tp in partitions], "lost")
+
+    def _drop(self, partitions: list[int], why: str) -> None:
+        self._assigned.difference_update(partitions)
+        log.info("%s partitions %s", why, sorted(partitions))
+        if self.on_revoked is not None:
+            self.on_revoked(partitions)
+
+    # ------------------------------------------------------------------ reading for restore
+
+    def _read(self, topic: str, partition: int, start: int | None, end: int | None) -> Iterator[Message]:
+        """Committed records of one partition from ``start`` (default: the beginning) to ``end``/the end."""
+        reader = self._require(self._reader)
+        tp = TopicPartition(topic, partition)
+        low, high = watermark_offsets(reader, tp, self.timeout)
+        if start is not None and start < low:
+            raise KafkaLogError(f"{topic}[{partition}] starts at {low}: records {start}..{low - 1} were deleted")
+        first = low if start is None else start
+        if first >= high:
+            return
+        reader.assign([TopicPartition(topic, partition, first)])
+        deadline = time.monotonic() + self.timeout + 120
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise KafkaLogError(f"timed out reading {topic}[{partition}] from {first}")
+                for message in reader.consume(10_000, 0.5):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return
+                        if error.fatal():
+                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {_describe(error)}"))
+                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(_describe(error)))
+                        continue
+                    offset = message.offset()
+                    assert offset is not None
+                    if end is not None and offset >= end:
+                        return
+                    yield message
+                    if end is not None and offset + 1 >= end:
+                        return
+        finally:
+            reader.unassign()
+
+    # ------------------------------------------------------------------ errors
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        if error.fatal() or error.code() == KafkaError.FENCED_INSTANCE_ID:
+            raise KafkaFatalError(self._scrub(f"consumer failed: {_describe(error)}"))
+        log.warning("consumer: %s", self._scrub(_describe(error)))
+
+    def _consumer_failed(self, exc: KafkaException) -> None:
+        error = _kafka_error(exc)
+        if error is None:
+            raise KafkaFatalError(self._scrub(f"consumer failed: {exc}")) from None
+        self._consumer_error(error)
+
+    def _on_error(self, error: KafkaError) -> None:
+        level = logging.ERROR if error.fatal() else logging.WARNING
+        log.log(level, "kafka client: %s", self._scrub(_describe(error)))
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @staticmethod
+    def _require(client: Any) -> Any:
+        if client is None:
+            raise KafkaLogError("the Kafka command log is not started (call start() or use it as a context manager)")
+        return client

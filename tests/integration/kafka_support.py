@@ -1,0 +1,242 @@
+"""Helpers for the tests against the real Kafka broker: unique topics, a command stream, reading back.
+
+Every test makes its own topics (a unique prefix, few partitions, replication factor 1) so tests never
+see each other's records, and checks what the processor committed against a local re-fold of the
+same command frames with the same ``PartitionFolder``.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from gpufold.kafka_config import KafkaConfig, load
+from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
+from processor.commands import AddNode, Command, Release, SubmitPod
+from processor.events import Event
+from processor.fold import apply
+from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
+from processor.snapshot import state_hash
+from processor.state import PartitionState
+from producers.publisher import CommandPublisher
+from schemas import DEAD_LETTER, EVENT, registry
+
+REPO = Path(__file__).resolve().parents[2]
+GPUFOLD = [sys.executable, "-m", "gpufold.cli"]
+
+
+def kafka_config(bootstrap: str) -> KafkaConfig:
+    return load(bootstrap=bootstrap, environ={})
+
+
+def new_topics(bootstrap: str, name: str, partitions: int = 3) -> Topics:
+    """Create a fresh set of the four topics under a unique prefix."""
+    prefix = f"t-{name}-{uuid.uuid4().hex[:8]}"
+    topics = topics_for(prefix)
+    create_topics(kafka_config(bootstrap).client(), topic_specs(topics, partitions, 1))
+    return topics
+
+
+def command_stream(count: int, clusters: int = 4, seed: int = 7, nodes: int = 12) -> list[Command]:
+    """A deterministic stream: nodes first, then submissions and releases keeping clusters busy."""
+    rng = random.Random(seed)
+    names = [f"c{index}" for index in range(clusters)]
+    commands: list[Command] = []
+    for name in names:
+        for node in range(nodes):
+            payload = AddNode(f"n{node}", 64_000, 512_000, "A100", 8)
+            commands.append(Command(f"{name}-add-{node}", name, len(commands), payload, "test"))
+    running: dict[str, list[str]] = {name: [] for name in names}
+    serial = 0
+    while len(commands) < count:
+        name = rng.choice(names)
+        pods = running[name]
+        if pods and (len(pods) > 60 or rng.random() < 0.45):
+            payload: SubmitPod | Release = Release(pods.pop(rng.randrange(len(pods))))
+        else:
+            serial += 1
+            pod = f"p{serial}"
+            pods.append(pod)
+            share = rng.random() < 0.5
+            payload = SubmitPod(
+                pod, num_gpu=1 if share else rng.choice((1, 2, 4)), gpu_milli=rng.choice((250, 500)) if share else 1000,
+                cpu_milli=rng.choice((1000, 4000)), memory_mib=rng.choice((4096, 16384)),
+            )  # fmt: skip
+        commands.append(Command(f"{name}-{len(commands)}", name, len(commands), payload, "test"))
+    return commands[:count]
+
+
+def publish(bootstrap: str, topics: Topics, commands: list[Command]) -> None:
+    with CommandPublisher(kafka_config(bootstrap), topics.commands) as publisher:
+        for command in commands:
+            publisher.publish(command)
+
+
+@dataclass
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, list[Record]]:
+    """Every committed record of a topic (read_committed), by partition, in offset order."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 128 << 20,
+        }
+    )
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        out: dict[int, list[Record]] = {p: [] for p in partitions}
+        pending = set()
+        assignment = []
+        for partition in partitions:
+            low, high = watermark_offsets(consumer, TopicPartition(topic, partition), 30)
+            if high > low:
+                pending.add(partition)
+                assignment.append(TopicPartition(topic, partition, low))
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while pending:
+            assert time.monotonic() < deadline, f"timed out reading {topic}; partitions left: {pending}"
+            for message in consumer.consume(10_000, 0.5):
+                error = message.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    pending.discard(message.partition())
+                    continue
+                out[message.partition()].append(
+                    Record(message.partition(), message.offset(), message.key(), message.value())
+                )
+        return out
+    finally:
+        consumer.close()
+
+
+def committed_total(bootstrap: str, topics: Topics, group: str, partitions: int) -> int:
+    """The sum of the group's committed offsets on the commands topic."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        tps = consumer.committed([TopicPartition(topics.commands, p) for p in range(partitions)], 10)
+        return sum(max(tp.offset, 0) for tp in tps)
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Refold:
+    """What a local, uninterrupted fold of the commands topic derives."""
+
+    events: dict[int, list[bytes]]
+    dead_letters: dict[int, list[bytes]]
+    hashes: dict[int, str]
+
+
+def refold(commands: dict[int, list[Record]], topics: Topics) -> Refold:
+    """Fold the command frames of every partition locally, exactly as the processor does."""
+    events: dict[int, list[bytes]] = defaultdict(list)
+    dead: dict[int, list[bytes]] = defaultdict(list)
+    hashes: dict[int, str] = {}
+    for partition, records in commands.items():
+        folder = PartitionFolder(partition, topics, snapshot_every=0)
+        out: list[OutputRecord] = []
+        for record in records:
+            folder.fold(InputRecord(partition, record.offset, record.key, record.value), out)
+        for item in out:
+            (events if item.topic == topics.events else dead)[partition].append(item.value)
+        hashes[partition] = state_hash(folder.state)
+    return Refold(dict(events), dict(dead), hashes)
+
+
+def decode_events(values: list[bytes]) -> list[Event]:
+    decode = registry().codec(EVENT).decode
+    return [Event.from_avro(decode(value)) for value in values]
+
+
+def check_exactly_once(bootstrap: str, topics: Topics) -> Refold:
+    """Events on Kafka == the local re-fold, byte for byte; one outcome per command; gap-free sequences."""
+    commands = read_topic(bootstrap, topics.commands)
+    expected = refold(commands, topics)
+    on_kafka = read_topic(bootstrap, topics.events)
+    for partition, records in commands.items():
+        values = [record.value for record in on_kafka.get(partition, [])]
+        want = expected.events.get(partition, [])
+        assert len(values) == len(want), f"partition {partition}: {len(values)} events on Kafka, {len(want)} expected"
+        assert values == want, f"partition {partition}: events differ from the local re-fold"
+        events = decode_events(values)  # type: ignore[arg-type]
+        assert [event.sequence for event in events] == list(range(len(events))), "sequence gap or duplicate"
+        dead = {dead_letter(value)["offset"] for value in expected.dead_letters.get(partition, [])}
+        outcomes = {event.command_offset for event in events}
+        assert outcomes == {record.offset for record in records} - dead, "a command without an outcome"
+        # Each command's events are contiguous (one outcome group per command, never split or repeated).
+        groups = [event.command_offset for event in events]
+        runs = [offset for index, offset in enumerate(groups) if index == 0 or groups[index - 1] != offset]
+        assert runs == sorted(set(runs)), "a command's events are split or repeated"
+        state = PartitionState(partition=partition)
+        for event in events:
+            apply(state, event)
+        assert state_hash(state) == expected.hashes[partition], f"partition {partition}: state hash differs"
+    dead_on_kafka = read_topic(bootstrap, topics.dead_letters)
+    for partition in commands:
+        values = [record.value for record in dead_on_kafka.get(partition, [])]
+        assert values == expected.dead_letters.get(partition, []), f"partition {partition}: dead letters differ"
+    return expected
+
+
+def dead_letter(value: bytes) -> dict:
+    return registry().codec(DEAD_LETTER).decode(value)
+
+
+def processor_command(bootstrap: str, topics: Topics, *extra: str) -> list[str]:
+    prefix = topics.commands.rsplit(".", 1)[0]
+    return [*GPUFOLD, "processor", "run", "--bootstrap", bootstrap, "--topic-prefix", prefix, *extra]
+
+
+def start_processor(bootstrap: str, topics: Topics, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    stderr = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(processor_command(bootstrap, topics, *extra), cwd=REPO, stderr=stderr)
+
+
+class BackgroundProcessor:
+    """An in-process processor (``processor.kafka_runner.Runner``) running in a thread."""
+
+    def __init__(self, bootstrap: str, topics: Topics, **settings: object) -> None:
+        from processor.kafka_runner import Runner, RunnerSettings
+
+        settings.setdefault("group_id", topics.commands + ".group")
+        settings.setdefault("transaction_timeout_ms", 10_000)
+        self.runner = Runner(kafka_config(bootstrap), topics, RunnerSettings(**settings))  # type: ignore[arg-type]
+        self.status: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.status = self.runner.run()
+
+    def __enter__(self) -> BackgroundProcessor:
+        self.thread.start()
+        return self
+
+    def wait(self, timeout: float = 120.0) -> int | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the processor did not stop"
+        return self.status
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.stop()
+        self.thread.join(60)
