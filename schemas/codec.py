@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import fastavro
-from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.schema import fingerprint
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = 10
@@ -48,6 +47,52 @@ def _strip_logical_types(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_strip_logical_types(item) for item in schema]
     return schema
+
+
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+
+def parsing_canonical_form(schema: Any, named: dict[str, Any]) -> str:
+    """The Parsing Canonical Form of a parsed schema, as the Avro spec and Java's SchemaNormalization give it.
+
+    Each named type is written in full at its first occurrence and by name after
+    that; references to shared types (types.avsc) are resolved through ``named``.
+    (fastavro's own form, on an ``expand=True`` schema, repeats a type used twice
+    and leaves types nested in shared types undefined, so other Avro
+    implementations would compute another fingerprint.)
+    """
+    seen: set[str] = set()
+
+    def form(node: Any) -> str:
+        if isinstance(node, str):
+            if node in _PRIMITIVES or node in seen:
+                return json.dumps(node, ensure_ascii=False)
+            return form(named[node])
+        if isinstance(node, list):
+            return "[" + ",".join(form(item) for item in node) + "]"
+        kind = node["type"]
+        if kind == "array":
+            return '{"type":"array","items":' + form(node["items"]) + "}"
+        if kind == "map":
+            return '{"type":"map","values":' + form(node["values"]) + "}"
+        if kind not in ("record", "error", "enum", "fixed"):
+            return form(kind)  # {"type": "long"} or a nested type
+        name = node["name"]
+        if name in seen:
+            return json.dumps(name, ensure_ascii=False)
+        seen.add(name)
+        head = '{"name":' + json.dumps(name, ensure_ascii=False)
+        if kind == "enum":
+            return head + ',"type":"enum","symbols":' + json.dumps(node["symbols"], separators=(",", ":")) + "}"
+        if kind == "fixed":
+            return head + ',"type":"fixed","size":' + str(int(node["size"])) + "}"
+        fields = ",".join(
+            '{"name":' + json.dumps(field["name"], ensure_ascii=False) + ',"type":' + form(field["type"]) + "}"
+            for field in node["fields"]
+        )
+        return head + ',"type":"record","fields":[' + fields + "]}"
+
+    return form(schema)
 
 
 def _load_json(name: str) -> Any:
@@ -129,12 +174,9 @@ class SchemaRegistry:
         self._codecs[name] = AvroCodec(name, parsed, self._fingerfingerprint_bytesof(parsed), self)
         self._by_fingerprint[self._codecs[name].fingerprint] = parsed
 
-    def _fingerfingerprint_bytesof(self, parsed: Any) -> bytes:
-        # Named types from types.avsc must be inlined at first use for the
-        # Parsing Canonical Form to describe the whole schema.
-        expanded = fastavro.parse_schema(parsed, named_schemas=dict(self._named), expand=True)
-        canonical = to_parsing_canonical_form(expanded)
-        return struct.pack("<Q", int(fingerprint(canonical, "CRC-64-AVRO"), 16))
+    def _fingerfingerprint_bytesof(self, parsed: Any, named: dict[str, Any] | None = None) -> bytes:
+        # fastavro returns the CRC-64-AVRO as the hex of its little-endian bytes: the frame's order.
+        return bytes.fromhex(fingerprint(parsing_canonical_form(parsed, named or self._named), "CRC-64-AVRO"))
 
     def register(self, schema: dict[str, Any]) -> bytes:
         """Register an older (or other) writer schema; returns its fingerprint.
@@ -143,7 +185,7 @@ class SchemaRegistry:
         """
         named = dict(self._named)
         parsed = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=named)
-        fingerprint_bytes = self._fingerfingerprint_bytesof(parsed)
+        fingerprint_bytes = self._fingerfingerprint_bytesof(parsed, named)
         self._by_fingerprint[fingerprint_bytes] = parsed
         return fingerprint_bytes
 
@@ -157,8 +199,7 @@ class SchemaRegistry:
             raise KeyError(f"no schema named {name!r}; known: {sorted(self._codecs)}") from None
 
     def canonical_form(self, name: str) -> str:
-        parsed = self._codecs[name].schema
-        return to_parsing_canonical_form(fastavro.parse_schema(parsed, named_schemas=dict(self._named), expand=True))
+        return parsing_canonical_form(self._codecs[name].schema, self._named)
 
 
 _REGISTRY: SchemaRegistry | None = None
