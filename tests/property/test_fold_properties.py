@@ -1,0 +1,179 @@
+"""Property tests of the fold over random command streams (hypothesis).
+
+Every check recomputes what it needs from the pods and nodes independently of
+the fold's own bookkeeping (free vectors, capacity index, pending queue).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from processor.capacity import CapacityIndex
+from processor.events import Event
+from processor.fold import apply, decide
+from processor.resources import GPU_MILLI, first_misfit
+from processor.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.state import ClusterState, PartitionState
+from schemas import EVENT, SNAPSHOT, registry
+from tests.strategies import command_streams, encode_events
+
+PROPERTY_SETTINGS = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=False,
+)
+
+_started = time.perf_counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_suite_time() -> Iterator[None]:
+    """Print how long the property suite took, so CI logs show its cost."""
+    yield
+    print(f"\nproperty suite (test_fold_properties) took {time.perf_counter() - _started:.1f} s")
+
+
+def check_no_overcommit(cluster: ClusterState) -> None:
+    """Usage recomputed from the running pods never exceeds any node's capacity, and the node's free view agrees."""
+    used_gpu: dict[str, list[int]] = {node_id: [0] * node.gpu_count for node_id, node in cluster.nodes.items()}
+    used_cpu = dict.fromkeys(cluster.nodes, 0)
+    used_memory = dict.fromkeys(cluster.nodes, 0)
+    running: dict[str, set[str]] = {node_id: set() for node_id in cluster.nodes}
+    for pod_id, pod in cluster.pods.items():
+        if pod.node_id is None:
+            assert pod.gpus == ()
+            continue
+        node = cluster.nodes[pod.node_id]  # a running pod's node exists
+        assert not node.failed, f"pod {pod_id} runs on failed node {node.node_id}"
+        spec = pod.spec
+        indexes = [share.index for share in pod.gpus]
+        assert len(set(indexes)) == len(indexes) == spec.num_gpu
+        for share in pod.gpus:
+            assert 0 <= share.index < node.gpu_count
+            assert share.milli == spec.gpu_milli
+            used_gpu[node.node_id][share.index] += share.milli
+        used_cpu[node.node_id] += spec.cpu_milli
+        used_memory[node.node_id] += spec.memory_mib
+        running[node.node_id].add(pod_id)
+    for node_id, node in cluster.nodes.items():
+        for index, used in enumerate(used_gpu[node_id]):
+            assert used <= GPU_MILLI, f"GPU {index} of {node_id} over-committed: {used}"
+            assert node.gpu_free[index] == GPU_MILLI - used
+        assert used_cpu[node_id] <= node.cpu_milli
+        assert used_memory[node_id] <= node.memory_mib
+        assert node.cpu_free == node.cpu_milli - used_cpu[node_id]
+        assert node.memory_free == node.memory_mib - used_memory[node_id]
+        assert set(node.pods) == running[node_id]
+    allocated = sum(pod.spec.gpu_milli_total for pod in cluster.pods.values() if pod.node_id is not None)
+    assert cluster.gpu_milli_allocated == allocated
+    capacity = sum(node.gpu_count * GPU_MILLI for node in cluster.nodes.values() if not node.failed)
+    assert cluster.gpu_milli_capacity == capacity
+
+
+def check_indexes(cluster: ClusterState) -> None:
+    """The incremental capacity index and pending queue equal ones rebuilt from scratch."""
+    schedulable = {node_id: node.signature() for node_id, node in cluster.nodes.items() if node.schedulable}
+    rebuilt = CapacityIndex().rebuilt(schedulable)
+    assert cluster.index.content() == rebuilt.content()
+    assert {node_id: cluster.index.signature_of(node_id) for node_id in cluster.nodes} == {
+        node_id: schedulable.get(node_id) for node_id in cluster.nodes
+    }
+    expected_queue: dict[object, list[tuple[int, int, str]]] = {}
+    for pod in sorted(cluster.pods.values(), key=lambda p: p.queue_key):
+        assert pod.queued == (pod.node_id is None), f"pod {pod.spec.pod_id} is neither running nor queued"
+        if pod.queued:
+            expected_queue.setdefault(pod.shape, []).append(pod.queue_key)
+    assert cluster.queue.content() == expected_queue
+    assert len(cluster.queue) == sum(len(keys) for keys in expected_queue.values())
+    models: dict[str, int] = {}
+    for node in cluster.nodes.values():
+        models[node.gpu_model] = models.get(node.gpu_model, 0) + 1
+    assert cluster.model_nodes == models
+    assert all(pod.spec.arrival < cluster.arrivals for pod in cluster.pods.values())
+
+
+def check_no_queued_pod_fits(cluster: ClusterState) -> None:
+    """After every command, no queued pod fits any schedulable node (checked node by node, not via the index)."""
+    nodes = [node for node in cluster.nodes.values() if node.schedulable]
+    for pod in cluster.pods.values():
+        if pod.queued:
+            for node in nodes:
+                assert first_misfit(node.signature(), pod.shape) is not None, (
+                    f"queued pod {pod.spec.pod_id} fits node {node.node_id}"
+                )
+
+
+def check_state(state: PartitionState) -> None:
+    for cluster in state.clusters.values():
+        check_no_overcommit(cluster)
+        check_indexes(cluster)
+        check_no_queued_pod_fits(cluster)
+
+
+def fold_all(commands: list, state: PartitionState | None = None, start: int = 0) -> tuple[PartitionState, list]:
+    state = state if state is not None else PartitionState()
+    events: list[Event] = []
+    for offset, command in enumerate(commands, start):
+        events.extend(decide(state, command, offset))
+    return state, events
+
+
+@PROPERTY_SETTINGS
+@given(command_streams())
+def test_every_command_keeps_the_invariants(commands: list) -> None:
+    """Each command yields at least one event and leaves no over-commit, exact indexes and no fitting queued pod."""
+    state = PartitionState()
+    for offset, command in enumerate(commands):
+        events = decide(state, command, offset)
+        assert events, f"command {command} yielded no event"
+        assert all(event.command_id == command.command_id for event in events)
+        assert [event.sequence for event in events] == list(range(state.sequence - len(events), state.sequence))
+        assert state.next_offset == offset + 1
+        check_state(state)
+
+
+@PROPERTY_SETTINGS
+@given(command_streams())
+def test_same_commands_give_same_events_and_hash(commands: list) -> None:
+    """Folding the same commands twice gives byte-identical events and the same state_hash."""
+    first, first_events = fold_all(commands)
+    second, second_events = fold_all(commands)
+    assert encode_events(first_events) == encode_events(second_events)
+    assert state_hash(first) == state_hash(second)
+
+
+@PROPERTY_SETTINGS
+@given(command_streams())
+def test_events_alone_rebuild_the_state(commands: list) -> None:
+    """Applying the emitted events (through Avro and back) to a fresh state gives the state decide built."""
+    decided, events = fold_all(commands)
+    codec = registry().codec(EVENT)
+    replayed = PartitionState()
+    for frame in encode_events(events):
+        apply(replayed, Event.from_avro(codec.decode(frame)))
+    assert state_hash(replayed) == state_hash(decided)
+    assert replayed.next_offset == decided.next_offset
+    check_state(replayed)
+
+
+@PROPERTY_SETTINGS
+@given(command_streams(min_size=2), st.data())
+def test_snapshot_plus_tail_equals_full_replay(commands: list, data: st.DataObject) -> None:
+    """A snapshot (through Avro) after a prefix, restored and fed the tail, gives the full replay's events and hash."""
+    split = data.draw(st.integers(0, len(commands)), label="split")
+    full, full_events = fold_all(commands)
+    head, head_events = fold_all(commands[:split])
+    codec = registry().codec(SNAPSHOT)
+    restored = from_snapshot(codec.decode(codec.encode(to_snapshot(head))))
+    assert state_hash(restored) == state_hash(head)
+    check_state(restored)
+    restored, tail_events = fold_all(commands[split:], restored, start=split)
+    assert encode_events(head_events + tail_events) == encode_events(full_events)
+    assert state_hash(restored) == state_hash(full)
+    check_state(restored)

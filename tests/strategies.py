@@ -1,0 +1,184 @@
+"""Hypothesis strategies for fold commands, and a small harness shared by the fold tests.
+
+Ids come from a small space (5 nodes, 8 pods, 2 clusters, a few models) so that
+duplicates, unknown ids, busy nodes and releases of released pods happen often.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from processor.commands import (
+    AddNode,
+    Command,
+    CommandPayload,
+    CordonNode,
+    DrainNode,
+    MarkNodeFailed,
+    Release,
+    RemoveNode,
+    SetPolicy,
+    SubmitPod,
+    Taint,
+    Toleration,
+    UncordonNode,
+)
+from processor.events import Event
+from processor.fold import decide
+from processor.snapshot import to_snapshot
+from processor.state import PartitionState
+from schemas import EVENT, SNAPSHOT, registry
+
+NODE_IDS = tuple(f"n{i}" for i in range(5))
+POD_IDS = tuple(f"p{i}" for i in range(8))
+MODELS = ("A100", "V100")
+POLICIES = ("first-fit", "best-fit", "spread")
+TAINTS = (Taint("dedicated", "ml"), Taint("spot", "", "NoExecute"), Taint("soft", "", "PreferNoSchedule"))
+TOLERATIONS = (
+    Toleration("dedicated", "Equal", "ml"),
+    Toleration("spot", "Exists"),
+    Toleration("", "Exists"),
+    Toleration("dedicated", "Equal", "other", "NoSchedule"),
+)
+
+
+# ---------------------------------------------------------------- payload strategies
+
+
+@st.composite
+def add_nodes(draw: st.DrawFn) -> AddNode:
+    model = draw(st.sampled_from(("A100", "V100", "")))
+    gpu_count = draw(st.sampled_from((1, 2, 4, 8))) if model else 0
+    return AddNode(
+        draw(st.sampled_from(NODE_IDS)),
+        cpu_milli=draw(st.sampled_from((4000, 8000, 32000))),
+        memory_mib=draw(st.sampled_from((8192, 65536))),
+        gpu_model=model,
+        gpu_count=gpu_count,
+        labels=draw(st.sampled_from(({}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
+        taints=tuple(draw(st.lists(st.sampled_from(TAINTS), max_size=2, unique=True))),
+    )
+
+
+@st.composite
+def submit_pods(draw: st.DrawFn) -> SubmitPod:
+    kind = draw(st.sampled_from(("cpu", "share", "whole", "whole")))
+    if kind == "cpu":
+        num_gpu, gpu_milli = 0, 0
+    elif kind == "share":
+        num_gpu, gpu_milli = 1, draw(st.sampled_from((100, 250, 500, 700)))
+    else:
+        num_gpu, gpu_milli = draw(st.sampled_from((1, 2, 4))), 1000
+    cpu = draw(st.sampled_from((0, 500, 2000, 6000))) if kind != "cpu" else draw(st.sampled_from((500, 2000, 6000)))
+    return SubmitPod(
+        draw(st.sampled_from(POD_IDS)),
+        tenant=draw(st.sampled_from(("t1", "t2"))),
+        priority=draw(st.sampled_from((0, 0, 1, 5))),
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        cpu_milli=cpu,
+        memory_mib=draw(st.sampled_from((0, 1024, 8192, 40000))),
+        gpu_models=tuple(draw(st.sampled_from(((), (), ("A100",), ("V100",), ("V100", "A100"))))),
+        node_selector=draw(st.sampled_from(({}, {}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
+        tolerations=tuple(draw(st.lists(st.sampled_from(TOLERATIONS), max_size=2))),
+    )
+
+
+node_ids = st.sampled_from(NODE_IDS)
+
+payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    add_nodes(),
+    submit_pods(),
+    submit_pods(),
+    submit_pods(),
+    submit_pods(),
+    st.builds(Release, st.sampled_from(POD_IDS)),
+    st.builds(Release, st.sampled_from(POD_IDS)),
+    st.builds(Release, st.sampled_from(POD_IDS)),
+    st.builds(RemoveNode, node_ids, st.booleans()),
+    st.builds(CordonNode, node_ids),
+    st.builds(UncordonNode, node_ids),
+    st.builds(DrainNode, node_ids),
+    st.builds(MarkNodeFailed, node_ids, st.sampled_from(("", "ecc"))),
+    st.builds(SetPolicy, st.sampled_from((*POLICIES, "no-such-policy"))),
+)
+
+
+@st.composite
+def command_streams(draw: st.DrawFn, min_size: int = 8, max_size: int = 60) -> list[Command]:
+    """A stream of commands: a few AddNodes, then a mix of everything.
+
+    About one command in twelve reuses an earlier command id; one in eight goes to a second cluster.
+    """
+    bodies = draw(st.lists(add_nodes(), min_size=2, max_size=5))
+    bodies += draw(st.lists(payloads, min_size=min_size, max_size=max_size))
+    commands: list[Command] = []
+    for i, payload in enumerate(bodies):
+        command_id = f"cmd-{i}"
+        if commands and draw(st.sampled_from(_ONE_IN_TWELVE)):
+            command_id = draw(st.sampled_from(commands)).command_id
+        cluster = draw(st.sampled_from(_CLUSTERS))
+        commands.append(Command(command_id, cluster, 1_000 * i, payload, source="hypothesis"))
+    return commands
+
+
+# sampled_from draws uniformly (plain integers are biased towards 0).
+_ONE_IN_TWELVE = (False,) * 11 + (True,)
+_CLUSTERS = ("c0",) * 7 + ("c1",)
+
+
+# ---------------------------------------------------------------- harness
+
+
+def command(payload: CommandPayload, command_id: str = "", cluster: str = "c0", issued_at: int = 0) -> Command:
+    return Command(command_id or f"id-{id(payload)}", cluster, issued_at, payload)
+
+
+@dataclass
+class Fold:
+    """A partition state with a counter for command ids and offsets: the fold as a test drives it."""
+
+    state: PartitionState = field(default_factory=PartitionState)
+    cluster_name: str = "c0"
+    count: int = 0
+
+    def run(self, payload: CommandPayload, command_id: str | None = None) -> list[Event]:
+        """Decide one command (a fresh id unless given) and return its events."""
+        self.count += 1
+        return decide(
+            self.state, Command(command_id or f"cmd-{self.count}", self.cluster_name, 1000 * self.count, payload)
+        )
+
+    def run_all(self, *payloads: CommandPayload) -> list[Event]:
+        events: list[Event] = []
+        for payload in payloads:
+            events.extend(self.run(payload))
+        return events
+
+    @property
+    def cluster(self) -> Any:
+        return self.state.clusters[self.cluster_name]
+
+    def placement(self, pod_id: str) -> str | None:
+        """The node a pod runs on (None if queued)."""
+        return self.cluster.pods[pod_id].node_id
+
+
+def types(events: list[Event]) -> list[str]:
+    return [event.type_name for event in events]
+
+
+def encode_events(events: list[Event]) -> list[bytes]:
+    codec = registry().codec(EVENT)
+    return [codec.encode(event.to_avro()) for event in events]
+
+
+def clusters_hash(state: PartitionState) -> str:
+    """A hash of the allocation state only (clusters, nodes, pods), without position or idempotency window."""
+    snapshot = to_snapshot(state)
+    snapshot.update(next_offset=0, sequence=0, seen=[])
+    return hashlib.sha256(registry().codec(SNAPSHOT).encode_body(snapshot)).hexdigest()
