@@ -185,6 +185,8 @@ def import_log(
     alone and ``gpufold run`` re-derives every event locally.
     """
     source = Path(in_dir)
+    if not source.is_dir():
+        raise ExportError(f"{source} does not exist or is not a directory (an export is a directory of .avro files)")
     wanted = tuple(roles) if roles is not None else tuple(r for r in ROLES if (source / f"{r}.avro").exists())
     unknown = [role for role in wanted if role not in ROLES]
     if unknown:

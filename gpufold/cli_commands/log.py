@@ -11,9 +11,9 @@ from typing import TextIO
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
-from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog
+from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog, LogError
 from gpufold.jsonl import LineError, ParsedCommand, command_types, read_commands
-from gpufold.log_export import ROLES, ExportError, export_log, import_log
+from gpufold.log_export import ROLES, export_log, import_log
 
 APPEND_CHUNK = 10_000
 
@@ -220,8 +220,10 @@ def _import(args: argparse.Namespace) -> int:
     target = log_path(args)
     try:
         counts = import_log(args.in_dir, target, _roles(args.topics))
-    except ExportError as error:
+    except LogError as error:
         raise CliError(str(error)) from None
+    except OSError as error:
+        raise CliError(f"cannot import {args.in_dir}: {error}") from None
     for role, count in counts.items():
         print(f"{role}: {count} record(s) imported into {target}")
     if "events" not in counts:
