@@ -1,0 +1,364 @@
+"""``gpufold projector run``, ``gpufold query``, ``gpufold serve``, ``gpufold projections migrate|rebuild``.
+
+The database comes from ``--database-url`` or ``GPUFOLD_DATABASE_URL``; its
+password never appears in output, logs or errors (see ``projections.secrets``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from gpufold.cli import CliError
+
+log = logging.getLogger("gpufold.projector")
+
+
+# ------------------------------------------------------------------ shared options
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="SQLAlchemy URL, e.g. postgresql+psycopg://user:pass@host/db or sqlite:///file "
+        "(default: $GPUFOLD_DATABASE_URL)",
+    )
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url = args.database_url or os.environ.get("GPUFOLD_DATABASE_URL", "")
+    if not url:
+        raise CliError("no database: pass --database-url or set GPUFOLD_DATABASE_URL")
+    return str(url)
+
+
+def _engine(url: str) -> Any:
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import ArgumentError
+
+    from projections.secrets import safe_url
+
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except (ArgumentError, ValueError) as error:
+        raise CliError(f"invalid database URL {safe_url(url)}: {type(error).__name__}") from None
+    except ImportError as error:
+        raise CliError(f"database driver missing for {safe_url(url)}: {error.name}") from None
+
+
+def _guard(action: Callable[[], int]) -> int:
+    """Run an action, turning database errors into one masked line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from projections.secrets import mask_url
+
+    try:
+        return action()
+    except SQLAlchemyError as error:
+        detail = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        raise CliError(f"database error: {mask_url(detail)}") from None
+
+
+def _time(value: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not epoch milliseconds or an ISO 8601 time: {value!r}") from None
+    if moment.tzinfo is None:
+        from datetime import UTC
+
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _print(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+# ------------------------------------------------------------------ projector run
+
+
+def _source(args: argparse.Namespace, until: dict[int, int] | None = None) -> Any:
+    from projections.sources import EmbeddedEventSource, KafkaEventSource
+
+    if args.embedded_log:
+        return EmbeddedEventSource(args.embedded_log, args.topic, until=until)
+    bootstrap = args.bootstrap or os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP", "")
+    if not bootstrap:
+        raise CliError("no event source: pass --bootstrap (or set GPUFOLD_KAFKA_BOOTSTRAP) or --embedded-log")
+    extra: dict[str, Any] = {}
+    try:  # security settings etc. from the Kafka adapter's config module, when present
+        from gpufold import kafka_config  # type: ignore[attr-defined]
+
+        extra = dict(getattr(kafka_config, "client_overrides", lambda: {})())
+    except Exception:
+        extra = {}
+    return KafkaEventSource(bootstrap, args.topic, group=args.group, until=until, extra_config=extra)
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    from projections.sources import DEFAULT_GROUP, DEFAULT_TOPIC
+
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: $GPUFOLD_KAFKA_BOOTSTRAP)")
+    parser.add_argument("--embedded-log", default=None, metavar="PATH", help="read the events of an embedded log file")
+    parser.add_argument("--topic", default=DEFAULT_TOPIC, help=f"events topic (default: {DEFAULT_TOPIC})")
+    parser.add_argument("--group", default=DEFAULT_GROUP, help=f"Kafka consumer group (default: {DEFAULT_GROUP})")
+    parser.add_argument(
+        "--lateness-seconds",
+        type=int,
+        default=300,
+        help="usage hours are sealed once the event-time watermark passes their end plus this (default: 300)",
+    )
+    parser.add_argument("--batch-size", type=int, default=5_000, help="events per transaction (default: 5000)")
+
+
+def _projector_run(args: argparse.Namespace) -> int:
+    from projections.projector import Projector
+    from projections.runner import run
+    from projections.schema import ensure_schema
+    from projections.secrets import safe_url
+
+    url = _database_url(args)
+    engine = _engine(url)
+    if args.batch_size < 1 or args.lateness_seconds < 0:
+        raise CliError("--batch-size must be >= 1 and --lateness-seconds >= 0")
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def action() -> int:
+        if not args.no_migrate:
+            ensure_schema(engine)
+        source = _source(args)
+        try:
+            projector = Projector(engine, source.name, lateness_ms=args.lateness_seconds * 1000)
+            log.info("projecting %s into %s", source.name, safe_url(url))
+            stats = run(projector, source, batch_size=args.batch_size, stop_when_idle=args.stop_when_idle, stop=stop)
+        finally:
+            source.close()
+        _print({"events": stats.events, "duplicates": stats.duplicates, "undecodable": stats.undecodable,
+                "batches": stats.batches, "seconds": round(stats.seconds, 3),
+                "events_per_second": round(stats.events / stats.seconds, 1) if stats.seconds else 0.0})  # fmt: skip
+        return 0
+
+    try:
+        return _guard(action)
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------ query
+
+
+def _query(args: argparse.Namespace) -> int:
+    from projections import queries
+
+    engine = _engine(_database_url(args))
+    params = {k: v for k, v in vars(args).items() if k in _QUERY_PARAMS.get(args.query_name, ()) and v is not None}
+    function = getattr(queries, _QUERY_FUNCTIONS[args.query_name])
+
+    def action() -> int:
+        with engine.connect() as conn:
+            try:
+                _print(function(conn, **params))
+            except queries.QueryError as error:
+                raise CliError(str(error)) from None
+            except queries.NotFound as error:
+                print(f"gpufold: {error.args[0]}", file=sys.stderr)
+                return 1
+        return 0
+
+    try:
+        return _guard(action)
+    finally:
+        engine.dispose()
+
+
+_QUERY_FUNCTIONS = {
+    "utilization": "utilization_now",
+    "utilization-history": "utilization_history",
+    "fragmentation": "fragmentation_now",
+    "pending": "pending",
+    "pod": "pod_history",
+    "command": "command_outcome",
+    "usage": "tenant_usage",
+    "top": "top_consumers",
+    "status": "status",
+}
+_QUERY_PARAMS = {
+    "utilization": ("by", "cluster", "limit", "offset"),
+    "utilization-history": ("cluster", "start", "end", "step_ms", "gpu_model"),
+    "fragmentation": ("cluster",),
+    "pending": ("cluster", "limit", "offset"),
+    "pod": ("cluster", "pod_id"),
+    "command": ("command_id",),
+    "usage": ("start", "end", "granularity", "tenant", "cluster"),
+    "top": ("start", "end", "limit", "cluster"),
+    "status": (),
+}
+
+
+def _register_query(subparsers: Any) -> None:
+    parser = subparsers.add_parser("query", help="ask the projection a question (JSON out)")
+    names = parser.add_subparsers(dest="query_name", metavar="NAME", required=True)
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        sub = names.add_parser(name, help=help_)
+        _add_database(sub)
+        sub.set_defaults(handler=_query)
+        return sub
+
+    sub = add("utilization", "GPUs allocated vs capacity now, by cluster, GPU model or node")
+    sub.add_argument("--by", choices=("cluster", "model", "node"), default="cluster")
+    sub.add_argument("--cluster")
+    sub.add_argument("--limit", type=int)
+    sub.add_argument("--offset", type=int)
+    sub = add("utilization-history", "allocated vs capacity over time")
+    sub.add_argument("--cluster", required=True)
+    sub.add_argument("--start", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--end", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--step-ms", dest="step_ms", type=int, default=3_600_000)
+    sub.add_argument("--gpu-model", dest="gpu_model")
+    sub = add("fragmentation", "FGD fragmentation of the cluster now")
+    sub.add_argument("--cluster", required=True)
+    sub = add("pending", "pending pods in queue order, with reasons")
+    sub.add_argument("--cluster", required=True)
+    sub.add_argument("--limit", type=int)
+    sub.add_argument("--offset", type=int)
+    sub = add("pod", "a pod's full history: every event with its causing command")
+    sub.add_argument("--cluster", required=True)
+    sub.add_argument("--pod", dest="pod_id", required=True)
+    sub = add("command", "a command's outcome by command id")
+    sub.add_argument("--command-id", dest="command_id", required=True)
+    sub = add("usage", "GPU-hours per tenant by hour or day of event time")
+    sub.add_argument("--start", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--end", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--granularity", choices=("hour", "day"), default="hour")
+    sub.add_argument("--tenant")
+    sub.add_argument("--cluster")
+    sub = add("top", "top consumers (tenants by GPU-hours)")
+    sub.add_argument("--start", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--end", type=_time, required=True, help="epoch ms or ISO 8601")
+    sub.add_argument("--limit", type=int)
+    sub.add_argument("--cluster")
+    add("status", "projection offsets and usage watermarks")
+
+
+# ------------------------------------------------------------------ serve
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from projections.api import create_app
+
+    url = _database_url(args)
+    app = create_app(url)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    return 0
+
+
+# ------------------------------------------------------------------ projections migrate | rebuild
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from projections.schema import ensure_schema
+
+    engine = _engine(_database_url(args))
+
+    def action() -> int:
+        ensure_schema(engine)
+        print("projection schema is up to date", file=sys.stderr)
+        return 0
+
+    try:
+        return _guard(action)
+    finally:
+        engine.dispose()
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from projections.rebuild import rebuild
+
+    engine = _engine(_database_url(args))
+
+    def action() -> int:
+        source_name = args.topic
+        report = rebuild(
+            engine,
+            source_name,
+            lambda until: _source(args, until),
+            schema=args.schema,
+            keep=args.keep,
+            lateness_ms=args.lateness_seconds * 1000,
+            batch_size=args.batch_size,
+        )
+        _print(report.as_json())
+        if not report.equal:
+            print("gpufold: the rebuilt projection differs from the live one", file=sys.stderr)
+            return 1
+        return 0
+
+    try:
+        return _guard(action)
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------ registration
+
+
+def register(subparsers: Any) -> None:
+    projector = subparsers.add_parser("projector", help="project the events topic into PostgreSQL (or SQLite)")
+    actions = projector.add_subparsers(dest="projector_action", metavar="ACTION", required=True)
+    run_parser = actions.add_parser("run", help="consume events and project them, exactly once per event")
+    _add_database(run_parser)
+    _add_source(run_parser)
+    run_parser.add_argument("--stop-when-idle", action="store_true", help="exit once every partition is read")
+    run_parser.add_argument("--no-migrate", action="store_true", help="do not create/upgrade the tables at start")
+    run_parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
+    run_parser.add_argument("--metrics-host", default="127.0.0.1")
+    run_parser.set_defaults(handler=_projector_run)
+
+    _register_query(subparsers)
+
+    serve = subparsers.add_parser("serve", help="the HTTP query API (FastAPI; OpenAPI at /docs) with /metrics")
+    _add_database(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(handler=_serve)
+
+    proj = subparsers.add_parser("projections", help="manage the projection tables")
+    proj_actions = proj.add_subparsers(dest="projections_action", metavar="ACTION", required=True)
+    migrate = proj_actions.add_parser("migrate", help="create or upgrade the tables (Alembic)")
+    _add_database(migrate)
+    migrate.set_defaults(handler=_migrate)
+    rebuild_parser = proj_actions.add_parser(
+        "rebuild", help="re-project from offset 0 into a fresh schema and prove it equals the live one"
+    )
+    _add_database(rebuild_parser)
+    _add_source(rebuild_parser)
+    rebuild_parser.add_argument("--schema", default="gpufold_rebuild", help="the fresh PostgreSQL schema's name")
+    rebuild_parser.add_argument("--keep", action="store_true", help="keep the rebuilt schema for inspection")
+    rebuild_parser.set_defaults(handler=_rebuild)

@@ -1,0 +1,174 @@
+"""The HTTP query API (FastAPI, OpenAPI at /docs and /openapi.json) and Prometheus /metrics.
+
+Every endpoint is read-only (GET, one connection per request, nothing written)
+and validates its parameters twice: by type and range in the signature (FastAPI
+answers 422 with the failing field), and by the query functions' own checks
+(400 with the message). A pod or command that does not exist is a 404.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import Connection, Engine, create_engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from projections import metrics, models, queries
+from projections.queries import MAX_LIMIT, MAX_TIME_MS, NotFound, QueryError
+from projections.secrets import mask_url
+
+ID_PATTERN = r"^[^\s]{1,253}$"
+Id = Annotated[str, Query(min_length=1, max_length=253, pattern=ID_PATTERN)]
+OptionalId = Annotated[str | None, Query(min_length=1, max_length=253, pattern=ID_PATTERN)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
+Time = Annotated[int, Query(ge=0, le=MAX_TIME_MS, description="epoch milliseconds")]
+
+
+def _connection(request: Request) -> Iterator[Connection]:
+    """One connection per request; on PostgreSQL a read-only session (a write would fail)."""
+    engine: Engine = request.app.state.engine
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn = conn.execution_options(postgresql_readonly=True)
+        yield conn
+
+
+Conn = Annotated[Connection, Depends(_connection)]
+
+
+def create_app(database: str | Engine) -> FastAPI:
+    """The API over a projection database (a URL or an engine)."""
+    engine = create_engine(database, pool_pre_ping=True) if isinstance(database, str) else database
+    app = FastAPI(
+        title="gpufold projections",
+        version="1",
+        description="Read-only queries over the projected scheduler events: utilization, queue, audit, usage.",
+    )
+    app.state.engine = engine
+
+    @app.exception_handler(QueryError)
+    async def bad_query(request: Request, error: QueryError) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"detail": str(error)})
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, error: NotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": error.args[0]})
+
+    @app.exception_handler(SQLAlchemyError)
+    async def database_error(request: Request, error: SQLAlchemyError) -> JSONResponse:
+        detail = mask_url(str(getattr(error, "orig", None) or error).splitlines()[0])
+        return JSONResponse(status_code=503, content={"detail": f"database unavailable: {detail}"})
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        started = time.perf_counter()
+        response: Response = await call_next(request)
+        route = request.scope.get("route")
+        endpoint = getattr(route, "path", "unmatched")
+        metrics.API_LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+        metrics.API_REQUESTS.labels(endpoint, str(response.status_code)).inc()
+        return response
+
+    @app.get("/healthz", summary="liveness and database reachability")
+    def healthz(conn: Conn) -> dict[str, Any]:
+        conn.execute(select(1))
+        return {"ok": True}
+
+    @app.get("/v1/utilization", summary="GPUs allocated vs capacity now, by cluster, GPU model or node")
+    def utilization(
+        conn: Conn,
+        by: Annotated[str, Query(pattern="^(cluster|model|node)$")] = "cluster",
+        cluster: OptionalId = None,
+        limit: Limit = 100,
+        offset: Offset = 0,
+    ) -> list[dict[str, Any]]:
+        return queries.utilization_now(conn, by=by, cluster=cluster, limit=limit, offset=offset)
+
+    @app.get("/v1/utilization/history", summary="allocated vs capacity GPUs over time (end of each step)")
+    def utilization_history(
+        conn: Conn,
+        cluster: Id,
+        start: Time,
+        end: Time,
+        step_ms: Annotated[int, Query(ge=60_000, le=366 * 86_400_000)] = 3_600_000,
+        gpu_model: OptionalId = None,
+    ) -> dict[str, Any]:
+        return queries.utilization_history(
+            conn, cluster=cluster, start=start, end=end, step_ms=step_ms, gpu_model=gpu_model
+        )
+
+    @app.get("/v1/fragmentation", summary="FGD fragmentation of a cluster now")
+    def fragmentation(conn: Conn, cluster: Id) -> dict[str, Any]:
+        return queries.fragmentation_now(conn, cluster=cluster)
+
+    @app.get("/v1/pending", summary="pending pods in queue order, with queue position and reasons")
+    def pending(conn: Conn, cluster: Id, limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
+        return queries.pending(conn, cluster=cluster, limit=limit, offset=offset)
+
+    @app.get("/v1/clusters/{cluster}/pods/{pod_id}/history", summary="a pod's events, each with its command")
+    def pod_history(
+        conn: Conn,
+        cluster: Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)],
+        pod_id: Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)],
+    ) -> dict[str, Any]:
+        return queries.pod_history(conn, cluster=cluster, pod_id=pod_id)
+
+    @app.get("/v1/commands/{command_id}", summary="a command's outcome: accepted (its events) or rejected")
+    def command(
+        conn: Conn, command_id: Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)]
+    ) -> dict[str, Any]:
+        return queries.command_outcome(conn, command_id=command_id)
+
+    @app.get("/v1/usage", summary="GPU-hours per tenant per hour or day of event time")
+    def usage(
+        conn: Conn,
+        start: Time,
+        end: Time,
+        granularity: Annotated[str, Query(pattern="^(hour|day)$")] = "hour",
+        tenant: OptionalId = None,
+        cluster: OptionalId = None,
+    ) -> list[dict[str, Any]]:
+        return queries.tenant_usage(conn, start=start, end=end, granularity=granularity, tenant=tenant, cluster=cluster)
+
+    @app.get("/v1/usage/top", summary="top consumers: tenants by GPU-hours in a time range")
+    def top(conn: Conn, start: Time, end: Time, limit: Limit = 10, cluster: OptionalId = None) -> list[dict[str, Any]]:
+        return queries.top_consumers(conn, start=start, end=end, limit=limit, cluster=cluster)
+
+    @app.get("/v1/status", summary="projection offsets and event-time watermarks")
+    def status(conn: Conn) -> dict[str, Any]:
+        return queries.status(conn)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    def prometheus(conn: Conn) -> Response:
+        _refresh_gauges(conn)
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _refresh_gauges(conn: Connection) -> None:
+    """Cluster gauges read from the projection at scrape time (cheap: nodes and one pending count)."""
+    try:
+        for row in queries.utilization_now(conn, by="model"):
+            metrics.GPUS_ALLOCATED.labels(row["cluster"], row["gpu_model"]).set(row["allocated_gpus"])
+            metrics.GPUS_TOTAL.labels(row["cluster"], row["gpu_model"]).set(row["capacity_gpus"])
+        p = models.pods.c
+        for cluster, count in conn.execute(
+            select(p.cluster, func.count()).where(p.status == "pending").group_by(p.cluster)
+        ):
+            metrics.PENDING_PODS.labels(cluster).set(count)
+        for (cluster,) in conn.execute(select(models.nodes.c.cluster).distinct()):
+            metrics.FRAGMENTATION.labels(cluster).set(
+                queries.fragmentation_now(conn, cluster=cluster)["fragmentation_ratio"]
+            )
+    except SQLAlchemyError:
+        pass  # the scrape still returns the process metrics
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,131 @@
+"""Upserts that work on PostgreSQL and SQLite alike (both speak ``INSERT ... ON CONFLICT``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import JSON, Column, Connection, Table, any_, literal
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
+
+
+def _insert(conn: Connection, table: Table) -> Any:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    if conn.dialect.name == "sqlite":
+        return sqlite.insert(table)
+    raise ValueError(f"unsupported database {conn.dialect.name!r}: use PostgreSQL or SQLite")
+
+
+def _keys(table: Table) -> list[str]:
+    return [column.name for column in table.primary_key.columns]
+
+
+def in_list(conn: Connection, column: Column[Any], values: list[Any]) -> Any:
+    """``column IN values``: one array parameter on PostgreSQL (cheap to plan), a bound list elsewhere."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(literal(values, ARRAY(column.type)))
+    return column.in_(values)
+
+
+def upsert_ignore(conn: Connection, table: Table) -> Any:
+    """Insert rows whose key is new; leave existing rows alone."""
+    return _insert(conn, table).on_conflict_do_nothing(index_elements=_keys(table))
+
+
+def upsert_replace(conn: Connection, table: Table) -> Any:
+    """Insert rows, or overwrite every non-key column of the existing row."""
+    stmt = _insert(conn, table)
+    keys = set(_keys(table))
+    values = {column.name: stmt.excluded[column.name] for column in table.columns if column.name not in keys}
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_=values)
+
+
+def upsert_add(conn: Connection, table: Table, column: str, *, only_open: bool = False) -> Any:
+    """Insert rows, or add the new row's ``column`` to the existing one.
+
+    With ``only_open`` the existing row changes only while its status is 'open':
+    a sealed row is never modified, whatever a caller does.
+    """
+    stmt = _insert(conn, table)
+    where = table.c.status == "open" if only_open else None
+    return stmt.on_conflict_do_update(
+        index_elements=_keys(table),
+        set_={column: table.c[column] + stmt.excluded[column]},
+        where=where,
+    )
+
+
+# ------------------------------------------------------------------ bulk writes
+#
+# SQLAlchemy's executemany is fine on SQLite (the C driver loops) but costs a
+# round of Python per row on psycopg. On PostgreSQL, large batches go through
+# COPY into a session-local temporary table, then one INSERT ... SELECT merges
+# them: one statement per table per batch, whatever the batch size.
+
+_COPY_THRESHOLD = 64
+
+
+def _target(conn: Connection, table: Table) -> str:
+    schema = (conn.get_execution_options().get("schema_translate_map") or {}).get(table.schema, table.schema)
+    return f'"{schema}"."{table.name}"' if schema else f'"{table.name}"'
+
+
+def _copy_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> tuple[Any, str, str]:
+    """COPY rows into the session's temp twin of ``table``; returns (cursor, temp name, column list)."""
+    dbapi = conn.connection.driver_connection
+    cursor = dbapi.cursor()  # type: ignore[union-attr]
+    temp = f"_bulk_{table.name}"
+    names = [column.name for column in table.columns]
+    column_list = ", ".join(f'"{name}"' for name in names)
+    cursor.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{temp}" (LIKE {_target(conn, table)}) ON COMMIT DELETE ROWS')
+    is_json = [_is_json(column) for column in table.columns]
+    dumps = json.dumps
+    with cursor.copy(f'COPY "{temp}" ({column_list}) FROM STDIN') as copy:
+        write = copy.write_row
+        for row in rows:
+            write([dumps(row[n]) if j else row[n] for n, j in zip(names, is_json, strict=True)])
+    return cursor, temp, column_list
+
+
+def _is_json(column: Any) -> bool:
+    kind = column.type
+    return isinstance(kind, JSON) or any(isinstance(v, JSON) for v in getattr(kind, "_variant_mapping", {}).values())
+
+
+def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Insert rows (no conflicts expected)."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
+        conn.execute(table.insert(), rows)
+        return
+    dbapi = conn.connection.driver_connection
+    names = [column.name for column in table.columns]
+    column_list = ", ".join(f'"{name}"' for name in names)
+    is_json = [_is_json(column) for column in table.columns]
+    dumps = json.dumps
+    with dbapi.cursor() as cursor, cursor.copy(f"COPY {_target(conn, table)} ({column_list}) FROM STDIN") as copy:  # type: ignore[union-attr]
+        write = copy.write_row
+        for row in rows:
+            write([dumps(row[n]) if j else row[n] for n, j in zip(names, is_json, strict=True)])
+
+
+def bulk_upsert_replace(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Insert rows or overwrite the existing ones (keys must be unique within ``rows``)."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
+        conn.execute(upsert_replace(conn, table), rows)
+        return
+    cursor, temp, column_list = _copy_rows(conn, table, rows)
+    keys = _keys(table)
+    sets = ", ".join(f'"{c.name}" = EXCLUDED."{c.name}"' for c in table.columns if c.name not in keys)
+    key_list = ", ".join(f'"{k}"' for k in keys)
+    cursor.execute(
+        f'INSERT INTO {_target(conn, table)} ({column_list}) SELECT {column_list} FROM "{temp}" '
+        f"ON CONFLICT ({key_list}) DO UPDATE SET {sets}"
+    )
+    cursor.execute(f'TRUNCATE "{temp}"')
+    cursor.close()

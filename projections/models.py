@@ -1,0 +1,220 @@
+"""The read-side schema: SQLAlchemy 2 declarative models, one table per question asked of the events.
+
+Every table is a pure function of the events projected so far (in sequence order
+per partition), so a rebuild from offset 0 produces byte-identical contents; no
+table has a surrogate key, a server default or a wall-clock column.
+
+Times are epoch milliseconds (``BigInteger``), like the events. GPU amounts are
+milli-GPUs (1000 = one GPU); usage is milli-GPU-milliseconds (``/ 1e6`` gives
+GPU-seconds), kept as integers so that sums are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Index, Integer, MetaData, String, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID = String(253)
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class NodeRow(Base):
+    """A node present now (removed nodes are deleted); free GPU share per GPU index in ``gpu_free``."""
+
+    __tablename__ = "nodes"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(64))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger)
+    memory_mib: Mapped[int] = mapped_column(BigInteger)
+    labels: Mapped[Any] = mapped_column(JsonType)
+    taints: Mapped[Any] = mapped_column(JsonType)
+    cordoned: Mapped[bool] = mapped_column(Boolean)
+    failed: Mapped[bool] = mapped_column(Boolean)
+    gpu_free: Mapped[Any] = mapped_column(JsonType)  # list of free milli per GPU index
+    gpu_milli_allocated: Mapped[int] = mapped_column(BigInteger)
+    cpu_allocated: Mapped[int] = mapped_column(BigInteger)
+    memory_allocated: Mapped[int] = mapped_column(BigInteger)
+    pods_running: Mapped[int] = mapped_column(Integer)
+    added_at: Mapped[int] = mapped_column(BigInteger)
+    updated_sequence: Mapped[int] = mapped_column(BigInteger)
+
+
+class PodRow(Base):
+    """A pod's latest state: pending (with reasons), running (on node_id) or released."""
+
+    __tablename__ = "pods"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    pod_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID)
+    priority: Mapped[int] = mapped_column(Integer)
+    num_gpu: Mapped[int] = mapped_column(Integer)
+    gpu_milli: Mapped[int] = mapped_column(Integer)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger)
+    memory_mib: Mapped[int] = mapped_column(BigInteger)
+    gpu_models: Mapped[Any] = mapped_column(JsonType)
+    arrival: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))  # pending | running | released
+    node_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    gpus: Mapped[Any] = mapped_column(JsonType)  # [[index, milli], ...] while running
+    reasons: Mapped[Any] = mapped_column(JsonType)  # queue reasons while pending
+    submitted_at: Mapped[int] = mapped_column(BigInteger)
+    queued_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    scheduled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    updated_sequence: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        # The pending queue in order (priority first, FIFO within it); partial on PostgreSQL.
+        Index(
+            "ix_pods_pending_order",
+            "cluster",
+            text("priority DESC"),
+            "arrival",
+            "pod_id",
+            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text("status = 'pending'"),
+        ),
+        Index("ix_pods_cluster_status", "cluster", "status"),
+    )
+
+
+class AllocationRow(Base):
+    """One GPU (or share of one) held by a running pod."""
+
+    __tablename__ = "allocations"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    pod_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ID)
+    milli: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_allocations_node", "cluster", "node_id"),)
+
+
+class AuditEventRow(Base):
+    """Every event, with its position and the command that caused it."""
+
+    __tablename__ = "audit_events"
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    cluster: Mapped[str] = mapped_column(ID)
+    command_id: Mapped[str] = mapped_column(ID)
+    command_offset: Mapped[int] = mapped_column(BigInteger)
+    occurred_at: Mapped[int] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(String(32))
+    pod_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    node_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    payload: Mapped[Any] = mapped_column(JsonType)
+
+    __table_args__ = (
+        Index("ix_audit_events_command", "command_id"),
+        Index("ix_audit_events_pod", "cluster", "pod_id"),
+    )
+
+
+class ProjectionOffsetRow(Base):
+    """Where the projection of one source partition stands: written in the same transaction as the rows."""
+
+    __tablename__ = "projection_offsets"
+    source: Mapped[str] = mapped_column(String(255), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_offset: Mapped[int] = mapped_column(BigInteger)  # log offset to read next
+    next_sequence: Mapped[int] = mapped_column(BigInteger)  # event sequence to apply next
+
+
+class UtilizationRow(Base):
+    """Allocated vs capacity GPU milli per cluster and model, as it stood at the end of each minute."""
+
+    __tablename__ = "utilization"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch ms, minute-aligned
+    allocated_milli: Mapped[int] = mapped_column(BigInteger)
+    capacity_milli: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageClockRow(Base):
+    """A cluster's event-time watermark and the hour up to which its usage is sealed."""
+
+    __tablename__ = "usage_clocks"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    watermark: Mapped[int] = mapped_column(BigInteger)  # max occurred_at seen
+    sealed_until: Mapped[int] = mapped_column(BigInteger)  # hours before this are sealed
+
+
+class TenantRateRow(Base):
+    """GPU milli a tenant runs now, and the event time up to which it is credited."""
+
+    __tablename__ = "tenant_rates"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID, primary_key=True)
+    running_milli: Mapped[int] = mapped_column(BigInteger)
+    since: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageHourRow(Base):
+    """One hour of a cluster: open until the watermark passes its end plus the lateness allowance."""
+
+    __tablename__ = "usage_hours"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    status: Mapped[str] = mapped_column(String(8))  # open | sealed
+    sealed_watermark: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class TenantUsageRow(Base):
+    """GPU usage of a tenant in one hour of event time; never changes once sealed."""
+
+    __tablename__ = "tenant_usage"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID, primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    gpu_milli_ms: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(8))  # open | sealed
+
+    __table_args__ = (Index("ix_tenant_usage_hour", "hour"),)
+
+
+class UsageAdjustmentRow(Base):
+    """Usage that arrived for an hour after it was sealed, keyed by the event that revealed it."""
+
+    __tablename__ = "usage_adjustments"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID, primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    gpu_milli_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+nodes = NodeRow.__table__
+pods = PodRow.__table__
+allocations = AllocationRow.__table__
+audit_events = AuditEventRow.__table__
+projection_offsets = ProjectionOffsetRow.__table__
+utilization = UtilizationRow.__table__
+usage_clocks = UsageClockRow.__table__
+tenant_rates = TenantRateRow.__table__
+usage_hours = UsageHourRow.__table__
+tenant_usage = TenantUsageRow.__table__
+usage_adjustments = UsageAdjustmentRow.__table__
+
+TABLES = tuple(Base.metadata.sorted_tables)

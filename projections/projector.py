@@ -1,0 +1,581 @@
+"""The projector: folds a batch of events into the read-side tables, exactly once.
+
+``project_batch(conn, source, batch)`` runs inside the caller's transaction. It
+locks each partition's row of ``projection_offsets`` (``SELECT ... FOR UPDATE``
+on PostgreSQL), skips events whose sequence is below the stored
+``next_sequence`` (already applied: a replay after a crash, or another projector
+got there first), applies the rest, and writes the new offsets, all in that
+one transaction. Commit makes rows and offsets visible together, so a crash at
+any point loses nothing and duplicates nothing.
+
+The batch is applied in memory: the rows it touches are loaded with one query
+per table, changed event by event, and written back with bulk statements, so
+the cost per event is a few dictionary updates, not a round trip.
+:class:`Projector` adds the transaction and retries with backoff on database
+outages (the batch is re-projected whole; the offsets make that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from processor.events import (
+    CommandRejected,
+    Event,
+    NodeAdded,
+    NodeCordoned,
+    NodeDrained,
+    NodeFailed,
+    NodeRemoved,
+    NodeUncordoned,
+    PodEvicted,
+    PodQueued,
+    PodReleased,
+    PodScheduled,
+    PodSpec,
+    PolicyChanged,
+)
+from projections import models
+from projections.dialect import bulk_insert, bulk_upsert_replace, in_list, upsert_ignore
+from projections.secrets import mask_url
+from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
+
+log = logging.getLogger("gpufold.projector")
+
+MINUTE_MS = 60_000
+_CHUNK = 500  # keys per IN (...) list on SQLite
+
+
+class ProjectionError(Exception):
+    """The events cannot be projected (a gap in a partition's sequence, an event about an unknown pod or node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One record of the events topic: where it is, and the event (None if its bytes did not decode)."""
+
+    partition: int
+    offset: int
+    event: Event | None
+    error: str = ""
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What one batch did."""
+
+    applied: int = 0
+    duplicates: int = 0
+    undecodable: int = 0
+    sealed_hours: list[tuple[str, int]] = field(default_factory=list)
+    last_occurred_at: int | None = None
+    positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+
+
+# ------------------------------------------------------------------ offsets
+
+
+def load_offsets(conn: Connection, source: str) -> dict[int, tuple[int, int]]:
+    """partition -> (next_offset, next_sequence) for a source."""
+    table = models.projection_offsets
+    rows = conn.execute(select(table).where(table.c.source == source))
+    return {row.partition: (row.next_offset, row.next_sequence) for row in rows}
+
+
+def _lock_offsets(conn: Connection, source: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    table = models.projection_offsets
+    conn.execute(
+        upsert_ignore(conn, table),
+        [{"source": source, "partition": p, "next_offset": 0, "next_sequence": 0} for p in partitions],
+    )
+    rows = conn.execute(
+        select(table)
+        .where(and_(table.c.source == source, table.c.partition.in_(partitions)))
+        .order_by(table.c.partition)
+        .with_for_update()
+    )
+    return {row.partition: (row.next_offset, row.next_sequence) for row in rows}
+
+
+# ------------------------------------------------------------------ rows
+
+
+def _pod_row(spec: PodSpec, sequence: int) -> dict[str, Any]:
+    return {
+        "cluster": "",
+        "pod_id": spec.pod_id,
+        "tenant": spec.tenant,
+        "priority": spec.priority,
+        "num_gpu": spec.num_gpu,
+        "gpu_milli": spec.gpu_milli,
+        "cpu_milli": spec.cpu_milli,
+        "memory_mib": spec.memory_mib,
+        "gpu_models": list(spec.gpu_models),
+        "arrival": spec.arrival,
+        "status": "pending",
+        "node_id": None,
+        "gpus": [],
+        "reasons": [],
+        "submitted_at": spec.submitted_at,
+        "queued_at": None,
+        "scheduled_at": None,
+        "ended_at": None,
+        "end_reason": None,
+        "updated_sequence": sequence,
+    }
+
+
+def _subject(payload: Any) -> tuple[str | None, str | None]:
+    """(pod_id, node_id) an event is about, for the audit log's indexes."""
+    pod = getattr(payload, "pod", None)
+    if pod is not None:
+        return pod.pod_id, getattr(payload, "node_id", None)
+    return getattr(payload, "pod_id", None), getattr(payload, "node_id", None)
+
+
+class _Batch:
+    """The rows one batch touches, loaded once, changed in memory, written back at the end."""
+
+    def __init__(self, conn: Connection, lateness_ms: int) -> None:
+        self.conn = conn
+        self.nodes: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self.nodes_in_db: set[tuple[str, str]] = set()
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods_in_db: set[tuple[str, str]] = set()
+        self.dirty_nodes: set[tuple[str, str]] = set()
+        self.dirty_pods: set[tuple[str, str]] = set()
+        self.realloc: set[tuple[str, str]] = set()  # pods whose allocation rows change
+        self.totals: dict[tuple[str, str], list[int]] = {}  # (cluster, model) -> [allocated, capacity]
+        self.samples: dict[tuple[str, str, int], tuple[int, int]] = {}
+        self.audit: list[dict[str, Any]] = []
+        self.usage = UsageLedger(lateness_ms=lateness_ms)
+
+    # -------------------------------------------------------------- loading
+
+    def load(self, events: list[Event]) -> None:
+        node_keys: set[tuple[str, str]] = set()
+        pod_keys: set[tuple[str, str]] = set()
+        clusters: set[str] = set()
+        for event in events:
+            clusters.add(event.cluster)
+            pod_id, node_id = _subject(event.payload)
+            if node_id is not None:
+                node_keys.add((event.cluster, node_id))
+            if pod_id is not None:
+                pod_keys.add((event.cluster, pod_id))
+        conn = self.conn
+        for cluster, ids in _by_cluster(node_keys).items():
+            table = models.nodes
+            for chunk in _chunks(ids, 5_000):
+                query = select(table).where(table.c.cluster == cluster, in_list(conn, table.c.node_id, chunk))
+                for row in conn.execute(query):
+                    key = (row.cluster, row.node_id)
+                    self.nodes[key] = dict(row._mapping)
+                    self.nodes_in_db.add(key)
+        for cluster, ids in _by_cluster(pod_keys).items():
+            table = models.pods
+            for chunk in _chunks(ids, 5_000):
+                query = select(table).where(table.c.cluster == cluster, in_list(conn, table.c.pod_id, chunk))
+                for row in conn.execute(query):
+                    key = (row.cluster, row.pod_id)
+                    self.pods[key] = dict(row._mapping)
+                    self.pods_in_db.add(key)
+        if clusters:
+            table = models.nodes
+            c = table.c
+            rows = conn.execute(
+                select(c.cluster, c.gpu_model, c.gpu_count, c.failed, c.gpu_milli_allocated).where(
+                    and_(table.c.cluster.in_(sorted(clusters)), table.c.gpu_count > 0)
+                )
+            )
+            for row in rows:
+                total = self.totals.setdefault((row.cluster, row.gpu_model), [0, 0])
+                total[0] += row.gpu_milli_allocated
+                if not row.failed:
+                    total[1] += row.gpu_count * 1000
+        self.usage.load(conn, clusters)
+
+    # -------------------------------------------------------------- applying
+
+    def apply(self, event: Event) -> None:
+        payload = event.payload
+        position = (event.partition, event.sequence)
+        pod_id, node_id = _subject(payload)
+        self.audit.append(
+            {
+                "partition": event.partition,
+                "sequence": event.sequence,
+                "cluster": event.cluster,
+                "command_id": event.command_id,
+                "command_offset": event.command_offset,
+                "occurred_at": event.occurred_at,
+                "type": type(payload).__name__,
+                "pod_id": pod_id,
+                "node_id": node_id,
+                "payload": payload.to_avro(),
+            }
+        )
+        self.usage.observe(self.conn, event.cluster, event.occurred_at, position)
+        handler = _HANDLERS.get(type(payload))
+        if handler is not None:
+            handler(self, event, payload)
+
+    def node(self, cluster: str, node_id: str) -> dict[str, Any]:
+        row = self.nodes.get((cluster, node_id))
+        if row is None:
+            raise ProjectionError(f"event refers to node {node_id!r} of cluster {cluster!r}, which is not projected")
+        self.dirty_nodes.add((cluster, node_id))
+        return row
+
+    def pod(self, cluster: str, pod_id: str) -> dict[str, Any]:
+        row = self.pods.get((cluster, pod_id))
+        if row is None:
+            raise ProjectionError(f"event refers to pod {pod_id!r} of cluster {cluster!r}, which is not projected")
+        self.dirty_pods.add((cluster, pod_id))
+        return row
+
+    def pod_from_spec(self, event: Event, spec: PodSpec) -> dict[str, Any]:
+        key = (event.cluster, spec.pod_id)
+        row = self.pods.get(key)
+        if row is None or row["status"] == "released":
+            row = _pod_row(spec, event.sequence)
+            row["cluster"] = event.cluster
+            self.pods[key] = row
+        self.dirty_pods.add(key)
+        return row
+
+    def shift_totals(self, cluster: str, model: str, t: int, allocated: int, capacity: int) -> None:
+        total = self.totals.setdefault((cluster, model), [0, 0])
+        total[0] += allocated
+        total[1] += capacity
+        self.samples[(cluster, model, t - t % MINUTE_MS)] = (total[0], total[1])
+
+    def unbind(self, event: Event, pod: dict[str, Any]) -> None:
+        """Free a running pod's resources on its node and stop charging its tenant."""
+        node = self.node(event.cluster, pod["node_id"])
+        free = node["gpu_free"]
+        for index, milli in pod["gpus"]:
+            free[index] += milli
+        milli_total = pod["num_gpu"] * pod["gpu_milli"]
+        node["gpu_milli_allocated"] -= milli_total
+        node["cpu_allocated"] -= pod["cpu_milli"]
+        node["memory_allocated"] -= pod["memory_mib"]
+        node["pods_running"] -= 1
+        node["updated_sequence"] = event.sequence
+        if node["gpu_count"]:
+            self.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, -milli_total, 0)
+        stop = max(event.occurred_at, pod["scheduled_at"] or event.occurred_at)
+        self.usage.stop(event.cluster, pod["tenant"], stop, milli_total, (event.partition, event.sequence))
+        pod["node_id"] = None
+        pod["gpus"] = []
+        self.realloc.add((event.cluster, pod["pod_id"]))
+
+    # -------------------------------------------------------------- writing
+
+    def flush(self) -> None:
+        conn = self.conn
+        if self.audit:
+            bulk_insert(conn, models.audit_events, self.audit)
+        removed = [key for key in sorted(self.dirty_nodes) if self.nodes.get(key) is None]
+        alive = [self.nodes[key] for key in sorted(self.dirty_nodes) if self.nodes.get(key) is not None]
+        table = models.nodes
+        for key in removed:
+            if key in self.nodes_in_db:
+                conn.execute(delete(table).where(and_(table.c.cluster == key[0], table.c.node_id == key[1])))
+        if alive:
+            bulk_upsert_replace(conn, table, alive)
+        if self.dirty_pods:
+            bulk_upsert_replace(conn, models.pods, [self.pods[key] for key in sorted(self.dirty_pods)])
+        allocs = models.allocations
+        stale = {key for key in self.realloc if key in self.pods_in_db}
+        for cluster, ids in _by_cluster(stale).items():
+            for chunk in _chunks(ids, 5_000):
+                conn.execute(delete(allocs).where(allocs.c.cluster == cluster, in_list(conn, allocs.c.pod_id, chunk)))
+        rows = []
+        for key in sorted(self.realloc):
+            pod = self.pods[key]
+            if pod["status"] == "running":
+                rows.extend(
+                    {"cluster": key[0], "pod_id": key[1], "gpu_index": index, "node_id": pod["node_id"], "milli": milli}
+                    for index, milli in pod["gpus"]
+                )
+        bulk_insert(conn, allocs, rows)
+        if self.samples:
+            bulk_upsert_replace(
+                conn,
+                models.utilization,
+                [
+                    {"cluster": c, "gpu_model": m, "minute": minute, "allocated_milli": a, "capacity_milli": cap}
+                    for (c, m, minute), (a, cap) in sorted(self.samples.items())
+                ],
+            )
+        self.usage.flush(conn)
+
+
+def _by_cluster(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for cluster, name in sorted(keys):
+        out.setdefault(cluster, []).append(name)
+    return out
+
+
+def _chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# ------------------------------------------------------------------ handlers
+
+
+def _node_added(batch: _Batch, event: Event, p: NodeAdded) -> None:
+    key = (event.cluster, p.node_id)
+    batch.nodes[key] = {
+        "cluster": event.cluster,
+        "node_id": p.node_id,
+        "gpu_model": p.gpu_model,
+        "gpu_count": p.gpu_count,
+        "cpu_milli": p.cpu_milli,
+        "memory_mib": p.memory_mib,
+        "labels": dict(p.labels),
+        "taints": [t.to_avro() for t in p.taints],
+        "cordoned": False,
+        "failed": False,
+        "gpu_free": [1000] * p.gpu_count,
+        "gpu_milli_allocated": 0,
+        "cpu_allocated": 0,
+        "memory_allocated": 0,
+        "pods_running": 0,
+        "added_at": event.occurred_at,
+        "updated_sequence": event.sequence,
+    }
+    batch.dirty_nodes.add(key)
+    if p.gpu_count:
+        batch.shift_totals(event.cluster, p.gpu_model, event.occurred_at, 0, p.gpu_count * 1000)
+
+
+def _node_removed(batch: _Batch, event: Event, p: NodeRemoved) -> None:
+    node = batch.node(event.cluster, p.node_id)
+    if node["gpu_count"] and not node["failed"]:
+        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, 0, -node["gpu_count"] * 1000)
+    batch.nodes[(event.cluster, p.node_id)] = None
+
+
+def _node_flag(flag: str, value: bool) -> Callable[[_Batch, Event, Any], None]:
+    def handler(batch: _Batch, event: Event, p: Any) -> None:
+        node = batch.node(event.cluster, p.node_id)
+        node[flag] = value
+        node["updated_sequence"] = event.sequence
+
+    return handler
+
+
+def _node_failed(batch: _Batch, event: Event, p: NodeFailed) -> None:
+    node = batch.node(event.cluster, p.node_id)
+    node["failed"] = True
+    node["updated_sequence"] = event.sequence
+    if node["gpu_count"]:
+        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, 0, -node["gpu_count"] * 1000)
+
+
+def _pod_queued(batch: _Batch, event: Event, p: PodQueued) -> None:
+    pod = batch.pod_from_spec(event, p.pod)
+    pod["status"] = "pending"
+    pod["reasons"] = [r.to_avro() for r in p.reasons]
+    pod["queued_at"] = event.occurred_at
+    pod["updated_sequence"] = event.sequence
+
+
+def _pod_scheduled(batch: _Batch, event: Event, p: PodScheduled) -> None:
+    pod = batch.pod_from_spec(event, p.pod)
+    node = batch.node(event.cluster, p.node_id)
+    free = node["gpu_free"]
+    gpus = [[share.index, share.milli] for share in p.gpus]
+    for index, milli in gpus:
+        free[index] -= milli
+    milli_total = p.pod.num_gpu * p.pod.gpu_milli
+    node["gpu_milli_allocated"] += milli_total
+    node["cpu_allocated"] += p.pod.cpu_milli
+    node["memory_allocated"] += p.pod.memory_mib
+    node["pods_running"] += 1
+    node["updated_sequence"] = event.sequence
+    pod.update(status="running", node_id=p.node_id, gpus=gpus, reasons=[], scheduled_at=event.occurred_at)
+    pod["updated_sequence"] = event.sequence
+    batch.realloc.add((event.cluster, p.pod.pod_id))
+    if node["gpu_count"]:
+        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, milli_total, 0)
+    batch.usage.start(event.cluster, p.pod.tenant, event.occurred_at, milli_total, (event.partition, event.sequence))
+
+
+def _pod_evicted(batch: _Batch, event: Event, p: PodEvicted) -> None:
+    pod = batch.pod(event.cluster, p.pod_id)
+    if pod["status"] != "running" or pod["node_id"] != p.node_id:
+        raise ProjectionError(f"pod {p.pod_id!r} evicted from {p.node_id!r} where it does not run")
+    batch.unbind(event, pod)
+    pod["status"] = "evicted"
+    pod["updated_sequence"] = event.sequence
+
+
+def _pod_released(batch: _Batch, event: Event, p: PodReleased) -> None:
+    pod = batch.pod(event.cluster, p.pod_id)
+    if pod["status"] == "running":
+        batch.unbind(event, pod)
+    pod.update(status="released", reasons=[], ended_at=event.occurred_at, end_reason=p.reason[:64])
+    pod["updated_sequence"] = event.sequence
+
+
+_HANDLERS: dict[type, Callable[[_Batch, Event, Any], None]] = {
+    NodeAdded: _node_added,
+    NodeRemoved: _node_removed,
+    NodeCordoned: _node_flag("cordoned", True),
+    NodeDrained: _node_flag("cordoned", True),
+    NodeUncordoned: _node_flag("cordoned", False),
+    NodeFailed: _node_failed,
+    PodQueued: _pod_queued,
+    PodScheduled: _pod_scheduled,
+    PodEvicted: _pod_evicted,
+    PodReleased: _pod_released,
+    PolicyChanged: lambda batch, event, p: None,
+    CommandRejected: lambda batch, event, p: None,
+}
+
+
+# ------------------------------------------------------------------ the batch
+
+
+def project_batch(
+    conn: Connection, source: str, batch: Sequence[Envelope], *, lateness_ms: int = DEFAULT_LATENESS_MS
+) -> BatchResult:
+    """Apply a batch of events (in log order per partition) inside the caller's transaction.
+
+    Events already applied (sequence below the partition's stored next_sequence)
+    are skipped; the partition offsets are written before returning, so commit
+    makes the rows and the offsets visible together.
+    """
+    result = BatchResult()
+    if not batch:
+        return result
+    partitions = sorted({envelope.partition for envelope in batch})
+    offsets = _lock_offsets(conn, source, partitions)
+    next_sequence = {p: offsets[p][1] for p in partitions}
+    next_offset = {p: offsets[p][0] for p in partitions}
+    fresh: list[Event] = []
+    for envelope in batch:
+        p = envelope.partition
+        next_offset[p] = max(next_offset[p], envelope.offset + 1)
+        event = envelope.event
+        if event is None:
+            result.undecodable += 1
+            log.warning("skipping undecodable record at %s[%d]@%d: %s", source, p, envelope.offset, envelope.error)
+            continue
+        if event.partition != p:
+            raise ProjectionError(f"event of partition {event.partition} found in {source}[{p}]@{envelope.offset}")
+        if event.sequence < next_sequence[p]:
+            result.duplicates += 1
+            continue
+        if event.sequence != next_sequence[p]:
+            raise ProjectionError(
+                f"{source}[{p}]: expected event sequence {next_sequence[p]}, got {event.sequence} "
+                f"at offset {envelope.offset} (events are missing)"
+            )
+        next_sequence[p] += 1
+        fresh.append(event)
+    work = _Batch(conn, lateness_ms)
+    work.load(fresh)
+    for event in fresh:
+        work.apply(event)
+    work.flush()
+    table = models.projection_offsets
+    for p in partitions:
+        conn.execute(
+            update(table)
+            .where(and_(table.c.source == source, table.c.partition == p))
+            .values(next_offset=next_offset[p], next_sequence=next_sequence[p])
+        )
+    result.applied = len(fresh)
+    result.sealed_hours = work.usage.sealed
+    result.positions = next_offset
+    if fresh:
+        result.last_occurred_at = max(event.occurred_at for event in fresh)
+    return result
+
+
+# ------------------------------------------------------------------ the service
+
+
+class Projector:
+    """Projects batches into a database, one transaction per batch, retrying through outages."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        source: str,
+        *,
+        lateness_ms: int = DEFAULT_LATENESS_MS,
+        max_backoff: float = 5.0,
+        give_up_after: float | None = None,
+        on_commit: Callable[[BatchResult, float], None] | None = None,
+        schema: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.source = source
+        self.lateness_ms = lateness_ms
+        self.max_backoff = max_backoff
+        self.give_up_after = give_up_after
+        self.on_commit = on_commit
+        self.schema = schema
+        self.retries = 0
+
+    def _connect(self) -> Connection:
+        conn = self.engine.connect()
+        if self.schema:
+            conn = conn.execution_options(schema_translate_map={None: self.schema})
+        return conn
+
+    def positions(self) -> dict[int, int]:
+        """partition -> next source offset to read, as committed (retrying through outages)."""
+        return self._retry(lambda: self._positions_once())
+
+    def _positions_once(self) -> dict[int, int]:
+        with self._connect() as conn:
+            return {p: offset for p, (offset, _) in load_offsets(conn, self.source).items()}
+
+    def project(self, batch: Sequence[Envelope]) -> BatchResult:
+        """Project one batch in one transaction; on a database outage wait and retry the whole batch."""
+        return self._retry(lambda: self._project_once(batch))
+
+    def _project_once(self, batch: Sequence[Envelope]) -> BatchResult:
+        started = time.perf_counter()
+        with self._connect() as conn, conn.begin():
+            result = project_batch(conn, self.source, batch, lateness_ms=self.lateness_ms)
+        if self.on_commit is not None:
+            self.on_commit(result, time.perf_counter() - started)
+        return result
+
+    def _retry(self, attempt: Callable[[], Any]) -> Any:
+        delay = 0.1
+        first_failure: float | None = None
+        while True:
+            try:
+                return attempt()
+            except (OperationalError, DBAPIError) as error:
+                if (
+                    isinstance(error, DBAPIError)
+                    and not error.connection_invalidated
+                    and not isinstance(error, OperationalError)
+                ):
+                    raise
+                now = time.monotonic()
+                first_failure = first_failure or now
+                if self.give_up_after is not None and now - first_failure > self.give_up_after:
+                    raise
+                self.retries += 1
+                message = mask_url(str(error.orig) if error.orig is not None else str(error)).splitlines()[0]
+                log.warning("database unavailable (%s); retrying in %.1fs", message, delay)
+                time.sleep(delay)
+                delay = min(self.max_backoff, delay * 2)

@@ -1,0 +1,120 @@
+"""The projector loop: poll a source, project each batch in one transaction, repeat."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import create_engine
+
+from projections.projector import BatchResult, Projector
+from projections.schema import ensure_schema
+from projections.sources import EmbeddedEventSource, EventSource
+from projections.usage import DEFAULT_LATENESS_MS
+
+log = logging.getLogger("gpufold.projector")
+
+DEFAULT_BATCH_SIZE = 5_000
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What a run of the loop did."""
+
+    events: int = 0
+    duplicates: int = 0
+    undecodable: int = 0
+    batches: int = 0
+    sealed_hours: list[tuple[str, int]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _record_metrics(result: BatchResult, seconds: float) -> None:
+    try:
+        from projections import metrics
+    except ImportError:  # prometheus-client is optional (the api extra)
+        return
+    metrics.BATCHES.inc()
+    metrics.EVENTS_PROJECTED.inc(result.applied)
+    metrics.DUPLICATES_SKIPPED.inc(result.duplicates)
+    metrics.UNDECODABLE.inc(result.undecodable)
+    metrics.HOURS_SEALED.inc(len(result.sealed_hours))
+    metrics.COMMIT_SECONDS.observe(seconds)
+    if result.last_occurred_at is not None:
+        metrics.PROJECTION_LAG.set(max(0.0, time.time() - result.last_occurred_at / 1000))
+
+
+def run(
+    projector: Projector,
+    source: EventSource,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    poll_timeout: float = 0.5,
+    stop_when_idle: bool = False,
+    stop: threading.Event | None = None,
+) -> RunStats:
+    """Project until ``stop`` is set (or, with ``stop_when_idle``, until the source is read to its end)."""
+    stats = RunStats()
+    started = time.perf_counter()
+    if projector.on_commit is None:
+        projector.on_commit = _record_metrics
+    source.start(projector.positions)
+    last_lag = 0.0
+    while stop is None or not stop.is_set():
+        batch = source.poll(batch_size, poll_timeout)
+        if batch:
+            result = projector.project(batch)
+            stats.batches += 1
+            stats.events += result.applied
+            stats.duplicates += result.duplicates
+            stats.undecodable += result.undecodable
+            stats.sealed_hours.extend(result.sealed_hours)
+            committed = getattr(source, "committed", None)
+            if committed is not None:
+                committed(result.positions)
+            log.debug("batch: %d applied, %d duplicates", result.applied, result.duplicates)
+        elif stop_when_idle and source.caught_up():
+            break
+        now = time.monotonic()
+        if now - last_lag > 5.0:
+            last_lag = now
+            _update_lag(source)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _update_lag(source: EventSource) -> None:
+    try:
+        from projections import metrics
+    except ImportError:
+        return
+    lag = source.lag()
+    if lag is not None:
+        metrics.CONSUMER_LAG.set(lag)
+
+
+def project_embedded_log(
+    log_path: str | Path,
+    sqlite_url: str,
+    *,
+    lateness_ms: int = DEFAULT_LATENESS_MS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> RunStats:
+    """Project the events topic of an embedded log into a database (SQLite for `gpufold demo`), to its end.
+
+    Creates the tables if missing; safe to call again (continues where it stopped).
+    """
+    engine = create_engine(sqlite_url)
+    try:
+        ensure_schema(engine)
+        source = EmbeddedEventSource(log_path)
+        try:
+            return run(Projector(engine, source.name, lateness_ms=lateness_ms), source, batch_size=batch_size,
+                       poll_timeout=0.0, stop_when_idle=True)  # fmt: skip
+        finally:
+            source.close()
+    finally:
+        engine.dispose()
