@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import sys
+import textwrap
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
@@ -22,7 +23,10 @@ _JSONL_HELP = (
     f"(types: {', '.join(command_types())}). Fields with a schema default may be left out; issued_at is "
     "epoch milliseconds or an ISO-8601 time with a zone. Blank lines and lines starting with # are skipped. "
     "A line that does not parse is reported with its number and reason and skipped; the others are appended "
-    "(exit status 1 if any line was skipped). Example line:\n"
+    "(exit status 1 if any line was skipped)."
+)
+_JSONL_EXAMPLE = (
+    "Example line:\n"
     '  {"command_id": "c1", "cluster": "lab", "issued_at": 1767225600000, '
     '"payload": {"SubmitPod": {"pod_id": "p1", "num_gpu": 1, "gpu_milli": 500, "cpu_milli": 4000}}}'
 )
@@ -39,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     append = commands.add_parser(
         "append",
         help="append JSON-lines commands (a file or - for stdin)",
-        description="Append JSON-lines commands to the embedded log (created if missing). " + _JSONL_HELP,
+        description=textwrap.fill("Append JSON-lines commands to the embedded log (created if missing). " + _JSONL_HELP)
+        + "\n\n"
+        + _JSONL_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_log_argument(append)
