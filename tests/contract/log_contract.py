@@ -77,6 +77,8 @@ class CommandLogContract:
     """Behaviour any CommandLog must show; subclasses provide the ``log`` fixture and the hooks below."""
 
     PARTITIONS = 2
+    POLL_TIMEOUT = 0.2  # seconds a poll may wait; a broker-backed log may need more
+    IDLE_POLLS = 2  # empty polls in a row after which a processor run counts as caught up
 
     # ------------------------------------------------------------ hooks
 
@@ -88,6 +90,7 @@ class CommandLogContract:
         raise NotImplementedError
 
     def reopen(self, log: CommandLog) -> CommandLog:
+        """A new handle on the same log, as a restarted processor opens it (the old one is abandoned)."""
         raise NotImplementedError
 
     def fail_commit(self, log: CommandLog, monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
@@ -99,7 +102,7 @@ class CommandLogContract:
     def poll_all(self, log: CommandLog, expected: int) -> list[InputRecord]:
         records: list[InputRecord] = []
         for _ in range(200):
-            records.extend(log.poll(1_000, 0.2))
+            records.extend(log.poll(1_000, self.POLL_TIMEOUT))
             if len(records) >= expected:
                 break
         return records
@@ -148,7 +151,7 @@ class CommandLogContract:
         for partition in range(self.PARTITIONS):
             offsets = [r.offset for r in records if r.partition == partition]
             assert offsets == list(range(len(offsets)))
-        assert log.poll(100, 0.2) == []
+        assert log.poll(100, self.POLL_TIMEOUT) == []
 
     # ------------------------------------------------------------ commit
 
@@ -226,7 +229,9 @@ class CommandLogContract:
         """The processor's events equal, byte for byte, an in-memory fold of the same commands."""
         frames = workload(clusters_covering(self.PARTITIONS), pods_per_cluster=30, garbage_every=17)
         placed = self.append_commands(log, frames)
-        folded = Processor(log, batch_size=25, snapshot_every=40).run_until_idle(idle_polls=2, timeout=0.2)
+        folded = Processor(log, batch_size=25, snapshot_every=40).run_until_idle(
+            idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT
+        )
         assert folded == len(frames)
         self.assert_exactly_once(log, frames, placed)
         dead = sum(len(self.read_topic(log, log.topics.dead_letters, p)) for p in range(self.PARTITIONS))
@@ -240,31 +245,56 @@ class CommandLogContract:
         placed = self.append_commands(log, frames)
         self.fail_commit(log, monkeypatch, after=3)
         with pytest.raises(Exception):  # noqa: B017 - the injected crash
-            Processor(log, batch_size=30, snapshot_every=25).run_until_idle(idle_polls=2, timeout=0.2)
+            Processor(log, batch_size=30, snapshot_every=25).run_until_idle(
+                idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT
+            )
         successor = self.reopen(log)
-        Processor(successor, batch_size=30, snapshot_every=25).run_until_idle(idle_polls=2, timeout=0.2)
+        Processor(successor, batch_size=30, snapshot_every=25).run_until_idle(
+            idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT
+        )
         self.assert_exactly_once(successor, frames, placed)
         snapshot = successor.latest_snapshot(placed[0][0])
         assert snapshot is not None
+
+    def test_crash_before_commit_then_new_processor_gives_one_outcome_per_command(
+        self, log: CommandLog, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A processor dying after folding a batch but before committing it loses and duplicates nothing."""
+        frames = workload(clusters_covering(self.PARTITIONS), pods_per_cluster=15)
+        placed = self.append_commands(log, frames)
+        processor = Processor(log, batch_size=20, snapshot_every=0)
+        processor.run_batch(self.POLL_TIMEOUT)
+
+        def die(outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+            raise SystemExit("killed before commit")
+
+        monkeypatch.setattr(log, "commit", die)
+        with pytest.raises(SystemExit):
+            processor.run_batch(self.POLL_TIMEOUT)
+        successor = self.reopen(log)
+        Processor(successor, batch_size=20).run_until_idle(idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT)
+        self.assert_exactly_once(successor, frames, placed)
 
     def test_processor_continues_after_a_failed_commit(self, log: CommandLog, monkeypatch: pytest.MonkeyPatch) -> None:
         """The same processor, retrying after a failed commit, rebuilds its state and duplicates nothing."""
         frames = workload(clusters_covering(self.PARTITIONS), pods_per_cluster=20)
         placed = self.append_commands(log, frames)
         processor = Processor(log, batch_size=20, snapshot_every=0)
-        processor.run_batch(0.2)
+        processor.run_batch(self.POLL_TIMEOUT)
         self.fail_commit(log, monkeypatch, after=0)
         with pytest.raises(Exception):  # noqa: B017 - the injected failure
-            processor.run_batch(0.2)
+            processor.run_batch(self.POLL_TIMEOUT)
         monkeypatch.undo()
-        processor.run_until_idle(idle_polls=2, timeout=0.2)
+        processor.run_until_idle(idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT)
         self.assert_exactly_once(log, frames, placed)
 
     def test_restored_state_equals_uninterrupted_state(self, log: CommandLog) -> None:
         """A processor restarted from snapshot + tail holds the same state_hash as a full in-memory fold."""
         frames = workload(clusters_covering(self.PARTITIONS), pods_per_cluster=25)
         placed = self.append_commands(log, frames)
-        Processor(log, batch_size=16, snapshot_every=20).run_until_idle(idle_polls=2, timeout=0.2)
+        Processor(log, batch_size=16, snapshot_every=20).run_until_idle(
+            idle_polls=self.IDLE_POLLS, timeout=self.POLL_TIMEOUT
+        )
         restarted = Processor(self.reopen(log))
         for partition, expected in self.reference(frames, placed).items():
             assert state_hash(restarted.folder(partition).state) == state_hash(expected.state)
