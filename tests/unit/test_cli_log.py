@@ -46,11 +46,11 @@ def test_append_reports_the_bad_line_and_appends_the_rest(tmp_path: Path, capsys
     path = str(tmp_path / "lab.sqlite")
     code, out, err = run(capsys, "log", "append", "--log", path, str(EXAMPLES))
     assert code == 1
-    assert "commands.jsonl line 13: not JSON" in err
-    assert "appended 10 command(s)" in out and "partition 0 offsets 0-9" in out
+    assert "commands.jsonl line 14: not JSON" in err
+    assert "appended 11 command(s)" in out and "partition 0 offsets 0-10" in out
     assert "skipped 1 bad line(s)" in out
     with EmbeddedLog(path) as log:
-        assert log.end_offset(log.topics.commands, 0) == 10
+        assert log.end_offset(log.topics.commands, 0) == 11
 
 
 def test_strict_append_appends_nothing_when_a_line_is_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,10 +79,10 @@ def test_run_folds_once_then_has_nothing_to_do(log: str, capsys: pytest.CaptureF
     info = run_json(capsys, "log", "info", "--log", log)
     assert info["partitions"][0] == {
         "partition": 0,
-        "commands": 10,
-        "committed": 10,
+        "commands": 11,
+        "committed": 11,
         "lag": 0,
-        "events": 15,
+        "events": 16,
         "snapshots": 0,
         "dead_letters": 0,
     }
@@ -95,17 +95,17 @@ def test_run_summary_counts_the_outputs(tmp_path: Path, capsys: pytest.CaptureFi
     with EmbeddedLog(path) as raw:
         raw.append_commands([(b"lab", GARBAGE)])
     summary = run_json(capsys, "run", "--log", path, "--no-progress")
-    assert (summary["commands"], summary["events"], summary["dead_letters"], summary["lag"]) == (11, 15, 1, 0)
+    assert (summary["commands"], summary["events"], summary["dead_letters"], summary["lag"]) == (12, 16, 1, 0)
     code, out, _ = run(capsys, "events", "--log", path, "--dead-letters")
-    assert code == 0 and "gpufold.commands[0]@10" in out and "bad magic" not in out
+    assert code == 0 and "gpufold.commands[0]@11" in out and "bad magic" not in out
 
 
 def test_events_text_shows_the_story(log: str, capsys: pytest.CaptureFixture[str]) -> None:
     """events lists scheduling, queueing, the rejection, the release and the drain in offset order."""
     code, out, _ = run(capsys, "events", "--log", log)
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 15
-    assert lines[0].startswith("0:0  2026-01-05T09:00:00.000Z  lab  lab-001  NodeAdded  a100-1 8xA100")
+    assert code == 0 and len(lines) == 16
+    assert lines[1].startswith("0:1  2026-01-05T09:00:00.000Z  lab  lab-001  NodeAdded  a100-1 8xA100")
     assert "PodQueued  train-2: GPU_MODEL_MISMATCH x2, INSUFFICIENT_GPU x1" in out
     assert "CommandRejected  SubmitPod INVALID_RESOURCES: memory_mib" in out
     assert "PodScheduled  train-2 -> a100-1 gpus 0:1000,1:1000,2:1000,3:1000 (best-fit from queue)" in out
@@ -113,12 +113,12 @@ def test_events_text_shows_the_story(log: str, capsys: pytest.CaptureFixture[str
 
 
 def test_events_json_from_and_limit(log: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """events --json --from 3 --limit 2 prints two event envelopes with the payload as {"Type": {...}}."""
-    code, out, _ = run(capsys, "events", "--log", log, "--json", "--from", "3", "--limit", "2")
+    """events --json --from 4 --limit 2 prints two event envelopes with the payload as {"Type": {...}}."""
+    code, out, _ = run(capsys, "events", "--log", log, "--json", "--from", "4", "--limit", "2")
     events = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and [e["offset"] for e in events] == [3, 4]
+    assert code == 0 and [e["offset"] for e in events] == [4, 5]
     assert events[0]["payload"]["PodScheduled"]["pod"]["pod_id"] == "train-1"
-    assert events[0]["command_id"] == "lab-004" and events[0]["sequence"] == 3
+    assert events[0]["command_id"] == "lab-004" and events[0]["sequence"] == 4
 
 
 def test_events_filter_by_type(log: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,7 +169,7 @@ def test_state_before_run_says_what_is_pending(tmp_path: Path, capsys: pytest.Ca
     path = str(tmp_path / "lab.sqlite")
     run(capsys, "log", "append", "--log", path, str(EXAMPLES))
     code, out, err = run(capsys, "state", "--log", path)
-    assert code == 0 and "no clusters yet" in out and "10 command(s) not folded yet" in err
+    assert code == 0 and "no clusters yet" in out and "11 command(s) not folded yet" in err
 
 
 def test_replay_matches_the_processor_and_leaves_the_log_alone(log: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,8 +177,8 @@ def test_replay_matches_the_processor_and_leaves_the_log_alone(log: str, capsys:
     before = Path(log).read_bytes()
     replayed = run_json(capsys, "replay", "--log", log, "--check")
     assert replayed["state_hash"] == run_json(capsys, "state", "--log", log)["state_hash"]
-    assert (replayed["commands"], replayed["events"]) == (10, 15)
-    assert replayed["check"] == [{"partition": 0, "ok": True, "compared": 15, "problem": None}]
+    assert (replayed["commands"], replayed["events"]) == (11, 16)
+    assert replayed["check"] == [{"partition": 0, "ok": True, "compared": 16, "problem": None}]
     assert Path(log).read_bytes() == before
 
 
@@ -208,7 +208,7 @@ def test_export_import_then_replay_gives_the_same_hash(
 ) -> None:
     """A log exported and imported elsewhere replays to the same state_hash."""
     code, out, _ = run(capsys, "log", "export", "--log", log, str(tmp_path / "export"))
-    assert code == 0 and "commands: 10 record(s)" in out
+    assert code == 0 and "commands: 11 record(s)" in out
     copy = str(tmp_path / "copy.sqlite")
     code, out, _ = run(capsys, "log", "import", "--log", copy, str(tmp_path / "export"), "--topics", "commands")
     assert code == 0 and "gpufold run --log" in out
