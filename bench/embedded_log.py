@@ -35,13 +35,14 @@ from gpufold.cli import main as cli_main
 from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import dumps
 from gpufold.replay import replay_partition
-from processor.commands import Command
+from processor.commands import Command, SetPolicy
 from processor.loop import InputRecord, Processor
 from schemas import COMMAND, registry
 
 
-def commands(total: int, nodes: int, seed: int) -> list[Command]:
-    setup = build_nodes(nodes, random.Random(seed))
+def commands(total: int, nodes: int, seed: int, policy: str) -> list[Command]:
+    setup: list[Command] = [Command("policy", "bench", 0, SetPolicy(policy))]
+    setup += build_nodes(nodes, random.Random(seed))
     stream = Stream(nodes, seed)
     setup += stream.warmup()
     return (setup + stream.mix(max(0, total - len(setup))))[:total]
@@ -71,10 +72,11 @@ def main() -> int:
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--policy", default="best-fit", help="placement policy set by the first command")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
-    stream = commands(args.commands, args.nodes, args.seed)
+    stream = commands(args.commands, args.nodes, args.seed, args.policy)
     codec = registry().codec(COMMAND)
     timer = Timer()
     frames = [(c.cluster.encode(), codec.encode(c.to_avro())) for c in stream]
@@ -116,12 +118,16 @@ def main() -> int:
     results.update(
         commands=len(frames),
         nodes=args.nodes,
+        policy=args.policy,
         machine=f"{platform.machine()} {os.cpu_count()} cpu | python {platform.python_version()}",
     )
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"# {results['machine']} | load {os.getloadavg()[0]:.1f} | {len(frames):,} commands, {args.nodes:,} nodes")
+    print(
+        f"# {results['machine']} | load {os.getloadavg()[0]:.1f} | "
+        f"{len(frames):,} commands, {args.nodes:,} nodes, {args.policy}"
+    )
     for stage in ("encode", "append", "jsonl", "run", "fold", "replay"):
         row = results[stage]
         print(
