@@ -19,6 +19,7 @@ snapshots topic and the commands up to the committed offset with a separate, gro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -35,15 +36,34 @@ log = logging.getLogger("gpufold.kafka")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 COMMIT_RETRIES = 5
+MAX_RENEWALS = 5
 _FENCED = frozenset(
     {
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
         KafkaError.FENCED_INSTANCE_ID,
         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
+
+
+# Errors of a broker or coordinator that is restarting or moving: retried with backoff.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+    }
+)
+RETRY_FOR = 300.0
+"""How long an infrastructure fault (broker restart, coordinator move) is retried before giving up."""
 
 
 class KafkaLogError(Exception):
@@ -109,7 +129,13 @@ class KafkaCommandLog:
             },
         )
         self._consumer_config = config.client(
-            {"session.timeout.ms": session_timeout_ms, "auto.offset.reset": "earliest"},
+            {
+                "session.timeout.ms": session_timeout_ms,
+                "auto.offset.reset": "earliest",
+                # Smaller fetches per partition interleave partitions within a batch.
+                "fetch.message.max.bytes": 256 << 10,
+                "queued.max.messages.kbytes": 16 << 10,
+            },
             {
                 "group.id": group_id,
                 "group.instance.id": instance_id,
@@ -135,6 +161,7 @@ class KafkaCommandLog:
         self._consumer: Consumer | None = None
         self._reader: Consumer | None = None
         self._assigned: set[int] = set()
+        self._renewals = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -147,8 +174,9 @@ class KafkaCommandLog:
             masked_dict({k: v for k, v in self._producer_config.items() if k not in ("error_cb", "logger")}),
         )
         try:
-            self._producer = Producer(self._producer_config)
-            self._producer.init_transactions(self.timeout)
+            producer = Producer(self._producer_config)
+            self._retrying("initializing transactions", producer.init_transactions, self.timeout)
+            self._producer = producer
             self._consumer = Consumer(self._consumer_config)
             self._consumer.subscribe(
                 [self.topics.commands], on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
@@ -168,7 +196,10 @@ class KafkaCommandLog:
                 except (KafkaException, RuntimeError) as exc:
                     log.warning("closing consumer: %s", self._scrub(str(exc)))
         if self._producer is not None:
-            self._producer.flush(5)
+            try:
+                self._producer.flush(5)
+            except KafkaException as exc:  # a fenced or failed producer has nothing left to deliver
+                log.info("producer closed after: %s", self._scrub(str(exc)))
         self._reader = self._consumer = self._producer = None
 
     def __enter__(self) -> KafkaCommandLog:
@@ -222,14 +253,31 @@ class KafkaCommandLog:
             self._commit_transaction(producer)
         except KafkaException as exc:
             self._transaction_failed(exc, positions)
+        self._renewals = 0
 
     def committed(self, partition: int) -> int:
         consumer = self._require(self._consumer)
-        try:
-            [tp] = consumer.committed([TopicPartition(self.topics.commands, partition)], self.timeout)
-        except KafkaException as exc:
-            raise KafkaLogError(self._scrub(f"cannot read committed offset of partition {partition}: {exc}")) from None
+        tps = [TopicPartition(self.topics.commands, partition)]
+        [tp] = self._retrying(f"reading the committed offset of partition {partition}", consumer.committed, tps, 10)
         return max(tp.offset, 0)
+
+    def _retrying(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, retried with backoff while the error is transient (up to RETRY_FOR seconds)."""
+        deadline = time.monotonic() + RETRY_FOR
+        delay = 0.1
+        while True:
+            try:
+                return call(*args)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is not None and error.fatal():
+                    raise KafkaFatalError(self._scrub(f"{what}: {_describe(error)}")) from None
+                transient = error is not None and (error.retriable() or error.code() in _TRANSIENT)
+                if not transient or time.monotonic() > deadline:
+                    raise KafkaLogError(self._scrub(f"{what}: {exc}")) from None
+                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(_describe(error)), delay)  # type: ignore[arg-type]
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def latest_snapshot(self, partition: int) -> bytes | None:
         key = str(partition).encode()
@@ -271,26 +319,50 @@ class KafkaCommandLog:
     def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
         error = _kafka_error(exc)
         described = self._scrub(_describe(error) if error is not None else str(exc))
-        if error is None or error.fatal() or is_fenced(error):
+        if error is None or is_fenced(error):
             raise KafkaFatalError(
-                f"transaction of {self.transactional_id} failed fatally ({described}); another instance with "
-                "the same id may have taken over. Nothing of this batch is visible; exiting."
+                f"transaction of {self.transactional_id} failed ({described}): a newer instance with the same id "
+                "has taken over. Nothing of this batch is visible; exiting."
             ) from None
-        log.warning("aborting transaction: %s", described)
-        producer = self._require(self._producer)
-        for attempt in range(COMMIT_RETRIES):
-            try:
-                producer.abort_transaction(self.timeout)
-                break
-            except KafkaException as abort_exc:
-                abort_error = _kafka_error(abort_exc)
-                if abort_error is None or abort_error.fatal() or is_fenced(abort_error):
-                    raise KafkaFatalError(self._scrub(f"abort_transaction failed: {abort_exc}")) from None
-                if attempt == COMMIT_RETRIES - 1:
-                    raise KafkaFatalError(self._scrub(f"abort_transaction kept failing: {abort_exc}")) from None
-                time.sleep(0.5)
+        if error.fatal():
+            # Not fenced by a newer instance (e.g. the broker timed the transaction out while it was down):
+            # a new producer with the same transactional.id aborts whatever is left open and carries on.
+            log.warning("producer failed fatally (%s): starting a new one", described)
+            self._renew_producer()
+        else:
+            log.warning("aborting transaction: %s", described)
+            self._abort()
         self._rewind(positions)
         raise BatchAborted(f"transaction aborted ({described}); partitions {sorted(positions)} rewound")
+
+    def _abort(self) -> None:
+        producer = self._require(self._producer)
+        deadline = time.monotonic() + RETRY_FOR
+        while True:
+            try:
+                producer.abort_transaction(self.timeout)
+                return
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is None or is_fenced(error):
+                    raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
+                if error.fatal() or time.monotonic() > deadline:
+                    log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
+                    self._renew_producer()
+                    return
+                time.sleep(0.5)  # retriable: the same call may be retried
+
+    def _renew_producer(self) -> None:
+        self._renewals += 1
+        if self._renewals > MAX_RENEWALS:
+            raise KafkaFatalError(f"the transactional producer failed {MAX_RENEWALS} times in a row; exiting")
+        old, self._producer = self._producer, None
+        if old is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.purge()
+        producer = Producer(self._producer_config)
+        self._retrying("initializing transactions", producer.init_transactions, self.timeout)
+        self._producer = producer
 
     def _rewind(self, positions: dict[int, int]) -> None:
         """Seek the consumer back to the committed offsets of the batch's (still assigned) partitions."""
@@ -332,7 +404,7 @@ class KafkaCommandLog:
         """Committed records of one partition from ``start`` (default: the beginning) to ``end``/the end."""
         reader = self._require(self._reader)
         tp = TopicPartition(topic, partition)
-        low, high = watermark_offsets(reader, tp, self.timeout)
+        low, high = self._retrying(f"reading the offsets of {topic}[{partition}]", watermark_offsets, reader, tp, 10)
         if start is not None and start < low:
             raise KafkaLogError(f"{topic}[{partition}] starts at {low}: records {start}..{low - 1} were deleted")
         first = low if start is None else start

@@ -156,6 +156,10 @@ class Runner:
         except KafkaFatalError as error:
             log.error("fatal: %s", error)
             status = EXIT_FATAL
+        except KafkaLogError as error:
+            # The batch may be half-folded and uncommitted: stop; a restart rebuilds from what was committed.
+            log.error("giving up after an infrastructure fault: %s", error)
+            status = EXIT_FATAL
         except InvariantViolation as error:
             log.error("invariant violated, batch not committed: %s", error)
             status = EXIT_INVARIANT

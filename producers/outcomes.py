@@ -16,6 +16,7 @@ complete once a later command's event or the end of that partition has been read
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class OutcomeWaiter:
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,
+                    "logger": logging.getLogger("gpufold.kafka.rdkafka"),
                 },
             )
         )

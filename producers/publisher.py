@@ -17,6 +17,7 @@ next ``flush()`` or ``close()``. Use it as a context manager so that ``close()``
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -152,6 +153,7 @@ class CommandPublisher:
                 "enable.idempotence": True,
                 "acks": "all",
                 "partitioner": "murmur2_random",
+                "logger": logging.getLogger("gpufold.kafka.rdkafka"),
                 **(producer_config or {}),
             },
         )

@@ -7,6 +7,7 @@ same command frames with the same ``PartitionFolder``.
 
 from __future__ import annotations
 
+import logging
 import random
 import subprocess
 import sys
@@ -14,10 +15,11 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from gpufold.kafka_config import KafkaConfig, load
 from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
@@ -31,6 +33,7 @@ from producers.publisher import CommandPublisher
 from schemas import DEAD_LETTER, EVENT, registry
 
 REPO = Path(__file__).resolve().parents[2]
+RDKAFKA_LOG = logging.getLogger("tests.rdkafka")
 GPUFOLD = [sys.executable, "-m", "gpufold.cli"]
 
 
@@ -99,6 +102,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "fetch.max.bytes": 128 << 20,
+            "logger": RDKAFKA_LOG,
         }
     )
     try:
@@ -129,14 +133,34 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
         consumer.close()
 
 
-def committed_total(bootstrap: str, topics: Topics, group: str, partitions: int) -> int:
-    """The sum of the group's committed offsets on the commands topic."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        tps = consumer.committed([TopicPartition(topics.commands, p) for p in range(partitions)], 10)
-        return sum(max(tp.offset, 0) for tp in tps)
-    finally:
-        consumer.close()
+class CommittedWatcher:
+    """Reads a group's committed offsets on the commands topic (without joining the group)."""
+
+    def __init__(self, bootstrap: str, topics: Topics, group: str, partitions: int) -> None:
+        self.topics = topics
+        self.partitions = partitions
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+
+    def total(self) -> int:
+        """The sum of committed offsets (-1 if the coordinator did not answer in time)."""
+        tps = [TopicPartition(self.topics.commands, p) for p in range(self.partitions)]
+        try:
+            return sum(max(tp.offset, 0) for tp in self.consumer.committed(tps, 5))
+        except KafkaException:
+            return -1
+
+    def wait_for(self, target: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            total = self.total()
+            if total >= target:
+                return total
+            assert alive(), f"the processor exited before {target} commands were committed (at {total})"
+            assert time.monotonic() < deadline, f"only {total} of {target} commands committed in {timeout} s"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 @dataclass
