@@ -187,6 +187,18 @@ class KafkaCommandLog:
             raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
         return self
 
+    def wait_for_assignment(self, timeout: float = 60.0) -> list[int]:
+        """Join the group and return the assigned partitions; records fetched meanwhile are sought back."""
+        consumer = self._require(self._consumer)
+        deadline = time.monotonic() + timeout
+        while not self._assigned:
+            if time.monotonic() > deadline:
+                raise KafkaLogError(f"no partition of {self.topics.commands} assigned within {timeout:g} s")
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+        return self.assignment()
+
     def close(self) -> None:
         """Leave cleanly: nothing is in flight between batches, so this only closes the clients."""
         for client in (self._reader, self._consumer):

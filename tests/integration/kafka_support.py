@@ -109,9 +109,11 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         out: dict[int, list[Record]] = {p: [] for p in partitions}
         pending = set()
+        ends = {}
         assignment = []
         for partition in partitions:
             low, high = watermark_offsets(consumer, TopicPartition(topic, partition), 30)
+            ends[partition] = high
             if high > low:
                 pending.add(partition)
                 assignment.append(TopicPartition(topic, partition, low))
@@ -123,7 +125,8 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
                 error = message.error()
                 if error is not None:
                     assert error.code() == KafkaError._PARTITION_EOF, error
-                    pending.discard(message.partition())
+                    if message.offset() >= ends[message.partition()]:  # the stable end reached the high watermark
+                        pending.discard(message.partition())
                     continue
                 out[message.partition()].append(
                     Record(message.partition(), message.offset(), message.key(), message.value())
