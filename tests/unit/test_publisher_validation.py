@@ -1,0 +1,51 @@
+"""CommandPublisher checks arguments before sending anything (no broker needed: nothing is sent)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpufold.kafka_config import load
+from producers.publisher import CommandPublisher
+
+
+@pytest.fixture
+def publisher() -> Iterator[CommandPublisher]:
+    # An unreachable address: validation fails before anything is produced.
+    publisher = CommandPublisher(load(bootstrap="127.0.0.1:1", environ={}), "t.commands")
+    publisher.sent = []  # type: ignore[attr-defined]
+    publisher.send = lambda key, value: publisher.sent.append((key, value))  # type: ignore[method-assign,attr-defined]
+    yield publisher
+    publisher._producer = None  # nothing reached the producer: no delivery to wait for
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p: p.add_node("lab", "n 1", cpu_milli=1, memory_mib=1), "node_id"),
+        (lambda p: p.add_node("lab", "n1", cpu_milli=0, memory_mib=1), "cpu_milli"),
+        (lambda p: p.add_node("lab", "n1", cpu_milli=1, memory_mib=1, gpu_count=2, gpu_model="bad model"), "model"),
+        (lambda p: p.add_node("lab", "n1", cpu_milli=1, memory_mib=1, gpu_model="A100"), "gpu_count 0"),
+        (lambda p: p.submit_pod("lab", "p1"), "requests no GPU"),
+        (lambda p: p.submit_pod("lab", "p1", num_gpu=2, gpu_milli=500), "multi-GPU"),
+        (lambda p: p.submit_pod("lab", "p1", num_gpu=1, gpu_milli=1500), "gpu_milli"),
+        (lambda p: p.submit_pod("", "p1", cpu_milli=1), "cluster"),
+        (lambda p: p.release("lab", ""), "pod_id"),
+        (lambda p: p.set_policy("lab", "no-such-policy"), "unknown policy"),
+        (lambda p: p.cordon_node("lab", "n1", command_id="has space"), "command_id"),
+    ],
+)
+def test_invalid_arguments_raise_clear_value_errors(publisher: CommandPublisher, call, message: str) -> None:  # type: ignore[no-untyped-def]
+    """Each invalid argument raises a ValueError naming it, and nothing is queued for delivery."""
+    with pytest.raises(ValueError, match=message):
+        call(publisher)
+    assert publisher.sent == []  # type: ignore[attr-defined]
+
+
+def test_command_id_is_the_callers_or_a_fresh_uuid(publisher: CommandPublisher) -> None:
+    """A given command_id is returned as is; without one, each command gets a distinct uuid4."""
+    assert publisher.drain_node("lab", "n1", command_id="drain-1") == "drain-1"
+    first, second = publisher.uncordon_node("lab", "n1"), publisher.uncordon_node("lab", "n1")
+    assert first != second and len(first) == 36
+    assert [key for key, _ in publisher.sent] == [b"lab"] * 3  # type: ignore[attr-defined]
