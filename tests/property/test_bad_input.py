@@ -12,8 +12,6 @@ part of ``state_hash``), so there the clusters, nodes and pods are compared.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -45,14 +43,6 @@ from tests.strategies import clusters_hash, command_streams
 
 TOPICS = Topics()
 BAD_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-_started = time.perf_counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_suite_time() -> Iterator[None]:
-    """Print how long the bad-input suite took, so CI logs show its cost."""
-    yield
-    print(f"\nbad-input suite took {time.perf_counter() - _started:.1f} s")
 
 
 def frame(payload: CommandPayload, command_id: str = "bad-1", cluster: str = "c0", issued_at: int = 5) -> bytes:

@@ -6,10 +6,6 @@ the fold's own bookkeeping (free vectors, capacity index, pending queue).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,15 +24,6 @@ PROPERTY_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=False,
 )
-
-_started = time.perf_counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_suite_time() -> Iterator[None]:
-    """Print how long the property suite took, so CI logs show its cost."""
-    yield
-    print(f"\nproperty suite (test_fold_properties) took {time.perf_counter() - _started:.1f} s")
 
 
 def check_no_overcommit(cluster: ClusterState) -> None:
