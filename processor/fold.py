@@ -492,8 +492,10 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     pod = cluster.pods.get(spec.pod_id)
     if pod is None:
         pod = cluster.pods[spec.pod_id] = Pod(spec, shape_of(spec))
+        cluster.count_shape(pod.shape, +1)
         if spec.arrival >= cluster.arrivals:
             cluster.arrivals = spec.arrival + 1
+            cluster.learn_typical()
     elif pod.running:
         raise InvariantViolation(f"pod {spec.pod_id!r} is already running on {pod.node_id!r}")
     elif pod.queued:
@@ -540,6 +542,7 @@ def _applied_pod_released(cluster: ClusterState, event: PodReleased) -> None:
     pod = cluster.pods.pop(event.pod_id, None)
     if pod is None:
         raise InvariantViolation(f"unknown pod {event.pod_id!r} released")
+    cluster.count_shape(pod.shape, -1)
     if pod.running:
         _unbind(cluster, pod)
     elif pod.queued:

@@ -15,6 +15,7 @@ from typing import Any
 
 from processor.commands import Taint
 from processor.events import GpuShare, PodSpec
+from processor.fragmentation import TypicalKey, TypicalPod
 from processor.state import ClusterState, Node, PartitionState, Pod, shape_of
 
 
@@ -43,8 +44,25 @@ def to_snapshot(state: PartitionState) -> dict[str, Any]:
             spec = pod.spec.to_avro()
             spec["node_selector"] = dict(sorted(spec["node_selector"].items()))
             pods.append({"pod": spec, "node_id": pod.node_id, "gpus": [gpu.to_avro() for gpu in pod.gpus]})
+        typical = [
+            {
+                "num_gpu": pod.key.num_gpu,
+                "gpu_milli": pod.key.gpu_milli,
+                "cpu_milli": pod.key.cpu_milli,
+                "gpu_models": list(pod.key.gpu_models),
+                "weight": pod.weight,
+            }
+            for pod in cluster.typical
+        ]
         clusters.append(
-            {"cluster": name, "policy": cluster.policy, "arrivals": cluster.arrivals, "nodes": nodes, "pods": pods}
+            {
+                "cluster": name,
+                "policy": cluster.policy,
+                "arrivals": cluster.arrivals,
+                "nodes": nodes,
+                "pods": pods,
+                "typical_pods": typical,
+            }
         )
     return {
         "partition": state.partition,
@@ -67,6 +85,12 @@ def from_snapshot(snapshot: dict[str, Any]) -> PartitionState:
     )
     for data in snapshot["clusters"]:
         cluster = ClusterState(data["cluster"], policy=data["policy"], arrivals=data["arrivals"])
+        cluster.typical = tuple(
+            TypicalPod(
+                TypicalKey(raw["num_gpu"], raw["gpu_milli"], raw["cpu_milli"], tuple(raw["gpu_models"])), raw["weight"]
+            )
+            for raw in data.get("typical_pods", [])
+        )
         state.clusters[cluster.name] = cluster
         for raw in data["nodes"]:
             node = Node(
@@ -97,6 +121,7 @@ def from_snapshot(snapshot: dict[str, Any]) -> PartitionState:
         # order only matters for eviction order, which uses arrival order below.
         for pod in sorted(pods, key=lambda p: (p.spec.arrival, p.spec.pod_id)):
             cluster.pods[pod.spec.pod_id] = pod
+            cluster.count_shape(pod.shape, +1)
             if pod.node_id is not None:
                 node = cluster.nodes[pod.node_id]
                 node.allocate(pod.spec, pod.gpus)

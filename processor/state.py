@@ -13,10 +13,11 @@ from processor.capacity import CapacityIndex
 from processor.commands import Taint
 from processor.errors import InvariantViolation
 from processor.events import GpuShare, PodSpec
+from processor.fragmentation import Typical, TypicalKey, derive_typical, is_checkpoint, typical_key, typical_moved
 from processor.pending import PendingQueue, QueueKey
 from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature
 
-DEFAULT_POLICY = "best-fit"
+DEFAULT_POLICY = "fgd-plus"
 DEFAULT_SEEN_WINDOW = 100_000
 """How many recent command ids each partition remembers for idempotency.
 
@@ -161,6 +162,26 @@ class ClusterState:
     model_nodes: dict[str, int] = field(default_factory=dict)  # GPU model -> nodes present
     gpu_milli_capacity: int = 0  # of nodes that are not failed
     gpu_milli_allocated: int = 0
+    # Request shapes of the present (queued or running) pods, derived; and the typical
+    # pods learned from it at arrival checkpoints (persisted: snapshots carry it).
+    shape_counts: dict[TypicalKey, int] = field(default_factory=dict)
+    typical: Typical = ()
+
+    def count_shape(self, shape: PodShape, delta: int) -> None:
+        """Add (+1) or remove (-1) a present pod's shape from the histogram. O(1)."""
+        key = typical_key(shape)
+        count = self.shape_counts.get(key, 0) + delta
+        if count > 0:
+            self.shape_counts[key] = count
+        else:
+            self.shape_counts.pop(key, None)
+
+    def learn_typical(self) -> None:
+        """Refresh the typical pods from the histogram if the arrival count is a checkpoint."""
+        if is_checkpoint(self.arrivals):
+            typical = derive_typical(self.shape_counts)
+            if typical_moved(self.typical, typical):
+                self.typical = typical
 
     def reindex(self, node: Node) -> None:
         """Put a node in the capacity index under its current signature, or take it out."""

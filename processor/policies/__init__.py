@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from processor.policies.base import Choice, Policy, ScoringPolicy, default_gpus
 from processor.policies.best_fit import BestFit
+from processor.policies.dot_product import DotProduct
+from processor.policies.fgd import Fgd
+from processor.policies.fgd_plus import FgdPlus
 from processor.policies.first_fit import FirstFit
+from processor.policies.gpu_clustering import GpuClustering
+from processor.policies.gpu_packing import GpuPacking
+from processor.policies.paper_best_fit import PaperBestFit
+from processor.policies.random_pick import RandomPick
 from processor.policies.spread import Spread
 
 REGISTRY: dict[str, Policy] = {}
@@ -26,7 +33,18 @@ def policy_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-for _policy in (FirstFit(), BestFit(), Spread()):
+for _policy in (
+    FirstFit(),
+    BestFit(),
+    Spread(),
+    RandomPick(),
+    DotProduct(),
+    GpuClustering(),
+    GpuPacking(),
+    PaperBestFit(),
+    Fgd(),
+    FgdPlus(),
+):
     register(_policy)
 
 __all__ = ["REGISTRY", "Choice", "Policy", "ScoringPolicy", "default_gpus", "get_policy", "policy_names", "register"]

@@ -1,0 +1,160 @@
+"""``gpufold simulate``: the published FGD experiment on the openb trace, through the fold."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from gpufold.cli import CliError
+from gpufold.trace import TraceError, load_nodes, load_pods
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="replay the openb trace the way the FGD paper measured it (unallocated GPU %% at arrived = 100%%)",
+        description=(
+            "Reproduce the FGD experiment (Weng et al., ATC '23): pods sorted by name, inflated with random copies "
+            "to --inflate x GPU capacity and shuffled with the seed (nodes too); pods never leave and failed pods "
+            "are not retried. Prints unallocated GPU %% and FGD fragmentation %% at arrived = 100%%."
+        ),
+    )
+    parser.add_argument("--nodes", help="node list CSV (default: the bundled openb GPU node list)")
+    parser.add_argument("--pods", help="pod list CSV (default: the bundled openb default pod list)")
+    parser.add_argument(
+        "--policy",
+        default="fgd-plus",
+        help="placement policy, or several separated by commas (default: fgd-plus); see --list-policies",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="the seed of one run (default: 42)")
+    parser.add_argument("--seeds", help="several seeds, e.g. 42-51 or 42,45 (overrides --seed)")
+    parser.add_argument(
+        "--inflate", type=float, default=1.3, help="inflate the workload to this x GPU capacity (default: 1.3)"
+    )
+    parser.add_argument("--limit", type=int, help="use only the first N pods of the file (smoke tests)")
+    parser.add_argument("--json", action="store_true", help="print JSON (one object)")
+    parser.add_argument("--curve", action="store_true", help="with text output, also print the allocation curve")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU %% vs arrived 80-130%% per policy")
+    parser.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpufold import simulate
+    from processor.policies import REGISTRY, policy_names
+
+    if args.list_policies:
+        for name in policy_names():
+            print(f"{name:16} {REGISTRY[name].description}")
+        return 0
+    policies = [name.strip() for name in args.policy.split(",") if name.strip()]
+    unknown = [name for name in policies if name not in REGISTRY]
+    if unknown or not policies:
+        raise CliError(f"unknown policy {', '.join(unknown) or args.policy!r}; known: {', '.join(policy_names())}")
+    try:
+        seeds = simulate.parse_seeds(args.seeds) if args.seeds else [args.seed]
+    except ValueError as error:
+        raise CliError(f"--seeds: {error}") from error
+    if args.inflate < 0:
+        raise CliError("--inflate must be >= 0 (0 or 1 = no inflation beyond the trace)")
+    try:
+        nodes = load_nodes(args.nodes)
+        pods = load_pods(args.pods)
+    except TraceError as error:
+        raise CliError(str(error)) from error
+    if args.limit is not None:
+        pods = pods[: max(0, args.limit)]
+    if not nodes or not pods:
+        raise CliError("the trace has no nodes or no pods")
+
+    results: dict[str, list[simulate.SimulationResult]] = {}
+    for policy in policies:
+        for seed in seeds:
+            results.setdefault(policy, []).append(_one(simulate, nodes, pods, policy, seed, args.inflate))
+            if not args.json and (len(seeds) > 1 or len(policies) > 1):
+                _print_run(results[policy][-1])
+    if args.plot:
+        try:
+            simulate.plot(results, args.plot)
+        except RuntimeError as error:
+            raise CliError(str(error)) from error
+    if args.json:
+        json.dump(_json(results), sys.stdout, indent=None if len(seeds) == 1 and len(policies) == 1 else 1)
+        print()
+    else:
+        _print_text(results, curve=args.curve)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _one(simulate: Any, nodes: list[Any], pods: list[Any], policy: str, seed: int, inflate: float) -> Any:
+    from tqdm import tqdm
+
+    total = len(simulate.build_workload(nodes, pods, seed, inflate).pods)
+    with tqdm(total=total, desc=f"{policy} seed {seed}", unit="pod", file=sys.stderr, disable=None, leave=False) as bar:
+        return simulate.run(nodes, pods, policy, seed, inflate, progress=bar.update)
+
+
+def _json(results: dict[str, list[Any]]) -> dict[str, Any]:
+    from gpufold import simulate
+
+    runs = [run for per_policy in results.values() for run in per_policy]
+    if len(runs) == 1:
+        return runs[0].to_json()  # type: ignore[no-any-return]
+    return {
+        "runs": [run.to_json() for run in runs],
+        "summary": {policy: simulate.summarize(per_policy) for policy, per_policy in results.items()},
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _print_run(result: Any) -> None:
+    print(
+        f"{result.policy:16} seed {result.seed:4}  unallocated@100 {_fmt(result.unallocated_gpu_pct_at_100):>6}%  "
+        f"frag@100 {_fmt(result.fragmentation_pct_at_100):>6}%  scheduled {result.pods_scheduled}/{result.pods_total}"
+        f"  {result.pods_per_sec:,.0f} pods/s  state {result.state_hash[:16]}"
+    )
+
+
+def _print_text(results: dict[str, list[Any]], *, curve: bool) -> None:
+    runs = [run for per_policy in results.values() for run in per_policy]
+    if len(runs) == 1:
+        result = runs[0]
+        print(f"policy {result.policy}, seed {result.seed}, inflate {result.inflate}")
+        print(f"  nodes {result.nodes}, GPU capacity {result.gpu_milli_total / 1000:,.1f} GPUs")
+        print(
+            f"  pods {result.pods_total}: scheduled {result.pods_scheduled}, failed {result.pods_failed}"
+            f" (rejected {result.pods_rejected})"
+        )
+        print(
+            f"  GPUs requested {result.gpu_milli_requested / 1000:,.1f}, "
+            f"allocated {result.gpu_milli_allocated / 1000:,.1f}"
+        )
+        print(f"  unallocated GPU at arrived = 100%: {_fmt(result.unallocated_gpu_pct_at_100)}%")
+        print(
+            f"  fragmentation at arrived = 100%: {_fmt(result.fragmentation_pct_at_100)}% of capacity "
+            f"({_fmt(result.fragmentation_pct_of_idle_at_100)}% of idle GPU)"
+        )
+        print(f"  {result.pods_per_sec:,.0f} pods/s, {result.commands_per_sec:,.0f} commands/s, {result.seconds} s")
+        print(f"  state_hash {result.state_hash}")
+        if curve:
+            for arrived, allocated in result.curve:
+                print(f"    arrived {arrived:5.0f}%  allocated {allocated:7.3f}%  unallocated {100 - allocated:7.3f}%")
+        return
+    print()
+    print(f"{'policy':16} {'seeds':>5} {'unalloc@100 mean':>17} {'median':>7} {'frag@100 mean':>14} {'pods/s':>8}")
+    for policy, per_policy in results.items():
+        unallocated = [r.unallocated_gpu_pct_at_100 for r in per_policy if r.unallocated_gpu_pct_at_100 is not None]
+        fragmentation = [r.fragmentation_pct_at_100 for r in per_policy if r.fragmentation_pct_at_100 is not None]
+        mean = statistics.fmean(unallocated) if unallocated else None
+        median = statistics.median(unallocated) if unallocated else None
+        frag = statistics.fmean(fragmentation) if fragmentation else None
+        speed = statistics.fmean(r.pods_per_sec for r in per_policy)
+        print(f"{policy:16} {len(per_policy):>5} {_fmt(mean):>17} {_fmt(median):>7} {_fmt(frag):>14} {speed:>8,.0f}")
