@@ -20,7 +20,7 @@ chosen node.
 
 from __future__ import annotations
 
-from processor.policies.fgd import FragmentationPolicy, FragMemo, options_for, sigmoid
+from processor.policies.fgd import FragMemo, FragmentationPolicy, options_for, sigmoid
 from processor.resources import PodShape, Signature
 
 RESOLUTION = 100  # FGD's: score = int(sigmoid(-growth / 1000) * RESOLUTION)
