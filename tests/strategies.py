@@ -182,3 +182,72 @@ def clusters_hash(state: PartitionState) -> str:
     snapshot = to_snapshot(state)
     snapshot.update(next_offset=0, sequence=0, seen=[])
     return hashlib.sha256(registry().codec(SNAPSHOT).encode_body(snapshot)).hexdigest()
+
+
+# ---------------------------------------------------------------- wild values (anything the schema can carry)
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+SIZES32 = st.one_of(st.sampled_from((-1, 0, 1, 2, 1000, 1001, 64, 65)), INT32)
+SIZES64 = st.one_of(st.sampled_from((-1, 0, 1, 1000, 100_000_000, 100_000_001, 1 << 30, (1 << 30) + 1)), INT64)
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
+_VALID_IDS = st.sampled_from(("n0", "n1", "p0", "p1", "zone", "c0"))
+WILD_IDS = st.one_of(
+    _VALID_IDS, _VALID_IDS, _VALID_IDS, st.sampled_from(("", " ", "a\nb", "x" * 254, "\u00e9t\u00e9")), TEXT
+)
+
+wild_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    st.builds(
+        AddNode,
+        WILD_IDS,
+        SIZES64,
+        SIZES64,
+        st.one_of(st.sampled_from(("", "A100", "bad model", "-x")), TEXT),
+        SIZES32,
+        st.dictionaries(WILD_IDS, TEXT, max_size=2),
+        st.lists(
+            st.builds(Taint, WILD_IDS, TEXT, st.one_of(st.sampled_from(("NoSchedule", "NoExecute")), TEXT)), max_size=2
+        ).map(tuple),
+    ),
+    st.builds(
+        SubmitPod,
+        WILD_IDS,
+        WILD_IDS,
+        INT32,
+        SIZES32,
+        SIZES32,
+        SIZES64,
+        SIZES64,
+        st.lists(st.one_of(st.sampled_from(MODELS), TEXT), max_size=2).map(tuple),
+        st.dictionaries(WILD_IDS, TEXT, max_size=2),
+        st.lists(
+            st.builds(Toleration, WILD_IDS, st.one_of(st.sampled_from(("Equal", "Exists")), TEXT), TEXT, TEXT),
+            max_size=2,
+        ).map(tuple),
+    ),
+    st.builds(Release, WILD_IDS, TEXT),
+    st.builds(RemoveNode, WILD_IDS, st.booleans()),
+    st.builds(CordonNode, WILD_IDS),
+    st.builds(UncordonNode, WILD_IDS),
+    st.builds(DrainNode, WILD_IDS),
+    st.builds(MarkNodeFailed, WILD_IDS, TEXT),
+    st.builds(SetPolicy, st.one_of(st.sampled_from(POLICIES), TEXT)),
+)
+
+
+@st.composite
+def wild_commands(draw: st.DrawFn) -> Command:
+    """One command with any values the Avro schema can carry: empty, huge, negative, odd unicode."""
+    return Command(
+        draw(
+            st.one_of(
+                st.sampled_from(("cmd-0", "w1", "w2", "w3")),
+                st.text(st.characters(categories=("L", "N")), min_size=1, max_size=8).map("w-".__add__),
+                WILD_IDS,
+            )
+        ),
+        draw(st.one_of(st.just("c0"), st.just("c0"), st.just("c0"), WILD_IDS)),
+        draw(st.one_of(st.just(1), st.just(2), st.just(3), INT64)),
+        draw(wild_payloads),
+        draw(TEXT),
+    )

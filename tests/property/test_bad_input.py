@@ -39,7 +39,8 @@ from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
 from processor.snapshot import state_hash
 from processor.state import PartitionState
 from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, registry
-from tests.strategies import clusters_hash, command_streams
+from tests.property.test_fold_properties import check_state
+from tests.strategies import clusters_hash, command_streams, wild_commands
 
 TOPICS = Topics()
 BAD_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -201,6 +202,30 @@ def test_mutated_frames_never_raise(commands: list[Command], data: st.DataObject
         folder.fold(InputRecord(0, offset, None, bytes(value)), out)
         assert out
         assert folder.state.next_offset == offset + 1
+
+
+@BAD_SETTINGS
+@given(command_streams(max_size=25), st.lists(wild_commands(), min_size=1, max_size=25), st.randoms())
+def test_wild_values_in_a_stream_never_raise_and_keep_the_invariants(
+    commands: list[Command], wild: list[Command], random: Any
+) -> None:
+    """Commands with any schema-valid values, mixed into a normal stream, are folded or refused, never raise,
+    and a refused one leaves the clusters as they were."""
+    mixed = list(commands)
+    for command in wild:
+        mixed.insert(random.randint(0, len(mixed)), command)
+    folder = PartitionFolder(0, TOPICS, PartitionState(), snapshot_every=0)
+    codec, events = registry().codec(COMMAND), registry().codec(EVENT)
+    for offset, command in enumerate(mixed):
+        before = clusters_hash(folder.state)
+        out: list[OutputRecord] = []
+        folder.fold(InputRecord(0, offset, None, codec.encode(command.to_avro())), out)
+        decoded = [Event.from_avro(events.decode(record.value)) for record in out]
+        assert decoded and all(record.topic == TOPICS.events for record in out)
+        if isinstance(decoded[0].payload, CommandRejected):
+            assert len(decoded) == 1
+            assert clusters_hash(folder.state) == before
+        check_state(folder.state)
 
 
 # ---------------------------------------------------------------- well-formed commands the domain refuses
