@@ -44,6 +44,7 @@ from tests.strategies import clusters_hash, command_streams, wild_commands
 
 TOPICS = Topics()
 BAD_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+STREAM_SETTINGS = settings(BAD_SETTINGS, max_examples=100)  # whole command streams per example
 
 
 def frame(payload: CommandPayload, command_id: str = "bad-1", cluster: str = "c0", issued_at: int = 5) -> bytes:
@@ -185,7 +186,7 @@ def test_random_bodies_behind_a_valid_header_never_raise(body: bytes) -> None:
     harness.still_works()
 
 
-@BAD_SETTINGS
+@STREAM_SETTINGS
 @given(command_streams(max_size=20), st.data())
 def test_mutated_frames_never_raise(commands: list[Command], data: st.DataObject) -> None:
     """Valid command frames with a flipped or dropped byte fold to a dead letter or to events, never an exception."""
@@ -204,7 +205,7 @@ def test_mutated_frames_never_raise(commands: list[Command], data: st.DataObject
         assert folder.state.next_offset == offset + 1
 
 
-@BAD_SETTINGS
+@STREAM_SETTINGS
 @given(command_streams(max_size=25), st.lists(wild_commands(), min_size=1, max_size=25), st.randoms())
 def test_wild_values_in_a_stream_never_raise_and_keep_the_invariants(
     commands: list[Command], wild: list[Command], random: Any
