@@ -1,0 +1,22 @@
+# The gpufold image: the CLI with the PostgreSQL projections and the HTTP API.
+# docker-compose.yml runs it as the processor, the projector and the api; by itself it runs the processor.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY gpufold ./gpufold
+COPY processor ./processor
+COPY producers ./producers
+COPY projections ./projections
+COPY schemas ./schemas
+RUN pip install ".[postgres,api]" \
+    && useradd --system --uid 10001 --no-create-home gpufold
+
+USER gpufold
+EXPOSE 8000
+CMD ["gpufold", "processor", "run", "--bootstrap", "kafka:9092"]
