@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import JSON, Column, Connection, Table, any_, literal
@@ -72,60 +73,69 @@ def _target(conn: Connection, table: Table) -> str:
     return f'"{schema}"."{table.name}"' if schema else f'"{table.name}"'
 
 
-def _copy_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> tuple[Any, str, str]:
-    """COPY rows into the session's temp twin of ``table``; returns (cursor, temp name, column list)."""
-    dbapi = conn.connection.driver_connection
-    cursor = dbapi.cursor()  # type: ignore[union-attr]
-    temp = f"_bulk_{table.name}"
-    names = [column.name for column in table.columns]
-    column_list = ", ".join(f'"{name}"' for name in names)
-    cursor.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{temp}" (LIKE {_target(conn, table)}) ON COMMIT DELETE ROWS')
-    is_json = [_is_json(column) for column in table.columns]
-    dumps = json.dumps
-    with cursor.copy(f'COPY "{temp}" ({column_list}) FROM STDIN') as copy:
-        write = copy.write_row
-        for row in rows:
-            write([dumps(row[n]) if j else row[n] for n, j in zip(names, is_json, strict=True)])
-    return cursor, temp, column_list
-
-
 def _is_json(column: Any) -> bool:
     kind = column.type
     return isinstance(kind, JSON) or any(isinstance(v, JSON) for v in getattr(kind, "_variant_mapping", {}).values())
 
 
 def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    """Insert rows (no conflicts expected)."""
+    """Insert rows (no conflicts expected); COPY on PostgreSQL."""
     if not rows:
         return
     if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
         conn.execute(table.insert(), rows)
         return
-    dbapi = conn.connection.driver_connection
+    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+        _copy(cursor, _target(conn, table), table, rows)
+
+
+def _dumps(value: Any) -> str:
+    return "[]" if value == [] else json.dumps(value)
+
+
+def _copy(cursor: Any, target: str, table: Table, rows: list[dict[str, Any]]) -> str:
+    """COPY rows into ``target`` (a table name, quoted); returns the column list used."""
     names = [column.name for column in table.columns]
     column_list = ", ".join(f'"{name}"' for name in names)
-    is_json = [_is_json(column) for column in table.columns]
-    dumps = json.dumps
-    with dbapi.cursor() as cursor, cursor.copy(f"COPY {_target(conn, table)} ({column_list}) FROM STDIN") as copy:  # type: ignore[union-attr]
+    row_of = itemgetter(*names)
+    json_at = [i for i, column in enumerate(table.columns) if _is_json(column)]
+    dumps = _dumps
+    with cursor.copy(f"COPY {target} ({column_list}) FROM STDIN") as copy:
         write = copy.write_row
-        for row in rows:
-            write([dumps(row[n]) if j else row[n] for n, j in zip(names, is_json, strict=True)])
+        if not json_at:
+            for row in rows:
+                write(row_of(row))
+        else:
+            for row in rows:
+                values = list(row_of(row))
+                for i in json_at:
+                    values[i] = dumps(values[i])
+                write(values)
+    return column_list
 
 
 def bulk_upsert_replace(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    """Insert rows or overwrite the existing ones (keys must be unique within ``rows``)."""
+    """Insert rows or overwrite the existing ones (keys must be unique within ``rows``).
+
+    On PostgreSQL: COPY into a session-local temporary twin of the table, one
+    ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``, then truncate the twin (all in
+    the caller's transaction, so a rollback undoes all of it).
+    """
     if not rows:
         return
     if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
         conn.execute(upsert_replace(conn, table), rows)
         return
-    cursor, temp, column_list = _copy_rows(conn, table, rows)
+    target = _target(conn, table)
+    temp = f'"_bulk_{table.name}"'
     keys = _keys(table)
     sets = ", ".join(f'"{c.name}" = EXCLUDED."{c.name}"' for c in table.columns if c.name not in keys)
     key_list = ", ".join(f'"{k}"' for k in keys)
-    cursor.execute(
-        f'INSERT INTO {_target(conn, table)} ({column_list}) SELECT {column_list} FROM "{temp}" '
-        f"ON CONFLICT ({key_list}) DO UPDATE SET {sets}"
-    )
-    cursor.execute(f'TRUNCATE "{temp}"')
-    cursor.close()
+    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {temp} (LIKE {target})")
+        column_list = _copy(cursor, temp, table, rows)
+        cursor.execute(
+            f"INSERT INTO {target} ({column_list}) SELECT {column_list} FROM {temp} "
+            f"ON CONFLICT ({key_list}) DO UPDATE SET {sets}"
+        )
+        cursor.execute(f"TRUNCATE {temp}")  # DELETE would leave dead rows: temp tables are never vacuumed

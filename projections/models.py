@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Index, Integer, MetaData, String, text
+from sqlalchemy import JSON, BigInteger, Boolean, Index, Integer, LargeBinary, MetaData, String, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -110,7 +110,11 @@ class AllocationRow(Base):
 
 
 class AuditEventRow(Base):
-    """Every event, with its position and the command that caused it."""
+    """Every event, with its position and the command that caused it, and its bytes verbatim.
+
+    The frame is kept rather than a JSON copy: it is what was published (an audit
+    can check it bit for bit), and it costs nothing to store; readers decode it.
+    """
 
     __tablename__ = "audit_events"
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -122,7 +126,7 @@ class AuditEventRow(Base):
     type: Mapped[str] = mapped_column(String(32))
     pod_id: Mapped[str | None] = mapped_column(ID, nullable=True)
     node_id: Mapped[str | None] = mapped_column(ID, nullable=True)
-    payload: Mapped[Any] = mapped_column(JsonType)
+    frame: Mapped[bytes] = mapped_column(LargeBinary)  # the event exactly as published (Avro single-object)
 
     __table_args__ = (
         Index("ix_audit_events_command", "command_id"),

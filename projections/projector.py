@@ -23,25 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, select, update
+from sqlalchemy import Connection, Engine, String, and_, delete, func, literal, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from processor.events import (
-    CommandRejected,
-    Event,
-    NodeAdded,
-    NodeCordoned,
-    NodeDrained,
-    NodeFailed,
-    NodeRemoved,
-    NodeUncordoned,
-    PodEvicted,
-    PodQueued,
-    PodReleased,
-    PodScheduled,
-    PodSpec,
-    PolicyChanged,
-)
+from processor.events import Event
 from projections import models
 from projections.dialect import bulk_insert, bulk_upsert_replace, in_list, upsert_ignore
 from projections.secrets import mask_url
@@ -59,12 +45,36 @@ class ProjectionError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """One record of the events topic: where it is, and the event (None if its bytes did not decode)."""
+    """One record of the events topic: where it is, its frame, and the frame decoded.
+
+    ``record`` is the Avro mapping of the Event envelope as ``schemas`` decodes it
+    (payload as a ``(record name, body)`` pair), or None if the bytes did not decode.
+    The projector works on the mapping directly (no dataclass round trip: this is
+    the hot path) and keeps ``frame`` verbatim in the audit log.
+    """
 
     partition: int
     offset: int
-    event: Event | None
+    record: dict[str, Any] | None
+    frame: bytes | None = None
     error: str = ""
+
+    @classmethod
+    def of(cls, event: Event, offset: int) -> Envelope:
+        """An envelope for an in-process :class:`Event` (tests, benchmarks, the demo)."""
+        record = event.to_avro()
+        return cls(event.partition, offset, record, _event_codec().encode(record))
+
+
+_CODEC: list[Any] = []
+
+
+def _event_codec() -> Any:
+    if not _CODEC:
+        from schemas import EVENT, registry
+
+        _CODEC.append(registry().codec(EVENT))
+    return _CODEC[0]
 
 
 @dataclass(slots=True)
@@ -107,23 +117,23 @@ def _lock_offsets(conn: Connection, source: str, partitions: list[int]) -> dict[
 # ------------------------------------------------------------------ rows
 
 
-def _pod_row(spec: PodSpec, sequence: int) -> dict[str, Any]:
+def _pod_row(cluster: str, spec: dict[str, Any], sequence: int) -> dict[str, Any]:
     return {
-        "cluster": "",
-        "pod_id": spec.pod_id,
-        "tenant": spec.tenant,
-        "priority": spec.priority,
-        "num_gpu": spec.num_gpu,
-        "gpu_milli": spec.gpu_milli,
-        "cpu_milli": spec.cpu_milli,
-        "memory_mib": spec.memory_mib,
-        "gpu_models": list(spec.gpu_models),
-        "arrival": spec.arrival,
+        "cluster": cluster,
+        "pod_id": spec["pod_id"],
+        "tenant": spec["tenant"],
+        "priority": spec["priority"],
+        "num_gpu": spec["num_gpu"],
+        "gpu_milli": spec["gpu_milli"],
+        "cpu_milli": spec["cpu_milli"],
+        "memory_mib": spec["memory_mib"],
+        "gpu_models": list(spec["gpu_models"]),
+        "arrival": spec["arrival"],
         "status": "pending",
         "node_id": None,
         "gpus": [],
         "reasons": [],
-        "submitted_at": spec.submitted_at,
+        "submitted_at": spec["submitted_at"],
         "queued_at": None,
         "scheduled_at": None,
         "ended_at": None,
@@ -132,12 +142,12 @@ def _pod_row(spec: PodSpec, sequence: int) -> dict[str, Any]:
     }
 
 
-def _subject(payload: Any) -> tuple[str | None, str | None]:
+def _subject(body: dict[str, Any]) -> tuple[str | None, str | None]:
     """(pod_id, node_id) an event is about, for the audit log's indexes."""
-    pod = getattr(payload, "pod", None)
+    pod = body.get("pod")
     if pod is not None:
-        return pod.pod_id, getattr(payload, "node_id", None)
-    return getattr(payload, "pod_id", None), getattr(payload, "node_id", None)
+        return pod["pod_id"], body.get("node_id")
+    return body.get("pod_id"), body.get("node_id")
 
 
 class _Batch:
@@ -159,34 +169,32 @@ class _Batch:
 
     # -------------------------------------------------------------- loading
 
-    def load(self, events: list[Event]) -> None:
+    def load(self, events: list[Envelope]) -> None:
         node_keys: set[tuple[str, str]] = set()
         pod_keys: set[tuple[str, str]] = set()
         clusters: set[str] = set()
-        for event in events:
-            clusters.add(event.cluster)
-            pod_id, node_id = _subject(event.payload)
+        for envelope in events:
+            record = envelope.record
+            cluster = record["cluster"]  # type: ignore[index]
+            clusters.add(cluster)
+            name, body = record["payload"]  # type: ignore[index]
+            pod_id, node_id = _subject(body)
             if node_id is not None:
-                node_keys.add((event.cluster, node_id))
-            if pod_id is not None:
-                pod_keys.add((event.cluster, pod_id))
+                node_keys.add((cluster, node_id))
+            # A first placement of a submission creates its row whatever is stored (nothing,
+            # or a released pod of the same id): only later events need the stored row.
+            if pod_id is not None and not (
+                (name == "gpufold.PodScheduled" and not body["from_queue"])
+                or (name == "gpufold.PodQueued" and not body["requeued"])
+            ):
+                pod_keys.add((cluster, pod_id))
         conn = self.conn
-        for cluster, ids in _by_cluster(node_keys).items():
-            table = models.nodes
-            for chunk in _chunks(ids, 5_000):
-                query = select(table).where(table.c.cluster == cluster, in_list(conn, table.c.node_id, chunk))
-                for row in conn.execute(query):
-                    key = (row.cluster, row.node_id)
-                    self.nodes[key] = dict(row._mapping)
-                    self.nodes_in_db.add(key)
-        for cluster, ids in _by_cluster(pod_keys).items():
-            table = models.pods
-            for chunk in _chunks(ids, 5_000):
-                query = select(table).where(table.c.cluster == cluster, in_list(conn, table.c.pod_id, chunk))
-                for row in conn.execute(query):
-                    key = (row.cluster, row.pod_id)
-                    self.pods[key] = dict(row._mapping)
-                    self.pods_in_db.add(key)
+        for key, row in _fetch(conn, models.nodes, "node_id", node_keys):
+            self.nodes[key] = row
+            self.nodes_in_db.add(key)
+        for key, row in _fetch(conn, models.pods, "pod_id", pod_keys):
+            self.pods[key] = row
+            self.pods_in_db.add(key)
         if clusters:
             table = models.nodes
             c = table.c
@@ -204,28 +212,30 @@ class _Batch:
 
     # -------------------------------------------------------------- applying
 
-    def apply(self, event: Event) -> None:
-        payload = event.payload
-        position = (event.partition, event.sequence)
-        pod_id, node_id = _subject(payload)
+    def apply(self, envelope: Envelope) -> None:
+        event: dict[str, Any] = envelope.record  # type: ignore[assignment]
+        name, body = event["payload"]
+        kind = name.rpartition(".")[2]
+        pod_id, node_id = _subject(body)
+        frame = envelope.frame if envelope.frame is not None else _event_codec().encode(event)
         self.audit.append(
             {
-                "partition": event.partition,
-                "sequence": event.sequence,
-                "cluster": event.cluster,
-                "command_id": event.command_id,
-                "command_offset": event.command_offset,
-                "occurred_at": event.occurred_at,
-                "type": type(payload).__name__,
+                "partition": event["partition"],
+                "sequence": event["sequence"],
+                "cluster": event["cluster"],
+                "command_id": event["command_id"],
+                "command_offset": event["command_offset"],
+                "occurred_at": event["occurred_at"],
+                "type": kind,
                 "pod_id": pod_id,
                 "node_id": node_id,
-                "payload": payload.to_avro(),
+                "frame": frame,
             }
         )
-        self.usage.observe(self.conn, event.cluster, event.occurred_at, position)
-        handler = _HANDLERS.get(type(payload))
+        self.usage.observe(self.conn, event["cluster"], event["occurred_at"], (event["partition"], event["sequence"]))
+        handler = _HANDLERS.get(kind)
         if handler is not None:
-            handler(self, event, payload)
+            handler(self, event, body)
 
     def node(self, cluster: str, node_id: str) -> dict[str, Any]:
         row = self.nodes.get((cluster, node_id))
@@ -241,13 +251,11 @@ class _Batch:
         self.dirty_pods.add((cluster, pod_id))
         return row
 
-    def pod_from_spec(self, event: Event, spec: PodSpec) -> dict[str, Any]:
-        key = (event.cluster, spec.pod_id)
+    def pod_from_spec(self, event: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+        key = (event["cluster"], spec["pod_id"])
         row = self.pods.get(key)
         if row is None or row["status"] == "released":
-            row = _pod_row(spec, event.sequence)
-            row["cluster"] = event.cluster
-            self.pods[key] = row
+            row = self.pods[key] = _pod_row(event["cluster"], spec, event["sequence"])
         self.dirty_pods.add(key)
         return row
 
@@ -257,9 +265,10 @@ class _Batch:
         total[1] += capacity
         self.samples[(cluster, model, t - t % MINUTE_MS)] = (total[0], total[1])
 
-    def unbind(self, event: Event, pod: dict[str, Any]) -> None:
+    def unbind(self, event: dict[str, Any], pod: dict[str, Any]) -> None:
         """Free a running pod's resources on its node and stop charging its tenant."""
-        node = self.node(event.cluster, pod["node_id"])
+        cluster, t = event["cluster"], event["occurred_at"]
+        node = self.node(cluster, pod["node_id"])
         free = node["gpu_free"]
         for index, milli in pod["gpus"]:
             free[index] += milli
@@ -268,14 +277,14 @@ class _Batch:
         node["cpu_allocated"] -= pod["cpu_milli"]
         node["memory_allocated"] -= pod["memory_mib"]
         node["pods_running"] -= 1
-        node["updated_sequence"] = event.sequence
+        node["updated_sequence"] = event["sequence"]
         if node["gpu_count"]:
-            self.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, -milli_total, 0)
-        stop = max(event.occurred_at, pod["scheduled_at"] or event.occurred_at)
-        self.usage.stop(event.cluster, pod["tenant"], stop, milli_total, (event.partition, event.sequence))
+            self.shift_totals(cluster, node["gpu_model"], t, -milli_total, 0)
+        stop = max(t, pod["scheduled_at"] or t)
+        self.usage.stop(cluster, pod["tenant"], stop, milli_total, (event["partition"], event["sequence"]))
         pod["node_id"] = None
         pod["gpus"] = []
-        self.realloc.add((event.cluster, pod["pod_id"]))
+        self.realloc.add((cluster, pod["pod_id"]))
 
     # -------------------------------------------------------------- writing
 
@@ -319,6 +328,28 @@ class _Batch:
         self.usage.flush(conn)
 
 
+def _fetch(
+    conn: Connection, table: Any, id_column: str, keys: set[tuple[str, str]]
+) -> list[tuple[Any, dict[str, Any]]]:
+    """Rows of a (cluster, id)-keyed table for the given keys, as ((cluster, id), row dict).
+
+    On PostgreSQL the keys are joined as an unnested array, so each is one primary-key
+    probe whatever the table's statistics say; elsewhere a plain IN list per chunk.
+    """
+    out = []
+    for cluster, ids in _by_cluster(keys).items():
+        for chunk in _chunks(ids, 10_000 if conn.dialect.name == "postgresql" else _CHUNK):
+            if conn.dialect.name == "postgresql":
+                keys_ = select(func.unnest(literal(chunk, ARRAY(String))).column_valued("id")).subquery()
+                query = select(table).join(keys_, and_(table.c.cluster == cluster, table.c[id_column] == keys_.c.id))
+            else:
+                query = select(table).where(table.c.cluster == cluster, table.c[id_column].in_(chunk))
+            for row in conn.execute(query):
+                mapping = dict(row._mapping)
+                out.append(((mapping["cluster"], mapping[id_column]), mapping))
+    return out
+
+
 def _by_cluster(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for cluster, name in sorted(keys):
@@ -333,115 +364,127 @@ def _chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
 # ------------------------------------------------------------------ handlers
 
 
-def _node_added(batch: _Batch, event: Event, p: NodeAdded) -> None:
-    key = (event.cluster, p.node_id)
+Handler = Callable[[_Batch, dict[str, Any], dict[str, Any]], None]
+
+
+def _node_added(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    cluster = event["cluster"]
+    key = (cluster, p["node_id"])
     batch.nodes[key] = {
-        "cluster": event.cluster,
-        "node_id": p.node_id,
-        "gpu_model": p.gpu_model,
-        "gpu_count": p.gpu_count,
-        "cpu_milli": p.cpu_milli,
-        "memory_mib": p.memory_mib,
-        "labels": dict(p.labels),
-        "taints": [t.to_avro() for t in p.taints],
+        "cluster": cluster,
+        "node_id": p["node_id"],
+        "gpu_model": p["gpu_model"],
+        "gpu_count": p["gpu_count"],
+        "cpu_milli": p["cpu_milli"],
+        "memory_mib": p["memory_mib"],
+        "labels": dict(p["labels"]),
+        "taints": [dict(t) for t in p["taints"]],
         "cordoned": False,
         "failed": False,
-        "gpu_free": [1000] * p.gpu_count,
+        "gpu_free": [1000] * p["gpu_count"],
         "gpu_milli_allocated": 0,
         "cpu_allocated": 0,
         "memory_allocated": 0,
         "pods_running": 0,
-        "added_at": event.occurred_at,
-        "updated_sequence": event.sequence,
+        "added_at": event["occurred_at"],
+        "updated_sequence": event["sequence"],
     }
     batch.dirty_nodes.add(key)
-    if p.gpu_count:
-        batch.shift_totals(event.cluster, p.gpu_model, event.occurred_at, 0, p.gpu_count * 1000)
+    if p["gpu_count"]:
+        batch.shift_totals(cluster, p["gpu_model"], event["occurred_at"], 0, p["gpu_count"] * 1000)
 
 
-def _node_removed(batch: _Batch, event: Event, p: NodeRemoved) -> None:
-    node = batch.node(event.cluster, p.node_id)
+def _node_removed(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    cluster = event["cluster"]
+    node = batch.node(cluster, p["node_id"])
     if node["gpu_count"] and not node["failed"]:
-        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, 0, -node["gpu_count"] * 1000)
-    batch.nodes[(event.cluster, p.node_id)] = None
+        batch.shift_totals(cluster, node["gpu_model"], event["occurred_at"], 0, -node["gpu_count"] * 1000)
+    batch.nodes[(cluster, p["node_id"])] = None
 
 
-def _node_flag(flag: str, value: bool) -> Callable[[_Batch, Event, Any], None]:
-    def handler(batch: _Batch, event: Event, p: Any) -> None:
-        node = batch.node(event.cluster, p.node_id)
+def _node_flag(flag: str, value: bool) -> Handler:
+    def handler(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+        node = batch.node(event["cluster"], p["node_id"])
         node[flag] = value
-        node["updated_sequence"] = event.sequence
+        node["updated_sequence"] = event["sequence"]
 
     return handler
 
 
-def _node_failed(batch: _Batch, event: Event, p: NodeFailed) -> None:
-    node = batch.node(event.cluster, p.node_id)
+def _node_failed(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    node = batch.node(event["cluster"], p["node_id"])
     node["failed"] = True
-    node["updated_sequence"] = event.sequence
+    node["updated_sequence"] = event["sequence"]
     if node["gpu_count"]:
-        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, 0, -node["gpu_count"] * 1000)
+        batch.shift_totals(event["cluster"], node["gpu_model"], event["occurred_at"], 0, -node["gpu_count"] * 1000)
 
 
-def _pod_queued(batch: _Batch, event: Event, p: PodQueued) -> None:
-    pod = batch.pod_from_spec(event, p.pod)
+def _pod_queued(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    pod = batch.pod_from_spec(event, p["pod"])
     pod["status"] = "pending"
-    pod["reasons"] = [r.to_avro() for r in p.reasons]
-    pod["queued_at"] = event.occurred_at
-    pod["updated_sequence"] = event.sequence
+    pod["reasons"] = [dict(r) for r in p["reasons"]]
+    pod["queued_at"] = event["occurred_at"]
+    pod["updated_sequence"] = event["sequence"]
 
 
-def _pod_scheduled(batch: _Batch, event: Event, p: PodScheduled) -> None:
-    pod = batch.pod_from_spec(event, p.pod)
-    node = batch.node(event.cluster, p.node_id)
+def _pod_scheduled(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    spec = p["pod"]
+    cluster, t = event["cluster"], event["occurred_at"]
+    pod = batch.pod_from_spec(event, spec)
+    node = batch.node(cluster, p["node_id"])
     free = node["gpu_free"]
-    gpus = [[share.index, share.milli] for share in p.gpus]
+    gpus = [[share["index"], share["milli"]] for share in p["gpus"]]
     for index, milli in gpus:
         free[index] -= milli
-    milli_total = p.pod.num_gpu * p.pod.gpu_milli
+    milli_total = spec["num_gpu"] * spec["gpu_milli"]
     node["gpu_milli_allocated"] += milli_total
-    node["cpu_allocated"] += p.pod.cpu_milli
-    node["memory_allocated"] += p.pod.memory_mib
+    node["cpu_allocated"] += spec["cpu_milli"]
+    node["memory_allocated"] += spec["memory_mib"]
     node["pods_running"] += 1
-    node["updated_sequence"] = event.sequence
-    pod.update(status="running", node_id=p.node_id, gpus=gpus, reasons=[], scheduled_at=event.occurred_at)
-    pod["updated_sequence"] = event.sequence
-    batch.realloc.add((event.cluster, p.pod.pod_id))
+    node["updated_sequence"] = event["sequence"]
+    pod["status"] = "running"
+    pod["node_id"] = p["node_id"]
+    pod["gpus"] = gpus
+    pod["reasons"] = []
+    pod["scheduled_at"] = t
+    pod["updated_sequence"] = event["sequence"]
+    batch.realloc.add((cluster, spec["pod_id"]))
     if node["gpu_count"]:
-        batch.shift_totals(event.cluster, node["gpu_model"], event.occurred_at, milli_total, 0)
-    batch.usage.start(event.cluster, p.pod.tenant, event.occurred_at, milli_total, (event.partition, event.sequence))
+        batch.shift_totals(cluster, node["gpu_model"], t, milli_total, 0)
+    batch.usage.start(cluster, spec["tenant"], t, milli_total, (event["partition"], event["sequence"]))
 
 
-def _pod_evicted(batch: _Batch, event: Event, p: PodEvicted) -> None:
-    pod = batch.pod(event.cluster, p.pod_id)
-    if pod["status"] != "running" or pod["node_id"] != p.node_id:
-        raise ProjectionError(f"pod {p.pod_id!r} evicted from {p.node_id!r} where it does not run")
+def _pod_evicted(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    pod = batch.pod(event["cluster"], p["pod_id"])
+    if pod["status"] != "running" or pod["node_id"] != p["node_id"]:
+        raise ProjectionError(f"pod {p['pod_id']!r} evicted from {p['node_id']!r} where it does not run")
     batch.unbind(event, pod)
     pod["status"] = "evicted"
-    pod["updated_sequence"] = event.sequence
+    pod["updated_sequence"] = event["sequence"]
 
 
-def _pod_released(batch: _Batch, event: Event, p: PodReleased) -> None:
-    pod = batch.pod(event.cluster, p.pod_id)
+def _pod_released(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
+    pod = batch.pod(event["cluster"], p["pod_id"])
     if pod["status"] == "running":
         batch.unbind(event, pod)
-    pod.update(status="released", reasons=[], ended_at=event.occurred_at, end_reason=p.reason[:64])
-    pod["updated_sequence"] = event.sequence
+    pod["status"] = "released"
+    pod["reasons"] = []
+    pod["ended_at"] = event["occurred_at"]
+    pod["end_reason"] = p["reason"][:64]
+    pod["updated_sequence"] = event["sequence"]
 
 
-_HANDLERS: dict[type, Callable[[_Batch, Event, Any], None]] = {
-    NodeAdded: _node_added,
-    NodeRemoved: _node_removed,
-    NodeCordoned: _node_flag("cordoned", True),
-    NodeDrained: _node_flag("cordoned", True),
-    NodeUncordoned: _node_flag("cordoned", False),
-    NodeFailed: _node_failed,
-    PodQueued: _pod_queued,
-    PodScheduled: _pod_scheduled,
-    PodEvicted: _pod_evicted,
-    PodReleased: _pod_released,
-    PolicyChanged: lambda batch, event, p: None,
-    CommandRejected: lambda batch, event, p: None,
+_HANDLERS: dict[str, Handler] = {
+    "NodeAdded": _node_added,
+    "NodeRemoved": _node_removed,
+    "NodeCordoned": _node_flag("cordoned", True),
+    "NodeDrained": _node_flag("cordoned", True),
+    "NodeUncordoned": _node_flag("cordoned", False),
+    "NodeFailed": _node_failed,
+    "PodQueued": _pod_queued,
+    "PodScheduled": _pod_scheduled,
+    "PodEvicted": _pod_evicted,
+    "PodReleased": _pod_released,
 }
 
 
@@ -464,27 +507,28 @@ def project_batch(
     offsets = _lock_offsets(conn, source, partitions)
     next_sequence = {p: offsets[p][1] for p in partitions}
     next_offset = {p: offsets[p][0] for p in partitions}
-    fresh: list[Event] = []
+    fresh: list[Envelope] = []
     for envelope in batch:
         p = envelope.partition
         next_offset[p] = max(next_offset[p], envelope.offset + 1)
-        event = envelope.event
+        event = envelope.record
         if event is None:
             result.undecodable += 1
             log.warning("skipping undecodable record at %s[%d]@%d: %s", source, p, envelope.offset, envelope.error)
             continue
-        if event.partition != p:
-            raise ProjectionError(f"event of partition {event.partition} found in {source}[{p}]@{envelope.offset}")
-        if event.sequence < next_sequence[p]:
+        sequence = event["sequence"]
+        if event["partition"] != p:
+            raise ProjectionError(f"event of partition {event['partition']} found in {source}[{p}]@{envelope.offset}")
+        if sequence < next_sequence[p]:
             result.duplicates += 1
             continue
-        if event.sequence != next_sequence[p]:
+        if sequence != next_sequence[p]:
             raise ProjectionError(
-                f"{source}[{p}]: expected event sequence {next_sequence[p]}, got {event.sequence} "
+                f"{source}[{p}]: expected event sequence {next_sequence[p]}, got {sequence} "
                 f"at offset {envelope.offset} (events are missing)"
             )
         next_sequence[p] += 1
-        fresh.append(event)
+        fresh.append(envelope)
     work = _Batch(conn, lateness_ms)
     work.load(fresh)
     for event in fresh:
@@ -501,7 +545,7 @@ def project_batch(
     result.sealed_hours = work.usage.sealed
     result.positions = next_offset
     if fresh:
-        result.last_occurred_at = max(event.occurred_at for event in fresh)
+        result.last_occurred_at = max(e.record["occurred_at"] for e in fresh)  # type: ignore[index]
     return result
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, and_, case, func, select
 from processor.fragmentation import TypicalKey, derive_typical, node_fragmentation
 from projections import models
 from projections.usage import HOUR_MS
+from schemas import EVENT, registry
 
 DAY_MS = 24 * HOUR_MS
 MAX_LIMIT = 1_000
@@ -281,6 +282,11 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
     return {"cluster": cluster, "total": total, "offset": offset, "pods": pods}
 
 
+def _payload(frame: bytes) -> dict[str, Any]:
+    """The payload of an audited event frame, as JSON-ready values."""
+    return dict(registry().codec(EVENT).decode(bytes(frame))["payload"][1])
+
+
 def _event(row: Any) -> dict[str, Any]:
     return {
         "partition": row.partition,
@@ -289,7 +295,7 @@ def _event(row: Any) -> dict[str, Any]:
         "occurred_at": row.occurred_at,
         "command_id": row.command_id,
         "command_offset": row.command_offset,
-        "payload": row.payload,
+        "payload": _payload(row.frame),
     }
 
 
@@ -329,7 +335,8 @@ def command_outcome(conn: Connection, *, command_id: str) -> dict[str, Any]:
         "command_offset": first.command_offset,
     }
     if first.type == "CommandRejected":
-        outcome.update(outcome="rejected", code=first.payload["code"], message=first.payload["message"])
+        payload = _payload(first.frame)
+        outcome.update(outcome="rejected", code=payload["code"], message=payload["message"])
     else:
         outcome["outcome"] = "accepted"
     outcome["events"] = [_event(e) for e in events]

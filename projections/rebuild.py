@@ -32,6 +32,8 @@ def _canonical(value: Any) -> Any:
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
     return value
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from projections.projector import BatchResult, Projector
+from projections.projector import BatchResult, Envelope, Projector
 from projections.schema import ensure_schema
 from projections.sources import EmbeddedEventSource, EventSource
 from projections.usage import DEFAULT_LATENESS_MS
@@ -55,17 +57,41 @@ def run(
     poll_timeout: float = 0.5,
     stop_when_idle: bool = False,
     stop: threading.Event | None = None,
+    prefetch: int = 2,
 ) -> RunStats:
-    """Project until ``stop`` is set (or, with ``stop_when_idle``, until the source is read to its end)."""
+    """Project until ``stop`` is set (or, with ``stop_when_idle``, until the source is read to its end).
+
+    A reader thread polls and decodes the next batches while the current one is
+    written (psycopg releases the GIL while PostgreSQL works), at most
+    ``prefetch`` batches ahead. Prefetched batches are only in memory: the
+    database offsets stay the one record of progress.
+    """
     stats = RunStats()
     started = time.perf_counter()
     if projector.on_commit is None:
         projector.on_commit = _record_metrics
+    stop = stop or threading.Event()
     source.start(projector.positions)
+    # Long-lived objects (modules, schemas) never need scanning again; batches are short-lived.
+    gc.freeze()
+    batches: queue.Queue[list[Envelope] | BaseException | None] = queue.Queue(maxsize=max(1, prefetch))
+    reader = threading.Thread(
+        target=_read, args=(source, batches, batch_size, poll_timeout, stop_when_idle, stop), daemon=True
+    )
+    reader.start()
     last_lag = 0.0
-    while stop is None or not stop.is_set():
-        batch = source.poll(batch_size, poll_timeout)
-        if batch:
+    try:
+        while True:
+            try:
+                batch = batches.get(timeout=0.2)
+            except queue.Empty:
+                if stop.is_set() or not reader.is_alive():
+                    break
+                continue
+            if batch is None:
+                break
+            if isinstance(batch, BaseException):
+                raise batch
             result = projector.project(batch)
             stats.batches += 1
             stats.events += result.applied
@@ -75,15 +101,47 @@ def run(
             committed = getattr(source, "committed", None)
             if committed is not None:
                 committed(result.positions)
-            log.debug("batch: %d applied, %d duplicates", result.applied, result.duplicates)
-        elif stop_when_idle and source.caught_up():
-            break
-        now = time.monotonic()
-        if now - last_lag > 5.0:
-            last_lag = now
-            _update_lag(source)
+            now = time.monotonic()
+            if now - last_lag > 5.0:
+                last_lag = now
+                _update_lag(source)
+    finally:
+        stop.set()
+        reader.join(timeout=10)
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def _read(
+    source: EventSource,
+    batches: queue.Queue[list[Envelope] | BaseException | None],
+    batch_size: int,
+    poll_timeout: float,
+    stop_when_idle: bool,
+    stop: threading.Event,
+) -> None:
+    """The reader thread: poll and decode batches into the queue; None when idle (if asked), an error if one."""
+
+    def put(item: list[Envelope] | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                batches.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        while not stop.is_set():
+            batch = source.poll(batch_size, poll_timeout)
+            if batch:
+                if not put(batch):
+                    return
+            elif stop_when_idle and source.caught_up():
+                put(None)
+                return
+    except BaseException as error:  # handed to the main thread, which raises it
+        put(error)
 
 
 def _update_lag(source: EventSource) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from processor.events import Event
 from processor.loop import Topics
 from projections.projector import Envelope
 from schemas import EVENT, DecodeError, registry
@@ -60,11 +60,11 @@ class Decoder:
 
     def __call__(self, partition: int, offset: int, value: bytes | None) -> Envelope:
         if value is None:
-            return Envelope(partition, offset, None, "empty record")
+            return Envelope(partition, offset, None, None, "empty record")
         try:
-            return Envelope(partition, offset, Event.from_avro(self._codec.decode(value)))
-        except (DecodeError, KeyError, TypeError, ValueError) as error:
-            return Envelope(partition, offset, None, f"{type(error).__name__}: {error}")
+            return Envelope(partition, offset, self._codec.decode(value), value)
+        except DecodeError as error:
+            return Envelope(partition, offset, None, value, str(error))
 
 
 # ------------------------------------------------------------------ embedded log
@@ -79,8 +79,10 @@ class EmbeddedEventSource:
             raise FileNotFoundError(f"no embedded log at {self.path}")
         self.name = topic
         self.until = until
-        self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        # The runner polls from its reader thread and asks for lag from the main one.
+        self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 30000")
+        self._lock = threading.Lock()
         self._decode = Decoder()
         self._next: dict[int, int] = {}
         self._done: set[int] = set()
@@ -97,6 +99,10 @@ class EmbeddedEventSource:
             self._next.setdefault(partition, offset)
 
     def poll(self, max_records: int, timeout: float) -> list[Envelope]:
+        with self._lock:
+            return self._poll(max_records)
+
+    def _poll(self, max_records: int) -> list[Envelope]:
         for partition in self._partitions():  # partitions that appeared since start
             self._next.setdefault(partition, 0)
         out: list[Envelope] = []
@@ -125,11 +131,16 @@ class EmbeddedEventSource:
         return out
 
     def caught_up(self) -> bool:
-        return all(p in self._done for p in self._next)
+        with self._lock:
+            return all(p in self._done for p in self._next)
 
     def lag(self) -> int | None:
+        with self._lock:
+            return self._lag()
+
+    def _lag(self) -> int:
         total = 0
-        for partition, position in self._next.items():
+        for partition, position in list(self._next.items()):
             row = self._db.execute(
                 'SELECT MAX("offset") FROM records WHERE topic = ? AND "partition" = ?', (self.name, partition)
             ).fetchone()
@@ -138,7 +149,8 @@ class EmbeddedEventSource:
         return total
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 # ------------------------------------------------------------------ Kafka
@@ -154,6 +166,9 @@ def kafka_consumer_config(bootstrap: str, group: str, extra: dict[str, Any] | No
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "enable.partition.eof": True,
+        # A crashed projector's partitions move to a live one after this long (broker minimum: 6 s).
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000,
         "fetch.max.bytes": 52_428_800,
         "max.partition.fetch.bytes": 10_485_760,
         "queued.max.messages.kbytes": 262_144,

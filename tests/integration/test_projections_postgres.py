@@ -78,7 +78,7 @@ def reference(events: list, topic: str) -> dict:
     offsets = {0: 0, 1: 0}
     batch = []
     for event in events:
-        batch.append(Envelope(event.partition, offsets[event.partition], event))
+        batch.append(Envelope.of(event, offsets[event.partition]))
         offsets[event.partition] += 1
     Projector(engine, topic).project(batch)
     with engine.connect() as conn:

@@ -61,7 +61,7 @@ def engine() -> Iterator[Engine]:
             Command("a5", "c1", T0 + 3_600_000, Release("p1")),
         ]
     )
-    Projector(eng, "events").project([Envelope(0, i, e) for i, e in enumerate(events)])
+    Projector(eng, "events").project([Envelope.of(e, i) for i, e in enumerate(events)])
     yield eng
     eng.dispose()
 

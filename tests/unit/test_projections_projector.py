@@ -30,7 +30,7 @@ def engine() -> Iterator[Engine]:
 
 
 def envelopes(events: list) -> list[Envelope]:
-    return [Envelope(event.partition, offset, event) for offset, event in enumerate(events)]
+    return [Envelope.of(event, offset) for offset, event in enumerate(events)]
 
 
 def project(engine: Engine, batch: list[Envelope], size: int = 5_000) -> list:
@@ -117,7 +117,7 @@ def test_an_overlapping_batch_applies_only_the_new_events(engine: Engine, events
 
 def test_undecodable_records_are_counted_and_passed(engine: Engine, events: list) -> None:
     """A record whose bytes did not decode moves the offset on without touching the tables."""
-    batch = [*envelopes(events[:5]), Envelope(0, 5, None, "DecodeError: bad magic")]
+    batch = [*envelopes(events[:5]), Envelope(0, 5, None, b"junk", "bad magic")]
     (result,) = project(engine, batch)
     assert (result.applied, result.undecodable) == (5, 1)
     with engine.connect() as conn:

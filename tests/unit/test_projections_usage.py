@@ -24,7 +24,7 @@ def engine() -> Engine:
 
 
 def project(engine: Engine, events: list, lateness_ms: int = 5 * MINUTE) -> None:
-    batch = [Envelope(e.partition, i, e) for i, e in enumerate(events)]
+    batch = [Envelope.of(e, i) for i, e in enumerate(events)]
     Projector(engine, "events", lateness_ms=lateness_ms).project(batch)
 
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-30 16:50:07.882233
+Create Date: 2026-11-30
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ def upgrade() -> None:
         sa.Column("type", sa.String(length=32), nullable=False),
         sa.Column("pod_id", sa.String(length=253), nullable=True),
         sa.Column("node_id", sa.String(length=253), nullable=True),
-        sa.Column(
-            "payload", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=False
-        ),
+        sa.Column("frame", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("partition", "sequence", name=op.f("pk_audit_events")),
     )
     op.create_index("ix_audit_events_command", "audit_events", ["command_id"], unique=False)
