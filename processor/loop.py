@@ -15,11 +15,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from processor.commands import Command
 from processor.fold import decide
 from processor.snapshot import from_snapshot, to_snapshot
 from processor.state import PartitionState
 from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, DecodeError, registry
+from schemas.fastcodec import decode_command, encode_event
 
 log = logging.getLogger("gpufold.processor")
 
@@ -120,16 +120,15 @@ class PartitionFolder:
         if record.offset < state.next_offset:
             return
         try:
-            command = Command.from_avro(self._commands.decode(record.value))  # type: ignore[arg-type]
+            command = decode_command(record.value)  # generated decoder; older fingerprints go through fastavro
         except DecodeError as error:
             out.append(self._dead_letter(record, str(error)))
             state.next_offset = record.offset + 1
         else:
-            encode = self._events.encode
             topic, partition = self.topics.events, self.partition
             key = command.cluster.encode()
             for event in decide(state, command, record.offset):
-                out.append(OutputRecord(topic, partition, key, encode(event.to_avro())))
+                out.append(OutputRecord(topic, partition, key, encode_event(event)))
         if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
             out.append(self.snapshot_record())
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Callable
+from types import MemberDescriptorType
 from typing import Any
 
 from processor import commands, events
@@ -77,9 +78,11 @@ def _long(n: int) -> bytes:
     return _C[z & 16383] + _C[(z >> 14) & 16383] + _C[(z >> 28) & 16383] + _C[(z >> 42) & 16383] + _T[z >> 56]
 
 
-_ZD = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zigzag varint -> value
-_NEGATIVE = 1 << 62  # stands for a negative length: always runs past the end of the frame
-_ZL = [b >> 1 if b % 2 == 0 else _NEGATIVE for b in range(128)]  # one-byte varint -> length
+# First byte of a varint -> its value when the varint is that one byte; None (or -1 for a length) when it
+# continues. An odd byte is a negative length: _NEGATIVE always runs past the end of the frame.
+_NEGATIVE = 1 << 62
+_ZD = [(b >> 1) ^ -(b & 1) if b < 128 else None for b in range(256)]
+_ZL = [-1 if b >= 128 else _NEGATIVE if b % 2 else b >> 1 for b in range(256)]
 
 
 def _rlong_source() -> str:
@@ -142,6 +145,7 @@ class _Generator:
             "_ZD": _ZD,
             "_ZL": _ZL,
             "_long": _long,
+            "_new": object.__new__,
             "_pack_d": struct.Struct("<d").pack,
             "_pack_f": struct.Struct("<f").pack,
             "_unpack_d": struct.Struct("<d").unpack_from,
@@ -353,11 +357,19 @@ class _Generator:
         if kind == "null":
             return [f"{pad}{target} = None"]
         if kind in ("int", "long"):
-            return [
+            return [  # varints of up to 3 bytes inline, longer ones in _rlong
                 f"{pad}b = buf[pos]",
                 f"{pad}if b < 128:",
                 f"{pad}    {target} = _ZD[b]",
                 f"{pad}    pos += 1",
+                f"{pad}elif (c := buf[pos + 1]) < 128:",
+                f"{pad}    z = (b & 127) | (c << 7)",
+                f"{pad}    {target} = (z >> 1) ^ -(z & 1)",
+                f"{pad}    pos += 2",
+                f"{pad}elif (d := buf[pos + 2]) < 128:",
+                f"{pad}    z = (b & 127) | ((c & 127) << 7) | (d << 14)",
+                f"{pad}    {target} = (z >> 1) ^ -(z & 1)",
+                f"{pad}    pos += 3",
                 f"{pad}else:",
                 f"{pad}    {target}, pos = _rlong(buf, pos)",
             ]
@@ -370,14 +382,13 @@ class _Generator:
             n, q = self.fresh("n"), self.fresh("q")
             value = f"buf[pos:{q}].decode()" if kind == "string" else f"buf[pos:{q}]"
             return [
-                f"{pad}b = buf[pos]",
-                f"{pad}if b < 128:",
-                f"{pad}    {n} = _ZL[b]",
-                f"{pad}    pos += 1",
-                f"{pad}else:",
+                f"{pad}{n} = _ZL[buf[pos]]",
+                f"{pad}if {n} < 0:",
                 f"{pad}    {n}, pos = _rlong(buf, pos)",
                 f"{pad}    if {n} < 0:",
                 f"{pad}        raise _length_error({n}, end - pos)",
+                f"{pad}else:",
+                f"{pad}    pos += 1",
                 f"{pad}{q} = pos + {n}",
                 f"{pad}if {q} > end:",
                 f"{pad}    raise _length_error({n}, end - pos)",
@@ -474,8 +485,16 @@ class _Generator:
         body = [f"def {function}(buf, pos, end):"]
         for field in schema["fields"]:
             body += self.read(field["type"], local[field["name"]], "    ")
-        arguments = ", ".join(local[name] for name in order)
-        body.append(f"    return {self.const(cls)}({arguments}), pos")
+        slots = [cls.__dict__.get(name) for name in order]
+        if hasattr(cls, "__post_init__") or not all(isinstance(s, MemberDescriptorType) for s in slots):
+            body.append(f"    return {self.const(cls)}({', '.join(local[name] for name in order)}), pos")
+        else:  # what the dataclass __init__ does (every field is given), without its call
+            body.append(f"    o = _new({self.const(cls)})")
+            if cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+                body += [f"    {self.const(s.__set__)}(o, {local[n]})" for n, s in zip(order, slots, strict=True)]
+            else:
+                body += [f"    o.{name} = {local[name]}" for name in order]
+            body.append("    return o, pos")
         self.chunks.append("\n".join(body) + "\n")
         return function
 
