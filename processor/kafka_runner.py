@@ -8,6 +8,7 @@ invariant (a bug: nothing of the failing batch is committed).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -176,6 +177,8 @@ class Runner:
 def run(config: KafkaConfig, topics: Topics, settings: RunnerSettings) -> int:
     """Run until SIGTERM/SIGINT (or idle, if asked); returns the process exit status."""
     runner = Runner(config, topics, settings)
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr: how to see where a stuck processor waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return runner.run()

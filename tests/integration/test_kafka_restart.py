@@ -45,14 +45,23 @@ def test_processor_recovers_from_a_broker_restart(kafka_bootstrap: str, tmp_path
     options = ["--group", group, "--instance-id", "restart", "--snapshot-every", "2000", "--batch-size", "500"]
     process = start_processor(kafka_bootstrap, topics, *options, "--transaction-timeout-ms", "10000", log=log)
     watcher = CommittedWatcher(kafka_bootstrap, topics, group, 2)
+    finished = False
     try:
         watcher.wait_for(COMMANDS // 8, 120, alive=lambda: process.poll() is None)
         subprocess.run(["bash", "scripts/kafka.sh", "restart"], cwd=REPO, check=True, timeout=180)
         publish(kafka_bootstrap, topics, stream[COMMANDS // 2 :])
         assert watcher.wait_for(COMMANDS, 240, alive=lambda: process.poll() is None) == COMMANDS
+        finished = True
     finally:
         watcher.close()
-        process.send_signal(signal.SIGTERM)
-        status = process.wait(60)
+        if process.poll() is None:
+            if not finished:
+                process.send_signal(signal.SIGUSR1)  # a stack dump in the log, to see where it waits
+            process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
     assert status == 0, f"the processor exited with {status}; see {log}"
     check_exactly_once(kafka_bootstrap, topics)
