@@ -57,7 +57,9 @@ PAPER_NAMES = {
     "best-fit-paper": "BestFit",
     "fgd": "FGD",
 }
-DEFAULT_POLICIES = (*PUBLISHED_POLICIES, "fgd-plus")
+DEFAULT_POLICIES = (*PUBLISHED_POLICIES, "fgd-plus", "fgd@prior", "fgd-plus@prior")
+# "name@prior": the policy with the workload's pod shapes given in advance (``simulate.run(prior=True)``), the
+# setting of the published FGD; plain names learn the typical pods online from arrivals.
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces" / "openb"
 
 _loaded: dict[str, Any] = {}
@@ -76,7 +78,10 @@ def _run(task: tuple[str, str, str, str, int, float]) -> dict[str, Any]:
     variant, pods_path, nodes_path, policy, seed, inflate = task
     from gpufold import simulate
 
-    result = simulate.run(_load(nodes_path, "nodes"), _load(pods_path, "pods"), policy, seed, inflate)
+    name, _, mode = policy.partition("@")
+    result = simulate.run(
+        _load(nodes_path, "nodes"), _load(pods_path, "pods"), name, seed, inflate, prior=mode == "prior"
+    )
     record = {
         "variant": variant,
         "policy": policy,
@@ -138,22 +143,31 @@ def main() -> int:
                 if record.get("inflate", 1.3) == args.inflate:
                     done[(record["variant"], record["policy"], record["seed"])] = record
 
-    # default first (all seeds), then the other variants seed by seed, so a budget-cut run stays balanced.
+    # A budget-cut run should still answer the main questions, so runs go by priority: default (every policy,
+    # first three seeds), then every variant's fragmentation policies on the first seed, then default's other
+    # seeds, then the baselines on the variants, then the rest seed by seed.
     order = sorted(chosen, key=lambda v: v != "default")
-    tasks = [
-        (variant, str(available[variant]), nodes_path, policy, seed, args.inflate)
-        for variant in order
-        if variant == "default"
-        for seed in seeds
-        for policy in policies
-    ]
-    tasks += [
-        (variant, str(available[variant]), nodes_path, policy, seed, args.inflate)
-        for seed in seeds
-        for variant in order
-        if variant != "default"
-        for policy in policies
-    ]
+    fragmentation = {p for p in policies if p.partition("@")[0] in ("fgd", "fgd-plus")}
+
+    def priority(variant: str, policy: str, seed: int) -> tuple[int, int, int, int]:
+        rank = seeds.index(seed)
+        if variant == "default":
+            tier = 0 if rank < 3 else 2
+        elif rank == 0:
+            tier = 1 if policy in fragmentation else 3
+        else:
+            tier = 4
+        return (tier, rank, order.index(variant), policies.index(policy))
+
+    tasks = sorted(
+        (
+            (variant, str(available[variant]), nodes_path, policy, seed, args.inflate)
+            for variant in order
+            for policy in policies
+            for seed in seeds
+        ),
+        key=lambda task: priority(task[0], task[3], task[4]),
+    )
     tasks = [task for task in tasks if (task[0], task[3], task[4]) not in done]
     started = time.perf_counter()
     if tasks and not args.table_only:
@@ -220,8 +234,9 @@ def table(
             mean = _mean(values)
             cell = "—" if mean is None else f"{mean:.2f}"
             published = PUBLISHED.get(variant)
-            if published and policy in PUBLISHED_POLICIES:
-                cell += f" ({published[PUBLISHED_POLICIES.index(policy)]:.2f})"
+            base = policy.partition("@")[0]
+            if published and base in PUBLISHED_POLICIES:
+                cell += f" ({published[PUBLISHED_POLICIES.index(base)]:.2f})"
             cells.append(cell)
         seeds_cell = "/".join(str(c) for c in sorted(counts))
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {seeds_cell} |")
@@ -247,7 +262,22 @@ def plot(done: dict[tuple[str, str, int], dict[str, Any]], policies: list[str], 
             record = done.get(("default", policy, seed))
             if record and record.get("curve"):
                 result = SimulationResult(
-                    policy, seed, record["inflate"], 0, 0, 0, 0, 0, 0, 0, 0, None, None, None, record["curve"]
+                    policy,
+                    seed,
+                    record["inflate"],
+                    "@prior" in policy,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    None,
+                    None,
+                    None,
+                    record["curve"],
                 )
                 by_policy.setdefault(policy, []).append(result)
     draw(by_policy, path, "openb default: unallocated GPU % vs arrived workload (median over seeds)")

@@ -19,6 +19,13 @@ Method (as in ``kubernetes-scheduler-simulator``, see the openb trace README):
    published analysis does); allocated GPU % is averaged within each bucket.
 
 The fold itself sees only commands: all randomness is here, outside it.
+
+``prior=True`` gives the fold the workload's pod shapes in advance, as the
+published FGD had them (its typical pods come from the whole trace): after the
+nodes, every original pod is submitted once more with a node selector no node
+matches, so it waits in the queue forever (never placed, never counted as
+arrived) and only teaches the fold's typical-pod histogram the workload's mix.
+Without it the fold learns the mix online from the pods as they arrive.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from processor.snapshot import state_hash
 from processor.state import PartitionState
 
 CLUSTER = "openb"
+PRIOR_SELECTOR = {"gpufold.simulate/prior": "never-matches"}
 DEFAULT_INFLATE = 1.3
 DEFAULT_SEEDS = tuple(range(42, 52))
 
@@ -57,6 +65,7 @@ class SimulationResult:
     policy: str
     seed: int
     inflate: float
+    prior: bool
     nodes: int
     pods_total: int
     pods_scheduled: int
@@ -118,6 +127,7 @@ def run(
     seed: int,
     inflate: float = DEFAULT_INFLATE,
     progress: Callable[[int], None] | None = None,
+    prior: bool = False,
 ) -> SimulationResult:
     """Run one seed of the experiment through the fold; ``progress(n)`` is called per pod."""
     workload = build_workload(nodes, pods, seed, inflate)
@@ -125,11 +135,16 @@ def run(
     capacity = workload.gpu_milli_capacity
     commands: list[Command] = [Command("set-policy", CLUSTER, 0, SetPolicy(policy), "simulate")]
     commands += [add_node(node, node_id, CLUSTER) for node_id, node in workload.nodes]
+    if prior:
+        for pod in sorted(pods, key=lambda pod: pod.name):
+            submit = submit_pod(pod, f"prior-{pod.name}", CLUSTER)
+            submit.payload.node_selector = dict(PRIOR_SELECTOR)  # type: ignore[union-attr]
+            commands.append(submit)
     setup_seconds = 0.0
     started = time.perf_counter()
     for command in commands:
         events = decide(state, command)
-        if isinstance(events[0].payload, CommandRejected):
+        if isinstance(events[-1].payload, CommandRejected):
             raise ValueError(f"{command.command_id}: {events[0].payload.message}")
     setup_seconds = time.perf_counter() - started
     cluster = state.clusters[CLUSTER]
@@ -171,6 +186,7 @@ def run(
         policy=policy,
         seed=seed,
         inflate=inflate,
+        prior=prior,
         nodes=len(workload.nodes),
         pods_total=len(workload.pods),
         pods_scheduled=scheduled,

@@ -34,6 +34,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--inflate", type=float, default=1.3, help="inflate the workload to this x GPU capacity (default: 1.3)"
     )
+    parser.add_argument(
+        "--prior",
+        action="store_true",
+        help="tell the fold the workload's pod shapes in advance, as the published FGD knew its typical pods "
+        "(default: learned online from arrivals)",
+    )
     parser.add_argument("--limit", type=int, help="use only the first N pods of the file (smoke tests)")
     parser.add_argument("--json", action="store_true", help="print JSON (one object)")
     parser.add_argument("--curve", action="store_true", help="with text output, also print the allocation curve")
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, list[simulate.SimulationResult]] = {}
     for policy in policies:
         for seed in seeds:
-            results.setdefault(policy, []).append(_one(simulate, nodes, pods, policy, seed, args.inflate))
+            results.setdefault(policy, []).append(_one(simulate, nodes, pods, policy, seed, args.inflate, args.prior))
             if not args.json and (len(seeds) > 1 or len(policies) > 1):
                 _print_run(results[policy][-1])
     if args.plot:
@@ -91,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one(simulate: Any, nodes: list[Any], pods: list[Any], policy: str, seed: int, inflate: float) -> Any:
+def _one(simulate: Any, nodes: list[Any], pods: list[Any], policy: str, seed: int, inflate: float, prior: bool) -> Any:
     from tqdm import tqdm
 
     total = len(simulate.build_workload(nodes, pods, seed, inflate).pods)
     with tqdm(total=total, desc=f"{policy} seed {seed}", unit="pod", file=sys.stderr, disable=None, leave=False) as bar:
-        return simulate.run(nodes, pods, policy, seed, inflate, progress=bar.update)
+        return simulate.run(nodes, pods, policy, seed, inflate, progress=bar.update, prior=prior)
 
 
 def _json(results: dict[str, list[Any]]) -> dict[str, Any]:
@@ -127,7 +133,8 @@ def _print_text(results: dict[str, list[Any]], *, curve: bool) -> None:
     runs = [run for per_policy in results.values() for run in per_policy]
     if len(runs) == 1:
         result = runs[0]
-        print(f"policy {result.policy}, seed {result.seed}, inflate {result.inflate}")
+        learned = "given in advance (--prior)" if result.prior else "learned online"
+        print(f"policy {result.policy}, seed {result.seed}, inflate {result.inflate}, typical pods {learned}")
         print(f"  nodes {result.nodes}, GPU capacity {result.gpu_milli_total / 1000:,.1f} GPUs")
         print(
             f"  pods {result.pods_total}: scheduled {result.pods_scheduled}, failed {result.pods_failed}"

@@ -139,19 +139,20 @@ class FragmentationPolicy(Policy):
         if per_shape is None:
             per_shape = memo.options[request] = {}
         evaluate = self.evaluate
+        lookup = per_shape.get
+        best_group = groups[0]
         best_key: tuple[float, ...] | None = None
-        best_first = ""
         best_used = -1
         for group in groups:
-            found = per_shape.get(group)
+            found = lookup(group)
             if found is None:
                 found = per_shape[group] = evaluate(memo, group.signature, shape)
                 memo.size += 1
-            key, used = found  # type: ignore[misc]
-            first = group.first()
-            if best_key is None or key < best_key or (key == best_key and first < best_first):
-                best_key, best_first, best_used = key, first, used
+            key = found[0]  # type: ignore[index]
+            if best_key is None or key < best_key or (key == best_key and group.first() < best_group.first()):
+                best_group, best_key, best_used = group, key, found[1]  # type: ignore[index]
         assert best_key is not None
+        best_first = best_group.first()
         node = cluster.nodes[best_first]
         scores = self.report(best_key)
         return Choice(best_first, gpus_on_node(node.gpu_free, shape, best_used), scores)

@@ -2,17 +2,19 @@
 
 Like :mod:`fgd` it scores each node by the growth of its expected GPU
 fragmentation (against the typical pods the fold learns online), trying every
-GPU of the node for a share, and squashes the growth through FGD's integer
-sigmoid score, so nodes whose growth differs by less than a few tens of milli
-are equals. FGD breaks those ties at random (kube-scheduler); fgd-plus breaks
-them by best fit: the node left with the least free GPU milli, then the least
-free CPU, then the smaller exact growth, then node id.
+GPU of the node for a share, and squashes the growth through a sigmoid into an
+integer score: ``int(sigmoid(-growth / 1000) * RESOLUTION)``. With RESOLUTION 50
+(FGD uses 100) nodes whose growth differs by less than ~80 milli near zero are
+equals. FGD breaks its ties at random (kube-scheduler); fgd-plus breaks them by
+best fit: the node left with the least free GPU milli, then the least free CPU,
+then the smaller exact growth, then node id.
 
-Why: measured on openb (BENCHMARKS.md), the coarse score matters (ranking by the
-exact growth alone is worse than FGD: it spreads pods over nodes whose growth
-differs by noise), and best fit among near-equals packs pods onto already used
-nodes, which keeps whole nodes free and makes the policy robust to a typical-pod
-distribution that is still being learned early in a run.
+Why, measured on openb (BENCHMARKS.md): ranking by the exact growth alone is
+worse than FGD (it spreads pods over nodes whose growth differs by noise, above
+all while the typical pods are still being learned); best fit among near-equals
+packs pods onto already used nodes, which keeps whole nodes free for the pods
+that need them; a coarser score widens the near-equal classes where best fit
+decides, which measured better than FGD's resolution.
 
 ``PodScheduled.scores`` carries the FGD score, the growth and the leftovers of the
 chosen node.
@@ -23,7 +25,7 @@ from __future__ import annotations
 from processor.policies.fgd import FragMemo, FragmentationPolicy, options_for, sigmoid
 from processor.resources import PodShape, Signature
 
-RESOLUTION = 100  # FGD's: score = int(sigmoid(-growth / 1000) * RESOLUTION)
+RESOLUTION = 50  # FGD's is 100: score = int(sigmoid(-growth / 1000) * RESOLUTION)
 
 
 class FgdPlus(FragmentationPolicy):
