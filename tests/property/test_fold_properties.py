@@ -6,6 +6,12 @@ the fold's own bookkeeping (free vectors, capacity index, pending queue).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +23,8 @@ from processor.snapshot import from_snapshot, state_hash, to_snapshot
 from processor.state import ClusterState, PartitionState
 from schemas import EVENT, SNAPSHOT, registry
 from tests.strategies import command_streams, encode_events
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROPERTY_SETTINGS = settings(
     max_examples=200,
@@ -164,3 +172,56 @@ def test_snapshot_plus_tail_equals_full_replay(commands: list, data: st.DataObje
     assert encode_events(head_events + tail_events) == encode_events(full_events)
     assert state_hash(restored) == state_hash(full)
     check_state(restored)
+
+
+_STREAM_SCRIPT = """
+import hashlib, random
+from processor.commands import *
+from processor.fold import decide
+from processor.policies import policy_names
+from processor.snapshot import state_hash
+from processor.state import PartitionState
+from tests.strategies import MODELS, NODE_IDS, POD_IDS, TAINTS, TOLERATIONS, encode_events
+
+rng = random.Random(20261130)
+state, digest = PartitionState(), hashlib.sha256()
+for i in range(3000):
+    roll = rng.random()
+    node, pod = rng.choice(NODE_IDS + ("n5", "n6", "n7")), rng.choice(POD_IDS + ("p8", "p9", "p10", "p11"))
+    if roll < 0.12:
+        model = rng.choice(MODELS + ("",))
+        payload = AddNode(node, rng.choice((4000, 32000)), rng.choice((8192, 65536)), model,
+                          rng.choice((1, 2, 8)) if model else 0, rng.choice(({}, {"zone": "a", "disk": "ssd"})),
+                          tuple(rng.sample(TAINTS, rng.randint(0, 2))))
+    elif roll < 0.55:
+        num_gpu = rng.choice((0, 1, 1, 2))
+        milli = 0 if num_gpu == 0 else (rng.choice((100, 500, 1000)) if num_gpu == 1 else 1000)
+        payload = SubmitPod(pod, "t", rng.choice((0, 3)), num_gpu, milli, rng.choice((100, 2000)),
+                            rng.choice((0, 4096)), rng.choice(((), ("A100",), ("V100", "A100"))),
+                            rng.choice(({}, {"zone": "a", "disk": "ssd"})),
+                            tuple(rng.sample(TOLERATIONS, rng.randint(0, 2))))
+    elif roll < 0.85:
+        payload = Release(pod)
+    elif roll < 0.97:
+        payload = rng.choice((CordonNode, UncordonNode, DrainNode, MarkNodeFailed, RemoveNode))(node)
+    else:
+        payload = SetPolicy(rng.choice(policy_names()))
+    for blob in encode_events(decide(state, Command(f"c{i}", rng.choice(("a", "b")), i, payload))):
+        digest.update(blob)
+print(state_hash(state), digest.hexdigest())
+"""
+
+
+@pytest.mark.parametrize("seeds", [("0", "4242")])
+def test_same_commands_give_same_hash_in_processes_with_other_hash_seeds(seeds: tuple[str, str]) -> None:
+    """A 3,000-command stream using every registered policy folds alike under any PYTHONHASHSEED (events and hash)."""
+    outputs = []
+    for seed in seeds:
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", _STREAM_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split())
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == 2
