@@ -112,6 +112,18 @@ def per_call(function: Callable[[], Any], number: int, repeat: int) -> float:
     return min(timeit.repeat(function, number=number, repeat=repeat, timer=time.process_time)) / number * 1e6
 
 
+def time_record(obj: Any, codec: Any, envelope: Any, encode: Any, decode: Any, number: int, repeat: int) -> dict:
+    """Microseconds per call of the four operations on one record."""
+    frame = codec.encode(obj.to_avro())
+    assert encode(obj) == frame and decode(frame) == obj, obj
+    return {
+        "fastavro_encode_us": per_call(lambda: codec.encode(obj.to_avro()), number, repeat),
+        "fast_encode_us": per_call(lambda: encode(obj), number, repeat),
+        "fastavro_decode_us": per_call(lambda: envelope.from_avro(codec.decode(frame)), number, repeat),
+        "fast_decode_us": per_call(lambda: decode(frame), number, repeat),
+    }
+
+
 def rows(number: int, repeat: int) -> list[dict[str, Any]]:
     out = []
     for kind, objects, name, encode, decode in (
@@ -121,17 +133,8 @@ def rows(number: int, repeat: int) -> list[dict[str, Any]]:
         codec = registry().codec(name)
         envelope = Command if kind == "command" else Event
         for obj in objects:
-            frame = codec.encode(obj.to_avro())
-            assert encode(obj) == frame and decode(frame) == obj, obj
-            timings = {
-                "fastavro_encode_us": per_call(lambda o=obj, c=codec: c.encode(o.to_avro()), number, repeat),
-                "fast_encode_us": per_call(lambda o=obj, e=encode: e(o), number, repeat),
-                "fastavro_decode_us": per_call(
-                    lambda f=frame, c=codec, x=envelope: x.from_avro(c.decode(f)), number, repeat
-                ),
-                "fast_decode_us": per_call(lambda f=frame, d=decode: d(f), number, repeat),
-            }
-            row: dict[str, Any] = {"kind": kind, "type": obj.type_name, "bytes": len(frame)}
+            timings = time_record(obj, codec, envelope, encode, decode, number, repeat)
+            row: dict[str, Any] = {"kind": kind, "type": obj.type_name, "bytes": len(codec.encode(obj.to_avro()))}
             row.update({key: round(value, 2) for key, value in timings.items()})
             row["encode_speedup"] = round(timings["fastavro_encode_us"] / timings["fast_encode_us"], 1)
             row["decode_speedup"] = round(timings["fastavro_decode_us"] / timings["fast_decode_us"], 1)
