@@ -134,6 +134,8 @@ class AvroCodec:
         writer = self.registry.writer_schema(frame[2:HEADER_SIZE])
         if writer is None:
             raise DecodeError(f"unknown schema fingerprint {frame[2:HEADER_SIZE].hex()}")
+        if isinstance(writer, dict) and writer.get("name") != self.name:
+            raise DecodeError(f"a {writer.get('name')} frame, not {self.name}")
         buffer = io.BytesIO(frame)
         buffer.seek(HEADER_SIZE)
         reader = None if writer is self.schema else self.schema
@@ -146,7 +148,8 @@ class AvroCodec:
                 return_record_name_override=True,
             )
         except Exception as error:  # fastavro raises many types on corrupt bodies
-            raise DecodeError(f"corrupt Avro body: {type(error).__name__}: {error}") from error
+            # Bounded: a dead letter carries this text, and fastavro may quote whole schemas.
+            raise DecodeError(f"corrupt Avro body: {type(error).__name__}: {str(error)[:200]}") from error
         if buffer.tell() != len(frame):
             raise DecodeError(f"{len(frame) - buffer.tell()} trailing bytes after the record")
         return record
