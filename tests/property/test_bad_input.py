@@ -83,6 +83,7 @@ class Harness:
         letter = registry().codec(DEAD_LETTER).decode(out[0].value)
         assert (letter["topic"], letter["partition"], letter["offset"]) == (TOPICS.commands, 0, self.offset - 1)
         assert letter["value"] == value
+        assert 0 < len(letter["error"]) <= 400, letter["error"]  # a reason, not a dump
         return str(letter["error"])
 
     def expect_rejection(self, value: bytes) -> CommandRejected:
