@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from gpufold.kafka_config import KafkaConfig, load
 from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.commands import AddNode, Command, Release, SubmitPod
+from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
 from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, EVENT, registry
@@ -42,12 +42,13 @@ from schemas import COMMAND, EVENT, registry
 REPO = Path(__file__).resolve().parents[1]
 
 
-def stream(count: int, clusters: int, seed: int = 1) -> list[Command]:
+def stream(count: int, clusters: int, policy: str, seed: int = 1) -> list[Command]:
     """Nodes, then a steady mix of submissions and releases (~half the clusters' GPUs busy)."""
     rng = random.Random(seed)
     names = [f"bench-{index}" for index in range(clusters)]
     commands: list[Command] = []
     for name in names:
+        commands.append(Command(f"{name}-policy-{uuid.uuid4().hex[:6]}", name, 0, SetPolicy(policy), "b"))
         for node in range(40):
             commands.append(Command(f"{name}-n{node}", name, 0, AddNode(f"n{node}", 64_000, 512_000, "A100", 8), "b"))
     running: dict[str, list[str]] = {name: [] for name in names}
@@ -97,7 +98,7 @@ def committed(consumer: Consumer, topics: Topics, partitions: int) -> int:
 
 def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
     topics = fresh_topics(config, args.partitions, "tput")
-    commands = stream(args.commands, args.clusters)
+    commands = stream(args.commands, args.clusters, args.policy)
     frames = [(c.cluster.encode(), registry().codec(COMMAND).encode(c.to_avro())) for c in commands]
     started = time.perf_counter()
     with CommandPublisher(config, topics.commands) as publisher:
@@ -128,6 +129,7 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
         "bench": "throughput",
         "commands": args.commands,
         "partitions": args.partitions,
+        "policy": args.policy,
         "instances": args.instances,
         "batch_size": args.batch_size,
         "publish_per_s": round(args.commands / publish_seconds),
@@ -140,9 +142,9 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
 def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
     topics = fresh_topics(config, args.partitions, "lat")
     group = topics.commands + ".group"
-    warm = stream(2_000 + args.rate * args.seconds, args.clusters, seed=2)
-    nodes = [c for c in warm if isinstance(c.payload, AddNode)]
-    work = [c for c in warm if not isinstance(c.payload, AddNode)][: args.rate * args.seconds]
+    warm = stream(2_000 + args.rate * args.seconds, args.clusters, args.policy, seed=2)
+    nodes = [c for c in warm if isinstance(c.payload, (AddNode, SetPolicy))]
+    work = [c for c in warm if not isinstance(c.payload, (AddNode, SetPolicy))][: args.rate * args.seconds]
     sent: dict[str, float] = {}
     arrived: dict[str, float] = {}
     stop_reading = threading.Event()
@@ -254,6 +256,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1_000, help="offered load of the latency run (commands/s)")
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--linger-ms", type=float, default=2.0)
+    parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
     parser.add_argument("--only", choices=("throughput", "latency", "replay"), action="append")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

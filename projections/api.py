@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import Connection, Engine, create_engine, func, select
+from sqlalchemy import Connection, Engine, create_engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from projections import metrics, models, queries
@@ -158,10 +158,8 @@ def _refresh_gauges(conn: Connection) -> None:
         for row in queries.utilization_now(conn, by="model"):
             metrics.GPUS_ALLOCATED.labels(row["cluster"], row["gpu_model"]).set(row["allocated_gpus"])
             metrics.GPUS_TOTAL.labels(row["cluster"], row["gpu_model"]).set(row["capacity_gpus"])
-        p = models.pods.c
-        for cluster, count in conn.execute(
-            select(p.cluster, func.count()).where(p.status == "pending").group_by(p.cluster)
-        ):
+        stats = models.cluster_stats.c
+        for cluster, count in conn.execute(select(stats.cluster, stats.pending)):
             metrics.PENDING_PODS.labels(cluster).set(count)
         for (cluster,) in conn.execute(select(models.nodes.c.cluster).distinct()):
             metrics.FRAGMENTATION.labels(cluster).set(

@@ -144,6 +144,27 @@ class ProjectionOffsetRow(Base):
     next_sequence: Mapped[int] = mapped_column(BigInteger)  # event sequence to apply next
 
 
+class GpuTotalRow(Base):
+    """Nodes, capacity, allocation and running pods per cluster and GPU model, now (the utilization query)."""
+
+    __tablename__ = "gpu_totals"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(64), primary_key=True)  # '' for CPU-only nodes
+    nodes: Mapped[int] = mapped_column(Integer)
+    capacity_milli: Mapped[int] = mapped_column(BigInteger)  # of nodes that have not failed
+    allocated_milli: Mapped[int] = mapped_column(BigInteger)
+    pods_running: Mapped[int] = mapped_column(Integer)
+
+
+class ClusterStatsRow(Base):
+    """How many pods of a cluster are pending and running now (the pending query's total)."""
+
+    __tablename__ = "cluster_stats"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    pending: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
+
+
 class UtilizationRow(Base):
     """Allocated vs capacity GPU milli per cluster and model, as it stood at the end of each minute."""
 
@@ -214,6 +235,8 @@ pods = PodRow.__table__
 allocations = AllocationRow.__table__
 audit_events = AuditEventRow.__table__
 projection_offsets = ProjectionOffsetRow.__table__
+gpu_totals = GpuTotalRow.__table__
+cluster_stats = ClusterStatsRow.__table__
 utilization = UtilizationRow.__table__
 usage_clocks = UsageClockRow.__table__
 tenant_rates = TenantRateRow.__table__

@@ -129,7 +129,7 @@ def _pod_row(cluster: str, spec: dict[str, Any], sequence: int) -> dict[str, Any
         "memory_mib": spec["memory_mib"],
         "gpu_models": list(spec["gpu_models"]),
         "arrival": spec["arrival"],
-        "status": "pending",
+        "status": None,  # set by the event that creates the row
         "node_id": None,
         "gpus": [],
         "reasons": [],
@@ -162,7 +162,10 @@ class _Batch:
         self.dirty_nodes: set[tuple[str, str]] = set()
         self.dirty_pods: set[tuple[str, str]] = set()
         self.realloc: set[tuple[str, str]] = set()  # pods whose allocation rows change
-        self.totals: dict[tuple[str, str], list[int]] = {}  # (cluster, model) -> [allocated, capacity]
+        # (cluster, model) -> [allocated, capacity, nodes, pods running]; cluster -> [pending, running]
+        self.totals: dict[tuple[str, str], list[int]] = {}
+        self.dirty_totals: set[tuple[str, str]] = set()
+        self.stats: dict[str, list[int]] = {}
         self.samples: dict[tuple[str, str, int], tuple[int, int]] = {}
         self.audit: list[dict[str, Any]] = []
         self.usage = UsageLedger(lateness_ms=lateness_ms)
@@ -196,18 +199,18 @@ class _Batch:
             self.pods[key] = row
             self.pods_in_db.add(key)
         if clusters:
-            table = models.nodes
-            c = table.c
-            rows = conn.execute(
-                select(c.cluster, c.gpu_model, c.gpu_count, c.failed, c.gpu_milli_allocated).where(
-                    and_(table.c.cluster.in_(sorted(clusters)), table.c.gpu_count > 0)
-                )
-            )
-            for row in rows:
-                total = self.totals.setdefault((row.cluster, row.gpu_model), [0, 0])
-                total[0] += row.gpu_milli_allocated
-                if not row.failed:
-                    total[1] += row.gpu_count * 1000
+            names = sorted(clusters)
+            totals = models.gpu_totals
+            for row in conn.execute(select(totals).where(totals.c.cluster.in_(names))):
+                self.totals[(row.cluster, row.gpu_model)] = [
+                    row.allocated_milli,
+                    row.capacity_milli,
+                    row.nodes,
+                    row.pods_running,
+                ]
+            stats = models.cluster_stats
+            for row in conn.execute(select(stats).where(stats.c.cluster.in_(names))):
+                self.stats[row.cluster] = [row.pending, row.running]
         self.usage.load(conn, clusters)
 
     # -------------------------------------------------------------- applying
@@ -259,11 +262,38 @@ class _Batch:
         self.dirty_pods.add(key)
         return row
 
-    def shift_totals(self, cluster: str, model: str, t: int, allocated: int, capacity: int) -> None:
-        total = self.totals.setdefault((cluster, model), [0, 0])
+    def shift_totals(
+        self, node: dict[str, Any], t: int, allocated: int, capacity: int, nodes: int = 0, pods: int = 0
+    ) -> None:
+        key = (node["cluster"], node["gpu_model"])
+        total = self.totals.get(key)
+        if total is None:
+            total = self.totals[key] = [0, 0, 0, 0]
         total[0] += allocated
         total[1] += capacity
-        self.samples[(cluster, model, t - t % MINUTE_MS)] = (total[0], total[1])
+        total[2] += nodes
+        total[3] += pods
+        self.dirty_totals.add(key)
+        if node["gpu_count"]:  # the time series is about GPUs
+            self.samples[(key[0], key[1], t - t % MINUTE_MS)] = (total[0], total[1])
+
+    def set_status(self, pod: dict[str, Any], status: str) -> None:
+        """Change a pod's status, keeping the cluster's pending and running counts."""
+        old = pod["status"]
+        if old == status:
+            return
+        counts = self.stats.get(pod["cluster"])
+        if counts is None:
+            counts = self.stats[pod["cluster"]] = [0, 0]
+        if old == "pending":
+            counts[0] -= 1
+        elif old == "running":
+            counts[1] -= 1
+        if status == "pending":
+            counts[0] += 1
+        elif status == "running":
+            counts[1] += 1
+        pod["status"] = status
 
     def unbind(self, event: dict[str, Any], pod: dict[str, Any]) -> None:
         """Free a running pod's resources on its node and stop charging its tenant."""
@@ -278,8 +308,7 @@ class _Batch:
         node["memory_allocated"] -= pod["memory_mib"]
         node["pods_running"] -= 1
         node["updated_sequence"] = event["sequence"]
-        if node["gpu_count"]:
-            self.shift_totals(cluster, node["gpu_model"], t, -milli_total, 0)
+        self.shift_totals(node, t, -milli_total, 0, pods=-1)
         stop = max(t, pod["scheduled_at"] or t)
         self.usage.stop(cluster, pod["tenant"], stop, milli_total, (event["partition"], event["sequence"]))
         pod["node_id"] = None
@@ -324,6 +353,22 @@ class _Batch:
                     {"cluster": c, "gpu_model": m, "minute": minute, "allocated_milli": a, "capacity_milli": cap}
                     for (c, m, minute), (a, cap) in sorted(self.samples.items())
                 ],
+            )
+        if self.dirty_totals:
+            bulk_upsert_replace(
+                conn,
+                models.gpu_totals,
+                [
+                    {"cluster": c, "gpu_model": m, "allocated_milli": t[0], "capacity_milli": t[1], "nodes": t[2],
+                     "pods_running": t[3]}
+                    for (c, m), t in ((key, self.totals[key]) for key in sorted(self.dirty_totals))
+                ],
+            )  # fmt: skip
+        if self.stats:
+            bulk_upsert_replace(
+                conn,
+                models.cluster_stats,
+                [{"cluster": c, "pending": v[0], "running": v[1]} for c, v in sorted(self.stats.items())],
             )
         self.usage.flush(conn)
 
@@ -390,15 +435,14 @@ def _node_added(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None
         "updated_sequence": event["sequence"],
     }
     batch.dirty_nodes.add(key)
-    if p["gpu_count"]:
-        batch.shift_totals(cluster, p["gpu_model"], event["occurred_at"], 0, p["gpu_count"] * 1000)
+    batch.shift_totals(batch.nodes[key], event["occurred_at"], 0, p["gpu_count"] * 1000, nodes=1)  # type: ignore[arg-type]
 
 
 def _node_removed(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
     cluster = event["cluster"]
     node = batch.node(cluster, p["node_id"])
-    if node["gpu_count"] and not node["failed"]:
-        batch.shift_totals(cluster, node["gpu_model"], event["occurred_at"], 0, -node["gpu_count"] * 1000)
+    capacity = 0 if node["failed"] else node["gpu_count"] * 1000
+    batch.shift_totals(node, event["occurred_at"], 0, -capacity, nodes=-1)
     batch.nodes[(cluster, p["node_id"])] = None
 
 
@@ -415,13 +459,12 @@ def _node_failed(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> Non
     node = batch.node(event["cluster"], p["node_id"])
     node["failed"] = True
     node["updated_sequence"] = event["sequence"]
-    if node["gpu_count"]:
-        batch.shift_totals(event["cluster"], node["gpu_model"], event["occurred_at"], 0, -node["gpu_count"] * 1000)
+    batch.shift_totals(node, event["occurred_at"], 0, -node["gpu_count"] * 1000)
 
 
 def _pod_queued(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> None:
     pod = batch.pod_from_spec(event, p["pod"])
-    pod["status"] = "pending"
+    batch.set_status(pod, "pending")
     pod["reasons"] = [dict(r) for r in p["reasons"]]
     pod["queued_at"] = event["occurred_at"]
     pod["updated_sequence"] = event["sequence"]
@@ -442,15 +485,14 @@ def _pod_scheduled(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> N
     node["memory_allocated"] += spec["memory_mib"]
     node["pods_running"] += 1
     node["updated_sequence"] = event["sequence"]
-    pod["status"] = "running"
+    batch.set_status(pod, "running")
     pod["node_id"] = p["node_id"]
     pod["gpus"] = gpus
     pod["reasons"] = []
     pod["scheduled_at"] = t
     pod["updated_sequence"] = event["sequence"]
     batch.realloc.add((cluster, spec["pod_id"]))
-    if node["gpu_count"]:
-        batch.shift_totals(cluster, node["gpu_model"], t, milli_total, 0)
+    batch.shift_totals(node, t, milli_total, 0, pods=1)
     batch.usage.start(cluster, spec["tenant"], t, milli_total, (event["partition"], event["sequence"]))
 
 
@@ -459,7 +501,7 @@ def _pod_evicted(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> Non
     if pod["status"] != "running" or pod["node_id"] != p["node_id"]:
         raise ProjectionError(f"pod {p['pod_id']!r} evicted from {p['node_id']!r} where it does not run")
     batch.unbind(event, pod)
-    pod["status"] = "evicted"
+    batch.set_status(pod, "evicted")
     pod["updated_sequence"] = event["sequence"]
 
 
@@ -467,7 +509,7 @@ def _pod_released(batch: _Batch, event: dict[str, Any], p: dict[str, Any]) -> No
     pod = batch.pod(event["cluster"], p["pod_id"])
     if pod["status"] == "running":
         batch.unbind(event, pod)
-    pod["status"] = "released"
+    batch.set_status(pod, "released")
     pod["reasons"] = []
     pod["ended_at"] = event["occurred_at"]
     pod["end_reason"] = p["reason"][:64]

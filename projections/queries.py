@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from processor.fragmentation import TypicalKey, derive_typical, node_fragmentation
 from projections import models
@@ -89,7 +89,6 @@ def utilization_now(
     """GPUs allocated vs capacity now, by cluster, by GPU model, or by node (failed nodes have no capacity)."""
     by = check_choice("by", by, ("cluster", "model", "node"))
     n = models.nodes.c
-    capacity = case((n.failed, 0), else_=n.gpu_count * 1000)
     if by == "node":
         if cluster is None:
             raise QueryError("by=node needs a cluster")
@@ -116,25 +115,27 @@ def utilization_now(
             }
             for row in conn.execute(query)
         ]
-    keys = [n.cluster] if by == "cluster" else [n.cluster, n.gpu_model]
+    # Cluster and model views read the totals the projector keeps per (cluster, model): a few rows.
+    g = models.gpu_totals.c
+    keys = [g.cluster] if by == "cluster" else [g.cluster, g.gpu_model]
     query = select(
         *keys,
-        func.count().label("nodes"),
-        func.sum(n.gpu_milli_allocated).label("allocated"),
-        func.sum(capacity).label("capacity"),
-        func.sum(n.pods_running).label("pods_running"),
+        func.sum(g.nodes).label("nodes"),
+        func.sum(g.allocated_milli).label("allocated"),
+        func.sum(g.capacity_milli).label("capacity"),
+        func.sum(g.pods_running).label("pods_running"),
     ).group_by(*keys)
     if by == "model":
-        query = query.where(n.gpu_count > 0)
+        query = query.where(g.gpu_model != "")
     if cluster is not None:
-        query = query.where(n.cluster == check_id("cluster", cluster))
+        query = query.where(g.cluster == check_id("cluster", cluster))
     out = []
     for row in conn.execute(query.order_by(*keys)):
         item: dict[str, Any] = {"cluster": row.cluster}
         if by == "model":
             item["gpu_model"] = row.gpu_model
         item.update(
-            nodes=row.nodes,
+            nodes=int(row.nodes or 0),
             allocated_gpus=_gpus(row.allocated),
             capacity_gpus=_gpus(row.capacity),
             utilization=_ratio(row.allocated, row.capacity),
@@ -253,7 +254,8 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
     offset = check_int("offset", offset, 0, 10**9)
     p = models.pods.c
     is_pending = and_(p.cluster == cluster, p.status == "pending")
-    total = conn.execute(select(func.count()).where(is_pending)).scalar_one()
+    stats = models.cluster_stats.c
+    total = conn.execute(select(stats.pending).where(stats.cluster == cluster)).scalar() or 0
     rows = conn.execute(
         select(p.pod_id, p.tenant, p.priority, p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, p.gpu_models,
                p.submitted_at, p.queued_at, p.reasons)
@@ -277,7 +279,7 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
             "queued_at": row.queued_at,
             "reasons": list(row.reasons),
         }
-        for i, row in enumerate(rows)
+        for i, row in enumerate(rows.all())
     ]
     return {"cluster": cluster, "total": total, "offset": offset, "pods": pods}
 

@@ -92,6 +92,24 @@ def test_projection_agrees_with_the_fold_state(engine: Engine, events: list) -> 
     }
 
 
+def test_kept_totals_equal_totals_counted_from_the_rows(engine: Engine, events: list) -> None:
+    """The per-model GPU totals and the pending/running counts equal what the node and pod rows add up to."""
+    project(engine, envelopes(events), 333)
+    with engine.connect() as conn:
+        nodes = list(conn.execute(select(models.nodes)))
+        pods = list(conn.execute(select(models.pods)))
+        totals = {(r.gpu_model): r for r in conn.execute(select(models.gpu_totals))}
+        stats = conn.execute(select(models.cluster_stats)).one()
+    for model, row in totals.items():
+        mine = [n for n in nodes if n.gpu_model == model]
+        assert row.nodes == len(mine)
+        assert row.capacity_milli == sum(0 if n.failed else n.gpu_count * 1000 for n in mine)
+        assert row.allocated_milli == sum(n.gpu_milli_allocated for n in mine)
+        assert row.pods_running == sum(n.pods_running for n in mine)
+    assert stats.pending == sum(p.status == "pending" for p in pods)
+    assert stats.running == sum(p.status == "running" for p in pods)
+
+
 def test_a_gap_in_the_sequence_is_refused_and_writes_nothing(engine: Engine, events: list) -> None:
     """Events missing before a batch raise ProjectionError and roll the whole batch back."""
     batch = envelopes(events)

@@ -46,6 +46,23 @@ def upgrade() -> None:
     op.create_index("ix_audit_events_command", "audit_events", ["command_id"], unique=False)
     op.create_index("ix_audit_events_pod", "audit_events", ["cluster", "pod_id"], unique=False)
     op.create_table(
+        "cluster_stats",
+        sa.Column("cluster", sa.String(length=253), nullable=False),
+        sa.Column("pending", sa.Integer(), nullable=False),
+        sa.Column("running", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("cluster", name=op.f("pk_cluster_stats")),
+    )
+    op.create_table(
+        "gpu_totals",
+        sa.Column("cluster", sa.String(length=253), nullable=False),
+        sa.Column("gpu_model", sa.String(length=64), nullable=False),
+        sa.Column("nodes", sa.Integer(), nullable=False),
+        sa.Column("capacity_milli", sa.BigInteger(), nullable=False),
+        sa.Column("allocated_milli", sa.BigInteger(), nullable=False),
+        sa.Column("pods_running", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("cluster", "gpu_model", name=op.f("pk_gpu_totals")),
+    )
+    op.create_table(
         "nodes",
         sa.Column("cluster", sa.String(length=253), nullable=False),
         sa.Column("node_id", sa.String(length=253), nullable=False),
@@ -195,6 +212,8 @@ def downgrade() -> None:
     op.drop_index("ix_pods_cluster_status", table_name="pods")
     op.drop_table("pods")
     op.drop_table("nodes")
+    op.drop_table("gpu_totals")
+    op.drop_table("cluster_stats")
     op.drop_index("ix_audit_events_pod", table_name="audit_events")
     op.drop_index("ix_audit_events_command", table_name="audit_events")
     op.drop_table("audit_events")
