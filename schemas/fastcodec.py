@@ -16,10 +16,8 @@ rejects everything fastavro rejects and, on purpose, three malformed bodies fast
 negative union branch index (fastavro counts it from the end of the union) and a block count that
 cannot fit in the bytes left (fastavro fails on those too, except for the count -2**63).
 
-Encoding caches the bytes of records of frozen dataclasses used as a plain (non-array) field, keyed by
-``id`` with a strong reference held so an id is never reused while cached: a PodSpec encoded for
-PodQueued is not encoded again for PodScheduled. This relies on frozen records staying unchanged,
-including their dict fields, which nothing in the processor mutates.
+Nothing is cached between calls: PodSpec (encoded for PodQueued, then again for PodScheduled) is a
+mutable dataclass, so bytes cached by identity could go stale.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ STRICT = ("varint longer than 10 bytes or above 64 bits", "negative union branch
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _SMALL = 8192  # non-negative ints below this encode by table lookup (1 or 2 bytes)
-_CACHE_LIMIT = 4096  # cached frozen-record encodings kept before the cache is cleared
 
 # ---------------------------------------------------------------- varints
 
@@ -238,7 +235,7 @@ class _Generator:
 
     # ------------------------------------------------------------ encoders
 
-    def pieces(self, schema: Any, value: str, cached: bool = True) -> list[str]:
+    def pieces(self, schema: Any, value: str) -> list[str]:
         """Expressions whose bytes, concatenated in order, encode ``value`` (left-to-right evaluation)."""
         schema = self.resolve(schema)
         kind = _type_of(schema)
@@ -261,36 +258,20 @@ class _Generator:
             a = self.fresh("a")
             return [f'({self.block_encoder(schema)}({a}) if ({a} := {value}) else b"\\x00")']
         if kind == "record":
-            return [f"{self.record_encoder(schema, cached=cached)}({value})"]
+            return [f"{self.record_encoder(schema)}({value})"]
         if kind == "union":
             return [self.union_piece(schema, value)]
         raise NotImplementedError(f"fastcodec does not encode {kind!r}")
 
-    def record_encoder(self, schema: dict[str, Any], prefix: bytes = b"", cached: bool = False) -> str:
+    def record_encoder(self, schema: dict[str, Any], prefix: bytes = b"") -> str:
         name = schema["name"]
-        cls, _ = self.record_class(name, schema)
-        frozen = cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
-        key = ("encode", name, prefix, bool(cached and frozen))
+        self.record_class(name, schema)
+        key = ("encode", name, prefix)
         if key in self.done:
             return self.done[key]
         function = f"_e_{name.rsplit('.', 1)[-1]}{self.counter}"
         self.counter += 1
         self.done[key] = function
-        if cached and frozen:
-            plain = self.record_encoder(schema, prefix)
-            cache = self.const({})
-            self.chunks.append(
-                f"def {function}(o):\n"
-                f"    hit = {cache}.get(id(o))\n"
-                "    if hit is not None and hit[0] is o:\n"
-                "        return hit[1]\n"
-                f"    data = {plain}(o)\n"
-                f"    if len({cache}) >= {_CACHE_LIMIT}:\n"
-                f"        {cache}.clear()\n"
-                f"    {cache}[id(o)] = (o, data)\n"
-                "    return data\n"
-            )
-            return function
         pieces = [self.const(prefix)] if prefix else []
         for field in schema["fields"]:
             pieces += self.pieces(field["type"], f"o.{field['name']}")
@@ -314,7 +295,7 @@ class _Generator:
                     f'def {function}(a):\n    return b"".join([{count}, *map({encoder}, a), b"\\x00"])\n'
                 )
                 return function
-            loop, item = "for x in a:", self.pieces(items, "x", cached=False)
+            loop, item = "for x in a:", self.pieces(items, "x")
         else:
             loop, item = "for k, x in a.items():", self.pieces("string", "k") + self.pieces(schema["values"], "x")
         self.chunks.append(

@@ -9,7 +9,6 @@ derived from the schemas themselves, so every record type and field is covered.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -162,14 +161,16 @@ def test_encode_refuses_ints_beyond_64_bits(value: int) -> None:
         encode_command(command)
 
 
-def test_encode_reuses_a_frozen_pod_spec_only_for_the_same_object() -> None:
-    """The cached PodSpec bytes are returned for the same object, never for an equal-looking other one."""
+def test_encode_sees_a_pod_spec_changed_in_place() -> None:
+    """PodSpec is mutable: encoding it again after a change writes the new bytes (nothing cached by identity)."""
     spec = PodSpec("p1", "t", 0, 1, 500, 10, 10, ("A100",), {"zone": "a"}, (Toleration("k"),), 5, 1)
-    other = dataclasses.replace(spec, pod_id="p2")
     queued = Event(0, 1, "c", "id", 2, 3, PodQueued(spec, (QueueReason("no_gpu", 2),), False))
+    first = encode_event(queued)
+    spec.node_selector["zone"] = "b"
+    spec.arrival = 2
     scheduled = Event(0, 2, "c", "id", 2, 3, PodScheduled(spec, "n", (GpuShare(1, 500),), "spread"))
-    for event in (queued, scheduled, queued, dataclasses.replace(scheduled, payload=PodQueued(other, ()))):
-        assert encode_event(event) == EVENTS.encode(event.to_avro())
+    assert first != encode_event(queued) == EVENTS.encode(queued.to_avro())
+    assert encode_event(scheduled) == EVENTS.encode(scheduled.to_avro())
 
 
 # ---------------------------------------------------------------- decoders
