@@ -466,7 +466,7 @@ class _Generator:
         body = [f"def {function}(buf, pos, end):"]
         for field in schema["fields"]:
             body += self.read(field["type"], local[field["name"]], "    ")
-        slots = [cls.__dict__.get(name) for name in order]
+        slots: list[Any] = [cls.__dict__.get(name) for name in order]
         if hasattr(cls, "__post_init__") or not all(isinstance(s, MemberDescriptorType) for s in slots):
             body.append(f"    return {self.const(cls)}({', '.join(local[name] for name in order)}), pos")
         else:  # what the dataclass __init__ does (every field is given), without its call
