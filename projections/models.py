@@ -11,9 +11,9 @@ GPU-seconds), kept as integers so that sums are exact.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, BigInteger, Boolean, Index, Integer, LargeBinary, MetaData, String, text
+from sqlalchemy import JSON, BigInteger, Boolean, Index, Integer, LargeBinary, MetaData, String, Table, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -230,18 +230,18 @@ class UsageAdjustmentRow(Base):
     gpu_milli_ms: Mapped[int] = mapped_column(BigInteger)
 
 
-nodes = NodeRow.__table__
-pods = PodRow.__table__
-allocations = AllocationRow.__table__
-audit_events = AuditEventRow.__table__
-projection_offsets = ProjectionOffsetRow.__table__
-gpu_totals = GpuTotalRow.__table__
-cluster_stats = ClusterStatsRow.__table__
-utilization = UtilizationRow.__table__
-usage_clocks = UsageClockRow.__table__
-tenant_rates = TenantRateRow.__table__
-usage_hours = UsageHourRow.__table__
-tenant_usage = TenantUsageRow.__table__
-usage_adjustments = UsageAdjustmentRow.__table__
+nodes: Table = cast(Table, NodeRow.__table__)
+pods: Table = cast(Table, PodRow.__table__)
+allocations: Table = cast(Table, AllocationRow.__table__)
+audit_events: Table = cast(Table, AuditEventRow.__table__)
+projection_offsets: Table = cast(Table, ProjectionOffsetRow.__table__)
+gpu_totals: Table = cast(Table, GpuTotalRow.__table__)
+cluster_stats: Table = cast(Table, ClusterStatsRow.__table__)
+utilization: Table = cast(Table, UtilizationRow.__table__)
+usage_clocks: Table = cast(Table, UsageClockRow.__table__)
+tenant_rates: Table = cast(Table, TenantRateRow.__table__)
+usage_hours: Table = cast(Table, UsageHourRow.__table__)
+tenant_usage: Table = cast(Table, TenantUsageRow.__table__)
+usage_adjustments: Table = cast(Table, UsageAdjustmentRow.__table__)
 
 TABLES = tuple(Base.metadata.sorted_tables)

@@ -201,16 +201,16 @@ class _Batch:
         if clusters:
             names = sorted(clusters)
             totals = models.gpu_totals
-            for row in conn.execute(select(totals).where(totals.c.cluster.in_(names))):
-                self.totals[(row.cluster, row.gpu_model)] = [
-                    row.allocated_milli,
-                    row.capacity_milli,
-                    row.nodes,
-                    row.pods_running,
+            for total in conn.execute(select(totals).where(totals.c.cluster.in_(names))):
+                self.totals[(total.cluster, total.gpu_model)] = [
+                    total.allocated_milli,
+                    total.capacity_milli,
+                    total.nodes,
+                    total.pods_running,
                 ]
             stats = models.cluster_stats
-            for row in conn.execute(select(stats).where(stats.c.cluster.in_(names))):
-                self.stats[row.cluster] = [row.pending, row.running]
+            for stat in conn.execute(select(stats).where(stats.c.cluster.in_(names))):
+                self.stats[stat.cluster] = [stat.pending, stat.running]
         self.usage.load(conn, clusters)
 
     # -------------------------------------------------------------- applying
@@ -322,7 +322,7 @@ class _Batch:
         if self.audit:
             bulk_insert(conn, models.audit_events, self.audit)
         removed = [key for key in sorted(self.dirty_nodes) if self.nodes.get(key) is None]
-        alive = [self.nodes[key] for key in sorted(self.dirty_nodes) if self.nodes.get(key) is not None]
+        alive = [node for node in (self.nodes.get(key) for key in sorted(self.dirty_nodes)) if node is not None]
         table = models.nodes
         for key in removed:
             if key in self.nodes_in_db:
@@ -336,7 +336,7 @@ class _Batch:
         for cluster, ids in _by_cluster(stale).items():
             for chunk in _chunks(ids, 5_000):
                 conn.execute(delete(allocs).where(allocs.c.cluster == cluster, in_list(conn, allocs.c.pod_id, chunk)))
-        rows = []
+        rows: list[dict[str, Any]] = []
         for key in sorted(self.realloc):
             pod = self.pods[key]
             if pod["status"] == "running":
@@ -573,8 +573,8 @@ def project_batch(
         fresh.append(envelope)
     work = _Batch(conn, lateness_ms)
     work.load(fresh)
-    for event in fresh:
-        work.apply(event)
+    for envelope in fresh:
+        work.apply(envelope)
     work.flush()
     table = models.projection_offsets
     for p in partitions:

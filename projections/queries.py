@@ -92,7 +92,7 @@ def utilization_now(
     if by == "node":
         if cluster is None:
             raise QueryError("by=node needs a cluster")
-        query = (
+        query: Any = (
             select(n.cluster, n.node_id, n.gpu_model, n.gpu_count, n.gpu_milli_allocated, n.cordoned, n.failed,
                    n.pods_running, n.gpu_free)
             .where(n.cluster == check_id("cluster", cluster))
@@ -395,12 +395,12 @@ def tenant_usage(
         item = period(tenant_, hour)
         item["milli_ms"] += int(milli_ms)
         item["sealed"] = item["sealed"] and status == "sealed"
-    rows = conn.execute(
+    adjustments = conn.execute(
         select(a.tenant, a.hour, func.sum(a.gpu_milli_ms))
         .where(a.hour >= start - start % size, a.hour < end, *filters_a)
         .group_by(a.tenant, a.hour)
     )
-    for tenant_, hour, milli_ms in rows:
+    for tenant_, hour, milli_ms in adjustments:
         item = period(tenant_, hour)
         item["milli_ms"] += int(milli_ms)
         item["adjust"] += int(milli_ms)

@@ -250,7 +250,7 @@ class KafkaEventSource:
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
         for message in messages:
             error = message.error()
-            partition = message.partition()
+            partition = int(message.partition() or 0)
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     self._eof.add(partition)
@@ -259,7 +259,7 @@ class KafkaEventSource:
                     log.warning("Kafka: %s", error)
                     continue
                 raise RuntimeError(f"Kafka consumer failed: {error}")
-            offset = message.offset()
+            offset = int(message.offset() or 0)
             if self.until is not None and offset >= self.until.get(partition, 0):
                 self._eof.add(partition)
                 continue
