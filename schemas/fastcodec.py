@@ -154,6 +154,7 @@ class _Generator:
         self.chunks: list[str] = [_rlong_source()]
         self.done: dict[tuple[Any, ...], str] = {}
         self.counter = 0
+        self.inlining: set[str] = set()
 
     # ------------------------------------------------------------ helpers
 
@@ -258,10 +259,23 @@ class _Generator:
             a = self.fresh("a")
             return [f'({self.block_encoder(schema)}({a}) if ({a} := {value}) else b"\\x00")']
         if kind == "record":
-            return [f"{self.record_encoder(schema)}({value})"]
+            if schema["name"] in self.inlining:  # a recursive record: no inlining into itself
+                return [f"{self.record_encoder(schema)}({value})"]
+            return self.record_pieces(schema, value)
         if kind == "union":
             return [self.union_piece(schema, value)]
         raise NotImplementedError(f"fastcodec does not encode {kind!r}")
+
+    def record_pieces(self, schema: dict[str, Any], value: str) -> list[str]:
+        """A nested record's fields inlined into its parent's pieces; the first piece binds the record."""
+        self.inlining.add(schema["name"])
+        record, bound, out = self.fresh("r"), False, []
+        for field in schema["fields"]:
+            pieces = self.pieces(field["type"], f"{record if bound else f'({record} := {value})'}.{field['name']}")
+            bound = bound or bool(pieces)
+            out += pieces
+        self.inlining.discard(schema["name"])
+        return out
 
     def record_encoder(self, schema: dict[str, Any], prefix: bytes = b"") -> str:
         name = schema["name"]
@@ -273,8 +287,10 @@ class _Generator:
         self.counter += 1
         self.done[key] = function
         pieces = [self.const(prefix)] if prefix else []
+        self.inlining.add(name)
         for field in schema["fields"]:
             pieces += self.pieces(field["type"], f"o.{field['name']}")
+        self.inlining.discard(name)
         body = ", ".join(pieces)
         self.chunks.append(f'def {function}(o):\n    return b"".join(({body},))\n')
         return function
