@@ -8,10 +8,17 @@ its zombie and aborts the zombie's open transaction in ``init_transactions``.
 
 Errors (see :meth:`KafkaCommandLog.commit`)::
 
-    KafkaLogError
-    ├── BatchAborted      an abortable error: the transaction was aborted and the consumer rewound to the
-    │                     committed offsets; the Processor forgets those partitions and rebuilds them
-    └── KafkaFatalError   fenced (another instance took over) or a fatal client error: exit non-zero
+    KafkaLogError         an infrastructure fault still failing after RETRY_FOR seconds of retries: exit
+    ├── BatchAborted      an abortable error: the transaction was aborted (or, if the broker had already
+    │                     timed it out, the producer was replaced by a new one with the same transactional.id)
+    │                     and the consumer rewound to the committed offsets; the Processor forgets those
+    │                     partitions and rebuilds them from snapshot + commands
+    └── KafkaFatalError   fenced (a newer instance with the same id took over), or a fatal error that keeps
+                          coming back after MAX_RENEWALS fresh producers: exit non-zero
+
+Transient errors (coordinator moving or loading, broker restarting) are retried with backoff. A transaction's
+commit returns before the coordinator has written its markers, so a read_committed reader may see the outputs
+a moment later (the stable offset trails the high watermark until then).
 
 Restoring a partition (``processor.loop.restore_state``) reads the latest snapshot of the compacted
 snapshots topic and the commands up to the committed offset with a separate, group-less reader.

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from gpufold.kafka_config import KafkaConfig, load
 from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.commands import AddNode, Command, Release, SubmitPod
+from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
 from processor.events import Event
 from processor.fold import apply
 from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
@@ -55,6 +55,8 @@ def command_stream(count: int, clusters: int = 4, seed: int = 7, nodes: int = 12
     names = [f"c{index}" for index in range(clusters)]
     commands: list[Command] = []
     for name in names:
+        # The cheapest policy keeps the suite fast; these tests are about delivery, not placement.
+        commands.append(Command(f"{name}-policy", name, len(commands), SetPolicy("first-fit"), "test"))
         for node in range(nodes):
             payload = AddNode(f"n{node}", 64_000, 512_000, "A100", 8)
             commands.append(Command(f"{name}-add-{node}", name, len(commands), payload, "test"))

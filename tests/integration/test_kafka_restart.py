@@ -20,7 +20,7 @@ from kafka_support import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-COMMANDS = 16_000
+COMMANDS = 8_000
 
 
 def _managed_broker(bootstrap: str) -> None:
