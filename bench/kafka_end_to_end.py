@@ -73,7 +73,7 @@ def fresh_topics(config: KafkaConfig, partitions: int, name: str) -> Topics:
 
 
 def start_processors(config: KafkaConfig, topics: Topics, group: str, instances: int, *extra: str) -> list:
-    command = [sys.executable, "-m", "gpufold.cli", "processor", "run", "--bootstrap", config.bootstrap]
+    command = [str(Path(sys.executable).with_name("gpufold")), "processor", "run", "--bootstrap", config.bootstrap]
     command += ["--topic-prefix", topics.commands.rsplit(".", 1)[0], "--group", group, *extra]
     return [
         subprocess.Popen([*command, "--instance-id", f"bench-{index}"], cwd=REPO, stderr=subprocess.DEVNULL)

@@ -34,7 +34,8 @@ from schemas import DEAD_LETTER, EVENT, registry
 
 REPO = Path(__file__).resolve().parents[2]
 RDKAFKA_LOG = logging.getLogger("tests.rdkafka")
-GPUFOLD = [sys.executable, "-m", "gpufold.cli"]
+# The console script, not `python -m gpufold.cli`: run as __main__, cli.py would define a second CliError class.
+GPUFOLD = [str(Path(sys.executable).with_name("gpufold"))]
 
 
 def kafka_config(bootstrap: str) -> KafkaConfig:
