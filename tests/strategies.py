@@ -134,10 +134,6 @@ _CLUSTERS = ("c0",) * 7 + ("c1",)
 # ---------------------------------------------------------------- harness
 
 
-def command(payload: CommandPayload, command_id: str = "", cluster: str = "c0", issued_at: int = 0) -> Command:
-    return Command(command_id or f"id-{id(payload)}", cluster, issued_at, payload)
-
-
 @dataclass
 class Fold:
     """A partition state with a counter for command ids and offsets: the fold as a test drives it."""
