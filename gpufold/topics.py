@@ -83,7 +83,7 @@ def topic_specs(
     ]
 
 
-def create_topics(admin_config: dict[str, object], specs: list[TopicSpec], timeout: float = 30.0) -> dict[str, str]:
+def create_topics(admin_config: dict[str, Any], specs: list[TopicSpec], timeout: float = 30.0) -> dict[str, str]:
     """Create the topics that are missing; returns ``{name: "created" | "exists"}``.
 
     Idempotent: an existing topic is left alone if its partition count matches, and is an error otherwise.
