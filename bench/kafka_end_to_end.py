@@ -163,7 +163,9 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
 
     def read() -> None:
         while not stop_reading.is_set():
-            for message in consumer.consume(1000, 0.05):
+            # poll() returns on the first record; consume(n, timeout) would wait for n or the whole timeout.
+            first = consumer.poll(0.05)
+            for message in [first, *consumer.consume(1000, 0)] if first is not None else []:
                 if message.error() is None:
                     now = time.perf_counter()
                     command_id = decode(message.value())["command_id"]

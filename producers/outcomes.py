@@ -104,7 +104,11 @@ class OutcomeWaiter:
             self._read(min(left, 0.1))
 
     def _read(self, timeout: float) -> None:
-        for message in self._consumer.consume(1000, timeout):
+        # poll() returns on the first record; consume(n, timeout) alone would wait for n records or the timeout.
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return
+        for message in [first, *self._consumer.consume(1000, 0)]:
             error = message.error()
             partition = message.partition()
             assert partition is not None
