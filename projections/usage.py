@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, and_, update
+from sqlalchemy import Connection, update
 
 from projections import models
 from projections.dialect import upsert_add, upsert_ignore, upsert_replace
@@ -97,8 +97,10 @@ class UsageLedger:
             return
         clock.watermark = t
         self.dirty_clocks.add(cluster)
-        while clock.sealed_until + HOUR_MS + self.lateness_ms <= clock.watermark:
-            self._seal(conn, cluster, clock, position)
+        # Every hour ending at or before watermark - lateness is sealed, all at once.
+        until = hour_of(clock.watermark - self.lateness_ms)
+        if until > clock.sealed_until:
+            self._seal(conn, cluster, clock, until, position)
 
     def start(self, cluster: str, tenant: str, t: int, milli: int, position: tuple[int, int]) -> None:
         """A pod of the tenant holding ``milli`` GPU milli started running at ``t``."""
@@ -139,28 +141,23 @@ class UsageLedger:
 
     # ---------------------------------------------------------------- sealing
 
-    def _seal(self, conn: Connection, cluster: str, clock: Clock, position: tuple[int, int]) -> None:
-        hour = clock.sealed_until
-        end = hour + HOUR_MS
+    def _seal(self, conn: Connection, cluster: str, clock: Clock, until: int, position: tuple[int, int]) -> None:
+        """Seal the hours [sealed_until, until): credit every rate up to ``until``, then close them."""
+        start = clock.sealed_until
         for (rate_cluster, tenant), rate in sorted(self.rates.items()):
-            if rate_cluster == cluster and rate.since < end and rate.running_milli:
-                self._credit(cluster, tenant, rate.since, end, rate.running_milli, position)
-                rate.since = end
+            if rate_cluster == cluster and rate.since < until and rate.running_milli:
+                self._credit(cluster, tenant, rate.since, until, rate.running_milli, position)
+                rate.since = until
                 self.dirty_rates.add((cluster, tenant))
-        self.hours.add((cluster, hour))
-        self._flush_hour(conn, cluster, hour)
-        if seal_hour(conn, cluster, hour, clock.watermark):
-            self.sealed.append((cluster, hour))
-        clock.sealed_until = end
-        self.dirty_clocks.add(cluster)
-
-    def _flush_hour(self, conn: Connection, cluster: str, hour: int) -> None:
-        credits = {key: amount for key, amount in self.open_credits.items() if key[0] == cluster and key[2] == hour}
+        credits = {k: v for k, v in self.open_credits.items() if k[0] == cluster and k[2] < until}
         for key in credits:
             del self.open_credits[key]
-        self.hours.discard((cluster, hour))
-        _write_hours(conn, [(cluster, hour)])
+        self.hours = {(c, h) for c, h in self.hours if c != cluster or h >= until}
+        _write_hours(conn, [(cluster, hour) for hour in range(start, until, HOUR_MS)])
         _write_credits(conn, credits)
+        self.sealed.extend((cluster, hour) for hour in seal_hours(conn, cluster, start, until, clock.watermark))
+        clock.sealed_until = until
+        self.dirty_clocks.add(cluster)
 
     def flush(self, conn: Connection) -> None:
         """Write the buffered credits, adjustments, rates and clocks (inside the batch transaction)."""
@@ -213,24 +210,34 @@ def _write_credits(conn: Connection, credits: dict[tuple[str, str, int], int]) -
         )
 
 
-def seal_hour(conn: Connection, cluster: str, hour: int, watermark: int) -> bool:
-    """Seal one hour of a cluster; True if this call sealed it, False if it was sealed already.
+def seal_hours(conn: Connection, cluster: str, start: int, end: int, watermark: int) -> list[int]:
+    """Seal a cluster's open hours in [start, end); returns the hours this call sealed.
 
-    The conditional update takes the row lock, so a concurrent sealer waits and
-    then finds ``status = 'sealed'``: exactly one of them seals the hour.
+    A conditional update (``WHERE status = 'open'``) takes each row's lock, so a
+    concurrent sealer waits, then finds the hour sealed and skips it: every hour
+    is sealed exactly once, and its usage rows with it.
     """
     hours = models.usage_hours
-    result = conn.execute(
-        update(hours)
-        .where(and_(hours.c.cluster == cluster, hours.c.hour == hour, hours.c.status == "open"))
-        .values(status="sealed", sealed_watermark=watermark)
+    sealed = (
+        conn.execute(
+            update(hours)
+            .where(hours.c.cluster == cluster, hours.c.hour >= start, hours.c.hour < end, hours.c.status == "open")
+            .values(status="sealed", sealed_watermark=watermark)
+            .returning(hours.c.hour)
+        )
+        .scalars()
+        .all()
     )
-    if result.rowcount != 1:
-        return False
-    usage = models.tenant_usage
-    conn.execute(
-        update(usage)
-        .where(and_(usage.c.cluster == cluster, usage.c.hour == hour, usage.c.status == "open"))
-        .values(status="sealed")
-    )
-    return True
+    if sealed:
+        usage = models.tenant_usage
+        conn.execute(
+            update(usage)
+            .where(usage.c.cluster == cluster, usage.c.hour.in_(sorted(sealed)), usage.c.status == "open")
+            .values(status="sealed")
+        )
+    return sorted(sealed)
+
+
+def seal_hour(conn: Connection, cluster: str, hour: int, watermark: int) -> bool:
+    """Seal one hour of a cluster; True if this call sealed it, False if it was sealed already."""
+    return bool(seal_hours(conn, cluster, hour, hour + HOUR_MS, watermark))

@@ -79,3 +79,18 @@ def test_project_embedded_log_is_resumable(tmp_path: Path, log_path: Path) -> No
     first = project_embedded_log(log_path, url)
     second = project_embedded_log(log_path, url)
     assert first.events > 800 and second.events == 0
+
+
+def test_projection_updates_the_prometheus_metrics(tmp_path: Path, log_path: Path) -> None:
+    """Projecting counts events, batches and commit latency in the projector's Prometheus metrics."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    before = (sample("gpufold_projector_events_total"), sample("gpufold_projector_batches_total"),
+              sample("gpufold_projector_commit_seconds_count"))  # fmt: skip
+    stats = project_embedded_log(log_path, f"sqlite:///{tmp_path / 'metrics.sqlite'}", batch_size=300)
+    assert sample("gpufold_projector_events_total") - before[0] == stats.events
+    assert sample("gpufold_projector_batches_total") - before[1] == stats.batches > 1
+    assert sample("gpufold_projector_commit_seconds_count") - before[2] == stats.batches
