@@ -178,7 +178,7 @@ def test_decode_rejects_bad_magic_short_frames_unknown_fingerprints_and_trailing
 def test_a_frame_of_another_record_type_does_not_decode_as_a_command() -> None:
     """An Event frame (a known fingerprint of another record) fed to the Command codec is a DecodeError."""
     event_frame = registry().codec(EVENT).encode(_minimal_record(EVENT))
-    with pytest.raises(DecodeError, match="a gpufold.Event frame, not gpufold.Command"):
+    with pytest.raises(DecodeError, match=r"a gpufold\.Event frame, not gpufold\.Command"):
         registry().codec(COMMAND).decode(event_frame)
 
 
