@@ -47,7 +47,7 @@ def _kafka_options(parser: argparse.ArgumentParser, nested: bool = False) -> Non
         "--topic-prefix",
         **(extra or {"default": DEFAULT_PREFIX}),
         help="topic names are PREFIX.commands, PREFIX.events, PREFIX.snapshots, PREFIX.dead-letters "
-        "(default: %(default)s)",
+        f"(default: {DEFAULT_PREFIX})",
     )
 
 
