@@ -10,6 +10,10 @@ one process, on identical states:
 - ``fastcodec``: ``PartitionFolder.fold`` as it is (``decode_command`` and ``encode_event``).
 
 ``codec us`` is the row's cost per command minus the ``fold`` row's: what decoding and encoding add.
+Being a difference of two timings it is noisy, so each size also gets an ``isolated`` row: the same
+stream's command frames decoded and its events encoded with no fold in between, by both paths (best
+of ``--repeat`` runs), in microseconds per command.
+
 ``--policy`` sets the cluster's policy first (a cheap one makes the codec share visible); times are
 CPU time (``time.process_time``) so other processes on the machine disturb them less.
 """
@@ -33,7 +37,8 @@ from processor.commands import Command, SetPolicy
 from processor.fold import decide
 from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
 from processor.state import PartitionState
-from schemas import COMMAND, DecodeError, registry
+from schemas import COMMAND, EVENT, DecodeError, registry
+from schemas.fastcodec import decode_command, encode_event
 
 
 class FastavroFolder(PartitionFolder):
@@ -95,12 +100,52 @@ def run(nodes: int, commands: int, mode: str, policy: str | None, seed: int) -> 
     }
 
 
+def isolated(nodes: int, commands: int, policy: str | None, seed: int, repeat: int) -> dict[str, Any]:
+    """Decode the stream's frames and encode its events, with no fold in between, by both paths."""
+    rng = random.Random(seed)
+    state = PartitionState()
+    setup = [Command("policy", "bench", 0, SetPolicy(policy))] if policy else []
+    setup += build_nodes(nodes, rng)
+    stream = Stream(nodes, seed)
+    setup += stream.warmup()
+    for offset, command in enumerate(setup):
+        decide(state, command, offset)
+    measured = stream.mix(commands)
+    events = [event for i, c in enumerate(measured) for event in decide(state, c, len(setup) + i)]
+    command_codec, event_codec = registry().codec(COMMAND), registry().codec(EVENT)
+    frames = [command_codec.encode(c.to_avro()) for c in measured]
+
+    def best(function: Any, items: list[Any]) -> float:
+        runs = []
+        for _ in range(repeat):
+            started = time.process_time()
+            for item in items:
+                function(item)
+            runs.append(time.process_time() - started)
+        return min(runs) / commands * 1e6
+
+    times = {
+        "fastavro_decode_us": best(lambda f: Command.from_avro(command_codec.decode(f)), frames),
+        "fastcodec_decode_us": best(decode_command, frames),
+        "fastavro_encode_us": best(lambda e: event_codec.encode(e.to_avro()), events),
+        "fastcodec_encode_us": best(encode_event, events),
+    }
+    row: dict[str, Any] = {"nodes": nodes, "mode": "isolated", "policy": policy or "default", "commands": commands}
+    row["events"] = len(events)
+    row.update({key: round(value, 2) for key, value in times.items()})
+    row["fastavro_us_per_command"] = round(times["fastavro_decode_us"] + times["fastavro_encode_us"], 2)
+    row["fastcodec_us_per_command"] = round(times["fastcodec_decode_us"] + times["fastcodec_encode_us"], 2)
+    row["speedup"] = round(row["fastavro_us_per_command"] / row["fastcodec_us_per_command"], 1)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="1000,10000", help="comma-separated cluster sizes")
     parser.add_argument("--commands", type=int, default=20_000, help="measured commands per row")
     parser.add_argument("--policy", default="first-fit", help="policy set before the nodes ('' = the default)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the isolated codec timing (best kept)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()} | python {platform.python_version()}", file=sys.stderr)
@@ -118,6 +163,17 @@ def main() -> int:
                     f"  {row['us_per_command']:>8} us/cmd  codec {row['codec_us_per_command']:>6} us/cmd",
                     flush=True,
                 )
+        row = isolated(nodes, args.commands, args.policy or None, args.seed, args.repeat)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(
+                f"isolated  nodes={nodes:>7} per command: decode {row['fastavro_decode_us']} -> "
+                f"{row['fastcodec_decode_us']} us, encode {row['fastavro_encode_us']} -> {row['fastcodec_encode_us']}"
+                f" us ({row['events']} events), codec {row['fastavro_us_per_command']} -> "
+                f"{row['fastcodec_us_per_command']} us (x{row['speedup']})",
+                flush=True,
+            )
     return 0
 
 
