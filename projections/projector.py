@@ -87,6 +87,8 @@ class BatchResult:
     sealed_hours: list[tuple[str, int]] = field(default_factory=list)
     last_occurred_at: int | None = None
     positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+    gpu_totals: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # changed: (allocated, capacity)
+    pending: dict[str, int] = field(default_factory=dict)  # cluster -> pending pods, for clusters in the batch
 
 
 # ------------------------------------------------------------------ offsets
@@ -585,6 +587,8 @@ def project_batch(
         )
     result.applied = len(fresh)
     result.sealed_hours = work.usage.sealed
+    result.gpu_totals = {key: (work.totals[key][0], work.totals[key][1]) for key in work.dirty_totals}
+    result.pending = {cluster: counts[0] for cluster, counts in work.stats.items()}
     result.positions = next_offset
     if fresh:
         result.last_occurred_at = max(e.record["occurred_at"] for e in fresh)  # type: ignore[index]

@@ -47,6 +47,12 @@ def _record_metrics(result: BatchResult, seconds: float) -> None:
     metrics.COMMIT_SECONDS.observe(seconds)
     if result.last_occurred_at is not None:
         metrics.PROJECTION_LAG.set(max(0.0, time.time() - result.last_occurred_at / 1000))
+    for (cluster, model), (allocated, capacity) in result.gpu_totals.items():
+        if model:
+            metrics.GPUS_ALLOCATED.labels(cluster, model).set(allocated / 1000)
+            metrics.GPUS_TOTAL.labels(cluster, model).set(capacity / 1000)
+    for cluster, pending in result.pending.items():
+        metrics.PENDING_PODS.labels(cluster).set(pending)
 
 
 def run(

@@ -59,6 +59,7 @@ def _guard(action: Callable[[], int]) -> int:
     """Run an action, turning database errors into one masked line."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from projections.projector import ProjectionError
     from projections.secrets import mask_url
 
     try:
@@ -66,6 +67,10 @@ def _guard(action: Callable[[], int]) -> int:
     except SQLAlchemyError as error:
         detail = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
         raise CliError(f"database error: {mask_url(detail)}") from None
+    except ProjectionError as error:
+        print(f"gpufold: projection stopped, nothing of the failing batch was written: {mask_url(str(error))}",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
 
 def _time(value: str) -> int:
@@ -271,6 +276,7 @@ def _register_query(subparsers: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+
     from projections.api import create_app
 
     url = _database_url(args)
