@@ -20,6 +20,8 @@ from sortedcontainers import SortedList
 
 from processor.resources import NodeClass, PodShape, Signature, class_admits, gpu_fits
 
+ADMITS_CACHE_SIZE = 65_536
+
 
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
@@ -109,6 +111,8 @@ class CapacityIndex:
         key = (node_class, shape.node_selector, shape.tolerations)
         result = self._admits.get(key)
         if result is None:
+            if len(self._admits) >= ADMITS_CACHE_SIZE:
+                self._admits.clear()  # a cache only: bounded, and results never depend on it
             result = self._admits[key] = class_admits(node_class, shape)
         return result
 

@@ -26,6 +26,7 @@ rejected as DUPLICATE_COMMAND; older ids are forgotten (oldest first), which
 bounds memory (about 10 MB) and snapshot size. Senders retrying for longer than
 that window must use the idempotent producer, which Kafka dedupes itself.
 """
+MAX_COMMAND_ID_LENGTH = 253  # longer (invalid, rejected) ids are not remembered
 
 
 class Node:
@@ -214,7 +215,12 @@ class PartitionState:
         return state
 
     def remember(self, command_id: str) -> None:
-        if command_id in self.seen:
+        """Add a command id to the idempotency window (oldest forgotten first).
+
+        Ids that are not valid ids (empty, or longer than 253 characters) were
+        rejected and are not kept, so the window's memory stays bounded.
+        """
+        if command_id in self.seen or not 0 < len(command_id) <= MAX_COMMAND_ID_LENGTH:
             return
         self.seen[command_id] = None
         if len(self.seen) > self.seen_window:
