@@ -155,6 +155,15 @@ class CommittedWatcher:
         except KafkaException:
             return -1
 
+    def offsets(self) -> dict[int, int]:
+        """The committed offset of each partition (0 if none)."""
+        tps = [TopicPartition(self.topics.commands, p) for p in range(self.partitions)]
+        while True:
+            try:
+                return {tp.partition: max(tp.offset, 0) for tp in self.consumer.committed(tps, 5)}
+            except KafkaException:
+                time.sleep(0.1)
+
     def wait_for(self, target: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> int:
         deadline = time.monotonic() + timeout
         while True:
