@@ -61,14 +61,12 @@ _P = _T[0 : 2 * _SMALL : 2]  # the zigzag varint of 0 <= n < _SMALL
 
 def _long(n: int) -> bytes:
     """The zigzag varint of a 64-bit int (the slow path of the generated ``_P[n]`` lookups)."""
-    z = (n << 1) ^ (n >> 63)
-    if z < 16384:
-        return _T[z]
+    z = n << 1 if n >= 0 else ~(n << 1)
     if z < 268435456:
-        return _C[z & 16383] + _T[z >> 14]
+        return _C[z & 16383] + _T[z >> 14] if z > 16383 else _T[z]
     if z < 4398046511104:
         return _C[z & 16383] + _C[(z >> 14) & 16383] + _T[z >> 28]
-    if not -9223372036854775808 <= n <= 9223372036854775807:
+    if z >= 18446744073709551616:
         raise OverflowError(f"{n} does not fit in an Avro long")
     if z < 72057594037927936:
         return _C[z & 16383] + _C[(z >> 14) & 16383] + _C[(z >> 28) & 16383] + _T[z >> 42]
@@ -270,6 +268,8 @@ class _Generator:
         """A nested record's fields inlined into its parent's pieces; the first piece binds the record."""
         self.inlining.add(schema["name"])
         record, bound, out = self.fresh("r"), False, []
+        if value.isidentifier():  # a plain name needs no binding
+            record, bound = value, True
         for field in schema["fields"]:
             pieces = self.pieces(field["type"], f"{record if bound else f'({record} := {value})'}.{field['name']}")
             bound = bound or bool(pieces)
@@ -304,14 +304,7 @@ class _Generator:
         self.done[key] = function
         count = f"(_P[n] if (n := len(a)) < {_SMALL} else _long(n))"
         if schema["type"] == "array":
-            items = self.resolve(schema["items"])
-            if _type_of(items) == "record":
-                encoder = self.record_encoder(items)
-                self.chunks.append(
-                    f'def {function}(a):\n    return b"".join([{count}, *map({encoder}, a), b"\\x00"])\n'
-                )
-                return function
-            loop, item = "for x in a:", self.pieces(items, "x")
+            loop, item = "for x in a:", self.pieces(schema["items"], "x")  # record items inlined too
         else:
             loop, item = "for k, x in a.items():", self.pieces("string", "k") + self.pieces(schema["values"], "x")
         self.chunks.append(
