@@ -598,6 +598,14 @@ def project_batch(
 # ------------------------------------------------------------------ the service
 
 
+def _count_retry() -> None:
+    try:
+        from projections import metrics
+    except ImportError:  # prometheus-client is optional
+        return
+    metrics.RETRIES.inc()
+
+
 class Projector:
     """Projects batches into a database, one transaction per batch, retrying through outages."""
 
@@ -665,6 +673,7 @@ class Projector:
                 if self.give_up_after is not None and now - first_failure > self.give_up_after:
                     raise
                 self.retries += 1
+                _count_retry()
                 message = mask_url(str(error.orig) if error.orig is not None else str(error)).splitlines()[0]
                 log.warning("database unavailable (%s); retrying in %.1fs", message, delay)
                 time.sleep(delay)

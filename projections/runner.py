@@ -78,8 +78,11 @@ def run(
         projector.on_commit = _record_metrics
     stop = stop or threading.Event()
     source.start(projector.positions)
-    # Long-lived objects (modules, schemas) never need scanning again; batches are short-lived.
+    # Long-lived objects (modules, schemas) never need scanning again, and a batch allocates
+    # tens of thousands of short-lived containers: collect young objects less often.
     gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)
     batches: queue.Queue[list[Envelope] | BaseException | None] = queue.Queue(maxsize=max(1, prefetch))
     reader = threading.Thread(
         target=_read, args=(source, batches, batch_size, poll_timeout, stop_when_idle, stop), daemon=True
@@ -114,6 +117,7 @@ def run(
     finally:
         stop.set()
         reader.join(timeout=10)
+        gc.set_threshold(*thresholds)
     stats.seconds = time.perf_counter() - started
     return stats
 
