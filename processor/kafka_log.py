@@ -114,6 +114,7 @@ class KafkaCommandLog:
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
         request_timeout: float = 30.0,
+        linger: float = 0.005,
         on_revoked: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.topics = topics
@@ -121,6 +122,7 @@ class KafkaCommandLog:
         self.instance_id = instance_id
         self.transactional_id = f"{group_id}.{instance_id}"
         self.timeout = request_timeout
+        self.linger = linger
         self.on_revoked = on_revoked
         self._secrets = config.secrets()
         rdkafka_log = logging.getLogger("gpufold.kafka.rdkafka")
@@ -240,8 +242,9 @@ class KafkaCommandLog:
     def assignment(self) -> list[int]:
         return sorted(self._assigned)
 
-    def poll(self, max_records: int, timeout: float, linger: float = 0.005) -> list[InputRecord]:
-        """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (batch bound)."""
+    def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
+        """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (the batch bound)."""
+        linger = self.linger
         consumer = self._require(self._consumer)
         try:
             first = consumer.poll(timeout)

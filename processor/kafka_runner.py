@@ -91,6 +91,7 @@ class Runner:
             instance_id=settings.instance_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             session_timeout_ms=settings.session_timeout_ms,
+            linger=settings.linger,
             on_revoked=self._forget,
         )
         self.processor = Processor(self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size)

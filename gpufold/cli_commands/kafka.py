@@ -100,8 +100,19 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         default=DEFAULT_SNAPSHOT_EVERY,
         help="write a partition snapshot every N commands (default: %(default)s)",
     )
-    run.add_argument("--transaction-timeout-ms", type=int, default=DEFAULT_TRANSACTION_TIMEOUT_MS)
-    run.add_argument("--session-timeout-ms", type=int, default=DEFAULT_SESSION_TIMEOUT_MS)
+    run.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=DEFAULT_TRANSACTION_TIMEOUT_MS,
+        help="the broker aborts a transaction left open this long (default: %(default)s; at most the broker's "
+        "transaction.max.timeout.ms)",
+    )
+    run.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=DEFAULT_SESSION_TIMEOUT_MS,
+        help="a dead instance's partitions move to the others after this long (default: %(default)s)",
+    )
     run.add_argument("--stop-when-idle", type=float, default=0.0, metavar="SECONDS", help="stop after idle seconds")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines (default: json)")
     run.set_defaults(handler=_processor_run)
