@@ -25,7 +25,9 @@ ENV_PREFIX = "GPUFOLD_KAFKA_"
 MASK = "***"
 
 # GPUFOLD_KAFKA_* variables that are not client properties (scripts/kafka.sh and this module use them).
-_NOT_PROPERTIES = frozenset({"CONFIG", "PORT", "CONTROLLER_PORT", "START_TIMEOUT", "STOP_TIMEOUT", "HEAP"})
+_NOT_PROPERTIES = frozenset(
+    {"CONFIG", "PORT", "CONTROLLER_PORT", "START_TIMEOUT", "STOP_TIMEOUT", "HEAP", "JVM_OPTS", "CDS"}
+)
 _ALIASES = {"BOOTSTRAP": "bootstrap.servers"}
 _SECRET_KEYS = frozenset({"sasl.jaas.config", "ssl.key.pem", "ssl_key", "sasl.oauthbearer.config"})
 

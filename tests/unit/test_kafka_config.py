@@ -30,7 +30,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
 
 def test_script_variables_are_not_client_properties() -> None:
     """Variables of scripts/kafka.sh (port, heap, ...) are not passed to librdkafka."""
-    environ = {"GPUFOLD_KAFKA_PORT": "9092", "GPUFOLD_KAFKA_HEAP": "-Xmx1g", "GPUFOLD_KAFKA_SASL_USERNAME": "svc"}
+    environ = {"GPUFOLD_KAFKA_PORT": "9092", "GPUFOLD_KAFKA_JVM_OPTS": "-Xss1m", "GPUFOLD_KAFKA_SASL_USERNAME": "svc"}
     assert properties_from_env(environ) == {"sasl.username": "svc"}
 
 
