@@ -470,21 +470,56 @@ class _Generator:
         function = f"_d_{name.rsplit('.', 1)[-1]}{self.counter}"
         self.counter += 1
         self.done[key] = function
-        cls, order = self.record_class(name, schema)
+        body = [f"def {function}(buf, pos, end):", *self.record_body(schema, "    "), "    return o, pos"]
+        self.chunks.append("\n".join(body) + "\n")
+        return function
+
+    def record_body(self, schema: dict[str, Any], pad: str) -> list[str]:
+        """Statements that read a record's fields at ``pos`` and leave the dataclass in ``o``."""
+        cls, order = self.record_class(schema["name"], schema)
         local = {f["name"]: f"f_{f['name']}" for f in schema["fields"]}
-        body = [f"def {function}(buf, pos, end):"]
+        body = []
         for field in schema["fields"]:
-            body += self.read(field["type"], local[field["name"]], "    ")
+            body += self.read(field["type"], local[field["name"]], pad)
         slots: list[Any] = [cls.__dict__.get(name) for name in order]
         if hasattr(cls, "__post_init__") or not all(isinstance(s, MemberDescriptorType) for s in slots):
-            body.append(f"    return {self.const(cls)}({', '.join(local[name] for name in order)}), pos")
-        else:  # what the dataclass __init__ does (every field is given), without its call
-            body.append(f"    o = _new({self.const(cls)})")
-            if cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
-                body += [f"    {self.const(s.__set__)}(o, {local[n]})" for n, s in zip(order, slots, strict=True)]
-            else:
-                body += [f"    o.{name} = {local[name]}" for name in order]
-            body.append("    return o, pos")
+            return [*body, f"{pad}o = {self.const(cls)}({', '.join(local[name] for name in order)})"]
+        # What the dataclass __init__ does (every field is given), without its call.
+        body.append(f"{pad}o = _new({self.const(cls)})")
+        if cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            return body + [f"{pad}{self.const(s.__set__)}(o, {local[n]})" for n, s in zip(order, slots, strict=True)]
+        return body + [f"{pad}o.{name} = {local[name]}" for name in order]
+
+    def frame_decoder(self, schema: dict[str, Any], fingerprint: bytes, cls: Any) -> str:
+        """The public decoder: header check, the top record inline, errors as DecodeError, no trailing bytes.
+
+        Any other header (another writer schema, a bad magic, an unknown fingerprint) and anything
+        that is not bytes take ``cls.from_avro(codec.decode(frame))``, the fastavro path.
+        """
+        function = f"decode_{schema['name'].rsplit('.', 1)[-1].lower()}"
+        slow = self.const(registry().codec(schema["name"]).decode)
+        from_avro = self.const(cls.from_avro)
+        body = [
+            f"def {function}(frame):",
+            "    if type(frame) is not bytes:",
+            "        if not isinstance(frame, (bytearray, memoryview)):",
+            f"            return {from_avro}({slow}(frame))",
+            "        frame = bytes(frame)",
+            f"    if frame[:{HEADER_SIZE}] != {self.const(MAGIC + fingerprint)}:",
+            f"        return {from_avro}({slow}(frame))",
+            "    buf = frame",
+            f"    pos = {HEADER_SIZE}",
+            "    end = len(buf)",
+            "    try:",
+            *self.record_body(schema, "        "),
+            "    except DecodeError:",
+            "        raise",
+            "    except Exception as error:  # an IndexError past the end, a UnicodeDecodeError, a struct.error",
+            '        raise DecodeError(f"corrupt Avro body: {type(error).__name__}: {error}") from error',
+            "    if pos != end:",
+            '        raise DecodeError(f"{end - pos} trailing bytes after the record")',
+            "    return o",
+        ]
         self.chunks.append("\n".join(body) + "\n")
         return function
 
@@ -513,14 +548,15 @@ def _classes() -> dict[str, type]:
 
 
 def _generate() -> tuple[dict[str, Callable[..., Any]], str]:
-    generator = _Generator(_classes())
+    classes = _classes()
+    generator = _Generator(classes)
     functions = {}
     for name in (COMMAND, EVENT):
         codec = registry().codec(name)
         generator.learn(codec.schema)
         functions[name] = (
             generator.record_encoder(codec.schema, prefix=MAGIC + codec.fingerprint),
-            generator.record_decoder(codec.schema),
+            generator.frame_decoder(codec.schema, codec.fingerprint, classes[name]),
         )
     namespace = generator.build()
     built = {}
@@ -538,36 +574,7 @@ def source() -> str:
     return _SOURCE
 
 
-def _decoder(name: str, cls: Any) -> Callable[[Any], Any]:
-    codec = registry().codec(name)
-    header = MAGIC + codec.fingerprint
-    read = _BUILT["decode " + name]
-    slow = codec.decode
-    from_avro = cls.from_avro
-
-    def decode(frame: Any) -> Any:
-        if type(frame) is not bytes:
-            if not isinstance(frame, (bytearray, memoryview)):
-                return from_avro(slow(frame))  # raises DecodeError: not bytes
-            frame = bytes(frame)
-        if frame[:HEADER_SIZE] != header:
-            return from_avro(slow(frame))  # another writer schema, or a bad header: the fastavro path
-        end = len(frame)
-        try:
-            record, position = read(frame, HEADER_SIZE, end)
-        except DecodeError:
-            raise
-        except Exception as error:  # an IndexError past the end, a UnicodeDecodeError, a struct.error
-            raise DecodeError(f"corrupt Avro body: {type(error).__name__}: {error}") from error
-        if position != end:
-            raise DecodeError(f"{end - position} trailing bytes after the record")
-        return record
-
-    decode.__name__ = decode.__qualname__ = f"decode_{name.rsplit('.', 1)[-1].lower()}"
-    return decode
-
-
 encode_command: Callable[[Command], bytes] = _BUILT["encode " + COMMAND]
 encode_event: Callable[[Event], bytes] = _BUILT["encode " + EVENT]
-decode_command: Callable[[Any], Command] = _decoder(COMMAND, Command)
-decode_event: Callable[[Any], Event] = _decoder(EVENT, Event)
+decode_command: Callable[[Any], Command] = _BUILT["decode " + COMMAND]
+decode_event: Callable[[Any], Event] = _BUILT["decode " + EVENT]
