@@ -90,11 +90,11 @@ def run(
     reader.start()
     last_lag = 0.0
     try:
-        while True:
+        while not stop.is_set():
             try:
                 batch = batches.get(timeout=0.2)
             except queue.Empty:
-                if stop.is_set() or not reader.is_alive():
+                if not reader.is_alive():
                     break
                 continue
             if batch is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -201,6 +202,11 @@ class KafkaEventSource:
         self._assigned: set[int] = set()
         self._eof: set[int] = set()
         self._next: dict[int, int] = {}
+        # The runner polls from its reader thread; a consumer call from another thread while
+        # consume() runs can block, so commits and lag are handed over and done in poll().
+        self._to_commit: dict[int, int] | None = None
+        self._lag: int | None = None
+        self._lag_at = 0.0
 
     def _all_partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.name, timeout=10)
@@ -246,6 +252,10 @@ class KafkaEventSource:
     def poll(self, max_records: int, timeout: float) -> list[Envelope]:
         from confluent_kafka import KafkaError
 
+        self._commit_pending()
+        if time.monotonic() - self._lag_at > 5.0:
+            self._lag_at = time.monotonic()
+            self._lag = self._measure_lag()
         out: list[Envelope] = []
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
         for message in messages:
@@ -271,16 +281,24 @@ class KafkaEventSource:
         return out
 
     def committed(self, positions: dict[int, int]) -> None:
-        """Tell Kafka too (best effort, for lag tooling); the database stays the source of truth."""
+        """Tell Kafka too (best effort, for lag tooling); the database stays the source of truth.
+
+        Any thread may call this; the commit itself happens in the next ``poll``.
+        """
+        if not self.assign_all and positions:
+            self._to_commit = dict(positions)
+
+    def _commit_pending(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
-        if self.assign_all or not positions:
+        positions, self._to_commit = self._to_commit, None
+        if not positions:
+            return
+        offsets = [TopicPartition(self.name, p, o) for p, o in positions.items() if p in self._assigned]
+        if not offsets:
             return
         try:
-            self._consumer.commit(
-                offsets=[TopicPartition(self.name, p, o) for p, o in positions.items() if p in self._assigned],
-                asynchronous=True,
-            )
+            self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as error:  # pragma: no cover - informational only
             log.debug("offset commit to Kafka failed: %s", error)
 
@@ -288,6 +306,10 @@ class KafkaEventSource:
         return bool(self._assigned) and self._assigned <= self._eof
 
     def lag(self) -> int | None:
+        """Records not yet read, as measured by the last poll (at most every 5 s)."""
+        return self._lag
+
+    def _measure_lag(self) -> int | None:
         from confluent_kafka import TopicPartition
 
         total = 0

@@ -7,6 +7,9 @@ password never appears in output, logs or errors (see ``projections.secrets``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
+import io
 import json
 import logging
 import os
@@ -150,8 +153,10 @@ def _projector_run(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping after the current batch", signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+    # `kill -USR1 PID` prints every thread's stack (not possible when stderr is no real file, as in tests).
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def action() -> int:
         if not args.no_migrate:
@@ -171,6 +176,8 @@ def _projector_run(args: argparse.Namespace) -> int:
     try:
         return _guard(action)
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         engine.dispose()
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import Engine, create_engine, text
 from projections import models, workload
 from projections.projector import Envelope, Projector
 from projections.rebuild import content_hashes
+from projections.secrets import mask_url
 from projections.usage import HOUR_MS, seal_hour
 
 pytestmark = pytest.mark.integration
@@ -52,27 +53,32 @@ def events() -> list:
     return c1 + c2
 
 
-@pytest.fixture(scope="module")
-def topic(kafka_bootstrap: str, events: list) -> str:
-    """A fresh two-partition events topic holding the events."""
-    from confluent_kafka import Producer
+def _create_topic(bootstrap: str) -> str:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"t-proj-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)]).values():
         future.result(timeout=30)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20, "enable.idempotence": True})
-    for event, frame in zip(events, workload.encode(events), strict=True):
-        producer.produce(name, frame, key=event.cluster.encode(), partition=event.partition)
-        producer.poll(0)
-    assert producer.flush(30) == 0
     return name
 
 
-@pytest.fixture(scope="module")
-def reference(events: list, topic: str) -> dict:
-    """Per-table hashes of the events projected in-process into SQLite."""
+def _produce(bootstrap: str, topic: str, events: list, *, chunk: int = 0, pause: float = 0.0) -> None:
+    """Produce the events (in order per partition); with ``chunk``, pause between chunks to pace them."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for i, (event, frame) in enumerate(zip(events, workload.encode(events), strict=True)):
+        producer.produce(topic, frame, key=event.cluster.encode(), partition=event.partition)
+        producer.poll(0)
+        if chunk and i % chunk == chunk - 1:
+            producer.flush(30)
+            time.sleep(pause)
+    assert producer.flush(30) == 0
+
+
+def _reference(events: list, source: str) -> dict:
+    """Per-table hashes of the events projected in-process into SQLite under ``source``."""
     engine = create_engine("sqlite://")
     models.Base.metadata.create_all(engine)
     offsets = {0: 0, 1: 0}
@@ -80,14 +86,48 @@ def reference(events: list, topic: str) -> dict:
     for event in events:
         batch.append(Envelope.of(event, offsets[event.partition]))
         offsets[event.partition] += 1
-    Projector(engine, topic).project(batch)
+    Projector(engine, source).project(batch)
     with engine.connect() as conn:
         return content_hashes(conn)
 
 
+@pytest.fixture(scope="module")
+def topic(kafka_bootstrap: str, events: list) -> str:
+    """A fresh two-partition events topic holding all the events."""
+    name = _create_topic(kafka_bootstrap)
+    _produce(kafka_bootstrap, name, events)
+    return name
+
+
+@pytest.fixture(scope="module")
+def reference(events: list, topic: str) -> dict:
+    return _reference(events, topic)
+
+
+@pytest.fixture
+def paced_topic(kafka_bootstrap: str, events: list) -> Iterator[tuple[str, threading.Thread]]:
+    """A fresh topic and a thread that produces the events into it over several seconds (start it yourself)."""
+    name = _create_topic(kafka_bootstrap)
+    thread = threading.Thread(
+        target=_produce, args=(kafka_bootstrap, name, events), kwargs={"chunk": 100, "pause": 0.05}
+    )
+    yield name, thread
+    if thread.is_alive():
+        thread.join(60)
+
+
+class _SecretUrl(str):
+    """A database URL whose repr (in pytest's failure reports) hides the password."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(mask_url(str(self)))
+
+
 def _with_search_path(url: str, schema: str) -> str:
     separator = "&" if "?" in url else "?"
-    return f"{url}{separator}options={quote(f'-csearch_path={schema}')}&application_name=proj-{schema}"
+    return _SecretUrl(f"{url}{separator}options={quote(f'-csearch_path={schema}')}&application_name=proj-{schema}")
 
 
 @pytest.fixture
@@ -112,12 +152,14 @@ def engine(schema_url: str) -> Iterator[Engine]:
 
 
 def _cli(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "gpufold.cli", *argv]
+    return [sys.executable, "-m", "gpufold", *argv]
 
 
-def _projector(kafka_bootstrap: str, topic: str, url: str, group: str, *extra: str) -> subprocess.Popen[str]:
+def _projector(
+    kafka_bootstrap: str, topic: str, url: str, group: str, *extra: str, stop_when_idle: bool = True
+) -> subprocess.Popen[str]:
     argv = _cli("-v", "projector", "run", "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", group,
-                "--database-url", url, "--stop-when-idle", *extra)  # fmt: skip
+                "--database-url", url, *extra, *(["--stop-when-idle"] if stop_when_idle else []))  # fmt: skip
     env = {**os.environ, "GPUFOLD_PROJECTOR_NOTE": PASSWORD_MARK}
     return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -136,11 +178,15 @@ def _applied(engine: Engine) -> int:
             return 0
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float, what: str, process: subprocess.Popen[str] | None = None) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            detail = ""
+            if process is not None:
+                process.kill()
+                detail = "\nprojector stderr:\n" + process.communicate(timeout=10)[1][-3000:]
+            pytest.fail(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(0.05)
 
 
@@ -159,11 +205,13 @@ def _password(url: str) -> str:
 
 
 def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
-    kafka_bootstrap: str, topic: str, schema_url: str, engine: Engine, events: list, reference: dict
+    kafka_bootstrap: str, paced_topic: tuple[str, threading.Thread], schema_url: str, engine: Engine, events: list
 ) -> None:
     """SIGKILL while a batch transaction is open, restart: the tables equal the reference exactly."""
-    process = _projector(kafka_bootstrap, topic, schema_url, "crash", "--batch-size", "400")
-    _wait_for(lambda: _applied(engine) >= len(events) // 4, 90, "a quarter of the events to be projected")
+    topic, producer = paced_topic
+    producer.start()
+    process = _projector(kafka_bootstrap, topic, schema_url, "crash", "--batch-size", "200", stop_when_idle=False)
+    _wait_for(lambda: _applied(engine) >= len(events) // 5, 90, "a fifth of the events to be projected", process)
     application = f"proj-{schema_url.rsplit('proj-', 1)[1]}"
 
     def in_transaction() -> bool:
@@ -176,35 +224,41 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
                 ).scalar()
             )  # fmt: skip
 
-    _wait_for(lambda: in_transaction() or process.poll() is not None, 60, "a batch transaction to be open")
+    _wait_for(in_transaction, 60, "a batch transaction to be open", process)
     process.send_signal(signal.SIGKILL)
     process.wait(10)
     killed_at = _applied(engine)
     assert 0 < killed_at < len(events), "the projector must be killed part-way"
+    producer.join(60)
     _finish(_projector(kafka_bootstrap, topic, schema_url, "crash", "--batch-size", "400"))
     assert _applied(engine) == len(events)
-    assert _hashes(engine) == reference
+    assert _hashes(engine) == _reference(events, topic)
 
 
 def test_postgres_restart_during_projection_is_ridden_out(
-    kafka_bootstrap: str, topic: str, schema_url: str, engine: Engine, events: list, reference: dict
+    kafka_bootstrap: str, paced_topic: tuple[str, threading.Thread], schema_url: str, engine: Engine, events: list
 ) -> None:
-    """`scripts/postgres.sh restart` mid-projection: the projector backs off, retries, and catches up exactly."""
+    """`scripts/postgres.sh restart` while events keep coming: the projector backs off, retries, catches up."""
     status = subprocess.run(["bash", str(POSTGRES_SH), "status"], cwd=REPO_ROOT, capture_output=True, check=False)
     if status.returncode != 0:
         message = "GPUFOLD_DATABASE_URL is not a server scripts/postgres.sh manages; it cannot be restarted"
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    process = _projector(kafka_bootstrap, topic, schema_url, "outage", "--batch-size", "300")
-    _wait_for(lambda: _applied(engine) > 0, 90, "the projection to start")
+    topic, producer = paced_topic
+    producer.start()
+    process = _projector(kafka_bootstrap, topic, schema_url, "outage", "--batch-size", "200", stop_when_idle=False)
+    _wait_for(lambda: _applied(engine) > 0, 90, "the projection to start", process)
     restart = subprocess.run(["bash", str(POSTGRES_SH), "restart"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=180, check=False)  # fmt: skip
     assert restart.returncode == 0, restart.stderr
-    err = _finish(process, timeout=180)
+    producer.join(60)
+    _wait_for(lambda: _applied(engine) == len(events), 120, "the projector to catch up", process)
+    process.send_signal(signal.SIGTERM)
+    err = _finish(process, timeout=60)
     assert "database unavailable" in err, "the projector should have seen the outage and retried"
     assert _password(schema_url) not in err
-    assert _hashes(engine) == reference
+    assert _hashes(engine) == _reference(events, topic)
 
 
 def test_rebuild_equals_live(kafka_bootstrap: str, topic: str, schema_url: str, engine: Engine) -> None:
