@@ -6,8 +6,8 @@ The tables of a fresh schema ``bench_queries`` are filled directly (bulk COPY)
 with an openb-sized cluster (1,213 GPU nodes, the trace's models) and ``--pods``
 pods: 20% pending (with reasons), 40% running (with allocations), 40% released,
 plus one audit event per pod. Then each query runs ``--runs`` times on one
-connection, as the API does per request, and again through the FastAPI app
-(in-process ASGI, no network) for the HTTP overhead. The schema is dropped afterwards.
+connection, as the API does per request, and again over HTTP (the FastAPI app
+under uvicorn on a loopback port, one keep-alive client). The schema is dropped afterwards.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import argparse
 import os
 import platform
 import random
+import socket
 import statistics
+import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -156,17 +157,27 @@ def main() -> None:
         for name, call in cases.items():
             p50, p99, worst = timed(call, args.runs)
             print(f"{name:32s} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {worst:6.2f} ms   ({args.runs} runs)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from fastapi.testclient import TestClient
+    # Over real HTTP: uvicorn on a free loopback port, one keep-alive client.
+    import httpx
+    import uvicorn
 
-        from projections.api import create_app
+    from projections.api import create_app
 
-        client = TestClient(create_app(engine))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
         for name, path in (("HTTP /v1/utilization?by=model", "/v1/utilization?by=model"),
                            ("HTTP /v1/pending?cluster=openb", "/v1/pending?cluster=openb")):  # fmt: skip
             p50, p99, worst = timed(lambda path=path: client.get(path).raise_for_status(), args.runs)
             print(f"{name:32s} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {worst:6.2f} ms   ({args.runs} runs)")
+    server.should_exit = True
+    thread.join(10)
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
