@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from processor.loop import Topics
 from projections.projector import Envelope
-from schemas import EVENT, DecodeError, registry
+from schemas import DecodeError
+from schemas.fastcodec import decode_event
 
 log = logging.getLogger("gpufold.projector.sources")
 
@@ -54,16 +55,18 @@ class EventSource(Protocol):
 
 
 class Decoder:
-    """Event frames -> :class:`Envelope`, never raising on bad bytes."""
+    """Event frames -> :class:`Envelope`, never raising on bad bytes.
 
-    def __init__(self) -> None:
-        self._codec = registry().codec(EVENT)
+    Uses the generated :func:`schemas.fastcodec.decode_event` (the dataclasses straight
+    from the bytes, raising only DecodeError; frames of older writer schemas take the
+    fastavro path inside it).
+    """
 
     def __call__(self, partition: int, offset: int, value: bytes | None) -> Envelope:
         if value is None:
             return Envelope(partition, offset, None, None, "empty record")
         try:
-            return Envelope(partition, offset, self._codec.decode(value), value)
+            return Envelope(partition, offset, decode_event(value), value)
         except DecodeError as error:
             return Envelope(partition, offset, None, value, str(error))
 
