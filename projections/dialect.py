@@ -68,7 +68,8 @@ def upsert_add(conn: Connection, table: Table, column: str, *, only_open: bool =
 _COPY_THRESHOLD = 64
 
 
-def _target(conn: Connection, table: Table) -> str:
+def target_name(conn: Connection, table: Table) -> str:
+    """The table's quoted name for raw SQL, in the schema the connection's schema_translate_map gives it."""
     schema = (conn.get_execution_options().get("schema_translate_map") or {}).get(table.schema, table.schema)
     return f'"{schema}"."{table.name}"' if schema else f'"{table.name}"'
 
@@ -86,7 +87,7 @@ def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> N
         conn.execute(table.insert(), rows)
         return
     with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-        _copy(cursor, _target(conn, table), table, rows)
+        _copy(cursor, target_name(conn, table), table, rows)
 
 
 def _dumps(value: Any) -> str:
@@ -126,7 +127,7 @@ def bulk_upsert_replace(conn: Connection, table: Table, rows: list[dict[str, Any
     if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
         conn.execute(upsert_replace(conn, table), rows)
         return
-    target = _target(conn, table)
+    target = target_name(conn, table)
     temp = f'"_bulk_{table.name}"'
     keys = _keys(table)
     sets = ", ".join(f'"{c.name}" = EXCLUDED."{c.name}"' for c in table.columns if c.name not in keys)
