@@ -17,14 +17,14 @@ outages (the batch is re-projected whole; the offsets make that safe).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, String, and_, delete, func, literal, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Connection, Engine, and_, delete, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from processor.events import (
@@ -383,20 +383,42 @@ def _fetch(
     """Rows of a (cluster, id)-keyed table for the given keys, as ((cluster, id), row dict).
 
     On PostgreSQL the keys are joined as an unnested array, so each is one primary-key
-    probe whatever the table's statistics say; elsewhere a plain IN list per chunk.
+    probe whatever the table's statistics say; the query goes straight to psycopg (no
+    per-row SQLAlchemy Row) and JSON columns are parsed from str (psycopg hands bytes to
+    ``json.loads``, which then sniffs the encoding: 4x the parse itself). Elsewhere a
+    plain IN list per chunk.
     """
     out = []
+    if conn.dialect.name == "postgresql":
+        from psycopg.types.json import set_json_loads  # psycopg is optional (the postgres extra)
+
+        names = [column.name for column in table.columns]
+        at = names.index(id_column)
+        sql = (
+            f"SELECT {', '.join(f't.{name}' for name in names)} FROM {target_name(conn, table)} AS t "
+            f"JOIN unnest(%s::varchar[]) AS k(id) ON t.cluster = %s AND t.{id_column} = k.id"
+        )
+        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+            set_json_loads(_json_loads, cursor)
+            for cluster, ids in _by_cluster(keys).items():
+                for chunk in _chunks(ids, 10_000):
+                    cursor.execute(sql, (chunk, cluster), prepare=False)
+                    for row in cursor.fetchall():
+                        out.append(((cluster, row[at]), dict(zip(names, row, strict=True))))
+        return out
     for cluster, ids in _by_cluster(keys).items():
-        for chunk in _chunks(ids, 10_000 if conn.dialect.name == "postgresql" else _CHUNK):
-            if conn.dialect.name == "postgresql":
-                keys_ = select(func.unnest(literal(chunk, ARRAY(String))).column_valued("id")).subquery()
-                query = select(table).join(keys_, and_(table.c.cluster == cluster, table.c[id_column] == keys_.c.id))
-            else:
-                query = select(table).where(table.c.cluster == cluster, table.c[id_column].in_(chunk))
-            for row in conn.execute(query):
+        for chunk in _chunks(ids):
+            for row in conn.execute(select(table).where(table.c.cluster == cluster, table.c[id_column].in_(chunk))):
                 mapping = dict(row._mapping)
                 out.append(((mapping["cluster"], mapping[id_column]), mapping))
     return out
+
+
+_decode_json = json.JSONDecoder().decode
+
+
+def _json_loads(data: bytes) -> Any:
+    return _decode_json(data.decode())
 
 
 def _delete_pods(conn: Connection, table: Any, cluster: str, ids: list[str]) -> None:
