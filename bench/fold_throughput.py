@@ -9,7 +9,9 @@ running pod) over a cluster kept about 70% full, in two modes:
 - ``codec``: ``PartitionFolder.fold`` on Avro frames: decode, decide, encode events.
 
 Cost per command should not grow with cluster size; the last column is the
-ratio to the 1k-node row of the same mode, measured in the same run.
+ratio to the first (1k-node) row of the same policy and mode, measured in the
+same run. Times are CPU time of this process (time.process_time), which other
+load on a shared machine disturbs far less than wall-clock time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 import time
 from collections import deque
 
-from processor.commands import AddNode, Command, Release, SubmitPod
+from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
 from processor.fold import decide
 from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
 from processor.state import PartitionState
@@ -87,10 +89,11 @@ class Stream:
         return [self.submit() if i % 2 == 0 else self.release() for i in range(count)]
 
 
-def run(nodes: int, commands: int, mode: str, seed: int) -> dict[str, object]:
+def run(nodes: int, commands: int, mode: str, seed: int, policy: str = "") -> dict[str, object]:
     rng = random.Random(seed)
     state = PartitionState()
-    setup = build_nodes(nodes, rng)
+    setup = [Command("policy", "bench", 0, SetPolicy(policy))] if policy else []
+    setup += build_nodes(nodes, rng)
     stream = Stream(nodes, seed)
     setup += stream.warmup()
     for offset, command in enumerate(setup):
@@ -99,25 +102,26 @@ def run(nodes: int, commands: int, mode: str, seed: int) -> dict[str, object]:
     base = len(setup)
     events = 0
     if mode == "fold":
-        started = time.perf_counter()
+        started = time.process_time()
         for i, command in enumerate(measured):
             events += len(decide(state, command, base + i))
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
     else:
         codec = registry().codec(COMMAND)
         records = [InputRecord(0, base + i, b"bench", codec.encode(c.to_avro())) for i, c in enumerate(measured)]
         folder = PartitionFolder(0, Topics(), state, snapshot_every=0)
         out: list[OutputRecord] = []
-        started = time.perf_counter()
+        started = time.process_time()
         for record in records:
             folder.fold(record, out)
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         events = len(out)
     queued = sum(len(c.queue) for c in state.clusters.values())
     signatures = sum(len(list(c.index.groups())) for c in state.clusters.values())
     return {
         "nodes": nodes,
         "mode": mode,
+        "policy": state.clusters["bench"].policy,
         "commands": commands,
         "events": events,
         "seconds": round(elapsed, 3),
@@ -134,14 +138,15 @@ def main() -> int:
     parser.add_argument("--commands", type=int, default=100_000, help="measured commands per row")
     parser.add_argument("--modes", default="fold,codec")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--policies", default="first-fit,best-fit,", help="comma-separated; empty = the default policy")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()} | python {platform.python_version()}", file=sys.stderr)
     rows = []
-    for mode in args.modes.split(","):
+    for policy, mode in ((p, m) for p in args.policies.split(",") for m in args.modes.split(",")):
         baseline = None
         for nodes in (int(n) for n in args.nodes.split(",")):
-            row = run(nodes, args.commands, mode, args.seed)
+            row = run(nodes, args.commands, mode, args.seed, policy)
             baseline = baseline or row["us_per_command"]
             row["cost_vs_first_size"] = round(row["us_per_command"] / baseline, 2)  # type: ignore[operator]
             rows.append(row)
@@ -149,7 +154,8 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
             else:
                 print(
-                    f"{mode:6} nodes={nodes:>7} {row['commands_per_sec']:>9,} cmd/s  {row['us_per_command']:>7} us/cmd"
+                    f"{row['policy']:10} {mode:6} nodes={nodes:>7} {row['commands_per_sec']:>9,} cmd/s"
+                    f"  {row['us_per_command']:>7} us/cmd"
                     f"  x{row['cost_vs_first_size']}  signatures={row['signatures']} queued={row['queued_pods']}",
                     flush=True,
                 )

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
-from processor.resources import NodeClass, PodShape, Signature, class_admits, gpu_fits
+from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature, class_admits, gpu_fits
 
 ADMITS_CACHE_SIZE = 65_536
 
@@ -128,26 +128,36 @@ class CapacityIndex:
         )
 
     def feasible(self, shape: PodShape) -> list[NodeGroup]:
-        """The groups whose nodes can take the shape, in insertion order. O(S_m)."""
+        """The groups whose nodes can take the shape, in insertion order. O(S_m).
+
+        This is the hottest loop of the fold, so the GPU test of ``gpu_fits`` is
+        inlined: whole GPUs need the k-th largest free share to be a whole GPU, a
+        share needs the largest free share to be big enough.
+        """
         models = shape.gpu_models or tuple(self._by_model)
         num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
         cpu, memory = shape.cpu_milli, shape.memory_mib
+        whole = gpu_milli >= GPU_MILLI
+        nth = num_gpu - 1
         # A pod with no selector and no tolerations fits any untainted node class.
         plain = not shape.node_selector and not shape.tolerations
         admits = self.admits
         found: list[NodeGroup] = []
+        append = found.append
         for model in models:
             groups = self._by_model.get(model)
             if not groups:
                 continue
             for signature, group in groups.items():
-                if (
-                    signature.cpu_free >= cpu
-                    and signature.memory_free >= memory
-                    and gpu_fits(signature.gpu_free, num_gpu, gpu_milli)
-                    and ((plain and not signature.node_class[1]) or admits(signature.node_class, shape))
+                _, node_class, _, _, free, cpu_free, memory_free = signature
+                if cpu_free < cpu or memory_free < memory:
+                    continue
+                if num_gpu and (
+                    (len(free) <= nth or free[nth] < GPU_MILLI) if whole else (not free or free[0] < gpu_milli)
                 ):
-                    found.append(group)
+                    continue
+                if (plain and not node_class[1]) or admits(node_class, shape):
+                    append(group)
         return found
 
     def rebuilt(self, schedulable: dict[str, Signature]) -> CapacityIndex:

@@ -47,7 +47,7 @@ class InputRecord:
     value: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutputRecord:
     """A record to produce: an event, a dead letter or a snapshot."""
 
