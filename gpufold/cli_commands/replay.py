@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import Any
 
 from gpufold.cli import CliError
@@ -12,6 +14,9 @@ from gpufold.cli_commands._embedded import add_log_argument, open_log, partition
 from gpufold.embedded_log import EmbeddedLog
 from gpufold.replay import Replayed, replay_partition
 from gpufold.state_view import render_summary, summary
+from processor.loop import InputRecord
+from schemas.codec import DecodeError
+from schemas.fastcodec import decode_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,10 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_log_argument(parser)
     parser.add_argument(
         "--until",
-        type=int,
+        type=_until,
         default=None,
-        metavar="OFFSET",
-        help="stop after the command at OFFSET (inclusive; per partition); default: every command",
+        metavar="OFFSET|TIME",
+        help="stop after the command at OFFSET (inclusive; per partition), or before the first command issued "
+        "after TIME (ISO-8601 with a zone, e.g. 2026-01-05T10:00:00Z): what the cluster looked like then; "
+        "default: every command",
     )
     parser.add_argument("--partition", type=int, default=None, help="only this partition")
     parser.add_argument(
@@ -70,8 +77,41 @@ def _check(log: EmbeddedLog, replayed: Replayed, end: int) -> dict[str, Any]:
     return result(True, len(derived))
 
 
+class Until(int):
+    """An --until bound: an offset, or with ``time_ms`` set, an event time."""
+
+    time_ms: int | None = None
+
+
+def _until(text: str) -> Until:
+    text = text.strip()
+    if text.isdigit():
+        return Until(int(text))
+    try:
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an offset or an ISO-8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"the time {text!r} needs a zone (e.g. Z or +02:00)")
+    until = Until(-1)
+    until.time_ms = int(moment.timestamp() * 1000)
+    return until
+
+
+def _issued_until(records: Iterable[InputRecord], time_ms: int) -> Iterator[InputRecord]:
+    """Records in log order up to the first command issued after ``time_ms`` (undecodable ones pass)."""
+    for record in records:
+        try:
+            issued_at = decode_command(record.value).issued_at  # type: ignore[arg-type]
+        except DecodeError:
+            issued_at = None
+        if issued_at is not None and issued_at > time_ms:
+            return
+        yield record
+
+
 def _replay(args: argparse.Namespace) -> int:
-    if args.until is not None and args.until < 0:
+    if args.until is not None and args.until.time_ms is None and args.until < 0:
         raise CliError("--until must be >= 0")
     started = time.perf_counter()
     with open_log(args, readonly=True) as log:
@@ -80,18 +120,24 @@ def _replay(args: argparse.Namespace) -> int:
         ends = []
         for partition in partitions:
             end = log.end_offset(log.topics.commands, partition)
-            if args.until is not None:
-                end = min(end, args.until + 1)
-            ends.append(end)
-            results.append(
-                replay_partition(partition, log.read_commands(partition, 0, end), log.topics, keep_events=args.check)
-            )
+            records: Iterable[InputRecord]
+            if args.until is not None and args.until.time_ms is not None:
+                records = _issued_until(log.read_commands(partition, 0, end), args.until.time_ms)
+            else:
+                if args.until is not None:
+                    end = min(end, args.until + 1)
+                records = log.read_commands(partition, 0, end)
+            replayed = replay_partition(partition, records, log.topics, keep_events=args.check)
+            ends.append(replayed.state.next_offset)
+            results.append(replayed)
         checks = [_check(log, r, e) for r, e in zip(results, ends, strict=True)] if args.check else []
     seconds = time.perf_counter() - started
     commands = sum(r.commands for r in results)
     data = {
         **summary({r.partition: r.state for r in results}),
-        "until": args.until,
+        "until": None
+        if args.until is None
+        else (args.until.time_ms if args.until.time_ms is not None else int(args.until)),
         "commands": commands,
         "events": sum(r.state.sequence for r in results),
         "dead_letters": sum(r.dead_letters for r in results),
@@ -104,7 +150,13 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data))
         return 0 if ok else 1
-    until = f" up to offset {args.until}" if args.until is not None else ""
+    until = ""
+    if args.until is not None:
+        until = (
+            f" up to offset {int(args.until)}"
+            if args.until.time_ms is None
+            else f" issued up to {args.until.time_ms} ms"
+        )
     print(
         f"replayed {commands} command(s){until} into {data['events']} event(s), {data['dead_letters']} dead "
         f"letter(s) in {seconds:.2f} s; the log was not modified"
