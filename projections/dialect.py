@@ -90,6 +90,29 @@ def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> N
         _copy(cursor, target_name(conn, table), table, rows)
 
 
+def append_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
+    """Insert rows given as tuples in the table's column order (no conflicts expected, no JSON columns).
+
+    On PostgreSQL a binary COPY: no dict per row, and no text escaping of bytea on
+    either side (the audit log's frames). Elsewhere an executemany.
+    """
+    if not rows:
+        return
+    names = [column.name for column in table.columns]
+    if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
+        conn.execute(table.insert(), [dict(zip(names, row, strict=True)) for row in rows])
+        return
+    types = [column.type.compile(dialect=conn.dialect).split("(")[0].lower() for column in table.columns]
+    column_list = ", ".join(f'"{name}"' for name in names)
+    statement = f"COPY {target_name(conn, table)} ({column_list}) FROM STDIN (FORMAT BINARY)"
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    with cursor, cursor.copy(statement) as copy:
+        copy.set_types(types)
+        write = copy.write_row
+        for row in rows:
+            write(row)
+
+
 def _dumps(value: Any) -> str:
     return "[]" if value == [] else json.dumps(value)
 

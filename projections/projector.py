@@ -42,7 +42,7 @@ from processor.events import (
     PodSpec,
 )
 from projections import models
-from projections.dialect import bulk_insert, bulk_upsert_replace, target_name, upsert_ignore
+from projections.dialect import append_rows, bulk_insert, bulk_upsert_replace, target_name, upsert_ignore
 from projections.secrets import mask_url
 from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
 from schemas.fastcodec import encode_event
@@ -171,7 +171,7 @@ class _Batch:
         self.dirty_totals: set[tuple[str, str]] = set()
         self.stats: dict[str, list[int]] = {}
         self.samples: dict[tuple[str, str, int], tuple[int, int]] = {}
-        self.audit: list[dict[str, Any]] = []
+        self.audit: list[tuple[Any, ...]] = []
         self.usage = UsageLedger(lateness_ms=lateness_ms)
 
     # -------------------------------------------------------------- loading
@@ -226,19 +226,19 @@ class _Batch:
         kind = type(payload)
         pod_id, node_id = _subject(payload)
         frame = envelope.frame if envelope.frame is not None else encode_event(event)
-        self.audit.append(
-            {
-                "partition": event.partition,
-                "sequence": event.sequence,
-                "cluster": event.cluster,
-                "command_id": event.command_id,
-                "command_offset": event.command_offset,
-                "occurred_at": event.occurred_at,
-                "type": kind.__name__,
-                "pod_id": pod_id,
-                "node_id": node_id,
-                "frame": frame,
-            }
+        self.audit.append(  # in the column order of models.audit_events
+            (
+                event.partition,
+                event.sequence,
+                event.cluster,
+                event.command_id,
+                event.command_offset,
+                event.occurred_at,
+                kind.__name__,
+                pod_id,
+                node_id,
+                frame,
+            )
         )
         self.usage.observe(self.conn, event.cluster, event.occurred_at, (event.partition, event.sequence))
         handler = _HANDLERS.get(kind)
@@ -324,8 +324,7 @@ class _Batch:
 
     def flush(self) -> None:
         conn = self.conn
-        if self.audit:
-            bulk_insert(conn, models.audit_events, self.audit)
+        append_rows(conn, models.audit_events, self.audit)
         removed = [key for key in sorted(self.dirty_nodes) if self.nodes.get(key) is None]
         alive = [node for node in (self.nodes.get(key) for key in sorted(self.dirty_nodes)) if node is not None]
         table = models.nodes
