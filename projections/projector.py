@@ -42,7 +42,7 @@ from processor.events import (
     PodSpec,
 )
 from projections import models
-from projections.dialect import append_rows, bulk_insert, bulk_upsert_replace, target_name, upsert_ignore
+from projections.dialect import append_rows, bulk_upsert_replace, target_name, upsert_ignore
 from projections.secrets import mask_url
 from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
 from schemas.fastcodec import encode_event
@@ -240,7 +240,9 @@ class _Batch:
                 frame,
             )
         )
-        self.usage.observe(self.conn, event.cluster, event.occurred_at, (event.partition, event.sequence))
+        clock = self.usage.clocks.get(event.cluster)
+        if clock is None or event.occurred_at > clock.watermark:  # else observe() has nothing to do
+            self.usage.observe(self.conn, event.cluster, event.occurred_at, (event.partition, event.sequence))
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, event, payload)
@@ -339,15 +341,14 @@ class _Batch:
         stale = {key for key in self.realloc if key in self.pods_in_db}
         for cluster, ids in _by_cluster(stale).items():
             _delete_pods(conn, allocs, cluster, ids)
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []  # in the column order of models.allocations
         for key in sorted(self.realloc):
             pod = self.pods[key]
             if pod["status"] == "running":
-                rows.extend(
-                    {"cluster": key[0], "pod_id": key[1], "gpu_index": index, "node_id": pod["node_id"], "milli": milli}
-                    for index, milli in pod["gpus"]
-                )
-        bulk_insert(conn, allocs, rows)
+                cluster, pod_id = key
+                node_id = pod["node_id"]
+                rows.extend((cluster, pod_id, index, node_id, milli) for index, milli in pod["gpus"])
+        append_rows(conn, allocs, rows)
         if self.samples:
             bulk_upsert_replace(
                 conn,
