@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,7 +49,6 @@ _FENCED = frozenset(
     {
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
-        KafkaError.FENCED_INSTANCE_ID,
         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
@@ -71,6 +71,10 @@ _TRANSIENT = frozenset(
 )
 RETRY_FOR = 300.0
 """How long an infrastructure fault (broker restart, coordinator move) is retried before giving up."""
+SELF_FENCE_WINDOW = 60.0
+"""A consumer fenced this soon after losing its own assignment was fenced by its own rejoin (see _consumer_error)."""
+STALL_GRACE = 5.0
+"""Seconds a transactional call may overrun its own timeout before the producer is given up as stalled."""
 
 
 class KafkaLogError(Exception):
@@ -83,6 +87,10 @@ class BatchAborted(KafkaLogError):
 
 class KafkaFatalError(KafkaLogError):
     """This instance cannot go on (fenced by a newer instance, or a fatal client error)."""
+
+
+class _Stalled(Exception):
+    """A producer call overran its timeout: librdkafka is stuck inside it (see :meth:`KafkaCommandLog._bounded`)."""
 
 
 def _describe(error: KafkaError) -> str:
@@ -98,7 +106,13 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
 
 
 def is_fenced(error: KafkaError) -> bool:
-    return error.code() in _FENCED
+    """The producer was fenced by a newer instance with the same transactional.id.
+
+    FENCED_INSTANCE_ID from send_offsets_to_transaction is not that: the consumer's group membership in the
+    offsets is stale (its session timed out and it rejoined, e.g. across a broker restart), which aborts the
+    transaction. A real newer instance also fences the producer, which the abort then reports.
+    """
+    return error.code() in _FENCED or (error.code() == KafkaError.FENCED_INSTANCE_ID and error.fatal())
 
 
 class KafkaCommandLog:
@@ -122,8 +136,13 @@ class KafkaCommandLog:
         self.instance_id = instance_id
         self.transactional_id = f"{group_id}.{instance_id}"
         self.timeout = request_timeout
+        # Past the transaction timeout the broker aborts the transaction anyway: no point waiting longer for
+        # one of its calls.
+        self.transaction_timeout = min(request_timeout, transaction_timeout_ms / 1000)
         self.linger = linger
         self.on_revoked = on_revoked
+        self.stopping: Callable[[], bool] = lambda: False
+        """Set by the runner: once it returns True, retry loops give up at once (a graceful stop stays bounded)."""
         self._secrets = config.secrets()
         rdkafka_log = logging.getLogger("gpufold.kafka.rdkafka")
         self._producer_config = config.client(
@@ -179,6 +198,9 @@ class KafkaCommandLog:
         self._reader: Consumer | None = None
         self._assigned: set[int] = set()
         self._renewals = 0
+        self._consumer_renewals = 0
+        self._lost_at: float | None = None
+        self._stalled: list[Any] = []  # producers given up with a call still stuck inside: never destroyed
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -194,15 +216,19 @@ class KafkaCommandLog:
             producer = Producer(self._producer_config)
             self._retrying("initializing transactions", producer.init_transactions, self.timeout)
             self._producer = producer
-            self._consumer = Consumer(self._consumer_config)
-            self._consumer.subscribe(
-                [self.topics.commands], on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
-            )
+            self._consumer = self._new_consumer()
             self._reader = Consumer(self._reader_config)
         except KafkaException as exc:
             error = _kafka_error(exc)
             raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
         return self
+
+    def _new_consumer(self) -> Consumer:
+        consumer = Consumer(self._consumer_config)
+        consumer.subscribe(
+            [self.topics.commands], on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
+        )
+        return consumer
 
     def wait_for_assignment(self, timeout: float = 60.0) -> list[int]:
         """Join the group and return the assigned partitions; records fetched meanwhile are sought back."""
@@ -260,7 +286,8 @@ class KafkaCommandLog:
         for message in messages:
             error = message.error()
             if error is not None:
-                self._consumer_error(error)
+                if self._consumer_error(error):
+                    return []  # a new consumer: the old one's records are for partitions no longer assigned
                 continue
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
@@ -279,17 +306,53 @@ class KafkaCommandLog:
             for record in outputs:
                 self._produce(producer, record)
             offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), self.timeout)
+            metadata = consumer.consumer_group_metadata()
+            timeout = self.transaction_timeout
+            self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
             self._commit_transaction(producer)
         except KafkaException as exc:
             self._transaction_failed(exc, positions)
-        self._renewals = 0
+        except _Stalled as stalled:
+            log.warning("%s: starting a new producer", stalled)
+            self._renew_producer(stalled=True)
+            self._rewind(positions)
+            raise BatchAborted(f"transaction abandoned ({stalled}); partitions {sorted(positions)} rewound") from None
+        self._renewals = self._consumer_renewals = 0
 
     def committed(self, partition: int) -> int:
         consumer = self._require(self._consumer)
         tps = [TopicPartition(self.topics.commands, partition)]
         [tp] = self._retrying(f"reading the committed offset of partition {partition}", consumer.committed, tps, 10)
         return max(tp.offset, 0)
+
+    @staticmethod
+    def _bounded(call: Callable[..., Any], *args: Any, limit: float) -> Any:
+        """``call(*args)`` (a blocking producer call given a timeout of ``limit``), bounded even if it ignores it.
+
+        librdkafka's ``send_offsets_to_transaction`` can block forever whatever its timeout: the request to the
+        group coordinator never times out (confluentinc/librdkafka#5456), and after a broker restart it may wait
+        on a cached coordinator whose broker handle was decommissioned and never changes state again (#5511).
+        A blocked C call cannot be interrupted, so it runs in a helper thread; if it has not returned
+        ``STALL_GRACE`` seconds after its own timeout, :class:`_Stalled` is raised and the caller gives up the
+        producer (a new one with the same transactional.id fences it and aborts its open transaction).
+        """
+        outcome: list[Any] = []
+
+        def target() -> None:
+            try:
+                outcome.append((True, call(*args)))
+            except BaseException as exc:  # handed to the calling thread
+                outcome.append((False, exc))
+
+        thread = threading.Thread(target=target, name=f"kafka-{getattr(call, '__name__', 'call')}", daemon=True)
+        thread.start()
+        thread.join(limit + STALL_GRACE)
+        if not outcome:
+            raise _Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
 
     def _retrying(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)``, retried with backoff while the error is transient (up to RETRY_FOR seconds)."""
@@ -303,7 +366,7 @@ class KafkaCommandLog:
                 if error is not None and error.fatal():
                     raise KafkaFatalError(self._scrub(f"{what}: {_describe(error)}")) from None
                 transient = error is not None and (error.retriable() or error.code() in _TRANSIENT)
-                if not transient or time.monotonic() > deadline:
+                if not transient or time.monotonic() > deadline or self.stopping():
                     raise KafkaLogError(self._scrub(f"{what}: {exc}")) from None
                 log.warning("%s: %s; retrying in %.1f s", what, self._scrub(_describe(error)), delay)  # type: ignore[arg-type]
                 time.sleep(delay)
@@ -338,7 +401,7 @@ class KafkaCommandLog:
     def _commit_transaction(self, producer: Producer) -> None:
         for attempt in range(COMMIT_RETRIES):
             try:
-                producer.commit_transaction(self.timeout)
+                self._bounded(producer.commit_transaction, self.timeout, limit=self.timeout)
                 return
             except KafkaException as exc:
                 error = _kafka_error(exc)
@@ -366,28 +429,37 @@ class KafkaCommandLog:
         raise BatchAborted(f"transaction aborted ({described}); partitions {sorted(positions)} rewound")
 
     def _abort(self) -> None:
-        producer = self._require(self._producer)
-        deadline = time.monotonic() + RETRY_FOR
-        while True:
-            try:
-                producer.abort_transaction(self.timeout)
-                return
-            except KafkaException as exc:
-                error = _kafka_error(exc)
-                if error is None or is_fenced(error):
-                    raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
-                if error.fatal() or time.monotonic() > deadline:
-                    log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
-                    self._renew_producer()
-                    return
-                time.sleep(0.5)  # retriable: the same call may be retried
+        """Abort the open transaction; if that fails, a new producer with the same transactional.id aborts it.
 
-    def _renew_producer(self) -> None:
+        After a broker restart the producer may keep its requests queued for a coordinator handle that never
+        reconnects (abort_transaction times out again and again), so one failed attempt is enough: the new
+        producer finds the coordinator afresh, and its init_transactions aborts whatever was left open.
+        """
+        producer = self._require(self._producer)
+        timeout = self.transaction_timeout
+        try:
+            self._bounded(producer.abort_transaction, timeout, limit=timeout)
+            return
+        except _Stalled as stalled:
+            log.warning("%s: starting a new producer", stalled)
+            self._renew_producer(stalled=True)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            if error is None or is_fenced(error):
+                raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
+            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
+            self._renew_producer()
+
+    def _renew_producer(self, stalled: bool = False) -> None:
+        """Replace the producer by a new one with the same transactional.id, which fences the old one."""
         self._renewals += 1
         if self._renewals > MAX_RENEWALS:
             raise KafkaFatalError(f"the transactional producer failed {MAX_RENEWALS} times in a row; exiting")
         old, self._producer = self._producer, None
-        if old is not None:
+        if stalled:
+            # A thread is still inside one of its calls: destroying it now would free what that call uses.
+            self._stalled.append(old)
+        elif old is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
                 old.purge()
         producer = Producer(self._producer_config)
@@ -420,6 +492,7 @@ class KafkaCommandLog:
 
     def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost (session expired / fenced member): another instance may own them already; never commit for them.
+        self._lost_at = time.monotonic()
         self._drop([tp.partition for tp in partitions], "lost")
 
     def _drop(self, partitions: list[int], why: str) -> None:
@@ -467,16 +540,48 @@ class KafkaCommandLog:
 
     # ------------------------------------------------------------------ errors
 
-    def _consumer_error(self, error: KafkaError) -> None:
-        if error.fatal() or error.code() == KafkaError.FENCED_INSTANCE_ID:
-            raise KafkaFatalError(self._scrub(f"consumer failed: {_describe(error)}"))
-        log.warning("consumer: %s", self._scrub(_describe(error)))
+    def _consumer_error(self, error: KafkaError) -> bool:
+        """Log a consumer error; True if the consumer was replaced, KafkaFatalError if it cannot go on.
+
+        A fatal consumer error arrives as ``_FATAL`` (its ``fatal()`` flag is not set): the consumer is dead and
+        would never deliver again. With static membership librdkafka fences *itself* when its session timed out
+        (say the broker restarted): it rejoins under the same group.instance.id and a request still carrying the
+        old member id is answered FENCED_INSTANCE_ID (confluentinc/librdkafka#3437). A fatal error soon after
+        this instance lost its own assignment is that case: a new consumer rejoins. Any other fatal error, or a
+        real newer instance (whose init_transactions also fences our producer at the next commit), is fatal.
+        """
+        described = self._scrub(_describe(error))
+        if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
+            lost_at = self._lost_at
+            recent = lost_at is not None and time.monotonic() - lost_at < SELF_FENCE_WINDOW
+            if not recent or self._consumer_renewals >= MAX_RENEWALS:
+                raise KafkaFatalError(f"consumer failed: {described}")
+            self._renew_consumer(described)
+            return True
+        log.warning("consumer: %s", described)
+        return False
 
     def _consumer_failed(self, exc: KafkaException) -> None:
         error = _kafka_error(exc)
         if error is None:
             raise KafkaFatalError(self._scrub(f"consumer failed: {exc}")) from None
         self._consumer_error(error)
+
+    def _renew_consumer(self, described: str) -> None:
+        self._consumer_renewals += 1
+        log.warning("consumer failed right after its session timed out (%s): joining with a new one", described)
+        old, self._consumer = self._consumer, None
+        if self._assigned:
+            self._drop(sorted(self._assigned), "lost")
+        if old is not None:
+            try:
+                self._bounded(old.close, limit=self.timeout)
+            except _Stalled:
+                self._stalled.append(old)
+            except (KafkaException, RuntimeError) as exc:
+                log.info("closing the failed consumer: %s", self._scrub(str(exc)))
+        self._lost_at = None
+        self._consumer = self._new_consumer()
 
     def _on_error(self, error: KafkaError) -> None:
         level = logging.ERROR if error.fatal() else logging.WARNING

@@ -96,6 +96,7 @@ class Runner:
         )
         self.processor = Processor(self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size)
         self._stopping = False
+        self.log.stopping = lambda: self._stopping
 
     def _forget(self, partitions: list[int]) -> None:
         for partition in partitions:
@@ -160,8 +161,11 @@ class Runner:
             status = EXIT_FATAL
         except KafkaLogError as error:
             # The batch may be half-folded and uncommitted: stop; a restart rebuilds from what was committed.
-            log.error("giving up after an infrastructure fault: %s", error)
-            status = EXIT_FATAL
+            if self._stopping:  # asked to stop while retrying: nothing half-committed, a graceful stop
+                log.warning("stopped while retrying: %s", error)
+            else:
+                log.error("giving up after an infrastructure fault: %s", error)
+                status = EXIT_FATAL
         except InvariantViolation as error:
             log.error("invariant violated, batch not committed: %s", error)
             status = EXIT_INVARIANT
