@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -119,7 +120,7 @@ class TestKafkaLogContract(CommandLogContract):
         records: list[tuple[int, bytes | None, bytes]] = []
         try:
             tp = TopicPartition(topic, partition)
-            low, high = watermark_offsets(consumer, tp)
+            low, high = self.stable_end(consumer, tp)
             if high <= low:
                 return records
             consumer.assign([TopicPartition(topic, partition, low)])
@@ -129,8 +130,6 @@ class TestKafkaLogContract(CommandLogContract):
                     error = message.error()
                     if error is not None:
                         assert error.code() == KafkaError._PARTITION_EOF, error
-                        # A commit returns before the coordinator has written the transaction markers; until
-                        # then the stable end (LSO) trails the high watermark: keep reading until it catches up.
                         if message.offset() >= high:
                             return records
                         continue
@@ -138,6 +137,28 @@ class TestKafkaLogContract(CommandLogContract):
             raise AssertionError(f"no end of {topic}[{partition}] within 60 s")
         finally:
             consumer.close()
+
+    def stable_end(self, consumer: Consumer, tp: TopicPartition, timeout: float = 60.0) -> tuple[int, int]:
+        """(low, end) of a partition once no transaction is open on it: its stable end reached the high watermark.
+
+        A commit returns before the coordinator has written the transaction markers. Until then a read_committed
+        consumer's end offset (its watermark query answers the last stable offset, LSO) stays at the first
+        record of the transaction, and reading "to the end" would see none of the committed records.
+        """
+        uncommitted = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": f"reader-{uuid.uuid4().hex}", "logger": RDKAFKA_LOG}
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                low, stable = watermark_offsets(consumer, tp)
+                _, high = watermark_offsets(uncommitted, tp)
+                if stable >= high:
+                    return low, high
+                assert time.monotonic() < deadline, f"{tp.topic}[{tp.partition}]: LSO {stable} < high watermark {high}"
+                time.sleep(0.05)
+        finally:
+            uncommitted.close()
 
     def reopen(self, log: CommandLog) -> CommandLog:
         return self._open(log.topics)

@@ -115,7 +115,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
         ends = {}
         assignment = []
         for partition in partitions:
-            low, high = watermark_offsets(consumer, TopicPartition(topic, partition), 30)
+            low, high = stable_end(bootstrap, consumer, TopicPartition(topic, partition), timeout)
             ends[partition] = high
             if high > low:
                 pending.add(partition)
@@ -137,6 +137,27 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
         return out
     finally:
         consumer.close()
+
+
+def stable_end(bootstrap: str, consumer: Consumer, tp: TopicPartition, timeout: float = 60.0) -> tuple[int, int]:
+    """(low, end) of a partition once no transaction is open on it: its stable end reached the high watermark.
+
+    A commit returns before the coordinator has written the transaction markers; until then the watermark
+    query of a read_committed consumer answers the last stable offset, which stays at the transaction's first
+    record, and reading "to the end" would miss committed records.
+    """
+    uncommitted = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}"})
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            low, stable = watermark_offsets(consumer, tp, 30)
+            _, high = watermark_offsets(uncommitted, tp, 30)
+            if stable >= high:
+                return low, high
+            assert time.monotonic() < deadline, f"{tp.topic}[{tp.partition}]: LSO {stable} < high watermark {high}"
+            time.sleep(0.05)
+    finally:
+        uncommitted.close()
 
 
 class CommittedWatcher:
