@@ -191,7 +191,7 @@ def run_demo(
         decode = registry().codec(EVENT).decode
         events: list[Event] = []
         for partition in log_.topic_partitions(log_.topics.events):
-            events.extend(Event.from_avro(decode(r.value)) for r in log_.read(log_.topics.events, partition))
+            events.extend(Event.from_avro(decode(r.value or b"")) for r in log_.read(log_.topics.events, partition))
         events.sort(key=lambda e: (e.occurred_at, e.partition, e.sequence))
         total_time = max((c.issued_at for c in commands), default=0)
         summary = summarise(events, total_time)

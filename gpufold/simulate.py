@@ -143,9 +143,9 @@ def run(
     setup_seconds = 0.0
     started = time.perf_counter()
     for command in commands:
-        events = decide(state, command)
-        if isinstance(events[-1].payload, CommandRejected):
-            raise ValueError(f"{command.command_id}: {events[0].payload.message}")
+        outcome = decide(state, command)[-1].payload
+        if isinstance(outcome, CommandRejected):
+            raise ValueError(f"{command.command_id}: {outcome.message}")
     setup_seconds = time.perf_counter() - started
     cluster = state.clusters[CLUSTER]
 

@@ -399,7 +399,7 @@ def _fetch(
             f"JOIN unnest(%s::varchar[]) AS k(id) ON t.cluster = %s AND t.{id_column} = k.id"
         )
         with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-            set_json_loads(_json_loads, cursor)
+            set_json_loads(_json_loads, cursor)  # type: ignore[arg-type]
             for cluster, ids in _by_cluster(keys).items():
                 for chunk in _chunks(ids, 10_000):
                     cursor.execute(sql, (chunk, cluster), prepare=False)

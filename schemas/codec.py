@@ -172,12 +172,12 @@ class SchemaRegistry:
                 self._add_current(schema)
 
     def _add_current(self, schema: dict[str, Any]) -> None:
-        parsed = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=self._named)
+        parsed: Any = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=self._named)
         name = parsed["name"]
-        self._codecs[name] = AvroCodec(name, parsed, self._fingerfingerprint_bytesof(parsed), self)
+        self._codecs[name] = AvroCodec(name, parsed, self._fingerprint_of(parsed), self)
         self._by_fingerprint[self._codecs[name].fingerprint] = parsed
 
-    def _fingerfingerprint_bytesof(self, parsed: Any, named: dict[str, Any] | None = None) -> bytes:
+    def _fingerprint_of(self, parsed: Any, named: dict[str, Any] | None = None) -> bytes:
         # fastavro returns the CRC-64-AVRO as the hex of its little-endian bytes: the frame's order.
         return bytes.fromhex(fingerprint(parsing_canonical_form(parsed, named or self._named), "CRC-64-AVRO"))
 
@@ -188,12 +188,12 @@ class SchemaRegistry:
         """
         named = dict(self._named)
         parsed = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=named)
-        fingerprint_bytes = self._fingerfingerprint_bytesof(parsed, named)
+        fingerprint_bytes = self._fingerprint_of(parsed, named)
         self._by_fingerprint[fingerprint_bytes] = parsed
         return fingerprint_bytes
 
-    def writer_schema(self, fingerfingerprint_bytesbytes: bytes) -> Any | None:
-        return self._by_fingerprint.get(fingerfingerprint_bytesbytes)
+    def writer_schema(self, fingerprint_bytes: bytes) -> Any | None:
+        return self._by_fingerprint.get(fingerprint_bytes)
 
     def codec(self, name: str) -> AvroCodec:
         try:
