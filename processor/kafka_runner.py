@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from gpufold.kafka_config import KafkaConfig, install_secret_filter
 from processor.errors import InvariantViolation
@@ -77,6 +78,10 @@ class RunnerSettings:
     stats_every: float = 10.0
     stop_when_idle: float = 0.0
     """Stop after this many seconds without records (0 = run until signalled); for tests and batch jobs."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on this port (needs prometheus-client, the ``api`` extra)."""
+    metrics_host: str = "127.0.0.1"
+    metrics_every: float = 5.0
 
 
 class Runner:
@@ -97,6 +102,44 @@ class Runner:
         self.processor = Processor(self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size)
         self._stopping = False
         self.log.stopping = lambda: self._stopping
+        self.metrics: Any = None
+        self._rejected_reported: dict[str, int] = {}
+        self._metrics_refreshed = 0.0
+        if settings.metrics_port is not None:
+            self._serve_metrics(settings.metrics_port, settings.metrics_host)
+
+    def _serve_metrics(self, port: int, host: str) -> None:
+        try:
+            from prometheus_client import start_http_server
+
+            from processor.metrics import ProcessorMetrics
+        except ImportError as error:
+            message = f"--metrics-port needs prometheus-client (pip install 'gpufold[api]'): {error}"
+            raise KafkaLogError(message) from None
+        self.metrics = ProcessorMetrics()
+        start_http_server(port, addr=host, registry=self.metrics.registry)
+        # Time each transaction commit (events + offsets) without touching the adapter.
+        commit = self.log.commit
+
+        def timed_commit(outputs: Any, positions: Any) -> None:
+            with self.metrics.commit_seconds.time():
+                commit(outputs, positions)
+
+        self.log.commit = timed_commit  # type: ignore[method-assign]
+        log.info("metrics served", extra={"fields": {"url": f"http://{host}:{port}/metrics"}})
+
+    def _observe(self, count: int, now: float) -> None:
+        metrics = self.metrics
+        rejected: dict[str, int] = {}
+        for folder in self.processor.folders.values():
+            for code, total in folder.rejected.items():
+                rejected[code] = rejected.get(code, 0) + total
+        new = {code: total - self._rejected_reported.get(code, 0) for code, total in rejected.items()}
+        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0)
+        self._rejected_reported = rejected
+        if now - self._metrics_refreshed >= self.settings.metrics_every:
+            metrics.refresh(folder.state for folder in self.processor.folders.values())
+            self._metrics_refreshed = now
 
     def _forget(self, partitions: list[int]) -> None:
         for partition in partitions:
@@ -138,6 +181,8 @@ class Runner:
                     log.warning("batch aborted, partitions will be rebuilt", extra={"fields": {"reason": str(aborted)}})
                     continue
                 now = time.monotonic()
+                if self.metrics is not None and count:
+                    self._observe(count, now)
                 if count or not self.log.assignment():  # idle time counts once partitions are assigned
                     last_record = now
                 elif settings.stop_when_idle and now - last_record >= settings.stop_when_idle:

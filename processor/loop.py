@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from processor.events import CommandRejected
 from processor.fold import decide
 from processor.snapshot import from_snapshot, to_snapshot
 from processor.state import PartitionState
@@ -105,6 +106,7 @@ class PartitionFolder:
         self.topics = topics
         self.state = state if state is not None else PartitionState(partition=partition)
         self.snapshot_every = snapshot_every
+        self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
         codecs = registry()
         self._commands = codecs.codec(COMMAND)
         self._events = codecs.codec(EVENT)
@@ -127,17 +129,23 @@ class PartitionFolder:
         else:
             topic, partition = self.topics.events, self.partition
             key = command.cluster.encode()
-            for event in decide(state, command, record.offset):
+            events = decide(state, command, record.offset)
+            for event in events:
                 out.append(OutputRecord(topic, partition, key, encode_event(event)))
+            outcome = events[0].payload
+            if type(outcome) is CommandRejected:  # a refused command has exactly this one event
+                self.rejected[outcome.code] = self.rejected.get(outcome.code, 0) + 1
         if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
             out.append(self.snapshot_record())
 
     def fold_silently(self, records: Iterable[InputRecord]) -> None:
         """Re-fold records whose outputs were already published (recovery)."""
         sink: list[OutputRecord] = []
+        counted = dict(self.rejected)
         for record in records:
             self.fold(record, sink)
             sink.clear()
+        self.rejected = counted  # these were counted when they were first folded
 
     def snapshot_record(self) -> OutputRecord:
         return OutputRecord(

@@ -115,6 +115,14 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
     )
     run.add_argument("--stop-when-idle", type=float, default=0.0, metavar="SECONDS", help="stop after idle seconds")
     run.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines (default: json)")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus /metrics here: commands, rejections by code, commit latency, queue length, "
+        "GPUs allocated/total per model, fragmentation (needs the api extra)",
+    )
+    run.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default: 127.0.0.1)")
     run.set_defaults(handler=_processor_run)
 
 
@@ -134,6 +142,8 @@ def _processor_run(args: argparse.Namespace) -> int:
         transaction_timeout_ms=args.transaction_timeout_ms,
         session_timeout_ms=args.session_timeout_ms,
         stop_when_idle=args.stop_when_idle,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 
