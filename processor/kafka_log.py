@@ -268,6 +268,22 @@ class KafkaCommandLog:
     def assignment(self) -> list[int]:
         return sorted(self._assigned)
 
+    def lag(self, positions: dict[int, int]) -> dict[int, int]:
+        """Records behind the high watermark per assigned partition, from the consumer's cached
+        watermarks (no broker round trip; transaction markers make it an upper bound)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        lag: dict[int, int] = {}
+        for partition in sorted(self._assigned):
+            try:
+                _, high = consumer.get_watermark_offsets(TopicPartition(self.topics.commands, partition), cached=True)
+            except KafkaException:
+                continue
+            if high is not None and high >= 0:
+                lag[partition] = max(0, high - positions.get(partition, 0))
+        return lag
+
     def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
         """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (the batch bound)."""
         linger = self.linger

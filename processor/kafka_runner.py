@@ -138,7 +138,9 @@ class Runner:
         metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0)
         self._rejected_reported = rejected
         if now - self._metrics_refreshed >= self.settings.metrics_every:
-            metrics.refresh(folder.state for folder in self.processor.folders.values())
+            folders = self.processor.folders
+            positions = {partition: folder.state.next_offset for partition, folder in folders.items()}
+            metrics.refresh((folder.state for folder in folders.values()), self.log.lag(positions))
             self._metrics_refreshed = now
 
     def _forget(self, partitions: list[int]) -> None:
