@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from gpufold.kafka_config import load
 from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.kafka_log import KafkaCommandLog
+from processor.kafka_log import BatchAborted, KafkaCommandLog
 from processor.loop import CommandLog
 from tests.contract.log_contract import CommandLogContract, Frame
 
@@ -57,6 +57,7 @@ class TestKafkaLogContract(CommandLogContract):
 
     POLL_TIMEOUT = 1.0
     IDLE_POLLS = 2
+    REWOUND_ERRORS = (BatchAborted,)
 
     @pytest.fixture
     def log(self, bootstrap: str) -> Iterator[KafkaCommandLog]:
