@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
-from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature, class_admits, gpu_fits
+from processor.errors import QueueReasonCode
+from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_fits
 
 ADMITS_CACHE_SIZE = 65_536
 
@@ -159,6 +160,25 @@ class CapacityIndex:
                 if (plain and not node_class[1]) or admits(node_class, shape):
                     append(group)
         return found
+
+    def misfit_counts(self, shape: PodShape) -> dict[str, int]:
+        """Schedulable nodes by the first check they fail for the shape (``first_misfit``'s order). O(S).
+
+        Counting needs no order, so groups are visited unsorted, and a whole model
+        that is not allowed is counted without looking at its signatures.
+        """
+        counts: dict[str, int] = {}
+        allowed = shape.gpu_models
+        for model, groups in self._by_model.items():
+            if allowed and model not in allowed:
+                nodes = sum(len(group.node_ids) for group in groups.values())
+                counts[QueueReasonCode.GPU_MODEL_MISMATCH] = counts.get(QueueReasonCode.GPU_MODEL_MISMATCH, 0) + nodes
+                continue
+            for signature, group in groups.items():
+                code = first_misfit(signature, shape)
+                if code is not None:
+                    counts[code] = counts.get(code, 0) + len(group.node_ids)
+        return counts
 
     def rebuilt(self, schedulable: dict[str, Signature]) -> CapacityIndex:
         """A fresh index from node signatures, for checking the incremental one."""

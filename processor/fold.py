@@ -51,7 +51,7 @@ from processor.events import (
     QueueReason,
 )
 from processor.policies import get_policy, policy_names
-from processor.resources import GPU_MILLI, PodShape, first_misfit
+from processor.resources import GPU_MILLI, PodShape
 from processor.state import ClusterState, Node, PartitionState, Pod, shape_of
 
 MAX_ID_LENGTH = 253
@@ -360,11 +360,7 @@ def _place(decision: _Decision, spec: PodSpec, shape: PodShape, *, from_queue: b
 
 def queue_reasons(cluster: ClusterState, shape: PodShape) -> tuple[QueueReason, ...]:
     """Why no node takes the shape: nodes counted under the first check they fail. O(S)."""
-    counts: dict[str, int] = {}
-    for group in cluster.index.groups():
-        code = first_misfit(group.signature, shape)
-        if code is not None:  # pragma: no branch - callers only ask when nothing fits
-            counts[code] = counts.get(code, 0) + len(group)
+    counts = cluster.index.misfit_counts(shape)
     if cluster.unschedulable_nodes:
         counts[QueueReasonCode.NODE_UNSCHEDULABLE] = cluster.unschedulable_nodes
     if not cluster.nodes:
