@@ -24,6 +24,12 @@ from processor.resources import GPU_MILLI, NodeClass, PodShape, Signature, class
 ADMITS_CACHE_SIZE = 65_536
 
 
+def _headroom(signature: Signature) -> tuple[int, int]:
+    """(whole free GPUs, largest free share): all a GPU request is checked against."""
+    free = signature.gpu_free  # sorted descending
+    return (sum(1 for milli in free if milli >= GPU_MILLI), free[0] if free else 0)
+
+
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
 
@@ -55,10 +61,13 @@ class NodeGroup:
 class CapacityIndex:
     """Groups of schedulable nodes, by GPU model then signature."""
 
-    __slots__ = ("_admits", "_by_model", "_signature_of")
+    __slots__ = ("_admits", "_buckets", "_by_model", "_signature_of")
 
     def __init__(self) -> None:
         self._by_model: dict[str, dict[Signature, NodeGroup]] = {}
+        # The same groups bucketed by GPU headroom (whole free GPUs, largest free share), so
+        # a pod's scan skips every group whose GPUs cannot hold it without looking at them.
+        self._buckets: dict[str, dict[tuple[int, int], dict[Signature, NodeGroup]]] = {}
         self._signature_of: dict[str, Signature] = {}
         # (node class, selector, tolerations) -> admits; classes are few, so this stays small.
         self._admits: dict[tuple[NodeClass, tuple[tuple[str, str], ...], tuple[object, ...]], bool] = {}
@@ -69,6 +78,8 @@ class CapacityIndex:
         group = groups.get(signature)
         if group is None:
             group = groups[signature] = NodeGroup(signature)
+            buckets = self._buckets.setdefault(signature.gpu_model, {})
+            buckets.setdefault(_headroom(signature), {})[signature] = group
         group.add(node_id)
         self._signature_of[node_id] = signature
 
@@ -82,8 +93,14 @@ class CapacityIndex:
         group.discard(node_id)
         if not group.node_ids:
             del groups[signature]
+            buckets = self._buckets[signature.gpu_model]
+            headroom = _headroom(signature)
+            del buckets[headroom][signature]
+            if not buckets[headroom]:
+                del buckets[headroom]
             if not groups:
                 del self._by_model[signature.gpu_model]
+                del self._buckets[signature.gpu_model]
 
     def update(self, node_id: str, signature: Signature) -> None:
         """Move a schedulable node to its new signature. O(log g)."""
@@ -131,34 +148,33 @@ class CapacityIndex:
     def feasible(self, shape: PodShape) -> list[NodeGroup]:
         """The groups whose nodes can take the shape, in insertion order. O(S_m).
 
-        This is the hottest loop of the fold, so the GPU test of ``gpu_fits`` is
-        inlined: whole GPUs need the k-th largest free share to be a whole GPU, a
-        share needs the largest free share to be big enough.
+        This is the hottest loop of the fold: groups are visited by GPU headroom
+        bucket, and a bucket whose whole free GPUs (or largest free share) cannot
+        hold the pod is skipped whole; within a bucket only CPU, memory and the
+        taint/selector class are checked.
         """
         models = shape.gpu_models or tuple(self._by_model)
         num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
         cpu, memory = shape.cpu_milli, shape.memory_mib
         whole = gpu_milli >= GPU_MILLI
-        nth = num_gpu - 1
         # A pod with no selector and no tolerations fits any untainted node class.
         plain = not shape.node_selector and not shape.tolerations
         admits = self.admits
         found: list[NodeGroup] = []
         append = found.append
         for model in models:
-            groups = self._by_model.get(model)
-            if not groups:
+            buckets = self._buckets.get(model)
+            if not buckets:
                 continue
-            for signature, group in groups.items():
-                _, node_class, _, _, free, cpu_free, memory_free = signature
-                if cpu_free < cpu or memory_free < memory:
+            for (free_whole, largest), groups in buckets.items():
+                if num_gpu and ((free_whole < num_gpu) if whole else (largest < gpu_milli)):
                     continue
-                if num_gpu and (
-                    (len(free) <= nth or free[nth] < GPU_MILLI) if whole else (not free or free[0] < gpu_milli)
-                ):
-                    continue
-                if (plain and not node_class[1]) or admits(node_class, shape):
-                    append(group)
+                for signature, group in groups.items():
+                    _, node_class, _, _, _, cpu_free, memory_free = signature
+                    if cpu_free < cpu or memory_free < memory:
+                        continue
+                    if (plain and not node_class[1]) or admits(node_class, shape):
+                        append(group)
         return found
 
     def misfit_counts(self, shape: PodShape) -> dict[str, int]:
