@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import confluent_kafka
 import pytest
 
 from gpufold.partitioner import cluster_partition, murmur2, partition_for
@@ -44,7 +45,6 @@ def test_partition_count_must_be_positive() -> None:
 
 def test_librdkafka_murmur2_partitioner_agrees() -> None:
     """A confluent-kafka producer with partitioner=murmur2 (on librdkafka's mock cluster) picks the same partitions."""
-    confluent_kafka = pytest.importorskip("confluent_kafka")
     producer = confluent_kafka.Producer({"test.mock.num.brokers": 1, "partitioner": "murmur2", "log_level": 0})
     delivered: dict[bytes, int] = {}
     keys = [f"cluster-{i}".encode() for i in range(64)] + [b"", b"lab", "gpu-\u00e9".encode()]
