@@ -61,10 +61,13 @@ class NodeGroup:
 class CapacityIndex:
     """Groups of schedulable nodes, by GPU model then signature."""
 
-    __slots__ = ("_admits", "_buckets", "_by_model", "_signature_of")
+    __slots__ = ("_admits", "_buckets", "_by_model", "_gpu_free", "_signature_of")
 
     def __init__(self) -> None:
         self._by_model: dict[str, dict[Signature, NodeGroup]] = {}
+        # Idle GPU milli of the schedulable nodes, per GPU model and in all (key ""): O(1) reads for
+        # policies that weigh a model's remaining supply.
+        self._gpu_free: dict[str, int] = {"": 0}
         # The same groups bucketed by GPU headroom (whole free GPUs, largest free share), so
         # a pod's scan skips every group whose GPUs cannot hold it without looking at them.
         self._buckets: dict[str, dict[tuple[int, int], dict[Signature, NodeGroup]]] = {}
@@ -82,12 +85,18 @@ class CapacityIndex:
             buckets.setdefault(_headroom(signature), {})[signature] = group
         group.add(node_id)
         self._signature_of[node_id] = signature
+        free = sum(signature.gpu_free)
+        self._gpu_free[signature.gpu_model] = self._gpu_free.get(signature.gpu_model, 0) + free
+        self._gpu_free[""] += free
 
     def remove(self, node_id: str) -> None:
         """Take a node out of the index (no-op if absent). O(log g)."""
         signature = self._signature_of.pop(node_id, None)
         if signature is None:
             return
+        free = sum(signature.gpu_free)
+        self._gpu_free[signature.gpu_model] -= free
+        self._gpu_free[""] -= free
         groups = self._by_model[signature.gpu_model]
         group = groups[signature]
         group.discard(node_id)
@@ -108,6 +117,10 @@ class CapacityIndex:
             return
         self.remove(node_id)
         self.add(node_id, signature)
+
+    def gpu_free(self, model: str = "") -> int:
+        """Idle GPU milli on schedulable nodes of ``model`` (default: every model). O(1)."""
+        return self._gpu_free.get(model, 0)
 
     def signature_of(self, node_id: str) -> Signature | None:
         return self._signature_of.get(node_id)
@@ -206,3 +219,7 @@ class CapacityIndex:
     def content(self) -> dict[Signature, list[str]]:
         """The index as plain data (signature -> sorted node ids), for equality checks."""
         return {group.signature: list(group.node_ids) for group in self.groups()}
+
+    def gpu_free_content(self) -> dict[str, int]:
+        """The per-model idle GPU milli as plain data (models with none left out), for equality checks."""
+        return {model: free for model, free in sorted(self._gpu_free.items()) if free}

@@ -76,6 +76,13 @@ def check_indexes(cluster: ClusterState) -> None:
     schedulable = {node_id: node.signature() for node_id, node in cluster.nodes.items() if node.schedulable}
     rebuilt = CapacityIndex().rebuilt(schedulable)
     assert cluster.index.content() == rebuilt.content()
+    assert cluster.index.gpu_free_content() == rebuilt.gpu_free_content()
+    idle: dict[str, int] = {}
+    for node in cluster.nodes.values():
+        if node.schedulable:
+            idle[node.gpu_model] = idle.get(node.gpu_model, 0) + sum(node.gpu_free)
+            idle[""] = idle.get("", 0) + sum(node.gpu_free)
+    assert cluster.index.gpu_free_content() == {model: free for model, free in sorted(idle.items()) if free}
     assert {node_id: cluster.index.signature_of(node_id) for node_id in cluster.nodes} == {
         node_id: schedulable.get(node_id) for node_id in cluster.nodes
     }

@@ -10,6 +10,7 @@ from processor.fold import decide
 from processor.fragmentation import TypicalKey, TypicalPod
 from processor.policies import get_policy
 from processor.policies.fgd import FragMemo, after_share, after_whole, options_for
+from processor.policies.fgd_plus import model_demand_shares, scarce_models
 from processor.resources import PodShape
 from processor.snapshot import state_hash
 from processor.state import DEFAULT_POLICY, PartitionState
@@ -87,8 +88,9 @@ def test_fgd_plus_explains_its_choice() -> None:
     event = fold.run(SubmitPod("p", num_gpu=1, gpu_milli=500, cpu_milli=1000))[-1].payload
     assert isinstance(event, PodScheduled)
     assert event.node_id == "a" and event.gpus == (GpuShare(0, 500),)
-    assert set(event.scores) == {"fgd_score", "frag_growth_milli", "gpu_milli_left", "cpu_milli_left"}
+    assert set(event.scores) == {"fgd_score", "frag_growth_milli", "gpu_milli_left", "cpu_milli_left", "model_scarce"}
     assert event.scores["frag_growth_milli"] == 0.0
+    assert event.scores["model_scarce"] == 0.0
 
 
 def test_fgd_plus_prefers_the_fuller_node_among_equal_scores() -> None:
@@ -98,6 +100,56 @@ def test_fgd_plus_prefers_the_fuller_node_among_equal_scores() -> None:
     fold.cluster.typical = (TypicalPod(TypicalKey(1, 1000, 1000, ()), 1.0),)
     # On a the 600-milli GPU is already a fragment for whole-GPU pods: taking the idle GPU adds none.
     assert choose(fold, shape(1, 1000)) == ("a", (GpuShare(0, 1000),))
+
+
+def two_models(t4_weight: float, v100_nodes: int = 1, v100_gpus: int = 2) -> Fold:
+    """Node a (T4, 2 GPUs, a half-GPU T4-only pod on one) and V100 nodes v0, v1, ... (idle); the typical pods are
+    a whole-GPU pod restricted to T4 (popularity ``t4_weight``) and an unrestricted one."""
+    fold = Fold()
+    fold.run_all(
+        AddNode("a", 64000, 262144, "T4", 2),
+        *(AddNode(f"v{n}", 64000, 262144, "V100", v100_gpus) for n in range(v100_nodes)),
+        SetPolicy("fgd-plus"),
+        SubmitPod("t4-only", num_gpu=1, gpu_milli=500, cpu_milli=1000, gpu_models=("T4",)),
+    )
+    fold.cluster.typical = (
+        TypicalPod(TypicalKey(1, 1000, 1000, ("T4",)), t4_weight),
+        TypicalPod(TypicalKey(1, 1000, 1000, ()), 1.0 - t4_weight),
+    )
+    return fold
+
+
+def test_model_demand_shares_count_only_restricted_pods() -> None:
+    """The T4-only half of the typical GPU demand makes T4's share 0.5; unrestricted pods count for no model."""
+    assert model_demand_shares(two_models(0.5).cluster.typical) == {"T4": 0.5}
+    assert model_demand_shares((TypicalPod(TypicalKey(0, 0, 1000, ("T4",)), 1.0),)) == {}
+
+
+def test_fgd_plus_keeps_a_scarce_model_for_the_pods_that_need_it() -> None:
+    """7% of the demand is T4-only and T4 has 1500 of the 33,500 idle milli (less than 7%): T4 is scarce. The FGD
+    scores of a and a V100 node tie, and best fit alone would pick the fuller T4 node a; fgd-plus sends an
+    unrestricted whole-GPU pod to V100 instead. A T4-only pod still gets T4, and the choice says T4 was scarce."""
+    fold = two_models(0.07, v100_nodes=4, v100_gpus=8)
+    assert scarce_models(fold.cluster, model_demand_shares(fold.cluster.typical)) == frozenset({"T4"})
+    policy = get_policy("fgd-plus")
+    assert policy is not None
+    anywhere = shape(1, 1000)
+    choice = policy.place(fold.cluster, anywhere, fold.cluster.index.feasible(anywhere))
+    assert choice.node_id == "v0" and choice.scores["model_scarce"] == 0.0
+    on_a = policy.place(fold.cluster, anywhere, [g for g in fold.cluster.index.feasible(anywhere) if "a" in g.node_ids])
+    assert on_a.scores["fgd_score"] == choice.scores["fgd_score"]  # a tie that scarcity, not FGD, broke
+    assert on_a.scores["gpu_milli_left"] < choice.scores["gpu_milli_left"]  # and best fit would have taken a
+    t4_only = PodShape(1, 1000, 1000, 1024, ("T4",), (), ())
+    choice = policy.place(fold.cluster, t4_only, fold.cluster.index.feasible(t4_only))
+    assert choice.node_id == "a" and choice.scores["model_scarce"] == 1.0
+
+
+def test_fgd_plus_uses_a_model_that_is_not_scarce_by_best_fit() -> None:
+    """With 2% of the demand T4-only and T4 holding 1500 of 3500 idle milli nothing is scarce: on an FGD tie best
+    fit picks the fuller T4 node a."""
+    fold = two_models(0.02)
+    assert scarce_models(fold.cluster, model_demand_shares(fold.cluster.typical)) == frozenset()
+    assert choose(fold, shape(1, 1000))[0] == "a"
 
 
 def test_fgd_plus_is_the_default_policy() -> None:
