@@ -40,10 +40,7 @@ def best_fit_decreasing(sizes: list[int]) -> int:
     gaps: list[int] = []  # free milli of partly used GPUs, sorted ascending
     for size in sorted(sizes, reverse=True):
         at = bisect.bisect_left(gaps, size)
-        if at == len(gaps):
-            left = GPU_MILLI - size
-        else:
-            left = gaps.pop(at) - size
+        left = GPU_MILLI - size if at == len(gaps) else gaps.pop(at) - size
         if left > 0:
             bisect.insort(gaps, left)
     return sum(gaps)

@@ -15,7 +15,6 @@ changes nothing but the partition's position.
 from __future__ import annotations
 
 import heapq
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -50,18 +49,17 @@ from processor.events import (
     PolicyChanged,
     QueueReason,
 )
-from processor.policies import get_policy, policy_names
+from processor.policies import get_policy
 from processor.resources import GPU_MILLI, PodShape
 from processor.state import ClusterState, Node, PartitionState, Pod, shape_of
-
-MAX_ID_LENGTH = 253
-MAX_GPUS_PER_NODE = 64
-MAX_CPU_MILLI = 100_000_000  # 100,000 cores
-MAX_MEMORY_MIB = 1 << 30  # 1 PiB
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-TOLERATION_OPERATORS = ("Equal", "Exists")
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
+from processor.validation import (
+    check_add_node,
+    check_envelope,
+    check_id,
+    check_release,
+    check_set_policy,
+    check_submit_pod,
+)
 
 # ---------------------------------------------------------------- decide
 
@@ -109,7 +107,7 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
     """
     decision = _Decision(state, command, state.next_offset if offset is None else offset)
     try:
-        _check_envelope(command)
+        check_envelope(command)
         if command.command_id in state.seen:
             raise Rejected(
                 RejectionCode.DUPLICATE_COMMAND,
@@ -126,41 +124,8 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
     return decision.events
 
 
-def _check_envelope(command: Command) -> None:
-    _check_id("command_id", command.command_id)
-    _check_id("cluster", command.cluster)
-    if not isinstance(command.issued_at, int) or command.issued_at < 0:
-        raise Rejected(
-            RejectionCode.INVALID_COMMAND, f"issued_at must be epoch milliseconds >= 0, got {command.issued_at!r}"
-        )
-
-
-_ID = re.compile(rf"\S{{1,{MAX_ID_LENGTH}}}")
-
-
-def _check_id(what: str, value: Any) -> None:
-    if not isinstance(value, str) or not _ID.fullmatch(value) or not value.isprintable():
-        raise Rejected(
-            RejectionCode.INVALID_COMMAND,
-            f"{what} must be 1-{MAX_ID_LENGTH} printable characters without spaces, got {value!r}",
-        )
-
-
-def _check_range(what: str, value: int, low: int, high: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise Rejected(RejectionCode.INVALID_RESOURCES, f"{what} must be between {low} and {high}, got {value!r}")
-
-
-def _check_model(value: str) -> None:
-    if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
-        raise Rejected(
-            RejectionCode.UNKNOWN_GPU_MODEL,
-            f"GPU model {value!r} is not a valid model name (letters, digits, '.', '_', '-'; at most 64)",
-        )
-
-
 def _node(decision: _Decision, node_id: str) -> Node:
-    _check_id("node_id", node_id)
+    check_id("node_id", node_id)
     node = decision.cluster.nodes.get(node_id)
     if node is None:
         raise Rejected(RejectionCode.UNKNOWN_NODE, f"node {node_id!r} is not in cluster {decision.command.cluster!r}")
@@ -168,22 +133,7 @@ def _node(decision: _Decision, node_id: str) -> Node:
 
 
 def _add_node(decision: _Decision, command: AddNode) -> None:
-    _check_id("node_id", command.node_id)
-    _check_range("gpu_count", command.gpu_count, 0, MAX_GPUS_PER_NODE)
-    _check_range("cpu_milli", command.cpu_milli, 1, MAX_CPU_MILLI)
-    _check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
-    if command.gpu_count > 0 or command.gpu_model:
-        _check_model(command.gpu_model)
-    for key, value in command.labels.items():
-        _check_id("label key", key)
-        if len(value) > MAX_ID_LENGTH:
-            raise Rejected(RejectionCode.INVALID_COMMAND, f"label {key!r} value is longer than {MAX_ID_LENGTH}")
-    for taint in command.taints:
-        _check_id("taint key", taint.key)
-        if taint.effect not in TAINT_EFFECTS:
-            raise Rejected(
-                RejectionCode.INVALID_COMMAND, f"taint effect must be one of {TAINT_EFFECTS}, got {taint.effect!r}"
-            )
+    check_add_node(command)
     if command.node_id in decision.cluster.nodes:
         raise Rejected(
             RejectionCode.DUPLICATE_NODE,
@@ -251,46 +201,15 @@ def _mark_node_failed(decision: _Decision, command: MarkNodeFailed) -> None:
 
 
 def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
-    _check_id("pod_id", command.pod_id)
-    _check_id("tenant", command.tenant)
-    _check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
-    _check_range("num_gpu", command.num_gpu, 0, MAX_GPUS_PER_NODE)
-    _check_range("cpu_milli", command.cpu_milli, 0, MAX_CPU_MILLI)
-    _check_range("memory_mib", command.memory_mib, 0, MAX_MEMORY_MIB)
-    if command.num_gpu == 0:
-        _check_range("gpu_milli of a pod with num_gpu 0", command.gpu_milli, 0, 0)
-    elif command.num_gpu == 1:
-        _check_range("gpu_milli", command.gpu_milli, 1, GPU_MILLI)
-    else:
-        _check_range("gpu_milli of a multi-GPU pod", command.gpu_milli, GPU_MILLI, GPU_MILLI)
-    if command.num_gpu == 0 and command.cpu_milli == 0 and command.memory_mib == 0:
-        raise Rejected(RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} requests no GPU, CPU or memory")
+    check_submit_pod(command)
     cluster = decision.cluster
-    if command.gpu_models:
-        for model in command.gpu_models:
-            _check_model(model)
-        if not any(cluster.model_nodes.get(model) for model in command.gpu_models):
-            known = sorted(model for model, count in cluster.model_nodes.items() if count and model)
-            raise Rejected(
-                RejectionCode.UNKNOWN_GPU_MODEL,
-                f"no node in cluster {decision.command.cluster!r} has GPU model "
-                f"{' or '.join(command.gpu_models)}; known: {known}",
-            )
-    for key, value in command.node_selector.items():
-        _check_id("node_selector key", key)
-        if len(value) > MAX_ID_LENGTH:
-            raise Rejected(RejectionCode.INVALID_COMMAND, f"node_selector {key!r} value is longer than {MAX_ID_LENGTH}")
-    for toleration in command.tolerations:
-        if toleration.operator not in TOLERATION_OPERATORS:
-            raise Rejected(
-                RejectionCode.INVALID_COMMAND,
-                f"toleration operator must be one of {TOLERATION_OPERATORS}, got {toleration.operator!r}",
-            )
-        if toleration.effect and toleration.effect not in TAINT_EFFECTS:
-            raise Rejected(
-                RejectionCode.INVALID_COMMAND,
-                f"toleration effect must be empty or one of {TAINT_EFFECTS}, got {toleration.effect!r}",
-            )
+    if command.gpu_models and not any(cluster.model_nodes.get(model) for model in command.gpu_models):
+        known = sorted(model for model, count in cluster.model_nodes.items() if count and model)
+        raise Rejected(
+            RejectionCode.UNKNOWN_GPU_MODEL,
+            f"no node in cluster {decision.command.cluster!r} has GPU model "
+            f"{' or '.join(command.gpu_models)}; known: {known}",
+        )
     if command.pod_id in cluster.pods:
         raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
     spec = PodSpec(
@@ -311,7 +230,7 @@ def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
 
 
 def _release(decision: _Decision, command: Release) -> None:
-    _check_id("pod_id", command.pod_id)
+    check_release(command)
     pod = decision.cluster.pods.get(command.pod_id)
     if pod is None:
         raise Rejected(
@@ -326,8 +245,7 @@ def _release(decision: _Decision, command: Release) -> None:
 
 
 def _set_policy(decision: _Decision, command: SetPolicy) -> None:
-    if get_policy(command.policy) is None:
-        raise Rejected(RejectionCode.UNKNOWN_POLICY, f"unknown policy {command.policy!r}; known: {policy_names()}")
+    check_set_policy(command)
     decision.emit(PolicyChanged(command.policy, decision.cluster.policy))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 import uuid
@@ -43,15 +42,12 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.fold import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_ID_LENGTH, MAX_MEMORY_MIB
-from processor.policies import policy_names
+from processor.errors import Rejected, RejectionCode
 from processor.resources import GPU_MILLI
+from processor.validation import check_command
 from schemas import COMMAND, registry
 
 DEFAULT_TOPIC = "gpufold.commands"
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_OPERATORS = ("Equal", "Exists")
 
 
 class DeliveryError(RuntimeError):
@@ -66,62 +62,20 @@ class DeliveryError(RuntimeError):
 # ------------------------------------------------------------------ client-side validation
 
 
-def _check_id(what: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_ID_LENGTH:
-        raise ValueError(f"{what} must be at most {MAX_ID_LENGTH} characters, got {len(value)}")
-    if not value.isprintable() or any(ch.isspace() for ch in value):
-        raise ValueError(f"{what} must be printable without spaces, got {value!r}")
-    return value
+class InvalidCommand(ValueError):
+    """A command the fold would reject without looking at the cluster; ``code`` is the fold's rejection code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def _check_int(what: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"{what} must be an integer between {low} and {high}, got {value!r}")
-    return value
-
-
-def _check_model(what: str, value: object) -> str:
-    if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} is not a GPU model name (letters, digits, '.', '_', '-'; at most 64)")
-    return value
-
-
-def _check_labels(what: str, labels: Mapping[str, str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (labels or {}).items():
-        _check_id(f"{what} key", key)
-        if not isinstance(value, str) or len(value) > MAX_ID_LENGTH:
-            raise ValueError(f"{what} {key!r} value must be a string of at most {MAX_ID_LENGTH} characters")
-        out[key] = value
-    return out
-
-
-def validate_submit(payload: SubmitPod) -> None:
-    """The checks the fold makes on a SubmitPod that need no cluster state."""
-    _check_id("pod_id", payload.pod_id)
-    _check_id("tenant", payload.tenant)
-    _check_int("priority", payload.priority, -(1 << 31), (1 << 31) - 1)
-    _check_int("num_gpu", payload.num_gpu, 0, MAX_GPUS_PER_NODE)
-    _check_int("cpu_milli", payload.cpu_milli, 0, MAX_CPU_MILLI)
-    _check_int("memory_mib", payload.memory_mib, 0, MAX_MEMORY_MIB)
-    if payload.num_gpu == 0:
-        _check_int("gpu_milli of a pod with num_gpu 0", payload.gpu_milli, 0, 0)
-    elif payload.num_gpu == 1:
-        _check_int("gpu_milli", payload.gpu_milli, 1, GPU_MILLI)
-    else:
-        _check_int("gpu_milli of a multi-GPU pod", payload.gpu_milli, GPU_MILLI, GPU_MILLI)
-    if not (payload.num_gpu or payload.cpu_milli or payload.memory_mib):
-        raise ValueError(f"pod {payload.pod_id!r} requests no GPU, CPU or memory")
-    for model in payload.gpu_models:
-        _check_model("gpu_models entry", model)
-    _check_labels("node_selector", payload.node_selector)
-    for toleration in payload.tolerations:
-        if toleration.operator not in _OPERATORS:
-            raise ValueError(f"toleration operator must be one of {_OPERATORS}, got {toleration.operator!r}")
-        if toleration.effect and toleration.effect not in _TAINT_EFFECTS:
-            raise ValueError(f"toleration effect must be empty or one of {_TAINT_EFFECTS}, got {toleration.effect!r}")
+def validate(command: Command) -> None:
+    """The fold's stateless checks (``processor.validation``), as :class:`InvalidCommand`."""
+    try:
+        check_command(command)
+    except Rejected as rejection:
+        raise InvalidCommand(rejection.code, rejection.message) from None
 
 
 # ------------------------------------------------------------------ the publisher
@@ -166,11 +120,7 @@ class CommandPublisher:
 
     def publish(self, command: Command) -> str:
         """Send one command envelope (validated like the typed methods); returns its command_id."""
-        _check_id("command_id", command.command_id)
-        _check_id("cluster", command.cluster)
-        _check_int("issued_at", command.issued_at, 0, (1 << 63) - 1)
-        if isinstance(command.payload, SubmitPod):
-            validate_submit(command.payload)
+        validate(command)
         self.send(command.cluster.encode(), self._encode(command.to_avro()))
         return command.command_id
 
@@ -186,12 +136,12 @@ class CommandPublisher:
         producer.poll(0)
 
     def _command(self, cluster: str, payload: CommandPayload, command_id: str | None, issued_at: int | None) -> str:
-        command_id = _check_id("command_id", command_id) if command_id is not None else str(uuid.uuid4())
-        _check_id("cluster", cluster)
+        if command_id is None:
+            command_id = str(uuid.uuid4())
         if issued_at is None:
             issued_at = int(self._clock() * 1000)
-        _check_int("issued_at", issued_at, 0, (1 << 63) - 1)
         command = Command(command_id, cluster, issued_at, payload, self.source)
+        validate(command)
         self.send(cluster.encode(), self._encode(command.to_avro()))
         return command_id
 
@@ -212,20 +162,11 @@ class CommandPublisher:
         issued_at: int | None = None,
     ) -> str:
         """Add a node with its capacity; returns the command_id."""
-        _check_id("node_id", node_id)
-        _check_int("cpu_milli", cpu_milli, 1, MAX_CPU_MILLI)
-        _check_int("memory_mib", memory_mib, 1, MAX_MEMORY_MIB)
-        _check_int("gpu_count", gpu_count, 0, MAX_GPUS_PER_NODE)
-        if gpu_count:
-            _check_model("gpu_model", gpu_model)
-        elif gpu_model:
-            raise ValueError(f"gpu_model {gpu_model!r} given for a node with gpu_count 0")
-        taints = tuple(taints)
-        for taint in taints:
-            _check_id("taint key", taint.key)
-            if taint.effect not in _TAINT_EFFECTS:
-                raise ValueError(f"taint effect must be one of {_TAINT_EFFECTS}, got {taint.effect!r}")
-        payload = AddNode(node_id, cpu_milli, memory_mib, gpu_model, gpu_count, _check_labels("label", labels), taints)
+        if gpu_model and not gpu_count:
+            # The fold accepts this (logs may hold such nodes); a new client is told it is a mistake.
+            message = f"gpu_model {gpu_model!r} given for a node with gpu_count 0"
+            raise InvalidCommand(RejectionCode.INVALID_RESOURCES, message)
+        payload = AddNode(node_id, cpu_milli, memory_mib, gpu_model, gpu_count, dict(labels or {}), tuple(taints))
         return self._command(cluster, payload, command_id, issued_at)
 
     def remove_node(
@@ -238,26 +179,26 @@ class CommandPublisher:
         issued_at: int | None = None,
     ) -> str:
         """Remove a node (``force`` evicts its pods first)."""
-        payload = RemoveNode(_check_id("node_id", node_id), bool(force))
+        payload = RemoveNode(node_id, bool(force))
         return self._command(cluster, payload, command_id, issued_at)
 
     def cordon_node(
         self, cluster: str, node_id: str, *, command_id: str | None = None, issued_at: int | None = None
     ) -> str:
         """Stop placing pods on a node (running pods stay)."""
-        return self._command(cluster, CordonNode(_check_id("node_id", node_id)), command_id, issued_at)
+        return self._command(cluster, CordonNode(node_id), command_id, issued_at)
 
     def uncordon_node(
         self, cluster: str, node_id: str, *, command_id: str | None = None, issued_at: int | None = None
     ) -> str:
         """Allow placing pods on a cordoned node again."""
-        return self._command(cluster, UncordonNode(_check_id("node_id", node_id)), command_id, issued_at)
+        return self._command(cluster, UncordonNode(node_id), command_id, issued_at)
 
     def drain_node(
         self, cluster: str, node_id: str, *, command_id: str | None = None, issued_at: int | None = None
     ) -> str:
         """Cordon a node and move its pods elsewhere (or queue them)."""
-        return self._command(cluster, DrainNode(_check_id("node_id", node_id)), command_id, issued_at)
+        return self._command(cluster, DrainNode(node_id), command_id, issued_at)
 
     def mark_node_failed(
         self,
@@ -271,7 +212,7 @@ class CommandPublisher:
         """Declare a node failed: its pods are evicted and re-placed or queued."""
         if not isinstance(reason, str):
             raise ValueError(f"reason must be a string, got {reason!r}")
-        return self._command(cluster, MarkNodeFailed(_check_id("node_id", node_id), reason), command_id, issued_at)
+        return self._command(cluster, MarkNodeFailed(node_id, reason), command_id, issued_at)
 
     def submit_pod(
         self,
@@ -308,7 +249,6 @@ class CommandPublisher:
             dict(node_selector or {}),
             tuple(tolerations),
         )
-        validate_submit(payload)
         return self._command(cluster, payload, command_id, issued_at)
 
     def release(
@@ -323,14 +263,12 @@ class CommandPublisher:
         """A pod finished or was cancelled: free what it holds (or take it off the queue)."""
         if not isinstance(reason, str):
             raise ValueError(f"reason must be a string, got {reason!r}")
-        return self._command(cluster, Release(_check_id("pod_id", pod_id), reason), command_id, issued_at)
+        return self._command(cluster, Release(pod_id, reason), command_id, issued_at)
 
     def set_policy(
         self, cluster: str, policy: str, *, command_id: str | None = None, issued_at: int | None = None
     ) -> str:
         """Switch the cluster's placement policy (one of ``processor.policies.policy_names()``)."""
-        if policy not in policy_names():
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(policy_names())}")
         return self._command(cluster, SetPolicy(policy), command_id, issued_at)
 
     # -------------------------------------------------------------- delivery

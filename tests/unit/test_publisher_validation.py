@@ -7,7 +7,11 @@ from collections.abc import Iterator
 import pytest
 
 from gpufold.kafka_config import load
-from producers.publisher import CommandPublisher
+from processor.commands import AddNode, Command, DrainNode, Release, SetPolicy, SubmitPod
+from processor.events import CommandRejected
+from processor.fold import decide
+from processor.state import PartitionState
+from producers.publisher import CommandPublisher, InvalidCommand
 
 
 @pytest.fixture
@@ -49,3 +53,27 @@ def test_command_id_is_the_callers_or_a_fresh_uuid(publisher: CommandPublisher) 
     first, second = publisher.uncordon_node("lab", "n1"), publisher.uncordon_node("lab", "n1")
     assert first != second and len(first) == 36
     assert [key for key, _ in publisher.sent] == [b"lab"] * 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        Command("c1", "lab", 0, AddNode("n1", 0, 1)),
+        Command("c1", "lab", 0, AddNode("n1", 1, 1, "bad model", 2)),
+        Command("c1", "lab", 0, SubmitPod("p1", num_gpu=2, gpu_milli=500)),
+        Command("c1", "lab", 0, SubmitPod("p 1", cpu_milli=1)),
+        Command("c1", "", 0, Release("p1")),
+        Command("c1", "lab", -1, DrainNode("n1")),
+        Command("c1", "lab", 0, SetPolicy("no-such-policy")),
+    ],
+)
+def test_the_publisher_refuses_what_the_fold_rejects_with_the_same_code(
+    publisher: CommandPublisher, command: Command
+) -> None:
+    """One set of stateless checks: the publisher's error carries the code of the fold's CommandRejected."""
+    rejected = decide(PartitionState(), command)[-1].payload
+    assert isinstance(rejected, CommandRejected)
+    with pytest.raises(InvalidCommand) as raised:
+        publisher.publish(command)
+    assert raised.value.code == rejected.code and str(raised.value) == rejected.message
+    assert publisher.sent == []  # type: ignore[attr-defined]
