@@ -193,20 +193,41 @@ class CapacityIndex:
     def misfit_counts(self, shape: PodShape) -> dict[str, int]:
         """Schedulable nodes by the first check they fail for the shape (``first_misfit``'s order). O(S).
 
-        Counting needs no order, so groups are visited unsorted, and a whole model
-        that is not allowed is counted without looking at its signatures.
+        Counting needs no order, so groups are visited unsorted; a whole model that
+        is not allowed is counted without looking at its signatures. This runs for
+        every pod that is queued, so for the common pod (no selector, no
+        tolerations) on an untainted node the checks are inlined and the GPU check
+        is answered once per headroom bucket, as in :meth:`feasible`; any other
+        class goes through :func:`first_misfit`.
         """
         counts: dict[str, int] = {}
         allowed = shape.gpu_models
-        for model, groups in self._by_model.items():
+        num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
+        cpu, memory = shape.cpu_milli, shape.memory_mib
+        whole = gpu_milli >= GPU_MILLI
+        gpu_code = QueueReasonCode.INSUFFICIENT_GPU_SHARE if shape.is_share else QueueReasonCode.INSUFFICIENT_GPU
+        plain = not shape.node_selector and not shape.tolerations
+        for model, buckets in self._buckets.items():
             if allowed and model not in allowed:
-                nodes = sum(len(group.node_ids) for group in groups.values())
+                nodes = sum(len(group.node_ids) for groups in buckets.values() for group in groups.values())
                 counts[QueueReasonCode.GPU_MODEL_MISMATCH] = counts.get(QueueReasonCode.GPU_MODEL_MISMATCH, 0) + nodes
                 continue
-            for signature, group in groups.items():
-                code = first_misfit(signature, shape)
-                if code is not None:
-                    counts[code] = counts.get(code, 0) + len(group.node_ids)
+            for (free_whole, largest), groups in buckets.items():
+                gpu_short = num_gpu > 0 and ((free_whole < num_gpu) if whole else (largest < gpu_milli))
+                for signature, group in groups.items():
+                    code: str | None
+                    if not plain or signature.node_class[1]:
+                        code = first_misfit(signature, shape)
+                    elif gpu_short:
+                        code = gpu_code
+                    elif signature.cpu_free < cpu:
+                        code = QueueReasonCode.INSUFFICIENT_CPU
+                    elif signature.memory_free < memory:
+                        code = QueueReasonCode.INSUFFICIENT_MEMORY
+                    else:
+                        continue
+                    if code is not None:
+                        counts[code] = counts.get(code, 0) + len(group.node_ids)
         return counts
 
     def rebuilt(self, schedulable: dict[str, Signature]) -> CapacityIndex:

@@ -111,11 +111,24 @@ def check_no_queued_pod_fits(cluster: ClusterState) -> None:
                 )
 
 
+def check_misfit_counts(cluster: ClusterState) -> None:
+    """The index's queue-reason counts equal first_misfit applied node by node, for every pod shape present."""
+    nodes = [node for node in cluster.nodes.values() if node.schedulable]
+    for shape in {pod.shape for pod in cluster.pods.values()}:
+        expected: dict[str, int] = {}
+        for node in nodes:
+            code = first_misfit(node.signature(), shape)
+            if code is not None:
+                expected[code] = expected.get(code, 0) + 1
+        assert cluster.index.misfit_counts(shape) == expected, f"misfit counts differ for {shape}"
+
+
 def check_state(state: PartitionState) -> None:
     for cluster in state.clusters.values():
         check_no_overcommit(cluster)
         check_indexes(cluster)
         check_no_queued_pod_fits(cluster)
+        check_misfit_counts(cluster)
 
 
 def fold_all(commands: list, state: PartitionState | None = None, start: int = 0) -> tuple[PartitionState, list]:
