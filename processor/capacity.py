@@ -33,11 +33,12 @@ def _headroom(signature: Signature) -> tuple[int, int]:
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
 
-    __slots__ = ("_first", "node_ids", "signature")
+    __slots__ = ("_first", "node_ids", "signature", "size")
 
     def __init__(self, signature: Signature) -> None:
         self.signature = signature
         self.node_ids: SortedList = SortedList()
+        self.size = 0  # len(node_ids), kept as a plain attribute for the counting loops
         self._first = ""
 
     def first(self) -> str:
@@ -46,16 +47,18 @@ class NodeGroup:
 
     def add(self, node_id: str) -> None:
         self.node_ids.add(node_id)
+        self.size += 1
         if not self._first or node_id < self._first:
             self._first = node_id
 
     def discard(self, node_id: str) -> None:
         self.node_ids.remove(node_id)
+        self.size -= 1
         if node_id == self._first:
             self._first = self.node_ids[0] if self.node_ids else ""
 
     def __len__(self) -> int:
-        return len(self.node_ids)
+        return self.size
 
 
 class CapacityIndex:
@@ -209,7 +212,7 @@ class CapacityIndex:
         plain = not shape.node_selector and not shape.tolerations
         for model, buckets in self._buckets.items():
             if allowed and model not in allowed:
-                nodes = sum(len(group.node_ids) for groups in buckets.values() for group in groups.values())
+                nodes = sum(group.size for groups in buckets.values() for group in groups.values())
                 counts[QueueReasonCode.GPU_MODEL_MISMATCH] = counts.get(QueueReasonCode.GPU_MODEL_MISMATCH, 0) + nodes
                 continue
             for (free_whole, largest), groups in buckets.items():
@@ -227,7 +230,7 @@ class CapacityIndex:
                     else:
                         continue
                     if code is not None:
-                        counts[code] = counts.get(code, 0) + len(group.node_ids)
+                        counts[code] = counts.get(code, 0) + group.size
         return counts
 
     def rebuilt(self, schedulable: dict[str, Signature]) -> CapacityIndex:
