@@ -119,6 +119,9 @@ def main() -> int:
     parser.add_argument("--max-minutes", type=float, help="stop submitting new runs after this budget")
     parser.add_argument("--plot", help="PNG for the default trace (unallocated GPU %% vs arrived 80-130%%)")
     parser.add_argument("--table-only", action="store_true", help="print the table from the cache, run nothing")
+    parser.add_argument(
+        "--bounds", action="store_true", help="add the share-residue bound column (bench/share_packing_bound.py)"
+    )
     args = parser.parse_args()
 
     from gpufold import simulate
@@ -193,7 +196,8 @@ def main() -> int:
                     file=sys.stderr,
                 )
     elapsed = time.perf_counter() - started
-    print(table(done, order, policies, seeds))
+    bounds = share_bounds({v: available[v] for v in order}, seeds, nodes_path) if args.bounds else None
+    print(table(done, order, policies, seeds, bounds))
     print()
     print(speed_table(done, policies))
     print()
@@ -211,19 +215,37 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+OURS = "fgd-plus"
+
+
 def table(
-    done: dict[tuple[str, str, int], dict[str, Any]], order: list[str], policies: list[str], seeds: list[int]
+    done: dict[tuple[str, str, int], dict[str, Any]],
+    order: list[str],
+    policies: list[str],
+    seeds: list[int],
+    bounds: dict[str, tuple[float, float]] | None = None,
 ) -> str:
+    """Mean unallocated GPU % per (variant, policy); when ours and FGD are both columns, ours minus the published
+    FGD; with ``bounds``, the share-residue lower bound and offline packing (``share_packing_bound.py``)."""
+    delta = OURS in policies and "fgd" in policies
     header = "| trace | " + " | ".join(PAPER_NAMES.get(p, p) for p in policies) + " | seeds |"
+    rule = "|" + "---|" * (len(policies) + 2)
+    if delta:
+        header += f" {OURS} minus published FGD |"
+        rule += "---:|"
+    if bounds:
+        header += " share residue: bound / offline |"
+        rule += "---:|"
     lines = [
         "Unallocated GPU % at arrived = 100%, mean over seeds (published mean in parentheses).",
         "",
         header,
-        "|" + "---|" * (len(policies) + 2),
+        rule,
     ]
     for variant in order:
         cells = []
         counts = set()
+        means: dict[str, float | None] = {}
         for policy in policies:
             values = [
                 done[(variant, policy, seed)]["unallocated"]
@@ -231,7 +253,7 @@ def table(
                 if (variant, policy, seed) in done and done[(variant, policy, seed)]["unallocated"] is not None
             ]
             counts.add(len(values))
-            mean = _mean(values)
+            mean = means[policy] = _mean(values)
             cell = "—" if mean is None else f"{mean:.2f}"
             published = PUBLISHED.get(variant)
             base = policy.partition("@")[0]
@@ -239,8 +261,32 @@ def table(
                 cell += f" ({published[PUBLISHED_POLICIES.index(base)]:.2f})"
             cells.append(cell)
         seeds_cell = "/".join(str(c) for c in sorted(counts))
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {seeds_cell} |")
+        line = f"| {variant} | " + " | ".join(cells) + f" | {seeds_cell} |"
+        if delta:
+            ours, published = means[OURS], PUBLISHED.get(variant)
+            line += " — |" if ours is None or not published else f" {ours - published[5]:+.2f} |"
+        if bounds:
+            low, offline = bounds.get(variant, (float("nan"), float("nan")))
+            line += f" {low:.2f} / {offline:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def share_bounds(traces: dict[str, Path], seeds: list[int], nodes_path: str) -> dict[str, tuple[float, float]]:
+    """Per variant, the mean share-residue lower bound and offline best-fit-decreasing residue (% of capacity)."""
+    from bench.share_packing_bound import GPU_MILLI, best_fit_decreasing, lower_bound_bins, shares_by_100
+
+    nodes = _load(nodes_path, "nodes")
+    out = {}
+    for variant, path in traces.items():
+        pods = _load(str(path), "pods")
+        low, offline = [], []
+        for seed in seeds:
+            sizes, capacity = shares_by_100(nodes, pods, seed)
+            low.append(100.0 * (lower_bound_bins(sizes) * GPU_MILLI - sum(sizes)) / capacity)
+            offline.append(100.0 * best_fit_decreasing(sizes) / capacity)
+        out[variant] = (statistics.fmean(low), statistics.fmean(offline))
+    return out
 
 
 def speed_table(done: dict[tuple[str, str, int], dict[str, Any]], policies: list[str]) -> str:
