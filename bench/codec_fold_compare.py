@@ -33,12 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fold_throughput import Stream, build_nodes
 
-from processor.commands import Command, SetPolicy
-from processor.fold import decide
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.state import PartitionState
+from processor.core.fold import decide
+from processor.core.state import PartitionState
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
 from schemas import COMMAND, EVENT, DecodeError, registry
+from schemas.commands import Command, SetPolicy
 from schemas.fastcodec import decode_command, encode_event
+from schemas.topics import Topics
 
 
 class FastavroFolder(PartitionFolder):

@@ -21,7 +21,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from processor.commands import (
+from schemas import COMMAND, EVENT, registry
+from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
@@ -35,7 +36,7 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.events import (
+from schemas.events import (
     CommandRejected,
     Event,
     GpuShare,
@@ -53,7 +54,6 @@ from processor.events import (
     PolicyChanged,
     QueueReason,
 )
-from schemas import COMMAND, EVENT, registry
 from schemas.fastcodec import decode_command, decode_event, encode_command, encode_event
 
 T0 = 1_764_500_000_000  # epoch millis, like issued_at in production

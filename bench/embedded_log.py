@@ -35,9 +35,9 @@ from gpufold.cli import main as cli_main
 from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import dumps
 from gpufold.replay import replay_partition
-from processor.commands import Command, SetPolicy
-from processor.loop import InputRecord, Processor
+from processor.runtime.loop import InputRecord, Processor
 from schemas import COMMAND, registry
+from schemas.commands import Command, SetPolicy
 
 
 def commands(total: int, nodes: int, seed: int, policy: str) -> list[Command]:

@@ -24,11 +24,12 @@ import sys
 import time
 from collections import deque
 
-from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
-from processor.fold import decide
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.state import PartitionState
+from processor.core.fold import decide
+from processor.core.state import PartitionState
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
 from schemas import COMMAND, registry
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.topics import Topics
 
 NODE_TYPES = [  # (model, gpus, cpu_milli, memory_mib, weight)
     ("H100", 8, 96_000, 786_432, 4),

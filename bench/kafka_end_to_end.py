@@ -32,12 +32,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from gpufold.kafka_config import KafkaConfig, load
-from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
+from kafka_settings.config import KafkaConfig, load
+from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, EVENT, registry
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.topics import Topics, topics_for
 
 REPO = Path(__file__).resolve().parents[1]
 

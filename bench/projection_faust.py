@@ -18,9 +18,12 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.workload
 
 
 def fresh_engine(url: str, schema: str) -> Any:
@@ -37,7 +40,7 @@ def produce(args: argparse.Namespace) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from projections import workload
+    from tests import workload
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     for future in admin.create_topics([NewTopic(args.topic, num_partitions=4, replication_factor=1)]).values():

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/projection_throughput.py --database-url "$GPUFOLD_DATABASE_URL" [--commands 60000]
 
-The events come from the synthetic workload (``projections.workload``: real folds
+The events come from the synthetic workload (``tests/workload.py``: real folds
 of a mixed command stream), encoded as the processor publishes them. The timed
 part is what the projector does per batch: decode the frames, apply them, write
 the rows and offsets in one transaction. Kafka consumption is not included (see
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +23,14 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from projections import models, workload
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.workload
+
+from projections import models
 from projections.projector import Envelope, Projector
 from projections.runner import run
 from projections.secrets import safe_url
 from projections.sources import Decoder
+from tests import workload
 
 
 class FrameSource:

@@ -31,7 +31,7 @@ def main() -> int:
 
     from gpufold import simulate
     from gpufold.trace import load_nodes, load_pods
-    from processor.policies import get_policy
+    from processor.core.policies import get_policy
 
     nodes, pods = load_nodes(), load_pods(args.pods)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")

@@ -21,11 +21,11 @@ from tqdm import tqdm
 
 from gpufold import trace
 from gpufold.embedded_log import EmbeddedLog
-from processor.commands import Command, Release
-from processor.events import Event, NodeAdded, NodeFailed, NodeRemoved, PodQueued, PodReleased, PodScheduled
-from processor.loop import Processor
-from processor.snapshot import state_hash
+from processor.core.snapshot import state_hash
+from processor.runtime.loop import Processor
 from schemas import COMMAND, EVENT, registry
+from schemas.commands import Command, Release
+from schemas.events import Event, NodeAdded, NodeFailed, NodeRemoved, PodQueued, PodReleased, PodScheduled
 
 CLUSTER = "openb"
 SAMPLES = 16

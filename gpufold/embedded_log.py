@@ -1,8 +1,8 @@
 """The embedded log: Kafka's semantics (topics, partitions, offsets, consumer positions) in one SQLite file.
 
 The default backend, no servers: producers append command frames, the processor
-loop (``processor.loop.Processor``) folds them through the same
-:class:`~processor.loop.CommandLog` interface it uses on Kafka.
+loop (``processor.runtime.loop.Processor``) folds them through the same
+:class:`~processor.runtime.loop.CommandLog` interface it uses on Kafka.
 
 Layout (SQLite, WAL mode, one file)::
 
@@ -34,8 +34,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from gpufold.partitioner import partition_for
-from processor.loop import InputRecord, OutputRecord, Topics
+from processor.runtime.loop import InputRecord, OutputRecord
+from schemas.partitioner import partition_for
+from schemas.topics import Topics
 
 FORMAT_VERSION = "1"
 DEFAULT_GROUP = "gpufold-processor"
@@ -84,7 +85,7 @@ class StoredRecord(NamedTuple):
 
 
 class EmbeddedLog:
-    """A :class:`~processor.loop.CommandLog` on SQLite, plus the producer side (appends).
+    """A :class:`~processor.runtime.loop.CommandLog` on SQLite, plus the producer side (appends).
 
     One handle is used by one thread. Several processes may open the same file:
     writes are serialised by SQLite, readers see only committed transactions.

@@ -30,7 +30,7 @@ from typing import Any
 import fastavro
 
 from gpufold.embedded_log import DEFAULT_GROUP, EmbeddedLog, LogError, StoredRecord
-from processor.loop import Topics
+from schemas.topics import Topics
 
 EXPORT_FORMAT = "1"
 ROLES = ("commands", "events", "snapshots", "dead-letters")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.state import PartitionState
+from processor.core.state import PartitionState
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from schemas.topics import Topics
 
 
 @dataclass

@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufold.trace import TraceNode, TracePod, add_node, submit_pod
-from processor.commands import Command, SetPolicy
-from processor.events import CommandRejected, PodScheduled
-from processor.fold import decide
-from processor.fragmentation import cluster_fragmentation
-from processor.snapshot import state_hash
-from processor.state import PartitionState
+from processor.core.fold import decide
+from processor.core.fragmentation import cluster_fragmentation
+from processor.core.snapshot import state_hash
+from processor.core.state import PartitionState
+from schemas.commands import Command, SetPolicy
+from schemas.events import CommandRejected, PodScheduled
 
 CLUSTER = "openb"
 PRIOR_SELECTOR = {"gpufold.simulate/prior": "never-matches"}

@@ -11,9 +11,9 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from processor.resources import GPU_MILLI
-from processor.snapshot import state_hash
-from processor.state import ClusterState, PartitionState
+from processor.core.snapshot import state_hash
+from processor.core.state import ClusterState, PartitionState
+from schemas.commands import GPU_MILLI
 
 States = Mapping[int, PartitionState]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from processor.commands import AddNode, Command, SubmitPod
+from schemas.commands import AddNode, Command, SubmitPod
 
 DATA = resources.files("gpufold") / "data"
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"

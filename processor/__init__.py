@@ -1,11 +1,21 @@
-"""The gpufold processor: the deterministic allocation fold and the loop that feeds it.
+"""The gpufold processor, in two rooms.
 
-The pure core is ``decide``/``apply`` (``processor.fold``) over a
-``PartitionState`` (``processor.state``), with placement policies in
-``processor.policies``. ``processor.loop`` runs it over any command log.
+- ``processor.core``: the pure fold. ``decide``/``apply`` (``processor.core.fold``) over a
+  ``PartitionState`` (``processor.core.state``), its indexes, queue, placement policies,
+  fragmentation and snapshots. It imports only the contract (``schemas``) and pure
+  libraries: no I/O, clock, randomness, environment, Kafka or SQL (``tests/unit/test_import_rules.py``).
+- ``processor.runtime``: what feeds the core. The log protocol and the loop
+  (``processor.runtime.loop``), the Kafka adapter and runner, metrics.
+
+The records (commands, events) are the contract's (``schemas``); they are re-exported here for convenience.
 """
 
-from processor.commands import (
+from processor.core.errors import InvariantViolation
+from processor.core.fold import apply, decide
+from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.core.state import ClusterState, PartitionState
+from schemas.codes import QueueReasonCode, RejectionCode
+from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
@@ -19,11 +29,7 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.errors import InvariantViolation, QueueReasonCode, RejectionCode
-from processor.events import Event
-from processor.fold import apply, decide
-from processor.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.state import ClusterState, PartitionState
+from schemas.events import Event
 
 __all__ = [
     "AddNode",

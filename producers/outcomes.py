@@ -24,10 +24,10 @@ from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from gpufold.kafka_config import KafkaConfig
-from gpufold.topics import watermark_offsets
-from processor.events import Event
+from kafka_settings.config import KafkaConfig
+from kafka_settings.topics import watermark_offsets
 from schemas import EVENT, DecodeError, registry
+from schemas.events import Event
 
 MAX_BUFFERED = 200_000
 

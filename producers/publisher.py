@@ -26,8 +26,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from gpufold.kafka_config import KafkaConfig
-from processor.commands import (
+from kafka_settings.config import KafkaConfig
+from schemas import COMMAND, registry
+from schemas.codes import Rejected, RejectionCode
+from schemas.commands import (
+    GPU_MILLI,
     AddNode,
     Command,
     CommandPayload,
@@ -42,10 +45,7 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.errors import Rejected, RejectionCode
-from processor.resources import GPU_MILLI
-from processor.validation import check_command
-from schemas import COMMAND, registry
+from schemas.validation import check_command
 
 DEFAULT_TOPIC = "gpufold.commands"
 
@@ -71,7 +71,7 @@ class InvalidCommand(ValueError):
 
 
 def validate(command: Command) -> None:
-    """The fold's stateless checks (``processor.validation``), as :class:`InvalidCommand`."""
+    """The fold's stateless checks (``schemas.validation``), as :class:`InvalidCommand`."""
     try:
         check_command(command)
     except Rejected as rejection:
@@ -268,7 +268,7 @@ class CommandPublisher:
     def set_policy(
         self, cluster: str, policy: str, *, command_id: str | None = None, issued_at: int | None = None
     ) -> str:
-        """Switch the cluster's placement policy (one of ``processor.policies.policy_names()``)."""
+        """Switch the cluster's placement policy (one of ``schemas.validation.POLICY_NAMES``)."""
         return self._command(cluster, SetPolicy(policy), command_id, issued_at)
 
     # -------------------------------------------------------------- delivery

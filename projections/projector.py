@@ -27,7 +27,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from processor.events import (
+from projections import models
+from projections.dialect import append_rows, bulk_upsert_replace, target_name, upsert_ignore
+from projections.secrets import mask_url
+from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
+from schemas.events import (
     Event,
     NodeAdded,
     NodeCordoned,
@@ -41,10 +45,6 @@ from processor.events import (
     PodScheduled,
     PodSpec,
 )
-from projections import models
-from projections.dialect import append_rows, bulk_upsert_replace, target_name, upsert_ignore
-from projections.secrets import mask_url
-from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
 from schemas.fastcodec import encode_event
 
 log = logging.getLogger("gpufold.projector")

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
 
-from processor.fragmentation import TypicalKey, derive_typical, node_fragmentation
 from projections import models
 from projections.usage import HOUR_MS
 from schemas import EVENT, registry
+from schemas.fragmentation import TypicalKey, derive_typical, node_fragmentation
 
 DAY_MS = 24 * HOUR_MS
 MAX_LIMIT = 1_000
@@ -199,7 +199,7 @@ def utilization_history(
 
 
 def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
-    """FGD's fragmentation (``processor.fragmentation``) of the cluster's schedulable GPU nodes.
+    """FGD's fragmentation (``schemas.fragmentation``) of the cluster's schedulable GPU nodes.
 
     The typical pods are derived from every pod the projection knows in the cluster
     (queued, running or finished): the workload the cluster has seen.

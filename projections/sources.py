@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from processor.loop import Topics
 from projections.projector import Envelope
 from schemas import DecodeError
 from schemas.fastcodec import decode_event
+from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.projector.sources")
 

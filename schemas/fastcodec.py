@@ -28,11 +28,11 @@ from collections.abc import Callable
 from types import MemberDescriptorType
 from typing import Any
 
-from processor import commands, events
-from processor.commands import Command
-from processor.events import Event
-from processor.records import Record
+from schemas import commands, events
 from schemas.codec import COMMAND, EVENT, HEADER_SIZE, MAGIC, DecodeError, registry
+from schemas.commands import Command
+from schemas.events import Event
+from schemas.records import Record
 
 __all__ = ["STRICT", "decode_command", "decode_event", "encode_command", "encode_event", "source"]
 
@@ -538,7 +538,7 @@ class _Generator:
 
 
 def _classes() -> dict[str, type]:
-    """Avro full name -> dataclass, for every record of processor.commands and processor.events."""
+    """Avro full name -> dataclass, for every record of schemas.commands and schemas.events."""
     classes: dict[str, type] = {COMMAND: Command, EVENT: Event}
     for module in (commands, events):
         for value in vars(module).values():

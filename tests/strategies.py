@@ -12,7 +12,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from processor.commands import (
+from processor.core.fold import decide
+from processor.core.snapshot import to_snapshot
+from processor.core.state import PartitionState
+from schemas import EVENT, registry
+from schemas.commands import (
     AddNode,
     Command,
     CommandPayload,
@@ -27,11 +31,8 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.events import Event
-from processor.fold import decide
-from processor.snapshot import to_snapshot
-from processor.state import PartitionState
-from schemas import EVENT, SNAPSHOT, registry
+from schemas.events import Event
+from schemas.snapshots import encode_snapshot_body
 
 NODE_IDS = tuple(f"n{i}" for i in range(5))
 POD_IDS = tuple(f"p{i}" for i in range(8))
@@ -176,8 +177,8 @@ def encode_events(events: list[Event]) -> list[bytes]:
 def clusters_hash(state: PartitionState) -> str:
     """A hash of the allocation state only (clusters, nodes, pods), without position or idempotency window."""
     snapshot = to_snapshot(state)
-    snapshot.update(next_offset=0, sequence=0, seen=[])
-    return hashlib.sha256(registry().codec(SNAPSHOT).encode_body(snapshot)).hexdigest()
+    snapshot.next_offset, snapshot.sequence, snapshot.seen = 0, 0, ()
+    return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 
 # ---------------------------------------------------------------- wild values (anything the schema can carry)

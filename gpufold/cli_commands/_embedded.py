@@ -7,8 +7,8 @@ import os
 
 from gpufold.cli import CliError
 from gpufold.embedded_log import EmbeddedLog, LogError
-from processor.loop import restore_state
-from processor.state import PartitionState
+from processor.core.state import PartitionState
+from processor.runtime.loop import restore_state
 
 LOG_ENV = "GPUFOLD_LOG"
 DEFAULT_LOG = "gpufold.log.sqlite"

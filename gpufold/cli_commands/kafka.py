@@ -1,7 +1,7 @@
 """Kafka subcommands: ``gpufold processor run``, ``gpufold topics create``, ``gpufold publish ...``.
 
 Every one of them takes ``--bootstrap``, ``--kafka-config FILE`` and the ``GPUFOLD_KAFKA_*`` variables
-(see ``gpufold.kafka_config``), so the same flags reach a production cluster with TLS/SASL.
+(see ``kafka_settings.config``), so the same flags reach a production cluster with TLS/SASL.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ import sys
 from typing import Any
 
 from gpufold.cli import CliError
-from gpufold.kafka_config import KafkaConfig, KafkaConfigError, install_secret_filter, load
-from gpufold.topics import (
-    DEFAULT_PARTITIONS,
-    DEFAULT_REPLICATION_FACTOR,
-    TopicError,
-    create_topics,
-    topic_specs,
-    topics_for,
-)
+from kafka_settings.config import KafkaConfig, KafkaConfigError, install_secret_filter, load
+from kafka_settings.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicError, create_topics, topic_specs
+from schemas.topics import topics_for
 
 DEFAULT_PREFIX = "gpufold"
 
@@ -70,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from processor.kafka_log import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
-    from processor.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY
+    from processor.runtime.kafka_log import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
+    from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY
 
     parser = subparsers.add_parser("processor", help="the exactly-once processor on Kafka")
     commands = parser.add_subparsers(dest="processor_command", metavar="COMMAND", required=True)
@@ -127,7 +121,7 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
 
 
 def _processor_run(args: argparse.Namespace) -> int:
-    from processor.kafka_runner import RunnerSettings, configure_logging, run
+    from processor.runtime.kafka_runner import RunnerSettings, configure_logging, run
 
     configure_logging(args.log_format == "json", logging.DEBUG if args.verbose >= 2 else logging.INFO)
     config = _config(args)
@@ -342,8 +336,8 @@ def _publish_file(args: argparse.Namespace) -> int:
     if not args.file:
         raise CliError("give a command (gpufold publish submit-pod ...), --file FILE.jsonl, or trace")
     from gpufold.jsonl import LineError, read_commands
-    from processor.commands import Command
     from producers.publisher import DeliveryError
+    from schemas.commands import Command
 
     config = _config(args)
     errors = 0

@@ -14,7 +14,7 @@ from gpufold.cli_commands._embedded import add_log_argument, open_log, partition
 from gpufold.embedded_log import EmbeddedLog
 from gpufold.replay import Replayed, replay_partition
 from gpufold.state_view import render_summary, summary
-from processor.loop import InputRecord
+from processor.runtime.loop import InputRecord
 from schemas.codec import DecodeError
 from schemas.fastcodec import decode_command
 

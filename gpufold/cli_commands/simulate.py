@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpufold import simulate
-    from processor.policies import REGISTRY, policy_names
+    from processor.core.policies import REGISTRY, policy_names
 
     if args.list_policies:
         for name in policy_names():

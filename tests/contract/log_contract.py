@@ -1,4 +1,4 @@
-"""The contract every :class:`processor.loop.CommandLog` keeps, as one abstract test class.
+"""The contract every :class:`processor.runtime.loop.CommandLog` keeps, as one abstract test class.
 
 Run it against a backend by subclassing :class:`CommandLogContract` in a
 ``test_*.py`` module (the base class is not collected: its name does not start
@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from gpufold.partitioner import cluster_partition
 from gpufold.replay import replay_partition
-from processor.commands import AddNode, Command, Release, SubmitPod
-from processor.loop import CommandLog, InputRecord, OutputRecord, Processor
-from processor.snapshot import state_hash
+from processor.core.snapshot import state_hash
+from processor.runtime.loop import CommandLog, InputRecord, OutputRecord, Processor
 from schemas import COMMAND, EVENT, registry
+from schemas.commands import AddNode, Command, Release, SubmitPod
+from schemas.partitioner import cluster_partition
 
 Frame = tuple[bytes, bytes]  # (key, value)
 GARBAGE = b"\xc3\x01 not a command"  # undecodable: must become a dead letter

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufold.embedded_log import EmbeddedLog, FencedError, LogError, StoredRecord
-from processor.loop import CommandLog, OutputRecord, Processor
+from processor.runtime.loop import CommandLog, OutputRecord, Processor
 from tests.contract.log_contract import CommandLogContract, Frame, clusters_covering, workload
 
 

@@ -1,4 +1,4 @@
-"""The CommandLog contract on the real Kafka broker (``processor.kafka_log.KafkaCommandLog``)."""
+"""The CommandLog contract on the real Kafka broker (``processor.runtime.kafka_log.KafkaCommandLog``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from gpufold.kafka_config import load
-from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.kafka_log import BatchAborted, KafkaCommandLog
-from processor.loop import CommandLog
+from kafka_settings.config import load
+from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
+from processor.runtime.kafka_log import BatchAborted, KafkaCommandLog
+from processor.runtime.loop import CommandLog
+from schemas.topics import topics_for
 from tests.contract.log_contract import CommandLogContract, Frame
 
 pytestmark = pytest.mark.integration

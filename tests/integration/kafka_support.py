@@ -21,16 +21,17 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from gpufold.kafka_config import KafkaConfig, load
-from gpufold.topics import create_topics, topic_specs, topics_for, watermark_offsets
-from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
-from processor.events import Event
-from processor.fold import apply
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.snapshot import state_hash
-from processor.state import PartitionState
+from kafka_settings.config import KafkaConfig, load
+from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
+from processor.core.fold import apply
+from processor.core.snapshot import state_hash
+from processor.core.state import PartitionState
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
 from producers.publisher import CommandPublisher
 from schemas import DEAD_LETTER, EVENT, registry
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.events import Event
+from schemas.topics import Topics, topics_for
 
 REPO = Path(__file__).resolve().parents[2]
 RDKAFKA_LOG = logging.getLogger("tests.rdkafka")
@@ -274,10 +275,10 @@ def start_processor(bootstrap: str, topics: Topics, *extra: str, log: Path | Non
 
 
 class BackgroundProcessor:
-    """An in-process processor (``processor.kafka_runner.Runner``) running in a thread."""
+    """An in-process processor (``processor.runtime.kafka_runner.Runner``) running in a thread."""
 
     def __init__(self, bootstrap: str, topics: Topics, **settings: object) -> None:
-        from processor.kafka_runner import Runner, RunnerSettings
+        from processor.runtime.kafka_runner import Runner, RunnerSettings
 
         settings.setdefault("group_id", topics.commands + ".group")
         settings.setdefault("transaction_timeout_ms", 10_000)

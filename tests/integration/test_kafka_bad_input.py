@@ -7,10 +7,10 @@ import random
 import pytest
 from kafka_support import BackgroundProcessor, check_exactly_once, dead_letter, kafka_config, new_topics, read_topic
 
-from processor.commands import Command, SubmitPod
 from producers.outcomes import OutcomeWaiter
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, registry
+from schemas.commands import Command, SubmitPod
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kafka_support import GPUFOLD, REPO, check_exactly_once, read_topic
 
-from gpufold.topics import topics_for
 from gpufold.trace import load_nodes
+from schemas.topics import topics_for
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kafka_support import CommittedWatcher, check_exactly_once, command_stream, new_topics, publish, start_processor
 
-from gpufold.partitioner import cluster_partition
+from schemas.partitioner import cluster_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

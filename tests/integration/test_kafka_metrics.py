@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from kafka_support import BackgroundProcessor, command_stream, new_topics, publish
 
-from processor.commands import Command, Release
+from schemas.commands import Command, Release
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kafka_support import CommittedWatcher, check_exactly_once, command_stream, kafka_config, new_topics, publish
 
-from processor.kafka_log import KafkaCommandLog, KafkaFatalError
-from processor.loop import OutputRecord, Processor
+from processor.runtime.kafka_log import KafkaCommandLog, KafkaFatalError
+from processor.runtime.loop import OutputRecord, Processor
 
 pytestmark = pytest.mark.integration
 

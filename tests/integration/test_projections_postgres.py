@@ -25,11 +25,12 @@ import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from projections import models, workload
+from projections import models
 from projections.projector import Envelope, Projector
 from projections.rebuild import content_hashes
 from projections.secrets import mask_url
 from projections.usage import HOUR_MS, seal_hour
+from tests import workload
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor.commands import (
+from processor.core.snapshot import state_hash
+from processor.core.state import PartitionState
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, registry
+from schemas.codes import RejectionCode
+from schemas.commands import (
     AddNode,
     Command,
     CommandPayload,
@@ -33,12 +38,8 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.errors import RejectionCode
-from processor.events import CommandRejected, Event
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.snapshot import state_hash
-from processor.state import PartitionState
-from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, registry
+from schemas.events import CommandRejected, Event
+from schemas.topics import Topics
 from tests.property.test_fold_properties import check_state
 from tests.strategies import clusters_hash, command_streams, wild_commands
 

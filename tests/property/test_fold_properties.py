@@ -15,13 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor.capacity import CapacityIndex
-from processor.events import Event
-from processor.fold import apply, decide
-from processor.resources import GPU_MILLI, first_misfit
-from processor.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.state import ClusterState, PartitionState
-from schemas import EVENT, SNAPSHOT, registry
+from processor.core.capacity import CapacityIndex
+from processor.core.fold import apply, decide
+from processor.core.resources import first_misfit
+from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.core.state import ClusterState, PartitionState
+from schemas import EVENT, registry
+from schemas.commands import GPU_MILLI
+from schemas.events import Event
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import command_streams, encode_events
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,8 +187,7 @@ def test_snapshot_plus_tail_equals_full_replay(commands: list, data: st.DataObje
     window = data.draw(st.sampled_from((4, 100_000)), label="seen_window")  # 4: ids get forgotten mid-stream
     full, full_events = fold_all(commands, PartitionState(seen_window=window))
     head, head_events = fold_all(commands[:split], PartitionState(seen_window=window))
-    codec = registry().codec(SNAPSHOT)
-    restored = from_snapshot(codec.decode(codec.encode(to_snapshot(head))))
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(head))))
     assert state_hash(restored) == state_hash(head)
     check_state(restored)
     restored, tail_events = fold_all(commands[split:], restored, start=split)
@@ -197,11 +198,11 @@ def test_snapshot_plus_tail_equals_full_replay(commands: list, data: st.DataObje
 
 _STREAM_SCRIPT = """
 import hashlib, random
-from processor.commands import *
-from processor.fold import decide
-from processor.policies import policy_names
-from processor.snapshot import state_hash
-from processor.state import PartitionState
+from schemas.commands import *
+from processor.core.fold import decide
+from processor.core.policies import policy_names
+from processor.core.snapshot import state_hash
+from processor.core.state import PartitionState
 from tests.strategies import MODELS, NODE_IDS, POD_IDS, TAINTS, TOLERATIONS, encode_events
 
 rng = random.Random(20261130)

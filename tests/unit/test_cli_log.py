@@ -13,8 +13,8 @@ from gpufold.cli import main
 from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import ParsedCommand, read_commands
 from gpufold.replay import replay_partition
-from processor.loop import InputRecord
-from processor.snapshot import state_hash
+from processor.core.snapshot import state_hash
+from processor.runtime.loop import InputRecord
 from tests.contract.log_contract import GARBAGE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"

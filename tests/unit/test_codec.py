@@ -15,7 +15,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from processor.commands import (
+from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, DecodeError, SchemaRegistry, registry
+from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
@@ -29,7 +30,7 @@ from processor.commands import (
     Toleration,
     UncordonNode,
 )
-from processor.events import (
+from schemas.events import (
     CommandRejected,
     Event,
     GpuShare,
@@ -47,7 +48,6 @@ from processor.events import (
     PolicyChanged,
     QueueReason,
 )
-from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, DecodeError, SchemaRegistry, registry
 
 # ---------------------------------------------------------------- an independent CRC-64-AVRO and PCF
 

@@ -10,7 +10,7 @@ import pytest
 from gpufold import trace
 from gpufold.cli import main
 from gpufold.demo import run_demo, trace_commands
-from processor.commands import Release, SubmitPod
+from schemas.commands import Release, SubmitPod
 
 
 def test_commands_follow_event_time_with_submission_before_release() -> None:

@@ -15,14 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor import commands, events
-from processor.commands import Command, Release, SetPolicy, SubmitPod, Toleration
-from processor.events import Event, GpuShare, PodQueued, PodReleased, PodScheduled, PodSpec, QueueReason
-from processor.fold import decide
-from processor.records import Record
-from processor.state import PartitionState
-from schemas import COMMAND, EVENT, DecodeError, registry
+from processor.core.fold import decide
+from processor.core.state import PartitionState
+from schemas import COMMAND, EVENT, DecodeError, commands, events, registry
+from schemas.commands import Command, Release, SetPolicy, SubmitPod, Toleration
+from schemas.events import Event, GpuShare, PodQueued, PodReleased, PodScheduled, PodSpec, QueueReason
 from schemas.fastcodec import STRICT, decode_command, decode_event, encode_command, encode_event
+from schemas.records import Record
 from tests.strategies import command_streams
 
 COMMANDS = registry().codec(COMMAND)

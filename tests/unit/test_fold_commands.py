@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import (
+from processor.core.errors import InvariantViolation
+from processor.core.fold import apply, decide
+from processor.core.snapshot import state_hash
+from processor.core.state import DEFAULT_POLICY, PartitionState
+from schemas.codes import RejectionCode
+from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
@@ -16,11 +21,7 @@ from processor.commands import (
     SubmitPod,
     UncordonNode,
 )
-from processor.errors import InvariantViolation, RejectionCode
-from processor.events import Event, NodeAdded, NodeCordoned, PodEvicted, PodReleased
-from processor.fold import apply, decide
-from processor.snapshot import state_hash
-from processor.state import DEFAULT_POLICY, PartitionState
+from schemas.events import Event, NodeAdded, NodeCordoned, PodEvicted, PodReleased
 from tests.strategies import Fold, clusters_hash, types
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from processor.commands import AddNode, Command, CordonNode, Release, SubmitPod
-from processor.errors import RejectionCode
-from processor.fold import decide
-from processor.snapshot import from_snapshot, to_snapshot
-from processor.state import DEFAULT_SEEN_WINDOW, PartitionState
-from schemas import SNAPSHOT, registry
+from processor.core.fold import decide
+from processor.core.snapshot import from_snapshot, to_snapshot
+from processor.core.state import DEFAULT_SEEN_WINDOW, PartitionState
+from schemas.codes import RejectionCode
+from schemas.commands import AddNode, Command, CordonNode, Release, SubmitPod
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import clusters_hash
 
 
@@ -72,8 +72,7 @@ def test_snapshot_carries_the_window_and_its_order() -> None:
     state = PartitionState(seen_window=3)
     for i in range(4):
         run(state, f"id{i}", AddNode(f"n{i}", 1000, 1000))
-    codec = registry().codec(SNAPSHOT)
-    restored = from_snapshot(codec.decode(codec.encode(to_snapshot(state))))
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(state))))
     assert (restored.seen_window, list(restored.seen)) == (3, ["id1", "id2", "id3"])
     (event,) = run(restored, "id2", AddNode("n9", 1000, 1000))
     assert event.payload.code == RejectionCode.DUPLICATE_COMMAND

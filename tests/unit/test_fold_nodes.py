@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import (
+from schemas.commands import (
+    GPU_MILLI,
     AddNode,
     CordonNode,
     DrainNode,
@@ -15,7 +16,6 @@ from processor.commands import (
     SubmitPod,
     UncordonNode,
 )
-from processor.resources import GPU_MILLI
 from tests.strategies import Fold, types
 
 

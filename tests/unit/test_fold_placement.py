@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import AddNode, Command, SetPolicy, SubmitPod, Taint, Toleration
-from processor.fold import decide
-from processor.snapshot import from_snapshot, to_snapshot
-from processor.state import PartitionState
-from schemas import SNAPSHOT, registry
+from processor.core.fold import decide
+from processor.core.snapshot import from_snapshot, to_snapshot
+from processor.core.state import PartitionState
+from schemas.commands import AddNode, Command, SetPolicy, SubmitPod, Taint, Toleration
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import Fold, encode_events
 
 
@@ -149,6 +149,5 @@ def test_pod_restored_from_a_snapshot_emits_the_same_bytes_as_in_a_full_replay()
     add = Command("a", "c0", 2, AddNode("n", 1000, 1000, labels={"zone": "b", "disk": "ssd"}))
     full = PartitionState()
     decide(full, submit)
-    codec = registry().codec(SNAPSHOT)
-    restored = from_snapshot(codec.decode(codec.encode(to_snapshot(full))))
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(full))))
     assert encode_events(decide(restored, add)) == encode_events(decide(full, add))

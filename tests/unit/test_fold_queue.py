@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import AddNode, CordonNode, Release, SetPolicy, SubmitPod, Taint, UncordonNode
-from processor.errors import QueueReasonCode as Q
+from schemas.codes import QueueReasonCode as Q
+from schemas.commands import AddNode, CordonNode, Release, SetPolicy, SubmitPod, Taint, UncordonNode
 from tests.strategies import Fold, types
 
 

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import AddNode, Release, SubmitPod
-from processor.fragmentation import (
-    Fragmenter,
-    TypicalKey,
-    TypicalPod,
-    cluster_fragmentation,
-    derive_typical,
-    frag_for,
-    is_checkpoint,
-    node_fragmentation,
-    typical_moved,
-)
-from processor.snapshot import from_snapshot, state_hash, to_snapshot
-from schemas import SNAPSHOT, registry
+from processor.core.fragmentation import Fragmenter, cluster_fragmentation
+from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.core.typical import is_checkpoint, typical_moved
+from schemas.commands import AddNode, Release, SubmitPod
+from schemas.fragmentation import TypicalKey, TypicalPod, derive_typical, frag_for, node_fragmentation
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import Fold
 
 SHARE_500 = TypicalKey(1, 500, 1000, ())
@@ -111,8 +103,7 @@ def test_typical_pods_survive_a_snapshot_and_count_in_the_hash() -> None:
     fold.run(AddNode("n", 64000, 262144, "V100", 8))
     for i in range(5):
         fold.run(SubmitPod(f"s{i}", num_gpu=1, gpu_milli=500, cpu_milli=1000))
-    codec = registry().codec(SNAPSHOT)
-    restored = from_snapshot(codec.decode(codec.encode(to_snapshot(fold.state))))
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(fold.state))))
     assert restored.clusters["c0"].typical == fold.cluster.typical != ()
     assert restored.clusters["c0"].shape_counts == fold.cluster.shape_counts
     assert state_hash(restored) == state_hash(fold.state)

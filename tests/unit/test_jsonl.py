@@ -18,8 +18,8 @@ from gpufold.jsonl import (
     read_commands,
     to_json_value,
 )
-from processor.commands import Command, SubmitPod, Taint
 from schemas import COMMAND, registry
+from schemas.commands import Command, SubmitPod, Taint
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
 

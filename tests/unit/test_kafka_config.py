@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufold.kafka_config import KafkaConfigError, SecretFilter, is_secret, load, parse_properties, properties_from_env
-from gpufold.topics import topic_specs, topics_for
+from kafka_settings.config import KafkaConfigError, SecretFilter, is_secret, load, parse_properties, properties_from_env
+from kafka_settings.topics import topic_specs
+from schemas.topics import topics_for
 
 
 def test_file_lines_become_properties(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from gpufold.embedded_log import EmbeddedLog, LogError, StoredRecord
 from gpufold.log_export import ExportError, export_log, import_log, open_topic, write_topic
-from processor.loop import Processor
+from processor.runtime.loop import Processor
 from tests.contract.log_contract import GARBAGE, clusters_covering, workload
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import confluent_kafka
 import pytest
 
-from gpufold.partitioner import cluster_partition, murmur2, partition_for
+from schemas.partitioner import cluster_partition, murmur2, partition_for
 
 # From Kafka's own tests (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2)
 # and from the values other Kafka clients check against the Java implementation.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from processor.commands import AddNode, SetPolicy, SubmitPod
-from processor.events import PodScheduled
-from processor.policies.gpu_packing import packing_score
-from processor.policies.paper_best_fit import raw_score
-from processor.policies.random_pick import draw
-from processor.resources import PodShape, Signature
+from processor.core.policies.gpu_packing import packing_score
+from processor.core.policies.paper_best_fit import raw_score
+from processor.core.policies.random_pick import draw
+from processor.core.resources import PodShape, Signature
+from schemas.commands import AddNode, SetPolicy, SubmitPod
+from schemas.events import PodScheduled
 from tests.strategies import Fold
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from processor.policies import get_policy, policy_names
-from processor.resources import PodShape
-from processor.state import ClusterState, Node
+from processor.core.policies import get_policy, policy_names
+from processor.core.resources import PodShape
+from processor.core.state import ClusterState, Node
 
 
 def cluster_of(*nodes: tuple[str, list[int], int, int, int, int]) -> ClusterState:
@@ -134,3 +134,11 @@ def test_core_policies_are_registered() -> None:
     """The registry holds first-fit, best-fit and spread under those names."""
     assert {"first-fit", "best-fit", "spread"} <= set(policy_names())
     assert all(get_policy(name).name == name for name in ("first-fit", "best-fit", "spread"))  # type: ignore[union-attr]
+
+
+def test_the_registry_holds_exactly_the_contracts_policy_names() -> None:
+    """SetPolicy is checked against the contract's list, so the fold must register exactly those names."""
+    from processor.core.policies import policy_names
+    from schemas.validation import POLICY_NAMES
+
+    assert tuple(policy_names()) == POLICY_NAMES

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from processor.commands import AddNode, Command, SetPolicy, SubmitPod
-from processor.events import GpuShare, PodScheduled
-from processor.fold import decide
-from processor.fragmentation import TypicalKey, TypicalPod
-from processor.policies import get_policy
-from processor.policies.fgd import FragMemo, after_share, after_whole, options_for
-from processor.policies.fgd_plus import model_demand_shares, scarce_models
-from processor.resources import PodShape
-from processor.snapshot import state_hash
-from processor.state import DEFAULT_POLICY, PartitionState
+from processor.core.fold import decide
+from processor.core.policies import get_policy
+from processor.core.policies.fgd import FragMemo, after_share, after_whole, options_for
+from processor.core.policies.fgd_plus import model_demand_shares, scarce_models
+from processor.core.resources import PodShape
+from processor.core.snapshot import state_hash
+from processor.core.state import DEFAULT_POLICY, PartitionState
+from schemas.commands import AddNode, Command, SetPolicy, SubmitPod
+from schemas.events import GpuShare, PodScheduled
+from schemas.fragmentation import TypicalKey, TypicalPod
 from tests.property.test_fold_properties import check_no_overcommit
 from tests.strategies import Fold, command_streams
 

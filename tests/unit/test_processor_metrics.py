@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from processor.commands import AddNode, Command, SubmitPod
-from processor.loop import InputRecord, OutputRecord, PartitionFolder, Topics
-from processor.metrics import ProcessorMetrics
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.metrics import ProcessorMetrics
+from schemas.commands import AddNode, Command, SubmitPod
 from schemas.fastcodec import encode_command
+from schemas.topics import Topics
 
 
 def _records(commands: list[Command]) -> list[InputRecord]:

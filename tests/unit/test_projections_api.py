@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import StaticPool
 
-from processor.commands import AddNode, Command, Release, SubmitPod
-from projections import models, workload
+from projections import models
 from projections.projector import Envelope, Projector
 from projections.rebuild import content_hashes
+from schemas.commands import AddNode, Command, Release, SubmitPod
+from tests import workload
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

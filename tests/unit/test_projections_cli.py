@@ -9,8 +9,8 @@ import pytest
 
 from gpufold.cli import main
 from gpufold.embedded_log import EmbeddedLog
-from projections import workload
 from projections.runner import project_embedded_log
+from tests import workload
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
-from processor.fold import decide
-from processor.state import PartitionState
-from projections import models, workload
+from processor.core.fold import decide
+from processor.core.state import PartitionState
+from projections import models
 from projections.projector import Envelope, ProjectionError, Projector
 from projections.rebuild import content_hashes
+from tests import workload
 
 SOURCE = "gpufold.events"
 

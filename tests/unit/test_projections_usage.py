@@ -7,10 +7,11 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
-from processor.commands import AddNode, Command, Release, SetPolicy, SubmitPod
-from projections import models, workload
+from projections import models
 from projections.projector import Envelope, Projector
 from projections.usage import HOUR_MS, seal_hour, split_hours
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from tests import workload
 
 T0 = workload.START_MS
 MINUTE = 60_000

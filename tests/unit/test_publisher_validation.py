@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpufold.kafka_config import load
-from processor.commands import AddNode, Command, DrainNode, Release, SetPolicy, SubmitPod
-from processor.events import CommandRejected
-from processor.fold import decide
-from processor.state import PartitionState
+from kafka_settings.config import load
+from processor.core.fold import decide
+from processor.core.state import PartitionState
 from producers.publisher import CommandPublisher, InvalidCommand
+from schemas.commands import AddNode, Command, DrainNode, Release, SetPolicy, SubmitPod
+from schemas.events import CommandRejected
 
 
 @pytest.fixture

@@ -1,0 +1,102 @@
+"""The resource model: node free capacity signatures, pod request shapes, and the fit predicate.
+
+A GPU is 1000 milli. A pod asks for ``num_gpu`` whole GPUs (``gpu_milli`` 1000),
+one share of one GPU (``num_gpu`` 1, ``0 < gpu_milli < 1000``) or no GPU.
+
+Two nodes with the same :class:`Signature` are interchangeable for every pod
+(same model, labels and taints, capacity and free capacity), so fit checks and
+scores are computed per signature, not per node.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from schemas.codes import QueueReasonCode
+from schemas.commands import GPU_MILLI, Taint, Toleration
+
+# A node's labels and taints, normalised; nodes of one class accept the same pods.
+NodeClass = tuple[tuple[tuple[str, str], ...], tuple[Taint, ...]]
+
+
+class Signature(NamedTuple):
+    """Everything about a node that placement looks at, except its id."""
+
+    gpu_model: str
+    node_class: NodeClass
+    cpu_capacity: int
+    memory_capacity: int
+    gpu_free: tuple[int, ...]  # free milli per GPU, sorted descending
+    cpu_free: int
+    memory_free: int
+
+
+class PodShape(NamedTuple):
+    """Everything about a pod request that placement looks at, except its id and priority."""
+
+    num_gpu: int
+    gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+    gpu_models: tuple[str, ...]  # sorted; empty = any
+    node_selector: tuple[tuple[str, str], ...]  # sorted items
+    tolerations: tuple[Toleration, ...]
+
+    @property
+    def is_share(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+
+def gpu_fits(gpu_free: tuple[int, ...], num_gpu: int, gpu_milli: int) -> bool:
+    """Whether a sorted-descending free vector can give the GPU part of a request. O(1)."""
+    if num_gpu == 0:
+        return True
+    if gpu_milli >= GPU_MILLI:
+        return len(gpu_free) >= num_gpu and gpu_free[num_gpu - 1] >= GPU_MILLI
+    return len(gpu_free) > 0 and gpu_free[0] >= gpu_milli
+
+
+def class_admits(node_class: NodeClass, shape: PodShape) -> bool:
+    """Node selector and taints/tolerations (NoSchedule and NoExecute filter; PreferNoSchedule does not)."""
+    return _selector_matches(node_class, shape) and _taints_tolerated(node_class, shape)
+
+
+def _selector_matches(node_class: NodeClass, shape: PodShape) -> bool:
+    if not shape.node_selector:
+        return True
+    labels = dict(node_class[0])
+    return all(labels.get(key) == value for key, value in shape.node_selector)
+
+
+def _taints_tolerated(node_class: NodeClass, shape: PodShape) -> bool:
+    for taint in node_class[1]:
+        if taint.effect == "PreferNoSchedule":
+            continue
+        if not any(toleration.tolerates(taint) for toleration in shape.tolerations):
+            return False
+    return True
+
+
+def first_misfit(signature: Signature, shape: PodShape) -> str | None:
+    """The first check a node of this signature fails for the shape, or None if it fits.
+
+    The order (model, selector, taints, GPU, share, CPU, memory) is the order of
+    the reasons reported in ``PodQueued``.
+    """
+    if shape.gpu_models and signature.gpu_model not in shape.gpu_models:
+        return QueueReasonCode.GPU_MODEL_MISMATCH
+    if not _selector_matches(signature.node_class, shape):
+        return QueueReasonCode.NODE_SELECTOR_MISMATCH
+    if not _taints_tolerated(signature.node_class, shape):
+        return QueueReasonCode.UNTOLERATED_TAINT
+    if not gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli):
+        return QueueReasonCode.INSUFFICIENT_GPU_SHARE if shape.is_share else QueueReasonCode.INSUFFICIENT_GPU
+    if signature.cpu_free < shape.cpu_milli:
+        return QueueReasonCode.INSUFFICIENT_CPU
+    if signature.memory_free < shape.memory_mib:
+        return QueueReasonCode.INSUFFICIENT_MEMORY
+    return None

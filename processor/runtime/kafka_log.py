@@ -1,0 +1,616 @@
+"""The Kafka adapter of :class:`processor.runtime.loop.CommandLog`: exactly-once with Kafka transactions.
+
+One consumer in a group (``isolation.level=read_committed``, no auto-commit, static membership with
+``group.instance.id`` = the instance id) reads the commands topic; one transactional producer
+(``transactional.id`` = ``<group>.<instance id>``, stable across restarts) writes each batch's events,
+dead letters and snapshots *and* the consumer offsets in one transaction. A restarted instance fences
+its zombie and aborts the zombie's open transaction in ``init_transactions``.
+
+Errors (see :meth:`KafkaCommandLog.commit`)::
+
+    KafkaLogError         an infrastructure fault still failing after RETRY_FOR seconds of retries: exit
+    ├── BatchAborted      an abortable error: the transaction was aborted (or, if the broker had already
+    │                     timed it out, the producer was replaced by a new one with the same transactional.id)
+    │                     and the consumer rewound to the committed offsets; the Processor forgets those
+    │                     partitions and rebuilds them from snapshot + commands
+    └── KafkaFatalError   fenced (a newer instance with the same id took over), or a fatal error that keeps
+                          coming back after MAX_RENEWALS fresh producers: exit non-zero
+
+Transient errors (coordinator moving or loading, broker restarting) are retried with backoff. A transaction's
+commit returns before the coordinator has written its markers, so a read_committed reader may see the outputs
+a moment later (the stable offset trails the high watermark until then).
+
+Restoring a partition (``processor.runtime.loop.restore_state``) reads the latest snapshot of the compacted
+snapshots topic and the commands up to the committed offset with a separate, group-less reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from kafka_settings.config import KafkaConfig, masked_dict
+from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
+from processor.runtime.loop import InputRecord, OutputRecord
+from schemas.topics import Topics
+
+log = logging.getLogger("gpufold.kafka")
+
+DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
+COMMIT_RETRIES = 5
+MAX_RENEWALS = 5
+_FENCED = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+# Errors of a broker or coordinator that is restarting or moving: retried with backoff.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+    }
+)
+RETRY_FOR = 300.0
+"""How long an infrastructure fault (broker restart, coordinator move) is retried before giving up."""
+SELF_FENCE_WINDOW = 60.0
+"""A consumer fenced this soon after losing its own assignment was fenced by its own rejoin (see _consumer_error)."""
+STALL_GRACE = 5.0
+"""Seconds a transactional call may overrun its own timeout before the producer is given up as stalled."""
+
+
+class KafkaLogError(Exception):
+    """Base of the Kafka adapter's errors."""
+
+
+class BatchAborted(KafkaLogError):
+    """The batch's transaction was aborted and the consumer rewound; folding can go on."""
+
+
+class KafkaFatalError(KafkaLogError):
+    """This instance cannot go on (fenced by a newer instance, or a fatal client error)."""
+
+
+class _Stalled(Exception):
+    """A producer call overran its timeout: librdkafka is stuck inside it (see :meth:`KafkaCommandLog._bounded`)."""
+
+
+def _describe(error: KafkaError) -> str:
+    flags = [name for name, on in (("fatal", error.fatal()), ("retriable", error.retriable())) if on]
+    if error.txn_requires_abort():
+        flags.append("abortable")
+    return f"{error.name()}: {error.str()}" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    arg = exc.args[0] if exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def is_fenced(error: KafkaError) -> bool:
+    """The producer was fenced by a newer instance with the same transactional.id.
+
+    FENCED_INSTANCE_ID from send_offsets_to_transaction is not that: the consumer's group membership in the
+    offsets is stale (its session timed out and it rejoined, e.g. across a broker restart), which aborts the
+    transaction. A real newer instance also fences the producer, which the abort then reports.
+    """
+    return error.code() in _FENCED or (error.code() == KafkaError.FENCED_INSTANCE_ID and error.fatal())
+
+
+class KafkaCommandLog:
+    """A :class:`~processor.runtime.loop.CommandLog` over a Kafka cluster, exactly-once via transactions."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        topics: Topics,
+        *,
+        group_id: str = "gpufold-processor",
+        instance_id: str = "0",
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        request_timeout: float = 30.0,
+        linger: float = 0.005,
+        on_revoked: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.topics = topics
+        self.group_id = group_id
+        self.instance_id = instance_id
+        self.transactional_id = f"{group_id}.{instance_id}"
+        self.timeout = request_timeout
+        # Past the transaction timeout the broker aborts the transaction anyway: no point waiting longer for
+        # one of its calls.
+        self.transaction_timeout = min(request_timeout, transaction_timeout_ms / 1000)
+        self.linger = linger
+        self.on_revoked = on_revoked
+        self.stopping: Callable[[], bool] = lambda: False
+        """Set by the runner: once it returns True, retry loops give up at once (a graceful stop stays bounded)."""
+        self._secrets = config.secrets()
+        rdkafka_log = logging.getLogger("gpufold.kafka.rdkafka")
+        self._producer_config = config.client(
+            {
+                "linger.ms": 2,
+                "compression.type": "lz4",
+                "message.max.bytes": SNAPSHOT_MAX_BYTES + (1 << 20),
+                # Right after a commit the coordinator answers CONCURRENT_TRANSACTIONS until the previous
+                # transaction's markers are written; librdkafka's default 100 ms backoff would add that much
+                # to the next batch (p90 commit 119 ms -> 28 ms on the dev broker with 5 ms).
+                "retry.backoff.ms": 5,
+            },
+            {
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "error_cb": self._on_error,
+                "logger": rdkafka_log,
+            },
+        )
+        self._consumer_config = config.client(
+            {
+                "session.timeout.ms": session_timeout_ms,
+                "auto.offset.reset": "earliest",
+                # Smaller fetches per partition interleave partitions within a batch.
+                "fetch.message.max.bytes": 256 << 10,
+                "queued.max.messages.kbytes": 16 << 10,
+            },
+            {
+                "group.id": group_id,
+                "group.instance.id": instance_id,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "error_cb": self._on_error,
+                "logger": rdkafka_log,
+            },
+        )
+        self._reader_config = config.client(
+            {"auto.offset.reset": "earliest", "fetch.max.bytes": 128 << 20},
+            {
+                "group.id": f"{group_id}.restore",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "logger": rdkafka_log,
+            },
+        )
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._reader: Consumer | None = None
+        self._assigned: set[int] = set()
+        self._renewals = 0
+        self._consumer_renewals = 0
+        self._lost_at: float | None = None
+        self._stalled: list[Any] = []  # producers given up with a call still stuck inside: never destroyed
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> KafkaCommandLog:
+        """Init transactions (fencing any older instance with this id), then join the group."""
+        log.info(
+            "connecting: transactional.id=%s group=%s config=%s",
+            self.transactional_id,
+            self.group_id,
+            masked_dict({k: v for k, v in self._producer_config.items() if k not in ("error_cb", "logger")}),
+        )
+        try:
+            producer = Producer(self._producer_config)
+            self._retrying("initializing transactions", producer.init_transactions, self.timeout)
+            self._producer = producer
+            self._consumer = self._new_consumer()
+            self._reader = Consumer(self._reader_config)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
+        return self
+
+    def _new_consumer(self) -> Consumer:
+        consumer = Consumer(self._consumer_config)
+        consumer.subscribe(
+            [self.topics.commands], on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
+        )
+        return consumer
+
+    def wait_for_assignment(self, timeout: float = 60.0) -> list[int]:
+        """Join the group and return the assigned partitions; records fetched meanwhile are sought back."""
+        consumer = self._require(self._consumer)
+        deadline = time.monotonic() + timeout
+        while not self._assigned:
+            if time.monotonic() > deadline:
+                raise KafkaLogError(f"no partition of {self.topics.commands} assigned within {timeout:g} s")
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+        return self.assignment()
+
+    def close(self) -> None:
+        """Leave cleanly: nothing is in flight between batches, so this only closes the clients."""
+        for client in (self._reader, self._consumer):
+            if client is not None:
+                try:
+                    client.close()
+                except (KafkaException, RuntimeError) as exc:
+                    log.warning("closing consumer: %s", self._scrub(str(exc)))
+        if self._producer is not None:
+            try:
+                self._producer.flush(5)
+            except KafkaException as exc:  # a fenced or failed producer has nothing left to deliver
+                log.info("producer closed after: %s", self._scrub(str(exc)))
+        self._reader = self._consumer = self._producer = None
+
+    def __enter__(self) -> KafkaCommandLog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ CommandLog
+
+    def assignment(self) -> list[int]:
+        return sorted(self._assigned)
+
+    def lag(self, positions: dict[int, int]) -> dict[int, int]:
+        """Records behind the high watermark per assigned partition, from the consumer's cached
+        watermarks (no broker round trip; transaction markers make it an upper bound)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        lag: dict[int, int] = {}
+        for partition in sorted(self._assigned):
+            try:
+                _, high = consumer.get_watermark_offsets(TopicPartition(self.topics.commands, partition), cached=True)
+            except KafkaException:
+                continue
+            if high is not None and high >= 0:
+                lag[partition] = max(0, high - positions.get(partition, 0))
+        return lag
+
+    def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
+        """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (the batch bound)."""
+        linger = self.linger
+        consumer = self._require(self._consumer)
+        try:
+            first = consumer.poll(timeout)
+            if first is None:
+                return []
+            messages = [first]
+            if max_records > 1:
+                messages.extend(consumer.consume(max_records - 1, linger))
+        except KafkaException as exc:
+            self._consumer_failed(exc)
+            return []
+        records: list[InputRecord] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if self._consumer_error(error):
+                    return []  # a new consumer: the old one's records are for partitions no longer assigned
+                continue
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
+            records.append(InputRecord(partition, offset, message.key(), message.value()))
+        return records
+
+    def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+        """Produce ``outputs`` and commit ``positions`` as the group's offsets, in one transaction.
+
+        Raises :class:`BatchAborted` (transaction aborted, consumer rewound) or :class:`KafkaFatalError`.
+        """
+        producer = self._require(self._producer)
+        consumer = self._require(self._consumer)
+        try:
+            producer.begin_transaction()
+            for record in outputs:
+                self._produce(producer, record)
+            offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
+            metadata = consumer.consumer_group_metadata()
+            timeout = self.transaction_timeout
+            self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
+            self._commit_transaction(producer)
+        except KafkaException as exc:
+            self._transaction_failed(exc, positions)
+        except _Stalled as stalled:
+            log.warning("%s: starting a new producer", stalled)
+            self._renew_producer(stalled=True)
+            self._rewind(positions)
+            raise BatchAborted(f"transaction abandoned ({stalled}); partitions {sorted(positions)} rewound") from None
+        self._renewals = self._consumer_renewals = 0
+
+    def committed(self, partition: int) -> int:
+        consumer = self._require(self._consumer)
+        tps = [TopicPartition(self.topics.commands, partition)]
+        [tp] = self._retrying(f"reading the committed offset of partition {partition}", consumer.committed, tps, 10)
+        return max(tp.offset, 0)
+
+    @staticmethod
+    def _bounded(call: Callable[..., Any], *args: Any, limit: float) -> Any:
+        """``call(*args)`` (a blocking producer call given a timeout of ``limit``), bounded even if it ignores it.
+
+        librdkafka's ``send_offsets_to_transaction`` can block forever whatever its timeout: the request to the
+        group coordinator never times out (confluentinc/librdkafka#5456), and after a broker restart it may wait
+        on a cached coordinator whose broker handle was decommissioned and never changes state again (#5511).
+        A blocked C call cannot be interrupted, so it runs in a helper thread; if it has not returned
+        ``STALL_GRACE`` seconds after its own timeout, :class:`_Stalled` is raised and the caller gives up the
+        producer (a new one with the same transactional.id fences it and aborts its open transaction).
+        """
+        outcome: list[Any] = []
+
+        def target() -> None:
+            try:
+                outcome.append((True, call(*args)))
+            except BaseException as exc:  # handed to the calling thread
+                outcome.append((False, exc))
+
+        thread = threading.Thread(target=target, name=f"kafka-{getattr(call, '__name__', 'call')}", daemon=True)
+        thread.start()
+        thread.join(limit + STALL_GRACE)
+        if not outcome:
+            raise _Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def _retrying(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, retried with backoff while the error is transient (up to RETRY_FOR seconds)."""
+        deadline = time.monotonic() + RETRY_FOR
+        delay = 0.1
+        while True:
+            try:
+                return call(*args)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is not None and error.fatal():
+                    raise KafkaFatalError(self._scrub(f"{what}: {_describe(error)}")) from None
+                transient = error is not None and (error.retriable() or error.code() in _TRANSIENT)
+                if not transient or time.monotonic() > deadline or self.stopping():
+                    raise KafkaLogError(self._scrub(f"{what}: {exc}")) from None
+                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(_describe(error)), delay)  # type: ignore[arg-type]
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def latest_snapshot(self, partition: int) -> bytes | None:
+        key = str(partition).encode()
+        latest: bytes | None = None
+        for message in self._read(self.topics.snapshots, partition, None, None):
+            if message.key() == key:
+                latest = message.value()
+        return latest
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        if start >= end:
+            return
+        for message in self._read(self.topics.commands, partition, start, end):
+            offset = message.offset()
+            assert offset is not None
+            yield InputRecord(partition, offset, message.key(), message.value())
+
+    # ------------------------------------------------------------------ transactions
+
+    def _produce(self, producer: Producer, record: OutputRecord) -> None:
+        while True:
+            try:
+                producer.produce(record.topic, record.value, record.key, partition=record.partition)
+                return
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def _commit_transaction(self, producer: Producer) -> None:
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                self._bounded(producer.commit_transaction, self.timeout, limit=self.timeout)
+                return
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is None or not error.retriable() or attempt == COMMIT_RETRIES - 1:
+                    raise
+                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(_describe(error)))
+
+    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
+        error = _kafka_error(exc)
+        described = self._scrub(_describe(error) if error is not None else str(exc))
+        if error is None or is_fenced(error):
+            raise KafkaFatalError(
+                f"transaction of {self.transactional_id} failed ({described}): a newer instance with the same id "
+                "has taken over. Nothing of this batch is visible; exiting."
+            ) from None
+        if error.fatal():
+            # Not fenced by a newer instance (e.g. the broker timed the transaction out while it was down):
+            # a new producer with the same transactional.id aborts whatever is left open and carries on.
+            log.warning("producer failed fatally (%s): starting a new one", described)
+            self._renew_producer()
+        else:
+            log.warning("aborting transaction: %s", described)
+            self._abort()
+        self._rewind(positions)
+        raise BatchAborted(f"transaction aborted ({described}); partitions {sorted(positions)} rewound")
+
+    def _abort(self) -> None:
+        """Abort the open transaction; if that fails, a new producer with the same transactional.id aborts it.
+
+        After a broker restart the producer may keep its requests queued for a coordinator handle that never
+        reconnects (abort_transaction times out again and again), so one failed attempt is enough: the new
+        producer finds the coordinator afresh, and its init_transactions aborts whatever was left open.
+        """
+        producer = self._require(self._producer)
+        timeout = self.transaction_timeout
+        try:
+            self._bounded(producer.abort_transaction, timeout, limit=timeout)
+            return
+        except _Stalled as stalled:
+            log.warning("%s: starting a new producer", stalled)
+            self._renew_producer(stalled=True)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            if error is None or is_fenced(error):
+                raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
+            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
+            self._renew_producer()
+
+    def _renew_producer(self, stalled: bool = False) -> None:
+        """Replace the producer by a new one with the same transactional.id, which fences the old one."""
+        self._renewals += 1
+        if self._renewals > MAX_RENEWALS:
+            raise KafkaFatalError(f"the transactional producer failed {MAX_RENEWALS} times in a row; exiting")
+        old, self._producer = self._producer, None
+        if stalled:
+            # A thread is still inside one of its calls: destroying it now would free what that call uses.
+            self._stalled.append(old)
+        elif old is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.purge()
+        producer = Producer(self._producer_config)
+        self._retrying("initializing transactions", producer.init_transactions, self.timeout)
+        self._producer = producer
+
+    def _rewind(self, positions: dict[int, int]) -> None:
+        """Seek the consumer back to the committed offsets of the batch's (still assigned) partitions."""
+        consumer = self._require(self._consumer)
+        for partition in sorted(positions):
+            if partition not in self._assigned:
+                continue
+            offset = self.committed(partition)
+            try:
+                consumer.seek(TopicPartition(self.topics.commands, partition, offset))
+            except KafkaException as exc:
+                # Without the rewind the next records would skip the aborted ones: stop instead.
+                raise KafkaFatalError(self._scrub(f"cannot rewind partition {partition} to {offset}: {exc}")) from None
+            log.info("partition %d rewound to committed offset %d", partition, offset)
+
+    # ------------------------------------------------------------------ rebalancing
+
+    def _assigned_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned.update(tp.partition for tp in partitions)
+        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+
+    def _revoked_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches are committed before the next poll, so nothing is in flight here: drop the state.
+        self._drop([tp.partition for tp in partitions], "revoked")
+
+    def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost (session expired / fenced member): another instance may own them already; never commit for them.
+        self._lost_at = time.monotonic()
+        self._drop([tp.partition for tp in partitions], "lost")
+
+    def _drop(self, partitions: list[int], why: str) -> None:
+        self._assigned.difference_update(partitions)
+        log.info("%s partitions %s", why, sorted(partitions))
+        if self.on_revoked is not None:
+            self.on_revoked(partitions)
+
+    # ------------------------------------------------------------------ reading for restore
+
+    def _read(self, topic: str, partition: int, start: int | None, end: int | None) -> Iterator[Message]:
+        """Committed records of one partition from ``start`` (default: the beginning) to ``end``/the end."""
+        reader = self._require(self._reader)
+        tp = TopicPartition(topic, partition)
+        low, high = self._retrying(f"reading the offsets of {topic}[{partition}]", watermark_offsets, reader, tp, 10)
+        if start is not None and start < low:
+            raise KafkaLogError(f"{topic}[{partition}] starts at {low}: records {start}..{low - 1} were deleted")
+        first = low if start is None else start
+        if first >= high:
+            return
+        reader.assign([TopicPartition(topic, partition, first)])
+        deadline = time.monotonic() + self.timeout + 120
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise KafkaLogError(f"timed out reading {topic}[{partition}] from {first}")
+                for message in reader.consume(10_000, 0.5):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return
+                        if error.fatal():
+                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {_describe(error)}"))
+                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(_describe(error)))
+                        continue
+                    offset = message.offset()
+                    assert offset is not None
+                    if end is not None and offset >= end:
+                        return
+                    yield message
+                    if end is not None and offset + 1 >= end:
+                        return
+        finally:
+            reader.unassign()
+
+    # ------------------------------------------------------------------ errors
+
+    def _consumer_error(self, error: KafkaError) -> bool:
+        """Log a consumer error; True if the consumer was replaced, KafkaFatalError if it cannot go on.
+
+        A fatal consumer error arrives as ``_FATAL`` (its ``fatal()`` flag is not set): the consumer is dead and
+        would never deliver again. With static membership librdkafka fences *itself* when its session timed out
+        (say the broker restarted): it rejoins under the same group.instance.id and a request still carrying the
+        old member id is answered FENCED_INSTANCE_ID (confluentinc/librdkafka#3437). A fatal error soon after
+        this instance lost its own assignment is that case: a new consumer rejoins. Any other fatal error, or a
+        real newer instance (whose init_transactions also fences our producer at the next commit), is fatal.
+        """
+        described = self._scrub(_describe(error))
+        if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
+            lost_at = self._lost_at
+            recent = lost_at is not None and time.monotonic() - lost_at < SELF_FENCE_WINDOW
+            if not recent or self._consumer_renewals >= MAX_RENEWALS:
+                raise KafkaFatalError(f"consumer failed: {described}")
+            self._renew_consumer(described)
+            return True
+        log.warning("consumer: %s", described)
+        return False
+
+    def _consumer_failed(self, exc: KafkaException) -> None:
+        error = _kafka_error(exc)
+        if error is None:
+            raise KafkaFatalError(self._scrub(f"consumer failed: {exc}")) from None
+        self._consumer_error(error)
+
+    def _renew_consumer(self, described: str) -> None:
+        self._consumer_renewals += 1
+        log.warning("consumer failed right after its session timed out (%s): joining with a new one", described)
+        old, self._consumer = self._consumer, None
+        if self._assigned:
+            self._drop(sorted(self._assigned), "lost")
+        if old is not None:
+            try:
+                self._bounded(old.close, limit=self.timeout)
+            except _Stalled:
+                self._stalled.append(old)
+            except (KafkaException, RuntimeError) as exc:
+                log.info("closing the failed consumer: %s", self._scrub(str(exc)))
+        self._lost_at = None
+        self._consumer = self._new_consumer()
+
+    def _on_error(self, error: KafkaError) -> None:
+        level = logging.ERROR if error.fatal() else logging.WARNING
+        log.log(level, "kafka client: %s", self._scrub(_describe(error)))
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @staticmethod
+    def _require(client: Any) -> Any:
+        if client is None:
+            raise KafkaLogError("the Kafka command log is not started (call start() or use it as a context manager)")
+        return client

@@ -1,0 +1,240 @@
+"""``gpufold processor run``: the exactly-once fold loop on Kafka, with graceful shutdown and JSON logs.
+
+Each iteration polls one batch (at most ``batch_size`` records, gathered for at most ``linger`` seconds after
+the first one), folds it and commits it in one Kafka transaction. SIGTERM/SIGINT finish the current batch,
+then close. Exit status: 0 after a graceful stop, 3 when fenced or on a fatal Kafka error, 4 on a broken
+invariant (a bug: nothing of the failing batch is committed).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from kafka_settings.config import KafkaConfig, install_secret_filter
+from processor.core.errors import InvariantViolation
+from processor.runtime.kafka_log import (
+    DEFAULT_SESSION_TIMEOUT_MS,
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
+    BatchAborted,
+    KafkaCommandLog,
+    KafkaFatalError,
+    KafkaLogError,
+)
+from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
+from schemas.topics import Topics
+
+log = logging.getLogger("gpufold.processor")
+
+EXIT_OK = 0
+EXIT_FATAL = 3
+EXIT_INVARIANT = 4
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and any ``extra={"fields": {...}}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(json_lines: bool = True, level: int = logging.INFO) -> None:
+    """Route every log record to stderr, as JSON lines (or plain text), with secrets scrubbed."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    install_secret_filter(root)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    group_id: str = "gpufold-processor"
+    instance_id: str = "0"
+    batch_size: int = DEFAULT_BATCH_SIZE
+    linger: float = 0.005
+    poll_timeout: float = 0.5
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    stats_every: float = 10.0
+    stop_when_idle: float = 0.0
+    """Stop after this many seconds without records (0 = run until signalled); for tests and batch jobs."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on this port (needs prometheus-client, the ``api`` extra)."""
+    metrics_host: str = "127.0.0.1"
+    metrics_every: float = 5.0
+
+
+class Runner:
+    """The loop: poll -> fold -> commit, until stopped."""
+
+    def __init__(self, config: KafkaConfig, topics: Topics, settings: RunnerSettings) -> None:
+        self.settings = settings
+        self.log = KafkaCommandLog(
+            config,
+            topics,
+            group_id=settings.group_id,
+            instance_id=settings.instance_id,
+            transaction_timeout_ms=settings.transaction_timeout_ms,
+            session_timeout_ms=settings.session_timeout_ms,
+            linger=settings.linger,
+            on_revoked=self._forget,
+        )
+        self.processor = Processor(self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size)
+        self._stopping = False
+        self.log.stopping = lambda: self._stopping
+        self.metrics: Any = None
+        self._rejected_reported: dict[str, int] = {}
+        self._metrics_refreshed = 0.0
+        if settings.metrics_port is not None:
+            self._serve_metrics(settings.metrics_port, settings.metrics_host)
+
+    def _serve_metrics(self, port: int, host: str) -> None:
+        try:
+            from prometheus_client import start_http_server
+
+            from processor.runtime.metrics import ProcessorMetrics
+        except ImportError as error:
+            message = f"--metrics-port needs prometheus-client (pip install 'gpufold[api]'): {error}"
+            raise KafkaLogError(message) from None
+        self.metrics = ProcessorMetrics()
+        start_http_server(port, addr=host, registry=self.metrics.registry)
+        # Time each transaction commit (events + offsets) without touching the adapter.
+        commit = self.log.commit
+
+        def timed_commit(outputs: Any, positions: Any) -> None:
+            with self.metrics.commit_seconds.time():
+                commit(outputs, positions)
+
+        self.log.commit = timed_commit  # type: ignore[method-assign]
+        log.info("metrics served", extra={"fields": {"url": f"http://{host}:{port}/metrics"}})
+
+    def _observe(self, count: int, now: float) -> None:
+        metrics = self.metrics
+        rejected: dict[str, int] = {}
+        for folder in self.processor.folders.values():
+            for code, total in folder.rejected.items():
+                rejected[code] = rejected.get(code, 0) + total
+        new = {code: total - self._rejected_reported.get(code, 0) for code, total in rejected.items()}
+        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0)
+        self._rejected_reported = rejected
+        if now - self._metrics_refreshed >= self.settings.metrics_every:
+            folders = self.processor.folders
+            positions = {partition: folder.state.next_offset for partition, folder in folders.items()}
+            metrics.refresh((folder.state for folder in folders.values()), self.log.lag(positions))
+            self._metrics_refreshed = now
+
+    def _forget(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self.processor.forget(partition)
+
+    def stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        if not self._stopping:
+            log.info("stopping after the current batch", extra={"fields": {"signal": signum}})
+        self._stopping = True
+
+    def run(self) -> int:
+        settings = self.settings
+        try:
+            self.log.start()
+        except KafkaLogError as error:
+            log.error("%s", error)
+            return EXIT_FATAL
+        log.info(
+            "processor started",
+            extra={
+                "fields": {
+                    "transactional_id": self.log.transactional_id,
+                    "group": settings.group_id,
+                    "commands": self.log.topics.commands,
+                    "batch_size": settings.batch_size,
+                    "snapshot_every": settings.snapshot_every,
+                }
+            },
+        )
+        processor = self.processor
+        started = last_stats = last_record = time.monotonic()
+        reported = 0
+        status = EXIT_OK
+        try:
+            while not self._stopping:
+                try:
+                    count = processor.run_batch(settings.poll_timeout)
+                except BatchAborted as aborted:
+                    log.warning("batch aborted, partitions will be rebuilt", extra={"fields": {"reason": str(aborted)}})
+                    continue
+                now = time.monotonic()
+                if self.metrics is not None and count:
+                    self._observe(count, now)
+                if count or not self.log.assignment():  # idle time counts once partitions are assigned
+                    last_record = now
+                elif settings.stop_when_idle and now - last_record >= settings.stop_when_idle:
+                    log.info("idle, stopping")
+                    break
+                if now - last_stats >= settings.stats_every:
+                    done = processor.processed
+                    log.info(
+                        "progress",
+                        extra={
+                            "fields": {
+                                "processed": done,
+                                "rate": round((done - reported) / (now - last_stats), 1),
+                                "partitions": self.log.assignment(),
+                            }
+                        },
+                    )
+                    last_stats, reported = now, done
+        except KafkaFatalError as error:
+            log.error("fatal: %s", error)
+            status = EXIT_FATAL
+        except KafkaLogError as error:
+            # The batch may be half-folded and uncommitted: stop; a restart rebuilds from what was committed.
+            if self._stopping:  # asked to stop while retrying: nothing half-committed, a graceful stop
+                log.warning("stopped while retrying: %s", error)
+            else:
+                log.error("giving up after an infrastructure fault: %s", error)
+                status = EXIT_FATAL
+        except InvariantViolation as error:
+            log.error("invariant violated, batch not committed: %s", error)
+            status = EXIT_INVARIANT
+        finally:
+            self.log.close()
+        elapsed = time.monotonic() - started
+        log.info(
+            "processor stopped",
+            extra={"fields": {"processed": processor.processed, "seconds": round(elapsed, 3), "exit": status}},
+        )
+        return status
+
+
+def run(config: KafkaConfig, topics: Topics, settings: RunnerSettings) -> int:
+    """Run until SIGTERM/SIGINT (or idle, if asked); returns the process exit status."""
+    runner = Runner(config, topics, settings)
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr: how to see where a stuck processor waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return runner.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,227 @@
+"""The processor loop: the same code folds commands from the embedded log or from Kafka.
+
+A :class:`CommandLog` is the adapter to a log (``gpufold.embedded_log`` and
+``processor.runtime.kafka_log``); :class:`PartitionFolder` turns one partition's
+command records into output records (events, dead letters, snapshots) with the
+pure fold; :class:`Processor` drives them batch by batch, committing each
+batch's outputs together with the consumer position in one atomic step, so a
+crash at any moment loses nothing and duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from processor.core.fold import decide
+from processor.core.snapshot import from_snapshot, to_snapshot
+from processor.core.state import PartitionState
+from schemas import DecodeError
+from schemas.dead_letters import DeadLetter, encode_dead_letter
+from schemas.events import CommandRejected
+from schemas.fastcodec import decode_command, encode_event
+from schemas.snapshots import decode_snapshot, encode_snapshot
+from schemas.topics import Topics
+
+log = logging.getLogger("gpufold.processor")
+
+DEFAULT_SNAPSHOT_EVERY = 50_000
+DEFAULT_BATCH_SIZE = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """A record read from the commands topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(slots=True)
+class OutputRecord:
+    """A record to produce: an event, a dead letter or a snapshot."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+
+
+class CommandLog(Protocol):
+    """What the processor needs from a log (one implementation per backend).
+
+    ``commit`` must be atomic: the outputs become visible to readers together
+    with the new consumer positions, or not at all.
+    """
+
+    topics: Topics
+
+    def assignment(self) -> list[int]:
+        """The command partitions this processor owns now."""
+        ...
+
+    def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
+        """The next command records of the owned partitions, in offset order per partition."""
+        ...
+
+    def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+        """Atomically publish outputs and set each partition's next offset to fold."""
+        ...
+
+    def committed(self, partition: int) -> int:
+        """The committed next offset of a partition (0 if none)."""
+        ...
+
+    def latest_snapshot(self, partition: int) -> bytes | None:
+        """The newest snapshot frame written for a partition, if any."""
+        ...
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        """Command records with start <= offset < end (committed ones only)."""
+        ...
+
+
+class PartitionFolder:
+    """Folds the command records of one partition into output records."""
+
+    def __init__(
+        self,
+        partition: int,
+        topics: Topics,
+        state: PartitionState | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    ) -> None:
+        self.partition = partition
+        self.topics = topics
+        self.state = state if state is not None else PartitionState(partition=partition)
+        self.snapshot_every = snapshot_every
+        self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
+
+    def fold(self, record: InputRecord, out: list[OutputRecord]) -> None:
+        """Fold one record, appending what it produces to ``out``.
+
+        A record below the state's position was folded already and is skipped.
+        """
+        state = self.state
+        if record.offset < state.next_offset:
+            return
+        try:
+            command = decode_command(record.value)  # generated decoder; older fingerprints go through fastavro
+        except DecodeError as error:
+            out.append(self._dead_letter(record, str(error)))
+            state.next_offset = record.offset + 1
+        else:
+            topic, partition = self.topics.events, self.partition
+            key = command.cluster.encode()
+            events = decide(state, command, record.offset)
+            for event in events:
+                out.append(OutputRecord(topic, partition, key, encode_event(event)))
+            outcome = events[0].payload
+            if type(outcome) is CommandRejected:  # a refused command has exactly this one event
+                self.rejected[outcome.code] = self.rejected.get(outcome.code, 0) + 1
+        if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
+            out.append(self.snapshot_record())
+
+    def fold_silently(self, records: Iterable[InputRecord]) -> None:
+        """Re-fold records whose outputs were already published (recovery)."""
+        sink: list[OutputRecord] = []
+        counted = dict(self.rejected)
+        for record in records:
+            self.fold(record, sink)
+            sink.clear()
+        self.rejected = counted  # these were counted when they were first folded
+
+    def snapshot_record(self) -> OutputRecord:
+        return OutputRecord(
+            self.topics.snapshots,
+            self.partition,
+            str(self.partition).encode(),
+            encode_snapshot(to_snapshot(self.state)),
+        )
+
+    def _dead_letter(self, record: InputRecord, error: str) -> OutputRecord:
+        letter = DeadLetter(self.topics.commands, record.partition, record.offset, error, record.key, record.value)
+        return OutputRecord(self.topics.dead_letters, record.partition, record.key, encode_dead_letter(letter))
+
+
+def restore_state(log_: CommandLog, partition: int) -> PartitionState:
+    """Load the partition's latest snapshot, then re-fold commands up to the committed offset.
+
+    Those commands' events are already published, so nothing is produced here.
+    """
+    frame = log_.latest_snapshot(partition)
+    state = from_snapshot(decode_snapshot(frame)) if frame else PartitionState(partition=partition)
+    committed = log_.committed(partition)
+    if state.next_offset > committed:
+        # A snapshot newer than the committed position cannot exist (it is written in
+        # the same transaction as the batch that reached it); refuse to guess.
+        raise RuntimeError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
+    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0)
+    folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
+    state.next_offset = committed
+    return state
+
+
+class Processor:
+    """Drives the fold over a :class:`CommandLog`, one atomic batch at a time."""
+
+    def __init__(
+        self,
+        log_: CommandLog,
+        *,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        self.log = log_
+        self.snapshot_every = snapshot_every
+        self.batch_size = batch_size
+        self.folders: dict[int, PartitionFolder] = {}
+        self.processed = 0
+
+    def folder(self, partition: int) -> PartitionFolder:
+        folder = self.folders.get(partition)
+        if folder is None:
+            state = restore_state(self.log, partition)
+            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every)
+            self.folders[partition] = folder
+            log.info("partition %d restored at offset %d", partition, state.next_offset)
+        return folder
+
+    def forget(self, partition: int) -> None:
+        """Drop a partition's state (revoked, or its batch aborted: rebuilt on next use)."""
+        self.folders.pop(partition, None)
+
+    def run_batch(self, timeout: float = 0.5) -> int:
+        """Poll, fold and atomically commit one batch; returns the records folded."""
+        records = self.log.poll(self.batch_size, timeout)
+        if not records:
+            return 0
+        outputs: list[OutputRecord] = []
+        positions: dict[int, int] = {}
+        for record in records:
+            folder = self.folder(record.partition)
+            folder.fold(record, outputs)
+            positions[record.partition] = folder.state.next_offset
+        try:
+            self.log.commit(outputs, positions)
+        except BaseException:
+            # The states ran ahead of what was committed: rebuild them from the log.
+            for partition in positions:
+                self.forget(partition)
+            raise
+        self.processed += len(records)
+        return len(records)
+
+    def run_until_idle(self, idle_polls: int = 1, timeout: float = 0.0) -> int:
+        """Run batches until ``idle_polls`` polls in a row return nothing; returns records folded."""
+        total = 0
+        idle = 0
+        while idle < idle_polls:
+            count = self.run_batch(timeout)
+            total += count
+            idle = idle + 1 if count == 0 else 0
+        return total

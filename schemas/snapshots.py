@@ -1,0 +1,89 @@
+"""The snapshot records of ``snapshot.avsc``: a partition's whole fold state, as plain data.
+
+The fold builds a :class:`Snapshot` from its state (``processor.core.snapshot``) and
+restores from one; readers that only want to look (``gpufold state``, a replica) can
+decode it without the fold. Lists are sorted by id, so equal states encode to equal bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.codec import SNAPSHOT, registry
+from schemas.commands import Taint
+from schemas.events import GpuShare, PodSpec
+from schemas.records import Record
+
+
+@dataclass(slots=True)
+class NodeSnapshot(Record):
+    node_id: str
+    gpu_model: str
+    gpu_count: int
+    cpu_milli: int
+    memory_mib: int
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    cordoned: bool = False
+    failed: bool = False
+    NESTED = {"taints": Taint}
+
+
+@dataclass(slots=True)
+class PodSnapshot(Record):
+    """A present pod: queued (``node_id`` None) or running on ``node_id`` with ``gpus``."""
+
+    pod: PodSpec
+    node_id: str | None = None
+    gpus: tuple[GpuShare, ...] = ()
+    NESTED = {"pod": PodSpec, "gpus": GpuShare}
+
+
+@dataclass(slots=True)
+class TypicalPodSnapshot(Record):
+    """One FGD typical pod learned by the fold (``schemas.fragmentation``)."""
+
+    num_gpu: int
+    gpu_milli: int
+    cpu_milli: int
+    gpu_models: tuple[str, ...]
+    weight: float
+
+
+@dataclass(slots=True)
+class ClusterSnapshot(Record):
+    cluster: str
+    policy: str
+    arrivals: int
+    nodes: tuple[NodeSnapshot, ...] = ()
+    pods: tuple[PodSnapshot, ...] = ()
+    typical_pods: tuple[TypicalPodSnapshot, ...] = ()
+    NESTED = {"nodes": NodeSnapshot, "pods": PodSnapshot, "typical_pods": TypicalPodSnapshot}
+
+
+@dataclass(slots=True)
+class Snapshot(Record):
+    """The fold state of one partition after the command at ``next_offset - 1``."""
+
+    partition: int
+    next_offset: int
+    sequence: int
+    seen_window: int
+    seen: tuple[str, ...] = ()
+    clusters: tuple[ClusterSnapshot, ...] = ()
+    NESTED = {"clusters": ClusterSnapshot}
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    """The single-object frame of a snapshot."""
+    return registry().codec(SNAPSHOT).encode(snapshot.to_avro())
+
+
+def encode_snapshot_body(snapshot: Snapshot) -> bytes:
+    """The Avro body alone (no header): what ``state_hash`` digests."""
+    return registry().codec(SNAPSHOT).encode_body(snapshot.to_avro())
+
+
+def decode_snapshot(frame: bytes) -> Snapshot:
+    """A snapshot from its frame (older writer schemas resolved); raises ``DecodeError`` if malformed."""
+    return Snapshot.from_avro(registry().codec(SNAPSHOT).decode(frame))

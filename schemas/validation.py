@@ -1,0 +1,178 @@
+"""The checks a command must pass that need no cluster state: one definition for the fold and for clients.
+
+The fold runs them first in each handler (so a bad command is a ``CommandRejected``
+with the same code and message everywhere); :class:`producers.publisher.CommandPublisher`
+runs :func:`check_command` before sending, so a client hears about a bad argument
+at once instead of from a rejection event. Checks that need the cluster (does the
+node exist, does any node have this GPU model, is the pod id taken) stay in the fold.
+
+Every function is pure and raises :class:`~schemas.codes.Rejected` with a
+machine-readable code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from schemas.codes import Rejected, RejectionCode
+from schemas.commands import (
+    GPU_MILLI,
+    AddNode,
+    Command,
+    CordonNode,
+    DrainNode,
+    MarkNodeFailed,
+    Release,
+    RemoveNode,
+    SetPolicy,
+    SubmitPod,
+    UncordonNode,
+)
+
+MAX_ID_LENGTH = 253
+MAX_GPUS_PER_NODE = 64
+MAX_CPU_MILLI = 100_000_000  # 100,000 cores
+MAX_MEMORY_MIB = 1 << 30  # 1 PiB
+MAX_ISSUED_AT = (1 << 63) - 1  # Avro long
+POLICY_NAMES = (
+    "best-fit",
+    "best-fit-paper",
+    "dot-product",
+    "fgd",
+    "fgd-plus",
+    "first-fit",
+    "gpu-clustering",
+    "gpu-packing",
+    "random",
+    "spread",
+)
+"""The placement policies a ``SetPolicy`` may name (sorted); the fold registers exactly these."""
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ID = re.compile(rf"\S{{1,{MAX_ID_LENGTH}}}")
+
+
+def check_id(what: str, value: Any) -> None:
+    if not isinstance(value, str) or not _ID.fullmatch(value) or not value.isprintable():
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"{what} must be 1-{MAX_ID_LENGTH} printable characters without spaces, got {value!r}",
+        )
+
+
+def check_range(what: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise Rejected(RejectionCode.INVALID_RESOURCES, f"{what} must be between {low} and {high}, got {value!r}")
+
+
+def check_model(value: Any) -> None:
+    if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
+        raise Rejected(
+            RejectionCode.UNKNOWN_GPU_MODEL,
+            f"GPU model {value!r} is not a valid model name (letters, digits, '.', '_', '-'; at most 64)",
+        )
+
+
+def check_labels(what: str, labels: Mapping[str, str]) -> None:
+    for key, value in labels.items():
+        check_id(f"{what} key", key)
+        if not isinstance(value, str) or len(value) > MAX_ID_LENGTH:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND, f"{what} {key!r} value must be a string of at most {MAX_ID_LENGTH}"
+            )
+
+
+def check_envelope(command: Command) -> None:
+    check_id("command_id", command.command_id)
+    check_id("cluster", command.cluster)
+    if not isinstance(command.issued_at, int) or isinstance(command.issued_at, bool) or command.issued_at < 0:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND, f"issued_at must be epoch milliseconds >= 0, got {command.issued_at!r}"
+        )
+    if command.issued_at > MAX_ISSUED_AT:
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"issued_at must be at most {MAX_ISSUED_AT}")
+
+
+def check_add_node(command: AddNode) -> None:
+    check_id("node_id", command.node_id)
+    check_range("gpu_count", command.gpu_count, 0, MAX_GPUS_PER_NODE)
+    check_range("cpu_milli", command.cpu_milli, 1, MAX_CPU_MILLI)
+    check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
+    if command.gpu_count > 0 or command.gpu_model:
+        check_model(command.gpu_model)
+    check_labels("label", command.labels)
+    for taint in command.taints:
+        check_id("taint key", taint.key)
+        if taint.effect not in TAINT_EFFECTS:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND, f"taint effect must be one of {TAINT_EFFECTS}, got {taint.effect!r}"
+            )
+
+
+def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed) -> None:
+    check_id("node_id", command.node_id)
+
+
+def check_submit_pod(command: SubmitPod) -> None:
+    check_id("pod_id", command.pod_id)
+    check_id("tenant", command.tenant)
+    check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
+    check_range("num_gpu", command.num_gpu, 0, MAX_GPUS_PER_NODE)
+    check_range("cpu_milli", command.cpu_milli, 0, MAX_CPU_MILLI)
+    check_range("memory_mib", command.memory_mib, 0, MAX_MEMORY_MIB)
+    if command.num_gpu == 0:
+        check_range("gpu_milli of a pod with num_gpu 0", command.gpu_milli, 0, 0)
+    elif command.num_gpu == 1:
+        check_range("gpu_milli", command.gpu_milli, 1, GPU_MILLI)
+    else:
+        check_range("gpu_milli of a multi-GPU pod", command.gpu_milli, GPU_MILLI, GPU_MILLI)
+    if command.num_gpu == 0 and command.cpu_milli == 0 and command.memory_mib == 0:
+        raise Rejected(RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} requests no GPU, CPU or memory")
+    for model in command.gpu_models:
+        check_model(model)
+    check_labels("node_selector", command.node_selector)
+    for toleration in command.tolerations:
+        if toleration.operator not in TOLERATION_OPERATORS:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"toleration operator must be one of {TOLERATION_OPERATORS}, got {toleration.operator!r}",
+            )
+        if toleration.effect and toleration.effect not in TAINT_EFFECTS:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"toleration effect must be empty or one of {TAINT_EFFECTS}, got {toleration.effect!r}",
+            )
+
+
+def check_release(command: Release) -> None:
+    check_id("pod_id", command.pod_id)
+
+
+def check_set_policy(command: SetPolicy) -> None:
+    if command.policy not in POLICY_NAMES:
+        raise Rejected(RejectionCode.UNKNOWN_POLICY, f"unknown policy {command.policy!r}; known: {list(POLICY_NAMES)}")
+
+
+PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
+    AddNode: check_add_node,
+    RemoveNode: check_node_ref,
+    CordonNode: check_node_ref,
+    UncordonNode: check_node_ref,
+    DrainNode: check_node_ref,
+    MarkNodeFailed: check_node_ref,
+    SubmitPod: check_submit_pod,
+    Release: check_release,
+    SetPolicy: check_set_policy,
+}
+
+
+def check_command(command: Command) -> None:
+    """Every stateless check of an envelope and its payload, in the order the fold makes them."""
+    check_envelope(command)
+    check = PAYLOAD_CHECKS.get(type(command.payload))
+    if check is None:
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"unknown command type {type(command.payload).__name__}")
+    check(command.payload)
