@@ -33,6 +33,15 @@ SNAPSHOT = "gpufold.Snapshot"
 DEAD_LETTER = "gpufold.DeadLetter"
 
 _SCHEMA_FILES = ("types.avsc", "command.avsc", "event.avsc", "snapshot.avsc", "dead_letter.avsc")
+HISTORY = ("v1",)
+"""Released versions of the contract, kept under ``schemas/history/<version>/`` (the same five files).
+
+Every record a released version wrote still decodes: the registry knows each
+version's writer schemas by fingerprint and resolves them to the current
+reader schemas. Changing a schema file therefore means copying the released
+files here first, under a new version name (``tests/unit/test_schema_history.py``
+checks that the current schemas can read every version).
+"""
 
 
 class DecodeError(ValueError):
@@ -95,8 +104,11 @@ def parsing_canonical_form(schema: Any, named: dict[str, Any]) -> str:
     return form(schema)
 
 
-def _load_json(name: str) -> Any:
-    return json.loads(resources.files("schemas").joinpath(name).read_text(encoding="utf-8"))
+def _load_json(name: str, version: str | None = None) -> Any:
+    folder = resources.files("schemas")
+    if version is not None:
+        folder = folder.joinpath("history").joinpath(version)
+    return json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +182,24 @@ class SchemaRegistry:
             document = _load_json(file_name)
             for schema in document if isinstance(document, list) else [document]:
                 self._add_current(schema)
+        self.versions: dict[str, dict[str, bytes]] = {}  # version -> record name -> writer fingerprint
+        for version in HISTORY:
+            self.versions[version] = self._add_version(version)
+
+    def _add_version(self, version: str) -> dict[str, bytes]:
+        """Register a released version's writer schemas, parsed against that version's own shared types."""
+        named: dict[str, Any] = {}
+        fingerprints: dict[str, bytes] = {}
+        for file_name in _SCHEMA_FILES:
+            document = _load_json(file_name, version)
+            for schema in document if isinstance(document, list) else [document]:
+                parsed: Any = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=named)
+                if file_name == "types.avsc":
+                    continue
+                fingerprint_bytes = self._fingerprint_of(parsed, named)
+                fingerprints[parsed["name"]] = fingerprint_bytes
+                self._by_fingerprint.setdefault(fingerprint_bytes, parsed)
+        return fingerprints
 
     def _add_current(self, schema: dict[str, Any]) -> None:
         parsed: Any = fastavro.parse_schema(_strip_logical_types(schema), named_schemas=self._named)
