@@ -222,6 +222,15 @@ class SchemaRegistry:
         self._by_fingerprint[fingerprint_bytes] = parsed
         return fingerprint_bytes
 
+    def released_version(self, name: str, fingerprint_bytes: bytes) -> str | None:
+        """The released version that wrote a frame of this record, if it is not today's schema."""
+        if fingerprint_bytes == self._codecs[name].fingerprint:
+            return None
+        for version, fingerprints in self.versions.items():
+            if fingerprints.get(name) == fingerprint_bytes:
+                return version
+        return None
+
     def writer_schema(self, fingerprint_bytes: bytes) -> Any | None:
         return self._by_fingerprint.get(fingerprint_bytes)
 

@@ -29,6 +29,11 @@ class RejectionCode:
     UNKNOWN_POD = "UNKNOWN_POD"
     DUPLICATE_POD = "DUPLICATE_POD"
     UNKNOWN_POLICY = "UNKNOWN_POLICY"
+    DUPLICATE_GANG = "DUPLICATE_GANG"
+    UNKNOWN_GANG = "UNKNOWN_GANG"
+    UNKNOWN_LABEL_KEY = "UNKNOWN_LABEL_KEY"
+    NEVER_FITS = "NEVER_FITS"
+    DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
 
     ALL = (
         DUPLICATE_COMMAND,
@@ -44,6 +49,11 @@ class RejectionCode:
         UNKNOWN_POD,
         DUPLICATE_POD,
         UNKNOWN_POLICY,
+        DUPLICATE_GANG,
+        UNKNOWN_GANG,
+        UNKNOWN_LABEL_KEY,
+        NEVER_FITS,
+        DEPENDENCY_CYCLE,
     )
 
 
@@ -51,7 +61,8 @@ class QueueReasonCode:
     """Why a pod could not be placed, counted per node in ``PodQueued.reasons``.
 
     Each schedulable node is counted once, under the first check it fails, in
-    this order: model, selector, taints, GPU, GPU share, CPU, memory.
+    this order: model, selector, taints, GPU, GPU share, CPU, memory, reservation.
+    Gang-level and waiting codes carry no node count (``nodes`` 0) but a message.
     """
 
     NO_NODES = "NO_NODES"
@@ -63,6 +74,11 @@ class QueueReasonCode:
     INSUFFICIENT_GPU_SHARE = "INSUFFICIENT_GPU_SHARE"
     INSUFFICIENT_CPU = "INSUFFICIENT_CPU"
     INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
+    NODE_RESERVED = "NODE_RESERVED"  # would fit, but held for the head of the queue (checked last)
+    WAITING_FOR_DEPENDENCY = "WAITING_FOR_DEPENDENCY"  # not in the placement queue until its dependencies end
+    WAITING_FOR_EARLIER_JOB = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started
+    TOPOLOGY_DOMAIN_TOO_SMALL = "TOPOLOGY_DOMAIN_TOO_SMALL"  # no domain has the free capacity the gang needs
+    GANG_DOES_NOT_FIT = "GANG_DOES_NOT_FIT"  # domains have the capacity in sum, but not the members' shapes
 
 
 class Rejected(Exception):

@@ -7,12 +7,24 @@ is the envelope. The fold reads time only from ``Command.issued_at``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from schemas.records import Record
 
 GPU_MILLI = 1000
 """Milli per GPU: a whole GPU is 1000, a share is 1-999."""
+AFTER_OK = "afterok"
+"""A dependant starts only after its dependencies were released normally (not timed out, failed or cancelled)."""
+AFTER_ANY = "afterany"
+"""A dependant starts after its dependencies ended in any way."""
+DEPENDENCY_TYPES = (AFTER_OK, AFTER_ANY)
+SKIP_AHEAD = "skip-ahead"
+"""Queue order: work that fits may start while an earlier, larger job waits (within a reservation's rules)."""
+STRICT_FIFO = "strict-fifo"
+"""Queue order: nothing starts before every job ahead of it (priority, then age) has started."""
+QUEUE_ORDERS = (SKIP_AHEAD, STRICT_FIFO)
+DEFAULT_RESERVE_AFTER_MS = 300_000
+"""A job at the head of the queue that has waited this long (event time) gets nodes reserved."""
 
 
 @dataclass(slots=True, frozen=True, order=True)
@@ -98,6 +110,9 @@ class SubmitPod(Record):
     gpu_models: tuple[str, ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    time_limit_ms: int | None = None
+    depends_on: tuple[str, ...] = ()
+    dependency: str = AFTER_OK
     NESTED = {"tolerations": Toleration}
 
 
@@ -111,28 +126,116 @@ class Release(Record):
 
 @dataclass(slots=True)
 class SetPolicy(Record):
-    policy: str
+    """Cluster settings; a field left at its default keeps the current value.
+
+    ``reserve_after_ms``: reserve nodes for the head of the queue once it has waited
+    this long (negative: no reservations). ``queue_order``: ``skip-ahead`` or ``strict-fifo``.
+    """
+
+    policy: str = ""
+    reserve_after_ms: int | None = None
+    queue_order: str = ""
+
+
+@dataclass(slots=True)
+class GangMember(Record):
+    """One pod of a gang: the resource fields of :class:`SubmitPod` (tenant, priority and time are the gang's)."""
+
+    pod_id: str
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    NESTED = {"tolerations": Toleration}
+
+
+@dataclass(slots=True)
+class SubmitGang(Record):
+    """Pods that start together, at least ``min_members`` of them (default: all), or not at all.
+
+    ``topology_required`` (a node label key) keeps every member on nodes with one value
+    of it; ``topology_preferred`` tries that domain first and falls back to wider ones.
+    """
+
+    gang_id: str
+    tenant: str = "default"
+    priority: int = 0
+    members: tuple[GangMember, ...] = ()
+    min_members: int | None = None
+    topology_required: str | None = None
+    topology_preferred: str | None = None
+    timeout_ms: int | None = None
+    time_limit_ms: int | None = None
+    depends_on: tuple[str, ...] = ()
+    dependency: str = AFTER_OK
+    NESTED = {"members": GangMember}
+
+
+@dataclass(slots=True)
+class ReleaseGang(Record):
+    """Release every member of a gang (or take a waiting gang out of the queue)."""
+
+    gang_id: str
+    reason: str = "completed"
+
+
+@dataclass(slots=True)
+class Tick(Record):
+    """Advances event time when no other command does, so timeouts and time limits fire."""
 
 
 CommandPayload = (
-    AddNode | RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed | SubmitPod | Release | SetPolicy
+    AddNode
+    | RemoveNode
+    | CordonNode
+    | UncordonNode
+    | DrainNode
+    | MarkNodeFailed
+    | SubmitPod
+    | Release
+    | SetPolicy
+    | SubmitGang
+    | ReleaseGang
+    | Tick
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
     cls.AVRO_NAME: cls
-    for cls in (AddNode, RemoveNode, CordonNode, UncordonNode, DrainNode, MarkNodeFailed, SubmitPod, Release, SetPolicy)
+    for cls in (
+        AddNode,
+        RemoveNode,
+        CordonNode,
+        UncordonNode,
+        DrainNode,
+        MarkNodeFailed,
+        SubmitPod,
+        Release,
+        SetPolicy,
+        SubmitGang,
+        ReleaseGang,
+        Tick,
+    )
 }
 
 
 @dataclass(slots=True)
 class Command:
-    """The command envelope: idempotency key, partition key, event time, sender, payload."""
+    """The command envelope: idempotency key, partition key, event time, sender, payload.
+
+    ``contract`` names the contract version whose semantics the command keeps: "" for
+    today's; a command decoded from a frame written with contract v1 is a
+    :class:`V1Command` (see there).
+    """
 
     command_id: str
     cluster: str
     issued_at: int
     payload: CommandPayload
     source: str = ""
+    contract: ClassVar[str] = ""
 
     @property
     def type_name(self) -> str:
@@ -152,3 +255,16 @@ class Command:
         name, body = data["payload"]
         payload = PAYLOAD_TYPES[name].from_avro(body)
         return cls(data["command_id"], data["cluster"], data["issued_at"], payload, data["source"])  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class V1Command(Command):
+    """A command written by a client of contract v1 (its frame's fingerprint says so).
+
+    It keeps v1's semantics, as Kubernetes applies each API version's own defaults:
+    its events are stamped with its own ``issued_at`` (not the partition's clock, if
+    it is late), and it never makes a reservation (v1 had none). A log written
+    entirely with v1 therefore replays to exactly the decisions v1 made.
+    """
+
+    contract: ClassVar[str] = "v1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import Taint, Toleration
+from schemas.commands import AFTER_OK, Taint, Toleration
 from schemas.records import Record
 
 
@@ -29,6 +29,10 @@ class PodSpec(Record):
     tolerations: tuple[Toleration, ...]
     submitted_at: int
     arrival: int
+    gang_id: str | None = None
+    time_limit_ms: int | None = None
+    depends_on: tuple[str, ...] = ()
+    dependency: str = AFTER_OK
     NESTED = {"tolerations": Toleration}
 
     @property
@@ -44,6 +48,37 @@ class PodSpec(Record):
 class GpuShare(Record):
     index: int
     milli: int
+
+
+@dataclass(slots=True)
+class GangSpec(Record):
+    """A gang as accepted by the fold: its members are pod specs with ``gang_id`` set."""
+
+    gang_id: str
+    tenant: str
+    priority: int
+    members: tuple[PodSpec, ...]
+    min_members: int
+    topology_required: str | None
+    topology_preferred: str | None
+    timeout_ms: int | None
+    time_limit_ms: int | None
+    depends_on: tuple[str, ...]
+    dependency: str
+    submitted_at: int
+    arrival: int
+    NESTED = {"members": PodSpec}
+
+    def __hash__(self) -> int:  # specs hold dicts; gangs are keyed by id
+        return hash(self.gang_id)
+
+
+@dataclass(slots=True)
+class MemberPlacement(Record):
+    pod_id: str
+    node_id: str
+    gpus: tuple[GpuShare, ...]
+    NESTED = {"gpus": GpuShare}
 
 
 @dataclass(slots=True)
@@ -99,6 +134,7 @@ class PodQueued(Record):
     pod: PodSpec
     reasons: tuple[QueueReason, ...]
     requeued: bool = False
+    waiting_for: tuple[str, ...] = ()
     NESTED = {"pod": PodSpec, "reasons": QueueReason}
 
 
@@ -129,8 +165,12 @@ class PodReleased(Record):
 
 @dataclass(slots=True)
 class PolicyChanged(Record):
+    """The cluster's settings changed (the placement policy; reservation wait and queue order if set)."""
+
     policy: str
     previous: str
+    reserve_after_ms: int | None = None
+    queue_order: str = ""
 
 
 @dataclass(slots=True)
@@ -139,6 +179,85 @@ class CommandRejected(Record):
     command_type: str
     code: str
     message: str
+
+
+@dataclass(slots=True)
+class GangQueued(Record):
+    gang_id: str
+    reasons: tuple[QueueReason, ...]
+    gang: GangSpec
+    requeued: bool = False
+    waiting_for: tuple[str, ...] = ()
+    NESTED = {"reasons": QueueReason, "gang": GangSpec}
+
+
+@dataclass(slots=True)
+class GangScheduled(Record):
+    """Every placed member, in one outcome; the members' ``PodScheduled`` events follow in the same command."""
+
+    gang_id: str
+    members: tuple[MemberPlacement, ...]
+    gang: GangSpec
+    topology_key: str | None = None
+    domain: str | None = None
+    from_queue: bool = False
+    message: str = ""
+    NESTED = {"members": MemberPlacement, "gang": GangSpec}
+
+
+@dataclass(slots=True)
+class GangTimedOut(Record):
+    gang_id: str
+    waited_ms: int
+    message: str = ""
+
+
+@dataclass(slots=True)
+class GangReleased(Record):
+    """The gang ended; ``ok`` only for a normal end (what ``afterok`` dependants wait for)."""
+
+    gang_id: str
+    reason: str
+    ok: bool = False
+
+
+@dataclass(slots=True)
+class PodTimeLimitReached(Record):
+    pod_id: str
+    node_id: str
+    time_limit_ms: int
+    gang_id: str | None = None
+
+
+@dataclass(slots=True)
+class NodesReserved(Record):
+    holder_id: str
+    holder_kind: str  # "pod" or "gang"
+    nodes: tuple[str, ...]
+    expected_start: int | None = None
+    message: str = ""
+
+
+@dataclass(slots=True)
+class ReservationReleased(Record):
+    holder_id: str
+    holder_kind: str
+    nodes: tuple[str, ...]
+    reason: str
+    message: str = ""
+
+
+@dataclass(slots=True)
+class DependencyFailed(Record):
+    holder_id: str
+    holder_kind: str
+    dependency_id: str
+    message: str = ""
+
+
+@dataclass(slots=True)
+class Ticked(Record):
+    clock: int
 
 
 EventPayload = (
@@ -154,6 +273,15 @@ EventPayload = (
     | PodReleased
     | PolicyChanged
     | CommandRejected
+    | GangQueued
+    | GangScheduled
+    | GangTimedOut
+    | GangReleased
+    | PodTimeLimitReached
+    | NodesReserved
+    | ReservationReleased
+    | DependencyFailed
+    | Ticked
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -171,6 +299,15 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         PodReleased,
         PolicyChanged,
         CommandRejected,
+        GangQueued,
+        GangScheduled,
+        GangTimedOut,
+        GangReleased,
+        PodTimeLimitReached,
+        NodesReserved,
+        ReservationReleased,
+        DependencyFailed,
+        Ticked,
     )
 }
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from schemas import commands, events
 from schemas.codec import COMMAND, EVENT, HEADER_SIZE, MAGIC, DecodeError, registry
-from schemas.commands import Command
+from schemas.commands import Command, V1Command
 from schemas.events import Event
 from schemas.records import Record
 
@@ -497,16 +497,19 @@ class _Generator:
         that is not bytes take ``cls.from_avro(codec.decode(frame))``, the fastavro path.
         """
         function = f"decode_{schema['name'].rsplit('.', 1)[-1].lower()}"
-        slow = self.const(registry().codec(schema["name"]).decode)
-        from_avro = self.const(cls.from_avro)
+        decode = registry().codec(schema["name"]).decode
+        if schema["name"] == COMMAND:
+            slow_path = self.const(_slow_command)
+        else:
+            slow_path = self.const(lambda frame: cls.from_avro(decode(frame)))
         body = [
             f"def {function}(frame):",
             "    if type(frame) is not bytes:",
             "        if not isinstance(frame, (bytearray, memoryview)):",
-            f"            return {from_avro}({slow}(frame))",
+            f"            return {slow_path}(frame)",
             "        frame = bytes(frame)",
             f"    if frame[:{HEADER_SIZE}] != {self.const(MAGIC + fingerprint)}:",
-            f"        return {from_avro}({slow}(frame))",
+            f"        return {slow_path}(frame)",
             "    buf = frame",
             f"    pos = {HEADER_SIZE}",
             "    end = len(buf)",
@@ -535,6 +538,14 @@ class _Generator:
             namespace[name] = tuple(namespace[function] for function in readers)
         namespace["__source__"] = source
         return namespace
+
+
+def _slow_command(frame: Any) -> Command:
+    """A command through fastavro (another writer schema): a :class:`V1Command` if contract v1 wrote it."""
+    codecs = registry()
+    data = codecs.codec(COMMAND).decode(frame)
+    version = codecs.released_version(COMMAND, bytes(frame[2:HEADER_SIZE]))
+    return (V1Command if version == "v1" else Command).from_avro(data)
 
 
 def _classes() -> dict[str, type]:

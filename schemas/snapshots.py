@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.codec import SNAPSHOT, registry
-from schemas.commands import Taint
-from schemas.events import GpuShare, PodSpec
+from schemas.commands import DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Taint
+from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.records import Record
 
 
@@ -36,6 +36,8 @@ class PodSnapshot(Record):
     pod: PodSpec
     node_id: str | None = None
     gpus: tuple[GpuShare, ...] = ()
+    started_at: int | None = None
+    waiting_for: tuple[str, ...] = ()
     NESTED = {"pod": PodSpec, "gpus": GpuShare}
 
 
@@ -51,6 +53,36 @@ class TypicalPodSnapshot(Record):
 
 
 @dataclass(slots=True)
+class GangSnapshot(Record):
+    """A gang the fold knows: ``state`` is waiting (for dependencies), queued or running."""
+
+    gang: GangSpec
+    state: str
+    placed: tuple[str, ...] = ()
+    topology_key: str | None = None
+    domain: str | None = None
+    started_at: int | None = None
+    waiting_for: tuple[str, ...] = ()
+    ok: bool = True
+    NESTED = {"gang": GangSpec}
+
+
+@dataclass(slots=True)
+class EndedJob(Record):
+    job_id: str
+    ok: bool
+
+
+@dataclass(slots=True)
+class ReservationSnapshot(Record):
+    holder_id: str
+    holder_kind: str
+    nodes: tuple[str, ...]
+    expected_start: int | None
+    made_at: int
+
+
+@dataclass(slots=True)
 class ClusterSnapshot(Record):
     cluster: str
     policy: str
@@ -58,7 +90,19 @@ class ClusterSnapshot(Record):
     nodes: tuple[NodeSnapshot, ...] = ()
     pods: tuple[PodSnapshot, ...] = ()
     typical_pods: tuple[TypicalPodSnapshot, ...] = ()
-    NESTED = {"nodes": NodeSnapshot, "pods": PodSnapshot, "typical_pods": TypicalPodSnapshot}
+    reserve_after_ms: int = DEFAULT_RESERVE_AFTER_MS
+    queue_order: str = SKIP_AHEAD
+    gangs: tuple[GangSnapshot, ...] = ()
+    ended: tuple[EndedJob, ...] = ()
+    reservation: ReservationSnapshot | None = None
+    NESTED = {
+        "nodes": NodeSnapshot,
+        "pods": PodSnapshot,
+        "typical_pods": TypicalPodSnapshot,
+        "gangs": GangSnapshot,
+        "ended": EndedJob,
+        "reservation": ReservationSnapshot,
+    }
 
 
 @dataclass(slots=True)
@@ -71,6 +115,7 @@ class Snapshot(Record):
     seen_window: int
     seen: tuple[str, ...] = ()
     clusters: tuple[ClusterSnapshot, ...] = ()
+    clock: int = 0
     NESTED = {"clusters": ClusterSnapshot}
 
 

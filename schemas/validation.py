@@ -18,16 +18,22 @@ from typing import Any
 
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
+    DEPENDENCY_TYPES,
     GPU_MILLI,
+    QUEUE_ORDERS,
     AddNode,
     Command,
     CordonNode,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     RemoveNode,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
+    Tick,
     UncordonNode,
 )
 
@@ -49,6 +55,9 @@ POLICY_NAMES = (
     "spread",
 )
 """The placement policies a ``SetPolicy`` may name (sorted); the fold registers exactly these."""
+MAX_DURATION_MS = 10 * 366 * 24 * 3600 * 1000  # ten years: time limits, timeouts, reservation thresholds
+MAX_GANG_MEMBERS = 1024
+MAX_DEPENDENCIES = 64
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TOLERATION_OPERATORS = ("Equal", "Exists")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -116,25 +125,23 @@ def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | DrainNode |
     check_id("node_id", command.node_id)
 
 
-def check_submit_pod(command: SubmitPod) -> None:
-    check_id("pod_id", command.pod_id)
-    check_id("tenant", command.tenant)
-    check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
-    check_range("num_gpu", command.num_gpu, 0, MAX_GPUS_PER_NODE)
-    check_range("cpu_milli", command.cpu_milli, 0, MAX_CPU_MILLI)
-    check_range("memory_mib", command.memory_mib, 0, MAX_MEMORY_MIB)
-    if command.num_gpu == 0:
-        check_range("gpu_milli of a pod with num_gpu 0", command.gpu_milli, 0, 0)
-    elif command.num_gpu == 1:
-        check_range("gpu_milli", command.gpu_milli, 1, GPU_MILLI)
+def check_pod_resources(what: str, pod: SubmitPod | GangMember) -> None:
+    """The request of a pod or a gang member: GPUs, CPU, memory, models, selector, tolerations."""
+    check_range("num_gpu", pod.num_gpu, 0, MAX_GPUS_PER_NODE)
+    check_range("cpu_milli", pod.cpu_milli, 0, MAX_CPU_MILLI)
+    check_range("memory_mib", pod.memory_mib, 0, MAX_MEMORY_MIB)
+    if pod.num_gpu == 0:
+        check_range("gpu_milli of a pod with num_gpu 0", pod.gpu_milli, 0, 0)
+    elif pod.num_gpu == 1:
+        check_range("gpu_milli", pod.gpu_milli, 1, GPU_MILLI)
     else:
-        check_range("gpu_milli of a multi-GPU pod", command.gpu_milli, GPU_MILLI, GPU_MILLI)
-    if command.num_gpu == 0 and command.cpu_milli == 0 and command.memory_mib == 0:
-        raise Rejected(RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} requests no GPU, CPU or memory")
-    for model in command.gpu_models:
+        check_range("gpu_milli of a multi-GPU pod", pod.gpu_milli, GPU_MILLI, GPU_MILLI)
+    if pod.num_gpu == 0 and pod.cpu_milli == 0 and pod.memory_mib == 0:
+        raise Rejected(RejectionCode.INVALID_RESOURCES, f"{what} {pod.pod_id!r} requests no GPU, CPU or memory")
+    for model in pod.gpu_models:
         check_model(model)
-    check_labels("node_selector", command.node_selector)
-    for toleration in command.tolerations:
+    check_labels("node_selector", pod.node_selector)
+    for toleration in pod.tolerations:
         if toleration.operator not in TOLERATION_OPERATORS:
             raise Rejected(
                 RejectionCode.INVALID_COMMAND,
@@ -147,13 +154,102 @@ def check_submit_pod(command: SubmitPod) -> None:
             )
 
 
+def check_duration(what: str, value: Any) -> None:
+    """An optional duration in milliseconds: None, or 1 ms to ``MAX_DURATION_MS``."""
+    if value is not None:
+        check_range(what, value, 1, MAX_DURATION_MS)
+
+
+def check_dependencies(own_ids: tuple[str, ...], depends_on: tuple[str, ...], dependency: Any) -> None:
+    """``depends_on`` ids and the dependency type; depending on oneself is a cycle."""
+    if dependency not in DEPENDENCY_TYPES:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND, f"dependency must be one of {DEPENDENCY_TYPES}, got {dependency!r}"
+        )
+    if len(depends_on) > MAX_DEPENDENCIES:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND, f"depends_on lists {len(depends_on)} ids; at most {MAX_DEPENDENCIES}"
+        )
+    for dependency_id in depends_on:
+        check_id("depends_on id", dependency_id)
+        if dependency_id in own_ids:
+            raise Rejected(
+                RejectionCode.DEPENDENCY_CYCLE,
+                f"{own_ids[0]!r} depends on {dependency_id!r}, which is itself: the cycle "
+                f"{dependency_id} -> {dependency_id} could never start",
+            )
+
+
+def check_submit_pod(command: SubmitPod) -> None:
+    check_id("pod_id", command.pod_id)
+    check_id("tenant", command.tenant)
+    check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
+    check_pod_resources("pod", command)
+    check_duration("time_limit_ms", command.time_limit_ms)
+    check_dependencies((command.pod_id,), command.depends_on, command.dependency)
+
+
+def check_submit_gang(command: SubmitGang) -> None:
+    check_id("gang_id", command.gang_id)
+    check_id("tenant", command.tenant)
+    check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
+    if not 1 <= len(command.members) <= MAX_GANG_MEMBERS:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"gang {command.gang_id!r} has {len(command.members)} members; a gang has 1 to {MAX_GANG_MEMBERS}",
+        )
+    seen: set[str] = set()
+    for member in command.members:
+        check_id("member pod_id", member.pod_id)
+        if member.pod_id in seen or member.pod_id == command.gang_id:
+            raise Rejected(
+                RejectionCode.DUPLICATE_POD,
+                f"gang {command.gang_id!r} lists member id {member.pod_id!r} twice (or as the gang's own id)",
+            )
+        seen.add(member.pod_id)
+        check_pod_resources("member", member)
+    if command.min_members is not None and not 1 <= command.min_members <= len(command.members):
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"min_members must be between 1 and the {len(command.members)} members, got {command.min_members!r}",
+        )
+    if command.topology_required is not None and command.topology_preferred is not None:
+        raise Rejected(RejectionCode.INVALID_COMMAND, "set topology_required or topology_preferred, not both")
+    for what, key in (
+        ("topology_required", command.topology_required),
+        ("topology_preferred", command.topology_preferred),
+    ):
+        if key is not None:
+            check_id(what, key)
+    check_duration("timeout_ms", command.timeout_ms)
+    check_duration("time_limit_ms", command.time_limit_ms)
+    check_dependencies(
+        (command.gang_id, *(member.pod_id for member in command.members)), command.depends_on, command.dependency
+    )
+
+
+def check_release_gang(command: ReleaseGang) -> None:
+    check_id("gang_id", command.gang_id)
+
+
+def check_tick(command: Tick) -> None:
+    """A tick carries nothing but its envelope's time."""
+
+
 def check_release(command: Release) -> None:
     check_id("pod_id", command.pod_id)
 
 
 def check_set_policy(command: SetPolicy) -> None:
-    if command.policy not in POLICY_NAMES:
+    nothing_else = command.reserve_after_ms is None and not command.queue_order
+    if (command.policy or nothing_else) and command.policy not in POLICY_NAMES:
         raise Rejected(RejectionCode.UNKNOWN_POLICY, f"unknown policy {command.policy!r}; known: {list(POLICY_NAMES)}")
+    if command.reserve_after_ms is not None:
+        check_range("reserve_after_ms (negative: no reservations)", command.reserve_after_ms, -1, MAX_DURATION_MS)
+    if command.queue_order and command.queue_order not in QUEUE_ORDERS:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND, f"queue_order must be one of {QUEUE_ORDERS}, got {command.queue_order!r}"
+        )
 
 
 PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
@@ -166,6 +262,9 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     SubmitPod: check_submit_pod,
     Release: check_release,
     SetPolicy: check_set_policy,
+    SubmitGang: check_submit_gang,
+    ReleaseGang: check_release_gang,
+    Tick: check_tick,
 }
 
 

@@ -143,12 +143,11 @@ class Fold:
     cluster_name: str = "c0"
     count: int = 0
 
-    def run(self, payload: CommandPayload, command_id: str | None = None) -> list[Event]:
-        """Decide one command (a fresh id unless given) and return its events."""
+    def run(self, payload: CommandPayload, command_id: str | None = None, at: int | None = None) -> list[Event]:
+        """Decide one command (a fresh id unless given; issued 1 s after the previous one unless ``at``)."""
         self.count += 1
-        return decide(
-            self.state, Command(command_id or f"cmd-{self.count}", self.cluster_name, 1000 * self.count, payload)
-        )
+        issued_at = 1000 * self.count if at is None else at
+        return decide(self.state, Command(command_id or f"cmd-{self.count}", self.cluster_name, issued_at, payload))
 
     def run_all(self, *payloads: CommandPayload) -> list[Event]:
         events: list[Event] = []
@@ -175,9 +174,9 @@ def encode_events(events: list[Event]) -> list[bytes]:
 
 
 def clusters_hash(state: PartitionState) -> str:
-    """A hash of the allocation state only (clusters, nodes, pods), without position or idempotency window."""
+    """A hash of the allocation state only (clusters, nodes, pods): no position, clock or idempotency window."""
     snapshot = to_snapshot(state)
-    snapshot.next_offset, snapshot.sequence, snapshot.seen = 0, 0, ()
+    snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 

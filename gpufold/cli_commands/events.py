@@ -74,7 +74,25 @@ def describe(type_name: str, body: dict[str, Any]) -> str:
     if type_name in ("NodeDrained", "NodeFailed"):
         return f"{body['node_id']} evicted {body['evicted']}" + (f": {body['reason']}" if body.get("reason") else "")
     if type_name == "PolicyChanged":
-        return f"{body['previous']} -> {body['policy']}"
+        settings = "".join(
+            f", {name} {body[name]}" for name in ("reserve_after_ms", "queue_order") if body.get(name) not in (None, "")
+        )
+        return f"{body['previous']} -> {body['policy']}{settings}"
+    if type_name == "GangScheduled":
+        placed = ", ".join(f"{m['pod_id']}->{m['node_id']}" for m in body["members"][:4])
+        more = f" and {len(body['members']) - 4} more" if len(body["members"]) > 4 else ""
+        return f"{body['gang_id']}: {body['message']} [{placed}{more}]"
+    if type_name == "GangQueued":
+        reasons = "; ".join(r["message"] or f"{r['code']} x{r['nodes']}" for r in body["reasons"][:2])
+        return f"{body['gang_id']}" + (" requeued" if body["requeued"] else "") + f": {reasons}"
+    if type_name == "GangReleased":
+        return f"{body['gang_id']}: {body['reason']}" + ("" if body["ok"] else " (not ok)")
+    if type_name == "PodTimeLimitReached":
+        return f"{body['pod_id']} on {body['node_id']}: time limit {body['time_limit_ms']} ms"
+    if type_name == "Ticked":
+        return iso(body["clock"])
+    if body.get("message"):
+        return body["message"]
     return " ".join(f"{key}={value}" for key, value in body.items())
 
 

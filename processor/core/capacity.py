@@ -62,10 +62,36 @@ class NodeGroup:
         return self.size
 
 
-class CapacityIndex:
-    """Groups of schedulable nodes, by GPU model then signature."""
+class DomainFree:
+    """Free capacity of the schedulable nodes that share one label value (a topology domain)."""
 
-    __slots__ = ("_admits", "_buckets", "_by_model", "_gpu_free", "_signature_of")
+    __slots__ = ("cpu", "gpu_milli", "memory", "nodes", "whole_gpus")
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.whole_gpus = 0  # fully idle GPUs
+        self.gpu_milli = 0  # idle GPU milli, shares included
+        self.cpu = 0
+        self.memory = 0
+
+    def add(self, signature: Signature, sign: int) -> None:
+        self.nodes += sign
+        self.whole_gpus += sign * sum(1 for milli in signature.gpu_free if milli >= GPU_MILLI)
+        self.gpu_milli += sign * sum(signature.gpu_free)
+        self.cpu += sign * signature.cpu_free
+        self.memory += sign * signature.memory_free
+
+
+class CapacityIndex:
+    """Groups of schedulable nodes, by GPU model then signature; and free capacity per label value.
+
+    Every label of a node is a potential topology domain (``topology/rack=r7``): the
+    index keeps, per label key and value, the signature groups of its nodes and the
+    sum of their free capacity, updated on each node change in O(labels), so a gang
+    looks at the domains of one key and the groups of one domain, never at every node.
+    """
+
+    __slots__ = ("_admits", "_buckets", "_by_model", "_domain_free", "_domain_groups", "_gpu_free", "_signature_of")
 
     def __init__(self) -> None:
         self._by_model: dict[str, dict[Signature, NodeGroup]] = {}
@@ -78,6 +104,9 @@ class CapacityIndex:
         self._signature_of: dict[str, Signature] = {}
         # (node class, selector, tolerations) -> admits; classes are few, so this stays small.
         self._admits: dict[tuple[NodeClass, tuple[tuple[str, str], ...], tuple[object, ...]], bool] = {}
+        # label key -> value -> the groups of nodes with that label value / their summed free capacity.
+        self._domain_groups: dict[str, dict[str, dict[Signature, NodeGroup]]] = {}
+        self._domain_free: dict[str, dict[str, DomainFree]] = {}
 
     def add(self, node_id: str, signature: Signature) -> None:
         """Make a node schedulable under a signature. O(log g)."""
@@ -87,11 +116,19 @@ class CapacityIndex:
             group = groups[signature] = NodeGroup(signature)
             buckets = self._buckets.setdefault(signature.gpu_model, {})
             buckets.setdefault(_headroom(signature), {})[signature] = group
+            for key, value in signature.node_class[0]:
+                self._domain_groups.setdefault(key, {}).setdefault(value, {})[signature] = group
         group.add(node_id)
         self._signature_of[node_id] = signature
         free = sum(signature.gpu_free)
         self._gpu_free[signature.gpu_model] = self._gpu_free.get(signature.gpu_model, 0) + free
         self._gpu_free[""] += free
+        for key, value in signature.node_class[0]:
+            domains = self._domain_free.setdefault(key, {})
+            domain = domains.get(value)
+            if domain is None:
+                domain = domains[value] = DomainFree()
+            domain.add(signature, +1)
 
     def remove(self, node_id: str) -> None:
         """Take a node out of the index (no-op if absent). O(log g)."""
@@ -101,11 +138,26 @@ class CapacityIndex:
         free = sum(signature.gpu_free)
         self._gpu_free[signature.gpu_model] -= free
         self._gpu_free[""] -= free
+        for key, value in signature.node_class[0]:
+            domains = self._domain_free[key]
+            domain = domains[value]
+            domain.add(signature, -1)
+            if not domain.nodes:
+                del domains[value]
+                if not domains:
+                    del self._domain_free[key]
         groups = self._by_model[signature.gpu_model]
         group = groups[signature]
         group.discard(node_id)
         if not group.node_ids:
             del groups[signature]
+            for key, value in signature.node_class[0]:
+                by_value = self._domain_groups[key]
+                del by_value[value][signature]
+                if not by_value[value]:
+                    del by_value[value]
+                    if not by_value:
+                        del self._domain_groups[key]
             buckets = self._buckets[signature.gpu_model]
             headroom = _headroom(signature)
             del buckets[headroom][signature]
@@ -121,6 +173,20 @@ class CapacityIndex:
             return
         self.remove(node_id)
         self.add(node_id, signature)
+
+    def domains(self, key: str) -> dict[str, DomainFree]:
+        """The values of a label key among schedulable nodes, with their free capacity (unordered)."""
+        return self._domain_free.get(key, {})
+
+    def feasible_in(self, shape: PodShape, key: str | None, value: str | None) -> list[NodeGroup]:
+        """:meth:`feasible` restricted to the nodes labelled ``key=value`` (all nodes if ``key`` is None).
+
+        O(S_d) for the S_d signatures of the domain."""
+        if key is None:
+            return self.feasible(shape)
+        groups = self._domain_groups.get(key, {}).get(value or "", {})
+        fits = self.fits
+        return [group for signature, group in groups.items() if fits(signature, shape)]
 
     def gpu_free(self, model: str = "") -> int:
         """Idle GPU milli on schedulable nodes of ``model`` (default: every model). O(1)."""

@@ -21,25 +21,44 @@ QueueKey = tuple[int, int, str]  # (-priority, arrival, pod_id)
 
 
 class PendingQueue:
-    __slots__ = ("_by_shape", "_size")
+    __slots__ = ("_by_shape", "_heads", "_size")
 
     def __init__(self) -> None:
         self._by_shape: dict[PodShape, SortedList] = {}
+        # The head of each shape, ordered: the queue's first pod in O(1). Keys are unique (they end
+        # with the pod id), so entries never compare shapes.
+        self._heads: SortedList = SortedList()
         self._size = 0
 
     def push(self, shape: PodShape, key: QueueKey) -> None:
         pods = self._by_shape.get(shape)
         if pods is None:
             pods = self._by_shape[shape] = SortedList()
+        elif key < pods[0]:
+            self._heads.remove((pods[0], shape))
+        else:
+            pods.add(key)
+            self._size += 1
+            return
         pods.add(key)
+        self._heads.add((key, shape))
         self._size += 1
 
     def remove(self, shape: PodShape, key: QueueKey) -> None:
         pods = self._by_shape[shape]
+        head = pods[0] == key
         pods.remove(key)
         self._size -= 1
+        if head:
+            self._heads.remove((key, shape))
+            if pods:
+                self._heads.add((pods[0], shape))
         if not pods:
             del self._by_shape[shape]
+
+    def first(self) -> tuple[QueueKey, PodShape] | None:
+        """The first pod of the whole queue (priority, then FIFO) and its shape. O(1)."""
+        return self._heads[0] if self._heads else None
 
     def head(self, shape: PodShape) -> QueueKey | None:
         pods = self._by_shape.get(shape)

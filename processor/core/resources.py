@@ -41,6 +41,9 @@ class PodShape(NamedTuple):
     gpu_models: tuple[str, ...]  # sorted; empty = any
     node_selector: tuple[tuple[str, str], ...]  # sorted items
     tolerations: tuple[Toleration, ...]
+    # Pods of one shape are interchangeable in the queue; a time limit decides whether a pod may
+    # backfill onto reserved nodes, so pods with different limits are different shapes.
+    time_limit_ms: int | None = None
 
     @property
     def is_share(self) -> bool:
@@ -72,26 +75,46 @@ def _selector_matches(node_class: NodeClass, shape: PodShape) -> bool:
     return all(labels.get(key) == value for key, value in shape.node_selector)
 
 
-def _taints_tolerated(node_class: NodeClass, shape: PodShape) -> bool:
+def _taints_tolerated(node_class: NodeClass, shape: PodShape, *, reservation: bool = True) -> bool:
     for taint in node_class[1]:
-        if taint.effect == "PreferNoSchedule":
+        if taint.effect == "PreferNoSchedule" or (not reservation and taint.key == RESERVED_TAINT_KEY):
             continue
         if not any(toleration.tolerates(taint) for toleration in shape.tolerations):
             return False
     return True
 
 
+RESERVED_TAINT_KEY = "gpufold.io/reserved"
+"""A node reserved for the head of the queue carries this taint (value: the holder's id) in its node
+class, so the capacity index keeps every pod off it but those given the matching toleration: the
+holder itself and backfill that ends before the reservation's expected start. It is never one of the
+node's own taints (``Node.taints``, snapshots, events)."""
+
+
+def reservation_taint(holder_id: str) -> Taint:
+    return Taint(RESERVED_TAINT_KEY, holder_id, "NoSchedule")
+
+
+def reservation_toleration(holder_id: str) -> Toleration:
+    return Toleration(RESERVED_TAINT_KEY, "Equal", holder_id, "NoSchedule")
+
+
+def is_reserved(node_class: NodeClass) -> bool:
+    return any(taint.key == RESERVED_TAINT_KEY for taint in node_class[1])
+
+
 def first_misfit(signature: Signature, shape: PodShape) -> str | None:
     """The first check a node of this signature fails for the shape, or None if it fits.
 
-    The order (model, selector, taints, GPU, share, CPU, memory) is the order of
-    the reasons reported in ``PodQueued``.
+    The order (model, selector, taints, GPU, share, CPU, memory, reservation) is
+    the order of the reasons reported in ``PodQueued``: a reserved node is reported
+    as ``NODE_RESERVED`` only when the pod would otherwise fit it.
     """
     if shape.gpu_models and signature.gpu_model not in shape.gpu_models:
         return QueueReasonCode.GPU_MODEL_MISMATCH
     if not _selector_matches(signature.node_class, shape):
         return QueueReasonCode.NODE_SELECTOR_MISMATCH
-    if not _taints_tolerated(signature.node_class, shape):
+    if not _taints_tolerated(signature.node_class, shape, reservation=False):
         return QueueReasonCode.UNTOLERATED_TAINT
     if not gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli):
         return QueueReasonCode.INSUFFICIENT_GPU_SHARE if shape.is_share else QueueReasonCode.INSUFFICIENT_GPU
@@ -99,4 +122,6 @@ def first_misfit(signature: Signature, shape: PodShape) -> str | None:
         return QueueReasonCode.INSUFFICIENT_CPU
     if signature.memory_free < shape.memory_mib:
         return QueueReasonCode.INSUFFICIENT_MEMORY
+    if not _taints_tolerated(signature.node_class, shape):
+        return QueueReasonCode.NODE_RESERVED
     return None

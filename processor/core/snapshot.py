@@ -14,13 +14,28 @@ import dataclasses
 import hashlib
 from collections import OrderedDict
 
-from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of
+from processor.core.state import (
+    GANG_QUEUED,
+    GANG_RUNNING,
+    GANG_WAITING,
+    ClusterState,
+    Gang,
+    Node,
+    PartitionState,
+    Pod,
+    Reservation,
+    shape_of,
+)
+from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT
 from schemas.commands import GPU_MILLI
 from schemas.fragmentation import TypicalKey, TypicalPod
 from schemas.snapshots import (
     ClusterSnapshot,
+    EndedJob,
+    GangSnapshot,
     NodeSnapshot,
     PodSnapshot,
+    ReservationSnapshot,
     Snapshot,
     TypicalPodSnapshot,
     encode_snapshot_body,
@@ -48,12 +63,46 @@ def _cluster_snapshot(cluster: ClusterState) -> ClusterSnapshot:
         spec = pod.spec
         if list(spec.node_selector) != sorted(spec.node_selector):  # canonical order, whatever the event had
             spec = dataclasses.replace(spec, node_selector=dict(sorted(spec.node_selector.items())))
-        pods.append(PodSnapshot(spec, pod.node_id, pod.gpus))
+        pods.append(PodSnapshot(spec, pod.node_id, pod.gpus, pod.started_at, pod.waiting_for))
     typical = tuple(
         TypicalPodSnapshot(pod.key.num_gpu, pod.key.gpu_milli, pod.key.cpu_milli, pod.key.gpu_models, pod.weight)
         for pod in cluster.typical
     )
-    return ClusterSnapshot(cluster.name, cluster.policy, cluster.arrivals, nodes, tuple(pods), typical)
+    gangs = tuple(
+        GangSnapshot(
+            gang.spec,
+            gang.state,
+            tuple(sorted(gang.placed)),
+            gang.topology_key,
+            gang.domain,
+            gang.started_at,
+            gang.waiting_for,
+            gang.ok,
+        )
+        for gang in (cluster.gangs[gang_id] for gang_id in sorted(cluster.gangs))
+    )
+    reservation = cluster.reservation
+    return ClusterSnapshot(
+        cluster.name,
+        cluster.policy,
+        cluster.arrivals,
+        nodes,
+        tuple(pods),
+        typical,
+        cluster.reserve_after_ms,
+        cluster.queue_order,
+        gangs,
+        tuple(EndedJob(job_id, ok) for job_id, ok in cluster.ended.items()),
+        None
+        if reservation is None
+        else ReservationSnapshot(
+            reservation.holder_id,
+            reservation.holder_kind,
+            reservation.nodes,
+            reservation.expected_start,
+            reservation.made_at,
+        ),
+    )
 
 
 def to_snapshot(state: PartitionState) -> Snapshot:
@@ -65,6 +114,7 @@ def to_snapshot(state: PartitionState) -> Snapshot:
         state.seen_window,
         tuple(state.seen),
         tuple(_cluster_snapshot(state.clusters[name]) for name in sorted(state.clusters)),
+        state.clock,
     )
 
 
@@ -76,9 +126,17 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
         next_offset=snapshot.next_offset,
         seen=OrderedDict.fromkeys(snapshot.seen),
         seen_window=snapshot.seen_window,
+        clock=snapshot.clock,
     )
     for data in snapshot.clusters:
-        cluster = ClusterState(data.cluster, policy=data.policy, arrivals=data.arrivals)
+        cluster = ClusterState(
+            data.cluster,
+            policy=data.policy,
+            arrivals=data.arrivals,
+            reserve_after_ms=data.reserve_after_ms,
+            queue_order=data.queue_order,
+        )
+        cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
         cluster.typical = tuple(
             TypicalPod(TypicalKey(raw.num_gpu, raw.gpu_milli, raw.cpu_milli, tuple(raw.gpu_models)), raw.weight)
             for raw in data.typical_pods
@@ -92,9 +150,38 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             node.failed = raw.failed
             cluster.nodes[node.node_id] = node
             cluster.model_nodes[node.gpu_model] = cluster.model_nodes.get(node.gpu_model, 0) + 1
+            cluster.count_node(node, +1)
             if not node.failed:
                 cluster.gpu_milli_capacity += node.gpu_count * GPU_MILLI
-        pods = [Pod(raw.pod, shape_of(raw.pod), raw.node_id, raw.gpus) for raw in data.pods]
+        for raw_gang in data.gangs:
+            gang = Gang(
+                raw_gang.gang,
+                raw_gang.state,
+                dict.fromkeys(raw_gang.placed),
+                raw_gang.topology_key,
+                raw_gang.domain,
+                raw_gang.started_at,
+                tuple(raw_gang.waiting_for),
+                raw_gang.ok,
+            )
+            cluster.gangs[gang.gang_id] = gang
+            for member in gang.spec.members:
+                cluster.member_of[member.pod_id] = gang.gang_id
+            if gang.state == GANG_QUEUED:
+                cluster.gang_queue.add(gang.key)
+            elif gang.state == GANG_WAITING:
+                cluster.wait_on(gang.gang_id, gang.waiting_for)
+        pods = [
+            Pod(
+                raw.pod,
+                shape_of(raw.pod),
+                raw.node_id,
+                raw.gpus,
+                started_at=raw.started_at,
+                waiting_for=raw.waiting_for,
+            )
+            for raw in data.pods
+        ]
         # Running pods are bound in their original placement order per node; that
         # order only matters for eviction order, which uses arrival order below.
         for pod in sorted(pods, key=lambda p: (p.spec.arrival, p.spec.pod_id)):
@@ -104,12 +191,49 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 node = cluster.nodes[pod.node_id]
                 node.allocate(pod.spec, pod.gpus)
                 cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
+            elif pod.waiting_for:
+                cluster.wait_on(pod.spec.pod_id, pod.waiting_for)
             else:
                 pod.queued = True
                 cluster.queue.push(pod.shape, pod.queue_key)
+        if data.reservation is not None:
+            raw_reservation = data.reservation
+            cluster.reservation = Reservation(
+                raw_reservation.holder_id,
+                raw_reservation.holder_kind,
+                tuple(raw_reservation.nodes),
+                raw_reservation.expected_start,
+                raw_reservation.made_at,
+            )
+            for node_id in raw_reservation.nodes:
+                cluster.nodes[node_id].reserve(raw_reservation.holder_id)
         for node_id in sorted(cluster.nodes):
             cluster.reindex(cluster.nodes[node_id])
+    rebuild_timers(state)
     return state
+
+
+def rebuild_timers(state: PartitionState) -> None:
+    """The timers a state implies (they are derived data, not in the snapshot), as ``apply`` pushes them."""
+    timers = state.timers
+    for name in sorted(state.clusters):
+        cluster = state.clusters[name]
+        for pod_id in sorted(cluster.pods):
+            pod = cluster.pods[pod_id]
+            if pod.running and pod.spec.time_limit_ms is not None and pod.started_at is not None:
+                timers.push(pod.started_at + pod.spec.time_limit_ms, TIME_LIMIT, name, pod_id)
+        for gang_id in sorted(cluster.gangs):
+            gang = cluster.gangs[gang_id]
+            if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
+                timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, name, gang_id)
+        reservation = cluster.reservation
+        if reservation is not None and reservation.expected_start is not None:
+            timers.push(reservation.expected_start, RESERVATION_START, name, reservation.holder_id)
+        head = cluster.head()
+        if head is not None and cluster.reserve_after_ms >= 0:
+            key, kind = head
+            holder = cluster.pods[key[2]].spec if kind == "pod" else cluster.gangs[key[2]].spec
+            timers.push(holder.submitted_at + cluster.reserve_after_ms, RESERVE_CHECK, name)
 
 
 def state_hash(state: PartitionState) -> str:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
 from processor.core.pending import PendingQueue, QueueKey
-from processor.core.resources import NodeClass, PodShape, Signature
+from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
+from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import GPU_MILLI, Taint
-from schemas.events import GpuShare, PodSpec
+from schemas.commands import DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Taint
+from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
 DEFAULT_POLICY = "fgd-plus"
@@ -28,12 +31,18 @@ bounds memory (about 10 MB) and snapshot size. Senders retrying for longer than
 that window must use the idempotent producer, which Kafka dedupes itself.
 """
 MAX_COMMAND_ID_LENGTH = 253  # longer (invalid, rejected) ids are not remembered
+ENDED_WINDOW = 100_000
+"""How many ended pods and gangs each cluster remembers for dependencies (oldest forgotten first).
+
+A dependency on an id that ended longer ago than that, or that was never submitted,
+waits until a job with that id ends; the window bounds memory and snapshot size."""
 
 
 class Node:
     """A node: its fixed capacity and what is free now, GPU by GPU."""
 
     __slots__ = (
+        "base_class",
         "cordoned",
         "cpu_free",
         "cpu_milli",
@@ -47,6 +56,7 @@ class Node:
         "node_class",
         "node_id",
         "pods",
+        "reserved_for",
         "taints",
     )
 
@@ -67,7 +77,9 @@ class Node:
         self.memory_mib = memory_mib
         self.labels = dict(labels)
         self.taints = tuple(taints)
-        self.node_class: NodeClass = (tuple(sorted(self.labels.items())), self.taints)
+        self.base_class: NodeClass = (tuple(sorted(self.labels.items())), self.taints)
+        self.node_class: NodeClass = self.base_class  # plus the reservation taint while reserved
+        self.reserved_for: str | None = None
         self.gpu_free = [GPU_MILLI] * gpu_count
         self.cpu_free = cpu_milli
         self.memory_free = memory_mib
@@ -78,6 +90,14 @@ class Node:
     @property
     def schedulable(self) -> bool:
         return not (self.cordoned or self.failed)
+
+    def reserve(self, holder_id: str | None) -> None:
+        """Hold the node for a reservation's holder (None: release it); the caller reindexes."""
+        self.reserved_for = holder_id
+        if holder_id is None:
+            self.node_class = self.base_class
+        else:
+            self.node_class = (self.base_class[0], (*self.base_class[1], reservation_taint(holder_id)))
 
     def signature(self) -> Signature:
         return Signature(
@@ -121,13 +141,15 @@ class Node:
 
 @dataclass(slots=True)
 class Pod:
-    """A pod known to the fold: queued (node_id None) or running (node_id set)."""
+    """A pod known to the fold: waiting for dependencies, queued (node_id None) or running (node_id set)."""
 
     spec: PodSpec
     shape: PodShape
     node_id: str | None = None
     gpus: tuple[GpuShare, ...] = ()
     queued: bool = False  # waiting in the pending queue (an evicted pod is briefly neither)
+    started_at: int | None = None  # event time of its (latest) placement
+    waiting_for: tuple[str, ...] = ()  # dependencies not ended yet (sorted); the pod is outside the queue
 
     @property
     def queue_key(self) -> QueueKey:
@@ -147,7 +169,47 @@ def shape_of(spec: PodSpec) -> PodShape:
         tuple(sorted(set(spec.gpu_models))),
         tuple(sorted(spec.node_selector.items())),
         spec.tolerations,
+        spec.time_limit_ms,
     )
+
+
+GANG_NEW = "new"  # being created by its first event
+GANG_WAITING = "waiting"  # for dependencies
+GANG_QUEUED = "queued"
+GANG_RUNNING = "running"
+
+
+@dataclass(slots=True)
+class Gang:
+    """A gang the fold knows: waiting for dependencies, queued, or running with ``placed`` members."""
+
+    spec: GangSpec
+    state: str
+    placed: dict[str, None] = field(default_factory=dict)  # running member pod ids, in placement order
+    topology_key: str | None = None
+    domain: str | None = None
+    started_at: int | None = None
+    waiting_for: tuple[str, ...] = ()
+    ok: bool = True  # every member released so far ended normally
+
+    @property
+    def key(self) -> QueueKey:
+        return (-self.spec.priority, self.spec.arrival, self.spec.gang_id)
+
+    @property
+    def gang_id(self) -> str:
+        return self.spec.gang_id
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Nodes held for the head of the queue until it starts (Slurm's backfill reservation)."""
+
+    holder_id: str
+    holder_kind: str  # "pod" or "gang"
+    nodes: tuple[str, ...]
+    expected_start: int | None  # None: some blocking pod has no time limit
+    made_at: int
 
 
 @dataclass(slots=True)
@@ -168,6 +230,21 @@ class ClusterState:
     # pods learned from it at arrival checkpoints (persisted: snapshots carry it).
     shape_counts: dict[TypicalKey, int] = field(default_factory=dict)
     typical: Typical = ()
+    # Settings (SetPolicy).
+    reserve_after_ms: int = DEFAULT_RESERVE_AFTER_MS  # negative: no reservations
+    queue_order: str = SKIP_AHEAD
+    # Gangs: by id, the queue of queued gangs (priority, then FIFO), and member pod id -> gang id.
+    gangs: dict[str, Gang] = field(default_factory=dict)
+    gang_queue: SortedList = field(default_factory=SortedList)
+    member_of: dict[str, str] = field(default_factory=dict)
+    # Dependencies: recently ended pods and gangs (id -> ended normally), oldest first, and the
+    # jobs waiting on each id (derived from the waiting pods and gangs).
+    ended: OrderedDict[str, bool] = field(default_factory=OrderedDict)
+    dependants: dict[str, dict[str, None]] = field(default_factory=dict)
+    reservation: Reservation | None = None
+    # Node label keys present (any node) -> node count; fixed node capacities -> node count (derived).
+    label_keys: dict[str, int] = field(default_factory=dict)
+    capacities: dict[tuple[str, NodeClass, int, int, int], int] = field(default_factory=dict)
 
     def count_shape(self, shape: PodShape, delta: int) -> None:
         """Add (+1) or remove (-1) a present pod's shape from the histogram. O(1)."""
@@ -196,6 +273,54 @@ class ClusterState:
     def unschedulable_nodes(self) -> int:
         return len(self.nodes) - len(self.index)
 
+    def count_node(self, node: Node, delta: int) -> None:
+        """Add (+1) or remove (-1) a present node's label keys and fixed capacity. O(labels)."""
+        for key in node.labels:
+            count = self.label_keys.get(key, 0) + delta
+            if count > 0:
+                self.label_keys[key] = count
+            else:
+                self.label_keys.pop(key, None)
+        capacity = (node.gpu_model, node.base_class, node.gpu_count, node.cpu_milli, node.memory_mib)
+        count = self.capacities.get(capacity, 0) + delta
+        if count > 0:
+            self.capacities[capacity] = count
+        else:
+            self.capacities.pop(capacity, None)
+
+    def job_exists(self, job_id: str) -> bool:
+        """Whether a present pod or gang (any state) has this id."""
+        return job_id in self.pods or job_id in self.gangs or job_id in self.member_of
+
+    def remember_end(self, job_id: str, ok: bool) -> None:
+        """Record that a pod or gang ended (dependencies resolve against it); bounded, oldest forgotten."""
+        self.ended.pop(job_id, None)
+        self.ended[job_id] = ok
+        if len(self.ended) > ENDED_WINDOW:
+            self.ended.popitem(last=False)
+
+    def wait_on(self, job_id: str, waiting_for: tuple[str, ...]) -> None:
+        for dependency in waiting_for:
+            self.dependants.setdefault(dependency, {})[job_id] = None
+
+    def stop_waiting(self, job_id: str, waiting_for: tuple[str, ...]) -> None:
+        for dependency in waiting_for:
+            waiters = self.dependants.get(dependency)
+            if waiters is not None:
+                waiters.pop(job_id, None)
+                if not waiters:
+                    del self.dependants[dependency]
+
+    def head(self) -> tuple[QueueKey, str] | None:
+        """The first queued job (priority, then age; pods and gangs together) and its kind. O(1)."""
+        first = self.queue.first()
+        gang = self.gang_queue[0] if self.gang_queue else None
+        if first is None and gang is None:
+            return None
+        if gang is None or (first is not None and first[0] < gang):
+            return first[0], "pod"  # type: ignore[index]
+        return gang, "gang"
+
 
 @dataclass(slots=True)
 class PartitionState:
@@ -207,6 +332,8 @@ class PartitionState:
     next_offset: int = 0  # the next command offset to fold
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     seen_window: int = DEFAULT_SEEN_WINDOW
+    clock: int = 0  # event time: the largest issued_at folded (or timer deadline reached)
+    timers: Timers = field(default_factory=Timers)  # derived from the clusters' state
 
     def cluster(self, name: str) -> ClusterState:
         """The cluster, created on first use (only ``apply`` may call this)."""

@@ -1,31 +1,40 @@
 """A log recorded with a released contract still replays: same decisions, same outputs, same state.
 
-``tests/data/recorded/contract-v1.jsonl`` was written once by the processor of
-contract v1 (``tests/data/recorded/record.py``) and is never regenerated. Replaying
-its command frames with today's code must give, command by command, the outputs
-it recorded (events and dead letters decoded with today's reader, so fields added
-since then take their defaults), and a final state equal to the one in its last
+``tests/data/recorded/contract-v1*.jsonl`` were written once by the processor of
+contract v1 (``tests/data/recorded/record.py``; the ``-policies`` file switches
+between all ten placement policies) and are never regenerated. Replaying their
+command frames with today's code must give, command by command, the outputs they
+recorded, compared in the fields v1 had (today's outputs are read back with the v1
+schemas, so what was added since is left out), and the final state of the last
 snapshot. Free-text messages may be reworded; codes, placements and counts may not.
+
+The frames are of contract v1, so they decode to ``V1Command`` and keep v1's
+semantics where today's differ (event time of late commands, no reservations): the
+outputs must match exactly. ``test_a_v1_log_written_today_folds_with_todays_rules``
+shows the same commands written with today's contract do get today's rules.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from processor.core.snapshot import from_snapshot, state_hash
+import schemas
+from processor.core.snapshot import to_snapshot
 from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
-from schemas.codec import HEADER_SIZE, registry
-from schemas.dead_letters import decode_dead_letter
-from schemas.fastcodec import decode_event
-from schemas.snapshots import decode_snapshot
+from schemas.codec import HEADER_SIZE, DecodeError, registry
+from schemas.commands import Command
+from schemas.fastcodec import decode_command, decode_event, encode_command
+from schemas.snapshots import encode_snapshot
 from schemas.topics import Topics
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
+LOGS = ("contract-v1.jsonl", "contract-v1-policies.jsonl")
 FREE_TEXT = ("message", "error")  # wording may improve; the decision may not change
 
 
@@ -42,49 +51,141 @@ def comparable(value: Any) -> Any:
     return value
 
 
-def decoded(topic: str, frame: bytes, topics: Topics) -> Any:
-    if topic == topics.events:
-        return ("event", comparable(decode_event(frame).to_avro()))
-    if topic == topics.dead_letters:
-        return ("dead letter", comparable(decode_dead_letter(frame).to_avro()))
-    return ("snapshot", state_hash(from_snapshot(decode_snapshot(frame))))
+def _v1_named() -> dict[str, Any]:
+    """Every named type of the v1 .avsc files, by full name."""
+    named: dict[str, Any] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            if node.get("type") == "record":
+                named[f"gpufold.{node['name'].split('.')[-1]}"] = node
+                for field in node["fields"]:
+                    walk(field["type"])
+            else:
+                for key in ("items", "values", "type"):
+                    if key in node:
+                        walk(node[key])
+
+    folder = Path(schemas.__file__).parent / "history" / "v1"
+    for path in sorted(folder.glob("*.avsc")):
+        walk(json.loads(path.read_text()))
+    return named
 
 
-@pytest.fixture(scope="module")
-def recorded_v1() -> list[dict[str, Any]]:
-    return load("contract-v1.jsonl")
+V1 = _v1_named()
 
 
-def test_the_recorded_frames_are_of_the_released_contract(recorded_v1: list[dict[str, Any]]) -> None:
-    """Every decodable frame of the file carries a fingerprint of contract v1 (so the test keeps its meaning)."""
-    v1 = set(registry().versions["v1"].values())
-    frames = [base64.b64decode(r["value"]) for r in recorded_v1 if r["kind"] != "command" and r["value"]]
-    assert frames and all(frame[2:HEADER_SIZE] in v1 for frame in frames)
+def project(schema: Any, value: Any) -> Any:
+    """A value decoded with today's schema, cut down to the fields of the v1 schema."""
+    if isinstance(schema, str):
+        if schema in V1 or f"gpufold.{schema}" in V1:
+            return project(V1.get(schema) or V1[f"gpufold.{schema}"], value)
+        return value
+    if isinstance(schema, list):
+        if isinstance(value, tuple):  # a record branch, (name, body)
+            name, body = value
+            for branch in schema:
+                branch = V1.get(branch, branch) if isinstance(branch, str) else branch
+                if isinstance(branch, dict) and f"gpufold.{branch['name'].split('.')[-1]}" == name:
+                    return (name, project(branch, body))
+            return ("not in v1: " + name, body)
+        return value
+    kind = schema["type"]
+    if kind == "record":
+        return {field["name"]: project(field["type"], value[field["name"]]) for field in schema["fields"]}
+    if kind == "array":
+        return [project(schema["items"], item) for item in value]
+    if kind == "map":
+        return {key: project(schema["values"], item) for key, item in value.items()}
+    return project(kind, value) if isinstance(kind, (dict, list)) else value
 
 
-def test_replaying_the_v1_log_gives_the_recorded_outputs_and_state(recorded_v1: list[dict[str, Any]]) -> None:
-    """Command by command, today's fold publishes what v1 published, and ends in the recorded state."""
-    topics = Topics()
-    folder = PartitionFolder(0, topics, snapshot_every=500)
-    expected: dict[int, list[Any]] = {}
-    commands = []
-    final = None
-    for row in recorded_v1:
+def in_v1(frame: bytes) -> Any:
+    """A frame of any known writer schema, decoded today and cut down to the v1 fields of its record."""
+    codecs = registry()
+    writer = codecs.writer_schema(frame[2:HEADER_SIZE])
+    assert writer is not None, f"unknown fingerprint {frame[2:HEADER_SIZE].hex()}"
+    return project(V1[writer["name"]], codecs.codec(writer["name"]).decode(frame))
+
+
+def outputs_of(commands: list[InputRecord]) -> Iterator[tuple[int, list[tuple[str, Any]], int]]:
+    """Today's outputs per command (topic, v1 view) and the clock before it."""
+    folder = PartitionFolder(0, Topics(), snapshot_every=500)
+    for record in commands:
+        clock = folder.state.clock
+        out: list[OutputRecord] = []
+        folder.fold(record, out)
+        yield record.offset, [(output.topic, comparable(in_v1(output.value))) for output in out], clock
+
+
+def recorded_log(name: str) -> tuple[list[InputRecord], dict[int, list[tuple[str, Any]]], bytes]:
+    commands: list[InputRecord] = []
+    expected: dict[int, list[tuple[str, Any]]] = {}
+    final = b""
+    for row in load(name):
+        value = base64.b64decode(row["value"]) if row["value"] is not None else None
         if row["kind"] == "command":
-            value = base64.b64decode(row["value"]) if row["value"] is not None else None
             key = row["key"].encode() if row["key"] is not None else None
             commands.append(InputRecord(0, row["offset"], key, value))
         elif row["kind"] == "output":
-            expected.setdefault(row["offset"], []).append(decoded(row["topic"], base64.b64decode(row["value"]), topics))
+            assert value is not None
+            expected.setdefault(row["offset"], []).append((row["topic"], comparable(in_v1(value))))
         else:
-            final = base64.b64decode(row["value"])
-    assert len(commands) > 1000 and final is not None
-    mismatches = []
-    for record in commands:
-        outputs: list[OutputRecord] = []
-        folder.fold(record, outputs)
-        got = [decoded(output.topic, output.value, topics) for output in outputs]
-        if got != expected.get(record.offset, []):
-            mismatches.append(record.offset)
+            assert value is not None
+            final = value
+    return commands, expected, final
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_the_recorded_frames_are_of_the_released_contract(name: str) -> None:
+    """Every decodable frame of the file carries a fingerprint of contract v1 (so the test keeps its meaning)."""
+    v1 = set(registry().versions["v1"].values())
+    frames = [base64.b64decode(r["value"]) for r in load(name) if r["kind"] != "command" and r["value"]]
+    assert frames and all(frame[2:HEADER_SIZE] in v1 for frame in frames)
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_replaying_a_v1_log_gives_the_recorded_outputs_and_state(name: str) -> None:
+    """Command by command, today's fold publishes what v1 published (in v1's fields), and ends in the same state."""
+    commands, expected, final = recorded_log(name)
+    assert len(commands) > 1000 and final
+    mismatches = [offset for offset, got, _ in outputs_of(commands) if got != expected.get(offset, [])]
     assert mismatches == []
-    assert state_hash(folder.state) == state_hash(from_snapshot(decode_snapshot(final)))
+    folder = PartitionFolder(0, Topics(), snapshot_every=0)
+    for record in commands:
+        folder.fold(record, [])
+    assert comparable(in_v1(encode_snapshot(to_snapshot(folder.state)))) == comparable(in_v1(final))
+
+
+def test_a_v1_log_written_today_folds_with_todays_rules() -> None:
+    """Re-encoded with today's contract, the same commands fold at the clock and may reserve nodes."""
+    commands, _, _ = recorded_log("contract-v1.jsonl")
+    today = []
+    for record in commands:
+        if record.value is not None:
+            try:
+                command = decode_command(record.value)
+            except DecodeError:
+                today.append(record)
+                continue
+            assert command.contract == "v1"
+            fresh = Command(command.command_id, command.cluster, command.issued_at, command.payload, command.source)
+            record = InputRecord(record.partition, record.offset, record.key, encode_command(fresh))
+        today.append(record)
+    folder = PartitionFolder(0, Topics(), snapshot_every=0)
+    late = reserved = 0
+    for record in today:
+        clock = folder.state.clock
+        out: list[OutputRecord] = []
+        folder.fold(record, out)
+        for output in out:
+            if output.topic != Topics().events:
+                continue
+            event = decode_event(output.value)
+            assert event.occurred_at >= clock  # never back in time
+            late += event.occurred_at > decode_command(record.value).issued_at  # type: ignore[arg-type]
+            reserved += event.type_name == "NodesReserved"
+    assert late > 0 and reserved > 0

@@ -29,10 +29,13 @@ from schemas.commands import (
     CommandPayload,
     CordonNode,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     RemoveNode,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
     Taint,
     Toleration,
@@ -234,6 +237,7 @@ def test_wild_values_in_a_stream_never_raise_and_keep_the_invariants(
 # ---------------------------------------------------------------- well-formed commands the domain refuses
 
 BIG = 1 << 60
+MEMBER = GangMember("m1", cpu_milli=1000)
 INVALID: list[tuple[str, CommandPayload, str]] = [
     # sizes: negative, zero, absurd
     ("node with negative CPU", AddNode("n9", -1, 1024, "A100", 1), RejectionCode.INVALID_RESOURCES),
@@ -290,6 +294,40 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("duplicate queued pod", SubmitPod("p2", cpu_milli=1), RejectionCode.DUPLICATE_POD),
     ("busy node without force", RemoveNode("n1"), RejectionCode.NODE_BUSY),
     ("uncordon a schedulable node", UncordonNode("n2"), RejectionCode.NODE_NOT_CORDONED),
+    # gangs, time and dependencies (issue 10)
+    ("gang with no members", SubmitGang("g9"), RejectionCode.INVALID_COMMAND),
+    ("gang with a member listed twice", SubmitGang("g9", members=(MEMBER, MEMBER)), RejectionCode.DUPLICATE_POD),
+    ("gang member named like the gang", SubmitGang("m1", members=(MEMBER,)), RejectionCode.DUPLICATE_POD),
+    ("gang member that fits no node", SubmitGang("g9", members=(GangMember("m1", 4, 1000),)), RejectionCode.NEVER_FITS),
+    (
+        "min_members above the members",
+        SubmitGang("g9", members=(MEMBER,), min_members=2),
+        RejectionCode.INVALID_COMMAND,
+    ),
+    ("min_members of zero", SubmitGang("g9", members=(MEMBER,), min_members=0), RejectionCode.INVALID_COMMAND),
+    (
+        "unknown topology key",
+        SubmitGang("g9", members=(MEMBER,), topology_required="topology/rack"),
+        "UNKNOWN_LABEL_KEY",
+    ),
+    (
+        "required and preferred topology",
+        SubmitGang("g9", members=(MEMBER,), topology_required="zone", topology_preferred="zone"),
+        RejectionCode.INVALID_COMMAND,
+    ),
+    ("gang id taken by a pod", SubmitGang("p1", members=(MEMBER,)), RejectionCode.DUPLICATE_GANG),
+    ("gang member id taken by a pod", SubmitGang("g9", members=(GangMember("p2", cpu_milli=1),)), "DUPLICATE_POD"),
+    ("gang that depends on itself", SubmitGang("g9", members=(MEMBER,), depends_on=("g9",)), "DEPENDENCY_CYCLE"),
+    ("gang that depends on its member", SubmitGang("g9", members=(MEMBER,), depends_on=("m1",)), "DEPENDENCY_CYCLE"),
+    ("pod that depends on itself", SubmitPod("p9", cpu_milli=1, depends_on=("p9",)), RejectionCode.DEPENDENCY_CYCLE),
+    ("unknown dependency type", SubmitPod("p9", cpu_milli=1, dependency="afternoon"), RejectionCode.INVALID_COMMAND),
+    ("65 dependencies", SubmitPod("p9", cpu_milli=1, depends_on=tuple(f"d{i}" for i in range(65))), "INVALID_COMMAND"),
+    ("negative time limit", SubmitPod("p9", cpu_milli=1, time_limit_ms=-1), RejectionCode.INVALID_RESOURCES),
+    ("zero gang timeout", SubmitGang("g9", members=(MEMBER,), timeout_ms=0), RejectionCode.INVALID_RESOURCES),
+    ("absurd gang time limit", SubmitGang("g9", members=(MEMBER,), time_limit_ms=BIG), RejectionCode.INVALID_RESOURCES),
+    ("unknown gang to release", ReleaseGang("gx"), RejectionCode.UNKNOWN_GANG),
+    ("unknown queue order", SetPolicy(queue_order="lifo"), RejectionCode.INVALID_COMMAND),
+    ("reservation wait below -1", SetPolicy(reserve_after_ms=-5), RejectionCode.INVALID_RESOURCES),
 ]
 
 

@@ -82,7 +82,7 @@ def test_run_folds_once_then_has_nothing_to_do(log: str, capsys: pytest.CaptureF
         "commands": 11,
         "committed": 11,
         "lag": 0,
-        "events": 16,
+        "events": 18,
         "snapshots": 0,
         "dead_letters": 0,
     }
@@ -95,21 +95,24 @@ def test_run_summary_counts_the_outputs(tmp_path: Path, capsys: pytest.CaptureFi
     with EmbeddedLog(path) as raw:
         raw.append_commands([(b"lab", GARBAGE)])
     summary = run_json(capsys, "run", "--log", path, "--no-progress")
-    assert (summary["commands"], summary["events"], summary["dead_letters"], summary["lag"]) == (12, 16, 1, 0)
+    assert (summary["commands"], summary["events"], summary["dead_letters"], summary["lag"]) == (12, 18, 1, 0)
     code, out, _ = run(capsys, "events", "--log", path, "--dead-letters")
     assert code == 0 and "gpufold.commands[0]@11" in out and "bad magic" not in out
 
 
 def test_events_text_shows_the_story(log: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """events lists scheduling, queueing, the rejection, the release and the drain in offset order."""
+    """events lists scheduling, queueing, the rejection, the reservation, the release and the drain in offset order."""
     code, out, _ = run(capsys, "events", "--log", log)
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 16
+    assert code == 0 and len(lines) == 18
     assert lines[1].startswith("0:1  2026-01-05T09:00:00.000Z  lab  lab-001  NodeAdded  a100-1 8xA100")
     assert "PodQueued  train-2: GPU_MODEL_MISMATCH x2, INSUFFICIENT_GPU x1" in out
     assert "CommandRejected  SubmitPod INVALID_RESOURCES: memory_mib" in out
     assert "PodScheduled  train-2 -> a100-1 gpus 0:1000,1:1000,2:1000,3:1000 (best-fit from queue)" in out
     assert "PodEvicted  infer-1 from t4-1: drain" in out
+    # train-2 headed the queue for 5 minutes of event time: its node was reserved, then released when it started.
+    assert "2026-01-05T09:06:03.000Z  lab  lab-010  NodesReserved  pod 'train-2' has waited 300 s" in out
+    assert "ReservationReleased  released the 1 node(s) held for pod 'train-2': its holder started" in out
 
 
 def test_events_json_from_and_limit(log: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,8 +180,8 @@ def test_replay_matches_the_processor_and_leaves_the_log_alone(log: str, capsys:
     before = Path(log).read_bytes()
     replayed = run_json(capsys, "replay", "--log", log, "--check")
     assert replayed["state_hash"] == run_json(capsys, "state", "--log", log)["state_hash"]
-    assert (replayed["commands"], replayed["events"]) == (11, 16)
-    assert replayed["check"] == [{"partition": 0, "ok": True, "compared": 16, "problem": None}]
+    assert (replayed["commands"], replayed["events"]) == (11, 18)
+    assert replayed["check"] == [{"partition": 0, "ok": True, "compared": 18, "problem": None}]
     assert Path(log).read_bytes() == before
 
 

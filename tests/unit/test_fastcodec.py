@@ -51,17 +51,27 @@ ints = st.one_of(
 )
 
 
-def strategy(schema: Any, nan: bool = False) -> st.SearchStrategy[Any]:
-    """Values of the dataclass model for a parsed Avro schema (named types looked up in the registry)."""
+INT32 = st.one_of(
+    st.integers(-3, 3), st.sampled_from((8191, 8192, 2**28, -(2**31), 2**31 - 1)), st.integers(-(2**31), 2**31 - 1)
+)
+
+
+def strategy(schema: Any, nan: bool = False, branch: bool = False) -> st.SearchStrategy[Any]:
+    """Values of the dataclass model for a parsed Avro schema (named types looked up in the registry).
+
+    An ``int`` outside a union takes any 64-bit value (fastavro writes those too); as a union
+    branch only 32-bit ones, since fastavro picks a union's branch by the value's range."""
     if isinstance(schema, str) and schema in CLASSES:
         schema = registry().codec(schema).schema
     if isinstance(schema, list):
-        return st.one_of([strategy(branch, nan) for branch in schema])
+        return st.one_of([strategy(item, nan, branch=True) for item in schema])
     kind = schema["type"] if isinstance(schema, dict) else schema
     if kind == "null":
         return st.none()
     if kind == "string":
         return texts
+    if kind == "int" and branch:
+        return INT32
     if kind in ("int", "long"):
         return ints
     if kind == "boolean":
@@ -212,7 +222,8 @@ def test_decode_falls_back_to_fastavro_for_an_older_writer_schema() -> None:
         "fields": [f for f in _plain(old)["fields"] if f["name"] != "source"],
     }
     fingerprint = registry().register(older)
-    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread"  # command_id, cluster, issued_at 1, SetPolicy("spread")
+    # command_id, cluster, issued_at 1, SetPolicy("spread") with reserve_after_ms null and queue_order ""
+    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread\x00\x00"
     frame = b"\xc3\x01" + fingerprint + body
     assert decode_command(frame) == slow_command(frame) == Command("id", "c", 1, SetPolicy("spread"), "")
 
@@ -253,14 +264,22 @@ def _s(text: str) -> bytes:
 
 
 ENVELOPE = HEADER + _s("id") + _s("c") + b"\x02" + _s("")  # command_id, cluster, issued_at 1, source
+SET_POLICY_TAIL = b"\x00\x00"  # reserve_after_ms null, queue_order ""
+SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok")  # time_limit_ms null, depends_on [], dependency
 
 
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (_s("id") + _s("c") + b"\x82" + b"\x80" * 9 + b"\x00" + _s("") + b"\x10" + _s("p"), STRICT[0]),
-        (_s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p"), STRICT[0]),
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("p"), STRICT[1]),
+        (
+            _s("id") + _s("c") + b"\x82" + b"\x80" * 9 + b"\x00" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
+            STRICT[0],
+        ),
+        (
+            _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
+            STRICT[0],
+        ),
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01", STRICT[1]),  # -1: fastavro's last branch, Tick {}
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
@@ -279,8 +298,8 @@ def test_decode_rejects_what_fastavro_lets_through(body: bytes, reason: str) -> 
         b"\x10" + b"\x20abc",  # string length past the end
         b"\x10" + b"\x04\xff\xfe",  # invalid UTF-8
         b"\x10" + b"\x06\xed\xa0\x80",  # an encoded surrogate
-        b"\x12" + _s("p"),  # union index past the end
-        b"\x10" + _s("p") + b"\x00",  # a trailing byte
+        b"\x1a" + _s("p"),  # union index past the end
+        b"\x10" + _s("p") + SET_POLICY_TAIL + b"\x00",  # a trailing byte
         b"\x10",  # truncated in the payload
         b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\xfe\xff\xff\xff\x0f" + _s("a") + b"\x00\x00\x00",  # huge count
         b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\x00\x02\x01",  # negative map key length
@@ -297,11 +316,30 @@ def test_decode_rejects_malformed_bodies_like_fastavro(body: bytes) -> None:
     "body",
     [
         b"\x02" + _s("n") + b"\x02",  # a boolean byte other than 0 and 1 reads as true
-        b"\x0c" + _s("p") + _s("t") + b"\x80\x80\x80\x80\x80\x40" + b"\x00" * 4 + b"\x00\x00\x00",  # int above 2**31
-        b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\x01\x7e" + _s("a") + b"\x00\x00\x00",  # negative block count
-        b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\x02" + _s("a") + b"\x02" + _s("b") + b"\x00\x00\x00",
-        b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\x00\x04" + _s("k") + _s("1") + _s("k") + _s("2") + b"\x00\x00",
-        b"\x90\x00" + _s("p"),  # a non-minimal varint
+        b"\x0c" + _s("p") + _s("t") + b"\x80\x80\x80\x80\x80\x40" + b"\x00" * 4 + b"\x00\x00\x00" + SUBMIT_POD_TAIL,
+        b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\x01\x7e" + _s("a") + b"\x00\x00\x00" + SUBMIT_POD_TAIL,
+        b"\x0c"
+        + _s("p")
+        + _s("t")
+        + b"\x00" * 5
+        + b"\x02"
+        + _s("a")
+        + b"\x02"
+        + _s("b")
+        + b"\x00\x00\x00"
+        + SUBMIT_POD_TAIL,
+        b"\x0c"
+        + _s("p")
+        + _s("t")
+        + b"\x00" * 5
+        + b"\x00\x04"
+        + _s("k")
+        + _s("1")
+        + _s("k")
+        + _s("2")
+        + b"\x00\x00"
+        + SUBMIT_POD_TAIL,
+        b"\x90\x00" + _s("p") + SET_POLICY_TAIL,  # a non-minimal varint
     ],
     ids=["bool-2", "int-above-2-31", "negative-block-count", "two-blocks", "duplicate-map-key", "non-minimal-varint"],
 )

@@ -14,10 +14,13 @@ from schemas.commands import (
     Command,
     CordonNode,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     RemoveNode,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
     UncordonNode,
 )
@@ -93,6 +96,16 @@ REJECTIONS = [
     ("UNKNOWN_POD", Release("px"), None, RejectionCode.UNKNOWN_POD),
     ("DUPLICATE_POD", SubmitPod("p1", cpu_milli=1), None, RejectionCode.DUPLICATE_POD),
     ("UNKNOWN_POLICY", SetPolicy("worst-fit"), None, RejectionCode.UNKNOWN_POLICY),
+    ("DUPLICATE_GANG", SubmitGang("p2", members=(GangMember("m1", cpu_milli=1),)), None, RejectionCode.DUPLICATE_GANG),
+    ("UNKNOWN_GANG", ReleaseGang("gx"), None, RejectionCode.UNKNOWN_GANG),
+    (
+        "UNKNOWN_LABEL_KEY",
+        SubmitGang("g1", members=(GangMember("m1", cpu_milli=1),), topology_required="topology/rack"),
+        None,
+        RejectionCode.UNKNOWN_LABEL_KEY,
+    ),
+    ("NEVER_FITS", SubmitGang("g1", members=(GangMember("m1", 8, 1000),)), None, RejectionCode.NEVER_FITS),
+    ("DEPENDENCY_CYCLE", SubmitPod("p9", cpu_milli=1, depends_on=("p9",)), None, RejectionCode.DEPENDENCY_CYCLE),
 ]
 
 

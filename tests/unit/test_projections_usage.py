@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, select
 from projections import models
 from projections.projector import Envelope, Projector
 from projections.usage import HOUR_MS, seal_hour, split_hours
-from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod, V1Command
 from tests import workload
 
 T0 = workload.START_MS
@@ -99,13 +99,16 @@ def test_total_usage_equals_the_sum_of_pod_run_times() -> None:
 
 
 def test_late_usage_after_sealing_becomes_an_adjustment(engine: Engine) -> None:
-    """A release that arrives after its hour was sealed leaves the sealed row alone and adds an adjustment."""
+    """A release that arrives after its hour was sealed leaves the sealed row alone and adds an adjustment.
+
+    Today's fold stamps a late command with the partition's clock, so late events come from
+    logs of contract v1, whose commands keep their own time (a V1Command here)."""
     events = workload.fold(
         [
             cmd(1, T0, AddNode("n1", 64_000, 65_536, "A10", 8)),
             cmd(2, T0 + 10 * MINUTE, SubmitPod("p1", "acme", 0, 1, 1000, 1000, 1024)),
             cmd(3, T0 + 2 * HOUR_MS, SetPolicy("first-fit")),  # watermark passes T0 + 1h + 5 min: hour 0 sealed
-            cmd(4, T0 + 30 * MINUTE, Release("p1")),  # late: the pod really stopped at :30
+            V1Command("u-4", "c1", T0 + 30 * MINUTE, Release("p1")),  # late: the pod really stopped at :30
         ]
     )
     project(engine, events[:3])
@@ -119,6 +122,23 @@ def test_late_usage_after_sealing_becomes_an_adjustment(engine: Engine) -> None:
     assert row0.gpu_milli_ms == sealed_before[("acme", T0)]
     assert usage_by_hour(engine, models.usage_adjustments) == {("acme", T0): -1000 * 30 * MINUTE}
     assert usage_by_hour(engine, models.tenant_usage).get(("acme", T0 + HOUR_MS), 0) == 0
+
+
+def test_a_late_command_of_todays_contract_is_charged_up_to_the_clock(engine: Engine) -> None:
+    """Folded at the partition's clock, a late release ends the usage then: no adjustment, no time travel."""
+    events = workload.fold(
+        [
+            cmd(1, T0, AddNode("n1", 64_000, 65_536, "A10", 8)),
+            cmd(2, T0 + 10 * MINUTE, SubmitPod("p1", "acme", 0, 1, 1000, 1000, 1024)),
+            cmd(3, T0 + 2 * HOUR_MS, SetPolicy("first-fit")),
+            cmd(4, T0 + 30 * MINUTE, Release("p1")),
+        ]
+    )
+    assert events[-1].occurred_at == T0 + 2 * HOUR_MS
+    project(engine, events)
+    assert usage_by_hour(engine, models.usage_adjustments) == {}
+    charged = usage_by_hour(engine, models.tenant_usage)
+    assert charged[("acme", T0)] == 1000 * 50 * MINUTE and charged[("acme", T0 + HOUR_MS)] == 1000 * HOUR_MS
 
 
 def test_sealing_an_hour_twice_seals_it_once(engine: Engine) -> None:

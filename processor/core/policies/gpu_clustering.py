@@ -50,9 +50,9 @@ class GpuClustering(Policy):
                 for node_id in group.node_ids:
                     kinds = set()
                     for pod_id in cluster.nodes[node_id].pods:
-                        spec = cluster.pods[pod_id].spec
-                        if spec.num_gpu:
-                            kinds.add(kind(spec.num_gpu, spec.gpu_milli))
+                        pod = cluster.pods.get(pod_id)  # None: a gang member placed on trial, not yet a pod
+                        if pod is not None and pod.spec.num_gpu:
+                            kinds.add(kind(pod.spec.num_gpu, pod.spec.gpu_milli))
                     if wanted in kinds:
                         value = packed + (75 if len(kinds) == 1 else 50)
                     else:

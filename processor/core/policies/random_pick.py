@@ -11,7 +11,7 @@ lowest-index idle ones. O(k log k) for k feasible groups (sorted for a stable or
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
@@ -23,9 +23,25 @@ if TYPE_CHECKING:
     from processor.core.state import ClusterState
 
 
+class _Shape7(NamedTuple):
+    """The seven request fields the draw has always hashed, under the name it hashed them with: a
+    time limit (added to ``PodShape`` later) does not move a pod, so old logs draw the same nodes."""
+
+    num_gpu: int
+    gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+    gpu_models: tuple[str, ...]
+    node_selector: tuple[tuple[str, str], ...]
+    tolerations: tuple[object, ...]
+
+
+_Shape7.__name__ = _Shape7.__qualname__ = "PodShape"
+
+
 def draw(cluster: ClusterState, shape: PodShape) -> int:
     """A 64-bit number determined by the folded state and the shape."""
-    seed = repr((cluster.name, cluster.arrivals, len(cluster.pods), cluster.gpu_milli_allocated, shape))
+    seed = repr((cluster.name, cluster.arrivals, len(cluster.pods), cluster.gpu_milli_allocated, _Shape7(*shape[:7])))
     return int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "big")
 
 

@@ -1,0 +1,78 @@
+"""Job dependencies: what a pod or gang still waits for, and the cycles a submission would close.
+
+A job's ``depends_on`` names pods or gangs, submitted or not yet (a workflow may
+arrive in any order). A dependency is met once a job with that id has ended
+(``ClusterState.ended``, a bounded window of recent ends): for ``afterany`` in any
+way, for ``afterok`` normally (released while running with reason ``completed``).
+A job whose afterok dependency ended otherwise never starts (``DependencyFailed``).
+
+Cycle detection is incremental: a new submission can only close a cycle through
+jobs that are still waiting, so the search walks back from its dependencies
+through waiting jobs only, never the whole graph. O(W) for the W waiting jobs
+reachable from the new job's dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from processor.core.state import GANG_WAITING, ClusterState
+from schemas.commands import AFTER_OK
+
+
+def unmet(cluster: ClusterState, depends_on: Iterable[str]) -> tuple[str, ...]:
+    """The dependencies that have not ended yet, sorted. O(d)."""
+    return tuple(sorted({job_id for job_id in depends_on if job_id not in cluster.ended}))
+
+
+def failed_dependency(cluster: ClusterState, depends_on: Iterable[str], dependency: str) -> str | None:
+    """For ``afterok``, the first dependency (by id) that ended without success; None otherwise. O(d)."""
+    if dependency != AFTER_OK:
+        return None
+    for job_id in sorted(set(depends_on)):
+        if cluster.ended.get(job_id) is False:
+            return job_id
+    return None
+
+
+def _waiting_edges(cluster: ClusterState, job_id: str) -> tuple[str, ...]:
+    """What a still-waiting job (pod, gang, or a member of a waiting gang) waits for; () if it waits for nothing."""
+    pod = cluster.pods.get(job_id)
+    if pod is not None:
+        return pod.waiting_for if not pod.queued and not pod.running else ()
+    gang_id = cluster.member_of.get(job_id, job_id)
+    gang = cluster.gangs.get(gang_id)
+    if gang is not None and gang.state == GANG_WAITING:
+        return gang.waiting_for
+    return ()
+
+
+def find_cycle(cluster: ClusterState, own_ids: tuple[str, ...], depends_on: Iterable[str]) -> list[str] | None:
+    """The cycle a new job (known by ``own_ids``: its id, and its members' for a gang) would close, or None.
+
+    Returned as a path ``[new job, dependency, ..., job that waits for the new one, new job's id]`` for
+    the rejection message. Only dependencies not ended yet can lead back: an ended job waits for nothing.
+    """
+    targets = set(own_ids)
+    parent: dict[str, str] = {}
+    stack: list[str] = []
+    for job_id in dict.fromkeys(depends_on):
+        if job_id in targets:
+            return [own_ids[0], job_id]
+        if job_id not in parent and job_id not in cluster.ended:
+            parent[job_id] = ""
+            stack.append(job_id)
+    while stack:
+        job_id = stack.pop()
+        for following in _waiting_edges(cluster, job_id):
+            if following in cluster.ended:
+                continue  # met already: not an edge any more
+            if following in targets:
+                chain = [job_id]
+                while parent[chain[-1]]:
+                    chain.append(parent[chain[-1]])
+                return [own_ids[0], *reversed(chain), following]
+            if following not in parent:
+                parent[following] = job_id
+                stack.append(following)
+    return None
