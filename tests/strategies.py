@@ -22,12 +22,16 @@ from schemas.commands import (
     CommandPayload,
     CordonNode,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     RemoveNode,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
     Taint,
+    Tick,
     Toleration,
     UncordonNode,
 )
@@ -247,3 +251,156 @@ def wild_commands(draw: st.DrawFn) -> Command:
         draw(wild_payloads),
         draw(TEXT),
     )
+
+
+# ---------------------------------------------------------------- jobs: gangs, time limits, dependencies, time
+
+
+GANG_IDS = tuple(f"g{i}" for i in range(4))
+JOB_IDS = (*POD_IDS, *GANG_IDS, "g0-0", "g1-1", "later")  # what depends_on may name (some never submitted)
+RACKS = ("r0", "r1")
+
+
+@st.composite
+def rack_nodes(draw: st.DrawFn) -> AddNode:
+    """An 8- or 4-GPU node in one of two racks of one block (topology labels as ordinary labels)."""
+    rack = draw(st.sampled_from(RACKS))
+    return AddNode(
+        draw(st.sampled_from(NODE_IDS)),
+        cpu_milli=32000,
+        memory_mib=65536,
+        gpu_model="A100",
+        gpu_count=draw(st.sampled_from((4, 8))),
+        labels={"topology/rack": rack, "topology/block": "b0"},
+    )
+
+
+@st.composite
+def timed_pods(draw: st.DrawFn) -> SubmitPod:
+    pod = draw(submit_pods())
+    pod.gpu_models, pod.node_selector, pod.tolerations = (), {}, ()
+    pod.time_limit_ms = draw(st.sampled_from((None, None, 5_000, 60_000, 400_000)))
+    pod.depends_on = tuple(draw(st.lists(st.sampled_from(JOB_IDS), max_size=2, unique=True)))
+    pod.dependency = draw(st.sampled_from(("afterok", "afterany")))
+    return pod
+
+
+@st.composite
+def submit_gangs(draw: st.DrawFn) -> SubmitGang:
+    gang_id = draw(st.sampled_from(GANG_IDS))
+    size = draw(st.integers(1, 3))
+    members = tuple(
+        GangMember(
+            f"{gang_id}-{i}",
+            *draw(st.sampled_from(((4, 1000), (8, 1000), (2, 1000), (1, 500), (0, 0)))),
+            cpu_milli=draw(st.sampled_from((1000, 4000))),
+            memory_mib=1024,
+        )
+        for i in range(size)
+    )
+    topology = draw(st.sampled_from((None, None, "required", "preferred")))
+    key = draw(st.sampled_from(("topology/rack", "topology/block")))
+    return SubmitGang(
+        gang_id,
+        tenant=draw(st.sampled_from(("t1", "t2"))),
+        priority=draw(st.sampled_from((0, 0, 5, 10))),
+        members=members,
+        min_members=draw(st.sampled_from((None, None, 1))),
+        topology_required=key if topology == "required" else None,
+        topology_preferred=key if topology == "preferred" else None,
+        timeout_ms=draw(st.sampled_from((None, 30_000, 600_000))),
+        time_limit_ms=draw(st.sampled_from((None, 20_000, 300_000))),
+        depends_on=tuple(draw(st.lists(st.sampled_from(JOB_IDS), max_size=2, unique=True))),
+        dependency=draw(st.sampled_from(("afterok", "afterany"))),
+    )
+
+
+job_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    rack_nodes(),
+    timed_pods(),
+    timed_pods(),
+    timed_pods(),
+    submit_gangs(),
+    submit_gangs(),
+    st.builds(Release, st.sampled_from((*POD_IDS, "g0-0", "g1-1", "g2-0"))),
+    st.builds(Release, st.sampled_from(POD_IDS), st.sampled_from(("completed", "failed"))),
+    st.builds(ReleaseGang, st.sampled_from(GANG_IDS), st.sampled_from(("completed", "cancelled"))),
+    st.builds(DrainNode, node_ids),
+    st.builds(MarkNodeFailed, node_ids),
+    st.builds(UncordonNode, node_ids),
+    st.builds(RemoveNode, node_ids, st.just(True)),
+    st.just(Tick()),
+    st.builds(
+        SetPolicy,
+        st.sampled_from(("", "best-fit", "first-fit", "fgd-plus")),
+        st.sampled_from((None, None, -1, 0, 60_000, 300_000)),
+        st.sampled_from(("", "", "skip-ahead", "strict-fifo")),
+    ),
+)
+
+
+@st.composite
+def job_streams(draw: st.DrawFn, min_size: int = 8, max_size: int = 50) -> list[Command]:
+    """Racks of nodes, then gangs, time-limited and dependent pods, releases, failures and ticks.
+
+    Event time jumps by seconds to minutes (so limits, timeouts and reservations come due), and
+    about one command in ten is late (issued before the clock)."""
+    settings = SetPolicy(
+        draw(st.sampled_from(("best-fit", "first-fit", "fgd-plus"))),
+        draw(st.sampled_from((0, 0, 30_000, 300_000, -1))),
+        draw(st.sampled_from(("skip-ahead", "skip-ahead", "skip-ahead", "strict-fifo"))),
+    )
+    bodies: list[CommandPayload] = [settings, *draw(st.lists(rack_nodes(), min_size=2, max_size=5))]
+    bodies += draw(st.lists(job_payloads, min_size=min_size, max_size=max_size))
+    commands: list[Command] = []
+    clock = 0
+    for i, payload in enumerate(bodies):
+        step = draw(st.sampled_from((0, 1_000, 1_000, 10_000, 60_000, 400_000)))
+        clock += step
+        issued = clock - draw(st.sampled_from((0,) * 9 + (30_000,)))
+        command_id = f"cmd-{i}"
+        if commands and draw(st.sampled_from(_ONE_IN_TWELVE)):
+            command_id = draw(st.sampled_from(commands)).command_id
+        commands.append(Command(command_id, draw(st.sampled_from(_CLUSTERS)), max(issued, 0), payload, "hypothesis"))
+    return commands
+
+
+@st.composite
+def contended_streams(draw: st.DrawFn, min_size: int = 10, max_size: int = 60) -> list[Command]:
+    """Four 8-GPU nodes in two racks, contended by big and small pods and gangs, so reservations are made,
+    backfilled, superseded and released; time moves by seconds to minutes, with ticks."""
+    reserve = draw(st.sampled_from((0, 10_000, 60_000)))
+    bodies: list[CommandPayload] = [SetPolicy(draw(st.sampled_from(("best-fit", "first-fit", "fgd-plus"))), reserve)]
+    bodies += [
+        AddNode(f"n{i}", 32000, 65536, "A100", 8, {"topology/rack": f"r{i // 2}", "topology/block": "b0"})
+        for i in range(4)
+    ]
+    limits = st.sampled_from((None, 5_000, 30_000, 120_000))
+    submitted = 0
+    for _ in range(draw(st.integers(min_size, max_size))):
+        kind = draw(st.sampled_from(("pod", "pod", "pod", "gang", "release", "release", "release-gang", "tick")))
+        if kind == "pod":
+            gpus = draw(st.sampled_from((1, 2, 4, 8, 8)))
+            priority = draw(st.sampled_from((0, 0, 5)))
+            bodies.append(SubmitPod(f"q{submitted}", "t", priority, gpus, 1000, 1000, time_limit_ms=draw(limits)))
+            submitted += 1
+        elif kind == "gang":
+            size, gpus = draw(st.sampled_from(((2, 8), (3, 4), (1, 8))))
+            members = tuple(GangMember(f"q{submitted}-{i}", gpus, 1000, 1000) for i in range(size))
+            rack = draw(st.sampled_from((None, "topology/rack")))
+            bodies.append(
+                SubmitGang(f"q{submitted}", members=members, topology_required=rack, time_limit_ms=draw(limits))
+            )
+            submitted += 1
+        elif kind == "release" and submitted:
+            bodies.append(Release(f"q{draw(st.integers(0, submitted - 1))}"))
+        elif kind == "release-gang" and submitted:
+            bodies.append(ReleaseGang(f"q{draw(st.integers(0, submitted - 1))}"))
+        else:
+            bodies.append(Tick())
+    commands: list[Command] = []
+    clock = 0
+    for i, payload in enumerate(bodies):
+        clock += draw(st.sampled_from((0, 1_000, 5_000, 20_000, 90_000)))
+        commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
+    return commands

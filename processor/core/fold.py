@@ -520,6 +520,7 @@ def _place(
         decision.emit(
             PodScheduled(spec, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
         )
+        _holder_started(decision, cluster, spec.pod_id)
         return True
     if (not from_queue) if announce is None else announce:
         decision.emit(PodQueued(spec, queue_reasons(cluster, shape), requeued), cluster.name)
@@ -572,6 +573,14 @@ def _emit_gang_placement(
         decision.emit(
             PodScheduled(member, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
         )
+    _holder_started(decision, cluster, spec.gang_id)
+
+
+def _holder_started(decision: _Decision, cluster: ClusterState, job_id: str) -> None:
+    """The job that held the reservation started: its nodes go back to everyone at once."""
+    reservation = cluster.reservation
+    if reservation is not None and reservation.holder_id == job_id:
+        _release_reservation(decision, cluster, "started")
 
 
 def _evict_all(decision: _Decision, cluster: ClusterState, node: Node, reason: str) -> tuple[list[Pod], list[str]]:
@@ -662,6 +671,11 @@ def _capacity_grew(decision: _Decision, cluster: ClusterState, node_ids: tuple[s
             queued = cluster.gangs.get(key[2])
             if queued is not None and queued.state == GANG_QUEUED:
                 _place_gang(decision, cluster, queued.spec, from_queue=True, requeued=False)
+            continue
+        head = cluster.queue.head(shape)
+        if head != key:  # placed meanwhile (a released reservation retried these nodes first)
+            if head is not None:
+                heapq.heappush(heap, (head, 0, shape))
             continue
         pod = cluster.pods[key[2]]
         if not _place(decision, cluster, pod.spec, shape, from_queue=True, requeued=False):
@@ -791,7 +805,8 @@ def _reservation_due(decision: _Decision, cluster: ClusterState, holder_id: str,
     reservation = cluster.reservation
     if reservation is None or reservation.holder_id != holder_id or reservation.expected_start != deadline:
         return
-    _release_reservation(decision, cluster, "expected_start_passed")
+    if reservations.holder_waiting(cluster, reservation):
+        _release_reservation(decision, cluster, "expected_start_passed")
 
 
 def _reserve_check(decision: _Decision, cluster: ClusterState, job_id: str, deadline: int) -> None:

@@ -17,14 +17,15 @@ from hypothesis import strategies as st
 
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
+from processor.core.reservations import usable_shape
 from processor.core.resources import first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from processor.core.state import ClusterState, PartitionState
 from schemas import EVENT, registry
 from schemas.commands import GPU_MILLI
-from schemas.events import Event
+from schemas.events import Event, GangQueued, GangScheduled, PodQueued, PodScheduled
 from schemas.snapshots import decode_snapshot, encode_snapshot
-from tests.strategies import command_streams, encode_events
+from tests.strategies import command_streams, contended_streams, encode_events, job_streams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +91,8 @@ def check_indexes(cluster: ClusterState) -> None:
     }
     expected_queue: dict[object, list[tuple[int, int, str]]] = {}
     for pod in sorted(cluster.pods.values(), key=lambda p: p.queue_key):
-        assert pod.queued == (pod.node_id is None), f"pod {pod.spec.pod_id} is neither running nor queued"
+        waiting = bool(pod.waiting_for) and not pod.queued and pod.node_id is None
+        assert waiting or pod.queued == (pod.node_id is None), f"pod {pod.spec.pod_id} is neither running nor queued"
         if pod.queued:
             expected_queue.setdefault(pod.shape, []).append(pod.queue_key)
     assert cluster.queue.content() == expected_queue
@@ -102,15 +104,83 @@ def check_indexes(cluster: ClusterState) -> None:
     assert all(pod.spec.arrival < cluster.arrivals for pod in cluster.pods.values())
 
 
-def check_no_queued_pod_fits(cluster: ClusterState) -> None:
-    """After every command, no queued pod fits any schedulable node (checked node by node, not via the index)."""
+def check_no_queued_pod_fits(cluster: ClusterState, now: int) -> None:
+    """After every command, no queued pod fits any schedulable node it may use (checked node by node, not via
+    the index): reserved nodes only for the holder and backfill. Strict FIFO keeps fitting pods behind the head."""
+    if cluster.queue_order == "strict-fifo":
+        return
     nodes = [node for node in cluster.nodes.values() if node.schedulable]
     for pod in cluster.pods.values():
         if pod.queued:
+            shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
             for node in nodes:
-                assert first_misfit(node.signature(), pod.shape) is not None, (
+                assert first_misfit(node.signature(), shape) is not None, (
                     f"queued pod {pod.spec.pod_id} fits node {node.node_id}"
                 )
+
+
+def check_gangs(cluster: ClusterState) -> None:
+    """No partial gang: a running gang has at least min_members members, every one running, all in one domain
+    if it required one; a waiting or queued gang holds no pod at all; member ids map to their gang."""
+    for gang_id, gang in cluster.gangs.items():
+        spec = gang.spec
+        assert all(cluster.member_of[member.pod_id] == gang_id for member in spec.members)
+        members = [cluster.pods.get(member.pod_id) for member in spec.members]
+        if gang.state != "running":
+            assert not gang.placed and all(pod is None for pod in members), f"waiting gang {gang_id} holds pods"
+            assert (gang.key in cluster.gang_queue) == (gang.state == "queued")
+            continue
+        assert len(gang.placed) >= spec.min_members, f"gang {gang_id} runs {len(gang.placed)} < min_members"
+        running = [pod for pod in members if pod is not None]
+        assert {pod.spec.pod_id for pod in running} == set(gang.placed)
+        assert all(pod.running for pod in running), f"gang {gang_id} has a member that is not running"
+        if spec.topology_required is not None:
+            domains = {cluster.nodes[pod.node_id].labels.get(spec.topology_required) for pod in running}  # type: ignore[index]
+            assert domains == {gang.domain}, f"gang {gang_id} spans {domains} of {spec.topology_required}"
+    queued = {key[2] for key in cluster.gang_queue}
+    assert queued == {gang_id for gang_id, gang in cluster.gangs.items() if gang.state == "queued"}
+
+
+def check_reservation(cluster: ClusterState) -> None:
+    """Reserved nodes: what started on them since the reservation is the holder's or backfill that ends in time."""
+    reservation = cluster.reservation
+    reserved = {node_id for node_id, node in cluster.nodes.items() if node.reserved_for is not None}
+    if reservation is None:
+        assert not reserved
+        return
+    assert reserved == set(reservation.nodes) & set(cluster.nodes)
+    for node_id in reserved:
+        for pod_id in cluster.nodes[node_id].pods:
+            pod = cluster.pods[pod_id]
+            if pod.started_at is None or pod.started_at <= reservation.made_at:
+                continue
+            holder = pod_id == reservation.holder_id or pod.spec.gang_id == reservation.holder_id
+            limit = pod.spec.time_limit_ms
+            backfill = reservation.expected_start is not None and limit is not None
+            assert holder or (backfill and pod.started_at + limit <= reservation.expected_start), (  # type: ignore[operator]
+                f"pod {pod_id} started on node {node_id} reserved for {reservation.holder_id}"
+            )
+
+
+def check_started_jobs_had_their_dependencies(cluster: ClusterState, events: list[Event]) -> None:
+    """No dependency ever starts early: a job placed (or queued for placement) had every dependency ended,
+    normally for afterok."""
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, PodScheduled | PodQueued) and payload.pod.gang_id is None:
+            if isinstance(payload, PodQueued) and payload.waiting_for:
+                continue
+            depends_on, dependency = payload.pod.depends_on, payload.pod.dependency
+        elif isinstance(payload, GangScheduled | GangQueued):
+            if isinstance(payload, GangQueued) and payload.waiting_for:
+                continue
+            depends_on, dependency = payload.gang.depends_on, payload.gang.dependency
+        else:
+            continue
+        for job_id in depends_on:
+            assert job_id in cluster.ended, f"{event.type_name} before its dependency {job_id} ended"
+            if dependency == "afterok":
+                assert cluster.ended[job_id], f"{event.type_name} after {job_id} ended badly (afterok)"
 
 
 def check_misfit_counts(cluster: ClusterState) -> None:
@@ -125,12 +195,15 @@ def check_misfit_counts(cluster: ClusterState) -> None:
         assert cluster.index.misfit_counts(shape) == expected, f"misfit counts differ for {shape}"
 
 
-def check_state(state: PartitionState) -> None:
+def check_state(state: PartitionState, events: list[Event] | None = None) -> None:
     for cluster in state.clusters.values():
         check_no_overcommit(cluster)
         check_indexes(cluster)
-        check_no_queued_pod_fits(cluster)
+        check_no_queued_pod_fits(cluster, state.clock)
         check_misfit_counts(cluster)
+        check_gangs(cluster)
+        check_reservation(cluster)
+        check_started_jobs_had_their_dependencies(cluster, [e for e in events or () if e.cluster == cluster.name])
 
 
 def fold_all(commands: list, state: PartitionState | None = None, start: int = 0) -> tuple[PartitionState, list]:
@@ -141,24 +214,37 @@ def fold_all(commands: list, state: PartitionState | None = None, start: int = 0
     return state, events
 
 
+STREAMS = pytest.mark.parametrize(
+    "streams", [command_streams(), job_streams(), contended_streams()], ids=["pods", "jobs", "contended"]
+)
+
+
 @PROPERTY_SETTINGS
-@given(command_streams())
-def test_every_command_keeps_the_invariants(commands: list) -> None:
-    """Each command yields at least one event and leaves no over-commit, exact indexes and no fitting queued pod."""
+@STREAMS
+@given(data=st.data())
+def test_every_command_keeps_the_invariants(streams: st.SearchStrategy[list], data: st.DataObject) -> None:
+    """Each command yields at least one event and leaves no over-commit, exact indexes and no fitting queued pod;
+    with jobs also no partial gang, topology kept, no early dependant, reserved nodes respected, time forward."""
+    commands = data.draw(streams, label="commands")
     state = PartitionState()
     for offset, command in enumerate(commands):
+        clock = state.clock
         events = decide(state, command, offset)
         assert events, f"command {command} yielded no event"
         assert all(event.command_id == command.command_id for event in events)
         assert [event.sequence for event in events] == list(range(state.sequence - len(events), state.sequence))
+        assert [event.occurred_at for event in events] == sorted(event.occurred_at for event in events)
+        assert events[0].occurred_at >= clock or events[0].type_name == "CommandRejected"
         assert state.next_offset == offset + 1
-        check_state(state)
+        check_state(state, events)
 
 
 @PROPERTY_SETTINGS
-@given(command_streams())
-def test_same_commands_give_same_events_and_hash(commands: list) -> None:
+@STREAMS
+@given(data=st.data())
+def test_same_commands_give_same_events_and_hash(streams: st.SearchStrategy[list], data: st.DataObject) -> None:
     """Folding the same commands twice gives byte-identical events and the same state_hash."""
+    commands = data.draw(streams, label="commands")
     first, first_events = fold_all(commands)
     second, second_events = fold_all(commands)
     assert encode_events(first_events) == encode_events(second_events)
@@ -166,9 +252,11 @@ def test_same_commands_give_same_events_and_hash(commands: list) -> None:
 
 
 @PROPERTY_SETTINGS
-@given(command_streams())
-def test_events_alone_rebuild_the_state(commands: list) -> None:
+@STREAMS
+@given(data=st.data())
+def test_events_alone_rebuild_the_state(streams: st.SearchStrategy[list], data: st.DataObject) -> None:
     """Applying the emitted events (through Avro and back) to a fresh state gives the state decide built."""
+    commands = data.draw(streams, label="commands")
     decided, events = fold_all(commands)
     codec = registry().codec(EVENT)
     replayed = PartitionState()
@@ -180,9 +268,11 @@ def test_events_alone_rebuild_the_state(commands: list) -> None:
 
 
 @PROPERTY_SETTINGS
-@given(command_streams(min_size=2), st.data())
-def test_snapshot_plus_tail_equals_full_replay(commands: list, data: st.DataObject) -> None:
+@STREAMS
+@given(data=st.data())
+def test_snapshot_plus_tail_equals_full_replay(streams: st.SearchStrategy[list], data: st.DataObject) -> None:
     """A snapshot (through Avro) after a prefix, restored and fed the tail, gives the full replay's events and hash."""
+    commands = data.draw(streams, label="commands")
     split = data.draw(st.integers(0, len(commands)), label="split")
     window = data.draw(st.sampled_from((4, 100_000)), label="seen_window")  # 4: ids get forgotten mid-stream
     full, full_events = fold_all(commands, PartitionState(seen_window=window))

@@ -1,0 +1,145 @@
+"""Reservations and backfill (Slurm's rule): big jobs at the head of the queue never starve."""
+
+from __future__ import annotations
+
+from schemas.codes import QueueReasonCode
+from schemas.commands import AddNode, GangMember, Release, SetPolicy, SubmitGang, SubmitPod, Tick
+from schemas.events import Event
+from tests.strategies import Fold, types
+
+MINUTE = 60_000
+LIMIT = 10 * MINUTE
+
+
+def busy(reserve_after_ms: int | None = None) -> Fold:
+    """Two 8-GPU nodes nearly full of 1-GPU pods that end at minute 10; an 8-GPU pod waits from minute 1."""
+    fold = Fold()
+    fold.run(SetPolicy("first-fit", reserve_after_ms=reserve_after_ms), at=0)
+    for i in range(2):
+        fold.run(AddNode(f"n{i}", 64_000, 262_144, "A100", 8), at=0)
+    for i in range(15):
+        fold.run(SubmitPod(f"s{i}", num_gpu=1, gpu_milli=1000, time_limit_ms=LIMIT), at=0)
+    assert types(fold.run(SubmitPod("big", num_gpu=8, gpu_milli=1000), at=MINUTE)) == ["PodQueued"]
+    return fold
+
+
+def of(events: list[Event], name: str) -> list[Event]:
+    return [event for event in events if event.type_name == name]
+
+
+def test_the_head_that_waited_long_enough_gets_the_nodes_where_it_starts_soonest() -> None:
+    """After reserve_after_ms (default 5 minutes) the head reserves the node that frees first, with its time."""
+    fold = busy()
+    assert not of(fold.run(Tick(), at=5 * MINUTE), "NodesReserved")
+    (reserved,) = of(fold.run(Tick(), at=7 * MINUTE), "NodesReserved")
+    assert reserved.occurred_at == 6 * MINUTE  # the deadline itself, not the tick that passed it
+    assert (reserved.payload.holder_id, reserved.payload.holder_kind) == ("big", "pod")
+    assert reserved.payload.nodes == ("n0",) and reserved.payload.expected_start == LIMIT
+    assert "has waited 300 s at the head of the queue" in reserved.payload.message
+
+
+def test_work_without_a_time_limit_never_lands_on_reserved_nodes() -> None:
+    """The free GPU of n1 is taken; the next unlimited pod waits although n0 will have room, and says why."""
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    fold.run(Release("s0"), at=7 * MINUTE)  # a GPU frees on the reserved n0
+    (queued,) = fold.run(SubmitPod("u1", num_gpu=1, gpu_milli=1000), at=7 * MINUTE)
+    assert queued.payload.node_id == "n1"  # n1's last GPU
+    (queued,) = fold.run(SubmitPod("u2", num_gpu=1, gpu_milli=1000), at=7 * MINUTE)
+    assert queued.type_name == "PodQueued"
+    reason = {r.code: r for r in queued.payload.reasons}[QueueReasonCode.NODE_RESERVED]
+    assert reason.nodes == 1 and "reserved for pod 'big'" in reason.message
+
+
+def test_backfill_runs_on_reserved_nodes_only_if_it_ends_before_the_expected_start() -> None:
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    fold.run(SubmitPod("fill-n1", num_gpu=1, gpu_milli=1000), at=7 * MINUTE)
+    fold.run(Release("s0"), at=7 * MINUTE)
+    (late,) = fold.run(SubmitPod("too-long", num_gpu=1, gpu_milli=1000, time_limit_ms=4 * MINUTE), at=7 * MINUTE)
+    assert late.type_name == "PodQueued"
+    (fits,) = fold.run(SubmitPod("short", num_gpu=1, gpu_milli=1000, time_limit_ms=3 * MINUTE), at=7 * MINUTE)
+    assert fits.type_name == "PodScheduled" and fits.payload.node_id == "n0"
+
+
+def test_the_holder_starts_on_its_nodes_at_the_expected_start_and_the_reservation_ends() -> None:
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    events = fold.run(Tick(), at=11 * MINUTE)
+    started = [e for e in of(events, "PodScheduled") if e.payload.pod.pod_id == "big"]
+    assert started and started[0].payload.node_id == "n0" and started[0].occurred_at == LIMIT
+    (released,) = of(events, "ReservationReleased")
+    assert released.payload.reason == "started" and fold.cluster.reservation is None
+    assert not fold.cluster.nodes["n0"].reserved_for
+
+
+def test_without_reservations_a_stream_of_small_pods_starves_the_big_one() -> None:
+    """skip-ahead alone (reserve_after_ms -1): each freed GPU goes to the next small pod, forever."""
+    fold = busy(reserve_after_ms=-1)
+    for minute in range(2, 40):
+        fold.run(SubmitPod(f"t{minute}", num_gpu=1, gpu_milli=1000, time_limit_ms=LIMIT), at=minute * MINUTE)
+    assert fold.cluster.pods["big"].queued
+
+
+def test_a_stream_of_small_pods_cannot_delay_a_big_gang_past_the_reservation_rule() -> None:
+    """A 2-node gang waits from minute 1; small pods keep arriving. It starts by the reserved expected start."""
+    fold = Fold()
+    fold.run(SetPolicy("first-fit"), at=0)
+    for i in range(3):
+        fold.run(AddNode(f"n{i}", 64_000, 262_144, "A100", 8), at=0)
+    for i in range(20):
+        fold.run(SubmitPod(f"s{i}", num_gpu=1, gpu_milli=1000, time_limit_ms=LIMIT), at=0)
+    gang = SubmitGang("train", members=(GangMember("m0", 8, 1000), GangMember("m1", 8, 1000)), priority=10)
+    fold.run(gang, at=MINUTE)
+    reserved: list[Event] = []
+    started = None
+    for second in range(90, 40 * 60, 30):
+        events = fold.run(SubmitPod(f"t{second}", num_gpu=1, gpu_milli=1000, time_limit_ms=LIMIT), at=second * 1000)
+        reserved += of(events, "NodesReserved")
+        if started is None and of(events, "GangScheduled"):
+            started = of(events, "GangScheduled")[0]
+    assert reserved and reserved[0].payload.holder_id == "train"
+    expected = reserved[0].payload.expected_start
+    assert expected is not None and started is not None and started.occurred_at <= expected
+    assert {m.node_id for m in started.payload.members} == set(reserved[0].payload.nodes)
+
+
+def test_a_higher_priority_head_takes_over_the_reservation_once_it_has_waited() -> None:
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    fold.run(SubmitPod("vip", num_gpu=8, gpu_milli=1000, priority=100), at=7 * MINUTE)
+    assert fold.cluster.reservation.holder_id == "big"  # vip has not waited yet
+    events = fold.run(Tick(), at=13 * MINUTE)
+    assert [e.payload.reason for e in of(events, "ReservationReleased")][:1] in (["superseded"], ["started"])
+    assert fold.cluster.pods["vip"].running or fold.cluster.reservation.holder_id == "vip"  # type: ignore[union-attr]
+
+
+def test_reservations_can_be_turned_off() -> None:
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    events = fold.run(SetPolicy(reserve_after_ms=-1), at=7 * MINUTE)
+    assert types(events) == ["PolicyChanged", "ReservationReleased"]
+    assert events[1].payload.reason == "reservations_off" and fold.cluster.reservation is None
+
+
+def test_strict_fifo_lets_nothing_start_before_the_head() -> None:
+    """strict-fifo: a small pod that would fit waits behind the big head, and says why."""
+    fold = busy(reserve_after_ms=-1)
+    fold.run(SetPolicy(queue_order="strict-fifo"), at=2 * MINUTE)
+    (event,) = fold.run(SubmitPod("small", num_gpu=1, gpu_milli=1000), at=2 * MINUTE)
+    assert event.type_name == "PodQueued"
+    assert event.payload.reasons[0].code == QueueReasonCode.WAITING_FOR_EARLIER_JOB
+    events = fold.run(Tick(), at=11 * MINUTE)
+    started = [e.payload.pod.pod_id for e in of(events, "PodScheduled")]
+    assert started[:2] == ["big", "small"]
+
+
+def test_a_reserved_node_lost_is_planned_again() -> None:
+    from schemas.commands import CordonNode
+
+    fold = busy()
+    fold.run(Tick(), at=7 * MINUTE)
+    events = fold.run(CordonNode("n0"), at=7 * MINUTE)
+    assert types(events)[:2] == ["ReservationReleased", "NodeCordoned"]
+    assert events[0].payload.reason == "node_cordoned"
+    assert fold.cluster.reservation is not None and fold.cluster.reservation.nodes == ("n1",)
