@@ -30,18 +30,23 @@ from kafka_settings.config import KafkaConfig
 from schemas import COMMAND, registry
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
+    AFTER_OK,
     GPU_MILLI,
     AddNode,
     Command,
     CommandPayload,
     CordonNode,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     RemoveNode,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
     Taint,
+    Tick,
     Toleration,
     UncordonNode,
 )
@@ -228,12 +233,17 @@ class CommandPublisher:
         gpu_models: Iterable[str] = (),
         node_selector: Mapping[str, str] | None = None,
         tolerations: Iterable[Toleration] = (),
+        time_limit_ms: int | None = None,
+        depends_on: Iterable[str] = (),
+        dependency: str = AFTER_OK,
         command_id: str | None = None,
         issued_at: int | None = None,
     ) -> str:
         """Ask for a pod: ``num_gpu`` whole GPUs, one GPU share (``num_gpu=1, gpu_milli<1000``) or none.
 
-        ``gpu_milli`` defaults to 1000 when ``num_gpu`` > 0 and to 0 otherwise.
+        ``gpu_milli`` defaults to 1000 when ``num_gpu`` > 0 and to 0 otherwise. ``time_limit_ms``
+        releases it that long after it starts (and lets it backfill onto reserved nodes);
+        ``depends_on`` holds it until those pods or gangs end (``afterok`` or ``afterany``).
         """
         if gpu_milli is None:
             gpu_milli = GPU_MILLI if num_gpu else 0
@@ -248,8 +258,68 @@ class CommandPublisher:
             tuple(gpu_models),
             dict(node_selector or {}),
             tuple(tolerations),
+            time_limit_ms,
+            tuple(depends_on),
+            dependency,
         )
         return self._command(cluster, payload, command_id, issued_at)
+
+    def submit_gang(
+        self,
+        cluster: str,
+        gang_id: str,
+        members: Iterable[GangMember],
+        *,
+        tenant: str = "default",
+        priority: int = 0,
+        min_members: int | None = None,
+        topology_required: str | None = None,
+        topology_preferred: str | None = None,
+        timeout_ms: int | None = None,
+        time_limit_ms: int | None = None,
+        depends_on: Iterable[str] = (),
+        dependency: str = AFTER_OK,
+        command_id: str | None = None,
+        issued_at: int | None = None,
+    ) -> str:
+        """Ask for pods that start together (at least ``min_members``, default all) or not at all.
+
+        ``topology_required`` (a node label key such as ``topology/rack``) keeps every member on
+        nodes with one value of it; ``topology_preferred`` tries that first, then wider domains.
+        ``timeout_ms`` gives up if it has not started by then.
+        """
+        payload = SubmitGang(
+            gang_id,
+            tenant,
+            priority,
+            tuple(members),
+            min_members,
+            topology_required,
+            topology_preferred,
+            timeout_ms,
+            time_limit_ms,
+            tuple(depends_on),
+            dependency,
+        )
+        return self._command(cluster, payload, command_id, issued_at)
+
+    def release_gang(
+        self,
+        cluster: str,
+        gang_id: str,
+        *,
+        reason: str = "completed",
+        command_id: str | None = None,
+        issued_at: int | None = None,
+    ) -> str:
+        """Release every member of a gang (or take a waiting gang out of the queue)."""
+        if not isinstance(reason, str):
+            raise ValueError(f"reason must be a string, got {reason!r}")
+        return self._command(cluster, ReleaseGang(gang_id, reason), command_id, issued_at)
+
+    def tick(self, cluster: str, *, command_id: str | None = None, issued_at: int | None = None) -> str:
+        """Advance event time on the cluster's partition (timeouts and time limits fire), when nothing else does."""
+        return self._command(cluster, Tick(), command_id, issued_at)
 
     def release(
         self,
@@ -266,10 +336,19 @@ class CommandPublisher:
         return self._command(cluster, Release(pod_id, reason), command_id, issued_at)
 
     def set_policy(
-        self, cluster: str, policy: str, *, command_id: str | None = None, issued_at: int | None = None
+        self,
+        cluster: str,
+        policy: str = "",
+        *,
+        reserve_after_ms: int | None = None,
+        queue_order: str = "",
+        command_id: str | None = None,
+        issued_at: int | None = None,
     ) -> str:
-        """Switch the cluster's placement policy (one of ``schemas.validation.POLICY_NAMES``)."""
-        return self._command(cluster, SetPolicy(policy), command_id, issued_at)
+        """Change the cluster's settings; what is left out stays. ``policy``: one of
+        ``schemas.validation.POLICY_NAMES``; ``reserve_after_ms``: how long the head of the queue waits
+        before nodes are reserved for it (-1: never); ``queue_order``: ``skip-ahead`` or ``strict-fifo``."""
+        return self._command(cluster, SetPolicy(policy, reserve_after_ms, queue_order), command_id, issued_at)
 
     # -------------------------------------------------------------- delivery
 

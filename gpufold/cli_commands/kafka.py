@@ -117,6 +117,14 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         "GPUs allocated/total per model, fragmentation (needs the api extra)",
     )
     run.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default: 127.0.0.1)")
+    run.add_argument(
+        "--tick-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="publish a Tick command into each owned partition this often, so gang timeouts, time limits and "
+        "reservations fire when no other command moves event time (default: 0, never)",
+    )
     run.set_defaults(handler=_processor_run)
 
 
@@ -127,6 +135,8 @@ def _processor_run(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.batch_size < 1:
         raise CliError("--batch-size must be >= 1")
+    if args.tick_interval < 0:
+        raise CliError("--tick-interval must be >= 0 seconds")
     settings = RunnerSettings(
         group_id=args.group,
         instance_id=args.instance_id,
@@ -138,6 +148,7 @@ def _processor_run(args: argparse.Namespace) -> int:
         stop_when_idle=args.stop_when_idle,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        tick_interval=args.tick_interval,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 

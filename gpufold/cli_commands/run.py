@@ -13,6 +13,10 @@ from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
 from gpufold.embedded_log import EmbeddedLog, FencedError
 from processor.core.errors import InvariantViolation
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
+from processor.runtime.ticks import TickSchedule
+from schemas.commands import Command
+from schemas.fastcodec import encode_command
+from schemas.partitioner import partition_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,9 +36,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="write a snapshot every N commands of a partition (0: never)",
     )
     parser.add_argument("--follow", action="store_true", help="keep waiting for new commands (Ctrl-C to stop)")
+    parser.add_argument(
+        "--tick-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --follow: append a Tick command to each partition this often, so timeouts, time limits and "
+        "reservations fire when no other command moves event time (default: 0, never)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.set_defaults(handler=_run)
+
+
+def _append_ticks(log: EmbeddedLog, commands: list[Command]) -> None:
+    """Append due ticks to the commands topic, each to its cluster's partition, in one transaction."""
+    if commands:
+        records = [
+            (partition_for(c.cluster.encode(), log.partitions), c.cluster.encode(), encode_command(c)) for c in commands
+        ]
+        log.append(log.topics.commands, records)
 
 
 def _totals(log: EmbeddedLog) -> dict[str, int]:
@@ -52,6 +73,9 @@ def _totals(log: EmbeddedLog) -> dict[str, int]:
 def _run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.snapshot_every < 0:
         raise CliError("--batch-size must be >= 1 and --snapshot-every >= 0")
+    if args.tick_interval < 0 or (args.tick_interval and not args.follow):
+        raise CliError("--tick-interval needs --follow and a value >= 0 seconds")
+    ticks = TickSchedule(args.tick_interval)
     with open_log(args, readonly=False) as log:
         before = _totals(log)
         processor = Processor(log, snapshot_every=args.snapshot_every, batch_size=args.batch_size)
@@ -73,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
                 if count == 0:
                     if not args.follow:
                         break
+                    _append_ticks(log, ticks.due([f.state for f in processor.folders.values()], "embedded"))
                     bar.total = bar.n + log.lag()
                     bar.refresh()
         except KeyboardInterrupt:

@@ -8,6 +8,7 @@ invariant (a bug: nothing of the failing batch is committed).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -29,6 +30,7 @@ from processor.runtime.kafka_log import (
     KafkaLogError,
 )
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
+from processor.runtime.ticks import TICK_SOURCE, TickSchedule
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.processor")
@@ -83,6 +85,8 @@ class RunnerSettings:
     """Serve Prometheus /metrics on this port (needs prometheus-client, the ``api`` extra)."""
     metrics_host: str = "127.0.0.1"
     metrics_every: float = 5.0
+    tick_interval: float = 0.0
+    """Publish a Tick into each owned partition every this many seconds (0 = never): deadlines fire on time."""
 
 
 class Runner:
@@ -104,6 +108,10 @@ class Runner:
         self._stopping = False
         self.log.stopping = lambda: self._stopping
         self.metrics: Any = None
+        self.ticks = TickSchedule(settings.tick_interval)
+        self._ticker: Any = None  # a CommandPublisher, made on the first tick
+        self._config = config
+        self._commands_topic = topics.commands
         self._rejected_reported: dict[str, int] = {}
         self._metrics_refreshed = 0.0
         if settings.metrics_port is not None:
@@ -143,6 +151,19 @@ class Runner:
             positions = {partition: folder.state.next_offset for partition, folder in folders.items()}
             metrics.refresh((folder.state for folder in folders.values()), self.log.lag(positions))
             self._metrics_refreshed = now
+
+    def _tick(self) -> None:
+        """Publish the ticks that are due (outside the fold's transaction: a tick is just a command)."""
+        states = [folder.state for folder in self.processor.folders.values()]
+        commands = self.ticks.due(states, self.settings.instance_id)
+        if not commands:
+            return
+        if self._ticker is None:
+            from producers.publisher import CommandPublisher
+
+            self._ticker = CommandPublisher(self._config, self._commands_topic, source=TICK_SOURCE)
+        for command in commands:
+            self._ticker.publish(command)
 
     def _forget(self, partitions: list[int]) -> None:
         for partition in partitions:
@@ -186,6 +207,7 @@ class Runner:
                 now = time.monotonic()
                 if self.metrics is not None and count:
                     self._observe(count, now)
+                self._tick()
                 if count or not self.log.assignment():  # idle time counts once partitions are assigned
                     last_record = now
                 elif settings.stop_when_idle and now - last_record >= settings.stop_when_idle:
@@ -219,6 +241,9 @@ class Runner:
             status = EXIT_INVARIANT
         finally:
             self.log.close()
+            if self._ticker is not None:
+                with contextlib.suppress(Exception):  # best effort: a lost tick is replaced by the next one
+                    self._ticker.close(timeout=5.0)
         elapsed = time.monotonic() - started
         log.info(
             "processor stopped",

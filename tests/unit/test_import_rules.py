@@ -9,7 +9,8 @@ fails here before it can land.
 - ``producers`` (the client library) imports only the contract, ``kafka_settings`` and confluent-kafka;
 - ``processor.core`` (the pure fold) imports only the contract, itself and pure libraries:
   no clock, randomness, environment, I/O, Kafka or SQL;
-- ``processor.runtime`` may import the core, never the CLI or the read side;
+- ``processor.runtime`` may import the core and the client library (it publishes ticks), never the CLI
+  or the read side;
 - ``projections`` (the read side) imports the contract, never the fold or the CLI;
 - no package's modules import each other in a cycle.
 """
@@ -56,7 +57,7 @@ RULES: dict[str, tuple[frozenset[str], bool]] = {
     "producers": (frozenset({"producers", "schemas", "kafka_settings", "confluent_kafka"}), True),
     "processor.core": (frozenset({"processor.core", "schemas", "sortedcontainers"}), False),
     "processor.runtime": (
-        frozenset({"processor", "schemas", "kafka_settings", "confluent_kafka", "prometheus_client"}),
+        frozenset({"processor", "schemas", "kafka_settings", "producers", "confluent_kafka", "prometheus_client"}),
         True,
     ),
     "projections": (

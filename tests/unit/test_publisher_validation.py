@@ -10,7 +10,7 @@ from kafka_settings.config import load
 from processor.core.fold import decide
 from processor.core.state import PartitionState
 from producers.publisher import CommandPublisher, InvalidCommand
-from schemas.commands import AddNode, Command, DrainNode, Release, SetPolicy, SubmitPod
+from schemas.commands import AddNode, Command, DrainNode, GangMember, Release, SetPolicy, SubmitGang, SubmitPod
 from schemas.events import CommandRejected
 
 
@@ -38,6 +38,13 @@ def publisher() -> Iterator[CommandPublisher]:
         (lambda p: p.release("lab", ""), "pod_id"),
         (lambda p: p.set_policy("lab", "no-such-policy"), "unknown policy"),
         (lambda p: p.cordon_node("lab", "n1", command_id="has space"), "command_id"),
+        (lambda p: p.submit_gang("lab", "g1", []), "has 0 members"),
+        (lambda p: p.submit_gang("lab", "g1", [GangMember("m", cpu_milli=1)], min_members=2), "min_members"),
+        (lambda p: p.submit_gang("lab", "g1", [GangMember("m", cpu_milli=1)] * 2), "twice"),
+        (lambda p: p.submit_pod("lab", "p1", cpu_milli=1, depends_on=["p1"]), "itself"),
+        (lambda p: p.submit_pod("lab", "p1", cpu_milli=1, time_limit_ms=0), "time_limit_ms"),
+        (lambda p: p.release_gang("lab", ""), "gang_id"),
+        (lambda p: p.set_policy("lab", queue_order="lifo"), "queue_order"),
     ],
 )
 def test_invalid_arguments_raise_clear_value_errors(publisher: CommandPublisher, call, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -45,6 +52,19 @@ def test_invalid_arguments_raise_clear_value_errors(publisher: CommandPublisher,
     with pytest.raises(ValueError, match=message):
         call(publisher)
     assert publisher.sent == []  # type: ignore[attr-defined]
+
+
+def test_gang_and_tick_commands_are_sent_keyed_by_cluster(publisher: CommandPublisher) -> None:
+    """submit_gang, release_gang and tick encode the new commands; the fold decodes them as sent."""
+    from schemas.fastcodec import decode_command
+
+    members = [GangMember("w0", 8, 1000, 8000, 65536), GangMember("w1", 8, 1000, 8000, 65536)]
+    publisher.submit_gang("lab", "train", members, topology_required="topology/rack", time_limit_ms=3_600_000)
+    publisher.release_gang("lab", "train")
+    publisher.tick("lab")
+    sent = [decode_command(value) for _, value in publisher.sent]  # type: ignore[attr-defined]
+    assert [type(c.payload).__name__ for c in sent] == ["SubmitGang", "ReleaseGang", "Tick"]
+    assert sent[0].payload.members == tuple(members) and sent[0].payload.topology_required == "topology/rack"
 
 
 def test_command_id_is_the_callers_or_a_fresh_uuid(publisher: CommandPublisher) -> None:
@@ -65,6 +85,9 @@ def test_command_id_is_the_callers_or_a_fresh_uuid(publisher: CommandPublisher) 
         Command("c1", "", 0, Release("p1")),
         Command("c1", "lab", -1, DrainNode("n1")),
         Command("c1", "lab", 0, SetPolicy("no-such-policy")),
+        Command("c1", "lab", 0, SubmitGang("g1")),
+        Command("c1", "lab", 0, SubmitGang("g1", members=(GangMember("m", 1, 500),), depends_on=("m",))),
+        Command("c1", "lab", 0, SubmitPod("p1", cpu_milli=1, dependency="before")),
     ],
 )
 def test_the_publisher_refuses_what_the_fold_rejects_with_the_same_code(
