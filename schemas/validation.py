@@ -18,6 +18,7 @@ from typing import Any
 
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
+    AFTER_OK,
     DEPENDENCY_TYPES,
     GPU_MILLI,
     QUEUE_ORDERS,
@@ -185,8 +186,10 @@ def check_submit_pod(command: SubmitPod) -> None:
     check_id("tenant", command.tenant)
     check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
     check_pod_resources("pod", command)
-    check_duration("time_limit_ms", command.time_limit_ms)
-    check_dependencies((command.pod_id,), command.depends_on, command.dependency)
+    if command.time_limit_ms is not None:
+        check_duration("time_limit_ms", command.time_limit_ms)
+    if command.depends_on or command.dependency != AFTER_OK:
+        check_dependencies((command.pod_id,), command.depends_on, command.dependency)
 
 
 def check_submit_gang(command: SubmitGang) -> None:

@@ -163,9 +163,11 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
     except Rejected as rejection:  # its time cannot be trusted: folded at the clock, which it does not move
         decision.emit(CommandRejected(command.command_id, command.type_name, rejection.code, rejection.message))
         return decision.events
-    clock = max(state.clock, command.issued_at)
+    clock = command.issued_at if command.issued_at > state.clock else state.clock
     duplicate = command.command_id in state.seen  # before timers: their events carry this command's id
-    _fire_timers(decision, clock)
+    heap = state.timers.heap
+    if heap and heap[0][0] <= clock:
+        _fire_timers(decision, clock)
     # A command keeps the semantics of the contract it was written in: v1 stamped events with
     # their command's own issued_at, late or not (``schemas.commands.V1Command``).
     decision.now = command.issued_at if command.contract == "v1" else clock
@@ -302,11 +304,14 @@ def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
     check_submit_pod(command)
     cluster = decision.cluster
     name = decision.command.cluster
-    _check_models(cluster, name, tuple(command.gpu_models))
+    if command.gpu_models:
+        _check_models(cluster, name, tuple(command.gpu_models))
     if command.pod_id in cluster.pods:
         raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
-    _check_new_job_ids(cluster, name, (command.pod_id,), "pod")
-    _check_no_cycle(cluster, (command.pod_id,), tuple(command.depends_on))
+    if command.pod_id in cluster.gangs or command.pod_id in cluster.member_of:
+        _check_new_job_ids(cluster, name, (command.pod_id,), "pod")
+    if command.depends_on:
+        _check_no_cycle(cluster, (command.pod_id,), tuple(command.depends_on))
     spec = PodSpec(
         command.pod_id,
         command.tenant,
@@ -322,10 +327,13 @@ def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
         cluster.arrivals,
         None,
         command.time_limit_ms,
-        tuple(dict.fromkeys(command.depends_on)),
+        tuple(dict.fromkeys(command.depends_on)) if command.depends_on else (),
         command.dependency,
     )
-    _start_or_wait_pod(decision, cluster, spec)
+    if spec.depends_on:
+        _start_or_wait_pod(decision, cluster, spec)
+    else:
+        _place(decision, cluster, spec, shape_of(spec), from_queue=False, requeued=False, new=True)
 
 
 def _start_or_wait_pod(decision: _Decision, cluster: ClusterState, spec: PodSpec) -> None:
@@ -505,12 +513,13 @@ def _place(
     ``new``: the job enters the queue now (strict FIFO may hold it back). ``announce``
     (default: not ``from_queue``): emit ``PodQueued`` if it does not fit; a pod retried
     from the queue stays queued silently."""
-    if new:
+    if new and cluster.queue_order == STRICT_FIFO:
         blocked = _blocked_by_earlier(cluster, (-spec.priority, spec.arrival, spec.pod_id))
         if blocked is not None:
             decision.emit(PodQueued(spec, (blocked,), requeued), cluster.name)
             return False
-    usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now)
+    reserved = cluster.reservation is not None
+    usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     groups = cluster.index.feasible(usable)
     if groups:
         policy = get_policy(cluster.policy)
@@ -520,7 +529,8 @@ def _place(
         decision.emit(
             PodScheduled(spec, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
         )
-        _holder_started(decision, cluster, spec.pod_id)
+        if reserved:
+            _holder_started(decision, cluster, spec.pod_id)
         return True
     if (not from_queue) if announce is None else announce:
         decision.emit(PodQueued(spec, queue_reasons(cluster, shape), requeued), cluster.name)
@@ -645,7 +655,7 @@ def _capacity_grew(decision: _Decision, cluster: ClusterState, node_ids: tuple[s
     whole. Work: O(Q + G) to screen the Q waiting shapes and G queued gangs, plus
     O(S_m + log) per pod placed. Under strict FIFO, only the head may start.
     """
-    if not node_ids or (not len(cluster.queue) and not cluster.gang_queue):
+    if not node_ids or (not cluster.queue.size and not cluster.gang_queue):
         return
     if cluster.queue_order == STRICT_FIFO:
         _start_heads(decision, cluster)
@@ -706,17 +716,16 @@ def _start_heads(decision: _Decision, cluster: ClusterState) -> None:
 
 def _wake_dependants(decision: _Decision, cluster: ClusterState, job_id: str) -> None:
     """After ``job_id`` ended: fail its afterok dependants if it ended badly, start those with nothing left."""
-    waiters = cluster.dependants.get(job_id)
-    ok = cluster.ended.get(job_id)
-    if ok is None:
+    waiters = cluster.dependants.get(job_id) if cluster.dependants else None
+    if not waiters:
         return
-    for waiter in sorted(waiters or ()):
+    for waiter in sorted(waiters):
         _recheck_waiter(decision, cluster, waiter)
 
 
 def _recheck_waiter(decision: _Decision, cluster: ClusterState, waiter: str) -> None:
     pod = cluster.pods.get(waiter)
-    if pod is not None and pod.waiting_for is not None and not pod.queued and not pod.running:
+    if pod is not None and not pod.queued and not pod.running:
         spec = pod.spec
         failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency)
         if failed is not None:
@@ -769,7 +778,8 @@ def _fire_timers(decision: _Decision, until: int) -> None:
         cluster = clusters.get(name)
         if cluster is None:
             continue
-        decision.now = max(decision.now, deadline)
+        if deadline > decision.now:
+            decision.now = deadline
         _TIMER_HANDLERS[kind](decision, cluster, job_id, deadline)
 
 
@@ -823,11 +833,16 @@ _TIMER_HANDLERS: dict[int, Callable[[_Decision, ClusterState, str, int], None]] 
 
 def _upkeep(decision: _Decision) -> None:
     """After the command: reservations of the clusters it touched, then timers that came due."""
-    for name in sorted(decision.touched):
-        cluster = decision.state.clusters.get(name)
-        if cluster is not None:
+    touched = decision.touched
+    clusters = decision.state.clusters
+    for name in touched if len(touched) == 1 else sorted(touched):
+        cluster = clusters.get(name)
+        # Nothing to keep without a queue or a reservation: the common case, answered without a call.
+        if cluster is not None and (cluster.queue.size or cluster.gang_queue or cluster.reservation is not None):
             _reservation_upkeep(decision, cluster)
-    _fire_timers(decision, decision.now)
+    heap = decision.state.timers.heap
+    if heap and heap[0][0] <= decision.now:
+        _fire_timers(decision, decision.now)
 
 
 def _release_reservation(decision: _Decision, cluster: ClusterState, reason: str) -> None:
@@ -1102,7 +1117,7 @@ def _gang_for(state: PartitionState, cluster: ClusterState, spec: GangSpec) -> G
             state.timers.push(spec.submitted_at + spec.timeout_ms, GANG_TIMEOUT, cluster.name, spec.gang_id)
         return gang
     if gang.state == GANG_QUEUED:
-        cluster.gang_queue.remove(gang.key)
+        cluster.unqueue_gang(gang.key)
     elif gang.state == GANG_WAITING:
         cluster.stop_waiting(spec.gang_id, gang.waiting_for)
         gang.waiting_for = ()
@@ -1128,7 +1143,7 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
         cluster.wait_on(gang.gang_id, gang.waiting_for)
     else:
         gang.state = GANG_QUEUED
-        cluster.gang_queue.add(gang.key)
+        cluster.queue_gang(gang.key)
 
 
 def _applied_gang_scheduled(state: PartitionState, cluster: ClusterState, event: GangScheduled, now: int) -> None:
@@ -1152,7 +1167,7 @@ def _applied_gang_released(state: PartitionState, cluster: ClusterState, event: 
     if gang.placed:
         raise InvariantViolation(f"gang {event.gang_id!r} released while {len(gang.placed)} member(s) run")
     if gang.state == GANG_QUEUED:
-        cluster.gang_queue.remove(gang.key)
+        cluster.unqueue_gang(gang.key)
     elif gang.state == GANG_WAITING:
         cluster.stop_waiting(gang.gang_id, gang.waiting_for)
     del cluster.gangs[event.gang_id]

@@ -168,7 +168,7 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             for member in gang.spec.members:
                 cluster.member_of[member.pod_id] = gang.gang_id
             if gang.state == GANG_QUEUED:
-                cluster.gang_queue.add(gang.key)
+                cluster.queue_gang(gang.key)
             elif gang.state == GANG_WAITING:
                 cluster.wait_on(gang.gang_id, gang.waiting_for)
         pods = [

@@ -6,10 +6,9 @@ One writer owns a ``PartitionState`` and changes it only through
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
-from sortedcontainers import SortedList
 
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
@@ -235,7 +234,7 @@ class ClusterState:
     queue_order: str = SKIP_AHEAD
     # Gangs: by id, the queue of queued gangs (priority, then FIFO), and member pod id -> gang id.
     gangs: dict[str, Gang] = field(default_factory=dict)
-    gang_queue: SortedList = field(default_factory=SortedList)
+    gang_queue: list[QueueKey] = field(default_factory=list)  # sorted (bisect): gangs waiting are few
     member_of: dict[str, str] = field(default_factory=dict)
     # Dependencies: recently ended pods and gangs (id -> ended normally), oldest first, and the
     # jobs waiting on each id (derived from the waiting pods and gangs).
@@ -311,10 +310,19 @@ class ClusterState:
                 if not waiters:
                     del self.dependants[dependency]
 
+    def queue_gang(self, key: QueueKey) -> None:
+        bisect.insort(self.gang_queue, key)
+
+    def unqueue_gang(self, key: QueueKey) -> None:
+        index = bisect.bisect_left(self.gang_queue, key)
+        if index == len(self.gang_queue) or self.gang_queue[index] != key:
+            raise InvariantViolation(f"gang {key[2]!r} is not in the gang queue")
+        del self.gang_queue[index]
+
     def head(self) -> tuple[QueueKey, str] | None:
         """The first queued job (priority, then age; pods and gangs together) and its kind. O(1)."""
         first = self.queue.first()
-        gang = self.gang_queue[0] if self.gang_queue else None
+        gang = self.gang_queue[0] if self.gang_queue else None  # a plain list: a C-level emptiness test
         if first is None and gang is None:
             return None
         if gang is None or (first is not None and first[0] < gang):

@@ -25,21 +25,21 @@ Timer = tuple[int, int, str, str]  # (deadline, kind, cluster, pod or gang id)
 class Timers:
     """A min-heap of timers without duplicates."""
 
-    __slots__ = ("_heap", "_known")
+    __slots__ = ("_known", "heap")
 
     def __init__(self) -> None:
-        self._heap: list[Timer] = []
+        self.heap: list[Timer] = []  # read-only outside: ``heap and heap[0][0] <= now`` is the cheap due test
         self._known: set[Timer] = set()
 
     def push(self, deadline: int, kind: int, cluster: str, job_id: str = "") -> None:
         timer = (deadline, kind, cluster, job_id)
         if timer not in self._known:
             self._known.add(timer)
-            heapq.heappush(self._heap, timer)
+            heapq.heappush(self.heap, timer)
 
     def pop_due(self, now: int) -> Timer | None:
         """The earliest timer with deadline <= now, removed; None if there is none."""
-        heap = self._heap
+        heap = self.heap
         if not heap or heap[0][0] > now:
             return None
         timer = heapq.heappop(heap)
@@ -47,7 +47,7 @@ class Timers:
         return timer
 
     def next_deadline(self) -> int | None:
-        return self._heap[0][0] if self._heap else None
+        return self.heap[0][0] if self.heap else None
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
