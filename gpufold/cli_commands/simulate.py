@@ -45,6 +45,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--curve", action="store_true", help="with text output, also print the allocation curve")
     parser.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU %% vs arrived 80-130%% per policy")
     parser.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
+    gangs = parser.add_argument_group(
+        "--workload gangs",
+        "multi-node training gangs (2-32 nodes, topology required, time limits) among the trace's single pods with "
+        "their real lifetimes, in event time, once per queueing mode (see gpufold/gang_simulation.py)",
+    )
+    gangs.add_argument(
+        "--workload",
+        choices=("fgd", "gangs"),
+        default="fgd",
+        help="fgd: the published FGD experiment (default); gangs: queueing modes with gangs",
+    )
+    gangs.add_argument("--hours", type=float, default=24.0, help="event time to simulate (default: %(default)s)")
+    gangs.add_argument(
+        "--modes",
+        default="skip-ahead,strict-fifo,reserve+backfill",
+        help="queueing modes to compare (default: %(default)s)",
+    )
+    gangs.add_argument("--single-load", type=float, default=0.30, help="single pods' share of GPU capacity")
+    gangs.add_argument("--gang-load", type=float, default=0.75, help="gangs' share of the 8-GPU nodes")
     parser.set_defaults(handler=run)
 
 
@@ -52,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from gpufold import simulate
     from processor.core.policies import REGISTRY, policy_names
 
+    if args.workload == "gangs" and not args.list_policies:
+        return _run_gangs(args)
     if args.list_policies:
         for name in policy_names():
             print(f"{name:16} {REGISTRY[name].description}")
@@ -165,3 +186,55 @@ def _print_text(results: dict[str, list[Any]], *, curve: bool) -> None:
         frag = statistics.fmean(fragmentation) if fragmentation else None
         speed = statistics.fmean(r.pods_per_sec for r in per_policy)
         print(f"{policy:16} {len(per_policy):>5} {_fmt(mean):>17} {_fmt(median):>7} {_fmt(frag):>14} {speed:>8,.0f}")
+
+
+def _run_gangs(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gpufold import gang_simulation, simulate
+
+    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    unknown = [mode for mode in modes if mode not in gang_simulation.MODES]
+    if unknown or not modes:
+        raise CliError(f"unknown mode {', '.join(unknown) or args.modes!r}; known: {', '.join(gang_simulation.MODES)}")
+    if args.hours <= 0 or args.single_load < 0 or args.gang_load < 0:
+        raise CliError("--hours must be > 0 and the loads >= 0")
+    try:
+        seeds = simulate.parse_seeds(args.seeds) if args.seeds else [args.seed]
+        nodes = load_nodes(args.nodes)
+        pods = load_pods(args.pods)
+    except (ValueError, TraceError) as error:
+        raise CliError(str(error)) from error
+    config = gang_simulation.Config(args.hours, args.single_load, args.gang_load, args.policy.split(",")[0])
+    results = []
+    for mode in modes:
+        for seed in seeds:
+            try:
+                total = len(gang_simulation.build_arrivals(nodes, pods, seed, config))
+            except ValueError as error:
+                raise CliError(str(error)) from error
+            with tqdm(total=total, desc=f"{mode} seed {seed}", unit="job", file=sys.stderr, disable=None,
+                      leave=False) as bar:  # fmt: skip
+                result = gang_simulation.run(nodes, pods, mode, seed, config, progress=bar.update)
+            results.append(result)
+            if not args.json:
+                _print_gang_run(result)
+    if args.json:
+        json.dump({"runs": [result.to_json() for result in results]}, sys.stdout)
+        print()
+    return 0
+
+
+def _print_gang_run(result: Any) -> None:
+    waits = "  ".join(
+        f"{size}n {stats['p50']:.0f}/{stats['p99']:.0f}/{stats['max']:.0f}s"
+        for size, stats in result.gang_wait_s.items()
+    )
+    waiting = sum(result.gangs_waiting_at_end.values())
+    print(
+        f"{result.mode:17} seed {result.seed:3}  GPU util {result.utilization_pct:6.2f}%  largest gang "
+        f"({result.largest_gang_size} nodes) max wait {result.largest_gang_max_wait_s or 0:7.0f} s  "
+        f"partial gangs {result.partial_gangs}  still waiting {waiting}  ({result.seconds:.0f} s)"
+    )
+    print(f"{'':17}   gang wait p50/p99/max by size: {waits}")
+    print(f"{'':17}   single pods wait p50 {result.pod_wait_p50_s:.0f} s, p99 {result.pod_wait_p99_s:.0f} s")
