@@ -57,7 +57,17 @@ RULES: dict[str, tuple[frozenset[str], bool]] = {
     "producers": (frozenset({"producers", "schemas", "kafka_settings", "confluent_kafka"}), True),
     "processor.core": (frozenset({"processor.core", "schemas", "sortedcontainers"}), False),
     "processor.runtime": (
-        frozenset({"processor", "schemas", "kafka_settings", "producers", "confluent_kafka", "prometheus_client"}),
+        frozenset(
+            {
+                "processor",
+                "schemas",
+                "kafka_settings",
+                "producers",
+                "confluent_kafka",
+                "prometheus_client",
+                "sortedcontainers",
+            }
+        ),
         True,
     ),
     "projections": (
