@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, select
 
 from projections import models
+from projections.reasons import EXPLAIN_HINT, worded
 from projections.usage import HOUR_MS
 from schemas import EVENT, registry
 from schemas.fragmentation import TypicalKey, derive_typical, node_fragmentation
@@ -248,7 +249,8 @@ def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
 
 
 def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """Pending pods in queue order (priority, then arrival), with their queue position and reasons."""
+    """Pending pods in queue order (priority, then arrival), with their queue position and the reasons
+    they were queued with (not recomputed: the live replica's explain says why a pod waits now)."""
     cluster = check_id("cluster", cluster)
     limit = check_int("limit", limit, 1, MAX_LIMIT)
     offset = check_int("offset", offset, 0, 10**9)
@@ -277,11 +279,11 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
             "gpu_models": list(row.gpu_models),
             "submitted_at": row.submitted_at,
             "queued_at": row.queued_at,
-            "reasons": list(row.reasons),
+            "reasons_when_queued": worded(list(row.reasons)),
         }
         for i, row in enumerate(rows.all())
     ]
-    return {"cluster": cluster, "total": total, "offset": offset, "pods": pods}
+    return {"cluster": cluster, "total": total, "offset": offset, "reasons_note": EXPLAIN_HINT, "pods": pods}
 
 
 def _payload(frame: bytes) -> dict[str, Any]:

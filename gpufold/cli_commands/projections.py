@@ -282,14 +282,10 @@ def _register_query(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from gpufold.server.cli import serve
 
-    from projections.api import create_app
-
-    url = _database_url(args)
-    app = create_app(url)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
-    return 0
+    url = args.database_url or os.environ.get("GPUFOLD_DATABASE_URL") or None
+    return serve(args, url)
 
 
 # ------------------------------------------------------------------ projections migrate | rebuild
@@ -356,10 +352,19 @@ def register(subparsers: Any) -> None:
 
     _register_query(subparsers)
 
-    serve = subparsers.add_parser("serve", help="the HTTP query API (FastAPI; OpenAPI at /docs) with /metrics")
+    from gpufold.server.cli import add_serve_arguments
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="the HTTP API and dashboard: live replica, writes, what-if, projections (OpenAPI at /docs), /metrics",
+        description="Serve the dashboard at / and the API (OpenAPI at /docs): the live replica of the fold "
+        "(--log PATH, the default, or --bootstrap HOST:PORT), the write API, and the projections' queries when a "
+        "database is given (--database-url or $GPUFOLD_DATABASE_URL). See gpufold/server/cli.py.",
+    )
     _add_database(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
 
     proj = subparsers.add_parser("projections", help="manage the projection tables")

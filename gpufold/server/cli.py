@@ -1,0 +1,117 @@
+"""``gpufold serve``'s options and start-up: which log the replica follows and the writes go to.
+
+- ``--bootstrap`` (or ``GPUFOLD_KAFKA_BOOTSTRAP``): Kafka. The replica reads the commands and
+  snapshots topics; writes go through ``CommandPublisher``; the processor runs elsewhere.
+- ``--log`` (or ``GPUFOLD_LOG``), or nothing at all: the embedded log (created if missing). The
+  server also runs the processor on it in a thread (``--no-processor`` to leave that to
+  ``gpufold run``), so submitting, waiting and watching work on one machine with no servers.
+- ``--database-url`` alone (the old form): the projections' read API only, plus the dashboard page.
+
+``GPUFOLD_API_TOKEN``, when set, is the bearer token every write needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from gpufold.cli import CliError
+
+TOKEN_ENV = "GPUFOLD_API_TOKEN"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpufold.cli_commands._embedded import LOG_HELP
+
+    group = parser.add_argument_group("the live replica and the write API")
+    group.add_argument("--log", metavar="PATH", default=None, help=LOG_HELP)
+    group.add_argument(
+        "--bootstrap", metavar="HOST:PORT", default=None, help="Kafka (default: $GPUFOLD_KAFKA_BOOTSTRAP)"
+    )
+    group.add_argument("--kafka-config", metavar="FILE", default=None, help="librdkafka properties file")
+    group.add_argument("--topic-prefix", default="gpufold", help="Kafka topic prefix (default: %(default)s)")
+    group.add_argument(
+        "--no-processor", action="store_true", help="embedded log: do not fold in this process (gpufold run does)"
+    )
+    group.add_argument("--read-only", action="store_true", help="no write API (reads and what-if only)")
+
+
+def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list[Any], str]:
+    """(app, things to stop, a description of the backend) for the parsed ``serve`` arguments."""
+    from gpufold.server.app import create_app
+    from processor.runtime.replica import Replica
+
+    bootstrap = args.bootstrap or os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP")
+    embedded_path = args.log or os.environ.get("GPUFOLD_LOG")
+    token = os.environ.get(TOKEN_ENV) or None
+    stoppable: list[Any] = []
+    writer: Any = None
+    replica: Replica | None = None
+    if bootstrap:
+        from kafka_settings.config import KafkaConfigError, install_secret_filter, load
+        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from schemas.topics import topics_for
+
+        try:
+            config = load(args.kafka_config, bootstrap=bootstrap)
+        except KafkaConfigError as error:
+            raise CliError(str(error)) from None
+        install_secret_filter()
+        topics = topics_for(args.topic_prefix)
+        try:
+            source = KafkaReplicaSource(config, topics)
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        replica = Replica(source).start()
+        if not args.read_only:
+            from gpufold.server.writers import KafkaWriter
+
+            writer = KafkaWriter(config, topics, source.partition_count())
+        backend = f"Kafka {config.scrub(bootstrap)} (topics {args.topic_prefix}.*)"
+    elif embedded_path or not database_url:
+        from gpufold.cli_commands._embedded import log_path
+        from gpufold.embedded_log import EmbeddedLog, LogError
+        from gpufold.replica_source import EmbeddedReplicaSource
+        from gpufold.server.embedded_processor import EmbeddedProcessor
+        from gpufold.server.writers import EmbeddedWriter
+
+        path = log_path(args)
+        try:
+            EmbeddedLog(path).close()  # create it if missing, so the replica can open it read-only
+            writer = None if args.read_only else EmbeddedWriter(path)
+            replica = Replica(EmbeddedReplicaSource(path)).start()
+        except LogError as error:
+            raise CliError(str(error)) from None
+        if not args.no_processor:
+            stoppable.append(EmbeddedProcessor(path).start())
+        backend = f"embedded log {path}" + ("" if args.no_processor else " (processor running in this process)")
+    else:
+        backend = "projections only (no --log or --bootstrap: no replica, no writes)"
+    if replica is not None:
+        stoppable.append(replica)
+    if writer is not None:
+        stoppable.append(writer)
+    app = create_app(database=database_url, replica=replica, writer=writer, token=token)
+    if token:
+        backend += "; writes need the bearer token"
+    return app, stoppable, backend
+
+
+def serve(args: argparse.Namespace, database_url: str | None) -> int:
+    import uvicorn
+
+    app, stoppable, backend = build(args, database_url)
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    print(f"gpufold: serving {backend}", file=sys.stderr)
+    print(
+        f"gpufold: dashboard: http://{shown}:{args.port}/   API docs: http://{shown}:{args.port}/docs", file=sys.stderr
+    )
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    finally:
+        for item in reversed(stoppable):
+            stop = getattr(item, "stop", None) or item.close
+            stop()
+    return 0

@@ -1,0 +1,44 @@
+"""The processor over the embedded log, in a background thread of ``gpufold serve`` (the one-machine default)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from gpufold.embedded_log import EmbeddedLog, FencedError
+from processor.runtime.loop import Processor
+
+log = logging.getLogger("gpufold.serve.processor")
+
+
+class EmbeddedProcessor:
+    """Folds the embedded log's new commands as they arrive (its own SQLite handle, in its own thread)."""
+
+    def __init__(self, path: str | os.PathLike[str], poll: float = 0.1) -> None:
+        self.path = path
+        self.poll = poll
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufold-processor", daemon=True)
+
+    def start(self) -> EmbeddedProcessor:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with EmbeddedLog(self.path) as handle:
+                processor = Processor(handle)
+                while not self._stop.is_set():
+                    processor.run_batch(self.poll)
+        except FencedError as error:
+            self.error = f"another processor folds this log: {error}"
+            log.error("%s", self.error)
+        except Exception as error:
+            self.error = f"{type(error).__name__}: {error}"
+            log.exception("the embedded processor stopped")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
