@@ -147,7 +147,8 @@ def test_what_if_over_http_equals_what_is_published(server: Server) -> None:
 def test_replica_routes_list_explain_and_summarise(server: Server) -> None:
     """Pods (filters), nodes with per-GPU shares, explain, clusters, tenants and history answer from the replica."""
     pods = [
-        line(f"s{i}", {"SubmitPod": {"pod_id": f"p{i}", "tenant": t, "num_gpu": 1, "gpu_milli": m, "gpu_models": ["A100"]}})
+        line(f"s{i}", {"SubmitPod": {"pod_id": f"p{i}", "tenant": t, "num_gpu": 1, "gpu_milli": m,
+                                     "gpu_models": ["A100"]}})
         for i, (t, m) in enumerate([("acme", 1000), ("acme", 500), ("globex", 500)])
     ]  # fmt: skip
     waiting = line("big", {"SubmitPod": {"pod_id": "big", "num_gpu": 8, "gpu_milli": 1000, "gpu_models": ["A100"]}})
