@@ -1,0 +1,162 @@
+"""``gpufold what-if FILE.jsonl`` and ``gpufold explain``: ask a replica of the fold, built in this process.
+
+The replica restores every partition from its latest snapshot and folds the log to its head (the
+embedded log by default, or Kafka with ``--bootstrap``), read-only: nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpufold.cli import CliError
+from gpufold.cli_commands._embedded import add_log_argument, log_path
+
+
+def _source_options(parser: argparse.ArgumentParser) -> None:
+    add_log_argument(parser)
+    group = parser.add_argument_group("Kafka (instead of the embedded log)")
+    group.add_argument("--bootstrap", metavar="HOST:PORT", default=None, help="replay from Kafka's commands topic")
+    group.add_argument("--kafka-config", metavar="FILE", default=None, help="librdkafka properties file")
+    group.add_argument("--topic-prefix", default="gpufold", help="topic prefix (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    what_if = subparsers.add_parser(
+        "what-if",
+        help="fold commands on a copy of the current state and print their events; nothing is published",
+        description="Where would these go, and what would they move? Fold the JSON-lines commands of FILE, in "
+        "order, on a copy of the log's head state (a replica built here from the latest snapshot plus the "
+        "commands after it) and print the events each would produce, at the offset it would get if published "
+        "now. The log is not changed.",
+    )
+    what_if.add_argument("file", metavar="FILE.jsonl", help="the commands (- for standard input)")
+    _source_options(what_if)
+    what_if.set_defaults(handler=_what_if)
+
+    explain = subparsers.add_parser(
+        "explain",
+        help="why a pending pod does not fit now: live reasons, nearest miss, what would make it fit",
+        description="Explain a pod on the log's head state: for a pending pod, the reasons recomputed now "
+        "(counts per check, per node class), the node that comes closest and what it lacks, and single changes "
+        "that would let it be placed; for a running pod, where it runs.",
+    )
+    explain.add_argument("pod_id", metavar="POD")
+    explain.add_argument("--cluster", required=True)
+    _source_options(explain)
+    explain.set_defaults(handler=_explain)
+
+
+def _replica(args: argparse.Namespace) -> Any:
+    from processor.runtime.replica import Replica
+
+    if args.bootstrap:
+        from kafka_settings.config import KafkaConfigError, install_secret_filter, load
+        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from schemas.topics import topics_for
+
+        try:
+            config = load(args.kafka_config, bootstrap=args.bootstrap)
+            install_secret_filter()
+            source: Any = KafkaReplicaSource(config, topics_for(args.topic_prefix))
+        except (KafkaConfigError, ValueError) as error:
+            raise CliError(str(error)) from None
+    else:
+        from gpufold.embedded_log import LogError
+        from gpufold.replica_source import EmbeddedReplicaSource
+
+        try:
+            source = EmbeddedReplicaSource(log_path(args))
+        except LogError as error:
+            raise CliError(str(error)) from None
+    replica = Replica(source, batch_size=5_000)
+    replica.restore()
+    return replica
+
+
+def _what_if(args: argparse.Namespace) -> int:
+    from gpufold.cli_commands.log import _lines
+    from gpufold.jsonl import LineError, read_commands, to_json_value
+    from schemas.commands import Command
+
+    name = "<stdin>" if args.file == "-" else args.file
+    commands, lines, bad = [], [], 0
+    for item in read_commands(_lines(args.file)):
+        if isinstance(item, LineError):
+            print(f"gpufold: {name} {item}", file=sys.stderr)
+            bad += 1
+        else:
+            commands.append(Command.from_avro(item.record))
+            lines.append(item.line)
+    if bad:
+        raise CliError(f"{bad} bad line(s) in {name}; nothing was folded")
+    if not commands:
+        raise CliError(f"no commands in {name}")
+    replica = _replica(args)
+    try:
+        answer = replica.what_if(commands)
+    finally:
+        replica.stop()
+    if args.json:
+        for line, result in zip(lines, answer.results, strict=True):
+            record = {
+                "line": line,
+                "command_id": result.command.command_id,
+                "partition": result.partition,
+                "offset": result.offset,
+                "events": [to_json_value(e.to_avro()) for e in result.events],
+            }
+            print(json.dumps(record))
+        return 0
+    at = ", ".join(f"partition {p} offset {o}" for p, o in answer.position["offsets"].items())
+    print(f"what-if on the head state ({at}; lag {answer.position['lag']}); nothing was published")
+    for line, result in zip(lines, answer.results, strict=True):
+        print(f"line {line}: {result.command.command_id} {result.command.type_name} -> offset {result.offset}")
+        for event in result.events:
+            print(f"  {_describe(event)}")
+    return 0
+
+
+def _describe(event: Any) -> str:
+    payload = event.payload
+    kind = type(payload).__name__
+    if kind == "PodScheduled":
+        gpus = ",".join(f"{g.index}:{g.milli}" for g in payload.gpus) or "no GPU"
+        return f"PodScheduled {payload.pod.pod_id} on {payload.node_id} (GPUs {gpus}, policy {payload.policy})"
+    if kind == "PodQueued":
+        reasons = ", ".join(f"{r.code} x{r.nodes}" for r in payload.reasons)
+        return f"PodQueued {payload.pod.pod_id} ({reasons})"
+    if kind == "CommandRejected":
+        return f"CommandRejected {payload.code}: {payload.message}"
+    fields = {k: v for k, v in payload.to_avro().items() if not isinstance(v, (dict, list))}
+    return f"{kind} " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def _explain(args: argparse.Namespace) -> int:
+    replica = _replica(args)
+    try:
+        found = replica.explain(args.cluster, args.pod_id)
+        position = replica.position()
+    finally:
+        replica.stop()
+    if found is None:
+        print(
+            f"gpufold: pod {args.pod_id!r} is neither pending nor running in cluster {args.cluster!r}", file=sys.stderr
+        )
+        return 1
+    data = found.as_json()
+    if args.json:
+        print(json.dumps({**data, "replica": position}))
+        return 0
+    print(f"{data['cluster']}/{data['pod_id']}: {data['state']}, asks {data['request']}")
+    print(f"  {data['message']}")
+    for reason in data["reasons"]:
+        print(f"  - {reason['code']}: {reason['message']}")
+    if data["nearest_miss"]:
+        print(f"  nearest miss: {data['nearest_miss']['message']}")
+    for remedy in data["would_fit_if"]:
+        print(f"  would fit if: {remedy['message']}")
+    return 0
