@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_log_argument(export)
     export.add_argument("out_dir", metavar="DIR", help="directory to write (created if missing)")
     export.add_argument("--topics", default=",".join(ROLES), help=f"comma-separated roles (default {','.join(ROLES)})")
+    from gpufold.cli_commands import log_export_kafka
+
+    log_export_kafka.add_arguments(export)
     export.set_defaults(handler=_export)
 
     imp = commands.add_parser(
@@ -212,6 +215,10 @@ def _roles(text: str | None) -> list[str] | None:
 
 def _export(args: argparse.Namespace) -> int:
     roles = _roles(args.topics) or list(ROLES)
+    if args.bootstrap:
+        from gpufold.cli_commands import log_export_kafka
+
+        return log_export_kafka.export(args, roles)
     with open_log(args, readonly=True) as log:
         try:
             counts = export_log(log, args.out_dir, roles)
