@@ -13,6 +13,9 @@ stop_services() {
 }
 trap stop_services EXIT
 
+echo "== Chromium for the dashboard's browser test (installed with apt-get if missing)"
+bash scripts/chromium.sh ensure
+
 echo "== starting Kafka and PostgreSQL"
 bash scripts/postgres.sh start > "$GPUFOLD_RUN_DIR/postgres.start.log" 2>&1 &
 pg_pid=$!

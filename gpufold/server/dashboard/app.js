@@ -135,7 +135,7 @@ function drawTenants(rows) {
       el("div", { class: "tenant", "data-tenant": r.tenant }, [
         el("span", { text: r.tenant }),
         el("div", {}, [el("div", { class: "bar", style: `width:${(100 * r.gpu_milli) / max}%` })]),
-        el("span", { class: "muted", text: `${(r.gpu_milli / 1000).toFixed(2)} GPUs · ${r.running}▶ ${r.pending}⏸` }),
+        el("span", { class: "muted", text: `${(r.gpu_milli / 1000).toFixed(2)} GPUs · ${r.running} running · ${r.pending} pending` }),
       ])
     )
   );
