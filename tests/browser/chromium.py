@@ -9,6 +9,7 @@ reads protocol messages from fd 3 and writes them to fd 4, each a JSON object en
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -141,18 +142,14 @@ class Chromium:
         return path
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(ProtocolError, OSError):
             self.call("Browser.close", page=False, timeout=5)
-        except (ProtocolError, OSError):
-            pass
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
         for fd in (self._to_browser, self._from_browser):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         shutil.rmtree(self.profile, ignore_errors=True)
