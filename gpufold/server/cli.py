@@ -99,10 +99,35 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
     return app, stoppable, backend
 
 
+def _freeze_when_restored(stoppable: list[Any]) -> None:
+    """Once the replica holds the restored state, move it out of the cyclic collector's sight.
+
+    A replica of 100k pods is millions of long-lived objects; every full collection would walk
+    them all (pauses of hundreds of ms in the middle of a request). ``gc.freeze`` exempts the
+    objects that exist now; what the replica allocates later is collected as usual.
+    """
+    import gc
+    import threading
+
+    from processor.runtime.replica import Replica
+
+    replicas = [item for item in stoppable if isinstance(item, Replica)]
+
+    def wait_and_freeze() -> None:
+        for replica in replicas:
+            replica.restored.wait()
+        gc.collect()
+        gc.freeze()
+
+    if replicas:
+        threading.Thread(target=wait_and_freeze, name="gpufold-gc-freeze", daemon=True).start()
+
+
 def serve(args: argparse.Namespace, database_url: str | None) -> int:
     import uvicorn
 
     app, stoppable, backend = build(args, database_url)
+    _freeze_when_restored(stoppable)
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
     print(f"gpufold: serving {backend}", file=sys.stderr)
     print(

@@ -47,14 +47,18 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
         node: OptionalId = None,
         limit: Limit = 100,
         offset: Offset = 0,
-    ) -> dict[str, Any]:
-        return replica.pods(state=state, cluster=cluster, tenant=tenant, node_id=node, offset=offset, limit=limit)
+    ) -> JSONResponse:
+        # A JSONResponse is serialised with json.dumps as is: FastAPI's jsonable_encoder would walk
+        # every value of a 1000-pod page again first (a third of the request's time).
+        return JSONResponse(
+            replica.pods(state=state, cluster=cluster, tenant=tenant, node_id=node, offset=offset, limit=limit)
+        )
 
     @app.get("/v1/nodes", summary="nodes (live replica), paged, each GPU with its allocation and the pods sharing it")
     def nodes(
         cluster: OptionalId = None, gpu_model: OptionalId = None, limit: Limit = 100, offset: Offset = 0
-    ) -> dict[str, Any]:
-        return replica.nodes(cluster=cluster, gpu_model=gpu_model, offset=offset, limit=limit)
+    ) -> JSONResponse:
+        return JSONResponse(replica.nodes(cluster=cluster, gpu_model=gpu_model, offset=offset, limit=limit))
 
     @app.get("/v1/clusters", summary="every cluster now (live replica): nodes, GPUs, allocation, queue, fragmentation")
     def clusters() -> dict[str, Any]:
