@@ -87,11 +87,11 @@ class CopyOnAccess(dict):  # type: ignore[type-arg]
         self[key] = default
         return default
 
-    def values(self) -> ValuesView[Any]:
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
         self._own_all()
         return dict.values(self)
 
-    def items(self) -> ItemsView[Any, Any]:
+    def items(self) -> ItemsView[Any, Any]:  # type: ignore[override]
         self._own_all()
         return dict.items(self)
 
