@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - installs into .venv and replays the bundled openb trace on the embedded log
+#   make demo   - installs into .venv, replays the bundled openb trace on the embedded log, serves the dashboard
 #   make test   - installs, starts Kafka and PostgreSQL, runs every test, stops them
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,8 +14,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,postgres,api,plot]'
 	touch $(STAMP)
 
+DEMO_PORT ?= 8000
+
 demo: $(STAMP)
 	$(VENV)/bin/gpufold demo
+	@echo
+	@echo "== dashboard: open http://127.0.0.1:$(DEMO_PORT)/ in a browser (API docs at /docs); Ctrl-C stops it"
+	$(VENV)/bin/gpufold serve --log gpufold-demo.sqlite --database-url sqlite:///gpufold-demo.projections.sqlite --port $(DEMO_PORT)
 
 test: $(STAMP)
 	bash scripts/test.sh

@@ -298,6 +298,10 @@ def render(summary: Summary) -> str:
     lines.append(f"  explore: gpufold state --log {summary.log_path}   |   gpufold events --log {summary.log_path}")
     if summary.projection_url:
         lines.append(f"           gpufold query utilization --by model --database-url {summary.projection_url}")
+    serve = f"gpufold serve --log {summary.log_path}"
+    if summary.projection_url:
+        serve += f" --database-url {summary.projection_url}"
+    lines.append(f"  dashboard: {serve}   then open http://127.0.0.1:8000/")
     return "\n".join(lines)
 
 

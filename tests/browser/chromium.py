@@ -54,8 +54,11 @@ class Chromium:
         self._from_browser, from_browser_w = os.pipe()
 
         def fds() -> None:  # in the child: the protocol pipes on fds 3 and 4
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
+            # Through fresh copies first: a pipe end may itself be fd 3 or 4, and dup2 onto itself
+            # would neither move the other nor make it inheritable.
+            reader, writer = os.dup(to_browser_r), os.dup(from_browser_w)
+            os.dup2(reader, 3)
+            os.dup2(writer, 4)
 
         self.process = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
