@@ -146,6 +146,7 @@ def test_commands(services: dict[str, dict[str, Any]]) -> None:
     api = _command(services["api"])
     assert api[:2] == ["gpufold", "serve"]
     assert api[api.index("--database-url") + 1] == DATABASE_URL
+    assert api[api.index("--bootstrap") + 1] == "kafka:9092"  # the live replica and the write API
     assert api[api.index("--host") + 1] == "0.0.0.0"
     assert api[api.index("--port") + 1] == "8000"
     assert any(str(port).split(":")[-2:] == ["8000", "8000"] for port in services["api"]["ports"])
