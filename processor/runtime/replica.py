@@ -269,6 +269,8 @@ class Replica:
         partition, plus the what-if commands before it on that partition.
         """
         commands = list(commands)
+        # The forks are private, but the placement policies' memo caches are shared with the live
+        # fold: the lock keeps one fold at a time in them, as in the processor.
         with self._lock:
             names: dict[int, set[str]] = {}
             for command in commands:
@@ -277,13 +279,13 @@ class Replica:
                 p: fork(self.states.get(p) or PartitionState(partition=p), clusters) for p, clusters in names.items()
             }
             position = self.position()
-        results = []
-        for command in commands:  # the forks are private: no lock needed from here on
-            partition = self.partition_of(command.cluster)
-            state = forks[partition]
-            decoded = decode_command(self._encode_command(command.to_avro()))
-            offset = state.next_offset
-            results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
+            results = []
+            for command in commands:
+                partition = self.partition_of(command.cluster)
+                state = forks[partition]
+                decoded = decode_command(self._encode_command(command.to_avro()))
+                offset = state.next_offset
+                results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
         hashes = {p: state_hash(s) for p, s in sorted(forks.items())} if len(commands) <= 100 else {}
         return WhatIf(results, position, hashes)
 

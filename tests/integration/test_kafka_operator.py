@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,9 @@ def test_write_api_on_kafka_returns_outcomes(kafka_bootstrap: str) -> None:
     topics = new_topics(kafka_bootstrap, "writeapi", PARTITIONS)
     config = kafka_config(kafka_bootstrap)
     writer = KafkaWriter(config, topics, PARTITIONS)
+    replica = Replica(KafkaReplicaSource(config, topics)).start()
     with BackgroundProcessor(kafka_bootstrap, topics, instance_id="writeapi"):
-        client = TestClient(create_app(writer=writer))
+        client = TestClient(create_app(writer=writer, replica=replica))
         node = {"node_id": "n1", "gpu_model": "A100", "gpu_count": 4, "cpu_milli": 32_000, "memory_mib": 65_536}
         added = client.post("/v1/clusters/lab/nodes?wait=60", json=node)
         assert added.status_code == 200, added.text
@@ -104,6 +106,19 @@ def test_write_api_on_kafka_returns_outcomes(kafka_bootstrap: str) -> None:
         assert body["backend"] == "kafka" and body["complete"]
         refused = client.post("/v1/clusters/lab/pods", json={"pod_id": "p3", "num_gpu": 2, "gpu_milli": 300})
         assert refused.status_code == 422 and refused.json()["code"] == "INVALID_RESOURCES"
+        # The replica following Kafka sees what the processor decided.
+        deadline = time.monotonic() + 30
+        while replica.position()["lag"] or not replica.restored.is_set():
+            assert time.monotonic() < deadline, replica.position()
+            time.sleep(0.1)
+        running = client.get("/v1/pods", params={"state": "running", "cluster": "lab"}).json()
+        assert [p["pod_id"] for p in running["pods"]] == ["p1"]
+        explained = client.get("/v1/clusters/lab/pods/p2/explain").json()
+        assert explained["nearest_miss"]["message"] == "node n1 lacks 2 whole free GPU(s)"
+        asked = {"cluster": "lab", "payload": {"Release": {"pod_id": "p1"}}}
+        what_if = client.post("/v1/what-if", json=asked).json()
+        assert [next(iter(e["payload"])) for e in what_if["results"][0]["events"]] == ["PodReleased", "PodScheduled"]
+    replica.stop()
     writer.close()
 
 
