@@ -89,16 +89,16 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
         "(command_id and issued_at may be left out: the server fills them in and returns them, so the same "
         "command can then be published). Each command is folded at the offset it would get if published now; "
         "with frames=true each event's Avro frame (base64) is included, byte for byte what the processor "
-        "would publish.",
+        "would publish; hashes=true adds each forked partition's state_hash afterwards (slow on big states).",
     )
-    def what_if(body: Annotated[Any, Body()], frames: bool = False) -> Any:
+    def what_if(body: Annotated[Any, Body()], frames: bool = False, hashes: bool = False) -> Any:
         try:
             commands = commands_from_body(body)
         except CommandError as error:
             return JSONResponse(status_code=422, content=error.as_json())
         if len(commands) > MAX_WHAT_IF:
             return JSONResponse(status_code=413, content={"detail": f"at most {MAX_WHAT_IF} commands per what-if"})
-        answer = replica.what_if(commands)
+        answer = replica.what_if(commands, hashes=hashes)
         results = []
         for result in answer.results:
             item: dict[str, Any] = {

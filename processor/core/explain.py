@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
 from processor.core.state import ClusterState, Node, Pod
 from schemas.codes import QueueReasonCode
@@ -124,7 +125,7 @@ class Explanation:
 
     cluster: str
     pod_id: str
-    state: str  # "pending" | "running"
+    state: str  # "pending" | "running" | "waiting" (for dependencies)
     request: str
     node_id: str | None = None
     fits_now: bool = False
@@ -155,14 +156,11 @@ def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
 
 
 def live_reasons(cluster: ClusterState, shape: PodShape) -> list[dict[str, Any]]:
-    """``PodQueued``'s reasons as they are now (same codes, counts and order), each with a message. O(S)."""
-    counts = cluster.index.misfit_counts(shape)
-    if cluster.unschedulable_nodes:
-        counts[QueueReasonCode.NODE_UNSCHEDULABLE] = cluster.unschedulable_nodes
-    if not cluster.nodes:
-        counts[QueueReasonCode.NO_NODES] = 0
-    ordered = _ordered(counts)
-    return [{"code": code, "nodes": count, "message": reason_message(code, count, shape)} for code, count in ordered]
+    """``PodQueued``'s reasons as they would be now (the fold's own ``queue_reasons``), each with a message. O(S)."""
+    return [
+        {"code": r.code, "nodes": r.nodes, "message": r.message or reason_message(r.code, r.nodes, shape)}
+        for r in queue_reasons(cluster, shape)
+    ]
 
 
 def shortfalls(signature: Signature, shape: PodShape) -> list[Shortfall]:
@@ -207,6 +205,12 @@ def explain(cluster: ClusterState, pod_id: str) -> Explanation | None:
         gpus = ", ".join(f"GPU {g.index}: {g.milli} milli" for g in pod.gpus) or "no GPU"
         result.fits_now = True
         result.message = f"running on node {pod.node_id} ({gpus})"
+        return result
+    waiting_for = tuple(getattr(pod, "waiting_for", ()))
+    if waiting_for:  # not in the queue yet: its dependencies have not ended
+        result.state = "waiting"
+        dependency = getattr(pod.spec, "dependency", "")
+        result.message = f"waiting for {', '.join(waiting_for)} to end" + (f" ({dependency})" if dependency else "")
         return result
     result.reasons = live_reasons(cluster, shape)
     result.fits_now = bool(cluster.index.feasible(shape))

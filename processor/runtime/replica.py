@@ -218,19 +218,22 @@ class Replica:
             state.next_offset = record.offset + 1  # the processor dead-letters it
             return
         events = decide(state, command, record.offset)
-        cluster = state.clusters.get(command.cluster)
-        if cluster is None:
-            return
-        if command.issued_at > self._event_time.get(cluster.name, -1):
-            self._event_time[cluster.name] = command.issued_at
         update = self.index.update
-        for event in events:
+        touched: dict[str, ClusterState] = {}
+        for event in events:  # a command's events may be about other clusters too (timers it reached)
+            cluster = touched.get(event.cluster) or state.clusters.get(event.cluster)
+            if cluster is None:
+                continue
+            touched[event.cluster] = cluster
+            if event.occurred_at > self._event_time.get(cluster.name, -1):
+                self._event_time[cluster.name] = event.occurred_at
             payload = event.payload
             for pod_id in _pods_named(payload):
                 update(cluster, pod_id)
             if isinstance(payload, (NodeAdded, NodeRemoved)):
                 self._node_version[cluster.name] = self._node_version.get(cluster.name, 0) + 1
-        self._sample(cluster)
+        for cluster in touched.values():
+            self._sample(cluster)
 
     # ------------------------------------------------------------ position and lag
 
@@ -261,23 +264,20 @@ class Replica:
 
     # ------------------------------------------------------------ what-if
 
-    def what_if(self, commands: Iterable[Command]) -> WhatIf:
+    def what_if(self, commands: Iterable[Command], *, hashes: bool = False) -> WhatIf:
         """Fold the commands, in order, on a fork of the head state; the live state is not touched.
 
         Each command goes through the same bytes the processor would read (encoded, then decoded),
         and is folded at the offset it would get if it were published now: the head of its
-        partition, plus the what-if commands before it on that partition.
+        partition, plus the what-if commands before it on that partition. ``hashes``: also the
+        ``state_hash`` of each forked partition afterwards (O(n log n): for tests and audits).
         """
         commands = list(commands)
         # The forks are private, but the placement policies' memo caches are shared with the live
         # fold: the lock keeps one fold at a time in them, as in the processor.
         with self._lock:
-            names: dict[int, set[str]] = {}
-            for command in commands:
-                names.setdefault(self.partition_of(command.cluster), set()).add(command.cluster)
-            forks = {
-                p: fork(self.states.get(p) or PartitionState(partition=p), clusters) for p, clusters in names.items()
-            }
+            partitions = sorted({self.partition_of(command.cluster) for command in commands})
+            forks = {p: fork(self.states.get(p) or PartitionState(partition=p)) for p in partitions}
             position = self.position()
             results = []
             for command in commands:
@@ -286,8 +286,8 @@ class Replica:
                 decoded = decode_command(self._encode_command(command.to_avro()))
                 offset = state.next_offset
                 results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
-        hashes = {p: state_hash(s) for p, s in sorted(forks.items())} if len(commands) <= 100 else {}
-        return WhatIf(results, position, hashes)
+        after = {p: state_hash(s) for p, s in sorted(forks.items())} if hashes else {}
+        return WhatIf(results, position, after)
 
     # ------------------------------------------------------------ explain
 
@@ -437,7 +437,8 @@ class Replica:
 
 
 def _pods_named(payload: Any) -> list[str]:
-    """The pod ids an event payload is about (``pod``: a spec; ``pod_id``; ``pods``: specs or ids)."""
+    """The pod ids an event payload is about: ``pod`` (a spec), ``pod_id``, ``pods`` (specs or ids),
+    ``members`` (placements) and a gang's member specs (a requeued gang's members stop being pods)."""
     found: list[str] = []
     pod = getattr(payload, "pod", None)
     if pod is not None:
@@ -445,7 +446,10 @@ def _pods_named(payload: Any) -> list[str]:
     pod_id = getattr(payload, "pod_id", None)
     if isinstance(pod_id, str):
         found.append(pod_id)
-    for item in getattr(payload, "pods", None) or ():
+    gang = getattr(payload, "gang", None)
+    items = [*(getattr(payload, "pods", None) or ()), *(getattr(payload, "members", None) or ())]
+    items.extend(getattr(gang, "members", None) or ())
+    for item in items:
         found.append(item if isinstance(item, str) else getattr(item, "pod_id", str(item)))
     return found
 

@@ -3,8 +3,9 @@
 :func:`fork` copies what the commands can change and shares the rest, so the live state is never
 touched and a what-if on a cluster of 100k pods costs milliseconds, not a full copy:
 
-- clusters the commands do not name are shared (a command only ever changes its own cluster);
-- in a named cluster, ``nodes`` and ``pods`` become :class:`CopyOnAccess` dicts: a node or pod is
+- ``clusters`` is a :class:`CopyOnAccess` dict: a cluster is forked the first time the fold reads
+  it, the others stay shared;
+- in a forked cluster, ``nodes`` and ``pods`` are :class:`CopyOnAccess` dicts too: a node or pod is
   copied the first time the fold reads it, so only what a command looks at is copied;
 - the capacity index is rebuilt from the nodes' signatures;
 - every other field (queue, counters, and any field added later) is deep-copied.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, ItemsView, Iterable, ValuesView
+from collections.abc import Callable, ItemsView, ValuesView
 from typing import Any
 
 from processor.core.state import ClusterState, Node, PartitionState, Pod
@@ -140,18 +141,17 @@ def fork_cluster(cluster: ClusterState) -> ClusterState:
     return twin
 
 
-def fork(state: PartitionState, clusters: Iterable[str]) -> PartitionState:
-    """A copy of ``state`` in which the named clusters (and the partition's counters) can change freely."""
-    wanted = set(clusters)
+def fork(state: PartitionState) -> PartitionState:
+    """A copy of ``state`` that can change freely: each cluster is forked when the fold first reads it.
+
+    Not only the commands' own clusters: a command moves the partition's clock, and the timers it
+    reaches (time limits, gang timeouts, reservations) fire on whichever cluster they belong to.
+    """
     twin = copy.copy(state)
     for spec in dataclasses.fields(state):
         value = getattr(state, spec.name)
         if spec.name == "clusters":
-            setattr(
-                twin,
-                spec.name,
-                {name: fork_cluster(c) if name in wanted else c for name, c in value.items()},
-            )
+            setattr(twin, spec.name, CopyOnAccess(value, fork_cluster))
         elif spec.name == "seen":
             setattr(twin, spec.name, OrderedDict(value))  # C-speed copy of up to 100k ids
         else:

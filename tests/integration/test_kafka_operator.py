@@ -63,7 +63,7 @@ def test_replica_on_kafka_and_what_if_equals_the_published_events(kafka_bootstra
                 Command("wi-2", "c1", t + 1, SubmitPod("wi-big", num_gpu=8, gpu_milli=1000, cpu_milli=1_000), "test"),
                 Command("wi-3", "c1", t + 2, Release("no-such-pod"), "test"),
             ]
-            answer = replica.what_if(asked)
+            answer = replica.what_if(asked, hashes=True)
             assert replica.state_hashes() == expected.hashes, "the what-if changed the live state"
             publish(kafka_bootstrap, topics, asked)
             wait_committed(kafka_bootstrap, topics, group, len(stream) + len(asked))

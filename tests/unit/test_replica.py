@@ -84,7 +84,7 @@ def test_what_if_events_equal_the_published_ones_byte_for_byte(log: EmbeddedLog)
         cmd("w3", DrainNode("t4-1"), t=102),
         cmd("w4", Release("never"), t=103),  # rejected
     ]
-    answer = replica.what_if(asked)
+    answer = replica.what_if(asked, hashes=True)
     assert replica.state_hashes() == before, "the what-if changed the live state"
     placed = append(log, asked)
     assert [(r.partition, r.offset) for r in answer.results] == placed
@@ -210,3 +210,18 @@ def test_what_ifs_do_not_grow_memory(log: EmbeddedLog) -> None:
     finally:
         tracemalloc.stop()
     assert second - first < 2_000_000, f"memory grew by {second - first} bytes over 120 what-ifs"
+
+
+def test_pod_index_follows_gangs_timers_and_dependencies(log: EmbeddedLog) -> None:
+    """After a stream with gangs, time limits, reservations and dependencies, listings equal a scan of the state."""
+    from tests.unit.test_whatif_fork import CLUSTERS, stream
+
+    append(log, stream(2, 400))
+    replica = replica_of(log)
+    for name in CLUSTERS:
+        cluster = replica._cluster(name)
+        assert cluster is not None
+        for state in ("running", "pending"):
+            want = sorted(pid for pid, p in cluster.pods.items() if p.running == (state == "running"))
+            got = replica.pods(state=state, cluster=name, limit=1000)
+            assert [p["pod_id"] for p in got["pods"]] == want, (name, state)
