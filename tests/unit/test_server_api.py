@@ -185,3 +185,19 @@ def test_dashboard_is_served_without_external_resources(server: Server) -> None:
         assert "http://" not in asset.text and "https://" not in asset.text
     assert "http" not in page.text.replace("http-equiv", "")
     assert server.client.get("/dashboard/secret.py").status_code == 404
+
+
+def test_gang_routes_come_from_the_contract(server: Server) -> None:
+    """SubmitGang and ReleaseGang get typed routes (bodies from command.avsc) like the other commands."""
+    server.post("/v1/commands?wait=10", NODES)
+    members = [{"pod_id": f"w{i}", "num_gpu": 2, "gpu_milli": 1000} for i in range(3)]
+    placed = server.post("/v1/clusters/lab/gangs?wait=10", {"gang_id": "train", "members": members})
+    assert placed.status_code == 200, placed.text
+    kinds = [next(iter(e["payload"])) for e in placed.json()["outcomes"][0]["events"]]
+    assert kinds[0] == "GangScheduled" and kinds.count("PodScheduled") == 3
+    assert server.get("/v1/pods", state="running")["total"] == 3
+    released = server.post("/v1/clusters/lab/gangs/train/release?wait=10").json()["outcomes"][0]
+    assert [next(iter(e["payload"])) for e in released["events"]][-1] == "GangReleased"
+    assert server.get("/v1/pods")["total"] == 0
+    schema = server.client.get("/openapi.json").json()["components"]["schemas"]
+    assert "members" in schema["SubmitGangBody"]["properties"]
