@@ -6,7 +6,8 @@ An embedded log is filled with an openb-like cluster (``--pods`` / 8 nodes of 8 
 models, four zones) and ``--pods`` SubmitPods that all fit (whole GPUs and shares, 37 tenants).
 ``gpufold serve --read-only --no-processor`` is started on it in a separate process (so the client
 does not share its interpreter), the replica folds the log, and then each listing is requested
-``--runs`` times, one after another, on one keep-alive connection.
+``--runs`` times, one after another, on one keep-alive connection; then ``POST /v1/what-if``
+with one SubmitPod ``--what-if-runs`` times.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=1_000)
+    parser.add_argument("--what-if-runs", type=int, default=50)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpufold-bench-pods-"))
     log_path = work / "log.sqlite"
@@ -109,6 +111,17 @@ def main() -> None:
                 p50, p99, worst, size = timed(client, path, args.runs)
                 print(f"{name:32s} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {worst:6.2f} ms   "
                       f"({args.runs} runs, {size / 1024:.0f} KiB)")  # fmt: skip
+            # What-if on the same state: fork the cluster, fold one SubmitPod, answer (nothing published).
+            asked = {"cluster": "prod", "payload": {"SubmitPod": {"pod_id": "what-if", "num_gpu": 1, "gpu_milli": 500}}}
+            samples = []
+            for _ in range(args.what_if_runs):
+                started = time.perf_counter()
+                client.post("/v1/what-if", json=asked).raise_for_status()
+                samples.append((time.perf_counter() - started) * 1000)
+            samples.sort()
+            print(f"{'POST /v1/what-if (1 SubmitPod)':32s} p50 {statistics.median(samples):6.2f} ms   "
+                  f"p99 {samples[int(0.99 * (len(samples) - 1))]:6.2f} ms   max {samples[-1]:6.2f} ms   "
+                  f"({args.what_if_runs} runs)")  # fmt: skip
     finally:
         server.terminate()
         server.wait(30)

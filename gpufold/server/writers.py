@@ -99,14 +99,16 @@ class EmbeddedWriter:
         """The events of the command at ``offset``: a binary search on the events' command offsets."""
         topic = self.topics.events
 
-        def at(index: int) -> Event:
-            record = next(log.read(topic, partition, index, index + 1))
-            return decode_event(record.value)
+        def first_at_or_after(index: int) -> Event | None:
+            # An imported Kafka topic has gaps (transaction markers): take the next record there is.
+            record = next(log.read(topic, partition, index, None, chunk=1), None)
+            return None if record is None else decode_event(record.value)
 
         low, high = 0, log.end_offset(topic, partition)
-        while low < high:
+        while low < high:  # the first event offset whose command offset is >= the command's
             middle = (low + high) // 2
-            if at(middle).command_offset < offset:
+            event = first_at_or_after(middle)
+            if event is not None and event.command_offset < offset:
                 low = middle + 1
             else:
                 high = middle

@@ -106,10 +106,14 @@ def test_write_api_on_kafka_returns_outcomes(kafka_bootstrap: str) -> None:
         assert body["backend"] == "kafka" and body["complete"]
         refused = client.post("/v1/clusters/lab/pods", json={"pod_id": "p3", "num_gpu": 2, "gpu_milli": 300})
         assert refused.status_code == 422 and refused.json()["code"] == "INVALID_RESOURCES"
-        # The replica following Kafka sees what the processor decided.
+        # The replica following Kafka sees what the processor decided (its view of the head is
+        # refreshed every half second, so wait for the pods themselves).
         deadline = time.monotonic() + 30
-        while replica.position()["lag"] or not replica.restored.is_set():
-            assert time.monotonic() < deadline, replica.position()
+        while True:
+            listed = client.get("/v1/pods", params={"cluster": "lab"}).json()
+            if len(listed["pods"]) == 2:
+                break
+            assert time.monotonic() < deadline, listed
             time.sleep(0.1)
         running = client.get("/v1/pods", params={"state": "running", "cluster": "lab"}).json()
         assert [p["pod_id"] for p in running["pods"]] == ["p1"]
