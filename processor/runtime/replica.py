@@ -286,7 +286,8 @@ class Replica:
                 decoded = decode_command(self._encode_command(command.to_avro()))
                 offset = state.next_offset
                 results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
-        after = {p: state_hash(s) for p, s in sorted(forks.items())} if hashes else {}
+            # Still under the lock: a fork shares what it has not copied with the live state.
+            after = {p: state_hash(s) for p, s in sorted(forks.items())} if hashes else {}
         return WhatIf(results, position, after)
 
     # ------------------------------------------------------------ explain

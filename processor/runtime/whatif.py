@@ -7,8 +7,9 @@ touched and a what-if on a cluster of 100k pods costs milliseconds, not a full c
   it, the others stay shared;
 - in a forked cluster, ``nodes`` and ``pods`` are :class:`CopyOnAccess` dicts too: a node or pod is
   copied the first time the fold reads it, so only what a command looks at is copied;
-- the capacity index is rebuilt from the nodes' signatures;
-- every other field (queue, counters, and any field added later) is deep-copied.
+- the idempotency window is an overlay on the live one (:class:`SeenOverlay`);
+- every other field (capacity index, queues, gangs, timers, and any field added later) is copied
+  by :func:`structural_copy`, which shares immutable values.
 
 Policy memos: fragmentation-aware policies (``fgd``, ``fgd-plus``) keep one memo per cluster
 name, valid while the cluster's ``typical`` tuple is the same object. The fork gives each copied
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from collections import OrderedDict
-from collections.abc import Callable, ItemsView, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, ValuesView
 from typing import Any
+
+from sortedcontainers import SortedList
 
 from processor.core.state import ClusterState, Node, PartitionState, Pod
 
@@ -104,6 +108,94 @@ class CopyOnAccess(dict):  # type: ignore[type-arg]
         return (dict, (self.copy(),))
 
 
+class SeenOverlay:
+    """A fork's idempotency window: the live window, read-only, plus the ids the fork adds.
+
+    Copying a window of 100k ids costs ~0.1 s; the fork only ever asks ``in``, adds new ids at the
+    end and drops the oldest (``PartitionState.remember``), so it keeps those changes on the side.
+    """
+
+    __slots__ = ("_added", "_base", "_dropped")
+
+    def __init__(self, base: OrderedDict[str, None]) -> None:
+        self._base = base
+        self._added: OrderedDict[str, None] = OrderedDict()
+        self._dropped: dict[str, None] = {}  # the oldest base ids, dropped in order
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._added or (key in self._base and key not in self._dropped)
+
+    def __setitem__(self, key: str, value: None) -> None:
+        if key not in self:
+            self._added[key] = value
+
+    def __len__(self) -> int:
+        return len(self._base) - len(self._dropped) + len(self._added)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from itertools.islice(self._base, len(self._dropped), None)
+        yield from self._added
+
+    def popitem(self, last: bool = True) -> tuple[str, None]:
+        if last:
+            return self._added.popitem() if self._added else (self._drop_oldest(), None)
+        if len(self._dropped) < len(self._base):
+            return self._drop_oldest(), None
+        return self._added.popitem(last=False)
+
+    def _drop_oldest(self) -> str:
+        key = next(itertools.islice(self._base, len(self._dropped), None))
+        self._dropped[key] = None
+        return key
+
+
+_IMMUTABLE = (str, int, float, bool, bytes, type(None), frozenset)
+
+
+def structural_copy(value: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy for the fold's own data, ~10x faster than ``copy.deepcopy``.
+
+    Containers (dict, OrderedDict, list, set, SortedList) and plain objects (slots or dataclasses)
+    are copied, shared references stay shared (``memo``); tuples are treated as immutable values
+    and shared, as the fold's tuples are (signatures, keys, taints). Anything else goes to
+    ``copy.deepcopy``.
+    """
+    if isinstance(value, (*_IMMUTABLE, tuple)):
+        return value
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    kind = type(value)
+    twin: Any
+    if kind is dict or kind is OrderedDict:
+        twin = memo[id(value)] = kind()
+        for key, item in value.items():
+            twin[key] = structural_copy(item, memo)
+    elif kind is list:
+        twin = memo[id(value)] = [structural_copy(item, memo) for item in value]
+    elif kind is set:
+        twin = memo[id(value)] = set(value)  # of immutable members
+    elif kind is SortedList:
+        twin = memo[id(value)] = value.copy()  # of immutable members
+    elif hasattr(kind, "__slots__") or dataclasses.is_dataclass(value):
+        twin = memo[id(value)] = copy.copy(value)
+        names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else _slots(kind)
+        for name in names:
+            if hasattr(value, name):
+                setattr(twin, name, structural_copy(getattr(value, name), memo))
+    else:
+        twin = memo[id(value)] = copy.deepcopy(value)
+    return twin
+
+
+def _slots(kind: type) -> list[str]:
+    names: list[str] = []
+    for klass in kind.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return names
+
+
 def _copy_node(node: Node) -> Node:
     """A node with its own mutable parts (free GPU list, running pods, labels); immutable ones shared."""
     twin = copy.copy(node)
@@ -128,21 +220,18 @@ def fork_cluster(cluster: ClusterState) -> ClusterState:
             setattr(twin, spec.name, CopyOnAccess(value, _copy_node))
         elif spec.name == "pods":
             setattr(twin, spec.name, CopyOnAccess(value, _copy_pod))
-        elif spec.name == "index":
-            # Rebuilt from the node signatures (the index's own equality check): a deep copy of its
-            # sorted groups costs ~30x more. Placement never depends on the index's insertion order
-            # (ties break on node id), which is what makes a snapshot restore decide alike too.
-            signatures = {node_id: value.signature_of(node_id) for node_id in cluster.nodes if node_id in value}
-            setattr(twin, spec.name, value.rebuilt(signatures))  # type: ignore[arg-type]
         elif spec.name == "typical":
             setattr(twin, spec.name, tuple(list(value)))  # a new identity: see the module docstring
-        else:
-            setattr(twin, spec.name, copy.deepcopy(value, memo))
+        else:  # the capacity index, the queues, gangs, ... and whatever comes next
+            setattr(twin, spec.name, structural_copy(value, memo))
     return twin
 
 
 def fork(state: PartitionState) -> PartitionState:
     """A copy of ``state`` that can change freely: each cluster is forked when the fold first reads it.
+
+    The fork shares what it has not copied yet with ``state``, so it is valid while ``state`` does
+    not change (the replica folds and forks under one lock, and drops the fork before folding on).
 
     Not only the commands' own clusters: a command moves the partition's clock, and the timers it
     reaches (time limits, gang timeouts, reservations) fire on whichever cluster they belong to.
@@ -153,7 +242,7 @@ def fork(state: PartitionState) -> PartitionState:
         if spec.name == "clusters":
             setattr(twin, spec.name, CopyOnAccess(value, fork_cluster))
         elif spec.name == "seen":
-            setattr(twin, spec.name, OrderedDict(value))  # C-speed copy of up to 100k ids
+            setattr(twin, spec.name, SeenOverlay(value))
         else:
-            setattr(twin, spec.name, copy.deepcopy(value))
+            setattr(twin, spec.name, structural_copy(value, {}))
     return twin
