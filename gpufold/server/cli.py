@@ -129,10 +129,9 @@ def serve(args: argparse.Namespace, database_url: str | None) -> int:
     app, stoppable, backend = build(args, database_url)
     _freeze_when_restored(stoppable)
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    print(f"gpufold: serving {backend}", file=sys.stderr)
-    print(
-        f"gpufold: dashboard: http://{shown}:{args.port}/   API docs: http://{shown}:{args.port}/docs", file=sys.stderr
-    )
+    print(f"gpufold: serving {backend}", file=sys.stderr, flush=True)
+    base = f"http://{shown}:{args.port}"
+    print(f"gpufold: open the dashboard at {base}/  (API docs: {base}/docs)", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
     finally:

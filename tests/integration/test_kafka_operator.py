@@ -174,3 +174,47 @@ def test_export_from_kafka_replays_to_productions_state_hash(kafka_bootstrap: st
 
     expected = refold({partition: [Record(partition, r.offset, r.key, r.value) for r in commands[: cut + 1]]}, topics)
     assert json.loads(prefix_state.stdout)["partitions"][0]["state_hash"] == expected.hashes[partition]
+
+
+def test_gpufold_serve_on_kafka(kafka_bootstrap: str) -> None:
+    """`gpufold serve --bootstrap` wires the Kafka replica and writer: submit with ?wait, then list the pod."""
+    import signal
+    import socket
+
+    import httpx
+
+    topics = new_topics(kafka_bootstrap, "serve", PARTITIONS)
+    prefix = topics.commands.rsplit(".", 1)[0]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [*GPUFOLD, "serve", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--port", str(port)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert "Kafka" in server.stderr.readline()  # type: ignore[union-attr]
+        with (
+            BackgroundProcessor(kafka_bootstrap, topics, instance_id="serve"),
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=90) as client,
+        ):
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get("/v1/replica").json()["ready"]:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "gpufold serve did not come up"
+                time.sleep(0.2)
+            node = {"node_id": "n1", "gpu_model": "T4", "gpu_count": 2, "cpu_milli": 8_000, "memory_mib": 16_384}
+            assert client.post("/v1/clusters/lab/nodes?wait=60", json=node).json()["complete"]
+            pod = client.post("/v1/clusters/lab/pods?wait=30", json={"pod_id": "p1", "num_gpu": 1, "gpu_milli": 500})
+            assert pod.json()["outcomes"][0]["kind"] == "PodScheduled", pod.text
+            deadline = time.monotonic() + 30
+            while client.get("/v1/pods", params={"state": "running"}).json()["total"] != 1:
+                assert time.monotonic() < deadline, "the replica did not see the pod"
+                time.sleep(0.1)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) in (0, -signal.SIGTERM)
