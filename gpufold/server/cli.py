@@ -36,6 +36,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-processor", action="store_true", help="embedded log: do not fold in this process (gpufold run does)"
     )
     group.add_argument("--read-only", action="store_true", help="no write API (reads and what-if only)")
+    group.add_argument(
+        "--tick-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="embedded log: append a Tick to each partition this often, so time limits, timeouts and "
+        "reservations fire when no command moves event time (default: 0, never; on Kafka: processor run's)",
+    )
 
 
 def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list[Any], str]:
@@ -84,8 +92,10 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
             replica = Replica(EmbeddedReplicaSource(path)).start()
         except LogError as error:
             raise CliError(str(error)) from None
+        if args.tick_interval < 0:
+            raise CliError("--tick-interval must be >= 0 seconds")
         if not args.no_processor:
-            stoppable.append(EmbeddedProcessor(path).start())
+            stoppable.append(EmbeddedProcessor(path, tick_interval=args.tick_interval).start())
         backend = f"embedded log {path}" + ("" if args.no_processor else " (processor running in this process)")
     else:
         backend = "projections only (no --log or --bootstrap: no replica, no writes)"

@@ -3,6 +3,7 @@ posted (its processor thread), answers from its replica, and stops cleanly on SI
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -22,11 +23,13 @@ def free_port() -> int:
 
 
 def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
-    """Submit with ?wait, list the pod, open the page, then SIGTERM: it stops and the log holds the events."""
+    """Submit with ?wait, list the pod, see a time limit fire from the server's ticks, open the page, SIGTERM."""
     port = free_port()
     log = tmp_path / "served.sqlite"
     server = subprocess.Popen(
-        [GPUFOLD, "serve", "--log", str(log), "--port", str(port)], stderr=subprocess.PIPE, text=True
+        [GPUFOLD, "serve", "--log", str(log), "--port", str(port), "--tick-interval", "0.2"],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         banner = [server.stderr.readline() for _ in range(2)]  # type: ignore[union-attr]
@@ -50,12 +53,19 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
             while client.get("/v1/pods").json()["total"] != 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+            # A time limit fires from the server's own ticks, with no other command.
+            limited = {"pod_id": "p2", "num_gpu": 1, "time_limit_ms": 300}
+            assert client.post("/v1/clusters/lab/pods?wait=10", json=limited).json()["complete"]
+            deadline = time.monotonic() + 15
+            while client.get("/v1/pods", params={"cluster": "lab"}).json()["total"] != 1:
+                assert time.monotonic() < deadline, "the time limit did not fire"
+                time.sleep(0.1)
             assert "gpufold dashboard" in client.get("/").text
             assert "gpufold_replica_lag_commands" in client.get("/metrics").text
     finally:
         server.send_signal(signal.SIGTERM)
         # uvicorn drains the requests, then re-raises the signal: the exit status says SIGTERM.
         assert server.wait(30) in (0, -signal.SIGTERM)
-    assert subprocess.run([GPUFOLD, "log", "info", "--log", str(log)], capture_output=True, text=True).stdout.count(
-        "2 events"
-    ), "the processor thread did not commit the events"
+    info = subprocess.run([GPUFOLD, "log", "info", "--log", str(log), "--json"], capture_output=True, text=True)
+    events = json.loads(info.stdout)["partitions"][0]["events"]
+    assert events >= 5, "the processor thread did not commit the events"  # node, 2 pods, time limit, release
