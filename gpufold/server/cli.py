@@ -1,6 +1,6 @@
 """``gpufold serve``'s options and start-up: which log the replica follows and the writes go to.
 
-- ``--bootstrap`` (or ``GPUFOLD_KAFKA_BOOTSTRAP``): Kafka. The replica reads the commands and
+- ``--bootstrap`` (or ``GPUFOLD_KAFKA_BOOTSTRAP`` when no ``--log`` is given): Kafka. The replica reads the commands and
   snapshots topics; writes go through ``CommandPublisher``; the processor runs elsewhere.
 - ``--log`` (or ``GPUFOLD_LOG``), or nothing at all: the embedded log (created if missing). The
   server also runs the processor on it in a thread (``--no-processor`` to leave that to
@@ -51,7 +51,8 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
     from gpufold.server.app import create_app
     from processor.runtime.replica import Replica
 
-    bootstrap = args.bootstrap or os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP")
+    # Flags before the environment: --log wins over $GPUFOLD_KAFKA_BOOTSTRAP, --bootstrap over $GPUFOLD_LOG.
+    bootstrap = args.bootstrap or (None if args.log else os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP"))
     embedded_path = args.log or os.environ.get("GPUFOLD_LOG")
     token = os.environ.get(TOKEN_ENV) or None
     stoppable: list[Any] = []

@@ -4,6 +4,7 @@ posted (its processor thread), answers from its replica, and stops cleanly on SI
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -30,6 +31,11 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
         [GPUFOLD, "serve", "--log", str(log), "--port", str(port), "--tick-interval", "0.2"],
         stderr=subprocess.PIPE,
         text=True,
+        # --log wins over a Kafka address in the environment (as in `make test`, which exports one).
+        env={
+            **{k: v for k, v in os.environ.items() if k != "GPUFOLD_DATABASE_URL"},
+            "GPUFOLD_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        },
     )
     try:
         banner = [server.stderr.readline() for _ in range(2)]  # type: ignore[union-attr]
