@@ -34,6 +34,8 @@ class RejectionCode:
     UNKNOWN_LABEL_KEY = "UNKNOWN_LABEL_KEY"
     NEVER_FITS = "NEVER_FITS"
     DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
+    UNKNOWN_QUOTA = "UNKNOWN_QUOTA"  # RemoveQuota of a tenant that has no quota of its own
+    NOT_WAITING = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
 
     ALL = (
         DUPLICATE_COMMAND,
@@ -54,6 +56,8 @@ class RejectionCode:
         UNKNOWN_LABEL_KEY,
         NEVER_FITS,
         DEPENDENCY_CYCLE,
+        UNKNOWN_QUOTA,
+        NOT_WAITING,
     )
 
 
@@ -79,6 +83,8 @@ class QueueReasonCode:
     WAITING_FOR_EARLIER_JOB = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started
     TOPOLOGY_DOMAIN_TOO_SMALL = "TOPOLOGY_DOMAIN_TOO_SMALL"  # no domain has the free capacity the gang needs
     GANG_DOES_NOT_FIT = "GANG_DOES_NOT_FIT"  # domains have the capacity in sum, but not the members' shapes
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the tenant's quota (and what it may borrow) has no room: usage and limit said
+    WAITING_FOR_PREEMPTION = "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
 
 
 class Rejected(Exception):

@@ -25,6 +25,13 @@ STRICT_FIFO = "strict-fifo"
 QUEUE_ORDERS = (SKIP_AHEAD, STRICT_FIFO)
 DEFAULT_RESERVE_AFTER_MS = 300_000
 """A job at the head of the queue that has waited this long (event time) gets nodes reserved."""
+PREEMPT_LOWER = "lower_priority"
+"""A pod or gang that fits nowhere may preempt pods of strictly lower priority (the default)."""
+PREEMPT_NEVER = "never"
+"""It waits instead (what every pod of contract v1 does)."""
+PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER)
+ANY_MODEL = "*"
+"""In a quota's ``nominal_gpus``: the GPUs of every model the quota does not name."""
 
 
 @dataclass(slots=True, frozen=True, order=True)
@@ -54,6 +61,35 @@ class Toleration(Record):
         if self.operator == "Exists":
             return self.key == "" or self.key == taint.key
         return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(slots=True)
+class Quota(Record):
+    """A tenant's quota (``SetQuota`` without the tenant), also the cluster's default (``SetPolicy``).
+
+    ``nominal_gpus``: whole GPUs per model, ``"*"`` for the models it does not name
+    (an empty map: GPUs are not limited); CPU and memory ``None``: not limited.
+    Borrowing and lending limits are GPUs per model key (``None``: no limit).
+    """
+
+    cohort: str | None = None
+    nominal_gpus: dict[str, int] = field(default_factory=dict)
+    nominal_cpu_milli: int | None = None
+    nominal_memory_mib: int | None = None
+    borrowing_limit_gpus: int | None = None
+    lending_limit_gpus: int | None = None
+    weight: int = 1
+
+    @property
+    def limits_nothing(self) -> bool:
+        """Whether this quota is the same as none: no limit and the default weight."""
+        return (
+            not self.nominal_gpus
+            and self.nominal_cpu_milli is None
+            and self.nominal_memory_mib is None
+            and self.cohort is None
+            and self.weight == 1
+        )
 
 
 @dataclass(slots=True)
@@ -113,6 +149,8 @@ class SubmitPod(Record):
     time_limit_ms: int | None = None
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
+    preemption: str = PREEMPT_LOWER
+    movable: bool = False
     NESTED = {"tolerations": Toleration}
 
 
@@ -130,11 +168,14 @@ class SetPolicy(Record):
 
     ``reserve_after_ms``: reserve nodes for the head of the queue once it has waited
     this long (negative: no reservations). ``queue_order``: ``skip-ahead`` or ``strict-fifo``.
+    ``default_quota``: the quota of tenants without their own (one that limits nothing: none).
     """
 
     policy: str = ""
     reserve_after_ms: int | None = None
     queue_order: str = ""
+    default_quota: Quota | None = None
+    NESTED = {"default_quota": Quota}
 
 
 @dataclass(slots=True)
@@ -171,6 +212,7 @@ class SubmitGang(Record):
     time_limit_ms: int | None = None
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
+    preemption: str = PREEMPT_LOWER
     NESTED = {"members": GangMember}
 
 
@@ -187,6 +229,46 @@ class Tick(Record):
     """Advances event time when no other command does, so timeouts and time limits fire."""
 
 
+@dataclass(slots=True)
+class SetQuota(Record):
+    """Set a tenant's quota (the fields of :class:`Quota`); a tenant without one has the cluster's default."""
+
+    tenant: str
+    cohort: str | None = None
+    nominal_gpus: dict[str, int] = field(default_factory=dict)
+    nominal_cpu_milli: int | None = None
+    nominal_memory_mib: int | None = None
+    borrowing_limit_gpus: int | None = None
+    lending_limit_gpus: int | None = None
+    weight: int = 1
+
+    def quota(self) -> Quota:
+        return Quota(
+            self.cohort,
+            dict(sorted(self.nominal_gpus.items())),
+            self.nominal_cpu_milli,
+            self.nominal_memory_mib,
+            self.borrowing_limit_gpus,
+            self.lending_limit_gpus,
+            self.weight,
+        )
+
+
+@dataclass(slots=True)
+class RemoveQuota(Record):
+    """The tenant falls back to the cluster's default quota."""
+
+    tenant: str
+
+
+@dataclass(slots=True)
+class Defragment(Record):
+    """Migrate up to ``max_moves`` running movable pods to free whole GPUs, or to make room for ``target``."""
+
+    max_moves: int
+    target: str | None = None
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -200,6 +282,9 @@ CommandPayload = (
     | SubmitGang
     | ReleaseGang
     | Tick
+    | SetQuota
+    | RemoveQuota
+    | Defragment
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -217,6 +302,9 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         SubmitGang,
         ReleaseGang,
         Tick,
+        SetQuota,
+        RemoveQuota,
+        Defragment,
     )
 }
 
@@ -263,7 +351,8 @@ class V1Command(Command):
 
     It keeps v1's semantics, as Kubernetes applies each API version's own defaults:
     its events are stamped with its own ``issued_at`` (not the partition's clock, if
-    it is late), and it never makes a reservation (v1 had none). A log written
+    it is late), it never makes a reservation (v1 had none), and its pods and gangs
+    never preempt (v1 had no preemption). A log written
     entirely with v1 therefore replays to exactly the decisions v1 made.
     """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import AFTER_OK, Taint, Toleration
+from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Taint, Toleration
 from schemas.records import Record
 
 
@@ -33,6 +33,8 @@ class PodSpec(Record):
     time_limit_ms: int | None = None
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
+    preemption: str = PREEMPT_LOWER
+    movable: bool = False
     NESTED = {"tolerations": Toleration}
 
     @property
@@ -67,6 +69,7 @@ class GangSpec(Record):
     dependency: str
     submitted_at: int
     arrival: int
+    preemption: str = PREEMPT_LOWER
     NESTED = {"members": PodSpec}
 
     def __hash__(self) -> int:  # specs hold dicts; gangs are keyed by id
@@ -146,6 +149,7 @@ class PodScheduled(Record):
     policy: str
     from_queue: bool = False
     scores: dict[str, float] = field(default_factory=dict)
+    preempted: tuple[str, ...] = ()
     NESTED = {"pod": PodSpec, "gpus": GpuShare}
 
 
@@ -202,6 +206,7 @@ class GangScheduled(Record):
     domain: str | None = None
     from_queue: bool = False
     message: str = ""
+    preempted: tuple[str, ...] = ()
     NESTED = {"members": MemberPlacement, "gang": GangSpec}
 
 
@@ -260,6 +265,55 @@ class Ticked(Record):
     clock: int
 
 
+@dataclass(slots=True)
+class PodPreempted(Record):
+    """A running pod was preempted ``by`` a pod or gang: for ``priority``, or to ``reclaim`` a lender's quota.
+
+    It explains the ``PodEvicted`` that follows (the victim goes back to the queue)."""
+
+    pod_id: str
+    node_id: str
+    by: str
+    reason: str  # "priority" or "reclaim"
+    message: str = ""
+
+
+@dataclass(slots=True)
+class QuotaChanged(Record):
+    """A tenant's quota was set (``quota``) or removed (None); ``tenant`` None: the cluster's default."""
+
+    tenant: str | None
+    quota: Quota | None
+    previous: Quota | None = None
+    message: str = ""
+    NESTED = {"quota": Quota, "previous": Quota}
+
+
+@dataclass(slots=True)
+class PodMigrated(Record):
+    """A running pod moved from one node to another in one step (never on both, never on neither)."""
+
+    pod_id: str
+    from_node: str
+    from_gpus: tuple[GpuShare, ...]
+    to_node: str
+    to_gpus: tuple[GpuShare, ...]
+    reason: str = "defragment"
+    message: str = ""
+    NESTED = {"from_gpus": GpuShare, "to_gpus": GpuShare}
+
+
+@dataclass(slots=True)
+class DefragmentationPlanned(Record):
+    """What a ``Defragment`` decided: how many moves follow, and the whole GPUs and nodes they free."""
+
+    moves: int
+    gpus_freed: int
+    nodes_freed: int = 0
+    target: str | None = None
+    message: str = ""
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -282,6 +336,10 @@ EventPayload = (
     | ReservationReleased
     | DependencyFailed
     | Ticked
+    | PodPreempted
+    | QuotaChanged
+    | PodMigrated
+    | DefragmentationPlanned
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -308,6 +366,10 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         ReservationReleased,
         DependencyFailed,
         Ticked,
+        PodPreempted,
+        QuotaChanged,
+        PodMigrated,
+        DefragmentationPlanned,
     )
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.codec import SNAPSHOT, registry
-from schemas.commands import DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Taint
+from schemas.commands import DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.records import Record
 
@@ -83,6 +83,13 @@ class ReservationSnapshot(Record):
 
 
 @dataclass(slots=True)
+class TenantQuota(Record):
+    tenant: str
+    quota: Quota
+    NESTED = {"quota": Quota}
+
+
+@dataclass(slots=True)
 class ClusterSnapshot(Record):
     cluster: str
     policy: str
@@ -95,6 +102,8 @@ class ClusterSnapshot(Record):
     gangs: tuple[GangSnapshot, ...] = ()
     ended: tuple[EndedJob, ...] = ()
     reservation: ReservationSnapshot | None = None
+    quotas: tuple[TenantQuota, ...] = ()
+    default_quota: Quota | None = None
     NESTED = {
         "nodes": NodeSnapshot,
         "pods": PodSnapshot,
@@ -102,6 +111,8 @@ class ClusterSnapshot(Record):
         "gangs": GangSnapshot,
         "ended": EndedJob,
         "reservation": ReservationSnapshot,
+        "quotas": TenantQuota,
+        "default_quota": Quota,
     }
 
 

@@ -19,19 +19,26 @@ from typing import Any
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AFTER_OK,
+    ANY_MODEL,
     DEPENDENCY_TYPES,
     GPU_MILLI,
+    PREEMPT_LOWER,
+    PREEMPTION_MODES,
     QUEUE_ORDERS,
     AddNode,
     Command,
     CordonNode,
+    Defragment,
     DrainNode,
     GangMember,
     MarkNodeFailed,
+    Quota,
     Release,
     ReleaseGang,
     RemoveNode,
+    RemoveQuota,
     SetPolicy,
+    SetQuota,
     SubmitGang,
     SubmitPod,
     Tick,
@@ -59,6 +66,10 @@ POLICY_NAMES = (
 MAX_DURATION_MS = 10 * 366 * 24 * 3600 * 1000  # ten years: time limits, timeouts, reservation thresholds
 MAX_GANG_MEMBERS = 1024
 MAX_DEPENDENCIES = 64
+MAX_QUOTA_GPUS = 10_000_000  # whole GPUs in one quota entry: more than any cluster has
+MAX_QUOTA_MODELS = 64
+MAX_WEIGHT = 1000
+MAX_MOVES = 100_000  # one Defragment
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TOLERATION_OPERATORS = ("Equal", "Exists")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -181,6 +192,11 @@ def check_dependencies(own_ids: tuple[str, ...], depends_on: tuple[str, ...], de
             )
 
 
+def check_preemption(value: Any) -> None:
+    if value not in PREEMPTION_MODES:
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"preemption must be one of {PREEMPTION_MODES}, got {value!r}")
+
+
 def check_submit_pod(command: SubmitPod) -> None:
     check_id("pod_id", command.pod_id)
     check_id("tenant", command.tenant)
@@ -190,6 +206,10 @@ def check_submit_pod(command: SubmitPod) -> None:
         check_duration("time_limit_ms", command.time_limit_ms)
     if command.depends_on or command.dependency != AFTER_OK:
         check_dependencies((command.pod_id,), command.depends_on, command.dependency)
+    if command.preemption != PREEMPT_LOWER:
+        check_preemption(command.preemption)
+    if command.movable is not False and not isinstance(command.movable, bool):
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"movable must be true or false, got {command.movable!r}")
 
 
 def check_submit_gang(command: SubmitGang) -> None:
@@ -229,6 +249,7 @@ def check_submit_gang(command: SubmitGang) -> None:
     check_dependencies(
         (command.gang_id, *(member.pod_id for member in command.members)), command.depends_on, command.dependency
     )
+    check_preemption(command.preemption)
 
 
 def check_release_gang(command: ReleaseGang) -> None:
@@ -244,7 +265,7 @@ def check_release(command: Release) -> None:
 
 
 def check_set_policy(command: SetPolicy) -> None:
-    nothing_else = command.reserve_after_ms is None and not command.queue_order
+    nothing_else = command.reserve_after_ms is None and not command.queue_order and command.default_quota is None
     if (command.policy or nothing_else) and command.policy not in POLICY_NAMES:
         raise Rejected(RejectionCode.UNKNOWN_POLICY, f"unknown policy {command.policy!r}; known: {list(POLICY_NAMES)}")
     if command.reserve_after_ms is not None:
@@ -253,6 +274,58 @@ def check_set_policy(command: SetPolicy) -> None:
         raise Rejected(
             RejectionCode.INVALID_COMMAND, f"queue_order must be one of {QUEUE_ORDERS}, got {command.queue_order!r}"
         )
+    if command.default_quota is not None:
+        check_quota("default_quota", command.default_quota)
+        if command.default_quota.cohort is not None:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                "the default quota has no cohort: each tenant on it has its own; give a tenant a cohort with SetQuota",
+            )
+
+
+def _check_optional_amount(what: str, value: Any, high: int) -> None:
+    if value is not None:
+        check_range(what, value, 0, high)
+
+
+def check_quota(what: str, quota: Quota) -> None:
+    """Amounts are whole and non-negative, and bounded; model keys are model names or '*'; weight 1-1000."""
+    if quota.cohort is not None:
+        check_id(f"{what} cohort", quota.cohort)
+    if len(quota.nominal_gpus) > MAX_QUOTA_MODELS:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"{what} nominal_gpus names {len(quota.nominal_gpus)} models; at most {MAX_QUOTA_MODELS}",
+        )
+    for model, gpus in quota.nominal_gpus.items():
+        if model != ANY_MODEL:
+            check_model(model)
+        check_range(f"{what} nominal_gpus[{model!r}] (whole GPUs)", gpus, 0, MAX_QUOTA_GPUS)
+    _check_optional_amount(f"{what} nominal_cpu_milli", quota.nominal_cpu_milli, MAX_CPU_MILLI * 1000)
+    _check_optional_amount(f"{what} nominal_memory_mib", quota.nominal_memory_mib, MAX_MEMORY_MIB * 1000)
+    _check_optional_amount(f"{what} borrowing_limit_gpus", quota.borrowing_limit_gpus, MAX_QUOTA_GPUS)
+    _check_optional_amount(f"{what} lending_limit_gpus", quota.lending_limit_gpus, MAX_QUOTA_GPUS)
+    check_range(f"{what} weight", quota.weight, 1, MAX_WEIGHT)
+    if quota.cohort is None and (quota.borrowing_limit_gpus is not None or quota.lending_limit_gpus is not None):
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"{what} sets a borrowing or lending limit without a cohort: there is no one to borrow from or lend to",
+        )
+
+
+def check_set_quota(command: SetQuota) -> None:
+    check_id("tenant", command.tenant)
+    check_quota("quota", command.quota())
+
+
+def check_remove_quota(command: RemoveQuota) -> None:
+    check_id("tenant", command.tenant)
+
+
+def check_defragment(command: Defragment) -> None:
+    check_range("max_moves", command.max_moves, 0, MAX_MOVES)
+    if command.target is not None:
+        check_id("target", command.target)
 
 
 PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
@@ -268,6 +341,9 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     SubmitGang: check_submit_gang,
     ReleaseGang: check_release_gang,
     Tick: check_tick,
+    SetQuota: check_set_quota,
+    RemoveQuota: check_remove_quota,
+    Defragment: check_defragment,
 }
 
 

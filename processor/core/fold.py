@@ -25,10 +25,10 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from processor.core import dependencies, gangs, reservation_planner, reservations
+from processor.core import defrag, dependencies, gangs, preemption, quotas, reservation_planner, reservations
 from processor.core.errors import InvariantViolation
 from processor.core.policies import get_policy
-from processor.core.policies.base import Policy
+from processor.core.policies.base import Choice, Policy
 from processor.core.reasons import queue_reasons
 from processor.core.resources import PodShape
 from processor.core.state import (
@@ -48,16 +48,22 @@ from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
 from schemas.commands import (
     GPU_MILLI,
+    PREEMPT_LOWER,
+    PREEMPT_NEVER,
     STRICT_FIFO,
     AddNode,
     Command,
     CordonNode,
+    Defragment,
     DrainNode,
     MarkNodeFailed,
+    Quota,
     Release,
     ReleaseGang,
     RemoveNode,
+    RemoveQuota,
     SetPolicy,
+    SetQuota,
     SubmitGang,
     SubmitPod,
     Tick,
@@ -65,6 +71,7 @@ from schemas.commands import (
 )
 from schemas.events import (
     CommandRejected,
+    DefragmentationPlanned,
     DependencyFailed,
     Event,
     EventPayload,
@@ -82,6 +89,8 @@ from schemas.events import (
     NodesReserved,
     NodeUncordoned,
     PodEvicted,
+    PodMigrated,
+    PodPreempted,
     PodQueued,
     PodReleased,
     PodScheduled,
@@ -89,16 +98,20 @@ from schemas.events import (
     PodTimeLimitReached,
     PolicyChanged,
     QueueReason,
+    QuotaChanged,
     ReservationReleased,
     Ticked,
 )
 from schemas.validation import (
     check_add_node,
+    check_defragment,
     check_envelope,
     check_id,
     check_release,
     check_release_gang,
+    check_remove_quota,
     check_set_policy,
+    check_set_quota,
     check_submit_gang,
     check_submit_pod,
 )
@@ -115,7 +128,7 @@ class _Decision:
     ``now`` is the event time of the next event: a timer's deadline while timers
     fire, then the command's time (the clock)."""
 
-    __slots__ = ("_scratch", "command", "events", "now", "offset", "state", "touched")
+    __slots__ = ("_scratch", "command", "events", "freed", "now", "offset", "state", "touched")
 
     def __init__(self, state: PartitionState, command: Command, offset: int) -> None:
         self.state = state
@@ -124,7 +137,15 @@ class _Decision:
         self.events: list[Event] = []
         self.now = state.clock
         self.touched: dict[str, None] = {}  # clusters whose queue or reservation may need upkeep
+        # Tenants (per cluster with quotas) whose running pods stopped: their quota (and their
+        # cohort's pool) has room again, so their queued work is retried on the whole cluster.
+        self.freed: dict[str, dict[str, None]] = {}
         self._scratch: ClusterState | None = None
+
+    @property
+    def may_preempt(self) -> bool:
+        """A command of contract v1 never preempts (v1 had no preemption)."""
+        return self.command.contract != "v1"
 
     @property
     def cluster(self) -> ClusterState:
@@ -138,6 +159,13 @@ class _Decision:
 
     def emit(self, payload: EventPayload, cluster: str | None = None) -> None:
         name = self.command.cluster if cluster is None else cluster
+        kind = type(payload)
+        if kind is PodEvicted or kind is PodReleased:
+            known = self.state.clusters.get(name)
+            if known is not None and known.quotas_on:
+                pod = known.pods.get(payload.pod_id)  # type: ignore[union-attr]
+                if pod is not None and pod.node_id is not None:
+                    self.freed.setdefault(name, {})[pod.spec.tenant] = None
         event = Event(
             self.state.partition,
             self.state.sequence,
@@ -329,6 +357,8 @@ def _submit_pod(decision: _Decision, command: SubmitPod) -> None:
         command.time_limit_ms,
         tuple(dict.fromkeys(command.depends_on)) if command.depends_on else (),
         command.dependency,
+        command.preemption if decision.may_preempt else PREEMPT_NEVER,
+        command.movable,
     )
     if spec.depends_on:
         _start_or_wait_pod(decision, cluster, spec)
@@ -399,6 +429,73 @@ def _set_policy(decision: _Decision, command: SetPolicy) -> None:
             command.queue_order,
         )
     )
+    if command.default_quota is not None:
+        quota = None if command.default_quota.limits_nothing else command.default_quota
+        cluster = decision.cluster
+        previous = cluster.default_quota
+        words = quotas.describe(quota) if quota is not None else "none: tenants without a quota are not limited"
+        decision.emit(
+            QuotaChanged(None, quota, previous, f"default quota of tenants without their own: {words}"),
+        )
+        affected = {tenant for tenant in _queued_tenants(cluster) if tenant not in cluster.quotas}
+        _capacity_grew(decision, cluster, (), affected)
+
+
+def _queued_tenants(cluster: ClusterState) -> set[str]:
+    """Tenants with pods or gangs in the queue. O(Q + G)."""
+    tenants = {group[0] for _, group in cluster.queue.heads()}
+    tenants.update(cluster.gangs[key[2]].spec.tenant for key in cluster.gang_queue)
+    return tenants
+
+
+def _set_quota(decision: _Decision, command: SetQuota) -> None:
+    check_set_quota(command)
+    cluster = decision.cluster
+    quota = command.quota()
+    previous = cluster.quotas.get(command.tenant)
+    notes = []
+    if quota.cohort is not None and quota.cohort not in cluster.cohorts:
+        notes.append(f"cohort {quota.cohort!r} is new: it starts with this tenant")
+    over = quotas.over_limit(cluster, command.tenant, quota)
+    if over:
+        notes.append(
+            f"it runs more than this allows on {', '.join(over)}: nothing is evicted, its new work waits until it is "
+            "back under"
+        )
+    message = f"tenant {command.tenant!r}: {quotas.describe(quota)}" + "".join(f"; {note}" for note in notes)
+    decision.emit(QuotaChanged(command.tenant, quota, previous, message))
+    _capacity_grew(decision, decision.cluster, (), _with_peers(decision.cluster, {command.tenant}, previous))
+
+
+def _with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None) -> set[str]:
+    """The tenants and everyone who shares a cohort (now, or before a change) with one of them."""
+    out = set(tenants)
+    cohorts = {quota.cohort for quota in previous if quota is not None and quota.cohort is not None}
+    for tenant in tenants:
+        quota = cluster.quotas.get(tenant)
+        if quota is not None and quota.cohort is not None:
+            cohorts.add(quota.cohort)
+    for cohort in cohorts:
+        out.update(cluster.cohorts.get(cohort, ()))
+    return out
+
+
+def _remove_quota(decision: _Decision, command: RemoveQuota) -> None:
+    check_remove_quota(command)
+    cluster = decision.cluster
+    previous = cluster.quotas.get(command.tenant)
+    if previous is None:
+        raise Rejected(
+            RejectionCode.UNKNOWN_QUOTA,
+            f"tenant {command.tenant!r} has no quota of its own in cluster {decision.command.cluster!r}",
+        )
+    fallback = quotas.describe(cluster.default_quota) if cluster.default_quota is not None else "none: not limited"
+    decision.emit(
+        QuotaChanged(
+            command.tenant, None, previous, f"tenant {command.tenant!r} falls back to the default quota: {fallback}"
+        )
+    )
+    _capacity_grew(decision, cluster, (), _with_peers(cluster, {command.tenant}, previous))
 
 
 def _submit_gang(decision: _Decision, command: SubmitGang) -> None:
@@ -416,7 +513,9 @@ def _submit_gang(decision: _Decision, command: SubmitGang) -> None:
                 RejectionCode.UNKNOWN_LABEL_KEY,
                 f"no node in cluster {name!r} has the label key {key!r}; known: {sorted(cluster.label_keys)[:20]}",
             )
-    spec = gangs.gang_spec(command, decision.now, cluster.arrivals)
+    spec = gangs.gang_spec(
+        command, decision.now, cluster.arrivals, command.preemption if decision.may_preempt else PREEMPT_NEVER
+    )
     never = gangs.never_fits(cluster, spec)
     if never is not None:
         raise Rejected(RejectionCode.NEVER_FITS, never)
@@ -465,6 +564,11 @@ def _tick(decision: _Decision, command: Tick) -> None:
     decision.emit(Ticked(decision.now))
 
 
+def _defragment(decision: _Decision, command: Defragment) -> None:
+    check_defragment(command)
+    _run_defragment(decision, decision.cluster, command)
+
+
 _HANDLERS: dict[type, Callable[[_Decision, Any], None]] = {
     AddNode: _add_node,
     RemoveNode: _remove_node,
@@ -478,6 +582,9 @@ _HANDLERS: dict[type, Callable[[_Decision, Any], None]] = {
     SubmitGang: _submit_gang,
     ReleaseGang: _release_gang,
     Tick: _tick,
+    SetQuota: _set_quota,
+    RemoveQuota: _remove_quota,
+    Defragment: _defragment,
 }
 
 # ---------------------------------------------------------------- placement
@@ -507,12 +614,15 @@ def _place(
     requeued: bool,
     new: bool = False,
     announce: bool | None = None,
+    near: tuple[str, ...] | None = None,
 ) -> bool:
     """Schedule the pod with the cluster's policy, or queue it with reasons. O(S_m).
 
-    ``new``: the job enters the queue now (strict FIFO may hold it back). ``announce``
-    (default: not ``from_queue``): emit ``PodQueued`` if it does not fit; a pod retried
-    from the queue stays queued silently."""
+    Quota first (``processor.core.quotas``; a lender may reclaim), then free capacity, then,
+    if it may, priority preemption (``processor.core.preemption``; ``near``: only on these
+    nodes, the ones whose capacity changed). ``new``: the job enters the queue now (strict
+    FIFO may hold it back). ``announce`` (default: not ``from_queue``): emit ``PodQueued``
+    if it does not start; a pod retried from the queue stays queued silently."""
     if new and cluster.queue_order == STRICT_FIFO:
         blocked = _blocked_by_earlier(cluster, (-spec.priority, spec.arrival, spec.pod_id))
         if blocked is not None:
@@ -520,11 +630,23 @@ def _place(
             return False
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
+    quota_reasons: tuple[QueueReason, ...] = ()
+    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    if cluster.quotas_on:
+        admission = quotas.admit(cluster, spec, usable)
+        if admission.shortfalls:
+            quota_reasons = (_quota_reason(admission.shortfalls, admission.shape is None),)
+        if admission.shape is None:
+            reclaimable = any(shortfall.reclaimable for _, shortfall in admission.shortfalls)
+            if may_preempt and reclaimable and _reclaim_for_pod(decision, cluster, spec, usable, admission, from_queue):
+                return True
+            if (not from_queue) if announce is None else announce:
+                decision.emit(PodQueued(spec, quota_reasons, requeued), cluster.name)
+            return False
+        usable = admission.shape
     groups = cluster.index.feasible(usable)
     if groups:
-        policy = get_policy(cluster.policy)
-        if policy is None:
-            raise InvariantViolation(f"cluster {cluster.name!r} has unknown policy {cluster.policy!r}")
+        policy = _cluster_policy(cluster)
         choice = policy.place(cluster, usable, groups)
         decision.emit(
             PodScheduled(spec, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
@@ -532,9 +654,183 @@ def _place(
         if reserved:
             _holder_started(decision, cluster, spec.pod_id)
         return True
+    if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+        plan = preemption.plan_pod(cluster, usable, spec.priority, decision.now, near)
+        if plan is not None:
+            _preempt_for_pod(decision, cluster, spec, usable, [], plan, from_queue)
+            return True
     if (not from_queue) if announce is None else announce:
-        decision.emit(PodQueued(spec, queue_reasons(cluster, shape), requeued), cluster.name)
+        reasons = quota_reasons + queue_reasons(cluster, shape)
+        if spec.preemption == PREEMPT_NEVER and decision.may_preempt:
+            reasons += _waiting_for_preemption(cluster, usable, spec.priority)
+        decision.emit(PodQueued(spec, reasons, requeued), cluster.name)
     return False
+
+
+def _quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:
+    words = quotas.shortfall_words(shortfalls)
+    if not everywhere:
+        models = ", ".join(model for model, _ in shortfalls)
+        words = f"not on {models}: {words}"
+    return QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, words)
+
+
+def _waiting_for_preemption(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[QueueReason, ...]:
+    """A pod that said ``preemption: never``: the nodes where it would fit once lower-priority pods end."""
+    if not preemption.lower_priority_exists(cluster, priority):
+        return ()
+    count = sum(
+        1
+        for node_id in preemption.candidate_nodes(cluster, priority, None)
+        if preemption.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
+    )
+    if not count:
+        return ()
+    message = (
+        f"it would fit on {count} node(s) once lower-priority pods there end; it does not preempt them "
+        "(preemption: never)"
+    )
+    return (QueueReason(QueueReasonCode.WAITING_FOR_PREEMPTION, count, message),)
+
+
+def _reclaim_for_pod(
+    decision: _Decision,
+    cluster: ClusterState,
+    spec: PodSpec,
+    usable: PodShape,
+    admission: quotas.Admission,
+    from_queue: bool,
+) -> bool:
+    """A lender asks inside its nominal quota that others borrowed: preempt borrowers (lowest priority,
+    youngest first) until its quota has room, and no more; then place it (with priority preemption if
+    capacity is short). All on trial first: nothing is evicted unless it then starts."""
+    quota = quotas.quota_of(cluster, spec.tenant)
+    assert quota is not None
+    tried: set[str] = set()
+    for model, shortfall in admission.shortfalls:
+        if not shortfall.reclaimable or shortfall.key in tried:
+            continue
+        tried.add(shortfall.key)
+        shape = usable._replace(gpu_models=(model,)) if model and spec.num_gpu else usable
+        trial = preemption.Trial(cluster)
+        try:
+            units = _reclaim_on_trial(cluster, trial, spec.tenant, quota, quotas.demand(quota, spec, model))
+            if units is None:
+                continue
+            groups = cluster.index.feasible(shape)
+            choice: Choice | None = None
+            plan: preemption.PodPlan | None = None
+            if groups:
+                choice = _cluster_policy(cluster).place(cluster, shape, groups)
+            elif spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
+                plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now)
+                if plan is None:
+                    continue
+            else:
+                continue
+        finally:
+            trial.rollback()
+        if plan is None:
+            assert choice is not None
+            plan = preemption.PodPlan(choice.node_id, [], (0, 0, 0))
+        _preempt_for_pod(decision, cluster, spec, shape, units, plan, from_queue, choice)
+        return True
+    return False
+
+
+def _reclaim_on_trial(
+    cluster: ClusterState, trial: preemption.Trial, tenant: str, quota: Quota, wanted: quotas.Demand
+) -> list[preemption.Unit] | None:
+    """Evict borrowers on trial until ``wanted`` fits the lender's quota: the units taken, or None if the
+    lender would still be short (or short on something reclaim cannot give)."""
+    units: list[preemption.Unit] = []
+    while True:
+        shortfall = quotas.check(cluster, tenant, quota, wanted)
+        if shortfall is None:
+            return units
+        if not shortfall.reclaimable:
+            return None
+        candidates = quotas.reclaim_candidates(cluster, tenant, quota, [shortfall.key])
+        if not candidates:
+            return None
+        unit = preemption.unit_of(cluster, candidates[0], 0)
+        for pod in unit.pods:
+            trial.evict(pod)
+        units.append(unit)
+
+
+def _victim_events(
+    decision: _Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption.Unit], reason: str
+) -> list[tuple[Pod, str]]:
+    """``PodPreempted`` (why, and by whom), then ``PodEvicted``, for every pod of the units, by pod id;
+    returns the victims with the nodes they ran on."""
+    victims = sorted((pod for unit in units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+    out = []
+    for pod in victims:
+        node_id = pod.node_id
+        assert node_id is not None
+        out.append((pod, node_id))
+        if reason == "reclaim":
+            words = (
+                f"preempted to reclaim quota for {kind} {by!r}: its tenant asked for quota it lends to the cohort, "
+                f"which tenant {pod.spec.tenant!r} was borrowing (borrowers give back lowest priority, youngest first)"
+            )
+        else:
+            words = f"preempted by {kind} {by!r}, which has a higher priority than {pod.spec.priority}"
+        if pod.spec.gang_id is not None:
+            words += f"; its whole gang {pod.spec.gang_id!r} goes with it"
+        decision.emit(PodPreempted(pod.spec.pod_id, node_id, by, reason, words), cluster.name)
+        decision.emit(PodEvicted(pod.spec.pod_id, node_id, f"preempted:{reason}"), cluster.name)
+    return out
+
+
+def _preempt_for_pod(
+    decision: _Decision,
+    cluster: ClusterState,
+    spec: PodSpec,
+    shape: PodShape,
+    reclaimed: list[preemption.Unit],
+    plan: preemption.PodPlan,
+    from_queue: bool,
+    choice: Choice | None = None,
+) -> None:
+    """Evict the victims, place the pod on the node they freed (nominated: nothing else takes it first),
+    then requeue the victims and let the rest of what they freed go to the queue."""
+    victims = _victim_events(decision, cluster, spec.pod_id, "pod", reclaimed, "reclaim")
+    victims += _victim_events(decision, cluster, spec.pod_id, "pod", plan.units, "priority")
+    policy = _cluster_policy(cluster)
+    if choice is None:
+        choice = Choice(plan.node_id, policy.choose_gpus(cluster.nodes[plan.node_id], shape), {})
+    if plan.units:
+        highest, count, work = plan.cost
+        choice.scores = {
+            **choice.scores,
+            "victim_priority": float(highest),
+            "victims": float(count),
+            "gpu_seconds_lost": work / 1e6,
+        }
+    decision.emit(
+        PodScheduled(
+            spec,
+            choice.node_id,
+            choice.gpus,
+            policy.name,
+            from_queue,
+            choice.scores,
+            tuple(pod.spec.pod_id for pod, _ in victims),
+        ),
+        cluster.name,
+    )
+    _holder_started(decision, cluster, spec.pod_id)
+    _after_preemption(decision, cluster, victims)
+
+
+def _after_preemption(decision: _Decision, cluster: ClusterState, victims: list[tuple[Pod, str]]) -> None:
+    """Victims back to placement (gangs first, as after any eviction), then what they freed to the queue."""
+    plain = [pod for pod, _ in victims if pod.spec.gang_id is None]
+    gang_ids = sorted({pod.spec.gang_id for pod, _ in victims if pod.spec.gang_id is not None})
+    _after_eviction(decision, cluster, plain, [g for g in gang_ids if g in cluster.gangs], "preempted")
+    _capacity_grew(decision, cluster, tuple(sorted({node_id for _, node_id in victims})))
 
 
 def _cluster_policy(cluster: ClusterState) -> Policy:
@@ -542,6 +838,21 @@ def _cluster_policy(cluster: ClusterState) -> Policy:
     if policy is None:
         raise InvariantViolation(f"cluster {cluster.name!r} has unknown policy {cluster.policy!r}")
     return policy
+
+
+def _gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
+    """Whether the gang's quota has room for this placement (each member counted on its node's model)."""
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None:
+        return None
+    return quotas.check(cluster, spec.tenant, quota, _gang_demand(cluster, quota, placement))
+
+
+def _gang_demand(cluster: ClusterState, quota: Quota, placement: gangs.GangPlacement) -> quotas.Demand:
+    wanted: quotas.Demand = {}
+    for member, choice in placement.placed:
+        quotas.add(wanted, quotas.demand(quota, member, cluster.nodes[choice.node_id].gpu_model))
+    return wanted
 
 
 def _place_gang(
@@ -560,23 +871,84 @@ def _place_gang(
         if blocked is not None:
             decision.emit(GangQueued(spec.gang_id, (blocked,), spec, requeued), cluster.name)
             return False
-    found = gangs.try_place(cluster, spec, _cluster_policy(cluster), decision.now)
+    policy = _cluster_policy(cluster)
+    found = gangs.try_place(cluster, spec, policy, decision.now)
+    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    reasons: tuple[QueueReason, ...] = ()
     if isinstance(found, gangs.GangPlacement):
-        _emit_gang_placement(decision, cluster, spec, found, from_queue)
-        return True
+        shortfall = _gang_shortfall(cluster, spec, found) if cluster.quotas_on else None
+        if shortfall is None:
+            _emit_gang_placement(decision, cluster, spec, found, from_queue)
+            return True
+        if may_preempt and shortfall.reclaimable and _reclaim_for_gang(decision, cluster, spec, from_queue):
+            return True
+        reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
+    else:
+        reasons = found
+        if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+
+            def admit(placement: gangs.GangPlacement) -> bool:
+                return not cluster.quotas_on or _gang_shortfall(cluster, spec, placement) is None
+
+            plan = preemption.plan_gang(cluster, spec, policy, decision.now, admit)
+            if plan is not None:
+                victims = _victim_events(decision, cluster, spec.gang_id, "gang", plan.units, "priority")
+                _emit_gang_placement(
+                    decision, cluster, spec, plan.placement, from_queue, tuple(p.spec.pod_id for p, _ in victims)
+                )
+                _after_preemption(decision, cluster, victims)
+                return True
     if (not from_queue) if announce is None else announce:
-        decision.emit(GangQueued(spec.gang_id, found, spec, requeued), cluster.name)
+        decision.emit(GangQueued(spec.gang_id, reasons, spec, requeued), cluster.name)
     return False
 
 
+def _reclaim_for_gang(decision: _Decision, cluster: ClusterState, spec: GangSpec, from_queue: bool) -> bool:
+    """A lender's gang within its nominal quota: reclaim from borrowers on trial until its placement fits."""
+    quota = quotas.quota_of(cluster, spec.tenant)
+    assert quota is not None
+    policy = _cluster_policy(cluster)
+    trial = preemption.Trial(cluster)
+    units: list[preemption.Unit] = []
+    try:
+        for _ in range(len(spec.members) + 8):  # each round evicts a borrower; the placement may change
+            found = gangs.try_place(cluster, spec, policy, decision.now)
+            if not isinstance(found, gangs.GangPlacement):
+                return False
+            taken = _reclaim_on_trial(cluster, trial, spec.tenant, quota, _gang_demand(cluster, quota, found))
+            if taken is None:
+                return False
+            if not taken:
+                break
+            units.extend(taken)
+        else:
+            return False
+    finally:
+        trial.rollback()
+    victims = _victim_events(decision, cluster, spec.gang_id, "gang", units, "reclaim")
+    found = gangs.try_place(cluster, spec, policy, decision.now)
+    if not isinstance(found, gangs.GangPlacement):
+        raise InvariantViolation(f"gang {spec.gang_id!r} does not fit after reclaiming its quota")
+    _emit_gang_placement(decision, cluster, spec, found, from_queue, tuple(p.spec.pod_id for p, _ in victims))
+    _after_preemption(decision, cluster, victims)
+    return True
+
+
 def _emit_gang_placement(
-    decision: _Decision, cluster: ClusterState, spec: GangSpec, found: gangs.GangPlacement, from_queue: bool
+    decision: _Decision,
+    cluster: ClusterState,
+    spec: GangSpec,
+    found: gangs.GangPlacement,
+    from_queue: bool,
+    preempted: tuple[str, ...] = (),
 ) -> None:
     """``GangScheduled`` with every placed member, then each member's ``PodScheduled``: one outcome."""
     policy = _cluster_policy(cluster)
     members = tuple(MemberPlacement(member.pod_id, choice.node_id, choice.gpus) for member, choice in found.placed)
     decision.emit(
-        GangScheduled(spec.gang_id, members, spec, found.topology_key, found.domain, from_queue, found.message),
+        GangScheduled(
+            spec.gang_id, members, spec, found.topology_key, found.domain, from_queue, found.message, preempted
+        ),
         cluster.name,
     )
     for member, choice in found.placed:
@@ -618,6 +990,7 @@ def _after_eviction(
         _gang_lost_members(decision, cluster, cluster.gangs[gang_id], reason)
     for pod in sorted(evicted, key=lambda p: p.queue_key):
         _place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
+    _capacity_grew(decision, cluster, ())  # their tenants' quota has room again (with quotas only)
 
 
 def _gang_lost_members(decision: _Decision, cluster: ClusterState, gang: Gang, reason: str) -> None:
@@ -645,54 +1018,106 @@ def _gang_lost_members(decision: _Decision, cluster: ClusterState, gang: Gang, r
     _capacity_grew(decision, cluster, tuple(n for n in dict.fromkeys(freed) if n is not None))
 
 
-def _capacity_grew(decision: _Decision, cluster: ClusterState, node_ids: tuple[str, ...]) -> None:
-    """Place queued pods and gangs after capacity grew on some nodes.
+def _capacity_grew(
+    decision: _Decision, cluster: ClusterState, node_ids: tuple[str, ...], tenants: set[str] | None = None
+) -> None:
+    """Place queued pods and gangs after capacity grew on some nodes, or quota for some tenants.
 
-    Invariant: after every command no queued job fits anywhere it may go (strict
-    FIFO and reservations aside). So only pod shapes that fit a changed node can be
-    placed now, and gangs with a member that fits one; candidates are taken in queue
-    order (priority, then FIFO), and a pod shape that stops fitting is dropped as a
-    whole. Work: O(Q + G) to screen the Q waiting shapes and G queued gangs, plus
+    Invariant: after every command no queued job fits anywhere it may go, within its quota
+    (strict FIFO and reservations aside), and none that may preempt could make room by
+    preempting lower-priority pods. So only groups (tenant, preemption, shape) that fit a
+    changed node, or could preempt there, can start now, and gangs with a member that
+    could; plus, on the whole cluster, the work of ``tenants`` and of tenants whose running
+    pods stopped in this command (their quota, and their cohort's pool, grew). Candidates
+    are taken in queue order (priority, then FIFO; with quotas, priority, then the tenant's
+    weighted dominant share, then FIFO), and a group that cannot start is dropped as a
+    whole. Work: O(Q + G) to screen the Q waiting groups and G queued gangs, plus
     O(S_m + log) per pod placed. Under strict FIFO, only the head may start.
     """
-    if not node_ids or (not cluster.queue.size and not cluster.gang_queue):
+    freed = decision.freed.pop(cluster.name, None) if decision.freed else None
+    if freed:
+        tenants = (tenants or set()) | _with_peers(cluster, set(freed))
+    if not cluster.queue.size and not cluster.gang_queue:
+        return
+    if not node_ids and not tenants:
         return
     if cluster.queue_order == STRICT_FIFO:
         _start_heads(decision, cluster)
         return
     index = cluster.index
     signatures = [signature for signature in map(index.signature_of, node_ids) if signature is not None]
-    if not signatures:
+    changed = [node for node in (cluster.nodes.get(n) for n in node_ids) if node is not None and node.schedulable]
+    if not signatures and not tenants:
         return
     now = decision.now
     fits = index.fits
-    heap: list[tuple[tuple[int, int, str], int, Any]] = []
-    for key, shape in cluster.queue.heads():
+    fair = cluster.quotas_on
+    preempting = decision.may_preempt and bool(changed)
+    heap: list[tuple[tuple[Any, ...], int, Any, tuple[int, int, str], tuple[str, ...] | None]] = []
+    for key, group in cluster.queue.heads():
+        tenant, mode, shape = group
         usable = reservations.usable_shape(cluster, key[2], shape, now)
-        if any(fits(signature, usable) for signature in signatures):
-            heap.append((key, 0, shape))
+        near: tuple[str, ...] | None = node_ids
+        if tenants and tenant in tenants:
+            near = None
+        elif not any(fits(signature, usable) for signature in signatures) and not (
+            preempting and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
+        ):
+            continue
+        heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
     for key in cluster.gang_queue:
-        if gangs.may_use(cluster, cluster.gangs[key[2]].spec, signatures, now):
-            heap.append((key, 1, None))
+        spec = cluster.gangs[key[2]].spec
+        if not (
+            (tenants and spec.tenant in tenants)
+            or gangs.may_use(cluster, spec, signatures, now)
+            or (preempting and spec.preemption == PREEMPT_LOWER and _gang_may_preempt_on(cluster, spec, changed, now))
+        ):
+            continue
+        heap.append((_order(cluster, key, spec.tenant, fair), 1, None, key, None))
     heapq.heapify(heap)
     while heap:
-        key, kind, shape = heapq.heappop(heap)
+        order, kind, group, key, near = heapq.heappop(heap)
+        if fair:  # shares grew with every placement since this entry was pushed: look again
+            fresh = _order(cluster, key, group[0] if kind == 0 else cluster.gangs[key[2]].spec.tenant, fair)
+            if fresh != order:
+                heapq.heappush(heap, (fresh, kind, group, key, near))
+                continue
         if kind == 1:
             queued = cluster.gangs.get(key[2])
             if queued is not None and queued.state == GANG_QUEUED:
                 _place_gang(decision, cluster, queued.spec, from_queue=True, requeued=False)
             continue
-        head = cluster.queue.head(shape)
+        head = cluster.queue.head(group)
         if head != key:  # placed meanwhile (a released reservation retried these nodes first)
             if head is not None:
-                heapq.heappush(heap, (head, 0, shape))
+                heapq.heappush(heap, (_order(cluster, head, group[0], fair), 0, group, head, near))
             continue
         pod = cluster.pods[key[2]]
-        if not _place(decision, cluster, pod.spec, shape, from_queue=True, requeued=False):
+        if not _place(decision, cluster, pod.spec, pod.shape, from_queue=True, requeued=False, near=near):
             continue
-        following = cluster.queue.head(shape)
+        following = cluster.queue.head(group)
         if following is not None:
-            heapq.heappush(heap, (following, 0, shape))
+            heapq.heappush(heap, (_order(cluster, following, group[0], fair), 0, group, following, near))
+
+
+def _order(cluster: ClusterState, key: tuple[int, int, str], tenant: str, fair: bool) -> tuple[Any, ...]:
+    """Retry order: priority, then (with quotas) the tenant's weighted dominant share, then FIFO."""
+    if not fair:
+        return key
+    return (key[0], quotas.dominant_share(cluster, tenant), key[1], key[2])
+
+
+def _may_preempt_on(cluster: ClusterState, shape: PodShape, priority: int, nodes: list[Node]) -> bool:
+    if not preemption.lower_priority_exists(cluster, priority):
+        return False
+    return any(preemption.could_preempt_on(node, shape, priority, cluster) for node in nodes)
+
+
+def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node], now: int) -> bool:
+    if not preemption.lower_priority_exists(cluster, spec.priority):
+        return False
+    shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
+    return any(_may_preempt_on(cluster, shape, spec.priority, nodes) for shape in sorted(shapes))
 
 
 def _start_heads(decision: _Decision, cluster: ClusterState) -> None:
@@ -709,6 +1134,109 @@ def _start_heads(decision: _Decision, cluster: ClusterState) -> None:
             pod = cluster.pods[key[2]]
             if not _place(decision, cluster, pod.spec, pod.shape, from_queue=True, requeued=False):
                 return
+
+
+# ---------------------------------------------------------------- defragmentation
+
+
+def _run_defragment(decision: _Decision, cluster: ClusterState, command: Defragment) -> None:
+    """Plan migrations on trial (``processor.core.defrag``), then emit them: ``DefragmentationPlanned``, one
+    ``PodMigrated`` per move, the target's placement (nominated: it goes first), then the queue."""
+    target = command.target
+    name = decision.command.cluster
+    pod = gang = None
+    if target is not None:
+        pod = cluster.pods.get(target)
+        gang = cluster.gangs.get(target)
+        if pod is None and gang is None:
+            raise Rejected(
+                RejectionCode.UNKNOWN_POD, f"target {target!r} is neither a pod nor a gang in cluster {name!r}"
+            )
+        if (pod is not None and not pod.queued) or (gang is not None and gang.state != GANG_QUEUED):
+            running = (pod is not None and pod.running) or (gang is not None and gang.state == GANG_RUNNING)
+            what = "running" if running else "waiting for its dependencies, outside the queue"
+            raise Rejected(
+                RejectionCode.NOT_WAITING,
+                f"target {target!r} is {what}: only a job waiting in the queue has something to make room for",
+            )
+    if command.max_moves == 0:
+        decision.emit(DefragmentationPlanned(0, 0, 0, target, "a budget of 0 moves: nothing was moved"))
+        return
+    if not defrag.movable_pods(cluster):
+        message = "no running pod is movable (submitted with movable=true): nothing was moved"
+        decision.emit(DefragmentationPlanned(0, 0, 0, target, message))
+        return
+    if target is None:
+        plan = defrag.consolidate(cluster, command.max_moves)
+    else:
+        plan = _plan_room(decision, cluster, target, pod, gang, command.max_moves)
+    moves = plan.moves
+    if moves:
+        freed = f"freeing {plan.gpus_freed} whole GPU(s)" + (
+            f" and {plan.nodes_freed} node(s)" if plan.nodes_freed else ""
+        )
+        message = f"{len(moves)} move(s) of movable pods (budget {command.max_moves}), {freed}"
+        if target is not None:
+            message += f", to make room for {target!r}"
+    else:
+        message = plan.note or "nothing to move"
+    decision.emit(DefragmentationPlanned(len(moves), plan.gpus_freed, plan.nodes_freed, target, message))
+    for move in moves:
+        decision.emit(
+            PodMigrated(move.pod_id, move.from_node, move.from_gpus, move.to_node, move.to_gpus, "defragment", move.why)
+        )
+    sources = tuple(sorted({move.from_node for move in moves}))
+    if moves and pod is not None:
+        _place(decision, cluster, pod.spec, pod.shape, from_queue=True, requeued=False)
+    elif moves and gang is not None:
+        _place_gang(decision, cluster, gang.spec, from_queue=True, requeued=False)
+    _capacity_grew(decision, cluster, sources)
+
+
+def _plan_room(
+    decision: _Decision, cluster: ClusterState, target: str, pod: Pod | None, gang: Gang | None, budget: int
+) -> defrag.Plan:
+    """Moves that let a waiting pod (or every member of a waiting gang) start, checked on trial; or none."""
+    now = decision.now
+    trial = defrag.Trial(cluster)
+    placed = preemption.Trial(cluster)
+    why = f"making room for {'pod' if pod is not None else 'gang'} {target!r}"
+    try:
+        if pod is not None:
+            shape: PodShape | None = reservations.usable_shape(cluster, target, pod.shape, now)
+            if cluster.quotas_on:
+                shape = quotas.admit(cluster, pod.spec, shape).shape  # type: ignore[arg-type]
+            if shape is None:
+                return defrag.Plan(note=f"pod {target!r} is over its tenant's quota: moving pods would not help")
+            if defrag.make_room(cluster, trial, shape, budget, why) is None or not cluster.index.feasible(shape):
+                return defrag.Plan(note=f"no node can hold pod {target!r} after at most {budget} move(s)")
+        else:
+            assert gang is not None
+            policy = _cluster_policy(cluster)
+            for member in gangs.ordered_members(gang.spec):
+                shape = reservations.usable_shape(cluster, target, shape_of(member), now)
+                groups = cluster.index.feasible(shape)
+                if groups:
+                    placed.allocate(member, policy.place(cluster, shape, groups))
+                    continue
+                node_id = defrag.make_room(cluster, trial, shape, budget - len(trial.moves), why)
+                if node_id is None:
+                    return defrag.Plan(note=f"no room for gang {target!r} after at most {budget} move(s)")
+                node = cluster.nodes[node_id]
+                placed.allocate(member, Choice(node_id, policy.choose_gpus(node, shape), {}))
+            placed.rollback()
+            found = gangs.try_place(cluster, gang.spec, policy, now)
+            if not isinstance(found, gangs.GangPlacement) or (
+                cluster.quotas_on and _gang_shortfall(cluster, gang.spec, found) is not None
+            ):
+                return defrag.Plan(note=f"gang {target!r} would still not start after the moves")
+        moves = list(trial.moves)
+        after = defrag.tally(cluster, moves)
+    finally:
+        placed.rollback()
+        trial.rollback()
+    before = defrag.tally(cluster, moves)
+    return defrag.Plan(moves, max(0, after[0] - before[0]), max(0, after[1] - before[1]))
 
 
 # ---------------------------------------------------------------- dependencies
@@ -832,9 +1360,16 @@ _TIMER_HANDLERS: dict[int, Callable[[_Decision, ClusterState, str, int], None]] 
 
 
 def _upkeep(decision: _Decision) -> None:
-    """After the command: reservations of the clusters it touched, then timers that came due."""
-    touched = decision.touched
+    """After the command: queued work of tenants whose quota grew, reservations of the clusters it
+    touched, then timers that came due."""
     clusters = decision.state.clusters
+    if decision.freed:
+        for name in sorted(decision.freed):
+            cluster = clusters.get(name)
+            if cluster is not None:
+                _capacity_grew(decision, cluster, ())
+        decision.freed.clear()
+    touched = decision.touched
     for name in touched if len(touched) == 1 else sorted(touched):
         cluster = clusters.get(name)
         # Nothing to keep without a queue or a reservation: the common case, answered without a call.
@@ -965,6 +1500,8 @@ def _applied_node_added(state: PartitionState, cluster: ClusterState, event: Nod
     cluster.nodes[node.node_id] = node
     cluster.model_nodes[node.gpu_model] = cluster.model_nodes.get(node.gpu_model, 0) + 1
     cluster.gpu_milli_capacity += node.gpu_count * GPU_MILLI
+    cluster.cpu_capacity += node.cpu_milli
+    cluster.memory_capacity += node.memory_mib
     cluster.count_node(node, +1)
     cluster.reindex(node)
 
@@ -983,6 +1520,8 @@ def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: N
         del cluster.model_nodes[node.gpu_model]
     if not node.failed:
         cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI
+        cluster.cpu_capacity -= node.cpu_milli
+        cluster.memory_capacity -= node.memory_mib
 
 
 def _applied_node_cordoned(
@@ -1003,6 +1542,8 @@ def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: No
     node = _node_of(cluster, event.node_id)
     node.failed = True
     cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI
+    cluster.cpu_capacity -= node.cpu_milli
+    cluster.memory_capacity -= node.memory_mib
     cluster.reindex(node)
 
 
@@ -1018,7 +1559,7 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     elif pod.running:
         raise InvariantViolation(f"pod {spec.pod_id!r} is already running on {pod.node_id!r}")
     elif pod.queued:
-        cluster.queue.remove(pod.shape, pod.queue_key)
+        cluster.queue.remove(pod.group, pod.queue_key)
         pod.queued = False
     if pod.waiting_for:
         cluster.stop_waiting(spec.pod_id, pod.waiting_for)
@@ -1033,7 +1574,7 @@ def _applied_pod_queued(state: PartitionState, cluster: ClusterState, event: Pod
         cluster.wait_on(event.pod.pod_id, pod.waiting_for)
         return
     pod.queued = True
-    cluster.queue.push(pod.shape, pod.queue_key)
+    cluster.queue.push(pod.group, pod.queue_key)
 
 
 def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: PodScheduled, now: int) -> None:
@@ -1051,6 +1592,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     pod.gpus = event.gpus
     pod.started_at = now
     cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
+    cluster.charge(pod, node, +1)
     cluster.reindex(node)
     if pod.spec.time_limit_ms is not None:
         state.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, cluster.name, pod.spec.pod_id)
@@ -1058,6 +1600,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:
     node = _node_of(cluster, pod.node_id)  # type: ignore[arg-type]
+    cluster.charge(pod, node, -1)
     node.free(pod.spec, pod.gpus)
     pod.node_id = None
     pod.gpus = ()
@@ -1082,7 +1625,7 @@ def _applied_pod_released(state: PartitionState, cluster: ClusterState, event: P
     if pod.running:
         _unbind(cluster, pod)
     elif pod.queued:
-        cluster.queue.remove(pod.shape, pod.queue_key)
+        cluster.queue.remove(pod.group, pod.queue_key)
     if pod.waiting_for:
         cluster.stop_waiting(event.pod_id, pod.waiting_for)
     gang_id = pod.spec.gang_id
@@ -1206,6 +1749,31 @@ def _applied_reservation_released(
             cluster.reindex(node)
 
 
+def _applied_quota_changed(state: PartitionState, cluster: ClusterState, event: QuotaChanged, now: int) -> None:
+    if event.tenant is None:
+        cluster.default_quota = event.quota
+    else:
+        cluster.set_quota(event.tenant, event.quota)
+
+
+def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: PodMigrated, now: int) -> None:
+    pod = cluster.pods.get(event.pod_id)
+    if pod is None or pod.node_id != event.from_node or pod.gpus != tuple(event.from_gpus):
+        raise InvariantViolation(f"pod {event.pod_id!r} migrated from {event.from_node!r} where it does not run")
+    source = _node_of(cluster, event.from_node)
+    target = _node_of(cluster, event.to_node)
+    if not target.schedulable or target is source:
+        raise InvariantViolation(f"pod {event.pod_id!r} migrated to unschedulable or same node {event.to_node!r}")
+    cluster.charge(pod, source, -1)
+    source.free(pod.spec, pod.gpus)
+    target.allocate(pod.spec, tuple(event.to_gpus))
+    pod.node_id = target.node_id
+    pod.gpus = tuple(event.to_gpus)
+    cluster.charge(pod, target, +1)
+    cluster.reindex(source)
+    cluster.reindex(target)
+
+
 _APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] = {
     NodeAdded: _applied_node_added,
     NodeRemoved: _applied_node_removed,
@@ -1226,4 +1794,8 @@ _APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] 
     DependencyFailed: _applied_nothing,
     NodesReserved: _applied_nodes_reserved,
     ReservationReleased: _applied_reservation_released,
+    PodPreempted: _applied_nothing,
+    QuotaChanged: _applied_quota_changed,
+    PodMigrated: _applied_pod_migrated,
+    DefragmentationPlanned: _applied_nothing,
 }

@@ -42,7 +42,7 @@ class GangPlacement:
     message: str
 
 
-def gang_spec(command: SubmitGang, now: int, arrival: int) -> GangSpec:
+def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> GangSpec:
     """The gang as the fold accepts it: member pod specs carry the gang's tenant, priority, time and limit."""
     members = tuple(
         PodSpec(
@@ -62,6 +62,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int) -> GangSpec:
             command.time_limit_ms,
             (),
             AFTER_OK,
+            preemption,
         )
         for member in command.members
     )
@@ -79,6 +80,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int) -> GangSpec:
         command.dependency,
         now,
         arrival,
+        preemption,
     )
 
 

@@ -1,11 +1,11 @@
-"""The pending queue, indexed by request shape.
+"""The pending queue, indexed by group: tenant, preemption setting and request shape.
 
-Pods wait in one sorted list per :class:`~processor.core.resources.PodShape`, ordered
+Pods wait in one sorted list per group (:data:`processor.core.state.QueueGroup`), ordered
 by (-priority, arrival, pod_id): highest priority first, FIFO within a priority.
-Pods of one shape are interchangeable for placement, so when capacity frees the
-retry looks at each shape's head only; a shape that does not fit is skipped as a
-whole, so a big pod never blocks smaller ones behind it and the work per retry
-is bounded by the number of distinct shapes waiting, not the queue length.
+Pods of one group are interchangeable for placement, quota and preemption, so when
+capacity frees the retry looks at each group's head only; a group that does not fit is
+skipped as a whole, so a big pod never blocks smaller ones behind it and the work per
+retry is bounded by the number of distinct groups waiting, not the queue length.
 
 Complexity: ``push``/``remove`` O(log q_s) (q_s = pods of that shape);
 ``heads`` O(Q) for Q distinct shapes waiting.
@@ -14,12 +14,12 @@ Complexity: ``push``/``remove`` O(log q_s) (q_s = pods of that shape);
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 from sortedcontainers import SortedList
 
-from processor.core.resources import PodShape
-
 QueueKey = tuple[int, int, str]  # (-priority, arrival, pod_id)
+PodShape = Any  # the group a pod waits in: ``processor.core.state.QueueGroup`` (hashable)
 
 
 class PendingQueue:

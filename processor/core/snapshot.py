@@ -37,6 +37,7 @@ from schemas.snapshots import (
     PodSnapshot,
     ReservationSnapshot,
     Snapshot,
+    TenantQuota,
     TypicalPodSnapshot,
     encode_snapshot_body,
 )
@@ -102,6 +103,8 @@ def _cluster_snapshot(cluster: ClusterState) -> ClusterSnapshot:
             reservation.expected_start,
             reservation.made_at,
         ),
+        tuple(TenantQuota(tenant, cluster.quotas[tenant]) for tenant in sorted(cluster.quotas)),
+        cluster.default_quota,
     )
 
 
@@ -137,6 +140,9 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             queue_order=data.queue_order,
         )
         cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
+        for entry in data.quotas:
+            cluster.set_quota(entry.tenant, entry.quota)
+        cluster.default_quota = data.default_quota
         cluster.typical = tuple(
             TypicalPod(TypicalKey(raw.num_gpu, raw.gpu_milli, raw.cpu_milli, tuple(raw.gpu_models)), raw.weight)
             for raw in data.typical_pods
@@ -153,6 +159,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             cluster.count_node(node, +1)
             if not node.failed:
                 cluster.gpu_milli_capacity += node.gpu_count * GPU_MILLI
+                cluster.cpu_capacity += node.cpu_milli
+                cluster.memory_capacity += node.memory_mib
         for raw_gang in data.gangs:
             gang = Gang(
                 raw_gang.gang,
@@ -191,11 +199,12 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 node = cluster.nodes[pod.node_id]
                 node.allocate(pod.spec, pod.gpus)
                 cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
+                cluster.charge(pod, node, +1)
             elif pod.waiting_for:
                 cluster.wait_on(pod.spec.pod_id, pod.waiting_for)
             else:
                 pod.queued = True
-                cluster.queue.push(pod.shape, pod.queue_key)
+                cluster.queue.push(pod.group, pod.queue_key)
         if data.reservation is not None:
             raw_reservation = data.reservation
             cluster.reservation = Reservation(

@@ -16,7 +16,7 @@ from processor.core.pending import PendingQueue, QueueKey
 from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Taint
+from schemas.commands import DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
@@ -42,6 +42,7 @@ class Node:
 
     __slots__ = (
         "base_class",
+        "by_priority",
         "cordoned",
         "cpu_free",
         "cpu_milli",
@@ -85,6 +86,9 @@ class Node:
         self.cordoned = False
         self.failed = False
         self.pods: dict[str, None] = {}  # running pod ids, in placement order
+        # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods]. Derived; it
+        # lets a preemption search see what pods below a priority would free without visiting them.
+        self.by_priority: dict[int, list] = {}
 
     @property
     def schedulable(self) -> bool:
@@ -118,17 +122,33 @@ class Node:
                 raise InvariantViolation(f"pod {pod.pod_id} over-commits GPU {share.index} on node {self.node_id}")
         if len({share.index for share in gpus}) != len(gpus) or sum(s.milli for s in gpus) != pod.gpu_milli_total:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
+        held = self.by_priority.get(pod.priority)
+        if held is None:
+            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0]
+        held_gpus = held[2]
         for share in gpus:
             self.gpu_free[share.index] -= share.milli
+            held_gpus[share.index] += share.milli
         self.cpu_free -= pod.cpu_milli
         self.memory_free -= pod.memory_mib
+        held[0] += pod.cpu_milli
+        held[1] += pod.memory_mib
+        held[3] += 1
         self.pods[pod.pod_id] = None
 
     def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
+        held = self.by_priority[pod.priority]
+        held_gpus = held[2]
         for share in gpus:
             self.gpu_free[share.index] += share.milli
+            held_gpus[share.index] -= share.milli
         self.cpu_free += pod.cpu_milli
         self.memory_free += pod.memory_mib
+        held[0] -= pod.cpu_milli
+        held[1] -= pod.memory_mib
+        held[3] -= 1
+        if not held[3]:
+            del self.by_priority[pod.priority]
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")
@@ -155,8 +175,44 @@ class Pod:
         return (-self.spec.priority, self.spec.arrival, self.spec.pod_id)
 
     @property
+    def group(self) -> QueueGroup:
+        """The pods it waits with in the queue: same tenant, preemption setting and request shape."""
+        return (self.spec.tenant, self.spec.preemption, self.shape)
+
+    @property
     def running(self) -> bool:
         return self.node_id is not None
+
+
+QueueGroup = tuple[str, str, PodShape]
+"""Pods of one group are interchangeable for placement, quota and preemption: if the first of a group
+(the highest priority, then the oldest) can neither start nor preempt, none of the others can."""
+
+
+class TenantUsage:
+    """What a tenant's running pods hold in one cluster: GPU milli per model, CPU, memory. Derived."""
+
+    __slots__ = ("cpu", "gpu", "memory", "pods")
+
+    def __init__(self) -> None:
+        self.gpu: dict[str, int] = {}
+        self.cpu = 0
+        self.memory = 0
+        self.pods = 0
+
+    def add(self, model: str, spec: PodSpec, sign: int) -> None:
+        milli = spec.num_gpu * spec.gpu_milli
+        if milli:
+            self.gpu[model] = self.gpu.get(model, 0) + sign * milli
+            if not self.gpu[model]:
+                del self.gpu[model]
+        self.cpu += sign * spec.cpu_milli
+        self.memory += sign * spec.memory_mib
+        self.pods += sign
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(self.gpu.values())
 
 
 def shape_of(spec: PodSpec) -> PodShape:
@@ -244,6 +300,56 @@ class ClusterState:
     # Node label keys present (any node) -> node count; fixed node capacities -> node count (derived).
     label_keys: dict[str, int] = field(default_factory=dict)
     capacities: dict[tuple[str, NodeClass, int, int, int], int] = field(default_factory=dict)
+    # Quotas (SetQuota, by tenant) and the default quota of tenants without one (SetPolicy).
+    quotas: dict[str, Quota] = field(default_factory=dict)
+    default_quota: Quota | None = None
+    # Derived: tenants' usage, the members of each cohort (sorted), CPU and memory of the nodes that
+    # are not failed (for dominant shares), and the nodes that run pods of each priority.
+    usage: dict[str, TenantUsage] = field(default_factory=dict)
+    cohorts: dict[str, list[str]] = field(default_factory=dict)
+    cpu_capacity: int = 0
+    memory_capacity: int = 0
+    priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def charge(self, pod: Pod, node: Node, sign: int) -> None:
+        """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
+        spec = pod.spec
+        usage = self.usage.get(spec.tenant)
+        if usage is None:
+            usage = self.usage[spec.tenant] = TenantUsage()
+        usage.add(node.gpu_model, spec, sign)
+        if not usage.pods:
+            del self.usage[spec.tenant]
+        nodes = self.priority_nodes.get(spec.priority)
+        if nodes is None:
+            nodes = self.priority_nodes[spec.priority] = {}
+        count = nodes.get(node.node_id, 0) + sign
+        if count:
+            nodes[node.node_id] = count
+        else:
+            del nodes[node.node_id]
+            if not nodes:
+                del self.priority_nodes[spec.priority]
+
+    def set_quota(self, tenant: str, quota: Quota | None) -> None:
+        """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members)."""
+        previous = self.quotas.pop(tenant, None)
+        if previous is not None and previous.cohort is not None:
+            members = self.cohorts[previous.cohort]
+            members.remove(tenant)
+            if not members:
+                del self.cohorts[previous.cohort]
+        if quota is not None:
+            self.quotas[tenant] = quota
+            if quota.cohort is not None:
+                members = self.cohorts.setdefault(quota.cohort, [])
+                members.append(tenant)
+                members.sort()
+
+    @property
+    def quotas_on(self) -> bool:
+        """Whether any quota applies: only then do admission checks and fair-share ordering act."""
+        return bool(self.quotas) or self.default_quota is not None
 
     def count_shape(self, shape: PodShape, delta: int) -> None:
         """Add (+1) or remove (-1) a present pod's shape from the histogram. O(1)."""

@@ -94,7 +94,7 @@ def check_indexes(cluster: ClusterState) -> None:
         waiting = bool(pod.waiting_for) and not pod.queued and pod.node_id is None
         assert waiting or pod.queued == (pod.node_id is None), f"pod {pod.spec.pod_id} is neither running nor queued"
         if pod.queued:
-            expected_queue.setdefault(pod.shape, []).append(pod.queue_key)
+            expected_queue.setdefault(pod.group, []).append(pod.queue_key)
     assert cluster.queue.content() == expected_queue
     assert len(cluster.queue) == sum(len(keys) for keys in expected_queue.values())
     models: dict[str, int] = {}

@@ -59,8 +59,9 @@ INT32 = st.one_of(
 def strategy(schema: Any, nan: bool = False, branch: bool = False) -> st.SearchStrategy[Any]:
     """Values of the dataclass model for a parsed Avro schema (named types looked up in the registry).
 
-    An ``int`` outside a union takes any 64-bit value (fastavro writes those too); as a union
-    branch only 32-bit ones, since fastavro picks a union's branch by the value's range."""
+    An ``int`` outside a union takes any 64-bit value (fastavro writes those too); in a union
+    branch (a record branch's fields too) only 32-bit ones, since fastavro picks a union's
+    branch by validating the value."""
     if isinstance(schema, str) and schema in CLASSES:
         schema = registry().codec(schema).schema
     if isinstance(schema, list):
@@ -79,11 +80,11 @@ def strategy(schema: Any, nan: bool = False, branch: bool = False) -> st.SearchS
     if kind == "double":
         return st.floats(allow_nan=nan)
     if kind == "array":
-        return st.lists(strategy(schema["items"], nan), max_size=3).map(tuple)
+        return st.lists(strategy(schema["items"], nan, branch), max_size=3).map(tuple)
     if kind == "map":
-        return st.dictionaries(texts, strategy(schema["values"], nan), max_size=3)
+        return st.dictionaries(texts, strategy(schema["values"], nan, branch), max_size=3)
     assert kind == "record", kind
-    fields = {f["name"]: strategy(f["type"], nan) for f in schema["fields"]}
+    fields = {f["name"]: strategy(f["type"], nan, branch) for f in schema["fields"]}
     return st.builds(CLASSES[schema["name"]], **fields)
 
 
@@ -222,8 +223,8 @@ def test_decode_falls_back_to_fastavro_for_an_older_writer_schema() -> None:
         "fields": [f for f in _plain(old)["fields"] if f["name"] != "source"],
     }
     fingerprint = registry().register(older)
-    # command_id, cluster, issued_at 1, SetPolicy("spread") with reserve_after_ms null and queue_order ""
-    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread\x00\x00"
+    # command_id, cluster, issued_at 1, SetPolicy("spread"): reserve_after_ms null, queue_order "", no default quota
+    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread\x00\x00\x00"
     frame = b"\xc3\x01" + fingerprint + body
     assert decode_command(frame) == slow_command(frame) == Command("id", "c", 1, SetPolicy("spread"), "")
 
@@ -264,8 +265,9 @@ def _s(text: str) -> bytes:
 
 
 ENVELOPE = HEADER + _s("id") + _s("c") + b"\x02" + _s("")  # command_id, cluster, issued_at 1, source
-SET_POLICY_TAIL = b"\x00\x00"  # reserve_after_ms null, queue_order ""
-SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok")  # time_limit_ms null, depends_on [], dependency
+SET_POLICY_TAIL = b"\x00\x00\x00"  # reserve_after_ms null, queue_order "", default_quota null
+# time_limit_ms null, depends_on [], dependency, preemption, movable false
+SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00"
 
 
 @pytest.mark.parametrize(
@@ -279,7 +281,8 @@ SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok")  # time_limit_ms null, depends_on 
             _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
             STRICT[0],
         ),
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01", STRICT[1]),  # -1: fastavro's last branch, Tick {}
+        # -1: fastavro's last branch, Defragment {max_moves 1, target null}
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + b"\x02\x00", STRICT[1]),
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
@@ -298,7 +301,7 @@ def test_decode_rejects_what_fastavro_lets_through(body: bytes, reason: str) -> 
         b"\x10" + b"\x20abc",  # string length past the end
         b"\x10" + b"\x04\xff\xfe",  # invalid UTF-8
         b"\x10" + b"\x06\xed\xa0\x80",  # an encoded surrogate
-        b"\x1a" + _s("p"),  # union index past the end
+        b"\x1e" + _s("p"),  # union index past the end
         b"\x10" + _s("p") + SET_POLICY_TAIL + b"\x00",  # a trailing byte
         b"\x10",  # truncated in the payload
         b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\xfe\xff\xff\xff\x0f" + _s("a") + b"\x00\x00\x00",  # huge count

@@ -13,12 +13,14 @@ from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
+    Defragment,
     DrainNode,
     GangMember,
     MarkNodeFailed,
     Release,
     ReleaseGang,
     RemoveNode,
+    RemoveQuota,
     SetPolicy,
     SubmitGang,
     SubmitPod,
@@ -106,6 +108,8 @@ REJECTIONS = [
     ),
     ("NEVER_FITS", SubmitGang("g1", members=(GangMember("m1", 8, 1000),)), None, RejectionCode.NEVER_FITS),
     ("DEPENDENCY_CYCLE", SubmitPod("p9", cpu_milli=1, depends_on=("p9",)), None, RejectionCode.DEPENDENCY_CYCLE),
+    ("UNKNOWN_QUOTA", RemoveQuota("nobody"), None, RejectionCode.UNKNOWN_QUOTA),
+    ("NOT_WAITING", Defragment(5, target="p1"), None, RejectionCode.NOT_WAITING),
 ]
 
 

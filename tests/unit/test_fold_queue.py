@@ -76,7 +76,8 @@ def test_retry_order_is_priority_first_then_fifo() -> None:
     """Freed capacity goes to the highest priority first, and to the earliest arrival within a priority."""
     fold = one_gpu_busy()
     for pod_id, priority in (("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 1)):
-        assert types(fold.run(SubmitPod(pod_id, priority=priority, num_gpu=1, gpu_milli=1000))) == ["PodQueued"]
+        pod = SubmitPod(pod_id, priority=priority, num_gpu=1, gpu_milli=1000, preemption="never")
+        assert types(fold.run(pod)) == ["PodQueued"]
     order = []
     previous = "blocker"
     for _ in range(5):
@@ -92,7 +93,7 @@ def test_added_capacity_places_several_queued_pods_in_order() -> None:
     """An AddNode with room for three places the three first in queue order; the fourth keeps waiting."""
     fold = one_gpu_busy()
     for pod_id, priority in (("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5)):
-        fold.run(SubmitPod(pod_id, priority=priority, num_gpu=1, gpu_milli=1000))
+        fold.run(SubmitPod(pod_id, priority=priority, num_gpu=1, gpu_milli=1000, preemption="never"))
     events = fold.run(AddNode("n2", 64000, 65536, "A100", 3))
     assert types(events) == ["NodeAdded", "PodScheduled", "PodScheduled", "PodScheduled"]
     assert [e.payload.pod.pod_id for e in events[1:]] == ["high1", "high2", "low1"]
@@ -106,7 +107,7 @@ def test_big_queued_pod_does_not_block_smaller_ones() -> None:
         AddNode("n1", 64000, 65536, "A100", 2),
         SubmitPod("a", num_gpu=1, gpu_milli=1000),
         SubmitPod("b", num_gpu=1, gpu_milli=1000),
-        SubmitPod("big", priority=10, num_gpu=2, gpu_milli=1000),
+        SubmitPod("big", priority=10, num_gpu=2, gpu_milli=1000, preemption="never"),
         SubmitPod("small", num_gpu=1, gpu_milli=1000),
         SubmitPod("share", num_gpu=1, gpu_milli=300),
     )

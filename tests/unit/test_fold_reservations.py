@@ -89,7 +89,8 @@ def test_a_stream_of_small_pods_cannot_delay_a_big_gang_past_the_reservation_rul
         fold.run(AddNode(f"n{i}", 64_000, 262_144, "A100", 8), at=0)
     for i in range(20):
         fold.run(SubmitPod(f"s{i}", num_gpu=1, gpu_milli=1000, time_limit_ms=LIMIT), at=0)
-    gang = SubmitGang("train", members=(GangMember("m0", 8, 1000), GangMember("m1", 8, 1000)), priority=10)
+    members = (GangMember("m0", 8, 1000), GangMember("m1", 8, 1000))
+    gang = SubmitGang("train", members=members, priority=10, preemption="never")
     fold.run(gang, at=MINUTE)
     reserved: list[Event] = []
     started = None
@@ -107,7 +108,7 @@ def test_a_stream_of_small_pods_cannot_delay_a_big_gang_past_the_reservation_rul
 def test_a_higher_priority_head_takes_over_the_reservation_once_it_has_waited() -> None:
     fold = busy()
     fold.run(Tick(), at=7 * MINUTE)
-    fold.run(SubmitPod("vip", num_gpu=8, gpu_milli=1000, priority=100), at=7 * MINUTE)
+    fold.run(SubmitPod("vip", num_gpu=8, gpu_milli=1000, priority=100, preemption="never"), at=7 * MINUTE)
     assert fold.cluster.reservation.holder_id == "big"  # vip has not waited yet
     events = fold.run(Tick(), at=13 * MINUTE)
     assert [e.payload.reason for e in of(events, "ReservationReleased")][:1] in (["superseded"], ["started"])

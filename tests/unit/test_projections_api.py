@@ -57,7 +57,7 @@ def engine() -> Iterator[Engine]:
         [
             Command("a1", "c1", T0, AddNode("n1", 8_000, 65_536, "A10", 2)),
             Command("a2", "c1", T0 + 60_000, SubmitPod("p1", "acme", 0, 2, 1000, 1000, 1024)),
-            Command("a3", "c1", T0 + 120_000, SubmitPod("p2", "globex", 5, 1, 500, 1000, 1024)),
+            Command("a3", "c1", T0 + 120_000, SubmitPod("p2", "globex", 5, 1, 500, 1000, 1024, preemption="never")),
             Command("a4", "c1", T0 + 180_000, Release("nope")),
             Command("a5", "c1", T0 + 3_600_000, Release("p1")),
         ]

@@ -1,0 +1,412 @@
+"""Priority preemption: the victims that make room for a pod or gang, fewest and cheapest first.
+
+A pod (or gang) that fits nowhere and allows it (``preemption: lower_priority``) may evict
+running pods of strictly lower priority. Candidate victim sets are ordered, lower first, by
+
+1. the highest priority among the victims,
+2. the number of victims,
+3. the GPU-seconds of work they lose (GPU milli held x time since they started),
+4. the node the preemptor goes to (a gang: its topology domain), then the victims' ids.
+
+A victim that is a gang member takes its whole gang along: every running member is a
+victim, counted and charged. Nothing is evicted unless the preemptor then fits: the
+search evicts on trial (:class:`Trial`) and the fold emits only a plan that places it.
+
+**A pod.** For each schedulable node that could hold it (model, labels and taints,
+capacity), the node's running pods are summed per priority (``Node.by_priority``, kept
+incrementally), so the lowest priority level whose pods, all removed, make room is found
+without visiting pods; nodes that cannot beat the best so far on that level are skipped.
+On the remaining nodes the victim set is the exact minimum under the order above: sets
+of 1, 2, ... victims are enumerated (ids ascending) until the count can no longer beat
+the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per search); past
+it the best set found is kept, or the cheapest greedy set if none was. Cost: O(N · L) for
+N candidate nodes and L priority levels per node, plus the enumeration on nodes of the
+best level (C(k, 1) + C(k, 2) + ... for k candidate victims on a node).
+
+**A gang** (all or nothing): per topology domain it may use (``topology_required``: each
+domain of the key; otherwise the whole cluster), members are placed largest first, each on
+free capacity if it fits there (the cluster's policy), else by the pod search above within
+the domain, on trial; the domain whose victims are least under the order wins. This is
+member by member, not a joint minimum over the gang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from processor.core import gangs, reservations
+from processor.core.policies.base import Choice, Policy
+from processor.core.resources import PodShape
+from processor.core.state import ClusterState, Node, Pod, shape_of
+from schemas.commands import GPU_MILLI
+from schemas.events import GangSpec, PodSpec
+
+SEARCH_BUDGET = 20_000
+"""Victim subsets examined per pod search at most (the exact minimum is found well within it on nodes
+with up to ~16 lower-priority pods); the benchmarks and tests never reach it."""
+
+
+@dataclass(slots=True)
+class Unit:
+    """What one eviction takes: a plain pod, or a whole gang (all its running members)."""
+
+    key: str  # the pod id, or the gang id
+    priority: int
+    pods: tuple[Pod, ...]  # sorted by pod id
+    work: int  # GPU milli x ms of work lost
+
+    @property
+    def count(self) -> int:
+        return len(self.pods)
+
+
+@dataclass(slots=True)
+class PodPlan:
+    """Where a pod goes and whom it evicts; ``cost`` is its place in the order above."""
+
+    node_id: str
+    units: list[Unit]
+    cost: tuple[int, int, int]  # (highest victim priority, victims, work lost)
+
+    @property
+    def victims(self) -> list[Pod]:
+        return sorted((pod for unit in self.units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+
+
+@dataclass(slots=True)
+class GangPlan:
+    placement: gangs.GangPlacement
+    units: list[Unit]
+    cost: tuple[int, int, int]
+
+    @property
+    def victims(self) -> list[Pod]:
+        return sorted((pod for unit in self.units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+
+
+def work_lost(pod: Pod, now: int) -> int:
+    """GPU milli x ms since the pod started (0 for a pod without GPUs)."""
+    return pod.spec.num_gpu * pod.spec.gpu_milli * max(0, now - (pod.started_at if pod.started_at is not None else now))
+
+
+def cost_of(units: Iterable[Unit]) -> tuple[int, int, int]:
+    units = list(units)
+    return (max(unit.priority for unit in units), sum(unit.count for unit in units), sum(unit.work for unit in units))
+
+
+def lower_priority_exists(cluster: ClusterState, priority: int) -> bool:
+    """Whether any pod of lower priority runs in the cluster. O(distinct priorities)."""
+    return any(level < priority for level in cluster.priority_nodes)
+
+
+def unit_of(cluster: ClusterState, pod: Pod, now: int) -> Unit:
+    """The eviction a running pod stands for: itself, or its whole gang."""
+    gang_id = pod.spec.gang_id
+    if gang_id is not None:
+        gang = cluster.gangs.get(gang_id)
+        if gang is not None:
+            members = tuple(
+                cluster.pods[pod_id] for pod_id in sorted(gang.placed) if cluster.pods[pod_id].node_id is not None
+            )
+            return Unit(gang_id, pod.spec.priority, members, sum(work_lost(member, now) for member in members))
+    return Unit(pod.spec.pod_id, pod.spec.priority, (pod,), work_lost(pod, now))
+
+
+# ---------------------------------------------------------------- fit on one node
+
+
+def _static_fit(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
+    """Whether the node could ever hold the shape: schedulable, model, labels/taints, capacity. O(1)."""
+    if not node.schedulable:
+        return False
+    if shape.gpu_models and node.gpu_model not in shape.gpu_models:
+        return False
+    if node.cpu_milli < shape.cpu_milli or node.memory_mib < shape.memory_mib:
+        return False
+    if shape.num_gpu and node.gpu_count < (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1):
+        return False
+    return cluster.index.admits(node.node_class, shape)
+
+
+def _gpu_ok(free: list[int], shape: PodShape) -> bool:
+    if not shape.num_gpu:
+        return True
+    if shape.gpu_milli >= GPU_MILLI:
+        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
+    return max(free) >= shape.gpu_milli
+
+
+def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
+    """The lowest priority L < ``priority`` such that removing every pod of priority <= L makes room,
+    or None. O(L · G) from the per-priority sums."""
+    levels = sorted(level for level in node.by_priority if level < priority)
+    if not levels:
+        return None
+    cpu, memory, gpu = node.cpu_free, node.memory_free, list(node.gpu_free)
+    need_cpu, need_memory = shape.cpu_milli, shape.memory_mib
+    for level in levels:
+        held = node.by_priority[level]
+        cpu += held[0]
+        memory += held[1]
+        for index, milli in enumerate(held[2]):
+            if milli:
+                gpu[index] += milli
+        if cpu >= need_cpu and memory >= need_memory and _gpu_ok(gpu, shape):
+            return level
+    return None
+
+
+def _contribution(node_id: str, unit: Unit) -> tuple[int, int, list[tuple[int, int]]]:
+    cpu = memory = 0
+    gpus: list[tuple[int, int]] = []
+    for pod in unit.pods:
+        if pod.node_id == node_id:
+            cpu += pod.spec.cpu_milli
+            memory += pod.spec.memory_mib
+            gpus.extend((share.index, share.milli) for share in pod.gpus)
+    return cpu, memory, gpus
+
+
+def _best_on_node(
+    cluster: ClusterState,
+    node: Node,
+    shape: PodShape,
+    level: int,
+    now: int,
+    beat: tuple[int, int] | None,
+    budget: list[int],
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """The minimum (victims, work) set of units of priority <= ``level`` on the node that makes room,
+    strictly better than ``beat``; ties on the victims' ids (ascending)."""
+    units: dict[str, Unit] = {}
+    for pod_id in sorted(node.pods):
+        pod = cluster.pods[pod_id]
+        if pod.spec.priority <= level:
+            unit = unit_of(cluster, pod, now)
+            units.setdefault(unit.key, unit)
+    ordered = sorted(units.values(), key=lambda unit: unit.key)
+    contributions = [_contribution(node.node_id, unit) for unit in ordered]
+    need_cpu, need_memory = shape.cpu_milli, shape.memory_mib
+    best: tuple[tuple[int, int], list[Unit]] | None = None
+    limit = beat
+    for size in range(1, len(ordered) + 1):
+        if limit is not None and size > limit[0]:
+            break
+        for chosen in combinations(range(len(ordered)), size):
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+            count = sum(ordered[i].count for i in chosen)
+            if limit is not None and count > limit[0]:
+                continue
+            work = sum(ordered[i].work for i in chosen)
+            if limit is not None and (count, work) >= limit:
+                continue
+            cpu, memory = node.cpu_free, node.memory_free
+            gpu = list(node.gpu_free)
+            for i in chosen:
+                more_cpu, more_memory, more_gpus = contributions[i]
+                cpu += more_cpu
+                memory += more_memory
+                for index, milli in more_gpus:
+                    gpu[index] += milli
+            if cpu < need_cpu or memory < need_memory or not _gpu_ok(gpu, shape):
+                continue
+            if best is None or (count, work) < best[0]:
+                best = ((count, work), [ordered[i] for i in chosen])
+                limit = best[0]
+        if budget[0] <= 0:
+            break
+    if best is None and budget[0] <= 0:
+        return _greedy(node, shape, ordered, contributions, beat)
+    return best
+
+
+def _greedy(
+    node: Node,
+    shape: PodShape,
+    ordered: list[Unit],
+    contributions: list[tuple[int, int, list[tuple[int, int]]]],
+    beat: tuple[int, int] | None,
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """Past the budget: units by the most GPU they free on the node, then fewest victims, until it fits."""
+    order = sorted(
+        range(len(ordered)),
+        key=lambda i: (-sum(m for _, m in contributions[i][2]), -contributions[i][0], ordered[i].count, ordered[i].key),
+    )
+    cpu, memory, gpu = node.cpu_free, node.memory_free, list(node.gpu_free)
+    chosen: list[int] = []
+    for i in order:
+        chosen.append(i)
+        more_cpu, more_memory, more_gpus = contributions[i]
+        cpu += more_cpu
+        memory += more_memory
+        for index, milli in more_gpus:
+            gpu[index] += milli
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and _gpu_ok(gpu, shape):
+            units = sorted((ordered[j] for j in chosen), key=lambda unit: unit.key)
+            value = (sum(unit.count for unit in units), sum(unit.work for unit in units))
+            return None if beat is not None and value >= beat else (value, units)
+    return None
+
+
+def candidate_nodes(cluster: ClusterState, priority: int, near: Iterable[str] | None) -> list[str]:
+    """Nodes running a pod of lower priority (among ``near`` if given), sorted by id."""
+    found: set[str] = set()
+    for level, nodes in cluster.priority_nodes.items():
+        if level < priority:
+            found.update(nodes)
+    if near is not None:
+        found.intersection_update(near)
+    return sorted(found)
+
+
+def plan_pod(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str] | None = None
+) -> PodPlan | None:
+    """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None."""
+    nodes = cluster.nodes
+    levels: list[tuple[int, str]] = []
+    for node_id in candidate_nodes(cluster, priority, near):
+        node = nodes.get(node_id)
+        if node is None or not _static_fit(cluster, node, shape):
+            continue
+        level = minimal_level(node, shape, priority)
+        if level is not None:
+            levels.append((level, node_id))
+    if not levels:
+        return None
+    best_level = min(level for level, _ in levels)
+    budget = [SEARCH_BUDGET]
+    best: PodPlan | None = None
+    for level, node_id in levels:  # in node id order: a later node must be strictly better
+        if level != best_level:
+            continue
+        beat = None if best is None else (best.cost[1], best.cost[2])
+        found = _best_on_node(cluster, nodes[node_id], shape, level, now, beat, budget)
+        if found is not None:
+            (count, work), units = found
+            best = PodPlan(node_id, units, (best_level, count, work))
+            if count == 1 and work == 0:
+                break  # nothing can beat one victim that loses nothing on the first such node
+    return best
+
+
+def could_preempt_on(node: Node, shape: PodShape, priority: int, cluster: ClusterState) -> bool:
+    """Whether removing the node's pods below ``priority`` would make room for the shape. O(L · G)."""
+    return _static_fit(cluster, node, shape) and minimal_level(node, shape, priority) is not None
+
+
+# ---------------------------------------------------------------- trials
+
+
+@dataclass(slots=True)
+class Trial:
+    """Evictions and allocations applied to nodes, the index and usage for a look ahead, then undone."""
+
+    cluster: ClusterState
+    evicted: list[Pod] = field(default_factory=list)
+    allocated: list[tuple[PodSpec, Choice]] = field(default_factory=list)
+
+    def evict(self, pod: Pod) -> None:
+        node = self.cluster.nodes[pod.node_id]  # type: ignore[index]
+        node.free(pod.spec, pod.gpus)
+        self.cluster.reindex(node)
+        self.cluster.charge(pod, node, -1)
+        self.evicted.append(pod)
+
+    def allocate(self, spec: PodSpec, choice: Choice) -> None:
+        node = self.cluster.nodes[choice.node_id]
+        node.allocate(spec, choice.gpus)
+        self.cluster.reindex(node)
+        self.allocated.append((spec, choice))
+
+    def rollback(self) -> None:
+        cluster = self.cluster
+        for spec, choice in reversed(self.allocated):
+            node = cluster.nodes[choice.node_id]
+            node.free(spec, choice.gpus)
+            cluster.reindex(node)
+        for pod in reversed(self.evicted):
+            node = cluster.nodes[pod.node_id]  # type: ignore[index]
+            node.allocate(pod.spec, pod.gpus)
+            cluster.reindex(node)
+            cluster.charge(pod, node, +1)
+        self.allocated.clear()
+        self.evicted.clear()
+
+
+def domains_of(cluster: ClusterState, spec: GangSpec) -> list[tuple[str | None, str | None, list[str] | None]]:
+    """Where a gang may go: each domain of its required key (key, value, node ids), else the whole cluster."""
+    key = spec.topology_required
+    if key is None:
+        return [(None, None, None)]
+    return [(key, value, cluster.index.domain_nodes(key, value)) for value in sorted(cluster.index.domains(key))]
+
+
+def plan_gang(
+    cluster: ClusterState, spec: GangSpec, policy: Policy, now: int, admit: Callable[[gangs.GangPlacement], bool]
+) -> GangPlan | None:
+    """The best domain and victims for a gang, member by member (see the module docstring), or None.
+
+    ``admit`` (the quota check) sees each candidate placement with its victims evicted on trial."""
+    best: GangPlan | None = None
+    best_key: tuple[int, int, int, str] | None = None
+    for key, value, node_ids in domains_of(cluster, spec):
+        plan = _gang_in(cluster, spec, policy, now, key, value, node_ids, admit)
+        if plan is None or not plan.units:
+            continue
+        rank = (*plan.cost, value or "")
+        if best_key is None or rank < best_key:
+            best, best_key = plan, rank
+    return best
+
+
+def _gang_in(
+    cluster: ClusterState,
+    spec: GangSpec,
+    policy: Policy,
+    now: int,
+    key: str | None,
+    value: str | None,
+    node_ids: list[str] | None,
+    admit: Callable[[gangs.GangPlacement], bool],
+) -> GangPlan | None:
+    trial = Trial(cluster)
+    placed: list[tuple[PodSpec, Choice]] = []
+    units: dict[str, Unit] = {}
+    members = gangs.ordered_members(spec)
+    try:
+        for position, member in enumerate(members):
+            shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
+            groups = cluster.index.feasible_in(shape, key, value)
+            if groups:
+                choice = policy.place(cluster, shape, groups)
+            else:
+                plan = plan_pod(cluster, shape, spec.priority, now, node_ids)
+                if plan is None:
+                    if len(placed) + len(members) - position - 1 < spec.min_members:
+                        return None
+                    continue
+                for unit in plan.units:
+                    if unit.key not in units:
+                        units[unit.key] = unit
+                        for pod in unit.pods:
+                            trial.evict(pod)
+                node = cluster.nodes[plan.node_id]
+                choice = Choice(plan.node_id, policy.choose_gpus(node, shape), {})
+            trial.allocate(member, choice)
+            placed.append((member, choice))
+        if len(placed) < spec.min_members or not units:
+            return None
+        where = f"{key}={value}" if key is not None else f"cluster {cluster.name!r}"
+        message = f"placed {len(placed)} of {len(members)} member(s) on {where} by preempting lower-priority pods"
+        ordered = sorted(units.values(), key=lambda unit: unit.key)
+        placement = gangs.GangPlacement(placed, key, value, message)
+        if not admit(placement):
+            return None
+        return GangPlan(placement, ordered, cost_of(ordered))
+    finally:
+        trial.rollback()

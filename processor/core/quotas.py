@@ -1,0 +1,367 @@
+"""Quotas, cohorts and fair share: what a tenant may run, what it may borrow, whose turn it is.
+
+A tenant's quota (``SetQuota``; tenants without one have the cluster's default from
+``SetPolicy``, and with no default they are not limited, as before quotas existed)
+limits the resources its *running* pods hold, per **key**:
+
+- ``gpu:<model>`` for each GPU model the quota names, and ``gpu:*`` for the GPUs of
+  every model it does not name (0 unless ``"*"`` is given); an empty ``nominal_gpus``
+  leaves GPUs unlimited. A GPU share counts as its milli fraction of a GPU.
+- ``cpu`` and ``memory``; ``None`` leaves them unlimited.
+
+Without a cohort a tenant may hold up to its nominal quota. Tenants of one cohort pool
+what they lend (their nominal, or ``lending_limit_gpus`` if smaller; the rest is
+guaranteed to them) and may borrow from the pool up to ``borrowing_limit_gpus`` beyond
+their nominal: on every key, the cohort's use of the pool never exceeds the pool
+(Kueue's model). Quotas are pooled by key name: what one tenant lends on ``gpu:A100``
+only tenants whose quota names A100 can borrow.
+
+Admission checks quota before placement. A pod that would go over waits with
+``QUOTA_EXCEEDED`` (the usage and the limit in words). A tenant that asks for capacity
+inside its nominal quota that others borrowed *reclaims* it: borrowers' pods are
+preempted (lowest priority, youngest first) until the request fits, and no more.
+Lowering a quota below what a tenant already runs evicts nothing: its new work waits.
+
+Fair share: when capacity frees, pods of equal priority are retried in order of their
+tenant's weighted dominant share (DRF over GPU, CPU and memory, divided by the weight).
+
+Everything is O(models + cohort members) per check and only runs when a quota exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processor.core.resources import PodShape
+from processor.core.state import ClusterState, Pod
+from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
+from schemas.events import PodSpec
+
+GPU = "gpu:"
+CPU = "cpu"
+MEMORY = "memory"
+
+Demand = dict[str, int]  # key -> amount (GPU milli, CPU milli, MiB)
+
+
+def quota_of(cluster: ClusterState, tenant: str) -> Quota | None:
+    quota = cluster.quotas.get(tenant)
+    return quota if quota is not None else cluster.default_quota
+
+
+def gpu_key(quota: Quota, model: str) -> str | None:
+    """The key a GPU of this model is counted under for the quota (None: GPUs are not limited)."""
+    if not quota.nominal_gpus:
+        return None
+    return GPU + (model if model in quota.nominal_gpus else ANY_MODEL)
+
+
+def nominal(quota: Quota, key: str) -> int | None:
+    """The nominal amount of a key (GPU milli, CPU milli, MiB); None: not limited."""
+    if key == CPU:
+        return quota.nominal_cpu_milli
+    if key == MEMORY:
+        return quota.nominal_memory_mib
+    if not quota.nominal_gpus:
+        return None
+    return quota.nominal_gpus.get(key[len(GPU) :], 0) * GPU_MILLI
+
+
+def lendable(quota: Quota, key: str) -> int:
+    amount = nominal(quota, key) or 0
+    if key.startswith(GPU) and quota.lending_limit_gpus is not None:
+        return min(amount, quota.lending_limit_gpus * GPU_MILLI)
+    return amount
+
+
+def borrowing_limit(quota: Quota, key: str) -> int | None:
+    if key.startswith(GPU) and quota.borrowing_limit_gpus is not None:
+        return quota.borrowing_limit_gpus * GPU_MILLI
+    return None
+
+
+def used(cluster: ClusterState, tenant: str, quota: Quota, key: str) -> int:
+    """What the tenant's running pods hold on a key. O(models)."""
+    usage = cluster.usage.get(tenant)
+    if usage is None:
+        return 0
+    if key == CPU:
+        return usage.cpu
+    if key == MEMORY:
+        return usage.memory
+    model = key[len(GPU) :]
+    if model != ANY_MODEL:
+        return usage.gpu.get(model, 0)
+    return sum(milli for name, milli in usage.gpu.items() if name not in quota.nominal_gpus)
+
+
+def demand(quota: Quota, spec: PodSpec, model: str) -> Demand:
+    """What a pod placed on a node of ``model`` adds to its tenant's limited keys."""
+    out: Demand = {}
+    milli = spec.num_gpu * spec.gpu_milli
+    if milli:
+        key = gpu_key(quota, model)
+        if key is not None:
+            out[key] = milli
+    if spec.cpu_milli and quota.nominal_cpu_milli is not None:
+        out[CPU] = spec.cpu_milli
+    if spec.memory_mib and quota.nominal_memory_mib is not None:
+        out[MEMORY] = spec.memory_mib
+    return out
+
+
+def add(total: Demand, more: Demand) -> None:
+    for key, amount in more.items():
+        total[key] = total.get(key, 0) + amount
+
+
+def pool(cluster: ClusterState, cohort: str, key: str) -> tuple[int, int]:
+    """(what the cohort's members lend on the key, how much of it is in use). O(members)."""
+    size = in_use = 0
+    for member in cluster.cohorts.get(cohort, ()):
+        quota = cluster.quotas[member]
+        amount = nominal(quota, key)
+        if amount is None:
+            continue
+        lent = lendable(quota, key)
+        size += lent
+        in_use += max(0, used(cluster, member, quota, key) - (amount - lent))
+    return size, in_use
+
+
+@dataclass(slots=True)
+class Shortfall:
+    """Why a demand does not fit a tenant's quota on one key; ``reclaimable``: it is within the nominal
+    quota, and only others' borrowing stands in the way."""
+
+    tenant: str
+    key: str
+    used: int
+    need: int
+    room: int
+    reclaimable: bool
+    message: str
+
+
+def _amount(key: str, value: int) -> str:
+    if key == CPU:
+        return f"{value / 1000:g} cores"
+    if key == MEMORY:
+        return f"{value / 1024:g} GiB"
+    model = key[len(GPU) :]
+    what = "GPU(s) of models its quota does not name" if model == ANY_MODEL else f"{model} GPU(s)"
+    return f"{value / GPU_MILLI:g} {what}"
+
+
+def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> Shortfall | None:
+    """The first key (in key order) on which adding ``wanted`` would break the tenant's quota, or None."""
+    for key in sorted(wanted):
+        need = wanted[key]
+        amount = nominal(quota, key)
+        if amount is None or need <= 0:
+            continue
+        now = used(cluster, tenant, quota, key)
+        cohort = quota.cohort
+        if cohort is None:
+            if now + need > amount:
+                message = (
+                    f"tenant {tenant!r} runs {_amount(key, now)} of its quota of {_amount(key, amount)}; "
+                    f"this needs {_amount(key, need)} more"
+                )
+                return Shortfall(tenant, key, now, need, max(0, amount - now), False, message)
+            continue
+        limit = borrowing_limit(quota, key)
+        if limit is not None and now + need > amount + limit:
+            message = (
+                f"tenant {tenant!r} runs {_amount(key, now)}: its nominal {_amount(key, amount)} plus the "
+                f"{_amount(key, limit)} it may borrow in cohort {cohort!r} leave room for "
+                f"{_amount(key, max(0, amount + limit - now))}; this needs {_amount(key, need)}"
+            )
+            return Shortfall(tenant, key, now, need, max(0, amount + limit - now), False, message)
+        size, in_use = pool(cluster, cohort, key)
+        guaranteed = amount - lendable(quota, key)
+        after = in_use - max(0, now - guaranteed) + max(0, now + need - guaranteed)
+        if after > size:
+            within = now + need <= amount
+            room = max(0, size - in_use + max(0, now - guaranteed) + guaranteed - now)
+            if limit is not None:
+                room = min(room, max(0, amount + limit - now))
+            message = (
+                f"tenant {tenant!r} runs {_amount(key, now)} (nominal {_amount(key, amount)}); cohort {cohort!r} "
+                f"lends {_amount(key, size)} in all and {_amount(key, max(0, size - in_use))} of it is free; "
+                f"this needs {_amount(key, need)}"
+            )
+            if within:
+                message += ": it is within the tenant's nominal quota, so borrowers give it back (reclaim)"
+            return Shortfall(tenant, key, now, need, room, within, message)
+    return None
+
+
+def limited_keys(quota: Quota) -> list[str]:
+    """Every key the quota limits, sorted."""
+    keys = []
+    if quota.nominal_gpus:
+        keys = [GPU + model for model in quota.nominal_gpus]
+        if ANY_MODEL not in quota.nominal_gpus:
+            keys.append(GPU + ANY_MODEL)
+    if quota.nominal_cpu_milli is not None:
+        keys.append(CPU)
+    if quota.nominal_memory_mib is not None:
+        keys.append(MEMORY)
+    return sorted(keys)
+
+
+def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:
+    """The keys on which the tenant runs more than the quota lets it start: its nominal (no cohort) or its
+    nominal plus its borrowing limit (a cohort with a limit). Lowering a quota can do that; nothing is evicted."""
+    over = []
+    for key in limited_keys(quota):
+        amount = nominal(quota, key) or 0
+        limit = borrowing_limit(quota, key)
+        if quota.cohort is not None and limit is None:
+            continue
+        if used(cluster, tenant, quota, key) > amount + (limit or 0):
+            over.append(key)
+    return over
+
+
+def models_for(cluster: ClusterState, shape: PodShape) -> list[str]:
+    """The GPU models a pod may run on, among those present (sorted)."""
+    if shape.gpu_models:
+        return [model for model in shape.gpu_models if cluster.model_nodes.get(model)]
+    return sorted(model for model, count in cluster.model_nodes.items() if count)
+
+
+@dataclass(slots=True)
+class Admission:
+    """What quota lets a pod do: the shape restricted to the models it may use now (None: none), and the
+    shortfalls of the models it may not (one per key, for the queue reason and for reclaim)."""
+
+    shape: PodShape | None
+    shortfalls: list[tuple[str, Shortfall]]  # (model, shortfall)
+
+
+def admit(cluster: ClusterState, spec: PodSpec, shape: PodShape) -> Admission:
+    """Quota admission of one pod: O(models · (keys + members)). A tenant without a quota: admitted as is."""
+    quota = quota_of(cluster, spec.tenant)
+    if quota is None:
+        return Admission(shape, [])
+    if not spec.num_gpu or not quota.nominal_gpus:
+        shortfall = check(cluster, spec.tenant, quota, demand(quota, spec, ""))
+        return Admission(shape if shortfall is None else None, [] if shortfall is None else [("", shortfall)])
+    allowed: list[str] = []
+    shortfalls: list[tuple[str, Shortfall]] = []
+    by_key: dict[str | None, Shortfall | None] = {}
+    models = models_for(cluster, shape)
+    for model in models:
+        key = gpu_key(quota, model)
+        if key not in by_key:
+            by_key[key] = check(cluster, spec.tenant, quota, demand(quota, spec, model))
+        shortfall = by_key[key]
+        if shortfall is None:
+            allowed.append(model)
+        else:
+            shortfalls.append((model, shortfall))
+    if not allowed:
+        return Admission(None, shortfalls)
+    if len(allowed) == len(models):
+        return Admission(shape, [])
+    return Admission(shape._replace(gpu_models=tuple(allowed)), shortfalls)
+
+
+def shortfall_words(shortfalls: list[tuple[str, Shortfall]]) -> str:
+    """One sentence per distinct shortfall (models sharing a key are one)."""
+    seen: dict[str, list[str]] = {}
+    messages: dict[str, str] = {}
+    for model, shortfall in shortfalls:
+        seen.setdefault(shortfall.message, []).append(model)
+        messages[shortfall.message] = shortfall.message
+    return "; ".join(messages[message] for message in seen)
+
+
+def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: list[str]) -> list[Pod]:
+    """Running pods of the lender's cohort peers that borrow on one of ``keys``: lowest priority, then
+    youngest (latest start) first, then id. O(P) over the peers' running pods."""
+    cohort = quota.cohort
+    if cohort is None:
+        return []
+    borrowers = []
+    for member in cluster.cohorts.get(cohort, ()):
+        if member == tenant:
+            continue
+        peer = cluster.quotas[member]
+        for key in keys:
+            amount = nominal(peer, key)
+            if amount is not None and used(cluster, member, peer, key) > amount:
+                borrowers.append(member)
+                break
+    if not borrowers:
+        return []
+    wanted = set(borrowers)
+    candidates = []
+    for pod in cluster.pods.values():
+        if pod.node_id is None or pod.spec.tenant not in wanted:
+            continue
+        node = cluster.nodes[pod.node_id]
+        if pod.spec.pod_id not in node.pods:  # evicted on trial
+            continue
+        peer = cluster.quotas[pod.spec.tenant]
+        model = node.gpu_model
+        if any(key in demand(peer, pod.spec, model) for key in keys):
+            candidates.append(pod)
+    candidates.sort(key=lambda pod: (pod.spec.priority, -(pod.started_at or 0), pod.spec.pod_id))
+    return candidates
+
+
+def still_borrowing(cluster: ClusterState, pod: Pod, keys: list[str]) -> bool:
+    """Whether the pod's tenant still holds more than its nominal on a key the pod uses."""
+    quota = cluster.quotas.get(pod.spec.tenant)
+    if quota is None or pod.node_id is None:
+        return False
+    model = cluster.nodes[pod.node_id].gpu_model
+    for key in demand(quota, pod.spec, model):
+        if key in keys:
+            amount = nominal(quota, key)
+            if amount is not None and used(cluster, pod.spec.tenant, quota, key) > amount:
+                return True
+    return False
+
+
+def dominant_share(cluster: ClusterState, tenant: str) -> float:
+    """The tenant's weighted dominant share: max over GPU, CPU, memory of its use over the cluster's, / weight."""
+    usage = cluster.usage.get(tenant)
+    if usage is None:
+        return 0.0
+    share = 0.0
+    if cluster.gpu_milli_capacity > 0:
+        share = usage.gpu_total / cluster.gpu_milli_capacity
+    if cluster.cpu_capacity > 0:
+        share = max(share, usage.cpu / cluster.cpu_capacity)
+    if cluster.memory_capacity > 0:
+        share = max(share, usage.memory / cluster.memory_capacity)
+    quota = quota_of(cluster, tenant)
+    return share / (quota.weight if quota is not None else 1)
+
+
+def describe(quota: Quota | None) -> str:
+    """A quota in words, for QuotaChanged."""
+    if quota is None:
+        return "no quota: not limited"
+    parts = []
+    if quota.nominal_gpus:
+        gpus = ", ".join(
+            f"{count} {'other' if model == ANY_MODEL else model}" for model, count in quota.nominal_gpus.items()
+        )
+        parts.append(f"GPUs: {gpus}")
+    else:
+        parts.append("GPUs not limited")
+    if quota.nominal_cpu_milli is not None:
+        parts.append(f"{quota.nominal_cpu_milli / 1000:g} cores")
+    if quota.nominal_memory_mib is not None:
+        parts.append(f"{quota.nominal_memory_mib / 1024:g} GiB")
+    if quota.cohort is not None:
+        borrow = "no limit" if quota.borrowing_limit_gpus is None else f"up to {quota.borrowing_limit_gpus} GPU(s)"
+        lend = "all of it" if quota.lending_limit_gpus is None else f"up to {quota.lending_limit_gpus} GPU(s)"
+        parts.append(f"cohort {quota.cohort!r} (borrows {borrow}, lends {lend})")
+    parts.append(f"weight {quota.weight}")
+    return "; ".join(parts)
