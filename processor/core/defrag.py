@@ -160,17 +160,18 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
     fragmenter = Fragmenter(cluster.typical) if cluster.typical else None
     trial = Trial(cluster)
     before: dict[str, tuple[int, bool]] = {}
+    receivers: set[tuple[str, int]] = set()  # GPUs that took shares in this plan: never emptied again
     try:
-        for count, _, node_id, index in sources:
-            if count > budget - len(trial.moves):
+        for _, _, node_id, index in sources:
+            if (node_id, index) in receivers:
+                continue
+            pods = sorted(by_gpu[(node_id, index)], key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
+            if len(pods) > budget - len(trial.moves):
                 continue
             node = cluster.nodes[node_id]
             free_list = partial[node.gpu_model]
             entry = (node.gpu_free[index], node_id, index)
-            if entry not in free_list:  # filled or emptied by an earlier move of this plan
-                continue
-            pods = sorted(by_gpu[(node_id, index)], key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
-            if any(trial.where(pod) != (pod.node_id, pod.gpus) for pod in pods):
+            if entry not in free_list:
                 continue
             mark = len(trial.moves)
             touched = {node_id}
@@ -196,7 +197,7 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
                 changed.append((spot, (left, to_node, to_index) if left > 0 else None))
                 if left > 0:
                     free_list.add((left, to_node, to_index))
-                why = f"consolidating GPU {index} of {node_id}"
+                why = f"consolidating GPU {index} of {node_id} to free it whole"
                 trial.move(pod, to_node, (GpuShare(to_index, pod.spec.gpu_milli),), why)
             better = ok and (fragmenter is None or _fragment(cluster, fragmenter, touched) < fragment_before)
             if not better:
@@ -206,6 +207,11 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
                         free_list.remove(left_entry)
                     free_list.add(spot)
                 free_list.add(entry)
+                continue
+            for pod, (spot, _) in zip(pods, changed, strict=True):
+                by_gpu.setdefault((spot[1], spot[2]), []).append(pod)
+                receivers.add((spot[1], spot[2]))
+            by_gpu[(node_id, index)] = []
         plan = Plan(list(trial.moves))
         plan.gpus_freed, plan.nodes_freed = _outcome(cluster, plan.moves, before)
         if not plan.moves:
@@ -293,11 +299,8 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
             continue
         if _fits(node, shape):
             return node_id
-        movable = [
-            cluster.pods[pod_id]
-            for pod_id in sorted(node.pods)
-            if cluster.pods[pod_id].spec.movable and cluster.pods[pod_id].spec.gang_id is None
-        ]
+        present = (cluster.pods.get(pod_id) for pod_id in sorted(node.pods))  # a trial member is no pod yet
+        movable = [pod for pod in present if pod is not None and pod.spec.movable and pod.spec.gang_id is None]
         if not movable:
             continue
         limit = min(budget, len(movable), best[0] - 1 if best is not None else budget)

@@ -1,0 +1,138 @@
+"""Defragment: atomic migrations of movable pods that free whole GPUs or make room for a waiting job."""
+
+from __future__ import annotations
+
+from processor.core.fold import apply
+from processor.core.snapshot import state_hash
+from processor.core.state import PartitionState
+from schemas.codes import RejectionCode
+from schemas.commands import AddNode, Defragment, GangMember, SetPolicy, SubmitGang, SubmitPod
+from tests.strategies import Fold, types
+
+
+def share(pod_id: str, milli: int, movable: bool = True, **fields: object) -> SubmitPod:
+    return SubmitPod(pod_id, num_gpu=1, gpu_milli=milli, cpu_milli=1000, memory_mib=1024, movable=movable, **fields)  # type: ignore[arg-type]
+
+
+def spread_shares(whole_pod: bool = True) -> Fold:
+    """Three 2-GPU nodes, one 300-milli movable share on GPU 0 of each (policy spread); with ``whole_pod``, a
+    waiting 2-GPU pod ``w``, so the learned typical pods include one that needs a whole node."""
+    fold = Fold()
+    fold.run(SetPolicy("spread", reserve_after_ms=-1))
+    for i in range(3):
+        fold.run(AddNode(f"n{i}", 64_000, 65_536, "A100", 2))
+    for i in range(3):
+        fold.run(share(f"s{i}", 300))
+    if whole_pod:
+        fold.run(SubmitPod("w", num_gpu=2, gpu_milli=1000, cpu_milli=1000, preemption="never"))
+    fold.run(SetPolicy("best-fit"))
+    return fold
+
+
+def whole_free(fold: Fold) -> int:
+    return sum(sum(1 for milli in node.gpu_free if milli == 1000) for node in fold.cluster.nodes.values())
+
+
+def test_defragment_consolidates_shares_to_free_whole_gpus() -> None:
+    """Shares on three nodes move onto one GPU: two GPUs and two nodes are freed, the waiting pod starts."""
+    fold = spread_shares()
+    assert whole_free(fold) == 3
+    events = fold.run(Defragment(10))
+    planned = events[0].payload
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodMigrated", "PodScheduled"]
+    assert (planned.moves, planned.gpus_freed, planned.nodes_freed) == (2, 2, 2)
+    assert "freeing 2 whole GPU(s) and 2 node(s)" in planned.message
+    for event in events[1:3]:
+        pod = fold.cluster.pods[event.payload.pod_id]
+        assert (pod.node_id, pod.gpus) == (event.payload.to_node, tuple(event.payload.to_gpus))
+        assert event.payload.to_node == "n1" and "to free it whole" in event.payload.message
+    assert events[3].payload.pod.pod_id == "w"
+
+
+def test_consolidation_that_would_not_lower_fragmentation_moves_nothing() -> None:
+    """With only small shares in the workload no GPU is a fragment: moving them would gain nothing."""
+    fold = spread_shares(whole_pod=False)
+    (event,) = fold.run(Defragment(10))
+    assert event.payload.moves == 0 and "less fragmentation" in event.payload.message
+
+
+def test_the_budget_bounds_the_moves() -> None:
+    fold = spread_shares()
+    events = fold.run(Defragment(1))
+    assert events[0].payload.moves <= 1
+
+
+def test_a_budget_of_zero_moves_nothing_and_says_so() -> None:
+    fold = spread_shares()
+    (event,) = fold.run(Defragment(0))
+    assert (event.type_name, event.payload.moves) == ("DefragmentationPlanned", 0)
+    assert "budget of 0" in event.payload.message
+
+
+def test_pods_that_are_not_movable_never_move() -> None:
+    fold = Fold()
+    fold.run(SetPolicy("spread"))
+    fold.run_all(AddNode("n0", 64_000, 65_536, "A100", 2), AddNode("n1", 64_000, 65_536, "A100", 2))
+    for i in range(2):
+        fold.run(share(f"s{i}", 300, movable=False))
+    (event,) = fold.run(Defragment(10))
+    assert event.payload.moves == 0 and "no running pod is movable" in event.payload.message
+
+
+def test_a_negative_budget_is_rejected() -> None:
+    (event,) = spread_shares().run(Defragment(-1))
+    assert event.payload.code == RejectionCode.INVALID_RESOURCES
+
+
+def test_a_target_that_is_not_waiting_is_rejected() -> None:
+    fold = spread_shares()
+    (event,) = fold.run(Defragment(5, target="s0"))
+    assert event.payload.code == RejectionCode.NOT_WAITING
+    (event,) = fold.run(Defragment(5, target="nobody"))
+    assert event.payload.code == RejectionCode.UNKNOWN_POD
+
+
+def test_defragment_makes_room_for_a_target_pod_with_the_fewest_moves() -> None:
+    """A 2-GPU pod waits: one share moves off n0 (fewest moves, then node id) and it starts there at once."""
+    fold = spread_shares(whole_pod=False)
+    (queued,) = fold.run(SubmitPod("big", num_gpu=2, gpu_milli=1000, cpu_milli=1000, preemption="never"))
+    assert queued.type_name == "PodQueued"
+    events = fold.run(Defragment(5, target="big"))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
+    assert events[0].payload.target == "big" and "to make room for 'big'" in events[0].payload.message
+    assert (events[1].payload.pod_id, events[1].payload.from_node) == ("s0", "n0")
+    assert events[2].payload.node_id == "n0" and fold.cluster.pods["big"].running
+
+
+def test_defragment_makes_room_for_a_target_gang() -> None:
+    """Each member of a waiting gang gets a node emptied for it; then the gang starts in one outcome."""
+    fold = spread_shares(whole_pod=False)
+    members = tuple(GangMember(f"g-{i}", 2, 1000, 1000) for i in range(2))
+    (queued,) = fold.run(SubmitGang("g", members=members, preemption="never"))
+    assert queued.type_name == "GangQueued"
+    events = fold.run(Defragment(5, target="g"))
+    assert types(events)[:3] == ["DefragmentationPlanned", "PodMigrated", "PodMigrated"]
+    assert "GangScheduled" in types(events) and fold.cluster.gangs["g"].state == "running"
+
+
+def test_a_target_that_cannot_get_room_within_the_budget_moves_nothing() -> None:
+    fold = spread_shares(whole_pod=False)
+    members = tuple(GangMember(f"g-{i}", 2, 1000, 1000) for i in range(2))
+    fold.run(SubmitGang("g", members=members, preemption="never"))
+    (event,) = fold.run(Defragment(1, target="g"))
+    assert event.payload.moves == 0 and "no room for gang 'g'" in event.payload.message
+
+
+def test_migrations_replay_from_their_events() -> None:
+    """Applying the events alone gives the same state: a pod is on exactly one node after each move."""
+    fold = Fold()
+    events = fold.run(SetPolicy("spread", reserve_after_ms=-1))
+    events += fold.run_all(*(AddNode(f"n{i}", 64_000, 65_536, "A100", 2) for i in range(3)))
+    events += fold.run_all(*(share(f"s{i}", 300) for i in range(3)))
+    events += fold.run(SubmitPod("w", num_gpu=2, gpu_milli=1000, cpu_milli=1000, preemption="never"))
+    events += fold.run_all(SetPolicy("best-fit"), Defragment(10))
+    assert "PodMigrated" in types(events)
+    state = PartitionState()
+    for event in events:
+        apply(state, event)
+    assert state_hash(state) == state_hash(fold.state)
