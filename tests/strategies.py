@@ -21,13 +21,17 @@ from schemas.commands import (
     Command,
     CommandPayload,
     CordonNode,
+    Defragment,
     DrainNode,
     GangMember,
     MarkNodeFailed,
+    Quota,
     Release,
     ReleaseGang,
     RemoveNode,
+    RemoveQuota,
     SetPolicy,
+    SetQuota,
     SubmitGang,
     SubmitPod,
     Taint,
@@ -402,5 +406,157 @@ def contended_streams(draw: st.DrawFn, min_size: int = 10, max_size: int = 60) -
     clock = 0
     for i, payload in enumerate(bodies):
         clock += draw(st.sampled_from((0, 1_000, 5_000, 20_000, 90_000)))
+        commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
+    return commands
+
+
+# ---------------------------------------------------------------- sharing: tenants, quotas, priorities, moves
+
+TENANTS = ("t1", "t2", "t3")
+
+
+@st.composite
+def set_quotas(draw: st.DrawFn) -> SetQuota:
+    nominal = draw(
+        st.sampled_from(({}, {"A100": 4}, {"A100": 8}, {"A100": 2, "*": 2}, {"*": 6}, {"A100": 0, "V100": 2}))
+    )
+    cohort = draw(st.sampled_from((None, "lab", "lab")))
+    return SetQuota(
+        draw(st.sampled_from(TENANTS)),
+        cohort=cohort,
+        nominal_gpus=dict(nominal),
+        nominal_cpu_milli=draw(st.sampled_from((None, None, 8000, 40_000))),
+        borrowing_limit_gpus=draw(st.sampled_from((None, 0, 2))) if cohort else None,
+        lending_limit_gpus=draw(st.sampled_from((None, 1))) if cohort else None,
+        weight=draw(st.sampled_from((1, 1, 2, 3))),
+    )
+
+
+@st.composite
+def shared_pods(draw: st.DrawFn, ids: tuple[str, ...] = POD_IDS) -> SubmitPod:
+    kind = draw(st.sampled_from(("share", "whole", "whole", "cpu")))
+    if kind == "cpu":
+        num_gpu, milli = 0, 0
+    elif kind == "share":
+        num_gpu, milli = 1, draw(st.sampled_from((250, 500, 700)))
+    else:
+        num_gpu, milli = draw(st.sampled_from((1, 2, 4))), 1000
+    return SubmitPod(
+        draw(st.sampled_from(ids)),
+        tenant=draw(st.sampled_from(TENANTS)),
+        priority=draw(st.sampled_from((0, 0, 1, 3, 10))),
+        num_gpu=num_gpu,
+        gpu_milli=milli,
+        cpu_milli=draw(st.sampled_from((500, 2000, 8000))),
+        memory_mib=draw(st.sampled_from((1024, 8192))),
+        gpu_models=draw(st.sampled_from(((), (), ("A100",), ("V100",)))),
+        time_limit_ms=draw(st.sampled_from((None, None, 20_000, 200_000))),
+        preemption=draw(st.sampled_from(("lower_priority", "lower_priority", "lower_priority", "never"))),
+        movable=draw(st.booleans()),
+    )
+
+
+@st.composite
+def shared_gangs(draw: st.DrawFn) -> SubmitGang:
+    gang_id = draw(st.sampled_from(GANG_IDS[:2]))
+    members = tuple(
+        GangMember(f"{gang_id}-{i}", *draw(st.sampled_from(((2, 1000), (1, 1000), (1, 500)))), cpu_milli=1000)
+        for i in range(draw(st.integers(1, 2)))
+    )
+    return SubmitGang(
+        gang_id,
+        tenant=draw(st.sampled_from(TENANTS)),
+        priority=draw(st.sampled_from((0, 1, 3, 10))),
+        members=members,
+        topology_required=draw(st.sampled_from((None, None, "topology/rack"))),
+        preemption=draw(st.sampled_from(("lower_priority", "never"))),
+    )
+
+
+sharing_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    shared_pods(),
+    shared_pods(),
+    shared_pods(),
+    shared_pods(),
+    shared_gangs(),
+    set_quotas(),
+    st.builds(RemoveQuota, st.sampled_from(TENANTS)),
+    st.builds(Release, st.sampled_from((*POD_IDS, "g0-0", "g1-1"))),
+    st.builds(Release, st.sampled_from(POD_IDS)),
+    st.builds(ReleaseGang, st.sampled_from(GANG_IDS[:2])),
+    st.builds(MarkNodeFailed, node_ids),
+    st.builds(DrainNode, node_ids),
+    st.builds(UncordonNode, node_ids),
+    st.just(Tick()),
+    st.builds(Defragment, st.sampled_from((0, 2, 8)), st.sampled_from((None, None, *POD_IDS[:3], "g0"))),
+    st.builds(
+        SetPolicy,
+        st.just(""),
+        st.just(None),
+        st.just(""),
+        st.sampled_from((Quota(nominal_gpus={"*": 4}), Quota(weight=2), Quota())),
+    ),
+)
+
+
+@st.composite
+def sharing_streams(draw: st.DrawFn, min_size: int = 10, max_size: int = 50) -> list[Command]:
+    """Racked A100 and V100 nodes, then tenants with quotas (cohorts, borrowing and lending limits, weights, a
+    default), pods and gangs of several priorities that may preempt or not and may move, releases, failures,
+    drains, ticks and Defragment; time moves by seconds to minutes."""
+    bodies: list[CommandPayload] = [
+        SetPolicy(draw(st.sampled_from(("best-fit", "first-fit", "fgd-plus"))), draw(st.sampled_from((-1, 60_000))))
+    ]
+    for i in range(draw(st.integers(2, 5))):
+        model = draw(st.sampled_from(("A100", "A100", "V100")))
+        bodies.append(
+            AddNode(
+                NODE_IDS[i], 32_000, 65_536, model, draw(st.sampled_from((2, 4, 8))), {"topology/rack": f"r{i % 2}"}
+            )
+        )
+    bodies += draw(st.lists(set_quotas(), min_size=0, max_size=3))
+    bodies += draw(st.lists(sharing_payloads, min_size=min_size, max_size=max_size))
+    commands: list[Command] = []
+    clock = 0
+    for i, payload in enumerate(bodies):
+        clock += draw(st.sampled_from((0, 1_000, 5_000, 60_000)))
+        commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
+    return commands
+
+
+PREEMPTION_PODS = tuple(f"p{i}" for i in range(10))  # with one 2-member gang: at most 12 pods at a time
+
+
+@st.composite
+def preemption_streams(draw: st.DrawFn) -> list[Command]:
+    """At most 6 nodes and 12 pods: plain pods and small gangs of several priorities filling the cluster,
+    releases and time passing, so that pods preempt; small enough to search every victim set."""
+    bodies: list[CommandPayload] = [SetPolicy(draw(st.sampled_from(("best-fit", "first-fit", "spread"))), -1)]
+    for i in range(draw(st.integers(1, 6))):
+        bodies.append(
+            AddNode(f"n{i}", draw(st.sampled_from((4000, 16_000))), 65_536, "A100", draw(st.sampled_from((1, 2, 4))))
+        )
+    for _ in range(draw(st.integers(12, 36))):
+        roll = draw(st.sampled_from(("pod", "pod", "pod", "pod", "pod", "gang", "release", "tick")))
+        if roll == "pod":
+            num_gpu, milli = draw(st.sampled_from(((1, 1000), (1, 1000), (2, 1000), (1, 500), (1, 300), (0, 0))))
+            cpu = draw(st.sampled_from((500, 2000)))
+            pod_id, priority = draw(st.sampled_from(PREEMPTION_PODS)), draw(st.integers(0, 3))
+            bodies.append(SubmitPod(pod_id, "t", priority, num_gpu, milli, cpu, 1024))
+        elif roll == "gang":
+            gang = draw(shared_gangs())
+            gang.gang_id, gang.topology_required = "g0", None
+            gang.members = tuple(
+                GangMember(f"g0-{i}", m.num_gpu, m.gpu_milli, m.cpu_milli) for i, m in enumerate(gang.members)
+            )
+            bodies.append(gang)
+        elif roll == "release":
+            bodies.append(Release(draw(st.sampled_from(PREEMPTION_PODS))))
+        else:
+            bodies.append(Tick())
+    commands: list[Command] = []
+    clock = 0
+    for i, payload in enumerate(bodies):
+        clock += draw(st.sampled_from((1_000, 7_000, 60_000)))
         commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
     return commands

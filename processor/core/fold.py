@@ -551,7 +551,7 @@ def _release_gang(decision: _Decision, command: ReleaseGang) -> None:
             f"{decision.command.cluster!r} (never submitted, or already ended)",
         )
     freed = []
-    for pod_id in list(gang.placed):
+    for pod_id in sorted(gang.placed):  # sorted: a gang restored from a snapshot releases in the same order
         pod = cluster.pods[pod_id]
         freed.append(pod.node_id)
         decision.emit(PodReleased(pod_id, pod.node_id, command.reason), cluster.name)
@@ -701,41 +701,90 @@ def _reclaim_for_pod(
     admission: quotas.Admission,
     from_queue: bool,
 ) -> bool:
-    """A lender asks inside its nominal quota that others borrowed: preempt borrowers (lowest priority,
-    youngest first) until its quota has room, and no more; then place it (with priority preemption if
-    capacity is short). All on trial first: nothing is evicted unless it then starts."""
+    """A lender asks inside its nominal quota that others borrowed: borrowers give it back.
+
+    Borrowers' pods are preempted, lowest priority then youngest first, until the lender's
+    quota has room, and no more; the pod then starts on free capacity, or by priority
+    preemption. Or, if that takes fewer victims, borrowers' pods on one node go first (same
+    order) until the pod fits that node, then others until the quota has room. The plan with
+    the fewest victims wins (ties: the first kind, then the node id). All on trial first:
+    nothing is evicted unless the pod then starts."""
     quota = quotas.quota_of(cluster, spec.tenant)
     assert quota is not None
-    tried: set[str] = set()
+    by_key: dict[str, list[str]] = {}
     for model, shortfall in admission.shortfalls:
-        if not shortfall.reclaimable or shortfall.key in tried:
-            continue
-        tried.add(shortfall.key)
-        shape = usable._replace(gpu_models=(model,)) if model and spec.num_gpu else usable
-        trial = preemption.Trial(cluster)
-        try:
-            units = _reclaim_on_trial(cluster, trial, spec.tenant, quota, quotas.demand(quota, spec, model))
-            if units is None:
+        if shortfall.reclaimable:
+            by_key.setdefault(shortfall.key, []).append(model)
+    best: tuple[tuple[int, str], list[preemption.Unit], Choice | None, preemption.PodPlan, PodShape] | None = None
+    for key in sorted(by_key):
+        models = [model for model in by_key[key] if model]
+        shape = usable._replace(gpu_models=tuple(models)) if models and spec.num_gpu else usable
+        wanted = quotas.demand(quota, spec, by_key[key][0])
+        candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, [key])
+        nodes = sorted({pod.node_id for pod in candidates if pod.node_id is not None})
+        for node_id in [None, *nodes]:
+            if node_id is not None and not preemption.could_hold(cluster, cluster.nodes[node_id], shape):
                 continue
-            groups = cluster.index.feasible(shape)
-            choice: Choice | None = None
-            plan: preemption.PodPlan | None = None
-            if groups:
-                choice = _cluster_policy(cluster).place(cluster, shape, groups)
-            elif spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
-                plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now)
-                if plan is None:
-                    continue
-            else:
+            trial = preemption.Trial(cluster)
+            try:
+                found = _reclaim_option(decision, cluster, trial, spec, quota, key, wanted, shape, node_id)
+            finally:
+                trial.rollback()
+            if found is None:
                 continue
-        finally:
-            trial.rollback()
-        if plan is None:
-            assert choice is not None
-            plan = preemption.PodPlan(choice.node_id, [], (0, 0, 0))
-        _preempt_for_pod(decision, cluster, spec, shape, units, plan, from_queue, choice)
-        return True
-    return False
+            units, choice, plan = found
+            rank = (sum(unit.count for unit in units) + (plan.cost[1] if plan.units else 0), node_id or "")
+            if best is None or rank < best[0]:
+                best = (rank, units, choice, plan, shape)
+    if best is None:
+        return False
+    _, units, choice, plan, shape = best
+    _preempt_for_pod(decision, cluster, spec, shape, units, plan, from_queue, choice)
+    return True
+
+
+def _reclaim_option(
+    decision: _Decision,
+    cluster: ClusterState,
+    trial: preemption.Trial,
+    spec: PodSpec,
+    quota: Quota,
+    key: str,
+    wanted: quotas.Demand,
+    shape: PodShape,
+    node_id: str | None,
+) -> tuple[list[preemption.Unit], Choice | None, preemption.PodPlan] | None:
+    """One reclaim plan on trial (see ``_reclaim_for_pod``): its units, and where the pod goes."""
+    units: list[preemption.Unit] = []
+    policy = _cluster_policy(cluster)
+    if node_id is not None:
+        node = cluster.nodes[node_id]
+        while not preemption.fits_now(node, shape):
+            here = [
+                pod for pod in quotas.reclaim_candidates(cluster, spec.tenant, quota, [key]) if pod.node_id == node_id
+            ]
+            if not here:
+                return None
+            unit = preemption.unit_of(cluster, here[0], 0)
+            for pod in unit.pods:
+                trial.evict(pod)
+            units.append(unit)
+    more = _reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted)
+    if more is None:
+        return None
+    units += more
+    if node_id is not None:
+        choice = Choice(node_id, policy.choose_gpus(cluster.nodes[node_id], shape), {})
+        return units, choice, preemption.PodPlan(node_id, [], (0, 0, 0))
+    groups = cluster.index.feasible(shape)
+    if groups:
+        choice = policy.place(cluster, shape, groups)
+        return units, choice, preemption.PodPlan(choice.node_id, [], (0, 0, 0))
+    if spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
+        plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now)
+        if plan is not None:
+            return units, None, plan
+    return None
 
 
 def _reclaim_on_trial(
@@ -1009,12 +1058,21 @@ def _gang_lost_members(decision: _Decision, cluster: ClusterState, gang: Gang, r
         if pod.running:
             freed.append(pod.node_id)
             decision.emit(PodEvicted(pod_id, pod.node_id, f"gang:{reason}"), cluster.name)  # type: ignore[arg-type]
-    # Back to the queue (its members stop being pods), then placed again at once if it fits.
-    found = gangs.try_place(cluster, gang.spec, _cluster_policy(cluster), decision.now)
+    # Back to the queue (its members stop being pods), then placed again at once if it fits (and its quota
+    # has room), else it may still reclaim or preempt like any queued gang.
+    spec = gang.spec
+    found = gangs.try_place(cluster, spec, _cluster_policy(cluster), decision.now)
     placed = isinstance(found, gangs.GangPlacement)
-    decision.emit(GangQueued(gang.gang_id, () if placed else found, gang.spec, True), cluster.name)  # type: ignore[arg-type]
+    reasons: tuple[QueueReason, ...] = () if placed else found  # type: ignore[assignment]
+    if placed and cluster.quotas_on:
+        shortfall = _gang_shortfall(cluster, spec, found)  # type: ignore[arg-type]
+        if shortfall is not None:
+            placed, reasons = False, (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
+    decision.emit(GangQueued(gang.gang_id, reasons, spec, True), cluster.name)
     if placed:
-        _emit_gang_placement(decision, cluster, gang.spec, found, True)  # type: ignore[arg-type]
+        _emit_gang_placement(decision, cluster, spec, found, True)  # type: ignore[arg-type]
+    elif spec.preemption == PREEMPT_LOWER and decision.may_preempt:
+        _place_gang(decision, cluster, spec, from_queue=True, requeued=True, announce=False)
     _capacity_grew(decision, cluster, tuple(n for n in dict.fromkeys(freed) if n is not None))
 
 

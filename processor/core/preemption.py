@@ -178,31 +178,31 @@ def _best_on_node(
     beat: tuple[int, int] | None,
     budget: list[int],
 ) -> tuple[tuple[int, int], list[Unit]] | None:
-    """The minimum (victims, work) set of units of priority <= ``level`` on the node that makes room,
-    strictly better than ``beat``; ties on the victims' ids (ascending)."""
+    """The minimum (victims, work, victim ids) set of units of priority <= ``level`` on the node that makes
+    room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that)."""
     units: dict[str, Unit] = {}
     for pod_id in sorted(node.pods):
-        pod = cluster.pods[pod_id]
-        if pod.spec.priority <= level:
+        pod = cluster.pods.get(pod_id)  # None: a member of the gang being placed, on trial
+        if pod is not None and pod.spec.priority <= level:
             unit = unit_of(cluster, pod, now)
             units.setdefault(unit.key, unit)
     ordered = sorted(units.values(), key=lambda unit: unit.key)
     contributions = [_contribution(node.node_id, unit) for unit in ordered]
     need_cpu, need_memory = shape.cpu_milli, shape.memory_mib
-    best: tuple[tuple[int, int], list[Unit]] | None = None
-    limit = beat
+    best: tuple[tuple[int, int], tuple[str, ...], list[Unit]] | None = None
     for size in range(1, len(ordered) + 1):
-        if limit is not None and size > limit[0]:
+        bound = best[0] if best is not None else beat
+        if bound is not None and size > bound[0]:
             break
         for chosen in combinations(range(len(ordered)), size):
             if budget[0] <= 0:
                 break
             budget[0] -= 1
             count = sum(ordered[i].count for i in chosen)
-            if limit is not None and count > limit[0]:
-                continue
             work = sum(ordered[i].work for i in chosen)
-            if limit is not None and (count, work) >= limit:
+            if beat is not None and (count, work) >= beat:
+                continue
+            if best is not None and (count, work) > best[0]:
                 continue
             cpu, memory = node.cpu_free, node.memory_free
             gpu = list(node.gpu_free)
@@ -214,14 +214,14 @@ def _best_on_node(
                     gpu[index] += milli
             if cpu < need_cpu or memory < need_memory or not _gpu_ok(gpu, shape):
                 continue
-            if best is None or (count, work) < best[0]:
-                best = ((count, work), [ordered[i] for i in chosen])
-                limit = best[0]
+            ids = tuple(sorted(pod.spec.pod_id for i in chosen for pod in ordered[i].pods))
+            if best is None or ((count, work), ids) < (best[0], best[1]):
+                best = ((count, work), ids, [ordered[i] for i in chosen])
         if budget[0] <= 0:
             break
     if best is None and budget[0] <= 0:
         return _greedy(node, shape, ordered, contributions, beat)
-    return best
+    return None if best is None else (best[0], best[2])
 
 
 def _greedy(
@@ -292,6 +292,18 @@ def plan_pod(
             if count == 1 and work == 0:
                 break  # nothing can beat one victim that loses nothing on the first such node
     return best
+
+
+def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
+    """Whether the node could hold the shape once emptied (schedulable, model, labels/taints, capacity)."""
+    return _static_fit(cluster, node, shape)
+
+
+def fits_now(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free capacity holds the shape now (a node that ``could_hold`` it)."""
+    if node.cpu_free < shape.cpu_milli or node.memory_free < shape.memory_mib:
+        return False
+    return _gpu_ok(node.gpu_free, shape)
 
 
 def could_preempt_on(node: Node, shape: PodShape, priority: int, cluster: ClusterState) -> bool:

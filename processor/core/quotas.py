@@ -67,6 +67,16 @@ def nominal(quota: Quota, key: str) -> int | None:
     return quota.nominal_gpus.get(key[len(GPU) :], 0) * GPU_MILLI
 
 
+def has_key(quota: Quota, key: str) -> bool:
+    """Whether the key is one of the quota's own: ``gpu:M`` only if it names M (its other models are ``gpu:*``)."""
+    if key == CPU:
+        return quota.nominal_cpu_milli is not None
+    if key == MEMORY:
+        return quota.nominal_memory_mib is not None
+    model = key[len(GPU) :]
+    return bool(quota.nominal_gpus) and (model == ANY_MODEL or model in quota.nominal_gpus)
+
+
 def lendable(quota: Quota, key: str) -> int:
     amount = nominal(quota, key) or 0
     if key.startswith(GPU) and quota.lending_limit_gpus is not None:
@@ -120,9 +130,9 @@ def pool(cluster: ClusterState, cohort: str, key: str) -> tuple[int, int]:
     size = in_use = 0
     for member in cluster.cohorts.get(cohort, ()):
         quota = cluster.quotas[member]
-        amount = nominal(quota, key)
-        if amount is None:
+        if not has_key(quota, key):
             continue
+        amount = nominal(quota, key) or 0
         lent = lendable(quota, key)
         size += lent
         in_use += max(0, used(cluster, member, quota, key) - (amount - lent))
@@ -292,7 +302,7 @@ def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: l
         peer = cluster.quotas[member]
         for key in keys:
             amount = nominal(peer, key)
-            if amount is not None and used(cluster, member, peer, key) > amount:
+            if has_key(peer, key) and amount is not None and used(cluster, member, peer, key) > amount:
                 borrowers.append(member)
                 break
     if not borrowers:
@@ -311,20 +321,6 @@ def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: l
             candidates.append(pod)
     candidates.sort(key=lambda pod: (pod.spec.priority, -(pod.started_at or 0), pod.spec.pod_id))
     return candidates
-
-
-def still_borrowing(cluster: ClusterState, pod: Pod, keys: list[str]) -> bool:
-    """Whether the pod's tenant still holds more than its nominal on a key the pod uses."""
-    quota = cluster.quotas.get(pod.spec.tenant)
-    if quota is None or pod.node_id is None:
-        return False
-    model = cluster.nodes[pod.node_id].gpu_model
-    for key in demand(quota, pod.spec, model):
-        if key in keys:
-            amount = nominal(quota, key)
-            if amount is not None and used(cluster, pod.spec.tenant, quota, key) > amount:
-                return True
-    return False
 
 
 def dominant_share(cluster: ClusterState, tenant: str) -> float:

@@ -9,23 +9,32 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from itertools import combinations
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as event_note
 from hypothesis import strategies as st
 
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
 from processor.core.reservations import usable_shape
-from processor.core.resources import first_misfit
+from processor.core.resources import PodShape, Signature, first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.core.state import ClusterState, PartitionState
+from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of
 from schemas import EVENT, registry
-from schemas.commands import GPU_MILLI
-from schemas.events import Event, GangQueued, GangScheduled, PodQueued, PodScheduled
+from schemas.commands import GPU_MILLI, Quota
+from schemas.events import Event, GangQueued, GangScheduled, PodPreempted, PodQueued, PodScheduled, PodSpec
 from schemas.snapshots import decode_snapshot, encode_snapshot
-from tests.strategies import command_streams, contended_streams, encode_events, job_streams
+from tests.strategies import (
+    command_streams,
+    contended_streams,
+    encode_events,
+    job_streams,
+    preemption_streams,
+    sharing_streams,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,18 +113,153 @@ def check_indexes(cluster: ClusterState) -> None:
     assert all(pod.spec.arrival < cluster.arrivals for pod in cluster.pods.values())
 
 
+# ---------------------------------------------------------------- quotas, recomputed from the running pods
+
+
+def _quota(cluster: ClusterState, tenant: str) -> Quota | None:
+    return cluster.quotas.get(tenant) or cluster.default_quota
+
+
+def _quota_key(quota: Quota, model: str) -> str:
+    return "gpu:" + (model if model in quota.nominal_gpus else "*")
+
+
+def _nominal(quota: Quota, key: str) -> int | None:
+    if key == "cpu":
+        return quota.nominal_cpu_milli
+    if key == "memory":
+        return quota.nominal_memory_mib
+    if not quota.nominal_gpus:
+        return None
+    return quota.nominal_gpus.get(key[4:], 0) * GPU_MILLI
+
+
+def _use(cluster: ClusterState, tenant: str, quota: Quota, key: str) -> int:
+    total = 0
+    for pod in cluster.pods.values():
+        if pod.node_id is None or pod.spec.tenant != tenant:
+            continue
+        if key == "cpu":
+            total += pod.spec.cpu_milli
+        elif key == "memory":
+            total += pod.spec.memory_mib
+        elif _quota_key(quota, cluster.nodes[pod.node_id].gpu_model) == key:
+            total += pod.spec.gpu_milli_total
+    return total
+
+
+def _keys(quota: Quota, spec: PodSpec, model: str) -> dict[str, int]:
+    keys = {}
+    if spec.gpu_milli_total and quota.nominal_gpus:
+        keys[_quota_key(quota, model)] = spec.gpu_milli_total
+    if spec.cpu_milli and quota.nominal_cpu_milli is not None:
+        keys["cpu"] = spec.cpu_milli
+    if spec.memory_mib and quota.nominal_memory_mib is not None:
+        keys["memory"] = spec.memory_mib
+    return keys
+
+
+def _room(cluster: ClusterState, tenant: str, quota: Quota, key: str, extra: int) -> bool:
+    """Whether the tenant's use on the key plus ``extra`` is within its nominal (no cohort), or within its
+    borrowing limit and the cohort's pool (what the members lend, and its use beyond what each keeps)."""
+    nominal = _nominal(quota, key)
+    if nominal is None:
+        return True
+    use = _use(cluster, tenant, quota, key) + extra
+    if quota.cohort is None:
+        return use <= nominal
+    limit = quota.borrowing_limit_gpus if key.startswith("gpu:") else None
+    if limit is not None and use > nominal + limit * GPU_MILLI:
+        return False
+    size = in_use = 0
+    for member, peer in cluster.quotas.items():
+        if peer.cohort != quota.cohort or _nominal(peer, key) is None:
+            continue
+        if key.startswith("gpu:") and key != "gpu:*" and key[4:] not in peer.nominal_gpus:
+            continue  # the peer counts that model under its "*"
+        amount = _nominal(peer, key) or 0
+        lent = amount
+        if key.startswith("gpu:") and peer.lending_limit_gpus is not None:
+            lent = min(amount, peer.lending_limit_gpus * GPU_MILLI)
+        peer_use = _use(cluster, member, peer, key) + (extra if member == tenant else 0)
+        size += lent
+        in_use += max(0, peer_use - (amount - lent))
+    return in_use <= size
+
+
+def admitted_models(cluster: ClusterState, spec: PodSpec) -> list[str] | None:
+    """The GPU models on which the pod's quota has room now (None: any; [] none), recomputed."""
+    quota = _quota(cluster, spec.tenant)
+    if quota is None:
+        return None
+    models = sorted(spec.gpu_models) or sorted(model for model, count in cluster.model_nodes.items() if count)
+    return [
+        model
+        for model in models
+        if all(_room(cluster, spec.tenant, quota, key, extra) for key, extra in _keys(quota, spec, model).items())
+    ]
+
+
+def check_within_quota(cluster: ClusterState, spec: PodSpec, model: str) -> None:
+    """A pod just started: its tenant is within its quota (with borrowing) on every key the pod uses."""
+    quota = _quota(cluster, spec.tenant)
+    if quota is not None:
+        for key in _keys(quota, spec, model):
+            assert _room(cluster, spec.tenant, quota, key, 0), (
+                f"pod {spec.pod_id} started with tenant {spec.tenant} over its quota on {key}"
+            )
+
+
+def _may_use(node: Node, models: list[str] | None) -> bool:
+    return models is None or node.gpu_model in models
+
+
 def check_no_queued_pod_fits(cluster: ClusterState, now: int) -> None:
     """After every command, no queued pod fits any schedulable node it may use (checked node by node, not via
-    the index): reserved nodes only for the holder and backfill. Strict FIFO keeps fitting pods behind the head."""
+    the index) within its tenant's quota: reserved nodes only for the holder and backfill, models only where
+    the quota has room. Strict FIFO keeps fitting pods behind the head."""
     if cluster.queue_order == "strict-fifo":
         return
     nodes = [node for node in cluster.nodes.values() if node.schedulable]
     for pod in cluster.pods.values():
         if pod.queued:
             shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
+            models = admitted_models(cluster, pod.spec)
             for node in nodes:
-                assert first_misfit(node.signature(), shape) is not None, (
+                assert not _may_use(node, models) or first_misfit(node.signature(), shape) is not None, (
                     f"queued pod {pod.spec.pod_id} fits node {node.node_id}"
+                )
+
+
+def _freed_signature(cluster: ClusterState, node: Node, pods: list[Pod]) -> Signature:
+    """The node's signature with these pods gone."""
+    gpu, cpu, memory = list(node.gpu_free), node.cpu_free, node.memory_free
+    for pod in pods:
+        for share in pod.gpus:
+            gpu[share.index] += share.milli
+        cpu += pod.spec.cpu_milli
+        memory += pod.spec.memory_mib
+    return Signature(
+        node.gpu_model, node.node_class, node.cpu_milli, node.memory_mib, tuple(sorted(gpu, reverse=True)), cpu, memory
+    )
+
+
+def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
+    """No queued pod that may preempt (and whose quota has room) waits while, on some node it may use, the
+    pods of strictly lower priority hold what it needs: removing them all would make it fit."""
+    if cluster.queue_order == "strict-fifo":
+        return
+    nodes = [node for node in cluster.nodes.values() if node.schedulable]
+    for pod in cluster.pods.values():
+        if not pod.queued or pod.spec.preemption != "lower_priority":
+            continue
+        shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
+        models = admitted_models(cluster, pod.spec)
+        for node in nodes:
+            lower = [cluster.pods[p] for p in node.pods if cluster.pods[p].spec.priority < pod.spec.priority]
+            if lower and _may_use(node, models):
+                assert first_misfit(_freed_signature(cluster, node, lower), shape) is not None, (
+                    f"queued pod {pod.spec.pod_id} (priority {pod.spec.priority}) could preempt on {node.node_id}"
                 )
 
 
@@ -204,6 +348,7 @@ def check_state(state: PartitionState, events: list[Event] | None = None) -> Non
         check_no_overcommit(cluster)
         check_indexes(cluster)
         check_no_queued_pod_fits(cluster, state.clock)
+        check_no_priority_inversion(cluster, state.clock)
         check_misfit_counts(cluster)
         check_gangs(cluster)
         check_reservation(cluster)
@@ -220,7 +365,9 @@ def fold_all(commands: list, state: PartitionState | None = None, start: int = 0
 
 POD_STREAMS = pytest.mark.parametrize("streams", [command_streams()], ids=["pods"])
 JOB_STREAMS = pytest.mark.parametrize(
-    "streams", [job_streams(max_size=40), contended_streams(max_size=45)], ids=["jobs", "contended"]
+    "streams",
+    [job_streams(max_size=40), contended_streams(max_size=45), sharing_streams(max_size=40)],
+    ids=["jobs", "contended", "sharing"],
 )
 # Job streams fold more per command (gangs on trial, reservations planned) and the checks look at every
 # pod and node after every command: fewer examples keep the suite's CI time in bounds.
@@ -250,9 +397,15 @@ def _every_command_keeps_the_invariants(commands: list, data: st.DataObject) -> 
     """Each command yields at least one event and leaves no over-commit, exact indexes and no fitting queued pod;
     with jobs also no partial gang, topology kept, no early dependant, reserved nodes respected, time forward."""
     state = PartitionState()
+    shadow = PartitionState()  # the events applied one by one: quota is checked as each pod starts
     for offset, command in enumerate(commands):
         clock = state.clock
         events = decide(state, command, offset)
+        for event in events:
+            apply(shadow, event)
+            if isinstance(event.payload, PodScheduled):
+                known = shadow.clusters[event.cluster]
+                check_within_quota(known, event.payload.pod, known.nodes[event.payload.node_id].gpu_model)
         assert events, f"command {command} yielded no event"
         assert all(event.command_id == command.command_id for event in events)
         assert [event.sequence for event in events] == list(range(state.sequence - len(events), state.sequence))
@@ -362,3 +515,76 @@ def test_same_commands_give_same_hash_in_processes_with_other_hash_seeds(seeds: 
         outputs.append(done.stdout.split())
     assert outputs[0] == outputs[1]
     assert len(outputs[0]) == 2
+
+
+# ---------------------------------------------------------------- preemption is minimal
+
+
+def exhaustive_victims(cluster: ClusterState, spec: PodSpec, now: int) -> tuple[str, list[str]] | None:
+    """Every node and every set of lower-priority victims (a gang member brings its whole gang) that makes
+    room: the node and victims least by (highest victim priority, victims, GPU milli x ms lost, node id,
+    victim ids)."""
+    shape: PodShape = usable_shape(cluster, spec.pod_id, shape_of(spec), now)
+    best: tuple[tuple[int, int, int, str, tuple[str, ...]], str, list[str]] | None = None
+    for node_id in sorted(cluster.nodes):
+        node = cluster.nodes[node_id]
+        if not node.schedulable:
+            continue
+        units: dict[str, list[Pod]] = {}
+        for pod_id in node.pods:
+            pod = cluster.pods[pod_id]
+            if pod.spec.priority >= spec.priority:
+                continue
+            gang_id = pod.spec.gang_id
+            if gang_id is not None:
+                members = [cluster.pods[m] for m in cluster.gangs[gang_id].placed]
+                units[gang_id] = [m for m in members if m.node_id is not None]
+            else:
+                units[pod_id] = [pod]
+        names = sorted(units)
+        for size in range(1, len(names) + 1):
+            for chosen in combinations(names, size):
+                pods = [pod for name in chosen for pod in units[name]]
+                freed = _freed_signature(cluster, node, [pod for pod in pods if pod.node_id == node_id])
+                if first_misfit(freed, shape) is not None:
+                    continue
+                ids = tuple(sorted(pod.spec.pod_id for pod in pods))
+                lost = sum(pod.spec.gpu_milli_total * (now - (pod.started_at or now)) for pod in pods)
+                key = (max(pod.spec.priority for pod in pods), len(pods), lost, node_id, ids)
+                if best is None or key < best[0]:
+                    best = (key, node_id, list(ids))
+    return None if best is None else (best[1], best[2])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=preemption_streams())
+def test_the_chosen_victims_are_those_of_an_exhaustive_search(commands: list) -> None:
+    """On clusters of at most 6 nodes and 12 pods, every pod that preempts evicts exactly the node and victims
+    that a search of every victim set finds least (highest victim priority, count, work lost, node id, ids)."""
+    state, shadow = PartitionState(), PartitionState()
+    compared = 0
+    for offset, command in enumerate(commands):
+        events = decide(state, command, offset)
+        for index, event in enumerate(events):
+            payload = event.payload
+            previous = events[index - 2].payload if index >= 2 else None
+            starts = isinstance(payload, PodPreempted) and not (
+                isinstance(previous, PodPreempted) and previous.by == payload.by
+            )
+            if starts and payload.reason == "priority":  # type: ignore[union-attr]
+                by = payload.by  # type: ignore[union-attr]
+                placed = next(
+                    (
+                        e.payload
+                        for e in events[index:]
+                        if isinstance(e.payload, PodScheduled) and e.payload.pod.pod_id == by and e.payload.preempted
+                    ),
+                    None,
+                )
+                if placed is not None and placed.pod.gang_id is None:
+                    expected = exhaustive_victims(shadow.clusters[event.cluster], placed.pod, event.occurred_at)
+                    assert expected == (placed.node_id, sorted(placed.preempted)), f"{by} preempted {placed}"
+                    compared += 1
+            apply(shadow, event)
+    assert state_hash(shadow) == state_hash(state)
+    event_note(f"preemptions compared: {min(compared, 3)}{'+' if compared > 3 else ''}")
