@@ -56,31 +56,45 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
     for i in range(nodes):
         decide(state, clock.command(AddNode(f"node-{i:06d}", 96_000, 786_432, "A100", 8)))
     shapes = [(1, 1000), (1, 1000), (2, 1000), (4, 1000), (1, 500), (1, 250)]
-    filled = serial = 0
-    while filled < nodes * 8 * 1000 * 0.98:
-        num_gpu, milli = rng.choice(shapes)
-        serial += 1
-        pod = SubmitPod(f"low-{serial}", "t", 0, num_gpu, milli, 4_000 * num_gpu, 16_384)
-        events = decide(state, clock.command(pod, rng.choice((1, 1000, 60_000))))
-        if isinstance(events[-1].payload, PodScheduled):
-            filled += num_gpu * milli
-        else:
-            decide(state, clock.command(Release(pod.pod_id)))
-            if rng.random() < 0.02:
-                break
+    serial = 0
+    # Random shapes until five in a row do not fit, then whole GPUs, then quarter shares: the cluster full.
+    for phase, pool in enumerate((shapes, [(1, 1000)], [(1, 250)])):
+        misses = 0
+        while misses < (5 if phase == 0 else 1):
+            num_gpu, milli = rng.choice(pool)
+            serial += 1
+            pod = SubmitPod(f"low-{serial}", "t", 0, num_gpu, milli, 2_000 * num_gpu, 16_384)
+            events = decide(state, clock.command(pod, rng.choice((1, 1000, 60_000))))
+            if not isinstance(events[-1].payload, PodScheduled):
+                misses += 1
+                decide(state, clock.command(Release(pod.pod_id)))
+            else:
+                misses = 0
     running = sum(1 for pod in state.clusters["bench"].pods.values() if pod.running)
     times: list[float] = []
     victims: list[int] = []
+    by_shape: dict[str, list[float]] = {}
     top_shapes = [(8, 1000), (4, 1000), (2, 1000), (1, 1000), (1, 500)]
     for i in range(pods):
         num_gpu, milli = top_shapes[i % len(top_shapes)]
-        pod = SubmitPod(f"high-{i}", "t", 10, num_gpu, milli, 4_000 * num_gpu, 16_384)
+        pod = SubmitPod(f"high-{i}", "t", 10, num_gpu, milli, 2_000 * num_gpu, 16_384)
         command = clock.command(pod, 1000)
         started = time.process_time()
         events = decide(state, command)
-        times.append(time.process_time() - started)
+        elapsed = time.process_time() - started
+        times.append(elapsed)
+        by_shape.setdefault(f"{num_gpu}x{milli}", []).append(1000 * elapsed)
         victims.append(sum(isinstance(event.payload, PodPreempted) for event in events))
-        decide(state, clock.command(Release(pod.pod_id)))  # keep the cluster full of low-priority pods
+        # Victims requeued (they fit nowhere): release them and the preemptor, refill, so the next pod
+        # finds the cluster as full of low-priority pods as this one did.
+        queued = [pod_id for pod_id, p in state.clusters["bench"].pods.items() if p.queued]
+        for pod_id in [pod.pod_id, *sorted(queued)]:
+            decide(state, clock.command(Release(pod_id)))
+        for _ in range(num_gpu * 1000 // milli):
+            serial += 1
+            refill = SubmitPod(f"low-{serial}", "t", 0, 1, milli if milli < 1000 else 1000, 2_000, 16_384)
+            if not isinstance(decide(state, clock.command(refill))[-1].payload, PodScheduled):
+                decide(state, clock.command(Release(refill.pod_id)))
     times.sort()
     return {
         "part": "preemption",
@@ -93,6 +107,11 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
         "ms_p50": round(1000 * times[len(times) // 2], 2),
         "ms_p99": round(1000 * times[min(len(times) - 1, int(len(times) * 0.99))], 2),
         "ms_max": round(1000 * times[-1], 2),
+        "ms_mean_by_shape": {shape: round(statistics.fmean(values), 2) for shape, values in by_shape.items()},
+        "victims_by_shape": {
+            f"{top_shapes[i % len(top_shapes)][0]}x{top_shapes[i % len(top_shapes)][1]}": victims[i]
+            for i in range(len(top_shapes))
+        },
     }
 
 

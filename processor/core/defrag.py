@@ -81,7 +81,7 @@ class Trial:
         from_node, from_gpus = self.where(pod)
         nodes = self.cluster.nodes
         nodes[from_node].free(pod.spec, from_gpus)
-        nodes[to_node].allocate(pod.spec, to_gpus)
+        nodes[to_node].allocate(pod.spec, to_gpus, pod.started_at)
         self.cluster.reindex(nodes[from_node])
         self.cluster.reindex(nodes[to_node])
         self.at[pod.spec.pod_id] = (to_node, to_gpus)
@@ -93,7 +93,7 @@ class Trial:
             move = self.moves.pop()
             pod = self.cluster.pods[move.pod_id]
             nodes[move.to_node].free(pod.spec, move.to_gpus)
-            nodes[move.from_node].allocate(pod.spec, move.from_gpus)
+            nodes[move.from_node].allocate(pod.spec, move.from_gpus, pod.started_at)
             self.cluster.reindex(nodes[move.to_node])
             self.cluster.reindex(nodes[move.from_node])
             if move.from_node == pod.node_id and move.from_gpus == pod.gpus:

@@ -1645,7 +1645,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
         if gang is None or gang.state != GANG_RUNNING or event.pod.pod_id not in gang.placed:
             raise InvariantViolation(f"member {event.pod.pod_id!r} scheduled outside its gang's GangScheduled")
     pod = _pod_for(cluster, event.pod)
-    node.allocate(pod.spec, event.gpus)
+    node.allocate(pod.spec, event.gpus, now)
     pod.node_id = node.node_id
     pod.gpus = event.gpus
     pod.started_at = now
@@ -1824,7 +1824,7 @@ def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: P
         raise InvariantViolation(f"pod {event.pod_id!r} migrated to unschedulable or same node {event.to_node!r}")
     cluster.charge(pod, source, -1)
     source.free(pod.spec, pod.gpus)
-    target.allocate(pod.spec, tuple(event.to_gpus))
+    target.allocate(pod.spec, tuple(event.to_gpus), pod.started_at)
     pod.node_id = target.node_id
     pod.gpus = tuple(event.to_gpus)
     cluster.charge(pod, target, +1)

@@ -18,8 +18,8 @@ incrementally), so the lowest priority level whose pods, all removed, make room 
 without visiting pods; nodes that cannot beat the best so far on that level are skipped.
 On the remaining nodes the victim set is the exact minimum under the order above: sets
 of 1, 2, ... victims are enumerated (ids ascending) until the count can no longer beat
-the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per search); past
-it the best set found is kept, or the cheapest greedy set if none was. Cost: O(N · L) for
+the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per node); past it
+the best set found is kept, or the cheapest greedy set if none was. Cost: O(N · L) for
 N candidate nodes and L priority levels per node, plus the enumeration on nodes of the
 best level (C(k, 1) + C(k, 2) + ... for k candidate victims on a node).
 
@@ -44,8 +44,8 @@ from schemas.commands import GPU_MILLI
 from schemas.events import GangSpec, PodSpec
 
 SEARCH_BUDGET = 20_000
-"""Victim subsets examined per pod search at most (the exact minimum is found well within it on nodes
-with up to ~16 lower-priority pods); the benchmarks and tests never reach it."""
+"""Victim subsets examined per node at most (the exact minimum is found well within it on nodes with
+up to ~14 lower-priority pods or gangs); the benchmarks and tests never reach it."""
 
 
 @dataclass(slots=True)
@@ -141,19 +141,20 @@ def _gpu_ok(free: list[int], shape: PodShape) -> bool:
 def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
     """The lowest priority L < ``priority`` such that removing every pod of priority <= L makes room,
     or None. O(L · G) from the per-priority sums."""
-    levels = sorted(level for level in node.by_priority if level < priority)
+    by_priority = node.by_priority
+    levels = [level for level in by_priority if level < priority]
     if not levels:
         return None
-    cpu, memory, gpu = node.cpu_free, node.memory_free, list(node.gpu_free)
-    need_cpu, need_memory = shape.cpu_milli, shape.memory_mib
+    if len(levels) > 1:
+        levels.sort()
+    cpu, memory = node.cpu_free, node.memory_free
+    gpu = node.gpu_free
     for level in levels:
-        held = node.by_priority[level]
+        held = by_priority[level]
         cpu += held[0]
         memory += held[1]
-        for index, milli in enumerate(held[2]):
-            if milli:
-                gpu[index] += milli
-        if cpu >= need_cpu and memory >= need_memory and _gpu_ok(gpu, shape):
+        gpu = [free + milli for free, milli in zip(gpu, held[2], strict=True)]
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and _gpu_ok(gpu, shape):
             return level
     return None
 
@@ -176,30 +177,53 @@ def _best_on_node(
     level: int,
     now: int,
     beat: tuple[int, int] | None,
-    budget: list[int],
 ) -> tuple[tuple[int, int], list[Unit]] | None:
     """The minimum (victims, work, victim ids) set of units of priority <= ``level`` on the node that makes
-    room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that)."""
+    room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that).
+
+    Sets are enumerated by size; a size is skipped whole when even its units that free the most GPU,
+    CPU or memory could not cover what is missing, and a set whose count or work cannot win is not
+    checked. At most :data:`SEARCH_BUDGET` sets per node; past it, the greedy set."""
+    pods = cluster.pods
     units: dict[str, Unit] = {}
-    for pod_id in sorted(node.pods):
-        pod = cluster.pods.get(pod_id)  # None: a member of the gang being placed, on trial
-        if pod is not None and pod.spec.priority <= level:
-            unit = unit_of(cluster, pod, now)
-            units.setdefault(unit.key, unit)
-    ordered = sorted(units.values(), key=lambda unit: unit.key)
+    for pod_id in node.pods:
+        pod = pods.get(pod_id)  # None: a member of the gang being placed, on trial
+        if pod is None or pod.spec.priority > level:
+            continue
+        spec = pod.spec
+        if spec.gang_id is None:
+            started = pod.started_at if pod.started_at is not None else now
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
+        elif spec.gang_id not in units:
+            units[spec.gang_id] = unit_of(cluster, pod, now)
+    if not units:
+        return None
+    if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
+        return None  # only one victim with less work could win here
+    ordered = [units[key] for key in sorted(units)]
     contributions = [_contribution(node.node_id, unit) for unit in ordered]
-    need_cpu, need_memory = shape.cpu_milli, shape.memory_mib
+    need_cpu = shape.cpu_milli - node.cpu_free
+    need_memory = shape.memory_mib - node.memory_free
+    need_gpu = _gpu_deficit(node.gpu_free, shape)
+    by_cpu = sorted((c[0] for c in contributions), reverse=True)
+    by_memory = sorted((c[1] for c in contributions), reverse=True)
+    by_gpu = sorted((sum(m for _, m in c[2]) for c in contributions), reverse=True)
+    counts = [unit.count for unit in ordered]
+    works = [unit.work for unit in ordered]
     best: tuple[tuple[int, int], tuple[str, ...], list[Unit]] | None = None
+    budget = SEARCH_BUDGET
     for size in range(1, len(ordered) + 1):
         bound = best[0] if best is not None else beat
         if bound is not None and size > bound[0]:
             break
+        if sum(by_cpu[:size]) < need_cpu or sum(by_memory[:size]) < need_memory or sum(by_gpu[:size]) < need_gpu:
+            continue
         for chosen in combinations(range(len(ordered)), size):
-            if budget[0] <= 0:
+            budget -= 1
+            if budget < 0:
                 break
-            budget[0] -= 1
-            count = sum(ordered[i].count for i in chosen)
-            work = sum(ordered[i].work for i in chosen)
+            count = sum(counts[i] for i in chosen)
+            work = sum(works[i] for i in chosen)
             if beat is not None and (count, work) >= beat:
                 continue
             if best is not None and (count, work) > best[0]:
@@ -212,16 +236,26 @@ def _best_on_node(
                 memory += more_memory
                 for index, milli in more_gpus:
                     gpu[index] += milli
-            if cpu < need_cpu or memory < need_memory or not _gpu_ok(gpu, shape):
+            if cpu < shape.cpu_milli or memory < shape.memory_mib or not _gpu_ok(gpu, shape):
                 continue
             ids = tuple(sorted(pod.spec.pod_id for i in chosen for pod in ordered[i].pods))
             if best is None or ((count, work), ids) < (best[0], best[1]):
                 best = ((count, work), ids, [ordered[i] for i in chosen])
-        if budget[0] <= 0:
+        if budget < 0:
             break
-    if best is None and budget[0] <= 0:
+    if best is None and budget < 0:
         return _greedy(node, shape, ordered, contributions, beat)
     return None if best is None else (best[0], best[2])
+
+
+def _gpu_deficit(free: list[int], shape: PodShape) -> int:
+    """GPU milli that victims must free on the node at least (0 if the GPUs already suffice)."""
+    if not shape.num_gpu:
+        return 0
+    if shape.gpu_milli >= GPU_MILLI:
+        largest = sorted(free, reverse=True)[: shape.num_gpu]
+        return max(0, shape.num_gpu * GPU_MILLI - sum(largest))
+    return max(0, shape.gpu_milli - max(free))
 
 
 def _greedy(
@@ -279,19 +313,53 @@ def plan_pod(
     if not levels:
         return None
     best_level = min(level for level, _ in levels)
-    budget = [SEARCH_BUDGET]
+    bounds = sorted(
+        (_lower_bound(nodes[node_id], shape, level, now), node_id) for level, node_id in levels if level == best_level
+    )
     best: PodPlan | None = None
-    for level, node_id in levels:  # in node id order: a later node must be strictly better
-        if level != best_level:
-            continue
-        beat = None if best is None else (best.cost[1], best.cost[2])
-        found = _best_on_node(cluster, nodes[node_id], shape, level, now, beat, budget)
+    for bound, node_id in bounds:  # most promising first; the order does not change the answer
+        if best is not None:
+            if bound > best.cost[1:]:
+                break  # neither this node nor any after it can do better
+            # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
+            beat = (best.cost[1], best.cost[2] + (1 if node_id < best.node_id else 0))
+        else:
+            beat = None
+        found = _best_on_node(cluster, nodes[node_id], shape, best_level, now, beat)
         if found is not None:
             (count, work), units = found
-            best = PodPlan(node_id, units, (best_level, count, work))
-            if count == 1 and work == 0:
-                break  # nothing can beat one victim that loses nothing on the first such node
+            candidate = PodPlan(node_id, units, (best_level, count, work))
+            if best is None or _rank(candidate) < _rank(best):
+                best = candidate
     return best
+
+
+def _rank(plan: PodPlan) -> tuple[int, int, int, str, tuple[str, ...]]:
+    return (*plan.cost, plan.node_id, tuple(pod.spec.pod_id for pod in plan.victims))
+
+
+def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int, int]:
+    """At least how many victims, and how much work lost, it takes on this node, from the per-priority
+    summary (no pod is visited): victims must free the GPU the node lacks, each at most the largest GPU a
+    pod there holds, every milli of it running since the latest start there at least; one victim alone
+    loses at least its GPU x its time running. Latest starts are never lowered when a pod leaves, so the
+    bound stays a bound."""
+    deficit = _gpu_deficit(node.gpu_free, shape)
+    if not deficit:
+        return (1, 0)
+    latest: dict[int, int] = {}
+    for priority, held in node.by_priority.items():
+        if priority <= level:
+            for milli, started in held[4].items():
+                if latest.get(milli, -1) < started:
+                    latest[milli] = started
+    largest = max(latest, default=0)
+    if largest <= 0:
+        return (1, 0)
+    fewest = -(-deficit // largest)
+    if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
+        return (fewest, deficit * max(0, now - max(latest.values())))
+    return (1, min((m * max(0, now - t) for m, t in latest.items() if m >= deficit), default=0))
 
 
 def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
@@ -343,7 +411,7 @@ class Trial:
             cluster.reindex(node)
         for pod in reversed(self.evicted):
             node = cluster.nodes[pod.node_id]  # type: ignore[index]
-            node.allocate(pod.spec, pod.gpus)
+            node.allocate(pod.spec, pod.gpus, pod.started_at)
             cluster.reindex(node)
             cluster.charge(pod, node, +1)
         self.allocated.clear()

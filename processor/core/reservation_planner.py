@@ -88,5 +88,5 @@ def plan(
     finally:
         for pod in reversed(freed):
             node = cluster.nodes[pod.node_id]  # type: ignore[index]
-            node.allocate(pod.spec, pod.gpus)
+            node.allocate(pod.spec, pod.gpus, pod.started_at)
             cluster.reindex(node)

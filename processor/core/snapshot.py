@@ -197,7 +197,7 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             cluster.count_shape(pod.shape, +1)
             if pod.node_id is not None:
                 node = cluster.nodes[pod.node_id]
-                node.allocate(pod.spec, pod.gpus)
+                node.allocate(pod.spec, pod.gpus, pod.started_at)
                 cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
                 cluster.charge(pod, node, +1)
             elif pod.waiting_for:

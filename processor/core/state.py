@@ -86,8 +86,9 @@ class Node:
         self.cordoned = False
         self.failed = False
         self.pods: dict[str, None] = {}  # running pod ids, in placement order
-        # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods]. Derived; it
-        # lets a preemption search see what pods below a priority would free without visiting them.
+        # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods, {GPU milli of one
+        # pod: latest start}]. Derived; a preemption search sees what pods below a priority would free, and
+        # how little work a victim here could lose at best, without visiting them.
         self.by_priority: dict[int, list] = {}
 
     @property
@@ -113,8 +114,10 @@ class Node:
             self.memory_free,
         )
 
-    def allocate(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
-        """Take a pod's resources; raises InvariantViolation rather than over-commit."""
+    def allocate(self, pod: PodSpec, gpus: tuple[GpuShare, ...], started_at: int | None = None) -> None:
+        """Take a pod's resources; raises InvariantViolation rather than over-commit.
+
+        ``started_at`` feeds the per-priority summary a preemption search uses to skip the node."""
         if self.cpu_free < pod.cpu_milli or self.memory_free < pod.memory_mib:
             raise InvariantViolation(f"pod {pod.pod_id} over-commits CPU or memory on node {self.node_id}")
         for share in gpus:
@@ -124,7 +127,12 @@ class Node:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
         held = self.by_priority.get(pod.priority)
         if held is None:
-            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0]
+            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}]
+        if started_at is not None:
+            latest = held[4]  # GPU milli held by one pod -> latest start among them (never lowered on free)
+            milli = pod.num_gpu * pod.gpu_milli
+            if latest.get(milli, -1) < started_at:
+                latest[milli] = started_at
         held_gpus = held[2]
         for share in gpus:
             self.gpu_free[share.index] -= share.milli
