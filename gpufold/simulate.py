@@ -26,6 +26,14 @@ nodes, every original pod is submitted once more with a node selector no node
 matches, so it waits in the queue forever (never placed, never counted as
 arrived) and only teaches the fold's typical-pod histogram the workload's mix.
 Without it the fold learns the mix online from the pods as they arrive.
+
+``defrag_every`` (percent of capacity) adds defragmentation: every pod is submitted with
+``movable=true``, and each time the arrived workload crosses another ``defrag_every``% of
+GPU capacity a ``Defragment`` with a budget of ``defrag_budget``% of the running pods
+(at least one move) is folded. A pod that did not fit stays queued, as the fold keeps it,
+so capacity a defragmentation frees may start it later (``late_starts``); with
+``withdraw_failed`` each pod that does not fit is released at once instead, so only pods
+arriving later can use that capacity (the paper's "failed pods are not retried").
 """
 
 from __future__ import annotations
@@ -42,8 +50,8 @@ from processor.core.fold import decide
 from processor.core.fragmentation import cluster_fragmentation
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from schemas.commands import Command, SetPolicy
-from schemas.events import CommandRejected, PodScheduled
+from schemas.commands import Command, Defragment, Release, SetPolicy
+from schemas.events import CommandRejected, PodMigrated, PodScheduled
 
 CLUSTER = "openb"
 PRIOR_SELECTOR = {"gpufold.simulate/prior": "never-matches"}
@@ -82,6 +90,13 @@ class SimulationResult:
     commands_per_sec: float = 0.0
     pods_per_sec: float = 0.0
     state_hash: str = ""
+    defrag_every: float | None = None
+    defrag_budget: float = 0.0
+    withdraw_failed: bool = False
+    defragments: int = 0
+    moves: int = 0
+    pods_moved: int = 0  # distinct pods moved at least once
+    late_starts: int = 0  # queued pods that started after a defragmentation
 
     def unallocated_at(self, arrived_pct: int) -> float | None:
         for arrived, allocated in self.curve:
@@ -128,6 +143,9 @@ def run(
     inflate: float = DEFAULT_INFLATE,
     progress: Callable[[int], None] | None = None,
     prior: bool = False,
+    defrag_every: float | None = None,
+    defrag_budget: float = 1.0,
+    withdraw_failed: bool = False,
 ) -> SimulationResult:
     """Run one seed of the experiment through the fold; ``progress(n)`` is called per pod."""
     workload = build_workload(nodes, pods, seed, inflate)
@@ -154,7 +172,14 @@ def run(
     scheduled = failed = rejected = 0
     fragmentation_at_100 = None
     submits = [submit_pod(pod, pod_id, CLUSTER) for pod_id, pod in workload.pods]
+    if defrag_every:
+        for submit in submits:
+            submit.payload.movable = True  # type: ignore[union-attr]
     pod_seconds = 0.0
+    next_defrag = defrag_every or 0.0
+    defragments = moves = late_starts = 0
+    moved: set[str] = set()
+    running = 0
     for submit, (_, pod) in zip(submits, workload.pods, strict=True):
         previous = round(100.0 * arrived / capacity) if capacity else 0
         arrived += pod.gpu_milli_total
@@ -163,14 +188,33 @@ def run(
             fragmentation_at_100 = _fragmentation(cluster)  # after the last pod of the 100% bucket
         tick = time.perf_counter()
         payload = decide(state, submit)[-1].payload
-        pod_seconds += time.perf_counter() - tick
         if isinstance(payload, PodScheduled):
             scheduled += 1
+            running += 1
         elif isinstance(payload, CommandRejected):
             rejected += 1
             failed += 1
         else:
             failed += 1
+            if withdraw_failed:
+                decide(
+                    state, Command(f"withdraw-{submit.command_id}", CLUSTER, 0, Release(pod_id_of(submit)), "simulate")
+                )
+        if defrag_every and capacity and 100.0 * arrived / capacity >= next_defrag:
+            while 100.0 * arrived / capacity >= next_defrag:
+                next_defrag += defrag_every
+            budget = max(1, round(running * defrag_budget / 100.0))
+            defragments += 1
+            command = Command(f"defrag-{defragments}", CLUSTER, 0, Defragment(budget), "simulate")
+            for event in decide(state, command):
+                if isinstance(event.payload, PodMigrated):
+                    moves += 1
+                    moved.add(event.payload.pod_id)
+                elif isinstance(event.payload, PodScheduled):
+                    late_starts += 1
+                    running += 1
+                    scheduled += 1
+        pod_seconds += time.perf_counter() - tick
         allocated_pct = 100.0 * cluster.gpu_milli_allocated / capacity if capacity else 0.0
         entry = buckets.setdefault(bucket, [0.0, 0.0])
         entry[0] += allocated_pct
@@ -203,7 +247,18 @@ def run(
         commands_per_sec=round((len(commands) + len(submits)) / elapsed, 1) if elapsed else 0.0,
         pods_per_sec=round(len(submits) / pod_seconds, 1) if pod_seconds else 0.0,
         state_hash=state_hash(state),
+        defrag_every=defrag_every,
+        defrag_budget=defrag_budget if defrag_every else 0.0,
+        withdraw_failed=withdraw_failed,
+        defragments=defragments,
+        moves=moves,
+        pods_moved=len(moved),
+        late_starts=late_starts,
     )
+
+
+def pod_id_of(command: Command) -> str:
+    return command.payload.pod_id  # type: ignore[union-attr]
 
 
 def _fragmentation(cluster: Any) -> tuple[float, float]:

@@ -40,6 +40,24 @@ def register(subparsers: Any) -> None:
         help="tell the fold the workload's pod shapes in advance, as the published FGD knew its typical pods "
         "(default: learned online from arrivals)",
     )
+    parser.add_argument(
+        "--defrag-every",
+        type=float,
+        metavar="PCT",
+        help="pods are movable; fold a Defragment each time arrived GPU crosses another PCT%% of capacity",
+    )
+    parser.add_argument(
+        "--defrag-budget",
+        type=float,
+        default=1.0,
+        metavar="PCT",
+        help="moves per Defragment, as %% of the running pods (default: 1)",
+    )
+    parser.add_argument(
+        "--withdraw-failed",
+        action="store_true",
+        help="release a pod that does not fit at once (it is never retried, as in the paper)",
+    )
     parser.add_argument("--limit", type=int, help="use only the first N pods of the file (smoke tests)")
     parser.add_argument("--json", action="store_true", help="print JSON (one object)")
     parser.add_argument("--curve", action="store_true", help="with text output, also print the allocation curve")
@@ -100,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, list[simulate.SimulationResult]] = {}
     for policy in policies:
         for seed in seeds:
-            results.setdefault(policy, []).append(_one(simulate, nodes, pods, policy, seed, args.inflate, args.prior))
+            results.setdefault(policy, []).append(_one(simulate, nodes, pods, policy, seed, args))
             if not args.json and (len(seeds) > 1 or len(policies) > 1):
                 _print_run(results[policy][-1])
     if args.plot:
@@ -118,12 +136,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one(simulate: Any, nodes: list[Any], pods: list[Any], policy: str, seed: int, inflate: float, prior: bool) -> Any:
+def _one(simulate: Any, nodes: list[Any], pods: list[Any], policy: str, seed: int, args: Any) -> Any:
     from tqdm import tqdm
 
-    total = len(simulate.build_workload(nodes, pods, seed, inflate).pods)
+    total = len(simulate.build_workload(nodes, pods, seed, args.inflate).pods)
     with tqdm(total=total, desc=f"{policy} seed {seed}", unit="pod", file=sys.stderr, disable=None, leave=False) as bar:
-        return simulate.run(nodes, pods, policy, seed, inflate, progress=bar.update, prior=prior)
+        return simulate.run(
+            nodes,
+            pods,
+            policy,
+            seed,
+            args.inflate,
+            progress=bar.update,
+            prior=args.prior,
+            defrag_every=args.defrag_every,
+            defrag_budget=args.defrag_budget,
+            withdraw_failed=args.withdraw_failed,
+        )
 
 
 def _json(results: dict[str, list[Any]]) -> dict[str, Any]:
@@ -147,6 +176,11 @@ def _print_run(result: Any) -> None:
         f"{result.policy:16} seed {result.seed:4}  unallocated@100 {_fmt(result.unallocated_gpu_pct_at_100):>6}%  "
         f"frag@100 {_fmt(result.fragmentation_pct_at_100):>6}%  scheduled {result.pods_scheduled}/{result.pods_total}"
         f"  {result.pods_per_sec:,.0f} pods/s  state {result.state_hash[:16]}"
+        + (
+            f"  defrag: {result.moves} moves, {result.pods_moved} pods moved, {result.late_starts} late starts"
+            if result.defrag_every
+            else ""
+        )
     )
 
 

@@ -1820,8 +1820,8 @@ def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: P
         raise InvariantViolation(f"pod {event.pod_id!r} migrated from {event.from_node!r} where it does not run")
     source = _node_of(cluster, event.from_node)
     target = _node_of(cluster, event.to_node)
-    if not target.schedulable or target is source:
-        raise InvariantViolation(f"pod {event.pod_id!r} migrated to unschedulable or same node {event.to_node!r}")
+    if not target.schedulable or (target is source and tuple(event.to_gpus) == pod.gpus):
+        raise InvariantViolation(f"pod {event.pod_id!r} migrated to unschedulable node {event.to_node!r} or nowhere")
     cluster.charge(pod, source, -1)
     source.free(pod.spec, pod.gpus)
     target.allocate(pod.spec, tuple(event.to_gpus), pod.started_at)

@@ -32,16 +32,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from processor.core.quota_keys import (
+    CPU,
+    GPU,
+    MEMORY,
+    Demand,
+    borrowing_limit,
+    demand,
+    gpu_key,
+    has_key,
+    lendable,
+    limited_keys,
+    nominal,
+    usage_on,
+)
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
 from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
 from schemas.events import PodSpec
-
-GPU = "gpu:"
-CPU = "cpu"
-MEMORY = "memory"
-
-Demand = dict[str, int]  # key -> amount (GPU milli, CPU milli, MiB)
 
 
 def quota_of(cluster: ClusterState, tenant: str) -> Quota | None:
@@ -49,75 +57,9 @@ def quota_of(cluster: ClusterState, tenant: str) -> Quota | None:
     return quota if quota is not None else cluster.default_quota
 
 
-def gpu_key(quota: Quota, model: str) -> str | None:
-    """The key a GPU of this model is counted under for the quota (None: GPUs are not limited)."""
-    if not quota.nominal_gpus:
-        return None
-    return GPU + (model if model in quota.nominal_gpus else ANY_MODEL)
-
-
-def nominal(quota: Quota, key: str) -> int | None:
-    """The nominal amount of a key (GPU milli, CPU milli, MiB); None: not limited."""
-    if key == CPU:
-        return quota.nominal_cpu_milli
-    if key == MEMORY:
-        return quota.nominal_memory_mib
-    if not quota.nominal_gpus:
-        return None
-    return quota.nominal_gpus.get(key[len(GPU) :], 0) * GPU_MILLI
-
-
-def has_key(quota: Quota, key: str) -> bool:
-    """Whether the key is one of the quota's own: ``gpu:M`` only if it names M (its other models are ``gpu:*``)."""
-    if key == CPU:
-        return quota.nominal_cpu_milli is not None
-    if key == MEMORY:
-        return quota.nominal_memory_mib is not None
-    model = key[len(GPU) :]
-    return bool(quota.nominal_gpus) and (model == ANY_MODEL or model in quota.nominal_gpus)
-
-
-def lendable(quota: Quota, key: str) -> int:
-    amount = nominal(quota, key) or 0
-    if key.startswith(GPU) and quota.lending_limit_gpus is not None:
-        return min(amount, quota.lending_limit_gpus * GPU_MILLI)
-    return amount
-
-
-def borrowing_limit(quota: Quota, key: str) -> int | None:
-    if key.startswith(GPU) and quota.borrowing_limit_gpus is not None:
-        return quota.borrowing_limit_gpus * GPU_MILLI
-    return None
-
-
 def used(cluster: ClusterState, tenant: str, quota: Quota, key: str) -> int:
     """What the tenant's running pods hold on a key. O(models)."""
-    usage = cluster.usage.get(tenant)
-    if usage is None:
-        return 0
-    if key == CPU:
-        return usage.cpu
-    if key == MEMORY:
-        return usage.memory
-    model = key[len(GPU) :]
-    if model != ANY_MODEL:
-        return usage.gpu.get(model, 0)
-    return sum(milli for name, milli in usage.gpu.items() if name not in quota.nominal_gpus)
-
-
-def demand(quota: Quota, spec: PodSpec, model: str) -> Demand:
-    """What a pod placed on a node of ``model`` adds to its tenant's limited keys."""
-    out: Demand = {}
-    milli = spec.num_gpu * spec.gpu_milli
-    if milli:
-        key = gpu_key(quota, model)
-        if key is not None:
-            out[key] = milli
-    if spec.cpu_milli and quota.nominal_cpu_milli is not None:
-        out[CPU] = spec.cpu_milli
-    if spec.memory_mib and quota.nominal_memory_mib is not None:
-        out[MEMORY] = spec.memory_mib
-    return out
+    return usage_on(cluster.usage.get(tenant), quota, key)
 
 
 def add(total: Demand, more: Demand) -> None:
@@ -126,17 +68,9 @@ def add(total: Demand, more: Demand) -> None:
 
 
 def pool(cluster: ClusterState, cohort: str, key: str) -> tuple[int, int]:
-    """(what the cohort's members lend on the key, how much of it is in use). O(members)."""
-    size = in_use = 0
-    for member in cluster.cohorts.get(cohort, ()):
-        quota = cluster.quotas[member]
-        if not has_key(quota, key):
-            continue
-        amount = nominal(quota, key) or 0
-        lent = lendable(quota, key)
-        size += lent
-        in_use += max(0, used(cluster, member, quota, key) - (amount - lent))
-    return size, in_use
+    """(what the cohort's members lend on the key, how much of it is in use). O(1): kept by the state."""
+    entry = cluster.pools.get((cohort, key))
+    return (entry[0], entry[1]) if entry is not None else (0, 0)
 
 
 @dataclass(slots=True)
@@ -189,7 +123,7 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
             )
             return Shortfall(tenant, key, now, need, max(0, amount + limit - now), False, message)
         size, in_use = pool(cluster, cohort, key)
-        guaranteed = amount - lendable(quota, key)
+        guaranteed = amount - lendable(quota, key)  # the pool counts only use beyond what it keeps
         after = in_use - max(0, now - guaranteed) + max(0, now + need - guaranteed)
         if after > size:
             within = now + need <= amount
@@ -205,20 +139,6 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
                 message += ": it is within the tenant's nominal quota, so borrowers give it back (reclaim)"
             return Shortfall(tenant, key, now, need, room, within, message)
     return None
-
-
-def limited_keys(quota: Quota) -> list[str]:
-    """Every key the quota limits, sorted."""
-    keys = []
-    if quota.nominal_gpus:
-        keys = [GPU + model for model in quota.nominal_gpus]
-        if ANY_MODEL not in quota.nominal_gpus:
-            keys.append(GPU + ANY_MODEL)
-    if quota.nominal_cpu_milli is not None:
-        keys.append(CPU)
-    if quota.nominal_memory_mib is not None:
-        keys.append(MEMORY)
-    return sorted(keys)
 
 
 def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:

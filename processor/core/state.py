@@ -10,6 +10,7 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
 from processor.core.pending import PendingQueue, QueueKey
@@ -318,6 +319,9 @@ class ClusterState:
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
+    # Derived: per (cohort, key), [what the members lend, how much of it is in use: each member's use
+    # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
+    pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
@@ -325,6 +329,13 @@ class ClusterState:
         usage = self.usage.get(spec.tenant)
         if usage is None:
             usage = self.usage[spec.tenant] = TenantUsage()
+        quota = self.quotas.get(spec.tenant)
+        if quota is not None and quota.cohort is not None:
+            pools, cohort = self.pools, quota.cohort
+            for key, amount in quota_keys.demand(quota, spec, node.gpu_model).items():
+                kept = quota_keys.guaranteed(quota, key)
+                held = quota_keys.usage_on(usage, quota, key)
+                pools[(cohort, key)][1] += max(0, held + sign * amount - kept) - max(0, held - kept)
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
@@ -353,6 +364,23 @@ class ClusterState:
                 members = self.cohorts.setdefault(quota.cohort, [])
                 members.append(tenant)
                 members.sort()
+        self.rebuild_pools()
+
+    @staticmethod
+    def _over(usage: TenantUsage | None, quota: Quota, key: str) -> int:
+        """A member's use of its cohort's pool on a key: what it holds beyond what it keeps."""
+        return max(0, quota_keys.usage_on(usage, quota, key) - quota_keys.guaranteed(quota, key))
+
+    def rebuild_pools(self) -> None:
+        """Every cohort's pools from the quotas and usage. O(members · keys); on quota changes only."""
+        self.pools = {}
+        for cohort in sorted(self.cohorts):
+            for member in self.cohorts[cohort]:
+                quota = self.quotas[member]
+                for key in quota_keys.limited_keys(quota):
+                    entry = self.pools.setdefault((cohort, key), [0, 0])
+                    entry[0] += quota_keys.lendable(quota, key)
+                    entry[1] += self._over(self.usage.get(member), quota, key)
 
     @property
     def quotas_on(self) -> bool:
