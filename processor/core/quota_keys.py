@@ -108,3 +108,23 @@ def demand(quota: Quota, spec: PodSpec, model: str) -> Demand:
     if spec.memory_mib and quota.nominal_memory_mib is not None:
         out[MEMORY] = spec.memory_mib
     return out
+
+
+Limits = dict[str, tuple[int, int, int | None]]
+"""A quota compiled for its checks: key -> (nominal, kept for itself, borrowing limit or None)."""
+
+
+def compile_limits(quota: Quota) -> Limits:
+    return {
+        key: (nominal(quota, key) or 0, guaranteed(quota, key), borrowing_limit(quota, key))
+        for key in limited_keys(quota)
+    }
+
+
+def key_of(limits: Limits, model: str) -> str | None:
+    """The GPU key of a model under compiled limits (None: GPUs not limited). O(1)."""
+    key = GPU + model
+    if key in limits:
+        return key
+    key = GPU + ANY_MODEL
+    return key if key in limits else None

@@ -99,9 +99,14 @@ def _amount(key: str, value: int) -> str:
 
 def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> Shortfall | None:
     """The first key (in key order) on which adding ``wanted`` would break the tenant's quota, or None."""
-    for key in sorted(wanted):
+    limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
+    for key in sorted(wanted) if len(wanted) > 1 else wanted:
         need = wanted[key]
-        amount = nominal(quota, key)
+        if limits is not None:
+            entry = limits.get(key)
+            amount = entry[0] if entry is not None else None
+        else:
+            amount = nominal(quota, key)
         if amount is None or need <= 0:
             continue
         now = used(cluster, tenant, quota, key)

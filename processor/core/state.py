@@ -322,6 +322,7 @@ class ClusterState:
     # Derived: per (cohort, key), [what the members lend, how much of it is in use: each member's use
     # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
     pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    limits: dict[str, quota_keys.Limits] = field(default_factory=dict)  # the quotas, compiled
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
@@ -331,9 +332,16 @@ class ClusterState:
             usage = self.usage[spec.tenant] = TenantUsage()
         quota = self.quotas.get(spec.tenant)
         if quota is not None and quota.cohort is not None:
-            pools, cohort = self.pools, quota.cohort
-            for key, amount in quota_keys.demand(quota, spec, node.gpu_model).items():
-                kept = quota_keys.guaranteed(quota, key)
+            pools, cohort, limits = self.pools, quota.cohort, self.limits[spec.tenant]
+            milli = spec.num_gpu * spec.gpu_milli
+            for key, amount in (
+                (quota_keys.key_of(limits, node.gpu_model) if milli else None, milli),
+                (quota_keys.CPU, spec.cpu_milli),
+                (quota_keys.MEMORY, spec.memory_mib),
+            ):
+                if key is None or not amount or key not in limits:
+                    continue
+                kept = limits[key][1]
                 held = quota_keys.usage_on(usage, quota, key)
                 pools[(cohort, key)][1] += max(0, held + sign * amount - kept) - max(0, held - kept)
         usage.add(node.gpu_model, spec, sign)
@@ -358,8 +366,10 @@ class ClusterState:
             members.remove(tenant)
             if not members:
                 del self.cohorts[previous.cohort]
+        self.limits.pop(tenant, None)
         if quota is not None:
             self.quotas[tenant] = quota
+            self.limits[tenant] = quota_keys.compile_limits(quota)
             if quota.cohort is not None:
                 members = self.cohorts.setdefault(quota.cohort, [])
                 members.append(tenant)
