@@ -102,11 +102,12 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
     limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
     for key in sorted(wanted) if len(wanted) > 1 else wanted:
         need = wanted[key]
-        if limits is not None:
-            entry = limits.get(key)
-            amount = entry[0] if entry is not None else None
+        entry = limits.get(key) if limits is not None else None
+        if entry is not None:
+            amount, kept, limit = entry
         else:
-            amount = nominal(quota, key)
+            amount, limit = nominal(quota, key), borrowing_limit(quota, key)
+            kept = 0 if amount is None else amount - lendable(quota, key)
         if amount is None or need <= 0:
             continue
         now = used(cluster, tenant, quota, key)
@@ -119,7 +120,6 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
                 )
                 return Shortfall(tenant, key, now, need, max(0, amount - now), False, message)
             continue
-        limit = borrowing_limit(quota, key)
         if limit is not None and now + need > amount + limit:
             message = (
                 f"tenant {tenant!r} runs {_amount(key, now)}: its nominal {_amount(key, amount)} plus the "
@@ -128,7 +128,7 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
             )
             return Shortfall(tenant, key, now, need, max(0, amount + limit - now), False, message)
         size, in_use = pool(cluster, cohort, key)
-        guaranteed = amount - lendable(quota, key)  # the pool counts only use beyond what it keeps
+        guaranteed = kept  # the pool counts only use beyond what the tenant keeps for itself
         after = in_use - max(0, now - guaranteed) + max(0, now + need - guaranteed)
         if after > size:
             within = now + need <= amount
