@@ -103,6 +103,7 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
     for key in sorted(wanted) if len(wanted) > 1 else wanted:
         need = wanted[key]
         entry = limits.get(key) if limits is not None else None
+        amount: int | None
         if entry is not None:
             amount, kept, limit = entry
         else:
