@@ -40,6 +40,7 @@ from schemas.events import (
     NodeRemoved,
     NodeUncordoned,
     PodEvicted,
+    PodMigrated,
     PodQueued,
     PodReleased,
     PodScheduled,
@@ -562,6 +563,31 @@ def _pod_released(batch: _Batch, event: Event, p: PodReleased) -> None:
     pod["updated_sequence"] = event.sequence
 
 
+def _pod_migrated(batch: _Batch, event: Event, p: PodMigrated) -> None:
+    """A running pod moved (Defragment): its resources go from one node to the other; its tenant's usage
+    goes on uninterrupted."""
+    pod = batch.pod(event.cluster, p.pod_id)
+    if pod["status"] != "running" or pod["node_id"] != p.from_node:
+        raise ProjectionError(f"pod {p.pod_id!r} migrated from {p.from_node!r} where it does not run")
+    t = event.occurred_at
+    milli_total = pod["num_gpu"] * pod["gpu_milli"]
+    for node_id, shares, sign in ((p.from_node, p.from_gpus, -1), (p.to_node, p.to_gpus, +1)):
+        node = batch.node(event.cluster, node_id)
+        free = node["gpu_free"]
+        for share in shares:
+            free[share.index] -= sign * share.milli
+        node["gpu_milli_allocated"] += sign * milli_total
+        node["cpu_allocated"] += sign * pod["cpu_milli"]
+        node["memory_allocated"] += sign * pod["memory_mib"]
+        node["pods_running"] += sign
+        node["updated_sequence"] = event.sequence
+        batch.shift_totals(node, t, sign * milli_total, 0, pods=sign)
+    pod["node_id"] = p.to_node
+    pod["gpus"] = [[share.index, share.milli] for share in p.to_gpus]
+    pod["updated_sequence"] = event.sequence
+    batch.realloc.add((event.cluster, p.pod_id))
+
+
 _HANDLERS: dict[type, Handler] = {
     NodeAdded: _node_added,
     NodeRemoved: _node_removed,
@@ -573,6 +599,7 @@ _HANDLERS: dict[type, Handler] = {
     PodScheduled: _pod_scheduled,
     PodEvicted: _pod_evicted,
     PodReleased: _pod_released,
+    PodMigrated: _pod_migrated,
 }
 
 

@@ -152,3 +152,38 @@ def test_every_event_is_audited_with_its_command(engine: Engine, events: list) -
     assert [(r.sequence, r.command_id, r.command_offset, r.type) for r in rows] == [
         (e.sequence, e.command_id, e.command_offset, e.type_name) for e in events
     ]
+
+
+def test_migrations_and_preemptions_project_like_the_fold() -> None:
+    """After Defragment moves and priority preemptions, node GPU shares and allocations equal the fold's."""
+    from schemas.commands import AddNode, Command, Defragment, SetPolicy, SubmitPod
+
+    payloads: list[object] = [SetPolicy("spread", reserve_after_ms=-1)]
+    payloads += [AddNode(f"n{i}", 64_000, 262_144, "A100", 2) for i in range(3)]
+    payloads += [SubmitPod(f"s{i}", "t", 0, 1, 300, 1000, 1024, movable=True) for i in range(3)]
+    payloads += [SubmitPod("w", "t", 0, 2, 1000, 1000, 1024, preemption="never"), SetPolicy("best-fit")]
+    payloads += [
+        Defragment(10),
+        SubmitPod("low", "t", 0, 2, 1000, 1000, 1024),
+        SubmitPod("big", "t", 9, 2, 1000, 1000, 1024),
+    ]
+    commands = [Command(f"m-{i}", "c1", workload.START_MS + 1000 * i, p) for i, p in enumerate(payloads)]  # type: ignore[arg-type]
+    state = PartitionState()
+    events = [event for offset, command in enumerate(commands) for event in decide(state, command, offset)]
+    assert {"PodMigrated", "PodPreempted"} <= {event.type_name for event in events}
+    engine = create_engine("sqlite://")
+    models.Base.metadata.create_all(engine)
+    project(engine, envelopes(events))
+    cluster = state.clusters["c1"]
+    with engine.connect() as conn:
+        nodes = {r.node_id: r for r in conn.execute(select(models.nodes))}
+        allocations = list(conn.execute(select(models.allocations)))
+        pods = {r.pod_id: r for r in conn.execute(select(models.pods))}
+    for node_id, node in cluster.nodes.items():
+        assert nodes[node_id].gpu_free == node.gpu_free
+    assert {(a.pod_id, a.gpu_index) for a in allocations} == {
+        (pod_id, share.index) for pod_id, pod in cluster.pods.items() if pod.running for share in pod.gpus
+    }
+    assert {p for p, r in pods.items() if r.status == "running"} == {
+        p for p, pod in cluster.pods.items() if pod.running
+    }
