@@ -36,6 +36,8 @@ class RejectionCode:
     DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
     UNKNOWN_QUOTA = "UNKNOWN_QUOTA"  # RemoveQuota of a tenant that has no quota of its own
     NOT_WAITING = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
+    TIME_OUT_OF_RANGE = "TIME_OUT_OF_RANGE"  # issued_at past schemas.limits.MAX_ISSUED_AT
+    TOO_LARGE = "TOO_LARGE"  # a string or a collection over its bound in schemas.limits
 
     ALL = (
         DUPLICATE_COMMAND,
@@ -58,6 +60,8 @@ class RejectionCode:
         DEPENDENCY_CYCLE,
         UNKNOWN_QUOTA,
         NOT_WAITING,
+        TIME_OUT_OF_RANGE,
+        TOO_LARGE,
     )
 
 

@@ -44,12 +44,23 @@ from schemas.commands import (
     Tick,
     UncordonNode,
 )
+from schemas.limits import (
+    MAX_CPU_MILLI,
+    MAX_GPU_MODELS,
+    MAX_GPUS_PER_NODE,
+    MAX_ID_LENGTH,
+    MAX_ISSUED_AT,
+    MAX_LABELS,
+    MAX_MEMORY_MIB,
+    MAX_NODE_SELECTOR,
+    MAX_REASON_LENGTH,
+    MAX_SOURCE_LENGTH,
+    MAX_TAINTS,
+    MAX_TOLERATIONS,
+    MAX_VALUE_LENGTH,
+    show,
+)
 
-MAX_ID_LENGTH = 253
-MAX_GPUS_PER_NODE = 64
-MAX_CPU_MILLI = 100_000_000  # 100,000 cores
-MAX_MEMORY_MIB = 1 << 30  # 1 PiB
-MAX_ISSUED_AT = (1 << 63) - 1  # Avro long
 POLICY_NAMES = (
     "best-fit",
     "best-fit-paper",
@@ -80,7 +91,7 @@ def check_id(what: str, value: Any) -> None:
     if not isinstance(value, str) or not _ID.fullmatch(value) or not value.isprintable():
         raise Rejected(
             RejectionCode.INVALID_COMMAND,
-            f"{what} must be 1-{MAX_ID_LENGTH} printable characters without spaces, got {value!r}",
+            f"{what} must be 1-{MAX_ID_LENGTH} printable characters without spaces, got {show(value)}",
         )
 
 
@@ -93,16 +104,31 @@ def check_model(value: Any) -> None:
     if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
         raise Rejected(
             RejectionCode.UNKNOWN_GPU_MODEL,
-            f"GPU model {value!r} is not a valid model name (letters, digits, '.', '_', '-'; at most 64)",
+            f"GPU model {show(value)} is not a valid model name (letters, digits, '.', '_', '-'; at most 64)",
         )
+
+
+def check_count(what: str, items: Any, limit: int) -> None:
+    """At most ``limit`` entries (checked before the entries themselves, so the work stays bounded)."""
+    if len(items) > limit:
+        raise Rejected(RejectionCode.TOO_LARGE, f"at most {limit} {what} allowed, got {len(items)}")
+
+
+def check_length(what: str, value: Any, limit: int) -> None:
+    """A string of at most ``limit`` characters."""
+    if not isinstance(value, str):
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"{what} must be a string, got {show(value)}")
+    if len(value) > limit:
+        raise Rejected(RejectionCode.TOO_LARGE, f"{what} must be at most {limit} characters, got {len(value)}")
 
 
 def check_labels(what: str, labels: Mapping[str, str]) -> None:
     for key, value in labels.items():
         check_id(f"{what} key", key)
-        if not isinstance(value, str) or len(value) > MAX_ID_LENGTH:
+        if not isinstance(value, str) or len(value) > MAX_VALUE_LENGTH:
             raise Rejected(
-                RejectionCode.INVALID_COMMAND, f"{what} {key!r} value must be a string of at most {MAX_ID_LENGTH}"
+                RejectionCode.INVALID_COMMAND,
+                f"{what} {show(key)} value must be a string of at most {MAX_VALUE_LENGTH}",
             )
 
 
@@ -111,10 +137,16 @@ def check_envelope(command: Command) -> None:
     check_id("cluster", command.cluster)
     if not isinstance(command.issued_at, int) or isinstance(command.issued_at, bool) or command.issued_at < 0:
         raise Rejected(
-            RejectionCode.INVALID_COMMAND, f"issued_at must be epoch milliseconds >= 0, got {command.issued_at!r}"
+            RejectionCode.INVALID_COMMAND, f"issued_at must be epoch milliseconds >= 0, got {show(command.issued_at)}"
         )
     if command.issued_at > MAX_ISSUED_AT:
-        raise Rejected(RejectionCode.INVALID_COMMAND, f"issued_at must be at most {MAX_ISSUED_AT}")
+        hint = " (microseconds? issued_at is epoch milliseconds)" if command.issued_at >= 10**14 else ""
+        raise Rejected(
+            RejectionCode.TIME_OUT_OF_RANGE,
+            f"issued_at {command.issued_at} is after {MAX_ISSUED_AT} (2099-12-31T23:59:59.999Z), "
+            f"the latest time accepted{hint}",
+        )
+    check_length("source", command.source, MAX_SOURCE_LENGTH)
 
 
 def check_add_node(command: AddNode) -> None:
@@ -124,17 +156,25 @@ def check_add_node(command: AddNode) -> None:
     check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
     if command.gpu_count > 0 or command.gpu_model:
         check_model(command.gpu_model)
+    check_count("labels", command.labels, MAX_LABELS)
+    check_count("taints", command.taints, MAX_TAINTS)
     check_labels("label", command.labels)
     for taint in command.taints:
         check_id("taint key", taint.key)
+        check_length("taint value", taint.value, MAX_VALUE_LENGTH)
         if taint.effect not in TAINT_EFFECTS:
             raise Rejected(
-                RejectionCode.INVALID_COMMAND, f"taint effect must be one of {TAINT_EFFECTS}, got {taint.effect!r}"
+                RejectionCode.INVALID_COMMAND, f"taint effect must be one of {TAINT_EFFECTS}, got {show(taint.effect)}"
             )
 
 
 def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed) -> None:
     check_id("node_id", command.node_id)
+
+
+def check_mark_node_failed(command: MarkNodeFailed) -> None:
+    check_id("node_id", command.node_id)
+    check_length("reason", command.reason, MAX_REASON_LENGTH)
 
 
 def check_pod_resources(what: str, pod: SubmitPod | GangMember) -> None:
@@ -150,19 +190,24 @@ def check_pod_resources(what: str, pod: SubmitPod | GangMember) -> None:
         check_range("gpu_milli of a multi-GPU pod", pod.gpu_milli, GPU_MILLI, GPU_MILLI)
     if pod.num_gpu == 0 and pod.cpu_milli == 0 and pod.memory_mib == 0:
         raise Rejected(RejectionCode.INVALID_RESOURCES, f"{what} {pod.pod_id!r} requests no GPU, CPU or memory")
+    check_count("GPU models", pod.gpu_models, MAX_GPU_MODELS)
+    check_count("node_selector entries", pod.node_selector, MAX_NODE_SELECTOR)
+    check_count("tolerations", pod.tolerations, MAX_TOLERATIONS)
     for model in pod.gpu_models:
         check_model(model)
     check_labels("node_selector", pod.node_selector)
     for toleration in pod.tolerations:
+        check_length("toleration key", toleration.key, MAX_ID_LENGTH)
+        check_length("toleration value", toleration.value, MAX_VALUE_LENGTH)
         if toleration.operator not in TOLERATION_OPERATORS:
             raise Rejected(
                 RejectionCode.INVALID_COMMAND,
-                f"toleration operator must be one of {TOLERATION_OPERATORS}, got {toleration.operator!r}",
+                f"toleration operator must be one of {TOLERATION_OPERATORS}, got {show(toleration.operator)}",
             )
         if toleration.effect and toleration.effect not in TAINT_EFFECTS:
             raise Rejected(
                 RejectionCode.INVALID_COMMAND,
-                f"toleration effect must be empty or one of {TAINT_EFFECTS}, got {toleration.effect!r}",
+                f"toleration effect must be empty or one of {TAINT_EFFECTS}, got {show(toleration.effect)}",
             )
 
 
@@ -176,7 +221,7 @@ def check_dependencies(own_ids: tuple[str, ...], depends_on: tuple[str, ...], de
     """``depends_on`` ids and the dependency type; depending on oneself is a cycle."""
     if dependency not in DEPENDENCY_TYPES:
         raise Rejected(
-            RejectionCode.INVALID_COMMAND, f"dependency must be one of {DEPENDENCY_TYPES}, got {dependency!r}"
+            RejectionCode.INVALID_COMMAND, f"dependency must be one of {DEPENDENCY_TYPES}, got {show(dependency)}"
         )
     if len(depends_on) > MAX_DEPENDENCIES:
         raise Rejected(
@@ -262,17 +307,20 @@ def check_tick(command: Tick) -> None:
 
 def check_release(command: Release) -> None:
     check_id("pod_id", command.pod_id)
+    check_length("reason", command.reason, MAX_REASON_LENGTH)
 
 
 def check_set_policy(command: SetPolicy) -> None:
     nothing_else = command.reserve_after_ms is None and not command.queue_order and command.default_quota is None
     if (command.policy or nothing_else) and command.policy not in POLICY_NAMES:
-        raise Rejected(RejectionCode.UNKNOWN_POLICY, f"unknown policy {command.policy!r}; known: {list(POLICY_NAMES)}")
+        raise Rejected(
+            RejectionCode.UNKNOWN_POLICY, f"unknown policy {show(command.policy)}; known: {list(POLICY_NAMES)}"
+        )
     if command.reserve_after_ms is not None:
         check_range("reserve_after_ms (negative: no reservations)", command.reserve_after_ms, -1, MAX_DURATION_MS)
     if command.queue_order and command.queue_order not in QUEUE_ORDERS:
         raise Rejected(
-            RejectionCode.INVALID_COMMAND, f"queue_order must be one of {QUEUE_ORDERS}, got {command.queue_order!r}"
+            RejectionCode.INVALID_COMMAND, f"queue_order must be one of {QUEUE_ORDERS}, got {show(command.queue_order)}"
         )
     if command.default_quota is not None:
         check_quota("default_quota", command.default_quota)
@@ -334,7 +382,7 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     CordonNode: check_node_ref,
     UncordonNode: check_node_ref,
     DrainNode: check_node_ref,
-    MarkNodeFailed: check_node_ref,
+    MarkNodeFailed: check_mark_node_failed,
     SubmitPod: check_submit_pod,
     Release: check_release,
     SetPolicy: check_set_policy,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from processor.core import defrag, dependencies, gangs, preemption, quotas, reservation_planner, reservations
@@ -102,11 +103,13 @@ from schemas.events import (
     ReservationReleased,
     Ticked,
 )
+from schemas.limits import MAX_MESSAGE_LENGTH, clip, stand_in
 from schemas.validation import (
     check_add_node,
     check_defragment,
     check_envelope,
     check_id,
+    check_mark_node_failed,
     check_release,
     check_release_gang,
     check_remove_quota,
@@ -189,7 +192,11 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
     try:
         check_envelope(command)
     except Rejected as rejection:  # its time cannot be trusted: folded at the clock, which it does not move
-        decision.emit(CommandRejected(command.command_id, command.type_name, rejection.code, rejection.message))
+        # A rejection stays small whatever it refuses: an id over its bound is carried as a short stand-in
+        # and the message is clipped, so the event always fits a Kafka record (schemas.limits).
+        decision.command = _bounded_envelope(command)
+        message = clip(rejection.message, MAX_MESSAGE_LENGTH)
+        decision.emit(CommandRejected(decision.command.command_id, command.type_name, rejection.code, message))
         return decision.events
     clock = command.issued_at if command.issued_at > state.clock else state.clock
     duplicate = command.command_id in state.seen  # before timers: their events carry this command's id
@@ -213,9 +220,18 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
     except Rejected as rejection:
         if len(decision.events) > mark:
             raise InvariantViolation(f"command {command.command_id!r} rejected after emitting events") from rejection
-        decision.emit(CommandRejected(command.command_id, command.type_name, rejection.code, rejection.message))
+        message = clip(rejection.message, MAX_MESSAGE_LENGTH)  # e.g. a list of every GPU model a cluster knows
+        decision.emit(CommandRejected(command.command_id, command.type_name, rejection.code, message))
     _upkeep(decision)
     return decision.events
+
+
+def _bounded_envelope(command: Command) -> Command:
+    """The command itself, or a copy whose command_id and cluster are short, encodable stand-ins."""
+    command_id, cluster = stand_in(command.command_id), stand_in(command.cluster)
+    if command_id == command.command_id and cluster == command.cluster:
+        return command
+    return replace(command, command_id=command_id, cluster=cluster, source="")
 
 
 def _node(decision: _Decision, node_id: str) -> Node:
@@ -293,6 +309,7 @@ def _drain_node(decision: _Decision, command: DrainNode) -> None:
 
 
 def _mark_node_failed(decision: _Decision, command: MarkNodeFailed) -> None:
+    check_mark_node_failed(command)
     node = _node(decision, command.node_id)
     if node.failed:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} is already marked failed")

@@ -10,6 +10,7 @@ crash at any moment loses nothing and duplicates nothing.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from schemas import DecodeError
 from schemas.dead_letters import DeadLetter, encode_dead_letter
 from schemas.events import CommandRejected
 from schemas.fastcodec import decode_command, encode_event
+from schemas.limits import MAX_DEAD_LETTER_KEY_BYTES, MAX_DEAD_LETTER_VALUE_BYTES, MAX_ERROR_LENGTH, clip
 from schemas.snapshots import decode_snapshot, encode_snapshot
 from schemas.topics import Topics
 
@@ -116,8 +118,8 @@ class PartitionFolder:
             state.next_offset = record.offset + 1
         else:
             topic, partition = self.topics.events, self.partition
-            key = command.cluster.encode()
             events = decide(state, command, record.offset)
+            key = events[0].cluster.encode()  # a rejection's cluster is bounded (schemas.limits.stand_in)
             for event in events:
                 out.append(OutputRecord(topic, partition, key, encode_event(event)))
             outcome = events[0].payload
@@ -144,8 +146,28 @@ class PartitionFolder:
         )
 
     def _dead_letter(self, record: InputRecord, error: str) -> OutputRecord:
-        letter = DeadLetter(self.topics.commands, record.partition, record.offset, error, record.key, record.value)
-        return OutputRecord(self.topics.dead_letters, record.partition, record.key, encode_dead_letter(letter))
+        letter = bounded_dead_letter(self.topics.commands, record, error)
+        return OutputRecord(self.topics.dead_letters, record.partition, letter.key, encode_dead_letter(letter))
+
+
+def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLetter:
+    """The dead letter of an undecodable record, small enough to publish whatever the record's size.
+
+    The bytes are copied when they fit (:data:`~schemas.limits.MAX_DEAD_LETTER_VALUE_BYTES`); a larger record
+    is referenced by its size and SHA-256 (the commands topic keeps the original forever).
+    """
+    error = clip(error, MAX_ERROR_LENGTH)
+    key, value = record.key, record.value
+    if key is not None and len(key) > MAX_DEAD_LETTER_KEY_BYTES:
+        error += f"; key of {len(key)} bytes not copied (sha256 {hashlib.sha256(key).hexdigest()})"
+        key = None
+    if value is not None and len(value) > MAX_DEAD_LETTER_VALUE_BYTES:
+        error += (
+            f"; value of {len(value)} bytes not copied (sha256 {hashlib.sha256(value).hexdigest()}), "
+            f"read it at {topic}[{record.partition}]@{record.offset}"
+        )
+        value = None
+    return DeadLetter(topic, record.partition, record.offset, error, key, value)
 
 
 def restore_state(log_: CommandLog, partition: int) -> PartitionState:

@@ -281,6 +281,24 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("empty tenant", SubmitPod("p9", tenant="", cpu_milli=1), RejectionCode.INVALID_COMMAND),
     ("empty release id", Release(""), RejectionCode.INVALID_COMMAND),
     ("empty node to cordon", CordonNode(""), RejectionCode.INVALID_COMMAND),
+    # sizes over the contract's bounds (schemas.limits)
+    ("node with 257 labels", AddNode("n9", 1000, 1024, labels={f"k{i}": "v" for i in range(257)}), "TOO_LARGE"),
+    ("node with 65 taints", AddNode("n9", 1000, 1024, taints=tuple(Taint(f"k{i}") for i in range(65))), "TOO_LARGE"),
+    ("taint value of 254 characters", AddNode("n9", 1000, 1024, taints=(Taint("k", "v" * 254),)), "TOO_LARGE"),
+    ("pod with 65 GPU models", SubmitPod("p9", cpu_milli=1, gpu_models=("A100",) * 65), RejectionCode.TOO_LARGE),
+    (
+        "pod with 65 selector entries",
+        SubmitPod("p9", cpu_milli=1, node_selector={str(i): "" for i in range(65)}),
+        RejectionCode.TOO_LARGE,
+    ),
+    ("pod with 65 tolerations", SubmitPod("p9", cpu_milli=1, tolerations=(Toleration("k"),) * 65), "TOO_LARGE"),
+    (
+        "toleration value of 254",
+        SubmitPod("p9", cpu_milli=1, tolerations=(Toleration("k", value="v" * 254),)),
+        RejectionCode.TOO_LARGE,
+    ),
+    ("release reason of 1025", Release("p1", "r" * 1025), RejectionCode.TOO_LARGE),
+    ("failure reason of 1025", MarkNodeFailed("n2", "r" * 1025), RejectionCode.TOO_LARGE),
     # unknown things
     ("unknown node to remove", RemoveNode("nx"), RejectionCode.UNKNOWN_NODE),
     ("unknown node to cordon", CordonNode("nx"), RejectionCode.UNKNOWN_NODE),
@@ -367,6 +385,16 @@ def test_invalid_envelope_is_rejected(harness: Harness, command_id: str, cluster
     harness.still_works()
 
 
+@pytest.mark.parametrize(
+    "issued_at", [4_102_444_800_000, 1_767_225_600_000_000, (1 << 62), (1 << 63) - 1], ids=["2100", "µs", "2^62", "max"]
+)
+def test_issued_at_after_2099_is_time_out_of_range(harness: Harness, issued_at: int) -> None:
+    """A command issued after 2099-12-31 (microseconds by mistake, overflow) is TIME_OUT_OF_RANGE."""
+    rejection = harness.expect_rejection(frame(CordonNode("n2"), issued_at=issued_at))
+    assert rejection.code == RejectionCode.TIME_OUT_OF_RANGE
+    harness.still_works()
+
+
 def test_releasing_twice_is_rejected_the_second_time(harness: Harness) -> None:
     """The first Release frees the pod; the second one is UNKNOWN_POD and changes nothing."""
     harness.feed(frame(Release("p1"), "release-1"))
@@ -397,5 +425,6 @@ def test_every_rejection_code_is_covered_by_the_corpus() -> None:
         RejectionCode.DUPLICATE_COMMAND,
         RejectionCode.NODE_FAILED,
         RejectionCode.NODE_ALREADY_CORDONED,
+        RejectionCode.TIME_OUT_OF_RANGE,
     }
     assert covered == set(RejectionCode.ALL)

@@ -110,6 +110,7 @@ REJECTIONS = [
     ("DEPENDENCY_CYCLE", SubmitPod("p9", cpu_milli=1, depends_on=("p9",)), None, RejectionCode.DEPENDENCY_CYCLE),
     ("UNKNOWN_QUOTA", RemoveQuota("nobody"), None, RejectionCode.UNKNOWN_QUOTA),
     ("NOT_WAITING", Defragment(5, target="p1"), None, RejectionCode.NOT_WAITING),
+    ("TOO_LARGE", Release("p1", "x" * 2000), None, RejectionCode.TOO_LARGE),
 ]
 
 
@@ -130,9 +131,20 @@ def test_refused_command_yields_one_rejection_and_changes_no_allocation(
     assert clusters_hash(fold.state) == before
 
 
+def test_issued_at_past_the_contract_range_is_time_out_of_range() -> None:
+    """A command issued after 2099 (e.g. microseconds by mistake) is refused as TIME_OUT_OF_RANGE; nothing changes."""
+    fold = busy_fold()
+    before = clusters_hash(fold.state)
+    (event,) = decide(fold.state, Command("late", "c0", 1_767_225_600_000_000, Release("p1")))
+    assert event.payload.code == RejectionCode.TIME_OUT_OF_RANGE
+    assert "microseconds" in event.payload.message
+    assert clusters_hash(fold.state) == before
+
+
 def test_rejection_table_covers_every_code() -> None:
-    """The table above has one case per RejectionCode."""
-    assert sorted(code for *_, code in REJECTIONS) == sorted(RejectionCode.ALL)
+    """The table above has one case per RejectionCode (TIME_OUT_OF_RANGE has its own test, it needs a time)."""
+    codes = [code for *_, code in REJECTIONS] + [RejectionCode.TIME_OUT_OF_RANGE]
+    assert sorted(codes) == sorted(RejectionCode.ALL)
 
 
 def test_rejected_command_on_an_unknown_cluster_creates_no_cluster() -> None:
