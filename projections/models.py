@@ -230,6 +230,35 @@ class UsageAdjustmentRow(Base):
     gpu_milli_ms: Mapped[int] = mapped_column(BigInteger)
 
 
+class TenantUsageSpanRow(Base):
+    """A run of more than a day of whole sealed hours in which a tenant's rate did not change.
+
+    Written instead of one ``tenant_usage`` row per hour, so a gap in event time (a far-future
+    ``issued_at``) costs one row per running tenant, not one per hour. Each hour of
+    ``[start_hour, start_hour + hours * 1 h)`` used ``gpu_milli_ms_per_hour``; sealed when written.
+    """
+
+    __tablename__ = "tenant_usage_spans"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID, primary_key=True)
+    start_hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    hours: Mapped[int] = mapped_column(BigInteger)
+    gpu_milli_ms_per_hour: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageAdjustmentSpanRow(Base):
+    """A late event's correction over more than a day of sealed hours, as one row (see ``usage_adjustments``)."""
+
+    __tablename__ = "usage_adjustment_spans"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID, primary_key=True)
+    start_hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    hours: Mapped[int] = mapped_column(BigInteger)
+    gpu_milli_ms_per_hour: Mapped[int] = mapped_column(BigInteger)
+
+
 nodes: Table = cast(Table, NodeRow.__table__)
 pods: Table = cast(Table, PodRow.__table__)
 allocations: Table = cast(Table, AllocationRow.__table__)
@@ -243,5 +272,7 @@ tenant_rates: Table = cast(Table, TenantRateRow.__table__)
 usage_hours: Table = cast(Table, UsageHourRow.__table__)
 tenant_usage: Table = cast(Table, TenantUsageRow.__table__)
 usage_adjustments: Table = cast(Table, UsageAdjustmentRow.__table__)
+tenant_usage_spans: Table = cast(Table, TenantUsageSpanRow.__table__)
+usage_adjustment_spans: Table = cast(Table, UsageAdjustmentSpanRow.__table__)
 
 TABLES = tuple(Base.metadata.sorted_tables)

@@ -58,6 +58,10 @@ class ProjectionError(Exception):
     """The events cannot be projected (a gap in a partition's sequence, an event about an unknown pod or node)."""
 
 
+class ProjectionStopped(Exception):
+    """A stop was asked for while the database was unavailable: the batch was not written (nothing is lost)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """One record of the events topic: where it is, its frame, and the frame decoded.
@@ -699,6 +703,8 @@ class Projector:
         self.on_commit = on_commit
         self.schema = schema
         self.retries = 0
+        self.stopping: Callable[[], bool] = lambda: False
+        """Set by the runner: once it returns True, an outage is no longer waited out (SIGTERM stays prompt)."""
 
     def _connect(self) -> Connection:
         conn = self.engine.connect()
@@ -747,5 +753,9 @@ class Projector:
                 _count_retry()
                 message = mask_url(str(error.orig) if error.orig is not None else str(error)).splitlines()[0]
                 log.warning("database unavailable (%s); retrying in %.1fs", message, delay)
-                time.sleep(delay)
+                deadline = time.monotonic() + delay
+                while time.monotonic() < deadline:
+                    if self.stopping():
+                        raise ProjectionStopped(f"stopped while the database was unavailable ({message})") from None
+                    time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
                 delay = min(self.max_backoff, delay * 2)

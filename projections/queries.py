@@ -406,6 +406,19 @@ def tenant_usage(
         item = period(tenant_, hour)
         item["milli_ms"] += int(milli_ms)
         item["adjust"] += int(milli_ms)
+    for table, adjust in ((models.tenant_usage_spans, False), (models.usage_adjustment_spans, True)):
+        for tenant_, first, hours, milli_ms in _spans(conn, table, start - start % size, end, tenant, cluster):
+            # Every hour of the span inside the asked range, period by period (at most 100,000 periods).
+            hour = max(first, start - start % size)
+            stop = min(first + hours * HOUR_MS, end + (-end) % HOUR_MS)
+            while hour < stop:
+                item = period(tenant_, hour)
+                inside = min(stop, hour - hour % size + size)
+                amount = milli_ms * ((inside - hour) // HOUR_MS)
+                item["milli_ms"] += amount
+                if adjust:
+                    item["adjust"] += amount
+                hour = inside
     return [
         {
             "tenant": item["tenant"],
@@ -433,11 +446,32 @@ def top_consumers(
             query = query.where(c.cluster == check_id("cluster", cluster))
         for tenant_, milli_ms in conn.execute(query):
             totals[tenant_] = totals.get(tenant_, 0) + int(milli_ms)
+    first_hour, end_hour = start + (-start) % HOUR_MS, end + (-end) % HOUR_MS  # whole hours in [start, end)
+    for table in (models.tenant_usage_spans, models.usage_adjustment_spans):
+        for tenant_, first, hours, milli_ms in _spans(conn, table, first_hour, end_hour, None, cluster):
+            inside = (min(first + hours * HOUR_MS, end_hour) - max(first, first_hour)) // HOUR_MS
+            if inside > 0:
+                totals[tenant_] = totals.get(tenant_, 0) + milli_ms * inside
     ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:limit]
     return [
         {"rank": i + 1, "tenant": t, "gpu_hours": round(v / MILLI_MS_PER_GPU_HOUR, 6)}
         for i, (t, v) in enumerate(ranked)
     ]
+
+
+def _spans(
+    conn: Connection, table: Any, start: int, end: int, tenant: str | None, cluster: str | None
+) -> list[tuple[str, int, int, int]]:
+    """(tenant, first hour, hours, milli-ms per hour) of the span rows overlapping [start, end)."""
+    c = table.c
+    query = select(c.tenant, c.start_hour, c.hours, c.gpu_milli_ms_per_hour).where(
+        c.start_hour < end, c.start_hour + c.hours * HOUR_MS > start
+    )
+    if tenant is not None:
+        query = query.where(c.tenant == tenant)
+    if cluster is not None:
+        query = query.where(c.cluster == cluster)
+    return [(t, int(h), int(n), int(m)) for t, h, n, m in conn.execute(query.order_by(c.tenant, c.start_hour))]
 
 
 def status(conn: Connection) -> dict[str, Any]:

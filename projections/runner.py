@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from projections.projector import BatchResult, Envelope, Projector
+from projections.projector import BatchResult, Envelope, ProjectionStopped, Projector
 from projections.schema import ensure_schema
 from projections.sources import EmbeddedEventSource, EventSource
 from projections.usage import DEFAULT_LATENESS_MS
@@ -77,6 +77,7 @@ def run(
     if projector.on_commit is None:
         projector.on_commit = _record_metrics
     stop = stop or threading.Event()
+    projector.stopping = stop.is_set
     source.start(projector.positions)
     # Long-lived objects (modules, schemas) never need scanning again, and a batch allocates
     # tens of thousands of short-lived containers: collect young objects less often.
@@ -101,7 +102,11 @@ def run(
                 break
             if isinstance(batch, BaseException):
                 raise batch
-            result = projector.project(batch)
+            try:
+                result = projector.project(batch)
+            except ProjectionStopped as stopped:
+                log.info("%s", stopped)
+                break
             stats.batches += 1
             stats.events += result.applied
             stats.duplicates += result.duplicates

@@ -16,6 +16,14 @@ row keyed by the event that revealed it.
 
 Sealing is decided per event, never per batch, so the tables do not depend on
 how the events were batched (a rebuild equals the live projection).
+
+No work or memory grows with a gap in event time (a far-future ``issued_at`` in an
+old log, a pod started decades late): an hour gets a row only when something was
+credited to it, and a run of more than :data:`SPAN_HOURS` whole hours at one rate
+is a single span row (``tenant_usage_spans``, ``usage_adjustment_spans``). A credit
+is therefore at most a few rows whatever its length: a partial first hour, a span
+(or up to a day of hours), a partial last hour. Event times are clamped into the
+contract's range (``schemas.limits``), so spans stay within 64-bit sums.
 """
 
 from __future__ import annotations
@@ -27,9 +35,20 @@ from sqlalchemy import Connection, update
 
 from projections import models
 from projections.dialect import upsert_add, upsert_ignore, upsert_replace
+from schemas.limits import MAX_ISSUED_AT, MIN_ISSUED_AT
 
 HOUR_MS = 3_600_000
 DEFAULT_LATENESS_MS = 5 * 60_000
+MAX_LATENESS_MS = 7 * 24 * HOUR_MS
+"""The largest lateness allowance: it bounds how many hours can be open (and written one by one) at a time."""
+SPAN_HOURS = 24
+"""A run of more whole hours than this at one rate is written as one span row instead of a row per hour."""
+_CHUNK = 500  # hours per IN (...) list
+
+
+def usage_time(t: int) -> int:
+    """An event time clamped into the contract's range (only logs written before the limits hold others)."""
+    return min(max(t, MIN_ISSUED_AT), MAX_ISSUED_AT)
 
 
 def hour_of(t: int) -> int:
@@ -45,6 +64,24 @@ def split_hours(start: int, end: int) -> Iterator[tuple[int, int]]:
         stop = min(end, hour + HOUR_MS)
         yield hour, stop - t
         t = stop
+
+
+def pieces(start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """[start, end) as (first hour, number of hours, milliseconds in each): at most three pieces.
+
+    A partial first hour, the run of whole hours, a partial last hour (each present only if non-empty).
+    """
+    t = start
+    if t % HOUR_MS and t < end:
+        stop = min(end, hour_of(t) + HOUR_MS)
+        yield hour_of(t), 1, stop - t
+        t = stop
+    whole = max(0, (end - t) // HOUR_MS)
+    if whole:
+        yield t, whole, HOUR_MS
+        t += whole * HOUR_MS
+    if t < end:
+        yield t, 1, end - t
 
 
 @dataclass(slots=True)
@@ -70,8 +107,15 @@ class UsageLedger:
     dirty_clocks: set[str] = field(default_factory=set)
     open_credits: dict[tuple[str, str, int], int] = field(default_factory=dict)
     adjustments: dict[tuple[str, str, int, int, int], int] = field(default_factory=dict)
+    # (cluster, tenant, first hour[, partition, sequence]) -> (hours, milli-ms in each hour)
+    sealed_spans: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
+    adjustment_spans: dict[tuple[str, str, int, int, int], tuple[int, int]] = field(default_factory=dict)
     hours: set[tuple[str, int]] = field(default_factory=set)
     sealed: list[tuple[str, int]] = field(default_factory=list)  # hours this batch sealed
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lateness_ms <= MAX_LATENESS_MS:
+            raise ValueError(f"lateness must be between 0 and {MAX_LATENESS_MS} ms (7 days), got {self.lateness_ms}")
 
     # ---------------------------------------------------------------- loading
 
@@ -89,6 +133,7 @@ class UsageLedger:
 
     def observe(self, conn: Connection, cluster: str, t: int, position: tuple[int, int]) -> None:
         """Advance the cluster's watermark to event time ``t``, sealing every hour it leaves behind."""
+        t = usage_time(t)
         clock = self.clocks.get(cluster)
         if clock is None:
             clock = self.clocks[cluster] = Clock(t, hour_of(t))
@@ -113,6 +158,7 @@ class UsageLedger:
     def _change(self, cluster: str, tenant: str, t: int, delta: int, position: tuple[int, int]) -> None:
         if delta == 0:
             return
+        t = usage_time(t)
         key = (cluster, tenant)
         rate = self.rates.get(key)
         if rate is None:
@@ -125,19 +171,60 @@ class UsageLedger:
         rate.running_milli += delta
         self.dirty_rates.add(key)
 
-    def _credit(self, cluster: str, tenant: str, start: int, end: int, milli: int, position: tuple[int, int]) -> None:
+    def _credit(
+        self,
+        cluster: str,
+        tenant: str,
+        start: int,
+        end: int,
+        milli: int,
+        position: tuple[int, int],
+        *,
+        sealing: bool = False,
+    ) -> None:
+        """Credit ``milli`` over [start, end): sealed hours as adjustments, open ones as credits.
+
+        At most a few entries whatever the length: a run of more than SPAN_HOURS whole sealed hours is one
+        adjustment span, and (while ``sealing``, when the whole run is about to be sealed) one usage span.
+        Outside sealing the open hours lie between the sealed point and the watermark, at most
+        lateness + 1 h, so writing them one by one stays bounded.
+        """
         if milli == 0 or end <= start:
             return
-        clock = self.clocks[cluster]
-        for hour, ms in split_hours(start, end):
+        sealed_until = self.clocks[cluster].sealed_until  # hour-aligned
+        for first, count, ms in pieces(start, end):
             amount = milli * ms
-            if hour < clock.sealed_until:
-                key5 = (cluster, tenant, hour, position[0], position[1])
-                self.adjustments[key5] = self.adjustments.get(key5, 0) + amount
-            else:
+            if first < sealed_until:
+                late = min(count, (sealed_until - first) // HOUR_MS)
+                self._adjust(cluster, tenant, first, late, amount, position)
+                first, count = first + late * HOUR_MS, count - late
+            if not count:
+                continue
+            if sealing and count > SPAN_HOURS:
+                span = (cluster, tenant, first)
+                if span in self.sealed_spans:
+                    raise ValueError(f"usage span {span} credited twice")  # never: each rate moves past it
+                self.sealed_spans[span] = (count, amount)
+                continue
+            for hour in range(first, first + count * HOUR_MS, HOUR_MS):
                 key3 = (cluster, tenant, hour)
                 self.open_credits[key3] = self.open_credits.get(key3, 0) + amount
                 self.hours.add((cluster, hour))
+
+    def _adjust(
+        self, cluster: str, tenant: str, first: int, count: int, amount: int, position: tuple[int, int]
+    ) -> None:
+        """``amount`` in each of ``count`` sealed hours from ``first``, keyed by the event that revealed it."""
+        if count > SPAN_HOURS:
+            key = (cluster, tenant, first, position[0], position[1])
+            hours, previous = self.adjustment_spans.get(key, (count, 0))
+            if hours != count:
+                raise ValueError(f"adjustment span {key} credited with {hours} and {count} hours")
+            self.adjustment_spans[key] = (count, previous + amount)
+            return
+        for hour in range(first, first + count * HOUR_MS, HOUR_MS):
+            key5 = (cluster, tenant, hour, position[0], position[1])
+            self.adjustments[key5] = self.adjustments.get(key5, 0) + amount
 
     # ---------------------------------------------------------------- sealing
 
@@ -146,14 +233,14 @@ class UsageLedger:
         start = clock.sealed_until
         for (rate_cluster, tenant), rate in sorted(self.rates.items()):
             if rate_cluster == cluster and rate.since < until and rate.running_milli:
-                self._credit(cluster, tenant, rate.since, until, rate.running_milli, position)
+                self._credit(cluster, tenant, rate.since, until, rate.running_milli, position, sealing=True)
                 rate.since = until
                 self.dirty_rates.add((cluster, tenant))
         credits = {k: v for k, v in self.open_credits.items() if k[0] == cluster and k[2] < until}
         for key in credits:
             del self.open_credits[key]
         self.hours = {(c, h) for c, h in self.hours if c != cluster or h >= until}
-        _write_hours(conn, [(cluster, hour) for hour in range(start, until, HOUR_MS)])
+        _write_hours(conn, sorted({(c, h) for c, _, h in credits}))  # hours with usage only: a gap costs nothing
         _write_credits(conn, credits)
         self.sealed.extend((cluster, hour) for hour in seal_hours(conn, cluster, start, until, clock.watermark))
         clock.sealed_until = until
@@ -171,6 +258,23 @@ class UsageLedger:
                     for (c, t, h, p, s), amount in sorted(self.adjustments.items())
                 ],
             )
+        if self.sealed_spans:
+            conn.execute(
+                models.tenant_usage_spans.insert(),
+                [
+                    {"cluster": c, "tenant": t, "start_hour": h, "hours": n, "gpu_milli_ms_per_hour": amount}
+                    for (c, t, h), (n, amount) in sorted(self.sealed_spans.items())
+                ],
+            )
+        if self.adjustment_spans:
+            conn.execute(
+                models.usage_adjustment_spans.insert(),
+                [
+                    {"cluster": c, "tenant": t, "start_hour": h, "partition": p, "sequence": q, "hours": n,
+                     "gpu_milli_ms_per_hour": amount}
+                    for (c, t, h, p, q), (n, amount) in sorted(self.adjustment_spans.items())
+                ],
+            )  # fmt: skip
         if self.dirty_rates:
             rows = [
                 {"cluster": c, "tenant": t, "running_milli": self.rates[(c, t)].running_milli,
@@ -187,6 +291,8 @@ class UsageLedger:
         self.hours.clear()
         self.open_credits.clear()
         self.adjustments.clear()
+        self.sealed_spans.clear()
+        self.adjustment_spans.clear()
         self.dirty_rates.clear()
         self.dirty_clocks.clear()
 
@@ -228,14 +334,15 @@ def seal_hours(conn: Connection, cluster: str, start: int, end: int, watermark: 
         .scalars()
         .all()
     )
-    if sealed:
-        usage = models.tenant_usage
+    usage = models.tenant_usage
+    ordered = sorted(sealed)
+    for i in range(0, len(ordered), _CHUNK):  # an IN list per chunk: SQLite caps the number of variables
         conn.execute(
             update(usage)
-            .where(usage.c.cluster == cluster, usage.c.hour.in_(sorted(sealed)), usage.c.status == "open")
+            .where(usage.c.cluster == cluster, usage.c.hour.in_(ordered[i : i + _CHUNK]), usage.c.status == "open")
             .values(status="sealed")
         )
-    return sorted(sealed)
+    return ordered
 
 
 def seal_hour(conn: Connection, cluster: str, hour: int, watermark: int) -> bool:
