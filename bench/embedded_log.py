@@ -111,7 +111,7 @@ def main() -> int:
         jsonl.write_text("".join(dumps(c.to_avro()) + "\n" for c in stream), encoding="utf-8")
         timer = Timer()
         with contextlib.redirect_stdout(io.StringIO()):
-            code = cli_main(["log", "append", "--log", str(Path(tmp) / "jsonl.sqlite"), str(jsonl)])
+            code = cli_main(["log", "append", "--create", "--log", str(Path(tmp) / "jsonl.sqlite"), str(jsonl)])
         results["jsonl"] = timer.rate(len(stream))
         assert code == 0
 

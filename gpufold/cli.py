@@ -49,13 +49,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
+    from gpufold.embedded_log import LogError
+    from gpufold.text import printable
+
     try:
         return int(handler(args) or 0)
-    except CliError as error:
-        print(f"gpufold: error: {error}", file=sys.stderr)
+    except (CliError, LogError) as error:
+        print(f"gpufold: error: {printable(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gpufold: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as error:  # a bug, or a failure nobody foresaw: still one line (-vv shows the traceback)
+        if args.verbose >= 2:
+            raise
+        detail = printable(str(error).splitlines()[0] if str(error) else "")[:300]
+        print(f"gpufold: error: unexpected {type(error).__name__}: {detail} (rerun with -vv for details)",
+              file=sys.stderr)  # fmt: skip
+        return 70

@@ -23,16 +23,24 @@ Guarantees:
 - Durability: ``synchronous=NORMAL`` in WAL mode survives a crash of the process;
   a power loss may drop the last transactions but never tears one. Pass
   ``durable=True`` for ``synchronous=FULL``.
+- Damage is detected, never folded: every record carries a CRC-32 of its position,
+  its bytes and ``prev``, the offset of the record before it in its partition, so a
+  changed byte and a missing or duplicated row both fail the check when the record
+  is read; consumer positions and the meta rows carry one too. SQLite's own errors
+  (a zeroed page: "database disk image is malformed") become :class:`DamagedLogError`,
+  one line. Records written before the checksums existed are read unchecked.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from processor.runtime.loop import InputRecord, OutputRecord
 from schemas.partitioner import partition_for
@@ -54,6 +62,8 @@ CREATE TABLE IF NOT EXISTS records (
     "offset" INTEGER NOT NULL,
     key BLOB,
     value BLOB,
+    prev INTEGER,
+    crc INTEGER,
     PRIMARY KEY (topic, "partition", "offset")
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS consumer_offsets (
@@ -61,9 +71,11 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
     topic TEXT NOT NULL,
     "partition" INTEGER NOT NULL,
     next_offset INTEGER NOT NULL,
+    crc INTEGER,
     PRIMARY KEY (consumer_group, topic, "partition")
 ) WITHOUT ROWID;
 """
+_CHECKED_COLUMNS = (("records", "prev"), ("records", "crc"), ("consumer_offsets", "crc"))
 
 
 class LogError(Exception):
@@ -72,6 +84,41 @@ class LogError(Exception):
 
 class FencedError(LogError):
     """Another processor committed this partition since this handle read it; nothing was published."""
+
+
+class DamagedLogError(LogError):
+    """The file is damaged: SQLite cannot read it, or a record, position or meta row fails its checksum."""
+
+
+def record_crc(topic: str, partition: int, offset: int, prev: int, key: bytes | None, value: bytes | None) -> int:
+    """CRC-32 of a record's position, its predecessor's offset and its bytes (None and b'' differ)."""
+    crc = zlib.crc32(f"{topic}\x00{partition}\x00{offset}\x00{prev}\x00".encode())
+    crc = zlib.crc32(b"\x00" if key is None else b"\x01" + bytes(key), crc)
+    return zlib.crc32(b"\x00" if value is None else b"\x01" + bytes(value), crc)
+
+
+def _position_crc(group: str, topic: str, partition: int, next_offset: int) -> int:
+    return zlib.crc32(f"{group}\x00{topic}\x00{partition}\x00{next_offset}".encode())
+
+
+def _meta_crc(meta: dict[str, str]) -> str:
+    return str(zlib.crc32(f"{meta.get('format')}\x00{meta.get('partitions')}".encode()))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(method: _F) -> _F:
+    """SQLite errors become one LogError naming the file (DamagedLogError when SQLite says it is corrupt)."""
+
+    @functools.wraps(method)
+    def wrapper(self: EmbeddedLog, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as error:
+            raise self._damaged(error) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 class StoredRecord(NamedTuple):
@@ -114,6 +161,8 @@ class EmbeddedLog:
         exists = self.path.exists() and self.path.stat().st_size > 0
         if not exists and (readonly or not create):
             raise LogError(f"no log at {self.path}")
+        if exists and not self.path.is_file():
+            raise LogError(f"{self.path} is not a file")
         try:
             if readonly:
                 self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
@@ -124,14 +173,59 @@ class EmbeddedLog:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._db.executescript(_SCHEMA)
+                self._add_checksum_columns()
+            self._checked = self._has_checksum_columns()
             self.partitions = self._init_meta(partitions, readonly)
         except sqlite3.DatabaseError as error:
-            raise LogError(f"{self.path} is not a usable gpufold log: {error}") from error
+            raise LogError(f"{self.path} is not a usable gpufold log: {error}") from None
         # Where poll() reads next, per partition; and the committed position this
         # handle last saw, per partition (the fencing check of commit()).
         self._fetch: dict[int, int] = {}
         self._seen_committed: dict[int, int] = {}
         self._next_poll_partition = 0
+        self._last_read: dict[int, int] = {}  # partition -> offset of the last command record polled
+
+    @property
+    def _columns(self) -> str:
+        return '"offset", key, value, prev, crc' if self._checked else '"offset", key, value, NULL, NULL'
+
+    def _verified(
+        self, topic: str, partition: int, rows: list[Any], start: int, last: int | None = None
+    ) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+        """Rows (offset, key, value, prev, crc) read from ``start`` on, each checked against its checksum and its
+        predecessor: a changed byte fails the CRC, a missing row breaks the chain of ``prev`` offsets."""
+        for offset, key, value, prev, crc in rows:
+            if crc is not None:
+                if crc != record_crc(topic, partition, offset, prev, key, value):
+                    raise DamagedLogError(
+                        f"{self.path}: record {topic}[{partition}]@{offset} fails its checksum: the file is damaged"
+                    )
+                if (last is not None and prev != last) or (last is None and prev >= start):
+                    raise DamagedLogError(
+                        f"{self.path}: record {topic}[{partition}]@{prev} is missing (the record at {offset} follows "
+                        "it): the file is damaged"
+                    )
+            last = offset
+            yield offset, key, value
+
+    def _damaged(self, error: BaseException) -> LogError:
+        if isinstance(error, sqlite3.OperationalError):  # locked, read-only, I/O: the file may well be fine
+            return LogError(f"{self.path}: {error}")
+        return DamagedLogError(f"{self.path}: the log cannot be read, it is damaged: {error}")
+
+    def _has_checksum_columns(self) -> bool:
+        columns = {
+            (table, row[1]) for table in ("records", "consumer_offsets")
+            for row in self._db.execute(f"PRAGMA table_info({table})")
+        }  # fmt: skip
+        return all(column in columns for column in _CHECKED_COLUMNS)
+
+    def _add_checksum_columns(self) -> None:
+        """A log written before the checksums gets the columns (its old rows stay unchecked)."""
+        for table, column in _CHECKED_COLUMNS:
+            names = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in names:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
 
     # ------------------------------------------------------------ set-up
 
@@ -147,16 +241,33 @@ class EmbeddedLog:
             try:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT_VERSION,))
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(count),))
+                written = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (_meta_crc(written),))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             meta = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
+        elif "check" not in meta and not readonly and meta.get("format") == FORMAT_VERSION:
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (_meta_crc(meta),))
+            meta["check"] = _meta_crc(meta)
+        if "check" in meta and meta["check"] != _meta_crc(meta):
+            raise DamagedLogError(f"{self.path}: the log's meta rows fail their checksum: the file is damaged")
         if meta.get("format") != FORMAT_VERSION:
             raise LogError(f"{self.path}: log format {meta.get('format')!r}, this gpufold reads {FORMAT_VERSION!r}")
-        stored = int(meta["partitions"])
+        try:
+            stored = int(meta["partitions"])
+        except (KeyError, ValueError):
+            raise DamagedLogError(f"{self.path}: no valid partition count in the log's meta rows") from None
+        if stored < 1:
+            raise DamagedLogError(f"{self.path}: partition count {stored} in the log's meta rows")
         if partitions is not None and partitions != stored:
             raise LogError(f"{self.path} has {stored} command partition(s), not {partitions}")
+        row = self._db.execute(
+            'SELECT MAX("partition") FROM records WHERE topic = ?', (self.topics.commands,)
+        ).fetchone()
+        if row[0] is not None and not 0 <= int(row[0]) < stored:
+            raise DamagedLogError(f"{self.path}: a command record in partition {row[0]} of a {stored}-partition log")
         return stored
 
     def close(self) -> None:
@@ -182,6 +293,7 @@ class EmbeddedLog:
         batch = [(self.partition_for(key), key, value) for key, value in frames]
         return self.append(self.topics.commands, batch)
 
+    @_guarded
     def append(self, topic: str, records: Sequence[tuple[int, bytes | None, bytes | None]]) -> list[tuple[int, int]]:
         """Append (partition, key, value) records to a topic in one transaction; returns (partition, offset)s."""
         self._db.execute("BEGIN IMMEDIATE")
@@ -193,19 +305,23 @@ class EmbeddedLog:
             raise
         return placed
 
+    @_guarded
     def import_records(self, records: Iterable[StoredRecord], batch_size: int = 10_000) -> int:
         """Store records at their given offsets (import of an export; gaps are kept). Returns the count.
 
         Refuses records at an offset that is already taken (the whole batch rolls back).
         """
         total = 0
-        batch: list[tuple[str, int, int, bytes | None, bytes | None]] = []
+        batch: list[tuple[str, int, int, bytes | None, bytes | None, int, int]] = []
+        previous: dict[tuple[str, int], int] = {}
 
         def flush() -> None:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
-                    'INSERT INTO records (topic, "partition", "offset", key, value) VALUES (?, ?, ?, ?, ?)', batch
+                    'INSERT INTO records (topic, "partition", "offset", key, value, prev, crc) '
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    batch,
                 )
                 self._db.execute("COMMIT")
             except sqlite3.IntegrityError as error:
@@ -219,7 +335,18 @@ class EmbeddedLog:
         for record in records:
             if record.topic == self.topics.commands and not 0 <= record.partition < self.partitions:
                 raise LogError(f"command partition {record.partition} outside 0..{self.partitions - 1}")
-            batch.append(tuple(record))  # type: ignore[arg-type]
+            where = (record.topic, record.partition)
+            prev = previous.get(where)
+            if prev is None:
+                prev = self._end_offset(record.topic, record.partition) - 1
+            if record.offset <= prev:
+                raise LogError(
+                    f"{self.path}: offset already taken while importing {record.topic}[{record.partition}]@"
+                    f"{record.offset} (records are imported in offset order, each offset once)"
+                )
+            previous[where] = record.offset
+            crc = record_crc(record.topic, record.partition, record.offset, prev, record.key, record.value)
+            batch.append((*record, prev, crc))
             total += 1
             if len(batch) >= batch_size:
                 flush()
@@ -227,6 +354,7 @@ class EmbeddedLog:
             flush()
         return total
 
+    @_guarded
     def set_position(self, partition: int, next_offset: int, topic: str | None = None) -> None:
         """Set this group's position on a partition directly (import of positions)."""
         self._db.execute("BEGIN IMMEDIATE")
@@ -247,10 +375,14 @@ class EmbeddedLog:
             if offset is None:
                 offset = self._end_offset(topic, partition)
             next_offsets[partition] = offset + 1
-            rows.append((topic, partition, offset, key, value))
+            prev = offset - 1  # dense: the record before is the one at offset - 1 (or none: -1)
+            rows.append(
+                (topic, partition, offset, key, value, prev, record_crc(topic, partition, offset, prev, key, value))
+            )
             placed.append((partition, offset))
         self._db.executemany(
-            'INSERT INTO records (topic, "partition", "offset", key, value) VALUES (?, ?, ?, ?, ?)', rows
+            'INSERT INTO records (topic, "partition", "offset", key, value, prev, crc) VALUES (?, ?, ?, ?, ?, ?, ?)',
+            rows,
         )
         return placed
 
@@ -260,6 +392,7 @@ class EmbeddedLog:
         """Every command partition: the embedded log has one processor per file."""
         return list(range(self.partitions))
 
+    @_guarded
     def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
         """Up to ``max_records`` next command records, taking partitions in turn; waits up to ``timeout`` s."""
         deadline = time.monotonic() + timeout
@@ -282,12 +415,16 @@ class EmbeddedLog:
             if position is None:
                 position = self._fetch[partition] = self.committed(partition)
             rows = self._db.execute(
-                'SELECT "offset", key, value FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
+                f'SELECT {self._columns} FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
                 'ORDER BY "offset" LIMIT ?',
                 (self.topics.commands, partition, position, max_records - len(records)),
             ).fetchall()
             if rows:
-                records.extend(InputRecord(partition, offset, key, value) for offset, key, value in rows)
+                topic = self.topics.commands
+                records.extend(
+                    InputRecord(partition, offset, key, value)
+                    for offset, key, value in self._verified(topic, partition, rows, position)
+                )
                 self._fetch[partition] = rows[-1][0] + 1
         return records
 
@@ -295,6 +432,7 @@ class EmbeddedLog:
         """Make the next poll of a partition start at ``offset``."""
         self._fetch[partition] = offset
 
+    @_guarded
     def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
         """Publish outputs and move this group's positions in one SQLite transaction.
 
@@ -337,30 +475,84 @@ class EmbeddedLog:
 
     def _upsert_positions(self, topic: str, positions: dict[int, int]) -> None:
         self._db.executemany(
-            'INSERT INTO consumer_offsets (consumer_group, topic, "partition", next_offset) VALUES (?, ?, ?, ?) '
-            'ON CONFLICT (consumer_group, topic, "partition") DO UPDATE SET next_offset = excluded.next_offset',
-            [(self.group, topic, partition, offset) for partition, offset in positions.items()],
+            'INSERT INTO consumer_offsets (consumer_group, topic, "partition", next_offset, crc) '
+            "VALUES (?, ?, ?, ?, ?) "
+            'ON CONFLICT (consumer_group, topic, "partition") DO UPDATE SET next_offset = excluded.next_offset, '
+            "crc = excluded.crc",
+            [
+                (self.group, topic, partition, offset, _position_crc(self.group, topic, partition, offset))
+                for partition, offset in positions.items()
+            ],
         )
 
+    def _checked_position(self, group: str, topic: str, partition: int, offset: int, crc: int | None) -> int:
+        if crc is not None and crc != _position_crc(group, topic, partition, offset):
+            raise DamagedLogError(
+                f"{self.path}: the position of group {group} on {topic}[{partition}] fails its checksum: "
+                "the file is damaged"
+            )
+        if offset < 0:
+            raise DamagedLogError(f"{self.path}: negative position {offset} of group {group} on {topic}[{partition}]")
+        return int(offset)
+
     def _stored_position(self, partition: int) -> int:
+        crc = "crc" if self._checked else "NULL"
         row = self._db.execute(
-            'SELECT next_offset FROM consumer_offsets WHERE consumer_group = ? AND topic = ? AND "partition" = ?',
+            f"SELECT next_offset, {crc} FROM consumer_offsets "
+            'WHERE consumer_group = ? AND topic = ? AND "partition" = ?',
             (self.group, self.topics.commands, partition),
         ).fetchone()
-        return int(row[0]) if row else 0
+        if not row:
+            return 0
+        return self._checked_position(self.group, self.topics.commands, partition, int(row[0]), row[1])
 
+    @_guarded
     def committed(self, partition: int) -> int:
         """This group's committed next offset on a command partition (0 if none)."""
         position = self._stored_position(partition)
         self._seen_committed[partition] = position
         return position
 
+    @_guarded
     def latest_snapshot(self, partition: int) -> bytes | None:
         row = self._db.execute(
-            'SELECT value FROM records WHERE topic = ? AND "partition" = ? ORDER BY "offset" DESC LIMIT 1',
+            f'SELECT {self._columns} FROM records WHERE topic = ? AND "partition" = ? ORDER BY "offset" DESC LIMIT 1',
             (self.topics.snapshots, partition),
         ).fetchone()
-        return bytes(row[0]) if row and row[0] is not None else None
+        if not row:
+            return None
+        ((_, _, value),) = self._verified(self.topics.snapshots, partition, [row], start=row[0] + 1, last=row[3])
+        return bytes(value) if value is not None else None
+
+    @_guarded
+    def check_restored(self, partition: int, sequence: int) -> None:
+        """After a restore: the events topic must end with the event the restored state says came last.
+
+        The processor publishes a partition's events in sequence order in the same transaction as its
+        position, so a shorter events topic (rows lost) or a position that went back (a damaged
+        consumer_offsets row, which would make ``run`` publish events twice) means a damaged file.
+        """
+        from schemas import DecodeError
+        from schemas.fastcodec import decode_event
+
+        topic = self.topics.events
+        row = self._db.execute(
+            f'SELECT {self._columns} FROM records WHERE topic = ? AND "partition" = ? ORDER BY "offset" DESC LIMIT 1',
+            (topic, partition),
+        ).fetchone()
+        if row is None:
+            last = -1
+        else:
+            ((offset, _, value),) = self._verified(topic, partition, [row], start=row[0] + 1, last=row[3])
+            try:
+                last = decode_event(value).sequence  # type: ignore[arg-type]
+            except DecodeError:
+                raise DamagedLogError(f"{self.path}: event {topic}[{partition}]@{offset} does not decode") from None
+        if last != sequence - 1:
+            raise DamagedLogError(
+                f"{self.path}: partition {partition}'s committed position accounts for {sequence} event(s) but the "
+                f"events topic ends at sequence {last}: the file is damaged"
+            )
 
     def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         for record in self.read(self.topics.commands, partition, start, end):
@@ -371,25 +563,34 @@ class EmbeddedLog:
     def read(
         self, topic: str, partition: int, start: int = 0, end: int | None = None, chunk: int = 5_000
     ) -> Iterator[StoredRecord]:
-        """Records of a topic-partition with start <= offset < end, in offset order (streamed in chunks)."""
+        """Records of a topic-partition with start <= offset < end, in offset order (streamed in chunks).
+
+        Each record is checked (see :meth:`_verified`); a damaged one raises :class:`DamagedLogError`.
+        """
         position = start
+        last: int | None = None
         while True:
             limit = chunk if end is None else min(chunk, end - position)
             if limit <= 0:
                 return
-            rows = self._db.execute(
-                'SELECT "offset", key, value FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
-                'ORDER BY "offset" LIMIT ?',
-                (topic, partition, position, limit),
-            ).fetchall()
-            for offset, key, value in rows:
+            try:
+                rows = self._db.execute(
+                    f'SELECT {self._columns} FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
+                    'ORDER BY "offset" LIMIT ?',
+                    (topic, partition, position, limit),
+                ).fetchall()
+            except sqlite3.DatabaseError as error:
+                raise self._damaged(error) from None
+            for offset, key, value in self._verified(topic, partition, rows, start, last):
                 if end is not None and offset >= end:
                     return
+                last = offset
                 yield StoredRecord(topic, partition, offset, key, value)
             if len(rows) < limit:
                 return
             position = rows[-1][0] + 1
 
+    @_guarded
     def end_offset(self, topic: str, partition: int) -> int:
         """The offset the next record of a topic-partition will get (Kafka's high watermark)."""
         return self._end_offset(topic, partition)
@@ -400,6 +601,7 @@ class EmbeddedLog:
         ).fetchone()
         return 0 if row[0] is None else int(row[0]) + 1
 
+    @_guarded
     def count(self, topic: str, partition: int | None = None) -> int:
         """How many records a topic holds (in one partition or all)."""
         if partition is None:
@@ -410,6 +612,7 @@ class EmbeddedLog:
             ).fetchone()
         return int(row[0])
 
+    @_guarded
     def topic_partitions(self, topic: str) -> list[int]:
         """The partitions of a topic that hold records (commands: every partition)."""
         if topic == self.topics.commands:
@@ -419,11 +622,17 @@ class EmbeddedLog:
         ).fetchall()
         return [int(row[0]) for row in rows]
 
+    @_guarded
     def positions(self) -> dict[tuple[str, str, int], int]:
         """Every stored consumer position: (group, topic, partition) -> next offset."""
-        rows = self._db.execute('SELECT consumer_group, topic, "partition", next_offset FROM consumer_offsets')
-        return {(group, topic, int(partition)): int(offset) for group, topic, partition, offset in rows}
+        crc = "crc" if self._checked else "NULL"
+        rows = self._db.execute(f'SELECT consumer_group, topic, "partition", next_offset, {crc} FROM consumer_offsets')
+        return {
+            (group, topic, int(partition)): self._checked_position(group, topic, int(partition), int(offset), check)
+            for group, topic, partition, offset, check in rows
+        }
 
+    @_guarded
     def lag(self) -> int:
         """Commands appended but not yet committed by this group, over all partitions."""
         return sum(

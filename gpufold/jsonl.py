@@ -12,10 +12,15 @@ A line looks like::
 - ``issued_at`` is epoch milliseconds, or an ISO-8601 string with a time zone.
 - Blank lines and lines starting with ``#`` are skipped.
 
-Only the shape is checked here (types, required fields), as Avro would. Whether
-the command makes sense (sizes, known nodes) is the fold's business: it answers
-with ``CommandRejected``. A line that does not parse is reported with its line
-number and reason, and reading goes on with the next line.
+Only the shape is checked here (types, required fields), as Avro would, and what
+a frame must be to exist at all: valid UTF-8 without lone surrogates, no duplicate
+keys (a JSON object repeating a key is ambiguous: refused, not "last wins"), no
+deeper nesting than :data:`~schemas.limits.MAX_JSON_DEPTH`, a line of at most
+:data:`~schemas.limits.MAX_LINE_BYTES` and a frame of at most
+:data:`~schemas.limits.MAX_FRAME_BYTES`. A UTF-8 byte-order mark before the first
+line is ignored. Whether the command makes sense (sizes, known nodes) is the fold's
+business: it answers with ``CommandRejected``. A line that does not parse is
+reported with its line number and reason, and reading goes on with the next line.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, BinaryIO
 
 from schemas import COMMAND, registry
+from schemas.limits import MAX_FRAME_BYTES, MAX_JSON_DEPTH, MAX_LINE_BYTES
+
+BOM = "\ufeff"
 
 _INT_RANGE = (-(1 << 31), (1 << 31) - 1)
 _LONG_RANGE = (-(1 << 63), (1 << 63) - 1)
@@ -51,6 +59,7 @@ class ParsedCommand:
 
     line: int
     record: dict[str, Any]
+    encoded: bytes | None = None
 
     @property
     def key(self) -> bytes:
@@ -59,7 +68,7 @@ class ParsedCommand:
 
     def frame(self) -> bytes:
         """The command as an Avro single-object frame."""
-        return registry().codec(COMMAND).encode(self.record)
+        return self.encoded if self.encoded is not None else registry().codec(COMMAND).encode(self.record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +163,8 @@ def _convert(value: Any, schema: Any, namespace: str, path: str) -> Any:
     if kind == "map":
         if not isinstance(value, dict):
             raise JsonCommandError(path, f"expected an object, got {_describe(value)}")
+        for k in value:
+            _check_unicode(k, f"{path} key")
         return {str(k): _convert(v, schema["values"], namespace, f"{path}.{k}") for k, v in value.items()}
     if isinstance(kind, (dict, list)):
         return _convert(value, kind, namespace, path)
@@ -213,6 +224,7 @@ def _convert_primitive(value: Any, kind: str, logical: str | None, path: str) ->
     if kind == "string":
         if not isinstance(value, str):
             raise JsonCommandError(path, f"expected a string, got {_describe(value)}")
+        _check_unicode(value, path)
         return value
     if kind == "boolean":
         if not isinstance(value, bool):
@@ -245,6 +257,14 @@ def _convert_primitive(value: Any, kind: str, logical: str | None, path: str) ->
     raise JsonCommandError(path, f"unsupported schema type {kind!r}")
 
 
+def _check_unicode(text: str, path: str) -> None:
+    """A string Avro can carry: no lone surrogate (JSON's "\\ud800" escape is valid JSON, not valid text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise JsonCommandError(path, f"not valid text: lone surrogate {text[error.start]!r}") from None
+
+
 def _parse_timestamp(text: str, path: str) -> int:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
@@ -259,27 +279,115 @@ def _parse_timestamp(text: str, path: str) -> int:
 # ------------------------------------------------------------ lines
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JsonCommandError("", f"duplicate key {_describe(key)} in one object (which one is meant?)")
+        out[key] = value
+    return out
+
+
+_decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
+def _depth(text: str) -> int:
+    """How deeply brackets nest outside strings (cheap, so no parser recursion ever gets deep)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_line(text: str) -> dict[str, Any]:
     """One JSON line -> the Avro command mapping; raises JsonCommandError with a reason."""
+    if ("[" in text or "{" in text) and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        depth = _depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise JsonCommandError("", f"nested {depth} levels deep; a command needs 4 (at most {MAX_JSON_DEPTH})")
     try:
-        data = json.loads(text)
+        data = _decoder.decode(text)
     except json.JSONDecodeError as error:
         raise JsonCommandError("", f"not JSON: {error.msg} at column {error.colno}") from None
+    except (ValueError, RecursionError) as error:  # e.g. an integer of more than 4300 digits
+        raise JsonCommandError("", f"not JSON this reader accepts: {str(error).splitlines()[0][:120]}") from None
     if not isinstance(data, dict):
         raise JsonCommandError("", f"expected a JSON object (a command), got {_describe(data)}")
     return parse_command(data)
 
 
+def _shorten(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def parse_text(number: int, text: str) -> ParsedCommand | LineError | None:
+    """One line's text -> a command (encoded, so a frame too large is caught here), an error, or None (blank)."""
+    text = text.strip()
+    if not text or text.startswith("#"):
+        return None
+    try:
+        record = parse_line(text)
+        frame = registry().codec(COMMAND).encode(record)
+    except JsonCommandError as error:
+        return LineError(number, str(error), _shorten(text))
+    if len(frame) > MAX_FRAME_BYTES:
+        return LineError(number, f"the command is {len(frame)} bytes encoded, over {MAX_FRAME_BYTES}", _shorten(text))
+    return ParsedCommand(number, record, frame)
+
+
 def read_commands(lines: Iterable[str], first_line: int = 1) -> Iterator[ParsedCommand | LineError]:
     """Parse JSON lines, yielding a ParsedCommand or a LineError per non-blank, non-comment line."""
     for number, raw in enumerate(lines, start=first_line):
-        text = raw.strip()
-        if not text or text.startswith("#"):
+        if number == first_line and raw.startswith(BOM):
+            raw = raw[1:]
+        item = parse_text(number, raw)
+        if item is not None:
+            yield item
+
+
+def read_command_bytes(stream: BinaryIO, first_line: int = 1) -> Iterator[ParsedCommand | LineError]:
+    """Like :func:`read_commands` from bytes: each line is decoded on its own, so one bad byte costs one line.
+
+    A line over :data:`~schemas.limits.MAX_LINE_BYTES` is skipped without being held in memory.
+    """
+    number = first_line - 1
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            size = len(raw)
+            while raw and not raw.endswith(b"\n"):  # skip the rest of the line, a bounded piece at a time
+                raw = stream.readline(MAX_LINE_BYTES)
+                size += len(raw)
+            yield LineError(number, f"line of {size} bytes or more is over the limit of {MAX_LINE_BYTES}", "")
             continue
+        if number == first_line and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
         try:
-            yield ParsedCommand(number, parse_line(text))
-        except JsonCommandError as error:
-            yield LineError(number, str(error), text if len(text) <= 80 else text[:77] + "...")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            column = len(raw[: error.start].decode("utf-8", "replace")) + 1
+            yield LineError(number, f"not UTF-8: byte 0x{raw[error.start]:02x} at column {column}", "")
+            continue
+        item = parse_text(number, text)
+        if item is not None:
+            yield item
 
 
 # ------------------------------------------------------------ Avro mapping -> JSON

@@ -23,13 +23,21 @@ def log_path(args: argparse.Namespace) -> str:
     return args.log or os.environ.get(LOG_ENV) or DEFAULT_LOG
 
 
-def open_log(args: argparse.Namespace, *, readonly: bool, partitions: int | None = None) -> EmbeddedLog:
-    """Open the log named by ``--log``; a missing or broken file is a one-line CliError."""
+def open_log(
+    args: argparse.Namespace, *, readonly: bool, partitions: int | None = None, create: bool = False
+) -> EmbeddedLog:
+    """Open the log named by ``--log``; a missing or broken file is a one-line CliError.
+
+    Only ``log append --create`` (and ``log import``, into a new file) make a log: a typo in a path
+    is an error, never a new empty log.
+    """
     path = log_path(args)
     try:
-        return EmbeddedLog(path, readonly=readonly, create=not readonly, partitions=partitions)
+        return EmbeddedLog(path, readonly=readonly, create=create and not readonly, partitions=partitions)
     except LogError as error:
-        hint = " (append commands first: gpufold log append --log PATH FILE.jsonl)" if "no log at" in str(error) else ""
+        hint = (
+            " (start one with: gpufold log append --create --log PATH FILE.jsonl)" if "no log at" in str(error) else ""
+        )
         raise CliError(f"{error}{hint}") from None
 
 

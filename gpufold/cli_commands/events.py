@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-from datetime import UTC, datetime
+import sys
 from typing import Any
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, open_log, partitions_arg
 from gpufold.jsonl import to_json_value
+from gpufold.text import iso, printable
 from schemas import DEAD_LETTER, EVENT, DecodeError, registry
+from schemas.events import PAYLOAD_TYPES
+
+EVENT_TYPES = tuple(sorted(cls.__name__ for cls in PAYLOAD_TYPES.values()))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,11 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="list the dead letters instead (command records that did not decode)",
     )
     parser.set_defaults(handler=_events)
-
-
-def iso(millis: int) -> str:
-    """Epoch milliseconds as an ISO-8601 UTC time."""
-    return datetime.fromtimestamp(millis / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def describe(type_name: str, body: dict[str, Any]) -> str:
@@ -99,6 +98,13 @@ def describe(type_name: str, body: dict[str, Any]) -> str:
 def _events(args: argparse.Namespace) -> int:
     if args.start < 0 or (args.limit is not None and args.limit < 0):
         raise CliError("--from and --limit must be >= 0")
+    unknown = sorted(set(args.types or ()) - set(EVENT_TYPES))
+    if unknown:
+        raise CliError(f"unknown event type {printable(', '.join(unknown))}; types: {', '.join(EVENT_TYPES)}")
+    if args.dead_letters and (args.types or args.cluster):
+        raise CliError("--type and --cluster filter events; dead letters have neither")
+    clusters: set[str] = set()
+    found = False
     with open_log(args, readonly=True) as log:
         topic = log.topics.dead_letters if args.dead_letters else log.topics.events
         codec = registry().codec(DEAD_LETTER if args.dead_letters else EVENT)
@@ -113,7 +119,7 @@ def _events(args: argparse.Namespace) -> int:
             try:
                 record = codec.decode(value)  # type: ignore[arg-type]
             except DecodeError as error:  # never expected: the processor wrote these
-                print(f"{partition}:{offset} undecodable record: {error}")
+                print(f"{partition}:{offset} undecodable record: {printable(error)}")
                 printed += 1
                 continue
             if args.dead_letters:
@@ -121,16 +127,34 @@ def _events(args: argparse.Namespace) -> int:
                 printed += 1
                 continue
             type_name = record["payload"][0].rsplit(".", 1)[-1]
+            if args.cluster and len(clusters) < 1_000:
+                clusters.add(record["cluster"])  # to name some in the message if the asked one never shows
+            found = found or record["cluster"] == args.cluster
             if (args.cluster and record["cluster"] != args.cluster) or (wanted and type_name not in wanted):
                 continue
             if args.json:
                 print(json.dumps({"partition": partition, "offset": offset, **to_json_value(record)}))
             else:
                 print(
-                    f"{partition}:{offset}  {iso(record['occurred_at'])}  {record['cluster']}  "
-                    f"{record['command_id']}  {type_name}  {describe(type_name, record['payload'][1])}"
+                    printable(
+                        f"{partition}:{offset}  {iso(record['occurred_at'])}  {record['cluster']}  "
+                        f"{record['command_id']}  {type_name}  {describe(type_name, record['payload'][1])}"
+                    )
                 )
             printed += 1
+    if printed or (args.limit is not None and args.limit == 0):
+        return 0
+    where = f" from offset {args.start}" if args.start else ""
+    if args.cluster and not found:
+        known = sorted(clusters)
+        listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+        print(
+            printable(f"gpufold: no events of cluster {args.cluster!r}{where} (clusters: {listed or 'none'})"),
+            file=sys.stderr,
+        )
+        return 1
+    what = "dead letters" if args.dead_letters else "events"
+    print(f"gpufold: no {what}{where} match", file=sys.stderr)
     return 0
 
 
@@ -140,6 +164,8 @@ def _print_dead_letter(partition: int, offset: int, record: dict[str, Any], as_j
     else:
         size = len(record["value"]) if record["value"] is not None else 0
         print(
-            f"{partition}:{offset}  {record['topic']}[{record['partition']}]@{record['offset']}  "
-            f"{size} bytes  {record['error']}"
+            printable(
+                f"{partition}:{offset}  {record['topic']}[{record['partition']}]@{record['offset']}  "
+                f"{size} bytes  {record['error']}"
+            )
         )

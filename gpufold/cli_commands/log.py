@@ -8,13 +8,16 @@ import json
 import sys
 import textwrap
 from collections.abc import Iterable, Iterator
-from typing import TextIO
+from pathlib import Path
+from typing import BinaryIO, TextIO
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
 from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog, LogError
-from gpufold.jsonl import LineError, ParsedCommand, command_types, read_commands
+from gpufold.jsonl import LineError, ParsedCommand, command_types, read_command_bytes
 from gpufold.log_export import ROLES, export_log, import_log
+from gpufold.text import printable
+from schemas.limits import MAX_LINE_BYTES
 
 APPEND_CHUNK = 10_000
 
@@ -22,8 +25,11 @@ _JSONL_HELP = (
     'One command per line, field names as in schemas/command.avsc, payload as {"Type": {...}} '
     f"(types: {', '.join(command_types())}). Fields with a schema default may be left out; issued_at is "
     "epoch milliseconds or an ISO-8601 time with a zone. Blank lines and lines starting with # are skipped. "
-    "A line that does not parse is reported with its number and reason and skipped; the others are appended "
-    "(exit status 1 if any line was skipped)."
+    "Each line is decoded (UTF-8; a byte-order mark before the first line is ignored), parsed and checked on "
+    f"its own: a line that is not UTF-8, not JSON, repeats a key, nests too deeply, is over {MAX_LINE_BYTES} bytes "
+    "or does not match the schema is reported with its number and reason and skipped; the others are appended "
+    "(exit status 1 if any line was skipped). Whether a command makes sense is the fold's business: it answers "
+    "with CommandRejected."
 )
 _JSONL_EXAMPLE = (
     "Example line:\n"
@@ -43,7 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     append = commands.add_parser(
         "append",
         help="append JSON-lines commands (a file or - for stdin)",
-        description=textwrap.fill("Append JSON-lines commands to the embedded log (created if missing). " + _JSONL_HELP)
+        description=textwrap.fill(
+            "Append JSON-lines commands to the embedded log (a new log only with --create, so a mistyped --log "
+            "is an error, not a second log). " + _JSONL_HELP
+        )
         + "\n\n"
         + _JSONL_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -58,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "murmur2(cluster) mod this, as on Kafka",
     )
     append.add_argument("--strict", action="store_true", help="append nothing if any line is bad (all or nothing)")
+    append.add_argument("--create", action="store_true", help="create the log if it does not exist yet")
     append.set_defaults(handler=_append)
 
     info = commands.add_parser("info", help="partitions, record counts, processor position and lag")
@@ -96,63 +106,89 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 # ------------------------------------------------------------ append
 
 
-def _lines(path: str) -> Iterator[str]:
+def _open_input(path: str) -> BinaryIO:
+    """The input as bytes (lines are decoded one by one); a missing file is an error before the log is touched."""
     if path == "-":
-        yield from sys.stdin
-        return
+        return sys.stdin.buffer
     try:
-        with open(path, encoding="utf-8") as source:
-            yield from source
+        return open(path, "rb")
     except OSError as error:
-        raise CliError(f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise CliError(f"{path} is not UTF-8 text: {error}") from None
+        raise CliError(f"cannot read {printable(path)}: {error.strerror}") from None
 
 
 def _report(name: str, error: LineError, stream: TextIO) -> None:
-    print(f"gpufold: {name} {error}", file=stream)
+    print(printable(f"gpufold: {name} {error}"), file=stream)
 
 
 def _append(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.file == "-" else args.file
-    parsed = read_commands(_lines(args.file))
+    if args.partitions is not None and args.partitions < 1:
+        raise CliError(f"--partitions must be >= 1, got {args.partitions}")
+    stream = _open_input(args.file)
+    try:
+        return _append_from(args, name, stream)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _append_from(args: argparse.Namespace, name: str, stream: BinaryIO) -> int:
+    target = log_path(args)
+    created = not Path(target).exists() or Path(target).stat().st_size == 0
+    if created and not args.create:
+        raise CliError(
+            f"no log at {printable(target)}: pass --create to start a new one (a mistyped --log must not make a log)"
+        )
+    parsed: Iterable[ParsedCommand | LineError] = read_command_bytes(stream)
     appended = 0
     bad = 0
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    with open_log(args, readonly=False, partitions=args.partitions) as log:
-        if args.strict:
-            good: list[ParsedCommand] = []
-            for item in parsed:
-                if isinstance(item, LineError):
-                    _report(name, item, sys.stderr)
-                    bad += 1
-                else:
-                    good.append(item)
-            if bad:
-                raise CliError(f"{bad} bad line(s) in {name}; nothing appended (--strict)")
-            chunks: Iterable[list[ParsedCommand | LineError]] = [list(good)]
-        else:
-            chunks = _chunked(parsed, APPEND_CHUNK)
-        for chunk in chunks:
-            frames = []
-            for item in chunk:
-                if isinstance(item, LineError):
-                    _report(name, item, sys.stderr)
-                    bad += 1
-                else:
-                    frames.append((item.key, item.frame()))  # type: ignore[union-attr]
-            for partition, offset in log.append_commands(frames):
-                first.setdefault(partition, offset)
-                last[partition] = offset
-            appended += len(frames)
+    if args.strict:  # all or nothing: read everything before the log is even opened
+        good: list[ParsedCommand | LineError] = []
+        for item in parsed:
+            if isinstance(item, LineError):
+                _report(name, item, sys.stderr)
+                bad += 1
+            else:
+                good.append(item)
+        if bad:
+            raise CliError(f"{bad} bad line(s) in {printable(name)}; nothing appended (--strict)")
+        chunks: Iterable[list[ParsedCommand | LineError]] = [good]
+    else:
+        chunks = _chunked(parsed, APPEND_CHUNK)
+    with open_log(args, readonly=False, partitions=args.partitions, create=args.create) as log:
+        if created:
+            print(f"created a new log at {printable(log.path)} ({log.partitions} command partition(s))")
+        last_line = 0
+        try:
+            for chunk in chunks:
+                frames = []
+                for item in chunk:
+                    if isinstance(item, LineError):
+                        _report(name, item, sys.stderr)
+                        bad += 1
+                    else:
+                        frames.append((item.key, item.frame()))  # type: ignore[union-attr]
+                for partition, offset in log.append_commands(frames):
+                    first.setdefault(partition, offset)
+                    last[partition] = offset
+                appended += len(frames)
+                last_line = chunk[-1].line if chunk else last_line
+        except (LogError, OSError, KeyboardInterrupt) as error:
+            # Earlier chunks are committed: say exactly how far the file got.
+            reason = "interrupted" if isinstance(error, KeyboardInterrupt) else printable(error)
+            raise CliError(
+                f"stopped after appending {appended} command(s) of {name} (through line {last_line}); "
+                f"the rest was not appended: {reason}"
+            ) from None
         where = ", ".join(f"partition {p} offsets {first[p]}-{last[p]}" for p in sorted(first))
-        print(f"appended {appended} command(s) to {log.path}" + (f" ({where})" if where else ""))
+        print(f"appended {appended} command(s) to {printable(log.path)}" + (f" ({where})" if where else ""))
         if bad:
             print(f"skipped {bad} bad line(s) (reported above)")
         lag = log.lag()
     if lag:
-        print(f"{lag} command(s) waiting: gpufold run --log {log_path(args)}")
+        print(f"{lag} command(s) waiting: gpufold run --log {printable(log_path(args))}")
     return 1 if bad else 0
 
 

@@ -170,21 +170,39 @@ def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLett
     return DeadLetter(topic, record.partition, record.offset, error, key, value)
 
 
+class RestoreError(RuntimeError):
+    """A partition's state cannot be rebuilt as committed: its snapshot or commands are missing or damaged."""
+
+
 def restore_state(log_: CommandLog, partition: int) -> PartitionState:
     """Load the partition's latest snapshot, then re-fold commands up to the committed offset.
 
-    Those commands' events are already published, so nothing is produced here.
+    Those commands' events are already published, so nothing is produced here. The re-fold must
+    reach exactly the committed position (the processor commits the offset after the last command
+    it folded), else the log lost commands and the state would be silently partial: refused.
+    A log that can check more (the embedded log: that its events end where the state says)
+    provides ``check_restored(partition, sequence)``.
     """
     frame = log_.latest_snapshot(partition)
-    state = from_snapshot(decode_snapshot(frame)) if frame else PartitionState(partition=partition)
+    try:
+        state = from_snapshot(decode_snapshot(frame)) if frame else PartitionState(partition=partition)
+    except (DecodeError, ValueError, KeyError) as error:
+        raise RestoreError(f"partition {partition}: the latest snapshot cannot be read: {error}") from None
     committed = log_.committed(partition)
     if state.next_offset > committed:
         # A snapshot newer than the committed position cannot exist (it is written in
         # the same transaction as the batch that reached it); refuse to guess.
-        raise RuntimeError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
+        raise RestoreError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
     folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0)
     folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
-    state.next_offset = committed
+    if state.next_offset != committed:
+        raise RestoreError(
+            f"partition {partition}: the commands up to the committed offset {committed} could not all be read "
+            f"(they end at {state.next_offset}): the log lost commands"
+        )
+    check = getattr(log_, "check_restored", None)
+    if check is not None:
+        check(partition, state.sequence)
     return state
 
 

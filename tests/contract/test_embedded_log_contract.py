@@ -107,7 +107,7 @@ def test_readonly_open_of_a_missing_log_fails_without_creating_it(path: Path) ->
 def test_readonly_handle_cannot_write(path: Path) -> None:
     """A read-only handle refuses appends (replay and state never modify the log)."""
     EmbeddedLog(path).close()
-    with EmbeddedLog(path, readonly=True) as log, pytest.raises(sqlite3.OperationalError):
+    with EmbeddedLog(path, readonly=True) as log, pytest.raises(LogError, match="readonly"):
         log.append_commands([(b"lab", b"x")])
 
 

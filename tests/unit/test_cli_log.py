@@ -36,7 +36,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 def log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     """A log with the README example appended and folded."""
     path = str(tmp_path / "lab.sqlite")
-    run(capsys, "log", "append", "--log", path, str(EXAMPLES))
+    run(capsys, "log", "append", "--create", "--log", path, str(EXAMPLES))
     assert run(capsys, "run", "--log", path, "--no-progress")[0] == 0
     return path
 
@@ -44,7 +44,7 @@ def log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
 def test_append_reports_the_bad_line_and_appends_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """log append skips the malformed line with its number and reason, appends the others, exits 1."""
     path = str(tmp_path / "lab.sqlite")
-    code, out, err = run(capsys, "log", "append", "--log", path, str(EXAMPLES))
+    code, out, err = run(capsys, "log", "append", "--create", "--log", path, str(EXAMPLES))
     assert code == 1
     assert "commands.jsonl line 14: not JSON" in err
     assert "appended 11 command(s)" in out and "partition 0 offsets 0-10" in out
@@ -54,12 +54,11 @@ def test_append_reports_the_bad_line_and_appends_the_rest(tmp_path: Path, capsys
 
 
 def test_strict_append_appends_nothing_when_a_line_is_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With --strict, one bad line means no command is appended and the exit status is 2."""
+    """With --strict, one bad line means no command is appended (no log is even created) and the exit status is 2."""
     path = str(tmp_path / "lab.sqlite")
-    code, _, err = run(capsys, "log", "append", "--log", path, "--strict", str(EXAMPLES))
+    code, _, err = run(capsys, "log", "append", "--create", "--log", path, "--strict", str(EXAMPLES))
     assert code == 2 and "nothing appended (--strict)" in err
-    with EmbeddedLog(path) as log:
-        assert log.end_offset(log.topics.commands, 0) == 0
+    assert not Path(path).exists()
 
 
 def test_append_reads_standard_input(
@@ -67,8 +66,8 @@ def test_append_reads_standard_input(
 ) -> None:
     """log append - reads the JSON lines from stdin."""
     line = '{"command_id": "x", "cluster": "lab", "issued_at": 0, "payload": {"SetPolicy": {"policy": "spread"}}}\n'
-    monkeypatch.setattr("sys.stdin", io.StringIO(line * 2))
-    code, out, _ = run(capsys, "log", "append", "--log", str(tmp_path / "l.sqlite"), "-")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((line * 2).encode())))
+    code, out, _ = run(capsys, "log", "append", "--create", "--log", str(tmp_path / "l.sqlite"), "-")
     assert code == 0 and "appended 2 command(s)" in out
 
 
@@ -91,7 +90,7 @@ def test_run_folds_once_then_has_nothing_to_do(log: str, capsys: pytest.CaptureF
 def test_run_summary_counts_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """run --json reports commands folded, events, dead letters and throughput."""
     path = str(tmp_path / "lab.sqlite")
-    run(capsys, "log", "append", "--log", path, str(EXAMPLES))
+    run(capsys, "log", "append", "--create", "--log", path, str(EXAMPLES))
     with EmbeddedLog(path) as raw:
         raw.append_commands([(b"lab", GARBAGE)])
     summary = run_json(capsys, "run", "--log", path, "--no-progress")
@@ -170,7 +169,7 @@ def test_state_views(log: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_state_before_run_says_what_is_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """state on a log nobody ran shows an empty state and points at gpufold run."""
     path = str(tmp_path / "lab.sqlite")
-    run(capsys, "log", "append", "--log", path, str(EXAMPLES))
+    run(capsys, "log", "append", "--create", "--log", path, str(EXAMPLES))
     code, out, err = run(capsys, "state", "--log", path)
     assert code == 0 and "no clusters yet" in out and "11 command(s) not folded yet" in err
 
@@ -197,13 +196,26 @@ def test_replay_until_an_offset(log: str, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_replay_check_detects_a_tampered_event(log: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """replay --check exits 1 when a published event differs from the derived one."""
+    """replay --check exits 1 when a published event differs from the derived one (checksum and all)."""
+    import sqlite3
+
+    from gpufold.embedded_log import record_crc
+
+    crc = record_crc("gpufold.events", 0, 5, 4, b"lab", b"\x00")
+    with sqlite3.connect(log) as db:
+        db.execute(f"UPDATE records SET value = X'00', crc = {crc} WHERE topic = 'gpufold.events' AND \"offset\" = 5")
+    code, out, _ = run(capsys, "replay", "--log", log, "--check")
+    assert code == 1 and "MISMATCH: event 5 (offset 5) differs" in out
+
+
+def test_a_damaged_event_is_reported_not_compared(log: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An event changed behind the log's back fails its checksum: one line naming it, exit 2."""
     import sqlite3
 
     with sqlite3.connect(log) as db:
         db.execute("UPDATE records SET value = X'00' WHERE topic = 'gpufold.events' AND \"offset\" = 5")
-    code, out, _ = run(capsys, "replay", "--log", log, "--check")
-    assert code == 1 and "MISMATCH: event 5 (offset 5) differs" in out
+    code, _out, err = run(capsys, "replay", "--log", log, "--check")
+    assert code == 2 and "gpufold.events[0]@5 fails its checksum" in err and "Traceback" not in err
 
 
 def test_export_import_then_replay_gives_the_same_hash(
@@ -227,10 +239,10 @@ def test_default_log_path_and_environment(
     """Without --log the log is $GPUFOLD_LOG, else ./gpufold.log.sqlite; --help says so."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GPUFOLD_LOG", raising=False)
-    run(capsys, "log", "append", str(EXAMPLES))
+    run(capsys, "log", "append", "--create", str(EXAMPLES))
     assert (tmp_path / "gpufold.log.sqlite").exists()
     monkeypatch.setenv("GPUFOLD_LOG", str(tmp_path / "env.sqlite"))
-    run(capsys, "log", "append", str(EXAMPLES))
+    run(capsys, "log", "append", "--create", str(EXAMPLES))
     assert (tmp_path / "env.sqlite").exists()
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -15,7 +15,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
 @pytest.fixture
 def log(tmp_path: Path) -> Path:
     path = tmp_path / "log.sqlite"
-    main(["log", "append", "--log", str(path), str(EXAMPLE)])  # the example has one bad line on purpose
+    main(["log", "append", "--create", "--log", str(path), str(EXAMPLE)])  # the example has one bad line on purpose
     assert main(["run", "--log", str(path)]) == 0
     return path
 
