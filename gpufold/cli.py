@@ -51,10 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from gpufold.embedded_log import LogError
     from gpufold.text import printable
+    from processor.runtime.loop import RestoreError
 
     try:
         return int(handler(args) or 0)
-    except (CliError, LogError) as error:
+    except (CliError, LogError, RestoreError) as error:
         print(f"gpufold: error: {printable(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -26,7 +26,8 @@ Guarantees:
 - Damage is detected, never folded: every record carries a CRC-32 of its position,
   its bytes and ``prev``, the offset of the record before it in its partition, so a
   changed byte and a missing or duplicated row both fail the check when the record
-  is read; consumer positions and the meta rows carry one too. SQLite's own errors
+  is read; each partition's end is recorded (``ends``) so records lost at the tail are
+  noticed too; consumer positions and the meta rows carry a checksum too. SQLite's own errors
   (a zeroed page: "database disk image is malformed") become :class:`DamagedLogError`,
   one line. Records written before the checksums existed are read unchecked.
 """
@@ -74,6 +75,14 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
     crc INTEGER,
     PRIMARY KEY (consumer_group, topic, "partition")
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ends (
+    topic TEXT NOT NULL,
+    "partition" INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    records INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
+    PRIMARY KEY (topic, "partition")
+) WITHOUT ROWID;
 """
 _CHECKED_COLUMNS = (("records", "prev"), ("records", "crc"), ("consumer_offsets", "crc"))
 
@@ -99,6 +108,10 @@ def record_crc(topic: str, partition: int, offset: int, prev: int, key: bytes | 
 
 def _position_crc(group: str, topic: str, partition: int, next_offset: int) -> int:
     return zlib.crc32(f"{group}\x00{topic}\x00{partition}\x00{next_offset}".encode())
+
+
+def _end_crc(topic: str, partition: int, next_offset: int, records: int) -> int:
+    return zlib.crc32(f"end\x00{topic}\x00{partition}\x00{next_offset}\x00{records}".encode())
 
 
 def _meta_crc(meta: dict[str, str]) -> str:
@@ -175,6 +188,9 @@ class EmbeddedLog:
                 self._db.executescript(_SCHEMA)
                 self._add_checksum_columns()
             self._checked = self._has_checksum_columns()
+            self._ends = self._checked and bool(
+                self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ends'").fetchone()
+            )
             self.partitions = self._init_meta(partitions, readonly)
         except sqlite3.DatabaseError as error:
             raise LogError(f"{self.path} is not a usable gpufold log: {error}") from None
@@ -207,6 +223,76 @@ class EmbeddedLog:
                     )
             last = offset
             yield offset, key, value
+
+    def _stored_end(self, topic: str, partition: int) -> int | None:
+        """The end recorded for a topic-partition (checked), or None for a log or partition written before it."""
+        stored = self._stored_ends(topic, partition)
+        return None if stored is None else stored[0]
+
+    def _stored_ends(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(next offset, record count) recorded for a topic-partition, checked; None if never recorded."""
+        if not self._ends:
+            return None
+        row = self._db.execute(
+            'SELECT next_offset, records, crc FROM ends WHERE topic = ? AND "partition" = ?', (topic, partition)
+        ).fetchone()
+        if row is None:
+            return None
+        if row[2] != _end_crc(topic, partition, row[0], row[1]):
+            raise DamagedLogError(
+                f"{self.path}: the end of {topic}[{partition}] fails its checksum: the file is damaged"
+            )
+        return int(row[0]), int(row[1])
+
+    def _check_tail(self, topic: str, partition: int, start: int, last: int | None, end: int | None) -> None:
+        """After reading [start, end) (end None: to the end), with ``last`` the last offset read: nothing skipped.
+
+        The first record at or after where the read stopped must point back at ``last``; with none, the
+        recorded end must be right after it. So records lost from the tail of a range are noticed.
+        """
+        if not self._checked:
+            return
+        after = (last + 1 if last is not None else start) if end is None else max(end, start)
+        row = self._db.execute(
+            'SELECT "offset", prev FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
+            'ORDER BY "offset" LIMIT 1',
+            (topic, partition, after),
+        ).fetchone()
+        expected_prev = last if last is not None else None
+        if row is not None and row[1] is not None:
+            if (expected_prev is not None and row[1] != expected_prev) or (expected_prev is None and row[1] >= start):
+                raise DamagedLogError(
+                    f"{self.path}: record {topic}[{partition}]@{row[1]} is missing (the record at {row[0]} follows "
+                    "it): the file is damaged"
+                )
+            return
+        if row is None:
+            stored = self._stored_end(topic, partition)
+            reached = last + 1 if last is not None else start
+            if stored is not None and stored > reached and (end is None or end > reached):
+                raise DamagedLogError(
+                    f"{self.path}: {topic}[{partition}] ends at {stored} but its records stop at {reached}: "
+                    "the file is damaged"
+                )
+
+    def _write_ends(self, topic: str, ends: dict[int, int], added: dict[int, int]) -> None:
+        """Record each partition's new end and record count after ``added[partition]`` records were inserted."""
+        rows = []
+        for partition, end in ends.items():
+            stored = self._stored_ends(topic, partition)
+            if stored is None:  # first time (a log written before ends existed): count what is there
+                count = self._db.execute(
+                    'SELECT COUNT(*) FROM records WHERE topic = ? AND "partition" = ?', (topic, partition)
+                ).fetchone()[0]
+            else:
+                count = stored[1] + added[partition]
+            rows.append((topic, partition, end, count, _end_crc(topic, partition, end, count)))
+        self._db.executemany(
+            'INSERT INTO ends (topic, "partition", next_offset, records, crc) VALUES (?, ?, ?, ?, ?) '
+            'ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offset, '
+            "records = excluded.records, crc = excluded.crc",
+            rows,
+        )
 
     def _damaged(self, error: BaseException) -> LogError:
         if isinstance(error, sqlite3.OperationalError):  # locked, read-only, I/O: the file may well be fine
@@ -323,6 +409,13 @@ class EmbeddedLog:
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     batch,
                 )
+                by_topic: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
+                for topic, partition, offset, *_ in batch:
+                    ends, added = by_topic.setdefault(topic, ({}, {}))
+                    ends[partition] = offset + 1
+                    added[partition] = added.get(partition, 0) + 1
+                for topic, (ends, added) in by_topic.items():
+                    self._write_ends(topic, ends, added)
                 self._db.execute("COMMIT")
             except sqlite3.IntegrityError as error:
                 self._db.execute("ROLLBACK")
@@ -384,6 +477,10 @@ class EmbeddedLog:
             'INSERT INTO records (topic, "partition", "offset", key, value, prev, crc) VALUES (?, ?, ?, ?, ?, ?, ?)',
             rows,
         )
+        added: dict[int, int] = {}
+        for partition, _ in placed:
+            added[partition] = added.get(partition, 0) + 1
+        self._write_ends(topic, next_offsets, added)
         return placed
 
     # ------------------------------------------------------------ CommandLog
@@ -419,13 +516,15 @@ class EmbeddedLog:
                 'ORDER BY "offset" LIMIT ?',
                 (self.topics.commands, partition, position, max_records - len(records)),
             ).fetchall()
+            topic = self.topics.commands
             if rows:
-                topic = self.topics.commands
                 records.extend(
                     InputRecord(partition, offset, key, value)
                     for offset, key, value in self._verified(topic, partition, rows, position)
                 )
                 self._fetch[partition] = rows[-1][0] + 1
+            if len(rows) < max_records - (len(records) - len(rows)):  # read to the end: nothing may be missing
+                self._check_tail(topic, partition, position, rows[-1][0] if rows else None, None)
         return records
 
     def seek(self, partition: int, offset: int) -> None:
@@ -586,7 +685,11 @@ class EmbeddedLog:
                     return
                 last = offset
                 yield StoredRecord(topic, partition, offset, key, value)
-            if len(rows) < limit:
+            if len(rows) < limit or (end is not None and rows[-1][0] + 1 >= end):
+                try:
+                    self._check_tail(topic, partition, start, last, end)
+                except sqlite3.DatabaseError as error:
+                    raise self._damaged(error) from None
                 return
             position = rows[-1][0] + 1
 
@@ -599,18 +702,31 @@ class EmbeddedLog:
         row = self._db.execute(
             'SELECT MAX("offset") FROM records WHERE topic = ? AND "partition" = ?', (topic, partition)
         ).fetchone()
-        return 0 if row[0] is None else int(row[0]) + 1
+        found = 0 if row[0] is None else int(row[0]) + 1
+        stored = self._stored_end(topic, partition)
+        if stored is not None and stored != found:
+            raise DamagedLogError(
+                f"{self.path}: {topic}[{partition}] ends at {stored} but its last record is at {found - 1}: "
+                "the file is damaged"
+            )
+        return found
 
     @_guarded
     def count(self, topic: str, partition: int | None = None) -> int:
-        """How many records a topic holds (in one partition or all)."""
-        if partition is None:
-            row = self._db.execute("SELECT COUNT(*) FROM records WHERE topic = ?", (topic,)).fetchone()
-        else:
+        """How many records a topic holds (in one partition or all), checked against the recorded counts."""
+        total = 0
+        for p in self.topic_partitions(topic) if partition is None else [partition]:
             row = self._db.execute(
-                'SELECT COUNT(*) FROM records WHERE topic = ? AND "partition" = ?', (topic, partition)
+                'SELECT COUNT(*) FROM records WHERE topic = ? AND "partition" = ?', (topic, p)
             ).fetchone()
-        return int(row[0])
+            stored = self._stored_ends(topic, p)
+            if stored is not None and stored[1] != int(row[0]):
+                raise DamagedLogError(
+                    f"{self.path}: {topic}[{p}] holds {row[0]} record(s) but {stored[1]} were written: "
+                    "the file is damaged"
+                )
+            total += int(row[0])
+        return total
 
     @_guarded
     def topic_partitions(self, topic: str) -> list[int]:
@@ -620,7 +736,18 @@ class EmbeddedLog:
         rows = self._db.execute(
             'SELECT DISTINCT "partition" FROM records WHERE topic = ? ORDER BY "partition"', (topic,)
         ).fetchall()
-        return [int(row[0]) for row in rows]
+        found = {row[0] for row in rows}
+        recorded: set[Any] = set()
+        if self._ends:
+            recorded = {
+                row[0]
+                for row in self._db.execute('SELECT "partition" FROM ends WHERE topic = ? AND records > 0', (topic,))
+            }
+        if not all(isinstance(p, int) and p >= 0 for p in found | recorded) or not recorded <= found:
+            raise DamagedLogError(
+                f"{self.path}: the partitions of {topic} are not what was written: the file is damaged"
+            )
+        return sorted(found)
 
     @_guarded
     def positions(self) -> dict[tuple[str, str, int], int]:

@@ -16,10 +16,17 @@ The file metadata says what the file is: ``gpufold.format``, ``gpufold.role``,
 decides where a cluster's commands live) and, in ``commands.avro``, the
 processor's committed positions (``gpufold.positions``, JSON). Any log backend
 (the Kafka adapter too) can write this format with :func:`write_topic`.
+
+``manifest.json`` beside them makes the export verifiable: the SHA-256, size and
+record count of every file. Avro's deflate blocks carry no checksum (a flipped byte
+can decode to other bytes), so :func:`import_log` checks every file against the
+manifest, and reads every record once, before it writes anything; a mismatch, a
+truncated file or an undecodable block is refused with one clear message.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -34,6 +41,7 @@ from schemas.topics import Topics
 
 EXPORT_FORMAT = "1"
 ROLES = ("commands", "events", "snapshots", "dead-letters")
+MANIFEST = "manifest.json"
 
 RECORD_SCHEMA = fastavro.parse_schema(
     {
@@ -120,13 +128,26 @@ class TopicFile:
     @property
     def positions(self) -> dict[int, int]:
         raw = self.metadata.get("gpufold.positions")
-        return {int(p): int(o) for p, o in json.loads(raw).items()} if raw else {}
+        try:
+            return {int(p): int(o) for p, o in json.loads(raw).items()} if raw else {}
+        except (ValueError, AttributeError, TypeError):
+            raise ExportError(f"{self.path}: the committed positions in its metadata are not valid JSON") from None
 
     def records(self) -> Iterator[StoredRecord]:
-        with open(self.path, "rb") as source:
-            for row in fastavro.reader(source, reader_schema=RECORD_SCHEMA):
-                data: dict[str, Any] = row  # type: ignore[assignment]
-                yield StoredRecord(data["topic"], data["partition"], data["offset"], data["key"], data["value"])
+        """The records in file order; a damaged or truncated file raises ExportError (never EOFError etc.)."""
+        count = 0
+        try:
+            with open(self.path, "rb") as source:
+                for row in fastavro.reader(source, reader_schema=RECORD_SCHEMA):
+                    data: dict[str, Any] = row  # type: ignore[assignment]
+                    count += 1
+                    yield StoredRecord(data["topic"], data["partition"], data["offset"], data["key"], data["value"])
+        except ExportError:
+            raise
+        except Exception as error:  # fastavro raises EOFError, ValueError, zlib.error, ... on damage
+            raise ExportError(
+                f"{self.path}: damaged after {count} record(s): {type(error).__name__}: {str(error)[:200]}"
+            ) from None
 
 
 def open_topic(path: str | os.PathLike[str]) -> TopicFile:
@@ -136,18 +157,19 @@ def open_topic(path: str | os.PathLike[str]) -> TopicFile:
         with open(path, "rb") as source:
             reader = fastavro.reader(source)
             metadata = {k: v.decode() if isinstance(v, bytes) else v for k, v in reader.metadata.items()}
-    except (OSError, ValueError) as error:
-        raise ExportError(f"{path}: not an Avro container file: {error}") from error
+    except Exception as error:  # OSError, ValueError, EOFError, ...: one message whatever fastavro raised
+        raise ExportError(f"{path}: not an Avro container file: {type(error).__name__}: {str(error)[:200]}") from None
     if metadata.get("gpufold.format") != EXPORT_FORMAT or metadata.get("gpufold.role") not in ROLES:
         raise ExportError(f"{path}: not a gpufold log export (format {metadata.get('gpufold.format')!r})")
     return TopicFile(path, metadata)
 
 
 def export_log(log: EmbeddedLog, out_dir: str | os.PathLike[str], roles: Iterable[str] = ROLES) -> dict[str, int]:
-    """Export the log's topics into a directory (created if missing); returns records per role."""
+    """Export the log's topics into a directory (created if missing), with its manifest; returns records per role."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
+    (out / MANIFEST).unlink(missing_ok=True)  # a manifest is only ever written for a complete export
     for role in roles:
         topic = topic_of(log.topics, role)
         metadata: dict[str, str] = {}
@@ -167,7 +189,64 @@ def export_log(log: EmbeddedLog, out_dir: str | os.PathLike[str], roles: Iterabl
             records=records(),
             metadata=metadata,
         )
+    write_manifest(out, counts, log.partitions)
     return counts
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while block := source.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(out: Path, counts: dict[str, int], partitions: int) -> None:
+    """``manifest.json``: SHA-256, size and record count of each exported file (written last, atomically)."""
+    files = {
+        f"{role}.avro": {"sha256": _sha256(out / f"{role}.avro"), "bytes": (out / f"{role}.avro").stat().st_size,
+                         "records": count}
+        for role, count in counts.items()
+    }  # fmt: skip
+    manifest = {"format": EXPORT_FORMAT, "partitions": partitions, "files": files}
+    temporary = out / f".{MANIFEST}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    temporary.replace(out / MANIFEST)
+
+
+def verify_export(source: Path, roles: Iterable[str]) -> dict[str, Any]:
+    """Check the files of ``roles`` against ``manifest.json``: hash, size, and every record read and counted.
+
+    Raises ExportError naming the first problem; returns the manifest.
+    """
+    path = source / MANIFEST
+    if not path.exists():
+        raise ExportError(
+            f"{source} has no {MANIFEST}, so its files cannot be verified (an export of an older gpufold, or not "
+            "complete): export it again, or import it with --unverified"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ExportError(f"{path} is damaged: {type(error).__name__}: {str(error)[:200]}") from None
+    for role in roles:
+        name = f"{role}.avro"
+        entry = files.get(name)
+        if not isinstance(entry, dict):
+            raise ExportError(f"{source / name} is not listed in {MANIFEST}")
+        file = source / name
+        size = file.stat().st_size
+        if size != entry.get("bytes"):
+            raise ExportError(f"{file} is {size} bytes, the manifest says {entry.get('bytes')}: truncated or changed")
+        if _sha256(file) != entry.get("sha256"):
+            raise ExportError(f"{file} does not match its SHA-256 in {MANIFEST}: the file is damaged or was changed")
+        count = sum(1 for _ in open_topic(file).records())
+        if count != entry.get("records"):
+            raise ExportError(f"{file} holds {count} record(s), the manifest says {entry.get('records')}")
+    return manifest  # type: ignore[no-any-return]
 
 
 def import_log(
@@ -176,13 +255,15 @@ def import_log(
     roles: Iterable[str] | None = None,
     *,
     group: str = DEFAULT_GROUP,
+    verify: bool = True,
 ) -> dict[str, int]:
     """Import an export directory into a new embedded log; returns records per role.
 
     Records keep their offsets and bytes; topics are renamed to the local log's
     names by role. The processor's committed positions are imported only together
     with the events (they say which commands' events exist): import the commands
-    alone and ``gpufold run`` re-derives every event locally.
+    alone and ``gpufold run`` re-derives every event locally. With ``verify`` (the default) every
+    file is checked against ``manifest.json`` before anything is written (:func:`verify_export`).
     """
     source = Path(in_dir)
     if not source.is_dir():
@@ -195,19 +276,25 @@ def import_log(
         raise ExportError(f"{source}: an import needs commands.avro (the source of truth)")
     if "snapshots" in wanted and "events" not in wanted:
         raise ExportError("snapshots can only be imported together with events (they describe folded commands)")
-    files = {}
     for role in wanted:
-        path = source / f"{role}.avro"
-        if not path.exists():
-            raise ExportError(f"{path} does not exist")
-        files[role] = open_topic(path)
-    partitions = files["commands"].partitions
-    for role, topic_file in files.items():
-        if topic_file.partitions != partitions or topic_file.role != role:
-            raise ExportError(f"{topic_file.path}: role/partition count do not match commands.avro")
+        if not (source / f"{role}.avro").exists():
+            raise ExportError(f"{source / f'{role}.avro'} does not exist")
     target = Path(log_path)
-    if target.exists() and target.stat().st_size > 0:
+    if target.exists() and (not target.is_file() or target.stat().st_size > 0):
         raise ExportError(f"{target} already exists; import into a new log file")
+    if verify:
+        verify_export(source, wanted)
+    files = {role: open_topic(source / f"{role}.avro") for role in wanted}
+    try:
+        partitions = files["commands"].partitions
+        mismatched = [f for role, f in files.items() if f.partitions != partitions or f.role != role]
+    except (KeyError, ValueError):
+        raise ExportError(f"{files['commands'].path}: its metadata has no valid partition count") from None
+    for topic_file in mismatched:
+        raise ExportError(f"{topic_file.path}: role/partition count do not match commands.avro")
+    if not 1 <= partitions <= 100_000:
+        raise ExportError(f"{files['commands'].path}: partition count {partitions} is not plausible")
+
     counts: dict[str, int] = {}
     try:
         with EmbeddedLog(target, partitions=partitions, group=group) as log:

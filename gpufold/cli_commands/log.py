@@ -79,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "export",
         help="export topics as Avro object container files",
         description="Write one Avro object container file per topic (commands.avro, events.avro, snapshots.avro, "
-        "dead-letters.avro) into DIR. Record bytes and offsets are kept exactly, so the commands replay to "
+        "dead-letters.avro) into DIR, and manifest.json with each file's SHA-256, size and record count (import "
+        "verifies them). Record bytes and offsets are kept exactly, so the commands replay to "
         "identical events anywhere.",
     )
     add_log_argument(export)
@@ -93,13 +94,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     imp = commands.add_parser(
         "import",
         help="import an export into a new log",
-        description="Create a new embedded log from an export directory (e.g. taken from production). With "
+        description="Create a new embedded log from an export directory (e.g. taken from production). Every "
+        "file is first checked against the export's manifest.json (SHA-256, size, record count) and read in full; "
+        "a damaged, truncated or changed export is refused before anything is written. With "
         "--topics commands only, `gpufold run` re-derives every event locally; with events too, the "
         "processor's committed positions come along.",
     )
     add_log_argument(imp)
     imp.add_argument("in_dir", metavar="DIR", help="an export directory")
     imp.add_argument("--topics", default=None, help="comma-separated roles to import (default: all files present)")
+    imp.add_argument(
+        "--unverified",
+        action="store_true",
+        help="import an export that has no manifest.json (written by an older gpufold) without checking it",
+    )
     imp.set_defaults(handler=_import)
 
 
@@ -268,7 +276,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     target = log_path(args)
     try:
-        counts = import_log(args.in_dir, target, _roles(args.topics))
+        counts = import_log(args.in_dir, target, _roles(args.topics), verify=not args.unverified)
     except LogError as error:
         raise CliError(str(error)) from None
     except OSError as error:

@@ -9,7 +9,7 @@ import fastavro
 import pytest
 
 from gpufold.embedded_log import EmbeddedLog, LogError, StoredRecord
-from gpufold.log_export import ExportError, export_log, import_log, open_topic, write_topic
+from gpufold.log_export import ExportError, export_log, import_log, open_topic, write_manifest, write_topic
 from processor.runtime.loop import Processor
 from tests.contract.log_contract import GARBAGE, clusters_covering, workload
 
@@ -76,6 +76,7 @@ def test_offset_gaps_survive_the_round_trip(tmp_path: Path) -> None:
     out = tmp_path / "export"
     out.mkdir()
     write_topic(out / "commands.avro", role="commands", topic="kafka.commands", partitions=1, records=records)
+    write_manifest(out, {"commands": len(records)}, partitions=1)
     import_log(out, tmp_path / "laptop.sqlite")
     with EmbeddedLog(tmp_path / "laptop.sqlite") as log:
         assert [(r.offset, r.value) for r in log.read_commands(0, 0, 100)] == [(r.offset, r.value) for r in records]
@@ -103,8 +104,10 @@ def test_a_non_export_file_is_refused(tmp_path: Path) -> None:
     """A directory whose commands.avro is not a gpufold export gives a clear error."""
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "commands.avro").write_bytes(b"garbage")
-    with pytest.raises(ExportError, match="not an Avro container file"):
+    with pytest.raises(ExportError, match=r"no manifest\.json"):
         import_log(tmp_path / "export", tmp_path / "laptop.sqlite")
+    with pytest.raises(ExportError, match="not an Avro container file"):
+        import_log(tmp_path / "export", tmp_path / "laptop.sqlite", verify=False)
 
 
 def test_a_failed_import_leaves_no_half_log(tmp_path: Path) -> None:
@@ -113,6 +116,7 @@ def test_a_failed_import_leaves_no_half_log(tmp_path: Path) -> None:
     out.mkdir()
     dup = [StoredRecord("gpufold.commands", 0, 0, b"lab", b"a"), StoredRecord("gpufold.commands", 0, 0, b"lab", b"b")]
     write_topic(out / "commands.avro", role="commands", topic="gpufold.commands", partitions=1, records=dup)
+    write_manifest(out, {"commands": len(dup)}, partitions=1)
     with pytest.raises(LogError, match="already taken"):
         import_log(out, tmp_path / "laptop.sqlite")
     assert not (tmp_path / "laptop.sqlite").exists()
