@@ -34,7 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(module, "register", None)
         if register is not None:
             register(subparsers)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """A subcommand registered with only a one-line ``help`` gets it as its ``--help`` description too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and summaries.get(name):
+                    text = str(summaries[name])
+                    sub.description = text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
+                _describe(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

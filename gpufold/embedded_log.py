@@ -161,12 +161,14 @@ class EmbeddedLog:
         create: bool = True,
         readonly: bool = False,
         durable: bool = False,
+        shared: bool = False,
     ) -> None:
         """Open (or create) a log.
 
         ``partitions`` is the command partition count of a new log (default
         :data:`DEFAULT_PARTITIONS`); for an existing log it must match or be None.
-        ``readonly`` opens without any write (replay, state, events).
+        ``readonly`` opens without any write (replay, state, events). ``shared`` lets several threads
+        use the handle, one at a time (the caller serialises them).
         """
         self.path = Path(path)
         self.group = group
@@ -178,9 +180,10 @@ class EmbeddedLog:
             raise LogError(f"{self.path} is not a file")
         try:
             if readonly:
-                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=not shared)
             else:
-                self._db = sqlite3.connect(self.path, isolation_level=None)
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=not shared)
             self._db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             if not readonly:
                 self._db.execute("PRAGMA journal_mode = WAL")

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Connection, Engine, create_engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from projections import metrics, models, queries
+from projections import api_guards, metrics, models, queries
 from projections.queries import MAX_LIMIT, MAX_TIME_MS, NotFound, QueryError
 from projections.secrets import mask_url
 
@@ -51,6 +51,7 @@ def create_app(database: str | Engine) -> FastAPI:
         description="Read-only queries over the projected scheduler events: utilization, queue, audit, usage.",
     )
     app.state.engine = engine
+    api_guards.install(app)  # short 422s, HEAD on GET routes
 
     @app.exception_handler(QueryError)
     async def bad_query(request: Request, error: QueryError) -> JSONResponse:

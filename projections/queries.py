@@ -67,6 +67,13 @@ def check_range(start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def check_known_cluster(conn: Connection, cluster: str) -> None:
+    """NotFound unless some event of the cluster was projected (every one moves its usage clock)."""
+    c = models.usage_clocks.c
+    if conn.execute(select(c.cluster).where(c.cluster == cluster)).first() is None:
+        raise NotFound(f"no cluster {cluster!r} in the projection")
+
+
 def check_choice(what: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise QueryError(f"{what} must be one of {', '.join(choices)}")
@@ -156,6 +163,7 @@ def utilization_history(
     buckets = -(-(end - start) // step_ms)
     if buckets > MAX_BUCKETS:
         raise QueryError(f"{buckets} steps asked; at most {MAX_BUCKETS} (use a larger step_ms or a shorter range)")
+    check_known_cluster(conn, cluster)
     u = models.utilization.c
     where = [u.cluster == cluster]
     if gpu_model is not None:
@@ -206,6 +214,7 @@ def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
     (queued, running or finished): the workload the cluster has seen.
     """
     cluster = check_id("cluster", cluster)
+    check_known_cluster(conn, cluster)
     p = models.pods.c
     counts: dict[TypicalKey, int] = {}
     shapes = conn.execute(
@@ -254,6 +263,7 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
     cluster = check_id("cluster", cluster)
     limit = check_int("limit", limit, 1, MAX_LIMIT)
     offset = check_int("offset", offset, 0, 10**9)
+    check_known_cluster(conn, cluster)
     p = models.pods.c
     is_pending = and_(p.cluster == cluster, p.status == "pending")
     stats = models.cluster_stats.c

@@ -223,6 +223,23 @@ _TYPED: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "release": [("pod_id", {}), ("--reason", {"default": "completed"})],
     "set-policy": [("policy", {})],
 }
+_TYPED_HELP = {
+    "node_id": "the node",
+    "pod_id": "the pod",
+    "policy": "the placement policy (gpufold simulate --list-policies)",
+    "--cpu-milli": "CPU in milli-cores",
+    "--memory-mib": "memory in MiB",
+    "--gpu-model": "the GPU model, e.g. A100 (needed with --gpu-count)",
+    "--gpu-count": "whole GPUs on the node (default 0)",
+    "--label": "a node label (repeatable)",
+    "--force": "remove even with pods running (they are evicted and re-placed)",
+    "--reason": "why (free text, at most 1024 characters)",
+    "--num-gpu": "whole GPUs, or 1 with --gpu-milli below 1000 for a share (default 0)",
+    "--gpu-milli": "milli of each GPU: 1000 for whole GPUs, 1-999 for a share",
+    "--tenant": "who is charged (default: default)",
+    "--priority": "higher is placed first (default 0)",
+    "--selector": "a node label the pod needs (repeatable)",
+}
 
 
 def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -244,7 +261,7 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: 
         sub.add_argument("--command-id", help="idempotency key (default: a new uuid4)")
         sub.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the outcome and print it as JSON")
         for flag, options in arguments:
-            sub.add_argument(flag, **options)
+            sub.add_argument(flag, **{"help": _TYPED_HELP.get(flag), **options})
         sub.set_defaults(handler=_publish_one, typed=name)
     trace = commands.add_parser("trace", help="bulk-load an openb trace: AddNode per node, SubmitPod per pod")
     _kafka_options(trace, nested=True)

@@ -2,7 +2,7 @@
 
 - ``--bootstrap`` (or ``GPUFOLD_KAFKA_BOOTSTRAP`` when no ``--log`` is given): Kafka. The replica reads the commands and
   snapshots topics; writes go through ``CommandPublisher``; the processor runs elsewhere.
-- ``--log`` (or ``GPUFOLD_LOG``), or nothing at all: the embedded log (created if missing). The
+- ``--log`` (or ``GPUFOLD_LOG``), or nothing at all: the embedded log (a missing one only with ``--create``). The
   server also runs the processor on it in a thread (``--no-processor`` to leave that to
   ``gpufold run``), so submitting, waiting and watching work on one machine with no servers.
 - ``--database-url`` alone (the old form): the projections' read API only, plus the dashboard page.
@@ -36,6 +36,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-processor", action="store_true", help="embedded log: do not fold in this process (gpufold run does)"
     )
     group.add_argument("--read-only", action="store_true", help="no write API (reads and what-if only)")
+    group.add_argument("--create", action="store_true", help="embedded log: create it if it does not exist yet")
     group.add_argument(
         "--tick-interval",
         type=float,
@@ -88,11 +89,13 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
 
         path = log_path(args)
         try:
-            EmbeddedLog(path).close()  # create it if missing, so the replica can open it read-only
+            # Only with --create: a mistyped --log must not start an empty second log.
+            EmbeddedLog(path, create=args.create).close()  # exists now, so the replica can open it read-only
             writer = None if args.read_only else EmbeddedWriter(path)
             replica = Replica(EmbeddedReplicaSource(path)).start()
         except LogError as error:
-            raise CliError(str(error)) from None
+            hint = " (pass --create to start an empty one)" if "no log at" in str(error) else ""
+            raise CliError(f"{error}{hint}") from None
         if args.tick_interval < 0:
             raise CliError("--tick-interval must be >= 0 seconds")
         if not args.no_processor:

@@ -32,7 +32,7 @@ def test_project_query_and_rebuild(tmp_path: Path, log_path: Path, capsys: pytes
     """`projector run` projects the embedded log; queries answer in JSON; `projections rebuild` proves it equal."""
     url = f"sqlite:///{tmp_path / 'read.sqlite'}"
     code, stats, _ = run(capsys, "projector", "run", "--embedded-log", str(log_path), "--database-url", url,
-                         "--stop-when-idle")  # fmt: skip
+                         "--stop-when-idle", "--create")  # fmt: skip
     assert code == 0 and stats["events"] > 800
     code, again, _ = run(capsys, "projector", "run", "--embedded-log", str(log_path), "--database-url", url,
                          "--stop-when-idle")  # fmt: skip

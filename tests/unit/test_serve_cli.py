@@ -28,7 +28,7 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "served.sqlite"
     server = subprocess.Popen(
-        [GPUFOLD, "serve", "--log", str(log), "--port", str(port), "--tick-interval", "0.2"],
+        [GPUFOLD, "serve", "--create", "--log", str(log), "--port", str(port), "--tick-interval", "0.2"],
         stderr=subprocess.PIPE,
         text=True,
         # --log wins over a Kafka address in the environment (as in `make test`, which exports one).
