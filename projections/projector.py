@@ -47,6 +47,7 @@ from schemas.events import (
     PodSpec,
 )
 from schemas.fastcodec import encode_event
+from schemas.limits import MAX_ISSUED_AT
 
 log = logging.getLogger("gpufold.projector")
 
@@ -246,7 +247,9 @@ class _Batch:
             )
         )
         clock = self.usage.clocks.get(event.cluster)
-        if clock is None or event.occurred_at > clock.watermark:  # else observe() has nothing to do
+        # A time past the contract's range (a rejection of a far-future command, or an old log's event) never
+        # moves the usage clock: it would seal every hour to 2099 and make all later usage late.
+        if clock is None or clock.watermark < event.occurred_at <= MAX_ISSUED_AT:  # else nothing to observe
             self.usage.observe(self.conn, event.cluster, event.occurred_at, (event.partition, event.sequence))
         handler = _HANDLERS.get(kind)
         if handler is not None:

@@ -23,7 +23,9 @@ credited to it, and a run of more than :data:`SPAN_HOURS` whole hours at one rat
 is a single span row (``tenant_usage_spans``, ``usage_adjustment_spans``). A credit
 is therefore at most a few rows whatever its length: a partial first hour, a span
 (or up to a day of hours), a partial last hour. Event times are clamped into the
-contract's range (``schemas.limits``), so spans stay within 64-bit sums.
+contract's range (``schemas.limits``), so spans stay within 64-bit sums; a time
+past the range (the rejection of a far-future command, an old log's event) never
+moves the watermark, and usage at such a time counts at the cluster's watermark.
 """
 
 from __future__ import annotations
@@ -158,7 +160,9 @@ class UsageLedger:
     def _change(self, cluster: str, tenant: str, t: int, delta: int, position: tuple[int, int]) -> None:
         if delta == 0:
             return
-        t = usage_time(t)
+        if not MIN_ISSUED_AT <= t <= MAX_ISSUED_AT:  # an old log's out-of-range time: the cluster's time now
+            clock = self.clocks.get(cluster)
+            t = clock.watermark if clock is not None else usage_time(t)
         key = (cluster, tenant)
         rate = self.rates.get(key)
         if rate is None:

@@ -146,17 +146,19 @@ def test_a_pod_started_decades_late_is_one_adjustment_span() -> None:
     assert span.tenant == "gamma" and span.hours > 400_000
 
 
-def test_an_old_logs_event_beyond_the_range_is_clamped() -> None:
-    """An event at 2^62 (accepted before the limits existed) counts as the end of 2099, cheaply."""
+def test_a_time_beyond_the_range_never_moves_the_clock() -> None:
+    """A rejection of a µs issued_at, or an old log's pod event at 2^62, leaves the watermark where it was."""
     eng = engine()
-    events = workload.fold([*running_cluster(), Command("x", "c1", T0 + 5_000, SetPolicy("spread"))])
-    events[-1] = dataclasses.replace(events[-1], occurred_at=1 << 62)
+    rejected = Command("us", "c1", 1_767_225_600_000_000, SetPolicy("spread"))  # microseconds: TIME_OUT_OF_RANGE
+    events = workload.fold([*running_cluster(), rejected, Command("x", "c1", T0 + 5_000, Release("p2"))])
+    assert events[-2].payload.code == "TIME_OUT_OF_RANGE"  # type: ignore[union-attr]
+    events[-1] = dataclasses.replace(events[-1], occurred_at=1 << 62)  # as an old log may hold it
     assert project(eng, events) < 5.0
     assert rows(eng) < 20
     with eng.connect() as conn:
         (clock,) = conn.execute(select(models.usage_clocks)).all()
-    assert clock.watermark == MAX_ISSUED_AT
-    assert charged(eng) == expected(eng, events)
+    assert clock.watermark == T0 + 2_000  # the last time in range
+    assert charged(eng) == expected(eng, [e for e in events if e.occurred_at <= MAX_ISSUED_AT])
 
 
 def test_top_consumers_counts_whole_hours_of_spans() -> None:
