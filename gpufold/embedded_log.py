@@ -102,8 +102,8 @@ class DamagedLogError(LogError):
 def record_crc(topic: str, partition: int, offset: int, prev: int, key: bytes | None, value: bytes | None) -> int:
     """CRC-32 of a record's position, its predecessor's offset and its bytes (None and b'' differ)."""
     crc = zlib.crc32(f"{topic}\x00{partition}\x00{offset}\x00{prev}\x00".encode())
-    crc = zlib.crc32(b"\x00" if key is None else b"\x01" + bytes(key), crc)
-    return zlib.crc32(b"\x00" if value is None else b"\x01" + bytes(value), crc)
+    crc = zlib.crc32(b"\x00", crc) if key is None else zlib.crc32(key, zlib.crc32(b"\x01", crc))
+    return zlib.crc32(b"\x00", crc) if value is None else zlib.crc32(value, zlib.crc32(b"\x01", crc))
 
 
 def _position_crc(group: str, topic: str, partition: int, next_offset: int) -> int:

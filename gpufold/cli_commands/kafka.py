@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from gpufold.cli import CliError
+from gpufold.text import printable
 from kafka_settings.config import KafkaConfig, KafkaConfigError, install_secret_filter, load
 from kafka_settings.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicError, create_topics, topic_specs
 from schemas.topics import topics_for
@@ -363,28 +364,28 @@ def _progress(total: int | None, disable: bool, unit: str = "cmd") -> Any:
 def _publish_file(args: argparse.Namespace) -> int:
     if not args.file:
         raise CliError("give a command (gpufold publish submit-pod ...), --file FILE.jsonl, or trace")
-    from gpufold.jsonl import LineError, read_commands
+    from gpufold.jsonl import LineError, read_command_bytes
     from producers.publisher import DeliveryError
     from schemas.commands import Command
 
     config = _config(args)
     errors = 0
     sent = 0
-    try:
-        handle = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
+    try:  # bytes: each line is decoded on its own, so one bad byte costs one line (as for log append)
+        handle = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as error:
         raise CliError(f"cannot read {args.file}: {error.strerror}") from None
     try:
         with _publisher(args, config) as publisher, _progress(None, args.no_progress) as bar:
-            for item in read_commands(handle):
+            for item in read_command_bytes(handle):
                 if isinstance(item, LineError):
-                    print(f"gpufold: {args.file}: {item}", file=sys.stderr)
+                    print(printable(f"gpufold: {args.file}: {item}"), file=sys.stderr)
                     errors += 1
                     continue
                 try:
                     publisher.publish(Command.from_avro(item.record))
                 except ValueError as error:
-                    print(f"gpufold: {args.file}: line {item.line}: {error}", file=sys.stderr)
+                    print(printable(f"gpufold: {args.file}: line {item.line}: {error}"), file=sys.stderr)
                     errors += 1
                     continue
                 sent += 1
@@ -392,7 +393,7 @@ def _publish_file(args: argparse.Namespace) -> int:
     except DeliveryError as error:
         raise CliError(config.scrub(str(error))) from None
     finally:
-        if handle is not sys.stdin:
+        if handle is not sys.stdin.buffer:
             handle.close()
     print(f"published {sent} command(s), {errors} line(s) refused", file=sys.stderr)
     return 1 if errors else 0
