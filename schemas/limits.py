@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+_MEMBER_OVERHEAD = 32  # characters a member costs in a gang's events besides its strings
+
 # ------------------------------------------------------------------ time
 
 MIN_ISSUED_AT = 0
@@ -46,6 +48,10 @@ MAX_NODE_SELECTOR = 64
 """Node-selector entries per pod."""
 MAX_TOLERATIONS = 64
 """Tolerations per pod."""
+MAX_GANG_TEXT = 100_000
+"""Characters of ids, GPU models, selectors and tolerations across a gang's members: every gang event
+carries every member's spec, so this keeps a ``GangScheduled`` far under a Kafka record (at most 1,024
+members, ``MAX_GANG_MEMBERS`` in ``schemas.validation``)."""
 MAX_GPUS_PER_NODE = 64
 MAX_CPU_MILLI = 100_000_000  # 100,000 cores
 MAX_MEMORY_MIB = 1 << 30  # 1 PiB
@@ -104,3 +110,10 @@ def stand_in(value: Any, limit: int = MAX_ID_LENGTH) -> str:
     digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
     tail = f"...({len(value)} chars, sha256 {digest})"
     return value[: limit - len(tail)] + tail
+
+
+def spec_text(pod_id: str, gpu_models: Any, node_selector: Any, tolerations: Any) -> int:
+    """Characters of a pod's strings, as a gang's events repeat them (for :data:`MAX_GANG_TEXT`)."""
+    size = _MEMBER_OVERHEAD + len(pod_id) + sum(len(model) for model in gpu_models)
+    size += sum(len(key) + len(value) for key, value in node_selector.items())
+    return size + sum(len(t.key) + len(t.operator) + len(t.value) + len(t.effect) for t in tolerations)

@@ -46,6 +46,7 @@ from schemas.commands import (
 )
 from schemas.limits import (
     MAX_CPU_MILLI,
+    MAX_GANG_TEXT,
     MAX_GPU_MODELS,
     MAX_GPUS_PER_NODE,
     MAX_ID_LENGTH,
@@ -59,6 +60,7 @@ from schemas.limits import (
     MAX_TOLERATIONS,
     MAX_VALUE_LENGTH,
     show,
+    spec_text,
 )
 
 POLICY_NAMES = (
@@ -276,6 +278,13 @@ def check_submit_gang(command: SubmitGang) -> None:
             )
         seen.add(member.pod_id)
         check_pod_resources("member", member)
+    text = sum(spec_text(m.pod_id, m.gpu_models, m.node_selector, m.tolerations) for m in command.members)
+    if text > MAX_GANG_TEXT:
+        raise Rejected(
+            RejectionCode.TOO_LARGE,
+            f"gang {command.gang_id!r}'s members hold {text} characters of ids, models, selectors and tolerations; "
+            f"at most {MAX_GANG_TEXT} (every gang event carries them all)",
+        )
     if command.min_members is not None and not 1 <= command.min_members <= len(command.members):
         raise Rejected(
             RejectionCode.INVALID_COMMAND,

@@ -37,9 +37,12 @@ from schemas.commands import (
     AddNode,
     Command,
     CordonNode,
+    GangMember,
     MarkNodeFailed,
     Release,
+    ReleaseGang,
     SetPolicy,
+    SubmitGang,
     SubmitPod,
     Taint,
     Toleration,
@@ -133,7 +136,40 @@ OVERSIZED: list[tuple[str, Callable[[str], Command]]] = [
     ),
     ("release reason", lambda big: Command("x", "c0", T0, Release("p1", big))),
     ("policy", lambda big: Command("x", "c0", T0, SetPolicy(big))),
+    ("queue_order", lambda big: Command("x", "c0", T0, SetPolicy("", queue_order=big))),
+    ("gang_id", lambda big: Command("x", "c0", T0, SubmitGang(big, members=(GangMember("m", cpu_milli=1),)))),
+    ("gang member id", lambda big: Command("x", "c0", T0, SubmitGang("g", members=(GangMember(big, cpu_milli=1),)))),
+    ("gang members", lambda big: Command("x", "c0", T0, SubmitGang("g", members=_members(5000, "")))),
+    ("gang text", lambda big: Command("x", "c0", T0, SubmitGang("g", members=_members(1000, big[:200])))),
+    (
+        "gang topology",
+        lambda big: Command("x", "c0", T0, SubmitGang("g", members=_members(1, ""), topology_required=big)),
+    ),
+    ("depends_on", lambda big: Command("x", "c0", T0, SubmitPod("p9", cpu_milli=1, depends_on=(big,)))),
+    ("dependency", lambda big: Command("x", "c0", T0, SubmitPod("p9", cpu_milli=1, depends_on=("a",), dependency=big))),
+    ("release gang", lambda big: Command("x", "c0", T0, ReleaseGang(big))),
 ]
+
+
+def _members(count: int, value: str) -> tuple[GangMember, ...]:
+    tolerations = (Toleration("k", "Equal", value),) if value else ()
+    return tuple(GangMember(f"m{i}", cpu_milli=1, tolerations=tolerations) for i in range(count))
+
+
+def test_the_largest_gang_allowed_still_makes_events_that_fit_kafka() -> None:
+    """A gang at the member and text limits is accepted, and its event (every member's spec) fits 1 MiB."""
+    members = tuple(
+        GangMember(f"member-{i:04d}", cpu_milli=1, tolerations=(Toleration("k", "Equal", "v" * 40),))
+        for i in range(1024)
+    )
+    state = _busy_state()
+    folder = PartitionFolder(0, TOPICS, state, snapshot_every=0)
+    out: list[OutputRecord] = []
+    command = Command("big-gang", "c0", T0 + 10, SubmitGang("g1", members=members))
+    check_command(command)
+    folder.fold(InputRecord(0, state.next_offset, b"c0", encode_command(command)), out)
+    assert {type(decode_event(r.value).payload).__name__ for r in out} & {"GangQueued", "GangScheduled"}
+    assert max(len(r.value) for r in out) < KAFKA_RECORD // 4
 
 
 def _assert_bounded_rejection(command: Command, state: PartitionState) -> CommandRejected:

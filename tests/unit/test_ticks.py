@@ -55,7 +55,9 @@ def test_gpufold_run_follow_with_ticks_releases_a_pod_at_its_time_limit(tmp_path
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     gpufold = [sys.executable, "-m", "gpufold"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([*gpufold, "log", "append", "--log", str(log), str(source)], check=True, env=env, cwd=ROOT)
+    subprocess.run(
+        [*gpufold, "log", "append", "--create", "--log", str(log), str(source)], check=True, env=env, cwd=ROOT
+    )
     run = [*gpufold, "run", "--log", str(log), "--follow", "--tick-interval", "0.2", "--no-progress"]
     process = subprocess.Popen(run, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -135,9 +135,12 @@ def test_a_command_issued_in_2099_seals_73_years_in_a_few_rows() -> None:
 def test_a_pod_started_decades_late_is_one_adjustment_span() -> None:
     """A pod scheduled at issued_at 0 into a cluster at 2026 is charged 56 years, as one adjustment span."""
     eng = engine()
-    late = Command("late", "c1", 0, SubmitPod("old", "gamma", 0, 1, 1000, 1, 1))
+    late = Command("late", "c1", T0 + 3_000, SubmitPod("old", "gamma", 0, 1, 1000, 1, 1))
     later = Command("later", "c1", T0 + 3 * HOUR_MS, SetPolicy("spread"))  # seals the hours gamma ran in
     events = workload.fold([*running_cluster(), late, later])
+    # Today's fold stamps a late command at its clock; a v1 log keeps the command's own time (0 here).
+    (at,) = [i for i, e in enumerate(events) if e.command_id == "late"]
+    events[at] = dataclasses.replace(events[at], occurred_at=0)
     assert project(eng, events) < 5.0
     assert rows(eng) < 20
     assert charged(eng) == expected(eng, events)
@@ -208,7 +211,9 @@ def gappy_streams(draw: st.DrawFn) -> list[Command]:
 @given(commands=gappy_streams(), batch=st.integers(1, 7))
 def test_any_gaps_cost_rows_per_event_and_charge_exactly(commands: list[Command], batch: int) -> None:
     """Whatever the jumps: rows grow with events not hours, usage is exact, batching changes nothing."""
-    events = workload.fold(commands)
+    # Stamped as contract v1 stamps them (each event at its command's own time, late or not), so late
+    # commands make late events; today's fold would stamp them at its clock.
+    events = [dataclasses.replace(e, occurred_at=commands[e.command_offset].issued_at) for e in workload.fold(commands)]
     whole, batched = engine(), engine()
     project(whole, events)
     project(batched, events, batch=batch)
