@@ -27,7 +27,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from gpufold.embedded_log import StoredRecord
-from gpufold.log_export import ROLES, ExportError, topic_of, write_topic
+from gpufold.log_export import MANIFEST, ROLES, ExportError, topic_of, write_manifest, write_topic
 from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import watermark_offsets
 from schemas import DecodeError
@@ -142,6 +142,7 @@ def export_kafka(
     chosen = choose_partitions(exporter.partitions, partitions, clusters)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # a manifest is only ever written for a complete export
     topics = exporter.topics
     commands: list[StoredRecord] = []
     cuts: dict[int, int] = {}
@@ -198,6 +199,7 @@ def export_kafka(
         counts[role] = write_topic(
             out / f"{role}.avro", role=role, topic=topic, partitions=exporter.partitions, records=records()
         )
+    write_manifest(out, counts, exporter.partitions)  # what log import verifies before writing anything
     return counts
 
 

@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "(counts per check, per node class), the node that comes closest and what it lacks, and single changes "
         "that would let it be placed; for a running pod, where it runs.",
     )
-    explain.add_argument("pod_id", metavar="POD")
-    explain.add_argument("--cluster", required=True)
+    explain.add_argument("pod_id", metavar="POD", help="the pending or running pod to explain")
+    explain.add_argument("--cluster", required=True, help="the pod's cluster")
     _source_options(explain)
     explain.set_defaults(handler=_explain)
 
@@ -78,15 +78,22 @@ def _replica(args: argparse.Namespace) -> Any:
 
 
 def _what_if(args: argparse.Namespace) -> int:
-    from gpufold.cli_commands.log import _lines
-    from gpufold.jsonl import LineError, read_commands, to_json_value
+    from gpufold.cli_commands.log import _open_input
+    from gpufold.jsonl import LineError, read_command_bytes, to_json_value
+    from gpufold.text import printable
     from schemas.commands import Command
 
     name = "<stdin>" if args.file == "-" else args.file
     commands, lines, bad = [], [], 0
-    for item in read_commands(_lines(args.file)):
+    stream = _open_input(args.file)  # bytes, decoded line by line as log append does
+    try:
+        items = list(read_command_bytes(stream))
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    for item in items:
         if isinstance(item, LineError):
-            print(f"gpufold: {name} {item}", file=sys.stderr)
+            print(printable(f"gpufold: {name} {item}"), file=sys.stderr)
             bad += 1
         else:
             commands.append(Command.from_avro(item.record))

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture()
 def log(tmp_path: Path) -> str:
     path = str(tmp_path / "log.sqlite")
-    main(["log", "append", "--log", path, str(REPO / "examples" / "commands.jsonl")])
+    main(["log", "append", "--create", "--log", path, str(REPO / "examples" / "commands.jsonl")])
     return path
 
 
