@@ -130,6 +130,10 @@ def _guarded(method: _F) -> _F:
             return method(self, *args, **kwargs)
         except sqlite3.DatabaseError as error:
             raise self._damaged(error) from None
+        except (ValueError, TypeError, OverflowError) as error:  # a value of the wrong type read back
+            raise DamagedLogError(
+                f"{self.path}: a value read from the log makes no sense ({error}): the file is damaged"
+            ) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -234,18 +238,32 @@ class EmbeddedLog:
 
     def _stored_ends(self, topic: str, partition: int) -> tuple[int, int] | None:
         """(next offset, record count) recorded for a topic-partition, checked; None if never recorded."""
+        return self._with_ends("SELECT 1", (), topic, partition)[1]
+
+    def _with_ends(
+        self, query: str, params: tuple[Any, ...], topic: str, partition: int
+    ) -> tuple[tuple[Any, ...] | None, tuple[int, int] | None]:
+        """A query's first row (None if none) and the partition's recorded (end, count), in ONE statement.
+
+        One statement reads one snapshot, so a writer committing between two separate reads can never make
+        the records and their recorded end disagree (which would look like damage to a reader).
+        """
         if not self._ends:
-            return None
+            return self._db.execute(query, params).fetchone(), None
         row = self._db.execute(
-            'SELECT next_offset, records, crc FROM ends WHERE topic = ? AND "partition" = ?', (topic, partition)
+            f"SELECT q.*, e.next_offset, e.records, e.crc FROM (SELECT 1) AS one LEFT JOIN ({query}) AS q ON 1 "
+            'LEFT JOIN ends AS e ON e.topic = ? AND e."partition" = ?',
+            (*params, topic, partition),
         ).fetchone()
-        if row is None:
-            return None
-        if row[2] != _end_crc(topic, partition, row[0], row[1]):
+        found, (next_offset, records, crc) = row[:-3], row[-3:]
+        first = None if all(value is None for value in found) else tuple(found)
+        if next_offset is None:
+            return first, None
+        if crc != _end_crc(topic, partition, next_offset, records):
             raise DamagedLogError(
                 f"{self.path}: the end of {topic}[{partition}] fails its checksum: the file is damaged"
             )
-        return int(row[0]), int(row[1])
+        return first, (int(next_offset), int(records))
 
     def _check_tail(self, topic: str, partition: int, start: int, last: int | None, end: int | None) -> None:
         """After reading [start, end) (end None: to the end), with ``last`` the last offset read: nothing skipped.
@@ -256,11 +274,13 @@ class EmbeddedLog:
         if not self._checked:
             return
         after = (last + 1 if last is not None else start) if end is None else max(end, start)
-        row = self._db.execute(
+        row, ends = self._with_ends(
             'SELECT "offset", prev FROM records WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
             'ORDER BY "offset" LIMIT 1',
             (topic, partition, after),
-        ).fetchone()
+            topic,
+            partition,
+        )
         expected_prev = last if last is not None else None
         if row is not None and row[1] is not None:
             if (expected_prev is not None and row[1] != expected_prev) or (expected_prev is None and row[1] >= start):
@@ -270,7 +290,7 @@ class EmbeddedLog:
                 )
             return
         if row is None:
-            stored = self._stored_end(topic, partition)
+            stored = None if ends is None else ends[0]
             reached = last + 1 if last is not None else start
             if stored is not None and stored > reached and (end is None or end > reached):
                 raise DamagedLogError(
@@ -631,8 +651,8 @@ class EmbeddedLog:
         """After a restore: the events topic must end with the event the restored state says came last.
 
         The processor publishes a partition's events in sequence order in the same transaction as its
-        position, so a shorter events topic (rows lost) or a position that went back (a damaged
-        consumer_offsets row, which would make ``run`` publish events twice) means a damaged file.
+        position, so an events topic that ends before the restored sequence lost rows: a damaged file.
+        (A position that went back is caught by its own checksum.)
         """
         from schemas import DecodeError
         from schemas.fastcodec import decode_event
@@ -650,7 +670,7 @@ class EmbeddedLog:
                 last = decode_event(value).sequence  # type: ignore[arg-type]
             except DecodeError:
                 raise DamagedLogError(f"{self.path}: event {topic}[{partition}]@{offset} does not decode") from None
-        if last != sequence - 1:
+        if last < sequence - 1:  # more is fine: a processor may have committed since the position was read
             raise DamagedLogError(
                 f"{self.path}: partition {partition}'s committed position accounts for {sequence} event(s) but the "
                 f"events topic ends at sequence {last}: the file is damaged"
@@ -683,6 +703,12 @@ class EmbeddedLog:
                 ).fetchall()
             except sqlite3.DatabaseError as error:
                 raise self._damaged(error) from None
+            try:
+                rows = [(int(o), k, v, None if q is None else int(q), c) for o, k, v, q, c in rows]
+            except (ValueError, TypeError) as error:
+                raise DamagedLogError(
+                    f"{self.path}: {topic}[{partition}] holds a value that makes no sense ({error})"
+                ) from None
             for offset, key, value in self._verified(topic, partition, rows, start, last):
                 if end is not None and offset >= end:
                     return
@@ -702,11 +728,14 @@ class EmbeddedLog:
         return self._end_offset(topic, partition)
 
     def _end_offset(self, topic: str, partition: int) -> int:
-        row = self._db.execute(
-            'SELECT MAX("offset") FROM records WHERE topic = ? AND "partition" = ?', (topic, partition)
-        ).fetchone()
-        found = 0 if row[0] is None else int(row[0]) + 1
-        stored = self._stored_end(topic, partition)
+        row, ends = self._with_ends(
+            'SELECT MAX("offset") FROM records WHERE topic = ? AND "partition" = ?',
+            (topic, partition),
+            topic,
+            partition,
+        )
+        found = 0 if row is None or row[0] is None else int(row[0]) + 1
+        stored = None if ends is None else ends[0]
         if stored is not None and stored != found:
             raise DamagedLogError(
                 f"{self.path}: {topic}[{partition}] ends at {stored} but its last record is at {found - 1}: "
@@ -719,10 +748,10 @@ class EmbeddedLog:
         """How many records a topic holds (in one partition or all), checked against the recorded counts."""
         total = 0
         for p in self.topic_partitions(topic) if partition is None else [partition]:
-            row = self._db.execute(
-                'SELECT COUNT(*) FROM records WHERE topic = ? AND "partition" = ?', (topic, p)
-            ).fetchone()
-            stored = self._stored_ends(topic, p)
+            row, stored = self._with_ends(
+                'SELECT COUNT(*) FROM records WHERE topic = ? AND "partition" = ?', (topic, p), topic, p
+            )
+            row = row or (0,)
             if stored is not None and stored[1] != int(row[0]):
                 raise DamagedLogError(
                     f"{self.path}: {topic}[{p}] holds {row[0]} record(s) but {stored[1]} were written: "
@@ -736,16 +765,14 @@ class EmbeddedLog:
         """The partitions of a topic that hold records (commands: every partition)."""
         if topic == self.topics.commands:
             return list(range(self.partitions))
-        rows = self._db.execute(
-            'SELECT DISTINCT "partition" FROM records WHERE topic = ? ORDER BY "partition"', (topic,)
-        ).fetchall()
-        found = {row[0] for row in rows}
-        recorded: set[Any] = set()
-        if self._ends:
-            recorded = {
-                row[0]
-                for row in self._db.execute('SELECT "partition" FROM ends WHERE topic = ? AND records > 0', (topic,))
-            }
+        query = 'SELECT DISTINCT "partition", 0 FROM records WHERE topic = ?'
+        params: tuple[Any, ...] = (topic,)
+        if self._ends:  # one statement, one snapshot: a concurrent append cannot look like a lost partition
+            query += ' UNION ALL SELECT "partition", 1 FROM ends WHERE topic = ? AND records > 0'
+            params = (topic, topic)
+        rows = self._db.execute(query, params).fetchall()
+        found = {row[0] for row in rows if row[1] == 0}
+        recorded = {row[0] for row in rows if row[1] == 1}
         if not all(isinstance(p, int) and p >= 0 for p in found | recorded) or not recorded <= found:
             raise DamagedLogError(
                 f"{self.path}: the partitions of {topic} are not what was written: the file is damaged"

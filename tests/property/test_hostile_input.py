@@ -514,3 +514,47 @@ def test_any_flipped_bit_of_an_export_is_refused(
     _assert_import_refused(copy, folder / "new.sqlite", "SHA-256")
     code, _, err = cli("log", "import", "--unverified", "--log", str(folder / "u.sqlite"), str(copy))
     assert code == 0 or (code == 2 and err.count("\n") == 1 and "Traceback" not in err), err
+
+
+def test_a_log_being_written_never_looks_damaged(tmp_path: Path) -> None:
+    """Readers checking ends, counts, chains and restores while a processor appends and commits see no damage."""
+    import threading
+
+    from processor.runtime.loop import Processor, restore_state
+
+    path = tmp_path / "busy.sqlite"
+    commands = list(workload.commands(2_500, nodes=20, seed=4))
+    with EmbeddedLog(path) as log:
+        log.append_commands([(b"c1", encode_command(c)) for c in commands[:100]])
+    stop, errors = threading.Event(), []
+
+    def write() -> None:
+        with EmbeddedLog(path) as log:
+            processor = Processor(log, batch_size=50, snapshot_every=500)
+            for i in range(100, len(commands), 50):
+                if stop.is_set():
+                    return
+                log.append_commands([(b"c1", encode_command(c)) for c in commands[i : i + 50]])
+                processor.run_batch(0.0)
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                with EmbeddedLog(path, readonly=True) as log:
+                    for topic in (log.topics.commands, log.topics.events, log.topics.snapshots):
+                        log.count(topic)
+                        log.end_offset(topic, 0)
+                    sum(1 for _ in log.read(log.topics.events, 0))
+                    restore_state(log, 0)
+        except Exception as error:
+            errors.append(error)
+
+    writer = threading.Thread(target=write)
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for thread in (writer, *readers):
+        thread.start()
+    writer.join(60)
+    stop.set()
+    for thread in readers:
+        thread.join(30)
+    assert not errors, errors[0]
