@@ -112,6 +112,20 @@ def create_app(database: str | Engine) -> FastAPI:
     def pending(conn: Conn, cluster: Id, limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
         return queries.pending(conn, cluster=cluster, limit=limit, offset=offset)
 
+    @app.get("/v1/gangs", summary="gangs with their members and state, in queue order")
+    def gangs(
+        conn: Conn,
+        cluster: Id,
+        state: Annotated[str | None, Query(pattern="^(waiting|pending|running|released)$")] = None,
+        limit: Limit = 100,
+        offset: Offset = 0,
+    ) -> dict[str, Any]:
+        return queries.gangs(conn, cluster=cluster, state=state, limit=limit, offset=offset)
+
+    @app.get("/v1/reservations", summary="current reservations: nodes held for the head of each queue")
+    def reservations(conn: Conn, cluster: OptionalId = None) -> dict[str, Any]:
+        return queries.reservations(conn, cluster=cluster)
+
     @app.get("/v1/clusters/{cluster}/pods/{pod_id}/history", summary="a pod's events, each with its command")
     def pod_history(
         conn: Conn,

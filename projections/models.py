@@ -96,6 +96,53 @@ class PodRow(Base):
     )
 
 
+class GangRow(Base):
+    """A gang's latest state: waiting (for dependencies), pending (with reasons), running or released."""
+
+    __tablename__ = "gangs"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    gang_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(ID)
+    priority: Mapped[int] = mapped_column(Integer)
+    arrival: Mapped[int] = mapped_column(BigInteger)
+    members: Mapped[Any] = mapped_column(JsonType)  # [{pod_id, num_gpu, gpu_milli, cpu_milli, memory_mib}, ...]
+    min_members: Mapped[int] = mapped_column(Integer)
+    topology_required: Mapped[str | None] = mapped_column(ID, nullable=True)
+    topology_preferred: Mapped[str | None] = mapped_column(ID, nullable=True)
+    time_limit_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    timeout_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    depends_on: Mapped[Any] = mapped_column(JsonType)
+    status: Mapped[str] = mapped_column(String(16))  # waiting | pending | running | released
+    waiting_for: Mapped[Any] = mapped_column(JsonType)  # dependencies not ended when it was queued
+    reasons: Mapped[Any] = mapped_column(JsonType)  # queue reasons while pending (as queued)
+    placed: Mapped[Any] = mapped_column(JsonType)  # [{pod_id, node_id}, ...] while running
+    topology_key: Mapped[str | None] = mapped_column(ID, nullable=True)
+    domain: Mapped[str | None] = mapped_column(ID, nullable=True)
+    submitted_at: Mapped[int] = mapped_column(BigInteger)
+    queued_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ended_ok: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    updated_sequence: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_gangs_cluster_status", "cluster", "status"),)
+
+
+class ReservationRow(Base):
+    """A cluster's current reservation: the nodes held for the head of its queue (deleted when released)."""
+
+    __tablename__ = "reservations"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    holder_id: Mapped[str] = mapped_column(ID)
+    holder_kind: Mapped[str] = mapped_column(String(8))  # pod | gang
+    nodes: Mapped[Any] = mapped_column(JsonType)
+    expected_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    made_at: Mapped[int] = mapped_column(BigInteger)
+    message: Mapped[str] = mapped_column(String(1000))
+    updated_sequence: Mapped[int] = mapped_column(BigInteger)
+
+
 class AllocationRow(Base):
     """One GPU (or share of one) held by a running pod."""
 
@@ -261,6 +308,8 @@ class UsageAdjustmentSpanRow(Base):
 
 nodes: Table = cast(Table, NodeRow.__table__)
 pods: Table = cast(Table, PodRow.__table__)
+gangs: Table = cast(Table, GangRow.__table__)
+reservations: Table = cast(Table, ReservationRow.__table__)
 allocations: Table = cast(Table, AllocationRow.__table__)
 audit_events: Table = cast(Table, AuditEventRow.__table__)
 projection_offsets: Table = cast(Table, ProjectionOffsetRow.__table__)

@@ -33,11 +33,16 @@ from projections.secrets import mask_url
 from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
 from schemas.events import (
     Event,
+    GangQueued,
+    GangReleased,
+    GangScheduled,
+    GangSpec,
     NodeAdded,
     NodeCordoned,
     NodeDrained,
     NodeFailed,
     NodeRemoved,
+    NodesReserved,
     NodeUncordoned,
     PodEvicted,
     PodMigrated,
@@ -45,6 +50,7 @@ from schemas.events import (
     PodReleased,
     PodScheduled,
     PodSpec,
+    ReservationReleased,
 )
 from schemas.fastcodec import encode_event
 from schemas.limits import MAX_ISSUED_AT
@@ -171,6 +177,10 @@ class _Batch:
         self.pods_in_db: set[tuple[str, str]] = set()
         self.dirty_nodes: set[tuple[str, str]] = set()
         self.dirty_pods: set[tuple[str, str]] = set()
+        self.gangs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.dirty_gangs: set[tuple[str, str]] = set()
+        self.reservations: dict[str, dict[str, Any] | None] = {}  # cluster -> current reservation row
+        self.reservations_in_db: set[str] = set()
         self.realloc: set[tuple[str, str]] = set()  # pods whose allocation rows change
         # (cluster, model) -> [allocated, capacity, nodes, pods running]; cluster -> [pending, running]
         self.totals: dict[tuple[str, str], list[int]] = {}
@@ -185,6 +195,8 @@ class _Batch:
     def load(self, events: list[Envelope]) -> None:
         node_keys: set[tuple[str, str]] = set()
         pod_keys: set[tuple[str, str]] = set()
+        gang_keys: set[tuple[str, str]] = set()
+        reserved: set[str] = set()
         clusters: set[str] = set()
         for envelope in events:
             event: Event = envelope.event  # type: ignore[assignment]
@@ -202,7 +214,22 @@ class _Batch:
                 or (kind is PodQueued and not payload.requeued)  # type: ignore[union-attr]
             ):
                 pod_keys.add((cluster, pod_id))
+            if kind in _GANG_EVENTS:
+                gang_keys.add((cluster, str(payload.gang_id)))  # type: ignore[union-attr]
+                if kind is GangQueued and payload.requeued:  # type: ignore[union-attr]
+                    pod_keys.update((cluster, m.pod_id) for m in payload.gang.members)  # type: ignore[union-attr]
+            elif kind is NodesReserved or kind is ReservationReleased:
+                reserved.add(cluster)
         conn = self.conn
+        for key, row in _fetch(conn, models.gangs, "gang_id", gang_keys):
+            self.gangs[key] = row
+            if row["status"] != "released":  # a gang that ends may leave evicted member rows to close
+                pod_keys.update((key[0], member["pod_id"]) for member in row["members"])
+        if reserved:
+            table = models.reservations
+            for found in conn.execute(select(table).where(table.c.cluster.in_(sorted(reserved)))):
+                self.reservations[found.cluster] = dict(found._mapping)
+                self.reservations_in_db.add(found.cluster)
         for key, row in _fetch(conn, models.nodes, "node_id", node_keys):
             self.nodes[key] = row
             self.nodes_in_db.add(key)
@@ -345,6 +372,17 @@ class _Batch:
             bulk_upsert_replace(conn, table, alive)
         if self.dirty_pods:
             bulk_upsert_replace(conn, models.pods, [self.pods[key] for key in sorted(self.dirty_pods)])
+        if self.dirty_gangs:
+            bulk_upsert_replace(conn, models.gangs, [self.gangs[key] for key in sorted(self.dirty_gangs)])
+        if self.reservations:
+            table = models.reservations
+            for cluster in sorted(self.reservations):
+                row = self.reservations[cluster]
+                if row is None:
+                    if cluster in self.reservations_in_db:
+                        conn.execute(delete(table).where(table.c.cluster == cluster))
+                else:
+                    bulk_upsert_replace(conn, table, [row])
         allocs = models.allocations
         stale = {key for key in self.realloc if key in self.pods_in_db}
         for cluster, ids in _by_cluster(stale).items():
@@ -595,6 +633,131 @@ def _pod_migrated(batch: _Batch, event: Event, p: PodMigrated) -> None:
     batch.realloc.add((event.cluster, p.pod_id))
 
 
+def _gang_row(cluster: str, spec: GangSpec, sequence: int) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "gang_id": spec.gang_id,
+        "tenant": spec.tenant,
+        "priority": spec.priority,
+        "arrival": spec.arrival,
+        "members": [_member(m) for m in spec.members],
+        "min_members": spec.min_members,
+        "topology_required": spec.topology_required,
+        "topology_preferred": spec.topology_preferred,
+        "time_limit_ms": spec.time_limit_ms,
+        "timeout_ms": spec.timeout_ms,
+        "depends_on": list(spec.depends_on),
+        "status": "pending",
+        "waiting_for": [],
+        "reasons": [],
+        "placed": [],
+        "topology_key": None,
+        "domain": None,
+        "submitted_at": spec.submitted_at,
+        "queued_at": None,
+        "started_at": None,
+        "ended_at": None,
+        "end_reason": None,
+        "ended_ok": None,
+        "updated_sequence": sequence,
+    }
+
+
+def _member(spec: PodSpec) -> dict[str, Any]:
+    return {
+        "pod_id": spec.pod_id,
+        "num_gpu": spec.num_gpu,
+        "gpu_milli": spec.gpu_milli,
+        "cpu_milli": spec.cpu_milli,
+        "memory_mib": spec.memory_mib,
+    }
+
+
+def _gang_from_spec(batch: _Batch, event: Event, spec: GangSpec) -> dict[str, Any]:
+    key = (event.cluster, spec.gang_id)
+    row = batch.gangs.get(key)
+    if row is None or row["status"] == "released":
+        row = batch.gangs[key] = _gang_row(event.cluster, spec, event.sequence)
+    batch.dirty_gangs.add(key)
+    return row
+
+
+def _close_evicted_members(batch: _Batch, event: Event, gang: dict[str, Any], reason: str) -> None:
+    """Members evicted with their gang stop being pods until it starts again: their rows end."""
+    for member in gang["members"]:
+        key = (event.cluster, member["pod_id"])
+        pod = batch.pods.get(key)
+        if pod is not None and pod["status"] == "evicted":
+            batch.set_status(pod, "released")
+            pod["ended_at"] = event.occurred_at
+            pod["end_reason"] = reason
+            pod["updated_sequence"] = event.sequence
+            batch.dirty_pods.add(key)
+
+
+def _gang_queued(batch: _Batch, event: Event, p: GangQueued) -> None:
+    gang = _gang_from_spec(batch, event, p.gang)
+    if p.requeued:
+        _close_evicted_members(batch, event, gang, "gang requeued")
+    gang["status"] = "waiting" if p.waiting_for else "pending"
+    gang["waiting_for"] = list(p.waiting_for)
+    gang["reasons"] = [{"code": r.code, "nodes": r.nodes, "message": r.message} for r in p.reasons]
+    gang["placed"] = []
+    gang["started_at"] = gang["topology_key"] = gang["domain"] = None
+    gang["queued_at"] = event.occurred_at
+    gang["updated_sequence"] = event.sequence
+
+
+def _gang_scheduled(batch: _Batch, event: Event, p: GangScheduled) -> None:
+    gang = _gang_from_spec(batch, event, p.gang)
+    gang["status"] = "running"
+    gang["waiting_for"] = []
+    gang["reasons"] = []
+    gang["placed"] = [{"pod_id": m.pod_id, "node_id": m.node_id} for m in p.members]
+    gang["topology_key"] = p.topology_key
+    gang["domain"] = p.domain
+    gang["started_at"] = event.occurred_at
+    gang["updated_sequence"] = event.sequence
+
+
+def _gang_released(batch: _Batch, event: Event, p: GangReleased) -> None:
+    key = (event.cluster, p.gang_id)
+    gang = batch.gangs.get(key)
+    if gang is None:
+        raise ProjectionError(
+            f"event refers to gang {p.gang_id!r} of cluster {event.cluster!r}, which is not projected"
+        )
+    _close_evicted_members(batch, event, gang, "gang ended")
+    gang["status"] = "released"
+    gang["reasons"] = []
+    gang["waiting_for"] = []
+    gang["ended_at"] = event.occurred_at
+    gang["end_reason"] = p.reason[:64]
+    gang["ended_ok"] = p.ok
+    gang["updated_sequence"] = event.sequence
+    batch.dirty_gangs.add(key)
+
+
+def _nodes_reserved(batch: _Batch, event: Event, p: NodesReserved) -> None:
+    batch.reservations[event.cluster] = {
+        "cluster": event.cluster,
+        "holder_id": p.holder_id,
+        "holder_kind": p.holder_kind,
+        "nodes": list(p.nodes),
+        "expected_start": p.expected_start,
+        "made_at": event.occurred_at,
+        "message": p.message[:1000],
+        "updated_sequence": event.sequence,
+    }
+
+
+def _reservation_released(batch: _Batch, event: Event, p: ReservationReleased) -> None:
+    batch.reservations[event.cluster] = None
+
+
+_GANG_EVENTS = (GangQueued, GangScheduled, GangReleased)
+
+
 _HANDLERS: dict[type, Handler] = {
     NodeAdded: _node_added,
     NodeRemoved: _node_removed,
@@ -606,6 +769,11 @@ _HANDLERS: dict[type, Handler] = {
     PodScheduled: _pod_scheduled,
     PodEvicted: _pod_evicted,
     PodReleased: _pod_released,
+    GangQueued: _gang_queued,
+    GangScheduled: _gang_scheduled,
+    GangReleased: _gang_released,
+    NodesReserved: _nodes_reserved,
+    ReservationReleased: _reservation_released,
     PodMigrated: _pod_migrated,
 }
 

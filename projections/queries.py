@@ -293,7 +293,79 @@ def pending(conn: Connection, *, cluster: str, limit: int = 100, offset: int = 0
         }
         for i, row in enumerate(rows.all())
     ]
-    return {"cluster": cluster, "total": total, "offset": offset, "reasons_note": EXPLAIN_HINT, "pods": pods}
+    return {
+        "cluster": cluster,
+        "total": total,
+        "offset": offset,
+        "reasons_note": EXPLAIN_HINT,
+        "pods": pods,
+        "gangs": _gangs(conn, cluster, ("pending", "waiting"), MAX_LIMIT, 0),
+        "reservation": reservation(conn, cluster),
+    }
+
+
+GANG_STATES = ("waiting", "pending", "running", "released")
+
+
+def _gangs(conn: Connection, cluster: str, states: tuple[str, ...], limit: int, offset: int) -> list[dict[str, Any]]:
+    g = models.gangs.c
+    rows = conn.execute(
+        select(models.gangs)
+        .where(g.cluster == cluster, g.status.in_(states))
+        .order_by(g.priority.desc(), g.arrival, g.gang_id)
+        .limit(limit)
+        .offset(offset)
+    )
+    out = []
+    for row in rows.all():
+        gang = dict(row._mapping)
+        gang.pop("cluster")
+        gang.pop("updated_sequence")
+        gang["reasons_when_queued"] = worded(list(gang.pop("reasons")))
+        out.append(gang)
+    return out
+
+
+def gangs(
+    conn: Connection, *, cluster: str, state: str | None = None, limit: int = 100, offset: int = 0
+) -> dict[str, Any]:
+    """Gangs with their members and state (waiting for dependencies, pending, running or released), queue order."""
+    cluster = check_id("cluster", cluster)
+    limit = check_int("limit", limit, 1, MAX_LIMIT)
+    offset = check_int("offset", offset, 0, 10**9)
+    if state is not None and state not in GANG_STATES:
+        raise QueryError(f"state must be one of {', '.join(GANG_STATES)}, got {state[:64]!r}")
+    check_known_cluster(conn, cluster)
+    states = (state,) if state is not None else GANG_STATES
+    return {"cluster": cluster, "offset": offset, "gangs": _gangs(conn, cluster, states, limit, offset)}
+
+
+def reservation(conn: Connection, cluster: str) -> dict[str, Any] | None:
+    """The cluster's current reservation (nodes held for the head of its queue), or None."""
+    r = models.reservations
+    row = conn.execute(select(r).where(r.c.cluster == cluster)).first()
+    if row is None:
+        return None
+    held = dict(row._mapping)
+    held.pop("cluster")
+    held.pop("updated_sequence")
+    return held
+
+
+def reservations(conn: Connection, *, cluster: str | None = None) -> dict[str, Any]:
+    """Current reservations: per cluster, the holder, its nodes and the expected start (None: unknown)."""
+    r = models.reservations
+    query = select(r).order_by(r.c.cluster)
+    if cluster is not None:
+        cluster = check_id("cluster", cluster)
+        check_known_cluster(conn, cluster)
+        query = query.where(r.c.cluster == cluster)
+    out = []
+    for row in conn.execute(query):
+        held = dict(row._mapping)
+        held.pop("updated_sequence")
+        out.append(held)
+    return {"reservations": out}
 
 
 def _payload(frame: bytes) -> dict[str, Any]:
@@ -506,8 +578,11 @@ __all__ = [
     "QueryError",
     "command_outcome",
     "fragmentation_now",
+    "gangs",
     "pending",
     "pod_history",
+    "reservation",
+    "reservations",
     "status",
     "tenant_usage",
     "top_consumers",

@@ -285,6 +285,8 @@ _QUERY_FUNCTIONS = {
     "utilization-history": "utilization_history",
     "fragmentation": "fragmentation_now",
     "pending": "pending",
+    "gangs": "gangs",
+    "reservations": "reservations",
     "pod": "pod_history",
     "command": "command_outcome",
     "usage": "tenant_usage",
@@ -296,6 +298,8 @@ _QUERY_PARAMS = {
     "utilization-history": ("cluster", "start", "end", "step_ms", "gpu_model"),
     "fragmentation": ("cluster",),
     "pending": ("cluster", "limit", "offset"),
+    "gangs": ("cluster", "state", "limit", "offset"),
+    "reservations": ("cluster",),
     "pod": ("cluster", "pod_id"),
     "command": ("command_id",),
     "usage": ("start", "end", "granularity", "tenant", "cluster"),
@@ -337,10 +341,17 @@ def _register_query(subparsers: Any) -> None:
     sub.add_argument("--gpu-model", dest="gpu_model", help="only this GPU model")
     sub = add("fragmentation", "FGD fragmentation of the cluster now")
     sub.add_argument("--cluster", required=True, help="the cluster")
-    sub = add("pending", "pending pods in queue order, with reasons")
+    sub = add("pending", "pending pods in queue order, with reasons; pending gangs and the reservation")
     sub.add_argument("--cluster", required=True, help="the cluster")
     sub.add_argument("--limit", type=int, help="at most this many pods (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many pods first (default 0)")
+    sub = add("gangs", "gangs with their members and state, in queue order")
+    sub.add_argument("--cluster", required=True, help="the cluster")
+    sub.add_argument("--state", choices=("waiting", "pending", "running", "released"), help="only this state")
+    sub.add_argument("--limit", type=int, help="at most this many gangs (1-1000, default 100)")
+    sub.add_argument("--offset", type=int, help="skip this many gangs first (default 0)")
+    sub = add("reservations", "current reservations: the nodes held for the head of each queue")
+    sub.add_argument("--cluster", help="only this cluster")
     sub = add("pod", "a pod's full history: every event with its causing command")
     sub.add_argument("--cluster", required=True, help="the pod's cluster")
     sub.add_argument("--pod", dest="pod_id", required=True, help="the pod id")

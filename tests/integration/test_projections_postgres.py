@@ -365,3 +365,19 @@ def test_http_api_refuses_hostile_parameters_and_changes_nothing(
         server.should_exit = True
         thread.join(10)
     assert _hashes(engine) == before
+
+
+def test_the_migrations_build_exactly_the_models_tables(engine: Engine) -> None:
+    """Alembic's migrations (0001 through the latest) and the SQLAlchemy models agree column for column:
+    a database migrated in production has every table and index the projector writes."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from projections import models
+    from projections.schema import migrate
+
+    migrate(engine)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        differences = [d for d in compare_metadata(context, models.Base.metadata) if d[0] != "remove_table"]
+    assert differences == []
