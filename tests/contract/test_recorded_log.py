@@ -34,7 +34,7 @@ from schemas.snapshots import encode_snapshot
 from schemas.topics import Topics
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
-LOGS = ("contract-v1.jsonl", "contract-v1-policies.jsonl")
+LOGS = {"contract-v1.jsonl": "v1", "contract-v1-policies.jsonl": "v1", "contract-v2.jsonl": "v2"}
 FREE_TEXT = ("message", "error")  # wording may improve; the decision may not change
 
 
@@ -51,8 +51,8 @@ def comparable(value: Any) -> Any:
     return value
 
 
-def _v1_named() -> dict[str, Any]:
-    """Every named type of the v1 .avsc files, by full name."""
+def _named(version: str) -> dict[str, Any]:
+    """Every named type of a released version's .avsc files, by full name."""
     named: dict[str, Any] = {}
 
     def walk(node: Any) -> None:
@@ -69,59 +69,60 @@ def _v1_named() -> dict[str, Any]:
                     if key in node:
                         walk(node[key])
 
-    folder = Path(schemas.__file__).parent / "history" / "v1"
+    folder = Path(schemas.__file__).parent / "history" / version
     for path in sorted(folder.glob("*.avsc")):
         walk(json.loads(path.read_text()))
     return named
 
 
-V1 = _v1_named()
+NAMED = {version: _named(version) for version in sorted(set(LOGS.values()))}
 
 
-def project(schema: Any, value: Any) -> Any:
-    """A value decoded with today's schema, cut down to the fields of the v1 schema."""
+def project(schema: Any, value: Any, named: dict[str, Any]) -> Any:
+    """A value decoded with today's schema, cut down to the fields of a released version's schema."""
     if isinstance(schema, str):
-        if schema in V1 or f"gpufold.{schema}" in V1:
-            return project(V1.get(schema) or V1[f"gpufold.{schema}"], value)
+        if schema in named or f"gpufold.{schema}" in named:
+            return project(named.get(schema) or named[f"gpufold.{schema}"], value, named)
         return value
     if isinstance(schema, list):
         if isinstance(value, tuple):  # a record branch, (name, body)
             name, body = value
             for branch in schema:
-                branch = V1.get(branch, branch) if isinstance(branch, str) else branch
+                branch = named.get(branch, branch) if isinstance(branch, str) else branch
                 if isinstance(branch, dict) and f"gpufold.{branch['name'].split('.')[-1]}" == name:
-                    return (name, project(branch, body))
-            return ("not in v1: " + name, body)
+                    return (name, project(branch, body, named))
+            return ("not in the release: " + name, body)
         return value
     kind = schema["type"]
     if kind == "record":
-        return {field["name"]: project(field["type"], value[field["name"]]) for field in schema["fields"]}
+        return {field["name"]: project(field["type"], value[field["name"]], named) for field in schema["fields"]}
     if kind == "array":
-        return [project(schema["items"], item) for item in value]
+        return [project(schema["items"], item, named) for item in value]
     if kind == "map":
-        return {key: project(schema["values"], item) for key, item in value.items()}
-    return project(kind, value) if isinstance(kind, (dict, list)) else value
+        return {key: project(schema["values"], item, named) for key, item in value.items()}
+    return project(kind, value, named) if isinstance(kind, (dict, list)) else value
 
 
-def in_v1(frame: bytes) -> Any:
-    """A frame of any known writer schema, decoded today and cut down to the v1 fields of its record."""
+def in_release(frame: bytes, version: str) -> Any:
+    """A frame of any known writer schema, decoded today and cut down to a release's fields of its record."""
     codecs = registry()
     writer = codecs.writer_schema(frame[2:HEADER_SIZE])
     assert writer is not None, f"unknown fingerprint {frame[2:HEADER_SIZE].hex()}"
-    return project(V1[writer["name"]], codecs.codec(writer["name"]).decode(frame))
+    return project(NAMED[version][writer["name"]], codecs.codec(writer["name"]).decode(frame), NAMED[version])
 
 
-def outputs_of(commands: list[InputRecord]) -> Iterator[tuple[int, list[tuple[str, Any]], int]]:
-    """Today's outputs per command (topic, v1 view) and the clock before it."""
+def outputs_of(commands: list[InputRecord], version: str) -> Iterator[tuple[int, list[tuple[str, Any]], int]]:
+    """Today's outputs per command (topic, the release's view) and the clock before it."""
     folder = PartitionFolder(0, Topics(), snapshot_every=500)
     for record in commands:
         clock = folder.state.clock
         out: list[OutputRecord] = []
         folder.fold(record, out)
-        yield record.offset, [(output.topic, comparable(in_v1(output.value))) for output in out], clock
+        yield record.offset, [(o.topic, comparable(in_release(o.value, version))) for o in out], clock
 
 
 def recorded_log(name: str) -> tuple[list[InputRecord], dict[int, list[tuple[str, Any]]], bytes]:
+    version = LOGS[name]
     commands: list[InputRecord] = []
     expected: dict[int, list[tuple[str, Any]]] = {}
     final = b""
@@ -132,7 +133,7 @@ def recorded_log(name: str) -> tuple[list[InputRecord], dict[int, list[tuple[str
             commands.append(InputRecord(0, row["offset"], key, value))
         elif row["kind"] == "output":
             assert value is not None
-            expected.setdefault(row["offset"], []).append((row["topic"], comparable(in_v1(value))))
+            expected.setdefault(row["offset"], []).append((row["topic"], comparable(in_release(value, version))))
         else:
             assert value is not None
             final = value
@@ -141,23 +142,26 @@ def recorded_log(name: str) -> tuple[list[InputRecord], dict[int, list[tuple[str
 
 @pytest.mark.parametrize("name", LOGS)
 def test_the_recorded_frames_are_of_the_released_contract(name: str) -> None:
-    """Every decodable frame of the file carries a fingerprint of contract v1 (so the test keeps its meaning)."""
-    v1 = set(registry().versions["v1"].values())
+    """Every decodable frame of the file carries a fingerprint of its release (so the test keeps its meaning)."""
+    released = set(registry().versions[LOGS[name]].values())
     frames = [base64.b64decode(r["value"]) for r in load(name) if r["kind"] != "command" and r["value"]]
-    assert frames and all(frame[2:HEADER_SIZE] in v1 for frame in frames)
+    assert frames and all(frame[2:HEADER_SIZE] in released for frame in frames)
 
 
 @pytest.mark.parametrize("name", LOGS)
-def test_replaying_a_v1_log_gives_the_recorded_outputs_and_state(name: str) -> None:
-    """Command by command, today's fold publishes what v1 published (in v1's fields), and ends in the same state."""
+def test_replaying_a_released_log_gives_the_recorded_outputs_and_state(name: str) -> None:
+    """Command by command, today's fold publishes what the release published (in its fields), and ends in the
+    same state."""
+    version = LOGS[name]
     commands, expected, final = recorded_log(name)
     assert len(commands) > 1000 and final
-    mismatches = [offset for offset, got, _ in outputs_of(commands) if got != expected.get(offset, [])]
+    mismatches = [offset for offset, got, _ in outputs_of(commands, version) if got != expected.get(offset, [])]
     assert mismatches == []
     folder = PartitionFolder(0, Topics(), snapshot_every=0)
     for record in commands:
         folder.fold(record, [])
-    assert comparable(in_v1(encode_snapshot(to_snapshot(folder.state)))) == comparable(in_v1(final))
+    now = comparable(in_release(encode_snapshot(to_snapshot(folder.state)), version))
+    assert now == comparable(in_release(final, version))
 
 
 def test_a_v1_log_written_today_folds_with_todays_rules() -> None:
