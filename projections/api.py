@@ -122,6 +122,12 @@ def create_app(database: str | Engine) -> FastAPI:
     ) -> dict[str, Any]:
         return queries.gangs(conn, cluster=cluster, state=state, limit=limit, offset=offset)
 
+    @app.get("/v1/disruptions", summary="preemptions and migrations of a cluster, newest first, with their cause")
+    def disruptions(
+        conn: Conn, cluster: Id, pod_id: OptionalId = None, limit: Limit = 100, offset: Offset = 0
+    ) -> dict[str, Any]:
+        return queries.disruptions(conn, cluster=cluster, pod_id=pod_id, limit=limit, offset=offset)
+
     @app.get("/v1/reservations", summary="current reservations: nodes held for the head of each queue")
     def reservations(conn: Conn, cluster: OptionalId = None) -> dict[str, Any]:
         return queries.reservations(conn, cluster=cluster)

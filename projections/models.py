@@ -178,6 +178,7 @@ class AuditEventRow(Base):
     __table_args__ = (
         Index("ix_audit_events_command", "command_id"),
         Index("ix_audit_events_pod", "cluster", "pod_id"),
+        Index("ix_audit_events_type", "cluster", "type"),  # preemptions and migrations of a cluster
     )
 
 

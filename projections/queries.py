@@ -340,6 +340,26 @@ def gangs(
     return {"cluster": cluster, "offset": offset, "gangs": _gangs(conn, cluster, states, limit, offset)}
 
 
+DISRUPTIONS = ("PodPreempted", "PodMigrated", "DefragmentationPlanned")
+
+
+def disruptions(
+    conn: Connection, *, cluster: str, pod_id: str | None = None, limit: int = 100, offset: int = 0
+) -> dict[str, Any]:
+    """Preemptions and migrations of a cluster (newest first), each with its cause: who preempted the pod
+    and why (priority or reclaim), what a Defragment planned and moved, in the fold's words."""
+    cluster = check_id("cluster", cluster)
+    limit = check_int("limit", limit, 1, MAX_LIMIT)
+    offset = check_int("offset", offset, 0, 10**9)
+    check_known_cluster(conn, cluster)
+    a = models.audit_events.c
+    query = select(models.audit_events).where(a.cluster == cluster, a.type.in_(DISRUPTIONS))
+    if pod_id is not None:
+        query = query.where(a.pod_id == check_id("pod_id", pod_id))
+    rows = conn.execute(query.order_by(a.occurred_at.desc(), a.sequence.desc()).limit(limit).offset(offset))
+    return {"cluster": cluster, "offset": offset, "events": [_event(row) for row in rows]}
+
+
 def reservation(conn: Connection, cluster: str) -> dict[str, Any] | None:
     """The cluster's current reservation (nodes held for the head of its queue), or None."""
     r = models.reservations
@@ -577,6 +597,7 @@ __all__ = [
     "NotFound",
     "QueryError",
     "command_outcome",
+    "disruptions",
     "fragmentation_now",
     "gangs",
     "pending",

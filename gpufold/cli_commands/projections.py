@@ -287,6 +287,7 @@ _QUERY_FUNCTIONS = {
     "pending": "pending",
     "gangs": "gangs",
     "reservations": "reservations",
+    "disruptions": "disruptions",
     "pod": "pod_history",
     "command": "command_outcome",
     "usage": "tenant_usage",
@@ -300,6 +301,7 @@ _QUERY_PARAMS = {
     "pending": ("cluster", "limit", "offset"),
     "gangs": ("cluster", "state", "limit", "offset"),
     "reservations": ("cluster",),
+    "disruptions": ("cluster", "pod_id", "limit", "offset"),
     "pod": ("cluster", "pod_id"),
     "command": ("command_id",),
     "usage": ("start", "end", "granularity", "tenant", "cluster"),
@@ -352,6 +354,11 @@ def _register_query(subparsers: Any) -> None:
     sub.add_argument("--offset", type=int, help="skip this many gangs first (default 0)")
     sub = add("reservations", "current reservations: the nodes held for the head of each queue")
     sub.add_argument("--cluster", help="only this cluster")
+    sub = add("disruptions", "preemptions and migrations of a cluster, newest first, each with its cause")
+    sub.add_argument("--cluster", required=True, help="the cluster")
+    sub.add_argument("--pod", dest="pod_id", help="only this pod")
+    sub.add_argument("--limit", type=int, help="at most this many events (1-1000, default 100)")
+    sub.add_argument("--offset", type=int, help="skip this many events first (default 0)")
     sub = add("pod", "a pod's full history: every event with its causing command")
     sub.add_argument("--cluster", required=True, help="the pod's cluster")
     sub.add_argument("--pod", dest="pod_id", required=True, help="the pod id")

@@ -49,6 +49,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     _source_options(explain)
     explain.set_defaults(handler=_explain)
 
+    quotas = subparsers.add_parser(
+        "quotas",
+        help="per tenant and quota key, now: nominal, used, what it may hold, borrowed and lent",
+        description="Quotas on the log's head state (a replica built here): for each tenant with a quota, or "
+        "running under the cluster's default, and each key it limits (gpu:<model>, gpu:*, cpu, memory; GPUs "
+        "in milli): the nominal quota, what its running pods use, the most it may hold now (nominal plus "
+        "what its cohort can lend it), what it borrows beyond its nominal, and its share of what its cohort "
+        "borrows (lent, split among lenders by their unused lendable quota).",
+    )
+    quotas.add_argument("--cluster", help="only this cluster")
+    _source_options(quotas)
+    quotas.set_defaults(handler=_quotas)
+
 
 def _replica(args: argparse.Namespace) -> Any:
     from processor.runtime.replica import Replica
@@ -166,4 +179,26 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"  nearest miss: {data['nearest_miss']['message']}")
     for remedy in data["would_fit_if"]:
         print(f"  would fit if: {remedy['message']}")
+    return 0
+
+
+def _quotas(args: argparse.Namespace) -> int:
+    replica = _replica(args)
+    try:
+        answer = replica.quotas(args.cluster)
+    finally:
+        replica.stop()
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    rows = answer["quotas"]
+    if not rows:
+        print("no quotas: every tenant runs unlimited (SetQuota sets one; SetPolicy default_quota a default)")
+        return 0
+    print(f"{'cluster':12} {'tenant':16} {'cohort':12} {'key':14} {'nominal':>10} {'used':>10} {'may hold':>10} "
+          f"{'borrowed':>10} {'lent':>10}")  # fmt: skip
+    for row in rows:
+        tenant = row["tenant"] + (" (default)" if row["default"] else "")
+        print(f"{row['cluster']:12} {tenant:16} {row['cohort'] or '-':12} {row['key']:14} {row['nominal']:>10} "
+              f"{row['used']:>10} {row['may_hold']:>10} {row['borrowed']:>10} {row['lent']:>10}")  # fmt: skip
     return 0

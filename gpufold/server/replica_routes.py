@@ -78,6 +78,10 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
     def history(cluster: PathId) -> dict[str, Any]:
         return {**replica.history(cluster), "replica": replica.position()}
 
+    @app.get("/v1/quotas", summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent (replica)")
+    def quotas(cluster: OptionalId = None) -> dict[str, Any]:
+        return replica.quotas(cluster)
+
     @app.get("/v1/tenants", summary="GPU milli running now and pods per tenant (live replica)")
     def tenants(cluster: OptionalId = None) -> dict[str, Any]:
         return replica.tenants(cluster)

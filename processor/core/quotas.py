@@ -287,3 +287,64 @@ def describe(quota: Quota | None) -> str:
         parts.append(f"cohort {quota.cohort!r} (borrows {borrow}, lends {lend})")
     parts.append(f"weight {quota.weight}")
     return "; ".join(parts)
+
+
+@dataclass(slots=True)
+class QuotaLine:
+    """One tenant's standing on one quota key (GPU milli, CPU milli or MiB)."""
+
+    tenant: str
+    default: bool  # the cluster's default quota, not one of its own
+    cohort: str | None
+    key: str
+    nominal: int
+    used: int
+    may_hold: int  # its nominal (reclaimed if need be), or more while its cohort's pool has room
+    borrowed: int  # held beyond its nominal quota
+    lent: int  # its share of what its cohort borrows (see quota_report)
+    weight: int
+
+
+def quota_report(cluster: ClusterState) -> list[QuotaLine]:
+    """Per tenant with a quota (or the default, for tenants running under it), per limited key: nominal,
+    used, the most it may hold now (nominal plus what it may borrow), borrowed and lent.
+
+    ``lent`` is the tenant's share of what its cohort borrows on the key: the cohort's borrowing split among
+    lenders in proportion to their unused lendable quota (the pool records how much is lent, not to whom).
+    Sorted by tenant and key. O(tenants · keys).
+    """
+    with_default = cluster.default_quota is not None
+    tenants = sorted(set(cluster.quotas) | ({t for t in cluster.usage} if with_default else set()))
+    lines: list[QuotaLine] = []
+    unused_of: dict[int, int] = {}  # line index -> unused lendable quota
+    borrowed: dict[tuple[str, str], int] = {}  # (cohort, key) -> what the cohort borrows in all
+    unused: dict[tuple[str, str], int] = {}  # (cohort, key) -> unused lendable quota in all
+    for tenant in tenants:
+        quota = quota_of(cluster, tenant)
+        if quota is None:
+            continue
+        for key in limited_keys(quota):
+            amount = nominal(quota, key) or 0
+            use = used(cluster, tenant, quota, key)
+            over = max(0, use - amount)
+            may_hold = amount
+            if quota.cohort is not None:
+                lend, in_use = pool(cluster, quota.cohort, key)
+                reach = use + max(0, lend - in_use)  # what it holds plus the pool's free room
+                limit = borrowing_limit(quota, key)
+                may_hold = max(amount, reach if limit is None else min(reach, amount + limit))
+                pair = (quota.cohort, key)
+                spare = max(0, min(lendable(quota, key), amount - use))
+                borrowed[pair] = borrowed.get(pair, 0) + over
+                unused[pair] = unused.get(pair, 0) + spare
+                unused_of[len(lines)] = spare
+            lines.append(
+                QuotaLine(tenant, tenant not in cluster.quotas, quota.cohort, key, amount, use, may_hold, over, 0,
+                          quota.weight)
+            )  # fmt: skip
+    for index, spare in unused_of.items():
+        line = lines[index]
+        pair = (line.cohort or "", line.key)
+        if spare and unused.get(pair):
+            line.lent = borrowed.get(pair, 0) * spare // unused[pair]
+    return lines

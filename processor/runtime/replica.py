@@ -400,6 +400,20 @@ class Replica:
             ordered = sorted(rows.values(), key=lambda r: (r["cluster"], -r["gpu_milli"], r["tenant"]))
             return {"tenants": ordered, "replica": self.position()}
 
+    def quotas(self, cluster: str | None = None) -> dict[str, Any]:
+        """Per (cluster, tenant, key): nominal quota, used, what it may hold now, borrowed and lent."""
+        from dataclasses import asdict
+
+        from processor.core.quotas import quota_report
+
+        with self._lock:
+            rows = [
+                {"cluster": c.name, **asdict(line)}
+                for c in sorted(self._clusters(cluster), key=lambda c: c.name)
+                for line in quota_report(c)
+            ]
+            return {"quotas": rows, "replica": self.position()}
+
     def history(self, cluster: str) -> dict[str, Any]:
         """Utilization and fragmentation of a cluster over event time, as the replica folded it."""
         with self._lock:

@@ -1,4 +1,5 @@
-"""gangs and reservations: the jobs that span nodes, and the nodes held for the head of a queue
+"""gangs and reservations: the jobs that span nodes, and the nodes held for the head of a queue;
+audit events by type (preemptions and migrations of a cluster)
 
 Revision ID: 0003
 Revises: 0002
@@ -52,6 +53,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("cluster", "gang_id", name=op.f("pk_gangs")),
     )
     op.create_index("ix_gangs_cluster_status", "gangs", ["cluster", "status"], unique=False)
+    op.create_index("ix_audit_events_type", "audit_events", ["cluster", "type"], unique=False)
     op.create_table(
         "reservations",
         sa.Column("cluster", sa.String(length=253), nullable=False),
@@ -68,5 +70,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("reservations")
+    op.drop_index("ix_audit_events_type", table_name="audit_events")
     op.drop_index("ix_gangs_cluster_status", table_name="gangs")
     op.drop_table("gangs")
