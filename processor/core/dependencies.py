@@ -17,12 +17,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from processor.core.state import GANG_WAITING, ClusterState
+from schemas.codes import QueueReasonCode
 from schemas.commands import AFTER_OK
+from schemas.events import QueueReason
 
 
 def unmet(cluster: ClusterState, depends_on: Iterable[str]) -> tuple[str, ...]:
     """The dependencies that have not ended yet, sorted. O(d)."""
     return tuple(sorted({job_id for job_id in depends_on if job_id not in cluster.ended}))
+
+
+def waiting_reason(waiting: tuple[str, ...], dependency: str) -> QueueReason:
+    """Why a job is outside the placement queue, in words: what it waits for."""
+    ends = "ends" if len(waiting) == 1 else "end"
+    return QueueReason(
+        QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, f"starts after {', '.join(waiting)} {ends} ({dependency})"
+    )
 
 
 def failed_dependency(cluster: ClusterState, depends_on: Iterable[str], dependency: str) -> str | None:

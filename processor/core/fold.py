@@ -391,11 +391,7 @@ def _start_or_wait_pod(decision: _Decision, cluster: ClusterState, spec: PodSpec
         return
     waiting = dependencies.unmet(cluster, spec.depends_on)
     if waiting:
-        reason = QueueReason(
-            QueueReasonCode.WAITING_FOR_DEPENDENCY,
-            0,
-            f"starts after {', '.join(waiting)} end{'s' if len(waiting) == 1 else ''} ({spec.dependency})",
-        )
+        reason = dependencies.waiting_reason(waiting, spec.dependency)
         decision.emit(PodQueued(spec, (reason,), False, waiting), cluster.name)
         return
     _place(decision, cluster, spec, shape_of(spec), from_queue=False, requeued=False, new=True)
@@ -547,11 +543,7 @@ def _start_or_wait_gang(decision: _Decision, cluster: ClusterState, spec: GangSp
         return
     waiting = dependencies.unmet(cluster, spec.depends_on)
     if waiting:
-        reason = QueueReason(
-            QueueReasonCode.WAITING_FOR_DEPENDENCY,
-            0,
-            f"starts after {', '.join(waiting)} end{'s' if len(waiting) == 1 else ''} ({spec.dependency})",
-        )
+        reason = dependencies.waiting_reason(waiting, spec.dependency)
         decision.emit(GangQueued(spec.gang_id, (reason,), spec, False, waiting), cluster.name)
         return
     _place_gang(decision, cluster, spec, from_queue=False, requeued=False, new=True)
@@ -1352,11 +1344,10 @@ def _fail_dependant(
     message = f"{kind} {job_id!r} will not start: its afterok dependency {failed!r} ended without success"
     known = cluster.pods.get(job_id) if kind == "pod" else cluster.gangs.get(job_id)
     if known is None:  # a new submission: it enters the fold waiting, then fails at once
+        waiting = QueueReason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)
         if isinstance(spec, PodSpec):
-            waiting = QueueReason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)
             decision.emit(PodQueued(spec, (waiting,), False, (failed,)), cluster.name)
         else:
-            waiting = QueueReason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)
             decision.emit(GangQueued(job_id, (waiting,), spec, False, (failed,)), cluster.name)
     decision.emit(DependencyFailed(job_id, kind, failed, message), cluster.name)
     if kind == "pod":
