@@ -7,8 +7,10 @@ same command frames with the same ``PartitionFolder``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -301,3 +303,39 @@ class BackgroundProcessor:
     def __exit__(self, *exc: object) -> None:
         self.runner.stop()
         self.thread.join(60)
+
+
+def fold_through_sigkills(
+    bootstrap: str,
+    topics: Topics,
+    partitions: int,
+    options: list[str],
+    total: int,
+    points: list[int],
+    rng: random.Random,
+    log: Path,
+) -> None:
+    """Run ``gpufold processor run`` and SIGKILL it a few ms after each of ``points`` commands are committed
+    (anywhere in a later batch's fold/produce/commit), then let a last one fold all ``total`` and stop on
+    SIGTERM. The group is the one in ``options`` (``--group``)."""
+    group = options[options.index("--group") + 1]
+    watcher = CommittedWatcher(bootstrap, topics, group, partitions)
+    try:
+        for point in points:
+            process = start_processor(bootstrap, topics, *options, log=log)
+            try:
+                watcher.wait_for(point, 120, alive=lambda p=process: p.poll() is None)  # type: ignore[misc]
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(rng.uniform(0.0, 0.2))
+                assert process.poll() is None, f"the processor exited with {process.returncode}; see {log}"
+            finally:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+        process = start_processor(bootstrap, topics, *options, log=log)
+        try:
+            assert watcher.wait_for(total, 180, alive=lambda: process.poll() is None) == total
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0, f"graceful stop failed; see {log}"
+    finally:
+        watcher.close()

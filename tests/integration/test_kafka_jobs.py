@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -13,14 +10,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from kafka_support import (
     BackgroundProcessor,
-    CommittedWatcher,
     check_exactly_once,
     decode_events,
+    fold_through_sigkills,
     kafka_config,
     new_topics,
     publish,
     read_topic,
-    start_processor,
 )
 
 from producers.publisher import CommandPublisher
@@ -81,26 +77,8 @@ def test_gang_outcomes_commit_in_one_transaction_across_sigkills(kafka_bootstrap
     options = ["--group", group, "--instance-id", "gangs", "--snapshot-every", "700", "--batch-size", "150"]
     options += ["--transaction-timeout-ms", "10000"]
     log = tmp_path / "processor.log"
-    watcher = CommittedWatcher(kafka_bootstrap, topics, group, PARTITIONS)
-    try:
-        for point in sorted(rng.sample(range(500, 5_000), 3)):
-            process = start_processor(kafka_bootstrap, topics, *options, log=log)
-            try:
-                watcher.wait_for(point, 120, alive=lambda p=process: p.poll() is None)  # type: ignore[misc]
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(rng.uniform(0.0, 0.2))
-                assert process.poll() is None, f"the processor exited with {process.returncode}; see {log}"
-            finally:
-                process.send_signal(signal.SIGKILL)
-                process.wait()
-        process = start_processor(kafka_bootstrap, topics, *options, log=log)
-        try:
-            assert watcher.wait_for(len(commands), 180, alive=lambda: process.poll() is None) == len(commands)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, f"graceful stop failed; see {log}"
-    finally:
-        watcher.close()
+    points = sorted(rng.sample(range(500, 5_000), 3))
+    fold_through_sigkills(kafka_bootstrap, topics, PARTITIONS, options, len(commands), points, rng, log)
     check_exactly_once(kafka_bootstrap, topics)
     gangs = 0
     for records in read_topic(kafka_bootstrap, topics.events).values():

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from kafka_support import (
-    CommittedWatcher,
     check_exactly_once,
     decode_events,
+    fold_through_sigkills,
     new_topics,
     publish,
     read_topic,
-    start_processor,
 )
 
 from schemas.commands import AddNode, Command, Defragment, Release, SetPolicy, SetQuota, SubmitPod, Tick
@@ -78,26 +74,8 @@ def test_preemptions_commit_in_one_transaction_across_sigkills(kafka_bootstrap: 
     options = ["--group", group, "--instance-id", "sharing", "--snapshot-every", "600", "--batch-size", "150"]
     options += ["--transaction-timeout-ms", "10000"]
     log = tmp_path / "processor.log"
-    watcher = CommittedWatcher(kafka_bootstrap, topics, group, PARTITIONS)
-    try:
-        for point in sorted(rng.sample(range(500, 4_200), 3)):
-            process = start_processor(kafka_bootstrap, topics, *options, log=log)
-            try:
-                watcher.wait_for(point, 120, alive=lambda p=process: p.poll() is None)  # type: ignore[misc]
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(rng.uniform(0.0, 0.2))
-                assert process.poll() is None, f"the processor exited with {process.returncode}; see {log}"
-            finally:
-                process.send_signal(signal.SIGKILL)
-                process.wait()
-        process = start_processor(kafka_bootstrap, topics, *options, log=log)
-        try:
-            assert watcher.wait_for(len(commands), 180, alive=lambda: process.poll() is None) == len(commands)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, f"graceful stop failed; see {log}"
-    finally:
-        watcher.close()
+    points = sorted(rng.sample(range(500, 4_200), 3))
+    fold_through_sigkills(kafka_bootstrap, topics, PARTITIONS, options, len(commands), points, rng, log)
     check_exactly_once(kafka_bootstrap, topics)
     preemptions = reclaims = migrations = 0
     for records in read_topic(kafka_bootstrap, topics.events).values():
