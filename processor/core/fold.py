@@ -1580,6 +1580,7 @@ def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: N
         raise InvariantViolation(f"node {event.node_id!r} removed while reserved")
     del cluster.nodes[event.node_id]
     cluster.index.remove(event.node_id)
+    cluster.preemptible.touch(event.node_id)
     cluster.count_node(node, -1)
     cluster.model_nodes[node.gpu_model] -= 1
     if not cluster.model_nodes[node.gpu_model]:

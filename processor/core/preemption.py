@@ -32,12 +32,14 @@ member by member, not a joint minimum over the gang.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import heapq
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
 
 from processor.core import gangs, reservations
 from processor.core.policies.base import Choice, Policy
+from processor.core.preemption_index import VictimClass
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, shape_of
 from schemas.commands import GPU_MILLI
@@ -300,7 +302,79 @@ def candidate_nodes(cluster: ClusterState, priority: int, near: Iterable[str] | 
 def plan_pod(
     cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str] | None = None
 ) -> PodPlan | None:
-    """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None."""
+    """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
+
+    Over the whole cluster from the preemption index (classes of alike nodes, see
+    ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
+    if near is not None:
+        return _plan_pod_on(cluster, shape, priority, now, near)
+    index = cluster.preemptible
+    index.refresh(cluster.nodes)
+    nodes = cluster.nodes
+    at_level: list[tuple[int, VictimClass, Node]] = []
+    best_level: int | None = None
+    for group in index.classes.values():  # any order: the minimum below does not depend on it
+        node = nodes[group.node_ids[0]]  # any node of the class answers for all of them
+        if not _static_fit(cluster, node, shape):
+            continue
+        level = minimal_level(node, shape, priority)
+        if level is None or (best_level is not None and level > best_level):
+            continue
+        if best_level is None or level < best_level:
+            best_level, at_level = level, []
+        at_level.append((level, group, node))
+    if best_level is None:
+        return None
+    # Merge the classes' sorted runs into one stream of (bound, node id), least first: exactly the
+    # order in which the scan below visits them.
+    heap: list[tuple[int, int, str, int]] = []
+    runs: list[tuple[Iterator, int, int, int]] = []  # (entries, victims at least, milli x, 0: constant)
+    for level, group, node in at_level:
+        fewest, deficit = _bound_terms(node, shape, level)
+        if not fewest:
+            runs.append((iter(group.node_ids), 1, 0, 0))
+            continue
+        for (stream_level, milli), entries in group.streams.items():
+            if stream_level > level:
+                continue
+            if fewest > 1:
+                runs.append((iter(entries), fewest, deficit, 1))
+            elif milli >= deficit:
+                runs.append((iter(entries), 1, milli, 1))
+    for run_id, run in enumerate(runs):
+        _push_next(heap, run, run_id, now)
+    best: PodPlan | None = None
+    seen: set[str] = set()
+    while heap:
+        count, work, node_id, run_id = heapq.heappop(heap)
+        _push_next(heap, runs[run_id], run_id, now)
+        if node_id in seen:
+            continue  # met again on another run, with a bound no lower than the first
+        seen.add(node_id)
+        if best is not None and (count, work) > best.cost[1:]:
+            break  # neither this node nor any after it can do better
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+    return best
+
+
+def _push_next(
+    heap: list[tuple[int, int, str, int]], run: tuple[Iterator, int, int, int], run_id: int, now: int
+) -> None:
+    """The run's next node onto the heap with its bound (see :func:`_lower_bound`)."""
+    entries, count, milli, timed = run
+    entry = next(entries, None)
+    if entry is None:
+        return
+    if timed:
+        heapq.heappush(heap, (count, milli * max(0, now + entry[0]), entry[1], run_id))
+    else:
+        heapq.heappush(heap, (1, 0, entry, run_id))
+
+
+def _plan_pod_on(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str]
+) -> PodPlan | None:
+    """:func:`plan_pod` among the given nodes, node by node: O(N · L)."""
     nodes = cluster.nodes
     levels: list[tuple[int, str]] = []
     for node_id in candidate_nodes(cluster, priority, near):
@@ -318,19 +392,26 @@ def plan_pod(
     )
     best: PodPlan | None = None
     for bound, node_id in bounds:  # most promising first; the order does not change the answer
-        if best is not None:
-            if bound > best.cost[1:]:
-                break  # neither this node nor any after it can do better
-            # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
-            beat = (best.cost[1], best.cost[2] + (1 if node_id < best.node_id else 0))
-        else:
-            beat = None
-        found = _best_on_node(cluster, nodes[node_id], shape, best_level, now, beat)
-        if found is not None:
-            (count, work), units = found
-            candidate = PodPlan(node_id, units, (best_level, count, work))
-            if best is None or _rank(candidate) < _rank(best):
-                best = candidate
+        if best is not None and bound > best.cost[1:]:
+            break  # neither this node nor any after it can do better
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+    return best
+
+
+def _try_node(
+    cluster: ClusterState, node: Node, shape: PodShape, level: int, now: int, best: PodPlan | None
+) -> PodPlan | None:
+    """The better of ``best`` and the node's least victim set (None if neither exists)."""
+    beat = None
+    if best is not None:
+        # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
+        beat = (best.cost[1], best.cost[2] + (1 if node.node_id < best.node_id else 0))
+    found = _best_on_node(cluster, node, shape, level, now, beat)
+    if found is not None:
+        (count, work), units = found
+        candidate = PodPlan(node.node_id, units, (level, count, work))
+        if best is None or _rank(candidate) < _rank(best):
+            return candidate
     return best
 
 
@@ -338,14 +419,38 @@ def _rank(plan: PodPlan) -> tuple[int, int, int, str, tuple[str, ...]]:
     return (*plan.cost, plan.node_id, tuple(pod.spec.pod_id for pod in plan.victims))
 
 
-def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int, int]:
-    """At least how many victims, and how much work lost, it takes on this node, from the per-priority
-    summary (no pod is visited): victims must free the GPU the node lacks, each at most the largest GPU a
-    pod there holds, every milli of it running since the latest start there at least; one victim alone
-    loses at least its GPU x its time running. Latest starts are never lowered when a pod leaves, so the
-    bound stays a bound."""
+def _bound_terms(node: Node, shape: PodShape, level: int) -> tuple[int, int]:
+    """(at least how many victims, GPU milli they must free) on the node, from what its pods of priority
+    <= ``level`` hold, start times aside; (0, 0) if the GPUs give no bound (the bound is then (1, 0)).
+
+    Victims must free the GPU the node lacks, each at most the largest GPU a pod there holds; a pod that
+    wants every GPU of the node in whole takes every pod holding a GPU there along. Alike for the nodes
+    of one preemption-index class."""
     deficit = _gpu_deficit(node.gpu_free, shape)
     if not deficit:
+        return (0, 0)
+    largest = gpu_pods = 0
+    for priority, held in node.by_priority.items():
+        if priority <= level:
+            gpu_pods += held[5]
+            for milli in held[4]:
+                if milli > largest:
+                    largest = milli
+    if largest <= 0:
+        return (0, 0)
+    fewest = -(-deficit // largest)
+    if shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI and gpu_pods > fewest:
+        fewest = gpu_pods
+    return (fewest, deficit)
+
+
+def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int, int]:
+    """At least how many victims, and how much work lost, it takes on this node, from the per-priority
+    summary (no pod is visited): :func:`_bound_terms`, every GPU milli freed running since the latest
+    start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
+    starts are never lowered when a pod leaves, so the bound stays a bound."""
+    fewest, deficit = _bound_terms(node, shape, level)
+    if not fewest:
         return (1, 0)
     latest: dict[int, int] = {}
     for priority, held in node.by_priority.items():
@@ -353,13 +458,9 @@ def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int
             for milli, started in held[4].items():
                 if latest.get(milli, -1) < started:
                     latest[milli] = started
-    largest = max(latest, default=0)
-    if largest <= 0:
-        return (1, 0)
-    fewest = -(-deficit // largest)
     if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
         return (fewest, deficit * max(0, now - max(latest.values())))
-    return (1, min((m * max(0, now - t) for m, t in latest.items() if m >= deficit), default=0))
+    return (1, min(m * max(0, now - t) for m, t in latest.items() if m >= deficit))
 
 
 def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:

@@ -14,6 +14,7 @@ from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
 from processor.core.pending import PendingQueue, QueueKey
+from processor.core.preemption_index import PreemptionIndex
 from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
@@ -88,8 +89,8 @@ class Node:
         self.failed = False
         self.pods: dict[str, None] = {}  # running pod ids, in placement order
         # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods, {GPU milli of one
-        # pod: latest start}]. Derived; a preemption search sees what pods below a priority would free, and
-        # how little work a victim here could lose at best, without visiting them.
+        # pod: latest start}, pods holding GPUs]. Derived; a preemption search sees what pods below a priority
+        # would free, and how few victims and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
 
     @property
@@ -128,7 +129,7 @@ class Node:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
         held = self.by_priority.get(pod.priority)
         if held is None:
-            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}]
+            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}, 0]
         if started_at is not None:
             latest = held[4]  # GPU milli held by one pod -> latest start among them (never lowered on free)
             milli = pod.num_gpu * pod.gpu_milli
@@ -143,6 +144,8 @@ class Node:
         held[0] += pod.cpu_milli
         held[1] += pod.memory_mib
         held[3] += 1
+        if gpus:
+            held[5] += 1
         self.pods[pod.pod_id] = None
 
     def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
@@ -156,6 +159,8 @@ class Node:
         held[0] -= pod.cpu_milli
         held[1] -= pod.memory_mib
         held[3] -= 1
+        if gpus:
+            held[5] -= 1
         if not held[3]:
             del self.by_priority[pod.priority]
         del self.pods[pod.pod_id]
@@ -319,6 +324,7 @@ class ClusterState:
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
+    preemptible: PreemptionIndex = field(default_factory=PreemptionIndex)  # derived: nodes by victim class
     # Derived: per (cohort, key), [what the members lend, how much of it is in use: each member's use
     # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
     pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -414,7 +420,9 @@ class ClusterState:
                 self.typical = typical
 
     def reindex(self, node: Node) -> None:
-        """Put a node in the capacity index under its current signature, or take it out."""
+        """Put a node in the capacity index under its current signature, or take it out; and mark it for
+        the preemption index, which refiles it before its next search."""
+        self.preemptible.dirty[node.node_id] = None
         if node.schedulable:
             self.index.update(node.node_id, node.signature())
         else:

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
+from processor.core.preemption import plan_pod
+from processor.core.preemption_index import PreemptionIndex
 from processor.core.reservations import usable_shape
 from processor.core.resources import PodShape, Signature, first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
@@ -111,6 +113,9 @@ def check_indexes(cluster: ClusterState) -> None:
         models[node.gpu_model] = models.get(node.gpu_model, 0) + 1
     assert cluster.model_nodes == models
     assert all(pod.spec.arrival < cluster.arrivals for pod in cluster.pods.values())
+    cluster.preemptible.refresh(cluster.nodes)  # what a search would see: the marked nodes refiled
+    assert cluster.preemptible.content() == PreemptionIndex.rebuilt(cluster.nodes).content()
+    assert not cluster.preemptible.dirty
 
 
 # ---------------------------------------------------------------- quotas, recomputed from the running pods
@@ -588,3 +593,36 @@ def test_the_chosen_victims_are_those_of_an_exhaustive_search(commands: list) ->
             apply(shadow, event)
     assert state_hash(shadow) == state_hash(state)
     event_note(f"preemptions compared: {min(compared, 3)}{'+' if compared > 3 else ''}")
+
+
+SEARCH_SHAPES = [
+    PodShape(num_gpu, milli, cpu, 1024, (), (), (), None)
+    for num_gpu, milli in ((1, 1000), (2, 1000), (4, 1000), (1, 500), (1, 300), (0, 0))
+    for cpu in (500, 4000)
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=preemption_streams())
+def test_the_indexed_search_finds_what_a_node_by_node_search_finds(commands: list) -> None:
+    """After every command, for every pod shape and priority, the search over the preemption index's
+    classes chooses the same node, victims and cost as the search that bounds every node in turn."""
+    state = PartitionState()
+    searched = 0
+    for offset, command in enumerate(commands):
+        decide(state, command, offset)
+        for cluster in state.clusters.values():
+            everywhere = sorted(cluster.nodes)
+            for priority in range(1, 5):
+                for shape in SEARCH_SHAPES:
+                    indexed = plan_pod(cluster, shape, priority, state.clock)
+                    scanned = plan_pod(cluster, shape, priority, state.clock, everywhere)
+                    assert (indexed is None) == (scanned is None), (shape, priority)
+                    if indexed is not None and scanned is not None:
+                        searched += 1
+                        assert (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims]) == (
+                            scanned.node_id,
+                            scanned.cost,
+                            [p.spec.pod_id for p in scanned.victims],
+                        ), (shape, priority)
+    event_note(f"searches with a plan: {min(searched, 3)}{'+' if searched > 3 else ''}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from processor.core.preemption_index import PreemptionIndex
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from schemas.codes import QueueReasonCode
 from schemas.commands import AddNode, Command, GangMember, Release, SetPolicy, SubmitGang, SubmitPod, V1Command
@@ -223,3 +224,24 @@ def test_a_preemption_replays_from_its_events_and_from_a_snapshot() -> None:
     tail = Command("t1", "c0", 10**7, Release("top"))
     assert [e.to_avro() for e in decide(restored, tail)] == [e.to_avro() for e in decide(fold.state, tail)]
     assert state_hash(restored) == state_hash(fold.state)
+
+
+def test_the_preemption_index_groups_alike_nodes_and_refiles_only_changed_ones() -> None:
+    """Nodes that hold the same pods (start times aside) share a class; a search refiles only marked nodes,
+    and a snapshot restore rebuilds the same index."""
+    fold = cluster(2, 2, 2)
+    fold.run_all(gpus("a", 1), gpus("b", 1), gpus("c", 1), gpus("d", 1), gpus("e", 2))
+    index = fold.cluster.preemptible
+    index.refresh(fold.cluster.nodes)
+    assert sorted(sorted(nodes) for nodes, _ in index.content().values()) == [["n0", "n1"], ["n2"]]
+    fold.run(Release("a"))
+    assert list(index.dirty) == ["n0"]
+    events = fold.run(gpus("top", 2, priority=5))
+    assert [event.payload.pod_id for event in of(events, "PodPreempted")] == ["e"]  # one victim, the least work
+    assert list(index.dirty) == ["n2"]  # n0 refiled by the search; n2 changed by the preemption
+    index.refresh(fold.cluster.nodes)
+    assert index.content() == PreemptionIndex.rebuilt(fold.cluster.nodes).content()
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(fold.state))))
+    twin = restored.clusters[fold.cluster.name].preemptible
+    twin.refresh(restored.clusters[fold.cluster.name].nodes)
+    assert twin.content() == index.content()
