@@ -12,16 +12,21 @@ A victim that is a gang member takes its whole gang along: every running member 
 victim, counted and charged. Nothing is evicted unless the preemptor then fits: the
 search evicts on trial (:class:`Trial`) and the fold emits only a plan that places it.
 
-**A pod.** For each schedulable node that could hold it (model, labels and taints,
-capacity), the node's running pods are summed per priority (``Node.by_priority``, kept
-incrementally), so the lowest priority level whose pods, all removed, make room is found
-without visiting pods; nodes that cannot beat the best so far on that level are skipped.
-On the remaining nodes the victim set is the exact minimum under the order above: sets
-of 1, 2, ... victims are enumerated (ids ascending) until the count can no longer beat
-the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per node); past it
-the best set found is kept, or the cheapest greedy set if none was. Cost: O(N · L) for
-N candidate nodes and L priority levels per node, plus the enumeration on nodes of the
-best level (C(k, 1) + C(k, 2) + ... for k candidate victims on a node).
+**A pod.** The lowest priority level whose pods, all removed, make room, and a lower bound
+on the victims and work lost, come from what each node's running pods hold per priority
+(``Node.by_priority``, kept incrementally), without visiting pods. Nodes equal in all that,
+start times aside, form one class of the preemption index (``processor.core.preemption_index``):
+the fit and the level are asked once per class; per class and (priority, GPU size of one pod)
+its nodes are sorted by latest start, and merging those runs meets nodes in the order of their
+bound, so the scan stops at the first node whose bound cannot beat the best found, without
+bounding the nodes after it. On the nodes it meets the victim set is the exact minimum under
+the order above: sets of 1, 2, ... victims are enumerated (ids ascending) until the count can
+no longer beat the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per node);
+past it the best set found is kept, or the cheapest greedy set if none was. Cost: O(C · L)
+for C classes and L priority levels, plus O(log) per node met, plus the enumeration on the nodes
+met (C(k, 1) + C(k, 2) + ... for k candidate victims on a node), plus refiling the nodes that
+changed since the last search (O(log n) each). Within a gang's domain (``near``) the nodes are
+bounded one by one instead: O(N · L).
 
 **A gang** (all or nothing): per topology domain it may use (``topology_required``: each
 domain of the key; otherwise the whole cluster), members are placed largest first, each on
