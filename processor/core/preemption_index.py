@@ -22,12 +22,31 @@ only the mark. Derived data: not in snapshots; a restore reindexes, hence marks,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
-if TYPE_CHECKING:
-    from processor.core.state import Node
+from processor.core.resources import NodeClass
+
+
+class Node(Protocol):
+    """What the index reads of a node (``processor.core.state.Node``, which imports this module)."""
+
+    node_id: str
+    gpu_model: str
+    node_class: NodeClass
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    cpu_free: int
+    memory_free: int
+    gpu_free: list[int]
+    by_priority: dict[int, list]
+
+    @property
+    def schedulable(self) -> bool: ...
+
 
 ClassKey = tuple
 """(GPU model, node class, CPU, memory, GPU count, CPU free, memory free, per level (priority, CPU,
@@ -85,7 +104,7 @@ class PreemptionIndex:
         """The node changed (capacity, pods, schedulability, class): refile it before the next search. O(1)."""
         self.dirty[node_id] = None
 
-    def refresh(self, nodes: dict[str, Node]) -> None:
+    def refresh(self, nodes: Mapping[str, Node]) -> None:
         """Refile every node changed since the last refresh. O(changed nodes · log n)."""
         if not self.dirty:
             return
@@ -131,7 +150,7 @@ class PreemptionIndex:
                 del group.streams[(level, milli)]
 
     @classmethod
-    def rebuilt(cls, nodes: dict[str, Node]) -> PreemptionIndex:
+    def rebuilt(cls, nodes: Mapping[str, Node]) -> PreemptionIndex:
         """A fresh index from the nodes, for checking the incremental one."""
         index = cls()
         for node_id in sorted(nodes):
