@@ -88,17 +88,32 @@ class VictimClass:
         self.node_ids: SortedList = SortedList()
         self.streams: dict[Stream, SortedList] = {}
 
+    def copied(self) -> VictimClass:
+        twin = VictimClass()
+        twin.node_ids = self.node_ids.copy()
+        twin.streams = {stream: entries.copy() for stream, entries in self.streams.items()}
+        return twin
+
 
 class PreemptionIndex:
     """Schedulable nodes that run pods, by class (see the module docstring)."""
 
-    __slots__ = ("_filed", "classes", "dirty")
+    __slots__ = ("_filed", "_shared", "classes", "dirty")
 
     def __init__(self) -> None:
         self.classes: dict[ClassKey, VictimClass] = {}
         self.dirty: dict[str, None] = {}  # nodes changed since the last refresh
         # node id -> (its class key, the (level, milli, latest start) entries filed for it)
         self._filed: dict[str, tuple[ClassKey, tuple[tuple[int, int, int], ...]]] = {}
+        self._shared = False  # classes and _filed belong to the index this one was forked from
+
+    def fork(self) -> PreemptionIndex:
+        """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
+        refile copies them; valid while the original does not change (as the fork itself)."""
+        twin = PreemptionIndex()
+        twin.classes, twin._filed, twin._shared = self.classes, self._filed, True
+        twin.dirty = dict(self.dirty)
+        return twin
 
     def touch(self, node_id: str) -> None:
         """The node changed (capacity, pods, schedulability, class): refile it before the next search. O(1)."""
@@ -108,6 +123,10 @@ class PreemptionIndex:
         """Refile every node changed since the last refresh. O(changed nodes · log n)."""
         if not self.dirty:
             return
+        if self._shared:  # first change of a fork: its own copy now
+            self.classes = {key: group.copied() for key, group in self.classes.items()}
+            self._filed = dict(self._filed)
+            self._shared = False
         for node_id in self.dirty:  # the order does not matter: the content is canonical
             self._unfile(node_id)
             node = nodes.get(node_id)

@@ -8,6 +8,8 @@ touched and a what-if on a cluster of 100k pods costs milliseconds, not a full c
 - in a forked cluster, ``nodes`` and ``pods`` are :class:`CopyOnAccess` dicts too: a node or pod is
   copied the first time the fold reads it, so only what a command looks at is copied;
 - the idempotency window is an overlay on the live one (:class:`SeenOverlay`);
+- the preemption index is shared until the fork first refiles a node, then copied
+  (``PreemptionIndex.fork``): a what-if that never preempts never copies it;
 - every other field (capacity index, queues, gangs, timers, and any field added later) is copied
   by :func:`structural_copy`, which shares immutable values.
 
@@ -225,6 +227,8 @@ def fork_cluster(cluster: ClusterState) -> ClusterState:
             setattr(twin, spec.name, CopyOnAccess(value, _copy_node))
         elif spec.name == "pods":
             setattr(twin, spec.name, CopyOnAccess(value, _copy_pod))
+        elif spec.name == "preemptible":
+            setattr(twin, spec.name, value.fork())  # copied on its first refile, if any
         elif spec.name == "typical":
             setattr(twin, spec.name, tuple(list(value)))  # a new identity: see the module docstring
         else:  # the capacity index, the queues, gangs, ... and whatever comes next

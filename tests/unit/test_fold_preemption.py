@@ -245,3 +245,22 @@ def test_the_preemption_index_groups_alike_nodes_and_refiles_only_changed_ones()
     twin = restored.clusters[fold.cluster.name].preemptible
     twin.refresh(restored.clusters[fold.cluster.name].nodes)
     assert twin.content() == index.content()
+
+
+def test_a_what_if_fork_preempts_on_its_own_copy_of_the_preemption_index() -> None:
+    """The fork shares the live index until it refiles; its preemption leaves the live index as it was."""
+    from processor.core.fold import decide
+    from processor.runtime.whatif import fork
+
+    fold = cluster(2, 2)
+    fold.run_all(gpus("a", 2), gpus("b", 2))
+    live = fold.cluster.preemptible
+    live.refresh(fold.cluster.nodes)
+    before = live.content()
+    twin = fork(fold.state)
+    events = decide(twin, Command("w1", fold.cluster.name, 10**7, gpus("top", 2, priority=5)))
+    assert of(events, "PodPreempted")
+    forked = twin.clusters[fold.cluster.name]
+    forked.preemptible.refresh(forked.nodes)
+    assert forked.preemptible.content() == PreemptionIndex.rebuilt(forked.nodes).content() != before
+    assert live.content() == before == PreemptionIndex.rebuilt(fold.cluster.nodes).content()
