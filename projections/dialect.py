@@ -6,7 +6,7 @@ import json
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import JSON, Column, Connection, Table, any_, literal
+from sqlalchemy import Column, Connection, Table, any_, literal
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 
@@ -74,11 +74,6 @@ def target_name(conn: Connection, table: Table) -> str:
     return f'"{schema}"."{table.name}"' if schema else f'"{table.name}"'
 
 
-def _is_json(column: Any) -> bool:
-    kind = column.type
-    return isinstance(kind, JSON) or any(isinstance(v, JSON) for v in getattr(kind, "_variant_mapping", {}).values())
-
-
 def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
     """Insert rows (no conflicts expected); COPY on PostgreSQL."""
     if not rows:
@@ -87,7 +82,20 @@ def bulk_insert(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> N
         conn.execute(table.insert(), rows)
         return
     with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-        _copy(cursor, target_name(conn, table), table, rows)
+        _copy(cursor, target_name(conn, table), table, rows, _copy_types(conn, table))
+
+
+_TYPES: dict[Table, list[str]] = {}
+
+
+def _copy_types(conn: Connection, table: Table) -> list[str]:
+    """The PostgreSQL type names of the table's columns, for a binary COPY (``varchar``, ``bigint``, ``jsonb``)."""
+    types = _TYPES.get(table)
+    if types is None:
+        types = _TYPES[table] = [
+            column.type.compile(dialect=conn.dialect).split("(")[0].lower() for column in table.columns
+        ]
+    return types
 
 
 def append_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
@@ -102,12 +110,11 @@ def append_rows(conn: Connection, table: Table, rows: list[tuple[Any, ...]]) -> 
     if conn.dialect.name != "postgresql" or len(rows) < _COPY_THRESHOLD:
         conn.execute(table.insert(), [dict(zip(names, row, strict=True)) for row in rows])
         return
-    types = [column.type.compile(dialect=conn.dialect).split("(")[0].lower() for column in table.columns]
     column_list = ", ".join(f'"{name}"' for name in names)
     statement = f"COPY {target_name(conn, table)} ({column_list}) FROM STDIN (FORMAT BINARY)"
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     with cursor, cursor.copy(statement) as copy:
-        copy.set_types(types)
+        copy.set_types(_copy_types(conn, table))
         write = copy.write_row
         for row in rows:
             write(row)
@@ -117,24 +124,24 @@ def _dumps(value: Any) -> str:
     return "[]" if value == [] else json.dumps(value)
 
 
-def _copy(cursor: Any, target: str, table: Table, rows: list[dict[str, Any]]) -> str:
-    """COPY rows into ``target`` (a table name, quoted); returns the column list used."""
+def _copy(cursor: Any, target: str, table: Table, rows: list[dict[str, Any]], types: list[str]) -> str:
+    """Binary COPY of rows into ``target`` (a table name, quoted); returns the column list used.
+
+    Binary, not text: integers go as 8 bytes instead of digits the server parses, and
+    nothing is escaped; a JSON value goes as its text behind jsonb's version byte
+    (psycopg's jsonb dumper, with :func:`_dumps`).
+    """
+    from psycopg.types.json import set_json_dumps  # psycopg is optional (the postgres extra)
+
     names = [column.name for column in table.columns]
     column_list = ", ".join(f'"{name}"' for name in names)
     row_of = itemgetter(*names)
-    json_at = [i for i, column in enumerate(table.columns) if _is_json(column)]
-    dumps = _dumps
-    with cursor.copy(f"COPY {target} ({column_list}) FROM STDIN") as copy:
+    set_json_dumps(_dumps, cursor)
+    with cursor.copy(f"COPY {target} ({column_list}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(types)
         write = copy.write_row
-        if not json_at:
-            for row in rows:
-                write(row_of(row))
-        else:
-            for row in rows:
-                values = list(row_of(row))
-                for i in json_at:
-                    values[i] = dumps(values[i])
-                write(values)
+        for row in rows:
+            write(row_of(row))
     return column_list
 
 
@@ -157,7 +164,7 @@ def bulk_upsert_replace(conn: Connection, table: Table, rows: list[dict[str, Any
     key_list = ", ".join(f'"{k}"' for k in keys)
     with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {temp} (LIKE {target})")
-        column_list = _copy(cursor, temp, table, rows)
+        column_list = _copy(cursor, temp, table, rows, _copy_types(conn, table))
         cursor.execute(
             f"INSERT INTO {target} ({column_list}) SELECT {column_list} FROM {temp} "
             f"ON CONFLICT ({key_list}) DO UPDATE SET {sets}"
