@@ -1,6 +1,7 @@
 """Projection throughput: events/s from encoded event frames into PostgreSQL (or SQLite), decode included.
 
     .venv/bin/python bench/projection_throughput.py --database-url "$GPUFOLD_DATABASE_URL" [--commands 60000]
+        [--projectors 2] [--no-pipeline] [--frames-cache /tmp/frames.pickle]
 
 The events come from the synthetic workload (``tests/workload.py``: real folds
 of a mixed command stream), encoded as the processor publishes them. The timed
@@ -8,12 +9,21 @@ part is what the projector does per batch: decode the frames, apply them, write
 the rows and offsets in one transaction. Kafka consumption is not included (see
 the processor's benchmark for broker throughput). The tables are created in a
 fresh PostgreSQL schema ``bench_projection`` (dropped afterwards).
+
+With ``--projectors K`` the partitions are split between K projector processes
+(partition p goes to projector p mod K), as K members of one consumer group
+would share them, all writing the same tables; the rate is all events over the
+wall time from their common start to the last one's end. ``--no-pipeline``
+projects each batch in turn (apply, write, commit) instead of applying a batch
+while the one before it commits.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import pickle
 import platform
 import sys
 import time
@@ -83,25 +93,56 @@ def server_cpu(engine: Any) -> float:
         return total
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=os.environ.get("GPUFOLD_DATABASE_URL", "sqlite://"))
-    parser.add_argument("--commands", type=int, default=25_000, help="commands per cluster (4 clusters)")
-    parser.add_argument("--batch-size", type=int, default=5_000)
-    args = parser.parse_args()
-
-    t = time.perf_counter()
+def workload_frames(commands: int, cache: str | None) -> list[tuple[int, bytes]]:
+    """(partition, frame) of 4 clusters' events, interleaved in chunks as a consumer's fetches would be."""
+    if cache and Path(cache).exists():
+        cached: list[tuple[int, bytes]] = pickle.loads(Path(cache).read_bytes())
+        return cached
     per_partition: list[list[tuple[int, bytes]]] = []
     for partition, cluster in enumerate(("c1", "c2", "c3", "c4")):
-        cmds = workload.commands(args.commands, cluster=cluster, nodes=200, seed=partition, step_ms=2_000)
+        cmds = workload.commands(commands, cluster=cluster, nodes=200, seed=partition, step_ms=2_000)
         events = workload.fold(cmds, partition=partition)
         per_partition.append([(partition, frame) for frame in workload.encode(events)])
-    # Interleave the partitions in chunks, as a consumer's fetches would.
     frames: list[tuple[int, bytes]] = []
     longest = max(len(part) for part in per_partition)
     for start in range(0, longest, 1_000):
         for part in per_partition:
             frames.extend(part[start : start + 1_000])
+    if cache:
+        Path(cache).write_bytes(pickle.dumps(frames))
+    return frames
+
+
+def project_share(
+    url: str, schema: str | None, frames: list[tuple[int, bytes]], batch_size: int, pipeline: bool,
+    go: Any, done: Any, release: Any,
+) -> None:  # fmt: skip
+    """One projector process: its own engine, its partitions' frames; waits for ``go``, reports (events, CPU s),
+    and keeps its connections until ``release`` (so that their server CPU can be read)."""
+    connect_args = {"application_name": "gpufold-bench"} if url.startswith("postgresql") else {}
+    engine = create_engine(url, connect_args=connect_args)
+    projector = Projector(engine, "bench.events", schema=schema)
+    go.wait()
+    cpu = time.process_time()
+    stats = run(projector, FrameSource(frames), batch_size=batch_size, poll_timeout=0.0, stop_when_idle=True,
+                pipeline=pipeline)  # fmt: skip
+    done.put((stats.events, time.process_time() - cpu))
+    release.wait()
+    engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=os.environ.get("GPUFOLD_DATABASE_URL", "sqlite://"))
+    parser.add_argument("--commands", type=int, default=25_000, help="commands per cluster (4 clusters)")
+    parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--projectors", type=int, default=1, help="projector processes sharing the partitions")
+    parser.add_argument("--no-pipeline", action="store_true", help="apply, write and commit each batch in turn")
+    parser.add_argument("--frames-cache", help="keep the encoded workload in this file (pickle) between runs")
+    args = parser.parse_args()
+
+    t = time.perf_counter()
+    frames = workload_frames(args.commands, args.frames_cache)
     print(f"workload: {len(frames)} events from 4 clusters in {time.perf_counter() - t:.1f}s")
 
     connect_args = {"application_name": "gpufold-bench"} if args.database_url.startswith("postgresql") else {}
@@ -113,28 +154,58 @@ def main() -> None:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE; CREATE SCHEMA "{schema}"'))
             models.Base.metadata.create_all(conn.execution_options(schema_translate_map={None: schema}))
     else:
+        if args.projectors > 1:
+            parser.error("--projectors > 1 needs PostgreSQL")
         models.Base.metadata.create_all(engine)
-    projector = Projector(engine, "bench.events", schema=schema)
-    source = FrameSource(frames)
-    start_wall, start_cpu = time.perf_counter(), time.process_time()
-    server_before = server_cpu(engine)
-    stats = run(projector, source, batch_size=args.batch_size, poll_timeout=0.0, stop_when_idle=True)
-    wall, cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
-    server = server_cpu(engine) - server_before
-    assert stats.events == len(frames), stats
+    pipeline = not args.no_pipeline and engine.dialect.name == "postgresql"
+    if args.projectors > 1:
+        context = multiprocessing.get_context("fork")
+        go, done, release = context.Event(), context.Queue(), context.Event()
+        shares = [[f for f in frames if f[0] % args.projectors == i] for i in range(args.projectors)]
+        workers = [
+            context.Process(target=project_share,
+                            args=(args.database_url, schema, share, args.batch_size, pipeline, go, done, release))
+            for share in shares
+        ]  # fmt: skip
+        for worker in workers:
+            worker.start()
+        time.sleep(1.0)  # engines created, waiting
+        server_before = server_cpu(engine)
+        start_wall = time.perf_counter()
+        go.set()
+        reports = [done.get() for _ in workers]
+        wall = time.perf_counter() - start_wall
+        server = server_cpu(engine) - server_before
+        release.set()
+        for worker in workers:
+            worker.join()
+        events, cpu = sum(r[0] for r in reports), sum(r[1] for r in reports)
+    else:
+        projector = Projector(engine, "bench.events", schema=schema)
+        source = FrameSource(frames)
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        server_before = server_cpu(engine)
+        stats = run(projector, source, batch_size=args.batch_size, poll_timeout=0.0, stop_when_idle=True,
+                    pipeline=pipeline)  # fmt: skip
+        wall, cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        events = stats.events
+        server = server_cpu(engine) - server_before
+    assert events == len(frames), (events, len(frames))
     with engine.connect() as conn:
         if schema:
             conn = conn.execution_options(schema_translate_map={None: schema})
         pods = conn.execute(text(f"SELECT count(*) FROM {schema + '.' if schema else ''}pods")).scalar()
     print(f"database: {safe_url(args.database_url)} ({engine.dialect.name}); machine: {platform.machine()}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"projected {len(frames)} events ({pods} pods) in {wall:.2f}s wall: {len(frames) / wall:,.0f} events/s; "
-          f"projector process CPU {cpu:.2f}s ({len(frames) / cpu:,.0f} events per CPU-second)")  # fmt: skip
+    how = f"{args.projectors} projector(s), {'pipelined' if pipeline else 'not pipelined'}, batch {args.batch_size}"
+    print(f"projected {len(frames)} events ({pods} pods) in {wall:.2f}s wall ({how}): {len(frames) / wall:,.0f} "
+          f"events/s; projector process CPU {cpu:.2f}s ({len(frames) / cpu:,.0f} events per CPU-second)")  # fmt: skip
     n = len(frames)
     if server:
+        cores = os.cpu_count() or 1
         print(f"PostgreSQL backend CPU {server:.2f}s ({server / n * 1e6:.1f} us/event); projector "
-              f"{cpu / n * 1e6:.1f} us/event; both overlap (reader thread), so on otherwise idle cores the "
-              f"bound is ~{n / max(cpu, server):,.0f} events/s")  # fmt: skip
+              f"{cpu / n * 1e6:.1f} us/event; together {(cpu + server) / n * 1e6:.1f} us/event, so on "
+              f"{cores} otherwise idle cores the bound is ~{n * cores / (cpu + server):,.0f} events/s")  # fmt: skip
     if schema:
         with engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))

@@ -21,7 +21,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, select, update
@@ -30,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from projections import models
 from projections.dialect import append_rows, bulk_upsert_replace, target_name, upsert_ignore
 from projections.secrets import mask_url
-from projections.usage import DEFAULT_LATENESS_MS, UsageLedger
+from projections.usage import DEFAULT_LATENESS_MS, UsageLedger, Write
 from schemas.events import (
     Event,
     GangQueued,
@@ -167,10 +169,18 @@ def _subject(payload: Any) -> tuple[str | None, str | None]:
 
 
 class _Batch:
-    """The rows one batch touches, loaded once, changed in memory, written back at the end."""
+    """The rows one batch touches, loaded once, changed in memory, written back at the end.
 
-    def __init__(self, conn: Connection, lateness_ms: int) -> None:
+    ``conn`` is only read from (in :meth:`load`); applying events touches no database,
+    and :meth:`plan` turns the changes into statements for the batch's transaction. With
+    ``snapshot`` the planned rows are copies, so the next batch may take this one's rows
+    over (:meth:`load` with ``previous``) and change them while these are being written.
+    """
+
+    def __init__(self, conn: Connection, lateness_ms: int, *, snapshot: bool = False) -> None:
         self.conn = conn
+        self.snapshot = snapshot
+        self.clusters: set[str] = set()
         self.nodes: dict[tuple[str, str], dict[str, Any] | None] = {}
         self.nodes_in_db: set[tuple[str, str]] = set()
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
@@ -192,12 +202,15 @@ class _Batch:
 
     # -------------------------------------------------------------- loading
 
-    def load(self, events: list[Envelope]) -> None:
+    def load(self, events: list[Envelope], previous: _Batch | None = None) -> None:
+        """Load the rows the events need: from ``previous`` (the batch before, as it will have
+        written them) where it holds them, from the database otherwise."""
         node_keys: set[tuple[str, str]] = set()
         pod_keys: set[tuple[str, str]] = set()
         gang_keys: set[tuple[str, str]] = set()
         reserved: set[str] = set()
-        clusters: set[str] = set()
+        placed: set[tuple[str, str]] = set()  # first placements
+        clusters = self.clusters
         for envelope in events:
             event: Event = envelope.event  # type: ignore[assignment]
             cluster = event.cluster
@@ -206,25 +219,57 @@ class _Batch:
             pod_id, node_id = _subject(payload)
             if node_id is not None:
                 node_keys.add((cluster, node_id))
-            # A first placement of a submission creates its row whatever is stored (nothing,
-            # or a released pod of the same id): only later events need the stored row.
+            # A first placement of a submission creates its row unless an unreleased one is
+            # stored: an evicted pod placed again keeps its row (pod_from_spec). Such rows are
+            # few, so first placements look them up by status (below), not one by one.
             kind = type(payload)
-            if pod_id is not None and not (
-                (kind is PodScheduled and not payload.from_queue)  # type: ignore[union-attr]
-                or (kind is PodQueued and not payload.requeued)  # type: ignore[union-attr]
-            ):
-                pod_keys.add((cluster, pod_id))
+            if pod_id is not None:
+                if (kind is PodScheduled and not payload.from_queue) or (  # type: ignore[union-attr]
+                    kind is PodQueued and not payload.requeued  # type: ignore[union-attr]
+                ):
+                    placed.add((cluster, pod_id))
+                else:
+                    pod_keys.add((cluster, pod_id))
             if kind in _GANG_EVENTS:
                 gang_keys.add((cluster, str(payload.gang_id)))  # type: ignore[union-attr]
                 if kind is GangQueued and payload.requeued:  # type: ignore[union-attr]
                     pod_keys.update((cluster, m.pod_id) for m in payload.gang.members)  # type: ignore[union-attr]
             elif kind is NodesReserved or kind is ReservationReleased:
                 reserved.add(cluster)
+            elif kind is PodMigrated:  # both nodes change (its subject names neither)
+                node_keys.add((cluster, payload.from_node))  # type: ignore[union-attr]
+                node_keys.add((cluster, payload.to_node))  # type: ignore[union-attr]
         conn = self.conn
+        # What the previous batch holds is taken over: a row it loaded or wrote (a node it
+        # removed is None, as absent as a deleted row), and per cluster its totals, counts,
+        # rates and clocks. Rows it never held are unchanged by it, so the database has them.
+        carried = previous.clusters & clusters if previous is not None else set()
+        if previous is not None:
+            gang_keys = _take(previous.gangs, gang_keys, self.gangs)
+            for key in node_keys & previous.nodes.keys():
+                row = self.nodes[key] = previous.nodes[key]
+                if row is not None:
+                    self.nodes_in_db.add(key)
+            node_keys -= previous.nodes.keys()
+            for cluster in reserved & previous.reservations.keys():
+                row = self.reservations[cluster] = previous.reservations[cluster]
+                if row is not None:
+                    self.reservations_in_db.add(cluster)
+            reserved -= previous.reservations.keys()
+            self.totals.update((key, total) for key, total in previous.totals.items() if key[0] in carried)
+            self.stats.update((cluster, counts) for cluster, counts in previous.stats.items() if cluster in carried)
+            self.usage.carry(previous.usage, carried)
         for key, row in _fetch(conn, models.gangs, "gang_id", gang_keys):
             self.gangs[key] = row
+        for key, row in self.gangs.items():
             if row["status"] != "released":  # a gang that ends may leave evicted member rows to close
                 pod_keys.update((key[0], member["pod_id"]) for member in row["members"])
+        if previous is not None:  # every pod row the previous batch holds, it read or wrote
+            pod_keys = _take(previous.pods, pod_keys, self.pods)
+            placed = _take(previous.pods, placed, self.pods)
+            self.pods_in_db.update(self.pods)
+        if placed:
+            pod_keys |= placed & _evicted(conn, {cluster for cluster, _ in placed})
         if reserved:
             table = models.reservations
             for found in conn.execute(select(table).where(table.c.cluster.in_(sorted(reserved)))):
@@ -236,8 +281,8 @@ class _Batch:
         for key, row in _fetch(conn, models.pods, "pod_id", pod_keys):
             self.pods[key] = row
             self.pods_in_db.add(key)
-        if clusters:
-            names = sorted(clusters)
+        names = sorted(clusters - carried)
+        if names:
             totals = models.gpu_totals
             for total in conn.execute(select(totals).where(totals.c.cluster.in_(names))):
                 self.totals[(total.cluster, total.gpu_model)] = [
@@ -249,7 +294,7 @@ class _Batch:
             stats = models.cluster_stats
             for stat in conn.execute(select(stats).where(stats.c.cluster.in_(names))):
                 self.stats[stat.cluster] = [stat.pending, stat.running]
-        self.usage.load(conn, clusters)
+        self.usage.load(conn, clusters - carried)
 
     # -------------------------------------------------------------- applying
 
@@ -277,7 +322,7 @@ class _Batch:
         # A time past the contract's range (a rejection of a far-future command, or an old log's event) never
         # moves the usage clock: it would seal every hour to 2099 and make all later usage late.
         if clock is None or clock.watermark < event.occurred_at <= MAX_ISSUED_AT:  # else nothing to observe
-            self.usage.observe(self.conn, event.cluster, event.occurred_at, (event.partition, event.sequence))
+            self.usage.observe(event.cluster, event.occurred_at, (event.partition, event.sequence))
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, event, payload)
@@ -360,33 +405,39 @@ class _Batch:
     # -------------------------------------------------------------- writing
 
     def flush(self) -> None:
-        conn = self.conn
-        append_rows(conn, models.audit_events, self.audit)
-        removed = [key for key in sorted(self.dirty_nodes) if self.nodes.get(key) is None]
-        alive = [node for node in (self.nodes.get(key) for key in sorted(self.dirty_nodes)) if node is not None]
-        table = models.nodes
-        for key in removed:
-            if key in self.nodes_in_db:
-                conn.execute(delete(table).where(and_(table.c.cluster == key[0], table.c.node_id == key[1])))
+        """Write the batch's changes through its own connection (the classic, unpipelined path)."""
+        for write in self.plan():
+            write(self.conn)
+
+    def plan(self) -> list[Write]:
+        """The batch's statements, in the order they run, with their rows built now."""
+        writes: list[Write] = self.usage.seals  # sealing ran before everything else when it was immediate
+        self.usage.seals = []
+        copy = _copy_row if self.snapshot else _same_row
+        audit = self.audit
+        writes.append(lambda conn: append_rows(conn, models.audit_events, audit))
+        removed = [key for key in sorted(self.dirty_nodes) if self.nodes.get(key) is None and key in self.nodes_in_db]
+        if removed:
+            writes.append(lambda conn: _delete_nodes(conn, removed))
+        alive = [copy(node) for node in (self.nodes.get(key) for key in sorted(self.dirty_nodes)) if node is not None]
         if alive:
-            bulk_upsert_replace(conn, table, alive)
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.nodes, alive))
         if self.dirty_pods:
-            bulk_upsert_replace(conn, models.pods, [self.pods[key] for key in sorted(self.dirty_pods)])
+            pods = [copy(self.pods[key]) for key in sorted(self.dirty_pods)]
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.pods, pods))
         if self.dirty_gangs:
-            bulk_upsert_replace(conn, models.gangs, [self.gangs[key] for key in sorted(self.dirty_gangs)])
-        if self.reservations:
-            table = models.reservations
-            for cluster in sorted(self.reservations):
-                row = self.reservations[cluster]
-                if row is None:
-                    if cluster in self.reservations_in_db:
-                        conn.execute(delete(table).where(table.c.cluster == cluster))
-                else:
-                    bulk_upsert_replace(conn, table, [row])
-        allocs = models.allocations
-        stale = {key for key in self.realloc if key in self.pods_in_db}
-        for cluster, ids in _by_cluster(stale).items():
-            _delete_pods(conn, allocs, cluster, ids)
+            gangs = [copy(self.gangs[key]) for key in sorted(self.dirty_gangs)]
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.gangs, gangs))
+        for cluster in sorted(self.reservations):
+            row = self.reservations[cluster]
+            if row is None:
+                if cluster in self.reservations_in_db:
+                    writes.append(partial(_delete_reservation, cluster=cluster))
+            else:
+                writes.append(partial(bulk_upsert_replace, table=models.reservations, rows=[copy(row)]))
+        stale = _by_cluster({key for key in self.realloc if key in self.pods_in_db})
+        for cluster, ids in stale.items():
+            writes.append(partial(_delete_pods, table=models.allocations, cluster=cluster, ids=ids))
         rows: list[tuple[Any, ...]] = []  # in the column order of models.allocations
         for key in sorted(self.realloc):
             pod = self.pods[key]
@@ -394,33 +445,69 @@ class _Batch:
                 cluster, pod_id = key
                 node_id = pod["node_id"]
                 rows.extend((cluster, pod_id, index, node_id, milli) for index, milli in pod["gpus"])
-        append_rows(conn, allocs, rows)
+        if rows:
+            writes.append(lambda conn: append_rows(conn, models.allocations, rows))
         if self.samples:
-            bulk_upsert_replace(
-                conn,
-                models.utilization,
-                [
-                    {"cluster": c, "gpu_model": m, "minute": minute, "allocated_milli": a, "capacity_milli": cap}
-                    for (c, m, minute), (a, cap) in sorted(self.samples.items())
-                ],
-            )
+            samples = [
+                {"cluster": c, "gpu_model": m, "minute": minute, "allocated_milli": a, "capacity_milli": cap}
+                for (c, m, minute), (a, cap) in sorted(self.samples.items())
+            ]
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.utilization, samples))
         if self.dirty_totals:
-            bulk_upsert_replace(
-                conn,
-                models.gpu_totals,
-                [
-                    {"cluster": c, "gpu_model": m, "allocated_milli": t[0], "capacity_milli": t[1], "nodes": t[2],
-                     "pods_running": t[3]}
-                    for (c, m), t in ((key, self.totals[key]) for key in sorted(self.dirty_totals))
-                ],
-            )  # fmt: skip
+            totals = [
+                {"cluster": c, "gpu_model": m, "allocated_milli": t[0], "capacity_milli": t[1], "nodes": t[2],
+                 "pods_running": t[3]}
+                for (c, m), t in ((key, self.totals[key]) for key in sorted(self.dirty_totals))
+            ]  # fmt: skip
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.gpu_totals, totals))
         if self.stats:
-            bulk_upsert_replace(
-                conn,
-                models.cluster_stats,
-                [{"cluster": c, "pending": v[0], "running": v[1]} for c, v in sorted(self.stats.items())],
-            )
-        self.usage.flush(conn)
+            stats = [{"cluster": c, "pending": v[0], "running": v[1]} for c, v in sorted(self.stats.items())]
+            writes.append(lambda conn: bulk_upsert_replace(conn, models.cluster_stats, stats))
+        writes.extend(self.usage.plan())
+        return writes
+
+
+def _evicted(conn: Connection, clusters: set[str]) -> set[tuple[str, str]]:
+    """(cluster, pod_id) of the evicted pods of these clusters (index on cluster and status)."""
+    table = models.pods
+    rows = conn.execute(
+        select(table.c.cluster, table.c.pod_id).where(
+            table.c.cluster.in_(sorted(clusters)), table.c.status == "evicted"
+        )
+    )
+    return {(row.cluster, row.pod_id) for row in rows}
+
+
+def _same_row(row: dict[str, Any]) -> dict[str, Any]:
+    return row
+
+
+def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a row that later changes to the original cannot reach: its lists and dicts copied too
+    (one level: handlers replace nested values, they only change ``gpu_free`` in place)."""
+    return {k: v.copy() if type(v) is list or type(v) is dict else v for k, v in row.items()}
+
+
+def _take(held: dict[Any, Any], keys: set[Any], into: dict[Any, Any]) -> set[Any]:
+    """Move the rows ``held`` has for ``keys`` into ``into``; the keys it does not hold."""
+    missing = set()
+    for key in keys:
+        if key in held:
+            into[key] = held[key]
+        else:
+            missing.add(key)
+    return missing
+
+
+def _delete_nodes(conn: Connection, keys: list[tuple[str, str]]) -> None:
+    table = models.nodes
+    for cluster, node_id in keys:
+        conn.execute(delete(table).where(and_(table.c.cluster == cluster, table.c.node_id == node_id)))
+
+
+def _delete_reservation(conn: Connection, cluster: str) -> None:
+    table = models.reservations
+    conn.execute(delete(table).where(table.c.cluster == cluster))
 
 
 def _fetch(
@@ -790,11 +877,55 @@ def project_batch(
     are skipped; the partition offsets are written before returning, so commit
     makes the rows and the offsets visible together.
     """
-    result = BatchResult()
     if not batch:
-        return result
+        return BatchResult()
     partitions = sorted({envelope.partition for envelope in batch})
-    offsets = _lock_offsets(conn, source, partitions)
+    planned = _plan(conn, source, batch, _lock_offsets(conn, source, partitions), lateness_ms)
+    planned.write(conn)
+    return planned.result
+
+
+@dataclass(slots=True)
+class _Planned:
+    """A batch applied in memory: its statements, and the offsets they start from and lead to."""
+
+    source: str
+    start: dict[int, tuple[int, int]]  # partition -> (next_offset, next_sequence) the batch was applied on
+    end: dict[int, tuple[int, int]]  # ... and once it is written
+    writes: list[Write]
+    work: _Batch
+    result: BatchResult
+
+    def write(self, conn: Connection) -> None:
+        """Run the statements and move the offsets (in the caller's transaction)."""
+        for write in self.writes:
+            write(conn)
+        table = models.projection_offsets
+        for p, (next_offset, next_sequence) in sorted(self.end.items()):
+            conn.execute(
+                update(table)
+                .where(and_(table.c.source == self.source, table.c.partition == p))
+                .values(next_offset=next_offset, next_sequence=next_sequence)
+            )
+        self.result.sealed_hours = self.work.usage.sealed
+
+
+def _plan(
+    conn: Connection,
+    source: str,
+    batch: Sequence[Envelope],
+    offsets: dict[int, tuple[int, int]],
+    lateness_ms: int,
+    previous: _Batch | None = None,
+    *,
+    snapshot: bool = False,
+) -> _Planned:
+    """Skip what ``offsets`` says is applied, apply the rest in memory, and plan the writes.
+
+    ``offsets`` (partition -> (next_offset, next_sequence)) must cover every partition of the batch.
+    """
+    result = BatchResult()
+    partitions = sorted({envelope.partition for envelope in batch})
     next_sequence = {p: offsets[p][1] for p in partitions}
     next_offset = {p: offsets[p][0] for p in partitions}
     fresh: list[Envelope] = []
@@ -819,26 +950,20 @@ def project_batch(
             )
         next_sequence[p] += 1
         fresh.append(envelope)
-    work = _Batch(conn, lateness_ms)
-    work.load(fresh)
+    work = _Batch(conn, lateness_ms, snapshot=snapshot)
+    work.load(fresh, previous)
     for envelope in fresh:
         work.apply(envelope)
-    work.flush()
-    table = models.projection_offsets
-    for p in partitions:
-        conn.execute(
-            update(table)
-            .where(and_(table.c.source == source, table.c.partition == p))
-            .values(next_offset=next_offset[p], next_sequence=next_sequence[p])
-        )
+    writes = work.plan()
     result.applied = len(fresh)
-    result.sealed_hours = work.usage.sealed
     result.gpu_totals = {key: (work.totals[key][0], work.totals[key][1]) for key in work.dirty_totals}
     result.pending = {cluster: counts[0] for cluster, counts in work.stats.items()}
     result.positions = next_offset
     if fresh:
         result.last_occurred_at = max(e.event.occurred_at for e in fresh)  # type: ignore[union-attr]
-    return result
+    start = {p: offsets[p] for p in partitions}
+    end = {p: (next_offset[p], next_sequence[p]) for p in partitions}
+    return _Planned(source, start, end, writes, work, result)
 
 
 # ------------------------------------------------------------------ the service
@@ -930,3 +1055,105 @@ class Projector:
                         raise ProjectionStopped(f"stopped while the database was unavailable ({message})") from None
                     time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
                 delay = min(self.max_backoff, delay * 2)
+
+
+class _Moved(Exception):
+    """The offsets moved since the batch was applied: it was applied on a view that is not the database's."""
+
+
+class Pipeline:
+    """Projects batches so that one is written while the next is applied (PostgreSQL).
+
+    :meth:`submit` applies a batch in memory on top of the batch before it (whose
+    transaction may still be open: the rows it holds are taken over as it will have
+    written them, the rest read from the database, which it does not change), then
+    waits for that transaction and hands the new batch to a writer thread. The writer
+    locks the offsets, checks that they are where the batch was applied from, and
+    commits rows and offsets in one transaction, as :func:`project_batch` does. If the
+    offsets moved (another projector of the group got there) or a write failed (an
+    outage), nothing of that batch is committed, and it and the batch applied on top
+    of it are projected again the unpipelined way (:meth:`Projector.project`, which
+    skips what is already applied and retries outages). Exactly once either way.
+    """
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-writer")
+        self._inflight: tuple[Future[BatchResult], Sequence[Envelope]] | None = None
+        self._previous: _Planned | None = None
+        self.replays = 0
+        """Batches projected again the unpipelined way (their pipelined write was not committed)."""
+
+    def submit(self, batch: Sequence[Envelope]) -> list[BatchResult]:
+        """Apply the batch and start writing it; the results of the batches committed meanwhile, in order."""
+        planned: _Planned | None = None
+        if batch:
+            try:
+                planned = self._plan(batch)
+            except (ProjectionError, OperationalError, DBAPIError) as error:  # decided again below
+                log.info("pipelined apply failed (%s); projecting the batch unpipelined", error)
+        results, ok = self._wait()
+        if planned is None or not ok:  # applied on a view the database does not have
+            self._previous = None
+            if batch:
+                results.append(self.projector.project(batch))
+            return results
+        self._inflight = (self._writer.submit(self._write, planned), batch)
+        self._previous = planned
+        return results
+
+    def drain(self) -> list[BatchResult]:
+        """Wait for the batch being written; its result (nothing if none was in flight)."""
+        results, _ = self._wait()
+        self._previous = None
+        return results
+
+    def close(self) -> None:
+        """Wait for the batch being written to commit or fail (the database is consistent either way), then
+        stop the writer thread. After :meth:`drain` on a normal exit; on an error, so that no write outlives
+        the run."""
+        if self._inflight is not None:
+            future, _ = self._inflight
+            self._inflight = None
+            error = future.exception()
+            if error is not None:
+                log.info("pipelined write not committed (%s)", error)
+        self._previous = None
+        self._writer.shutdown(wait=True)
+
+    def _plan(self, batch: Sequence[Envelope]) -> _Planned:
+        previous = self._previous
+        offsets = dict(previous.end) if previous is not None else {}
+        with self.projector._connect() as conn, conn.begin():
+            # Offsets before rows: a commit by anyone else after this read moves them, which the write sees.
+            if {envelope.partition for envelope in batch} - offsets.keys():
+                stored = load_offsets(conn, self.projector.source)
+                for envelope in batch:
+                    offsets.setdefault(envelope.partition, stored.get(envelope.partition, (0, 0)))
+            return _plan(conn, self.projector.source, batch, offsets, self.projector.lateness_ms,
+                         previous.work if previous is not None else None, snapshot=True)  # fmt: skip
+
+    def _write(self, planned: _Planned) -> BatchResult:
+        started = time.perf_counter()
+        with self.projector._connect() as conn, conn.begin():
+            found = _lock_offsets(conn, self.projector.source, sorted(planned.start))
+            if found != planned.start:
+                raise _Moved(f"offsets {found} are not {planned.start}, which the batch was applied on")
+            planned.write(conn)
+        if self.projector.on_commit is not None:
+            self.projector.on_commit(planned.result, time.perf_counter() - started)
+        return planned.result
+
+    def _wait(self) -> tuple[list[BatchResult], bool]:
+        """The result of the batch in flight; if its write failed, it is projected again unpipelined."""
+        if self._inflight is None:
+            return [], True
+        future, batch = self._inflight
+        self._inflight = None
+        try:
+            return [future.result()], True
+        except Exception as error:  # nothing of it was committed (a rolled-back transaction)
+            log.info("pipelined write not committed (%s); projecting the batch again unpipelined", error)
+            self._previous = None
+            self.replays += 1
+            return [self.projector.project(batch)], False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from projections.projector import BatchResult, Envelope, ProjectionStopped, Projector
+from projections.projector import BatchResult, Envelope, Pipeline, ProjectionStopped, Projector
 from projections.schema import ensure_schema
 from projections.sources import EmbeddedEventSource, EventSource
 from projections.usage import DEFAULT_LATENESS_MS
@@ -64,13 +64,16 @@ def run(
     stop_when_idle: bool = False,
     stop: threading.Event | None = None,
     prefetch: int = 2,
+    pipeline: bool | None = None,
 ) -> RunStats:
     """Project until ``stop`` is set (or, with ``stop_when_idle``, until the source is read to its end).
 
     A reader thread polls and decodes the next batches while the current one is
     written (psycopg releases the GIL while PostgreSQL works), at most
     ``prefetch`` batches ahead. Prefetched batches are only in memory: the
-    database offsets stay the one record of progress.
+    database offsets stay the one record of progress. With ``pipeline`` (the
+    default on PostgreSQL) each batch is applied while the one before it commits
+    (:class:`projections.projector.Pipeline`).
     """
     stats = RunStats()
     started = time.perf_counter()
@@ -89,7 +92,21 @@ def run(
         target=_read, args=(source, batches, batch_size, poll_timeout, stop_when_idle, stop), daemon=True
     )
     reader.start()
+    if pipeline is None:
+        pipeline = projector.engine.dialect.name == "postgresql"
+    pipelined = Pipeline(projector) if pipeline else None
     last_lag = 0.0
+
+    def count(result: BatchResult) -> None:
+        stats.batches += 1
+        stats.events += result.applied
+        stats.duplicates += result.duplicates
+        stats.undecodable += result.undecodable
+        stats.sealed_hours.extend(result.sealed_hours)
+        committed = getattr(source, "committed", None)
+        if committed is not None:
+            committed(result.positions)
+
     try:
         while not stop.is_set():
             try:
@@ -103,24 +120,25 @@ def run(
             if isinstance(batch, BaseException):
                 raise batch
             try:
-                result = projector.project(batch)
+                results = [projector.project(batch)] if pipelined is None else pipelined.submit(batch)
             except ProjectionStopped as stopped:
                 log.info("%s", stopped)
                 break
-            stats.batches += 1
-            stats.events += result.applied
-            stats.duplicates += result.duplicates
-            stats.undecodable += result.undecodable
-            stats.sealed_hours.extend(result.sealed_hours)
-            committed = getattr(source, "committed", None)
-            if committed is not None:
-                committed(result.positions)
+            for result in results:
+                count(result)
             now = time.monotonic()
             if now - last_lag > 5.0:
                 last_lag = now
                 _update_lag(source)
+        if pipelined is not None:
+            for result in pipelined.drain():
+                count(result)
+    except ProjectionStopped as stopped:
+        log.info("%s", stopped)
     finally:
         stop.set()
+        if pipelined is not None:
+            pipelined.close()  # a batch still being written commits (or not) before the run returns
         reader.join(timeout=10)
         gc.set_threshold(*thresholds)
     stats.seconds = time.perf_counter() - started

@@ -30,14 +30,18 @@ moves the watermark, and usage at such a time counts at the cluster's watermark.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, update
 
 from projections import models
 from projections.dialect import upsert_add, upsert_ignore, upsert_replace
 from schemas.limits import MAX_ISSUED_AT, MIN_ISSUED_AT
+
+Write = Callable[[Connection], None]
+"""A statement of a batch with its rows built, waiting for the batch's transaction."""
 
 HOUR_MS = 3_600_000
 DEFAULT_LATENESS_MS = 5 * 60_000
@@ -113,7 +117,8 @@ class UsageLedger:
     sealed_spans: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
     adjustment_spans: dict[tuple[str, str, int, int, int], tuple[int, int]] = field(default_factory=dict)
     hours: set[tuple[str, int]] = field(default_factory=set)
-    sealed: list[tuple[str, int]] = field(default_factory=list)  # hours this batch sealed
+    sealed: list[tuple[str, int]] = field(default_factory=list)  # hours this batch sealed (once written)
+    seals: list[Write] = field(default_factory=list)  # the sealing statements, in order, until planned
 
     def __post_init__(self) -> None:
         if not 0 <= self.lateness_ms <= MAX_LATENESS_MS:
@@ -133,7 +138,12 @@ class UsageLedger:
 
     # ---------------------------------------------------------------- events
 
-    def observe(self, conn: Connection, cluster: str, t: int, position: tuple[int, int]) -> None:
+    def carry(self, previous: UsageLedger, clusters: set[str]) -> None:
+        """Take over the rates and clocks of ``clusters`` from the previous batch's ledger (as it left them)."""
+        self.rates.update((key, rate) for key, rate in previous.rates.items() if key[0] in clusters)
+        self.clocks.update((cluster, clock) for cluster, clock in previous.clocks.items() if cluster in clusters)
+
+    def observe(self, cluster: str, t: int, position: tuple[int, int]) -> None:
         """Advance the cluster's watermark to event time ``t``, sealing every hour it leaves behind."""
         t = usage_time(t)
         clock = self.clocks.get(cluster)
@@ -147,7 +157,7 @@ class UsageLedger:
         # Every hour ending at or before watermark - lateness is sealed, all at once.
         until = hour_of(clock.watermark - self.lateness_ms)
         if until > clock.sealed_until:
-            self._seal(conn, cluster, clock, until, position)
+            self._seal(cluster, clock, until, position)
 
     def start(self, cluster: str, tenant: str, t: int, milli: int, position: tuple[int, int]) -> None:
         """A pod of the tenant holding ``milli`` GPU milli started running at ``t``."""
@@ -232,8 +242,12 @@ class UsageLedger:
 
     # ---------------------------------------------------------------- sealing
 
-    def _seal(self, conn: Connection, cluster: str, clock: Clock, until: int, position: tuple[int, int]) -> None:
-        """Seal the hours [sealed_until, until): credit every rate up to ``until``, then close them."""
+    def _seal(self, cluster: str, clock: Clock, until: int, position: tuple[int, int]) -> None:
+        """Seal the hours [sealed_until, until): credit every rate up to ``until``, then close them.
+
+        The statements are queued (:attr:`seals`), not run: they go out with the batch's other
+        writes, in the same order, so applying a batch never touches the database.
+        """
         start = clock.sealed_until
         for (rate_cluster, tenant), rate in sorted(self.rates.items()):
             if rate_cluster == cluster and rate.since < until and rate.running_milli:
@@ -244,54 +258,69 @@ class UsageLedger:
         for key in credits:
             del self.open_credits[key]
         self.hours = {(c, h) for c, h in self.hours if c != cluster or h >= until}
-        _write_hours(conn, sorted({(c, h) for c, _, h in credits}))  # hours with usage only: a gap costs nothing
-        _write_credits(conn, credits)
-        self.sealed.extend((cluster, hour) for hour in seal_hours(conn, cluster, start, until, clock.watermark))
+        hours = sorted({(c, h) for c, _, h in credits})  # hours with usage only: a gap costs nothing
+        watermark = clock.watermark
+
+        def seal(conn: Connection) -> None:
+            _write_hours(conn, hours)
+            _write_credits(conn, credits)
+            self.sealed.extend((cluster, hour) for hour in seal_hours(conn, cluster, start, until, watermark))
+
+        self.seals.append(seal)
         clock.sealed_until = until
         self.dirty_clocks.add(cluster)
 
     def flush(self, conn: Connection) -> None:
-        """Write the buffered credits, adjustments, rates and clocks (inside the batch transaction)."""
-        _write_hours(conn, sorted(self.hours))
-        _write_credits(conn, self.open_credits)
+        """Write the queued seals, buffered credits, adjustments, rates and clocks (inside the batch transaction)."""
+        for write in self.plan():
+            write(conn)
+
+    def plan(self) -> list[Write]:
+        """The batch's usage statements, in order, with their rows built now; the buffers start over.
+
+        The rows are plain values, so the rates and clocks may go on changing (the next
+        batch, pipelined) while these statements wait to be written.
+        """
+        writes = self.seals
+        self.seals = []
+        hours = sorted(self.hours)
+        credits = dict(self.open_credits)
+        writes.append(lambda conn: _write_hours(conn, hours))
+        writes.append(lambda conn: _write_credits(conn, credits))
         if self.adjustments:
-            conn.execute(
-                upsert_add(conn, models.usage_adjustments, "gpu_milli_ms"),
-                [
-                    {"cluster": c, "tenant": t, "hour": h, "partition": p, "sequence": s, "gpu_milli_ms": amount}
-                    for (c, t, h, p, s), amount in sorted(self.adjustments.items())
-                ],
+            adjustments = [
+                {"cluster": c, "tenant": t, "hour": h, "partition": p, "sequence": s, "gpu_milli_ms": amount}
+                for (c, t, h, p, s), amount in sorted(self.adjustments.items())
+            ]
+            writes.append(
+                lambda conn: _execute(conn, upsert_add(conn, models.usage_adjustments, "gpu_milli_ms"), adjustments)
             )
         if self.sealed_spans:
-            conn.execute(
-                models.tenant_usage_spans.insert(),
-                [
-                    {"cluster": c, "tenant": t, "start_hour": h, "hours": n, "gpu_milli_ms_per_hour": amount}
-                    for (c, t, h), (n, amount) in sorted(self.sealed_spans.items())
-                ],
-            )
+            spans = [
+                {"cluster": c, "tenant": t, "start_hour": h, "hours": n, "gpu_milli_ms_per_hour": amount}
+                for (c, t, h), (n, amount) in sorted(self.sealed_spans.items())
+            ]
+            writes.append(lambda conn: _execute(conn, models.tenant_usage_spans.insert(), spans))
         if self.adjustment_spans:
-            conn.execute(
-                models.usage_adjustment_spans.insert(),
-                [
-                    {"cluster": c, "tenant": t, "start_hour": h, "partition": p, "sequence": q, "hours": n,
-                     "gpu_milli_ms_per_hour": amount}
-                    for (c, t, h, p, q), (n, amount) in sorted(self.adjustment_spans.items())
-                ],
-            )  # fmt: skip
+            adjustment_spans = [
+                {"cluster": c, "tenant": t, "start_hour": h, "partition": p, "sequence": q, "hours": n,
+                 "gpu_milli_ms_per_hour": amount}
+                for (c, t, h, p, q), (n, amount) in sorted(self.adjustment_spans.items())
+            ]  # fmt: skip
+            writes.append(lambda conn: _execute(conn, models.usage_adjustment_spans.insert(), adjustment_spans))
         if self.dirty_rates:
-            rows = [
+            rates = [
                 {"cluster": c, "tenant": t, "running_milli": self.rates[(c, t)].running_milli,
                  "since": self.rates[(c, t)].since}
                 for c, t in sorted(self.dirty_rates)
             ]  # fmt: skip
-            conn.execute(upsert_replace(conn, models.tenant_rates), rows)
+            writes.append(lambda conn: _execute(conn, upsert_replace(conn, models.tenant_rates), rates))
         if self.dirty_clocks:
-            rows = [
+            clocks = [
                 {"cluster": c, "watermark": self.clocks[c].watermark, "sealed_until": self.clocks[c].sealed_until}
                 for c in sorted(self.dirty_clocks)
             ]
-            conn.execute(upsert_replace(conn, models.usage_clocks), rows)
+            writes.append(lambda conn: _execute(conn, upsert_replace(conn, models.usage_clocks), clocks))
         self.hours.clear()
         self.open_credits.clear()
         self.adjustments.clear()
@@ -299,6 +328,11 @@ class UsageLedger:
         self.adjustment_spans.clear()
         self.dirty_rates.clear()
         self.dirty_clocks.clear()
+        return writes
+
+
+def _execute(conn: Connection, statement: Any, rows: list[dict[str, Any]]) -> None:
+    conn.execute(statement, rows)
 
 
 def _write_hours(conn: Connection, hours: list[tuple[str, int]]) -> None:
