@@ -172,4 +172,4 @@ def test_a_gap_is_refused_and_the_batch_before_it_still_commits(engine: Engine) 
         pipeline.submit(batch[150:200])
     pipeline.close()
     with engine.connect() as conn:
-        assert dict(conn.execute(models.projection_offsets.select()).fetchone()._mapping)["next_sequence"] == 100
+        assert conn.execute(models.projection_offsets.select()).one().next_sequence == 100
