@@ -6,7 +6,7 @@ from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
 from schemas.codes import RejectionCode
-from schemas.commands import AddNode, Defragment, GangMember, SetPolicy, SubmitGang, SubmitPod
+from schemas.commands import AddNode, Defragment, GangMember, Release, SetPolicy, SubmitGang, SubmitPod
 from tests.strategies import Fold, types
 
 
@@ -136,3 +136,88 @@ def test_migrations_replay_from_their_events() -> None:
     for event in events:
         apply(state, event)
     assert state_hash(state) == state_hash(fold.state)
+
+
+def chained_shares(log: list | None = None) -> Fold:
+    """Three 1-GPU nodes (policy spread): n0 holds 700, n1 500, n2 450 + 250; a 1-GPU pod ``w`` waits.
+    No gap holds the 500 (both are 300): only a chain of two moves frees n1. Events go to ``log``."""
+    fold = Fold()
+    events = fold.run(SetPolicy("spread", reserve_after_ms=-1))
+    events += fold.run_all(*(AddNode(f"n{i}", 64_000, 65_536, "A100", 1) for i in range(3)))
+    events += fold.run_all(share("a", 700), share("b", 500), share("c", 450), share("d", 250))
+    events += fold.run(SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=1000, preemption="never"))
+    events += fold.run(SetPolicy("best-fit"))
+    if log is not None:
+        log.extend(events)
+    return fold
+
+
+def test_a_chain_of_two_moves_frees_a_gpu_no_single_move_can() -> None:
+    """The 250 moves into n0's gap first, leaving n2 room for the 500: n1 is freed and ``w`` starts there.
+    Each move fits where it lands when it is applied (never over-committed on the way)."""
+    fold = chained_shares()
+    assert [fold.cluster.pods[p].node_id for p in "abcd"] == ["n0", "n1", "n2", "n2"]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodMigrated", "PodScheduled"]
+    planned, first, second, started = (event.payload for event in events)
+    assert (planned.moves, planned.gpus_freed, planned.nodes_freed) == (2, 1, 1)
+    assert (first.pod_id, first.from_node, first.to_node) == ("d", "n2", "n0")
+    assert "leaving room on GPU 0 of n2 for a larger share" in first.message
+    assert (second.pod_id, second.from_node, second.to_node) == ("b", "n1", "n2")
+    assert "to free it whole" in second.message
+    assert (started.pod.pod_id, started.node_id) == ("w", "n1")
+    assert [node.gpu_free for node in map(fold.cluster.nodes.get, ("n0", "n1", "n2"))] == [[50], [0], [50]]
+
+
+def test_a_chain_replays_from_its_events() -> None:
+    log: list = []
+    fold = chained_shares(log)
+    log += fold.run(Defragment(10))
+    assert "PodMigrated" in types(log)
+    state = PartitionState()
+    for event in log:
+        apply(state, event)
+    assert state_hash(state) == state_hash(fold.state)
+
+
+def test_a_chain_beyond_the_budget_is_not_started() -> None:
+    """Emptying n1 takes two moves: with a budget of one nothing moves (no half-done chain)."""
+    fold = chained_shares()
+    (event,) = fold.run(Defragment(1))
+    assert event.payload.moves == 0
+
+
+def cpu_bound_idle_gpu() -> Fold:
+    """n0 (8 cores, 2 GPUs): GPU 0 holds a CPU-heavy 300 share and a 600 share, GPU 1 is idle but only
+    1.9 cores are free; n1 (64 cores, 1 GPU) holds a 500 share pinned there. A 1-GPU, 4-core pod waits.
+    GPU 0 of n0 cannot be emptied (no gap takes the 600), so consolidation alone moves nothing."""
+    fold = Fold()
+    fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    fold.run_all(
+        AddNode("n0", 8_000, 65_536, "A100", 2),
+        SubmitPod("heavy", num_gpu=1, gpu_milli=300, cpu_milli=6_000, memory_mib=1024, movable=True),
+        SubmitPod("light", num_gpu=1, gpu_milli=600, cpu_milli=100, memory_mib=1024, movable=True),
+        AddNode("n1", 64_000, 65_536, "A100", 1, labels={"pool": "b"}),
+        share("pinned", 500, node_selector={"pool": "b"}),
+    )
+    fold.run(SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=4_000, preemption="never"))
+    return fold
+
+
+def test_relief_moves_cpu_off_a_node_whose_idle_gpu_a_waiting_pod_needs() -> None:
+    fold = cpu_bound_idle_gpu()
+    assert [fold.placement(p) for p in ("heavy", "light", "pinned", "w")] == ["n0", "n0", "n1", None]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
+    planned, moved, started = (event.payload for event in events)
+    assert planned.moves == 1
+    assert (moved.pod_id, moved.from_node, moved.to_node) == ("heavy", "n0", "n1")
+    assert "moving CPU and memory off n0 so its 1 idle GPU(s) can take a waiting pod" in moved.message
+    assert (started.pod.pod_id, started.node_id) == ("w", "n0")
+
+
+def test_no_relief_without_a_waiting_whole_gpu_pod() -> None:
+    fold = cpu_bound_idle_gpu()
+    fold.run(Release("w"))
+    (event,) = fold.run(Defragment(10))
+    assert event.payload.moves == 0
