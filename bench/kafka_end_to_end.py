@@ -7,17 +7,22 @@ Three measurements, each on fresh topics:
    offsets advance from the first commit to N: commands folded, produced and committed per second.
 2. ``latency``: a processor runs; a paced publisher offers ``--rate`` commands/s for ``--seconds``; a
    read_committed consumer of the events topic stamps the arrival of each command's first event.
-   Latency = arrival - the moment ``produce()`` was called. p50/p99/max reported.
+   Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported.
 3. ``replay``: read the whole commands topic back and fold it locally (no output): replay commands/s.
 
 Usage (a broker from ``bash scripts/kafka.sh start; source .services/kafka.env``)::
 
-    python bench/kafka_end_to_end.py --commands 100000 --instances 2 --rate 1000 --seconds 20 [--json]
+    python bench/kafka_end_to_end.py --commands 100000 --instances 2 --rate 200 --rate 1000 --rate 5000 \
+        --seconds 20 [--json]
+
+Each row also gives the processors' CPU per command (from their "processor stopped" log line): the whole process
+(librdkafka's threads included), the fold's share, and the rest, which is what the runtime costs per command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,9 +30,11 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -74,19 +81,57 @@ def fresh_topics(config: KafkaConfig, partitions: int, name: str) -> Topics:
 
 
 def start_processors(config: KafkaConfig, topics: Topics, group: str, instances: int, *extra: str) -> list:
+    """``gpufold processor run`` processes; each one's stderr (JSON log lines) goes to a temporary file."""
     command = [str(Path(sys.executable).with_name("gpufold")), "processor", "run", "--bootstrap", config.bootstrap]
     command += ["--topic-prefix", topics.commands.rsplit(".", 1)[0], "--group", group, *extra]
-    return [
-        subprocess.Popen([*command, "--instance-id", f"bench-{index}"], cwd=REPO, stderr=subprocess.DEVNULL)
-        for index in range(instances)
-    ]
+    processes = []
+    for index in range(instances):
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        process = subprocess.Popen([*command, "--instance-id", f"bench-{index}"], cwd=REPO, stderr=log)
+        process.log = log  # type: ignore[attr-defined]
+        processes.append(process)
+    return processes
 
 
-def stop(processes: list) -> None:
+def stop(processes: list) -> list[dict]:
+    """SIGTERM every processor; returns the fields of each one's "processor stopped" log line (its costs)."""
     for process in processes:
         process.send_signal(signal.SIGTERM)
+    stopped = []
     for process in processes:
         process.wait(60)
+        process.log.seek(0)
+        for line in process.log:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("msg") == "processor stopped":
+                    stopped.append(entry)
+        process.log.close()
+    return stopped
+
+
+def costs(stopped: list[dict]) -> dict:
+    """CPU per command of the processors (mean over instances, weighted by commands), split by stage.
+
+    ``process_cpu_us``: the whole process, librdkafka's threads included; ``fold_cpu_us``: the main thread in
+    the fold (decode, decide, encode, restores); ``runtime_cpu_us``: everything else, the runtime's own cost.
+    """
+    records = sum(entry.get("processed", 0) for entry in stopped) or 1
+
+    def mean(get: Callable[[dict], float]) -> float:
+        return round(sum(get(entry) * entry.get("processed", 0) for entry in stopped) / records, 1)
+
+    process = mean(lambda entry: entry.get("process_cpu_us", 0.0))
+    fold = mean(lambda entry: entry.get("per_command_us", {}).get("fold_cpu", 0.0))
+    return {
+        "process_cpu_us": process,
+        "fold_cpu_us": fold,
+        "runtime_cpu_us": round(process - fold, 1),
+        "poll_cpu_us": mean(lambda entry: entry.get("per_command_us", {}).get("poll_cpu", 0.0)),
+        "commit_cpu_us": mean(lambda entry: entry.get("per_command_us", {}).get("commit_cpu", 0.0)),
+        "commit_wall_us": mean(lambda entry: entry.get("per_command_us", {}).get("commit_wall", 0.0)),
+        "batches": sum(entry.get("batches", 0) for entry in stopped),
+    }
 
 
 def committed(consumer: Consumer, topics: Topics, partitions: int) -> int:
@@ -123,7 +168,7 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
                 raise SystemExit(f"timed out at {done} committed")
             time.sleep(0.05)
     finally:
-        stop(processes)
+        stopped = stop(processes)
         watcher.close()
     seconds = now - first_at  # type: ignore[operator]
     return {
@@ -136,16 +181,17 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
         "publish_per_s": round(args.commands / publish_seconds),
         "processed_per_s": round((args.commands - first_count) / seconds),
         "seconds": round(seconds, 2),
+        **costs(stopped),
         "topics": topics.commands,
     }
 
 
-def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
+def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> dict:
     topics = fresh_topics(config, args.partitions, "lat")
     group = topics.commands + ".group"
-    warm = stream(2_000 + args.rate * args.seconds, args.clusters, args.policy, seed=2)
+    warm = stream(2_000 + rate * args.seconds, args.clusters, args.policy, seed=2)
     nodes = [c for c in warm if isinstance(c.payload, (AddNode, SetPolicy))]
-    work = [c for c in warm if not isinstance(c.payload, (AddNode, SetPolicy))][: args.rate * args.seconds]
+    work = [c for c in warm if not isinstance(c.payload, (AddNode, SetPolicy))][: rate * args.seconds]
     sent: dict[str, float] = {}
     arrived: dict[str, float] = {}
     stop_reading = threading.Event()
@@ -172,7 +218,9 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
                     command_id = decode(message.value())["command_id"]
                     arrived.setdefault(command_id, now)
 
-    processes = start_processors(config, topics, group, 1, "--linger-ms", str(args.linger_ms))
+    processes = start_processors(
+        config, topics, group, 1, "--linger-ms", str(args.linger_ms), "--batch-size", str(args.batch_size)
+    )
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     with CommandPublisher(config, topics.commands, producer_config={"linger.ms": 1}) as publisher:
@@ -182,7 +230,7 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
         deadline = time.perf_counter() + 60
         while nodes[-1].command_id not in arrived and time.perf_counter() < deadline:
             time.sleep(0.05)  # the processor is up and has folded the nodes
-        interval = 1.0 / args.rate
+        interval = 1.0 / rate
         start = time.perf_counter()
         for index, command in enumerate(work):
             target = start + index * interval
@@ -198,7 +246,7 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
     stop_reading.set()
     reader.join()
     consumer.close()
-    stop(processes)
+    stopped = stop(processes)
     latencies = sorted((arrived[k] - t) * 1000 for k, t in sent.items() if k in arrived)
     missing = len(sent) - len(latencies)
 
@@ -212,8 +260,11 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace) -> dict:
         "missing": missing,
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
+        "p999_ms": pct(0.999),
         "max_ms": round(latencies[-1], 2),
         "linger_ms": args.linger_ms,
+        "batch_size": args.batch_size,
+        **costs(stopped),
     }
 
 
@@ -256,7 +307,9 @@ def main() -> int:
     parser.add_argument("--clusters", type=int, default=8)
     parser.add_argument("--instances", type=int, default=2, help="processor processes in the group")
     parser.add_argument("--batch-size", type=int, default=2_000)
-    parser.add_argument("--rate", type=int, default=1_000, help="offered load of the latency run (commands/s)")
+    parser.add_argument(
+        "--rate", type=int, action="append", help="offered load of a latency run (commands/s); repeat for several"
+    )
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--linger-ms", type=float, default=2.0)
     parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
@@ -277,7 +330,8 @@ def main() -> int:
         if "replay" in which:
             rows.append(bench_replay(config, row["topics"], args))
     if "latency" in which:
-        rows.append(bench_latency(config, args))
+        for rate in args.rate or [1_000]:
+            rows.append(bench_latency(config, args, rate))
     for row in rows:
         row.pop("topics", None)
         print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from kafka_settings.config import KafkaConfig, masked_dict
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
+from processor.runtime.fair_batch import PartitionQueues
 from processor.runtime.loop import InputRecord, OutputRecord
 from schemas.topics import Topics
 
@@ -76,6 +77,10 @@ SELF_FENCE_WINDOW = 60.0
 """A consumer fenced this soon after losing its own assignment was fenced by its own rejoin (see _consumer_error)."""
 STALL_GRACE = 5.0
 """Seconds a transactional call may overrun its own timeout before the producer is given up as stalled."""
+PAUSE_AT = 4
+"""A partition holding this many batches of fetched records is paused until it holds less than one (see poll)."""
+FIRST_FETCH_WAIT = 0.5
+"""Seconds the first batch after an assignment waits for every partition's first fetch (see poll)."""
 
 
 class KafkaLogError(Exception):
@@ -168,10 +173,13 @@ class KafkaCommandLog:
         self._consumer_config = config.client(
             {
                 "session.timeout.ms": session_timeout_ms,
+                # A fenced (zombie) instance learns it from its next heartbeat: 1 s, not librdkafka's 3 s.
+                "heartbeat.interval.ms": min(1_000, session_timeout_ms // 3),
                 "auto.offset.reset": "earliest",
-                # Smaller fetches per partition interleave partitions within a batch.
+                # These bound what the client prefetches; they do not interleave partitions (a fetch returns
+                # whole producer batches, thousands of one partition's records in a row): poll does that.
                 "fetch.message.max.bytes": 256 << 10,
-                "queued.max.messages.kbytes": 16 << 10,
+                "queued.max.messages.kbytes": 4 << 10,
             },
             {
                 "group.id": group_id,
@@ -185,7 +193,9 @@ class KafkaCommandLog:
             },
         )
         self._reader_config = config.client(
-            {"auto.offset.reset": "earliest", "fetch.max.bytes": 128 << 20},
+            # The reader stops at the end of a partition: an empty fetch must come back at once, not after
+            # the default 500 ms wait for new records (two of those made every restore take over a second).
+            {"auto.offset.reset": "earliest", "fetch.max.bytes": 128 << 20, "fetch.wait.max.ms": 10},
             {
                 "group.id": f"{group_id}.restore",
                 "isolation.level": "read_committed",
@@ -198,6 +208,9 @@ class KafkaCommandLog:
         self._consumer: Consumer | None = None
         self._reader: Consumer | None = None
         self._assigned: set[int] = set()
+        self._queues = PartitionQueues()  # fetched, not yet folded (see poll)
+        self._paused: set[int] = set()  # paused by poll because their queue is full
+        self._unfetched: set[int] = set()  # assigned, and no fetch of theirs has come back yet
         self._renewals = 0
         self._consumer_renewals = 0
         self._lost_at: float | None = None
@@ -286,30 +299,102 @@ class KafkaCommandLog:
         return lag
 
     def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
-        """Wait up to ``timeout`` for a first record, then take what arrives within ``linger`` (the batch bound)."""
-        linger = self.linger
+        """A batch of at most ``max_records``, with a fair share of every partition that has records waiting.
+
+        With nothing held, wait up to ``timeout`` for a first record, then up to ``linger`` for the batch to fill:
+        a batch is cut when it is full or its first record has waited ``linger``. Then take, without waiting,
+        what the client has fetched already: a fetch returns whole producer batches, so one partition's backlog
+        can sit in front of every other partition's records in the client's queue. Fetched records wait in
+        per-partition queues (:class:`~processor.runtime.fair_batch.PartitionQueues`); a partition holding
+        ``PAUSE_AT`` batches is paused (the client drops what it prefetched for it and fetches again from the
+        next record on resume), so the client's queue shows the others' records. Records held from an earlier
+        poll have waited already: they are returned at once.
+        """
         consumer = self._require(self._consumer)
+        queues = self._queues
         try:
-            first = consumer.poll(timeout)
-            if first is None:
+            if not queues:
+                first = consumer.poll(timeout)
+                if first is None:
+                    return []
+                if not self._hold([first]):
+                    return []  # a new consumer: the old one's records are for partitions no longer assigned
+                if max_records > 1 and not self._hold(consumer.consume(max_records - 1, self.linger)):
+                    return []
+            if self._unfetched and not self._await_first_fetches(consumer, max_records):
                 return []
-            messages = [first]
-            if max_records > 1:
-                messages.extend(consumer.consume(max_records - 1, linger))
+            while len(queues) < PAUSE_AT * max_records * max(len(self._assigned), 1):
+                self._pause_full(max_records)
+                more = consumer.consume(max_records, 0)
+                if not more:
+                    break
+                if not self._hold(more):
+                    return []
         except KafkaException as exc:
             self._consumer_failed(exc)
             return []
+        batch = queues.take(max_records)
+        self._resume_drained(max_records)
+        return batch
+
+    def _await_first_fetches(self, consumer: Consumer, max_records: int) -> bool:
+        """After an assignment, give every partition's first fetch up to FIRST_FETCH_WAIT to come back.
+
+        The client starts fetching the partitions of an assignment one by one: without this, the first batches
+        would hold only the partitions whose fetch came back first. A partition whose fetch came back has a
+        (cached) high watermark, records or not. False if an error replaced the consumer.
+        """
+        deadline = time.monotonic() + FIRST_FETCH_WAIT
+        while True:
+            for partition in sorted(self._unfetched):
+                tp = TopicPartition(self.topics.commands, partition)
+                with contextlib.suppress(KafkaException):
+                    if consumer.get_watermark_offsets(tp, cached=True)[1] >= 0:
+                        self._unfetched.discard(partition)
+            if not self._unfetched or time.monotonic() >= deadline:
+                self._unfetched.clear()  # one wait per assignment: an unanswered fetch is not waited for again
+                return True
+            self._pause_full(max_records)
+            if not self._hold(consumer.consume(max_records, 0.01)):
+                return False
+
+    def _hold(self, messages: list[Message]) -> bool:
+        """Queue fetched messages per partition; False if an error replaced the consumer (nothing is held)."""
         records: list[InputRecord] = []
         for message in messages:
             error = message.error()
             if error is not None:
                 if self._consumer_error(error):
-                    return []  # a new consumer: the old one's records are for partitions no longer assigned
+                    return False
                 continue
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
             records.append(InputRecord(partition, offset, message.key(), message.value()))
-        return records
+        self._queues.add(records)
+        if self._unfetched and records:
+            self._unfetched.difference_update({record.partition for record in records})
+        return True
+
+    def _pause_full(self, max_records: int) -> None:
+        full = [p for p in self._queues.full(PAUSE_AT * max_records) if p not in self._paused and p in self._assigned]
+        if full:
+            self._require(self._consumer).pause([TopicPartition(self.topics.commands, p) for p in full])
+            self._paused.update(full)
+
+    def _resume_drained(self, max_records: int) -> None:
+        drained = sorted(p for p in self._paused if self._queues.held(p) < max_records)
+        if drained:
+            self._resume(drained)
+
+    def _resume(self, partitions: list[int]) -> None:
+        """Resume paused partitions: the client fetches again from the record after the last one it handed over."""
+        self._paused.difference_update(partitions)
+        consumer = self._consumer
+        if consumer is None:
+            return
+        tps = [TopicPartition(self.topics.commands, p) for p in partitions if p in self._assigned]
+        if tps:
+            consumer.resume(tps)
 
     def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
         """Produce ``outputs`` and commit ``positions`` as the group's offsets, in one transaction.
@@ -486,6 +571,10 @@ class KafkaCommandLog:
     def _rewind(self, positions: dict[int, int]) -> None:
         """Seek the consumer back to the committed offsets of the batch's (still assigned) partitions."""
         consumer = self._require(self._consumer)
+        self._queues.drop(positions)
+        paused = sorted(self._paused.intersection(positions))
+        if paused:
+            self._resume(paused)  # before the seek, which then decides where fetching starts again
         for partition in sorted(positions):
             if partition not in self._assigned:
                 continue
@@ -501,19 +590,32 @@ class KafkaCommandLog:
 
     def _assigned_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update(tp.partition for tp in partitions)
+        self._unfetched.update(tp.partition for tp in partitions)
         log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
     def _revoked_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Batches are committed before the next poll, so nothing is in flight here: drop the state.
+        self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "revoked")
 
     def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost (session expired / fenced member): another instance may own them already; never commit for them.
         self._lost_at = time.monotonic()
+        self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "lost")
+
+    def _unpause(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Resume what poll paused before it leaves: a partition assigned again later must not stay paused."""
+        paused = [tp for tp in partitions if tp.partition in self._paused]
+        if paused:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.resume([TopicPartition(tp.topic, tp.partition) for tp in paused])
 
     def _drop(self, partitions: list[int], why: str) -> None:
         self._assigned.difference_update(partitions)
+        self._paused.difference_update(partitions)
+        self._unfetched.difference_update(partitions)
+        self._queues.drop(partitions)  # fetched under the old assignment: read again by whoever owns them
         log.info("%s partitions %s", why, sorted(partitions))
         if self.on_revoked is not None:
             self.on_revoked(partitions)
@@ -536,7 +638,12 @@ class KafkaCommandLog:
             while True:
                 if time.monotonic() > deadline:
                     raise KafkaLogError(f"timed out reading {topic}[{partition}] from {first}")
-                for message in reader.consume(10_000, 0.5):
+                # poll returns with the first record (or the end-of-partition event); consume(n, t) would wait
+                # for n records or the whole t, i.e. 0.5 s on every short read.
+                first_message = reader.poll(0.5)
+                if first_message is None:
+                    continue
+                for message in [first_message, *reader.consume(10_000, 0)]:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -598,6 +705,9 @@ class KafkaCommandLog:
             except (KafkaException, RuntimeError) as exc:
                 log.info("closing the failed consumer: %s", self._scrub(str(exc)))
         self._lost_at = None
+        self._queues.clear()
+        self._paused.clear()
+        self._unfetched.clear()
         self._consumer = self._new_consumer()
 
     def _on_error(self, error: KafkaError) -> None:

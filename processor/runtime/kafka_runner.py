@@ -195,6 +195,7 @@ class Runner:
         )
         processor = self.processor
         started = last_stats = last_record = time.monotonic()
+        cpu_started = time.process_time()
         reported = 0
         status = EXIT_OK
         try:
@@ -245,9 +246,21 @@ class Runner:
                 with contextlib.suppress(Exception):  # best effort: a lost tick is replaced by the next one
                     self._ticker.close(timeout=5.0)
         elapsed = time.monotonic() - started
+        times = processor.times
+        # CPU per command: the whole process (all threads, librdkafka's included) and this thread by stage.
+        process_cpu_us = (time.process_time() - cpu_started) * 1e6 / max(times.records, 1)
         log.info(
             "processor stopped",
-            extra={"fields": {"processed": processor.processed, "seconds": round(elapsed, 3), "exit": status}},
+            extra={
+                "fields": {
+                    "processed": processor.processed,
+                    "seconds": round(elapsed, 3),
+                    "exit": status,
+                    "batches": times.batches,
+                    "process_cpu_us": round(process_cpu_us, 1),
+                    "per_command_us": times.per_command_us(),
+                }
+            },
         )
         return status
 

@@ -108,6 +108,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "fetch.max.bytes": 128 << 20,
+            "fetch.wait.max.ms": 10,  # the end of a partition shows at once, not after the default 500 ms wait
             "logger": RDKAFKA_LOG,
         }
     )
@@ -127,7 +128,8 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> dict[int, l
         deadline = time.monotonic() + timeout
         while pending:
             assert time.monotonic() < deadline, f"timed out reading {topic}; partitions left: {pending}"
-            for message in consumer.consume(10_000, 0.5):
+            first = consumer.poll(0.5)  # returns with the first record; consume(n, t) would wait for n or t
+            for message in [first, *consumer.consume(10_000, 0)] if first is not None else []:
                 error = message.error()
                 if error is not None:
                     assert error.code() == KafkaError._PARTITION_EOF, error
