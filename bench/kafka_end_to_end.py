@@ -311,7 +311,7 @@ def main() -> int:
         "--rate", type=int, action="append", help="offered load of a latency run (commands/s); repeat for several"
     )
     parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--linger-ms", type=float, default=2.0)
+    parser.add_argument("--linger-ms", type=float, default=5.0, help="the processors' --linger-ms (default: theirs)")
     parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
     parser.add_argument("--only", choices=("throughput", "latency", "replay"), action="append")
     parser.add_argument("--json", action="store_true")

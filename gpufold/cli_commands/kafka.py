@@ -87,7 +87,10 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
     )
     run.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="max commands per transaction")
     run.add_argument(
-        "--linger-ms", type=float, default=5.0, help="max wait to fill a batch after its first command (default 5)"
+        "--linger-ms",
+        type=float,
+        default=5.0,
+        help="a batch is committed when full or when its first command has waited this long (default 5)",
     )
     run.add_argument(
         "--snapshot-every",

@@ -361,6 +361,7 @@ class KafkaCommandLog:
     def _hold(self, messages: list[Message]) -> bool:
         """Queue fetched messages per partition; False if an error replaced the consumer (nothing is held)."""
         records: list[InputRecord] = []
+        assigned = self._assigned
         for message in messages:
             error = message.error()
             if error is not None:
@@ -369,6 +370,8 @@ class KafkaCommandLog:
                 continue
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
+            if partition not in assigned:  # fetched before a revocation served in the same call: not ours now
+                continue
             records.append(InputRecord(partition, offset, message.key(), message.value()))
         self._queues.add(records)
         if self._unfetched and records:
