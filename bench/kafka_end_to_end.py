@@ -9,6 +9,8 @@ Three measurements, each on fresh topics:
    read_committed consumer of the events topic stamps the arrival of each command's first event.
    Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported.
 3. ``replay``: read the whole commands topic back and fold it locally (no output): replay commands/s.
+4. ``restore`` (only with ``--only restore``): one partition restored from its snapshot and a 300-command tail,
+   three times: seconds reading the snapshot, reading the tail, and the whole ``restore_state``.
 
 Usage (a broker from ``bash scripts/kafka.sh start; source .services/kafka.env``)::
 
@@ -41,7 +43,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_settings.config import KafkaConfig, load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.kafka_log import KafkaCommandLog
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder, Processor, restore_state
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, EVENT, registry
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
@@ -268,6 +271,40 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
     }
 
 
+def bench_restore(config: KafkaConfig, args: argparse.Namespace) -> dict:
+    """Restoring one partition from its snapshot and a 300-command tail: the reads, then the whole restore."""
+    topics = fresh_topics(config, 1, "restore")
+    commands = stream(3_300, 1, args.policy)
+    with CommandPublisher(config, topics.commands) as publisher:
+        for command in commands:
+            publisher.publish(command)
+    log = KafkaCommandLog(config, topics, group_id=topics.commands + ".group", instance_id="bench").start()
+    try:
+        processor = Processor(log, snapshot_every=1_000, batch_size=500)
+        while processor.processed < len(commands):
+            processor.run_batch(1.0)
+        rounds: list[tuple[float, float, float]] = []
+        for _ in range(3):
+            started = time.perf_counter()
+            frame = log.latest_snapshot(0)
+            read_snapshot = time.perf_counter()
+            committed_offset = log.committed(0)
+            tail = sum(1 for _ in log.read_commands(0, 3_000, committed_offset))
+            read_tail = time.perf_counter()
+            restore_state(log, 0)
+            rounds.append((read_snapshot - started, read_tail - read_snapshot, time.perf_counter() - read_tail))
+        assert frame is not None and tail == 300
+    finally:
+        log.close()
+    return {
+        "bench": "restore",
+        "tail": tail,
+        "snapshot_read_s": [round(r[0], 3) for r in rounds],
+        "tail_read_s": [round(r[1], 3) for r in rounds],
+        "restore_s": [round(r[2], 3) for r in rounds],
+    }
+
+
 def bench_replay(config: KafkaConfig, topics_name: str, args: argparse.Namespace) -> dict:
     topics = Topics(topics_name, topics_name + ".none", topics_name + ".none", topics_name + ".none")
     consumer = Consumer(
@@ -313,7 +350,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--linger-ms", type=float, default=5.0, help="the processors' --linger-ms (default: theirs)")
     parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
-    parser.add_argument("--only", choices=("throughput", "latency", "replay"), action="append")
+    parser.add_argument("--only", choices=("throughput", "latency", "replay", "restore"), action="append")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not args.bootstrap:
@@ -329,6 +366,8 @@ def main() -> int:
             rows.append(row)
         if "replay" in which:
             rows.append(bench_replay(config, row["topics"], args))
+    if "restore" in which:
+        rows.append(bench_restore(config, args))
     if "latency" in which:
         for rate in args.rate or [1_000]:
             rows.append(bench_latency(config, args, rate))
