@@ -6,13 +6,21 @@ Keys are ``gpu:<model>`` for the models a quota names, ``gpu:*`` for the rest, `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
 from schemas.events import PodSpec
 
-if TYPE_CHECKING:
-    from processor.core.state import TenantUsage
+
+class HeldUsage(Protocol):
+    """What a tenant's running pods hold (``processor.core.state.TenantUsage``), as far as keys read it.
+
+    A protocol rather than an import of the state module, which imports this one."""
+
+    gpu: dict[str, int]
+    cpu: int
+    memory: int
+
 
 GPU = "gpu:"
 CPU = "cpu"
@@ -81,7 +89,7 @@ def borrowing_limit(quota: Quota, key: str) -> int | None:
     return None
 
 
-def usage_on(usage: TenantUsage | None, quota: Quota, key: str) -> int:
+def usage_on(usage: HeldUsage | None, quota: Quota, key: str) -> int:
     """What a tenant's running pods hold on a key. O(models)."""
     if usage is None:
         return 0

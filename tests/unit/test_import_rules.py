@@ -103,8 +103,10 @@ def files_of(package: str) -> list[Path]:
     return sorted(path for path in base.rglob("*.py") if "migrations" not in path.parts or package == "projections")
 
 
-def imports_of(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, imported module) for every import statement of a file."""
+def imports_of(path: Path, *, names: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import statement of a file; with ``names``, also
+    ``package.name`` for each name of a ``from package import name`` (a submodule when one exists:
+    ``from processor.core import state`` imports the state module, not only the package)."""
     tree = ast.parse(path.read_text(), str(path))
     package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
     for node in ast.walk(tree):
@@ -115,9 +117,13 @@ def imports_of(path: Path) -> Iterator[tuple[int, str]]:
             if node.level:
                 base = package.split(".")
                 base = base[: len(base) - node.level + 1]
-                yield node.lineno, ".".join([*base, node.module] if node.module else base)
+                module = ".".join([*base, node.module] if node.module else base)
             else:
-                yield node.lineno, node.module or ""
+                module = node.module or ""
+            yield node.lineno, module
+            if names:
+                for alias in node.names:
+                    yield node.lineno, f"{module}.{alias.name}"
 
 
 def within(module: str, package: str) -> bool:
@@ -168,7 +174,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
-        for _, module in imports_of(path):
+        for _, module in imports_of(path, names=True):
             # `from package import name` may name a submodule: count the deepest module that exists.
             while module and module not in modules:
                 module = module.rpartition(".")[0]
@@ -178,9 +184,7 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_cycles() -> None:
-    """No module imports itself back through others (state and fragmentation once did)."""
-    graph = import_graph()
+def find_cycles(graph: dict[str, set[str]]) -> list[str]:
     cycles = []
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
 
@@ -196,7 +200,26 @@ def test_no_import_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    assert cycles == []
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No module imports itself back through others (state and fragmentation once did)."""
+    assert find_cycles(import_graph()) == []
+
+
+def test_a_cycle_through_from_package_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``from processor.core import state`` names the state module: a cycle through it is reported."""
+    core = tmp_path / "processor" / "core"
+    core.mkdir(parents=True)
+    (tmp_path / "processor" / "__init__.py").write_text("")
+    (core / "__init__.py").write_text("")
+    (core / "state.py").write_text("from processor.core import fragmentation\n")
+    (core / "fragmentation.py").write_text("from processor.core.state import ClusterState\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert find_cycles(import_graph()) == [
+        "processor.core.fragmentation -> processor.core.state -> processor.core.fragmentation"
+    ]
 
 
 def test_the_client_library_does_not_load_the_scheduler() -> None:
