@@ -32,6 +32,11 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def add_replica_routes(app: FastAPI, replica: Replica) -> None:
+    def known(cluster: str | None) -> None:
+        """404 for a cluster the replica has never seen: an empty answer would look like an idle cluster."""
+        if cluster is not None and not replica.knows_cluster(cluster):
+            raise HTTPException(404, f"no cluster {cluster!r} in the replica (GET /v1/clusters lists them)")
+
     @app.get("/v1/replica", summary="the replica's position: offset answered at per partition, head and lag")
     def position(hashes: bool = False) -> dict[str, Any]:
         answer = replica.position()
@@ -48,6 +53,7 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
         limit: Limit = 100,
         offset: Offset = 0,
     ) -> JSONResponse:
+        known(cluster)
         # A JSONResponse is serialised with json.dumps as is: FastAPI's jsonable_encoder would walk
         # every value of a 1000-pod page again first (a third of the request's time).
         return JSONResponse(
@@ -58,6 +64,7 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
     def nodes(
         cluster: OptionalId = None, gpu_model: OptionalId = None, limit: Limit = 100, offset: Offset = 0
     ) -> JSONResponse:
+        known(cluster)
         return JSONResponse(replica.nodes(cluster=cluster, gpu_model=gpu_model, offset=offset, limit=limit))
 
     @app.get("/v1/clusters", summary="every cluster now (live replica): nodes, GPUs, allocation, queue, fragmentation")
@@ -76,14 +83,17 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
 
     @app.get("/v1/clusters/{cluster}/history", summary="utilization and fragmentation over event time (replica)")
     def history(cluster: PathId) -> dict[str, Any]:
+        known(cluster)
         return {**replica.history(cluster), "replica": replica.position()}
 
     @app.get("/v1/quotas", summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent (replica)")
     def quotas(cluster: OptionalId = None) -> dict[str, Any]:
+        known(cluster)
         return replica.quotas(cluster)
 
     @app.get("/v1/tenants", summary="GPU milli running now and pods per tenant (live replica)")
     def tenants(cluster: OptionalId = None) -> dict[str, Any]:
+        known(cluster)
         return replica.tenants(cluster)
 
     @app.post(

@@ -300,6 +300,11 @@ class Replica:
 
     # ------------------------------------------------------------ listings
 
+    def knows_cluster(self, name: str) -> bool:
+        """Whether a cluster with this name exists at the replica's position (queries answer 404 if not)."""
+        with self._lock:
+            return self._cluster(name) is not None
+
     def _cluster(self, name: str) -> ClusterState | None:
         state = self.states.get(self.partition_of(name))
         return state.clusters.get(name) if state is not None else None

@@ -173,6 +173,11 @@ def test_replica_routes_list_explain_and_summarise(server: Server) -> None:
     assert tenants["acme"]["gpu_milli"] == 1500 and tenants["default"]["pending"] == 1
     assert server.get("/v1/clusters/lab/history")["points"]
     assert server.client.get("/v1/pods", params={"state": "done"}).status_code == 422
+    # A cluster the replica never saw is a 404, not an empty answer that looks like an idle cluster.
+    for route in ("/v1/pods", "/v1/nodes", "/v1/quotas", "/v1/tenants"):
+        assert server.client.get(route, params={"cluster": "nope"}).status_code == 404, route
+    missing = server.client.get("/v1/clusters/nope/history")
+    assert missing.status_code == 404 and "no cluster 'nope'" in missing.json()["detail"]
 
 
 def test_dashboard_is_served_without_external_resources(server: Server) -> None:
