@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -70,6 +71,10 @@ def _totals(log: EmbeddedLog) -> dict[str, int]:
     }
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.snapshot_every < 0:
         raise CliError("--batch-size must be >= 1 and --snapshot-every >= 0")
@@ -89,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             dynamic_ncols=True,
         )
+        # In --follow, SIGTERM (systemd, docker stop, kill) stops like Ctrl-C: after the batch being
+        # committed, with the summary, exit 0 (Python's default would die mid-way without a word).
+        previous = signal.signal(signal.SIGTERM, _interrupt) if args.follow else None
         try:
             while True:
                 count = processor.run_batch(timeout=0.5 if args.follow else 0.0)
@@ -110,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
             raise CliError(f"stopped without committing the current batch: invariant violated: {error}") from None
         finally:
             bar.close()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         seconds = time.perf_counter() - started
         after = _totals(log)
         lag = log.lag()

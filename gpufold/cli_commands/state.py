@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, committed_states, log_path, open_log
 from gpufold.state_view import (
     list_nodes,
@@ -39,6 +40,10 @@ def _state(args: argparse.Namespace) -> int:
     with open_log(args, readonly=True) as log:
         states = committed_states(log)
         lag = log.lag()
+    names = sorted(name for state in states.values() for name in state.clusters)
+    if args.cluster is not None and args.cluster not in names:
+        # An empty table would look like an idle cluster (a typo must say so).
+        raise CliError(f"no cluster {args.cluster!r} in the committed state (clusters: {', '.join(names) or 'none'})")
     if args.view == "nodes":
         data: object = list_nodes(states, args.cluster)
         text = render_nodes(data)  # type: ignore[arg-type]

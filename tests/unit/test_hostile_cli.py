@@ -128,6 +128,15 @@ def test_events_names_an_unknown_type_and_an_unknown_cluster(folded: str, capsys
     assert code == 0 and out == "" and "no events match" in err
 
 
+@pytest.mark.parametrize("view", ["summary", "nodes", "pods", "utilization"])
+def test_state_names_an_unknown_cluster(folded: str, view: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """state --cluster with a typo says so (it printed "no clusters yet" or an empty table, exit 0)."""
+    code, out, err = run(capsys, "state", view, "--log", folded, "--cluster", "nowhere")
+    assert code == 2 and out == "" and one_line(err) and "no cluster 'nowhere'" in err and "clusters: lab" in err
+    code, out, _ = run(capsys, "state", view, "--log", folded, "--cluster", "lab")
+    assert code == 0 and out
+
+
 def test_text_output_escapes_control_characters_and_prints_any_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -74,3 +74,35 @@ def test_gpufold_run_follow_with_ticks_releases_a_pod_at_its_time_limit(tmp_path
         process.send_signal(signal.SIGINT)
         process.wait(30)
     assert found, process.stderr.read().decode() if process.stderr else ""
+
+
+def test_gpufold_run_follow_stops_on_sigterm_like_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM (systemd, docker stop) ends ``run --follow`` within seconds after its batch, with the summary
+    and exit 0, instead of dying mid-way without a word."""
+    log = tmp_path / "term.sqlite"
+    line = {"command_id": "a", "cluster": "lab", "issued_at": 1_767_225_600_000, "payload": {"Tick": {}}}
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps(line) + "\n")
+    gpufold = [sys.executable, "-m", "gpufold"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [*gpufold, "log", "append", "--create", "--log", str(log), str(source)], check=True, env=env, cwd=ROOT
+    )
+    run = [*gpufold, "run", "--log", str(log), "--follow", "--no-progress", "--json"]
+    process = subprocess.Popen(run, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            info = subprocess.run(
+                [*gpufold, "state", "--log", str(log), "--json"], capture_output=True, text=True, env=env, cwd=ROOT
+            )
+            if info.returncode == 0 and json.loads(info.stdout)["lag"] == 0:
+                break
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert json.loads(out)["commands"] == 1
