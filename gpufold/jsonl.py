@@ -313,18 +313,24 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def parse_line(text: str) -> dict[str, Any]:
-    """One JSON line -> the Avro command mapping; raises JsonCommandError with a reason."""
-    if ("[" in text or "{" in text) and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+def check_json_text(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON text as this reader accepts it (nesting at most ``max_depth``, no key twice in one object)
+    -> its value; raises JsonCommandError with a reason."""
+    if ("[" in text or "{" in text) and text.count("[") + text.count("{") > max_depth:
         depth = _depth(text)
-        if depth > MAX_JSON_DEPTH:
-            raise JsonCommandError("", f"nested {depth} levels deep; a command needs 4 (at most {MAX_JSON_DEPTH})")
+        if depth > max_depth:
+            raise JsonCommandError("", f"nested {depth} levels deep; a command needs 4 (at most {max_depth})")
     try:
-        data = _decoder.decode(text)
+        return _decoder.decode(text)
     except json.JSONDecodeError as error:
         raise JsonCommandError("", f"not JSON: {error.msg} at column {error.colno}") from None
     except (ValueError, RecursionError) as error:  # e.g. an integer of more than 4300 digits
         raise JsonCommandError("", f"not JSON this reader accepts: {str(error).splitlines()[0][:120]}") from None
+
+
+def parse_line(text: str) -> dict[str, Any]:
+    """One JSON line -> the Avro command mapping; raises JsonCommandError with a reason."""
+    data = check_json_text(text)
     if not isinstance(data, dict):
         raise JsonCommandError("", f"expected a JSON object (a command), got {_describe(data)}")
     return parse_command(data)

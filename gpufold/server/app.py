@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
+from gpufold.server.json_body import StrictJsonBody
 from gpufold.server.replica_routes import add_replica_routes
 from gpufold.server.write_routes import add_write_routes
 from gpufold.server.writers import CommandWriter
@@ -57,6 +58,7 @@ def create_app(
     if writer is not None:
         add_write_routes(app, writer, token)
     _add_dashboard(app)
+    app.add_middleware(StrictJsonBody)  # type: ignore[arg-type]
     return app
 
 

@@ -94,6 +94,32 @@ def test_stateless_checks_answer_422_with_the_rejection_code(server: Server) -> 
         assert log.end_offset(log.topics.commands, 0) == 0
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "says"),
+    [
+        ("/v1/commands", b'{"command_id": "a", "command_id": "b", "cluster": "lab", "payload": {"Tick": {}}}',
+         "duplicate key 'command_id'"),
+        ("/v1/clusters/lab/pods", b'{"pod_id": "a", "num_gpu": 1, "num_gpu": 8}', "duplicate key 'num_gpu'"),
+        ("/v1/what-if", b'{"cluster": "lab", "payload": {"Tick": {}, "Tick": {}}}', "duplicate key 'Tick'"),
+        ("/v1/commands", b'{"command_id": "u\xff", "cluster": "lab", "payload": {"Tick": {}}}', "not UTF-8: byte 0xff"),
+        ("/v1/commands", b"[" * 5000 + b"]" * 5000, "nested 5000 levels deep"),
+        ("/v1/clusters/lab/nodes/n1/cordon", b'{"a": 1, "a": 2}', "duplicate key 'a'"),
+    ],
+    ids=["envelope", "typed", "what-if", "utf-8", "nesting", "typed without body"],
+)  # fmt: skip
+def test_json_bodies_are_read_like_json_lines(server: Server, route: str, body: bytes, says: str) -> None:
+    """A key given twice, a byte that is not UTF-8 or deep nesting is a short 400 that says so (FastAPI took the
+    last key silently, and said only "error parsing the body"); nothing is written."""
+    response = server.client.post(route, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "INVALID_JSON" and says in response.json()["detail"]
+    assert len(response.content) < 500
+    with EmbeddedLog(server.path, readonly=True) as log:
+        assert log.end_offset(log.topics.commands, 0) == 0
+    bom = b'\xef\xbb\xbf{"cluster": "lab", "payload": {"Tick": {}}}'
+    assert server.client.post("/v1/what-if", content=bom, headers={"Content-Type": "application/json"}).is_success
+
+
 def test_typed_routes_publish_the_same_commands(server: Server) -> None:
     """Typed routes (add node, submit pod, cordon, drain, release) become the contract's commands."""
     assert server.post("/v1/clusters/lab/nodes", NODES[0]["payload"]["AddNode"]).status_code == 202
