@@ -137,6 +137,9 @@ def summary(states: States, cluster: str | None = None) -> dict[str, Any]:
                 "nodes_failed": sum(1 for n in c.nodes.values() if n.failed),
                 "pods_running": running,
                 "pods_queued": len(c.pods) - running,
+                # Gangs waiting (queued, or for their dependencies) hold no pod yet: counted apart.
+                "gangs_running": sum(1 for g in c.gangs.values() if g.placed),
+                "gangs_waiting": sum(1 for g in c.gangs.values() if not g.placed),
                 "gpu_milli_capacity": c.gpu_milli_capacity,
                 "gpu_milli_allocated": c.gpu_milli_allocated,
                 "gpu_utilization_pct": _pct(c.gpu_milli_allocated, c.gpu_milli_capacity),
@@ -188,12 +191,24 @@ def render_summary(data: dict[str, Any]) -> str:
                 c["nodes_failed"],
                 c["pods_running"],
                 c["pods_queued"],
+                f"{c['gangs_running']}/{c['gangs_waiting']}",
                 f"{c['gpu_milli_allocated'] / 1000:g}/{c['gpu_milli_capacity'] / 1000:g}",
                 f"{c['gpu_utilization_pct']:.1f}%",
             ]
             for c in data["clusters"]
         ]
-        header = ["CLUSTER", "POLICY", "NODES", "CORDONED", "FAILED", "RUNNING", "QUEUED", "GPUS USED", "GPU UTIL"]
+        header = [
+            "CLUSTER",
+            "POLICY",
+            "NODES",
+            "CORDONED",
+            "FAILED",
+            "RUNNING",
+            "QUEUED",
+            "GANGS RUN/WAIT",
+            "GPUS USED",
+            "GPU UTIL",
+        ]
         lines.append(table(rows, header))
     else:
         lines.append("no clusters yet")

@@ -140,6 +140,8 @@ def test_state_views(log: str, capsys: pytest.CaptureFixture[str]) -> None:
         "nodes_failed": 0,
         "pods_running": 2,
         "pods_queued": 1,
+        "gangs_running": 0,
+        "gangs_waiting": 0,
         "gpu_milli_capacity": 14_000,
         "gpu_milli_allocated": 4_250,
         "gpu_utilization_pct": 30.36,
@@ -267,3 +269,31 @@ def test_user_errors_are_one_line_with_status_2(
     values = {"missing": str(tmp_path / "nope"), "log": log, "examples": str(EXAMPLES)}
     code, _out, err = run(capsys, *[arg.format(**values) for arg in argv])
     assert code == 2 and message in err and err.startswith("gpufold: error:") and err.count("\n") == 1
+
+
+def test_state_counts_gangs_that_hold_no_pod_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A running gang and two waiting ones (too big; waiting for a dependency): the summary counts them,
+    where it used to say 0 queued."""
+    path = str(tmp_path / "gangs.sqlite")
+    member = {"num_gpu": 8, "gpu_milli": 1000, "cpu_milli": 1, "memory_mib": 1}
+    node = {"node_id": "n1", "gpu_model": "A100", "gpu_count": 8, "cpu_milli": 64_000, "memory_mib": 65_536}
+    payloads = [
+        {"AddNode": node},
+        {"SubmitGang": {"gang_id": "a", "members": [{"pod_id": "a0", **member}]}},
+        {"SubmitGang": {"gang_id": "b", "members": [{"pod_id": "b0", **member}]}},
+        {"SubmitGang": {"gang_id": "c", "members": [{"pod_id": "c0", **member}], "depends_on": ["b"]}},
+    ]
+    source = tmp_path / "gangs.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"command_id": f"c{i}", "cluster": "lab", "issued_at": 1_767_225_600_000 + i, "payload": p})
+            + "\n"
+            for i, p in enumerate(payloads)
+        )
+    )
+    assert run(capsys, "log", "append", "--create", "--log", path, str(source))[0] == 0
+    assert run(capsys, "run", "--log", path)[0] == 0
+    (cluster,) = run_json(capsys, "state", "--log", path)["clusters"]
+    assert (cluster["pods_running"], cluster["gangs_running"], cluster["gangs_waiting"]) == (1, 1, 2)
+    code, out, _ = run(capsys, "state", "--log", path)
+    assert code == 0 and "GANGS RUN/WAIT" in out and " 1/2 " in out
