@@ -110,8 +110,9 @@ def test_write_api_on_kafka_returns_outcomes(kafka_bootstrap: str) -> None:
         # refreshed every half second, so wait for the pods themselves).
         deadline = time.monotonic() + 30
         while True:
-            listed = client.get("/v1/pods", params={"cluster": "lab"}).json()
-            if len(listed["pods"]) == 2:
+            answer = client.get("/v1/pods", params={"cluster": "lab"})
+            listed = answer.json()  # 404 until the replica has folded the cluster's first command
+            if answer.status_code == 200 and len(listed["pods"]) == 2:
                 break
             assert time.monotonic() < deadline, listed
             time.sleep(0.1)
