@@ -170,11 +170,8 @@ class CommandLogContract:
         self.poll_all(log, len(frames))
         outputs = [OutputRecord(log.topics.events, 0, b"k", b"event-%d" % i) for i in range(3)]
         log.commit(outputs, {0: 2, 1: 1})
-        assert [value for _, _, value in self.read_topic(log, log.topics.events, 0)] == [
-            b"event-0",
-            b"event-1",
-            b"event-2",
-        ]
+        published = [value for _, _, value in self.read_topic(log, log.topics.events, 0)]
+        assert published == [b"event-0", b"event-1", b"event-2"], published
         assert (log.committed(0), log.committed(1)) == (2, 1)
         other = self.reopen(log)
         assert (other.committed(0), other.committed(1)) == (2, 1)
