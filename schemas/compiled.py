@@ -112,6 +112,19 @@ def built() -> list[str]:
     return out
 
 
+def stale() -> list[str]:
+    """The modules whose ``.py`` source changed after their extension was built (reinstall to rebuild them)."""
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    out = []
+    for name in COMPILED:
+        source = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        for suffix in suffixes:
+            extension = source.with_name(source.stem + suffix)
+            if extension.exists() and extension.stat().st_mtime < source.stat().st_mtime:
+                out.append(name)
+    return out
+
+
 def status() -> dict[str, bool]:
     """Each module of :data:`COMPILED` -> whether the running process uses its compiled form (imports them)."""
     return {name: is_compiled(importlib.import_module(name)) for name in COMPILED}

@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if isinstance(current, settings) and current.max_examples > cap:
             test._hypothesis_internal_use_settings = settings(current, max_examples=cap)  # type: ignore[union-attr]
 
+
 _wall: dict[str, float] = {}
 _cpu: dict[str, float] = {}
 

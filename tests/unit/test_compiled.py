@@ -38,6 +38,7 @@ def test_the_built_modules_are_the_ones_in_use() -> None:
         )
     if not built:
         pytest.skip("the install did not compile the hot path (no compiler): nothing to check")
+    assert compiled.stale() == [], "sources edited after the build: reinstall (or python setup.py build_ext --inplace)"
     status = compiled.status()
     assert [name for name in built if not status[name]] == []
     assert compiled.summary().startswith("hot path compiled")
