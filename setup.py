@@ -1,9 +1,10 @@
 """Builds the fold's hot path with mypyc when it can, and plain Python when it cannot.
 
-``pip install .`` (or ``-e .``) compiles the modules of :data:`schemas.compiled.COMPILED` into C
-extensions beside their sources. Missing mypyc, a missing C compiler or Python headers, or any
-error while compiling is not fatal: the build says so in one clear message and installs the same
-modules as plain Python, which give the same events and hashes (only slower).
+``GPUFOLD_COMPILE=1 pip install .`` (or ``-e .``; without it, ``schemas.compiled.COMPILE_BY_DEFAULT``
+decides) compiles the modules of :data:`schemas.compiled.COMPILED` into C extensions beside their sources.
+Missing mypyc, a missing C compiler or Python headers, or any error while compiling is not fatal: the
+build says so in one clear message and installs the same modules as plain Python, which give the same
+events and hashes (only slower).
 ``GPUFOLD_PURE_PYTHON=1`` at build time skips compiling; at run time it loads the ``.py`` sources
 even where extensions were built (see ``schemas/compiled.py``).
 """
@@ -22,7 +23,8 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).resolve().parent
 # schemas/compiled.py holds the one list of compiled modules; loaded by path (stdlib only), since importing the
 # schemas package would need its dependencies, which the build environment does not have.
-COMPILED: tuple[str, ...] = runpy.run_path(str(HERE / "schemas" / "compiled.py"))["COMPILED"]
+_COMPILED_PY = runpy.run_path(str(HERE / "schemas" / "compiled.py"))
+COMPILED: tuple[str, ...] = _COMPILED_PY["COMPILED"]
 
 BANNER = "gpufold: {}"
 
@@ -57,6 +59,9 @@ class OptionalBuildExt(build_ext):
 def extensions() -> list[object]:
     if os.environ.get("GPUFOLD_PURE_PYTHON", "") not in ("", "0"):
         say("GPUFOLD_PURE_PYTHON is set: installing the hot path as pure Python (not compiled)")
+        return []
+    if not _COMPILED_PY["compile_requested"]():
+        say("installing the hot path as pure Python; GPUFOLD_COMPILE=1 pip install ... compiles it with mypyc")
         return []
     try:
         from mypyc.build import mypycify

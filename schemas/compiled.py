@@ -21,6 +21,12 @@ from pathlib import Path
 from types import ModuleType
 
 PURE_PYTHON_ENV = "GPUFOLD_PURE_PYTHON"
+COMPILE_ENV = "GPUFOLD_COMPILE"
+COMPILE_BY_DEFAULT = False
+"""Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=1`` asks, ``=0`` declines).
+
+Off until the compiled build has passed the whole suite on CI's machine: the first full build took
+~10 minutes of a shared machine (most of it gcc -O3 on the generated codec's 6.6 MB of C)."""
 
 COMPILED: tuple[str, ...] = (
     "schemas.codes",
@@ -69,6 +75,12 @@ COMPILED: tuple[str, ...] = (
 """The hot path: the contract's records and checks, the generated codec, and the fold (in dependency order)."""
 
 ROOT = Path(__file__).resolve().parent.parent  # the folder holding the schemas/ and processor/ packages
+
+
+def compile_requested(environ: dict[str, str] | None = None) -> bool:
+    """Whether the install should compile the hot path (``GPUFOLD_COMPILE``, else :data:`COMPILE_BY_DEFAULT`)."""
+    value = (os.environ if environ is None else environ).get(COMPILE_ENV, "")
+    return COMPILE_BY_DEFAULT if value == "" else value != "0"
 
 
 def pure_python_requested() -> bool:

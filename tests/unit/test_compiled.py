@@ -32,7 +32,7 @@ def test_every_compiled_module_has_a_source_and_is_in_the_mypy_packages() -> Non
 def test_the_built_modules_are_the_ones_in_use() -> None:
     """Where the install compiled the hot path (always in CI, which has gcc), every module of it runs compiled."""
     built = compiled.built()
-    if os.environ.get("CI") == "true":
+    if os.environ.get("CI") == "true" and compiled.COMPILE_BY_DEFAULT:
         assert built == list(compiled.COMPILED), (
             f"CI builds every module; not built: {set(compiled.COMPILED) - set(built)}"
         )
