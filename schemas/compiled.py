@@ -104,6 +104,10 @@ def install() -> None:
     """Load the pure-Python sources of :data:`COMPILED` if this process asked for them; idempotent."""
     if pure_python_requested() and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourceFinder())
+    elif str(ROOT) not in sys.path and any(ROOT.glob("*__mypyc.*")):
+        # The compiled modules import mypyc's shared library, built beside the packages; an editable install
+        # maps only the packages onto sys.path, so a process started outside the tree would not find it.
+        sys.path.append(str(ROOT))
 
 
 def is_compiled(module: ModuleType) -> bool:
