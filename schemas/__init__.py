@@ -3,9 +3,16 @@
 The schema files are the source of truth; `schemas.codec` parses them once and
 encodes records as Avro single-object encoding (``C3 01`` + the 8-byte
 CRC-64-AVRO fingerprint of the writer schema + the binary body).
+
+The hot path (records, checks, generated codec, fold) may run compiled (mypyc, built at install);
+:mod:`schemas.compiled` lists it and, first of all here, honours ``GPUFOLD_PURE_PYTHON=1``.
 """
 
-from schemas.codec import (
+from schemas import compiled
+
+compiled.install()  # before any compiled module is imported: GPUFOLD_PURE_PYTHON=1 loads their sources
+
+from schemas.codec import (  # noqa: E402
     COMMAND,
     DEAD_LETTER,
     EVENT,

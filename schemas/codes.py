@@ -12,34 +12,38 @@ Three tiers of failure, as in STYLE.md:
 
 from __future__ import annotations
 
+from typing import Final
+
+from mypy_extensions import mypyc_attr
+
 
 class RejectionCode:
     """Machine-readable codes carried by ``CommandRejected.code``."""
 
-    DUPLICATE_COMMAND = "DUPLICATE_COMMAND"
-    INVALID_COMMAND = "INVALID_COMMAND"
-    INVALID_RESOURCES = "INVALID_RESOURCES"
-    UNKNOWN_GPU_MODEL = "UNKNOWN_GPU_MODEL"
-    UNKNOWN_NODE = "UNKNOWN_NODE"
-    DUPLICATE_NODE = "DUPLICATE_NODE"
-    NODE_BUSY = "NODE_BUSY"
-    NODE_FAILED = "NODE_FAILED"
-    NODE_ALREADY_CORDONED = "NODE_ALREADY_CORDONED"
-    NODE_NOT_CORDONED = "NODE_NOT_CORDONED"
-    UNKNOWN_POD = "UNKNOWN_POD"
-    DUPLICATE_POD = "DUPLICATE_POD"
-    UNKNOWN_POLICY = "UNKNOWN_POLICY"
-    DUPLICATE_GANG = "DUPLICATE_GANG"
-    UNKNOWN_GANG = "UNKNOWN_GANG"
-    UNKNOWN_LABEL_KEY = "UNKNOWN_LABEL_KEY"
-    NEVER_FITS = "NEVER_FITS"
-    DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
-    UNKNOWN_QUOTA = "UNKNOWN_QUOTA"  # RemoveQuota of a tenant that has no quota of its own
-    NOT_WAITING = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
-    TIME_OUT_OF_RANGE = "TIME_OUT_OF_RANGE"  # issued_at past schemas.limits.MAX_ISSUED_AT
-    TOO_LARGE = "TOO_LARGE"  # a string or a collection over its bound in schemas.limits
+    DUPLICATE_COMMAND: Final = "DUPLICATE_COMMAND"
+    INVALID_COMMAND: Final = "INVALID_COMMAND"
+    INVALID_RESOURCES: Final = "INVALID_RESOURCES"
+    UNKNOWN_GPU_MODEL: Final = "UNKNOWN_GPU_MODEL"
+    UNKNOWN_NODE: Final = "UNKNOWN_NODE"
+    DUPLICATE_NODE: Final = "DUPLICATE_NODE"
+    NODE_BUSY: Final = "NODE_BUSY"
+    NODE_FAILED: Final = "NODE_FAILED"
+    NODE_ALREADY_CORDONED: Final = "NODE_ALREADY_CORDONED"
+    NODE_NOT_CORDONED: Final = "NODE_NOT_CORDONED"
+    UNKNOWN_POD: Final = "UNKNOWN_POD"
+    DUPLICATE_POD: Final = "DUPLICATE_POD"
+    UNKNOWN_POLICY: Final = "UNKNOWN_POLICY"
+    DUPLICATE_GANG: Final = "DUPLICATE_GANG"
+    UNKNOWN_GANG: Final = "UNKNOWN_GANG"
+    UNKNOWN_LABEL_KEY: Final = "UNKNOWN_LABEL_KEY"
+    NEVER_FITS: Final = "NEVER_FITS"
+    DEPENDENCY_CYCLE: Final = "DEPENDENCY_CYCLE"
+    UNKNOWN_QUOTA: Final = "UNKNOWN_QUOTA"  # RemoveQuota of a tenant that has no quota of its own
+    NOT_WAITING: Final = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
+    TIME_OUT_OF_RANGE: Final = "TIME_OUT_OF_RANGE"  # issued_at past schemas.limits.MAX_ISSUED_AT
+    TOO_LARGE: Final = "TOO_LARGE"  # a string or a collection over its bound in schemas.limits
 
-    ALL = (
+    ALL: Final = (
         DUPLICATE_COMMAND,
         INVALID_COMMAND,
         INVALID_RESOURCES,
@@ -73,24 +77,29 @@ class QueueReasonCode:
     Gang-level and waiting codes carry no node count (``nodes`` 0) but a message.
     """
 
-    NO_NODES = "NO_NODES"
-    NODE_UNSCHEDULABLE = "NODE_UNSCHEDULABLE"  # cordoned or failed
-    GPU_MODEL_MISMATCH = "GPU_MODEL_MISMATCH"
-    NODE_SELECTOR_MISMATCH = "NODE_SELECTOR_MISMATCH"
-    UNTOLERATED_TAINT = "UNTOLERATED_TAINT"
-    INSUFFICIENT_GPU = "INSUFFICIENT_GPU"
-    INSUFFICIENT_GPU_SHARE = "INSUFFICIENT_GPU_SHARE"
-    INSUFFICIENT_CPU = "INSUFFICIENT_CPU"
-    INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
-    NODE_RESERVED = "NODE_RESERVED"  # would fit, but held for the head of the queue (checked last)
-    WAITING_FOR_DEPENDENCY = "WAITING_FOR_DEPENDENCY"  # not in the placement queue until its dependencies end
-    WAITING_FOR_EARLIER_JOB = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started
-    TOPOLOGY_DOMAIN_TOO_SMALL = "TOPOLOGY_DOMAIN_TOO_SMALL"  # no domain has the free capacity the gang needs
-    GANG_DOES_NOT_FIT = "GANG_DOES_NOT_FIT"  # domains have the capacity in sum, but not the members' shapes
-    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the tenant's quota (and what it may borrow) has no room: usage and limit said
-    WAITING_FOR_PREEMPTION = "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
+    NO_NODES: Final = "NO_NODES"
+    NODE_UNSCHEDULABLE: Final = "NODE_UNSCHEDULABLE"  # cordoned or failed
+    GPU_MODEL_MISMATCH: Final = "GPU_MODEL_MISMATCH"
+    NODE_SELECTOR_MISMATCH: Final = "NODE_SELECTOR_MISMATCH"
+    UNTOLERATED_TAINT: Final = "UNTOLERATED_TAINT"
+    INSUFFICIENT_GPU: Final = "INSUFFICIENT_GPU"
+    INSUFFICIENT_GPU_SHARE: Final = "INSUFFICIENT_GPU_SHARE"
+    INSUFFICIENT_CPU: Final = "INSUFFICIENT_CPU"
+    INSUFFICIENT_MEMORY: Final = "INSUFFICIENT_MEMORY"
+    NODE_RESERVED: Final = "NODE_RESERVED"  # would fit, but held for the head of the queue (checked last)
+    WAITING_FOR_DEPENDENCY: Final = "WAITING_FOR_DEPENDENCY"  # not in the placement queue until its dependencies end
+    WAITING_FOR_EARLIER_JOB: Final = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started
+    TOPOLOGY_DOMAIN_TOO_SMALL: Final = "TOPOLOGY_DOMAIN_TOO_SMALL"  # no domain has the free capacity the gang needs
+    GANG_DOES_NOT_FIT: Final = "GANG_DOES_NOT_FIT"  # domains have the capacity in sum, but not the members' shapes
+    QUOTA_EXCEEDED: Final = (
+        "QUOTA_EXCEEDED"  # the tenant's quota (and what it may borrow) has no room: usage and limit said
+    )
+    WAITING_FOR_PREEMPTION: Final = (
+        "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
+    )
 
 
+@mypyc_attr(native_class=False)  # compiled with mypyc, which cannot subclass Exception natively
 class Rejected(Exception):
     """Raised inside ``decide`` handlers to refuse a command; becomes ``CommandRejected``."""
 

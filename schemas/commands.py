@@ -7,9 +7,9 @@ is the envelope. The fold reads time only from ``Command.issued_at``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from schemas.records import Record
+from schemas.records import Record, nest
 
 GPU_MILLI = 1000
 """Milli per GPU: a whole GPU is 1000, a share is 1-999."""
@@ -101,7 +101,6 @@ class AddNode(Record):
     gpu_count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
-    NESTED = {"taints": Taint}
 
 
 @dataclass(slots=True)
@@ -151,7 +150,6 @@ class SubmitPod(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
-    NESTED = {"tolerations": Toleration}
 
 
 @dataclass(slots=True)
@@ -175,7 +173,6 @@ class SetPolicy(Record):
     reserve_after_ms: int | None = None
     queue_order: str = ""
     default_quota: Quota | None = None
-    NESTED = {"default_quota": Quota}
 
 
 @dataclass(slots=True)
@@ -190,7 +187,6 @@ class GangMember(Record):
     gpu_models: tuple[str, ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
-    NESTED = {"tolerations": Toleration}
 
 
 @dataclass(slots=True)
@@ -213,7 +209,6 @@ class SubmitGang(Record):
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
-    NESTED = {"members": GangMember}
 
 
 @dataclass(slots=True)
@@ -323,7 +318,10 @@ class Command:
     issued_at: int
     payload: CommandPayload
     source: str = ""
-    contract: ClassVar[str] = ""
+
+    @property
+    def contract(self) -> str:  # a property, not a ClassVar: mypyc's dataclasses would take that for a field
+        return ""
 
     @property
     def type_name(self) -> str:
@@ -356,4 +354,15 @@ class V1Command(Command):
     entirely with v1 therefore replays to exactly the decisions v1 made.
     """
 
-    contract: ClassVar[str] = "v1"
+    @property
+    def contract(self) -> str:
+        return "v1"
+
+
+# The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
+# compiled (mypyc) dataclasses would take them for fields.
+nest(AddNode, {"taints": Taint})
+nest(SubmitPod, {"tolerations": Toleration})
+nest(SetPolicy, {"default_quota": Quota})
+nest(GangMember, {"tolerations": Toleration})
+nest(SubmitGang, {"members": GangMember})

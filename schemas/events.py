@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Taint, Toleration
-from schemas.records import Record
+from schemas.records import Record, nest
 
 
 @dataclass(slots=True)
@@ -35,7 +35,6 @@ class PodSpec(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
-    NESTED = {"tolerations": Toleration}
 
     @property
     def gpu_milli_total(self) -> int:
@@ -70,7 +69,6 @@ class GangSpec(Record):
     submitted_at: int
     arrival: int
     preemption: str = PREEMPT_LOWER
-    NESTED = {"members": PodSpec}
 
     def __hash__(self) -> int:  # specs hold dicts; gangs are keyed by id
         return hash(self.gang_id)
@@ -81,7 +79,6 @@ class MemberPlacement(Record):
     pod_id: str
     node_id: str
     gpus: tuple[GpuShare, ...]
-    NESTED = {"gpus": GpuShare}
 
 
 @dataclass(slots=True)
@@ -100,7 +97,6 @@ class NodeAdded(Record):
     memory_mib: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
-    NESTED = {"taints": Taint}
 
 
 @dataclass(slots=True)
@@ -138,7 +134,6 @@ class PodQueued(Record):
     reasons: tuple[QueueReason, ...]
     requeued: bool = False
     waiting_for: tuple[str, ...] = ()
-    NESTED = {"pod": PodSpec, "reasons": QueueReason}
 
 
 @dataclass(slots=True)
@@ -150,7 +145,6 @@ class PodScheduled(Record):
     from_queue: bool = False
     scores: dict[str, float] = field(default_factory=dict)
     preempted: tuple[str, ...] = ()
-    NESTED = {"pod": PodSpec, "gpus": GpuShare}
 
 
 @dataclass(slots=True)
@@ -192,7 +186,6 @@ class GangQueued(Record):
     gang: GangSpec
     requeued: bool = False
     waiting_for: tuple[str, ...] = ()
-    NESTED = {"reasons": QueueReason, "gang": GangSpec}
 
 
 @dataclass(slots=True)
@@ -207,7 +200,6 @@ class GangScheduled(Record):
     from_queue: bool = False
     message: str = ""
     preempted: tuple[str, ...] = ()
-    NESTED = {"members": MemberPlacement, "gang": GangSpec}
 
 
 @dataclass(slots=True)
@@ -286,7 +278,6 @@ class QuotaChanged(Record):
     quota: Quota | None
     previous: Quota | None = None
     message: str = ""
-    NESTED = {"quota": Quota, "previous": Quota}
 
 
 @dataclass(slots=True)
@@ -300,7 +291,6 @@ class PodMigrated(Record):
     to_gpus: tuple[GpuShare, ...]
     reason: str = "defragment"
     message: str = ""
-    NESTED = {"from_gpus": GpuShare, "to_gpus": GpuShare}
 
 
 @dataclass(slots=True)
@@ -414,3 +404,17 @@ class Event:
             data["occurred_at"],
             payload,  # type: ignore[arg-type]
         )
+
+
+# The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
+# compiled (mypyc) dataclasses would take them for fields.
+nest(PodSpec, {"tolerations": Toleration})
+nest(GangSpec, {"members": PodSpec})
+nest(MemberPlacement, {"gpus": GpuShare})
+nest(NodeAdded, {"taints": Taint})
+nest(PodQueued, {"pod": PodSpec, "reasons": QueueReason})
+nest(PodScheduled, {"pod": PodSpec, "gpus": GpuShare})
+nest(GangQueued, {"reasons": QueueReason, "gang": GangSpec})
+nest(GangScheduled, {"members": MemberPlacement, "gang": GangSpec})
+nest(QuotaChanged, {"quota": Quota, "previous": Quota})
+nest(PodMigrated, {"from_gpus": GpuShare, "to_gpus": GpuShare})

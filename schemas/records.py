@@ -2,7 +2,7 @@
 
 Records are slotted dataclasses. ``to_avro`` turns one into the mapping fastavro
 writes; ``from_avro`` builds one from the mapping fastavro reads. Nested record
-fields are declared once per class in ``NESTED`` (field name -> record class);
+fields are declared once per class with :func:`nest` (field name -> record class);
 a list-valued field holds records of that class. Lists become tuples so that
 records stay hashable where their fields allow.
 """
@@ -18,7 +18,6 @@ class Record:
 
     __slots__ = ()
     AVRO_NAME: ClassVar[str] = ""
-    NESTED: ClassVar[dict[str, type[Record]]] = {}
     _FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -28,7 +27,7 @@ class Record:
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        if not cls.__dict__.get("_FIELDS"):
+        if not vars(cls).get("_FIELDS"):
             cls._FIELDS = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
         return cls._FIELDS
 
@@ -48,7 +47,7 @@ class Record:
     def from_avro(cls, data: dict[str, Any]) -> Self:
         """Build the record from a mapping as fastavro reads it (defaults already filled)."""
         values: dict[str, Any] = {}
-        nested = cls.NESTED
+        nested = _NESTED.get(cls, _NONE)
         for name in cls.field_names():
             value = data[name]
             kind = nested.get(name)
@@ -61,3 +60,12 @@ class Record:
                 value = tuple(value)
             values[name] = value
         return cls(**values)
+
+
+_NESTED: dict[type[Record], dict[str, type[Record]]] = {}
+_NONE: dict[str, type[Record]] = {}
+
+
+def nest(cls: type[Record], fields: dict[str, type[Record]]) -> None:
+    """Declare the record-valued fields of ``cls`` (field name -> record class; a tuple field holds several)."""
+    _NESTED[cls] = fields

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from schemas.codec import SNAPSHOT, registry
 from schemas.commands import DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
-from schemas.records import Record
+from schemas.records import Record, nest
 
 
 @dataclass(slots=True)
@@ -26,7 +26,6 @@ class NodeSnapshot(Record):
     taints: tuple[Taint, ...] = ()
     cordoned: bool = False
     failed: bool = False
-    NESTED = {"taints": Taint}
 
 
 @dataclass(slots=True)
@@ -38,7 +37,6 @@ class PodSnapshot(Record):
     gpus: tuple[GpuShare, ...] = ()
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
-    NESTED = {"pod": PodSpec, "gpus": GpuShare}
 
 
 @dataclass(slots=True)
@@ -64,7 +62,6 @@ class GangSnapshot(Record):
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
     ok: bool = True
-    NESTED = {"gang": GangSpec}
 
 
 @dataclass(slots=True)
@@ -86,7 +83,6 @@ class ReservationSnapshot(Record):
 class TenantQuota(Record):
     tenant: str
     quota: Quota
-    NESTED = {"quota": Quota}
 
 
 @dataclass(slots=True)
@@ -104,16 +100,6 @@ class ClusterSnapshot(Record):
     reservation: ReservationSnapshot | None = None
     quotas: tuple[TenantQuota, ...] = ()
     default_quota: Quota | None = None
-    NESTED = {
-        "nodes": NodeSnapshot,
-        "pods": PodSnapshot,
-        "typical_pods": TypicalPodSnapshot,
-        "gangs": GangSnapshot,
-        "ended": EndedJob,
-        "reservation": ReservationSnapshot,
-        "quotas": TenantQuota,
-        "default_quota": Quota,
-    }
 
 
 @dataclass(slots=True)
@@ -127,7 +113,6 @@ class Snapshot(Record):
     seen: tuple[str, ...] = ()
     clusters: tuple[ClusterSnapshot, ...] = ()
     clock: int = 0
-    NESTED = {"clusters": ClusterSnapshot}
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
@@ -143,3 +128,25 @@ def encode_snapshot_body(snapshot: Snapshot) -> bytes:
 def decode_snapshot(frame: bytes) -> Snapshot:
     """A snapshot from its frame (older writer schemas resolved); raises ``DecodeError`` if malformed."""
     return Snapshot.from_avro(registry().codec(SNAPSHOT).decode(frame))
+
+
+# The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
+# compiled (mypyc) dataclasses would take them for fields.
+nest(NodeSnapshot, {"taints": Taint})
+nest(PodSnapshot, {"pod": PodSpec, "gpus": GpuShare})
+nest(GangSnapshot, {"gang": GangSpec})
+nest(TenantQuota, {"quota": Quota})
+nest(
+    ClusterSnapshot,
+    {
+        "nodes": NodeSnapshot,
+        "pods": PodSnapshot,
+        "typical_pods": TypicalPodSnapshot,
+        "gangs": GangSnapshot,
+        "ended": EndedJob,
+        "reservation": ReservationSnapshot,
+        "quotas": TenantQuota,
+        "default_quota": Quota,
+    },
+)
+nest(Snapshot, {"clusters": ClusterSnapshot})

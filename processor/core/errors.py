@@ -7,6 +7,9 @@ runtime stops without committing so nothing wrong is published.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
 
+
+@mypyc_attr(native_class=False)  # compiled with mypyc, which cannot subclass RuntimeError natively
 class InvariantViolation(RuntimeError):
     """An event would break an invariant of the state (e.g. over-commit): a bug, never input."""

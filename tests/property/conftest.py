@@ -1,11 +1,29 @@
-"""Reports the property suite's time (wall and CPU) in the terminal summary, so CI logs show its cost."""
+"""Reports the property suite's time (wall and CPU) in the terminal summary, so CI logs show its cost.
+
+``GPUFOLD_PROPERTY_MAX_EXAMPLES=N`` caps every property test at N examples: the second pass of the suite
+on the pure-Python hot path (``scripts/test.sh``) runs it so, to keep CI's cost small.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    cap = int(os.environ.get("GPUFOLD_PROPERTY_MAX_EXAMPLES", "0") or 0)
+    if cap <= 0:
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        current = getattr(test, "_hypothesis_internal_use_settings", None)
+        if isinstance(current, settings) and current.max_examples > cap:
+            test._hypothesis_internal_use_settings = settings(current, max_examples=cap)  # type: ignore[union-attr]
+
 
 _wall: dict[str, float] = {}
 _cpu: dict[str, float] = {}

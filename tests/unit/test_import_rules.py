@@ -52,10 +52,11 @@ PURE_STDLIB = frozenset(
 
 RULES: dict[str, tuple[frozenset[str], bool]] = {
     # package -> (allowed packages of ours and third parties, whether any stdlib module is allowed)
-    "schemas": (frozenset({"schemas", "fastavro"}), True),
+    # mypy_extensions: only mypyc_attr, an annotation for the compiled build (schemas/compiled.py)
+    "schemas": (frozenset({"schemas", "fastavro", "mypy_extensions"}), True),
     "kafka_settings": (frozenset({"kafka_settings", "schemas", "confluent_kafka"}), True),
     "producers": (frozenset({"producers", "schemas", "kafka_settings", "confluent_kafka"}), True),
-    "processor.core": (frozenset({"processor.core", "schemas", "sortedcontainers"}), False),
+    "processor.core": (frozenset({"processor.core", "schemas", "sortedcontainers", "mypy_extensions"}), False),
     "processor.runtime": (
         frozenset(
             {

@@ -36,7 +36,9 @@ class _Shape7(NamedTuple):
     tolerations: tuple[object, ...]
 
 
-_Shape7.__name__ = _Shape7.__qualname__ = "PodShape"
+# setattr, not assignment: mypyc compiles this module and refuses assignments to a class's attributes.
+setattr(_Shape7, "__name__", "PodShape")  # noqa: B010
+setattr(_Shape7, "__qualname__", "PodShape")  # noqa: B010
 
 
 def draw(cluster: ClusterState, shape: PodShape) -> int:
