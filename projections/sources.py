@@ -19,15 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from projections.defaults import DEFAULT_GROUP, DEFAULT_TOPIC
 from projections.projector import Envelope
 from schemas import DecodeError
 from schemas.fastcodec import decode_event
-from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.projector.sources")
-
-DEFAULT_TOPIC = Topics().events
-DEFAULT_GROUP = "gpufold-projector"
 
 
 class EventSource(Protocol):

@@ -182,7 +182,7 @@ def _source(args: argparse.Namespace, until: dict[int, int] | None = None) -> An
 
 
 def _add_source(parser: argparse.ArgumentParser) -> None:
-    from projections.sources import DEFAULT_GROUP, DEFAULT_TOPIC
+    from projections.defaults import DEFAULT_GROUP, DEFAULT_TOPIC
 
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: $GPUFOLD_KAFKA_BOOTSTRAP)")
     parser.add_argument("--embedded-log", default=None, metavar="PATH", help="read the events of an embedded log file")

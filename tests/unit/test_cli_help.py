@@ -35,3 +35,21 @@ def test_help_prints(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) 
         main([*path, "--help"])
     assert exit_info.value.code == 0
     assert "usage: gpufold" in capsys.readouterr().out
+
+
+def test_building_the_parser_leaves_the_read_side_unimported() -> None:
+    """`gpufold processor run` (and every other command) starts without importing SQLAlchemy or the projector.
+
+    The parser is built before any handler runs; a fenced processor's successor pays for every import here.
+    """
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from gpufold.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy' or m == 'projections.projector'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
