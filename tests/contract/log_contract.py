@@ -18,6 +18,7 @@ with ``Test``) and providing:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -113,6 +114,20 @@ class CommandLogContract:
     def events_of(self, log: CommandLog, partition: int) -> list[bytes]:
         return [value for _, _, value in self.read_topic(log, log.topics.events, partition)]
 
+    def events_eventually(self, log: CommandLog, partition: int, count: int, timeout: float = 30.0) -> list[bytes]:
+        """The committed events of a partition, read again until ``count`` are there or ``timeout`` passes.
+
+        A log may make a commit readable a moment after ``commit`` returns (Kafka writes the transaction
+        markers asynchronously); what a reader sees then must be all of it. One CI run in several read
+        nothing right after the commit; reading again shows whether the records came late or never.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.events_of(log, partition)
+            if len(events) >= count or time.monotonic() > deadline:
+                return events
+            time.sleep(0.2)
+
     # ------------------------------------------------------------ appends and reads
 
     def test_offsets_are_dense_and_ordered_per_partition(self, log: CommandLog) -> None:
@@ -170,7 +185,7 @@ class CommandLogContract:
         self.poll_all(log, len(frames))
         outputs = [OutputRecord(log.topics.events, 0, b"k", b"event-%d" % i) for i in range(3)]
         log.commit(outputs, {0: 2, 1: 1})
-        published = [value for _, _, value in self.read_topic(log, log.topics.events, 0)]
+        published = self.events_eventually(log, 0, count=3)
         assert published == [b"event-0", b"event-1", b"event-2"], published
         assert (log.committed(0), log.committed(1)) == (2, 1)
         other = self.reopen(log)
