@@ -54,6 +54,7 @@ REPACK_SET = 6  # GPUs re-packed together at most (one of them is freed)
 REPACK_POOL = 48  # GPUs per model, most free milli first, that the sets are drawn from
 REPACK_TRIES = 32  # sets tried per model per Defragment
 REPACK_STEPS = 400  # search steps per packing of a set (a bound, so a Defragment stays fast)
+REPACK_GATE = True  # a set re-packing must lower FGD fragmentation on the nodes it touches
 REPACK_RIGID = 750  # a GPU holding one share larger than this only takes tiny shares: not in the pool
 
 
@@ -376,10 +377,9 @@ def _repack_sets(gaps: _Gaps, pool: list[GpuKey]) -> Iterator[tuple[GpuKey, ...]
             and (key[0] == source[0] or (nodes[key[0]].cpu_free >= cpu and nodes[key[0]].memory_free >= memory))
         ]
         need, total, size = GPU_MILLI - free[source], 0, 0
-        for size, key in enumerate(receivers, start=1):
-            total += free[key]
-            if total >= need:
-                break
+        while size < len(receivers) and total < need:
+            total += free[receivers[size]]
+            size += 1
         if total < need:
             continue
         for extra in range(size, min(size + 2, REPACK_SET, len(receivers) + 1)):
@@ -532,33 +532,49 @@ def _repack(
 def _repack_set(
     cluster: ClusterState, gaps: _Gaps, members: tuple[GpuKey, ...], budget: int, fragmenter: Fragmenter | None
 ) -> bool:
-    """Try to free one GPU of ``members`` by re-packing all their shares into the others (fewest shares, then
-    least used, first); on trial, kept if within the budget and less fragmented, else undone."""
+    """Try to free one GPU of ``members`` (the first, or one of the two holding the fewest shares, then least
+    used) by re-packing all their shares into the others: of the packings found, the one that moves the fewest
+    shares first. On trial; kept if within the budget and less fragmented, else undone."""
     trial = gaps.trial
     pods = sorted((pod for key in members for pod in gaps.shares.get(key, ())), key=lambda p: p.spec.pod_id)
     at = {pod.spec.pod_id: _gpu_of(trial, pod) for pod in pods}
     nodes = cluster.nodes
-    for freed in members[:1]:
-        bins = [key for key in members if key != freed]
-        target = _pack(gaps, pods, bins, at)
-        if target is None:
-            continue
-        moving = sum(1 for pod_id, key in target.items() if at[pod_id] != key)
-        if moving > budget - len(trial.moves):
-            continue
-        mark = len(gaps.journal)
+    others = sorted(
+        members[1:], key=lambda key: (len(gaps.shares.get(key, ())), GPU_MILLI - nodes[key[0]].gpu_free[key[1]], key)
+    )
+    found: list[tuple[int, int, GpuKey, dict[str, GpuKey]]] = []
+    for rank, freed in enumerate((members[0], *others[:2])):
+        target = _pack(gaps, pods, [key for key in members if key != freed], at)
+        if target is not None:
+            moving = sum(1 for pod_id, key in target.items() if at[pod_id] != key)
+            if moving <= budget - len(trial.moves):
+                found.append((moving, rank, freed, target))
+    names = ", ".join(f"GPU {index} of {node_id}" for node_id, index in members)
+    best: tuple[int, int] | None = None  # (moves with the parked ones, rank) of the best sequence that works
+    for moving, rank, freed, target in sorted(found, key=lambda entry: entry[:2]):
+        if best is not None and moving >= best[0]:
+            break  # a sequence never takes fewer moves than its packing
+        mark, moves = len(gaps.journal), len(trial.moves)
         gaps.seen = {}
-        names = ", ".join(f"GPU {index} of {node_id}" for node_id, index in members)
         why = f"re-packing the shares of {names} so GPU {freed[1]} of {freed[0]} is freed whole"
         if (
             _sequence(gaps, pods, target, members, freed, why)
             and nodes[freed[0]].gpu_free[freed[1]] >= GPU_MILLI
             and len(trial.moves) <= budget
-            and _less_fragmented(cluster, fragmenter, gaps.seen)
+            and (not REPACK_GATE or _less_fragmented(cluster, fragmenter, gaps.seen))
         ):
-            return True
+            taken = len(trial.moves) - moves
+            if taken == moving:  # no share parked: nothing can do better
+                return True
+            if best is None or taken < best[0]:
+                best = (taken, rank)
         gaps.undo_to(mark)
-    return False
+    if best is None:
+        return False
+    _, rank, freed, target = next(entry for entry in found if entry[1] == best[1])
+    gaps.seen = {}
+    why = f"re-packing the shares of {names} so GPU {freed[1]} of {freed[0]} is freed whole"
+    return _sequence(gaps, pods, target, members, freed, why)
 
 
 def _waiting_whole_gpu_shapes(cluster: ClusterState) -> list[PodShape]:
