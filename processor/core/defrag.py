@@ -19,8 +19,19 @@ first waiting whole-GPU shapes (queue order), movable shares on such a node (CPU
 move into gaps elsewhere, the same way, until the first shape that wants no more GPUs than are idle
 there fits; or nothing moves there. The queue then takes the room (the fold places after the moves).
 
+Then, **set re-packing**, for what gaps and chains cannot find (re-pairing shares among several GPUs at
+once): a GPU to free (the pool: partly used GPUs whose shares are all movable, most free milli first) and
+as few other GPUs of its model as have that much free milli between them (on its node or with CPU for one of
+its shares; one more if that fails; at most ``REPACK_SET`` in all) have all their shares packed anew into all
+but one of them: depth first, largest share first, each trying its own GPU first and then best fit; selector,
+taints, and the CPU and memory of every node at the end respected. The moves are ordered so that each fits
+where it lands when it is applied; a cycle is broken by parking a share (on the GPU being freed, another of
+the set, or a best-fit gap outside it) until its place has room. Of the GPUs of the set it could free, the
+sequence with the fewest moves wins; kept within the budget and if it lowers the FGD fragmentation, as above.
+
 Cost: O(G log G) to index the G partly used GPUs, plus per share placed a scan of at most
-``SCAN`` gaps, or for a chain ``EJECT_SCAN`` gaps times the shares on each times ``SCAN``.
+``SCAN`` gaps, or for a chain ``EJECT_SCAN`` gaps times the shares on each times ``SCAN``; per model, at most
+``REPACK_TRIES`` sets, each up to three packings of at most ``REPACK_STEPS`` steps.
 
 **With a target** (a waiting pod, or each member of a waiting gang in turn): the node where it
 fits after the fewest moves of movable pods away from it (each must fit elsewhere: best fit by
@@ -392,7 +403,11 @@ def _pack(gaps: _Gaps, pods: list[Pod], bins: list[GpuKey], at: dict[str, GpuKey
     the CPU and memory of every node at the end respected. At most ``REPACK_STEPS`` steps; None if none found."""
     cluster = gaps.cluster
     order = sorted(pods, key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
-    room = dict.fromkeys(bins, GPU_MILLI)
+    # Room on each GPU once the set's shares are lifted off (what else holds it stays).
+    room = {key: cluster.nodes[key[0]].gpu_free[key[1]] for key in bins}
+    for pod in order:
+        if at[pod.spec.pod_id] in room:
+            room[at[pod.spec.pod_id]] += pod.spec.gpu_milli
     admits: dict[tuple[str, str], bool] = {}
     for pod in order:
         for key in bins:
