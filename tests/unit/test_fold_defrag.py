@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
+
+from processor.core import defrag
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
 from schemas.codes import RejectionCode
-from schemas.commands import AddNode, Defragment, GangMember, Release, SetPolicy, SubmitGang, SubmitPod
+from schemas.commands import (
+    AddNode,
+    CordonNode,
+    Defragment,
+    GangMember,
+    Release,
+    SetPolicy,
+    SubmitGang,
+    SubmitPod,
+    UncordonNode,
+)
 from tests.strategies import Fold, types
 
 
@@ -221,3 +234,99 @@ def test_no_relief_without_a_waiting_whole_gpu_pod() -> None:
     fold.run(Release("w"))
     (event,) = fold.run(Defragment(10))
     assert event.payload.moves == 0
+
+
+def pinned_shares(gpus: list[list[int]], log: list | None = None) -> Fold:
+    """One 1-GPU node per entry of ``gpus`` (``n0``, ``n1``, ...) holding movable shares of those sizes (``p0``,
+    ``p1``, ... in order), placed by cordoning each node once filled; then a 1-GPU pod ``w`` waits."""
+    fold = Fold()
+    events = fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    count = 0
+    for i, sizes in enumerate(gpus):
+        events += fold.run(AddNode(f"n{i}", 64_000, 65_536, "A100", 1))
+        for milli in sizes:
+            events += fold.run(share(f"p{count}", milli))
+            count += 1
+        events += fold.run(CordonNode(f"n{i}"))
+    events += fold.run_all(*(UncordonNode(f"n{i}") for i in range(len(gpus))))
+    events += fold.run(SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=1000, preemption="never"))
+    if log is not None:
+        log.extend(events)
+    return fold
+
+
+# n0 holds 200, n1 450 + 400, n2 450 + 400: no gap (150, 150) holds the 200, and no chain of two frees a GPU
+# (the 450 of n1 or n2 would take n0's gap, and then no gap takes its 400); re-pairing the three GPUs does:
+# a 400 joins the 200 on n0, the other 450 joins n1's 450, the other 400 joins n0: n2 is freed in three moves.
+REPACKABLE = [[200], [450, 400], [450, 400]]
+
+# n0 250, n1 550 + 350, n2 150 + 700, n3 450 + 500: freeing n2 puts its 700 with n0's 250 and its 150 with
+# 500 + 350 on n3, where the 450 must first leave for n1, where the 350 must first leave: a cycle, so the 350
+# is parked on n2 (the GPU being freed) until n3 has room for it.
+PARKING = [[250], [550, 350], [150, 700], [450, 500]]
+
+
+def test_only_a_set_repack_frees_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without sets (gap filling and chains alone) nothing moves; re-packing three GPUs frees n2 and ``w`` starts."""
+    monkeypatch.setattr(defrag, "REPACK_SET", 1)
+    (event,) = pinned_shares(REPACKABLE).run(Defragment(10))
+    assert event.payload.moves == 0
+    monkeypatch.undo()
+    fold = pinned_shares(REPACKABLE)
+    assert [fold.placement(f"p{i}") for i in range(5)] == ["n0", "n1", "n1", "n2", "n2"]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned"] + ["PodMigrated"] * 3 + ["PodScheduled"]
+    planned = events[0].payload
+    assert (planned.moves, planned.gpus_freed, planned.nodes_freed) == (3, 1, 1)
+    moves = [(event.payload.pod_id, event.payload.from_node, event.payload.to_node) for event in events[1:4]]
+    assert moves == [("p2", "n1", "n0"), ("p3", "n2", "n1"), ("p4", "n2", "n0")]
+    why = "re-packing the shares of GPU 0 of n0, GPU 0 of n1, GPU 0 of n2 so GPU 0 of n2 is freed whole"
+    assert all(event.payload.message == why for event in events[1:4])
+    assert (events[4].payload.pod.pod_id, events[4].payload.node_id) == ("w", "n2")
+
+
+def test_a_set_repack_parks_a_share_to_break_a_cycle() -> None:
+    """The 350 is parked on the GPU being freed, then moves on: five moves, each explained."""
+    fold = pinned_shares(PARKING)
+    events = fold.run(Defragment(10))
+    moves = [(event.payload.pod_id, event.payload.from_node, event.payload.to_node) for event in events[1:6]]
+    assert moves == [("p4", "n2", "n0"), ("p2", "n1", "n2"), ("p5", "n3", "n1"), ("p2", "n2", "n3"), ("p3", "n2", "n3")]
+    assert "(parked on GPU 0 of n2 until its place has room)" in events[2].payload.message
+    assert events[6].payload.node_id == "n2" and fold.cluster.nodes["n2"].gpu_free == [0]
+    assert [fold.cluster.nodes[node].gpu_free for node in ("n0", "n1", "n3")] == [[50], [0], [0]]
+
+
+@pytest.mark.parametrize("case", [REPACKABLE, PARKING])
+def test_a_set_repack_never_over_commits_on_the_way(case: list[list[int]]) -> None:
+    """Replaying the events one by one: after every move each GPU, CPU and memory is within capacity, and
+    the replayed state is the fold's."""
+    log: list = []
+    fold = pinned_shares(case, log)
+    log += fold.run(Defragment(10))
+    state = PartitionState()
+    migrated = 0
+    for event in log:
+        apply(state, event)  # raises InvariantViolation on an over-commit
+        if event.type_name == "PodMigrated":
+            migrated += 1
+            for node in state.clusters[fold.cluster_name].nodes.values():
+                assert min(node.gpu_free) >= 0 and node.cpu_free >= 0 and node.memory_free >= 0
+    assert migrated >= 3
+    assert state_hash(state) == state_hash(fold.state)
+
+
+@pytest.mark.parametrize(("case", "needed"), [(REPACKABLE, 3), (PARKING, 5)])
+def test_a_set_repack_beyond_the_budget_is_not_started(case: list[list[int]], needed: int) -> None:
+    """One move short of what the re-packing takes (parked moves included), nothing moves (none half done)."""
+    fold = pinned_shares(case)
+    placed = [fold.placement(pod_id) for pod_id in sorted(fold.cluster.pods)]
+    (event,) = fold.run(Defragment(needed - 1))
+    assert event.payload.moves == 0
+    assert [fold.placement(pod_id) for pod_id in sorted(fold.cluster.pods)] == placed
+
+
+def test_a_set_repack_is_deterministic() -> None:
+    """The same commands give the same events, byte for byte, and the same state."""
+    first, second = pinned_shares(PARKING), pinned_shares(PARKING)
+    assert first.run(Defragment(10)) == second.run(Defragment(10))
+    assert state_hash(first.state) == state_hash(second.state)
