@@ -65,7 +65,6 @@ REPACK_SET = 6  # GPUs re-packed together at most (one of them is freed)
 REPACK_POOL = 48  # GPUs per model, most free milli first, that the sets are drawn from
 REPACK_TRIES = 32  # sets tried per model per Defragment
 REPACK_STEPS = 400  # search steps per packing of a set (a bound, so a Defragment stays fast)
-REPACK_GATE = True  # a set re-packing must lower FGD fragmentation on the nodes it touches
 REPACK_RIGID = 750  # a GPU holding one share larger than this only takes tiny shares: not in the pool
 
 
@@ -576,7 +575,7 @@ def _repack_set(
             _sequence(gaps, pods, target, members, freed, why)
             and nodes[freed[0]].gpu_free[freed[1]] >= GPU_MILLI
             and len(trial.moves) <= budget
-            and (not REPACK_GATE or _less_fragmented(cluster, fragmenter, gaps.seen))
+            and _less_fragmented(cluster, fragmenter, gaps.seen)  # it must lower FGD fragmentation where it moves
         ):
             taken = len(trial.moves) - moves
             if taken == moving:  # no share parked: nothing can do better
