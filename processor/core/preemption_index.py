@@ -17,7 +17,7 @@ can win, without computing the bound of the nodes it never reaches.
 Kept incrementally, lazily, in two tiers. Every node change goes through ``ClusterState.reindex``,
 which marks the node (:meth:`PreemptionIndex.touch`, O(1)), so placements that never meet a
 preemption pay only the mark. A search first moves the marked nodes to the *pending* tier
-(:meth:`PreemptionIndex.refresh`, ~1-2 µs each): buckets keyed by a cheap summary
+(:meth:`PreemptionIndex.refresh`, a few µs each): buckets keyed by a cheap summary
 (:func:`pending_entry`: the node's type, its lowest priority level and, at that level, the pods
 holding GPUs, the largest GPU milli of one pod and its latest start, and the GPU milli free) from
 which the search bounds every node of a bucket at once, from below, in (victim priority, victims,
@@ -226,6 +226,7 @@ class PreemptionIndex:
         self._own()
         pending, pending_of, filed = self.pending, self._pending_of, self._filed
         added: dict[PendingKey, list[tuple[int, str]]] = {}
+        node_of = nodes.get
         for node_id in self.dirty:  # the order does not matter: the content is canonical
             was = pending_of.pop(node_id, None)
             if was is not None:
@@ -235,16 +236,40 @@ class PreemptionIndex:
                     del pending[was[0]]
             elif node_id in filed:
                 self._unfile(node_id)
-            node = nodes.get(node_id)
-            if node is not None and node.by_priority and node.schedulable:
-                key, latest = pending_entry(node)
-                entry = (-latest, node_id)
-                pending_of[node_id] = (key, entry)
-                into = added.get(key)
-                if into is None:
-                    added[key] = [entry]
-                else:
-                    into.append(entry)
+            node = node_of(node_id)
+            if node is None:
+                continue
+            by_priority = node.by_priority
+            if not by_priority or not node.schedulable:
+                continue
+            # pending_entry(node), inline: this loop meets every node a mass change touched (the property
+            # tests compare what it files with pending_entry)
+            if len(by_priority) == 1:
+                (low,) = by_priority
+            else:
+                low = min(by_priority)
+            held = by_priority[low]
+            gpu_free = node.gpu_free
+            free = sum(gpu_free)
+            key = (
+                node.gpu_model,
+                node.node_class,
+                node.cpu_milli,
+                node.memory_mib,
+                node.gpu_count,
+                low,
+                held[5],
+                held[7],
+                free,
+                max(gpu_free) if free else 0,
+            )
+            entry = (-held[6], node_id)
+            pending_of[node_id] = (key, entry)
+            into = added.get(key)
+            if into is None:
+                added[key] = [entry]
+            else:
+                into.append(entry)
         for key, entries in added.items():
             bucket = pending.get(key)  # type: ignore[assignment]
             if bucket is None:
