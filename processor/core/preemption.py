@@ -319,13 +319,14 @@ def plan_pod(
         return _plan_pod_on(cluster, shape, priority, now, near)
     index = cluster.preemptible
     index.refresh(cluster.nodes)
+    best = _plan_pod_filed(cluster, shape, priority, now)
     limit = PROMOTE_FIRST
     while True:
-        best = _plan_pod_filed(cluster, shape, priority, now)
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
         if not promote:
             return best  # no pending node could tie or beat it
         index.promote(promote, cluster.nodes)
+        best = _plan_pod_among(cluster, shape, priority, now, promote, best)  # best: the best of the others
         limit *= 4
 
 
@@ -458,9 +459,21 @@ def _plan_pod_on(
     cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str]
 ) -> PodPlan | None:
     """:func:`plan_pod` among the given nodes, node by node: O(N · L)."""
+    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near))
+
+
+def _plan_pod_among(
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    node_ids: Iterable[str],
+    best: PodPlan | None = None,
+) -> PodPlan | None:
+    """The better of ``best`` and :func:`plan_pod` among the given node ids (any order), node by node: O(N · L)."""
     nodes = cluster.nodes
     levels: list[tuple[int, str]] = []
-    for node_id in candidate_nodes(cluster, priority, near):
+    for node_id in node_ids:
         node = nodes.get(node_id)
         if node is None or not _static_fit(cluster, node, shape):
             continue
@@ -468,12 +481,15 @@ def _plan_pod_on(
         if level is not None:
             levels.append((level, node_id))
     if not levels:
-        return None
+        return best
     best_level = min(level for level, _ in levels)
+    if best is not None and best.cost[0] != best_level:
+        if best.cost[0] < best_level:
+            return best  # a lower victim priority than any here
+        best = None
     bounds = sorted(
         (_lower_bound(nodes[node_id], shape, level, now), node_id) for level, node_id in levels if level == best_level
     )
-    best: PodPlan | None = None
     for bound, node_id in bounds:  # most promising first; the order does not change the answer
         if best is not None and bound > best.cost[1:]:
             break  # neither this node nor any after it can do better
