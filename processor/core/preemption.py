@@ -346,7 +346,7 @@ def _pending_to_file(
         level = key[5]
         if level >= priority or (beat is not None and level > beat[0]):
             continue
-        if not _static_fit(cluster, nodes[bucket.entries[0][1]], shape):  # alike in all that it reads
+        if not _static_fit(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
             continue
         fewest, deficit = _pending_bound_terms(key, shape)
         if beat is not None and (level, fewest) > beat[:2]:

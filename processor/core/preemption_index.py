@@ -99,38 +99,46 @@ def pending_entry(node: Node) -> tuple[PendingKey, int]:
 
 
 class PendingBucket:
-    """Pending nodes alike in :data:`PendingKey`: (minus the latest start, node id), sorted when read."""
+    """Pending nodes alike in :data:`PendingKey`: node id -> minus its latest start; and, built when read and
+    then kept, the (minus latest start, node id) entries sorted (plain ints in the dict: a mass change
+    allocates no tuple per node here)."""
 
-    __slots__ = ("_sorted", "entries")
+    __slots__ = ("_ordered", "members")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, str]] = []
-        self._sorted = True
+        self.members: dict[str, int] = {}
+        self._ordered: list[tuple[int, str]] | None = []
 
     def ordered(self) -> list[tuple[int, str]]:
         """The entries, latest start first (then node id). O(n log n) after a bulk change, else O(1)."""
-        if not self._sorted:
-            self.entries.sort()
-            self._sorted = True
-        return self.entries
+        if self._ordered is None:
+            self._ordered = sorted([(minus_latest, node_id) for node_id, minus_latest in self.members.items()])
+        return self._ordered
 
-    def add(self, entries: list[tuple[int, str]]) -> None:
-        if self._sorted and len(entries) <= 8:
-            for entry in entries:
-                insort(self.entries, entry)
-        else:  # many at once: sorted when next read
-            self.entries.extend(entries)
-            self._sorted = False
+    def add(self, members: dict[str, int]) -> None:
+        self.members.update(members)
+        ordered = self._ordered
+        if ordered is not None:
+            if len(members) <= 8:
+                for node_id, minus_latest in members.items():
+                    insort(ordered, (minus_latest, node_id))
+            else:  # many at once: sorted when next read
+                self._ordered = None
 
-    def remove(self, entry: tuple[int, str]) -> None:
-        if self._sorted:
-            del self.entries[bisect_left(self.entries, entry)]
-        else:
-            self.entries.remove(entry)
+    def remove(self, node_id: str) -> None:
+        minus_latest = self.members.pop(node_id)
+        ordered = self._ordered
+        if ordered is not None:
+            del ordered[bisect_left(ordered, (minus_latest, node_id))]
+
+    def first(self) -> str:
+        """Any node of the bucket (the first added)."""
+        return next(iter(self.members))
 
     def copied(self) -> PendingBucket:
         twin = PendingBucket()
-        twin.entries, twin._sorted = list(self.entries), self._sorted
+        twin.members = dict(self.members)
+        twin._ordered = None if self._ordered is None else list(self._ordered)
         return twin
 
 
@@ -183,9 +191,9 @@ class PreemptionIndex:
         self.dirty: dict[str, None] = {}  # nodes changed since the last refresh
         # node id -> (its class key, the (level, milli, latest start) entries filed for it)
         self._filed: dict[str, tuple[ClassKey, tuple[tuple[int, int, int], ...]]] = {}
-        # Nodes not filed in a class yet, by bucket; node id -> (its bucket, its entry there)
+        # Nodes not filed in a class yet, by bucket; node id -> its bucket
         self.pending: dict[PendingKey, PendingBucket] = {}
-        self._pending_of: dict[str, tuple[PendingKey, tuple[int, str]]] = {}
+        self._pending_of: dict[str, PendingKey] = {}
         self._shared = False  # classes, _filed and pending belong to the index this one was forked from
 
     def fork(self) -> PreemptionIndex:
@@ -225,15 +233,15 @@ class PreemptionIndex:
             return
         self._own()
         pending, pending_of, filed = self.pending, self._pending_of, self._filed
-        added: dict[PendingKey, list[tuple[int, str]]] = {}
+        added: dict[PendingKey, dict[str, int]] = {}
         node_of = nodes.get
         for node_id in self.dirty:  # the order does not matter: the content is canonical
             was = pending_of.pop(node_id, None)
             if was is not None:
-                bucket = pending[was[0]]
-                bucket.remove(was[1])
-                if not bucket.entries:
-                    del pending[was[0]]
+                bucket = pending[was]
+                bucket.remove(node_id)
+                if not bucket.members:
+                    del pending[was]
             elif node_id in filed:
                 self._unfile(node_id)
             node = node_of(node_id)
@@ -263,18 +271,17 @@ class PreemptionIndex:
                 free,
                 max(gpu_free) if free else 0,
             )
-            entry = (-held[6], node_id)
-            pending_of[node_id] = (key, entry)
+            pending_of[node_id] = key
             into = added.get(key)
             if into is None:
-                added[key] = [entry]
+                added[key] = {node_id: -held[6]}
             else:
-                into.append(entry)
-        for key, entries in added.items():
+                into[node_id] = -held[6]
+        for key, members in added.items():
             bucket = pending.get(key)  # type: ignore[assignment]
             if bucket is None:
                 bucket = pending[key] = PendingBucket()
-            bucket.add(entries)
+            bucket.add(members)
         self.dirty.clear()
 
     def promote(self, node_ids: list[str], nodes: Mapping[str, Node]) -> None:
@@ -282,10 +289,10 @@ class PreemptionIndex:
         self._own()
         pending, pending_of = self.pending, self._pending_of
         for node_id in node_ids:
-            key, entry = pending_of.pop(node_id)
+            key = pending_of.pop(node_id)
             bucket = pending[key]
-            bucket.remove(entry)
-            if not bucket.entries:
+            bucket.remove(node_id)
+            if not bucket.members:
                 del pending[key]
             self._file(nodes[node_id])
 
@@ -350,5 +357,5 @@ class PreemptionIndex:
         return {
             node_id: (key, -minus_latest)
             for key, bucket in self.pending.items()
-            for minus_latest, node_id in bucket.ordered()
+            for node_id, minus_latest in bucket.members.items()
         }

@@ -121,7 +121,9 @@ def check_indexes(cluster: ClusterState) -> None:
     preemptible.refresh(cluster.nodes)  # what a search would see: the marked nodes refiled or pending
     assert not preemptible.dirty
     pending = preemptible.pending_content()
-    assert sum(len(bucket.entries) for bucket in preemptible.pending.values()) == len(pending)
+    assert sum(len(bucket.members) for bucket in preemptible.pending.values()) == len(pending)
+    for bucket in preemptible.pending.values():  # the sorted view kept beside the dict
+        assert bucket.ordered() == sorted((minus_latest, node_id) for node_id, minus_latest in bucket.members.items())
     assert pending == {node_id: pending_entry(cluster.nodes[node_id]) for node_id in pending}
     assert preemptible.content(cluster.nodes) == PreemptionIndex.rebuilt(cluster.nodes).content(cluster.nodes)
 
