@@ -22,6 +22,7 @@ Times are CPU time of this process (``time.process_time``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import random
@@ -74,6 +75,7 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
     times: list[float] = []
     victims: list[int] = []
     by_shape: dict[str, list[float]] = {}
+    digest = hashlib.sha256()
     top_shapes = [(8, 1000), (4, 1000), (2, 1000), (1, 1000), (1, 500)]
     for i in range(pods):
         num_gpu, milli = top_shapes[i % len(top_shapes)]
@@ -85,6 +87,9 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
         times.append(elapsed)
         by_shape.setdefault(f"{num_gpu}x{milli}", []).append(1000 * elapsed)
         victims.append(sum(isinstance(event.payload, PodPreempted) for event in events))
+        for event in events:  # who was preempted, from which node, for whom, and where the preemptor went
+            if isinstance(event.payload, (PodPreempted, PodScheduled)):
+                digest.update(repr(event.payload).encode())
         # Victims requeued (they fit nowhere): release them and the preemptor, refill, so the next pod
         # finds the cluster as full of low-priority pods as this one did.
         queued = [pod_id for pod_id, p in state.clusters["bench"].pods.items() if p.queued]
@@ -95,7 +100,8 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
             refill = SubmitPod(f"low-{serial}", "t", 0, 1, milli if milli < 1000 else 1000, 2_000, 16_384)
             if not isinstance(decide(state, clock.command(refill))[-1].payload, PodScheduled):
                 decide(state, clock.command(Release(refill.pod_id)))
-    first = times[0]  # the first search also refiles every node the fill changed (the preemption index)
+    first = times[0]  # the first search also meets every node the fill changed (the preemption index)
+    times_after_first = sorted(times[1:])
     times.sort()
     return {
         "part": "preemption",
@@ -109,12 +115,22 @@ def preemption(nodes: int, pods: int, seed: int) -> dict[str, object]:
         "ms_p99": round(1000 * times[min(len(times) - 1, int(len(times) * 0.99))], 2),
         "ms_max": round(1000 * times[-1], 2),
         "ms_first": round(1000 * first, 2),
+        "ms_after_first": _summary(times_after_first),
+        "preemption_events_sha256": digest.hexdigest()[:16],
         "ms_mean_by_shape": {shape: round(statistics.fmean(values), 2) for shape, values in by_shape.items()},
         "victims_by_shape": {
             f"{top_shapes[i % len(top_shapes)][0]}x{top_shapes[i % len(top_shapes)][1]}": victims[i]
             for i in range(len(top_shapes))
         },
     }
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    """Mean, p50 and max of sorted CPU times, in ms."""
+    if not times:
+        return {}
+    mean, p50, top = statistics.fmean(times), times[len(times) // 2], times[-1]
+    return {"mean": round(1000 * mean, 2), "p50": round(1000 * p50, 2), "max": round(1000 * top, 2)}
 
 
 def _throughput(quotas: bool, nodes: int, commands: int, seed: int) -> float:

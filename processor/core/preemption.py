@@ -24,9 +24,12 @@ the order above: sets of 1, 2, ... victims are enumerated (ids ascending) until 
 no longer beat the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per node);
 past it the best set found is kept, or the cheapest greedy set if none was. Cost: O(C · L)
 for C classes and L priority levels, plus O(log) per node met, plus the enumeration on the nodes
-met (C(k, 1) + C(k, 2) + ... for k candidate victims on a node), plus refiling the nodes that
-changed since the last search (O(log n) each). Within a gang's domain (``near``) the nodes are
-bounded one by one instead: O(N · L).
+met (C(k, 1) + C(k, 2) + ... for k candidate victims on a node), plus a pending bucket for each
+node changed since the last search (O(1) each). Pending nodes are bounded by bucket, from below
+(:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
+tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
+answer is the one over all nodes. Within a gang's domain (``near``) the nodes are bounded one by
+one instead: O(N · L).
 
 **A gang** (all or nothing): per topology domain it may use (``topology_required``: each
 domain of the key; otherwise the whole cluster), members are placed largest first, each on
@@ -38,13 +41,14 @@ member by member, not a joint minimum over the gang.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
 
 from processor.core import gangs, reservations
 from processor.core.policies.base import Choice, Policy
-from processor.core.preemption_index import VictimClass
+from processor.core.preemption_index import PendingBucket, VictimClass
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, shape_of
 from schemas.commands import GPU_MILLI
@@ -315,6 +319,81 @@ def plan_pod(
         return _plan_pod_on(cluster, shape, priority, now, near)
     index = cluster.preemptible
     index.refresh(cluster.nodes)
+    best = _plan_pod_filed(cluster, shape, priority, now)
+    limit = PROMOTE_FIRST
+    while True:
+        promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
+        if not promote:
+            return best  # no pending node could tie or beat it
+        index.promote(promote, cluster.nodes)
+        best = _plan_pod_among(cluster, shape, priority, now, promote, best)  # best: the best of the others
+        limit *= 4
+
+
+PROMOTE_FIRST = 16
+"""Pending nodes filed first when no filed node gives a plan (the least bounds), then 4x as many each round."""
+
+
+def _pending_to_file(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, beat: tuple[int, int, int] | None, limit: int
+) -> list[str]:
+    """Pending nodes whose lower bound (victim level, victims, work lost) is at most ``beat`` (any if None),
+    at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
+    their bound: O(B + limit · log) for B buckets."""
+    nodes = cluster.nodes
+    tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
+    for key, bucket in cluster.preemptible.pending.items():
+        level = key[5]
+        if level >= priority or (beat is not None and level > beat[0]):
+            continue
+        if not _static_fit(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
+            continue
+        fewest, deficit = _pending_bound_terms(key, shape)
+        if beat is not None and (level, fewest) > beat[:2]:
+            continue
+        tiers.setdefault((level, fewest), []).append((deficit, bucket))
+    chosen: list[str] = []
+    for tier in sorted(tiers):
+        room = limit - len(chosen)
+        found: list[tuple[int, str]] = []
+        for deficit, bucket in tiers[tier]:
+            entries = bucket.ordered()
+            if deficit and beat is not None and tier == beat[:2]:
+                # deficit x (now - latest) <= the work to beat  <=>  latest >= now - work // deficit
+                entries = entries[: bisect_left(entries, (beat[2] // deficit - now + 1,))]
+            found.extend((deficit * max(0, now + minus_latest), node_id) for minus_latest, node_id in entries[:room])
+        if len(found) > room:
+            found = heapq.nsmallest(room, found)
+        chosen.extend(node_id for _, node_id in found)
+        if len(chosen) >= limit:
+            break
+    return chosen
+
+
+def _pending_bound_terms(key: tuple, shape: PodShape) -> tuple[int, int]:
+    """:func:`_bound_terms` from a pending bucket, at its lowest level, from below: (at least how many victims,
+    GPU milli they must free at least; 0 if no work bound). GPU milli free and the most free on one GPU
+    bound what the largest free GPUs hold. Only the lowest level matters: a node whose victims reach a
+    higher level is worse than the bound in the first term already."""
+    gpu_count, gpu_pods, largest, total_free, most_free = key[4], key[6], key[7], key[8], key[9]
+    if not shape.num_gpu:
+        return (1, 0)
+    whole = shape.gpu_milli >= GPU_MILLI
+    if whole:
+        deficit = shape.num_gpu * GPU_MILLI - min(total_free, shape.num_gpu * most_free)
+    else:
+        deficit = shape.gpu_milli - most_free
+    if deficit <= 0 or largest <= 0:
+        return (1, 0)
+    fewest = -(-deficit // largest)
+    if whole and shape.num_gpu == gpu_count and gpu_pods > fewest:
+        fewest = gpu_pods
+    return (fewest, deficit)
+
+
+def _plan_pod_filed(cluster: ClusterState, shape: PodShape, priority: int, now: int) -> PodPlan | None:
+    """:func:`plan_pod` among the nodes filed in the preemption index's classes."""
+    index = cluster.preemptible
     nodes = cluster.nodes
     at_level: list[tuple[int, VictimClass, Node]] = []
     best_level: int | None = None
@@ -380,9 +459,21 @@ def _plan_pod_on(
     cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str]
 ) -> PodPlan | None:
     """:func:`plan_pod` among the given nodes, node by node: O(N · L)."""
+    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near))
+
+
+def _plan_pod_among(
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    node_ids: Iterable[str],
+    best: PodPlan | None = None,
+) -> PodPlan | None:
+    """The better of ``best`` and :func:`plan_pod` among the given node ids (any order), node by node: O(N · L)."""
     nodes = cluster.nodes
     levels: list[tuple[int, str]] = []
-    for node_id in candidate_nodes(cluster, priority, near):
+    for node_id in node_ids:
         node = nodes.get(node_id)
         if node is None or not _static_fit(cluster, node, shape):
             continue
@@ -390,12 +481,15 @@ def _plan_pod_on(
         if level is not None:
             levels.append((level, node_id))
     if not levels:
-        return None
+        return best
     best_level = min(level for level, _ in levels)
+    if best is not None and best.cost[0] != best_level:
+        if best.cost[0] < best_level:
+            return best  # a lower victim priority than any here
+        best = None
     bounds = sorted(
         (_lower_bound(nodes[node_id], shape, level, now), node_id) for level, node_id in levels if level == best_level
     )
-    best: PodPlan | None = None
     for bound, node_id in bounds:  # most promising first; the order does not change the answer
         if best is not None and bound > best.cost[1:]:
             break  # neither this node nor any after it can do better

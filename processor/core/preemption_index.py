@@ -14,14 +14,23 @@ pair, its nodes sorted by that latest start, latest first (:attr:`VictimClass.st
 search merges these sorted runs to meet nodes in the order of their bound, stopping once no bound
 can win, without computing the bound of the nodes it never reaches.
 
-Kept incrementally, lazily: every node change goes through ``ClusterState.reindex``, which marks
-the node (:meth:`PreemptionIndex.touch`, O(1)); a search first refiles the marked nodes
-(:meth:`PreemptionIndex.refresh`, O(log n) each), so placements that never meet a preemption pay
-only the mark. Derived data: not in snapshots; a restore reindexes, hence marks, every node.
+Kept incrementally, lazily, in two tiers. Every node change goes through ``ClusterState.reindex``,
+which marks the node (:meth:`PreemptionIndex.touch`, O(1)), so placements that never meet a
+preemption pay only the mark. A search first moves the marked nodes to the *pending* tier
+(:meth:`PreemptionIndex.refresh`, a few µs each): buckets keyed by a cheap summary
+(:func:`pending_entry`: the node's type, its lowest priority level and, at that level, the pods
+holding GPUs, the largest GPU milli of one pod and its latest start, and the GPU milli free) from
+which the search bounds every node of a bucket at once, from below, in (victim priority, victims,
+work lost). Only the pending nodes whose bound could tie or beat the best plan found are filed in
+the exact classes (:meth:`PreemptionIndex.promote`, the costly step: a class key and sorted-run
+inserts, tens of µs); the others stay pending until they change or a later search needs them. So a
+search after a mass change (10,000 nodes filled) files a few nodes, not all of them. Derived data:
+not in snapshots; a restore reindexes, hence marks, every node.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -54,6 +63,83 @@ memory, pods with GPUs, GPU milli sizes of its pods), per GPU (free, held per le
 
 Stream = tuple[int, int]
 """(priority level, GPU milli of one pod): a node's latest start of such a pod is its place in the run."""
+
+Content = dict[ClassKey, tuple[list[str], dict[Stream, list[tuple[int, str]]]]]
+"""The classes as plain data: class -> (node ids, stream -> (minus latest start, node id) entries)."""
+
+PendingKey = tuple
+"""(GPU model, node class, CPU, memory, GPU count, lowest priority level held, at that level: pods holding GPUs
+and the largest GPU milli one pod holds; GPU milli free on the node, the most free on one GPU)."""
+
+
+def pending_entry(node: Node) -> tuple[PendingKey, int]:
+    """A node's pending bucket and its latest pod start at its lowest level (-1: none recorded). O(L + G),
+    O(1) but for the sum of free GPU milli on a node with one level (``Node.by_priority`` keeps the rest)."""
+    by_priority = node.by_priority
+    if len(by_priority) == 1:
+        (low,) = by_priority
+    else:
+        low = min(by_priority)
+    held = by_priority[low]
+    gpu_free = node.gpu_free
+    free = sum(gpu_free)
+    key = (
+        node.gpu_model,
+        node.node_class,
+        node.cpu_milli,
+        node.memory_mib,
+        node.gpu_count,
+        low,
+        held[5],
+        held[7],
+        free,
+        max(gpu_free) if free else 0,
+    )
+    return key, held[6]
+
+
+class PendingBucket:
+    """Pending nodes alike in :data:`PendingKey`: node id -> minus its latest start; and, built when read and
+    then kept, the (minus latest start, node id) entries sorted (plain ints in the dict: a mass change
+    allocates no tuple per node here)."""
+
+    __slots__ = ("_ordered", "members")
+
+    def __init__(self) -> None:
+        self.members: dict[str, int] = {}
+        self._ordered: list[tuple[int, str]] | None = []
+
+    def ordered(self) -> list[tuple[int, str]]:
+        """The entries, latest start first (then node id). O(n log n) after a bulk change, else O(1)."""
+        if self._ordered is None:
+            self._ordered = sorted([(minus_latest, node_id) for node_id, minus_latest in self.members.items()])
+        return self._ordered
+
+    def add(self, members: dict[str, int]) -> None:
+        self.members.update(members)
+        ordered = self._ordered
+        if ordered is not None:
+            if len(members) <= 8:
+                for node_id, minus_latest in members.items():
+                    insort(ordered, (minus_latest, node_id))
+            else:  # many at once: sorted when next read
+                self._ordered = None
+
+    def remove(self, node_id: str) -> None:
+        minus_latest = self.members.pop(node_id)
+        ordered = self._ordered
+        if ordered is not None:
+            del ordered[bisect_left(ordered, (minus_latest, node_id))]
+
+    def first(self) -> str:
+        """Any node of the bucket (the first added)."""
+        return next(iter(self.members))
+
+    def copied(self) -> PendingBucket:
+        twin = PendingBucket()
+        twin.members = dict(self.members)
+        twin._ordered = None if self._ordered is None else list(self._ordered)
+        return twin
 
 
 def class_key(node: Node) -> ClassKey:
@@ -96,43 +182,119 @@ class VictimClass:
 
 
 class PreemptionIndex:
-    """Schedulable nodes that run pods, by class (see the module docstring)."""
+    """Schedulable nodes that run pods, by class, or pending in buckets (see the module docstring)."""
 
-    __slots__ = ("_filed", "_shared", "classes", "dirty")
+    __slots__ = ("_filed", "_pending_of", "_shared", "classes", "dirty", "pending")
 
     def __init__(self) -> None:
         self.classes: dict[ClassKey, VictimClass] = {}
         self.dirty: dict[str, None] = {}  # nodes changed since the last refresh
         # node id -> (its class key, the (level, milli, latest start) entries filed for it)
         self._filed: dict[str, tuple[ClassKey, tuple[tuple[int, int, int], ...]]] = {}
-        self._shared = False  # classes and _filed belong to the index this one was forked from
+        # Nodes not filed in a class yet, by bucket; node id -> its bucket
+        self.pending: dict[PendingKey, PendingBucket] = {}
+        self._pending_of: dict[str, PendingKey] = {}
+        self._shared = False  # classes, _filed and pending belong to the index this one was forked from
 
     def fork(self) -> PreemptionIndex:
         """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
         refile copies them; valid while the original does not change (as the fork itself)."""
         twin = PreemptionIndex()
-        twin.classes, twin._filed, twin._shared = self.classes, self._filed, True
+        twin._share(self)
         twin.dirty = dict(self.dirty)
         return twin
+
+    def _share(self, other: PreemptionIndex) -> None:
+        self.classes, self._filed, self.pending, self._pending_of = (
+            other.classes,
+            other._filed,
+            other.pending,
+            other._pending_of,
+        )
+        self._shared = True
 
     def touch(self, node_id: str) -> None:
         """The node changed (capacity, pods, schedulability, class): refile it before the next search. O(1)."""
         self.dirty[node_id] = None
 
-    def refresh(self, nodes: Mapping[str, Node]) -> None:
-        """Refile every node changed since the last refresh. O(changed nodes · log n)."""
-        if not self.dirty:
-            return
-        if self._shared:  # first change of a fork: its own copy now
+    def _own(self) -> None:
+        """A fork's first change: its own copy of what it shared. O(n)."""
+        if self._shared:
             self.classes = {key: group.copied() for key, group in self.classes.items()}
             self._filed = dict(self._filed)
+            self.pending = {key: bucket.copied() for key, bucket in self.pending.items()}
+            self._pending_of = dict(self._pending_of)
             self._shared = False
+
+    def refresh(self, nodes: Mapping[str, Node]) -> None:
+        """Move every node changed since the last refresh out of its class or bucket and, if it runs pods
+        and is schedulable, into its pending bucket. O(changed nodes), O(log n) for those that were filed."""
+        if not self.dirty:
+            return
+        self._own()
+        pending, pending_of, filed = self.pending, self._pending_of, self._filed
+        added: dict[PendingKey, dict[str, int]] = {}
+        node_of = nodes.get
         for node_id in self.dirty:  # the order does not matter: the content is canonical
-            self._unfile(node_id)
-            node = nodes.get(node_id)
-            if node is not None and node.by_priority and node.schedulable:
-                self._file(node)
+            was = pending_of.pop(node_id, None)
+            if was is not None:
+                bucket = pending[was]
+                bucket.remove(node_id)
+                if not bucket.members:
+                    del pending[was]
+            elif node_id in filed:
+                self._unfile(node_id)
+            node = node_of(node_id)
+            if node is None:
+                continue
+            by_priority = node.by_priority
+            if not by_priority or not node.schedulable:
+                continue
+            # pending_entry(node), inline: this loop meets every node a mass change touched (the property
+            # tests compare what it files with pending_entry)
+            if len(by_priority) == 1:
+                (low,) = by_priority
+            else:
+                low = min(by_priority)
+            held = by_priority[low]
+            gpu_free = node.gpu_free
+            free = sum(gpu_free)
+            key = (
+                node.gpu_model,
+                node.node_class,
+                node.cpu_milli,
+                node.memory_mib,
+                node.gpu_count,
+                low,
+                held[5],
+                held[7],
+                free,
+                max(gpu_free) if free else 0,
+            )
+            pending_of[node_id] = key
+            into = added.get(key)
+            if into is None:
+                added[key] = {node_id: -held[6]}
+            else:
+                into[node_id] = -held[6]
+        for key, members in added.items():
+            bucket = pending.get(key)  # type: ignore[assignment]
+            if bucket is None:
+                bucket = pending[key] = PendingBucket()
+            bucket.add(members)
         self.dirty.clear()
+
+    def promote(self, node_ids: list[str], nodes: Mapping[str, Node]) -> None:
+        """File pending nodes in their classes (after :meth:`refresh`). O(log n) each."""
+        self._own()
+        pending, pending_of = self.pending, self._pending_of
+        for node_id in node_ids:
+            key = pending_of.pop(node_id)
+            bucket = pending[key]
+            bucket.remove(node_id)
+            if not bucket.members:
+                del pending[key]
+            self._file(nodes[node_id])
 
     def _file(self, node: Node) -> None:
         key = class_key(node)
@@ -170,16 +332,30 @@ class PreemptionIndex:
 
     @classmethod
     def rebuilt(cls, nodes: Mapping[str, Node]) -> PreemptionIndex:
-        """A fresh index from the nodes, for checking the incremental one."""
+        """A fresh index from the nodes, every node filed in its class, for checking the incremental one."""
         index = cls()
         for node_id in sorted(nodes):
             index.touch(node_id)
         index.refresh(nodes)
+        index.promote(sorted(index._pending_of), nodes)
         return index
 
-    def content(self) -> dict[ClassKey, tuple[list[str], dict[Stream, list[tuple[int, str]]]]]:
-        """The index as plain data (class -> node ids, streams), for equality checks."""
+    def content(self, nodes: Mapping[str, Node]) -> Content:
+        """The classes as plain data (class -> node ids, streams), pending nodes filed as a search would file
+        them, for equality checks; the index itself is left as it is."""
+        twin = PreemptionIndex()
+        twin._share(self)
+        twin.promote(sorted(self._pending_of), nodes)
         return {
             key: (list(group.node_ids), {stream: list(entries) for stream, entries in group.streams.items()})
-            for key, group in self.classes.items()
+            for key, group in twin.classes.items()
+        }
+
+    def pending_content(self) -> dict[str, tuple[PendingKey, int]]:
+        """Pending nodes, bucket by bucket -> (bucket, latest start), for checking against :func:`pending_entry`
+        (a node in no bucket but marked pending, or in two, makes :meth:`content` fail or differ)."""
+        return {
+            node_id: (key, -minus_latest)
+            for key, bucket in self.pending.items()
+            for node_id, minus_latest in bucket.members.items()
         }

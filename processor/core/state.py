@@ -89,8 +89,9 @@ class Node:
         self.failed = False
         self.pods: dict[str, None] = {}  # running pod ids, in placement order
         # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods, {GPU milli of one
-        # pod: latest start}, pods holding GPUs]. Derived; a preemption search sees what pods below a priority
-        # would free, and how few victims and how little work it could take here at best, without visiting them.
+        # pod: latest start}, pods holding GPUs, the latest start and the largest GPU milli of one pod in that
+        # dict]. Derived; a preemption search sees what pods below a priority would free, and how few victims
+        # and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
 
     @property
@@ -129,12 +130,16 @@ class Node:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
         held = self.by_priority.get(pod.priority)
         if held is None:
-            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}, 0]
+            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}, 0, -1, 0]
         if started_at is not None:
             latest = held[4]  # GPU milli held by one pod -> latest start among them (never lowered on free)
             milli = pod.num_gpu * pod.gpu_milli
             if latest.get(milli, -1) < started_at:
                 latest[milli] = started_at
+                if held[6] < started_at:
+                    held[6] = started_at
+            if held[7] < milli:
+                held[7] = milli
         held_gpus = held[2]
         for share in gpus:
             self.gpu_free[share.index] -= share.milli

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from processor.core.preemption_index import PreemptionIndex
+from processor.core.preemption_index import Content, PreemptionIndex
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.core.state import ClusterState
 from schemas.codes import QueueReasonCode
 from schemas.commands import AddNode, Command, GangMember, Release, SetPolicy, SubmitGang, SubmitPod, V1Command
 from schemas.events import Event
@@ -24,6 +25,11 @@ def cluster(*sizes: int) -> Fold:
     for i, size in enumerate(sizes):
         fold.run(AddNode(f"n{i}", 64_000, 262_144, "A100", size))
     return fold
+
+
+def rebuilt(state: ClusterState) -> Content:
+    """The preemption index rebuilt from the cluster's nodes, every node filed."""
+    return PreemptionIndex.rebuilt(state.nodes).content(state.nodes)
 
 
 def of(events: list[Event], name: str) -> list[Event]:
@@ -233,18 +239,43 @@ def test_the_preemption_index_groups_alike_nodes_and_refiles_only_changed_ones()
     fold.run_all(gpus("a", 1), gpus("b", 1), gpus("c", 1), gpus("d", 1), gpus("e", 2))
     index = fold.cluster.preemptible
     index.refresh(fold.cluster.nodes)
-    assert sorted(sorted(nodes) for nodes, _ in index.content().values()) == [["n0", "n1"], ["n2"]]
+    assert sorted(sorted(nodes) for nodes, _ in index.content(fold.cluster.nodes).values()) == [["n0", "n1"], ["n2"]]
     fold.run(Release("a"))
     assert list(index.dirty) == ["n0"]
     events = fold.run(gpus("top", 2, priority=5))
     assert [event.payload.pod_id for event in of(events, "PodPreempted")] == ["e"]  # one victim, the least work
     assert list(index.dirty) == ["n2"]  # n0 refiled by the search; n2 changed by the preemption
     index.refresh(fold.cluster.nodes)
-    assert index.content() == PreemptionIndex.rebuilt(fold.cluster.nodes).content()
+    assert index.content(fold.cluster.nodes) == PreemptionIndex.rebuilt(fold.cluster.nodes).content(fold.cluster.nodes)
     restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(fold.state))))
     twin = restored.clusters[fold.cluster.name].preemptible
     twin.refresh(restored.clusters[fold.cluster.name].nodes)
-    assert twin.content() == index.content()
+    assert twin.content(restored.clusters[fold.cluster.name].nodes) == index.content(fold.cluster.nodes)
+
+
+def test_a_search_after_a_mass_change_files_only_the_nodes_that_could_win() -> None:
+    """40 nodes changed since the last search: it bounds them by bucket and files the few whose bound can tie
+    or beat a plan (the least bounds first), not all of them; the victims are those of a node-by-node search."""
+    from processor.core.preemption import PROMOTE_FIRST, plan_pod
+    from processor.core.resources import PodShape
+
+    fold = cluster(*[2] * 40)
+    for i in range(39):
+        fold.run_all(gpus(f"p{i}a", 1), gpus(f"p{i}b", 1))
+    fold.run(gpus("big", 2))  # the only node where one victim makes room for 2 GPUs
+    index = fold.cluster.preemptible
+    assert len(index.dirty) == 40 and not index.classes
+    shape = PodShape(2, 1000, 1000, 0, (), (), (), None)
+    expected = plan_pod(fold.cluster, shape, 5, fold.state.clock, sorted(fold.cluster.nodes))
+    found = plan_pod(fold.cluster, shape, 5, fold.state.clock)
+    assert found is not None and expected is not None
+    assert (found.node_id, found.cost, found.victims) == (expected.node_id, expected.cost, expected.victims)
+    assert [pod.spec.pod_id for pod in found.victims] == ["big"]
+    filed = sum(len(nodes) for nodes, _ in index.content(fold.cluster.nodes).values()) - len(index.pending_content())
+    assert filed == PROMOTE_FIRST  # big's node and the 15 youngest pairs, then the plan bounds the rest
+    assert len(index.pending_content()) == 40 - PROMOTE_FIRST
+    index.refresh(fold.cluster.nodes)
+    assert index.content(fold.cluster.nodes) == rebuilt(fold.cluster)
 
 
 def test_a_what_if_fork_preempts_on_its_own_copy_of_the_preemption_index() -> None:
@@ -256,11 +287,11 @@ def test_a_what_if_fork_preempts_on_its_own_copy_of_the_preemption_index() -> No
     fold.run_all(gpus("a", 2), gpus("b", 2))
     live = fold.cluster.preemptible
     live.refresh(fold.cluster.nodes)
-    before = live.content()
+    before = live.content(fold.cluster.nodes)
     twin = fork(fold.state)
     events = decide(twin, Command("w1", fold.cluster.name, 10**7, gpus("top", 2, priority=5)))
     assert of(events, "PodPreempted")
     forked = twin.clusters[fold.cluster.name]
     forked.preemptible.refresh(forked.nodes)
-    assert forked.preemptible.content() == PreemptionIndex.rebuilt(forked.nodes).content() != before
-    assert live.content() == before == PreemptionIndex.rebuilt(fold.cluster.nodes).content()
+    assert forked.preemptible.content(forked.nodes) == rebuilt(forked) != before
+    assert live.content(fold.cluster.nodes) == before == rebuilt(fold.cluster)
