@@ -434,6 +434,7 @@ def _end_gang(decision: _Decision, cluster: ClusterState, gang: Gang, reason: st
 def _set_policy(decision: _Decision, command: SetPolicy) -> None:
     check_set_policy(command)
     cluster = decision.cluster
+    was_strict = cluster.queue_order == STRICT_FIFO
     decision.emit(
         PolicyChanged(
             command.policy or cluster.policy,
@@ -452,6 +453,10 @@ def _set_policy(decision: _Decision, command: SetPolicy) -> None:
         )
         affected = {tenant for tenant in _queued_tenants(cluster) if tenant not in cluster.quotas}
         _capacity_grew(decision, cluster, (), affected)
+    cluster = decision.cluster
+    if was_strict and cluster.queue_order != STRICT_FIFO:
+        # Strict FIFO kept fitting work behind the head; every queued tenant's work may start now.
+        _capacity_grew(decision, cluster, (), _queued_tenants(cluster))
 
 
 def _queued_tenants(cluster: ClusterState) -> set[str]:

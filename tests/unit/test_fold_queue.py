@@ -173,3 +173,20 @@ def test_cpu_only_pods_take_no_gpu_and_fit_cpu_nodes() -> None:
     (third,) = fold.run(SubmitPod("c3", cpu_milli=7000))
     assert [(r.code, r.nodes) for r in third.payload.reasons] == [(Q.INSUFFICIENT_CPU, 2)]
     assert fold.cluster.gpu_milli_allocated == 0
+
+
+def test_leaving_strict_fifo_starts_the_work_that_waited_behind_the_head() -> None:
+    """Under strict FIFO a pod that fits waits behind a head that does not; switching the queue order back
+    starts it in the SetPolicy's own command (found by the jobs property test: it stayed queued on a free node)."""
+    fold = Fold()
+    fold.run_all(
+        AddNode("n1", 32000, 65536, "A100", 4),
+        SetPolicy(queue_order="strict-fifo"),
+        SubmitPod("head", num_gpu=8, gpu_milli=1000, preemption="never"),
+        SubmitPod("cpu", cpu_milli=500),
+    )
+    assert fold.cluster.pods["cpu"].queued
+    events = fold.run(SetPolicy(queue_order="skip-ahead"))
+    assert types(events) == ["PolicyChanged", "PodScheduled"]
+    assert events[1].payload.pod.pod_id == "cpu"
+    assert fold.cluster.pods["head"].queued
