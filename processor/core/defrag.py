@@ -722,6 +722,8 @@ def _room_across(
             continue
         if shape.gpu_models and node.gpu_model not in shape.gpu_models:
             continue
+        if not _gpus_fit(node, shape) or _fits(node, shape):
+            continue  # only a node whose GPUs the pod could take but whose CPU or memory is short
         present = (cluster.pods.get(pod_id) for pod_id in sorted(node.pods))
         movable = [
             pod
@@ -775,6 +777,13 @@ def _room_across(
     for touched, state in seen.items():
         before.setdefault(touched, state)
     return node_id
+
+
+def _gpus_fit(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free GPUs hold the shape's (CPU and memory aside)."""
+    if shape.gpu_milli >= GPU_MILLI:
+        return sum(1 for milli in node.gpu_free if milli >= GPU_MILLI) >= shape.num_gpu
+    return max(node.gpu_free, default=0) >= shape.gpu_milli
 
 
 def _fits_without(node: Node, shape: PodShape, pods: list[Pod]) -> bool:
