@@ -63,6 +63,8 @@ EJECT_SCAN = 16  # gaps just too small for a share looked at for a chain of two 
 TARGET_SUBSETS = 2_000  # subsets of a node's movable pods tried per target node
 RELIEVE_PODS = 8  # waiting GPU pods (queue order) that pods are moved across nodes for, per Defragment
 RELIEVE_MOVES = 2  # pods moved off one node at most to make room for one waiting pod
+ACROSS_MODELS = True  # experiment switch
+SWAP = True  # experiment switch
 RELIEVE_SUBSETS = 200  # subsets of a node's movable pods tried per node when moving pods across nodes
 REPACK_SET = 6  # GPUs re-packed together at most (one of them is freed)
 REPACK_POOL = 48  # GPUs per model, most free milli first, that the sets are drawn from
@@ -673,6 +675,12 @@ def _relieve_across(cluster: ClusterState, trial: Trial, budget: int, before: di
     least = (min(shape.cpu_milli for shape in shapes), min(shape.memory_mib for shape in shapes))
     claimed: set[str] = set()
     tried = 0
+    movers = [
+        pod
+        for pod in movable_pods(cluster)
+        if pod.spec.gang_id is None
+        and (pod.spec.num_gpu == 1 or (pod.spec.num_gpu > 1 and pod.spec.gpu_milli >= GPU_MILLI))
+    ]
     for _, group in heads:
         shape = group[2]
         if not shape.num_gpu or (shape.num_gpu > 1 and shape.gpu_milli < GPU_MILLI):
@@ -682,11 +690,11 @@ def _relieve_across(cluster: ClusterState, trial: Trial, budget: int, before: di
                 return
             tried += 1
             ready = _unclaimed_fit(cluster, shape, claimed)  # room an earlier step made: the queue takes it
-            node_id = (
-                ready
-                if ready is not None
-                else _room_across(cluster, trial, shape, budget - len(trial.moves), claimed, least, before)
-            )
+            node_id = ready
+            if node_id is None:
+                node_id = _room_across(cluster, trial, shape, budget - len(trial.moves), claimed, least, before)
+            if node_id is None and SWAP:
+                node_id = _room_by_swap(cluster, trial, shape, claimed, least, movers, before)
             if node_id is None:
                 break  # the next pod of this shape would find no more
             claimed.add(node_id)
@@ -786,6 +794,41 @@ def _gpus_fit(node: Node, shape: PodShape) -> bool:
     return max(node.gpu_free, default=0) >= shape.gpu_milli
 
 
+def _room_by_swap(
+    cluster: ClusterState,
+    trial: Trial,
+    shape: PodShape,
+    claimed: set[str],
+    least: tuple[int, int],
+    movers: list[Pod],
+    before: dict[str, tuple[int, bool]],
+) -> str | None:
+    """One move: a movable GPU pod whose leaving makes the shape fit its node goes where GPUs are idle (or a
+    gap is left) for want of CPU or memory there and it fits (:func:`_landing`); the first by node id, then
+    pod id. On trial; the node made ready, or None."""
+    for pod in movers:
+        if pod.spec.pod_id in trial.at:
+            continue
+        node = cluster.nodes[pod.node_id]  # type: ignore[index]
+        if node.node_id in claimed or (shape.gpu_models and node.gpu_model not in shape.gpu_models):
+            continue
+        if not _fits_without(node, shape, [pod]) or not _admits(cluster, node, shape):
+            continue
+        mark = len(trial.moves)
+        seen: dict[str, tuple[int, bool]] = {}
+        why = (
+            f"moving it off {node.node_id} so a waiting pod ({shape.num_gpu} GPU(s), {shape.cpu_milli} mCPU) "
+            "fits there, to a GPU that lacked the CPU or memory for that pod"
+        )
+        if _land(cluster, trial, pod, node.node_id, claimed, least, why, seen=seen, stranded_only=True):
+            if _fits(node, shape):
+                for touched, state in seen.items():
+                    before.setdefault(touched, state)
+                return node.node_id
+            trial.undo_to(mark)
+    return None
+
+
 def _fits_without(node: Node, shape: PodShape, pods: list[Pod]) -> bool:
     """Whether the shape would fit the node once ``pods`` (running there) are gone: arithmetic only."""
     cpu, memory = node.cpu_free, node.memory_free
@@ -811,10 +854,12 @@ def _land(
     least: tuple[int, int],
     why: str,
     seen: dict[str, tuple[int, bool]] | None = None,
+    stranded_only: bool = False,
 ) -> bool:
     """Move a pod off node ``away`` on trial to its landing (:func:`_landing`); False if it has none."""
-    model = cluster.nodes[away].gpu_model
-    landing = _landing(cluster, pod, claimed | {away}, model, least)
+    # Without quotas a pod may change GPU model within its own constraint (quota keys follow the model).
+    model = None if ACROSS_MODELS and not cluster.quotas_on else cluster.nodes[away].gpu_model
+    landing = _landing(cluster, pod, claimed | {away}, model, least, stranded_only)
     if landing is None:
         return False
     if seen is not None:
@@ -827,16 +872,21 @@ def _land(
 
 
 def _landing(
-    cluster: ClusterState, pod: Pod, exclude: set[str], model: str, least: tuple[int, int]
+    cluster: ClusterState,
+    pod: Pod,
+    exclude: set[str],
+    model: str | None,
+    least: tuple[int, int],
+    stranded_only: bool = False,
 ) -> tuple[str, tuple[GpuShare, ...]] | None:
     """Where a pod moved across nodes goes: a node of ``model`` (for a GPU pod) where it fits, that is not
     left with idle GPUs short of the CPU or memory ``least`` the smallest waiting GPU pod asks (unless it
     already was); best fit by GPU, then CPU, then node id."""
-    shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu else pod.shape
+    shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu and model is not None else pod.shape
     best: tuple[tuple[int, int, str], str] | None = None
     for group in cluster.index.feasible(shape):
         signature = group.signature
-        if signature.gpu_model != model:
+        if model is not None and signature.gpu_model != model:
             continue
         node_id = next((n for n in group.node_ids if n not in exclude), None)
         if node_id is None:
@@ -857,6 +907,8 @@ def _landing(
         short_before = signature.cpu_free < least[0] or signature.memory_free < least[1]
         if idle_after and (cpu_after < least[0] or memory_after < least[1]) and not (idle_before and short_before):
             continue  # it would strand that node's idle GPUs
+        if stranded_only and not short_before:
+            continue  # GPUs a waiting pod could use as they are: not to be taken
         rank = (fit, cpu_after, node_id)
         if best is None or rank < best[0]:
             best = (rank, node_id)

@@ -401,3 +401,44 @@ def test_moves_across_nodes_never_over_commit_on_replay() -> None:
                 assert min(node.gpu_free) >= 0 and node.cpu_free >= 0 and node.memory_free >= 0
     assert migrated == 1
     assert state_hash(state) == state_hash(fold.state)
+
+
+def stranded_idle_gpu(log: list | None = None) -> Fold:
+    """n0 (64 cores, 1 GPU) runs ``light``, a movable whole-GPU pod of 1 core; n1 (2 cores, 1 GPU) has its
+    GPU idle but too little CPU for ``w`` (1 GPU, 12 cores), which fits neither node. With ``light`` on
+    n1's idle GPU, n0 holds ``w``."""
+    fold = Fold()
+    events = fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    events += fold.run_all(
+        AddNode("n0", 64_000, 65_536, "A100", 1),
+        SubmitPod("light", num_gpu=1, gpu_milli=1000, cpu_milli=1_000, memory_mib=1024, movable=True),
+        AddNode("n1", 2_000, 65_536, "A100", 1),
+        SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=12_000, memory_mib=1024, preemption="never"),
+    )
+    if log is not None:
+        log.extend(events)
+    return fold
+
+
+def test_a_light_pod_moved_onto_a_stranded_idle_gpu_lets_a_waiting_pod_start() -> None:
+    fold = stranded_idle_gpu()
+    assert [fold.placement(p) for p in ("light", "w")] == ["n0", None]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
+    planned, moved, started = (event.payload for event in events)
+    assert (moved.pod_id, moved.from_node, moved.to_node) == ("light", "n0", "n1")
+    assert "to a GPU that lacked the CPU or memory for that pod" in moved.message
+    assert (started.pod.pod_id, started.node_id) == ("w", "n0")
+
+
+def test_a_move_onto_a_stranded_gpu_never_over_commits_on_replay() -> None:
+    log: list = []
+    fold = stranded_idle_gpu(log)
+    log += fold.run(Defragment(10))
+    state = PartitionState()
+    for event in log:
+        apply(state, event)  # raises InvariantViolation on an over-commit
+        for node in state.clusters[fold.cluster_name].nodes.values():
+            assert min(node.gpu_free) >= 0 and node.cpu_free >= 0 and node.memory_free >= 0
+    assert "PodMigrated" in types(log)
+    assert state_hash(state) == state_hash(fold.state)
