@@ -29,6 +29,16 @@ where it lands when it is applied; a cycle is broken by parking a share (on the 
 the set, or a best-fit gap outside it) until its place has room. Of the GPUs of the set it could free, the
 sequence with the fewest moves wins; kept within the budget and if it lowers the FGD fragmentation, as above.
 
+Last, **moving pods across nodes** for the first waiting GPU pods (queue order, at most ``RELIEVE_PODS``),
+where GPUs sit idle (or in large gaps) on nodes whose CPU or memory is taken: either up to ``RELIEVE_MOVES``
+movable pods of any kind (whole-GPU, shares, CPU-only; CPU-heaviest first) leave a node whose GPUs the waiting
+pod could take but whose CPU or memory is short, or one light GPU pod leaves a node with CPU to spare for
+GPUs that lacked CPU or memory for the waiting pods, so the waiting pod fits the node it left. A moved pod
+goes where it fits (best fit by GPU, then CPU, then node id; of its own GPU model, or, without quotas, of any
+model its request allows), never leaving idle GPUs there short of the CPU or memory the smallest waiting GPU
+pod asks. Each move fits where it lands when it is applied; a node made ready for one waiting pod takes no
+pods and is not used again in the plan; no pod moves twice.
+
 Cost: O(G log G) to index the G partly used GPUs, plus per share placed a scan of at most
 ``SCAN`` gaps, or for a chain ``EJECT_SCAN`` gaps times the shares on each times ``SCAN``; per model, at most
 ``REPACK_TRIES`` sets, each up to three packings of at most ``REPACK_STEPS`` steps.
@@ -63,8 +73,8 @@ EJECT_SCAN = 16  # gaps just too small for a share looked at for a chain of two 
 TARGET_SUBSETS = 2_000  # subsets of a node's movable pods tried per target node
 RELIEVE_PODS = 8  # waiting GPU pods (queue order) that pods are moved across nodes for, per Defragment
 RELIEVE_MOVES = 2  # pods moved off one node at most to make room for one waiting pod
-ACROSS_MODELS = True  # experiment switch
-SWAP = True  # experiment switch
+ACROSS_MODELS = True  # without quotas, a pod moved across nodes may change GPU model (within its own constraint)
+SWAP = True  # also move a light GPU pod onto GPUs left idle for want of CPU, freeing a GPU with CPU to spare
 RELIEVE_SUBSETS = 200  # subsets of a node's movable pods tried per node when moving pods across nodes
 REPACK_SET = 6  # GPUs re-packed together at most (one of them is freed)
 REPACK_POOL = 48  # GPUs per model, most free milli first, that the sets are drawn from
@@ -806,8 +816,16 @@ def _room_by_swap(
     """One move: a movable GPU pod whose leaving makes the shape fit its node goes where GPUs are idle (or a
     gap is left) for want of CPU or memory there and it fits (:func:`_landing`); the first by node id, then
     pod id. On trial; the node made ready, or None."""
+    # A pod with more CPU or memory than any node short of ``least`` has free lands nowhere (a bound).
+    short = [
+        node
+        for node in cluster.nodes.values()
+        if node.schedulable and node.gpu_count and (node.cpu_free < least[0] or node.memory_free < least[1])
+    ]
+    cpu = max((node.cpu_free for node in short), default=-1)
+    memory = max((node.memory_free for node in short), default=-1)
     for pod in movers:
-        if pod.spec.pod_id in trial.at:
+        if pod.spec.cpu_milli > cpu or pod.spec.memory_mib > memory or pod.spec.pod_id in trial.at:
             continue
         node = cluster.nodes[pod.node_id]  # type: ignore[index]
         if node.node_id in claimed or (shape.gpu_models and node.gpu_model not in shape.gpu_models):

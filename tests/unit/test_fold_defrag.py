@@ -426,6 +426,7 @@ def test_a_light_pod_moved_onto_a_stranded_idle_gpu_lets_a_waiting_pod_start() -
     events = fold.run(Defragment(10))
     assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
     planned, moved, started = (event.payload for event in events)
+    assert planned.moves == 1
     assert (moved.pod_id, moved.from_node, moved.to_node) == ("light", "n0", "n1")
     assert "to a GPU that lacked the CPU or memory for that pod" in moved.message
     assert (started.pod.pod_id, started.node_id) == ("w", "n0")
