@@ -29,6 +29,16 @@ where it lands when it is applied; a cycle is broken by parking a share (on the 
 the set, or a best-fit gap outside it) until its place has room. Of the GPUs of the set it could free, the
 sequence with the fewest moves wins; kept within the budget and if it lowers the FGD fragmentation, as above.
 
+Last, **moving pods across nodes** for the first waiting GPU pods (queue order, at most ``RELIEVE_PODS``),
+where GPUs sit idle (or in large gaps) on nodes whose CPU or memory is taken: either up to ``RELIEVE_MOVES``
+movable pods of any kind (whole-GPU, shares, CPU-only; CPU-heaviest first) leave a node whose GPUs the waiting
+pod could take but whose CPU or memory is short, or one light GPU pod leaves a node with CPU to spare for
+GPUs that lacked CPU or memory for the waiting pods, so the waiting pod fits the node it left. A moved pod
+goes where it fits (best fit by GPU, then CPU, then node id; of its own GPU model, or, without quotas, of any
+model its request allows), never leaving idle GPUs there short of the CPU or memory the smallest waiting GPU
+pod asks. Each move fits where it lands when it is applied; a node made ready for one waiting pod takes no
+pods and is not used again in the plan; no pod moves twice.
+
 Cost: O(G log G) to index the G partly used GPUs, plus per share placed a scan of at most
 ``SCAN`` gaps, or for a chain ``EJECT_SCAN`` gaps times the shares on each times ``SCAN``; per model, at most
 ``REPACK_TRIES`` sets, each up to three packings of at most ``REPACK_STEPS`` steps.
@@ -61,6 +71,11 @@ RELIEVE_SHAPES = 16  # waiting whole-GPU shapes (queue order) that idle GPUs sho
 DEPTH = 1  # ejections per chain (depth 2 measured: no better within noise, 2-4x the CPU)
 EJECT_SCAN = 16  # gaps just too small for a share looked at for a chain of two moves
 TARGET_SUBSETS = 2_000  # subsets of a node's movable pods tried per target node
+RELIEVE_PODS = 8  # waiting GPU pods (queue order) that pods are moved across nodes for, per Defragment
+RELIEVE_MOVES = 2  # pods moved off one node at most to make room for one waiting pod
+ACROSS_MODELS = True  # without quotas, a pod moved across nodes may change GPU model (within its own constraint)
+SWAP = True  # also move a light GPU pod onto GPUs left idle for want of CPU, freeing a GPU with CPU to spare
+RELIEVE_SUBSETS = 200  # subsets of a node's movable pods tried per node when moving pods across nodes
 REPACK_SET = 6  # GPUs re-packed together at most (one of them is freed)
 REPACK_POOL = 48  # GPUs per model, most free milli first, that the sets are drawn from
 REPACK_TRIES = 32  # sets tried per model per Defragment
@@ -286,7 +301,7 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
     """Free whole GPUs by emptying the cheapest GPUs that hold only movable shares (module docstring)."""
     movable = [pod for pod in movable_pods(cluster) if pod.shape.is_share]
     if not movable:
-        return Plan(note="no movable GPU-share pod runs: nothing to consolidate")
+        return _across_only(cluster, budget)
     models = sorted({cluster.nodes[pod.node_id].gpu_model for pod in movable})  # type: ignore[index]
     trial = Trial(cluster)
     gaps = _Gaps(cluster, trial, models)
@@ -324,10 +339,26 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
             receivers.update((move.to_node, move.to_gpus[0].index) for move in moved)
         _relieve(cluster, gaps, budget, before)
         _repack(cluster, gaps, budget, before, fragmenter)
+        _relieve_across(cluster, trial, budget, before)  # last: it moves pods the gaps do not follow
         plan = Plan(list(trial.moves))
         plan.gpus_freed, plan.nodes_freed = _outcome(cluster, plan.moves, before)
         if not plan.moves:
             plan.note = "no GPU holding only movable shares could be emptied within the budget with less fragmentation"
+        return plan
+    finally:
+        trial.rollback()
+
+
+def _across_only(cluster: ClusterState, budget: int) -> Plan:
+    """No movable share runs: only moving pods across nodes for the first waiting pods can help."""
+    trial = Trial(cluster)
+    before: dict[str, tuple[int, bool]] = {}
+    try:
+        _relieve_across(cluster, trial, budget, before)
+        plan = Plan(list(trial.moves))
+        plan.gpus_freed, plan.nodes_freed = _outcome(cluster, plan.moves, before)
+        if not plan.moves:
+            plan.note = "no movable GPU-share pod runs, and no move lets a waiting pod start: nothing was moved"
         return plan
     finally:
         trial.rollback()
@@ -637,6 +668,272 @@ def _relieve(cluster: ClusterState, gaps: _Gaps, budget: int, before: dict[str, 
             break
         if len(trial.moves) >= budget:
             return
+
+
+def _relieve_across(cluster: ClusterState, trial: Trial, budget: int, before: dict[str, tuple[int, bool]]) -> None:
+    """Make room for the first waiting GPU pods (queue order, at most ``RELIEVE_PODS``) on nodes whose GPUs
+    they could use but whose CPU or memory is taken: move at most ``RELIEVE_MOVES`` movable pods of any kind
+    (whole-GPU, shares, CPU-only) off such a node to other nodes of its GPU model where they fit, without
+    leaving idle GPUs there short of CPU for the waiting pods (:func:`_landing`). The node needing the fewest
+    moves wins (then id); a node made ready for one waiting pod is not used again in the plan, and pods
+    are not moved twice. On trial: the queue takes the room (the fold places after the moves)."""
+    heads = sorted(cluster.queue.heads(), key=lambda head: head[0])
+    shapes = [group[2] for _, group in heads if group[2].num_gpu]
+    if not shapes:
+        return
+    # A node with idle GPUs and less CPU or memory than every waiting GPU pod asks for strands its GPUs.
+    least = (min(shape.cpu_milli for shape in shapes), min(shape.memory_mib for shape in shapes))
+    claimed: set[str] = set()
+    tried = 0
+    movers = [
+        pod
+        for pod in movable_pods(cluster)
+        if pod.spec.gang_id is None
+        and (pod.spec.num_gpu == 1 or (pod.spec.num_gpu > 1 and pod.spec.gpu_milli >= GPU_MILLI))
+    ]
+    for _, group in heads:
+        shape = group[2]
+        if not shape.num_gpu or (shape.num_gpu > 1 and shape.gpu_milli < GPU_MILLI):
+            continue
+        for _ in range(cluster.queue.count(group)):
+            if tried >= RELIEVE_PODS or len(trial.moves) >= budget:
+                return
+            tried += 1
+            ready = _unclaimed_fit(cluster, shape, claimed)  # room an earlier step made: the queue takes it
+            node_id = ready
+            if node_id is None:
+                node_id = _room_across(cluster, trial, shape, budget - len(trial.moves), claimed, least, before)
+            if node_id is None and SWAP:
+                node_id = _room_by_swap(cluster, trial, shape, claimed, least, movers, before)
+            if node_id is None:
+                break  # the next pod of this shape would find no more
+            claimed.add(node_id)
+
+
+def _unclaimed_fit(cluster: ClusterState, shape: PodShape, claimed: set[str]) -> str | None:
+    """A node (least id) the shape fits now and that is not kept for another waiting pod, or None."""
+    found = [
+        node_id
+        for group in cluster.index.feasible(shape)
+        for node_id in group.node_ids
+        if node_id not in claimed and _admits(cluster, cluster.nodes[node_id], shape)
+    ]
+    return min(found) if found else None
+
+
+def _room_across(
+    cluster: ClusterState,
+    trial: Trial,
+    shape: PodShape,
+    budget: int,
+    claimed: set[str],
+    least: tuple[int, int],
+    before: dict[str, tuple[int, bool]],
+) -> str | None:
+    """Move movable pods off the node where the shape fits after the fewest moves (then node id), each to a
+    landing of its own (:func:`_landing`); on trial. The node, or None (nothing moved)."""
+    best: tuple[int, str, tuple[Pod, ...]] | None = None
+    limit = min(RELIEVE_MOVES, budget)
+    for node_id in sorted(cluster.nodes):
+        node = cluster.nodes[node_id]
+        if node_id in claimed or not _admits(cluster, node, shape):
+            continue
+        if shape.gpu_models and node.gpu_model not in shape.gpu_models:
+            continue
+        if not _gpus_fit(node, shape) or _fits(node, shape):
+            continue  # only a node whose GPUs the pod could take but whose CPU or memory is short
+        present = (cluster.pods.get(pod_id) for pod_id in sorted(node.pods))
+        movable = [
+            pod
+            for pod in present
+            if pod is not None
+            and pod.spec.movable
+            and pod.spec.gang_id is None
+            and pod.spec.pod_id not in trial.at
+            and (pod.spec.num_gpu <= 1 or pod.spec.gpu_milli >= GPU_MILLI)  # no fractional multi-GPU pod
+        ]
+        if not movable or not _fits_without(node, shape, movable):
+            continue
+        movable.sort(key=lambda p: (-p.spec.cpu_milli, -p.spec.memory_mib, p.spec.pod_id))
+        subsets = 0
+        for size in range(1, (best[0] - 1 if best is not None else limit) + 1):
+            for chosen in combinations(movable, size):
+                subsets += 1
+                if subsets > RELIEVE_SUBSETS:
+                    break
+                if not _fits_without(node, shape, list(chosen)):
+                    continue
+                mark = len(trial.moves)
+                ok = all(_land(cluster, trial, pod, node_id, claimed, least, "") for pod in chosen)
+                ok = ok and _fits(node, shape)
+                trial.undo_to(mark)
+                if ok:
+                    best = (size, node_id, chosen)
+                    break
+            if (best is not None and best[1] == node_id) or subsets > RELIEVE_SUBSETS:
+                break
+        if best is not None and best[0] == 1:
+            break  # one move: nothing does better (ties on node id)
+    if best is None:
+        return None
+    _, node_id, chosen = best
+    node = cluster.nodes[node_id]
+    mark = len(trial.moves)
+    seen: dict[str, tuple[int, bool]] = {}
+    idle = _whole_free(node)
+    why = (
+        f"moving it off {node_id} so a waiting pod ({shape.num_gpu} GPU(s), {shape.cpu_milli} mCPU) fits there: "
+        f"its GPUs{f' ({idle} idle)' if idle else ''} lacked the CPU or memory"
+    )
+    for pod in chosen:
+        if not _land(cluster, trial, pod, node_id, claimed, least, why, seen=seen):
+            trial.undo_to(mark)  # it landed while planning; the order is the same
+            return None
+    if not _fits(node, shape):
+        trial.undo_to(mark)
+        return None
+    for touched, state in seen.items():
+        before.setdefault(touched, state)
+    return node_id
+
+
+def _gpus_fit(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free GPUs hold the shape's (CPU and memory aside)."""
+    if shape.gpu_milli >= GPU_MILLI:
+        return sum(1 for milli in node.gpu_free if milli >= GPU_MILLI) >= shape.num_gpu
+    return max(node.gpu_free, default=0) >= shape.gpu_milli
+
+
+def _room_by_swap(
+    cluster: ClusterState,
+    trial: Trial,
+    shape: PodShape,
+    claimed: set[str],
+    least: tuple[int, int],
+    movers: list[Pod],
+    before: dict[str, tuple[int, bool]],
+) -> str | None:
+    """One move: a movable GPU pod whose leaving makes the shape fit its node goes where GPUs are idle (or a
+    gap is left) for want of CPU or memory there and it fits (:func:`_landing`); the first by node id, then
+    pod id. On trial; the node made ready, or None."""
+    # A pod with more CPU or memory than any node short of ``least`` has free lands nowhere (a bound).
+    short = [
+        node
+        for node in cluster.nodes.values()
+        if node.schedulable and node.gpu_count and (node.cpu_free < least[0] or node.memory_free < least[1])
+    ]
+    cpu = max((node.cpu_free for node in short), default=-1)
+    memory = max((node.memory_free for node in short), default=-1)
+    for pod in movers:
+        if pod.spec.cpu_milli > cpu or pod.spec.memory_mib > memory or pod.spec.pod_id in trial.at:
+            continue
+        node = cluster.nodes[pod.node_id]  # type: ignore[index]
+        if node.node_id in claimed or (shape.gpu_models and node.gpu_model not in shape.gpu_models):
+            continue
+        if not _fits_without(node, shape, [pod]) or not _admits(cluster, node, shape):
+            continue
+        mark = len(trial.moves)
+        seen: dict[str, tuple[int, bool]] = {}
+        why = (
+            f"moving it off {node.node_id} so a waiting pod ({shape.num_gpu} GPU(s), {shape.cpu_milli} mCPU) "
+            "fits there, to a GPU that lacked the CPU or memory for that pod"
+        )
+        if _land(cluster, trial, pod, node.node_id, claimed, least, why, seen=seen, stranded_only=True):
+            if _fits(node, shape):
+                for touched, state in seen.items():
+                    before.setdefault(touched, state)
+                return node.node_id
+            trial.undo_to(mark)
+    return None
+
+
+def _fits_without(node: Node, shape: PodShape, pods: list[Pod]) -> bool:
+    """Whether the shape would fit the node once ``pods`` (running there) are gone: arithmetic only."""
+    cpu, memory = node.cpu_free, node.memory_free
+    free = list(node.gpu_free)
+    for pod in pods:
+        cpu += pod.spec.cpu_milli
+        memory += pod.spec.memory_mib
+        for share in pod.gpus:
+            free[share.index] += share.milli
+    if cpu < shape.cpu_milli or memory < shape.memory_mib:
+        return False
+    if shape.gpu_milli >= GPU_MILLI:
+        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
+    return max(free, default=0) >= shape.gpu_milli
+
+
+def _land(
+    cluster: ClusterState,
+    trial: Trial,
+    pod: Pod,
+    away: str,
+    claimed: set[str],
+    least: tuple[int, int],
+    why: str,
+    seen: dict[str, tuple[int, bool]] | None = None,
+    stranded_only: bool = False,
+) -> bool:
+    """Move a pod off node ``away`` on trial to its landing (:func:`_landing`); False if it has none."""
+    # Without quotas a pod may change GPU model within its own constraint (quota keys follow the model).
+    model = None if ACROSS_MODELS and not cluster.quotas_on else cluster.nodes[away].gpu_model
+    landing = _landing(cluster, pod, claimed | {away}, model, least, stranded_only)
+    if landing is None:
+        return False
+    if seen is not None:
+        for node_id in (away, landing[0]):
+            if node_id not in seen:
+                node = cluster.nodes[node_id]
+                seen[node_id] = (_whole_free(node), not node.pods)
+    trial.move(pod, landing[0], landing[1], why)
+    return True
+
+
+def _landing(
+    cluster: ClusterState,
+    pod: Pod,
+    exclude: set[str],
+    model: str | None,
+    least: tuple[int, int],
+    stranded_only: bool = False,
+) -> tuple[str, tuple[GpuShare, ...]] | None:
+    """Where a pod moved across nodes goes: a node of ``model`` (for a GPU pod) where it fits, that is not
+    left with idle GPUs short of the CPU or memory ``least`` the smallest waiting GPU pod asks (unless it
+    already was); best fit by GPU, then CPU, then node id."""
+    shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu and model is not None else pod.shape
+    best: tuple[tuple[int, int, str], str] | None = None
+    for group in cluster.index.feasible(shape):
+        signature = group.signature
+        if model is not None and signature.gpu_model != model:
+            continue
+        node_id = next((n for n in group.node_ids if n not in exclude), None)
+        if node_id is None:
+            continue
+        free = list(signature.gpu_free)
+        if shape.num_gpu and shape.gpu_milli < GPU_MILLI:
+            gap = min(milli for milli in free if milli >= shape.gpu_milli)
+            fit = gap - shape.gpu_milli
+            free[free.index(gap)] = fit
+        else:
+            fit = sum(1 for milli in free if milli >= GPU_MILLI) - shape.num_gpu
+            for _ in range(shape.num_gpu if shape.num_gpu else 0):
+                free[free.index(max(free))] = 0
+        idle_before = sum(1 for milli in signature.gpu_free if milli >= GPU_MILLI)
+        idle_after = sum(1 for milli in free if milli >= GPU_MILLI)
+        cpu_after = signature.cpu_free - shape.cpu_milli
+        memory_after = signature.memory_free - shape.memory_mib
+        short_before = signature.cpu_free < least[0] or signature.memory_free < least[1]
+        if idle_after and (cpu_after < least[0] or memory_after < least[1]) and not (idle_before and short_before):
+            continue  # it would strand that node's idle GPUs
+        if stranded_only and not short_before:
+            continue  # GPUs a waiting pod could use as they are: not to be taken
+        rank = (fit, cpu_after, node_id)
+        if best is None or rank < best[0]:
+            best = (rank, node_id)
+    if best is None:
+        return None
+    node_id = best[1]
+    return node_id, default_gpus(cluster.nodes[node_id].gpu_free, shape)
 
 
 def _less_fragmented(cluster: ClusterState, fragmenter: Fragmenter | None, seen: dict[str, tuple]) -> bool:

@@ -66,6 +66,11 @@ class PendingQueue:
         """The first pod of the whole queue (priority, then FIFO) and its shape. O(1)."""
         return self._heads[0] if self._heads else None
 
+    def count(self, shape: PodShape) -> int:
+        """How many pods wait with this shape. O(1)."""
+        pods = self._by_shape.get(shape)
+        return len(pods) if pods else 0
+
     def head(self, shape: PodShape) -> QueueKey | None:
         pods = self._by_shape.get(shape)
         return pods[0] if pods else None

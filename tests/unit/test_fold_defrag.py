@@ -330,3 +330,116 @@ def test_a_set_repack_is_deterministic() -> None:
     first, second = pinned_shares(PARKING), pinned_shares(PARKING)
     assert first.run(Defragment(10)) == second.run(Defragment(10))
     assert state_hash(first.state) == state_hash(second.state)
+
+
+def stranded_whole_gpu(n1_gpus: int = 1, log: list | None = None, small: bool = False) -> Fold:
+    """n0 (16 cores, 2 GPUs) runs ``heavy``, a movable whole-GPU pod of 7 cores: its other GPU is idle with
+    9 cores free. n1 (10 cores, ``n1_gpus`` GPUs) is empty. ``w`` (1 GPU, 12 cores) fits neither node; with
+    ``heavy`` on n1, n0 holds it. With ``small``, ``w2`` (1 GPU, 4 cores, a selector no node matches) waits
+    too. No share runs: consolidation has nothing to do."""
+    fold = Fold()
+    events = fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    events += fold.run_all(
+        AddNode("n0", 16_000, 65_536, "A100", 2),
+        SubmitPod("heavy", num_gpu=1, gpu_milli=1000, cpu_milli=7_000, memory_mib=1024, movable=True),
+        AddNode("n1", 10_000, 65_536, "A100", n1_gpus),
+        SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=12_000, memory_mib=1024, preemption="never"),
+    )
+    if small:
+        events += fold.run(SubmitPod("w2", num_gpu=1, gpu_milli=1000, cpu_milli=4_000, node_selector={"pool": "none"}))
+    if log is not None:
+        log.extend(events)
+    return fold
+
+
+@pytest.mark.parametrize("n1_gpus", [1, 2])
+def test_moving_a_cpu_heavy_whole_gpu_pod_across_nodes_lets_a_waiting_pod_start(n1_gpus: int) -> None:
+    """With 2 GPUs on n1, its GPUs lack CPU for ``w`` already: ``heavy`` may land there as well."""
+    fold = stranded_whole_gpu(n1_gpus)
+    assert [fold.placement(p) for p in ("heavy", "w")] == ["n0", None]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
+    planned, moved, started = (event.payload for event in events)
+    assert planned.moves == 1
+    assert (moved.pod_id, moved.from_node, moved.to_node) == ("heavy", "n0", "n1")
+    assert "moving it off n0 so a waiting pod (1 GPU(s), 12000 mCPU) fits there" in moved.message
+    assert "lacked the CPU or memory" in moved.message
+    assert (started.pod.pod_id, started.node_id) == ("w", "n0")
+
+
+def test_a_move_across_nodes_that_would_strand_the_landing_node_is_not_made() -> None:
+    """``w2`` asks 4 cores: n1 (2 GPUs, 10 cores) could serve a pod like it, but with ``heavy`` there its
+    other GPU would be idle with 3 cores. The stranded GPU would only move: nothing moves."""
+    fold = stranded_whole_gpu(n1_gpus=2, small=True)
+    (event,) = fold.run(Defragment(10))
+    assert event.payload.moves == 0
+    assert [fold.placement(p) for p in ("heavy", "w", "w2")] == ["n0", None, None]
+
+
+def test_no_move_across_nodes_without_a_waiting_pod_or_budget() -> None:
+    fold = stranded_whole_gpu()
+    (event,) = fold.run(Defragment(0))
+    assert event.payload.moves == 0
+    fold.run(Release("w"))
+    (event,) = fold.run(Defragment(10))
+    assert event.payload.moves == 0 and fold.placement("heavy") == "n0"
+
+
+def test_moves_across_nodes_never_over_commit_on_replay() -> None:
+    """Replaying the events one by one: after every move each GPU, CPU and memory is within capacity, and
+    the replayed state is the fold's."""
+    log: list = []
+    fold = stranded_whole_gpu(log=log)
+    log += fold.run(Defragment(10))
+    state = PartitionState()
+    migrated = 0
+    for event in log:
+        apply(state, event)  # raises InvariantViolation on an over-commit
+        if event.type_name == "PodMigrated":
+            migrated += 1
+            for node in state.clusters[fold.cluster_name].nodes.values():
+                assert min(node.gpu_free) >= 0 and node.cpu_free >= 0 and node.memory_free >= 0
+    assert migrated == 1
+    assert state_hash(state) == state_hash(fold.state)
+
+
+def stranded_idle_gpu(log: list | None = None) -> Fold:
+    """n0 (64 cores, 1 GPU) runs ``light``, a movable whole-GPU pod of 1 core; n1 (2 cores, 1 GPU) has its
+    GPU idle but too little CPU for ``w`` (1 GPU, 12 cores), which fits neither node. With ``light`` on
+    n1's idle GPU, n0 holds ``w``."""
+    fold = Fold()
+    events = fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    events += fold.run_all(
+        AddNode("n0", 64_000, 65_536, "A100", 1),
+        SubmitPod("light", num_gpu=1, gpu_milli=1000, cpu_milli=1_000, memory_mib=1024, movable=True),
+        AddNode("n1", 2_000, 65_536, "A100", 1),
+        SubmitPod("w", num_gpu=1, gpu_milli=1000, cpu_milli=12_000, memory_mib=1024, preemption="never"),
+    )
+    if log is not None:
+        log.extend(events)
+    return fold
+
+
+def test_a_light_pod_moved_onto_a_stranded_idle_gpu_lets_a_waiting_pod_start() -> None:
+    fold = stranded_idle_gpu()
+    assert [fold.placement(p) for p in ("light", "w")] == ["n0", None]
+    events = fold.run(Defragment(10))
+    assert types(events) == ["DefragmentationPlanned", "PodMigrated", "PodScheduled"]
+    planned, moved, started = (event.payload for event in events)
+    assert planned.moves == 1
+    assert (moved.pod_id, moved.from_node, moved.to_node) == ("light", "n0", "n1")
+    assert "to a GPU that lacked the CPU or memory for that pod" in moved.message
+    assert (started.pod.pod_id, started.node_id) == ("w", "n0")
+
+
+def test_a_move_onto_a_stranded_gpu_never_over_commits_on_replay() -> None:
+    log: list = []
+    fold = stranded_idle_gpu(log)
+    log += fold.run(Defragment(10))
+    state = PartitionState()
+    for event in log:
+        apply(state, event)  # raises InvariantViolation on an over-commit
+        for node in state.clusters[fold.cluster_name].nodes.values():
+            assert min(node.gpu_free) >= 0 and node.cpu_free >= 0 and node.memory_free >= 0
+    assert "PodMigrated" in types(log)
+    assert state_hash(state) == state_hash(fold.state)
