@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
@@ -490,6 +492,30 @@ class ClusterState:
         return gang, "gang"
 
 
+class SeenWindow(Protocol):
+    """The idempotency window as the fold uses it: ``in``, add at the end, drop the oldest, count, list in order.
+
+    An ``OrderedDict[str, None]`` in the live state; a what-if fork puts an overlay on the live window
+    instead (``processor.runtime.whatif.SeenOverlay``). Typed as this protocol rather than as a dict so
+    that the compiled ``PartitionState`` (mypyc checks attribute types at run time) accepts both.
+    """
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+    def __setitem__(self, key: str, value: None, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def popitem(self, last: bool = True) -> tuple[str, None]: ...
+
+
+def new_seen_window() -> SeenWindow:
+    """An empty idempotency window."""
+    return OrderedDict()
+
+
 @dataclass(slots=True)
 class PartitionState:
     """Everything the fold knows for one partition of the command log."""
@@ -498,7 +524,7 @@ class PartitionState:
     clusters: dict[str, ClusterState] = field(default_factory=dict)
     sequence: int = 0  # the next event's sequence number
     next_offset: int = 0  # the next command offset to fold
-    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen: SeenWindow = field(default_factory=new_seen_window)
     seen_window: int = DEFAULT_SEEN_WINDOW
     clock: int = 0  # event time: the largest issued_at folded (or timer deadline reached)
     timers: Timers = field(default_factory=Timers)  # derived from the clusters' state

@@ -32,7 +32,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from processor.core.state import ClusterState, Node, PartitionState, Pod
+from processor.core.state import ClusterState, Node, PartitionState, Pod, SeenWindow
 
 
 class CopyOnAccess(dict):  # type: ignore[type-arg]
@@ -119,7 +119,7 @@ class SeenOverlay:
 
     __slots__ = ("_added", "_base", "_dropped")
 
-    def __init__(self, base: OrderedDict[str, None]) -> None:
+    def __init__(self, base: SeenWindow) -> None:
         self._base = base
         self._added: OrderedDict[str, None] = OrderedDict()
         self._dropped: dict[str, None] = {}  # the oldest base ids, dropped in order
