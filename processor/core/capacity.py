@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedList
 
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_fits
@@ -31,6 +32,7 @@ def _headroom(signature: Signature) -> tuple[int, int]:
     return (sum(1 for milli in free if milli >= GPU_MILLI), free[0] if free else 0)
 
 
+@mypyc_attr(serializable=True)  # compiled: copy.copy (a what-if fork) makes one without calling __init__
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
 

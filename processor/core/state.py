@@ -10,7 +10,9 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from mypy_extensions import mypyc_attr
 
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
@@ -41,6 +43,7 @@ A dependency on an id that ended longer ago than that, or that was never submitt
 waits until a job with that id ends; the window bounds memory and snapshot size."""
 
 
+@mypyc_attr(serializable=True)  # compiled: copy.copy (a what-if fork) makes one without calling __init__
 class Node:
     """A node: its fixed capacity and what is free now, GPU by GPU."""
 
@@ -355,15 +358,15 @@ class ClusterState:
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
-        nodes = self.priority_nodes.get(spec.priority)
-        if nodes is None:
-            nodes = self.priority_nodes[spec.priority] = {}
-        count = nodes.get(node.node_id, 0) + sign
+        at_priority = self.priority_nodes.get(spec.priority)
+        if at_priority is None:
+            at_priority = self.priority_nodes[spec.priority] = {}
+        count = at_priority.get(node.node_id, 0) + sign
         if count:
-            nodes[node.node_id] = count
+            at_priority[node.node_id] = count
         else:
-            del nodes[node.node_id]
-            if not nodes:
+            del at_priority[node.node_id]
+            if not at_priority:
                 del self.priority_nodes[spec.priority]
 
     def set_quota(self, tenant: str, quota: Quota | None) -> None:
@@ -492,6 +495,21 @@ class ClusterState:
         return gang, "gang"
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def lookup(table: dict[_K, _V], key: _K) -> _V | None:
+    """``table.get(key)``, read with ``in`` and ``[]``: use it on ``clusters``, ``nodes`` and ``pods``.
+
+    A what-if fork (``processor.runtime.whatif``) hands the fold dicts that copy a value on first read
+    by overriding ``[]`` and ``get``; compiled code (mypyc) reads ``dict.get`` straight from the hash
+    table, past a subclass's ``get``, so the fork would change the live state. ``in`` and ``[]`` go
+    through the subclass in both builds (``tests/unit/test_compiled.py`` checks no ``.get`` is left).
+    """
+    return table[key] if key in table else None  # noqa: SIM401 (.get is what this avoids)
+
+
 class SeenWindow(Protocol):
     """The idempotency window as the fold uses it: ``in``, add at the end, drop the oldest, count, list in order.
 
@@ -531,7 +549,7 @@ class PartitionState:
 
     def cluster(self, name: str) -> ClusterState:
         """The cluster, created on first use (only ``apply`` may call this)."""
-        state = self.clusters.get(name)
+        state = lookup(self.clusters, name)
         if state is None:
             state = self.clusters[name] = ClusterState(name)
         return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def test_a_failing_compiler_installs_pure_python_and_says_why(
     assert command.extensions == []
     err = capsys.readouterr().err
     assert "gpufold: compiling the hot path failed" in err
-    assert "installing pure Python instead" in err
+    assert "installing it as pure Python instead" in err
     assert list(tmp_path.rglob("*.so")) == []
 
 
@@ -127,3 +128,17 @@ def test_metadata_steps_do_not_translate_the_hot_path(monkeypatch: pytest.Monkey
     monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext"])
     monkeypatch.setenv(compiled.COMPILE_ENV, "0")
     assert script["extensions"]() == []
+
+
+def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets() -> None:
+    """No ``.get`` on the dicts a what-if fork copies on read: compiled, ``dict.get`` skips the fork's override."""
+    pattern = re.compile(r"\b(clusters|nodes|pods)\.get\(")
+    found = [
+        f"{name}:{number}: {line.strip()}"
+        for name in compiled.COMPILED
+        for number, line in enumerate(
+            compiled.ROOT.joinpath(*name.split(".")).with_suffix(".py").read_text().splitlines(), start=1
+        )
+        if pattern.search(line)
+    ]
+    assert found == [], "use processor.core.state.lookup(table, key) instead"
