@@ -1,7 +1,8 @@
 """Builds the fold's hot path with mypyc when it can, and plain Python when it cannot.
 
-``GPUFOLD_COMPILE=1 pip install .`` (or ``-e .``; without it, ``schemas.compiled.COMPILE_BY_DEFAULT``
-decides) compiles the modules of :data:`schemas.compiled.COMPILED` into C extensions beside their sources.
+``pip install .`` (or ``-e .``) compiles the modules of :data:`schemas.compiled.COMPILED` into C extensions
+beside their sources (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks; unset, ``schemas.compiled.COMPILE_BY_DEFAULT``
+decides).
 Missing mypyc, a missing C compiler or Python headers, or any error while compiling is not fatal: the
 build says so in one clear message and installs the same modules as plain Python, which give the same
 events and hashes (only slower).
@@ -12,6 +13,7 @@ even where extensions were built (see ``schemas/compiled.py``).
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import sys
 import time
@@ -65,15 +67,25 @@ def _parallel(compile_: Any, jobs: int, levels: dict[str, str]) -> Any:
             return compile_([source], *args, **{**kwargs, "extra_postargs": [*extra, f"-O{level}"] if level else extra})
 
         order = sorted(sources, key=lambda source: -os.path.getsize(source))
-        with ThreadPoolExecutor(jobs) as pool:
+        pool = ThreadPoolExecutor(jobs)
+        try:
             built = dict(zip(order, pool.map(one, order), strict=True))
+        finally:  # after a failure, start no other file (the build falls back to pure Python anyway)
+            pool.shutdown(cancel_futures=True)
         return [obj for source in sources for obj in built[source]]
 
     return compile_sources
 
 
 class OptionalBuildExt(build_ext):
-    """Compiles the extensions; a failure leaves the pure-Python modules in place instead of failing the install."""
+    """Compiles the extensions; a failure leaves the pure-Python modules in place instead of failing the install.
+
+    The first failure (no compiler, a compiler error, a killed gcc) stops the build: the other extensions
+    are skipped (a module's small extension without mypyc's shared library would not import) and none is
+    installed; one message says why.
+    """
+
+    failed: BaseException | None = None
 
     def run(self) -> None:
         started = time.monotonic()
@@ -89,17 +101,25 @@ class OptionalBuildExt(build_ext):
         super().build_extensions()
 
     def build_extension(self, ext: object) -> None:
+        if self.failed is not None:
+            return
         try:
             super().build_extension(ext)  # type: ignore[arg-type]
         except Exception as error:
             self._give_up(error)
 
     def _give_up(self, error: BaseException) -> None:
-        say(
-            f"compiling the hot path failed ({type(error).__name__}: {error}); installing pure Python instead "
-            "(same results, ~2-5x slower fold). Install gcc and the Python headers, then reinstall, to compile."
-        )
         self.extensions = []
+        if self.failed is not None:
+            return
+        self.failed = error
+        # distutils quotes the whole command line (~40 arguments): name the program only, its output is above
+        reason = re.sub(r"Command '\['([^']*)'.*?\]'", r"\1", str(error), flags=re.DOTALL)
+        say(
+            f"compiling the hot path failed ({type(error).__name__}: {reason}); installing it as pure Python "
+            "instead (same events and hashes, slower fold). Install gcc and the Python headers, then reinstall "
+            "to compile it."
+        )
 
 
 METADATA_ONLY = frozenset({"egg_info", "dist_info", "sdist"})
@@ -115,7 +135,7 @@ def extensions() -> list[object]:
         say("GPUFOLD_PURE_PYTHON is set: installing the hot path as pure Python (not compiled)")
         return []
     if not _COMPILED_PY["compile_requested"]():
-        say("installing the hot path as pure Python; GPUFOLD_COMPILE=1 pip install ... compiles it with mypyc")
+        say(f"{_COMPILED_PY['COMPILE_ENV']}=0 or COMPILE_BY_DEFAULT off: installing the hot path as pure Python")
         return []
     try:
         from mypyc.build import mypycify
