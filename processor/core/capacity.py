@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedList
 
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_fits
@@ -32,7 +31,6 @@ def _headroom(signature: Signature) -> tuple[int, int]:
     return (sum(1 for milli in free if milli >= GPU_MILLI), free[0] if free else 0)
 
 
-@mypyc_attr(serializable=True)  # compiled: copy.copy (a what-if fork) makes one without calling __init__
 class NodeGroup:
     """The schedulable nodes that share one signature, kept sorted by id."""
 
@@ -43,6 +41,12 @@ class NodeGroup:
         self.node_ids: SortedList = SortedList()
         self.size = 0  # len(node_ids), kept as a plain attribute for the counting loops
         self._first = ""
+
+    def __copy__(self) -> NodeGroup:
+        """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without calling ``__init__``."""
+        twin = NodeGroup(self.signature)
+        twin.node_ids, twin.size, twin._first = self.node_ids, self.size, self._first
+        return twin
 
     def first(self) -> str:
         """The node used when this group is chosen: the smallest id. O(1)."""

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from mypy_extensions import mypyc_attr
-
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
@@ -43,7 +41,6 @@ A dependency on an id that ended longer ago than that, or that was never submitt
 waits until a job with that id ends; the window bounds memory and snapshot size."""
 
 
-@mypyc_attr(serializable=True)  # compiled: copy.copy (a what-if fork) makes one without calling __init__
 class Node:
     """A node: its fixed capacity and what is free now, GPU by GPU."""
 
@@ -97,6 +94,23 @@ class Node:
         # pod: latest start}, pods holding GPUs]. Derived; a preemption search sees what pods below a priority
         # would free, and how few victims and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
+
+    def __copy__(self) -> Node:
+        """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without ``__init__``'s arguments.
+
+        Every attribute is shared, as ``copy.copy`` shares them (``tests/unit/test_whatif_fork.py`` checks all).
+        """
+        twin = Node(self.node_id, self.gpu_model, self.gpu_count, self.cpu_milli, self.memory_mib, {}, ())
+        twin.labels, twin.taints, twin.base_class, twin.node_class = (
+            self.labels,
+            self.taints,
+            self.base_class,
+            self.node_class,
+        )
+        twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
+        twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
+        twin.pods, twin.by_priority = self.pods, self.by_priority
+        return twin
 
     @property
     def schedulable(self) -> bool:
