@@ -25,7 +25,7 @@ COMPILE_ENV = "GPUFOLD_COMPILE"
 COMPILE_BY_DEFAULT = True
 """Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks).
 
-The build takes ~245 s of CPU, ~2-3 minutes on 2 cores (BENCHMARKS.md, "A compiled hot path"); without
+The build takes ~210-245 s of CPU, ~2.5-4 minutes on 2 cores (BENCHMARKS.md, "Compiling by default"); without
 a compiler it says so and installs pure Python."""
 
 OPT_LEVEL = "2"
