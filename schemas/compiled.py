@@ -22,11 +22,16 @@ from types import ModuleType
 
 PURE_PYTHON_ENV = "GPUFOLD_PURE_PYTHON"
 COMPILE_ENV = "GPUFOLD_COMPILE"
-COMPILE_BY_DEFAULT = False
-"""Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=1`` asks, ``=0`` declines).
+COMPILE_BY_DEFAULT = True
+"""Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks).
 
-Off until the compiled build has passed the whole suite on CI's machine: the first full build took
-~10 minutes of a shared machine (most of it gcc -O3 on the generated codec's 6.6 MB of C)."""
+The build takes ~210-245 s of CPU, ~2.5-4 minutes on 2 cores (BENCHMARKS.md, "Compiling by default"); without
+a compiler it says so and installs pure Python."""
+
+OPT_LEVEL = "2"
+"""gcc's -O for the compiled modules (``GPUFOLD_MYPYC_OPT_LEVEL`` at build time sets one level for all)."""
+OPT_LEVELS: dict[str, str] = {"schemas.fastcodec_generated": "1"}
+"""Modules compiled at another level: the generated codec is 6.6 MB of C, ~70 s of gcc at -O1, ~120 s at -O2."""
 
 COMPILED: tuple[str, ...] = (
     "schemas.codes",
@@ -152,6 +157,10 @@ def summary() -> str:
     if compiled == len(COMPILED):
         return f"hot path compiled with mypyc ({compiled} modules)"
     if compiled == 0:
-        why = f"{PURE_PYTHON_ENV} is set" if pure_python_requested() else "not built (no compiler at install?)"
+        why = (
+            f"{PURE_PYTHON_ENV} is set"
+            if pure_python_requested()
+            else "not built (no compiler at install? pip install -v shows why)"
+        )
         return f"hot path pure Python: {why}"
     return f"hot path partly compiled: {compiled} of {len(COMPILED)} modules"

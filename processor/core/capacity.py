@@ -42,6 +42,12 @@ class NodeGroup:
         self.size = 0  # len(node_ids), kept as a plain attribute for the counting loops
         self._first = ""
 
+    def __copy__(self) -> NodeGroup:
+        """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without calling ``__init__``."""
+        twin = NodeGroup(self.signature)
+        twin.node_ids, twin.size, twin._first = self.node_ids, self.size, self._first
+        return twin
+
     def first(self) -> str:
         """The node used when this group is chosen: the smallest id. O(1)."""
         return self._first

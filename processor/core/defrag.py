@@ -62,7 +62,7 @@ from sortedcontainers import SortedList
 from processor.core.fragmentation import Fragmenter
 from processor.core.policies.base import default_gpus
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState, Node, Pod
+from processor.core.state import ClusterState, Node, Pod, lookup
 from schemas.commands import GPU_MILLI
 from schemas.events import GpuShare
 
@@ -1009,7 +1009,7 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
             continue
         if _fits(node, shape):
             return node_id
-        present = (cluster.pods.get(pod_id) for pod_id in sorted(node.pods))  # a trial member is no pod yet
+        present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))  # a trial member is no pod yet
         movable = [pod for pod in present if pod is not None and pod.spec.movable and pod.spec.gang_id is None]
         if not movable:
             continue

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from processor.core.state import GANG_WAITING, ClusterState
+from processor.core.state import GANG_WAITING, ClusterState, lookup
 from schemas.codes import QueueReasonCode
 from schemas.commands import AFTER_OK
 from schemas.events import QueueReason
@@ -47,7 +47,7 @@ def failed_dependency(cluster: ClusterState, depends_on: Iterable[str], dependen
 
 def _waiting_edges(cluster: ClusterState, job_id: str) -> tuple[str, ...]:
     """What a still-waiting job (pod, gang, or a member of a waiting gang) waits for; () if it waits for nothing."""
-    pod = cluster.pods.get(job_id)
+    pod = lookup(cluster.pods, job_id)
     if pod is not None:
         return pod.waiting_for if not pod.queued and not pod.running else ()
     gang_id = cluster.member_of.get(job_id, job_id)

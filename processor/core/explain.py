@@ -16,7 +16,7 @@ from typing import Any
 
 from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
-from processor.core.state import ClusterState, Node, Pod
+from processor.core.state import ClusterState, Node, Pod, lookup
 from schemas.codes import QueueReasonCode
 from schemas.commands import GPU_MILLI
 
@@ -195,7 +195,7 @@ def _class_key(node_class: NodeClass) -> tuple[dict[str, str], list[str]]:
 
 def explain(cluster: ClusterState, pod_id: str) -> Explanation | None:
     """Explain a pod of the cluster on its current state; None if the cluster does not know the pod."""
-    pod = cluster.pods.get(pod_id)
+    pod = lookup(cluster.pods, pod_id)
     if pod is None:
         return None
     shape = pod.shape

@@ -43,6 +43,7 @@ from processor.core.state import (
     PartitionState,
     Pod,
     Reservation,
+    lookup,
     shape_of,
 )
 from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT
@@ -153,7 +154,7 @@ class _Decision:
     @property
     def cluster(self) -> ClusterState:
         """The command's cluster; an empty scratch one until an event creates it."""
-        cluster = self.state.clusters.get(self.command.cluster)
+        cluster = lookup(self.state.clusters, self.command.cluster)
         if cluster is not None:
             return cluster
         if self._scratch is None:
@@ -164,9 +165,9 @@ class _Decision:
         name = self.command.cluster if cluster is None else cluster
         kind = type(payload)
         if kind is PodEvicted or kind is PodReleased:
-            known = self.state.clusters.get(name)
+            known = lookup(self.state.clusters, name)
             if known is not None and known.quotas_on:
-                pod = known.pods.get(payload.pod_id)  # type: ignore[union-attr]
+                pod = lookup(known.pods, payload.pod_id)  # type: ignore[union-attr]
                 if pod is not None and pod.node_id is not None:
                     self.freed.setdefault(name, {})[pod.spec.tenant] = None
         event = Event(
@@ -236,7 +237,7 @@ def _bounded_envelope(command: Command) -> Command:
 
 def _node(decision: _Decision, node_id: str) -> Node:
     check_id("node_id", node_id)
-    node = decision.cluster.nodes.get(node_id)
+    node = lookup(decision.cluster.nodes, node_id)
     if node is None:
         raise Rejected(RejectionCode.UNKNOWN_NODE, f"node {node_id!r} is not in cluster {decision.command.cluster!r}")
     return node
@@ -400,7 +401,7 @@ def _start_or_wait_pod(decision: _Decision, cluster: ClusterState, spec: PodSpec
 def _release(decision: _Decision, command: Release) -> None:
     check_release(command)
     cluster = decision.cluster
-    pod = cluster.pods.get(command.pod_id)
+    pod = lookup(cluster.pods, command.pod_id)
     if pod is None:
         raise Rejected(
             RejectionCode.UNKNOWN_POD,
@@ -1118,7 +1119,7 @@ def _capacity_grew(
         return
     index = cluster.index
     signatures = [signature for signature in map(index.signature_of, node_ids) if signature is not None]
-    changed = [node for node in (cluster.nodes.get(n) for n in node_ids) if node is not None and node.schedulable]
+    changed = [node for node in (lookup(cluster.nodes, n) for n in node_ids) if node is not None and node.schedulable]
     if not signatures and not tenants:
         return
     now = decision.now
@@ -1218,7 +1219,7 @@ def _run_defragment(decision: _Decision, cluster: ClusterState, command: Defragm
     name = decision.command.cluster
     pod = gang = None
     if target is not None:
-        pod = cluster.pods.get(target)
+        pod = lookup(cluster.pods, target)
         gang = cluster.gangs.get(target)
         if pod is None and gang is None:
             raise Rejected(
@@ -1324,7 +1325,7 @@ def _wake_dependants(decision: _Decision, cluster: ClusterState, job_id: str) ->
 
 
 def _recheck_waiter(decision: _Decision, cluster: ClusterState, waiter: str) -> None:
-    pod = cluster.pods.get(waiter)
+    pod = lookup(cluster.pods, waiter)
     if pod is not None and not pod.queued and not pod.running:
         spec = pod.spec
         failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency)
@@ -1347,7 +1348,7 @@ def _fail_dependant(
 ) -> None:
     """An afterok dependency ended without success: the job will never start."""
     message = f"{kind} {job_id!r} will not start: its afterok dependency {failed!r} ended without success"
-    known = cluster.pods.get(job_id) if kind == "pod" else cluster.gangs.get(job_id)
+    known = lookup(cluster.pods, job_id) if kind == "pod" else cluster.gangs.get(job_id)
     if known is None:  # a new submission: it enters the fold waiting, then fails at once
         waiting = QueueReason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)
         if isinstance(spec, PodSpec):
@@ -1374,7 +1375,7 @@ def _fire_timers(decision: _Decision, until: int) -> None:
         if timer is None:
             return
         deadline, kind, name, job_id = timer
-        cluster = clusters.get(name)
+        cluster = lookup(clusters, name)
         if cluster is None:
             continue
         if deadline > decision.now:
@@ -1383,7 +1384,7 @@ def _fire_timers(decision: _Decision, until: int) -> None:
 
 
 def _time_limit_reached(decision: _Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:
-    pod = cluster.pods.get(pod_id)
+    pod = lookup(cluster.pods, pod_id)
     limit = pod.spec.time_limit_ms if pod is not None else None
     if pod is None or limit is None or not pod.running or pod.started_at is None:
         return
@@ -1436,13 +1437,13 @@ def _upkeep(decision: _Decision) -> None:
     clusters = decision.state.clusters
     if decision.freed:
         for name in sorted(decision.freed):
-            cluster = clusters.get(name)
+            cluster = lookup(clusters, name)
             if cluster is not None:
                 _capacity_grew(decision, cluster, ())
         decision.freed.clear()
     touched = decision.touched
     for name in touched if len(touched) == 1 else sorted(touched):
-        cluster = clusters.get(name)
+        cluster = lookup(clusters, name)
         # Nothing to keep without a queue or a reservation: the common case, answered without a call.
         if cluster is not None and (cluster.queue.size or cluster.gang_queue or cluster.reservation is not None):
             _reservation_upkeep(decision, cluster)
@@ -1556,7 +1557,7 @@ def apply(state: PartitionState, event: Event) -> None:
 
 
 def _node_of(cluster: ClusterState, node_id: str) -> Node:
-    node = cluster.nodes.get(node_id)
+    node = lookup(cluster.nodes, node_id)
     if node is None:
         raise InvariantViolation(f"event refers to unknown node {node_id!r}")
     return node
@@ -1621,7 +1622,7 @@ def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: No
 
 def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     """The pod an event is about: known (waiting, queued or evicted) or newly submitted."""
-    pod = cluster.pods.get(spec.pod_id)
+    pod = lookup(cluster.pods, spec.pod_id)
     if pod is None:
         pod = cluster.pods[spec.pod_id] = Pod(spec, shape_of(spec))
         cluster.count_shape(pod.shape, +1)
@@ -1682,7 +1683,7 @@ def _unbind(cluster: ClusterState, pod: Pod) -> None:
 
 
 def _applied_pod_evicted(state: PartitionState, cluster: ClusterState, event: PodEvicted, now: int) -> None:
-    pod = cluster.pods.get(event.pod_id)
+    pod = lookup(cluster.pods, event.pod_id)
     if pod is None or pod.node_id != event.node_id:
         raise InvariantViolation(f"pod {event.pod_id!r} evicted from {event.node_id!r} where it does not run")
     _unbind(cluster, pod)
@@ -1815,7 +1816,7 @@ def _applied_reservation_released(
         raise InvariantViolation(f"reservation of {event.holder_id!r} released but not held")
     cluster.reservation = None
     for node_id in reservation.nodes:
-        node = cluster.nodes.get(node_id)
+        node = lookup(cluster.nodes, node_id)
         if node is not None:
             node.reserve(None)
             cluster.reindex(node)
@@ -1829,7 +1830,7 @@ def _applied_quota_changed(state: PartitionState, cluster: ClusterState, event: 
 
 
 def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: PodMigrated, now: int) -> None:
-    pod = cluster.pods.get(event.pod_id)
+    pod = lookup(cluster.pods, event.pod_id)
     if pod is None or pod.node_id != event.from_node or pod.gpus != tuple(event.from_gpus):
         raise InvariantViolation(f"pod {event.pod_id!r} migrated from {event.from_node!r} where it does not run")
     source = _node_of(cluster, event.from_node)

@@ -50,7 +50,7 @@ from processor.core import gangs, reservations
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption_index import PendingBucket, VictimClass
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState, Node, Pod, shape_of
+from processor.core.state import ClusterState, Node, Pod, lookup, shape_of
 from schemas.commands import GPU_MILLI
 from schemas.events import GangSpec, PodSpec
 
@@ -198,7 +198,7 @@ def _best_on_node(
     pods = cluster.pods
     units: dict[str, Unit] = {}
     for pod_id in node.pods:
-        pod = pods.get(pod_id)  # None: a member of the gang being placed, on trial
+        pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
         if pod is None or pod.spec.priority > level:
             continue
         spec = pod.spec
@@ -474,7 +474,7 @@ def _plan_pod_among(
     nodes = cluster.nodes
     levels: list[tuple[int, str]] = []
     for node_id in node_ids:
-        node = nodes.get(node_id)
+        node = lookup(nodes, node_id)
         if node is None or not _static_fit(cluster, node, shape):
             continue
         level = minimal_level(node, shape, priority)

@@ -14,7 +14,7 @@ Where the nodes come from: ``processor.core.reservation_planner``.
 from __future__ import annotations
 
 from processor.core.resources import PodShape, reservation_toleration
-from processor.core.state import GANG_QUEUED, GANG_RUNNING, ClusterState, Reservation
+from processor.core.state import GANG_QUEUED, GANG_RUNNING, ClusterState, Reservation, lookup
 from schemas.codes import QueueReasonCode
 
 
@@ -37,7 +37,7 @@ def usable_shape(cluster: ClusterState, job_id: str, shape: PodShape, now: int) 
 def holder_waiting(cluster: ClusterState, reservation: Reservation) -> bool:
     """Whether the holder is still in the queue."""
     if reservation.holder_kind == "pod":
-        pod = cluster.pods.get(reservation.holder_id)
+        pod = lookup(cluster.pods, reservation.holder_id)
         return pod is not None and pod.queued
     gang = cluster.gangs.get(reservation.holder_id)
     return gang is not None and gang.state == GANG_QUEUED
@@ -45,7 +45,7 @@ def holder_waiting(cluster: ClusterState, reservation: Reservation) -> bool:
 
 def holder_started(cluster: ClusterState, reservation: Reservation) -> bool:
     if reservation.holder_kind == "pod":
-        pod = cluster.pods.get(reservation.holder_id)
+        pod = lookup(cluster.pods, reservation.holder_id)
         return pod is not None and pod.running
     gang = cluster.gangs.get(reservation.holder_id)
     return gang is not None and gang.state == GANG_RUNNING

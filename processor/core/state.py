@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
@@ -93,6 +95,23 @@ class Node:
         # dict]. Derived; a preemption search sees what pods below a priority would free, and how few victims
         # and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
+
+    def __copy__(self) -> Node:
+        """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without ``__init__``'s arguments.
+
+        Every attribute is shared, as ``copy.copy`` shares them (``tests/unit/test_whatif_fork.py`` checks all).
+        """
+        twin = Node(self.node_id, self.gpu_model, self.gpu_count, self.cpu_milli, self.memory_mib, {}, ())
+        twin.labels, twin.taints, twin.base_class, twin.node_class = (
+            self.labels,
+            self.taints,
+            self.base_class,
+            self.node_class,
+        )
+        twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
+        twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
+        twin.pods, twin.by_priority = self.pods, self.by_priority
+        return twin
 
     @property
     def schedulable(self) -> bool:
@@ -358,15 +377,15 @@ class ClusterState:
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
-        nodes = self.priority_nodes.get(spec.priority)
-        if nodes is None:
-            nodes = self.priority_nodes[spec.priority] = {}
-        count = nodes.get(node.node_id, 0) + sign
+        at_priority = self.priority_nodes.get(spec.priority)
+        if at_priority is None:
+            at_priority = self.priority_nodes[spec.priority] = {}
+        count = at_priority.get(node.node_id, 0) + sign
         if count:
-            nodes[node.node_id] = count
+            at_priority[node.node_id] = count
         else:
-            del nodes[node.node_id]
-            if not nodes:
+            del at_priority[node.node_id]
+            if not at_priority:
                 del self.priority_nodes[spec.priority]
 
     def set_quota(self, tenant: str, quota: Quota | None) -> None:
@@ -495,6 +514,45 @@ class ClusterState:
         return gang, "gang"
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def lookup(table: dict[_K, _V], key: _K) -> _V | None:
+    """``table.get(key)``, read with ``in`` and ``[]``: use it on ``clusters``, ``nodes`` and ``pods``.
+
+    A what-if fork (``processor.runtime.whatif``) hands the fold dicts that copy a value on first read
+    by overriding ``[]`` and ``get``; compiled code (mypyc) reads ``dict.get`` straight from the hash
+    table, past a subclass's ``get``, so the fork would change the live state. ``in`` and ``[]`` go
+    through the subclass in both builds (``tests/unit/test_compiled.py`` checks no ``.get`` is left).
+    """
+    return table[key] if key in table else None  # noqa: SIM401 (.get is what this avoids)
+
+
+class SeenWindow(Protocol):
+    """The idempotency window as the fold uses it: ``in``, add at the end, drop the oldest, count, list in order.
+
+    An ``OrderedDict[str, None]`` in the live state; a what-if fork puts an overlay on the live window
+    instead (``processor.runtime.whatif.SeenOverlay``). Typed as this protocol rather than as a dict so
+    that the compiled ``PartitionState`` (mypyc checks attribute types at run time) accepts both.
+    """
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+    def __setitem__(self, key: str, value: None, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def popitem(self, last: bool = True) -> tuple[str, None]: ...
+
+
+def new_seen_window() -> SeenWindow:
+    """An empty idempotency window."""
+    return OrderedDict()
+
+
 @dataclass(slots=True)
 class PartitionState:
     """Everything the fold knows for one partition of the command log."""
@@ -503,14 +561,14 @@ class PartitionState:
     clusters: dict[str, ClusterState] = field(default_factory=dict)
     sequence: int = 0  # the next event's sequence number
     next_offset: int = 0  # the next command offset to fold
-    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen: SeenWindow = field(default_factory=new_seen_window)
     seen_window: int = DEFAULT_SEEN_WINDOW
     clock: int = 0  # event time: the largest issued_at folded (or timer deadline reached)
     timers: Timers = field(default_factory=Timers)  # derived from the clusters' state
 
     def cluster(self, name: str) -> ClusterState:
         """The cluster, created on first use (only ``apply`` may call this)."""
-        state = self.clusters.get(name)
+        state = lookup(self.clusters, name)
         if state is None:
             state = self.clusters[name] = ClusterState(name)
         return state

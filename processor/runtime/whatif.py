@@ -32,7 +32,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from processor.core.state import ClusterState, Node, PartitionState, Pod
+from processor.core.state import ClusterState, Node, PartitionState, Pod, SeenWindow
 
 
 class CopyOnAccess(dict):  # type: ignore[type-arg]
@@ -119,7 +119,7 @@ class SeenOverlay:
 
     __slots__ = ("_added", "_base", "_dropped")
 
-    def __init__(self, base: OrderedDict[str, None]) -> None:
+    def __init__(self, base: SeenWindow) -> None:
         self._base = base
         self._added: OrderedDict[str, None] = OrderedDict()
         self._dropped: dict[str, None] = {}  # the oldest base ids, dropped in order
@@ -179,7 +179,9 @@ def structural_copy(value: Any, memo: dict[int, Any]) -> Any:
         twin = memo[id(value)] = set(value)  # of immutable members
     elif kind is SortedList:
         twin = memo[id(value)] = value.copy()  # of immutable members
-    elif hasattr(kind, "__slots__") or dataclasses.is_dataclass(value):
+    elif dataclasses.is_dataclass(value) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        return value  # an immutable record (a compiled one cannot even be copied field by field)
+    elif hasattr(kind, "__slots__") or hasattr(kind, "__mypyc_attrs__") or dataclasses.is_dataclass(value):
         twin = memo[id(value)] = copy.copy(value)
         names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else _slots(kind)
         for name in names:
@@ -191,17 +193,22 @@ def structural_copy(value: Any, memo: dict[int, Any]) -> Any:
 
 
 def _slots(kind: type) -> list[str]:
+    """The attributes of a class with ``__slots__``, or of a class compiled by mypyc (``__mypyc_attrs__``)."""
     names: list[str] = []
     for klass in kind.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    return names
+        for key in ("__slots__", "__mypyc_attrs__"):
+            slots = klass.__dict__.get(key, ())
+            names.extend([slots] if isinstance(slots, str) else slots)
+    return list(dict.fromkeys(names))
+
+
+_NODE_ATTRIBUTES = _slots(Node)
 
 
 def _copy_node(node: Node) -> Node:
     """A node with its own mutable parts (free GPU list, running pods, labels); immutable ones shared."""
     twin = copy.copy(node)
-    for name in Node.__slots__:
+    for name in _NODE_ATTRIBUTES:
         value = getattr(node, name)
         if isinstance(value, (list, dict, set)):
             setattr(twin, name, copy.copy(value))

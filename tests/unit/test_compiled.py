@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +68,77 @@ def test_compiled_and_pure_paths_give_the_same_bytes_and_hashes() -> None:
     assert pure.pop("hot_path").startswith("hot path pure Python")
     here.pop("hot_path")
     assert pure == here
+
+
+def _setup_script() -> dict[str, Any]:
+    """setup.py's definitions, without running setup() (it does only when run as __main__, as pip's backend does)."""
+    return runpy.run_path(str(ROOT / "setup.py"), run_name="gpufold_setup")
+
+
+def test_a_failing_compiler_installs_pure_python_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No usable C compiler (CC=/bin/false): the build does not fail, builds nothing, and says why in one line."""
+    setuptools = pytest.importorskip("setuptools")
+    source = tmp_path / "probe.c"
+    source.write_text("int probe(void) { return 1; }\n")
+    extension = setuptools.Extension("probe", [str(source)])
+    command = _setup_script()["OptionalBuildExt"](
+        setuptools.Distribution({"name": "probe", "ext_modules": [extension]})
+    )
+    command.build_lib, command.build_temp = str(tmp_path / "lib"), str(tmp_path / "temp")
+    monkeypatch.setenv("CC", "/bin/false")
+    command.ensure_finalized()
+    command.run()
+    assert command.extensions == []
+    err = capsys.readouterr().err
+    assert "gpufold: compiling the hot path failed" in err
+    assert "installing it as pure Python instead" in err
+    assert list(tmp_path.rglob("*.so")) == []
+
+
+def test_the_build_runs_gcc_on_each_c_file_side_by_side_with_its_own_level() -> None:
+    """One call per C file (largest first), the objects in the sources' order, the codec's file at its own -O."""
+    calls: list[tuple[list[str], list[str]]] = []
+
+    def compile_(sources: list[str], output_dir: str | None = None, **kwargs: Any) -> list[str]:
+        calls.append((sources, kwargs["extra_postargs"]))
+        return [source.replace(".c", ".o") for source in sources]
+
+    sources = [str(ROOT / "setup.py"), str(ROOT / "schemas" / "fastcodec_generated.py"), str(ROOT / "Makefile")]
+    levels = {"fastcodec_generated.py": "1"}
+    parallel = _setup_script()["_parallel"](compile_, 2, levels)
+    objects = parallel(sources, output_dir="build", extra_postargs=["-O2", "-g1"])
+    assert objects == [source.replace(".c", ".o") for source in sources]
+    assert sorted(len(called) for called, _ in calls) == [1, 1, 1]
+    assert calls[0][0] == [sources[1]], "the largest file first"
+    assert {called[0]: args for called, args in calls} == {
+        sources[0]: ["-O2", "-g1"],
+        sources[1]: ["-O2", "-g1", "-O1"],
+        sources[2]: ["-O2", "-g1"],
+    }
+
+
+def test_metadata_steps_do_not_translate_the_hot_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip asks setup.py for requirements and metadata first; only the build step runs mypyc (~15 s each)."""
+    script = _setup_script()
+    for command in (["egg_info"], ["dist_info", "--output-dir", "/tmp/x"], ["--quiet", "sdist"]):
+        monkeypatch.setattr(sys, "argv", ["setup.py", *command])
+        assert script["extensions"]() == []
+    monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext"])
+    monkeypatch.setenv(compiled.COMPILE_ENV, "0")
+    assert script["extensions"]() == []
+
+
+def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets() -> None:
+    """No ``.get`` on the dicts a what-if fork copies on read: compiled, ``dict.get`` skips the fork's override."""
+    pattern = re.compile(r"\b(clusters|nodes|pods)\.get\(")
+    found = [
+        f"{name}:{number}: {line.strip()}"
+        for name in compiled.COMPILED
+        for number, line in enumerate(
+            compiled.ROOT.joinpath(*name.split(".")).with_suffix(".py").read_text().splitlines(), start=1
+        )
+        if pattern.search(line)
+    ]
+    assert found == [], "use processor.core.state.lookup(table, key) instead"

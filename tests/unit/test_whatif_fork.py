@@ -3,15 +3,18 @@ touches the live state; gangs, time limits, dependencies, reservations and timer
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
 import pytest
+from sortedcontainers import SortedList
 
+from processor.core.capacity import NodeGroup
 from processor.core.fold import decide
 from processor.core.snapshot import state_hash
-from processor.core.state import PartitionState
-from processor.runtime.whatif import fork
+from processor.core.state import Node, PartitionState
+from processor.runtime.whatif import _slots, fork
 from schemas.commands import (
     AddNode,
     Command,
@@ -22,6 +25,7 @@ from schemas.commands import (
     SetPolicy,
     SubmitGang,
     SubmitPod,
+    Taint,
     Tick,
     UncordonNode,
 )
@@ -118,3 +122,24 @@ def test_fork_keeps_the_idempotency_window_like_the_live_state() -> None:
         assert twin_window == list(live.seen) and len(twin_window) <= 30
         rejected += any(getattr(e.payload, "code", "") == "DUPLICATE_COMMAND" for e in events)
     assert rejected > 5
+
+
+def test_copying_a_node_or_a_node_group_keeps_every_attribute() -> None:
+    """Node and NodeGroup copy themselves (``__copy__``, for the compiled build): no attribute may be left out."""
+    node = Node("n1", "A100", 2, 8000, 16384, {"zone": "a"}, (Taint("k", "v", "NoSchedule"),))
+    node.reserved_for, node.cordoned, node.failed = "gang-1", True, True
+    node.gpu_free, node.cpu_free, node.memory_free = [500, 0], 100, 200
+    node.pods, node.by_priority = {"p1": None}, {3: [1, 2, [3], 4, {5: 6}, 7]}
+    node.node_class = (node.base_class[0], ())
+    group = NodeGroup(node.signature())
+    group.add("n1")
+    for original in (node, group):
+        twin = copy.copy(original)
+        assert type(twin) is type(original)
+        names = _slots(type(original))
+        assert names, "no attribute list found"
+        assert [name for name in names if getattr(twin, name) != getattr(original, name)] == []
+        # shared, not copied, as copy.copy does (compiled, ints and tuples are re-boxed on read: compare those by value)
+        shared = [name for name in names if isinstance(getattr(original, name), (list, dict, set, SortedList))]
+        assert [name for name in shared if getattr(twin, name) is not getattr(original, name)] == []
+        assert {"gpu_free", "pods", "by_priority", "labels"} <= set(shared) or type(original) is NodeGroup

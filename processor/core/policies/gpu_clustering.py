@@ -50,7 +50,8 @@ class GpuClustering(Policy):
                 for node_id in group.node_ids:
                     kinds = set()
                     for pod_id in cluster.nodes[node_id].pods:
-                        pod = cluster.pods.get(pod_id)  # None: a gang member placed on trial, not yet a pod
+                        # None: a gang member placed on trial, not yet a pod (`in` and [], not .get: see state.lookup)
+                        pod = cluster.pods[pod_id] if pod_id in cluster.pods else None  # noqa: SIM401
                         if pod is not None and pod.spec.num_gpu:
                             kinds.add(kind(pod.spec.num_gpu, pod.spec.gpu_milli))
                     if wanted in kinds:
