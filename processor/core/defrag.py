@@ -742,7 +742,7 @@ def _room_across(
             continue
         if not _gpus_fit(node, shape) or _fits(node, shape):
             continue  # only a node whose GPUs the pod could take but whose CPU or memory is short
-        present = (cluster.pods.get(pod_id) for pod_id in sorted(node.pods))
+        present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))
         movable = [
             pod
             for pod in present
