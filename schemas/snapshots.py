@@ -100,6 +100,7 @@ class ClusterSnapshot(Record):
     reservation: ReservationSnapshot | None = None
     quotas: tuple[TenantQuota, ...] = ()
     default_quota: Quota | None = None
+    reserve_checks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -144,3 +144,26 @@ def test_a_reserved_node_lost_is_planned_again() -> None:
     assert types(events)[:2] == ["ReservationReleased", "NodeCordoned"]
     assert events[0].payload.reason == "node_cordoned"
     assert fold.cluster.reservation is not None and fold.cluster.reservation.nodes == ("n1",)
+
+
+def test_a_restored_snapshot_keeps_the_reservation_check_of_an_earlier_head() -> None:
+    """A check set for an earlier head still fires after a new head came and went; a snapshot taken in
+    between must keep it, or the restored fold reserves later than the uninterrupted one (found by the
+    snapshot-plus-tail property test)."""
+    from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+    from schemas.fastcodec import encode_event
+    from schemas.snapshots import decode_snapshot, encode_snapshot
+
+    full = Fold()
+    full.run(SetPolicy(reserve_after_ms=MINUTE), at=0)
+    full.run(AddNode("n1", 64000, 65536, "A100", 1), at=0)
+    full.run(SubmitPod("blocker", num_gpu=1, gpu_milli=1000), at=0)
+    full.run(SubmitPod("a", num_gpu=1, gpu_milli=1000, preemption="never"), at=1000)  # head: checks at 61 s
+    member = GangMember("b-0", num_gpu=1, gpu_milli=1000)
+    full.run(SubmitGang("b", members=(member,), priority=5, timeout_ms=10_000, preemption="never"), at=2000)
+    restored = Fold(from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(full.state)))), count=full.count)
+    assert state_hash(restored.state) == state_hash(full.state)
+    # The gang times out at 12 s: the head is `a` again, whose check (61 s) the uninterrupted fold still holds.
+    ran = [[encode_event(e) for e in fold.run(Tick(), at=100_000)] for fold in (full, restored)]
+    assert ran[1] == ran[0]
+    assert state_hash(restored.state) == state_hash(full.state)
