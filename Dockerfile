@@ -8,8 +8,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# setup.py compiles the hot path with mypyc when a C compiler is there; this slim image has none, so the
+# install says so and keeps pure Python (same bytes, slower; see README "The compiled hot path").
+COPY pyproject.toml setup.py README.md ./
 COPY gpufold ./gpufold
+COPY kafka_settings ./kafka_settings
 COPY processor ./processor
 COPY producers ./producers
 COPY projections ./projections

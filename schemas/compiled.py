@@ -157,10 +157,11 @@ def summary() -> str:
     if compiled == len(COMPILED):
         return f"hot path compiled with mypyc ({compiled} modules)"
     if compiled == 0:
-        why = (
-            f"{PURE_PYTHON_ENV} is set"
-            if pure_python_requested()
-            else "not built (no compiler at install? pip install -v shows why)"
-        )
+        if pure_python_requested():
+            why = f"{PURE_PYTHON_ENV} is set"
+        elif os.environ.get(COMPILE_ENV, "").strip() == "0":
+            why = f"not built ({COMPILE_ENV}=0)"
+        else:
+            why = "not built (no compiler at install? pip install -v shows why)"
         return f"hot path pure Python: {why}"
     return f"hot path partly compiled: {compiled} of {len(COMPILED)} modules"

@@ -142,3 +142,15 @@ def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets
         if pattern.search(line)
     ]
     assert found == [], "use processor.core.state.lookup(table, key) instead"
+
+
+def test_the_summary_says_why_the_hot_path_is_pure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declined (GPUFOLD_COMPILE=0), asked for pure sources, or not built: three different lines."""
+    monkeypatch.setattr(compiled, "status", lambda: dict.fromkeys(compiled.COMPILED, False))
+    monkeypatch.delenv(compiled.PURE_PYTHON_ENV, raising=False)
+    monkeypatch.setenv(compiled.COMPILE_ENV, "0")
+    assert compiled.summary() == f"hot path pure Python: not built ({compiled.COMPILE_ENV}=0)"
+    monkeypatch.delenv(compiled.COMPILE_ENV)
+    assert "no compiler at install?" in compiled.summary()
+    monkeypatch.setenv(compiled.PURE_PYTHON_ENV, "1")
+    assert compiled.summary() == f"hot path pure Python: {compiled.PURE_PYTHON_ENV} is set"
