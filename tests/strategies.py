@@ -182,9 +182,11 @@ def encode_events(events: list[Event]) -> list[bytes]:
 
 
 def clusters_hash(state: PartitionState) -> str:
-    """A hash of the allocation state only (clusters, nodes, pods): no position, clock or idempotency window."""
+    """A hash of the allocation state only (clusters, nodes, pods): no position, clock, timers or idempotency window."""
     snapshot = to_snapshot(state)
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
+    for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
+        cluster.reserve_checks = ()
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 
