@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,68 @@ def stream(nodes: int, commands: int, seed: int, policy: str) -> tuple[list[byte
     return [encode_command(command) for command in setup + measured], len(setup)
 
 
+def edge_stream() -> list[bytes]:
+    """Small hand-made stream for the paths the throughput stream never takes: rejections (duplicate command,
+    node and pod; unknown pod; ids that Python quotes with double quotes or escapes), a late command, policy
+    changes mid-stream, a CPU-only node, priorities, ``preemption: never``, a second cluster, a reused pod id."""
+    from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+    from schemas.fastcodec import encode_command
+
+    def c(command_id: str, at: int, payload: object, cluster: str = "edge") -> Command:
+        return Command(command_id, cluster, at, payload, "edge-source")  # type: ignore[arg-type]
+
+    commands = [
+        c("p1", 5, SetPolicy("first-fit")),
+        c("n1", 6, AddNode("node-b", 96_000, 786_432, "H100", 8)),
+        c("n2", 7, AddNode("node-a", 32_000, 262_144, "A10", 4)),
+        c("n3", 8, AddNode("node-a", 32_000, 262_144, "A10", 4)),  # DUPLICATE_NODE
+        c("n4", 9, AddNode("cpu-1", 8_000, 16_384)),  # no GPU
+        c("s1", 20, SubmitPod("pod-1", "t1", 0, 1, 500, 4_000, 16_384)),
+        c("s2", 21, SubmitPod("pod-2", "t2", 7, 2, 1000, 16_000, 65_536)),
+        c("s3", 22, SubmitPod("pod-3", "t1", -3, 0, 0, 2_000, 1_024, preemption="never", movable=True)),
+        c("s4", 23, SubmitPod("pod-1", "t1", 0, 1, 250, 1_000, 1_024)),  # DUPLICATE_POD
+        c("s1", 24, SubmitPod("pod-9", "t1", 0, 1, 250, 1_000, 1_024)),  # DUPLICATE_COMMAND
+        c("r1", 25, Release("nobody")),  # UNKNOWN_POD
+        c("r2", 26, Release("it's")),  # repr in double quotes
+        c("r3", 27, Release("back\\slash'\"")),  # repr with escapes
+        c("late", 3, SubmitPod("pod-4", "t1", 0, 1, 1000, 1_000, 1_024)),  # folded at the clock (27)
+        c("p2", 30, SetPolicy("best-fit", reserve_after_ms=5_000, queue_order="skip-ahead")),
+        c("s5", 31, SubmitPod("pod-5", "t1", 0, 1, 250, 1_000, 1_024)),
+        c("s6", 32, SubmitPod("pod-6", "t1", 0, 4, 1000, 8_000, 8_192)),
+        c("r4", 33, Release("pod-1", "failed")),
+        c("s7", 34, SubmitPod("pod-1", "t1", 0, 1, 750, 1_000, 1_024)),  # a released id, reused
+        c("p3", 35, SetPolicy("", queue_order="strict-fifo")),  # keeps best-fit
+        c("s8", 36, SubmitPod("pod-8", "t1", 0, 0, 0, 0, 4_096)),
+        c("o1", 37, SetPolicy("first-fit"), "other"),
+        c("o2", 38, AddNode("node-z", 64_000, 524_288, "A100", 8), "other"),
+        c("o3", 39, SubmitPod("pod-1", "t9", 0, 8, 1000, 1_000, 1_024), "other"),
+        c("o4", 40, Release("pod-1"), "other"),
+        c("r5", 41, Release("pod-1")),
+    ]
+    return [encode_command(command) for command in commands]
+
+
+def unsupported_streams() -> dict[str, list[bytes]]:
+    """Streams the prototype must refuse, with a word its error must name."""
+    from schemas.commands import AddNode, Command, SetPolicy, SubmitPod, Tick
+    from schemas.fastcodec import encode_command
+
+    node = Command("n", "u", 1, AddNode("node-1", 8_000, 16_384, "T4", 1))
+    policy = Command("p", "u", 0, SetPolicy("first-fit"))
+    pod = SubmitPod("pod-1", "t", 0, 1, 1000, 1_000, 1_024)
+    return {
+        "fgd-plus": [encode_command(c) for c in (node, Command("s", "u", 2, pod))],
+        "Tick": [encode_command(c) for c in (policy, node, Command("t", "u", 2, Tick()))],
+        "fits no node": [
+            encode_command(c)
+            for c in (policy, node, Command("s", "u", 2, pod), Command("s2", "u", 3, replace(pod, pod_id="pod-2")))
+        ],
+        "time_limit_ms": [
+            encode_command(c) for c in (policy, node, Command("s", "u", 2, replace(pod, time_limit_ms=5)))
+        ],
+    }
+
+
 def run_python(python: str, pure: bool, commands: Path, events: Path, warm: int) -> dict[str, Any]:
     env = dict(os.environ)
     if pure:
@@ -169,6 +232,27 @@ def compiled_interpreter(requested: str | None) -> str | None:
     return None
 
 
+def self_check(folder: Path) -> None:
+    """The edge stream byte for byte; and every unsupported stream refused with an error naming it."""
+    commands, reference, native = folder / "edge.commands", folder / "edge.python", folder / "edge.native"
+    commands.write_bytes(_framed(edge_stream()))
+    run_python(sys.executable, True, commands, reference, 0)
+    result = subprocess.run([str(BINARY), str(commands), str(native), "0", "1"], capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"the native fold stopped on the edge stream:\n{result.stderr}")
+    events = compare(reference, native, "edge stream")
+    for word, frames in unsupported_streams().items():
+        commands.write_bytes(_framed(frames))
+        result = subprocess.run([str(BINARY), str(commands), str(native), "0", "1"], capture_output=True, text=True)
+        if result.returncode != 2 or word not in result.stderr:
+            sys.exit(f"the native fold did not refuse a stream with {word!r}: {result.returncode} {result.stderr}")
+    print(
+        f"# self-check: edge stream {events} event frames identical; "
+        f"{len(unsupported_streams())} unsupported streams refused by name",
+        file=sys.stderr,
+    )
+
+
 def _show(value: object) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -211,6 +295,7 @@ def main() -> int:
         print(header)
     with tempfile.TemporaryDirectory(prefix="native_fold.") as scratch:
         folder = Path(scratch)
+        self_check(folder)
         for policy in args.policies.split(","):
             for nodes in (int(n) for n in args.nodes.split(",")):
                 frames, warm = stream(nodes, args.commands, args.seed, policy)
