@@ -13,8 +13,51 @@
 //! first-fit/best-fit, a pod that fits no node (queueing, preemption and reservations are not ported).
 //! Nothing is ever skipped silently.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
+
+/// FxHash (rustc's hasher): the fold's maps are keyed by ids the fold itself never iterates in hash order
+/// (every choice breaks ties on node id), so a fast non-keyed hash changes no output.
+#[derive(Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            self.add(u64::from_le_bytes(chunk.try_into().unwrap()));
+        }
+        let mut tail = 0u64;
+        for (i, &b) in chunks.remainder().iter().enumerate() {
+            tail |= (b as u64) << (8 * i);
+        }
+        self.add(tail ^ bytes.len() as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Fx {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<Fx>>;
+type HashSet<K> = std::collections::HashSet<K, BuildHasherDefault<Fx>>;
 
 const COMMAND_HEADER: [u8; 10] = [0xc3, 0x01, 0x20, 0xe0, 0xec, 0xb6, 0x10, 0x04, 0x01, 0xfb];
 const EVENT_HEADER: [u8; 10] = [0xc3, 0x01, 0x6b, 0x6b, 0x05, 0x67, 0x4c, 0x49, 0x1b, 0xd5];
@@ -394,13 +437,14 @@ fn check_payload(p: &Payload) -> R<()> {
             queue_order,
         } => {
             let nothing_else = reserve_after_ms.is_none() && queue_order.is_empty();
-            if !policy.is_empty() || nothing_else {
-                if *policy != "first-fit" && *policy != "best-fit" {
-                    unsupported!(
-                        "policy {:?} (the prototype has first-fit and best-fit only)",
-                        policy
-                    );
-                }
+            if (!policy.is_empty() || nothing_else)
+                && *policy != "first-fit"
+                && *policy != "best-fit"
+            {
+                unsupported!(
+                    "policy {:?} (the prototype has first-fit and best-fit only)",
+                    policy
+                );
             }
             if let Some(ms) = reserve_after_ms {
                 guard(in_range(*ms, -1, MAX_DURATION_MS), "reserve_after_ms")?;
@@ -446,9 +490,9 @@ fn clip(text: String, limit: usize) -> String {
 
 // ---------------------------------------------------------------- events
 
-struct PodSpec {
-    pod_id: String,
-    tenant: String,
+struct PodSpec<'a> {
+    pod_id: &'a str,
+    tenant: &'a str,
     priority: i64,
     num_gpu: i64,
     gpu_milli: i64,
@@ -456,53 +500,53 @@ struct PodSpec {
     memory_mib: i64,
     submitted_at: i64,
     arrival: i64,
-    dependency: String,
-    preemption: String,
+    dependency: &'a str,
+    preemption: &'a str,
     movable: bool,
 }
 
-enum EventPayload {
+enum EventPayload<'a> {
     NodeAdded {
-        node_id: String,
-        gpu_model: String,
+        node_id: &'a str,
+        gpu_model: &'a str,
         gpu_count: i64,
         cpu_milli: i64,
         memory_mib: i64,
     },
     PodScheduled {
-        pod: PodSpec,
+        pod: PodSpec<'a>,
         node_id: Rc<str>,
         gpus: Vec<(i64, i64)>,
         policy: &'static str,
         scores: Option<[i64; 3]>,
     },
     PodReleased {
-        pod_id: String,
+        pod_id: &'a str,
         node_id: Option<Rc<str>>,
-        reason: String,
+        reason: &'a str,
     },
     PolicyChanged {
         policy: String,
         previous: String,
         reserve_after_ms: Option<i64>,
-        queue_order: String,
+        queue_order: &'a str,
     },
     CommandRejected {
-        command_id: String,
+        command_id: &'a str,
         command_type: &'static str,
         code: &'static str,
         message: String,
     },
 }
 
-struct Event {
+struct Event<'a> {
     partition: i64,
     sequence: i64,
-    cluster: String,
-    command_id: String,
+    cluster: &'a str,
+    command_id: &'a str,
     command_offset: i64,
     occurred_at: i64,
-    payload: EventPayload,
+    payload: EventPayload<'a>,
 }
 
 #[inline]
@@ -525,8 +569,8 @@ fn encode_event(out: &mut Vec<u8>, e: &Event) {
     out.extend_from_slice(&EVENT_HEADER);
     put_long(out, e.partition);
     put_long(out, e.sequence);
-    put_str(out, &e.cluster);
-    put_str(out, &e.command_id);
+    put_str(out, e.cluster);
+    put_str(out, e.command_id);
     put_long(out, e.command_offset);
     put_long(out, e.occurred_at);
     match &e.payload {
@@ -554,8 +598,8 @@ fn encode_event(out: &mut Vec<u8>, e: &Event) {
             scores,
         } => {
             put_long(out, EV_POD_SCHEDULED);
-            put_str(out, &pod.pod_id);
-            put_str(out, &pod.tenant);
+            put_str(out, pod.pod_id);
+            put_str(out, pod.tenant);
             put_long(out, pod.priority);
             put_long(out, pod.num_gpu);
             put_long(out, pod.gpu_milli);
@@ -565,8 +609,8 @@ fn encode_event(out: &mut Vec<u8>, e: &Event) {
             put_long(out, pod.submitted_at);
             put_long(out, pod.arrival);
             out.extend_from_slice(&[0, 0, 0]); // gang_id null, time_limit_ms null, depends_on []
-            put_str(out, &pod.dependency);
-            put_str(out, &pod.preemption);
+            put_str(out, pod.dependency);
+            put_str(out, pod.preemption);
             out.push(pod.movable as u8);
             put_str(out, node_id);
             if gpus.is_empty() {
@@ -707,12 +751,12 @@ impl Cluster {
             policy: DEFAULT_POLICY.to_string(),
             models: Vec::new(),
             nodes: Vec::new(),
-            node_of: HashMap::new(),
-            by_signature: HashMap::new(),
+            node_of: HashMap::default(),
+            by_signature: HashMap::default(),
             groups: Vec::new(),
             live: Vec::new(),
             spare: Vec::new(),
-            pods: HashMap::new(),
+            pods: HashMap::default(),
             arrivals: 0,
         }
     }
@@ -891,19 +935,19 @@ struct State {
     sequence: i64,
     next_offset: i64,
     clock: i64,
-    seen: HashSet<String>,
-    seen_order: VecDeque<String>,
+    seen: HashSet<Rc<str>>,
+    seen_order: VecDeque<Rc<str>>,
 }
 
 impl State {
     fn new() -> Self {
         State {
             partition: 0,
-            clusters: HashMap::new(),
+            clusters: HashMap::default(),
             sequence: 0,
             next_offset: 0,
             clock: 0,
-            seen: HashSet::new(),
+            seen: HashSet::default(),
             seen_order: VecDeque::new(),
         }
     }
@@ -916,8 +960,9 @@ impl State {
         {
             return;
         }
-        self.seen.insert(command_id.to_string());
-        self.seen_order.push_back(command_id.to_string());
+        let id: Rc<str> = Rc::from(command_id);
+        self.seen.insert(id.clone());
+        self.seen_order.push_back(id);
         if self.seen_order.len() > SEEN_WINDOW {
             let oldest = self.seen_order.pop_front().unwrap();
             self.seen.remove(&oldest);
@@ -926,19 +971,19 @@ impl State {
 
     /// The envelope part of `apply` (sequence, position, clock, idempotency window); the payload's effect on
     /// the cluster is made by the handler that emits it.
-    fn emit(
+    fn emit<'a>(
         &mut self,
-        c: &Command,
+        c: &Command<'a>,
         offset: i64,
         now: i64,
-        payload: EventPayload,
-        out: &mut Vec<Event>,
+        payload: EventPayload<'a>,
+        out: &mut Vec<Event<'a>>,
     ) {
         out.push(Event {
             partition: self.partition,
             sequence: self.sequence,
-            cluster: c.cluster.to_string(),
-            command_id: c.command_id.to_string(),
+            cluster: c.cluster,
+            command_id: c.command_id,
             command_offset: offset,
             occurred_at: now,
             payload,
@@ -953,17 +998,17 @@ impl State {
         self.remember(c.command_id);
     }
 
-    fn reject(
+    fn reject<'a>(
         &mut self,
-        c: &Command,
+        c: &Command<'a>,
         offset: i64,
         now: i64,
         code: &'static str,
         message: String,
-        out: &mut Vec<Event>,
+        out: &mut Vec<Event<'a>>,
     ) {
         let payload = EventPayload::CommandRejected {
-            command_id: c.command_id.to_string(),
+            command_id: c.command_id,
             command_type: c.payload.type_name(),
             code,
             message: clip(message, MAX_MESSAGE_LENGTH),
@@ -972,7 +1017,7 @@ impl State {
     }
 
     /// processor.core.fold.decide for the subset.
-    fn decide(&mut self, c: &Command, offset: i64, out: &mut Vec<Event>) -> R<()> {
+    fn decide<'a>(&mut self, c: &Command<'a>, offset: i64, out: &mut Vec<Event<'a>>) -> R<()> {
         check_envelope(c)?;
         let now = c.issued_at.max(self.clock);
         if self.seen.contains(c.command_id) {
@@ -1028,8 +1073,8 @@ impl State {
                 let signature = cluster.signature(n);
                 cluster.index_add(n, signature);
                 let payload = EventPayload::NodeAdded {
-                    node_id: node_id.to_string(),
-                    gpu_model: gpu_model.to_string(),
+                    node_id,
+                    gpu_model,
                     gpu_count: *gpu_count,
                     cpu_milli: *cpu_milli,
                     memory_mib: *memory_mib,
@@ -1076,8 +1121,8 @@ impl State {
                     },
                 );
                 let pod = PodSpec {
-                    pod_id: s.pod_id.to_string(),
-                    tenant: s.tenant.to_string(),
+                    pod_id: s.pod_id,
+                    tenant: s.tenant,
                     priority: s.priority,
                     num_gpu: s.num_gpu,
                     gpu_milli: s.gpu_milli,
@@ -1085,8 +1130,8 @@ impl State {
                     memory_mib: s.memory_mib,
                     submitted_at: now,
                     arrival,
-                    dependency: s.dependency.to_string(),
-                    preemption: s.preemption.to_string(),
+                    dependency: s.dependency,
+                    preemption: s.preemption,
                     movable: s.movable,
                 };
                 self.emit(
@@ -1123,9 +1168,9 @@ impl State {
                 let node_id = node.id.clone();
                 cluster.reindex(pod.node);
                 let payload = EventPayload::PodReleased {
-                    pod_id: pod_id.to_string(),
+                    pod_id,
                     node_id: Some(node_id),
-                    reason: reason.to_string(),
+                    reason,
                 };
                 self.emit(c, offset, now, payload, out);
                 // _wake_dependants / _capacity_grew: no dependants and no queue in the subset.
@@ -1147,7 +1192,7 @@ impl State {
                     policy: chosen,
                     previous,
                     reserve_after_ms: *reserve_after_ms,
-                    queue_order: queue_order.to_string(),
+                    queue_order,
                 };
                 self.emit(c, offset, now, payload, out);
                 // reserve_after_ms and queue_order only matter once something queues: not in the subset.
@@ -1204,12 +1249,12 @@ fn fail(offset: usize, frame: &[u8], error: Unsupported) -> ! {
 }
 
 /// Decode, fold and encode `frames[from..to]`, appending length-prefixed event frames to `out`.
-fn fold_frames(
+fn fold_frames<'a>(
     state: &mut State,
-    frames: &[&[u8]],
+    frames: &[&'a [u8]],
     from: usize,
     to: usize,
-    events: &mut Vec<Event>,
+    events: &mut Vec<Event<'a>>,
     out: &mut Vec<u8>,
 ) -> usize {
     let mut count = 0;
