@@ -1295,6 +1295,22 @@ fn main() {
         .unwrap_or(5);
     let frames = frames(&data);
     let measured = frames.len() - warm;
+    if repeats == 0 {
+        // One decode + fold + encode pass and nothing else: for instruction counts (callgrind), where
+        // the instructions of a file minus those of its set-up alone are the measured commands'.
+        let mut out = Vec::with_capacity(data.len() * 4);
+        let count = fold_frames(
+            &mut State::new(),
+            &frames,
+            0,
+            frames.len(),
+            &mut Vec::new(),
+            &mut out,
+        );
+        std::fs::write(&args[2], &out).expect("write the events");
+        println!("{{\"commands\": {}, \"events\": {count}}}", frames.len());
+        return;
+    }
 
     // Decode + fold + encode (what PartitionFolder.fold does), `repeats` times from an empty state.
     let mut full = Vec::new();
