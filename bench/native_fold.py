@@ -253,8 +253,8 @@ def self_check(folder: Path) -> None:
     )
 
 
-def _show(value: object) -> str:
-    return "-" if value is None else f"{value:,}"
+def _show(value: object, unit: str = "") -> str:
+    return "-" if value is None else f"{value:,}{unit}"
 
 
 def build() -> None:
@@ -338,7 +338,7 @@ def main() -> int:
                         print(
                             f"{policy:10} {nodes:>6} {mode:5} {row['pure']:>11,} {_show(row['compiled']):>9}"
                             f" {row['native']:>10,} {row['native_vs_pure']:>10}x"
-                            f" {_show(row['native_vs_compiled']) + 'x':>15}",
+                            f" {_show(row['native_vs_compiled'], 'x'):>15}",
                             flush=True,
                         )
                 print(
