@@ -7,7 +7,11 @@ Three measurements, each on fresh topics:
    offsets advance from the first commit to N: commands folded, produced and committed per second.
 2. ``latency``: a processor runs; a paced publisher offers ``--rate`` commands/s for ``--seconds``; a
    read_committed consumer of the events topic stamps the arrival of each command's first event.
-   Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported.
+   Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported. With ``--stages`` the
+   topics carry broker append times (``LogAppendTime``) and the processor runs with ``--trace-batches``: each
+   command's time is split into publish -> appended, waiting for the processor, poll, fold, each transaction
+   call, and commit -> outcome seen (p50/p99 per stage; a processor without ``--trace-batches``, e.g. an older
+   checkout's, gives the broker-side split only).
 3. ``replay``: read the whole commands topic back and fold it locally (no output): replay commands/s.
 4. ``restore`` (only with ``--only restore``): one partition restored from its snapshot and a 300-command tail,
    three times: seconds reading the snapshot, reading the tail, and the whole ``restore_state``.
@@ -381,7 +385,7 @@ def stage_breakdown(
         # Before its batch's poll began the processor was busy with the previous batch (or restoring).
         add("appended->poll began (processor busy)", max(0.0, marks["poll"] - append))
         add("poll: ->batch cut (fetch + linger)", marks["polled"] - max(append, marks["poll"]))
-        if append >= marks["poll"] - 0.001:  # arrived while the processor waited: when did the first come out?
+        if marks["first"] > marks["poll"] + 0.0005:  # the processor waited in poll: when did the first come out?
             key = marks["poll"]
             first_append[key] = min(first_append.get(key, append), append)
             first_out[key] = marks["first"]
@@ -391,8 +395,8 @@ def stage_breakdown(
         add("commit_transaction", marks["committed"] - marks["offsets_sent"])
         add("committed->outcome seen", seen - marks["committed"])
 
-    for key, append in first_append.items():
-        add("  idle poll: first command appended->fetched", first_out[key] - append)
+    for key, append in first_append.items():  # one value per batch polled by an idle processor (often few)
+        add(f"  idle poll ({len(first_append)} batches): first appended->fetched", first_out[key] - append)
 
     def pcts(values: list[float]) -> list[float]:
         values.sort()
