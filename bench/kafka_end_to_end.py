@@ -7,7 +7,11 @@ Three measurements, each on fresh topics:
    offsets advance from the first commit to N: commands folded, produced and committed per second.
 2. ``latency``: a processor runs; a paced publisher offers ``--rate`` commands/s for ``--seconds``; a
    read_committed consumer of the events topic stamps the arrival of each command's first event.
-   Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported.
+   Latency = arrival - the moment ``produce()`` was called. p50/p99/p99.9/max reported. With ``--stages`` the
+   topics carry broker append times (``LogAppendTime``) and the processor runs with ``--trace-batches``: each
+   command's time is split into publish -> appended, waiting for the processor, poll, fold, each transaction
+   call, and commit -> outcome seen (p50/p99 per stage; a processor without ``--trace-batches``, e.g. an older
+   checkout's, gives the broker-side split only).
 3. ``replay``: read the whole commands topic back and fold it locally (no output): replay commands/s.
 4. ``restore`` (only with ``--only restore``): one partition restored from its snapshot and a 300-command tail,
    three times: seconds reading the snapshot, reading the tail, and the whole ``restore_state``.
@@ -36,7 +40,9 @@ import tempfile
 import threading
 import time
 import uuid
+from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -77,10 +83,22 @@ def stream(count: int, clusters: int, policy: str, seed: int = 1) -> list[Comman
     return commands[:count]
 
 
-def fresh_topics(config: KafkaConfig, partitions: int, name: str) -> Topics:
+def fresh_topics(config: KafkaConfig, partitions: int, name: str, append_time: bool = False) -> Topics:
+    """New topics; ``append_time``: records carry the broker's append time (``LogAppendTime``) instead of the
+    producer's, so ``--stages`` can tell when a command and its events reached the broker."""
     topics = topics_for(f"bench-{name}-{uuid.uuid4().hex[:8]}")
-    create_topics(config.client(), topic_specs(topics, partitions, 1))
+    specs = topic_specs(topics, partitions, 1)
+    if append_time:
+        specs = [replace(spec, config={**spec.config, "message.timestamp.type": "LogAppendTime"}) for spec in specs]
+    create_topics(config.client(), specs)
     return topics
+
+
+def traces_batches() -> bool:
+    """Whether the processor next to this interpreter has ``--trace-batches`` (an older checkout may not)."""
+    gpufold = str(Path(sys.executable).with_name("gpufold"))
+    help_text = subprocess.run([gpufold, "processor", "run", "--help"], capture_output=True, text=True).stdout
+    return "--trace-batches" in help_text
 
 
 def start_processors(config: KafkaConfig, topics: Topics, group: str, instances: int, *extra: str) -> list:
@@ -96,8 +114,11 @@ def start_processors(config: KafkaConfig, topics: Topics, group: str, instances:
     return processes
 
 
-def stop(processes: list) -> list[dict]:
-    """SIGTERM every processor; returns the fields of each one's "processor stopped" log line (its costs)."""
+def stop(processes: list, batches: list[dict] | None = None) -> list[dict]:
+    """SIGTERM every processor; returns the fields of each one's "processor stopped" log line (its costs).
+
+    ``batches`` receives the processors' "batch" lines (``--trace-batches``), if given.
+    """
     for process in processes:
         process.send_signal(signal.SIGTERM)
     stopped = []
@@ -109,6 +130,8 @@ def stop(processes: list) -> list[dict]:
                 entry = json.loads(line)
                 if entry.get("msg") == "processor stopped":
                     stopped.append(entry)
+                elif entry.get("msg") == "batch" and batches is not None:
+                    batches.append(entry)
         process.log.close()
     return stopped
 
@@ -190,13 +213,18 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
 
 
 def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> dict:
-    topics = fresh_topics(config, args.partitions, "lat")
+    stages = args.stages
+    topics = fresh_topics(config, args.partitions, "lat", append_time=stages)
     group = topics.commands + ".group"
     warm = stream(2_000 + rate * args.seconds, args.clusters, args.policy, seed=2)
     nodes = [c for c in warm if isinstance(c.payload, (AddNode, SetPolicy))]
     work = [c for c in warm if not isinstance(c.payload, (AddNode, SetPolicy))][: rate * args.seconds]
     sent: dict[str, float] = {}
     arrived: dict[str, float] = {}
+    # --stages: wall-clock times (comparable with the processor's and the broker's), and each outcome's
+    # event append time at the broker.
+    sent_wall: dict[str, float] = {}
+    arrived_wall: dict[str, tuple[float, float]] = {}
     stop_reading = threading.Event()
     consumer = Consumer(
         config.client(
@@ -217,16 +245,19 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
             first = consumer.poll(0.05)
             for message in [first, *consumer.consume(1000, 0)] if first is not None else []:
                 if message.error() is None:
-                    now = time.perf_counter()
+                    now, wall = time.perf_counter(), time.time()
                     command_id = decode(message.value())["command_id"]
                     arrived.setdefault(command_id, now)
+                    if stages and command_id not in arrived_wall:
+                        arrived_wall[command_id] = (wall, message.timestamp()[1] / 1000)
 
-    processes = start_processors(
-        config, topics, group, 1, "--linger-ms", str(args.linger_ms), "--batch-size", str(args.batch_size)
-    )
+    extra = ["--linger-ms", str(args.linger_ms), "--batch-size", str(args.batch_size)]
+    traced = stages and traces_batches()
+    processes = start_processors(config, topics, group, 1, *extra, *(["--trace-batches"] if traced else []))
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    with CommandPublisher(config, topics.commands, producer_config={"linger.ms": 1}) as publisher:
+    publisher_config = {"linger.ms": args.publisher_linger_ms}
+    with CommandPublisher(config, topics.commands, producer_config=publisher_config) as publisher:
         for command in nodes:
             publisher.publish(command)
         publisher.flush()
@@ -241,6 +272,8 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
             if delay > 0:
                 time.sleep(delay)
             sent[command.command_id] = time.perf_counter()
+            if stages:
+                sent_wall[command.command_id] = time.time()
             publisher.publish(command)
         offered = len(work) / (time.perf_counter() - start)
     deadline = time.perf_counter() + 30
@@ -249,14 +282,15 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
     stop_reading.set()
     reader.join()
     consumer.close()
-    stopped = stop(processes)
+    batches: list[dict] = []
+    stopped = stop(processes, batches)
     latencies = sorted((arrived[k] - t) * 1000 for k, t in sent.items() if k in arrived)
     missing = len(sent) - len(latencies)
 
     def pct(q: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)
 
-    return {
+    row = {
         "bench": "latency",
         "offered_per_s": round(offered),
         "commands": len(sent),
@@ -269,6 +303,106 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
         "batch_size": args.batch_size,
         **costs(stopped),
     }
+    if stages:
+        appended = command_append_times(config, topics, args.partitions)
+        row["stages_ms"] = stage_breakdown(sent_wall, appended, batches, arrived_wall)
+        row["processor_traced"] = traced
+    return row
+
+
+def command_append_times(config: KafkaConfig, topics: Topics, partitions: int) -> dict[str, tuple[int, int, float]]:
+    """Every command's (partition, offset, broker append time in s), read back from its LogAppendTime topic."""
+    consumer = Consumer(
+        config.client(
+            {"fetch.max.bytes": 64 << 20},
+            {"group.id": f"stages-{uuid.uuid4().hex}", "enable.auto.commit": False, "enable.partition.eof": True},
+        )
+    )
+    decode = registry().codec(COMMAND).decode
+    found: dict[str, tuple[int, int, float]] = {}
+    try:
+        for p in range(partitions):
+            low, high = watermark_offsets(consumer, TopicPartition(topics.commands, p))
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topics.commands, p, low)])
+            done = False
+            while not done:
+                for message in consumer.consume(10_000, 1.0):
+                    if message.error() is not None:
+                        done = message.error().code() == KafkaError._PARTITION_EOF
+                        continue
+                    command_id = decode(message.value())["command_id"]
+                    found[command_id] = (p, message.offset(), message.timestamp()[1] / 1000)
+    finally:
+        consumer.close()
+    return found
+
+
+def stage_breakdown(
+    sent: dict[str, float],
+    appended: dict[str, tuple[int, int, float]],
+    batches: list[dict],
+    arrived: dict[str, tuple[float, float]],
+) -> dict[str, list[float]]:
+    """[p50, p99] in ms of each stage a command went through, from wall-clock marks of three processes.
+
+    Broker times (``LogAppendTime``) have 1 ms resolution. A command's batch is the first traced batch whose
+    position on its partition is past its offset. Stages of one command add up to its total; their p99s do not.
+    """
+    # partition -> sorted batch positions, and the batch (its marks) at each.
+    ends: dict[int, list[int]] = {}
+    at: dict[tuple[int, int], dict[str, float]] = {}
+    for batch in batches:
+        for partition, position in batch["positions"].items():
+            ends.setdefault(int(partition), []).append(position)
+            at[(int(partition), position)] = batch["marks"]
+    for positions in ends.values():
+        positions.sort()
+    series: dict[str, list[float]] = {}
+    first_append: dict[float, float] = {}  # per batch polled by an idle processor: its first command's append
+    first_out: dict[float, float] = {}
+
+    def add(stage: str, seconds: float) -> None:
+        series.setdefault(stage, []).append(seconds * 1000)
+
+    for command_id, published in sent.items():
+        if command_id not in appended or command_id not in arrived:
+            continue
+        partition, offset, append = appended[command_id]
+        seen, event_append = arrived[command_id]
+        add("total", seen - published)
+        add("publish->command appended", append - published)
+        add("command appended->event appended", event_append - append)
+        add("event appended->outcome seen", seen - event_append)
+        positions = ends.get(partition)
+        if not positions:
+            continue
+        index = bisect_right(positions, offset)
+        if index == len(positions):
+            continue
+        marks = at[(partition, positions[index])]
+        # Before its batch's poll began the processor was busy with the previous batch (or restoring).
+        add("appended->poll began (processor busy)", max(0.0, marks["poll"] - append))
+        add("poll: ->batch cut (fetch + linger)", marks["polled"] - max(append, marks["poll"]))
+        if marks["first"] > marks["poll"] + 0.0005:  # the processor waited in poll: when did the first come out?
+            key = marks["poll"]
+            first_append[key] = min(first_append.get(key, append), append)
+            first_out[key] = marks["first"]
+        add("fold", marks["commit"] - marks["polled"])
+        add("produce (enqueue)", marks["produced"] - marks["commit"])
+        add("send_offsets_to_transaction", marks["offsets_sent"] - marks["produced"])
+        add("commit_transaction", marks["committed"] - marks["offsets_sent"])
+        add("committed->outcome seen", seen - marks["committed"])
+
+    for key, append in first_append.items():  # one value per batch polled by an idle processor (often few)
+        add(f"  idle poll ({len(first_append)} batches): first appended->fetched", first_out[key] - append)
+
+    def pcts(values: list[float]) -> list[float]:
+        values.sort()
+        return [round(values[min(len(values) - 1, int(q * len(values)))], 2) for q in (0.5, 0.99)]
+
+    return {stage: pcts(values) for stage, values in series.items()}
 
 
 def bench_restore(config: KafkaConfig, args: argparse.Namespace) -> dict:
@@ -349,6 +483,15 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--linger-ms", type=float, default=5.0, help="the processors' --linger-ms (default: theirs)")
+    parser.add_argument(
+        "--publisher-linger-ms", type=float, default=1.0, help="the latency run's publisher linger.ms (default 1)"
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="latency runs also print p50/p99 per stage (publish, broker append, poll, fold, each transaction "
+        "call, outcome seen), from broker append times and the processor's --trace-batches lines",
+    )
     parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
     parser.add_argument("--only", choices=("throughput", "latency", "replay", "restore"), action="append")
     parser.add_argument("--json", action="store_true")
@@ -373,7 +516,15 @@ def main() -> int:
             rows.append(bench_latency(config, args, rate))
     for row in rows:
         row.pop("topics", None)
-        print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
+        stage_rows = row.pop("stages_ms", None)
+        if args.json:
+            print(json.dumps({**row, **({"stages_ms": stage_rows} if stage_rows else {})}))
+        else:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        if stage_rows and not args.json:
+            print(f"  {'stage (per command)':<48} {'p50 ms':>9} {'p99 ms':>9}")
+            for stage, (p50, p99) in stage_rows.items():
+                print(f"  {stage:<48} {p50:>9.2f} {p99:>9.2f}")
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

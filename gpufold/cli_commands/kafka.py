@@ -129,6 +129,12 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         help="publish a Tick command into each owned partition this often, so gang timeouts, time limits and "
         "reservations fire when no other command moves event time (default: 0, never)",
     )
+    run.add_argument(
+        "--trace-batches",
+        action="store_true",
+        help="log one 'batch' line per committed batch with the wall-clock time of each stage (poll, first "
+        "record, fold done, produced, offsets sent, committed), for bench/kafka_end_to_end.py --stages",
+    )
     run.set_defaults(handler=_processor_run)
 
 
@@ -153,6 +159,7 @@ def _processor_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         tick_interval=args.tick_interval,
+        trace_batches=args.trace_batches,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 

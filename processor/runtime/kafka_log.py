@@ -215,6 +215,13 @@ class KafkaCommandLog:
         self._consumer_renewals = 0
         self._lost_at: float | None = None
         self._stalled: list[Any] = []  # producers given up with a call still stuck inside: never destroyed
+        self.marks: dict[str, float] = {}
+        """Wall-clock times (``time.time()``) of the last batch's stages: ``poll`` (poll called), ``first`` (its
+        first record out of the client, or ``poll`` if records were held), ``polled``, ``commit`` (the fold
+        done), ``produced``, ``offsets_sent``, ``committed``. A few clock reads per batch; the runner logs them
+        with ``--trace-batches``."""
+        self.positions: dict[int, int] = {}
+        """The positions of the last committed batch (the next offset to fold, per partition)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -302,7 +309,10 @@ class KafkaCommandLog:
         """A batch of at most ``max_records``, with a fair share of every partition that has records waiting.
 
         With nothing held, wait up to ``timeout`` for a first record, then up to ``linger`` for the batch to fill:
-        a batch is cut when it is full or its first record has waited ``linger``. Then take, without waiting,
+        a batch is cut when it is full or its first record has waited ``linger``. Under load the first record
+        came during the previous commit, so the linger is also a gap between two transactions: the coordinator
+        needs it to write the previous one's markers, and a transaction begun sooner is refused
+        (CONCURRENT_TRANSACTIONS) and retried 5-20 ms later (BENCHMARKS.md, issue #14). Then take, without waiting,
         what the client has fetched already: a fetch returns whole producer batches, so one partition's backlog
         can sit in front of every other partition's records in the client's queue. Fetched records wait in
         per-partition queues (:class:`~processor.runtime.fair_batch.PartitionQueues`); a partition holding
@@ -312,11 +322,14 @@ class KafkaCommandLog:
         """
         consumer = self._require(self._consumer)
         queues = self._queues
+        marks = self.marks
+        marks["poll"] = marks["first"] = time.time()
         try:
             if not queues:
                 first = consumer.poll(timeout)
                 if first is None:
                     return []
+                marks["first"] = time.time()
                 if not self._hold([first]):
                     return []  # a new consumer: the old one's records are for partitions no longer assigned
                 if max_records > 1 and not self._hold(consumer.consume(max_records - 1, self.linger)):
@@ -335,6 +348,7 @@ class KafkaCommandLog:
             return []
         batch = queues.take(max_records)
         self._resume_drained(max_records)
+        marks["polled"] = time.time()
         return batch
 
     def _await_first_fetches(self, consumer: Consumer, max_records: int) -> bool:
@@ -406,15 +420,20 @@ class KafkaCommandLog:
         """
         producer = self._require(self._producer)
         consumer = self._require(self._consumer)
+        marks = self.marks
+        marks["commit"] = time.time()
         try:
             producer.begin_transaction()
             for record in outputs:
                 self._produce(producer, record)
+            marks["produced"] = time.time()
             offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
             metadata = consumer.consumer_group_metadata()
             timeout = self.transaction_timeout
             self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
+            marks["offsets_sent"] = time.time()
             self._commit_transaction(producer)
+            marks["committed"] = time.time()
         except KafkaException as exc:
             self._transaction_failed(exc, positions)
         except _Stalled as stalled:
@@ -423,6 +442,7 @@ class KafkaCommandLog:
             self._rewind(positions)
             raise BatchAborted(f"transaction abandoned ({stalled}); partitions {sorted(positions)} rewound") from None
         self._renewals = self._consumer_renewals = 0
+        self.positions = positions
 
     def committed(self, partition: int) -> int:
         consumer = self._require(self._consumer)

@@ -87,6 +87,9 @@ class RunnerSettings:
     metrics_every: float = 5.0
     tick_interval: float = 0.0
     """Publish a Tick into each owned partition every this many seconds (0 = never): deadlines fire on time."""
+    trace_batches: bool = False
+    """Log one ``batch`` line per committed batch: its positions and the wall-clock time of each stage
+    (:attr:`~processor.runtime.kafka_log.KafkaCommandLog.marks`); ``bench/kafka_end_to_end.py --stages`` reads them."""
 
 
 class Runner:
@@ -165,6 +168,10 @@ class Runner:
         for command in commands:
             self._ticker.publish(command)
 
+    def _trace(self, count: int) -> None:
+        marks = {stage: round(at, 6) for stage, at in self.log.marks.items()}
+        log.info("batch", extra={"fields": {"records": count, "positions": self.log.positions, "marks": marks}})
+
     def _forget(self, partitions: list[int]) -> None:
         for partition in partitions:
             self.processor.forget(partition)
@@ -206,6 +213,8 @@ class Runner:
                     log.warning("batch aborted, partitions will be rebuilt", extra={"fields": {"reason": str(aborted)}})
                     continue
                 now = time.monotonic()
+                if count and settings.trace_batches:
+                    self._trace(count)
                 if self.metrics is not None and count:
                     self._observe(count, now)
                 self._tick()

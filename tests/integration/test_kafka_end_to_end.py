@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
-from kafka_support import BackgroundProcessor, check_exactly_once, command_stream, kafka_config, new_topics, publish
+from kafka_support import (
+    BackgroundProcessor,
+    check_exactly_once,
+    command_stream,
+    kafka_config,
+    new_topics,
+    publish,
+    read_topic,
+)
 
 from producers.outcomes import OutcomeWaiter
 from producers.publisher import CommandPublisher
@@ -50,3 +60,30 @@ def test_events_on_kafka_equal_a_local_refold(kafka_bootstrap: str) -> None:
         assert processor.wait() == 0
     expected = check_exactly_once(kafka_bootstrap, topics)
     assert sum(len(values) for values in expected.events.values()) >= 3_000
+
+
+def test_traced_batches_cover_every_command_with_ordered_stage_times(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With trace_batches, each committed batch logs its positions and stage times; the last positions are the
+    partitions' ends and each batch's stages happen in order (what bench --stages relies on)."""
+    topics = new_topics(kafka_bootstrap, "trace")
+    commands = command_stream(600)
+    publish(kafka_bootstrap, topics, commands)
+    caplog.set_level(logging.INFO, logger="gpufold.processor")
+    with BackgroundProcessor(
+        kafka_bootstrap, topics, instance_id="trace", stop_when_idle=2.0, batch_size=100, trace_batches=True
+    ) as processor:
+        assert processor.wait() == 0
+    batches = [record.fields for record in caplog.records if record.getMessage() == "batch"]  # type: ignore[attr-defined]
+    assert sum(batch["records"] for batch in batches) == len(commands)
+    ends: dict[int, int] = {}
+    stages = ("poll", "first", "polled", "commit", "produced", "offsets_sent", "committed")
+    for batch in batches:
+        marks = batch["marks"]
+        assert [marks[stage] for stage in stages] == sorted(marks[stage] for stage in stages), marks
+        for partition, position in batch["positions"].items():
+            assert position > ends.get(partition, -1)
+            ends[partition] = position
+    on_kafka = read_topic(kafka_bootstrap, topics.commands)
+    assert ends == {partition: len(records) for partition, records in on_kafka.items() if records}
