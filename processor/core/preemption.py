@@ -25,7 +25,10 @@ no longer beat the best. The enumeration has a budget (:data:`SEARCH_BUDGET` sub
 past it the best set found is kept, or the cheapest greedy set if none was. Cost: O(C · L)
 for C classes and L priority levels, plus O(log) per node met, plus the enumeration on the nodes
 met (C(k, 1) + C(k, 2) + ... for k candidate victims on a node), plus a pending bucket for each
-node changed since the last search (O(1) each). Pending nodes are bounded by bucket, from below
+node changed since the last search and still marked (O(1) each, at most
+``preemption_index.EAGER_AFTER``; past that the marks themselves moved the oldest). A shape that no
+distinct node capacity could hold even emptied is decided before all that, in O(C) for C capacities
+(:func:`could_hold_somewhere`). Pending nodes are bounded by bucket, from below
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
 answer is the one over all nodes. Within a gang's domain (``near``) the nodes are bounded one by

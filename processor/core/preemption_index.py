@@ -24,8 +24,12 @@ which the search bounds every node of a bucket at once, from below, in (victim p
 work lost). Only the pending nodes whose bound could tie or beat the best plan found are filed in
 the exact classes (:meth:`PreemptionIndex.promote`, the costly step: a class key and sorted-run
 inserts, tens of µs); the others stay pending until they change or a later search needs them. So a
-search after a mass change (10,000 nodes filled) files a few nodes, not all of them. Derived data:
-not in snapshots; a restore reindexes, hence marks, every node.
+search after a mass change (10,000 nodes filled) files a few nodes, not all of them. And it moves
+to the pending tier only the nodes still marked: past :data:`EAGER_AFTER` marked nodes, each newly marked
+node moves the oldest marked one there at once (:meth:`PreemptionIndex.touch`), so the first search after
+a mass change pays for at most that many, and a placement pays a few µs only when it marks a node while
+that many are marked already (a node marked again costs nothing more). Derived data: not in snapshots; a
+restore reindexes, hence marks, every node.
 """
 
 from __future__ import annotations
