@@ -25,7 +25,10 @@ no longer beat the best. The enumeration has a budget (:data:`SEARCH_BUDGET` sub
 past it the best set found is kept, or the cheapest greedy set if none was. Cost: O(C · L)
 for C classes and L priority levels, plus O(log) per node met, plus the enumeration on the nodes
 met (C(k, 1) + C(k, 2) + ... for k candidate victims on a node), plus a pending bucket for each
-node changed since the last search (O(1) each). Pending nodes are bounded by bucket, from below
+node changed since the last search and still marked (O(1) each, at most
+``preemption_index.EAGER_AFTER``; past that the marks themselves moved the oldest). A shape that no
+distinct node capacity could hold even emptied is decided before all that, in O(C) for C capacities
+(:func:`could_hold_somewhere`). Pending nodes are bounded by bucket, from below
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
 answer is the one over all nodes. Within a gang's domain (``near``) the nodes are bounded one by
@@ -317,6 +320,8 @@ def plan_pod(
     ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near)
+    if not could_hold_somewhere(cluster, shape):
+        return None  # no node could hold it even emptied: decided without refreshing or filing a node
     index = cluster.preemptible
     index.refresh(cluster.nodes)
     best = _plan_pod_filed(cluster, shape, priority, now)
@@ -560,6 +565,23 @@ def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int
     if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
         return (fewest, deficit * max(0, now - max(latest.values())))
     return (1, min(m * max(0, now - t) for m, t in latest.items() if m >= deficit))
+
+
+def could_hold_somewhere(cluster: ClusterState, shape: PodShape) -> bool:
+    """Whether some node present could hold the shape once emptied: :func:`_static_fit` on each distinct fixed
+    capacity (model, node class without a reservation's taint, GPUs, CPU, memory), schedulability aside: a
+    superset of the nodes :func:`_static_fit` admits. O(C) for C distinct capacities, whatever the nodes."""
+    whole = shape.gpu_milli >= GPU_MILLI
+    for model, node_class, gpu_count, cpu, memory in cluster.capacities:
+        if shape.gpu_models and model not in shape.gpu_models:
+            continue
+        if shape.num_gpu and gpu_count < (shape.num_gpu if whole else 1):
+            continue
+        if cpu < shape.cpu_milli or memory < shape.memory_mib:
+            continue
+        if cluster.index.admits(node_class, shape):
+            return True
+    return False
 
 
 def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:

@@ -24,13 +24,18 @@ which the search bounds every node of a bucket at once, from below, in (victim p
 work lost). Only the pending nodes whose bound could tie or beat the best plan found are filed in
 the exact classes (:meth:`PreemptionIndex.promote`, the costly step: a class key and sorted-run
 inserts, tens of µs); the others stay pending until they change or a later search needs them. So a
-search after a mass change (10,000 nodes filled) files a few nodes, not all of them. Derived data:
-not in snapshots; a restore reindexes, hence marks, every node.
+search after a mass change (10,000 nodes filled) files a few nodes, not all of them. And it moves
+to the pending tier only the nodes still marked: past :data:`EAGER_AFTER` marked nodes, each newly marked
+node moves the oldest marked one there at once (:meth:`PreemptionIndex.touch`), so the first search after
+a mass change pays for at most that many, and a placement pays a few µs only when it marks a node while
+that many are marked already (a node marked again costs nothing more). Derived data: not in snapshots; a
+restore reindexes, hence marks, every node.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -52,6 +57,8 @@ class Node(Protocol):
     memory_free: int
     gpu_free: list[int]
     by_priority: dict[int, list]
+    cordoned: bool
+    failed: bool
 
     @property
     def schedulable(self) -> bool: ...
@@ -119,11 +126,20 @@ class PendingBucket:
         self.members.update(members)
         ordered = self._ordered
         if ordered is not None:
-            if len(members) <= 8:
+            if len(members) <= 8 or 16 * len(members) < len(ordered):  # few, or few beside many
                 for node_id, minus_latest in members.items():
                     insort(ordered, (minus_latest, node_id))
-            else:  # many at once: sorted when next read
+            elif len(ordered) < len(members):  # many at once into few: sorted when next read
                 self._ordered = None
+            else:  # many into more: two sorted runs, which the sort merges in one pass
+                ordered.extend(sorted([(minus_latest, node_id) for node_id, minus_latest in members.items()]))
+                ordered.sort()
+
+    def add_one(self, node_id: str, minus_latest: int) -> None:
+        self.members[node_id] = minus_latest
+        ordered = self._ordered
+        if ordered is not None:
+            insort(ordered, (minus_latest, node_id))
 
     def remove(self, node_id: str) -> None:
         minus_latest = self.members.pop(node_id)
@@ -181,14 +197,23 @@ class VictimClass:
         return twin
 
 
+EAGER_AFTER = 1024
+"""Marked nodes beyond which each newly marked one moves the oldest marked node to its pending bucket at once
+(:meth:`PreemptionIndex.touch`), so a search after a mass change refreshes at most this many: a bounded,
+amortised share of the work, paid only by clusters whose changes outrun their searches. Read when an index is
+made (tests set it low to cover that path on small clusters)."""
+
+
 class PreemptionIndex:
     """Schedulable nodes that run pods, by class, or pending in buckets (see the module docstring)."""
 
-    __slots__ = ("_filed", "_pending_of", "_shared", "classes", "dirty", "pending")
+    __slots__ = ("_filed", "_marked", "_pending_of", "_shared", "classes", "dirty", "eager_after", "pending")
 
     def __init__(self) -> None:
         self.classes: dict[ClassKey, VictimClass] = {}
         self.dirty: dict[str, None] = {}  # nodes changed since the last refresh
+        self._marked: deque[str] = deque()  # the same nodes, oldest mark first
+        self.eager_after = EAGER_AFTER
         # node id -> (its class key, the (level, milli, latest start) entries filed for it)
         self._filed: dict[str, tuple[ClassKey, tuple[tuple[int, int, int], ...]]] = {}
         # Nodes not filed in a class yet, by bucket; node id -> its bucket
@@ -202,6 +227,8 @@ class PreemptionIndex:
         twin = PreemptionIndex()
         twin._share(self)
         twin.dirty = dict(self.dirty)
+        twin._marked = deque(self._marked)
+        twin.eager_after = self.eager_after
         return twin
 
     def _share(self, other: PreemptionIndex) -> None:
@@ -213,9 +240,20 @@ class PreemptionIndex:
         )
         self._shared = True
 
-    def touch(self, node_id: str) -> None:
-        """The node changed (capacity, pods, schedulability, class): refile it before the next search. O(1)."""
-        self.dirty[node_id] = None
+    def touch(self, node_id: str, nodes: Mapping[str, Node] | None = None) -> None:
+        """The node changed (capacity, pods, schedulability, class): refile it before the next search. O(1);
+        given the nodes, past :attr:`eager_after` marked nodes, a newly marked one moves the oldest marked to
+        its pending bucket (a few µs; a node marked again before then costs nothing more). Not in a what-if
+        fork that still shares the tiers (that would copy them)."""
+        dirty = self.dirty
+        if node_id in dirty:
+            return
+        dirty[node_id] = None
+        self._marked.append(node_id)
+        if nodes is not None and len(dirty) > self.eager_after and not self._shared:
+            oldest = self._marked.popleft()
+            del dirty[oldest]
+            self._pend(oldest, nodes)
 
     def _own(self) -> None:
         """A fork's first change: its own copy of what it shared. O(n)."""
@@ -225,6 +263,28 @@ class PreemptionIndex:
             self.pending = {key: bucket.copied() for key, bucket in self.pending.items()}
             self._pending_of = dict(self._pending_of)
             self._shared = False
+
+    def _pend(self, node_id: str, nodes: Mapping[str, Node]) -> None:
+        """One node out of its class or bucket and, if it runs pods and is schedulable, into its pending
+        bucket (what :meth:`refresh` does for each marked node; the caller unmarked it)."""
+        pending = self.pending
+        was = self._pending_of.pop(node_id, None)
+        if was is not None:
+            bucket = pending[was]
+            bucket.remove(node_id)
+            if not bucket.members:
+                del pending[was]
+        elif node_id in self._filed:
+            self._unfile(node_id)
+        node = nodes.get(node_id)
+        if node is None or not node.by_priority or node.cordoned or node.failed:
+            return
+        key, latest = pending_entry(node)
+        self._pending_of[node_id] = key
+        bucket = pending.get(key)  # type: ignore[assignment]
+        if bucket is None:
+            bucket = pending[key] = PendingBucket()
+        bucket.add_one(node_id, -latest)
 
     def refresh(self, nodes: Mapping[str, Node]) -> None:
         """Move every node changed since the last refresh out of its class or bucket and, if it runs pods
@@ -248,7 +308,7 @@ class PreemptionIndex:
             if node is None:
                 continue
             by_priority = node.by_priority
-            if not by_priority or not node.schedulable:
+            if not by_priority or node.cordoned or node.failed:  # node.schedulable, inline
                 continue
             # pending_entry(node), inline: this loop meets every node a mass change touched (the property
             # tests compare what it files with pending_entry)
@@ -283,6 +343,7 @@ class PreemptionIndex:
                 bucket = pending[key] = PendingBucket()
             bucket.add(members)
         self.dirty.clear()
+        self._marked.clear()
 
     def promote(self, node_ids: list[str], nodes: Mapping[str, Node]) -> None:
         """File pending nodes in their classes (after :meth:`refresh`). O(log n) each."""

@@ -445,8 +445,9 @@ class ClusterState:
 
     def reindex(self, node: Node) -> None:
         """Put a node in the capacity index under its current signature, or take it out; and mark it for
-        the preemption index, which refiles it before its next search."""
-        self.preemptible.dirty[node.node_id] = None
+        the preemption index, which refiles it before its next search (or, past a bound on marked nodes,
+        moves the oldest marked one to its pending bucket now)."""
+        self.preemptible.touch(node.node_id, self.nodes)
         if node.schedulable:
             self.index.update(node.node_id, node.signature())
         else:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as event_note
 from hypothesis import strategies as st
 
-from processor.core import preemption
+from processor.core import preemption, preemption_index
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
 from processor.core.preemption import plan_pod
@@ -609,6 +609,9 @@ SEARCH_SHAPES = [
     PodShape(num_gpu, milli, cpu, 1024, (), (), (), None)
     for num_gpu, milli in ((1, 1000), (2, 1000), (4, 1000), (1, 500), (1, 300), (0, 0))
     for cpu in (500, 4000)
+] + [
+    PodShape(8, 1000, 500, 1024, (), (), (), None),  # more GPUs than any node has: no node could hold them
+    PodShape(1, 1000, 32_000, 1024, (), (), (), None),  # more CPU than any node has
 ]
 
 
@@ -636,6 +639,47 @@ def test_the_indexed_search_finds_what_a_node_by_node_search_finds(commands: lis
                             [p.spec.pod_id for p in scanned.victims],
                         ), (shape, priority)
     event_note(f"searches with a plan: {min(searched, 3)}{'+' if searched > 3 else ''}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=preemption_streams(), eager_after=st.sampled_from((0, 1, 2)))
+def test_nodes_moved_to_pending_buckets_as_they_are_marked_keep_the_index_and_the_search_exact(
+    commands: list, eager_after: int
+) -> None:
+    """With room for 0, 1 or 2 marked nodes (each new mark past it moves the oldest marked node to its pending
+    bucket at once): the marks stay in order, every pending node not marked again holds the entry a refresh
+    would give it, the search chooses what the node-by-node search chooses for every shape and priority, and
+    the index equals one rebuilt from scratch (check_indexes)."""
+    first = preemption_index.EAGER_AFTER
+    preemption_index.EAGER_AFTER = eager_after  # read when the clusters' indexes are made
+    try:
+        state = PartitionState()
+        moved = 0
+        for offset, command in enumerate(commands):
+            decide(state, command, offset)
+            for cluster in state.clusters.values():
+                index = cluster.preemptible
+                assert index.eager_after == eager_after
+                assert list(index._marked) == list(index.dirty)  # oldest mark first
+                pending = {n: entry for n, entry in index.pending_content().items() if n not in index.dirty}
+                moved += len(pending)
+                assert pending == {node_id: pending_entry(cluster.nodes[node_id]) for node_id in pending}
+                everywhere = sorted(cluster.nodes)
+                for priority in (1, 3):
+                    for shape in SEARCH_SHAPES:
+                        indexed = plan_pod(cluster, shape, priority, state.clock)
+                        scanned = plan_pod(cluster, shape, priority, state.clock, everywhere)
+                        assert (indexed is None) == (scanned is None), (shape, priority)
+                        if indexed is not None and scanned is not None:
+                            assert (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims]) == (
+                                scanned.node_id,
+                                scanned.cost,
+                                [p.spec.pod_id for p in scanned.victims],
+                            ), (shape, priority)
+                check_indexes(cluster)
+    finally:
+        preemption_index.EAGER_AFTER = first
+    event_note(f"pending nodes met unmarked: {min(moved, 3)}{'+' if moved > 3 else ''}")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

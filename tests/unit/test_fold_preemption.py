@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from processor.core.preemption_index import Content, PreemptionIndex
+import pytest
+
+from processor.core.preemption_index import Content, PreemptionIndex, pending_entry
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from processor.core.state import ClusterState
 from schemas.codes import QueueReasonCode
@@ -276,6 +278,57 @@ def test_a_search_after_a_mass_change_files_only_the_nodes_that_could_win() -> N
     assert len(index.pending_content()) == 40 - PROMOTE_FIRST
     index.refresh(fold.cluster.nodes)
     assert index.content(fold.cluster.nodes) == rebuilt(fold.cluster)
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        gpus("wide", 4, priority=5),  # more GPUs than any node has
+        SubmitPod("fat", priority=5, num_gpu=1, gpu_milli=1000, cpu_milli=128_000),  # more CPU than any node
+        SubmitPod("big-memory", priority=5, num_gpu=1, gpu_milli=1000, cpu_milli=1000, memory_mib=10**7),
+        SubmitPod("elsewhere", priority=5, num_gpu=1, gpu_milli=1000, cpu_milli=1000, node_selector={"zone": "b"}),
+    ],
+    ids=["gpus", "cpu", "memory", "selector"],
+)
+def test_a_pod_no_node_could_hold_even_emptied_queues_without_refreshing_a_node(pod: SubmitPod) -> None:
+    """Decided from the cluster's distinct node capacities: it queues, evicts nobody, and the preemption
+    index stays as it was (every changed node still marked, none moved to a pending bucket or a class)."""
+    fold = cluster(2, 2, 2)
+    fold.run_all(gpus("a", 2), gpus("b", 2), gpus("c", 2))
+    index = fold.cluster.preemptible
+    assert list(index.dirty) == ["n0", "n1", "n2"]
+    events = fold.run(pod)
+    assert types(events) == ["PodQueued"]
+    assert events[0].payload.pod.pod_id == pod.pod_id and events[0].payload.reasons
+    assert list(index.dirty) == ["n0", "n1", "n2"] and not index.pending and not index.classes
+    assert {p.node_id for p in fold.cluster.pods.values() if p.spec.pod_id != pod.pod_id} == {"n0", "n1", "n2"}
+
+
+def test_past_the_bound_on_marked_nodes_each_new_mark_moves_the_oldest_to_its_pending_bucket() -> None:
+    """With room for two marked nodes, filling six leaves the last two marked and the first four pending,
+    with the entries a refresh would give them; a search still chooses what the node-by-node search chooses,
+    and the index, refreshed, equals one rebuilt from scratch."""
+    from processor.core.preemption import plan_pod
+    from processor.core.resources import PodShape
+
+    fold = cluster(*[2] * 6)
+    index = fold.cluster.preemptible
+    index.eager_after = 2
+    index.refresh(fold.cluster.nodes)  # the six new nodes, marked, run nothing: no bucket
+    for i in range(6):  # first-fit: p0a and p0b on n0, then n1, ...
+        fold.run_all(gpus(f"p{i}a", 1), gpus(f"p{i}b", 1))
+    assert list(index.dirty) == ["n4", "n5"]
+    nodes = fold.cluster.nodes
+    assert index.pending_content() == {f"n{i}": pending_entry(nodes[f"n{i}"]) for i in range(4)}
+    fold.run(Release("p1a"))  # a pending node marked again (refiled at the next refresh): n4, the oldest, pends
+    assert list(index.dirty) == ["n5", "n1"] and index.pending_content()["n4"] == pending_entry(nodes["n4"])
+    shape = PodShape(2, 1000, 1000, 0, (), (), (), None)
+    expected = plan_pod(fold.cluster, shape, 5, fold.state.clock, sorted(nodes))
+    found = plan_pod(fold.cluster, shape, 5, fold.state.clock)
+    assert found is not None and expected is not None
+    assert (found.node_id, found.cost, found.victims) == (expected.node_id, expected.cost, expected.victims)
+    index.refresh(nodes)
+    assert index.content(nodes) == rebuilt(fold.cluster)
 
 
 def test_a_what_if_fork_preempts_on_its_own_copy_of_the_preemption_index() -> None:
