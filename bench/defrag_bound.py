@@ -449,12 +449,33 @@ def bound_moment(
     return out
 
 
+def bucket_bound(first: Moment, last: Moment, nodes: Sequence[NodeRow], capacity: int) -> float:
+    """The moves-only LP bound for every pod of the bucket at once, hence for its mean.
+
+    Pods never leave and moves keep pods running, so at any pod of the bucket the running pods include
+    those running at its first pod and are among those arrived by its last: those are the lower and
+    upper limits."""
+    low: collections.Counter[int] = collections.Counter()
+    high: collections.Counter[int] = collections.Counter()
+    for row in first.running:
+        if row.is_share:
+            low[row.gpu_milli] += 1
+    for row in (*last.running, *last.waiting):
+        if row.is_share:
+            high[row.gpu_milli] += 1
+    whole_low = sum(row.num_gpu for row in first.running if row.num_gpu and not row.is_share)
+    whole_high = sum(row.num_gpu for row in (*last.running, *last.waiting) if row.num_gpu and not row.is_share)
+    best, _ = lp_bound(sum(n.gpu_count for n in nodes), dict(low), dict(high), whole_low, whole_high)
+    return round(100.0 * (capacity - best) / capacity, 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="42-44")
     parser.add_argument("--source", choices=("defrag", "nomove"), default="defrag")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cache", type=Path, help="keep each seed's online moments here (pickle) and reuse them")
+    parser.add_argument("--no-packer", action="store_true", help="the LP bounds only (seconds per seed)")
     args = parser.parse_args(argv)
     rows = []
     for seed in simulate.parse_seeds(args.seeds):
@@ -467,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_bytes(pickle.dumps((first, last, nodes, capacity)))
         result: dict[str, Any] = {"seed": seed, "source": args.source}
+        pack_it = not args.no_packer
         for name, moment in (("first", first), ("last", last)):
             result[name] = {
                 "online_pct": round(100.0 * (capacity - moment.allocated) / capacity, 3),
@@ -474,31 +496,49 @@ def main(argv: list[str] | None = None) -> int:
                 "waiting": len(moment.waiting),
                 "shares_waiting": sum(1 for row in moment.waiting if row.is_share),
                 # the packer only at the bucket's first pod, where the bound holds for the whole bucket
-                "moves_only": bound_moment(moment, nodes, capacity, False, packer=name == "first"),
-                "free_choice": bound_moment(moment, nodes, capacity, True, packer=name == "first"),
+                "moves_only": bound_moment(moment, nodes, capacity, False, packer=pack_it and name == "first"),
+                "free_choice": bound_moment(moment, nodes, capacity, True, packer=pack_it and name == "first"),
             }
+        result["bucket_lp_bound_pct"] = bucket_bound(first, last, nodes, capacity)
+        # the floor if every share arrived by the bucket's end were running (none left waiting)
+        every_share = Moment([row for row in (*last.running, *last.waiting) if row.is_share], [], 0)
+        every_share.waiting = [row for row in (*last.running, *last.waiting) if not row.is_share]
+        result["every_share_lp_bound_pct"] = bound_moment(every_share, nodes, capacity, False, packer=False)[
+            "lp_bound_pct"
+        ]
         rows.append(result)
         first_row, last_row = result["first"], result["last"]
         moves, free = first_row["moves_only"], first_row["free_choice"]
         if args.json:
             print(json.dumps(result), flush=True)
         else:
+            packed = (
+                f", packer {moves['packer_pct']:.2f}% [{moves['packer']}, {moves['packer_left_out']} running "
+                f"pods left out]"
+                if pack_it
+                else ""
+            )
+            free_packed = f", packer {free['packer_pct']:.2f}% [{free['packer']}]" if pack_it else ""
             print(
                 f"seed {seed}  online {first_row['online_pct']:.2f}% ({first_row['waiting']} waiting, "
                 f"{first_row['shares_waiting']} of them shares)  moves only: LP bound {moves['lp_bound_pct']:.2f}% "
-                f"(bucket's last pod {last_row['moves_only']['lp_bound_pct']:.2f}%), packer {moves['packer_pct']:.2f}% "
-                f"[{moves['packer']}, {moves['packer_left_out']} running pods left out]  free choice: LP bound "
-                f"{free['lp_bound_pct']:.2f}%, packer {free['packer_pct']:.2f}% [{free['packer']}]",
+                f"(bucket's last pod {last_row['moves_only']['lp_bound_pct']:.2f}%, whole bucket "
+                f"{result['bucket_lp_bound_pct']:.2f}%){packed}  free choice: LP bound "
+                f"{free['lp_bound_pct']:.2f}%{free_packed}",
                 flush=True,
             )
     if not args.json and rows:
-        columns = (
+        columns = [
             ("online", lambda r: r["first"]["online_pct"]),
+            ("moves only: LP bound, whole bucket", lambda r: r["bucket_lp_bound_pct"]),
             ("moves only: LP bound", lambda r: r["first"]["moves_only"]["lp_bound_pct"]),
+            ("LP bound, every arrived share running", lambda r: r["every_share_lp_bound_pct"]),
             ("moves only: packer", lambda r: r["first"]["moves_only"]["packer_pct"]),
             ("free choice: LP bound", lambda r: r["first"]["free_choice"]["lp_bound_pct"]),
             ("free choice: packer", lambda r: r["first"]["free_choice"]["packer_pct"]),
-        )
+        ]
+        if not pack_it:
+            columns = [column for column in columns if "packer" not in column[0]]
         print()
         print("| at the first pod of the 100% bucket | " + " | ".join(str(r["seed"]) for r in rows) + " | mean |")
         print("|---|" + "---:|" * (len(rows) + 1))
