@@ -27,9 +27,12 @@ and reports, per seed, as % of GPU capacity:
   for every pod of the bucket, hence for the bucket's mean (the published metric).
 - **packer**: a concrete re-placement that respects everything the fold checks: GPU count and share
   rules, CPU and memory per node, GPU models. Shares are first grouped into GPUs (best-fit decreasing,
-  or the LP's patterns rounded down then best-fit decreasing), then the GPUs' worth of pods are packed
-  onto nodes by first-fit / best-fit decreasing under a few orders (GPUs, then CPU, descending; CPU per
-  GPU; dot product with what is free), keeping the best that places every pod that must run.
+  or the LP's patterns rounded down then best-fit decreasing), then the pods (and GPUs' worth of
+  shares) are packed onto nodes in decreasing order, each on the node whose share of CPU left stays
+  closest to its share of GPUs left (see ``pack``), a few weights tried, the best that places every
+  running pod kept.
+
+Also: the whole-bucket bound (``bucket_bound``) and the floor if every arrived share were running.
 """
 
 from __future__ import annotations
