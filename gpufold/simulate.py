@@ -147,8 +147,12 @@ def run(
     defrag_every: float | None = None,
     defrag_budget: float = 1.0,
     withdraw_failed: bool = False,
+    observe: Callable[[int, Any], bool] | None = None,
 ) -> SimulationResult:
-    """Run one seed of the experiment through the fold; ``progress(n)`` is called per pod."""
+    """Run one seed of the experiment through the fold; ``progress(n)`` is called per pod.
+
+    ``observe(bucket, cluster)``, if given, sees the cluster state after each pod (and the ``Defragment``
+    it triggers) with the pod's arrived bucket; the run stops early when it returns True."""
     workload = build_workload(nodes, pods, seed, inflate)
     state = PartitionState()
     capacity = workload.gpu_milli_capacity
@@ -226,6 +230,8 @@ def run(
         entry[1] += 1
         if progress is not None:
             progress(1)
+        if observe is not None and observe(bucket, cluster):
+            break
     if fragmentation_at_100 is None and buckets and max(buckets) == 100:
         fragmentation_at_100 = _fragmentation(cluster)
     curve = [[float(bucket), round(total / count, 4)] for bucket, (total, count) in sorted(buckets.items())]

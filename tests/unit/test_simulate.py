@@ -130,3 +130,21 @@ def test_simulate_unknown_policy_is_a_user_error(capsys: pytest.CaptureFixture[s
     """An unknown policy exits with status 2 and names the known ones."""
     assert main(["simulate", "--policy", "nope", "--limit", "10"]) == 2
     assert "known:" in capsys.readouterr().err
+
+
+def test_observe_sees_every_pod_and_can_stop_the_run() -> None:
+    """``observe`` gets each pod's arrived bucket (never decreasing) with the cluster; True stops the run there."""
+    seen: list[int] = []
+    full = simulate.run(NODES, PODS, "fgd-plus", seed=3, observe=lambda bucket, cluster: seen.append(bucket) or False)
+    assert len(seen) == full.pods_total
+    assert seen == sorted(seen)
+    calls: list[int] = []
+
+    def stop_at_ten(bucket: int, cluster: object) -> bool:
+        calls.append(bucket)
+        return len(calls) == 10
+
+    cut = simulate.run(NODES, PODS, "fgd-plus", seed=3, observe=stop_at_ten)
+    assert len(calls) == 10
+    assert cut.pods_scheduled + cut.pods_failed == 10
+    assert cut.curve == [point for point in full.curve if point[0] < seen[9]] + cut.curve[-1:]
