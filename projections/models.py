@@ -29,6 +29,11 @@ NAMING = {
 }
 
 
+DISRUPTION_TYPES = ("PodPreempted", "PodMigrated", "DefragmentationPlanned")
+"""The audit event types the disruptions query reads (its partial index covers only these)."""
+DISRUPTIONS_SQL = "type IN ('PodPreempted', 'PodMigrated', 'DefragmentationPlanned')"
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
@@ -92,7 +97,15 @@ class PodRow(Base):
             postgresql_where=text("status = 'pending'"),
             sqlite_where=text("status = 'pending'"),
         ),
-        Index("ix_pods_cluster_status", "cluster", "status"),
+        # The evicted pods of a cluster (the projector looks them up for first placements). Partial: an
+        # index on (cluster, status) over every row cost PostgreSQL ~3-4 us per event projected (every
+        # status change moves the entry), and no query reads pods by another status through it.
+        Index(
+            "ix_pods_evicted",
+            "cluster",
+            postgresql_where=text("status = 'evicted'"),
+            sqlite_where=text("status = 'evicted'"),
+        ),
     )
 
 
@@ -178,7 +191,15 @@ class AuditEventRow(Base):
     __table_args__ = (
         Index("ix_audit_events_command", "command_id"),
         Index("ix_audit_events_pod", "cluster", "pod_id"),
-        Index("ix_audit_events_type", "cluster", "type"),  # preemptions and migrations of a cluster
+        # Preemptions and migrations of a cluster (queries.disruptions): partial, so the other events, nearly
+        # all of them, cost no entry (~4 us of PostgreSQL per event). Keep in step with queries.DISRUPTIONS.
+        Index(
+            "ix_audit_events_disruptions",
+            "cluster",
+            "type",
+            postgresql_where=text(DISRUPTIONS_SQL),
+            sqlite_where=text(DISRUPTIONS_SQL),
+        ),
     )
 
 

@@ -483,9 +483,17 @@ def _same_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a row that later changes to the original cannot reach: its lists and dicts copied too
-    (one level: handlers replace nested values, they only change ``gpu_free`` in place)."""
-    return {k: v.copy() if type(v) is list or type(v) is dict else v for k, v in row.items()}
+    """A copy of a row that later changes to the original cannot reach.
+
+    Shallow but for ``gpu_free``: the handlers replace every other list or dict of a row whole
+    (``pod["gpus"] = [...]``), and change only a node's ``gpu_free`` in place. A handler that changed
+    another nested value in place would need it copied here (test_projections_pipeline checks the
+    pipelined tables against the unpipelined ones)."""
+    copy = row.copy()
+    free = copy.get("gpu_free")
+    if free is not None:
+        copy["gpu_free"] = free.copy()
+    return copy
 
 
 def _take(held: dict[Any, Any], keys: set[Any], into: dict[Any, Any]) -> set[Any]:

@@ -340,7 +340,7 @@ def gangs(
     return {"cluster": cluster, "offset": offset, "gangs": _gangs(conn, cluster, states, limit, offset)}
 
 
-DISRUPTIONS = ("PodPreempted", "PodMigrated", "DefragmentationPlanned")
+DISRUPTIONS = models.DISRUPTION_TYPES  # the partial index ix_audit_events_disruptions covers these
 
 
 def disruptions(

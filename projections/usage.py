@@ -206,6 +206,12 @@ class UsageLedger:
         if milli == 0 or end <= start:
             return
         sealed_until = self.clocks[cluster].sealed_until  # hour-aligned
+        hour = start - start % HOUR_MS
+        if hour >= sealed_until and end <= hour + HOUR_MS:  # the usual case: inside one open hour
+            key = (cluster, tenant, hour)
+            self.open_credits[key] = self.open_credits.get(key, 0) + milli * (end - start)
+            self.hours.add((cluster, hour))
+            return
         for first, count, ms in pieces(start, end):
             amount = milli * ms
             if first < sealed_until:

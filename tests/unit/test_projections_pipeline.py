@@ -20,9 +20,10 @@ from sqlalchemy import Engine, create_engine
 from processor.core.fold import decide
 from processor.core.state import PartitionState
 from projections import models
-from projections.projector import Envelope, Pipeline, ProjectionError, Projector
+from projections.projector import Envelope, Pipeline, ProjectionError, Projector, _lock_offsets, _plan
 from projections.rebuild import content_hashes
 from projections.runner import run
+from projections.usage import DEFAULT_LATENESS_MS
 from schemas.commands import AddNode, Command, Defragment, Release, RemoveNode, SetPolicy, SubmitPod, Tick
 from tests import workload
 from tests.unit.test_projections_gangs import stream as gang_stream
@@ -173,3 +174,19 @@ def test_a_gap_is_refused_and_the_batch_before_it_still_commits(engine: Engine) 
     pipeline.close()
     with engine.connect() as conn:
         assert conn.execute(models.projection_offsets.select()).one().next_sequence == 100
+
+
+def test_a_planned_batch_writes_its_rows_as_it_left_them_whatever_the_next_batch_changes() -> None:
+    """The rows a pipelined batch writes are copies: the next batch, applied on top of them before they are
+    written, changes nodes' free GPUs and pods' statuses without reaching them."""
+    events = STREAMS["workload"]()
+    half = len(events) // 2
+    first, second = _envelopes(events)[:half], _envelopes(events)[half:]
+    engine = create_engine("sqlite://")
+    models.Base.metadata.create_all(engine)
+    with engine.connect() as conn, conn.begin():
+        offsets = _lock_offsets(conn, SOURCE, [0])
+        planned = _plan(conn, SOURCE, first, offsets, DEFAULT_LATENESS_MS, snapshot=True)
+        _plan(conn, SOURCE, second, dict(planned.end), DEFAULT_LATENESS_MS, planned.work, snapshot=True)
+        planned.write(conn)
+    assert _hashes(engine) == _reference(events[:half])
