@@ -28,7 +28,9 @@ SNAPSHOT_MAX_BYTES = 64 * 1024 * 1024
 """Largest snapshot record (a partition's whole state, incl. up to 100k remembered command ids)."""
 
 
-_LEADERLESS = frozenset({3, 5, 6})  # UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION
+# UNKNOWN_TOPIC_OR_PART, LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION; and librdkafka's local _UNKNOWN_PARTITION
+# (-190): a client that has not yet fetched the metadata of a topic created a moment ago.
+_LEADERLESS = frozenset({3, 5, 6, -190})
 
 
 class TopicError(RuntimeError):

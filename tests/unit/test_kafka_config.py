@@ -6,9 +6,10 @@ import logging
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfigError, SecretFilter, is_secret, load, parse_properties, properties_from_env
-from kafka_settings.topics import topic_specs
+from kafka_settings.topics import topic_specs, watermark_offsets
 from schemas.topics import topics_for
 
 
@@ -91,3 +92,29 @@ def test_topic_specs_follow_the_documented_defaults() -> None:
     assert {s.config["min.insync.replicas"] for s in topic_specs(topics_for("x"), 3, 1)} == {"1"}
     with pytest.raises(ValueError, match=r"min\.insync\.replicas"):
         topic_specs(topics_for("x"), 3, 1, 2)
+
+
+class _NewTopicConsumer:
+    """Answers as librdkafka does for a topic created a moment ago: the partition is unknown locally at first."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        self.code, self.failures, self.calls = code, failures, 0
+
+    def get_watermark_offsets(self, tp: object, timeout: float) -> tuple[int, int]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code))
+        return 0, 7
+
+
+def test_watermark_offsets_waits_for_a_new_topics_metadata() -> None:
+    consumer = _NewTopicConsumer(KafkaError._UNKNOWN_PARTITION, failures=2)
+    assert watermark_offsets(consumer, TopicPartition("t", 0), timeout=5.0) == (0, 7)
+    assert consumer.calls == 3
+
+
+def test_watermark_offsets_does_not_retry_what_time_cannot_fix() -> None:
+    consumer = _NewTopicConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED, failures=1)
+    with pytest.raises(KafkaException):
+        watermark_offsets(consumer, TopicPartition("t", 0), timeout=5.0)
+    assert consumer.calls == 1
