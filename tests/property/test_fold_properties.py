@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from processor.core import preemption, preemption_index
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
-from processor.core.preemption import plan_pod
+from processor.core.preemption import PodPlan, plan_pod
 from processor.core.preemption_index import PreemptionIndex, pending_entry
 from processor.core.reservations import usable_shape
 from processor.core.resources import PodShape, Signature, first_misfit
@@ -535,6 +535,14 @@ def test_same_commands_give_same_hash_in_processes_with_other_hash_seeds(seeds: 
 # ---------------------------------------------------------------- preemption is minimal
 
 
+def assert_same_plan(indexed: PodPlan | None, scanned: PodPlan | None, case: object) -> None:
+    """The preemption index's plan equals the node-by-node search's: the same node, cost and victims, or none."""
+    assert (indexed is None) == (scanned is None), case
+    if indexed is not None and scanned is not None:
+        plan = (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims])
+        assert plan == (scanned.node_id, scanned.cost, [p.spec.pod_id for p in scanned.victims]), case
+
+
 def exhaustive_victims(cluster: ClusterState, spec: PodSpec, now: int) -> tuple[str, list[str]] | None:
     """Every node and every set of lower-priority victims (a gang member brings its whole gang) that makes
     room: the node and victims least by (highest victim priority, victims, GPU milli x ms lost, node id,
@@ -630,14 +638,8 @@ def test_the_indexed_search_finds_what_a_node_by_node_search_finds(commands: lis
                 for shape in SEARCH_SHAPES:
                     indexed = plan_pod(cluster, shape, priority, state.clock)
                     scanned = plan_pod(cluster, shape, priority, state.clock, everywhere)
-                    assert (indexed is None) == (scanned is None), (shape, priority)
-                    if indexed is not None and scanned is not None:
-                        searched += 1
-                        assert (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims]) == (
-                            scanned.node_id,
-                            scanned.cost,
-                            [p.spec.pod_id for p in scanned.victims],
-                        ), (shape, priority)
+                    assert_same_plan(indexed, scanned, (shape, priority))
+                    searched += indexed is not None
     event_note(f"searches with a plan: {min(searched, 3)}{'+' if searched > 3 else ''}")
 
 
@@ -669,13 +671,7 @@ def test_nodes_moved_to_pending_buckets_as_they_are_marked_keep_the_index_and_th
                     for shape in SEARCH_SHAPES:
                         indexed = plan_pod(cluster, shape, priority, state.clock)
                         scanned = plan_pod(cluster, shape, priority, state.clock, everywhere)
-                        assert (indexed is None) == (scanned is None), (shape, priority)
-                        if indexed is not None and scanned is not None:
-                            assert (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims]) == (
-                                scanned.node_id,
-                                scanned.cost,
-                                [p.spec.pod_id for p in scanned.victims],
-                            ), (shape, priority)
+                        assert_same_plan(indexed, scanned, (shape, priority))
                 check_indexes(cluster)
     finally:
         preemption_index.EAGER_AFTER = first
@@ -715,13 +711,7 @@ def test_the_search_finds_the_same_whichever_changed_nodes_are_still_pending(
                             cluster.preemptible = live
                         left_out += bool(index.pending)
                         scanned = plan_pod(cluster, shape, priority, state.clock, everywhere)
-                        assert (indexed is None) == (scanned is None), (shape, priority)
-                        if indexed is not None and scanned is not None:
-                            assert (indexed.node_id, indexed.cost, [p.spec.pod_id for p in indexed.victims]) == (
-                                scanned.node_id,
-                                scanned.cost,
-                                [p.spec.pod_id for p in scanned.victims],
-                            ), (shape, priority)
+                        assert_same_plan(indexed, scanned, (shape, priority))
     finally:
         preemption.PROMOTE_FIRST = first
     event_note(f"searches that left pending nodes out: {min(left_out, 3)}{'+' if left_out > 3 else ''}")
