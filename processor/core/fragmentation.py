@@ -23,10 +23,11 @@ class Fragmenter:
     screened once per node, so a call is O(D·G + T) for D distinct requests.
     """
 
-    __slots__ = ("cpu_only", "needs", "pods", "typical")
+    __slots__ = ("cpu_only", "needs", "pods", "ratio", "typical")
 
     def __init__(self, typical: Typical) -> None:
         self.typical = typical
+        self.ratio = 0.0  # CPU milli per GPU milli; 0: FGD's measure alone (BalancedFragmenter sets it)
         self.cpu_only = sum(pod.weight for pod in typical if pod.key.gpu_milli == 0)
         self.pods = [
             (pod.weight, pod.key.gpu_milli, pod.key.num_gpu, pod.key.cpu_milli, frozenset(pod.key.gpu_models))
@@ -56,6 +57,10 @@ class Fragmenter:
                 continue
             count, small = fitting[need]
             total += weight * (small if count >= num_gpu else idle)
+        if self.ratio > 0.0:
+            stranded = idle - cpu_free / self.ratio
+            if stranded > 0.0:
+                total += stranded
         return total
 
 
@@ -70,22 +75,15 @@ class BalancedFragmenter(Fragmenter):
     (popularity-weighted: ``sum(w * cpu) / sum(w * gpus * milli)``), and the idle milli
     beyond ``cpu_free / ratio`` counts as fragment too: ``max(0, idle - cpu_free / ratio)``.
     A CPU-heavy pod on a CPU-poor node raises it, a light one there lowers it, so CPU goes
-    where GPUs will need it. Same cost as :class:`Fragmenter` plus O(1).
+    where GPUs will need it. Same cost as :class:`Fragmenter` plus O(1) (it is :class:`Fragmenter` with
+    ``ratio`` set, so the fold's FGD measure pays one comparison for it).
     """
 
-    __slots__ = ("ratio",)
+    __slots__ = ()
 
     def __init__(self, typical: Typical) -> None:
         super().__init__(typical)
-        self.ratio = cpu_per_gpu_milli(typical)
-
-    def __call__(self, gpu_free: tuple[int, ...], cpu_free: int, gpu_model: str) -> float:
-        total = super().__call__(gpu_free, cpu_free, gpu_model)
-        if self.ratio > 0.0:
-            stranded = sum(gpu_free) - cpu_free / self.ratio
-            if stranded > 0.0:
-                total += stranded
-        return total
+        self.ratio = cpu_per_gpu_milli(typical)  # the measure itself is Fragmenter's, which adds the term
 
 
 def cpu_per_gpu_milli(typical: Typical) -> float:

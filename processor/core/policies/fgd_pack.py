@@ -124,6 +124,10 @@ class FgdPack(FragmentationPolicy):
             cached = self._prices[cluster.name] = (cluster.typical, share_prices(share_mix(cluster.typical)))
         return cached[1]
 
+    def risks(self, cluster: ClusterState) -> dict[str, float]:
+        """Per GPU model, the risk that pinned pods will need its idle supply (:mod:`processor.core.model_supply`)."""
+        return model_risk(cluster.shape_counts, cluster.index)
+
     def place(self, cluster: ClusterState, shape: PodShape, groups: list[NodeGroup]) -> Choice:
         memo = self.memo(cluster)
         evaluated = self._evaluated.get(cluster.name)
@@ -131,7 +135,7 @@ class FgdPack(FragmentationPolicy):
             evaluated = self._evaluated[cluster.name] = (memo, {}, {})
         keys, options = evaluated[1], evaluated[2]
         prices = self.prices(cluster) if shape.is_share else None
-        risks = model_risk(cluster.shape_counts, cluster.index) if shape.num_gpu else {}
+        risks = self.risks(cluster) if shape.num_gpu else {}
         request = (shape.num_gpu, shape.gpu_milli, shape.cpu_milli)
         per_request = options.get(request)
         if per_request is None:
