@@ -249,6 +249,19 @@ def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: l
     return candidates
 
 
+def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None) -> set[str]:
+    """The tenants and everyone who shares a cohort (now, or before a change) with one of them. O(members)."""
+    out = set(tenants)
+    cohorts = {quota.cohort for quota in previous if quota is not None and quota.cohort is not None}
+    for tenant in tenants:
+        quota = cluster.quotas.get(tenant)
+        if quota is not None and quota.cohort is not None:
+            cohorts.add(quota.cohort)
+    for cohort in cohorts:
+        out.update(cluster.cohorts.get(cohort, ()))
+    return out
+
+
 def dominant_share(cluster: ClusterState, tenant: str) -> float:
     """The tenant's weighted dominant share: max over GPU, CPU, memory of its use over the cluster's, / weight."""
     usage = cluster.usage.get(tenant)

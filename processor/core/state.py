@@ -25,6 +25,8 @@ from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
 DEFAULT_POLICY = "fgd-plus"
+COMPLETED = "completed"  # the Release reason of a normal end: what afterok dependants wait for
+EVICTED_MEMBER = "evicted:"  # a member beyond min_members lost its node; the gang runs on without it
 DEFAULT_SEEN_WINDOW = 100_000
 """How many recent command ids each partition remembers for idempotency.
 
