@@ -22,6 +22,7 @@ from processor.core.state import (
     GANG_WAITING,
     ClusterState,
     Gang,
+    Halt,
     Node,
     PartitionState,
     Pod,
@@ -32,6 +33,8 @@ from processor.core.state import (
 from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, TIME_LIMIT
 from schemas.commands import GPU_MILLI
 from schemas.events import (
+    ClusterHalted,
+    ClusterResumed,
     CommandRejected,
     DefragmentationPlanned,
     DependencyFailed,
@@ -69,14 +72,42 @@ def apply(state: PartitionState, event: Event) -> None:
         raise InvariantViolation(f"event sequence {event.sequence} applied to state expecting {state.sequence}")
     payload = event.payload
     kind = type(payload)
-    if kind is not CommandRejected and kind is not Ticked:
+    if kind is ClusterHalted:
+        _halt_cluster(state, event, payload)  # type: ignore[arg-type]
+    elif kind is not CommandRejected and kind is not Ticked:
         _APPLIERS[kind](state, state.cluster(event.cluster), payload, event.occurred_at)
+    elif kind is Ticked and payload.partition:  # type: ignore[union-attr]
+        _applied_partition_tick(state, payload.clock)  # type: ignore[union-attr]
+    cluster = lookup(state.clusters, event.cluster)
+    if cluster is not None and event.occurred_at > cluster.clock:
+        cluster.clock = event.occurred_at
     state.sequence = event.sequence + 1
     if event.command_offset >= state.next_offset:
         state.next_offset = event.command_offset + 1
     if event.occurred_at > state.clock:
         state.clock = event.occurred_at
     state.remember(event.command_id)
+
+
+def _applied_partition_tick(state: PartitionState, clock: int) -> None:
+    """Every cluster of the partition (but a halted one) moves to ``clock``. O(C)."""
+    for cluster in state.clusters.values():
+        if cluster.halted is None and cluster.clock < clock:
+            cluster.clock = clock
+
+
+def _halt_cluster(state: PartitionState, event: Event, payload: ClusterHalted) -> None:
+    """The cluster is halted: what it held is dropped (a ResumeCluster rebuilds it from the command log), its
+    clock and clock setting stay. O(1)."""
+    cluster = state.cluster(event.cluster)
+    halted = ClusterState(cluster.name, clock=cluster.clock, max_clock_jump_ms=cluster.max_clock_jump_ms)
+    halted.halted = Halt(payload.command_id, event.command_offset, payload.error)
+    state.clusters[cluster.name] = halted
+
+
+def _applied_cluster_resumed(state: PartitionState, cluster: ClusterState, event: ClusterResumed, now: int) -> None:
+    if cluster.halted is not None:
+        raise InvariantViolation(f"cluster {cluster.name!r} resumed without its rebuilt state")
 
 
 def _node_of(cluster: ClusterState, node_id: str) -> Node:
@@ -191,7 +222,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     cluster.charge(pod, node, +1)
     cluster.reindex(node)
     if pod.spec.time_limit_ms is not None:
-        state.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, cluster.name, pod.spec.pod_id)
+        cluster.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, pod.spec.pod_id)
 
 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:
@@ -240,6 +271,8 @@ def _applied_policy_changed(state: PartitionState, cluster: ClusterState, event:
         cluster.reserve_after_ms = event.reserve_after_ms
     if event.queue_order:
         cluster.queue_order = event.queue_order
+    if event.max_clock_jump_ms is not None:
+        cluster.max_clock_jump_ms = event.max_clock_jump_ms
 
 
 def _gang_for(state: PartitionState, cluster: ClusterState, spec: GangSpec) -> Gang:
@@ -253,7 +286,7 @@ def _gang_for(state: PartitionState, cluster: ClusterState, spec: GangSpec) -> G
             cluster.arrivals = spec.arrival + 1
             cluster.learn_typical()
         if spec.timeout_ms is not None:
-            state.timers.push(spec.submitted_at + spec.timeout_ms, GANG_TIMEOUT, cluster.name, spec.gang_id)
+            cluster.timers.push(spec.submitted_at + spec.timeout_ms, GANG_TIMEOUT, spec.gang_id)
         return gang
     if gang.state == GANG_QUEUED:
         cluster.unqueue_gang(gang.key)
@@ -275,7 +308,7 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
         gang.started_at = None
         gang.topology_key = gang.domain = None
         if gang.spec.timeout_ms is not None:
-            state.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, cluster.name, gang.gang_id)
+            cluster.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
     if event.waiting_for:
         gang.state = GANG_WAITING
         gang.waiting_for = tuple(event.waiting_for)
@@ -328,7 +361,7 @@ def _applied_nodes_reserved(state: PartitionState, cluster: ClusterState, event:
         node.reserve(event.holder_id)
         cluster.reindex(node)
     if event.expected_start is not None:
-        state.timers.push(event.expected_start, RESERVATION_START, cluster.name, event.holder_id)
+        cluster.timers.push(event.expected_start, RESERVATION_START, event.holder_id)
 
 
 def _applied_reservation_released(
@@ -394,4 +427,5 @@ _APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] 
     QuotaChanged: _applied_quota_changed,
     PodMigrated: _applied_pod_migrated,
     DefragmentationPlanned: _applied_nothing,
+    ClusterResumed: _applied_cluster_resumed,
 }

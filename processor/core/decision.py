@@ -50,6 +50,9 @@ WAKE_DEPENDANTS = 3
 RESERVATION_UPKEEP = 4
 """``(cluster,)``: keep the reservation with the head of the queue (Slurm's backfill rule)."""
 
+LEGACY_TIME = ("v1", "v2")
+"""Contracts whose commands keep one clock per partition, and let a borrower preempt anyone lower."""
+
 RESERVATION_ROUNDS = 8
 """Rounds of reservation upkeep per call at most: each round releases or makes one reservation."""
 
@@ -83,6 +86,16 @@ class Decision:
         self.evicted: dict[str, dict[str, None]] = {}
         self._scratch: ClusterState | None = None
         self._left: list[Item] = []
+
+    @property
+    def legacy_time(self) -> bool:
+        """A command of contract v1 or v2 keeps the partition-wide time of its release (``processor.core.timers``)."""
+        return self.command.contract in LEGACY_TIME
+
+    @property
+    def kueue_rule(self) -> bool:
+        """Whether a preemptor that would borrow may take only borrowers' pods (contract v3 on)."""
+        return self.command.contract not in LEGACY_TIME
 
     @property
     def may_preempt(self) -> bool:
@@ -166,6 +179,13 @@ class Decision:
             if left:
                 stack.extend(reversed(left))
                 left.clear()
+
+    def forget(self, name: str) -> None:
+        """Drop the work left for a cluster and what this command noted about it (the cluster was halted)."""
+        self._left.clear()
+        self.touched.pop(name, None)
+        self.freed.pop(name, None)
+        self.evicted.pop(name, None)
 
     def pending(self) -> int:
         """Work left but not yet run (0 between commands)."""

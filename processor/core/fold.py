@@ -23,15 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from processor.core import decision as worklist
 from processor.core.appliers import apply
-from processor.core.decision import RESERVATION_UPKEEP, Decision, Task
+from processor.core.decision import Decision, Task
 from processor.core.errors import InvariantViolation
-from processor.core.handlers import clock, defragment, gangs, nodes, pods, queue, rescheduling, tenancy
+from processor.core.handlers import clock, defragment, gangs, halting, nodes, pods, queue, rescheduling, tenancy
+from processor.core.handlers.halting import ResumedCluster
 from processor.core.handlers.reservations import reservation_upkeep
-from processor.core.state import PartitionState, lookup
+from processor.core.state import ClusterState, PartitionState, lookup
+from processor.core.timers import pop_due_in_partition
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AddNode,
@@ -44,6 +47,7 @@ from schemas.commands import (
     ReleaseGang,
     RemoveNode,
     RemoveQuota,
+    ResumeCluster,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -73,6 +77,7 @@ HANDLERS: dict[type, Callable[[Decision, Any], Task | None]] = {
     SetQuota: tenancy.set_quota,
     RemoveQuota: tenancy.remove_quota,
     Defragment: defragment.defragment,
+    ResumeCluster: halting.not_halted,  # a halted cluster's ResumeCluster is taken before the handlers
 }
 """The handler of each command type: it validates, then emits (a generator when it must let the work it
 left run before it goes on)."""
@@ -86,10 +91,14 @@ worklist.TASKS[:] = [
 ]
 
 
-def decide(state: PartitionState, command: Command, offset: int | None = None) -> list[Event]:
+def decide(
+    state: PartitionState, command: Command, offset: int | None = None, resumed: ResumedCluster | None = None
+) -> list[Event]:
     """Decide and apply the events of one command (at least one, always).
 
-    ``offset`` is the command's position in the log (default: the state's next offset).
+    ``offset`` is the command's position in the log (default: the state's next offset). ``resumed``: for a
+    ``ResumeCluster``, the cluster as the command log rebuilds it (``processor.runtime.loop.rebuild``); the fold
+    cannot read the log itself.
     """
     decision = Decision(state, command, state.next_offset if offset is None else offset)
     try:
@@ -101,32 +110,128 @@ def decide(state: PartitionState, command: Command, offset: int | None = None) -
         message = clip(rejection.message, MAX_MESSAGE_LENGTH)
         decision.emit(CommandRejected(decision.command.command_id, command.type_name, rejection.code, message))
         return decision.events
-    clock_now = command.issued_at if command.issued_at > state.clock else state.clock
-    duplicate = command.command_id in state.seen  # before timers: their events carry this command's id
-    heap = state.timers.heap
-    if heap and heap[0][0] <= clock_now:
-        decision.run(clock.fire_timers(decision, clock_now))
-    # A command keeps the semantics of the contract it was written in: v1 stamped events with
-    # their command's own issued_at, late or not (``schemas.commands.V1Command``).
-    decision.now = command.issued_at if command.contract == "v1" else clock_now
-    mark = len(decision.events)
+    payload = command.payload
+    cluster = lookup(state.clusters, command.cluster)
+    if cluster is not None and cluster.halted is not None:
+        if type(payload) is ResumeCluster:
+            halting.resume(decision, cluster, payload, resumed)
+            _finish(decision)
+        else:
+            halting.refuse(decision, cluster)
+        return decision.events
+    if decision.legacy_time:
+        clock_now = command.issued_at if command.issued_at > state.clock else state.clock
+        duplicate = command.command_id in state.seen  # before timers: their events carry this command's id
+        _fire_partition(decision, clock_now)
+        # Contract v1 stamped events with their command's own issued_at, late or not (``V1Command``).
+        decision.now = command.issued_at if command.contract == "v1" else clock_now
+    else:
+        base = cluster.clock if cluster is not None else 0
+        if halting.jumps(decision, cluster, payload, state):
+            return decision.events
+        clock_now = command.issued_at if command.issued_at > base else base
+        duplicate = command.command_id in state.seen
+        if type(payload) is Tick and payload.partition:
+            for name in sorted(state.clusters):
+                _fire_cluster(decision, state.clusters[name], clock_now)
+        elif cluster is not None:
+            _fire_cluster(decision, cluster, clock_now)
+        decision.now = clock_now
+        cluster = lookup(state.clusters, command.cluster)
+        if cluster is not None and cluster.halted is not None:
+            _finish(decision)  # one of its deadlines halted it: that is this command's outcome
+            return decision.events
+    mark, sequence = len(decision.events), state.sequence
     try:
         if duplicate:
             raise Rejected(
                 RejectionCode.DUPLICATE_COMMAND,
                 f"command {command.command_id!r} was already processed; a repeated command id changes nothing",
             )
-        handler = HANDLERS.get(type(command.payload))
+        handler = HANDLERS.get(type(payload))
         if handler is None:
-            raise Rejected(RejectionCode.INVALID_COMMAND, f"unknown command type {type(command.payload).__name__}")
-        decision.run(handler(decision, command.payload))
+            raise Rejected(RejectionCode.INVALID_COMMAND, f"unknown command type {type(payload).__name__}")
+        decision.run(handler(decision, payload))
     except Rejected as rejection:
         if len(decision.events) > mark or decision.pending():
             raise InvariantViolation(f"command {command.command_id!r} rejected after emitting events") from rejection
         message = clip(rejection.message, MAX_MESSAGE_LENGTH)  # e.g. a list of every GPU model a cluster knows
         decision.emit(CommandRejected(command.command_id, command.type_name, rejection.code, message))
-    decision.run(_upkeep(decision))
+    except FATAL:
+        raise
+    except Exception as error:
+        halting.halt(decision, command.cluster, mark, sequence, error)
+    _finish(decision)
     return decision.events
+
+
+FATAL = (InvariantViolation, MemoryError, RecursionError)
+"""Errors that stop the processor instead of halting one cluster: a broken invariant in ``apply`` (nothing
+wrong may be published), and errors whose occurrence depends on the machine (memory, stack), which a
+replay elsewhere would not meet at the same command."""
+
+
+def _guarded(decision: Decision, cluster: ClusterState, unit: Callable[[], Task | None]) -> None:
+    """Run one unit of work on a cluster (and all it leaves); if it raises, halt that cluster."""
+    mark, sequence = len(decision.events), decision.state.sequence
+    try:
+        decision.run(unit())
+    except FATAL:
+        raise
+    except Exception as error:
+        halting.halt(decision, cluster.name, mark, sequence, error)
+
+
+def _fire_cluster(decision: Decision, cluster: ClusterState, until: int) -> None:
+    """The cluster's deadlines up to ``until``, in order, each a unit with what it sets off.
+
+    Measure: the cluster's due timers; a timer set while these fire is due only if its deadline is at
+    most ``until`` (a requeued gang's timeout, at most once per eviction of the gang)."""
+    decision.now = cluster.clock  # each deadline moves it on: events are stamped at their deadlines
+    while cluster.halted is None:
+        timer = cluster.timers.pop_due(until)
+        if timer is None:
+            return
+        _guarded(decision, cluster, partial(clock.fire, decision, cluster, timer))
+        cluster = lookup(decision.state.clusters, cluster.name) or cluster
+
+
+def _fire_partition(decision: Decision, until: int) -> None:
+    """Contract v1 and v2: every cluster's deadlines up to the partition's clock, in one order. Measure: the
+    due timers of the partition."""
+    clusters = decision.state.clusters
+    while True:
+        due = pop_due_in_partition((c for c in clusters.values() if c.halted is None), until)
+        if due is None:
+            return
+        cluster, timer = due
+        _guarded(decision, cluster, partial(clock.fire, decision, cluster, timer))
+
+
+def _finish(decision: Decision) -> None:
+    """After the command: queued work of tenants whose quota grew, reservations of the clusters it touched,
+    then deadlines that came due meanwhile, each cluster's a unit of its own. Measure: the clusters left."""
+    clusters = decision.state.clusters
+    if decision.freed:
+        for name in sorted(decision.freed):
+            cluster = lookup(clusters, name)
+            if cluster is not None and cluster.halted is None:
+                _guarded(decision, cluster, partial(queue.retry_queue, decision, cluster, (), None))
+        decision.freed.clear()
+    touched = decision.touched
+    names = list(touched) if len(touched) == 1 else sorted(touched)
+    for name in names:
+        cluster = lookup(clusters, name)
+        # Nothing to keep without a queue or a reservation: the common case, answered without a call.
+        if cluster is not None and (cluster.queue.size or cluster.gang_queue or cluster.reservation is not None):
+            _guarded(decision, cluster, partial(reservation_upkeep, decision, cluster))
+    if decision.legacy_time:
+        _fire_partition(decision, decision.now)
+        return
+    for name in names:
+        cluster = lookup(clusters, name)
+        if cluster is not None and cluster.timers.due(cluster.clock):
+            _fire_cluster(decision, cluster, cluster.clock)
 
 
 def _bounded_envelope(command: Command) -> Command:
@@ -135,26 +240,3 @@ def _bounded_envelope(command: Command) -> Command:
     if command_id == command.command_id and cluster == command.cluster:
         return command
     return replace(command, command_id=command_id, cluster=cluster, source="")
-
-
-def _upkeep(decision: Decision) -> Task:
-    """After the command: queued work of tenants whose quota grew, reservations of the clusters it
-    touched, then timers that came due. Measure: the clusters left in each of the three steps."""
-    clusters = decision.state.clusters
-    if decision.freed:
-        for name in sorted(decision.freed):
-            cluster = lookup(clusters, name)
-            if cluster is not None:
-                decision.then(worklist.RETRY_QUEUE, cluster, (), None)
-                yield
-        decision.freed.clear()
-    touched = decision.touched
-    for name in list(touched) if len(touched) == 1 else sorted(touched):
-        cluster = lookup(clusters, name)
-        # Nothing to keep without a queue or a reservation: the common case, answered without a call.
-        if cluster is not None and (cluster.queue.size or cluster.gang_queue or cluster.reservation is not None):
-            decision.then(RESERVATION_UPKEEP, cluster)
-            yield
-    heap = decision.state.timers.heap
-    if heap and heap[0][0] <= decision.now:
-        yield from clock.fire_timers(decision, decision.now)

@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from processor.core import gangs, reservations
+from processor.core import gangs, quotas, reservations
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption_index import PendingBucket, VictimClass
 from processor.core.resources import PodShape
@@ -74,6 +74,30 @@ class Unit:
     @property
     def count(self) -> int:
         return len(self.pods)
+
+
+@dataclass(slots=True)
+class Victims:
+    """Which running pods a preemption may take, beyond their lower priority.
+
+    ``protected``: pods evicted earlier in the same command; none is evicted twice in one command, which
+    bounds every cascade (``processor.core.decision``). ``borrowers_only``: the preemptor would borrow quota
+    to run, so it may take only pods whose tenant itself runs over its nominal quota (Kueue's rule: work
+    inside its nominal quota is never the victim of a borrower). A gang is a victim whole or not at all.
+    The search's bounds still hold (fewer victims allowed can only cost more); a node whose victims at the
+    bound's priority level are not allowed gives no plan there."""
+
+    protected: Mapping[str, None]
+    borrowers_only: bool = False
+
+    def allow(self, cluster: ClusterState, pod: Pod) -> bool:
+        if pod.spec.pod_id in self.protected:
+            return False
+        return not self.borrowers_only or quotas.borrowing(cluster, pod)
+
+
+ANY_VICTIM = Victims({})
+"""No restriction beyond priority (a search outside a command's cascade: tests, explain)."""
 
 
 @dataclass(slots=True)
@@ -191,6 +215,7 @@ def _best_on_node(
     level: int,
     now: int,
     beat: tuple[int, int] | None,
+    allowed: Victims = ANY_VICTIM,
 ) -> tuple[tuple[int, int], list[Unit]] | None:
     """The minimum (victims, work, victim ids) set of units of priority <= ``level`` on the node that makes
     room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that).
@@ -210,6 +235,8 @@ def _best_on_node(
             units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
         elif spec.gang_id not in units:
             units[spec.gang_id] = unit_of(cluster, pod, now)
+    if allowed.protected or allowed.borrowers_only:
+        units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
     if not units:
         return None
     if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
@@ -312,26 +339,31 @@ def candidate_nodes(cluster: ClusterState, priority: int, near: Iterable[str] | 
 
 
 def plan_pod(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str] | None = None
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    near: Iterable[str] | None = None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
     ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
     if near is not None:
-        return _plan_pod_on(cluster, shape, priority, now, near)
+        return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
     index = cluster.preemptible
     index.refresh(cluster.nodes)
-    best = _plan_pod_filed(cluster, shape, priority, now)
+    best = _plan_pod_filed(cluster, shape, priority, now, allowed)
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
         if not promote:
             return best  # no pending node could tie or beat it
         index.promote(promote, cluster.nodes)
-        best = _plan_pod_among(cluster, shape, priority, now, promote, best)  # best: the best of the others
+        best = _plan_pod_among(cluster, shape, priority, now, promote, best, allowed)  # best: the best of the others
         limit *= 4
 
 
@@ -396,7 +428,9 @@ def _pending_bound_terms(key: tuple, shape: PodShape) -> tuple[int, int]:
     return (fewest, deficit)
 
 
-def _plan_pod_filed(cluster: ClusterState, shape: PodShape, priority: int, now: int) -> PodPlan | None:
+def _plan_pod_filed(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+) -> PodPlan | None:
     """:func:`plan_pod` among the nodes filed in the preemption index's classes."""
     index = cluster.preemptible
     nodes = cluster.nodes
@@ -442,7 +476,7 @@ def _plan_pod_filed(cluster: ClusterState, shape: PodShape, priority: int, now: 
         seen.add(node_id)
         if best is not None and (count, work) > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
     return best
 
 
@@ -461,10 +495,10 @@ def _push_next(
 
 
 def _plan_pod_on(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str]
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str], allowed: Victims
 ) -> PodPlan | None:
     """:func:`plan_pod` among the given nodes, node by node: O(N · L)."""
-    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near))
+    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near), None, allowed)
 
 
 def _plan_pod_among(
@@ -474,6 +508,7 @@ def _plan_pod_among(
     now: int,
     node_ids: Iterable[str],
     best: PodPlan | None = None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The better of ``best`` and :func:`plan_pod` among the given node ids (any order), node by node: O(N · L)."""
     nodes = cluster.nodes
@@ -498,19 +533,25 @@ def _plan_pod_among(
     for bound, node_id in bounds:  # most promising first; the order does not change the answer
         if best is not None and bound > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
     return best
 
 
 def _try_node(
-    cluster: ClusterState, node: Node, shape: PodShape, level: int, now: int, best: PodPlan | None
+    cluster: ClusterState,
+    node: Node,
+    shape: PodShape,
+    level: int,
+    now: int,
+    best: PodPlan | None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The better of ``best`` and the node's least victim set (None if neither exists)."""
     beat = None
     if best is not None:
         # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
         beat = (best.cost[1], best.cost[2] + (1 if node.node_id < best.node_id else 0))
-    found = _best_on_node(cluster, node, shape, level, now, beat)
+    found = _best_on_node(cluster, node, shape, level, now, beat, allowed)
     if found is not None:
         (count, work), units = found
         candidate = PodPlan(node.node_id, units, (level, count, work))
@@ -649,7 +690,12 @@ def domains_of(cluster: ClusterState, spec: GangSpec) -> list[tuple[str | None, 
 
 
 def plan_gang(
-    cluster: ClusterState, spec: GangSpec, policy: Policy, now: int, admit: Callable[[gangs.GangPlacement], bool]
+    cluster: ClusterState,
+    spec: GangSpec,
+    policy: Policy,
+    now: int,
+    admit: Callable[[gangs.GangPlacement], bool],
+    allowed: Victims = ANY_VICTIM,
 ) -> GangPlan | None:
     """The best domain and victims for a gang, member by member (see the module docstring), or None.
 
@@ -657,7 +703,7 @@ def plan_gang(
     best: GangPlan | None = None
     best_key: tuple[int, int, int, str] | None = None
     for key, value, node_ids in domains_of(cluster, spec):
-        plan = _gang_in(cluster, spec, policy, now, key, value, node_ids, admit)
+        plan = _gang_in(cluster, spec, policy, now, key, value, node_ids, admit, allowed)
         if plan is None or not plan.units:
             continue
         rank = (*plan.cost, value or "")
@@ -675,6 +721,7 @@ def _gang_in(
     value: str | None,
     node_ids: list[str] | None,
     admit: Callable[[gangs.GangPlacement], bool],
+    allowed: Victims,
 ) -> GangPlan | None:
     trial = Trial(cluster)
     placed: list[tuple[PodSpec, Choice]] = []
@@ -687,7 +734,7 @@ def _gang_in(
             if groups:
                 choice = policy.place(cluster, shape, groups)
             else:
-                plan = plan_pod(cluster, shape, spec.priority, now, node_ids)
+                plan = plan_pod(cluster, shape, spec.priority, now, node_ids, allowed)
                 if plan is None:
                     if len(placed) + len(members) - position - 1 < spec.min_members:
                         return None

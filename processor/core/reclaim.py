@@ -6,10 +6,12 @@ starts. Which borrowers' pods go first, and the quota arithmetic: :mod:`processo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from processor.core import preemption, quotas
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState
+from processor.core.state import ClusterState, Pod
 from schemas.commands import PREEMPT_LOWER, Quota
 from schemas.events import PodSpec
 
@@ -19,7 +21,12 @@ priority-preemption plan after the reclaim), and the shape it is placed with."""
 
 
 def reclaim_on_trial(
-    cluster: ClusterState, trial: preemption.Trial, tenant: str, quota: Quota, wanted: quotas.Demand
+    cluster: ClusterState,
+    trial: preemption.Trial,
+    tenant: str,
+    quota: Quota,
+    wanted: quotas.Demand,
+    protected: Mapping[str, None],
 ) -> list[preemption.Unit] | None:
     """Evict borrowers on trial until ``wanted`` fits the lender's quota: the units taken, or None if the
     lender would still be short (or short on something reclaim cannot give)."""
@@ -30,17 +37,34 @@ def reclaim_on_trial(
             return units
         if not shortfall.reclaimable:
             return None
-        candidates = quotas.reclaim_candidates(cluster, tenant, quota, [shortfall.key])
-        if not candidates:
+        candidates = quotas.reclaim_candidates(cluster, tenant, quota, [shortfall.key], protected)
+        unit = _first_allowed(cluster, candidates, protected)
+        if unit is None:
             return None
-        unit = preemption.unit_of(cluster, candidates[0], 0)
         for pod in unit.pods:
             trial.evict(pod)
         units.append(unit)
 
 
+def _first_allowed(
+    cluster: ClusterState, candidates: list[Pod], protected: Mapping[str, None]
+) -> preemption.Unit | None:
+    """The unit of the first candidate none of whose pods (a gang: every member) is protected."""
+    for pod in candidates:
+        unit = preemption.unit_of(cluster, pod, 0)
+        if not any(member.spec.pod_id in protected for member in unit.pods):
+            return unit
+    return None
+
+
 def plan_pod(
-    cluster: ClusterState, spec: PodSpec, usable: PodShape, admission: quotas.Admission, policy: Policy, now: int
+    cluster: ClusterState,
+    spec: PodSpec,
+    usable: PodShape,
+    admission: quotas.Admission,
+    policy: Policy,
+    now: int,
+    protected: Mapping[str, None],
 ) -> PodReclaim | None:
     """The reclaim that lets a pod start with the fewest victims, or None.
 
@@ -60,14 +84,14 @@ def plan_pod(
         models = [model for model in by_key[key] if model]
         shape = usable._replace(gpu_models=tuple(models)) if models and spec.num_gpu else usable
         wanted = quotas.demand(quota, spec, by_key[key][0])
-        candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, [key])
+        candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, [key], protected)
         nodes = sorted({pod.node_id for pod in candidates if pod.node_id is not None})
         for node_id in [None, *nodes]:
             if node_id is not None and not preemption.could_hold(cluster, cluster.nodes[node_id], shape):
                 continue
             trial = preemption.Trial(cluster)
             try:
-                found = _option(cluster, trial, spec, quota, key, wanted, shape, node_id, policy, now)
+                found = _option(cluster, trial, spec, quota, key, wanted, shape, node_id, policy, now, protected)
             finally:
                 trial.rollback()
             if found is None:
@@ -90,6 +114,7 @@ def _option(
     node_id: str | None,
     policy: Policy,
     now: int,
+    protected: Mapping[str, None],
 ) -> tuple[list[preemption.Unit], Choice | None, preemption.PodPlan] | None:
     """One reclaim plan on trial (see :func:`plan_pod`): its units, and where the pod goes."""
     units: list[preemption.Unit] = []
@@ -97,15 +122,17 @@ def _option(
         node = cluster.nodes[node_id]
         while not preemption.fits_now(node, shape):  # measure: the borrowers' pods on the node
             here = [
-                pod for pod in quotas.reclaim_candidates(cluster, spec.tenant, quota, [key]) if pod.node_id == node_id
+                pod
+                for pod in quotas.reclaim_candidates(cluster, spec.tenant, quota, [key], protected)
+                if pod.node_id == node_id
             ]
-            if not here:
+            unit = _first_allowed(cluster, here, protected)
+            if unit is None:
                 return None
-            unit = preemption.unit_of(cluster, here[0], 0)
             for pod in unit.pods:
                 trial.evict(pod)
             units.append(unit)
-    more = reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted)
+    more = reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, protected)
     if more is None:
         return None
     units += more
@@ -117,7 +144,7 @@ def _option(
         choice = policy.place(cluster, shape, groups)
         return units, choice, preemption.PodPlan(choice.node_id, [], (0, 0, 0))
     if spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
-        plan = preemption.plan_pod(cluster, shape, spec.priority, now)
+        plan = preemption.plan_pod(cluster, shape, spec.priority, now, None, preemption.Victims(protected))
         if plan is not None:
             return units, None, plan
     return None

@@ -20,7 +20,7 @@ from processor.core.preemption_index import PreemptionIndex
 from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
+from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
@@ -308,6 +308,15 @@ class Reservation:
 
 
 @dataclass(slots=True)
+class Halt:
+    """Why a cluster is halted: the command whose fold raised (and its offset), and the error."""
+
+    command_id: str
+    offset: int
+    error: str
+
+
+@dataclass(slots=True)
 class ClusterState:
     """One cluster: nodes, pods, the capacity index and the pending queue."""
 
@@ -355,6 +364,12 @@ class ClusterState:
     # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
     pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     limits: dict[str, quota_keys.Limits] = field(default_factory=dict)  # the quotas, compiled
+    # Event time: the largest issued_at of the cluster's own commands (0 before the first), the jump a
+    # command may make ahead of it (SetPolicy; 0: no limit), and the deadlines it will reach (derived).
+    clock: int = 0
+    max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
+    timers: Timers = field(default_factory=Timers)
+    halted: Halt | None = None  # an internal error halted the fold of this cluster (ClusterHalted)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
@@ -566,8 +581,7 @@ class PartitionState:
     next_offset: int = 0  # the next command offset to fold
     seen: SeenWindow = field(default_factory=new_seen_window)
     seen_window: int = DEFAULT_SEEN_WINDOW
-    clock: int = 0  # event time: the largest issued_at folded (or timer deadline reached)
-    timers: Timers = field(default_factory=Timers)  # derived from the clusters' state
+    clock: int = 0  # the partition's event time: the largest issued_at folded (contract v1 and v2 fold at it)
 
     def cluster(self, name: str) -> ClusterState:
         """The cluster, created on first use (only ``apply`` may call this)."""

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from processor.core.fold import decide
+from processor.core.handlers.halting import ResumedCluster
 from processor.core.snapshot import from_snapshot, to_snapshot
-from processor.core.state import PartitionState
+from processor.core.state import ClusterState, Halt, PartitionState
 from schemas import DecodeError
+from schemas.commands import Command, ResumeCluster
 from schemas.dead_letters import DeadLetter, encode_dead_letter
 from schemas.events import CommandRejected
 from schemas.fastcodec import decode_command, encode_event
@@ -97,11 +99,13 @@ class PartitionFolder:
         topics: Topics,
         state: PartitionState | None = None,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        history: History | None = None,
     ) -> None:
         self.partition = partition
         self.topics = topics
         self.state = state if state is not None else PartitionState(partition=partition)
         self.snapshot_every = snapshot_every
+        self.history = history  # the log, to rebuild a halted cluster for ResumeCluster (None: refused)
         self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
 
     def fold(self, record: InputRecord, out: list[OutputRecord]) -> None:
@@ -119,7 +123,7 @@ class PartitionFolder:
             state.next_offset = record.offset + 1
         else:
             topic, partition = self.topics.events, self.partition
-            events = decide(state, command, record.offset)
+            events = decide(state, command, record.offset, resumed_for(self.history, state, command))
             key = events[0].cluster.encode()  # a rejection's cluster is bounded (schemas.limits.stand_in)
             for event in events:
                 out.append(OutputRecord(topic, partition, key, encode_event(event)))
@@ -171,6 +175,52 @@ def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLett
     return DeadLetter(topic, record.partition, record.offset, error, key, value)
 
 
+class History(Protocol):
+    """What a rebuild reads: the command log (a :class:`~processor.runtime.loop.CommandLog` has both)."""
+
+    def latest_snapshot(self, partition: int) -> bytes | None: ...
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator:  # of InputRecord
+        ...
+
+
+def resumed_for(history: History | None, state: PartitionState, command: Command) -> ResumedCluster | None:
+    """For a ResumeCluster of a halted cluster, the cluster rebuilt from the log (None: nothing to rebuild, or no
+    log to rebuild it from, and the fold refuses the command)."""
+    if type(command.payload) is not ResumeCluster or history is None:
+        return None
+    cluster = state.clusters.get(command.cluster)
+    if cluster is None or cluster.halted is None:
+        return None
+    return rebuild(history, state.partition, cluster.name, cluster.halted)
+
+
+def rebuild(history: History, partition: int, name: str, halted: Halt) -> ResumedCluster:
+    """The cluster ``name`` just before command ``halted.offset``, re-folded from the log.
+
+    The fold halts a cluster whose fold raised (``ClusterHalted``) and drops what it held; it cannot read the
+    log to get it back. Whoever folds the log (the processor, a replay) rebuilds it here: the partition's
+    latest snapshot if it lies before the halting command (else an empty state at offset 0), then every
+    command from there up to the halting one, folded with today's code, silently (their events were
+    published when they were first folded). Cost: the commands re-folded, once per ResumeCluster."""
+    start = PartitionState(partition=partition)
+    frame = history.latest_snapshot(partition)
+    if frame:
+        snapshot = from_snapshot(decode_snapshot(frame))
+        if snapshot.next_offset <= halted.offset:
+            start = snapshot
+    origin = start.next_offset
+    log.warning(
+        "partition %d: rebuilding halted cluster %r from offset %d up to %d", partition, name, origin, halted.offset
+    )
+    folder = PartitionFolder(partition, Topics(), start, snapshot_every=0, history=history)
+    folder.fold_silently(history.read_commands(partition, origin, halted.offset))
+    cluster = folder.state.clusters.get(name)
+    if cluster is None:
+        cluster = ClusterState(name)
+    return ResumedCluster(cluster, origin)
+
+
 class RestoreError(RuntimeError):
     """A partition's state cannot be rebuilt as committed: its snapshot or commands are missing or damaged."""
 
@@ -194,7 +244,7 @@ def restore_state(log_: CommandLog, partition: int) -> PartitionState:
         # A snapshot newer than the committed position cannot exist (it is written in
         # the same transaction as the batch that reached it); refuse to guess.
         raise RestoreError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
-    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0)
+    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, history=log_)
     folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
     if state.next_offset != committed:
         raise RestoreError(
@@ -250,7 +300,7 @@ class Processor:
         folder = self.folders.get(partition)
         if folder is None:
             state = restore_state(self.log, partition)
-            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every)
+            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every, history=self.log)
             self.folders[partition] = folder
             log.info("partition %d restored at offset %d", partition, state.next_offset)
         return folder

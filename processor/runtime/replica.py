@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ from processor.core.fragmentation import cluster_fragmentation
 from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
-from processor.runtime.loop import InputRecord
+from processor.runtime.loop import InputRecord, resumed_for
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
@@ -109,6 +109,7 @@ class Replica:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.log_history = SourceHistory(source)  # to rebuild a halted cluster for a ResumeCluster, as the processor
         self.batch_size = batch_size
         self._clock = clock
         self._lock = threading.RLock()
@@ -217,7 +218,7 @@ class Replica:
         except DecodeError:
             state.next_offset = record.offset + 1  # the processor dead-letters it
             return
-        events = decide(state, command, record.offset)
+        events = decide(state, command, record.offset, resumed_for(self.log_history, state, command))
         update = self.index.update
         touched: dict[str, ClusterState] = {}
         for event in events:  # a command's events may be about other clusters too (timers it reached)
@@ -517,3 +518,28 @@ def _cluster_row(cluster: ClusterState, event_time: int | None) -> dict[str, Any
         "fragmentation_pct": round(frag.fragment_pct_of_idle, 3),
         "event_time": event_time,
     }
+
+
+class SourceHistory:
+    """A replica's source read as the command log (``processor.runtime.loop.History``): its snapshots, and a
+    range of commands fetched from it, for the rebuild of a halted cluster on ``ResumeCluster``."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def latest_snapshot(self, partition: int) -> bytes | None:
+        frame: bytes | None = self.source.latest_snapshot(partition)
+        return frame
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        position, idle = start, 0
+        while position < end:  # measure: the offsets left, and at most 100 empty fetches in a row
+            records = self.source.fetch({partition: position}, min(2_000, end - position), 1.0)
+            idle = 0 if records else idle + 1
+            if idle >= 100:
+                raise RuntimeError(f"partition {partition}: commands {position}..{end} cannot be read to rebuild")
+            for record in records:
+                if record.offset >= end:
+                    return
+                yield record
+                position = record.offset + 1

@@ -2,48 +2,40 @@
 
 Deadlines fire first, in deadline order, each at its own time, and each deadline's follow-up work
 (a pod released by its time limit frees capacity the queue retries) runs before the next deadline
-fires. The timers themselves: :mod:`processor.core.timers`.
+fires (:mod:`processor.core.fold` drives that). The timers themselves: :mod:`processor.core.timers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from processor.core.decision import RESERVATION_UPKEEP, Decision, Task
+from processor.core.decision import RESERVATION_UPKEEP, Decision
 from processor.core.handlers.gangs import end_gang
 from processor.core.handlers.pods import release_pod
 from processor.core.handlers.reservations import release_reservation
 from processor.core.reservations import holder_waiting
 from processor.core.state import GANG_RUNNING, ClusterState, lookup
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT
+from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT, Timer
 from schemas.commands import Tick
 from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
 
 
 def tick(decision: Decision, command: Tick) -> None:
-    decision.emit(Ticked(decision.now))
+    """``Ticked``: the cluster's time (its deadlines fired before); a partition-wide tick names its own time,
+    to which every cluster of the partition moves (each fired its own deadlines up to it first)."""
+    if command.partition and not decision.legacy_time:
+        decision.emit(Ticked(decision.command.issued_at, True))
+    else:
+        decision.emit(Ticked(decision.now))
 
 
-def fire_timers(decision: Decision, until: int) -> Task:
-    """Fire every timer whose deadline is at most ``until``, in order, each at its deadline.
-
-    Measure: the due timers on the heap. A timer set while these fire is due only if its deadline is
-    at most ``until``; limits and timeouts lie after the time they are set, except a requeued gang's
-    timeout (at most once per eviction of the gang). O(log T) per timer, plus what it sets off."""
-    timers = decision.state.timers
-    clusters = decision.state.clusters
-    while True:
-        timer = timers.pop_due(until)
-        if timer is None:
-            return
-        deadline, kind, name, job_id = timer
-        cluster = lookup(clusters, name)
-        if cluster is None:
-            continue
-        if deadline > decision.now:
-            decision.now = deadline
-        _TIMER_HANDLERS[kind](decision, cluster, job_id, deadline)
-        yield  # what this deadline set off, at its time, before the next one fires
+def fire(decision: Decision, cluster: ClusterState, timer: Timer) -> None:
+    """Fire one of the cluster's timers at its deadline; what it sets off is left as follow-up work. A stale
+    timer (its pod left, its gang started, its reservation moved) does nothing. O(1) plus what it sets off."""
+    deadline, kind, job_id = timer
+    if deadline > decision.now:
+        decision.now = deadline
+    _TIMER_HANDLERS[kind](decision, cluster, job_id, deadline)
 
 
 def _time_limit_reached(decision: Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:

@@ -7,6 +7,8 @@ synchronous and what it sets off is left as follow-up work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from processor.core import gangs, preemption, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.errors import InvariantViolation
@@ -127,7 +129,7 @@ def place_gang(
             def admit(placement: gangs.GangPlacement) -> bool:
                 return not cluster.quotas_on or gang_shortfall(cluster, spec, placement) is None
 
-            plan = preemption.plan_gang(cluster, spec, policy, decision.now, admit)
+            plan = _plan_preemption(decision, cluster, spec, admit)
             if plan is not None:
                 victims = victim_events(decision, cluster, spec.gang_id, "gang", plan.units, "priority")
                 emit_gang_placement(
@@ -138,6 +140,24 @@ def place_gang(
     if (not from_queue) if announce is None else announce:
         decision.emit(GangQueued(spec.gang_id, reasons, spec, requeued), cluster.name)
     return False
+
+
+def _plan_preemption(
+    decision: Decision, cluster: ClusterState, spec: GangSpec, admit: Callable[[gangs.GangPlacement], bool]
+) -> preemption.GangPlan | None:
+    """The victims that make room for the gang, under the same rules as a pod's (``pods._plan_preemption``)."""
+    policy = cluster_policy(cluster)
+    protected = decision.evicted_in(cluster)
+    plan = preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected))
+    if plan is None or not cluster.quotas_on or not decision.kueue_rule:
+        return plan
+    victims = plan.victims
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None or all(quotas.borrowing(cluster, pod) for pod in victims):
+        return plan
+    if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
+        return plan
+    return preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected, True))
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -167,7 +187,8 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
             found = gangs.try_place(cluster, spec, policy, decision.now)
             if not isinstance(found, gangs.GangPlacement):
                 return False
-            taken = reclaim.reclaim_on_trial(cluster, trial, spec.tenant, quota, _gang_demand(cluster, quota, found))
+            wanted = _gang_demand(cluster, quota, found)
+            taken = reclaim.reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, decision.evicted_in(cluster))
             if taken is None:
                 return False
             if not taken:

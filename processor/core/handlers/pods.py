@@ -129,7 +129,15 @@ def place(
         if admission.shape is None:
             reclaimable = any(shortfall.reclaimable for _, shortfall in admission.shortfalls)
             if may_preempt and reclaimable:
-                found = reclaim.plan_pod(cluster, spec, usable, admission, cluster_policy(cluster), decision.now)
+                found = reclaim.plan_pod(
+                    cluster,
+                    spec,
+                    usable,
+                    admission,
+                    cluster_policy(cluster),
+                    decision.now,
+                    decision.evicted_in(cluster),
+                )
                 if found is not None:
                     units, choice, plan, reclaim_shape = found
                     _preempt_for_pod(decision, cluster, spec, reclaim_shape, units, plan, from_queue, choice)
@@ -149,7 +157,7 @@ def place(
             holder_started(decision, cluster, spec.pod_id)
         return True
     if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
-        preempting = preemption.plan_pod(cluster, usable, spec.priority, decision.now, near)
+        preempting = _plan_preemption(decision, cluster, spec, usable, near)
         if preempting is not None:
             _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
             return True
@@ -159,6 +167,26 @@ def place(
             reasons += waiting_for_preemption(cluster, usable, spec.priority)
         decision.emit(PodQueued(spec, reasons, requeued), cluster.name)
     return False
+
+
+def _plan_preemption(
+    decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
+) -> preemption.PodPlan | None:
+    """The victims that make room for the pod: none evicted earlier in this command, and if the pod would
+    borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
+    victim of a borrower)."""
+    protected = decision.evicted_in(cluster)
+    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected))
+    if plan is None or not cluster.quotas_on or not decision.kueue_rule:
+        return plan
+    victims = plan.victims
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None or all(quotas.borrowing(cluster, pod) for pod in victims):
+        return plan
+    wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
+    if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
+        return plan
+    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected, True))
 
 
 def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:

@@ -90,7 +90,7 @@ def _step(decision: Decision, cluster: ClusterState) -> bool:
     holder = cluster.pods[key[2]].spec if kind == "pod" else cluster.gangs[key[2]].spec
     deadline = holder.submitted_at + cluster.reserve_after_ms
     if decision.now < deadline:
-        decision.state.timers.push(deadline, RESERVE_CHECK, cluster.name)
+        cluster.timers.push(deadline, RESERVE_CHECK)
         return False
     if reservation is not None:
         return release_reservation(decision, cluster, "superseded")

@@ -25,6 +25,7 @@ def set_policy(decision: Decision, command: SetPolicy) -> Task:
             cluster.policy,
             command.reserve_after_ms,
             command.queue_order,
+            command.max_clock_jump_ms,
         )
     )
     if command.default_quota is not None:
