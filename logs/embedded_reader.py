@@ -12,9 +12,9 @@ several threads (one lock): the projector polls from its reader thread and asks 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from logs.embedded import EmbeddedLog
 from logs.port import StoredRecord
@@ -26,7 +26,7 @@ class EmbeddedTopicReader:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | os.PathLike[str],
         topic: str,
         until: dict[int, int] | None = None,
         *,
