@@ -121,7 +121,7 @@ def _guard(action: Callable[[], int]) -> int:
     """Run an action, turning database errors into one masked line."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from projections.projector import ProjectionError
+    from projections.envelope import ProjectionError
     from projections.secrets import mask_url
 
     try:
