@@ -263,3 +263,17 @@ HANDLERS: dict[type, Handler] = {
     ReservationReleased: _reservation_released,
     PodMigrated: _pod_migrated,
 }
+
+NOT_PROJECTED: dict[str, str] = {
+    # event type (its name in schemas/event.avsc) -> why no table but the audit log changes
+    "CommandRejected": "a refused command changes no state; the audit log answers `query command`",
+    "PolicyChanged": "the placement policy is the fold's; the audit log keeps the change",
+    "QuotaChanged": "quotas are read from the replica (the fold's state); the audit log keeps the change",
+    "Ticked": "event time only; the usage clock moves on every event's time",
+    "PodPreempted": "its PodEvicted follows and moves the pod; the audit log lists it as a disruption",
+    "PodTimeLimitReached": "its PodReleased follows and ends the pod",
+    "GangTimedOut": "its GangReleased follows and ends the gang",
+    "DependencyFailed": "the dependant's release follows and ends it",
+    "DefragmentationPlanned": "its PodMigrated events follow and move the pods",
+}
+"""Event types that change no read-side table but the audit log, each with the reason."""
