@@ -21,13 +21,16 @@ from schemas.commands import (
     AddNode,
     Command,
     CommandPayload,
+    CordonNode,
     Defragment,
     DrainNode,
     GangMember,
     MarkNodeFailed,
+    Quota,
     Release,
     ReleaseGang,
     RemoveNode,
+    RemoveQuota,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -195,11 +198,14 @@ def preemption_cascade(depth: int = 250) -> list[Command]:
 # ---------------------------------------------------------------- seconds per command
 
 
-def gang_preempts(node_count: int = 500, members: int = 1_024, *, topology: bool = False) -> list[Command]:
+def gang_preempts(
+    node_count: int = 500, members: int = 1_024, *, topology: bool = False, pods: int | None = None
+) -> list[Command]:
     """One gang of ``members`` 1-GPU members that must preempt, on ``node_count`` full 8-GPU nodes.
 
-    Every node runs 8 one-GPU pods of priority 0; the gang (priority 10) fits only by preempting 1,024
-    of them (128 nodes' worth); ``preemption.plan_gang`` places member by member, each a preemption search.
+    Every node runs 8 one-GPU pods of priority 0 (or ``pods // node_count`` pods that hold its 8 GPUs, see
+    :func:`fill`); the gang (priority 10) fits only by preempting 1,024 of them (128 nodes' worth);
+    ``preemption.plan_gang`` places member by member, each a preemption search.
     ``topology``: the gang requires one ``block`` (every node is in block ``b0``), so the search for each member
     goes node by node over the domain (``preemption._plan_pod_on``): O(M · N).
 
@@ -209,13 +215,13 @@ def gang_preempts(node_count: int = 500, members: int = 1_024, *, topology: bool
     s = Stream()
     s.add(first_fit())
     s.extend(nodes(node_count, block="b0"))
-    s.extend(fill(node_count, node_count * GPUS))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS))
     gang = tuple(GangMember(f"g-{i}", 1, 1000, 1000, 1024) for i in range(members))
     s.add(SubmitGang("g", "t", 10, gang, topology_required="block" if topology else None), attack=True)
     return s.commands
 
 
-def lender_reclaims(node_count: int = 1_400) -> list[Command]:
+def lender_reclaims(node_count: int = 1_400, pods: int | None = None) -> list[Command]:
     """One lender pod reclaims from a borrower that runs on every node.
 
     Cohort ``lab``: ``lender`` and ``borrower`` have half the GPUs each as nominal quota; the borrower runs
@@ -232,7 +238,7 @@ def lender_reclaims(node_count: int = 1_400) -> list[Command]:
     half = node_count * GPUS // 2
     s.add(SetQuota("lender", "lab", {"A100": half}))
     s.add(SetQuota("borrower", "lab", {"A100": half}))
-    s.extend(fill(node_count, node_count * GPUS, tenant="borrower"))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS, tenant="borrower"))
     s.add(SubmitPod("lend", "lender", 0, 1, 1000, 1000, 1024), attack=True)
     return s.commands
 
@@ -500,3 +506,142 @@ def _depends(choose: Chooser, jobs: list[str]) -> tuple[str, ...]:
     if not jobs or choose.pick((True, True, False)):
         return ()
     return (str(choose.pick(tuple(jobs[-8:]))),)
+
+
+# ---------------------------------------------------------------- more shapes, found by reading processor/core
+
+
+def queued_big_gang(node_count: int = 1_000, members: int = 1_024, releases: int = 20) -> list[Command]:
+    """A big gang that waits, and pods that come and go: every ``Release`` retries the gang in full.
+
+    ``node_count`` full 8-GPU nodes run 1-GPU pods of priority 10; a gang of ``members`` 1-GPU members at
+    priority 10 may preempt, but only lower-priority pods, of which there are too few (one node's worth at
+    priority 0), so it waits. Each ``Release`` of a pod frees a GPU its members fit: ``_capacity_grew`` retries the gang
+    (``gangs.try_place`` member by member, then ``preemption.plan_gang``), which fails again.
+    """
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.extend(fill(1, GPUS, prefix="low"))
+    s.extend(fill(node_count - 1, (node_count - 1) * GPUS, priority=10))
+    gang = tuple(GangMember(f"g-{i}", 1, 1000, 1000, 1024) for i in range(members))
+    s.add(SubmitGang("g", "t", 10, gang))
+    for i in range(releases):
+        s.add(Release(f"f{i}-0"), attack=True)
+    return s.commands
+
+
+def unique_node_labels(node_count: int = 1_000, pods: int | None = None, submits: int = 20) -> list[Command]:
+    """Every node carries its own ``hostname`` label (as every Kubernetes node does): no two nodes share a
+    capacity signature, so the index holds one group per node and a placement looks at all of them.
+
+    ``submits`` pods of 1 GPU are submitted (attack) after a fill that leaves one GPU free on every node.
+    """
+    s = Stream()
+    s.add(first_fit())
+    s.extend(AddNode(node_id(i), CPU, MEMORY, "A100", GPUS, {"hostname": node_id(i)}) for i in range(node_count))
+    total = pods if pods is not None else node_count * GPUS
+    s.extend(fill(node_count, total))
+    s.extend(Release(f"f{n}-1") for n in range(node_count))  # one GPU (at least) free on every node
+    for i in range(submits):
+        s.add(SubmitPod(f"u{i}", "t", 0, 1, 1000, 1000, 1024), attack=True)
+    return s.commands
+
+
+def distinct_priorities(node_count: int = 1_000, pods: int | None = None, submits: int = 5) -> list[Command]:
+    """Every running pod has a priority of its own: each node is a class of the preemption index of its own
+    and every priority level is a level, so a preempting pod's search visits every node and level.
+
+    The cluster is full; ``submits`` 8-GPU pods of the top priority preempt one node each (attack).
+    """
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    total = pods if pods is not None else node_count * GPUS
+    fills = fill(node_count, total)
+    for i, pod in enumerate(fills):
+        pod.priority = i
+    s.extend(fills)
+    for i in range(submits):
+        s.add(SubmitPod(f"top{i}", "t", len(fills) + 1, GPUS, 1000, 1000, 1024), attack=True)
+    return s.commands
+
+
+def never_preempting_waits(node_count: int = 1_000, pods: int | None = None, submits: int = 20) -> list[Command]:
+    """Pods that say ``preemption: never`` and fit nowhere: each one's queue reason counts the nodes where it
+    would fit once lower-priority pods end (``_waiting_for_preemption``), node by node over the cluster."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS))
+    for i in range(submits):
+        s.add(SubmitPod(f"nv{i}", "t", 10, 1, 1000, 1000, 1024, preemption="never"), attack=True)
+    return s.commands
+
+
+def wide_gang_released(node_count: int = 1_024, shapes: int = 2_000) -> list[Command]:
+    """A gang of one 8-GPU member per node ends while ``shapes`` distinct shapes wait: ``_capacity_grew`` gets
+    every node the gang held and screens every waiting group against each of their signatures."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    gang = tuple(GangMember(f"w-{i}", GPUS, 1000, 1000, 1024) for i in range(node_count))
+    s.add(SubmitGang("wide", "t", 0, gang))
+    for i in range(shapes):
+        s.add(SubmitPod(f"s{i}", "t", 0, 1, 1000, 1000, MEMORY + 1 + i))
+    s.add(ReleaseGang("wide"), attack=True)
+    return s.commands
+
+
+def consolidate(node_count: int = 1_000, pods: int | None = None) -> list[Command]:
+    """``Defragment`` without a target on a cluster of movable GPU shares: half shares, every GPU half used."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    count = pods if pods is not None else node_count * GPUS
+    per_node = max(1, min(count // node_count, GPUS))
+    for n in range(node_count):
+        s.extend(SubmitPod(f"h{n}-{j}", "t", 0, 1, 500, 1000, 1024, movable=True) for j in range(2 * per_node))
+        s.extend(Release(f"h{n}-{j}") for j in range(0, 2 * per_node, 2))
+    s.add(Defragment(100), attack=True)
+    return s.commands
+
+
+def baseline(node_count: int = 1_000, pods: int | None = None, rounds: int = 1_000) -> list[Command]:
+    """Not adversarial: the yardstick. A full cluster (:func:`fill`), then ``rounds`` times a ``Release`` and a
+    plain ``SubmitPod`` of the same shape, which starts where the released pod ran (both are the attack)."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    fills = fill(node_count, pods if pods is not None else node_count * GPUS)
+    s.extend(fills)
+    for i in range(min(rounds, len(fills))):
+        pod = fills[(i * 7919) % len(fills)] if len(fills) > 7919 else fills[i]
+        s.add(Release(pod.pod_id), attack=True)
+        s.add(SubmitPod(f"b{i}", "t", 0, pod.num_gpu, pod.gpu_milli, 1_000, 1_024), attack=True)
+    return s.commands
+
+
+def queue_retries(node_count: int = 1_000, pods: int | None = None, shapes: int = 2_000) -> list[Command]:
+    """Commands that retry the whole queue: ``shapes`` distinct shapes of tenant ``q`` wait on a full cluster,
+    and each attack command makes every one of them look again (quota grown, default quota set, strict FIFO
+    lifted, quota removed), or evicts and re-places (drain, forced removal), or changes a node (cordon,
+    uncordon, add). Covers the command types the other cases do not."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.add(SetQuota("q", "lab", {"A100": 8}))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS))
+    for i in range(shapes):
+        s.add(SubmitPod(f"s{i}", "q", 0, 1, 1000, 1000 + i, 1024))
+    s.add(SetQuota("q", "lab", {"A100": 16}), attack=True)
+    s.add(SetPolicy(default_quota=Quota(nominal_gpus={"A100": 8})), attack=True)
+    s.add(SetPolicy(queue_order="strict-fifo"), attack=True)
+    s.add(SetPolicy(queue_order="skip-ahead"), attack=True)
+    s.add(RemoveQuota("q"), attack=True)
+    s.add(CordonNode(node_id(0)), attack=True)
+    s.add(UncordonNode(node_id(0)), attack=True)
+    s.add(DrainNode(node_id(1)), attack=True)
+    s.add(RemoveNode(node_id(2), True), attack=True)
+    s.add(AddNode(node_id(node_count), 1_000, 1_024, "A100", 1), attack=True)
+    return s.commands

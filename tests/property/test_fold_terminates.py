@@ -158,6 +158,14 @@ BOUNDED: dict[str, Callable[[], list[Command]]] = {
     "tick_time_limits_48": lambda: adversarial.tick_time_limits(48, 48),
     "unfit_queue_head_64": lambda: adversarial.unfit_queue_head(64, 3),
     "ordinary_mixed_30": lambda: adversarial.ordinary_mixed(30, 300),
+    "queued_big_gang_12": lambda: adversarial.queued_big_gang(12, 48, 3),
+    "unique_node_labels_12": lambda: adversarial.unique_node_labels(12, None, 3),
+    "distinct_priorities_12": lambda: adversarial.distinct_priorities(12, None, 2),
+    "never_preempting_waits_12": lambda: adversarial.never_preempting_waits(12, None, 2),
+    "wide_gang_released_12": lambda: adversarial.wide_gang_released(12, 24),
+    "consolidate_12": lambda: adversarial.consolidate(12),
+    "queue_retries_12": lambda: adversarial.queue_retries(12, None, 24),
+    "baseline_12": lambda: adversarial.baseline(12, None, 20),
 }
 
 
