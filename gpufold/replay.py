@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.state import PartitionState
-from processor.runtime.loop import History, InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import History, PartitionFolder
 from schemas.topics import Topics
 
 

@@ -13,10 +13,11 @@ from typing import BinaryIO, TextIO
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
-from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog, LogError
+from gpufold.cli_commands.options import add_json_option
 from gpufold.jsonl import LineError, ParsedCommand, command_types, read_command_bytes
 from gpufold.log_export import ROLES, export_log, import_log
 from gpufold.text import printable
+from logs.embedded import DEFAULT_PARTITIONS, EmbeddedLog, LogError
 from schemas.limits import MAX_LINE_BYTES
 
 APPEND_CHUNK = 10_000
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     info = commands.add_parser("info", help="partitions, record counts, processor position and lag")
     add_log_argument(info)
-    info.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(info)
     info.set_defaults(handler=_info)
 
     export = commands.add_parser(

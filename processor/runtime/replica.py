@@ -26,16 +26,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from logs.port import InputRecord, ReplicaSource
 from processor.core.explain import Explanation, explain, live_reasons
 from processor.core.fold import decide
 from processor.core.fragmentation import cluster_fragmentation
 from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
-from processor.runtime.loop import InputRecord, resumed_for
-from processor.runtime.pod_index import PodIndex
+from processor.runtime.loop import resumed_for
+from processor.runtime.pod_index import PodIndex, pod_row
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
 from schemas.commands import GPU_MILLI, Command
@@ -43,7 +44,6 @@ from schemas.events import Event, NodeAdded, NodeRemoved
 from schemas.fastcodec import decode_command
 from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot
-from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.replica")
 
@@ -51,30 +51,6 @@ DEFAULT_BATCH_SIZE = 500
 HISTORY_POINTS = 720
 HISTORY_STEP_MS = 60_000
 ENDS_REFRESH_SECONDS = 0.5
-
-
-class ReplicaSource(Protocol):
-    """Read-only access to a command log (one implementation per backend)."""
-
-    topics: Topics
-
-    def partition_count(self) -> int:
-        """How many command partitions the log has (decides a cluster's partition)."""
-        ...
-
-    def latest_snapshot(self, partition: int) -> bytes | None:
-        """The newest snapshot frame of a partition, if any."""
-        ...
-
-    def end_offsets(self) -> dict[int, int]:
-        """The head of each command partition: the offset the next command will get."""
-        ...
-
-    def fetch(self, positions: dict[int, int], max_records: int, timeout: float) -> list[InputRecord]:
-        """Command records at or after each partition's position, in offset order per partition."""
-        ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -332,22 +308,8 @@ class Replica:
                 pod = found.pods.get(pod_id) if found is not None else None
                 if found is None or pod is None:
                     continue
-                spec = pod.spec
-                row: dict[str, Any] = {
-                    "cluster": name,
-                    "pod_id": pod_id,
-                    "state": "running" if pod.running else "pending",
-                    "tenant": spec.tenant,
-                    "priority": spec.priority,
-                    "node_id": pod.node_id,
-                    "gpus": [{"index": g.index, "milli": g.milli} for g in pod.gpus],
-                    "num_gpu": spec.num_gpu,
-                    "gpu_milli": spec.gpu_milli,
-                    "cpu_milli": spec.cpu_milli,
-                    "memory_mib": spec.memory_mib,
-                    "gpu_models": list(spec.gpu_models),
-                    "submitted_at": spec.submitted_at,
-                }
+                row = pod_row(name, pod_id, pod)
+                row["state"] = row["status"]  # the field's name before pod rows had one shape (kept for API clients)
                 if not pod.running:
                     key = (name, pod.shape)
                     if key not in reasons:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from gpufold.cli import main
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import ParsedCommand, read_commands
 from gpufold.replay import replay_partition
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord
 from processor.core.snapshot import state_hash
-from processor.runtime.loop import InputRecord
 from tests.contract.log_contract import GARBAGE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
@@ -149,7 +149,7 @@ def test_state_views(log: str, capsys: pytest.CaptureFixture[str]) -> None:
     nodes = {n["node_id"]: n for n in run_json(capsys, "state", "--log", log, "nodes")}
     assert nodes["t4-1"]["status"] == "cordoned" and nodes["a100-1"]["gpu_milli_allocated"] == 4_000
     pods = {p["pod_id"]: p for p in run_json(capsys, "state", "--log", log, "pods")}
-    assert pods["infer-1"]["status"] == "queued" and pods["notebook-1"]["node_id"] == "v100-1"
+    assert pods["infer-1"]["status"] == "pending" and pods["notebook-1"]["node_id"] == "v100-1"
     assert "train-1" not in pods and "bad-1" not in pods
     utilization = {u["gpu_model"]: u["utilization_pct"] for u in run_json(capsys, "state", "--log", log, "utilization")}
     assert utilization == {"A100": 50.0, "T4": 0.0, "V100M32": 6.25}
@@ -201,7 +201,7 @@ def test_replay_check_detects_a_tampered_event(log: str, capsys: pytest.CaptureF
     """replay --check exits 1 when a published event differs from the derived one (checksum and all)."""
     import sqlite3
 
-    from gpufold.embedded_log import record_crc
+    from logs.embedded import record_crc
 
     crc = record_crc("gpufold.events", 0, 5, 4, b"lab", b"\x00")
     with sqlite3.connect(log) as db:
