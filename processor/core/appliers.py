@@ -118,6 +118,7 @@ def _node_of(cluster: ClusterState, node_id: str) -> Node:
 
 
 def _applied_node_added(state: PartitionState, cluster: ClusterState, event: NodeAdded, now: int) -> None:
+    cluster.layout += 1
     if event.node_id in cluster.nodes:
         raise InvariantViolation(f"node {event.node_id!r} added twice")
     node = Node(
@@ -133,6 +134,7 @@ def _applied_node_added(state: PartitionState, cluster: ClusterState, event: Nod
 
 
 def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: NodeRemoved, now: int) -> None:
+    cluster.layout += 1
     node = _node_of(cluster, event.node_id)
     if node.pods:
         raise InvariantViolation(f"node {event.node_id!r} removed while running pods")
@@ -154,18 +156,21 @@ def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: N
 def _applied_node_cordoned(
     state: PartitionState, cluster: ClusterState, event: NodeCordoned | NodeDrained, now: int
 ) -> None:
+    cluster.layout += 1
     node = _node_of(cluster, event.node_id)
     node.cordoned = True
     cluster.reindex(node)
 
 
 def _applied_node_uncordoned(state: PartitionState, cluster: ClusterState, event: NodeUncordoned, now: int) -> None:
+    cluster.layout += 1
     node = _node_of(cluster, event.node_id)
     node.cordoned = False
     cluster.reindex(node)
 
 
 def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: NodeFailed, now: int) -> None:
+    cluster.layout += 1
     node = _node_of(cluster, event.node_id)
     node.failed = True
     cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI

@@ -168,6 +168,11 @@ def _static_fit(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
     return cluster.index.admits(node.node_class, shape)
 
 
+def gpus_fit(free: list[int], shape: PodShape) -> bool:
+    """Whether GPUs with this much free (milli each) hold the shape's GPUs. O(G)."""
+    return _gpu_ok(free, shape)
+
+
 def _gpu_ok(free: list[int], shape: PodShape) -> bool:
     if not shape.num_gpu:
         return True

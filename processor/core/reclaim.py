@@ -8,16 +8,162 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from processor.core import preemption, quotas
+from sortedcontainers import SortedList
+
+from processor.core import preemption, quota_keys, quotas
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState, Pod
-from schemas.commands import PREEMPT_LOWER, Quota
+from processor.core.state import ClusterState, Pod, lookup
+from schemas.commands import ANY_MODEL, PREEMPT_LOWER, Quota
 from schemas.events import PodSpec
 
 PodReclaim = tuple[list[preemption.Unit], Choice | None, preemption.PodPlan, PodShape]
 """A pod's reclaim plan: the borrowers' units it takes, where it goes (a choice on free capacity, or a
 priority-preemption plan after the reclaim), and the shape it is placed with."""
+
+
+class Borrowers:
+    """Where a reclaim finds its victims: the running pods of the cohort peers that borrow on a key, in reclaim's
+    order (lowest priority, then youngest, then id), read from the lists the state keeps per tenant and GPU model
+    (``ClusterState.reclaimable``), never by visiting every pod. A peer counts while it borrows on the key; within
+    one trial evictions only lower usage, so a peer that stops borrowing never borrows again, and a pod evicted
+    on trial leaves its list."""
+
+    __slots__ = ("cluster", "lender", "protected", "quota")
+
+    def __init__(self, cluster: ClusterState, lender: str, quota: Quota, protected: Mapping[str, None]) -> None:
+        self.cluster = cluster
+        self.lender = lender
+        self.quota = quota
+        self.protected = protected
+
+    def lists(self, key: str) -> list[tuple[tuple[str, str], SortedList]]:
+        """((peer, model), its list) for each peer of the lender's cohort that borrows on the key now, by peer
+        and model. O(members · models)."""
+        cluster = self.cluster
+        cohort = self.quota.cohort
+        out: list[tuple[tuple[str, str], SortedList]] = []
+        if cohort is None:
+            return out
+        for peer in cluster.cohorts.get(cohort, ()):
+            if peer == self.lender or not _borrows(cluster, peer, key):
+                continue
+            quota = cluster.quotas[peer]
+            if key in (quota_keys.CPU, quota_keys.MEMORY):
+                models = [""]
+            elif key == quota_keys.GPU + ANY_MODEL:
+                models = sorted(m for m in cluster.model_nodes if m and m not in quota.nominal_gpus)
+            else:
+                models = [key[len(quota_keys.GPU) :]]
+            for model in models:
+                pods = cluster.reclaimable.get((peer, model))
+                if pods:
+                    out.append(((peer, model), pods))
+        return out
+
+    def allowed(self, pod: Pod, key: str) -> bool:
+        """Whether the pod itself counts on the key (a CPU-only pod does not on a GPU key, and so on)."""
+        if key == quota_keys.CPU:
+            return pod.spec.cpu_milli > 0
+        if key == quota_keys.MEMORY:
+            return pod.spec.memory_mib > 0
+        return True  # filed under its model only if it holds GPUs
+
+    def unit(self, pod: Pod) -> preemption.Unit | None:
+        """The pod's eviction (a gang: all its running members), unless one of them is protected."""
+        unit = preemption.unit_of(self.cluster, pod, 0)
+        if any(member.spec.pod_id in self.protected for member in unit.pods):
+            return None
+        return unit
+
+    def walker(self) -> Walker:
+        return Walker(self)
+
+
+class Walker:
+    """One trial's walk over :class:`Borrowers`: the next unit reclaim takes on a key (or on one node), merging
+    the peers' lists by reclaim's order. Each list keeps a cursor (the last entry passed), and an entry evicted
+    on trial has left its list, so a walk costs O(log p) per unit taken or candidate passed over."""
+
+    __slots__ = ("_cursors", "_nodes", "borrowers")
+
+    def __init__(self, borrowers: Borrowers) -> None:
+        self.borrowers = borrowers
+        self._cursors: dict[tuple[str, tuple[str, str]], Entry] = {}
+        self._nodes: dict[tuple[str, str], list[tuple[Entry, Pod]]] = {}
+
+    def next_unit(self, key: str, node_id: str | None = None) -> preemption.Unit | None:
+        """The first candidate's unit still to take, or None if there is none."""
+        if node_id is not None:
+            return self._next_on_node(key, node_id)
+        borrowers = self.borrowers
+        pods = borrowers.cluster.pods
+        while True:  # measure: the entries of the borrowing peers' lists after their cursors
+            best: tuple[Entry, tuple[str, str]] | None = None
+            for handle, entries in borrowers.lists(key):
+                cursor = self._cursors.get((key, handle))
+                at = entries.bisect_right(cursor) if cursor is not None else 0
+                if at < len(entries) and (best is None or entries[at] < best[0]):
+                    best = (entries[at], handle)
+            if best is None:
+                return None
+            entry, handle = best
+            self._cursors[(key, handle)] = entry
+            pod = pods[entry[2]]
+            if borrowers.allowed(pod, key):
+                unit = borrowers.unit(pod)
+                if unit is not None:
+                    return unit
+
+    def _next_on_node(self, key: str, node_id: str) -> preemption.Unit | None:
+        """As :meth:`next_unit`, among the pods of one node (listed once per walk: O(p log p) for its p pods)."""
+        borrowers = self.borrowers
+        cluster = borrowers.cluster
+        listed = self._nodes.get((key, node_id))
+        if listed is None:
+            listed = self._nodes[(key, node_id)] = _node_candidates(borrowers, key, node_id)
+        while listed:  # measure: the node's candidates left
+            _, pod = listed.pop()
+            if pod.node_id != node_id or pod.spec.pod_id not in cluster.nodes[node_id].pods:
+                continue  # evicted on trial (a gang member taken with its gang)
+            if not _borrows(cluster, pod.spec.tenant, key):
+                continue
+            unit = borrowers.unit(pod)
+            if unit is not None:
+                return unit
+        return None
+
+
+Entry = tuple[int, int, str]
+"""A running pod in reclaim's order: (priority, -start, pod id)."""
+
+
+def _node_candidates(borrowers: Borrowers, key: str, node_id: str) -> list[tuple[Entry, Pod]]:
+    """The node's pods that reclaim may take on the key now, last first (popped from the end)."""
+    cluster = borrowers.cluster
+    cohort = borrowers.quota.cohort
+    peers = {p for p in cluster.cohorts.get(cohort, ()) if p != borrowers.lender} if cohort is not None else set()
+    out = []
+    for pod_id in cluster.nodes[node_id].pods:
+        pod = lookup(cluster.pods, pod_id)
+        if pod is None or pod.spec.tenant not in peers or not borrowers.allowed(pod, key):
+            continue
+        peer = cluster.quotas[pod.spec.tenant]
+        if key not in quota_keys.demand(peer, pod.spec, cluster.nodes[node_id].gpu_model):
+            continue
+        if _borrows(cluster, pod.spec.tenant, key):
+            out.append(((pod.spec.priority, -(pod.started_at or 0), pod_id), pod))
+    out.sort(reverse=True)
+    return out
+
+
+def _borrows(cluster: ClusterState, tenant: str, key: str) -> bool:
+    """Whether a cohort tenant runs more than its nominal quota on the key (its own key). O(models)."""
+    quota = cluster.quotas[tenant]
+    if not quota_keys.has_key(quota, key):
+        return False
+    amount = quota_keys.nominal(quota, key)
+    return amount is not None and quotas.used(cluster, tenant, quota, key) > amount
 
 
 def reclaim_on_trial(
@@ -27,9 +173,12 @@ def reclaim_on_trial(
     quota: Quota,
     wanted: quotas.Demand,
     protected: Mapping[str, None],
+    walker: Walker | None = None,
 ) -> list[preemption.Unit] | None:
     """Evict borrowers on trial until ``wanted`` fits the lender's quota: the units taken, or None if the
     lender would still be short (or short on something reclaim cannot give)."""
+    if walker is None:
+        walker = Borrowers(cluster, tenant, quota, protected).walker()
     units: list[preemption.Unit] = []
     while True:  # measure: the borrowers' running pods not yet evicted on trial
         shortfall = quotas.check(cluster, tenant, quota, wanted)
@@ -37,24 +186,12 @@ def reclaim_on_trial(
             return units
         if not shortfall.reclaimable:
             return None
-        candidates = quotas.reclaim_candidates(cluster, tenant, quota, [shortfall.key], protected)
-        unit = _first_allowed(cluster, candidates, protected)
+        unit = walker.next_unit(shortfall.key)
         if unit is None:
             return None
         for pod in unit.pods:
             trial.evict(pod)
         units.append(unit)
-
-
-def _first_allowed(
-    cluster: ClusterState, candidates: list[Pod], protected: Mapping[str, None]
-) -> preemption.Unit | None:
-    """The unit of the first candidate none of whose pods (a gang: every member) is protected."""
-    for pod in candidates:
-        unit = preemption.unit_of(cluster, pod, 0)
-        if not any(member.spec.pod_id in protected for member in unit.pods):
-            return unit
-    return None
 
 
 def plan_pod(
@@ -72,7 +209,14 @@ def plan_pod(
     quota has room, and no more; the pod then starts on free capacity, or by priority
     preemption. Or, if that takes fewer victims, borrowers' pods on one node go first (same
     order) until the pod fits that node, then others until the quota has room. The plan with
-    the fewest victims wins (ties: the first kind, then the node id)."""
+    the fewest victims wins (ties: the first kind, then the node id).
+
+    Cost: one trial per plan tried, each walking the borrowers' lists (O(log p) per victim or candidate
+    passed over). Node plans are listed only if the plan without a node failed or takes more than one
+    victim (then O(P_b log P_b) over the borrowers' pods), and tried in order of a lower bound on their
+    victims (the node's own candidates it would take, counted without evicting), only while that bound
+    could still beat the best plan found (branch and bound: the answer is the exhaustive one's); a node
+    where the pod fits already never beats the plan without a node, which ties it and wins ties."""
     quota = quotas.quota_of(cluster, spec.tenant)
     assert quota is not None
     by_key: dict[str, list[str]] = {}
@@ -80,27 +224,64 @@ def plan_pod(
         if shortfall.reclaimable:
             by_key.setdefault(shortfall.key, []).append(model)
     best: tuple[tuple[int, str], PodReclaim] | None = None
+    borrowers = Borrowers(cluster, spec.tenant, quota, protected)
     for key in sorted(by_key):
         models = [model for model in by_key[key] if model]
         shape = usable._replace(gpu_models=tuple(models)) if models and spec.num_gpu else usable
         wanted = quotas.demand(quota, spec, by_key[key][0])
-        candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, [key], protected)
-        nodes = sorted({pod.node_id for pod in candidates if pod.node_id is not None})
-        for node_id in [None, *nodes]:
-            if node_id is not None and not preemption.could_hold(cluster, cluster.nodes[node_id], shape):
-                continue
+        options: list[tuple[int, str | None]] = [(0, None)]
+        position = 0
+        while position < len(options):  # measure: the options left (the node plans are listed at most once)
+            bound, node_id = options[position]
+            position += 1
+            if best is not None and (bound, node_id or "") >= best[0]:
+                break  # neither this node nor any after it can have fewer victims
             trial = preemption.Trial(cluster)
             try:
-                found = _option(cluster, trial, spec, quota, key, wanted, shape, node_id, policy, now, protected)
+                found = _option(cluster, trial, spec, quota, key, wanted, shape, node_id, policy, now, borrowers)
             finally:
                 trial.rollback()
-            if found is None:
-                continue
-            units, choice, plan = found
-            rank = (sum(unit.count for unit in units) + (plan.cost[1] if plan.units else 0), node_id or "")
-            if best is None or rank < best[0]:
-                best = (rank, (units, choice, plan, shape))
+            if found is not None:
+                units, choice, plan = found
+                rank = (sum(unit.count for unit in units) + (plan.cost[1] if plan.units else 0), node_id or "")
+                if best is None or rank < best[0]:
+                    best = (rank, (units, choice, plan, shape))
+            if node_id is None and (best is None or best[0][0] > 1):
+                # A node plan takes one victim at least, and the plan without a node wins a tie: only now
+                # are the node plans worth listing (O(P_b log P_b)).
+                options += _node_bounds(cluster, borrowers, key, shape)
     return None if best is None else best[1]
+
+
+def _node_bounds(cluster: ClusterState, borrowers: Borrowers, key: str, shape: PodShape) -> list[tuple[int, str]]:
+    """(at least how many victims, node id) of each node plan worth trying, least first: nodes that host
+    candidates, could hold the shape, and where it does not fit now. The bound is the number of the node's
+    own candidates, in reclaim's order, whose resources the shape needs there (units of several pods, and
+    candidates passed over in the walk, only add to it). O(P_b log P_b) over the borrowers' pods."""
+    by_node: dict[str, list[tuple[Entry, Pod]]] = {}
+    pods = cluster.pods
+    for _, entries in borrowers.lists(key):
+        for entry in entries:
+            pod = pods[entry[2]]
+            if pod.node_id is not None and borrowers.allowed(pod, key):
+                by_node.setdefault(pod.node_id, []).append((entry, pod))
+    out: list[tuple[int, str]] = []
+    for node_id, listed in by_node.items():
+        node = cluster.nodes[node_id]
+        if preemption.fits_now(node, shape) or not preemption.could_hold(cluster, node, shape):
+            continue
+        listed.sort()
+        cpu, memory, gpus = node.cpu_free, node.memory_free, list(node.gpu_free)
+        for count, (_, pod) in enumerate(listed, 1):
+            cpu += pod.spec.cpu_milli
+            memory += pod.spec.memory_mib
+            for share in pod.gpus:
+                gpus[share.index] += share.milli
+            if cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
+                out.append((count, node_id))
+                break
+    out.sort()
+    return out
 
 
 def _option(
@@ -114,25 +295,21 @@ def _option(
     node_id: str | None,
     policy: Policy,
     now: int,
-    protected: Mapping[str, None],
+    borrowers: Borrowers,
 ) -> tuple[list[preemption.Unit], Choice | None, preemption.PodPlan] | None:
     """One reclaim plan on trial (see :func:`plan_pod`): its units, and where the pod goes."""
     units: list[preemption.Unit] = []
+    walker = borrowers.walker()
     if node_id is not None:
         node = cluster.nodes[node_id]
         while not preemption.fits_now(node, shape):  # measure: the borrowers' pods on the node
-            here = [
-                pod
-                for pod in quotas.reclaim_candidates(cluster, spec.tenant, quota, [key], protected)
-                if pod.node_id == node_id
-            ]
-            unit = _first_allowed(cluster, here, protected)
+            unit = walker.next_unit(key, node_id)
             if unit is None:
                 return None
             for pod in unit.pods:
                 trial.evict(pod)
             units.append(unit)
-    more = reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, protected)
+    more = reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, borrowers.protected, walker)
     if more is None:
         return None
     units += more
@@ -144,7 +321,7 @@ def _option(
         choice = policy.place(cluster, shape, groups)
         return units, choice, preemption.PodPlan(choice.node_id, [], (0, 0, 0))
     if spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
-        plan = preemption.plan_pod(cluster, shape, spec.priority, now, None, preemption.Victims(protected))
+        plan = preemption.plan_pod(cluster, shape, spec.priority, now, None, preemption.Victims(borrowers.protected))
         if plan is not None:
             return units, None, plan
     return None

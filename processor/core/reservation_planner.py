@@ -16,7 +16,7 @@ reservation is made, not per command.
 
 from __future__ import annotations
 
-from processor.core import gangs
+from processor.core import gangs, preemption
 from processor.core.policies.base import Policy
 from processor.core.state import ClusterState, Pod
 
@@ -48,7 +48,40 @@ def _may_fit_on(cluster: ClusterState, holder_id: str, kind: str, node_ids: list
 def plan(
     cluster: ClusterState, holder_id: str, kind: str, policy: Policy, now: int
 ) -> tuple[tuple[str, ...], int | None] | None:
-    """(nodes, expected start or None if unknown) for the holder, or None if it fits nowhere even empty."""
+    """(nodes, expected start or None if unknown) for the holder, or None if it fits nowhere even empty.
+
+    "No node capacity could hold it even empty" depends only on the holder and the nodes (their capacities,
+    labels and taints), so it is decided from the distinct node capacities (O(C · M)) once per holder and node
+    layout, and remembered until a node is added, removed or changes (``ClusterState.layout``): a head of the
+    queue that can never start (a typo in its node selector) costs O(1) per later command, not a sweep over
+    every running pod."""
+    if cluster.unplannable.get(holder_id) == cluster.layout:
+        return None
+    if not _could_start_on_empty(cluster, holder_id, kind):
+        _remember(cluster, holder_id)
+        return None
+    return _sweep(cluster, holder_id, kind, policy, now)
+
+
+def _remember(cluster: ClusterState, holder_id: str) -> None:
+    """Note that the holder fits nowhere at this layout; notes of an older layout go (their nodes changed)."""
+    memo = cluster.unplannable
+    if memo and next(iter(memo.values())) != cluster.layout:
+        memo.clear()
+    memo[holder_id] = cluster.layout
+
+
+def _could_start_on_empty(cluster: ClusterState, holder_id: str, kind: str) -> bool:
+    """Whether some node capacity could hold the holder if it were empty (schedulability aside). O(C · M)."""
+    if kind == "pod":
+        return preemption.could_hold_somewhere(cluster, cluster.pods[holder_id].shape)
+    return gangs.never_fits(cluster, cluster.gangs[holder_id].spec) is None
+
+
+def _sweep(
+    cluster: ClusterState, holder_id: str, kind: str, policy: Policy, now: int
+) -> tuple[tuple[str, ...], int | None] | None:
+    """Free running pods on trial in order of their ends until the holder fits. O(P log P)."""
     limited: list[tuple[int, str]] = []
     unlimited: list[tuple[int, str]] = []
     for pod_id, pod in cluster.pods.items():

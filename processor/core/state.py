@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from sortedcontainers import SortedList
+
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
@@ -364,21 +366,30 @@ class ClusterState:
     # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
     pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     limits: dict[str, quota_keys.Limits] = field(default_factory=dict)  # the quotas, compiled
+    # Derived: the running pods of each tenant in a cohort, in reclaim's order (priority, -start, id), under
+    # (tenant, "") and, holding GPUs, (tenant, GPU model of the node): a reclaim walks the borrowers' lists.
+    reclaimable: dict[tuple[str, str], SortedList] = field(default_factory=dict)
     # Event time: the largest issued_at of the cluster's own commands (0 before the first), the jump a
     # command may make ahead of it (SetPolicy; 0: no limit), and the deadlines it will reach (derived).
     clock: int = 0
     max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
     timers: Timers = field(default_factory=Timers)
     halted: Halt | None = None  # an internal error halted the fold of this cluster (ClusterHalted)
+    # Derived, not in snapshots: a counter moved by every change of the node layout (added, removed,
+    # cordoned, uncordoned, failed), and the queue heads no reservation can be planned for, at that layout.
+    layout: int = 0
+    unplannable: dict[str, int] = field(default_factory=dict)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
-        """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
+        """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1),
+        and O(log p) for a tenant in a cohort (its pods in reclaim's order)."""
         spec = pod.spec
         usage = self.usage.get(spec.tenant)
         if usage is None:
             usage = self.usage[spec.tenant] = TenantUsage()
         quota = self.quotas.get(spec.tenant)
         if quota is not None and quota.cohort is not None:
+            self._file_reclaimable(pod, node.gpu_model, sign)
             pools, cohort, limits = self.pools, quota.cohort, self.limits[spec.tenant]
             milli = spec.num_gpu * spec.gpu_milli
             for key, amount in (
@@ -405,9 +416,40 @@ class ClusterState:
             if not at_priority:
                 del self.priority_nodes[spec.priority]
 
+    def _file_reclaimable(self, pod: Pod, model: str, sign: int) -> None:
+        """File (+1) or unfile (-1) a cohort tenant's running pod in reclaim's order: under (tenant, "") and, if
+        it holds GPUs, under (tenant, the GPU model of its node). O(log p)."""
+        spec = pod.spec
+        entry = (spec.priority, -(pod.started_at or 0), spec.pod_id)
+        keys = ((spec.tenant, ""), (spec.tenant, model)) if spec.num_gpu * spec.gpu_milli else ((spec.tenant, ""),)
+        for key in keys:
+            pods = self.reclaimable.get(key)
+            if sign > 0:
+                if pods is None:
+                    pods = self.reclaimable[key] = SortedList()
+                pods.add(entry)
+            elif pods is not None:
+                pods.discard(entry)
+                if not pods:
+                    del self.reclaimable[key]
+
+    def _refile_reclaimable(self, tenant: str, in_cohort: bool) -> None:
+        """A tenant joined or left a cohort: its running pods are filed for reclaim, or no longer. O(P)."""
+        for key in [key for key in self.reclaimable if key[0] == tenant]:
+            del self.reclaimable[key]
+        if in_cohort:
+            for pod in self.pods.values():
+                if pod.spec.tenant == tenant and pod.node_id is not None:
+                    self._file_reclaimable(pod, self.nodes[pod.node_id].gpu_model, +1)
+
     def set_quota(self, tenant: str, quota: Quota | None) -> None:
-        """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members)."""
+        """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members), and O(P) if the
+        tenant joins or leaves a cohort."""
         previous = self.quotas.pop(tenant, None)
+        was_in = previous is not None and previous.cohort is not None
+        now_in = quota is not None and quota.cohort is not None
+        if was_in != now_in:
+            self._refile_reclaimable(tenant, now_in)
         if previous is not None and previous.cohort is not None:
             members = self.cohorts[previous.cohort]
             members.remove(tenant)

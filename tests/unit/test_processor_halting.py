@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.replay import replay_partition
-from gpufold.replica_source import EmbeddedReplicaSource
+from logs.embedded import EmbeddedLog
+from logs.embedded_replica import EmbeddedReplicaSource
 from processor.core.fold import HANDLERS
 from processor.core.snapshot import state_hash
 from processor.runtime.loop import Processor

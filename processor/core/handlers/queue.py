@@ -44,7 +44,8 @@ def retry_queue(
     if cluster.queue_order == STRICT_FIFO:
         return _start_heads(decision, cluster)
     index = cluster.index
-    signatures = [signature for signature in map(index.signature_of, node_ids) if signature is not None]
+    # Distinct shapes of free capacity: a storm frees many nodes alike (O(Q · S) to screen, S these).
+    signatures = list(dict.fromkeys(s for s in map(index.signature_of, node_ids) if s is not None))
     changed = [node for node in (lookup(cluster.nodes, n) for n in node_ids) if node is not None and node.schedulable]
     if not signatures and not tenants:
         return None
