@@ -70,7 +70,19 @@ class Decision:
     ``now`` is the event time of the next event: a timer's deadline while timers fire, then the
     command's time (the clock)."""
 
-    __slots__ = ("_left", "_scratch", "command", "events", "evicted", "freed", "now", "offset", "state", "touched")
+    __slots__ = (
+        "_left",
+        "_scratch",
+        "command",
+        "events",
+        "evicted",
+        "freed",
+        "now",
+        "offset",
+        "screens",
+        "state",
+        "touched",
+    )
 
     def __init__(self, state: PartitionState, command: Command, offset: int) -> None:
         self.state = state
@@ -86,6 +98,9 @@ class Decision:
         self.evicted: dict[str, dict[str, None]] = {}
         self._scratch: ClusterState | None = None
         self._left: list[Item] = []
+        # Per cluster, what the queue's retry screened in this command (``handlers.queue``): valid while the
+        # queue and the reservation stay as they were.
+        self.screens: dict[str, tuple[Any, dict[Any, list[Any]]]] = {}
 
     @property
     def legacy_time(self) -> bool:

@@ -16,7 +16,7 @@ from processor.core import gangs, preemption, quotas, reservations
 from processor.core.decision import Decision, Task
 from processor.core.handlers.gangs import place_gang
 from processor.core.handlers.pods import place
-from processor.core.resources import PodShape
+from processor.core.resources import PodShape, Signature
 from processor.core.state import GANG_QUEUED, ClusterState, Node, lookup, shape_of
 from schemas.commands import PREEMPT_LOWER, STRICT_FIFO
 from schemas.events import GangSpec
@@ -54,17 +54,25 @@ def retry_queue(
     fair = cluster.quotas_on
     preempting = decision.may_preempt and bool(changed)
     heap: list[Entry] = []
-    for key, group in cluster.queue.heads():
-        tenant, mode, shape = group
-        usable = reservations.usable_shape(cluster, key[2], shape, now)
-        near: tuple[str, ...] | None = node_ids
-        if tenants and tenant in tenants:
-            near = None
-        elif not any(fits(signature, usable) for signature in signatures) and not (
-            preempting and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
-        ):
-            continue
-        heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
+    # Whether any queued pod could preempt on the changed nodes at all: only if some running pod has a lower
+    # priority than the queue's first (the highest priority waiting).
+    first = cluster.queue.first()
+    pods_preempt = preempting and first is not None and preemption.lower_priority_exists(cluster, -first[0][0])
+    if not pods_preempt and not tenants:
+        for key, group in _fitting_heads(decision, cluster, signatures):
+            heap.append((_order(cluster, key, group[0], fair), 0, group, key, node_ids))
+    else:
+        for key, group in cluster.queue.heads():
+            tenant, mode, shape = group
+            usable = reservations.usable_shape(cluster, key[2], shape, now)
+            near: tuple[str, ...] | None = node_ids
+            if tenants and tenant in tenants:
+                near = None
+            elif not any(fits(signature, usable) for signature in signatures) and not (
+                pods_preempt and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
+            ):
+                continue
+            heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
     for key in cluster.gang_queue:
         spec = cluster.gangs[key[2]].spec
         if not (
@@ -110,6 +118,38 @@ def _retry(decision: Decision, cluster: ClusterState, heap: list[Entry], fair: b
         following = cluster.queue.head(group)
         if following is not None:
             heapq.heappush(heap, (_order(cluster, following, group[0], fair), 0, group, following, near))
+
+
+def _fitting_heads(
+    decision: Decision, cluster: ClusterState, signatures: list[Signature]
+) -> list[tuple[tuple[int, int, str], Any]]:
+    """The queued groups' heads whose shape (as placement sees it) fits a node of one of these signatures, in
+    the queue's own order of groups. Kept for the rest of the command, per signature, while the queue and the
+    reservation stay as they are (``PendingQueue.version``): a storm of T releases onto nodes of S distinct
+    free shapes screens the Q waiting groups S times, not T (O(Q · S + T))."""
+    reservation = cluster.reservation
+    held = None if reservation is None else (reservation.holder_id, reservation.expected_start, decision.now)
+    state = (cluster.queue.version, held)
+    cache = decision.screens.get(cluster.name)
+    if cache is None or cache[0] != state:
+        cache = decision.screens[cluster.name] = (state, {})
+    found = cache[1]
+    fits = cluster.index.fits
+    chosen: dict[tuple[int, int, str], Any] = {}
+    heads: list[tuple[tuple[int, int, str], Any]] | None = None
+    for signature in signatures:
+        passing = found.get(signature)
+        if passing is None:
+            if heads is None:
+                heads = cluster.queue.heads()
+            passing = found[signature] = [
+                (key, group)
+                for key, group in heads
+                if fits(signature, reservations.usable_shape(cluster, key[2], group[2], decision.now))
+            ]
+        for key, group in passing:
+            chosen[key] = group
+    return list(chosen.items())
 
 
 def _order(cluster: ClusterState, key: tuple[int, int, str], tenant: str, fair: bool) -> tuple[Any, ...]:
