@@ -325,7 +325,7 @@ def _publish_one(args: argparse.Namespace) -> int:
     waiter = OutcomeWaiter(config, topics_for(args.topic_prefix).events) if args.wait else None
     try:
         with _publisher(args, config) as publisher:
-            method = getattr(publisher, name.replace("-", "_"), None)
+            method: Any = getattr(publisher, name.replace("-", "_"), None)
             if name == "add-node":
                 command_id = method(
                     args.cluster,
