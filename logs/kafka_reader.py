@@ -1,6 +1,6 @@
 """The one reader of a Kafka topic: the projector reads its events, the replica its commands and snapshots through it.
 
-Each partition starts at the position the caller's database stored (``start(positions)``), never at
+Each partition starts at the position the caller stored (``start(positions)``, or ``seek``), never at
 one Kafka remembers: the database is the only record of what was applied. The topic is read with
 ``isolation.level=read_committed``, so records of aborted processor transactions are never seen.
 With a consumer group, partitions move between readers on a rebalance; with ``assign_all`` (or an
