@@ -79,6 +79,11 @@ class KafkaTopicReader:
         self._lag: int | None = None
         self._lag_at = 0.0
 
+    @classmethod
+    def over(cls, consumer: Any, topic: str) -> KafkaTopicReader:
+        """A reader on the caller's group-less consumer, positioned with :meth:`seek`."""
+        return cls("", topic, group="", consumer=consumer)
+
     def _all_partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10)
         topic = metadata.topics.get(self.topic)

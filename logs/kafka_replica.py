@@ -56,7 +56,7 @@ class KafkaReplicaSource:
             raise ValueError(f"commands topic {topics.commands}: {detail}")
         self._partitions = len(metadata.partitions)
         # The commands, at the replica's own positions, through the one Kafka reader (logs.kafka_reader).
-        self._commands = KafkaTopicReader("", topics.commands, group="", consumer=self._consumer)
+        self._commands = KafkaTopicReader.over(self._consumer, topics.commands)
 
     def partition_count(self) -> int:
         return self._partitions
