@@ -322,6 +322,8 @@ def _publish_one(args: argparse.Namespace) -> int:
     config = kafka_config(args)
     name = args.typed
     common = {"command_id": args.command_id}
+    # A schema-derived verb's --payload is checked before anything connects.
+    payload = payload_from_json(args.type_name, args.payload) if name not in _TYPED else None
     waiter = OutcomeWaiter(config, topics_for(args.topic_prefix).events) if args.wait else None
     try:
         with _publisher(args, config) as publisher:
@@ -361,7 +363,6 @@ def _publish_one(args: argparse.Namespace) -> int:
             elif name in _TYPED:
                 command_id = method(args.cluster, args.node_id, **common)
             else:
-                payload = payload_from_json(args.type_name, args.payload)
                 command_id = publisher.publish_payload(args.cluster, payload, **common)
         print(command_id)
         if waiter is not None:
