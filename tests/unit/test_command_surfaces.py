@@ -131,3 +131,13 @@ def test_a_bad_payload_is_one_cli_error_naming_the_field() -> None:
 
     with pytest.raises(CliError, match="tenant"):
         kafka_cli.payload_from_json("SetQuota", '{"tenant": 5}')
+
+
+def test_a_derived_verb_refuses_a_bad_payload_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpufold publish set-quota --payload` with a wrong field type exits 2 with one line, sending nothing."""
+    from gpufold.cli import main
+
+    argv = ["publish", "set-quota", "--bootstrap", "127.0.0.1:1", "--cluster", "lab", "--payload", '{"tenant": 5}']
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "--payload" in err and "tenant" in err and "Traceback" not in err
