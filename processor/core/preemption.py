@@ -294,6 +294,11 @@ def _best_on_node(
     return None if best is None else (best[0], best[2])
 
 
+def gpu_deficit(free: list[int], shape: PodShape) -> int:
+    """GPU milli that must be freed on a node with this much free for the shape to fit (0: the GPUs suffice)."""
+    return _gpu_deficit(free, shape)
+
+
 def _gpu_deficit(free: list[int], shape: PodShape) -> int:
     """GPU milli that victims must free on the node at least (0 if the GPUs already suffice)."""
     if not shape.num_gpu:

@@ -17,6 +17,11 @@ from processor.core.state import ClusterState, Pod, lookup
 from schemas.commands import ANY_MODEL, PREEMPT_LOWER, Quota
 from schemas.events import PodSpec
 
+NODE_PLANS = 64
+"""Node plans tried at most per reclaim: those of the least lower bound on their victims (then node id). With
+fewer nodes hosting borrowers than this the search is exhaustive; beyond, it is budgeted (a plan with fewer
+victims on a node further down may be missed; the plan without a node is always tried)."""
+
 PodReclaim = tuple[list[preemption.Unit], Choice | None, preemption.PodPlan, PodShape]
 """A pod's reclaim plan: the borrowers' units it takes, where it goes (a choice on free capacity, or a
 priority-preemption plan after the reclaim), and the shape it is placed with."""
@@ -212,11 +217,11 @@ def plan_pod(
     the fewest victims wins (ties: the first kind, then the node id).
 
     Cost: one trial per plan tried, each walking the borrowers' lists (O(log p) per victim or candidate
-    passed over). Node plans are listed only if the plan without a node failed or takes more than one
-    victim (then O(P_b log P_b) over the borrowers' pods), and tried in order of a lower bound on their
-    victims (the node's own candidates it would take, counted without evicting), only while that bound
-    could still beat the best plan found (branch and bound: the answer is the exhaustive one's); a node
-    where the pod fits already never beats the plan without a node, which ties it and wins ties."""
+    passed over). Node plans are listed only if the plan without a node failed or could take fewer victims
+    (then O(N_b log N_b) for the N_b nodes where borrowers run, no pod visited), and tried in order of a
+    lower bound on their victims while that bound could still beat the best plan found, at most
+    :data:`NODE_PLANS` of them; a node where the pod fits already never beats the plan without a node,
+    which ties it and wins ties."""
     quota = quotas.quota_of(cluster, spec.tenant)
     assert quota is not None
     by_key: dict[str, list[str]] = {}
@@ -229,6 +234,8 @@ def plan_pod(
         models = [model for model in by_key[key] if model]
         shape = usable._replace(gpu_models=tuple(models)) if models and spec.num_gpu else usable
         wanted = quotas.demand(quota, spec, by_key[key][0])
+        short = quotas.check(cluster, spec.tenant, quota, wanted)
+        deficit = short.need - short.room if short is not None and short.key == key else 0
         options: list[tuple[int, str | None]] = [(0, None)]
         position = 0
         while position < len(options):  # measure: the options left (the node plans are listed at most once)
@@ -246,40 +253,62 @@ def plan_pod(
                 rank = (sum(unit.count for unit in units) + (plan.cost[1] if plan.units else 0), node_id or "")
                 if best is None or rank < best[0]:
                     best = (rank, (units, choice, plan, shape))
-            if node_id is None and (best is None or best[0][0] > 1):
-                # A node plan takes one victim at least, and the plan without a node wins a tie: only now
-                # are the node plans worth listing (O(P_b log P_b)).
-                options += _node_bounds(cluster, borrowers, key, shape)
+            largest = _largest(cluster, borrowers, key)
+            if node_id is None and (best is None or best[0][0] > _fewest(deficit, largest)):
+                # A node plan takes at least as many victims as covering the quota's shortfall with the largest
+                # borrowers' pods does (and one), and the plan without a node wins a tie: only if it could
+                # still take fewer are the node plans worth listing (O(P_b log P_b)).
+                options += _node_bounds(cluster, borrowers, key, shape, largest)[:NODE_PLANS]
     return None if best is None else best[1]
 
 
-def _node_bounds(cluster: ClusterState, borrowers: Borrowers, key: str, shape: PodShape) -> list[tuple[int, str]]:
-    """(at least how many victims, node id) of each node plan worth trying, least first: nodes that host
-    candidates, could hold the shape, and where it does not fit now. The bound is the number of the node's
-    own candidates, in reclaim's order, whose resources the shape needs there (units of several pods, and
-    candidates passed over in the walk, only add to it). O(P_b log P_b) over the borrowers' pods."""
-    by_node: dict[str, list[tuple[Entry, Pod]]] = {}
-    pods = cluster.pods
-    for _, entries in borrowers.lists(key):
-        for entry in entries:
-            pod = pods[entry[2]]
-            if pod.node_id is not None and borrowers.allowed(pod, key):
-                by_node.setdefault(pod.node_id, []).append((entry, pod))
+def _largest(cluster: ClusterState, borrowers: Borrowers, key: str) -> int:
+    """The largest GPU share (milli) one borrower pod holds on a GPU key (``ClusterState.reclaim_sizes``); 0 on
+    CPU and memory keys. O(members · models · sizes)."""
+    if not key.startswith(quota_keys.GPU):
+        return 0
+    largest = 0
+    for handle, _ in borrowers.lists(key):
+        sizes = cluster.reclaim_sizes.get(handle)
+        if sizes:
+            largest = max(largest, max(sizes))
+    return largest
+
+
+def _fewest(deficit: int, largest: int) -> int:
+    """At least how many victims cover a quota shortfall of ``deficit`` with pods of at most ``largest``, and 1."""
+    return max(1, -(-deficit // largest)) if deficit > 0 and largest else 1
+
+
+def _node_bounds(
+    cluster: ClusterState, borrowers: Borrowers, key: str, shape: PodShape, largest: int
+) -> list[tuple[int, str]]:
+    """(at least how many victims, node id) of each node plan worth trying, least first: nodes where a
+    borrowing peer runs pods (``ClusterState.reclaim_nodes``), that could hold the shape, and where it does
+    not fit now. The bound: the GPU the shape lacks there over the largest GPU share one borrower pod holds,
+    and 1. O(N_b log N_b) for the N_b nodes of the borrowers (alike nodes, one signature, asked once), no pod
+    visited."""
+    nodes: dict[str, None] = {}
+    for peer, _ in {handle[0]: None for handle, _ in borrowers.lists(key)}.items():
+        nodes.update(dict.fromkeys(cluster.reclaim_nodes.get(peer, ())))
     out: list[tuple[int, str]] = []
-    for node_id, listed in by_node.items():
-        node = cluster.nodes[node_id]
-        if preemption.fits_now(node, shape) or not preemption.could_hold(cluster, node, shape):
+    by_signature: dict[object, int] = {}  # nodes of one signature are alike in all this: asked once
+    signature_of = cluster.index.signature_of
+    for node_id in nodes:
+        signature = signature_of(node_id)  # None: unschedulable
+        if signature is None:
             continue
-        listed.sort()
-        cpu, memory, gpus = node.cpu_free, node.memory_free, list(node.gpu_free)
-        for count, (_, pod) in enumerate(listed, 1):
-            cpu += pod.spec.cpu_milli
-            memory += pod.spec.memory_mib
-            for share in pod.gpus:
-                gpus[share.index] += share.milli
-            if cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
-                out.append((count, node_id))
-                break
+        bound = by_signature.get(signature)
+        if bound is None:
+            node = cluster.nodes[node_id]
+            if preemption.fits_now(node, shape) or not preemption.could_hold(cluster, node, shape):
+                bound = 0
+            else:
+                deficit = preemption.gpu_deficit(node.gpu_free, shape)
+                bound = max(1, -(-deficit // largest)) if largest and deficit else 1
+            by_signature[signature] = bound
+        if bound:
+            out.append((bound, node_id))
     out.sort()
     return out
 

@@ -369,6 +369,8 @@ class ClusterState:
     # Derived: the running pods of each tenant in a cohort, in reclaim's order (priority, -start, id), under
     # (tenant, "") and, holding GPUs, (tenant, GPU model of the node): a reclaim walks the borrowers' lists.
     reclaimable: dict[tuple[str, str], SortedList] = field(default_factory=dict)
+    reclaim_sizes: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)  # GPU milli of one pod -> pods
+    reclaim_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # tenant -> node -> its running pods there
     # Event time: the largest issued_at of the cluster's own commands (0 before the first), the jump a
     # command may make ahead of it (SetPolicy; 0: no limit), and the deadlines it will reach (derived).
     clock: int = 0
@@ -389,7 +391,7 @@ class ClusterState:
             usage = self.usage[spec.tenant] = TenantUsage()
         quota = self.quotas.get(spec.tenant)
         if quota is not None and quota.cohort is not None:
-            self._file_reclaimable(pod, node.gpu_model, sign)
+            self._file_reclaimable(pod, node, sign)
             pools, cohort, limits = self.pools, quota.cohort, self.limits[spec.tenant]
             milli = spec.num_gpu * spec.gpu_milli
             for key, amount in (
@@ -416,12 +418,32 @@ class ClusterState:
             if not at_priority:
                 del self.priority_nodes[spec.priority]
 
-    def _file_reclaimable(self, pod: Pod, model: str, sign: int) -> None:
-        """File (+1) or unfile (-1) a cohort tenant's running pod in reclaim's order: under (tenant, "") and, if
-        it holds GPUs, under (tenant, the GPU model of its node). O(log p)."""
+    def _file_reclaimable(self, pod: Pod, node: Node, sign: int) -> None:
+        """File (+1) or unfile (-1) a cohort tenant's running pod on a node in reclaim's order: under (tenant, "")
+        and, if it holds GPUs, under (tenant, the GPU model of its node); count it on its node and by its GPU
+        size. O(log p)."""
         spec = pod.spec
+        model = node.gpu_model
         entry = (spec.priority, -(pod.started_at or 0), spec.pod_id)
-        keys = ((spec.tenant, ""), (spec.tenant, model)) if spec.num_gpu * spec.gpu_milli else ((spec.tenant, ""),)
+        milli = spec.num_gpu * spec.gpu_milli
+        keys = ((spec.tenant, ""), (spec.tenant, model)) if milli else ((spec.tenant, ""),)
+        on_nodes = self.reclaim_nodes.setdefault(spec.tenant, {})
+        here = on_nodes.get(node.node_id, 0) + sign
+        if here > 0:
+            on_nodes[node.node_id] = here
+        else:
+            on_nodes.pop(node.node_id, None)
+            if not on_nodes:
+                del self.reclaim_nodes[spec.tenant]
+        if milli:
+            sizes = self.reclaim_sizes.setdefault((spec.tenant, model), {})
+            count = sizes.get(milli, 0) + sign
+            if count > 0:
+                sizes[milli] = count
+            else:
+                sizes.pop(milli, None)
+                if not sizes:
+                    del self.reclaim_sizes[(spec.tenant, model)]
         for key in keys:
             pods = self.reclaimable.get(key)
             if sign > 0:
@@ -437,10 +459,13 @@ class ClusterState:
         """A tenant joined or left a cohort: its running pods are filed for reclaim, or no longer. O(P)."""
         for key in [key for key in self.reclaimable if key[0] == tenant]:
             del self.reclaimable[key]
+        for key in [key for key in self.reclaim_sizes if key[0] == tenant]:
+            del self.reclaim_sizes[key]
+        self.reclaim_nodes.pop(tenant, None)
         if in_cohort:
             for pod in self.pods.values():
                 if pod.spec.tenant == tenant and pod.node_id is not None:
-                    self._file_reclaimable(pod, self.nodes[pod.node_id].gpu_model, +1)
+                    self._file_reclaimable(pod, self.nodes[pod.node_id], +1)
 
     def set_quota(self, tenant: str, quota: Quota | None) -> None:
         """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members), and O(P) if the
