@@ -75,7 +75,7 @@ def apply(state: PartitionState, event: Event) -> None:
     if kind is ClusterHalted:
         _halt_cluster(state, event, payload)  # type: ignore[arg-type]
     elif kind is not CommandRejected and kind is not Ticked:
-        _APPLIERS[kind](state, state.cluster(event.cluster), payload, event.occurred_at)
+        APPLIERS[kind](state, state.cluster(event.cluster), payload, event.occurred_at)
     elif kind is Ticked and payload.partition:  # type: ignore[union-attr]
         _applied_partition_tick(state, payload.clock)  # type: ignore[union-attr]
     cluster = lookup(state.clusters, event.cluster)
@@ -408,7 +408,11 @@ def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: P
     cluster.reindex(target)
 
 
-_APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] = {
+APPLIED_IN_APPLY = (CommandRejected, Ticked, ClusterHalted)
+"""Events :func:`apply` handles itself: a rejection and a tick change only the position and the clock (a
+partition-wide tick every cluster's clock), and a halt replaces the cluster."""
+
+APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] = {
     NodeAdded: _applied_node_added,
     NodeRemoved: _applied_node_removed,
     NodeCordoned: _applied_node_cordoned,
