@@ -25,7 +25,7 @@ from processor.core.state import ClusterState, Halt, PartitionState
 from schemas import DecodeError
 from schemas.commands import Command, ResumeCluster
 from schemas.dead_letters import DeadLetter, encode_dead_letter
-from schemas.events import CommandRejected
+from schemas.events import ClusterHalted, ClusterResumed, CommandRejected
 from schemas.fastcodec import decode_command, encode_event
 from schemas.limits import MAX_DEAD_LETTER_KEY_BYTES, MAX_DEAD_LETTER_VALUE_BYTES, MAX_ERROR_LENGTH, clip
 from schemas.snapshots import decode_snapshot, encode_snapshot
@@ -35,6 +35,9 @@ log = logging.getLogger("gpufold.processor")
 
 DEFAULT_SNAPSHOT_EVERY = 50_000
 DEFAULT_BATCH_SIZE = 2_000
+
+
+_HALT_EVENTS = (ClusterHalted, ClusterResumed)
 
 
 class PartitionFolder:
@@ -77,6 +80,11 @@ class PartitionFolder:
             outcome = events[0].payload
             if type(outcome) is CommandRejected:  # a refused command has exactly this one event
                 self.rejected[outcome.code] = self.rejected.get(outcome.code, 0) + 1
+            if self.history is not None and any(type(e.payload) in _HALT_EVENTS for e in events):
+                # A restore must never fold across a halt or a resume again: with a fixed build the halting
+                # command would fold otherwise than was published, and a resume needs the log. Snapshot here.
+                out.append(self.snapshot_record())
+                return
         if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
             out.append(self.snapshot_record())
 
