@@ -69,6 +69,11 @@ _TRANSIENT = frozenset(
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._WAIT_COORD,
+        # A client whose metadata lost a partition while its leader moved (a broker killed): asked again, it
+        # learns the new leader. The bounded retry (RETRY_FOR) still ends on a topic that is really gone.
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     }
 )
 RETRY_FOR = 300.0
