@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder, Placement
 from schemas.topics import Topics
 
 
@@ -27,11 +27,17 @@ class Replayed:
 
 
 def replay_partition(
-    partition: int, records: Iterable[InputRecord], topics: Topics | None = None, *, keep_events: bool = False
+    partition: int,
+    records: Iterable[InputRecord],
+    topics: Topics | None = None,
+    *,
+    keep_events: bool = False,
+    placement: Placement | None = None,
 ) -> Replayed:
-    """Fold command records into a fresh state (no snapshots); keep the event frames if asked."""
+    """Fold command records into a fresh state (no snapshots); keep the event frames if asked. With the log's
+    ``placement``, commands on the wrong partition are dead-lettered as the processor does."""
     topics = topics or Topics()
-    folder = PartitionFolder(partition, topics, snapshot_every=0)
+    folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
     result = Replayed(partition, folder.state)
     sink: list[OutputRecord] = []
     for record in records:

@@ -27,6 +27,7 @@ snapshots topic and the commands up to the committed offset with a separate, gro
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -38,7 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from kafka_settings.config import KafkaConfig, masked_dict
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
 from processor.runtime.fair_batch import PartitionQueues
-from processor.runtime.loop import InputRecord, OutputRecord
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionCountChanged, Placement
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.kafka")
@@ -88,6 +89,32 @@ FIRST_FETCH_WAIT = 0.5
 """Seconds the first batch after an assignment waits for every partition's first fetch (see poll)."""
 
 
+PLACEMENT_MARK = "gpufold-placement"
+"""The ``metadata`` of each committed offset is ``{"gpufold-placement": 1, "partitions": N, "checked_from": C}``: the
+commands topic's partition count when the group first committed that partition, and the offset from which its
+commands are checked (see :class:`~processor.runtime.loop.Placement`), committed in the same transaction."""
+
+
+def placement_metadata(placement: Placement) -> str:
+    return json.dumps(
+        {PLACEMENT_MARK: 1, "partitions": placement.partitions, "checked_from": placement.checked_from},
+        sort_keys=True,
+    )
+
+
+def parse_placement(metadata: str | None) -> Placement | None:
+    """The placement recorded in a committed offset's metadata; None if none (an older processor's commit)."""
+    if not metadata:
+        return None
+    try:
+        data = json.loads(metadata)
+        if isinstance(data, dict) and data.get(PLACEMENT_MARK) == 1:
+            return Placement(int(data["partitions"]), int(data["checked_from"]))
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 class KafkaLogError(Exception):
     """Base of the Kafka adapter's errors."""
 
@@ -114,6 +141,14 @@ def _describe(error: KafkaError) -> str:
 def _kafka_error(exc: BaseException) -> KafkaError | None:
     arg = exc.args[0] if exc.args else None
     return arg if isinstance(arg, KafkaError) else None
+
+
+def _topic_partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+    """The partitions of ``topic`` (KafkaException with UNKNOWN_TOPIC_OR_PART, retriable, while it has none)."""
+    metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
+    if metadata.error is not None:
+        raise KafkaException(metadata.error)
+    return sorted(metadata.partitions)
 
 
 def is_fenced(error: KafkaError) -> bool:
@@ -227,6 +262,7 @@ class KafkaCommandLog:
         with ``--trace-batches``."""
         self.positions: dict[int, int] = {}
         """The positions of the last committed batch (the next offset to fold, per partition)."""
+        self._placements: dict[int, Placement] = {}  # of the partitions restored, committed with their offsets
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -432,7 +468,7 @@ class KafkaCommandLog:
             for record in outputs:
                 self._produce(producer, record)
             marks["produced"] = time.time()
-            offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
+            offsets = [self._offset(p, offset) for p, offset in sorted(positions.items())]
             metadata = consumer.consumer_group_metadata()
             timeout = self.transaction_timeout
             self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
@@ -449,11 +485,41 @@ class KafkaCommandLog:
         self._renewals = self._consumer_renewals = 0
         self.positions = positions
 
+    def placement(self, partition: int) -> Placement:
+        """The partition count of the commands topic now, checked against the one each partition's committed offset
+        recorded (the count when this group first committed it); where none was recorded (a new group, or offsets
+        committed by a processor older than the check) the check starts at the committed offset."""
+        consumer = self._require(self._consumer)
+        topic = self.topics.commands
+        count = len(self._retrying(f"reading the metadata of {topic}", _topic_partitions, consumer, topic, 10))
+        tps = [TopicPartition(topic, p) for p in range(max(count, partition + 1))]
+        committed = self._retrying("reading the committed offsets", consumer.committed, tps, 10)
+        recorded = {tp.partition: parse_placement(tp.metadata) for tp in committed}
+        changed = sorted(p for p, placed in recorded.items() if placed is not None and placed.partitions != count)
+        if changed:
+            was = recorded[changed[0]].partitions  # type: ignore[union-attr]
+            raise PartitionCountChanged(
+                f"{topic} has {count} partitions, but had {was} when group {self.group_id} first committed "
+                f"partition(s) {changed}: murmur2(cluster) mod {count} sends clusters to other partitions than the "
+                f"ones holding their history, and folding on would split their states. Refusing to fold. To change "
+                "the partition count, publish every command again into a new commands topic and fold that one from "
+                "the start with a new group (README: 'Changing the partition count')."
+            )
+        placement = recorded.get(partition) or Placement(count, max(committed[partition].offset, 0))
+        self._placements[partition] = placement
+        return placement
+
     def committed(self, partition: int) -> int:
         consumer = self._require(self._consumer)
         tps = [TopicPartition(self.topics.commands, partition)]
         [tp] = self._retrying(f"reading the committed offset of partition {partition}", consumer.committed, tps, 10)
         return max(tp.offset, 0)
+
+    def _offset(self, partition: int, offset: int) -> TopicPartition:
+        placement = self._placements.get(partition)
+        if placement is None:
+            return TopicPartition(self.topics.commands, partition, offset)
+        return TopicPartition(self.topics.commands, partition, offset, placement_metadata(placement))
 
     @staticmethod
     def _bounded(call: Callable[..., Any], *args: Any, limit: float) -> Any:
@@ -641,6 +707,8 @@ class KafkaCommandLog:
 
     def _drop(self, partitions: list[int], why: str) -> None:
         self._assigned.difference_update(partitions)
+        for partition in partitions:
+            self._placements.pop(partition, None)
         self._paused.difference_update(partitions)
         self._unfetched.difference_update(partitions)
         self._queues.drop(partitions)  # fetched under the old assignment: read again by whoever owns them

@@ -29,7 +29,7 @@ from processor.runtime.kafka_log import (
     KafkaFatalError,
     KafkaLogError,
 )
-from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
+from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, PartitionCountChanged, Processor
 from processor.runtime.ticks import TICK_SOURCE, TickSchedule
 from schemas.topics import Topics
 
@@ -116,6 +116,7 @@ class Runner:
         self._config = config
         self._commands_topic = topics.commands
         self._rejected_reported: dict[str, int] = {}
+        self._refused_reported: dict[str, int] = {}
         self._metrics_refreshed = 0.0
         if settings.metrics_port is not None:
             self._serve_metrics(settings.metrics_port, settings.metrics_host)
@@ -147,8 +148,12 @@ class Runner:
             for code, total in folder.rejected.items():
                 rejected[code] = rejected.get(code, 0) + total
         new = {code: total - self._rejected_reported.get(code, 0) for code, total in rejected.items()}
-        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0)
+        refused = self.processor.refused()  # cumulative, never reset
+        new_refused = {code: total - self._refused_reported.get(code, 0) for code, total in refused.items()}
+        positive = {code: n for code, n in new_refused.items() if n > 0}
+        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0, positive)
         self._rejected_reported = rejected
+        self._refused_reported = refused
         if now - self._metrics_refreshed >= self.settings.metrics_every:
             folders = self.processor.folders
             positions = {partition: folder.state.next_offset for partition, folder in folders.items()}
@@ -232,6 +237,7 @@ class Runner:
                                 "processed": done,
                                 "rate": round((done - reported) / (now - last_stats), 1),
                                 "partitions": self.log.assignment(),
+                                "refused": processor.refused(),
                             }
                         },
                     )
@@ -246,6 +252,9 @@ class Runner:
             else:
                 log.error("giving up after an infrastructure fault: %s", error)
                 status = EXIT_FATAL
+        except PartitionCountChanged as error:
+            log.error("refusing to fold: %s", error)
+            status = EXIT_FATAL
         except InvariantViolation as error:
             log.error("invariant violated, batch not committed: %s", error)
             status = EXIT_INVARIANT
@@ -263,6 +272,7 @@ class Runner:
             extra={
                 "fields": {
                     "processed": processor.processed,
+                    "refused": processor.refused(),
                     "seconds": round(elapsed, 3),
                     "exit": status,
                     "batches": times.batches,

@@ -21,10 +21,12 @@ from processor.core.fold import decide
 from processor.core.snapshot import from_snapshot, to_snapshot
 from processor.core.state import PartitionState
 from schemas import DecodeError
+from schemas.codes import DeadLetterCode
 from schemas.dead_letters import DeadLetter, encode_dead_letter
 from schemas.events import CommandRejected
 from schemas.fastcodec import decode_command, encode_event
 from schemas.limits import MAX_DEAD_LETTER_KEY_BYTES, MAX_DEAD_LETTER_VALUE_BYTES, MAX_ERROR_LENGTH, clip
+from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot, encode_snapshot
 from schemas.topics import Topics
 
@@ -52,6 +54,25 @@ class OutputRecord:
     partition: int
     key: bytes | None
     value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Which commands a partition may fold: those whose record key is their cluster's name and whose partition is
+    murmur2(cluster) mod ``partitions`` (the commands topic's partition count), from offset ``checked_from`` on.
+
+    Anything else would be folded into a second, divergent state of its cluster (the same node twice, the same pod
+    running twice), so it is dead-lettered with code ``WRONG_PARTITION``. Commands before ``checked_from`` were
+    folded by a processor that did not check (a log older than the check): a re-fold folds them as it did.
+    """
+
+    partitions: int
+    checked_from: int = 0
+
+
+class PartitionCountChanged(RuntimeError):
+    """The commands topic's partition count differs from the one recorded when the processor first ran:
+    clusters map to other partitions now, and folding on would split their states. Not retried."""
 
 
 class CommandLog(Protocol):
@@ -87,6 +108,26 @@ class CommandLog(Protocol):
         """Command records with start <= offset < end (committed ones only)."""
         ...
 
+    def placement(self, partition: int) -> Placement:
+        """The partition's :class:`Placement`; raises :class:`PartitionCountChanged` if the commands topic's
+        partition count is not the one recorded when the processor first ran."""
+        ...
+
+
+def wrong_partition(record: InputRecord, cluster: str, partitions: int) -> str | None:
+    """Why ``record`` (a command of ``cluster``) is not its partition's to fold, or None if it is."""
+    key = cluster.encode()
+    expected = partition_for(key, partitions)
+    if record.partition == expected and record.key == key:
+        return None
+    shown = clip(repr(record.key), 200)
+    return (
+        f"{DeadLetterCode.WRONG_PARTITION}: cluster {clip(cluster, 200)!r} belongs on partition {expected} "
+        f"(murmur2 of the cluster mod {partitions} partitions) with key {clip(repr(key), 200)}; this record is on "
+        f"partition {record.partition} with key {shown}. Not folded: publish with the cluster as key and Kafka's "
+        "murmur2 partitioner (README: 'Which partition a command goes to')"
+    )
+
 
 class PartitionFolder:
     """Folds the command records of one partition into output records."""
@@ -97,12 +138,17 @@ class PartitionFolder:
         topics: Topics,
         state: PartitionState | None = None,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        placement: Placement | None = None,
     ) -> None:
         self.partition = partition
         self.topics = topics
         self.state = state if state is not None else PartitionState(partition=partition)
         self.snapshot_every = snapshot_every
+        self.placement = placement
+        """None: every command decoded is folded (a re-fold of records without their topic, e.g. a recorded log)."""
         self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
+        self.refused: dict[str, int] = {}  # DeadLetterCode codes of commands not folded, for metrics and health
+        self._refused_new: dict[str, int] = {}  # the same, since the last take_refused()
 
     def fold(self, record: InputRecord, out: list[OutputRecord]) -> None:
         """Fold one record, appending what it produces to ``out``.
@@ -118,6 +164,18 @@ class PartitionFolder:
             out.append(self._dead_letter(record, str(error)))
             state.next_offset = record.offset + 1
         else:
+            placement = self.placement
+            if placement is not None and record.offset >= placement.checked_from:
+                wrong = wrong_partition(record, command.cluster, placement.partitions)
+                if wrong is not None:
+                    code = DeadLetterCode.WRONG_PARTITION
+                    out.append(self._dead_letter(record, wrong, code))
+                    self.refused[code] = self.refused.get(code, 0) + 1
+                    self._refused_new[code] = self._refused_new.get(code, 0) + 1
+                    state.next_offset = record.offset + 1
+                    if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
+                        out.append(self.snapshot_record())
+                    return
             topic, partition = self.topics.events, self.partition
             events = decide(state, command, record.offset)
             key = events[0].cluster.encode()  # a rejection's cluster is bounded (schemas.limits.stand_in)
@@ -132,11 +190,16 @@ class PartitionFolder:
     def fold_silently(self, records: Iterable[InputRecord]) -> None:
         """Re-fold records whose outputs were already published (recovery)."""
         sink: list[OutputRecord] = []
-        counted = dict(self.rejected)
+        counted, refused, new = dict(self.rejected), dict(self.refused), dict(self._refused_new)
         for record in records:
             self.fold(record, sink)
             sink.clear()
-        self.rejected = counted  # these were counted when they were first folded
+        self.rejected, self.refused, self._refused_new = counted, refused, new  # counted when first folded
+
+    def take_refused(self) -> dict[str, int]:
+        """The refusals (by code) folded since the last call: the processor counts them once their batch commits."""
+        new, self._refused_new = self._refused_new, {}
+        return new
 
     def snapshot_record(self) -> OutputRecord:
         return OutputRecord(
@@ -146,12 +209,12 @@ class PartitionFolder:
             encode_snapshot(to_snapshot(self.state)),
         )
 
-    def _dead_letter(self, record: InputRecord, error: str) -> OutputRecord:
-        letter = bounded_dead_letter(self.topics.commands, record, error)
+    def _dead_letter(self, record: InputRecord, error: str, code: str | None = None) -> OutputRecord:
+        letter = bounded_dead_letter(self.topics.commands, record, error, code)
         return OutputRecord(self.topics.dead_letters, record.partition, letter.key, encode_dead_letter(letter))
 
 
-def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLetter:
+def bounded_dead_letter(topic: str, record: InputRecord, error: str, code: str | None = None) -> DeadLetter:
     """The dead letter of an undecodable record, small enough to publish whatever the record's size.
 
     The bytes are copied when they fit (:data:`~schemas.limits.MAX_DEAD_LETTER_VALUE_BYTES`); a larger record
@@ -168,7 +231,13 @@ def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLett
             f"read it at {topic}[{record.partition}]@{record.offset}"
         )
         value = None
-    return DeadLetter(topic, record.partition, record.offset, error, key, value)
+    return DeadLetter(topic, record.partition, record.offset, error, key, value, code)
+
+
+def placement_of(log_: CommandLog, partition: int) -> Placement | None:
+    """The log's :class:`Placement` of a partition (None for a log that cannot tell, which folds everything)."""
+    placement = getattr(log_, "placement", None)
+    return placement(partition) if placement is not None else None
 
 
 class RestoreError(RuntimeError):
@@ -189,12 +258,13 @@ def restore_state(log_: CommandLog, partition: int) -> PartitionState:
         state = from_snapshot(decode_snapshot(frame)) if frame else PartitionState(partition=partition)
     except (DecodeError, ValueError, KeyError) as error:
         raise RestoreError(f"partition {partition}: the latest snapshot cannot be read: {error}") from None
+    placement = placement_of(log_, partition)
     committed = log_.committed(partition)
     if state.next_offset > committed:
         # A snapshot newer than the committed position cannot exist (it is written in
         # the same transaction as the batch that reached it); refuse to guess.
         raise RestoreError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
-    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0)
+    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, placement=placement)
     folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
     if state.next_offset != committed:
         raise RestoreError(
@@ -245,15 +315,22 @@ class Processor:
         self.folders: dict[int, PartitionFolder] = {}
         self.processed = 0
         self.times = StageTimes()
+        self._refused: dict[str, int] = {}
 
     def folder(self, partition: int) -> PartitionFolder:
         folder = self.folders.get(partition)
         if folder is None:
             state = restore_state(self.log, partition)
-            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every)
+            placement = placement_of(self.log, partition)
+            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every, placement)
             self.folders[partition] = folder
             log.info("partition %d restored at offset %d", partition, state.next_offset)
         return folder
+
+    def refused(self) -> dict[str, int]:
+        """Commands this processor did not fold (dead-lettered with a code, e.g. WRONG_PARTITION) in the batches it
+        committed, by code."""
+        return dict(self._refused)
 
     def forget(self, partition: int) -> None:
         """Drop a partition's state (revoked, or its batch aborted: rebuilt on next use)."""
@@ -282,6 +359,9 @@ class Processor:
                 self.forget(partition)
             raise
         _lap(times, "commit", wall, cpu)
+        for partition in positions:
+            for code, count in self.folders[partition].take_refused().items():
+                self._refused[code] = self._refused.get(code, 0) + count
         times.batches += 1
         times.records += len(records)
         self.processed += len(records)

@@ -28,7 +28,7 @@ from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder, Placement
 from producers.publisher import CommandPublisher
 from schemas import DEAD_LETTER, EVENT, registry
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
@@ -214,12 +214,14 @@ class Refold:
 
 
 def refold(commands: dict[int, list[Record]], topics: Topics) -> Refold:
-    """Fold the command frames of every partition locally, exactly as the processor does."""
+    """Fold the command frames of every partition locally, exactly as the processor does (a fresh topic: every
+    command checked for its partition and key)."""
     events: dict[int, list[bytes]] = defaultdict(list)
     dead: dict[int, list[bytes]] = defaultdict(list)
     hashes: dict[int, str] = {}
+    placement = Placement(len(commands))
     for partition, records in commands.items():
-        folder = PartitionFolder(partition, topics, snapshot_every=0)
+        folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
         out: list[OutputRecord] = []
         for record in records:
             folder.fold(InputRecord(partition, record.offset, record.key, record.value), out)
