@@ -61,7 +61,7 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
     replica: Replica | None = None
     if bootstrap:
         from kafka_settings.config import KafkaConfigError, install_secret_filter, load
-        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from logs.kafka_replica import KafkaReplicaSource
         from schemas.topics import topics_for
 
         try:
@@ -82,10 +82,10 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
         backend = f"Kafka {config.scrub(bootstrap)} (topics {args.topic_prefix}.*)"
     elif embedded_path or not database_url:
         from gpufold.cli_commands._embedded import log_path
-        from gpufold.embedded_log import EmbeddedLog, LogError
-        from gpufold.replica_source import EmbeddedReplicaSource
         from gpufold.server.embedded_processor import EmbeddedProcessor
         from gpufold.server.writers import EmbeddedWriter
+        from logs.embedded import EmbeddedLog, LogError
+        from logs.embedded_replica import EmbeddedReplicaSource
 
         path = log_path(args)
         try:

@@ -26,15 +26,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from logs.port import InputRecord, ReplicaSource
 from processor.core.explain import Explanation, explain, live_reasons
 from processor.core.fold import decide
 from processor.core.fragmentation import cluster_fragmentation
 from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
-from processor.runtime.loop import InputRecord
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
@@ -43,7 +43,6 @@ from schemas.events import Event, NodeAdded, NodeRemoved
 from schemas.fastcodec import decode_command
 from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot
-from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.replica")
 
@@ -51,30 +50,6 @@ DEFAULT_BATCH_SIZE = 500
 HISTORY_POINTS = 720
 HISTORY_STEP_MS = 60_000
 ENDS_REFRESH_SECONDS = 0.5
-
-
-class ReplicaSource(Protocol):
-    """Read-only access to a command log (one implementation per backend)."""
-
-    topics: Topics
-
-    def partition_count(self) -> int:
-        """How many command partitions the log has (decides a cluster's partition)."""
-        ...
-
-    def latest_snapshot(self, partition: int) -> bytes | None:
-        """The newest snapshot frame of a partition, if any."""
-        ...
-
-    def end_offsets(self) -> dict[int, int]:
-        """The head of each command partition: the offset the next command will get."""
-        ...
-
-    def fetch(self, positions: dict[int, int], max_records: int, timeout: float) -> list[InputRecord]:
-        """Command records at or after each partition's position, in offset order per partition."""
-        ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(slots=True)

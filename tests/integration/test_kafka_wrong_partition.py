@@ -26,7 +26,7 @@ from kafka_support import (
     read_topic,
 )
 
-from processor.runtime.kafka_log import parse_placement
+from logs.kafka import parse_placement
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, registry
 from schemas.commands import AddNode, Command, Release, SubmitPod
@@ -88,10 +88,10 @@ def test_a_librdkafka_default_partitioner_and_a_wrong_key_are_refused_not_folded
 
     letters = read_topic(kafka_bootstrap, topics.dead_letters)
     crc = [dead_letter(record.value) for record in letters[stray]]
-    assert [(d["offset"], d["code"], d["key"]) for d in crc] == [(0, "WRONG_PARTITION", cluster.encode())] + [
-        (1, "WRONG_PARTITION", cluster.encode())
-    ]
-    assert f"belongs on partition {home}" in crc[0]["error"] and f"this record is on partition {stray}" in crc[0]["error"]
+    wanted = [(0, "WRONG_PARTITION", cluster.encode()), (1, "WRONG_PARTITION", cluster.encode())]
+    assert [(d["offset"], d["code"], d["key"]) for d in crc] == wanted
+    assert f"belongs on partition {home}" in crc[0]["error"]
+    assert f"this record is on partition {stray}" in crc[0]["error"]
     keyed = [dead_letter(record.value) for record in letters[home]]
     assert [(d["offset"], d["code"], d["key"]) for d in keyed] == [(2, "WRONG_PARTITION", b"another-cluster")]
     assert "with key b'another-cluster'" in keyed[0]["error"]
@@ -104,9 +104,7 @@ def test_a_librdkafka_default_partitioner_and_a_wrong_key_are_refused_not_folded
     check_exactly_once(kafka_bootstrap, topics)
 
 
-def test_a_changed_partition_count_stops_the_processor(
-    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_changed_partition_count_stops_the_processor(kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
     """The group's committed offsets record the partition count; once the topic has more partitions (clusters
     now map elsewhere) the processor refuses to fold, says why, and exits non-zero."""
     topics = new_topics(kafka_bootstrap, "repartition", 2)
@@ -131,9 +129,9 @@ def test_a_changed_partition_count_stops_the_processor(
         assert time.monotonic() < deadline, "the new partition did not show"
         time.sleep(0.2)
     publish(kafka_bootstrap, topics, stream[100:])
-    with caplog.at_level(logging.ERROR, logger="gpufold.processor"):
-        with BackgroundProcessor(kafka_bootstrap, topics, instance_id="repart", stop_when_idle=5) as background:
-            assert background.wait(120) == 3
+    refusing = BackgroundProcessor(kafka_bootstrap, topics, instance_id="repart", stop_when_idle=5)
+    with caplog.at_level(logging.ERROR, logger="gpufold.processor"), refusing as background:
+        assert background.wait(120) == 3
     refusal = [record.getMessage() for record in caplog.records if "refusing to fold" in record.getMessage()]
     assert refusal and "has 3 partitions, but had 2" in refusal[0] and "new commands topic" in refusal[0]
     events_after = sum(len(records) for records in read_topic(kafka_bootstrap, topics.events).values())

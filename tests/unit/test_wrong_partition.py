@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from gpufold.cli import main
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.replay import replay_partition
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.snapshot import state_hash
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder, Placement, Processor
+from processor.runtime.loop import PartitionFolder, Processor
 from schemas.codes import DeadLetterCode
 from schemas.commands import AddNode, Command, SubmitPod
 from schemas.dead_letters import decode_dead_letter
@@ -25,7 +26,9 @@ TOPICS = Topics()
 
 
 def _cluster_on(partition: int) -> str:
-    return next(name for name in (f"lab-{i}" for i in range(100)) if partition_for(name.encode(), PARTITIONS) == partition)
+    return next(
+        name for name in (f"lab-{i}" for i in range(100)) if partition_for(name.encode(), PARTITIONS) == partition
+    )
 
 
 HOME = _cluster_on(0)  # a cluster whose commands belong on partition 0
