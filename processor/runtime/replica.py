@@ -35,6 +35,7 @@ from processor.core.fragmentation import cluster_fragmentation
 from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
+from processor.runtime.loop import wrong_partition
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
@@ -191,6 +192,9 @@ class Replica:
             command = decode_command(record.value)  # type: ignore[arg-type]
         except DecodeError:
             state.next_offset = record.offset + 1  # the processor dead-letters it
+            return
+        if wrong_partition(record, command.cluster, self.partitions) is not None:
+            state.next_offset = record.offset + 1  # the processor dead-letters it (WRONG_PARTITION)
             return
         events = decide(state, command, record.offset)
         update = self.index.update

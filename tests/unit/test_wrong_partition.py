@@ -125,3 +125,22 @@ def test_the_embedded_log_applies_the_same_check(tmp_path: Path, capsys: pytest.
     assert main(["log", "info", "--log", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert [p["wrong_partition"] for p in info["partitions"]] == [2, 0, 0]
+
+
+def test_the_replica_skips_what_the_processor_refuses(tmp_path: Path) -> None:
+    """The live replica (what-if, pods, nodes) folds what the processor folds: a stray command moves nothing."""
+    from logs.embedded_replica import EmbeddedReplicaSource
+    from processor.runtime.replica import Replica
+
+    path = tmp_path / "log.sqlite"
+    with EmbeddedLog(path, partitions=PARTITIONS) as log:
+        log.append_commands([(HOME.encode(), _frame(HOME, 0))])
+        log.append(TOPICS.commands, [(0, AWAY.encode(), _frame(AWAY, 1))])
+        log.append(TOPICS.commands, [(0, b"not-the-cluster", _frame(HOME, 2))])
+        processor = Processor(log)
+        processor.run_until_idle()
+        folded = state_hash(processor.folders[0].state)
+    replica = Replica(EmbeddedReplicaSource(path))
+    replica.restore()
+    assert state_hash(replica.states[0]) == folded
+    assert AWAY not in replica.states[0].clusters and list(replica.states[0].clusters[HOME].nodes) == ["n0"]
