@@ -6,15 +6,7 @@ One consumer in a group (``isolation.level=read_committed``, no auto-commit, sta
 dead letters and snapshots *and* the consumer offsets in one transaction. A restarted instance fences
 its zombie and aborts the zombie's open transaction in ``init_transactions``.
 
-Errors (see :meth:`KafkaCommandLog.commit`)::
-
-    KafkaLogError         an infrastructure fault still failing after RETRY_FOR seconds of retries: exit
-    ├── BatchAborted      an abortable error: the transaction was aborted (or, if the broker had already
-    │                     timed it out, the producer was replaced by a new one with the same transactional.id)
-    │                     and the consumer rewound to the committed offsets; the Processor forgets those
-    │                     partitions and rebuilds them from snapshot + commands
-    └── KafkaFatalError   fenced (a newer instance with the same id took over), or a fatal error that keeps
-                          coming back after MAX_RENEWALS fresh producers: exit non-zero
+Errors: :mod:`logs.kafka_errors` (``KafkaLogError``, ``BatchAborted``, ``KafkaFatalError``).
 
 Transient errors (coordinator moving or loading, broker restarting) are retried with backoff. A transaction's
 commit returns before the coordinator has written its markers, so a read_committed reader may see the outputs
@@ -27,7 +19,6 @@ snapshots topic and the commands up to the committed offset with a separate, gro
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -39,7 +30,18 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from kafka_settings.config import KafkaConfig, masked_dict
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
 from logs.fair_batch import PartitionQueues
-from logs.port import InputRecord, OutputRecord, PartitionCountChanged, Placement
+from logs.kafka_errors import (
+    TRANSIENT,
+    BatchAborted,
+    KafkaFatalError,
+    KafkaLogError,
+    Stalled,
+    describe,
+    is_fenced,
+    kafka_error,
+)
+from logs.kafka_placement import placement_metadata, recorded_placement
+from logs.port import InputRecord, OutputRecord, Placement
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.kafka")
@@ -48,35 +50,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 COMMIT_RETRIES = 5
 MAX_RENEWALS = 5
-_FENCED = frozenset(
-    {
-        KafkaError._FENCED,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
-)
 
 
-# Errors of a broker or coordinator that is restarting or moving: retried with backoff.
-_TRANSIENT = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._WAIT_COORD,
-        # A client whose metadata lost a partition while its leader moved (a broker killed): asked again, it
-        # learns the new leader. The bounded retry (RETRY_FOR) still ends on a topic that is really gone.
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.NOT_ENOUGH_REPLICAS,
-        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    }
-)
 RETRY_FOR = 300.0
 """How long an infrastructure fault (broker restart, coordinator move) is retried before giving up."""
 SELF_FENCE_WINDOW = 60.0
@@ -87,78 +62,6 @@ PAUSE_AT = 4
 """A partition holding this many batches of fetched records is paused until it holds less than one (see poll)."""
 FIRST_FETCH_WAIT = 0.5
 """Seconds the first batch after an assignment waits for every partition's first fetch (see poll)."""
-
-
-PLACEMENT_MARK = "gpufold-placement"
-"""The ``metadata`` of each committed offset is ``{"gpufold-placement": 1, "partitions": N, "checked_from": C}``: the
-commands topic's partition count when the group first committed that partition, and the offset from which its
-commands are checked (see :class:`~processor.runtime.loop.Placement`), committed in the same transaction."""
-
-
-def placement_metadata(placement: Placement) -> str:
-    return json.dumps(
-        {PLACEMENT_MARK: 1, "partitions": placement.partitions, "checked_from": placement.checked_from},
-        sort_keys=True,
-    )
-
-
-def parse_placement(metadata: str | None) -> Placement | None:
-    """The placement recorded in a committed offset's metadata; None if none (an older processor's commit)."""
-    if not metadata:
-        return None
-    try:
-        data = json.loads(metadata)
-        if isinstance(data, dict) and data.get(PLACEMENT_MARK) == 1:
-            return Placement(int(data["partitions"]), int(data["checked_from"]))
-    except (ValueError, KeyError, TypeError):
-        pass
-    return None
-
-
-class KafkaLogError(Exception):
-    """Base of the Kafka adapter's errors."""
-
-
-class BatchAborted(KafkaLogError):
-    """The batch's transaction was aborted and the consumer rewound; folding can go on."""
-
-
-class KafkaFatalError(KafkaLogError):
-    """This instance cannot go on (fenced by a newer instance, or a fatal client error)."""
-
-
-class _Stalled(Exception):
-    """A producer call overran its timeout: librdkafka is stuck inside it (see :meth:`KafkaCommandLog._bounded`)."""
-
-
-def _describe(error: KafkaError) -> str:
-    flags = [name for name, on in (("fatal", error.fatal()), ("retriable", error.retriable())) if on]
-    if error.txn_requires_abort():
-        flags.append("abortable")
-    return f"{error.name()}: {error.str()}" + (f" ({', '.join(flags)})" if flags else "")
-
-
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    arg = exc.args[0] if exc.args else None
-    return arg if isinstance(arg, KafkaError) else None
-
-
-def _topic_partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
-    """The partitions of ``topic`` (KafkaException with UNKNOWN_TOPIC_OR_PART, retriable, while it has none)."""
-    metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
-    if metadata.error is not None:
-        raise KafkaException(metadata.error)
-    return sorted(metadata.partitions)
-
-
-def is_fenced(error: KafkaError) -> bool:
-    """The producer was fenced by a newer instance with the same transactional.id.
-
-    FENCED_INSTANCE_ID from send_offsets_to_transaction is not that: the consumer's group membership in the
-    offsets is stale (its session timed out and it rejoined, e.g. across a broker restart), which aborts the
-    transaction. A real newer instance also fences the producer, which the abort then reports.
-    """
-    return error.code() in _FENCED or (error.code() == KafkaError.FENCED_INSTANCE_ID and error.fatal())
 
 
 class KafkaCommandLog:
@@ -281,8 +184,8 @@ class KafkaCommandLog:
             self._consumer = self._new_consumer()
             self._reader = Consumer(self._reader_config)
         except KafkaException as exc:
-            error = _kafka_error(exc)
-            raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
+            error = kafka_error(exc)
+            raise KafkaFatalError(self._scrub(f"cannot start: {describe(error) if error else exc}")) from None
         return self
 
     def _new_consumer(self) -> Consumer:
@@ -477,7 +380,7 @@ class KafkaCommandLog:
             marks["committed"] = time.time()
         except KafkaException as exc:
             self._transaction_failed(exc, positions)
-        except _Stalled as stalled:
+        except Stalled as stalled:
             log.warning("%s: starting a new producer", stalled)
             self._renew_producer(stalled=True)
             self._rewind(positions)
@@ -486,26 +389,9 @@ class KafkaCommandLog:
         self.positions = positions
 
     def placement(self, partition: int) -> Placement:
-        """The partition count of the commands topic now, checked against the one each partition's committed offset
-        recorded (the count when this group first committed it); where none was recorded (a new group, or offsets
-        committed by a processor older than the check) the check starts at the committed offset."""
+        """See :func:`logs.kafka_placement.recorded_placement`; kept to be committed with the partition's offsets."""
         consumer = self._require(self._consumer)
-        topic = self.topics.commands
-        count = len(self._retrying(f"reading the metadata of {topic}", _topic_partitions, consumer, topic, 10))
-        tps = [TopicPartition(topic, p) for p in range(max(count, partition + 1))]
-        committed = self._retrying("reading the committed offsets", consumer.committed, tps, 10)
-        recorded = {tp.partition: parse_placement(tp.metadata) for tp in committed}
-        changed = sorted(p for p, placed in recorded.items() if placed is not None and placed.partitions != count)
-        if changed:
-            was = recorded[changed[0]].partitions  # type: ignore[union-attr]
-            raise PartitionCountChanged(
-                f"{topic} has {count} partitions, but had {was} when group {self.group_id} first committed "
-                f"partition(s) {changed}: murmur2(cluster) mod {count} sends clusters to other partitions than the "
-                f"ones holding their history, and folding on would split their states. Refusing to fold. To change "
-                "the partition count, publish every command again into a new commands topic and fold that one from "
-                "the start with a new group (README: 'Changing the partition count')."
-            )
-        placement = recorded.get(partition) or Placement(count, max(committed[partition].offset, 0))
+        placement = recorded_placement(consumer, self.topics.commands, self.group_id, partition, self._retrying)
         self._placements[partition] = placement
         return placement
 
@@ -529,7 +415,7 @@ class KafkaCommandLog:
         group coordinator never times out (confluentinc/librdkafka#5456), and after a broker restart it may wait
         on a cached coordinator whose broker handle was decommissioned and never changes state again (#5511).
         A blocked C call cannot be interrupted, so it runs in a helper thread; if it has not returned
-        ``STALL_GRACE`` seconds after its own timeout, :class:`_Stalled` is raised and the caller gives up the
+        ``STALL_GRACE`` seconds after its own timeout, :class:`Stalled` is raised and the caller gives up the
         producer (a new one with the same transactional.id fences it and aborts its open transaction).
         """
         outcome: list[Any] = []
@@ -544,7 +430,7 @@ class KafkaCommandLog:
         thread.start()
         thread.join(limit + STALL_GRACE)
         if not outcome:
-            raise _Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
+            raise Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
         ok, value = outcome[0]
         if not ok:
             raise value
@@ -558,13 +444,13 @@ class KafkaCommandLog:
             try:
                 return call(*args)
             except KafkaException as exc:
-                error = _kafka_error(exc)
+                error = kafka_error(exc)
                 if error is not None and error.fatal():
-                    raise KafkaFatalError(self._scrub(f"{what}: {_describe(error)}")) from None
-                transient = error is not None and (error.retriable() or error.code() in _TRANSIENT)
+                    raise KafkaFatalError(self._scrub(f"{what}: {describe(error)}")) from None
+                transient = error is not None and (error.retriable() or error.code() in TRANSIENT)
                 if not transient or time.monotonic() > deadline or self.stopping():
                     raise KafkaLogError(self._scrub(f"{what}: {exc}")) from None
-                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(_describe(error)), delay)  # type: ignore[arg-type]
+                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(describe(error)), delay)  # type: ignore[arg-type]
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -600,14 +486,14 @@ class KafkaCommandLog:
                 self._bounded(producer.commit_transaction, self.timeout, limit=self.timeout)
                 return
             except KafkaException as exc:
-                error = _kafka_error(exc)
+                error = kafka_error(exc)
                 if error is None or not error.retriable() or attempt == COMMIT_RETRIES - 1:
                     raise
-                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(_describe(error)))
+                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(describe(error)))
 
     def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
-        error = _kafka_error(exc)
-        described = self._scrub(_describe(error) if error is not None else str(exc))
+        error = kafka_error(exc)
+        described = self._scrub(describe(error) if error is not None else str(exc))
         if error is None or is_fenced(error):
             raise KafkaFatalError(
                 f"transaction of {self.transactional_id} failed ({described}): a newer instance with the same id "
@@ -636,14 +522,14 @@ class KafkaCommandLog:
         try:
             self._bounded(producer.abort_transaction, timeout, limit=timeout)
             return
-        except _Stalled as stalled:
+        except Stalled as stalled:
             log.warning("%s: starting a new producer", stalled)
             self._renew_producer(stalled=True)
         except KafkaException as exc:
-            error = _kafka_error(exc)
+            error = kafka_error(exc)
             if error is None or is_fenced(error):
                 raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
-            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
+            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(describe(error)))
             self._renew_producer()
 
     def _renew_producer(self, stalled: bool = False) -> None:
@@ -745,8 +631,8 @@ class KafkaCommandLog:
                         if error.code() == KafkaError._PARTITION_EOF:
                             return
                         if error.fatal():
-                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {_describe(error)}"))
-                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(_describe(error)))
+                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {describe(error)}"))
+                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(describe(error)))
                         continue
                     offset = message.offset()
                     assert offset is not None
@@ -770,7 +656,7 @@ class KafkaCommandLog:
         this instance lost its own assignment is that case: a new consumer rejoins. Any other fatal error, or a
         real newer instance (whose init_transactions also fences our producer at the next commit), is fatal.
         """
-        described = self._scrub(_describe(error))
+        described = self._scrub(describe(error))
         if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
             lost_at = self._lost_at
             recent = lost_at is not None and time.monotonic() - lost_at < SELF_FENCE_WINDOW
@@ -782,7 +668,7 @@ class KafkaCommandLog:
         return False
 
     def _consumer_failed(self, exc: KafkaException) -> None:
-        error = _kafka_error(exc)
+        error = kafka_error(exc)
         if error is None:
             raise KafkaFatalError(self._scrub(f"consumer failed: {exc}")) from None
         self._consumer_error(error)
@@ -796,7 +682,7 @@ class KafkaCommandLog:
         if old is not None:
             try:
                 self._bounded(old.close, limit=self.timeout)
-            except _Stalled:
+            except Stalled:
                 self._stalled.append(old)
             except (KafkaException, RuntimeError) as exc:
                 log.info("closing the failed consumer: %s", self._scrub(str(exc)))
@@ -808,7 +694,7 @@ class KafkaCommandLog:
 
     def _on_error(self, error: KafkaError) -> None:
         level = logging.ERROR if error.fatal() else logging.WARNING
-        log.log(level, "kafka client: %s", self._scrub(_describe(error)))
+        log.log(level, "kafka client: %s", self._scrub(describe(error)))
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:

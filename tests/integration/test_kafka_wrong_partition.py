@@ -26,7 +26,7 @@ from kafka_support import (
     read_topic,
 )
 
-from logs.kafka import parse_placement
+from logs.kafka_placement import parse_placement
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, registry
 from schemas.commands import AddNode, Command, Release, SubmitPod
