@@ -22,7 +22,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -62,6 +63,16 @@ PAUSE_AT = 4
 """A partition holding this many batches of fetched records is paused until it holds less than one (see poll)."""
 FIRST_FETCH_WAIT = 0.5
 """Seconds the first batch after an assignment waits for every partition's first fetch (see poll)."""
+
+
+@dataclass(eq=False)
+class _Transaction:
+    """A batch's transaction running in its own thread (see :meth:`KafkaCommandLog.commit_async`)."""
+
+    positions: dict[int, int]
+    marks: dict[str, float]
+    thread: threading.Thread = field(init=False)
+    error: BaseException | None = None
 
 
 class KafkaCommandLog:
@@ -165,6 +176,12 @@ class KafkaCommandLog:
         with ``--trace-batches``."""
         self.positions: dict[int, int] = {}
         """The positions of the last committed batch (the next offset to fold, per partition)."""
+        self.batch_marks: dict[str, float] = {}
+        """:attr:`marks` of the last committed batch, with ``txn`` (its transaction began: the previous one had
+        committed)."""
+        self.commits = 0
+        """Transactions committed so far."""
+        self._pending: _Transaction | None = None  # begun by commit_async, not waited for yet
         self._placements: dict[int, Placement] = {}  # of the partitions restored, committed with their offsets
 
     # ------------------------------------------------------------------ lifecycle
@@ -208,7 +225,11 @@ class KafkaCommandLog:
         return self.assignment()
 
     def close(self) -> None:
-        """Leave cleanly: nothing is in flight between batches, so this only closes the clients."""
+        """Leave cleanly: a transaction still in flight is waited for (the processor settles it first), then the
+        clients are closed."""
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         for client in (self._reader, self._consumer):
             if client is not None:
                 try:
@@ -362,31 +383,83 @@ class KafkaCommandLog:
 
         Raises :class:`BatchAborted` (transaction aborted, consumer rewound) or :class:`KafkaFatalError`.
         """
+        self.commit_async(outputs, positions)
+        self.wait_committed()
+
+    def commit_async(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+        """Begin committing ``outputs`` and ``positions`` in one transaction, in a thread of its own, and return:
+        the caller polls and folds the next batch meanwhile (the commit is pipelined, issue #21).
+
+        The transaction of a batch begins only after the previous one has committed (this first waits for it), so
+        outputs are never reordered; :meth:`wait_committed` says how it ended. Until then nothing of it is visible,
+        and a crash loses it whole (its commands are folded again from the committed offsets).
+        """
+        self.wait_committed()
         producer = self._require(self._producer)
         consumer = self._require(self._consumer)
-        marks = self.marks
+        marks = dict(self.marks)
         marks["commit"] = time.time()
+        offsets = [self._offset(p, offset) for p, offset in sorted(positions.items())]
+        metadata = consumer.consumer_group_metadata()  # the group generation these offsets are committed under
+        pending = _Transaction(positions, marks)
+        pending.thread = threading.Thread(
+            target=self._transact, args=(producer, outputs, offsets, metadata, pending), name="kafka-transaction",
+            daemon=True,
+        )  # fmt: skip
+        self._pending = pending
+        pending.thread.start()
+
+    def _transact(
+        self, producer: Producer, outputs: list[OutputRecord], offsets: list[TopicPartition], metadata: Any,
+        pending: _Transaction,
+    ) -> None:  # fmt: skip
+        """The transaction's broker calls (in the transaction's thread; its failure is handled by wait_committed)."""
+        marks = pending.marks
         try:
+            marks["txn"] = time.time()
             producer.begin_transaction()
             for record in outputs:
                 self._produce(producer, record)
             marks["produced"] = time.time()
-            offsets = [self._offset(p, offset) for p, offset in sorted(positions.items())]
-            metadata = consumer.consumer_group_metadata()
             timeout = self.transaction_timeout
             self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
             marks["offsets_sent"] = time.time()
             self._commit_transaction(producer)
             marks["committed"] = time.time()
-        except KafkaException as exc:
-            self._transaction_failed(exc, positions)
-        except Stalled as stalled:
-            log.warning("%s: starting a new producer", stalled)
+        except BaseException as error:  # handed to wait_committed, in the caller's thread
+            pending.error = error
+
+    def in_flight(self) -> bool:
+        """Whether a transaction begun by :meth:`commit_async` has not been waited for yet."""
+        return self._pending is not None
+
+    def wait_committed(self, also: Iterable[int] = ()) -> None:
+        """Wait for the transaction :meth:`commit_async` began, if any, and settle it.
+
+        On failure the transaction is aborted (or its producer replaced) and the consumer rewound to the committed
+        offsets of its partitions and of ``also`` (the partitions of a batch folded meanwhile, on top of its state);
+        raises :class:`BatchAborted` or :class:`KafkaFatalError`, as :meth:`commit` does.
+        """
+        self.marks["folded"] = time.time()  # the caller folded its batch and now waits for the previous one
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.thread.join()  # every broker call inside is bounded (send_offsets by _bounded, the commit by retries)
+        rewind = dict.fromkeys(also, 0) | pending.positions
+        error = pending.error
+        if isinstance(error, KafkaException):
+            self._transaction_failed(error, rewind)
+        elif isinstance(error, Stalled):
+            log.warning("%s: starting a new producer", error)
             self._renew_producer(stalled=True)
-            self._rewind(positions)
-            raise BatchAborted(f"transaction abandoned ({stalled}); partitions {sorted(positions)} rewound") from None
+            self._rewind(rewind)
+            raise BatchAborted(f"transaction abandoned ({error}); partitions {sorted(rewind)} rewound") from None
+        elif error is not None:
+            raise error
         self._renewals = self._consumer_renewals = 0
-        self.positions = positions
+        self.positions = pending.positions
+        self.batch_marks = pending.marks
+        self.commits += 1
 
     def placement(self, partition: int) -> Placement:
         """See :func:`logs.kafka_placement.recorded_placement`; kept to be committed with the partition's offsets."""
@@ -574,12 +647,20 @@ class KafkaCommandLog:
         log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
     def _revoked_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Batches are committed before the next poll, so nothing is in flight here: drop the state.
+        # A batch's transaction may be in flight (pipelined): let it end under the generation it was begun in
+        # before the partitions go (wait_committed settles it later), then drop the state.
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "revoked")
 
     def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost (session expired / fenced member): another instance may own them already; never commit for them.
+        # A transaction in flight carries the old generation: the coordinator refuses its offsets (then it aborts).
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         self._lost_at = time.monotonic()
         self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "lost")

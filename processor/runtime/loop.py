@@ -221,8 +221,23 @@ class StageTimes:
         return out
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A batch whose transaction is being committed while the next one is folded."""
+
+    positions: dict[int, int]
+    records: int
+    refused: dict[str, int]
+
+
 class Processor:
-    """Drives the fold over a :class:`CommandLog`, one atomic batch at a time."""
+    """Drives the fold over a :class:`CommandLog`, one atomic batch at a time.
+
+    With ``pipeline`` (on by default) and a log that can commit in the background (``commit_async`` and
+    ``wait_committed``, the Kafka log), batch N+1 is polled and folded while batch N's transaction commits; N+1's
+    transaction begins only once N's has committed, so outputs are never reordered, and if N's fails, both
+    batches' partitions are rebuilt from what was committed.
+    """
 
     def __init__(
         self,
@@ -230,14 +245,20 @@ class Processor:
         *,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        pipeline: bool = True,
     ) -> None:
         self.log = log_
         self.snapshot_every = snapshot_every
         self.batch_size = batch_size
+        self.pipeline = pipeline and hasattr(log_, "commit_async") and hasattr(log_, "wait_committed")
         self.folders: dict[int, PartitionFolder] = {}
         self.processed = 0
+        """Commands folded and committed."""
         self.times = StageTimes()
         self._refused: dict[str, int] = {}
+        self._in_flight: _InFlight | None = None
+        self.last_committed = 0
+        """Commands in the batch committed last."""
 
     def folder(self, partition: int) -> PartitionFolder:
         folder = self.folders.get(partition)
@@ -259,12 +280,14 @@ class Processor:
         self.folders.pop(partition, None)
 
     def run_batch(self, timeout: float = 0.5) -> int:
-        """Poll, fold and atomically commit one batch; returns the records folded."""
+        """Poll, fold and commit one batch (pipelined: begin its commit and settle the previous batch's); returns
+        the records folded. With nothing to poll, a commit in flight is settled."""
         times = self.times
         wall, cpu = time.perf_counter(), time.thread_time()
         records = self.log.poll(self.batch_size, timeout)
         wall, cpu = _lap(times, "poll", wall, cpu)
         if not records:
+            self.settle()
             return 0
         outputs: list[OutputRecord] = []
         positions: dict[int, int] = {}
@@ -272,22 +295,52 @@ class Processor:
             folder = self.folder(record.partition)
             folder.fold(record, outputs)
             positions[record.partition] = folder.state.next_offset
+        refused: dict[str, int] = {}
+        for partition in positions:
+            for code, count in self.folders[partition].take_refused().items():
+                refused[code] = refused.get(code, 0) + count
         wall, cpu = _lap(times, "fold", wall, cpu)
+        batch = _InFlight(positions, len(records), refused)
+        if self.pipeline:
+            self.settle(positions)  # the previous batch: its transaction must commit before this one begins
         try:
-            self.log.commit(outputs, positions)
+            if self.pipeline:
+                self.log.commit_async(outputs, positions)  # type: ignore[attr-defined]
+                self._in_flight = batch
+            else:
+                self.log.commit(outputs, positions)
         except BaseException:
             # The states ran ahead of what was committed: rebuild them from the log.
             for partition in positions:
                 self.forget(partition)
             raise
+        if not self.pipeline:
+            self._committed(batch)
         _lap(times, "commit", wall, cpu)
-        for partition in positions:
-            for code, count in self.folders[partition].take_refused().items():
-                self._refused[code] = self._refused.get(code, 0) + count
-        times.batches += 1
-        times.records += len(records)
-        self.processed += len(records)
         return len(records)
+
+    def settle(self, folded: dict[int, int] | None = None) -> None:
+        """Wait for the batch whose transaction is in flight, if any, and count it once committed. If it failed,
+        its partitions and those of ``folded`` (a batch folded on top of it, not committed) are forgotten and the
+        log's error (BatchAborted, ...) raised."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        try:
+            self.log.wait_committed(also=folded or ())  # type: ignore[attr-defined]
+        except BaseException:
+            for partition in sorted({*in_flight.positions, *(folded or ())}):
+                self.forget(partition)
+            raise
+        self._committed(in_flight)
+
+    def _committed(self, batch: _InFlight) -> None:
+        self.last_committed = batch.records
+        self.times.batches += 1
+        self.times.records += batch.records
+        self.processed += batch.records
+        for code, count in batch.refused.items():
+            self._refused[code] = self._refused.get(code, 0) + count
 
     def run_until_idle(self, idle_polls: int = 1, timeout: float = 0.0) -> int:
         """Run batches until ``idle_polls`` polls in a row return nothing; returns records folded."""
@@ -297,6 +350,7 @@ class Processor:
             count = self.run_batch(timeout)
             total += count
             idle = idle + 1 if count == 0 else 0
+        self.settle()
         return total
 
 

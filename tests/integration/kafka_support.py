@@ -214,13 +214,13 @@ class Refold:
     hashes: dict[int, str]
 
 
-def refold(commands: dict[int, list[Record]], topics: Topics) -> Refold:
+def refold(commands: dict[int, list[Record]], topics: Topics, partitions: int | None = None) -> Refold:
     """Fold the command frames of every partition locally, exactly as the processor does (a fresh topic: every
-    command checked for its partition and key)."""
+    command checked for its partition and key, on ``partitions``, by default as many as ``commands`` has)."""
     events: dict[int, list[bytes]] = defaultdict(list)
     dead: dict[int, list[bytes]] = defaultdict(list)
     hashes: dict[int, str] = {}
-    placement = Placement(len(commands))
+    placement = Placement(partitions or len(commands))
     for partition, records in commands.items():
         folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
         out: list[OutputRecord] = []
