@@ -144,3 +144,4 @@ def test_the_replica_skips_what_the_processor_refuses(tmp_path: Path) -> None:
     replica.restore()
     assert state_hash(replica.states[0]) == folded
     assert AWAY not in replica.states[0].clusters and list(replica.states[0].clusters[HOME].nodes) == ["n0"]
+    assert replica.position()["refused"] == {"WRONG_PARTITION": 2}  # GET /v1/replica shows it
