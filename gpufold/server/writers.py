@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kafka_settings.config import KafkaConfig
 from logs.embedded import EmbeddedLog
+from producers.outcomes import Outcome  # one Outcome for the client library and the server
 from schemas import COMMAND, registry
 from schemas.commands import Command
 from schemas.events import Event
@@ -28,18 +29,6 @@ class Placed:
     cluster: str
     partition: int
     offset: int | None  # known on the embedded log; Kafka's is in the outcome
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    command_id: str
-    partition: int
-    command_offset: int
-    events: tuple[Event, ...]
-
-    @property
-    def kind(self) -> str:
-        return type(self.events[0].payload).__name__
 
 
 class WriteError(RuntimeError):
@@ -167,7 +156,7 @@ class KafkaWriter:
             for item in placed:
                 try:
                     got = waiter.wait(item.command_id, max(0.0, deadline - time.monotonic()))
-                    outcomes.append(Outcome(got.command_id, got.partition, got.command_offset, got.events))
+                    outcomes.append(got)
                 except OutcomeTimeout:
                     outcomes.append(None)
             return placed, outcomes

@@ -36,7 +36,7 @@ from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
 from processor.runtime.loop import wrong_partition
-from processor.runtime.pod_index import PodIndex
+from processor.runtime.pod_index import PodIndex, pod_row
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
 from schemas.codes import DeadLetterCode
@@ -316,22 +316,8 @@ class Replica:
                 pod = found.pods.get(pod_id) if found is not None else None
                 if found is None or pod is None:
                     continue
-                spec = pod.spec
-                row: dict[str, Any] = {
-                    "cluster": name,
-                    "pod_id": pod_id,
-                    "state": "running" if pod.running else "pending",
-                    "tenant": spec.tenant,
-                    "priority": spec.priority,
-                    "node_id": pod.node_id,
-                    "gpus": [{"index": g.index, "milli": g.milli} for g in pod.gpus],
-                    "num_gpu": spec.num_gpu,
-                    "gpu_milli": spec.gpu_milli,
-                    "cpu_milli": spec.cpu_milli,
-                    "memory_mib": spec.memory_mib,
-                    "gpu_models": list(spec.gpu_models),
-                    "submitted_at": spec.submitted_at,
-                }
+                row = pod_row(name, pod_id, pod)
+                row["state"] = row["status"]  # the field's name before pod rows had one shape (kept for API clients)
                 if not pod.running:
                     key = (name, pod.shape)
                     if key not in reasons:
