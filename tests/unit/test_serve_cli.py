@@ -52,7 +52,7 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the server did not come up"
                 time.sleep(0.1)
             node = {"node_id": "n1", "gpu_model": "A100", "gpu_count": 2, "cpu_milli": 8_000, "memory_mib": 16_384}
-            assert client.post("/v1/clusters/lab/nodes?wait=10", json=node).json()["complete"]
+            assert client.post("/v1/clusters/lab/nodes?wait=10&create_cluster=true", json=node).json()["complete"]
             placed = client.post("/v1/clusters/lab/pods?wait=10", json={"pod_id": "p1", "num_gpu": 1}).json()
             assert placed["outcomes"][0]["kind"] == "PodScheduled"
             deadline = time.monotonic() + 10
