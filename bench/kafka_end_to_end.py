@@ -49,8 +49,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_settings.config import KafkaConfig, load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
-from processor.runtime.kafka_log import KafkaCommandLog
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder, Processor, restore_state
+from logs.kafka import KafkaCommandLog
+from logs.port import InputRecord, OutputRecord
+from processor.runtime.loop import PartitionFolder, Processor, restore_state
 from producers.publisher import CommandPublisher
 from schemas import COMMAND, EVENT, registry
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod

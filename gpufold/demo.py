@@ -20,7 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gpufold import trace
-from gpufold.embedded_log import EmbeddedLog
+from logs.embedded import EmbeddedLog
 from processor.core.snapshot import state_hash
 from processor.runtime.loop import Processor
 from schemas import COMMAND, EVENT, registry

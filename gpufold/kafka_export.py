@@ -26,10 +26,10 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from gpufold.embedded_log import StoredRecord
 from gpufold.log_export import MANIFEST, ROLES, ExportError, topic_of, write_manifest, write_topic
 from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import watermark_offsets
+from logs.port import StoredRecord
 from schemas import DecodeError
 from schemas.dead_letters import decode_dead_letter
 from schemas.fastcodec import decode_command, decode_event

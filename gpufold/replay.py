@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas.topics import Topics
 
 

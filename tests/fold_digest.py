@@ -12,9 +12,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas import compiled
 from schemas.commands import Command, SetPolicy
 from schemas.fastcodec import encode_command

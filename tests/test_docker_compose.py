@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +169,13 @@ def test_dockerfile_installs_the_project() -> None:
     assert re.search(r"^COPY --from=build /install /usr/local$", text, re.MULTILINE)
     assert re.search(r"^COPY pyproject\.toml setup\.py README\.md ", text, re.MULTILINE)  # setup.py compiles
     # Every package that pyproject.toml's setuptools config includes is copied into the image.
-    for package in ("gpufold", "kafka_settings", "processor", "producers", "projections", "schemas"):
+    with (REPO_ROOT / "pyproject.toml").open("rb") as file:
+        included = tomllib.load(file)["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = sorted(pattern.rstrip("*") for pattern in included)
+    assert "logs" in packages, packages
+    for package in packages:
         assert re.search(rf"^COPY {package} ", text, re.MULTILINE), package
     lines = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     dockerignore = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    for package in ("gpufold", "processor", "producers", "projections", "schemas", "pyproject.toml", "README.md"):
+    for package in (*packages, "pyproject.toml", "README.md"):
         assert package not in dockerignore, package

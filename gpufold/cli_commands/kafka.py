@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from processor.runtime.kafka_log import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
+    from logs.kafka import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
     from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY
 
     parser = subparsers.add_parser("processor", help="the exactly-once processor on Kafka")

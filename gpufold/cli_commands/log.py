@@ -13,10 +13,10 @@ from typing import BinaryIO, TextIO
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
-from gpufold.embedded_log import DEFAULT_PARTITIONS, EmbeddedLog, LogError
 from gpufold.jsonl import LineError, ParsedCommand, command_types, read_command_bytes
 from gpufold.log_export import ROLES, export_log, import_log
 from gpufold.text import printable
+from logs.embedded import DEFAULT_PARTITIONS, EmbeddedLog, LogError
 from schemas.limits import MAX_LINE_BYTES
 
 APPEND_CHUNK = 10_000

@@ -159,13 +159,12 @@ def _print(value: Any) -> None:
 
 
 def _source(args: argparse.Namespace, until: dict[int, int] | None = None) -> Any:
-    from gpufold.embedded_log import LogError
-    from gpufold.embedded_source import CheckedEmbeddedEventSource
-    from projections.sources import KafkaEventSource
+    from logs.embedded import LogError
+    from projections.sources import EmbeddedEventSource, KafkaEventSource
 
     if args.embedded_log:
         try:
-            return CheckedEmbeddedEventSource(args.embedded_log, args.topic, until=until)
+            return EmbeddedEventSource(args.embedded_log, args.topic, until=until)
         except LogError as error:
             raise CliError(str(error)) from None
     bootstrap = args.bootstrap or os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP", "")

@@ -11,10 +11,10 @@ from typing import Any
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, open_log, partitions_arg
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.replay import Replayed, replay_partition
 from gpufold.state_view import render_summary, summary
-from processor.runtime.loop import InputRecord
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord
 from schemas.codec import DecodeError
 from schemas.fastcodec import decode_command
 

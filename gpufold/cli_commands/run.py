@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
-from gpufold.embedded_log import EmbeddedLog, FencedError
+from logs.embedded import EmbeddedLog, FencedError
 from processor.core.errors import InvariantViolation
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TickSchedule

@@ -68,7 +68,7 @@ def _replica(args: argparse.Namespace) -> Any:
 
     if args.bootstrap:
         from kafka_settings.config import KafkaConfigError, install_secret_filter, load
-        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from logs.kafka_replica import KafkaReplicaSource
         from schemas.topics import topics_for
 
         try:
@@ -78,8 +78,8 @@ def _replica(args: argparse.Namespace) -> Any:
         except (KafkaConfigError, ValueError) as error:
             raise CliError(str(error)) from None
     else:
-        from gpufold.embedded_log import LogError
-        from gpufold.replica_source import EmbeddedReplicaSource
+        from logs.embedded import LogError
+        from logs.embedded_replica import EmbeddedReplicaSource
 
         try:
             source = EmbeddedReplicaSource(log_path(args))

@@ -157,7 +157,7 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
     probes = Probes()
     if bootstrap:
         from kafka_settings.config import KafkaConfigError, install_secret_filter, load
-        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from logs.kafka_replica import KafkaReplicaSource
         from schemas.topics import topics_for
 
         try:
@@ -180,10 +180,10 @@ def build(args: argparse.Namespace, database_url: str | None) -> tuple[Any, list
         backend = f"Kafka {config.scrub(bootstrap)} (topics {args.topic_prefix}.*)"
     elif embedded_path or not database_url:
         from gpufold.cli_commands._embedded import log_path
-        from gpufold.embedded_log import EmbeddedLog, LogError
-        from gpufold.replica_source import EmbeddedReplicaSource
         from gpufold.server.embedded_processor import EmbeddedProcessor
         from gpufold.server.writers import EmbeddedWriter
+        from logs.embedded import EmbeddedLog, LogError
+        from logs.embedded_replica import EmbeddedReplicaSource
 
         path = log_path(args)
         try:
@@ -243,7 +243,7 @@ def _embedded_positions(path: Any) -> Any:
     """The processor's committed next offset per partition of an embedded log (read-only; one handle per thread)."""
     import threading
 
-    from gpufold.embedded_log import EmbeddedLog
+    from logs.embedded import EmbeddedLog
 
     local = threading.local()
 

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpufold.embedded_log import EmbeddedLog
 from kafka_settings.config import KafkaConfig
+from logs.embedded import EmbeddedLog
 from schemas import COMMAND, registry
 from schemas.commands import Command
 from schemas.events import Event

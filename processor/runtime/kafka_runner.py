@@ -20,8 +20,7 @@ from types import FrameType
 from typing import Any
 
 from kafka_settings.config import KafkaConfig, install_secret_filter
-from processor.core.errors import InvariantViolation
-from processor.runtime.kafka_log import (
+from logs.kafka import (
     DEFAULT_SESSION_TIMEOUT_MS,
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     BatchAborted,
@@ -29,6 +28,7 @@ from processor.runtime.kafka_log import (
     KafkaFatalError,
     KafkaLogError,
 )
+from processor.core.errors import InvariantViolation
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TICK_SOURCE, TickSchedule
 from schemas.topics import Topics
@@ -89,7 +89,7 @@ class RunnerSettings:
     """Publish a Tick into each owned partition every this many seconds (0 = never): deadlines fire on time."""
     trace_batches: bool = False
     """Log one ``batch`` line per committed batch: its positions and the wall-clock time of each stage
-    (:attr:`~processor.runtime.kafka_log.KafkaCommandLog.marks`); ``bench/kafka_end_to_end.py --stages`` reads them."""
+    (:attr:`~logs.kafka.KafkaCommandLog.marks`); ``bench/kafka_end_to_end.py --stages`` reads them."""
 
 
 class Runner:

@@ -1,7 +1,7 @@
 """The processor loop: the same code folds commands from the embedded log or from Kafka.
 
-A :class:`CommandLog` is the adapter to a log (``gpufold.embedded_log`` and
-``processor.runtime.kafka_log``); :class:`PartitionFolder` turns one partition's
+A :class:`~logs.port.CommandLog` is the adapter to a log (``logs.embedded`` and
+``logs.kafka``); :class:`PartitionFolder` turns one partition's
 command records into output records (events, dead letters, snapshots) with the
 pure fold; :class:`Processor` drives them batch by batch, committing each
 batch's outputs together with the consumer position in one atomic step, so a
@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from logs.port import CommandLog, InputRecord, OutputRecord
 from processor.core.fold import decide
 from processor.core.snapshot import from_snapshot, to_snapshot
 from processor.core.state import PartitionState
@@ -32,60 +32,6 @@ log = logging.getLogger("gpufold.processor")
 
 DEFAULT_SNAPSHOT_EVERY = 50_000
 DEFAULT_BATCH_SIZE = 2_000
-
-
-@dataclass(frozen=True, slots=True)
-class InputRecord:
-    """A record read from the commands topic."""
-
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
-@dataclass(slots=True)
-class OutputRecord:
-    """A record to produce: an event, a dead letter or a snapshot."""
-
-    topic: str
-    partition: int
-    key: bytes | None
-    value: bytes
-
-
-class CommandLog(Protocol):
-    """What the processor needs from a log (one implementation per backend).
-
-    ``commit`` must be atomic: the outputs become visible to readers together
-    with the new consumer positions, or not at all.
-    """
-
-    topics: Topics
-
-    def assignment(self) -> list[int]:
-        """The command partitions this processor owns now."""
-        ...
-
-    def poll(self, max_records: int, timeout: float) -> list[InputRecord]:
-        """The next command records of the owned partitions, in offset order per partition."""
-        ...
-
-    def commit(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
-        """Atomically publish outputs and set each partition's next offset to fold."""
-        ...
-
-    def committed(self, partition: int) -> int:
-        """The committed next offset of a partition (0 if none)."""
-        ...
-
-    def latest_snapshot(self, partition: int) -> bytes | None:
-        """The newest snapshot frame written for a partition, if any."""
-        ...
-
-    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
-        """Command records with start <= offset < end (committed ones only)."""
-        ...
 
 
 class PartitionFolder:

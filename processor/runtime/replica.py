@@ -31,8 +31,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from logs.port import InputRecord, ReplicaSource
 from processor.core.explain import Explanation, explain
 from processor.core.fold import decide
 from processor.core.fragmentation import cluster_fragmentation
@@ -40,7 +41,6 @@ from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
 from processor.runtime import replica_views as views
 from processor.runtime.ledger import DEFAULT_SIZE, CommandLedger, Entry, command_digest, frame_digest
-from processor.runtime.loop import InputRecord
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
@@ -50,7 +50,6 @@ from schemas.fastcodec import decode_command
 from schemas.fragmentation import derive_typical
 from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot
-from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.replica")
 
@@ -61,30 +60,6 @@ FRAGMENTATION_EVERY_SECONDS = 0.5  # a history point recomputes fragmentation at
 RECENT_DISRUPTIONS = 200  # per cluster
 DISRUPTIONS = ("PodPreempted", "PodEvicted", "PodMigrated", "PodTimeLimitReached", "GangTimedOut", "NodeFailed")
 HALTED_EVENT = "ClusterHalted"  # the fold stopped folding a cluster (its decide raised): health shows it
-
-
-class ReplicaSource(Protocol):
-    """Read-only access to a command log (one implementation per backend)."""
-
-    topics: Topics
-
-    def partition_count(self) -> int:
-        """How many command partitions the log has (decides a cluster's partition)."""
-        ...
-
-    def latest_snapshot(self, partition: int) -> bytes | None:
-        """The newest snapshot frame of a partition, if any."""
-        ...
-
-    def end_offsets(self) -> dict[int, int]:
-        """The head of each command partition: the offset the next command will get."""
-        ...
-
-    def fetch(self, positions: dict[int, int], max_records: int, timeout: float) -> list[InputRecord]:
-        """Command records at or after each partition's position, in offset order per partition."""
-        ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(slots=True)

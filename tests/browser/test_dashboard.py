@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from gpufold.embedded_log import EmbeddedLog
-from gpufold.replica_source import EmbeddedReplicaSource
 from gpufold.server.app import create_app
 from gpufold.server.writers import EmbeddedWriter
+from logs.embedded import EmbeddedLog
+from logs.embedded_replica import EmbeddedReplicaSource
 from processor.runtime.replica import Replica
 from schemas import COMMAND, registry
 from schemas.commands import Command, SubmitPod

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from gpufold.replay import replay_partition
+from logs.port import CommandLog, InputRecord, OutputRecord
 from processor.core.snapshot import state_hash
-from processor.runtime.loop import CommandLog, InputRecord, OutputRecord, Processor
+from processor.runtime.loop import Processor
 from schemas import COMMAND, EVENT, registry
 from schemas.commands import AddNode, Command, Release, SubmitPod
 from schemas.partitioner import cluster_partition

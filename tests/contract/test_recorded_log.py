@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 import schemas
+from logs.port import InputRecord, OutputRecord
 from processor.core.snapshot import to_snapshot
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas.codec import HEADER_SIZE, DecodeError, registry
 from schemas.commands import Command
 from schemas.fastcodec import decode_command, decode_event, encode_command

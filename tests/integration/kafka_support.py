@@ -25,10 +25,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfig, load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
+from logs.port import InputRecord, OutputRecord
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from producers.publisher import CommandPublisher
 from schemas import DEAD_LETTER, EVENT, registry
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod

@@ -25,7 +25,7 @@ from gpufold.kafka_export import KafkaExporter, export_kafka
 from gpufold.log_export import import_log
 from gpufold.server.app import create_app
 from gpufold.server.writers import KafkaWriter
-from processor.runtime.kafka_replica import KafkaReplicaSource
+from logs.kafka_replica import KafkaReplicaSource
 from processor.runtime.replica import Replica
 from schemas.commands import Command, Release, SubmitPod
 from schemas.fastcodec import encode_event

@@ -18,9 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas import COMMAND, DEAD_LETTER, EVENT, SNAPSHOT, registry
 from schemas.codes import RejectionCode
 from schemas.commands import (

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from gpufold.cli import main
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import ParsedCommand, read_commands
 from gpufold.replay import replay_partition
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord
 from processor.core.snapshot import state_hash
-from processor.runtime.loop import InputRecord
 from tests.contract.log_contract import GARBAGE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
@@ -201,7 +201,7 @@ def test_replay_check_detects_a_tampered_event(log: str, capsys: pytest.CaptureF
     """replay --check exits 1 when a published event differs from the derived one (checksum and all)."""
     import sqlite3
 
-    from gpufold.embedded_log import record_crc
+    from logs.embedded import record_crc
 
     crc = record_crc("gpufold.events", 0, 5, 4, b"lab", b"\x00")
     with sqlite3.connect(log) as db:

@@ -1,12 +1,12 @@
-"""Fair batches across partitions (processor.runtime.fair_batch): shares, order, and what is dropped."""
+"""Fair batches across partitions (logs.fair_batch): shares, order, and what is dropped."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.runtime.fair_batch import PartitionQueues
-from processor.runtime.loop import InputRecord
+from logs.fair_batch import PartitionQueues
+from logs.port import InputRecord
 
 
 def _records(partition: int, count: int, start: int = 0) -> list[InputRecord]:

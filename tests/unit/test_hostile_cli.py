@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select
 
 from gpufold.cli import build_parser, main
-from gpufold.embedded_log import EmbeddedLog
+from logs.embedded import EmbeddedLog
 from projections import models
 from projections.api import create_app
 from projections.runner import project_embedded_log

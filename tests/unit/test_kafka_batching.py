@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from kafka_settings.config import KafkaConfig
-from processor.runtime.kafka_log import KafkaCommandLog
+from logs.kafka import KafkaCommandLog
 from schemas.topics import topics_for
 
 LINGER = 0.005

@@ -8,8 +8,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from gpufold.embedded_log import EmbeddedLog, LogError, StoredRecord
 from gpufold.log_export import ExportError, export_log, import_log, open_topic, write_manifest, write_topic
+from logs.embedded import EmbeddedLog, LogError, StoredRecord
 from processor.runtime.loop import Processor
 from tests.contract.log_contract import GARBAGE, clusters_covering, workload
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from logs.port import InputRecord, OutputRecord
+from processor.runtime.loop import PartitionFolder
 from processor.runtime.metrics import ProcessorMetrics
 from schemas.commands import AddNode, Command, SubmitPod
 from schemas.fastcodec import encode_command

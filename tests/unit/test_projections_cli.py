@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufold.cli import main
-from gpufold.embedded_log import EmbeddedLog
+from logs.embedded import EmbeddedLog
 from projections.runner import project_embedded_log
 from tests import workload
 

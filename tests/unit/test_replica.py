@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufold.embedded_log import EmbeddedLog
-from gpufold.replica_source import EmbeddedReplicaSource
+from logs.embedded import EmbeddedLog
+from logs.embedded_replica import EmbeddedReplicaSource
 from processor.core.snapshot import state_hash
 from processor.runtime.loop import Processor
 from processor.runtime.replica import Replica

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpufold.embedded_log import EmbeddedLog
-from gpufold.replica_source import EmbeddedReplicaSource
 from gpufold.server.app import create_app
 from gpufold.server.embedded_processor import EmbeddedProcessor
 from gpufold.server.writers import EmbeddedWriter
+from logs.embedded import EmbeddedLog
+from logs.embedded_replica import EmbeddedReplicaSource
 from processor.runtime.replica import Replica
 
 T0 = 1_767_225_600_000

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from gpufold.cli import CliError
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.server.body_guard import BodyGuard, content_type_problem
 from gpufold.server.cli import api_token, is_loopback
 from gpufold.server.outcomes import final_outcome, write_status
+from logs.embedded import EmbeddedLog
 from schemas.events import CommandRejected
 from tests.unit.test_server_api import NODES, Server, line
 

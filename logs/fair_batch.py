@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from processor.runtime.loop import InputRecord
+from logs.port import InputRecord
 
 
 class PartitionQueues:

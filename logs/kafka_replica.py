@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
-from processor.runtime.loop import InputRecord
+from logs.port import InputRecord
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.replica.kafka")

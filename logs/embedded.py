@@ -2,7 +2,7 @@
 
 The default backend, no servers: producers append command frames, the processor
 loop (``processor.runtime.loop.Processor``) folds them through the same
-:class:`~processor.runtime.loop.CommandLog` interface it uses on Kafka.
+:class:`~logs.port.CommandLog` interface it uses on Kafka.
 
 Layout (SQLite, WAL mode, one file)::
 
@@ -38,85 +38,39 @@ import functools
 import os
 import sqlite3
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from processor.runtime.loop import InputRecord, OutputRecord
+from logs.embedded_format import (
+    BUSY_TIMEOUT_MS,
+    CHECKED_COLUMNS,
+    DEFAULT_GROUP,
+    DEFAULT_PARTITIONS,
+    FORMAT_VERSION,
+    SCHEMA,
+    DamagedLogError,
+    FencedError,
+    LogError,
+    end_crc,
+    meta_crc,
+    position_crc,
+    record_crc,
+)
+from logs.port import InputRecord, OutputRecord, StoredRecord
 from schemas.partitioner import partition_for
 from schemas.topics import Topics
 
-FORMAT_VERSION = "1"
-DEFAULT_GROUP = "gpufold-processor"
-DEFAULT_PARTITIONS = 1
-_BUSY_TIMEOUT_MS = 30_000
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS records (
-    topic TEXT NOT NULL,
-    "partition" INTEGER NOT NULL,
-    "offset" INTEGER NOT NULL,
-    key BLOB,
-    value BLOB,
-    prev INTEGER,
-    crc INTEGER,
-    PRIMARY KEY (topic, "partition", "offset")
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS consumer_offsets (
-    consumer_group TEXT NOT NULL,
-    topic TEXT NOT NULL,
-    "partition" INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL,
-    crc INTEGER,
-    PRIMARY KEY (consumer_group, topic, "partition")
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ends (
-    topic TEXT NOT NULL,
-    "partition" INTEGER NOT NULL,
-    next_offset INTEGER NOT NULL,
-    records INTEGER NOT NULL,
-    crc INTEGER NOT NULL,
-    PRIMARY KEY (topic, "partition")
-) WITHOUT ROWID;
-"""
-_CHECKED_COLUMNS = (("records", "prev"), ("records", "crc"), ("consumer_offsets", "crc"))
-
-
-class LogError(Exception):
-    """The log file cannot be used (missing, not a gpufold log, incompatible)."""
-
-
-class FencedError(LogError):
-    """Another processor committed this partition since this handle read it; nothing was published."""
-
-
-class DamagedLogError(LogError):
-    """The file is damaged: SQLite cannot read it, or a record, position or meta row fails its checksum."""
-
-
-def record_crc(topic: str, partition: int, offset: int, prev: int, key: bytes | None, value: bytes | None) -> int:
-    """CRC-32 of a record's position, its predecessor's offset and its bytes (None and b'' differ)."""
-    crc = zlib.crc32(f"{topic}\x00{partition}\x00{offset}\x00{prev}\x00".encode())
-    crc = zlib.crc32(b"\x00", crc) if key is None else zlib.crc32(key, zlib.crc32(b"\x01", crc))
-    return zlib.crc32(b"\x00", crc) if value is None else zlib.crc32(value, zlib.crc32(b"\x01", crc))
-
-
-def _position_crc(group: str, topic: str, partition: int, next_offset: int) -> int:
-    return zlib.crc32(f"{group}\x00{topic}\x00{partition}\x00{next_offset}".encode())
-
-
-def _end_crc(topic: str, partition: int, next_offset: int, records: int) -> int:
-    return zlib.crc32(f"end\x00{topic}\x00{partition}\x00{next_offset}\x00{records}".encode())
-
-
-def _meta_crc(meta: dict[str, str]) -> str:
-    return str(zlib.crc32(f"{meta.get('format')}\x00{meta.get('partitions')}".encode()))
-
+__all__ = [
+    "DEFAULT_GROUP",
+    "DEFAULT_PARTITIONS",
+    "DamagedLogError",
+    "EmbeddedLog",
+    "FencedError",
+    "LogError",
+    "StoredRecord",
+    "record_crc",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -138,18 +92,8 @@ def _guarded(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-class StoredRecord(NamedTuple):
-    """A record as stored: where it is and its bytes."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
 class EmbeddedLog:
-    """A :class:`~processor.runtime.loop.CommandLog` on SQLite, plus the producer side (appends).
+    """A :class:`~logs.port.CommandLog` on SQLite, plus the producer side (appends).
 
     One handle is used by one thread. Several processes may open the same file:
     writes are serialised by SQLite, readers see only committed transactions.
@@ -188,11 +132,11 @@ class EmbeddedLog:
                 self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=not shared)
             else:
                 self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=not shared)
-            self._db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if not readonly:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(SCHEMA)
                 self._add_checksum_columns()
             self._checked = self._has_checksum_columns()
             self._ends = self._checked and bool(
@@ -259,7 +203,7 @@ class EmbeddedLog:
         first = None if all(value is None for value in found) else tuple(found)
         if next_offset is None:
             return first, None
-        if crc != _end_crc(topic, partition, next_offset, records):
+        if crc != end_crc(topic, partition, next_offset, records):
             raise DamagedLogError(
                 f"{self.path}: the end of {topic}[{partition}] fails its checksum: the file is damaged"
             )
@@ -309,7 +253,7 @@ class EmbeddedLog:
                 ).fetchone()[0]
             else:
                 count = stored[1] + added[partition]
-            rows.append((topic, partition, end, count, _end_crc(topic, partition, end, count)))
+            rows.append((topic, partition, end, count, end_crc(topic, partition, end, count)))
         self._db.executemany(
             'INSERT INTO ends (topic, "partition", next_offset, records, crc) VALUES (?, ?, ?, ?, ?) '
             'ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offset, '
@@ -327,11 +271,11 @@ class EmbeddedLog:
             (table, row[1]) for table in ("records", "consumer_offsets")
             for row in self._db.execute(f"PRAGMA table_info({table})")
         }  # fmt: skip
-        return all(column in columns for column in _CHECKED_COLUMNS)
+        return all(column in columns for column in CHECKED_COLUMNS)
 
     def _add_checksum_columns(self) -> None:
         """A log written before the checksums gets the columns (its old rows stay unchecked)."""
-        for table, column in _CHECKED_COLUMNS:
+        for table, column in CHECKED_COLUMNS:
             names = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in names:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
@@ -351,16 +295,16 @@ class EmbeddedLog:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT_VERSION,))
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('partitions', ?)", (str(count),))
                 written = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (_meta_crc(written),))
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (meta_crc(written),))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             meta = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
         elif "check" not in meta and not readonly and meta.get("format") == FORMAT_VERSION:
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (_meta_crc(meta),))
-            meta["check"] = _meta_crc(meta)
-        if "check" in meta and meta["check"] != _meta_crc(meta):
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('check', ?)", (meta_crc(meta),))
+            meta["check"] = meta_crc(meta)
+        if "check" in meta and meta["check"] != meta_crc(meta):
             raise DamagedLogError(f"{self.path}: the log's meta rows fail their checksum: the file is damaged")
         if meta.get("format") != FORMAT_VERSION:
             raise LogError(f"{self.path}: log format {meta.get('format')!r}, this gpufold reads {FORMAT_VERSION!r}")
@@ -602,13 +546,13 @@ class EmbeddedLog:
             'ON CONFLICT (consumer_group, topic, "partition") DO UPDATE SET next_offset = excluded.next_offset, '
             "crc = excluded.crc",
             [
-                (self.group, topic, partition, offset, _position_crc(self.group, topic, partition, offset))
+                (self.group, topic, partition, offset, position_crc(self.group, topic, partition, offset))
                 for partition, offset in positions.items()
             ],
         )
 
     def _checked_position(self, group: str, topic: str, partition: int, offset: int, crc: int | None) -> int:
-        if crc is not None and crc != _position_crc(group, topic, partition, offset):
+        if crc is not None and crc != position_crc(group, topic, partition, offset):
             raise DamagedLogError(
                 f"{self.path}: the position of group {group} on {topic}[{partition}] fails its checksum: "
                 "the file is damaged"

@@ -37,8 +37,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from kafka_settings.config import KafkaConfig, masked_dict
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
-from processor.runtime.fair_batch import PartitionQueues
-from processor.runtime.loop import InputRecord, OutputRecord
+from logs.fair_batch import PartitionQueues
+from logs.port import InputRecord, OutputRecord
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.kafka")
@@ -315,7 +315,7 @@ class KafkaCommandLog:
         (CONCURRENT_TRANSACTIONS) and retried 5-20 ms later (BENCHMARKS.md, issue #14). Then take, without waiting,
         what the client has fetched already: a fetch returns whole producer batches, so one partition's backlog
         can sit in front of every other partition's records in the client's queue. Fetched records wait in
-        per-partition queues (:class:`~processor.runtime.fair_batch.PartitionQueues`); a partition holding
+        per-partition queues (:class:`~logs.fair_batch.PartitionQueues`); a partition holding
         ``PAUSE_AT`` batches is paused (the client drops what it prefetched for it and fetches again from the
         next record on resume), so the client's queue shows the others' records. Records held from an earlier
         poll have waited already: they are returned at once.

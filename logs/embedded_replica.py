@@ -1,14 +1,14 @@
-"""The embedded log as a :class:`processor.runtime.replica.ReplicaSource`: read-only, one handle per thread."""
+"""The embedded log as a :class:`logs.port.ReplicaSource`: read-only, one checked reader per thread."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
 
-from gpufold.embedded_log import EmbeddedLog
-from processor.runtime.loop import InputRecord
+from logs.embedded import EmbeddedLog
+from logs.embedded_reader import EmbeddedTopicReader
+from logs.port import InputRecord
 from schemas.topics import Topics
 
 
@@ -22,11 +22,14 @@ class EmbeddedReplicaSource:
         self._local = threading.local()
         self._partitions = self._log().partitions
 
+    def _reader(self) -> EmbeddedTopicReader:
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = self._local.reader = EmbeddedTopicReader(self.path, self.topics.commands, topics=self.topics)
+        return reader
+
     def _log(self) -> EmbeddedLog:
-        log = getattr(self._local, "log", None)
-        if log is None:
-            log = self._local.log = EmbeddedLog(self.path, readonly=True, topics=self.topics)
-        return log
+        return self._reader().log
 
     def partition_count(self) -> int:
         return self._partitions
@@ -39,23 +42,18 @@ class EmbeddedReplicaSource:
         return {p: log.end_offset(self.topics.commands, p) for p in range(self._partitions)}
 
     def fetch(self, positions: dict[int, int], max_records: int, timeout: float) -> list[InputRecord]:
-        log = self._log()
+        reader = self._reader()
         deadline = time.monotonic() + timeout
         while True:
-            records: list[InputRecord] = []
-            for partition in sorted(positions):
-                left = max_records - len(records)
-                if left <= 0:
-                    break
-                rows = log.read(self.topics.commands, partition, positions[partition], None, chunk=min(left, 5_000))
-                for row in itertools.islice(rows, left):
-                    records.append(InputRecord(partition, row.offset, row.key, row.value))
+            reader.seek(positions)
+            rows = reader.poll(max_records, follow_new_partitions=False)
+            records = [InputRecord(row.partition, row.offset, row.key, row.value) for row in rows]
             if records or time.monotonic() >= deadline:
                 return records
             time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
-        log = getattr(self._local, "log", None)
-        if log is not None:
-            log.close()
-            self._local.log = None
+        reader = getattr(self._local, "reader", None)
+        if reader is not None:
+            reader.close()
+            self._local.reader = None

@@ -1,0 +1,187 @@
+"""The one reader of a Kafka topic at positions held elsewhere: what the projector reads events through.
+
+Each partition starts at the position the caller's database stored (``start(positions)``), never at
+one Kafka remembers: the database is the only record of what was applied. The topic is read with
+``isolation.level=read_committed``, so records of aborted processor transactions are never seen.
+With a consumer group, partitions move between readers on a rebalance; with ``assign_all`` (or an
+``until`` bound, for rebuilds) every partition is assigned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from logs.port import StoredRecord
+
+log = logging.getLogger("gpufold.projector.sources")
+
+
+def kafka_consumer_config(bootstrap: str, group: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The consumer settings the projector needs; ``extra`` (e.g. security settings) wins."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "isolation.level": "read_committed",  # never see events of aborted processor transactions
+        "enable.auto.commit": False,  # the database holds the positions
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+        # A crashed projector's partitions move to a live one after this long (broker minimum: 6 s).
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000,
+        "fetch.max.bytes": 52_428_800,
+        "max.partition.fetch.bytes": 10_485_760,
+        "queued.max.messages.kbytes": 262_144,
+    }
+    config.update(extra or {})
+    return config
+
+
+class KafkaTopicReader:
+    """One topic on Kafka, read with a consumer group (or all partitions assigned, for rebuilds)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        group: str,
+        until: dict[int, int] | None = None,
+        assign_all: bool = False,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        from confluent_kafka import Consumer
+
+        self.topic = topic
+        self.until = until
+        self.assign_all = assign_all or until is not None
+        self._consumer = Consumer(kafka_consumer_config(bootstrap, group, extra_config))
+        self._positions: Callable[[], dict[int, int]] = dict
+        self._assigned: set[int] = set()
+        self._eof: set[int] = set()
+        self._next: dict[int, int] = {}
+        # The runner polls from its reader thread; a consumer call from another thread while
+        # consume() runs can block, so commits and lag are handed over and done in poll().
+        self._to_commit: dict[int, int] | None = None
+        self._lag: int | None = None
+        self._lag_at = 0.0
+
+    def _all_partitions(self) -> list[int]:
+        metadata = self._consumer.list_topics(self.topic, timeout=10)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise RuntimeError(f"Kafka topic {self.topic!r} is not available: {getattr(topic, 'error', 'missing')}")
+        return sorted(topic.partitions)
+
+    def start(self, positions: Callable[[], dict[int, int]]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self._positions = positions
+        if self.assign_all:
+            stored = positions()
+            tps = [TopicPartition(self.topic, p, stored.get(p, OFFSET_BEGINNING)) for p in self._all_partitions()]
+            self._on_assign(self._consumer, tps, stored)
+            return
+
+        def on_assign(consumer: Any, tps: list[Any]) -> None:
+            self._on_assign(consumer, tps, self._positions())
+
+        def on_revoke(consumer: Any, tps: list[Any]) -> None:
+            for tp in tps:
+                self._assigned.discard(tp.partition)
+                self._eof.discard(tp.partition)
+            consumer.unassign()
+
+        self._consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
+
+    def _on_assign(self, consumer: Any, tps: list[Any], stored: dict[int, int]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        for tp in tps:
+            tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
+            self._assigned.add(tp.partition)
+            self._next[tp.partition] = max(0, stored.get(tp.partition, 0))
+            self._eof.discard(tp.partition)
+            if self.until is not None and self._next[tp.partition] >= self.until.get(tp.partition, 0):
+                self._eof.add(tp.partition)
+        consumer.assign(tps)
+        log.info("projecting %s partitions %s from %s", self.topic, sorted(self._assigned), stored)
+
+    def poll(self, max_records: int, timeout: float) -> list[StoredRecord]:
+        from confluent_kafka import KafkaError
+
+        self._commit_pending()
+        if time.monotonic() - self._lag_at > 5.0:
+            self._lag_at = time.monotonic()
+            self._lag = self._measure_lag()
+        out: list[StoredRecord] = []
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
+        for message in messages:
+            error = message.error()
+            partition = int(message.partition() or 0)
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._eof.add(partition)
+                    continue
+                if error.retriable() or not error.fatal():
+                    log.warning("Kafka: %s", error)
+                    continue
+                raise RuntimeError(f"Kafka consumer failed: {error}")
+            offset = int(message.offset() or 0)
+            if self.until is not None and offset >= self.until.get(partition, 0):
+                self._eof.add(partition)
+                continue
+            self._eof.discard(partition)
+            out.append(StoredRecord(self.topic, partition, offset, message.key(), message.value()))
+            self._next[partition] = offset + 1
+            if self.until is not None and offset + 1 >= self.until.get(partition, 0):
+                self._eof.add(partition)
+        return out
+
+    def committed(self, positions: dict[int, int]) -> None:
+        """Tell Kafka too (best effort, for lag tooling); the database stays the source of truth.
+
+        Any thread may call this; the commit itself happens in the next ``poll``.
+        """
+        if not self.assign_all and positions:
+            self._to_commit = dict(positions)
+
+    def _commit_pending(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        positions, self._to_commit = self._to_commit, None
+        if not positions:
+            return
+        offsets = [TopicPartition(self.topic, p, o) for p, o in positions.items() if p in self._assigned]
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as error:  # pragma: no cover - informational only
+            log.debug("offset commit to Kafka failed: %s", error)
+
+    def caught_up(self) -> bool:
+        return bool(self._assigned) and self._assigned <= self._eof
+
+    def lag(self) -> int | None:
+        """Records not yet read, as measured by the last poll (at most every 5 s)."""
+        return self._lag
+
+    def _measure_lag(self) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        total = 0
+        try:
+            for partition in sorted(self._assigned):
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+                if high >= 0:
+                    total += max(0, high - self._next.get(partition, 0))
+        except Exception:  # metadata unavailable right now
+            return None
+        return total
+
+    def close(self) -> None:
+        self._consumer.close()
