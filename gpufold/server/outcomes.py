@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpufold.jsonl import to_json_value
 from schemas.codes import RejectionCode
 from schemas.events import CommandRejected, Event
 
@@ -47,6 +48,11 @@ MALFORMED = frozenset(
         RejectionCode.UNKNOWN_POLICY,
     }
 )
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as JSON: the envelope's fields, the payload as ``{"Type": {...}}`` (as ``gpufold events --json``)."""
+    return to_json_value(event.to_avro())  # type: ignore[no-any-return]
 
 
 def subject_of(payload: Any) -> str | None:

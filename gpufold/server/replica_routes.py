@@ -19,11 +19,11 @@ import anyio
 from fastapi import Body, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gpufold.jsonl import to_json_value
 from gpufold.server.commands_json import CommandError, commands_from_body
 from gpufold.server.openapi import READ_RESPONSES, WHAT_IF_RESPONSES
+from gpufold.server.outcomes import event_json
+from gpufold.server.whatif_process import render
 from processor.runtime.replica import Replica
-from schemas.events import Event
 
 ID_PATTERN = r"^[^\s]{1,253}$"
 OptionalId = Annotated[str | None, Query(min_length=1, max_length=253, pattern=ID_PATTERN)]
@@ -31,11 +31,6 @@ PathId = Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 MAX_WHAT_IF = 1_000
-
-
-def event_json(event: Event) -> dict[str, Any]:
-    """An event as JSON: the envelope's fields, the payload as ``{"Type": {...}}`` (as ``gpufold events --json``)."""
-    return to_json_value(event.to_avro())  # type: ignore[no-any-return]
 
 
 def tagged(request: Request, version: str, make: Callable[[], Any]) -> Response:
@@ -259,7 +254,5 @@ def add_replica_routes(app: FastAPI, replica: Replica, what_if: Callable[..., An
             return JSONResponse(status_code=503, content={"detail": "the replica is restoring", "code": "NOT_READY"})
         if what_if is not None:
             return await what_if(commands, frames=frames, hashes=hashes)
-        from gpufold.server.whatif_process import render
-
         answer = await anyio.to_thread.run_sync(lambda: replica.what_if(commands, hashes=hashes))
         return render(answer, frames=frames)

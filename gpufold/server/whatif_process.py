@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufold.jsonl import to_json_value
-from gpufold.server.outcomes import final_outcome, subject_of
-from gpufold.server.replica_routes import event_json
+from gpufold.server.outcomes import event_json, final_outcome, subject_of
 from processor.runtime.replica import Replica, WhatIf
 from schemas.commands import Command
 from schemas.fastcodec import encode_event

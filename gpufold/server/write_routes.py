@@ -38,8 +38,8 @@ from gpufold.server.commands_json import (
     payload_types,
 )
 from gpufold.server.openapi import WRITE_RESPONSES, secured
-from gpufold.server.outcomes import final_outcome, rejection, subject_of, write_status
-from gpufold.server.replica_routes import ID_PATTERN, event_json
+from gpufold.server.outcomes import event_json, final_outcome, rejection, subject_of, write_status
+from gpufold.server.replica_routes import ID_PATTERN
 from gpufold.server.writers import CommandWriter, Outcome, Placed, WriteError
 from processor.runtime.ledger import CommandLedger, Entry
 from processor.runtime.replica import Replica

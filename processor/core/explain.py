@@ -525,7 +525,7 @@ def _summary(cluster: ClusterState, result: Explanation, codes: set[str], capaci
     reservation = result.reservation
     if reservation is not None and reservation.get("holder_id") == result.pod_id:
         return f"waiting for {result.request}; {reservation['message']}"
-    if QueueReasonCode.NODE_RESERVED in codes and result.nearest is None:
+    if QueueReasonCode.NODE_RESERVED in codes:  # it would fit there: the reservation is what holds it
         return f"waiting for {result.request}: {first[QueueReasonCode.NODE_RESERVED]}"
     never = never_fits_text(cluster, _shape_of(result, cluster))
     if never is not None:
