@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from schemas.partitioner import partition_for
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.serve.writers")
+RECENT_OUTCOMES = 10_000  # outcomes read before anyone waited for them (Kafka: the watcher reads all events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,7 @@ class _Watcher:
         self.poll = poll
         self._lock = threading.Lock()
         self._waiting: dict[Any, list[tuple[Placed, Future[Outcome]]]] = {}
+        self._recent: OrderedDict[Any, Outcome] = OrderedDict()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -90,7 +93,11 @@ class _Watcher:
     def add(self, key: Any, placed: Placed) -> Future[Outcome]:
         future: Future[Outcome] = Future()
         with self._lock:
-            self._waiting.setdefault(key, []).append((placed, future))
+            done = self._recent.pop(key, None)
+            if done is None:
+                self._waiting.setdefault(key, []).append((placed, future))
+        if done is not None:
+            future.set_result(done)
         self._wake.set()
         return future
 
@@ -106,6 +113,10 @@ class _Watcher:
     def complete(self, key: Any, outcome: Outcome) -> None:
         with self._lock:
             items = self._waiting.pop(key, [])
+            if not items:  # read before its waiter registered (it registers after appending): kept a while
+                self._recent[key] = outcome
+                while len(self._recent) > RECENT_OUTCOMES:
+                    self._recent.popitem(last=False)
         for _, future in items:
             if not future.done():
                 future.set_result(outcome)
@@ -302,15 +313,17 @@ class _KafkaWatcher(_Watcher):
         self._consumer: Any = None
         self._ready = threading.Event()
         self._want = threading.Event()
-        self._idle_since: float | None = None
+        self._active_at = time.monotonic()  # the last prepare() or moment with a waiter
+        self._gate = threading.Lock()
         self._open: dict[int, tuple[str, int, list[Event]]] = {}
         super().__init__("gpufold-kafka-outcomes", 0.0)
 
     def prepare(self) -> None:
         """Make sure the consumer reads from (at most) the end of the topic as of now; blocks until it does."""
-        if self._ready.is_set():
-            self._idle_since = None
-            return
+        with self._gate:
+            self._active_at = time.monotonic()  # the thread will not let go for IDLE_SECONDS
+            if self._ready.is_set():
+                return
         self._want.set()
         self._wake.set()
         if not self._ready.wait(30):
@@ -356,16 +369,16 @@ class _KafkaWatcher(_Watcher):
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            waiting = self.waiting()
-            if not waiting:
-                now = time.monotonic()
-                self._idle_since = self._idle_since or now
-                if now - self._idle_since > self.IDLE_SECONDS:
-                    self._ready.clear()
-                    with contextlib.suppress(Exception):
-                        self._consumer.close()
-                    self._consumer = None
-                    continue
+            if self.waiting():
+                self._active_at = time.monotonic()
+            elif time.monotonic() - self._active_at > self.IDLE_SECONDS:
+                with self._gate:  # prepare() cannot slip in between the check and the close
+                    if time.monotonic() - self._active_at > self.IDLE_SECONDS:
+                        self._ready.clear()
+                        with contextlib.suppress(Exception):
+                            self._consumer.close()
+                        self._consumer = None
+                        continue
             try:
                 self._read(0.1)
             except Exception:
@@ -413,7 +426,7 @@ class _KafkaWatcher(_Watcher):
 def _kafka_outcome_at(config: KafkaConfig, topic: str, partition: int, offset: int) -> Outcome | None:
     """The events of the command at ``offset`` on Kafka: a binary search over the events partition (each event
     carries its command's offset), then the run of events of that command. O(log n) fetches."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from kafka_settings.topics import watermark_offsets
 
@@ -424,6 +437,7 @@ def _kafka_outcome_at(config: KafkaConfig, topic: str, partition: int, offset: i
                 "group.id": f"gpufold-serve-lookup-{os.getpid()}",
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
+                "enable.partition.eof": True,
                 "logger": logging.getLogger("gpufold.kafka.rdkafka"),
             },
         )
@@ -432,18 +446,19 @@ def _kafka_outcome_at(config: KafkaConfig, topic: str, partition: int, offset: i
         low, high = watermark_offsets(consumer, TopicPartition(topic, partition), 10)
 
         def read_from(index: int, count: int) -> list[tuple[int, Event]]:
-            """Up to ``count`` (offset, event) from ``index`` on (gaps, such as transaction markers, skipped)."""
+            """Up to ``count`` (offset, event) from ``index`` on (gaps, such as transaction markers, skipped);
+            fewer at the end of the partition."""
             consumer.assign([TopicPartition(topic, partition, index)])
             found: list[tuple[int, Event]] = []
             deadline = time.monotonic() + 10
             while len(found) < count and time.monotonic() < deadline:
-                messages = consumer.consume(count - len(found), 1.0)
-                for message in messages:
-                    if message.error() is None:
-                        found.append((message.offset(), decode_event(message.value())))
-                last = found[-1][0] if found else index - 1
-                if last + 1 >= high:
-                    break
+                for message in consumer.consume(count - len(found), 0.2):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return found
+                        continue
+                    found.append((message.offset(), decode_event(message.value())))
             return found
 
         lo, hi = low, high
