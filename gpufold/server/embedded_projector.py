@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -74,7 +75,7 @@ class EmbeddedProjector:
 
     def _run(self) -> None:
         try:
-            source = EmbeddedEventSource(self.path)
+            source = EmbeddedEventSource(Path(self.path))
         except Exception as error:
             self.error = f"{type(error).__name__}: {error}"
             log.exception("the embedded projector could not start")

@@ -458,7 +458,7 @@ def _kafka_outcome_at(config: KafkaConfig, topic: str, partition: int, offset: i
                         if error.code() == KafkaError._PARTITION_EOF:
                             return found
                         continue
-                    found.append((message.offset(), decode_event(message.value())))
+                    found.append((message.offset() or 0, decode_event(message.value())))
             return found
 
         lo, hi = low, high
