@@ -66,6 +66,11 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
             while client.get("/v1/pods", params={"cluster": "lab"}).json()["total"] != 1:
                 assert time.monotonic() < deadline, "the time limit did not fire"
                 time.sleep(0.1)
+            # The replica folds the log as it is appended; health says when the processor committed it too.
+            deadline = time.monotonic() + 15
+            while any(p["lag_commands"] for p in client.get("/v1/status").json()["fold"]["partitions"]):
+                assert time.monotonic() < deadline, "the processor did not catch up"
+                time.sleep(0.1)
             assert "gpufold dashboard" in client.get("/").text
             assert "gpufold_replica_lag_commands" in client.get("/metrics").text
     finally:
