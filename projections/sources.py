@@ -7,7 +7,7 @@ Both sources start each partition at the position stored in the database
 the database is the only record of what was applied. Kafka is read with
 ``isolation.level=read_committed``, so events of aborted processor transactions
 are never seen. A record whose bytes do not decode becomes an
-:class:`~projections.projector.Envelope` with ``event=None`` (the projector
+:class:`~projections.envelope.Envelope` with ``event=None`` (the projector
 counts it, logs it and moves past it).
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from logs.embedded_reader import EmbeddedTopicReader
 from logs.kafka_reader import KafkaTopicReader
 from projections.defaults import DEFAULT_GROUP, DEFAULT_TOPIC
-from projections.projector import Envelope
+from projections.envelope import Envelope
 from schemas import DecodeError
 from schemas.fastcodec import decode_event
 

@@ -15,44 +15,21 @@ import sys
 from typing import Any
 
 from gpufold.cli import CliError
+from gpufold.cli_commands.options import (
+    add_cluster_option,
+    add_kafka_options,
+    add_progress_option,
+    add_trace_options,
+    kafka_config,
+)
 from gpufold.text import printable
-from kafka_settings.config import KafkaConfig, KafkaConfigError, install_secret_filter, load
+from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicError, create_topics, topic_specs
 from schemas.topics import topics_for
 
-DEFAULT_PREFIX = "gpufold"
-
 
 def _kafka_options(parser: argparse.ArgumentParser, nested: bool = False) -> None:
-    # Under `publish`, the sub-commands repeat the options without defaults so that they do not
-    # overwrite values given before the sub-command name (argparse applies sub-parser defaults last).
-    extra: dict[str, Any] = {"default": argparse.SUPPRESS} if nested else {}
-    group = parser.add_argument_group("Kafka connection")
-    group.add_argument(
-        "--bootstrap", metavar="HOST:PORT", help="bootstrap servers (default: $GPUFOLD_KAFKA_BOOTSTRAP)", **extra
-    )
-    group.add_argument(
-        "--kafka-config",
-        **extra,
-        metavar="FILE",
-        help="librdkafka properties, key=value per line (security.protocol, sasl.*, ssl.*, ...); "
-        "GPUFOLD_KAFKA_<KEY> variables override it (GPUFOLD_KAFKA_SASL_PASSWORD -> sasl.password)",
-    )
-    group.add_argument(
-        "--topic-prefix",
-        **(extra or {"default": DEFAULT_PREFIX}),
-        help="topic names are PREFIX.commands, PREFIX.events, PREFIX.snapshots, PREFIX.dead-letters "
-        f"(default: {DEFAULT_PREFIX})",
-    )
-
-
-def _config(args: argparse.Namespace) -> KafkaConfig:
-    try:
-        config = load(args.kafka_config, bootstrap=args.bootstrap)
-    except KafkaConfigError as error:
-        raise CliError(str(error)) from None
-    install_secret_filter()
-    return config
+    add_kafka_options(parser, nested=nested)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -142,7 +119,7 @@ def _processor_run(args: argparse.Namespace) -> int:
     from processor.runtime.kafka_runner import RunnerSettings, configure_logging, run
 
     configure_logging(args.log_format == "json", logging.DEBUG if args.verbose >= 2 else logging.INFO)
-    config = _config(args)
+    config = kafka_config(args)
     if args.batch_size < 1:
         raise CliError("--batch-size must be >= 1")
     if args.tick_interval < 0:
@@ -190,7 +167,7 @@ def _register_topics(subparsers: argparse._SubParsersAction) -> None:  # type: i
 
 
 def _topics_create(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = kafka_config(args)
     try:
         specs = topic_specs(
             topics_for(args.topic_prefix), args.partitions, args.replication_factor, args.min_insync_replicas
@@ -262,13 +239,13 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: 
     )
     _kafka_options(parser)
     parser.add_argument("--file", metavar="FILE.jsonl", help="publish every command of a JSON-lines file (- = stdin)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_option(parser)
     parser.set_defaults(handler=_publish_file)
     commands = parser.add_subparsers(dest="publish_command", metavar="COMMAND")
     for name, arguments in _TYPED.items():
         sub = commands.add_parser(name, help=f"publish one {name} command")
         _kafka_options(sub, nested=True)
-        sub.add_argument("--cluster", required=True, help="the cluster (partition key)")
+        add_cluster_option(sub, required=True, help="the cluster (partition key)")
         sub.add_argument("--command-id", help="idempotency key (default: a new uuid4)")
         sub.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the outcome and print it as JSON")
         for flag, options in arguments:
@@ -276,11 +253,10 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: 
         sub.set_defaults(handler=_publish_one, typed=name)
     trace = commands.add_parser("trace", help="bulk-load an openb trace: AddNode per node, SubmitPod per pod")
     _kafka_options(trace, nested=True)
-    trace.add_argument("--nodes", help="node list CSV (default: the bundled openb GPU node list)")
-    trace.add_argument("--pods", help="pod list CSV (default: the bundled openb default pod list)")
+    add_trace_options(trace)
     trace.add_argument("--cluster", default="openb", help="cluster name (default: %(default)s)")
     trace.add_argument("--limit-pods", type=int, help="only the first N pods")
-    trace.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS, help="no progress bar")
+    add_progress_option(trace, nested=True)
     trace.set_defaults(handler=_publish_trace)
 
 
@@ -307,7 +283,7 @@ def _publish_one(args: argparse.Namespace) -> int:
     from producers.outcomes import OutcomeTimeout, OutcomeWaiter
     from producers.publisher import DeliveryError
 
-    config = _config(args)
+    config = kafka_config(args)
     name = args.typed
     common = {"command_id": args.command_id}
     waiter = OutcomeWaiter(config, topics_for(args.topic_prefix).events) if args.wait else None
@@ -378,7 +354,7 @@ def _publish_file(args: argparse.Namespace) -> int:
     from producers.publisher import DeliveryError
     from schemas.commands import Command
 
-    config = _config(args)
+    config = kafka_config(args)
     errors = 0
     sent = 0
     try:  # bytes: each line is decoded on its own, so one bad byte costs one line (as for log append)
@@ -413,7 +389,7 @@ def _publish_trace(args: argparse.Namespace) -> int:
     from gpufold import trace as trace_module
     from producers.publisher import DeliveryError
 
-    config = _config(args)
+    config = kafka_config(args)
     try:
         nodes = trace_module.load_nodes(args.nodes)
         pods = trace_module.load_pods(args.pods)

@@ -13,6 +13,7 @@ from typing import BinaryIO, TextIO
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
+from gpufold.cli_commands.options import add_json_option
 from gpufold.jsonl import LineError, ParsedCommand, command_types, read_command_bytes
 from gpufold.log_export import ROLES, export_log, import_log
 from gpufold.text import printable
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     info = commands.add_parser("info", help="partitions, record counts, processor position and lag")
     add_log_argument(info)
-    info.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(info)
     info.set_defaults(handler=_info)
 
     export = commands.add_parser(

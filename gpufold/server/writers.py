@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from kafka_settings.config import KafkaConfig
 from logs.embedded import EmbeddedLog
+from producers.outcomes import Outcome  # one Outcome for the client library and the server
 from schemas import COMMAND, registry
 from schemas.commands import Command
 from schemas.events import Event
@@ -41,14 +42,6 @@ class Placed:
     cluster: str
     partition: int
     offset: int | None  # known on the embedded log; on Kafka once the replica folded it
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    command_id: str
-    partition: int
-    command_offset: int
-    events: tuple[Event, ...]
 
 
 class WriteError(RuntimeError):

@@ -12,6 +12,7 @@ from processor.core import quotas
 from processor.core.explain import gang_json, gang_reasons, live_reasons, pending_reasons, request_text
 from processor.core.resources import PodShape
 from processor.core.state import GANG_QUEUED, GANG_WAITING, ClusterState
+from processor.runtime.pod_index import pod_row
 from schemas.commands import GPU_MILLI, STRICT_FIFO
 
 
@@ -20,7 +21,8 @@ def status_of(node: Any) -> str:
 
 
 def pod_rows(keys: list[tuple[str, str]], cluster_of: Callable[[str], ClusterState | None]) -> list[dict[str, Any]]:
-    """Rows of pods (cluster, pod id), pending ones with their capacity reasons now (cached per shape)."""
+    """Rows of pods (cluster, pod id) in the one pod-row shape (``pod_index.pod_row``), with the API's older
+    ``state`` field, and pending ones with their capacity reasons now (cached per shape)."""
     reasons: dict[tuple[str, PodShape], list[dict[str, Any]]] = {}
     rows = []
     for name, pod_id in keys:
@@ -28,24 +30,8 @@ def pod_rows(keys: list[tuple[str, str]], cluster_of: Callable[[str], ClusterSta
         pod = found.pods.get(pod_id) if found is not None else None
         if found is None or pod is None:
             continue
-        spec = pod.spec
-        row: dict[str, Any] = {
-            "cluster": name,
-            "pod_id": pod_id,
-            "state": "running" if pod.running else "pending",
-            "tenant": spec.tenant,
-            "priority": spec.priority,
-            "node_id": pod.node_id,
-            "gpus": [{"index": g.index, "milli": g.milli} for g in pod.gpus],
-            "num_gpu": spec.num_gpu,
-            "gpu_milli": spec.gpu_milli,
-            "cpu_milli": spec.cpu_milli,
-            "memory_mib": spec.memory_mib,
-            "gpu_models": list(spec.gpu_models),
-            "submitted_at": spec.submitted_at,
-            "started_at": pod.started_at,
-            "gang_id": spec.gang_id,
-        }
+        row = pod_row(name, pod_id, pod)
+        row["state"] = row["status"]  # the field's name before pod rows had one shape (kept for API clients)
         if not pod.running:
             key = (name, pod.shape)
             if key not in reasons:

@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.rebuild import content_hashes
 from projections.runner import run
 from tests.unit.test_projections_pipeline import STREAMS

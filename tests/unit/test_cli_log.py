@@ -149,7 +149,7 @@ def test_state_views(log: str, capsys: pytest.CaptureFixture[str]) -> None:
     nodes = {n["node_id"]: n for n in run_json(capsys, "state", "--log", log, "nodes")}
     assert nodes["t4-1"]["status"] == "cordoned" and nodes["a100-1"]["gpu_milli_allocated"] == 4_000
     pods = {p["pod_id"]: p for p in run_json(capsys, "state", "--log", log, "pods")}
-    assert pods["infer-1"]["status"] == "queued" and pods["notebook-1"]["node_id"] == "v100-1"
+    assert pods["infer-1"]["status"] == "pending" and pods["notebook-1"]["node_id"] == "v100-1"
     assert "train-1" not in pods and "bad-1" not in pods
     utilization = {u["gpu_model"]: u["utilization_pct"] for u in run_json(capsys, "state", "--log", log, "utilization")}
     assert utilization == {"A100": 50.0, "T4": 0.0, "V100M32": 6.25}

@@ -10,7 +10,8 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import StaticPool
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.rebuild import content_hashes
 from schemas.commands import AddNode, Command, Release, SubmitPod
 from tests import workload

@@ -1,6 +1,6 @@
 """The pipelined projector (a batch applied while the one before it commits) on SQLite files.
 
-Each stream is projected through :class:`projections.projector.Pipeline` in small
+Each stream is projected through :class:`projections.pipeline.Pipeline` in small
 batches and must give exactly the tables of one unpipelined batch: every row a
 batch takes over from the batch before it (nodes removed and added again, pods,
 gangs, reservations, totals, usage rates and clocks) must be what that batch
@@ -20,7 +20,10 @@ from sqlalchemy import Engine, create_engine
 from processor.core.fold import decide
 from processor.core.state import PartitionState
 from projections import models
-from projections.projector import Envelope, Pipeline, ProjectionError, Projector, _lock_offsets, _plan
+from projections.envelope import Envelope, ProjectionError
+from projections.offsets import lock_offsets
+from projections.pipeline import Pipeline
+from projections.projector import Projector, plan_batch
 from projections.rebuild import content_hashes
 from projections.runner import run
 from projections.usage import DEFAULT_LATENESS_MS
@@ -185,8 +188,8 @@ def test_a_planned_batch_writes_its_rows_as_it_left_them_whatever_the_next_batch
     engine = create_engine("sqlite://")
     models.Base.metadata.create_all(engine)
     with engine.connect() as conn, conn.begin():
-        offsets = _lock_offsets(conn, SOURCE, [0])
-        planned = _plan(conn, SOURCE, first, offsets, DEFAULT_LATENESS_MS, snapshot=True)
-        _plan(conn, SOURCE, second, dict(planned.end), DEFAULT_LATENESS_MS, planned.work, snapshot=True)
+        offsets = lock_offsets(conn, SOURCE, [0])
+        planned = plan_batch(conn, SOURCE, first, offsets, DEFAULT_LATENESS_MS, snapshot=True)
+        plan_batch(conn, SOURCE, second, dict(planned.end), DEFAULT_LATENESS_MS, planned.work, snapshot=True)
         planned.write(conn)
     assert _hashes(engine) == _reference(events[:half])

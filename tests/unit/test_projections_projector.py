@@ -10,7 +10,8 @@ from sqlalchemy import Engine, create_engine, select
 from processor.core.fold import decide
 from processor.core.state import PartitionState
 from projections import models
-from projections.projector import Envelope, ProjectionError, Projector
+from projections.envelope import Envelope, ProjectionError
+from projections.projector import Projector
 from projections.rebuild import content_hashes
 from tests import workload
 

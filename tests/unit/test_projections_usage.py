@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.usage import HOUR_MS, seal_hour, split_hours
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod, V1Command
 from tests import workload

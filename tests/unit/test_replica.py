@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufold.state_view import list_pods
 from logs.embedded import EmbeddedLog
 from logs.embedded_replica import EmbeddedReplicaSource
 from processor.core.snapshot import state_hash
@@ -70,6 +71,20 @@ def test_replica_follows_the_log_beyond_the_processor(log: EmbeddedLog) -> None:
     Processor(log).run_until_idle()
     committed = {p: Processor(log).folder(p).state for p in range(log.partitions)}
     assert replica.state_hashes() == {p: state_hash(s) for p, s in committed.items()}
+
+
+def test_the_cli_and_the_api_list_pods_in_one_shape(log: EmbeddedLog) -> None:
+    """`gpufold state pods` and /v1/pods give the same fields and values for a pod (status: running | pending);
+    the API also keeps its old ``state`` field, equal to ``status``, and the live reasons of a pending pod."""
+    append(log, lab())
+    Processor(log).run_until_idle()
+    cli = list_pods({p: Processor(log).folder(p).state for p in range(log.partitions)}, "lab")
+    api = replica_of(log).pods(cluster="lab")["pods"]
+    assert {p["status"] for p in cli} == {"running", "pending"}
+    for cli_row, api_row in zip(cli, api, strict=True):
+        assert api_row["state"] == api_row["status"]
+        extra = {"state", "reasons"} if api_row["status"] == "pending" else {"state"}
+        assert {k: v for k, v in api_row.items() if k not in extra} == cli_row
 
 
 def test_what_if_events_equal_the_published_ones_byte_for_byte(log: EmbeddedLog) -> None:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, create_engine, func, select
 
 from projections import models, queries
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.rebuild import table_hash
 from projections.usage import HOUR_MS, SPAN_HOURS, pieces
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
