@@ -23,7 +23,7 @@ from gpufold.server.cli import api_token, is_loopback
 from gpufold.server.outcomes import final_outcome, write_status
 from logs.embedded import EmbeddedLog
 from schemas.events import CommandRejected
-from tests.unit.test_server_api import NODES, Server, line
+from tests.unit.gpufold.server.test_app import NODES, Server, line
 
 GPUFOLD = str(Path(sys.executable).with_name("gpufold"))
 

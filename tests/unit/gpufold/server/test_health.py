@@ -19,7 +19,7 @@ from gpufold.server.health import HealthMonitor, LagClock, Probes
 from gpufold.server.writers import EmbeddedWriter
 from logs.embedded_replica import EmbeddedReplicaSource
 from processor.runtime.replica import Replica
-from tests.unit.test_server_api import NODES, line
+from tests.unit.gpufold.server.test_app import NODES, line
 
 
 class Clock:
