@@ -448,7 +448,7 @@ class KafkaCommandLog:
         rewind = dict.fromkeys(also, 0) | pending.positions
         error = pending.error
         if isinstance(error, KafkaException):
-            self._transaction_failed(error, rewind)
+            self._transaction_failed(error, rewind, time.time() - pending.marks.get("txn", pending.marks["commit"]))
         elif isinstance(error, Stalled):
             log.warning("%s: starting a new producer", error)
             self._renew_producer(stalled=True)
@@ -564,9 +564,18 @@ class KafkaCommandLog:
                     raise
                 log.warning("commit_transaction retriable error, retrying: %s", self._scrub(describe(error)))
 
-    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
+    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int], ran: float = 0.0) -> None:
+        """Abort (or renew the producer), rewind ``positions``, raise BatchAborted; KafkaFatalError if fenced. A fence
+        after the transaction ran ``ran`` >= its timeout is the coordinator's (it aborted it and bumped the epoch while
+        it was down or moving: bench/chaos.py), not a newer instance's (which would also take the group membership)."""
         error = kafka_error(exc)
         described = self._scrub(describe(error) if error is not None else str(exc))
+        timed_out = ran >= self.transaction_timeout and self._renewals < MAX_RENEWALS
+        if error is not None and is_fenced(error) and timed_out:
+            log.warning("fenced after %.1f s, past the transaction timeout (%s): a new producer", ran, described)
+            self._renew_producer()
+            self._rewind(positions)
+            raise BatchAborted(f"transaction timed out ({described}); partitions {sorted(positions)} rewound")
         if error is None or is_fenced(error):
             raise KafkaFatalError(
                 f"transaction of {self.transactional_id} failed ({described}): a newer instance with the same id "

@@ -40,6 +40,7 @@ TRANSIENT = frozenset(
         # A client whose metadata lost a partition while its leader moved (a broker killed): asked again, it
         # learns the new leader. The bounded retry (RETRY_FOR) still ends on a topic that is really gone.
         KafkaError._UNKNOWN_PARTITION,
+        KafkaError._DESTROY_BROKER,  # a handle to a broker dropped from the metadata while it was down (chaos.py)
         KafkaError.NOT_ENOUGH_REPLICAS,
         KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     }
