@@ -99,6 +99,7 @@ def child(case: str, nodes: int, pods: int) -> int:
                 events=state.sequence - sequence,
                 seconds=round(time.process_time() - begin, 3),
             )
+            result["command_type"] = command.type_name
             print(json.dumps(result), flush=True)
             return 0
         elapsed = (time.process_time() - begin) * 1000
@@ -154,7 +155,12 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
             limit = args.timeout if built else args.setup_timeout
             where = f" in {last.get('id')} {last.get('type')}" if last.get("id") else ""
             phase = "" if built else " building its state"
-            return {**base, "status": "TIMEOUT", "error": f"over {limit} s{phase}{where}"}
+            return {
+                **base,
+                "status": "TIMEOUT",
+                "error": f"over {limit:g} s{phase}{where}",
+                "command_type": last.get("type"),
+            }
         if line is None:
             break
         row = json.loads(line)
@@ -172,7 +178,8 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
     where = f" in {last.get('id')} {last.get('type')}" if last.get("id") else ""
     tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
     died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    return {**base, "status": "CRASH", "error": f"{died}{where} {' '.join(tail)[:160]}".strip()}
+    error = f"{died}{where} {' '.join(tail)[:160]}".strip()
+    return {**base, "status": "CRASH", "error": error, "command_type": last.get("type")}
 
 
 def compiled_available() -> bool:
@@ -233,12 +240,19 @@ def main() -> int:
                     key = (name, build)
                     if stats["max_ms"] > by_type.get(key, (-1.0, ""))[0]:
                         by_type[key] = (stats["max_ms"], case)
+            elif row.get("command_type"):  # a crash or a timeout outranks any time
+                key = (str(row["command_type"]), build)
+                if by_type.get(key, (0.0, ""))[0] != float("inf"):
+                    by_type[key] = (float("inf"), f"{case}: {row['status']}")
             _print(row, args.json)
     if not args.json and by_type:
         print("\n| command type | build | worst case | max (ms) | x SubmitPod |")
         print("|---|---|---|---:|---:|")
         for (name, build), (worst, case) in sorted(by_type.items()):
-            print(f"| {name} | {build} | {case} | {worst:,.1f} | {worst / baseline[build]:,.0f} |")
+            if worst == float("inf"):
+                print(f"| {name} | {build} | {case} | | |")
+            elif build in baseline:
+                print(f"| {name} | {build} | {case} | {worst:,.1f} | {worst / baseline[build]:,.0f} |")
         for build, value in baseline.items():
             print(f"\nplain SubmitPod ({build}), median of the baseline case: {value * 1000:.1f} us")
     print(f"# {uptime()}")
