@@ -53,7 +53,7 @@ CASES: dict[str, Builder] = {
     "unfit_queue_head": lambda n, p: adv.unfit_queue_head(p, 20),
     "ordinary_mixed": lambda n, p: adv.ordinary_mixed(n, 2_000),
     "queued_big_gang": lambda n, p: adv.queued_big_gang(n, min(1_024, n * 4), 20),
-    "unique_node_labels": lambda n, p: adv.unique_node_labels(n, p, 20),
+    "unique_node_labels": lambda n, p: adv.unique_node_labels(n, 0, 20),  # no fill: it costs what it shows
     "distinct_priorities": lambda n, p: adv.distinct_priorities(n, p, 5),
     "never_preempting_waits": lambda n, p: adv.never_preempting_waits(n, p, 20),
     "wide_gang_released": lambda n, p: adv.wide_gang_released(min(n, 2_048), 2_000),
@@ -105,6 +105,7 @@ def child(case: str, nodes: int, pods: int) -> int:
         elapsed = (time.process_time() - begin) * 1000
         if not attack:
             continue
+        print(json.dumps({"phase": "timed", "ms": round(elapsed, 3)}), flush=True)
         times.setdefault(command.type_name, []).append(elapsed)
         if elapsed > worst["ms"]:  # type: ignore[operator]
             worst = {"ms": round(elapsed, 3), "command": f"{command.command_id} {command.type_name}",
@@ -144,6 +145,7 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
     threading.Thread(target=read, daemon=True).start()
     base: dict[str, object] = {"case": case, "build": "pure" if pure else "compiled"}
     last: dict[str, object] = {}
+    done, slowest = 0, (-1.0, "")  # attack commands timed so far, and the slowest of them
     deadline = time.monotonic() + args.setup_timeout
     built = False
     while True:
@@ -155,6 +157,8 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
             limit = args.timeout if built else args.setup_timeout
             where = f" in {last.get('id')} {last.get('type')}" if last.get("id") else ""
             phase = "" if built else " building its state"
+            if done:
+                where += f" ({done:,} attack command(s) before it, the slowest {slowest[1]} {slowest[0]:,.1f} ms)"
             return {
                 **base,
                 "status": "TIMEOUT",
@@ -170,6 +174,10 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
             deadline = time.monotonic() + args.timeout
         elif row.get("phase") == "command":
             last = row
+        elif row.get("phase") == "timed":
+            done += 1
+            if row["ms"] > slowest[0]:
+                slowest = (row["ms"], f"{last.get('id')} {last.get('type')}")
         else:
             process.wait()
             return {**base, **row}
