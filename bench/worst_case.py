@@ -56,7 +56,7 @@ CASES: dict[str, Builder] = {
     "unique_node_labels": lambda n, p: adv.unique_node_labels(n, 0, 20),  # no fill: it costs what it shows
     "distinct_priorities": lambda n, p: adv.distinct_priorities(n, p, 5),
     "never_preempting_waits": lambda n, p: adv.never_preempting_waits(n, p, 20),
-    "wide_gang_released": lambda n, p: adv.wide_gang_released(min(n, 2_048), 2_000),
+    "wide_gang_released": lambda n, p: adv.wide_gang_released(min(n, 1_024), 2_000),  # MAX_GANG_MEMBERS
     "queue_retries": lambda n, p: adv.queue_retries(n, p, 2_000),
     "random_seed_10": lambda n, p: mixed_stream(SeededChooser(10), 200),
     "random_seed_201": lambda n, p: mixed_stream(SeededChooser(201), 300),

@@ -583,8 +583,9 @@ def never_preempting_waits(node_count: int = 1_000, pods: int | None = None, sub
 
 
 def wide_gang_released(node_count: int = 1_024, shapes: int = 2_000) -> list[Command]:
-    """A gang of one 8-GPU member per node ends while ``shapes`` distinct shapes wait: ``_capacity_grew`` gets
-    every node the gang held and screens every waiting group against each of their signatures."""
+    """A gang of one 8-GPU member per node (at most 1,024: ``MAX_GANG_MEMBERS``) ends while ``shapes``
+    distinct shapes wait: ``_capacity_grew`` gets every node the gang held and screens every waiting group
+    against each of their signatures."""
     s = Stream()
     s.add(first_fit())
     s.extend(nodes(node_count))
