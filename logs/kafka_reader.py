@@ -1,6 +1,6 @@
-"""The one reader of a Kafka topic at positions held elsewhere: what the projector reads events through.
+"""The one reader of a Kafka topic: the projector reads its events, the replica its commands and snapshots through it.
 
-Each partition starts at the position the caller's database stored (``start(positions)``), never at
+Each partition starts at the position the caller stored (``start(positions)``, or ``seek``), never at
 one Kafka remembers: the database is the only record of what was applied. The topic is read with
 ``isolation.level=read_committed``, so records of aborted processor transactions are never seen.
 With a consumer group, partitions move between readers on a rebalance; with ``assign_all`` (or an
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from logs.port import StoredRecord
 
-log = logging.getLogger("gpufold.projector.sources")
+log = logging.getLogger("gpufold.kafka.reader")
 
 
 def kafka_consumer_config(bootstrap: str, group: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -40,8 +40,13 @@ def kafka_consumer_config(bootstrap: str, group: str, extra: dict[str, Any] | No
     return config
 
 
+class KafkaReadError(RuntimeError):
+    """The consumer failed with a fatal error (retriable ones are logged and read past)."""
+
+
 class KafkaTopicReader:
-    """One topic on Kafka, read with a consumer group (or all partitions assigned, for rebuilds)."""
+    """One topic on Kafka: read with a consumer group (the projector), with all partitions assigned (rebuilds),
+    or at positions the caller sets with :meth:`seek` (the replica, which keeps its own positions)."""
 
     def __init__(
         self,
@@ -52,13 +57,18 @@ class KafkaTopicReader:
         until: dict[int, int] | None = None,
         assign_all: bool = False,
         extra_config: dict[str, Any] | None = None,
+        consumer: Any = None,
     ) -> None:
+        """``consumer``: a confluent-kafka Consumer made by the caller (then ``bootstrap``, ``group`` and
+        ``extra_config`` are not used), for readers that build their clients from ``kafka_settings``."""
         from confluent_kafka import Consumer
 
         self.topic = topic
         self.until = until
         self.assign_all = assign_all or until is not None
-        self._consumer = Consumer(kafka_consumer_config(bootstrap, group, extra_config))
+        self._consumer = (
+            consumer if consumer is not None else Consumer(kafka_consumer_config(bootstrap, group, extra_config))
+        )
         self._positions: Callable[[], dict[int, int]] = dict
         self._assigned: set[int] = set()
         self._eof: set[int] = set()
@@ -68,6 +78,11 @@ class KafkaTopicReader:
         self._to_commit: dict[int, int] | None = None
         self._lag: int | None = None
         self._lag_at = 0.0
+
+    @classmethod
+    def over(cls, consumer: Any, topic: str) -> KafkaTopicReader:
+        """A reader on the caller's group-less consumer, positioned with :meth:`seek`."""
+        return cls("", topic, group="", consumer=consumer)
 
     def _all_partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10)
@@ -96,6 +111,19 @@ class KafkaTopicReader:
             consumer.unassign()
 
         self._consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
+
+    def seek(self, positions: dict[int, int]) -> None:
+        """Read exactly these partitions, from these offsets, from the next :meth:`poll` on (no group)."""
+        from confluent_kafka import TopicPartition
+
+        self._assigned = set(positions)
+        self._next = dict(positions)
+        self._eof.clear()
+        self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())])
+
+    def positions(self) -> dict[int, int]:
+        """Partition -> the next offset this reader will return."""
+        return dict(self._next)
 
     def _on_assign(self, consumer: Any, tps: list[Any], stored: dict[int, int]) -> None:
         from confluent_kafka import OFFSET_BEGINNING
@@ -129,7 +157,7 @@ class KafkaTopicReader:
                 if error.retriable() or not error.fatal():
                     log.warning("Kafka: %s", error)
                     continue
-                raise RuntimeError(f"Kafka consumer failed: {error}")
+                raise KafkaReadError(f"Kafka consumer failed: {error}")
             offset = int(message.offset() or 0)
             if self.until is not None and offset >= self.until.get(partition, 0):
                 self._eof.add(partition)
@@ -185,3 +213,40 @@ class KafkaTopicReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_partition(
+    consumer: Any, topic: str, partition: int, timeout: float, batch: int = 1_000
+) -> Iterator[StoredRecord]:
+    """Every committed record of one topic-partition, from its low watermark to its end, with a group-less
+    ``consumer`` whose ``enable.partition.eof`` is on (none if the topic or partition does not exist).
+
+    What the replica reads a partition's snapshots with, and what ``gpufold log export --bootstrap`` exports.
+    A fatal consumer error raises :class:`KafkaReadError`.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from kafka_settings.topics import watermark_offsets
+
+    try:
+        low, high = watermark_offsets(consumer, TopicPartition(topic, partition), timeout)
+    except KafkaException:
+        return
+    if high <= low:
+        return
+    consumer.assign([TopicPartition(topic, partition, low)])
+    try:
+        while True:
+            for message in consumer.consume(batch, 1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return
+                    if error.fatal():
+                        raise KafkaReadError(f"reading {topic}[{partition}]: {error.str()}")
+                    continue
+                offset = message.offset()
+                assert offset is not None
+                yield StoredRecord(topic, partition, offset, message.key(), message.value())
+    finally:
+        consumer.unassign()

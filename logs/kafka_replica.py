@@ -12,10 +12,11 @@ import contextlib
 import logging
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
+from logs.kafka_reader import KafkaReadError, KafkaTopicReader, read_partition
 from logs.port import InputRecord
 from schemas.topics import Topics
 
@@ -54,38 +55,23 @@ class KafkaReplicaSource:
             detail = metadata.error.str() if metadata.error is not None else "no partitions"
             raise ValueError(f"commands topic {topics.commands}: {detail}")
         self._partitions = len(metadata.partitions)
-        self._expected: dict[int, int] = {}
+        # The commands, at the replica's own positions, through the one Kafka reader (logs.kafka_reader).
+        self._commands = KafkaTopicReader.over(self._consumer, topics.commands)
 
     def partition_count(self) -> int:
         return self._partitions
 
     def latest_snapshot(self, partition: int) -> bytes | None:
         """The last snapshot keyed by this partition (the topic is compacted: usually the only one)."""
-        tp = TopicPartition(self.topics.snapshots, partition)
-        try:
-            low, high = watermark_offsets(self._reader, tp, self.timeout)
-        except KafkaException:
-            return None  # no snapshots topic (or partition): start from an empty state
-        if high <= low:
-            return None
         key = str(partition).encode()
         latest: bytes | None = None
-        self._reader.assign([TopicPartition(self.topics.snapshots, partition, low)])
         try:
-            while True:
-                messages = self._reader.consume(100, 1.0)
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return latest
-                        if error.fatal():
-                            raise ValueError(self._scrub(f"reading snapshots: {error.str()}"))
-                        continue
-                    if message.key() == key:
-                        latest = message.value()
-        finally:
-            self._reader.unassign()
+            for record in read_partition(self._reader, self.topics.snapshots, partition, self.timeout, batch=100):
+                if record.key == key:
+                    latest = record.value
+        except KafkaReadError as error:
+            raise ValueError(self._scrub(f"reading snapshots: {error}")) from None
+        return latest
 
     def end_offsets(self) -> dict[int, int]:
         ends = {}
@@ -95,22 +81,13 @@ class KafkaReplicaSource:
         return ends
 
     def fetch(self, positions: dict[int, int], max_records: int, timeout: float) -> list[InputRecord]:
-        if positions != self._expected:
-            self._consumer.assign([TopicPartition(self.topics.commands, p, o) for p, o in sorted(positions.items())])
-            self._expected = dict(positions)
-        records = []
-        for message in self._consumer.consume(max_records, timeout):
-            error = message.error()
-            if error is not None:
-                if error.fatal():
-                    raise ValueError(self._scrub(f"reading commands: {error.str()}"))
-                log.warning("reading commands: %s", self._scrub(error.str()))
-                continue
-            partition, offset = message.partition(), message.offset()
-            assert partition is not None and offset is not None
-            records.append(InputRecord(partition, offset, message.key(), message.value()))
-            self._expected[partition] = offset + 1
-        return records
+        if positions != self._commands.positions():
+            self._commands.seek(positions)
+        try:
+            rows = self._commands.poll(max_records, timeout)
+        except KafkaReadError as error:
+            raise ValueError(self._scrub(f"reading commands: {error}")) from None
+        return [InputRecord(row.partition, row.offset, row.key, row.value) for row in rows]
 
     def close(self) -> None:
         for client in (self._consumer, self._reader):

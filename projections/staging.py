@@ -377,7 +377,7 @@ def _copy_row(row: dict[str, Any]) -> dict[str, Any]:
 
     Shallow but for ``gpu_free``: the handlers replace every other list or dict of a row whole
     (``pod["gpus"] = [...]``), and change only a node's ``gpu_free`` in place. A handler that changed
-    another nested value in place would need it copied here (test_projections_pipeline checks the
+    another nested value in place would need it copied here (tests/unit/projections/test_pipeline.py checks the
     pipelined tables against the unpipelined ones)."""
     copy = row.copy()
     free = copy.get("gpu_free")

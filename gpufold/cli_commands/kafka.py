@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -112,6 +113,13 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         help="log one 'batch' line per committed batch with the wall-clock time of each stage (poll, first "
         "record, fold done, produced, offsets sent, committed), for bench/kafka_end_to_end.py --stages",
     )
+    run.add_argument(
+        "--no-pipeline",
+        dest="pipeline",
+        action="store_false",
+        help="commit each batch before polling the next (default: fold the next batch while the previous "
+        "batch's transaction commits; its events are still produced only after that commit)",
+    )
     run.set_defaults(handler=_processor_run)
 
 
@@ -137,6 +145,7 @@ def _processor_run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         tick_interval=args.tick_interval,
         trace_batches=args.trace_batches,
+        pipeline=args.pipeline,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 
@@ -183,6 +192,33 @@ def _topics_create(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- publish
 
 
+def verb_of(type_name: str) -> str:
+    """The CLI verb of a command type: ``SubmitPod`` -> ``submit-pod``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", type_name).lower()
+
+
+def publish_verbs() -> dict[str, str]:
+    """Command type -> its ``gpufold publish`` verb, for every command of ``schemas/command.avsc``: a new command
+    gets a verb (taking ``--payload JSON``) with no code here; :data:`_TYPED` gives some verbs their own flags."""
+    from gpufold.jsonl import command_types
+
+    return {name.rsplit(".", 1)[-1]: verb_of(name.rsplit(".", 1)[-1]) for name in command_types()}
+
+
+def payload_from_json(type_name: str, text: str) -> Any:
+    """A command payload from its fields as JSON text, checked as a JSON line's payload is (``gpufold.jsonl``)."""
+    from gpufold.jsonl import JsonCommandError, check_json_text, parse_command
+    from schemas.commands import Command
+
+    try:
+        fields = check_json_text(text)
+        record = parse_command({"command_id": "-", "cluster": "-", "issued_at": 0, "payload": {type_name: fields}})
+    except (JsonCommandError, ValueError) as error:
+        raise CliError(f"--payload: {error}") from None
+    return Command.from_avro(record).payload
+
+
+# Verbs with flags of their own (the common commands); every other command type takes --payload JSON.
 _TYPED: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "add-node": [
         ("node_id", {}),
@@ -242,15 +278,23 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: 
     add_progress_option(parser)
     parser.set_defaults(handler=_publish_file)
     commands = parser.add_subparsers(dest="publish_command", metavar="COMMAND")
-    for name, arguments in _TYPED.items():
-        sub = commands.add_parser(name, help=f"publish one {name} command")
+    for type_name, name in publish_verbs().items():
+        sub = commands.add_parser(name, help=f"publish one {type_name} command")
         _kafka_options(sub, nested=True)
         add_cluster_option(sub, required=True, help="the cluster (partition key)")
         sub.add_argument("--command-id", help="idempotency key (default: a new uuid4)")
         sub.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the outcome and print it as JSON")
-        for flag, options in arguments:
-            sub.add_argument(flag, **{"help": _TYPED_HELP.get(flag), **options})
-        sub.set_defaults(handler=_publish_one, typed=name)
+        if name in _TYPED:
+            for flag, options in _TYPED[name]:
+                sub.add_argument(flag, **{"help": _TYPED_HELP.get(flag), **options})
+        else:  # derived from the schema: the payload's fields as one JSON object, checked like a JSON line's
+            sub.add_argument(
+                "--payload",
+                metavar="JSON",
+                default="{}",
+                help=f"the {type_name} fields as a JSON object, as in a JSON line (schemas/command.avsc)",
+            )
+        sub.set_defaults(handler=_publish_one, typed=name, type_name=type_name)
     trace = commands.add_parser("trace", help="bulk-load an openb trace: AddNode per node, SubmitPod per pod")
     _kafka_options(trace, nested=True)
     add_trace_options(trace)
@@ -286,10 +330,12 @@ def _publish_one(args: argparse.Namespace) -> int:
     config = kafka_config(args)
     name = args.typed
     common = {"command_id": args.command_id}
+    # A schema-derived verb's --payload is checked before anything connects.
+    payload = payload_from_json(args.type_name, args.payload) if name not in _TYPED else None
     waiter = OutcomeWaiter(config, topics_for(args.topic_prefix).events) if args.wait else None
     try:
         with _publisher(args, config) as publisher:
-            method = getattr(publisher, name.replace("-", "_"))
+            method: Any = getattr(publisher, name.replace("-", "_"), None)
             if name == "add-node":
                 command_id = method(
                     args.cluster,
@@ -322,8 +368,10 @@ def _publish_one(args: argparse.Namespace) -> int:
                 command_id = method(args.cluster, target, reason=args.reason, **common)
             elif name == "set-policy":
                 command_id = method(args.cluster, args.policy, **common)
-            else:
+            elif name in _TYPED:
                 command_id = method(args.cluster, args.node_id, **common)
+            else:
+                command_id = publisher.publish_payload(args.cluster, payload, **common)
         print(command_id)
         if waiter is not None:
             from gpufold.jsonl import to_json_value

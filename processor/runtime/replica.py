@@ -35,9 +35,11 @@ from processor.core.fragmentation import cluster_fragmentation
 from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
+from processor.runtime.loop import wrong_partition
 from processor.runtime.pod_index import PodIndex, pod_row
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
+from schemas.codes import DeadLetterCode
 from schemas.commands import GPU_MILLI, Command
 from schemas.events import Event, NodeAdded, NodeRemoved
 from schemas.fastcodec import decode_command
@@ -100,6 +102,8 @@ class Replica:
         self._history: dict[str, deque[dict[str, Any]]] = {}
         self._history_steps: dict[str, int] = {}
         self.folded = 0
+        self.refused: dict[str, int] = {}
+        """Commands seen since the restore that the processor does not fold (dead-lettered), by code."""
         self.restored = threading.Event()
         self.error: str | None = None
         self._thread: threading.Thread | None = None
@@ -192,6 +196,10 @@ class Replica:
         except DecodeError:
             state.next_offset = record.offset + 1  # the processor dead-letters it
             return
+        if wrong_partition(record, command.cluster, self.partitions) is not None:
+            state.next_offset = record.offset + 1  # the processor dead-letters it (WRONG_PARTITION)
+            self.refused[DeadLetterCode.WRONG_PARTITION] = self.refused.get(DeadLetterCode.WRONG_PARTITION, 0) + 1
+            return
         events = decide(state, command, record.offset)
         update = self.index.update
         touched: dict[str, ClusterState] = {}
@@ -226,6 +234,8 @@ class Replica:
             ends = {str(p): e for p, e in sorted(self._ends.items())}
         lag = sum(max(0, self._ends.get(int(p), 0) - o) for p, o in offsets.items())
         answer: dict[str, Any] = {"offsets": offsets, "head": ends, "lag": lag, "ready": self.restored.is_set()}
+        if self.refused:  # e.g. {"WRONG_PARTITION": 2}: a producer not on murmur2, or keyed other than its cluster
+            answer["refused"] = dict(sorted(self.refused.items()))
         if self.error:
             answer["error"] = self.error
         return answer

@@ -20,7 +20,7 @@ from projections.envelope import Envelope
 from projections.projector import Projector
 from projections.rebuild import content_hashes
 from projections.runner import run
-from tests.unit.test_projections_pipeline import STREAMS
+from tests.unit.projections.test_pipeline import STREAMS
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from gpufold.jsonl import (
 from schemas import COMMAND, registry
 from schemas.commands import Command, SubmitPod, Taint
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "commands.jsonl"
 
 
 def envelope(payload: dict[str, object], **fields: object) -> dict[str, object]:

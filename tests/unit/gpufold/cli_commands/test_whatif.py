@@ -9,7 +9,7 @@ import pytest
 
 from gpufold.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ import pytest
 
 from gpufold.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "commands.jsonl"
 
 
 @pytest.fixture

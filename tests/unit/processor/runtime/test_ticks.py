@@ -14,7 +14,7 @@ from processor.core.state import ClusterState, PartitionState
 from processor.runtime.ticks import TickSchedule, tick_commands
 from schemas.commands import Tick
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_one_tick_per_partition_with_clusters_under_its_first_cluster() -> None:

@@ -29,7 +29,7 @@ from projections.runner import run
 from projections.usage import DEFAULT_LATENESS_MS
 from schemas.commands import AddNode, Command, Defragment, Release, RemoveNode, SetPolicy, SubmitPod, Tick
 from tests import workload
-from tests.unit.test_projections_gangs import stream as gang_stream
+from tests.unit.projections.test_handlers_gangs import stream as gang_stream
 
 SOURCE = "gpufold.events"
 

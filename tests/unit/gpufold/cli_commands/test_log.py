@@ -17,7 +17,7 @@ from logs.port import InputRecord
 from processor.core.snapshot import state_hash
 from tests.contract.log_contract import GARBAGE
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "commands.jsonl"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples" / "commands.jsonl"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -84,6 +84,7 @@ def test_run_folds_once_then_has_nothing_to_do(log: str, capsys: pytest.CaptureF
         "events": 18,
         "snapshots": 0,
         "dead_letters": 0,
+        "wrong_partition": 0,
     }
 
 
