@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY gpufold ./gpufold
 COPY kafka_settings ./kafka_settings
+COPY logs ./logs
 COPY processor ./processor
 COPY producers ./producers
 COPY projections ./projections

@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fold_throughput import Stream, build_nodes
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.fold import decide
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas import COMMAND, EVENT, DecodeError, registry
 from schemas.commands import Command, SetPolicy
 from schemas.fastcodec import decode_command, encode_event

@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fold_throughput import Stream, build_nodes
 
 from gpufold.cli import main as cli_main
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import dumps
 from gpufold.replay import replay_partition
-from processor.runtime.loop import InputRecord, Processor
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord
+from processor.runtime.loop import Processor
 from schemas import COMMAND, registry
 from schemas.commands import Command, SetPolicy
 

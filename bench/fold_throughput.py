@@ -24,9 +24,10 @@ import sys
 import time
 from collections import deque
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.fold import decide
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas import COMMAND, registry
 from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
 from schemas.topics import Topics

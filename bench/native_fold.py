@@ -58,9 +58,10 @@ def _framed(frames: list[bytes]) -> bytes:
 
 def worker(commands_path: str, events_path: str, warm: int) -> None:
     """The Python fold on a command file (run in a child process: pure or compiled, as its interpreter is)."""
+    from logs.port import InputRecord, OutputRecord
     from processor.core.fold import decide
     from processor.core.state import PartitionState
-    from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+    from processor.runtime.loop import PartitionFolder
     from schemas import compiled
     from schemas.fastcodec import decode_command
     from schemas.topics import Topics

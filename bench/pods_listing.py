@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from gpufold.embedded_log import EmbeddedLog
+from logs.embedded import EmbeddedLog
 from schemas import COMMAND, registry
 from schemas.commands import AddNode, Command, SubmitPod
 

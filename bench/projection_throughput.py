@@ -36,7 +36,8 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.workload
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.runner import run
 from projections.secrets import safe_url
 from projections.sources import Decoder

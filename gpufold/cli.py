@@ -62,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    from gpufold.embedded_log import LogError
     from gpufold.text import printable
+    from logs.embedded import LogError
     from processor.runtime.loop import RestoreError
 
     try:

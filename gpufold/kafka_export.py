@@ -24,12 +24,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from gpufold.embedded_log import StoredRecord
 from gpufold.log_export import MANIFEST, ROLES, ExportError, topic_of, write_manifest, write_topic
 from kafka_settings.config import KafkaConfig
-from kafka_settings.topics import watermark_offsets
+from logs.kafka_reader import KafkaReadError, read_partition
+from logs.port import StoredRecord
 from schemas import DecodeError
 from schemas.dead_letters import decode_dead_letter
 from schemas.fastcodec import decode_command, decode_event
@@ -79,29 +79,10 @@ class KafkaExporter:
 
     def read(self, topic: str, partition: int) -> Iterator[StoredRecord]:
         """Every committed record of a topic-partition (none if the topic or partition does not exist)."""
-        tp = TopicPartition(topic, partition)
         try:
-            low, high = watermark_offsets(self._reader, tp, self.timeout)
-        except KafkaException:
-            return
-        if high <= low:
-            return
-        self._reader.assign([TopicPartition(topic, partition, low)])
-        try:
-            while True:
-                for message in self._reader.consume(10_000, 1.0):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return
-                        if error.fatal():
-                            raise ExportError(self.config.scrub(f"reading {topic}[{partition}]: {error.str()}"))
-                        continue
-                    offset = message.offset()
-                    assert offset is not None
-                    yield StoredRecord(topic, partition, offset, message.key(), message.value())
-        finally:
-            self._reader.unassign()
+            yield from read_partition(self._reader, topic, partition, self.timeout, batch=10_000)
+        except KafkaReadError as error:
+            raise ExportError(self.config.scrub(str(error))) from None
 
     def committed(self, partitions: list[int]) -> dict[int, int]:
         """The processor group's committed offsets on the commands topic (0 where none)."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import fastavro
 
-from gpufold.embedded_log import DEFAULT_GROUP, EmbeddedLog, LogError, StoredRecord
+from logs.embedded import DEFAULT_GROUP, EmbeddedLog, LogError, StoredRecord
 from schemas.topics import Topics
 
 EXPORT_FORMAT = "1"

@@ -13,6 +13,7 @@ from typing import Any
 
 from processor.core.snapshot import state_hash
 from processor.core.state import ClusterState, PartitionState
+from processor.runtime.pod_index import pod_row
 from schemas.commands import GPU_MILLI
 
 States = Mapping[int, PartitionState]
@@ -54,30 +55,8 @@ def list_nodes(states: States, cluster: str | None = None) -> list[dict[str, Any
 
 
 def list_pods(states: States, cluster: str | None = None) -> list[dict[str, Any]]:
-    """Every pod the fold knows: running (with its node and GPUs) or queued."""
-    rows = []
-    for c in _clusters(states, cluster):
-        for pod_id in sorted(c.pods):
-            pod = c.pods[pod_id]
-            spec = pod.spec
-            rows.append(
-                {
-                    "cluster": c.name,
-                    "pod_id": pod_id,
-                    "status": "running" if pod.running else "queued",
-                    "node_id": pod.node_id,
-                    "gpus": [{"index": g.index, "milli": g.milli} for g in pod.gpus],
-                    "num_gpu": spec.num_gpu,
-                    "gpu_milli": spec.gpu_milli,
-                    "cpu_milli": spec.cpu_milli,
-                    "memory_mib": spec.memory_mib,
-                    "gpu_models": list(spec.gpu_models),
-                    "priority": spec.priority,
-                    "tenant": spec.tenant,
-                    "submitted_at": spec.submitted_at,
-                }
-            )
-    return rows
+    """Every pod the fold knows, running (with its node and GPUs) or pending (``pod_index.pod_row``'s shape)."""
+    return [pod_row(c.name, pod_id, c.pods[pod_id]) for c in _clusters(states, cluster) for pod_id in sorted(c.pods)]
 
 
 def utilization(states: States, cluster: str | None = None) -> list[dict[str, Any]]:
@@ -243,7 +222,7 @@ def render_nodes(rows: list[dict[str, Any]]) -> str:
 
 def render_pods(rows: list[dict[str, Any]]) -> str:
     def gpus(r: dict[str, Any]) -> str:
-        if r["status"] == "queued":
+        if r["status"] == "pending":
             return f"{r['num_gpu']}x{r['gpu_milli']}" if r["num_gpu"] else "-"
         return ",".join(f"{g['index']}:{g['milli']}" for g in r["gpus"]) or "-"
 

@@ -4,7 +4,9 @@ An idempotent confluent-kafka producer (``enable.idempotence``, ``acks=all``) wr
 to the commands topic, keyed by cluster with Kafka's murmur2 partitioner (so every client, Java or
 librdkafka, sends a cluster to the same partition). Typed methods check their arguments before anything
 is sent (a ``ValueError`` says which one and why) and return the command's ``command_id``: the caller's
-own (deterministic, for retries) or a fresh uuid4 made here, never by the fold.
+own (deterministic, for retries) or a fresh uuid4 made here, never by the fold. Any command type of the
+schema, typed method or not, goes through :meth:`CommandPublisher.publish_payload` (or ``publish``, a
+whole envelope).
 
 Delivery is asynchronous; a failed delivery is remembered and raised as :class:`DeliveryError` by the
 next ``flush()`` or ``close()``. Use it as a context manager so that ``close()`` flushes::
@@ -139,6 +141,16 @@ class CommandPublisher:
             except BufferError:
                 producer.poll(0.05)  # the local queue is full: serve deliveries, then retry
         producer.poll(0)
+
+    def publish_payload(
+        self, cluster: str, payload: CommandPayload, *, command_id: str | None = None, issued_at: int | None = None
+    ) -> str:
+        """Send any command of ``schemas/command.avsc`` by its payload record, with the envelope filled in
+        (``command_id`` a fresh uuid4 and ``issued_at`` this clock unless given); returns the command_id.
+
+        Every command type can be sent this way, so a new one in the schema needs no method here; the typed
+        methods below are conveniences (defaults, argument checks) for the common ones."""
+        return self._command(cluster, payload, command_id, issued_at)
 
     def _command(self, cluster: str, payload: CommandPayload, command_id: str | None, issued_at: int | None) -> str:
         if command_id is None:

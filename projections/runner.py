@@ -12,7 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from projections.projector import BatchResult, Envelope, Pipeline, ProjectionStopped, Projector
+from projections.envelope import BatchResult, Envelope, ProjectionStopped
+from projections.pipeline import Pipeline
+from projections.projector import Projector
 from projections.schema import ensure_schema
 from projections.sources import EmbeddedEventSource, EventSource
 from projections.usage import DEFAULT_LATENESS_MS
@@ -73,7 +75,7 @@ def run(
     ``prefetch`` batches ahead. Prefetched batches are only in memory: the
     database offsets stay the one record of progress. With ``pipeline`` (the
     default on PostgreSQL) each batch is applied while the one before it commits
-    (:class:`projections.projector.Pipeline`).
+    (:class:`projections.pipeline.Pipeline`).
     """
     stats = RunStats()
     started = time.perf_counter()

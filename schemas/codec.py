@@ -39,7 +39,7 @@ HISTORY = ("v1", "v2")
 Every record a released version wrote still decodes: the registry knows each
 version's writer schemas by fingerprint and resolves them to the current
 reader schemas. Changing a schema file therefore means copying the released
-files here first, under a new version name (``tests/unit/test_schema_history.py``
+files here first, under a new version name (``tests/unit/schemas/test_history.py``
 checks that the current schemas can read every version).
 """
 

@@ -3,6 +3,8 @@
 Three tiers of failure, as in STYLE.md:
 
 - bytes that do not decode -> a dead letter (``schemas.dead_letters.DeadLetter``), never an exception;
+  a command the partition must not fold (on the wrong partition, or keyed other than its cluster) -> a dead
+  letter with a code from :class:`DeadLetterCode`, never folded;
 - a well-formed command the domain refuses -> ``CommandRejected`` with a code from
   :class:`RejectionCode` (state unchanged); the stateless checks (``schemas.validation``)
   and the fold raise :class:`Rejected` to say so;
@@ -42,6 +44,9 @@ class RejectionCode:
     NOT_WAITING: Final = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
     TIME_OUT_OF_RANGE: Final = "TIME_OUT_OF_RANGE"  # issued_at past schemas.limits.MAX_ISSUED_AT
     TOO_LARGE: Final = "TOO_LARGE"  # a string or a collection over its bound in schemas.limits
+    CLUSTER_HALTED: Final = "CLUSTER_HALTED"  # the cluster is halted (ClusterHalted) until ResumeCluster
+    CLOCK_JUMP: Final = "CLOCK_JUMP"  # dated further ahead of the cluster's clock than max_clock_jump_ms
+    NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -66,6 +71,9 @@ class RejectionCode:
         NOT_WAITING,
         TIME_OUT_OF_RANGE,
         TOO_LARGE,
+        CLUSTER_HALTED,
+        CLOCK_JUMP,
+        NOT_HALTED,
     )
 
 
@@ -97,6 +105,16 @@ class QueueReasonCode:
     WAITING_FOR_PREEMPTION: Final = (
         "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
     )
+
+
+class DeadLetterCode:
+    """Machine-readable codes carried by ``DeadLetter.code``: why a command that decoded was not folded."""
+
+    WRONG_PARTITION: Final = "WRONG_PARTITION"
+    """Its partition is not murmur2(cluster) mod the commands topic's partition count, or its record key is not
+    its cluster: folding it would make a second, divergent state of that cluster."""
+
+    ALL: Final = (WRONG_PARTITION,)
 
 
 @mypyc_attr(native_class=False)  # compiled with mypyc, which cannot subclass Exception natively

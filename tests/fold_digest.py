@@ -12,9 +12,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from logs.port import InputRecord, OutputRecord
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas import compiled
 from schemas.commands import Command, SetPolicy
 from schemas.fastcodec import encode_command
@@ -49,18 +50,30 @@ def streams() -> dict[str, list[InputRecord]]:
     return out
 
 
+def records_of(commands: list[Command]) -> list[InputRecord]:
+    """Commands as the processor reads them: encoded frames at offsets 0, 1, ..."""
+    return [InputRecord(0, offset, command.cluster.encode(), encode_command(command)) for offset, command in
+            enumerate(commands)]  # fmt: skip
+
+
+def fold_digest(records: list[InputRecord]) -> dict[str, object]:
+    """Fold the records through the processor's folder (a snapshot every 500): how many output frames, the
+    SHA-256 of them all in order, and the final ``state_hash``."""
+    state = PartitionState()
+    folder = PartitionFolder(0, Topics(), state, snapshot_every=500)
+    out: list[OutputRecord] = []
+    for record in records:
+        folder.fold(record, out)
+    frames = hashlib.sha256()
+    for record in out:
+        frames.update(record.topic.encode() + b"\0" + (record.key or b"") + b"\0" + record.value)
+    return {"outputs": len(out), "sha256": frames.hexdigest(), "state_hash": state_hash(state)}
+
+
 def digest() -> dict[str, object]:
     result: dict[str, object] = {"hot_path": compiled.summary()}
     for name, records in streams().items():
-        state = PartitionState()
-        folder = PartitionFolder(0, Topics(), state, snapshot_every=500)
-        out: list[OutputRecord] = []
-        for record in records:
-            folder.fold(record, out)
-        frames = hashlib.sha256()
-        for record in out:
-            frames.update(record.topic.encode() + b"\0" + (record.key or b"") + b"\0" + record.value)
-        result[name] = {"outputs": len(out), "sha256": frames.hexdigest(), "state_hash": state_hash(state)}
+        result[name] = fold_digest(records)
     return result
 
 

@@ -7,6 +7,7 @@ duplicates, unknown ids, busy nodes and releases of released pods happen often.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from schemas.commands import (
 )
 from schemas.events import Event
 from schemas.snapshots import encode_snapshot_body
+from tests.adversarial import Chooser, T, mixed_stream
 
 NODE_IDS = tuple(f"n{i}" for i in range(5))
 POD_IDS = tuple(f"p{i}" for i in range(8))
@@ -187,6 +189,7 @@ def clusters_hash(state: PartitionState) -> str:
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
         cluster.reserve_checks = ()
+        cluster.clock = 0  # each cluster's clock, as the partition's above
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 
@@ -562,3 +565,27 @@ def preemption_streams(draw: st.DrawFn) -> list[Command]:
         clock += draw(st.sampled_from((1_000, 7_000, 60_000)))
         commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
     return commands
+
+
+# ---------------------------------------------------------------- adversarial: random mixed streams (issue #20)
+
+
+class DrawChooser(Chooser):
+    """``tests.adversarial.mixed_stream``'s choices drawn by hypothesis (so a failing stream shrinks)."""
+
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def pick(self, options: Sequence[T]) -> T:
+        return self.draw(st.sampled_from(options))
+
+    def integer(self, low: int, high: int) -> int:
+        return self.draw(st.integers(low, high))
+
+
+@st.composite
+def mixed_streams(draw: st.DrawFn, min_size: int = 150, max_size: int = 250) -> list[Command]:
+    """Pods, gangs with min_members, quotas in a cohort with borrowing and lending limits, priorities,
+    preemption modes, dependencies, time limits, drains, failures, releases and ticks on a small cluster:
+    ``tests.adversarial.mixed_stream``, drawn by hypothesis."""
+    return mixed_stream(DrawChooser(draw), draw(st.integers(min_size, max_size)), draw(st.integers(3, 8)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,13 @@ def test_commands(services: dict[str, dict[str, Any]]) -> None:
     assert any(str(port).split(":")[-2:] == ["8000", "8000"] for port in services["api"]["ports"])
 
 
+def test_the_api_gets_a_token_or_does_not_start(services: dict[str, dict[str, Any]]) -> None:
+    """The api listens on 0.0.0.0, where serve opens writes only with a token: compose requires one
+    (``${VAR:?message}`` stops ``docker compose up`` when it is unset or empty)."""
+    token = _environment(services["api"])["GPUFOLD_API_TOKEN"]
+    assert re.fullmatch(r"\$\{GPUFOLD_API_TOKEN:\?[^}]+\}", token), token
+
+
 def test_the_database_url_matches_postgres(services: dict[str, dict[str, Any]]) -> None:
     env = _environment(services["postgres"])
     user, password, database = env["POSTGRES_USER"], env["POSTGRES_PASSWORD"], env["POSTGRES_DB"]
@@ -168,9 +176,13 @@ def test_dockerfile_installs_the_project() -> None:
     assert re.search(r"^COPY --from=build /install /usr/local$", text, re.MULTILINE)
     assert re.search(r"^COPY pyproject\.toml setup\.py README\.md ", text, re.MULTILINE)  # setup.py compiles
     # Every package that pyproject.toml's setuptools config includes is copied into the image.
-    for package in ("gpufold", "kafka_settings", "processor", "producers", "projections", "schemas"):
+    with (REPO_ROOT / "pyproject.toml").open("rb") as file:
+        included = tomllib.load(file)["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = sorted(pattern.rstrip("*") for pattern in included)
+    assert "logs" in packages, packages
+    for package in packages:
         assert re.search(rf"^COPY {package} ", text, re.MULTILINE), package
     lines = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     dockerignore = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    for package in ("gpufold", "processor", "producers", "projections", "schemas", "pyproject.toml", "README.md"):
+    for package in (*packages, "pyproject.toml", "README.md"):
         assert package not in dockerignore, package

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from gpufold.cli import CliError
-from gpufold.embedded_log import EmbeddedLog, LogError
+from logs.embedded import EmbeddedLog, LogError
 from processor.core.state import PartitionState
 from processor.runtime.loop import restore_state
 

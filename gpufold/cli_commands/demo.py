@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufold.cli_commands.options import add_json_option, add_progress_option, add_trace_options
 from gpufold.trace import TraceError
 
 
@@ -17,11 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "runs on Kafka, then summarised from the published events.",
     )
     parser.add_argument("--log", type=Path, default=Path("gpufold-demo.sqlite"), help="embedded log file to (re)create")
-    parser.add_argument("--nodes", help="node list CSV (default: the bundled openb GPU node list)")
-    parser.add_argument("--pods", help="pod list CSV (default: the bundled openb default pod list)")
+    add_trace_options(parser)
     parser.add_argument("--limit-pods", type=int, help="replay only the first N pods of the list")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_json_option(parser, help="print the summary as one JSON object")
+    add_progress_option(parser, help="no progress bars")
     parser.add_argument(
         "--pressure",
         default="best-fit-paper,fgd,fgd-plus,fgd-pack",

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, open_log, partitions_arg
+from gpufold.cli_commands.options import add_cluster_option, add_json_option, add_partition_option
 from gpufold.jsonl import to_json_value
 from gpufold.text import iso, printable
 from schemas import DEAD_LETTER, EVENT, DecodeError, registry
@@ -27,11 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         '(payload as {"Type": {...}}) with its partition and offset.',
     )
     add_log_argument(parser)
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_json_option(parser, help="one JSON object per line")
     parser.add_argument("--from", dest="start", type=int, default=0, metavar="N", help="first event offset (default 0)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="print at most N events")
-    parser.add_argument("--partition", type=int, default=None, help="only this partition")
-    parser.add_argument("--cluster", default=None, help="only events of this cluster")
+    add_partition_option(parser)
+    add_cluster_option(parser, help="only events of this cluster")
     parser.add_argument(
         "--type",
         dest="types",

@@ -10,49 +10,27 @@ import argparse
 import json
 import logging
 import os
+import re
 import socket
 import sys
 from typing import Any
 
 from gpufold.cli import CliError
+from gpufold.cli_commands.options import (
+    add_cluster_option,
+    add_kafka_options,
+    add_progress_option,
+    add_trace_options,
+    kafka_config,
+)
 from gpufold.text import printable
-from kafka_settings.config import KafkaConfig, KafkaConfigError, install_secret_filter, load
+from kafka_settings.config import KafkaConfig
 from kafka_settings.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION_FACTOR, TopicError, create_topics, topic_specs
 from schemas.topics import topics_for
 
-DEFAULT_PREFIX = "gpufold"
-
 
 def _kafka_options(parser: argparse.ArgumentParser, nested: bool = False) -> None:
-    # Under `publish`, the sub-commands repeat the options without defaults so that they do not
-    # overwrite values given before the sub-command name (argparse applies sub-parser defaults last).
-    extra: dict[str, Any] = {"default": argparse.SUPPRESS} if nested else {}
-    group = parser.add_argument_group("Kafka connection")
-    group.add_argument(
-        "--bootstrap", metavar="HOST:PORT", help="bootstrap servers (default: $GPUFOLD_KAFKA_BOOTSTRAP)", **extra
-    )
-    group.add_argument(
-        "--kafka-config",
-        **extra,
-        metavar="FILE",
-        help="librdkafka properties, key=value per line (security.protocol, sasl.*, ssl.*, ...); "
-        "GPUFOLD_KAFKA_<KEY> variables override it (GPUFOLD_KAFKA_SASL_PASSWORD -> sasl.password)",
-    )
-    group.add_argument(
-        "--topic-prefix",
-        **(extra or {"default": DEFAULT_PREFIX}),
-        help="topic names are PREFIX.commands, PREFIX.events, PREFIX.snapshots, PREFIX.dead-letters "
-        f"(default: {DEFAULT_PREFIX})",
-    )
-
-
-def _config(args: argparse.Namespace) -> KafkaConfig:
-    try:
-        config = load(args.kafka_config, bootstrap=args.bootstrap)
-    except KafkaConfigError as error:
-        raise CliError(str(error)) from None
-    install_secret_filter()
-    return config
+    add_kafka_options(parser, nested=nested)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from processor.runtime.kafka_log import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
+    from logs.kafka import DEFAULT_SESSION_TIMEOUT_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
     from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY
 
     parser = subparsers.add_parser("processor", help="the exactly-once processor on Kafka")
@@ -135,6 +113,13 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         help="log one 'batch' line per committed batch with the wall-clock time of each stage (poll, first "
         "record, fold done, produced, offsets sent, committed), for bench/kafka_end_to_end.py --stages",
     )
+    run.add_argument(
+        "--no-pipeline",
+        dest="pipeline",
+        action="store_false",
+        help="commit each batch before polling the next (default: fold the next batch while the previous "
+        "batch's transaction commits; its events are still produced only after that commit)",
+    )
     run.set_defaults(handler=_processor_run)
 
 
@@ -142,7 +127,7 @@ def _processor_run(args: argparse.Namespace) -> int:
     from processor.runtime.kafka_runner import RunnerSettings, configure_logging, run
 
     configure_logging(args.log_format == "json", logging.DEBUG if args.verbose >= 2 else logging.INFO)
-    config = _config(args)
+    config = kafka_config(args)
     if args.batch_size < 1:
         raise CliError("--batch-size must be >= 1")
     if args.tick_interval < 0:
@@ -160,6 +145,7 @@ def _processor_run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         tick_interval=args.tick_interval,
         trace_batches=args.trace_batches,
+        pipeline=args.pipeline,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 
@@ -190,7 +176,7 @@ def _register_topics(subparsers: argparse._SubParsersAction) -> None:  # type: i
 
 
 def _topics_create(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = kafka_config(args)
     try:
         specs = topic_specs(
             topics_for(args.topic_prefix), args.partitions, args.replication_factor, args.min_insync_replicas
@@ -206,6 +192,33 @@ def _topics_create(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- publish
 
 
+def verb_of(type_name: str) -> str:
+    """The CLI verb of a command type: ``SubmitPod`` -> ``submit-pod``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", type_name).lower()
+
+
+def publish_verbs() -> dict[str, str]:
+    """Command type -> its ``gpufold publish`` verb, for every command of ``schemas/command.avsc``: a new command
+    gets a verb (taking ``--payload JSON``) with no code here; :data:`_TYPED` gives some verbs their own flags."""
+    from gpufold.jsonl import command_types
+
+    return {name.rsplit(".", 1)[-1]: verb_of(name.rsplit(".", 1)[-1]) for name in command_types()}
+
+
+def payload_from_json(type_name: str, text: str) -> Any:
+    """A command payload from its fields as JSON text, checked as a JSON line's payload is (``gpufold.jsonl``)."""
+    from gpufold.jsonl import JsonCommandError, check_json_text, parse_command
+    from schemas.commands import Command
+
+    try:
+        fields = check_json_text(text)
+        record = parse_command({"command_id": "-", "cluster": "-", "issued_at": 0, "payload": {type_name: fields}})
+    except (JsonCommandError, ValueError) as error:
+        raise CliError(f"--payload: {error}") from None
+    return Command.from_avro(record).payload
+
+
+# Verbs with flags of their own (the common commands); every other command type takes --payload JSON.
 _TYPED: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "add-node": [
         ("node_id", {}),
@@ -262,25 +275,32 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:  # type: 
     )
     _kafka_options(parser)
     parser.add_argument("--file", metavar="FILE.jsonl", help="publish every command of a JSON-lines file (- = stdin)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_option(parser)
     parser.set_defaults(handler=_publish_file)
     commands = parser.add_subparsers(dest="publish_command", metavar="COMMAND")
-    for name, arguments in _TYPED.items():
-        sub = commands.add_parser(name, help=f"publish one {name} command")
+    for type_name, name in publish_verbs().items():
+        sub = commands.add_parser(name, help=f"publish one {type_name} command")
         _kafka_options(sub, nested=True)
-        sub.add_argument("--cluster", required=True, help="the cluster (partition key)")
+        add_cluster_option(sub, required=True, help="the cluster (partition key)")
         sub.add_argument("--command-id", help="idempotency key (default: a new uuid4)")
         sub.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the outcome and print it as JSON")
-        for flag, options in arguments:
-            sub.add_argument(flag, **{"help": _TYPED_HELP.get(flag), **options})
-        sub.set_defaults(handler=_publish_one, typed=name)
+        if name in _TYPED:
+            for flag, options in _TYPED[name]:
+                sub.add_argument(flag, **{"help": _TYPED_HELP.get(flag), **options})
+        else:  # derived from the schema: the payload's fields as one JSON object, checked like a JSON line's
+            sub.add_argument(
+                "--payload",
+                metavar="JSON",
+                default="{}",
+                help=f"the {type_name} fields as a JSON object, as in a JSON line (schemas/command.avsc)",
+            )
+        sub.set_defaults(handler=_publish_one, typed=name, type_name=type_name)
     trace = commands.add_parser("trace", help="bulk-load an openb trace: AddNode per node, SubmitPod per pod")
     _kafka_options(trace, nested=True)
-    trace.add_argument("--nodes", help="node list CSV (default: the bundled openb GPU node list)")
-    trace.add_argument("--pods", help="pod list CSV (default: the bundled openb default pod list)")
+    add_trace_options(trace)
     trace.add_argument("--cluster", default="openb", help="cluster name (default: %(default)s)")
     trace.add_argument("--limit-pods", type=int, help="only the first N pods")
-    trace.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS, help="no progress bar")
+    add_progress_option(trace, nested=True)
     trace.set_defaults(handler=_publish_trace)
 
 
@@ -307,13 +327,15 @@ def _publish_one(args: argparse.Namespace) -> int:
     from producers.outcomes import OutcomeTimeout, OutcomeWaiter
     from producers.publisher import DeliveryError
 
-    config = _config(args)
+    config = kafka_config(args)
     name = args.typed
     common = {"command_id": args.command_id}
+    # A schema-derived verb's --payload is checked before anything connects.
+    payload = payload_from_json(args.type_name, args.payload) if name not in _TYPED else None
     waiter = OutcomeWaiter(config, topics_for(args.topic_prefix).events) if args.wait else None
     try:
         with _publisher(args, config) as publisher:
-            method = getattr(publisher, name.replace("-", "_"))
+            method: Any = getattr(publisher, name.replace("-", "_"), None)
             if name == "add-node":
                 command_id = method(
                     args.cluster,
@@ -346,8 +368,10 @@ def _publish_one(args: argparse.Namespace) -> int:
                 command_id = method(args.cluster, target, reason=args.reason, **common)
             elif name == "set-policy":
                 command_id = method(args.cluster, args.policy, **common)
-            else:
+            elif name in _TYPED:
                 command_id = method(args.cluster, args.node_id, **common)
+            else:
+                command_id = publisher.publish_payload(args.cluster, payload, **common)
         print(command_id)
         if waiter is not None:
             from gpufold.jsonl import to_json_value
@@ -378,7 +402,7 @@ def _publish_file(args: argparse.Namespace) -> int:
     from producers.publisher import DeliveryError
     from schemas.commands import Command
 
-    config = _config(args)
+    config = kafka_config(args)
     errors = 0
     sent = 0
     try:  # bytes: each line is decoded on its own, so one bad byte costs one line (as for log append)
@@ -413,7 +437,7 @@ def _publish_trace(args: argparse.Namespace) -> int:
     from gpufold import trace as trace_module
     from producers.publisher import DeliveryError
 
-    config = _config(args)
+    config = kafka_config(args)
     try:
         nodes = trace_module.load_nodes(args.nodes)
         pods = trace_module.load_pods(args.pods)

@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 
 from gpufold.cli import CliError
+from gpufold.cli_commands.options import add_kafka_options, kafka_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "from Kafka (time travel)",
-        "With --bootstrap, export from a Kafka cluster instead of the embedded log: whole partitions (a "
+    group = add_kafka_options(
+        parser,
+        title="from Kafka (time travel)",
+        description="With --bootstrap, export from a Kafka cluster instead of the embedded log: whole partitions (a "
         "partition's state_hash covers every cluster on it), up to an offset or an event time. "
         "`gpufold log import --log NEW DIR` then `gpufold replay --log NEW` reproduce production's state_hash.",
+        bootstrap_help="Kafka bootstrap servers",
     )
-    group.add_argument("--bootstrap", metavar="HOST:PORT", default=None, help="Kafka bootstrap servers")
-    group.add_argument("--kafka-config", metavar="FILE", default=None, help="librdkafka properties file")
-    group.add_argument("--topic-prefix", default="gpufold", help="topic prefix (default: %(default)s)")
     group.add_argument("--group", default="gpufold-processor", help="the processor's consumer group (positions)")
     group.add_argument("--partitions", default=None, metavar="P,Q", help="command partitions to export")
     group.add_argument("--clusters", default=None, metavar="A,B", help="export the partitions these clusters are on")
@@ -33,7 +33,6 @@ def export(args: argparse.Namespace, roles: list[str]) -> int:
     from gpufold.cli_commands.replay import _until
     from gpufold.kafka_export import KafkaExporter, export_kafka
     from gpufold.log_export import ExportError
-    from kafka_settings.config import KafkaConfigError, install_secret_filter, load
     from schemas.topics import topics_for
 
     try:
@@ -45,11 +44,7 @@ def export(args: argparse.Namespace, roles: list[str]) -> int:
     except ValueError:
         raise CliError(f"--partitions must be comma-separated numbers, got {args.partitions!r}") from None
     clusters = [c.strip() for c in args.clusters.split(",") if c.strip()] if args.clusters else None
-    try:
-        config = load(args.kafka_config, bootstrap=args.bootstrap)
-    except KafkaConfigError as error:
-        raise CliError(str(error)) from None
-    install_secret_filter()
+    config = kafka_config(args)
     try:
         with KafkaExporter(config, topics_for(args.topic_prefix), group=args.group) as exporter:
             counts = export_kafka(

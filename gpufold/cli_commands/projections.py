@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from gpufold.cli import CliError
+from gpufold.cli_commands.options import add_cluster_option
 from gpufold.text import printable
 
 log = logging.getLogger("gpufold.projector")
@@ -121,7 +122,7 @@ def _guard(action: Callable[[], int]) -> int:
     """Run an action, turning database errors into one masked line."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from projections.projector import ProjectionError
+    from projections.envelope import ProjectionError
     from projections.secrets import mask_url
 
     try:
@@ -159,13 +160,12 @@ def _print(value: Any) -> None:
 
 
 def _source(args: argparse.Namespace, until: dict[int, int] | None = None) -> Any:
-    from gpufold.embedded_log import LogError
-    from gpufold.embedded_source import CheckedEmbeddedEventSource
-    from projections.sources import KafkaEventSource
+    from logs.embedded import LogError
+    from projections.sources import EmbeddedEventSource, KafkaEventSource
 
     if args.embedded_log:
         try:
-            return CheckedEmbeddedEventSource(args.embedded_log, args.topic, until=until)
+            return EmbeddedEventSource(args.embedded_log, args.topic, until=until)
         except LogError as error:
             raise CliError(str(error)) from None
     bootstrap = args.bootstrap or os.environ.get("GPUFOLD_KAFKA_BOOTSTRAP", "")
@@ -332,35 +332,35 @@ def _register_query(subparsers: Any) -> None:
         "end (exclusive): epoch ms or ISO 8601",
     )
     sub.add_argument("--by", choices=("cluster", "model", "node"), default="cluster", help="group by (default cluster)")
-    sub.add_argument("--cluster", help="only this cluster")
+    add_cluster_option(sub)
     sub.add_argument("--limit", type=int, help="at most this many rows (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many rows first (default 0)")
     sub = add("utilization-history", "allocated vs capacity over time")
-    sub.add_argument("--cluster", required=True, help="the cluster")
+    add_cluster_option(sub, required=True)
     sub.add_argument("--start", type=_time, required=True, help=start_help)
     sub.add_argument("--end", type=_time, required=True, help=end_help)
     sub.add_argument("--step-ms", dest="step_ms", type=int, default=3_600_000, help="step in ms (default 1 hour)")
     sub.add_argument("--gpu-model", dest="gpu_model", help="only this GPU model")
     sub = add("fragmentation", "FGD fragmentation of the cluster now")
-    sub.add_argument("--cluster", required=True, help="the cluster")
+    add_cluster_option(sub, required=True)
     sub = add("pending", "pending pods in queue order, with reasons; pending gangs and the reservation")
-    sub.add_argument("--cluster", required=True, help="the cluster")
+    add_cluster_option(sub, required=True)
     sub.add_argument("--limit", type=int, help="at most this many pods (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many pods first (default 0)")
     sub = add("gangs", "gangs with their members and state, in queue order")
-    sub.add_argument("--cluster", required=True, help="the cluster")
+    add_cluster_option(sub, required=True)
     sub.add_argument("--state", choices=("waiting", "pending", "running", "released"), help="only this state")
     sub.add_argument("--limit", type=int, help="at most this many gangs (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many gangs first (default 0)")
     sub = add("reservations", "current reservations: the nodes held for the head of each queue")
-    sub.add_argument("--cluster", help="only this cluster")
+    add_cluster_option(sub)
     sub = add("disruptions", "preemptions and migrations of a cluster, newest first, each with its cause")
-    sub.add_argument("--cluster", required=True, help="the cluster")
+    add_cluster_option(sub, required=True)
     sub.add_argument("--pod", dest="pod_id", help="only this pod")
     sub.add_argument("--limit", type=int, help="at most this many events (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many events first (default 0)")
     sub = add("pod", "a pod's full history: every event with its causing command")
-    sub.add_argument("--cluster", required=True, help="the pod's cluster")
+    add_cluster_option(sub, required=True, help="the pod's cluster")
     sub.add_argument("--pod", dest="pod_id", required=True, help="the pod id")
     sub = add("command", "a command's outcome by command id")
     sub.add_argument("--command-id", dest="command_id", required=True, help="the command id")
@@ -369,12 +369,12 @@ def _register_query(subparsers: Any) -> None:
     sub.add_argument("--end", type=_time, required=True, help=end_help)
     sub.add_argument("--granularity", choices=("hour", "day"), default="hour", help="period (default hour)")
     sub.add_argument("--tenant", help="only this tenant")
-    sub.add_argument("--cluster", help="only this cluster")
+    add_cluster_option(sub)
     sub = add("top", "top consumers (tenants by GPU-hours)")
     sub.add_argument("--start", type=_time, required=True, help=start_help)
     sub.add_argument("--end", type=_time, required=True, help=end_help)
     sub.add_argument("--limit", type=int, help="at most this many tenants (1-1000, default 10)")
-    sub.add_argument("--cluster", help="only this cluster")
+    add_cluster_option(sub)
     add("status", "projection offsets and usage watermarks")
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, open_log, partitions_arg
-from gpufold.embedded_log import EmbeddedLog
+from gpufold.cli_commands.options import add_json_option, add_partition_option
 from gpufold.replay import Replayed, replay_partition
 from gpufold.state_view import render_summary, summary
-from processor.runtime.loop import InputRecord
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord
 from schemas.codec import DecodeError
 from schemas.fastcodec import decode_command
 
@@ -38,14 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "after TIME (ISO-8601 with a zone, e.g. 2026-01-05T10:00:00Z): what the cluster looked like then; "
         "default: every command",
     )
-    parser.add_argument("--partition", type=int, default=None, help="only this partition")
+    add_partition_option(parser)
     parser.add_argument(
         "--check",
         action="store_true",
         help="also compare the derived events, byte for byte, with the events the processor published "
         "(exit status 1 on a difference)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(parser)
     parser.set_defaults(handler=_replay)
 
 
@@ -127,7 +128,14 @@ def _replay(args: argparse.Namespace) -> int:
                 if args.until is not None:
                     end = min(end, args.until + 1)
                 records = log.read_commands(partition, 0, end)
-            replayed = replay_partition(partition, records, log.topics, keep_events=args.check)
+            replayed = replay_partition(
+                partition,
+                records,
+                log.topics,
+                keep_events=args.check,
+                placement=log.placement(partition),
+                history=log,
+            )
             ends.append(replayed.state.next_offset)
             results.append(replayed)
         checks = [_check(log, r, e) for r, e in zip(results, ends, strict=True)] if args.check else []

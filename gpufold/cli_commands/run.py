@@ -11,7 +11,8 @@ from tqdm import tqdm
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
-from gpufold.embedded_log import EmbeddedLog, FencedError
+from gpufold.cli_commands.options import add_json_option, add_progress_option
+from logs.embedded import EmbeddedLog, FencedError
 from processor.core.errors import InvariantViolation
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TickSchedule
@@ -45,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --follow: append a Tick command to each partition this often, so timeouts, time limits and "
         "reservations fire when no other command moves event time (default: 0, never)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_progress_option(parser)
+    add_json_option(parser, help="print the summary as one JSON object")
     parser.set_defaults(handler=_run)
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from gpufold.cli import CliError
+from gpufold.cli_commands.options import add_json_option, add_trace_options
 from gpufold.trace import TraceError, load_nodes, load_pods
 
 
@@ -22,8 +23,7 @@ def register(subparsers: Any) -> None:
             "are not retried. Prints unallocated GPU %% and FGD fragmentation %% at arrived = 100%%."
         ),
     )
-    parser.add_argument("--nodes", help="node list CSV (default: the bundled openb GPU node list)")
-    parser.add_argument("--pods", help="pod list CSV (default: the bundled openb default pod list)")
+    add_trace_options(parser)
     parser.add_argument(
         "--policy",
         default="fgd-pack",
@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
         help="release a pod that does not fit at once (it is never retried, as in the paper)",
     )
     parser.add_argument("--limit", type=int, help="use only the first N pods of the file (smoke tests)")
-    parser.add_argument("--json", action="store_true", help="print JSON (one object)")
+    add_json_option(parser, help="print JSON (one object)")
     parser.add_argument("--curve", action="store_true", help="with text output, also print the allocation curve")
     parser.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU %% vs arrived 80-130%% per policy")
     parser.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")

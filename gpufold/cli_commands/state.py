@@ -8,6 +8,7 @@ import sys
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, committed_states, log_path, open_log
+from gpufold.cli_commands.options import add_cluster_option, add_json_option
 from gpufold.state_view import (
     list_nodes,
     list_pods,
@@ -31,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_log_argument(parser)
     parser.add_argument("view", nargs="?", choices=VIEWS, default="summary", help="what to show (default summary)")
-    parser.add_argument("--cluster", default=None, help="only this cluster")
-    parser.add_argument("--json", action="store_true", help="print JSON (a list of objects, or one object)")
+    add_cluster_option(parser)
+    add_json_option(parser, help="print JSON (a list of objects, or one object)")
     parser.set_defaults(handler=_state)
 
 

@@ -13,15 +13,15 @@ from typing import Any
 
 from gpufold.cli import CliError
 from gpufold.cli_commands._embedded import add_log_argument, log_path
+from gpufold.cli_commands.options import add_cluster_option, add_json_option, add_kafka_options, kafka_config
 
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
     add_log_argument(parser)
-    group = parser.add_argument_group("Kafka (instead of the embedded log)")
-    group.add_argument("--bootstrap", metavar="HOST:PORT", default=None, help="replay from Kafka's commands topic")
-    group.add_argument("--kafka-config", metavar="FILE", default=None, help="librdkafka properties file")
-    group.add_argument("--topic-prefix", default="gpufold", help="topic prefix (default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_kafka_options(
+        parser, title="Kafka (instead of the embedded log)", bootstrap_help="replay from Kafka's commands topic"
+    )
+    add_json_option(parser, help="print JSON")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "that would let it be placed; for a running pod, where it runs.",
     )
     explain.add_argument("pod_id", metavar="POD", help="the pending or running pod to explain")
-    explain.add_argument("--cluster", required=True, help="the pod's cluster")
+    add_cluster_option(explain, required=True, help="the pod's cluster")
     _source_options(explain)
     explain.set_defaults(handler=_explain)
 
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "what its cohort can lend it), what it borrows beyond its nominal, and its share of what its cohort "
         "borrows (lent, split among lenders by their unused lendable quota).",
     )
-    quotas.add_argument("--cluster", help="only this cluster")
+    add_cluster_option(quotas)
     _source_options(quotas)
     quotas.set_defaults(handler=_quotas)
 
@@ -67,19 +67,17 @@ def _replica(args: argparse.Namespace) -> Any:
     from processor.runtime.replica import Replica
 
     if args.bootstrap:
-        from kafka_settings.config import KafkaConfigError, install_secret_filter, load
-        from processor.runtime.kafka_replica import KafkaReplicaSource
+        from logs.kafka_replica import KafkaReplicaSource
         from schemas.topics import topics_for
 
+        config = kafka_config(args)
         try:
-            config = load(args.kafka_config, bootstrap=args.bootstrap)
-            install_secret_filter()
             source: Any = KafkaReplicaSource(config, topics_for(args.topic_prefix))
-        except (KafkaConfigError, ValueError) as error:
+        except ValueError as error:
             raise CliError(str(error)) from None
     else:
-        from gpufold.embedded_log import LogError
-        from gpufold.replica_source import EmbeddedReplicaSource
+        from logs.embedded import LogError
+        from logs.embedded_replica import EmbeddedReplicaSource
 
         try:
             source = EmbeddedReplicaSource(log_path(args))

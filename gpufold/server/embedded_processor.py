@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 
-from gpufold.embedded_log import EmbeddedLog, FencedError
+from logs.embedded import EmbeddedLog, FencedError
 from processor.runtime.loop import Processor
 from processor.runtime.ticks import TickSchedule
 from schemas.fastcodec import encode_command
@@ -28,6 +28,10 @@ class EmbeddedProcessor:
     def start(self) -> EmbeddedProcessor:
         self._thread.start()
         return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         try:

@@ -20,6 +20,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -27,6 +28,30 @@ from processor.core.state import ClusterState, Pod
 
 STATES = ("running", "pending")
 Key = tuple[str, str]  # (cluster, pod_id)
+
+
+def pod_row(cluster: str, pod_id: str, pod: Pod) -> dict[str, Any]:
+    """The one shape of a pod the fold knows, for the CLI (``gpufold state pods``), the API (``/v1/pods``) and
+    the dashboard: ``status`` is ``running`` (with its node and GPU shares) or ``pending``, the words of the
+    projection's ``pods.status`` and of ``/v1/pods?state=``."""
+    spec = pod.spec
+    return {
+        "cluster": cluster,
+        "pod_id": pod_id,
+        "status": "running" if pod.running else "pending",
+        "tenant": spec.tenant,
+        "priority": spec.priority,
+        "node_id": pod.node_id,
+        "gpus": [{"index": g.index, "milli": g.milli} for g in pod.gpus],
+        "num_gpu": spec.num_gpu,
+        "gpu_milli": spec.gpu_milli,
+        "cpu_milli": spec.cpu_milli,
+        "memory_mib": spec.memory_mib,
+        "gpu_models": list(spec.gpu_models),
+        "submitted_at": spec.submitted_at,
+        "started_at": pod.started_at,
+        "gang_id": spec.gang_id,
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufold.embedded_log import EmbeddedLog, FencedError, LogError, StoredRecord
-from processor.runtime.loop import CommandLog, OutputRecord, Processor
+from logs.embedded import EmbeddedLog, FencedError, LogError, StoredRecord
+from logs.port import CommandLog, OutputRecord
+from processor.runtime.loop import Processor
 from tests.contract.log_contract import CommandLogContract, Frame, clusters_covering, workload
 
 

@@ -1,4 +1,4 @@
-"""The CommandLog contract on the real Kafka broker (``processor.runtime.kafka_log.KafkaCommandLog``)."""
+"""The CommandLog contract on the real Kafka broker (``logs.kafka.KafkaCommandLog``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_settings.config import load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
-from processor.runtime.kafka_log import BatchAborted, KafkaCommandLog
-from processor.runtime.loop import CommandLog
+from logs.kafka import BatchAborted, KafkaCommandLog
+from logs.port import CommandLog
 from schemas.topics import topics_for
 from tests.contract.log_contract import CommandLogContract, Frame
 

@@ -7,8 +7,9 @@ from collections import Counter
 import pytest
 from kafka_support import check_exactly_once, command_stream, kafka_config, new_topics, publish
 
-from processor.runtime.kafka_log import KafkaCommandLog
-from processor.runtime.loop import OutputRecord, Processor
+from logs.kafka import KafkaCommandLog
+from logs.port import OutputRecord
+from processor.runtime.loop import Processor
 from schemas.partitioner import partition_for
 
 pytestmark = pytest.mark.integration

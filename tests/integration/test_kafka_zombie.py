@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from kafka_support import CommittedWatcher, check_exactly_once, command_stream, kafka_config, new_topics, publish
 
-from processor.runtime.kafka_log import KafkaCommandLog, KafkaFatalError
-from processor.runtime.loop import OutputRecord, Processor
+from logs.kafka import KafkaCommandLog, KafkaFatalError
+from logs.port import OutputRecord
+from processor.runtime.loop import Processor
 
 pytestmark = pytest.mark.integration
 

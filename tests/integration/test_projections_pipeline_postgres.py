@@ -16,10 +16,11 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.rebuild import content_hashes
 from projections.runner import run
-from tests.unit.test_projections_pipeline import STREAMS
+from tests.unit.projections.test_pipeline import STREAMS
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from projections import models
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from projections.rebuild import content_hashes
 from projections.secrets import mask_url
 from projections.usage import HOUR_MS, seal_hour

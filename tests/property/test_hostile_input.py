@@ -27,11 +27,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpufold.cli import main
-from gpufold.embedded_log import EmbeddedLog
 from gpufold.jsonl import parse_text
+from logs.embedded import EmbeddedLog
+from logs.port import InputRecord, OutputRecord
 from processor.core.fold import decide
 from processor.core.state import PartitionState
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from processor.runtime.loop import PartitionFolder
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AddNode,

@@ -9,15 +9,22 @@ fails here before it can land.
 - ``producers`` (the client library) imports only the contract, ``kafka_settings`` and confluent-kafka;
 - ``processor.core`` (the pure fold) imports only the contract, itself and pure libraries:
   no clock, randomness, environment, I/O, Kafka or SQL;
-- ``processor.runtime`` may import the core and the client library (it publishes ticks), never the CLI
-  or the read side;
-- ``projections`` (the read side) imports the contract, never the fold or the CLI;
+- ``logs`` (the port to a log and its two adapters, embedded and Kafka) imports only the contract,
+  ``kafka_settings`` and confluent-kafka: its Kafka adapter builds its clients from ``kafka_settings.config``
+  (the one place that says how a client connects, security settings included) and asks for watermarks through
+  ``kafka_settings.topics``; never the fold, the runtime, the read side or the CLI;
+- ``processor.runtime`` may import the core, ``logs`` and the client library (it publishes ticks), never the CLI
+  or the read side, and reads a log only through ``logs`` (no Kafka client of its own);
+- ``projections`` (the read side) imports the contract and ``logs``, never the fold or the CLI, and reads a log
+  only through ``logs`` (no Kafka client, no SQL over the log's tables);
+- no module outside ``logs`` runs SQL over the embedded log's tables;
 - no package's modules import each other in a cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +33,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = ("schemas", "kafka_settings", "producers", "processor", "projections", "gpufold", "tests", "bench")
+OURS = ("schemas", "kafka_settings", "logs", "producers", "processor", "projections", "gpufold", "tests", "bench")
 
 # The standard-library modules the pure core may use: none of them reads the clock, the
 # environment, randomness or does I/O.
@@ -57,14 +64,16 @@ RULES: dict[str, tuple[frozenset[str], bool]] = {
     "kafka_settings": (frozenset({"kafka_settings", "schemas", "confluent_kafka"}), True),
     "producers": (frozenset({"producers", "schemas", "kafka_settings", "confluent_kafka"}), True),
     "processor.core": (frozenset({"processor.core", "schemas", "sortedcontainers", "mypy_extensions"}), False),
+    # logs: kafka_settings and confluent_kafka for the Kafka adapter only (see the module docstring)
+    "logs": (frozenset({"logs", "schemas", "kafka_settings", "confluent_kafka"}), True),
     "processor.runtime": (
         frozenset(
             {
                 "processor",
+                "logs",
                 "schemas",
                 "kafka_settings",
                 "producers",
-                "confluent_kafka",
                 "prometheus_client",
                 "sortedcontainers",
             }
@@ -75,6 +84,7 @@ RULES: dict[str, tuple[frozenset[str], bool]] = {
         frozenset(
             {
                 "projections",
+                "logs",
                 "schemas",
                 "sqlalchemy",
                 "alembic",
@@ -84,7 +94,6 @@ RULES: dict[str, tuple[frozenset[str], bool]] = {
                 "pydantic",
                 "starlette",
                 "prometheus_client",
-                "confluent_kafka",
             }
         ),
         True,
@@ -171,7 +180,7 @@ def test_the_rules_catch_a_wrong_arrow(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(path): path for package in OURS[:6] for path in files_of(package)}
+    modules = {module_name(path): path for package in OURS[:7] for path in files_of(package)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
@@ -247,3 +256,37 @@ def test_the_contract_loads_alone() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+# The embedded log's tables (logs/embedded_format.py): SQL naming one of them outside ``logs`` bypasses the checks.
+LOG_TABLE_SQL = re.compile(
+    r'\b(FROM|INTO|UPDATE|JOIN|TABLE)\s+"?(records|consumer_offsets|ends|meta)\b"?', re.IGNORECASE
+)
+
+
+def raw_log_sql() -> list[str]:
+    """``file:line`` of every string constant outside ``logs`` (and the tests) that runs SQL on the log's tables."""
+    found = []
+    for package in OURS:
+        if package in ("logs", "tests"):
+            continue
+        for path in files_of(package):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and LOG_TABLE_SQL.search(node.value):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_only_logs_reads_the_log_tables() -> None:
+    """No module outside ``logs`` runs SQL over the embedded log's tables (it would skip the CRC checks)."""
+    assert raw_log_sql() == []
+
+
+def test_raw_sql_over_the_log_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A projection module that selects from the log's ``records`` table is reported."""
+    (tmp_path / "projections").mkdir()
+    (tmp_path / "projections" / "sneaky.py").write_text(
+        "def read(db):\n    return db.execute('SELECT value FROM records WHERE topic = ?', ('t',))\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert raw_log_sql() == ["projections/sneaky.py:2"]

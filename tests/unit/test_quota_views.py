@@ -13,7 +13,8 @@ from processor.core.fold import decide
 from processor.core.quotas import quota_report
 from processor.core.state import PartitionState
 from projections import models, queries
-from projections.projector import Envelope, Projector
+from projections.envelope import Envelope
+from projections.projector import Projector
 from schemas.commands import AddNode, Command, SetPolicy, SetQuota, SubmitPod
 from tests.strategies import Fold
 

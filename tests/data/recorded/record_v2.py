@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from processor.runtime.loop import InputRecord, OutputRecord, PartitionFolder
+from logs.port import InputRecord, OutputRecord
+from processor.runtime.loop import PartitionFolder
 from schemas.commands import (
     AddNode,
     Command,
