@@ -7,6 +7,11 @@ commands, after the warm-up. Policies alternate, ``--rounds`` times, so load on 
 on each alike; the ratio column is against the first policy's mean at the same size.
 
     .venv/bin/python bench/policy_cost.py --nodes 1000,10000 --policies fgd-plus,fgd-pack --rounds 2
+
+``--pinned F`` makes the stream more like the openb ``gpuspec`` traces, where fgd-pack does its extra
+work (the model risk is O(K) over the distinct shapes present, plus the pinned sets): a share F of the GPU
+pods names one or two allowed GPU models, and every pod's CPU is jittered to one of 32 values so the present
+pods have a few hundred distinct shapes (openb: 91 on default, 250-320 on gpuspec).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,10 +32,30 @@ from bench.fold_throughput import Stream, build_nodes
 from processor.core.fold import decide
 from processor.core.policies import get_policy
 from processor.core.state import PartitionState
-from schemas.commands import Command, SetPolicy
+from schemas.commands import Command, SetPolicy, SubmitPod
+
+MODEL_SETS = (("T4",), ("A10",), ("A100",), ("H100",), ("A100", "H100"), ("A10", "T4"))
 
 
-def measure(nodes: int, commands: int, policy_name: str, seed: int) -> tuple[float, int]:
+class PinnedStream(Stream):
+    """``Stream`` with a share of GPU pods pinned to GPU models and CPU jittered (many distinct shapes)."""
+
+    def __init__(self, nodes: int, seed: int, pinned: float) -> None:
+        super().__init__(nodes, seed)
+        self.pinned = pinned
+
+    def submit(self) -> Command:
+        command = super().submit()
+        pod = command.payload
+        assert isinstance(pod, SubmitPod)
+        cpu = max(500, pod.cpu_milli * self.rng.randrange(16, 48) // 32)
+        models = self.rng.choice(MODEL_SETS) if pod.num_gpu and self.rng.random() < self.pinned else ()
+        return Command(
+            command.command_id, command.cluster, command.issued_at, replace(pod, cpu_milli=cpu, gpu_models=models)
+        )
+
+
+def measure(nodes: int, commands: int, policy_name: str, seed: int, pinned: float = 0.0) -> tuple[float, int]:
     """(CPU seconds inside ``place``, calls) over the measured commands."""
     policy = get_policy(policy_name)
     if policy is None:
@@ -37,7 +63,7 @@ def measure(nodes: int, commands: int, policy_name: str, seed: int) -> tuple[flo
     rng = random.Random(seed)
     state = PartitionState()
     setup = [Command("policy", "bench", 0, SetPolicy(policy_name)), *build_nodes(nodes, rng)]
-    stream = Stream(nodes, seed)
+    stream = PinnedStream(nodes, seed, pinned) if pinned else Stream(nodes, seed)
     setup += stream.warmup()
     for offset, command in enumerate(setup):
         decide(state, command, offset)
@@ -68,17 +94,18 @@ def main() -> int:
     parser.add_argument("--policies", default="fgd-plus,fgd-pack")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--pinned", type=float, default=0.0, help="share of GPU pods pinned to GPU models (0: none)")
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; pinned share of GPU pods: {args.pinned}")
     print("| nodes | policy | us per place (each round) | mean | ratio |")
     print("|---:|---|---|---:|---:|")
     for nodes in (int(n) for n in args.nodes.split(",")):
         per: dict[str, list[float]] = {p: [] for p in policies}
         for _ in range(args.rounds):
             for name in policies:
-                seconds, calls = measure(nodes, args.commands, name, args.seed)
+                seconds, calls = measure(nodes, args.commands, name, args.seed, args.pinned)
                 per[name].append(1e6 * seconds / max(calls, 1))
         base = statistics.fmean(per[policies[0]])
         for name in policies:

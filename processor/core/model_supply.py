@@ -24,14 +24,16 @@ model whose supply exceeds its need by a few spreads costs nothing, one at its n
 costs half of what is taken.
 
 Everything is derived from the present pods and the capacity index, so a replay or a
-restored snapshot gives the same risk. Cost: O(K) over the K distinct request shapes
-of the present pods, plus O(R) over the models of the R restricted sets.
+restored snapshot gives the same risk. Cost: O(R) over the models of the R restricted sets, from
+the demand ``ClusterState.count_shape`` keeps summed as pods come and go (``gpu_demand``,
+``pinned_demand``); :func:`model_risk` recomputes it from the histogram in O(K) over the K
+distinct request shapes (the reference the tests compare with).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from processor.core.capacity import CapacityIndex
 from schemas.commands import GPU_MILLI
@@ -58,15 +60,23 @@ def restricted_demand(
 
 
 def model_risk(shape_counts: Mapping[TypicalKey, int], index: CapacityIndex) -> dict[str, float]:
-    """Per GPU model named by a restricted present pod: the probability its need exceeds its idle milli."""
+    """Per GPU model named by a restricted present pod: the probability its need exceeds its idle milli. O(K)."""
     total, restricted = restricted_demand(shape_counts)
+    return model_risk_of_demand(total, restricted, index)
+
+
+def model_risk_of_demand(
+    total: int, restricted: Mapping[tuple[str, ...], Sequence[int]], index: CapacityIndex
+) -> dict[str, float]:
+    """:func:`model_risk` from the demand already summed (``ClusterState.gpu_demand`` and ``pinned_demand``,
+    which ``count_shape`` keeps equal to :func:`restricted_demand`): O(R) over the restricted sets' models."""
     if not restricted or total <= 0:
         return {}
     idle_all = index.gpu_free()
     need: dict[str, float] = {}
     counted: dict[str, float] = {}  # restricted pods behind each need
     for models in sorted(restricted):
-        milli, count = restricted[models]
+        milli, count = restricted[models][0], restricted[models][1]
         idle = [index.gpu_free(model) for model in models]
         supply = sum(idle)
         share = idle_all * milli / total

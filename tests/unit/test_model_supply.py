@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from processor.core.model_supply import model_risk, restricted_demand
-from schemas.commands import AddNode, SubmitPod
+from processor.core.model_supply import model_risk, model_risk_of_demand, restricted_demand
+from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
+from processor.core.state import ClusterState
+from schemas.commands import AddNode, Release, SubmitPod
 from schemas.fragmentation import TypicalKey
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import Fold
 
 
@@ -77,3 +80,39 @@ def test_a_set_of_models_splits_its_need_by_idle_supply() -> None:
         fold.run(SubmitPod(f"a{n}", num_gpu=1, gpu_milli=1000, cpu_milli=1000, node_selector={"nowhere": "x"}))
     risk = model_risk(fold.cluster.shape_counts, fold.cluster.index)
     assert set(risk) == {"T4", "V100"} and risk["T4"] < 0.5 and risk["V100"] < 0.5
+
+
+def summed(cluster: ClusterState) -> tuple[int, dict[tuple[str, ...], tuple[int, int]]]:
+    """The demand the state keeps summed, in :func:`restricted_demand`'s form."""
+    return cluster.gpu_demand, {models: (entry[0], entry[1]) for models, entry in cluster.pinned_demand.items()}
+
+
+def test_the_state_keeps_the_demand_summed_through_releases_and_a_snapshot() -> None:
+    """``count_shape`` keeps ``gpu_demand``/``pinned_demand`` equal to the histogram's sums as pods come and go
+    (running or waiting, pinned or not, CPU-only), a restored snapshot rebuilds them, and they are not in the
+    hash; the risk read from them is the one recomputed from the histogram."""
+    fold = Fold()
+    fold.run_all(AddNode("t", 64000, 262144, "T4", 2), AddNode("v", 64000, 262144, "V100", 8))
+    pods = [
+        SubmitPod("a", num_gpu=1, gpu_milli=1000, cpu_milli=1000, gpu_models=("T4",)),
+        SubmitPod("b", num_gpu=1, gpu_milli=500, cpu_milli=1000, gpu_models=("T4",)),
+        SubmitPod("c", num_gpu=2, gpu_milli=1000, cpu_milli=1000, gpu_models=("T4", "V100")),
+        SubmitPod("d", num_gpu=4, gpu_milli=1000, cpu_milli=1000),
+        SubmitPod("e", num_gpu=0, gpu_milli=0, cpu_milli=1000, gpu_models=("T4",)),
+        SubmitPod("f", num_gpu=8, gpu_milli=1000, cpu_milli=1000, gpu_models=("V100",)),  # waits: no room left
+    ]
+    for pod in pods:
+        fold.run(pod)
+        assert summed(fold.cluster) == restricted_demand(fold.cluster.shape_counts)
+    assert summed(fold.cluster) == (1000 + 500 + 2000 + 4000 + 8000, {("T4",): (1500, 2), ("T4", "V100"): (2000, 1),
+                                                                     ("V100",): (8000, 1)})  # fmt: skip
+    for pod_id in ("a", "f"):
+        fold.run(Release(pod_id))
+        assert summed(fold.cluster) == restricted_demand(fold.cluster.shape_counts)
+    assert ("V100",) not in fold.cluster.pinned_demand  # a set whose last pod left is gone
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(fold.state))))
+    assert summed(restored.clusters["c0"]) == summed(fold.cluster)
+    assert state_hash(restored) == state_hash(fold.state)
+    cluster = fold.cluster
+    risk = model_risk_of_demand(cluster.gpu_demand, cluster.pinned_demand, cluster.index)
+    assert risk == model_risk(cluster.shape_counts, cluster.index) != {}

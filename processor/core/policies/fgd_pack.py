@@ -25,8 +25,8 @@ variant in BENCHMARKS.md, "Why fgd-plus lost"):
 
 Everything it reads is derived from the log: typical pods (in snapshots), present
 pods' shapes and the capacity index. Prices are computed once per typical-pod list
-(~10 ms for openb's 11-20 share sizes), risks per GPU pod (O(K) over the distinct
-shapes present); evaluations are memoised per (group, request, model risk).
+(~10 ms for openb's 11-20 share sizes), risks per GPU pod (O(R) over the pinned model sets,
+from the demand the state keeps summed); evaluations are memoised per (group, request, model risk).
 ``PodScheduled.scores`` carries the reduced cost, the FGD score, the model risk, the
 leftovers and the growth of the chosen option.
 """
@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from processor.core.fragmentation import BalancedFragmenter
-from processor.core.model_supply import model_risk
+from processor.core.model_supply import model_risk_of_demand
 from processor.core.policies.base import Choice
 from processor.core.policies.fgd import MEMO_LIMIT, FragMemo, FragmentationPolicy, gpus_on_node, options_for, sigmoid
 from processor.core.resources import PodShape, Signature
@@ -126,7 +126,7 @@ class FgdPack(FragmentationPolicy):
 
     def risks(self, cluster: ClusterState) -> dict[str, float]:
         """Per GPU model, the risk that pinned pods will need its idle supply (:mod:`processor.core.model_supply`)."""
-        return model_risk(cluster.shape_counts, cluster.index)
+        return model_risk_of_demand(cluster.gpu_demand, cluster.pinned_demand, cluster.index)
 
     def place(self, cluster: ClusterState, shape: PodShape, groups: list[NodeGroup]) -> Choice:
         memo = self.memo(cluster)
