@@ -27,6 +27,11 @@ FOLD_LAG_SECONDS = Gauge(
 )  # fmt: skip
 HEALTHY = Gauge("gpufold_healthy", "1 when /healthz answers 200, else 0")
 HALTED = Gauge("gpufold_cluster_halted", "1 for a cluster whose fold halted (ClusterHalted)", ["cluster"])
+HALTED_REFUSED = Gauge(
+    "gpufold_cluster_halted_refused_commands",
+    "Commands for a halted cluster refused with CLUSTER_HALTED since it halted (kept in the log for its resume)",
+    ["cluster"],
+)
 
 
 def scrape(replica: Any, health: Any) -> tuple[bytes, str]:
@@ -46,8 +51,10 @@ def scrape(replica: Any, health: Any) -> tuple[bytes, str]:
             FOLD_LAG.labels(str(row["partition"])).set(row["lag_commands"])
             FOLD_LAG_SECONDS.labels(str(row["partition"])).set(row["lag_seconds"])
         HALTED.clear()
+        HALTED_REFUSED.clear()
         for item in report.get("halted", []):
             HALTED.labels(item["cluster"]).set(1)
+            HALTED_REFUSED.labels(item["cluster"]).set(item.get("refused", 0))
     return generate_latest(), CONTENT_TYPE_LATEST
 
 
