@@ -143,6 +143,7 @@ def test_wrong_partition_refusals_are_a_warning_not_a_503(served: Served) -> Non
     status = served.client.get("/v1/status").json()
     assert status["ok"] and status["replica"]["refused"] == {"WRONG_PARTITION": 2}
     assert status["warnings"][0].startswith("2 command(s) dead-lettered as WRONG_PARTITION")
+    assert 'gpufold_commands_dead_lettered{code="WRONG_PARTITION"} 2.0' in served.client.get("/metrics").text
     assert served.client.get("/healthz").status_code == 200
 
 
