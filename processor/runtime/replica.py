@@ -303,6 +303,7 @@ class Replica:
                         "error": halt.error,
                         "partition": partition,
                         "offset": halt.offset,
+                        "refused": halt.refused,
                     }
         return found
 
