@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from logs.port import InputRecord, OutputRecord
+from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.state import PartitionState
 from processor.runtime.loop import PartitionFolder
 from schemas.topics import Topics
@@ -28,11 +28,17 @@ class Replayed:
 
 
 def replay_partition(
-    partition: int, records: Iterable[InputRecord], topics: Topics | None = None, *, keep_events: bool = False
+    partition: int,
+    records: Iterable[InputRecord],
+    topics: Topics | None = None,
+    *,
+    keep_events: bool = False,
+    placement: Placement | None = None,
 ) -> Replayed:
-    """Fold command records into a fresh state (no snapshots); keep the event frames if asked."""
+    """Fold command records into a fresh state (no snapshots); keep the event frames if asked. With the log's
+    ``placement``, commands on the wrong partition are dead-lettered as the processor does."""
     topics = topics or Topics()
-    folder = PartitionFolder(partition, topics, snapshot_every=0)
+    folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
     result = Replayed(partition, folder.state)
     sink: list[OutputRecord] = []
     for record in records:

@@ -143,8 +143,20 @@ class HealthMonitor:
                 problems.append(f"a health probe failed: {error}")
         report["ok"] = not problems
         report["problems"] = problems
+        report["warnings"] = self._warnings(replica_part)
         self._report = report
         return report
+
+    def _warnings(self, replica_part: dict[str, Any]) -> list[str]:
+        """What an operator should see but that does not make the server unhealthy: commands the fold refuses
+        without a record in any cluster (a producer that does not partition by murmur2(cluster))."""
+        warnings = []
+        for code, count in sorted((replica_part.get("refused") or {}).items()):
+            warnings.append(
+                f"{count} command(s) dead-lettered as {code} since the replica started: a producer does not "
+                "partition by murmur2(cluster) or keys by something else (see the README's one writer per cluster)"
+            )
+        return warnings
 
     def _replica_part(self, now: float, problems: list[str]) -> dict[str, Any]:
         replica = self.probes.replica
@@ -175,6 +187,7 @@ class HealthMonitor:
             "alive": bool(status.get("alive", True)),
             "error": status.get("error"),
             "head": status.get("head", {}),
+            "refused": status.get("refused", {}),
             "partitions": partitions,
             "halted_clusters": halted,
         }

@@ -41,9 +41,11 @@ from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
 from processor.runtime import replica_views as views
 from processor.runtime.ledger import DEFAULT_SIZE, CommandLedger, Entry, command_digest, frame_digest
+from processor.runtime.loop import wrong_partition
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
+from schemas.codes import DeadLetterCode
 from schemas.commands import Command, Tick
 from schemas.events import Event, NodeAdded, NodeRemoved
 from schemas.fastcodec import decode_command
@@ -115,6 +117,8 @@ class Replica:
         self.halted: dict[str, dict[str, Any]] = {}  # cluster -> why its fold halted
         self.folded = 0
         self.folded_at: float | None = None  # clock time of the last fold
+        self.refused: dict[str, int] = {}
+        """Commands seen since the restore that the processor does not fold (dead-lettered), by code."""
         self.restored = threading.Event()
         self.error: str | None = None
         self._status: dict[str, Any] = {"offsets": {}, "head": {}, "lag": 0, "ready": False}
@@ -223,6 +227,10 @@ class Replica:
         except DecodeError:
             state.next_offset = record.offset + 1  # the processor dead-letters it
             return
+        if wrong_partition(record, command.cluster, self.partitions) is not None:
+            state.next_offset = record.offset + 1  # the processor dead-letters it (WRONG_PARTITION)
+            self.refused[DeadLetterCode.WRONG_PARTITION] = self.refused.get(DeadLetterCode.WRONG_PARTITION, 0) + 1
+            return
         self.ledger.record(command.command_id, Entry(record.partition, record.offset, self._digest(record, command)))
         events = decide(state, command, record.offset)
         update = self.index.update
@@ -284,6 +292,8 @@ class Replica:
             ends = {str(p): e for p, e in sorted(self._ends.items())}
         lag = sum(max(0, self._ends.get(int(p), 0) - o) for p, o in offsets.items())
         answer: dict[str, Any] = {"offsets": offsets, "head": ends, "lag": lag, "ready": self.restored.is_set()}
+        if self.refused:  # e.g. {"WRONG_PARTITION": 2}: a producer not on murmur2, or keyed other than its cluster
+            answer["refused"] = dict(sorted(self.refused.items()))
         if self.error:
             answer["error"] = self.error
         return answer

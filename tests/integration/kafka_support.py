@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfig, load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
-from logs.port import InputRecord, OutputRecord
+from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
@@ -214,13 +214,15 @@ class Refold:
     hashes: dict[int, str]
 
 
-def refold(commands: dict[int, list[Record]], topics: Topics) -> Refold:
-    """Fold the command frames of every partition locally, exactly as the processor does."""
+def refold(commands: dict[int, list[Record]], topics: Topics, partitions: int | None = None) -> Refold:
+    """Fold the command frames of every partition locally, exactly as the processor does (a fresh topic: every
+    command checked for its partition and key, on ``partitions``, by default as many as ``commands`` has)."""
     events: dict[int, list[bytes]] = defaultdict(list)
     dead: dict[int, list[bytes]] = defaultdict(list)
     hashes: dict[int, str] = {}
+    placement = Placement(partitions or len(commands))
     for partition, records in commands.items():
-        folder = PartitionFolder(partition, topics, snapshot_every=0)
+        folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
         out: list[OutputRecord] = []
         for record in records:
             folder.fold(InputRecord(partition, record.offset, record.key, record.value), out)

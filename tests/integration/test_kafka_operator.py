@@ -183,7 +183,8 @@ def test_export_from_kafka_replays_to_productions_state_hash(kafka_bootstrap: st
     assert prefix_state.returncode == 0, prefix_state.stderr
     from kafka_support import Record, refold
 
-    expected = refold({partition: [Record(partition, r.offset, r.key, r.value) for r in commands[: cut + 1]]}, topics)
+    prefix_records = {partition: [Record(partition, r.offset, r.key, r.value) for r in commands[: cut + 1]]}
+    expected = refold(prefix_records, topics, PARTITIONS)
     assert json.loads(prefix_state.stdout)["partitions"][0]["state_hash"] == expected.hashes[partition]
 
 

@@ -131,6 +131,17 @@ def test_a_dead_fold_and_a_halted_cluster_are_503_with_why(served: Served) -> No
     assert served.client.get("/v1/status").json()["halted"][0]["command_id"] == "c-9"
 
 
+def test_wrong_partition_refusals_are_a_warning_not_a_503(served: Served) -> None:
+    """Commands dead-lettered as WRONG_PARTITION show in /v1/status (a producer to fix), but the server is healthy."""
+    served.client.post("/v1/commands?wait=10&create_cluster=true", json=NODES)
+    served.replica.refused["WRONG_PARTITION"] = 2
+    served.check()
+    status = served.client.get("/v1/status").json()
+    assert status["ok"] and status["replica"]["refused"] == {"WRONG_PARTITION": 2}
+    assert status["warnings"][0].startswith("2 command(s) dead-lettered as WRONG_PARTITION")
+    assert served.client.get("/healthz").status_code == 200
+
+
 def test_a_dead_replica_is_503(served: Served) -> None:
     served.replica.error = "ValueError: the log is damaged"
     report = served.check()
