@@ -58,7 +58,8 @@ log = logging.getLogger("gpufold.replica")
 DEFAULT_BATCH_SIZE = 500
 HISTORY_POINTS = 720
 ENDS_REFRESH_SECONDS = 0.5
-FRAGMENTATION_EVERY_SECONDS = 0.5  # a history point recomputes fragmentation at most this often per cluster
+FRAGMENTATION_EVERY_SECONDS = 0.5  # a changed cluster's fragmentation is measured at least this often
+FRAGMENTATION_SHARE = 0.05  # ... and at most as often as keeps its measuring under this share of the time
 RECENT_DISRUPTIONS = 200  # per cluster
 DISRUPTIONS = ("PodPreempted", "PodEvicted", "PodMigrated", "PodTimeLimitReached", "GangTimedOut", "NodeFailed")
 HALTED_EVENT = "ClusterHalted"  # the fold stopped folding a cluster (its decide raised): health shows it
@@ -109,7 +110,7 @@ class Replica:
         self._sorted_nodes: dict[str, tuple[int, list[str]]] = {}
         self._history_points = history_points
         self._history: dict[str, deque[dict[str, Any]]] = {}
-        self._fragmentation: dict[str, tuple[float, float]] = {}  # cluster -> (computed at, pct of idle)
+        self._fragmentation: dict[str, tuple[float, float, float]] = {}  # cluster -> (measured at, pct, cost)
         self._disruptions: dict[str, deque[Event]] = {}
         self.versions: dict[str, int] = {}  # cluster -> changes folded (an ETag for its views)
         self._queue_order: dict[str, tuple[int, list[tuple[str, str]]]] = {}  # cluster -> (version, order)
@@ -487,8 +488,9 @@ class Replica:
 
     def fragmentation_pct(self, cluster: ClusterState) -> float:
         """The one fragmentation figure of a cluster (see :func:`fragmentation_of`), now. Under the lock."""
+        started = time.perf_counter()
         pct = fragmentation_of(cluster)
-        self._fragmentation[cluster.name] = (self._clock(), pct)
+        self._fragmentation[cluster.name] = (self._clock(), pct, time.perf_counter() - started)
         return pct
 
     def queue(
@@ -554,17 +556,18 @@ class Replica:
         """Record a history point of a cluster that changed (one per event time: a later change at the same
         time replaces it). When full, every other point is dropped (the last kept), so the series always spans
         the whole history in at most ``history_points``. Fragmentation costs O(S·T), so a point measures it only
-        if FRAGMENTATION_EVERY_SECONDS passed since the cluster's last measure (else it is null: a chart draws
-        it through the measured points); :meth:`history` measures the last point when asked."""
+        when that keeps measuring under FRAGMENTATION_SHARE of the time (every change of a small cluster, a few
+        times a second of a large one catching up), and at least every FRAGMENTATION_EVERY_SECONDS; else it is
+        null (a chart draws it through the measured points). :meth:`history` measures the last point when asked."""
         now = self._event_time.get(cluster.name, 0)
         if now <= 0:
             return  # no event time yet: a point at 0 would draw an axis from 1970
         points = self._history.get(cluster.name)
         if points is None:
             points = self._history[cluster.name] = deque()
-        computed_at, _ = self._fragmentation.get(cluster.name, (-1e9, 0.0))
+        measured_at, _, cost = self._fragmentation.get(cluster.name, (-1e9, 0.0, 0.0))
         pct: float | None = None
-        if self._clock() - computed_at >= FRAGMENTATION_EVERY_SECONDS:
+        if self._clock() - measured_at >= min(FRAGMENTATION_EVERY_SECONDS, cost / FRAGMENTATION_SHARE):
             pct = round(self.fragmentation_pct(cluster), 3)
         point = {
             "t": now,

@@ -224,7 +224,11 @@ def test_the_queue_in_scheduling_order_paged_filtered_with_live_explain(live: Li
 
 
 def test_state_lives_in_the_url(live: LiveServer, browser: Chromium) -> None:
-    """A URL opens the same view (cluster, tab, filter); choosing a tab writes it back."""
+    """A URL opens the same view (cluster, tab, filter); choosing a tab writes it back; with no cluster in
+    the URL, the largest cluster is shown (never one a typo created) and written into the URL."""
+    browser.open(live.url + "?refresh=500")
+    browser.wait_for("document.body.dataset.cluster === 'c1'")
+    assert "cluster=c1" in browser.evaluate("location.search")
     browser.open(live.url + "?cluster=lab&tab=running&tenant=t0&refresh=500")
     browser.wait_for("document.body.dataset.tab === 'running' && document.querySelectorAll('#content tr.pod').length")
     pods = browser.evaluate("[...document.querySelectorAll('#content tr.pod')].map(r => r.dataset.pod)")
@@ -260,6 +264,7 @@ def test_the_gpu_grid_folds_by_model_and_opens_a_node(live: LiveServer, browser:
     assert node is not None
     pods = browser.evaluate("[...document.querySelectorAll('#panel tr.pod')].map(r => r.dataset.pod)")
     assert pods == [p["pod_id"] for p in node["pod_list"]]
+    browser.screenshot(ARTIFACTS / "dashboard-nodes.png", full_page=False)
 
 
 def test_works_at_390_px_without_sideways_scrolling(live: LiveServer) -> None:

@@ -151,7 +151,7 @@ function drawChart(points) {
     const measured = points.filter((p) => p.fragmentation_pct !== null);
     const frag = line(measured, (p) => p.fragmentation_pct);
     items.push(`<polyline class="line util" points="${util}"/><polyline class="line frag" points="${frag}"/>`);
-    if (measured.length < 60) {
+    if (measured.length < 24) {
       for (const p of measured) items.push(`<circle class="dot frag" cx="${x(p.t).toFixed(1)}" cy="${y(p.fragmentation_pct).toFixed(1)}" r="2.5"/>`);
     }
     $("chart-range").textContent = `· event time ${fmtTime(t0)} → ${fmtTime(t1)}`;

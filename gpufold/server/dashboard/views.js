@@ -256,7 +256,8 @@
       for (const button of document.querySelectorAll("#tabs button")) button.classList.toggle("active", button.dataset.tab === tab);
       document.body.dataset.tab = tab;
       const view = views[tab] || views.queue;
-      const key = JSON.stringify([tab, GF.state.cluster, GF.state.tenant, GF.state.search, GF.state.node, GF.state.offset, GF.state.group, GF.state.explain]);
+      const s = GF.state;
+      const key = JSON.stringify([tab, s.cluster, s.tenant, s.search, s.node, s.offset, s.group, s.fold].map((v) => v || ""));
       const content = $("content");
       // Keep the open grid groups (and scroll) when nothing about the view changed: redraw only the data.
       if (tab === "nodes" && content.dataset.key === key) {
