@@ -17,6 +17,10 @@
     return `${(s / 86400).toFixed(1)} d`;
   }
 
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? "" : "s"}`;
+  }
+
   function when(t, now) {
     if (t === null || t === undefined) return "–";
     if (!now) return new Date(t).toISOString().slice(0, 16).replace("T", " ");
@@ -94,12 +98,12 @@
           onclick: () => GF.set({ explain: j.id, nodepanel: "" }) }, [
           td(j.position ?? "wait", "num"),
           el("td", {}, [el("span", { class: "id", text: j.id }), j.kind === "gang" ? el("span", { class: "badge", text: "gang" }) : null]),
-          td(age(j.age_ms), "wide"),
-          td(j.priority, "num wide"),
-          td(j.tenant),
+          td(age(j.age_ms), "age wide"),
+          td(j.priority, "prio num wide"),
+          td(j.tenant, "tenant"),
           td(j.request.text, "wide"),
           reasonsCell(j.reasons),
-          td(j.expected_start === null ? (j.holds_reservation ? "unknown" : "–") : when(j.expected_start, c.event_time), "wide"),
+          td(j.expected_start === null ? (j.holds_reservation ? "unknown" : "–") : when(j.expected_start, c.event_time), "expected wide"),
         ])
       );
       if (!rows.length) rows.push(el("tr", {}, [el("td", { colspan: "8", class: "muted", text: "nothing waits" })]));
@@ -156,10 +160,10 @@
       filters(el("span", { class: "muted small", text: "nominal, used, may hold now, borrowed beyond nominal, lent to the cohort" }));
       const unit = (key, v) => (key === "cpu" ? `${(v / 1000).toFixed(1)} cores` : key === "memory" ? `${(v / 1024).toFixed(0)} GiB` : `${(v / 1000).toFixed(2)}`);
       const rows = quotas.quotas.map((q) =>
-        el("tr", { class: "quota", "data-tenant": q.tenant }, [
+        el("tr", { class: "quota", "data-tenant": q.tenant, "data-key": q.key }, [
           td(q.tenant + (q.default ? " (default)" : "")), td(q.cohort || "–", "wide"), td(q.key),
-          td(unit(q.key, q.nominal), "num"), td(unit(q.key, q.used), "num"), td(unit(q.key, q.may_hold), "num wide"),
-          td(unit(q.key, q.borrowed), "num wide"), td(unit(q.key, q.lent), "num wide"),
+          td(unit(q.key, q.nominal), "nominal num"), td(unit(q.key, q.used), "used num"), td(unit(q.key, q.may_hold), "may-hold num wide"),
+          td(unit(q.key, q.borrowed), "borrowed num wide"), td(unit(q.key, q.lent), "lent num wide"),
         ])
       );
       if (!rows.length) rows.push(el("tr", {}, [el("td", { colspan: "8", class: "muted", text: "no quotas: tenants are not limited" })]));
@@ -188,7 +192,7 @@
         if (type === "PodMigrated") cause = `${p.from_node} → ${p.to_node} (${p.reason})${p.message ? ": " + p.message : ""}`;
         if (type === "PodTimeLimitReached") cause = `time limit of ${age(p.time_limit_ms)} reached`;
         return el("tr", { class: "disruption", "data-type": type }, [
-          td(when(e.occurred_at, c.event_time), "wide"), td(type), td(p.pod_id || p.gang_id || "–"), td(p.node_id || p.from_node || "–", "wide"), td(cause),
+          td(when(e.occurred_at, c.event_time), "wide"), td(type), td(p.pod_id || p.gang_id || "–", "pod"), td(p.node_id || p.from_node || "–", "wide"), td(cause, "cause"),
         ]);
       });
       if (!rows.length) rows.push(el("tr", {}, [el("td", { colspan: "5", class: "muted", text: "nothing was preempted, evicted or moved" })]));
@@ -212,7 +216,7 @@
         const open = total <= foldAbove;
         const head = el("summary", {}, [
           el("b", { text: m.gpu_model || "CPU only" }),
-          el("span", { class: "muted", text: ` ${m.nodes} nodes, ${m.gpus} GPUs: ${m.free} free, ${m.shared} shared, ${m.full} whole${m.cordoned ? `, ${m.cordoned} cordoned` : ""}${m.failed ? `, ${m.failed} failed` : ""}` }),
+          el("span", { class: "muted", text: ` ${plural(m.nodes, "node")}, ${plural(m.gpus, "GPU")}: ${m.free} free, ${m.shared} shared, ${m.full} whole${m.cordoned ? `, ${m.cordoned} cordoned` : ""}${m.failed ? `, ${m.failed} failed` : ""}` }),
           m.gpus ? el("span", { class: "stack" }, [
             el("i", { class: "full", style: `width:${(100 * m.full) / m.gpus}%` }),
             el("i", { class: "shared", style: `width:${(100 * m.shared) / m.gpus}%` }),
@@ -238,7 +242,7 @@
               });
               return el("span", { class: `node ${status}`, "data-node": id, title: `${id} (${status}) ${pods} pods`, tabindex: "0", onclick: () => GF.set({ nodepanel: id, explain: "" }) }, gpus);
             });
-            if (labelIndex >= 0) details.appendChild(el("h4", { text: `${keys[labelIndex]}=${key} — ${boxes.length} nodes` }));
+            if (labelIndex >= 0) details.appendChild(el("h4", { text: `${keys[labelIndex]}=${key} — ${plural(boxes.length, "node")}` }));
             details.appendChild(el("div", { class: "nodes" }, boxes));
           }
         };
