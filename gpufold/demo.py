@@ -24,7 +24,7 @@ from logs.embedded import EmbeddedLog
 from processor.core.snapshot import state_hash
 from processor.runtime.loop import Processor
 from schemas import COMMAND, EVENT, registry
-from schemas.commands import Command, Release
+from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, Command, Release, Tick
 from schemas.events import Event, NodeAdded, NodeFailed, NodeRemoved, PodQueued, PodReleased, PodScheduled
 
 CLUSTER = "openb"
@@ -52,7 +52,22 @@ def trace_commands(nodes: list[trace.TraceNode], pods: list[trace.TracePod], clu
             release = Command(f"release-{pod.name}", cluster, deleted, Release(pod.name), "openb-trace")
             timed.append((deleted, pod.name, 1, release))
     timed.sort(key=lambda item: item[:3])
-    return commands + [item[3] for item in timed]
+    return commands + _forced_ticks([item[3] for item in timed], cluster)
+
+
+def _forced_ticks(commands: list[Command], cluster: str) -> list[Command]:
+    """The trace's quiet spells run longer than a day: a ``Tick {force: true}`` moves time on purpose before a
+    command dated more than ``max_clock_jump_ms`` (24 h) after the one before, which the fold would refuse."""
+    out: list[Command] = []
+    clock = 0
+    for command in commands:
+        if clock and command.issued_at - clock > DEFAULT_MAX_CLOCK_JUMP_MS:
+            out.append(
+                Command(f"jump-{command.command_id}", cluster, command.issued_at, Tick(force=True), "openb-trace")
+            )
+        clock = max(clock, command.issued_at)
+        out.append(command)
+    return out
 
 
 @dataclass

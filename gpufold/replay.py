@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.state import PartitionState
-from processor.runtime.loop import PartitionFolder
+from processor.runtime.loop import History, PartitionFolder
 from schemas.topics import Topics
 
 
@@ -34,11 +34,13 @@ def replay_partition(
     *,
     keep_events: bool = False,
     placement: Placement | None = None,
+    history: History | None = None,
 ) -> Replayed:
     """Fold command records into a fresh state (no snapshots); keep the event frames if asked. With the log's
-    ``placement``, commands on the wrong partition are dead-lettered as the processor does."""
+    ``placement``, commands on the wrong partition are dead-lettered as the processor does; with the log as
+    ``history``, a halted cluster is rebuilt on ``ResumeCluster`` as the processor does."""
     topics = topics or Topics()
-    folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
+    folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement, history=history)
     result = Replayed(partition, folder.state)
     sink: list[OutputRecord] = []
     for record in records:

@@ -266,6 +266,9 @@ HANDLERS: dict[type, Handler] = {
 
 NOT_PROJECTED: dict[str, str] = {
     # event type (its name in schemas/event.avsc) -> why no table but the audit log changes
+    "ClusterHalted": "the events of the work that raised were not published, so the cluster's rows stay as they "
+    "were before it: what ResumeCluster rebuilds; the audit log keeps the halt",
+    "ClusterResumed": "the rebuilt cluster is the one its rows already show (its state before the halting command)",
     "CommandRejected": "a refused command changes no state; the audit log answers `query command`",
     "PolicyChanged": "the placement policy is the fold's; the audit log keeps the change",
     "QuotaChanged": "quotas are read from the replica (the fold's state); the audit log keeps the change",

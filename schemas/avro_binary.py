@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from schemas.codec import COMMAND, EVENT, HEADER_SIZE, DecodeError, registry
-from schemas.commands import Command, V1Command
+from schemas.commands import Command, V1Command, V2Command
 from schemas.events import Event
 
 # Messages of the rejections fastavro would not make (see schemas/fastcodec.py).
@@ -74,11 +74,13 @@ def _union_error(index: int, size: int) -> DecodeError:
 
 
 def _slow_command(frame: Any) -> Command:
-    """A command through fastavro (another writer schema): a :class:`V1Command` if contract v1 wrote it."""
+    """A command through fastavro (another writer schema): a :class:`V1Command` or :class:`V2Command` if that
+    release wrote it, so it keeps its release's semantics."""
     codecs = registry()
     data = codecs.codec(COMMAND).decode(frame)
     version = codecs.released_version(COMMAND, bytes(frame[2:HEADER_SIZE]))
-    return (V1Command if version == "v1" else Command).from_avro(data)
+    kind = V1Command if version == "v1" else V2Command if version == "v2" else Command
+    return kind.from_avro(data)
 
 
 def _slow_event(frame: Any) -> Event:

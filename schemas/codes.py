@@ -44,6 +44,9 @@ class RejectionCode:
     NOT_WAITING: Final = "NOT_WAITING"  # a Defragment target that is not waiting in the queue
     TIME_OUT_OF_RANGE: Final = "TIME_OUT_OF_RANGE"  # issued_at past schemas.limits.MAX_ISSUED_AT
     TOO_LARGE: Final = "TOO_LARGE"  # a string or a collection over its bound in schemas.limits
+    CLUSTER_HALTED: Final = "CLUSTER_HALTED"  # the cluster is halted (ClusterHalted) until ResumeCluster
+    CLOCK_JUMP: Final = "CLOCK_JUMP"  # dated further ahead of the cluster's clock than max_clock_jump_ms
+    NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -68,6 +71,9 @@ class RejectionCode:
         NOT_WAITING,
         TIME_OUT_OF_RANGE,
         TOO_LARGE,
+        CLUSTER_HALTED,
+        CLOCK_JUMP,
+        NOT_HALTED,
     )
 
 

@@ -24,6 +24,8 @@ STRICT_FIFO = "strict-fifo"
 """Queue order: nothing starts before every job ahead of it (priority, then age) has started."""
 QUEUE_ORDERS = (SKIP_AHEAD, STRICT_FIFO)
 DEFAULT_RESERVE_AFTER_MS = 300_000
+DEFAULT_MAX_CLOCK_JUMP_MS = 86_400_000
+"""How far ahead of its cluster's clock a command may be dated (24 h) unless SetPolicy says otherwise (0: no limit)."""
 """A job at the head of the queue that has waited this long (event time) gets nodes reserved."""
 PREEMPT_LOWER = "lower_priority"
 """A pod or gang that fits nowhere may preempt pods of strictly lower priority (the default)."""
@@ -167,12 +169,14 @@ class SetPolicy(Record):
     ``reserve_after_ms``: reserve nodes for the head of the queue once it has waited
     this long (negative: no reservations). ``queue_order``: ``skip-ahead`` or ``strict-fifo``.
     ``default_quota``: the quota of tenants without their own (one that limits nothing: none).
+    ``max_clock_jump_ms``: a command dated further ahead of the cluster's clock is refused (0: no limit).
     """
 
     policy: str = ""
     reserve_after_ms: int | None = None
     queue_order: str = ""
     default_quota: Quota | None = None
+    max_clock_jump_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -221,7 +225,14 @@ class ReleaseGang(Record):
 
 @dataclass(slots=True)
 class Tick(Record):
-    """Advances event time when no other command does, so timeouts and time limits fire."""
+    """Advances event time when no other command does, so timeouts and time limits fire.
+
+    ``force``: accept a jump further ahead than the cluster's ``max_clock_jump_ms`` (trace replays).
+    ``partition``: advance every cluster of the partition (what the processor's own ticks do).
+    """
+
+    force: bool = False
+    partition: bool = False
 
 
 @dataclass(slots=True)
@@ -264,6 +275,13 @@ class Defragment(Record):
     target: str | None = None
 
 
+@dataclass(slots=True)
+class ResumeCluster(Record):
+    """Fold again for a cluster halted by an internal error, from its state before the halting command."""
+
+    reason: str = ""
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -280,6 +298,7 @@ CommandPayload = (
     | SetQuota
     | RemoveQuota
     | Defragment
+    | ResumeCluster
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -300,6 +319,7 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         SetQuota,
         RemoveQuota,
         Defragment,
+        ResumeCluster,
     )
 }
 
@@ -357,6 +377,20 @@ class V1Command(Command):
     @property
     def contract(self) -> str:
         return "v1"
+
+
+@dataclass(slots=True)
+class V2Command(Command):
+    """A command written by a client of contract v2 (its frame's fingerprint says so).
+
+    It keeps v2's semantics: event time is the partition's (the largest ``issued_at`` of any cluster on
+    it, with no limit on a jump), and a preemptor that would borrow quota may take any lower-priority pod
+    (v3 adopts Kueue's rule). A log written entirely with v2 replays to exactly the decisions v2 made.
+    """
+
+    @property
+    def contract(self) -> str:
+        return "v2"
 
 
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the

@@ -169,6 +169,7 @@ class PolicyChanged(Record):
     previous: str
     reserve_after_ms: int | None = None
     queue_order: str = ""
+    max_clock_jump_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -254,7 +255,10 @@ class DependencyFailed(Record):
 
 @dataclass(slots=True)
 class Ticked(Record):
+    """Event time advanced to ``clock``: the event's cluster's, or (``partition``) every cluster's of the partition."""
+
     clock: int
+    partition: bool = False
 
 
 @dataclass(slots=True)
@@ -304,6 +308,28 @@ class DefragmentationPlanned(Record):
     message: str = ""
 
 
+@dataclass(slots=True)
+class ClusterHalted(Record):
+    """The fold raised on a command of ``cluster``: it is halted (its commands refused with ``CLUSTER_HALTED``)
+    while the partition's other clusters go on; the command's events for it were not published."""
+
+    cluster: str
+    command_id: str
+    error: str
+    message: str = ""
+
+
+@dataclass(slots=True)
+class ClusterResumed(Record):
+    """A halted cluster folds again, from its state before the halting command (re-folded from ``refolded_from``)."""
+
+    cluster: str
+    halted_command_id: str
+    halted_offset: int
+    refolded_from: int
+    message: str = ""
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -330,6 +356,8 @@ EventPayload = (
     | QuotaChanged
     | PodMigrated
     | DefragmentationPlanned
+    | ClusterHalted
+    | ClusterResumed
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -360,6 +388,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         QuotaChanged,
         PodMigrated,
         DefragmentationPlanned,
+        ClusterHalted,
+        ClusterResumed,
     )
 }
 

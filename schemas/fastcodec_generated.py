@@ -40,6 +40,7 @@ from schemas.commands import (
     ReleaseGang as _c_ReleaseGang,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
+    ResumeCluster as _c_ResumeCluster,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
     SubmitGang as _c_SubmitGang,
@@ -50,6 +51,8 @@ from schemas.commands import (
     UncordonNode as _c_UncordonNode,
 )
 from schemas.events import (
+    ClusterHalted as _c_ClusterHalted,
+    ClusterResumed as _c_ClusterResumed,
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
@@ -85,7 +88,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01 \xe0\xec\xb6\x10\x04\x01\xfb'
+_k1 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
 _k11 = b'\x00'
 _k35 = b'\x02'
 _k39 = b'\x04'
@@ -111,108 +114,115 @@ _k138 = b'\x00'
 _k141 = b'\x02'
 _k143 = b'\x00'
 _k146 = b'\x00'
-_k148 = b'\x12'
-_k168 = b'\x02'
-_k170 = b'\x00'
+_k149 = b'\x02'
+_k151 = b'\x00'
+_k153 = b'\x12'
 _k173 = b'\x02'
-_k176 = b'\x00'
-_k179 = b'\x02'
-_k182 = b'\x00'
-_k185 = b'\x02'
+_k175 = b'\x00'
+_k178 = b'\x02'
+_k181 = b'\x00'
+_k184 = b'\x02'
 _k187 = b'\x00'
 _k190 = b'\x02'
 _k192 = b'\x00'
-_k199 = b'\x14'
-_k205 = b'\x16'
-_k207 = b'\x18'
-_k212 = b'\x02'
-_k215 = b'\x00'
-_k219 = b'\x02'
-_k221 = b'\x00'
+_k195 = b'\x02'
+_k197 = b'\x00'
+_k204 = b'\x14'
+_k210 = b'\x16'
+_k212 = b'\x18'
+_k217 = b'\x02'
+_k220 = b'\x00'
 _k224 = b'\x02'
 _k226 = b'\x00'
 _k229 = b'\x02'
 _k231 = b'\x00'
 _k234 = b'\x02'
 _k236 = b'\x00'
-_k239 = b'\x1a'
-_k243 = b'\x1c'
-_k247 = b'\x02'
-_k250 = b'\x00'
-_k252 = b'\xc3\x01 \xe0\xec\xb6\x10\x04\x01\xfb'
-_k463 = b'\xc3\x01kk\x05gLI\x1b\xd5'
-_k474 = b'\x00'
-_k485 = b'\x02'
-_k489 = b'\x04'
-_k493 = b'\x06'
-_k497 = b'\x08'
-_k502 = b'\n'
-_k509 = b'\x0c'
-_k527 = b'\x02'
-_k530 = b'\x00'
-_k533 = b'\x02'
-_k535 = b'\x00'
-_k551 = b'\x0e'
-_k569 = b'\x02'
-_k572 = b'\x00'
-_k575 = b'\x02'
-_k577 = b'\x00'
-_k598 = b'\x10'
-_k606 = b'\x12'
-_k611 = b'\x02'
-_k614 = b'\x00'
-_k618 = b'\x14'
-_k625 = b'\x02'
+_k239 = b'\x02'
+_k241 = b'\x00'
+_k244 = b'\x1a'
+_k248 = b'\x1c'
+_k252 = b'\x02'
+_k255 = b'\x00'
+_k257 = b'\x1e'
+_k261 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
+_k476 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
+_k487 = b'\x00'
+_k498 = b'\x02'
+_k502 = b'\x04'
+_k506 = b'\x06'
+_k510 = b'\x08'
+_k515 = b'\n'
+_k522 = b'\x0c'
+_k540 = b'\x02'
+_k543 = b'\x00'
+_k546 = b'\x02'
+_k548 = b'\x00'
+_k564 = b'\x0e'
+_k582 = b'\x02'
+_k585 = b'\x00'
+_k588 = b'\x02'
+_k590 = b'\x00'
+_k611 = b'\x10'
+_k619 = b'\x12'
+_k624 = b'\x02'
 _k627 = b'\x00'
-_k631 = b'\x16'
-_k641 = b'\x18'
-_k670 = b'\x02'
-_k673 = b'\x00'
-_k676 = b'\x02'
-_k678 = b'\x00'
-_k687 = b'\x02'
-_k690 = b'\x00'
-_k693 = b'\x02'
+_k631 = b'\x14'
+_k638 = b'\x02'
+_k640 = b'\x00'
+_k645 = b'\x02'
+_k647 = b'\x00'
+_k649 = b'\x16'
+_k659 = b'\x18'
+_k688 = b'\x02'
+_k691 = b'\x00'
+_k694 = b'\x02'
 _k696 = b'\x00'
-_k699 = b'\x02'
-_k701 = b'\x00'
-_k704 = b'\x02'
-_k706 = b'\x00'
-_k716 = b'\x1a'
-_k737 = b'\x02'
-_k740 = b'\x00'
-_k743 = b'\x02'
-_k746 = b'\x00'
-_k749 = b'\x02'
-_k751 = b'\x00'
-_k754 = b'\x02'
-_k756 = b'\x00'
-_k766 = b'\x02'
+_k705 = b'\x02'
+_k708 = b'\x00'
+_k711 = b'\x02'
+_k714 = b'\x00'
+_k717 = b'\x02'
+_k719 = b'\x00'
+_k722 = b'\x02'
+_k724 = b'\x00'
+_k734 = b'\x1a'
+_k755 = b'\x02'
+_k758 = b'\x00'
+_k761 = b'\x02'
+_k764 = b'\x00'
+_k767 = b'\x02'
 _k769 = b'\x00'
 _k772 = b'\x02'
-_k775 = b'\x00'
-_k780 = b'\x1c'
-_k787 = b'\x1e'
-_k793 = b' '
-_k801 = b'\x02'
-_k804 = b'\x00'
-_k806 = b'"'
-_k814 = b'\x02'
-_k816 = b'\x00'
-_k820 = b'$'
-_k831 = b'&'
-_k841 = b'('
-_k844 = b'*'
-_k856 = b','
-_k859 = b'\x02'
-_k862 = b'\x00'
-_k865 = b'\x00'
-_k868 = b'\x00'
-_k872 = b'.'
-_k886 = b'0'
-_k892 = b'\x02'
-_k895 = b'\x00'
-_k899 = b'\xc3\x01kk\x05gLI\x1b\xd5'
+_k774 = b'\x00'
+_k784 = b'\x02'
+_k787 = b'\x00'
+_k790 = b'\x02'
+_k793 = b'\x00'
+_k798 = b'\x1c'
+_k805 = b'\x1e'
+_k811 = b' '
+_k819 = b'\x02'
+_k822 = b'\x00'
+_k824 = b'"'
+_k832 = b'\x02'
+_k834 = b'\x00'
+_k838 = b'$'
+_k849 = b'&'
+_k859 = b'('
+_k862 = b'*'
+_k874 = b','
+_k877 = b'\x02'
+_k880 = b'\x00'
+_k883 = b'\x00'
+_k886 = b'\x00'
+_k890 = b'.'
+_k904 = b'0'
+_k910 = b'\x02'
+_k913 = b'\x00'
+_k917 = b'2'
+_k927 = b'4'
+_k937 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -360,56 +370,56 @@ def _e_Quota111(o: _c_Quota) -> bytes:
     return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)),))
 
 
+def _u149(v: Any) -> bytes:
+    return b"".join((_k149, (_P[n151] if 0 <= (n151 := v) < 8192 else _long(n151)),))
+
+
 def _e_SetPolicy99(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k146 if (u111 := o.default_quota) is None else _k145[type(u111)](u111)),))
+    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k146 if (u111 := o.default_quota) is None else _k145[type(u111)](u111)), (_k151 if (u148 := o.max_clock_jump_ms) is None else _u149(u148)),))
 
 
-def _b156(a: Any) -> bytes:
+def _b161(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n159] if (n159 := len(s158 := x.pod_id.encode())) < 8192 else _long(n159)), s158, (_P[n160] if 0 <= (n160 := x.num_gpu) < 8192 else _long(n160)), (_P[n161] if 0 <= (n161 := x.gpu_milli) < 8192 else _long(n161)), (_P[n162] if 0 <= (n162 := x.cpu_milli) < 8192 else _long(n162)), (_P[n163] if 0 <= (n163 := x.memory_mib) < 8192 else _long(n163)), (_b69(a164) if (a164 := x.gpu_models) else b"\x00"), (_b21(a165) if (a165 := x.node_selector) else b"\x00"), (_b74(a166) if (a166 := x.tolerations) else b"\x00"),)
+        out += ((_P[n164] if (n164 := len(s163 := x.pod_id.encode())) < 8192 else _long(n164)), s163, (_P[n165] if 0 <= (n165 := x.num_gpu) < 8192 else _long(n165)), (_P[n166] if 0 <= (n166 := x.gpu_milli) < 8192 else _long(n166)), (_P[n167] if 0 <= (n167 := x.cpu_milli) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.memory_mib) < 8192 else _long(n168)), (_b69(a169) if (a169 := x.gpu_models) else b"\x00"), (_b21(a170) if (a170 := x.node_selector) else b"\x00"), (_b74(a171) if (a171 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u168(v: Any) -> bytes:
-    return b"".join((_k168, (_P[n170] if 0 <= (n170 := v) < 8192 else _long(n170)),))
-
-
 def _u173(v: Any) -> bytes:
-    return b"".join((_k173, (_P[n176] if (n176 := len(s175 := v.encode())) < 8192 else _long(n176)), s175,))
+    return b"".join((_k173, (_P[n175] if 0 <= (n175 := v) < 8192 else _long(n175)),))
 
 
-def _u179(v: Any) -> bytes:
-    return b"".join((_k179, (_P[n182] if (n182 := len(s181 := v.encode())) < 8192 else _long(n182)), s181,))
+def _u178(v: Any) -> bytes:
+    return b"".join((_k178, (_P[n181] if (n181 := len(s180 := v.encode())) < 8192 else _long(n181)), s180,))
 
 
-def _u185(v: Any) -> bytes:
-    return b"".join((_k185, (_P[n187] if 0 <= (n187 := v) < 8192 else _long(n187)),))
+def _u184(v: Any) -> bytes:
+    return b"".join((_k184, (_P[n187] if (n187 := len(s186 := v.encode())) < 8192 else _long(n187)), s186,))
 
 
 def _u190(v: Any) -> bytes:
     return b"".join((_k190, (_P[n192] if 0 <= (n192 := v) < 8192 else _long(n192)),))
 
 
-def _e_SubmitGang147(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k148, (_P[n151] if (n151 := len(s150 := o.gang_id.encode())) < 8192 else _long(n151)), s150, (_P[n153] if (n153 := len(s152 := o.tenant.encode())) < 8192 else _long(n153)), s152, (_P[n154] if 0 <= (n154 := o.priority) < 8192 else _long(n154)), (_b156(a155) if (a155 := o.members) else b"\x00"), (_k170 if (u167 := o.min_members) is None else _u168(u167)), (_k176 if (u172 := o.topology_required) is None else _u173(u172)), (_k182 if (u178 := o.topology_preferred) is None else _u179(u178)), (_k187 if (u184 := o.timeout_ms) is None else _u185(u184)), (_k192 if (u189 := o.time_limit_ms) is None else _u190(u189)), (_b69(a194) if (a194 := o.depends_on) else b"\x00"), (_P[n196] if (n196 := len(s195 := o.dependency.encode())) < 8192 else _long(n196)), s195, (_P[n198] if (n198 := len(s197 := o.preemption.encode())) < 8192 else _long(n198)), s197,))
+def _u195(v: Any) -> bytes:
+    return b"".join((_k195, (_P[n197] if 0 <= (n197 := v) < 8192 else _long(n197)),))
 
 
-def _e_ReleaseGang198(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k199, (_P[n202] if (n202 := len(s201 := o.gang_id.encode())) < 8192 else _long(n202)), s201, (_P[n204] if (n204 := len(s203 := o.reason.encode())) < 8192 else _long(n204)), s203,))
+def _e_SubmitGang152(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k153, (_P[n156] if (n156 := len(s155 := o.gang_id.encode())) < 8192 else _long(n156)), s155, (_P[n158] if (n158 := len(s157 := o.tenant.encode())) < 8192 else _long(n158)), s157, (_P[n159] if 0 <= (n159 := o.priority) < 8192 else _long(n159)), (_b161(a160) if (a160 := o.members) else b"\x00"), (_k175 if (u172 := o.min_members) is None else _u173(u172)), (_k181 if (u177 := o.topology_required) is None else _u178(u177)), (_k187 if (u183 := o.topology_preferred) is None else _u184(u183)), (_k192 if (u189 := o.timeout_ms) is None else _u190(u189)), (_k197 if (u194 := o.time_limit_ms) is None else _u195(u194)), (_b69(a199) if (a199 := o.depends_on) else b"\x00"), (_P[n201] if (n201 := len(s200 := o.dependency.encode())) < 8192 else _long(n201)), s200, (_P[n203] if (n203 := len(s202 := o.preemption.encode())) < 8192 else _long(n203)), s202,))
 
 
-def _e_Tick204(o: _c_Tick) -> bytes:
-    return b"".join((_k205,))
+def _e_ReleaseGang203(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k204, (_P[n207] if (n207 := len(s206 := o.gang_id.encode())) < 8192 else _long(n207)), s206, (_P[n209] if (n209 := len(s208 := o.reason.encode())) < 8192 else _long(n209)), s208,))
 
 
-def _u212(v: Any) -> bytes:
-    return b"".join((_k212, (_P[n215] if (n215 := len(s214 := v.encode())) < 8192 else _long(n215)), s214,))
+def _e_Tick209(o: _c_Tick) -> bytes:
+    return b"".join((_k210, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u219(v: Any) -> bytes:
-    return b"".join((_k219, (_P[n221] if 0 <= (n221 := v) < 8192 else _long(n221)),))
+def _u217(v: Any) -> bytes:
+    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
 
 
 def _u224(v: Any) -> bytes:
@@ -424,71 +434,79 @@ def _u234(v: Any) -> bytes:
     return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
 
 
-def _e_SetQuota206(o: _c_SetQuota) -> bytes:
-    return b"".join((_k207, (_P[n210] if (n210 := len(s209 := o.tenant.encode())) < 8192 else _long(n210)), s209, (_k215 if (u211 := o.cohort) is None else _u212(u211)), (_b121(a217) if (a217 := o.nominal_gpus) else b"\x00"), (_k221 if (u218 := o.nominal_cpu_milli) is None else _u219(u218)), (_k226 if (u223 := o.nominal_memory_mib) is None else _u224(u223)), (_k231 if (u228 := o.borrowing_limit_gpus) is None else _u229(u228)), (_k236 if (u233 := o.lending_limit_gpus) is None else _u234(u233)), (_P[n238] if 0 <= (n238 := o.weight) < 8192 else _long(n238)),))
+def _u239(v: Any) -> bytes:
+    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
 
 
-def _e_RemoveQuota238(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k239, (_P[n242] if (n242 := len(s241 := o.tenant.encode())) < 8192 else _long(n242)), s241,))
+def _e_SetQuota211(o: _c_SetQuota) -> bytes:
+    return b"".join((_k212, (_P[n215] if (n215 := len(s214 := o.tenant.encode())) < 8192 else _long(n215)), s214, (_k220 if (u216 := o.cohort) is None else _u217(u216)), (_b121(a222) if (a222 := o.nominal_gpus) else b"\x00"), (_k226 if (u223 := o.nominal_cpu_milli) is None else _u224(u223)), (_k231 if (u228 := o.nominal_memory_mib) is None else _u229(u228)), (_k236 if (u233 := o.borrowing_limit_gpus) is None else _u234(u233)), (_k241 if (u238 := o.lending_limit_gpus) is None else _u239(u238)), (_P[n243] if 0 <= (n243 := o.weight) < 8192 else _long(n243)),))
 
 
-def _u247(v: Any) -> bytes:
-    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := v.encode())) < 8192 else _long(n250)), s249,))
+def _e_RemoveQuota243(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246,))
 
 
-def _e_Defragment242(o: _c_Defragment) -> bytes:
-    return b"".join((_k243, (_P[n245] if 0 <= (n245 := o.max_moves) < 8192 else _long(n245)), (_k250 if (u246 := o.target) is None else _u247(u246)),))
+def _u252(v: Any) -> bytes:
+    return b"".join((_k252, (_P[n255] if (n255 := len(s254 := v.encode())) < 8192 else _long(n255)), s254,))
+
+
+def _e_Defragment247(o: _c_Defragment) -> bytes:
+    return b"".join((_k248, (_P[n250] if 0 <= (n250 := o.max_moves) < 8192 else _long(n250)), (_k255 if (u251 := o.target) is None else _u252(u251)),))
+
+
+def _e_ResumeCluster256(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k257, (_P[n260] if (n260 := len(s259 := o.reason.encode())) < 8192 else _long(n260)), s259,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k251[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k260[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint279(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint288(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n281 = _ZL[buf[pos]]
-    if n281 < 0:
-        n281, pos = _rlong(buf, pos)
-        if n281 < 0:
-            raise _length_error(n281, end - pos)
+    n290 = _ZL[buf[pos]]
+    if n290 < 0:
+        n290, pos = _rlong(buf, pos)
+        if n290 < 0:
+            raise _length_error(n290, end - pos)
     else:
         pos += 1
-    q282 = pos + n281
-    if q282 > end:
-        raise _length_error(n281, end - pos)
-    f_key = buf[pos:q282].decode()
-    pos = q282
-    n283 = _ZL[buf[pos]]
-    if n283 < 0:
-        n283, pos = _rlong(buf, pos)
-        if n283 < 0:
-            raise _length_error(n283, end - pos)
+    q291 = pos + n290
+    if q291 > end:
+        raise _length_error(n290, end - pos)
+    f_key = buf[pos:q291].decode()
+    pos = q291
+    n292 = _ZL[buf[pos]]
+    if n292 < 0:
+        n292, pos = _rlong(buf, pos)
+        if n292 < 0:
+            raise _length_error(n292, end - pos)
     else:
         pos += 1
-    q284 = pos + n283
-    if q284 > end:
-        raise _length_error(n283, end - pos)
-    f_value = buf[pos:q284].decode()
-    pos = q284
-    n285 = _ZL[buf[pos]]
-    if n285 < 0:
-        n285, pos = _rlong(buf, pos)
-        if n285 < 0:
-            raise _length_error(n285, end - pos)
+    q293 = pos + n292
+    if q293 > end:
+        raise _length_error(n292, end - pos)
+    f_value = buf[pos:q293].decode()
+    pos = q293
+    n294 = _ZL[buf[pos]]
+    if n294 < 0:
+        n294, pos = _rlong(buf, pos)
+        if n294 < 0:
+            raise _length_error(n294, end - pos)
     else:
         pos += 1
-    q286 = pos + n285
-    if q286 > end:
-        raise _length_error(n285, end - pos)
-    f_effect = buf[pos:q286].decode()
-    pos = q286
+    q295 = pos + n294
+    if q295 > end:
+        raise _length_error(n294, end - pos)
+    f_effect = buf[pos:q295].decode()
+    pos = q295
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode260(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -496,30 +514,30 @@ def _d_AddNode260(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n262 = _ZL[buf[pos]]
-    if n262 < 0:
-        n262, pos = _rlong(buf, pos)
-        if n262 < 0:
-            raise _length_error(n262, end - pos)
+    n271 = _ZL[buf[pos]]
+    if n271 < 0:
+        n271, pos = _rlong(buf, pos)
+        if n271 < 0:
+            raise _length_error(n271, end - pos)
     else:
         pos += 1
-    q263 = pos + n262
-    if q263 > end:
-        raise _length_error(n262, end - pos)
-    f_node_id = buf[pos:q263].decode()
-    pos = q263
-    n264 = _ZL[buf[pos]]
-    if n264 < 0:
-        n264, pos = _rlong(buf, pos)
-        if n264 < 0:
-            raise _length_error(n264, end - pos)
+    q272 = pos + n271
+    if q272 > end:
+        raise _length_error(n271, end - pos)
+    f_node_id = buf[pos:q272].decode()
+    pos = q272
+    n273 = _ZL[buf[pos]]
+    if n273 < 0:
+        n273, pos = _rlong(buf, pos)
+        if n273 < 0:
+            raise _length_error(n273, end - pos)
     else:
         pos += 1
-    q265 = pos + n264
-    if q265 > end:
-        raise _length_error(n264, end - pos)
-    f_gpu_model = buf[pos:q265].decode()
-    pos = q265
+    q274 = pos + n273
+    if q274 > end:
+        raise _length_error(n273, end - pos)
+    f_gpu_model = buf[pos:q274].decode()
+    pos = q274
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -566,74 +584,7 @@ def _d_AddNode260(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc266: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c267 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c267 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c267 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c267, pos = _rlong(buf, pos)
-            if c267 == 0:
-                break
-            if c267 < 0:
-                c267 = -c267
-                b = buf[pos]
-                if b < 128:
-                    z270 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z270 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z270 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z270, pos = _rlong(buf, pos)
-            if c267 * 2 > end - pos:
-                raise _count_error(c267, end - pos)
-            for _ in range(c267):
-                n271 = _ZL[buf[pos]]
-                if n271 < 0:
-                    n271, pos = _rlong(buf, pos)
-                    if n271 < 0:
-                        raise _length_error(n271, end - pos)
-                else:
-                    pos += 1
-                q272 = pos + n271
-                if q272 > end:
-                    raise _length_error(n271, end - pos)
-                k269 = buf[pos:q272].decode()
-                pos = q272
-                n273 = _ZL[buf[pos]]
-                if n273 < 0:
-                    n273, pos = _rlong(buf, pos)
-                    if n273 < 0:
-                        raise _length_error(n273, end - pos)
-                else:
-                    pos += 1
-                q274 = pos + n273
-                if q274 > end:
-                    raise _length_error(n273, end - pos)
-                x268 = buf[pos:q274].decode()
-                pos = q274
-                acc266[k269] = x268
-        f_labels = acc266
-    if buf[pos] == 0:
-        pos += 1
-        f_taints = ()
-    else:
-        acc275: list[Any] = []
+        acc275: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -667,75 +618,86 @@ def _d_AddNode260(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
                     pos += 3
                 else:
                     z279, pos = _rlong(buf, pos)
-            if c276 * 3 > end - pos:
+            if c276 * 2 > end - pos:
                 raise _count_error(c276, end - pos)
             for _ in range(c276):
-                x277, pos = _d_Taint279(buf, pos, end)
-                acc275.append(x277)
-        f_taints = tuple(acc275)
+                n280 = _ZL[buf[pos]]
+                if n280 < 0:
+                    n280, pos = _rlong(buf, pos)
+                    if n280 < 0:
+                        raise _length_error(n280, end - pos)
+                else:
+                    pos += 1
+                q281 = pos + n280
+                if q281 > end:
+                    raise _length_error(n280, end - pos)
+                k278 = buf[pos:q281].decode()
+                pos = q281
+                n282 = _ZL[buf[pos]]
+                if n282 < 0:
+                    n282, pos = _rlong(buf, pos)
+                    if n282 < 0:
+                        raise _length_error(n282, end - pos)
+                else:
+                    pos += 1
+                q283 = pos + n282
+                if q283 > end:
+                    raise _length_error(n282, end - pos)
+                x277 = buf[pos:q283].decode()
+                pos = q283
+                acc275[k278] = x277
+        f_labels = acc275
+    if buf[pos] == 0:
+        pos += 1
+        f_taints = ()
+    else:
+        acc284: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c285 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c285 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c285 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c285, pos = _rlong(buf, pos)
+            if c285 == 0:
+                break
+            if c285 < 0:
+                c285 = -c285
+                b = buf[pos]
+                if b < 128:
+                    z288 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z288 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z288 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z288, pos = _rlong(buf, pos)
+            if c285 * 3 > end - pos:
+                raise _count_error(c285, end - pos)
+            for _ in range(c285):
+                x286, pos = _d_Taint288(buf, pos, end)
+                acc284.append(x286)
+        f_taints = tuple(acc284)
     o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
     return o, pos
 
 
-def _d_RemoveNode286(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode295(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n288 = _ZL[buf[pos]]
-    if n288 < 0:
-        n288, pos = _rlong(buf, pos)
-        if n288 < 0:
-            raise _length_error(n288, end - pos)
-    else:
-        pos += 1
-    q289 = pos + n288
-    if q289 > end:
-        raise _length_error(n288, end - pos)
-    f_node_id = buf[pos:q289].decode()
-    pos = q289
-    f_force = buf[pos] != 0
-    pos += 1
-    o = _c_RemoveNode(f_node_id, f_force)
-    return o, pos
-
-
-def _d_CordonNode289(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
-    f_node_id: str
-    n291 = _ZL[buf[pos]]
-    if n291 < 0:
-        n291, pos = _rlong(buf, pos)
-        if n291 < 0:
-            raise _length_error(n291, end - pos)
-    else:
-        pos += 1
-    q292 = pos + n291
-    if q292 > end:
-        raise _length_error(n291, end - pos)
-    f_node_id = buf[pos:q292].decode()
-    pos = q292
-    o = _c_CordonNode(f_node_id)
-    return o, pos
-
-
-def _d_UncordonNode292(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
-    f_node_id: str
-    n294 = _ZL[buf[pos]]
-    if n294 < 0:
-        n294, pos = _rlong(buf, pos)
-        if n294 < 0:
-            raise _length_error(n294, end - pos)
-    else:
-        pos += 1
-    q295 = pos + n294
-    if q295 > end:
-        raise _length_error(n294, end - pos)
-    f_node_id = buf[pos:q295].decode()
-    pos = q295
-    o = _c_UncordonNode(f_node_id)
-    return o, pos
-
-
-def _d_DrainNode295(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
-    f_node_id: str
     n297 = _ZL[buf[pos]]
     if n297 < 0:
         n297, pos = _rlong(buf, pos)
@@ -748,13 +710,14 @@ def _d_DrainNode295(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
         raise _length_error(n297, end - pos)
     f_node_id = buf[pos:q298].decode()
     pos = q298
-    o = _c_DrainNode(f_node_id)
+    f_force = buf[pos] != 0
+    pos += 1
+    o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_MarkNodeFailed298(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_CordonNode298(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    f_reason: str
     n300 = _ZL[buf[pos]]
     if n300 < 0:
         n300, pos = _rlong(buf, pos)
@@ -767,80 +730,135 @@ def _d_MarkNodeFailed298(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFai
         raise _length_error(n300, end - pos)
     f_node_id = buf[pos:q301].decode()
     pos = q301
-    n302 = _ZL[buf[pos]]
-    if n302 < 0:
-        n302, pos = _rlong(buf, pos)
-        if n302 < 0:
-            raise _length_error(n302, end - pos)
+    o = _c_CordonNode(f_node_id)
+    return o, pos
+
+
+def _d_UncordonNode301(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+    f_node_id: str
+    n303 = _ZL[buf[pos]]
+    if n303 < 0:
+        n303, pos = _rlong(buf, pos)
+        if n303 < 0:
+            raise _length_error(n303, end - pos)
     else:
         pos += 1
-    q303 = pos + n302
-    if q303 > end:
-        raise _length_error(n302, end - pos)
-    f_reason = buf[pos:q303].decode()
-    pos = q303
+    q304 = pos + n303
+    if q304 > end:
+        raise _length_error(n303, end - pos)
+    f_node_id = buf[pos:q304].decode()
+    pos = q304
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode304(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    n306 = _ZL[buf[pos]]
+    if n306 < 0:
+        n306, pos = _rlong(buf, pos)
+        if n306 < 0:
+            raise _length_error(n306, end - pos)
+    else:
+        pos += 1
+    q307 = pos + n306
+    if q307 > end:
+        raise _length_error(n306, end - pos)
+    f_node_id = buf[pos:q307].decode()
+    pos = q307
+    o = _c_DrainNode(f_node_id)
+    return o, pos
+
+
+def _d_MarkNodeFailed307(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+    f_node_id: str
+    f_reason: str
+    n309 = _ZL[buf[pos]]
+    if n309 < 0:
+        n309, pos = _rlong(buf, pos)
+        if n309 < 0:
+            raise _length_error(n309, end - pos)
+    else:
+        pos += 1
+    q310 = pos + n309
+    if q310 > end:
+        raise _length_error(n309, end - pos)
+    f_node_id = buf[pos:q310].decode()
+    pos = q310
+    n311 = _ZL[buf[pos]]
+    if n311 < 0:
+        n311, pos = _rlong(buf, pos)
+        if n311 < 0:
+            raise _length_error(n311, end - pos)
+    else:
+        pos += 1
+    q312 = pos + n311
+    if q312 > end:
+        raise _length_error(n311, end - pos)
+    f_reason = buf[pos:q312].decode()
+    pos = q312
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration329(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration338(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n331 = _ZL[buf[pos]]
-    if n331 < 0:
-        n331, pos = _rlong(buf, pos)
-        if n331 < 0:
-            raise _length_error(n331, end - pos)
+    n340 = _ZL[buf[pos]]
+    if n340 < 0:
+        n340, pos = _rlong(buf, pos)
+        if n340 < 0:
+            raise _length_error(n340, end - pos)
     else:
         pos += 1
-    q332 = pos + n331
-    if q332 > end:
-        raise _length_error(n331, end - pos)
-    f_key = buf[pos:q332].decode()
-    pos = q332
-    n333 = _ZL[buf[pos]]
-    if n333 < 0:
-        n333, pos = _rlong(buf, pos)
-        if n333 < 0:
-            raise _length_error(n333, end - pos)
+    q341 = pos + n340
+    if q341 > end:
+        raise _length_error(n340, end - pos)
+    f_key = buf[pos:q341].decode()
+    pos = q341
+    n342 = _ZL[buf[pos]]
+    if n342 < 0:
+        n342, pos = _rlong(buf, pos)
+        if n342 < 0:
+            raise _length_error(n342, end - pos)
     else:
         pos += 1
-    q334 = pos + n333
-    if q334 > end:
-        raise _length_error(n333, end - pos)
-    f_operator = buf[pos:q334].decode()
-    pos = q334
-    n335 = _ZL[buf[pos]]
-    if n335 < 0:
-        n335, pos = _rlong(buf, pos)
-        if n335 < 0:
-            raise _length_error(n335, end - pos)
+    q343 = pos + n342
+    if q343 > end:
+        raise _length_error(n342, end - pos)
+    f_operator = buf[pos:q343].decode()
+    pos = q343
+    n344 = _ZL[buf[pos]]
+    if n344 < 0:
+        n344, pos = _rlong(buf, pos)
+        if n344 < 0:
+            raise _length_error(n344, end - pos)
     else:
         pos += 1
-    q336 = pos + n335
-    if q336 > end:
-        raise _length_error(n335, end - pos)
-    f_value = buf[pos:q336].decode()
-    pos = q336
-    n337 = _ZL[buf[pos]]
-    if n337 < 0:
-        n337, pos = _rlong(buf, pos)
-        if n337 < 0:
-            raise _length_error(n337, end - pos)
+    q345 = pos + n344
+    if q345 > end:
+        raise _length_error(n344, end - pos)
+    f_value = buf[pos:q345].decode()
+    pos = q345
+    n346 = _ZL[buf[pos]]
+    if n346 < 0:
+        n346, pos = _rlong(buf, pos)
+        if n346 < 0:
+            raise _length_error(n346, end - pos)
     else:
         pos += 1
-    q338 = pos + n337
-    if q338 > end:
-        raise _length_error(n337, end - pos)
-    f_effect = buf[pos:q338].decode()
-    pos = q338
+    q347 = pos + n346
+    if q347 > end:
+        raise _length_error(n346, end - pos)
+    f_effect = buf[pos:q347].decode()
+    pos = q347
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -856,30 +874,30 @@ def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n305 = _ZL[buf[pos]]
-    if n305 < 0:
-        n305, pos = _rlong(buf, pos)
-        if n305 < 0:
-            raise _length_error(n305, end - pos)
+    n314 = _ZL[buf[pos]]
+    if n314 < 0:
+        n314, pos = _rlong(buf, pos)
+        if n314 < 0:
+            raise _length_error(n314, end - pos)
     else:
         pos += 1
-    q306 = pos + n305
-    if q306 > end:
-        raise _length_error(n305, end - pos)
-    f_pod_id = buf[pos:q306].decode()
-    pos = q306
-    n307 = _ZL[buf[pos]]
-    if n307 < 0:
-        n307, pos = _rlong(buf, pos)
-        if n307 < 0:
-            raise _length_error(n307, end - pos)
+    q315 = pos + n314
+    if q315 > end:
+        raise _length_error(n314, end - pos)
+    f_pod_id = buf[pos:q315].decode()
+    pos = q315
+    n316 = _ZL[buf[pos]]
+    if n316 < 0:
+        n316, pos = _rlong(buf, pos)
+        if n316 < 0:
+            raise _length_error(n316, end - pos)
     else:
         pos += 1
-    q308 = pos + n307
-    if q308 > end:
-        raise _length_error(n307, end - pos)
-    f_tenant = buf[pos:q308].decode()
-    pos = q308
+    q317 = pos + n316
+    if q317 > end:
+        raise _length_error(n316, end - pos)
+    f_tenant = buf[pos:q317].decode()
+    pos = q317
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -954,110 +972,43 @@ def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc309: list[Any] = []
+        acc318: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c310 = _ZD[b]
+                c319 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c310 = (z >> 1) ^ -(z & 1)
+                c319 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c310 = (z >> 1) ^ -(z & 1)
+                c319 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c310, pos = _rlong(buf, pos)
-            if c310 == 0:
+                c319, pos = _rlong(buf, pos)
+            if c319 == 0:
                 break
-            if c310 < 0:
-                c310 = -c310
+            if c319 < 0:
+                c319 = -c319
                 b = buf[pos]
                 if b < 128:
-                    z313 = _ZD[b]
+                    z322 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z313 = (z >> 1) ^ -(z & 1)
+                    z322 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z313 = (z >> 1) ^ -(z & 1)
+                    z322 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z313, pos = _rlong(buf, pos)
-            if c310 * 1 > end - pos:
-                raise _count_error(c310, end - pos)
-            for _ in range(c310):
-                n314 = _ZL[buf[pos]]
-                if n314 < 0:
-                    n314, pos = _rlong(buf, pos)
-                    if n314 < 0:
-                        raise _length_error(n314, end - pos)
-                else:
-                    pos += 1
-                q315 = pos + n314
-                if q315 > end:
-                    raise _length_error(n314, end - pos)
-                x311 = buf[pos:q315].decode()
-                pos = q315
-                acc309.append(x311)
-        f_gpu_models = tuple(acc309)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc316: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c317 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c317 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c317 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c317, pos = _rlong(buf, pos)
-            if c317 == 0:
-                break
-            if c317 < 0:
-                c317 = -c317
-                b = buf[pos]
-                if b < 128:
-                    z320 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z320 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z320 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z320, pos = _rlong(buf, pos)
-            if c317 * 2 > end - pos:
-                raise _count_error(c317, end - pos)
-            for _ in range(c317):
-                n321 = _ZL[buf[pos]]
-                if n321 < 0:
-                    n321, pos = _rlong(buf, pos)
-                    if n321 < 0:
-                        raise _length_error(n321, end - pos)
-                else:
-                    pos += 1
-                q322 = pos + n321
-                if q322 > end:
-                    raise _length_error(n321, end - pos)
-                k319 = buf[pos:q322].decode()
-                pos = q322
+                    z322, pos = _rlong(buf, pos)
+            if c319 * 1 > end - pos:
+                raise _count_error(c319, end - pos)
+            for _ in range(c319):
                 n323 = _ZL[buf[pos]]
                 if n323 < 0:
                     n323, pos = _rlong(buf, pos)
@@ -1068,15 +1019,15 @@ def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
                 q324 = pos + n323
                 if q324 > end:
                     raise _length_error(n323, end - pos)
-                x318 = buf[pos:q324].decode()
+                x320 = buf[pos:q324].decode()
                 pos = q324
-                acc316[k319] = x318
-        f_node_selector = acc316
+                acc318.append(x320)
+        f_gpu_models = tuple(acc318)
     if buf[pos] == 0:
         pos += 1
-        f_tolerations = ()
+        f_node_selector = {}
     else:
-        acc325: list[Any] = []
+        acc325: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -1110,29 +1061,96 @@ def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
                     pos += 3
                 else:
                     z329, pos = _rlong(buf, pos)
-            if c326 * 4 > end - pos:
+            if c326 * 2 > end - pos:
                 raise _count_error(c326, end - pos)
             for _ in range(c326):
-                x327, pos = _d_Toleration329(buf, pos, end)
-                acc325.append(x327)
-        f_tolerations = tuple(acc325)
+                n330 = _ZL[buf[pos]]
+                if n330 < 0:
+                    n330, pos = _rlong(buf, pos)
+                    if n330 < 0:
+                        raise _length_error(n330, end - pos)
+                else:
+                    pos += 1
+                q331 = pos + n330
+                if q331 > end:
+                    raise _length_error(n330, end - pos)
+                k328 = buf[pos:q331].decode()
+                pos = q331
+                n332 = _ZL[buf[pos]]
+                if n332 < 0:
+                    n332, pos = _rlong(buf, pos)
+                    if n332 < 0:
+                        raise _length_error(n332, end - pos)
+                else:
+                    pos += 1
+                q333 = pos + n332
+                if q333 > end:
+                    raise _length_error(n332, end - pos)
+                x327 = buf[pos:q333].decode()
+                pos = q333
+                acc325[k328] = x327
+        f_node_selector = acc325
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc334: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c335 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c335 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c335 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c335, pos = _rlong(buf, pos)
+            if c335 == 0:
+                break
+            if c335 < 0:
+                c335 = -c335
+                b = buf[pos]
+                if b < 128:
+                    z338 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z338 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z338 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z338, pos = _rlong(buf, pos)
+            if c335 * 4 > end - pos:
+                raise _count_error(c335, end - pos)
+            for _ in range(c335):
+                x336, pos = _d_Toleration338(buf, pos, end)
+                acc334.append(x336)
+        f_tolerations = tuple(acc334)
     b = buf[pos]
     if b < 128:
-        i339 = _ZD[b]
+        i348 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i339 = (z >> 1) ^ -(z & 1)
+        i348 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i339 = (z >> 1) ^ -(z & 1)
+        i348 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i339, pos = _rlong(buf, pos)
-    if i339 == 0:
+        i348, pos = _rlong(buf, pos)
+    if i348 == 0:
         f_time_limit_ms = None
-    elif i339 == 1:
+    elif i348 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1148,124 +1166,124 @@ def _d_SubmitPod303(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i339, 2)
+        raise _union_error(i348, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc340: list[Any] = []
+        acc349: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c341 = _ZD[b]
+                c350 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c341 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c341 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c341, pos = _rlong(buf, pos)
-            if c341 == 0:
+                c350, pos = _rlong(buf, pos)
+            if c350 == 0:
                 break
-            if c341 < 0:
-                c341 = -c341
+            if c350 < 0:
+                c350 = -c350
                 b = buf[pos]
                 if b < 128:
-                    z344 = _ZD[b]
+                    z353 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z344 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z344 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z344, pos = _rlong(buf, pos)
-            if c341 * 1 > end - pos:
-                raise _count_error(c341, end - pos)
-            for _ in range(c341):
-                n345 = _ZL[buf[pos]]
-                if n345 < 0:
-                    n345, pos = _rlong(buf, pos)
-                    if n345 < 0:
-                        raise _length_error(n345, end - pos)
+                    z353, pos = _rlong(buf, pos)
+            if c350 * 1 > end - pos:
+                raise _count_error(c350, end - pos)
+            for _ in range(c350):
+                n354 = _ZL[buf[pos]]
+                if n354 < 0:
+                    n354, pos = _rlong(buf, pos)
+                    if n354 < 0:
+                        raise _length_error(n354, end - pos)
                 else:
                     pos += 1
-                q346 = pos + n345
-                if q346 > end:
-                    raise _length_error(n345, end - pos)
-                x342 = buf[pos:q346].decode()
-                pos = q346
-                acc340.append(x342)
-        f_depends_on = tuple(acc340)
-    n347 = _ZL[buf[pos]]
-    if n347 < 0:
-        n347, pos = _rlong(buf, pos)
-        if n347 < 0:
-            raise _length_error(n347, end - pos)
+                q355 = pos + n354
+                if q355 > end:
+                    raise _length_error(n354, end - pos)
+                x351 = buf[pos:q355].decode()
+                pos = q355
+                acc349.append(x351)
+        f_depends_on = tuple(acc349)
+    n356 = _ZL[buf[pos]]
+    if n356 < 0:
+        n356, pos = _rlong(buf, pos)
+        if n356 < 0:
+            raise _length_error(n356, end - pos)
     else:
         pos += 1
-    q348 = pos + n347
-    if q348 > end:
-        raise _length_error(n347, end - pos)
-    f_dependency = buf[pos:q348].decode()
-    pos = q348
-    n349 = _ZL[buf[pos]]
-    if n349 < 0:
-        n349, pos = _rlong(buf, pos)
-        if n349 < 0:
-            raise _length_error(n349, end - pos)
+    q357 = pos + n356
+    if q357 > end:
+        raise _length_error(n356, end - pos)
+    f_dependency = buf[pos:q357].decode()
+    pos = q357
+    n358 = _ZL[buf[pos]]
+    if n358 < 0:
+        n358, pos = _rlong(buf, pos)
+        if n358 < 0:
+            raise _length_error(n358, end - pos)
     else:
         pos += 1
-    q350 = pos + n349
-    if q350 > end:
-        raise _length_error(n349, end - pos)
-    f_preemption = buf[pos:q350].decode()
-    pos = q350
+    q359 = pos + n358
+    if q359 > end:
+        raise _length_error(n358, end - pos)
+    f_preemption = buf[pos:q359].decode()
+    pos = q359
     f_movable = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
     return o, pos
 
 
-def _d_Release350(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release359(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
+    n361 = _ZL[buf[pos]]
+    if n361 < 0:
+        n361, pos = _rlong(buf, pos)
+        if n361 < 0:
+            raise _length_error(n361, end - pos)
     else:
         pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_pod_id = buf[pos:q353].decode()
-    pos = q353
-    n354 = _ZL[buf[pos]]
-    if n354 < 0:
-        n354, pos = _rlong(buf, pos)
-        if n354 < 0:
-            raise _length_error(n354, end - pos)
+    q362 = pos + n361
+    if q362 > end:
+        raise _length_error(n361, end - pos)
+    f_pod_id = buf[pos:q362].decode()
+    pos = q362
+    n363 = _ZL[buf[pos]]
+    if n363 < 0:
+        n363, pos = _rlong(buf, pos)
+        if n363 < 0:
+            raise _length_error(n363, end - pos)
     else:
         pos += 1
-    q355 = pos + n354
-    if q355 > end:
-        raise _length_error(n354, end - pos)
-    f_reason = buf[pos:q355].decode()
-    pos = q355
+    q364 = pos + n363
+    if q364 > end:
+        raise _length_error(n363, end - pos)
+    f_reason = buf[pos:q364].decode()
+    pos = q364
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1275,121 +1293,121 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_weight: int
     b = buf[pos]
     if b < 128:
-        i364 = _ZD[b]
+        i373 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i364 = (z >> 1) ^ -(z & 1)
+        i373 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i364 = (z >> 1) ^ -(z & 1)
+        i373 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i364, pos = _rlong(buf, pos)
-    if i364 == 0:
+        i373, pos = _rlong(buf, pos)
+    if i373 == 0:
         f_cohort = None
-    elif i364 == 1:
-        n365 = _ZL[buf[pos]]
-        if n365 < 0:
-            n365, pos = _rlong(buf, pos)
-            if n365 < 0:
-                raise _length_error(n365, end - pos)
+    elif i373 == 1:
+        n374 = _ZL[buf[pos]]
+        if n374 < 0:
+            n374, pos = _rlong(buf, pos)
+            if n374 < 0:
+                raise _length_error(n374, end - pos)
         else:
             pos += 1
-        q366 = pos + n365
-        if q366 > end:
-            raise _length_error(n365, end - pos)
-        f_cohort = buf[pos:q366].decode()
-        pos = q366
+        q375 = pos + n374
+        if q375 > end:
+            raise _length_error(n374, end - pos)
+        f_cohort = buf[pos:q375].decode()
+        pos = q375
     else:
-        raise _union_error(i364, 2)
+        raise _union_error(i373, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc367: dict[str, Any] = {}
+        acc376: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c368 = _ZD[b]
+                c377 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c368 = (z >> 1) ^ -(z & 1)
+                c377 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c368 = (z >> 1) ^ -(z & 1)
+                c377 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c368, pos = _rlong(buf, pos)
-            if c368 == 0:
+                c377, pos = _rlong(buf, pos)
+            if c377 == 0:
                 break
-            if c368 < 0:
-                c368 = -c368
+            if c377 < 0:
+                c377 = -c377
                 b = buf[pos]
                 if b < 128:
-                    z371 = _ZD[b]
+                    z380 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z371 = (z >> 1) ^ -(z & 1)
+                    z380 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z371 = (z >> 1) ^ -(z & 1)
+                    z380 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z371, pos = _rlong(buf, pos)
-            if c368 * 2 > end - pos:
-                raise _count_error(c368, end - pos)
-            for _ in range(c368):
-                n372 = _ZL[buf[pos]]
-                if n372 < 0:
-                    n372, pos = _rlong(buf, pos)
-                    if n372 < 0:
-                        raise _length_error(n372, end - pos)
+                    z380, pos = _rlong(buf, pos)
+            if c377 * 2 > end - pos:
+                raise _count_error(c377, end - pos)
+            for _ in range(c377):
+                n381 = _ZL[buf[pos]]
+                if n381 < 0:
+                    n381, pos = _rlong(buf, pos)
+                    if n381 < 0:
+                        raise _length_error(n381, end - pos)
                 else:
                     pos += 1
-                q373 = pos + n372
-                if q373 > end:
-                    raise _length_error(n372, end - pos)
-                k370 = buf[pos:q373].decode()
-                pos = q373
+                q382 = pos + n381
+                if q382 > end:
+                    raise _length_error(n381, end - pos)
+                k379 = buf[pos:q382].decode()
+                pos = q382
                 b = buf[pos]
                 if b < 128:
-                    x369 = _ZD[b]
+                    x378 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x369 = (z >> 1) ^ -(z & 1)
+                    x378 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x369 = (z >> 1) ^ -(z & 1)
+                    x378 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x369, pos = _rlong(buf, pos)
-                acc367[k370] = x369
-        f_nominal_gpus = acc367
+                    x378, pos = _rlong(buf, pos)
+                acc376[k379] = x378
+        f_nominal_gpus = acc376
     b = buf[pos]
     if b < 128:
-        i374 = _ZD[b]
+        i383 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i374 = (z >> 1) ^ -(z & 1)
+        i383 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i374 = (z >> 1) ^ -(z & 1)
+        i383 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i374, pos = _rlong(buf, pos)
-    if i374 == 0:
+        i383, pos = _rlong(buf, pos)
+    if i383 == 0:
         f_nominal_cpu_milli = None
-    elif i374 == 1:
+    elif i383 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1405,24 +1423,24 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i374, 2)
+        raise _union_error(i383, 2)
     b = buf[pos]
     if b < 128:
-        i375 = _ZD[b]
+        i384 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i375 = (z >> 1) ^ -(z & 1)
+        i384 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i375 = (z >> 1) ^ -(z & 1)
+        i384 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i375, pos = _rlong(buf, pos)
-    if i375 == 0:
+        i384, pos = _rlong(buf, pos)
+    if i384 == 0:
         f_nominal_memory_mib = None
-    elif i375 == 1:
+    elif i384 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1438,24 +1456,24 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i375, 2)
+        raise _union_error(i384, 2)
     b = buf[pos]
     if b < 128:
-        i376 = _ZD[b]
+        i385 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i376 = (z >> 1) ^ -(z & 1)
+        i385 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i376 = (z >> 1) ^ -(z & 1)
+        i385 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i376, pos = _rlong(buf, pos)
-    if i376 == 0:
+        i385, pos = _rlong(buf, pos)
+    if i385 == 0:
         f_borrowing_limit_gpus = None
-    elif i376 == 1:
+    elif i385 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1471,24 +1489,24 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i376, 2)
+        raise _union_error(i385, 2)
     b = buf[pos]
     if b < 128:
-        i377 = _ZD[b]
+        i386 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i377 = (z >> 1) ^ -(z & 1)
+        i386 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i377 = (z >> 1) ^ -(z & 1)
+        i386 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i377, pos = _rlong(buf, pos)
-    if i377 == 0:
+        i386, pos = _rlong(buf, pos)
+    if i386 == 0:
         f_lending_limit_gpus = None
-    elif i377 == 1:
+    elif i386 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1504,7 +1522,7 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i377, 2)
+        raise _union_error(i386, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1523,40 +1541,41 @@ def _d_Quota362(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy355(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
-    n357 = _ZL[buf[pos]]
-    if n357 < 0:
-        n357, pos = _rlong(buf, pos)
-        if n357 < 0:
-            raise _length_error(n357, end - pos)
+    f_max_clock_jump_ms: Any
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
     else:
         pos += 1
-    q358 = pos + n357
-    if q358 > end:
-        raise _length_error(n357, end - pos)
-    f_policy = buf[pos:q358].decode()
-    pos = q358
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_policy = buf[pos:q367].decode()
+    pos = q367
     b = buf[pos]
     if b < 128:
-        i359 = _ZD[b]
+        i368 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i359 = (z >> 1) ^ -(z & 1)
+        i368 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i359 = (z >> 1) ^ -(z & 1)
+        i368 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i359, pos = _rlong(buf, pos)
-    if i359 == 0:
+        i368, pos = _rlong(buf, pos)
+    if i368 == 0:
         f_reserve_after_ms = None
-    elif i359 == 1:
+    elif i368 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1572,44 +1591,77 @@ def _d_SetPolicy355(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i359, 2)
-    n360 = _ZL[buf[pos]]
-    if n360 < 0:
-        n360, pos = _rlong(buf, pos)
-        if n360 < 0:
-            raise _length_error(n360, end - pos)
+        raise _union_error(i368, 2)
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
     else:
         pos += 1
-    q361 = pos + n360
-    if q361 > end:
-        raise _length_error(n360, end - pos)
-    f_queue_order = buf[pos:q361].decode()
-    pos = q361
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_queue_order = buf[pos:q370].decode()
+    pos = q370
     b = buf[pos]
     if b < 128:
-        i362 = _ZD[b]
+        i371 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i362 = (z >> 1) ^ -(z & 1)
+        i371 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i362 = (z >> 1) ^ -(z & 1)
+        i371 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i362, pos = _rlong(buf, pos)
-    if i362 == 0:
+        i371, pos = _rlong(buf, pos)
+    if i371 == 0:
         f_default_quota = None
-    elif i362 == 1:
-        f_default_quota, pos = _d_Quota362(buf, pos, end)
+    elif i371 == 1:
+        f_default_quota, pos = _d_Quota371(buf, pos, end)
     else:
-        raise _union_error(i362, 2)
-    o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota)
+        raise _union_error(i371, 2)
+    b = buf[pos]
+    if b < 128:
+        i387 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i387 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i387 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i387, pos = _rlong(buf, pos)
+    if i387 == 0:
+        f_max_clock_jump_ms = None
+    elif i387 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i387, 2)
+    o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember387(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1618,18 +1670,18 @@ def _d_GangMember387(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n389 = _ZL[buf[pos]]
-    if n389 < 0:
-        n389, pos = _rlong(buf, pos)
-        if n389 < 0:
-            raise _length_error(n389, end - pos)
+    n399 = _ZL[buf[pos]]
+    if n399 < 0:
+        n399, pos = _rlong(buf, pos)
+        if n399 < 0:
+            raise _length_error(n399, end - pos)
     else:
         pos += 1
-    q390 = pos + n389
-    if q390 > end:
-        raise _length_error(n389, end - pos)
-    f_pod_id = buf[pos:q390].decode()
-    pos = q390
+    q400 = pos + n399
+    if q400 > end:
+        raise _length_error(n399, end - pos)
+    f_pod_id = buf[pos:q400].decode()
+    pos = q400
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1690,173 +1742,173 @@ def _d_GangMember387(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc391: list[Any] = []
+        acc401: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c392 = _ZD[b]
+                c402 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c392 = (z >> 1) ^ -(z & 1)
+                c402 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c392 = (z >> 1) ^ -(z & 1)
+                c402 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c392, pos = _rlong(buf, pos)
-            if c392 == 0:
+                c402, pos = _rlong(buf, pos)
+            if c402 == 0:
                 break
-            if c392 < 0:
-                c392 = -c392
+            if c402 < 0:
+                c402 = -c402
                 b = buf[pos]
                 if b < 128:
-                    z395 = _ZD[b]
+                    z405 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z395 = (z >> 1) ^ -(z & 1)
+                    z405 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z395 = (z >> 1) ^ -(z & 1)
+                    z405 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z395, pos = _rlong(buf, pos)
-            if c392 * 1 > end - pos:
-                raise _count_error(c392, end - pos)
-            for _ in range(c392):
-                n396 = _ZL[buf[pos]]
-                if n396 < 0:
-                    n396, pos = _rlong(buf, pos)
-                    if n396 < 0:
-                        raise _length_error(n396, end - pos)
+                    z405, pos = _rlong(buf, pos)
+            if c402 * 1 > end - pos:
+                raise _count_error(c402, end - pos)
+            for _ in range(c402):
+                n406 = _ZL[buf[pos]]
+                if n406 < 0:
+                    n406, pos = _rlong(buf, pos)
+                    if n406 < 0:
+                        raise _length_error(n406, end - pos)
                 else:
                     pos += 1
-                q397 = pos + n396
-                if q397 > end:
-                    raise _length_error(n396, end - pos)
-                x393 = buf[pos:q397].decode()
-                pos = q397
-                acc391.append(x393)
-        f_gpu_models = tuple(acc391)
+                q407 = pos + n406
+                if q407 > end:
+                    raise _length_error(n406, end - pos)
+                x403 = buf[pos:q407].decode()
+                pos = q407
+                acc401.append(x403)
+        f_gpu_models = tuple(acc401)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc398: dict[str, Any] = {}
+        acc408: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c399 = _ZD[b]
+                c409 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c399 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c399 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c399, pos = _rlong(buf, pos)
-            if c399 == 0:
+                c409, pos = _rlong(buf, pos)
+            if c409 == 0:
                 break
-            if c399 < 0:
-                c399 = -c399
+            if c409 < 0:
+                c409 = -c409
                 b = buf[pos]
                 if b < 128:
-                    z402 = _ZD[b]
+                    z412 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z402 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z402 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z402, pos = _rlong(buf, pos)
-            if c399 * 2 > end - pos:
-                raise _count_error(c399, end - pos)
-            for _ in range(c399):
-                n403 = _ZL[buf[pos]]
-                if n403 < 0:
-                    n403, pos = _rlong(buf, pos)
-                    if n403 < 0:
-                        raise _length_error(n403, end - pos)
+                    z412, pos = _rlong(buf, pos)
+            if c409 * 2 > end - pos:
+                raise _count_error(c409, end - pos)
+            for _ in range(c409):
+                n413 = _ZL[buf[pos]]
+                if n413 < 0:
+                    n413, pos = _rlong(buf, pos)
+                    if n413 < 0:
+                        raise _length_error(n413, end - pos)
                 else:
                     pos += 1
-                q404 = pos + n403
-                if q404 > end:
-                    raise _length_error(n403, end - pos)
-                k401 = buf[pos:q404].decode()
-                pos = q404
-                n405 = _ZL[buf[pos]]
-                if n405 < 0:
-                    n405, pos = _rlong(buf, pos)
-                    if n405 < 0:
-                        raise _length_error(n405, end - pos)
+                q414 = pos + n413
+                if q414 > end:
+                    raise _length_error(n413, end - pos)
+                k411 = buf[pos:q414].decode()
+                pos = q414
+                n415 = _ZL[buf[pos]]
+                if n415 < 0:
+                    n415, pos = _rlong(buf, pos)
+                    if n415 < 0:
+                        raise _length_error(n415, end - pos)
                 else:
                     pos += 1
-                q406 = pos + n405
-                if q406 > end:
-                    raise _length_error(n405, end - pos)
-                x400 = buf[pos:q406].decode()
-                pos = q406
-                acc398[k401] = x400
-        f_node_selector = acc398
+                q416 = pos + n415
+                if q416 > end:
+                    raise _length_error(n415, end - pos)
+                x410 = buf[pos:q416].decode()
+                pos = q416
+                acc408[k411] = x410
+        f_node_selector = acc408
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc407: list[Any] = []
+        acc417: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c408 = _ZD[b]
+                c418 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c408 = (z >> 1) ^ -(z & 1)
+                c418 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c408 = (z >> 1) ^ -(z & 1)
+                c418 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c408, pos = _rlong(buf, pos)
-            if c408 == 0:
+                c418, pos = _rlong(buf, pos)
+            if c418 == 0:
                 break
-            if c408 < 0:
-                c408 = -c408
+            if c418 < 0:
+                c418 = -c418
                 b = buf[pos]
                 if b < 128:
-                    z411 = _ZD[b]
+                    z421 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z411 = (z >> 1) ^ -(z & 1)
+                    z421 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z411 = (z >> 1) ^ -(z & 1)
+                    z421 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z411, pos = _rlong(buf, pos)
-            if c408 * 4 > end - pos:
-                raise _count_error(c408, end - pos)
-            for _ in range(c408):
-                x409, pos = _d_Toleration329(buf, pos, end)
-                acc407.append(x409)
-        f_tolerations = tuple(acc407)
+                    z421, pos = _rlong(buf, pos)
+            if c418 * 4 > end - pos:
+                raise _count_error(c418, end - pos)
+            for _ in range(c418):
+                x419, pos = _d_Toleration338(buf, pos, end)
+                acc417.append(x419)
+        f_tolerations = tuple(acc417)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1869,30 +1921,30 @@ def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
+    n389 = _ZL[buf[pos]]
+    if n389 < 0:
+        n389, pos = _rlong(buf, pos)
+        if n389 < 0:
+            raise _length_error(n389, end - pos)
     else:
         pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_gang_id = buf[pos:q380].decode()
-    pos = q380
-    n381 = _ZL[buf[pos]]
-    if n381 < 0:
-        n381, pos = _rlong(buf, pos)
-        if n381 < 0:
-            raise _length_error(n381, end - pos)
+    q390 = pos + n389
+    if q390 > end:
+        raise _length_error(n389, end - pos)
+    f_gang_id = buf[pos:q390].decode()
+    pos = q390
+    n391 = _ZL[buf[pos]]
+    if n391 < 0:
+        n391, pos = _rlong(buf, pos)
+        if n391 < 0:
+            raise _length_error(n391, end - pos)
     else:
         pos += 1
-    q382 = pos + n381
-    if q382 > end:
-        raise _length_error(n381, end - pos)
-    f_tenant = buf[pos:q382].decode()
-    pos = q382
+    q392 = pos + n391
+    if q392 > end:
+        raise _length_error(n391, end - pos)
+    f_tenant = buf[pos:q392].decode()
+    pos = q392
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1911,63 +1963,63 @@ def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc383: list[Any] = []
+        acc393: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c384 = _ZD[b]
+                c394 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c384 = (z >> 1) ^ -(z & 1)
+                c394 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c384 = (z >> 1) ^ -(z & 1)
+                c394 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c384, pos = _rlong(buf, pos)
-            if c384 == 0:
+                c394, pos = _rlong(buf, pos)
+            if c394 == 0:
                 break
-            if c384 < 0:
-                c384 = -c384
+            if c394 < 0:
+                c394 = -c394
                 b = buf[pos]
                 if b < 128:
-                    z387 = _ZD[b]
+                    z397 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z387 = (z >> 1) ^ -(z & 1)
+                    z397 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z387 = (z >> 1) ^ -(z & 1)
+                    z397 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z387, pos = _rlong(buf, pos)
-            if c384 * 8 > end - pos:
-                raise _count_error(c384, end - pos)
-            for _ in range(c384):
-                x385, pos = _d_GangMember387(buf, pos, end)
-                acc383.append(x385)
-        f_members = tuple(acc383)
+                    z397, pos = _rlong(buf, pos)
+            if c394 * 8 > end - pos:
+                raise _count_error(c394, end - pos)
+            for _ in range(c394):
+                x395, pos = _d_GangMember397(buf, pos, end)
+                acc393.append(x395)
+        f_members = tuple(acc393)
     b = buf[pos]
     if b < 128:
-        i412 = _ZD[b]
+        i422 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i412 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i412 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i412, pos = _rlong(buf, pos)
-    if i412 == 0:
+        i422, pos = _rlong(buf, pos)
+    if i422 == 0:
         f_min_members = None
-    elif i412 == 1:
+    elif i422 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -1983,86 +2035,86 @@ def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i412, 2)
+        raise _union_error(i422, 2)
     b = buf[pos]
     if b < 128:
-        i413 = _ZD[b]
+        i423 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i413 = (z >> 1) ^ -(z & 1)
+        i423 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i413 = (z >> 1) ^ -(z & 1)
+        i423 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i413, pos = _rlong(buf, pos)
-    if i413 == 0:
+        i423, pos = _rlong(buf, pos)
+    if i423 == 0:
         f_topology_required = None
-    elif i413 == 1:
-        n414 = _ZL[buf[pos]]
-        if n414 < 0:
-            n414, pos = _rlong(buf, pos)
-            if n414 < 0:
-                raise _length_error(n414, end - pos)
+    elif i423 == 1:
+        n424 = _ZL[buf[pos]]
+        if n424 < 0:
+            n424, pos = _rlong(buf, pos)
+            if n424 < 0:
+                raise _length_error(n424, end - pos)
         else:
             pos += 1
-        q415 = pos + n414
-        if q415 > end:
-            raise _length_error(n414, end - pos)
-        f_topology_required = buf[pos:q415].decode()
-        pos = q415
+        q425 = pos + n424
+        if q425 > end:
+            raise _length_error(n424, end - pos)
+        f_topology_required = buf[pos:q425].decode()
+        pos = q425
     else:
-        raise _union_error(i413, 2)
+        raise _union_error(i423, 2)
     b = buf[pos]
     if b < 128:
-        i416 = _ZD[b]
+        i426 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i416 = (z >> 1) ^ -(z & 1)
+        i426 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i416 = (z >> 1) ^ -(z & 1)
+        i426 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i416, pos = _rlong(buf, pos)
-    if i416 == 0:
+        i426, pos = _rlong(buf, pos)
+    if i426 == 0:
         f_topology_preferred = None
-    elif i416 == 1:
-        n417 = _ZL[buf[pos]]
-        if n417 < 0:
-            n417, pos = _rlong(buf, pos)
-            if n417 < 0:
-                raise _length_error(n417, end - pos)
+    elif i426 == 1:
+        n427 = _ZL[buf[pos]]
+        if n427 < 0:
+            n427, pos = _rlong(buf, pos)
+            if n427 < 0:
+                raise _length_error(n427, end - pos)
         else:
             pos += 1
-        q418 = pos + n417
-        if q418 > end:
-            raise _length_error(n417, end - pos)
-        f_topology_preferred = buf[pos:q418].decode()
-        pos = q418
+        q428 = pos + n427
+        if q428 > end:
+            raise _length_error(n427, end - pos)
+        f_topology_preferred = buf[pos:q428].decode()
+        pos = q428
     else:
-        raise _union_error(i416, 2)
+        raise _union_error(i426, 2)
     b = buf[pos]
     if b < 128:
-        i419 = _ZD[b]
+        i429 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i419 = (z >> 1) ^ -(z & 1)
+        i429 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i419 = (z >> 1) ^ -(z & 1)
+        i429 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i419, pos = _rlong(buf, pos)
-    if i419 == 0:
+        i429, pos = _rlong(buf, pos)
+    if i429 == 0:
         f_timeout_ms = None
-    elif i419 == 1:
+    elif i429 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2078,24 +2130,24 @@ def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i419, 2)
+        raise _union_error(i429, 2)
     b = buf[pos]
     if b < 128:
-        i420 = _ZD[b]
+        i430 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i420 = (z >> 1) ^ -(z & 1)
+        i430 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i420 = (z >> 1) ^ -(z & 1)
+        i430 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i420, pos = _rlong(buf, pos)
-    if i420 == 0:
+        i430, pos = _rlong(buf, pos)
+    if i430 == 0:
         f_time_limit_ms = None
-    elif i420 == 1:
+    elif i430 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2111,127 +2163,133 @@ def _d_SubmitGang377(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i420, 2)
+        raise _union_error(i430, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc421: list[Any] = []
+        acc431: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c422 = _ZD[b]
+                c432 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c422 = (z >> 1) ^ -(z & 1)
+                c432 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c422 = (z >> 1) ^ -(z & 1)
+                c432 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c422, pos = _rlong(buf, pos)
-            if c422 == 0:
+                c432, pos = _rlong(buf, pos)
+            if c432 == 0:
                 break
-            if c422 < 0:
-                c422 = -c422
+            if c432 < 0:
+                c432 = -c432
                 b = buf[pos]
                 if b < 128:
-                    z425 = _ZD[b]
+                    z435 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z435 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z435 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z425, pos = _rlong(buf, pos)
-            if c422 * 1 > end - pos:
-                raise _count_error(c422, end - pos)
-            for _ in range(c422):
-                n426 = _ZL[buf[pos]]
-                if n426 < 0:
-                    n426, pos = _rlong(buf, pos)
-                    if n426 < 0:
-                        raise _length_error(n426, end - pos)
+                    z435, pos = _rlong(buf, pos)
+            if c432 * 1 > end - pos:
+                raise _count_error(c432, end - pos)
+            for _ in range(c432):
+                n436 = _ZL[buf[pos]]
+                if n436 < 0:
+                    n436, pos = _rlong(buf, pos)
+                    if n436 < 0:
+                        raise _length_error(n436, end - pos)
                 else:
                     pos += 1
-                q427 = pos + n426
-                if q427 > end:
-                    raise _length_error(n426, end - pos)
-                x423 = buf[pos:q427].decode()
-                pos = q427
-                acc421.append(x423)
-        f_depends_on = tuple(acc421)
-    n428 = _ZL[buf[pos]]
-    if n428 < 0:
-        n428, pos = _rlong(buf, pos)
-        if n428 < 0:
-            raise _length_error(n428, end - pos)
+                q437 = pos + n436
+                if q437 > end:
+                    raise _length_error(n436, end - pos)
+                x433 = buf[pos:q437].decode()
+                pos = q437
+                acc431.append(x433)
+        f_depends_on = tuple(acc431)
+    n438 = _ZL[buf[pos]]
+    if n438 < 0:
+        n438, pos = _rlong(buf, pos)
+        if n438 < 0:
+            raise _length_error(n438, end - pos)
     else:
         pos += 1
-    q429 = pos + n428
-    if q429 > end:
-        raise _length_error(n428, end - pos)
-    f_dependency = buf[pos:q429].decode()
-    pos = q429
-    n430 = _ZL[buf[pos]]
-    if n430 < 0:
-        n430, pos = _rlong(buf, pos)
-        if n430 < 0:
-            raise _length_error(n430, end - pos)
+    q439 = pos + n438
+    if q439 > end:
+        raise _length_error(n438, end - pos)
+    f_dependency = buf[pos:q439].decode()
+    pos = q439
+    n440 = _ZL[buf[pos]]
+    if n440 < 0:
+        n440, pos = _rlong(buf, pos)
+        if n440 < 0:
+            raise _length_error(n440, end - pos)
     else:
         pos += 1
-    q431 = pos + n430
-    if q431 > end:
-        raise _length_error(n430, end - pos)
-    f_preemption = buf[pos:q431].decode()
-    pos = q431
+    q441 = pos + n440
+    if q441 > end:
+        raise _length_error(n440, end - pos)
+    f_preemption = buf[pos:q441].decode()
+    pos = q441
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
     return o, pos
 
 
-def _d_ReleaseGang431(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang441(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n433 = _ZL[buf[pos]]
-    if n433 < 0:
-        n433, pos = _rlong(buf, pos)
-        if n433 < 0:
-            raise _length_error(n433, end - pos)
+    n443 = _ZL[buf[pos]]
+    if n443 < 0:
+        n443, pos = _rlong(buf, pos)
+        if n443 < 0:
+            raise _length_error(n443, end - pos)
     else:
         pos += 1
-    q434 = pos + n433
-    if q434 > end:
-        raise _length_error(n433, end - pos)
-    f_gang_id = buf[pos:q434].decode()
-    pos = q434
-    n435 = _ZL[buf[pos]]
-    if n435 < 0:
-        n435, pos = _rlong(buf, pos)
-        if n435 < 0:
-            raise _length_error(n435, end - pos)
+    q444 = pos + n443
+    if q444 > end:
+        raise _length_error(n443, end - pos)
+    f_gang_id = buf[pos:q444].decode()
+    pos = q444
+    n445 = _ZL[buf[pos]]
+    if n445 < 0:
+        n445, pos = _rlong(buf, pos)
+        if n445 < 0:
+            raise _length_error(n445, end - pos)
     else:
         pos += 1
-    q436 = pos + n435
-    if q436 > end:
-        raise _length_error(n435, end - pos)
-    f_reason = buf[pos:q436].decode()
-    pos = q436
+    q446 = pos + n445
+    if q446 > end:
+        raise _length_error(n445, end - pos)
+    f_reason = buf[pos:q446].decode()
+    pos = q446
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick436(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    o = _c_Tick()
+def _d_Tick446(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
     return o, pos
 
 
-def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2240,118 +2298,18 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n439 = _ZL[buf[pos]]
-    if n439 < 0:
-        n439, pos = _rlong(buf, pos)
-        if n439 < 0:
-            raise _length_error(n439, end - pos)
+    n449 = _ZL[buf[pos]]
+    if n449 < 0:
+        n449, pos = _rlong(buf, pos)
+        if n449 < 0:
+            raise _length_error(n449, end - pos)
     else:
         pos += 1
-    q440 = pos + n439
-    if q440 > end:
-        raise _length_error(n439, end - pos)
-    f_tenant = buf[pos:q440].decode()
-    pos = q440
-    b = buf[pos]
-    if b < 128:
-        i441 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i441, pos = _rlong(buf, pos)
-    if i441 == 0:
-        f_cohort = None
-    elif i441 == 1:
-        n442 = _ZL[buf[pos]]
-        if n442 < 0:
-            n442, pos = _rlong(buf, pos)
-            if n442 < 0:
-                raise _length_error(n442, end - pos)
-        else:
-            pos += 1
-        q443 = pos + n442
-        if q443 > end:
-            raise _length_error(n442, end - pos)
-        f_cohort = buf[pos:q443].decode()
-        pos = q443
-    else:
-        raise _union_error(i441, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc444: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c445 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c445 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c445 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c445, pos = _rlong(buf, pos)
-            if c445 == 0:
-                break
-            if c445 < 0:
-                c445 = -c445
-                b = buf[pos]
-                if b < 128:
-                    z448 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z448 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z448 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z448, pos = _rlong(buf, pos)
-            if c445 * 2 > end - pos:
-                raise _count_error(c445, end - pos)
-            for _ in range(c445):
-                n449 = _ZL[buf[pos]]
-                if n449 < 0:
-                    n449, pos = _rlong(buf, pos)
-                    if n449 < 0:
-                        raise _length_error(n449, end - pos)
-                else:
-                    pos += 1
-                q450 = pos + n449
-                if q450 > end:
-                    raise _length_error(n449, end - pos)
-                k447 = buf[pos:q450].decode()
-                pos = q450
-                b = buf[pos]
-                if b < 128:
-                    x446 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x446 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x446 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x446, pos = _rlong(buf, pos)
-                acc444[k447] = x446
-        f_nominal_gpus = acc444
+    q450 = pos + n449
+    if q450 > end:
+        raise _length_error(n449, end - pos)
+    f_tenant = buf[pos:q450].decode()
+    pos = q450
     b = buf[pos]
     if b < 128:
         i451 = _ZD[b]
@@ -2367,8 +2325,108 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i451, pos = _rlong(buf, pos)
     if i451 == 0:
-        f_nominal_cpu_milli = None
+        f_cohort = None
     elif i451 == 1:
+        n452 = _ZL[buf[pos]]
+        if n452 < 0:
+            n452, pos = _rlong(buf, pos)
+            if n452 < 0:
+                raise _length_error(n452, end - pos)
+        else:
+            pos += 1
+        q453 = pos + n452
+        if q453 > end:
+            raise _length_error(n452, end - pos)
+        f_cohort = buf[pos:q453].decode()
+        pos = q453
+    else:
+        raise _union_error(i451, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc454: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c455 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c455 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c455 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c455, pos = _rlong(buf, pos)
+            if c455 == 0:
+                break
+            if c455 < 0:
+                c455 = -c455
+                b = buf[pos]
+                if b < 128:
+                    z458 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z458 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z458 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z458, pos = _rlong(buf, pos)
+            if c455 * 2 > end - pos:
+                raise _count_error(c455, end - pos)
+            for _ in range(c455):
+                n459 = _ZL[buf[pos]]
+                if n459 < 0:
+                    n459, pos = _rlong(buf, pos)
+                    if n459 < 0:
+                        raise _length_error(n459, end - pos)
+                else:
+                    pos += 1
+                q460 = pos + n459
+                if q460 > end:
+                    raise _length_error(n459, end - pos)
+                k457 = buf[pos:q460].decode()
+                pos = q460
+                b = buf[pos]
+                if b < 128:
+                    x456 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x456 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x456 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x456, pos = _rlong(buf, pos)
+                acc454[k457] = x456
+        f_nominal_gpus = acc454
+    b = buf[pos]
+    if b < 128:
+        i461 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i461 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i461 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i461, pos = _rlong(buf, pos)
+    if i461 == 0:
+        f_nominal_cpu_milli = None
+    elif i461 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2384,24 +2442,24 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i451, 2)
+        raise _union_error(i461, 2)
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i462 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i462, pos = _rlong(buf, pos)
+    if i462 == 0:
         f_nominal_memory_mib = None
-    elif i452 == 1:
+    elif i462 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2417,24 +2475,24 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i462, 2)
     b = buf[pos]
     if b < 128:
-        i453 = _ZD[b]
+        i463 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i453 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i453 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i453, pos = _rlong(buf, pos)
-    if i453 == 0:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
         f_borrowing_limit_gpus = None
-    elif i453 == 1:
+    elif i463 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2450,24 +2508,24 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i453, 2)
+        raise _union_error(i463, 2)
     b = buf[pos]
     if b < 128:
-        i454 = _ZD[b]
+        i464 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i454 = (z >> 1) ^ -(z & 1)
+        i464 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i454 = (z >> 1) ^ -(z & 1)
+        i464 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i454, pos = _rlong(buf, pos)
-    if i454 == 0:
+        i464, pos = _rlong(buf, pos)
+    if i464 == 0:
         f_lending_limit_gpus = None
-    elif i454 == 1:
+    elif i464 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2483,7 +2541,7 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i454, 2)
+        raise _union_error(i464, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2502,25 +2560,25 @@ def _d_SetQuota437(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota454(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota464(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
+    n466 = _ZL[buf[pos]]
+    if n466 < 0:
+        n466, pos = _rlong(buf, pos)
+        if n466 < 0:
+            raise _length_error(n466, end - pos)
     else:
         pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_tenant = buf[pos:q457].decode()
-    pos = q457
+    q467 = pos + n466
+    if q467 > end:
+        raise _length_error(n466, end - pos)
+    f_tenant = buf[pos:q467].decode()
+    pos = q467
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment457(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment467(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2539,36 +2597,54 @@ def _d_Defragment457(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i459 = _ZD[b]
+        i469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i459 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i459 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i459, pos = _rlong(buf, pos)
-    if i459 == 0:
+        i469, pos = _rlong(buf, pos)
+    if i469 == 0:
         f_target = None
-    elif i459 == 1:
-        n460 = _ZL[buf[pos]]
-        if n460 < 0:
-            n460, pos = _rlong(buf, pos)
-            if n460 < 0:
-                raise _length_error(n460, end - pos)
+    elif i469 == 1:
+        n470 = _ZL[buf[pos]]
+        if n470 < 0:
+            n470, pos = _rlong(buf, pos)
+            if n470 < 0:
+                raise _length_error(n470, end - pos)
         else:
             pos += 1
-        q461 = pos + n460
-        if q461 > end:
-            raise _length_error(n460, end - pos)
-        f_target = buf[pos:q461].decode()
-        pos = q461
+        q471 = pos + n470
+        if q471 > end:
+            raise _length_error(n470, end - pos)
+        f_target = buf[pos:q471].decode()
+        pos = q471
     else:
-        raise _union_error(i459, 2)
+        raise _union_error(i469, 2)
     o = _c_Defragment(f_max_moves, f_target)
+    return o, pos
+
+
+def _d_ResumeCluster471(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+    f_reason: str
+    n473 = _ZL[buf[pos]]
+    if n473 < 0:
+        n473, pos = _rlong(buf, pos)
+        if n473 < 0:
+            raise _length_error(n473, end - pos)
+    else:
+        pos += 1
+    q474 = pos + n473
+    if q474 > end:
+        raise _length_error(n473, end - pos)
+    f_reason = buf[pos:q474].decode()
+    pos = q474
+    o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
@@ -2577,7 +2653,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k252:
+    if frame[:10] != _k261:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2588,30 +2664,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n254 = _ZL[buf[pos]]
-        if n254 < 0:
-            n254, pos = _rlong(buf, pos)
-            if n254 < 0:
-                raise _length_error(n254, end - pos)
+        n263 = _ZL[buf[pos]]
+        if n263 < 0:
+            n263, pos = _rlong(buf, pos)
+            if n263 < 0:
+                raise _length_error(n263, end - pos)
         else:
             pos += 1
-        q255 = pos + n254
-        if q255 > end:
-            raise _length_error(n254, end - pos)
-        f_command_id = buf[pos:q255].decode()
-        pos = q255
-        n256 = _ZL[buf[pos]]
-        if n256 < 0:
-            n256, pos = _rlong(buf, pos)
-            if n256 < 0:
-                raise _length_error(n256, end - pos)
+        q264 = pos + n263
+        if q264 > end:
+            raise _length_error(n263, end - pos)
+        f_command_id = buf[pos:q264].decode()
+        pos = q264
+        n265 = _ZL[buf[pos]]
+        if n265 < 0:
+            n265, pos = _rlong(buf, pos)
+            if n265 < 0:
+                raise _length_error(n265, end - pos)
         else:
             pos += 1
-        q257 = pos + n256
-        if q257 > end:
-            raise _length_error(n256, end - pos)
-        f_cluster = buf[pos:q257].decode()
-        pos = q257
+        q266 = pos + n265
+        if q266 > end:
+            raise _length_error(n265, end - pos)
+        f_cluster = buf[pos:q266].decode()
+        pos = q266
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2626,35 +2702,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n258 = _ZL[buf[pos]]
-        if n258 < 0:
-            n258, pos = _rlong(buf, pos)
-            if n258 < 0:
-                raise _length_error(n258, end - pos)
+        n267 = _ZL[buf[pos]]
+        if n267 < 0:
+            n267, pos = _rlong(buf, pos)
+            if n267 < 0:
+                raise _length_error(n267, end - pos)
         else:
             pos += 1
-        q259 = pos + n258
-        if q259 > end:
-            raise _length_error(n258, end - pos)
-        f_source = buf[pos:q259].decode()
-        pos = q259
+        q268 = pos + n267
+        if q268 > end:
+            raise _length_error(n267, end - pos)
+        f_source = buf[pos:q268].decode()
+        pos = q268
         b = buf[pos]
         if b < 128:
-            i260 = _ZD[b]
+            i269 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i260 = (z >> 1) ^ -(z & 1)
+            i269 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i260 = (z >> 1) ^ -(z & 1)
+            i269 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i260, pos = _rlong(buf, pos)
-        if not 0 <= i260 < 15:
-            raise _union_error(i260, 15)
-        f_payload, pos = _k461[i260](buf, pos, end)
+            i269, pos = _rlong(buf, pos)
+        if not 0 <= i269 < 16:
+            raise _union_error(i269, 16)
+        f_payload, pos = _k474[i269](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2665,239 +2741,251 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded473(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k474, (_P[n477] if (n477 := len(s476 := o.node_id.encode())) < 8192 else _long(n477)), s476, (_P[n479] if (n479 := len(s478 := o.gpu_model.encode())) < 8192 else _long(n479)), s478, (_P[n480] if 0 <= (n480 := o.gpu_count) < 8192 else _long(n480)), (_P[n481] if 0 <= (n481 := o.cpu_milli) < 8192 else _long(n481)), (_P[n482] if 0 <= (n482 := o.memory_mib) < 8192 else _long(n482)), (_b21(a483) if (a483 := o.labels) else b"\x00"), (_b27(a484) if (a484 := o.taints) else b"\x00"),))
+def _e_NodeAdded486(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k487, (_P[n490] if (n490 := len(s489 := o.node_id.encode())) < 8192 else _long(n490)), s489, (_P[n492] if (n492 := len(s491 := o.gpu_model.encode())) < 8192 else _long(n492)), s491, (_P[n493] if 0 <= (n493 := o.gpu_count) < 8192 else _long(n493)), (_P[n494] if 0 <= (n494 := o.cpu_milli) < 8192 else _long(n494)), (_P[n495] if 0 <= (n495 := o.memory_mib) < 8192 else _long(n495)), (_b21(a496) if (a496 := o.labels) else b"\x00"), (_b27(a497) if (a497 := o.taints) else b"\x00"),))
 
 
-def _e_NodeRemoved484(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k485, (_P[n488] if (n488 := len(s487 := o.node_id.encode())) < 8192 else _long(n488)), s487, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved497(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k498, (_P[n501] if (n501 := len(s500 := o.node_id.encode())) < 8192 else _long(n501)), s500, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned488(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k489, (_P[n492] if (n492 := len(s491 := o.node_id.encode())) < 8192 else _long(n492)), s491,))
+def _e_NodeCordoned501(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k502, (_P[n505] if (n505 := len(s504 := o.node_id.encode())) < 8192 else _long(n505)), s504,))
 
 
-def _e_NodeUncordoned492(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k493, (_P[n496] if (n496 := len(s495 := o.node_id.encode())) < 8192 else _long(n496)), s495,))
+def _e_NodeUncordoned505(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k506, (_P[n509] if (n509 := len(s508 := o.node_id.encode())) < 8192 else _long(n509)), s508,))
 
 
-def _e_NodeDrained496(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k497, (_P[n500] if (n500 := len(s499 := o.node_id.encode())) < 8192 else _long(n500)), s499, (_P[n501] if 0 <= (n501 := o.evicted) < 8192 else _long(n501)),))
+def _e_NodeDrained509(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k510, (_P[n513] if (n513 := len(s512 := o.node_id.encode())) < 8192 else _long(n513)), s512, (_P[n514] if 0 <= (n514 := o.evicted) < 8192 else _long(n514)),))
 
 
-def _e_NodeFailed501(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k502, (_P[n505] if (n505 := len(s504 := o.node_id.encode())) < 8192 else _long(n505)), s504, (_P[n507] if (n507 := len(s506 := o.reason.encode())) < 8192 else _long(n507)), s506, (_P[n508] if 0 <= (n508 := o.evicted) < 8192 else _long(n508)),))
+def _e_NodeFailed514(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k515, (_P[n518] if (n518 := len(s517 := o.node_id.encode())) < 8192 else _long(n518)), s517, (_P[n520] if (n520 := len(s519 := o.reason.encode())) < 8192 else _long(n520)), s519, (_P[n521] if 0 <= (n521 := o.evicted) < 8192 else _long(n521)),))
 
 
-def _u527(v: Any) -> bytes:
-    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := v.encode())) < 8192 else _long(n530)), s529,))
+def _u540(v: Any) -> bytes:
+    return b"".join((_k540, (_P[n543] if (n543 := len(s542 := v.encode())) < 8192 else _long(n543)), s542,))
 
 
-def _u533(v: Any) -> bytes:
-    return b"".join((_k533, (_P[n535] if 0 <= (n535 := v) < 8192 else _long(n535)),))
+def _u546(v: Any) -> bytes:
+    return b"".join((_k546, (_P[n548] if 0 <= (n548 := v) < 8192 else _long(n548)),))
 
 
-def _b543(a: Any) -> bytes:
+def _b556(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n546] if (n546 := len(s545 := x.code.encode())) < 8192 else _long(n546)), s545, (_P[n547] if 0 <= (n547 := x.nodes) < 8192 else _long(n547)), (_P[n549] if (n549 := len(s548 := x.message.encode())) < 8192 else _long(n549)), s548,)
+        out += ((_P[n559] if (n559 := len(s558 := x.code.encode())) < 8192 else _long(n559)), s558, (_P[n560] if 0 <= (n560 := x.nodes) < 8192 else _long(n560)), (_P[n562] if (n562 := len(s561 := x.message.encode())) < 8192 else _long(n562)), s561,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued508(o: _c_PodQueued) -> bytes:
-    return b"".join((_k509, (_P[n513] if (n513 := len(s512 := (r511 := o.pod).pod_id.encode())) < 8192 else _long(n513)), s512, (_P[n515] if (n515 := len(s514 := r511.tenant.encode())) < 8192 else _long(n515)), s514, (_P[n516] if 0 <= (n516 := r511.priority) < 8192 else _long(n516)), (_P[n517] if 0 <= (n517 := r511.num_gpu) < 8192 else _long(n517)), (_P[n518] if 0 <= (n518 := r511.gpu_milli) < 8192 else _long(n518)), (_P[n519] if 0 <= (n519 := r511.cpu_milli) < 8192 else _long(n519)), (_P[n520] if 0 <= (n520 := r511.memory_mib) < 8192 else _long(n520)), (_b69(a521) if (a521 := r511.gpu_models) else b"\x00"), (_b21(a522) if (a522 := r511.node_selector) else b"\x00"), (_b74(a523) if (a523 := r511.tolerations) else b"\x00"), (_P[n524] if 0 <= (n524 := r511.submitted_at) < 8192 else _long(n524)), (_P[n525] if 0 <= (n525 := r511.arrival) < 8192 else _long(n525)), (_k530 if (u526 := r511.gang_id) is None else _u527(u526)), (_k535 if (u532 := r511.time_limit_ms) is None else _u533(u532)), (_b69(a537) if (a537 := r511.depends_on) else b"\x00"), (_P[n539] if (n539 := len(s538 := r511.dependency.encode())) < 8192 else _long(n539)), s538, (_P[n541] if (n541 := len(s540 := r511.preemption.encode())) < 8192 else _long(n541)), s540, (b"\x01" if r511.movable else b"\x00"), (_b543(a542) if (a542 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a550) if (a550 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued521(o: _c_PodQueued) -> bytes:
+    return b"".join((_k522, (_P[n526] if (n526 := len(s525 := (r524 := o.pod).pod_id.encode())) < 8192 else _long(n526)), s525, (_P[n528] if (n528 := len(s527 := r524.tenant.encode())) < 8192 else _long(n528)), s527, (_P[n529] if 0 <= (n529 := r524.priority) < 8192 else _long(n529)), (_P[n530] if 0 <= (n530 := r524.num_gpu) < 8192 else _long(n530)), (_P[n531] if 0 <= (n531 := r524.gpu_milli) < 8192 else _long(n531)), (_P[n532] if 0 <= (n532 := r524.cpu_milli) < 8192 else _long(n532)), (_P[n533] if 0 <= (n533 := r524.memory_mib) < 8192 else _long(n533)), (_b69(a534) if (a534 := r524.gpu_models) else b"\x00"), (_b21(a535) if (a535 := r524.node_selector) else b"\x00"), (_b74(a536) if (a536 := r524.tolerations) else b"\x00"), (_P[n537] if 0 <= (n537 := r524.submitted_at) < 8192 else _long(n537)), (_P[n538] if 0 <= (n538 := r524.arrival) < 8192 else _long(n538)), (_k543 if (u539 := r524.gang_id) is None else _u540(u539)), (_k548 if (u545 := r524.time_limit_ms) is None else _u546(u545)), (_b69(a550) if (a550 := r524.depends_on) else b"\x00"), (_P[n552] if (n552 := len(s551 := r524.dependency.encode())) < 8192 else _long(n552)), s551, (_P[n554] if (n554 := len(s553 := r524.preemption.encode())) < 8192 else _long(n554)), s553, (b"\x01" if r524.movable else b"\x00"), (_b556(a555) if (a555 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a563) if (a563 := o.waiting_for) else b"\x00"),))
 
 
-def _u569(v: Any) -> bytes:
-    return b"".join((_k569, (_P[n572] if (n572 := len(s571 := v.encode())) < 8192 else _long(n572)), s571,))
+def _u582(v: Any) -> bytes:
+    return b"".join((_k582, (_P[n585] if (n585 := len(s584 := v.encode())) < 8192 else _long(n585)), s584,))
 
 
-def _u575(v: Any) -> bytes:
-    return b"".join((_k575, (_P[n577] if 0 <= (n577 := v) < 8192 else _long(n577)),))
+def _u588(v: Any) -> bytes:
+    return b"".join((_k588, (_P[n590] if 0 <= (n590 := v) < 8192 else _long(n590)),))
 
 
-def _b587(a: Any) -> bytes:
+def _b600(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n589] if 0 <= (n589 := x.index) < 8192 else _long(n589)), (_P[n590] if 0 <= (n590 := x.milli) < 8192 else _long(n590)),)
+        out += ((_P[n602] if 0 <= (n602 := x.index) < 8192 else _long(n602)), (_P[n603] if 0 <= (n603 := x.milli) < 8192 else _long(n603)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b594(a: Any) -> bytes:
+def _b607(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n596] if (n596 := len(s595 := k.encode())) < 8192 else _long(n596)), s595, _pack_d(x),)
+        out += ((_P[n609] if (n609 := len(s608 := k.encode())) < 8192 else _long(n609)), s608, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled550(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k551, (_P[n555] if (n555 := len(s554 := (r553 := o.pod).pod_id.encode())) < 8192 else _long(n555)), s554, (_P[n557] if (n557 := len(s556 := r553.tenant.encode())) < 8192 else _long(n557)), s556, (_P[n558] if 0 <= (n558 := r553.priority) < 8192 else _long(n558)), (_P[n559] if 0 <= (n559 := r553.num_gpu) < 8192 else _long(n559)), (_P[n560] if 0 <= (n560 := r553.gpu_milli) < 8192 else _long(n560)), (_P[n561] if 0 <= (n561 := r553.cpu_milli) < 8192 else _long(n561)), (_P[n562] if 0 <= (n562 := r553.memory_mib) < 8192 else _long(n562)), (_b69(a563) if (a563 := r553.gpu_models) else b"\x00"), (_b21(a564) if (a564 := r553.node_selector) else b"\x00"), (_b74(a565) if (a565 := r553.tolerations) else b"\x00"), (_P[n566] if 0 <= (n566 := r553.submitted_at) < 8192 else _long(n566)), (_P[n567] if 0 <= (n567 := r553.arrival) < 8192 else _long(n567)), (_k572 if (u568 := r553.gang_id) is None else _u569(u568)), (_k577 if (u574 := r553.time_limit_ms) is None else _u575(u574)), (_b69(a579) if (a579 := r553.depends_on) else b"\x00"), (_P[n581] if (n581 := len(s580 := r553.dependency.encode())) < 8192 else _long(n581)), s580, (_P[n583] if (n583 := len(s582 := r553.preemption.encode())) < 8192 else _long(n583)), s582, (b"\x01" if r553.movable else b"\x00"), (_P[n585] if (n585 := len(s584 := o.node_id.encode())) < 8192 else _long(n585)), s584, (_b587(a586) if (a586 := o.gpus) else b"\x00"), (_P[n592] if (n592 := len(s591 := o.policy.encode())) < 8192 else _long(n592)), s591, (b"\x01" if o.from_queue else b"\x00"), (_b594(a593) if (a593 := o.scores) else b"\x00"), (_b69(a597) if (a597 := o.preempted) else b"\x00"),))
+def _e_PodScheduled563(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k564, (_P[n568] if (n568 := len(s567 := (r566 := o.pod).pod_id.encode())) < 8192 else _long(n568)), s567, (_P[n570] if (n570 := len(s569 := r566.tenant.encode())) < 8192 else _long(n570)), s569, (_P[n571] if 0 <= (n571 := r566.priority) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r566.num_gpu) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r566.gpu_milli) < 8192 else _long(n573)), (_P[n574] if 0 <= (n574 := r566.cpu_milli) < 8192 else _long(n574)), (_P[n575] if 0 <= (n575 := r566.memory_mib) < 8192 else _long(n575)), (_b69(a576) if (a576 := r566.gpu_models) else b"\x00"), (_b21(a577) if (a577 := r566.node_selector) else b"\x00"), (_b74(a578) if (a578 := r566.tolerations) else b"\x00"), (_P[n579] if 0 <= (n579 := r566.submitted_at) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := r566.arrival) < 8192 else _long(n580)), (_k585 if (u581 := r566.gang_id) is None else _u582(u581)), (_k590 if (u587 := r566.time_limit_ms) is None else _u588(u587)), (_b69(a592) if (a592 := r566.depends_on) else b"\x00"), (_P[n594] if (n594 := len(s593 := r566.dependency.encode())) < 8192 else _long(n594)), s593, (_P[n596] if (n596 := len(s595 := r566.preemption.encode())) < 8192 else _long(n596)), s595, (b"\x01" if r566.movable else b"\x00"), (_P[n598] if (n598 := len(s597 := o.node_id.encode())) < 8192 else _long(n598)), s597, (_b600(a599) if (a599 := o.gpus) else b"\x00"), (_P[n605] if (n605 := len(s604 := o.policy.encode())) < 8192 else _long(n605)), s604, (b"\x01" if o.from_queue else b"\x00"), (_b607(a606) if (a606 := o.scores) else b"\x00"), (_b69(a610) if (a610 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted597(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k598, (_P[n601] if (n601 := len(s600 := o.pod_id.encode())) < 8192 else _long(n601)), s600, (_P[n603] if (n603 := len(s602 := o.node_id.encode())) < 8192 else _long(n603)), s602, (_P[n605] if (n605 := len(s604 := o.reason.encode())) < 8192 else _long(n605)), s604,))
+def _e_PodEvicted610(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := o.pod_id.encode())) < 8192 else _long(n614)), s613, (_P[n616] if (n616 := len(s615 := o.node_id.encode())) < 8192 else _long(n616)), s615, (_P[n618] if (n618 := len(s617 := o.reason.encode())) < 8192 else _long(n618)), s617,))
 
 
-def _u611(v: Any) -> bytes:
-    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := v.encode())) < 8192 else _long(n614)), s613,))
+def _u624(v: Any) -> bytes:
+    return b"".join((_k624, (_P[n627] if (n627 := len(s626 := v.encode())) < 8192 else _long(n627)), s626,))
 
 
-def _e_PodReleased605(o: _c_PodReleased) -> bytes:
-    return b"".join((_k606, (_P[n609] if (n609 := len(s608 := o.pod_id.encode())) < 8192 else _long(n609)), s608, (_k614 if (u610 := o.node_id) is None else _u611(u610)), (_P[n617] if (n617 := len(s616 := o.reason.encode())) < 8192 else _long(n617)), s616,))
+def _e_PodReleased618(o: _c_PodReleased) -> bytes:
+    return b"".join((_k619, (_P[n622] if (n622 := len(s621 := o.pod_id.encode())) < 8192 else _long(n622)), s621, (_k627 if (u623 := o.node_id) is None else _u624(u623)), (_P[n630] if (n630 := len(s629 := o.reason.encode())) < 8192 else _long(n630)), s629,))
 
 
-def _u625(v: Any) -> bytes:
-    return b"".join((_k625, (_P[n627] if 0 <= (n627 := v) < 8192 else _long(n627)),))
+def _u638(v: Any) -> bytes:
+    return b"".join((_k638, (_P[n640] if 0 <= (n640 := v) < 8192 else _long(n640)),))
 
 
-def _e_PolicyChanged617(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k618, (_P[n621] if (n621 := len(s620 := o.policy.encode())) < 8192 else _long(n621)), s620, (_P[n623] if (n623 := len(s622 := o.previous.encode())) < 8192 else _long(n623)), s622, (_k627 if (u624 := o.reserve_after_ms) is None else _u625(u624)), (_P[n630] if (n630 := len(s629 := o.queue_order.encode())) < 8192 else _long(n630)), s629,))
+def _u645(v: Any) -> bytes:
+    return b"".join((_k645, (_P[n647] if 0 <= (n647 := v) < 8192 else _long(n647)),))
 
 
-def _e_CommandRejected630(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k631, (_P[n634] if (n634 := len(s633 := o.command_id.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := o.command_type.encode())) < 8192 else _long(n636)), s635, (_P[n638] if (n638 := len(s637 := o.code.encode())) < 8192 else _long(n638)), s637, (_P[n640] if (n640 := len(s639 := o.message.encode())) < 8192 else _long(n640)), s639,))
+def _e_PolicyChanged630(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k631, (_P[n634] if (n634 := len(s633 := o.policy.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := o.previous.encode())) < 8192 else _long(n636)), s635, (_k640 if (u637 := o.reserve_after_ms) is None else _u638(u637)), (_P[n643] if (n643 := len(s642 := o.queue_order.encode())) < 8192 else _long(n643)), s642, (_k647 if (u644 := o.max_clock_jump_ms) is None else _u645(u644)),))
 
 
-def _u670(v: Any) -> bytes:
-    return b"".join((_k670, (_P[n673] if (n673 := len(s672 := v.encode())) < 8192 else _long(n673)), s672,))
+def _e_CommandRejected648(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.command_id.encode())) < 8192 else _long(n652)), s651, (_P[n654] if (n654 := len(s653 := o.command_type.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.code.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.message.encode())) < 8192 else _long(n658)), s657,))
 
 
-def _u676(v: Any) -> bytes:
-    return b"".join((_k676, (_P[n678] if 0 <= (n678 := v) < 8192 else _long(n678)),))
+def _u688(v: Any) -> bytes:
+    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
 
 
-def _b653(a: Any) -> bytes:
+def _u694(v: Any) -> bytes:
+    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
+
+
+def _b671(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n656] if (n656 := len(s655 := x.pod_id.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := x.tenant.encode())) < 8192 else _long(n658)), s657, (_P[n659] if 0 <= (n659 := x.priority) < 8192 else _long(n659)), (_P[n660] if 0 <= (n660 := x.num_gpu) < 8192 else _long(n660)), (_P[n661] if 0 <= (n661 := x.gpu_milli) < 8192 else _long(n661)), (_P[n662] if 0 <= (n662 := x.cpu_milli) < 8192 else _long(n662)), (_P[n663] if 0 <= (n663 := x.memory_mib) < 8192 else _long(n663)), (_b69(a664) if (a664 := x.gpu_models) else b"\x00"), (_b21(a665) if (a665 := x.node_selector) else b"\x00"), (_b74(a666) if (a666 := x.tolerations) else b"\x00"), (_P[n667] if 0 <= (n667 := x.submitted_at) < 8192 else _long(n667)), (_P[n668] if 0 <= (n668 := x.arrival) < 8192 else _long(n668)), (_k673 if (u669 := x.gang_id) is None else _u670(u669)), (_k678 if (u675 := x.time_limit_ms) is None else _u676(u675)), (_b69(a680) if (a680 := x.depends_on) else b"\x00"), (_P[n682] if (n682 := len(s681 := x.dependency.encode())) < 8192 else _long(n682)), s681, (_P[n684] if (n684 := len(s683 := x.preemption.encode())) < 8192 else _long(n684)), s683, (b"\x01" if x.movable else b"\x00"),)
+        out += ((_P[n674] if (n674 := len(s673 := x.pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := x.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := x.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := x.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := x.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := x.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := x.memory_mib) < 8192 else _long(n681)), (_b69(a682) if (a682 := x.gpu_models) else b"\x00"), (_b21(a683) if (a683 := x.node_selector) else b"\x00"), (_b74(a684) if (a684 := x.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := x.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := x.arrival) < 8192 else _long(n686)), (_k691 if (u687 := x.gang_id) is None else _u688(u687)), (_k696 if (u693 := x.time_limit_ms) is None else _u694(u693)), (_b69(a698) if (a698 := x.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := x.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := x.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if x.movable else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u687(v: Any) -> bytes:
-    return b"".join((_k687, (_P[n690] if (n690 := len(s689 := v.encode())) < 8192 else _long(n690)), s689,))
+def _u705(v: Any) -> bytes:
+    return b"".join((_k705, (_P[n708] if (n708 := len(s707 := v.encode())) < 8192 else _long(n708)), s707,))
 
 
-def _u693(v: Any) -> bytes:
-    return b"".join((_k693, (_P[n696] if (n696 := len(s695 := v.encode())) < 8192 else _long(n696)), s695,))
+def _u711(v: Any) -> bytes:
+    return b"".join((_k711, (_P[n714] if (n714 := len(s713 := v.encode())) < 8192 else _long(n714)), s713,))
 
 
-def _u699(v: Any) -> bytes:
-    return b"".join((_k699, (_P[n701] if 0 <= (n701 := v) < 8192 else _long(n701)),))
+def _u717(v: Any) -> bytes:
+    return b"".join((_k717, (_P[n719] if 0 <= (n719 := v) < 8192 else _long(n719)),))
 
 
-def _u704(v: Any) -> bytes:
-    return b"".join((_k704, (_P[n706] if 0 <= (n706 := v) < 8192 else _long(n706)),))
+def _u722(v: Any) -> bytes:
+    return b"".join((_k722, (_P[n724] if 0 <= (n724 := v) < 8192 else _long(n724)),))
 
 
-def _e_GangQueued640(o: _c_GangQueued) -> bytes:
-    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.gang_id.encode())) < 8192 else _long(n644)), s643, (_b543(a645) if (a645 := o.reasons) else b"\x00"), (_P[n648] if (n648 := len(s647 := (r646 := o.gang).gang_id.encode())) < 8192 else _long(n648)), s647, (_P[n650] if (n650 := len(s649 := r646.tenant.encode())) < 8192 else _long(n650)), s649, (_P[n651] if 0 <= (n651 := r646.priority) < 8192 else _long(n651)), (_b653(a652) if (a652 := r646.members) else b"\x00"), (_P[n685] if 0 <= (n685 := r646.min_members) < 8192 else _long(n685)), (_k690 if (u686 := r646.topology_required) is None else _u687(u686)), (_k696 if (u692 := r646.topology_preferred) is None else _u693(u692)), (_k701 if (u698 := r646.timeout_ms) is None else _u699(u698)), (_k706 if (u703 := r646.time_limit_ms) is None else _u704(u703)), (_b69(a708) if (a708 := r646.depends_on) else b"\x00"), (_P[n710] if (n710 := len(s709 := r646.dependency.encode())) < 8192 else _long(n710)), s709, (_P[n711] if 0 <= (n711 := r646.submitted_at) < 8192 else _long(n711)), (_P[n712] if 0 <= (n712 := r646.arrival) < 8192 else _long(n712)), (_P[n714] if (n714 := len(s713 := r646.preemption.encode())) < 8192 else _long(n714)), s713, (b"\x01" if o.requeued else b"\x00"), (_b69(a715) if (a715 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued658(o: _c_GangQueued) -> bytes:
+    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.gang_id.encode())) < 8192 else _long(n662)), s661, (_b556(a663) if (a663 := o.reasons) else b"\x00"), (_P[n666] if (n666 := len(s665 := (r664 := o.gang).gang_id.encode())) < 8192 else _long(n666)), s665, (_P[n668] if (n668 := len(s667 := r664.tenant.encode())) < 8192 else _long(n668)), s667, (_P[n669] if 0 <= (n669 := r664.priority) < 8192 else _long(n669)), (_b671(a670) if (a670 := r664.members) else b"\x00"), (_P[n703] if 0 <= (n703 := r664.min_members) < 8192 else _long(n703)), (_k708 if (u704 := r664.topology_required) is None else _u705(u704)), (_k714 if (u710 := r664.topology_preferred) is None else _u711(u710)), (_k719 if (u716 := r664.timeout_ms) is None else _u717(u716)), (_k724 if (u721 := r664.time_limit_ms) is None else _u722(u721)), (_b69(a726) if (a726 := r664.depends_on) else b"\x00"), (_P[n728] if (n728 := len(s727 := r664.dependency.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := r664.submitted_at) < 8192 else _long(n729)), (_P[n730] if 0 <= (n730 := r664.arrival) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := r664.preemption.encode())) < 8192 else _long(n732)), s731, (b"\x01" if o.requeued else b"\x00"), (_b69(a733) if (a733 := o.waiting_for) else b"\x00"),))
 
 
-def _b721(a: Any) -> bytes:
+def _b739(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n724] if (n724 := len(s723 := x.pod_id.encode())) < 8192 else _long(n724)), s723, (_P[n726] if (n726 := len(s725 := x.node_id.encode())) < 8192 else _long(n726)), s725, (_b587(a727) if (a727 := x.gpus) else b"\x00"),)
+        out += ((_P[n742] if (n742 := len(s741 := x.pod_id.encode())) < 8192 else _long(n742)), s741, (_P[n744] if (n744 := len(s743 := x.node_id.encode())) < 8192 else _long(n744)), s743, (_b600(a745) if (a745 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u737(v: Any) -> bytes:
-    return b"".join((_k737, (_P[n740] if (n740 := len(s739 := v.encode())) < 8192 else _long(n740)), s739,))
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
 
 
-def _u743(v: Any) -> bytes:
-    return b"".join((_k743, (_P[n746] if (n746 := len(s745 := v.encode())) < 8192 else _long(n746)), s745,))
+def _u761(v: Any) -> bytes:
+    return b"".join((_k761, (_P[n764] if (n764 := len(s763 := v.encode())) < 8192 else _long(n764)), s763,))
 
 
-def _u749(v: Any) -> bytes:
-    return b"".join((_k749, (_P[n751] if 0 <= (n751 := v) < 8192 else _long(n751)),))
-
-
-def _u754(v: Any) -> bytes:
-    return b"".join((_k754, (_P[n756] if 0 <= (n756 := v) < 8192 else _long(n756)),))
-
-
-def _u766(v: Any) -> bytes:
-    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := v.encode())) < 8192 else _long(n769)), s768,))
+def _u767(v: Any) -> bytes:
+    return b"".join((_k767, (_P[n769] if 0 <= (n769 := v) < 8192 else _long(n769)),))
 
 
 def _u772(v: Any) -> bytes:
-    return b"".join((_k772, (_P[n775] if (n775 := len(s774 := v.encode())) < 8192 else _long(n775)), s774,))
+    return b"".join((_k772, (_P[n774] if 0 <= (n774 := v) < 8192 else _long(n774)),))
 
 
-def _e_GangScheduled715(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k716, (_P[n719] if (n719 := len(s718 := o.gang_id.encode())) < 8192 else _long(n719)), s718, (_b721(a720) if (a720 := o.members) else b"\x00"), (_P[n730] if (n730 := len(s729 := (r728 := o.gang).gang_id.encode())) < 8192 else _long(n730)), s729, (_P[n732] if (n732 := len(s731 := r728.tenant.encode())) < 8192 else _long(n732)), s731, (_P[n733] if 0 <= (n733 := r728.priority) < 8192 else _long(n733)), (_b653(a734) if (a734 := r728.members) else b"\x00"), (_P[n735] if 0 <= (n735 := r728.min_members) < 8192 else _long(n735)), (_k740 if (u736 := r728.topology_required) is None else _u737(u736)), (_k746 if (u742 := r728.topology_preferred) is None else _u743(u742)), (_k751 if (u748 := r728.timeout_ms) is None else _u749(u748)), (_k756 if (u753 := r728.time_limit_ms) is None else _u754(u753)), (_b69(a758) if (a758 := r728.depends_on) else b"\x00"), (_P[n760] if (n760 := len(s759 := r728.dependency.encode())) < 8192 else _long(n760)), s759, (_P[n761] if 0 <= (n761 := r728.submitted_at) < 8192 else _long(n761)), (_P[n762] if 0 <= (n762 := r728.arrival) < 8192 else _long(n762)), (_P[n764] if (n764 := len(s763 := r728.preemption.encode())) < 8192 else _long(n764)), s763, (_k769 if (u765 := o.topology_key) is None else _u766(u765)), (_k775 if (u771 := o.domain) is None else _u772(u771)), (b"\x01" if o.from_queue else b"\x00"), (_P[n778] if (n778 := len(s777 := o.message.encode())) < 8192 else _long(n778)), s777, (_b69(a779) if (a779 := o.preempted) else b"\x00"),))
+def _u784(v: Any) -> bytes:
+    return b"".join((_k784, (_P[n787] if (n787 := len(s786 := v.encode())) < 8192 else _long(n787)), s786,))
 
 
-def _e_GangTimedOut779(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := o.gang_id.encode())) < 8192 else _long(n783)), s782, (_P[n784] if 0 <= (n784 := o.waited_ms) < 8192 else _long(n784)), (_P[n786] if (n786 := len(s785 := o.message.encode())) < 8192 else _long(n786)), s785,))
+def _u790(v: Any) -> bytes:
+    return b"".join((_k790, (_P[n793] if (n793 := len(s792 := v.encode())) < 8192 else _long(n793)), s792,))
 
 
-def _e_GangReleased786(o: _c_GangReleased) -> bytes:
-    return b"".join((_k787, (_P[n790] if (n790 := len(s789 := o.gang_id.encode())) < 8192 else _long(n790)), s789, (_P[n792] if (n792 := len(s791 := o.reason.encode())) < 8192 else _long(n792)), s791, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangScheduled733(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := o.gang_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.members) else b"\x00"), (_P[n748] if (n748 := len(s747 := (r746 := o.gang).gang_id.encode())) < 8192 else _long(n748)), s747, (_P[n750] if (n750 := len(s749 := r746.tenant.encode())) < 8192 else _long(n750)), s749, (_P[n751] if 0 <= (n751 := r746.priority) < 8192 else _long(n751)), (_b671(a752) if (a752 := r746.members) else b"\x00"), (_P[n753] if 0 <= (n753 := r746.min_members) < 8192 else _long(n753)), (_k758 if (u754 := r746.topology_required) is None else _u755(u754)), (_k764 if (u760 := r746.topology_preferred) is None else _u761(u760)), (_k769 if (u766 := r746.timeout_ms) is None else _u767(u766)), (_k774 if (u771 := r746.time_limit_ms) is None else _u772(u771)), (_b69(a776) if (a776 := r746.depends_on) else b"\x00"), (_P[n778] if (n778 := len(s777 := r746.dependency.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r746.submitted_at) < 8192 else _long(n779)), (_P[n780] if 0 <= (n780 := r746.arrival) < 8192 else _long(n780)), (_P[n782] if (n782 := len(s781 := r746.preemption.encode())) < 8192 else _long(n782)), s781, (_k787 if (u783 := o.topology_key) is None else _u784(u783)), (_k793 if (u789 := o.domain) is None else _u790(u789)), (b"\x01" if o.from_queue else b"\x00"), (_P[n796] if (n796 := len(s795 := o.message.encode())) < 8192 else _long(n796)), s795, (_b69(a797) if (a797 := o.preempted) else b"\x00"),))
 
 
-def _u801(v: Any) -> bytes:
-    return b"".join((_k801, (_P[n804] if (n804 := len(s803 := v.encode())) < 8192 else _long(n804)), s803,))
+def _e_GangTimedOut797(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_P[n802] if 0 <= (n802 := o.waited_ms) < 8192 else _long(n802)), (_P[n804] if (n804 := len(s803 := o.message.encode())) < 8192 else _long(n804)), s803,))
 
 
-def _e_PodTimeLimitReached792(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k793, (_P[n796] if (n796 := len(s795 := o.pod_id.encode())) < 8192 else _long(n796)), s795, (_P[n798] if (n798 := len(s797 := o.node_id.encode())) < 8192 else _long(n798)), s797, (_P[n799] if 0 <= (n799 := o.time_limit_ms) < 8192 else _long(n799)), (_k804 if (u800 := o.gang_id) is None else _u801(u800)),))
+def _e_GangReleased804(o: _c_GangReleased) -> bytes:
+    return b"".join((_k805, (_P[n808] if (n808 := len(s807 := o.gang_id.encode())) < 8192 else _long(n808)), s807, (_P[n810] if (n810 := len(s809 := o.reason.encode())) < 8192 else _long(n810)), s809, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u814(v: Any) -> bytes:
-    return b"".join((_k814, (_P[n816] if 0 <= (n816 := v) < 8192 else _long(n816)),))
+def _u819(v: Any) -> bytes:
+    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
 
 
-def _e_NodesReserved805(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k806, (_P[n809] if (n809 := len(s808 := o.holder_id.encode())) < 8192 else _long(n809)), s808, (_P[n811] if (n811 := len(s810 := o.holder_kind.encode())) < 8192 else _long(n811)), s810, (_b69(a812) if (a812 := o.nodes) else b"\x00"), (_k816 if (u813 := o.expected_start) is None else _u814(u813)), (_P[n819] if (n819 := len(s818 := o.message.encode())) < 8192 else _long(n819)), s818,))
+def _e_PodTimeLimitReached810(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k811, (_P[n814] if (n814 := len(s813 := o.pod_id.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := o.node_id.encode())) < 8192 else _long(n816)), s815, (_P[n817] if 0 <= (n817 := o.time_limit_ms) < 8192 else _long(n817)), (_k822 if (u818 := o.gang_id) is None else _u819(u818)),))
 
 
-def _e_ReservationReleased819(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k820, (_P[n823] if (n823 := len(s822 := o.holder_id.encode())) < 8192 else _long(n823)), s822, (_P[n825] if (n825 := len(s824 := o.holder_kind.encode())) < 8192 else _long(n825)), s824, (_b69(a826) if (a826 := o.nodes) else b"\x00"), (_P[n828] if (n828 := len(s827 := o.reason.encode())) < 8192 else _long(n828)), s827, (_P[n830] if (n830 := len(s829 := o.message.encode())) < 8192 else _long(n830)), s829,))
+def _u832(v: Any) -> bytes:
+    return b"".join((_k832, (_P[n834] if 0 <= (n834 := v) < 8192 else _long(n834)),))
 
 
-def _e_DependencyFailed830(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k831, (_P[n834] if (n834 := len(s833 := o.holder_id.encode())) < 8192 else _long(n834)), s833, (_P[n836] if (n836 := len(s835 := o.holder_kind.encode())) < 8192 else _long(n836)), s835, (_P[n838] if (n838 := len(s837 := o.dependency_id.encode())) < 8192 else _long(n838)), s837, (_P[n840] if (n840 := len(s839 := o.message.encode())) < 8192 else _long(n840)), s839,))
+def _e_NodesReserved823(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := o.holder_id.encode())) < 8192 else _long(n827)), s826, (_P[n829] if (n829 := len(s828 := o.holder_kind.encode())) < 8192 else _long(n829)), s828, (_b69(a830) if (a830 := o.nodes) else b"\x00"), (_k834 if (u831 := o.expected_start) is None else _u832(u831)), (_P[n837] if (n837 := len(s836 := o.message.encode())) < 8192 else _long(n837)), s836,))
 
 
-def _e_Ticked840(o: _c_Ticked) -> bytes:
-    return b"".join((_k841, (_P[n843] if 0 <= (n843 := o.clock) < 8192 else _long(n843)),))
+def _e_ReservationReleased837(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.holder_id.encode())) < 8192 else _long(n841)), s840, (_P[n843] if (n843 := len(s842 := o.holder_kind.encode())) < 8192 else _long(n843)), s842, (_b69(a844) if (a844 := o.nodes) else b"\x00"), (_P[n846] if (n846 := len(s845 := o.reason.encode())) < 8192 else _long(n846)), s845, (_P[n848] if (n848 := len(s847 := o.message.encode())) < 8192 else _long(n848)), s847,))
 
 
-def _e_PodPreempted843(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k844, (_P[n847] if (n847 := len(s846 := o.pod_id.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := o.node_id.encode())) < 8192 else _long(n849)), s848, (_P[n851] if (n851 := len(s850 := o.by.encode())) < 8192 else _long(n851)), s850, (_P[n853] if (n853 := len(s852 := o.reason.encode())) < 8192 else _long(n853)), s852, (_P[n855] if (n855 := len(s854 := o.message.encode())) < 8192 else _long(n855)), s854,))
+def _e_DependencyFailed848(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := o.holder_id.encode())) < 8192 else _long(n852)), s851, (_P[n854] if (n854 := len(s853 := o.holder_kind.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.dependency_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := o.message.encode())) < 8192 else _long(n858)), s857,))
 
 
-def _u859(v: Any) -> bytes:
-    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
+def _e_Ticked858(o: _c_Ticked) -> bytes:
+    return b"".join((_k859, (_P[n861] if 0 <= (n861 := o.clock) < 8192 else _long(n861)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_QuotaChanged855(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k856, (_k862 if (u858 := o.tenant) is None else _u859(u858)), (_k865 if (u864 := o.quota) is None else _k864[type(u864)](u864)), (_k868 if (u867 := o.previous) is None else _k867[type(u867)](u867)), (_P[n871] if (n871 := len(s870 := o.message.encode())) < 8192 else _long(n871)), s870,))
+def _e_PodPreempted861(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := o.pod_id.encode())) < 8192 else _long(n865)), s864, (_P[n867] if (n867 := len(s866 := o.node_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.by.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.reason.encode())) < 8192 else _long(n871)), s870, (_P[n873] if (n873 := len(s872 := o.message.encode())) < 8192 else _long(n873)), s872,))
 
 
-def _e_PodMigrated871(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k872, (_P[n875] if (n875 := len(s874 := o.pod_id.encode())) < 8192 else _long(n875)), s874, (_P[n877] if (n877 := len(s876 := o.from_node.encode())) < 8192 else _long(n877)), s876, (_b587(a878) if (a878 := o.from_gpus) else b"\x00"), (_P[n880] if (n880 := len(s879 := o.to_node.encode())) < 8192 else _long(n880)), s879, (_b587(a881) if (a881 := o.to_gpus) else b"\x00"), (_P[n883] if (n883 := len(s882 := o.reason.encode())) < 8192 else _long(n883)), s882, (_P[n885] if (n885 := len(s884 := o.message.encode())) < 8192 else _long(n885)), s884,))
+def _u877(v: Any) -> bytes:
+    return b"".join((_k877, (_P[n880] if (n880 := len(s879 := v.encode())) < 8192 else _long(n880)), s879,))
 
 
-def _u892(v: Any) -> bytes:
-    return b"".join((_k892, (_P[n895] if (n895 := len(s894 := v.encode())) < 8192 else _long(n895)), s894,))
+def _e_QuotaChanged873(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k874, (_k880 if (u876 := o.tenant) is None else _u877(u876)), (_k883 if (u882 := o.quota) is None else _k882[type(u882)](u882)), (_k886 if (u885 := o.previous) is None else _k885[type(u885)](u885)), (_P[n889] if (n889 := len(s888 := o.message.encode())) < 8192 else _long(n889)), s888,))
 
 
-def _e_DefragmentationPlanned885(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k886, (_P[n888] if 0 <= (n888 := o.moves) < 8192 else _long(n888)), (_P[n889] if 0 <= (n889 := o.gpus_freed) < 8192 else _long(n889)), (_P[n890] if 0 <= (n890 := o.nodes_freed) < 8192 else _long(n890)), (_k895 if (u891 := o.target) is None else _u892(u891)), (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
+def _e_PodMigrated889(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k890, (_P[n893] if (n893 := len(s892 := o.pod_id.encode())) < 8192 else _long(n893)), s892, (_P[n895] if (n895 := len(s894 := o.from_node.encode())) < 8192 else _long(n895)), s894, (_b600(a896) if (a896 := o.from_gpus) else b"\x00"), (_P[n898] if (n898 := len(s897 := o.to_node.encode())) < 8192 else _long(n898)), s897, (_b600(a899) if (a899 := o.to_gpus) else b"\x00"), (_P[n901] if (n901 := len(s900 := o.reason.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := o.message.encode())) < 8192 else _long(n903)), s902,))
 
 
-def _e_Event462(o: _c_Event) -> bytes:
-    return b"".join((_k463, (_P[n465] if 0 <= (n465 := o.partition) < 8192 else _long(n465)), (_P[n466] if 0 <= (n466 := o.sequence) < 8192 else _long(n466)), (_P[n468] if (n468 := len(s467 := o.cluster.encode())) < 8192 else _long(n468)), s467, (_P[n470] if (n470 := len(s469 := o.command_id.encode())) < 8192 else _long(n470)), s469, (_P[n471] if 0 <= (n471 := o.command_offset) < 8192 else _long(n471)), (_P[n472] if 0 <= (n472 := o.occurred_at) < 8192 else _long(n472)), _k898[type(u473 := o.payload)](u473),))
+def _u910(v: Any) -> bytes:
+    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _d_NodeAdded905(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_DefragmentationPlanned903(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k904, (_P[n906] if 0 <= (n906 := o.moves) < 8192 else _long(n906)), (_P[n907] if 0 <= (n907 := o.gpus_freed) < 8192 else _long(n907)), (_P[n908] if 0 <= (n908 := o.nodes_freed) < 8192 else _long(n908)), (_k913 if (u909 := o.target) is None else _u910(u909)), (_P[n916] if (n916 := len(s915 := o.message.encode())) < 8192 else _long(n916)), s915,))
+
+
+def _e_ClusterHalted916(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := o.cluster.encode())) < 8192 else _long(n920)), s919, (_P[n922] if (n922 := len(s921 := o.command_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.error.encode())) < 8192 else _long(n924)), s923, (_P[n926] if (n926 := len(s925 := o.message.encode())) < 8192 else _long(n926)), s925,))
+
+
+def _e_ClusterResumed926(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k927, (_P[n930] if (n930 := len(s929 := o.cluster.encode())) < 8192 else _long(n930)), s929, (_P[n932] if (n932 := len(s931 := o.halted_command_id.encode())) < 8192 else _long(n932)), s931, (_P[n933] if 0 <= (n933 := o.halted_offset) < 8192 else _long(n933)), (_P[n934] if 0 <= (n934 := o.refolded_from) < 8192 else _long(n934)), (_P[n936] if (n936 := len(s935 := o.message.encode())) < 8192 else _long(n936)), s935,))
+
+
+def _e_Event475(o: _c_Event) -> bytes:
+    return b"".join((_k476, (_P[n478] if 0 <= (n478 := o.partition) < 8192 else _long(n478)), (_P[n479] if 0 <= (n479 := o.sequence) < 8192 else _long(n479)), (_P[n481] if (n481 := len(s480 := o.cluster.encode())) < 8192 else _long(n481)), s480, (_P[n483] if (n483 := len(s482 := o.command_id.encode())) < 8192 else _long(n483)), s482, (_P[n484] if 0 <= (n484 := o.command_offset) < 8192 else _long(n484)), (_P[n485] if 0 <= (n485 := o.occurred_at) < 8192 else _long(n485)), _k936[type(u486 := o.payload)](u486),))
+
+
+def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -2905,30 +2993,30 @@ def _d_NodeAdded905(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n907 = _ZL[buf[pos]]
-    if n907 < 0:
-        n907, pos = _rlong(buf, pos)
-        if n907 < 0:
-            raise _length_error(n907, end - pos)
+    n945 = _ZL[buf[pos]]
+    if n945 < 0:
+        n945, pos = _rlong(buf, pos)
+        if n945 < 0:
+            raise _length_error(n945, end - pos)
     else:
         pos += 1
-    q908 = pos + n907
-    if q908 > end:
-        raise _length_error(n907, end - pos)
-    f_node_id = buf[pos:q908].decode()
-    pos = q908
-    n909 = _ZL[buf[pos]]
-    if n909 < 0:
-        n909, pos = _rlong(buf, pos)
-        if n909 < 0:
-            raise _length_error(n909, end - pos)
+    q946 = pos + n945
+    if q946 > end:
+        raise _length_error(n945, end - pos)
+    f_node_id = buf[pos:q946].decode()
+    pos = q946
+    n947 = _ZL[buf[pos]]
+    if n947 < 0:
+        n947, pos = _rlong(buf, pos)
+        if n947 < 0:
+            raise _length_error(n947, end - pos)
     else:
         pos += 1
-    q910 = pos + n909
-    if q910 > end:
-        raise _length_error(n909, end - pos)
-    f_gpu_model = buf[pos:q910].decode()
-    pos = q910
+    q948 = pos + n947
+    if q948 > end:
+        raise _length_error(n947, end - pos)
+    f_gpu_model = buf[pos:q948].decode()
+    pos = q948
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -2975,189 +3063,189 @@ def _d_NodeAdded905(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc911: dict[str, Any] = {}
+        acc949: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c912 = _ZD[b]
+                c950 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c912 = (z >> 1) ^ -(z & 1)
+                c950 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c912 = (z >> 1) ^ -(z & 1)
+                c950 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c912, pos = _rlong(buf, pos)
-            if c912 == 0:
+                c950, pos = _rlong(buf, pos)
+            if c950 == 0:
                 break
-            if c912 < 0:
-                c912 = -c912
+            if c950 < 0:
+                c950 = -c950
                 b = buf[pos]
                 if b < 128:
-                    z915 = _ZD[b]
+                    z953 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z915 = (z >> 1) ^ -(z & 1)
+                    z953 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z915 = (z >> 1) ^ -(z & 1)
+                    z953 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z915, pos = _rlong(buf, pos)
-            if c912 * 2 > end - pos:
-                raise _count_error(c912, end - pos)
-            for _ in range(c912):
-                n916 = _ZL[buf[pos]]
-                if n916 < 0:
-                    n916, pos = _rlong(buf, pos)
-                    if n916 < 0:
-                        raise _length_error(n916, end - pos)
+                    z953, pos = _rlong(buf, pos)
+            if c950 * 2 > end - pos:
+                raise _count_error(c950, end - pos)
+            for _ in range(c950):
+                n954 = _ZL[buf[pos]]
+                if n954 < 0:
+                    n954, pos = _rlong(buf, pos)
+                    if n954 < 0:
+                        raise _length_error(n954, end - pos)
                 else:
                     pos += 1
-                q917 = pos + n916
-                if q917 > end:
-                    raise _length_error(n916, end - pos)
-                k914 = buf[pos:q917].decode()
-                pos = q917
-                n918 = _ZL[buf[pos]]
-                if n918 < 0:
-                    n918, pos = _rlong(buf, pos)
-                    if n918 < 0:
-                        raise _length_error(n918, end - pos)
+                q955 = pos + n954
+                if q955 > end:
+                    raise _length_error(n954, end - pos)
+                k952 = buf[pos:q955].decode()
+                pos = q955
+                n956 = _ZL[buf[pos]]
+                if n956 < 0:
+                    n956, pos = _rlong(buf, pos)
+                    if n956 < 0:
+                        raise _length_error(n956, end - pos)
                 else:
                     pos += 1
-                q919 = pos + n918
-                if q919 > end:
-                    raise _length_error(n918, end - pos)
-                x913 = buf[pos:q919].decode()
-                pos = q919
-                acc911[k914] = x913
-        f_labels = acc911
+                q957 = pos + n956
+                if q957 > end:
+                    raise _length_error(n956, end - pos)
+                x951 = buf[pos:q957].decode()
+                pos = q957
+                acc949[k952] = x951
+        f_labels = acc949
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc920: list[Any] = []
+        acc958: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c921 = _ZD[b]
+                c959 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c921 = (z >> 1) ^ -(z & 1)
+                c959 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c921 = (z >> 1) ^ -(z & 1)
+                c959 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c921, pos = _rlong(buf, pos)
-            if c921 == 0:
+                c959, pos = _rlong(buf, pos)
+            if c959 == 0:
                 break
-            if c921 < 0:
-                c921 = -c921
+            if c959 < 0:
+                c959 = -c959
                 b = buf[pos]
                 if b < 128:
-                    z924 = _ZD[b]
+                    z962 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z924 = (z >> 1) ^ -(z & 1)
+                    z962 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z924 = (z >> 1) ^ -(z & 1)
+                    z962 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z924, pos = _rlong(buf, pos)
-            if c921 * 3 > end - pos:
-                raise _count_error(c921, end - pos)
-            for _ in range(c921):
-                x922, pos = _d_Taint279(buf, pos, end)
-                acc920.append(x922)
-        f_taints = tuple(acc920)
+                    z962, pos = _rlong(buf, pos)
+            if c959 * 3 > end - pos:
+                raise _count_error(c959, end - pos)
+            for _ in range(c959):
+                x960, pos = _d_Taint288(buf, pos, end)
+                acc958.append(x960)
+        f_taints = tuple(acc958)
     o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
     return o, pos
 
 
-def _d_NodeRemoved924(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved962(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n926 = _ZL[buf[pos]]
-    if n926 < 0:
-        n926, pos = _rlong(buf, pos)
-        if n926 < 0:
-            raise _length_error(n926, end - pos)
+    n964 = _ZL[buf[pos]]
+    if n964 < 0:
+        n964, pos = _rlong(buf, pos)
+        if n964 < 0:
+            raise _length_error(n964, end - pos)
     else:
         pos += 1
-    q927 = pos + n926
-    if q927 > end:
-        raise _length_error(n926, end - pos)
-    f_node_id = buf[pos:q927].decode()
-    pos = q927
+    q965 = pos + n964
+    if q965 > end:
+        raise _length_error(n964, end - pos)
+    f_node_id = buf[pos:q965].decode()
+    pos = q965
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned927(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned965(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n929 = _ZL[buf[pos]]
-    if n929 < 0:
-        n929, pos = _rlong(buf, pos)
-        if n929 < 0:
-            raise _length_error(n929, end - pos)
+    n967 = _ZL[buf[pos]]
+    if n967 < 0:
+        n967, pos = _rlong(buf, pos)
+        if n967 < 0:
+            raise _length_error(n967, end - pos)
     else:
         pos += 1
-    q930 = pos + n929
-    if q930 > end:
-        raise _length_error(n929, end - pos)
-    f_node_id = buf[pos:q930].decode()
-    pos = q930
+    q968 = pos + n967
+    if q968 > end:
+        raise _length_error(n967, end - pos)
+    f_node_id = buf[pos:q968].decode()
+    pos = q968
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned930(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned968(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n932 = _ZL[buf[pos]]
-    if n932 < 0:
-        n932, pos = _rlong(buf, pos)
-        if n932 < 0:
-            raise _length_error(n932, end - pos)
+    n970 = _ZL[buf[pos]]
+    if n970 < 0:
+        n970, pos = _rlong(buf, pos)
+        if n970 < 0:
+            raise _length_error(n970, end - pos)
     else:
         pos += 1
-    q933 = pos + n932
-    if q933 > end:
-        raise _length_error(n932, end - pos)
-    f_node_id = buf[pos:q933].decode()
-    pos = q933
+    q971 = pos + n970
+    if q971 > end:
+        raise _length_error(n970, end - pos)
+    f_node_id = buf[pos:q971].decode()
+    pos = q971
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained933(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained971(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n935 = _ZL[buf[pos]]
-    if n935 < 0:
-        n935, pos = _rlong(buf, pos)
-        if n935 < 0:
-            raise _length_error(n935, end - pos)
+    n973 = _ZL[buf[pos]]
+    if n973 < 0:
+        n973, pos = _rlong(buf, pos)
+        if n973 < 0:
+            raise _length_error(n973, end - pos)
     else:
         pos += 1
-    q936 = pos + n935
-    if q936 > end:
-        raise _length_error(n935, end - pos)
-    f_node_id = buf[pos:q936].decode()
-    pos = q936
+    q974 = pos + n973
+    if q974 > end:
+        raise _length_error(n973, end - pos)
+    f_node_id = buf[pos:q974].decode()
+    pos = q974
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3176,34 +3264,34 @@ def _d_NodeDrained933(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, i
     return o, pos
 
 
-def _d_NodeFailed936(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed974(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n938 = _ZL[buf[pos]]
-    if n938 < 0:
-        n938, pos = _rlong(buf, pos)
-        if n938 < 0:
-            raise _length_error(n938, end - pos)
+    n976 = _ZL[buf[pos]]
+    if n976 < 0:
+        n976, pos = _rlong(buf, pos)
+        if n976 < 0:
+            raise _length_error(n976, end - pos)
     else:
         pos += 1
-    q939 = pos + n938
-    if q939 > end:
-        raise _length_error(n938, end - pos)
-    f_node_id = buf[pos:q939].decode()
-    pos = q939
-    n940 = _ZL[buf[pos]]
-    if n940 < 0:
-        n940, pos = _rlong(buf, pos)
-        if n940 < 0:
-            raise _length_error(n940, end - pos)
+    q977 = pos + n976
+    if q977 > end:
+        raise _length_error(n976, end - pos)
+    f_node_id = buf[pos:q977].decode()
+    pos = q977
+    n978 = _ZL[buf[pos]]
+    if n978 < 0:
+        n978, pos = _rlong(buf, pos)
+        if n978 < 0:
+            raise _length_error(n978, end - pos)
     else:
         pos += 1
-    q941 = pos + n940
-    if q941 > end:
-        raise _length_error(n940, end - pos)
-    f_reason = buf[pos:q941].decode()
-    pos = q941
+    q979 = pos + n978
+    if q979 > end:
+        raise _length_error(n978, end - pos)
+    f_reason = buf[pos:q979].decode()
+    pos = q979
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3222,7 +3310,7 @@ def _d_NodeFailed936(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int
     return o, pos
 
 
-def _d_PodSpec942(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3241,30 +3329,30 @@ def _d_PodSpec942(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n944 = _ZL[buf[pos]]
-    if n944 < 0:
-        n944, pos = _rlong(buf, pos)
-        if n944 < 0:
-            raise _length_error(n944, end - pos)
+    n982 = _ZL[buf[pos]]
+    if n982 < 0:
+        n982, pos = _rlong(buf, pos)
+        if n982 < 0:
+            raise _length_error(n982, end - pos)
     else:
         pos += 1
-    q945 = pos + n944
-    if q945 > end:
-        raise _length_error(n944, end - pos)
-    f_pod_id = buf[pos:q945].decode()
-    pos = q945
-    n946 = _ZL[buf[pos]]
-    if n946 < 0:
-        n946, pos = _rlong(buf, pos)
-        if n946 < 0:
-            raise _length_error(n946, end - pos)
+    q983 = pos + n982
+    if q983 > end:
+        raise _length_error(n982, end - pos)
+    f_pod_id = buf[pos:q983].decode()
+    pos = q983
+    n984 = _ZL[buf[pos]]
+    if n984 < 0:
+        n984, pos = _rlong(buf, pos)
+        if n984 < 0:
+            raise _length_error(n984, end - pos)
     else:
         pos += 1
-    q947 = pos + n946
-    if q947 > end:
-        raise _length_error(n946, end - pos)
-    f_tenant = buf[pos:q947].decode()
-    pos = q947
+    q985 = pos + n984
+    if q985 > end:
+        raise _length_error(n984, end - pos)
+    f_tenant = buf[pos:q985].decode()
+    pos = q985
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3339,168 +3427,168 @@ def _d_PodSpec942(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc948: list[Any] = []
+        acc986: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c949 = _ZD[b]
+                c987 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c949 = (z >> 1) ^ -(z & 1)
+                c987 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c949 = (z >> 1) ^ -(z & 1)
+                c987 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c949, pos = _rlong(buf, pos)
-            if c949 == 0:
+                c987, pos = _rlong(buf, pos)
+            if c987 == 0:
                 break
-            if c949 < 0:
-                c949 = -c949
+            if c987 < 0:
+                c987 = -c987
                 b = buf[pos]
                 if b < 128:
-                    z952 = _ZD[b]
+                    z990 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z952 = (z >> 1) ^ -(z & 1)
+                    z990 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z952 = (z >> 1) ^ -(z & 1)
+                    z990 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z952, pos = _rlong(buf, pos)
-            if c949 * 1 > end - pos:
-                raise _count_error(c949, end - pos)
-            for _ in range(c949):
-                n953 = _ZL[buf[pos]]
-                if n953 < 0:
-                    n953, pos = _rlong(buf, pos)
-                    if n953 < 0:
-                        raise _length_error(n953, end - pos)
+                    z990, pos = _rlong(buf, pos)
+            if c987 * 1 > end - pos:
+                raise _count_error(c987, end - pos)
+            for _ in range(c987):
+                n991 = _ZL[buf[pos]]
+                if n991 < 0:
+                    n991, pos = _rlong(buf, pos)
+                    if n991 < 0:
+                        raise _length_error(n991, end - pos)
                 else:
                     pos += 1
-                q954 = pos + n953
-                if q954 > end:
-                    raise _length_error(n953, end - pos)
-                x950 = buf[pos:q954].decode()
-                pos = q954
-                acc948.append(x950)
-        f_gpu_models = tuple(acc948)
+                q992 = pos + n991
+                if q992 > end:
+                    raise _length_error(n991, end - pos)
+                x988 = buf[pos:q992].decode()
+                pos = q992
+                acc986.append(x988)
+        f_gpu_models = tuple(acc986)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc955: dict[str, Any] = {}
+        acc993: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c956 = _ZD[b]
+                c994 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c956 = (z >> 1) ^ -(z & 1)
+                c994 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c956 = (z >> 1) ^ -(z & 1)
+                c994 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c956, pos = _rlong(buf, pos)
-            if c956 == 0:
+                c994, pos = _rlong(buf, pos)
+            if c994 == 0:
                 break
-            if c956 < 0:
-                c956 = -c956
+            if c994 < 0:
+                c994 = -c994
                 b = buf[pos]
                 if b < 128:
-                    z959 = _ZD[b]
+                    z997 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z959 = (z >> 1) ^ -(z & 1)
+                    z997 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z959 = (z >> 1) ^ -(z & 1)
+                    z997 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z959, pos = _rlong(buf, pos)
-            if c956 * 2 > end - pos:
-                raise _count_error(c956, end - pos)
-            for _ in range(c956):
-                n960 = _ZL[buf[pos]]
-                if n960 < 0:
-                    n960, pos = _rlong(buf, pos)
-                    if n960 < 0:
-                        raise _length_error(n960, end - pos)
+                    z997, pos = _rlong(buf, pos)
+            if c994 * 2 > end - pos:
+                raise _count_error(c994, end - pos)
+            for _ in range(c994):
+                n998 = _ZL[buf[pos]]
+                if n998 < 0:
+                    n998, pos = _rlong(buf, pos)
+                    if n998 < 0:
+                        raise _length_error(n998, end - pos)
                 else:
                     pos += 1
-                q961 = pos + n960
-                if q961 > end:
-                    raise _length_error(n960, end - pos)
-                k958 = buf[pos:q961].decode()
-                pos = q961
-                n962 = _ZL[buf[pos]]
-                if n962 < 0:
-                    n962, pos = _rlong(buf, pos)
-                    if n962 < 0:
-                        raise _length_error(n962, end - pos)
+                q999 = pos + n998
+                if q999 > end:
+                    raise _length_error(n998, end - pos)
+                k996 = buf[pos:q999].decode()
+                pos = q999
+                n1000 = _ZL[buf[pos]]
+                if n1000 < 0:
+                    n1000, pos = _rlong(buf, pos)
+                    if n1000 < 0:
+                        raise _length_error(n1000, end - pos)
                 else:
                     pos += 1
-                q963 = pos + n962
-                if q963 > end:
-                    raise _length_error(n962, end - pos)
-                x957 = buf[pos:q963].decode()
-                pos = q963
-                acc955[k958] = x957
-        f_node_selector = acc955
+                q1001 = pos + n1000
+                if q1001 > end:
+                    raise _length_error(n1000, end - pos)
+                x995 = buf[pos:q1001].decode()
+                pos = q1001
+                acc993[k996] = x995
+        f_node_selector = acc993
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc964: list[Any] = []
+        acc1002: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c965 = _ZD[b]
+                c1003 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c965 = (z >> 1) ^ -(z & 1)
+                c1003 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c965 = (z >> 1) ^ -(z & 1)
+                c1003 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c965, pos = _rlong(buf, pos)
-            if c965 == 0:
+                c1003, pos = _rlong(buf, pos)
+            if c1003 == 0:
                 break
-            if c965 < 0:
-                c965 = -c965
+            if c1003 < 0:
+                c1003 = -c1003
                 b = buf[pos]
                 if b < 128:
-                    z968 = _ZD[b]
+                    z1006 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z968 = (z >> 1) ^ -(z & 1)
+                    z1006 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z968 = (z >> 1) ^ -(z & 1)
+                    z1006 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z968, pos = _rlong(buf, pos)
-            if c965 * 4 > end - pos:
-                raise _count_error(c965, end - pos)
-            for _ in range(c965):
-                x966, pos = _d_Toleration329(buf, pos, end)
-                acc964.append(x966)
-        f_tolerations = tuple(acc964)
+                    z1006, pos = _rlong(buf, pos)
+            if c1003 * 4 > end - pos:
+                raise _count_error(c1003, end - pos)
+            for _ in range(c1003):
+                x1004, pos = _d_Toleration338(buf, pos, end)
+                acc1002.append(x1004)
+        f_tolerations = tuple(acc1002)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3531,52 +3619,52 @@ def _d_PodSpec942(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i969 = _ZD[b]
+        i1007 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i969 = (z >> 1) ^ -(z & 1)
+        i1007 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i969 = (z >> 1) ^ -(z & 1)
+        i1007 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i969, pos = _rlong(buf, pos)
-    if i969 == 0:
+        i1007, pos = _rlong(buf, pos)
+    if i1007 == 0:
         f_gang_id = None
-    elif i969 == 1:
-        n970 = _ZL[buf[pos]]
-        if n970 < 0:
-            n970, pos = _rlong(buf, pos)
-            if n970 < 0:
-                raise _length_error(n970, end - pos)
+    elif i1007 == 1:
+        n1008 = _ZL[buf[pos]]
+        if n1008 < 0:
+            n1008, pos = _rlong(buf, pos)
+            if n1008 < 0:
+                raise _length_error(n1008, end - pos)
         else:
             pos += 1
-        q971 = pos + n970
-        if q971 > end:
-            raise _length_error(n970, end - pos)
-        f_gang_id = buf[pos:q971].decode()
-        pos = q971
+        q1009 = pos + n1008
+        if q1009 > end:
+            raise _length_error(n1008, end - pos)
+        f_gang_id = buf[pos:q1009].decode()
+        pos = q1009
     else:
-        raise _union_error(i969, 2)
+        raise _union_error(i1007, 2)
     b = buf[pos]
     if b < 128:
-        i972 = _ZD[b]
+        i1010 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i972 = (z >> 1) ^ -(z & 1)
+        i1010 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i972 = (z >> 1) ^ -(z & 1)
+        i1010 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i972, pos = _rlong(buf, pos)
-    if i972 == 0:
+        i1010, pos = _rlong(buf, pos)
+    if i1010 == 0:
         f_time_limit_ms = None
-    elif i972 == 1:
+    elif i1010 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -3592,108 +3680,108 @@ def _d_PodSpec942(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i972, 2)
+        raise _union_error(i1010, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc973: list[Any] = []
+        acc1011: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c974 = _ZD[b]
+                c1012 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c974 = (z >> 1) ^ -(z & 1)
+                c1012 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c974 = (z >> 1) ^ -(z & 1)
+                c1012 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c974, pos = _rlong(buf, pos)
-            if c974 == 0:
+                c1012, pos = _rlong(buf, pos)
+            if c1012 == 0:
                 break
-            if c974 < 0:
-                c974 = -c974
+            if c1012 < 0:
+                c1012 = -c1012
                 b = buf[pos]
                 if b < 128:
-                    z977 = _ZD[b]
+                    z1015 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z977 = (z >> 1) ^ -(z & 1)
+                    z1015 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z977 = (z >> 1) ^ -(z & 1)
+                    z1015 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z977, pos = _rlong(buf, pos)
-            if c974 * 1 > end - pos:
-                raise _count_error(c974, end - pos)
-            for _ in range(c974):
-                n978 = _ZL[buf[pos]]
-                if n978 < 0:
-                    n978, pos = _rlong(buf, pos)
-                    if n978 < 0:
-                        raise _length_error(n978, end - pos)
+                    z1015, pos = _rlong(buf, pos)
+            if c1012 * 1 > end - pos:
+                raise _count_error(c1012, end - pos)
+            for _ in range(c1012):
+                n1016 = _ZL[buf[pos]]
+                if n1016 < 0:
+                    n1016, pos = _rlong(buf, pos)
+                    if n1016 < 0:
+                        raise _length_error(n1016, end - pos)
                 else:
                     pos += 1
-                q979 = pos + n978
-                if q979 > end:
-                    raise _length_error(n978, end - pos)
-                x975 = buf[pos:q979].decode()
-                pos = q979
-                acc973.append(x975)
-        f_depends_on = tuple(acc973)
-    n980 = _ZL[buf[pos]]
-    if n980 < 0:
-        n980, pos = _rlong(buf, pos)
-        if n980 < 0:
-            raise _length_error(n980, end - pos)
+                q1017 = pos + n1016
+                if q1017 > end:
+                    raise _length_error(n1016, end - pos)
+                x1013 = buf[pos:q1017].decode()
+                pos = q1017
+                acc1011.append(x1013)
+        f_depends_on = tuple(acc1011)
+    n1018 = _ZL[buf[pos]]
+    if n1018 < 0:
+        n1018, pos = _rlong(buf, pos)
+        if n1018 < 0:
+            raise _length_error(n1018, end - pos)
     else:
         pos += 1
-    q981 = pos + n980
-    if q981 > end:
-        raise _length_error(n980, end - pos)
-    f_dependency = buf[pos:q981].decode()
-    pos = q981
-    n982 = _ZL[buf[pos]]
-    if n982 < 0:
-        n982, pos = _rlong(buf, pos)
-        if n982 < 0:
-            raise _length_error(n982, end - pos)
+    q1019 = pos + n1018
+    if q1019 > end:
+        raise _length_error(n1018, end - pos)
+    f_dependency = buf[pos:q1019].decode()
+    pos = q1019
+    n1020 = _ZL[buf[pos]]
+    if n1020 < 0:
+        n1020, pos = _rlong(buf, pos)
+        if n1020 < 0:
+            raise _length_error(n1020, end - pos)
     else:
         pos += 1
-    q983 = pos + n982
-    if q983 > end:
-        raise _length_error(n982, end - pos)
-    f_preemption = buf[pos:q983].decode()
-    pos = q983
+    q1021 = pos + n1020
+    if q1021 > end:
+        raise _length_error(n1020, end - pos)
+    f_preemption = buf[pos:q1021].decode()
+    pos = q1021
     f_movable = buf[pos] != 0
     pos += 1
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
     return o, pos
 
 
-def _d_QueueReason988(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1026(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n990 = _ZL[buf[pos]]
-    if n990 < 0:
-        n990, pos = _rlong(buf, pos)
-        if n990 < 0:
-            raise _length_error(n990, end - pos)
+    n1028 = _ZL[buf[pos]]
+    if n1028 < 0:
+        n1028, pos = _rlong(buf, pos)
+        if n1028 < 0:
+            raise _length_error(n1028, end - pos)
     else:
         pos += 1
-    q991 = pos + n990
-    if q991 > end:
-        raise _length_error(n990, end - pos)
-    f_code = buf[pos:q991].decode()
-    pos = q991
+    q1029 = pos + n1028
+    if q1029 > end:
+        raise _length_error(n1028, end - pos)
+    f_code = buf[pos:q1029].decode()
+    pos = q1029
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -3708,134 +3796,134 @@ def _d_QueueReason988(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, i
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n992 = _ZL[buf[pos]]
-    if n992 < 0:
-        n992, pos = _rlong(buf, pos)
-        if n992 < 0:
-            raise _length_error(n992, end - pos)
+    n1030 = _ZL[buf[pos]]
+    if n1030 < 0:
+        n1030, pos = _rlong(buf, pos)
+        if n1030 < 0:
+            raise _length_error(n1030, end - pos)
     else:
         pos += 1
-    q993 = pos + n992
-    if q993 > end:
-        raise _length_error(n992, end - pos)
-    f_message = buf[pos:q993].decode()
-    pos = q993
+    q1031 = pos + n1030
+    if q1031 > end:
+        raise _length_error(n1030, end - pos)
+    f_message = buf[pos:q1031].decode()
+    pos = q1031
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued941(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued979(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec942(buf, pos, end)
+    f_pod, pos = _d_PodSpec980(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc984: list[Any] = []
+        acc1022: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c985 = _ZD[b]
+                c1023 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c985 = (z >> 1) ^ -(z & 1)
+                c1023 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c985 = (z >> 1) ^ -(z & 1)
+                c1023 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c985, pos = _rlong(buf, pos)
-            if c985 == 0:
+                c1023, pos = _rlong(buf, pos)
+            if c1023 == 0:
                 break
-            if c985 < 0:
-                c985 = -c985
+            if c1023 < 0:
+                c1023 = -c1023
                 b = buf[pos]
                 if b < 128:
-                    z988 = _ZD[b]
+                    z1026 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z988 = (z >> 1) ^ -(z & 1)
+                    z1026 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z988 = (z >> 1) ^ -(z & 1)
+                    z1026 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z988, pos = _rlong(buf, pos)
-            if c985 * 3 > end - pos:
-                raise _count_error(c985, end - pos)
-            for _ in range(c985):
-                x986, pos = _d_QueueReason988(buf, pos, end)
-                acc984.append(x986)
-        f_reasons = tuple(acc984)
+                    z1026, pos = _rlong(buf, pos)
+            if c1023 * 3 > end - pos:
+                raise _count_error(c1023, end - pos)
+            for _ in range(c1023):
+                x1024, pos = _d_QueueReason1026(buf, pos, end)
+                acc1022.append(x1024)
+        f_reasons = tuple(acc1022)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc994: list[Any] = []
+        acc1032: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c995 = _ZD[b]
+                c1033 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c995 = (z >> 1) ^ -(z & 1)
+                c1033 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c995 = (z >> 1) ^ -(z & 1)
+                c1033 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c995, pos = _rlong(buf, pos)
-            if c995 == 0:
+                c1033, pos = _rlong(buf, pos)
+            if c1033 == 0:
                 break
-            if c995 < 0:
-                c995 = -c995
+            if c1033 < 0:
+                c1033 = -c1033
                 b = buf[pos]
                 if b < 128:
-                    z998 = _ZD[b]
+                    z1036 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z998 = (z >> 1) ^ -(z & 1)
+                    z1036 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z998 = (z >> 1) ^ -(z & 1)
+                    z1036 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z998, pos = _rlong(buf, pos)
-            if c995 * 1 > end - pos:
-                raise _count_error(c995, end - pos)
-            for _ in range(c995):
-                n999 = _ZL[buf[pos]]
-                if n999 < 0:
-                    n999, pos = _rlong(buf, pos)
-                    if n999 < 0:
-                        raise _length_error(n999, end - pos)
+                    z1036, pos = _rlong(buf, pos)
+            if c1033 * 1 > end - pos:
+                raise _count_error(c1033, end - pos)
+            for _ in range(c1033):
+                n1037 = _ZL[buf[pos]]
+                if n1037 < 0:
+                    n1037, pos = _rlong(buf, pos)
+                    if n1037 < 0:
+                        raise _length_error(n1037, end - pos)
                 else:
                     pos += 1
-                q1000 = pos + n999
-                if q1000 > end:
-                    raise _length_error(n999, end - pos)
-                x996 = buf[pos:q1000].decode()
-                pos = q1000
-                acc994.append(x996)
-        f_waiting_for = tuple(acc994)
+                q1038 = pos + n1037
+                if q1038 > end:
+                    raise _length_error(n1037, end - pos)
+                x1034 = buf[pos:q1038].decode()
+                pos = q1038
+                acc1032.append(x1034)
+        f_waiting_for = tuple(acc1032)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1008(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1046(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -3870,7 +3958,7 @@ def _d_GpuShare1008(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1000(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1038(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -3878,346 +3966,347 @@ def _d_PodScheduled1000(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec942(buf, pos, end)
-    n1002 = _ZL[buf[pos]]
-    if n1002 < 0:
-        n1002, pos = _rlong(buf, pos)
-        if n1002 < 0:
-            raise _length_error(n1002, end - pos)
+    f_pod, pos = _d_PodSpec980(buf, pos, end)
+    n1040 = _ZL[buf[pos]]
+    if n1040 < 0:
+        n1040, pos = _rlong(buf, pos)
+        if n1040 < 0:
+            raise _length_error(n1040, end - pos)
     else:
         pos += 1
-    q1003 = pos + n1002
-    if q1003 > end:
-        raise _length_error(n1002, end - pos)
-    f_node_id = buf[pos:q1003].decode()
-    pos = q1003
+    q1041 = pos + n1040
+    if q1041 > end:
+        raise _length_error(n1040, end - pos)
+    f_node_id = buf[pos:q1041].decode()
+    pos = q1041
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1004: list[Any] = []
+        acc1042: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1005 = _ZD[b]
+                c1043 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1005 = (z >> 1) ^ -(z & 1)
+                c1043 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1005 = (z >> 1) ^ -(z & 1)
+                c1043 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1005, pos = _rlong(buf, pos)
-            if c1005 == 0:
+                c1043, pos = _rlong(buf, pos)
+            if c1043 == 0:
                 break
-            if c1005 < 0:
-                c1005 = -c1005
+            if c1043 < 0:
+                c1043 = -c1043
                 b = buf[pos]
                 if b < 128:
-                    z1008 = _ZD[b]
+                    z1046 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1008 = (z >> 1) ^ -(z & 1)
+                    z1046 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1008 = (z >> 1) ^ -(z & 1)
+                    z1046 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1008, pos = _rlong(buf, pos)
-            if c1005 * 2 > end - pos:
-                raise _count_error(c1005, end - pos)
-            for _ in range(c1005):
-                x1006, pos = _d_GpuShare1008(buf, pos, end)
-                acc1004.append(x1006)
-        f_gpus = tuple(acc1004)
-    n1010 = _ZL[buf[pos]]
-    if n1010 < 0:
-        n1010, pos = _rlong(buf, pos)
-        if n1010 < 0:
-            raise _length_error(n1010, end - pos)
+                    z1046, pos = _rlong(buf, pos)
+            if c1043 * 2 > end - pos:
+                raise _count_error(c1043, end - pos)
+            for _ in range(c1043):
+                x1044, pos = _d_GpuShare1046(buf, pos, end)
+                acc1042.append(x1044)
+        f_gpus = tuple(acc1042)
+    n1048 = _ZL[buf[pos]]
+    if n1048 < 0:
+        n1048, pos = _rlong(buf, pos)
+        if n1048 < 0:
+            raise _length_error(n1048, end - pos)
     else:
         pos += 1
-    q1011 = pos + n1010
-    if q1011 > end:
-        raise _length_error(n1010, end - pos)
-    f_policy = buf[pos:q1011].decode()
-    pos = q1011
+    q1049 = pos + n1048
+    if q1049 > end:
+        raise _length_error(n1048, end - pos)
+    f_policy = buf[pos:q1049].decode()
+    pos = q1049
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1012: dict[str, Any] = {}
+        acc1050: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1013 = _ZD[b]
+                c1051 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1013 = (z >> 1) ^ -(z & 1)
+                c1051 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1013 = (z >> 1) ^ -(z & 1)
+                c1051 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1013, pos = _rlong(buf, pos)
-            if c1013 == 0:
+                c1051, pos = _rlong(buf, pos)
+            if c1051 == 0:
                 break
-            if c1013 < 0:
-                c1013 = -c1013
+            if c1051 < 0:
+                c1051 = -c1051
                 b = buf[pos]
                 if b < 128:
-                    z1016 = _ZD[b]
+                    z1054 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1016 = (z >> 1) ^ -(z & 1)
+                    z1054 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1016 = (z >> 1) ^ -(z & 1)
+                    z1054 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1016, pos = _rlong(buf, pos)
-            if c1013 * 9 > end - pos:
-                raise _count_error(c1013, end - pos)
-            for _ in range(c1013):
-                n1017 = _ZL[buf[pos]]
-                if n1017 < 0:
-                    n1017, pos = _rlong(buf, pos)
-                    if n1017 < 0:
-                        raise _length_error(n1017, end - pos)
+                    z1054, pos = _rlong(buf, pos)
+            if c1051 * 9 > end - pos:
+                raise _count_error(c1051, end - pos)
+            for _ in range(c1051):
+                n1055 = _ZL[buf[pos]]
+                if n1055 < 0:
+                    n1055, pos = _rlong(buf, pos)
+                    if n1055 < 0:
+                        raise _length_error(n1055, end - pos)
                 else:
                     pos += 1
-                q1018 = pos + n1017
-                if q1018 > end:
-                    raise _length_error(n1017, end - pos)
-                k1015 = buf[pos:q1018].decode()
-                pos = q1018
-                x1014, = _unpack_d(buf, pos)
+                q1056 = pos + n1055
+                if q1056 > end:
+                    raise _length_error(n1055, end - pos)
+                k1053 = buf[pos:q1056].decode()
+                pos = q1056
+                x1052, = _unpack_d(buf, pos)
                 pos += 8
-                acc1012[k1015] = x1014
-        f_scores = acc1012
+                acc1050[k1053] = x1052
+        f_scores = acc1050
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1019: list[Any] = []
+        acc1057: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1020 = _ZD[b]
+                c1058 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1020 = (z >> 1) ^ -(z & 1)
+                c1058 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1020 = (z >> 1) ^ -(z & 1)
+                c1058 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1020, pos = _rlong(buf, pos)
-            if c1020 == 0:
+                c1058, pos = _rlong(buf, pos)
+            if c1058 == 0:
                 break
-            if c1020 < 0:
-                c1020 = -c1020
+            if c1058 < 0:
+                c1058 = -c1058
                 b = buf[pos]
                 if b < 128:
-                    z1023 = _ZD[b]
+                    z1061 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1023 = (z >> 1) ^ -(z & 1)
+                    z1061 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1023 = (z >> 1) ^ -(z & 1)
+                    z1061 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1023, pos = _rlong(buf, pos)
-            if c1020 * 1 > end - pos:
-                raise _count_error(c1020, end - pos)
-            for _ in range(c1020):
-                n1024 = _ZL[buf[pos]]
-                if n1024 < 0:
-                    n1024, pos = _rlong(buf, pos)
-                    if n1024 < 0:
-                        raise _length_error(n1024, end - pos)
+                    z1061, pos = _rlong(buf, pos)
+            if c1058 * 1 > end - pos:
+                raise _count_error(c1058, end - pos)
+            for _ in range(c1058):
+                n1062 = _ZL[buf[pos]]
+                if n1062 < 0:
+                    n1062, pos = _rlong(buf, pos)
+                    if n1062 < 0:
+                        raise _length_error(n1062, end - pos)
                 else:
                     pos += 1
-                q1025 = pos + n1024
-                if q1025 > end:
-                    raise _length_error(n1024, end - pos)
-                x1021 = buf[pos:q1025].decode()
-                pos = q1025
-                acc1019.append(x1021)
-        f_preempted = tuple(acc1019)
+                q1063 = pos + n1062
+                if q1063 > end:
+                    raise _length_error(n1062, end - pos)
+                x1059 = buf[pos:q1063].decode()
+                pos = q1063
+                acc1057.append(x1059)
+        f_preempted = tuple(acc1057)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1025(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1063(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1027 = _ZL[buf[pos]]
-    if n1027 < 0:
-        n1027, pos = _rlong(buf, pos)
-        if n1027 < 0:
-            raise _length_error(n1027, end - pos)
+    n1065 = _ZL[buf[pos]]
+    if n1065 < 0:
+        n1065, pos = _rlong(buf, pos)
+        if n1065 < 0:
+            raise _length_error(n1065, end - pos)
     else:
         pos += 1
-    q1028 = pos + n1027
-    if q1028 > end:
-        raise _length_error(n1027, end - pos)
-    f_pod_id = buf[pos:q1028].decode()
-    pos = q1028
-    n1029 = _ZL[buf[pos]]
-    if n1029 < 0:
-        n1029, pos = _rlong(buf, pos)
-        if n1029 < 0:
-            raise _length_error(n1029, end - pos)
+    q1066 = pos + n1065
+    if q1066 > end:
+        raise _length_error(n1065, end - pos)
+    f_pod_id = buf[pos:q1066].decode()
+    pos = q1066
+    n1067 = _ZL[buf[pos]]
+    if n1067 < 0:
+        n1067, pos = _rlong(buf, pos)
+        if n1067 < 0:
+            raise _length_error(n1067, end - pos)
     else:
         pos += 1
-    q1030 = pos + n1029
-    if q1030 > end:
-        raise _length_error(n1029, end - pos)
-    f_node_id = buf[pos:q1030].decode()
-    pos = q1030
-    n1031 = _ZL[buf[pos]]
-    if n1031 < 0:
-        n1031, pos = _rlong(buf, pos)
-        if n1031 < 0:
-            raise _length_error(n1031, end - pos)
+    q1068 = pos + n1067
+    if q1068 > end:
+        raise _length_error(n1067, end - pos)
+    f_node_id = buf[pos:q1068].decode()
+    pos = q1068
+    n1069 = _ZL[buf[pos]]
+    if n1069 < 0:
+        n1069, pos = _rlong(buf, pos)
+        if n1069 < 0:
+            raise _length_error(n1069, end - pos)
     else:
         pos += 1
-    q1032 = pos + n1031
-    if q1032 > end:
-        raise _length_error(n1031, end - pos)
-    f_reason = buf[pos:q1032].decode()
-    pos = q1032
+    q1070 = pos + n1069
+    if q1070 > end:
+        raise _length_error(n1069, end - pos)
+    f_reason = buf[pos:q1070].decode()
+    pos = q1070
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1032(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1070(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1034 = _ZL[buf[pos]]
-    if n1034 < 0:
-        n1034, pos = _rlong(buf, pos)
-        if n1034 < 0:
-            raise _length_error(n1034, end - pos)
+    n1072 = _ZL[buf[pos]]
+    if n1072 < 0:
+        n1072, pos = _rlong(buf, pos)
+        if n1072 < 0:
+            raise _length_error(n1072, end - pos)
     else:
         pos += 1
-    q1035 = pos + n1034
-    if q1035 > end:
-        raise _length_error(n1034, end - pos)
-    f_pod_id = buf[pos:q1035].decode()
-    pos = q1035
+    q1073 = pos + n1072
+    if q1073 > end:
+        raise _length_error(n1072, end - pos)
+    f_pod_id = buf[pos:q1073].decode()
+    pos = q1073
     b = buf[pos]
     if b < 128:
-        i1036 = _ZD[b]
+        i1074 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1036 = (z >> 1) ^ -(z & 1)
+        i1074 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1036 = (z >> 1) ^ -(z & 1)
+        i1074 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1036, pos = _rlong(buf, pos)
-    if i1036 == 0:
+        i1074, pos = _rlong(buf, pos)
+    if i1074 == 0:
         f_node_id = None
-    elif i1036 == 1:
-        n1037 = _ZL[buf[pos]]
-        if n1037 < 0:
-            n1037, pos = _rlong(buf, pos)
-            if n1037 < 0:
-                raise _length_error(n1037, end - pos)
+    elif i1074 == 1:
+        n1075 = _ZL[buf[pos]]
+        if n1075 < 0:
+            n1075, pos = _rlong(buf, pos)
+            if n1075 < 0:
+                raise _length_error(n1075, end - pos)
         else:
             pos += 1
-        q1038 = pos + n1037
-        if q1038 > end:
-            raise _length_error(n1037, end - pos)
-        f_node_id = buf[pos:q1038].decode()
-        pos = q1038
+        q1076 = pos + n1075
+        if q1076 > end:
+            raise _length_error(n1075, end - pos)
+        f_node_id = buf[pos:q1076].decode()
+        pos = q1076
     else:
-        raise _union_error(i1036, 2)
-    n1039 = _ZL[buf[pos]]
-    if n1039 < 0:
-        n1039, pos = _rlong(buf, pos)
-        if n1039 < 0:
-            raise _length_error(n1039, end - pos)
+        raise _union_error(i1074, 2)
+    n1077 = _ZL[buf[pos]]
+    if n1077 < 0:
+        n1077, pos = _rlong(buf, pos)
+        if n1077 < 0:
+            raise _length_error(n1077, end - pos)
     else:
         pos += 1
-    q1040 = pos + n1039
-    if q1040 > end:
-        raise _length_error(n1039, end - pos)
-    f_reason = buf[pos:q1040].decode()
-    pos = q1040
+    q1078 = pos + n1077
+    if q1078 > end:
+        raise _length_error(n1077, end - pos)
+    f_reason = buf[pos:q1078].decode()
+    pos = q1078
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1040(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
-    n1042 = _ZL[buf[pos]]
-    if n1042 < 0:
-        n1042, pos = _rlong(buf, pos)
-        if n1042 < 0:
-            raise _length_error(n1042, end - pos)
+    f_max_clock_jump_ms: Any
+    n1080 = _ZL[buf[pos]]
+    if n1080 < 0:
+        n1080, pos = _rlong(buf, pos)
+        if n1080 < 0:
+            raise _length_error(n1080, end - pos)
     else:
         pos += 1
-    q1043 = pos + n1042
-    if q1043 > end:
-        raise _length_error(n1042, end - pos)
-    f_policy = buf[pos:q1043].decode()
-    pos = q1043
-    n1044 = _ZL[buf[pos]]
-    if n1044 < 0:
-        n1044, pos = _rlong(buf, pos)
-        if n1044 < 0:
-            raise _length_error(n1044, end - pos)
+    q1081 = pos + n1080
+    if q1081 > end:
+        raise _length_error(n1080, end - pos)
+    f_policy = buf[pos:q1081].decode()
+    pos = q1081
+    n1082 = _ZL[buf[pos]]
+    if n1082 < 0:
+        n1082, pos = _rlong(buf, pos)
+        if n1082 < 0:
+            raise _length_error(n1082, end - pos)
     else:
         pos += 1
-    q1045 = pos + n1044
-    if q1045 > end:
-        raise _length_error(n1044, end - pos)
-    f_previous = buf[pos:q1045].decode()
-    pos = q1045
+    q1083 = pos + n1082
+    if q1083 > end:
+        raise _length_error(n1082, end - pos)
+    f_previous = buf[pos:q1083].decode()
+    pos = q1083
     b = buf[pos]
     if b < 128:
-        i1046 = _ZD[b]
+        i1084 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1046 = (z >> 1) ^ -(z & 1)
+        i1084 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1046 = (z >> 1) ^ -(z & 1)
+        i1084 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1046, pos = _rlong(buf, pos)
-    if i1046 == 0:
+        i1084, pos = _rlong(buf, pos)
+    if i1084 == 0:
         f_reserve_after_ms = None
-    elif i1046 == 1:
+    elif i1084 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4233,81 +4322,114 @@ def _d_PolicyChanged1040(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1046, 2)
-    n1047 = _ZL[buf[pos]]
-    if n1047 < 0:
-        n1047, pos = _rlong(buf, pos)
-        if n1047 < 0:
-            raise _length_error(n1047, end - pos)
+        raise _union_error(i1084, 2)
+    n1085 = _ZL[buf[pos]]
+    if n1085 < 0:
+        n1085, pos = _rlong(buf, pos)
+        if n1085 < 0:
+            raise _length_error(n1085, end - pos)
     else:
         pos += 1
-    q1048 = pos + n1047
-    if q1048 > end:
-        raise _length_error(n1047, end - pos)
-    f_queue_order = buf[pos:q1048].decode()
-    pos = q1048
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order)
+    q1086 = pos + n1085
+    if q1086 > end:
+        raise _length_error(n1085, end - pos)
+    f_queue_order = buf[pos:q1086].decode()
+    pos = q1086
+    b = buf[pos]
+    if b < 128:
+        i1087 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1087 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1087 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1087, pos = _rlong(buf, pos)
+    if i1087 == 0:
+        f_max_clock_jump_ms = None
+    elif i1087 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1087, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1048(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1087(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1050 = _ZL[buf[pos]]
-    if n1050 < 0:
-        n1050, pos = _rlong(buf, pos)
-        if n1050 < 0:
-            raise _length_error(n1050, end - pos)
+    n1089 = _ZL[buf[pos]]
+    if n1089 < 0:
+        n1089, pos = _rlong(buf, pos)
+        if n1089 < 0:
+            raise _length_error(n1089, end - pos)
     else:
         pos += 1
-    q1051 = pos + n1050
-    if q1051 > end:
-        raise _length_error(n1050, end - pos)
-    f_command_id = buf[pos:q1051].decode()
-    pos = q1051
-    n1052 = _ZL[buf[pos]]
-    if n1052 < 0:
-        n1052, pos = _rlong(buf, pos)
-        if n1052 < 0:
-            raise _length_error(n1052, end - pos)
+    q1090 = pos + n1089
+    if q1090 > end:
+        raise _length_error(n1089, end - pos)
+    f_command_id = buf[pos:q1090].decode()
+    pos = q1090
+    n1091 = _ZL[buf[pos]]
+    if n1091 < 0:
+        n1091, pos = _rlong(buf, pos)
+        if n1091 < 0:
+            raise _length_error(n1091, end - pos)
     else:
         pos += 1
-    q1053 = pos + n1052
-    if q1053 > end:
-        raise _length_error(n1052, end - pos)
-    f_command_type = buf[pos:q1053].decode()
-    pos = q1053
-    n1054 = _ZL[buf[pos]]
-    if n1054 < 0:
-        n1054, pos = _rlong(buf, pos)
-        if n1054 < 0:
-            raise _length_error(n1054, end - pos)
+    q1092 = pos + n1091
+    if q1092 > end:
+        raise _length_error(n1091, end - pos)
+    f_command_type = buf[pos:q1092].decode()
+    pos = q1092
+    n1093 = _ZL[buf[pos]]
+    if n1093 < 0:
+        n1093, pos = _rlong(buf, pos)
+        if n1093 < 0:
+            raise _length_error(n1093, end - pos)
     else:
         pos += 1
-    q1055 = pos + n1054
-    if q1055 > end:
-        raise _length_error(n1054, end - pos)
-    f_code = buf[pos:q1055].decode()
-    pos = q1055
-    n1056 = _ZL[buf[pos]]
-    if n1056 < 0:
-        n1056, pos = _rlong(buf, pos)
-        if n1056 < 0:
-            raise _length_error(n1056, end - pos)
+    q1094 = pos + n1093
+    if q1094 > end:
+        raise _length_error(n1093, end - pos)
+    f_code = buf[pos:q1094].decode()
+    pos = q1094
+    n1095 = _ZL[buf[pos]]
+    if n1095 < 0:
+        n1095, pos = _rlong(buf, pos)
+        if n1095 < 0:
+            raise _length_error(n1095, end - pos)
     else:
         pos += 1
-    q1057 = pos + n1056
-    if q1057 > end:
-        raise _length_error(n1056, end - pos)
-    f_message = buf[pos:q1057].decode()
-    pos = q1057
+    q1096 = pos + n1095
+    if q1096 > end:
+        raise _length_error(n1095, end - pos)
+    f_message = buf[pos:q1096].decode()
+    pos = q1096
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4322,30 +4444,30 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1067 = _ZL[buf[pos]]
-    if n1067 < 0:
-        n1067, pos = _rlong(buf, pos)
-        if n1067 < 0:
-            raise _length_error(n1067, end - pos)
+    n1106 = _ZL[buf[pos]]
+    if n1106 < 0:
+        n1106, pos = _rlong(buf, pos)
+        if n1106 < 0:
+            raise _length_error(n1106, end - pos)
     else:
         pos += 1
-    q1068 = pos + n1067
-    if q1068 > end:
-        raise _length_error(n1067, end - pos)
-    f_gang_id = buf[pos:q1068].decode()
-    pos = q1068
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
+    q1107 = pos + n1106
+    if q1107 > end:
+        raise _length_error(n1106, end - pos)
+    f_gang_id = buf[pos:q1107].decode()
+    pos = q1107
+    n1108 = _ZL[buf[pos]]
+    if n1108 < 0:
+        n1108, pos = _rlong(buf, pos)
+        if n1108 < 0:
+            raise _length_error(n1108, end - pos)
     else:
         pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_tenant = buf[pos:q1070].decode()
-    pos = q1070
+    q1109 = pos + n1108
+    if q1109 > end:
+        raise _length_error(n1108, end - pos)
+    f_tenant = buf[pos:q1109].decode()
+    pos = q1109
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4364,46 +4486,46 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1071: list[Any] = []
+        acc1110: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1072 = _ZD[b]
+                c1111 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1072 = (z >> 1) ^ -(z & 1)
+                c1111 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1072 = (z >> 1) ^ -(z & 1)
+                c1111 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1072, pos = _rlong(buf, pos)
-            if c1072 == 0:
+                c1111, pos = _rlong(buf, pos)
+            if c1111 == 0:
                 break
-            if c1072 < 0:
-                c1072 = -c1072
+            if c1111 < 0:
+                c1111 = -c1111
                 b = buf[pos]
                 if b < 128:
-                    z1075 = _ZD[b]
+                    z1114 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1075 = (z >> 1) ^ -(z & 1)
+                    z1114 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1075 = (z >> 1) ^ -(z & 1)
+                    z1114 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1075, pos = _rlong(buf, pos)
-            if c1072 * 18 > end - pos:
-                raise _count_error(c1072, end - pos)
-            for _ in range(c1072):
-                x1073, pos = _d_PodSpec942(buf, pos, end)
-                acc1071.append(x1073)
-        f_members = tuple(acc1071)
+                    z1114, pos = _rlong(buf, pos)
+            if c1111 * 18 > end - pos:
+                raise _count_error(c1111, end - pos)
+            for _ in range(c1111):
+                x1112, pos = _d_PodSpec980(buf, pos, end)
+                acc1110.append(x1112)
+        f_members = tuple(acc1110)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4420,83 +4542,83 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1076 = _ZD[b]
+        i1115 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1076 = (z >> 1) ^ -(z & 1)
+        i1115 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1076 = (z >> 1) ^ -(z & 1)
+        i1115 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1076, pos = _rlong(buf, pos)
-    if i1076 == 0:
+        i1115, pos = _rlong(buf, pos)
+    if i1115 == 0:
         f_topology_required = None
-    elif i1076 == 1:
-        n1077 = _ZL[buf[pos]]
-        if n1077 < 0:
-            n1077, pos = _rlong(buf, pos)
-            if n1077 < 0:
-                raise _length_error(n1077, end - pos)
+    elif i1115 == 1:
+        n1116 = _ZL[buf[pos]]
+        if n1116 < 0:
+            n1116, pos = _rlong(buf, pos)
+            if n1116 < 0:
+                raise _length_error(n1116, end - pos)
         else:
             pos += 1
-        q1078 = pos + n1077
-        if q1078 > end:
-            raise _length_error(n1077, end - pos)
-        f_topology_required = buf[pos:q1078].decode()
-        pos = q1078
+        q1117 = pos + n1116
+        if q1117 > end:
+            raise _length_error(n1116, end - pos)
+        f_topology_required = buf[pos:q1117].decode()
+        pos = q1117
     else:
-        raise _union_error(i1076, 2)
+        raise _union_error(i1115, 2)
     b = buf[pos]
     if b < 128:
-        i1079 = _ZD[b]
+        i1118 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1079 = (z >> 1) ^ -(z & 1)
+        i1118 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1079 = (z >> 1) ^ -(z & 1)
+        i1118 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1079, pos = _rlong(buf, pos)
-    if i1079 == 0:
+        i1118, pos = _rlong(buf, pos)
+    if i1118 == 0:
         f_topology_preferred = None
-    elif i1079 == 1:
-        n1080 = _ZL[buf[pos]]
-        if n1080 < 0:
-            n1080, pos = _rlong(buf, pos)
-            if n1080 < 0:
-                raise _length_error(n1080, end - pos)
+    elif i1118 == 1:
+        n1119 = _ZL[buf[pos]]
+        if n1119 < 0:
+            n1119, pos = _rlong(buf, pos)
+            if n1119 < 0:
+                raise _length_error(n1119, end - pos)
         else:
             pos += 1
-        q1081 = pos + n1080
-        if q1081 > end:
-            raise _length_error(n1080, end - pos)
-        f_topology_preferred = buf[pos:q1081].decode()
-        pos = q1081
+        q1120 = pos + n1119
+        if q1120 > end:
+            raise _length_error(n1119, end - pos)
+        f_topology_preferred = buf[pos:q1120].decode()
+        pos = q1120
     else:
-        raise _union_error(i1079, 2)
+        raise _union_error(i1118, 2)
     b = buf[pos]
     if b < 128:
-        i1082 = _ZD[b]
+        i1121 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1082 = (z >> 1) ^ -(z & 1)
+        i1121 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1082 = (z >> 1) ^ -(z & 1)
+        i1121 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1082, pos = _rlong(buf, pos)
-    if i1082 == 0:
+        i1121, pos = _rlong(buf, pos)
+    if i1121 == 0:
         f_timeout_ms = None
-    elif i1082 == 1:
+    elif i1121 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4512,24 +4634,24 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1082, 2)
+        raise _union_error(i1121, 2)
     b = buf[pos]
     if b < 128:
-        i1083 = _ZD[b]
+        i1122 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1083 = (z >> 1) ^ -(z & 1)
+        i1122 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1083 = (z >> 1) ^ -(z & 1)
+        i1122 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1083, pos = _rlong(buf, pos)
-    if i1083 == 0:
+        i1122, pos = _rlong(buf, pos)
+    if i1122 == 0:
         f_time_limit_ms = None
-    elif i1083 == 1:
+    elif i1122 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4545,74 +4667,74 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1083, 2)
+        raise _union_error(i1122, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1084: list[Any] = []
+        acc1123: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1085 = _ZD[b]
+                c1124 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1085 = (z >> 1) ^ -(z & 1)
+                c1124 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1085 = (z >> 1) ^ -(z & 1)
+                c1124 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1085, pos = _rlong(buf, pos)
-            if c1085 == 0:
+                c1124, pos = _rlong(buf, pos)
+            if c1124 == 0:
                 break
-            if c1085 < 0:
-                c1085 = -c1085
+            if c1124 < 0:
+                c1124 = -c1124
                 b = buf[pos]
                 if b < 128:
-                    z1088 = _ZD[b]
+                    z1127 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1088 = (z >> 1) ^ -(z & 1)
+                    z1127 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1088 = (z >> 1) ^ -(z & 1)
+                    z1127 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1088, pos = _rlong(buf, pos)
-            if c1085 * 1 > end - pos:
-                raise _count_error(c1085, end - pos)
-            for _ in range(c1085):
-                n1089 = _ZL[buf[pos]]
-                if n1089 < 0:
-                    n1089, pos = _rlong(buf, pos)
-                    if n1089 < 0:
-                        raise _length_error(n1089, end - pos)
+                    z1127, pos = _rlong(buf, pos)
+            if c1124 * 1 > end - pos:
+                raise _count_error(c1124, end - pos)
+            for _ in range(c1124):
+                n1128 = _ZL[buf[pos]]
+                if n1128 < 0:
+                    n1128, pos = _rlong(buf, pos)
+                    if n1128 < 0:
+                        raise _length_error(n1128, end - pos)
                 else:
                     pos += 1
-                q1090 = pos + n1089
-                if q1090 > end:
-                    raise _length_error(n1089, end - pos)
-                x1086 = buf[pos:q1090].decode()
-                pos = q1090
-                acc1084.append(x1086)
-        f_depends_on = tuple(acc1084)
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
+                q1129 = pos + n1128
+                if q1129 > end:
+                    raise _length_error(n1128, end - pos)
+                x1125 = buf[pos:q1129].decode()
+                pos = q1129
+                acc1123.append(x1125)
+        f_depends_on = tuple(acc1123)
+    n1130 = _ZL[buf[pos]]
+    if n1130 < 0:
+        n1130, pos = _rlong(buf, pos)
+        if n1130 < 0:
+            raise _length_error(n1130, end - pos)
     else:
         pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_dependency = buf[pos:q1092].decode()
-    pos = q1092
+    q1131 = pos + n1130
+    if q1131 > end:
+        raise _length_error(n1130, end - pos)
+    f_dependency = buf[pos:q1131].decode()
+    pos = q1131
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4641,223 +4763,223 @@ def _d_GangSpec1065(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1093 = _ZL[buf[pos]]
-    if n1093 < 0:
-        n1093, pos = _rlong(buf, pos)
-        if n1093 < 0:
-            raise _length_error(n1093, end - pos)
+    n1132 = _ZL[buf[pos]]
+    if n1132 < 0:
+        n1132, pos = _rlong(buf, pos)
+        if n1132 < 0:
+            raise _length_error(n1132, end - pos)
     else:
         pos += 1
-    q1094 = pos + n1093
-    if q1094 > end:
-        raise _length_error(n1093, end - pos)
-    f_preemption = buf[pos:q1094].decode()
-    pos = q1094
+    q1133 = pos + n1132
+    if q1133 > end:
+        raise _length_error(n1132, end - pos)
+    f_preemption = buf[pos:q1133].decode()
+    pos = q1133
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1057(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1096(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1059 = _ZL[buf[pos]]
-    if n1059 < 0:
-        n1059, pos = _rlong(buf, pos)
-        if n1059 < 0:
-            raise _length_error(n1059, end - pos)
+    n1098 = _ZL[buf[pos]]
+    if n1098 < 0:
+        n1098, pos = _rlong(buf, pos)
+        if n1098 < 0:
+            raise _length_error(n1098, end - pos)
     else:
         pos += 1
-    q1060 = pos + n1059
-    if q1060 > end:
-        raise _length_error(n1059, end - pos)
-    f_gang_id = buf[pos:q1060].decode()
-    pos = q1060
+    q1099 = pos + n1098
+    if q1099 > end:
+        raise _length_error(n1098, end - pos)
+    f_gang_id = buf[pos:q1099].decode()
+    pos = q1099
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1061: list[Any] = []
+        acc1100: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1062 = _ZD[b]
+                c1101 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1062 = (z >> 1) ^ -(z & 1)
+                c1101 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1062 = (z >> 1) ^ -(z & 1)
+                c1101 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1062, pos = _rlong(buf, pos)
-            if c1062 == 0:
+                c1101, pos = _rlong(buf, pos)
+            if c1101 == 0:
                 break
-            if c1062 < 0:
-                c1062 = -c1062
+            if c1101 < 0:
+                c1101 = -c1101
                 b = buf[pos]
                 if b < 128:
-                    z1065 = _ZD[b]
+                    z1104 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1065 = (z >> 1) ^ -(z & 1)
+                    z1104 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1065 = (z >> 1) ^ -(z & 1)
+                    z1104 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1065, pos = _rlong(buf, pos)
-            if c1062 * 3 > end - pos:
-                raise _count_error(c1062, end - pos)
-            for _ in range(c1062):
-                x1063, pos = _d_QueueReason988(buf, pos, end)
-                acc1061.append(x1063)
-        f_reasons = tuple(acc1061)
-    f_gang, pos = _d_GangSpec1065(buf, pos, end)
+                    z1104, pos = _rlong(buf, pos)
+            if c1101 * 3 > end - pos:
+                raise _count_error(c1101, end - pos)
+            for _ in range(c1101):
+                x1102, pos = _d_QueueReason1026(buf, pos, end)
+                acc1100.append(x1102)
+        f_reasons = tuple(acc1100)
+    f_gang, pos = _d_GangSpec1104(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1095: list[Any] = []
+        acc1134: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1096 = _ZD[b]
+                c1135 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1096 = (z >> 1) ^ -(z & 1)
+                c1135 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1096 = (z >> 1) ^ -(z & 1)
+                c1135 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1096, pos = _rlong(buf, pos)
-            if c1096 == 0:
+                c1135, pos = _rlong(buf, pos)
+            if c1135 == 0:
                 break
-            if c1096 < 0:
-                c1096 = -c1096
+            if c1135 < 0:
+                c1135 = -c1135
                 b = buf[pos]
                 if b < 128:
-                    z1099 = _ZD[b]
+                    z1138 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1099 = (z >> 1) ^ -(z & 1)
+                    z1138 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1099 = (z >> 1) ^ -(z & 1)
+                    z1138 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1099, pos = _rlong(buf, pos)
-            if c1096 * 1 > end - pos:
-                raise _count_error(c1096, end - pos)
-            for _ in range(c1096):
-                n1100 = _ZL[buf[pos]]
-                if n1100 < 0:
-                    n1100, pos = _rlong(buf, pos)
-                    if n1100 < 0:
-                        raise _length_error(n1100, end - pos)
+                    z1138, pos = _rlong(buf, pos)
+            if c1135 * 1 > end - pos:
+                raise _count_error(c1135, end - pos)
+            for _ in range(c1135):
+                n1139 = _ZL[buf[pos]]
+                if n1139 < 0:
+                    n1139, pos = _rlong(buf, pos)
+                    if n1139 < 0:
+                        raise _length_error(n1139, end - pos)
                 else:
                     pos += 1
-                q1101 = pos + n1100
-                if q1101 > end:
-                    raise _length_error(n1100, end - pos)
-                x1097 = buf[pos:q1101].decode()
-                pos = q1101
-                acc1095.append(x1097)
-        f_waiting_for = tuple(acc1095)
+                q1140 = pos + n1139
+                if q1140 > end:
+                    raise _length_error(n1139, end - pos)
+                x1136 = buf[pos:q1140].decode()
+                pos = q1140
+                acc1134.append(x1136)
+        f_waiting_for = tuple(acc1134)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1109(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1148(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1111 = _ZL[buf[pos]]
-    if n1111 < 0:
-        n1111, pos = _rlong(buf, pos)
-        if n1111 < 0:
-            raise _length_error(n1111, end - pos)
+    n1150 = _ZL[buf[pos]]
+    if n1150 < 0:
+        n1150, pos = _rlong(buf, pos)
+        if n1150 < 0:
+            raise _length_error(n1150, end - pos)
     else:
         pos += 1
-    q1112 = pos + n1111
-    if q1112 > end:
-        raise _length_error(n1111, end - pos)
-    f_pod_id = buf[pos:q1112].decode()
-    pos = q1112
-    n1113 = _ZL[buf[pos]]
-    if n1113 < 0:
-        n1113, pos = _rlong(buf, pos)
-        if n1113 < 0:
-            raise _length_error(n1113, end - pos)
+    q1151 = pos + n1150
+    if q1151 > end:
+        raise _length_error(n1150, end - pos)
+    f_pod_id = buf[pos:q1151].decode()
+    pos = q1151
+    n1152 = _ZL[buf[pos]]
+    if n1152 < 0:
+        n1152, pos = _rlong(buf, pos)
+        if n1152 < 0:
+            raise _length_error(n1152, end - pos)
     else:
         pos += 1
-    q1114 = pos + n1113
-    if q1114 > end:
-        raise _length_error(n1113, end - pos)
-    f_node_id = buf[pos:q1114].decode()
-    pos = q1114
+    q1153 = pos + n1152
+    if q1153 > end:
+        raise _length_error(n1152, end - pos)
+    f_node_id = buf[pos:q1153].decode()
+    pos = q1153
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1115: list[Any] = []
+        acc1154: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1116 = _ZD[b]
+                c1155 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1116 = (z >> 1) ^ -(z & 1)
+                c1155 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1116 = (z >> 1) ^ -(z & 1)
+                c1155 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1116, pos = _rlong(buf, pos)
-            if c1116 == 0:
+                c1155, pos = _rlong(buf, pos)
+            if c1155 == 0:
                 break
-            if c1116 < 0:
-                c1116 = -c1116
+            if c1155 < 0:
+                c1155 = -c1155
                 b = buf[pos]
                 if b < 128:
-                    z1119 = _ZD[b]
+                    z1158 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1119 = (z >> 1) ^ -(z & 1)
+                    z1158 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1119 = (z >> 1) ^ -(z & 1)
+                    z1158 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1119, pos = _rlong(buf, pos)
-            if c1116 * 2 > end - pos:
-                raise _count_error(c1116, end - pos)
-            for _ in range(c1116):
-                x1117, pos = _d_GpuShare1008(buf, pos, end)
-                acc1115.append(x1117)
-        f_gpus = tuple(acc1115)
+                    z1158, pos = _rlong(buf, pos)
+            if c1155 * 2 > end - pos:
+                raise _count_error(c1155, end - pos)
+            for _ in range(c1155):
+                x1156, pos = _d_GpuShare1046(buf, pos, end)
+                acc1154.append(x1156)
+        f_gpus = tuple(acc1154)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1101(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1140(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -4866,214 +4988,214 @@ def _d_GangScheduled1101(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1103 = _ZL[buf[pos]]
-    if n1103 < 0:
-        n1103, pos = _rlong(buf, pos)
-        if n1103 < 0:
-            raise _length_error(n1103, end - pos)
+    n1142 = _ZL[buf[pos]]
+    if n1142 < 0:
+        n1142, pos = _rlong(buf, pos)
+        if n1142 < 0:
+            raise _length_error(n1142, end - pos)
     else:
         pos += 1
-    q1104 = pos + n1103
-    if q1104 > end:
-        raise _length_error(n1103, end - pos)
-    f_gang_id = buf[pos:q1104].decode()
-    pos = q1104
+    q1143 = pos + n1142
+    if q1143 > end:
+        raise _length_error(n1142, end - pos)
+    f_gang_id = buf[pos:q1143].decode()
+    pos = q1143
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1105: list[Any] = []
+        acc1144: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1106 = _ZD[b]
+                c1145 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1106 = (z >> 1) ^ -(z & 1)
+                c1145 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1106 = (z >> 1) ^ -(z & 1)
+                c1145 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1106, pos = _rlong(buf, pos)
-            if c1106 == 0:
+                c1145, pos = _rlong(buf, pos)
+            if c1145 == 0:
                 break
-            if c1106 < 0:
-                c1106 = -c1106
+            if c1145 < 0:
+                c1145 = -c1145
                 b = buf[pos]
                 if b < 128:
-                    z1109 = _ZD[b]
+                    z1148 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1109 = (z >> 1) ^ -(z & 1)
+                    z1148 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1109 = (z >> 1) ^ -(z & 1)
+                    z1148 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1109, pos = _rlong(buf, pos)
-            if c1106 * 3 > end - pos:
-                raise _count_error(c1106, end - pos)
-            for _ in range(c1106):
-                x1107, pos = _d_MemberPlacement1109(buf, pos, end)
-                acc1105.append(x1107)
-        f_members = tuple(acc1105)
-    f_gang, pos = _d_GangSpec1065(buf, pos, end)
+                    z1148, pos = _rlong(buf, pos)
+            if c1145 * 3 > end - pos:
+                raise _count_error(c1145, end - pos)
+            for _ in range(c1145):
+                x1146, pos = _d_MemberPlacement1148(buf, pos, end)
+                acc1144.append(x1146)
+        f_members = tuple(acc1144)
+    f_gang, pos = _d_GangSpec1104(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1120 = _ZD[b]
+        i1159 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1120 = (z >> 1) ^ -(z & 1)
+        i1159 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1120 = (z >> 1) ^ -(z & 1)
+        i1159 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1120, pos = _rlong(buf, pos)
-    if i1120 == 0:
+        i1159, pos = _rlong(buf, pos)
+    if i1159 == 0:
         f_topology_key = None
-    elif i1120 == 1:
-        n1121 = _ZL[buf[pos]]
-        if n1121 < 0:
-            n1121, pos = _rlong(buf, pos)
-            if n1121 < 0:
-                raise _length_error(n1121, end - pos)
+    elif i1159 == 1:
+        n1160 = _ZL[buf[pos]]
+        if n1160 < 0:
+            n1160, pos = _rlong(buf, pos)
+            if n1160 < 0:
+                raise _length_error(n1160, end - pos)
         else:
             pos += 1
-        q1122 = pos + n1121
-        if q1122 > end:
-            raise _length_error(n1121, end - pos)
-        f_topology_key = buf[pos:q1122].decode()
-        pos = q1122
+        q1161 = pos + n1160
+        if q1161 > end:
+            raise _length_error(n1160, end - pos)
+        f_topology_key = buf[pos:q1161].decode()
+        pos = q1161
     else:
-        raise _union_error(i1120, 2)
+        raise _union_error(i1159, 2)
     b = buf[pos]
     if b < 128:
-        i1123 = _ZD[b]
+        i1162 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1123 = (z >> 1) ^ -(z & 1)
+        i1162 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1123 = (z >> 1) ^ -(z & 1)
+        i1162 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1123, pos = _rlong(buf, pos)
-    if i1123 == 0:
+        i1162, pos = _rlong(buf, pos)
+    if i1162 == 0:
         f_domain = None
-    elif i1123 == 1:
-        n1124 = _ZL[buf[pos]]
-        if n1124 < 0:
-            n1124, pos = _rlong(buf, pos)
-            if n1124 < 0:
-                raise _length_error(n1124, end - pos)
+    elif i1162 == 1:
+        n1163 = _ZL[buf[pos]]
+        if n1163 < 0:
+            n1163, pos = _rlong(buf, pos)
+            if n1163 < 0:
+                raise _length_error(n1163, end - pos)
         else:
             pos += 1
-        q1125 = pos + n1124
-        if q1125 > end:
-            raise _length_error(n1124, end - pos)
-        f_domain = buf[pos:q1125].decode()
-        pos = q1125
+        q1164 = pos + n1163
+        if q1164 > end:
+            raise _length_error(n1163, end - pos)
+        f_domain = buf[pos:q1164].decode()
+        pos = q1164
     else:
-        raise _union_error(i1123, 2)
+        raise _union_error(i1162, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1126 = _ZL[buf[pos]]
-    if n1126 < 0:
-        n1126, pos = _rlong(buf, pos)
-        if n1126 < 0:
-            raise _length_error(n1126, end - pos)
+    n1165 = _ZL[buf[pos]]
+    if n1165 < 0:
+        n1165, pos = _rlong(buf, pos)
+        if n1165 < 0:
+            raise _length_error(n1165, end - pos)
     else:
         pos += 1
-    q1127 = pos + n1126
-    if q1127 > end:
-        raise _length_error(n1126, end - pos)
-    f_message = buf[pos:q1127].decode()
-    pos = q1127
+    q1166 = pos + n1165
+    if q1166 > end:
+        raise _length_error(n1165, end - pos)
+    f_message = buf[pos:q1166].decode()
+    pos = q1166
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1128: list[Any] = []
+        acc1167: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1129 = _ZD[b]
+                c1168 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1129 = (z >> 1) ^ -(z & 1)
+                c1168 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1129 = (z >> 1) ^ -(z & 1)
+                c1168 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1129, pos = _rlong(buf, pos)
-            if c1129 == 0:
+                c1168, pos = _rlong(buf, pos)
+            if c1168 == 0:
                 break
-            if c1129 < 0:
-                c1129 = -c1129
+            if c1168 < 0:
+                c1168 = -c1168
                 b = buf[pos]
                 if b < 128:
-                    z1132 = _ZD[b]
+                    z1171 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1132 = (z >> 1) ^ -(z & 1)
+                    z1171 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1132 = (z >> 1) ^ -(z & 1)
+                    z1171 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1132, pos = _rlong(buf, pos)
-            if c1129 * 1 > end - pos:
-                raise _count_error(c1129, end - pos)
-            for _ in range(c1129):
-                n1133 = _ZL[buf[pos]]
-                if n1133 < 0:
-                    n1133, pos = _rlong(buf, pos)
-                    if n1133 < 0:
-                        raise _length_error(n1133, end - pos)
+                    z1171, pos = _rlong(buf, pos)
+            if c1168 * 1 > end - pos:
+                raise _count_error(c1168, end - pos)
+            for _ in range(c1168):
+                n1172 = _ZL[buf[pos]]
+                if n1172 < 0:
+                    n1172, pos = _rlong(buf, pos)
+                    if n1172 < 0:
+                        raise _length_error(n1172, end - pos)
                 else:
                     pos += 1
-                q1134 = pos + n1133
-                if q1134 > end:
-                    raise _length_error(n1133, end - pos)
-                x1130 = buf[pos:q1134].decode()
-                pos = q1134
-                acc1128.append(x1130)
-        f_preempted = tuple(acc1128)
+                q1173 = pos + n1172
+                if q1173 > end:
+                    raise _length_error(n1172, end - pos)
+                x1169 = buf[pos:q1173].decode()
+                pos = q1173
+                acc1167.append(x1169)
+        f_preempted = tuple(acc1167)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1134(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1173(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1136 = _ZL[buf[pos]]
-    if n1136 < 0:
-        n1136, pos = _rlong(buf, pos)
-        if n1136 < 0:
-            raise _length_error(n1136, end - pos)
+    n1175 = _ZL[buf[pos]]
+    if n1175 < 0:
+        n1175, pos = _rlong(buf, pos)
+        if n1175 < 0:
+            raise _length_error(n1175, end - pos)
     else:
         pos += 1
-    q1137 = pos + n1136
-    if q1137 > end:
-        raise _length_error(n1136, end - pos)
-    f_gang_id = buf[pos:q1137].decode()
-    pos = q1137
+    q1176 = pos + n1175
+    if q1176 > end:
+        raise _length_error(n1175, end - pos)
+    f_gang_id = buf[pos:q1176].decode()
+    pos = q1176
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5088,85 +5210,85 @@ def _d_GangTimedOut1134(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1138 = _ZL[buf[pos]]
-    if n1138 < 0:
-        n1138, pos = _rlong(buf, pos)
-        if n1138 < 0:
-            raise _length_error(n1138, end - pos)
+    n1177 = _ZL[buf[pos]]
+    if n1177 < 0:
+        n1177, pos = _rlong(buf, pos)
+        if n1177 < 0:
+            raise _length_error(n1177, end - pos)
     else:
         pos += 1
-    q1139 = pos + n1138
-    if q1139 > end:
-        raise _length_error(n1138, end - pos)
-    f_message = buf[pos:q1139].decode()
-    pos = q1139
+    q1178 = pos + n1177
+    if q1178 > end:
+        raise _length_error(n1177, end - pos)
+    f_message = buf[pos:q1178].decode()
+    pos = q1178
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1139(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1178(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1141 = _ZL[buf[pos]]
-    if n1141 < 0:
-        n1141, pos = _rlong(buf, pos)
-        if n1141 < 0:
-            raise _length_error(n1141, end - pos)
+    n1180 = _ZL[buf[pos]]
+    if n1180 < 0:
+        n1180, pos = _rlong(buf, pos)
+        if n1180 < 0:
+            raise _length_error(n1180, end - pos)
     else:
         pos += 1
-    q1142 = pos + n1141
-    if q1142 > end:
-        raise _length_error(n1141, end - pos)
-    f_gang_id = buf[pos:q1142].decode()
-    pos = q1142
-    n1143 = _ZL[buf[pos]]
-    if n1143 < 0:
-        n1143, pos = _rlong(buf, pos)
-        if n1143 < 0:
-            raise _length_error(n1143, end - pos)
+    q1181 = pos + n1180
+    if q1181 > end:
+        raise _length_error(n1180, end - pos)
+    f_gang_id = buf[pos:q1181].decode()
+    pos = q1181
+    n1182 = _ZL[buf[pos]]
+    if n1182 < 0:
+        n1182, pos = _rlong(buf, pos)
+        if n1182 < 0:
+            raise _length_error(n1182, end - pos)
     else:
         pos += 1
-    q1144 = pos + n1143
-    if q1144 > end:
-        raise _length_error(n1143, end - pos)
-    f_reason = buf[pos:q1144].decode()
-    pos = q1144
+    q1183 = pos + n1182
+    if q1183 > end:
+        raise _length_error(n1182, end - pos)
+    f_reason = buf[pos:q1183].decode()
+    pos = q1183
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1144(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1183(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1146 = _ZL[buf[pos]]
-    if n1146 < 0:
-        n1146, pos = _rlong(buf, pos)
-        if n1146 < 0:
-            raise _length_error(n1146, end - pos)
+    n1185 = _ZL[buf[pos]]
+    if n1185 < 0:
+        n1185, pos = _rlong(buf, pos)
+        if n1185 < 0:
+            raise _length_error(n1185, end - pos)
     else:
         pos += 1
-    q1147 = pos + n1146
-    if q1147 > end:
-        raise _length_error(n1146, end - pos)
-    f_pod_id = buf[pos:q1147].decode()
-    pos = q1147
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
+    q1186 = pos + n1185
+    if q1186 > end:
+        raise _length_error(n1185, end - pos)
+    f_pod_id = buf[pos:q1186].decode()
+    pos = q1186
+    n1187 = _ZL[buf[pos]]
+    if n1187 < 0:
+        n1187, pos = _rlong(buf, pos)
+        if n1187 < 0:
+            raise _length_error(n1187, end - pos)
     else:
         pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_node_id = buf[pos:q1149].decode()
-    pos = q1149
+    q1188 = pos + n1187
+    if q1188 > end:
+        raise _length_error(n1187, end - pos)
+    f_node_id = buf[pos:q1188].decode()
+    pos = q1188
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5183,141 +5305,141 @@ def _d_PodTimeLimitReached1144(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1150 = _ZD[b]
+        i1189 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1150 = (z >> 1) ^ -(z & 1)
+        i1189 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1150 = (z >> 1) ^ -(z & 1)
+        i1189 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1150, pos = _rlong(buf, pos)
-    if i1150 == 0:
+        i1189, pos = _rlong(buf, pos)
+    if i1189 == 0:
         f_gang_id = None
-    elif i1150 == 1:
-        n1151 = _ZL[buf[pos]]
-        if n1151 < 0:
-            n1151, pos = _rlong(buf, pos)
-            if n1151 < 0:
-                raise _length_error(n1151, end - pos)
+    elif i1189 == 1:
+        n1190 = _ZL[buf[pos]]
+        if n1190 < 0:
+            n1190, pos = _rlong(buf, pos)
+            if n1190 < 0:
+                raise _length_error(n1190, end - pos)
         else:
             pos += 1
-        q1152 = pos + n1151
-        if q1152 > end:
-            raise _length_error(n1151, end - pos)
-        f_gang_id = buf[pos:q1152].decode()
-        pos = q1152
+        q1191 = pos + n1190
+        if q1191 > end:
+            raise _length_error(n1190, end - pos)
+        f_gang_id = buf[pos:q1191].decode()
+        pos = q1191
     else:
-        raise _union_error(i1150, 2)
+        raise _union_error(i1189, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1152(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1191(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1154 = _ZL[buf[pos]]
-    if n1154 < 0:
-        n1154, pos = _rlong(buf, pos)
-        if n1154 < 0:
-            raise _length_error(n1154, end - pos)
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
     else:
         pos += 1
-    q1155 = pos + n1154
-    if q1155 > end:
-        raise _length_error(n1154, end - pos)
-    f_holder_id = buf[pos:q1155].decode()
-    pos = q1155
-    n1156 = _ZL[buf[pos]]
-    if n1156 < 0:
-        n1156, pos = _rlong(buf, pos)
-        if n1156 < 0:
-            raise _length_error(n1156, end - pos)
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_holder_id = buf[pos:q1194].decode()
+    pos = q1194
+    n1195 = _ZL[buf[pos]]
+    if n1195 < 0:
+        n1195, pos = _rlong(buf, pos)
+        if n1195 < 0:
+            raise _length_error(n1195, end - pos)
     else:
         pos += 1
-    q1157 = pos + n1156
-    if q1157 > end:
-        raise _length_error(n1156, end - pos)
-    f_holder_kind = buf[pos:q1157].decode()
-    pos = q1157
+    q1196 = pos + n1195
+    if q1196 > end:
+        raise _length_error(n1195, end - pos)
+    f_holder_kind = buf[pos:q1196].decode()
+    pos = q1196
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1158: list[Any] = []
+        acc1197: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1159 = _ZD[b]
+                c1198 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1159 = (z >> 1) ^ -(z & 1)
+                c1198 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1159 = (z >> 1) ^ -(z & 1)
+                c1198 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1159, pos = _rlong(buf, pos)
-            if c1159 == 0:
+                c1198, pos = _rlong(buf, pos)
+            if c1198 == 0:
                 break
-            if c1159 < 0:
-                c1159 = -c1159
+            if c1198 < 0:
+                c1198 = -c1198
                 b = buf[pos]
                 if b < 128:
-                    z1162 = _ZD[b]
+                    z1201 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1162 = (z >> 1) ^ -(z & 1)
+                    z1201 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1162 = (z >> 1) ^ -(z & 1)
+                    z1201 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1162, pos = _rlong(buf, pos)
-            if c1159 * 1 > end - pos:
-                raise _count_error(c1159, end - pos)
-            for _ in range(c1159):
-                n1163 = _ZL[buf[pos]]
-                if n1163 < 0:
-                    n1163, pos = _rlong(buf, pos)
-                    if n1163 < 0:
-                        raise _length_error(n1163, end - pos)
+                    z1201, pos = _rlong(buf, pos)
+            if c1198 * 1 > end - pos:
+                raise _count_error(c1198, end - pos)
+            for _ in range(c1198):
+                n1202 = _ZL[buf[pos]]
+                if n1202 < 0:
+                    n1202, pos = _rlong(buf, pos)
+                    if n1202 < 0:
+                        raise _length_error(n1202, end - pos)
                 else:
                     pos += 1
-                q1164 = pos + n1163
-                if q1164 > end:
-                    raise _length_error(n1163, end - pos)
-                x1160 = buf[pos:q1164].decode()
-                pos = q1164
-                acc1158.append(x1160)
-        f_nodes = tuple(acc1158)
+                q1203 = pos + n1202
+                if q1203 > end:
+                    raise _length_error(n1202, end - pos)
+                x1199 = buf[pos:q1203].decode()
+                pos = q1203
+                acc1197.append(x1199)
+        f_nodes = tuple(acc1197)
     b = buf[pos]
     if b < 128:
-        i1165 = _ZD[b]
+        i1204 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1165 = (z >> 1) ^ -(z & 1)
+        i1204 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1165 = (z >> 1) ^ -(z & 1)
+        i1204 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1165, pos = _rlong(buf, pos)
-    if i1165 == 0:
+        i1204, pos = _rlong(buf, pos)
+    if i1204 == 0:
         f_expected_start = None
-    elif i1165 == 1:
+    elif i1204 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5333,195 +5455,196 @@ def _d_NodesReserved1152(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1165, 2)
-    n1166 = _ZL[buf[pos]]
-    if n1166 < 0:
-        n1166, pos = _rlong(buf, pos)
-        if n1166 < 0:
-            raise _length_error(n1166, end - pos)
+        raise _union_error(i1204, 2)
+    n1205 = _ZL[buf[pos]]
+    if n1205 < 0:
+        n1205, pos = _rlong(buf, pos)
+        if n1205 < 0:
+            raise _length_error(n1205, end - pos)
     else:
         pos += 1
-    q1167 = pos + n1166
-    if q1167 > end:
-        raise _length_error(n1166, end - pos)
-    f_message = buf[pos:q1167].decode()
-    pos = q1167
+    q1206 = pos + n1205
+    if q1206 > end:
+        raise _length_error(n1205, end - pos)
+    f_message = buf[pos:q1206].decode()
+    pos = q1206
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1167(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1206(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1169 = _ZL[buf[pos]]
-    if n1169 < 0:
-        n1169, pos = _rlong(buf, pos)
-        if n1169 < 0:
-            raise _length_error(n1169, end - pos)
+    n1208 = _ZL[buf[pos]]
+    if n1208 < 0:
+        n1208, pos = _rlong(buf, pos)
+        if n1208 < 0:
+            raise _length_error(n1208, end - pos)
     else:
         pos += 1
-    q1170 = pos + n1169
-    if q1170 > end:
-        raise _length_error(n1169, end - pos)
-    f_holder_id = buf[pos:q1170].decode()
-    pos = q1170
-    n1171 = _ZL[buf[pos]]
-    if n1171 < 0:
-        n1171, pos = _rlong(buf, pos)
-        if n1171 < 0:
-            raise _length_error(n1171, end - pos)
+    q1209 = pos + n1208
+    if q1209 > end:
+        raise _length_error(n1208, end - pos)
+    f_holder_id = buf[pos:q1209].decode()
+    pos = q1209
+    n1210 = _ZL[buf[pos]]
+    if n1210 < 0:
+        n1210, pos = _rlong(buf, pos)
+        if n1210 < 0:
+            raise _length_error(n1210, end - pos)
     else:
         pos += 1
-    q1172 = pos + n1171
-    if q1172 > end:
-        raise _length_error(n1171, end - pos)
-    f_holder_kind = buf[pos:q1172].decode()
-    pos = q1172
+    q1211 = pos + n1210
+    if q1211 > end:
+        raise _length_error(n1210, end - pos)
+    f_holder_kind = buf[pos:q1211].decode()
+    pos = q1211
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1173: list[Any] = []
+        acc1212: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1174 = _ZD[b]
+                c1213 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1174 = (z >> 1) ^ -(z & 1)
+                c1213 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1174 = (z >> 1) ^ -(z & 1)
+                c1213 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1174, pos = _rlong(buf, pos)
-            if c1174 == 0:
+                c1213, pos = _rlong(buf, pos)
+            if c1213 == 0:
                 break
-            if c1174 < 0:
-                c1174 = -c1174
+            if c1213 < 0:
+                c1213 = -c1213
                 b = buf[pos]
                 if b < 128:
-                    z1177 = _ZD[b]
+                    z1216 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1177 = (z >> 1) ^ -(z & 1)
+                    z1216 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1177 = (z >> 1) ^ -(z & 1)
+                    z1216 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1177, pos = _rlong(buf, pos)
-            if c1174 * 1 > end - pos:
-                raise _count_error(c1174, end - pos)
-            for _ in range(c1174):
-                n1178 = _ZL[buf[pos]]
-                if n1178 < 0:
-                    n1178, pos = _rlong(buf, pos)
-                    if n1178 < 0:
-                        raise _length_error(n1178, end - pos)
+                    z1216, pos = _rlong(buf, pos)
+            if c1213 * 1 > end - pos:
+                raise _count_error(c1213, end - pos)
+            for _ in range(c1213):
+                n1217 = _ZL[buf[pos]]
+                if n1217 < 0:
+                    n1217, pos = _rlong(buf, pos)
+                    if n1217 < 0:
+                        raise _length_error(n1217, end - pos)
                 else:
                     pos += 1
-                q1179 = pos + n1178
-                if q1179 > end:
-                    raise _length_error(n1178, end - pos)
-                x1175 = buf[pos:q1179].decode()
-                pos = q1179
-                acc1173.append(x1175)
-        f_nodes = tuple(acc1173)
-    n1180 = _ZL[buf[pos]]
-    if n1180 < 0:
-        n1180, pos = _rlong(buf, pos)
-        if n1180 < 0:
-            raise _length_error(n1180, end - pos)
+                q1218 = pos + n1217
+                if q1218 > end:
+                    raise _length_error(n1217, end - pos)
+                x1214 = buf[pos:q1218].decode()
+                pos = q1218
+                acc1212.append(x1214)
+        f_nodes = tuple(acc1212)
+    n1219 = _ZL[buf[pos]]
+    if n1219 < 0:
+        n1219, pos = _rlong(buf, pos)
+        if n1219 < 0:
+            raise _length_error(n1219, end - pos)
     else:
         pos += 1
-    q1181 = pos + n1180
-    if q1181 > end:
-        raise _length_error(n1180, end - pos)
-    f_reason = buf[pos:q1181].decode()
-    pos = q1181
-    n1182 = _ZL[buf[pos]]
-    if n1182 < 0:
-        n1182, pos = _rlong(buf, pos)
-        if n1182 < 0:
-            raise _length_error(n1182, end - pos)
+    q1220 = pos + n1219
+    if q1220 > end:
+        raise _length_error(n1219, end - pos)
+    f_reason = buf[pos:q1220].decode()
+    pos = q1220
+    n1221 = _ZL[buf[pos]]
+    if n1221 < 0:
+        n1221, pos = _rlong(buf, pos)
+        if n1221 < 0:
+            raise _length_error(n1221, end - pos)
     else:
         pos += 1
-    q1183 = pos + n1182
-    if q1183 > end:
-        raise _length_error(n1182, end - pos)
-    f_message = buf[pos:q1183].decode()
-    pos = q1183
+    q1222 = pos + n1221
+    if q1222 > end:
+        raise _length_error(n1221, end - pos)
+    f_message = buf[pos:q1222].decode()
+    pos = q1222
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1183(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1222(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1185 = _ZL[buf[pos]]
-    if n1185 < 0:
-        n1185, pos = _rlong(buf, pos)
-        if n1185 < 0:
-            raise _length_error(n1185, end - pos)
+    n1224 = _ZL[buf[pos]]
+    if n1224 < 0:
+        n1224, pos = _rlong(buf, pos)
+        if n1224 < 0:
+            raise _length_error(n1224, end - pos)
     else:
         pos += 1
-    q1186 = pos + n1185
-    if q1186 > end:
-        raise _length_error(n1185, end - pos)
-    f_holder_id = buf[pos:q1186].decode()
-    pos = q1186
-    n1187 = _ZL[buf[pos]]
-    if n1187 < 0:
-        n1187, pos = _rlong(buf, pos)
-        if n1187 < 0:
-            raise _length_error(n1187, end - pos)
+    q1225 = pos + n1224
+    if q1225 > end:
+        raise _length_error(n1224, end - pos)
+    f_holder_id = buf[pos:q1225].decode()
+    pos = q1225
+    n1226 = _ZL[buf[pos]]
+    if n1226 < 0:
+        n1226, pos = _rlong(buf, pos)
+        if n1226 < 0:
+            raise _length_error(n1226, end - pos)
     else:
         pos += 1
-    q1188 = pos + n1187
-    if q1188 > end:
-        raise _length_error(n1187, end - pos)
-    f_holder_kind = buf[pos:q1188].decode()
-    pos = q1188
-    n1189 = _ZL[buf[pos]]
-    if n1189 < 0:
-        n1189, pos = _rlong(buf, pos)
-        if n1189 < 0:
-            raise _length_error(n1189, end - pos)
+    q1227 = pos + n1226
+    if q1227 > end:
+        raise _length_error(n1226, end - pos)
+    f_holder_kind = buf[pos:q1227].decode()
+    pos = q1227
+    n1228 = _ZL[buf[pos]]
+    if n1228 < 0:
+        n1228, pos = _rlong(buf, pos)
+        if n1228 < 0:
+            raise _length_error(n1228, end - pos)
     else:
         pos += 1
-    q1190 = pos + n1189
-    if q1190 > end:
-        raise _length_error(n1189, end - pos)
-    f_dependency_id = buf[pos:q1190].decode()
-    pos = q1190
-    n1191 = _ZL[buf[pos]]
-    if n1191 < 0:
-        n1191, pos = _rlong(buf, pos)
-        if n1191 < 0:
-            raise _length_error(n1191, end - pos)
+    q1229 = pos + n1228
+    if q1229 > end:
+        raise _length_error(n1228, end - pos)
+    f_dependency_id = buf[pos:q1229].decode()
+    pos = q1229
+    n1230 = _ZL[buf[pos]]
+    if n1230 < 0:
+        n1230, pos = _rlong(buf, pos)
+        if n1230 < 0:
+            raise _length_error(n1230, end - pos)
     else:
         pos += 1
-    q1192 = pos + n1191
-    if q1192 > end:
-        raise _length_error(n1191, end - pos)
-    f_message = buf[pos:q1192].decode()
-    pos = q1192
+    q1231 = pos + n1230
+    if q1231 > end:
+        raise _length_error(n1230, end - pos)
+    f_message = buf[pos:q1231].decode()
+    pos = q1231
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1192(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1231(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
+    f_partition: bool
     b = buf[pos]
     if b < 128:
         f_clock = _ZD[b]
@@ -5536,173 +5659,175 @@ def _d_Ticked1192(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
         pos += 3
     else:
         f_clock, pos = _rlong(buf, pos)
-    o = _c_Ticked(f_clock)
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Ticked(f_clock, f_partition)
     return o, pos
 
 
-def _d_PodPreempted1193(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1232(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
+    n1234 = _ZL[buf[pos]]
+    if n1234 < 0:
+        n1234, pos = _rlong(buf, pos)
+        if n1234 < 0:
+            raise _length_error(n1234, end - pos)
     else:
         pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_pod_id = buf[pos:q1196].decode()
-    pos = q1196
-    n1197 = _ZL[buf[pos]]
-    if n1197 < 0:
-        n1197, pos = _rlong(buf, pos)
-        if n1197 < 0:
-            raise _length_error(n1197, end - pos)
+    q1235 = pos + n1234
+    if q1235 > end:
+        raise _length_error(n1234, end - pos)
+    f_pod_id = buf[pos:q1235].decode()
+    pos = q1235
+    n1236 = _ZL[buf[pos]]
+    if n1236 < 0:
+        n1236, pos = _rlong(buf, pos)
+        if n1236 < 0:
+            raise _length_error(n1236, end - pos)
     else:
         pos += 1
-    q1198 = pos + n1197
-    if q1198 > end:
-        raise _length_error(n1197, end - pos)
-    f_node_id = buf[pos:q1198].decode()
-    pos = q1198
-    n1199 = _ZL[buf[pos]]
-    if n1199 < 0:
-        n1199, pos = _rlong(buf, pos)
-        if n1199 < 0:
-            raise _length_error(n1199, end - pos)
+    q1237 = pos + n1236
+    if q1237 > end:
+        raise _length_error(n1236, end - pos)
+    f_node_id = buf[pos:q1237].decode()
+    pos = q1237
+    n1238 = _ZL[buf[pos]]
+    if n1238 < 0:
+        n1238, pos = _rlong(buf, pos)
+        if n1238 < 0:
+            raise _length_error(n1238, end - pos)
     else:
         pos += 1
-    q1200 = pos + n1199
-    if q1200 > end:
-        raise _length_error(n1199, end - pos)
-    f_by = buf[pos:q1200].decode()
-    pos = q1200
-    n1201 = _ZL[buf[pos]]
-    if n1201 < 0:
-        n1201, pos = _rlong(buf, pos)
-        if n1201 < 0:
-            raise _length_error(n1201, end - pos)
+    q1239 = pos + n1238
+    if q1239 > end:
+        raise _length_error(n1238, end - pos)
+    f_by = buf[pos:q1239].decode()
+    pos = q1239
+    n1240 = _ZL[buf[pos]]
+    if n1240 < 0:
+        n1240, pos = _rlong(buf, pos)
+        if n1240 < 0:
+            raise _length_error(n1240, end - pos)
     else:
         pos += 1
-    q1202 = pos + n1201
-    if q1202 > end:
-        raise _length_error(n1201, end - pos)
-    f_reason = buf[pos:q1202].decode()
-    pos = q1202
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
+    q1241 = pos + n1240
+    if q1241 > end:
+        raise _length_error(n1240, end - pos)
+    f_reason = buf[pos:q1241].decode()
+    pos = q1241
+    n1242 = _ZL[buf[pos]]
+    if n1242 < 0:
+        n1242, pos = _rlong(buf, pos)
+        if n1242 < 0:
+            raise _length_error(n1242, end - pos)
     else:
         pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_message = buf[pos:q1204].decode()
-    pos = q1204
+    q1243 = pos + n1242
+    if q1243 > end:
+        raise _length_error(n1242, end - pos)
+    f_message = buf[pos:q1243].decode()
+    pos = q1243
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1204(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1243(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1206 = _ZD[b]
+        i1245 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1206 = (z >> 1) ^ -(z & 1)
+        i1245 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1206 = (z >> 1) ^ -(z & 1)
+        i1245 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1206, pos = _rlong(buf, pos)
-    if i1206 == 0:
+        i1245, pos = _rlong(buf, pos)
+    if i1245 == 0:
         f_tenant = None
-    elif i1206 == 1:
-        n1207 = _ZL[buf[pos]]
-        if n1207 < 0:
-            n1207, pos = _rlong(buf, pos)
-            if n1207 < 0:
-                raise _length_error(n1207, end - pos)
+    elif i1245 == 1:
+        n1246 = _ZL[buf[pos]]
+        if n1246 < 0:
+            n1246, pos = _rlong(buf, pos)
+            if n1246 < 0:
+                raise _length_error(n1246, end - pos)
         else:
             pos += 1
-        q1208 = pos + n1207
-        if q1208 > end:
-            raise _length_error(n1207, end - pos)
-        f_tenant = buf[pos:q1208].decode()
-        pos = q1208
+        q1247 = pos + n1246
+        if q1247 > end:
+            raise _length_error(n1246, end - pos)
+        f_tenant = buf[pos:q1247].decode()
+        pos = q1247
     else:
-        raise _union_error(i1206, 2)
+        raise _union_error(i1245, 2)
     b = buf[pos]
     if b < 128:
-        i1209 = _ZD[b]
+        i1248 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1209 = (z >> 1) ^ -(z & 1)
+        i1248 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1209 = (z >> 1) ^ -(z & 1)
+        i1248 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1209, pos = _rlong(buf, pos)
-    if i1209 == 0:
+        i1248, pos = _rlong(buf, pos)
+    if i1248 == 0:
         f_quota = None
-    elif i1209 == 1:
-        f_quota, pos = _d_Quota362(buf, pos, end)
+    elif i1248 == 1:
+        f_quota, pos = _d_Quota371(buf, pos, end)
     else:
-        raise _union_error(i1209, 2)
+        raise _union_error(i1248, 2)
     b = buf[pos]
     if b < 128:
-        i1210 = _ZD[b]
+        i1249 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1210 = (z >> 1) ^ -(z & 1)
+        i1249 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1210 = (z >> 1) ^ -(z & 1)
+        i1249 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1210, pos = _rlong(buf, pos)
-    if i1210 == 0:
+        i1249, pos = _rlong(buf, pos)
+    if i1249 == 0:
         f_previous = None
-    elif i1210 == 1:
-        f_previous, pos = _d_Quota362(buf, pos, end)
+    elif i1249 == 1:
+        f_previous, pos = _d_Quota371(buf, pos, end)
     else:
-        raise _union_error(i1210, 2)
-    n1211 = _ZL[buf[pos]]
-    if n1211 < 0:
-        n1211, pos = _rlong(buf, pos)
-        if n1211 < 0:
-            raise _length_error(n1211, end - pos)
+        raise _union_error(i1249, 2)
+    n1250 = _ZL[buf[pos]]
+    if n1250 < 0:
+        n1250, pos = _rlong(buf, pos)
+        if n1250 < 0:
+            raise _length_error(n1250, end - pos)
     else:
         pos += 1
-    q1212 = pos + n1211
-    if q1212 > end:
-        raise _length_error(n1211, end - pos)
-    f_message = buf[pos:q1212].decode()
-    pos = q1212
+    q1251 = pos + n1250
+    if q1251 > end:
+        raise _length_error(n1250, end - pos)
+    f_message = buf[pos:q1251].decode()
+    pos = q1251
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1212(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -5710,159 +5835,159 @@ def _d_PodMigrated1212(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1214 = _ZL[buf[pos]]
-    if n1214 < 0:
-        n1214, pos = _rlong(buf, pos)
-        if n1214 < 0:
-            raise _length_error(n1214, end - pos)
+    n1253 = _ZL[buf[pos]]
+    if n1253 < 0:
+        n1253, pos = _rlong(buf, pos)
+        if n1253 < 0:
+            raise _length_error(n1253, end - pos)
     else:
         pos += 1
-    q1215 = pos + n1214
-    if q1215 > end:
-        raise _length_error(n1214, end - pos)
-    f_pod_id = buf[pos:q1215].decode()
-    pos = q1215
-    n1216 = _ZL[buf[pos]]
-    if n1216 < 0:
-        n1216, pos = _rlong(buf, pos)
-        if n1216 < 0:
-            raise _length_error(n1216, end - pos)
+    q1254 = pos + n1253
+    if q1254 > end:
+        raise _length_error(n1253, end - pos)
+    f_pod_id = buf[pos:q1254].decode()
+    pos = q1254
+    n1255 = _ZL[buf[pos]]
+    if n1255 < 0:
+        n1255, pos = _rlong(buf, pos)
+        if n1255 < 0:
+            raise _length_error(n1255, end - pos)
     else:
         pos += 1
-    q1217 = pos + n1216
-    if q1217 > end:
-        raise _length_error(n1216, end - pos)
-    f_from_node = buf[pos:q1217].decode()
-    pos = q1217
+    q1256 = pos + n1255
+    if q1256 > end:
+        raise _length_error(n1255, end - pos)
+    f_from_node = buf[pos:q1256].decode()
+    pos = q1256
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1218: list[Any] = []
+        acc1257: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1219 = _ZD[b]
+                c1258 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1258 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1258 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1219, pos = _rlong(buf, pos)
-            if c1219 == 0:
+                c1258, pos = _rlong(buf, pos)
+            if c1258 == 0:
                 break
-            if c1219 < 0:
-                c1219 = -c1219
+            if c1258 < 0:
+                c1258 = -c1258
                 b = buf[pos]
                 if b < 128:
-                    z1222 = _ZD[b]
+                    z1261 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1261 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1261 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1222, pos = _rlong(buf, pos)
-            if c1219 * 2 > end - pos:
-                raise _count_error(c1219, end - pos)
-            for _ in range(c1219):
-                x1220, pos = _d_GpuShare1008(buf, pos, end)
-                acc1218.append(x1220)
-        f_from_gpus = tuple(acc1218)
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
+                    z1261, pos = _rlong(buf, pos)
+            if c1258 * 2 > end - pos:
+                raise _count_error(c1258, end - pos)
+            for _ in range(c1258):
+                x1259, pos = _d_GpuShare1046(buf, pos, end)
+                acc1257.append(x1259)
+        f_from_gpus = tuple(acc1257)
+    n1262 = _ZL[buf[pos]]
+    if n1262 < 0:
+        n1262, pos = _rlong(buf, pos)
+        if n1262 < 0:
+            raise _length_error(n1262, end - pos)
     else:
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_to_node = buf[pos:q1224].decode()
-    pos = q1224
+    q1263 = pos + n1262
+    if q1263 > end:
+        raise _length_error(n1262, end - pos)
+    f_to_node = buf[pos:q1263].decode()
+    pos = q1263
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1225: list[Any] = []
+        acc1264: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1226 = _ZD[b]
+                c1265 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1265 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1265 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1226, pos = _rlong(buf, pos)
-            if c1226 == 0:
+                c1265, pos = _rlong(buf, pos)
+            if c1265 == 0:
                 break
-            if c1226 < 0:
-                c1226 = -c1226
+            if c1265 < 0:
+                c1265 = -c1265
                 b = buf[pos]
                 if b < 128:
-                    z1229 = _ZD[b]
+                    z1268 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1268 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1268 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1229, pos = _rlong(buf, pos)
-            if c1226 * 2 > end - pos:
-                raise _count_error(c1226, end - pos)
-            for _ in range(c1226):
-                x1227, pos = _d_GpuShare1008(buf, pos, end)
-                acc1225.append(x1227)
-        f_to_gpus = tuple(acc1225)
-    n1230 = _ZL[buf[pos]]
-    if n1230 < 0:
-        n1230, pos = _rlong(buf, pos)
-        if n1230 < 0:
-            raise _length_error(n1230, end - pos)
+                    z1268, pos = _rlong(buf, pos)
+            if c1265 * 2 > end - pos:
+                raise _count_error(c1265, end - pos)
+            for _ in range(c1265):
+                x1266, pos = _d_GpuShare1046(buf, pos, end)
+                acc1264.append(x1266)
+        f_to_gpus = tuple(acc1264)
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
     else:
         pos += 1
-    q1231 = pos + n1230
-    if q1231 > end:
-        raise _length_error(n1230, end - pos)
-    f_reason = buf[pos:q1231].decode()
-    pos = q1231
-    n1232 = _ZL[buf[pos]]
-    if n1232 < 0:
-        n1232, pos = _rlong(buf, pos)
-        if n1232 < 0:
-            raise _length_error(n1232, end - pos)
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_reason = buf[pos:q1270].decode()
+    pos = q1270
+    n1271 = _ZL[buf[pos]]
+    if n1271 < 0:
+        n1271, pos = _rlong(buf, pos)
+        if n1271 < 0:
+            raise _length_error(n1271, end - pos)
     else:
         pos += 1
-    q1233 = pos + n1232
-    if q1233 > end:
-        raise _length_error(n1232, end - pos)
-    f_message = buf[pos:q1233].decode()
-    pos = q1233
+    q1272 = pos + n1271
+    if q1272 > end:
+        raise _length_error(n1271, end - pos)
+    f_message = buf[pos:q1272].decode()
+    pos = q1272
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1233(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1272(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -5912,48 +6037,179 @@ def _d_DefragmentationPlanned1233(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1235 = _ZD[b]
+        i1274 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1235 = (z >> 1) ^ -(z & 1)
+        i1274 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1235 = (z >> 1) ^ -(z & 1)
+        i1274 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1235, pos = _rlong(buf, pos)
-    if i1235 == 0:
+        i1274, pos = _rlong(buf, pos)
+    if i1274 == 0:
         f_target = None
-    elif i1235 == 1:
-        n1236 = _ZL[buf[pos]]
-        if n1236 < 0:
-            n1236, pos = _rlong(buf, pos)
-            if n1236 < 0:
-                raise _length_error(n1236, end - pos)
+    elif i1274 == 1:
+        n1275 = _ZL[buf[pos]]
+        if n1275 < 0:
+            n1275, pos = _rlong(buf, pos)
+            if n1275 < 0:
+                raise _length_error(n1275, end - pos)
         else:
             pos += 1
-        q1237 = pos + n1236
-        if q1237 > end:
-            raise _length_error(n1236, end - pos)
-        f_target = buf[pos:q1237].decode()
-        pos = q1237
+        q1276 = pos + n1275
+        if q1276 > end:
+            raise _length_error(n1275, end - pos)
+        f_target = buf[pos:q1276].decode()
+        pos = q1276
     else:
-        raise _union_error(i1235, 2)
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
+        raise _union_error(i1274, 2)
+    n1277 = _ZL[buf[pos]]
+    if n1277 < 0:
+        n1277, pos = _rlong(buf, pos)
+        if n1277 < 0:
+            raise _length_error(n1277, end - pos)
     else:
         pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_message = buf[pos:q1239].decode()
-    pos = q1239
+    q1278 = pos + n1277
+    if q1278 > end:
+        raise _length_error(n1277, end - pos)
+    f_message = buf[pos:q1278].decode()
+    pos = q1278
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
+    return o, pos
+
+
+def _d_ClusterHalted1278(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+    f_cluster: str
+    f_command_id: str
+    f_error: str
+    f_message: str
+    n1280 = _ZL[buf[pos]]
+    if n1280 < 0:
+        n1280, pos = _rlong(buf, pos)
+        if n1280 < 0:
+            raise _length_error(n1280, end - pos)
+    else:
+        pos += 1
+    q1281 = pos + n1280
+    if q1281 > end:
+        raise _length_error(n1280, end - pos)
+    f_cluster = buf[pos:q1281].decode()
+    pos = q1281
+    n1282 = _ZL[buf[pos]]
+    if n1282 < 0:
+        n1282, pos = _rlong(buf, pos)
+        if n1282 < 0:
+            raise _length_error(n1282, end - pos)
+    else:
+        pos += 1
+    q1283 = pos + n1282
+    if q1283 > end:
+        raise _length_error(n1282, end - pos)
+    f_command_id = buf[pos:q1283].decode()
+    pos = q1283
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
+    else:
+        pos += 1
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_error = buf[pos:q1285].decode()
+    pos = q1285
+    n1286 = _ZL[buf[pos]]
+    if n1286 < 0:
+        n1286, pos = _rlong(buf, pos)
+        if n1286 < 0:
+            raise _length_error(n1286, end - pos)
+    else:
+        pos += 1
+    q1287 = pos + n1286
+    if q1287 > end:
+        raise _length_error(n1286, end - pos)
+    f_message = buf[pos:q1287].decode()
+    pos = q1287
+    o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
+    return o, pos
+
+
+def _d_ClusterResumed1287(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+    f_cluster: str
+    f_halted_command_id: str
+    f_halted_offset: int
+    f_refolded_from: int
+    f_message: str
+    n1289 = _ZL[buf[pos]]
+    if n1289 < 0:
+        n1289, pos = _rlong(buf, pos)
+        if n1289 < 0:
+            raise _length_error(n1289, end - pos)
+    else:
+        pos += 1
+    q1290 = pos + n1289
+    if q1290 > end:
+        raise _length_error(n1289, end - pos)
+    f_cluster = buf[pos:q1290].decode()
+    pos = q1290
+    n1291 = _ZL[buf[pos]]
+    if n1291 < 0:
+        n1291, pos = _rlong(buf, pos)
+        if n1291 < 0:
+            raise _length_error(n1291, end - pos)
+    else:
+        pos += 1
+    q1292 = pos + n1291
+    if q1292 > end:
+        raise _length_error(n1291, end - pos)
+    f_halted_command_id = buf[pos:q1292].decode()
+    pos = q1292
+    b = buf[pos]
+    if b < 128:
+        f_halted_offset = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_halted_offset = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_halted_offset = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_halted_offset, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_refolded_from = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_refolded_from = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_refolded_from = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_refolded_from, pos = _rlong(buf, pos)
+    n1293 = _ZL[buf[pos]]
+    if n1293 < 0:
+        n1293, pos = _rlong(buf, pos)
+        if n1293 < 0:
+            raise _length_error(n1293, end - pos)
+    else:
+        pos += 1
+    q1294 = pos + n1293
+    if q1294 > end:
+        raise _length_error(n1293, end - pos)
+    f_message = buf[pos:q1294].decode()
+    pos = q1294
+    o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
@@ -5962,7 +6218,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k899:
+    if frame[:10] != _k937:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6003,30 +6259,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n901 = _ZL[buf[pos]]
-        if n901 < 0:
-            n901, pos = _rlong(buf, pos)
-            if n901 < 0:
-                raise _length_error(n901, end - pos)
+        n939 = _ZL[buf[pos]]
+        if n939 < 0:
+            n939, pos = _rlong(buf, pos)
+            if n939 < 0:
+                raise _length_error(n939, end - pos)
         else:
             pos += 1
-        q902 = pos + n901
-        if q902 > end:
-            raise _length_error(n901, end - pos)
-        f_cluster = buf[pos:q902].decode()
-        pos = q902
-        n903 = _ZL[buf[pos]]
-        if n903 < 0:
-            n903, pos = _rlong(buf, pos)
-            if n903 < 0:
-                raise _length_error(n903, end - pos)
+        q940 = pos + n939
+        if q940 > end:
+            raise _length_error(n939, end - pos)
+        f_cluster = buf[pos:q940].decode()
+        pos = q940
+        n941 = _ZL[buf[pos]]
+        if n941 < 0:
+            n941, pos = _rlong(buf, pos)
+            if n941 < 0:
+                raise _length_error(n941, end - pos)
         else:
             pos += 1
-        q904 = pos + n903
-        if q904 > end:
-            raise _length_error(n903, end - pos)
-        f_command_id = buf[pos:q904].decode()
-        pos = q904
+        q942 = pos + n941
+        if q942 > end:
+            raise _length_error(n941, end - pos)
+        f_command_id = buf[pos:q942].decode()
+        pos = q942
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6057,21 +6313,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i905 = _ZD[b]
+            i943 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i905 = (z >> 1) ^ -(z & 1)
+            i943 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i905 = (z >> 1) ^ -(z & 1)
+            i943 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i905, pos = _rlong(buf, pos)
-        if not 0 <= i905 < 25:
-            raise _union_error(i905, 25)
-        f_payload, pos = _k1239[i905](buf, pos, end)
+            i943, pos = _rlong(buf, pos)
+        if not 0 <= i943 < 27:
+            raise _union_error(i943, 27)
+        f_payload, pos = _k1294[i943](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6086,7 +6342,7 @@ _k145: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k251: dict[type, Callable[[Any], bytes]] = {
+_k260: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode34,
     _c_CordonNode: _e_CordonNode38,
@@ -6096,55 +6352,58 @@ _k251: dict[type, Callable[[Any], bytes]] = {
     _c_SubmitPod: _e_SubmitPod56,
     _c_Release: _e_Release93,
     _c_SetPolicy: _e_SetPolicy99,
-    _c_SubmitGang: _e_SubmitGang147,
-    _c_ReleaseGang: _e_ReleaseGang198,
-    _c_Tick: _e_Tick204,
-    _c_SetQuota: _e_SetQuota206,
-    _c_RemoveQuota: _e_RemoveQuota238,
-    _c_Defragment: _e_Defragment242,
+    _c_SubmitGang: _e_SubmitGang152,
+    _c_ReleaseGang: _e_ReleaseGang203,
+    _c_Tick: _e_Tick209,
+    _c_SetQuota: _e_SetQuota211,
+    _c_RemoveQuota: _e_RemoveQuota243,
+    _c_Defragment: _e_Defragment247,
+    _c_ResumeCluster: _e_ResumeCluster256,
 }
 
-_k461: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode260, _d_RemoveNode286, _d_CordonNode289, _d_UncordonNode292, _d_DrainNode295, _d_MarkNodeFailed298, _d_SubmitPod303, _d_Release350, _d_SetPolicy355, _d_SubmitGang377, _d_ReleaseGang431, _d_Tick436, _d_SetQuota437, _d_RemoveQuota454, _d_Defragment457,)
+_k474: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode269, _d_RemoveNode295, _d_CordonNode298, _d_UncordonNode301, _d_DrainNode304, _d_MarkNodeFailed307, _d_SubmitPod312, _d_Release359, _d_SetPolicy364, _d_SubmitGang387, _d_ReleaseGang441, _d_Tick446, _d_SetQuota447, _d_RemoveQuota464, _d_Defragment467, _d_ResumeCluster471,)
 
-_k864: dict[type, Callable[[Any], bytes]] = {
+_k882: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k867: dict[type, Callable[[Any], bytes]] = {
+_k885: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k898: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded473,
-    _c_NodeRemoved: _e_NodeRemoved484,
-    _c_NodeCordoned: _e_NodeCordoned488,
-    _c_NodeUncordoned: _e_NodeUncordoned492,
-    _c_NodeDrained: _e_NodeDrained496,
-    _c_NodeFailed: _e_NodeFailed501,
-    _c_PodQueued: _e_PodQueued508,
-    _c_PodScheduled: _e_PodScheduled550,
-    _c_PodEvicted: _e_PodEvicted597,
-    _c_PodReleased: _e_PodReleased605,
-    _c_PolicyChanged: _e_PolicyChanged617,
-    _c_CommandRejected: _e_CommandRejected630,
-    _c_GangQueued: _e_GangQueued640,
-    _c_GangScheduled: _e_GangScheduled715,
-    _c_GangTimedOut: _e_GangTimedOut779,
-    _c_GangReleased: _e_GangReleased786,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached792,
-    _c_NodesReserved: _e_NodesReserved805,
-    _c_ReservationReleased: _e_ReservationReleased819,
-    _c_DependencyFailed: _e_DependencyFailed830,
-    _c_Ticked: _e_Ticked840,
-    _c_PodPreempted: _e_PodPreempted843,
-    _c_QuotaChanged: _e_QuotaChanged855,
-    _c_PodMigrated: _e_PodMigrated871,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned885,
+_k936: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded486,
+    _c_NodeRemoved: _e_NodeRemoved497,
+    _c_NodeCordoned: _e_NodeCordoned501,
+    _c_NodeUncordoned: _e_NodeUncordoned505,
+    _c_NodeDrained: _e_NodeDrained509,
+    _c_NodeFailed: _e_NodeFailed514,
+    _c_PodQueued: _e_PodQueued521,
+    _c_PodScheduled: _e_PodScheduled563,
+    _c_PodEvicted: _e_PodEvicted610,
+    _c_PodReleased: _e_PodReleased618,
+    _c_PolicyChanged: _e_PolicyChanged630,
+    _c_CommandRejected: _e_CommandRejected648,
+    _c_GangQueued: _e_GangQueued658,
+    _c_GangScheduled: _e_GangScheduled733,
+    _c_GangTimedOut: _e_GangTimedOut797,
+    _c_GangReleased: _e_GangReleased804,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached810,
+    _c_NodesReserved: _e_NodesReserved823,
+    _c_ReservationReleased: _e_ReservationReleased837,
+    _c_DependencyFailed: _e_DependencyFailed848,
+    _c_Ticked: _e_Ticked858,
+    _c_PodPreempted: _e_PodPreempted861,
+    _c_QuotaChanged: _e_QuotaChanged873,
+    _c_PodMigrated: _e_PodMigrated889,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned903,
+    _c_ClusterHalted: _e_ClusterHalted916,
+    _c_ClusterResumed: _e_ClusterResumed926,
 }
 
-_k1239: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded905, _d_NodeRemoved924, _d_NodeCordoned927, _d_NodeUncordoned930, _d_NodeDrained933, _d_NodeFailed936, _d_PodQueued941, _d_PodScheduled1000, _d_PodEvicted1025, _d_PodReleased1032, _d_PolicyChanged1040, _d_CommandRejected1048, _d_GangQueued1057, _d_GangScheduled1101, _d_GangTimedOut1134, _d_GangReleased1139, _d_PodTimeLimitReached1144, _d_NodesReserved1152, _d_ReservationReleased1167, _d_DependencyFailed1183, _d_Ticked1192, _d_PodPreempted1193, _d_QuotaChanged1204, _d_PodMigrated1212, _d_DefragmentationPlanned1233,)
+_k1294: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded943, _d_NodeRemoved962, _d_NodeCordoned965, _d_NodeUncordoned968, _d_NodeDrained971, _d_NodeFailed974, _d_PodQueued979, _d_PodScheduled1038, _d_PodEvicted1063, _d_PodReleased1070, _d_PolicyChanged1078, _d_CommandRejected1087, _d_GangQueued1096, _d_GangScheduled1140, _d_GangTimedOut1173, _d_GangReleased1178, _d_PodTimeLimitReached1183, _d_NodesReserved1191, _d_ReservationReleased1206, _d_DependencyFailed1222, _d_Ticked1231, _d_PodPreempted1232, _d_QuotaChanged1243, _d_PodMigrated1251, _d_DefragmentationPlanned1272, _d_ClusterHalted1278, _d_ClusterResumed1287,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event462
+encode_event = _e_Event475

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.codec import SNAPSHOT, registry
-from schemas.commands import DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota, Taint
+from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.records import Record, nest
 
@@ -86,6 +86,16 @@ class TenantQuota(Record):
 
 
 @dataclass(slots=True)
+class HaltSnapshot(Record):
+    """Why a cluster is halted: the command whose fold raised, its offset, the error."""
+
+    command_id: str
+    offset: int
+    error: str
+    refused: int = 0
+
+
+@dataclass(slots=True)
 class ClusterSnapshot(Record):
     cluster: str
     policy: str
@@ -101,6 +111,9 @@ class ClusterSnapshot(Record):
     quotas: tuple[TenantQuota, ...] = ()
     default_quota: Quota | None = None
     reserve_checks: tuple[int, ...] = ()
+    clock: int = -1  # -1: written before clusters had clocks (contract v2): the partition's clock
+    max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
+    halted: HaltSnapshot | None = None
 
 
 @dataclass(slots=True)
@@ -148,6 +161,7 @@ nest(
         "reservation": ReservationSnapshot,
         "quotas": TenantQuota,
         "default_quota": Quota,
+        "halted": HaltSnapshot,
     },
 )
 nest(Snapshot, {"clusters": ClusterSnapshot})

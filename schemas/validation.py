@@ -37,6 +37,7 @@ from schemas.commands import (
     ReleaseGang,
     RemoveNode,
     RemoveQuota,
+    ResumeCluster,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -319,14 +320,25 @@ def check_release(command: Release) -> None:
     check_length("reason", command.reason, MAX_REASON_LENGTH)
 
 
+def check_resume_cluster(command: ResumeCluster) -> None:
+    check_length("reason", command.reason, MAX_REASON_LENGTH)
+
+
 def check_set_policy(command: SetPolicy) -> None:
-    nothing_else = command.reserve_after_ms is None and not command.queue_order and command.default_quota is None
+    nothing_else = (
+        command.reserve_after_ms is None
+        and not command.queue_order
+        and command.default_quota is None
+        and command.max_clock_jump_ms is None
+    )
     if (command.policy or nothing_else) and command.policy not in POLICY_NAMES:
         raise Rejected(
             RejectionCode.UNKNOWN_POLICY, f"unknown policy {show(command.policy)}; known: {list(POLICY_NAMES)}"
         )
     if command.reserve_after_ms is not None:
         check_range("reserve_after_ms (negative: no reservations)", command.reserve_after_ms, -1, MAX_DURATION_MS)
+    if command.max_clock_jump_ms is not None:
+        check_range("max_clock_jump_ms (0: no limit)", command.max_clock_jump_ms, 0, MAX_DURATION_MS)
     if command.queue_order and command.queue_order not in QUEUE_ORDERS:
         raise Rejected(
             RejectionCode.INVALID_COMMAND, f"queue_order must be one of {QUEUE_ORDERS}, got {show(command.queue_order)}"
@@ -401,6 +413,7 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     SetQuota: check_set_quota,
     RemoveQuota: check_remove_quota,
     Defragment: check_defragment,
+    ResumeCluster: check_resume_cluster,
 }
 
 

@@ -189,6 +189,7 @@ def clusters_hash(state: PartitionState) -> str:
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
         cluster.reserve_checks = ()
+        cluster.clock = 0  # each cluster's clock, as the partition's above
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 

@@ -129,7 +129,12 @@ def _replay(args: argparse.Namespace) -> int:
                     end = min(end, args.until + 1)
                 records = log.read_commands(partition, 0, end)
             replayed = replay_partition(
-                partition, records, log.topics, keep_events=args.check, placement=log.placement(partition)
+                partition,
+                records,
+                log.topics,
+                keep_events=args.check,
+                placement=log.placement(partition),
+                history=log,
             )
             ends.append(replayed.state.next_offset)
             results.append(replayed)

@@ -134,7 +134,8 @@ class HealthMonitor:
         for item in halted:
             problems.append(
                 f"cluster {item['cluster']!r} is halted: its fold raised on command {item['command_id']!r} "
-                f"({item['error'] or 'no message'}); the other clusters go on"
+                f"({item['error'] or 'no message'}); {item.get('refused', 0)} of its commands refused since "
+                "(CLUSTER_HALTED, kept in the log for a ResumeCluster); the other clusters go on"
             )
         for extra in self.probes.extra:
             try:

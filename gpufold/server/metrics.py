@@ -27,6 +27,17 @@ FOLD_LAG_SECONDS = Gauge(
 )  # fmt: skip
 HEALTHY = Gauge("gpufold_healthy", "1 when /healthz answers 200, else 0")
 HALTED = Gauge("gpufold_cluster_halted", "1 for a cluster whose fold halted (ClusterHalted)", ["cluster"])
+REFUSED = Gauge(
+    "gpufold_commands_dead_lettered",
+    "Commands in the log the fold does not fold, dead-lettered with a code (e.g. WRONG_PARTITION: a producer to "
+    "fix), counted by the replica since it started",
+    ["code"],
+)
+HALTED_REFUSED = Gauge(
+    "gpufold_cluster_halted_refused_commands",
+    "Commands for a halted cluster refused with CLUSTER_HALTED since it halted (kept in the log for its resume)",
+    ["cluster"],
+)
 
 
 def scrape(replica: Any, health: Any) -> tuple[bytes, str]:
@@ -37,6 +48,8 @@ def scrape(replica: Any, health: Any) -> tuple[bytes, str]:
         for partition, offset in status.get("offsets", {}).items():
             REPLICA_OFFSET.labels(partition).set(offset)
             REPLICA_LAG.labels(partition).set(max(0, status.get("head", {}).get(partition, offset) - offset))
+        for code, count in sorted(status.get("refused", {}).items()):
+            REFUSED.labels(code).set(count)
     if health is not None:
         report = health.report()
         HEALTHY.set(1 if report.get("ok") else 0)
@@ -46,8 +59,10 @@ def scrape(replica: Any, health: Any) -> tuple[bytes, str]:
             FOLD_LAG.labels(str(row["partition"])).set(row["lag_commands"])
             FOLD_LAG_SECONDS.labels(str(row["partition"])).set(row["lag_seconds"])
         HALTED.clear()
+        HALTED_REFUSED.clear()
         for item in report.get("halted", []):
             HALTED.labels(item["cluster"]).set(1)
+            HALTED_REFUSED.labels(item["cluster"]).set(item.get("refused", 0))
     return generate_latest(), CONTENT_TYPE_LATEST
 
 

@@ -6,10 +6,11 @@ arrive in any order). A dependency is met once a job with that id has ended
 way, for ``afterok`` normally (released while running with reason ``completed``).
 A job whose afterok dependency ended otherwise never starts (``DependencyFailed``).
 
-Cycle detection is incremental: a new submission can only close a cycle through
-jobs that are still waiting, so the search walks back from its dependencies
-through waiting jobs only, never the whole graph. O(W) for the W waiting jobs
-reachable from the new job's dependencies.
+Cycle detection is incremental: a new submission can only close a cycle if some job
+already waits for it (an edge into it), and only through jobs that are still waiting.
+So a job nothing waits for yet (a workflow submitted in order: the common case) is
+checked in O(ids); otherwise the search walks from its dependencies through waiting
+jobs only, never the whole graph: O(W) for the W waiting jobs reachable from them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def find_cycle(cluster: ClusterState, own_ids: tuple[str, ...], depends_on: Iter
     Returned as a path ``[new job, dependency, ..., job that waits for the new one, new job's id]`` for
     the rejection message. Only dependencies not ended yet can lead back: an ended job waits for nothing.
     """
+    if not any(job_id in cluster.dependants for job_id in own_ids):
+        return None  # nothing waits for the new job yet: no edge leads back to it (a chain built in order: O(1))
     targets = set(own_ids)
     parent: dict[str, str] = {}
     stack: list[str] = []

@@ -515,7 +515,9 @@ def _node_fits(node: Node, shape: PodShape) -> bool:
 
 
 def _summary(cluster: ClusterState, result: Explanation, codes: set[str], capacity_fits: bool) -> str:
-    first = {r["code"]: r["message"] for r in reversed(result.reasons)}
+    first: dict[str, str] = {}  # each code's first message (a loop: mypyc cannot compile this as a comprehension)
+    for reason in result.reasons:
+        first.setdefault(str(reason["code"]), str(reason["message"]))
     if QueueReasonCode.WAITING_FOR_EARLIER_JOB in codes:
         return f"held by strict FIFO: {first[QueueReasonCode.WAITING_FOR_EARLIER_JOB]}"
     if QueueReasonCode.QUOTA_EXCEEDED in codes and (capacity_fits or len(codes) == 1):

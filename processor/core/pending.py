@@ -23,7 +23,7 @@ PodShape = Any  # the group a pod waits in: ``processor.core.state.QueueGroup`` 
 
 
 class PendingQueue:
-    __slots__ = ("_by_shape", "_heads", "size")
+    __slots__ = ("_by_shape", "_heads", "size", "version")
 
     def __init__(self) -> None:
         self._by_shape: dict[PodShape, SortedList] = {}
@@ -32,8 +32,10 @@ class PendingQueue:
         # holds one entry per waiting shape (tens to hundreds), where insort's memmove beats a tree.
         self._heads: list[tuple[QueueKey, PodShape]] = []
         self.size = 0
+        self.version = 0  # moves with every push and remove: what was read of the queue is still true while it stays
 
     def push(self, shape: PodShape, key: QueueKey) -> None:
+        self.version += 1
         pods = self._by_shape.get(shape)
         if pods is None:
             pods = self._by_shape[shape] = SortedList()
@@ -48,6 +50,7 @@ class PendingQueue:
         self.size += 1
 
     def remove(self, shape: PodShape, key: QueueKey) -> None:
+        self.version += 1
         pods = self._by_shape[shape]
         head = pods[0] == key
         pods.remove(key)

@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from processor.core import gangs, reservations
+from processor.core import gangs, quotas, reservations
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption_index import PendingBucket, VictimClass
 from processor.core.resources import PodShape
@@ -74,6 +74,30 @@ class Unit:
     @property
     def count(self) -> int:
         return len(self.pods)
+
+
+@dataclass(slots=True)
+class Victims:
+    """Which running pods a preemption may take, beyond their lower priority.
+
+    ``protected``: pods evicted earlier in the same command; none is evicted twice in one command, which
+    bounds every cascade (``processor.core.decision``). ``borrowers_only``: the preemptor would borrow quota
+    to run, so it may take only pods whose tenant itself runs over its nominal quota (Kueue's rule: work
+    inside its nominal quota is never the victim of a borrower). A gang is a victim whole or not at all.
+    The search's bounds still hold (fewer victims allowed can only cost more); a node whose victims at the
+    bound's priority level are not allowed gives no plan there."""
+
+    protected: Mapping[str, None]
+    borrowers_only: bool = False
+
+    def allow(self, cluster: ClusterState, pod: Pod) -> bool:
+        if pod.spec.pod_id in self.protected:
+            return False
+        return not self.borrowers_only or quotas.borrowing(cluster, pod)
+
+
+ANY_VICTIM = Victims({})
+"""No restriction beyond priority (a search outside a command's cascade: tests, explain)."""
 
 
 @dataclass(slots=True)
@@ -144,6 +168,11 @@ def _static_fit(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
     return cluster.index.admits(node.node_class, shape)
 
 
+def gpus_fit(free: list[int], shape: PodShape) -> bool:
+    """Whether GPUs with this much free (milli each) hold the shape's GPUs. O(G)."""
+    return _gpu_ok(free, shape)
+
+
 def _gpu_ok(free: list[int], shape: PodShape) -> bool:
     if not shape.num_gpu:
         return True
@@ -191,6 +220,7 @@ def _best_on_node(
     level: int,
     now: int,
     beat: tuple[int, int] | None,
+    allowed: Victims = ANY_VICTIM,
 ) -> tuple[tuple[int, int], list[Unit]] | None:
     """The minimum (victims, work, victim ids) set of units of priority <= ``level`` on the node that makes
     room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that).
@@ -210,6 +240,8 @@ def _best_on_node(
             units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
         elif spec.gang_id not in units:
             units[spec.gang_id] = unit_of(cluster, pod, now)
+    if allowed.protected or allowed.borrowers_only:
+        units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
     if not units:
         return None
     if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
@@ -262,6 +294,11 @@ def _best_on_node(
     return None if best is None else (best[0], best[2])
 
 
+def gpu_deficit(free: list[int], shape: PodShape) -> int:
+    """GPU milli that must be freed on a node with this much free for the shape to fit (0: the GPUs suffice)."""
+    return _gpu_deficit(free, shape)
+
+
 def _gpu_deficit(free: list[int], shape: PodShape) -> int:
     """GPU milli that victims must free on the node at least (0 if the GPUs already suffice)."""
     if not shape.num_gpu:
@@ -312,26 +349,31 @@ def candidate_nodes(cluster: ClusterState, priority: int, near: Iterable[str] | 
 
 
 def plan_pod(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str] | None = None
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    near: Iterable[str] | None = None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
     ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
     if near is not None:
-        return _plan_pod_on(cluster, shape, priority, now, near)
+        return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
     index = cluster.preemptible
     index.refresh(cluster.nodes)
-    best = _plan_pod_filed(cluster, shape, priority, now)
+    best = _plan_pod_filed(cluster, shape, priority, now, allowed)
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
         if not promote:
             return best  # no pending node could tie or beat it
         index.promote(promote, cluster.nodes)
-        best = _plan_pod_among(cluster, shape, priority, now, promote, best)  # best: the best of the others
+        best = _plan_pod_among(cluster, shape, priority, now, promote, best, allowed)  # best: the best of the others
         limit *= 4
 
 
@@ -396,7 +438,9 @@ def _pending_bound_terms(key: tuple, shape: PodShape) -> tuple[int, int]:
     return (fewest, deficit)
 
 
-def _plan_pod_filed(cluster: ClusterState, shape: PodShape, priority: int, now: int) -> PodPlan | None:
+def _plan_pod_filed(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+) -> PodPlan | None:
     """:func:`plan_pod` among the nodes filed in the preemption index's classes."""
     index = cluster.preemptible
     nodes = cluster.nodes
@@ -442,7 +486,7 @@ def _plan_pod_filed(cluster: ClusterState, shape: PodShape, priority: int, now: 
         seen.add(node_id)
         if best is not None and (count, work) > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
     return best
 
 
@@ -461,10 +505,10 @@ def _push_next(
 
 
 def _plan_pod_on(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str]
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, near: Iterable[str], allowed: Victims
 ) -> PodPlan | None:
     """:func:`plan_pod` among the given nodes, node by node: O(N · L)."""
-    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near))
+    return _plan_pod_among(cluster, shape, priority, now, candidate_nodes(cluster, priority, near), None, allowed)
 
 
 def _plan_pod_among(
@@ -474,6 +518,7 @@ def _plan_pod_among(
     now: int,
     node_ids: Iterable[str],
     best: PodPlan | None = None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The better of ``best`` and :func:`plan_pod` among the given node ids (any order), node by node: O(N · L)."""
     nodes = cluster.nodes
@@ -498,19 +543,25 @@ def _plan_pod_among(
     for bound, node_id in bounds:  # most promising first; the order does not change the answer
         if best is not None and bound > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best)
+        best = _try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
     return best
 
 
 def _try_node(
-    cluster: ClusterState, node: Node, shape: PodShape, level: int, now: int, best: PodPlan | None
+    cluster: ClusterState,
+    node: Node,
+    shape: PodShape,
+    level: int,
+    now: int,
+    best: PodPlan | None,
+    allowed: Victims = ANY_VICTIM,
 ) -> PodPlan | None:
     """The better of ``best`` and the node's least victim set (None if neither exists)."""
     beat = None
     if best is not None:
         # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
         beat = (best.cost[1], best.cost[2] + (1 if node.node_id < best.node_id else 0))
-    found = _best_on_node(cluster, node, shape, level, now, beat)
+    found = _best_on_node(cluster, node, shape, level, now, beat, allowed)
     if found is not None:
         (count, work), units = found
         candidate = PodPlan(node.node_id, units, (level, count, work))
@@ -649,7 +700,12 @@ def domains_of(cluster: ClusterState, spec: GangSpec) -> list[tuple[str | None, 
 
 
 def plan_gang(
-    cluster: ClusterState, spec: GangSpec, policy: Policy, now: int, admit: Callable[[gangs.GangPlacement], bool]
+    cluster: ClusterState,
+    spec: GangSpec,
+    policy: Policy,
+    now: int,
+    admit: Callable[[gangs.GangPlacement], bool],
+    allowed: Victims = ANY_VICTIM,
 ) -> GangPlan | None:
     """The best domain and victims for a gang, member by member (see the module docstring), or None.
 
@@ -657,7 +713,7 @@ def plan_gang(
     best: GangPlan | None = None
     best_key: tuple[int, int, int, str] | None = None
     for key, value, node_ids in domains_of(cluster, spec):
-        plan = _gang_in(cluster, spec, policy, now, key, value, node_ids, admit)
+        plan = _gang_in(cluster, spec, policy, now, key, value, node_ids, admit, allowed)
         if plan is None or not plan.units:
             continue
         rank = (*plan.cost, value or "")
@@ -675,11 +731,13 @@ def _gang_in(
     value: str | None,
     node_ids: list[str] | None,
     admit: Callable[[gangs.GangPlacement], bool],
+    allowed: Victims,
 ) -> GangPlan | None:
     trial = Trial(cluster)
     placed: list[tuple[PodSpec, Choice]] = []
     units: dict[str, Unit] = {}
     members = gangs.ordered_members(spec)
+    search = None if node_ids is None else DomainSearch(cluster, node_ids, spec.priority, now, allowed)
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
@@ -687,7 +745,10 @@ def _gang_in(
             if groups:
                 choice = policy.place(cluster, shape, groups)
             else:
-                plan = plan_pod(cluster, shape, spec.priority, now, node_ids)
+                if search is None:
+                    plan = plan_pod(cluster, shape, spec.priority, now, None, allowed)
+                else:
+                    plan = search.plan(shape)
                 if plan is None:
                     if len(placed) + len(members) - position - 1 < spec.min_members:
                         return None
@@ -696,10 +757,14 @@ def _gang_in(
                     if unit.key not in units:
                         units[unit.key] = unit
                         for pod in unit.pods:
+                            if search is not None:
+                                search.touch(pod.node_id)  # type: ignore[arg-type]
                             trial.evict(pod)
                 node = cluster.nodes[plan.node_id]
                 choice = Choice(plan.node_id, policy.choose_gpus(node, shape), {})
             trial.allocate(member, choice)
+            if search is not None:
+                search.touch(choice.node_id)
             placed.append((member, choice))
         if len(placed) < spec.min_members or not units:
             return None
@@ -712,3 +777,88 @@ def _gang_in(
         return GangPlan(placement, ordered, cost_of(ordered))
     finally:
         trial.rollback()
+
+
+class DomainSearch:
+    """:func:`plan_pod` among the nodes of one topology domain, for the members of one gang in turn.
+
+    The node-by-node search (:func:`_plan_pod_among`) computes every node's victim level and lower bound for
+    every member: O(M · N_d · L). Here they are computed once per member shape, kept in a heap ordered as that
+    search visits nodes (level, then bound, then node id), and computed again only for the nodes the gang's own
+    trial touched (its victims' nodes and the nodes its members took): O(N_d · L) per shape, then O(log N_d)
+    per node a member's search meets, plus the exact victim search on those nodes. The answer is the
+    node-by-node search's: the same least level, nodes met in the same order, the same stop."""
+
+    __slots__ = ("_changed", "_heaps", "_in_domain", "_version", "allowed", "cluster", "node_ids", "now", "priority")
+
+    def __init__(
+        self, cluster: ClusterState, node_ids: Iterable[str], priority: int, now: int, allowed: Victims
+    ) -> None:
+        self.cluster = cluster
+        self.node_ids = list(node_ids)
+        self._in_domain = set(self.node_ids)
+        self.priority = priority
+        self.now = now
+        self.allowed = allowed
+        self._version: dict[str, int] = {}
+        self._changed: list[str] = []
+        # Per member shape: the heap of (level, victims at least, work at least, node id, node version), and
+        # how much of _changed it has taken in.
+        self._heaps: dict[PodShape, tuple[list[tuple[int, int, int, str, int]], list[int]]] = {}
+
+    def touch(self, node_id: str) -> None:
+        """The gang's trial changed a node: its level and bound are computed again before the next search."""
+        if node_id in self._in_domain:  # a victim gang's members may run outside the domain
+            self._version[node_id] = self._version.get(node_id, 0) + 1
+            self._changed.append(node_id)
+
+    def _entry(self, node_id: str, shape: PodShape) -> tuple[int, int, int, str, int] | None:
+        node = lookup(self.cluster.nodes, node_id)
+        if node is None or not _static_fit(self.cluster, node, shape):
+            return None
+        level = minimal_level(node, shape, self.priority)
+        if level is None:
+            return None
+        count, work = _lower_bound(node, shape, level, self.now)
+        return (level, count, work, node_id, self._version.get(node_id, 0))
+
+    def _heap(self, shape: PodShape) -> list[tuple[int, int, int, str, int]]:
+        found = self._heaps.get(shape)
+        if found is None:
+            entries = [entry for entry in (self._entry(n, shape) for n in self.node_ids) if entry is not None]
+            heapq.heapify(entries)
+            found = self._heaps[shape] = (entries, [len(self._changed)])
+            return entries
+        heap, seen = found
+        changed = self._changed
+        for node_id in dict.fromkeys(changed[seen[0] :]):  # measure: the changes not yet taken in
+            entry = self._entry(node_id, shape)
+            if entry is not None:
+                heapq.heappush(heap, entry)
+        seen[0] = len(changed)
+        return heap
+
+    def plan(self, shape: PodShape) -> PodPlan | None:
+        """The best node and victims for a member of this shape, as :func:`plan_pod` with ``near`` the domain."""
+        heap = self._heap(shape)
+        version = self._version
+        nodes = self.cluster.nodes
+        best: PodPlan | None = None
+        level: int | None = None
+        met: list[tuple[int, int, int, str, int]] = []
+        try:
+            while heap:  # measure: the heap's entries (each met once per search)
+                entry = heap[0]
+                if entry[4] != version.get(entry[3], 0):
+                    heapq.heappop(heap)  # stale: the node's fresh entry is on the heap too
+                    continue
+                if level is None:
+                    level = entry[0]
+                if entry[0] != level or (best is not None and entry[1:3] > best.cost[1:]):
+                    break  # a higher level, or no node from here on can do better
+                met.append(heapq.heappop(heap))
+                best = _try_node(self.cluster, nodes[entry[3]], shape, level, self.now, best, self.allowed)
+        finally:
+            for entry in met:  # searching changed no node: their entries stay true
+                heapq.heappush(heap, entry)
+        return best

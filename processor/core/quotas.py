@@ -30,6 +30,7 @@ Everything is O(models + cohort members) per check and only runs when a quota ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from processor.core.quota_keys import (
@@ -50,6 +51,8 @@ from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
 from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
 from schemas.events import PodSpec
+
+_NONE: dict[str, None] = {}
 
 
 def quota_of(cluster: ClusterState, tenant: str) -> Quota | None:
@@ -215,9 +218,12 @@ def shortfall_words(shortfalls: list[tuple[str, Shortfall]]) -> str:
     return "; ".join(messages[message] for message in seen)
 
 
-def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: list[str]) -> list[Pod]:
+def reclaim_candidates(
+    cluster: ClusterState, tenant: str, quota: Quota, keys: list[str], protected: Mapping[str, None] = _NONE
+) -> list[Pod]:
     """Running pods of the lender's cohort peers that borrow on one of ``keys``: lowest priority, then
-    youngest (latest start) first, then id. O(P) over the peers' running pods."""
+    youngest (latest start) first, then id; none of ``protected`` (evicted earlier in the same command).
+    O(P) over the peers' running pods."""
     cohort = quota.cohort
     if cohort is None:
         return []
@@ -239,7 +245,7 @@ def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: l
         if pod.node_id is None or pod.spec.tenant not in wanted:
             continue
         node = cluster.nodes[pod.node_id]
-        if pod.spec.pod_id not in node.pods:  # evicted on trial
+        if pod.spec.pod_id not in node.pods or pod.spec.pod_id in protected:  # evicted on trial, or before
             continue
         peer = cluster.quotas[pod.spec.tenant]
         model = node.gpu_model
@@ -247,6 +253,51 @@ def reclaim_candidates(cluster: ClusterState, tenant: str, quota: Quota, keys: l
             candidates.append(pod)
     candidates.sort(key=lambda pod: (pod.spec.priority, -(pod.started_at or 0), pod.spec.pod_id))
     return candidates
+
+
+def borrowing(cluster: ClusterState, pod: Pod) -> bool:
+    """Whether a running pod's tenant runs over its nominal quota on a key the pod holds: the pod is
+    borrowing (Kueue's sense). Tenants without a quota never borrow. O(keys)."""
+    quota = quota_of(cluster, pod.spec.tenant)
+    if quota is None or pod.node_id is None:
+        return False
+    for key, held in demand(quota, pod.spec, cluster.nodes[pod.node_id].gpu_model).items():
+        amount = nominal(quota, key)
+        if amount is not None and held > 0 and used(cluster, pod.spec.tenant, quota, key) > amount:
+            return True
+    return False
+
+
+def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list[Pod]) -> bool:
+    """Whether the tenant would run over its nominal quota on some key by adding ``wanted``, once ``freed``
+    (victims about to be evicted; only the tenant's own count) stop. O(keys · V)."""
+    quota = quota_of(cluster, tenant)
+    if quota is None:
+        return False
+    for key, need in wanted.items():
+        amount = nominal(quota, key)
+        if amount is None or need <= 0:
+            continue
+        now = used(cluster, tenant, quota, key)
+        for pod in freed:
+            if pod.spec.tenant == tenant and pod.node_id is not None:
+                now -= demand(quota, pod.spec, cluster.nodes[pod.node_id].gpu_model).get(key, 0)
+        if now + need > amount:
+            return True
+    return False
+
+
+def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None) -> set[str]:
+    """The tenants and everyone who shares a cohort (now, or before a change) with one of them. O(members)."""
+    out = set(tenants)
+    cohorts = {quota.cohort for quota in previous if quota is not None and quota.cohort is not None}
+    for tenant in tenants:
+        quota = cluster.quotas.get(tenant)
+        if quota is not None and quota.cohort is not None:
+            cohorts.add(quota.cohort)
+    for cohort in cohorts:
+        out.update(cluster.cohorts.get(cohort, ()))
+    return out
 
 
 def dominant_share(cluster: ClusterState, tenant: str) -> float:

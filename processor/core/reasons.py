@@ -6,6 +6,7 @@ from processor.core import reservations
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState
 from schemas.codes import QueueReasonCode
+from schemas.commands import STRICT_FIFO
 from schemas.events import QueueReason
 
 
@@ -19,4 +20,18 @@ def queue_reasons(cluster: ClusterState, shape: PodShape) -> tuple[QueueReason, 
     return tuple(
         QueueReason(code, count, reservations.reason_message(cluster, code))
         for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    )
+
+
+def blocked_by_earlier(cluster: ClusterState, key: tuple[int, int, str]) -> QueueReason | None:
+    """Strict FIFO: the reason a job may not start because a job ahead of it has not. O(1)."""
+    if cluster.queue_order != STRICT_FIFO:
+        return None
+    head = cluster.head()
+    if head is None or head[0] > key:
+        return None
+    return QueueReason(
+        QueueReasonCode.WAITING_FOR_EARLIER_JOB,
+        0,
+        f"strict-fifo: {head[1]} {head[0][2]!r} (priority {-head[0][0]}) is ahead in the queue and has not started",
     )

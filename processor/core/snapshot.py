@@ -20,6 +20,7 @@ from processor.core.state import (
     GANG_WAITING,
     ClusterState,
     Gang,
+    Halt,
     Node,
     PartitionState,
     Pod,
@@ -33,6 +34,7 @@ from schemas.snapshots import (
     ClusterSnapshot,
     EndedJob,
     GangSnapshot,
+    HaltSnapshot,
     NodeSnapshot,
     PodSnapshot,
     ReservationSnapshot,
@@ -106,6 +108,13 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         tuple(TenantQuota(tenant, cluster.quotas[tenant]) for tenant in sorted(cluster.quotas)),
         cluster.default_quota,
         reserve_checks,
+        cluster.clock,
+        cluster.max_clock_jump_ms,
+        None
+        if cluster.halted is None
+        else HaltSnapshot(
+            cluster.halted.command_id, cluster.halted.offset, cluster.halted.error, cluster.halted.refused
+        ),
     )
 
 
@@ -130,11 +139,12 @@ def _reserve_checks(state: PartitionState) -> dict[str, tuple[int, ...]]:
     an earlier head of a queue fires and looks at the queue as it is then: it is state, and a restored
     snapshot must hold it to fold the tail as the uninterrupted run does.
     """
-    checks: dict[str, list[int]] = {}
-    for deadline, kind, name, _ in sorted(state.timers.heap):
-        if kind == RESERVE_CHECK:
-            checks.setdefault(name, []).append(deadline)
-    return {name: tuple(deadlines) for name, deadlines in checks.items()}
+    checks: dict[str, tuple[int, ...]] = {}
+    for name, cluster in state.clusters.items():
+        deadlines = tuple(deadline for deadline, kind, _ in sorted(cluster.timers.heap) if kind == RESERVE_CHECK)
+        if deadlines:
+            checks[name] = deadlines
+    return checks
 
 
 def from_snapshot(snapshot: Snapshot) -> PartitionState:
@@ -154,6 +164,11 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             arrivals=data.arrivals,
             reserve_after_ms=data.reserve_after_ms,
             queue_order=data.queue_order,
+            clock=data.clock if data.clock >= 0 else snapshot.clock,  # a v2 snapshot has the partition's only
+            max_clock_jump_ms=data.max_clock_jump_ms,
+            halted=None
+            if data.halted is None
+            else Halt(data.halted.command_id, data.halted.offset, data.halted.error, data.halted.refused),
         )
         cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
         for entry in data.quotas:
@@ -235,32 +250,32 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
         for node_id in sorted(cluster.nodes):
             cluster.reindex(cluster.nodes[node_id])
         for deadline in data.reserve_checks:
-            state.timers.push(deadline, RESERVE_CHECK, cluster.name)
+            cluster.timers.push(deadline, RESERVE_CHECK)
     rebuild_timers(state)
     return state
 
 
 def rebuild_timers(state: PartitionState) -> None:
     """The timers a state implies (they are derived data, not in the snapshot), as ``apply`` pushes them."""
-    timers = state.timers
     for name in sorted(state.clusters):
         cluster = state.clusters[name]
+        timers = cluster.timers
         for pod_id in sorted(cluster.pods):
             pod = cluster.pods[pod_id]
             if pod.running and pod.spec.time_limit_ms is not None and pod.started_at is not None:
-                timers.push(pod.started_at + pod.spec.time_limit_ms, TIME_LIMIT, name, pod_id)
+                timers.push(pod.started_at + pod.spec.time_limit_ms, TIME_LIMIT, pod_id)
         for gang_id in sorted(cluster.gangs):
             gang = cluster.gangs[gang_id]
             if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
-                timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, name, gang_id)
+                timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
         reservation = cluster.reservation
         if reservation is not None and reservation.expected_start is not None:
-            timers.push(reservation.expected_start, RESERVATION_START, name, reservation.holder_id)
+            timers.push(reservation.expected_start, RESERVATION_START, reservation.holder_id)
         head = cluster.head()
         if head is not None and cluster.reserve_after_ms >= 0:
             key, kind = head
             holder = cluster.pods[key[2]].spec if kind == "pod" else cluster.gangs[key[2]].spec
-            timers.push(holder.submitted_at + cluster.reserve_after_ms, RESERVE_CHECK, name)
+            timers.push(holder.submitted_at + cluster.reserve_after_ms, RESERVE_CHECK)
 
 
 def state_hash(state: PartitionState) -> str:

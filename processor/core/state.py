@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from sortedcontainers import SortedList
+
 from processor.core import quota_keys
 from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
@@ -20,11 +22,13 @@ from processor.core.preemption_index import PreemptionIndex
 from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
+from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
 DEFAULT_POLICY = "fgd-plus"
+COMPLETED = "completed"  # the Release reason of a normal end: what afterok dependants wait for
+EVICTED_MEMBER = "evicted:"  # a member beyond min_members lost its node; the gang runs on without it
 DEFAULT_SEEN_WINDOW = 100_000
 """How many recent command ids each partition remembers for idempotency.
 
@@ -47,6 +51,7 @@ class Node:
     __slots__ = (
         "base_class",
         "by_priority",
+        "changes",
         "cordoned",
         "cpu_free",
         "cpu_milli",
@@ -95,6 +100,7 @@ class Node:
         # dict]. Derived; a preemption search sees what pods below a priority would free, and how few victims
         # and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
+        self.changes = 0  # moved by every reindex: a node's derived answers (fit steps) are kept while it stays
 
     def __copy__(self) -> Node:
         """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without ``__init__``'s arguments.
@@ -110,7 +116,7 @@ class Node:
         )
         twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
         twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
-        twin.pods, twin.by_priority = self.pods, self.by_priority
+        twin.pods, twin.by_priority, twin.changes = self.pods, self.by_priority, self.changes
         return twin
 
     @property
@@ -306,6 +312,16 @@ class Reservation:
 
 
 @dataclass(slots=True)
+class Halt:
+    """Why a cluster is halted: the command whose fold raised (and its offset), and the error."""
+
+    command_id: str
+    offset: int
+    error: str
+    refused: int = 0  # commands for the cluster refused with CLUSTER_HALTED since (health and metrics count them)
+
+
+@dataclass(slots=True)
 class ClusterState:
     """One cluster: nodes, pods, the capacity index and the pending queue."""
 
@@ -353,15 +369,35 @@ class ClusterState:
     # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
     pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     limits: dict[str, quota_keys.Limits] = field(default_factory=dict)  # the quotas, compiled
+    # Derived: the running pods of each tenant in a cohort, in reclaim's order (priority, -start, id), under
+    # (tenant, "") and, holding GPUs, (tenant, GPU model of the node): a reclaim walks the borrowers' lists.
+    reclaimable: dict[tuple[str, str], SortedList] = field(default_factory=dict)
+    reclaim_sizes: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)  # GPU milli of one pod -> pods
+    reclaim_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # tenant -> node -> its running pods there
+    # Event time: the largest issued_at of the cluster's own commands (0 before the first), the jump a
+    # command may make ahead of it (SetPolicy; 0: no limit), and the deadlines it will reach (derived).
+    clock: int = 0
+    max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
+    timers: Timers = field(default_factory=Timers)
+    halted: Halt | None = None  # an internal error halted the fold of this cluster (ClusterHalted)
+    # Derived, not in snapshots: a counter moved by every change of the node layout (added, removed,
+    # cordoned, uncordoned, failed), and the queue heads no reservation can be planned for, at that layout.
+    layout: int = 0
+    unplannable: dict[str, int] = field(default_factory=dict)
+    fit_cache: dict[PodShape, dict[str, tuple[int, tuple[bool, tuple[int, object] | None] | None]]] = field(
+        default_factory=dict
+    )  # derived: the reservation planner's answer per holder shape and node (reservation_planner._trigger)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
-        """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1)."""
+        """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1),
+        and O(log p) for a tenant in a cohort (its pods in reclaim's order)."""
         spec = pod.spec
         usage = self.usage.get(spec.tenant)
         if usage is None:
             usage = self.usage[spec.tenant] = TenantUsage()
         quota = self.quotas.get(spec.tenant)
         if quota is not None and quota.cohort is not None:
+            self._file_reclaimable(pod, node, sign)
             pools, cohort, limits = self.pools, quota.cohort, self.limits[spec.tenant]
             milli = spec.num_gpu * spec.gpu_milli
             for key, amount in (
@@ -388,9 +424,63 @@ class ClusterState:
             if not at_priority:
                 del self.priority_nodes[spec.priority]
 
+    def _file_reclaimable(self, pod: Pod, node: Node, sign: int) -> None:
+        """File (+1) or unfile (-1) a cohort tenant's running pod on a node in reclaim's order: under (tenant, "")
+        and, if it holds GPUs, under (tenant, the GPU model of its node); count it on its node and by its GPU
+        size. O(log p)."""
+        spec = pod.spec
+        model = node.gpu_model
+        entry = (spec.priority, -(pod.started_at or 0), spec.pod_id)
+        milli = spec.num_gpu * spec.gpu_milli
+        keys = ((spec.tenant, ""), (spec.tenant, model)) if milli else ((spec.tenant, ""),)
+        on_nodes = self.reclaim_nodes.setdefault(spec.tenant, {})
+        here = on_nodes.get(node.node_id, 0) + sign
+        if here > 0:
+            on_nodes[node.node_id] = here
+        else:
+            on_nodes.pop(node.node_id, None)
+            if not on_nodes:
+                del self.reclaim_nodes[spec.tenant]
+        if milli:
+            sizes = self.reclaim_sizes.setdefault((spec.tenant, model), {})
+            count = sizes.get(milli, 0) + sign
+            if count > 0:
+                sizes[milli] = count
+            else:
+                sizes.pop(milli, None)
+                if not sizes:
+                    del self.reclaim_sizes[(spec.tenant, model)]
+        for key in keys:
+            pods = self.reclaimable.get(key)
+            if sign > 0:
+                if pods is None:
+                    pods = self.reclaimable[key] = SortedList()
+                pods.add(entry)
+            elif pods is not None:
+                pods.discard(entry)
+                if not pods:
+                    del self.reclaimable[key]
+
+    def _refile_reclaimable(self, tenant: str, in_cohort: bool) -> None:
+        """A tenant joined or left a cohort: its running pods are filed for reclaim, or no longer. O(P)."""
+        for key in [key for key in self.reclaimable if key[0] == tenant]:
+            del self.reclaimable[key]
+        for key in [key for key in self.reclaim_sizes if key[0] == tenant]:
+            del self.reclaim_sizes[key]
+        self.reclaim_nodes.pop(tenant, None)
+        if in_cohort:
+            for pod in self.pods.values():
+                if pod.spec.tenant == tenant and pod.node_id is not None:
+                    self._file_reclaimable(pod, self.nodes[pod.node_id], +1)
+
     def set_quota(self, tenant: str, quota: Quota | None) -> None:
-        """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members)."""
+        """Give a tenant a quota (None: back to the default) and keep the cohort lists. O(members), and O(P) if the
+        tenant joins or leaves a cohort."""
         previous = self.quotas.pop(tenant, None)
+        was_in = previous is not None and previous.cohort is not None
+        now_in = quota is not None and quota.cohort is not None
+        if was_in != now_in:
+            self._refile_reclaimable(tenant, now_in)
         if previous is not None and previous.cohort is not None:
             members = self.cohorts[previous.cohort]
             members.remove(tenant)
@@ -447,6 +537,7 @@ class ClusterState:
         """Put a node in the capacity index under its current signature, or take it out; and mark it for
         the preemption index, which refiles it before its next search (or, past a bound on marked nodes,
         moves the oldest marked one to its pending bucket now)."""
+        node.changes += 1
         self.preemptible.touch(node.node_id, self.nodes)
         if node.schedulable:
             self.index.update(node.node_id, node.signature())
@@ -564,8 +655,7 @@ class PartitionState:
     next_offset: int = 0  # the next command offset to fold
     seen: SeenWindow = field(default_factory=new_seen_window)
     seen_window: int = DEFAULT_SEEN_WINDOW
-    clock: int = 0  # event time: the largest issued_at folded (or timer deadline reached)
-    timers: Timers = field(default_factory=Timers)  # derived from the clusters' state
+    clock: int = 0  # the partition's event time: the largest issued_at folded (contract v1 and v2 fold at it)
 
     def cluster(self, name: str) -> ClusterState:
         """The cluster, created on first use (only ``apply`` may call this)."""

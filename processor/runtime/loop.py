@@ -13,17 +13,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from logs.port import CommandLog, InputRecord, OutputRecord, Placement
 from processor.core.fold import decide
+from processor.core.handlers.halting import ResumedCluster
 from processor.core.snapshot import from_snapshot, to_snapshot
-from processor.core.state import PartitionState
+from processor.core.state import ClusterState, Halt, PartitionState
 from schemas import DecodeError
 from schemas.codes import DeadLetterCode
+from schemas.commands import Command, ResumeCluster
 from schemas.dead_letters import DeadLetter, encode_dead_letter
-from schemas.events import CommandRejected
+from schemas.events import ClusterHalted, ClusterResumed, CommandRejected
 from schemas.fastcodec import decode_command, encode_event
 from schemas.limits import MAX_DEAD_LETTER_KEY_BYTES, MAX_DEAD_LETTER_VALUE_BYTES, MAX_ERROR_LENGTH, clip
 from schemas.partitioner import partition_for
@@ -34,6 +37,9 @@ log = logging.getLogger("gpufold.processor")
 
 DEFAULT_SNAPSHOT_EVERY = 50_000
 DEFAULT_BATCH_SIZE = 2_000
+
+
+_HALT_EVENTS = (ClusterHalted, ClusterResumed)
 
 
 def wrong_partition(record: InputRecord, cluster: str, partitions: int) -> str | None:
@@ -61,6 +67,7 @@ class PartitionFolder:
         state: PartitionState | None = None,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         placement: Placement | None = None,
+        history: History | None = None,
     ) -> None:
         self.partition = partition
         self.topics = topics
@@ -68,6 +75,7 @@ class PartitionFolder:
         self.snapshot_every = snapshot_every
         self.placement = placement
         """None: every command decoded is folded (a re-fold of records without their topic, e.g. a recorded log)."""
+        self.history = history  # the log, to rebuild a halted cluster for ResumeCluster (None: refused)
         self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
         self.refused: dict[str, int] = {}  # DeadLetterCode codes of commands not folded, for metrics and health
         self._refused_new: dict[str, int] = {}  # the same, since the last take_refused()
@@ -99,13 +107,18 @@ class PartitionFolder:
                         out.append(self.snapshot_record())
                     return
             topic, partition = self.topics.events, self.partition
-            events = decide(state, command, record.offset)
+            events = decide(state, command, record.offset, resumed_for(self.history, state, command, placement))
             key = events[0].cluster.encode()  # a rejection's cluster is bounded (schemas.limits.stand_in)
             for event in events:
                 out.append(OutputRecord(topic, partition, key, encode_event(event)))
             outcome = events[0].payload
             if type(outcome) is CommandRejected:  # a refused command has exactly this one event
                 self.rejected[outcome.code] = self.rejected.get(outcome.code, 0) + 1
+            if self.history is not None and any(type(e.payload) in _HALT_EVENTS for e in events):
+                # A restore must never fold across a halt or a resume again: with a fixed build the halting
+                # command would fold otherwise than was published, and a resume needs the log. Snapshot here.
+                out.append(self.snapshot_record())
+                return
         if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
             out.append(self.snapshot_record())
 
@@ -162,6 +175,55 @@ def placement_of(log_: CommandLog, partition: int) -> Placement | None:
     return placement(partition) if placement is not None else None
 
 
+class History(Protocol):
+    """What a rebuild reads: the command log (a :class:`~logs.port.CommandLog` has both)."""
+
+    def latest_snapshot(self, partition: int) -> bytes | None: ...
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]: ...
+
+
+def resumed_for(
+    history: History | None, state: PartitionState, command: Command, placement: Placement | None = None
+) -> ResumedCluster | None:
+    """For a ResumeCluster of a halted cluster, the cluster rebuilt from the log (None: nothing to rebuild, or no
+    log to rebuild it from, and the fold refuses the command)."""
+    if type(command.payload) is not ResumeCluster or history is None:
+        return None
+    cluster = state.clusters.get(command.cluster)
+    if cluster is None or cluster.halted is None:
+        return None
+    return rebuild(history, state.partition, cluster.name, cluster.halted, placement)
+
+
+def rebuild(
+    history: History, partition: int, name: str, halted: Halt, placement: Placement | None = None
+) -> ResumedCluster:
+    """The cluster ``name`` just before command ``halted.offset``, re-folded from the log.
+
+    The fold halts a cluster whose fold raised (``ClusterHalted``) and drops what it held; it cannot read the
+    log to get it back. Whoever folds the log (the processor, a replay) rebuilds it here: the partition's
+    latest snapshot if it lies before the halting command (else an empty state at offset 0), then every
+    command from there up to the halting one, folded with today's code, silently (their events were
+    published when they were first folded). Cost: the commands re-folded, once per ResumeCluster."""
+    start = PartitionState(partition=partition)
+    frame = history.latest_snapshot(partition)
+    if frame:
+        snapshot = from_snapshot(decode_snapshot(frame))
+        if snapshot.next_offset <= halted.offset:
+            start = snapshot
+    origin = start.next_offset
+    log.warning(
+        "partition %d: rebuilding halted cluster %r from offset %d up to %d", partition, name, origin, halted.offset
+    )
+    folder = PartitionFolder(partition, Topics(), start, snapshot_every=0, placement=placement, history=history)
+    folder.fold_silently(history.read_commands(partition, origin, halted.offset))
+    cluster = folder.state.clusters.get(name)
+    if cluster is None:
+        cluster = ClusterState(name)
+    return ResumedCluster(cluster, origin)
+
+
 class RestoreError(RuntimeError):
     """A partition's state cannot be rebuilt as committed: its snapshot or commands are missing or damaged."""
 
@@ -186,7 +248,7 @@ def restore_state(log_: CommandLog, partition: int) -> PartitionState:
         # A snapshot newer than the committed position cannot exist (it is written in
         # the same transaction as the batch that reached it); refuse to guess.
         raise RestoreError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
-    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, placement=placement)
+    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, placement=placement, history=log_)
     folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
     if state.next_offset != committed:
         raise RestoreError(
@@ -265,7 +327,9 @@ class Processor:
         if folder is None:
             state = restore_state(self.log, partition)
             placement = placement_of(self.log, partition)
-            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every, placement)
+            folder = PartitionFolder(
+                partition, self.log.topics, state, self.snapshot_every, placement, history=self.log
+            )
             self.folders[partition] = folder
             log.info("partition %d restored at offset %d", partition, state.next_offset)
         return folder

@@ -41,7 +41,7 @@ from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
 from processor.runtime import replica_views as views
 from processor.runtime.ledger import DEFAULT_SIZE, CommandLedger, Entry, command_digest, frame_digest
-from processor.runtime.loop import wrong_partition
+from processor.runtime.loop import resumed_for, wrong_partition
 from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
@@ -62,7 +62,6 @@ FRAGMENTATION_EVERY_SECONDS = 0.5  # a changed cluster's fragmentation is measur
 FRAGMENTATION_SHARE = 0.05  # ... and at most as often as keeps its measuring under this share of the time
 RECENT_DISRUPTIONS = 200  # per cluster
 DISRUPTIONS = ("PodPreempted", "PodEvicted", "PodMigrated", "PodTimeLimitReached", "GangTimedOut", "NodeFailed")
-HALTED_EVENT = "ClusterHalted"  # the fold stopped folding a cluster (its decide raised): health shows it
 
 
 @dataclass(slots=True)
@@ -97,6 +96,7 @@ class Replica:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.log_history = SourceHistory(source)  # to rebuild a halted cluster for a ResumeCluster, as the processor
         self.batch_size = batch_size
         self._clock = clock
         self._lock = threading.RLock()
@@ -115,7 +115,6 @@ class Replica:
         self.versions: dict[str, int] = {}  # cluster -> changes folded (an ETag for its views)
         self._queue_order: dict[str, tuple[int, list[tuple[str, str]]]] = {}  # cluster -> (version, order)
         self.ledger = CommandLedger(ledger_size)
-        self.halted: dict[str, dict[str, Any]] = {}  # cluster -> why its fold halted
         self.folded = 0
         self.folded_at: float | None = None  # clock time of the last fold
         self.refused: dict[str, int] = {}
@@ -233,21 +232,13 @@ class Replica:
             self.refused[DeadLetterCode.WRONG_PARTITION] = self.refused.get(DeadLetterCode.WRONG_PARTITION, 0) + 1
             return
         self.ledger.record(command.command_id, Entry(record.partition, record.offset, self._digest(record, command)))
-        events = decide(state, command, record.offset)
+        events = decide(state, command, record.offset, resumed_for(self.log_history, state, command))
         update = self.index.update
         changed: dict[str, ClusterState] = {}
         for event in events:  # a command's events may be about other clusters too (timers it reached)
             cluster = changed.get(event.cluster) or state.clusters.get(event.cluster)
             payload = event.payload
             kind = type(payload).__name__
-            if kind == HALTED_EVENT:
-                self.halted[event.cluster] = {
-                    "cluster": event.cluster,
-                    "command_id": getattr(payload, "command_id", event.command_id),
-                    "error": getattr(payload, "error", ""),
-                    "partition": record.partition,
-                    "offset": record.offset,
-                }
             if cluster is None:
                 continue
             changed[event.cluster] = cluster
@@ -298,6 +289,25 @@ class Replica:
         if self.error:
             answer["error"] = self.error
         return answer
+
+    @property
+    def halted(self) -> dict[str, dict[str, Any]]:
+        """Clusters whose fold is halted (``ClusterHalted``, until a ``ResumeCluster``), with why: read from the
+        state itself, so a replica restored from a snapshot knows it too."""
+        found: dict[str, dict[str, Any]] = {}
+        for partition, state in sorted(self.states.items()):
+            for name, cluster in sorted(state.clusters.items()):
+                halt = cluster.halted
+                if halt is not None:
+                    found[name] = {
+                        "cluster": name,
+                        "command_id": halt.command_id,
+                        "error": halt.error,
+                        "partition": partition,
+                        "offset": halt.offset,
+                        "refused": halt.refused,
+                    }
+        return found
 
     def _publish_status(self) -> None:
         position = self.position()
@@ -618,3 +628,28 @@ def _pods_named(payload: Any) -> list[str]:
     for item in items:
         found.append(item if isinstance(item, str) else getattr(item, "pod_id", str(item)))
     return found
+
+
+class SourceHistory:
+    """A replica's source read as the command log (``processor.runtime.loop.History``): its snapshots, and a
+    range of commands fetched from it, for the rebuild of a halted cluster on ``ResumeCluster``."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def latest_snapshot(self, partition: int) -> bytes | None:
+        frame: bytes | None = self.source.latest_snapshot(partition)
+        return frame
+
+    def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        position, idle = start, 0
+        while position < end:  # measure: the offsets left, and at most 100 empty fetches in a row
+            records = self.source.fetch({partition: position}, min(2_000, end - position), 1.0)
+            idle = 0 if records else idle + 1
+            if idle >= 100:
+                raise RuntimeError(f"partition {partition}: commands {position}..{end} cannot be read to rebuild")
+            for record in records:
+                if record.offset >= end:
+                    return
+                yield record
+                position = record.offset + 1

@@ -7,10 +7,12 @@ wall-clock time (read here, in the runtime, never in the fold). A tick is an
 ordinary command in the log, so replaying the log fires the same deadlines at the
 same offsets as the live run did.
 
-Timers are per partition, so one tick per partition is enough: it is sent under
-the partition's first cluster (sorted), which routes it to that partition by the
-cluster key like any other command. A partition without clusters has no timers
-and gets no tick.
+One tick per partition is enough: it is a ``Tick {partition: true}``, which moves the
+clock of every cluster of the partition (each cluster keeps its own clock and fires
+its own deadlines), sent under the partition's first cluster (sorted), which routes
+it to that partition by the cluster key like any other command. A partition without
+clusters has no timers and gets no tick. A tick dated more than a day past the
+partition's latest clock is refused (``CLOCK_JUMP``), like any command.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def tick_commands(states: Iterable[PartitionState], issued_at: int, instance: st
         if state.clusters:
             cluster = min(state.clusters)
             command_id = f"tick-{instance}-{state.partition}-{issued_at}"
-            commands.append(Command(command_id, cluster, issued_at, Tick(), TICK_SOURCE))
+            commands.append(Command(command_id, cluster, issued_at, Tick(partition=True), TICK_SOURCE))
     return commands
 
 

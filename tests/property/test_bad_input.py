@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logs.port import InputRecord, OutputRecord
+from processor.core.fold import HANDLERS
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
 from processor.runtime.loop import PartitionFolder
@@ -38,6 +39,7 @@ from schemas.commands import (
     ReleaseGang,
     RemoveNode,
     RemoveQuota,
+    ResumeCluster,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -47,6 +49,7 @@ from schemas.commands import (
     UncordonNode,
 )
 from schemas.events import CommandRejected, Event
+from schemas.fastcodec import decode_event
 from schemas.topics import Topics
 from tests.property.test_fold_properties import check_state
 from tests.strategies import clusters_hash, command_streams, wild_commands
@@ -244,6 +247,7 @@ def test_wild_values_in_a_stream_never_raise_and_keep_the_invariants(
 BIG = 1 << 60
 MEMBER = GangMember("m1", cpu_milli=1000)
 INVALID: list[tuple[str, CommandPayload, str]] = [
+    ("resume of a cluster that is not halted", ResumeCluster(), RejectionCode.NOT_HALTED),
     # sizes: negative, zero, absurd
     ("node with negative CPU", AddNode("n9", -1, 1024, "A100", 1), RejectionCode.INVALID_RESOURCES),
     ("node with zero CPU", AddNode("n9", 0, 1024), RejectionCode.INVALID_RESOURCES),
@@ -420,6 +424,25 @@ def test_cordoning_twice_is_rejected(harness: Harness) -> None:
     assert harness.expect_rejection(frame(CordonNode("n2"), "cordon-2")).code == RejectionCode.NODE_ALREADY_CORDONED
 
 
+def test_a_command_dated_a_day_ahead_of_its_clusters_clock_is_clock_jump(harness: Harness) -> None:
+    """More than max_clock_jump_ms (24 h) ahead of the cluster's clock: CLOCK_JUMP, and the clock stays."""
+    rejection = harness.expect_rejection(frame(CordonNode("n2"), issued_at=5 + 25 * 3_600_000))
+    assert rejection.code == RejectionCode.CLOCK_JUMP
+    harness.still_works()
+
+
+def test_a_halted_cluster_refuses_its_commands(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command whose fold raises halts its cluster (ClusterHalted); the next ones are CLUSTER_HALTED."""
+
+    def broken(decision: object, command: CordonNode) -> None:
+        raise IndexError("injected")
+
+    monkeypatch.setitem(HANDLERS, CordonNode, broken)
+    (halted,) = [decode_event(o.value) for o in harness.feed(frame(CordonNode("n2"), "halt-1"))]
+    assert halted.type_name == "ClusterHalted" and halted.payload.error == "IndexError: injected"
+    assert harness.expect_rejection(frame(Release("p1"), "after-1")).code == RejectionCode.CLUSTER_HALTED
+
+
 def test_every_rejection_code_is_covered_by_the_corpus() -> None:
     """The corpus above exercises every RejectionCode the fold defines."""
     covered = {code for _, _, code in INVALID} | {
@@ -427,5 +450,7 @@ def test_every_rejection_code_is_covered_by_the_corpus() -> None:
         RejectionCode.NODE_FAILED,
         RejectionCode.NODE_ALREADY_CORDONED,
         RejectionCode.TIME_OUT_OF_RANGE,
+        RejectionCode.CLOCK_JUMP,
+        RejectionCode.CLUSTER_HALTED,
     }
     assert covered == set(RejectionCode.ALL)

@@ -15,10 +15,9 @@ seeds) and a hypothesis-driven sample of such streams, each command must:
 and folding the stream twice (through ``decide``, and through the processor's folder with
 ``tests/fold_digest.py``) gives the same events, frames and state hash.
 
-Tests marked ``xfail(strict=True, reason="issue #20: ...")`` fail on main today (d76cefd); the fix of
-issue #20 removes the marks. Where main raises ``RecursionError`` on the pure-Python hot path, the compiled
-one overflows the C stack instead (a segmentation fault, which no test survives) or, deeper stack allowing,
-ends: those are not run on a compiled fold until then (:func:`crashes_main`).
+Every stream here crashed, hung or evicted a pod twice on main at d76cefd (the recorded figures are in
+``tests/adversarial.py`` and beside each seed below); the worklist, Kueue's rule and one eviction per pod
+per command (issue #20) made them end.
 """
 
 from __future__ import annotations
@@ -36,11 +35,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from processor.core import fold
 from processor.core.fold import decide
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from schemas import compiled
 from schemas.commands import AddNode, Command, SubmitGang, SubmitPod
 from schemas.events import PodEvicted
 from tests import adversarial
@@ -52,16 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EVENTS_PER_OBJECT = 8
 EVENTS_PER_COMMAND = 32
 HANG_SECONDS = 120
-
-
-FOLD_COMPILED = compiled.is_compiled(fold)
-
-
-def crashes_main(reason: str, raises: type[BaseException] = RecursionError) -> pytest.MarkDecorator:
-    """Strict xfail for a stream main crashes on; not run on a compiled fold if main raises RecursionError there
-    (the compiled fold segfaults on it: the test process would die)."""
-    run = not (FOLD_COMPILED and raises is RecursionError)
-    return pytest.mark.xfail(strict=True, raises=raises, run=run, reason=f"issue #20: {reason}")
 
 
 def event_bound(objects: int) -> int:
@@ -141,7 +128,7 @@ CRASHING: dict[str, tuple[Callable[[], list[Command]], str]] = {
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(name, marks=crashes_main(reason)) for name, (_, reason) in CRASHING.items()],
+    sorted(CRASHING),
 )
 def test_adversarial_streams_that_crash_main_fold_to_the_end(name: str) -> None:
     """The issue's crashing streams (a reclaim/preemption chase, a failed root of a long afterok chain, a deep
@@ -198,7 +185,7 @@ RECORDED_SEEDS: dict[int, tuple[int, type[BaseException], str]] = {
 
 @pytest.mark.parametrize(
     "seed",
-    [pytest.param(seed, marks=crashes_main(what, error)) for seed, (_, error, what) in RECORDED_SEEDS.items()],
+    sorted(RECORDED_SEEDS),
 )
 def test_recorded_random_streams_that_crash_main_fold_to_the_end(seed: int) -> None:
     """Random mixed streams whose seeds crashed main, or evicted a pod twice in one command, fold to the end
@@ -210,11 +197,6 @@ HANG_SEED = 201  # mixed_stream(SeededChooser(201), 300): main never ends comman
 HANG_GUARD_SECONDS = 20  # the whole check takes ~1 s on the pure-Python hot path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=subprocess.TimeoutExpired,
-    reason="issue #20: seed 201's MarkNodeFailed never ends (a reclaim/preemption chase through the queue)",
-)
 def test_the_recorded_random_stream_that_hangs_main_folds_to_the_end() -> None:
     """The stream whose MarkNodeFailed chased a lender's pod and a borrower's pod round the queue forever (no
     deep recursion: ~330 events/s until killed) folds to the end within the bounds. In a child process, the
@@ -239,7 +221,6 @@ TERMINATION_SETTINGS = settings(
 )
 
 
-@crashes_main("seed 10's stream raises RecursionError (explicit example)")
 @TERMINATION_SETTINGS
 @example(commands=mixed_stream(SeededChooser(10), 200))
 @given(commands=mixed_streams())
@@ -249,7 +230,6 @@ def test_random_mixed_streams_fold_to_the_end(commands: list[Command]) -> None:
     check_terminates(commands)
 
 
-@crashes_main("seed 10's stream raises RecursionError (explicit example)")
 @TERMINATION_SETTINGS
 @example(seed=10)
 @given(seed=st.integers(0, 2**32 - 1))

@@ -21,6 +21,7 @@ from schemas.commands import (
     ReleaseGang,
     RemoveNode,
     RemoveQuota,
+    ResumeCluster,
     SetPolicy,
     SubmitGang,
     SubmitPod,
@@ -111,6 +112,7 @@ REJECTIONS = [
     ("UNKNOWN_QUOTA", RemoveQuota("nobody"), None, RejectionCode.UNKNOWN_QUOTA),
     ("NOT_WAITING", Defragment(5, target="p1"), None, RejectionCode.NOT_WAITING),
     ("TOO_LARGE", Release("p1", "x" * 2000), None, RejectionCode.TOO_LARGE),
+    ("NOT_HALTED", ResumeCluster(), None, RejectionCode.NOT_HALTED),
 ]
 
 
@@ -142,8 +144,13 @@ def test_issued_at_past_the_contract_range_is_time_out_of_range() -> None:
 
 
 def test_rejection_table_covers_every_code() -> None:
-    """The table above has one case per RejectionCode (TIME_OUT_OF_RANGE has its own test, it needs a time)."""
-    codes = [code for *_, code in REJECTIONS] + [RejectionCode.TIME_OUT_OF_RANGE]
+    """The table above has one case per RejectionCode (TIME_OUT_OF_RANGE has its own test, it needs a time; so does
+    CLOCK_JUMP, in test_fold_clock.py, and CLUSTER_HALTED needs a halted cluster, in test_fold_halting.py)."""
+    codes = [code for *_, code in REJECTIONS] + [
+        RejectionCode.TIME_OUT_OF_RANGE,
+        RejectionCode.CLOCK_JUMP,
+        RejectionCode.CLUSTER_HALTED,
+    ]
     assert sorted(codes) == sorted(RejectionCode.ALL)
 
 

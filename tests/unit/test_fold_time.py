@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from processor.core.fold import decide
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
-from schemas.commands import AddNode, Command, GangMember, Release, SetPolicy, SubmitGang, SubmitPod, Tick
+from schemas.commands import (
+    AddNode,
+    Command,
+    GangMember,
+    Release,
+    SetPolicy,
+    SubmitGang,
+    SubmitPod,
+    Tick,
+    V2Command,
+)
 from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import Fold, types
 
@@ -61,8 +72,8 @@ def test_a_time_limit_releases_the_pod_at_its_deadline_and_the_queue_moves() -> 
     assert fold.cluster.pods["next"].started_at == 11 * MINUTE
 
 
-def test_timers_fire_in_deadline_order_across_clusters() -> None:
-    """A tick of one cluster fires the deadlines of every cluster of the partition, earliest first."""
+def test_each_cluster_fires_only_its_own_deadlines_on_its_own_clock() -> None:
+    """Clusters on one partition keep separate clocks: a command of c0 fires c0's deadlines, never c1's."""
     fold = Fold()
     cluster(fold)
     other = Fold(fold.state, cluster_name="c1", count=100)
@@ -70,6 +81,49 @@ def test_timers_fire_in_deadline_order_across_clusters() -> None:
     fold.run(SubmitPod("late", cpu_milli=1, time_limit_ms=5 * MINUTE), at=MINUTE)
     other.run(SubmitPod("early", cpu_milli=1, time_limit_ms=MINUTE), at=MINUTE)
     events = fold.run(Tick(), at=60 * MINUTE)
+    assert [(e.cluster, e.type_name, e.occurred_at) for e in events] == [
+        ("c0", "PodTimeLimitReached", 6 * MINUTE),
+        ("c0", "PodReleased", 6 * MINUTE),
+        ("c0", "Ticked", 60 * MINUTE),
+    ]
+    assert fold.state.clusters["c1"].clock == MINUTE and "early" in fold.state.clusters["c1"].pods
+    events = other.run(Tick(), at=3 * MINUTE)
+    assert [(e.cluster, e.type_name, e.occurred_at) for e in events] == [
+        ("c1", "PodTimeLimitReached", 2 * MINUTE),
+        ("c1", "PodReleased", 2 * MINUTE),
+        ("c1", "Ticked", 3 * MINUTE),
+    ]
+
+
+def test_a_partition_tick_fires_every_clusters_deadlines_cluster_by_cluster() -> None:
+    """The processor's Tick {partition: true} moves every cluster of the partition to its time."""
+    fold = Fold()
+    cluster(fold)
+    other = Fold(fold.state, cluster_name="c1", count=100)
+    other.run(AddNode("m0", 64_000, 262_144, "A100", 8), at=0)
+    fold.run(SubmitPod("late", cpu_milli=1, time_limit_ms=5 * MINUTE), at=MINUTE)
+    other.run(SubmitPod("early", cpu_milli=1, time_limit_ms=MINUTE), at=MINUTE)
+    events = fold.run(Tick(partition=True), at=60 * MINUTE)
+    assert [(e.cluster, e.type_name, e.occurred_at) for e in events] == [
+        ("c0", "PodTimeLimitReached", 6 * MINUTE),
+        ("c0", "PodReleased", 6 * MINUTE),
+        ("c1", "PodTimeLimitReached", 2 * MINUTE),
+        ("c1", "PodReleased", 2 * MINUTE),
+        ("c0", "Ticked", 60 * MINUTE),
+    ]
+    assert events[-1].payload.partition
+    assert fold.state.clusters["c0"].clock == fold.state.clusters["c1"].clock == 60 * MINUTE
+
+
+def test_contract_v2_commands_keep_one_clock_per_partition() -> None:
+    """A command written with contract v2 fires the deadlines of every cluster of the partition, earliest first."""
+    fold = Fold()
+    cluster(fold)
+    other = Fold(fold.state, cluster_name="c1", count=100)
+    other.run(AddNode("m0", 64_000, 262_144, "A100", 8), at=0)
+    fold.run(SubmitPod("late", cpu_milli=1, time_limit_ms=5 * MINUTE), at=MINUTE)
+    other.run(SubmitPod("early", cpu_milli=1, time_limit_ms=MINUTE), at=MINUTE)
+    events = decide(fold.state, V2Command("v2-tick", "c0", 60 * MINUTE, Tick()))
     assert [(e.cluster, e.type_name, e.occurred_at) for e in events] == [
         ("c1", "PodTimeLimitReached", 2 * MINUTE),
         ("c1", "PodReleased", 2 * MINUTE),

@@ -22,7 +22,7 @@ from projections.envelope import Envelope
 from projections.projector import Projector
 from projections.rebuild import table_hash
 from projections.usage import HOUR_MS, SPAN_HOURS, pieces
-from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod, Tick
 from schemas.events import Event
 from schemas.limits import MAX_ISSUED_AT
 from tests import workload
@@ -121,7 +121,7 @@ def test_pieces_are_at_most_three_whatever_the_length() -> None:
 def test_a_command_issued_in_2099_seals_73_years_in_a_few_rows() -> None:
     """Pods running when the watermark jumps to 2099: the projector finishes at once, charging every hour."""
     eng = engine()
-    events = workload.fold([*running_cluster(), Command("far", "c1", YEAR_2099, SetPolicy("spread"))])
+    events = workload.fold([*running_cluster(), Command("far", "c1", YEAR_2099, Tick(force=True))])
     assert project(eng, events) < 5.0
     assert rows(eng) < 20
     assert charged(eng) == expected(eng, events)
@@ -168,7 +168,7 @@ def test_a_time_beyond_the_range_never_moves_the_clock() -> None:
 def test_top_consumers_counts_whole_hours_of_spans() -> None:
     """top_consumers over a range inside a span charges exactly the span's hours in the range."""
     eng = engine()
-    events = workload.fold([*running_cluster(), Command("far", "c1", YEAR_2099, SetPolicy("spread"))])
+    events = workload.fold([*running_cluster(), Command("far", "c1", YEAR_2099, Tick(force=True))])
     project(eng, events)
     start = T0 + 100 * HOUR_MS
     with eng.connect() as conn:

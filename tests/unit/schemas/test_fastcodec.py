@@ -223,8 +223,9 @@ def test_decode_falls_back_to_fastavro_for_an_older_writer_schema() -> None:
         "fields": [f for f in _plain(old)["fields"] if f["name"] != "source"],
     }
     fingerprint = registry().register(older)
-    # command_id, cluster, issued_at 1, SetPolicy("spread"): reserve_after_ms null, queue_order "", no default quota
-    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread\x00\x00\x00"
+    # command_id, cluster, issued_at 1, SetPolicy("spread"): reserve_after_ms null, queue_order "", no default quota,
+    # max_clock_jump_ms null
+    body = b"\x04id\x02c\x02" + b"\x10" + b"\x0cspread\x00\x00\x00\x00"
     frame = b"\xc3\x01" + fingerprint + body
     assert decode_command(frame) == slow_command(frame) == Command("id", "c", 1, SetPolicy("spread"), "")
 
@@ -265,7 +266,8 @@ def _s(text: str) -> bytes:
 
 
 ENVELOPE = HEADER + _s("id") + _s("c") + b"\x02" + _s("")  # command_id, cluster, issued_at 1, source
-SET_POLICY_TAIL = b"\x00\x00\x00"  # reserve_after_ms null, queue_order "", default_quota null
+# reserve_after_ms null, queue_order "", default_quota null, max_clock_jump_ms null
+SET_POLICY_TAIL = b"\x00\x00\x00\x00"
 # time_limit_ms null, depends_on [], dependency, preemption, movable false
 SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00"
 
@@ -281,8 +283,8 @@ SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00"
             _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
             STRICT[0],
         ),
-        # -1: fastavro's last branch, Defragment {max_moves 1, target null}
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + b"\x02\x00", STRICT[1]),
+        # -1: fastavro's last branch, ResumeCluster {reason "r"}
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r"), STRICT[1]),
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
@@ -301,7 +303,7 @@ def test_decode_rejects_what_fastavro_lets_through(body: bytes, reason: str) -> 
         b"\x10" + b"\x20abc",  # string length past the end
         b"\x10" + b"\x04\xff\xfe",  # invalid UTF-8
         b"\x10" + b"\x06\xed\xa0\x80",  # an encoded surrogate
-        b"\x1e" + _s("p"),  # union index past the end
+        b"\x20" + _s("p"),  # union index past the end
         b"\x10" + _s("p") + SET_POLICY_TAIL + b"\x00",  # a trailing byte
         b"\x10",  # truncated in the payload
         b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\xfe\xff\xff\xff\x0f" + _s("a") + b"\x00\x00\x00",  # huge count

@@ -18,6 +18,7 @@ from gpufold.server.embedded_processor import EmbeddedProcessor
 from gpufold.server.health import HealthMonitor, LagClock, Probes
 from gpufold.server.writers import EmbeddedWriter
 from logs.embedded_replica import EmbeddedReplicaSource
+from processor.core.state import Halt
 from processor.runtime.replica import Replica
 from tests.unit.gpufold.server.test_app import NODES, line
 
@@ -119,15 +120,18 @@ def test_a_dead_fold_and_a_halted_cluster_are_503_with_why(served: Served) -> No
     problems = served.client.get("/healthz").json()["problems"]
     assert problems == ["the fold stopped: InvariantViolation: boom"]
     served.health.probes.fold_thread = served.processor
-    served.replica.halted["lab"] = {"cluster": "lab", "command_id": "c-9", "error": "RecursionError", "partition": 0,
-                                    "offset": 7}  # fmt: skip
+    (lab,) = [s.clusters["lab"] for s in served.replica.states.values() if "lab" in s.clusters]
+    lab.halted = Halt(command_id="c-9", offset=7, error="RecursionError", refused=4)  # as the fold leaves it
     served.check()
     answer = served.client.get("/healthz")
     assert answer.status_code == 503
     assert answer.json()["problems"] == [
-        "cluster 'lab' is halted: its fold raised on command 'c-9' (RecursionError); the other clusters go on"
+        "cluster 'lab' is halted: its fold raised on command 'c-9' (RecursionError); 4 of its commands refused "
+        "since (CLUSTER_HALTED, kept in the log for a ResumeCluster); the other clusters go on"
     ]
-    assert 'gpufold_cluster_halted{cluster="lab"} 1.0' in served.client.get("/metrics").text
+    metrics = served.client.get("/metrics").text
+    assert 'gpufold_cluster_halted{cluster="lab"} 1.0' in metrics
+    assert 'gpufold_cluster_halted_refused_commands{cluster="lab"} 4.0' in metrics
     assert served.client.get("/v1/status").json()["halted"][0]["command_id"] == "c-9"
 
 
@@ -139,6 +143,7 @@ def test_wrong_partition_refusals_are_a_warning_not_a_503(served: Served) -> Non
     status = served.client.get("/v1/status").json()
     assert status["ok"] and status["replica"]["refused"] == {"WRONG_PARTITION": 2}
     assert status["warnings"][0].startswith("2 command(s) dead-lettered as WRONG_PARTITION")
+    assert 'gpufold_commands_dead_lettered{code="WRONG_PARTITION"} 2.0' in served.client.get("/metrics").text
     assert served.client.get("/healthz").status_code == 200
 
 

@@ -1,0 +1,86 @@
+"""Event time: ``Tick``, and the deadlines a command's time reaches (time limits, gang timeouts, reservations).
+
+Deadlines fire first, in deadline order, each at its own time, and each deadline's follow-up work
+(a pod released by its time limit frees capacity the queue retries) runs before the next deadline
+fires (:mod:`processor.core.fold` drives that). The timers themselves: :mod:`processor.core.timers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from processor.core.decision import RESERVATION_UPKEEP, Decision
+from processor.core.handlers.gangs import end_gang
+from processor.core.handlers.pods import release_pod
+from processor.core.handlers.reservations import release_reservation
+from processor.core.reservations import holder_waiting
+from processor.core.state import GANG_RUNNING, ClusterState, lookup
+from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT, Timer
+from schemas.commands import Tick
+from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
+
+
+def tick(decision: Decision, command: Tick) -> None:
+    """``Ticked``: the cluster's time (its deadlines fired before); a partition-wide tick names its own time,
+    to which every cluster of the partition moves (each fired its own deadlines up to it first)."""
+    if command.partition and not decision.legacy_time:
+        decision.emit(Ticked(decision.command.issued_at, True))
+    else:
+        decision.emit(Ticked(decision.now))
+
+
+def fire(decision: Decision, cluster: ClusterState, timer: Timer) -> None:
+    """Fire one of the cluster's timers at its deadline; what it sets off is left as follow-up work. A stale
+    timer (its pod left, its gang started, its reservation moved) does nothing. O(1) plus what it sets off."""
+    deadline, kind, job_id = timer
+    if deadline > decision.now:
+        decision.now = deadline
+    _TIMER_HANDLERS[kind](decision, cluster, job_id, deadline)
+
+
+def _time_limit_reached(decision: Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:
+    pod = lookup(cluster.pods, pod_id)
+    limit = pod.spec.time_limit_ms if pod is not None else None
+    if pod is None or limit is None or not pod.running or pod.started_at is None:
+        return
+    if pod.started_at + limit != deadline:
+        return
+    decision.emit(PodTimeLimitReached(pod_id, pod.node_id, limit, pod.spec.gang_id), cluster.name)  # type: ignore[arg-type]
+    release_pod(decision, cluster, pod, "time_limit")
+
+
+def _gang_timed_out(decision: Decision, cluster: ClusterState, gang_id: str, deadline: int) -> None:
+    gang = cluster.gangs.get(gang_id)
+    if gang is None or gang.state == GANG_RUNNING or gang.spec.timeout_ms is None:
+        return
+    if gang.spec.submitted_at + gang.spec.timeout_ms != deadline:
+        return
+    waited = decision.now - gang.spec.submitted_at
+    decision.emit(
+        GangTimedOut(
+            gang_id, waited, f"gang {gang_id!r} did not start within its timeout of {gang.spec.timeout_ms} ms"
+        ),
+        cluster.name,
+    )
+    end_gang(decision, cluster, gang, "timed_out")
+
+
+def _reservation_due(decision: Decision, cluster: ClusterState, holder_id: str, deadline: int) -> None:
+    """The expected start of a reservation passed and its holder has not started: plan it again."""
+    reservation = cluster.reservation
+    if reservation is None or reservation.holder_id != holder_id or reservation.expected_start != deadline:
+        return
+    if holder_waiting(cluster, reservation):
+        release_reservation(decision, cluster, "expected_start_passed")
+
+
+def _reserve_check(decision: Decision, cluster: ClusterState, job_id: str, deadline: int) -> None:
+    decision.then(RESERVATION_UPKEEP, cluster)
+
+
+_TIMER_HANDLERS: dict[int, Callable[[Decision, ClusterState, str, int], None]] = {
+    TIME_LIMIT: _time_limit_reached,
+    RESERVATION_START: _reservation_due,
+    GANG_TIMEOUT: _gang_timed_out,
+    RESERVE_CHECK: _reserve_check,
+}

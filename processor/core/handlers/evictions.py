@@ -1,0 +1,54 @@
+"""Evictions as events: the victims of a preemption, and every pod of a node that goes away.
+
+Both only emit; putting the evicted back to placement is follow-up work
+(:data:`~processor.core.decision.AFTER_PREEMPTION`, :data:`~processor.core.decision.AFTER_EVICTION`).
+"""
+
+from __future__ import annotations
+
+from processor.core import preemption
+from processor.core.decision import Decision
+from processor.core.state import ClusterState, Node, Pod
+from schemas.events import PodEvicted, PodPreempted
+
+
+def victim_events(
+    decision: Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption.Unit], reason: str
+) -> list[tuple[Pod, str]]:
+    """``PodPreempted`` (why, and by whom), then ``PodEvicted``, for every pod of the units, by pod id;
+    returns the victims with the nodes they ran on. O(V log V) for V victims."""
+    victims = sorted((pod for unit in units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+    out = []
+    for pod in victims:
+        node_id = pod.node_id
+        assert node_id is not None
+        out.append((pod, node_id))
+        if reason == "reclaim":
+            words = (
+                f"preempted to reclaim quota for {kind} {by!r}: its tenant asked for quota it lends to the cohort, "
+                f"which tenant {pod.spec.tenant!r} was borrowing (borrowers give back lowest priority, youngest first)"
+            )
+        else:
+            words = f"preempted by {kind} {by!r}, which has a higher priority than {pod.spec.priority}"
+        if pod.spec.gang_id is not None:
+            words += f"; its whole gang {pod.spec.gang_id!r} goes with it"
+        decision.emit(PodPreempted(pod.spec.pod_id, node_id, by, reason, words), cluster.name)
+        decision.emit(PodEvicted(pod.spec.pod_id, node_id, f"preempted:{reason}"), cluster.name)
+    return out
+
+
+def evict_all(decision: Decision, cluster: ClusterState, node: Node, reason: str) -> tuple[list[Pod], list[str]]:
+    """Evict every pod of the node, in pod id order: (plain pods to re-place, gangs hit). O(p log p) for its p pods.
+
+    Sorted, not in placement order, so a state restored from a snapshot evicts
+    in the same order as one built by full replay."""
+    plain: list[Pod] = []
+    gang_ids: dict[str, None] = {}
+    for pod_id in sorted(node.pods):
+        pod = cluster.pods[pod_id]
+        decision.emit(PodEvicted(pod_id, node.node_id, reason), cluster.name)
+        if pod.spec.gang_id is None:
+            plain.append(pod)
+        else:
+            gang_ids[pod.spec.gang_id] = None
+    return plain, sorted(gang_ids)

@@ -1,0 +1,257 @@
+"""Pods: ``SubmitPod`` and ``Release``, and placing one pod (quota, free capacity, reclaim, preemption).
+
+Placement itself is synchronous: :func:`place` decides, emits and says whether the pod started; what
+the decision sets off (the victims back to placement, the queue retrying what they freed, a released
+reservation) is left as follow-up work.
+"""
+
+from __future__ import annotations
+
+from processor.core import preemption, quotas, reclaim, reservations
+from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, cluster_policy
+from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
+from processor.core.handlers.dependants import hold_new_job
+from processor.core.handlers.evictions import victim_events
+from processor.core.handlers.gangs import end_gang
+from processor.core.handlers.reservations import holder_started
+from processor.core.policies.base import Choice
+from processor.core.reasons import blocked_by_earlier, queue_reasons
+from processor.core.resources import PodShape
+from processor.core.state import GANG_RUNNING, ClusterState, Pod, lookup, shape_of
+from schemas.codes import QueueReasonCode, Rejected, RejectionCode
+from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, STRICT_FIFO, Release, SubmitPod
+from schemas.events import PodQueued, PodReleased, PodScheduled, PodSpec, QueueReason
+from schemas.validation import check_release, check_submit_pod
+
+# ---------------------------------------------------------------- commands
+
+
+def submit_pod(decision: Decision, command: SubmitPod) -> None:
+    check_submit_pod(command)
+    cluster = decision.cluster
+    name = decision.command.cluster
+    if command.gpu_models:
+        check_models(cluster, name, tuple(command.gpu_models))
+    if command.pod_id in cluster.pods:
+        raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
+    if command.pod_id in cluster.gangs or command.pod_id in cluster.member_of:
+        check_new_job_ids(cluster, name, (command.pod_id,), "pod")
+    if command.depends_on:
+        check_no_cycle(cluster, (command.pod_id,), tuple(command.depends_on))
+    spec = PodSpec(
+        command.pod_id,
+        command.tenant,
+        command.priority,
+        command.num_gpu,
+        command.gpu_milli,
+        command.cpu_milli,
+        command.memory_mib,
+        tuple(command.gpu_models),
+        dict(sorted(command.node_selector.items())),  # canonical order: a restored spec encodes alike
+        tuple(command.tolerations),
+        decision.now,
+        cluster.arrivals,
+        None,
+        command.time_limit_ms,
+        tuple(dict.fromkeys(command.depends_on)) if command.depends_on else (),
+        command.dependency,
+        command.preemption if decision.may_preempt else PREEMPT_NEVER,
+        command.movable,
+    )
+    if spec.depends_on and hold_new_job(decision, cluster, spec):
+        return
+    place(decision, cluster, spec, shape_of(spec), from_queue=False, requeued=False, new=True)
+
+
+def release(decision: Decision, command: Release) -> None:
+    check_release(command)
+    cluster = decision.cluster
+    pod = lookup(cluster.pods, command.pod_id)
+    if pod is None:
+        raise Rejected(
+            RejectionCode.UNKNOWN_POD,
+            f"pod {command.pod_id!r} is neither queued nor running in cluster {decision.command.cluster!r} "
+            "(never submitted, or already released)",
+        )
+    release_pod(decision, cluster, pod, command.reason)
+
+
+def release_pod(decision: Decision, cluster: ClusterState, pod: Pod, reason: str) -> None:
+    """Release one pod (a gang member too); end its gang if it was the last; then its dependants and the queue."""
+    node_id = pod.node_id
+    pod_id = pod.spec.pod_id
+    gang_id = pod.spec.gang_id
+    decision.emit(PodReleased(pod_id, node_id, reason), cluster.name)
+    if gang_id is not None:
+        gang = cluster.gangs.get(gang_id)
+        if gang is not None and gang.state == GANG_RUNNING and not gang.placed:
+            end_gang(decision, cluster, gang, reason)
+    decision.then(WAKE_DEPENDANTS, cluster, pod_id)
+    if node_id is not None:
+        decision.then(RETRY_QUEUE, cluster, (node_id,), None)
+
+
+# ---------------------------------------------------------------- placement
+
+
+def place(
+    decision: Decision,
+    cluster: ClusterState,
+    spec: PodSpec,
+    shape: PodShape,
+    *,
+    from_queue: bool,
+    requeued: bool,
+    new: bool = False,
+    announce: bool | None = None,
+    near: tuple[str, ...] | None = None,
+) -> bool:
+    """Schedule the pod with the cluster's policy, or queue it with reasons; whether it started. O(S_m).
+
+    Quota first (``processor.core.quotas``; a lender may reclaim), then free capacity, then,
+    if it may, priority preemption (``processor.core.preemption``; ``near``: only on these
+    nodes, the ones whose capacity changed). ``new``: the job enters the queue now (strict
+    FIFO may hold it back). ``announce`` (default: not ``from_queue``): emit ``PodQueued``
+    if it does not start; a pod retried from the queue stays queued silently."""
+    if new and cluster.queue_order == STRICT_FIFO:
+        blocked = blocked_by_earlier(cluster, (-spec.priority, spec.arrival, spec.pod_id))
+        if blocked is not None:
+            decision.emit(PodQueued(spec, (blocked,), requeued), cluster.name)
+            return False
+    reserved = cluster.reservation is not None
+    usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
+    quota_reasons: tuple[QueueReason, ...] = ()
+    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    if cluster.quotas_on:
+        admission = quotas.admit(cluster, spec, usable)
+        if admission.shortfalls:
+            quota_reasons = (quota_reason(admission.shortfalls, admission.shape is None),)
+        if admission.shape is None:
+            reclaimable = any(shortfall.reclaimable for _, shortfall in admission.shortfalls)
+            if may_preempt and reclaimable:
+                found = reclaim.plan_pod(
+                    cluster,
+                    spec,
+                    usable,
+                    admission,
+                    cluster_policy(cluster),
+                    decision.now,
+                    decision.evicted_in(cluster),
+                )
+                if found is not None:
+                    units, choice, plan, reclaim_shape = found
+                    _preempt_for_pod(decision, cluster, spec, reclaim_shape, units, plan, from_queue, choice)
+                    return True
+            if (not from_queue) if announce is None else announce:
+                decision.emit(PodQueued(spec, quota_reasons, requeued), cluster.name)
+            return False
+        usable = admission.shape
+    groups = cluster.index.feasible(usable)
+    if groups:
+        policy = cluster_policy(cluster)
+        choice = policy.place(cluster, usable, groups)
+        decision.emit(
+            PodScheduled(spec, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
+        )
+        if reserved:
+            holder_started(decision, cluster, spec.pod_id)
+        return True
+    if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+        preempting = _plan_preemption(decision, cluster, spec, usable, near)
+        if preempting is not None:
+            _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
+            return True
+    if (not from_queue) if announce is None else announce:
+        reasons = quota_reasons + queue_reasons(cluster, shape)
+        if spec.preemption == PREEMPT_NEVER and decision.may_preempt:
+            reasons += waiting_for_preemption(cluster, usable, spec.priority)
+        decision.emit(PodQueued(spec, reasons, requeued), cluster.name)
+    return False
+
+
+def _plan_preemption(
+    decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
+) -> preemption.PodPlan | None:
+    """The victims that make room for the pod: none evicted earlier in this command, and if the pod would
+    borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
+    victim of a borrower)."""
+    protected = decision.evicted_in(cluster)
+    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected))
+    if plan is None or not cluster.quotas_on or not decision.kueue_rule:
+        return plan
+    victims = plan.victims
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None or all(quotas.borrowing(cluster, pod) for pod in victims):
+        return plan
+    wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
+    if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
+        return plan
+    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected, True))
+
+
+def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:
+    """``QUOTA_EXCEEDED`` in words: what the tenant runs, its limit and what the pod needs (per model if not all)."""
+    words = quotas.shortfall_words(shortfalls)
+    if not everywhere:
+        models = ", ".join(model for model, _ in shortfalls)
+        words = f"not on {models}: {words}"
+    return QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, words)
+
+
+def waiting_for_preemption(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[QueueReason, ...]:
+    """A pod that said ``preemption: never``: the nodes where it would fit once lower-priority pods end."""
+    if not preemption.lower_priority_exists(cluster, priority):
+        return ()
+    count = sum(
+        1
+        for node_id in preemption.candidate_nodes(cluster, priority, None)
+        if preemption.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
+    )
+    if not count:
+        return ()
+    message = (
+        f"it would fit on {count} node(s) once lower-priority pods there end; it does not preempt them "
+        "(preemption: never)"
+    )
+    return (QueueReason(QueueReasonCode.WAITING_FOR_PREEMPTION, count, message),)
+
+
+def _preempt_for_pod(
+    decision: Decision,
+    cluster: ClusterState,
+    spec: PodSpec,
+    shape: PodShape,
+    reclaimed: list[preemption.Unit],
+    plan: preemption.PodPlan,
+    from_queue: bool,
+    choice: Choice | None = None,
+) -> None:
+    """Evict the victims, place the pod on the node they freed (nominated: nothing else takes it first),
+    then leave the victims to go back to placement and the rest of what they freed to the queue."""
+    victims = victim_events(decision, cluster, spec.pod_id, "pod", reclaimed, "reclaim")
+    victims += victim_events(decision, cluster, spec.pod_id, "pod", plan.units, "priority")
+    policy = cluster_policy(cluster)
+    if choice is None:
+        choice = Choice(plan.node_id, policy.choose_gpus(cluster.nodes[plan.node_id], shape), {})
+    if plan.units:
+        highest, count, work = plan.cost
+        choice.scores = {
+            **choice.scores,
+            "victim_priority": float(highest),
+            "victims": float(count),
+            "gpu_seconds_lost": work / 1e6,
+        }
+    decision.emit(
+        PodScheduled(
+            spec,
+            choice.node_id,
+            choice.gpus,
+            policy.name,
+            from_queue,
+            choice.scores,
+            tuple(pod.spec.pod_id for pod, _ in victims),
+        ),
+        cluster.name,
+    )
+    holder_started(decision, cluster, spec.pod_id)
+    decision.then(AFTER_PREEMPTION, cluster, victims)

@@ -1,0 +1,90 @@
+"""A cluster's settings and its tenants' quotas: ``SetPolicy``, ``SetQuota``, ``RemoveQuota``.
+
+A change that lets queued work start (more quota, a cohort that lends more, leaving strict FIFO)
+leaves the queue to retry that work on the whole cluster.
+"""
+
+from __future__ import annotations
+
+from processor.core import quotas
+from processor.core.decision import RETRY_QUEUE, Decision, Task
+from processor.core.state import ClusterState
+from schemas.codes import Rejected, RejectionCode
+from schemas.commands import STRICT_FIFO, RemoveQuota, SetPolicy, SetQuota
+from schemas.events import PolicyChanged, QuotaChanged
+from schemas.validation import check_remove_quota, check_set_policy, check_set_quota
+
+
+def set_policy(decision: Decision, command: SetPolicy) -> Task:
+    check_set_policy(command)
+    cluster = decision.cluster
+    was_strict = cluster.queue_order == STRICT_FIFO
+    decision.emit(
+        PolicyChanged(
+            command.policy or cluster.policy,
+            cluster.policy,
+            command.reserve_after_ms,
+            command.queue_order,
+            command.max_clock_jump_ms,
+        )
+    )
+    if command.default_quota is not None:
+        quota = None if command.default_quota.limits_nothing else command.default_quota
+        cluster = decision.cluster
+        previous = cluster.default_quota
+        words = quotas.describe(quota) if quota is not None else "none: tenants without a quota are not limited"
+        decision.emit(
+            QuotaChanged(None, quota, previous, f"default quota of tenants without their own: {words}"),
+        )
+        affected = {tenant for tenant in _queued_tenants(cluster) if tenant not in cluster.quotas}
+        decision.then(RETRY_QUEUE, cluster, (), affected)
+        yield  # that work starts before leaving strict FIFO looks at the queue again
+    cluster = decision.cluster
+    if was_strict and cluster.queue_order != STRICT_FIFO:
+        # Strict FIFO kept fitting work behind the head; every queued tenant's work may start now.
+        decision.then(RETRY_QUEUE, cluster, (), _queued_tenants(cluster))
+
+
+def _queued_tenants(cluster: ClusterState) -> set[str]:
+    """Tenants with pods or gangs in the queue. O(Q + G)."""
+    tenants = {group[0] for _, group in cluster.queue.heads()}
+    tenants.update(cluster.gangs[key[2]].spec.tenant for key in cluster.gang_queue)
+    return tenants
+
+
+def set_quota(decision: Decision, command: SetQuota) -> None:
+    check_set_quota(command)
+    cluster = decision.cluster
+    quota = command.quota()
+    previous = cluster.quotas.get(command.tenant)
+    notes = []
+    if quota.cohort is not None and quota.cohort not in cluster.cohorts:
+        notes.append(f"cohort {quota.cohort!r} is new: it starts with this tenant")
+    over = quotas.over_limit(cluster, command.tenant, quota)
+    if over:
+        notes.append(
+            f"it runs more than this allows on {', '.join(over)}: nothing is evicted, its new work waits until it is "
+            "back under"
+        )
+    message = f"tenant {command.tenant!r}: {quotas.describe(quota)}" + "".join(f"; {note}" for note in notes)
+    decision.emit(QuotaChanged(command.tenant, quota, previous, message))
+    cluster = decision.cluster
+    decision.then(RETRY_QUEUE, cluster, (), quotas.with_peers(cluster, {command.tenant}, previous))
+
+
+def remove_quota(decision: Decision, command: RemoveQuota) -> None:
+    check_remove_quota(command)
+    cluster = decision.cluster
+    previous = cluster.quotas.get(command.tenant)
+    if previous is None:
+        raise Rejected(
+            RejectionCode.UNKNOWN_QUOTA,
+            f"tenant {command.tenant!r} has no quota of its own in cluster {decision.command.cluster!r}",
+        )
+    fallback = quotas.describe(cluster.default_quota) if cluster.default_quota is not None else "none: not limited"
+    decision.emit(
+        QuotaChanged(
+            command.tenant, None, previous, f"tenant {command.tenant!r} falls back to the default quota: {fallback}"
+        )
+    )
+    decision.then(RETRY_QUEUE, cluster, (), quotas.with_peers(cluster, {command.tenant}, previous))
