@@ -163,7 +163,8 @@ def update_node(decision: Decision, command: UpdateNode) -> None:
     check_update_node(command)
     node = _node(decision, command.node_id)
     cluster = decision.cluster
-    labels = dict(command.labels) if command.labels is not None else dict(node.labels)
+    # Sorted: the event's bytes must not depend on the order a restored node keeps its labels in.
+    labels = dict(sorted((command.labels if command.labels is not None else node.labels).items()))
     taints = tuple(command.taints) if command.taints is not None else node.taints
     leaving = evict_untolerating(cluster, node, taints)
     decision.emit(NodeUpdated(command.node_id, labels, taints, len(leaving)))  # first: nothing untolerating lands
