@@ -84,6 +84,17 @@ def _taints_tolerated(node_class: NodeClass, shape: PodShape, *, reservation: bo
     return True
 
 
+def evicted_by_taints(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> bool:
+    """Whether a running pod must leave a node with these taints: one ``NoExecute`` taint it does not tolerate."""
+    return any(
+        taint.effect == NO_EXECUTE and not any(toleration.tolerates(taint) for toleration in tolerations)
+        for taint in taints
+    )
+
+
+NO_EXECUTE = "NoExecute"
+"""The taint effect that evicts the running pods that do not tolerate it (UpdateNode), as in Kubernetes."""
+
 RESERVED_TAINT_KEY = "gpufold.io/reserved"
 """A node reserved for the head of the queue carries this taint (value: the holder's id) in its node
 class, so the capacity index keeps every pod off it but those given the matching toleration: the

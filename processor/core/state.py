@@ -123,6 +123,13 @@ class Node:
     def schedulable(self) -> bool:
         return not (self.cordoned or self.failed)
 
+    def relabel(self, labels: dict[str, str], taints: tuple[Taint, ...]) -> None:
+        """Replace the node's labels and taints (UpdateNode); the caller recounts and reindexes."""
+        self.labels = dict(labels)
+        self.taints = tuple(taints)
+        self.base_class = (tuple(sorted(self.labels.items())), self.taints)
+        self.reserve(self.reserved_for)
+
     def reserve(self, holder_id: str | None) -> None:
         """Hold the node for a reservation's holder (None: release it); the caller reindexes."""
         self.reserved_for = holder_id
