@@ -51,7 +51,7 @@ from itertools import combinations
 
 from processor.core import gangs, quotas, reservations
 from processor.core.policies.base import Choice, Policy
-from processor.core.preemption_index import PendingBucket, VictimClass
+from processor.core.preemption_index import PendingBucket, PendingKey, VictimClass
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, lookup, shape_of
 from schemas.commands import GPU_MILLI
@@ -194,9 +194,9 @@ def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
     gpu = node.gpu_free
     for level in levels:
         held = by_priority[level]
-        cpu += held[0]
-        memory += held[1]
-        gpu = [free + milli for free, milli in zip(gpu, held[2], strict=True)]
+        cpu += held.cpu_milli
+        memory += held.memory_mib
+        gpu = [free + milli for free, milli in zip(gpu, held.gpu_milli, strict=True)]
         if cpu >= shape.cpu_milli and memory >= shape.memory_mib and _gpu_ok(gpu, shape):
             return level
     return None
@@ -390,7 +390,7 @@ def _pending_to_file(
     nodes = cluster.nodes
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
     for key, bucket in cluster.preemptible.pending.items():
-        level = key[5]
+        level = key.level
         if level >= priority or (beat is not None and level > beat[0]):
             continue
         if not _static_fit(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
@@ -417,24 +417,23 @@ def _pending_to_file(
     return chosen
 
 
-def _pending_bound_terms(key: tuple, shape: PodShape) -> tuple[int, int]:
+def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
     """:func:`_bound_terms` from a pending bucket, at its lowest level, from below: (at least how many victims,
     GPU milli they must free at least; 0 if no work bound). GPU milli free and the most free on one GPU
     bound what the largest free GPUs hold. Only the lowest level matters: a node whose victims reach a
     higher level is worse than the bound in the first term already."""
-    gpu_count, gpu_pods, largest, total_free, most_free = key[4], key[6], key[7], key[8], key[9]
     if not shape.num_gpu:
         return (1, 0)
     whole = shape.gpu_milli >= GPU_MILLI
     if whole:
-        deficit = shape.num_gpu * GPU_MILLI - min(total_free, shape.num_gpu * most_free)
+        deficit = shape.num_gpu * GPU_MILLI - min(key.gpu_free, shape.num_gpu * key.most_free)
     else:
-        deficit = shape.gpu_milli - most_free
-    if deficit <= 0 or largest <= 0:
+        deficit = shape.gpu_milli - key.most_free
+    if deficit <= 0 or key.largest_gpu_milli <= 0:
         return (1, 0)
-    fewest = -(-deficit // largest)
-    if whole and shape.num_gpu == gpu_count and gpu_pods > fewest:
-        fewest = gpu_pods
+    fewest = -(-deficit // key.largest_gpu_milli)
+    if whole and shape.num_gpu == key.gpu_count and key.gpu_pods > fewest:
+        fewest = key.gpu_pods
     return (fewest, deficit)
 
 
@@ -587,8 +586,8 @@ def _bound_terms(node: Node, shape: PodShape, level: int) -> tuple[int, int]:
     largest = gpu_pods = 0
     for priority, held in node.by_priority.items():
         if priority <= level:
-            gpu_pods += held[5]
-            for milli in held[4]:
+            gpu_pods += held.gpu_pods
+            for milli in held.latest_starts:
                 if milli > largest:
                     largest = milli
     if largest <= 0:
@@ -610,7 +609,7 @@ def _lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int
     latest: dict[int, int] = {}
     for priority, held in node.by_priority.items():
         if priority <= level:
-            for milli, started in held[4].items():
+            for milli, started in held.latest_starts.items():
                 if latest.get(milli, -1) < started:
                     latest[milli] = started
     if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
@@ -848,16 +847,16 @@ class DomainSearch:
         met: list[tuple[int, int, int, str, int]] = []
         try:
             while heap:  # measure: the heap's entries (each met once per search)
-                entry = heap[0]
-                if entry[4] != version.get(entry[3], 0):
+                entry_level, victims, work, node_id, node_version = heap[0]
+                if node_version != version.get(node_id, 0):
                     heapq.heappop(heap)  # stale: the node's fresh entry is on the heap too
                     continue
                 if level is None:
-                    level = entry[0]
-                if entry[0] != level or (best is not None and entry[1:3] > best.cost[1:]):
+                    level = entry_level
+                if entry_level != level or (best is not None and (victims, work) > best.cost[1:]):
                     break  # a higher level, or no node from here on can do better
                 met.append(heapq.heappop(heap))
-                best = _try_node(self.cluster, nodes[entry[3]], shape, level, self.now, best, self.allowed)
+                best = _try_node(self.cluster, nodes[node_id], shape, level, self.now, best, self.allowed)
         finally:
             for entry in met:  # searching changed no node: their entries stay true
                 heapq.heappush(heap, entry)
