@@ -83,7 +83,7 @@ class QueueReasonCode:
     """Why a pod could not be placed, counted per node in ``PodQueued.reasons``.
 
     Each schedulable node is counted once, under the first check it fails, in
-    this order: model, selector, taints, GPU, GPU share, CPU, memory, reservation.
+    this order: model, selector, taints, GPU, GPU share, GPU memory, CPU, memory, reservation.
     Gang-level and waiting codes carry no node count (``nodes`` 0) but a message.
     """
 
@@ -96,6 +96,7 @@ class QueueReasonCode:
     INSUFFICIENT_GPU_SHARE: Final = "INSUFFICIENT_GPU_SHARE"
     INSUFFICIENT_CPU: Final = "INSUFFICIENT_CPU"
     INSUFFICIENT_MEMORY: Final = "INSUFFICIENT_MEMORY"
+    INSUFFICIENT_GPU_MEMORY: Final = "INSUFFICIENT_GPU_MEMORY"  # no GPU with the pod's GPU share has its memory free
     NODE_RESERVED: Final = "NODE_RESERVED"  # would fit, but held for the head of the queue (checked last)
     WAITING_FOR_DEPENDENCY: Final = "WAITING_FOR_DEPENDENCY"  # not in the placement queue until its dependencies end
     WAITING_FOR_EARLIER_JOB: Final = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started

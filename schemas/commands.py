@@ -103,6 +103,7 @@ class AddNode(Record):
     gpu_count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -152,6 +153,7 @@ class SubmitPod(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ class PodSpec(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
+    gpu_memory_mib: int = 0
 
     @property
     def gpu_milli_total(self) -> int:
@@ -97,6 +98,7 @@ class NodeAdded(Record):
     memory_mib: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)

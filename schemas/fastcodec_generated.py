@@ -92,149 +92,149 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
+_k1 = b'\xc3\x01\x14\x07\xa5,\xff\xbd\x89K'
 _k11 = b'\x00'
-_k35 = b'\x02'
-_k39 = b'\x04'
-_k43 = b'\x06'
-_k47 = b'\x08'
-_k51 = b'\n'
-_k57 = b'\x0c'
-_k85 = b'\x02'
-_k87 = b'\x00'
-_k94 = b'\x0e'
-_k100 = b'\x10'
-_k105 = b'\x02'
-_k107 = b'\x00'
-_k112 = b'\x02'
-_k115 = b'\x02'
-_k118 = b'\x00'
-_k126 = b'\x02'
-_k128 = b'\x00'
-_k131 = b'\x02'
-_k133 = b'\x00'
-_k136 = b'\x02'
-_k138 = b'\x00'
-_k141 = b'\x02'
-_k143 = b'\x00'
-_k146 = b'\x00'
-_k149 = b'\x02'
-_k151 = b'\x00'
-_k153 = b'\x12'
-_k173 = b'\x02'
-_k175 = b'\x00'
-_k178 = b'\x02'
-_k181 = b'\x00'
-_k184 = b'\x02'
-_k187 = b'\x00'
-_k190 = b'\x02'
-_k192 = b'\x00'
-_k195 = b'\x02'
-_k197 = b'\x00'
-_k204 = b'\x14'
-_k210 = b'\x16'
-_k212 = b'\x18'
-_k217 = b'\x02'
-_k220 = b'\x00'
-_k224 = b'\x02'
-_k226 = b'\x00'
-_k229 = b'\x02'
-_k231 = b'\x00'
-_k234 = b'\x02'
-_k236 = b'\x00'
-_k239 = b'\x02'
-_k241 = b'\x00'
-_k244 = b'\x1a'
-_k248 = b'\x1c'
-_k252 = b'\x02'
-_k255 = b'\x00'
-_k257 = b'\x1e'
-_k261 = b' '
-_k265 = b'"'
-_k270 = b'\x02'
-_k272 = b'\x00'
-_k275 = b'\x02'
-_k277 = b'\x00'
-_k279 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
-_k516 = b'\xc3\x01\xb3P \xe1o0\r\xde'
-_k527 = b'\x00'
-_k538 = b'\x02'
-_k542 = b'\x04'
-_k546 = b'\x06'
-_k550 = b'\x08'
-_k555 = b'\n'
-_k562 = b'\x0c'
-_k580 = b'\x02'
-_k583 = b'\x00'
-_k586 = b'\x02'
-_k588 = b'\x00'
-_k604 = b'\x0e'
-_k622 = b'\x02'
-_k625 = b'\x00'
-_k628 = b'\x02'
-_k630 = b'\x00'
-_k651 = b'\x10'
-_k659 = b'\x12'
-_k664 = b'\x02'
-_k667 = b'\x00'
-_k671 = b'\x14'
-_k678 = b'\x02'
-_k680 = b'\x00'
-_k685 = b'\x02'
-_k687 = b'\x00'
-_k689 = b'\x16'
-_k699 = b'\x18'
-_k728 = b'\x02'
-_k731 = b'\x00'
-_k734 = b'\x02'
+_k36 = b'\x02'
+_k40 = b'\x04'
+_k44 = b'\x06'
+_k48 = b'\x08'
+_k52 = b'\n'
+_k58 = b'\x0c'
+_k86 = b'\x02'
+_k88 = b'\x00'
+_k96 = b'\x0e'
+_k102 = b'\x10'
+_k107 = b'\x02'
+_k109 = b'\x00'
+_k114 = b'\x02'
+_k117 = b'\x02'
+_k120 = b'\x00'
+_k128 = b'\x02'
+_k130 = b'\x00'
+_k133 = b'\x02'
+_k135 = b'\x00'
+_k138 = b'\x02'
+_k140 = b'\x00'
+_k143 = b'\x02'
+_k145 = b'\x00'
+_k148 = b'\x00'
+_k151 = b'\x02'
+_k153 = b'\x00'
+_k155 = b'\x12'
+_k175 = b'\x02'
+_k177 = b'\x00'
+_k180 = b'\x02'
+_k183 = b'\x00'
+_k186 = b'\x02'
+_k189 = b'\x00'
+_k192 = b'\x02'
+_k194 = b'\x00'
+_k197 = b'\x02'
+_k199 = b'\x00'
+_k206 = b'\x14'
+_k212 = b'\x16'
+_k214 = b'\x18'
+_k219 = b'\x02'
+_k222 = b'\x00'
+_k226 = b'\x02'
+_k228 = b'\x00'
+_k231 = b'\x02'
+_k233 = b'\x00'
+_k236 = b'\x02'
+_k238 = b'\x00'
+_k241 = b'\x02'
+_k243 = b'\x00'
+_k246 = b'\x1a'
+_k250 = b'\x1c'
+_k254 = b'\x02'
+_k257 = b'\x00'
+_k259 = b'\x1e'
+_k263 = b' '
+_k267 = b'"'
+_k272 = b'\x02'
+_k274 = b'\x00'
+_k277 = b'\x02'
+_k279 = b'\x00'
+_k281 = b'\xc3\x01\x14\x07\xa5,\xff\xbd\x89K'
+_k518 = b'\xc3\x01>\x0cXllYyT'
+_k529 = b'\x00'
+_k541 = b'\x02'
+_k545 = b'\x04'
+_k549 = b'\x06'
+_k553 = b'\x08'
+_k558 = b'\n'
+_k565 = b'\x0c'
+_k583 = b'\x02'
+_k586 = b'\x00'
+_k589 = b'\x02'
+_k591 = b'\x00'
+_k608 = b'\x0e'
+_k626 = b'\x02'
+_k629 = b'\x00'
+_k632 = b'\x02'
+_k634 = b'\x00'
+_k656 = b'\x10'
+_k664 = b'\x12'
+_k669 = b'\x02'
+_k672 = b'\x00'
+_k676 = b'\x14'
+_k683 = b'\x02'
+_k685 = b'\x00'
+_k690 = b'\x02'
+_k692 = b'\x00'
+_k694 = b'\x16'
+_k704 = b'\x18'
+_k733 = b'\x02'
 _k736 = b'\x00'
-_k745 = b'\x02'
-_k748 = b'\x00'
+_k739 = b'\x02'
+_k741 = b'\x00'
 _k751 = b'\x02'
 _k754 = b'\x00'
 _k757 = b'\x02'
-_k759 = b'\x00'
-_k762 = b'\x02'
-_k764 = b'\x00'
-_k774 = b'\x1a'
-_k795 = b'\x02'
-_k798 = b'\x00'
+_k760 = b'\x00'
+_k763 = b'\x02'
+_k765 = b'\x00'
+_k768 = b'\x02'
+_k770 = b'\x00'
+_k780 = b'\x1a'
 _k801 = b'\x02'
 _k804 = b'\x00'
 _k807 = b'\x02'
-_k809 = b'\x00'
-_k812 = b'\x02'
-_k814 = b'\x00'
-_k824 = b'\x02'
-_k827 = b'\x00'
+_k810 = b'\x00'
+_k813 = b'\x02'
+_k815 = b'\x00'
+_k818 = b'\x02'
+_k820 = b'\x00'
 _k830 = b'\x02'
 _k833 = b'\x00'
-_k838 = b'\x1c'
-_k845 = b'\x1e'
-_k851 = b' '
-_k859 = b'\x02'
-_k862 = b'\x00'
-_k864 = b'"'
-_k872 = b'\x02'
-_k874 = b'\x00'
-_k878 = b'$'
-_k889 = b'&'
-_k899 = b'('
-_k902 = b'*'
-_k914 = b','
-_k917 = b'\x02'
-_k920 = b'\x00'
-_k923 = b'\x00'
+_k836 = b'\x02'
+_k839 = b'\x00'
+_k844 = b'\x1c'
+_k851 = b'\x1e'
+_k857 = b' '
+_k865 = b'\x02'
+_k868 = b'\x00'
+_k870 = b'"'
+_k878 = b'\x02'
+_k880 = b'\x00'
+_k884 = b'$'
+_k895 = b'&'
+_k905 = b'('
+_k908 = b'*'
+_k920 = b','
+_k923 = b'\x02'
 _k926 = b'\x00'
-_k930 = b'.'
-_k944 = b'0'
-_k950 = b'\x02'
-_k953 = b'\x00'
-_k957 = b'2'
-_k967 = b'4'
-_k977 = b'6'
-_k981 = b'8'
-_k988 = b'\xc3\x01\xb3P \xe1o0\r\xde'
+_k929 = b'\x00'
+_k932 = b'\x00'
+_k936 = b'.'
+_k950 = b'0'
+_k956 = b'\x02'
+_k959 = b'\x00'
+_k963 = b'2'
+_k973 = b'4'
+_k983 = b'6'
+_k987 = b'8'
+_k994 = b'\xc3\x01>\x0cXllYyT'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -295,217 +295,205 @@ def _b27(a: Any) -> bytes:
 
 
 def _e_AddNode10(o: _c_AddNode) -> bytes:
-    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"),))
+    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"), (_P[n35] if 0 <= (n35 := o.gpu_memory_mib) < 8192 else _long(n35)),))
 
 
-def _e_RemoveNode34(o: _c_RemoveNode) -> bytes:
-    return b"".join((_k35, (_P[n38] if (n38 := len(s37 := o.node_id.encode())) < 8192 else _long(n38)), s37, (b"\x01" if o.force else b"\x00"),))
+def _e_RemoveNode35(o: _c_RemoveNode) -> bytes:
+    return b"".join((_k36, (_P[n39] if (n39 := len(s38 := o.node_id.encode())) < 8192 else _long(n39)), s38, (b"\x01" if o.force else b"\x00"),))
 
 
-def _e_CordonNode38(o: _c_CordonNode) -> bytes:
-    return b"".join((_k39, (_P[n42] if (n42 := len(s41 := o.node_id.encode())) < 8192 else _long(n42)), s41,))
+def _e_CordonNode39(o: _c_CordonNode) -> bytes:
+    return b"".join((_k40, (_P[n43] if (n43 := len(s42 := o.node_id.encode())) < 8192 else _long(n43)), s42,))
 
 
-def _e_UncordonNode42(o: _c_UncordonNode) -> bytes:
-    return b"".join((_k43, (_P[n46] if (n46 := len(s45 := o.node_id.encode())) < 8192 else _long(n46)), s45,))
+def _e_UncordonNode43(o: _c_UncordonNode) -> bytes:
+    return b"".join((_k44, (_P[n47] if (n47 := len(s46 := o.node_id.encode())) < 8192 else _long(n47)), s46,))
 
 
-def _e_DrainNode46(o: _c_DrainNode) -> bytes:
-    return b"".join((_k47, (_P[n50] if (n50 := len(s49 := o.node_id.encode())) < 8192 else _long(n50)), s49,))
+def _e_DrainNode47(o: _c_DrainNode) -> bytes:
+    return b"".join((_k48, (_P[n51] if (n51 := len(s50 := o.node_id.encode())) < 8192 else _long(n51)), s50,))
 
 
-def _e_MarkNodeFailed50(o: _c_MarkNodeFailed) -> bytes:
-    return b"".join((_k51, (_P[n54] if (n54 := len(s53 := o.node_id.encode())) < 8192 else _long(n54)), s53, (_P[n56] if (n56 := len(s55 := o.reason.encode())) < 8192 else _long(n56)), s55,))
+def _e_MarkNodeFailed51(o: _c_MarkNodeFailed) -> bytes:
+    return b"".join((_k52, (_P[n55] if (n55 := len(s54 := o.node_id.encode())) < 8192 else _long(n55)), s54, (_P[n57] if (n57 := len(s56 := o.reason.encode())) < 8192 else _long(n57)), s56,))
 
 
-def _b69(a: Any) -> bytes:
+def _b70(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n71] if (n71 := len(s70 := x.encode())) < 8192 else _long(n71)), s70,)
+        out += ((_P[n72] if (n72 := len(s71 := x.encode())) < 8192 else _long(n72)), s71,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b74(a: Any) -> bytes:
+def _b75(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n77] if (n77 := len(s76 := x.key.encode())) < 8192 else _long(n77)), s76, (_P[n79] if (n79 := len(s78 := x.operator.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.value.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.effect.encode())) < 8192 else _long(n83)), s82,)
+        out += ((_P[n78] if (n78 := len(s77 := x.key.encode())) < 8192 else _long(n78)), s77, (_P[n80] if (n80 := len(s79 := x.operator.encode())) < 8192 else _long(n80)), s79, (_P[n82] if (n82 := len(s81 := x.value.encode())) < 8192 else _long(n82)), s81, (_P[n84] if (n84 := len(s83 := x.effect.encode())) < 8192 else _long(n84)), s83,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u85(v: Any) -> bytes:
-    return b"".join((_k85, (_P[n87] if 0 <= (n87 := v) < 8192 else _long(n87)),))
+def _u86(v: Any) -> bytes:
+    return b"".join((_k86, (_P[n88] if 0 <= (n88 := v) < 8192 else _long(n88)),))
 
 
-def _e_SubmitPod56(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k57, (_P[n60] if (n60 := len(s59 := o.pod_id.encode())) < 8192 else _long(n60)), s59, (_P[n62] if (n62 := len(s61 := o.tenant.encode())) < 8192 else _long(n62)), s61, (_P[n63] if 0 <= (n63 := o.priority) < 8192 else _long(n63)), (_P[n64] if 0 <= (n64 := o.num_gpu) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.gpu_milli) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.cpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.memory_mib) < 8192 else _long(n67)), (_b69(a68) if (a68 := o.gpu_models) else b"\x00"), (_b21(a72) if (a72 := o.node_selector) else b"\x00"), (_b74(a73) if (a73 := o.tolerations) else b"\x00"), (_k87 if (u84 := o.time_limit_ms) is None else _u85(u84)), (_b69(a89) if (a89 := o.depends_on) else b"\x00"), (_P[n91] if (n91 := len(s90 := o.dependency.encode())) < 8192 else _long(n91)), s90, (_P[n93] if (n93 := len(s92 := o.preemption.encode())) < 8192 else _long(n93)), s92, (b"\x01" if o.movable else b"\x00"),))
+def _e_SubmitPod57(o: _c_SubmitPod) -> bytes:
+    return b"".join((_k58, (_P[n61] if (n61 := len(s60 := o.pod_id.encode())) < 8192 else _long(n61)), s60, (_P[n63] if (n63 := len(s62 := o.tenant.encode())) < 8192 else _long(n63)), s62, (_P[n64] if 0 <= (n64 := o.priority) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.num_gpu) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.gpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.cpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.memory_mib) < 8192 else _long(n68)), (_b70(a69) if (a69 := o.gpu_models) else b"\x00"), (_b21(a73) if (a73 := o.node_selector) else b"\x00"), (_b75(a74) if (a74 := o.tolerations) else b"\x00"), (_k88 if (u85 := o.time_limit_ms) is None else _u86(u85)), (_b70(a90) if (a90 := o.depends_on) else b"\x00"), (_P[n92] if (n92 := len(s91 := o.dependency.encode())) < 8192 else _long(n92)), s91, (_P[n94] if (n94 := len(s93 := o.preemption.encode())) < 8192 else _long(n94)), s93, (b"\x01" if o.movable else b"\x00"), (_P[n95] if 0 <= (n95 := o.gpu_memory_mib) < 8192 else _long(n95)),))
 
 
-def _e_Release93(o: _c_Release) -> bytes:
-    return b"".join((_k94, (_P[n97] if (n97 := len(s96 := o.pod_id.encode())) < 8192 else _long(n97)), s96, (_P[n99] if (n99 := len(s98 := o.reason.encode())) < 8192 else _long(n99)), s98,))
+def _e_Release95(o: _c_Release) -> bytes:
+    return b"".join((_k96, (_P[n99] if (n99 := len(s98 := o.pod_id.encode())) < 8192 else _long(n99)), s98, (_P[n101] if (n101 := len(s100 := o.reason.encode())) < 8192 else _long(n101)), s100,))
 
 
-def _u105(v: Any) -> bytes:
-    return b"".join((_k105, (_P[n107] if 0 <= (n107 := v) < 8192 else _long(n107)),))
+def _u107(v: Any) -> bytes:
+    return b"".join((_k107, (_P[n109] if 0 <= (n109 := v) < 8192 else _long(n109)),))
 
 
-def _u115(v: Any) -> bytes:
-    return b"".join((_k115, (_P[n118] if (n118 := len(s117 := v.encode())) < 8192 else _long(n118)), s117,))
+def _u117(v: Any) -> bytes:
+    return b"".join((_k117, (_P[n120] if (n120 := len(s119 := v.encode())) < 8192 else _long(n120)), s119,))
 
 
-def _b121(a: Any) -> bytes:
+def _b123(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n123] if (n123 := len(s122 := k.encode())) < 8192 else _long(n123)), s122, (_P[n124] if 0 <= (n124 := x) < 8192 else _long(n124)),)
+        out += ((_P[n125] if (n125 := len(s124 := k.encode())) < 8192 else _long(n125)), s124, (_P[n126] if 0 <= (n126 := x) < 8192 else _long(n126)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u126(v: Any) -> bytes:
-    return b"".join((_k126, (_P[n128] if 0 <= (n128 := v) < 8192 else _long(n128)),))
+def _u128(v: Any) -> bytes:
+    return b"".join((_k128, (_P[n130] if 0 <= (n130 := v) < 8192 else _long(n130)),))
 
 
-def _u131(v: Any) -> bytes:
-    return b"".join((_k131, (_P[n133] if 0 <= (n133 := v) < 8192 else _long(n133)),))
+def _u133(v: Any) -> bytes:
+    return b"".join((_k133, (_P[n135] if 0 <= (n135 := v) < 8192 else _long(n135)),))
 
 
-def _u136(v: Any) -> bytes:
-    return b"".join((_k136, (_P[n138] if 0 <= (n138 := v) < 8192 else _long(n138)),))
+def _u138(v: Any) -> bytes:
+    return b"".join((_k138, (_P[n140] if 0 <= (n140 := v) < 8192 else _long(n140)),))
 
 
-def _u141(v: Any) -> bytes:
-    return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
+def _u143(v: Any) -> bytes:
+    return b"".join((_k143, (_P[n145] if 0 <= (n145 := v) < 8192 else _long(n145)),))
 
 
-def _e_Quota111(o: _c_Quota) -> bytes:
-    return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)),))
+def _e_Quota113(o: _c_Quota) -> bytes:
+    return b"".join((_k114, (_k120 if (u116 := o.cohort) is None else _u117(u116)), (_b123(a122) if (a122 := o.nominal_gpus) else b"\x00"), (_k130 if (u127 := o.nominal_cpu_milli) is None else _u128(u127)), (_k135 if (u132 := o.nominal_memory_mib) is None else _u133(u132)), (_k140 if (u137 := o.borrowing_limit_gpus) is None else _u138(u137)), (_k145 if (u142 := o.lending_limit_gpus) is None else _u143(u142)), (_P[n147] if 0 <= (n147 := o.weight) < 8192 else _long(n147)),))
 
 
-def _u149(v: Any) -> bytes:
-    return b"".join((_k149, (_P[n151] if 0 <= (n151 := v) < 8192 else _long(n151)),))
+def _u151(v: Any) -> bytes:
+    return b"".join((_k151, (_P[n153] if 0 <= (n153 := v) < 8192 else _long(n153)),))
 
 
-def _e_SetPolicy99(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k146 if (u111 := o.default_quota) is None else _k145[type(u111)](u111)), (_k151 if (u148 := o.max_clock_jump_ms) is None else _u149(u148)),))
+def _e_SetPolicy101(o: _c_SetPolicy) -> bytes:
+    return b"".join((_k102, (_P[n105] if (n105 := len(s104 := o.policy.encode())) < 8192 else _long(n105)), s104, (_k109 if (u106 := o.reserve_after_ms) is None else _u107(u106)), (_P[n112] if (n112 := len(s111 := o.queue_order.encode())) < 8192 else _long(n112)), s111, (_k148 if (u113 := o.default_quota) is None else _k147[type(u113)](u113)), (_k153 if (u150 := o.max_clock_jump_ms) is None else _u151(u150)),))
 
 
-def _b161(a: Any) -> bytes:
+def _b163(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n164] if (n164 := len(s163 := x.pod_id.encode())) < 8192 else _long(n164)), s163, (_P[n165] if 0 <= (n165 := x.num_gpu) < 8192 else _long(n165)), (_P[n166] if 0 <= (n166 := x.gpu_milli) < 8192 else _long(n166)), (_P[n167] if 0 <= (n167 := x.cpu_milli) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.memory_mib) < 8192 else _long(n168)), (_b69(a169) if (a169 := x.gpu_models) else b"\x00"), (_b21(a170) if (a170 := x.node_selector) else b"\x00"), (_b74(a171) if (a171 := x.tolerations) else b"\x00"),)
+        out += ((_P[n166] if (n166 := len(s165 := x.pod_id.encode())) < 8192 else _long(n166)), s165, (_P[n167] if 0 <= (n167 := x.num_gpu) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.gpu_milli) < 8192 else _long(n168)), (_P[n169] if 0 <= (n169 := x.cpu_milli) < 8192 else _long(n169)), (_P[n170] if 0 <= (n170 := x.memory_mib) < 8192 else _long(n170)), (_b70(a171) if (a171 := x.gpu_models) else b"\x00"), (_b21(a172) if (a172 := x.node_selector) else b"\x00"), (_b75(a173) if (a173 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u173(v: Any) -> bytes:
-    return b"".join((_k173, (_P[n175] if 0 <= (n175 := v) < 8192 else _long(n175)),))
+def _u175(v: Any) -> bytes:
+    return b"".join((_k175, (_P[n177] if 0 <= (n177 := v) < 8192 else _long(n177)),))
 
 
-def _u178(v: Any) -> bytes:
-    return b"".join((_k178, (_P[n181] if (n181 := len(s180 := v.encode())) < 8192 else _long(n181)), s180,))
+def _u180(v: Any) -> bytes:
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := v.encode())) < 8192 else _long(n183)), s182,))
 
 
-def _u184(v: Any) -> bytes:
-    return b"".join((_k184, (_P[n187] if (n187 := len(s186 := v.encode())) < 8192 else _long(n187)), s186,))
+def _u186(v: Any) -> bytes:
+    return b"".join((_k186, (_P[n189] if (n189 := len(s188 := v.encode())) < 8192 else _long(n189)), s188,))
 
 
-def _u190(v: Any) -> bytes:
-    return b"".join((_k190, (_P[n192] if 0 <= (n192 := v) < 8192 else _long(n192)),))
+def _u192(v: Any) -> bytes:
+    return b"".join((_k192, (_P[n194] if 0 <= (n194 := v) < 8192 else _long(n194)),))
 
 
-def _u195(v: Any) -> bytes:
-    return b"".join((_k195, (_P[n197] if 0 <= (n197 := v) < 8192 else _long(n197)),))
+def _u197(v: Any) -> bytes:
+    return b"".join((_k197, (_P[n199] if 0 <= (n199 := v) < 8192 else _long(n199)),))
 
 
-def _e_SubmitGang152(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k153, (_P[n156] if (n156 := len(s155 := o.gang_id.encode())) < 8192 else _long(n156)), s155, (_P[n158] if (n158 := len(s157 := o.tenant.encode())) < 8192 else _long(n158)), s157, (_P[n159] if 0 <= (n159 := o.priority) < 8192 else _long(n159)), (_b161(a160) if (a160 := o.members) else b"\x00"), (_k175 if (u172 := o.min_members) is None else _u173(u172)), (_k181 if (u177 := o.topology_required) is None else _u178(u177)), (_k187 if (u183 := o.topology_preferred) is None else _u184(u183)), (_k192 if (u189 := o.timeout_ms) is None else _u190(u189)), (_k197 if (u194 := o.time_limit_ms) is None else _u195(u194)), (_b69(a199) if (a199 := o.depends_on) else b"\x00"), (_P[n201] if (n201 := len(s200 := o.dependency.encode())) < 8192 else _long(n201)), s200, (_P[n203] if (n203 := len(s202 := o.preemption.encode())) < 8192 else _long(n203)), s202,))
+def _e_SubmitGang154(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k155, (_P[n158] if (n158 := len(s157 := o.gang_id.encode())) < 8192 else _long(n158)), s157, (_P[n160] if (n160 := len(s159 := o.tenant.encode())) < 8192 else _long(n160)), s159, (_P[n161] if 0 <= (n161 := o.priority) < 8192 else _long(n161)), (_b163(a162) if (a162 := o.members) else b"\x00"), (_k177 if (u174 := o.min_members) is None else _u175(u174)), (_k183 if (u179 := o.topology_required) is None else _u180(u179)), (_k189 if (u185 := o.topology_preferred) is None else _u186(u185)), (_k194 if (u191 := o.timeout_ms) is None else _u192(u191)), (_k199 if (u196 := o.time_limit_ms) is None else _u197(u196)), (_b70(a201) if (a201 := o.depends_on) else b"\x00"), (_P[n203] if (n203 := len(s202 := o.dependency.encode())) < 8192 else _long(n203)), s202, (_P[n205] if (n205 := len(s204 := o.preemption.encode())) < 8192 else _long(n205)), s204,))
 
 
-def _e_ReleaseGang203(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k204, (_P[n207] if (n207 := len(s206 := o.gang_id.encode())) < 8192 else _long(n207)), s206, (_P[n209] if (n209 := len(s208 := o.reason.encode())) < 8192 else _long(n209)), s208,))
+def _e_ReleaseGang205(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k206, (_P[n209] if (n209 := len(s208 := o.gang_id.encode())) < 8192 else _long(n209)), s208, (_P[n211] if (n211 := len(s210 := o.reason.encode())) < 8192 else _long(n211)), s210,))
 
 
-def _e_Tick209(o: _c_Tick) -> bytes:
-    return b"".join((_k210, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick211(o: _c_Tick) -> bytes:
+    return b"".join((_k212, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
+def _u219(v: Any) -> bytes:
+    return b"".join((_k219, (_P[n222] if (n222 := len(s221 := v.encode())) < 8192 else _long(n222)), s221,))
 
 
-def _u224(v: Any) -> bytes:
-    return b"".join((_k224, (_P[n226] if 0 <= (n226 := v) < 8192 else _long(n226)),))
+def _u226(v: Any) -> bytes:
+    return b"".join((_k226, (_P[n228] if 0 <= (n228 := v) < 8192 else _long(n228)),))
 
 
-def _u229(v: Any) -> bytes:
-    return b"".join((_k229, (_P[n231] if 0 <= (n231 := v) < 8192 else _long(n231)),))
+def _u231(v: Any) -> bytes:
+    return b"".join((_k231, (_P[n233] if 0 <= (n233 := v) < 8192 else _long(n233)),))
 
 
-def _u234(v: Any) -> bytes:
-    return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
+def _u236(v: Any) -> bytes:
+    return b"".join((_k236, (_P[n238] if 0 <= (n238 := v) < 8192 else _long(n238)),))
 
 
-def _u239(v: Any) -> bytes:
-    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
+def _u241(v: Any) -> bytes:
+    return b"".join((_k241, (_P[n243] if 0 <= (n243 := v) < 8192 else _long(n243)),))
 
 
-def _e_SetQuota211(o: _c_SetQuota) -> bytes:
-    return b"".join((_k212, (_P[n215] if (n215 := len(s214 := o.tenant.encode())) < 8192 else _long(n215)), s214, (_k220 if (u216 := o.cohort) is None else _u217(u216)), (_b121(a222) if (a222 := o.nominal_gpus) else b"\x00"), (_k226 if (u223 := o.nominal_cpu_milli) is None else _u224(u223)), (_k231 if (u228 := o.nominal_memory_mib) is None else _u229(u228)), (_k236 if (u233 := o.borrowing_limit_gpus) is None else _u234(u233)), (_k241 if (u238 := o.lending_limit_gpus) is None else _u239(u238)), (_P[n243] if 0 <= (n243 := o.weight) < 8192 else _long(n243)),))
+def _e_SetQuota213(o: _c_SetQuota) -> bytes:
+    return b"".join((_k214, (_P[n217] if (n217 := len(s216 := o.tenant.encode())) < 8192 else _long(n217)), s216, (_k222 if (u218 := o.cohort) is None else _u219(u218)), (_b123(a224) if (a224 := o.nominal_gpus) else b"\x00"), (_k228 if (u225 := o.nominal_cpu_milli) is None else _u226(u225)), (_k233 if (u230 := o.nominal_memory_mib) is None else _u231(u230)), (_k238 if (u235 := o.borrowing_limit_gpus) is None else _u236(u235)), (_k243 if (u240 := o.lending_limit_gpus) is None else _u241(u240)), (_P[n245] if 0 <= (n245 := o.weight) < 8192 else _long(n245)),))
 
 
-def _e_RemoveQuota243(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246,))
+def _e_RemoveQuota245(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k246, (_P[n249] if (n249 := len(s248 := o.tenant.encode())) < 8192 else _long(n249)), s248,))
 
 
-def _u252(v: Any) -> bytes:
-    return b"".join((_k252, (_P[n255] if (n255 := len(s254 := v.encode())) < 8192 else _long(n255)), s254,))
+def _u254(v: Any) -> bytes:
+    return b"".join((_k254, (_P[n257] if (n257 := len(s256 := v.encode())) < 8192 else _long(n257)), s256,))
 
 
-def _e_Defragment247(o: _c_Defragment) -> bytes:
-    return b"".join((_k248, (_P[n250] if 0 <= (n250 := o.max_moves) < 8192 else _long(n250)), (_k255 if (u251 := o.target) is None else _u252(u251)),))
+def _e_Defragment249(o: _c_Defragment) -> bytes:
+    return b"".join((_k250, (_P[n252] if 0 <= (n252 := o.max_moves) < 8192 else _long(n252)), (_k257 if (u253 := o.target) is None else _u254(u253)),))
 
 
-def _e_ResumeCluster256(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k257, (_P[n260] if (n260 := len(s259 := o.reason.encode())) < 8192 else _long(n260)), s259,))
+def _e_ResumeCluster258(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k259, (_P[n262] if (n262 := len(s261 := o.reason.encode())) < 8192 else _long(n262)), s261,))
 
 
-def _e_RecoverNode260(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k261, (_P[n264] if (n264 := len(s263 := o.node_id.encode())) < 8192 else _long(n264)), s263,))
+def _e_RecoverNode262(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := o.node_id.encode())) < 8192 else _long(n266)), s265,))
 
 
-def _u270(v: Any) -> bytes:
-    return b"".join((_k270, (_b21(a272) if (a272 := v) else b"\x00"),))
+def _u272(v: Any) -> bytes:
+    return b"".join((_k272, (_b21(a274) if (a274 := v) else b"\x00"),))
 
 
-def _u275(v: Any) -> bytes:
-    return b"".join((_k275, (_b27(a277) if (a277 := v) else b"\x00"),))
+def _u277(v: Any) -> bytes:
+    return b"".join((_k277, (_b27(a279) if (a279 := v) else b"\x00"),))
 
 
-def _e_UpdateNode264(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k265, (_P[n268] if (n268 := len(s267 := o.node_id.encode())) < 8192 else _long(n268)), s267, (_k272 if (u269 := o.labels) is None else _u270(u269)), (_k277 if (u274 := o.taints) is None else _u275(u274)),))
+def _e_UpdateNode266(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k267, (_P[n270] if (n270 := len(s269 := o.node_id.encode())) < 8192 else _long(n270)), s269, (_k274 if (u271 := o.labels) is None else _u272(u271)), (_k279 if (u276 := o.taints) is None else _u277(u276)),))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k278[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k280[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint306(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint308(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n308 = _ZL[buf[pos]]
-    if n308 < 0:
-        n308, pos = _rlong(buf, pos)
-        if n308 < 0:
-            raise _length_error(n308, end - pos)
-    else:
-        pos += 1
-    q309 = pos + n308
-    if q309 > end:
-        raise _length_error(n308, end - pos)
-    f_key = buf[pos:q309].decode()
-    pos = q309
     n310 = _ZL[buf[pos]]
     if n310 < 0:
         n310, pos = _rlong(buf, pos)
@@ -516,7 +504,7 @@ def _d_Taint306(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q311 = pos + n310
     if q311 > end:
         raise _length_error(n310, end - pos)
-    f_value = buf[pos:q311].decode()
+    f_key = buf[pos:q311].decode()
     pos = q311
     n312 = _ZL[buf[pos]]
     if n312 < 0:
@@ -528,13 +516,25 @@ def _d_Taint306(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q313 = pos + n312
     if q313 > end:
         raise _length_error(n312, end - pos)
-    f_effect = buf[pos:q313].decode()
+    f_value = buf[pos:q313].decode()
     pos = q313
+    n314 = _ZL[buf[pos]]
+    if n314 < 0:
+        n314, pos = _rlong(buf, pos)
+        if n314 < 0:
+            raise _length_error(n314, end - pos)
+    else:
+        pos += 1
+    q315 = pos + n314
+    if q315 > end:
+        raise _length_error(n314, end - pos)
+    f_effect = buf[pos:q315].decode()
+    pos = q315
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode289(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -542,18 +542,7 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n289 = _ZL[buf[pos]]
-    if n289 < 0:
-        n289, pos = _rlong(buf, pos)
-        if n289 < 0:
-            raise _length_error(n289, end - pos)
-    else:
-        pos += 1
-    q290 = pos + n289
-    if q290 > end:
-        raise _length_error(n289, end - pos)
-    f_node_id = buf[pos:q290].decode()
-    pos = q290
+    f_gpu_memory_mib: int
     n291 = _ZL[buf[pos]]
     if n291 < 0:
         n291, pos = _rlong(buf, pos)
@@ -564,8 +553,20 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     q292 = pos + n291
     if q292 > end:
         raise _length_error(n291, end - pos)
-    f_gpu_model = buf[pos:q292].decode()
+    f_node_id = buf[pos:q292].decode()
     pos = q292
+    n293 = _ZL[buf[pos]]
+    if n293 < 0:
+        n293, pos = _rlong(buf, pos)
+        if n293 < 0:
+            raise _length_error(n293, end - pos)
+    else:
+        pos += 1
+    q294 = pos + n293
+    if q294 > end:
+        raise _length_error(n293, end - pos)
+    f_gpu_model = buf[pos:q294].decode()
+    pos = q294
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -612,55 +613,43 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc293: dict[str, Any] = {}
+        acc295: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c294 = _ZD[b]
+                c296 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c294 = (z >> 1) ^ -(z & 1)
+                c296 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c294 = (z >> 1) ^ -(z & 1)
+                c296 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c294, pos = _rlong(buf, pos)
-            if c294 == 0:
+                c296, pos = _rlong(buf, pos)
+            if c296 == 0:
                 break
-            if c294 < 0:
-                c294 = -c294
+            if c296 < 0:
+                c296 = -c296
                 b = buf[pos]
                 if b < 128:
-                    z297 = _ZD[b]
+                    z299 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z297 = (z >> 1) ^ -(z & 1)
+                    z299 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z297 = (z >> 1) ^ -(z & 1)
+                    z299 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z297, pos = _rlong(buf, pos)
-            if c294 * 2 > end - pos:
-                raise _count_error(c294, end - pos)
-            for _ in range(c294):
-                n298 = _ZL[buf[pos]]
-                if n298 < 0:
-                    n298, pos = _rlong(buf, pos)
-                    if n298 < 0:
-                        raise _length_error(n298, end - pos)
-                else:
-                    pos += 1
-                q299 = pos + n298
-                if q299 > end:
-                    raise _length_error(n298, end - pos)
-                k296 = buf[pos:q299].decode()
-                pos = q299
+                    z299, pos = _rlong(buf, pos)
+            if c296 * 2 > end - pos:
+                raise _count_error(c296, end - pos)
+            for _ in range(c296):
                 n300 = _ZL[buf[pos]]
                 if n300 < 0:
                     n300, pos = _rlong(buf, pos)
@@ -671,148 +660,162 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
                 q301 = pos + n300
                 if q301 > end:
                     raise _length_error(n300, end - pos)
-                x295 = buf[pos:q301].decode()
+                k298 = buf[pos:q301].decode()
                 pos = q301
-                acc293[k296] = x295
-        f_labels = acc293
+                n302 = _ZL[buf[pos]]
+                if n302 < 0:
+                    n302, pos = _rlong(buf, pos)
+                    if n302 < 0:
+                        raise _length_error(n302, end - pos)
+                else:
+                    pos += 1
+                q303 = pos + n302
+                if q303 > end:
+                    raise _length_error(n302, end - pos)
+                x297 = buf[pos:q303].decode()
+                pos = q303
+                acc295[k298] = x297
+        f_labels = acc295
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc302: list[Any] = []
+        acc304: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c303 = _ZD[b]
+                c305 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c303 = (z >> 1) ^ -(z & 1)
+                c305 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c303 = (z >> 1) ^ -(z & 1)
+                c305 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c303, pos = _rlong(buf, pos)
-            if c303 == 0:
+                c305, pos = _rlong(buf, pos)
+            if c305 == 0:
                 break
-            if c303 < 0:
-                c303 = -c303
+            if c305 < 0:
+                c305 = -c305
                 b = buf[pos]
                 if b < 128:
-                    z306 = _ZD[b]
+                    z308 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z306 = (z >> 1) ^ -(z & 1)
+                    z308 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z306 = (z >> 1) ^ -(z & 1)
+                    z308 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z306, pos = _rlong(buf, pos)
-            if c303 * 3 > end - pos:
-                raise _count_error(c303, end - pos)
-            for _ in range(c303):
-                x304, pos = _d_Taint306(buf, pos, end)
-                acc302.append(x304)
-        f_taints = tuple(acc302)
-    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
+                    z308, pos = _rlong(buf, pos)
+            if c305 * 3 > end - pos:
+                raise _count_error(c305, end - pos)
+            for _ in range(c305):
+                x306, pos = _d_Taint308(buf, pos, end)
+                acc304.append(x306)
+        f_taints = tuple(acc304)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_RemoveNode313(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode315(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n315 = _ZL[buf[pos]]
-    if n315 < 0:
-        n315, pos = _rlong(buf, pos)
-        if n315 < 0:
-            raise _length_error(n315, end - pos)
+    n317 = _ZL[buf[pos]]
+    if n317 < 0:
+        n317, pos = _rlong(buf, pos)
+        if n317 < 0:
+            raise _length_error(n317, end - pos)
     else:
         pos += 1
-    q316 = pos + n315
-    if q316 > end:
-        raise _length_error(n315, end - pos)
-    f_node_id = buf[pos:q316].decode()
-    pos = q316
+    q318 = pos + n317
+    if q318 > end:
+        raise _length_error(n317, end - pos)
+    f_node_id = buf[pos:q318].decode()
+    pos = q318
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode316(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode318(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n318 = _ZL[buf[pos]]
-    if n318 < 0:
-        n318, pos = _rlong(buf, pos)
-        if n318 < 0:
-            raise _length_error(n318, end - pos)
+    n320 = _ZL[buf[pos]]
+    if n320 < 0:
+        n320, pos = _rlong(buf, pos)
+        if n320 < 0:
+            raise _length_error(n320, end - pos)
     else:
         pos += 1
-    q319 = pos + n318
-    if q319 > end:
-        raise _length_error(n318, end - pos)
-    f_node_id = buf[pos:q319].decode()
-    pos = q319
+    q321 = pos + n320
+    if q321 > end:
+        raise _length_error(n320, end - pos)
+    f_node_id = buf[pos:q321].decode()
+    pos = q321
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode319(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode321(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n321 = _ZL[buf[pos]]
-    if n321 < 0:
-        n321, pos = _rlong(buf, pos)
-        if n321 < 0:
-            raise _length_error(n321, end - pos)
+    n323 = _ZL[buf[pos]]
+    if n323 < 0:
+        n323, pos = _rlong(buf, pos)
+        if n323 < 0:
+            raise _length_error(n323, end - pos)
     else:
         pos += 1
-    q322 = pos + n321
-    if q322 > end:
-        raise _length_error(n321, end - pos)
-    f_node_id = buf[pos:q322].decode()
-    pos = q322
+    q324 = pos + n323
+    if q324 > end:
+        raise _length_error(n323, end - pos)
+    f_node_id = buf[pos:q324].decode()
+    pos = q324
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode322(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode324(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
-    n324 = _ZL[buf[pos]]
-    if n324 < 0:
-        n324, pos = _rlong(buf, pos)
-        if n324 < 0:
-            raise _length_error(n324, end - pos)
+    n326 = _ZL[buf[pos]]
+    if n326 < 0:
+        n326, pos = _rlong(buf, pos)
+        if n326 < 0:
+            raise _length_error(n326, end - pos)
     else:
         pos += 1
-    q325 = pos + n324
-    if q325 > end:
-        raise _length_error(n324, end - pos)
-    f_node_id = buf[pos:q325].decode()
-    pos = q325
+    q327 = pos + n326
+    if q327 > end:
+        raise _length_error(n326, end - pos)
+    f_node_id = buf[pos:q327].decode()
+    pos = q327
     o = _c_DrainNode(f_node_id)
     return o, pos
 
 
-def _d_MarkNodeFailed325(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed327(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n327 = _ZL[buf[pos]]
-    if n327 < 0:
-        n327, pos = _rlong(buf, pos)
-        if n327 < 0:
-            raise _length_error(n327, end - pos)
-    else:
-        pos += 1
-    q328 = pos + n327
-    if q328 > end:
-        raise _length_error(n327, end - pos)
-    f_node_id = buf[pos:q328].decode()
-    pos = q328
     n329 = _ZL[buf[pos]]
     if n329 < 0:
         n329, pos = _rlong(buf, pos)
@@ -823,29 +826,29 @@ def _d_MarkNodeFailed325(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFai
     q330 = pos + n329
     if q330 > end:
         raise _length_error(n329, end - pos)
-    f_reason = buf[pos:q330].decode()
+    f_node_id = buf[pos:q330].decode()
     pos = q330
+    n331 = _ZL[buf[pos]]
+    if n331 < 0:
+        n331, pos = _rlong(buf, pos)
+        if n331 < 0:
+            raise _length_error(n331, end - pos)
+    else:
+        pos += 1
+    q332 = pos + n331
+    if q332 > end:
+        raise _length_error(n331, end - pos)
+    f_reason = buf[pos:q332].decode()
+    pos = q332
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration358(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n358 = _ZL[buf[pos]]
-    if n358 < 0:
-        n358, pos = _rlong(buf, pos)
-        if n358 < 0:
-            raise _length_error(n358, end - pos)
-    else:
-        pos += 1
-    q359 = pos + n358
-    if q359 > end:
-        raise _length_error(n358, end - pos)
-    f_key = buf[pos:q359].decode()
-    pos = q359
     n360 = _ZL[buf[pos]]
     if n360 < 0:
         n360, pos = _rlong(buf, pos)
@@ -856,7 +859,7 @@ def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q361 = pos + n360
     if q361 > end:
         raise _length_error(n360, end - pos)
-    f_operator = buf[pos:q361].decode()
+    f_key = buf[pos:q361].decode()
     pos = q361
     n362 = _ZL[buf[pos]]
     if n362 < 0:
@@ -868,7 +871,7 @@ def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q363 = pos + n362
     if q363 > end:
         raise _length_error(n362, end - pos)
-    f_value = buf[pos:q363].decode()
+    f_operator = buf[pos:q363].decode()
     pos = q363
     n364 = _ZL[buf[pos]]
     if n364 < 0:
@@ -880,13 +883,25 @@ def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q365 = pos + n364
     if q365 > end:
         raise _length_error(n364, end - pos)
-    f_effect = buf[pos:q365].decode()
+    f_value = buf[pos:q365].decode()
     pos = q365
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
+    else:
+        pos += 1
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_effect = buf[pos:q367].decode()
+    pos = q367
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -902,18 +917,7 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n332 = _ZL[buf[pos]]
-    if n332 < 0:
-        n332, pos = _rlong(buf, pos)
-        if n332 < 0:
-            raise _length_error(n332, end - pos)
-    else:
-        pos += 1
-    q333 = pos + n332
-    if q333 > end:
-        raise _length_error(n332, end - pos)
-    f_pod_id = buf[pos:q333].decode()
-    pos = q333
+    f_gpu_memory_mib: int
     n334 = _ZL[buf[pos]]
     if n334 < 0:
         n334, pos = _rlong(buf, pos)
@@ -924,8 +928,20 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     q335 = pos + n334
     if q335 > end:
         raise _length_error(n334, end - pos)
-    f_tenant = buf[pos:q335].decode()
+    f_pod_id = buf[pos:q335].decode()
     pos = q335
+    n336 = _ZL[buf[pos]]
+    if n336 < 0:
+        n336, pos = _rlong(buf, pos)
+        if n336 < 0:
+            raise _length_error(n336, end - pos)
+    else:
+        pos += 1
+    q337 = pos + n336
+    if q337 > end:
+        raise _length_error(n336, end - pos)
+    f_tenant = buf[pos:q337].decode()
+    pos = q337
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1000,110 +1016,98 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc336: list[Any] = []
+        acc338: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c337 = _ZD[b]
+                c339 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c337 = (z >> 1) ^ -(z & 1)
+                c339 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c337 = (z >> 1) ^ -(z & 1)
+                c339 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c337, pos = _rlong(buf, pos)
-            if c337 == 0:
+                c339, pos = _rlong(buf, pos)
+            if c339 == 0:
                 break
-            if c337 < 0:
-                c337 = -c337
+            if c339 < 0:
+                c339 = -c339
                 b = buf[pos]
                 if b < 128:
-                    z340 = _ZD[b]
+                    z342 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z340 = (z >> 1) ^ -(z & 1)
+                    z342 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z340 = (z >> 1) ^ -(z & 1)
+                    z342 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z340, pos = _rlong(buf, pos)
-            if c337 * 1 > end - pos:
-                raise _count_error(c337, end - pos)
-            for _ in range(c337):
-                n341 = _ZL[buf[pos]]
-                if n341 < 0:
-                    n341, pos = _rlong(buf, pos)
-                    if n341 < 0:
-                        raise _length_error(n341, end - pos)
+                    z342, pos = _rlong(buf, pos)
+            if c339 * 1 > end - pos:
+                raise _count_error(c339, end - pos)
+            for _ in range(c339):
+                n343 = _ZL[buf[pos]]
+                if n343 < 0:
+                    n343, pos = _rlong(buf, pos)
+                    if n343 < 0:
+                        raise _length_error(n343, end - pos)
                 else:
                     pos += 1
-                q342 = pos + n341
-                if q342 > end:
-                    raise _length_error(n341, end - pos)
-                x338 = buf[pos:q342].decode()
-                pos = q342
-                acc336.append(x338)
-        f_gpu_models = tuple(acc336)
+                q344 = pos + n343
+                if q344 > end:
+                    raise _length_error(n343, end - pos)
+                x340 = buf[pos:q344].decode()
+                pos = q344
+                acc338.append(x340)
+        f_gpu_models = tuple(acc338)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc343: dict[str, Any] = {}
+        acc345: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c344 = _ZD[b]
+                c346 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c344 = (z >> 1) ^ -(z & 1)
+                c346 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c344 = (z >> 1) ^ -(z & 1)
+                c346 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c344, pos = _rlong(buf, pos)
-            if c344 == 0:
+                c346, pos = _rlong(buf, pos)
+            if c346 == 0:
                 break
-            if c344 < 0:
-                c344 = -c344
+            if c346 < 0:
+                c346 = -c346
                 b = buf[pos]
                 if b < 128:
-                    z347 = _ZD[b]
+                    z349 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z347 = (z >> 1) ^ -(z & 1)
+                    z349 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z347 = (z >> 1) ^ -(z & 1)
+                    z349 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z347, pos = _rlong(buf, pos)
-            if c344 * 2 > end - pos:
-                raise _count_error(c344, end - pos)
-            for _ in range(c344):
-                n348 = _ZL[buf[pos]]
-                if n348 < 0:
-                    n348, pos = _rlong(buf, pos)
-                    if n348 < 0:
-                        raise _length_error(n348, end - pos)
-                else:
-                    pos += 1
-                q349 = pos + n348
-                if q349 > end:
-                    raise _length_error(n348, end - pos)
-                k346 = buf[pos:q349].decode()
-                pos = q349
+                    z349, pos = _rlong(buf, pos)
+            if c346 * 2 > end - pos:
+                raise _count_error(c346, end - pos)
+            for _ in range(c346):
                 n350 = _ZL[buf[pos]]
                 if n350 < 0:
                     n350, pos = _rlong(buf, pos)
@@ -1114,71 +1118,83 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
                 q351 = pos + n350
                 if q351 > end:
                     raise _length_error(n350, end - pos)
-                x345 = buf[pos:q351].decode()
+                k348 = buf[pos:q351].decode()
                 pos = q351
-                acc343[k346] = x345
-        f_node_selector = acc343
+                n352 = _ZL[buf[pos]]
+                if n352 < 0:
+                    n352, pos = _rlong(buf, pos)
+                    if n352 < 0:
+                        raise _length_error(n352, end - pos)
+                else:
+                    pos += 1
+                q353 = pos + n352
+                if q353 > end:
+                    raise _length_error(n352, end - pos)
+                x347 = buf[pos:q353].decode()
+                pos = q353
+                acc345[k348] = x347
+        f_node_selector = acc345
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc352: list[Any] = []
+        acc354: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c353 = _ZD[b]
+                c355 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c353 = (z >> 1) ^ -(z & 1)
+                c355 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c353 = (z >> 1) ^ -(z & 1)
+                c355 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c353, pos = _rlong(buf, pos)
-            if c353 == 0:
+                c355, pos = _rlong(buf, pos)
+            if c355 == 0:
                 break
-            if c353 < 0:
-                c353 = -c353
+            if c355 < 0:
+                c355 = -c355
                 b = buf[pos]
                 if b < 128:
-                    z356 = _ZD[b]
+                    z358 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z358 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z358 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z356, pos = _rlong(buf, pos)
-            if c353 * 4 > end - pos:
-                raise _count_error(c353, end - pos)
-            for _ in range(c353):
-                x354, pos = _d_Toleration356(buf, pos, end)
-                acc352.append(x354)
-        f_tolerations = tuple(acc352)
+                    z358, pos = _rlong(buf, pos)
+            if c355 * 4 > end - pos:
+                raise _count_error(c355, end - pos)
+            for _ in range(c355):
+                x356, pos = _d_Toleration358(buf, pos, end)
+                acc354.append(x356)
+        f_tolerations = tuple(acc354)
     b = buf[pos]
     if b < 128:
-        i366 = _ZD[b]
+        i368 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i366 = (z >> 1) ^ -(z & 1)
+        i368 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i366 = (z >> 1) ^ -(z & 1)
+        i368 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i366, pos = _rlong(buf, pos)
-    if i366 == 0:
+        i368, pos = _rlong(buf, pos)
+    if i368 == 0:
         f_time_limit_ms = None
-    elif i366 == 1:
+    elif i368 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1194,74 +1210,62 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i366, 2)
+        raise _union_error(i368, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc367: list[Any] = []
+        acc369: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c368 = _ZD[b]
+                c370 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c368 = (z >> 1) ^ -(z & 1)
+                c370 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c368 = (z >> 1) ^ -(z & 1)
+                c370 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c368, pos = _rlong(buf, pos)
-            if c368 == 0:
+                c370, pos = _rlong(buf, pos)
+            if c370 == 0:
                 break
-            if c368 < 0:
-                c368 = -c368
+            if c370 < 0:
+                c370 = -c370
                 b = buf[pos]
                 if b < 128:
-                    z371 = _ZD[b]
+                    z373 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z371 = (z >> 1) ^ -(z & 1)
+                    z373 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z371 = (z >> 1) ^ -(z & 1)
+                    z373 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z371, pos = _rlong(buf, pos)
-            if c368 * 1 > end - pos:
-                raise _count_error(c368, end - pos)
-            for _ in range(c368):
-                n372 = _ZL[buf[pos]]
-                if n372 < 0:
-                    n372, pos = _rlong(buf, pos)
-                    if n372 < 0:
-                        raise _length_error(n372, end - pos)
+                    z373, pos = _rlong(buf, pos)
+            if c370 * 1 > end - pos:
+                raise _count_error(c370, end - pos)
+            for _ in range(c370):
+                n374 = _ZL[buf[pos]]
+                if n374 < 0:
+                    n374, pos = _rlong(buf, pos)
+                    if n374 < 0:
+                        raise _length_error(n374, end - pos)
                 else:
                     pos += 1
-                q373 = pos + n372
-                if q373 > end:
-                    raise _length_error(n372, end - pos)
-                x369 = buf[pos:q373].decode()
-                pos = q373
-                acc367.append(x369)
-        f_depends_on = tuple(acc367)
-    n374 = _ZL[buf[pos]]
-    if n374 < 0:
-        n374, pos = _rlong(buf, pos)
-        if n374 < 0:
-            raise _length_error(n374, end - pos)
-    else:
-        pos += 1
-    q375 = pos + n374
-    if q375 > end:
-        raise _length_error(n374, end - pos)
-    f_dependency = buf[pos:q375].decode()
-    pos = q375
+                q375 = pos + n374
+                if q375 > end:
+                    raise _length_error(n374, end - pos)
+                x371 = buf[pos:q375].decode()
+                pos = q375
+                acc369.append(x371)
+        f_depends_on = tuple(acc369)
     n376 = _ZL[buf[pos]]
     if n376 < 0:
         n376, pos = _rlong(buf, pos)
@@ -1272,29 +1276,43 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     q377 = pos + n376
     if q377 > end:
         raise _length_error(n376, end - pos)
-    f_preemption = buf[pos:q377].decode()
+    f_dependency = buf[pos:q377].decode()
     pos = q377
+    n378 = _ZL[buf[pos]]
+    if n378 < 0:
+        n378, pos = _rlong(buf, pos)
+        if n378 < 0:
+            raise _length_error(n378, end - pos)
+    else:
+        pos += 1
+    q379 = pos + n378
+    if q379 > end:
+        raise _length_error(n378, end - pos)
+    f_preemption = buf[pos:q379].decode()
+    pos = q379
     f_movable = buf[pos] != 0
     pos += 1
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_Release377(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release379(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
-    else:
-        pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_pod_id = buf[pos:q380].decode()
-    pos = q380
     n381 = _ZL[buf[pos]]
     if n381 < 0:
         n381, pos = _rlong(buf, pos)
@@ -1305,13 +1323,25 @@ def _d_Release377(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     q382 = pos + n381
     if q382 > end:
         raise _length_error(n381, end - pos)
-    f_reason = buf[pos:q382].decode()
+    f_pod_id = buf[pos:q382].decode()
     pos = q382
+    n383 = _ZL[buf[pos]]
+    if n383 < 0:
+        n383, pos = _rlong(buf, pos)
+        if n383 < 0:
+            raise _length_error(n383, end - pos)
+    else:
+        pos += 1
+    q384 = pos + n383
+    if q384 > end:
+        raise _length_error(n383, end - pos)
+    f_reason = buf[pos:q384].decode()
+    pos = q384
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1321,170 +1351,104 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_weight: int
     b = buf[pos]
     if b < 128:
-        i391 = _ZD[b]
+        i393 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i391 = (z >> 1) ^ -(z & 1)
+        i393 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i391 = (z >> 1) ^ -(z & 1)
+        i393 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i391, pos = _rlong(buf, pos)
-    if i391 == 0:
+        i393, pos = _rlong(buf, pos)
+    if i393 == 0:
         f_cohort = None
-    elif i391 == 1:
-        n392 = _ZL[buf[pos]]
-        if n392 < 0:
-            n392, pos = _rlong(buf, pos)
-            if n392 < 0:
-                raise _length_error(n392, end - pos)
+    elif i393 == 1:
+        n394 = _ZL[buf[pos]]
+        if n394 < 0:
+            n394, pos = _rlong(buf, pos)
+            if n394 < 0:
+                raise _length_error(n394, end - pos)
         else:
             pos += 1
-        q393 = pos + n392
-        if q393 > end:
-            raise _length_error(n392, end - pos)
-        f_cohort = buf[pos:q393].decode()
-        pos = q393
+        q395 = pos + n394
+        if q395 > end:
+            raise _length_error(n394, end - pos)
+        f_cohort = buf[pos:q395].decode()
+        pos = q395
     else:
-        raise _union_error(i391, 2)
+        raise _union_error(i393, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc394: dict[str, Any] = {}
+        acc396: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c395 = _ZD[b]
+                c397 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c395 = (z >> 1) ^ -(z & 1)
+                c397 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c395 = (z >> 1) ^ -(z & 1)
+                c397 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c395, pos = _rlong(buf, pos)
-            if c395 == 0:
+                c397, pos = _rlong(buf, pos)
+            if c397 == 0:
                 break
-            if c395 < 0:
-                c395 = -c395
+            if c397 < 0:
+                c397 = -c397
                 b = buf[pos]
                 if b < 128:
-                    z398 = _ZD[b]
+                    z400 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z398 = (z >> 1) ^ -(z & 1)
+                    z400 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z398 = (z >> 1) ^ -(z & 1)
+                    z400 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z398, pos = _rlong(buf, pos)
-            if c395 * 2 > end - pos:
-                raise _count_error(c395, end - pos)
-            for _ in range(c395):
-                n399 = _ZL[buf[pos]]
-                if n399 < 0:
-                    n399, pos = _rlong(buf, pos)
-                    if n399 < 0:
-                        raise _length_error(n399, end - pos)
+                    z400, pos = _rlong(buf, pos)
+            if c397 * 2 > end - pos:
+                raise _count_error(c397, end - pos)
+            for _ in range(c397):
+                n401 = _ZL[buf[pos]]
+                if n401 < 0:
+                    n401, pos = _rlong(buf, pos)
+                    if n401 < 0:
+                        raise _length_error(n401, end - pos)
                 else:
                     pos += 1
-                q400 = pos + n399
-                if q400 > end:
-                    raise _length_error(n399, end - pos)
-                k397 = buf[pos:q400].decode()
-                pos = q400
+                q402 = pos + n401
+                if q402 > end:
+                    raise _length_error(n401, end - pos)
+                k399 = buf[pos:q402].decode()
+                pos = q402
                 b = buf[pos]
                 if b < 128:
-                    x396 = _ZD[b]
+                    x398 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x396 = (z >> 1) ^ -(z & 1)
+                    x398 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x396 = (z >> 1) ^ -(z & 1)
+                    x398 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x396, pos = _rlong(buf, pos)
-                acc394[k397] = x396
-        f_nominal_gpus = acc394
-    b = buf[pos]
-    if b < 128:
-        i401 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i401 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i401 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i401, pos = _rlong(buf, pos)
-    if i401 == 0:
-        f_nominal_cpu_milli = None
-    elif i401 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i401, 2)
-    b = buf[pos]
-    if b < 128:
-        i402 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i402 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i402 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i402, pos = _rlong(buf, pos)
-    if i402 == 0:
-        f_nominal_memory_mib = None
-    elif i402 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i402, 2)
+                    x398, pos = _rlong(buf, pos)
+                acc396[k399] = x398
+        f_nominal_gpus = acc396
     b = buf[pos]
     if b < 128:
         i403 = _ZD[b]
@@ -1500,22 +1464,22 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i403, pos = _rlong(buf, pos)
     if i403 == 0:
-        f_borrowing_limit_gpus = None
+        f_nominal_cpu_milli = None
     elif i403 == 1:
         b = buf[pos]
         if b < 128:
-            f_borrowing_limit_gpus = _ZD[b]
+            f_nominal_cpu_milli = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
         raise _union_error(i403, 2)
     b = buf[pos]
@@ -1533,8 +1497,74 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i404, pos = _rlong(buf, pos)
     if i404 == 0:
-        f_lending_limit_gpus = None
+        f_nominal_memory_mib = None
     elif i404 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i404, 2)
+    b = buf[pos]
+    if b < 128:
+        i405 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i405 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i405 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i405, pos = _rlong(buf, pos)
+    if i405 == 0:
+        f_borrowing_limit_gpus = None
+    elif i405 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i405, 2)
+    b = buf[pos]
+    if b < 128:
+        i406 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i406 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i406 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i406, pos = _rlong(buf, pos)
+    if i406 == 0:
+        f_lending_limit_gpus = None
+    elif i406 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1550,7 +1580,7 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i404, 2)
+        raise _union_error(i406, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1569,41 +1599,41 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy384(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n384 = _ZL[buf[pos]]
-    if n384 < 0:
-        n384, pos = _rlong(buf, pos)
-        if n384 < 0:
-            raise _length_error(n384, end - pos)
+    n386 = _ZL[buf[pos]]
+    if n386 < 0:
+        n386, pos = _rlong(buf, pos)
+        if n386 < 0:
+            raise _length_error(n386, end - pos)
     else:
         pos += 1
-    q385 = pos + n384
-    if q385 > end:
-        raise _length_error(n384, end - pos)
-    f_policy = buf[pos:q385].decode()
-    pos = q385
+    q387 = pos + n386
+    if q387 > end:
+        raise _length_error(n386, end - pos)
+    f_policy = buf[pos:q387].decode()
+    pos = q387
     b = buf[pos]
     if b < 128:
-        i386 = _ZD[b]
+        i388 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i386 = (z >> 1) ^ -(z & 1)
+        i388 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i386 = (z >> 1) ^ -(z & 1)
+        i388 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i386, pos = _rlong(buf, pos)
-    if i386 == 0:
+        i388, pos = _rlong(buf, pos)
+    if i388 == 0:
         f_reserve_after_ms = None
-    elif i386 == 1:
+    elif i388 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1619,56 +1649,56 @@ def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i386, 2)
-    n387 = _ZL[buf[pos]]
-    if n387 < 0:
-        n387, pos = _rlong(buf, pos)
-        if n387 < 0:
-            raise _length_error(n387, end - pos)
+        raise _union_error(i388, 2)
+    n389 = _ZL[buf[pos]]
+    if n389 < 0:
+        n389, pos = _rlong(buf, pos)
+        if n389 < 0:
+            raise _length_error(n389, end - pos)
     else:
         pos += 1
-    q388 = pos + n387
-    if q388 > end:
-        raise _length_error(n387, end - pos)
-    f_queue_order = buf[pos:q388].decode()
-    pos = q388
+    q390 = pos + n389
+    if q390 > end:
+        raise _length_error(n389, end - pos)
+    f_queue_order = buf[pos:q390].decode()
+    pos = q390
     b = buf[pos]
     if b < 128:
-        i389 = _ZD[b]
+        i391 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i389 = (z >> 1) ^ -(z & 1)
+        i391 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i389 = (z >> 1) ^ -(z & 1)
+        i391 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i389, pos = _rlong(buf, pos)
-    if i389 == 0:
+        i391, pos = _rlong(buf, pos)
+    if i391 == 0:
         f_default_quota = None
-    elif i389 == 1:
-        f_default_quota, pos = _d_Quota389(buf, pos, end)
+    elif i391 == 1:
+        f_default_quota, pos = _d_Quota391(buf, pos, end)
     else:
-        raise _union_error(i389, 2)
+        raise _union_error(i391, 2)
     b = buf[pos]
     if b < 128:
-        i405 = _ZD[b]
+        i407 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i405 = (z >> 1) ^ -(z & 1)
+        i407 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i405 = (z >> 1) ^ -(z & 1)
+        i407 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i405, pos = _rlong(buf, pos)
-    if i405 == 0:
+        i407, pos = _rlong(buf, pos)
+    if i407 == 0:
         f_max_clock_jump_ms = None
-    elif i405 == 1:
+    elif i407 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1684,12 +1714,12 @@ def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i405, 2)
+        raise _union_error(i407, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember417(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1698,18 +1728,18 @@ def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n417 = _ZL[buf[pos]]
-    if n417 < 0:
-        n417, pos = _rlong(buf, pos)
-        if n417 < 0:
-            raise _length_error(n417, end - pos)
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q418 = pos + n417
-    if q418 > end:
-        raise _length_error(n417, end - pos)
-    f_pod_id = buf[pos:q418].decode()
-    pos = q418
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_pod_id = buf[pos:q420].decode()
+    pos = q420
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1770,110 +1800,98 @@ def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc419: list[Any] = []
+        acc421: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c420 = _ZD[b]
+                c422 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c420 = (z >> 1) ^ -(z & 1)
+                c422 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c420 = (z >> 1) ^ -(z & 1)
+                c422 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c420, pos = _rlong(buf, pos)
-            if c420 == 0:
+                c422, pos = _rlong(buf, pos)
+            if c422 == 0:
                 break
-            if c420 < 0:
-                c420 = -c420
+            if c422 < 0:
+                c422 = -c422
                 b = buf[pos]
                 if b < 128:
-                    z423 = _ZD[b]
+                    z425 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z423 = (z >> 1) ^ -(z & 1)
+                    z425 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z423 = (z >> 1) ^ -(z & 1)
+                    z425 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z423, pos = _rlong(buf, pos)
-            if c420 * 1 > end - pos:
-                raise _count_error(c420, end - pos)
-            for _ in range(c420):
-                n424 = _ZL[buf[pos]]
-                if n424 < 0:
-                    n424, pos = _rlong(buf, pos)
-                    if n424 < 0:
-                        raise _length_error(n424, end - pos)
+                    z425, pos = _rlong(buf, pos)
+            if c422 * 1 > end - pos:
+                raise _count_error(c422, end - pos)
+            for _ in range(c422):
+                n426 = _ZL[buf[pos]]
+                if n426 < 0:
+                    n426, pos = _rlong(buf, pos)
+                    if n426 < 0:
+                        raise _length_error(n426, end - pos)
                 else:
                     pos += 1
-                q425 = pos + n424
-                if q425 > end:
-                    raise _length_error(n424, end - pos)
-                x421 = buf[pos:q425].decode()
-                pos = q425
-                acc419.append(x421)
-        f_gpu_models = tuple(acc419)
+                q427 = pos + n426
+                if q427 > end:
+                    raise _length_error(n426, end - pos)
+                x423 = buf[pos:q427].decode()
+                pos = q427
+                acc421.append(x423)
+        f_gpu_models = tuple(acc421)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc426: dict[str, Any] = {}
+        acc428: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c427 = _ZD[b]
+                c429 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c427 = (z >> 1) ^ -(z & 1)
+                c429 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c427 = (z >> 1) ^ -(z & 1)
+                c429 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c427, pos = _rlong(buf, pos)
-            if c427 == 0:
+                c429, pos = _rlong(buf, pos)
+            if c429 == 0:
                 break
-            if c427 < 0:
-                c427 = -c427
+            if c429 < 0:
+                c429 = -c429
                 b = buf[pos]
                 if b < 128:
-                    z430 = _ZD[b]
+                    z432 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z432 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z432 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z430, pos = _rlong(buf, pos)
-            if c427 * 2 > end - pos:
-                raise _count_error(c427, end - pos)
-            for _ in range(c427):
-                n431 = _ZL[buf[pos]]
-                if n431 < 0:
-                    n431, pos = _rlong(buf, pos)
-                    if n431 < 0:
-                        raise _length_error(n431, end - pos)
-                else:
-                    pos += 1
-                q432 = pos + n431
-                if q432 > end:
-                    raise _length_error(n431, end - pos)
-                k429 = buf[pos:q432].decode()
-                pos = q432
+                    z432, pos = _rlong(buf, pos)
+            if c429 * 2 > end - pos:
+                raise _count_error(c429, end - pos)
+            for _ in range(c429):
                 n433 = _ZL[buf[pos]]
                 if n433 < 0:
                     n433, pos = _rlong(buf, pos)
@@ -1884,59 +1902,71 @@ def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
                 q434 = pos + n433
                 if q434 > end:
                     raise _length_error(n433, end - pos)
-                x428 = buf[pos:q434].decode()
+                k431 = buf[pos:q434].decode()
                 pos = q434
-                acc426[k429] = x428
-        f_node_selector = acc426
+                n435 = _ZL[buf[pos]]
+                if n435 < 0:
+                    n435, pos = _rlong(buf, pos)
+                    if n435 < 0:
+                        raise _length_error(n435, end - pos)
+                else:
+                    pos += 1
+                q436 = pos + n435
+                if q436 > end:
+                    raise _length_error(n435, end - pos)
+                x430 = buf[pos:q436].decode()
+                pos = q436
+                acc428[k431] = x430
+        f_node_selector = acc428
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc435: list[Any] = []
+        acc437: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c436 = _ZD[b]
+                c438 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c436 = (z >> 1) ^ -(z & 1)
+                c438 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c436 = (z >> 1) ^ -(z & 1)
+                c438 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c436, pos = _rlong(buf, pos)
-            if c436 == 0:
+                c438, pos = _rlong(buf, pos)
+            if c438 == 0:
                 break
-            if c436 < 0:
-                c436 = -c436
+            if c438 < 0:
+                c438 = -c438
                 b = buf[pos]
                 if b < 128:
-                    z439 = _ZD[b]
+                    z441 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z439 = (z >> 1) ^ -(z & 1)
+                    z441 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z439 = (z >> 1) ^ -(z & 1)
+                    z441 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z439, pos = _rlong(buf, pos)
-            if c436 * 4 > end - pos:
-                raise _count_error(c436, end - pos)
-            for _ in range(c436):
-                x437, pos = _d_Toleration356(buf, pos, end)
-                acc435.append(x437)
-        f_tolerations = tuple(acc435)
+                    z441, pos = _rlong(buf, pos)
+            if c438 * 4 > end - pos:
+                raise _count_error(c438, end - pos)
+            for _ in range(c438):
+                x439, pos = _d_Toleration358(buf, pos, end)
+                acc437.append(x439)
+        f_tolerations = tuple(acc437)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1949,18 +1979,6 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n407 = _ZL[buf[pos]]
-    if n407 < 0:
-        n407, pos = _rlong(buf, pos)
-        if n407 < 0:
-            raise _length_error(n407, end - pos)
-    else:
-        pos += 1
-    q408 = pos + n407
-    if q408 > end:
-        raise _length_error(n407, end - pos)
-    f_gang_id = buf[pos:q408].decode()
-    pos = q408
     n409 = _ZL[buf[pos]]
     if n409 < 0:
         n409, pos = _rlong(buf, pos)
@@ -1971,8 +1989,20 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     q410 = pos + n409
     if q410 > end:
         raise _length_error(n409, end - pos)
-    f_tenant = buf[pos:q410].decode()
+    f_gang_id = buf[pos:q410].decode()
     pos = q410
+    n411 = _ZL[buf[pos]]
+    if n411 < 0:
+        n411, pos = _rlong(buf, pos)
+        if n411 < 0:
+            raise _length_error(n411, end - pos)
+    else:
+        pos += 1
+    q412 = pos + n411
+    if q412 > end:
+        raise _length_error(n411, end - pos)
+    f_tenant = buf[pos:q412].decode()
+    pos = q412
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1991,63 +2021,63 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc411: list[Any] = []
+        acc413: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c412 = _ZD[b]
+                c414 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c412 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c412 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c412, pos = _rlong(buf, pos)
-            if c412 == 0:
+                c414, pos = _rlong(buf, pos)
+            if c414 == 0:
                 break
-            if c412 < 0:
-                c412 = -c412
+            if c414 < 0:
+                c414 = -c414
                 b = buf[pos]
                 if b < 128:
-                    z415 = _ZD[b]
+                    z417 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z415, pos = _rlong(buf, pos)
-            if c412 * 8 > end - pos:
-                raise _count_error(c412, end - pos)
-            for _ in range(c412):
-                x413, pos = _d_GangMember415(buf, pos, end)
-                acc411.append(x413)
-        f_members = tuple(acc411)
+                    z417, pos = _rlong(buf, pos)
+            if c414 * 8 > end - pos:
+                raise _count_error(c414, end - pos)
+            for _ in range(c414):
+                x415, pos = _d_GangMember417(buf, pos, end)
+                acc413.append(x415)
+        f_members = tuple(acc413)
     b = buf[pos]
     if b < 128:
-        i440 = _ZD[b]
+        i442 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i440 = (z >> 1) ^ -(z & 1)
+        i442 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i440 = (z >> 1) ^ -(z & 1)
+        i442 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i440, pos = _rlong(buf, pos)
-    if i440 == 0:
+        i442, pos = _rlong(buf, pos)
+    if i442 == 0:
         f_min_members = None
-    elif i440 == 1:
+    elif i442 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2063,86 +2093,86 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i440, 2)
+        raise _union_error(i442, 2)
     b = buf[pos]
     if b < 128:
-        i441 = _ZD[b]
+        i443 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i441 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i441 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i441, pos = _rlong(buf, pos)
-    if i441 == 0:
+        i443, pos = _rlong(buf, pos)
+    if i443 == 0:
         f_topology_required = None
-    elif i441 == 1:
-        n442 = _ZL[buf[pos]]
-        if n442 < 0:
-            n442, pos = _rlong(buf, pos)
-            if n442 < 0:
-                raise _length_error(n442, end - pos)
+    elif i443 == 1:
+        n444 = _ZL[buf[pos]]
+        if n444 < 0:
+            n444, pos = _rlong(buf, pos)
+            if n444 < 0:
+                raise _length_error(n444, end - pos)
         else:
             pos += 1
-        q443 = pos + n442
-        if q443 > end:
-            raise _length_error(n442, end - pos)
-        f_topology_required = buf[pos:q443].decode()
-        pos = q443
+        q445 = pos + n444
+        if q445 > end:
+            raise _length_error(n444, end - pos)
+        f_topology_required = buf[pos:q445].decode()
+        pos = q445
     else:
-        raise _union_error(i441, 2)
+        raise _union_error(i443, 2)
     b = buf[pos]
     if b < 128:
-        i444 = _ZD[b]
+        i446 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i444 = (z >> 1) ^ -(z & 1)
+        i446 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i444 = (z >> 1) ^ -(z & 1)
+        i446 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i444, pos = _rlong(buf, pos)
-    if i444 == 0:
+        i446, pos = _rlong(buf, pos)
+    if i446 == 0:
         f_topology_preferred = None
-    elif i444 == 1:
-        n445 = _ZL[buf[pos]]
-        if n445 < 0:
-            n445, pos = _rlong(buf, pos)
-            if n445 < 0:
-                raise _length_error(n445, end - pos)
+    elif i446 == 1:
+        n447 = _ZL[buf[pos]]
+        if n447 < 0:
+            n447, pos = _rlong(buf, pos)
+            if n447 < 0:
+                raise _length_error(n447, end - pos)
         else:
             pos += 1
-        q446 = pos + n445
-        if q446 > end:
-            raise _length_error(n445, end - pos)
-        f_topology_preferred = buf[pos:q446].decode()
-        pos = q446
+        q448 = pos + n447
+        if q448 > end:
+            raise _length_error(n447, end - pos)
+        f_topology_preferred = buf[pos:q448].decode()
+        pos = q448
     else:
-        raise _union_error(i444, 2)
+        raise _union_error(i446, 2)
     b = buf[pos]
     if b < 128:
-        i447 = _ZD[b]
+        i449 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i447 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i447 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i447, pos = _rlong(buf, pos)
-    if i447 == 0:
+        i449, pos = _rlong(buf, pos)
+    if i449 == 0:
         f_timeout_ms = None
-    elif i447 == 1:
+    elif i449 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2158,24 +2188,24 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i447, 2)
+        raise _union_error(i449, 2)
     b = buf[pos]
     if b < 128:
-        i448 = _ZD[b]
+        i450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i448 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i448 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i448, pos = _rlong(buf, pos)
-    if i448 == 0:
+        i450, pos = _rlong(buf, pos)
+    if i450 == 0:
         f_time_limit_ms = None
-    elif i448 == 1:
+    elif i450 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2191,74 +2221,62 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i448, 2)
+        raise _union_error(i450, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc449: list[Any] = []
+        acc451: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c450 = _ZD[b]
+                c452 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c450 = (z >> 1) ^ -(z & 1)
+                c452 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c450 = (z >> 1) ^ -(z & 1)
+                c452 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c450, pos = _rlong(buf, pos)
-            if c450 == 0:
+                c452, pos = _rlong(buf, pos)
+            if c452 == 0:
                 break
-            if c450 < 0:
-                c450 = -c450
+            if c452 < 0:
+                c452 = -c452
                 b = buf[pos]
                 if b < 128:
-                    z453 = _ZD[b]
+                    z455 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z453 = (z >> 1) ^ -(z & 1)
+                    z455 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z453 = (z >> 1) ^ -(z & 1)
+                    z455 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z453, pos = _rlong(buf, pos)
-            if c450 * 1 > end - pos:
-                raise _count_error(c450, end - pos)
-            for _ in range(c450):
-                n454 = _ZL[buf[pos]]
-                if n454 < 0:
-                    n454, pos = _rlong(buf, pos)
-                    if n454 < 0:
-                        raise _length_error(n454, end - pos)
+                    z455, pos = _rlong(buf, pos)
+            if c452 * 1 > end - pos:
+                raise _count_error(c452, end - pos)
+            for _ in range(c452):
+                n456 = _ZL[buf[pos]]
+                if n456 < 0:
+                    n456, pos = _rlong(buf, pos)
+                    if n456 < 0:
+                        raise _length_error(n456, end - pos)
                 else:
                     pos += 1
-                q455 = pos + n454
-                if q455 > end:
-                    raise _length_error(n454, end - pos)
-                x451 = buf[pos:q455].decode()
-                pos = q455
-                acc449.append(x451)
-        f_depends_on = tuple(acc449)
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
-    else:
-        pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_dependency = buf[pos:q457].decode()
-    pos = q457
+                q457 = pos + n456
+                if q457 > end:
+                    raise _length_error(n456, end - pos)
+                x453 = buf[pos:q457].decode()
+                pos = q457
+                acc451.append(x453)
+        f_depends_on = tuple(acc451)
     n458 = _ZL[buf[pos]]
     if n458 < 0:
         n458, pos = _rlong(buf, pos)
@@ -2269,27 +2287,27 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     q459 = pos + n458
     if q459 > end:
         raise _length_error(n458, end - pos)
-    f_preemption = buf[pos:q459].decode()
+    f_dependency = buf[pos:q459].decode()
     pos = q459
+    n460 = _ZL[buf[pos]]
+    if n460 < 0:
+        n460, pos = _rlong(buf, pos)
+        if n460 < 0:
+            raise _length_error(n460, end - pos)
+    else:
+        pos += 1
+    q461 = pos + n460
+    if q461 > end:
+        raise _length_error(n460, end - pos)
+    f_preemption = buf[pos:q461].decode()
+    pos = q461
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
     return o, pos
 
 
-def _d_ReleaseGang459(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang461(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n461 = _ZL[buf[pos]]
-    if n461 < 0:
-        n461, pos = _rlong(buf, pos)
-        if n461 < 0:
-            raise _length_error(n461, end - pos)
-    else:
-        pos += 1
-    q462 = pos + n461
-    if q462 > end:
-        raise _length_error(n461, end - pos)
-    f_gang_id = buf[pos:q462].decode()
-    pos = q462
     n463 = _ZL[buf[pos]]
     if n463 < 0:
         n463, pos = _rlong(buf, pos)
@@ -2300,13 +2318,25 @@ def _d_ReleaseGang459(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, i
     q464 = pos + n463
     if q464 > end:
         raise _length_error(n463, end - pos)
-    f_reason = buf[pos:q464].decode()
+    f_gang_id = buf[pos:q464].decode()
     pos = q464
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
+    else:
+        pos += 1
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_reason = buf[pos:q466].decode()
+    pos = q466
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick464(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick466(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2317,7 +2347,7 @@ def _d_Tick464(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2326,184 +2356,118 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n467 = _ZL[buf[pos]]
-    if n467 < 0:
-        n467, pos = _rlong(buf, pos)
-        if n467 < 0:
-            raise _length_error(n467, end - pos)
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
     else:
         pos += 1
-    q468 = pos + n467
-    if q468 > end:
-        raise _length_error(n467, end - pos)
-    f_tenant = buf[pos:q468].decode()
-    pos = q468
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_tenant = buf[pos:q470].decode()
+    pos = q470
     b = buf[pos]
     if b < 128:
-        i469 = _ZD[b]
+        i471 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i469 = (z >> 1) ^ -(z & 1)
+        i471 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i469 = (z >> 1) ^ -(z & 1)
+        i471 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i469, pos = _rlong(buf, pos)
-    if i469 == 0:
+        i471, pos = _rlong(buf, pos)
+    if i471 == 0:
         f_cohort = None
-    elif i469 == 1:
-        n470 = _ZL[buf[pos]]
-        if n470 < 0:
-            n470, pos = _rlong(buf, pos)
-            if n470 < 0:
-                raise _length_error(n470, end - pos)
+    elif i471 == 1:
+        n472 = _ZL[buf[pos]]
+        if n472 < 0:
+            n472, pos = _rlong(buf, pos)
+            if n472 < 0:
+                raise _length_error(n472, end - pos)
         else:
             pos += 1
-        q471 = pos + n470
-        if q471 > end:
-            raise _length_error(n470, end - pos)
-        f_cohort = buf[pos:q471].decode()
-        pos = q471
+        q473 = pos + n472
+        if q473 > end:
+            raise _length_error(n472, end - pos)
+        f_cohort = buf[pos:q473].decode()
+        pos = q473
     else:
-        raise _union_error(i469, 2)
+        raise _union_error(i471, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc472: dict[str, Any] = {}
+        acc474: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c473 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c473 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c473 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c473, pos = _rlong(buf, pos)
-            if c473 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c473 < 0:
-                c473 = -c473
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z476 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z476 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z476 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z476, pos = _rlong(buf, pos)
-            if c473 * 2 > end - pos:
-                raise _count_error(c473, end - pos)
-            for _ in range(c473):
-                n477 = _ZL[buf[pos]]
-                if n477 < 0:
-                    n477, pos = _rlong(buf, pos)
-                    if n477 < 0:
-                        raise _length_error(n477, end - pos)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 2 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                n479 = _ZL[buf[pos]]
+                if n479 < 0:
+                    n479, pos = _rlong(buf, pos)
+                    if n479 < 0:
+                        raise _length_error(n479, end - pos)
                 else:
                     pos += 1
-                q478 = pos + n477
-                if q478 > end:
-                    raise _length_error(n477, end - pos)
-                k475 = buf[pos:q478].decode()
-                pos = q478
+                q480 = pos + n479
+                if q480 > end:
+                    raise _length_error(n479, end - pos)
+                k477 = buf[pos:q480].decode()
+                pos = q480
                 b = buf[pos]
                 if b < 128:
-                    x474 = _ZD[b]
+                    x476 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x474 = (z >> 1) ^ -(z & 1)
+                    x476 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x474 = (z >> 1) ^ -(z & 1)
+                    x476 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x474, pos = _rlong(buf, pos)
-                acc472[k475] = x474
-        f_nominal_gpus = acc472
-    b = buf[pos]
-    if b < 128:
-        i479 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i479 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i479 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i479, pos = _rlong(buf, pos)
-    if i479 == 0:
-        f_nominal_cpu_milli = None
-    elif i479 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i479, 2)
-    b = buf[pos]
-    if b < 128:
-        i480 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i480, pos = _rlong(buf, pos)
-    if i480 == 0:
-        f_nominal_memory_mib = None
-    elif i480 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i480, 2)
+                    x476, pos = _rlong(buf, pos)
+                acc474[k477] = x476
+        f_nominal_gpus = acc474
     b = buf[pos]
     if b < 128:
         i481 = _ZD[b]
@@ -2519,22 +2483,22 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i481, pos = _rlong(buf, pos)
     if i481 == 0:
-        f_borrowing_limit_gpus = None
+        f_nominal_cpu_milli = None
     elif i481 == 1:
         b = buf[pos]
         if b < 128:
-            f_borrowing_limit_gpus = _ZD[b]
+            f_nominal_cpu_milli = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
         raise _union_error(i481, 2)
     b = buf[pos]
@@ -2552,8 +2516,74 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i482, pos = _rlong(buf, pos)
     if i482 == 0:
-        f_lending_limit_gpus = None
+        f_nominal_memory_mib = None
     elif i482 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i482, 2)
+    b = buf[pos]
+    if b < 128:
+        i483 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i483 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i483 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i483, pos = _rlong(buf, pos)
+    if i483 == 0:
+        f_borrowing_limit_gpus = None
+    elif i483 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i483, 2)
+    b = buf[pos]
+    if b < 128:
+        i484 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i484 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i484 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i484, pos = _rlong(buf, pos)
+    if i484 == 0:
+        f_lending_limit_gpus = None
+    elif i484 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2569,7 +2599,7 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i482, 2)
+        raise _union_error(i484, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2588,25 +2618,25 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota482(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota484(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n484 = _ZL[buf[pos]]
-    if n484 < 0:
-        n484, pos = _rlong(buf, pos)
-        if n484 < 0:
-            raise _length_error(n484, end - pos)
+    n486 = _ZL[buf[pos]]
+    if n486 < 0:
+        n486, pos = _rlong(buf, pos)
+        if n486 < 0:
+            raise _length_error(n486, end - pos)
     else:
         pos += 1
-    q485 = pos + n484
-    if q485 > end:
-        raise _length_error(n484, end - pos)
-    f_tenant = buf[pos:q485].decode()
-    pos = q485
+    q487 = pos + n486
+    if q487 > end:
+        raise _length_error(n486, end - pos)
+    f_tenant = buf[pos:q487].decode()
+    pos = q487
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment485(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment487(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2625,161 +2655,149 @@ def _d_Defragment485(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i487 = _ZD[b]
+        i489 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
+        i489, pos = _rlong(buf, pos)
+    if i489 == 0:
         f_target = None
-    elif i487 == 1:
-        n488 = _ZL[buf[pos]]
-        if n488 < 0:
-            n488, pos = _rlong(buf, pos)
-            if n488 < 0:
-                raise _length_error(n488, end - pos)
+    elif i489 == 1:
+        n490 = _ZL[buf[pos]]
+        if n490 < 0:
+            n490, pos = _rlong(buf, pos)
+            if n490 < 0:
+                raise _length_error(n490, end - pos)
         else:
             pos += 1
-        q489 = pos + n488
-        if q489 > end:
-            raise _length_error(n488, end - pos)
-        f_target = buf[pos:q489].decode()
-        pos = q489
+        q491 = pos + n490
+        if q491 > end:
+            raise _length_error(n490, end - pos)
+        f_target = buf[pos:q491].decode()
+        pos = q491
     else:
-        raise _union_error(i487, 2)
+        raise _union_error(i489, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster489(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster491(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n491 = _ZL[buf[pos]]
-    if n491 < 0:
-        n491, pos = _rlong(buf, pos)
-        if n491 < 0:
-            raise _length_error(n491, end - pos)
+    n493 = _ZL[buf[pos]]
+    if n493 < 0:
+        n493, pos = _rlong(buf, pos)
+        if n493 < 0:
+            raise _length_error(n493, end - pos)
     else:
         pos += 1
-    q492 = pos + n491
-    if q492 > end:
-        raise _length_error(n491, end - pos)
-    f_reason = buf[pos:q492].decode()
-    pos = q492
+    q494 = pos + n493
+    if q494 > end:
+        raise _length_error(n493, end - pos)
+    f_reason = buf[pos:q494].decode()
+    pos = q494
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode492(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode494(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n494 = _ZL[buf[pos]]
-    if n494 < 0:
-        n494, pos = _rlong(buf, pos)
-        if n494 < 0:
-            raise _length_error(n494, end - pos)
+    n496 = _ZL[buf[pos]]
+    if n496 < 0:
+        n496, pos = _rlong(buf, pos)
+        if n496 < 0:
+            raise _length_error(n496, end - pos)
     else:
         pos += 1
-    q495 = pos + n494
-    if q495 > end:
-        raise _length_error(n494, end - pos)
-    f_node_id = buf[pos:q495].decode()
-    pos = q495
+    q497 = pos + n496
+    if q497 > end:
+        raise _length_error(n496, end - pos)
+    f_node_id = buf[pos:q497].decode()
+    pos = q497
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode495(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode497(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n497 = _ZL[buf[pos]]
-    if n497 < 0:
-        n497, pos = _rlong(buf, pos)
-        if n497 < 0:
-            raise _length_error(n497, end - pos)
+    n499 = _ZL[buf[pos]]
+    if n499 < 0:
+        n499, pos = _rlong(buf, pos)
+        if n499 < 0:
+            raise _length_error(n499, end - pos)
     else:
         pos += 1
-    q498 = pos + n497
-    if q498 > end:
-        raise _length_error(n497, end - pos)
-    f_node_id = buf[pos:q498].decode()
-    pos = q498
+    q500 = pos + n499
+    if q500 > end:
+        raise _length_error(n499, end - pos)
+    f_node_id = buf[pos:q500].decode()
+    pos = q500
     b = buf[pos]
     if b < 128:
-        i499 = _ZD[b]
+        i501 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i499 = (z >> 1) ^ -(z & 1)
+        i501 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i499 = (z >> 1) ^ -(z & 1)
+        i501 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i499, pos = _rlong(buf, pos)
-    if i499 == 0:
+        i501, pos = _rlong(buf, pos)
+    if i501 == 0:
         f_labels = None
-    elif i499 == 1:
+    elif i501 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc500: dict[str, Any] = {}
+            acc502: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c501 = _ZD[b]
+                    c503 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c501 = (z >> 1) ^ -(z & 1)
+                    c503 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c501 = (z >> 1) ^ -(z & 1)
+                    c503 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c501, pos = _rlong(buf, pos)
-                if c501 == 0:
+                    c503, pos = _rlong(buf, pos)
+                if c503 == 0:
                     break
-                if c501 < 0:
-                    c501 = -c501
+                if c503 < 0:
+                    c503 = -c503
                     b = buf[pos]
                     if b < 128:
-                        z504 = _ZD[b]
+                        z506 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z504 = (z >> 1) ^ -(z & 1)
+                        z506 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z504 = (z >> 1) ^ -(z & 1)
+                        z506 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z504, pos = _rlong(buf, pos)
-                if c501 * 2 > end - pos:
-                    raise _count_error(c501, end - pos)
-                for _ in range(c501):
-                    n505 = _ZL[buf[pos]]
-                    if n505 < 0:
-                        n505, pos = _rlong(buf, pos)
-                        if n505 < 0:
-                            raise _length_error(n505, end - pos)
-                    else:
-                        pos += 1
-                    q506 = pos + n505
-                    if q506 > end:
-                        raise _length_error(n505, end - pos)
-                    k503 = buf[pos:q506].decode()
-                    pos = q506
+                        z506, pos = _rlong(buf, pos)
+                if c503 * 2 > end - pos:
+                    raise _count_error(c503, end - pos)
+                for _ in range(c503):
                     n507 = _ZL[buf[pos]]
                     if n507 < 0:
                         n507, pos = _rlong(buf, pos)
@@ -2790,75 +2808,87 @@ def _d_UpdateNode495(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int
                     q508 = pos + n507
                     if q508 > end:
                         raise _length_error(n507, end - pos)
-                    x502 = buf[pos:q508].decode()
+                    k505 = buf[pos:q508].decode()
                     pos = q508
-                    acc500[k503] = x502
-            f_labels = acc500
+                    n509 = _ZL[buf[pos]]
+                    if n509 < 0:
+                        n509, pos = _rlong(buf, pos)
+                        if n509 < 0:
+                            raise _length_error(n509, end - pos)
+                    else:
+                        pos += 1
+                    q510 = pos + n509
+                    if q510 > end:
+                        raise _length_error(n509, end - pos)
+                    x504 = buf[pos:q510].decode()
+                    pos = q510
+                    acc502[k505] = x504
+            f_labels = acc502
     else:
-        raise _union_error(i499, 2)
+        raise _union_error(i501, 2)
     b = buf[pos]
     if b < 128:
-        i509 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i509 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i509 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i509, pos = _rlong(buf, pos)
-    if i509 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_taints = None
-    elif i509 == 1:
+    elif i511 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc510: list[Any] = []
+            acc512: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c511 = _ZD[b]
+                    c513 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c511 = (z >> 1) ^ -(z & 1)
+                    c513 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c511 = (z >> 1) ^ -(z & 1)
+                    c513 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c511, pos = _rlong(buf, pos)
-                if c511 == 0:
+                    c513, pos = _rlong(buf, pos)
+                if c513 == 0:
                     break
-                if c511 < 0:
-                    c511 = -c511
+                if c513 < 0:
+                    c513 = -c513
                     b = buf[pos]
                     if b < 128:
-                        z514 = _ZD[b]
+                        z516 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z514 = (z >> 1) ^ -(z & 1)
+                        z516 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z514 = (z >> 1) ^ -(z & 1)
+                        z516 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z514, pos = _rlong(buf, pos)
-                if c511 * 3 > end - pos:
-                    raise _count_error(c511, end - pos)
-                for _ in range(c511):
-                    x512, pos = _d_Taint306(buf, pos, end)
-                    acc510.append(x512)
-            f_taints = tuple(acc510)
+                        z516, pos = _rlong(buf, pos)
+                if c513 * 3 > end - pos:
+                    raise _count_error(c513, end - pos)
+                for _ in range(c513):
+                    x514, pos = _d_Taint308(buf, pos, end)
+                    acc512.append(x514)
+            f_taints = tuple(acc512)
     else:
-        raise _union_error(i509, 2)
+        raise _union_error(i511, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
@@ -2868,7 +2898,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k279:
+    if frame[:10] != _k281:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2879,18 +2909,6 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n281 = _ZL[buf[pos]]
-        if n281 < 0:
-            n281, pos = _rlong(buf, pos)
-            if n281 < 0:
-                raise _length_error(n281, end - pos)
-        else:
-            pos += 1
-        q282 = pos + n281
-        if q282 > end:
-            raise _length_error(n281, end - pos)
-        f_command_id = buf[pos:q282].decode()
-        pos = q282
         n283 = _ZL[buf[pos]]
         if n283 < 0:
             n283, pos = _rlong(buf, pos)
@@ -2901,8 +2919,20 @@ def decode_command(frame: Any) -> _c_Command:
         q284 = pos + n283
         if q284 > end:
             raise _length_error(n283, end - pos)
-        f_cluster = buf[pos:q284].decode()
+        f_command_id = buf[pos:q284].decode()
         pos = q284
+        n285 = _ZL[buf[pos]]
+        if n285 < 0:
+            n285, pos = _rlong(buf, pos)
+            if n285 < 0:
+                raise _length_error(n285, end - pos)
+        else:
+            pos += 1
+        q286 = pos + n285
+        if q286 > end:
+            raise _length_error(n285, end - pos)
+        f_cluster = buf[pos:q286].decode()
+        pos = q286
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2917,35 +2947,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n285 = _ZL[buf[pos]]
-        if n285 < 0:
-            n285, pos = _rlong(buf, pos)
-            if n285 < 0:
-                raise _length_error(n285, end - pos)
+        n287 = _ZL[buf[pos]]
+        if n287 < 0:
+            n287, pos = _rlong(buf, pos)
+            if n287 < 0:
+                raise _length_error(n287, end - pos)
         else:
             pos += 1
-        q286 = pos + n285
-        if q286 > end:
-            raise _length_error(n285, end - pos)
-        f_source = buf[pos:q286].decode()
-        pos = q286
+        q288 = pos + n287
+        if q288 > end:
+            raise _length_error(n287, end - pos)
+        f_source = buf[pos:q288].decode()
+        pos = q288
         b = buf[pos]
         if b < 128:
-            i287 = _ZD[b]
+            i289 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i287 = (z >> 1) ^ -(z & 1)
+            i289 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i287 = (z >> 1) ^ -(z & 1)
+            i289 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i287, pos = _rlong(buf, pos)
-        if not 0 <= i287 < 18:
-            raise _union_error(i287, 18)
-        f_payload, pos = _k514[i287](buf, pos, end)
+            i289, pos = _rlong(buf, pos)
+        if not 0 <= i289 < 18:
+            raise _union_error(i289, 18)
+        f_payload, pos = _k516[i289](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2956,124 +2986,120 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded526(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := o.node_id.encode())) < 8192 else _long(n530)), s529, (_P[n532] if (n532 := len(s531 := o.gpu_model.encode())) < 8192 else _long(n532)), s531, (_P[n533] if 0 <= (n533 := o.gpu_count) < 8192 else _long(n533)), (_P[n534] if 0 <= (n534 := o.cpu_milli) < 8192 else _long(n534)), (_P[n535] if 0 <= (n535 := o.memory_mib) < 8192 else _long(n535)), (_b21(a536) if (a536 := o.labels) else b"\x00"), (_b27(a537) if (a537 := o.taints) else b"\x00"),))
+def _e_NodeAdded528(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k529, (_P[n532] if (n532 := len(s531 := o.node_id.encode())) < 8192 else _long(n532)), s531, (_P[n534] if (n534 := len(s533 := o.gpu_model.encode())) < 8192 else _long(n534)), s533, (_P[n535] if 0 <= (n535 := o.gpu_count) < 8192 else _long(n535)), (_P[n536] if 0 <= (n536 := o.cpu_milli) < 8192 else _long(n536)), (_P[n537] if 0 <= (n537 := o.memory_mib) < 8192 else _long(n537)), (_b21(a538) if (a538 := o.labels) else b"\x00"), (_b27(a539) if (a539 := o.taints) else b"\x00"), (_P[n540] if 0 <= (n540 := o.gpu_memory_mib) < 8192 else _long(n540)),))
 
 
-def _e_NodeRemoved537(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k538, (_P[n541] if (n541 := len(s540 := o.node_id.encode())) < 8192 else _long(n541)), s540, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved540(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k541, (_P[n544] if (n544 := len(s543 := o.node_id.encode())) < 8192 else _long(n544)), s543, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned541(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k542, (_P[n545] if (n545 := len(s544 := o.node_id.encode())) < 8192 else _long(n545)), s544,))
+def _e_NodeCordoned544(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k545, (_P[n548] if (n548 := len(s547 := o.node_id.encode())) < 8192 else _long(n548)), s547,))
 
 
-def _e_NodeUncordoned545(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k546, (_P[n549] if (n549 := len(s548 := o.node_id.encode())) < 8192 else _long(n549)), s548,))
+def _e_NodeUncordoned548(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k549, (_P[n552] if (n552 := len(s551 := o.node_id.encode())) < 8192 else _long(n552)), s551,))
 
 
-def _e_NodeDrained549(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k550, (_P[n553] if (n553 := len(s552 := o.node_id.encode())) < 8192 else _long(n553)), s552, (_P[n554] if 0 <= (n554 := o.evicted) < 8192 else _long(n554)),))
+def _e_NodeDrained552(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k553, (_P[n556] if (n556 := len(s555 := o.node_id.encode())) < 8192 else _long(n556)), s555, (_P[n557] if 0 <= (n557 := o.evicted) < 8192 else _long(n557)),))
 
 
-def _e_NodeFailed554(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k555, (_P[n558] if (n558 := len(s557 := o.node_id.encode())) < 8192 else _long(n558)), s557, (_P[n560] if (n560 := len(s559 := o.reason.encode())) < 8192 else _long(n560)), s559, (_P[n561] if 0 <= (n561 := o.evicted) < 8192 else _long(n561)),))
+def _e_NodeFailed557(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k558, (_P[n561] if (n561 := len(s560 := o.node_id.encode())) < 8192 else _long(n561)), s560, (_P[n563] if (n563 := len(s562 := o.reason.encode())) < 8192 else _long(n563)), s562, (_P[n564] if 0 <= (n564 := o.evicted) < 8192 else _long(n564)),))
 
 
-def _u580(v: Any) -> bytes:
-    return b"".join((_k580, (_P[n583] if (n583 := len(s582 := v.encode())) < 8192 else _long(n583)), s582,))
+def _u583(v: Any) -> bytes:
+    return b"".join((_k583, (_P[n586] if (n586 := len(s585 := v.encode())) < 8192 else _long(n586)), s585,))
 
 
-def _u586(v: Any) -> bytes:
-    return b"".join((_k586, (_P[n588] if 0 <= (n588 := v) < 8192 else _long(n588)),))
+def _u589(v: Any) -> bytes:
+    return b"".join((_k589, (_P[n591] if 0 <= (n591 := v) < 8192 else _long(n591)),))
 
 
-def _b596(a: Any) -> bytes:
+def _b600(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n599] if (n599 := len(s598 := x.code.encode())) < 8192 else _long(n599)), s598, (_P[n600] if 0 <= (n600 := x.nodes) < 8192 else _long(n600)), (_P[n602] if (n602 := len(s601 := x.message.encode())) < 8192 else _long(n602)), s601,)
+        out += ((_P[n603] if (n603 := len(s602 := x.code.encode())) < 8192 else _long(n603)), s602, (_P[n604] if 0 <= (n604 := x.nodes) < 8192 else _long(n604)), (_P[n606] if (n606 := len(s605 := x.message.encode())) < 8192 else _long(n606)), s605,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued561(o: _c_PodQueued) -> bytes:
-    return b"".join((_k562, (_P[n566] if (n566 := len(s565 := (r564 := o.pod).pod_id.encode())) < 8192 else _long(n566)), s565, (_P[n568] if (n568 := len(s567 := r564.tenant.encode())) < 8192 else _long(n568)), s567, (_P[n569] if 0 <= (n569 := r564.priority) < 8192 else _long(n569)), (_P[n570] if 0 <= (n570 := r564.num_gpu) < 8192 else _long(n570)), (_P[n571] if 0 <= (n571 := r564.gpu_milli) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r564.cpu_milli) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r564.memory_mib) < 8192 else _long(n573)), (_b69(a574) if (a574 := r564.gpu_models) else b"\x00"), (_b21(a575) if (a575 := r564.node_selector) else b"\x00"), (_b74(a576) if (a576 := r564.tolerations) else b"\x00"), (_P[n577] if 0 <= (n577 := r564.submitted_at) < 8192 else _long(n577)), (_P[n578] if 0 <= (n578 := r564.arrival) < 8192 else _long(n578)), (_k583 if (u579 := r564.gang_id) is None else _u580(u579)), (_k588 if (u585 := r564.time_limit_ms) is None else _u586(u585)), (_b69(a590) if (a590 := r564.depends_on) else b"\x00"), (_P[n592] if (n592 := len(s591 := r564.dependency.encode())) < 8192 else _long(n592)), s591, (_P[n594] if (n594 := len(s593 := r564.preemption.encode())) < 8192 else _long(n594)), s593, (b"\x01" if r564.movable else b"\x00"), (_b596(a595) if (a595 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a603) if (a603 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued564(o: _c_PodQueued) -> bytes:
+    return b"".join((_k565, (_P[n569] if (n569 := len(s568 := (r567 := o.pod).pod_id.encode())) < 8192 else _long(n569)), s568, (_P[n571] if (n571 := len(s570 := r567.tenant.encode())) < 8192 else _long(n571)), s570, (_P[n572] if 0 <= (n572 := r567.priority) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r567.num_gpu) < 8192 else _long(n573)), (_P[n574] if 0 <= (n574 := r567.gpu_milli) < 8192 else _long(n574)), (_P[n575] if 0 <= (n575 := r567.cpu_milli) < 8192 else _long(n575)), (_P[n576] if 0 <= (n576 := r567.memory_mib) < 8192 else _long(n576)), (_b70(a577) if (a577 := r567.gpu_models) else b"\x00"), (_b21(a578) if (a578 := r567.node_selector) else b"\x00"), (_b75(a579) if (a579 := r567.tolerations) else b"\x00"), (_P[n580] if 0 <= (n580 := r567.submitted_at) < 8192 else _long(n580)), (_P[n581] if 0 <= (n581 := r567.arrival) < 8192 else _long(n581)), (_k586 if (u582 := r567.gang_id) is None else _u583(u582)), (_k591 if (u588 := r567.time_limit_ms) is None else _u589(u588)), (_b70(a593) if (a593 := r567.depends_on) else b"\x00"), (_P[n595] if (n595 := len(s594 := r567.dependency.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := r567.preemption.encode())) < 8192 else _long(n597)), s596, (b"\x01" if r567.movable else b"\x00"), (_P[n598] if 0 <= (n598 := r567.gpu_memory_mib) < 8192 else _long(n598)), (_b600(a599) if (a599 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b70(a607) if (a607 := o.waiting_for) else b"\x00"),))
 
 
-def _u622(v: Any) -> bytes:
-    return b"".join((_k622, (_P[n625] if (n625 := len(s624 := v.encode())) < 8192 else _long(n625)), s624,))
+def _u626(v: Any) -> bytes:
+    return b"".join((_k626, (_P[n629] if (n629 := len(s628 := v.encode())) < 8192 else _long(n629)), s628,))
 
 
-def _u628(v: Any) -> bytes:
-    return b"".join((_k628, (_P[n630] if 0 <= (n630 := v) < 8192 else _long(n630)),))
+def _u632(v: Any) -> bytes:
+    return b"".join((_k632, (_P[n634] if 0 <= (n634 := v) < 8192 else _long(n634)),))
 
 
-def _b640(a: Any) -> bytes:
+def _b645(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n642] if 0 <= (n642 := x.index) < 8192 else _long(n642)), (_P[n643] if 0 <= (n643 := x.milli) < 8192 else _long(n643)),)
+        out += ((_P[n647] if 0 <= (n647 := x.index) < 8192 else _long(n647)), (_P[n648] if 0 <= (n648 := x.milli) < 8192 else _long(n648)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b647(a: Any) -> bytes:
+def _b652(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n649] if (n649 := len(s648 := k.encode())) < 8192 else _long(n649)), s648, _pack_d(x),)
+        out += ((_P[n654] if (n654 := len(s653 := k.encode())) < 8192 else _long(n654)), s653, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled603(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k604, (_P[n608] if (n608 := len(s607 := (r606 := o.pod).pod_id.encode())) < 8192 else _long(n608)), s607, (_P[n610] if (n610 := len(s609 := r606.tenant.encode())) < 8192 else _long(n610)), s609, (_P[n611] if 0 <= (n611 := r606.priority) < 8192 else _long(n611)), (_P[n612] if 0 <= (n612 := r606.num_gpu) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := r606.gpu_milli) < 8192 else _long(n613)), (_P[n614] if 0 <= (n614 := r606.cpu_milli) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := r606.memory_mib) < 8192 else _long(n615)), (_b69(a616) if (a616 := r606.gpu_models) else b"\x00"), (_b21(a617) if (a617 := r606.node_selector) else b"\x00"), (_b74(a618) if (a618 := r606.tolerations) else b"\x00"), (_P[n619] if 0 <= (n619 := r606.submitted_at) < 8192 else _long(n619)), (_P[n620] if 0 <= (n620 := r606.arrival) < 8192 else _long(n620)), (_k625 if (u621 := r606.gang_id) is None else _u622(u621)), (_k630 if (u627 := r606.time_limit_ms) is None else _u628(u627)), (_b69(a632) if (a632 := r606.depends_on) else b"\x00"), (_P[n634] if (n634 := len(s633 := r606.dependency.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := r606.preemption.encode())) < 8192 else _long(n636)), s635, (b"\x01" if r606.movable else b"\x00"), (_P[n638] if (n638 := len(s637 := o.node_id.encode())) < 8192 else _long(n638)), s637, (_b640(a639) if (a639 := o.gpus) else b"\x00"), (_P[n645] if (n645 := len(s644 := o.policy.encode())) < 8192 else _long(n645)), s644, (b"\x01" if o.from_queue else b"\x00"), (_b647(a646) if (a646 := o.scores) else b"\x00"), (_b69(a650) if (a650 := o.preempted) else b"\x00"),))
+def _e_PodScheduled607(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k608, (_P[n612] if (n612 := len(s611 := (r610 := o.pod).pod_id.encode())) < 8192 else _long(n612)), s611, (_P[n614] if (n614 := len(s613 := r610.tenant.encode())) < 8192 else _long(n614)), s613, (_P[n615] if 0 <= (n615 := r610.priority) < 8192 else _long(n615)), (_P[n616] if 0 <= (n616 := r610.num_gpu) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := r610.gpu_milli) < 8192 else _long(n617)), (_P[n618] if 0 <= (n618 := r610.cpu_milli) < 8192 else _long(n618)), (_P[n619] if 0 <= (n619 := r610.memory_mib) < 8192 else _long(n619)), (_b70(a620) if (a620 := r610.gpu_models) else b"\x00"), (_b21(a621) if (a621 := r610.node_selector) else b"\x00"), (_b75(a622) if (a622 := r610.tolerations) else b"\x00"), (_P[n623] if 0 <= (n623 := r610.submitted_at) < 8192 else _long(n623)), (_P[n624] if 0 <= (n624 := r610.arrival) < 8192 else _long(n624)), (_k629 if (u625 := r610.gang_id) is None else _u626(u625)), (_k634 if (u631 := r610.time_limit_ms) is None else _u632(u631)), (_b70(a636) if (a636 := r610.depends_on) else b"\x00"), (_P[n638] if (n638 := len(s637 := r610.dependency.encode())) < 8192 else _long(n638)), s637, (_P[n640] if (n640 := len(s639 := r610.preemption.encode())) < 8192 else _long(n640)), s639, (b"\x01" if r610.movable else b"\x00"), (_P[n641] if 0 <= (n641 := r610.gpu_memory_mib) < 8192 else _long(n641)), (_P[n643] if (n643 := len(s642 := o.node_id.encode())) < 8192 else _long(n643)), s642, (_b645(a644) if (a644 := o.gpus) else b"\x00"), (_P[n650] if (n650 := len(s649 := o.policy.encode())) < 8192 else _long(n650)), s649, (b"\x01" if o.from_queue else b"\x00"), (_b652(a651) if (a651 := o.scores) else b"\x00"), (_b70(a655) if (a655 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted650(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k651, (_P[n654] if (n654 := len(s653 := o.pod_id.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.node_id.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.reason.encode())) < 8192 else _long(n658)), s657,))
+def _e_PodEvicted655(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k656, (_P[n659] if (n659 := len(s658 := o.pod_id.encode())) < 8192 else _long(n659)), s658, (_P[n661] if (n661 := len(s660 := o.node_id.encode())) < 8192 else _long(n661)), s660, (_P[n663] if (n663 := len(s662 := o.reason.encode())) < 8192 else _long(n663)), s662,))
 
 
-def _u664(v: Any) -> bytes:
-    return b"".join((_k664, (_P[n667] if (n667 := len(s666 := v.encode())) < 8192 else _long(n667)), s666,))
+def _u669(v: Any) -> bytes:
+    return b"".join((_k669, (_P[n672] if (n672 := len(s671 := v.encode())) < 8192 else _long(n672)), s671,))
 
 
-def _e_PodReleased658(o: _c_PodReleased) -> bytes:
-    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.pod_id.encode())) < 8192 else _long(n662)), s661, (_k667 if (u663 := o.node_id) is None else _u664(u663)), (_P[n670] if (n670 := len(s669 := o.reason.encode())) < 8192 else _long(n670)), s669,))
+def _e_PodReleased663(o: _c_PodReleased) -> bytes:
+    return b"".join((_k664, (_P[n667] if (n667 := len(s666 := o.pod_id.encode())) < 8192 else _long(n667)), s666, (_k672 if (u668 := o.node_id) is None else _u669(u668)), (_P[n675] if (n675 := len(s674 := o.reason.encode())) < 8192 else _long(n675)), s674,))
 
 
-def _u678(v: Any) -> bytes:
-    return b"".join((_k678, (_P[n680] if 0 <= (n680 := v) < 8192 else _long(n680)),))
+def _u683(v: Any) -> bytes:
+    return b"".join((_k683, (_P[n685] if 0 <= (n685 := v) < 8192 else _long(n685)),))
 
 
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
+def _u690(v: Any) -> bytes:
+    return b"".join((_k690, (_P[n692] if 0 <= (n692 := v) < 8192 else _long(n692)),))
 
 
-def _e_PolicyChanged670(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := o.policy.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := o.previous.encode())) < 8192 else _long(n676)), s675, (_k680 if (u677 := o.reserve_after_ms) is None else _u678(u677)), (_P[n683] if (n683 := len(s682 := o.queue_order.encode())) < 8192 else _long(n683)), s682, (_k687 if (u684 := o.max_clock_jump_ms) is None else _u685(u684)),))
+def _e_PolicyChanged675(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k676, (_P[n679] if (n679 := len(s678 := o.policy.encode())) < 8192 else _long(n679)), s678, (_P[n681] if (n681 := len(s680 := o.previous.encode())) < 8192 else _long(n681)), s680, (_k685 if (u682 := o.reserve_after_ms) is None else _u683(u682)), (_P[n688] if (n688 := len(s687 := o.queue_order.encode())) < 8192 else _long(n688)), s687, (_k692 if (u689 := o.max_clock_jump_ms) is None else _u690(u689)),))
 
 
-def _e_CommandRejected688(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k689, (_P[n692] if (n692 := len(s691 := o.command_id.encode())) < 8192 else _long(n692)), s691, (_P[n694] if (n694 := len(s693 := o.command_type.encode())) < 8192 else _long(n694)), s693, (_P[n696] if (n696 := len(s695 := o.code.encode())) < 8192 else _long(n696)), s695, (_P[n698] if (n698 := len(s697 := o.message.encode())) < 8192 else _long(n698)), s697,))
+def _e_CommandRejected693(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k694, (_P[n697] if (n697 := len(s696 := o.command_id.encode())) < 8192 else _long(n697)), s696, (_P[n699] if (n699 := len(s698 := o.command_type.encode())) < 8192 else _long(n699)), s698, (_P[n701] if (n701 := len(s700 := o.code.encode())) < 8192 else _long(n701)), s700, (_P[n703] if (n703 := len(s702 := o.message.encode())) < 8192 else _long(n703)), s702,))
 
 
-def _u728(v: Any) -> bytes:
-    return b"".join((_k728, (_P[n731] if (n731 := len(s730 := v.encode())) < 8192 else _long(n731)), s730,))
+def _u733(v: Any) -> bytes:
+    return b"".join((_k733, (_P[n736] if (n736 := len(s735 := v.encode())) < 8192 else _long(n736)), s735,))
 
 
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n736] if 0 <= (n736 := v) < 8192 else _long(n736)),))
+def _u739(v: Any) -> bytes:
+    return b"".join((_k739, (_P[n741] if 0 <= (n741 := v) < 8192 else _long(n741)),))
 
 
-def _b711(a: Any) -> bytes:
+def _b716(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n714] if (n714 := len(s713 := x.pod_id.encode())) < 8192 else _long(n714)), s713, (_P[n716] if (n716 := len(s715 := x.tenant.encode())) < 8192 else _long(n716)), s715, (_P[n717] if 0 <= (n717 := x.priority) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := x.num_gpu) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := x.gpu_milli) < 8192 else _long(n719)), (_P[n720] if 0 <= (n720 := x.cpu_milli) < 8192 else _long(n720)), (_P[n721] if 0 <= (n721 := x.memory_mib) < 8192 else _long(n721)), (_b69(a722) if (a722 := x.gpu_models) else b"\x00"), (_b21(a723) if (a723 := x.node_selector) else b"\x00"), (_b74(a724) if (a724 := x.tolerations) else b"\x00"), (_P[n725] if 0 <= (n725 := x.submitted_at) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := x.arrival) < 8192 else _long(n726)), (_k731 if (u727 := x.gang_id) is None else _u728(u727)), (_k736 if (u733 := x.time_limit_ms) is None else _u734(u733)), (_b69(a738) if (a738 := x.depends_on) else b"\x00"), (_P[n740] if (n740 := len(s739 := x.dependency.encode())) < 8192 else _long(n740)), s739, (_P[n742] if (n742 := len(s741 := x.preemption.encode())) < 8192 else _long(n742)), s741, (b"\x01" if x.movable else b"\x00"),)
+        out += ((_P[n719] if (n719 := len(s718 := x.pod_id.encode())) < 8192 else _long(n719)), s718, (_P[n721] if (n721 := len(s720 := x.tenant.encode())) < 8192 else _long(n721)), s720, (_P[n722] if 0 <= (n722 := x.priority) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := x.num_gpu) < 8192 else _long(n723)), (_P[n724] if 0 <= (n724 := x.gpu_milli) < 8192 else _long(n724)), (_P[n725] if 0 <= (n725 := x.cpu_milli) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := x.memory_mib) < 8192 else _long(n726)), (_b70(a727) if (a727 := x.gpu_models) else b"\x00"), (_b21(a728) if (a728 := x.node_selector) else b"\x00"), (_b75(a729) if (a729 := x.tolerations) else b"\x00"), (_P[n730] if 0 <= (n730 := x.submitted_at) < 8192 else _long(n730)), (_P[n731] if 0 <= (n731 := x.arrival) < 8192 else _long(n731)), (_k736 if (u732 := x.gang_id) is None else _u733(u732)), (_k741 if (u738 := x.time_limit_ms) is None else _u739(u738)), (_b70(a743) if (a743 := x.depends_on) else b"\x00"), (_P[n745] if (n745 := len(s744 := x.dependency.encode())) < 8192 else _long(n745)), s744, (_P[n747] if (n747 := len(s746 := x.preemption.encode())) < 8192 else _long(n747)), s746, (b"\x01" if x.movable else b"\x00"), (_P[n748] if 0 <= (n748 := x.gpu_memory_mib) < 8192 else _long(n748)),)
     out.append(b"\x00")
     return b"".join(out)
-
-
-def _u745(v: Any) -> bytes:
-    return b"".join((_k745, (_P[n748] if (n748 := len(s747 := v.encode())) < 8192 else _long(n748)), s747,))
 
 
 def _u751(v: Any) -> bytes:
@@ -3081,27 +3107,27 @@ def _u751(v: Any) -> bytes:
 
 
 def _u757(v: Any) -> bytes:
-    return b"".join((_k757, (_P[n759] if 0 <= (n759 := v) < 8192 else _long(n759)),))
+    return b"".join((_k757, (_P[n760] if (n760 := len(s759 := v.encode())) < 8192 else _long(n760)), s759,))
 
 
-def _u762(v: Any) -> bytes:
-    return b"".join((_k762, (_P[n764] if 0 <= (n764 := v) < 8192 else _long(n764)),))
+def _u763(v: Any) -> bytes:
+    return b"".join((_k763, (_P[n765] if 0 <= (n765 := v) < 8192 else _long(n765)),))
 
 
-def _e_GangQueued698(o: _c_GangQueued) -> bytes:
-    return b"".join((_k699, (_P[n702] if (n702 := len(s701 := o.gang_id.encode())) < 8192 else _long(n702)), s701, (_b596(a703) if (a703 := o.reasons) else b"\x00"), (_P[n706] if (n706 := len(s705 := (r704 := o.gang).gang_id.encode())) < 8192 else _long(n706)), s705, (_P[n708] if (n708 := len(s707 := r704.tenant.encode())) < 8192 else _long(n708)), s707, (_P[n709] if 0 <= (n709 := r704.priority) < 8192 else _long(n709)), (_b711(a710) if (a710 := r704.members) else b"\x00"), (_P[n743] if 0 <= (n743 := r704.min_members) < 8192 else _long(n743)), (_k748 if (u744 := r704.topology_required) is None else _u745(u744)), (_k754 if (u750 := r704.topology_preferred) is None else _u751(u750)), (_k759 if (u756 := r704.timeout_ms) is None else _u757(u756)), (_k764 if (u761 := r704.time_limit_ms) is None else _u762(u761)), (_b69(a766) if (a766 := r704.depends_on) else b"\x00"), (_P[n768] if (n768 := len(s767 := r704.dependency.encode())) < 8192 else _long(n768)), s767, (_P[n769] if 0 <= (n769 := r704.submitted_at) < 8192 else _long(n769)), (_P[n770] if 0 <= (n770 := r704.arrival) < 8192 else _long(n770)), (_P[n772] if (n772 := len(s771 := r704.preemption.encode())) < 8192 else _long(n772)), s771, (b"\x01" if o.requeued else b"\x00"), (_b69(a773) if (a773 := o.waiting_for) else b"\x00"),))
+def _u768(v: Any) -> bytes:
+    return b"".join((_k768, (_P[n770] if 0 <= (n770 := v) < 8192 else _long(n770)),))
 
 
-def _b779(a: Any) -> bytes:
+def _e_GangQueued703(o: _c_GangQueued) -> bytes:
+    return b"".join((_k704, (_P[n707] if (n707 := len(s706 := o.gang_id.encode())) < 8192 else _long(n707)), s706, (_b600(a708) if (a708 := o.reasons) else b"\x00"), (_P[n711] if (n711 := len(s710 := (r709 := o.gang).gang_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_b716(a715) if (a715 := r709.members) else b"\x00"), (_P[n749] if 0 <= (n749 := r709.min_members) < 8192 else _long(n749)), (_k754 if (u750 := r709.topology_required) is None else _u751(u750)), (_k760 if (u756 := r709.topology_preferred) is None else _u757(u756)), (_k765 if (u762 := r709.timeout_ms) is None else _u763(u762)), (_k770 if (u767 := r709.time_limit_ms) is None else _u768(u767)), (_b70(a772) if (a772 := r709.depends_on) else b"\x00"), (_P[n774] if (n774 := len(s773 := r709.dependency.encode())) < 8192 else _long(n774)), s773, (_P[n775] if 0 <= (n775 := r709.submitted_at) < 8192 else _long(n775)), (_P[n776] if 0 <= (n776 := r709.arrival) < 8192 else _long(n776)), (_P[n778] if (n778 := len(s777 := r709.preemption.encode())) < 8192 else _long(n778)), s777, (b"\x01" if o.requeued else b"\x00"), (_b70(a779) if (a779 := o.waiting_for) else b"\x00"),))
+
+
+def _b785(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n782] if (n782 := len(s781 := x.pod_id.encode())) < 8192 else _long(n782)), s781, (_P[n784] if (n784 := len(s783 := x.node_id.encode())) < 8192 else _long(n784)), s783, (_b640(a785) if (a785 := x.gpus) else b"\x00"),)
+        out += ((_P[n788] if (n788 := len(s787 := x.pod_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := x.node_id.encode())) < 8192 else _long(n790)), s789, (_b645(a791) if (a791 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
-
-
-def _u795(v: Any) -> bytes:
-    return b"".join((_k795, (_P[n798] if (n798 := len(s797 := v.encode())) < 8192 else _long(n798)), s797,))
 
 
 def _u801(v: Any) -> bytes:
@@ -3109,106 +3135,110 @@ def _u801(v: Any) -> bytes:
 
 
 def _u807(v: Any) -> bytes:
-    return b"".join((_k807, (_P[n809] if 0 <= (n809 := v) < 8192 else _long(n809)),))
+    return b"".join((_k807, (_P[n810] if (n810 := len(s809 := v.encode())) < 8192 else _long(n810)), s809,))
 
 
-def _u812(v: Any) -> bytes:
-    return b"".join((_k812, (_P[n814] if 0 <= (n814 := v) < 8192 else _long(n814)),))
+def _u813(v: Any) -> bytes:
+    return b"".join((_k813, (_P[n815] if 0 <= (n815 := v) < 8192 else _long(n815)),))
 
 
-def _u824(v: Any) -> bytes:
-    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := v.encode())) < 8192 else _long(n827)), s826,))
+def _u818(v: Any) -> bytes:
+    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
 
 
 def _u830(v: Any) -> bytes:
     return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
 
 
-def _e_GangScheduled773(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.gang_id.encode())) < 8192 else _long(n777)), s776, (_b779(a778) if (a778 := o.members) else b"\x00"), (_P[n788] if (n788 := len(s787 := (r786 := o.gang).gang_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := r786.tenant.encode())) < 8192 else _long(n790)), s789, (_P[n791] if 0 <= (n791 := r786.priority) < 8192 else _long(n791)), (_b711(a792) if (a792 := r786.members) else b"\x00"), (_P[n793] if 0 <= (n793 := r786.min_members) < 8192 else _long(n793)), (_k798 if (u794 := r786.topology_required) is None else _u795(u794)), (_k804 if (u800 := r786.topology_preferred) is None else _u801(u800)), (_k809 if (u806 := r786.timeout_ms) is None else _u807(u806)), (_k814 if (u811 := r786.time_limit_ms) is None else _u812(u811)), (_b69(a816) if (a816 := r786.depends_on) else b"\x00"), (_P[n818] if (n818 := len(s817 := r786.dependency.encode())) < 8192 else _long(n818)), s817, (_P[n819] if 0 <= (n819 := r786.submitted_at) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := r786.arrival) < 8192 else _long(n820)), (_P[n822] if (n822 := len(s821 := r786.preemption.encode())) < 8192 else _long(n822)), s821, (_k827 if (u823 := o.topology_key) is None else _u824(u823)), (_k833 if (u829 := o.domain) is None else _u830(u829)), (b"\x01" if o.from_queue else b"\x00"), (_P[n836] if (n836 := len(s835 := o.message.encode())) < 8192 else _long(n836)), s835, (_b69(a837) if (a837 := o.preempted) else b"\x00"),))
+def _u836(v: Any) -> bytes:
+    return b"".join((_k836, (_P[n839] if (n839 := len(s838 := v.encode())) < 8192 else _long(n839)), s838,))
 
 
-def _e_GangTimedOut837(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.gang_id.encode())) < 8192 else _long(n841)), s840, (_P[n842] if 0 <= (n842 := o.waited_ms) < 8192 else _long(n842)), (_P[n844] if (n844 := len(s843 := o.message.encode())) < 8192 else _long(n844)), s843,))
+def _e_GangScheduled779(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := o.gang_id.encode())) < 8192 else _long(n783)), s782, (_b785(a784) if (a784 := o.members) else b"\x00"), (_P[n794] if (n794 := len(s793 := (r792 := o.gang).gang_id.encode())) < 8192 else _long(n794)), s793, (_P[n796] if (n796 := len(s795 := r792.tenant.encode())) < 8192 else _long(n796)), s795, (_P[n797] if 0 <= (n797 := r792.priority) < 8192 else _long(n797)), (_b716(a798) if (a798 := r792.members) else b"\x00"), (_P[n799] if 0 <= (n799 := r792.min_members) < 8192 else _long(n799)), (_k804 if (u800 := r792.topology_required) is None else _u801(u800)), (_k810 if (u806 := r792.topology_preferred) is None else _u807(u806)), (_k815 if (u812 := r792.timeout_ms) is None else _u813(u812)), (_k820 if (u817 := r792.time_limit_ms) is None else _u818(u817)), (_b70(a822) if (a822 := r792.depends_on) else b"\x00"), (_P[n824] if (n824 := len(s823 := r792.dependency.encode())) < 8192 else _long(n824)), s823, (_P[n825] if 0 <= (n825 := r792.submitted_at) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := r792.arrival) < 8192 else _long(n826)), (_P[n828] if (n828 := len(s827 := r792.preemption.encode())) < 8192 else _long(n828)), s827, (_k833 if (u829 := o.topology_key) is None else _u830(u829)), (_k839 if (u835 := o.domain) is None else _u836(u835)), (b"\x01" if o.from_queue else b"\x00"), (_P[n842] if (n842 := len(s841 := o.message.encode())) < 8192 else _long(n842)), s841, (_b70(a843) if (a843 := o.preempted) else b"\x00"),))
 
 
-def _e_GangReleased844(o: _c_GangReleased) -> bytes:
-    return b"".join((_k845, (_P[n848] if (n848 := len(s847 := o.gang_id.encode())) < 8192 else _long(n848)), s847, (_P[n850] if (n850 := len(s849 := o.reason.encode())) < 8192 else _long(n850)), s849, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangTimedOut843(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k844, (_P[n847] if (n847 := len(s846 := o.gang_id.encode())) < 8192 else _long(n847)), s846, (_P[n848] if 0 <= (n848 := o.waited_ms) < 8192 else _long(n848)), (_P[n850] if (n850 := len(s849 := o.message.encode())) < 8192 else _long(n850)), s849,))
 
 
-def _u859(v: Any) -> bytes:
-    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
+def _e_GangReleased850(o: _c_GangReleased) -> bytes:
+    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.gang_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.reason.encode())) < 8192 else _long(n856)), s855, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _e_PodTimeLimitReached850(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.node_id.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := o.time_limit_ms) < 8192 else _long(n857)), (_k862 if (u858 := o.gang_id) is None else _u859(u858)),))
+def _u865(v: Any) -> bytes:
+    return b"".join((_k865, (_P[n868] if (n868 := len(s867 := v.encode())) < 8192 else _long(n868)), s867,))
 
 
-def _u872(v: Any) -> bytes:
-    return b"".join((_k872, (_P[n874] if 0 <= (n874 := v) < 8192 else _long(n874)),))
+def _e_PodTimeLimitReached856(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k857, (_P[n860] if (n860 := len(s859 := o.pod_id.encode())) < 8192 else _long(n860)), s859, (_P[n862] if (n862 := len(s861 := o.node_id.encode())) < 8192 else _long(n862)), s861, (_P[n863] if 0 <= (n863 := o.time_limit_ms) < 8192 else _long(n863)), (_k868 if (u864 := o.gang_id) is None else _u865(u864)),))
 
 
-def _e_NodesReserved863(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k864, (_P[n867] if (n867 := len(s866 := o.holder_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.holder_kind.encode())) < 8192 else _long(n869)), s868, (_b69(a870) if (a870 := o.nodes) else b"\x00"), (_k874 if (u871 := o.expected_start) is None else _u872(u871)), (_P[n877] if (n877 := len(s876 := o.message.encode())) < 8192 else _long(n877)), s876,))
+def _u878(v: Any) -> bytes:
+    return b"".join((_k878, (_P[n880] if 0 <= (n880 := v) < 8192 else _long(n880)),))
 
 
-def _e_ReservationReleased877(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k878, (_P[n881] if (n881 := len(s880 := o.holder_id.encode())) < 8192 else _long(n881)), s880, (_P[n883] if (n883 := len(s882 := o.holder_kind.encode())) < 8192 else _long(n883)), s882, (_b69(a884) if (a884 := o.nodes) else b"\x00"), (_P[n886] if (n886 := len(s885 := o.reason.encode())) < 8192 else _long(n886)), s885, (_P[n888] if (n888 := len(s887 := o.message.encode())) < 8192 else _long(n888)), s887,))
+def _e_NodesReserved869(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k870, (_P[n873] if (n873 := len(s872 := o.holder_id.encode())) < 8192 else _long(n873)), s872, (_P[n875] if (n875 := len(s874 := o.holder_kind.encode())) < 8192 else _long(n875)), s874, (_b70(a876) if (a876 := o.nodes) else b"\x00"), (_k880 if (u877 := o.expected_start) is None else _u878(u877)), (_P[n883] if (n883 := len(s882 := o.message.encode())) < 8192 else _long(n883)), s882,))
 
 
-def _e_DependencyFailed888(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.dependency_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
+def _e_ReservationReleased883(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.holder_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.holder_kind.encode())) < 8192 else _long(n889)), s888, (_b70(a890) if (a890 := o.nodes) else b"\x00"), (_P[n892] if (n892 := len(s891 := o.reason.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.message.encode())) < 8192 else _long(n894)), s893,))
 
 
-def _e_Ticked898(o: _c_Ticked) -> bytes:
-    return b"".join((_k899, (_P[n901] if 0 <= (n901 := o.clock) < 8192 else _long(n901)), (b"\x01" if o.partition else b"\x00"),))
+def _e_DependencyFailed894(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.holder_id.encode())) < 8192 else _long(n898)), s897, (_P[n900] if (n900 := len(s899 := o.holder_kind.encode())) < 8192 else _long(n900)), s899, (_P[n902] if (n902 := len(s901 := o.dependency_id.encode())) < 8192 else _long(n902)), s901, (_P[n904] if (n904 := len(s903 := o.message.encode())) < 8192 else _long(n904)), s903,))
 
 
-def _e_PodPreempted901(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k902, (_P[n905] if (n905 := len(s904 := o.pod_id.encode())) < 8192 else _long(n905)), s904, (_P[n907] if (n907 := len(s906 := o.node_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.by.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
+def _e_Ticked904(o: _c_Ticked) -> bytes:
+    return b"".join((_k905, (_P[n907] if 0 <= (n907 := o.clock) < 8192 else _long(n907)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u917(v: Any) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
+def _e_PodPreempted907(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k908, (_P[n911] if (n911 := len(s910 := o.pod_id.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.node_id.encode())) < 8192 else _long(n913)), s912, (_P[n915] if (n915 := len(s914 := o.by.encode())) < 8192 else _long(n915)), s914, (_P[n917] if (n917 := len(s916 := o.reason.encode())) < 8192 else _long(n917)), s916, (_P[n919] if (n919 := len(s918 := o.message.encode())) < 8192 else _long(n919)), s918,))
 
 
-def _e_QuotaChanged913(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k914, (_k920 if (u916 := o.tenant) is None else _u917(u916)), (_k923 if (u922 := o.quota) is None else _k922[type(u922)](u922)), (_k926 if (u925 := o.previous) is None else _k925[type(u925)](u925)), (_P[n929] if (n929 := len(s928 := o.message.encode())) < 8192 else _long(n929)), s928,))
+def _u923(v: Any) -> bytes:
+    return b"".join((_k923, (_P[n926] if (n926 := len(s925 := v.encode())) < 8192 else _long(n926)), s925,))
 
 
-def _e_PodMigrated929(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k930, (_P[n933] if (n933 := len(s932 := o.pod_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.from_node.encode())) < 8192 else _long(n935)), s934, (_b640(a936) if (a936 := o.from_gpus) else b"\x00"), (_P[n938] if (n938 := len(s937 := o.to_node.encode())) < 8192 else _long(n938)), s937, (_b640(a939) if (a939 := o.to_gpus) else b"\x00"), (_P[n941] if (n941 := len(s940 := o.reason.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.message.encode())) < 8192 else _long(n943)), s942,))
+def _e_QuotaChanged919(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k920, (_k926 if (u922 := o.tenant) is None else _u923(u922)), (_k929 if (u928 := o.quota) is None else _k928[type(u928)](u928)), (_k932 if (u931 := o.previous) is None else _k931[type(u931)](u931)), (_P[n935] if (n935 := len(s934 := o.message.encode())) < 8192 else _long(n935)), s934,))
 
 
-def _u950(v: Any) -> bytes:
-    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
+def _e_PodMigrated935(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k936, (_P[n939] if (n939 := len(s938 := o.pod_id.encode())) < 8192 else _long(n939)), s938, (_P[n941] if (n941 := len(s940 := o.from_node.encode())) < 8192 else _long(n941)), s940, (_b645(a942) if (a942 := o.from_gpus) else b"\x00"), (_P[n944] if (n944 := len(s943 := o.to_node.encode())) < 8192 else _long(n944)), s943, (_b645(a945) if (a945 := o.to_gpus) else b"\x00"), (_P[n947] if (n947 := len(s946 := o.reason.encode())) < 8192 else _long(n947)), s946, (_P[n949] if (n949 := len(s948 := o.message.encode())) < 8192 else _long(n949)), s948,))
 
 
-def _e_DefragmentationPlanned943(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k944, (_P[n946] if 0 <= (n946 := o.moves) < 8192 else _long(n946)), (_P[n947] if 0 <= (n947 := o.gpus_freed) < 8192 else _long(n947)), (_P[n948] if 0 <= (n948 := o.nodes_freed) < 8192 else _long(n948)), (_k953 if (u949 := o.target) is None else _u950(u949)), (_P[n956] if (n956 := len(s955 := o.message.encode())) < 8192 else _long(n956)), s955,))
+def _u956(v: Any) -> bytes:
+    return b"".join((_k956, (_P[n959] if (n959 := len(s958 := v.encode())) < 8192 else _long(n959)), s958,))
 
 
-def _e_ClusterHalted956(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := o.cluster.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.command_id.encode())) < 8192 else _long(n962)), s961, (_P[n964] if (n964 := len(s963 := o.error.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := o.message.encode())) < 8192 else _long(n966)), s965,))
+def _e_DefragmentationPlanned949(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k950, (_P[n952] if 0 <= (n952 := o.moves) < 8192 else _long(n952)), (_P[n953] if 0 <= (n953 := o.gpus_freed) < 8192 else _long(n953)), (_P[n954] if 0 <= (n954 := o.nodes_freed) < 8192 else _long(n954)), (_k959 if (u955 := o.target) is None else _u956(u955)), (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
 
 
-def _e_ClusterResumed966(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k967, (_P[n970] if (n970 := len(s969 := o.cluster.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.halted_command_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.halted_offset) < 8192 else _long(n973)), (_P[n974] if 0 <= (n974 := o.refolded_from) < 8192 else _long(n974)), (_P[n976] if (n976 := len(s975 := o.message.encode())) < 8192 else _long(n976)), s975,))
+def _e_ClusterHalted962(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.cluster.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.command_id.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.error.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
 
 
-def _e_NodeRecovered976(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979,))
+def _e_ClusterResumed972(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := o.cluster.encode())) < 8192 else _long(n976)), s975, (_P[n978] if (n978 := len(s977 := o.halted_command_id.encode())) < 8192 else _long(n978)), s977, (_P[n979] if 0 <= (n979 := o.halted_offset) < 8192 else _long(n979)), (_P[n980] if 0 <= (n980 := o.refolded_from) < 8192 else _long(n980)), (_P[n982] if (n982 := len(s981 := o.message.encode())) < 8192 else _long(n982)), s981,))
 
 
-def _e_NodeUpdated980(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k981, (_P[n984] if (n984 := len(s983 := o.node_id.encode())) < 8192 else _long(n984)), s983, (_b21(a985) if (a985 := o.labels) else b"\x00"), (_b27(a986) if (a986 := o.taints) else b"\x00"), (_P[n987] if 0 <= (n987 := o.evicting) < 8192 else _long(n987)),))
+def _e_NodeRecovered982(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.node_id.encode())) < 8192 else _long(n986)), s985,))
 
 
-def _e_Event515(o: _c_Event) -> bytes:
-    return b"".join((_k516, (_P[n518] if 0 <= (n518 := o.partition) < 8192 else _long(n518)), (_P[n519] if 0 <= (n519 := o.sequence) < 8192 else _long(n519)), (_P[n521] if (n521 := len(s520 := o.cluster.encode())) < 8192 else _long(n521)), s520, (_P[n523] if (n523 := len(s522 := o.command_id.encode())) < 8192 else _long(n523)), s522, (_P[n524] if 0 <= (n524 := o.command_offset) < 8192 else _long(n524)), (_P[n525] if 0 <= (n525 := o.occurred_at) < 8192 else _long(n525)), _k987[type(u526 := o.payload)](u526),))
+def _e_NodeUpdated986(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k987, (_P[n990] if (n990 := len(s989 := o.node_id.encode())) < 8192 else _long(n990)), s989, (_b21(a991) if (a991 := o.labels) else b"\x00"), (_b27(a992) if (a992 := o.taints) else b"\x00"), (_P[n993] if 0 <= (n993 := o.evicting) < 8192 else _long(n993)),))
 
 
-def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_Event517(o: _c_Event) -> bytes:
+    return b"".join((_k518, (_P[n520] if 0 <= (n520 := o.partition) < 8192 else _long(n520)), (_P[n521] if 0 <= (n521 := o.sequence) < 8192 else _long(n521)), (_P[n523] if (n523 := len(s522 := o.cluster.encode())) < 8192 else _long(n523)), s522, (_P[n525] if (n525 := len(s524 := o.command_id.encode())) < 8192 else _long(n525)), s524, (_P[n526] if 0 <= (n526 := o.command_offset) < 8192 else _long(n526)), (_P[n527] if 0 <= (n527 := o.occurred_at) < 8192 else _long(n527)), _k993[type(u528 := o.payload)](u528),))
+
+
+def _d_NodeAdded1000(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3216,30 +3246,31 @@ def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n996 = _ZL[buf[pos]]
-    if n996 < 0:
-        n996, pos = _rlong(buf, pos)
-        if n996 < 0:
-            raise _length_error(n996, end - pos)
+    f_gpu_memory_mib: int
+    n1002 = _ZL[buf[pos]]
+    if n1002 < 0:
+        n1002, pos = _rlong(buf, pos)
+        if n1002 < 0:
+            raise _length_error(n1002, end - pos)
     else:
         pos += 1
-    q997 = pos + n996
-    if q997 > end:
-        raise _length_error(n996, end - pos)
-    f_node_id = buf[pos:q997].decode()
-    pos = q997
-    n998 = _ZL[buf[pos]]
-    if n998 < 0:
-        n998, pos = _rlong(buf, pos)
-        if n998 < 0:
-            raise _length_error(n998, end - pos)
+    q1003 = pos + n1002
+    if q1003 > end:
+        raise _length_error(n1002, end - pos)
+    f_node_id = buf[pos:q1003].decode()
+    pos = q1003
+    n1004 = _ZL[buf[pos]]
+    if n1004 < 0:
+        n1004, pos = _rlong(buf, pos)
+        if n1004 < 0:
+            raise _length_error(n1004, end - pos)
     else:
         pos += 1
-    q999 = pos + n998
-    if q999 > end:
-        raise _length_error(n998, end - pos)
-    f_gpu_model = buf[pos:q999].decode()
-    pos = q999
+    q1005 = pos + n1004
+    if q1005 > end:
+        raise _length_error(n1004, end - pos)
+    f_gpu_model = buf[pos:q1005].decode()
+    pos = q1005
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3286,158 +3317,134 @@ def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc1000: dict[str, Any] = {}
+        acc1006: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1001 = _ZD[b]
+                c1007 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1001 = (z >> 1) ^ -(z & 1)
+                c1007 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1001 = (z >> 1) ^ -(z & 1)
+                c1007 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1001, pos = _rlong(buf, pos)
-            if c1001 == 0:
+                c1007, pos = _rlong(buf, pos)
+            if c1007 == 0:
                 break
-            if c1001 < 0:
-                c1001 = -c1001
+            if c1007 < 0:
+                c1007 = -c1007
                 b = buf[pos]
                 if b < 128:
-                    z1004 = _ZD[b]
+                    z1010 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1004 = (z >> 1) ^ -(z & 1)
+                    z1010 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1004 = (z >> 1) ^ -(z & 1)
+                    z1010 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1004, pos = _rlong(buf, pos)
-            if c1001 * 2 > end - pos:
-                raise _count_error(c1001, end - pos)
-            for _ in range(c1001):
-                n1005 = _ZL[buf[pos]]
-                if n1005 < 0:
-                    n1005, pos = _rlong(buf, pos)
-                    if n1005 < 0:
-                        raise _length_error(n1005, end - pos)
+                    z1010, pos = _rlong(buf, pos)
+            if c1007 * 2 > end - pos:
+                raise _count_error(c1007, end - pos)
+            for _ in range(c1007):
+                n1011 = _ZL[buf[pos]]
+                if n1011 < 0:
+                    n1011, pos = _rlong(buf, pos)
+                    if n1011 < 0:
+                        raise _length_error(n1011, end - pos)
                 else:
                     pos += 1
-                q1006 = pos + n1005
-                if q1006 > end:
-                    raise _length_error(n1005, end - pos)
-                k1003 = buf[pos:q1006].decode()
-                pos = q1006
-                n1007 = _ZL[buf[pos]]
-                if n1007 < 0:
-                    n1007, pos = _rlong(buf, pos)
-                    if n1007 < 0:
-                        raise _length_error(n1007, end - pos)
+                q1012 = pos + n1011
+                if q1012 > end:
+                    raise _length_error(n1011, end - pos)
+                k1009 = buf[pos:q1012].decode()
+                pos = q1012
+                n1013 = _ZL[buf[pos]]
+                if n1013 < 0:
+                    n1013, pos = _rlong(buf, pos)
+                    if n1013 < 0:
+                        raise _length_error(n1013, end - pos)
                 else:
                     pos += 1
-                q1008 = pos + n1007
-                if q1008 > end:
-                    raise _length_error(n1007, end - pos)
-                x1002 = buf[pos:q1008].decode()
-                pos = q1008
-                acc1000[k1003] = x1002
-        f_labels = acc1000
+                q1014 = pos + n1013
+                if q1014 > end:
+                    raise _length_error(n1013, end - pos)
+                x1008 = buf[pos:q1014].decode()
+                pos = q1014
+                acc1006[k1009] = x1008
+        f_labels = acc1006
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1009: list[Any] = []
+        acc1015: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1010 = _ZD[b]
+                c1016 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1010 = (z >> 1) ^ -(z & 1)
+                c1016 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1010 = (z >> 1) ^ -(z & 1)
+                c1016 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1010, pos = _rlong(buf, pos)
-            if c1010 == 0:
+                c1016, pos = _rlong(buf, pos)
+            if c1016 == 0:
                 break
-            if c1010 < 0:
-                c1010 = -c1010
+            if c1016 < 0:
+                c1016 = -c1016
                 b = buf[pos]
                 if b < 128:
-                    z1013 = _ZD[b]
+                    z1019 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1013 = (z >> 1) ^ -(z & 1)
+                    z1019 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1013 = (z >> 1) ^ -(z & 1)
+                    z1019 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1013, pos = _rlong(buf, pos)
-            if c1010 * 3 > end - pos:
-                raise _count_error(c1010, end - pos)
-            for _ in range(c1010):
-                x1011, pos = _d_Taint306(buf, pos, end)
-                acc1009.append(x1011)
-        f_taints = tuple(acc1009)
-    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
+                    z1019, pos = _rlong(buf, pos)
+            if c1016 * 3 > end - pos:
+                raise _count_error(c1016, end - pos)
+            for _ in range(c1016):
+                x1017, pos = _d_Taint308(buf, pos, end)
+                acc1015.append(x1017)
+        f_taints = tuple(acc1015)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_NodeRemoved1013(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1015 = _ZL[buf[pos]]
-    if n1015 < 0:
-        n1015, pos = _rlong(buf, pos)
-        if n1015 < 0:
-            raise _length_error(n1015, end - pos)
-    else:
-        pos += 1
-    q1016 = pos + n1015
-    if q1016 > end:
-        raise _length_error(n1015, end - pos)
-    f_node_id = buf[pos:q1016].decode()
-    pos = q1016
-    f_forced = buf[pos] != 0
-    pos += 1
-    o = _c_NodeRemoved(f_node_id, f_forced)
-    return o, pos
-
-
-def _d_NodeCordoned1016(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
-    f_node_id: str
-    n1018 = _ZL[buf[pos]]
-    if n1018 < 0:
-        n1018, pos = _rlong(buf, pos)
-        if n1018 < 0:
-            raise _length_error(n1018, end - pos)
-    else:
-        pos += 1
-    q1019 = pos + n1018
-    if q1019 > end:
-        raise _length_error(n1018, end - pos)
-    f_node_id = buf[pos:q1019].decode()
-    pos = q1019
-    o = _c_NodeCordoned(f_node_id)
-    return o, pos
-
-
-def _d_NodeUncordoned1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
-    f_node_id: str
     n1021 = _ZL[buf[pos]]
     if n1021 < 0:
         n1021, pos = _rlong(buf, pos)
@@ -3450,13 +3457,14 @@ def _d_NodeUncordoned1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncord
         raise _length_error(n1021, end - pos)
     f_node_id = buf[pos:q1022].decode()
     pos = q1022
-    o = _c_NodeUncordoned(f_node_id)
+    f_forced = buf[pos] != 0
+    pos += 1
+    o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeCordoned1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    f_evicted: int
     n1024 = _ZL[buf[pos]]
     if n1024 < 0:
         n1024, pos = _rlong(buf, pos)
@@ -3469,6 +3477,43 @@ def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
         raise _length_error(n1024, end - pos)
     f_node_id = buf[pos:q1025].decode()
     pos = q1025
+    o = _c_NodeCordoned(f_node_id)
+    return o, pos
+
+
+def _d_NodeUncordoned1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+    f_node_id: str
+    n1027 = _ZL[buf[pos]]
+    if n1027 < 0:
+        n1027, pos = _rlong(buf, pos)
+        if n1027 < 0:
+            raise _length_error(n1027, end - pos)
+    else:
+        pos += 1
+    q1028 = pos + n1027
+    if q1028 > end:
+        raise _length_error(n1027, end - pos)
+    f_node_id = buf[pos:q1028].decode()
+    pos = q1028
+    o = _c_NodeUncordoned(f_node_id)
+    return o, pos
+
+
+def _d_NodeDrained1028(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+    f_node_id: str
+    f_evicted: int
+    n1030 = _ZL[buf[pos]]
+    if n1030 < 0:
+        n1030, pos = _rlong(buf, pos)
+        if n1030 < 0:
+            raise _length_error(n1030, end - pos)
+    else:
+        pos += 1
+    q1031 = pos + n1030
+    if q1031 > end:
+        raise _length_error(n1030, end - pos)
+    f_node_id = buf[pos:q1031].decode()
+    pos = q1031
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3487,34 +3532,34 @@ def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1031(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1027 = _ZL[buf[pos]]
-    if n1027 < 0:
-        n1027, pos = _rlong(buf, pos)
-        if n1027 < 0:
-            raise _length_error(n1027, end - pos)
+    n1033 = _ZL[buf[pos]]
+    if n1033 < 0:
+        n1033, pos = _rlong(buf, pos)
+        if n1033 < 0:
+            raise _length_error(n1033, end - pos)
     else:
         pos += 1
-    q1028 = pos + n1027
-    if q1028 > end:
-        raise _length_error(n1027, end - pos)
-    f_node_id = buf[pos:q1028].decode()
-    pos = q1028
-    n1029 = _ZL[buf[pos]]
-    if n1029 < 0:
-        n1029, pos = _rlong(buf, pos)
-        if n1029 < 0:
-            raise _length_error(n1029, end - pos)
+    q1034 = pos + n1033
+    if q1034 > end:
+        raise _length_error(n1033, end - pos)
+    f_node_id = buf[pos:q1034].decode()
+    pos = q1034
+    n1035 = _ZL[buf[pos]]
+    if n1035 < 0:
+        n1035, pos = _rlong(buf, pos)
+        if n1035 < 0:
+            raise _length_error(n1035, end - pos)
     else:
         pos += 1
-    q1030 = pos + n1029
-    if q1030 > end:
-        raise _length_error(n1029, end - pos)
-    f_reason = buf[pos:q1030].decode()
-    pos = q1030
+    q1036 = pos + n1035
+    if q1036 > end:
+        raise _length_error(n1035, end - pos)
+    f_reason = buf[pos:q1036].decode()
+    pos = q1036
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3533,7 +3578,7 @@ def _d_NodeFailed1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3552,30 +3597,31 @@ def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n1033 = _ZL[buf[pos]]
-    if n1033 < 0:
-        n1033, pos = _rlong(buf, pos)
-        if n1033 < 0:
-            raise _length_error(n1033, end - pos)
+    f_gpu_memory_mib: int
+    n1039 = _ZL[buf[pos]]
+    if n1039 < 0:
+        n1039, pos = _rlong(buf, pos)
+        if n1039 < 0:
+            raise _length_error(n1039, end - pos)
     else:
         pos += 1
-    q1034 = pos + n1033
-    if q1034 > end:
-        raise _length_error(n1033, end - pos)
-    f_pod_id = buf[pos:q1034].decode()
-    pos = q1034
-    n1035 = _ZL[buf[pos]]
-    if n1035 < 0:
-        n1035, pos = _rlong(buf, pos)
-        if n1035 < 0:
-            raise _length_error(n1035, end - pos)
+    q1040 = pos + n1039
+    if q1040 > end:
+        raise _length_error(n1039, end - pos)
+    f_pod_id = buf[pos:q1040].decode()
+    pos = q1040
+    n1041 = _ZL[buf[pos]]
+    if n1041 < 0:
+        n1041, pos = _rlong(buf, pos)
+        if n1041 < 0:
+            raise _length_error(n1041, end - pos)
     else:
         pos += 1
-    q1036 = pos + n1035
-    if q1036 > end:
-        raise _length_error(n1035, end - pos)
-    f_tenant = buf[pos:q1036].decode()
-    pos = q1036
+    q1042 = pos + n1041
+    if q1042 > end:
+        raise _length_error(n1041, end - pos)
+    f_tenant = buf[pos:q1042].decode()
+    pos = q1042
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3650,168 +3696,168 @@ def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1037: list[Any] = []
+        acc1043: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1038 = _ZD[b]
+                c1044 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1038 = (z >> 1) ^ -(z & 1)
+                c1044 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1038 = (z >> 1) ^ -(z & 1)
+                c1044 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1038, pos = _rlong(buf, pos)
-            if c1038 == 0:
+                c1044, pos = _rlong(buf, pos)
+            if c1044 == 0:
                 break
-            if c1038 < 0:
-                c1038 = -c1038
+            if c1044 < 0:
+                c1044 = -c1044
                 b = buf[pos]
                 if b < 128:
-                    z1041 = _ZD[b]
+                    z1047 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1041 = (z >> 1) ^ -(z & 1)
+                    z1047 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1041 = (z >> 1) ^ -(z & 1)
+                    z1047 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1041, pos = _rlong(buf, pos)
-            if c1038 * 1 > end - pos:
-                raise _count_error(c1038, end - pos)
-            for _ in range(c1038):
-                n1042 = _ZL[buf[pos]]
-                if n1042 < 0:
-                    n1042, pos = _rlong(buf, pos)
-                    if n1042 < 0:
-                        raise _length_error(n1042, end - pos)
+                    z1047, pos = _rlong(buf, pos)
+            if c1044 * 1 > end - pos:
+                raise _count_error(c1044, end - pos)
+            for _ in range(c1044):
+                n1048 = _ZL[buf[pos]]
+                if n1048 < 0:
+                    n1048, pos = _rlong(buf, pos)
+                    if n1048 < 0:
+                        raise _length_error(n1048, end - pos)
                 else:
                     pos += 1
-                q1043 = pos + n1042
-                if q1043 > end:
-                    raise _length_error(n1042, end - pos)
-                x1039 = buf[pos:q1043].decode()
-                pos = q1043
-                acc1037.append(x1039)
-        f_gpu_models = tuple(acc1037)
+                q1049 = pos + n1048
+                if q1049 > end:
+                    raise _length_error(n1048, end - pos)
+                x1045 = buf[pos:q1049].decode()
+                pos = q1049
+                acc1043.append(x1045)
+        f_gpu_models = tuple(acc1043)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1044: dict[str, Any] = {}
+        acc1050: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1045 = _ZD[b]
+                c1051 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1045 = (z >> 1) ^ -(z & 1)
+                c1051 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1045 = (z >> 1) ^ -(z & 1)
+                c1051 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1045, pos = _rlong(buf, pos)
-            if c1045 == 0:
+                c1051, pos = _rlong(buf, pos)
+            if c1051 == 0:
                 break
-            if c1045 < 0:
-                c1045 = -c1045
+            if c1051 < 0:
+                c1051 = -c1051
                 b = buf[pos]
                 if b < 128:
-                    z1048 = _ZD[b]
+                    z1054 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1048 = (z >> 1) ^ -(z & 1)
+                    z1054 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1048 = (z >> 1) ^ -(z & 1)
+                    z1054 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1048, pos = _rlong(buf, pos)
-            if c1045 * 2 > end - pos:
-                raise _count_error(c1045, end - pos)
-            for _ in range(c1045):
-                n1049 = _ZL[buf[pos]]
-                if n1049 < 0:
-                    n1049, pos = _rlong(buf, pos)
-                    if n1049 < 0:
-                        raise _length_error(n1049, end - pos)
+                    z1054, pos = _rlong(buf, pos)
+            if c1051 * 2 > end - pos:
+                raise _count_error(c1051, end - pos)
+            for _ in range(c1051):
+                n1055 = _ZL[buf[pos]]
+                if n1055 < 0:
+                    n1055, pos = _rlong(buf, pos)
+                    if n1055 < 0:
+                        raise _length_error(n1055, end - pos)
                 else:
                     pos += 1
-                q1050 = pos + n1049
-                if q1050 > end:
-                    raise _length_error(n1049, end - pos)
-                k1047 = buf[pos:q1050].decode()
-                pos = q1050
-                n1051 = _ZL[buf[pos]]
-                if n1051 < 0:
-                    n1051, pos = _rlong(buf, pos)
-                    if n1051 < 0:
-                        raise _length_error(n1051, end - pos)
+                q1056 = pos + n1055
+                if q1056 > end:
+                    raise _length_error(n1055, end - pos)
+                k1053 = buf[pos:q1056].decode()
+                pos = q1056
+                n1057 = _ZL[buf[pos]]
+                if n1057 < 0:
+                    n1057, pos = _rlong(buf, pos)
+                    if n1057 < 0:
+                        raise _length_error(n1057, end - pos)
                 else:
                     pos += 1
-                q1052 = pos + n1051
-                if q1052 > end:
-                    raise _length_error(n1051, end - pos)
-                x1046 = buf[pos:q1052].decode()
-                pos = q1052
-                acc1044[k1047] = x1046
-        f_node_selector = acc1044
+                q1058 = pos + n1057
+                if q1058 > end:
+                    raise _length_error(n1057, end - pos)
+                x1052 = buf[pos:q1058].decode()
+                pos = q1058
+                acc1050[k1053] = x1052
+        f_node_selector = acc1050
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1053: list[Any] = []
+        acc1059: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1054 = _ZD[b]
+                c1060 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1054 = (z >> 1) ^ -(z & 1)
+                c1060 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1054 = (z >> 1) ^ -(z & 1)
+                c1060 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1054, pos = _rlong(buf, pos)
-            if c1054 == 0:
+                c1060, pos = _rlong(buf, pos)
+            if c1060 == 0:
                 break
-            if c1054 < 0:
-                c1054 = -c1054
+            if c1060 < 0:
+                c1060 = -c1060
                 b = buf[pos]
                 if b < 128:
-                    z1057 = _ZD[b]
+                    z1063 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1057 = (z >> 1) ^ -(z & 1)
+                    z1063 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1057 = (z >> 1) ^ -(z & 1)
+                    z1063 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1057, pos = _rlong(buf, pos)
-            if c1054 * 4 > end - pos:
-                raise _count_error(c1054, end - pos)
-            for _ in range(c1054):
-                x1055, pos = _d_Toleration356(buf, pos, end)
-                acc1053.append(x1055)
-        f_tolerations = tuple(acc1053)
+                    z1063, pos = _rlong(buf, pos)
+            if c1060 * 4 > end - pos:
+                raise _count_error(c1060, end - pos)
+            for _ in range(c1060):
+                x1061, pos = _d_Toleration358(buf, pos, end)
+                acc1059.append(x1061)
+        f_tolerations = tuple(acc1059)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3842,52 +3888,52 @@ def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1058 = _ZD[b]
+        i1064 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1058 = (z >> 1) ^ -(z & 1)
+        i1064 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1058 = (z >> 1) ^ -(z & 1)
+        i1064 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1058, pos = _rlong(buf, pos)
-    if i1058 == 0:
+        i1064, pos = _rlong(buf, pos)
+    if i1064 == 0:
         f_gang_id = None
-    elif i1058 == 1:
-        n1059 = _ZL[buf[pos]]
-        if n1059 < 0:
-            n1059, pos = _rlong(buf, pos)
-            if n1059 < 0:
-                raise _length_error(n1059, end - pos)
+    elif i1064 == 1:
+        n1065 = _ZL[buf[pos]]
+        if n1065 < 0:
+            n1065, pos = _rlong(buf, pos)
+            if n1065 < 0:
+                raise _length_error(n1065, end - pos)
         else:
             pos += 1
-        q1060 = pos + n1059
-        if q1060 > end:
-            raise _length_error(n1059, end - pos)
-        f_gang_id = buf[pos:q1060].decode()
-        pos = q1060
+        q1066 = pos + n1065
+        if q1066 > end:
+            raise _length_error(n1065, end - pos)
+        f_gang_id = buf[pos:q1066].decode()
+        pos = q1066
     else:
-        raise _union_error(i1058, 2)
+        raise _union_error(i1064, 2)
     b = buf[pos]
     if b < 128:
-        i1061 = _ZD[b]
+        i1067 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1061 = (z >> 1) ^ -(z & 1)
+        i1067 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1061 = (z >> 1) ^ -(z & 1)
+        i1067 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1061, pos = _rlong(buf, pos)
-    if i1061 == 0:
+        i1067, pos = _rlong(buf, pos)
+    if i1067 == 0:
         f_time_limit_ms = None
-    elif i1061 == 1:
+    elif i1067 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -3903,108 +3949,122 @@ def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1061, 2)
+        raise _union_error(i1067, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1062: list[Any] = []
+        acc1068: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1063 = _ZD[b]
+                c1069 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1063 = (z >> 1) ^ -(z & 1)
+                c1069 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1063 = (z >> 1) ^ -(z & 1)
+                c1069 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1063, pos = _rlong(buf, pos)
-            if c1063 == 0:
+                c1069, pos = _rlong(buf, pos)
+            if c1069 == 0:
                 break
-            if c1063 < 0:
-                c1063 = -c1063
+            if c1069 < 0:
+                c1069 = -c1069
                 b = buf[pos]
                 if b < 128:
-                    z1066 = _ZD[b]
+                    z1072 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1066 = (z >> 1) ^ -(z & 1)
+                    z1072 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1066 = (z >> 1) ^ -(z & 1)
+                    z1072 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1066, pos = _rlong(buf, pos)
-            if c1063 * 1 > end - pos:
-                raise _count_error(c1063, end - pos)
-            for _ in range(c1063):
-                n1067 = _ZL[buf[pos]]
-                if n1067 < 0:
-                    n1067, pos = _rlong(buf, pos)
-                    if n1067 < 0:
-                        raise _length_error(n1067, end - pos)
+                    z1072, pos = _rlong(buf, pos)
+            if c1069 * 1 > end - pos:
+                raise _count_error(c1069, end - pos)
+            for _ in range(c1069):
+                n1073 = _ZL[buf[pos]]
+                if n1073 < 0:
+                    n1073, pos = _rlong(buf, pos)
+                    if n1073 < 0:
+                        raise _length_error(n1073, end - pos)
                 else:
                     pos += 1
-                q1068 = pos + n1067
-                if q1068 > end:
-                    raise _length_error(n1067, end - pos)
-                x1064 = buf[pos:q1068].decode()
-                pos = q1068
-                acc1062.append(x1064)
-        f_depends_on = tuple(acc1062)
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
+                q1074 = pos + n1073
+                if q1074 > end:
+                    raise _length_error(n1073, end - pos)
+                x1070 = buf[pos:q1074].decode()
+                pos = q1074
+                acc1068.append(x1070)
+        f_depends_on = tuple(acc1068)
+    n1075 = _ZL[buf[pos]]
+    if n1075 < 0:
+        n1075, pos = _rlong(buf, pos)
+        if n1075 < 0:
+            raise _length_error(n1075, end - pos)
     else:
         pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_dependency = buf[pos:q1070].decode()
-    pos = q1070
-    n1071 = _ZL[buf[pos]]
-    if n1071 < 0:
-        n1071, pos = _rlong(buf, pos)
-        if n1071 < 0:
-            raise _length_error(n1071, end - pos)
+    q1076 = pos + n1075
+    if q1076 > end:
+        raise _length_error(n1075, end - pos)
+    f_dependency = buf[pos:q1076].decode()
+    pos = q1076
+    n1077 = _ZL[buf[pos]]
+    if n1077 < 0:
+        n1077, pos = _rlong(buf, pos)
+        if n1077 < 0:
+            raise _length_error(n1077, end - pos)
     else:
         pos += 1
-    q1072 = pos + n1071
-    if q1072 > end:
-        raise _length_error(n1071, end - pos)
-    f_preemption = buf[pos:q1072].decode()
-    pos = q1072
+    q1078 = pos + n1077
+    if q1078 > end:
+        raise _length_error(n1077, end - pos)
+    f_preemption = buf[pos:q1078].decode()
+    pos = q1078
     f_movable = buf[pos] != 0
     pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_QueueReason1077(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1083(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1079 = _ZL[buf[pos]]
-    if n1079 < 0:
-        n1079, pos = _rlong(buf, pos)
-        if n1079 < 0:
-            raise _length_error(n1079, end - pos)
+    n1085 = _ZL[buf[pos]]
+    if n1085 < 0:
+        n1085, pos = _rlong(buf, pos)
+        if n1085 < 0:
+            raise _length_error(n1085, end - pos)
     else:
         pos += 1
-    q1080 = pos + n1079
-    if q1080 > end:
-        raise _length_error(n1079, end - pos)
-    f_code = buf[pos:q1080].decode()
-    pos = q1080
+    q1086 = pos + n1085
+    if q1086 > end:
+        raise _length_error(n1085, end - pos)
+    f_code = buf[pos:q1086].decode()
+    pos = q1086
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4019,134 +4079,134 @@ def _d_QueueReason1077(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1081 = _ZL[buf[pos]]
-    if n1081 < 0:
-        n1081, pos = _rlong(buf, pos)
-        if n1081 < 0:
-            raise _length_error(n1081, end - pos)
+    n1087 = _ZL[buf[pos]]
+    if n1087 < 0:
+        n1087, pos = _rlong(buf, pos)
+        if n1087 < 0:
+            raise _length_error(n1087, end - pos)
     else:
         pos += 1
-    q1082 = pos + n1081
-    if q1082 > end:
-        raise _length_error(n1081, end - pos)
-    f_message = buf[pos:q1082].decode()
-    pos = q1082
+    q1088 = pos + n1087
+    if q1088 > end:
+        raise _length_error(n1087, end - pos)
+    f_message = buf[pos:q1088].decode()
+    pos = q1088
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1030(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1036(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1031(buf, pos, end)
+    f_pod, pos = _d_PodSpec1037(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1073: list[Any] = []
+        acc1079: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1074 = _ZD[b]
+                c1080 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1074 = (z >> 1) ^ -(z & 1)
+                c1080 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1074 = (z >> 1) ^ -(z & 1)
+                c1080 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1074, pos = _rlong(buf, pos)
-            if c1074 == 0:
+                c1080, pos = _rlong(buf, pos)
+            if c1080 == 0:
                 break
-            if c1074 < 0:
-                c1074 = -c1074
+            if c1080 < 0:
+                c1080 = -c1080
                 b = buf[pos]
                 if b < 128:
-                    z1077 = _ZD[b]
+                    z1083 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1077 = (z >> 1) ^ -(z & 1)
+                    z1083 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1077 = (z >> 1) ^ -(z & 1)
+                    z1083 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1077, pos = _rlong(buf, pos)
-            if c1074 * 3 > end - pos:
-                raise _count_error(c1074, end - pos)
-            for _ in range(c1074):
-                x1075, pos = _d_QueueReason1077(buf, pos, end)
-                acc1073.append(x1075)
-        f_reasons = tuple(acc1073)
+                    z1083, pos = _rlong(buf, pos)
+            if c1080 * 3 > end - pos:
+                raise _count_error(c1080, end - pos)
+            for _ in range(c1080):
+                x1081, pos = _d_QueueReason1083(buf, pos, end)
+                acc1079.append(x1081)
+        f_reasons = tuple(acc1079)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1083: list[Any] = []
+        acc1089: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1084 = _ZD[b]
+                c1090 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1084 = (z >> 1) ^ -(z & 1)
+                c1090 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1084 = (z >> 1) ^ -(z & 1)
+                c1090 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1084, pos = _rlong(buf, pos)
-            if c1084 == 0:
+                c1090, pos = _rlong(buf, pos)
+            if c1090 == 0:
                 break
-            if c1084 < 0:
-                c1084 = -c1084
+            if c1090 < 0:
+                c1090 = -c1090
                 b = buf[pos]
                 if b < 128:
-                    z1087 = _ZD[b]
+                    z1093 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1087 = (z >> 1) ^ -(z & 1)
+                    z1093 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1087 = (z >> 1) ^ -(z & 1)
+                    z1093 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1087, pos = _rlong(buf, pos)
-            if c1084 * 1 > end - pos:
-                raise _count_error(c1084, end - pos)
-            for _ in range(c1084):
-                n1088 = _ZL[buf[pos]]
-                if n1088 < 0:
-                    n1088, pos = _rlong(buf, pos)
-                    if n1088 < 0:
-                        raise _length_error(n1088, end - pos)
+                    z1093, pos = _rlong(buf, pos)
+            if c1090 * 1 > end - pos:
+                raise _count_error(c1090, end - pos)
+            for _ in range(c1090):
+                n1094 = _ZL[buf[pos]]
+                if n1094 < 0:
+                    n1094, pos = _rlong(buf, pos)
+                    if n1094 < 0:
+                        raise _length_error(n1094, end - pos)
                 else:
                     pos += 1
-                q1089 = pos + n1088
-                if q1089 > end:
-                    raise _length_error(n1088, end - pos)
-                x1085 = buf[pos:q1089].decode()
-                pos = q1089
-                acc1083.append(x1085)
-        f_waiting_for = tuple(acc1083)
+                q1095 = pos + n1094
+                if q1095 > end:
+                    raise _length_error(n1094, end - pos)
+                x1091 = buf[pos:q1095].decode()
+                pos = q1095
+                acc1089.append(x1091)
+        f_waiting_for = tuple(acc1089)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1097(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1103(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4181,7 +4241,7 @@ def _d_GpuShare1097(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1089(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1095(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4189,347 +4249,347 @@ def _d_PodScheduled1089(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1031(buf, pos, end)
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
+    f_pod, pos = _d_PodSpec1037(buf, pos, end)
+    n1097 = _ZL[buf[pos]]
+    if n1097 < 0:
+        n1097, pos = _rlong(buf, pos)
+        if n1097 < 0:
+            raise _length_error(n1097, end - pos)
     else:
         pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_node_id = buf[pos:q1092].decode()
-    pos = q1092
+    q1098 = pos + n1097
+    if q1098 > end:
+        raise _length_error(n1097, end - pos)
+    f_node_id = buf[pos:q1098].decode()
+    pos = q1098
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1093: list[Any] = []
+        acc1099: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1094 = _ZD[b]
+                c1100 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1094 = (z >> 1) ^ -(z & 1)
+                c1100 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1094 = (z >> 1) ^ -(z & 1)
+                c1100 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1094, pos = _rlong(buf, pos)
-            if c1094 == 0:
+                c1100, pos = _rlong(buf, pos)
+            if c1100 == 0:
                 break
-            if c1094 < 0:
-                c1094 = -c1094
+            if c1100 < 0:
+                c1100 = -c1100
                 b = buf[pos]
                 if b < 128:
-                    z1097 = _ZD[b]
+                    z1103 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1097 = (z >> 1) ^ -(z & 1)
+                    z1103 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1097 = (z >> 1) ^ -(z & 1)
+                    z1103 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1097, pos = _rlong(buf, pos)
-            if c1094 * 2 > end - pos:
-                raise _count_error(c1094, end - pos)
-            for _ in range(c1094):
-                x1095, pos = _d_GpuShare1097(buf, pos, end)
-                acc1093.append(x1095)
-        f_gpus = tuple(acc1093)
-    n1099 = _ZL[buf[pos]]
-    if n1099 < 0:
-        n1099, pos = _rlong(buf, pos)
-        if n1099 < 0:
-            raise _length_error(n1099, end - pos)
+                    z1103, pos = _rlong(buf, pos)
+            if c1100 * 2 > end - pos:
+                raise _count_error(c1100, end - pos)
+            for _ in range(c1100):
+                x1101, pos = _d_GpuShare1103(buf, pos, end)
+                acc1099.append(x1101)
+        f_gpus = tuple(acc1099)
+    n1105 = _ZL[buf[pos]]
+    if n1105 < 0:
+        n1105, pos = _rlong(buf, pos)
+        if n1105 < 0:
+            raise _length_error(n1105, end - pos)
     else:
         pos += 1
-    q1100 = pos + n1099
-    if q1100 > end:
-        raise _length_error(n1099, end - pos)
-    f_policy = buf[pos:q1100].decode()
-    pos = q1100
+    q1106 = pos + n1105
+    if q1106 > end:
+        raise _length_error(n1105, end - pos)
+    f_policy = buf[pos:q1106].decode()
+    pos = q1106
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1101: dict[str, Any] = {}
+        acc1107: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1102 = _ZD[b]
+                c1108 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1102 = (z >> 1) ^ -(z & 1)
+                c1108 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1102 = (z >> 1) ^ -(z & 1)
+                c1108 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1102, pos = _rlong(buf, pos)
-            if c1102 == 0:
+                c1108, pos = _rlong(buf, pos)
+            if c1108 == 0:
                 break
-            if c1102 < 0:
-                c1102 = -c1102
+            if c1108 < 0:
+                c1108 = -c1108
                 b = buf[pos]
                 if b < 128:
-                    z1105 = _ZD[b]
+                    z1111 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1105 = (z >> 1) ^ -(z & 1)
+                    z1111 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1105 = (z >> 1) ^ -(z & 1)
+                    z1111 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1105, pos = _rlong(buf, pos)
-            if c1102 * 9 > end - pos:
-                raise _count_error(c1102, end - pos)
-            for _ in range(c1102):
-                n1106 = _ZL[buf[pos]]
-                if n1106 < 0:
-                    n1106, pos = _rlong(buf, pos)
-                    if n1106 < 0:
-                        raise _length_error(n1106, end - pos)
+                    z1111, pos = _rlong(buf, pos)
+            if c1108 * 9 > end - pos:
+                raise _count_error(c1108, end - pos)
+            for _ in range(c1108):
+                n1112 = _ZL[buf[pos]]
+                if n1112 < 0:
+                    n1112, pos = _rlong(buf, pos)
+                    if n1112 < 0:
+                        raise _length_error(n1112, end - pos)
                 else:
                     pos += 1
-                q1107 = pos + n1106
-                if q1107 > end:
-                    raise _length_error(n1106, end - pos)
-                k1104 = buf[pos:q1107].decode()
-                pos = q1107
-                x1103, = _unpack_d(buf, pos)
+                q1113 = pos + n1112
+                if q1113 > end:
+                    raise _length_error(n1112, end - pos)
+                k1110 = buf[pos:q1113].decode()
+                pos = q1113
+                x1109, = _unpack_d(buf, pos)
                 pos += 8
-                acc1101[k1104] = x1103
-        f_scores = acc1101
+                acc1107[k1110] = x1109
+        f_scores = acc1107
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1108: list[Any] = []
+        acc1114: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1109 = _ZD[b]
+                c1115 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1109 = (z >> 1) ^ -(z & 1)
+                c1115 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1109 = (z >> 1) ^ -(z & 1)
+                c1115 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1109, pos = _rlong(buf, pos)
-            if c1109 == 0:
+                c1115, pos = _rlong(buf, pos)
+            if c1115 == 0:
                 break
-            if c1109 < 0:
-                c1109 = -c1109
+            if c1115 < 0:
+                c1115 = -c1115
                 b = buf[pos]
                 if b < 128:
-                    z1112 = _ZD[b]
+                    z1118 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1112 = (z >> 1) ^ -(z & 1)
+                    z1118 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1112 = (z >> 1) ^ -(z & 1)
+                    z1118 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1112, pos = _rlong(buf, pos)
-            if c1109 * 1 > end - pos:
-                raise _count_error(c1109, end - pos)
-            for _ in range(c1109):
-                n1113 = _ZL[buf[pos]]
-                if n1113 < 0:
-                    n1113, pos = _rlong(buf, pos)
-                    if n1113 < 0:
-                        raise _length_error(n1113, end - pos)
+                    z1118, pos = _rlong(buf, pos)
+            if c1115 * 1 > end - pos:
+                raise _count_error(c1115, end - pos)
+            for _ in range(c1115):
+                n1119 = _ZL[buf[pos]]
+                if n1119 < 0:
+                    n1119, pos = _rlong(buf, pos)
+                    if n1119 < 0:
+                        raise _length_error(n1119, end - pos)
                 else:
                     pos += 1
-                q1114 = pos + n1113
-                if q1114 > end:
-                    raise _length_error(n1113, end - pos)
-                x1110 = buf[pos:q1114].decode()
-                pos = q1114
-                acc1108.append(x1110)
-        f_preempted = tuple(acc1108)
+                q1120 = pos + n1119
+                if q1120 > end:
+                    raise _length_error(n1119, end - pos)
+                x1116 = buf[pos:q1120].decode()
+                pos = q1120
+                acc1114.append(x1116)
+        f_preempted = tuple(acc1114)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1114(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1120(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1116 = _ZL[buf[pos]]
-    if n1116 < 0:
-        n1116, pos = _rlong(buf, pos)
-        if n1116 < 0:
-            raise _length_error(n1116, end - pos)
+    n1122 = _ZL[buf[pos]]
+    if n1122 < 0:
+        n1122, pos = _rlong(buf, pos)
+        if n1122 < 0:
+            raise _length_error(n1122, end - pos)
     else:
         pos += 1
-    q1117 = pos + n1116
-    if q1117 > end:
-        raise _length_error(n1116, end - pos)
-    f_pod_id = buf[pos:q1117].decode()
-    pos = q1117
-    n1118 = _ZL[buf[pos]]
-    if n1118 < 0:
-        n1118, pos = _rlong(buf, pos)
-        if n1118 < 0:
-            raise _length_error(n1118, end - pos)
+    q1123 = pos + n1122
+    if q1123 > end:
+        raise _length_error(n1122, end - pos)
+    f_pod_id = buf[pos:q1123].decode()
+    pos = q1123
+    n1124 = _ZL[buf[pos]]
+    if n1124 < 0:
+        n1124, pos = _rlong(buf, pos)
+        if n1124 < 0:
+            raise _length_error(n1124, end - pos)
     else:
         pos += 1
-    q1119 = pos + n1118
-    if q1119 > end:
-        raise _length_error(n1118, end - pos)
-    f_node_id = buf[pos:q1119].decode()
-    pos = q1119
-    n1120 = _ZL[buf[pos]]
-    if n1120 < 0:
-        n1120, pos = _rlong(buf, pos)
-        if n1120 < 0:
-            raise _length_error(n1120, end - pos)
+    q1125 = pos + n1124
+    if q1125 > end:
+        raise _length_error(n1124, end - pos)
+    f_node_id = buf[pos:q1125].decode()
+    pos = q1125
+    n1126 = _ZL[buf[pos]]
+    if n1126 < 0:
+        n1126, pos = _rlong(buf, pos)
+        if n1126 < 0:
+            raise _length_error(n1126, end - pos)
     else:
         pos += 1
-    q1121 = pos + n1120
-    if q1121 > end:
-        raise _length_error(n1120, end - pos)
-    f_reason = buf[pos:q1121].decode()
-    pos = q1121
+    q1127 = pos + n1126
+    if q1127 > end:
+        raise _length_error(n1126, end - pos)
+    f_reason = buf[pos:q1127].decode()
+    pos = q1127
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1121(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1127(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1123 = _ZL[buf[pos]]
-    if n1123 < 0:
-        n1123, pos = _rlong(buf, pos)
-        if n1123 < 0:
-            raise _length_error(n1123, end - pos)
+    n1129 = _ZL[buf[pos]]
+    if n1129 < 0:
+        n1129, pos = _rlong(buf, pos)
+        if n1129 < 0:
+            raise _length_error(n1129, end - pos)
     else:
         pos += 1
-    q1124 = pos + n1123
-    if q1124 > end:
-        raise _length_error(n1123, end - pos)
-    f_pod_id = buf[pos:q1124].decode()
-    pos = q1124
+    q1130 = pos + n1129
+    if q1130 > end:
+        raise _length_error(n1129, end - pos)
+    f_pod_id = buf[pos:q1130].decode()
+    pos = q1130
     b = buf[pos]
     if b < 128:
-        i1125 = _ZD[b]
+        i1131 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1125 = (z >> 1) ^ -(z & 1)
+        i1131 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1125 = (z >> 1) ^ -(z & 1)
+        i1131 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1125, pos = _rlong(buf, pos)
-    if i1125 == 0:
+        i1131, pos = _rlong(buf, pos)
+    if i1131 == 0:
         f_node_id = None
-    elif i1125 == 1:
-        n1126 = _ZL[buf[pos]]
-        if n1126 < 0:
-            n1126, pos = _rlong(buf, pos)
-            if n1126 < 0:
-                raise _length_error(n1126, end - pos)
+    elif i1131 == 1:
+        n1132 = _ZL[buf[pos]]
+        if n1132 < 0:
+            n1132, pos = _rlong(buf, pos)
+            if n1132 < 0:
+                raise _length_error(n1132, end - pos)
         else:
             pos += 1
-        q1127 = pos + n1126
-        if q1127 > end:
-            raise _length_error(n1126, end - pos)
-        f_node_id = buf[pos:q1127].decode()
-        pos = q1127
+        q1133 = pos + n1132
+        if q1133 > end:
+            raise _length_error(n1132, end - pos)
+        f_node_id = buf[pos:q1133].decode()
+        pos = q1133
     else:
-        raise _union_error(i1125, 2)
-    n1128 = _ZL[buf[pos]]
-    if n1128 < 0:
-        n1128, pos = _rlong(buf, pos)
-        if n1128 < 0:
-            raise _length_error(n1128, end - pos)
+        raise _union_error(i1131, 2)
+    n1134 = _ZL[buf[pos]]
+    if n1134 < 0:
+        n1134, pos = _rlong(buf, pos)
+        if n1134 < 0:
+            raise _length_error(n1134, end - pos)
     else:
         pos += 1
-    q1129 = pos + n1128
-    if q1129 > end:
-        raise _length_error(n1128, end - pos)
-    f_reason = buf[pos:q1129].decode()
-    pos = q1129
+    q1135 = pos + n1134
+    if q1135 > end:
+        raise _length_error(n1134, end - pos)
+    f_reason = buf[pos:q1135].decode()
+    pos = q1135
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1129(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1135(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1131 = _ZL[buf[pos]]
-    if n1131 < 0:
-        n1131, pos = _rlong(buf, pos)
-        if n1131 < 0:
-            raise _length_error(n1131, end - pos)
+    n1137 = _ZL[buf[pos]]
+    if n1137 < 0:
+        n1137, pos = _rlong(buf, pos)
+        if n1137 < 0:
+            raise _length_error(n1137, end - pos)
     else:
         pos += 1
-    q1132 = pos + n1131
-    if q1132 > end:
-        raise _length_error(n1131, end - pos)
-    f_policy = buf[pos:q1132].decode()
-    pos = q1132
-    n1133 = _ZL[buf[pos]]
-    if n1133 < 0:
-        n1133, pos = _rlong(buf, pos)
-        if n1133 < 0:
-            raise _length_error(n1133, end - pos)
+    q1138 = pos + n1137
+    if q1138 > end:
+        raise _length_error(n1137, end - pos)
+    f_policy = buf[pos:q1138].decode()
+    pos = q1138
+    n1139 = _ZL[buf[pos]]
+    if n1139 < 0:
+        n1139, pos = _rlong(buf, pos)
+        if n1139 < 0:
+            raise _length_error(n1139, end - pos)
     else:
         pos += 1
-    q1134 = pos + n1133
-    if q1134 > end:
-        raise _length_error(n1133, end - pos)
-    f_previous = buf[pos:q1134].decode()
-    pos = q1134
+    q1140 = pos + n1139
+    if q1140 > end:
+        raise _length_error(n1139, end - pos)
+    f_previous = buf[pos:q1140].decode()
+    pos = q1140
     b = buf[pos]
     if b < 128:
-        i1135 = _ZD[b]
+        i1141 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1135 = (z >> 1) ^ -(z & 1)
+        i1141 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1135 = (z >> 1) ^ -(z & 1)
+        i1141 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1135, pos = _rlong(buf, pos)
-    if i1135 == 0:
+        i1141, pos = _rlong(buf, pos)
+    if i1141 == 0:
         f_reserve_after_ms = None
-    elif i1135 == 1:
+    elif i1141 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4545,36 +4605,36 @@ def _d_PolicyChanged1129(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1135, 2)
-    n1136 = _ZL[buf[pos]]
-    if n1136 < 0:
-        n1136, pos = _rlong(buf, pos)
-        if n1136 < 0:
-            raise _length_error(n1136, end - pos)
+        raise _union_error(i1141, 2)
+    n1142 = _ZL[buf[pos]]
+    if n1142 < 0:
+        n1142, pos = _rlong(buf, pos)
+        if n1142 < 0:
+            raise _length_error(n1142, end - pos)
     else:
         pos += 1
-    q1137 = pos + n1136
-    if q1137 > end:
-        raise _length_error(n1136, end - pos)
-    f_queue_order = buf[pos:q1137].decode()
-    pos = q1137
+    q1143 = pos + n1142
+    if q1143 > end:
+        raise _length_error(n1142, end - pos)
+    f_queue_order = buf[pos:q1143].decode()
+    pos = q1143
     b = buf[pos]
     if b < 128:
-        i1138 = _ZD[b]
+        i1144 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1138 = (z >> 1) ^ -(z & 1)
+        i1144 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1138 = (z >> 1) ^ -(z & 1)
+        i1144 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1138, pos = _rlong(buf, pos)
-    if i1138 == 0:
+        i1144, pos = _rlong(buf, pos)
+    if i1144 == 0:
         f_max_clock_jump_ms = None
-    elif i1138 == 1:
+    elif i1144 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4590,52 +4650,16 @@ def _d_PolicyChanged1129(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1138, 2)
+        raise _union_error(i1144, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1138(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1144(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1140 = _ZL[buf[pos]]
-    if n1140 < 0:
-        n1140, pos = _rlong(buf, pos)
-        if n1140 < 0:
-            raise _length_error(n1140, end - pos)
-    else:
-        pos += 1
-    q1141 = pos + n1140
-    if q1141 > end:
-        raise _length_error(n1140, end - pos)
-    f_command_id = buf[pos:q1141].decode()
-    pos = q1141
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
-    else:
-        pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_command_type = buf[pos:q1143].decode()
-    pos = q1143
-    n1144 = _ZL[buf[pos]]
-    if n1144 < 0:
-        n1144, pos = _rlong(buf, pos)
-        if n1144 < 0:
-            raise _length_error(n1144, end - pos)
-    else:
-        pos += 1
-    q1145 = pos + n1144
-    if q1145 > end:
-        raise _length_error(n1144, end - pos)
-    f_code = buf[pos:q1145].decode()
-    pos = q1145
     n1146 = _ZL[buf[pos]]
     if n1146 < 0:
         n1146, pos = _rlong(buf, pos)
@@ -4646,13 +4670,49 @@ def _d_CommandRejected1138(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRe
     q1147 = pos + n1146
     if q1147 > end:
         raise _length_error(n1146, end - pos)
-    f_message = buf[pos:q1147].decode()
+    f_command_id = buf[pos:q1147].decode()
     pos = q1147
+    n1148 = _ZL[buf[pos]]
+    if n1148 < 0:
+        n1148, pos = _rlong(buf, pos)
+        if n1148 < 0:
+            raise _length_error(n1148, end - pos)
+    else:
+        pos += 1
+    q1149 = pos + n1148
+    if q1149 > end:
+        raise _length_error(n1148, end - pos)
+    f_command_type = buf[pos:q1149].decode()
+    pos = q1149
+    n1150 = _ZL[buf[pos]]
+    if n1150 < 0:
+        n1150, pos = _rlong(buf, pos)
+        if n1150 < 0:
+            raise _length_error(n1150, end - pos)
+    else:
+        pos += 1
+    q1151 = pos + n1150
+    if q1151 > end:
+        raise _length_error(n1150, end - pos)
+    f_code = buf[pos:q1151].decode()
+    pos = q1151
+    n1152 = _ZL[buf[pos]]
+    if n1152 < 0:
+        n1152, pos = _rlong(buf, pos)
+        if n1152 < 0:
+            raise _length_error(n1152, end - pos)
+    else:
+        pos += 1
+    q1153 = pos + n1152
+    if q1153 > end:
+        raise _length_error(n1152, end - pos)
+    f_message = buf[pos:q1153].decode()
+    pos = q1153
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4667,30 +4727,30 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1157 = _ZL[buf[pos]]
-    if n1157 < 0:
-        n1157, pos = _rlong(buf, pos)
-        if n1157 < 0:
-            raise _length_error(n1157, end - pos)
+    n1163 = _ZL[buf[pos]]
+    if n1163 < 0:
+        n1163, pos = _rlong(buf, pos)
+        if n1163 < 0:
+            raise _length_error(n1163, end - pos)
     else:
         pos += 1
-    q1158 = pos + n1157
-    if q1158 > end:
-        raise _length_error(n1157, end - pos)
-    f_gang_id = buf[pos:q1158].decode()
-    pos = q1158
-    n1159 = _ZL[buf[pos]]
-    if n1159 < 0:
-        n1159, pos = _rlong(buf, pos)
-        if n1159 < 0:
-            raise _length_error(n1159, end - pos)
+    q1164 = pos + n1163
+    if q1164 > end:
+        raise _length_error(n1163, end - pos)
+    f_gang_id = buf[pos:q1164].decode()
+    pos = q1164
+    n1165 = _ZL[buf[pos]]
+    if n1165 < 0:
+        n1165, pos = _rlong(buf, pos)
+        if n1165 < 0:
+            raise _length_error(n1165, end - pos)
     else:
         pos += 1
-    q1160 = pos + n1159
-    if q1160 > end:
-        raise _length_error(n1159, end - pos)
-    f_tenant = buf[pos:q1160].decode()
-    pos = q1160
+    q1166 = pos + n1165
+    if q1166 > end:
+        raise _length_error(n1165, end - pos)
+    f_tenant = buf[pos:q1166].decode()
+    pos = q1166
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4709,46 +4769,46 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1161: list[Any] = []
+        acc1167: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1162 = _ZD[b]
+                c1168 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1162 = (z >> 1) ^ -(z & 1)
+                c1168 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1162 = (z >> 1) ^ -(z & 1)
+                c1168 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1162, pos = _rlong(buf, pos)
-            if c1162 == 0:
+                c1168, pos = _rlong(buf, pos)
+            if c1168 == 0:
                 break
-            if c1162 < 0:
-                c1162 = -c1162
+            if c1168 < 0:
+                c1168 = -c1168
                 b = buf[pos]
                 if b < 128:
-                    z1165 = _ZD[b]
+                    z1171 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1165 = (z >> 1) ^ -(z & 1)
+                    z1171 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1165 = (z >> 1) ^ -(z & 1)
+                    z1171 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1165, pos = _rlong(buf, pos)
-            if c1162 * 18 > end - pos:
-                raise _count_error(c1162, end - pos)
-            for _ in range(c1162):
-                x1163, pos = _d_PodSpec1031(buf, pos, end)
-                acc1161.append(x1163)
-        f_members = tuple(acc1161)
+                    z1171, pos = _rlong(buf, pos)
+            if c1168 * 19 > end - pos:
+                raise _count_error(c1168, end - pos)
+            for _ in range(c1168):
+                x1169, pos = _d_PodSpec1037(buf, pos, end)
+                acc1167.append(x1169)
+        f_members = tuple(acc1167)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4765,68 +4825,6 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1166 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1166 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1166 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1166, pos = _rlong(buf, pos)
-    if i1166 == 0:
-        f_topology_required = None
-    elif i1166 == 1:
-        n1167 = _ZL[buf[pos]]
-        if n1167 < 0:
-            n1167, pos = _rlong(buf, pos)
-            if n1167 < 0:
-                raise _length_error(n1167, end - pos)
-        else:
-            pos += 1
-        q1168 = pos + n1167
-        if q1168 > end:
-            raise _length_error(n1167, end - pos)
-        f_topology_required = buf[pos:q1168].decode()
-        pos = q1168
-    else:
-        raise _union_error(i1166, 2)
-    b = buf[pos]
-    if b < 128:
-        i1169 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1169 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1169 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1169, pos = _rlong(buf, pos)
-    if i1169 == 0:
-        f_topology_preferred = None
-    elif i1169 == 1:
-        n1170 = _ZL[buf[pos]]
-        if n1170 < 0:
-            n1170, pos = _rlong(buf, pos)
-            if n1170 < 0:
-                raise _length_error(n1170, end - pos)
-        else:
-            pos += 1
-        q1171 = pos + n1170
-        if q1171 > end:
-            raise _length_error(n1170, end - pos)
-        f_topology_preferred = buf[pos:q1171].decode()
-        pos = q1171
-    else:
-        raise _union_error(i1169, 2)
-    b = buf[pos]
-    if b < 128:
         i1172 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
@@ -4840,8 +4838,70 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     else:
         i1172, pos = _rlong(buf, pos)
     if i1172 == 0:
-        f_timeout_ms = None
+        f_topology_required = None
     elif i1172 == 1:
+        n1173 = _ZL[buf[pos]]
+        if n1173 < 0:
+            n1173, pos = _rlong(buf, pos)
+            if n1173 < 0:
+                raise _length_error(n1173, end - pos)
+        else:
+            pos += 1
+        q1174 = pos + n1173
+        if q1174 > end:
+            raise _length_error(n1173, end - pos)
+        f_topology_required = buf[pos:q1174].decode()
+        pos = q1174
+    else:
+        raise _union_error(i1172, 2)
+    b = buf[pos]
+    if b < 128:
+        i1175 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1175 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1175 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1175, pos = _rlong(buf, pos)
+    if i1175 == 0:
+        f_topology_preferred = None
+    elif i1175 == 1:
+        n1176 = _ZL[buf[pos]]
+        if n1176 < 0:
+            n1176, pos = _rlong(buf, pos)
+            if n1176 < 0:
+                raise _length_error(n1176, end - pos)
+        else:
+            pos += 1
+        q1177 = pos + n1176
+        if q1177 > end:
+            raise _length_error(n1176, end - pos)
+        f_topology_preferred = buf[pos:q1177].decode()
+        pos = q1177
+    else:
+        raise _union_error(i1175, 2)
+    b = buf[pos]
+    if b < 128:
+        i1178 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1178 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1178 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1178, pos = _rlong(buf, pos)
+    if i1178 == 0:
+        f_timeout_ms = None
+    elif i1178 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4857,24 +4917,24 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1172, 2)
+        raise _union_error(i1178, 2)
     b = buf[pos]
     if b < 128:
-        i1173 = _ZD[b]
+        i1179 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1173 = (z >> 1) ^ -(z & 1)
+        i1179 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1173 = (z >> 1) ^ -(z & 1)
+        i1179 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1173, pos = _rlong(buf, pos)
-    if i1173 == 0:
+        i1179, pos = _rlong(buf, pos)
+    if i1179 == 0:
         f_time_limit_ms = None
-    elif i1173 == 1:
+    elif i1179 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4890,74 +4950,74 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1173, 2)
+        raise _union_error(i1179, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1174: list[Any] = []
+        acc1180: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1175 = _ZD[b]
+                c1181 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1175 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1175 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1175, pos = _rlong(buf, pos)
-            if c1175 == 0:
+                c1181, pos = _rlong(buf, pos)
+            if c1181 == 0:
                 break
-            if c1175 < 0:
-                c1175 = -c1175
+            if c1181 < 0:
+                c1181 = -c1181
                 b = buf[pos]
                 if b < 128:
-                    z1178 = _ZD[b]
+                    z1184 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1178 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1178 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1178, pos = _rlong(buf, pos)
-            if c1175 * 1 > end - pos:
-                raise _count_error(c1175, end - pos)
-            for _ in range(c1175):
-                n1179 = _ZL[buf[pos]]
-                if n1179 < 0:
-                    n1179, pos = _rlong(buf, pos)
-                    if n1179 < 0:
-                        raise _length_error(n1179, end - pos)
+                    z1184, pos = _rlong(buf, pos)
+            if c1181 * 1 > end - pos:
+                raise _count_error(c1181, end - pos)
+            for _ in range(c1181):
+                n1185 = _ZL[buf[pos]]
+                if n1185 < 0:
+                    n1185, pos = _rlong(buf, pos)
+                    if n1185 < 0:
+                        raise _length_error(n1185, end - pos)
                 else:
                     pos += 1
-                q1180 = pos + n1179
-                if q1180 > end:
-                    raise _length_error(n1179, end - pos)
-                x1176 = buf[pos:q1180].decode()
-                pos = q1180
-                acc1174.append(x1176)
-        f_depends_on = tuple(acc1174)
-    n1181 = _ZL[buf[pos]]
-    if n1181 < 0:
-        n1181, pos = _rlong(buf, pos)
-        if n1181 < 0:
-            raise _length_error(n1181, end - pos)
+                q1186 = pos + n1185
+                if q1186 > end:
+                    raise _length_error(n1185, end - pos)
+                x1182 = buf[pos:q1186].decode()
+                pos = q1186
+                acc1180.append(x1182)
+        f_depends_on = tuple(acc1180)
+    n1187 = _ZL[buf[pos]]
+    if n1187 < 0:
+        n1187, pos = _rlong(buf, pos)
+        if n1187 < 0:
+            raise _length_error(n1187, end - pos)
     else:
         pos += 1
-    q1182 = pos + n1181
-    if q1182 > end:
-        raise _length_error(n1181, end - pos)
-    f_dependency = buf[pos:q1182].decode()
-    pos = q1182
+    q1188 = pos + n1187
+    if q1188 > end:
+        raise _length_error(n1187, end - pos)
+    f_dependency = buf[pos:q1188].decode()
+    pos = q1188
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4986,223 +5046,223 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1183 = _ZL[buf[pos]]
-    if n1183 < 0:
-        n1183, pos = _rlong(buf, pos)
-        if n1183 < 0:
-            raise _length_error(n1183, end - pos)
+    n1189 = _ZL[buf[pos]]
+    if n1189 < 0:
+        n1189, pos = _rlong(buf, pos)
+        if n1189 < 0:
+            raise _length_error(n1189, end - pos)
     else:
         pos += 1
-    q1184 = pos + n1183
-    if q1184 > end:
-        raise _length_error(n1183, end - pos)
-    f_preemption = buf[pos:q1184].decode()
-    pos = q1184
+    q1190 = pos + n1189
+    if q1190 > end:
+        raise _length_error(n1189, end - pos)
+    f_preemption = buf[pos:q1190].decode()
+    pos = q1190
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1147(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1153(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1149 = _ZL[buf[pos]]
-    if n1149 < 0:
-        n1149, pos = _rlong(buf, pos)
-        if n1149 < 0:
-            raise _length_error(n1149, end - pos)
+    n1155 = _ZL[buf[pos]]
+    if n1155 < 0:
+        n1155, pos = _rlong(buf, pos)
+        if n1155 < 0:
+            raise _length_error(n1155, end - pos)
     else:
         pos += 1
-    q1150 = pos + n1149
-    if q1150 > end:
-        raise _length_error(n1149, end - pos)
-    f_gang_id = buf[pos:q1150].decode()
-    pos = q1150
+    q1156 = pos + n1155
+    if q1156 > end:
+        raise _length_error(n1155, end - pos)
+    f_gang_id = buf[pos:q1156].decode()
+    pos = q1156
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1151: list[Any] = []
+        acc1157: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1152 = _ZD[b]
+                c1158 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1152 = (z >> 1) ^ -(z & 1)
+                c1158 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1152 = (z >> 1) ^ -(z & 1)
+                c1158 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1152, pos = _rlong(buf, pos)
-            if c1152 == 0:
+                c1158, pos = _rlong(buf, pos)
+            if c1158 == 0:
                 break
-            if c1152 < 0:
-                c1152 = -c1152
+            if c1158 < 0:
+                c1158 = -c1158
                 b = buf[pos]
                 if b < 128:
-                    z1155 = _ZD[b]
+                    z1161 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1155 = (z >> 1) ^ -(z & 1)
+                    z1161 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1155 = (z >> 1) ^ -(z & 1)
+                    z1161 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1155, pos = _rlong(buf, pos)
-            if c1152 * 3 > end - pos:
-                raise _count_error(c1152, end - pos)
-            for _ in range(c1152):
-                x1153, pos = _d_QueueReason1077(buf, pos, end)
-                acc1151.append(x1153)
-        f_reasons = tuple(acc1151)
-    f_gang, pos = _d_GangSpec1155(buf, pos, end)
+                    z1161, pos = _rlong(buf, pos)
+            if c1158 * 3 > end - pos:
+                raise _count_error(c1158, end - pos)
+            for _ in range(c1158):
+                x1159, pos = _d_QueueReason1083(buf, pos, end)
+                acc1157.append(x1159)
+        f_reasons = tuple(acc1157)
+    f_gang, pos = _d_GangSpec1161(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1185: list[Any] = []
+        acc1191: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1186 = _ZD[b]
+                c1192 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1186 = (z >> 1) ^ -(z & 1)
+                c1192 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1186 = (z >> 1) ^ -(z & 1)
+                c1192 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1186, pos = _rlong(buf, pos)
-            if c1186 == 0:
+                c1192, pos = _rlong(buf, pos)
+            if c1192 == 0:
                 break
-            if c1186 < 0:
-                c1186 = -c1186
+            if c1192 < 0:
+                c1192 = -c1192
                 b = buf[pos]
                 if b < 128:
-                    z1189 = _ZD[b]
+                    z1195 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1189 = (z >> 1) ^ -(z & 1)
+                    z1195 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1189 = (z >> 1) ^ -(z & 1)
+                    z1195 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1189, pos = _rlong(buf, pos)
-            if c1186 * 1 > end - pos:
-                raise _count_error(c1186, end - pos)
-            for _ in range(c1186):
-                n1190 = _ZL[buf[pos]]
-                if n1190 < 0:
-                    n1190, pos = _rlong(buf, pos)
-                    if n1190 < 0:
-                        raise _length_error(n1190, end - pos)
+                    z1195, pos = _rlong(buf, pos)
+            if c1192 * 1 > end - pos:
+                raise _count_error(c1192, end - pos)
+            for _ in range(c1192):
+                n1196 = _ZL[buf[pos]]
+                if n1196 < 0:
+                    n1196, pos = _rlong(buf, pos)
+                    if n1196 < 0:
+                        raise _length_error(n1196, end - pos)
                 else:
                     pos += 1
-                q1191 = pos + n1190
-                if q1191 > end:
-                    raise _length_error(n1190, end - pos)
-                x1187 = buf[pos:q1191].decode()
-                pos = q1191
-                acc1185.append(x1187)
-        f_waiting_for = tuple(acc1185)
+                q1197 = pos + n1196
+                if q1197 > end:
+                    raise _length_error(n1196, end - pos)
+                x1193 = buf[pos:q1197].decode()
+                pos = q1197
+                acc1191.append(x1193)
+        f_waiting_for = tuple(acc1191)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1199(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1205(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1201 = _ZL[buf[pos]]
-    if n1201 < 0:
-        n1201, pos = _rlong(buf, pos)
-        if n1201 < 0:
-            raise _length_error(n1201, end - pos)
+    n1207 = _ZL[buf[pos]]
+    if n1207 < 0:
+        n1207, pos = _rlong(buf, pos)
+        if n1207 < 0:
+            raise _length_error(n1207, end - pos)
     else:
         pos += 1
-    q1202 = pos + n1201
-    if q1202 > end:
-        raise _length_error(n1201, end - pos)
-    f_pod_id = buf[pos:q1202].decode()
-    pos = q1202
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
+    q1208 = pos + n1207
+    if q1208 > end:
+        raise _length_error(n1207, end - pos)
+    f_pod_id = buf[pos:q1208].decode()
+    pos = q1208
+    n1209 = _ZL[buf[pos]]
+    if n1209 < 0:
+        n1209, pos = _rlong(buf, pos)
+        if n1209 < 0:
+            raise _length_error(n1209, end - pos)
     else:
         pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_node_id = buf[pos:q1204].decode()
-    pos = q1204
+    q1210 = pos + n1209
+    if q1210 > end:
+        raise _length_error(n1209, end - pos)
+    f_node_id = buf[pos:q1210].decode()
+    pos = q1210
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1205: list[Any] = []
+        acc1211: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1206 = _ZD[b]
+                c1212 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1206 = (z >> 1) ^ -(z & 1)
+                c1212 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1206 = (z >> 1) ^ -(z & 1)
+                c1212 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1206, pos = _rlong(buf, pos)
-            if c1206 == 0:
+                c1212, pos = _rlong(buf, pos)
+            if c1212 == 0:
                 break
-            if c1206 < 0:
-                c1206 = -c1206
+            if c1212 < 0:
+                c1212 = -c1212
                 b = buf[pos]
                 if b < 128:
-                    z1209 = _ZD[b]
+                    z1215 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1209 = (z >> 1) ^ -(z & 1)
+                    z1215 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1209 = (z >> 1) ^ -(z & 1)
+                    z1215 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1209, pos = _rlong(buf, pos)
-            if c1206 * 2 > end - pos:
-                raise _count_error(c1206, end - pos)
-            for _ in range(c1206):
-                x1207, pos = _d_GpuShare1097(buf, pos, end)
-                acc1205.append(x1207)
-        f_gpus = tuple(acc1205)
+                    z1215, pos = _rlong(buf, pos)
+            if c1212 * 2 > end - pos:
+                raise _count_error(c1212, end - pos)
+            for _ in range(c1212):
+                x1213, pos = _d_GpuShare1103(buf, pos, end)
+                acc1211.append(x1213)
+        f_gpus = tuple(acc1211)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1197(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5211,214 +5271,214 @@ def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+    n1199 = _ZL[buf[pos]]
+    if n1199 < 0:
+        n1199, pos = _rlong(buf, pos)
+        if n1199 < 0:
+            raise _length_error(n1199, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_gang_id = buf[pos:q1194].decode()
-    pos = q1194
+    q1200 = pos + n1199
+    if q1200 > end:
+        raise _length_error(n1199, end - pos)
+    f_gang_id = buf[pos:q1200].decode()
+    pos = q1200
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1195: list[Any] = []
+        acc1201: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1196 = _ZD[b]
+                c1202 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1196, pos = _rlong(buf, pos)
-            if c1196 == 0:
+                c1202, pos = _rlong(buf, pos)
+            if c1202 == 0:
                 break
-            if c1196 < 0:
-                c1196 = -c1196
+            if c1202 < 0:
+                c1202 = -c1202
                 b = buf[pos]
                 if b < 128:
-                    z1199 = _ZD[b]
+                    z1205 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1199, pos = _rlong(buf, pos)
-            if c1196 * 3 > end - pos:
-                raise _count_error(c1196, end - pos)
-            for _ in range(c1196):
-                x1197, pos = _d_MemberPlacement1199(buf, pos, end)
-                acc1195.append(x1197)
-        f_members = tuple(acc1195)
-    f_gang, pos = _d_GangSpec1155(buf, pos, end)
+                    z1205, pos = _rlong(buf, pos)
+            if c1202 * 3 > end - pos:
+                raise _count_error(c1202, end - pos)
+            for _ in range(c1202):
+                x1203, pos = _d_MemberPlacement1205(buf, pos, end)
+                acc1201.append(x1203)
+        f_members = tuple(acc1201)
+    f_gang, pos = _d_GangSpec1161(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1210 = _ZD[b]
+        i1216 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1210 = (z >> 1) ^ -(z & 1)
+        i1216 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1210 = (z >> 1) ^ -(z & 1)
+        i1216 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1210, pos = _rlong(buf, pos)
-    if i1210 == 0:
+        i1216, pos = _rlong(buf, pos)
+    if i1216 == 0:
         f_topology_key = None
-    elif i1210 == 1:
-        n1211 = _ZL[buf[pos]]
-        if n1211 < 0:
-            n1211, pos = _rlong(buf, pos)
-            if n1211 < 0:
-                raise _length_error(n1211, end - pos)
+    elif i1216 == 1:
+        n1217 = _ZL[buf[pos]]
+        if n1217 < 0:
+            n1217, pos = _rlong(buf, pos)
+            if n1217 < 0:
+                raise _length_error(n1217, end - pos)
         else:
             pos += 1
-        q1212 = pos + n1211
-        if q1212 > end:
-            raise _length_error(n1211, end - pos)
-        f_topology_key = buf[pos:q1212].decode()
-        pos = q1212
+        q1218 = pos + n1217
+        if q1218 > end:
+            raise _length_error(n1217, end - pos)
+        f_topology_key = buf[pos:q1218].decode()
+        pos = q1218
     else:
-        raise _union_error(i1210, 2)
+        raise _union_error(i1216, 2)
     b = buf[pos]
     if b < 128:
-        i1213 = _ZD[b]
+        i1219 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1213 = (z >> 1) ^ -(z & 1)
+        i1219 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1213 = (z >> 1) ^ -(z & 1)
+        i1219 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1213, pos = _rlong(buf, pos)
-    if i1213 == 0:
+        i1219, pos = _rlong(buf, pos)
+    if i1219 == 0:
         f_domain = None
-    elif i1213 == 1:
-        n1214 = _ZL[buf[pos]]
-        if n1214 < 0:
-            n1214, pos = _rlong(buf, pos)
-            if n1214 < 0:
-                raise _length_error(n1214, end - pos)
+    elif i1219 == 1:
+        n1220 = _ZL[buf[pos]]
+        if n1220 < 0:
+            n1220, pos = _rlong(buf, pos)
+            if n1220 < 0:
+                raise _length_error(n1220, end - pos)
         else:
             pos += 1
-        q1215 = pos + n1214
-        if q1215 > end:
-            raise _length_error(n1214, end - pos)
-        f_domain = buf[pos:q1215].decode()
-        pos = q1215
+        q1221 = pos + n1220
+        if q1221 > end:
+            raise _length_error(n1220, end - pos)
+        f_domain = buf[pos:q1221].decode()
+        pos = q1221
     else:
-        raise _union_error(i1213, 2)
+        raise _union_error(i1219, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1216 = _ZL[buf[pos]]
-    if n1216 < 0:
-        n1216, pos = _rlong(buf, pos)
-        if n1216 < 0:
-            raise _length_error(n1216, end - pos)
+    n1222 = _ZL[buf[pos]]
+    if n1222 < 0:
+        n1222, pos = _rlong(buf, pos)
+        if n1222 < 0:
+            raise _length_error(n1222, end - pos)
     else:
         pos += 1
-    q1217 = pos + n1216
-    if q1217 > end:
-        raise _length_error(n1216, end - pos)
-    f_message = buf[pos:q1217].decode()
-    pos = q1217
+    q1223 = pos + n1222
+    if q1223 > end:
+        raise _length_error(n1222, end - pos)
+    f_message = buf[pos:q1223].decode()
+    pos = q1223
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1218: list[Any] = []
+        acc1224: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1219 = _ZD[b]
+                c1225 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1225 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1225 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1219, pos = _rlong(buf, pos)
-            if c1219 == 0:
+                c1225, pos = _rlong(buf, pos)
+            if c1225 == 0:
                 break
-            if c1219 < 0:
-                c1219 = -c1219
+            if c1225 < 0:
+                c1225 = -c1225
                 b = buf[pos]
                 if b < 128:
-                    z1222 = _ZD[b]
+                    z1228 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1228 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1228 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1222, pos = _rlong(buf, pos)
-            if c1219 * 1 > end - pos:
-                raise _count_error(c1219, end - pos)
-            for _ in range(c1219):
-                n1223 = _ZL[buf[pos]]
-                if n1223 < 0:
-                    n1223, pos = _rlong(buf, pos)
-                    if n1223 < 0:
-                        raise _length_error(n1223, end - pos)
+                    z1228, pos = _rlong(buf, pos)
+            if c1225 * 1 > end - pos:
+                raise _count_error(c1225, end - pos)
+            for _ in range(c1225):
+                n1229 = _ZL[buf[pos]]
+                if n1229 < 0:
+                    n1229, pos = _rlong(buf, pos)
+                    if n1229 < 0:
+                        raise _length_error(n1229, end - pos)
                 else:
                     pos += 1
-                q1224 = pos + n1223
-                if q1224 > end:
-                    raise _length_error(n1223, end - pos)
-                x1220 = buf[pos:q1224].decode()
-                pos = q1224
-                acc1218.append(x1220)
-        f_preempted = tuple(acc1218)
+                q1230 = pos + n1229
+                if q1230 > end:
+                    raise _length_error(n1229, end - pos)
+                x1226 = buf[pos:q1230].decode()
+                pos = q1230
+                acc1224.append(x1226)
+        f_preempted = tuple(acc1224)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1224(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1230(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1226 = _ZL[buf[pos]]
-    if n1226 < 0:
-        n1226, pos = _rlong(buf, pos)
-        if n1226 < 0:
-            raise _length_error(n1226, end - pos)
+    n1232 = _ZL[buf[pos]]
+    if n1232 < 0:
+        n1232, pos = _rlong(buf, pos)
+        if n1232 < 0:
+            raise _length_error(n1232, end - pos)
     else:
         pos += 1
-    q1227 = pos + n1226
-    if q1227 > end:
-        raise _length_error(n1226, end - pos)
-    f_gang_id = buf[pos:q1227].decode()
-    pos = q1227
+    q1233 = pos + n1232
+    if q1233 > end:
+        raise _length_error(n1232, end - pos)
+    f_gang_id = buf[pos:q1233].decode()
+    pos = q1233
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5433,85 +5493,85 @@ def _d_GangTimedOut1224(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1228 = _ZL[buf[pos]]
-    if n1228 < 0:
-        n1228, pos = _rlong(buf, pos)
-        if n1228 < 0:
-            raise _length_error(n1228, end - pos)
+    n1234 = _ZL[buf[pos]]
+    if n1234 < 0:
+        n1234, pos = _rlong(buf, pos)
+        if n1234 < 0:
+            raise _length_error(n1234, end - pos)
     else:
         pos += 1
-    q1229 = pos + n1228
-    if q1229 > end:
-        raise _length_error(n1228, end - pos)
-    f_message = buf[pos:q1229].decode()
-    pos = q1229
+    q1235 = pos + n1234
+    if q1235 > end:
+        raise _length_error(n1234, end - pos)
+    f_message = buf[pos:q1235].decode()
+    pos = q1235
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1229(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1235(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1231 = _ZL[buf[pos]]
-    if n1231 < 0:
-        n1231, pos = _rlong(buf, pos)
-        if n1231 < 0:
-            raise _length_error(n1231, end - pos)
+    n1237 = _ZL[buf[pos]]
+    if n1237 < 0:
+        n1237, pos = _rlong(buf, pos)
+        if n1237 < 0:
+            raise _length_error(n1237, end - pos)
     else:
         pos += 1
-    q1232 = pos + n1231
-    if q1232 > end:
-        raise _length_error(n1231, end - pos)
-    f_gang_id = buf[pos:q1232].decode()
-    pos = q1232
-    n1233 = _ZL[buf[pos]]
-    if n1233 < 0:
-        n1233, pos = _rlong(buf, pos)
-        if n1233 < 0:
-            raise _length_error(n1233, end - pos)
+    q1238 = pos + n1237
+    if q1238 > end:
+        raise _length_error(n1237, end - pos)
+    f_gang_id = buf[pos:q1238].decode()
+    pos = q1238
+    n1239 = _ZL[buf[pos]]
+    if n1239 < 0:
+        n1239, pos = _rlong(buf, pos)
+        if n1239 < 0:
+            raise _length_error(n1239, end - pos)
     else:
         pos += 1
-    q1234 = pos + n1233
-    if q1234 > end:
-        raise _length_error(n1233, end - pos)
-    f_reason = buf[pos:q1234].decode()
-    pos = q1234
+    q1240 = pos + n1239
+    if q1240 > end:
+        raise _length_error(n1239, end - pos)
+    f_reason = buf[pos:q1240].decode()
+    pos = q1240
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1234(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1240(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1236 = _ZL[buf[pos]]
-    if n1236 < 0:
-        n1236, pos = _rlong(buf, pos)
-        if n1236 < 0:
-            raise _length_error(n1236, end - pos)
+    n1242 = _ZL[buf[pos]]
+    if n1242 < 0:
+        n1242, pos = _rlong(buf, pos)
+        if n1242 < 0:
+            raise _length_error(n1242, end - pos)
     else:
         pos += 1
-    q1237 = pos + n1236
-    if q1237 > end:
-        raise _length_error(n1236, end - pos)
-    f_pod_id = buf[pos:q1237].decode()
-    pos = q1237
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
+    q1243 = pos + n1242
+    if q1243 > end:
+        raise _length_error(n1242, end - pos)
+    f_pod_id = buf[pos:q1243].decode()
+    pos = q1243
+    n1244 = _ZL[buf[pos]]
+    if n1244 < 0:
+        n1244, pos = _rlong(buf, pos)
+        if n1244 < 0:
+            raise _length_error(n1244, end - pos)
     else:
         pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_node_id = buf[pos:q1239].decode()
-    pos = q1239
+    q1245 = pos + n1244
+    if q1245 > end:
+        raise _length_error(n1244, end - pos)
+    f_node_id = buf[pos:q1245].decode()
+    pos = q1245
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5528,141 +5588,141 @@ def _d_PodTimeLimitReached1234(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1240 = _ZD[b]
+        i1246 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1240 = (z >> 1) ^ -(z & 1)
+        i1246 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1240 = (z >> 1) ^ -(z & 1)
+        i1246 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1240, pos = _rlong(buf, pos)
-    if i1240 == 0:
+        i1246, pos = _rlong(buf, pos)
+    if i1246 == 0:
         f_gang_id = None
-    elif i1240 == 1:
-        n1241 = _ZL[buf[pos]]
-        if n1241 < 0:
-            n1241, pos = _rlong(buf, pos)
-            if n1241 < 0:
-                raise _length_error(n1241, end - pos)
+    elif i1246 == 1:
+        n1247 = _ZL[buf[pos]]
+        if n1247 < 0:
+            n1247, pos = _rlong(buf, pos)
+            if n1247 < 0:
+                raise _length_error(n1247, end - pos)
         else:
             pos += 1
-        q1242 = pos + n1241
-        if q1242 > end:
-            raise _length_error(n1241, end - pos)
-        f_gang_id = buf[pos:q1242].decode()
-        pos = q1242
+        q1248 = pos + n1247
+        if q1248 > end:
+            raise _length_error(n1247, end - pos)
+        f_gang_id = buf[pos:q1248].decode()
+        pos = q1248
     else:
-        raise _union_error(i1240, 2)
+        raise _union_error(i1246, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1248(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1244 = _ZL[buf[pos]]
-    if n1244 < 0:
-        n1244, pos = _rlong(buf, pos)
-        if n1244 < 0:
-            raise _length_error(n1244, end - pos)
+    n1250 = _ZL[buf[pos]]
+    if n1250 < 0:
+        n1250, pos = _rlong(buf, pos)
+        if n1250 < 0:
+            raise _length_error(n1250, end - pos)
     else:
         pos += 1
-    q1245 = pos + n1244
-    if q1245 > end:
-        raise _length_error(n1244, end - pos)
-    f_holder_id = buf[pos:q1245].decode()
-    pos = q1245
-    n1246 = _ZL[buf[pos]]
-    if n1246 < 0:
-        n1246, pos = _rlong(buf, pos)
-        if n1246 < 0:
-            raise _length_error(n1246, end - pos)
+    q1251 = pos + n1250
+    if q1251 > end:
+        raise _length_error(n1250, end - pos)
+    f_holder_id = buf[pos:q1251].decode()
+    pos = q1251
+    n1252 = _ZL[buf[pos]]
+    if n1252 < 0:
+        n1252, pos = _rlong(buf, pos)
+        if n1252 < 0:
+            raise _length_error(n1252, end - pos)
     else:
         pos += 1
-    q1247 = pos + n1246
-    if q1247 > end:
-        raise _length_error(n1246, end - pos)
-    f_holder_kind = buf[pos:q1247].decode()
-    pos = q1247
+    q1253 = pos + n1252
+    if q1253 > end:
+        raise _length_error(n1252, end - pos)
+    f_holder_kind = buf[pos:q1253].decode()
+    pos = q1253
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1248: list[Any] = []
+        acc1254: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1249 = _ZD[b]
+                c1255 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1255 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1255 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1249, pos = _rlong(buf, pos)
-            if c1249 == 0:
+                c1255, pos = _rlong(buf, pos)
+            if c1255 == 0:
                 break
-            if c1249 < 0:
-                c1249 = -c1249
+            if c1255 < 0:
+                c1255 = -c1255
                 b = buf[pos]
                 if b < 128:
-                    z1252 = _ZD[b]
+                    z1258 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1258 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1258 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1252, pos = _rlong(buf, pos)
-            if c1249 * 1 > end - pos:
-                raise _count_error(c1249, end - pos)
-            for _ in range(c1249):
-                n1253 = _ZL[buf[pos]]
-                if n1253 < 0:
-                    n1253, pos = _rlong(buf, pos)
-                    if n1253 < 0:
-                        raise _length_error(n1253, end - pos)
+                    z1258, pos = _rlong(buf, pos)
+            if c1255 * 1 > end - pos:
+                raise _count_error(c1255, end - pos)
+            for _ in range(c1255):
+                n1259 = _ZL[buf[pos]]
+                if n1259 < 0:
+                    n1259, pos = _rlong(buf, pos)
+                    if n1259 < 0:
+                        raise _length_error(n1259, end - pos)
                 else:
                     pos += 1
-                q1254 = pos + n1253
-                if q1254 > end:
-                    raise _length_error(n1253, end - pos)
-                x1250 = buf[pos:q1254].decode()
-                pos = q1254
-                acc1248.append(x1250)
-        f_nodes = tuple(acc1248)
+                q1260 = pos + n1259
+                if q1260 > end:
+                    raise _length_error(n1259, end - pos)
+                x1256 = buf[pos:q1260].decode()
+                pos = q1260
+                acc1254.append(x1256)
+        f_nodes = tuple(acc1254)
     b = buf[pos]
     if b < 128:
-        i1255 = _ZD[b]
+        i1261 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1255 = (z >> 1) ^ -(z & 1)
+        i1261 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1255 = (z >> 1) ^ -(z & 1)
+        i1261 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1255, pos = _rlong(buf, pos)
-    if i1255 == 0:
+        i1261, pos = _rlong(buf, pos)
+    if i1261 == 0:
         f_expected_start = None
-    elif i1255 == 1:
+    elif i1261 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5678,177 +5738,141 @@ def _d_NodesReserved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1255, 2)
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+        raise _union_error(i1261, 2)
+    n1262 = _ZL[buf[pos]]
+    if n1262 < 0:
+        n1262, pos = _rlong(buf, pos)
+        if n1262 < 0:
+            raise _length_error(n1262, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_message = buf[pos:q1257].decode()
-    pos = q1257
+    q1263 = pos + n1262
+    if q1263 > end:
+        raise _length_error(n1262, end - pos)
+    f_message = buf[pos:q1263].decode()
+    pos = q1263
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1257(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1263(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
+    n1265 = _ZL[buf[pos]]
+    if n1265 < 0:
+        n1265, pos = _rlong(buf, pos)
+        if n1265 < 0:
+            raise _length_error(n1265, end - pos)
     else:
         pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_holder_id = buf[pos:q1260].decode()
-    pos = q1260
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
+    q1266 = pos + n1265
+    if q1266 > end:
+        raise _length_error(n1265, end - pos)
+    f_holder_id = buf[pos:q1266].decode()
+    pos = q1266
+    n1267 = _ZL[buf[pos]]
+    if n1267 < 0:
+        n1267, pos = _rlong(buf, pos)
+        if n1267 < 0:
+            raise _length_error(n1267, end - pos)
     else:
         pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_holder_kind = buf[pos:q1262].decode()
-    pos = q1262
+    q1268 = pos + n1267
+    if q1268 > end:
+        raise _length_error(n1267, end - pos)
+    f_holder_kind = buf[pos:q1268].decode()
+    pos = q1268
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1263: list[Any] = []
+        acc1269: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1264 = _ZD[b]
+                c1270 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1264 = (z >> 1) ^ -(z & 1)
+                c1270 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1264 = (z >> 1) ^ -(z & 1)
+                c1270 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1264, pos = _rlong(buf, pos)
-            if c1264 == 0:
+                c1270, pos = _rlong(buf, pos)
+            if c1270 == 0:
                 break
-            if c1264 < 0:
-                c1264 = -c1264
+            if c1270 < 0:
+                c1270 = -c1270
                 b = buf[pos]
                 if b < 128:
-                    z1267 = _ZD[b]
+                    z1273 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1267 = (z >> 1) ^ -(z & 1)
+                    z1273 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1267 = (z >> 1) ^ -(z & 1)
+                    z1273 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1267, pos = _rlong(buf, pos)
-            if c1264 * 1 > end - pos:
-                raise _count_error(c1264, end - pos)
-            for _ in range(c1264):
-                n1268 = _ZL[buf[pos]]
-                if n1268 < 0:
-                    n1268, pos = _rlong(buf, pos)
-                    if n1268 < 0:
-                        raise _length_error(n1268, end - pos)
+                    z1273, pos = _rlong(buf, pos)
+            if c1270 * 1 > end - pos:
+                raise _count_error(c1270, end - pos)
+            for _ in range(c1270):
+                n1274 = _ZL[buf[pos]]
+                if n1274 < 0:
+                    n1274, pos = _rlong(buf, pos)
+                    if n1274 < 0:
+                        raise _length_error(n1274, end - pos)
                 else:
                     pos += 1
-                q1269 = pos + n1268
-                if q1269 > end:
-                    raise _length_error(n1268, end - pos)
-                x1265 = buf[pos:q1269].decode()
-                pos = q1269
-                acc1263.append(x1265)
-        f_nodes = tuple(acc1263)
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
+                q1275 = pos + n1274
+                if q1275 > end:
+                    raise _length_error(n1274, end - pos)
+                x1271 = buf[pos:q1275].decode()
+                pos = q1275
+                acc1269.append(x1271)
+        f_nodes = tuple(acc1269)
+    n1276 = _ZL[buf[pos]]
+    if n1276 < 0:
+        n1276, pos = _rlong(buf, pos)
+        if n1276 < 0:
+            raise _length_error(n1276, end - pos)
     else:
         pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_reason = buf[pos:q1271].decode()
-    pos = q1271
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
+    q1277 = pos + n1276
+    if q1277 > end:
+        raise _length_error(n1276, end - pos)
+    f_reason = buf[pos:q1277].decode()
+    pos = q1277
+    n1278 = _ZL[buf[pos]]
+    if n1278 < 0:
+        n1278, pos = _rlong(buf, pos)
+        if n1278 < 0:
+            raise _length_error(n1278, end - pos)
     else:
         pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_message = buf[pos:q1273].decode()
-    pos = q1273
+    q1279 = pos + n1278
+    if q1279 > end:
+        raise _length_error(n1278, end - pos)
+    f_message = buf[pos:q1279].decode()
+    pos = q1279
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1273(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1279(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1275 = _ZL[buf[pos]]
-    if n1275 < 0:
-        n1275, pos = _rlong(buf, pos)
-        if n1275 < 0:
-            raise _length_error(n1275, end - pos)
-    else:
-        pos += 1
-    q1276 = pos + n1275
-    if q1276 > end:
-        raise _length_error(n1275, end - pos)
-    f_holder_id = buf[pos:q1276].decode()
-    pos = q1276
-    n1277 = _ZL[buf[pos]]
-    if n1277 < 0:
-        n1277, pos = _rlong(buf, pos)
-        if n1277 < 0:
-            raise _length_error(n1277, end - pos)
-    else:
-        pos += 1
-    q1278 = pos + n1277
-    if q1278 > end:
-        raise _length_error(n1277, end - pos)
-    f_holder_kind = buf[pos:q1278].decode()
-    pos = q1278
-    n1279 = _ZL[buf[pos]]
-    if n1279 < 0:
-        n1279, pos = _rlong(buf, pos)
-        if n1279 < 0:
-            raise _length_error(n1279, end - pos)
-    else:
-        pos += 1
-    q1280 = pos + n1279
-    if q1280 > end:
-        raise _length_error(n1279, end - pos)
-    f_dependency_id = buf[pos:q1280].decode()
-    pos = q1280
     n1281 = _ZL[buf[pos]]
     if n1281 < 0:
         n1281, pos = _rlong(buf, pos)
@@ -5859,13 +5883,49 @@ def _d_DependencyFailed1273(buf: bytes, pos: int, end: int) -> tuple[_c_Dependen
     q1282 = pos + n1281
     if q1282 > end:
         raise _length_error(n1281, end - pos)
-    f_message = buf[pos:q1282].decode()
+    f_holder_id = buf[pos:q1282].decode()
     pos = q1282
+    n1283 = _ZL[buf[pos]]
+    if n1283 < 0:
+        n1283, pos = _rlong(buf, pos)
+        if n1283 < 0:
+            raise _length_error(n1283, end - pos)
+    else:
+        pos += 1
+    q1284 = pos + n1283
+    if q1284 > end:
+        raise _length_error(n1283, end - pos)
+    f_holder_kind = buf[pos:q1284].decode()
+    pos = q1284
+    n1285 = _ZL[buf[pos]]
+    if n1285 < 0:
+        n1285, pos = _rlong(buf, pos)
+        if n1285 < 0:
+            raise _length_error(n1285, end - pos)
+    else:
+        pos += 1
+    q1286 = pos + n1285
+    if q1286 > end:
+        raise _length_error(n1285, end - pos)
+    f_dependency_id = buf[pos:q1286].decode()
+    pos = q1286
+    n1287 = _ZL[buf[pos]]
+    if n1287 < 0:
+        n1287, pos = _rlong(buf, pos)
+        if n1287 < 0:
+            raise _length_error(n1287, end - pos)
+    else:
+        pos += 1
+    q1288 = pos + n1287
+    if q1288 > end:
+        raise _length_error(n1287, end - pos)
+    f_message = buf[pos:q1288].decode()
+    pos = q1288
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1282(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1288(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5888,48 +5948,12 @@ def _d_Ticked1282(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1283(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1289(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1285 = _ZL[buf[pos]]
-    if n1285 < 0:
-        n1285, pos = _rlong(buf, pos)
-        if n1285 < 0:
-            raise _length_error(n1285, end - pos)
-    else:
-        pos += 1
-    q1286 = pos + n1285
-    if q1286 > end:
-        raise _length_error(n1285, end - pos)
-    f_pod_id = buf[pos:q1286].decode()
-    pos = q1286
-    n1287 = _ZL[buf[pos]]
-    if n1287 < 0:
-        n1287, pos = _rlong(buf, pos)
-        if n1287 < 0:
-            raise _length_error(n1287, end - pos)
-    else:
-        pos += 1
-    q1288 = pos + n1287
-    if q1288 > end:
-        raise _length_error(n1287, end - pos)
-    f_node_id = buf[pos:q1288].decode()
-    pos = q1288
-    n1289 = _ZL[buf[pos]]
-    if n1289 < 0:
-        n1289, pos = _rlong(buf, pos)
-        if n1289 < 0:
-            raise _length_error(n1289, end - pos)
-    else:
-        pos += 1
-    q1290 = pos + n1289
-    if q1290 > end:
-        raise _length_error(n1289, end - pos)
-    f_by = buf[pos:q1290].decode()
-    pos = q1290
     n1291 = _ZL[buf[pos]]
     if n1291 < 0:
         n1291, pos = _rlong(buf, pos)
@@ -5940,7 +5964,7 @@ def _d_PodPreempted1283(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1292 = pos + n1291
     if q1292 > end:
         raise _length_error(n1291, end - pos)
-    f_reason = buf[pos:q1292].decode()
+    f_pod_id = buf[pos:q1292].decode()
     pos = q1292
     n1293 = _ZL[buf[pos]]
     if n1293 < 0:
@@ -5952,105 +5976,141 @@ def _d_PodPreempted1283(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1294 = pos + n1293
     if q1294 > end:
         raise _length_error(n1293, end - pos)
-    f_message = buf[pos:q1294].decode()
+    f_node_id = buf[pos:q1294].decode()
     pos = q1294
+    n1295 = _ZL[buf[pos]]
+    if n1295 < 0:
+        n1295, pos = _rlong(buf, pos)
+        if n1295 < 0:
+            raise _length_error(n1295, end - pos)
+    else:
+        pos += 1
+    q1296 = pos + n1295
+    if q1296 > end:
+        raise _length_error(n1295, end - pos)
+    f_by = buf[pos:q1296].decode()
+    pos = q1296
+    n1297 = _ZL[buf[pos]]
+    if n1297 < 0:
+        n1297, pos = _rlong(buf, pos)
+        if n1297 < 0:
+            raise _length_error(n1297, end - pos)
+    else:
+        pos += 1
+    q1298 = pos + n1297
+    if q1298 > end:
+        raise _length_error(n1297, end - pos)
+    f_reason = buf[pos:q1298].decode()
+    pos = q1298
+    n1299 = _ZL[buf[pos]]
+    if n1299 < 0:
+        n1299, pos = _rlong(buf, pos)
+        if n1299 < 0:
+            raise _length_error(n1299, end - pos)
+    else:
+        pos += 1
+    q1300 = pos + n1299
+    if q1300 > end:
+        raise _length_error(n1299, end - pos)
+    f_message = buf[pos:q1300].decode()
+    pos = q1300
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1300(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1296 = _ZD[b]
+        i1302 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1302 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1302 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1296, pos = _rlong(buf, pos)
-    if i1296 == 0:
+        i1302, pos = _rlong(buf, pos)
+    if i1302 == 0:
         f_tenant = None
-    elif i1296 == 1:
-        n1297 = _ZL[buf[pos]]
-        if n1297 < 0:
-            n1297, pos = _rlong(buf, pos)
-            if n1297 < 0:
-                raise _length_error(n1297, end - pos)
+    elif i1302 == 1:
+        n1303 = _ZL[buf[pos]]
+        if n1303 < 0:
+            n1303, pos = _rlong(buf, pos)
+            if n1303 < 0:
+                raise _length_error(n1303, end - pos)
         else:
             pos += 1
-        q1298 = pos + n1297
-        if q1298 > end:
-            raise _length_error(n1297, end - pos)
-        f_tenant = buf[pos:q1298].decode()
-        pos = q1298
+        q1304 = pos + n1303
+        if q1304 > end:
+            raise _length_error(n1303, end - pos)
+        f_tenant = buf[pos:q1304].decode()
+        pos = q1304
     else:
-        raise _union_error(i1296, 2)
+        raise _union_error(i1302, 2)
     b = buf[pos]
     if b < 128:
-        i1299 = _ZD[b]
+        i1305 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1299 = (z >> 1) ^ -(z & 1)
+        i1305 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1299 = (z >> 1) ^ -(z & 1)
+        i1305 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1299, pos = _rlong(buf, pos)
-    if i1299 == 0:
+        i1305, pos = _rlong(buf, pos)
+    if i1305 == 0:
         f_quota = None
-    elif i1299 == 1:
-        f_quota, pos = _d_Quota389(buf, pos, end)
+    elif i1305 == 1:
+        f_quota, pos = _d_Quota391(buf, pos, end)
     else:
-        raise _union_error(i1299, 2)
+        raise _union_error(i1305, 2)
     b = buf[pos]
     if b < 128:
-        i1300 = _ZD[b]
+        i1306 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1300, pos = _rlong(buf, pos)
-    if i1300 == 0:
+        i1306, pos = _rlong(buf, pos)
+    if i1306 == 0:
         f_previous = None
-    elif i1300 == 1:
-        f_previous, pos = _d_Quota389(buf, pos, end)
+    elif i1306 == 1:
+        f_previous, pos = _d_Quota391(buf, pos, end)
     else:
-        raise _union_error(i1300, 2)
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+        raise _union_error(i1306, 2)
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_message = buf[pos:q1302].decode()
-    pos = q1302
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_message = buf[pos:q1308].decode()
+    pos = q1308
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1308(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6058,159 +6118,159 @@ def _d_PodMigrated1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+    n1310 = _ZL[buf[pos]]
+    if n1310 < 0:
+        n1310, pos = _rlong(buf, pos)
+        if n1310 < 0:
+            raise _length_error(n1310, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_pod_id = buf[pos:q1305].decode()
-    pos = q1305
-    n1306 = _ZL[buf[pos]]
-    if n1306 < 0:
-        n1306, pos = _rlong(buf, pos)
-        if n1306 < 0:
-            raise _length_error(n1306, end - pos)
+    q1311 = pos + n1310
+    if q1311 > end:
+        raise _length_error(n1310, end - pos)
+    f_pod_id = buf[pos:q1311].decode()
+    pos = q1311
+    n1312 = _ZL[buf[pos]]
+    if n1312 < 0:
+        n1312, pos = _rlong(buf, pos)
+        if n1312 < 0:
+            raise _length_error(n1312, end - pos)
     else:
         pos += 1
-    q1307 = pos + n1306
-    if q1307 > end:
-        raise _length_error(n1306, end - pos)
-    f_from_node = buf[pos:q1307].decode()
-    pos = q1307
+    q1313 = pos + n1312
+    if q1313 > end:
+        raise _length_error(n1312, end - pos)
+    f_from_node = buf[pos:q1313].decode()
+    pos = q1313
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1308: list[Any] = []
+        acc1314: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1309 = _ZD[b]
+                c1315 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1315 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1315 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1309, pos = _rlong(buf, pos)
-            if c1309 == 0:
+                c1315, pos = _rlong(buf, pos)
+            if c1315 == 0:
                 break
-            if c1309 < 0:
-                c1309 = -c1309
+            if c1315 < 0:
+                c1315 = -c1315
                 b = buf[pos]
                 if b < 128:
-                    z1312 = _ZD[b]
+                    z1318 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1318 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1318 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1312, pos = _rlong(buf, pos)
-            if c1309 * 2 > end - pos:
-                raise _count_error(c1309, end - pos)
-            for _ in range(c1309):
-                x1310, pos = _d_GpuShare1097(buf, pos, end)
-                acc1308.append(x1310)
-        f_from_gpus = tuple(acc1308)
-    n1313 = _ZL[buf[pos]]
-    if n1313 < 0:
-        n1313, pos = _rlong(buf, pos)
-        if n1313 < 0:
-            raise _length_error(n1313, end - pos)
+                    z1318, pos = _rlong(buf, pos)
+            if c1315 * 2 > end - pos:
+                raise _count_error(c1315, end - pos)
+            for _ in range(c1315):
+                x1316, pos = _d_GpuShare1103(buf, pos, end)
+                acc1314.append(x1316)
+        f_from_gpus = tuple(acc1314)
+    n1319 = _ZL[buf[pos]]
+    if n1319 < 0:
+        n1319, pos = _rlong(buf, pos)
+        if n1319 < 0:
+            raise _length_error(n1319, end - pos)
     else:
         pos += 1
-    q1314 = pos + n1313
-    if q1314 > end:
-        raise _length_error(n1313, end - pos)
-    f_to_node = buf[pos:q1314].decode()
-    pos = q1314
+    q1320 = pos + n1319
+    if q1320 > end:
+        raise _length_error(n1319, end - pos)
+    f_to_node = buf[pos:q1320].decode()
+    pos = q1320
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1315: list[Any] = []
+        acc1321: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1316 = _ZD[b]
+                c1322 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1322 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1322 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1316, pos = _rlong(buf, pos)
-            if c1316 == 0:
+                c1322, pos = _rlong(buf, pos)
+            if c1322 == 0:
                 break
-            if c1316 < 0:
-                c1316 = -c1316
+            if c1322 < 0:
+                c1322 = -c1322
                 b = buf[pos]
                 if b < 128:
-                    z1319 = _ZD[b]
+                    z1325 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1325 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1325 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1319, pos = _rlong(buf, pos)
-            if c1316 * 2 > end - pos:
-                raise _count_error(c1316, end - pos)
-            for _ in range(c1316):
-                x1317, pos = _d_GpuShare1097(buf, pos, end)
-                acc1315.append(x1317)
-        f_to_gpus = tuple(acc1315)
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
+                    z1325, pos = _rlong(buf, pos)
+            if c1322 * 2 > end - pos:
+                raise _count_error(c1322, end - pos)
+            for _ in range(c1322):
+                x1323, pos = _d_GpuShare1103(buf, pos, end)
+                acc1321.append(x1323)
+        f_to_gpus = tuple(acc1321)
+    n1326 = _ZL[buf[pos]]
+    if n1326 < 0:
+        n1326, pos = _rlong(buf, pos)
+        if n1326 < 0:
+            raise _length_error(n1326, end - pos)
     else:
         pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_reason = buf[pos:q1321].decode()
-    pos = q1321
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
+    q1327 = pos + n1326
+    if q1327 > end:
+        raise _length_error(n1326, end - pos)
+    f_reason = buf[pos:q1327].decode()
+    pos = q1327
+    n1328 = _ZL[buf[pos]]
+    if n1328 < 0:
+        n1328, pos = _rlong(buf, pos)
+        if n1328 < 0:
+            raise _length_error(n1328, end - pos)
     else:
         pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_message = buf[pos:q1323].decode()
-    pos = q1323
+    q1329 = pos + n1328
+    if q1329 > end:
+        raise _length_error(n1328, end - pos)
+    f_message = buf[pos:q1329].decode()
+    pos = q1329
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1323(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1329(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6260,92 +6320,56 @@ def _d_DefragmentationPlanned1323(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1325 = _ZD[b]
+        i1331 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1325 = (z >> 1) ^ -(z & 1)
+        i1331 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1325 = (z >> 1) ^ -(z & 1)
+        i1331 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1325, pos = _rlong(buf, pos)
-    if i1325 == 0:
+        i1331, pos = _rlong(buf, pos)
+    if i1331 == 0:
         f_target = None
-    elif i1325 == 1:
-        n1326 = _ZL[buf[pos]]
-        if n1326 < 0:
-            n1326, pos = _rlong(buf, pos)
-            if n1326 < 0:
-                raise _length_error(n1326, end - pos)
+    elif i1331 == 1:
+        n1332 = _ZL[buf[pos]]
+        if n1332 < 0:
+            n1332, pos = _rlong(buf, pos)
+            if n1332 < 0:
+                raise _length_error(n1332, end - pos)
         else:
             pos += 1
-        q1327 = pos + n1326
-        if q1327 > end:
-            raise _length_error(n1326, end - pos)
-        f_target = buf[pos:q1327].decode()
-        pos = q1327
+        q1333 = pos + n1332
+        if q1333 > end:
+            raise _length_error(n1332, end - pos)
+        f_target = buf[pos:q1333].decode()
+        pos = q1333
     else:
-        raise _union_error(i1325, 2)
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+        raise _union_error(i1331, 2)
+    n1334 = _ZL[buf[pos]]
+    if n1334 < 0:
+        n1334, pos = _rlong(buf, pos)
+        if n1334 < 0:
+            raise _length_error(n1334, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_message = buf[pos:q1329].decode()
-    pos = q1329
+    q1335 = pos + n1334
+    if q1335 > end:
+        raise _length_error(n1334, end - pos)
+    f_message = buf[pos:q1335].decode()
+    pos = q1335
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1329(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1335(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1331 = _ZL[buf[pos]]
-    if n1331 < 0:
-        n1331, pos = _rlong(buf, pos)
-        if n1331 < 0:
-            raise _length_error(n1331, end - pos)
-    else:
-        pos += 1
-    q1332 = pos + n1331
-    if q1332 > end:
-        raise _length_error(n1331, end - pos)
-    f_cluster = buf[pos:q1332].decode()
-    pos = q1332
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
-    else:
-        pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_command_id = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
-    else:
-        pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_error = buf[pos:q1336].decode()
-    pos = q1336
     n1337 = _ZL[buf[pos]]
     if n1337 < 0:
         n1337, pos = _rlong(buf, pos)
@@ -6356,42 +6380,78 @@ def _d_ClusterHalted1329(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalt
     q1338 = pos + n1337
     if q1338 > end:
         raise _length_error(n1337, end - pos)
-    f_message = buf[pos:q1338].decode()
+    f_cluster = buf[pos:q1338].decode()
     pos = q1338
+    n1339 = _ZL[buf[pos]]
+    if n1339 < 0:
+        n1339, pos = _rlong(buf, pos)
+        if n1339 < 0:
+            raise _length_error(n1339, end - pos)
+    else:
+        pos += 1
+    q1340 = pos + n1339
+    if q1340 > end:
+        raise _length_error(n1339, end - pos)
+    f_command_id = buf[pos:q1340].decode()
+    pos = q1340
+    n1341 = _ZL[buf[pos]]
+    if n1341 < 0:
+        n1341, pos = _rlong(buf, pos)
+        if n1341 < 0:
+            raise _length_error(n1341, end - pos)
+    else:
+        pos += 1
+    q1342 = pos + n1341
+    if q1342 > end:
+        raise _length_error(n1341, end - pos)
+    f_error = buf[pos:q1342].decode()
+    pos = q1342
+    n1343 = _ZL[buf[pos]]
+    if n1343 < 0:
+        n1343, pos = _rlong(buf, pos)
+        if n1343 < 0:
+            raise _length_error(n1343, end - pos)
+    else:
+        pos += 1
+    q1344 = pos + n1343
+    if q1344 > end:
+        raise _length_error(n1343, end - pos)
+    f_message = buf[pos:q1344].decode()
+    pos = q1344
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1338(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1344(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1340 = _ZL[buf[pos]]
-    if n1340 < 0:
-        n1340, pos = _rlong(buf, pos)
-        if n1340 < 0:
-            raise _length_error(n1340, end - pos)
+    n1346 = _ZL[buf[pos]]
+    if n1346 < 0:
+        n1346, pos = _rlong(buf, pos)
+        if n1346 < 0:
+            raise _length_error(n1346, end - pos)
     else:
         pos += 1
-    q1341 = pos + n1340
-    if q1341 > end:
-        raise _length_error(n1340, end - pos)
-    f_cluster = buf[pos:q1341].decode()
-    pos = q1341
-    n1342 = _ZL[buf[pos]]
-    if n1342 < 0:
-        n1342, pos = _rlong(buf, pos)
-        if n1342 < 0:
-            raise _length_error(n1342, end - pos)
+    q1347 = pos + n1346
+    if q1347 > end:
+        raise _length_error(n1346, end - pos)
+    f_cluster = buf[pos:q1347].decode()
+    pos = q1347
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1343 = pos + n1342
-    if q1343 > end:
-        raise _length_error(n1342, end - pos)
-    f_halted_command_id = buf[pos:q1343].decode()
-    pos = q1343
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_halted_command_id = buf[pos:q1349].decode()
+    pos = q1349
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6420,45 +6480,6 @@ def _d_ClusterResumed1338(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1344 = _ZL[buf[pos]]
-    if n1344 < 0:
-        n1344, pos = _rlong(buf, pos)
-        if n1344 < 0:
-            raise _length_error(n1344, end - pos)
-    else:
-        pos += 1
-    q1345 = pos + n1344
-    if q1345 > end:
-        raise _length_error(n1344, end - pos)
-    f_message = buf[pos:q1345].decode()
-    pos = q1345
-    o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
-    return o, pos
-
-
-def _d_NodeRecovered1345(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
-    f_node_id: str
-    n1347 = _ZL[buf[pos]]
-    if n1347 < 0:
-        n1347, pos = _rlong(buf, pos)
-        if n1347 < 0:
-            raise _length_error(n1347, end - pos)
-    else:
-        pos += 1
-    q1348 = pos + n1347
-    if q1348 > end:
-        raise _length_error(n1347, end - pos)
-    f_node_id = buf[pos:q1348].decode()
-    pos = q1348
-    o = _c_NodeRecovered(f_node_id)
-    return o, pos
-
-
-def _d_NodeUpdated1348(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
-    f_node_id: str
-    f_labels: dict[str, Any]
-    f_taints: tuple[Any, ...]
-    f_evicting: int
     n1350 = _ZL[buf[pos]]
     if n1350 < 0:
         n1350, pos = _rlong(buf, pos)
@@ -6469,119 +6490,158 @@ def _d_NodeUpdated1348(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     q1351 = pos + n1350
     if q1351 > end:
         raise _length_error(n1350, end - pos)
-    f_node_id = buf[pos:q1351].decode()
+    f_message = buf[pos:q1351].decode()
     pos = q1351
+    o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
+    return o, pos
+
+
+def _d_NodeRecovered1351(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+    f_node_id: str
+    n1353 = _ZL[buf[pos]]
+    if n1353 < 0:
+        n1353, pos = _rlong(buf, pos)
+        if n1353 < 0:
+            raise _length_error(n1353, end - pos)
+    else:
+        pos += 1
+    q1354 = pos + n1353
+    if q1354 > end:
+        raise _length_error(n1353, end - pos)
+    f_node_id = buf[pos:q1354].decode()
+    pos = q1354
+    o = _c_NodeRecovered(f_node_id)
+    return o, pos
+
+
+def _d_NodeUpdated1354(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+    f_node_id: str
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
+    f_evicting: int
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
+    else:
+        pos += 1
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_node_id = buf[pos:q1357].decode()
+    pos = q1357
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1352: dict[str, Any] = {}
+        acc1358: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1353 = _ZD[b]
+                c1359 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1353 = (z >> 1) ^ -(z & 1)
+                c1359 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1353 = (z >> 1) ^ -(z & 1)
+                c1359 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1353, pos = _rlong(buf, pos)
-            if c1353 == 0:
+                c1359, pos = _rlong(buf, pos)
+            if c1359 == 0:
                 break
-            if c1353 < 0:
-                c1353 = -c1353
+            if c1359 < 0:
+                c1359 = -c1359
                 b = buf[pos]
                 if b < 128:
-                    z1356 = _ZD[b]
+                    z1362 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1356 = (z >> 1) ^ -(z & 1)
+                    z1362 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1356 = (z >> 1) ^ -(z & 1)
+                    z1362 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1356, pos = _rlong(buf, pos)
-            if c1353 * 2 > end - pos:
-                raise _count_error(c1353, end - pos)
-            for _ in range(c1353):
-                n1357 = _ZL[buf[pos]]
-                if n1357 < 0:
-                    n1357, pos = _rlong(buf, pos)
-                    if n1357 < 0:
-                        raise _length_error(n1357, end - pos)
+                    z1362, pos = _rlong(buf, pos)
+            if c1359 * 2 > end - pos:
+                raise _count_error(c1359, end - pos)
+            for _ in range(c1359):
+                n1363 = _ZL[buf[pos]]
+                if n1363 < 0:
+                    n1363, pos = _rlong(buf, pos)
+                    if n1363 < 0:
+                        raise _length_error(n1363, end - pos)
                 else:
                     pos += 1
-                q1358 = pos + n1357
-                if q1358 > end:
-                    raise _length_error(n1357, end - pos)
-                k1355 = buf[pos:q1358].decode()
-                pos = q1358
-                n1359 = _ZL[buf[pos]]
-                if n1359 < 0:
-                    n1359, pos = _rlong(buf, pos)
-                    if n1359 < 0:
-                        raise _length_error(n1359, end - pos)
+                q1364 = pos + n1363
+                if q1364 > end:
+                    raise _length_error(n1363, end - pos)
+                k1361 = buf[pos:q1364].decode()
+                pos = q1364
+                n1365 = _ZL[buf[pos]]
+                if n1365 < 0:
+                    n1365, pos = _rlong(buf, pos)
+                    if n1365 < 0:
+                        raise _length_error(n1365, end - pos)
                 else:
                     pos += 1
-                q1360 = pos + n1359
-                if q1360 > end:
-                    raise _length_error(n1359, end - pos)
-                x1354 = buf[pos:q1360].decode()
-                pos = q1360
-                acc1352[k1355] = x1354
-        f_labels = acc1352
+                q1366 = pos + n1365
+                if q1366 > end:
+                    raise _length_error(n1365, end - pos)
+                x1360 = buf[pos:q1366].decode()
+                pos = q1366
+                acc1358[k1361] = x1360
+        f_labels = acc1358
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1361: list[Any] = []
+        acc1367: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1362 = _ZD[b]
+                c1368 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1368 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1368 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1362, pos = _rlong(buf, pos)
-            if c1362 == 0:
+                c1368, pos = _rlong(buf, pos)
+            if c1368 == 0:
                 break
-            if c1362 < 0:
-                c1362 = -c1362
+            if c1368 < 0:
+                c1368 = -c1368
                 b = buf[pos]
                 if b < 128:
-                    z1365 = _ZD[b]
+                    z1371 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1371 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1371 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1365, pos = _rlong(buf, pos)
-            if c1362 * 3 > end - pos:
-                raise _count_error(c1362, end - pos)
-            for _ in range(c1362):
-                x1363, pos = _d_Taint306(buf, pos, end)
-                acc1361.append(x1363)
-        f_taints = tuple(acc1361)
+                    z1371, pos = _rlong(buf, pos)
+            if c1368 * 3 > end - pos:
+                raise _count_error(c1368, end - pos)
+            for _ in range(c1368):
+                x1369, pos = _d_Taint308(buf, pos, end)
+                acc1367.append(x1369)
+        f_taints = tuple(acc1367)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -6605,7 +6665,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k988:
+    if frame[:10] != _k994:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6646,30 +6706,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n990 = _ZL[buf[pos]]
-        if n990 < 0:
-            n990, pos = _rlong(buf, pos)
-            if n990 < 0:
-                raise _length_error(n990, end - pos)
+        n996 = _ZL[buf[pos]]
+        if n996 < 0:
+            n996, pos = _rlong(buf, pos)
+            if n996 < 0:
+                raise _length_error(n996, end - pos)
         else:
             pos += 1
-        q991 = pos + n990
-        if q991 > end:
-            raise _length_error(n990, end - pos)
-        f_cluster = buf[pos:q991].decode()
-        pos = q991
-        n992 = _ZL[buf[pos]]
-        if n992 < 0:
-            n992, pos = _rlong(buf, pos)
-            if n992 < 0:
-                raise _length_error(n992, end - pos)
+        q997 = pos + n996
+        if q997 > end:
+            raise _length_error(n996, end - pos)
+        f_cluster = buf[pos:q997].decode()
+        pos = q997
+        n998 = _ZL[buf[pos]]
+        if n998 < 0:
+            n998, pos = _rlong(buf, pos)
+            if n998 < 0:
+                raise _length_error(n998, end - pos)
         else:
             pos += 1
-        q993 = pos + n992
-        if q993 > end:
-            raise _length_error(n992, end - pos)
-        f_command_id = buf[pos:q993].decode()
-        pos = q993
+        q999 = pos + n998
+        if q999 > end:
+            raise _length_error(n998, end - pos)
+        f_command_id = buf[pos:q999].decode()
+        pos = q999
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6700,21 +6760,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i994 = _ZD[b]
+            i1000 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i994 = (z >> 1) ^ -(z & 1)
+            i1000 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i994 = (z >> 1) ^ -(z & 1)
+            i1000 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i994, pos = _rlong(buf, pos)
-        if not 0 <= i994 < 29:
-            raise _union_error(i994, 29)
-        f_payload, pos = _k1365[i994](buf, pos, end)
+            i1000, pos = _rlong(buf, pos)
+        if not 0 <= i1000 < 29:
+            raise _union_error(i1000, 29)
+        f_payload, pos = _k1371[i1000](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6725,76 +6785,76 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k145: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k147: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota113,
 }
 
-_k278: dict[type, Callable[[Any], bytes]] = {
+_k280: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
-    _c_RemoveNode: _e_RemoveNode34,
-    _c_CordonNode: _e_CordonNode38,
-    _c_UncordonNode: _e_UncordonNode42,
-    _c_DrainNode: _e_DrainNode46,
-    _c_MarkNodeFailed: _e_MarkNodeFailed50,
-    _c_SubmitPod: _e_SubmitPod56,
-    _c_Release: _e_Release93,
-    _c_SetPolicy: _e_SetPolicy99,
-    _c_SubmitGang: _e_SubmitGang152,
-    _c_ReleaseGang: _e_ReleaseGang203,
-    _c_Tick: _e_Tick209,
-    _c_SetQuota: _e_SetQuota211,
-    _c_RemoveQuota: _e_RemoveQuota243,
-    _c_Defragment: _e_Defragment247,
-    _c_ResumeCluster: _e_ResumeCluster256,
-    _c_RecoverNode: _e_RecoverNode260,
-    _c_UpdateNode: _e_UpdateNode264,
+    _c_RemoveNode: _e_RemoveNode35,
+    _c_CordonNode: _e_CordonNode39,
+    _c_UncordonNode: _e_UncordonNode43,
+    _c_DrainNode: _e_DrainNode47,
+    _c_MarkNodeFailed: _e_MarkNodeFailed51,
+    _c_SubmitPod: _e_SubmitPod57,
+    _c_Release: _e_Release95,
+    _c_SetPolicy: _e_SetPolicy101,
+    _c_SubmitGang: _e_SubmitGang154,
+    _c_ReleaseGang: _e_ReleaseGang205,
+    _c_Tick: _e_Tick211,
+    _c_SetQuota: _e_SetQuota213,
+    _c_RemoveQuota: _e_RemoveQuota245,
+    _c_Defragment: _e_Defragment249,
+    _c_ResumeCluster: _e_ResumeCluster258,
+    _c_RecoverNode: _e_RecoverNode262,
+    _c_UpdateNode: _e_UpdateNode266,
 }
 
-_k514: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode287, _d_RemoveNode313, _d_CordonNode316, _d_UncordonNode319, _d_DrainNode322, _d_MarkNodeFailed325, _d_SubmitPod330, _d_Release377, _d_SetPolicy382, _d_SubmitGang405, _d_ReleaseGang459, _d_Tick464, _d_SetQuota465, _d_RemoveQuota482, _d_Defragment485, _d_ResumeCluster489, _d_RecoverNode492, _d_UpdateNode495,)
+_k516: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode289, _d_RemoveNode315, _d_CordonNode318, _d_UncordonNode321, _d_DrainNode324, _d_MarkNodeFailed327, _d_SubmitPod332, _d_Release379, _d_SetPolicy384, _d_SubmitGang407, _d_ReleaseGang461, _d_Tick466, _d_SetQuota467, _d_RemoveQuota484, _d_Defragment487, _d_ResumeCluster491, _d_RecoverNode494, _d_UpdateNode497,)
 
-_k922: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k928: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota113,
 }
 
-_k925: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k931: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota113,
 }
 
-_k987: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded526,
-    _c_NodeRemoved: _e_NodeRemoved537,
-    _c_NodeCordoned: _e_NodeCordoned541,
-    _c_NodeUncordoned: _e_NodeUncordoned545,
-    _c_NodeDrained: _e_NodeDrained549,
-    _c_NodeFailed: _e_NodeFailed554,
-    _c_PodQueued: _e_PodQueued561,
-    _c_PodScheduled: _e_PodScheduled603,
-    _c_PodEvicted: _e_PodEvicted650,
-    _c_PodReleased: _e_PodReleased658,
-    _c_PolicyChanged: _e_PolicyChanged670,
-    _c_CommandRejected: _e_CommandRejected688,
-    _c_GangQueued: _e_GangQueued698,
-    _c_GangScheduled: _e_GangScheduled773,
-    _c_GangTimedOut: _e_GangTimedOut837,
-    _c_GangReleased: _e_GangReleased844,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached850,
-    _c_NodesReserved: _e_NodesReserved863,
-    _c_ReservationReleased: _e_ReservationReleased877,
-    _c_DependencyFailed: _e_DependencyFailed888,
-    _c_Ticked: _e_Ticked898,
-    _c_PodPreempted: _e_PodPreempted901,
-    _c_QuotaChanged: _e_QuotaChanged913,
-    _c_PodMigrated: _e_PodMigrated929,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned943,
-    _c_ClusterHalted: _e_ClusterHalted956,
-    _c_ClusterResumed: _e_ClusterResumed966,
-    _c_NodeRecovered: _e_NodeRecovered976,
-    _c_NodeUpdated: _e_NodeUpdated980,
+_k993: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded528,
+    _c_NodeRemoved: _e_NodeRemoved540,
+    _c_NodeCordoned: _e_NodeCordoned544,
+    _c_NodeUncordoned: _e_NodeUncordoned548,
+    _c_NodeDrained: _e_NodeDrained552,
+    _c_NodeFailed: _e_NodeFailed557,
+    _c_PodQueued: _e_PodQueued564,
+    _c_PodScheduled: _e_PodScheduled607,
+    _c_PodEvicted: _e_PodEvicted655,
+    _c_PodReleased: _e_PodReleased663,
+    _c_PolicyChanged: _e_PolicyChanged675,
+    _c_CommandRejected: _e_CommandRejected693,
+    _c_GangQueued: _e_GangQueued703,
+    _c_GangScheduled: _e_GangScheduled779,
+    _c_GangTimedOut: _e_GangTimedOut843,
+    _c_GangReleased: _e_GangReleased850,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached856,
+    _c_NodesReserved: _e_NodesReserved869,
+    _c_ReservationReleased: _e_ReservationReleased883,
+    _c_DependencyFailed: _e_DependencyFailed894,
+    _c_Ticked: _e_Ticked904,
+    _c_PodPreempted: _e_PodPreempted907,
+    _c_QuotaChanged: _e_QuotaChanged919,
+    _c_PodMigrated: _e_PodMigrated935,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned949,
+    _c_ClusterHalted: _e_ClusterHalted962,
+    _c_ClusterResumed: _e_ClusterResumed972,
+    _c_NodeRecovered: _e_NodeRecovered982,
+    _c_NodeUpdated: _e_NodeUpdated986,
 }
 
-_k1365: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded994, _d_NodeRemoved1013, _d_NodeCordoned1016, _d_NodeUncordoned1019, _d_NodeDrained1022, _d_NodeFailed1025, _d_PodQueued1030, _d_PodScheduled1089, _d_PodEvicted1114, _d_PodReleased1121, _d_PolicyChanged1129, _d_CommandRejected1138, _d_GangQueued1147, _d_GangScheduled1191, _d_GangTimedOut1224, _d_GangReleased1229, _d_PodTimeLimitReached1234, _d_NodesReserved1242, _d_ReservationReleased1257, _d_DependencyFailed1273, _d_Ticked1282, _d_PodPreempted1283, _d_QuotaChanged1294, _d_PodMigrated1302, _d_DefragmentationPlanned1323, _d_ClusterHalted1329, _d_ClusterResumed1338, _d_NodeRecovered1345, _d_NodeUpdated1348,)
+_k1371: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1000, _d_NodeRemoved1019, _d_NodeCordoned1022, _d_NodeUncordoned1025, _d_NodeDrained1028, _d_NodeFailed1031, _d_PodQueued1036, _d_PodScheduled1095, _d_PodEvicted1120, _d_PodReleased1127, _d_PolicyChanged1135, _d_CommandRejected1144, _d_GangQueued1153, _d_GangScheduled1197, _d_GangTimedOut1230, _d_GangReleased1235, _d_PodTimeLimitReached1240, _d_NodesReserved1248, _d_ReservationReleased1263, _d_DependencyFailed1279, _d_Ticked1288, _d_PodPreempted1289, _d_QuotaChanged1300, _d_PodMigrated1308, _d_DefragmentationPlanned1329, _d_ClusterHalted1335, _d_ClusterResumed1344, _d_NodeRecovered1351, _d_NodeUpdated1354,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event515
+encode_event = _e_Event517

@@ -26,6 +26,7 @@ class NodeSnapshot(Record):
     taints: tuple[Taint, ...] = ()
     cordoned: bool = False
     failed: bool = False
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)

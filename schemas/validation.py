@@ -162,6 +162,8 @@ def check_add_node(command: AddNode) -> None:
     check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
     if command.gpu_count > 0 or command.gpu_model:
         check_model(command.gpu_model)
+    if command.gpu_memory_mib:
+        check_range("gpu_memory_mib", command.gpu_memory_mib, 0, MAX_MEMORY_MIB)
     _check_labels_and_taints(command.labels, command.taints)
 
 
@@ -275,6 +277,12 @@ def check_submit_pod(command: SubmitPod) -> None:
         check_preemption(command.preemption)
     if command.movable is not False and not isinstance(command.movable, bool):
         raise Rejected(RejectionCode.INVALID_COMMAND, f"movable must be true or false, got {command.movable!r}")
+    if command.gpu_memory_mib:
+        check_range("gpu_memory_mib", command.gpu_memory_mib, 0, MAX_MEMORY_MIB)
+        if command.num_gpu == 0:
+            raise Rejected(
+                RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} asks for GPU memory but for no GPU"
+            )
 
 
 def check_submit_gang(command: SubmitGang) -> None:

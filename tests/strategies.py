@@ -74,6 +74,7 @@ def add_nodes(draw: st.DrawFn) -> AddNode:
         gpu_count=gpu_count,
         labels=draw(st.sampled_from(({}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
         taints=tuple(draw(st.lists(st.sampled_from(TAINTS), max_size=2, unique=True))),
+        gpu_memory_mib=draw(st.sampled_from((0, 0, 16_384, 40_960))) if gpu_count else 0,
     )
 
 
@@ -98,6 +99,7 @@ def submit_pods(draw: st.DrawFn) -> SubmitPod:
         gpu_models=tuple(draw(st.sampled_from(((), (), ("A100",), ("V100",), ("V100", "A100"))))),
         node_selector=draw(st.sampled_from(({}, {}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
         tolerations=tuple(draw(st.lists(st.sampled_from(TOLERATIONS), max_size=2))),
+        gpu_memory_mib=draw(st.sampled_from((0, 0, 8_192, 20_000, 40_000))) if num_gpu else 0,
     )
 
 

@@ -124,7 +124,14 @@ def _applied_node_added(state: PartitionState, cluster: ClusterState, event: Nod
     if event.node_id in cluster.nodes:
         raise InvariantViolation(f"node {event.node_id!r} added twice")
     node = Node(
-        event.node_id, event.gpu_model, event.gpu_count, event.cpu_milli, event.memory_mib, event.labels, event.taints
+        event.node_id,
+        event.gpu_model,
+        event.gpu_count,
+        event.cpu_milli,
+        event.memory_mib,
+        event.labels,
+        event.taints,
+        event.gpu_memory_mib,
     )
     cluster.nodes[node.node_id] = node
     cluster.model_nodes[node.gpu_model] = cluster.model_nodes.get(node.gpu_model, 0) + 1

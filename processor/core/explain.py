@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.core.reasons import queue_reasons
-from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
+from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_memory_fits
 from processor.core.state import ClusterState, Node, Pod, lookup
 from schemas.codes import QueueReasonCode
 from schemas.commands import GPU_MILLI
@@ -52,6 +52,8 @@ def reason_message(code: str, nodes: int, shape: PodShape) -> str:
         QueueReasonCode.INSUFFICIENT_GPU_SHARE: f"{n} with no GPU that has {shape.gpu_milli} milli free",
         QueueReasonCode.INSUFFICIENT_CPU: f"{n} with less than {shape.cpu_milli} CPU milli free",
         QueueReasonCode.INSUFFICIENT_MEMORY: f"{n} with less than {shape.memory_mib} MiB of memory free",
+        QueueReasonCode.INSUFFICIENT_GPU_MEMORY: f"{n} with no GPU that has both the GPU share and "
+        f"{shape.gpu_memory_mib} MiB of GPU memory free",
     }
     return texts.get(code, f"{n}: {code}")
 
@@ -60,7 +62,7 @@ def reason_message(code: str, nodes: int, shape: PodShape) -> str:
 class Shortfall:
     """One resource a node lacks for the pod: how much the pod asks, how much is free, how much is missing."""
 
-    resource: str  # "gpus" (whole GPUs), "gpu_milli" (on one GPU), "cpu_milli", "memory_mib"
+    resource: str  # "gpus" (whole GPUs), "gpu_milli" (on one GPU), "gpu_memory_mib" (on one GPU), "cpu_milli", ...
     requested: int
     free: int
 
@@ -96,7 +98,13 @@ class NearestMiss:
         }
 
 
-_UNITS = {"gpus": "whole free GPU(s)", "gpu_milli": "GPU milli", "cpu_milli": "CPU milli", "memory_mib": "MiB memory"}
+_UNITS = {
+    "gpus": "whole free GPU(s)",
+    "gpu_milli": "GPU milli",
+    "gpu_memory_mib": "MiB of GPU memory on one GPU",
+    "cpu_milli": "CPU milli",
+    "memory_mib": "MiB memory",
+}
 
 
 @dataclass(slots=True)
@@ -176,6 +184,11 @@ def shortfalls(signature: Signature, shape: PodShape) -> list[Shortfall]:
             whole = sum(1 for milli in free if milli >= GPU_MILLI)
             if whole < shape.num_gpu:
                 lacks.append(Shortfall("gpus", shape.num_gpu, whole))
+    need = shape.gpu_memory_mib
+    pairs = signature.gpu_memory
+    if need and pairs and not lacks and not gpu_memory_fits(pairs, shape.num_gpu, shape.gpu_milli, need):
+        enough = [memory for milli, memory in pairs if milli >= min(shape.gpu_milli, GPU_MILLI)]
+        lacks.append(Shortfall("gpu_memory_mib", need, max(enough, default=0)))
     if signature.cpu_free < shape.cpu_milli:
         lacks.append(Shortfall("cpu_milli", shape.cpu_milli, signature.cpu_free))
     if signature.memory_free < shape.memory_mib:
@@ -237,6 +250,10 @@ def _per_class(cluster: ClusterState, shape: PodShape, result: Explanation) -> N
         entry.reasons[code] = entry.reasons.get(code, 0) + group.size
         if code in _STATIC:
             continue
+        if code == QueueReasonCode.INSUFFICIENT_GPU_MEMORY and cluster.nodes[group.first()].gpu_memory_mib < (
+            shape.gpu_memory_mib
+        ):
+            continue  # its GPUs are smaller than the pod's need: freeing nothing there helps
         lacks = shortfalls(signature, shape)
         candidate = (_distance(lacks), group.first(), signature, group.size)
         if best is None or candidate[:2] < best[:2]:

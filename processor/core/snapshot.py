@@ -57,6 +57,7 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
             node.taints,
             node.cordoned,
             node.failed,
+            node.gpu_memory_mib,
         )
         for node in (cluster.nodes[node_id] for node_id in sorted(cluster.nodes))
     )
@@ -177,7 +178,14 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
         state.clusters[cluster.name] = cluster
         for raw in data.nodes:
             node = Node(
-                raw.node_id, raw.gpu_model, raw.gpu_count, raw.cpu_milli, raw.memory_mib, raw.labels, raw.taints
+                raw.node_id,
+                raw.gpu_model,
+                raw.gpu_count,
+                raw.cpu_milli,
+                raw.memory_mib,
+                raw.labels,
+                raw.taints,
+                raw.gpu_memory_mib,
             )
             node.cordoned = raw.cordoned
             node.failed = raw.failed

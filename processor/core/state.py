@@ -58,6 +58,8 @@ class Node:
         "failed",
         "gpu_count",
         "gpu_free",
+        "gpu_memory_free",
+        "gpu_memory_mib",
         "gpu_model",
         "labels",
         "memory_free",
@@ -78,6 +80,7 @@ class Node:
         memory_mib: int,
         labels: dict[str, str],
         taints: tuple[Taint, ...],
+        gpu_memory_mib: int = 0,
     ) -> None:
         self.node_id = node_id
         self.gpu_model = gpu_model
@@ -90,6 +93,9 @@ class Node:
         self.node_class: NodeClass = self.base_class  # plus the reservation taint while reserved
         self.reserved_for: str | None = None
         self.gpu_free = [GPU_MILLI] * gpu_count
+        # Memory of each GPU and what is free of it, per index; empty (not checked) unless the node declares it.
+        self.gpu_memory_mib = gpu_memory_mib
+        self.gpu_memory_free: list[int] = [gpu_memory_mib] * gpu_count if gpu_memory_mib else []
         self.cpu_free = cpu_milli
         self.memory_free = memory_mib
         self.cordoned = False
@@ -115,6 +121,7 @@ class Node:
             self.node_class,
         )
         twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
+        twin.gpu_memory_mib, twin.gpu_memory_free = self.gpu_memory_mib, self.gpu_memory_free
         twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
         twin.pods, twin.by_priority, twin.changes = self.pods, self.by_priority, self.changes
         return twin
@@ -147,6 +154,9 @@ class Node:
             tuple(sorted(self.gpu_free, reverse=True)),
             self.cpu_free,
             self.memory_free,
+            tuple(sorted(zip(self.gpu_free, self.gpu_memory_free, strict=True), reverse=True))
+            if self.gpu_memory_free
+            else (),
         )
 
     def allocate(self, pod: PodSpec, gpus: tuple[GpuShare, ...], started_at: int | None = None) -> None:
@@ -160,6 +170,14 @@ class Node:
                 raise InvariantViolation(f"pod {pod.pod_id} over-commits GPU {share.index} on node {self.node_id}")
         if len({share.index for share in gpus}) != len(gpus) or sum(s.milli for s in gpus) != pod.gpu_milli_total:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
+        memory = self.gpu_memory_free
+        need = pod.gpu_memory_mib if memory else 0
+        if need:
+            for share in gpus:
+                if memory[share.index] < need:
+                    raise InvariantViolation(f"pod {pod.pod_id} over-commits the memory of GPU {share.index}")
+            for share in gpus:
+                memory[share.index] -= need
         held = self.by_priority.get(pod.priority)
         if held is None:
             held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}, 0, -1, 0]
@@ -191,6 +209,10 @@ class Node:
         for share in gpus:
             self.gpu_free[share.index] += share.milli
             held_gpus[share.index] -= share.milli
+        memory = self.gpu_memory_free
+        if memory and pod.gpu_memory_mib:
+            for share in gpus:
+                memory[share.index] += pod.gpu_memory_mib
         self.cpu_free += pod.cpu_milli
         self.memory_free += pod.memory_mib
         held[0] -= pod.cpu_milli
@@ -203,6 +225,8 @@ class Node:
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")
+        if memory and any(free > self.gpu_memory_mib for free in memory):
+            raise InvariantViolation(f"node {self.node_id} freed more GPU memory than it has")
 
     @property
     def gpu_milli_allocated(self) -> int:
@@ -276,6 +300,7 @@ def shape_of(spec: PodSpec) -> PodShape:
         tuple(sorted(spec.node_selector.items())),
         spec.tolerations,
         spec.time_limit_ms,
+        spec.gpu_memory_mib,
     )
 
 

@@ -52,6 +52,7 @@ PROPERTY_SETTINGS = settings(
 def check_no_overcommit(cluster: ClusterState) -> None:
     """Usage recomputed from the running pods never exceeds any node's capacity, and the node's free view agrees."""
     used_gpu: dict[str, list[int]] = {node_id: [0] * node.gpu_count for node_id, node in cluster.nodes.items()}
+    used_gpu_memory = {node_id: [0] * node.gpu_count for node_id, node in cluster.nodes.items()}
     used_cpu = dict.fromkeys(cluster.nodes, 0)
     used_memory = dict.fromkeys(cluster.nodes, 0)
     running: dict[str, set[str]] = {node_id: set() for node_id in cluster.nodes}
@@ -68,6 +69,7 @@ def check_no_overcommit(cluster: ClusterState) -> None:
             assert 0 <= share.index < node.gpu_count
             assert share.milli == spec.gpu_milli
             used_gpu[node.node_id][share.index] += share.milli
+            used_gpu_memory[node.node_id][share.index] += spec.gpu_memory_mib
         used_cpu[node.node_id] += spec.cpu_milli
         used_memory[node.node_id] += spec.memory_mib
         running[node.node_id].add(pod_id)
@@ -75,6 +77,12 @@ def check_no_overcommit(cluster: ClusterState) -> None:
         for index, used in enumerate(used_gpu[node_id]):
             assert used <= GPU_MILLI, f"GPU {index} of {node_id} over-committed: {used}"
             assert node.gpu_free[index] == GPU_MILLI - used
+        if node.gpu_memory_mib:  # no GPU's memory over-committed, and the free view agrees
+            for index, used in enumerate(used_gpu_memory[node_id]):
+                assert used <= node.gpu_memory_mib, f"GPU {index} of {node_id}: {used} MiB of {node.gpu_memory_mib}"
+            assert node.gpu_memory_free == [node.gpu_memory_mib - used for used in used_gpu_memory[node_id]]
+        else:
+            assert node.gpu_memory_free == []
         assert used_cpu[node_id] <= node.cpu_milli
         assert used_memory[node_id] <= node.memory_mib
         assert node.cpu_free == node.cpu_milli - used_cpu[node_id]

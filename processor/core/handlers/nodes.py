@@ -63,6 +63,7 @@ def add_node(decision: Decision, command: AddNode) -> None:
             command.memory_mib,
             dict(command.labels),
             tuple(command.taints),
+            command.gpu_memory_mib,
         )
     )
     decision.then(RETRY_QUEUE, decision.cluster, (command.node_id,), None)

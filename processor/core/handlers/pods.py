@@ -56,7 +56,8 @@ def submit_pod(decision: Decision, command: SubmitPod) -> None:
         tuple(dict.fromkeys(command.depends_on)) if command.depends_on else (),
         command.dependency,
         command.preemption if decision.may_preempt else PREEMPT_NEVER,
-        command.movable,
+        command.movable and not command.gpu_memory_mib,  # Defragment does not model GPU memory: never moved
+        command.gpu_memory_mib,
     )
     if spec.depends_on and hold_new_job(decision, cluster, spec):
         return
@@ -121,7 +122,8 @@ def place(
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     quota_reasons: tuple[QueueReason, ...] = ()
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    # A pod that asks for GPU memory waits rather than preempting: the victim searches do not model GPU memory.
+    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt and not spec.gpu_memory_mib
     if cluster.quotas_on:
         admission = quotas.admit(cluster, spec, usable)
         if admission.shortfalls:
