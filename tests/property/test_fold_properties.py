@@ -274,8 +274,8 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
         return
     nodes = [node for node in cluster.nodes.values() if node.schedulable]
     for pod in cluster.pods.values():
-        if not pod.queued or pod.spec.preemption != "lower_priority":
-            continue
+        if not pod.queued or pod.spec.preemption != "lower_priority" or pod.spec.gpu_memory_mib:
+            continue  # a pod that asks for GPU memory waits rather than preempting (the searches do not model it)
         shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
         models = admitted_models(cluster, pod.spec)
         for node in nodes:
