@@ -12,6 +12,7 @@ from typing import Any
 from projections.envelope import ProjectionError
 from projections.rows import gang_row
 from projections.staging import Handler, StagedBatch
+from schemas.codes import QueueReasonCode
 from schemas.events import (
     Event,
     GangQueued,
@@ -31,6 +32,7 @@ from schemas.events import (
     PodMigrated,
     PodQueued,
     PodReleased,
+    PodRetryScheduled,
     PodScheduled,
     ReservationReleased,
 )
@@ -143,6 +145,19 @@ def _pod_evicted(batch: StagedBatch, event: Event, p: PodEvicted) -> None:
         raise ProjectionError(f"pod {p.pod_id!r} evicted from {p.node_id!r} where it does not run")
     batch.unbind(event, pod)
     batch.set_status(pod, "evicted")
+    pod["updated_sequence"] = event.sequence
+
+
+def _pod_retry_scheduled(batch: StagedBatch, event: Event, p: PodRetryScheduled) -> None:
+    """A failed pod stops running and waits for its retry: pending, with the reason and the time it is due."""
+    pod = batch.pod(event.cluster, p.pod_id)
+    if pod["status"] != "running":
+        raise ProjectionError(f"pod {p.pod_id!r} scheduled for a retry but it does not run")
+    batch.unbind(event, pod)
+    batch.set_status(pod, "pending")
+    message = f"it failed; retry {p.attempt} is due at event time {p.not_before} ms (backoff)"
+    pod["reasons"] = [{"code": QueueReasonCode.WAITING_FOR_RETRY, "nodes": 0, "message": message}]
+    pod["queued_at"] = event.occurred_at
     pod["updated_sequence"] = event.sequence
 
 
@@ -283,6 +298,7 @@ HANDLERS: dict[type, Handler] = {
     PodMigrated: _pod_migrated,
     NodeRecovered: _node_recovered,
     NodeUpdated: _node_updated,
+    PodRetryScheduled: _pod_retry_scheduled,
 }
 
 NOT_PROJECTED: dict[str, str] = {

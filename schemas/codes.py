@@ -105,6 +105,7 @@ class QueueReasonCode:
     QUOTA_EXCEEDED: Final = (
         "QUOTA_EXCEEDED"  # the tenant's quota (and what it may borrow) has no room: usage and limit said
     )
+    WAITING_FOR_RETRY: Final = "WAITING_FOR_RETRY"  # it failed; its retry is due at a set event time (backoff)
     WAITING_FOR_PREEMPTION: Final = (
         "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
     )

@@ -94,6 +94,20 @@ class Quota(Record):
         )
 
 
+@dataclass(slots=True, frozen=True)
+class Retry(Record):
+    """Retries of a pod that fails: at most ``max_retries``, the n-th after ``backoff_ms`` * 2^(n-1), capped at
+    ``backoff_max_ms`` (event time)."""
+
+    max_retries: int = 0
+    backoff_ms: int = 10_000
+    backoff_max_ms: int = 600_000
+
+    def delay_ms(self, attempt: int) -> int:
+        """The backoff before the ``attempt``-th retry (1-based). O(1)."""
+        return min(self.backoff_ms << min(attempt - 1, 62), self.backoff_max_ms)
+
+
 @dataclass(slots=True)
 class AddNode(Record):
     node_id: str
@@ -154,6 +168,7 @@ class SubmitPod(Record):
     preemption: str = PREEMPT_LOWER
     movable: bool = False
     gpu_memory_mib: int = 0
+    retry: Retry | None = None
 
 
 @dataclass(slots=True)
@@ -419,7 +434,7 @@ class V2Command(Command):
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
 nest(AddNode, {"taints": Taint})
-nest(SubmitPod, {"tolerations": Toleration})
+nest(SubmitPod, {"tolerations": Toleration, "retry": Retry})
 nest(SetPolicy, {"default_quota": Quota})
 nest(GangMember, {"tolerations": Toleration})
 nest(SubmitGang, {"members": GangMember})

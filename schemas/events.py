@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Taint, Toleration
+from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Retry, Taint, Toleration
 from schemas.records import Record, nest
 
 
@@ -36,6 +36,7 @@ class PodSpec(Record):
     preemption: str = PREEMPT_LOWER
     movable: bool = False
     gpu_memory_mib: int = 0
+    retry: Retry | None = None
 
     @property
     def gpu_milli_total(self) -> int:
@@ -349,6 +350,16 @@ class NodeUpdated(Record):
     evicting: int = 0
 
 
+@dataclass(slots=True)
+class PodRetryScheduled(Record):
+    """A failed pod with retries left stops now and goes back to placement at ``not_before`` (its ``attempt``-th
+    retry)."""
+
+    pod_id: str
+    attempt: int
+    not_before: int
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -379,6 +390,7 @@ EventPayload = (
     | ClusterResumed
     | NodeRecovered
     | NodeUpdated
+    | PodRetryScheduled
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -413,6 +425,7 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         ClusterResumed,
         NodeRecovered,
         NodeUpdated,
+        PodRetryScheduled,
     )
 }
 
@@ -461,7 +474,7 @@ class Event:
 
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
-nest(PodSpec, {"tolerations": Toleration})
+nest(PodSpec, {"tolerations": Toleration, "retry": Retry})
 nest(GangSpec, {"members": PodSpec})
 nest(MemberPlacement, {"gpus": GpuShare})
 nest(NodeAdded, {"taints": Taint})

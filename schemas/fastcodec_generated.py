@@ -42,6 +42,7 @@ from schemas.commands import (
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
+    Retry as _c_Retry,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
     SubmitGang as _c_SubmitGang,
@@ -80,6 +81,7 @@ from schemas.events import (
     PodPreempted as _c_PodPreempted,
     PodQueued as _c_PodQueued,
     PodReleased as _c_PodReleased,
+    PodRetryScheduled as _c_PodRetryScheduled,
     PodScheduled as _c_PodScheduled,
     PodSpec as _c_PodSpec,
     PodTimeLimitReached as _c_PodTimeLimitReached,
@@ -92,7 +94,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\x14\x07\xa5,\xff\xbd\x89K'
+_k1 = b'\xc3\x01zA\xfb\xf42Kq\x10'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -102,139 +104,145 @@ _k52 = b'\n'
 _k58 = b'\x0c'
 _k86 = b'\x02'
 _k88 = b'\x00'
-_k96 = b'\x0e'
-_k102 = b'\x10'
-_k107 = b'\x02'
-_k109 = b'\x00'
-_k114 = b'\x02'
-_k117 = b'\x02'
-_k120 = b'\x00'
-_k128 = b'\x02'
-_k130 = b'\x00'
-_k133 = b'\x02'
-_k135 = b'\x00'
-_k138 = b'\x02'
-_k140 = b'\x00'
-_k143 = b'\x02'
-_k145 = b'\x00'
+_k97 = b'\x02'
+_k102 = b'\x00'
+_k104 = b'\x0e'
+_k110 = b'\x10'
+_k115 = b'\x02'
+_k117 = b'\x00'
+_k122 = b'\x02'
+_k125 = b'\x02'
+_k128 = b'\x00'
+_k136 = b'\x02'
+_k138 = b'\x00'
+_k141 = b'\x02'
+_k143 = b'\x00'
+_k146 = b'\x02'
 _k148 = b'\x00'
 _k151 = b'\x02'
 _k153 = b'\x00'
-_k155 = b'\x12'
-_k175 = b'\x02'
-_k177 = b'\x00'
-_k180 = b'\x02'
-_k183 = b'\x00'
-_k186 = b'\x02'
-_k189 = b'\x00'
-_k192 = b'\x02'
-_k194 = b'\x00'
-_k197 = b'\x02'
-_k199 = b'\x00'
-_k206 = b'\x14'
-_k212 = b'\x16'
-_k214 = b'\x18'
-_k219 = b'\x02'
-_k222 = b'\x00'
-_k226 = b'\x02'
-_k228 = b'\x00'
-_k231 = b'\x02'
-_k233 = b'\x00'
-_k236 = b'\x02'
-_k238 = b'\x00'
-_k241 = b'\x02'
-_k243 = b'\x00'
-_k246 = b'\x1a'
-_k250 = b'\x1c'
-_k254 = b'\x02'
-_k257 = b'\x00'
-_k259 = b'\x1e'
-_k263 = b' '
-_k267 = b'"'
-_k272 = b'\x02'
-_k274 = b'\x00'
-_k277 = b'\x02'
-_k279 = b'\x00'
-_k281 = b'\xc3\x01\x14\x07\xa5,\xff\xbd\x89K'
-_k518 = b'\xc3\x01>\x0cXllYyT'
-_k529 = b'\x00'
-_k541 = b'\x02'
-_k545 = b'\x04'
-_k549 = b'\x06'
-_k553 = b'\x08'
-_k558 = b'\n'
-_k565 = b'\x0c'
-_k583 = b'\x02'
-_k586 = b'\x00'
-_k589 = b'\x02'
-_k591 = b'\x00'
-_k608 = b'\x0e'
-_k626 = b'\x02'
-_k629 = b'\x00'
-_k632 = b'\x02'
-_k634 = b'\x00'
-_k656 = b'\x10'
-_k664 = b'\x12'
-_k669 = b'\x02'
-_k672 = b'\x00'
-_k676 = b'\x14'
-_k683 = b'\x02'
-_k685 = b'\x00'
-_k690 = b'\x02'
-_k692 = b'\x00'
-_k694 = b'\x16'
-_k704 = b'\x18'
-_k733 = b'\x02'
-_k736 = b'\x00'
-_k739 = b'\x02'
-_k741 = b'\x00'
-_k751 = b'\x02'
-_k754 = b'\x00'
-_k757 = b'\x02'
-_k760 = b'\x00'
-_k763 = b'\x02'
-_k765 = b'\x00'
-_k768 = b'\x02'
-_k770 = b'\x00'
-_k780 = b'\x1a'
-_k801 = b'\x02'
-_k804 = b'\x00'
-_k807 = b'\x02'
-_k810 = b'\x00'
-_k813 = b'\x02'
-_k815 = b'\x00'
-_k818 = b'\x02'
-_k820 = b'\x00'
-_k830 = b'\x02'
-_k833 = b'\x00'
-_k836 = b'\x02'
+_k156 = b'\x00'
+_k159 = b'\x02'
+_k161 = b'\x00'
+_k163 = b'\x12'
+_k183 = b'\x02'
+_k185 = b'\x00'
+_k188 = b'\x02'
+_k191 = b'\x00'
+_k194 = b'\x02'
+_k197 = b'\x00'
+_k200 = b'\x02'
+_k202 = b'\x00'
+_k205 = b'\x02'
+_k207 = b'\x00'
+_k214 = b'\x14'
+_k220 = b'\x16'
+_k222 = b'\x18'
+_k227 = b'\x02'
+_k230 = b'\x00'
+_k234 = b'\x02'
+_k236 = b'\x00'
+_k239 = b'\x02'
+_k241 = b'\x00'
+_k244 = b'\x02'
+_k246 = b'\x00'
+_k249 = b'\x02'
+_k251 = b'\x00'
+_k254 = b'\x1a'
+_k258 = b'\x1c'
+_k262 = b'\x02'
+_k265 = b'\x00'
+_k267 = b'\x1e'
+_k271 = b' '
+_k275 = b'"'
+_k280 = b'\x02'
+_k282 = b'\x00'
+_k285 = b'\x02'
+_k287 = b'\x00'
+_k289 = b'\xc3\x01zA\xfb\xf42Kq\x10'
+_k528 = b'\xc3\x01\x9bqdEng\xaa\xe2'
+_k539 = b'\x00'
+_k551 = b'\x02'
+_k555 = b'\x04'
+_k559 = b'\x06'
+_k563 = b'\x08'
+_k568 = b'\n'
+_k575 = b'\x0c'
+_k593 = b'\x02'
+_k596 = b'\x00'
+_k599 = b'\x02'
+_k601 = b'\x00'
+_k610 = b'\x00'
+_k621 = b'\x0e'
+_k639 = b'\x02'
+_k642 = b'\x00'
+_k645 = b'\x02'
+_k647 = b'\x00'
+_k656 = b'\x00'
+_k672 = b'\x10'
+_k680 = b'\x12'
+_k685 = b'\x02'
+_k688 = b'\x00'
+_k692 = b'\x14'
+_k699 = b'\x02'
+_k701 = b'\x00'
+_k706 = b'\x02'
+_k708 = b'\x00'
+_k710 = b'\x16'
+_k720 = b'\x18'
+_k749 = b'\x02'
+_k752 = b'\x00'
+_k755 = b'\x02'
+_k757 = b'\x00'
+_k766 = b'\x00'
+_k770 = b'\x02'
+_k773 = b'\x00'
+_k776 = b'\x02'
+_k779 = b'\x00'
+_k782 = b'\x02'
+_k784 = b'\x00'
+_k787 = b'\x02'
+_k789 = b'\x00'
+_k799 = b'\x1a'
+_k820 = b'\x02'
+_k823 = b'\x00'
+_k826 = b'\x02'
+_k829 = b'\x00'
+_k832 = b'\x02'
+_k834 = b'\x00'
+_k837 = b'\x02'
 _k839 = b'\x00'
-_k844 = b'\x1c'
-_k851 = b'\x1e'
-_k857 = b' '
-_k865 = b'\x02'
-_k868 = b'\x00'
-_k870 = b'"'
-_k878 = b'\x02'
-_k880 = b'\x00'
-_k884 = b'$'
-_k895 = b'&'
-_k905 = b'('
-_k908 = b'*'
-_k920 = b','
-_k923 = b'\x02'
-_k926 = b'\x00'
-_k929 = b'\x00'
-_k932 = b'\x00'
-_k936 = b'.'
-_k950 = b'0'
-_k956 = b'\x02'
-_k959 = b'\x00'
-_k963 = b'2'
-_k973 = b'4'
-_k983 = b'6'
-_k987 = b'8'
-_k994 = b'\xc3\x01>\x0cXllYyT'
+_k849 = b'\x02'
+_k852 = b'\x00'
+_k855 = b'\x02'
+_k858 = b'\x00'
+_k863 = b'\x1c'
+_k870 = b'\x1e'
+_k876 = b' '
+_k884 = b'\x02'
+_k887 = b'\x00'
+_k889 = b'"'
+_k897 = b'\x02'
+_k899 = b'\x00'
+_k903 = b'$'
+_k914 = b'&'
+_k924 = b'('
+_k927 = b'*'
+_k939 = b','
+_k942 = b'\x02'
+_k945 = b'\x00'
+_k948 = b'\x00'
+_k951 = b'\x00'
+_k955 = b'.'
+_k969 = b'0'
+_k975 = b'\x02'
+_k978 = b'\x00'
+_k982 = b'2'
+_k992 = b'4'
+_k1002 = b'6'
+_k1006 = b'8'
+_k1013 = b':'
+_k1019 = b'\xc3\x01\x9bqdEng\xaa\xe2'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -338,203 +346,207 @@ def _u86(v: Any) -> bytes:
     return b"".join((_k86, (_P[n88] if 0 <= (n88 := v) < 8192 else _long(n88)),))
 
 
+def _e_Retry96(o: _c_Retry) -> bytes:
+    return b"".join((_k97, (_P[n99] if 0 <= (n99 := o.max_retries) < 8192 else _long(n99)), (_P[n100] if 0 <= (n100 := o.backoff_ms) < 8192 else _long(n100)), (_P[n101] if 0 <= (n101 := o.backoff_max_ms) < 8192 else _long(n101)),))
+
+
 def _e_SubmitPod57(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k58, (_P[n61] if (n61 := len(s60 := o.pod_id.encode())) < 8192 else _long(n61)), s60, (_P[n63] if (n63 := len(s62 := o.tenant.encode())) < 8192 else _long(n63)), s62, (_P[n64] if 0 <= (n64 := o.priority) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.num_gpu) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.gpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.cpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.memory_mib) < 8192 else _long(n68)), (_b70(a69) if (a69 := o.gpu_models) else b"\x00"), (_b21(a73) if (a73 := o.node_selector) else b"\x00"), (_b75(a74) if (a74 := o.tolerations) else b"\x00"), (_k88 if (u85 := o.time_limit_ms) is None else _u86(u85)), (_b70(a90) if (a90 := o.depends_on) else b"\x00"), (_P[n92] if (n92 := len(s91 := o.dependency.encode())) < 8192 else _long(n92)), s91, (_P[n94] if (n94 := len(s93 := o.preemption.encode())) < 8192 else _long(n94)), s93, (b"\x01" if o.movable else b"\x00"), (_P[n95] if 0 <= (n95 := o.gpu_memory_mib) < 8192 else _long(n95)),))
+    return b"".join((_k58, (_P[n61] if (n61 := len(s60 := o.pod_id.encode())) < 8192 else _long(n61)), s60, (_P[n63] if (n63 := len(s62 := o.tenant.encode())) < 8192 else _long(n63)), s62, (_P[n64] if 0 <= (n64 := o.priority) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.num_gpu) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.gpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.cpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.memory_mib) < 8192 else _long(n68)), (_b70(a69) if (a69 := o.gpu_models) else b"\x00"), (_b21(a73) if (a73 := o.node_selector) else b"\x00"), (_b75(a74) if (a74 := o.tolerations) else b"\x00"), (_k88 if (u85 := o.time_limit_ms) is None else _u86(u85)), (_b70(a90) if (a90 := o.depends_on) else b"\x00"), (_P[n92] if (n92 := len(s91 := o.dependency.encode())) < 8192 else _long(n92)), s91, (_P[n94] if (n94 := len(s93 := o.preemption.encode())) < 8192 else _long(n94)), s93, (b"\x01" if o.movable else b"\x00"), (_P[n95] if 0 <= (n95 := o.gpu_memory_mib) < 8192 else _long(n95)), (_k102 if (u96 := o.retry) is None else _k101[type(u96)](u96)),))
 
 
-def _e_Release95(o: _c_Release) -> bytes:
-    return b"".join((_k96, (_P[n99] if (n99 := len(s98 := o.pod_id.encode())) < 8192 else _long(n99)), s98, (_P[n101] if (n101 := len(s100 := o.reason.encode())) < 8192 else _long(n101)), s100,))
+def _e_Release103(o: _c_Release) -> bytes:
+    return b"".join((_k104, (_P[n107] if (n107 := len(s106 := o.pod_id.encode())) < 8192 else _long(n107)), s106, (_P[n109] if (n109 := len(s108 := o.reason.encode())) < 8192 else _long(n109)), s108,))
 
 
-def _u107(v: Any) -> bytes:
-    return b"".join((_k107, (_P[n109] if 0 <= (n109 := v) < 8192 else _long(n109)),))
+def _u115(v: Any) -> bytes:
+    return b"".join((_k115, (_P[n117] if 0 <= (n117 := v) < 8192 else _long(n117)),))
 
 
-def _u117(v: Any) -> bytes:
-    return b"".join((_k117, (_P[n120] if (n120 := len(s119 := v.encode())) < 8192 else _long(n120)), s119,))
+def _u125(v: Any) -> bytes:
+    return b"".join((_k125, (_P[n128] if (n128 := len(s127 := v.encode())) < 8192 else _long(n128)), s127,))
 
 
-def _b123(a: Any) -> bytes:
+def _b131(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n125] if (n125 := len(s124 := k.encode())) < 8192 else _long(n125)), s124, (_P[n126] if 0 <= (n126 := x) < 8192 else _long(n126)),)
+        out += ((_P[n133] if (n133 := len(s132 := k.encode())) < 8192 else _long(n133)), s132, (_P[n134] if 0 <= (n134 := x) < 8192 else _long(n134)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u128(v: Any) -> bytes:
-    return b"".join((_k128, (_P[n130] if 0 <= (n130 := v) < 8192 else _long(n130)),))
+def _u136(v: Any) -> bytes:
+    return b"".join((_k136, (_P[n138] if 0 <= (n138 := v) < 8192 else _long(n138)),))
 
 
-def _u133(v: Any) -> bytes:
-    return b"".join((_k133, (_P[n135] if 0 <= (n135 := v) < 8192 else _long(n135)),))
+def _u141(v: Any) -> bytes:
+    return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
 
 
-def _u138(v: Any) -> bytes:
-    return b"".join((_k138, (_P[n140] if 0 <= (n140 := v) < 8192 else _long(n140)),))
-
-
-def _u143(v: Any) -> bytes:
-    return b"".join((_k143, (_P[n145] if 0 <= (n145 := v) < 8192 else _long(n145)),))
-
-
-def _e_Quota113(o: _c_Quota) -> bytes:
-    return b"".join((_k114, (_k120 if (u116 := o.cohort) is None else _u117(u116)), (_b123(a122) if (a122 := o.nominal_gpus) else b"\x00"), (_k130 if (u127 := o.nominal_cpu_milli) is None else _u128(u127)), (_k135 if (u132 := o.nominal_memory_mib) is None else _u133(u132)), (_k140 if (u137 := o.borrowing_limit_gpus) is None else _u138(u137)), (_k145 if (u142 := o.lending_limit_gpus) is None else _u143(u142)), (_P[n147] if 0 <= (n147 := o.weight) < 8192 else _long(n147)),))
+def _u146(v: Any) -> bytes:
+    return b"".join((_k146, (_P[n148] if 0 <= (n148 := v) < 8192 else _long(n148)),))
 
 
 def _u151(v: Any) -> bytes:
     return b"".join((_k151, (_P[n153] if 0 <= (n153 := v) < 8192 else _long(n153)),))
 
 
-def _e_SetPolicy101(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k102, (_P[n105] if (n105 := len(s104 := o.policy.encode())) < 8192 else _long(n105)), s104, (_k109 if (u106 := o.reserve_after_ms) is None else _u107(u106)), (_P[n112] if (n112 := len(s111 := o.queue_order.encode())) < 8192 else _long(n112)), s111, (_k148 if (u113 := o.default_quota) is None else _k147[type(u113)](u113)), (_k153 if (u150 := o.max_clock_jump_ms) is None else _u151(u150)),))
+def _e_Quota121(o: _c_Quota) -> bytes:
+    return b"".join((_k122, (_k128 if (u124 := o.cohort) is None else _u125(u124)), (_b131(a130) if (a130 := o.nominal_gpus) else b"\x00"), (_k138 if (u135 := o.nominal_cpu_milli) is None else _u136(u135)), (_k143 if (u140 := o.nominal_memory_mib) is None else _u141(u140)), (_k148 if (u145 := o.borrowing_limit_gpus) is None else _u146(u145)), (_k153 if (u150 := o.lending_limit_gpus) is None else _u151(u150)), (_P[n155] if 0 <= (n155 := o.weight) < 8192 else _long(n155)),))
 
 
-def _b163(a: Any) -> bytes:
+def _u159(v: Any) -> bytes:
+    return b"".join((_k159, (_P[n161] if 0 <= (n161 := v) < 8192 else _long(n161)),))
+
+
+def _e_SetPolicy109(o: _c_SetPolicy) -> bytes:
+    return b"".join((_k110, (_P[n113] if (n113 := len(s112 := o.policy.encode())) < 8192 else _long(n113)), s112, (_k117 if (u114 := o.reserve_after_ms) is None else _u115(u114)), (_P[n120] if (n120 := len(s119 := o.queue_order.encode())) < 8192 else _long(n120)), s119, (_k156 if (u121 := o.default_quota) is None else _k155[type(u121)](u121)), (_k161 if (u158 := o.max_clock_jump_ms) is None else _u159(u158)),))
+
+
+def _b171(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n166] if (n166 := len(s165 := x.pod_id.encode())) < 8192 else _long(n166)), s165, (_P[n167] if 0 <= (n167 := x.num_gpu) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.gpu_milli) < 8192 else _long(n168)), (_P[n169] if 0 <= (n169 := x.cpu_milli) < 8192 else _long(n169)), (_P[n170] if 0 <= (n170 := x.memory_mib) < 8192 else _long(n170)), (_b70(a171) if (a171 := x.gpu_models) else b"\x00"), (_b21(a172) if (a172 := x.node_selector) else b"\x00"), (_b75(a173) if (a173 := x.tolerations) else b"\x00"),)
+        out += ((_P[n174] if (n174 := len(s173 := x.pod_id.encode())) < 8192 else _long(n174)), s173, (_P[n175] if 0 <= (n175 := x.num_gpu) < 8192 else _long(n175)), (_P[n176] if 0 <= (n176 := x.gpu_milli) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.cpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.memory_mib) < 8192 else _long(n178)), (_b70(a179) if (a179 := x.gpu_models) else b"\x00"), (_b21(a180) if (a180 := x.node_selector) else b"\x00"), (_b75(a181) if (a181 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u175(v: Any) -> bytes:
-    return b"".join((_k175, (_P[n177] if 0 <= (n177 := v) < 8192 else _long(n177)),))
+def _u183(v: Any) -> bytes:
+    return b"".join((_k183, (_P[n185] if 0 <= (n185 := v) < 8192 else _long(n185)),))
 
 
-def _u180(v: Any) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := v.encode())) < 8192 else _long(n183)), s182,))
+def _u188(v: Any) -> bytes:
+    return b"".join((_k188, (_P[n191] if (n191 := len(s190 := v.encode())) < 8192 else _long(n191)), s190,))
 
 
-def _u186(v: Any) -> bytes:
-    return b"".join((_k186, (_P[n189] if (n189 := len(s188 := v.encode())) < 8192 else _long(n189)), s188,))
+def _u194(v: Any) -> bytes:
+    return b"".join((_k194, (_P[n197] if (n197 := len(s196 := v.encode())) < 8192 else _long(n197)), s196,))
 
 
-def _u192(v: Any) -> bytes:
-    return b"".join((_k192, (_P[n194] if 0 <= (n194 := v) < 8192 else _long(n194)),))
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
 
 
-def _u197(v: Any) -> bytes:
-    return b"".join((_k197, (_P[n199] if 0 <= (n199 := v) < 8192 else _long(n199)),))
+def _u205(v: Any) -> bytes:
+    return b"".join((_k205, (_P[n207] if 0 <= (n207 := v) < 8192 else _long(n207)),))
 
 
-def _e_SubmitGang154(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k155, (_P[n158] if (n158 := len(s157 := o.gang_id.encode())) < 8192 else _long(n158)), s157, (_P[n160] if (n160 := len(s159 := o.tenant.encode())) < 8192 else _long(n160)), s159, (_P[n161] if 0 <= (n161 := o.priority) < 8192 else _long(n161)), (_b163(a162) if (a162 := o.members) else b"\x00"), (_k177 if (u174 := o.min_members) is None else _u175(u174)), (_k183 if (u179 := o.topology_required) is None else _u180(u179)), (_k189 if (u185 := o.topology_preferred) is None else _u186(u185)), (_k194 if (u191 := o.timeout_ms) is None else _u192(u191)), (_k199 if (u196 := o.time_limit_ms) is None else _u197(u196)), (_b70(a201) if (a201 := o.depends_on) else b"\x00"), (_P[n203] if (n203 := len(s202 := o.dependency.encode())) < 8192 else _long(n203)), s202, (_P[n205] if (n205 := len(s204 := o.preemption.encode())) < 8192 else _long(n205)), s204,))
+def _e_SubmitGang162(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k163, (_P[n166] if (n166 := len(s165 := o.gang_id.encode())) < 8192 else _long(n166)), s165, (_P[n168] if (n168 := len(s167 := o.tenant.encode())) < 8192 else _long(n168)), s167, (_P[n169] if 0 <= (n169 := o.priority) < 8192 else _long(n169)), (_b171(a170) if (a170 := o.members) else b"\x00"), (_k185 if (u182 := o.min_members) is None else _u183(u182)), (_k191 if (u187 := o.topology_required) is None else _u188(u187)), (_k197 if (u193 := o.topology_preferred) is None else _u194(u193)), (_k202 if (u199 := o.timeout_ms) is None else _u200(u199)), (_k207 if (u204 := o.time_limit_ms) is None else _u205(u204)), (_b70(a209) if (a209 := o.depends_on) else b"\x00"), (_P[n211] if (n211 := len(s210 := o.dependency.encode())) < 8192 else _long(n211)), s210, (_P[n213] if (n213 := len(s212 := o.preemption.encode())) < 8192 else _long(n213)), s212,))
 
 
-def _e_ReleaseGang205(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k206, (_P[n209] if (n209 := len(s208 := o.gang_id.encode())) < 8192 else _long(n209)), s208, (_P[n211] if (n211 := len(s210 := o.reason.encode())) < 8192 else _long(n211)), s210,))
+def _e_ReleaseGang213(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k214, (_P[n217] if (n217 := len(s216 := o.gang_id.encode())) < 8192 else _long(n217)), s216, (_P[n219] if (n219 := len(s218 := o.reason.encode())) < 8192 else _long(n219)), s218,))
 
 
-def _e_Tick211(o: _c_Tick) -> bytes:
-    return b"".join((_k212, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick219(o: _c_Tick) -> bytes:
+    return b"".join((_k220, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u219(v: Any) -> bytes:
-    return b"".join((_k219, (_P[n222] if (n222 := len(s221 := v.encode())) < 8192 else _long(n222)), s221,))
+def _u227(v: Any) -> bytes:
+    return b"".join((_k227, (_P[n230] if (n230 := len(s229 := v.encode())) < 8192 else _long(n230)), s229,))
 
 
-def _u226(v: Any) -> bytes:
-    return b"".join((_k226, (_P[n228] if 0 <= (n228 := v) < 8192 else _long(n228)),))
+def _u234(v: Any) -> bytes:
+    return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
 
 
-def _u231(v: Any) -> bytes:
-    return b"".join((_k231, (_P[n233] if 0 <= (n233 := v) < 8192 else _long(n233)),))
+def _u239(v: Any) -> bytes:
+    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
 
 
-def _u236(v: Any) -> bytes:
-    return b"".join((_k236, (_P[n238] if 0 <= (n238 := v) < 8192 else _long(n238)),))
+def _u244(v: Any) -> bytes:
+    return b"".join((_k244, (_P[n246] if 0 <= (n246 := v) < 8192 else _long(n246)),))
 
 
-def _u241(v: Any) -> bytes:
-    return b"".join((_k241, (_P[n243] if 0 <= (n243 := v) < 8192 else _long(n243)),))
+def _u249(v: Any) -> bytes:
+    return b"".join((_k249, (_P[n251] if 0 <= (n251 := v) < 8192 else _long(n251)),))
 
 
-def _e_SetQuota213(o: _c_SetQuota) -> bytes:
-    return b"".join((_k214, (_P[n217] if (n217 := len(s216 := o.tenant.encode())) < 8192 else _long(n217)), s216, (_k222 if (u218 := o.cohort) is None else _u219(u218)), (_b123(a224) if (a224 := o.nominal_gpus) else b"\x00"), (_k228 if (u225 := o.nominal_cpu_milli) is None else _u226(u225)), (_k233 if (u230 := o.nominal_memory_mib) is None else _u231(u230)), (_k238 if (u235 := o.borrowing_limit_gpus) is None else _u236(u235)), (_k243 if (u240 := o.lending_limit_gpus) is None else _u241(u240)), (_P[n245] if 0 <= (n245 := o.weight) < 8192 else _long(n245)),))
+def _e_SetQuota221(o: _c_SetQuota) -> bytes:
+    return b"".join((_k222, (_P[n225] if (n225 := len(s224 := o.tenant.encode())) < 8192 else _long(n225)), s224, (_k230 if (u226 := o.cohort) is None else _u227(u226)), (_b131(a232) if (a232 := o.nominal_gpus) else b"\x00"), (_k236 if (u233 := o.nominal_cpu_milli) is None else _u234(u233)), (_k241 if (u238 := o.nominal_memory_mib) is None else _u239(u238)), (_k246 if (u243 := o.borrowing_limit_gpus) is None else _u244(u243)), (_k251 if (u248 := o.lending_limit_gpus) is None else _u249(u248)), (_P[n253] if 0 <= (n253 := o.weight) < 8192 else _long(n253)),))
 
 
-def _e_RemoveQuota245(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k246, (_P[n249] if (n249 := len(s248 := o.tenant.encode())) < 8192 else _long(n249)), s248,))
+def _e_RemoveQuota253(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k254, (_P[n257] if (n257 := len(s256 := o.tenant.encode())) < 8192 else _long(n257)), s256,))
 
 
-def _u254(v: Any) -> bytes:
-    return b"".join((_k254, (_P[n257] if (n257 := len(s256 := v.encode())) < 8192 else _long(n257)), s256,))
+def _u262(v: Any) -> bytes:
+    return b"".join((_k262, (_P[n265] if (n265 := len(s264 := v.encode())) < 8192 else _long(n265)), s264,))
 
 
-def _e_Defragment249(o: _c_Defragment) -> bytes:
-    return b"".join((_k250, (_P[n252] if 0 <= (n252 := o.max_moves) < 8192 else _long(n252)), (_k257 if (u253 := o.target) is None else _u254(u253)),))
+def _e_Defragment257(o: _c_Defragment) -> bytes:
+    return b"".join((_k258, (_P[n260] if 0 <= (n260 := o.max_moves) < 8192 else _long(n260)), (_k265 if (u261 := o.target) is None else _u262(u261)),))
 
 
-def _e_ResumeCluster258(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k259, (_P[n262] if (n262 := len(s261 := o.reason.encode())) < 8192 else _long(n262)), s261,))
+def _e_ResumeCluster266(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k267, (_P[n270] if (n270 := len(s269 := o.reason.encode())) < 8192 else _long(n270)), s269,))
 
 
-def _e_RecoverNode262(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := o.node_id.encode())) < 8192 else _long(n266)), s265,))
+def _e_RecoverNode270(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := o.node_id.encode())) < 8192 else _long(n274)), s273,))
 
 
-def _u272(v: Any) -> bytes:
-    return b"".join((_k272, (_b21(a274) if (a274 := v) else b"\x00"),))
+def _u280(v: Any) -> bytes:
+    return b"".join((_k280, (_b21(a282) if (a282 := v) else b"\x00"),))
 
 
-def _u277(v: Any) -> bytes:
-    return b"".join((_k277, (_b27(a279) if (a279 := v) else b"\x00"),))
+def _u285(v: Any) -> bytes:
+    return b"".join((_k285, (_b27(a287) if (a287 := v) else b"\x00"),))
 
 
-def _e_UpdateNode266(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k267, (_P[n270] if (n270 := len(s269 := o.node_id.encode())) < 8192 else _long(n270)), s269, (_k274 if (u271 := o.labels) is None else _u272(u271)), (_k279 if (u276 := o.taints) is None else _u277(u276)),))
+def _e_UpdateNode274(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k275, (_P[n278] if (n278 := len(s277 := o.node_id.encode())) < 8192 else _long(n278)), s277, (_k282 if (u279 := o.labels) is None else _u280(u279)), (_k287 if (u284 := o.taints) is None else _u285(u284)),))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k280[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k288[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint308(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint316(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n310 = _ZL[buf[pos]]
-    if n310 < 0:
-        n310, pos = _rlong(buf, pos)
-        if n310 < 0:
-            raise _length_error(n310, end - pos)
+    n318 = _ZL[buf[pos]]
+    if n318 < 0:
+        n318, pos = _rlong(buf, pos)
+        if n318 < 0:
+            raise _length_error(n318, end - pos)
     else:
         pos += 1
-    q311 = pos + n310
-    if q311 > end:
-        raise _length_error(n310, end - pos)
-    f_key = buf[pos:q311].decode()
-    pos = q311
-    n312 = _ZL[buf[pos]]
-    if n312 < 0:
-        n312, pos = _rlong(buf, pos)
-        if n312 < 0:
-            raise _length_error(n312, end - pos)
+    q319 = pos + n318
+    if q319 > end:
+        raise _length_error(n318, end - pos)
+    f_key = buf[pos:q319].decode()
+    pos = q319
+    n320 = _ZL[buf[pos]]
+    if n320 < 0:
+        n320, pos = _rlong(buf, pos)
+        if n320 < 0:
+            raise _length_error(n320, end - pos)
     else:
         pos += 1
-    q313 = pos + n312
-    if q313 > end:
-        raise _length_error(n312, end - pos)
-    f_value = buf[pos:q313].decode()
-    pos = q313
-    n314 = _ZL[buf[pos]]
-    if n314 < 0:
-        n314, pos = _rlong(buf, pos)
-        if n314 < 0:
-            raise _length_error(n314, end - pos)
+    q321 = pos + n320
+    if q321 > end:
+        raise _length_error(n320, end - pos)
+    f_value = buf[pos:q321].decode()
+    pos = q321
+    n322 = _ZL[buf[pos]]
+    if n322 < 0:
+        n322, pos = _rlong(buf, pos)
+        if n322 < 0:
+            raise _length_error(n322, end - pos)
     else:
         pos += 1
-    q315 = pos + n314
-    if q315 > end:
-        raise _length_error(n314, end - pos)
-    f_effect = buf[pos:q315].decode()
-    pos = q315
+    q323 = pos + n322
+    if q323 > end:
+        raise _length_error(n322, end - pos)
+    f_effect = buf[pos:q323].decode()
+    pos = q323
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode289(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode297(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -543,30 +555,30 @@ def _d_AddNode289(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n291 = _ZL[buf[pos]]
-    if n291 < 0:
-        n291, pos = _rlong(buf, pos)
-        if n291 < 0:
-            raise _length_error(n291, end - pos)
+    n299 = _ZL[buf[pos]]
+    if n299 < 0:
+        n299, pos = _rlong(buf, pos)
+        if n299 < 0:
+            raise _length_error(n299, end - pos)
     else:
         pos += 1
-    q292 = pos + n291
-    if q292 > end:
-        raise _length_error(n291, end - pos)
-    f_node_id = buf[pos:q292].decode()
-    pos = q292
-    n293 = _ZL[buf[pos]]
-    if n293 < 0:
-        n293, pos = _rlong(buf, pos)
-        if n293 < 0:
-            raise _length_error(n293, end - pos)
+    q300 = pos + n299
+    if q300 > end:
+        raise _length_error(n299, end - pos)
+    f_node_id = buf[pos:q300].decode()
+    pos = q300
+    n301 = _ZL[buf[pos]]
+    if n301 < 0:
+        n301, pos = _rlong(buf, pos)
+        if n301 < 0:
+            raise _length_error(n301, end - pos)
     else:
         pos += 1
-    q294 = pos + n293
-    if q294 > end:
-        raise _length_error(n293, end - pos)
-    f_gpu_model = buf[pos:q294].decode()
-    pos = q294
+    q302 = pos + n301
+    if q302 > end:
+        raise _length_error(n301, end - pos)
+    f_gpu_model = buf[pos:q302].decode()
+    pos = q302
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -613,113 +625,113 @@ def _d_AddNode289(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc295: dict[str, Any] = {}
+        acc303: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c296 = _ZD[b]
+                c304 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c296 = (z >> 1) ^ -(z & 1)
+                c304 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c296 = (z >> 1) ^ -(z & 1)
+                c304 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c296, pos = _rlong(buf, pos)
-            if c296 == 0:
+                c304, pos = _rlong(buf, pos)
+            if c304 == 0:
                 break
-            if c296 < 0:
-                c296 = -c296
+            if c304 < 0:
+                c304 = -c304
                 b = buf[pos]
                 if b < 128:
-                    z299 = _ZD[b]
+                    z307 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z299 = (z >> 1) ^ -(z & 1)
+                    z307 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z299 = (z >> 1) ^ -(z & 1)
+                    z307 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z299, pos = _rlong(buf, pos)
-            if c296 * 2 > end - pos:
-                raise _count_error(c296, end - pos)
-            for _ in range(c296):
-                n300 = _ZL[buf[pos]]
-                if n300 < 0:
-                    n300, pos = _rlong(buf, pos)
-                    if n300 < 0:
-                        raise _length_error(n300, end - pos)
+                    z307, pos = _rlong(buf, pos)
+            if c304 * 2 > end - pos:
+                raise _count_error(c304, end - pos)
+            for _ in range(c304):
+                n308 = _ZL[buf[pos]]
+                if n308 < 0:
+                    n308, pos = _rlong(buf, pos)
+                    if n308 < 0:
+                        raise _length_error(n308, end - pos)
                 else:
                     pos += 1
-                q301 = pos + n300
-                if q301 > end:
-                    raise _length_error(n300, end - pos)
-                k298 = buf[pos:q301].decode()
-                pos = q301
-                n302 = _ZL[buf[pos]]
-                if n302 < 0:
-                    n302, pos = _rlong(buf, pos)
-                    if n302 < 0:
-                        raise _length_error(n302, end - pos)
+                q309 = pos + n308
+                if q309 > end:
+                    raise _length_error(n308, end - pos)
+                k306 = buf[pos:q309].decode()
+                pos = q309
+                n310 = _ZL[buf[pos]]
+                if n310 < 0:
+                    n310, pos = _rlong(buf, pos)
+                    if n310 < 0:
+                        raise _length_error(n310, end - pos)
                 else:
                     pos += 1
-                q303 = pos + n302
-                if q303 > end:
-                    raise _length_error(n302, end - pos)
-                x297 = buf[pos:q303].decode()
-                pos = q303
-                acc295[k298] = x297
-        f_labels = acc295
+                q311 = pos + n310
+                if q311 > end:
+                    raise _length_error(n310, end - pos)
+                x305 = buf[pos:q311].decode()
+                pos = q311
+                acc303[k306] = x305
+        f_labels = acc303
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc304: list[Any] = []
+        acc312: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c305 = _ZD[b]
+                c313 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c305 = (z >> 1) ^ -(z & 1)
+                c313 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c305 = (z >> 1) ^ -(z & 1)
+                c313 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c305, pos = _rlong(buf, pos)
-            if c305 == 0:
+                c313, pos = _rlong(buf, pos)
+            if c313 == 0:
                 break
-            if c305 < 0:
-                c305 = -c305
+            if c313 < 0:
+                c313 = -c313
                 b = buf[pos]
                 if b < 128:
-                    z308 = _ZD[b]
+                    z316 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z308 = (z >> 1) ^ -(z & 1)
+                    z316 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z308 = (z >> 1) ^ -(z & 1)
+                    z316 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z308, pos = _rlong(buf, pos)
-            if c305 * 3 > end - pos:
-                raise _count_error(c305, end - pos)
-            for _ in range(c305):
-                x306, pos = _d_Taint308(buf, pos, end)
-                acc304.append(x306)
-        f_taints = tuple(acc304)
+                    z316, pos = _rlong(buf, pos)
+            if c313 * 3 > end - pos:
+                raise _count_error(c313, end - pos)
+            for _ in range(c313):
+                x314, pos = _d_Taint316(buf, pos, end)
+                acc312.append(x314)
+        f_taints = tuple(acc312)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -738,96 +750,47 @@ def _d_AddNode289(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode315(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode323(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n317 = _ZL[buf[pos]]
-    if n317 < 0:
-        n317, pos = _rlong(buf, pos)
-        if n317 < 0:
-            raise _length_error(n317, end - pos)
+    n325 = _ZL[buf[pos]]
+    if n325 < 0:
+        n325, pos = _rlong(buf, pos)
+        if n325 < 0:
+            raise _length_error(n325, end - pos)
     else:
         pos += 1
-    q318 = pos + n317
-    if q318 > end:
-        raise _length_error(n317, end - pos)
-    f_node_id = buf[pos:q318].decode()
-    pos = q318
+    q326 = pos + n325
+    if q326 > end:
+        raise _length_error(n325, end - pos)
+    f_node_id = buf[pos:q326].decode()
+    pos = q326
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode318(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode326(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n320 = _ZL[buf[pos]]
-    if n320 < 0:
-        n320, pos = _rlong(buf, pos)
-        if n320 < 0:
-            raise _length_error(n320, end - pos)
+    n328 = _ZL[buf[pos]]
+    if n328 < 0:
+        n328, pos = _rlong(buf, pos)
+        if n328 < 0:
+            raise _length_error(n328, end - pos)
     else:
         pos += 1
-    q321 = pos + n320
-    if q321 > end:
-        raise _length_error(n320, end - pos)
-    f_node_id = buf[pos:q321].decode()
-    pos = q321
+    q329 = pos + n328
+    if q329 > end:
+        raise _length_error(n328, end - pos)
+    f_node_id = buf[pos:q329].decode()
+    pos = q329
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode321(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode329(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n323 = _ZL[buf[pos]]
-    if n323 < 0:
-        n323, pos = _rlong(buf, pos)
-        if n323 < 0:
-            raise _length_error(n323, end - pos)
-    else:
-        pos += 1
-    q324 = pos + n323
-    if q324 > end:
-        raise _length_error(n323, end - pos)
-    f_node_id = buf[pos:q324].decode()
-    pos = q324
-    o = _c_UncordonNode(f_node_id)
-    return o, pos
-
-
-def _d_DrainNode324(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
-    f_node_id: str
-    n326 = _ZL[buf[pos]]
-    if n326 < 0:
-        n326, pos = _rlong(buf, pos)
-        if n326 < 0:
-            raise _length_error(n326, end - pos)
-    else:
-        pos += 1
-    q327 = pos + n326
-    if q327 > end:
-        raise _length_error(n326, end - pos)
-    f_node_id = buf[pos:q327].decode()
-    pos = q327
-    o = _c_DrainNode(f_node_id)
-    return o, pos
-
-
-def _d_MarkNodeFailed327(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
-    f_node_id: str
-    f_reason: str
-    n329 = _ZL[buf[pos]]
-    if n329 < 0:
-        n329, pos = _rlong(buf, pos)
-        if n329 < 0:
-            raise _length_error(n329, end - pos)
-    else:
-        pos += 1
-    q330 = pos + n329
-    if q330 > end:
-        raise _length_error(n329, end - pos)
-    f_node_id = buf[pos:q330].decode()
-    pos = q330
     n331 = _ZL[buf[pos]]
     if n331 < 0:
         n331, pos = _rlong(buf, pos)
@@ -838,70 +801,169 @@ def _d_MarkNodeFailed327(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFai
     q332 = pos + n331
     if q332 > end:
         raise _length_error(n331, end - pos)
-    f_reason = buf[pos:q332].decode()
+    f_node_id = buf[pos:q332].decode()
     pos = q332
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode332(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    n334 = _ZL[buf[pos]]
+    if n334 < 0:
+        n334, pos = _rlong(buf, pos)
+        if n334 < 0:
+            raise _length_error(n334, end - pos)
+    else:
+        pos += 1
+    q335 = pos + n334
+    if q335 > end:
+        raise _length_error(n334, end - pos)
+    f_node_id = buf[pos:q335].decode()
+    pos = q335
+    o = _c_DrainNode(f_node_id)
+    return o, pos
+
+
+def _d_MarkNodeFailed335(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+    f_node_id: str
+    f_reason: str
+    n337 = _ZL[buf[pos]]
+    if n337 < 0:
+        n337, pos = _rlong(buf, pos)
+        if n337 < 0:
+            raise _length_error(n337, end - pos)
+    else:
+        pos += 1
+    q338 = pos + n337
+    if q338 > end:
+        raise _length_error(n337, end - pos)
+    f_node_id = buf[pos:q338].decode()
+    pos = q338
+    n339 = _ZL[buf[pos]]
+    if n339 < 0:
+        n339, pos = _rlong(buf, pos)
+        if n339 < 0:
+            raise _length_error(n339, end - pos)
+    else:
+        pos += 1
+    q340 = pos + n339
+    if q340 > end:
+        raise _length_error(n339, end - pos)
+    f_reason = buf[pos:q340].decode()
+    pos = q340
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration358(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration366(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n360 = _ZL[buf[pos]]
-    if n360 < 0:
-        n360, pos = _rlong(buf, pos)
-        if n360 < 0:
-            raise _length_error(n360, end - pos)
+    n368 = _ZL[buf[pos]]
+    if n368 < 0:
+        n368, pos = _rlong(buf, pos)
+        if n368 < 0:
+            raise _length_error(n368, end - pos)
     else:
         pos += 1
-    q361 = pos + n360
-    if q361 > end:
-        raise _length_error(n360, end - pos)
-    f_key = buf[pos:q361].decode()
-    pos = q361
-    n362 = _ZL[buf[pos]]
-    if n362 < 0:
-        n362, pos = _rlong(buf, pos)
-        if n362 < 0:
-            raise _length_error(n362, end - pos)
+    q369 = pos + n368
+    if q369 > end:
+        raise _length_error(n368, end - pos)
+    f_key = buf[pos:q369].decode()
+    pos = q369
+    n370 = _ZL[buf[pos]]
+    if n370 < 0:
+        n370, pos = _rlong(buf, pos)
+        if n370 < 0:
+            raise _length_error(n370, end - pos)
     else:
         pos += 1
-    q363 = pos + n362
-    if q363 > end:
-        raise _length_error(n362, end - pos)
-    f_operator = buf[pos:q363].decode()
-    pos = q363
-    n364 = _ZL[buf[pos]]
-    if n364 < 0:
-        n364, pos = _rlong(buf, pos)
-        if n364 < 0:
-            raise _length_error(n364, end - pos)
+    q371 = pos + n370
+    if q371 > end:
+        raise _length_error(n370, end - pos)
+    f_operator = buf[pos:q371].decode()
+    pos = q371
+    n372 = _ZL[buf[pos]]
+    if n372 < 0:
+        n372, pos = _rlong(buf, pos)
+        if n372 < 0:
+            raise _length_error(n372, end - pos)
     else:
         pos += 1
-    q365 = pos + n364
-    if q365 > end:
-        raise _length_error(n364, end - pos)
-    f_value = buf[pos:q365].decode()
-    pos = q365
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    q373 = pos + n372
+    if q373 > end:
+        raise _length_error(n372, end - pos)
+    f_value = buf[pos:q373].decode()
+    pos = q373
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_effect = buf[pos:q367].decode()
-    pos = q367
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_effect = buf[pos:q375].decode()
+    pos = q375
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_Retry388(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+    f_max_retries: int
+    f_backoff_ms: int
+    f_backoff_max_ms: int
+    b = buf[pos]
+    if b < 128:
+        f_max_retries = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_retries, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_ms, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_max_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_max_ms, pos = _rlong(buf, pos)
+    o = _c_Retry(f_max_retries, f_backoff_ms, f_backoff_max_ms)
+    return o, pos
+
+
+def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -918,30 +980,31 @@ def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_preemption: str
     f_movable: bool
     f_gpu_memory_mib: int
-    n334 = _ZL[buf[pos]]
-    if n334 < 0:
-        n334, pos = _rlong(buf, pos)
-        if n334 < 0:
-            raise _length_error(n334, end - pos)
+    f_retry: Any
+    n342 = _ZL[buf[pos]]
+    if n342 < 0:
+        n342, pos = _rlong(buf, pos)
+        if n342 < 0:
+            raise _length_error(n342, end - pos)
     else:
         pos += 1
-    q335 = pos + n334
-    if q335 > end:
-        raise _length_error(n334, end - pos)
-    f_pod_id = buf[pos:q335].decode()
-    pos = q335
-    n336 = _ZL[buf[pos]]
-    if n336 < 0:
-        n336, pos = _rlong(buf, pos)
-        if n336 < 0:
-            raise _length_error(n336, end - pos)
+    q343 = pos + n342
+    if q343 > end:
+        raise _length_error(n342, end - pos)
+    f_pod_id = buf[pos:q343].decode()
+    pos = q343
+    n344 = _ZL[buf[pos]]
+    if n344 < 0:
+        n344, pos = _rlong(buf, pos)
+        if n344 < 0:
+            raise _length_error(n344, end - pos)
     else:
         pos += 1
-    q337 = pos + n336
-    if q337 > end:
-        raise _length_error(n336, end - pos)
-    f_tenant = buf[pos:q337].decode()
-    pos = q337
+    q345 = pos + n344
+    if q345 > end:
+        raise _length_error(n344, end - pos)
+    f_tenant = buf[pos:q345].decode()
+    pos = q345
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1016,185 +1079,185 @@ def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc338: list[Any] = []
+        acc346: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c339 = _ZD[b]
+                c347 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c339 = (z >> 1) ^ -(z & 1)
+                c347 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c339 = (z >> 1) ^ -(z & 1)
+                c347 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c339, pos = _rlong(buf, pos)
-            if c339 == 0:
+                c347, pos = _rlong(buf, pos)
+            if c347 == 0:
                 break
-            if c339 < 0:
-                c339 = -c339
+            if c347 < 0:
+                c347 = -c347
                 b = buf[pos]
                 if b < 128:
-                    z342 = _ZD[b]
+                    z350 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z342 = (z >> 1) ^ -(z & 1)
+                    z350 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z342 = (z >> 1) ^ -(z & 1)
+                    z350 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z342, pos = _rlong(buf, pos)
-            if c339 * 1 > end - pos:
-                raise _count_error(c339, end - pos)
-            for _ in range(c339):
-                n343 = _ZL[buf[pos]]
-                if n343 < 0:
-                    n343, pos = _rlong(buf, pos)
-                    if n343 < 0:
-                        raise _length_error(n343, end - pos)
+                    z350, pos = _rlong(buf, pos)
+            if c347 * 1 > end - pos:
+                raise _count_error(c347, end - pos)
+            for _ in range(c347):
+                n351 = _ZL[buf[pos]]
+                if n351 < 0:
+                    n351, pos = _rlong(buf, pos)
+                    if n351 < 0:
+                        raise _length_error(n351, end - pos)
                 else:
                     pos += 1
-                q344 = pos + n343
-                if q344 > end:
-                    raise _length_error(n343, end - pos)
-                x340 = buf[pos:q344].decode()
-                pos = q344
-                acc338.append(x340)
-        f_gpu_models = tuple(acc338)
+                q352 = pos + n351
+                if q352 > end:
+                    raise _length_error(n351, end - pos)
+                x348 = buf[pos:q352].decode()
+                pos = q352
+                acc346.append(x348)
+        f_gpu_models = tuple(acc346)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc345: dict[str, Any] = {}
+        acc353: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c346 = _ZD[b]
+                c354 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c346 = (z >> 1) ^ -(z & 1)
+                c354 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c346 = (z >> 1) ^ -(z & 1)
+                c354 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c346, pos = _rlong(buf, pos)
-            if c346 == 0:
+                c354, pos = _rlong(buf, pos)
+            if c354 == 0:
                 break
-            if c346 < 0:
-                c346 = -c346
+            if c354 < 0:
+                c354 = -c354
                 b = buf[pos]
                 if b < 128:
-                    z349 = _ZD[b]
+                    z357 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z349 = (z >> 1) ^ -(z & 1)
+                    z357 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z349 = (z >> 1) ^ -(z & 1)
+                    z357 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z349, pos = _rlong(buf, pos)
-            if c346 * 2 > end - pos:
-                raise _count_error(c346, end - pos)
-            for _ in range(c346):
-                n350 = _ZL[buf[pos]]
-                if n350 < 0:
-                    n350, pos = _rlong(buf, pos)
-                    if n350 < 0:
-                        raise _length_error(n350, end - pos)
+                    z357, pos = _rlong(buf, pos)
+            if c354 * 2 > end - pos:
+                raise _count_error(c354, end - pos)
+            for _ in range(c354):
+                n358 = _ZL[buf[pos]]
+                if n358 < 0:
+                    n358, pos = _rlong(buf, pos)
+                    if n358 < 0:
+                        raise _length_error(n358, end - pos)
                 else:
                     pos += 1
-                q351 = pos + n350
-                if q351 > end:
-                    raise _length_error(n350, end - pos)
-                k348 = buf[pos:q351].decode()
-                pos = q351
-                n352 = _ZL[buf[pos]]
-                if n352 < 0:
-                    n352, pos = _rlong(buf, pos)
-                    if n352 < 0:
-                        raise _length_error(n352, end - pos)
+                q359 = pos + n358
+                if q359 > end:
+                    raise _length_error(n358, end - pos)
+                k356 = buf[pos:q359].decode()
+                pos = q359
+                n360 = _ZL[buf[pos]]
+                if n360 < 0:
+                    n360, pos = _rlong(buf, pos)
+                    if n360 < 0:
+                        raise _length_error(n360, end - pos)
                 else:
                     pos += 1
-                q353 = pos + n352
-                if q353 > end:
-                    raise _length_error(n352, end - pos)
-                x347 = buf[pos:q353].decode()
-                pos = q353
-                acc345[k348] = x347
-        f_node_selector = acc345
+                q361 = pos + n360
+                if q361 > end:
+                    raise _length_error(n360, end - pos)
+                x355 = buf[pos:q361].decode()
+                pos = q361
+                acc353[k356] = x355
+        f_node_selector = acc353
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc354: list[Any] = []
+        acc362: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c355 = _ZD[b]
+                c363 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c355 = (z >> 1) ^ -(z & 1)
+                c363 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c355 = (z >> 1) ^ -(z & 1)
+                c363 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c355, pos = _rlong(buf, pos)
-            if c355 == 0:
+                c363, pos = _rlong(buf, pos)
+            if c363 == 0:
                 break
-            if c355 < 0:
-                c355 = -c355
+            if c363 < 0:
+                c363 = -c363
                 b = buf[pos]
                 if b < 128:
-                    z358 = _ZD[b]
+                    z366 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z366 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z366 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z358, pos = _rlong(buf, pos)
-            if c355 * 4 > end - pos:
-                raise _count_error(c355, end - pos)
-            for _ in range(c355):
-                x356, pos = _d_Toleration358(buf, pos, end)
-                acc354.append(x356)
-        f_tolerations = tuple(acc354)
+                    z366, pos = _rlong(buf, pos)
+            if c363 * 4 > end - pos:
+                raise _count_error(c363, end - pos)
+            for _ in range(c363):
+                x364, pos = _d_Toleration366(buf, pos, end)
+                acc362.append(x364)
+        f_tolerations = tuple(acc362)
     b = buf[pos]
     if b < 128:
-        i368 = _ZD[b]
+        i376 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i368 = (z >> 1) ^ -(z & 1)
+        i376 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i368 = (z >> 1) ^ -(z & 1)
+        i376 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i368, pos = _rlong(buf, pos)
-    if i368 == 0:
+        i376, pos = _rlong(buf, pos)
+    if i376 == 0:
         f_time_limit_ms = None
-    elif i368 == 1:
+    elif i376 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1210,86 +1273,86 @@ def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i368, 2)
+        raise _union_error(i376, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc369: list[Any] = []
+        acc377: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c370 = _ZD[b]
+                c378 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c370 = (z >> 1) ^ -(z & 1)
+                c378 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c370 = (z >> 1) ^ -(z & 1)
+                c378 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c370, pos = _rlong(buf, pos)
-            if c370 == 0:
+                c378, pos = _rlong(buf, pos)
+            if c378 == 0:
                 break
-            if c370 < 0:
-                c370 = -c370
+            if c378 < 0:
+                c378 = -c378
                 b = buf[pos]
                 if b < 128:
-                    z373 = _ZD[b]
+                    z381 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z373 = (z >> 1) ^ -(z & 1)
+                    z381 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z373 = (z >> 1) ^ -(z & 1)
+                    z381 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z373, pos = _rlong(buf, pos)
-            if c370 * 1 > end - pos:
-                raise _count_error(c370, end - pos)
-            for _ in range(c370):
-                n374 = _ZL[buf[pos]]
-                if n374 < 0:
-                    n374, pos = _rlong(buf, pos)
-                    if n374 < 0:
-                        raise _length_error(n374, end - pos)
+                    z381, pos = _rlong(buf, pos)
+            if c378 * 1 > end - pos:
+                raise _count_error(c378, end - pos)
+            for _ in range(c378):
+                n382 = _ZL[buf[pos]]
+                if n382 < 0:
+                    n382, pos = _rlong(buf, pos)
+                    if n382 < 0:
+                        raise _length_error(n382, end - pos)
                 else:
                     pos += 1
-                q375 = pos + n374
-                if q375 > end:
-                    raise _length_error(n374, end - pos)
-                x371 = buf[pos:q375].decode()
-                pos = q375
-                acc369.append(x371)
-        f_depends_on = tuple(acc369)
-    n376 = _ZL[buf[pos]]
-    if n376 < 0:
-        n376, pos = _rlong(buf, pos)
-        if n376 < 0:
-            raise _length_error(n376, end - pos)
+                q383 = pos + n382
+                if q383 > end:
+                    raise _length_error(n382, end - pos)
+                x379 = buf[pos:q383].decode()
+                pos = q383
+                acc377.append(x379)
+        f_depends_on = tuple(acc377)
+    n384 = _ZL[buf[pos]]
+    if n384 < 0:
+        n384, pos = _rlong(buf, pos)
+        if n384 < 0:
+            raise _length_error(n384, end - pos)
     else:
         pos += 1
-    q377 = pos + n376
-    if q377 > end:
-        raise _length_error(n376, end - pos)
-    f_dependency = buf[pos:q377].decode()
-    pos = q377
-    n378 = _ZL[buf[pos]]
-    if n378 < 0:
-        n378, pos = _rlong(buf, pos)
-        if n378 < 0:
-            raise _length_error(n378, end - pos)
+    q385 = pos + n384
+    if q385 > end:
+        raise _length_error(n384, end - pos)
+    f_dependency = buf[pos:q385].decode()
+    pos = q385
+    n386 = _ZL[buf[pos]]
+    if n386 < 0:
+        n386, pos = _rlong(buf, pos)
+        if n386 < 0:
+            raise _length_error(n386, end - pos)
     else:
         pos += 1
-    q379 = pos + n378
-    if q379 > end:
-        raise _length_error(n378, end - pos)
-    f_preemption = buf[pos:q379].decode()
-    pos = q379
+    q387 = pos + n386
+    if q387 > end:
+        raise _length_error(n386, end - pos)
+    f_preemption = buf[pos:q387].decode()
+    pos = q387
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1306,42 +1369,62 @@ def _d_SubmitPod332(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 3
     else:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib)
+    b = buf[pos]
+    if b < 128:
+        i388 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i388 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i388 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i388, pos = _rlong(buf, pos)
+    if i388 == 0:
+        f_retry = None
+    elif i388 == 1:
+        f_retry, pos = _d_Retry388(buf, pos, end)
+    else:
+        raise _union_error(i388, 2)
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_Release379(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release389(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n381 = _ZL[buf[pos]]
-    if n381 < 0:
-        n381, pos = _rlong(buf, pos)
-        if n381 < 0:
-            raise _length_error(n381, end - pos)
+    n391 = _ZL[buf[pos]]
+    if n391 < 0:
+        n391, pos = _rlong(buf, pos)
+        if n391 < 0:
+            raise _length_error(n391, end - pos)
     else:
         pos += 1
-    q382 = pos + n381
-    if q382 > end:
-        raise _length_error(n381, end - pos)
-    f_pod_id = buf[pos:q382].decode()
-    pos = q382
-    n383 = _ZL[buf[pos]]
-    if n383 < 0:
-        n383, pos = _rlong(buf, pos)
-        if n383 < 0:
-            raise _length_error(n383, end - pos)
+    q392 = pos + n391
+    if q392 > end:
+        raise _length_error(n391, end - pos)
+    f_pod_id = buf[pos:q392].decode()
+    pos = q392
+    n393 = _ZL[buf[pos]]
+    if n393 < 0:
+        n393, pos = _rlong(buf, pos)
+        if n393 < 0:
+            raise _length_error(n393, end - pos)
     else:
         pos += 1
-    q384 = pos + n383
-    if q384 > end:
-        raise _length_error(n383, end - pos)
-    f_reason = buf[pos:q384].decode()
-    pos = q384
+    q394 = pos + n393
+    if q394 > end:
+        raise _length_error(n393, end - pos)
+    f_reason = buf[pos:q394].decode()
+    pos = q394
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1349,106 +1432,6 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    b = buf[pos]
-    if b < 128:
-        i393 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i393 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i393 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i393, pos = _rlong(buf, pos)
-    if i393 == 0:
-        f_cohort = None
-    elif i393 == 1:
-        n394 = _ZL[buf[pos]]
-        if n394 < 0:
-            n394, pos = _rlong(buf, pos)
-            if n394 < 0:
-                raise _length_error(n394, end - pos)
-        else:
-            pos += 1
-        q395 = pos + n394
-        if q395 > end:
-            raise _length_error(n394, end - pos)
-        f_cohort = buf[pos:q395].decode()
-        pos = q395
-    else:
-        raise _union_error(i393, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc396: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c397 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c397 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c397 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c397, pos = _rlong(buf, pos)
-            if c397 == 0:
-                break
-            if c397 < 0:
-                c397 = -c397
-                b = buf[pos]
-                if b < 128:
-                    z400 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z400 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z400 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z400, pos = _rlong(buf, pos)
-            if c397 * 2 > end - pos:
-                raise _count_error(c397, end - pos)
-            for _ in range(c397):
-                n401 = _ZL[buf[pos]]
-                if n401 < 0:
-                    n401, pos = _rlong(buf, pos)
-                    if n401 < 0:
-                        raise _length_error(n401, end - pos)
-                else:
-                    pos += 1
-                q402 = pos + n401
-                if q402 > end:
-                    raise _length_error(n401, end - pos)
-                k399 = buf[pos:q402].decode()
-                pos = q402
-                b = buf[pos]
-                if b < 128:
-                    x398 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x398 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x398 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x398, pos = _rlong(buf, pos)
-                acc396[k399] = x398
-        f_nominal_gpus = acc396
     b = buf[pos]
     if b < 128:
         i403 = _ZD[b]
@@ -1464,8 +1447,108 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i403, pos = _rlong(buf, pos)
     if i403 == 0:
-        f_nominal_cpu_milli = None
+        f_cohort = None
     elif i403 == 1:
+        n404 = _ZL[buf[pos]]
+        if n404 < 0:
+            n404, pos = _rlong(buf, pos)
+            if n404 < 0:
+                raise _length_error(n404, end - pos)
+        else:
+            pos += 1
+        q405 = pos + n404
+        if q405 > end:
+            raise _length_error(n404, end - pos)
+        f_cohort = buf[pos:q405].decode()
+        pos = q405
+    else:
+        raise _union_error(i403, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc406: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c407 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c407 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c407 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c407, pos = _rlong(buf, pos)
+            if c407 == 0:
+                break
+            if c407 < 0:
+                c407 = -c407
+                b = buf[pos]
+                if b < 128:
+                    z410 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z410 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z410 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z410, pos = _rlong(buf, pos)
+            if c407 * 2 > end - pos:
+                raise _count_error(c407, end - pos)
+            for _ in range(c407):
+                n411 = _ZL[buf[pos]]
+                if n411 < 0:
+                    n411, pos = _rlong(buf, pos)
+                    if n411 < 0:
+                        raise _length_error(n411, end - pos)
+                else:
+                    pos += 1
+                q412 = pos + n411
+                if q412 > end:
+                    raise _length_error(n411, end - pos)
+                k409 = buf[pos:q412].decode()
+                pos = q412
+                b = buf[pos]
+                if b < 128:
+                    x408 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x408 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x408 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x408, pos = _rlong(buf, pos)
+                acc406[k409] = x408
+        f_nominal_gpus = acc406
+    b = buf[pos]
+    if b < 128:
+        i413 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i413 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i413 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i413, pos = _rlong(buf, pos)
+    if i413 == 0:
+        f_nominal_cpu_milli = None
+    elif i413 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1481,24 +1564,24 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i413, 2)
     b = buf[pos]
     if b < 128:
-        i404 = _ZD[b]
+        i414 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i404 = (z >> 1) ^ -(z & 1)
+        i414 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i404 = (z >> 1) ^ -(z & 1)
+        i414 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i404, pos = _rlong(buf, pos)
-    if i404 == 0:
+        i414, pos = _rlong(buf, pos)
+    if i414 == 0:
         f_nominal_memory_mib = None
-    elif i404 == 1:
+    elif i414 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1514,24 +1597,24 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i404, 2)
+        raise _union_error(i414, 2)
     b = buf[pos]
     if b < 128:
-        i405 = _ZD[b]
+        i415 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i405 = (z >> 1) ^ -(z & 1)
+        i415 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i405 = (z >> 1) ^ -(z & 1)
+        i415 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i405, pos = _rlong(buf, pos)
-    if i405 == 0:
+        i415, pos = _rlong(buf, pos)
+    if i415 == 0:
         f_borrowing_limit_gpus = None
-    elif i405 == 1:
+    elif i415 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1547,24 +1630,24 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i405, 2)
+        raise _union_error(i415, 2)
     b = buf[pos]
     if b < 128:
-        i406 = _ZD[b]
+        i416 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i406 = (z >> 1) ^ -(z & 1)
+        i416 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i406 = (z >> 1) ^ -(z & 1)
+        i416 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i406, pos = _rlong(buf, pos)
-    if i406 == 0:
+        i416, pos = _rlong(buf, pos)
+    if i416 == 0:
         f_lending_limit_gpus = None
-    elif i406 == 1:
+    elif i416 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1580,7 +1663,7 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i406, 2)
+        raise _union_error(i416, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1599,41 +1682,41 @@ def _d_Quota391(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy384(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy394(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n386 = _ZL[buf[pos]]
-    if n386 < 0:
-        n386, pos = _rlong(buf, pos)
-        if n386 < 0:
-            raise _length_error(n386, end - pos)
+    n396 = _ZL[buf[pos]]
+    if n396 < 0:
+        n396, pos = _rlong(buf, pos)
+        if n396 < 0:
+            raise _length_error(n396, end - pos)
     else:
         pos += 1
-    q387 = pos + n386
-    if q387 > end:
-        raise _length_error(n386, end - pos)
-    f_policy = buf[pos:q387].decode()
-    pos = q387
+    q397 = pos + n396
+    if q397 > end:
+        raise _length_error(n396, end - pos)
+    f_policy = buf[pos:q397].decode()
+    pos = q397
     b = buf[pos]
     if b < 128:
-        i388 = _ZD[b]
+        i398 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i388 = (z >> 1) ^ -(z & 1)
+        i398 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i388 = (z >> 1) ^ -(z & 1)
+        i398 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i388, pos = _rlong(buf, pos)
-    if i388 == 0:
+        i398, pos = _rlong(buf, pos)
+    if i398 == 0:
         f_reserve_after_ms = None
-    elif i388 == 1:
+    elif i398 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1649,56 +1732,56 @@ def _d_SetPolicy384(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i388, 2)
-    n389 = _ZL[buf[pos]]
-    if n389 < 0:
-        n389, pos = _rlong(buf, pos)
-        if n389 < 0:
-            raise _length_error(n389, end - pos)
+        raise _union_error(i398, 2)
+    n399 = _ZL[buf[pos]]
+    if n399 < 0:
+        n399, pos = _rlong(buf, pos)
+        if n399 < 0:
+            raise _length_error(n399, end - pos)
     else:
         pos += 1
-    q390 = pos + n389
-    if q390 > end:
-        raise _length_error(n389, end - pos)
-    f_queue_order = buf[pos:q390].decode()
-    pos = q390
+    q400 = pos + n399
+    if q400 > end:
+        raise _length_error(n399, end - pos)
+    f_queue_order = buf[pos:q400].decode()
+    pos = q400
     b = buf[pos]
     if b < 128:
-        i391 = _ZD[b]
+        i401 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i391 = (z >> 1) ^ -(z & 1)
+        i401 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i391 = (z >> 1) ^ -(z & 1)
+        i401 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i391, pos = _rlong(buf, pos)
-    if i391 == 0:
+        i401, pos = _rlong(buf, pos)
+    if i401 == 0:
         f_default_quota = None
-    elif i391 == 1:
-        f_default_quota, pos = _d_Quota391(buf, pos, end)
+    elif i401 == 1:
+        f_default_quota, pos = _d_Quota401(buf, pos, end)
     else:
-        raise _union_error(i391, 2)
+        raise _union_error(i401, 2)
     b = buf[pos]
     if b < 128:
-        i407 = _ZD[b]
+        i417 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i407 = (z >> 1) ^ -(z & 1)
+        i417 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i407 = (z >> 1) ^ -(z & 1)
+        i417 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i407, pos = _rlong(buf, pos)
-    if i407 == 0:
+        i417, pos = _rlong(buf, pos)
+    if i417 == 0:
         f_max_clock_jump_ms = None
-    elif i407 == 1:
+    elif i417 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1714,12 +1797,12 @@ def _d_SetPolicy384(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i407, 2)
+        raise _union_error(i417, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember417(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember427(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1728,18 +1811,18 @@ def _d_GangMember417(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
+    n429 = _ZL[buf[pos]]
+    if n429 < 0:
+        n429, pos = _rlong(buf, pos)
+        if n429 < 0:
+            raise _length_error(n429, end - pos)
     else:
         pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_pod_id = buf[pos:q420].decode()
-    pos = q420
+    q430 = pos + n429
+    if q430 > end:
+        raise _length_error(n429, end - pos)
+    f_pod_id = buf[pos:q430].decode()
+    pos = q430
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1800,173 +1883,173 @@ def _d_GangMember417(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc421: list[Any] = []
+        acc431: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c422 = _ZD[b]
+                c432 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c422 = (z >> 1) ^ -(z & 1)
+                c432 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c422 = (z >> 1) ^ -(z & 1)
+                c432 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c422, pos = _rlong(buf, pos)
-            if c422 == 0:
+                c432, pos = _rlong(buf, pos)
+            if c432 == 0:
                 break
-            if c422 < 0:
-                c422 = -c422
+            if c432 < 0:
+                c432 = -c432
                 b = buf[pos]
                 if b < 128:
-                    z425 = _ZD[b]
+                    z435 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z435 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z435 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z425, pos = _rlong(buf, pos)
-            if c422 * 1 > end - pos:
-                raise _count_error(c422, end - pos)
-            for _ in range(c422):
-                n426 = _ZL[buf[pos]]
-                if n426 < 0:
-                    n426, pos = _rlong(buf, pos)
-                    if n426 < 0:
-                        raise _length_error(n426, end - pos)
+                    z435, pos = _rlong(buf, pos)
+            if c432 * 1 > end - pos:
+                raise _count_error(c432, end - pos)
+            for _ in range(c432):
+                n436 = _ZL[buf[pos]]
+                if n436 < 0:
+                    n436, pos = _rlong(buf, pos)
+                    if n436 < 0:
+                        raise _length_error(n436, end - pos)
                 else:
                     pos += 1
-                q427 = pos + n426
-                if q427 > end:
-                    raise _length_error(n426, end - pos)
-                x423 = buf[pos:q427].decode()
-                pos = q427
-                acc421.append(x423)
-        f_gpu_models = tuple(acc421)
+                q437 = pos + n436
+                if q437 > end:
+                    raise _length_error(n436, end - pos)
+                x433 = buf[pos:q437].decode()
+                pos = q437
+                acc431.append(x433)
+        f_gpu_models = tuple(acc431)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc428: dict[str, Any] = {}
+        acc438: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c429 = _ZD[b]
+                c439 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c429 = (z >> 1) ^ -(z & 1)
+                c439 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c429 = (z >> 1) ^ -(z & 1)
+                c439 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c429, pos = _rlong(buf, pos)
-            if c429 == 0:
+                c439, pos = _rlong(buf, pos)
+            if c439 == 0:
                 break
-            if c429 < 0:
-                c429 = -c429
+            if c439 < 0:
+                c439 = -c439
                 b = buf[pos]
                 if b < 128:
-                    z432 = _ZD[b]
+                    z442 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z442 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z442 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z432, pos = _rlong(buf, pos)
-            if c429 * 2 > end - pos:
-                raise _count_error(c429, end - pos)
-            for _ in range(c429):
-                n433 = _ZL[buf[pos]]
-                if n433 < 0:
-                    n433, pos = _rlong(buf, pos)
-                    if n433 < 0:
-                        raise _length_error(n433, end - pos)
+                    z442, pos = _rlong(buf, pos)
+            if c439 * 2 > end - pos:
+                raise _count_error(c439, end - pos)
+            for _ in range(c439):
+                n443 = _ZL[buf[pos]]
+                if n443 < 0:
+                    n443, pos = _rlong(buf, pos)
+                    if n443 < 0:
+                        raise _length_error(n443, end - pos)
                 else:
                     pos += 1
-                q434 = pos + n433
-                if q434 > end:
-                    raise _length_error(n433, end - pos)
-                k431 = buf[pos:q434].decode()
-                pos = q434
-                n435 = _ZL[buf[pos]]
-                if n435 < 0:
-                    n435, pos = _rlong(buf, pos)
-                    if n435 < 0:
-                        raise _length_error(n435, end - pos)
+                q444 = pos + n443
+                if q444 > end:
+                    raise _length_error(n443, end - pos)
+                k441 = buf[pos:q444].decode()
+                pos = q444
+                n445 = _ZL[buf[pos]]
+                if n445 < 0:
+                    n445, pos = _rlong(buf, pos)
+                    if n445 < 0:
+                        raise _length_error(n445, end - pos)
                 else:
                     pos += 1
-                q436 = pos + n435
-                if q436 > end:
-                    raise _length_error(n435, end - pos)
-                x430 = buf[pos:q436].decode()
-                pos = q436
-                acc428[k431] = x430
-        f_node_selector = acc428
+                q446 = pos + n445
+                if q446 > end:
+                    raise _length_error(n445, end - pos)
+                x440 = buf[pos:q446].decode()
+                pos = q446
+                acc438[k441] = x440
+        f_node_selector = acc438
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc437: list[Any] = []
+        acc447: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c438 = _ZD[b]
+                c448 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c438 = (z >> 1) ^ -(z & 1)
+                c448 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c438 = (z >> 1) ^ -(z & 1)
+                c448 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c438, pos = _rlong(buf, pos)
-            if c438 == 0:
+                c448, pos = _rlong(buf, pos)
+            if c448 == 0:
                 break
-            if c438 < 0:
-                c438 = -c438
+            if c448 < 0:
+                c448 = -c448
                 b = buf[pos]
                 if b < 128:
-                    z441 = _ZD[b]
+                    z451 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z441 = (z >> 1) ^ -(z & 1)
+                    z451 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z441 = (z >> 1) ^ -(z & 1)
+                    z451 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z441, pos = _rlong(buf, pos)
-            if c438 * 4 > end - pos:
-                raise _count_error(c438, end - pos)
-            for _ in range(c438):
-                x439, pos = _d_Toleration358(buf, pos, end)
-                acc437.append(x439)
-        f_tolerations = tuple(acc437)
+                    z451, pos = _rlong(buf, pos)
+            if c448 * 4 > end - pos:
+                raise _count_error(c448, end - pos)
+            for _ in range(c448):
+                x449, pos = _d_Toleration366(buf, pos, end)
+                acc447.append(x449)
+        f_tolerations = tuple(acc447)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1979,30 +2062,30 @@ def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n409 = _ZL[buf[pos]]
-    if n409 < 0:
-        n409, pos = _rlong(buf, pos)
-        if n409 < 0:
-            raise _length_error(n409, end - pos)
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q410 = pos + n409
-    if q410 > end:
-        raise _length_error(n409, end - pos)
-    f_gang_id = buf[pos:q410].decode()
-    pos = q410
-    n411 = _ZL[buf[pos]]
-    if n411 < 0:
-        n411, pos = _rlong(buf, pos)
-        if n411 < 0:
-            raise _length_error(n411, end - pos)
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_gang_id = buf[pos:q420].decode()
+    pos = q420
+    n421 = _ZL[buf[pos]]
+    if n421 < 0:
+        n421, pos = _rlong(buf, pos)
+        if n421 < 0:
+            raise _length_error(n421, end - pos)
     else:
         pos += 1
-    q412 = pos + n411
-    if q412 > end:
-        raise _length_error(n411, end - pos)
-    f_tenant = buf[pos:q412].decode()
-    pos = q412
+    q422 = pos + n421
+    if q422 > end:
+        raise _length_error(n421, end - pos)
+    f_tenant = buf[pos:q422].decode()
+    pos = q422
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2021,63 +2104,63 @@ def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc413: list[Any] = []
+        acc423: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c414 = _ZD[b]
+                c424 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c414 = (z >> 1) ^ -(z & 1)
+                c424 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c414 = (z >> 1) ^ -(z & 1)
+                c424 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c414, pos = _rlong(buf, pos)
-            if c414 == 0:
+                c424, pos = _rlong(buf, pos)
+            if c424 == 0:
                 break
-            if c414 < 0:
-                c414 = -c414
+            if c424 < 0:
+                c424 = -c424
                 b = buf[pos]
                 if b < 128:
-                    z417 = _ZD[b]
+                    z427 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z427 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z427 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z417, pos = _rlong(buf, pos)
-            if c414 * 8 > end - pos:
-                raise _count_error(c414, end - pos)
-            for _ in range(c414):
-                x415, pos = _d_GangMember417(buf, pos, end)
-                acc413.append(x415)
-        f_members = tuple(acc413)
+                    z427, pos = _rlong(buf, pos)
+            if c424 * 8 > end - pos:
+                raise _count_error(c424, end - pos)
+            for _ in range(c424):
+                x425, pos = _d_GangMember427(buf, pos, end)
+                acc423.append(x425)
+        f_members = tuple(acc423)
     b = buf[pos]
     if b < 128:
-        i442 = _ZD[b]
+        i452 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i442 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i442 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i442, pos = _rlong(buf, pos)
-    if i442 == 0:
+        i452, pos = _rlong(buf, pos)
+    if i452 == 0:
         f_min_members = None
-    elif i442 == 1:
+    elif i452 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2093,86 +2176,86 @@ def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i442, 2)
+        raise _union_error(i452, 2)
     b = buf[pos]
     if b < 128:
-        i443 = _ZD[b]
+        i453 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i443 = (z >> 1) ^ -(z & 1)
+        i453 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i443 = (z >> 1) ^ -(z & 1)
+        i453 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i443, pos = _rlong(buf, pos)
-    if i443 == 0:
+        i453, pos = _rlong(buf, pos)
+    if i453 == 0:
         f_topology_required = None
-    elif i443 == 1:
-        n444 = _ZL[buf[pos]]
-        if n444 < 0:
-            n444, pos = _rlong(buf, pos)
-            if n444 < 0:
-                raise _length_error(n444, end - pos)
+    elif i453 == 1:
+        n454 = _ZL[buf[pos]]
+        if n454 < 0:
+            n454, pos = _rlong(buf, pos)
+            if n454 < 0:
+                raise _length_error(n454, end - pos)
         else:
             pos += 1
-        q445 = pos + n444
-        if q445 > end:
-            raise _length_error(n444, end - pos)
-        f_topology_required = buf[pos:q445].decode()
-        pos = q445
+        q455 = pos + n454
+        if q455 > end:
+            raise _length_error(n454, end - pos)
+        f_topology_required = buf[pos:q455].decode()
+        pos = q455
     else:
-        raise _union_error(i443, 2)
+        raise _union_error(i453, 2)
     b = buf[pos]
     if b < 128:
-        i446 = _ZD[b]
+        i456 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i446 = (z >> 1) ^ -(z & 1)
+        i456 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i446 = (z >> 1) ^ -(z & 1)
+        i456 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i446, pos = _rlong(buf, pos)
-    if i446 == 0:
+        i456, pos = _rlong(buf, pos)
+    if i456 == 0:
         f_topology_preferred = None
-    elif i446 == 1:
-        n447 = _ZL[buf[pos]]
-        if n447 < 0:
-            n447, pos = _rlong(buf, pos)
-            if n447 < 0:
-                raise _length_error(n447, end - pos)
+    elif i456 == 1:
+        n457 = _ZL[buf[pos]]
+        if n457 < 0:
+            n457, pos = _rlong(buf, pos)
+            if n457 < 0:
+                raise _length_error(n457, end - pos)
         else:
             pos += 1
-        q448 = pos + n447
-        if q448 > end:
-            raise _length_error(n447, end - pos)
-        f_topology_preferred = buf[pos:q448].decode()
-        pos = q448
+        q458 = pos + n457
+        if q458 > end:
+            raise _length_error(n457, end - pos)
+        f_topology_preferred = buf[pos:q458].decode()
+        pos = q458
     else:
-        raise _union_error(i446, 2)
+        raise _union_error(i456, 2)
     b = buf[pos]
     if b < 128:
-        i449 = _ZD[b]
+        i459 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i449 = (z >> 1) ^ -(z & 1)
+        i459 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i449 = (z >> 1) ^ -(z & 1)
+        i459 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i449, pos = _rlong(buf, pos)
-    if i449 == 0:
+        i459, pos = _rlong(buf, pos)
+    if i459 == 0:
         f_timeout_ms = None
-    elif i449 == 1:
+    elif i459 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2188,24 +2271,24 @@ def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i449, 2)
+        raise _union_error(i459, 2)
     b = buf[pos]
     if b < 128:
-        i450 = _ZD[b]
+        i460 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i450 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i450 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i450, pos = _rlong(buf, pos)
-    if i450 == 0:
+        i460, pos = _rlong(buf, pos)
+    if i460 == 0:
         f_time_limit_ms = None
-    elif i450 == 1:
+    elif i460 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2221,122 +2304,122 @@ def _d_SubmitGang407(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i450, 2)
+        raise _union_error(i460, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc451: list[Any] = []
+        acc461: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c452 = _ZD[b]
+                c462 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c452 = (z >> 1) ^ -(z & 1)
+                c462 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c452 = (z >> 1) ^ -(z & 1)
+                c462 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c452, pos = _rlong(buf, pos)
-            if c452 == 0:
+                c462, pos = _rlong(buf, pos)
+            if c462 == 0:
                 break
-            if c452 < 0:
-                c452 = -c452
+            if c462 < 0:
+                c462 = -c462
                 b = buf[pos]
                 if b < 128:
-                    z455 = _ZD[b]
+                    z465 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z455 = (z >> 1) ^ -(z & 1)
+                    z465 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z455 = (z >> 1) ^ -(z & 1)
+                    z465 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z455, pos = _rlong(buf, pos)
-            if c452 * 1 > end - pos:
-                raise _count_error(c452, end - pos)
-            for _ in range(c452):
-                n456 = _ZL[buf[pos]]
-                if n456 < 0:
-                    n456, pos = _rlong(buf, pos)
-                    if n456 < 0:
-                        raise _length_error(n456, end - pos)
+                    z465, pos = _rlong(buf, pos)
+            if c462 * 1 > end - pos:
+                raise _count_error(c462, end - pos)
+            for _ in range(c462):
+                n466 = _ZL[buf[pos]]
+                if n466 < 0:
+                    n466, pos = _rlong(buf, pos)
+                    if n466 < 0:
+                        raise _length_error(n466, end - pos)
                 else:
                     pos += 1
-                q457 = pos + n456
-                if q457 > end:
-                    raise _length_error(n456, end - pos)
-                x453 = buf[pos:q457].decode()
-                pos = q457
-                acc451.append(x453)
-        f_depends_on = tuple(acc451)
-    n458 = _ZL[buf[pos]]
-    if n458 < 0:
-        n458, pos = _rlong(buf, pos)
-        if n458 < 0:
-            raise _length_error(n458, end - pos)
+                q467 = pos + n466
+                if q467 > end:
+                    raise _length_error(n466, end - pos)
+                x463 = buf[pos:q467].decode()
+                pos = q467
+                acc461.append(x463)
+        f_depends_on = tuple(acc461)
+    n468 = _ZL[buf[pos]]
+    if n468 < 0:
+        n468, pos = _rlong(buf, pos)
+        if n468 < 0:
+            raise _length_error(n468, end - pos)
     else:
         pos += 1
-    q459 = pos + n458
-    if q459 > end:
-        raise _length_error(n458, end - pos)
-    f_dependency = buf[pos:q459].decode()
-    pos = q459
-    n460 = _ZL[buf[pos]]
-    if n460 < 0:
-        n460, pos = _rlong(buf, pos)
-        if n460 < 0:
-            raise _length_error(n460, end - pos)
+    q469 = pos + n468
+    if q469 > end:
+        raise _length_error(n468, end - pos)
+    f_dependency = buf[pos:q469].decode()
+    pos = q469
+    n470 = _ZL[buf[pos]]
+    if n470 < 0:
+        n470, pos = _rlong(buf, pos)
+        if n470 < 0:
+            raise _length_error(n470, end - pos)
     else:
         pos += 1
-    q461 = pos + n460
-    if q461 > end:
-        raise _length_error(n460, end - pos)
-    f_preemption = buf[pos:q461].decode()
-    pos = q461
+    q471 = pos + n470
+    if q471 > end:
+        raise _length_error(n470, end - pos)
+    f_preemption = buf[pos:q471].decode()
+    pos = q471
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
     return o, pos
 
 
-def _d_ReleaseGang461(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang471(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n463 = _ZL[buf[pos]]
-    if n463 < 0:
-        n463, pos = _rlong(buf, pos)
-        if n463 < 0:
-            raise _length_error(n463, end - pos)
+    n473 = _ZL[buf[pos]]
+    if n473 < 0:
+        n473, pos = _rlong(buf, pos)
+        if n473 < 0:
+            raise _length_error(n473, end - pos)
     else:
         pos += 1
-    q464 = pos + n463
-    if q464 > end:
-        raise _length_error(n463, end - pos)
-    f_gang_id = buf[pos:q464].decode()
-    pos = q464
-    n465 = _ZL[buf[pos]]
-    if n465 < 0:
-        n465, pos = _rlong(buf, pos)
-        if n465 < 0:
-            raise _length_error(n465, end - pos)
+    q474 = pos + n473
+    if q474 > end:
+        raise _length_error(n473, end - pos)
+    f_gang_id = buf[pos:q474].decode()
+    pos = q474
+    n475 = _ZL[buf[pos]]
+    if n475 < 0:
+        n475, pos = _rlong(buf, pos)
+        if n475 < 0:
+            raise _length_error(n475, end - pos)
     else:
         pos += 1
-    q466 = pos + n465
-    if q466 > end:
-        raise _length_error(n465, end - pos)
-    f_reason = buf[pos:q466].decode()
-    pos = q466
+    q476 = pos + n475
+    if q476 > end:
+        raise _length_error(n475, end - pos)
+    f_reason = buf[pos:q476].decode()
+    pos = q476
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick466(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick476(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2347,7 +2430,7 @@ def _d_Tick466(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2356,118 +2439,18 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n469 = _ZL[buf[pos]]
-    if n469 < 0:
-        n469, pos = _rlong(buf, pos)
-        if n469 < 0:
-            raise _length_error(n469, end - pos)
+    n479 = _ZL[buf[pos]]
+    if n479 < 0:
+        n479, pos = _rlong(buf, pos)
+        if n479 < 0:
+            raise _length_error(n479, end - pos)
     else:
         pos += 1
-    q470 = pos + n469
-    if q470 > end:
-        raise _length_error(n469, end - pos)
-    f_tenant = buf[pos:q470].decode()
-    pos = q470
-    b = buf[pos]
-    if b < 128:
-        i471 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i471 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i471 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i471, pos = _rlong(buf, pos)
-    if i471 == 0:
-        f_cohort = None
-    elif i471 == 1:
-        n472 = _ZL[buf[pos]]
-        if n472 < 0:
-            n472, pos = _rlong(buf, pos)
-            if n472 < 0:
-                raise _length_error(n472, end - pos)
-        else:
-            pos += 1
-        q473 = pos + n472
-        if q473 > end:
-            raise _length_error(n472, end - pos)
-        f_cohort = buf[pos:q473].decode()
-        pos = q473
-    else:
-        raise _union_error(i471, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc474: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c475 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c475 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c475 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c475, pos = _rlong(buf, pos)
-            if c475 == 0:
-                break
-            if c475 < 0:
-                c475 = -c475
-                b = buf[pos]
-                if b < 128:
-                    z478 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z478 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z478 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z478, pos = _rlong(buf, pos)
-            if c475 * 2 > end - pos:
-                raise _count_error(c475, end - pos)
-            for _ in range(c475):
-                n479 = _ZL[buf[pos]]
-                if n479 < 0:
-                    n479, pos = _rlong(buf, pos)
-                    if n479 < 0:
-                        raise _length_error(n479, end - pos)
-                else:
-                    pos += 1
-                q480 = pos + n479
-                if q480 > end:
-                    raise _length_error(n479, end - pos)
-                k477 = buf[pos:q480].decode()
-                pos = q480
-                b = buf[pos]
-                if b < 128:
-                    x476 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x476 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x476 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x476, pos = _rlong(buf, pos)
-                acc474[k477] = x476
-        f_nominal_gpus = acc474
+    q480 = pos + n479
+    if q480 > end:
+        raise _length_error(n479, end - pos)
+    f_tenant = buf[pos:q480].decode()
+    pos = q480
     b = buf[pos]
     if b < 128:
         i481 = _ZD[b]
@@ -2483,8 +2466,108 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i481, pos = _rlong(buf, pos)
     if i481 == 0:
-        f_nominal_cpu_milli = None
+        f_cohort = None
     elif i481 == 1:
+        n482 = _ZL[buf[pos]]
+        if n482 < 0:
+            n482, pos = _rlong(buf, pos)
+            if n482 < 0:
+                raise _length_error(n482, end - pos)
+        else:
+            pos += 1
+        q483 = pos + n482
+        if q483 > end:
+            raise _length_error(n482, end - pos)
+        f_cohort = buf[pos:q483].decode()
+        pos = q483
+    else:
+        raise _union_error(i481, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc484: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c485 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c485 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c485 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c485, pos = _rlong(buf, pos)
+            if c485 == 0:
+                break
+            if c485 < 0:
+                c485 = -c485
+                b = buf[pos]
+                if b < 128:
+                    z488 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z488 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z488 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z488, pos = _rlong(buf, pos)
+            if c485 * 2 > end - pos:
+                raise _count_error(c485, end - pos)
+            for _ in range(c485):
+                n489 = _ZL[buf[pos]]
+                if n489 < 0:
+                    n489, pos = _rlong(buf, pos)
+                    if n489 < 0:
+                        raise _length_error(n489, end - pos)
+                else:
+                    pos += 1
+                q490 = pos + n489
+                if q490 > end:
+                    raise _length_error(n489, end - pos)
+                k487 = buf[pos:q490].decode()
+                pos = q490
+                b = buf[pos]
+                if b < 128:
+                    x486 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x486 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x486 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x486, pos = _rlong(buf, pos)
+                acc484[k487] = x486
+        f_nominal_gpus = acc484
+    b = buf[pos]
+    if b < 128:
+        i491 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i491 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i491 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i491, pos = _rlong(buf, pos)
+    if i491 == 0:
+        f_nominal_cpu_milli = None
+    elif i491 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2500,24 +2583,24 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i481, 2)
+        raise _union_error(i491, 2)
     b = buf[pos]
     if b < 128:
-        i482 = _ZD[b]
+        i492 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i482 = (z >> 1) ^ -(z & 1)
+        i492 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i482 = (z >> 1) ^ -(z & 1)
+        i492 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i482, pos = _rlong(buf, pos)
-    if i482 == 0:
+        i492, pos = _rlong(buf, pos)
+    if i492 == 0:
         f_nominal_memory_mib = None
-    elif i482 == 1:
+    elif i492 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2533,24 +2616,24 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i482, 2)
+        raise _union_error(i492, 2)
     b = buf[pos]
     if b < 128:
-        i483 = _ZD[b]
+        i493 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i483 = (z >> 1) ^ -(z & 1)
+        i493 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i483 = (z >> 1) ^ -(z & 1)
+        i493 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i483, pos = _rlong(buf, pos)
-    if i483 == 0:
+        i493, pos = _rlong(buf, pos)
+    if i493 == 0:
         f_borrowing_limit_gpus = None
-    elif i483 == 1:
+    elif i493 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2566,24 +2649,24 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i483, 2)
+        raise _union_error(i493, 2)
     b = buf[pos]
     if b < 128:
-        i484 = _ZD[b]
+        i494 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i484 = (z >> 1) ^ -(z & 1)
+        i494 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i484 = (z >> 1) ^ -(z & 1)
+        i494 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i484, pos = _rlong(buf, pos)
-    if i484 == 0:
+        i494, pos = _rlong(buf, pos)
+    if i494 == 0:
         f_lending_limit_gpus = None
-    elif i484 == 1:
+    elif i494 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2599,7 +2682,7 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i484, 2)
+        raise _union_error(i494, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2618,25 +2701,25 @@ def _d_SetQuota467(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota484(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota494(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n486 = _ZL[buf[pos]]
-    if n486 < 0:
-        n486, pos = _rlong(buf, pos)
-        if n486 < 0:
-            raise _length_error(n486, end - pos)
+    n496 = _ZL[buf[pos]]
+    if n496 < 0:
+        n496, pos = _rlong(buf, pos)
+        if n496 < 0:
+            raise _length_error(n496, end - pos)
     else:
         pos += 1
-    q487 = pos + n486
-    if q487 > end:
-        raise _length_error(n486, end - pos)
-    f_tenant = buf[pos:q487].decode()
-    pos = q487
+    q497 = pos + n496
+    if q497 > end:
+        raise _length_error(n496, end - pos)
+    f_tenant = buf[pos:q497].decode()
+    pos = q497
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment487(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment497(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2655,177 +2738,91 @@ def _d_Defragment487(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i489 = _ZD[b]
+        i499 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i489 = (z >> 1) ^ -(z & 1)
+        i499 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i489 = (z >> 1) ^ -(z & 1)
+        i499 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i489, pos = _rlong(buf, pos)
-    if i489 == 0:
+        i499, pos = _rlong(buf, pos)
+    if i499 == 0:
         f_target = None
-    elif i489 == 1:
-        n490 = _ZL[buf[pos]]
-        if n490 < 0:
-            n490, pos = _rlong(buf, pos)
-            if n490 < 0:
-                raise _length_error(n490, end - pos)
+    elif i499 == 1:
+        n500 = _ZL[buf[pos]]
+        if n500 < 0:
+            n500, pos = _rlong(buf, pos)
+            if n500 < 0:
+                raise _length_error(n500, end - pos)
         else:
             pos += 1
-        q491 = pos + n490
-        if q491 > end:
-            raise _length_error(n490, end - pos)
-        f_target = buf[pos:q491].decode()
-        pos = q491
+        q501 = pos + n500
+        if q501 > end:
+            raise _length_error(n500, end - pos)
+        f_target = buf[pos:q501].decode()
+        pos = q501
     else:
-        raise _union_error(i489, 2)
+        raise _union_error(i499, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster491(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster501(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n493 = _ZL[buf[pos]]
-    if n493 < 0:
-        n493, pos = _rlong(buf, pos)
-        if n493 < 0:
-            raise _length_error(n493, end - pos)
+    n503 = _ZL[buf[pos]]
+    if n503 < 0:
+        n503, pos = _rlong(buf, pos)
+        if n503 < 0:
+            raise _length_error(n503, end - pos)
     else:
         pos += 1
-    q494 = pos + n493
-    if q494 > end:
-        raise _length_error(n493, end - pos)
-    f_reason = buf[pos:q494].decode()
-    pos = q494
+    q504 = pos + n503
+    if q504 > end:
+        raise _length_error(n503, end - pos)
+    f_reason = buf[pos:q504].decode()
+    pos = q504
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode494(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode504(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n496 = _ZL[buf[pos]]
-    if n496 < 0:
-        n496, pos = _rlong(buf, pos)
-        if n496 < 0:
-            raise _length_error(n496, end - pos)
+    n506 = _ZL[buf[pos]]
+    if n506 < 0:
+        n506, pos = _rlong(buf, pos)
+        if n506 < 0:
+            raise _length_error(n506, end - pos)
     else:
         pos += 1
-    q497 = pos + n496
-    if q497 > end:
-        raise _length_error(n496, end - pos)
-    f_node_id = buf[pos:q497].decode()
-    pos = q497
+    q507 = pos + n506
+    if q507 > end:
+        raise _length_error(n506, end - pos)
+    f_node_id = buf[pos:q507].decode()
+    pos = q507
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode497(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode507(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n499 = _ZL[buf[pos]]
-    if n499 < 0:
-        n499, pos = _rlong(buf, pos)
-        if n499 < 0:
-            raise _length_error(n499, end - pos)
+    n509 = _ZL[buf[pos]]
+    if n509 < 0:
+        n509, pos = _rlong(buf, pos)
+        if n509 < 0:
+            raise _length_error(n509, end - pos)
     else:
         pos += 1
-    q500 = pos + n499
-    if q500 > end:
-        raise _length_error(n499, end - pos)
-    f_node_id = buf[pos:q500].decode()
-    pos = q500
-    b = buf[pos]
-    if b < 128:
-        i501 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i501 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i501 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i501, pos = _rlong(buf, pos)
-    if i501 == 0:
-        f_labels = None
-    elif i501 == 1:
-        if buf[pos] == 0:
-            pos += 1
-            f_labels = {}
-        else:
-            acc502: dict[str, Any] = {}
-            while True:
-                b = buf[pos]
-                if b < 128:
-                    c503 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    c503 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c503 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    c503, pos = _rlong(buf, pos)
-                if c503 == 0:
-                    break
-                if c503 < 0:
-                    c503 = -c503
-                    b = buf[pos]
-                    if b < 128:
-                        z506 = _ZD[b]
-                        pos += 1
-                    elif (c := buf[pos + 1]) < 128:
-                        z = (b & 127) | (c << 7)
-                        z506 = (z >> 1) ^ -(z & 1)
-                        pos += 2
-                    elif (d := buf[pos + 2]) < 128:
-                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z506 = (z >> 1) ^ -(z & 1)
-                        pos += 3
-                    else:
-                        z506, pos = _rlong(buf, pos)
-                if c503 * 2 > end - pos:
-                    raise _count_error(c503, end - pos)
-                for _ in range(c503):
-                    n507 = _ZL[buf[pos]]
-                    if n507 < 0:
-                        n507, pos = _rlong(buf, pos)
-                        if n507 < 0:
-                            raise _length_error(n507, end - pos)
-                    else:
-                        pos += 1
-                    q508 = pos + n507
-                    if q508 > end:
-                        raise _length_error(n507, end - pos)
-                    k505 = buf[pos:q508].decode()
-                    pos = q508
-                    n509 = _ZL[buf[pos]]
-                    if n509 < 0:
-                        n509, pos = _rlong(buf, pos)
-                        if n509 < 0:
-                            raise _length_error(n509, end - pos)
-                    else:
-                        pos += 1
-                    q510 = pos + n509
-                    if q510 > end:
-                        raise _length_error(n509, end - pos)
-                    x504 = buf[pos:q510].decode()
-                    pos = q510
-                    acc502[k505] = x504
-            f_labels = acc502
-    else:
-        raise _union_error(i501, 2)
+    q510 = pos + n509
+    if q510 > end:
+        raise _length_error(n509, end - pos)
+    f_node_id = buf[pos:q510].decode()
+    pos = q510
     b = buf[pos]
     if b < 128:
         i511 = _ZD[b]
@@ -2841,13 +2838,13 @@ def _d_UpdateNode497(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int
     else:
         i511, pos = _rlong(buf, pos)
     if i511 == 0:
-        f_taints = None
+        f_labels = None
     elif i511 == 1:
         if buf[pos] == 0:
             pos += 1
-            f_taints = ()
+            f_labels = {}
         else:
-            acc512: list[Any] = []
+            acc512: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
@@ -2881,14 +2878,100 @@ def _d_UpdateNode497(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int
                         pos += 3
                     else:
                         z516, pos = _rlong(buf, pos)
-                if c513 * 3 > end - pos:
+                if c513 * 2 > end - pos:
                     raise _count_error(c513, end - pos)
                 for _ in range(c513):
-                    x514, pos = _d_Taint308(buf, pos, end)
-                    acc512.append(x514)
-            f_taints = tuple(acc512)
+                    n517 = _ZL[buf[pos]]
+                    if n517 < 0:
+                        n517, pos = _rlong(buf, pos)
+                        if n517 < 0:
+                            raise _length_error(n517, end - pos)
+                    else:
+                        pos += 1
+                    q518 = pos + n517
+                    if q518 > end:
+                        raise _length_error(n517, end - pos)
+                    k515 = buf[pos:q518].decode()
+                    pos = q518
+                    n519 = _ZL[buf[pos]]
+                    if n519 < 0:
+                        n519, pos = _rlong(buf, pos)
+                        if n519 < 0:
+                            raise _length_error(n519, end - pos)
+                    else:
+                        pos += 1
+                    q520 = pos + n519
+                    if q520 > end:
+                        raise _length_error(n519, end - pos)
+                    x514 = buf[pos:q520].decode()
+                    pos = q520
+                    acc512[k515] = x514
+            f_labels = acc512
     else:
         raise _union_error(i511, 2)
+    b = buf[pos]
+    if b < 128:
+        i521 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i521 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i521 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i521, pos = _rlong(buf, pos)
+    if i521 == 0:
+        f_taints = None
+    elif i521 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_taints = ()
+        else:
+            acc522: list[Any] = []
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c523 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c523 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c523 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c523, pos = _rlong(buf, pos)
+                if c523 == 0:
+                    break
+                if c523 < 0:
+                    c523 = -c523
+                    b = buf[pos]
+                    if b < 128:
+                        z526 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z526 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z526 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z526, pos = _rlong(buf, pos)
+                if c523 * 3 > end - pos:
+                    raise _count_error(c523, end - pos)
+                for _ in range(c523):
+                    x524, pos = _d_Taint316(buf, pos, end)
+                    acc522.append(x524)
+            f_taints = tuple(acc522)
+    else:
+        raise _union_error(i521, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
@@ -2898,7 +2981,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k281:
+    if frame[:10] != _k289:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2909,30 +2992,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n283 = _ZL[buf[pos]]
-        if n283 < 0:
-            n283, pos = _rlong(buf, pos)
-            if n283 < 0:
-                raise _length_error(n283, end - pos)
+        n291 = _ZL[buf[pos]]
+        if n291 < 0:
+            n291, pos = _rlong(buf, pos)
+            if n291 < 0:
+                raise _length_error(n291, end - pos)
         else:
             pos += 1
-        q284 = pos + n283
-        if q284 > end:
-            raise _length_error(n283, end - pos)
-        f_command_id = buf[pos:q284].decode()
-        pos = q284
-        n285 = _ZL[buf[pos]]
-        if n285 < 0:
-            n285, pos = _rlong(buf, pos)
-            if n285 < 0:
-                raise _length_error(n285, end - pos)
+        q292 = pos + n291
+        if q292 > end:
+            raise _length_error(n291, end - pos)
+        f_command_id = buf[pos:q292].decode()
+        pos = q292
+        n293 = _ZL[buf[pos]]
+        if n293 < 0:
+            n293, pos = _rlong(buf, pos)
+            if n293 < 0:
+                raise _length_error(n293, end - pos)
         else:
             pos += 1
-        q286 = pos + n285
-        if q286 > end:
-            raise _length_error(n285, end - pos)
-        f_cluster = buf[pos:q286].decode()
-        pos = q286
+        q294 = pos + n293
+        if q294 > end:
+            raise _length_error(n293, end - pos)
+        f_cluster = buf[pos:q294].decode()
+        pos = q294
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2947,35 +3030,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n287 = _ZL[buf[pos]]
-        if n287 < 0:
-            n287, pos = _rlong(buf, pos)
-            if n287 < 0:
-                raise _length_error(n287, end - pos)
+        n295 = _ZL[buf[pos]]
+        if n295 < 0:
+            n295, pos = _rlong(buf, pos)
+            if n295 < 0:
+                raise _length_error(n295, end - pos)
         else:
             pos += 1
-        q288 = pos + n287
-        if q288 > end:
-            raise _length_error(n287, end - pos)
-        f_source = buf[pos:q288].decode()
-        pos = q288
+        q296 = pos + n295
+        if q296 > end:
+            raise _length_error(n295, end - pos)
+        f_source = buf[pos:q296].decode()
+        pos = q296
         b = buf[pos]
         if b < 128:
-            i289 = _ZD[b]
+            i297 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i289 = (z >> 1) ^ -(z & 1)
+            i297 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i289 = (z >> 1) ^ -(z & 1)
+            i297 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i289, pos = _rlong(buf, pos)
-        if not 0 <= i289 < 18:
-            raise _union_error(i289, 18)
-        f_payload, pos = _k516[i289](buf, pos, end)
+            i297, pos = _rlong(buf, pos)
+        if not 0 <= i297 < 18:
+            raise _union_error(i297, 18)
+        f_payload, pos = _k526[i297](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2986,259 +3069,263 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded528(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k529, (_P[n532] if (n532 := len(s531 := o.node_id.encode())) < 8192 else _long(n532)), s531, (_P[n534] if (n534 := len(s533 := o.gpu_model.encode())) < 8192 else _long(n534)), s533, (_P[n535] if 0 <= (n535 := o.gpu_count) < 8192 else _long(n535)), (_P[n536] if 0 <= (n536 := o.cpu_milli) < 8192 else _long(n536)), (_P[n537] if 0 <= (n537 := o.memory_mib) < 8192 else _long(n537)), (_b21(a538) if (a538 := o.labels) else b"\x00"), (_b27(a539) if (a539 := o.taints) else b"\x00"), (_P[n540] if 0 <= (n540 := o.gpu_memory_mib) < 8192 else _long(n540)),))
+def _e_NodeAdded538(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k539, (_P[n542] if (n542 := len(s541 := o.node_id.encode())) < 8192 else _long(n542)), s541, (_P[n544] if (n544 := len(s543 := o.gpu_model.encode())) < 8192 else _long(n544)), s543, (_P[n545] if 0 <= (n545 := o.gpu_count) < 8192 else _long(n545)), (_P[n546] if 0 <= (n546 := o.cpu_milli) < 8192 else _long(n546)), (_P[n547] if 0 <= (n547 := o.memory_mib) < 8192 else _long(n547)), (_b21(a548) if (a548 := o.labels) else b"\x00"), (_b27(a549) if (a549 := o.taints) else b"\x00"), (_P[n550] if 0 <= (n550 := o.gpu_memory_mib) < 8192 else _long(n550)),))
 
 
-def _e_NodeRemoved540(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k541, (_P[n544] if (n544 := len(s543 := o.node_id.encode())) < 8192 else _long(n544)), s543, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved550(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k551, (_P[n554] if (n554 := len(s553 := o.node_id.encode())) < 8192 else _long(n554)), s553, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned544(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k545, (_P[n548] if (n548 := len(s547 := o.node_id.encode())) < 8192 else _long(n548)), s547,))
+def _e_NodeCordoned554(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k555, (_P[n558] if (n558 := len(s557 := o.node_id.encode())) < 8192 else _long(n558)), s557,))
 
 
-def _e_NodeUncordoned548(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k549, (_P[n552] if (n552 := len(s551 := o.node_id.encode())) < 8192 else _long(n552)), s551,))
+def _e_NodeUncordoned558(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k559, (_P[n562] if (n562 := len(s561 := o.node_id.encode())) < 8192 else _long(n562)), s561,))
 
 
-def _e_NodeDrained552(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k553, (_P[n556] if (n556 := len(s555 := o.node_id.encode())) < 8192 else _long(n556)), s555, (_P[n557] if 0 <= (n557 := o.evicted) < 8192 else _long(n557)),))
+def _e_NodeDrained562(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k563, (_P[n566] if (n566 := len(s565 := o.node_id.encode())) < 8192 else _long(n566)), s565, (_P[n567] if 0 <= (n567 := o.evicted) < 8192 else _long(n567)),))
 
 
-def _e_NodeFailed557(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k558, (_P[n561] if (n561 := len(s560 := o.node_id.encode())) < 8192 else _long(n561)), s560, (_P[n563] if (n563 := len(s562 := o.reason.encode())) < 8192 else _long(n563)), s562, (_P[n564] if 0 <= (n564 := o.evicted) < 8192 else _long(n564)),))
+def _e_NodeFailed567(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k568, (_P[n571] if (n571 := len(s570 := o.node_id.encode())) < 8192 else _long(n571)), s570, (_P[n573] if (n573 := len(s572 := o.reason.encode())) < 8192 else _long(n573)), s572, (_P[n574] if 0 <= (n574 := o.evicted) < 8192 else _long(n574)),))
 
 
-def _u583(v: Any) -> bytes:
-    return b"".join((_k583, (_P[n586] if (n586 := len(s585 := v.encode())) < 8192 else _long(n586)), s585,))
+def _u593(v: Any) -> bytes:
+    return b"".join((_k593, (_P[n596] if (n596 := len(s595 := v.encode())) < 8192 else _long(n596)), s595,))
 
 
-def _u589(v: Any) -> bytes:
-    return b"".join((_k589, (_P[n591] if 0 <= (n591 := v) < 8192 else _long(n591)),))
+def _u599(v: Any) -> bytes:
+    return b"".join((_k599, (_P[n601] if 0 <= (n601 := v) < 8192 else _long(n601)),))
 
 
-def _b600(a: Any) -> bytes:
+def _b613(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n603] if (n603 := len(s602 := x.code.encode())) < 8192 else _long(n603)), s602, (_P[n604] if 0 <= (n604 := x.nodes) < 8192 else _long(n604)), (_P[n606] if (n606 := len(s605 := x.message.encode())) < 8192 else _long(n606)), s605,)
+        out += ((_P[n616] if (n616 := len(s615 := x.code.encode())) < 8192 else _long(n616)), s615, (_P[n617] if 0 <= (n617 := x.nodes) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := x.message.encode())) < 8192 else _long(n619)), s618,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued564(o: _c_PodQueued) -> bytes:
-    return b"".join((_k565, (_P[n569] if (n569 := len(s568 := (r567 := o.pod).pod_id.encode())) < 8192 else _long(n569)), s568, (_P[n571] if (n571 := len(s570 := r567.tenant.encode())) < 8192 else _long(n571)), s570, (_P[n572] if 0 <= (n572 := r567.priority) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r567.num_gpu) < 8192 else _long(n573)), (_P[n574] if 0 <= (n574 := r567.gpu_milli) < 8192 else _long(n574)), (_P[n575] if 0 <= (n575 := r567.cpu_milli) < 8192 else _long(n575)), (_P[n576] if 0 <= (n576 := r567.memory_mib) < 8192 else _long(n576)), (_b70(a577) if (a577 := r567.gpu_models) else b"\x00"), (_b21(a578) if (a578 := r567.node_selector) else b"\x00"), (_b75(a579) if (a579 := r567.tolerations) else b"\x00"), (_P[n580] if 0 <= (n580 := r567.submitted_at) < 8192 else _long(n580)), (_P[n581] if 0 <= (n581 := r567.arrival) < 8192 else _long(n581)), (_k586 if (u582 := r567.gang_id) is None else _u583(u582)), (_k591 if (u588 := r567.time_limit_ms) is None else _u589(u588)), (_b70(a593) if (a593 := r567.depends_on) else b"\x00"), (_P[n595] if (n595 := len(s594 := r567.dependency.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := r567.preemption.encode())) < 8192 else _long(n597)), s596, (b"\x01" if r567.movable else b"\x00"), (_P[n598] if 0 <= (n598 := r567.gpu_memory_mib) < 8192 else _long(n598)), (_b600(a599) if (a599 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b70(a607) if (a607 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued574(o: _c_PodQueued) -> bytes:
+    return b"".join((_k575, (_P[n579] if (n579 := len(s578 := (r577 := o.pod).pod_id.encode())) < 8192 else _long(n579)), s578, (_P[n581] if (n581 := len(s580 := r577.tenant.encode())) < 8192 else _long(n581)), s580, (_P[n582] if 0 <= (n582 := r577.priority) < 8192 else _long(n582)), (_P[n583] if 0 <= (n583 := r577.num_gpu) < 8192 else _long(n583)), (_P[n584] if 0 <= (n584 := r577.gpu_milli) < 8192 else _long(n584)), (_P[n585] if 0 <= (n585 := r577.cpu_milli) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := r577.memory_mib) < 8192 else _long(n586)), (_b70(a587) if (a587 := r577.gpu_models) else b"\x00"), (_b21(a588) if (a588 := r577.node_selector) else b"\x00"), (_b75(a589) if (a589 := r577.tolerations) else b"\x00"), (_P[n590] if 0 <= (n590 := r577.submitted_at) < 8192 else _long(n590)), (_P[n591] if 0 <= (n591 := r577.arrival) < 8192 else _long(n591)), (_k596 if (u592 := r577.gang_id) is None else _u593(u592)), (_k601 if (u598 := r577.time_limit_ms) is None else _u599(u598)), (_b70(a603) if (a603 := r577.depends_on) else b"\x00"), (_P[n605] if (n605 := len(s604 := r577.dependency.encode())) < 8192 else _long(n605)), s604, (_P[n607] if (n607 := len(s606 := r577.preemption.encode())) < 8192 else _long(n607)), s606, (b"\x01" if r577.movable else b"\x00"), (_P[n608] if 0 <= (n608 := r577.gpu_memory_mib) < 8192 else _long(n608)), (_k610 if (u609 := r577.retry) is None else _k609[type(u609)](u609)), (_b613(a612) if (a612 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b70(a620) if (a620 := o.waiting_for) else b"\x00"),))
 
 
-def _u626(v: Any) -> bytes:
-    return b"".join((_k626, (_P[n629] if (n629 := len(s628 := v.encode())) < 8192 else _long(n629)), s628,))
+def _u639(v: Any) -> bytes:
+    return b"".join((_k639, (_P[n642] if (n642 := len(s641 := v.encode())) < 8192 else _long(n642)), s641,))
 
 
-def _u632(v: Any) -> bytes:
-    return b"".join((_k632, (_P[n634] if 0 <= (n634 := v) < 8192 else _long(n634)),))
+def _u645(v: Any) -> bytes:
+    return b"".join((_k645, (_P[n647] if 0 <= (n647 := v) < 8192 else _long(n647)),))
 
 
-def _b645(a: Any) -> bytes:
+def _b661(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n647] if 0 <= (n647 := x.index) < 8192 else _long(n647)), (_P[n648] if 0 <= (n648 := x.milli) < 8192 else _long(n648)),)
+        out += ((_P[n663] if 0 <= (n663 := x.index) < 8192 else _long(n663)), (_P[n664] if 0 <= (n664 := x.milli) < 8192 else _long(n664)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b652(a: Any) -> bytes:
+def _b668(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n654] if (n654 := len(s653 := k.encode())) < 8192 else _long(n654)), s653, _pack_d(x),)
+        out += ((_P[n670] if (n670 := len(s669 := k.encode())) < 8192 else _long(n670)), s669, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled607(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k608, (_P[n612] if (n612 := len(s611 := (r610 := o.pod).pod_id.encode())) < 8192 else _long(n612)), s611, (_P[n614] if (n614 := len(s613 := r610.tenant.encode())) < 8192 else _long(n614)), s613, (_P[n615] if 0 <= (n615 := r610.priority) < 8192 else _long(n615)), (_P[n616] if 0 <= (n616 := r610.num_gpu) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := r610.gpu_milli) < 8192 else _long(n617)), (_P[n618] if 0 <= (n618 := r610.cpu_milli) < 8192 else _long(n618)), (_P[n619] if 0 <= (n619 := r610.memory_mib) < 8192 else _long(n619)), (_b70(a620) if (a620 := r610.gpu_models) else b"\x00"), (_b21(a621) if (a621 := r610.node_selector) else b"\x00"), (_b75(a622) if (a622 := r610.tolerations) else b"\x00"), (_P[n623] if 0 <= (n623 := r610.submitted_at) < 8192 else _long(n623)), (_P[n624] if 0 <= (n624 := r610.arrival) < 8192 else _long(n624)), (_k629 if (u625 := r610.gang_id) is None else _u626(u625)), (_k634 if (u631 := r610.time_limit_ms) is None else _u632(u631)), (_b70(a636) if (a636 := r610.depends_on) else b"\x00"), (_P[n638] if (n638 := len(s637 := r610.dependency.encode())) < 8192 else _long(n638)), s637, (_P[n640] if (n640 := len(s639 := r610.preemption.encode())) < 8192 else _long(n640)), s639, (b"\x01" if r610.movable else b"\x00"), (_P[n641] if 0 <= (n641 := r610.gpu_memory_mib) < 8192 else _long(n641)), (_P[n643] if (n643 := len(s642 := o.node_id.encode())) < 8192 else _long(n643)), s642, (_b645(a644) if (a644 := o.gpus) else b"\x00"), (_P[n650] if (n650 := len(s649 := o.policy.encode())) < 8192 else _long(n650)), s649, (b"\x01" if o.from_queue else b"\x00"), (_b652(a651) if (a651 := o.scores) else b"\x00"), (_b70(a655) if (a655 := o.preempted) else b"\x00"),))
+def _e_PodScheduled620(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k621, (_P[n625] if (n625 := len(s624 := (r623 := o.pod).pod_id.encode())) < 8192 else _long(n625)), s624, (_P[n627] if (n627 := len(s626 := r623.tenant.encode())) < 8192 else _long(n627)), s626, (_P[n628] if 0 <= (n628 := r623.priority) < 8192 else _long(n628)), (_P[n629] if 0 <= (n629 := r623.num_gpu) < 8192 else _long(n629)), (_P[n630] if 0 <= (n630 := r623.gpu_milli) < 8192 else _long(n630)), (_P[n631] if 0 <= (n631 := r623.cpu_milli) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r623.memory_mib) < 8192 else _long(n632)), (_b70(a633) if (a633 := r623.gpu_models) else b"\x00"), (_b21(a634) if (a634 := r623.node_selector) else b"\x00"), (_b75(a635) if (a635 := r623.tolerations) else b"\x00"), (_P[n636] if 0 <= (n636 := r623.submitted_at) < 8192 else _long(n636)), (_P[n637] if 0 <= (n637 := r623.arrival) < 8192 else _long(n637)), (_k642 if (u638 := r623.gang_id) is None else _u639(u638)), (_k647 if (u644 := r623.time_limit_ms) is None else _u645(u644)), (_b70(a649) if (a649 := r623.depends_on) else b"\x00"), (_P[n651] if (n651 := len(s650 := r623.dependency.encode())) < 8192 else _long(n651)), s650, (_P[n653] if (n653 := len(s652 := r623.preemption.encode())) < 8192 else _long(n653)), s652, (b"\x01" if r623.movable else b"\x00"), (_P[n654] if 0 <= (n654 := r623.gpu_memory_mib) < 8192 else _long(n654)), (_k656 if (u655 := r623.retry) is None else _k655[type(u655)](u655)), (_P[n659] if (n659 := len(s658 := o.node_id.encode())) < 8192 else _long(n659)), s658, (_b661(a660) if (a660 := o.gpus) else b"\x00"), (_P[n666] if (n666 := len(s665 := o.policy.encode())) < 8192 else _long(n666)), s665, (b"\x01" if o.from_queue else b"\x00"), (_b668(a667) if (a667 := o.scores) else b"\x00"), (_b70(a671) if (a671 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted655(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k656, (_P[n659] if (n659 := len(s658 := o.pod_id.encode())) < 8192 else _long(n659)), s658, (_P[n661] if (n661 := len(s660 := o.node_id.encode())) < 8192 else _long(n661)), s660, (_P[n663] if (n663 := len(s662 := o.reason.encode())) < 8192 else _long(n663)), s662,))
+def _e_PodEvicted671(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k672, (_P[n675] if (n675 := len(s674 := o.pod_id.encode())) < 8192 else _long(n675)), s674, (_P[n677] if (n677 := len(s676 := o.node_id.encode())) < 8192 else _long(n677)), s676, (_P[n679] if (n679 := len(s678 := o.reason.encode())) < 8192 else _long(n679)), s678,))
 
 
-def _u669(v: Any) -> bytes:
-    return b"".join((_k669, (_P[n672] if (n672 := len(s671 := v.encode())) < 8192 else _long(n672)), s671,))
+def _u685(v: Any) -> bytes:
+    return b"".join((_k685, (_P[n688] if (n688 := len(s687 := v.encode())) < 8192 else _long(n688)), s687,))
 
 
-def _e_PodReleased663(o: _c_PodReleased) -> bytes:
-    return b"".join((_k664, (_P[n667] if (n667 := len(s666 := o.pod_id.encode())) < 8192 else _long(n667)), s666, (_k672 if (u668 := o.node_id) is None else _u669(u668)), (_P[n675] if (n675 := len(s674 := o.reason.encode())) < 8192 else _long(n675)), s674,))
+def _e_PodReleased679(o: _c_PodReleased) -> bytes:
+    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.pod_id.encode())) < 8192 else _long(n683)), s682, (_k688 if (u684 := o.node_id) is None else _u685(u684)), (_P[n691] if (n691 := len(s690 := o.reason.encode())) < 8192 else _long(n691)), s690,))
 
 
-def _u683(v: Any) -> bytes:
-    return b"".join((_k683, (_P[n685] if 0 <= (n685 := v) < 8192 else _long(n685)),))
+def _u699(v: Any) -> bytes:
+    return b"".join((_k699, (_P[n701] if 0 <= (n701 := v) < 8192 else _long(n701)),))
 
 
-def _u690(v: Any) -> bytes:
-    return b"".join((_k690, (_P[n692] if 0 <= (n692 := v) < 8192 else _long(n692)),))
+def _u706(v: Any) -> bytes:
+    return b"".join((_k706, (_P[n708] if 0 <= (n708 := v) < 8192 else _long(n708)),))
 
 
-def _e_PolicyChanged675(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k676, (_P[n679] if (n679 := len(s678 := o.policy.encode())) < 8192 else _long(n679)), s678, (_P[n681] if (n681 := len(s680 := o.previous.encode())) < 8192 else _long(n681)), s680, (_k685 if (u682 := o.reserve_after_ms) is None else _u683(u682)), (_P[n688] if (n688 := len(s687 := o.queue_order.encode())) < 8192 else _long(n688)), s687, (_k692 if (u689 := o.max_clock_jump_ms) is None else _u690(u689)),))
+def _e_PolicyChanged691(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := o.policy.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := o.previous.encode())) < 8192 else _long(n697)), s696, (_k701 if (u698 := o.reserve_after_ms) is None else _u699(u698)), (_P[n704] if (n704 := len(s703 := o.queue_order.encode())) < 8192 else _long(n704)), s703, (_k708 if (u705 := o.max_clock_jump_ms) is None else _u706(u705)),))
 
 
-def _e_CommandRejected693(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k694, (_P[n697] if (n697 := len(s696 := o.command_id.encode())) < 8192 else _long(n697)), s696, (_P[n699] if (n699 := len(s698 := o.command_type.encode())) < 8192 else _long(n699)), s698, (_P[n701] if (n701 := len(s700 := o.code.encode())) < 8192 else _long(n701)), s700, (_P[n703] if (n703 := len(s702 := o.message.encode())) < 8192 else _long(n703)), s702,))
+def _e_CommandRejected709(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k710, (_P[n713] if (n713 := len(s712 := o.command_id.encode())) < 8192 else _long(n713)), s712, (_P[n715] if (n715 := len(s714 := o.command_type.encode())) < 8192 else _long(n715)), s714, (_P[n717] if (n717 := len(s716 := o.code.encode())) < 8192 else _long(n717)), s716, (_P[n719] if (n719 := len(s718 := o.message.encode())) < 8192 else _long(n719)), s718,))
 
 
-def _u733(v: Any) -> bytes:
-    return b"".join((_k733, (_P[n736] if (n736 := len(s735 := v.encode())) < 8192 else _long(n736)), s735,))
+def _u749(v: Any) -> bytes:
+    return b"".join((_k749, (_P[n752] if (n752 := len(s751 := v.encode())) < 8192 else _long(n752)), s751,))
 
 
-def _u739(v: Any) -> bytes:
-    return b"".join((_k739, (_P[n741] if 0 <= (n741 := v) < 8192 else _long(n741)),))
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n757] if 0 <= (n757 := v) < 8192 else _long(n757)),))
 
 
-def _b716(a: Any) -> bytes:
+def _b732(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n719] if (n719 := len(s718 := x.pod_id.encode())) < 8192 else _long(n719)), s718, (_P[n721] if (n721 := len(s720 := x.tenant.encode())) < 8192 else _long(n721)), s720, (_P[n722] if 0 <= (n722 := x.priority) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := x.num_gpu) < 8192 else _long(n723)), (_P[n724] if 0 <= (n724 := x.gpu_milli) < 8192 else _long(n724)), (_P[n725] if 0 <= (n725 := x.cpu_milli) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := x.memory_mib) < 8192 else _long(n726)), (_b70(a727) if (a727 := x.gpu_models) else b"\x00"), (_b21(a728) if (a728 := x.node_selector) else b"\x00"), (_b75(a729) if (a729 := x.tolerations) else b"\x00"), (_P[n730] if 0 <= (n730 := x.submitted_at) < 8192 else _long(n730)), (_P[n731] if 0 <= (n731 := x.arrival) < 8192 else _long(n731)), (_k736 if (u732 := x.gang_id) is None else _u733(u732)), (_k741 if (u738 := x.time_limit_ms) is None else _u739(u738)), (_b70(a743) if (a743 := x.depends_on) else b"\x00"), (_P[n745] if (n745 := len(s744 := x.dependency.encode())) < 8192 else _long(n745)), s744, (_P[n747] if (n747 := len(s746 := x.preemption.encode())) < 8192 else _long(n747)), s746, (b"\x01" if x.movable else b"\x00"), (_P[n748] if 0 <= (n748 := x.gpu_memory_mib) < 8192 else _long(n748)),)
+        out += ((_P[n735] if (n735 := len(s734 := x.pod_id.encode())) < 8192 else _long(n735)), s734, (_P[n737] if (n737 := len(s736 := x.tenant.encode())) < 8192 else _long(n737)), s736, (_P[n738] if 0 <= (n738 := x.priority) < 8192 else _long(n738)), (_P[n739] if 0 <= (n739 := x.num_gpu) < 8192 else _long(n739)), (_P[n740] if 0 <= (n740 := x.gpu_milli) < 8192 else _long(n740)), (_P[n741] if 0 <= (n741 := x.cpu_milli) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := x.memory_mib) < 8192 else _long(n742)), (_b70(a743) if (a743 := x.gpu_models) else b"\x00"), (_b21(a744) if (a744 := x.node_selector) else b"\x00"), (_b75(a745) if (a745 := x.tolerations) else b"\x00"), (_P[n746] if 0 <= (n746 := x.submitted_at) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := x.arrival) < 8192 else _long(n747)), (_k752 if (u748 := x.gang_id) is None else _u749(u748)), (_k757 if (u754 := x.time_limit_ms) is None else _u755(u754)), (_b70(a759) if (a759 := x.depends_on) else b"\x00"), (_P[n761] if (n761 := len(s760 := x.dependency.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := x.preemption.encode())) < 8192 else _long(n763)), s762, (b"\x01" if x.movable else b"\x00"), (_P[n764] if 0 <= (n764 := x.gpu_memory_mib) < 8192 else _long(n764)), (_k766 if (u765 := x.retry) is None else _k765[type(u765)](u765)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u751(v: Any) -> bytes:
-    return b"".join((_k751, (_P[n754] if (n754 := len(s753 := v.encode())) < 8192 else _long(n754)), s753,))
+def _u770(v: Any) -> bytes:
+    return b"".join((_k770, (_P[n773] if (n773 := len(s772 := v.encode())) < 8192 else _long(n773)), s772,))
 
 
-def _u757(v: Any) -> bytes:
-    return b"".join((_k757, (_P[n760] if (n760 := len(s759 := v.encode())) < 8192 else _long(n760)), s759,))
+def _u776(v: Any) -> bytes:
+    return b"".join((_k776, (_P[n779] if (n779 := len(s778 := v.encode())) < 8192 else _long(n779)), s778,))
 
 
-def _u763(v: Any) -> bytes:
-    return b"".join((_k763, (_P[n765] if 0 <= (n765 := v) < 8192 else _long(n765)),))
+def _u782(v: Any) -> bytes:
+    return b"".join((_k782, (_P[n784] if 0 <= (n784 := v) < 8192 else _long(n784)),))
 
 
-def _u768(v: Any) -> bytes:
-    return b"".join((_k768, (_P[n770] if 0 <= (n770 := v) < 8192 else _long(n770)),))
+def _u787(v: Any) -> bytes:
+    return b"".join((_k787, (_P[n789] if 0 <= (n789 := v) < 8192 else _long(n789)),))
 
 
-def _e_GangQueued703(o: _c_GangQueued) -> bytes:
-    return b"".join((_k704, (_P[n707] if (n707 := len(s706 := o.gang_id.encode())) < 8192 else _long(n707)), s706, (_b600(a708) if (a708 := o.reasons) else b"\x00"), (_P[n711] if (n711 := len(s710 := (r709 := o.gang).gang_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_b716(a715) if (a715 := r709.members) else b"\x00"), (_P[n749] if 0 <= (n749 := r709.min_members) < 8192 else _long(n749)), (_k754 if (u750 := r709.topology_required) is None else _u751(u750)), (_k760 if (u756 := r709.topology_preferred) is None else _u757(u756)), (_k765 if (u762 := r709.timeout_ms) is None else _u763(u762)), (_k770 if (u767 := r709.time_limit_ms) is None else _u768(u767)), (_b70(a772) if (a772 := r709.depends_on) else b"\x00"), (_P[n774] if (n774 := len(s773 := r709.dependency.encode())) < 8192 else _long(n774)), s773, (_P[n775] if 0 <= (n775 := r709.submitted_at) < 8192 else _long(n775)), (_P[n776] if 0 <= (n776 := r709.arrival) < 8192 else _long(n776)), (_P[n778] if (n778 := len(s777 := r709.preemption.encode())) < 8192 else _long(n778)), s777, (b"\x01" if o.requeued else b"\x00"), (_b70(a779) if (a779 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued719(o: _c_GangQueued) -> bytes:
+    return b"".join((_k720, (_P[n723] if (n723 := len(s722 := o.gang_id.encode())) < 8192 else _long(n723)), s722, (_b613(a724) if (a724 := o.reasons) else b"\x00"), (_P[n727] if (n727 := len(s726 := (r725 := o.gang).gang_id.encode())) < 8192 else _long(n727)), s726, (_P[n729] if (n729 := len(s728 := r725.tenant.encode())) < 8192 else _long(n729)), s728, (_P[n730] if 0 <= (n730 := r725.priority) < 8192 else _long(n730)), (_b732(a731) if (a731 := r725.members) else b"\x00"), (_P[n768] if 0 <= (n768 := r725.min_members) < 8192 else _long(n768)), (_k773 if (u769 := r725.topology_required) is None else _u770(u769)), (_k779 if (u775 := r725.topology_preferred) is None else _u776(u775)), (_k784 if (u781 := r725.timeout_ms) is None else _u782(u781)), (_k789 if (u786 := r725.time_limit_ms) is None else _u787(u786)), (_b70(a791) if (a791 := r725.depends_on) else b"\x00"), (_P[n793] if (n793 := len(s792 := r725.dependency.encode())) < 8192 else _long(n793)), s792, (_P[n794] if 0 <= (n794 := r725.submitted_at) < 8192 else _long(n794)), (_P[n795] if 0 <= (n795 := r725.arrival) < 8192 else _long(n795)), (_P[n797] if (n797 := len(s796 := r725.preemption.encode())) < 8192 else _long(n797)), s796, (b"\x01" if o.requeued else b"\x00"), (_b70(a798) if (a798 := o.waiting_for) else b"\x00"),))
 
 
-def _b785(a: Any) -> bytes:
+def _b804(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n788] if (n788 := len(s787 := x.pod_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := x.node_id.encode())) < 8192 else _long(n790)), s789, (_b645(a791) if (a791 := x.gpus) else b"\x00"),)
+        out += ((_P[n807] if (n807 := len(s806 := x.pod_id.encode())) < 8192 else _long(n807)), s806, (_P[n809] if (n809 := len(s808 := x.node_id.encode())) < 8192 else _long(n809)), s808, (_b661(a810) if (a810 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u801(v: Any) -> bytes:
-    return b"".join((_k801, (_P[n804] if (n804 := len(s803 := v.encode())) < 8192 else _long(n804)), s803,))
+def _u820(v: Any) -> bytes:
+    return b"".join((_k820, (_P[n823] if (n823 := len(s822 := v.encode())) < 8192 else _long(n823)), s822,))
 
 
-def _u807(v: Any) -> bytes:
-    return b"".join((_k807, (_P[n810] if (n810 := len(s809 := v.encode())) < 8192 else _long(n810)), s809,))
+def _u826(v: Any) -> bytes:
+    return b"".join((_k826, (_P[n829] if (n829 := len(s828 := v.encode())) < 8192 else _long(n829)), s828,))
 
 
-def _u813(v: Any) -> bytes:
-    return b"".join((_k813, (_P[n815] if 0 <= (n815 := v) < 8192 else _long(n815)),))
+def _u832(v: Any) -> bytes:
+    return b"".join((_k832, (_P[n834] if 0 <= (n834 := v) < 8192 else _long(n834)),))
 
 
-def _u818(v: Any) -> bytes:
-    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
+def _u837(v: Any) -> bytes:
+    return b"".join((_k837, (_P[n839] if 0 <= (n839 := v) < 8192 else _long(n839)),))
 
 
-def _u830(v: Any) -> bytes:
-    return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
+def _u849(v: Any) -> bytes:
+    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := v.encode())) < 8192 else _long(n852)), s851,))
 
 
-def _u836(v: Any) -> bytes:
-    return b"".join((_k836, (_P[n839] if (n839 := len(s838 := v.encode())) < 8192 else _long(n839)), s838,))
+def _u855(v: Any) -> bytes:
+    return b"".join((_k855, (_P[n858] if (n858 := len(s857 := v.encode())) < 8192 else _long(n858)), s857,))
 
 
-def _e_GangScheduled779(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := o.gang_id.encode())) < 8192 else _long(n783)), s782, (_b785(a784) if (a784 := o.members) else b"\x00"), (_P[n794] if (n794 := len(s793 := (r792 := o.gang).gang_id.encode())) < 8192 else _long(n794)), s793, (_P[n796] if (n796 := len(s795 := r792.tenant.encode())) < 8192 else _long(n796)), s795, (_P[n797] if 0 <= (n797 := r792.priority) < 8192 else _long(n797)), (_b716(a798) if (a798 := r792.members) else b"\x00"), (_P[n799] if 0 <= (n799 := r792.min_members) < 8192 else _long(n799)), (_k804 if (u800 := r792.topology_required) is None else _u801(u800)), (_k810 if (u806 := r792.topology_preferred) is None else _u807(u806)), (_k815 if (u812 := r792.timeout_ms) is None else _u813(u812)), (_k820 if (u817 := r792.time_limit_ms) is None else _u818(u817)), (_b70(a822) if (a822 := r792.depends_on) else b"\x00"), (_P[n824] if (n824 := len(s823 := r792.dependency.encode())) < 8192 else _long(n824)), s823, (_P[n825] if 0 <= (n825 := r792.submitted_at) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := r792.arrival) < 8192 else _long(n826)), (_P[n828] if (n828 := len(s827 := r792.preemption.encode())) < 8192 else _long(n828)), s827, (_k833 if (u829 := o.topology_key) is None else _u830(u829)), (_k839 if (u835 := o.domain) is None else _u836(u835)), (b"\x01" if o.from_queue else b"\x00"), (_P[n842] if (n842 := len(s841 := o.message.encode())) < 8192 else _long(n842)), s841, (_b70(a843) if (a843 := o.preempted) else b"\x00"),))
+def _e_GangScheduled798(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k799, (_P[n802] if (n802 := len(s801 := o.gang_id.encode())) < 8192 else _long(n802)), s801, (_b804(a803) if (a803 := o.members) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b732(a817) if (a817 := r811.members) else b"\x00"), (_P[n818] if 0 <= (n818 := r811.min_members) < 8192 else _long(n818)), (_k823 if (u819 := r811.topology_required) is None else _u820(u819)), (_k829 if (u825 := r811.topology_preferred) is None else _u826(u825)), (_k834 if (u831 := r811.timeout_ms) is None else _u832(u831)), (_k839 if (u836 := r811.time_limit_ms) is None else _u837(u836)), (_b70(a841) if (a841 := r811.depends_on) else b"\x00"), (_P[n843] if (n843 := len(s842 := r811.dependency.encode())) < 8192 else _long(n843)), s842, (_P[n844] if 0 <= (n844 := r811.submitted_at) < 8192 else _long(n844)), (_P[n845] if 0 <= (n845 := r811.arrival) < 8192 else _long(n845)), (_P[n847] if (n847 := len(s846 := r811.preemption.encode())) < 8192 else _long(n847)), s846, (_k852 if (u848 := o.topology_key) is None else _u849(u848)), (_k858 if (u854 := o.domain) is None else _u855(u854)), (b"\x01" if o.from_queue else b"\x00"), (_P[n861] if (n861 := len(s860 := o.message.encode())) < 8192 else _long(n861)), s860, (_b70(a862) if (a862 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut843(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k844, (_P[n847] if (n847 := len(s846 := o.gang_id.encode())) < 8192 else _long(n847)), s846, (_P[n848] if 0 <= (n848 := o.waited_ms) < 8192 else _long(n848)), (_P[n850] if (n850 := len(s849 := o.message.encode())) < 8192 else _long(n850)), s849,))
+def _e_GangTimedOut862(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k863, (_P[n866] if (n866 := len(s865 := o.gang_id.encode())) < 8192 else _long(n866)), s865, (_P[n867] if 0 <= (n867 := o.waited_ms) < 8192 else _long(n867)), (_P[n869] if (n869 := len(s868 := o.message.encode())) < 8192 else _long(n869)), s868,))
 
 
-def _e_GangReleased850(o: _c_GangReleased) -> bytes:
-    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.gang_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.reason.encode())) < 8192 else _long(n856)), s855, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangReleased869(o: _c_GangReleased) -> bytes:
+    return b"".join((_k870, (_P[n873] if (n873 := len(s872 := o.gang_id.encode())) < 8192 else _long(n873)), s872, (_P[n875] if (n875 := len(s874 := o.reason.encode())) < 8192 else _long(n875)), s874, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u865(v: Any) -> bytes:
-    return b"".join((_k865, (_P[n868] if (n868 := len(s867 := v.encode())) < 8192 else _long(n868)), s867,))
+def _u884(v: Any) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := v.encode())) < 8192 else _long(n887)), s886,))
 
 
-def _e_PodTimeLimitReached856(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k857, (_P[n860] if (n860 := len(s859 := o.pod_id.encode())) < 8192 else _long(n860)), s859, (_P[n862] if (n862 := len(s861 := o.node_id.encode())) < 8192 else _long(n862)), s861, (_P[n863] if 0 <= (n863 := o.time_limit_ms) < 8192 else _long(n863)), (_k868 if (u864 := o.gang_id) is None else _u865(u864)),))
+def _e_PodTimeLimitReached875(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k876, (_P[n879] if (n879 := len(s878 := o.pod_id.encode())) < 8192 else _long(n879)), s878, (_P[n881] if (n881 := len(s880 := o.node_id.encode())) < 8192 else _long(n881)), s880, (_P[n882] if 0 <= (n882 := o.time_limit_ms) < 8192 else _long(n882)), (_k887 if (u883 := o.gang_id) is None else _u884(u883)),))
 
 
-def _u878(v: Any) -> bytes:
-    return b"".join((_k878, (_P[n880] if 0 <= (n880 := v) < 8192 else _long(n880)),))
+def _u897(v: Any) -> bytes:
+    return b"".join((_k897, (_P[n899] if 0 <= (n899 := v) < 8192 else _long(n899)),))
 
 
-def _e_NodesReserved869(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k870, (_P[n873] if (n873 := len(s872 := o.holder_id.encode())) < 8192 else _long(n873)), s872, (_P[n875] if (n875 := len(s874 := o.holder_kind.encode())) < 8192 else _long(n875)), s874, (_b70(a876) if (a876 := o.nodes) else b"\x00"), (_k880 if (u877 := o.expected_start) is None else _u878(u877)), (_P[n883] if (n883 := len(s882 := o.message.encode())) < 8192 else _long(n883)), s882,))
+def _e_NodesReserved888(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_b70(a895) if (a895 := o.nodes) else b"\x00"), (_k899 if (u896 := o.expected_start) is None else _u897(u896)), (_P[n902] if (n902 := len(s901 := o.message.encode())) < 8192 else _long(n902)), s901,))
 
 
-def _e_ReservationReleased883(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.holder_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.holder_kind.encode())) < 8192 else _long(n889)), s888, (_b70(a890) if (a890 := o.nodes) else b"\x00"), (_P[n892] if (n892 := len(s891 := o.reason.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.message.encode())) < 8192 else _long(n894)), s893,))
+def _e_ReservationReleased902(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k903, (_P[n906] if (n906 := len(s905 := o.holder_id.encode())) < 8192 else _long(n906)), s905, (_P[n908] if (n908 := len(s907 := o.holder_kind.encode())) < 8192 else _long(n908)), s907, (_b70(a909) if (a909 := o.nodes) else b"\x00"), (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _e_DependencyFailed894(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.holder_id.encode())) < 8192 else _long(n898)), s897, (_P[n900] if (n900 := len(s899 := o.holder_kind.encode())) < 8192 else _long(n900)), s899, (_P[n902] if (n902 := len(s901 := o.dependency_id.encode())) < 8192 else _long(n902)), s901, (_P[n904] if (n904 := len(s903 := o.message.encode())) < 8192 else _long(n904)), s903,))
+def _e_DependencyFailed913(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k914, (_P[n917] if (n917 := len(s916 := o.holder_id.encode())) < 8192 else _long(n917)), s916, (_P[n919] if (n919 := len(s918 := o.holder_kind.encode())) < 8192 else _long(n919)), s918, (_P[n921] if (n921 := len(s920 := o.dependency_id.encode())) < 8192 else _long(n921)), s920, (_P[n923] if (n923 := len(s922 := o.message.encode())) < 8192 else _long(n923)), s922,))
 
 
-def _e_Ticked904(o: _c_Ticked) -> bytes:
-    return b"".join((_k905, (_P[n907] if 0 <= (n907 := o.clock) < 8192 else _long(n907)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked923(o: _c_Ticked) -> bytes:
+    return b"".join((_k924, (_P[n926] if 0 <= (n926 := o.clock) < 8192 else _long(n926)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted907(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k908, (_P[n911] if (n911 := len(s910 := o.pod_id.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.node_id.encode())) < 8192 else _long(n913)), s912, (_P[n915] if (n915 := len(s914 := o.by.encode())) < 8192 else _long(n915)), s914, (_P[n917] if (n917 := len(s916 := o.reason.encode())) < 8192 else _long(n917)), s916, (_P[n919] if (n919 := len(s918 := o.message.encode())) < 8192 else _long(n919)), s918,))
+def _e_PodPreempted926(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k927, (_P[n930] if (n930 := len(s929 := o.pod_id.encode())) < 8192 else _long(n930)), s929, (_P[n932] if (n932 := len(s931 := o.node_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.by.encode())) < 8192 else _long(n934)), s933, (_P[n936] if (n936 := len(s935 := o.reason.encode())) < 8192 else _long(n936)), s935, (_P[n938] if (n938 := len(s937 := o.message.encode())) < 8192 else _long(n938)), s937,))
 
 
-def _u923(v: Any) -> bytes:
-    return b"".join((_k923, (_P[n926] if (n926 := len(s925 := v.encode())) < 8192 else _long(n926)), s925,))
+def _u942(v: Any) -> bytes:
+    return b"".join((_k942, (_P[n945] if (n945 := len(s944 := v.encode())) < 8192 else _long(n945)), s944,))
 
 
-def _e_QuotaChanged919(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k920, (_k926 if (u922 := o.tenant) is None else _u923(u922)), (_k929 if (u928 := o.quota) is None else _k928[type(u928)](u928)), (_k932 if (u931 := o.previous) is None else _k931[type(u931)](u931)), (_P[n935] if (n935 := len(s934 := o.message.encode())) < 8192 else _long(n935)), s934,))
+def _e_QuotaChanged938(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k939, (_k945 if (u941 := o.tenant) is None else _u942(u941)), (_k948 if (u947 := o.quota) is None else _k947[type(u947)](u947)), (_k951 if (u950 := o.previous) is None else _k950[type(u950)](u950)), (_P[n954] if (n954 := len(s953 := o.message.encode())) < 8192 else _long(n954)), s953,))
 
 
-def _e_PodMigrated935(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k936, (_P[n939] if (n939 := len(s938 := o.pod_id.encode())) < 8192 else _long(n939)), s938, (_P[n941] if (n941 := len(s940 := o.from_node.encode())) < 8192 else _long(n941)), s940, (_b645(a942) if (a942 := o.from_gpus) else b"\x00"), (_P[n944] if (n944 := len(s943 := o.to_node.encode())) < 8192 else _long(n944)), s943, (_b645(a945) if (a945 := o.to_gpus) else b"\x00"), (_P[n947] if (n947 := len(s946 := o.reason.encode())) < 8192 else _long(n947)), s946, (_P[n949] if (n949 := len(s948 := o.message.encode())) < 8192 else _long(n949)), s948,))
+def _e_PodMigrated954(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := o.pod_id.encode())) < 8192 else _long(n958)), s957, (_P[n960] if (n960 := len(s959 := o.from_node.encode())) < 8192 else _long(n960)), s959, (_b661(a961) if (a961 := o.from_gpus) else b"\x00"), (_P[n963] if (n963 := len(s962 := o.to_node.encode())) < 8192 else _long(n963)), s962, (_b661(a964) if (a964 := o.to_gpus) else b"\x00"), (_P[n966] if (n966 := len(s965 := o.reason.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.message.encode())) < 8192 else _long(n968)), s967,))
 
 
-def _u956(v: Any) -> bytes:
-    return b"".join((_k956, (_P[n959] if (n959 := len(s958 := v.encode())) < 8192 else _long(n959)), s958,))
+def _u975(v: Any) -> bytes:
+    return b"".join((_k975, (_P[n978] if (n978 := len(s977 := v.encode())) < 8192 else _long(n978)), s977,))
 
 
-def _e_DefragmentationPlanned949(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k950, (_P[n952] if 0 <= (n952 := o.moves) < 8192 else _long(n952)), (_P[n953] if 0 <= (n953 := o.gpus_freed) < 8192 else _long(n953)), (_P[n954] if 0 <= (n954 := o.nodes_freed) < 8192 else _long(n954)), (_k959 if (u955 := o.target) is None else _u956(u955)), (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
+def _e_DefragmentationPlanned968(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k969, (_P[n971] if 0 <= (n971 := o.moves) < 8192 else _long(n971)), (_P[n972] if 0 <= (n972 := o.gpus_freed) < 8192 else _long(n972)), (_P[n973] if 0 <= (n973 := o.nodes_freed) < 8192 else _long(n973)), (_k978 if (u974 := o.target) is None else _u975(u974)), (_P[n981] if (n981 := len(s980 := o.message.encode())) < 8192 else _long(n981)), s980,))
 
 
-def _e_ClusterHalted962(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.cluster.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.command_id.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.error.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
+def _e_ClusterHalted981(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k982, (_P[n985] if (n985 := len(s984 := o.cluster.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.command_id.encode())) < 8192 else _long(n987)), s986, (_P[n989] if (n989 := len(s988 := o.error.encode())) < 8192 else _long(n989)), s988, (_P[n991] if (n991 := len(s990 := o.message.encode())) < 8192 else _long(n991)), s990,))
 
 
-def _e_ClusterResumed972(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := o.cluster.encode())) < 8192 else _long(n976)), s975, (_P[n978] if (n978 := len(s977 := o.halted_command_id.encode())) < 8192 else _long(n978)), s977, (_P[n979] if 0 <= (n979 := o.halted_offset) < 8192 else _long(n979)), (_P[n980] if 0 <= (n980 := o.refolded_from) < 8192 else _long(n980)), (_P[n982] if (n982 := len(s981 := o.message.encode())) < 8192 else _long(n982)), s981,))
+def _e_ClusterResumed991(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k992, (_P[n995] if (n995 := len(s994 := o.cluster.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.halted_command_id.encode())) < 8192 else _long(n997)), s996, (_P[n998] if 0 <= (n998 := o.halted_offset) < 8192 else _long(n998)), (_P[n999] if 0 <= (n999 := o.refolded_from) < 8192 else _long(n999)), (_P[n1001] if (n1001 := len(s1000 := o.message.encode())) < 8192 else _long(n1001)), s1000,))
 
 
-def _e_NodeRecovered982(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.node_id.encode())) < 8192 else _long(n986)), s985,))
+def _e_NodeRecovered1001(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := o.node_id.encode())) < 8192 else _long(n1005)), s1004,))
 
 
-def _e_NodeUpdated986(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k987, (_P[n990] if (n990 := len(s989 := o.node_id.encode())) < 8192 else _long(n990)), s989, (_b21(a991) if (a991 := o.labels) else b"\x00"), (_b27(a992) if (a992 := o.taints) else b"\x00"), (_P[n993] if 0 <= (n993 := o.evicting) < 8192 else _long(n993)),))
+def _e_NodeUpdated1005(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1006, (_P[n1009] if (n1009 := len(s1008 := o.node_id.encode())) < 8192 else _long(n1009)), s1008, (_b21(a1010) if (a1010 := o.labels) else b"\x00"), (_b27(a1011) if (a1011 := o.taints) else b"\x00"), (_P[n1012] if 0 <= (n1012 := o.evicting) < 8192 else _long(n1012)),))
 
 
-def _e_Event517(o: _c_Event) -> bytes:
-    return b"".join((_k518, (_P[n520] if 0 <= (n520 := o.partition) < 8192 else _long(n520)), (_P[n521] if 0 <= (n521 := o.sequence) < 8192 else _long(n521)), (_P[n523] if (n523 := len(s522 := o.cluster.encode())) < 8192 else _long(n523)), s522, (_P[n525] if (n525 := len(s524 := o.command_id.encode())) < 8192 else _long(n525)), s524, (_P[n526] if 0 <= (n526 := o.command_offset) < 8192 else _long(n526)), (_P[n527] if 0 <= (n527 := o.occurred_at) < 8192 else _long(n527)), _k993[type(u528 := o.payload)](u528),))
+def _e_PodRetryScheduled1012(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1013, (_P[n1016] if (n1016 := len(s1015 := o.pod_id.encode())) < 8192 else _long(n1016)), s1015, (_P[n1017] if 0 <= (n1017 := o.attempt) < 8192 else _long(n1017)), (_P[n1018] if 0 <= (n1018 := o.not_before) < 8192 else _long(n1018)),))
 
 
-def _d_NodeAdded1000(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_Event527(o: _c_Event) -> bytes:
+    return b"".join((_k528, (_P[n530] if 0 <= (n530 := o.partition) < 8192 else _long(n530)), (_P[n531] if 0 <= (n531 := o.sequence) < 8192 else _long(n531)), (_P[n533] if (n533 := len(s532 := o.cluster.encode())) < 8192 else _long(n533)), s532, (_P[n535] if (n535 := len(s534 := o.command_id.encode())) < 8192 else _long(n535)), s534, (_P[n536] if 0 <= (n536 := o.command_offset) < 8192 else _long(n536)), (_P[n537] if 0 <= (n537 := o.occurred_at) < 8192 else _long(n537)), _k1018[type(u538 := o.payload)](u538),))
+
+
+def _d_NodeAdded1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3247,30 +3334,30 @@ def _d_NodeAdded1000(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1002 = _ZL[buf[pos]]
-    if n1002 < 0:
-        n1002, pos = _rlong(buf, pos)
-        if n1002 < 0:
-            raise _length_error(n1002, end - pos)
+    n1027 = _ZL[buf[pos]]
+    if n1027 < 0:
+        n1027, pos = _rlong(buf, pos)
+        if n1027 < 0:
+            raise _length_error(n1027, end - pos)
     else:
         pos += 1
-    q1003 = pos + n1002
-    if q1003 > end:
-        raise _length_error(n1002, end - pos)
-    f_node_id = buf[pos:q1003].decode()
-    pos = q1003
-    n1004 = _ZL[buf[pos]]
-    if n1004 < 0:
-        n1004, pos = _rlong(buf, pos)
-        if n1004 < 0:
-            raise _length_error(n1004, end - pos)
+    q1028 = pos + n1027
+    if q1028 > end:
+        raise _length_error(n1027, end - pos)
+    f_node_id = buf[pos:q1028].decode()
+    pos = q1028
+    n1029 = _ZL[buf[pos]]
+    if n1029 < 0:
+        n1029, pos = _rlong(buf, pos)
+        if n1029 < 0:
+            raise _length_error(n1029, end - pos)
     else:
         pos += 1
-    q1005 = pos + n1004
-    if q1005 > end:
-        raise _length_error(n1004, end - pos)
-    f_gpu_model = buf[pos:q1005].decode()
-    pos = q1005
+    q1030 = pos + n1029
+    if q1030 > end:
+        raise _length_error(n1029, end - pos)
+    f_gpu_model = buf[pos:q1030].decode()
+    pos = q1030
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3317,113 +3404,113 @@ def _d_NodeAdded1000(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1006: dict[str, Any] = {}
+        acc1031: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1007 = _ZD[b]
+                c1032 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1007 = (z >> 1) ^ -(z & 1)
+                c1032 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1007 = (z >> 1) ^ -(z & 1)
+                c1032 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1007, pos = _rlong(buf, pos)
-            if c1007 == 0:
+                c1032, pos = _rlong(buf, pos)
+            if c1032 == 0:
                 break
-            if c1007 < 0:
-                c1007 = -c1007
+            if c1032 < 0:
+                c1032 = -c1032
                 b = buf[pos]
                 if b < 128:
-                    z1010 = _ZD[b]
+                    z1035 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1010 = (z >> 1) ^ -(z & 1)
+                    z1035 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1010 = (z >> 1) ^ -(z & 1)
+                    z1035 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1010, pos = _rlong(buf, pos)
-            if c1007 * 2 > end - pos:
-                raise _count_error(c1007, end - pos)
-            for _ in range(c1007):
-                n1011 = _ZL[buf[pos]]
-                if n1011 < 0:
-                    n1011, pos = _rlong(buf, pos)
-                    if n1011 < 0:
-                        raise _length_error(n1011, end - pos)
+                    z1035, pos = _rlong(buf, pos)
+            if c1032 * 2 > end - pos:
+                raise _count_error(c1032, end - pos)
+            for _ in range(c1032):
+                n1036 = _ZL[buf[pos]]
+                if n1036 < 0:
+                    n1036, pos = _rlong(buf, pos)
+                    if n1036 < 0:
+                        raise _length_error(n1036, end - pos)
                 else:
                     pos += 1
-                q1012 = pos + n1011
-                if q1012 > end:
-                    raise _length_error(n1011, end - pos)
-                k1009 = buf[pos:q1012].decode()
-                pos = q1012
-                n1013 = _ZL[buf[pos]]
-                if n1013 < 0:
-                    n1013, pos = _rlong(buf, pos)
-                    if n1013 < 0:
-                        raise _length_error(n1013, end - pos)
+                q1037 = pos + n1036
+                if q1037 > end:
+                    raise _length_error(n1036, end - pos)
+                k1034 = buf[pos:q1037].decode()
+                pos = q1037
+                n1038 = _ZL[buf[pos]]
+                if n1038 < 0:
+                    n1038, pos = _rlong(buf, pos)
+                    if n1038 < 0:
+                        raise _length_error(n1038, end - pos)
                 else:
                     pos += 1
-                q1014 = pos + n1013
-                if q1014 > end:
-                    raise _length_error(n1013, end - pos)
-                x1008 = buf[pos:q1014].decode()
-                pos = q1014
-                acc1006[k1009] = x1008
-        f_labels = acc1006
+                q1039 = pos + n1038
+                if q1039 > end:
+                    raise _length_error(n1038, end - pos)
+                x1033 = buf[pos:q1039].decode()
+                pos = q1039
+                acc1031[k1034] = x1033
+        f_labels = acc1031
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1015: list[Any] = []
+        acc1040: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1016 = _ZD[b]
+                c1041 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1016 = (z >> 1) ^ -(z & 1)
+                c1041 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1016 = (z >> 1) ^ -(z & 1)
+                c1041 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1016, pos = _rlong(buf, pos)
-            if c1016 == 0:
+                c1041, pos = _rlong(buf, pos)
+            if c1041 == 0:
                 break
-            if c1016 < 0:
-                c1016 = -c1016
+            if c1041 < 0:
+                c1041 = -c1041
                 b = buf[pos]
                 if b < 128:
-                    z1019 = _ZD[b]
+                    z1044 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1019 = (z >> 1) ^ -(z & 1)
+                    z1044 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1019 = (z >> 1) ^ -(z & 1)
+                    z1044 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1019, pos = _rlong(buf, pos)
-            if c1016 * 3 > end - pos:
-                raise _count_error(c1016, end - pos)
-            for _ in range(c1016):
-                x1017, pos = _d_Taint308(buf, pos, end)
-                acc1015.append(x1017)
-        f_taints = tuple(acc1015)
+                    z1044, pos = _rlong(buf, pos)
+            if c1041 * 3 > end - pos:
+                raise _count_error(c1041, end - pos)
+            for _ in range(c1041):
+                x1042, pos = _d_Taint316(buf, pos, end)
+                acc1040.append(x1042)
+        f_taints = tuple(acc1040)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3442,78 +3529,78 @@ def _d_NodeAdded1000(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1044(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1021 = _ZL[buf[pos]]
-    if n1021 < 0:
-        n1021, pos = _rlong(buf, pos)
-        if n1021 < 0:
-            raise _length_error(n1021, end - pos)
+    n1046 = _ZL[buf[pos]]
+    if n1046 < 0:
+        n1046, pos = _rlong(buf, pos)
+        if n1046 < 0:
+            raise _length_error(n1046, end - pos)
     else:
         pos += 1
-    q1022 = pos + n1021
-    if q1022 > end:
-        raise _length_error(n1021, end - pos)
-    f_node_id = buf[pos:q1022].decode()
-    pos = q1022
+    q1047 = pos + n1046
+    if q1047 > end:
+        raise _length_error(n1046, end - pos)
+    f_node_id = buf[pos:q1047].decode()
+    pos = q1047
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1047(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1024 = _ZL[buf[pos]]
-    if n1024 < 0:
-        n1024, pos = _rlong(buf, pos)
-        if n1024 < 0:
-            raise _length_error(n1024, end - pos)
+    n1049 = _ZL[buf[pos]]
+    if n1049 < 0:
+        n1049, pos = _rlong(buf, pos)
+        if n1049 < 0:
+            raise _length_error(n1049, end - pos)
     else:
         pos += 1
-    q1025 = pos + n1024
-    if q1025 > end:
-        raise _length_error(n1024, end - pos)
-    f_node_id = buf[pos:q1025].decode()
-    pos = q1025
+    q1050 = pos + n1049
+    if q1050 > end:
+        raise _length_error(n1049, end - pos)
+    f_node_id = buf[pos:q1050].decode()
+    pos = q1050
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1050(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1027 = _ZL[buf[pos]]
-    if n1027 < 0:
-        n1027, pos = _rlong(buf, pos)
-        if n1027 < 0:
-            raise _length_error(n1027, end - pos)
+    n1052 = _ZL[buf[pos]]
+    if n1052 < 0:
+        n1052, pos = _rlong(buf, pos)
+        if n1052 < 0:
+            raise _length_error(n1052, end - pos)
     else:
         pos += 1
-    q1028 = pos + n1027
-    if q1028 > end:
-        raise _length_error(n1027, end - pos)
-    f_node_id = buf[pos:q1028].decode()
-    pos = q1028
+    q1053 = pos + n1052
+    if q1053 > end:
+        raise _length_error(n1052, end - pos)
+    f_node_id = buf[pos:q1053].decode()
+    pos = q1053
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1028(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1053(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1030 = _ZL[buf[pos]]
-    if n1030 < 0:
-        n1030, pos = _rlong(buf, pos)
-        if n1030 < 0:
-            raise _length_error(n1030, end - pos)
+    n1055 = _ZL[buf[pos]]
+    if n1055 < 0:
+        n1055, pos = _rlong(buf, pos)
+        if n1055 < 0:
+            raise _length_error(n1055, end - pos)
     else:
         pos += 1
-    q1031 = pos + n1030
-    if q1031 > end:
-        raise _length_error(n1030, end - pos)
-    f_node_id = buf[pos:q1031].decode()
-    pos = q1031
+    q1056 = pos + n1055
+    if q1056 > end:
+        raise _length_error(n1055, end - pos)
+    f_node_id = buf[pos:q1056].decode()
+    pos = q1056
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3532,34 +3619,34 @@ def _d_NodeDrained1028(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1031(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1056(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1033 = _ZL[buf[pos]]
-    if n1033 < 0:
-        n1033, pos = _rlong(buf, pos)
-        if n1033 < 0:
-            raise _length_error(n1033, end - pos)
+    n1058 = _ZL[buf[pos]]
+    if n1058 < 0:
+        n1058, pos = _rlong(buf, pos)
+        if n1058 < 0:
+            raise _length_error(n1058, end - pos)
     else:
         pos += 1
-    q1034 = pos + n1033
-    if q1034 > end:
-        raise _length_error(n1033, end - pos)
-    f_node_id = buf[pos:q1034].decode()
-    pos = q1034
-    n1035 = _ZL[buf[pos]]
-    if n1035 < 0:
-        n1035, pos = _rlong(buf, pos)
-        if n1035 < 0:
-            raise _length_error(n1035, end - pos)
+    q1059 = pos + n1058
+    if q1059 > end:
+        raise _length_error(n1058, end - pos)
+    f_node_id = buf[pos:q1059].decode()
+    pos = q1059
+    n1060 = _ZL[buf[pos]]
+    if n1060 < 0:
+        n1060, pos = _rlong(buf, pos)
+        if n1060 < 0:
+            raise _length_error(n1060, end - pos)
     else:
         pos += 1
-    q1036 = pos + n1035
-    if q1036 > end:
-        raise _length_error(n1035, end - pos)
-    f_reason = buf[pos:q1036].decode()
-    pos = q1036
+    q1061 = pos + n1060
+    if q1061 > end:
+        raise _length_error(n1060, end - pos)
+    f_reason = buf[pos:q1061].decode()
+    pos = q1061
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3578,7 +3665,7 @@ def _d_NodeFailed1031(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3598,30 +3685,31 @@ def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_preemption: str
     f_movable: bool
     f_gpu_memory_mib: int
-    n1039 = _ZL[buf[pos]]
-    if n1039 < 0:
-        n1039, pos = _rlong(buf, pos)
-        if n1039 < 0:
-            raise _length_error(n1039, end - pos)
+    f_retry: Any
+    n1064 = _ZL[buf[pos]]
+    if n1064 < 0:
+        n1064, pos = _rlong(buf, pos)
+        if n1064 < 0:
+            raise _length_error(n1064, end - pos)
     else:
         pos += 1
-    q1040 = pos + n1039
-    if q1040 > end:
-        raise _length_error(n1039, end - pos)
-    f_pod_id = buf[pos:q1040].decode()
-    pos = q1040
-    n1041 = _ZL[buf[pos]]
-    if n1041 < 0:
-        n1041, pos = _rlong(buf, pos)
-        if n1041 < 0:
-            raise _length_error(n1041, end - pos)
+    q1065 = pos + n1064
+    if q1065 > end:
+        raise _length_error(n1064, end - pos)
+    f_pod_id = buf[pos:q1065].decode()
+    pos = q1065
+    n1066 = _ZL[buf[pos]]
+    if n1066 < 0:
+        n1066, pos = _rlong(buf, pos)
+        if n1066 < 0:
+            raise _length_error(n1066, end - pos)
     else:
         pos += 1
-    q1042 = pos + n1041
-    if q1042 > end:
-        raise _length_error(n1041, end - pos)
-    f_tenant = buf[pos:q1042].decode()
-    pos = q1042
+    q1067 = pos + n1066
+    if q1067 > end:
+        raise _length_error(n1066, end - pos)
+    f_tenant = buf[pos:q1067].decode()
+    pos = q1067
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3695,264 +3783,6 @@ def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     if buf[pos] == 0:
         pos += 1
         f_gpu_models = ()
-    else:
-        acc1043: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1044 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1044 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1044 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1044, pos = _rlong(buf, pos)
-            if c1044 == 0:
-                break
-            if c1044 < 0:
-                c1044 = -c1044
-                b = buf[pos]
-                if b < 128:
-                    z1047 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1047 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1047 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1047, pos = _rlong(buf, pos)
-            if c1044 * 1 > end - pos:
-                raise _count_error(c1044, end - pos)
-            for _ in range(c1044):
-                n1048 = _ZL[buf[pos]]
-                if n1048 < 0:
-                    n1048, pos = _rlong(buf, pos)
-                    if n1048 < 0:
-                        raise _length_error(n1048, end - pos)
-                else:
-                    pos += 1
-                q1049 = pos + n1048
-                if q1049 > end:
-                    raise _length_error(n1048, end - pos)
-                x1045 = buf[pos:q1049].decode()
-                pos = q1049
-                acc1043.append(x1045)
-        f_gpu_models = tuple(acc1043)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc1050: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1051 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1051 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1051 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1051, pos = _rlong(buf, pos)
-            if c1051 == 0:
-                break
-            if c1051 < 0:
-                c1051 = -c1051
-                b = buf[pos]
-                if b < 128:
-                    z1054 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1054 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1054 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1054, pos = _rlong(buf, pos)
-            if c1051 * 2 > end - pos:
-                raise _count_error(c1051, end - pos)
-            for _ in range(c1051):
-                n1055 = _ZL[buf[pos]]
-                if n1055 < 0:
-                    n1055, pos = _rlong(buf, pos)
-                    if n1055 < 0:
-                        raise _length_error(n1055, end - pos)
-                else:
-                    pos += 1
-                q1056 = pos + n1055
-                if q1056 > end:
-                    raise _length_error(n1055, end - pos)
-                k1053 = buf[pos:q1056].decode()
-                pos = q1056
-                n1057 = _ZL[buf[pos]]
-                if n1057 < 0:
-                    n1057, pos = _rlong(buf, pos)
-                    if n1057 < 0:
-                        raise _length_error(n1057, end - pos)
-                else:
-                    pos += 1
-                q1058 = pos + n1057
-                if q1058 > end:
-                    raise _length_error(n1057, end - pos)
-                x1052 = buf[pos:q1058].decode()
-                pos = q1058
-                acc1050[k1053] = x1052
-        f_node_selector = acc1050
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1059: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1060 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1060 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1060 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1060, pos = _rlong(buf, pos)
-            if c1060 == 0:
-                break
-            if c1060 < 0:
-                c1060 = -c1060
-                b = buf[pos]
-                if b < 128:
-                    z1063 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1063 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1063 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1063, pos = _rlong(buf, pos)
-            if c1060 * 4 > end - pos:
-                raise _count_error(c1060, end - pos)
-            for _ in range(c1060):
-                x1061, pos = _d_Toleration358(buf, pos, end)
-                acc1059.append(x1061)
-        f_tolerations = tuple(acc1059)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1064 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1064 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1064 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1064, pos = _rlong(buf, pos)
-    if i1064 == 0:
-        f_gang_id = None
-    elif i1064 == 1:
-        n1065 = _ZL[buf[pos]]
-        if n1065 < 0:
-            n1065, pos = _rlong(buf, pos)
-            if n1065 < 0:
-                raise _length_error(n1065, end - pos)
-        else:
-            pos += 1
-        q1066 = pos + n1065
-        if q1066 > end:
-            raise _length_error(n1065, end - pos)
-        f_gang_id = buf[pos:q1066].decode()
-        pos = q1066
-    else:
-        raise _union_error(i1064, 2)
-    b = buf[pos]
-    if b < 128:
-        i1067 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1067 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1067 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1067, pos = _rlong(buf, pos)
-    if i1067 == 0:
-        f_time_limit_ms = None
-    elif i1067 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1067, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
     else:
         acc1068: list[Any] = []
         while True:
@@ -4004,31 +3834,289 @@ def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
                 x1070 = buf[pos:q1074].decode()
                 pos = q1074
                 acc1068.append(x1070)
-        f_depends_on = tuple(acc1068)
-    n1075 = _ZL[buf[pos]]
-    if n1075 < 0:
-        n1075, pos = _rlong(buf, pos)
-        if n1075 < 0:
-            raise _length_error(n1075, end - pos)
+        f_gpu_models = tuple(acc1068)
+    if buf[pos] == 0:
+        pos += 1
+        f_node_selector = {}
+    else:
+        acc1075: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1076 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1076 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1076 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1076, pos = _rlong(buf, pos)
+            if c1076 == 0:
+                break
+            if c1076 < 0:
+                c1076 = -c1076
+                b = buf[pos]
+                if b < 128:
+                    z1079 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1079 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1079 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1079, pos = _rlong(buf, pos)
+            if c1076 * 2 > end - pos:
+                raise _count_error(c1076, end - pos)
+            for _ in range(c1076):
+                n1080 = _ZL[buf[pos]]
+                if n1080 < 0:
+                    n1080, pos = _rlong(buf, pos)
+                    if n1080 < 0:
+                        raise _length_error(n1080, end - pos)
+                else:
+                    pos += 1
+                q1081 = pos + n1080
+                if q1081 > end:
+                    raise _length_error(n1080, end - pos)
+                k1078 = buf[pos:q1081].decode()
+                pos = q1081
+                n1082 = _ZL[buf[pos]]
+                if n1082 < 0:
+                    n1082, pos = _rlong(buf, pos)
+                    if n1082 < 0:
+                        raise _length_error(n1082, end - pos)
+                else:
+                    pos += 1
+                q1083 = pos + n1082
+                if q1083 > end:
+                    raise _length_error(n1082, end - pos)
+                x1077 = buf[pos:q1083].decode()
+                pos = q1083
+                acc1075[k1078] = x1077
+        f_node_selector = acc1075
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1084: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1085 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1085 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1085 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1085, pos = _rlong(buf, pos)
+            if c1085 == 0:
+                break
+            if c1085 < 0:
+                c1085 = -c1085
+                b = buf[pos]
+                if b < 128:
+                    z1088 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1088 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1088 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1088, pos = _rlong(buf, pos)
+            if c1085 * 4 > end - pos:
+                raise _count_error(c1085, end - pos)
+            for _ in range(c1085):
+                x1086, pos = _d_Toleration366(buf, pos, end)
+                acc1084.append(x1086)
+        f_tolerations = tuple(acc1084)
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1089 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1089 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1089 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1089, pos = _rlong(buf, pos)
+    if i1089 == 0:
+        f_gang_id = None
+    elif i1089 == 1:
+        n1090 = _ZL[buf[pos]]
+        if n1090 < 0:
+            n1090, pos = _rlong(buf, pos)
+            if n1090 < 0:
+                raise _length_error(n1090, end - pos)
+        else:
+            pos += 1
+        q1091 = pos + n1090
+        if q1091 > end:
+            raise _length_error(n1090, end - pos)
+        f_gang_id = buf[pos:q1091].decode()
+        pos = q1091
+    else:
+        raise _union_error(i1089, 2)
+    b = buf[pos]
+    if b < 128:
+        i1092 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1092 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1092 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1092, pos = _rlong(buf, pos)
+    if i1092 == 0:
+        f_time_limit_ms = None
+    elif i1092 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1092, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1093: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1094 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1094 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1094 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1094, pos = _rlong(buf, pos)
+            if c1094 == 0:
+                break
+            if c1094 < 0:
+                c1094 = -c1094
+                b = buf[pos]
+                if b < 128:
+                    z1097 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1097 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1097 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1097, pos = _rlong(buf, pos)
+            if c1094 * 1 > end - pos:
+                raise _count_error(c1094, end - pos)
+            for _ in range(c1094):
+                n1098 = _ZL[buf[pos]]
+                if n1098 < 0:
+                    n1098, pos = _rlong(buf, pos)
+                    if n1098 < 0:
+                        raise _length_error(n1098, end - pos)
+                else:
+                    pos += 1
+                q1099 = pos + n1098
+                if q1099 > end:
+                    raise _length_error(n1098, end - pos)
+                x1095 = buf[pos:q1099].decode()
+                pos = q1099
+                acc1093.append(x1095)
+        f_depends_on = tuple(acc1093)
+    n1100 = _ZL[buf[pos]]
+    if n1100 < 0:
+        n1100, pos = _rlong(buf, pos)
+        if n1100 < 0:
+            raise _length_error(n1100, end - pos)
     else:
         pos += 1
-    q1076 = pos + n1075
-    if q1076 > end:
-        raise _length_error(n1075, end - pos)
-    f_dependency = buf[pos:q1076].decode()
-    pos = q1076
-    n1077 = _ZL[buf[pos]]
-    if n1077 < 0:
-        n1077, pos = _rlong(buf, pos)
-        if n1077 < 0:
-            raise _length_error(n1077, end - pos)
+    q1101 = pos + n1100
+    if q1101 > end:
+        raise _length_error(n1100, end - pos)
+    f_dependency = buf[pos:q1101].decode()
+    pos = q1101
+    n1102 = _ZL[buf[pos]]
+    if n1102 < 0:
+        n1102, pos = _rlong(buf, pos)
+        if n1102 < 0:
+            raise _length_error(n1102, end - pos)
     else:
         pos += 1
-    q1078 = pos + n1077
-    if q1078 > end:
-        raise _length_error(n1077, end - pos)
-    f_preemption = buf[pos:q1078].decode()
-    pos = q1078
+    q1103 = pos + n1102
+    if q1103 > end:
+        raise _length_error(n1102, end - pos)
+    f_preemption = buf[pos:q1103].decode()
+    pos = q1103
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4045,26 +4133,46 @@ def _d_PodSpec1037(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 3
     else:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib)
+    b = buf[pos]
+    if b < 128:
+        i1104 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1104 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1104 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1104, pos = _rlong(buf, pos)
+    if i1104 == 0:
+        f_retry = None
+    elif i1104 == 1:
+        f_retry, pos = _d_Retry388(buf, pos, end)
+    else:
+        raise _union_error(i1104, 2)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_QueueReason1083(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1109(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1085 = _ZL[buf[pos]]
-    if n1085 < 0:
-        n1085, pos = _rlong(buf, pos)
-        if n1085 < 0:
-            raise _length_error(n1085, end - pos)
+    n1111 = _ZL[buf[pos]]
+    if n1111 < 0:
+        n1111, pos = _rlong(buf, pos)
+        if n1111 < 0:
+            raise _length_error(n1111, end - pos)
     else:
         pos += 1
-    q1086 = pos + n1085
-    if q1086 > end:
-        raise _length_error(n1085, end - pos)
-    f_code = buf[pos:q1086].decode()
-    pos = q1086
+    q1112 = pos + n1111
+    if q1112 > end:
+        raise _length_error(n1111, end - pos)
+    f_code = buf[pos:q1112].decode()
+    pos = q1112
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4079,134 +4187,134 @@ def _d_QueueReason1083(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1087 = _ZL[buf[pos]]
-    if n1087 < 0:
-        n1087, pos = _rlong(buf, pos)
-        if n1087 < 0:
-            raise _length_error(n1087, end - pos)
+    n1113 = _ZL[buf[pos]]
+    if n1113 < 0:
+        n1113, pos = _rlong(buf, pos)
+        if n1113 < 0:
+            raise _length_error(n1113, end - pos)
     else:
         pos += 1
-    q1088 = pos + n1087
-    if q1088 > end:
-        raise _length_error(n1087, end - pos)
-    f_message = buf[pos:q1088].decode()
-    pos = q1088
+    q1114 = pos + n1113
+    if q1114 > end:
+        raise _length_error(n1113, end - pos)
+    f_message = buf[pos:q1114].decode()
+    pos = q1114
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1036(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1061(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1037(buf, pos, end)
+    f_pod, pos = _d_PodSpec1062(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1079: list[Any] = []
+        acc1105: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1080 = _ZD[b]
+                c1106 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1080 = (z >> 1) ^ -(z & 1)
+                c1106 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1080 = (z >> 1) ^ -(z & 1)
+                c1106 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1080, pos = _rlong(buf, pos)
-            if c1080 == 0:
+                c1106, pos = _rlong(buf, pos)
+            if c1106 == 0:
                 break
-            if c1080 < 0:
-                c1080 = -c1080
+            if c1106 < 0:
+                c1106 = -c1106
                 b = buf[pos]
                 if b < 128:
-                    z1083 = _ZD[b]
+                    z1109 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1083 = (z >> 1) ^ -(z & 1)
+                    z1109 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1083 = (z >> 1) ^ -(z & 1)
+                    z1109 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1083, pos = _rlong(buf, pos)
-            if c1080 * 3 > end - pos:
-                raise _count_error(c1080, end - pos)
-            for _ in range(c1080):
-                x1081, pos = _d_QueueReason1083(buf, pos, end)
-                acc1079.append(x1081)
-        f_reasons = tuple(acc1079)
+                    z1109, pos = _rlong(buf, pos)
+            if c1106 * 3 > end - pos:
+                raise _count_error(c1106, end - pos)
+            for _ in range(c1106):
+                x1107, pos = _d_QueueReason1109(buf, pos, end)
+                acc1105.append(x1107)
+        f_reasons = tuple(acc1105)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1089: list[Any] = []
+        acc1115: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1090 = _ZD[b]
+                c1116 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1090 = (z >> 1) ^ -(z & 1)
+                c1116 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1090 = (z >> 1) ^ -(z & 1)
+                c1116 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1090, pos = _rlong(buf, pos)
-            if c1090 == 0:
+                c1116, pos = _rlong(buf, pos)
+            if c1116 == 0:
                 break
-            if c1090 < 0:
-                c1090 = -c1090
+            if c1116 < 0:
+                c1116 = -c1116
                 b = buf[pos]
                 if b < 128:
-                    z1093 = _ZD[b]
+                    z1119 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1093 = (z >> 1) ^ -(z & 1)
+                    z1119 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1093 = (z >> 1) ^ -(z & 1)
+                    z1119 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1093, pos = _rlong(buf, pos)
-            if c1090 * 1 > end - pos:
-                raise _count_error(c1090, end - pos)
-            for _ in range(c1090):
-                n1094 = _ZL[buf[pos]]
-                if n1094 < 0:
-                    n1094, pos = _rlong(buf, pos)
-                    if n1094 < 0:
-                        raise _length_error(n1094, end - pos)
+                    z1119, pos = _rlong(buf, pos)
+            if c1116 * 1 > end - pos:
+                raise _count_error(c1116, end - pos)
+            for _ in range(c1116):
+                n1120 = _ZL[buf[pos]]
+                if n1120 < 0:
+                    n1120, pos = _rlong(buf, pos)
+                    if n1120 < 0:
+                        raise _length_error(n1120, end - pos)
                 else:
                     pos += 1
-                q1095 = pos + n1094
-                if q1095 > end:
-                    raise _length_error(n1094, end - pos)
-                x1091 = buf[pos:q1095].decode()
-                pos = q1095
-                acc1089.append(x1091)
-        f_waiting_for = tuple(acc1089)
+                q1121 = pos + n1120
+                if q1121 > end:
+                    raise _length_error(n1120, end - pos)
+                x1117 = buf[pos:q1121].decode()
+                pos = q1121
+                acc1115.append(x1117)
+        f_waiting_for = tuple(acc1115)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1103(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1129(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4241,7 +4349,7 @@ def _d_GpuShare1103(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1095(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1121(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4249,347 +4357,347 @@ def _d_PodScheduled1095(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1037(buf, pos, end)
-    n1097 = _ZL[buf[pos]]
-    if n1097 < 0:
-        n1097, pos = _rlong(buf, pos)
-        if n1097 < 0:
-            raise _length_error(n1097, end - pos)
+    f_pod, pos = _d_PodSpec1062(buf, pos, end)
+    n1123 = _ZL[buf[pos]]
+    if n1123 < 0:
+        n1123, pos = _rlong(buf, pos)
+        if n1123 < 0:
+            raise _length_error(n1123, end - pos)
     else:
         pos += 1
-    q1098 = pos + n1097
-    if q1098 > end:
-        raise _length_error(n1097, end - pos)
-    f_node_id = buf[pos:q1098].decode()
-    pos = q1098
+    q1124 = pos + n1123
+    if q1124 > end:
+        raise _length_error(n1123, end - pos)
+    f_node_id = buf[pos:q1124].decode()
+    pos = q1124
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1099: list[Any] = []
+        acc1125: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1100 = _ZD[b]
+                c1126 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1100 = (z >> 1) ^ -(z & 1)
+                c1126 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1100 = (z >> 1) ^ -(z & 1)
+                c1126 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1100, pos = _rlong(buf, pos)
-            if c1100 == 0:
+                c1126, pos = _rlong(buf, pos)
+            if c1126 == 0:
                 break
-            if c1100 < 0:
-                c1100 = -c1100
+            if c1126 < 0:
+                c1126 = -c1126
                 b = buf[pos]
                 if b < 128:
-                    z1103 = _ZD[b]
+                    z1129 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1103 = (z >> 1) ^ -(z & 1)
+                    z1129 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1103 = (z >> 1) ^ -(z & 1)
+                    z1129 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1103, pos = _rlong(buf, pos)
-            if c1100 * 2 > end - pos:
-                raise _count_error(c1100, end - pos)
-            for _ in range(c1100):
-                x1101, pos = _d_GpuShare1103(buf, pos, end)
-                acc1099.append(x1101)
-        f_gpus = tuple(acc1099)
-    n1105 = _ZL[buf[pos]]
-    if n1105 < 0:
-        n1105, pos = _rlong(buf, pos)
-        if n1105 < 0:
-            raise _length_error(n1105, end - pos)
+                    z1129, pos = _rlong(buf, pos)
+            if c1126 * 2 > end - pos:
+                raise _count_error(c1126, end - pos)
+            for _ in range(c1126):
+                x1127, pos = _d_GpuShare1129(buf, pos, end)
+                acc1125.append(x1127)
+        f_gpus = tuple(acc1125)
+    n1131 = _ZL[buf[pos]]
+    if n1131 < 0:
+        n1131, pos = _rlong(buf, pos)
+        if n1131 < 0:
+            raise _length_error(n1131, end - pos)
     else:
         pos += 1
-    q1106 = pos + n1105
-    if q1106 > end:
-        raise _length_error(n1105, end - pos)
-    f_policy = buf[pos:q1106].decode()
-    pos = q1106
+    q1132 = pos + n1131
+    if q1132 > end:
+        raise _length_error(n1131, end - pos)
+    f_policy = buf[pos:q1132].decode()
+    pos = q1132
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1107: dict[str, Any] = {}
+        acc1133: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1108 = _ZD[b]
+                c1134 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1108 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1108 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1108, pos = _rlong(buf, pos)
-            if c1108 == 0:
+                c1134, pos = _rlong(buf, pos)
+            if c1134 == 0:
                 break
-            if c1108 < 0:
-                c1108 = -c1108
+            if c1134 < 0:
+                c1134 = -c1134
                 b = buf[pos]
                 if b < 128:
-                    z1111 = _ZD[b]
+                    z1137 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1111 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1111 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1111, pos = _rlong(buf, pos)
-            if c1108 * 9 > end - pos:
-                raise _count_error(c1108, end - pos)
-            for _ in range(c1108):
-                n1112 = _ZL[buf[pos]]
-                if n1112 < 0:
-                    n1112, pos = _rlong(buf, pos)
-                    if n1112 < 0:
-                        raise _length_error(n1112, end - pos)
+                    z1137, pos = _rlong(buf, pos)
+            if c1134 * 9 > end - pos:
+                raise _count_error(c1134, end - pos)
+            for _ in range(c1134):
+                n1138 = _ZL[buf[pos]]
+                if n1138 < 0:
+                    n1138, pos = _rlong(buf, pos)
+                    if n1138 < 0:
+                        raise _length_error(n1138, end - pos)
                 else:
                     pos += 1
-                q1113 = pos + n1112
-                if q1113 > end:
-                    raise _length_error(n1112, end - pos)
-                k1110 = buf[pos:q1113].decode()
-                pos = q1113
-                x1109, = _unpack_d(buf, pos)
+                q1139 = pos + n1138
+                if q1139 > end:
+                    raise _length_error(n1138, end - pos)
+                k1136 = buf[pos:q1139].decode()
+                pos = q1139
+                x1135, = _unpack_d(buf, pos)
                 pos += 8
-                acc1107[k1110] = x1109
-        f_scores = acc1107
+                acc1133[k1136] = x1135
+        f_scores = acc1133
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1114: list[Any] = []
+        acc1140: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1115 = _ZD[b]
+                c1141 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1115 = (z >> 1) ^ -(z & 1)
+                c1141 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1115 = (z >> 1) ^ -(z & 1)
+                c1141 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1115, pos = _rlong(buf, pos)
-            if c1115 == 0:
+                c1141, pos = _rlong(buf, pos)
+            if c1141 == 0:
                 break
-            if c1115 < 0:
-                c1115 = -c1115
+            if c1141 < 0:
+                c1141 = -c1141
                 b = buf[pos]
                 if b < 128:
-                    z1118 = _ZD[b]
+                    z1144 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1118 = (z >> 1) ^ -(z & 1)
+                    z1144 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1118 = (z >> 1) ^ -(z & 1)
+                    z1144 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1118, pos = _rlong(buf, pos)
-            if c1115 * 1 > end - pos:
-                raise _count_error(c1115, end - pos)
-            for _ in range(c1115):
-                n1119 = _ZL[buf[pos]]
-                if n1119 < 0:
-                    n1119, pos = _rlong(buf, pos)
-                    if n1119 < 0:
-                        raise _length_error(n1119, end - pos)
+                    z1144, pos = _rlong(buf, pos)
+            if c1141 * 1 > end - pos:
+                raise _count_error(c1141, end - pos)
+            for _ in range(c1141):
+                n1145 = _ZL[buf[pos]]
+                if n1145 < 0:
+                    n1145, pos = _rlong(buf, pos)
+                    if n1145 < 0:
+                        raise _length_error(n1145, end - pos)
                 else:
                     pos += 1
-                q1120 = pos + n1119
-                if q1120 > end:
-                    raise _length_error(n1119, end - pos)
-                x1116 = buf[pos:q1120].decode()
-                pos = q1120
-                acc1114.append(x1116)
-        f_preempted = tuple(acc1114)
+                q1146 = pos + n1145
+                if q1146 > end:
+                    raise _length_error(n1145, end - pos)
+                x1142 = buf[pos:q1146].decode()
+                pos = q1146
+                acc1140.append(x1142)
+        f_preempted = tuple(acc1140)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1120(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1146(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1122 = _ZL[buf[pos]]
-    if n1122 < 0:
-        n1122, pos = _rlong(buf, pos)
-        if n1122 < 0:
-            raise _length_error(n1122, end - pos)
+    n1148 = _ZL[buf[pos]]
+    if n1148 < 0:
+        n1148, pos = _rlong(buf, pos)
+        if n1148 < 0:
+            raise _length_error(n1148, end - pos)
     else:
         pos += 1
-    q1123 = pos + n1122
-    if q1123 > end:
-        raise _length_error(n1122, end - pos)
-    f_pod_id = buf[pos:q1123].decode()
-    pos = q1123
-    n1124 = _ZL[buf[pos]]
-    if n1124 < 0:
-        n1124, pos = _rlong(buf, pos)
-        if n1124 < 0:
-            raise _length_error(n1124, end - pos)
+    q1149 = pos + n1148
+    if q1149 > end:
+        raise _length_error(n1148, end - pos)
+    f_pod_id = buf[pos:q1149].decode()
+    pos = q1149
+    n1150 = _ZL[buf[pos]]
+    if n1150 < 0:
+        n1150, pos = _rlong(buf, pos)
+        if n1150 < 0:
+            raise _length_error(n1150, end - pos)
     else:
         pos += 1
-    q1125 = pos + n1124
-    if q1125 > end:
-        raise _length_error(n1124, end - pos)
-    f_node_id = buf[pos:q1125].decode()
-    pos = q1125
-    n1126 = _ZL[buf[pos]]
-    if n1126 < 0:
-        n1126, pos = _rlong(buf, pos)
-        if n1126 < 0:
-            raise _length_error(n1126, end - pos)
+    q1151 = pos + n1150
+    if q1151 > end:
+        raise _length_error(n1150, end - pos)
+    f_node_id = buf[pos:q1151].decode()
+    pos = q1151
+    n1152 = _ZL[buf[pos]]
+    if n1152 < 0:
+        n1152, pos = _rlong(buf, pos)
+        if n1152 < 0:
+            raise _length_error(n1152, end - pos)
     else:
         pos += 1
-    q1127 = pos + n1126
-    if q1127 > end:
-        raise _length_error(n1126, end - pos)
-    f_reason = buf[pos:q1127].decode()
-    pos = q1127
+    q1153 = pos + n1152
+    if q1153 > end:
+        raise _length_error(n1152, end - pos)
+    f_reason = buf[pos:q1153].decode()
+    pos = q1153
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1127(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1129 = _ZL[buf[pos]]
-    if n1129 < 0:
-        n1129, pos = _rlong(buf, pos)
-        if n1129 < 0:
-            raise _length_error(n1129, end - pos)
+    n1155 = _ZL[buf[pos]]
+    if n1155 < 0:
+        n1155, pos = _rlong(buf, pos)
+        if n1155 < 0:
+            raise _length_error(n1155, end - pos)
     else:
         pos += 1
-    q1130 = pos + n1129
-    if q1130 > end:
-        raise _length_error(n1129, end - pos)
-    f_pod_id = buf[pos:q1130].decode()
-    pos = q1130
+    q1156 = pos + n1155
+    if q1156 > end:
+        raise _length_error(n1155, end - pos)
+    f_pod_id = buf[pos:q1156].decode()
+    pos = q1156
     b = buf[pos]
     if b < 128:
-        i1131 = _ZD[b]
+        i1157 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1131 = (z >> 1) ^ -(z & 1)
+        i1157 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1131 = (z >> 1) ^ -(z & 1)
+        i1157 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1131, pos = _rlong(buf, pos)
-    if i1131 == 0:
+        i1157, pos = _rlong(buf, pos)
+    if i1157 == 0:
         f_node_id = None
-    elif i1131 == 1:
-        n1132 = _ZL[buf[pos]]
-        if n1132 < 0:
-            n1132, pos = _rlong(buf, pos)
-            if n1132 < 0:
-                raise _length_error(n1132, end - pos)
+    elif i1157 == 1:
+        n1158 = _ZL[buf[pos]]
+        if n1158 < 0:
+            n1158, pos = _rlong(buf, pos)
+            if n1158 < 0:
+                raise _length_error(n1158, end - pos)
         else:
             pos += 1
-        q1133 = pos + n1132
-        if q1133 > end:
-            raise _length_error(n1132, end - pos)
-        f_node_id = buf[pos:q1133].decode()
-        pos = q1133
+        q1159 = pos + n1158
+        if q1159 > end:
+            raise _length_error(n1158, end - pos)
+        f_node_id = buf[pos:q1159].decode()
+        pos = q1159
     else:
-        raise _union_error(i1131, 2)
-    n1134 = _ZL[buf[pos]]
-    if n1134 < 0:
-        n1134, pos = _rlong(buf, pos)
-        if n1134 < 0:
-            raise _length_error(n1134, end - pos)
+        raise _union_error(i1157, 2)
+    n1160 = _ZL[buf[pos]]
+    if n1160 < 0:
+        n1160, pos = _rlong(buf, pos)
+        if n1160 < 0:
+            raise _length_error(n1160, end - pos)
     else:
         pos += 1
-    q1135 = pos + n1134
-    if q1135 > end:
-        raise _length_error(n1134, end - pos)
-    f_reason = buf[pos:q1135].decode()
-    pos = q1135
+    q1161 = pos + n1160
+    if q1161 > end:
+        raise _length_error(n1160, end - pos)
+    f_reason = buf[pos:q1161].decode()
+    pos = q1161
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1135(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1161(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1137 = _ZL[buf[pos]]
-    if n1137 < 0:
-        n1137, pos = _rlong(buf, pos)
-        if n1137 < 0:
-            raise _length_error(n1137, end - pos)
+    n1163 = _ZL[buf[pos]]
+    if n1163 < 0:
+        n1163, pos = _rlong(buf, pos)
+        if n1163 < 0:
+            raise _length_error(n1163, end - pos)
     else:
         pos += 1
-    q1138 = pos + n1137
-    if q1138 > end:
-        raise _length_error(n1137, end - pos)
-    f_policy = buf[pos:q1138].decode()
-    pos = q1138
-    n1139 = _ZL[buf[pos]]
-    if n1139 < 0:
-        n1139, pos = _rlong(buf, pos)
-        if n1139 < 0:
-            raise _length_error(n1139, end - pos)
+    q1164 = pos + n1163
+    if q1164 > end:
+        raise _length_error(n1163, end - pos)
+    f_policy = buf[pos:q1164].decode()
+    pos = q1164
+    n1165 = _ZL[buf[pos]]
+    if n1165 < 0:
+        n1165, pos = _rlong(buf, pos)
+        if n1165 < 0:
+            raise _length_error(n1165, end - pos)
     else:
         pos += 1
-    q1140 = pos + n1139
-    if q1140 > end:
-        raise _length_error(n1139, end - pos)
-    f_previous = buf[pos:q1140].decode()
-    pos = q1140
+    q1166 = pos + n1165
+    if q1166 > end:
+        raise _length_error(n1165, end - pos)
+    f_previous = buf[pos:q1166].decode()
+    pos = q1166
     b = buf[pos]
     if b < 128:
-        i1141 = _ZD[b]
+        i1167 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1141 = (z >> 1) ^ -(z & 1)
+        i1167 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1141 = (z >> 1) ^ -(z & 1)
+        i1167 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1141, pos = _rlong(buf, pos)
-    if i1141 == 0:
+        i1167, pos = _rlong(buf, pos)
+    if i1167 == 0:
         f_reserve_after_ms = None
-    elif i1141 == 1:
+    elif i1167 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4605,36 +4713,36 @@ def _d_PolicyChanged1135(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1141, 2)
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
+        raise _union_error(i1167, 2)
+    n1168 = _ZL[buf[pos]]
+    if n1168 < 0:
+        n1168, pos = _rlong(buf, pos)
+        if n1168 < 0:
+            raise _length_error(n1168, end - pos)
     else:
         pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_queue_order = buf[pos:q1143].decode()
-    pos = q1143
+    q1169 = pos + n1168
+    if q1169 > end:
+        raise _length_error(n1168, end - pos)
+    f_queue_order = buf[pos:q1169].decode()
+    pos = q1169
     b = buf[pos]
     if b < 128:
-        i1144 = _ZD[b]
+        i1170 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1144 = (z >> 1) ^ -(z & 1)
+        i1170 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1144 = (z >> 1) ^ -(z & 1)
+        i1170 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1144, pos = _rlong(buf, pos)
-    if i1144 == 0:
+        i1170, pos = _rlong(buf, pos)
+    if i1170 == 0:
         f_max_clock_jump_ms = None
-    elif i1144 == 1:
+    elif i1170 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4650,69 +4758,69 @@ def _d_PolicyChanged1135(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1144, 2)
+        raise _union_error(i1170, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1144(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1170(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1146 = _ZL[buf[pos]]
-    if n1146 < 0:
-        n1146, pos = _rlong(buf, pos)
-        if n1146 < 0:
-            raise _length_error(n1146, end - pos)
+    n1172 = _ZL[buf[pos]]
+    if n1172 < 0:
+        n1172, pos = _rlong(buf, pos)
+        if n1172 < 0:
+            raise _length_error(n1172, end - pos)
     else:
         pos += 1
-    q1147 = pos + n1146
-    if q1147 > end:
-        raise _length_error(n1146, end - pos)
-    f_command_id = buf[pos:q1147].decode()
-    pos = q1147
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
+    q1173 = pos + n1172
+    if q1173 > end:
+        raise _length_error(n1172, end - pos)
+    f_command_id = buf[pos:q1173].decode()
+    pos = q1173
+    n1174 = _ZL[buf[pos]]
+    if n1174 < 0:
+        n1174, pos = _rlong(buf, pos)
+        if n1174 < 0:
+            raise _length_error(n1174, end - pos)
     else:
         pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_command_type = buf[pos:q1149].decode()
-    pos = q1149
-    n1150 = _ZL[buf[pos]]
-    if n1150 < 0:
-        n1150, pos = _rlong(buf, pos)
-        if n1150 < 0:
-            raise _length_error(n1150, end - pos)
+    q1175 = pos + n1174
+    if q1175 > end:
+        raise _length_error(n1174, end - pos)
+    f_command_type = buf[pos:q1175].decode()
+    pos = q1175
+    n1176 = _ZL[buf[pos]]
+    if n1176 < 0:
+        n1176, pos = _rlong(buf, pos)
+        if n1176 < 0:
+            raise _length_error(n1176, end - pos)
     else:
         pos += 1
-    q1151 = pos + n1150
-    if q1151 > end:
-        raise _length_error(n1150, end - pos)
-    f_code = buf[pos:q1151].decode()
-    pos = q1151
-    n1152 = _ZL[buf[pos]]
-    if n1152 < 0:
-        n1152, pos = _rlong(buf, pos)
-        if n1152 < 0:
-            raise _length_error(n1152, end - pos)
+    q1177 = pos + n1176
+    if q1177 > end:
+        raise _length_error(n1176, end - pos)
+    f_code = buf[pos:q1177].decode()
+    pos = q1177
+    n1178 = _ZL[buf[pos]]
+    if n1178 < 0:
+        n1178, pos = _rlong(buf, pos)
+        if n1178 < 0:
+            raise _length_error(n1178, end - pos)
     else:
         pos += 1
-    q1153 = pos + n1152
-    if q1153 > end:
-        raise _length_error(n1152, end - pos)
-    f_message = buf[pos:q1153].decode()
-    pos = q1153
+    q1179 = pos + n1178
+    if q1179 > end:
+        raise _length_error(n1178, end - pos)
+    f_message = buf[pos:q1179].decode()
+    pos = q1179
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4727,30 +4835,30 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1163 = _ZL[buf[pos]]
-    if n1163 < 0:
-        n1163, pos = _rlong(buf, pos)
-        if n1163 < 0:
-            raise _length_error(n1163, end - pos)
+    n1189 = _ZL[buf[pos]]
+    if n1189 < 0:
+        n1189, pos = _rlong(buf, pos)
+        if n1189 < 0:
+            raise _length_error(n1189, end - pos)
     else:
         pos += 1
-    q1164 = pos + n1163
-    if q1164 > end:
-        raise _length_error(n1163, end - pos)
-    f_gang_id = buf[pos:q1164].decode()
-    pos = q1164
-    n1165 = _ZL[buf[pos]]
-    if n1165 < 0:
-        n1165, pos = _rlong(buf, pos)
-        if n1165 < 0:
-            raise _length_error(n1165, end - pos)
+    q1190 = pos + n1189
+    if q1190 > end:
+        raise _length_error(n1189, end - pos)
+    f_gang_id = buf[pos:q1190].decode()
+    pos = q1190
+    n1191 = _ZL[buf[pos]]
+    if n1191 < 0:
+        n1191, pos = _rlong(buf, pos)
+        if n1191 < 0:
+            raise _length_error(n1191, end - pos)
     else:
         pos += 1
-    q1166 = pos + n1165
-    if q1166 > end:
-        raise _length_error(n1165, end - pos)
-    f_tenant = buf[pos:q1166].decode()
-    pos = q1166
+    q1192 = pos + n1191
+    if q1192 > end:
+        raise _length_error(n1191, end - pos)
+    f_tenant = buf[pos:q1192].decode()
+    pos = q1192
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4769,46 +4877,46 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1167: list[Any] = []
+        acc1193: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1168 = _ZD[b]
+                c1194 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1194 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1194 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1168, pos = _rlong(buf, pos)
-            if c1168 == 0:
+                c1194, pos = _rlong(buf, pos)
+            if c1194 == 0:
                 break
-            if c1168 < 0:
-                c1168 = -c1168
+            if c1194 < 0:
+                c1194 = -c1194
                 b = buf[pos]
                 if b < 128:
-                    z1171 = _ZD[b]
+                    z1197 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1197 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1197 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1171, pos = _rlong(buf, pos)
-            if c1168 * 19 > end - pos:
-                raise _count_error(c1168, end - pos)
-            for _ in range(c1168):
-                x1169, pos = _d_PodSpec1037(buf, pos, end)
-                acc1167.append(x1169)
-        f_members = tuple(acc1167)
+                    z1197, pos = _rlong(buf, pos)
+            if c1194 * 20 > end - pos:
+                raise _count_error(c1194, end - pos)
+            for _ in range(c1194):
+                x1195, pos = _d_PodSpec1062(buf, pos, end)
+                acc1193.append(x1195)
+        f_members = tuple(acc1193)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4825,83 +4933,83 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1172 = _ZD[b]
+        i1198 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1172 = (z >> 1) ^ -(z & 1)
+        i1198 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1172 = (z >> 1) ^ -(z & 1)
+        i1198 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1172, pos = _rlong(buf, pos)
-    if i1172 == 0:
+        i1198, pos = _rlong(buf, pos)
+    if i1198 == 0:
         f_topology_required = None
-    elif i1172 == 1:
-        n1173 = _ZL[buf[pos]]
-        if n1173 < 0:
-            n1173, pos = _rlong(buf, pos)
-            if n1173 < 0:
-                raise _length_error(n1173, end - pos)
+    elif i1198 == 1:
+        n1199 = _ZL[buf[pos]]
+        if n1199 < 0:
+            n1199, pos = _rlong(buf, pos)
+            if n1199 < 0:
+                raise _length_error(n1199, end - pos)
         else:
             pos += 1
-        q1174 = pos + n1173
-        if q1174 > end:
-            raise _length_error(n1173, end - pos)
-        f_topology_required = buf[pos:q1174].decode()
-        pos = q1174
+        q1200 = pos + n1199
+        if q1200 > end:
+            raise _length_error(n1199, end - pos)
+        f_topology_required = buf[pos:q1200].decode()
+        pos = q1200
     else:
-        raise _union_error(i1172, 2)
+        raise _union_error(i1198, 2)
     b = buf[pos]
     if b < 128:
-        i1175 = _ZD[b]
+        i1201 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1175 = (z >> 1) ^ -(z & 1)
+        i1201 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1175 = (z >> 1) ^ -(z & 1)
+        i1201 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1175, pos = _rlong(buf, pos)
-    if i1175 == 0:
+        i1201, pos = _rlong(buf, pos)
+    if i1201 == 0:
         f_topology_preferred = None
-    elif i1175 == 1:
-        n1176 = _ZL[buf[pos]]
-        if n1176 < 0:
-            n1176, pos = _rlong(buf, pos)
-            if n1176 < 0:
-                raise _length_error(n1176, end - pos)
+    elif i1201 == 1:
+        n1202 = _ZL[buf[pos]]
+        if n1202 < 0:
+            n1202, pos = _rlong(buf, pos)
+            if n1202 < 0:
+                raise _length_error(n1202, end - pos)
         else:
             pos += 1
-        q1177 = pos + n1176
-        if q1177 > end:
-            raise _length_error(n1176, end - pos)
-        f_topology_preferred = buf[pos:q1177].decode()
-        pos = q1177
+        q1203 = pos + n1202
+        if q1203 > end:
+            raise _length_error(n1202, end - pos)
+        f_topology_preferred = buf[pos:q1203].decode()
+        pos = q1203
     else:
-        raise _union_error(i1175, 2)
+        raise _union_error(i1201, 2)
     b = buf[pos]
     if b < 128:
-        i1178 = _ZD[b]
+        i1204 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1178 = (z >> 1) ^ -(z & 1)
+        i1204 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1178 = (z >> 1) ^ -(z & 1)
+        i1204 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1178, pos = _rlong(buf, pos)
-    if i1178 == 0:
+        i1204, pos = _rlong(buf, pos)
+    if i1204 == 0:
         f_timeout_ms = None
-    elif i1178 == 1:
+    elif i1204 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4917,24 +5025,24 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1178, 2)
+        raise _union_error(i1204, 2)
     b = buf[pos]
     if b < 128:
-        i1179 = _ZD[b]
+        i1205 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1179 = (z >> 1) ^ -(z & 1)
+        i1205 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1179 = (z >> 1) ^ -(z & 1)
+        i1205 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1179, pos = _rlong(buf, pos)
-    if i1179 == 0:
+        i1205, pos = _rlong(buf, pos)
+    if i1205 == 0:
         f_time_limit_ms = None
-    elif i1179 == 1:
+    elif i1205 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4950,74 +5058,74 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1179, 2)
+        raise _union_error(i1205, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1180: list[Any] = []
+        acc1206: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1181 = _ZD[b]
+                c1207 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1181 = (z >> 1) ^ -(z & 1)
+                c1207 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1181 = (z >> 1) ^ -(z & 1)
+                c1207 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1181, pos = _rlong(buf, pos)
-            if c1181 == 0:
+                c1207, pos = _rlong(buf, pos)
+            if c1207 == 0:
                 break
-            if c1181 < 0:
-                c1181 = -c1181
+            if c1207 < 0:
+                c1207 = -c1207
                 b = buf[pos]
                 if b < 128:
-                    z1184 = _ZD[b]
+                    z1210 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1184 = (z >> 1) ^ -(z & 1)
+                    z1210 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1184 = (z >> 1) ^ -(z & 1)
+                    z1210 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1184, pos = _rlong(buf, pos)
-            if c1181 * 1 > end - pos:
-                raise _count_error(c1181, end - pos)
-            for _ in range(c1181):
-                n1185 = _ZL[buf[pos]]
-                if n1185 < 0:
-                    n1185, pos = _rlong(buf, pos)
-                    if n1185 < 0:
-                        raise _length_error(n1185, end - pos)
+                    z1210, pos = _rlong(buf, pos)
+            if c1207 * 1 > end - pos:
+                raise _count_error(c1207, end - pos)
+            for _ in range(c1207):
+                n1211 = _ZL[buf[pos]]
+                if n1211 < 0:
+                    n1211, pos = _rlong(buf, pos)
+                    if n1211 < 0:
+                        raise _length_error(n1211, end - pos)
                 else:
                     pos += 1
-                q1186 = pos + n1185
-                if q1186 > end:
-                    raise _length_error(n1185, end - pos)
-                x1182 = buf[pos:q1186].decode()
-                pos = q1186
-                acc1180.append(x1182)
-        f_depends_on = tuple(acc1180)
-    n1187 = _ZL[buf[pos]]
-    if n1187 < 0:
-        n1187, pos = _rlong(buf, pos)
-        if n1187 < 0:
-            raise _length_error(n1187, end - pos)
+                q1212 = pos + n1211
+                if q1212 > end:
+                    raise _length_error(n1211, end - pos)
+                x1208 = buf[pos:q1212].decode()
+                pos = q1212
+                acc1206.append(x1208)
+        f_depends_on = tuple(acc1206)
+    n1213 = _ZL[buf[pos]]
+    if n1213 < 0:
+        n1213, pos = _rlong(buf, pos)
+        if n1213 < 0:
+            raise _length_error(n1213, end - pos)
     else:
         pos += 1
-    q1188 = pos + n1187
-    if q1188 > end:
-        raise _length_error(n1187, end - pos)
-    f_dependency = buf[pos:q1188].decode()
-    pos = q1188
+    q1214 = pos + n1213
+    if q1214 > end:
+        raise _length_error(n1213, end - pos)
+    f_dependency = buf[pos:q1214].decode()
+    pos = q1214
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5046,223 +5154,223 @@ def _d_GangSpec1161(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1189 = _ZL[buf[pos]]
-    if n1189 < 0:
-        n1189, pos = _rlong(buf, pos)
-        if n1189 < 0:
-            raise _length_error(n1189, end - pos)
+    n1215 = _ZL[buf[pos]]
+    if n1215 < 0:
+        n1215, pos = _rlong(buf, pos)
+        if n1215 < 0:
+            raise _length_error(n1215, end - pos)
     else:
         pos += 1
-    q1190 = pos + n1189
-    if q1190 > end:
-        raise _length_error(n1189, end - pos)
-    f_preemption = buf[pos:q1190].decode()
-    pos = q1190
+    q1216 = pos + n1215
+    if q1216 > end:
+        raise _length_error(n1215, end - pos)
+    f_preemption = buf[pos:q1216].decode()
+    pos = q1216
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1153(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1179(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1155 = _ZL[buf[pos]]
-    if n1155 < 0:
-        n1155, pos = _rlong(buf, pos)
-        if n1155 < 0:
-            raise _length_error(n1155, end - pos)
+    n1181 = _ZL[buf[pos]]
+    if n1181 < 0:
+        n1181, pos = _rlong(buf, pos)
+        if n1181 < 0:
+            raise _length_error(n1181, end - pos)
     else:
         pos += 1
-    q1156 = pos + n1155
-    if q1156 > end:
-        raise _length_error(n1155, end - pos)
-    f_gang_id = buf[pos:q1156].decode()
-    pos = q1156
+    q1182 = pos + n1181
+    if q1182 > end:
+        raise _length_error(n1181, end - pos)
+    f_gang_id = buf[pos:q1182].decode()
+    pos = q1182
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1157: list[Any] = []
+        acc1183: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1158 = _ZD[b]
+                c1184 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1158 = (z >> 1) ^ -(z & 1)
+                c1184 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1158 = (z >> 1) ^ -(z & 1)
+                c1184 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1158, pos = _rlong(buf, pos)
-            if c1158 == 0:
+                c1184, pos = _rlong(buf, pos)
+            if c1184 == 0:
                 break
-            if c1158 < 0:
-                c1158 = -c1158
+            if c1184 < 0:
+                c1184 = -c1184
                 b = buf[pos]
                 if b < 128:
-                    z1161 = _ZD[b]
+                    z1187 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1161 = (z >> 1) ^ -(z & 1)
+                    z1187 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1161 = (z >> 1) ^ -(z & 1)
+                    z1187 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1161, pos = _rlong(buf, pos)
-            if c1158 * 3 > end - pos:
-                raise _count_error(c1158, end - pos)
-            for _ in range(c1158):
-                x1159, pos = _d_QueueReason1083(buf, pos, end)
-                acc1157.append(x1159)
-        f_reasons = tuple(acc1157)
-    f_gang, pos = _d_GangSpec1161(buf, pos, end)
+                    z1187, pos = _rlong(buf, pos)
+            if c1184 * 3 > end - pos:
+                raise _count_error(c1184, end - pos)
+            for _ in range(c1184):
+                x1185, pos = _d_QueueReason1109(buf, pos, end)
+                acc1183.append(x1185)
+        f_reasons = tuple(acc1183)
+    f_gang, pos = _d_GangSpec1187(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1191: list[Any] = []
+        acc1217: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1192 = _ZD[b]
+                c1218 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1192 = (z >> 1) ^ -(z & 1)
+                c1218 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1192 = (z >> 1) ^ -(z & 1)
+                c1218 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1192, pos = _rlong(buf, pos)
-            if c1192 == 0:
+                c1218, pos = _rlong(buf, pos)
+            if c1218 == 0:
                 break
-            if c1192 < 0:
-                c1192 = -c1192
+            if c1218 < 0:
+                c1218 = -c1218
                 b = buf[pos]
                 if b < 128:
-                    z1195 = _ZD[b]
+                    z1221 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1195 = (z >> 1) ^ -(z & 1)
+                    z1221 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1195 = (z >> 1) ^ -(z & 1)
+                    z1221 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1195, pos = _rlong(buf, pos)
-            if c1192 * 1 > end - pos:
-                raise _count_error(c1192, end - pos)
-            for _ in range(c1192):
-                n1196 = _ZL[buf[pos]]
-                if n1196 < 0:
-                    n1196, pos = _rlong(buf, pos)
-                    if n1196 < 0:
-                        raise _length_error(n1196, end - pos)
+                    z1221, pos = _rlong(buf, pos)
+            if c1218 * 1 > end - pos:
+                raise _count_error(c1218, end - pos)
+            for _ in range(c1218):
+                n1222 = _ZL[buf[pos]]
+                if n1222 < 0:
+                    n1222, pos = _rlong(buf, pos)
+                    if n1222 < 0:
+                        raise _length_error(n1222, end - pos)
                 else:
                     pos += 1
-                q1197 = pos + n1196
-                if q1197 > end:
-                    raise _length_error(n1196, end - pos)
-                x1193 = buf[pos:q1197].decode()
-                pos = q1197
-                acc1191.append(x1193)
-        f_waiting_for = tuple(acc1191)
+                q1223 = pos + n1222
+                if q1223 > end:
+                    raise _length_error(n1222, end - pos)
+                x1219 = buf[pos:q1223].decode()
+                pos = q1223
+                acc1217.append(x1219)
+        f_waiting_for = tuple(acc1217)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1205(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1231(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1207 = _ZL[buf[pos]]
-    if n1207 < 0:
-        n1207, pos = _rlong(buf, pos)
-        if n1207 < 0:
-            raise _length_error(n1207, end - pos)
+    n1233 = _ZL[buf[pos]]
+    if n1233 < 0:
+        n1233, pos = _rlong(buf, pos)
+        if n1233 < 0:
+            raise _length_error(n1233, end - pos)
     else:
         pos += 1
-    q1208 = pos + n1207
-    if q1208 > end:
-        raise _length_error(n1207, end - pos)
-    f_pod_id = buf[pos:q1208].decode()
-    pos = q1208
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
+    q1234 = pos + n1233
+    if q1234 > end:
+        raise _length_error(n1233, end - pos)
+    f_pod_id = buf[pos:q1234].decode()
+    pos = q1234
+    n1235 = _ZL[buf[pos]]
+    if n1235 < 0:
+        n1235, pos = _rlong(buf, pos)
+        if n1235 < 0:
+            raise _length_error(n1235, end - pos)
     else:
         pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_node_id = buf[pos:q1210].decode()
-    pos = q1210
+    q1236 = pos + n1235
+    if q1236 > end:
+        raise _length_error(n1235, end - pos)
+    f_node_id = buf[pos:q1236].decode()
+    pos = q1236
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1211: list[Any] = []
+        acc1237: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1212 = _ZD[b]
+                c1238 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1212 = (z >> 1) ^ -(z & 1)
+                c1238 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1212 = (z >> 1) ^ -(z & 1)
+                c1238 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1212, pos = _rlong(buf, pos)
-            if c1212 == 0:
+                c1238, pos = _rlong(buf, pos)
+            if c1238 == 0:
                 break
-            if c1212 < 0:
-                c1212 = -c1212
+            if c1238 < 0:
+                c1238 = -c1238
                 b = buf[pos]
                 if b < 128:
-                    z1215 = _ZD[b]
+                    z1241 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1215 = (z >> 1) ^ -(z & 1)
+                    z1241 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1215 = (z >> 1) ^ -(z & 1)
+                    z1241 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1215, pos = _rlong(buf, pos)
-            if c1212 * 2 > end - pos:
-                raise _count_error(c1212, end - pos)
-            for _ in range(c1212):
-                x1213, pos = _d_GpuShare1103(buf, pos, end)
-                acc1211.append(x1213)
-        f_gpus = tuple(acc1211)
+                    z1241, pos = _rlong(buf, pos)
+            if c1238 * 2 > end - pos:
+                raise _count_error(c1238, end - pos)
+            for _ in range(c1238):
+                x1239, pos = _d_GpuShare1129(buf, pos, end)
+                acc1237.append(x1239)
+        f_gpus = tuple(acc1237)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1197(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1223(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5271,214 +5379,214 @@ def _d_GangScheduled1197(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1199 = _ZL[buf[pos]]
-    if n1199 < 0:
-        n1199, pos = _rlong(buf, pos)
-        if n1199 < 0:
-            raise _length_error(n1199, end - pos)
+    n1225 = _ZL[buf[pos]]
+    if n1225 < 0:
+        n1225, pos = _rlong(buf, pos)
+        if n1225 < 0:
+            raise _length_error(n1225, end - pos)
     else:
         pos += 1
-    q1200 = pos + n1199
-    if q1200 > end:
-        raise _length_error(n1199, end - pos)
-    f_gang_id = buf[pos:q1200].decode()
-    pos = q1200
+    q1226 = pos + n1225
+    if q1226 > end:
+        raise _length_error(n1225, end - pos)
+    f_gang_id = buf[pos:q1226].decode()
+    pos = q1226
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1201: list[Any] = []
+        acc1227: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1202 = _ZD[b]
+                c1228 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1202 = (z >> 1) ^ -(z & 1)
+                c1228 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1202 = (z >> 1) ^ -(z & 1)
+                c1228 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1202, pos = _rlong(buf, pos)
-            if c1202 == 0:
+                c1228, pos = _rlong(buf, pos)
+            if c1228 == 0:
                 break
-            if c1202 < 0:
-                c1202 = -c1202
+            if c1228 < 0:
+                c1228 = -c1228
                 b = buf[pos]
                 if b < 128:
-                    z1205 = _ZD[b]
+                    z1231 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1205 = (z >> 1) ^ -(z & 1)
+                    z1231 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1205 = (z >> 1) ^ -(z & 1)
+                    z1231 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1205, pos = _rlong(buf, pos)
-            if c1202 * 3 > end - pos:
-                raise _count_error(c1202, end - pos)
-            for _ in range(c1202):
-                x1203, pos = _d_MemberPlacement1205(buf, pos, end)
-                acc1201.append(x1203)
-        f_members = tuple(acc1201)
-    f_gang, pos = _d_GangSpec1161(buf, pos, end)
+                    z1231, pos = _rlong(buf, pos)
+            if c1228 * 3 > end - pos:
+                raise _count_error(c1228, end - pos)
+            for _ in range(c1228):
+                x1229, pos = _d_MemberPlacement1231(buf, pos, end)
+                acc1227.append(x1229)
+        f_members = tuple(acc1227)
+    f_gang, pos = _d_GangSpec1187(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1216 = _ZD[b]
+        i1242 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1216 = (z >> 1) ^ -(z & 1)
+        i1242 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1216 = (z >> 1) ^ -(z & 1)
+        i1242 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1216, pos = _rlong(buf, pos)
-    if i1216 == 0:
+        i1242, pos = _rlong(buf, pos)
+    if i1242 == 0:
         f_topology_key = None
-    elif i1216 == 1:
-        n1217 = _ZL[buf[pos]]
-        if n1217 < 0:
-            n1217, pos = _rlong(buf, pos)
-            if n1217 < 0:
-                raise _length_error(n1217, end - pos)
+    elif i1242 == 1:
+        n1243 = _ZL[buf[pos]]
+        if n1243 < 0:
+            n1243, pos = _rlong(buf, pos)
+            if n1243 < 0:
+                raise _length_error(n1243, end - pos)
         else:
             pos += 1
-        q1218 = pos + n1217
-        if q1218 > end:
-            raise _length_error(n1217, end - pos)
-        f_topology_key = buf[pos:q1218].decode()
-        pos = q1218
+        q1244 = pos + n1243
+        if q1244 > end:
+            raise _length_error(n1243, end - pos)
+        f_topology_key = buf[pos:q1244].decode()
+        pos = q1244
     else:
-        raise _union_error(i1216, 2)
+        raise _union_error(i1242, 2)
     b = buf[pos]
     if b < 128:
-        i1219 = _ZD[b]
+        i1245 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1219 = (z >> 1) ^ -(z & 1)
+        i1245 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1219 = (z >> 1) ^ -(z & 1)
+        i1245 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1219, pos = _rlong(buf, pos)
-    if i1219 == 0:
+        i1245, pos = _rlong(buf, pos)
+    if i1245 == 0:
         f_domain = None
-    elif i1219 == 1:
-        n1220 = _ZL[buf[pos]]
-        if n1220 < 0:
-            n1220, pos = _rlong(buf, pos)
-            if n1220 < 0:
-                raise _length_error(n1220, end - pos)
+    elif i1245 == 1:
+        n1246 = _ZL[buf[pos]]
+        if n1246 < 0:
+            n1246, pos = _rlong(buf, pos)
+            if n1246 < 0:
+                raise _length_error(n1246, end - pos)
         else:
             pos += 1
-        q1221 = pos + n1220
-        if q1221 > end:
-            raise _length_error(n1220, end - pos)
-        f_domain = buf[pos:q1221].decode()
-        pos = q1221
+        q1247 = pos + n1246
+        if q1247 > end:
+            raise _length_error(n1246, end - pos)
+        f_domain = buf[pos:q1247].decode()
+        pos = q1247
     else:
-        raise _union_error(i1219, 2)
+        raise _union_error(i1245, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1222 = _ZL[buf[pos]]
-    if n1222 < 0:
-        n1222, pos = _rlong(buf, pos)
-        if n1222 < 0:
-            raise _length_error(n1222, end - pos)
+    n1248 = _ZL[buf[pos]]
+    if n1248 < 0:
+        n1248, pos = _rlong(buf, pos)
+        if n1248 < 0:
+            raise _length_error(n1248, end - pos)
     else:
         pos += 1
-    q1223 = pos + n1222
-    if q1223 > end:
-        raise _length_error(n1222, end - pos)
-    f_message = buf[pos:q1223].decode()
-    pos = q1223
+    q1249 = pos + n1248
+    if q1249 > end:
+        raise _length_error(n1248, end - pos)
+    f_message = buf[pos:q1249].decode()
+    pos = q1249
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1224: list[Any] = []
+        acc1250: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1225 = _ZD[b]
+                c1251 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1251 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1251 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1225, pos = _rlong(buf, pos)
-            if c1225 == 0:
+                c1251, pos = _rlong(buf, pos)
+            if c1251 == 0:
                 break
-            if c1225 < 0:
-                c1225 = -c1225
+            if c1251 < 0:
+                c1251 = -c1251
                 b = buf[pos]
                 if b < 128:
-                    z1228 = _ZD[b]
+                    z1254 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1254 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1254 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1228, pos = _rlong(buf, pos)
-            if c1225 * 1 > end - pos:
-                raise _count_error(c1225, end - pos)
-            for _ in range(c1225):
-                n1229 = _ZL[buf[pos]]
-                if n1229 < 0:
-                    n1229, pos = _rlong(buf, pos)
-                    if n1229 < 0:
-                        raise _length_error(n1229, end - pos)
+                    z1254, pos = _rlong(buf, pos)
+            if c1251 * 1 > end - pos:
+                raise _count_error(c1251, end - pos)
+            for _ in range(c1251):
+                n1255 = _ZL[buf[pos]]
+                if n1255 < 0:
+                    n1255, pos = _rlong(buf, pos)
+                    if n1255 < 0:
+                        raise _length_error(n1255, end - pos)
                 else:
                     pos += 1
-                q1230 = pos + n1229
-                if q1230 > end:
-                    raise _length_error(n1229, end - pos)
-                x1226 = buf[pos:q1230].decode()
-                pos = q1230
-                acc1224.append(x1226)
-        f_preempted = tuple(acc1224)
+                q1256 = pos + n1255
+                if q1256 > end:
+                    raise _length_error(n1255, end - pos)
+                x1252 = buf[pos:q1256].decode()
+                pos = q1256
+                acc1250.append(x1252)
+        f_preempted = tuple(acc1250)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1230(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1256(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1232 = _ZL[buf[pos]]
-    if n1232 < 0:
-        n1232, pos = _rlong(buf, pos)
-        if n1232 < 0:
-            raise _length_error(n1232, end - pos)
+    n1258 = _ZL[buf[pos]]
+    if n1258 < 0:
+        n1258, pos = _rlong(buf, pos)
+        if n1258 < 0:
+            raise _length_error(n1258, end - pos)
     else:
         pos += 1
-    q1233 = pos + n1232
-    if q1233 > end:
-        raise _length_error(n1232, end - pos)
-    f_gang_id = buf[pos:q1233].decode()
-    pos = q1233
+    q1259 = pos + n1258
+    if q1259 > end:
+        raise _length_error(n1258, end - pos)
+    f_gang_id = buf[pos:q1259].decode()
+    pos = q1259
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5493,85 +5601,85 @@ def _d_GangTimedOut1230(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1234 = _ZL[buf[pos]]
-    if n1234 < 0:
-        n1234, pos = _rlong(buf, pos)
-        if n1234 < 0:
-            raise _length_error(n1234, end - pos)
+    n1260 = _ZL[buf[pos]]
+    if n1260 < 0:
+        n1260, pos = _rlong(buf, pos)
+        if n1260 < 0:
+            raise _length_error(n1260, end - pos)
     else:
         pos += 1
-    q1235 = pos + n1234
-    if q1235 > end:
-        raise _length_error(n1234, end - pos)
-    f_message = buf[pos:q1235].decode()
-    pos = q1235
+    q1261 = pos + n1260
+    if q1261 > end:
+        raise _length_error(n1260, end - pos)
+    f_message = buf[pos:q1261].decode()
+    pos = q1261
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1235(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1261(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1237 = _ZL[buf[pos]]
-    if n1237 < 0:
-        n1237, pos = _rlong(buf, pos)
-        if n1237 < 0:
-            raise _length_error(n1237, end - pos)
+    n1263 = _ZL[buf[pos]]
+    if n1263 < 0:
+        n1263, pos = _rlong(buf, pos)
+        if n1263 < 0:
+            raise _length_error(n1263, end - pos)
     else:
         pos += 1
-    q1238 = pos + n1237
-    if q1238 > end:
-        raise _length_error(n1237, end - pos)
-    f_gang_id = buf[pos:q1238].decode()
-    pos = q1238
-    n1239 = _ZL[buf[pos]]
-    if n1239 < 0:
-        n1239, pos = _rlong(buf, pos)
-        if n1239 < 0:
-            raise _length_error(n1239, end - pos)
+    q1264 = pos + n1263
+    if q1264 > end:
+        raise _length_error(n1263, end - pos)
+    f_gang_id = buf[pos:q1264].decode()
+    pos = q1264
+    n1265 = _ZL[buf[pos]]
+    if n1265 < 0:
+        n1265, pos = _rlong(buf, pos)
+        if n1265 < 0:
+            raise _length_error(n1265, end - pos)
     else:
         pos += 1
-    q1240 = pos + n1239
-    if q1240 > end:
-        raise _length_error(n1239, end - pos)
-    f_reason = buf[pos:q1240].decode()
-    pos = q1240
+    q1266 = pos + n1265
+    if q1266 > end:
+        raise _length_error(n1265, end - pos)
+    f_reason = buf[pos:q1266].decode()
+    pos = q1266
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1240(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1266(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1242 = _ZL[buf[pos]]
-    if n1242 < 0:
-        n1242, pos = _rlong(buf, pos)
-        if n1242 < 0:
-            raise _length_error(n1242, end - pos)
+    n1268 = _ZL[buf[pos]]
+    if n1268 < 0:
+        n1268, pos = _rlong(buf, pos)
+        if n1268 < 0:
+            raise _length_error(n1268, end - pos)
     else:
         pos += 1
-    q1243 = pos + n1242
-    if q1243 > end:
-        raise _length_error(n1242, end - pos)
-    f_pod_id = buf[pos:q1243].decode()
-    pos = q1243
-    n1244 = _ZL[buf[pos]]
-    if n1244 < 0:
-        n1244, pos = _rlong(buf, pos)
-        if n1244 < 0:
-            raise _length_error(n1244, end - pos)
+    q1269 = pos + n1268
+    if q1269 > end:
+        raise _length_error(n1268, end - pos)
+    f_pod_id = buf[pos:q1269].decode()
+    pos = q1269
+    n1270 = _ZL[buf[pos]]
+    if n1270 < 0:
+        n1270, pos = _rlong(buf, pos)
+        if n1270 < 0:
+            raise _length_error(n1270, end - pos)
     else:
         pos += 1
-    q1245 = pos + n1244
-    if q1245 > end:
-        raise _length_error(n1244, end - pos)
-    f_node_id = buf[pos:q1245].decode()
-    pos = q1245
+    q1271 = pos + n1270
+    if q1271 > end:
+        raise _length_error(n1270, end - pos)
+    f_node_id = buf[pos:q1271].decode()
+    pos = q1271
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5588,141 +5696,141 @@ def _d_PodTimeLimitReached1240(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1246 = _ZD[b]
+        i1272 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1272 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1272 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1246, pos = _rlong(buf, pos)
-    if i1246 == 0:
+        i1272, pos = _rlong(buf, pos)
+    if i1272 == 0:
         f_gang_id = None
-    elif i1246 == 1:
-        n1247 = _ZL[buf[pos]]
-        if n1247 < 0:
-            n1247, pos = _rlong(buf, pos)
-            if n1247 < 0:
-                raise _length_error(n1247, end - pos)
+    elif i1272 == 1:
+        n1273 = _ZL[buf[pos]]
+        if n1273 < 0:
+            n1273, pos = _rlong(buf, pos)
+            if n1273 < 0:
+                raise _length_error(n1273, end - pos)
         else:
             pos += 1
-        q1248 = pos + n1247
-        if q1248 > end:
-            raise _length_error(n1247, end - pos)
-        f_gang_id = buf[pos:q1248].decode()
-        pos = q1248
+        q1274 = pos + n1273
+        if q1274 > end:
+            raise _length_error(n1273, end - pos)
+        f_gang_id = buf[pos:q1274].decode()
+        pos = q1274
     else:
-        raise _union_error(i1246, 2)
+        raise _union_error(i1272, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1248(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1274(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1250 = _ZL[buf[pos]]
-    if n1250 < 0:
-        n1250, pos = _rlong(buf, pos)
-        if n1250 < 0:
-            raise _length_error(n1250, end - pos)
+    n1276 = _ZL[buf[pos]]
+    if n1276 < 0:
+        n1276, pos = _rlong(buf, pos)
+        if n1276 < 0:
+            raise _length_error(n1276, end - pos)
     else:
         pos += 1
-    q1251 = pos + n1250
-    if q1251 > end:
-        raise _length_error(n1250, end - pos)
-    f_holder_id = buf[pos:q1251].decode()
-    pos = q1251
-    n1252 = _ZL[buf[pos]]
-    if n1252 < 0:
-        n1252, pos = _rlong(buf, pos)
-        if n1252 < 0:
-            raise _length_error(n1252, end - pos)
+    q1277 = pos + n1276
+    if q1277 > end:
+        raise _length_error(n1276, end - pos)
+    f_holder_id = buf[pos:q1277].decode()
+    pos = q1277
+    n1278 = _ZL[buf[pos]]
+    if n1278 < 0:
+        n1278, pos = _rlong(buf, pos)
+        if n1278 < 0:
+            raise _length_error(n1278, end - pos)
     else:
         pos += 1
-    q1253 = pos + n1252
-    if q1253 > end:
-        raise _length_error(n1252, end - pos)
-    f_holder_kind = buf[pos:q1253].decode()
-    pos = q1253
+    q1279 = pos + n1278
+    if q1279 > end:
+        raise _length_error(n1278, end - pos)
+    f_holder_kind = buf[pos:q1279].decode()
+    pos = q1279
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1254: list[Any] = []
+        acc1280: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1255 = _ZD[b]
+                c1281 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1255 = (z >> 1) ^ -(z & 1)
+                c1281 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1255 = (z >> 1) ^ -(z & 1)
+                c1281 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1255, pos = _rlong(buf, pos)
-            if c1255 == 0:
+                c1281, pos = _rlong(buf, pos)
+            if c1281 == 0:
                 break
-            if c1255 < 0:
-                c1255 = -c1255
+            if c1281 < 0:
+                c1281 = -c1281
                 b = buf[pos]
                 if b < 128:
-                    z1258 = _ZD[b]
+                    z1284 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1258 = (z >> 1) ^ -(z & 1)
+                    z1284 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1258 = (z >> 1) ^ -(z & 1)
+                    z1284 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1258, pos = _rlong(buf, pos)
-            if c1255 * 1 > end - pos:
-                raise _count_error(c1255, end - pos)
-            for _ in range(c1255):
-                n1259 = _ZL[buf[pos]]
-                if n1259 < 0:
-                    n1259, pos = _rlong(buf, pos)
-                    if n1259 < 0:
-                        raise _length_error(n1259, end - pos)
+                    z1284, pos = _rlong(buf, pos)
+            if c1281 * 1 > end - pos:
+                raise _count_error(c1281, end - pos)
+            for _ in range(c1281):
+                n1285 = _ZL[buf[pos]]
+                if n1285 < 0:
+                    n1285, pos = _rlong(buf, pos)
+                    if n1285 < 0:
+                        raise _length_error(n1285, end - pos)
                 else:
                     pos += 1
-                q1260 = pos + n1259
-                if q1260 > end:
-                    raise _length_error(n1259, end - pos)
-                x1256 = buf[pos:q1260].decode()
-                pos = q1260
-                acc1254.append(x1256)
-        f_nodes = tuple(acc1254)
+                q1286 = pos + n1285
+                if q1286 > end:
+                    raise _length_error(n1285, end - pos)
+                x1282 = buf[pos:q1286].decode()
+                pos = q1286
+                acc1280.append(x1282)
+        f_nodes = tuple(acc1280)
     b = buf[pos]
     if b < 128:
-        i1261 = _ZD[b]
+        i1287 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1287 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1287 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1261, pos = _rlong(buf, pos)
-    if i1261 == 0:
+        i1287, pos = _rlong(buf, pos)
+    if i1287 == 0:
         f_expected_start = None
-    elif i1261 == 1:
+    elif i1287 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5738,194 +5846,194 @@ def _d_NodesReserved1248(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1261, 2)
-    n1262 = _ZL[buf[pos]]
-    if n1262 < 0:
-        n1262, pos = _rlong(buf, pos)
-        if n1262 < 0:
-            raise _length_error(n1262, end - pos)
+        raise _union_error(i1287, 2)
+    n1288 = _ZL[buf[pos]]
+    if n1288 < 0:
+        n1288, pos = _rlong(buf, pos)
+        if n1288 < 0:
+            raise _length_error(n1288, end - pos)
     else:
         pos += 1
-    q1263 = pos + n1262
-    if q1263 > end:
-        raise _length_error(n1262, end - pos)
-    f_message = buf[pos:q1263].decode()
-    pos = q1263
+    q1289 = pos + n1288
+    if q1289 > end:
+        raise _length_error(n1288, end - pos)
+    f_message = buf[pos:q1289].decode()
+    pos = q1289
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1263(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1289(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1265 = _ZL[buf[pos]]
-    if n1265 < 0:
-        n1265, pos = _rlong(buf, pos)
-        if n1265 < 0:
-            raise _length_error(n1265, end - pos)
+    n1291 = _ZL[buf[pos]]
+    if n1291 < 0:
+        n1291, pos = _rlong(buf, pos)
+        if n1291 < 0:
+            raise _length_error(n1291, end - pos)
     else:
         pos += 1
-    q1266 = pos + n1265
-    if q1266 > end:
-        raise _length_error(n1265, end - pos)
-    f_holder_id = buf[pos:q1266].decode()
-    pos = q1266
-    n1267 = _ZL[buf[pos]]
-    if n1267 < 0:
-        n1267, pos = _rlong(buf, pos)
-        if n1267 < 0:
-            raise _length_error(n1267, end - pos)
+    q1292 = pos + n1291
+    if q1292 > end:
+        raise _length_error(n1291, end - pos)
+    f_holder_id = buf[pos:q1292].decode()
+    pos = q1292
+    n1293 = _ZL[buf[pos]]
+    if n1293 < 0:
+        n1293, pos = _rlong(buf, pos)
+        if n1293 < 0:
+            raise _length_error(n1293, end - pos)
     else:
         pos += 1
-    q1268 = pos + n1267
-    if q1268 > end:
-        raise _length_error(n1267, end - pos)
-    f_holder_kind = buf[pos:q1268].decode()
-    pos = q1268
+    q1294 = pos + n1293
+    if q1294 > end:
+        raise _length_error(n1293, end - pos)
+    f_holder_kind = buf[pos:q1294].decode()
+    pos = q1294
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1269: list[Any] = []
+        acc1295: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1270 = _ZD[b]
+                c1296 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1270 = (z >> 1) ^ -(z & 1)
+                c1296 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1270 = (z >> 1) ^ -(z & 1)
+                c1296 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1270, pos = _rlong(buf, pos)
-            if c1270 == 0:
+                c1296, pos = _rlong(buf, pos)
+            if c1296 == 0:
                 break
-            if c1270 < 0:
-                c1270 = -c1270
+            if c1296 < 0:
+                c1296 = -c1296
                 b = buf[pos]
                 if b < 128:
-                    z1273 = _ZD[b]
+                    z1299 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1273 = (z >> 1) ^ -(z & 1)
+                    z1299 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1273 = (z >> 1) ^ -(z & 1)
+                    z1299 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1273, pos = _rlong(buf, pos)
-            if c1270 * 1 > end - pos:
-                raise _count_error(c1270, end - pos)
-            for _ in range(c1270):
-                n1274 = _ZL[buf[pos]]
-                if n1274 < 0:
-                    n1274, pos = _rlong(buf, pos)
-                    if n1274 < 0:
-                        raise _length_error(n1274, end - pos)
+                    z1299, pos = _rlong(buf, pos)
+            if c1296 * 1 > end - pos:
+                raise _count_error(c1296, end - pos)
+            for _ in range(c1296):
+                n1300 = _ZL[buf[pos]]
+                if n1300 < 0:
+                    n1300, pos = _rlong(buf, pos)
+                    if n1300 < 0:
+                        raise _length_error(n1300, end - pos)
                 else:
                     pos += 1
-                q1275 = pos + n1274
-                if q1275 > end:
-                    raise _length_error(n1274, end - pos)
-                x1271 = buf[pos:q1275].decode()
-                pos = q1275
-                acc1269.append(x1271)
-        f_nodes = tuple(acc1269)
-    n1276 = _ZL[buf[pos]]
-    if n1276 < 0:
-        n1276, pos = _rlong(buf, pos)
-        if n1276 < 0:
-            raise _length_error(n1276, end - pos)
+                q1301 = pos + n1300
+                if q1301 > end:
+                    raise _length_error(n1300, end - pos)
+                x1297 = buf[pos:q1301].decode()
+                pos = q1301
+                acc1295.append(x1297)
+        f_nodes = tuple(acc1295)
+    n1302 = _ZL[buf[pos]]
+    if n1302 < 0:
+        n1302, pos = _rlong(buf, pos)
+        if n1302 < 0:
+            raise _length_error(n1302, end - pos)
     else:
         pos += 1
-    q1277 = pos + n1276
-    if q1277 > end:
-        raise _length_error(n1276, end - pos)
-    f_reason = buf[pos:q1277].decode()
-    pos = q1277
-    n1278 = _ZL[buf[pos]]
-    if n1278 < 0:
-        n1278, pos = _rlong(buf, pos)
-        if n1278 < 0:
-            raise _length_error(n1278, end - pos)
+    q1303 = pos + n1302
+    if q1303 > end:
+        raise _length_error(n1302, end - pos)
+    f_reason = buf[pos:q1303].decode()
+    pos = q1303
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
     else:
         pos += 1
-    q1279 = pos + n1278
-    if q1279 > end:
-        raise _length_error(n1278, end - pos)
-    f_message = buf[pos:q1279].decode()
-    pos = q1279
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_message = buf[pos:q1305].decode()
+    pos = q1305
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1279(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1305(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1281 = _ZL[buf[pos]]
-    if n1281 < 0:
-        n1281, pos = _rlong(buf, pos)
-        if n1281 < 0:
-            raise _length_error(n1281, end - pos)
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
     else:
         pos += 1
-    q1282 = pos + n1281
-    if q1282 > end:
-        raise _length_error(n1281, end - pos)
-    f_holder_id = buf[pos:q1282].decode()
-    pos = q1282
-    n1283 = _ZL[buf[pos]]
-    if n1283 < 0:
-        n1283, pos = _rlong(buf, pos)
-        if n1283 < 0:
-            raise _length_error(n1283, end - pos)
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_holder_id = buf[pos:q1308].decode()
+    pos = q1308
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
     else:
         pos += 1
-    q1284 = pos + n1283
-    if q1284 > end:
-        raise _length_error(n1283, end - pos)
-    f_holder_kind = buf[pos:q1284].decode()
-    pos = q1284
-    n1285 = _ZL[buf[pos]]
-    if n1285 < 0:
-        n1285, pos = _rlong(buf, pos)
-        if n1285 < 0:
-            raise _length_error(n1285, end - pos)
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_holder_kind = buf[pos:q1310].decode()
+    pos = q1310
+    n1311 = _ZL[buf[pos]]
+    if n1311 < 0:
+        n1311, pos = _rlong(buf, pos)
+        if n1311 < 0:
+            raise _length_error(n1311, end - pos)
     else:
         pos += 1
-    q1286 = pos + n1285
-    if q1286 > end:
-        raise _length_error(n1285, end - pos)
-    f_dependency_id = buf[pos:q1286].decode()
-    pos = q1286
-    n1287 = _ZL[buf[pos]]
-    if n1287 < 0:
-        n1287, pos = _rlong(buf, pos)
-        if n1287 < 0:
-            raise _length_error(n1287, end - pos)
+    q1312 = pos + n1311
+    if q1312 > end:
+        raise _length_error(n1311, end - pos)
+    f_dependency_id = buf[pos:q1312].decode()
+    pos = q1312
+    n1313 = _ZL[buf[pos]]
+    if n1313 < 0:
+        n1313, pos = _rlong(buf, pos)
+        if n1313 < 0:
+            raise _length_error(n1313, end - pos)
     else:
         pos += 1
-    q1288 = pos + n1287
-    if q1288 > end:
-        raise _length_error(n1287, end - pos)
-    f_message = buf[pos:q1288].decode()
-    pos = q1288
+    q1314 = pos + n1313
+    if q1314 > end:
+        raise _length_error(n1313, end - pos)
+    f_message = buf[pos:q1314].decode()
+    pos = q1314
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1288(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1314(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5948,244 +6056,24 @@ def _d_Ticked1288(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1289(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1315(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1291 = _ZL[buf[pos]]
-    if n1291 < 0:
-        n1291, pos = _rlong(buf, pos)
-        if n1291 < 0:
-            raise _length_error(n1291, end - pos)
+    n1317 = _ZL[buf[pos]]
+    if n1317 < 0:
+        n1317, pos = _rlong(buf, pos)
+        if n1317 < 0:
+            raise _length_error(n1317, end - pos)
     else:
         pos += 1
-    q1292 = pos + n1291
-    if q1292 > end:
-        raise _length_error(n1291, end - pos)
-    f_pod_id = buf[pos:q1292].decode()
-    pos = q1292
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
-    else:
-        pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_node_id = buf[pos:q1294].decode()
-    pos = q1294
-    n1295 = _ZL[buf[pos]]
-    if n1295 < 0:
-        n1295, pos = _rlong(buf, pos)
-        if n1295 < 0:
-            raise _length_error(n1295, end - pos)
-    else:
-        pos += 1
-    q1296 = pos + n1295
-    if q1296 > end:
-        raise _length_error(n1295, end - pos)
-    f_by = buf[pos:q1296].decode()
-    pos = q1296
-    n1297 = _ZL[buf[pos]]
-    if n1297 < 0:
-        n1297, pos = _rlong(buf, pos)
-        if n1297 < 0:
-            raise _length_error(n1297, end - pos)
-    else:
-        pos += 1
-    q1298 = pos + n1297
-    if q1298 > end:
-        raise _length_error(n1297, end - pos)
-    f_reason = buf[pos:q1298].decode()
-    pos = q1298
-    n1299 = _ZL[buf[pos]]
-    if n1299 < 0:
-        n1299, pos = _rlong(buf, pos)
-        if n1299 < 0:
-            raise _length_error(n1299, end - pos)
-    else:
-        pos += 1
-    q1300 = pos + n1299
-    if q1300 > end:
-        raise _length_error(n1299, end - pos)
-    f_message = buf[pos:q1300].decode()
-    pos = q1300
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1300(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1302 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1302 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1302 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1302, pos = _rlong(buf, pos)
-    if i1302 == 0:
-        f_tenant = None
-    elif i1302 == 1:
-        n1303 = _ZL[buf[pos]]
-        if n1303 < 0:
-            n1303, pos = _rlong(buf, pos)
-            if n1303 < 0:
-                raise _length_error(n1303, end - pos)
-        else:
-            pos += 1
-        q1304 = pos + n1303
-        if q1304 > end:
-            raise _length_error(n1303, end - pos)
-        f_tenant = buf[pos:q1304].decode()
-        pos = q1304
-    else:
-        raise _union_error(i1302, 2)
-    b = buf[pos]
-    if b < 128:
-        i1305 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1305 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1305 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1305, pos = _rlong(buf, pos)
-    if i1305 == 0:
-        f_quota = None
-    elif i1305 == 1:
-        f_quota, pos = _d_Quota391(buf, pos, end)
-    else:
-        raise _union_error(i1305, 2)
-    b = buf[pos]
-    if b < 128:
-        i1306 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1306 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1306 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1306, pos = _rlong(buf, pos)
-    if i1306 == 0:
-        f_previous = None
-    elif i1306 == 1:
-        f_previous, pos = _d_Quota391(buf, pos, end)
-    else:
-        raise _union_error(i1306, 2)
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
-    else:
-        pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_message = buf[pos:q1308].decode()
-    pos = q1308
-    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
-    return o, pos
-
-
-def _d_PodMigrated1308(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
-    f_pod_id: str
-    f_from_node: str
-    f_from_gpus: tuple[Any, ...]
-    f_to_node: str
-    f_to_gpus: tuple[Any, ...]
-    f_reason: str
-    f_message: str
-    n1310 = _ZL[buf[pos]]
-    if n1310 < 0:
-        n1310, pos = _rlong(buf, pos)
-        if n1310 < 0:
-            raise _length_error(n1310, end - pos)
-    else:
-        pos += 1
-    q1311 = pos + n1310
-    if q1311 > end:
-        raise _length_error(n1310, end - pos)
-    f_pod_id = buf[pos:q1311].decode()
-    pos = q1311
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
-    else:
-        pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_from_node = buf[pos:q1313].decode()
-    pos = q1313
-    if buf[pos] == 0:
-        pos += 1
-        f_from_gpus = ()
-    else:
-        acc1314: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1315 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1315 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1315 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1315, pos = _rlong(buf, pos)
-            if c1315 == 0:
-                break
-            if c1315 < 0:
-                c1315 = -c1315
-                b = buf[pos]
-                if b < 128:
-                    z1318 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1318 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1318 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1318, pos = _rlong(buf, pos)
-            if c1315 * 2 > end - pos:
-                raise _count_error(c1315, end - pos)
-            for _ in range(c1315):
-                x1316, pos = _d_GpuShare1103(buf, pos, end)
-                acc1314.append(x1316)
-        f_from_gpus = tuple(acc1314)
+    q1318 = pos + n1317
+    if q1318 > end:
+        raise _length_error(n1317, end - pos)
+    f_pod_id = buf[pos:q1318].decode()
+    pos = q1318
     n1319 = _ZL[buf[pos]]
     if n1319 < 0:
         n1319, pos = _rlong(buf, pos)
@@ -6196,81 +6084,301 @@ def _d_PodMigrated1308(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1320 = pos + n1319
     if q1320 > end:
         raise _length_error(n1319, end - pos)
-    f_to_node = buf[pos:q1320].decode()
+    f_node_id = buf[pos:q1320].decode()
     pos = q1320
+    n1321 = _ZL[buf[pos]]
+    if n1321 < 0:
+        n1321, pos = _rlong(buf, pos)
+        if n1321 < 0:
+            raise _length_error(n1321, end - pos)
+    else:
+        pos += 1
+    q1322 = pos + n1321
+    if q1322 > end:
+        raise _length_error(n1321, end - pos)
+    f_by = buf[pos:q1322].decode()
+    pos = q1322
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
+    else:
+        pos += 1
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_reason = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
+    else:
+        pos += 1
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_message = buf[pos:q1326].decode()
+    pos = q1326
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1326(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1328 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1328 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1328 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1328, pos = _rlong(buf, pos)
+    if i1328 == 0:
+        f_tenant = None
+    elif i1328 == 1:
+        n1329 = _ZL[buf[pos]]
+        if n1329 < 0:
+            n1329, pos = _rlong(buf, pos)
+            if n1329 < 0:
+                raise _length_error(n1329, end - pos)
+        else:
+            pos += 1
+        q1330 = pos + n1329
+        if q1330 > end:
+            raise _length_error(n1329, end - pos)
+        f_tenant = buf[pos:q1330].decode()
+        pos = q1330
+    else:
+        raise _union_error(i1328, 2)
+    b = buf[pos]
+    if b < 128:
+        i1331 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1331 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1331 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1331, pos = _rlong(buf, pos)
+    if i1331 == 0:
+        f_quota = None
+    elif i1331 == 1:
+        f_quota, pos = _d_Quota401(buf, pos, end)
+    else:
+        raise _union_error(i1331, 2)
+    b = buf[pos]
+    if b < 128:
+        i1332 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1332 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1332 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1332, pos = _rlong(buf, pos)
+    if i1332 == 0:
+        f_previous = None
+    elif i1332 == 1:
+        f_previous, pos = _d_Quota401(buf, pos, end)
+    else:
+        raise _union_error(i1332, 2)
+    n1333 = _ZL[buf[pos]]
+    if n1333 < 0:
+        n1333, pos = _rlong(buf, pos)
+        if n1333 < 0:
+            raise _length_error(n1333, end - pos)
+    else:
+        pos += 1
+    q1334 = pos + n1333
+    if q1334 > end:
+        raise _length_error(n1333, end - pos)
+    f_message = buf[pos:q1334].decode()
+    pos = q1334
+    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
+    return o, pos
+
+
+def _d_PodMigrated1334(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+    f_pod_id: str
+    f_from_node: str
+    f_from_gpus: tuple[Any, ...]
+    f_to_node: str
+    f_to_gpus: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1336 = _ZL[buf[pos]]
+    if n1336 < 0:
+        n1336, pos = _rlong(buf, pos)
+        if n1336 < 0:
+            raise _length_error(n1336, end - pos)
+    else:
+        pos += 1
+    q1337 = pos + n1336
+    if q1337 > end:
+        raise _length_error(n1336, end - pos)
+    f_pod_id = buf[pos:q1337].decode()
+    pos = q1337
+    n1338 = _ZL[buf[pos]]
+    if n1338 < 0:
+        n1338, pos = _rlong(buf, pos)
+        if n1338 < 0:
+            raise _length_error(n1338, end - pos)
+    else:
+        pos += 1
+    q1339 = pos + n1338
+    if q1339 > end:
+        raise _length_error(n1338, end - pos)
+    f_from_node = buf[pos:q1339].decode()
+    pos = q1339
+    if buf[pos] == 0:
+        pos += 1
+        f_from_gpus = ()
+    else:
+        acc1340: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1341 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1341 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1341 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1341, pos = _rlong(buf, pos)
+            if c1341 == 0:
+                break
+            if c1341 < 0:
+                c1341 = -c1341
+                b = buf[pos]
+                if b < 128:
+                    z1344 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1344 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1344 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1344, pos = _rlong(buf, pos)
+            if c1341 * 2 > end - pos:
+                raise _count_error(c1341, end - pos)
+            for _ in range(c1341):
+                x1342, pos = _d_GpuShare1129(buf, pos, end)
+                acc1340.append(x1342)
+        f_from_gpus = tuple(acc1340)
+    n1345 = _ZL[buf[pos]]
+    if n1345 < 0:
+        n1345, pos = _rlong(buf, pos)
+        if n1345 < 0:
+            raise _length_error(n1345, end - pos)
+    else:
+        pos += 1
+    q1346 = pos + n1345
+    if q1346 > end:
+        raise _length_error(n1345, end - pos)
+    f_to_node = buf[pos:q1346].decode()
+    pos = q1346
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1321: list[Any] = []
+        acc1347: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1322 = _ZD[b]
+                c1348 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1322 = (z >> 1) ^ -(z & 1)
+                c1348 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1322 = (z >> 1) ^ -(z & 1)
+                c1348 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1322, pos = _rlong(buf, pos)
-            if c1322 == 0:
+                c1348, pos = _rlong(buf, pos)
+            if c1348 == 0:
                 break
-            if c1322 < 0:
-                c1322 = -c1322
+            if c1348 < 0:
+                c1348 = -c1348
                 b = buf[pos]
                 if b < 128:
-                    z1325 = _ZD[b]
+                    z1351 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1325 = (z >> 1) ^ -(z & 1)
+                    z1351 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1325 = (z >> 1) ^ -(z & 1)
+                    z1351 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1325, pos = _rlong(buf, pos)
-            if c1322 * 2 > end - pos:
-                raise _count_error(c1322, end - pos)
-            for _ in range(c1322):
-                x1323, pos = _d_GpuShare1103(buf, pos, end)
-                acc1321.append(x1323)
-        f_to_gpus = tuple(acc1321)
-    n1326 = _ZL[buf[pos]]
-    if n1326 < 0:
-        n1326, pos = _rlong(buf, pos)
-        if n1326 < 0:
-            raise _length_error(n1326, end - pos)
+                    z1351, pos = _rlong(buf, pos)
+            if c1348 * 2 > end - pos:
+                raise _count_error(c1348, end - pos)
+            for _ in range(c1348):
+                x1349, pos = _d_GpuShare1129(buf, pos, end)
+                acc1347.append(x1349)
+        f_to_gpus = tuple(acc1347)
+    n1352 = _ZL[buf[pos]]
+    if n1352 < 0:
+        n1352, pos = _rlong(buf, pos)
+        if n1352 < 0:
+            raise _length_error(n1352, end - pos)
     else:
         pos += 1
-    q1327 = pos + n1326
-    if q1327 > end:
-        raise _length_error(n1326, end - pos)
-    f_reason = buf[pos:q1327].decode()
-    pos = q1327
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+    q1353 = pos + n1352
+    if q1353 > end:
+        raise _length_error(n1352, end - pos)
+    f_reason = buf[pos:q1353].decode()
+    pos = q1353
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_message = buf[pos:q1329].decode()
-    pos = q1329
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_message = buf[pos:q1355].decode()
+    pos = q1355
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1329(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1355(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6320,138 +6428,138 @@ def _d_DefragmentationPlanned1329(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1331 = _ZD[b]
+        i1357 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1357 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1357 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1331, pos = _rlong(buf, pos)
-    if i1331 == 0:
+        i1357, pos = _rlong(buf, pos)
+    if i1357 == 0:
         f_target = None
-    elif i1331 == 1:
-        n1332 = _ZL[buf[pos]]
-        if n1332 < 0:
-            n1332, pos = _rlong(buf, pos)
-            if n1332 < 0:
-                raise _length_error(n1332, end - pos)
+    elif i1357 == 1:
+        n1358 = _ZL[buf[pos]]
+        if n1358 < 0:
+            n1358, pos = _rlong(buf, pos)
+            if n1358 < 0:
+                raise _length_error(n1358, end - pos)
         else:
             pos += 1
-        q1333 = pos + n1332
-        if q1333 > end:
-            raise _length_error(n1332, end - pos)
-        f_target = buf[pos:q1333].decode()
-        pos = q1333
+        q1359 = pos + n1358
+        if q1359 > end:
+            raise _length_error(n1358, end - pos)
+        f_target = buf[pos:q1359].decode()
+        pos = q1359
     else:
-        raise _union_error(i1331, 2)
-    n1334 = _ZL[buf[pos]]
-    if n1334 < 0:
-        n1334, pos = _rlong(buf, pos)
-        if n1334 < 0:
-            raise _length_error(n1334, end - pos)
+        raise _union_error(i1357, 2)
+    n1360 = _ZL[buf[pos]]
+    if n1360 < 0:
+        n1360, pos = _rlong(buf, pos)
+        if n1360 < 0:
+            raise _length_error(n1360, end - pos)
     else:
         pos += 1
-    q1335 = pos + n1334
-    if q1335 > end:
-        raise _length_error(n1334, end - pos)
-    f_message = buf[pos:q1335].decode()
-    pos = q1335
+    q1361 = pos + n1360
+    if q1361 > end:
+        raise _length_error(n1360, end - pos)
+    f_message = buf[pos:q1361].decode()
+    pos = q1361
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1335(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1361(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1337 = _ZL[buf[pos]]
-    if n1337 < 0:
-        n1337, pos = _rlong(buf, pos)
-        if n1337 < 0:
-            raise _length_error(n1337, end - pos)
+    n1363 = _ZL[buf[pos]]
+    if n1363 < 0:
+        n1363, pos = _rlong(buf, pos)
+        if n1363 < 0:
+            raise _length_error(n1363, end - pos)
     else:
         pos += 1
-    q1338 = pos + n1337
-    if q1338 > end:
-        raise _length_error(n1337, end - pos)
-    f_cluster = buf[pos:q1338].decode()
-    pos = q1338
-    n1339 = _ZL[buf[pos]]
-    if n1339 < 0:
-        n1339, pos = _rlong(buf, pos)
-        if n1339 < 0:
-            raise _length_error(n1339, end - pos)
+    q1364 = pos + n1363
+    if q1364 > end:
+        raise _length_error(n1363, end - pos)
+    f_cluster = buf[pos:q1364].decode()
+    pos = q1364
+    n1365 = _ZL[buf[pos]]
+    if n1365 < 0:
+        n1365, pos = _rlong(buf, pos)
+        if n1365 < 0:
+            raise _length_error(n1365, end - pos)
     else:
         pos += 1
-    q1340 = pos + n1339
-    if q1340 > end:
-        raise _length_error(n1339, end - pos)
-    f_command_id = buf[pos:q1340].decode()
-    pos = q1340
-    n1341 = _ZL[buf[pos]]
-    if n1341 < 0:
-        n1341, pos = _rlong(buf, pos)
-        if n1341 < 0:
-            raise _length_error(n1341, end - pos)
+    q1366 = pos + n1365
+    if q1366 > end:
+        raise _length_error(n1365, end - pos)
+    f_command_id = buf[pos:q1366].decode()
+    pos = q1366
+    n1367 = _ZL[buf[pos]]
+    if n1367 < 0:
+        n1367, pos = _rlong(buf, pos)
+        if n1367 < 0:
+            raise _length_error(n1367, end - pos)
     else:
         pos += 1
-    q1342 = pos + n1341
-    if q1342 > end:
-        raise _length_error(n1341, end - pos)
-    f_error = buf[pos:q1342].decode()
-    pos = q1342
-    n1343 = _ZL[buf[pos]]
-    if n1343 < 0:
-        n1343, pos = _rlong(buf, pos)
-        if n1343 < 0:
-            raise _length_error(n1343, end - pos)
+    q1368 = pos + n1367
+    if q1368 > end:
+        raise _length_error(n1367, end - pos)
+    f_error = buf[pos:q1368].decode()
+    pos = q1368
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
     else:
         pos += 1
-    q1344 = pos + n1343
-    if q1344 > end:
-        raise _length_error(n1343, end - pos)
-    f_message = buf[pos:q1344].decode()
-    pos = q1344
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_message = buf[pos:q1370].decode()
+    pos = q1370
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1344(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1370(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1346 = _ZL[buf[pos]]
-    if n1346 < 0:
-        n1346, pos = _rlong(buf, pos)
-        if n1346 < 0:
-            raise _length_error(n1346, end - pos)
+    n1372 = _ZL[buf[pos]]
+    if n1372 < 0:
+        n1372, pos = _rlong(buf, pos)
+        if n1372 < 0:
+            raise _length_error(n1372, end - pos)
     else:
         pos += 1
-    q1347 = pos + n1346
-    if q1347 > end:
-        raise _length_error(n1346, end - pos)
-    f_cluster = buf[pos:q1347].decode()
-    pos = q1347
-    n1348 = _ZL[buf[pos]]
-    if n1348 < 0:
-        n1348, pos = _rlong(buf, pos)
-        if n1348 < 0:
-            raise _length_error(n1348, end - pos)
+    q1373 = pos + n1372
+    if q1373 > end:
+        raise _length_error(n1372, end - pos)
+    f_cluster = buf[pos:q1373].decode()
+    pos = q1373
+    n1374 = _ZL[buf[pos]]
+    if n1374 < 0:
+        n1374, pos = _rlong(buf, pos)
+        if n1374 < 0:
+            raise _length_error(n1374, end - pos)
     else:
         pos += 1
-    q1349 = pos + n1348
-    if q1349 > end:
-        raise _length_error(n1348, end - pos)
-    f_halted_command_id = buf[pos:q1349].decode()
-    pos = q1349
+    q1375 = pos + n1374
+    if q1375 > end:
+        raise _length_error(n1374, end - pos)
+    f_halted_command_id = buf[pos:q1375].decode()
+    pos = q1375
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6480,168 +6588,168 @@ def _d_ClusterResumed1344(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1350 = _ZL[buf[pos]]
-    if n1350 < 0:
-        n1350, pos = _rlong(buf, pos)
-        if n1350 < 0:
-            raise _length_error(n1350, end - pos)
+    n1376 = _ZL[buf[pos]]
+    if n1376 < 0:
+        n1376, pos = _rlong(buf, pos)
+        if n1376 < 0:
+            raise _length_error(n1376, end - pos)
     else:
         pos += 1
-    q1351 = pos + n1350
-    if q1351 > end:
-        raise _length_error(n1350, end - pos)
-    f_message = buf[pos:q1351].decode()
-    pos = q1351
+    q1377 = pos + n1376
+    if q1377 > end:
+        raise _length_error(n1376, end - pos)
+    f_message = buf[pos:q1377].decode()
+    pos = q1377
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1351(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1377(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1353 = _ZL[buf[pos]]
-    if n1353 < 0:
-        n1353, pos = _rlong(buf, pos)
-        if n1353 < 0:
-            raise _length_error(n1353, end - pos)
+    n1379 = _ZL[buf[pos]]
+    if n1379 < 0:
+        n1379, pos = _rlong(buf, pos)
+        if n1379 < 0:
+            raise _length_error(n1379, end - pos)
     else:
         pos += 1
-    q1354 = pos + n1353
-    if q1354 > end:
-        raise _length_error(n1353, end - pos)
-    f_node_id = buf[pos:q1354].decode()
-    pos = q1354
+    q1380 = pos + n1379
+    if q1380 > end:
+        raise _length_error(n1379, end - pos)
+    f_node_id = buf[pos:q1380].decode()
+    pos = q1380
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1354(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1380(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1356 = _ZL[buf[pos]]
-    if n1356 < 0:
-        n1356, pos = _rlong(buf, pos)
-        if n1356 < 0:
-            raise _length_error(n1356, end - pos)
+    n1382 = _ZL[buf[pos]]
+    if n1382 < 0:
+        n1382, pos = _rlong(buf, pos)
+        if n1382 < 0:
+            raise _length_error(n1382, end - pos)
     else:
         pos += 1
-    q1357 = pos + n1356
-    if q1357 > end:
-        raise _length_error(n1356, end - pos)
-    f_node_id = buf[pos:q1357].decode()
-    pos = q1357
+    q1383 = pos + n1382
+    if q1383 > end:
+        raise _length_error(n1382, end - pos)
+    f_node_id = buf[pos:q1383].decode()
+    pos = q1383
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1358: dict[str, Any] = {}
+        acc1384: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1359 = _ZD[b]
+                c1385 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1359 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1359 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1359, pos = _rlong(buf, pos)
-            if c1359 == 0:
+                c1385, pos = _rlong(buf, pos)
+            if c1385 == 0:
                 break
-            if c1359 < 0:
-                c1359 = -c1359
+            if c1385 < 0:
+                c1385 = -c1385
                 b = buf[pos]
                 if b < 128:
-                    z1362 = _ZD[b]
+                    z1388 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1362 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1362 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1362, pos = _rlong(buf, pos)
-            if c1359 * 2 > end - pos:
-                raise _count_error(c1359, end - pos)
-            for _ in range(c1359):
-                n1363 = _ZL[buf[pos]]
-                if n1363 < 0:
-                    n1363, pos = _rlong(buf, pos)
-                    if n1363 < 0:
-                        raise _length_error(n1363, end - pos)
+                    z1388, pos = _rlong(buf, pos)
+            if c1385 * 2 > end - pos:
+                raise _count_error(c1385, end - pos)
+            for _ in range(c1385):
+                n1389 = _ZL[buf[pos]]
+                if n1389 < 0:
+                    n1389, pos = _rlong(buf, pos)
+                    if n1389 < 0:
+                        raise _length_error(n1389, end - pos)
                 else:
                     pos += 1
-                q1364 = pos + n1363
-                if q1364 > end:
-                    raise _length_error(n1363, end - pos)
-                k1361 = buf[pos:q1364].decode()
-                pos = q1364
-                n1365 = _ZL[buf[pos]]
-                if n1365 < 0:
-                    n1365, pos = _rlong(buf, pos)
-                    if n1365 < 0:
-                        raise _length_error(n1365, end - pos)
+                q1390 = pos + n1389
+                if q1390 > end:
+                    raise _length_error(n1389, end - pos)
+                k1387 = buf[pos:q1390].decode()
+                pos = q1390
+                n1391 = _ZL[buf[pos]]
+                if n1391 < 0:
+                    n1391, pos = _rlong(buf, pos)
+                    if n1391 < 0:
+                        raise _length_error(n1391, end - pos)
                 else:
                     pos += 1
-                q1366 = pos + n1365
-                if q1366 > end:
-                    raise _length_error(n1365, end - pos)
-                x1360 = buf[pos:q1366].decode()
-                pos = q1366
-                acc1358[k1361] = x1360
-        f_labels = acc1358
+                q1392 = pos + n1391
+                if q1392 > end:
+                    raise _length_error(n1391, end - pos)
+                x1386 = buf[pos:q1392].decode()
+                pos = q1392
+                acc1384[k1387] = x1386
+        f_labels = acc1384
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1367: list[Any] = []
+        acc1393: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1368 = _ZD[b]
+                c1394 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1368 = (z >> 1) ^ -(z & 1)
+                c1394 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1368 = (z >> 1) ^ -(z & 1)
+                c1394 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1368, pos = _rlong(buf, pos)
-            if c1368 == 0:
+                c1394, pos = _rlong(buf, pos)
+            if c1394 == 0:
                 break
-            if c1368 < 0:
-                c1368 = -c1368
+            if c1394 < 0:
+                c1394 = -c1394
                 b = buf[pos]
                 if b < 128:
-                    z1371 = _ZD[b]
+                    z1397 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1371 = (z >> 1) ^ -(z & 1)
+                    z1397 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1371 = (z >> 1) ^ -(z & 1)
+                    z1397 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1371, pos = _rlong(buf, pos)
-            if c1368 * 3 > end - pos:
-                raise _count_error(c1368, end - pos)
-            for _ in range(c1368):
-                x1369, pos = _d_Taint308(buf, pos, end)
-                acc1367.append(x1369)
-        f_taints = tuple(acc1367)
+                    z1397, pos = _rlong(buf, pos)
+            if c1394 * 3 > end - pos:
+                raise _count_error(c1394, end - pos)
+            for _ in range(c1394):
+                x1395, pos = _d_Taint316(buf, pos, end)
+                acc1393.append(x1395)
+        f_taints = tuple(acc1393)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -6660,12 +6768,60 @@ def _d_NodeUpdated1354(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
+def _d_PodRetryScheduled1397(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+    f_pod_id: str
+    f_attempt: int
+    f_not_before: int
+    n1399 = _ZL[buf[pos]]
+    if n1399 < 0:
+        n1399, pos = _rlong(buf, pos)
+        if n1399 < 0:
+            raise _length_error(n1399, end - pos)
+    else:
+        pos += 1
+    q1400 = pos + n1399
+    if q1400 > end:
+        raise _length_error(n1399, end - pos)
+    f_pod_id = buf[pos:q1400].decode()
+    pos = q1400
+    b = buf[pos]
+    if b < 128:
+        f_attempt = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_attempt, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_not_before = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_not_before, pos = _rlong(buf, pos)
+    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k994:
+    if frame[:10] != _k1019:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6706,30 +6862,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n996 = _ZL[buf[pos]]
-        if n996 < 0:
-            n996, pos = _rlong(buf, pos)
-            if n996 < 0:
-                raise _length_error(n996, end - pos)
+        n1021 = _ZL[buf[pos]]
+        if n1021 < 0:
+            n1021, pos = _rlong(buf, pos)
+            if n1021 < 0:
+                raise _length_error(n1021, end - pos)
         else:
             pos += 1
-        q997 = pos + n996
-        if q997 > end:
-            raise _length_error(n996, end - pos)
-        f_cluster = buf[pos:q997].decode()
-        pos = q997
-        n998 = _ZL[buf[pos]]
-        if n998 < 0:
-            n998, pos = _rlong(buf, pos)
-            if n998 < 0:
-                raise _length_error(n998, end - pos)
+        q1022 = pos + n1021
+        if q1022 > end:
+            raise _length_error(n1021, end - pos)
+        f_cluster = buf[pos:q1022].decode()
+        pos = q1022
+        n1023 = _ZL[buf[pos]]
+        if n1023 < 0:
+            n1023, pos = _rlong(buf, pos)
+            if n1023 < 0:
+                raise _length_error(n1023, end - pos)
         else:
             pos += 1
-        q999 = pos + n998
-        if q999 > end:
-            raise _length_error(n998, end - pos)
-        f_command_id = buf[pos:q999].decode()
-        pos = q999
+        q1024 = pos + n1023
+        if q1024 > end:
+            raise _length_error(n1023, end - pos)
+        f_command_id = buf[pos:q1024].decode()
+        pos = q1024
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6760,21 +6916,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1000 = _ZD[b]
+            i1025 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1000 = (z >> 1) ^ -(z & 1)
+            i1025 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1000 = (z >> 1) ^ -(z & 1)
+            i1025 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1000, pos = _rlong(buf, pos)
-        if not 0 <= i1000 < 29:
-            raise _union_error(i1000, 29)
-        f_payload, pos = _k1371[i1000](buf, pos, end)
+            i1025, pos = _rlong(buf, pos)
+        if not 0 <= i1025 < 30:
+            raise _union_error(i1025, 30)
+        f_payload, pos = _k1400[i1025](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6785,11 +6941,15 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k147: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota113,
+_k101: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry96,
 }
 
-_k280: dict[type, Callable[[Any], bytes]] = {
+_k155: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota121,
+}
+
+_k288: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -6797,64 +6957,77 @@ _k280: dict[type, Callable[[Any], bytes]] = {
     _c_DrainNode: _e_DrainNode47,
     _c_MarkNodeFailed: _e_MarkNodeFailed51,
     _c_SubmitPod: _e_SubmitPod57,
-    _c_Release: _e_Release95,
-    _c_SetPolicy: _e_SetPolicy101,
-    _c_SubmitGang: _e_SubmitGang154,
-    _c_ReleaseGang: _e_ReleaseGang205,
-    _c_Tick: _e_Tick211,
-    _c_SetQuota: _e_SetQuota213,
-    _c_RemoveQuota: _e_RemoveQuota245,
-    _c_Defragment: _e_Defragment249,
-    _c_ResumeCluster: _e_ResumeCluster258,
-    _c_RecoverNode: _e_RecoverNode262,
-    _c_UpdateNode: _e_UpdateNode266,
+    _c_Release: _e_Release103,
+    _c_SetPolicy: _e_SetPolicy109,
+    _c_SubmitGang: _e_SubmitGang162,
+    _c_ReleaseGang: _e_ReleaseGang213,
+    _c_Tick: _e_Tick219,
+    _c_SetQuota: _e_SetQuota221,
+    _c_RemoveQuota: _e_RemoveQuota253,
+    _c_Defragment: _e_Defragment257,
+    _c_ResumeCluster: _e_ResumeCluster266,
+    _c_RecoverNode: _e_RecoverNode270,
+    _c_UpdateNode: _e_UpdateNode274,
 }
 
-_k516: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode289, _d_RemoveNode315, _d_CordonNode318, _d_UncordonNode321, _d_DrainNode324, _d_MarkNodeFailed327, _d_SubmitPod332, _d_Release379, _d_SetPolicy384, _d_SubmitGang407, _d_ReleaseGang461, _d_Tick466, _d_SetQuota467, _d_RemoveQuota484, _d_Defragment487, _d_ResumeCluster491, _d_RecoverNode494, _d_UpdateNode497,)
+_k526: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode297, _d_RemoveNode323, _d_CordonNode326, _d_UncordonNode329, _d_DrainNode332, _d_MarkNodeFailed335, _d_SubmitPod340, _d_Release389, _d_SetPolicy394, _d_SubmitGang417, _d_ReleaseGang471, _d_Tick476, _d_SetQuota477, _d_RemoveQuota494, _d_Defragment497, _d_ResumeCluster501, _d_RecoverNode504, _d_UpdateNode507,)
 
-_k928: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota113,
+_k609: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry96,
 }
 
-_k931: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota113,
+_k655: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry96,
 }
 
-_k993: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded528,
-    _c_NodeRemoved: _e_NodeRemoved540,
-    _c_NodeCordoned: _e_NodeCordoned544,
-    _c_NodeUncordoned: _e_NodeUncordoned548,
-    _c_NodeDrained: _e_NodeDrained552,
-    _c_NodeFailed: _e_NodeFailed557,
-    _c_PodQueued: _e_PodQueued564,
-    _c_PodScheduled: _e_PodScheduled607,
-    _c_PodEvicted: _e_PodEvicted655,
-    _c_PodReleased: _e_PodReleased663,
-    _c_PolicyChanged: _e_PolicyChanged675,
-    _c_CommandRejected: _e_CommandRejected693,
-    _c_GangQueued: _e_GangQueued703,
-    _c_GangScheduled: _e_GangScheduled779,
-    _c_GangTimedOut: _e_GangTimedOut843,
-    _c_GangReleased: _e_GangReleased850,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached856,
-    _c_NodesReserved: _e_NodesReserved869,
-    _c_ReservationReleased: _e_ReservationReleased883,
-    _c_DependencyFailed: _e_DependencyFailed894,
-    _c_Ticked: _e_Ticked904,
-    _c_PodPreempted: _e_PodPreempted907,
-    _c_QuotaChanged: _e_QuotaChanged919,
-    _c_PodMigrated: _e_PodMigrated935,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned949,
-    _c_ClusterHalted: _e_ClusterHalted962,
-    _c_ClusterResumed: _e_ClusterResumed972,
-    _c_NodeRecovered: _e_NodeRecovered982,
-    _c_NodeUpdated: _e_NodeUpdated986,
+_k765: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry96,
 }
 
-_k1371: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1000, _d_NodeRemoved1019, _d_NodeCordoned1022, _d_NodeUncordoned1025, _d_NodeDrained1028, _d_NodeFailed1031, _d_PodQueued1036, _d_PodScheduled1095, _d_PodEvicted1120, _d_PodReleased1127, _d_PolicyChanged1135, _d_CommandRejected1144, _d_GangQueued1153, _d_GangScheduled1197, _d_GangTimedOut1230, _d_GangReleased1235, _d_PodTimeLimitReached1240, _d_NodesReserved1248, _d_ReservationReleased1263, _d_DependencyFailed1279, _d_Ticked1288, _d_PodPreempted1289, _d_QuotaChanged1300, _d_PodMigrated1308, _d_DefragmentationPlanned1329, _d_ClusterHalted1335, _d_ClusterResumed1344, _d_NodeRecovered1351, _d_NodeUpdated1354,)
+_k947: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota121,
+}
+
+_k950: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota121,
+}
+
+_k1018: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded538,
+    _c_NodeRemoved: _e_NodeRemoved550,
+    _c_NodeCordoned: _e_NodeCordoned554,
+    _c_NodeUncordoned: _e_NodeUncordoned558,
+    _c_NodeDrained: _e_NodeDrained562,
+    _c_NodeFailed: _e_NodeFailed567,
+    _c_PodQueued: _e_PodQueued574,
+    _c_PodScheduled: _e_PodScheduled620,
+    _c_PodEvicted: _e_PodEvicted671,
+    _c_PodReleased: _e_PodReleased679,
+    _c_PolicyChanged: _e_PolicyChanged691,
+    _c_CommandRejected: _e_CommandRejected709,
+    _c_GangQueued: _e_GangQueued719,
+    _c_GangScheduled: _e_GangScheduled798,
+    _c_GangTimedOut: _e_GangTimedOut862,
+    _c_GangReleased: _e_GangReleased869,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached875,
+    _c_NodesReserved: _e_NodesReserved888,
+    _c_ReservationReleased: _e_ReservationReleased902,
+    _c_DependencyFailed: _e_DependencyFailed913,
+    _c_Ticked: _e_Ticked923,
+    _c_PodPreempted: _e_PodPreempted926,
+    _c_QuotaChanged: _e_QuotaChanged938,
+    _c_PodMigrated: _e_PodMigrated954,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned968,
+    _c_ClusterHalted: _e_ClusterHalted981,
+    _c_ClusterResumed: _e_ClusterResumed991,
+    _c_NodeRecovered: _e_NodeRecovered1001,
+    _c_NodeUpdated: _e_NodeUpdated1005,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1012,
+}
+
+_k1400: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1025, _d_NodeRemoved1044, _d_NodeCordoned1047, _d_NodeUncordoned1050, _d_NodeDrained1053, _d_NodeFailed1056, _d_PodQueued1061, _d_PodScheduled1121, _d_PodEvicted1146, _d_PodReleased1153, _d_PolicyChanged1161, _d_CommandRejected1170, _d_GangQueued1179, _d_GangScheduled1223, _d_GangTimedOut1256, _d_GangReleased1261, _d_PodTimeLimitReached1266, _d_NodesReserved1274, _d_ReservationReleased1289, _d_DependencyFailed1305, _d_Ticked1314, _d_PodPreempted1315, _d_QuotaChanged1326, _d_PodMigrated1334, _d_DefragmentationPlanned1355, _d_ClusterHalted1361, _d_ClusterResumed1370, _d_NodeRecovered1377, _d_NodeUpdated1380, _d_PodRetryScheduled1397,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event517
+encode_event = _e_Event527

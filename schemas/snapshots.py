@@ -38,6 +38,8 @@ class PodSnapshot(Record):
     gpus: tuple[GpuShare, ...] = ()
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
+    attempt: int = 0
+    retry_at: int | None = None
 
 
 @dataclass(slots=True)

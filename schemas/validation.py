@@ -39,6 +39,7 @@ from schemas.commands import (
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
+    Retry,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -277,12 +278,26 @@ def check_submit_pod(command: SubmitPod) -> None:
         check_preemption(command.preemption)
     if command.movable is not False and not isinstance(command.movable, bool):
         raise Rejected(RejectionCode.INVALID_COMMAND, f"movable must be true or false, got {command.movable!r}")
+    if command.retry is not None:
+        check_retry(command.retry)
     if command.gpu_memory_mib:
         check_range("gpu_memory_mib", command.gpu_memory_mib, 0, MAX_MEMORY_MIB)
         if command.num_gpu == 0:
             raise Rejected(
                 RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} asks for GPU memory but for no GPU"
             )
+
+
+MAX_RETRIES = 1_000
+"""At most this many retries per pod: each is an event and a timer, so a pod's retries stay bounded."""
+
+
+def check_retry(retry: Retry) -> None:
+    """A retry policy: 0 to ``MAX_RETRIES`` retries, backoffs of 1 ms to ``MAX_DURATION_MS`` (each timer it sets
+    lies strictly after the failure, which keeps every command finite)."""
+    check_range("retry.max_retries", retry.max_retries, 0, MAX_RETRIES)
+    check_range("retry.backoff_ms", retry.backoff_ms, 1, MAX_DURATION_MS)
+    check_range("retry.backoff_max_ms", retry.backoff_max_ms, 1, MAX_DURATION_MS)
 
 
 def check_submit_gang(command: SubmitGang) -> None:

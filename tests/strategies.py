@@ -32,6 +32,7 @@ from schemas.commands import (
     ReleaseGang,
     RemoveNode,
     RemoveQuota,
+    Retry,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -306,6 +307,7 @@ def timed_pods(draw: st.DrawFn) -> SubmitPod:
     pod.time_limit_ms = draw(st.sampled_from((None, None, 5_000, 60_000, 400_000)))
     pod.depends_on = tuple(draw(st.lists(st.sampled_from(JOB_IDS), max_size=2, unique=True)))
     pod.dependency = draw(st.sampled_from(("afterok", "afterany")))
+    pod.retry = draw(st.sampled_from((None, None, Retry(1, 5_000, 5_000), Retry(3, 1_000, 30_000))))
     return pod
 
 

@@ -30,7 +30,7 @@ from processor.core.state import (
     lookup,
     shape_of,
 )
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, TIME_LIMIT
+from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RETRY, TIME_LIMIT
 from schemas.commands import GPU_MILLI
 from schemas.events import (
     ClusterHalted,
@@ -58,6 +58,7 @@ from schemas.events import (
     PodPreempted,
     PodQueued,
     PodReleased,
+    PodRetryScheduled,
     PodScheduled,
     PodSpec,
     PodTimeLimitReached,
@@ -229,6 +230,7 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     if pod.waiting_for:
         cluster.stop_waiting(spec.pod_id, pod.waiting_for)
         pod.waiting_for = ()
+    pod.retry_at = None
     return pod
 
 
@@ -279,6 +281,19 @@ def _applied_pod_evicted(state: PartitionState, cluster: ClusterState, event: Po
     if pod is None or pod.node_id != event.node_id:
         raise InvariantViolation(f"pod {event.pod_id!r} evicted from {event.node_id!r} where it does not run")
     _unbind(cluster, pod)
+
+
+def _applied_pod_retry_scheduled(
+    state: PartitionState, cluster: ClusterState, event: PodRetryScheduled, now: int
+) -> None:
+    """A failed pod stops running and waits, outside the queue, for its retry at ``not_before`` (a timer). O(1)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or not pod.running or event.attempt != pod.attempt + 1 or event.not_before <= now:
+        raise InvariantViolation(f"retry {event.attempt} of pod {event.pod_id!r} scheduled but it does not run")
+    _unbind(cluster, pod)
+    pod.attempt = event.attempt
+    pod.retry_at = event.not_before
+    cluster.timers.push(event.not_before, RETRY, event.pod_id)
 
 
 def _applied_pod_released(state: PartitionState, cluster: ClusterState, event: PodReleased, now: int) -> None:
@@ -472,4 +487,5 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     ClusterResumed: _applied_cluster_resumed,
     NodeRecovered: _applied_node_recovered,
     NodeUpdated: _applied_node_updated,
+    PodRetryScheduled: _applied_pod_retry_scheduled,
 }

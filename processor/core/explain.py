@@ -225,6 +225,14 @@ def explain(cluster: ClusterState, pod_id: str) -> Explanation | None:
         dependency = getattr(pod.spec, "dependency", "")
         result.message = f"waiting for {', '.join(waiting_for)} to end" + (f" ({dependency})" if dependency else "")
         return result
+    retry_at = getattr(pod, "retry_at", None)
+    if retry_at is not None:  # failed: its retry is a timer, not the queue
+        result.state = "waiting"
+        result.reasons = [
+            {"code": QueueReasonCode.WAITING_FOR_RETRY, "nodes": 0, "message": f"retry {pod.attempt} is due"}
+        ]
+        result.message = f"it failed; retry {pod.attempt} is due at event time {retry_at} ms (backoff)"
+        return result
     result.reasons = live_reasons(cluster, shape)
     result.fits_now = bool(cluster.index.feasible(shape))
     _per_class(cluster, shape, result)

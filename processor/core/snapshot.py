@@ -27,7 +27,7 @@ from processor.core.state import (
     Reservation,
     shape_of,
 )
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT
+from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT
 from schemas.commands import GPU_MILLI
 from schemas.fragmentation import TypicalKey, TypicalPod
 from schemas.snapshots import (
@@ -67,7 +67,9 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         spec = pod.spec
         if list(spec.node_selector) != sorted(spec.node_selector):  # canonical order, whatever the event had
             spec = dataclasses.replace(spec, node_selector=dict(sorted(spec.node_selector.items())))
-        pods.append(PodSnapshot(spec, pod.node_id, pod.gpus, pod.started_at, pod.waiting_for))
+        pods.append(
+            PodSnapshot(spec, pod.node_id, pod.gpus, pod.started_at, pod.waiting_for, pod.attempt, pod.retry_at)
+        )
     typical = tuple(
         TypicalPodSnapshot(pod.key.num_gpu, pod.key.gpu_milli, pod.key.cpu_milli, pod.key.gpu_models, pod.weight)
         for pod in cluster.typical
@@ -222,6 +224,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 raw.gpus,
                 started_at=raw.started_at,
                 waiting_for=raw.waiting_for,
+                attempt=raw.attempt,
+                retry_at=raw.retry_at,
             )
             for raw in data.pods
         ]
@@ -237,6 +241,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 cluster.charge(pod, node, +1)
             elif pod.waiting_for:
                 cluster.wait_on(pod.spec.pod_id, pod.waiting_for)
+            elif pod.retry_at is not None:
+                pass  # waiting for its retry (a timer, rebuilt below), outside the queue
             else:
                 pod.queued = True
                 cluster.queue.push(pod.group, pod.queue_key)
@@ -268,6 +274,8 @@ def rebuild_timers(state: PartitionState) -> None:
             pod = cluster.pods[pod_id]
             if pod.running and pod.spec.time_limit_ms is not None and pod.started_at is not None:
                 timers.push(pod.started_at + pod.spec.time_limit_ms, TIME_LIMIT, pod_id)
+            elif pod.retry_at is not None:
+                timers.push(pod.retry_at, RETRY, pod_id)
         for gang_id in sorted(cluster.gangs):
             gang = cluster.gangs[gang_id]
             if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:

@@ -244,6 +244,8 @@ class Pod:
     queued: bool = False  # waiting in the pending queue (an evicted pod is briefly neither)
     started_at: int | None = None  # event time of its (latest) placement
     waiting_for: tuple[str, ...] = ()  # dependencies not ended yet (sorted); the pod is outside the queue
+    attempt: int = 0  # retries used after failures (PodRetryScheduled)
+    retry_at: int | None = None  # failed, waiting for its retry until then, outside the queue
 
     @property
     def queue_key(self) -> QueueKey:

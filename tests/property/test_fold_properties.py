@@ -111,7 +111,8 @@ def check_indexes(cluster: ClusterState) -> None:
     }
     expected_queue: dict[object, list[tuple[int, int, str]]] = {}
     for pod in sorted(cluster.pods.values(), key=lambda p: p.queue_key):
-        waiting = bool(pod.waiting_for) and not pod.queued and pod.node_id is None
+        # Outside the queue: waiting for its dependencies, or for its retry after a failure.
+        waiting = (bool(pod.waiting_for) or pod.retry_at is not None) and not pod.queued and pod.node_id is None
         assert waiting or pod.queued == (pod.node_id is None), f"pod {pod.spec.pod_id} is neither running nor queued"
         if pod.queued:
             expected_queue.setdefault(pod.group, []).append(pod.queue_key)

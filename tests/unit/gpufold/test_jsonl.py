@@ -51,6 +51,7 @@ def test_defaults_from_the_schema_fill_omitted_fields() -> None:
             "preemption": "lower_priority",
             "movable": False,
             "gpu_memory_mib": 0,
+            "retry": None,
         },
     )
 
