@@ -215,10 +215,18 @@ class CommandPublisher:
         return self._command(cluster, UncordonNode(node_id), command_id, issued_at)
 
     def drain_node(
-        self, cluster: str, node_id: str, *, command_id: str | None = None, issued_at: int | None = None
+        self,
+        cluster: str,
+        node_id: str,
+        *,
+        grace_ms: int = 0,
+        respect_budgets: bool = True,
+        command_id: str | None = None,
+        issued_at: int | None = None,
     ) -> str:
-        """Cordon a node and move its pods elsewhere (or queue them)."""
-        return self._command(cluster, DrainNode(node_id), command_id, issued_at)
+        """Cordon a node and move its pods elsewhere (or queue them): each after ``grace_ms``, as the disruption
+        budgets allow (unless ``respect_budgets`` is false)."""
+        return self._command(cluster, DrainNode(node_id, grace_ms, respect_budgets), command_id, issued_at)
 
     def mark_node_failed(
         self,

@@ -48,6 +48,7 @@ class RejectionCode:
     CLOCK_JUMP: Final = "CLOCK_JUMP"  # dated further ahead of the cluster's clock than max_clock_jump_ms
     NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
     NODE_NOT_FAILED: Final = "NODE_NOT_FAILED"  # RecoverNode of a node that has not failed
+    UNKNOWN_BUDGET: Final = "UNKNOWN_BUDGET"  # RemoveDisruptionBudget of a budget that is not set
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -76,6 +77,7 @@ class RejectionCode:
         CLOCK_JUMP,
         NOT_HALTED,
         NODE_NOT_FAILED,
+        UNKNOWN_BUDGET,
     )
 
 

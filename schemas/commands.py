@@ -138,7 +138,11 @@ class UncordonNode(Record):
 
 @dataclass(slots=True)
 class DrainNode(Record):
+    """Cordon the node and evict its pods: after ``grace_ms`` each, as the disruption budgets allow."""
+
     node_id: str
+    grace_ms: int = 0
+    respect_budgets: bool = True
 
 
 @dataclass(slots=True)
@@ -316,6 +320,22 @@ class UpdateNode(Record):
     taints: tuple[Taint, ...] | None = None
 
 
+@dataclass(slots=True)
+class SetDisruptionBudget(Record):
+    """At most ``max_unavailable`` matching pods unavailable by a voluntary disruption at once."""
+
+    budget_id: str
+    tenant: str | None = None
+    gang_id: str | None = None
+    label_selector: dict[str, str] | None = None
+    max_unavailable: int = 0
+
+
+@dataclass(slots=True)
+class RemoveDisruptionBudget(Record):
+    budget_id: str
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -335,6 +355,8 @@ CommandPayload = (
     | ResumeCluster
     | RecoverNode
     | UpdateNode
+    | SetDisruptionBudget
+    | RemoveDisruptionBudget
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -358,6 +380,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         ResumeCluster,
         RecoverNode,
         UpdateNode,
+        SetDisruptionBudget,
+        RemoveDisruptionBudget,
     )
 }
 

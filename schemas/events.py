@@ -360,6 +360,40 @@ class PodRetryScheduled(Record):
     not_before: int
 
 
+@dataclass(slots=True)
+class DisruptionBudgetSet(Record):
+    budget_id: str
+    tenant: str | None = None
+    gang_id: str | None = None
+    label_selector: dict[str, str] | None = None
+    max_unavailable: int = 0
+
+
+@dataclass(slots=True)
+class DisruptionBudgetRemoved(Record):
+    budget_id: str
+
+
+@dataclass(slots=True)
+class EvictionBlocked(Record):
+    """A drain may not evict the pod now (its budget has no room); it is evicted when the budget frees."""
+
+    pod_id: str
+    node_id: str
+    budget_id: str
+    grace_ms: int = 0
+
+
+@dataclass(slots=True)
+class PodEvictionScheduled(Record):
+    """A drain evicts the pod at ``at`` (its grace period); it counts against its budgets from now."""
+
+    pod_id: str
+    node_id: str
+    at: int
+    respect_budgets: bool = True
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -391,6 +425,10 @@ EventPayload = (
     | NodeRecovered
     | NodeUpdated
     | PodRetryScheduled
+    | DisruptionBudgetSet
+    | DisruptionBudgetRemoved
+    | EvictionBlocked
+    | PodEvictionScheduled
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -426,6 +464,10 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         NodeRecovered,
         NodeUpdated,
         PodRetryScheduled,
+        DisruptionBudgetSet,
+        DisruptionBudgetRemoved,
+        EvictionBlocked,
+        PodEvictionScheduled,
     )
 }
 

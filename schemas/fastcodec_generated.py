@@ -39,10 +39,12 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
     Retry as _c_Retry,
+    SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
     SubmitGang as _c_SubmitGang,
@@ -59,7 +61,10 @@ from schemas.events import (
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
+    DisruptionBudgetRemoved as _c_DisruptionBudgetRemoved,
+    DisruptionBudgetSet as _c_DisruptionBudgetSet,
     Event as _c_Event,
+    EvictionBlocked as _c_EvictionBlocked,
     GangQueued as _c_GangQueued,
     GangReleased as _c_GangReleased,
     GangScheduled as _c_GangScheduled,
@@ -77,6 +82,7 @@ from schemas.events import (
     NodeUpdated as _c_NodeUpdated,
     NodesReserved as _c_NodesReserved,
     PodEvicted as _c_PodEvicted,
+    PodEvictionScheduled as _c_PodEvictionScheduled,
     PodMigrated as _c_PodMigrated,
     PodPreempted as _c_PodPreempted,
     PodQueued as _c_PodQueued,
@@ -94,155 +100,173 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01zA\xfb\xf42Kq\x10'
+_k1 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
 _k44 = b'\x06'
 _k48 = b'\x08'
-_k52 = b'\n'
-_k58 = b'\x0c'
-_k86 = b'\x02'
-_k88 = b'\x00'
-_k97 = b'\x02'
-_k102 = b'\x00'
-_k104 = b'\x0e'
-_k110 = b'\x10'
-_k115 = b'\x02'
-_k117 = b'\x00'
-_k122 = b'\x02'
-_k125 = b'\x02'
-_k128 = b'\x00'
-_k136 = b'\x02'
-_k138 = b'\x00'
-_k141 = b'\x02'
-_k143 = b'\x00'
-_k146 = b'\x02'
-_k148 = b'\x00'
-_k151 = b'\x02'
-_k153 = b'\x00'
-_k156 = b'\x00'
-_k159 = b'\x02'
-_k161 = b'\x00'
-_k163 = b'\x12'
-_k183 = b'\x02'
-_k185 = b'\x00'
-_k188 = b'\x02'
-_k191 = b'\x00'
-_k194 = b'\x02'
-_k197 = b'\x00'
-_k200 = b'\x02'
-_k202 = b'\x00'
-_k205 = b'\x02'
-_k207 = b'\x00'
-_k214 = b'\x14'
-_k220 = b'\x16'
-_k222 = b'\x18'
-_k227 = b'\x02'
-_k230 = b'\x00'
-_k234 = b'\x02'
-_k236 = b'\x00'
-_k239 = b'\x02'
-_k241 = b'\x00'
-_k244 = b'\x02'
-_k246 = b'\x00'
-_k249 = b'\x02'
-_k251 = b'\x00'
-_k254 = b'\x1a'
-_k258 = b'\x1c'
-_k262 = b'\x02'
-_k265 = b'\x00'
-_k267 = b'\x1e'
-_k271 = b' '
-_k275 = b'"'
-_k280 = b'\x02'
-_k282 = b'\x00'
-_k285 = b'\x02'
-_k287 = b'\x00'
-_k289 = b'\xc3\x01zA\xfb\xf42Kq\x10'
-_k528 = b'\xc3\x01\x9bqdEng\xaa\xe2'
-_k539 = b'\x00'
-_k551 = b'\x02'
-_k555 = b'\x04'
-_k559 = b'\x06'
-_k563 = b'\x08'
-_k568 = b'\n'
-_k575 = b'\x0c'
-_k593 = b'\x02'
-_k596 = b'\x00'
-_k599 = b'\x02'
-_k601 = b'\x00'
-_k610 = b'\x00'
-_k621 = b'\x0e'
-_k639 = b'\x02'
-_k642 = b'\x00'
-_k645 = b'\x02'
-_k647 = b'\x00'
-_k656 = b'\x00'
-_k672 = b'\x10'
-_k680 = b'\x12'
-_k685 = b'\x02'
-_k688 = b'\x00'
-_k692 = b'\x14'
-_k699 = b'\x02'
-_k701 = b'\x00'
-_k706 = b'\x02'
-_k708 = b'\x00'
-_k710 = b'\x16'
-_k720 = b'\x18'
-_k749 = b'\x02'
-_k752 = b'\x00'
+_k53 = b'\n'
+_k59 = b'\x0c'
+_k87 = b'\x02'
+_k89 = b'\x00'
+_k98 = b'\x02'
+_k103 = b'\x00'
+_k105 = b'\x0e'
+_k111 = b'\x10'
+_k116 = b'\x02'
+_k118 = b'\x00'
+_k123 = b'\x02'
+_k126 = b'\x02'
+_k129 = b'\x00'
+_k137 = b'\x02'
+_k139 = b'\x00'
+_k142 = b'\x02'
+_k144 = b'\x00'
+_k147 = b'\x02'
+_k149 = b'\x00'
+_k152 = b'\x02'
+_k154 = b'\x00'
+_k157 = b'\x00'
+_k160 = b'\x02'
+_k162 = b'\x00'
+_k164 = b'\x12'
+_k184 = b'\x02'
+_k186 = b'\x00'
+_k189 = b'\x02'
+_k192 = b'\x00'
+_k195 = b'\x02'
+_k198 = b'\x00'
+_k201 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
+_k208 = b'\x00'
+_k215 = b'\x14'
+_k221 = b'\x16'
+_k223 = b'\x18'
+_k228 = b'\x02'
+_k231 = b'\x00'
+_k235 = b'\x02'
+_k237 = b'\x00'
+_k240 = b'\x02'
+_k242 = b'\x00'
+_k245 = b'\x02'
+_k247 = b'\x00'
+_k250 = b'\x02'
+_k252 = b'\x00'
+_k255 = b'\x1a'
+_k259 = b'\x1c'
+_k263 = b'\x02'
+_k266 = b'\x00'
+_k268 = b'\x1e'
+_k272 = b' '
+_k276 = b'"'
+_k281 = b'\x02'
+_k283 = b'\x00'
+_k286 = b'\x02'
+_k288 = b'\x00'
+_k290 = b'$'
+_k295 = b'\x02'
+_k298 = b'\x00'
+_k301 = b'\x02'
+_k304 = b'\x00'
+_k307 = b'\x02'
+_k309 = b'\x00'
+_k312 = b'&'
+_k316 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
+_k577 = b'\xc3\x01\xa23\x18\x18\xc2T\xa1Q'
+_k588 = b'\x00'
+_k600 = b'\x02'
+_k604 = b'\x04'
+_k608 = b'\x06'
+_k612 = b'\x08'
+_k617 = b'\n'
+_k624 = b'\x0c'
+_k642 = b'\x02'
+_k645 = b'\x00'
+_k648 = b'\x02'
+_k650 = b'\x00'
+_k659 = b'\x00'
+_k670 = b'\x0e'
+_k688 = b'\x02'
+_k691 = b'\x00'
+_k694 = b'\x02'
+_k696 = b'\x00'
+_k705 = b'\x00'
+_k721 = b'\x10'
+_k729 = b'\x12'
+_k734 = b'\x02'
+_k737 = b'\x00'
+_k741 = b'\x14'
+_k748 = b'\x02'
+_k750 = b'\x00'
 _k755 = b'\x02'
 _k757 = b'\x00'
-_k766 = b'\x00'
-_k770 = b'\x02'
-_k773 = b'\x00'
-_k776 = b'\x02'
-_k779 = b'\x00'
-_k782 = b'\x02'
-_k784 = b'\x00'
-_k787 = b'\x02'
-_k789 = b'\x00'
-_k799 = b'\x1a'
-_k820 = b'\x02'
-_k823 = b'\x00'
-_k826 = b'\x02'
-_k829 = b'\x00'
-_k832 = b'\x02'
-_k834 = b'\x00'
-_k837 = b'\x02'
-_k839 = b'\x00'
-_k849 = b'\x02'
-_k852 = b'\x00'
-_k855 = b'\x02'
-_k858 = b'\x00'
-_k863 = b'\x1c'
-_k870 = b'\x1e'
-_k876 = b' '
-_k884 = b'\x02'
-_k887 = b'\x00'
-_k889 = b'"'
-_k897 = b'\x02'
-_k899 = b'\x00'
-_k903 = b'$'
-_k914 = b'&'
-_k924 = b'('
-_k927 = b'*'
-_k939 = b','
-_k942 = b'\x02'
-_k945 = b'\x00'
+_k759 = b'\x16'
+_k769 = b'\x18'
+_k798 = b'\x02'
+_k801 = b'\x00'
+_k804 = b'\x02'
+_k806 = b'\x00'
+_k815 = b'\x00'
+_k819 = b'\x02'
+_k822 = b'\x00'
+_k825 = b'\x02'
+_k828 = b'\x00'
+_k831 = b'\x02'
+_k833 = b'\x00'
+_k836 = b'\x02'
+_k838 = b'\x00'
+_k848 = b'\x1a'
+_k869 = b'\x02'
+_k872 = b'\x00'
+_k875 = b'\x02'
+_k878 = b'\x00'
+_k881 = b'\x02'
+_k883 = b'\x00'
+_k886 = b'\x02'
+_k888 = b'\x00'
+_k898 = b'\x02'
+_k901 = b'\x00'
+_k904 = b'\x02'
+_k907 = b'\x00'
+_k912 = b'\x1c'
+_k919 = b'\x1e'
+_k925 = b' '
+_k933 = b'\x02'
+_k936 = b'\x00'
+_k938 = b'"'
+_k946 = b'\x02'
 _k948 = b'\x00'
-_k951 = b'\x00'
-_k955 = b'.'
-_k969 = b'0'
-_k975 = b'\x02'
-_k978 = b'\x00'
-_k982 = b'2'
-_k992 = b'4'
-_k1002 = b'6'
-_k1006 = b'8'
-_k1013 = b':'
-_k1019 = b'\xc3\x01\x9bqdEng\xaa\xe2'
+_k952 = b'$'
+_k963 = b'&'
+_k973 = b'('
+_k976 = b'*'
+_k988 = b','
+_k991 = b'\x02'
+_k994 = b'\x00'
+_k997 = b'\x00'
+_k1000 = b'\x00'
+_k1004 = b'.'
+_k1018 = b'0'
+_k1024 = b'\x02'
+_k1027 = b'\x00'
+_k1031 = b'2'
+_k1041 = b'4'
+_k1051 = b'6'
+_k1055 = b'8'
+_k1062 = b':'
+_k1068 = b'<'
+_k1073 = b'\x02'
+_k1076 = b'\x00'
+_k1079 = b'\x02'
+_k1082 = b'\x00'
+_k1085 = b'\x02'
+_k1087 = b'\x00'
+_k1090 = b'>'
+_k1094 = b'@'
+_k1103 = b'B'
+_k1110 = b'\xc3\x01\xa23\x18\x18\xc2T\xa1Q'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -319,234 +343,254 @@ def _e_UncordonNode43(o: _c_UncordonNode) -> bytes:
 
 
 def _e_DrainNode47(o: _c_DrainNode) -> bytes:
-    return b"".join((_k48, (_P[n51] if (n51 := len(s50 := o.node_id.encode())) < 8192 else _long(n51)), s50,))
+    return b"".join((_k48, (_P[n51] if (n51 := len(s50 := o.node_id.encode())) < 8192 else _long(n51)), s50, (_P[n52] if 0 <= (n52 := o.grace_ms) < 8192 else _long(n52)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _e_MarkNodeFailed51(o: _c_MarkNodeFailed) -> bytes:
-    return b"".join((_k52, (_P[n55] if (n55 := len(s54 := o.node_id.encode())) < 8192 else _long(n55)), s54, (_P[n57] if (n57 := len(s56 := o.reason.encode())) < 8192 else _long(n57)), s56,))
+def _e_MarkNodeFailed52(o: _c_MarkNodeFailed) -> bytes:
+    return b"".join((_k53, (_P[n56] if (n56 := len(s55 := o.node_id.encode())) < 8192 else _long(n56)), s55, (_P[n58] if (n58 := len(s57 := o.reason.encode())) < 8192 else _long(n58)), s57,))
 
 
-def _b70(a: Any) -> bytes:
+def _b71(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n72] if (n72 := len(s71 := x.encode())) < 8192 else _long(n72)), s71,)
+        out += ((_P[n73] if (n73 := len(s72 := x.encode())) < 8192 else _long(n73)), s72,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b75(a: Any) -> bytes:
+def _b76(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n78] if (n78 := len(s77 := x.key.encode())) < 8192 else _long(n78)), s77, (_P[n80] if (n80 := len(s79 := x.operator.encode())) < 8192 else _long(n80)), s79, (_P[n82] if (n82 := len(s81 := x.value.encode())) < 8192 else _long(n82)), s81, (_P[n84] if (n84 := len(s83 := x.effect.encode())) < 8192 else _long(n84)), s83,)
+        out += ((_P[n79] if (n79 := len(s78 := x.key.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.operator.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.value.encode())) < 8192 else _long(n83)), s82, (_P[n85] if (n85 := len(s84 := x.effect.encode())) < 8192 else _long(n85)), s84,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u86(v: Any) -> bytes:
-    return b"".join((_k86, (_P[n88] if 0 <= (n88 := v) < 8192 else _long(n88)),))
+def _u87(v: Any) -> bytes:
+    return b"".join((_k87, (_P[n89] if 0 <= (n89 := v) < 8192 else _long(n89)),))
 
 
-def _e_Retry96(o: _c_Retry) -> bytes:
-    return b"".join((_k97, (_P[n99] if 0 <= (n99 := o.max_retries) < 8192 else _long(n99)), (_P[n100] if 0 <= (n100 := o.backoff_ms) < 8192 else _long(n100)), (_P[n101] if 0 <= (n101 := o.backoff_max_ms) < 8192 else _long(n101)),))
+def _e_Retry97(o: _c_Retry) -> bytes:
+    return b"".join((_k98, (_P[n100] if 0 <= (n100 := o.max_retries) < 8192 else _long(n100)), (_P[n101] if 0 <= (n101 := o.backoff_ms) < 8192 else _long(n101)), (_P[n102] if 0 <= (n102 := o.backoff_max_ms) < 8192 else _long(n102)),))
 
 
-def _e_SubmitPod57(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k58, (_P[n61] if (n61 := len(s60 := o.pod_id.encode())) < 8192 else _long(n61)), s60, (_P[n63] if (n63 := len(s62 := o.tenant.encode())) < 8192 else _long(n63)), s62, (_P[n64] if 0 <= (n64 := o.priority) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.num_gpu) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.gpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.cpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.memory_mib) < 8192 else _long(n68)), (_b70(a69) if (a69 := o.gpu_models) else b"\x00"), (_b21(a73) if (a73 := o.node_selector) else b"\x00"), (_b75(a74) if (a74 := o.tolerations) else b"\x00"), (_k88 if (u85 := o.time_limit_ms) is None else _u86(u85)), (_b70(a90) if (a90 := o.depends_on) else b"\x00"), (_P[n92] if (n92 := len(s91 := o.dependency.encode())) < 8192 else _long(n92)), s91, (_P[n94] if (n94 := len(s93 := o.preemption.encode())) < 8192 else _long(n94)), s93, (b"\x01" if o.movable else b"\x00"), (_P[n95] if 0 <= (n95 := o.gpu_memory_mib) < 8192 else _long(n95)), (_k102 if (u96 := o.retry) is None else _k101[type(u96)](u96)),))
+def _e_SubmitPod58(o: _c_SubmitPod) -> bytes:
+    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)),))
 
 
-def _e_Release103(o: _c_Release) -> bytes:
-    return b"".join((_k104, (_P[n107] if (n107 := len(s106 := o.pod_id.encode())) < 8192 else _long(n107)), s106, (_P[n109] if (n109 := len(s108 := o.reason.encode())) < 8192 else _long(n109)), s108,))
+def _e_Release104(o: _c_Release) -> bytes:
+    return b"".join((_k105, (_P[n108] if (n108 := len(s107 := o.pod_id.encode())) < 8192 else _long(n108)), s107, (_P[n110] if (n110 := len(s109 := o.reason.encode())) < 8192 else _long(n110)), s109,))
 
 
-def _u115(v: Any) -> bytes:
-    return b"".join((_k115, (_P[n117] if 0 <= (n117 := v) < 8192 else _long(n117)),))
+def _u116(v: Any) -> bytes:
+    return b"".join((_k116, (_P[n118] if 0 <= (n118 := v) < 8192 else _long(n118)),))
 
 
-def _u125(v: Any) -> bytes:
-    return b"".join((_k125, (_P[n128] if (n128 := len(s127 := v.encode())) < 8192 else _long(n128)), s127,))
+def _u126(v: Any) -> bytes:
+    return b"".join((_k126, (_P[n129] if (n129 := len(s128 := v.encode())) < 8192 else _long(n129)), s128,))
 
 
-def _b131(a: Any) -> bytes:
+def _b132(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n133] if (n133 := len(s132 := k.encode())) < 8192 else _long(n133)), s132, (_P[n134] if 0 <= (n134 := x) < 8192 else _long(n134)),)
+        out += ((_P[n134] if (n134 := len(s133 := k.encode())) < 8192 else _long(n134)), s133, (_P[n135] if 0 <= (n135 := x) < 8192 else _long(n135)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u136(v: Any) -> bytes:
-    return b"".join((_k136, (_P[n138] if 0 <= (n138 := v) < 8192 else _long(n138)),))
+def _u137(v: Any) -> bytes:
+    return b"".join((_k137, (_P[n139] if 0 <= (n139 := v) < 8192 else _long(n139)),))
 
 
-def _u141(v: Any) -> bytes:
-    return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
+def _u142(v: Any) -> bytes:
+    return b"".join((_k142, (_P[n144] if 0 <= (n144 := v) < 8192 else _long(n144)),))
 
 
-def _u146(v: Any) -> bytes:
-    return b"".join((_k146, (_P[n148] if 0 <= (n148 := v) < 8192 else _long(n148)),))
+def _u147(v: Any) -> bytes:
+    return b"".join((_k147, (_P[n149] if 0 <= (n149 := v) < 8192 else _long(n149)),))
 
 
-def _u151(v: Any) -> bytes:
-    return b"".join((_k151, (_P[n153] if 0 <= (n153 := v) < 8192 else _long(n153)),))
+def _u152(v: Any) -> bytes:
+    return b"".join((_k152, (_P[n154] if 0 <= (n154 := v) < 8192 else _long(n154)),))
 
 
-def _e_Quota121(o: _c_Quota) -> bytes:
-    return b"".join((_k122, (_k128 if (u124 := o.cohort) is None else _u125(u124)), (_b131(a130) if (a130 := o.nominal_gpus) else b"\x00"), (_k138 if (u135 := o.nominal_cpu_milli) is None else _u136(u135)), (_k143 if (u140 := o.nominal_memory_mib) is None else _u141(u140)), (_k148 if (u145 := o.borrowing_limit_gpus) is None else _u146(u145)), (_k153 if (u150 := o.lending_limit_gpus) is None else _u151(u150)), (_P[n155] if 0 <= (n155 := o.weight) < 8192 else _long(n155)),))
+def _e_Quota122(o: _c_Quota) -> bytes:
+    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)),))
 
 
-def _u159(v: Any) -> bytes:
-    return b"".join((_k159, (_P[n161] if 0 <= (n161 := v) < 8192 else _long(n161)),))
+def _u160(v: Any) -> bytes:
+    return b"".join((_k160, (_P[n162] if 0 <= (n162 := v) < 8192 else _long(n162)),))
 
 
-def _e_SetPolicy109(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k110, (_P[n113] if (n113 := len(s112 := o.policy.encode())) < 8192 else _long(n113)), s112, (_k117 if (u114 := o.reserve_after_ms) is None else _u115(u114)), (_P[n120] if (n120 := len(s119 := o.queue_order.encode())) < 8192 else _long(n120)), s119, (_k156 if (u121 := o.default_quota) is None else _k155[type(u121)](u121)), (_k161 if (u158 := o.max_clock_jump_ms) is None else _u159(u158)),))
+def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
+    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k157 if (u122 := o.default_quota) is None else _k156[type(u122)](u122)), (_k162 if (u159 := o.max_clock_jump_ms) is None else _u160(u159)),))
 
 
-def _b171(a: Any) -> bytes:
+def _b172(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n174] if (n174 := len(s173 := x.pod_id.encode())) < 8192 else _long(n174)), s173, (_P[n175] if 0 <= (n175 := x.num_gpu) < 8192 else _long(n175)), (_P[n176] if 0 <= (n176 := x.gpu_milli) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.cpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.memory_mib) < 8192 else _long(n178)), (_b70(a179) if (a179 := x.gpu_models) else b"\x00"), (_b21(a180) if (a180 := x.node_selector) else b"\x00"), (_b75(a181) if (a181 := x.tolerations) else b"\x00"),)
+        out += ((_P[n175] if (n175 := len(s174 := x.pod_id.encode())) < 8192 else _long(n175)), s174, (_P[n176] if 0 <= (n176 := x.num_gpu) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.gpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.cpu_milli) < 8192 else _long(n178)), (_P[n179] if 0 <= (n179 := x.memory_mib) < 8192 else _long(n179)), (_b71(a180) if (a180 := x.gpu_models) else b"\x00"), (_b21(a181) if (a181 := x.node_selector) else b"\x00"), (_b76(a182) if (a182 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u183(v: Any) -> bytes:
-    return b"".join((_k183, (_P[n185] if 0 <= (n185 := v) < 8192 else _long(n185)),))
+def _u184(v: Any) -> bytes:
+    return b"".join((_k184, (_P[n186] if 0 <= (n186 := v) < 8192 else _long(n186)),))
 
 
-def _u188(v: Any) -> bytes:
-    return b"".join((_k188, (_P[n191] if (n191 := len(s190 := v.encode())) < 8192 else _long(n191)), s190,))
+def _u189(v: Any) -> bytes:
+    return b"".join((_k189, (_P[n192] if (n192 := len(s191 := v.encode())) < 8192 else _long(n192)), s191,))
 
 
-def _u194(v: Any) -> bytes:
-    return b"".join((_k194, (_P[n197] if (n197 := len(s196 := v.encode())) < 8192 else _long(n197)), s196,))
+def _u195(v: Any) -> bytes:
+    return b"".join((_k195, (_P[n198] if (n198 := len(s197 := v.encode())) < 8192 else _long(n198)), s197,))
 
 
-def _u200(v: Any) -> bytes:
-    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
+def _u201(v: Any) -> bytes:
+    return b"".join((_k201, (_P[n203] if 0 <= (n203 := v) < 8192 else _long(n203)),))
 
 
-def _u205(v: Any) -> bytes:
-    return b"".join((_k205, (_P[n207] if 0 <= (n207 := v) < 8192 else _long(n207)),))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
-def _e_SubmitGang162(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k163, (_P[n166] if (n166 := len(s165 := o.gang_id.encode())) < 8192 else _long(n166)), s165, (_P[n168] if (n168 := len(s167 := o.tenant.encode())) < 8192 else _long(n168)), s167, (_P[n169] if 0 <= (n169 := o.priority) < 8192 else _long(n169)), (_b171(a170) if (a170 := o.members) else b"\x00"), (_k185 if (u182 := o.min_members) is None else _u183(u182)), (_k191 if (u187 := o.topology_required) is None else _u188(u187)), (_k197 if (u193 := o.topology_preferred) is None else _u194(u193)), (_k202 if (u199 := o.timeout_ms) is None else _u200(u199)), (_k207 if (u204 := o.time_limit_ms) is None else _u205(u204)), (_b70(a209) if (a209 := o.depends_on) else b"\x00"), (_P[n211] if (n211 := len(s210 := o.dependency.encode())) < 8192 else _long(n211)), s210, (_P[n213] if (n213 := len(s212 := o.preemption.encode())) < 8192 else _long(n213)), s212,))
+def _e_SubmitGang163(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213,))
 
 
-def _e_ReleaseGang213(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k214, (_P[n217] if (n217 := len(s216 := o.gang_id.encode())) < 8192 else _long(n217)), s216, (_P[n219] if (n219 := len(s218 := o.reason.encode())) < 8192 else _long(n219)), s218,))
+def _e_ReleaseGang214(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k215, (_P[n218] if (n218 := len(s217 := o.gang_id.encode())) < 8192 else _long(n218)), s217, (_P[n220] if (n220 := len(s219 := o.reason.encode())) < 8192 else _long(n220)), s219,))
 
 
-def _e_Tick219(o: _c_Tick) -> bytes:
-    return b"".join((_k220, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick220(o: _c_Tick) -> bytes:
+    return b"".join((_k221, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u227(v: Any) -> bytes:
-    return b"".join((_k227, (_P[n230] if (n230 := len(s229 := v.encode())) < 8192 else _long(n230)), s229,))
+def _u228(v: Any) -> bytes:
+    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := v.encode())) < 8192 else _long(n231)), s230,))
 
 
-def _u234(v: Any) -> bytes:
-    return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
+def _u235(v: Any) -> bytes:
+    return b"".join((_k235, (_P[n237] if 0 <= (n237 := v) < 8192 else _long(n237)),))
 
 
-def _u239(v: Any) -> bytes:
-    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
+def _u240(v: Any) -> bytes:
+    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
 
 
-def _u244(v: Any) -> bytes:
-    return b"".join((_k244, (_P[n246] if 0 <= (n246 := v) < 8192 else _long(n246)),))
+def _u245(v: Any) -> bytes:
+    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
 
 
-def _u249(v: Any) -> bytes:
-    return b"".join((_k249, (_P[n251] if 0 <= (n251 := v) < 8192 else _long(n251)),))
+def _u250(v: Any) -> bytes:
+    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
 
 
-def _e_SetQuota221(o: _c_SetQuota) -> bytes:
-    return b"".join((_k222, (_P[n225] if (n225 := len(s224 := o.tenant.encode())) < 8192 else _long(n225)), s224, (_k230 if (u226 := o.cohort) is None else _u227(u226)), (_b131(a232) if (a232 := o.nominal_gpus) else b"\x00"), (_k236 if (u233 := o.nominal_cpu_milli) is None else _u234(u233)), (_k241 if (u238 := o.nominal_memory_mib) is None else _u239(u238)), (_k246 if (u243 := o.borrowing_limit_gpus) is None else _u244(u243)), (_k251 if (u248 := o.lending_limit_gpus) is None else _u249(u248)), (_P[n253] if 0 <= (n253 := o.weight) < 8192 else _long(n253)),))
+def _e_SetQuota222(o: _c_SetQuota) -> bytes:
+    return b"".join((_k223, (_P[n226] if (n226 := len(s225 := o.tenant.encode())) < 8192 else _long(n226)), s225, (_k231 if (u227 := o.cohort) is None else _u228(u227)), (_b132(a233) if (a233 := o.nominal_gpus) else b"\x00"), (_k237 if (u234 := o.nominal_cpu_milli) is None else _u235(u234)), (_k242 if (u239 := o.nominal_memory_mib) is None else _u240(u239)), (_k247 if (u244 := o.borrowing_limit_gpus) is None else _u245(u244)), (_k252 if (u249 := o.lending_limit_gpus) is None else _u250(u249)), (_P[n254] if 0 <= (n254 := o.weight) < 8192 else _long(n254)),))
 
 
-def _e_RemoveQuota253(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k254, (_P[n257] if (n257 := len(s256 := o.tenant.encode())) < 8192 else _long(n257)), s256,))
+def _e_RemoveQuota254(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257,))
 
 
-def _u262(v: Any) -> bytes:
-    return b"".join((_k262, (_P[n265] if (n265 := len(s264 := v.encode())) < 8192 else _long(n265)), s264,))
+def _u263(v: Any) -> bytes:
+    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := v.encode())) < 8192 else _long(n266)), s265,))
 
 
-def _e_Defragment257(o: _c_Defragment) -> bytes:
-    return b"".join((_k258, (_P[n260] if 0 <= (n260 := o.max_moves) < 8192 else _long(n260)), (_k265 if (u261 := o.target) is None else _u262(u261)),))
+def _e_Defragment258(o: _c_Defragment) -> bytes:
+    return b"".join((_k259, (_P[n261] if 0 <= (n261 := o.max_moves) < 8192 else _long(n261)), (_k266 if (u262 := o.target) is None else _u263(u262)),))
 
 
-def _e_ResumeCluster266(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k267, (_P[n270] if (n270 := len(s269 := o.reason.encode())) < 8192 else _long(n270)), s269,))
+def _e_ResumeCluster267(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k268, (_P[n271] if (n271 := len(s270 := o.reason.encode())) < 8192 else _long(n271)), s270,))
 
 
-def _e_RecoverNode270(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := o.node_id.encode())) < 8192 else _long(n274)), s273,))
+def _e_RecoverNode271(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k272, (_P[n275] if (n275 := len(s274 := o.node_id.encode())) < 8192 else _long(n275)), s274,))
 
 
-def _u280(v: Any) -> bytes:
-    return b"".join((_k280, (_b21(a282) if (a282 := v) else b"\x00"),))
+def _u281(v: Any) -> bytes:
+    return b"".join((_k281, (_b21(a283) if (a283 := v) else b"\x00"),))
 
 
-def _u285(v: Any) -> bytes:
-    return b"".join((_k285, (_b27(a287) if (a287 := v) else b"\x00"),))
+def _u286(v: Any) -> bytes:
+    return b"".join((_k286, (_b27(a288) if (a288 := v) else b"\x00"),))
 
 
-def _e_UpdateNode274(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k275, (_P[n278] if (n278 := len(s277 := o.node_id.encode())) < 8192 else _long(n278)), s277, (_k282 if (u279 := o.labels) is None else _u280(u279)), (_k287 if (u284 := o.taints) is None else _u285(u284)),))
+def _e_UpdateNode275(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.node_id.encode())) < 8192 else _long(n279)), s278, (_k283 if (u280 := o.labels) is None else _u281(u280)), (_k288 if (u285 := o.taints) is None else _u286(u285)),))
+
+
+def _u295(v: Any) -> bytes:
+    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := v.encode())) < 8192 else _long(n298)), s297,))
+
+
+def _u301(v: Any) -> bytes:
+    return b"".join((_k301, (_P[n304] if (n304 := len(s303 := v.encode())) < 8192 else _long(n304)), s303,))
+
+
+def _u307(v: Any) -> bytes:
+    return b"".join((_k307, (_b21(a309) if (a309 := v) else b"\x00"),))
+
+
+def _e_SetDisruptionBudget289(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.budget_id.encode())) < 8192 else _long(n293)), s292, (_k298 if (u294 := o.tenant) is None else _u295(u294)), (_k304 if (u300 := o.gang_id) is None else _u301(u300)), (_k309 if (u306 := o.label_selector) is None else _u307(u306)), (_P[n311] if 0 <= (n311 := o.max_unavailable) < 8192 else _long(n311)),))
+
+
+def _e_RemoveDisruptionBudget311(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k288[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k315[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint316(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n318 = _ZL[buf[pos]]
-    if n318 < 0:
-        n318, pos = _rlong(buf, pos)
-        if n318 < 0:
-            raise _length_error(n318, end - pos)
+    n345 = _ZL[buf[pos]]
+    if n345 < 0:
+        n345, pos = _rlong(buf, pos)
+        if n345 < 0:
+            raise _length_error(n345, end - pos)
     else:
         pos += 1
-    q319 = pos + n318
-    if q319 > end:
-        raise _length_error(n318, end - pos)
-    f_key = buf[pos:q319].decode()
-    pos = q319
-    n320 = _ZL[buf[pos]]
-    if n320 < 0:
-        n320, pos = _rlong(buf, pos)
-        if n320 < 0:
-            raise _length_error(n320, end - pos)
+    q346 = pos + n345
+    if q346 > end:
+        raise _length_error(n345, end - pos)
+    f_key = buf[pos:q346].decode()
+    pos = q346
+    n347 = _ZL[buf[pos]]
+    if n347 < 0:
+        n347, pos = _rlong(buf, pos)
+        if n347 < 0:
+            raise _length_error(n347, end - pos)
     else:
         pos += 1
-    q321 = pos + n320
-    if q321 > end:
-        raise _length_error(n320, end - pos)
-    f_value = buf[pos:q321].decode()
-    pos = q321
-    n322 = _ZL[buf[pos]]
-    if n322 < 0:
-        n322, pos = _rlong(buf, pos)
-        if n322 < 0:
-            raise _length_error(n322, end - pos)
+    q348 = pos + n347
+    if q348 > end:
+        raise _length_error(n347, end - pos)
+    f_value = buf[pos:q348].decode()
+    pos = q348
+    n349 = _ZL[buf[pos]]
+    if n349 < 0:
+        n349, pos = _rlong(buf, pos)
+        if n349 < 0:
+            raise _length_error(n349, end - pos)
     else:
         pos += 1
-    q323 = pos + n322
-    if q323 > end:
-        raise _length_error(n322, end - pos)
-    f_effect = buf[pos:q323].decode()
-    pos = q323
+    q350 = pos + n349
+    if q350 > end:
+        raise _length_error(n349, end - pos)
+    f_effect = buf[pos:q350].decode()
+    pos = q350
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode297(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -555,30 +599,30 @@ def _d_AddNode297(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n299 = _ZL[buf[pos]]
-    if n299 < 0:
-        n299, pos = _rlong(buf, pos)
-        if n299 < 0:
-            raise _length_error(n299, end - pos)
+    n326 = _ZL[buf[pos]]
+    if n326 < 0:
+        n326, pos = _rlong(buf, pos)
+        if n326 < 0:
+            raise _length_error(n326, end - pos)
     else:
         pos += 1
-    q300 = pos + n299
-    if q300 > end:
-        raise _length_error(n299, end - pos)
-    f_node_id = buf[pos:q300].decode()
-    pos = q300
-    n301 = _ZL[buf[pos]]
-    if n301 < 0:
-        n301, pos = _rlong(buf, pos)
-        if n301 < 0:
-            raise _length_error(n301, end - pos)
+    q327 = pos + n326
+    if q327 > end:
+        raise _length_error(n326, end - pos)
+    f_node_id = buf[pos:q327].decode()
+    pos = q327
+    n328 = _ZL[buf[pos]]
+    if n328 < 0:
+        n328, pos = _rlong(buf, pos)
+        if n328 < 0:
+            raise _length_error(n328, end - pos)
     else:
         pos += 1
-    q302 = pos + n301
-    if q302 > end:
-        raise _length_error(n301, end - pos)
-    f_gpu_model = buf[pos:q302].decode()
-    pos = q302
+    q329 = pos + n328
+    if q329 > end:
+        raise _length_error(n328, end - pos)
+    f_gpu_model = buf[pos:q329].decode()
+    pos = q329
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -625,113 +669,113 @@ def _d_AddNode297(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc303: dict[str, Any] = {}
+        acc330: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c304 = _ZD[b]
+                c331 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c304 = (z >> 1) ^ -(z & 1)
+                c331 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c304 = (z >> 1) ^ -(z & 1)
+                c331 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c304, pos = _rlong(buf, pos)
-            if c304 == 0:
+                c331, pos = _rlong(buf, pos)
+            if c331 == 0:
                 break
-            if c304 < 0:
-                c304 = -c304
+            if c331 < 0:
+                c331 = -c331
                 b = buf[pos]
                 if b < 128:
-                    z307 = _ZD[b]
+                    z334 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z307 = (z >> 1) ^ -(z & 1)
+                    z334 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z307 = (z >> 1) ^ -(z & 1)
+                    z334 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z307, pos = _rlong(buf, pos)
-            if c304 * 2 > end - pos:
-                raise _count_error(c304, end - pos)
-            for _ in range(c304):
-                n308 = _ZL[buf[pos]]
-                if n308 < 0:
-                    n308, pos = _rlong(buf, pos)
-                    if n308 < 0:
-                        raise _length_error(n308, end - pos)
+                    z334, pos = _rlong(buf, pos)
+            if c331 * 2 > end - pos:
+                raise _count_error(c331, end - pos)
+            for _ in range(c331):
+                n335 = _ZL[buf[pos]]
+                if n335 < 0:
+                    n335, pos = _rlong(buf, pos)
+                    if n335 < 0:
+                        raise _length_error(n335, end - pos)
                 else:
                     pos += 1
-                q309 = pos + n308
-                if q309 > end:
-                    raise _length_error(n308, end - pos)
-                k306 = buf[pos:q309].decode()
-                pos = q309
-                n310 = _ZL[buf[pos]]
-                if n310 < 0:
-                    n310, pos = _rlong(buf, pos)
-                    if n310 < 0:
-                        raise _length_error(n310, end - pos)
+                q336 = pos + n335
+                if q336 > end:
+                    raise _length_error(n335, end - pos)
+                k333 = buf[pos:q336].decode()
+                pos = q336
+                n337 = _ZL[buf[pos]]
+                if n337 < 0:
+                    n337, pos = _rlong(buf, pos)
+                    if n337 < 0:
+                        raise _length_error(n337, end - pos)
                 else:
                     pos += 1
-                q311 = pos + n310
-                if q311 > end:
-                    raise _length_error(n310, end - pos)
-                x305 = buf[pos:q311].decode()
-                pos = q311
-                acc303[k306] = x305
-        f_labels = acc303
+                q338 = pos + n337
+                if q338 > end:
+                    raise _length_error(n337, end - pos)
+                x332 = buf[pos:q338].decode()
+                pos = q338
+                acc330[k333] = x332
+        f_labels = acc330
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc312: list[Any] = []
+        acc339: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c313 = _ZD[b]
+                c340 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c313 = (z >> 1) ^ -(z & 1)
+                c340 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c313 = (z >> 1) ^ -(z & 1)
+                c340 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c313, pos = _rlong(buf, pos)
-            if c313 == 0:
+                c340, pos = _rlong(buf, pos)
+            if c340 == 0:
                 break
-            if c313 < 0:
-                c313 = -c313
+            if c340 < 0:
+                c340 = -c340
                 b = buf[pos]
                 if b < 128:
-                    z316 = _ZD[b]
+                    z343 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z316 = (z >> 1) ^ -(z & 1)
+                    z343 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z316 = (z >> 1) ^ -(z & 1)
+                    z343 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z316, pos = _rlong(buf, pos)
-            if c313 * 3 > end - pos:
-                raise _count_error(c313, end - pos)
-            for _ in range(c313):
-                x314, pos = _d_Taint316(buf, pos, end)
-                acc312.append(x314)
-        f_taints = tuple(acc312)
+                    z343, pos = _rlong(buf, pos)
+            if c340 * 3 > end - pos:
+                raise _count_error(c340, end - pos)
+            for _ in range(c340):
+                x341, pos = _d_Taint343(buf, pos, end)
+                acc339.append(x341)
+        f_taints = tuple(acc339)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -750,170 +794,188 @@ def _d_AddNode297(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode323(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode350(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n325 = _ZL[buf[pos]]
-    if n325 < 0:
-        n325, pos = _rlong(buf, pos)
-        if n325 < 0:
-            raise _length_error(n325, end - pos)
+    n352 = _ZL[buf[pos]]
+    if n352 < 0:
+        n352, pos = _rlong(buf, pos)
+        if n352 < 0:
+            raise _length_error(n352, end - pos)
     else:
         pos += 1
-    q326 = pos + n325
-    if q326 > end:
-        raise _length_error(n325, end - pos)
-    f_node_id = buf[pos:q326].decode()
-    pos = q326
+    q353 = pos + n352
+    if q353 > end:
+        raise _length_error(n352, end - pos)
+    f_node_id = buf[pos:q353].decode()
+    pos = q353
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode326(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode353(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n328 = _ZL[buf[pos]]
-    if n328 < 0:
-        n328, pos = _rlong(buf, pos)
-        if n328 < 0:
-            raise _length_error(n328, end - pos)
+    n355 = _ZL[buf[pos]]
+    if n355 < 0:
+        n355, pos = _rlong(buf, pos)
+        if n355 < 0:
+            raise _length_error(n355, end - pos)
     else:
         pos += 1
-    q329 = pos + n328
-    if q329 > end:
-        raise _length_error(n328, end - pos)
-    f_node_id = buf[pos:q329].decode()
-    pos = q329
+    q356 = pos + n355
+    if q356 > end:
+        raise _length_error(n355, end - pos)
+    f_node_id = buf[pos:q356].decode()
+    pos = q356
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode329(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n331 = _ZL[buf[pos]]
-    if n331 < 0:
-        n331, pos = _rlong(buf, pos)
-        if n331 < 0:
-            raise _length_error(n331, end - pos)
+    n358 = _ZL[buf[pos]]
+    if n358 < 0:
+        n358, pos = _rlong(buf, pos)
+        if n358 < 0:
+            raise _length_error(n358, end - pos)
     else:
         pos += 1
-    q332 = pos + n331
-    if q332 > end:
-        raise _length_error(n331, end - pos)
-    f_node_id = buf[pos:q332].decode()
-    pos = q332
+    q359 = pos + n358
+    if q359 > end:
+        raise _length_error(n358, end - pos)
+    f_node_id = buf[pos:q359].decode()
+    pos = q359
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode332(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
-    n334 = _ZL[buf[pos]]
-    if n334 < 0:
-        n334, pos = _rlong(buf, pos)
-        if n334 < 0:
-            raise _length_error(n334, end - pos)
+    f_grace_ms: int
+    f_respect_budgets: bool
+    n361 = _ZL[buf[pos]]
+    if n361 < 0:
+        n361, pos = _rlong(buf, pos)
+        if n361 < 0:
+            raise _length_error(n361, end - pos)
     else:
         pos += 1
-    q335 = pos + n334
-    if q335 > end:
-        raise _length_error(n334, end - pos)
-    f_node_id = buf[pos:q335].decode()
-    pos = q335
-    o = _c_DrainNode(f_node_id)
+    q362 = pos + n361
+    if q362 > end:
+        raise _length_error(n361, end - pos)
+    f_node_id = buf[pos:q362].decode()
+    pos = q362
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_DrainNode(f_node_id, f_grace_ms, f_respect_budgets)
     return o, pos
 
 
-def _d_MarkNodeFailed335(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed362(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n337 = _ZL[buf[pos]]
-    if n337 < 0:
-        n337, pos = _rlong(buf, pos)
-        if n337 < 0:
-            raise _length_error(n337, end - pos)
+    n364 = _ZL[buf[pos]]
+    if n364 < 0:
+        n364, pos = _rlong(buf, pos)
+        if n364 < 0:
+            raise _length_error(n364, end - pos)
     else:
         pos += 1
-    q338 = pos + n337
-    if q338 > end:
-        raise _length_error(n337, end - pos)
-    f_node_id = buf[pos:q338].decode()
-    pos = q338
-    n339 = _ZL[buf[pos]]
-    if n339 < 0:
-        n339, pos = _rlong(buf, pos)
-        if n339 < 0:
-            raise _length_error(n339, end - pos)
+    q365 = pos + n364
+    if q365 > end:
+        raise _length_error(n364, end - pos)
+    f_node_id = buf[pos:q365].decode()
+    pos = q365
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
     else:
         pos += 1
-    q340 = pos + n339
-    if q340 > end:
-        raise _length_error(n339, end - pos)
-    f_reason = buf[pos:q340].decode()
-    pos = q340
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_reason = buf[pos:q367].decode()
+    pos = q367
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration366(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration393(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n368 = _ZL[buf[pos]]
-    if n368 < 0:
-        n368, pos = _rlong(buf, pos)
-        if n368 < 0:
-            raise _length_error(n368, end - pos)
+    n395 = _ZL[buf[pos]]
+    if n395 < 0:
+        n395, pos = _rlong(buf, pos)
+        if n395 < 0:
+            raise _length_error(n395, end - pos)
     else:
         pos += 1
-    q369 = pos + n368
-    if q369 > end:
-        raise _length_error(n368, end - pos)
-    f_key = buf[pos:q369].decode()
-    pos = q369
-    n370 = _ZL[buf[pos]]
-    if n370 < 0:
-        n370, pos = _rlong(buf, pos)
-        if n370 < 0:
-            raise _length_error(n370, end - pos)
+    q396 = pos + n395
+    if q396 > end:
+        raise _length_error(n395, end - pos)
+    f_key = buf[pos:q396].decode()
+    pos = q396
+    n397 = _ZL[buf[pos]]
+    if n397 < 0:
+        n397, pos = _rlong(buf, pos)
+        if n397 < 0:
+            raise _length_error(n397, end - pos)
     else:
         pos += 1
-    q371 = pos + n370
-    if q371 > end:
-        raise _length_error(n370, end - pos)
-    f_operator = buf[pos:q371].decode()
-    pos = q371
-    n372 = _ZL[buf[pos]]
-    if n372 < 0:
-        n372, pos = _rlong(buf, pos)
-        if n372 < 0:
-            raise _length_error(n372, end - pos)
+    q398 = pos + n397
+    if q398 > end:
+        raise _length_error(n397, end - pos)
+    f_operator = buf[pos:q398].decode()
+    pos = q398
+    n399 = _ZL[buf[pos]]
+    if n399 < 0:
+        n399, pos = _rlong(buf, pos)
+        if n399 < 0:
+            raise _length_error(n399, end - pos)
     else:
         pos += 1
-    q373 = pos + n372
-    if q373 > end:
-        raise _length_error(n372, end - pos)
-    f_value = buf[pos:q373].decode()
-    pos = q373
-    n374 = _ZL[buf[pos]]
-    if n374 < 0:
-        n374, pos = _rlong(buf, pos)
-        if n374 < 0:
-            raise _length_error(n374, end - pos)
+    q400 = pos + n399
+    if q400 > end:
+        raise _length_error(n399, end - pos)
+    f_value = buf[pos:q400].decode()
+    pos = q400
+    n401 = _ZL[buf[pos]]
+    if n401 < 0:
+        n401, pos = _rlong(buf, pos)
+        if n401 < 0:
+            raise _length_error(n401, end - pos)
     else:
         pos += 1
-    q375 = pos + n374
-    if q375 > end:
-        raise _length_error(n374, end - pos)
-    f_effect = buf[pos:q375].decode()
-    pos = q375
+    q402 = pos + n401
+    if q402 > end:
+        raise _length_error(n401, end - pos)
+    f_effect = buf[pos:q402].decode()
+    pos = q402
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry388(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -963,7 +1025,7 @@ def _d_Retry388(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -981,30 +1043,30 @@ def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n342 = _ZL[buf[pos]]
-    if n342 < 0:
-        n342, pos = _rlong(buf, pos)
-        if n342 < 0:
-            raise _length_error(n342, end - pos)
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
     else:
         pos += 1
-    q343 = pos + n342
-    if q343 > end:
-        raise _length_error(n342, end - pos)
-    f_pod_id = buf[pos:q343].decode()
-    pos = q343
-    n344 = _ZL[buf[pos]]
-    if n344 < 0:
-        n344, pos = _rlong(buf, pos)
-        if n344 < 0:
-            raise _length_error(n344, end - pos)
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_pod_id = buf[pos:q370].decode()
+    pos = q370
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
     else:
         pos += 1
-    q345 = pos + n344
-    if q345 > end:
-        raise _length_error(n344, end - pos)
-    f_tenant = buf[pos:q345].decode()
-    pos = q345
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_tenant = buf[pos:q372].decode()
+    pos = q372
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1079,185 +1141,185 @@ def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc346: list[Any] = []
+        acc373: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c347 = _ZD[b]
+                c374 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c347 = (z >> 1) ^ -(z & 1)
+                c374 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c347 = (z >> 1) ^ -(z & 1)
+                c374 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c347, pos = _rlong(buf, pos)
-            if c347 == 0:
+                c374, pos = _rlong(buf, pos)
+            if c374 == 0:
                 break
-            if c347 < 0:
-                c347 = -c347
+            if c374 < 0:
+                c374 = -c374
                 b = buf[pos]
                 if b < 128:
-                    z350 = _ZD[b]
+                    z377 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z350 = (z >> 1) ^ -(z & 1)
+                    z377 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z350 = (z >> 1) ^ -(z & 1)
+                    z377 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z350, pos = _rlong(buf, pos)
-            if c347 * 1 > end - pos:
-                raise _count_error(c347, end - pos)
-            for _ in range(c347):
-                n351 = _ZL[buf[pos]]
-                if n351 < 0:
-                    n351, pos = _rlong(buf, pos)
-                    if n351 < 0:
-                        raise _length_error(n351, end - pos)
+                    z377, pos = _rlong(buf, pos)
+            if c374 * 1 > end - pos:
+                raise _count_error(c374, end - pos)
+            for _ in range(c374):
+                n378 = _ZL[buf[pos]]
+                if n378 < 0:
+                    n378, pos = _rlong(buf, pos)
+                    if n378 < 0:
+                        raise _length_error(n378, end - pos)
                 else:
                     pos += 1
-                q352 = pos + n351
-                if q352 > end:
-                    raise _length_error(n351, end - pos)
-                x348 = buf[pos:q352].decode()
-                pos = q352
-                acc346.append(x348)
-        f_gpu_models = tuple(acc346)
+                q379 = pos + n378
+                if q379 > end:
+                    raise _length_error(n378, end - pos)
+                x375 = buf[pos:q379].decode()
+                pos = q379
+                acc373.append(x375)
+        f_gpu_models = tuple(acc373)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc353: dict[str, Any] = {}
+        acc380: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c354 = _ZD[b]
+                c381 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c354 = (z >> 1) ^ -(z & 1)
+                c381 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c354 = (z >> 1) ^ -(z & 1)
+                c381 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c354, pos = _rlong(buf, pos)
-            if c354 == 0:
+                c381, pos = _rlong(buf, pos)
+            if c381 == 0:
                 break
-            if c354 < 0:
-                c354 = -c354
+            if c381 < 0:
+                c381 = -c381
                 b = buf[pos]
                 if b < 128:
-                    z357 = _ZD[b]
+                    z384 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z357 = (z >> 1) ^ -(z & 1)
+                    z384 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z357 = (z >> 1) ^ -(z & 1)
+                    z384 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z357, pos = _rlong(buf, pos)
-            if c354 * 2 > end - pos:
-                raise _count_error(c354, end - pos)
-            for _ in range(c354):
-                n358 = _ZL[buf[pos]]
-                if n358 < 0:
-                    n358, pos = _rlong(buf, pos)
-                    if n358 < 0:
-                        raise _length_error(n358, end - pos)
+                    z384, pos = _rlong(buf, pos)
+            if c381 * 2 > end - pos:
+                raise _count_error(c381, end - pos)
+            for _ in range(c381):
+                n385 = _ZL[buf[pos]]
+                if n385 < 0:
+                    n385, pos = _rlong(buf, pos)
+                    if n385 < 0:
+                        raise _length_error(n385, end - pos)
                 else:
                     pos += 1
-                q359 = pos + n358
-                if q359 > end:
-                    raise _length_error(n358, end - pos)
-                k356 = buf[pos:q359].decode()
-                pos = q359
-                n360 = _ZL[buf[pos]]
-                if n360 < 0:
-                    n360, pos = _rlong(buf, pos)
-                    if n360 < 0:
-                        raise _length_error(n360, end - pos)
+                q386 = pos + n385
+                if q386 > end:
+                    raise _length_error(n385, end - pos)
+                k383 = buf[pos:q386].decode()
+                pos = q386
+                n387 = _ZL[buf[pos]]
+                if n387 < 0:
+                    n387, pos = _rlong(buf, pos)
+                    if n387 < 0:
+                        raise _length_error(n387, end - pos)
                 else:
                     pos += 1
-                q361 = pos + n360
-                if q361 > end:
-                    raise _length_error(n360, end - pos)
-                x355 = buf[pos:q361].decode()
-                pos = q361
-                acc353[k356] = x355
-        f_node_selector = acc353
+                q388 = pos + n387
+                if q388 > end:
+                    raise _length_error(n387, end - pos)
+                x382 = buf[pos:q388].decode()
+                pos = q388
+                acc380[k383] = x382
+        f_node_selector = acc380
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc362: list[Any] = []
+        acc389: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c363 = _ZD[b]
+                c390 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c363 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c363 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c363, pos = _rlong(buf, pos)
-            if c363 == 0:
+                c390, pos = _rlong(buf, pos)
+            if c390 == 0:
                 break
-            if c363 < 0:
-                c363 = -c363
+            if c390 < 0:
+                c390 = -c390
                 b = buf[pos]
                 if b < 128:
-                    z366 = _ZD[b]
+                    z393 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z366 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z366 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z366, pos = _rlong(buf, pos)
-            if c363 * 4 > end - pos:
-                raise _count_error(c363, end - pos)
-            for _ in range(c363):
-                x364, pos = _d_Toleration366(buf, pos, end)
-                acc362.append(x364)
-        f_tolerations = tuple(acc362)
+                    z393, pos = _rlong(buf, pos)
+            if c390 * 4 > end - pos:
+                raise _count_error(c390, end - pos)
+            for _ in range(c390):
+                x391, pos = _d_Toleration393(buf, pos, end)
+                acc389.append(x391)
+        f_tolerations = tuple(acc389)
     b = buf[pos]
     if b < 128:
-        i376 = _ZD[b]
+        i403 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i376 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i376 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i376, pos = _rlong(buf, pos)
-    if i376 == 0:
+        i403, pos = _rlong(buf, pos)
+    if i403 == 0:
         f_time_limit_ms = None
-    elif i376 == 1:
+    elif i403 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1273,86 +1335,86 @@ def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i376, 2)
+        raise _union_error(i403, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc377: list[Any] = []
+        acc404: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c378 = _ZD[b]
+                c405 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c378 = (z >> 1) ^ -(z & 1)
+                c405 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c378 = (z >> 1) ^ -(z & 1)
+                c405 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c378, pos = _rlong(buf, pos)
-            if c378 == 0:
+                c405, pos = _rlong(buf, pos)
+            if c405 == 0:
                 break
-            if c378 < 0:
-                c378 = -c378
+            if c405 < 0:
+                c405 = -c405
                 b = buf[pos]
                 if b < 128:
-                    z381 = _ZD[b]
+                    z408 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z381 = (z >> 1) ^ -(z & 1)
+                    z408 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z381 = (z >> 1) ^ -(z & 1)
+                    z408 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z381, pos = _rlong(buf, pos)
-            if c378 * 1 > end - pos:
-                raise _count_error(c378, end - pos)
-            for _ in range(c378):
-                n382 = _ZL[buf[pos]]
-                if n382 < 0:
-                    n382, pos = _rlong(buf, pos)
-                    if n382 < 0:
-                        raise _length_error(n382, end - pos)
+                    z408, pos = _rlong(buf, pos)
+            if c405 * 1 > end - pos:
+                raise _count_error(c405, end - pos)
+            for _ in range(c405):
+                n409 = _ZL[buf[pos]]
+                if n409 < 0:
+                    n409, pos = _rlong(buf, pos)
+                    if n409 < 0:
+                        raise _length_error(n409, end - pos)
                 else:
                     pos += 1
-                q383 = pos + n382
-                if q383 > end:
-                    raise _length_error(n382, end - pos)
-                x379 = buf[pos:q383].decode()
-                pos = q383
-                acc377.append(x379)
-        f_depends_on = tuple(acc377)
-    n384 = _ZL[buf[pos]]
-    if n384 < 0:
-        n384, pos = _rlong(buf, pos)
-        if n384 < 0:
-            raise _length_error(n384, end - pos)
+                q410 = pos + n409
+                if q410 > end:
+                    raise _length_error(n409, end - pos)
+                x406 = buf[pos:q410].decode()
+                pos = q410
+                acc404.append(x406)
+        f_depends_on = tuple(acc404)
+    n411 = _ZL[buf[pos]]
+    if n411 < 0:
+        n411, pos = _rlong(buf, pos)
+        if n411 < 0:
+            raise _length_error(n411, end - pos)
     else:
         pos += 1
-    q385 = pos + n384
-    if q385 > end:
-        raise _length_error(n384, end - pos)
-    f_dependency = buf[pos:q385].decode()
-    pos = q385
-    n386 = _ZL[buf[pos]]
-    if n386 < 0:
-        n386, pos = _rlong(buf, pos)
-        if n386 < 0:
-            raise _length_error(n386, end - pos)
+    q412 = pos + n411
+    if q412 > end:
+        raise _length_error(n411, end - pos)
+    f_dependency = buf[pos:q412].decode()
+    pos = q412
+    n413 = _ZL[buf[pos]]
+    if n413 < 0:
+        n413, pos = _rlong(buf, pos)
+        if n413 < 0:
+            raise _length_error(n413, end - pos)
     else:
         pos += 1
-    q387 = pos + n386
-    if q387 > end:
-        raise _length_error(n386, end - pos)
-    f_preemption = buf[pos:q387].decode()
-    pos = q387
+    q414 = pos + n413
+    if q414 > end:
+        raise _length_error(n413, end - pos)
+    f_preemption = buf[pos:q414].decode()
+    pos = q414
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1371,60 +1433,60 @@ def _d_SubmitPod340(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i388 = _ZD[b]
+        i415 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i388 = (z >> 1) ^ -(z & 1)
+        i415 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i388 = (z >> 1) ^ -(z & 1)
+        i415 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i388, pos = _rlong(buf, pos)
-    if i388 == 0:
+        i415, pos = _rlong(buf, pos)
+    if i415 == 0:
         f_retry = None
-    elif i388 == 1:
-        f_retry, pos = _d_Retry388(buf, pos, end)
+    elif i415 == 1:
+        f_retry, pos = _d_Retry415(buf, pos, end)
     else:
-        raise _union_error(i388, 2)
+        raise _union_error(i415, 2)
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_Release389(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release416(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n391 = _ZL[buf[pos]]
-    if n391 < 0:
-        n391, pos = _rlong(buf, pos)
-        if n391 < 0:
-            raise _length_error(n391, end - pos)
+    n418 = _ZL[buf[pos]]
+    if n418 < 0:
+        n418, pos = _rlong(buf, pos)
+        if n418 < 0:
+            raise _length_error(n418, end - pos)
     else:
         pos += 1
-    q392 = pos + n391
-    if q392 > end:
-        raise _length_error(n391, end - pos)
-    f_pod_id = buf[pos:q392].decode()
-    pos = q392
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
+    q419 = pos + n418
+    if q419 > end:
+        raise _length_error(n418, end - pos)
+    f_pod_id = buf[pos:q419].decode()
+    pos = q419
+    n420 = _ZL[buf[pos]]
+    if n420 < 0:
+        n420, pos = _rlong(buf, pos)
+        if n420 < 0:
+            raise _length_error(n420, end - pos)
     else:
         pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_reason = buf[pos:q394].decode()
-    pos = q394
+    q421 = pos + n420
+    if q421 > end:
+        raise _length_error(n420, end - pos)
+    f_reason = buf[pos:q421].decode()
+    pos = q421
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1434,121 +1496,121 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_weight: int
     b = buf[pos]
     if b < 128:
-        i403 = _ZD[b]
+        i430 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i403 = (z >> 1) ^ -(z & 1)
+        i430 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i403 = (z >> 1) ^ -(z & 1)
+        i430 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i403, pos = _rlong(buf, pos)
-    if i403 == 0:
+        i430, pos = _rlong(buf, pos)
+    if i430 == 0:
         f_cohort = None
-    elif i403 == 1:
-        n404 = _ZL[buf[pos]]
-        if n404 < 0:
-            n404, pos = _rlong(buf, pos)
-            if n404 < 0:
-                raise _length_error(n404, end - pos)
+    elif i430 == 1:
+        n431 = _ZL[buf[pos]]
+        if n431 < 0:
+            n431, pos = _rlong(buf, pos)
+            if n431 < 0:
+                raise _length_error(n431, end - pos)
         else:
             pos += 1
-        q405 = pos + n404
-        if q405 > end:
-            raise _length_error(n404, end - pos)
-        f_cohort = buf[pos:q405].decode()
-        pos = q405
+        q432 = pos + n431
+        if q432 > end:
+            raise _length_error(n431, end - pos)
+        f_cohort = buf[pos:q432].decode()
+        pos = q432
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i430, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc406: dict[str, Any] = {}
+        acc433: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c407 = _ZD[b]
+                c434 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c407 = (z >> 1) ^ -(z & 1)
+                c434 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c407 = (z >> 1) ^ -(z & 1)
+                c434 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c407, pos = _rlong(buf, pos)
-            if c407 == 0:
+                c434, pos = _rlong(buf, pos)
+            if c434 == 0:
                 break
-            if c407 < 0:
-                c407 = -c407
+            if c434 < 0:
+                c434 = -c434
                 b = buf[pos]
                 if b < 128:
-                    z410 = _ZD[b]
+                    z437 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z410 = (z >> 1) ^ -(z & 1)
+                    z437 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z410 = (z >> 1) ^ -(z & 1)
+                    z437 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z410, pos = _rlong(buf, pos)
-            if c407 * 2 > end - pos:
-                raise _count_error(c407, end - pos)
-            for _ in range(c407):
-                n411 = _ZL[buf[pos]]
-                if n411 < 0:
-                    n411, pos = _rlong(buf, pos)
-                    if n411 < 0:
-                        raise _length_error(n411, end - pos)
+                    z437, pos = _rlong(buf, pos)
+            if c434 * 2 > end - pos:
+                raise _count_error(c434, end - pos)
+            for _ in range(c434):
+                n438 = _ZL[buf[pos]]
+                if n438 < 0:
+                    n438, pos = _rlong(buf, pos)
+                    if n438 < 0:
+                        raise _length_error(n438, end - pos)
                 else:
                     pos += 1
-                q412 = pos + n411
-                if q412 > end:
-                    raise _length_error(n411, end - pos)
-                k409 = buf[pos:q412].decode()
-                pos = q412
+                q439 = pos + n438
+                if q439 > end:
+                    raise _length_error(n438, end - pos)
+                k436 = buf[pos:q439].decode()
+                pos = q439
                 b = buf[pos]
                 if b < 128:
-                    x408 = _ZD[b]
+                    x435 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x408 = (z >> 1) ^ -(z & 1)
+                    x435 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x408 = (z >> 1) ^ -(z & 1)
+                    x435 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x408, pos = _rlong(buf, pos)
-                acc406[k409] = x408
-        f_nominal_gpus = acc406
+                    x435, pos = _rlong(buf, pos)
+                acc433[k436] = x435
+        f_nominal_gpus = acc433
     b = buf[pos]
     if b < 128:
-        i413 = _ZD[b]
+        i440 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i413 = (z >> 1) ^ -(z & 1)
+        i440 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i413 = (z >> 1) ^ -(z & 1)
+        i440 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i413, pos = _rlong(buf, pos)
-    if i413 == 0:
+        i440, pos = _rlong(buf, pos)
+    if i440 == 0:
         f_nominal_cpu_milli = None
-    elif i413 == 1:
+    elif i440 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1564,24 +1626,24 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i413, 2)
+        raise _union_error(i440, 2)
     b = buf[pos]
     if b < 128:
-        i414 = _ZD[b]
+        i441 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i414 = (z >> 1) ^ -(z & 1)
+        i441 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i414 = (z >> 1) ^ -(z & 1)
+        i441 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i414, pos = _rlong(buf, pos)
-    if i414 == 0:
+        i441, pos = _rlong(buf, pos)
+    if i441 == 0:
         f_nominal_memory_mib = None
-    elif i414 == 1:
+    elif i441 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1597,24 +1659,24 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i414, 2)
+        raise _union_error(i441, 2)
     b = buf[pos]
     if b < 128:
-        i415 = _ZD[b]
+        i442 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i415 = (z >> 1) ^ -(z & 1)
+        i442 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i415 = (z >> 1) ^ -(z & 1)
+        i442 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i415, pos = _rlong(buf, pos)
-    if i415 == 0:
+        i442, pos = _rlong(buf, pos)
+    if i442 == 0:
         f_borrowing_limit_gpus = None
-    elif i415 == 1:
+    elif i442 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1630,24 +1692,24 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i415, 2)
+        raise _union_error(i442, 2)
     b = buf[pos]
     if b < 128:
-        i416 = _ZD[b]
+        i443 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i416 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i416 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i416, pos = _rlong(buf, pos)
-    if i416 == 0:
+        i443, pos = _rlong(buf, pos)
+    if i443 == 0:
         f_lending_limit_gpus = None
-    elif i416 == 1:
+    elif i443 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1663,7 +1725,7 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i416, 2)
+        raise _union_error(i443, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1682,41 +1744,41 @@ def _d_Quota401(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy394(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n396 = _ZL[buf[pos]]
-    if n396 < 0:
-        n396, pos = _rlong(buf, pos)
-        if n396 < 0:
-            raise _length_error(n396, end - pos)
+    n423 = _ZL[buf[pos]]
+    if n423 < 0:
+        n423, pos = _rlong(buf, pos)
+        if n423 < 0:
+            raise _length_error(n423, end - pos)
     else:
         pos += 1
-    q397 = pos + n396
-    if q397 > end:
-        raise _length_error(n396, end - pos)
-    f_policy = buf[pos:q397].decode()
-    pos = q397
+    q424 = pos + n423
+    if q424 > end:
+        raise _length_error(n423, end - pos)
+    f_policy = buf[pos:q424].decode()
+    pos = q424
     b = buf[pos]
     if b < 128:
-        i398 = _ZD[b]
+        i425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i398 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i398 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i398, pos = _rlong(buf, pos)
-    if i398 == 0:
+        i425, pos = _rlong(buf, pos)
+    if i425 == 0:
         f_reserve_after_ms = None
-    elif i398 == 1:
+    elif i425 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1732,56 +1794,56 @@ def _d_SetPolicy394(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i398, 2)
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
+        raise _union_error(i425, 2)
+    n426 = _ZL[buf[pos]]
+    if n426 < 0:
+        n426, pos = _rlong(buf, pos)
+        if n426 < 0:
+            raise _length_error(n426, end - pos)
     else:
         pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_queue_order = buf[pos:q400].decode()
-    pos = q400
+    q427 = pos + n426
+    if q427 > end:
+        raise _length_error(n426, end - pos)
+    f_queue_order = buf[pos:q427].decode()
+    pos = q427
     b = buf[pos]
     if b < 128:
-        i401 = _ZD[b]
+        i428 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i401 = (z >> 1) ^ -(z & 1)
+        i428 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i401 = (z >> 1) ^ -(z & 1)
+        i428 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i401, pos = _rlong(buf, pos)
-    if i401 == 0:
+        i428, pos = _rlong(buf, pos)
+    if i428 == 0:
         f_default_quota = None
-    elif i401 == 1:
-        f_default_quota, pos = _d_Quota401(buf, pos, end)
+    elif i428 == 1:
+        f_default_quota, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i401, 2)
+        raise _union_error(i428, 2)
     b = buf[pos]
     if b < 128:
-        i417 = _ZD[b]
+        i444 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i417 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i417 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i417, pos = _rlong(buf, pos)
-    if i417 == 0:
+        i444, pos = _rlong(buf, pos)
+    if i444 == 0:
         f_max_clock_jump_ms = None
-    elif i417 == 1:
+    elif i444 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1797,12 +1859,12 @@ def _d_SetPolicy394(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i417, 2)
+        raise _union_error(i444, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember427(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1811,18 +1873,18 @@ def _d_GangMember427(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n429 = _ZL[buf[pos]]
-    if n429 < 0:
-        n429, pos = _rlong(buf, pos)
-        if n429 < 0:
-            raise _length_error(n429, end - pos)
+    n456 = _ZL[buf[pos]]
+    if n456 < 0:
+        n456, pos = _rlong(buf, pos)
+        if n456 < 0:
+            raise _length_error(n456, end - pos)
     else:
         pos += 1
-    q430 = pos + n429
-    if q430 > end:
-        raise _length_error(n429, end - pos)
-    f_pod_id = buf[pos:q430].decode()
-    pos = q430
+    q457 = pos + n456
+    if q457 > end:
+        raise _length_error(n456, end - pos)
+    f_pod_id = buf[pos:q457].decode()
+    pos = q457
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1883,173 +1945,173 @@ def _d_GangMember427(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc431: list[Any] = []
+        acc458: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c432 = _ZD[b]
+                c459 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c432 = (z >> 1) ^ -(z & 1)
+                c459 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c432 = (z >> 1) ^ -(z & 1)
+                c459 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c432, pos = _rlong(buf, pos)
-            if c432 == 0:
+                c459, pos = _rlong(buf, pos)
+            if c459 == 0:
                 break
-            if c432 < 0:
-                c432 = -c432
+            if c459 < 0:
+                c459 = -c459
                 b = buf[pos]
                 if b < 128:
-                    z435 = _ZD[b]
+                    z462 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z435 = (z >> 1) ^ -(z & 1)
+                    z462 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z435 = (z >> 1) ^ -(z & 1)
+                    z462 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z435, pos = _rlong(buf, pos)
-            if c432 * 1 > end - pos:
-                raise _count_error(c432, end - pos)
-            for _ in range(c432):
-                n436 = _ZL[buf[pos]]
-                if n436 < 0:
-                    n436, pos = _rlong(buf, pos)
-                    if n436 < 0:
-                        raise _length_error(n436, end - pos)
+                    z462, pos = _rlong(buf, pos)
+            if c459 * 1 > end - pos:
+                raise _count_error(c459, end - pos)
+            for _ in range(c459):
+                n463 = _ZL[buf[pos]]
+                if n463 < 0:
+                    n463, pos = _rlong(buf, pos)
+                    if n463 < 0:
+                        raise _length_error(n463, end - pos)
                 else:
                     pos += 1
-                q437 = pos + n436
-                if q437 > end:
-                    raise _length_error(n436, end - pos)
-                x433 = buf[pos:q437].decode()
-                pos = q437
-                acc431.append(x433)
-        f_gpu_models = tuple(acc431)
+                q464 = pos + n463
+                if q464 > end:
+                    raise _length_error(n463, end - pos)
+                x460 = buf[pos:q464].decode()
+                pos = q464
+                acc458.append(x460)
+        f_gpu_models = tuple(acc458)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc438: dict[str, Any] = {}
+        acc465: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c439 = _ZD[b]
+                c466 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c439 = (z >> 1) ^ -(z & 1)
+                c466 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c439 = (z >> 1) ^ -(z & 1)
+                c466 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c439, pos = _rlong(buf, pos)
-            if c439 == 0:
+                c466, pos = _rlong(buf, pos)
+            if c466 == 0:
                 break
-            if c439 < 0:
-                c439 = -c439
+            if c466 < 0:
+                c466 = -c466
                 b = buf[pos]
                 if b < 128:
-                    z442 = _ZD[b]
+                    z469 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z442 = (z >> 1) ^ -(z & 1)
+                    z469 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z442 = (z >> 1) ^ -(z & 1)
+                    z469 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z442, pos = _rlong(buf, pos)
-            if c439 * 2 > end - pos:
-                raise _count_error(c439, end - pos)
-            for _ in range(c439):
-                n443 = _ZL[buf[pos]]
-                if n443 < 0:
-                    n443, pos = _rlong(buf, pos)
-                    if n443 < 0:
-                        raise _length_error(n443, end - pos)
+                    z469, pos = _rlong(buf, pos)
+            if c466 * 2 > end - pos:
+                raise _count_error(c466, end - pos)
+            for _ in range(c466):
+                n470 = _ZL[buf[pos]]
+                if n470 < 0:
+                    n470, pos = _rlong(buf, pos)
+                    if n470 < 0:
+                        raise _length_error(n470, end - pos)
                 else:
                     pos += 1
-                q444 = pos + n443
-                if q444 > end:
-                    raise _length_error(n443, end - pos)
-                k441 = buf[pos:q444].decode()
-                pos = q444
-                n445 = _ZL[buf[pos]]
-                if n445 < 0:
-                    n445, pos = _rlong(buf, pos)
-                    if n445 < 0:
-                        raise _length_error(n445, end - pos)
+                q471 = pos + n470
+                if q471 > end:
+                    raise _length_error(n470, end - pos)
+                k468 = buf[pos:q471].decode()
+                pos = q471
+                n472 = _ZL[buf[pos]]
+                if n472 < 0:
+                    n472, pos = _rlong(buf, pos)
+                    if n472 < 0:
+                        raise _length_error(n472, end - pos)
                 else:
                     pos += 1
-                q446 = pos + n445
-                if q446 > end:
-                    raise _length_error(n445, end - pos)
-                x440 = buf[pos:q446].decode()
-                pos = q446
-                acc438[k441] = x440
-        f_node_selector = acc438
+                q473 = pos + n472
+                if q473 > end:
+                    raise _length_error(n472, end - pos)
+                x467 = buf[pos:q473].decode()
+                pos = q473
+                acc465[k468] = x467
+        f_node_selector = acc465
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc447: list[Any] = []
+        acc474: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c448 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c448 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c448 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c448, pos = _rlong(buf, pos)
-            if c448 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c448 < 0:
-                c448 = -c448
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z451 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z451 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z451 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z451, pos = _rlong(buf, pos)
-            if c448 * 4 > end - pos:
-                raise _count_error(c448, end - pos)
-            for _ in range(c448):
-                x449, pos = _d_Toleration366(buf, pos, end)
-                acc447.append(x449)
-        f_tolerations = tuple(acc447)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 4 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                x476, pos = _d_Toleration393(buf, pos, end)
+                acc474.append(x476)
+        f_tolerations = tuple(acc474)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2062,30 +2124,30 @@ def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
+    n446 = _ZL[buf[pos]]
+    if n446 < 0:
+        n446, pos = _rlong(buf, pos)
+        if n446 < 0:
+            raise _length_error(n446, end - pos)
     else:
         pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_gang_id = buf[pos:q420].decode()
-    pos = q420
-    n421 = _ZL[buf[pos]]
-    if n421 < 0:
-        n421, pos = _rlong(buf, pos)
-        if n421 < 0:
-            raise _length_error(n421, end - pos)
+    q447 = pos + n446
+    if q447 > end:
+        raise _length_error(n446, end - pos)
+    f_gang_id = buf[pos:q447].decode()
+    pos = q447
+    n448 = _ZL[buf[pos]]
+    if n448 < 0:
+        n448, pos = _rlong(buf, pos)
+        if n448 < 0:
+            raise _length_error(n448, end - pos)
     else:
         pos += 1
-    q422 = pos + n421
-    if q422 > end:
-        raise _length_error(n421, end - pos)
-    f_tenant = buf[pos:q422].decode()
-    pos = q422
+    q449 = pos + n448
+    if q449 > end:
+        raise _length_error(n448, end - pos)
+    f_tenant = buf[pos:q449].decode()
+    pos = q449
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2104,63 +2166,63 @@ def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc423: list[Any] = []
+        acc450: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c424 = _ZD[b]
+                c451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c424 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c424 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c424, pos = _rlong(buf, pos)
-            if c424 == 0:
+                c451, pos = _rlong(buf, pos)
+            if c451 == 0:
                 break
-            if c424 < 0:
-                c424 = -c424
+            if c451 < 0:
+                c451 = -c451
                 b = buf[pos]
                 if b < 128:
-                    z427 = _ZD[b]
+                    z454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z427 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z427 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z427, pos = _rlong(buf, pos)
-            if c424 * 8 > end - pos:
-                raise _count_error(c424, end - pos)
-            for _ in range(c424):
-                x425, pos = _d_GangMember427(buf, pos, end)
-                acc423.append(x425)
-        f_members = tuple(acc423)
+                    z454, pos = _rlong(buf, pos)
+            if c451 * 8 > end - pos:
+                raise _count_error(c451, end - pos)
+            for _ in range(c451):
+                x452, pos = _d_GangMember454(buf, pos, end)
+                acc450.append(x452)
+        f_members = tuple(acc450)
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i479 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i479, pos = _rlong(buf, pos)
+    if i479 == 0:
         f_min_members = None
-    elif i452 == 1:
+    elif i479 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2176,86 +2238,86 @@ def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i479, 2)
     b = buf[pos]
     if b < 128:
-        i453 = _ZD[b]
+        i480 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i453 = (z >> 1) ^ -(z & 1)
+        i480 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i453 = (z >> 1) ^ -(z & 1)
+        i480 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i453, pos = _rlong(buf, pos)
-    if i453 == 0:
+        i480, pos = _rlong(buf, pos)
+    if i480 == 0:
         f_topology_required = None
-    elif i453 == 1:
-        n454 = _ZL[buf[pos]]
-        if n454 < 0:
-            n454, pos = _rlong(buf, pos)
-            if n454 < 0:
-                raise _length_error(n454, end - pos)
+    elif i480 == 1:
+        n481 = _ZL[buf[pos]]
+        if n481 < 0:
+            n481, pos = _rlong(buf, pos)
+            if n481 < 0:
+                raise _length_error(n481, end - pos)
         else:
             pos += 1
-        q455 = pos + n454
-        if q455 > end:
-            raise _length_error(n454, end - pos)
-        f_topology_required = buf[pos:q455].decode()
-        pos = q455
+        q482 = pos + n481
+        if q482 > end:
+            raise _length_error(n481, end - pos)
+        f_topology_required = buf[pos:q482].decode()
+        pos = q482
     else:
-        raise _union_error(i453, 2)
+        raise _union_error(i480, 2)
     b = buf[pos]
     if b < 128:
-        i456 = _ZD[b]
+        i483 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i456 = (z >> 1) ^ -(z & 1)
+        i483 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i456 = (z >> 1) ^ -(z & 1)
+        i483 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i456, pos = _rlong(buf, pos)
-    if i456 == 0:
+        i483, pos = _rlong(buf, pos)
+    if i483 == 0:
         f_topology_preferred = None
-    elif i456 == 1:
-        n457 = _ZL[buf[pos]]
-        if n457 < 0:
-            n457, pos = _rlong(buf, pos)
-            if n457 < 0:
-                raise _length_error(n457, end - pos)
+    elif i483 == 1:
+        n484 = _ZL[buf[pos]]
+        if n484 < 0:
+            n484, pos = _rlong(buf, pos)
+            if n484 < 0:
+                raise _length_error(n484, end - pos)
         else:
             pos += 1
-        q458 = pos + n457
-        if q458 > end:
-            raise _length_error(n457, end - pos)
-        f_topology_preferred = buf[pos:q458].decode()
-        pos = q458
+        q485 = pos + n484
+        if q485 > end:
+            raise _length_error(n484, end - pos)
+        f_topology_preferred = buf[pos:q485].decode()
+        pos = q485
     else:
-        raise _union_error(i456, 2)
+        raise _union_error(i483, 2)
     b = buf[pos]
     if b < 128:
-        i459 = _ZD[b]
+        i486 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i459 = (z >> 1) ^ -(z & 1)
+        i486 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i459 = (z >> 1) ^ -(z & 1)
+        i486 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i459, pos = _rlong(buf, pos)
-    if i459 == 0:
+        i486, pos = _rlong(buf, pos)
+    if i486 == 0:
         f_timeout_ms = None
-    elif i459 == 1:
+    elif i486 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2271,24 +2333,24 @@ def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i459, 2)
+        raise _union_error(i486, 2)
     b = buf[pos]
     if b < 128:
-        i460 = _ZD[b]
+        i487 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i460 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i460 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i460, pos = _rlong(buf, pos)
-    if i460 == 0:
+        i487, pos = _rlong(buf, pos)
+    if i487 == 0:
         f_time_limit_ms = None
-    elif i460 == 1:
+    elif i487 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2304,122 +2366,122 @@ def _d_SubmitGang417(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i460, 2)
+        raise _union_error(i487, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc461: list[Any] = []
+        acc488: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c462 = _ZD[b]
+                c489 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c462 = (z >> 1) ^ -(z & 1)
+                c489 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c462 = (z >> 1) ^ -(z & 1)
+                c489 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c462, pos = _rlong(buf, pos)
-            if c462 == 0:
+                c489, pos = _rlong(buf, pos)
+            if c489 == 0:
                 break
-            if c462 < 0:
-                c462 = -c462
+            if c489 < 0:
+                c489 = -c489
                 b = buf[pos]
                 if b < 128:
-                    z465 = _ZD[b]
+                    z492 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z465 = (z >> 1) ^ -(z & 1)
+                    z492 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z465 = (z >> 1) ^ -(z & 1)
+                    z492 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z465, pos = _rlong(buf, pos)
-            if c462 * 1 > end - pos:
-                raise _count_error(c462, end - pos)
-            for _ in range(c462):
-                n466 = _ZL[buf[pos]]
-                if n466 < 0:
-                    n466, pos = _rlong(buf, pos)
-                    if n466 < 0:
-                        raise _length_error(n466, end - pos)
+                    z492, pos = _rlong(buf, pos)
+            if c489 * 1 > end - pos:
+                raise _count_error(c489, end - pos)
+            for _ in range(c489):
+                n493 = _ZL[buf[pos]]
+                if n493 < 0:
+                    n493, pos = _rlong(buf, pos)
+                    if n493 < 0:
+                        raise _length_error(n493, end - pos)
                 else:
                     pos += 1
-                q467 = pos + n466
-                if q467 > end:
-                    raise _length_error(n466, end - pos)
-                x463 = buf[pos:q467].decode()
-                pos = q467
-                acc461.append(x463)
-        f_depends_on = tuple(acc461)
-    n468 = _ZL[buf[pos]]
-    if n468 < 0:
-        n468, pos = _rlong(buf, pos)
-        if n468 < 0:
-            raise _length_error(n468, end - pos)
+                q494 = pos + n493
+                if q494 > end:
+                    raise _length_error(n493, end - pos)
+                x490 = buf[pos:q494].decode()
+                pos = q494
+                acc488.append(x490)
+        f_depends_on = tuple(acc488)
+    n495 = _ZL[buf[pos]]
+    if n495 < 0:
+        n495, pos = _rlong(buf, pos)
+        if n495 < 0:
+            raise _length_error(n495, end - pos)
     else:
         pos += 1
-    q469 = pos + n468
-    if q469 > end:
-        raise _length_error(n468, end - pos)
-    f_dependency = buf[pos:q469].decode()
-    pos = q469
-    n470 = _ZL[buf[pos]]
-    if n470 < 0:
-        n470, pos = _rlong(buf, pos)
-        if n470 < 0:
-            raise _length_error(n470, end - pos)
+    q496 = pos + n495
+    if q496 > end:
+        raise _length_error(n495, end - pos)
+    f_dependency = buf[pos:q496].decode()
+    pos = q496
+    n497 = _ZL[buf[pos]]
+    if n497 < 0:
+        n497, pos = _rlong(buf, pos)
+        if n497 < 0:
+            raise _length_error(n497, end - pos)
     else:
         pos += 1
-    q471 = pos + n470
-    if q471 > end:
-        raise _length_error(n470, end - pos)
-    f_preemption = buf[pos:q471].decode()
-    pos = q471
+    q498 = pos + n497
+    if q498 > end:
+        raise _length_error(n497, end - pos)
+    f_preemption = buf[pos:q498].decode()
+    pos = q498
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
     return o, pos
 
 
-def _d_ReleaseGang471(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang498(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n473 = _ZL[buf[pos]]
-    if n473 < 0:
-        n473, pos = _rlong(buf, pos)
-        if n473 < 0:
-            raise _length_error(n473, end - pos)
+    n500 = _ZL[buf[pos]]
+    if n500 < 0:
+        n500, pos = _rlong(buf, pos)
+        if n500 < 0:
+            raise _length_error(n500, end - pos)
     else:
         pos += 1
-    q474 = pos + n473
-    if q474 > end:
-        raise _length_error(n473, end - pos)
-    f_gang_id = buf[pos:q474].decode()
-    pos = q474
-    n475 = _ZL[buf[pos]]
-    if n475 < 0:
-        n475, pos = _rlong(buf, pos)
-        if n475 < 0:
-            raise _length_error(n475, end - pos)
+    q501 = pos + n500
+    if q501 > end:
+        raise _length_error(n500, end - pos)
+    f_gang_id = buf[pos:q501].decode()
+    pos = q501
+    n502 = _ZL[buf[pos]]
+    if n502 < 0:
+        n502, pos = _rlong(buf, pos)
+        if n502 < 0:
+            raise _length_error(n502, end - pos)
     else:
         pos += 1
-    q476 = pos + n475
-    if q476 > end:
-        raise _length_error(n475, end - pos)
-    f_reason = buf[pos:q476].decode()
-    pos = q476
+    q503 = pos + n502
+    if q503 > end:
+        raise _length_error(n502, end - pos)
+    f_reason = buf[pos:q503].decode()
+    pos = q503
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick476(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick503(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2430,7 +2492,7 @@ def _d_Tick476(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2439,135 +2501,135 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n479 = _ZL[buf[pos]]
-    if n479 < 0:
-        n479, pos = _rlong(buf, pos)
-        if n479 < 0:
-            raise _length_error(n479, end - pos)
+    n506 = _ZL[buf[pos]]
+    if n506 < 0:
+        n506, pos = _rlong(buf, pos)
+        if n506 < 0:
+            raise _length_error(n506, end - pos)
     else:
         pos += 1
-    q480 = pos + n479
-    if q480 > end:
-        raise _length_error(n479, end - pos)
-    f_tenant = buf[pos:q480].decode()
-    pos = q480
+    q507 = pos + n506
+    if q507 > end:
+        raise _length_error(n506, end - pos)
+    f_tenant = buf[pos:q507].decode()
+    pos = q507
     b = buf[pos]
     if b < 128:
-        i481 = _ZD[b]
+        i508 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i481 = (z >> 1) ^ -(z & 1)
+        i508 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i481 = (z >> 1) ^ -(z & 1)
+        i508 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i481, pos = _rlong(buf, pos)
-    if i481 == 0:
+        i508, pos = _rlong(buf, pos)
+    if i508 == 0:
         f_cohort = None
-    elif i481 == 1:
-        n482 = _ZL[buf[pos]]
-        if n482 < 0:
-            n482, pos = _rlong(buf, pos)
-            if n482 < 0:
-                raise _length_error(n482, end - pos)
+    elif i508 == 1:
+        n509 = _ZL[buf[pos]]
+        if n509 < 0:
+            n509, pos = _rlong(buf, pos)
+            if n509 < 0:
+                raise _length_error(n509, end - pos)
         else:
             pos += 1
-        q483 = pos + n482
-        if q483 > end:
-            raise _length_error(n482, end - pos)
-        f_cohort = buf[pos:q483].decode()
-        pos = q483
+        q510 = pos + n509
+        if q510 > end:
+            raise _length_error(n509, end - pos)
+        f_cohort = buf[pos:q510].decode()
+        pos = q510
     else:
-        raise _union_error(i481, 2)
+        raise _union_error(i508, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc484: dict[str, Any] = {}
+        acc511: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c485 = _ZD[b]
+                c512 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c485 = (z >> 1) ^ -(z & 1)
+                c512 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c485 = (z >> 1) ^ -(z & 1)
+                c512 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c485, pos = _rlong(buf, pos)
-            if c485 == 0:
+                c512, pos = _rlong(buf, pos)
+            if c512 == 0:
                 break
-            if c485 < 0:
-                c485 = -c485
+            if c512 < 0:
+                c512 = -c512
                 b = buf[pos]
                 if b < 128:
-                    z488 = _ZD[b]
+                    z515 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z488 = (z >> 1) ^ -(z & 1)
+                    z515 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z488 = (z >> 1) ^ -(z & 1)
+                    z515 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z488, pos = _rlong(buf, pos)
-            if c485 * 2 > end - pos:
-                raise _count_error(c485, end - pos)
-            for _ in range(c485):
-                n489 = _ZL[buf[pos]]
-                if n489 < 0:
-                    n489, pos = _rlong(buf, pos)
-                    if n489 < 0:
-                        raise _length_error(n489, end - pos)
+                    z515, pos = _rlong(buf, pos)
+            if c512 * 2 > end - pos:
+                raise _count_error(c512, end - pos)
+            for _ in range(c512):
+                n516 = _ZL[buf[pos]]
+                if n516 < 0:
+                    n516, pos = _rlong(buf, pos)
+                    if n516 < 0:
+                        raise _length_error(n516, end - pos)
                 else:
                     pos += 1
-                q490 = pos + n489
-                if q490 > end:
-                    raise _length_error(n489, end - pos)
-                k487 = buf[pos:q490].decode()
-                pos = q490
+                q517 = pos + n516
+                if q517 > end:
+                    raise _length_error(n516, end - pos)
+                k514 = buf[pos:q517].decode()
+                pos = q517
                 b = buf[pos]
                 if b < 128:
-                    x486 = _ZD[b]
+                    x513 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x486 = (z >> 1) ^ -(z & 1)
+                    x513 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x486 = (z >> 1) ^ -(z & 1)
+                    x513 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x486, pos = _rlong(buf, pos)
-                acc484[k487] = x486
-        f_nominal_gpus = acc484
+                    x513, pos = _rlong(buf, pos)
+                acc511[k514] = x513
+        f_nominal_gpus = acc511
     b = buf[pos]
     if b < 128:
-        i491 = _ZD[b]
+        i518 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i491 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i491 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i491, pos = _rlong(buf, pos)
-    if i491 == 0:
+        i518, pos = _rlong(buf, pos)
+    if i518 == 0:
         f_nominal_cpu_milli = None
-    elif i491 == 1:
+    elif i518 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2583,24 +2645,24 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i491, 2)
+        raise _union_error(i518, 2)
     b = buf[pos]
     if b < 128:
-        i492 = _ZD[b]
+        i519 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i492 = (z >> 1) ^ -(z & 1)
+        i519 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i492 = (z >> 1) ^ -(z & 1)
+        i519 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i492, pos = _rlong(buf, pos)
-    if i492 == 0:
+        i519, pos = _rlong(buf, pos)
+    if i519 == 0:
         f_nominal_memory_mib = None
-    elif i492 == 1:
+    elif i519 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2616,24 +2678,24 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i492, 2)
+        raise _union_error(i519, 2)
     b = buf[pos]
     if b < 128:
-        i493 = _ZD[b]
+        i520 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i493 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i493 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i493, pos = _rlong(buf, pos)
-    if i493 == 0:
+        i520, pos = _rlong(buf, pos)
+    if i520 == 0:
         f_borrowing_limit_gpus = None
-    elif i493 == 1:
+    elif i520 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2649,24 +2711,24 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i493, 2)
+        raise _union_error(i520, 2)
     b = buf[pos]
     if b < 128:
-        i494 = _ZD[b]
+        i521 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i494 = (z >> 1) ^ -(z & 1)
+        i521 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i494 = (z >> 1) ^ -(z & 1)
+        i521 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i494, pos = _rlong(buf, pos)
-    if i494 == 0:
+        i521, pos = _rlong(buf, pos)
+    if i521 == 0:
         f_lending_limit_gpus = None
-    elif i494 == 1:
+    elif i521 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2682,7 +2744,7 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i494, 2)
+        raise _union_error(i521, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2701,25 +2763,25 @@ def _d_SetQuota477(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota494(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota521(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n496 = _ZL[buf[pos]]
-    if n496 < 0:
-        n496, pos = _rlong(buf, pos)
-        if n496 < 0:
-            raise _length_error(n496, end - pos)
+    n523 = _ZL[buf[pos]]
+    if n523 < 0:
+        n523, pos = _rlong(buf, pos)
+        if n523 < 0:
+            raise _length_error(n523, end - pos)
     else:
         pos += 1
-    q497 = pos + n496
-    if q497 > end:
-        raise _length_error(n496, end - pos)
-    f_tenant = buf[pos:q497].decode()
-    pos = q497
+    q524 = pos + n523
+    if q524 > end:
+        raise _length_error(n523, end - pos)
+    f_tenant = buf[pos:q524].decode()
+    pos = q524
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment497(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2738,241 +2800,443 @@ def _d_Defragment497(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i499 = _ZD[b]
+        i526 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i499 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i499 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i499, pos = _rlong(buf, pos)
-    if i499 == 0:
+        i526, pos = _rlong(buf, pos)
+    if i526 == 0:
         f_target = None
-    elif i499 == 1:
-        n500 = _ZL[buf[pos]]
-        if n500 < 0:
-            n500, pos = _rlong(buf, pos)
-            if n500 < 0:
-                raise _length_error(n500, end - pos)
+    elif i526 == 1:
+        n527 = _ZL[buf[pos]]
+        if n527 < 0:
+            n527, pos = _rlong(buf, pos)
+            if n527 < 0:
+                raise _length_error(n527, end - pos)
         else:
             pos += 1
-        q501 = pos + n500
-        if q501 > end:
-            raise _length_error(n500, end - pos)
-        f_target = buf[pos:q501].decode()
-        pos = q501
+        q528 = pos + n527
+        if q528 > end:
+            raise _length_error(n527, end - pos)
+        f_target = buf[pos:q528].decode()
+        pos = q528
     else:
-        raise _union_error(i499, 2)
+        raise _union_error(i526, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster501(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster528(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n503 = _ZL[buf[pos]]
-    if n503 < 0:
-        n503, pos = _rlong(buf, pos)
-        if n503 < 0:
-            raise _length_error(n503, end - pos)
+    n530 = _ZL[buf[pos]]
+    if n530 < 0:
+        n530, pos = _rlong(buf, pos)
+        if n530 < 0:
+            raise _length_error(n530, end - pos)
     else:
         pos += 1
-    q504 = pos + n503
-    if q504 > end:
-        raise _length_error(n503, end - pos)
-    f_reason = buf[pos:q504].decode()
-    pos = q504
+    q531 = pos + n530
+    if q531 > end:
+        raise _length_error(n530, end - pos)
+    f_reason = buf[pos:q531].decode()
+    pos = q531
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode504(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode531(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n506 = _ZL[buf[pos]]
-    if n506 < 0:
-        n506, pos = _rlong(buf, pos)
-        if n506 < 0:
-            raise _length_error(n506, end - pos)
+    n533 = _ZL[buf[pos]]
+    if n533 < 0:
+        n533, pos = _rlong(buf, pos)
+        if n533 < 0:
+            raise _length_error(n533, end - pos)
     else:
         pos += 1
-    q507 = pos + n506
-    if q507 > end:
-        raise _length_error(n506, end - pos)
-    f_node_id = buf[pos:q507].decode()
-    pos = q507
+    q534 = pos + n533
+    if q534 > end:
+        raise _length_error(n533, end - pos)
+    f_node_id = buf[pos:q534].decode()
+    pos = q534
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode507(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode534(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n509 = _ZL[buf[pos]]
-    if n509 < 0:
-        n509, pos = _rlong(buf, pos)
-        if n509 < 0:
-            raise _length_error(n509, end - pos)
+    n536 = _ZL[buf[pos]]
+    if n536 < 0:
+        n536, pos = _rlong(buf, pos)
+        if n536 < 0:
+            raise _length_error(n536, end - pos)
     else:
         pos += 1
-    q510 = pos + n509
-    if q510 > end:
-        raise _length_error(n509, end - pos)
-    f_node_id = buf[pos:q510].decode()
-    pos = q510
+    q537 = pos + n536
+    if q537 > end:
+        raise _length_error(n536, end - pos)
+    f_node_id = buf[pos:q537].decode()
+    pos = q537
     b = buf[pos]
     if b < 128:
-        i511 = _ZD[b]
+        i538 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i511 = (z >> 1) ^ -(z & 1)
+        i538 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i511 = (z >> 1) ^ -(z & 1)
+        i538 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i511, pos = _rlong(buf, pos)
-    if i511 == 0:
+        i538, pos = _rlong(buf, pos)
+    if i538 == 0:
         f_labels = None
-    elif i511 == 1:
+    elif i538 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc512: dict[str, Any] = {}
+            acc539: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c513 = _ZD[b]
+                    c540 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c513 = (z >> 1) ^ -(z & 1)
+                    c540 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c513 = (z >> 1) ^ -(z & 1)
+                    c540 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c513, pos = _rlong(buf, pos)
-                if c513 == 0:
+                    c540, pos = _rlong(buf, pos)
+                if c540 == 0:
                     break
-                if c513 < 0:
-                    c513 = -c513
+                if c540 < 0:
+                    c540 = -c540
                     b = buf[pos]
                     if b < 128:
-                        z516 = _ZD[b]
+                        z543 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z516 = (z >> 1) ^ -(z & 1)
+                        z543 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z516 = (z >> 1) ^ -(z & 1)
+                        z543 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z516, pos = _rlong(buf, pos)
-                if c513 * 2 > end - pos:
-                    raise _count_error(c513, end - pos)
-                for _ in range(c513):
-                    n517 = _ZL[buf[pos]]
-                    if n517 < 0:
-                        n517, pos = _rlong(buf, pos)
-                        if n517 < 0:
-                            raise _length_error(n517, end - pos)
+                        z543, pos = _rlong(buf, pos)
+                if c540 * 2 > end - pos:
+                    raise _count_error(c540, end - pos)
+                for _ in range(c540):
+                    n544 = _ZL[buf[pos]]
+                    if n544 < 0:
+                        n544, pos = _rlong(buf, pos)
+                        if n544 < 0:
+                            raise _length_error(n544, end - pos)
                     else:
                         pos += 1
-                    q518 = pos + n517
-                    if q518 > end:
-                        raise _length_error(n517, end - pos)
-                    k515 = buf[pos:q518].decode()
-                    pos = q518
-                    n519 = _ZL[buf[pos]]
-                    if n519 < 0:
-                        n519, pos = _rlong(buf, pos)
-                        if n519 < 0:
-                            raise _length_error(n519, end - pos)
+                    q545 = pos + n544
+                    if q545 > end:
+                        raise _length_error(n544, end - pos)
+                    k542 = buf[pos:q545].decode()
+                    pos = q545
+                    n546 = _ZL[buf[pos]]
+                    if n546 < 0:
+                        n546, pos = _rlong(buf, pos)
+                        if n546 < 0:
+                            raise _length_error(n546, end - pos)
                     else:
                         pos += 1
-                    q520 = pos + n519
-                    if q520 > end:
-                        raise _length_error(n519, end - pos)
-                    x514 = buf[pos:q520].decode()
-                    pos = q520
-                    acc512[k515] = x514
-            f_labels = acc512
+                    q547 = pos + n546
+                    if q547 > end:
+                        raise _length_error(n546, end - pos)
+                    x541 = buf[pos:q547].decode()
+                    pos = q547
+                    acc539[k542] = x541
+            f_labels = acc539
     else:
-        raise _union_error(i511, 2)
+        raise _union_error(i538, 2)
     b = buf[pos]
     if b < 128:
-        i521 = _ZD[b]
+        i548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i521 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i521 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i521, pos = _rlong(buf, pos)
-    if i521 == 0:
+        i548, pos = _rlong(buf, pos)
+    if i548 == 0:
         f_taints = None
-    elif i521 == 1:
+    elif i548 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc522: list[Any] = []
+            acc549: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c523 = _ZD[b]
+                    c550 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c523 = (z >> 1) ^ -(z & 1)
+                    c550 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c523 = (z >> 1) ^ -(z & 1)
+                    c550 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c523, pos = _rlong(buf, pos)
-                if c523 == 0:
+                    c550, pos = _rlong(buf, pos)
+                if c550 == 0:
                     break
-                if c523 < 0:
-                    c523 = -c523
+                if c550 < 0:
+                    c550 = -c550
                     b = buf[pos]
                     if b < 128:
-                        z526 = _ZD[b]
+                        z553 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z526 = (z >> 1) ^ -(z & 1)
+                        z553 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z526 = (z >> 1) ^ -(z & 1)
+                        z553 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z526, pos = _rlong(buf, pos)
-                if c523 * 3 > end - pos:
-                    raise _count_error(c523, end - pos)
-                for _ in range(c523):
-                    x524, pos = _d_Taint316(buf, pos, end)
-                    acc522.append(x524)
-            f_taints = tuple(acc522)
+                        z553, pos = _rlong(buf, pos)
+                if c550 * 3 > end - pos:
+                    raise _count_error(c550, end - pos)
+                for _ in range(c550):
+                    x551, pos = _d_Taint343(buf, pos, end)
+                    acc549.append(x551)
+            f_taints = tuple(acc549)
     else:
-        raise _union_error(i521, 2)
+        raise _union_error(i548, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
+    return o, pos
+
+
+def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n555 = _ZL[buf[pos]]
+    if n555 < 0:
+        n555, pos = _rlong(buf, pos)
+        if n555 < 0:
+            raise _length_error(n555, end - pos)
+    else:
+        pos += 1
+    q556 = pos + n555
+    if q556 > end:
+        raise _length_error(n555, end - pos)
+    f_budget_id = buf[pos:q556].decode()
+    pos = q556
+    b = buf[pos]
+    if b < 128:
+        i557 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i557 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i557 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i557, pos = _rlong(buf, pos)
+    if i557 == 0:
+        f_tenant = None
+    elif i557 == 1:
+        n558 = _ZL[buf[pos]]
+        if n558 < 0:
+            n558, pos = _rlong(buf, pos)
+            if n558 < 0:
+                raise _length_error(n558, end - pos)
+        else:
+            pos += 1
+        q559 = pos + n558
+        if q559 > end:
+            raise _length_error(n558, end - pos)
+        f_tenant = buf[pos:q559].decode()
+        pos = q559
+    else:
+        raise _union_error(i557, 2)
+    b = buf[pos]
+    if b < 128:
+        i560 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i560 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i560 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i560, pos = _rlong(buf, pos)
+    if i560 == 0:
+        f_gang_id = None
+    elif i560 == 1:
+        n561 = _ZL[buf[pos]]
+        if n561 < 0:
+            n561, pos = _rlong(buf, pos)
+            if n561 < 0:
+                raise _length_error(n561, end - pos)
+        else:
+            pos += 1
+        q562 = pos + n561
+        if q562 > end:
+            raise _length_error(n561, end - pos)
+        f_gang_id = buf[pos:q562].decode()
+        pos = q562
+    else:
+        raise _union_error(i560, 2)
+    b = buf[pos]
+    if b < 128:
+        i563 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i563 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i563 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i563, pos = _rlong(buf, pos)
+    if i563 == 0:
+        f_label_selector = None
+    elif i563 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc564: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c565 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c565 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c565 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c565, pos = _rlong(buf, pos)
+                if c565 == 0:
+                    break
+                if c565 < 0:
+                    c565 = -c565
+                    b = buf[pos]
+                    if b < 128:
+                        z568 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z568 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z568 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z568, pos = _rlong(buf, pos)
+                if c565 * 2 > end - pos:
+                    raise _count_error(c565, end - pos)
+                for _ in range(c565):
+                    n569 = _ZL[buf[pos]]
+                    if n569 < 0:
+                        n569, pos = _rlong(buf, pos)
+                        if n569 < 0:
+                            raise _length_error(n569, end - pos)
+                    else:
+                        pos += 1
+                    q570 = pos + n569
+                    if q570 > end:
+                        raise _length_error(n569, end - pos)
+                    k567 = buf[pos:q570].decode()
+                    pos = q570
+                    n571 = _ZL[buf[pos]]
+                    if n571 < 0:
+                        n571, pos = _rlong(buf, pos)
+                        if n571 < 0:
+                            raise _length_error(n571, end - pos)
+                    else:
+                        pos += 1
+                    q572 = pos + n571
+                    if q572 > end:
+                        raise _length_error(n571, end - pos)
+                    x566 = buf[pos:q572].decode()
+                    pos = q572
+                    acc564[k567] = x566
+            f_label_selector = acc564
+    else:
+        raise _union_error(i563, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_SetDisruptionBudget(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_RemoveDisruptionBudget572(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+    f_budget_id: str
+    n574 = _ZL[buf[pos]]
+    if n574 < 0:
+        n574, pos = _rlong(buf, pos)
+        if n574 < 0:
+            raise _length_error(n574, end - pos)
+    else:
+        pos += 1
+    q575 = pos + n574
+    if q575 > end:
+        raise _length_error(n574, end - pos)
+    f_budget_id = buf[pos:q575].decode()
+    pos = q575
+    o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
 
@@ -2981,7 +3245,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k289:
+    if frame[:10] != _k316:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2992,30 +3256,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n291 = _ZL[buf[pos]]
-        if n291 < 0:
-            n291, pos = _rlong(buf, pos)
-            if n291 < 0:
-                raise _length_error(n291, end - pos)
+        n318 = _ZL[buf[pos]]
+        if n318 < 0:
+            n318, pos = _rlong(buf, pos)
+            if n318 < 0:
+                raise _length_error(n318, end - pos)
         else:
             pos += 1
-        q292 = pos + n291
-        if q292 > end:
-            raise _length_error(n291, end - pos)
-        f_command_id = buf[pos:q292].decode()
-        pos = q292
-        n293 = _ZL[buf[pos]]
-        if n293 < 0:
-            n293, pos = _rlong(buf, pos)
-            if n293 < 0:
-                raise _length_error(n293, end - pos)
+        q319 = pos + n318
+        if q319 > end:
+            raise _length_error(n318, end - pos)
+        f_command_id = buf[pos:q319].decode()
+        pos = q319
+        n320 = _ZL[buf[pos]]
+        if n320 < 0:
+            n320, pos = _rlong(buf, pos)
+            if n320 < 0:
+                raise _length_error(n320, end - pos)
         else:
             pos += 1
-        q294 = pos + n293
-        if q294 > end:
-            raise _length_error(n293, end - pos)
-        f_cluster = buf[pos:q294].decode()
-        pos = q294
+        q321 = pos + n320
+        if q321 > end:
+            raise _length_error(n320, end - pos)
+        f_cluster = buf[pos:q321].decode()
+        pos = q321
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3030,35 +3294,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n295 = _ZL[buf[pos]]
-        if n295 < 0:
-            n295, pos = _rlong(buf, pos)
-            if n295 < 0:
-                raise _length_error(n295, end - pos)
+        n322 = _ZL[buf[pos]]
+        if n322 < 0:
+            n322, pos = _rlong(buf, pos)
+            if n322 < 0:
+                raise _length_error(n322, end - pos)
         else:
             pos += 1
-        q296 = pos + n295
-        if q296 > end:
-            raise _length_error(n295, end - pos)
-        f_source = buf[pos:q296].decode()
-        pos = q296
+        q323 = pos + n322
+        if q323 > end:
+            raise _length_error(n322, end - pos)
+        f_source = buf[pos:q323].decode()
+        pos = q323
         b = buf[pos]
         if b < 128:
-            i297 = _ZD[b]
+            i324 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i297 = (z >> 1) ^ -(z & 1)
+            i324 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i297 = (z >> 1) ^ -(z & 1)
+            i324 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i297, pos = _rlong(buf, pos)
-        if not 0 <= i297 < 18:
-            raise _union_error(i297, 18)
-        f_payload, pos = _k526[i297](buf, pos, end)
+            i324, pos = _rlong(buf, pos)
+        if not 0 <= i324 < 20:
+            raise _union_error(i324, 20)
+        f_payload, pos = _k575[i324](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3069,263 +3333,291 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded538(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k539, (_P[n542] if (n542 := len(s541 := o.node_id.encode())) < 8192 else _long(n542)), s541, (_P[n544] if (n544 := len(s543 := o.gpu_model.encode())) < 8192 else _long(n544)), s543, (_P[n545] if 0 <= (n545 := o.gpu_count) < 8192 else _long(n545)), (_P[n546] if 0 <= (n546 := o.cpu_milli) < 8192 else _long(n546)), (_P[n547] if 0 <= (n547 := o.memory_mib) < 8192 else _long(n547)), (_b21(a548) if (a548 := o.labels) else b"\x00"), (_b27(a549) if (a549 := o.taints) else b"\x00"), (_P[n550] if 0 <= (n550 := o.gpu_memory_mib) < 8192 else _long(n550)),))
+def _e_NodeAdded587(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k588, (_P[n591] if (n591 := len(s590 := o.node_id.encode())) < 8192 else _long(n591)), s590, (_P[n593] if (n593 := len(s592 := o.gpu_model.encode())) < 8192 else _long(n593)), s592, (_P[n594] if 0 <= (n594 := o.gpu_count) < 8192 else _long(n594)), (_P[n595] if 0 <= (n595 := o.cpu_milli) < 8192 else _long(n595)), (_P[n596] if 0 <= (n596 := o.memory_mib) < 8192 else _long(n596)), (_b21(a597) if (a597 := o.labels) else b"\x00"), (_b27(a598) if (a598 := o.taints) else b"\x00"), (_P[n599] if 0 <= (n599 := o.gpu_memory_mib) < 8192 else _long(n599)),))
 
 
-def _e_NodeRemoved550(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k551, (_P[n554] if (n554 := len(s553 := o.node_id.encode())) < 8192 else _long(n554)), s553, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved599(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k600, (_P[n603] if (n603 := len(s602 := o.node_id.encode())) < 8192 else _long(n603)), s602, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned554(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k555, (_P[n558] if (n558 := len(s557 := o.node_id.encode())) < 8192 else _long(n558)), s557,))
+def _e_NodeCordoned603(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606,))
 
 
-def _e_NodeUncordoned558(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k559, (_P[n562] if (n562 := len(s561 := o.node_id.encode())) < 8192 else _long(n562)), s561,))
+def _e_NodeUncordoned607(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k608, (_P[n611] if (n611 := len(s610 := o.node_id.encode())) < 8192 else _long(n611)), s610,))
 
 
-def _e_NodeDrained562(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k563, (_P[n566] if (n566 := len(s565 := o.node_id.encode())) < 8192 else _long(n566)), s565, (_P[n567] if 0 <= (n567 := o.evicted) < 8192 else _long(n567)),))
+def _e_NodeDrained611(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614, (_P[n616] if 0 <= (n616 := o.evicted) < 8192 else _long(n616)),))
 
 
-def _e_NodeFailed567(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k568, (_P[n571] if (n571 := len(s570 := o.node_id.encode())) < 8192 else _long(n571)), s570, (_P[n573] if (n573 := len(s572 := o.reason.encode())) < 8192 else _long(n573)), s572, (_P[n574] if 0 <= (n574 := o.evicted) < 8192 else _long(n574)),))
+def _e_NodeFailed616(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.reason.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.evicted) < 8192 else _long(n623)),))
 
 
-def _u593(v: Any) -> bytes:
-    return b"".join((_k593, (_P[n596] if (n596 := len(s595 := v.encode())) < 8192 else _long(n596)), s595,))
+def _u642(v: Any) -> bytes:
+    return b"".join((_k642, (_P[n645] if (n645 := len(s644 := v.encode())) < 8192 else _long(n645)), s644,))
 
 
-def _u599(v: Any) -> bytes:
-    return b"".join((_k599, (_P[n601] if 0 <= (n601 := v) < 8192 else _long(n601)),))
+def _u648(v: Any) -> bytes:
+    return b"".join((_k648, (_P[n650] if 0 <= (n650 := v) < 8192 else _long(n650)),))
 
 
-def _b613(a: Any) -> bytes:
+def _b662(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n616] if (n616 := len(s615 := x.code.encode())) < 8192 else _long(n616)), s615, (_P[n617] if 0 <= (n617 := x.nodes) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := x.message.encode())) < 8192 else _long(n619)), s618,)
+        out += ((_P[n665] if (n665 := len(s664 := x.code.encode())) < 8192 else _long(n665)), s664, (_P[n666] if 0 <= (n666 := x.nodes) < 8192 else _long(n666)), (_P[n668] if (n668 := len(s667 := x.message.encode())) < 8192 else _long(n668)), s667,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued574(o: _c_PodQueued) -> bytes:
-    return b"".join((_k575, (_P[n579] if (n579 := len(s578 := (r577 := o.pod).pod_id.encode())) < 8192 else _long(n579)), s578, (_P[n581] if (n581 := len(s580 := r577.tenant.encode())) < 8192 else _long(n581)), s580, (_P[n582] if 0 <= (n582 := r577.priority) < 8192 else _long(n582)), (_P[n583] if 0 <= (n583 := r577.num_gpu) < 8192 else _long(n583)), (_P[n584] if 0 <= (n584 := r577.gpu_milli) < 8192 else _long(n584)), (_P[n585] if 0 <= (n585 := r577.cpu_milli) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := r577.memory_mib) < 8192 else _long(n586)), (_b70(a587) if (a587 := r577.gpu_models) else b"\x00"), (_b21(a588) if (a588 := r577.node_selector) else b"\x00"), (_b75(a589) if (a589 := r577.tolerations) else b"\x00"), (_P[n590] if 0 <= (n590 := r577.submitted_at) < 8192 else _long(n590)), (_P[n591] if 0 <= (n591 := r577.arrival) < 8192 else _long(n591)), (_k596 if (u592 := r577.gang_id) is None else _u593(u592)), (_k601 if (u598 := r577.time_limit_ms) is None else _u599(u598)), (_b70(a603) if (a603 := r577.depends_on) else b"\x00"), (_P[n605] if (n605 := len(s604 := r577.dependency.encode())) < 8192 else _long(n605)), s604, (_P[n607] if (n607 := len(s606 := r577.preemption.encode())) < 8192 else _long(n607)), s606, (b"\x01" if r577.movable else b"\x00"), (_P[n608] if 0 <= (n608 := r577.gpu_memory_mib) < 8192 else _long(n608)), (_k610 if (u609 := r577.retry) is None else _k609[type(u609)](u609)), (_b613(a612) if (a612 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b70(a620) if (a620 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued623(o: _c_PodQueued) -> bytes:
+    return b"".join((_k624, (_P[n628] if (n628 := len(s627 := (r626 := o.pod).pod_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := r626.tenant.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := r626.priority) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r626.num_gpu) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := r626.gpu_milli) < 8192 else _long(n633)), (_P[n634] if 0 <= (n634 := r626.cpu_milli) < 8192 else _long(n634)), (_P[n635] if 0 <= (n635 := r626.memory_mib) < 8192 else _long(n635)), (_b71(a636) if (a636 := r626.gpu_models) else b"\x00"), (_b21(a637) if (a637 := r626.node_selector) else b"\x00"), (_b76(a638) if (a638 := r626.tolerations) else b"\x00"), (_P[n639] if 0 <= (n639 := r626.submitted_at) < 8192 else _long(n639)), (_P[n640] if 0 <= (n640 := r626.arrival) < 8192 else _long(n640)), (_k645 if (u641 := r626.gang_id) is None else _u642(u641)), (_k650 if (u647 := r626.time_limit_ms) is None else _u648(u647)), (_b71(a652) if (a652 := r626.depends_on) else b"\x00"), (_P[n654] if (n654 := len(s653 := r626.dependency.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := r626.preemption.encode())) < 8192 else _long(n656)), s655, (b"\x01" if r626.movable else b"\x00"), (_P[n657] if 0 <= (n657 := r626.gpu_memory_mib) < 8192 else _long(n657)), (_k659 if (u658 := r626.retry) is None else _k658[type(u658)](u658)), (_b662(a661) if (a661 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a669) if (a669 := o.waiting_for) else b"\x00"),))
 
 
-def _u639(v: Any) -> bytes:
-    return b"".join((_k639, (_P[n642] if (n642 := len(s641 := v.encode())) < 8192 else _long(n642)), s641,))
+def _u688(v: Any) -> bytes:
+    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
 
 
-def _u645(v: Any) -> bytes:
-    return b"".join((_k645, (_P[n647] if 0 <= (n647 := v) < 8192 else _long(n647)),))
+def _u694(v: Any) -> bytes:
+    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
 
 
-def _b661(a: Any) -> bytes:
+def _b710(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n663] if 0 <= (n663 := x.index) < 8192 else _long(n663)), (_P[n664] if 0 <= (n664 := x.milli) < 8192 else _long(n664)),)
+        out += ((_P[n712] if 0 <= (n712 := x.index) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := x.milli) < 8192 else _long(n713)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b668(a: Any) -> bytes:
+def _b717(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n670] if (n670 := len(s669 := k.encode())) < 8192 else _long(n670)), s669, _pack_d(x),)
+        out += ((_P[n719] if (n719 := len(s718 := k.encode())) < 8192 else _long(n719)), s718, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled620(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k621, (_P[n625] if (n625 := len(s624 := (r623 := o.pod).pod_id.encode())) < 8192 else _long(n625)), s624, (_P[n627] if (n627 := len(s626 := r623.tenant.encode())) < 8192 else _long(n627)), s626, (_P[n628] if 0 <= (n628 := r623.priority) < 8192 else _long(n628)), (_P[n629] if 0 <= (n629 := r623.num_gpu) < 8192 else _long(n629)), (_P[n630] if 0 <= (n630 := r623.gpu_milli) < 8192 else _long(n630)), (_P[n631] if 0 <= (n631 := r623.cpu_milli) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r623.memory_mib) < 8192 else _long(n632)), (_b70(a633) if (a633 := r623.gpu_models) else b"\x00"), (_b21(a634) if (a634 := r623.node_selector) else b"\x00"), (_b75(a635) if (a635 := r623.tolerations) else b"\x00"), (_P[n636] if 0 <= (n636 := r623.submitted_at) < 8192 else _long(n636)), (_P[n637] if 0 <= (n637 := r623.arrival) < 8192 else _long(n637)), (_k642 if (u638 := r623.gang_id) is None else _u639(u638)), (_k647 if (u644 := r623.time_limit_ms) is None else _u645(u644)), (_b70(a649) if (a649 := r623.depends_on) else b"\x00"), (_P[n651] if (n651 := len(s650 := r623.dependency.encode())) < 8192 else _long(n651)), s650, (_P[n653] if (n653 := len(s652 := r623.preemption.encode())) < 8192 else _long(n653)), s652, (b"\x01" if r623.movable else b"\x00"), (_P[n654] if 0 <= (n654 := r623.gpu_memory_mib) < 8192 else _long(n654)), (_k656 if (u655 := r623.retry) is None else _k655[type(u655)](u655)), (_P[n659] if (n659 := len(s658 := o.node_id.encode())) < 8192 else _long(n659)), s658, (_b661(a660) if (a660 := o.gpus) else b"\x00"), (_P[n666] if (n666 := len(s665 := o.policy.encode())) < 8192 else _long(n666)), s665, (b"\x01" if o.from_queue else b"\x00"), (_b668(a667) if (a667 := o.scores) else b"\x00"), (_b70(a671) if (a671 := o.preempted) else b"\x00"),))
+def _e_PodScheduled669(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k670, (_P[n674] if (n674 := len(s673 := (r672 := o.pod).pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := r672.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := r672.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := r672.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := r672.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := r672.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := r672.memory_mib) < 8192 else _long(n681)), (_b71(a682) if (a682 := r672.gpu_models) else b"\x00"), (_b21(a683) if (a683 := r672.node_selector) else b"\x00"), (_b76(a684) if (a684 := r672.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := r672.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := r672.arrival) < 8192 else _long(n686)), (_k691 if (u687 := r672.gang_id) is None else _u688(u687)), (_k696 if (u693 := r672.time_limit_ms) is None else _u694(u693)), (_b71(a698) if (a698 := r672.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := r672.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := r672.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if r672.movable else b"\x00"), (_P[n703] if 0 <= (n703 := r672.gpu_memory_mib) < 8192 else _long(n703)), (_k705 if (u704 := r672.retry) is None else _k704[type(u704)](u704)), (_P[n708] if (n708 := len(s707 := o.node_id.encode())) < 8192 else _long(n708)), s707, (_b710(a709) if (a709 := o.gpus) else b"\x00"), (_P[n715] if (n715 := len(s714 := o.policy.encode())) < 8192 else _long(n715)), s714, (b"\x01" if o.from_queue else b"\x00"), (_b717(a716) if (a716 := o.scores) else b"\x00"), (_b71(a720) if (a720 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted671(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k672, (_P[n675] if (n675 := len(s674 := o.pod_id.encode())) < 8192 else _long(n675)), s674, (_P[n677] if (n677 := len(s676 := o.node_id.encode())) < 8192 else _long(n677)), s676, (_P[n679] if (n679 := len(s678 := o.reason.encode())) < 8192 else _long(n679)), s678,))
+def _e_PodEvicted720(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.pod_id.encode())) < 8192 else _long(n724)), s723, (_P[n726] if (n726 := len(s725 := o.node_id.encode())) < 8192 else _long(n726)), s725, (_P[n728] if (n728 := len(s727 := o.reason.encode())) < 8192 else _long(n728)), s727,))
 
 
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n688] if (n688 := len(s687 := v.encode())) < 8192 else _long(n688)), s687,))
+def _u734(v: Any) -> bytes:
+    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
 
 
-def _e_PodReleased679(o: _c_PodReleased) -> bytes:
-    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.pod_id.encode())) < 8192 else _long(n683)), s682, (_k688 if (u684 := o.node_id) is None else _u685(u684)), (_P[n691] if (n691 := len(s690 := o.reason.encode())) < 8192 else _long(n691)), s690,))
+def _e_PodReleased728(o: _c_PodReleased) -> bytes:
+    return b"".join((_k729, (_P[n732] if (n732 := len(s731 := o.pod_id.encode())) < 8192 else _long(n732)), s731, (_k737 if (u733 := o.node_id) is None else _u734(u733)), (_P[n740] if (n740 := len(s739 := o.reason.encode())) < 8192 else _long(n740)), s739,))
 
 
-def _u699(v: Any) -> bytes:
-    return b"".join((_k699, (_P[n701] if 0 <= (n701 := v) < 8192 else _long(n701)),))
-
-
-def _u706(v: Any) -> bytes:
-    return b"".join((_k706, (_P[n708] if 0 <= (n708 := v) < 8192 else _long(n708)),))
-
-
-def _e_PolicyChanged691(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := o.policy.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := o.previous.encode())) < 8192 else _long(n697)), s696, (_k701 if (u698 := o.reserve_after_ms) is None else _u699(u698)), (_P[n704] if (n704 := len(s703 := o.queue_order.encode())) < 8192 else _long(n704)), s703, (_k708 if (u705 := o.max_clock_jump_ms) is None else _u706(u705)),))
-
-
-def _e_CommandRejected709(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k710, (_P[n713] if (n713 := len(s712 := o.command_id.encode())) < 8192 else _long(n713)), s712, (_P[n715] if (n715 := len(s714 := o.command_type.encode())) < 8192 else _long(n715)), s714, (_P[n717] if (n717 := len(s716 := o.code.encode())) < 8192 else _long(n717)), s716, (_P[n719] if (n719 := len(s718 := o.message.encode())) < 8192 else _long(n719)), s718,))
-
-
-def _u749(v: Any) -> bytes:
-    return b"".join((_k749, (_P[n752] if (n752 := len(s751 := v.encode())) < 8192 else _long(n752)), s751,))
+def _u748(v: Any) -> bytes:
+    return b"".join((_k748, (_P[n750] if 0 <= (n750 := v) < 8192 else _long(n750)),))
 
 
 def _u755(v: Any) -> bytes:
     return b"".join((_k755, (_P[n757] if 0 <= (n757 := v) < 8192 else _long(n757)),))
 
 
-def _b732(a: Any) -> bytes:
+def _e_PolicyChanged740(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k741, (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (_P[n746] if (n746 := len(s745 := o.previous.encode())) < 8192 else _long(n746)), s745, (_k750 if (u747 := o.reserve_after_ms) is None else _u748(u747)), (_P[n753] if (n753 := len(s752 := o.queue_order.encode())) < 8192 else _long(n753)), s752, (_k757 if (u754 := o.max_clock_jump_ms) is None else _u755(u754)),))
+
+
+def _e_CommandRejected758(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k759, (_P[n762] if (n762 := len(s761 := o.command_id.encode())) < 8192 else _long(n762)), s761, (_P[n764] if (n764 := len(s763 := o.command_type.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := o.code.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.message.encode())) < 8192 else _long(n768)), s767,))
+
+
+def _u798(v: Any) -> bytes:
+    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := v.encode())) < 8192 else _long(n801)), s800,))
+
+
+def _u804(v: Any) -> bytes:
+    return b"".join((_k804, (_P[n806] if 0 <= (n806 := v) < 8192 else _long(n806)),))
+
+
+def _b781(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n735] if (n735 := len(s734 := x.pod_id.encode())) < 8192 else _long(n735)), s734, (_P[n737] if (n737 := len(s736 := x.tenant.encode())) < 8192 else _long(n737)), s736, (_P[n738] if 0 <= (n738 := x.priority) < 8192 else _long(n738)), (_P[n739] if 0 <= (n739 := x.num_gpu) < 8192 else _long(n739)), (_P[n740] if 0 <= (n740 := x.gpu_milli) < 8192 else _long(n740)), (_P[n741] if 0 <= (n741 := x.cpu_milli) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := x.memory_mib) < 8192 else _long(n742)), (_b70(a743) if (a743 := x.gpu_models) else b"\x00"), (_b21(a744) if (a744 := x.node_selector) else b"\x00"), (_b75(a745) if (a745 := x.tolerations) else b"\x00"), (_P[n746] if 0 <= (n746 := x.submitted_at) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := x.arrival) < 8192 else _long(n747)), (_k752 if (u748 := x.gang_id) is None else _u749(u748)), (_k757 if (u754 := x.time_limit_ms) is None else _u755(u754)), (_b70(a759) if (a759 := x.depends_on) else b"\x00"), (_P[n761] if (n761 := len(s760 := x.dependency.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := x.preemption.encode())) < 8192 else _long(n763)), s762, (b"\x01" if x.movable else b"\x00"), (_P[n764] if 0 <= (n764 := x.gpu_memory_mib) < 8192 else _long(n764)), (_k766 if (u765 := x.retry) is None else _k765[type(u765)](u765)),)
+        out += ((_P[n784] if (n784 := len(s783 := x.pod_id.encode())) < 8192 else _long(n784)), s783, (_P[n786] if (n786 := len(s785 := x.tenant.encode())) < 8192 else _long(n786)), s785, (_P[n787] if 0 <= (n787 := x.priority) < 8192 else _long(n787)), (_P[n788] if 0 <= (n788 := x.num_gpu) < 8192 else _long(n788)), (_P[n789] if 0 <= (n789 := x.gpu_milli) < 8192 else _long(n789)), (_P[n790] if 0 <= (n790 := x.cpu_milli) < 8192 else _long(n790)), (_P[n791] if 0 <= (n791 := x.memory_mib) < 8192 else _long(n791)), (_b71(a792) if (a792 := x.gpu_models) else b"\x00"), (_b21(a793) if (a793 := x.node_selector) else b"\x00"), (_b76(a794) if (a794 := x.tolerations) else b"\x00"), (_P[n795] if 0 <= (n795 := x.submitted_at) < 8192 else _long(n795)), (_P[n796] if 0 <= (n796 := x.arrival) < 8192 else _long(n796)), (_k801 if (u797 := x.gang_id) is None else _u798(u797)), (_k806 if (u803 := x.time_limit_ms) is None else _u804(u803)), (_b71(a808) if (a808 := x.depends_on) else b"\x00"), (_P[n810] if (n810 := len(s809 := x.dependency.encode())) < 8192 else _long(n810)), s809, (_P[n812] if (n812 := len(s811 := x.preemption.encode())) < 8192 else _long(n812)), s811, (b"\x01" if x.movable else b"\x00"), (_P[n813] if 0 <= (n813 := x.gpu_memory_mib) < 8192 else _long(n813)), (_k815 if (u814 := x.retry) is None else _k814[type(u814)](u814)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u770(v: Any) -> bytes:
-    return b"".join((_k770, (_P[n773] if (n773 := len(s772 := v.encode())) < 8192 else _long(n773)), s772,))
+def _u819(v: Any) -> bytes:
+    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
 
 
-def _u776(v: Any) -> bytes:
-    return b"".join((_k776, (_P[n779] if (n779 := len(s778 := v.encode())) < 8192 else _long(n779)), s778,))
+def _u825(v: Any) -> bytes:
+    return b"".join((_k825, (_P[n828] if (n828 := len(s827 := v.encode())) < 8192 else _long(n828)), s827,))
 
 
-def _u782(v: Any) -> bytes:
-    return b"".join((_k782, (_P[n784] if 0 <= (n784 := v) < 8192 else _long(n784)),))
+def _u831(v: Any) -> bytes:
+    return b"".join((_k831, (_P[n833] if 0 <= (n833 := v) < 8192 else _long(n833)),))
 
 
-def _u787(v: Any) -> bytes:
-    return b"".join((_k787, (_P[n789] if 0 <= (n789 := v) < 8192 else _long(n789)),))
+def _u836(v: Any) -> bytes:
+    return b"".join((_k836, (_P[n838] if 0 <= (n838 := v) < 8192 else _long(n838)),))
 
 
-def _e_GangQueued719(o: _c_GangQueued) -> bytes:
-    return b"".join((_k720, (_P[n723] if (n723 := len(s722 := o.gang_id.encode())) < 8192 else _long(n723)), s722, (_b613(a724) if (a724 := o.reasons) else b"\x00"), (_P[n727] if (n727 := len(s726 := (r725 := o.gang).gang_id.encode())) < 8192 else _long(n727)), s726, (_P[n729] if (n729 := len(s728 := r725.tenant.encode())) < 8192 else _long(n729)), s728, (_P[n730] if 0 <= (n730 := r725.priority) < 8192 else _long(n730)), (_b732(a731) if (a731 := r725.members) else b"\x00"), (_P[n768] if 0 <= (n768 := r725.min_members) < 8192 else _long(n768)), (_k773 if (u769 := r725.topology_required) is None else _u770(u769)), (_k779 if (u775 := r725.topology_preferred) is None else _u776(u775)), (_k784 if (u781 := r725.timeout_ms) is None else _u782(u781)), (_k789 if (u786 := r725.time_limit_ms) is None else _u787(u786)), (_b70(a791) if (a791 := r725.depends_on) else b"\x00"), (_P[n793] if (n793 := len(s792 := r725.dependency.encode())) < 8192 else _long(n793)), s792, (_P[n794] if 0 <= (n794 := r725.submitted_at) < 8192 else _long(n794)), (_P[n795] if 0 <= (n795 := r725.arrival) < 8192 else _long(n795)), (_P[n797] if (n797 := len(s796 := r725.preemption.encode())) < 8192 else _long(n797)), s796, (b"\x01" if o.requeued else b"\x00"), (_b70(a798) if (a798 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued768(o: _c_GangQueued) -> bytes:
+    return b"".join((_k769, (_P[n772] if (n772 := len(s771 := o.gang_id.encode())) < 8192 else _long(n772)), s771, (_b662(a773) if (a773 := o.reasons) else b"\x00"), (_P[n776] if (n776 := len(s775 := (r774 := o.gang).gang_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := r774.tenant.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r774.priority) < 8192 else _long(n779)), (_b781(a780) if (a780 := r774.members) else b"\x00"), (_P[n817] if 0 <= (n817 := r774.min_members) < 8192 else _long(n817)), (_k822 if (u818 := r774.topology_required) is None else _u819(u818)), (_k828 if (u824 := r774.topology_preferred) is None else _u825(u824)), (_k833 if (u830 := r774.timeout_ms) is None else _u831(u830)), (_k838 if (u835 := r774.time_limit_ms) is None else _u836(u835)), (_b71(a840) if (a840 := r774.depends_on) else b"\x00"), (_P[n842] if (n842 := len(s841 := r774.dependency.encode())) < 8192 else _long(n842)), s841, (_P[n843] if 0 <= (n843 := r774.submitted_at) < 8192 else _long(n843)), (_P[n844] if 0 <= (n844 := r774.arrival) < 8192 else _long(n844)), (_P[n846] if (n846 := len(s845 := r774.preemption.encode())) < 8192 else _long(n846)), s845, (b"\x01" if o.requeued else b"\x00"), (_b71(a847) if (a847 := o.waiting_for) else b"\x00"),))
 
 
-def _b804(a: Any) -> bytes:
+def _b853(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n807] if (n807 := len(s806 := x.pod_id.encode())) < 8192 else _long(n807)), s806, (_P[n809] if (n809 := len(s808 := x.node_id.encode())) < 8192 else _long(n809)), s808, (_b661(a810) if (a810 := x.gpus) else b"\x00"),)
+        out += ((_P[n856] if (n856 := len(s855 := x.pod_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := x.node_id.encode())) < 8192 else _long(n858)), s857, (_b710(a859) if (a859 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u820(v: Any) -> bytes:
-    return b"".join((_k820, (_P[n823] if (n823 := len(s822 := v.encode())) < 8192 else _long(n823)), s822,))
+def _u869(v: Any) -> bytes:
+    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
 
 
-def _u826(v: Any) -> bytes:
-    return b"".join((_k826, (_P[n829] if (n829 := len(s828 := v.encode())) < 8192 else _long(n829)), s828,))
+def _u875(v: Any) -> bytes:
+    return b"".join((_k875, (_P[n878] if (n878 := len(s877 := v.encode())) < 8192 else _long(n878)), s877,))
 
 
-def _u832(v: Any) -> bytes:
-    return b"".join((_k832, (_P[n834] if 0 <= (n834 := v) < 8192 else _long(n834)),))
+def _u881(v: Any) -> bytes:
+    return b"".join((_k881, (_P[n883] if 0 <= (n883 := v) < 8192 else _long(n883)),))
 
 
-def _u837(v: Any) -> bytes:
-    return b"".join((_k837, (_P[n839] if 0 <= (n839 := v) < 8192 else _long(n839)),))
+def _u886(v: Any) -> bytes:
+    return b"".join((_k886, (_P[n888] if 0 <= (n888 := v) < 8192 else _long(n888)),))
 
 
-def _u849(v: Any) -> bytes:
-    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := v.encode())) < 8192 else _long(n852)), s851,))
+def _u898(v: Any) -> bytes:
+    return b"".join((_k898, (_P[n901] if (n901 := len(s900 := v.encode())) < 8192 else _long(n901)), s900,))
 
 
-def _u855(v: Any) -> bytes:
-    return b"".join((_k855, (_P[n858] if (n858 := len(s857 := v.encode())) < 8192 else _long(n858)), s857,))
+def _u904(v: Any) -> bytes:
+    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := v.encode())) < 8192 else _long(n907)), s906,))
 
 
-def _e_GangScheduled798(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k799, (_P[n802] if (n802 := len(s801 := o.gang_id.encode())) < 8192 else _long(n802)), s801, (_b804(a803) if (a803 := o.members) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b732(a817) if (a817 := r811.members) else b"\x00"), (_P[n818] if 0 <= (n818 := r811.min_members) < 8192 else _long(n818)), (_k823 if (u819 := r811.topology_required) is None else _u820(u819)), (_k829 if (u825 := r811.topology_preferred) is None else _u826(u825)), (_k834 if (u831 := r811.timeout_ms) is None else _u832(u831)), (_k839 if (u836 := r811.time_limit_ms) is None else _u837(u836)), (_b70(a841) if (a841 := r811.depends_on) else b"\x00"), (_P[n843] if (n843 := len(s842 := r811.dependency.encode())) < 8192 else _long(n843)), s842, (_P[n844] if 0 <= (n844 := r811.submitted_at) < 8192 else _long(n844)), (_P[n845] if 0 <= (n845 := r811.arrival) < 8192 else _long(n845)), (_P[n847] if (n847 := len(s846 := r811.preemption.encode())) < 8192 else _long(n847)), s846, (_k852 if (u848 := o.topology_key) is None else _u849(u848)), (_k858 if (u854 := o.domain) is None else _u855(u854)), (b"\x01" if o.from_queue else b"\x00"), (_P[n861] if (n861 := len(s860 := o.message.encode())) < 8192 else _long(n861)), s860, (_b70(a862) if (a862 := o.preempted) else b"\x00"),))
+def _e_GangScheduled847(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := o.gang_id.encode())) < 8192 else _long(n851)), s850, (_b853(a852) if (a852 := o.members) else b"\x00"), (_P[n862] if (n862 := len(s861 := (r860 := o.gang).gang_id.encode())) < 8192 else _long(n862)), s861, (_P[n864] if (n864 := len(s863 := r860.tenant.encode())) < 8192 else _long(n864)), s863, (_P[n865] if 0 <= (n865 := r860.priority) < 8192 else _long(n865)), (_b781(a866) if (a866 := r860.members) else b"\x00"), (_P[n867] if 0 <= (n867 := r860.min_members) < 8192 else _long(n867)), (_k872 if (u868 := r860.topology_required) is None else _u869(u868)), (_k878 if (u874 := r860.topology_preferred) is None else _u875(u874)), (_k883 if (u880 := r860.timeout_ms) is None else _u881(u880)), (_k888 if (u885 := r860.time_limit_ms) is None else _u886(u885)), (_b71(a890) if (a890 := r860.depends_on) else b"\x00"), (_P[n892] if (n892 := len(s891 := r860.dependency.encode())) < 8192 else _long(n892)), s891, (_P[n893] if 0 <= (n893 := r860.submitted_at) < 8192 else _long(n893)), (_P[n894] if 0 <= (n894 := r860.arrival) < 8192 else _long(n894)), (_P[n896] if (n896 := len(s895 := r860.preemption.encode())) < 8192 else _long(n896)), s895, (_k901 if (u897 := o.topology_key) is None else _u898(u897)), (_k907 if (u903 := o.domain) is None else _u904(u903)), (b"\x01" if o.from_queue else b"\x00"), (_P[n910] if (n910 := len(s909 := o.message.encode())) < 8192 else _long(n910)), s909, (_b71(a911) if (a911 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut862(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k863, (_P[n866] if (n866 := len(s865 := o.gang_id.encode())) < 8192 else _long(n866)), s865, (_P[n867] if 0 <= (n867 := o.waited_ms) < 8192 else _long(n867)), (_P[n869] if (n869 := len(s868 := o.message.encode())) < 8192 else _long(n869)), s868,))
+def _e_GangTimedOut911(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k912, (_P[n915] if (n915 := len(s914 := o.gang_id.encode())) < 8192 else _long(n915)), s914, (_P[n916] if 0 <= (n916 := o.waited_ms) < 8192 else _long(n916)), (_P[n918] if (n918 := len(s917 := o.message.encode())) < 8192 else _long(n918)), s917,))
 
 
-def _e_GangReleased869(o: _c_GangReleased) -> bytes:
-    return b"".join((_k870, (_P[n873] if (n873 := len(s872 := o.gang_id.encode())) < 8192 else _long(n873)), s872, (_P[n875] if (n875 := len(s874 := o.reason.encode())) < 8192 else _long(n875)), s874, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangReleased918(o: _c_GangReleased) -> bytes:
+    return b"".join((_k919, (_P[n922] if (n922 := len(s921 := o.gang_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.reason.encode())) < 8192 else _long(n924)), s923, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u884(v: Any) -> bytes:
-    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := v.encode())) < 8192 else _long(n887)), s886,))
+def _u933(v: Any) -> bytes:
+    return b"".join((_k933, (_P[n936] if (n936 := len(s935 := v.encode())) < 8192 else _long(n936)), s935,))
 
 
-def _e_PodTimeLimitReached875(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k876, (_P[n879] if (n879 := len(s878 := o.pod_id.encode())) < 8192 else _long(n879)), s878, (_P[n881] if (n881 := len(s880 := o.node_id.encode())) < 8192 else _long(n881)), s880, (_P[n882] if 0 <= (n882 := o.time_limit_ms) < 8192 else _long(n882)), (_k887 if (u883 := o.gang_id) is None else _u884(u883)),))
+def _e_PodTimeLimitReached924(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k925, (_P[n928] if (n928 := len(s927 := o.pod_id.encode())) < 8192 else _long(n928)), s927, (_P[n930] if (n930 := len(s929 := o.node_id.encode())) < 8192 else _long(n930)), s929, (_P[n931] if 0 <= (n931 := o.time_limit_ms) < 8192 else _long(n931)), (_k936 if (u932 := o.gang_id) is None else _u933(u932)),))
 
 
-def _u897(v: Any) -> bytes:
-    return b"".join((_k897, (_P[n899] if 0 <= (n899 := v) < 8192 else _long(n899)),))
+def _u946(v: Any) -> bytes:
+    return b"".join((_k946, (_P[n948] if 0 <= (n948 := v) < 8192 else _long(n948)),))
 
 
-def _e_NodesReserved888(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_b70(a895) if (a895 := o.nodes) else b"\x00"), (_k899 if (u896 := o.expected_start) is None else _u897(u896)), (_P[n902] if (n902 := len(s901 := o.message.encode())) < 8192 else _long(n902)), s901,))
+def _e_NodesReserved937(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.holder_id.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.holder_kind.encode())) < 8192 else _long(n943)), s942, (_b71(a944) if (a944 := o.nodes) else b"\x00"), (_k948 if (u945 := o.expected_start) is None else _u946(u945)), (_P[n951] if (n951 := len(s950 := o.message.encode())) < 8192 else _long(n951)), s950,))
 
 
-def _e_ReservationReleased902(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k903, (_P[n906] if (n906 := len(s905 := o.holder_id.encode())) < 8192 else _long(n906)), s905, (_P[n908] if (n908 := len(s907 := o.holder_kind.encode())) < 8192 else _long(n908)), s907, (_b70(a909) if (a909 := o.nodes) else b"\x00"), (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
+def _e_ReservationReleased951(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k952, (_P[n955] if (n955 := len(s954 := o.holder_id.encode())) < 8192 else _long(n955)), s954, (_P[n957] if (n957 := len(s956 := o.holder_kind.encode())) < 8192 else _long(n957)), s956, (_b71(a958) if (a958 := o.nodes) else b"\x00"), (_P[n960] if (n960 := len(s959 := o.reason.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
 
 
-def _e_DependencyFailed913(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k914, (_P[n917] if (n917 := len(s916 := o.holder_id.encode())) < 8192 else _long(n917)), s916, (_P[n919] if (n919 := len(s918 := o.holder_kind.encode())) < 8192 else _long(n919)), s918, (_P[n921] if (n921 := len(s920 := o.dependency_id.encode())) < 8192 else _long(n921)), s920, (_P[n923] if (n923 := len(s922 := o.message.encode())) < 8192 else _long(n923)), s922,))
+def _e_DependencyFailed962(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.holder_id.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.holder_kind.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.dependency_id.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
 
 
-def _e_Ticked923(o: _c_Ticked) -> bytes:
-    return b"".join((_k924, (_P[n926] if 0 <= (n926 := o.clock) < 8192 else _long(n926)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked972(o: _c_Ticked) -> bytes:
+    return b"".join((_k973, (_P[n975] if 0 <= (n975 := o.clock) < 8192 else _long(n975)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted926(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k927, (_P[n930] if (n930 := len(s929 := o.pod_id.encode())) < 8192 else _long(n930)), s929, (_P[n932] if (n932 := len(s931 := o.node_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.by.encode())) < 8192 else _long(n934)), s933, (_P[n936] if (n936 := len(s935 := o.reason.encode())) < 8192 else _long(n936)), s935, (_P[n938] if (n938 := len(s937 := o.message.encode())) < 8192 else _long(n938)), s937,))
+def _e_PodPreempted975(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.pod_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.node_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.by.encode())) < 8192 else _long(n983)), s982, (_P[n985] if (n985 := len(s984 := o.reason.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.message.encode())) < 8192 else _long(n987)), s986,))
 
 
-def _u942(v: Any) -> bytes:
-    return b"".join((_k942, (_P[n945] if (n945 := len(s944 := v.encode())) < 8192 else _long(n945)), s944,))
+def _u991(v: Any) -> bytes:
+    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
 
 
-def _e_QuotaChanged938(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k939, (_k945 if (u941 := o.tenant) is None else _u942(u941)), (_k948 if (u947 := o.quota) is None else _k947[type(u947)](u947)), (_k951 if (u950 := o.previous) is None else _k950[type(u950)](u950)), (_P[n954] if (n954 := len(s953 := o.message.encode())) < 8192 else _long(n954)), s953,))
+def _e_QuotaChanged987(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k988, (_k994 if (u990 := o.tenant) is None else _u991(u990)), (_k997 if (u996 := o.quota) is None else _k996[type(u996)](u996)), (_k1000 if (u999 := o.previous) is None else _k999[type(u999)](u999)), (_P[n1003] if (n1003 := len(s1002 := o.message.encode())) < 8192 else _long(n1003)), s1002,))
 
 
-def _e_PodMigrated954(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := o.pod_id.encode())) < 8192 else _long(n958)), s957, (_P[n960] if (n960 := len(s959 := o.from_node.encode())) < 8192 else _long(n960)), s959, (_b661(a961) if (a961 := o.from_gpus) else b"\x00"), (_P[n963] if (n963 := len(s962 := o.to_node.encode())) < 8192 else _long(n963)), s962, (_b661(a964) if (a964 := o.to_gpus) else b"\x00"), (_P[n966] if (n966 := len(s965 := o.reason.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.message.encode())) < 8192 else _long(n968)), s967,))
+def _e_PodMigrated1003(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1004, (_P[n1007] if (n1007 := len(s1006 := o.pod_id.encode())) < 8192 else _long(n1007)), s1006, (_P[n1009] if (n1009 := len(s1008 := o.from_node.encode())) < 8192 else _long(n1009)), s1008, (_b710(a1010) if (a1010 := o.from_gpus) else b"\x00"), (_P[n1012] if (n1012 := len(s1011 := o.to_node.encode())) < 8192 else _long(n1012)), s1011, (_b710(a1013) if (a1013 := o.to_gpus) else b"\x00"), (_P[n1015] if (n1015 := len(s1014 := o.reason.encode())) < 8192 else _long(n1015)), s1014, (_P[n1017] if (n1017 := len(s1016 := o.message.encode())) < 8192 else _long(n1017)), s1016,))
 
 
-def _u975(v: Any) -> bytes:
-    return b"".join((_k975, (_P[n978] if (n978 := len(s977 := v.encode())) < 8192 else _long(n978)), s977,))
+def _u1024(v: Any) -> bytes:
+    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := v.encode())) < 8192 else _long(n1027)), s1026,))
 
 
-def _e_DefragmentationPlanned968(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k969, (_P[n971] if 0 <= (n971 := o.moves) < 8192 else _long(n971)), (_P[n972] if 0 <= (n972 := o.gpus_freed) < 8192 else _long(n972)), (_P[n973] if 0 <= (n973 := o.nodes_freed) < 8192 else _long(n973)), (_k978 if (u974 := o.target) is None else _u975(u974)), (_P[n981] if (n981 := len(s980 := o.message.encode())) < 8192 else _long(n981)), s980,))
+def _e_DefragmentationPlanned1017(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1018, (_P[n1020] if 0 <= (n1020 := o.moves) < 8192 else _long(n1020)), (_P[n1021] if 0 <= (n1021 := o.gpus_freed) < 8192 else _long(n1021)), (_P[n1022] if 0 <= (n1022 := o.nodes_freed) < 8192 else _long(n1022)), (_k1027 if (u1023 := o.target) is None else _u1024(u1023)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
 
 
-def _e_ClusterHalted981(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k982, (_P[n985] if (n985 := len(s984 := o.cluster.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.command_id.encode())) < 8192 else _long(n987)), s986, (_P[n989] if (n989 := len(s988 := o.error.encode())) < 8192 else _long(n989)), s988, (_P[n991] if (n991 := len(s990 := o.message.encode())) < 8192 else _long(n991)), s990,))
+def _e_ClusterHalted1030(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.cluster.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.command_id.encode())) < 8192 else _long(n1036)), s1035, (_P[n1038] if (n1038 := len(s1037 := o.error.encode())) < 8192 else _long(n1038)), s1037, (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
 
 
-def _e_ClusterResumed991(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k992, (_P[n995] if (n995 := len(s994 := o.cluster.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.halted_command_id.encode())) < 8192 else _long(n997)), s996, (_P[n998] if 0 <= (n998 := o.halted_offset) < 8192 else _long(n998)), (_P[n999] if 0 <= (n999 := o.refolded_from) < 8192 else _long(n999)), (_P[n1001] if (n1001 := len(s1000 := o.message.encode())) < 8192 else _long(n1001)), s1000,))
+def _e_ClusterResumed1040(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.halted_command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1047] if 0 <= (n1047 := o.halted_offset) < 8192 else _long(n1047)), (_P[n1048] if 0 <= (n1048 := o.refolded_from) < 8192 else _long(n1048)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
 
 
-def _e_NodeRecovered1001(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := o.node_id.encode())) < 8192 else _long(n1005)), s1004,))
+def _e_NodeRecovered1050(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.node_id.encode())) < 8192 else _long(n1054)), s1053,))
 
 
-def _e_NodeUpdated1005(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1006, (_P[n1009] if (n1009 := len(s1008 := o.node_id.encode())) < 8192 else _long(n1009)), s1008, (_b21(a1010) if (a1010 := o.labels) else b"\x00"), (_b27(a1011) if (a1011 := o.taints) else b"\x00"), (_P[n1012] if 0 <= (n1012 := o.evicting) < 8192 else _long(n1012)),))
+def _e_NodeUpdated1054(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1055, (_P[n1058] if (n1058 := len(s1057 := o.node_id.encode())) < 8192 else _long(n1058)), s1057, (_b21(a1059) if (a1059 := o.labels) else b"\x00"), (_b27(a1060) if (a1060 := o.taints) else b"\x00"), (_P[n1061] if 0 <= (n1061 := o.evicting) < 8192 else _long(n1061)),))
 
 
-def _e_PodRetryScheduled1012(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1013, (_P[n1016] if (n1016 := len(s1015 := o.pod_id.encode())) < 8192 else _long(n1016)), s1015, (_P[n1017] if 0 <= (n1017 := o.attempt) < 8192 else _long(n1017)), (_P[n1018] if 0 <= (n1018 := o.not_before) < 8192 else _long(n1018)),))
+def _e_PodRetryScheduled1061(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1066] if 0 <= (n1066 := o.attempt) < 8192 else _long(n1066)), (_P[n1067] if 0 <= (n1067 := o.not_before) < 8192 else _long(n1067)),))
 
 
-def _e_Event527(o: _c_Event) -> bytes:
-    return b"".join((_k528, (_P[n530] if 0 <= (n530 := o.partition) < 8192 else _long(n530)), (_P[n531] if 0 <= (n531 := o.sequence) < 8192 else _long(n531)), (_P[n533] if (n533 := len(s532 := o.cluster.encode())) < 8192 else _long(n533)), s532, (_P[n535] if (n535 := len(s534 := o.command_id.encode())) < 8192 else _long(n535)), s534, (_P[n536] if 0 <= (n536 := o.command_offset) < 8192 else _long(n536)), (_P[n537] if 0 <= (n537 := o.occurred_at) < 8192 else _long(n537)), _k1018[type(u538 := o.payload)](u538),))
+def _u1073(v: Any) -> bytes:
+    return b"".join((_k1073, (_P[n1076] if (n1076 := len(s1075 := v.encode())) < 8192 else _long(n1076)), s1075,))
 
 
-def _d_NodeAdded1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1079(v: Any) -> bytes:
+    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := v.encode())) < 8192 else _long(n1082)), s1081,))
+
+
+def _u1085(v: Any) -> bytes:
+    return b"".join((_k1085, (_b21(a1087) if (a1087 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1067(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1068, (_P[n1071] if (n1071 := len(s1070 := o.budget_id.encode())) < 8192 else _long(n1071)), s1070, (_k1076 if (u1072 := o.tenant) is None else _u1073(u1072)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)), (_k1087 if (u1084 := o.label_selector) is None else _u1085(u1084)), (_P[n1089] if 0 <= (n1089 := o.max_unavailable) < 8192 else _long(n1089)),))
+
+
+def _e_DisruptionBudgetRemoved1089(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := o.budget_id.encode())) < 8192 else _long(n1093)), s1092,))
+
+
+def _e_EvictionBlocked1093(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)),))
+
+
+def _e_PodEvictionScheduled1102(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1103, (_P[n1106] if (n1106 := len(s1105 := o.pod_id.encode())) < 8192 else _long(n1106)), s1105, (_P[n1108] if (n1108 := len(s1107 := o.node_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1109] if 0 <= (n1109 := o.at) < 8192 else _long(n1109)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event576(o: _c_Event) -> bytes:
+    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1109[type(u587 := o.payload)](u587),))
+
+
+def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3334,30 +3626,30 @@ def _d_NodeAdded1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1027 = _ZL[buf[pos]]
-    if n1027 < 0:
-        n1027, pos = _rlong(buf, pos)
-        if n1027 < 0:
-            raise _length_error(n1027, end - pos)
+    n1118 = _ZL[buf[pos]]
+    if n1118 < 0:
+        n1118, pos = _rlong(buf, pos)
+        if n1118 < 0:
+            raise _length_error(n1118, end - pos)
     else:
         pos += 1
-    q1028 = pos + n1027
-    if q1028 > end:
-        raise _length_error(n1027, end - pos)
-    f_node_id = buf[pos:q1028].decode()
-    pos = q1028
-    n1029 = _ZL[buf[pos]]
-    if n1029 < 0:
-        n1029, pos = _rlong(buf, pos)
-        if n1029 < 0:
-            raise _length_error(n1029, end - pos)
+    q1119 = pos + n1118
+    if q1119 > end:
+        raise _length_error(n1118, end - pos)
+    f_node_id = buf[pos:q1119].decode()
+    pos = q1119
+    n1120 = _ZL[buf[pos]]
+    if n1120 < 0:
+        n1120, pos = _rlong(buf, pos)
+        if n1120 < 0:
+            raise _length_error(n1120, end - pos)
     else:
         pos += 1
-    q1030 = pos + n1029
-    if q1030 > end:
-        raise _length_error(n1029, end - pos)
-    f_gpu_model = buf[pos:q1030].decode()
-    pos = q1030
+    q1121 = pos + n1120
+    if q1121 > end:
+        raise _length_error(n1120, end - pos)
+    f_gpu_model = buf[pos:q1121].decode()
+    pos = q1121
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3404,113 +3696,113 @@ def _d_NodeAdded1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1031: dict[str, Any] = {}
+        acc1122: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1032 = _ZD[b]
+                c1123 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1032 = (z >> 1) ^ -(z & 1)
+                c1123 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1032 = (z >> 1) ^ -(z & 1)
+                c1123 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1032, pos = _rlong(buf, pos)
-            if c1032 == 0:
+                c1123, pos = _rlong(buf, pos)
+            if c1123 == 0:
                 break
-            if c1032 < 0:
-                c1032 = -c1032
+            if c1123 < 0:
+                c1123 = -c1123
                 b = buf[pos]
                 if b < 128:
-                    z1035 = _ZD[b]
+                    z1126 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1035 = (z >> 1) ^ -(z & 1)
+                    z1126 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1035 = (z >> 1) ^ -(z & 1)
+                    z1126 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1035, pos = _rlong(buf, pos)
-            if c1032 * 2 > end - pos:
-                raise _count_error(c1032, end - pos)
-            for _ in range(c1032):
-                n1036 = _ZL[buf[pos]]
-                if n1036 < 0:
-                    n1036, pos = _rlong(buf, pos)
-                    if n1036 < 0:
-                        raise _length_error(n1036, end - pos)
+                    z1126, pos = _rlong(buf, pos)
+            if c1123 * 2 > end - pos:
+                raise _count_error(c1123, end - pos)
+            for _ in range(c1123):
+                n1127 = _ZL[buf[pos]]
+                if n1127 < 0:
+                    n1127, pos = _rlong(buf, pos)
+                    if n1127 < 0:
+                        raise _length_error(n1127, end - pos)
                 else:
                     pos += 1
-                q1037 = pos + n1036
-                if q1037 > end:
-                    raise _length_error(n1036, end - pos)
-                k1034 = buf[pos:q1037].decode()
-                pos = q1037
-                n1038 = _ZL[buf[pos]]
-                if n1038 < 0:
-                    n1038, pos = _rlong(buf, pos)
-                    if n1038 < 0:
-                        raise _length_error(n1038, end - pos)
+                q1128 = pos + n1127
+                if q1128 > end:
+                    raise _length_error(n1127, end - pos)
+                k1125 = buf[pos:q1128].decode()
+                pos = q1128
+                n1129 = _ZL[buf[pos]]
+                if n1129 < 0:
+                    n1129, pos = _rlong(buf, pos)
+                    if n1129 < 0:
+                        raise _length_error(n1129, end - pos)
                 else:
                     pos += 1
-                q1039 = pos + n1038
-                if q1039 > end:
-                    raise _length_error(n1038, end - pos)
-                x1033 = buf[pos:q1039].decode()
-                pos = q1039
-                acc1031[k1034] = x1033
-        f_labels = acc1031
+                q1130 = pos + n1129
+                if q1130 > end:
+                    raise _length_error(n1129, end - pos)
+                x1124 = buf[pos:q1130].decode()
+                pos = q1130
+                acc1122[k1125] = x1124
+        f_labels = acc1122
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1040: list[Any] = []
+        acc1131: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1041 = _ZD[b]
+                c1132 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1041 = (z >> 1) ^ -(z & 1)
+                c1132 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1041 = (z >> 1) ^ -(z & 1)
+                c1132 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1041, pos = _rlong(buf, pos)
-            if c1041 == 0:
+                c1132, pos = _rlong(buf, pos)
+            if c1132 == 0:
                 break
-            if c1041 < 0:
-                c1041 = -c1041
+            if c1132 < 0:
+                c1132 = -c1132
                 b = buf[pos]
                 if b < 128:
-                    z1044 = _ZD[b]
+                    z1135 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1044 = (z >> 1) ^ -(z & 1)
+                    z1135 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1044 = (z >> 1) ^ -(z & 1)
+                    z1135 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1044, pos = _rlong(buf, pos)
-            if c1041 * 3 > end - pos:
-                raise _count_error(c1041, end - pos)
-            for _ in range(c1041):
-                x1042, pos = _d_Taint316(buf, pos, end)
-                acc1040.append(x1042)
-        f_taints = tuple(acc1040)
+                    z1135, pos = _rlong(buf, pos)
+            if c1132 * 3 > end - pos:
+                raise _count_error(c1132, end - pos)
+            for _ in range(c1132):
+                x1133, pos = _d_Taint343(buf, pos, end)
+                acc1131.append(x1133)
+        f_taints = tuple(acc1131)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3529,78 +3821,78 @@ def _d_NodeAdded1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1044(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1135(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1046 = _ZL[buf[pos]]
-    if n1046 < 0:
-        n1046, pos = _rlong(buf, pos)
-        if n1046 < 0:
-            raise _length_error(n1046, end - pos)
+    n1137 = _ZL[buf[pos]]
+    if n1137 < 0:
+        n1137, pos = _rlong(buf, pos)
+        if n1137 < 0:
+            raise _length_error(n1137, end - pos)
     else:
         pos += 1
-    q1047 = pos + n1046
-    if q1047 > end:
-        raise _length_error(n1046, end - pos)
-    f_node_id = buf[pos:q1047].decode()
-    pos = q1047
+    q1138 = pos + n1137
+    if q1138 > end:
+        raise _length_error(n1137, end - pos)
+    f_node_id = buf[pos:q1138].decode()
+    pos = q1138
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1047(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1138(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1049 = _ZL[buf[pos]]
-    if n1049 < 0:
-        n1049, pos = _rlong(buf, pos)
-        if n1049 < 0:
-            raise _length_error(n1049, end - pos)
+    n1140 = _ZL[buf[pos]]
+    if n1140 < 0:
+        n1140, pos = _rlong(buf, pos)
+        if n1140 < 0:
+            raise _length_error(n1140, end - pos)
     else:
         pos += 1
-    q1050 = pos + n1049
-    if q1050 > end:
-        raise _length_error(n1049, end - pos)
-    f_node_id = buf[pos:q1050].decode()
-    pos = q1050
+    q1141 = pos + n1140
+    if q1141 > end:
+        raise _length_error(n1140, end - pos)
+    f_node_id = buf[pos:q1141].decode()
+    pos = q1141
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1050(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1141(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1052 = _ZL[buf[pos]]
-    if n1052 < 0:
-        n1052, pos = _rlong(buf, pos)
-        if n1052 < 0:
-            raise _length_error(n1052, end - pos)
+    n1143 = _ZL[buf[pos]]
+    if n1143 < 0:
+        n1143, pos = _rlong(buf, pos)
+        if n1143 < 0:
+            raise _length_error(n1143, end - pos)
     else:
         pos += 1
-    q1053 = pos + n1052
-    if q1053 > end:
-        raise _length_error(n1052, end - pos)
-    f_node_id = buf[pos:q1053].decode()
-    pos = q1053
+    q1144 = pos + n1143
+    if q1144 > end:
+        raise _length_error(n1143, end - pos)
+    f_node_id = buf[pos:q1144].decode()
+    pos = q1144
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1053(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1144(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1055 = _ZL[buf[pos]]
-    if n1055 < 0:
-        n1055, pos = _rlong(buf, pos)
-        if n1055 < 0:
-            raise _length_error(n1055, end - pos)
+    n1146 = _ZL[buf[pos]]
+    if n1146 < 0:
+        n1146, pos = _rlong(buf, pos)
+        if n1146 < 0:
+            raise _length_error(n1146, end - pos)
     else:
         pos += 1
-    q1056 = pos + n1055
-    if q1056 > end:
-        raise _length_error(n1055, end - pos)
-    f_node_id = buf[pos:q1056].decode()
-    pos = q1056
+    q1147 = pos + n1146
+    if q1147 > end:
+        raise _length_error(n1146, end - pos)
+    f_node_id = buf[pos:q1147].decode()
+    pos = q1147
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3619,34 +3911,34 @@ def _d_NodeDrained1053(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1056(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1147(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1058 = _ZL[buf[pos]]
-    if n1058 < 0:
-        n1058, pos = _rlong(buf, pos)
-        if n1058 < 0:
-            raise _length_error(n1058, end - pos)
+    n1149 = _ZL[buf[pos]]
+    if n1149 < 0:
+        n1149, pos = _rlong(buf, pos)
+        if n1149 < 0:
+            raise _length_error(n1149, end - pos)
     else:
         pos += 1
-    q1059 = pos + n1058
-    if q1059 > end:
-        raise _length_error(n1058, end - pos)
-    f_node_id = buf[pos:q1059].decode()
-    pos = q1059
-    n1060 = _ZL[buf[pos]]
-    if n1060 < 0:
-        n1060, pos = _rlong(buf, pos)
-        if n1060 < 0:
-            raise _length_error(n1060, end - pos)
+    q1150 = pos + n1149
+    if q1150 > end:
+        raise _length_error(n1149, end - pos)
+    f_node_id = buf[pos:q1150].decode()
+    pos = q1150
+    n1151 = _ZL[buf[pos]]
+    if n1151 < 0:
+        n1151, pos = _rlong(buf, pos)
+        if n1151 < 0:
+            raise _length_error(n1151, end - pos)
     else:
         pos += 1
-    q1061 = pos + n1060
-    if q1061 > end:
-        raise _length_error(n1060, end - pos)
-    f_reason = buf[pos:q1061].decode()
-    pos = q1061
+    q1152 = pos + n1151
+    if q1152 > end:
+        raise _length_error(n1151, end - pos)
+    f_reason = buf[pos:q1152].decode()
+    pos = q1152
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3665,7 +3957,7 @@ def _d_NodeFailed1056(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3686,30 +3978,30 @@ def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n1064 = _ZL[buf[pos]]
-    if n1064 < 0:
-        n1064, pos = _rlong(buf, pos)
-        if n1064 < 0:
-            raise _length_error(n1064, end - pos)
+    n1155 = _ZL[buf[pos]]
+    if n1155 < 0:
+        n1155, pos = _rlong(buf, pos)
+        if n1155 < 0:
+            raise _length_error(n1155, end - pos)
     else:
         pos += 1
-    q1065 = pos + n1064
-    if q1065 > end:
-        raise _length_error(n1064, end - pos)
-    f_pod_id = buf[pos:q1065].decode()
-    pos = q1065
-    n1066 = _ZL[buf[pos]]
-    if n1066 < 0:
-        n1066, pos = _rlong(buf, pos)
-        if n1066 < 0:
-            raise _length_error(n1066, end - pos)
+    q1156 = pos + n1155
+    if q1156 > end:
+        raise _length_error(n1155, end - pos)
+    f_pod_id = buf[pos:q1156].decode()
+    pos = q1156
+    n1157 = _ZL[buf[pos]]
+    if n1157 < 0:
+        n1157, pos = _rlong(buf, pos)
+        if n1157 < 0:
+            raise _length_error(n1157, end - pos)
     else:
         pos += 1
-    q1067 = pos + n1066
-    if q1067 > end:
-        raise _length_error(n1066, end - pos)
-    f_tenant = buf[pos:q1067].decode()
-    pos = q1067
+    q1158 = pos + n1157
+    if q1158 > end:
+        raise _length_error(n1157, end - pos)
+    f_tenant = buf[pos:q1158].decode()
+    pos = q1158
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3784,168 +4076,168 @@ def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1068: list[Any] = []
+        acc1159: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1069 = _ZD[b]
+                c1160 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1069 = (z >> 1) ^ -(z & 1)
+                c1160 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1069 = (z >> 1) ^ -(z & 1)
+                c1160 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1069, pos = _rlong(buf, pos)
-            if c1069 == 0:
+                c1160, pos = _rlong(buf, pos)
+            if c1160 == 0:
                 break
-            if c1069 < 0:
-                c1069 = -c1069
+            if c1160 < 0:
+                c1160 = -c1160
                 b = buf[pos]
                 if b < 128:
-                    z1072 = _ZD[b]
+                    z1163 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1072 = (z >> 1) ^ -(z & 1)
+                    z1163 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1072 = (z >> 1) ^ -(z & 1)
+                    z1163 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1072, pos = _rlong(buf, pos)
-            if c1069 * 1 > end - pos:
-                raise _count_error(c1069, end - pos)
-            for _ in range(c1069):
-                n1073 = _ZL[buf[pos]]
-                if n1073 < 0:
-                    n1073, pos = _rlong(buf, pos)
-                    if n1073 < 0:
-                        raise _length_error(n1073, end - pos)
+                    z1163, pos = _rlong(buf, pos)
+            if c1160 * 1 > end - pos:
+                raise _count_error(c1160, end - pos)
+            for _ in range(c1160):
+                n1164 = _ZL[buf[pos]]
+                if n1164 < 0:
+                    n1164, pos = _rlong(buf, pos)
+                    if n1164 < 0:
+                        raise _length_error(n1164, end - pos)
                 else:
                     pos += 1
-                q1074 = pos + n1073
-                if q1074 > end:
-                    raise _length_error(n1073, end - pos)
-                x1070 = buf[pos:q1074].decode()
-                pos = q1074
-                acc1068.append(x1070)
-        f_gpu_models = tuple(acc1068)
+                q1165 = pos + n1164
+                if q1165 > end:
+                    raise _length_error(n1164, end - pos)
+                x1161 = buf[pos:q1165].decode()
+                pos = q1165
+                acc1159.append(x1161)
+        f_gpu_models = tuple(acc1159)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1075: dict[str, Any] = {}
+        acc1166: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1076 = _ZD[b]
+                c1167 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1076 = (z >> 1) ^ -(z & 1)
+                c1167 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1076 = (z >> 1) ^ -(z & 1)
+                c1167 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1076, pos = _rlong(buf, pos)
-            if c1076 == 0:
+                c1167, pos = _rlong(buf, pos)
+            if c1167 == 0:
                 break
-            if c1076 < 0:
-                c1076 = -c1076
+            if c1167 < 0:
+                c1167 = -c1167
                 b = buf[pos]
                 if b < 128:
-                    z1079 = _ZD[b]
+                    z1170 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1079 = (z >> 1) ^ -(z & 1)
+                    z1170 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1079 = (z >> 1) ^ -(z & 1)
+                    z1170 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1079, pos = _rlong(buf, pos)
-            if c1076 * 2 > end - pos:
-                raise _count_error(c1076, end - pos)
-            for _ in range(c1076):
-                n1080 = _ZL[buf[pos]]
-                if n1080 < 0:
-                    n1080, pos = _rlong(buf, pos)
-                    if n1080 < 0:
-                        raise _length_error(n1080, end - pos)
+                    z1170, pos = _rlong(buf, pos)
+            if c1167 * 2 > end - pos:
+                raise _count_error(c1167, end - pos)
+            for _ in range(c1167):
+                n1171 = _ZL[buf[pos]]
+                if n1171 < 0:
+                    n1171, pos = _rlong(buf, pos)
+                    if n1171 < 0:
+                        raise _length_error(n1171, end - pos)
                 else:
                     pos += 1
-                q1081 = pos + n1080
-                if q1081 > end:
-                    raise _length_error(n1080, end - pos)
-                k1078 = buf[pos:q1081].decode()
-                pos = q1081
-                n1082 = _ZL[buf[pos]]
-                if n1082 < 0:
-                    n1082, pos = _rlong(buf, pos)
-                    if n1082 < 0:
-                        raise _length_error(n1082, end - pos)
+                q1172 = pos + n1171
+                if q1172 > end:
+                    raise _length_error(n1171, end - pos)
+                k1169 = buf[pos:q1172].decode()
+                pos = q1172
+                n1173 = _ZL[buf[pos]]
+                if n1173 < 0:
+                    n1173, pos = _rlong(buf, pos)
+                    if n1173 < 0:
+                        raise _length_error(n1173, end - pos)
                 else:
                     pos += 1
-                q1083 = pos + n1082
-                if q1083 > end:
-                    raise _length_error(n1082, end - pos)
-                x1077 = buf[pos:q1083].decode()
-                pos = q1083
-                acc1075[k1078] = x1077
-        f_node_selector = acc1075
+                q1174 = pos + n1173
+                if q1174 > end:
+                    raise _length_error(n1173, end - pos)
+                x1168 = buf[pos:q1174].decode()
+                pos = q1174
+                acc1166[k1169] = x1168
+        f_node_selector = acc1166
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1084: list[Any] = []
+        acc1175: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1085 = _ZD[b]
+                c1176 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1085 = (z >> 1) ^ -(z & 1)
+                c1176 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1085 = (z >> 1) ^ -(z & 1)
+                c1176 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1085, pos = _rlong(buf, pos)
-            if c1085 == 0:
+                c1176, pos = _rlong(buf, pos)
+            if c1176 == 0:
                 break
-            if c1085 < 0:
-                c1085 = -c1085
+            if c1176 < 0:
+                c1176 = -c1176
                 b = buf[pos]
                 if b < 128:
-                    z1088 = _ZD[b]
+                    z1179 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1088 = (z >> 1) ^ -(z & 1)
+                    z1179 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1088 = (z >> 1) ^ -(z & 1)
+                    z1179 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1088, pos = _rlong(buf, pos)
-            if c1085 * 4 > end - pos:
-                raise _count_error(c1085, end - pos)
-            for _ in range(c1085):
-                x1086, pos = _d_Toleration366(buf, pos, end)
-                acc1084.append(x1086)
-        f_tolerations = tuple(acc1084)
+                    z1179, pos = _rlong(buf, pos)
+            if c1176 * 4 > end - pos:
+                raise _count_error(c1176, end - pos)
+            for _ in range(c1176):
+                x1177, pos = _d_Toleration393(buf, pos, end)
+                acc1175.append(x1177)
+        f_tolerations = tuple(acc1175)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3976,52 +4268,52 @@ def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1089 = _ZD[b]
+        i1180 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1089 = (z >> 1) ^ -(z & 1)
+        i1180 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1089 = (z >> 1) ^ -(z & 1)
+        i1180 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1089, pos = _rlong(buf, pos)
-    if i1089 == 0:
+        i1180, pos = _rlong(buf, pos)
+    if i1180 == 0:
         f_gang_id = None
-    elif i1089 == 1:
-        n1090 = _ZL[buf[pos]]
-        if n1090 < 0:
-            n1090, pos = _rlong(buf, pos)
-            if n1090 < 0:
-                raise _length_error(n1090, end - pos)
+    elif i1180 == 1:
+        n1181 = _ZL[buf[pos]]
+        if n1181 < 0:
+            n1181, pos = _rlong(buf, pos)
+            if n1181 < 0:
+                raise _length_error(n1181, end - pos)
         else:
             pos += 1
-        q1091 = pos + n1090
-        if q1091 > end:
-            raise _length_error(n1090, end - pos)
-        f_gang_id = buf[pos:q1091].decode()
-        pos = q1091
+        q1182 = pos + n1181
+        if q1182 > end:
+            raise _length_error(n1181, end - pos)
+        f_gang_id = buf[pos:q1182].decode()
+        pos = q1182
     else:
-        raise _union_error(i1089, 2)
+        raise _union_error(i1180, 2)
     b = buf[pos]
     if b < 128:
-        i1092 = _ZD[b]
+        i1183 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1092 = (z >> 1) ^ -(z & 1)
+        i1183 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1092 = (z >> 1) ^ -(z & 1)
+        i1183 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1092, pos = _rlong(buf, pos)
-    if i1092 == 0:
+        i1183, pos = _rlong(buf, pos)
+    if i1183 == 0:
         f_time_limit_ms = None
-    elif i1092 == 1:
+    elif i1183 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4037,86 +4329,86 @@ def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1092, 2)
+        raise _union_error(i1183, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1093: list[Any] = []
+        acc1184: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1094 = _ZD[b]
+                c1185 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1094 = (z >> 1) ^ -(z & 1)
+                c1185 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1094 = (z >> 1) ^ -(z & 1)
+                c1185 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1094, pos = _rlong(buf, pos)
-            if c1094 == 0:
+                c1185, pos = _rlong(buf, pos)
+            if c1185 == 0:
                 break
-            if c1094 < 0:
-                c1094 = -c1094
+            if c1185 < 0:
+                c1185 = -c1185
                 b = buf[pos]
                 if b < 128:
-                    z1097 = _ZD[b]
+                    z1188 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1097 = (z >> 1) ^ -(z & 1)
+                    z1188 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1097 = (z >> 1) ^ -(z & 1)
+                    z1188 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1097, pos = _rlong(buf, pos)
-            if c1094 * 1 > end - pos:
-                raise _count_error(c1094, end - pos)
-            for _ in range(c1094):
-                n1098 = _ZL[buf[pos]]
-                if n1098 < 0:
-                    n1098, pos = _rlong(buf, pos)
-                    if n1098 < 0:
-                        raise _length_error(n1098, end - pos)
+                    z1188, pos = _rlong(buf, pos)
+            if c1185 * 1 > end - pos:
+                raise _count_error(c1185, end - pos)
+            for _ in range(c1185):
+                n1189 = _ZL[buf[pos]]
+                if n1189 < 0:
+                    n1189, pos = _rlong(buf, pos)
+                    if n1189 < 0:
+                        raise _length_error(n1189, end - pos)
                 else:
                     pos += 1
-                q1099 = pos + n1098
-                if q1099 > end:
-                    raise _length_error(n1098, end - pos)
-                x1095 = buf[pos:q1099].decode()
-                pos = q1099
-                acc1093.append(x1095)
-        f_depends_on = tuple(acc1093)
-    n1100 = _ZL[buf[pos]]
-    if n1100 < 0:
-        n1100, pos = _rlong(buf, pos)
-        if n1100 < 0:
-            raise _length_error(n1100, end - pos)
+                q1190 = pos + n1189
+                if q1190 > end:
+                    raise _length_error(n1189, end - pos)
+                x1186 = buf[pos:q1190].decode()
+                pos = q1190
+                acc1184.append(x1186)
+        f_depends_on = tuple(acc1184)
+    n1191 = _ZL[buf[pos]]
+    if n1191 < 0:
+        n1191, pos = _rlong(buf, pos)
+        if n1191 < 0:
+            raise _length_error(n1191, end - pos)
     else:
         pos += 1
-    q1101 = pos + n1100
-    if q1101 > end:
-        raise _length_error(n1100, end - pos)
-    f_dependency = buf[pos:q1101].decode()
-    pos = q1101
-    n1102 = _ZL[buf[pos]]
-    if n1102 < 0:
-        n1102, pos = _rlong(buf, pos)
-        if n1102 < 0:
-            raise _length_error(n1102, end - pos)
+    q1192 = pos + n1191
+    if q1192 > end:
+        raise _length_error(n1191, end - pos)
+    f_dependency = buf[pos:q1192].decode()
+    pos = q1192
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
     else:
         pos += 1
-    q1103 = pos + n1102
-    if q1103 > end:
-        raise _length_error(n1102, end - pos)
-    f_preemption = buf[pos:q1103].decode()
-    pos = q1103
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_preemption = buf[pos:q1194].decode()
+    pos = q1194
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4135,44 +4427,44 @@ def _d_PodSpec1062(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1104 = _ZD[b]
+        i1195 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1104 = (z >> 1) ^ -(z & 1)
+        i1195 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1104 = (z >> 1) ^ -(z & 1)
+        i1195 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1104, pos = _rlong(buf, pos)
-    if i1104 == 0:
+        i1195, pos = _rlong(buf, pos)
+    if i1195 == 0:
         f_retry = None
-    elif i1104 == 1:
-        f_retry, pos = _d_Retry388(buf, pos, end)
+    elif i1195 == 1:
+        f_retry, pos = _d_Retry415(buf, pos, end)
     else:
-        raise _union_error(i1104, 2)
+        raise _union_error(i1195, 2)
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_QueueReason1109(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1200(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1111 = _ZL[buf[pos]]
-    if n1111 < 0:
-        n1111, pos = _rlong(buf, pos)
-        if n1111 < 0:
-            raise _length_error(n1111, end - pos)
+    n1202 = _ZL[buf[pos]]
+    if n1202 < 0:
+        n1202, pos = _rlong(buf, pos)
+        if n1202 < 0:
+            raise _length_error(n1202, end - pos)
     else:
         pos += 1
-    q1112 = pos + n1111
-    if q1112 > end:
-        raise _length_error(n1111, end - pos)
-    f_code = buf[pos:q1112].decode()
-    pos = q1112
+    q1203 = pos + n1202
+    if q1203 > end:
+        raise _length_error(n1202, end - pos)
+    f_code = buf[pos:q1203].decode()
+    pos = q1203
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4187,881 +4479,77 @@ def _d_QueueReason1109(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1113 = _ZL[buf[pos]]
-    if n1113 < 0:
-        n1113, pos = _rlong(buf, pos)
-        if n1113 < 0:
-            raise _length_error(n1113, end - pos)
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
     else:
         pos += 1
-    q1114 = pos + n1113
-    if q1114 > end:
-        raise _length_error(n1113, end - pos)
-    f_message = buf[pos:q1114].decode()
-    pos = q1114
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_message = buf[pos:q1205].decode()
+    pos = q1205
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1061(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1152(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1062(buf, pos, end)
+    f_pod, pos = _d_PodSpec1153(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1105: list[Any] = []
+        acc1196: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1106 = _ZD[b]
+                c1197 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1106 = (z >> 1) ^ -(z & 1)
+                c1197 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1106 = (z >> 1) ^ -(z & 1)
+                c1197 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1106, pos = _rlong(buf, pos)
-            if c1106 == 0:
+                c1197, pos = _rlong(buf, pos)
+            if c1197 == 0:
                 break
-            if c1106 < 0:
-                c1106 = -c1106
+            if c1197 < 0:
+                c1197 = -c1197
                 b = buf[pos]
                 if b < 128:
-                    z1109 = _ZD[b]
+                    z1200 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1109 = (z >> 1) ^ -(z & 1)
+                    z1200 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1109 = (z >> 1) ^ -(z & 1)
+                    z1200 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1109, pos = _rlong(buf, pos)
-            if c1106 * 3 > end - pos:
-                raise _count_error(c1106, end - pos)
-            for _ in range(c1106):
-                x1107, pos = _d_QueueReason1109(buf, pos, end)
-                acc1105.append(x1107)
-        f_reasons = tuple(acc1105)
+                    z1200, pos = _rlong(buf, pos)
+            if c1197 * 3 > end - pos:
+                raise _count_error(c1197, end - pos)
+            for _ in range(c1197):
+                x1198, pos = _d_QueueReason1200(buf, pos, end)
+                acc1196.append(x1198)
+        f_reasons = tuple(acc1196)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
-    else:
-        acc1115: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1116 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1116 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1116 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1116, pos = _rlong(buf, pos)
-            if c1116 == 0:
-                break
-            if c1116 < 0:
-                c1116 = -c1116
-                b = buf[pos]
-                if b < 128:
-                    z1119 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1119 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1119 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1119, pos = _rlong(buf, pos)
-            if c1116 * 1 > end - pos:
-                raise _count_error(c1116, end - pos)
-            for _ in range(c1116):
-                n1120 = _ZL[buf[pos]]
-                if n1120 < 0:
-                    n1120, pos = _rlong(buf, pos)
-                    if n1120 < 0:
-                        raise _length_error(n1120, end - pos)
-                else:
-                    pos += 1
-                q1121 = pos + n1120
-                if q1121 > end:
-                    raise _length_error(n1120, end - pos)
-                x1117 = buf[pos:q1121].decode()
-                pos = q1121
-                acc1115.append(x1117)
-        f_waiting_for = tuple(acc1115)
-    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_GpuShare1129(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
-    f_index: int
-    f_milli: int
-    b = buf[pos]
-    if b < 128:
-        f_index = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_index, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_milli, pos = _rlong(buf, pos)
-    o = _c_GpuShare(f_index, f_milli)
-    return o, pos
-
-
-def _d_PodScheduled1121(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
-    f_pod: _c_PodSpec
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    f_policy: str
-    f_from_queue: bool
-    f_scores: dict[str, Any]
-    f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1062(buf, pos, end)
-    n1123 = _ZL[buf[pos]]
-    if n1123 < 0:
-        n1123, pos = _rlong(buf, pos)
-        if n1123 < 0:
-            raise _length_error(n1123, end - pos)
-    else:
-        pos += 1
-    q1124 = pos + n1123
-    if q1124 > end:
-        raise _length_error(n1123, end - pos)
-    f_node_id = buf[pos:q1124].decode()
-    pos = q1124
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1125: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1126 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1126 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1126 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1126, pos = _rlong(buf, pos)
-            if c1126 == 0:
-                break
-            if c1126 < 0:
-                c1126 = -c1126
-                b = buf[pos]
-                if b < 128:
-                    z1129 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1129 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1129 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1129, pos = _rlong(buf, pos)
-            if c1126 * 2 > end - pos:
-                raise _count_error(c1126, end - pos)
-            for _ in range(c1126):
-                x1127, pos = _d_GpuShare1129(buf, pos, end)
-                acc1125.append(x1127)
-        f_gpus = tuple(acc1125)
-    n1131 = _ZL[buf[pos]]
-    if n1131 < 0:
-        n1131, pos = _rlong(buf, pos)
-        if n1131 < 0:
-            raise _length_error(n1131, end - pos)
-    else:
-        pos += 1
-    q1132 = pos + n1131
-    if q1132 > end:
-        raise _length_error(n1131, end - pos)
-    f_policy = buf[pos:q1132].decode()
-    pos = q1132
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1133: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1134 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1134 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1134 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1134, pos = _rlong(buf, pos)
-            if c1134 == 0:
-                break
-            if c1134 < 0:
-                c1134 = -c1134
-                b = buf[pos]
-                if b < 128:
-                    z1137 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1137 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1137 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1137, pos = _rlong(buf, pos)
-            if c1134 * 9 > end - pos:
-                raise _count_error(c1134, end - pos)
-            for _ in range(c1134):
-                n1138 = _ZL[buf[pos]]
-                if n1138 < 0:
-                    n1138, pos = _rlong(buf, pos)
-                    if n1138 < 0:
-                        raise _length_error(n1138, end - pos)
-                else:
-                    pos += 1
-                q1139 = pos + n1138
-                if q1139 > end:
-                    raise _length_error(n1138, end - pos)
-                k1136 = buf[pos:q1139].decode()
-                pos = q1139
-                x1135, = _unpack_d(buf, pos)
-                pos += 8
-                acc1133[k1136] = x1135
-        f_scores = acc1133
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1140: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1141 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1141 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1141 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1141, pos = _rlong(buf, pos)
-            if c1141 == 0:
-                break
-            if c1141 < 0:
-                c1141 = -c1141
-                b = buf[pos]
-                if b < 128:
-                    z1144 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1144 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1144 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1144, pos = _rlong(buf, pos)
-            if c1141 * 1 > end - pos:
-                raise _count_error(c1141, end - pos)
-            for _ in range(c1141):
-                n1145 = _ZL[buf[pos]]
-                if n1145 < 0:
-                    n1145, pos = _rlong(buf, pos)
-                    if n1145 < 0:
-                        raise _length_error(n1145, end - pos)
-                else:
-                    pos += 1
-                q1146 = pos + n1145
-                if q1146 > end:
-                    raise _length_error(n1145, end - pos)
-                x1142 = buf[pos:q1146].decode()
-                pos = q1146
-                acc1140.append(x1142)
-        f_preempted = tuple(acc1140)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1146(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
-    else:
-        pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_pod_id = buf[pos:q1149].decode()
-    pos = q1149
-    n1150 = _ZL[buf[pos]]
-    if n1150 < 0:
-        n1150, pos = _rlong(buf, pos)
-        if n1150 < 0:
-            raise _length_error(n1150, end - pos)
-    else:
-        pos += 1
-    q1151 = pos + n1150
-    if q1151 > end:
-        raise _length_error(n1150, end - pos)
-    f_node_id = buf[pos:q1151].decode()
-    pos = q1151
-    n1152 = _ZL[buf[pos]]
-    if n1152 < 0:
-        n1152, pos = _rlong(buf, pos)
-        if n1152 < 0:
-            raise _length_error(n1152, end - pos)
-    else:
-        pos += 1
-    q1153 = pos + n1152
-    if q1153 > end:
-        raise _length_error(n1152, end - pos)
-    f_reason = buf[pos:q1153].decode()
-    pos = q1153
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1155 = _ZL[buf[pos]]
-    if n1155 < 0:
-        n1155, pos = _rlong(buf, pos)
-        if n1155 < 0:
-            raise _length_error(n1155, end - pos)
-    else:
-        pos += 1
-    q1156 = pos + n1155
-    if q1156 > end:
-        raise _length_error(n1155, end - pos)
-    f_pod_id = buf[pos:q1156].decode()
-    pos = q1156
-    b = buf[pos]
-    if b < 128:
-        i1157 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1157 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1157 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1157, pos = _rlong(buf, pos)
-    if i1157 == 0:
-        f_node_id = None
-    elif i1157 == 1:
-        n1158 = _ZL[buf[pos]]
-        if n1158 < 0:
-            n1158, pos = _rlong(buf, pos)
-            if n1158 < 0:
-                raise _length_error(n1158, end - pos)
-        else:
-            pos += 1
-        q1159 = pos + n1158
-        if q1159 > end:
-            raise _length_error(n1158, end - pos)
-        f_node_id = buf[pos:q1159].decode()
-        pos = q1159
-    else:
-        raise _union_error(i1157, 2)
-    n1160 = _ZL[buf[pos]]
-    if n1160 < 0:
-        n1160, pos = _rlong(buf, pos)
-        if n1160 < 0:
-            raise _length_error(n1160, end - pos)
-    else:
-        pos += 1
-    q1161 = pos + n1160
-    if q1161 > end:
-        raise _length_error(n1160, end - pos)
-    f_reason = buf[pos:q1161].decode()
-    pos = q1161
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1161(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1163 = _ZL[buf[pos]]
-    if n1163 < 0:
-        n1163, pos = _rlong(buf, pos)
-        if n1163 < 0:
-            raise _length_error(n1163, end - pos)
-    else:
-        pos += 1
-    q1164 = pos + n1163
-    if q1164 > end:
-        raise _length_error(n1163, end - pos)
-    f_policy = buf[pos:q1164].decode()
-    pos = q1164
-    n1165 = _ZL[buf[pos]]
-    if n1165 < 0:
-        n1165, pos = _rlong(buf, pos)
-        if n1165 < 0:
-            raise _length_error(n1165, end - pos)
-    else:
-        pos += 1
-    q1166 = pos + n1165
-    if q1166 > end:
-        raise _length_error(n1165, end - pos)
-    f_previous = buf[pos:q1166].decode()
-    pos = q1166
-    b = buf[pos]
-    if b < 128:
-        i1167 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1167 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1167 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1167, pos = _rlong(buf, pos)
-    if i1167 == 0:
-        f_reserve_after_ms = None
-    elif i1167 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1167, 2)
-    n1168 = _ZL[buf[pos]]
-    if n1168 < 0:
-        n1168, pos = _rlong(buf, pos)
-        if n1168 < 0:
-            raise _length_error(n1168, end - pos)
-    else:
-        pos += 1
-    q1169 = pos + n1168
-    if q1169 > end:
-        raise _length_error(n1168, end - pos)
-    f_queue_order = buf[pos:q1169].decode()
-    pos = q1169
-    b = buf[pos]
-    if b < 128:
-        i1170 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1170 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1170 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1170, pos = _rlong(buf, pos)
-    if i1170 == 0:
-        f_max_clock_jump_ms = None
-    elif i1170 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1170, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1170(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1172 = _ZL[buf[pos]]
-    if n1172 < 0:
-        n1172, pos = _rlong(buf, pos)
-        if n1172 < 0:
-            raise _length_error(n1172, end - pos)
-    else:
-        pos += 1
-    q1173 = pos + n1172
-    if q1173 > end:
-        raise _length_error(n1172, end - pos)
-    f_command_id = buf[pos:q1173].decode()
-    pos = q1173
-    n1174 = _ZL[buf[pos]]
-    if n1174 < 0:
-        n1174, pos = _rlong(buf, pos)
-        if n1174 < 0:
-            raise _length_error(n1174, end - pos)
-    else:
-        pos += 1
-    q1175 = pos + n1174
-    if q1175 > end:
-        raise _length_error(n1174, end - pos)
-    f_command_type = buf[pos:q1175].decode()
-    pos = q1175
-    n1176 = _ZL[buf[pos]]
-    if n1176 < 0:
-        n1176, pos = _rlong(buf, pos)
-        if n1176 < 0:
-            raise _length_error(n1176, end - pos)
-    else:
-        pos += 1
-    q1177 = pos + n1176
-    if q1177 > end:
-        raise _length_error(n1176, end - pos)
-    f_code = buf[pos:q1177].decode()
-    pos = q1177
-    n1178 = _ZL[buf[pos]]
-    if n1178 < 0:
-        n1178, pos = _rlong(buf, pos)
-        if n1178 < 0:
-            raise _length_error(n1178, end - pos)
-    else:
-        pos += 1
-    q1179 = pos + n1178
-    if q1179 > end:
-        raise _length_error(n1178, end - pos)
-    f_message = buf[pos:q1179].decode()
-    pos = q1179
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    n1189 = _ZL[buf[pos]]
-    if n1189 < 0:
-        n1189, pos = _rlong(buf, pos)
-        if n1189 < 0:
-            raise _length_error(n1189, end - pos)
-    else:
-        pos += 1
-    q1190 = pos + n1189
-    if q1190 > end:
-        raise _length_error(n1189, end - pos)
-    f_gang_id = buf[pos:q1190].decode()
-    pos = q1190
-    n1191 = _ZL[buf[pos]]
-    if n1191 < 0:
-        n1191, pos = _rlong(buf, pos)
-        if n1191 < 0:
-            raise _length_error(n1191, end - pos)
-    else:
-        pos += 1
-    q1192 = pos + n1191
-    if q1192 > end:
-        raise _length_error(n1191, end - pos)
-    f_tenant = buf[pos:q1192].decode()
-    pos = q1192
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1193: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1194 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1194 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1194 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1194, pos = _rlong(buf, pos)
-            if c1194 == 0:
-                break
-            if c1194 < 0:
-                c1194 = -c1194
-                b = buf[pos]
-                if b < 128:
-                    z1197 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1197 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1197 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1197, pos = _rlong(buf, pos)
-            if c1194 * 20 > end - pos:
-                raise _count_error(c1194, end - pos)
-            for _ in range(c1194):
-                x1195, pos = _d_PodSpec1062(buf, pos, end)
-                acc1193.append(x1195)
-        f_members = tuple(acc1193)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1198 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1198 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1198 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1198, pos = _rlong(buf, pos)
-    if i1198 == 0:
-        f_topology_required = None
-    elif i1198 == 1:
-        n1199 = _ZL[buf[pos]]
-        if n1199 < 0:
-            n1199, pos = _rlong(buf, pos)
-            if n1199 < 0:
-                raise _length_error(n1199, end - pos)
-        else:
-            pos += 1
-        q1200 = pos + n1199
-        if q1200 > end:
-            raise _length_error(n1199, end - pos)
-        f_topology_required = buf[pos:q1200].decode()
-        pos = q1200
-    else:
-        raise _union_error(i1198, 2)
-    b = buf[pos]
-    if b < 128:
-        i1201 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1201 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1201 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1201, pos = _rlong(buf, pos)
-    if i1201 == 0:
-        f_topology_preferred = None
-    elif i1201 == 1:
-        n1202 = _ZL[buf[pos]]
-        if n1202 < 0:
-            n1202, pos = _rlong(buf, pos)
-            if n1202 < 0:
-                raise _length_error(n1202, end - pos)
-        else:
-            pos += 1
-        q1203 = pos + n1202
-        if q1203 > end:
-            raise _length_error(n1202, end - pos)
-        f_topology_preferred = buf[pos:q1203].decode()
-        pos = q1203
-    else:
-        raise _union_error(i1201, 2)
-    b = buf[pos]
-    if b < 128:
-        i1204 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1204 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1204 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1204, pos = _rlong(buf, pos)
-    if i1204 == 0:
-        f_timeout_ms = None
-    elif i1204 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1204, 2)
-    b = buf[pos]
-    if b < 128:
-        i1205 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1205 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1205 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1205, pos = _rlong(buf, pos)
-    if i1205 == 0:
-        f_time_limit_ms = None
-    elif i1205 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1205, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
     else:
         acc1206: list[Any] = []
         while True:
@@ -5113,19 +4601,823 @@ def _d_GangSpec1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
                 x1208 = buf[pos:q1212].decode()
                 pos = q1212
                 acc1206.append(x1208)
-        f_depends_on = tuple(acc1206)
-    n1213 = _ZL[buf[pos]]
-    if n1213 < 0:
-        n1213, pos = _rlong(buf, pos)
-        if n1213 < 0:
-            raise _length_error(n1213, end - pos)
+        f_waiting_for = tuple(acc1206)
+    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_GpuShare1220(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+    f_index: int
+    f_milli: int
+    b = buf[pos]
+    if b < 128:
+        f_index = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_index, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_milli, pos = _rlong(buf, pos)
+    o = _c_GpuShare(f_index, f_milli)
+    return o, pos
+
+
+def _d_PodScheduled1212(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+    f_pod: _c_PodSpec
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    f_policy: str
+    f_from_queue: bool
+    f_scores: dict[str, Any]
+    f_preempted: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1153(buf, pos, end)
+    n1214 = _ZL[buf[pos]]
+    if n1214 < 0:
+        n1214, pos = _rlong(buf, pos)
+        if n1214 < 0:
+            raise _length_error(n1214, end - pos)
     else:
         pos += 1
-    q1214 = pos + n1213
-    if q1214 > end:
-        raise _length_error(n1213, end - pos)
-    f_dependency = buf[pos:q1214].decode()
-    pos = q1214
+    q1215 = pos + n1214
+    if q1215 > end:
+        raise _length_error(n1214, end - pos)
+    f_node_id = buf[pos:q1215].decode()
+    pos = q1215
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1216: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1217 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1217 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1217 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1217, pos = _rlong(buf, pos)
+            if c1217 == 0:
+                break
+            if c1217 < 0:
+                c1217 = -c1217
+                b = buf[pos]
+                if b < 128:
+                    z1220 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1220 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1220 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1220, pos = _rlong(buf, pos)
+            if c1217 * 2 > end - pos:
+                raise _count_error(c1217, end - pos)
+            for _ in range(c1217):
+                x1218, pos = _d_GpuShare1220(buf, pos, end)
+                acc1216.append(x1218)
+        f_gpus = tuple(acc1216)
+    n1222 = _ZL[buf[pos]]
+    if n1222 < 0:
+        n1222, pos = _rlong(buf, pos)
+        if n1222 < 0:
+            raise _length_error(n1222, end - pos)
+    else:
+        pos += 1
+    q1223 = pos + n1222
+    if q1223 > end:
+        raise _length_error(n1222, end - pos)
+    f_policy = buf[pos:q1223].decode()
+    pos = q1223
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1224: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1225 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1225 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1225 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1225, pos = _rlong(buf, pos)
+            if c1225 == 0:
+                break
+            if c1225 < 0:
+                c1225 = -c1225
+                b = buf[pos]
+                if b < 128:
+                    z1228 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1228 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1228 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1228, pos = _rlong(buf, pos)
+            if c1225 * 9 > end - pos:
+                raise _count_error(c1225, end - pos)
+            for _ in range(c1225):
+                n1229 = _ZL[buf[pos]]
+                if n1229 < 0:
+                    n1229, pos = _rlong(buf, pos)
+                    if n1229 < 0:
+                        raise _length_error(n1229, end - pos)
+                else:
+                    pos += 1
+                q1230 = pos + n1229
+                if q1230 > end:
+                    raise _length_error(n1229, end - pos)
+                k1227 = buf[pos:q1230].decode()
+                pos = q1230
+                x1226, = _unpack_d(buf, pos)
+                pos += 8
+                acc1224[k1227] = x1226
+        f_scores = acc1224
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1231: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1232 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1232 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1232 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1232, pos = _rlong(buf, pos)
+            if c1232 == 0:
+                break
+            if c1232 < 0:
+                c1232 = -c1232
+                b = buf[pos]
+                if b < 128:
+                    z1235 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1235 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1235 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1235, pos = _rlong(buf, pos)
+            if c1232 * 1 > end - pos:
+                raise _count_error(c1232, end - pos)
+            for _ in range(c1232):
+                n1236 = _ZL[buf[pos]]
+                if n1236 < 0:
+                    n1236, pos = _rlong(buf, pos)
+                    if n1236 < 0:
+                        raise _length_error(n1236, end - pos)
+                else:
+                    pos += 1
+                q1237 = pos + n1236
+                if q1237 > end:
+                    raise _length_error(n1236, end - pos)
+                x1233 = buf[pos:q1237].decode()
+                pos = q1237
+                acc1231.append(x1233)
+        f_preempted = tuple(acc1231)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1237(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1239 = _ZL[buf[pos]]
+    if n1239 < 0:
+        n1239, pos = _rlong(buf, pos)
+        if n1239 < 0:
+            raise _length_error(n1239, end - pos)
+    else:
+        pos += 1
+    q1240 = pos + n1239
+    if q1240 > end:
+        raise _length_error(n1239, end - pos)
+    f_pod_id = buf[pos:q1240].decode()
+    pos = q1240
+    n1241 = _ZL[buf[pos]]
+    if n1241 < 0:
+        n1241, pos = _rlong(buf, pos)
+        if n1241 < 0:
+            raise _length_error(n1241, end - pos)
+    else:
+        pos += 1
+    q1242 = pos + n1241
+    if q1242 > end:
+        raise _length_error(n1241, end - pos)
+    f_node_id = buf[pos:q1242].decode()
+    pos = q1242
+    n1243 = _ZL[buf[pos]]
+    if n1243 < 0:
+        n1243, pos = _rlong(buf, pos)
+        if n1243 < 0:
+            raise _length_error(n1243, end - pos)
+    else:
+        pos += 1
+    q1244 = pos + n1243
+    if q1244 > end:
+        raise _length_error(n1243, end - pos)
+    f_reason = buf[pos:q1244].decode()
+    pos = q1244
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1244(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1246 = _ZL[buf[pos]]
+    if n1246 < 0:
+        n1246, pos = _rlong(buf, pos)
+        if n1246 < 0:
+            raise _length_error(n1246, end - pos)
+    else:
+        pos += 1
+    q1247 = pos + n1246
+    if q1247 > end:
+        raise _length_error(n1246, end - pos)
+    f_pod_id = buf[pos:q1247].decode()
+    pos = q1247
+    b = buf[pos]
+    if b < 128:
+        i1248 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1248 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1248 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1248, pos = _rlong(buf, pos)
+    if i1248 == 0:
+        f_node_id = None
+    elif i1248 == 1:
+        n1249 = _ZL[buf[pos]]
+        if n1249 < 0:
+            n1249, pos = _rlong(buf, pos)
+            if n1249 < 0:
+                raise _length_error(n1249, end - pos)
+        else:
+            pos += 1
+        q1250 = pos + n1249
+        if q1250 > end:
+            raise _length_error(n1249, end - pos)
+        f_node_id = buf[pos:q1250].decode()
+        pos = q1250
+    else:
+        raise _union_error(i1248, 2)
+    n1251 = _ZL[buf[pos]]
+    if n1251 < 0:
+        n1251, pos = _rlong(buf, pos)
+        if n1251 < 0:
+            raise _length_error(n1251, end - pos)
+    else:
+        pos += 1
+    q1252 = pos + n1251
+    if q1252 > end:
+        raise _length_error(n1251, end - pos)
+    f_reason = buf[pos:q1252].decode()
+    pos = q1252
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1252(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1254 = _ZL[buf[pos]]
+    if n1254 < 0:
+        n1254, pos = _rlong(buf, pos)
+        if n1254 < 0:
+            raise _length_error(n1254, end - pos)
+    else:
+        pos += 1
+    q1255 = pos + n1254
+    if q1255 > end:
+        raise _length_error(n1254, end - pos)
+    f_policy = buf[pos:q1255].decode()
+    pos = q1255
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
+    else:
+        pos += 1
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_previous = buf[pos:q1257].decode()
+    pos = q1257
+    b = buf[pos]
+    if b < 128:
+        i1258 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1258 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1258 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1258, pos = _rlong(buf, pos)
+    if i1258 == 0:
+        f_reserve_after_ms = None
+    elif i1258 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1258, 2)
+    n1259 = _ZL[buf[pos]]
+    if n1259 < 0:
+        n1259, pos = _rlong(buf, pos)
+        if n1259 < 0:
+            raise _length_error(n1259, end - pos)
+    else:
+        pos += 1
+    q1260 = pos + n1259
+    if q1260 > end:
+        raise _length_error(n1259, end - pos)
+    f_queue_order = buf[pos:q1260].decode()
+    pos = q1260
+    b = buf[pos]
+    if b < 128:
+        i1261 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1261 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1261 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1261, pos = _rlong(buf, pos)
+    if i1261 == 0:
+        f_max_clock_jump_ms = None
+    elif i1261 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1261, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1261(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1263 = _ZL[buf[pos]]
+    if n1263 < 0:
+        n1263, pos = _rlong(buf, pos)
+        if n1263 < 0:
+            raise _length_error(n1263, end - pos)
+    else:
+        pos += 1
+    q1264 = pos + n1263
+    if q1264 > end:
+        raise _length_error(n1263, end - pos)
+    f_command_id = buf[pos:q1264].decode()
+    pos = q1264
+    n1265 = _ZL[buf[pos]]
+    if n1265 < 0:
+        n1265, pos = _rlong(buf, pos)
+        if n1265 < 0:
+            raise _length_error(n1265, end - pos)
+    else:
+        pos += 1
+    q1266 = pos + n1265
+    if q1266 > end:
+        raise _length_error(n1265, end - pos)
+    f_command_type = buf[pos:q1266].decode()
+    pos = q1266
+    n1267 = _ZL[buf[pos]]
+    if n1267 < 0:
+        n1267, pos = _rlong(buf, pos)
+        if n1267 < 0:
+            raise _length_error(n1267, end - pos)
+    else:
+        pos += 1
+    q1268 = pos + n1267
+    if q1268 > end:
+        raise _length_error(n1267, end - pos)
+    f_code = buf[pos:q1268].decode()
+    pos = q1268
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
+    else:
+        pos += 1
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_message = buf[pos:q1270].decode()
+    pos = q1270
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    n1280 = _ZL[buf[pos]]
+    if n1280 < 0:
+        n1280, pos = _rlong(buf, pos)
+        if n1280 < 0:
+            raise _length_error(n1280, end - pos)
+    else:
+        pos += 1
+    q1281 = pos + n1280
+    if q1281 > end:
+        raise _length_error(n1280, end - pos)
+    f_gang_id = buf[pos:q1281].decode()
+    pos = q1281
+    n1282 = _ZL[buf[pos]]
+    if n1282 < 0:
+        n1282, pos = _rlong(buf, pos)
+        if n1282 < 0:
+            raise _length_error(n1282, end - pos)
+    else:
+        pos += 1
+    q1283 = pos + n1282
+    if q1283 > end:
+        raise _length_error(n1282, end - pos)
+    f_tenant = buf[pos:q1283].decode()
+    pos = q1283
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1284: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1285 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1285 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1285 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1285, pos = _rlong(buf, pos)
+            if c1285 == 0:
+                break
+            if c1285 < 0:
+                c1285 = -c1285
+                b = buf[pos]
+                if b < 128:
+                    z1288 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1288 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1288 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1288, pos = _rlong(buf, pos)
+            if c1285 * 20 > end - pos:
+                raise _count_error(c1285, end - pos)
+            for _ in range(c1285):
+                x1286, pos = _d_PodSpec1153(buf, pos, end)
+                acc1284.append(x1286)
+        f_members = tuple(acc1284)
+    b = buf[pos]
+    if b < 128:
+        f_min_members = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1289 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1289 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1289 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1289, pos = _rlong(buf, pos)
+    if i1289 == 0:
+        f_topology_required = None
+    elif i1289 == 1:
+        n1290 = _ZL[buf[pos]]
+        if n1290 < 0:
+            n1290, pos = _rlong(buf, pos)
+            if n1290 < 0:
+                raise _length_error(n1290, end - pos)
+        else:
+            pos += 1
+        q1291 = pos + n1290
+        if q1291 > end:
+            raise _length_error(n1290, end - pos)
+        f_topology_required = buf[pos:q1291].decode()
+        pos = q1291
+    else:
+        raise _union_error(i1289, 2)
+    b = buf[pos]
+    if b < 128:
+        i1292 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1292 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1292 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1292, pos = _rlong(buf, pos)
+    if i1292 == 0:
+        f_topology_preferred = None
+    elif i1292 == 1:
+        n1293 = _ZL[buf[pos]]
+        if n1293 < 0:
+            n1293, pos = _rlong(buf, pos)
+            if n1293 < 0:
+                raise _length_error(n1293, end - pos)
+        else:
+            pos += 1
+        q1294 = pos + n1293
+        if q1294 > end:
+            raise _length_error(n1293, end - pos)
+        f_topology_preferred = buf[pos:q1294].decode()
+        pos = q1294
+    else:
+        raise _union_error(i1292, 2)
+    b = buf[pos]
+    if b < 128:
+        i1295 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1295 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1295 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1295, pos = _rlong(buf, pos)
+    if i1295 == 0:
+        f_timeout_ms = None
+    elif i1295 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1295, 2)
+    b = buf[pos]
+    if b < 128:
+        i1296 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1296 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1296 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1296, pos = _rlong(buf, pos)
+    if i1296 == 0:
+        f_time_limit_ms = None
+    elif i1296 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1296, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1297: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1298 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1298 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1298 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1298, pos = _rlong(buf, pos)
+            if c1298 == 0:
+                break
+            if c1298 < 0:
+                c1298 = -c1298
+                b = buf[pos]
+                if b < 128:
+                    z1301 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1301 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1301 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1301, pos = _rlong(buf, pos)
+            if c1298 * 1 > end - pos:
+                raise _count_error(c1298, end - pos)
+            for _ in range(c1298):
+                n1302 = _ZL[buf[pos]]
+                if n1302 < 0:
+                    n1302, pos = _rlong(buf, pos)
+                    if n1302 < 0:
+                        raise _length_error(n1302, end - pos)
+                else:
+                    pos += 1
+                q1303 = pos + n1302
+                if q1303 > end:
+                    raise _length_error(n1302, end - pos)
+                x1299 = buf[pos:q1303].decode()
+                pos = q1303
+                acc1297.append(x1299)
+        f_depends_on = tuple(acc1297)
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
+    else:
+        pos += 1
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_dependency = buf[pos:q1305].decode()
+    pos = q1305
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5154,223 +5446,223 @@ def _d_GangSpec1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1215 = _ZL[buf[pos]]
-    if n1215 < 0:
-        n1215, pos = _rlong(buf, pos)
-        if n1215 < 0:
-            raise _length_error(n1215, end - pos)
+    n1306 = _ZL[buf[pos]]
+    if n1306 < 0:
+        n1306, pos = _rlong(buf, pos)
+        if n1306 < 0:
+            raise _length_error(n1306, end - pos)
     else:
         pos += 1
-    q1216 = pos + n1215
-    if q1216 > end:
-        raise _length_error(n1215, end - pos)
-    f_preemption = buf[pos:q1216].decode()
-    pos = q1216
+    q1307 = pos + n1306
+    if q1307 > end:
+        raise _length_error(n1306, end - pos)
+    f_preemption = buf[pos:q1307].decode()
+    pos = q1307
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1179(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1270(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1181 = _ZL[buf[pos]]
-    if n1181 < 0:
-        n1181, pos = _rlong(buf, pos)
-        if n1181 < 0:
-            raise _length_error(n1181, end - pos)
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1182 = pos + n1181
-    if q1182 > end:
-        raise _length_error(n1181, end - pos)
-    f_gang_id = buf[pos:q1182].decode()
-    pos = q1182
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_gang_id = buf[pos:q1273].decode()
+    pos = q1273
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1183: list[Any] = []
+        acc1274: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1184 = _ZD[b]
+                c1275 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1184 = (z >> 1) ^ -(z & 1)
+                c1275 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1184 = (z >> 1) ^ -(z & 1)
+                c1275 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1184, pos = _rlong(buf, pos)
-            if c1184 == 0:
+                c1275, pos = _rlong(buf, pos)
+            if c1275 == 0:
                 break
-            if c1184 < 0:
-                c1184 = -c1184
+            if c1275 < 0:
+                c1275 = -c1275
                 b = buf[pos]
                 if b < 128:
-                    z1187 = _ZD[b]
+                    z1278 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1187 = (z >> 1) ^ -(z & 1)
+                    z1278 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1187 = (z >> 1) ^ -(z & 1)
+                    z1278 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1187, pos = _rlong(buf, pos)
-            if c1184 * 3 > end - pos:
-                raise _count_error(c1184, end - pos)
-            for _ in range(c1184):
-                x1185, pos = _d_QueueReason1109(buf, pos, end)
-                acc1183.append(x1185)
-        f_reasons = tuple(acc1183)
-    f_gang, pos = _d_GangSpec1187(buf, pos, end)
+                    z1278, pos = _rlong(buf, pos)
+            if c1275 * 3 > end - pos:
+                raise _count_error(c1275, end - pos)
+            for _ in range(c1275):
+                x1276, pos = _d_QueueReason1200(buf, pos, end)
+                acc1274.append(x1276)
+        f_reasons = tuple(acc1274)
+    f_gang, pos = _d_GangSpec1278(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1217: list[Any] = []
+        acc1308: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1218 = _ZD[b]
+                c1309 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1218 = (z >> 1) ^ -(z & 1)
+                c1309 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1218 = (z >> 1) ^ -(z & 1)
+                c1309 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1218, pos = _rlong(buf, pos)
-            if c1218 == 0:
+                c1309, pos = _rlong(buf, pos)
+            if c1309 == 0:
                 break
-            if c1218 < 0:
-                c1218 = -c1218
+            if c1309 < 0:
+                c1309 = -c1309
                 b = buf[pos]
                 if b < 128:
-                    z1221 = _ZD[b]
+                    z1312 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1221 = (z >> 1) ^ -(z & 1)
+                    z1312 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1221 = (z >> 1) ^ -(z & 1)
+                    z1312 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1221, pos = _rlong(buf, pos)
-            if c1218 * 1 > end - pos:
-                raise _count_error(c1218, end - pos)
-            for _ in range(c1218):
-                n1222 = _ZL[buf[pos]]
-                if n1222 < 0:
-                    n1222, pos = _rlong(buf, pos)
-                    if n1222 < 0:
-                        raise _length_error(n1222, end - pos)
+                    z1312, pos = _rlong(buf, pos)
+            if c1309 * 1 > end - pos:
+                raise _count_error(c1309, end - pos)
+            for _ in range(c1309):
+                n1313 = _ZL[buf[pos]]
+                if n1313 < 0:
+                    n1313, pos = _rlong(buf, pos)
+                    if n1313 < 0:
+                        raise _length_error(n1313, end - pos)
                 else:
                     pos += 1
-                q1223 = pos + n1222
-                if q1223 > end:
-                    raise _length_error(n1222, end - pos)
-                x1219 = buf[pos:q1223].decode()
-                pos = q1223
-                acc1217.append(x1219)
-        f_waiting_for = tuple(acc1217)
+                q1314 = pos + n1313
+                if q1314 > end:
+                    raise _length_error(n1313, end - pos)
+                x1310 = buf[pos:q1314].decode()
+                pos = q1314
+                acc1308.append(x1310)
+        f_waiting_for = tuple(acc1308)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1231(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1322(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1233 = _ZL[buf[pos]]
-    if n1233 < 0:
-        n1233, pos = _rlong(buf, pos)
-        if n1233 < 0:
-            raise _length_error(n1233, end - pos)
+    n1324 = _ZL[buf[pos]]
+    if n1324 < 0:
+        n1324, pos = _rlong(buf, pos)
+        if n1324 < 0:
+            raise _length_error(n1324, end - pos)
     else:
         pos += 1
-    q1234 = pos + n1233
-    if q1234 > end:
-        raise _length_error(n1233, end - pos)
-    f_pod_id = buf[pos:q1234].decode()
-    pos = q1234
-    n1235 = _ZL[buf[pos]]
-    if n1235 < 0:
-        n1235, pos = _rlong(buf, pos)
-        if n1235 < 0:
-            raise _length_error(n1235, end - pos)
+    q1325 = pos + n1324
+    if q1325 > end:
+        raise _length_error(n1324, end - pos)
+    f_pod_id = buf[pos:q1325].decode()
+    pos = q1325
+    n1326 = _ZL[buf[pos]]
+    if n1326 < 0:
+        n1326, pos = _rlong(buf, pos)
+        if n1326 < 0:
+            raise _length_error(n1326, end - pos)
     else:
         pos += 1
-    q1236 = pos + n1235
-    if q1236 > end:
-        raise _length_error(n1235, end - pos)
-    f_node_id = buf[pos:q1236].decode()
-    pos = q1236
+    q1327 = pos + n1326
+    if q1327 > end:
+        raise _length_error(n1326, end - pos)
+    f_node_id = buf[pos:q1327].decode()
+    pos = q1327
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1237: list[Any] = []
+        acc1328: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1238 = _ZD[b]
+                c1329 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1238 = (z >> 1) ^ -(z & 1)
+                c1329 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1238 = (z >> 1) ^ -(z & 1)
+                c1329 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1238, pos = _rlong(buf, pos)
-            if c1238 == 0:
+                c1329, pos = _rlong(buf, pos)
+            if c1329 == 0:
                 break
-            if c1238 < 0:
-                c1238 = -c1238
+            if c1329 < 0:
+                c1329 = -c1329
                 b = buf[pos]
                 if b < 128:
-                    z1241 = _ZD[b]
+                    z1332 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1241 = (z >> 1) ^ -(z & 1)
+                    z1332 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1241 = (z >> 1) ^ -(z & 1)
+                    z1332 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1241, pos = _rlong(buf, pos)
-            if c1238 * 2 > end - pos:
-                raise _count_error(c1238, end - pos)
-            for _ in range(c1238):
-                x1239, pos = _d_GpuShare1129(buf, pos, end)
-                acc1237.append(x1239)
-        f_gpus = tuple(acc1237)
+                    z1332, pos = _rlong(buf, pos)
+            if c1329 * 2 > end - pos:
+                raise _count_error(c1329, end - pos)
+            for _ in range(c1329):
+                x1330, pos = _d_GpuShare1220(buf, pos, end)
+                acc1328.append(x1330)
+        f_gpus = tuple(acc1328)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1223(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1314(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5379,214 +5671,214 @@ def _d_GangScheduled1223(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1225 = _ZL[buf[pos]]
-    if n1225 < 0:
-        n1225, pos = _rlong(buf, pos)
-        if n1225 < 0:
-            raise _length_error(n1225, end - pos)
+    n1316 = _ZL[buf[pos]]
+    if n1316 < 0:
+        n1316, pos = _rlong(buf, pos)
+        if n1316 < 0:
+            raise _length_error(n1316, end - pos)
     else:
         pos += 1
-    q1226 = pos + n1225
-    if q1226 > end:
-        raise _length_error(n1225, end - pos)
-    f_gang_id = buf[pos:q1226].decode()
-    pos = q1226
+    q1317 = pos + n1316
+    if q1317 > end:
+        raise _length_error(n1316, end - pos)
+    f_gang_id = buf[pos:q1317].decode()
+    pos = q1317
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1227: list[Any] = []
+        acc1318: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1228 = _ZD[b]
+                c1319 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1228 = (z >> 1) ^ -(z & 1)
+                c1319 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1228 = (z >> 1) ^ -(z & 1)
+                c1319 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1228, pos = _rlong(buf, pos)
-            if c1228 == 0:
+                c1319, pos = _rlong(buf, pos)
+            if c1319 == 0:
                 break
-            if c1228 < 0:
-                c1228 = -c1228
+            if c1319 < 0:
+                c1319 = -c1319
                 b = buf[pos]
                 if b < 128:
-                    z1231 = _ZD[b]
+                    z1322 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1231 = (z >> 1) ^ -(z & 1)
+                    z1322 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1231 = (z >> 1) ^ -(z & 1)
+                    z1322 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1231, pos = _rlong(buf, pos)
-            if c1228 * 3 > end - pos:
-                raise _count_error(c1228, end - pos)
-            for _ in range(c1228):
-                x1229, pos = _d_MemberPlacement1231(buf, pos, end)
-                acc1227.append(x1229)
-        f_members = tuple(acc1227)
-    f_gang, pos = _d_GangSpec1187(buf, pos, end)
+                    z1322, pos = _rlong(buf, pos)
+            if c1319 * 3 > end - pos:
+                raise _count_error(c1319, end - pos)
+            for _ in range(c1319):
+                x1320, pos = _d_MemberPlacement1322(buf, pos, end)
+                acc1318.append(x1320)
+        f_members = tuple(acc1318)
+    f_gang, pos = _d_GangSpec1278(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1242 = _ZD[b]
+        i1333 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1242 = (z >> 1) ^ -(z & 1)
+        i1333 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1242 = (z >> 1) ^ -(z & 1)
+        i1333 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1242, pos = _rlong(buf, pos)
-    if i1242 == 0:
+        i1333, pos = _rlong(buf, pos)
+    if i1333 == 0:
         f_topology_key = None
-    elif i1242 == 1:
-        n1243 = _ZL[buf[pos]]
-        if n1243 < 0:
-            n1243, pos = _rlong(buf, pos)
-            if n1243 < 0:
-                raise _length_error(n1243, end - pos)
+    elif i1333 == 1:
+        n1334 = _ZL[buf[pos]]
+        if n1334 < 0:
+            n1334, pos = _rlong(buf, pos)
+            if n1334 < 0:
+                raise _length_error(n1334, end - pos)
         else:
             pos += 1
-        q1244 = pos + n1243
-        if q1244 > end:
-            raise _length_error(n1243, end - pos)
-        f_topology_key = buf[pos:q1244].decode()
-        pos = q1244
+        q1335 = pos + n1334
+        if q1335 > end:
+            raise _length_error(n1334, end - pos)
+        f_topology_key = buf[pos:q1335].decode()
+        pos = q1335
     else:
-        raise _union_error(i1242, 2)
+        raise _union_error(i1333, 2)
     b = buf[pos]
     if b < 128:
-        i1245 = _ZD[b]
+        i1336 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1245 = (z >> 1) ^ -(z & 1)
+        i1336 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1245 = (z >> 1) ^ -(z & 1)
+        i1336 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1245, pos = _rlong(buf, pos)
-    if i1245 == 0:
+        i1336, pos = _rlong(buf, pos)
+    if i1336 == 0:
         f_domain = None
-    elif i1245 == 1:
-        n1246 = _ZL[buf[pos]]
-        if n1246 < 0:
-            n1246, pos = _rlong(buf, pos)
-            if n1246 < 0:
-                raise _length_error(n1246, end - pos)
+    elif i1336 == 1:
+        n1337 = _ZL[buf[pos]]
+        if n1337 < 0:
+            n1337, pos = _rlong(buf, pos)
+            if n1337 < 0:
+                raise _length_error(n1337, end - pos)
         else:
             pos += 1
-        q1247 = pos + n1246
-        if q1247 > end:
-            raise _length_error(n1246, end - pos)
-        f_domain = buf[pos:q1247].decode()
-        pos = q1247
+        q1338 = pos + n1337
+        if q1338 > end:
+            raise _length_error(n1337, end - pos)
+        f_domain = buf[pos:q1338].decode()
+        pos = q1338
     else:
-        raise _union_error(i1245, 2)
+        raise _union_error(i1336, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1248 = _ZL[buf[pos]]
-    if n1248 < 0:
-        n1248, pos = _rlong(buf, pos)
-        if n1248 < 0:
-            raise _length_error(n1248, end - pos)
+    n1339 = _ZL[buf[pos]]
+    if n1339 < 0:
+        n1339, pos = _rlong(buf, pos)
+        if n1339 < 0:
+            raise _length_error(n1339, end - pos)
     else:
         pos += 1
-    q1249 = pos + n1248
-    if q1249 > end:
-        raise _length_error(n1248, end - pos)
-    f_message = buf[pos:q1249].decode()
-    pos = q1249
+    q1340 = pos + n1339
+    if q1340 > end:
+        raise _length_error(n1339, end - pos)
+    f_message = buf[pos:q1340].decode()
+    pos = q1340
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1250: list[Any] = []
+        acc1341: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1251 = _ZD[b]
+                c1342 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1342 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1342 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1251, pos = _rlong(buf, pos)
-            if c1251 == 0:
+                c1342, pos = _rlong(buf, pos)
+            if c1342 == 0:
                 break
-            if c1251 < 0:
-                c1251 = -c1251
+            if c1342 < 0:
+                c1342 = -c1342
                 b = buf[pos]
                 if b < 128:
-                    z1254 = _ZD[b]
+                    z1345 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1345 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1345 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1254, pos = _rlong(buf, pos)
-            if c1251 * 1 > end - pos:
-                raise _count_error(c1251, end - pos)
-            for _ in range(c1251):
-                n1255 = _ZL[buf[pos]]
-                if n1255 < 0:
-                    n1255, pos = _rlong(buf, pos)
-                    if n1255 < 0:
-                        raise _length_error(n1255, end - pos)
+                    z1345, pos = _rlong(buf, pos)
+            if c1342 * 1 > end - pos:
+                raise _count_error(c1342, end - pos)
+            for _ in range(c1342):
+                n1346 = _ZL[buf[pos]]
+                if n1346 < 0:
+                    n1346, pos = _rlong(buf, pos)
+                    if n1346 < 0:
+                        raise _length_error(n1346, end - pos)
                 else:
                     pos += 1
-                q1256 = pos + n1255
-                if q1256 > end:
-                    raise _length_error(n1255, end - pos)
-                x1252 = buf[pos:q1256].decode()
-                pos = q1256
-                acc1250.append(x1252)
-        f_preempted = tuple(acc1250)
+                q1347 = pos + n1346
+                if q1347 > end:
+                    raise _length_error(n1346, end - pos)
+                x1343 = buf[pos:q1347].decode()
+                pos = q1347
+                acc1341.append(x1343)
+        f_preempted = tuple(acc1341)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1256(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1347(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1258 = _ZL[buf[pos]]
-    if n1258 < 0:
-        n1258, pos = _rlong(buf, pos)
-        if n1258 < 0:
-            raise _length_error(n1258, end - pos)
+    n1349 = _ZL[buf[pos]]
+    if n1349 < 0:
+        n1349, pos = _rlong(buf, pos)
+        if n1349 < 0:
+            raise _length_error(n1349, end - pos)
     else:
         pos += 1
-    q1259 = pos + n1258
-    if q1259 > end:
-        raise _length_error(n1258, end - pos)
-    f_gang_id = buf[pos:q1259].decode()
-    pos = q1259
+    q1350 = pos + n1349
+    if q1350 > end:
+        raise _length_error(n1349, end - pos)
+    f_gang_id = buf[pos:q1350].decode()
+    pos = q1350
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5601,85 +5893,85 @@ def _d_GangTimedOut1256(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1260 = _ZL[buf[pos]]
-    if n1260 < 0:
-        n1260, pos = _rlong(buf, pos)
-        if n1260 < 0:
-            raise _length_error(n1260, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1261 = pos + n1260
-    if q1261 > end:
-        raise _length_error(n1260, end - pos)
-    f_message = buf[pos:q1261].decode()
-    pos = q1261
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_message = buf[pos:q1352].decode()
+    pos = q1352
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1261(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1352(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1263 = _ZL[buf[pos]]
-    if n1263 < 0:
-        n1263, pos = _rlong(buf, pos)
-        if n1263 < 0:
-            raise _length_error(n1263, end - pos)
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1264 = pos + n1263
-    if q1264 > end:
-        raise _length_error(n1263, end - pos)
-    f_gang_id = buf[pos:q1264].decode()
-    pos = q1264
-    n1265 = _ZL[buf[pos]]
-    if n1265 < 0:
-        n1265, pos = _rlong(buf, pos)
-        if n1265 < 0:
-            raise _length_error(n1265, end - pos)
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_gang_id = buf[pos:q1355].decode()
+    pos = q1355
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
     else:
         pos += 1
-    q1266 = pos + n1265
-    if q1266 > end:
-        raise _length_error(n1265, end - pos)
-    f_reason = buf[pos:q1266].decode()
-    pos = q1266
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_reason = buf[pos:q1357].decode()
+    pos = q1357
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1266(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1268 = _ZL[buf[pos]]
-    if n1268 < 0:
-        n1268, pos = _rlong(buf, pos)
-        if n1268 < 0:
-            raise _length_error(n1268, end - pos)
+    n1359 = _ZL[buf[pos]]
+    if n1359 < 0:
+        n1359, pos = _rlong(buf, pos)
+        if n1359 < 0:
+            raise _length_error(n1359, end - pos)
     else:
         pos += 1
-    q1269 = pos + n1268
-    if q1269 > end:
-        raise _length_error(n1268, end - pos)
-    f_pod_id = buf[pos:q1269].decode()
-    pos = q1269
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
+    q1360 = pos + n1359
+    if q1360 > end:
+        raise _length_error(n1359, end - pos)
+    f_pod_id = buf[pos:q1360].decode()
+    pos = q1360
+    n1361 = _ZL[buf[pos]]
+    if n1361 < 0:
+        n1361, pos = _rlong(buf, pos)
+        if n1361 < 0:
+            raise _length_error(n1361, end - pos)
     else:
         pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_node_id = buf[pos:q1271].decode()
-    pos = q1271
+    q1362 = pos + n1361
+    if q1362 > end:
+        raise _length_error(n1361, end - pos)
+    f_node_id = buf[pos:q1362].decode()
+    pos = q1362
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5696,141 +5988,141 @@ def _d_PodTimeLimitReached1266(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1272 = _ZD[b]
+        i1363 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1272 = (z >> 1) ^ -(z & 1)
+        i1363 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1272 = (z >> 1) ^ -(z & 1)
+        i1363 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1272, pos = _rlong(buf, pos)
-    if i1272 == 0:
+        i1363, pos = _rlong(buf, pos)
+    if i1363 == 0:
         f_gang_id = None
-    elif i1272 == 1:
-        n1273 = _ZL[buf[pos]]
-        if n1273 < 0:
-            n1273, pos = _rlong(buf, pos)
-            if n1273 < 0:
-                raise _length_error(n1273, end - pos)
+    elif i1363 == 1:
+        n1364 = _ZL[buf[pos]]
+        if n1364 < 0:
+            n1364, pos = _rlong(buf, pos)
+            if n1364 < 0:
+                raise _length_error(n1364, end - pos)
         else:
             pos += 1
-        q1274 = pos + n1273
-        if q1274 > end:
-            raise _length_error(n1273, end - pos)
-        f_gang_id = buf[pos:q1274].decode()
-        pos = q1274
+        q1365 = pos + n1364
+        if q1365 > end:
+            raise _length_error(n1364, end - pos)
+        f_gang_id = buf[pos:q1365].decode()
+        pos = q1365
     else:
-        raise _union_error(i1272, 2)
+        raise _union_error(i1363, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1274(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1365(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1276 = _ZL[buf[pos]]
-    if n1276 < 0:
-        n1276, pos = _rlong(buf, pos)
-        if n1276 < 0:
-            raise _length_error(n1276, end - pos)
+    n1367 = _ZL[buf[pos]]
+    if n1367 < 0:
+        n1367, pos = _rlong(buf, pos)
+        if n1367 < 0:
+            raise _length_error(n1367, end - pos)
     else:
         pos += 1
-    q1277 = pos + n1276
-    if q1277 > end:
-        raise _length_error(n1276, end - pos)
-    f_holder_id = buf[pos:q1277].decode()
-    pos = q1277
-    n1278 = _ZL[buf[pos]]
-    if n1278 < 0:
-        n1278, pos = _rlong(buf, pos)
-        if n1278 < 0:
-            raise _length_error(n1278, end - pos)
+    q1368 = pos + n1367
+    if q1368 > end:
+        raise _length_error(n1367, end - pos)
+    f_holder_id = buf[pos:q1368].decode()
+    pos = q1368
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
     else:
         pos += 1
-    q1279 = pos + n1278
-    if q1279 > end:
-        raise _length_error(n1278, end - pos)
-    f_holder_kind = buf[pos:q1279].decode()
-    pos = q1279
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_holder_kind = buf[pos:q1370].decode()
+    pos = q1370
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1280: list[Any] = []
+        acc1371: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1281 = _ZD[b]
+                c1372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1281 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1281 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1281, pos = _rlong(buf, pos)
-            if c1281 == 0:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
                 break
-            if c1281 < 0:
-                c1281 = -c1281
+            if c1372 < 0:
+                c1372 = -c1372
                 b = buf[pos]
                 if b < 128:
-                    z1284 = _ZD[b]
+                    z1375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1284 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1284 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1284, pos = _rlong(buf, pos)
-            if c1281 * 1 > end - pos:
-                raise _count_error(c1281, end - pos)
-            for _ in range(c1281):
-                n1285 = _ZL[buf[pos]]
-                if n1285 < 0:
-                    n1285, pos = _rlong(buf, pos)
-                    if n1285 < 0:
-                        raise _length_error(n1285, end - pos)
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 1 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                n1376 = _ZL[buf[pos]]
+                if n1376 < 0:
+                    n1376, pos = _rlong(buf, pos)
+                    if n1376 < 0:
+                        raise _length_error(n1376, end - pos)
                 else:
                     pos += 1
-                q1286 = pos + n1285
-                if q1286 > end:
-                    raise _length_error(n1285, end - pos)
-                x1282 = buf[pos:q1286].decode()
-                pos = q1286
-                acc1280.append(x1282)
-        f_nodes = tuple(acc1280)
+                q1377 = pos + n1376
+                if q1377 > end:
+                    raise _length_error(n1376, end - pos)
+                x1373 = buf[pos:q1377].decode()
+                pos = q1377
+                acc1371.append(x1373)
+        f_nodes = tuple(acc1371)
     b = buf[pos]
     if b < 128:
-        i1287 = _ZD[b]
+        i1378 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1287 = (z >> 1) ^ -(z & 1)
+        i1378 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1287 = (z >> 1) ^ -(z & 1)
+        i1378 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1287, pos = _rlong(buf, pos)
-    if i1287 == 0:
+        i1378, pos = _rlong(buf, pos)
+    if i1378 == 0:
         f_expected_start = None
-    elif i1287 == 1:
+    elif i1378 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5846,194 +6138,194 @@ def _d_NodesReserved1274(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1287, 2)
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
+        raise _union_error(i1378, 2)
+    n1379 = _ZL[buf[pos]]
+    if n1379 < 0:
+        n1379, pos = _rlong(buf, pos)
+        if n1379 < 0:
+            raise _length_error(n1379, end - pos)
     else:
         pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_message = buf[pos:q1289].decode()
-    pos = q1289
+    q1380 = pos + n1379
+    if q1380 > end:
+        raise _length_error(n1379, end - pos)
+    f_message = buf[pos:q1380].decode()
+    pos = q1380
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1289(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1380(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1291 = _ZL[buf[pos]]
-    if n1291 < 0:
-        n1291, pos = _rlong(buf, pos)
-        if n1291 < 0:
-            raise _length_error(n1291, end - pos)
+    n1382 = _ZL[buf[pos]]
+    if n1382 < 0:
+        n1382, pos = _rlong(buf, pos)
+        if n1382 < 0:
+            raise _length_error(n1382, end - pos)
     else:
         pos += 1
-    q1292 = pos + n1291
-    if q1292 > end:
-        raise _length_error(n1291, end - pos)
-    f_holder_id = buf[pos:q1292].decode()
-    pos = q1292
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
+    q1383 = pos + n1382
+    if q1383 > end:
+        raise _length_error(n1382, end - pos)
+    f_holder_id = buf[pos:q1383].decode()
+    pos = q1383
+    n1384 = _ZL[buf[pos]]
+    if n1384 < 0:
+        n1384, pos = _rlong(buf, pos)
+        if n1384 < 0:
+            raise _length_error(n1384, end - pos)
     else:
         pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_holder_kind = buf[pos:q1294].decode()
-    pos = q1294
+    q1385 = pos + n1384
+    if q1385 > end:
+        raise _length_error(n1384, end - pos)
+    f_holder_kind = buf[pos:q1385].decode()
+    pos = q1385
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1295: list[Any] = []
+        acc1386: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1296 = _ZD[b]
+                c1387 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1296 = (z >> 1) ^ -(z & 1)
+                c1387 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1296 = (z >> 1) ^ -(z & 1)
+                c1387 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1296, pos = _rlong(buf, pos)
-            if c1296 == 0:
+                c1387, pos = _rlong(buf, pos)
+            if c1387 == 0:
                 break
-            if c1296 < 0:
-                c1296 = -c1296
+            if c1387 < 0:
+                c1387 = -c1387
                 b = buf[pos]
                 if b < 128:
-                    z1299 = _ZD[b]
+                    z1390 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1299 = (z >> 1) ^ -(z & 1)
+                    z1390 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1299 = (z >> 1) ^ -(z & 1)
+                    z1390 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1299, pos = _rlong(buf, pos)
-            if c1296 * 1 > end - pos:
-                raise _count_error(c1296, end - pos)
-            for _ in range(c1296):
-                n1300 = _ZL[buf[pos]]
-                if n1300 < 0:
-                    n1300, pos = _rlong(buf, pos)
-                    if n1300 < 0:
-                        raise _length_error(n1300, end - pos)
+                    z1390, pos = _rlong(buf, pos)
+            if c1387 * 1 > end - pos:
+                raise _count_error(c1387, end - pos)
+            for _ in range(c1387):
+                n1391 = _ZL[buf[pos]]
+                if n1391 < 0:
+                    n1391, pos = _rlong(buf, pos)
+                    if n1391 < 0:
+                        raise _length_error(n1391, end - pos)
                 else:
                     pos += 1
-                q1301 = pos + n1300
-                if q1301 > end:
-                    raise _length_error(n1300, end - pos)
-                x1297 = buf[pos:q1301].decode()
-                pos = q1301
-                acc1295.append(x1297)
-        f_nodes = tuple(acc1295)
-    n1302 = _ZL[buf[pos]]
-    if n1302 < 0:
-        n1302, pos = _rlong(buf, pos)
-        if n1302 < 0:
-            raise _length_error(n1302, end - pos)
+                q1392 = pos + n1391
+                if q1392 > end:
+                    raise _length_error(n1391, end - pos)
+                x1388 = buf[pos:q1392].decode()
+                pos = q1392
+                acc1386.append(x1388)
+        f_nodes = tuple(acc1386)
+    n1393 = _ZL[buf[pos]]
+    if n1393 < 0:
+        n1393, pos = _rlong(buf, pos)
+        if n1393 < 0:
+            raise _length_error(n1393, end - pos)
     else:
         pos += 1
-    q1303 = pos + n1302
-    if q1303 > end:
-        raise _length_error(n1302, end - pos)
-    f_reason = buf[pos:q1303].decode()
-    pos = q1303
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+    q1394 = pos + n1393
+    if q1394 > end:
+        raise _length_error(n1393, end - pos)
+    f_reason = buf[pos:q1394].decode()
+    pos = q1394
+    n1395 = _ZL[buf[pos]]
+    if n1395 < 0:
+        n1395, pos = _rlong(buf, pos)
+        if n1395 < 0:
+            raise _length_error(n1395, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_message = buf[pos:q1305].decode()
-    pos = q1305
+    q1396 = pos + n1395
+    if q1396 > end:
+        raise _length_error(n1395, end - pos)
+    f_message = buf[pos:q1396].decode()
+    pos = q1396
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1305(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1396(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
     else:
         pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_holder_id = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_holder_id = buf[pos:q1399].decode()
+    pos = q1399
+    n1400 = _ZL[buf[pos]]
+    if n1400 < 0:
+        n1400, pos = _rlong(buf, pos)
+        if n1400 < 0:
+            raise _length_error(n1400, end - pos)
     else:
         pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_holder_kind = buf[pos:q1310].decode()
-    pos = q1310
-    n1311 = _ZL[buf[pos]]
-    if n1311 < 0:
-        n1311, pos = _rlong(buf, pos)
-        if n1311 < 0:
-            raise _length_error(n1311, end - pos)
+    q1401 = pos + n1400
+    if q1401 > end:
+        raise _length_error(n1400, end - pos)
+    f_holder_kind = buf[pos:q1401].decode()
+    pos = q1401
+    n1402 = _ZL[buf[pos]]
+    if n1402 < 0:
+        n1402, pos = _rlong(buf, pos)
+        if n1402 < 0:
+            raise _length_error(n1402, end - pos)
     else:
         pos += 1
-    q1312 = pos + n1311
-    if q1312 > end:
-        raise _length_error(n1311, end - pos)
-    f_dependency_id = buf[pos:q1312].decode()
-    pos = q1312
-    n1313 = _ZL[buf[pos]]
-    if n1313 < 0:
-        n1313, pos = _rlong(buf, pos)
-        if n1313 < 0:
-            raise _length_error(n1313, end - pos)
+    q1403 = pos + n1402
+    if q1403 > end:
+        raise _length_error(n1402, end - pos)
+    f_dependency_id = buf[pos:q1403].decode()
+    pos = q1403
+    n1404 = _ZL[buf[pos]]
+    if n1404 < 0:
+        n1404, pos = _rlong(buf, pos)
+        if n1404 < 0:
+            raise _length_error(n1404, end - pos)
     else:
         pos += 1
-    q1314 = pos + n1313
-    if q1314 > end:
-        raise _length_error(n1313, end - pos)
-    f_message = buf[pos:q1314].decode()
-    pos = q1314
+    q1405 = pos + n1404
+    if q1405 > end:
+        raise _length_error(n1404, end - pos)
+    f_message = buf[pos:q1405].decode()
+    pos = q1405
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1314(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1405(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6056,169 +6348,169 @@ def _d_Ticked1314(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1315(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
+    n1408 = _ZL[buf[pos]]
+    if n1408 < 0:
+        n1408, pos = _rlong(buf, pos)
+        if n1408 < 0:
+            raise _length_error(n1408, end - pos)
     else:
         pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_pod_id = buf[pos:q1318].decode()
-    pos = q1318
-    n1319 = _ZL[buf[pos]]
-    if n1319 < 0:
-        n1319, pos = _rlong(buf, pos)
-        if n1319 < 0:
-            raise _length_error(n1319, end - pos)
+    q1409 = pos + n1408
+    if q1409 > end:
+        raise _length_error(n1408, end - pos)
+    f_pod_id = buf[pos:q1409].decode()
+    pos = q1409
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
     else:
         pos += 1
-    q1320 = pos + n1319
-    if q1320 > end:
-        raise _length_error(n1319, end - pos)
-    f_node_id = buf[pos:q1320].decode()
-    pos = q1320
-    n1321 = _ZL[buf[pos]]
-    if n1321 < 0:
-        n1321, pos = _rlong(buf, pos)
-        if n1321 < 0:
-            raise _length_error(n1321, end - pos)
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_node_id = buf[pos:q1411].decode()
+    pos = q1411
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
     else:
         pos += 1
-    q1322 = pos + n1321
-    if q1322 > end:
-        raise _length_error(n1321, end - pos)
-    f_by = buf[pos:q1322].decode()
-    pos = q1322
-    n1323 = _ZL[buf[pos]]
-    if n1323 < 0:
-        n1323, pos = _rlong(buf, pos)
-        if n1323 < 0:
-            raise _length_error(n1323, end - pos)
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_by = buf[pos:q1413].decode()
+    pos = q1413
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
     else:
         pos += 1
-    q1324 = pos + n1323
-    if q1324 > end:
-        raise _length_error(n1323, end - pos)
-    f_reason = buf[pos:q1324].decode()
-    pos = q1324
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_reason = buf[pos:q1415].decode()
+    pos = q1415
+    n1416 = _ZL[buf[pos]]
+    if n1416 < 0:
+        n1416, pos = _rlong(buf, pos)
+        if n1416 < 0:
+            raise _length_error(n1416, end - pos)
     else:
         pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_message = buf[pos:q1326].decode()
-    pos = q1326
+    q1417 = pos + n1416
+    if q1417 > end:
+        raise _length_error(n1416, end - pos)
+    f_message = buf[pos:q1417].decode()
+    pos = q1417
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1326(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1417(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1328 = _ZD[b]
+        i1419 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1328 = (z >> 1) ^ -(z & 1)
+        i1419 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1328 = (z >> 1) ^ -(z & 1)
+        i1419 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1328, pos = _rlong(buf, pos)
-    if i1328 == 0:
+        i1419, pos = _rlong(buf, pos)
+    if i1419 == 0:
         f_tenant = None
-    elif i1328 == 1:
-        n1329 = _ZL[buf[pos]]
-        if n1329 < 0:
-            n1329, pos = _rlong(buf, pos)
-            if n1329 < 0:
-                raise _length_error(n1329, end - pos)
+    elif i1419 == 1:
+        n1420 = _ZL[buf[pos]]
+        if n1420 < 0:
+            n1420, pos = _rlong(buf, pos)
+            if n1420 < 0:
+                raise _length_error(n1420, end - pos)
         else:
             pos += 1
-        q1330 = pos + n1329
-        if q1330 > end:
-            raise _length_error(n1329, end - pos)
-        f_tenant = buf[pos:q1330].decode()
-        pos = q1330
+        q1421 = pos + n1420
+        if q1421 > end:
+            raise _length_error(n1420, end - pos)
+        f_tenant = buf[pos:q1421].decode()
+        pos = q1421
     else:
-        raise _union_error(i1328, 2)
+        raise _union_error(i1419, 2)
     b = buf[pos]
     if b < 128:
-        i1331 = _ZD[b]
+        i1422 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1422 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1422 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1331, pos = _rlong(buf, pos)
-    if i1331 == 0:
+        i1422, pos = _rlong(buf, pos)
+    if i1422 == 0:
         f_quota = None
-    elif i1331 == 1:
-        f_quota, pos = _d_Quota401(buf, pos, end)
+    elif i1422 == 1:
+        f_quota, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1331, 2)
+        raise _union_error(i1422, 2)
     b = buf[pos]
     if b < 128:
-        i1332 = _ZD[b]
+        i1423 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1332 = (z >> 1) ^ -(z & 1)
+        i1423 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1332 = (z >> 1) ^ -(z & 1)
+        i1423 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1332, pos = _rlong(buf, pos)
-    if i1332 == 0:
+        i1423, pos = _rlong(buf, pos)
+    if i1423 == 0:
         f_previous = None
-    elif i1332 == 1:
-        f_previous, pos = _d_Quota401(buf, pos, end)
+    elif i1423 == 1:
+        f_previous, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1332, 2)
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
+        raise _union_error(i1423, 2)
+    n1424 = _ZL[buf[pos]]
+    if n1424 < 0:
+        n1424, pos = _rlong(buf, pos)
+        if n1424 < 0:
+            raise _length_error(n1424, end - pos)
     else:
         pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_message = buf[pos:q1334].decode()
-    pos = q1334
+    q1425 = pos + n1424
+    if q1425 > end:
+        raise _length_error(n1424, end - pos)
+    f_message = buf[pos:q1425].decode()
+    pos = q1425
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1334(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6226,159 +6518,159 @@ def _d_PodMigrated1334(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1336 = _ZL[buf[pos]]
-    if n1336 < 0:
-        n1336, pos = _rlong(buf, pos)
-        if n1336 < 0:
-            raise _length_error(n1336, end - pos)
+    n1427 = _ZL[buf[pos]]
+    if n1427 < 0:
+        n1427, pos = _rlong(buf, pos)
+        if n1427 < 0:
+            raise _length_error(n1427, end - pos)
     else:
         pos += 1
-    q1337 = pos + n1336
-    if q1337 > end:
-        raise _length_error(n1336, end - pos)
-    f_pod_id = buf[pos:q1337].decode()
-    pos = q1337
-    n1338 = _ZL[buf[pos]]
-    if n1338 < 0:
-        n1338, pos = _rlong(buf, pos)
-        if n1338 < 0:
-            raise _length_error(n1338, end - pos)
+    q1428 = pos + n1427
+    if q1428 > end:
+        raise _length_error(n1427, end - pos)
+    f_pod_id = buf[pos:q1428].decode()
+    pos = q1428
+    n1429 = _ZL[buf[pos]]
+    if n1429 < 0:
+        n1429, pos = _rlong(buf, pos)
+        if n1429 < 0:
+            raise _length_error(n1429, end - pos)
     else:
         pos += 1
-    q1339 = pos + n1338
-    if q1339 > end:
-        raise _length_error(n1338, end - pos)
-    f_from_node = buf[pos:q1339].decode()
-    pos = q1339
+    q1430 = pos + n1429
+    if q1430 > end:
+        raise _length_error(n1429, end - pos)
+    f_from_node = buf[pos:q1430].decode()
+    pos = q1430
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1340: list[Any] = []
+        acc1431: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1341 = _ZD[b]
+                c1432 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1432 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1432 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1341, pos = _rlong(buf, pos)
-            if c1341 == 0:
+                c1432, pos = _rlong(buf, pos)
+            if c1432 == 0:
                 break
-            if c1341 < 0:
-                c1341 = -c1341
+            if c1432 < 0:
+                c1432 = -c1432
                 b = buf[pos]
                 if b < 128:
-                    z1344 = _ZD[b]
+                    z1435 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1435 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1435 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1344, pos = _rlong(buf, pos)
-            if c1341 * 2 > end - pos:
-                raise _count_error(c1341, end - pos)
-            for _ in range(c1341):
-                x1342, pos = _d_GpuShare1129(buf, pos, end)
-                acc1340.append(x1342)
-        f_from_gpus = tuple(acc1340)
-    n1345 = _ZL[buf[pos]]
-    if n1345 < 0:
-        n1345, pos = _rlong(buf, pos)
-        if n1345 < 0:
-            raise _length_error(n1345, end - pos)
+                    z1435, pos = _rlong(buf, pos)
+            if c1432 * 2 > end - pos:
+                raise _count_error(c1432, end - pos)
+            for _ in range(c1432):
+                x1433, pos = _d_GpuShare1220(buf, pos, end)
+                acc1431.append(x1433)
+        f_from_gpus = tuple(acc1431)
+    n1436 = _ZL[buf[pos]]
+    if n1436 < 0:
+        n1436, pos = _rlong(buf, pos)
+        if n1436 < 0:
+            raise _length_error(n1436, end - pos)
     else:
         pos += 1
-    q1346 = pos + n1345
-    if q1346 > end:
-        raise _length_error(n1345, end - pos)
-    f_to_node = buf[pos:q1346].decode()
-    pos = q1346
+    q1437 = pos + n1436
+    if q1437 > end:
+        raise _length_error(n1436, end - pos)
+    f_to_node = buf[pos:q1437].decode()
+    pos = q1437
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1347: list[Any] = []
+        acc1438: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1348 = _ZD[b]
+                c1439 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1348 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1348 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1348, pos = _rlong(buf, pos)
-            if c1348 == 0:
+                c1439, pos = _rlong(buf, pos)
+            if c1439 == 0:
                 break
-            if c1348 < 0:
-                c1348 = -c1348
+            if c1439 < 0:
+                c1439 = -c1439
                 b = buf[pos]
                 if b < 128:
-                    z1351 = _ZD[b]
+                    z1442 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1351 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1351 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1351, pos = _rlong(buf, pos)
-            if c1348 * 2 > end - pos:
-                raise _count_error(c1348, end - pos)
-            for _ in range(c1348):
-                x1349, pos = _d_GpuShare1129(buf, pos, end)
-                acc1347.append(x1349)
-        f_to_gpus = tuple(acc1347)
-    n1352 = _ZL[buf[pos]]
-    if n1352 < 0:
-        n1352, pos = _rlong(buf, pos)
-        if n1352 < 0:
-            raise _length_error(n1352, end - pos)
+                    z1442, pos = _rlong(buf, pos)
+            if c1439 * 2 > end - pos:
+                raise _count_error(c1439, end - pos)
+            for _ in range(c1439):
+                x1440, pos = _d_GpuShare1220(buf, pos, end)
+                acc1438.append(x1440)
+        f_to_gpus = tuple(acc1438)
+    n1443 = _ZL[buf[pos]]
+    if n1443 < 0:
+        n1443, pos = _rlong(buf, pos)
+        if n1443 < 0:
+            raise _length_error(n1443, end - pos)
     else:
         pos += 1
-    q1353 = pos + n1352
-    if q1353 > end:
-        raise _length_error(n1352, end - pos)
-    f_reason = buf[pos:q1353].decode()
-    pos = q1353
-    n1354 = _ZL[buf[pos]]
-    if n1354 < 0:
-        n1354, pos = _rlong(buf, pos)
-        if n1354 < 0:
-            raise _length_error(n1354, end - pos)
+    q1444 = pos + n1443
+    if q1444 > end:
+        raise _length_error(n1443, end - pos)
+    f_reason = buf[pos:q1444].decode()
+    pos = q1444
+    n1445 = _ZL[buf[pos]]
+    if n1445 < 0:
+        n1445, pos = _rlong(buf, pos)
+        if n1445 < 0:
+            raise _length_error(n1445, end - pos)
     else:
         pos += 1
-    q1355 = pos + n1354
-    if q1355 > end:
-        raise _length_error(n1354, end - pos)
-    f_message = buf[pos:q1355].decode()
-    pos = q1355
+    q1446 = pos + n1445
+    if q1446 > end:
+        raise _length_error(n1445, end - pos)
+    f_message = buf[pos:q1446].decode()
+    pos = q1446
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1355(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1446(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6428,138 +6720,138 @@ def _d_DefragmentationPlanned1355(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1357 = _ZD[b]
+        i1448 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1357 = (z >> 1) ^ -(z & 1)
+        i1448 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1357 = (z >> 1) ^ -(z & 1)
+        i1448 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1357, pos = _rlong(buf, pos)
-    if i1357 == 0:
+        i1448, pos = _rlong(buf, pos)
+    if i1448 == 0:
         f_target = None
-    elif i1357 == 1:
-        n1358 = _ZL[buf[pos]]
-        if n1358 < 0:
-            n1358, pos = _rlong(buf, pos)
-            if n1358 < 0:
-                raise _length_error(n1358, end - pos)
+    elif i1448 == 1:
+        n1449 = _ZL[buf[pos]]
+        if n1449 < 0:
+            n1449, pos = _rlong(buf, pos)
+            if n1449 < 0:
+                raise _length_error(n1449, end - pos)
         else:
             pos += 1
-        q1359 = pos + n1358
-        if q1359 > end:
-            raise _length_error(n1358, end - pos)
-        f_target = buf[pos:q1359].decode()
-        pos = q1359
+        q1450 = pos + n1449
+        if q1450 > end:
+            raise _length_error(n1449, end - pos)
+        f_target = buf[pos:q1450].decode()
+        pos = q1450
     else:
-        raise _union_error(i1357, 2)
-    n1360 = _ZL[buf[pos]]
-    if n1360 < 0:
-        n1360, pos = _rlong(buf, pos)
-        if n1360 < 0:
-            raise _length_error(n1360, end - pos)
+        raise _union_error(i1448, 2)
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
     else:
         pos += 1
-    q1361 = pos + n1360
-    if q1361 > end:
-        raise _length_error(n1360, end - pos)
-    f_message = buf[pos:q1361].decode()
-    pos = q1361
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_message = buf[pos:q1452].decode()
+    pos = q1452
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1361(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1452(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1363 = _ZL[buf[pos]]
-    if n1363 < 0:
-        n1363, pos = _rlong(buf, pos)
-        if n1363 < 0:
-            raise _length_error(n1363, end - pos)
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
     else:
         pos += 1
-    q1364 = pos + n1363
-    if q1364 > end:
-        raise _length_error(n1363, end - pos)
-    f_cluster = buf[pos:q1364].decode()
-    pos = q1364
-    n1365 = _ZL[buf[pos]]
-    if n1365 < 0:
-        n1365, pos = _rlong(buf, pos)
-        if n1365 < 0:
-            raise _length_error(n1365, end - pos)
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_cluster = buf[pos:q1455].decode()
+    pos = q1455
+    n1456 = _ZL[buf[pos]]
+    if n1456 < 0:
+        n1456, pos = _rlong(buf, pos)
+        if n1456 < 0:
+            raise _length_error(n1456, end - pos)
     else:
         pos += 1
-    q1366 = pos + n1365
-    if q1366 > end:
-        raise _length_error(n1365, end - pos)
-    f_command_id = buf[pos:q1366].decode()
-    pos = q1366
-    n1367 = _ZL[buf[pos]]
-    if n1367 < 0:
-        n1367, pos = _rlong(buf, pos)
-        if n1367 < 0:
-            raise _length_error(n1367, end - pos)
+    q1457 = pos + n1456
+    if q1457 > end:
+        raise _length_error(n1456, end - pos)
+    f_command_id = buf[pos:q1457].decode()
+    pos = q1457
+    n1458 = _ZL[buf[pos]]
+    if n1458 < 0:
+        n1458, pos = _rlong(buf, pos)
+        if n1458 < 0:
+            raise _length_error(n1458, end - pos)
     else:
         pos += 1
-    q1368 = pos + n1367
-    if q1368 > end:
-        raise _length_error(n1367, end - pos)
-    f_error = buf[pos:q1368].decode()
-    pos = q1368
-    n1369 = _ZL[buf[pos]]
-    if n1369 < 0:
-        n1369, pos = _rlong(buf, pos)
-        if n1369 < 0:
-            raise _length_error(n1369, end - pos)
+    q1459 = pos + n1458
+    if q1459 > end:
+        raise _length_error(n1458, end - pos)
+    f_error = buf[pos:q1459].decode()
+    pos = q1459
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1370 = pos + n1369
-    if q1370 > end:
-        raise _length_error(n1369, end - pos)
-    f_message = buf[pos:q1370].decode()
-    pos = q1370
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_message = buf[pos:q1461].decode()
+    pos = q1461
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1370(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1461(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1372 = _ZL[buf[pos]]
-    if n1372 < 0:
-        n1372, pos = _rlong(buf, pos)
-        if n1372 < 0:
-            raise _length_error(n1372, end - pos)
+    n1463 = _ZL[buf[pos]]
+    if n1463 < 0:
+        n1463, pos = _rlong(buf, pos)
+        if n1463 < 0:
+            raise _length_error(n1463, end - pos)
     else:
         pos += 1
-    q1373 = pos + n1372
-    if q1373 > end:
-        raise _length_error(n1372, end - pos)
-    f_cluster = buf[pos:q1373].decode()
-    pos = q1373
-    n1374 = _ZL[buf[pos]]
-    if n1374 < 0:
-        n1374, pos = _rlong(buf, pos)
-        if n1374 < 0:
-            raise _length_error(n1374, end - pos)
+    q1464 = pos + n1463
+    if q1464 > end:
+        raise _length_error(n1463, end - pos)
+    f_cluster = buf[pos:q1464].decode()
+    pos = q1464
+    n1465 = _ZL[buf[pos]]
+    if n1465 < 0:
+        n1465, pos = _rlong(buf, pos)
+        if n1465 < 0:
+            raise _length_error(n1465, end - pos)
     else:
         pos += 1
-    q1375 = pos + n1374
-    if q1375 > end:
-        raise _length_error(n1374, end - pos)
-    f_halted_command_id = buf[pos:q1375].decode()
-    pos = q1375
+    q1466 = pos + n1465
+    if q1466 > end:
+        raise _length_error(n1465, end - pos)
+    f_halted_command_id = buf[pos:q1466].decode()
+    pos = q1466
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6588,168 +6880,168 @@ def _d_ClusterResumed1370(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1376 = _ZL[buf[pos]]
-    if n1376 < 0:
-        n1376, pos = _rlong(buf, pos)
-        if n1376 < 0:
-            raise _length_error(n1376, end - pos)
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
     else:
         pos += 1
-    q1377 = pos + n1376
-    if q1377 > end:
-        raise _length_error(n1376, end - pos)
-    f_message = buf[pos:q1377].decode()
-    pos = q1377
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_message = buf[pos:q1468].decode()
+    pos = q1468
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1377(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1468(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1379 = _ZL[buf[pos]]
-    if n1379 < 0:
-        n1379, pos = _rlong(buf, pos)
-        if n1379 < 0:
-            raise _length_error(n1379, end - pos)
+    n1470 = _ZL[buf[pos]]
+    if n1470 < 0:
+        n1470, pos = _rlong(buf, pos)
+        if n1470 < 0:
+            raise _length_error(n1470, end - pos)
     else:
         pos += 1
-    q1380 = pos + n1379
-    if q1380 > end:
-        raise _length_error(n1379, end - pos)
-    f_node_id = buf[pos:q1380].decode()
-    pos = q1380
+    q1471 = pos + n1470
+    if q1471 > end:
+        raise _length_error(n1470, end - pos)
+    f_node_id = buf[pos:q1471].decode()
+    pos = q1471
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1380(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1471(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1382 = _ZL[buf[pos]]
-    if n1382 < 0:
-        n1382, pos = _rlong(buf, pos)
-        if n1382 < 0:
-            raise _length_error(n1382, end - pos)
+    n1473 = _ZL[buf[pos]]
+    if n1473 < 0:
+        n1473, pos = _rlong(buf, pos)
+        if n1473 < 0:
+            raise _length_error(n1473, end - pos)
     else:
         pos += 1
-    q1383 = pos + n1382
-    if q1383 > end:
-        raise _length_error(n1382, end - pos)
-    f_node_id = buf[pos:q1383].decode()
-    pos = q1383
+    q1474 = pos + n1473
+    if q1474 > end:
+        raise _length_error(n1473, end - pos)
+    f_node_id = buf[pos:q1474].decode()
+    pos = q1474
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1384: dict[str, Any] = {}
+        acc1475: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1385 = _ZD[b]
+                c1476 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1385 = (z >> 1) ^ -(z & 1)
+                c1476 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1385 = (z >> 1) ^ -(z & 1)
+                c1476 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1385, pos = _rlong(buf, pos)
-            if c1385 == 0:
+                c1476, pos = _rlong(buf, pos)
+            if c1476 == 0:
                 break
-            if c1385 < 0:
-                c1385 = -c1385
+            if c1476 < 0:
+                c1476 = -c1476
                 b = buf[pos]
                 if b < 128:
-                    z1388 = _ZD[b]
+                    z1479 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1388 = (z >> 1) ^ -(z & 1)
+                    z1479 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1388 = (z >> 1) ^ -(z & 1)
+                    z1479 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1388, pos = _rlong(buf, pos)
-            if c1385 * 2 > end - pos:
-                raise _count_error(c1385, end - pos)
-            for _ in range(c1385):
-                n1389 = _ZL[buf[pos]]
-                if n1389 < 0:
-                    n1389, pos = _rlong(buf, pos)
-                    if n1389 < 0:
-                        raise _length_error(n1389, end - pos)
+                    z1479, pos = _rlong(buf, pos)
+            if c1476 * 2 > end - pos:
+                raise _count_error(c1476, end - pos)
+            for _ in range(c1476):
+                n1480 = _ZL[buf[pos]]
+                if n1480 < 0:
+                    n1480, pos = _rlong(buf, pos)
+                    if n1480 < 0:
+                        raise _length_error(n1480, end - pos)
                 else:
                     pos += 1
-                q1390 = pos + n1389
-                if q1390 > end:
-                    raise _length_error(n1389, end - pos)
-                k1387 = buf[pos:q1390].decode()
-                pos = q1390
-                n1391 = _ZL[buf[pos]]
-                if n1391 < 0:
-                    n1391, pos = _rlong(buf, pos)
-                    if n1391 < 0:
-                        raise _length_error(n1391, end - pos)
+                q1481 = pos + n1480
+                if q1481 > end:
+                    raise _length_error(n1480, end - pos)
+                k1478 = buf[pos:q1481].decode()
+                pos = q1481
+                n1482 = _ZL[buf[pos]]
+                if n1482 < 0:
+                    n1482, pos = _rlong(buf, pos)
+                    if n1482 < 0:
+                        raise _length_error(n1482, end - pos)
                 else:
                     pos += 1
-                q1392 = pos + n1391
-                if q1392 > end:
-                    raise _length_error(n1391, end - pos)
-                x1386 = buf[pos:q1392].decode()
-                pos = q1392
-                acc1384[k1387] = x1386
-        f_labels = acc1384
+                q1483 = pos + n1482
+                if q1483 > end:
+                    raise _length_error(n1482, end - pos)
+                x1477 = buf[pos:q1483].decode()
+                pos = q1483
+                acc1475[k1478] = x1477
+        f_labels = acc1475
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1393: list[Any] = []
+        acc1484: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1394 = _ZD[b]
+                c1485 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1394 = (z >> 1) ^ -(z & 1)
+                c1485 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1394 = (z >> 1) ^ -(z & 1)
+                c1485 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1394, pos = _rlong(buf, pos)
-            if c1394 == 0:
+                c1485, pos = _rlong(buf, pos)
+            if c1485 == 0:
                 break
-            if c1394 < 0:
-                c1394 = -c1394
+            if c1485 < 0:
+                c1485 = -c1485
                 b = buf[pos]
                 if b < 128:
-                    z1397 = _ZD[b]
+                    z1488 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1397 = (z >> 1) ^ -(z & 1)
+                    z1488 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1397 = (z >> 1) ^ -(z & 1)
+                    z1488 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1397, pos = _rlong(buf, pos)
-            if c1394 * 3 > end - pos:
-                raise _count_error(c1394, end - pos)
-            for _ in range(c1394):
-                x1395, pos = _d_Taint316(buf, pos, end)
-                acc1393.append(x1395)
-        f_taints = tuple(acc1393)
+                    z1488, pos = _rlong(buf, pos)
+            if c1485 * 3 > end - pos:
+                raise _count_error(c1485, end - pos)
+            for _ in range(c1485):
+                x1486, pos = _d_Taint343(buf, pos, end)
+                acc1484.append(x1486)
+        f_taints = tuple(acc1484)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -6768,22 +7060,22 @@ def _d_NodeUpdated1380(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1397(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1488(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
-    n1399 = _ZL[buf[pos]]
-    if n1399 < 0:
-        n1399, pos = _rlong(buf, pos)
-        if n1399 < 0:
-            raise _length_error(n1399, end - pos)
+    n1490 = _ZL[buf[pos]]
+    if n1490 < 0:
+        n1490, pos = _rlong(buf, pos)
+        if n1490 < 0:
+            raise _length_error(n1490, end - pos)
     else:
         pos += 1
-    q1400 = pos + n1399
-    if q1400 > end:
-        raise _length_error(n1399, end - pos)
-    f_pod_id = buf[pos:q1400].decode()
-    pos = q1400
+    q1491 = pos + n1490
+    if q1491 > end:
+        raise _length_error(n1490, end - pos)
+    f_pod_id = buf[pos:q1491].decode()
+    pos = q1491
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -6816,12 +7108,322 @@ def _d_PodRetryScheduled1397(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
     return o, pos
 
 
+def _d_DisruptionBudgetSet1491(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n1493 = _ZL[buf[pos]]
+    if n1493 < 0:
+        n1493, pos = _rlong(buf, pos)
+        if n1493 < 0:
+            raise _length_error(n1493, end - pos)
+    else:
+        pos += 1
+    q1494 = pos + n1493
+    if q1494 > end:
+        raise _length_error(n1493, end - pos)
+    f_budget_id = buf[pos:q1494].decode()
+    pos = q1494
+    b = buf[pos]
+    if b < 128:
+        i1495 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1495 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1495 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1495, pos = _rlong(buf, pos)
+    if i1495 == 0:
+        f_tenant = None
+    elif i1495 == 1:
+        n1496 = _ZL[buf[pos]]
+        if n1496 < 0:
+            n1496, pos = _rlong(buf, pos)
+            if n1496 < 0:
+                raise _length_error(n1496, end - pos)
+        else:
+            pos += 1
+        q1497 = pos + n1496
+        if q1497 > end:
+            raise _length_error(n1496, end - pos)
+        f_tenant = buf[pos:q1497].decode()
+        pos = q1497
+    else:
+        raise _union_error(i1495, 2)
+    b = buf[pos]
+    if b < 128:
+        i1498 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1498 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1498 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1498, pos = _rlong(buf, pos)
+    if i1498 == 0:
+        f_gang_id = None
+    elif i1498 == 1:
+        n1499 = _ZL[buf[pos]]
+        if n1499 < 0:
+            n1499, pos = _rlong(buf, pos)
+            if n1499 < 0:
+                raise _length_error(n1499, end - pos)
+        else:
+            pos += 1
+        q1500 = pos + n1499
+        if q1500 > end:
+            raise _length_error(n1499, end - pos)
+        f_gang_id = buf[pos:q1500].decode()
+        pos = q1500
+    else:
+        raise _union_error(i1498, 2)
+    b = buf[pos]
+    if b < 128:
+        i1501 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1501 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1501 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1501, pos = _rlong(buf, pos)
+    if i1501 == 0:
+        f_label_selector = None
+    elif i1501 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc1502: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c1503 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c1503 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c1503 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c1503, pos = _rlong(buf, pos)
+                if c1503 == 0:
+                    break
+                if c1503 < 0:
+                    c1503 = -c1503
+                    b = buf[pos]
+                    if b < 128:
+                        z1506 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z1506 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z1506 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z1506, pos = _rlong(buf, pos)
+                if c1503 * 2 > end - pos:
+                    raise _count_error(c1503, end - pos)
+                for _ in range(c1503):
+                    n1507 = _ZL[buf[pos]]
+                    if n1507 < 0:
+                        n1507, pos = _rlong(buf, pos)
+                        if n1507 < 0:
+                            raise _length_error(n1507, end - pos)
+                    else:
+                        pos += 1
+                    q1508 = pos + n1507
+                    if q1508 > end:
+                        raise _length_error(n1507, end - pos)
+                    k1505 = buf[pos:q1508].decode()
+                    pos = q1508
+                    n1509 = _ZL[buf[pos]]
+                    if n1509 < 0:
+                        n1509, pos = _rlong(buf, pos)
+                        if n1509 < 0:
+                            raise _length_error(n1509, end - pos)
+                    else:
+                        pos += 1
+                    q1510 = pos + n1509
+                    if q1510 > end:
+                        raise _length_error(n1509, end - pos)
+                    x1504 = buf[pos:q1510].decode()
+                    pos = q1510
+                    acc1502[k1505] = x1504
+            f_label_selector = acc1502
+    else:
+        raise _union_error(i1501, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_DisruptionBudgetSet(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_DisruptionBudgetRemoved1510(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+    f_budget_id: str
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
+    else:
+        pos += 1
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_budget_id = buf[pos:q1513].decode()
+    pos = q1513
+    o = _c_DisruptionBudgetRemoved(f_budget_id)
+    return o, pos
+
+
+def _d_EvictionBlocked1513(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_budget_id: str
+    f_grace_ms: int
+    n1515 = _ZL[buf[pos]]
+    if n1515 < 0:
+        n1515, pos = _rlong(buf, pos)
+        if n1515 < 0:
+            raise _length_error(n1515, end - pos)
+    else:
+        pos += 1
+    q1516 = pos + n1515
+    if q1516 > end:
+        raise _length_error(n1515, end - pos)
+    f_pod_id = buf[pos:q1516].decode()
+    pos = q1516
+    n1517 = _ZL[buf[pos]]
+    if n1517 < 0:
+        n1517, pos = _rlong(buf, pos)
+        if n1517 < 0:
+            raise _length_error(n1517, end - pos)
+    else:
+        pos += 1
+    q1518 = pos + n1517
+    if q1518 > end:
+        raise _length_error(n1517, end - pos)
+    f_node_id = buf[pos:q1518].decode()
+    pos = q1518
+    n1519 = _ZL[buf[pos]]
+    if n1519 < 0:
+        n1519, pos = _rlong(buf, pos)
+        if n1519 < 0:
+            raise _length_error(n1519, end - pos)
+    else:
+        pos += 1
+    q1520 = pos + n1519
+    if q1520 > end:
+        raise _length_error(n1519, end - pos)
+    f_budget_id = buf[pos:q1520].decode()
+    pos = q1520
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms)
+    return o, pos
+
+
+def _d_PodEvictionScheduled1520(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_at: int
+    f_respect_budgets: bool
+    n1522 = _ZL[buf[pos]]
+    if n1522 < 0:
+        n1522, pos = _rlong(buf, pos)
+        if n1522 < 0:
+            raise _length_error(n1522, end - pos)
+    else:
+        pos += 1
+    q1523 = pos + n1522
+    if q1523 > end:
+        raise _length_error(n1522, end - pos)
+    f_pod_id = buf[pos:q1523].decode()
+    pos = q1523
+    n1524 = _ZL[buf[pos]]
+    if n1524 < 0:
+        n1524, pos = _rlong(buf, pos)
+        if n1524 < 0:
+            raise _length_error(n1524, end - pos)
+    else:
+        pos += 1
+    q1525 = pos + n1524
+    if q1525 > end:
+        raise _length_error(n1524, end - pos)
+    f_node_id = buf[pos:q1525].decode()
+    pos = q1525
+    b = buf[pos]
+    if b < 128:
+        f_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_at, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_PodEvictionScheduled(f_pod_id, f_node_id, f_at, f_respect_budgets)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1019:
+    if frame[:10] != _k1110:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6862,30 +7464,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1021 = _ZL[buf[pos]]
-        if n1021 < 0:
-            n1021, pos = _rlong(buf, pos)
-            if n1021 < 0:
-                raise _length_error(n1021, end - pos)
+        n1112 = _ZL[buf[pos]]
+        if n1112 < 0:
+            n1112, pos = _rlong(buf, pos)
+            if n1112 < 0:
+                raise _length_error(n1112, end - pos)
         else:
             pos += 1
-        q1022 = pos + n1021
-        if q1022 > end:
-            raise _length_error(n1021, end - pos)
-        f_cluster = buf[pos:q1022].decode()
-        pos = q1022
-        n1023 = _ZL[buf[pos]]
-        if n1023 < 0:
-            n1023, pos = _rlong(buf, pos)
-            if n1023 < 0:
-                raise _length_error(n1023, end - pos)
+        q1113 = pos + n1112
+        if q1113 > end:
+            raise _length_error(n1112, end - pos)
+        f_cluster = buf[pos:q1113].decode()
+        pos = q1113
+        n1114 = _ZL[buf[pos]]
+        if n1114 < 0:
+            n1114, pos = _rlong(buf, pos)
+            if n1114 < 0:
+                raise _length_error(n1114, end - pos)
         else:
             pos += 1
-        q1024 = pos + n1023
-        if q1024 > end:
-            raise _length_error(n1023, end - pos)
-        f_command_id = buf[pos:q1024].decode()
-        pos = q1024
+        q1115 = pos + n1114
+        if q1115 > end:
+            raise _length_error(n1114, end - pos)
+        f_command_id = buf[pos:q1115].decode()
+        pos = q1115
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6916,21 +7518,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1025 = _ZD[b]
+            i1116 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1025 = (z >> 1) ^ -(z & 1)
+            i1116 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1025 = (z >> 1) ^ -(z & 1)
+            i1116 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1025, pos = _rlong(buf, pos)
-        if not 0 <= i1025 < 30:
-            raise _union_error(i1025, 30)
-        f_payload, pos = _k1400[i1025](buf, pos, end)
+            i1116, pos = _rlong(buf, pos)
+        if not 0 <= i1116 < 34:
+            raise _union_error(i1116, 34)
+        f_payload, pos = _k1525[i1116](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6941,93 +7543,99 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k101: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry96,
+_k102: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k155: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota121,
+_k156: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
 }
 
-_k288: dict[type, Callable[[Any], bytes]] = {
+_k315: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
     _c_UncordonNode: _e_UncordonNode43,
     _c_DrainNode: _e_DrainNode47,
-    _c_MarkNodeFailed: _e_MarkNodeFailed51,
-    _c_SubmitPod: _e_SubmitPod57,
-    _c_Release: _e_Release103,
-    _c_SetPolicy: _e_SetPolicy109,
-    _c_SubmitGang: _e_SubmitGang162,
-    _c_ReleaseGang: _e_ReleaseGang213,
-    _c_Tick: _e_Tick219,
-    _c_SetQuota: _e_SetQuota221,
-    _c_RemoveQuota: _e_RemoveQuota253,
-    _c_Defragment: _e_Defragment257,
-    _c_ResumeCluster: _e_ResumeCluster266,
-    _c_RecoverNode: _e_RecoverNode270,
-    _c_UpdateNode: _e_UpdateNode274,
+    _c_MarkNodeFailed: _e_MarkNodeFailed52,
+    _c_SubmitPod: _e_SubmitPod58,
+    _c_Release: _e_Release104,
+    _c_SetPolicy: _e_SetPolicy110,
+    _c_SubmitGang: _e_SubmitGang163,
+    _c_ReleaseGang: _e_ReleaseGang214,
+    _c_Tick: _e_Tick220,
+    _c_SetQuota: _e_SetQuota222,
+    _c_RemoveQuota: _e_RemoveQuota254,
+    _c_Defragment: _e_Defragment258,
+    _c_ResumeCluster: _e_ResumeCluster267,
+    _c_RecoverNode: _e_RecoverNode271,
+    _c_UpdateNode: _e_UpdateNode275,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget289,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget311,
 }
 
-_k526: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode297, _d_RemoveNode323, _d_CordonNode326, _d_UncordonNode329, _d_DrainNode332, _d_MarkNodeFailed335, _d_SubmitPod340, _d_Release389, _d_SetPolicy394, _d_SubmitGang417, _d_ReleaseGang471, _d_Tick476, _d_SetQuota477, _d_RemoveQuota494, _d_Defragment497, _d_ResumeCluster501, _d_RecoverNode504, _d_UpdateNode507,)
+_k575: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode324, _d_RemoveNode350, _d_CordonNode353, _d_UncordonNode356, _d_DrainNode359, _d_MarkNodeFailed362, _d_SubmitPod367, _d_Release416, _d_SetPolicy421, _d_SubmitGang444, _d_ReleaseGang498, _d_Tick503, _d_SetQuota504, _d_RemoveQuota521, _d_Defragment524, _d_ResumeCluster528, _d_RecoverNode531, _d_UpdateNode534, _d_SetDisruptionBudget553, _d_RemoveDisruptionBudget572,)
 
-_k609: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry96,
+_k658: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k655: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry96,
+_k704: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k765: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry96,
+_k814: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k947: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota121,
+_k996: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
 }
 
-_k950: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota121,
+_k999: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
 }
 
-_k1018: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded538,
-    _c_NodeRemoved: _e_NodeRemoved550,
-    _c_NodeCordoned: _e_NodeCordoned554,
-    _c_NodeUncordoned: _e_NodeUncordoned558,
-    _c_NodeDrained: _e_NodeDrained562,
-    _c_NodeFailed: _e_NodeFailed567,
-    _c_PodQueued: _e_PodQueued574,
-    _c_PodScheduled: _e_PodScheduled620,
-    _c_PodEvicted: _e_PodEvicted671,
-    _c_PodReleased: _e_PodReleased679,
-    _c_PolicyChanged: _e_PolicyChanged691,
-    _c_CommandRejected: _e_CommandRejected709,
-    _c_GangQueued: _e_GangQueued719,
-    _c_GangScheduled: _e_GangScheduled798,
-    _c_GangTimedOut: _e_GangTimedOut862,
-    _c_GangReleased: _e_GangReleased869,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached875,
-    _c_NodesReserved: _e_NodesReserved888,
-    _c_ReservationReleased: _e_ReservationReleased902,
-    _c_DependencyFailed: _e_DependencyFailed913,
-    _c_Ticked: _e_Ticked923,
-    _c_PodPreempted: _e_PodPreempted926,
-    _c_QuotaChanged: _e_QuotaChanged938,
-    _c_PodMigrated: _e_PodMigrated954,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned968,
-    _c_ClusterHalted: _e_ClusterHalted981,
-    _c_ClusterResumed: _e_ClusterResumed991,
-    _c_NodeRecovered: _e_NodeRecovered1001,
-    _c_NodeUpdated: _e_NodeUpdated1005,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1012,
+_k1109: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded587,
+    _c_NodeRemoved: _e_NodeRemoved599,
+    _c_NodeCordoned: _e_NodeCordoned603,
+    _c_NodeUncordoned: _e_NodeUncordoned607,
+    _c_NodeDrained: _e_NodeDrained611,
+    _c_NodeFailed: _e_NodeFailed616,
+    _c_PodQueued: _e_PodQueued623,
+    _c_PodScheduled: _e_PodScheduled669,
+    _c_PodEvicted: _e_PodEvicted720,
+    _c_PodReleased: _e_PodReleased728,
+    _c_PolicyChanged: _e_PolicyChanged740,
+    _c_CommandRejected: _e_CommandRejected758,
+    _c_GangQueued: _e_GangQueued768,
+    _c_GangScheduled: _e_GangScheduled847,
+    _c_GangTimedOut: _e_GangTimedOut911,
+    _c_GangReleased: _e_GangReleased918,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached924,
+    _c_NodesReserved: _e_NodesReserved937,
+    _c_ReservationReleased: _e_ReservationReleased951,
+    _c_DependencyFailed: _e_DependencyFailed962,
+    _c_Ticked: _e_Ticked972,
+    _c_PodPreempted: _e_PodPreempted975,
+    _c_QuotaChanged: _e_QuotaChanged987,
+    _c_PodMigrated: _e_PodMigrated1003,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1017,
+    _c_ClusterHalted: _e_ClusterHalted1030,
+    _c_ClusterResumed: _e_ClusterResumed1040,
+    _c_NodeRecovered: _e_NodeRecovered1050,
+    _c_NodeUpdated: _e_NodeUpdated1054,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1061,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1067,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1089,
+    _c_EvictionBlocked: _e_EvictionBlocked1093,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1102,
 }
 
-_k1400: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1025, _d_NodeRemoved1044, _d_NodeCordoned1047, _d_NodeUncordoned1050, _d_NodeDrained1053, _d_NodeFailed1056, _d_PodQueued1061, _d_PodScheduled1121, _d_PodEvicted1146, _d_PodReleased1153, _d_PolicyChanged1161, _d_CommandRejected1170, _d_GangQueued1179, _d_GangScheduled1223, _d_GangTimedOut1256, _d_GangReleased1261, _d_PodTimeLimitReached1266, _d_NodesReserved1274, _d_ReservationReleased1289, _d_DependencyFailed1305, _d_Ticked1314, _d_PodPreempted1315, _d_QuotaChanged1326, _d_PodMigrated1334, _d_DefragmentationPlanned1355, _d_ClusterHalted1361, _d_ClusterResumed1370, _d_NodeRecovered1377, _d_NodeUpdated1380, _d_PodRetryScheduled1397,)
+_k1525: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1116, _d_NodeRemoved1135, _d_NodeCordoned1138, _d_NodeUncordoned1141, _d_NodeDrained1144, _d_NodeFailed1147, _d_PodQueued1152, _d_PodScheduled1212, _d_PodEvicted1237, _d_PodReleased1244, _d_PolicyChanged1252, _d_CommandRejected1261, _d_GangQueued1270, _d_GangScheduled1314, _d_GangTimedOut1347, _d_GangReleased1352, _d_PodTimeLimitReached1357, _d_NodesReserved1365, _d_ReservationReleased1380, _d_DependencyFailed1396, _d_Ticked1405, _d_PodPreempted1406, _d_QuotaChanged1417, _d_PodMigrated1425, _d_DefragmentationPlanned1446, _d_ClusterHalted1452, _d_ClusterResumed1461, _d_NodeRecovered1468, _d_NodeUpdated1471, _d_PodRetryScheduled1488, _d_DisruptionBudgetSet1491, _d_DisruptionBudgetRemoved1510, _d_EvictionBlocked1513, _d_PodEvictionScheduled1520,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event527
+encode_event = _e_Event576

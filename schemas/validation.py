@@ -36,10 +36,12 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
     Retry,
+    SetDisruptionBudget,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -189,9 +191,27 @@ def check_update_node(command: UpdateNode) -> None:
     )
 
 
-def check_node_ref(
-    command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed | RecoverNode,
-) -> None:
+def check_drain_node(command: DrainNode) -> None:
+    check_id("node_id", command.node_id)
+    check_range("grace_ms", command.grace_ms, 0, MAX_DURATION_MS)
+    if not isinstance(command.respect_budgets, bool):
+        raise Rejected(RejectionCode.INVALID_COMMAND, "respect_budgets must be true or false")
+
+
+def check_set_disruption_budget(command: SetDisruptionBudget) -> None:
+    """The budget's id, its filters (ids, a label map as AddNode's labels) and 0 <= max_unavailable < 2^31."""
+    check_id("budget_id", command.budget_id)
+    if command.tenant is not None:
+        check_id("tenant", command.tenant)
+    if command.gang_id is not None:
+        check_id("gang_id", command.gang_id)
+    if command.label_selector is not None:
+        check_count("label_selector", command.label_selector, MAX_LABELS)
+        check_labels("label_selector", command.label_selector)
+    check_range("max_unavailable", command.max_unavailable, 0, (1 << 31) - 1)
+
+
+def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | MarkNodeFailed | RecoverNode) -> None:
     check_id("node_id", command.node_id)
 
 
@@ -442,7 +462,7 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     RemoveNode: check_node_ref,
     CordonNode: check_node_ref,
     UncordonNode: check_node_ref,
-    DrainNode: check_node_ref,
+    DrainNode: check_drain_node,
     MarkNodeFailed: check_mark_node_failed,
     SubmitPod: check_submit_pod,
     Release: check_release,
@@ -456,6 +476,8 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     ResumeCluster: check_resume_cluster,
     RecoverNode: check_node_ref,
     UpdateNode: check_update_node,
+    SetDisruptionBudget: check_set_disruption_budget,
+    RemoveDisruptionBudget: lambda command: check_id("budget_id", command.budget_id),
 }
 
 

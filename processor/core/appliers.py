@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.core.budgets import is_disruption
 from processor.core.errors import InvariantViolation
 from processor.core.state import (
     COMPLETED,
@@ -30,7 +31,7 @@ from processor.core.state import (
     lookup,
     shape_of,
 )
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RETRY, TIME_LIMIT
+from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RETRY, TIME_LIMIT
 from schemas.commands import GPU_MILLI
 from schemas.events import (
     ClusterHalted,
@@ -38,7 +39,10 @@ from schemas.events import (
     CommandRejected,
     DefragmentationPlanned,
     DependencyFailed,
+    DisruptionBudgetRemoved,
+    DisruptionBudgetSet,
     Event,
+    EvictionBlocked,
     GangQueued,
     GangReleased,
     GangScheduled,
@@ -54,6 +58,7 @@ from schemas.events import (
     NodeUncordoned,
     NodeUpdated,
     PodEvicted,
+    PodEvictionScheduled,
     PodMigrated,
     PodPreempted,
     PodQueued,
@@ -151,6 +156,8 @@ def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: N
     if node.reserved_for is not None:
         raise InvariantViolation(f"node {event.node_id!r} removed while reserved")
     del cluster.nodes[event.node_id]
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)
     cluster.index.remove(event.node_id)
     cluster.preemptible.touch(event.node_id)
     cluster.count_node(node, -1)
@@ -177,11 +184,33 @@ def _applied_node_uncordoned(state: PartitionState, cluster: ClusterState, event
     node = _node_of(cluster, event.node_id)
     node.cordoned = False
     cluster.reindex(node)
+    if cluster.draining:
+        _end_drain(cluster, node)
+
+
+def _applied_node_drained(state: PartitionState, cluster: ClusterState, event: NodeDrained, now: int) -> None:
+    _applied_node_cordoned(state, cluster, event, now)
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)
+
+
+def _end_drain(cluster: ClusterState, node: Node) -> None:
+    """An uncordon cancels the node's drain: evictions scheduled or blocked there will not happen. O(p)."""
+    if cluster.draining.pop(node.node_id, None) is None:
+        return
+    for pod_id in node.pods:
+        pod = cluster.pods[pod_id]
+        cluster.blocked.pop(pod_id, None)
+        if pod.evicting_at is not None:
+            pod.evicting_at = None
+            cluster.disrupted.pop(pod_id, None)
 
 
 def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: NodeFailed, now: int) -> None:
     cluster.layout += 1
     node = _node_of(cluster, event.node_id)
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)  # its pods go anyway
     node.failed = True
     cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI
     cluster.cpu_capacity -= node.cpu_milli
@@ -234,6 +263,12 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     return pod
 
 
+def _available(cluster: ClusterState, pod_id: str) -> None:
+    """The pod runs again (or ended): no budget counts it any more. O(1)."""
+    if cluster.disrupted:
+        cluster.disrupted.pop(pod_id, None)
+
+
 def _applied_pod_queued(state: PartitionState, cluster: ClusterState, event: PodQueued, now: int) -> None:
     pod = _pod_for(cluster, event.pod)
     if event.waiting_for:
@@ -263,6 +298,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     cluster.reindex(node)
     if pod.spec.time_limit_ms is not None:
         cluster.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, pod.spec.pod_id)
+    _available(cluster, pod.spec.pod_id)
 
 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:
@@ -281,6 +317,14 @@ def _applied_pod_evicted(state: PartitionState, cluster: ClusterState, event: Po
     if pod is None or pod.node_id != event.node_id:
         raise InvariantViolation(f"pod {event.pod_id!r} evicted from {event.node_id!r} where it does not run")
     _unbind(cluster, pod)
+    pod.evicting_at = None
+    if cluster.budgets:
+        if cluster.blocked:
+            cluster.blocked.pop(event.pod_id, None)
+        if is_disruption(event.reason):
+            cluster.disrupted[event.pod_id] = pod.spec
+        else:
+            cluster.disrupted.pop(event.pod_id, None)
 
 
 def _applied_pod_retry_scheduled(
@@ -296,12 +340,59 @@ def _applied_pod_retry_scheduled(
     cluster.timers.push(event.not_before, RETRY, event.pod_id)
 
 
+def _applied_budget_set(state: PartitionState, cluster: ClusterState, event: DisruptionBudgetSet, now: int) -> None:
+    """A budget is set (or replaced): it counts from now on. O(1)."""
+    cluster.budgets[event.budget_id] = event
+
+
+def _applied_budget_removed(
+    state: PartitionState, cluster: ClusterState, event: DisruptionBudgetRemoved, now: int
+) -> None:
+    """A budget goes; with none left nothing is counted (or blocked) any more. O(1), O(U) for the last one."""
+    if cluster.budgets.pop(event.budget_id, None) is None:
+        raise InvariantViolation(f"unknown disruption budget {event.budget_id!r} removed")
+    if not cluster.budgets:
+        cluster.disrupted.clear()
+        cluster.blocked.clear()
+
+
+def _applied_eviction_blocked(state: PartitionState, cluster: ClusterState, event: EvictionBlocked, now: int) -> None:
+    """A drain waits for a budget: the node stays draining, the pod keeps running. O(1)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or pod.node_id != event.node_id or event.budget_id not in cluster.budgets:
+        raise InvariantViolation(f"eviction of {event.pod_id!r} blocked, but it does not run or has no budget")
+    cluster.blocked[event.pod_id] = event.budget_id
+    cluster.draining[event.node_id] = (event.grace_ms, True)
+    if pod.evicting_at is not None:  # its grace ended but the budget has no room now: it waits again
+        pod.evicting_at = None
+        cluster.disrupted.pop(event.pod_id, None)
+
+
+def _applied_pod_eviction_scheduled(
+    state: PartitionState, cluster: ClusterState, event: PodEvictionScheduled, now: int
+) -> None:
+    """A drain evicts the pod at ``at`` (a timer); it counts against its budgets from now. O(log T)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or pod.node_id != event.node_id or event.at <= now:
+        raise InvariantViolation(f"eviction of {event.pod_id!r} scheduled, but it does not run there or in time")
+    pod.evicting_at = event.at
+    cluster.blocked.pop(event.pod_id, None)
+    if cluster.budgets:
+        cluster.disrupted[event.pod_id] = pod.spec
+    cluster.draining[event.node_id] = (event.at - now, event.respect_budgets)
+    cluster.timers.push(event.at, EVICTION, event.pod_id)
+
+
 def _applied_pod_released(state: PartitionState, cluster: ClusterState, event: PodReleased, now: int) -> None:
     pod = cluster.pods.pop(event.pod_id, None)
     if pod is None:
         raise InvariantViolation(f"unknown pod {event.pod_id!r} released")
     cluster.count_shape(pod.shape, -1)
     ok = pod.running and event.reason == COMPLETED
+    if cluster.budgets:
+        cluster.blocked.pop(event.pod_id, None)
+        if not event.reason.startswith(EVICTED_MEMBER):  # a member lost while its gang runs on stays unavailable
+            cluster.disrupted.pop(event.pod_id, None)
     if pod.running:
         _unbind(cluster, pod)
     elif pod.queued:
@@ -398,6 +489,8 @@ def _applied_gang_released(state: PartitionState, cluster: ClusterState, event: 
     del cluster.gangs[event.gang_id]
     for member in gang.spec.members:
         cluster.member_of.pop(member.pod_id, None)
+        if cluster.disrupted:
+            cluster.disrupted.pop(member.pod_id, None)
     cluster.remember_end(event.gang_id, event.ok)
 
 
@@ -465,7 +558,7 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     NodeRemoved: _applied_node_removed,
     NodeCordoned: _applied_node_cordoned,
     NodeUncordoned: _applied_node_uncordoned,
-    NodeDrained: _applied_node_cordoned,
+    NodeDrained: _applied_node_drained,
     NodeFailed: _applied_node_failed,
     PodQueued: _applied_pod_queued,
     PodScheduled: _applied_pod_scheduled,
@@ -488,4 +581,8 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     NodeRecovered: _applied_node_recovered,
     NodeUpdated: _applied_node_updated,
     PodRetryScheduled: _applied_pod_retry_scheduled,
+    DisruptionBudgetSet: _applied_budget_set,
+    DisruptionBudgetRemoved: _applied_budget_removed,
+    EvictionBlocked: _applied_eviction_blocked,
+    PodEvictionScheduled: _applied_pod_eviction_scheduled,
 }

@@ -23,7 +23,7 @@ from processor.core.resources import NodeClass, PodShape, Signature, reservation
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
 from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
-from schemas.events import GangSpec, GpuShare, PodSpec
+from schemas.events import DisruptionBudgetSet, GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
 DEFAULT_POLICY = "fgd-plus"
@@ -246,6 +246,7 @@ class Pod:
     waiting_for: tuple[str, ...] = ()  # dependencies not ended yet (sorted); the pod is outside the queue
     attempt: int = 0  # retries used after failures (PodRetryScheduled)
     retry_at: int | None = None  # failed, waiting for its retry until then, outside the queue
+    evicting_at: int | None = None  # a drain evicts it then (PodEvictionScheduled): it still runs until then
 
     @property
     def queue_key(self) -> QueueKey:
@@ -413,6 +414,14 @@ class ClusterState:
     max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
     timers: Timers = field(default_factory=Timers)
     halted: Halt | None = None  # an internal error halted the fold of this cluster (ClusterHalted)
+    # Disruption budgets (SetDisruptionBudget), by id; the nodes whose drain waits (for a budget or a grace
+    # period) and the drain's grace; the pods a budget blocks (pod id -> budget id); and, while any budget
+    # exists, the pods unavailable because of a disruption (evicted by a drain, a failure, a NoExecute taint or
+    # a removal, or being evicted), with their specs, until they run again or end: what budgets count.
+    budgets: dict[str, DisruptionBudgetSet] = field(default_factory=dict)
+    draining: dict[str, tuple[int, bool]] = field(default_factory=dict)  # node -> (grace_ms, respect_budgets)
+    blocked: dict[str, str] = field(default_factory=dict)
+    disrupted: dict[str, PodSpec] = field(default_factory=dict)
     # Derived, not in snapshots: a counter moved by every change of the node layout (added, removed,
     # cordoned, uncordoned, failed), and the queue heads no reservation can be planned for, at that layout.
     layout: int = 0

@@ -33,6 +33,7 @@ from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import (
     command_streams,
     contended_streams,
+    disruption_streams,
     encode_events,
     job_streams,
     preemption_streams,
@@ -390,8 +391,8 @@ def fold_all(commands: list, state: PartitionState | None = None, start: int = 0
 POD_STREAMS = pytest.mark.parametrize("streams", [command_streams()], ids=["pods"])
 JOB_STREAMS = pytest.mark.parametrize(
     "streams",
-    [job_streams(max_size=40), contended_streams(max_size=45), sharing_streams(max_size=40)],
-    ids=["jobs", "contended", "sharing"],
+    [job_streams(max_size=40), contended_streams(max_size=45), sharing_streams(max_size=40), disruption_streams()],
+    ids=["jobs", "contended", "sharing", "disruptions"],
 )
 # Job streams fold more per command (gangs on trial, reservations planned) and the checks look at every
 # pod and node after every command: fewer examples keep the suite's CI time in bounds.

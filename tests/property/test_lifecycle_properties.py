@@ -1,11 +1,13 @@
-"""Properties of the node and job lifecycle (issue #25): every retry happens exactly once, at its time."""
+"""Properties of the node and job lifecycle (issue #25): every retry happens exactly once, at its time; budgets are
+never exceeded by voluntary disruptions."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processor.core.fold import decide
+from processor.core import budgets
+from processor.core.fold import apply, decide
 from processor.core.state import PartitionState
 from schemas.commands import (
     AddNode,
@@ -20,8 +22,17 @@ from schemas.commands import (
     Tick,
     UncordonNode,
 )
-from schemas.events import Event, PodEvicted, PodQueued, PodReleased, PodRetryScheduled, PodScheduled
+from schemas.events import (
+    Event,
+    PodEvicted,
+    PodEvictionScheduled,
+    PodQueued,
+    PodReleased,
+    PodRetryScheduled,
+    PodScheduled,
+)
 from tests.property.test_fold_properties import check_state
+from tests.strategies import disruption_streams
 
 PODS = tuple(f"p{i}" for i in range(5))
 NODES = ("n0", "n1")
@@ -113,3 +124,40 @@ def test_every_retry_happens_exactly_once_at_its_time(commands: list[Command]) -
             second = later[1].payload
             assert not isinstance(second, PodQueued), f"{pod_id} placed twice"
             assert not (isinstance(second, PodScheduled) and not second.from_queue), f"{pod_id} placed twice"
+
+
+def _voluntary(payload: object) -> bool:
+    """An eviction a drain decides (budgets apply), as opposed to a failure, a removal or a NoExecute taint."""
+    if isinstance(payload, PodEvictionScheduled):
+        return payload.respect_budgets
+    return isinstance(payload, PodEvicted) and payload.reason in ("drain", "gang:drain")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=disruption_streams())
+def test_budgets_are_never_exceeded_by_voluntary_disruptions(commands: list[Command]) -> None:
+    """Applied one by one, no eviction a drain decides under budgets raises a budget's count of unavailable pods
+    past its max_unavailable (failures may: they ignore budgets but count, and then drains wait); drains without
+    respect_budgets are left out of the check (they say so)."""
+    state, shadow = PartitionState(), PartitionState()
+    unbudgeted: set[str] = set()  # nodes drained with respect_budgets false: their evictions are not checked
+    for offset, command in enumerate(commands):
+        payload = command.payload
+        if isinstance(payload, DrainNode) and not payload.respect_budgets:
+            unbudgeted.add(f"{command.cluster}/{payload.node_id}")
+        for event in decide(state, command, offset):
+            cluster = shadow.clusters.get(event.cluster)
+            before = {b: budgets.unavailable(cluster, cluster.budgets[b]) for b in cluster.budgets} if cluster else {}
+            apply(shadow, event)
+            node_id = getattr(event.payload, "node_id", None)
+            if not _voluntary(event.payload) or f"{event.cluster}/{node_id}" in unbudgeted:
+                continue
+            if event.payload.reason == "gang:drain" if isinstance(event.payload, PodEvicted) else False:
+                continue  # the rest of a gang: checked as a whole with the member whose eviction took it
+            cluster = shadow.clusters[event.cluster]
+            for budget_id, budget in cluster.budgets.items():
+                after = budgets.unavailable(cluster, budget)
+                assert after <= budget.max_unavailable or after <= before.get(budget_id, 0), (
+                    f"budget {budget_id} at {after} > {budget.max_unavailable} after {event.payload}"
+                )
+        check_state(state)

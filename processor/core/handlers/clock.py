@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from processor.core.decision import RESERVATION_UPKEEP, Decision
+from processor.core.handlers.disruptions import eviction_due
 from processor.core.handlers.gangs import end_gang
 from processor.core.handlers.pods import place, release_pod
 from processor.core.handlers.reservations import release_reservation
 from processor.core.reservations import holder_waiting
 from processor.core.state import GANG_RUNNING, ClusterState, lookup
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT, Timer
+from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT, Timer
 from schemas.commands import Tick
 from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
 
@@ -93,4 +94,5 @@ _TIMER_HANDLERS: dict[int, Callable[[Decision, ClusterState, str, int], None]] =
     GANG_TIMEOUT: _gang_timed_out,
     RESERVE_CHECK: _reserve_check,
     RETRY: _retry_due,
+    EVICTION: eviction_due,
 }

@@ -12,6 +12,7 @@ evicted twice in one command); contract v1 and v2 released the reservation and r
 from __future__ import annotations
 
 from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
+from processor.core.handlers.disruptions import drain_waiting
 from processor.core.handlers.evictions import evict_all, evict_untolerating
 from processor.core.handlers.reservations import drop_reserved_node
 from processor.core.state import Node, lookup
@@ -36,7 +37,7 @@ from schemas.events import (
     NodeUncordoned,
     NodeUpdated,
 )
-from schemas.validation import check_add_node, check_id, check_mark_node_failed, check_update_node
+from schemas.validation import check_add_node, check_drain_node, check_id, check_mark_node_failed, check_update_node
 
 
 def _node(decision: Decision, node_id: str) -> Node:
@@ -112,10 +113,14 @@ def uncordon_node(decision: Decision, command: UncordonNode) -> None:
 
 
 def drain_node(decision: Decision, command: DrainNode) -> Task:
+    check_drain_node(command)
     node = _node(decision, command.node_id)
     if node.failed:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} has failed; its pods were already evicted")
     cluster = decision.cluster
+    if not decision.legacy and (command.grace_ms > 0 or (command.respect_budgets and cluster.budgets)):
+        yield from drain_waiting(decision, cluster, node, command.grace_ms, command.respect_budgets)
+        return
     if decision.legacy:
         if drop_reserved_node(decision, cluster, node, "node_drained"):
             yield  # the queue retries the released nodes first

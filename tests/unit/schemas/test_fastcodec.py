@@ -283,8 +283,8 @@ SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00\x0
             _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
             STRICT[0],
         ),
-        # -1: fastavro's last branch, UpdateNode {node_id "r", labels null, taints null}
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r") + b"\x00\x00", STRICT[1]),
+        # -1: fastavro's last branch, RemoveDisruptionBudget {budget_id "r"}
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r"), STRICT[1]),
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
