@@ -382,6 +382,7 @@ class EvictionBlocked(Record):
     node_id: str
     budget_id: str
     grace_ms: int = 0
+    reason: str = "drain"
 
 
 @dataclass(slots=True)

@@ -174,7 +174,7 @@ _k307 = b'\x02'
 _k309 = b'\x00'
 _k312 = b'&'
 _k316 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
-_k577 = b'\xc3\x01\xa23\x18\x18\xc2T\xa1Q'
+_k577 = b'\xc3\x014\xc8:L\xe2S3^'
 _k588 = b'\x00'
 _k600 = b'\x02'
 _k604 = b'\x04'
@@ -265,8 +265,8 @@ _k1085 = b'\x02'
 _k1087 = b'\x00'
 _k1090 = b'>'
 _k1094 = b'@'
-_k1103 = b'B'
-_k1110 = b'\xc3\x01\xa23\x18\x18\xc2T\xa1Q'
+_k1105 = b'B'
+_k1112 = b'\xc3\x014\xc8:L\xe2S3^'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -3606,18 +3606,18 @@ def _e_DisruptionBudgetRemoved1089(o: _c_DisruptionBudgetRemoved) -> bytes:
 
 
 def _e_EvictionBlocked1093(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)),))
+    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)), (_P[n1104] if (n1104 := len(s1103 := o.reason.encode())) < 8192 else _long(n1104)), s1103,))
 
 
-def _e_PodEvictionScheduled1102(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1103, (_P[n1106] if (n1106 := len(s1105 := o.pod_id.encode())) < 8192 else _long(n1106)), s1105, (_P[n1108] if (n1108 := len(s1107 := o.node_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1109] if 0 <= (n1109 := o.at) < 8192 else _long(n1109)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_PodEvictionScheduled1104(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.pod_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1110] if (n1110 := len(s1109 := o.node_id.encode())) < 8192 else _long(n1110)), s1109, (_P[n1111] if 0 <= (n1111 := o.at) < 8192 else _long(n1111)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
 def _e_Event576(o: _c_Event) -> bytes:
-    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1109[type(u587 := o.payload)](u587),))
+    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1111[type(u587 := o.payload)](u587),))
 
 
-def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3626,18 +3626,6 @@ def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1118 = _ZL[buf[pos]]
-    if n1118 < 0:
-        n1118, pos = _rlong(buf, pos)
-        if n1118 < 0:
-            raise _length_error(n1118, end - pos)
-    else:
-        pos += 1
-    q1119 = pos + n1118
-    if q1119 > end:
-        raise _length_error(n1118, end - pos)
-    f_node_id = buf[pos:q1119].decode()
-    pos = q1119
     n1120 = _ZL[buf[pos]]
     if n1120 < 0:
         n1120, pos = _rlong(buf, pos)
@@ -3648,8 +3636,20 @@ def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     q1121 = pos + n1120
     if q1121 > end:
         raise _length_error(n1120, end - pos)
-    f_gpu_model = buf[pos:q1121].decode()
+    f_node_id = buf[pos:q1121].decode()
     pos = q1121
+    n1122 = _ZL[buf[pos]]
+    if n1122 < 0:
+        n1122, pos = _rlong(buf, pos)
+        if n1122 < 0:
+            raise _length_error(n1122, end - pos)
+    else:
+        pos += 1
+    q1123 = pos + n1122
+    if q1123 > end:
+        raise _length_error(n1122, end - pos)
+    f_gpu_model = buf[pos:q1123].decode()
+    pos = q1123
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3696,55 +3696,43 @@ def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1122: dict[str, Any] = {}
+        acc1124: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1123 = _ZD[b]
+                c1125 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1123 = (z >> 1) ^ -(z & 1)
+                c1125 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1123 = (z >> 1) ^ -(z & 1)
+                c1125 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1123, pos = _rlong(buf, pos)
-            if c1123 == 0:
+                c1125, pos = _rlong(buf, pos)
+            if c1125 == 0:
                 break
-            if c1123 < 0:
-                c1123 = -c1123
+            if c1125 < 0:
+                c1125 = -c1125
                 b = buf[pos]
                 if b < 128:
-                    z1126 = _ZD[b]
+                    z1128 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1126 = (z >> 1) ^ -(z & 1)
+                    z1128 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1126 = (z >> 1) ^ -(z & 1)
+                    z1128 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1126, pos = _rlong(buf, pos)
-            if c1123 * 2 > end - pos:
-                raise _count_error(c1123, end - pos)
-            for _ in range(c1123):
-                n1127 = _ZL[buf[pos]]
-                if n1127 < 0:
-                    n1127, pos = _rlong(buf, pos)
-                    if n1127 < 0:
-                        raise _length_error(n1127, end - pos)
-                else:
-                    pos += 1
-                q1128 = pos + n1127
-                if q1128 > end:
-                    raise _length_error(n1127, end - pos)
-                k1125 = buf[pos:q1128].decode()
-                pos = q1128
+                    z1128, pos = _rlong(buf, pos)
+            if c1125 * 2 > end - pos:
+                raise _count_error(c1125, end - pos)
+            for _ in range(c1125):
                 n1129 = _ZL[buf[pos]]
                 if n1129 < 0:
                     n1129, pos = _rlong(buf, pos)
@@ -3755,54 +3743,66 @@ def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
                 q1130 = pos + n1129
                 if q1130 > end:
                     raise _length_error(n1129, end - pos)
-                x1124 = buf[pos:q1130].decode()
+                k1127 = buf[pos:q1130].decode()
                 pos = q1130
-                acc1122[k1125] = x1124
-        f_labels = acc1122
+                n1131 = _ZL[buf[pos]]
+                if n1131 < 0:
+                    n1131, pos = _rlong(buf, pos)
+                    if n1131 < 0:
+                        raise _length_error(n1131, end - pos)
+                else:
+                    pos += 1
+                q1132 = pos + n1131
+                if q1132 > end:
+                    raise _length_error(n1131, end - pos)
+                x1126 = buf[pos:q1132].decode()
+                pos = q1132
+                acc1124[k1127] = x1126
+        f_labels = acc1124
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1131: list[Any] = []
+        acc1133: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1132 = _ZD[b]
+                c1134 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1132 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1132 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1132, pos = _rlong(buf, pos)
-            if c1132 == 0:
+                c1134, pos = _rlong(buf, pos)
+            if c1134 == 0:
                 break
-            if c1132 < 0:
-                c1132 = -c1132
+            if c1134 < 0:
+                c1134 = -c1134
                 b = buf[pos]
                 if b < 128:
-                    z1135 = _ZD[b]
+                    z1137 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1135 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1135 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1135, pos = _rlong(buf, pos)
-            if c1132 * 3 > end - pos:
-                raise _count_error(c1132, end - pos)
-            for _ in range(c1132):
-                x1133, pos = _d_Taint343(buf, pos, end)
-                acc1131.append(x1133)
-        f_taints = tuple(acc1131)
+                    z1137, pos = _rlong(buf, pos)
+            if c1134 * 3 > end - pos:
+                raise _count_error(c1134, end - pos)
+            for _ in range(c1134):
+                x1135, pos = _d_Taint343(buf, pos, end)
+                acc1133.append(x1135)
+        f_taints = tuple(acc1133)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3821,78 +3821,78 @@ def _d_NodeAdded1116(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1135(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1137(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1137 = _ZL[buf[pos]]
-    if n1137 < 0:
-        n1137, pos = _rlong(buf, pos)
-        if n1137 < 0:
-            raise _length_error(n1137, end - pos)
+    n1139 = _ZL[buf[pos]]
+    if n1139 < 0:
+        n1139, pos = _rlong(buf, pos)
+        if n1139 < 0:
+            raise _length_error(n1139, end - pos)
     else:
         pos += 1
-    q1138 = pos + n1137
-    if q1138 > end:
-        raise _length_error(n1137, end - pos)
-    f_node_id = buf[pos:q1138].decode()
-    pos = q1138
+    q1140 = pos + n1139
+    if q1140 > end:
+        raise _length_error(n1139, end - pos)
+    f_node_id = buf[pos:q1140].decode()
+    pos = q1140
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1138(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1140(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1140 = _ZL[buf[pos]]
-    if n1140 < 0:
-        n1140, pos = _rlong(buf, pos)
-        if n1140 < 0:
-            raise _length_error(n1140, end - pos)
+    n1142 = _ZL[buf[pos]]
+    if n1142 < 0:
+        n1142, pos = _rlong(buf, pos)
+        if n1142 < 0:
+            raise _length_error(n1142, end - pos)
     else:
         pos += 1
-    q1141 = pos + n1140
-    if q1141 > end:
-        raise _length_error(n1140, end - pos)
-    f_node_id = buf[pos:q1141].decode()
-    pos = q1141
+    q1143 = pos + n1142
+    if q1143 > end:
+        raise _length_error(n1142, end - pos)
+    f_node_id = buf[pos:q1143].decode()
+    pos = q1143
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1141(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1143(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1143 = _ZL[buf[pos]]
-    if n1143 < 0:
-        n1143, pos = _rlong(buf, pos)
-        if n1143 < 0:
-            raise _length_error(n1143, end - pos)
+    n1145 = _ZL[buf[pos]]
+    if n1145 < 0:
+        n1145, pos = _rlong(buf, pos)
+        if n1145 < 0:
+            raise _length_error(n1145, end - pos)
     else:
         pos += 1
-    q1144 = pos + n1143
-    if q1144 > end:
-        raise _length_error(n1143, end - pos)
-    f_node_id = buf[pos:q1144].decode()
-    pos = q1144
+    q1146 = pos + n1145
+    if q1146 > end:
+        raise _length_error(n1145, end - pos)
+    f_node_id = buf[pos:q1146].decode()
+    pos = q1146
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1144(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1146 = _ZL[buf[pos]]
-    if n1146 < 0:
-        n1146, pos = _rlong(buf, pos)
-        if n1146 < 0:
-            raise _length_error(n1146, end - pos)
+    n1148 = _ZL[buf[pos]]
+    if n1148 < 0:
+        n1148, pos = _rlong(buf, pos)
+        if n1148 < 0:
+            raise _length_error(n1148, end - pos)
     else:
         pos += 1
-    q1147 = pos + n1146
-    if q1147 > end:
-        raise _length_error(n1146, end - pos)
-    f_node_id = buf[pos:q1147].decode()
-    pos = q1147
+    q1149 = pos + n1148
+    if q1149 > end:
+        raise _length_error(n1148, end - pos)
+    f_node_id = buf[pos:q1149].decode()
+    pos = q1149
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3911,22 +3911,10 @@ def _d_NodeDrained1144(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1147(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1149 = _ZL[buf[pos]]
-    if n1149 < 0:
-        n1149, pos = _rlong(buf, pos)
-        if n1149 < 0:
-            raise _length_error(n1149, end - pos)
-    else:
-        pos += 1
-    q1150 = pos + n1149
-    if q1150 > end:
-        raise _length_error(n1149, end - pos)
-    f_node_id = buf[pos:q1150].decode()
-    pos = q1150
     n1151 = _ZL[buf[pos]]
     if n1151 < 0:
         n1151, pos = _rlong(buf, pos)
@@ -3937,8 +3925,20 @@ def _d_NodeFailed1147(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     q1152 = pos + n1151
     if q1152 > end:
         raise _length_error(n1151, end - pos)
-    f_reason = buf[pos:q1152].decode()
+    f_node_id = buf[pos:q1152].decode()
     pos = q1152
+    n1153 = _ZL[buf[pos]]
+    if n1153 < 0:
+        n1153, pos = _rlong(buf, pos)
+        if n1153 < 0:
+            raise _length_error(n1153, end - pos)
+    else:
+        pos += 1
+    q1154 = pos + n1153
+    if q1154 > end:
+        raise _length_error(n1153, end - pos)
+    f_reason = buf[pos:q1154].decode()
+    pos = q1154
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3957,7 +3957,7 @@ def _d_NodeFailed1147(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3978,18 +3978,6 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n1155 = _ZL[buf[pos]]
-    if n1155 < 0:
-        n1155, pos = _rlong(buf, pos)
-        if n1155 < 0:
-            raise _length_error(n1155, end - pos)
-    else:
-        pos += 1
-    q1156 = pos + n1155
-    if q1156 > end:
-        raise _length_error(n1155, end - pos)
-    f_pod_id = buf[pos:q1156].decode()
-    pos = q1156
     n1157 = _ZL[buf[pos]]
     if n1157 < 0:
         n1157, pos = _rlong(buf, pos)
@@ -4000,8 +3988,20 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     q1158 = pos + n1157
     if q1158 > end:
         raise _length_error(n1157, end - pos)
-    f_tenant = buf[pos:q1158].decode()
+    f_pod_id = buf[pos:q1158].decode()
     pos = q1158
+    n1159 = _ZL[buf[pos]]
+    if n1159 < 0:
+        n1159, pos = _rlong(buf, pos)
+        if n1159 < 0:
+            raise _length_error(n1159, end - pos)
+    else:
+        pos += 1
+    q1160 = pos + n1159
+    if q1160 > end:
+        raise _length_error(n1159, end - pos)
+    f_tenant = buf[pos:q1160].decode()
+    pos = q1160
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4076,110 +4076,98 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1159: list[Any] = []
+        acc1161: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1160 = _ZD[b]
+                c1162 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1160 = (z >> 1) ^ -(z & 1)
+                c1162 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1160 = (z >> 1) ^ -(z & 1)
+                c1162 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1160, pos = _rlong(buf, pos)
-            if c1160 == 0:
+                c1162, pos = _rlong(buf, pos)
+            if c1162 == 0:
                 break
-            if c1160 < 0:
-                c1160 = -c1160
+            if c1162 < 0:
+                c1162 = -c1162
                 b = buf[pos]
                 if b < 128:
-                    z1163 = _ZD[b]
+                    z1165 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1163 = (z >> 1) ^ -(z & 1)
+                    z1165 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1163 = (z >> 1) ^ -(z & 1)
+                    z1165 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1163, pos = _rlong(buf, pos)
-            if c1160 * 1 > end - pos:
-                raise _count_error(c1160, end - pos)
-            for _ in range(c1160):
-                n1164 = _ZL[buf[pos]]
-                if n1164 < 0:
-                    n1164, pos = _rlong(buf, pos)
-                    if n1164 < 0:
-                        raise _length_error(n1164, end - pos)
+                    z1165, pos = _rlong(buf, pos)
+            if c1162 * 1 > end - pos:
+                raise _count_error(c1162, end - pos)
+            for _ in range(c1162):
+                n1166 = _ZL[buf[pos]]
+                if n1166 < 0:
+                    n1166, pos = _rlong(buf, pos)
+                    if n1166 < 0:
+                        raise _length_error(n1166, end - pos)
                 else:
                     pos += 1
-                q1165 = pos + n1164
-                if q1165 > end:
-                    raise _length_error(n1164, end - pos)
-                x1161 = buf[pos:q1165].decode()
-                pos = q1165
-                acc1159.append(x1161)
-        f_gpu_models = tuple(acc1159)
+                q1167 = pos + n1166
+                if q1167 > end:
+                    raise _length_error(n1166, end - pos)
+                x1163 = buf[pos:q1167].decode()
+                pos = q1167
+                acc1161.append(x1163)
+        f_gpu_models = tuple(acc1161)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1166: dict[str, Any] = {}
+        acc1168: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1167 = _ZD[b]
+                c1169 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1167 = (z >> 1) ^ -(z & 1)
+                c1169 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1167 = (z >> 1) ^ -(z & 1)
+                c1169 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1167, pos = _rlong(buf, pos)
-            if c1167 == 0:
+                c1169, pos = _rlong(buf, pos)
+            if c1169 == 0:
                 break
-            if c1167 < 0:
-                c1167 = -c1167
+            if c1169 < 0:
+                c1169 = -c1169
                 b = buf[pos]
                 if b < 128:
-                    z1170 = _ZD[b]
+                    z1172 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1170 = (z >> 1) ^ -(z & 1)
+                    z1172 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1170 = (z >> 1) ^ -(z & 1)
+                    z1172 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1170, pos = _rlong(buf, pos)
-            if c1167 * 2 > end - pos:
-                raise _count_error(c1167, end - pos)
-            for _ in range(c1167):
-                n1171 = _ZL[buf[pos]]
-                if n1171 < 0:
-                    n1171, pos = _rlong(buf, pos)
-                    if n1171 < 0:
-                        raise _length_error(n1171, end - pos)
-                else:
-                    pos += 1
-                q1172 = pos + n1171
-                if q1172 > end:
-                    raise _length_error(n1171, end - pos)
-                k1169 = buf[pos:q1172].decode()
-                pos = q1172
+                    z1172, pos = _rlong(buf, pos)
+            if c1169 * 2 > end - pos:
+                raise _count_error(c1169, end - pos)
+            for _ in range(c1169):
                 n1173 = _ZL[buf[pos]]
                 if n1173 < 0:
                     n1173, pos = _rlong(buf, pos)
@@ -4190,54 +4178,66 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
                 q1174 = pos + n1173
                 if q1174 > end:
                     raise _length_error(n1173, end - pos)
-                x1168 = buf[pos:q1174].decode()
+                k1171 = buf[pos:q1174].decode()
                 pos = q1174
-                acc1166[k1169] = x1168
-        f_node_selector = acc1166
+                n1175 = _ZL[buf[pos]]
+                if n1175 < 0:
+                    n1175, pos = _rlong(buf, pos)
+                    if n1175 < 0:
+                        raise _length_error(n1175, end - pos)
+                else:
+                    pos += 1
+                q1176 = pos + n1175
+                if q1176 > end:
+                    raise _length_error(n1175, end - pos)
+                x1170 = buf[pos:q1176].decode()
+                pos = q1176
+                acc1168[k1171] = x1170
+        f_node_selector = acc1168
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1175: list[Any] = []
+        acc1177: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1176 = _ZD[b]
+                c1178 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1176 = (z >> 1) ^ -(z & 1)
+                c1178 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1176 = (z >> 1) ^ -(z & 1)
+                c1178 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1176, pos = _rlong(buf, pos)
-            if c1176 == 0:
+                c1178, pos = _rlong(buf, pos)
+            if c1178 == 0:
                 break
-            if c1176 < 0:
-                c1176 = -c1176
+            if c1178 < 0:
+                c1178 = -c1178
                 b = buf[pos]
                 if b < 128:
-                    z1179 = _ZD[b]
+                    z1181 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1179 = (z >> 1) ^ -(z & 1)
+                    z1181 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1179 = (z >> 1) ^ -(z & 1)
+                    z1181 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1179, pos = _rlong(buf, pos)
-            if c1176 * 4 > end - pos:
-                raise _count_error(c1176, end - pos)
-            for _ in range(c1176):
-                x1177, pos = _d_Toleration393(buf, pos, end)
-                acc1175.append(x1177)
-        f_tolerations = tuple(acc1175)
+                    z1181, pos = _rlong(buf, pos)
+            if c1178 * 4 > end - pos:
+                raise _count_error(c1178, end - pos)
+            for _ in range(c1178):
+                x1179, pos = _d_Toleration393(buf, pos, end)
+                acc1177.append(x1179)
+        f_tolerations = tuple(acc1177)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4268,52 +4268,52 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1180 = _ZD[b]
+        i1182 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1180 = (z >> 1) ^ -(z & 1)
+        i1182 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1180 = (z >> 1) ^ -(z & 1)
+        i1182 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1180, pos = _rlong(buf, pos)
-    if i1180 == 0:
+        i1182, pos = _rlong(buf, pos)
+    if i1182 == 0:
         f_gang_id = None
-    elif i1180 == 1:
-        n1181 = _ZL[buf[pos]]
-        if n1181 < 0:
-            n1181, pos = _rlong(buf, pos)
-            if n1181 < 0:
-                raise _length_error(n1181, end - pos)
+    elif i1182 == 1:
+        n1183 = _ZL[buf[pos]]
+        if n1183 < 0:
+            n1183, pos = _rlong(buf, pos)
+            if n1183 < 0:
+                raise _length_error(n1183, end - pos)
         else:
             pos += 1
-        q1182 = pos + n1181
-        if q1182 > end:
-            raise _length_error(n1181, end - pos)
-        f_gang_id = buf[pos:q1182].decode()
-        pos = q1182
+        q1184 = pos + n1183
+        if q1184 > end:
+            raise _length_error(n1183, end - pos)
+        f_gang_id = buf[pos:q1184].decode()
+        pos = q1184
     else:
-        raise _union_error(i1180, 2)
+        raise _union_error(i1182, 2)
     b = buf[pos]
     if b < 128:
-        i1183 = _ZD[b]
+        i1185 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1183 = (z >> 1) ^ -(z & 1)
+        i1185 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1183 = (z >> 1) ^ -(z & 1)
+        i1185 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1183, pos = _rlong(buf, pos)
-    if i1183 == 0:
+        i1185, pos = _rlong(buf, pos)
+    if i1185 == 0:
         f_time_limit_ms = None
-    elif i1183 == 1:
+    elif i1185 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4329,74 +4329,62 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1183, 2)
+        raise _union_error(i1185, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1184: list[Any] = []
+        acc1186: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1185 = _ZD[b]
+                c1187 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1185 = (z >> 1) ^ -(z & 1)
+                c1187 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1185 = (z >> 1) ^ -(z & 1)
+                c1187 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1185, pos = _rlong(buf, pos)
-            if c1185 == 0:
+                c1187, pos = _rlong(buf, pos)
+            if c1187 == 0:
                 break
-            if c1185 < 0:
-                c1185 = -c1185
+            if c1187 < 0:
+                c1187 = -c1187
                 b = buf[pos]
                 if b < 128:
-                    z1188 = _ZD[b]
+                    z1190 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1188 = (z >> 1) ^ -(z & 1)
+                    z1190 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1188 = (z >> 1) ^ -(z & 1)
+                    z1190 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1188, pos = _rlong(buf, pos)
-            if c1185 * 1 > end - pos:
-                raise _count_error(c1185, end - pos)
-            for _ in range(c1185):
-                n1189 = _ZL[buf[pos]]
-                if n1189 < 0:
-                    n1189, pos = _rlong(buf, pos)
-                    if n1189 < 0:
-                        raise _length_error(n1189, end - pos)
+                    z1190, pos = _rlong(buf, pos)
+            if c1187 * 1 > end - pos:
+                raise _count_error(c1187, end - pos)
+            for _ in range(c1187):
+                n1191 = _ZL[buf[pos]]
+                if n1191 < 0:
+                    n1191, pos = _rlong(buf, pos)
+                    if n1191 < 0:
+                        raise _length_error(n1191, end - pos)
                 else:
                     pos += 1
-                q1190 = pos + n1189
-                if q1190 > end:
-                    raise _length_error(n1189, end - pos)
-                x1186 = buf[pos:q1190].decode()
-                pos = q1190
-                acc1184.append(x1186)
-        f_depends_on = tuple(acc1184)
-    n1191 = _ZL[buf[pos]]
-    if n1191 < 0:
-        n1191, pos = _rlong(buf, pos)
-        if n1191 < 0:
-            raise _length_error(n1191, end - pos)
-    else:
-        pos += 1
-    q1192 = pos + n1191
-    if q1192 > end:
-        raise _length_error(n1191, end - pos)
-    f_dependency = buf[pos:q1192].decode()
-    pos = q1192
+                q1192 = pos + n1191
+                if q1192 > end:
+                    raise _length_error(n1191, end - pos)
+                x1188 = buf[pos:q1192].decode()
+                pos = q1192
+                acc1186.append(x1188)
+        f_depends_on = tuple(acc1186)
     n1193 = _ZL[buf[pos]]
     if n1193 < 0:
         n1193, pos = _rlong(buf, pos)
@@ -4407,8 +4395,20 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     q1194 = pos + n1193
     if q1194 > end:
         raise _length_error(n1193, end - pos)
-    f_preemption = buf[pos:q1194].decode()
+    f_dependency = buf[pos:q1194].decode()
     pos = q1194
+    n1195 = _ZL[buf[pos]]
+    if n1195 < 0:
+        n1195, pos = _rlong(buf, pos)
+        if n1195 < 0:
+            raise _length_error(n1195, end - pos)
+    else:
+        pos += 1
+    q1196 = pos + n1195
+    if q1196 > end:
+        raise _length_error(n1195, end - pos)
+    f_preemption = buf[pos:q1196].decode()
+    pos = q1196
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4427,44 +4427,44 @@ def _d_PodSpec1153(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1195 = _ZD[b]
+        i1197 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1195 = (z >> 1) ^ -(z & 1)
+        i1197 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1195 = (z >> 1) ^ -(z & 1)
+        i1197 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1195, pos = _rlong(buf, pos)
-    if i1195 == 0:
+        i1197, pos = _rlong(buf, pos)
+    if i1197 == 0:
         f_retry = None
-    elif i1195 == 1:
+    elif i1197 == 1:
         f_retry, pos = _d_Retry415(buf, pos, end)
     else:
-        raise _union_error(i1195, 2)
+        raise _union_error(i1197, 2)
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_QueueReason1200(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1202(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1202 = _ZL[buf[pos]]
-    if n1202 < 0:
-        n1202, pos = _rlong(buf, pos)
-        if n1202 < 0:
-            raise _length_error(n1202, end - pos)
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
     else:
         pos += 1
-    q1203 = pos + n1202
-    if q1203 > end:
-        raise _length_error(n1202, end - pos)
-    f_code = buf[pos:q1203].decode()
-    pos = q1203
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_code = buf[pos:q1205].decode()
+    pos = q1205
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4479,134 +4479,134 @@ def _d_QueueReason1200(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1204 = _ZL[buf[pos]]
-    if n1204 < 0:
-        n1204, pos = _rlong(buf, pos)
-        if n1204 < 0:
-            raise _length_error(n1204, end - pos)
+    n1206 = _ZL[buf[pos]]
+    if n1206 < 0:
+        n1206, pos = _rlong(buf, pos)
+        if n1206 < 0:
+            raise _length_error(n1206, end - pos)
     else:
         pos += 1
-    q1205 = pos + n1204
-    if q1205 > end:
-        raise _length_error(n1204, end - pos)
-    f_message = buf[pos:q1205].decode()
-    pos = q1205
+    q1207 = pos + n1206
+    if q1207 > end:
+        raise _length_error(n1206, end - pos)
+    f_message = buf[pos:q1207].decode()
+    pos = q1207
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1152(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1153(buf, pos, end)
+    f_pod, pos = _d_PodSpec1155(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1196: list[Any] = []
+        acc1198: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1197 = _ZD[b]
+                c1199 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1197 = (z >> 1) ^ -(z & 1)
+                c1199 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1197 = (z >> 1) ^ -(z & 1)
+                c1199 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1197, pos = _rlong(buf, pos)
-            if c1197 == 0:
+                c1199, pos = _rlong(buf, pos)
+            if c1199 == 0:
                 break
-            if c1197 < 0:
-                c1197 = -c1197
+            if c1199 < 0:
+                c1199 = -c1199
                 b = buf[pos]
                 if b < 128:
-                    z1200 = _ZD[b]
+                    z1202 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1200 = (z >> 1) ^ -(z & 1)
+                    z1202 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1200 = (z >> 1) ^ -(z & 1)
+                    z1202 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1200, pos = _rlong(buf, pos)
-            if c1197 * 3 > end - pos:
-                raise _count_error(c1197, end - pos)
-            for _ in range(c1197):
-                x1198, pos = _d_QueueReason1200(buf, pos, end)
-                acc1196.append(x1198)
-        f_reasons = tuple(acc1196)
+                    z1202, pos = _rlong(buf, pos)
+            if c1199 * 3 > end - pos:
+                raise _count_error(c1199, end - pos)
+            for _ in range(c1199):
+                x1200, pos = _d_QueueReason1202(buf, pos, end)
+                acc1198.append(x1200)
+        f_reasons = tuple(acc1198)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1206: list[Any] = []
+        acc1208: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1207 = _ZD[b]
+                c1209 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1207 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1207 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1207, pos = _rlong(buf, pos)
-            if c1207 == 0:
+                c1209, pos = _rlong(buf, pos)
+            if c1209 == 0:
                 break
-            if c1207 < 0:
-                c1207 = -c1207
+            if c1209 < 0:
+                c1209 = -c1209
                 b = buf[pos]
                 if b < 128:
-                    z1210 = _ZD[b]
+                    z1212 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1210 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1210 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1210, pos = _rlong(buf, pos)
-            if c1207 * 1 > end - pos:
-                raise _count_error(c1207, end - pos)
-            for _ in range(c1207):
-                n1211 = _ZL[buf[pos]]
-                if n1211 < 0:
-                    n1211, pos = _rlong(buf, pos)
-                    if n1211 < 0:
-                        raise _length_error(n1211, end - pos)
+                    z1212, pos = _rlong(buf, pos)
+            if c1209 * 1 > end - pos:
+                raise _count_error(c1209, end - pos)
+            for _ in range(c1209):
+                n1213 = _ZL[buf[pos]]
+                if n1213 < 0:
+                    n1213, pos = _rlong(buf, pos)
+                    if n1213 < 0:
+                        raise _length_error(n1213, end - pos)
                 else:
                     pos += 1
-                q1212 = pos + n1211
-                if q1212 > end:
-                    raise _length_error(n1211, end - pos)
-                x1208 = buf[pos:q1212].decode()
-                pos = q1212
-                acc1206.append(x1208)
-        f_waiting_for = tuple(acc1206)
+                q1214 = pos + n1213
+                if q1214 > end:
+                    raise _length_error(n1213, end - pos)
+                x1210 = buf[pos:q1214].decode()
+                pos = q1214
+                acc1208.append(x1210)
+        f_waiting_for = tuple(acc1208)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1220(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4641,7 +4641,7 @@ def _d_GpuShare1220(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1212(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4649,209 +4649,197 @@ def _d_PodScheduled1212(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1153(buf, pos, end)
-    n1214 = _ZL[buf[pos]]
-    if n1214 < 0:
-        n1214, pos = _rlong(buf, pos)
-        if n1214 < 0:
-            raise _length_error(n1214, end - pos)
+    f_pod, pos = _d_PodSpec1155(buf, pos, end)
+    n1216 = _ZL[buf[pos]]
+    if n1216 < 0:
+        n1216, pos = _rlong(buf, pos)
+        if n1216 < 0:
+            raise _length_error(n1216, end - pos)
     else:
         pos += 1
-    q1215 = pos + n1214
-    if q1215 > end:
-        raise _length_error(n1214, end - pos)
-    f_node_id = buf[pos:q1215].decode()
-    pos = q1215
+    q1217 = pos + n1216
+    if q1217 > end:
+        raise _length_error(n1216, end - pos)
+    f_node_id = buf[pos:q1217].decode()
+    pos = q1217
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1216: list[Any] = []
+        acc1218: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1217 = _ZD[b]
+                c1219 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1217 = (z >> 1) ^ -(z & 1)
+                c1219 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1217 = (z >> 1) ^ -(z & 1)
+                c1219 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1217, pos = _rlong(buf, pos)
-            if c1217 == 0:
+                c1219, pos = _rlong(buf, pos)
+            if c1219 == 0:
                 break
-            if c1217 < 0:
-                c1217 = -c1217
+            if c1219 < 0:
+                c1219 = -c1219
                 b = buf[pos]
                 if b < 128:
-                    z1220 = _ZD[b]
+                    z1222 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1220 = (z >> 1) ^ -(z & 1)
+                    z1222 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1220 = (z >> 1) ^ -(z & 1)
+                    z1222 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1220, pos = _rlong(buf, pos)
-            if c1217 * 2 > end - pos:
-                raise _count_error(c1217, end - pos)
-            for _ in range(c1217):
-                x1218, pos = _d_GpuShare1220(buf, pos, end)
-                acc1216.append(x1218)
-        f_gpus = tuple(acc1216)
-    n1222 = _ZL[buf[pos]]
-    if n1222 < 0:
-        n1222, pos = _rlong(buf, pos)
-        if n1222 < 0:
-            raise _length_error(n1222, end - pos)
+                    z1222, pos = _rlong(buf, pos)
+            if c1219 * 2 > end - pos:
+                raise _count_error(c1219, end - pos)
+            for _ in range(c1219):
+                x1220, pos = _d_GpuShare1222(buf, pos, end)
+                acc1218.append(x1220)
+        f_gpus = tuple(acc1218)
+    n1224 = _ZL[buf[pos]]
+    if n1224 < 0:
+        n1224, pos = _rlong(buf, pos)
+        if n1224 < 0:
+            raise _length_error(n1224, end - pos)
     else:
         pos += 1
-    q1223 = pos + n1222
-    if q1223 > end:
-        raise _length_error(n1222, end - pos)
-    f_policy = buf[pos:q1223].decode()
-    pos = q1223
+    q1225 = pos + n1224
+    if q1225 > end:
+        raise _length_error(n1224, end - pos)
+    f_policy = buf[pos:q1225].decode()
+    pos = q1225
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1224: dict[str, Any] = {}
+        acc1226: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1225 = _ZD[b]
+                c1227 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1227 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1227 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1225, pos = _rlong(buf, pos)
-            if c1225 == 0:
+                c1227, pos = _rlong(buf, pos)
+            if c1227 == 0:
                 break
-            if c1225 < 0:
-                c1225 = -c1225
+            if c1227 < 0:
+                c1227 = -c1227
                 b = buf[pos]
                 if b < 128:
-                    z1228 = _ZD[b]
+                    z1230 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1230 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1230 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1228, pos = _rlong(buf, pos)
-            if c1225 * 9 > end - pos:
-                raise _count_error(c1225, end - pos)
-            for _ in range(c1225):
-                n1229 = _ZL[buf[pos]]
-                if n1229 < 0:
-                    n1229, pos = _rlong(buf, pos)
-                    if n1229 < 0:
-                        raise _length_error(n1229, end - pos)
+                    z1230, pos = _rlong(buf, pos)
+            if c1227 * 9 > end - pos:
+                raise _count_error(c1227, end - pos)
+            for _ in range(c1227):
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
                 else:
                     pos += 1
-                q1230 = pos + n1229
-                if q1230 > end:
-                    raise _length_error(n1229, end - pos)
-                k1227 = buf[pos:q1230].decode()
-                pos = q1230
-                x1226, = _unpack_d(buf, pos)
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                k1229 = buf[pos:q1232].decode()
+                pos = q1232
+                x1228, = _unpack_d(buf, pos)
                 pos += 8
-                acc1224[k1227] = x1226
-        f_scores = acc1224
+                acc1226[k1229] = x1228
+        f_scores = acc1226
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1231: list[Any] = []
+        acc1233: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1232 = _ZD[b]
+                c1234 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1232 = (z >> 1) ^ -(z & 1)
+                c1234 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1232 = (z >> 1) ^ -(z & 1)
+                c1234 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1232, pos = _rlong(buf, pos)
-            if c1232 == 0:
+                c1234, pos = _rlong(buf, pos)
+            if c1234 == 0:
                 break
-            if c1232 < 0:
-                c1232 = -c1232
+            if c1234 < 0:
+                c1234 = -c1234
                 b = buf[pos]
                 if b < 128:
-                    z1235 = _ZD[b]
+                    z1237 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1235 = (z >> 1) ^ -(z & 1)
+                    z1237 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1235 = (z >> 1) ^ -(z & 1)
+                    z1237 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1235, pos = _rlong(buf, pos)
-            if c1232 * 1 > end - pos:
-                raise _count_error(c1232, end - pos)
-            for _ in range(c1232):
-                n1236 = _ZL[buf[pos]]
-                if n1236 < 0:
-                    n1236, pos = _rlong(buf, pos)
-                    if n1236 < 0:
-                        raise _length_error(n1236, end - pos)
+                    z1237, pos = _rlong(buf, pos)
+            if c1234 * 1 > end - pos:
+                raise _count_error(c1234, end - pos)
+            for _ in range(c1234):
+                n1238 = _ZL[buf[pos]]
+                if n1238 < 0:
+                    n1238, pos = _rlong(buf, pos)
+                    if n1238 < 0:
+                        raise _length_error(n1238, end - pos)
                 else:
                     pos += 1
-                q1237 = pos + n1236
-                if q1237 > end:
-                    raise _length_error(n1236, end - pos)
-                x1233 = buf[pos:q1237].decode()
-                pos = q1237
-                acc1231.append(x1233)
-        f_preempted = tuple(acc1231)
+                q1239 = pos + n1238
+                if q1239 > end:
+                    raise _length_error(n1238, end - pos)
+                x1235 = buf[pos:q1239].decode()
+                pos = q1239
+                acc1233.append(x1235)
+        f_preempted = tuple(acc1233)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1237(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1239(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1239 = _ZL[buf[pos]]
-    if n1239 < 0:
-        n1239, pos = _rlong(buf, pos)
-        if n1239 < 0:
-            raise _length_error(n1239, end - pos)
-    else:
-        pos += 1
-    q1240 = pos + n1239
-    if q1240 > end:
-        raise _length_error(n1239, end - pos)
-    f_pod_id = buf[pos:q1240].decode()
-    pos = q1240
     n1241 = _ZL[buf[pos]]
     if n1241 < 0:
         n1241, pos = _rlong(buf, pos)
@@ -4862,7 +4850,7 @@ def _d_PodEvicted1237(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, in
     q1242 = pos + n1241
     if q1242 > end:
         raise _length_error(n1241, end - pos)
-    f_node_id = buf[pos:q1242].decode()
+    f_pod_id = buf[pos:q1242].decode()
     pos = q1242
     n1243 = _ZL[buf[pos]]
     if n1243 < 0:
@@ -4874,93 +4862,93 @@ def _d_PodEvicted1237(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, in
     q1244 = pos + n1243
     if q1244 > end:
         raise _length_error(n1243, end - pos)
-    f_reason = buf[pos:q1244].decode()
+    f_node_id = buf[pos:q1244].decode()
     pos = q1244
+    n1245 = _ZL[buf[pos]]
+    if n1245 < 0:
+        n1245, pos = _rlong(buf, pos)
+        if n1245 < 0:
+            raise _length_error(n1245, end - pos)
+    else:
+        pos += 1
+    q1246 = pos + n1245
+    if q1246 > end:
+        raise _length_error(n1245, end - pos)
+    f_reason = buf[pos:q1246].decode()
+    pos = q1246
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1244(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1246(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1246 = _ZL[buf[pos]]
-    if n1246 < 0:
-        n1246, pos = _rlong(buf, pos)
-        if n1246 < 0:
-            raise _length_error(n1246, end - pos)
+    n1248 = _ZL[buf[pos]]
+    if n1248 < 0:
+        n1248, pos = _rlong(buf, pos)
+        if n1248 < 0:
+            raise _length_error(n1248, end - pos)
     else:
         pos += 1
-    q1247 = pos + n1246
-    if q1247 > end:
-        raise _length_error(n1246, end - pos)
-    f_pod_id = buf[pos:q1247].decode()
-    pos = q1247
+    q1249 = pos + n1248
+    if q1249 > end:
+        raise _length_error(n1248, end - pos)
+    f_pod_id = buf[pos:q1249].decode()
+    pos = q1249
     b = buf[pos]
     if b < 128:
-        i1248 = _ZD[b]
+        i1250 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1248 = (z >> 1) ^ -(z & 1)
+        i1250 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1248 = (z >> 1) ^ -(z & 1)
+        i1250 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1248, pos = _rlong(buf, pos)
-    if i1248 == 0:
+        i1250, pos = _rlong(buf, pos)
+    if i1250 == 0:
         f_node_id = None
-    elif i1248 == 1:
-        n1249 = _ZL[buf[pos]]
-        if n1249 < 0:
-            n1249, pos = _rlong(buf, pos)
-            if n1249 < 0:
-                raise _length_error(n1249, end - pos)
+    elif i1250 == 1:
+        n1251 = _ZL[buf[pos]]
+        if n1251 < 0:
+            n1251, pos = _rlong(buf, pos)
+            if n1251 < 0:
+                raise _length_error(n1251, end - pos)
         else:
             pos += 1
-        q1250 = pos + n1249
-        if q1250 > end:
-            raise _length_error(n1249, end - pos)
-        f_node_id = buf[pos:q1250].decode()
-        pos = q1250
-    else:
-        raise _union_error(i1248, 2)
-    n1251 = _ZL[buf[pos]]
-    if n1251 < 0:
-        n1251, pos = _rlong(buf, pos)
-        if n1251 < 0:
+        q1252 = pos + n1251
+        if q1252 > end:
             raise _length_error(n1251, end - pos)
+        f_node_id = buf[pos:q1252].decode()
+        pos = q1252
+    else:
+        raise _union_error(i1250, 2)
+    n1253 = _ZL[buf[pos]]
+    if n1253 < 0:
+        n1253, pos = _rlong(buf, pos)
+        if n1253 < 0:
+            raise _length_error(n1253, end - pos)
     else:
         pos += 1
-    q1252 = pos + n1251
-    if q1252 > end:
-        raise _length_error(n1251, end - pos)
-    f_reason = buf[pos:q1252].decode()
-    pos = q1252
+    q1254 = pos + n1253
+    if q1254 > end:
+        raise _length_error(n1253, end - pos)
+    f_reason = buf[pos:q1254].decode()
+    pos = q1254
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1252(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1254 = _ZL[buf[pos]]
-    if n1254 < 0:
-        n1254, pos = _rlong(buf, pos)
-        if n1254 < 0:
-            raise _length_error(n1254, end - pos)
-    else:
-        pos += 1
-    q1255 = pos + n1254
-    if q1255 > end:
-        raise _length_error(n1254, end - pos)
-    f_policy = buf[pos:q1255].decode()
-    pos = q1255
     n1256 = _ZL[buf[pos]]
     if n1256 < 0:
         n1256, pos = _rlong(buf, pos)
@@ -4971,25 +4959,37 @@ def _d_PolicyChanged1252(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
     q1257 = pos + n1256
     if q1257 > end:
         raise _length_error(n1256, end - pos)
-    f_previous = buf[pos:q1257].decode()
+    f_policy = buf[pos:q1257].decode()
     pos = q1257
+    n1258 = _ZL[buf[pos]]
+    if n1258 < 0:
+        n1258, pos = _rlong(buf, pos)
+        if n1258 < 0:
+            raise _length_error(n1258, end - pos)
+    else:
+        pos += 1
+    q1259 = pos + n1258
+    if q1259 > end:
+        raise _length_error(n1258, end - pos)
+    f_previous = buf[pos:q1259].decode()
+    pos = q1259
     b = buf[pos]
     if b < 128:
-        i1258 = _ZD[b]
+        i1260 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1258 = (z >> 1) ^ -(z & 1)
+        i1260 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1258 = (z >> 1) ^ -(z & 1)
+        i1260 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1258, pos = _rlong(buf, pos)
-    if i1258 == 0:
+        i1260, pos = _rlong(buf, pos)
+    if i1260 == 0:
         f_reserve_after_ms = None
-    elif i1258 == 1:
+    elif i1260 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5005,36 +5005,36 @@ def _d_PolicyChanged1252(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1258, 2)
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
+        raise _union_error(i1260, 2)
+    n1261 = _ZL[buf[pos]]
+    if n1261 < 0:
+        n1261, pos = _rlong(buf, pos)
+        if n1261 < 0:
+            raise _length_error(n1261, end - pos)
     else:
         pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_queue_order = buf[pos:q1260].decode()
-    pos = q1260
+    q1262 = pos + n1261
+    if q1262 > end:
+        raise _length_error(n1261, end - pos)
+    f_queue_order = buf[pos:q1262].decode()
+    pos = q1262
     b = buf[pos]
     if b < 128:
-        i1261 = _ZD[b]
+        i1263 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1263 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1263 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1261, pos = _rlong(buf, pos)
-    if i1261 == 0:
+        i1263, pos = _rlong(buf, pos)
+    if i1263 == 0:
         f_max_clock_jump_ms = None
-    elif i1261 == 1:
+    elif i1263 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5050,28 +5050,16 @@ def _d_PolicyChanged1252(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1261, 2)
+        raise _union_error(i1263, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1261(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1263(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1263 = _ZL[buf[pos]]
-    if n1263 < 0:
-        n1263, pos = _rlong(buf, pos)
-        if n1263 < 0:
-            raise _length_error(n1263, end - pos)
-    else:
-        pos += 1
-    q1264 = pos + n1263
-    if q1264 > end:
-        raise _length_error(n1263, end - pos)
-    f_command_id = buf[pos:q1264].decode()
-    pos = q1264
     n1265 = _ZL[buf[pos]]
     if n1265 < 0:
         n1265, pos = _rlong(buf, pos)
@@ -5082,7 +5070,7 @@ def _d_CommandRejected1261(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRe
     q1266 = pos + n1265
     if q1266 > end:
         raise _length_error(n1265, end - pos)
-    f_command_type = buf[pos:q1266].decode()
+    f_command_id = buf[pos:q1266].decode()
     pos = q1266
     n1267 = _ZL[buf[pos]]
     if n1267 < 0:
@@ -5094,7 +5082,7 @@ def _d_CommandRejected1261(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRe
     q1268 = pos + n1267
     if q1268 > end:
         raise _length_error(n1267, end - pos)
-    f_code = buf[pos:q1268].decode()
+    f_command_type = buf[pos:q1268].decode()
     pos = q1268
     n1269 = _ZL[buf[pos]]
     if n1269 < 0:
@@ -5106,13 +5094,25 @@ def _d_CommandRejected1261(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRe
     q1270 = pos + n1269
     if q1270 > end:
         raise _length_error(n1269, end - pos)
-    f_message = buf[pos:q1270].decode()
+    f_code = buf[pos:q1270].decode()
     pos = q1270
+    n1271 = _ZL[buf[pos]]
+    if n1271 < 0:
+        n1271, pos = _rlong(buf, pos)
+        if n1271 < 0:
+            raise _length_error(n1271, end - pos)
+    else:
+        pos += 1
+    q1272 = pos + n1271
+    if q1272 > end:
+        raise _length_error(n1271, end - pos)
+    f_message = buf[pos:q1272].decode()
+    pos = q1272
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5127,18 +5127,6 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
-    else:
-        pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_gang_id = buf[pos:q1281].decode()
-    pos = q1281
     n1282 = _ZL[buf[pos]]
     if n1282 < 0:
         n1282, pos = _rlong(buf, pos)
@@ -5149,8 +5137,20 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     q1283 = pos + n1282
     if q1283 > end:
         raise _length_error(n1282, end - pos)
-    f_tenant = buf[pos:q1283].decode()
+    f_gang_id = buf[pos:q1283].decode()
     pos = q1283
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
+    else:
+        pos += 1
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_tenant = buf[pos:q1285].decode()
+    pos = q1285
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5169,46 +5169,46 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1284: list[Any] = []
+        acc1286: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1285 = _ZD[b]
+                c1287 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1285 = (z >> 1) ^ -(z & 1)
+                c1287 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1285 = (z >> 1) ^ -(z & 1)
+                c1287 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1285, pos = _rlong(buf, pos)
-            if c1285 == 0:
+                c1287, pos = _rlong(buf, pos)
+            if c1287 == 0:
                 break
-            if c1285 < 0:
-                c1285 = -c1285
+            if c1287 < 0:
+                c1287 = -c1287
                 b = buf[pos]
                 if b < 128:
-                    z1288 = _ZD[b]
+                    z1290 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1288 = (z >> 1) ^ -(z & 1)
+                    z1290 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1288 = (z >> 1) ^ -(z & 1)
+                    z1290 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1288, pos = _rlong(buf, pos)
-            if c1285 * 20 > end - pos:
-                raise _count_error(c1285, end - pos)
-            for _ in range(c1285):
-                x1286, pos = _d_PodSpec1153(buf, pos, end)
-                acc1284.append(x1286)
-        f_members = tuple(acc1284)
+                    z1290, pos = _rlong(buf, pos)
+            if c1287 * 20 > end - pos:
+                raise _count_error(c1287, end - pos)
+            for _ in range(c1287):
+                x1288, pos = _d_PodSpec1155(buf, pos, end)
+                acc1286.append(x1288)
+        f_members = tuple(acc1286)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5225,83 +5225,83 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1289 = _ZD[b]
+        i1291 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1289 = (z >> 1) ^ -(z & 1)
+        i1291 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1289 = (z >> 1) ^ -(z & 1)
+        i1291 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1289, pos = _rlong(buf, pos)
-    if i1289 == 0:
+        i1291, pos = _rlong(buf, pos)
+    if i1291 == 0:
         f_topology_required = None
-    elif i1289 == 1:
-        n1290 = _ZL[buf[pos]]
-        if n1290 < 0:
-            n1290, pos = _rlong(buf, pos)
-            if n1290 < 0:
-                raise _length_error(n1290, end - pos)
+    elif i1291 == 1:
+        n1292 = _ZL[buf[pos]]
+        if n1292 < 0:
+            n1292, pos = _rlong(buf, pos)
+            if n1292 < 0:
+                raise _length_error(n1292, end - pos)
         else:
             pos += 1
-        q1291 = pos + n1290
-        if q1291 > end:
-            raise _length_error(n1290, end - pos)
-        f_topology_required = buf[pos:q1291].decode()
-        pos = q1291
+        q1293 = pos + n1292
+        if q1293 > end:
+            raise _length_error(n1292, end - pos)
+        f_topology_required = buf[pos:q1293].decode()
+        pos = q1293
     else:
-        raise _union_error(i1289, 2)
+        raise _union_error(i1291, 2)
     b = buf[pos]
     if b < 128:
-        i1292 = _ZD[b]
+        i1294 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1292 = (z >> 1) ^ -(z & 1)
+        i1294 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1292 = (z >> 1) ^ -(z & 1)
+        i1294 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1292, pos = _rlong(buf, pos)
-    if i1292 == 0:
+        i1294, pos = _rlong(buf, pos)
+    if i1294 == 0:
         f_topology_preferred = None
-    elif i1292 == 1:
-        n1293 = _ZL[buf[pos]]
-        if n1293 < 0:
-            n1293, pos = _rlong(buf, pos)
-            if n1293 < 0:
-                raise _length_error(n1293, end - pos)
+    elif i1294 == 1:
+        n1295 = _ZL[buf[pos]]
+        if n1295 < 0:
+            n1295, pos = _rlong(buf, pos)
+            if n1295 < 0:
+                raise _length_error(n1295, end - pos)
         else:
             pos += 1
-        q1294 = pos + n1293
-        if q1294 > end:
-            raise _length_error(n1293, end - pos)
-        f_topology_preferred = buf[pos:q1294].decode()
-        pos = q1294
+        q1296 = pos + n1295
+        if q1296 > end:
+            raise _length_error(n1295, end - pos)
+        f_topology_preferred = buf[pos:q1296].decode()
+        pos = q1296
     else:
-        raise _union_error(i1292, 2)
+        raise _union_error(i1294, 2)
     b = buf[pos]
     if b < 128:
-        i1295 = _ZD[b]
+        i1297 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1295 = (z >> 1) ^ -(z & 1)
+        i1297 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1295 = (z >> 1) ^ -(z & 1)
+        i1297 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1295, pos = _rlong(buf, pos)
-    if i1295 == 0:
+        i1297, pos = _rlong(buf, pos)
+    if i1297 == 0:
         f_timeout_ms = None
-    elif i1295 == 1:
+    elif i1297 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5317,24 +5317,24 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1295, 2)
+        raise _union_error(i1297, 2)
     b = buf[pos]
     if b < 128:
-        i1296 = _ZD[b]
+        i1298 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1298 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1298 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1296, pos = _rlong(buf, pos)
-    if i1296 == 0:
+        i1298, pos = _rlong(buf, pos)
+    if i1298 == 0:
         f_time_limit_ms = None
-    elif i1296 == 1:
+    elif i1298 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5350,74 +5350,74 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1296, 2)
+        raise _union_error(i1298, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1297: list[Any] = []
+        acc1299: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1298 = _ZD[b]
+                c1300 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1298 = (z >> 1) ^ -(z & 1)
+                c1300 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1298 = (z >> 1) ^ -(z & 1)
+                c1300 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1298, pos = _rlong(buf, pos)
-            if c1298 == 0:
+                c1300, pos = _rlong(buf, pos)
+            if c1300 == 0:
                 break
-            if c1298 < 0:
-                c1298 = -c1298
+            if c1300 < 0:
+                c1300 = -c1300
                 b = buf[pos]
                 if b < 128:
-                    z1301 = _ZD[b]
+                    z1303 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1301 = (z >> 1) ^ -(z & 1)
+                    z1303 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1301 = (z >> 1) ^ -(z & 1)
+                    z1303 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1301, pos = _rlong(buf, pos)
-            if c1298 * 1 > end - pos:
-                raise _count_error(c1298, end - pos)
-            for _ in range(c1298):
-                n1302 = _ZL[buf[pos]]
-                if n1302 < 0:
-                    n1302, pos = _rlong(buf, pos)
-                    if n1302 < 0:
-                        raise _length_error(n1302, end - pos)
+                    z1303, pos = _rlong(buf, pos)
+            if c1300 * 1 > end - pos:
+                raise _count_error(c1300, end - pos)
+            for _ in range(c1300):
+                n1304 = _ZL[buf[pos]]
+                if n1304 < 0:
+                    n1304, pos = _rlong(buf, pos)
+                    if n1304 < 0:
+                        raise _length_error(n1304, end - pos)
                 else:
                     pos += 1
-                q1303 = pos + n1302
-                if q1303 > end:
-                    raise _length_error(n1302, end - pos)
-                x1299 = buf[pos:q1303].decode()
-                pos = q1303
-                acc1297.append(x1299)
-        f_depends_on = tuple(acc1297)
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+                q1305 = pos + n1304
+                if q1305 > end:
+                    raise _length_error(n1304, end - pos)
+                x1301 = buf[pos:q1305].decode()
+                pos = q1305
+                acc1299.append(x1301)
+        f_depends_on = tuple(acc1299)
+    n1306 = _ZL[buf[pos]]
+    if n1306 < 0:
+        n1306, pos = _rlong(buf, pos)
+        if n1306 < 0:
+            raise _length_error(n1306, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_dependency = buf[pos:q1305].decode()
-    pos = q1305
+    q1307 = pos + n1306
+    if q1307 > end:
+        raise _length_error(n1306, end - pos)
+    f_dependency = buf[pos:q1307].decode()
+    pos = q1307
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5446,162 +5446,150 @@ def _d_GangSpec1278(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1306 = _ZL[buf[pos]]
-    if n1306 < 0:
-        n1306, pos = _rlong(buf, pos)
-        if n1306 < 0:
-            raise _length_error(n1306, end - pos)
+    n1308 = _ZL[buf[pos]]
+    if n1308 < 0:
+        n1308, pos = _rlong(buf, pos)
+        if n1308 < 0:
+            raise _length_error(n1308, end - pos)
     else:
         pos += 1
-    q1307 = pos + n1306
-    if q1307 > end:
-        raise _length_error(n1306, end - pos)
-    f_preemption = buf[pos:q1307].decode()
-    pos = q1307
+    q1309 = pos + n1308
+    if q1309 > end:
+        raise _length_error(n1308, end - pos)
+    f_preemption = buf[pos:q1309].decode()
+    pos = q1309
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1270(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1272(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
     else:
         pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_gang_id = buf[pos:q1273].decode()
-    pos = q1273
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_gang_id = buf[pos:q1275].decode()
+    pos = q1275
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1274: list[Any] = []
+        acc1276: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1275 = _ZD[b]
+                c1277 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1275 = (z >> 1) ^ -(z & 1)
+                c1277 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1275 = (z >> 1) ^ -(z & 1)
+                c1277 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1275, pos = _rlong(buf, pos)
-            if c1275 == 0:
+                c1277, pos = _rlong(buf, pos)
+            if c1277 == 0:
                 break
-            if c1275 < 0:
-                c1275 = -c1275
+            if c1277 < 0:
+                c1277 = -c1277
                 b = buf[pos]
                 if b < 128:
-                    z1278 = _ZD[b]
+                    z1280 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1278 = (z >> 1) ^ -(z & 1)
+                    z1280 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1278 = (z >> 1) ^ -(z & 1)
+                    z1280 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1278, pos = _rlong(buf, pos)
-            if c1275 * 3 > end - pos:
-                raise _count_error(c1275, end - pos)
-            for _ in range(c1275):
-                x1276, pos = _d_QueueReason1200(buf, pos, end)
-                acc1274.append(x1276)
-        f_reasons = tuple(acc1274)
-    f_gang, pos = _d_GangSpec1278(buf, pos, end)
+                    z1280, pos = _rlong(buf, pos)
+            if c1277 * 3 > end - pos:
+                raise _count_error(c1277, end - pos)
+            for _ in range(c1277):
+                x1278, pos = _d_QueueReason1202(buf, pos, end)
+                acc1276.append(x1278)
+        f_reasons = tuple(acc1276)
+    f_gang, pos = _d_GangSpec1280(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1308: list[Any] = []
+        acc1310: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1309 = _ZD[b]
+                c1311 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1311 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1311 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1309, pos = _rlong(buf, pos)
-            if c1309 == 0:
+                c1311, pos = _rlong(buf, pos)
+            if c1311 == 0:
                 break
-            if c1309 < 0:
-                c1309 = -c1309
+            if c1311 < 0:
+                c1311 = -c1311
                 b = buf[pos]
                 if b < 128:
-                    z1312 = _ZD[b]
+                    z1314 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1314 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1314 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1312, pos = _rlong(buf, pos)
-            if c1309 * 1 > end - pos:
-                raise _count_error(c1309, end - pos)
-            for _ in range(c1309):
-                n1313 = _ZL[buf[pos]]
-                if n1313 < 0:
-                    n1313, pos = _rlong(buf, pos)
-                    if n1313 < 0:
-                        raise _length_error(n1313, end - pos)
+                    z1314, pos = _rlong(buf, pos)
+            if c1311 * 1 > end - pos:
+                raise _count_error(c1311, end - pos)
+            for _ in range(c1311):
+                n1315 = _ZL[buf[pos]]
+                if n1315 < 0:
+                    n1315, pos = _rlong(buf, pos)
+                    if n1315 < 0:
+                        raise _length_error(n1315, end - pos)
                 else:
                     pos += 1
-                q1314 = pos + n1313
-                if q1314 > end:
-                    raise _length_error(n1313, end - pos)
-                x1310 = buf[pos:q1314].decode()
-                pos = q1314
-                acc1308.append(x1310)
-        f_waiting_for = tuple(acc1308)
+                q1316 = pos + n1315
+                if q1316 > end:
+                    raise _length_error(n1315, end - pos)
+                x1312 = buf[pos:q1316].decode()
+                pos = q1316
+                acc1310.append(x1312)
+        f_waiting_for = tuple(acc1310)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1322(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1324(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1324 = _ZL[buf[pos]]
-    if n1324 < 0:
-        n1324, pos = _rlong(buf, pos)
-        if n1324 < 0:
-            raise _length_error(n1324, end - pos)
-    else:
-        pos += 1
-    q1325 = pos + n1324
-    if q1325 > end:
-        raise _length_error(n1324, end - pos)
-    f_pod_id = buf[pos:q1325].decode()
-    pos = q1325
     n1326 = _ZL[buf[pos]]
     if n1326 < 0:
         n1326, pos = _rlong(buf, pos)
@@ -5612,57 +5600,69 @@ def _d_MemberPlacement1322(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPla
     q1327 = pos + n1326
     if q1327 > end:
         raise _length_error(n1326, end - pos)
-    f_node_id = buf[pos:q1327].decode()
+    f_pod_id = buf[pos:q1327].decode()
     pos = q1327
+    n1328 = _ZL[buf[pos]]
+    if n1328 < 0:
+        n1328, pos = _rlong(buf, pos)
+        if n1328 < 0:
+            raise _length_error(n1328, end - pos)
+    else:
+        pos += 1
+    q1329 = pos + n1328
+    if q1329 > end:
+        raise _length_error(n1328, end - pos)
+    f_node_id = buf[pos:q1329].decode()
+    pos = q1329
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1328: list[Any] = []
+        acc1330: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1329 = _ZD[b]
+                c1331 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1329 = (z >> 1) ^ -(z & 1)
+                c1331 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1329 = (z >> 1) ^ -(z & 1)
+                c1331 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1329, pos = _rlong(buf, pos)
-            if c1329 == 0:
+                c1331, pos = _rlong(buf, pos)
+            if c1331 == 0:
                 break
-            if c1329 < 0:
-                c1329 = -c1329
+            if c1331 < 0:
+                c1331 = -c1331
                 b = buf[pos]
                 if b < 128:
-                    z1332 = _ZD[b]
+                    z1334 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1332 = (z >> 1) ^ -(z & 1)
+                    z1334 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1332 = (z >> 1) ^ -(z & 1)
+                    z1334 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1332, pos = _rlong(buf, pos)
-            if c1329 * 2 > end - pos:
-                raise _count_error(c1329, end - pos)
-            for _ in range(c1329):
-                x1330, pos = _d_GpuShare1220(buf, pos, end)
-                acc1328.append(x1330)
-        f_gpus = tuple(acc1328)
+                    z1334, pos = _rlong(buf, pos)
+            if c1331 * 2 > end - pos:
+                raise _count_error(c1331, end - pos)
+            for _ in range(c1331):
+                x1332, pos = _d_GpuShare1222(buf, pos, end)
+                acc1330.append(x1332)
+        f_gpus = tuple(acc1330)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1314(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5671,214 +5671,214 @@ def _d_GangScheduled1314(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1316 = _ZL[buf[pos]]
-    if n1316 < 0:
-        n1316, pos = _rlong(buf, pos)
-        if n1316 < 0:
-            raise _length_error(n1316, end - pos)
+    n1318 = _ZL[buf[pos]]
+    if n1318 < 0:
+        n1318, pos = _rlong(buf, pos)
+        if n1318 < 0:
+            raise _length_error(n1318, end - pos)
     else:
         pos += 1
-    q1317 = pos + n1316
-    if q1317 > end:
-        raise _length_error(n1316, end - pos)
-    f_gang_id = buf[pos:q1317].decode()
-    pos = q1317
+    q1319 = pos + n1318
+    if q1319 > end:
+        raise _length_error(n1318, end - pos)
+    f_gang_id = buf[pos:q1319].decode()
+    pos = q1319
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1318: list[Any] = []
+        acc1320: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1319 = _ZD[b]
+                c1321 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1319 = (z >> 1) ^ -(z & 1)
+                c1321 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1319 = (z >> 1) ^ -(z & 1)
+                c1321 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1319, pos = _rlong(buf, pos)
-            if c1319 == 0:
+                c1321, pos = _rlong(buf, pos)
+            if c1321 == 0:
                 break
-            if c1319 < 0:
-                c1319 = -c1319
+            if c1321 < 0:
+                c1321 = -c1321
                 b = buf[pos]
                 if b < 128:
-                    z1322 = _ZD[b]
+                    z1324 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1322 = (z >> 1) ^ -(z & 1)
+                    z1324 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1322 = (z >> 1) ^ -(z & 1)
+                    z1324 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1322, pos = _rlong(buf, pos)
-            if c1319 * 3 > end - pos:
-                raise _count_error(c1319, end - pos)
-            for _ in range(c1319):
-                x1320, pos = _d_MemberPlacement1322(buf, pos, end)
-                acc1318.append(x1320)
-        f_members = tuple(acc1318)
-    f_gang, pos = _d_GangSpec1278(buf, pos, end)
+                    z1324, pos = _rlong(buf, pos)
+            if c1321 * 3 > end - pos:
+                raise _count_error(c1321, end - pos)
+            for _ in range(c1321):
+                x1322, pos = _d_MemberPlacement1324(buf, pos, end)
+                acc1320.append(x1322)
+        f_members = tuple(acc1320)
+    f_gang, pos = _d_GangSpec1280(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1333 = _ZD[b]
+        i1335 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1333 = (z >> 1) ^ -(z & 1)
+        i1335 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1333 = (z >> 1) ^ -(z & 1)
+        i1335 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1333, pos = _rlong(buf, pos)
-    if i1333 == 0:
+        i1335, pos = _rlong(buf, pos)
+    if i1335 == 0:
         f_topology_key = None
-    elif i1333 == 1:
-        n1334 = _ZL[buf[pos]]
-        if n1334 < 0:
-            n1334, pos = _rlong(buf, pos)
-            if n1334 < 0:
-                raise _length_error(n1334, end - pos)
+    elif i1335 == 1:
+        n1336 = _ZL[buf[pos]]
+        if n1336 < 0:
+            n1336, pos = _rlong(buf, pos)
+            if n1336 < 0:
+                raise _length_error(n1336, end - pos)
         else:
             pos += 1
-        q1335 = pos + n1334
-        if q1335 > end:
-            raise _length_error(n1334, end - pos)
-        f_topology_key = buf[pos:q1335].decode()
-        pos = q1335
+        q1337 = pos + n1336
+        if q1337 > end:
+            raise _length_error(n1336, end - pos)
+        f_topology_key = buf[pos:q1337].decode()
+        pos = q1337
     else:
-        raise _union_error(i1333, 2)
+        raise _union_error(i1335, 2)
     b = buf[pos]
     if b < 128:
-        i1336 = _ZD[b]
+        i1338 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1336 = (z >> 1) ^ -(z & 1)
+        i1338 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1336 = (z >> 1) ^ -(z & 1)
+        i1338 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1336, pos = _rlong(buf, pos)
-    if i1336 == 0:
+        i1338, pos = _rlong(buf, pos)
+    if i1338 == 0:
         f_domain = None
-    elif i1336 == 1:
-        n1337 = _ZL[buf[pos]]
-        if n1337 < 0:
-            n1337, pos = _rlong(buf, pos)
-            if n1337 < 0:
-                raise _length_error(n1337, end - pos)
+    elif i1338 == 1:
+        n1339 = _ZL[buf[pos]]
+        if n1339 < 0:
+            n1339, pos = _rlong(buf, pos)
+            if n1339 < 0:
+                raise _length_error(n1339, end - pos)
         else:
             pos += 1
-        q1338 = pos + n1337
-        if q1338 > end:
-            raise _length_error(n1337, end - pos)
-        f_domain = buf[pos:q1338].decode()
-        pos = q1338
+        q1340 = pos + n1339
+        if q1340 > end:
+            raise _length_error(n1339, end - pos)
+        f_domain = buf[pos:q1340].decode()
+        pos = q1340
     else:
-        raise _union_error(i1336, 2)
+        raise _union_error(i1338, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1339 = _ZL[buf[pos]]
-    if n1339 < 0:
-        n1339, pos = _rlong(buf, pos)
-        if n1339 < 0:
-            raise _length_error(n1339, end - pos)
+    n1341 = _ZL[buf[pos]]
+    if n1341 < 0:
+        n1341, pos = _rlong(buf, pos)
+        if n1341 < 0:
+            raise _length_error(n1341, end - pos)
     else:
         pos += 1
-    q1340 = pos + n1339
-    if q1340 > end:
-        raise _length_error(n1339, end - pos)
-    f_message = buf[pos:q1340].decode()
-    pos = q1340
+    q1342 = pos + n1341
+    if q1342 > end:
+        raise _length_error(n1341, end - pos)
+    f_message = buf[pos:q1342].decode()
+    pos = q1342
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1341: list[Any] = []
+        acc1343: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1342 = _ZD[b]
+                c1344 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1342 = (z >> 1) ^ -(z & 1)
+                c1344 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1342 = (z >> 1) ^ -(z & 1)
+                c1344 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1342, pos = _rlong(buf, pos)
-            if c1342 == 0:
+                c1344, pos = _rlong(buf, pos)
+            if c1344 == 0:
                 break
-            if c1342 < 0:
-                c1342 = -c1342
+            if c1344 < 0:
+                c1344 = -c1344
                 b = buf[pos]
                 if b < 128:
-                    z1345 = _ZD[b]
+                    z1347 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1345 = (z >> 1) ^ -(z & 1)
+                    z1347 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1345 = (z >> 1) ^ -(z & 1)
+                    z1347 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1345, pos = _rlong(buf, pos)
-            if c1342 * 1 > end - pos:
-                raise _count_error(c1342, end - pos)
-            for _ in range(c1342):
-                n1346 = _ZL[buf[pos]]
-                if n1346 < 0:
-                    n1346, pos = _rlong(buf, pos)
-                    if n1346 < 0:
-                        raise _length_error(n1346, end - pos)
+                    z1347, pos = _rlong(buf, pos)
+            if c1344 * 1 > end - pos:
+                raise _count_error(c1344, end - pos)
+            for _ in range(c1344):
+                n1348 = _ZL[buf[pos]]
+                if n1348 < 0:
+                    n1348, pos = _rlong(buf, pos)
+                    if n1348 < 0:
+                        raise _length_error(n1348, end - pos)
                 else:
                     pos += 1
-                q1347 = pos + n1346
-                if q1347 > end:
-                    raise _length_error(n1346, end - pos)
-                x1343 = buf[pos:q1347].decode()
-                pos = q1347
-                acc1341.append(x1343)
-        f_preempted = tuple(acc1341)
+                q1349 = pos + n1348
+                if q1349 > end:
+                    raise _length_error(n1348, end - pos)
+                x1345 = buf[pos:q1349].decode()
+                pos = q1349
+                acc1343.append(x1345)
+        f_preempted = tuple(acc1343)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1347(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1349 = _ZL[buf[pos]]
-    if n1349 < 0:
-        n1349, pos = _rlong(buf, pos)
-        if n1349 < 0:
-            raise _length_error(n1349, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1350 = pos + n1349
-    if q1350 > end:
-        raise _length_error(n1349, end - pos)
-    f_gang_id = buf[pos:q1350].decode()
-    pos = q1350
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_gang_id = buf[pos:q1352].decode()
+    pos = q1352
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5893,38 +5893,26 @@ def _d_GangTimedOut1347(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1351 = _ZL[buf[pos]]
-    if n1351 < 0:
-        n1351, pos = _rlong(buf, pos)
-        if n1351 < 0:
-            raise _length_error(n1351, end - pos)
+    n1353 = _ZL[buf[pos]]
+    if n1353 < 0:
+        n1353, pos = _rlong(buf, pos)
+        if n1353 < 0:
+            raise _length_error(n1353, end - pos)
     else:
         pos += 1
-    q1352 = pos + n1351
-    if q1352 > end:
-        raise _length_error(n1351, end - pos)
-    f_message = buf[pos:q1352].decode()
-    pos = q1352
+    q1354 = pos + n1353
+    if q1354 > end:
+        raise _length_error(n1353, end - pos)
+    f_message = buf[pos:q1354].decode()
+    pos = q1354
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1352(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1354 = _ZL[buf[pos]]
-    if n1354 < 0:
-        n1354, pos = _rlong(buf, pos)
-        if n1354 < 0:
-            raise _length_error(n1354, end - pos)
-    else:
-        pos += 1
-    q1355 = pos + n1354
-    if q1355 > end:
-        raise _length_error(n1354, end - pos)
-    f_gang_id = buf[pos:q1355].decode()
-    pos = q1355
     n1356 = _ZL[buf[pos]]
     if n1356 < 0:
         n1356, pos = _rlong(buf, pos)
@@ -5935,31 +5923,31 @@ def _d_GangReleased1352(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased
     q1357 = pos + n1356
     if q1357 > end:
         raise _length_error(n1356, end - pos)
-    f_reason = buf[pos:q1357].decode()
+    f_gang_id = buf[pos:q1357].decode()
     pos = q1357
+    n1358 = _ZL[buf[pos]]
+    if n1358 < 0:
+        n1358, pos = _rlong(buf, pos)
+        if n1358 < 0:
+            raise _length_error(n1358, end - pos)
+    else:
+        pos += 1
+    q1359 = pos + n1358
+    if q1359 > end:
+        raise _length_error(n1358, end - pos)
+    f_reason = buf[pos:q1359].decode()
+    pos = q1359
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1359 = _ZL[buf[pos]]
-    if n1359 < 0:
-        n1359, pos = _rlong(buf, pos)
-        if n1359 < 0:
-            raise _length_error(n1359, end - pos)
-    else:
-        pos += 1
-    q1360 = pos + n1359
-    if q1360 > end:
-        raise _length_error(n1359, end - pos)
-    f_pod_id = buf[pos:q1360].decode()
-    pos = q1360
     n1361 = _ZL[buf[pos]]
     if n1361 < 0:
         n1361, pos = _rlong(buf, pos)
@@ -5970,8 +5958,20 @@ def _d_PodTimeLimitReached1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
     q1362 = pos + n1361
     if q1362 > end:
         raise _length_error(n1361, end - pos)
-    f_node_id = buf[pos:q1362].decode()
+    f_pod_id = buf[pos:q1362].decode()
     pos = q1362
+    n1363 = _ZL[buf[pos]]
+    if n1363 < 0:
+        n1363, pos = _rlong(buf, pos)
+        if n1363 < 0:
+            raise _length_error(n1363, end - pos)
+    else:
+        pos += 1
+    q1364 = pos + n1363
+    if q1364 > end:
+        raise _length_error(n1363, end - pos)
+    f_node_id = buf[pos:q1364].decode()
+    pos = q1364
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5988,57 +5988,45 @@ def _d_PodTimeLimitReached1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1363 = _ZD[b]
+        i1365 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1363 = (z >> 1) ^ -(z & 1)
+        i1365 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1363 = (z >> 1) ^ -(z & 1)
+        i1365 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1363, pos = _rlong(buf, pos)
-    if i1363 == 0:
+        i1365, pos = _rlong(buf, pos)
+    if i1365 == 0:
         f_gang_id = None
-    elif i1363 == 1:
-        n1364 = _ZL[buf[pos]]
-        if n1364 < 0:
-            n1364, pos = _rlong(buf, pos)
-            if n1364 < 0:
-                raise _length_error(n1364, end - pos)
+    elif i1365 == 1:
+        n1366 = _ZL[buf[pos]]
+        if n1366 < 0:
+            n1366, pos = _rlong(buf, pos)
+            if n1366 < 0:
+                raise _length_error(n1366, end - pos)
         else:
             pos += 1
-        q1365 = pos + n1364
-        if q1365 > end:
-            raise _length_error(n1364, end - pos)
-        f_gang_id = buf[pos:q1365].decode()
-        pos = q1365
+        q1367 = pos + n1366
+        if q1367 > end:
+            raise _length_error(n1366, end - pos)
+        f_gang_id = buf[pos:q1367].decode()
+        pos = q1367
     else:
-        raise _union_error(i1363, 2)
+        raise _union_error(i1365, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1365(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1367 = _ZL[buf[pos]]
-    if n1367 < 0:
-        n1367, pos = _rlong(buf, pos)
-        if n1367 < 0:
-            raise _length_error(n1367, end - pos)
-    else:
-        pos += 1
-    q1368 = pos + n1367
-    if q1368 > end:
-        raise _length_error(n1367, end - pos)
-    f_holder_id = buf[pos:q1368].decode()
-    pos = q1368
     n1369 = _ZL[buf[pos]]
     if n1369 < 0:
         n1369, pos = _rlong(buf, pos)
@@ -6049,80 +6037,92 @@ def _d_NodesReserved1365(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
     q1370 = pos + n1369
     if q1370 > end:
         raise _length_error(n1369, end - pos)
-    f_holder_kind = buf[pos:q1370].decode()
+    f_holder_id = buf[pos:q1370].decode()
     pos = q1370
+    n1371 = _ZL[buf[pos]]
+    if n1371 < 0:
+        n1371, pos = _rlong(buf, pos)
+        if n1371 < 0:
+            raise _length_error(n1371, end - pos)
+    else:
+        pos += 1
+    q1372 = pos + n1371
+    if q1372 > end:
+        raise _length_error(n1371, end - pos)
+    f_holder_kind = buf[pos:q1372].decode()
+    pos = q1372
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1371: list[Any] = []
+        acc1373: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1372 = _ZD[b]
+                c1374 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1372 = (z >> 1) ^ -(z & 1)
+                c1374 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1372 = (z >> 1) ^ -(z & 1)
+                c1374 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1372, pos = _rlong(buf, pos)
-            if c1372 == 0:
+                c1374, pos = _rlong(buf, pos)
+            if c1374 == 0:
                 break
-            if c1372 < 0:
-                c1372 = -c1372
+            if c1374 < 0:
+                c1374 = -c1374
                 b = buf[pos]
                 if b < 128:
-                    z1375 = _ZD[b]
+                    z1377 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1375 = (z >> 1) ^ -(z & 1)
+                    z1377 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1375 = (z >> 1) ^ -(z & 1)
+                    z1377 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1375, pos = _rlong(buf, pos)
-            if c1372 * 1 > end - pos:
-                raise _count_error(c1372, end - pos)
-            for _ in range(c1372):
-                n1376 = _ZL[buf[pos]]
-                if n1376 < 0:
-                    n1376, pos = _rlong(buf, pos)
-                    if n1376 < 0:
-                        raise _length_error(n1376, end - pos)
+                    z1377, pos = _rlong(buf, pos)
+            if c1374 * 1 > end - pos:
+                raise _count_error(c1374, end - pos)
+            for _ in range(c1374):
+                n1378 = _ZL[buf[pos]]
+                if n1378 < 0:
+                    n1378, pos = _rlong(buf, pos)
+                    if n1378 < 0:
+                        raise _length_error(n1378, end - pos)
                 else:
                     pos += 1
-                q1377 = pos + n1376
-                if q1377 > end:
-                    raise _length_error(n1376, end - pos)
-                x1373 = buf[pos:q1377].decode()
-                pos = q1377
-                acc1371.append(x1373)
-        f_nodes = tuple(acc1371)
+                q1379 = pos + n1378
+                if q1379 > end:
+                    raise _length_error(n1378, end - pos)
+                x1375 = buf[pos:q1379].decode()
+                pos = q1379
+                acc1373.append(x1375)
+        f_nodes = tuple(acc1373)
     b = buf[pos]
     if b < 128:
-        i1378 = _ZD[b]
+        i1380 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1378 = (z >> 1) ^ -(z & 1)
+        i1380 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1378 = (z >> 1) ^ -(z & 1)
+        i1380 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1378, pos = _rlong(buf, pos)
-    if i1378 == 0:
+        i1380, pos = _rlong(buf, pos)
+    if i1380 == 0:
         f_expected_start = None
-    elif i1378 == 1:
+    elif i1380 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6138,41 +6138,29 @@ def _d_NodesReserved1365(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1378, 2)
-    n1379 = _ZL[buf[pos]]
-    if n1379 < 0:
-        n1379, pos = _rlong(buf, pos)
-        if n1379 < 0:
-            raise _length_error(n1379, end - pos)
+        raise _union_error(i1380, 2)
+    n1381 = _ZL[buf[pos]]
+    if n1381 < 0:
+        n1381, pos = _rlong(buf, pos)
+        if n1381 < 0:
+            raise _length_error(n1381, end - pos)
     else:
         pos += 1
-    q1380 = pos + n1379
-    if q1380 > end:
-        raise _length_error(n1379, end - pos)
-    f_message = buf[pos:q1380].decode()
-    pos = q1380
+    q1382 = pos + n1381
+    if q1382 > end:
+        raise _length_error(n1381, end - pos)
+    f_message = buf[pos:q1382].decode()
+    pos = q1382
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1380(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1382(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1382 = _ZL[buf[pos]]
-    if n1382 < 0:
-        n1382, pos = _rlong(buf, pos)
-        if n1382 < 0:
-            raise _length_error(n1382, end - pos)
-    else:
-        pos += 1
-    q1383 = pos + n1382
-    if q1383 > end:
-        raise _length_error(n1382, end - pos)
-    f_holder_id = buf[pos:q1383].decode()
-    pos = q1383
     n1384 = _ZL[buf[pos]]
     if n1384 < 0:
         n1384, pos = _rlong(buf, pos)
@@ -6183,75 +6171,75 @@ def _d_ReservationReleased1380(buf: bytes, pos: int, end: int) -> tuple[_c_Reser
     q1385 = pos + n1384
     if q1385 > end:
         raise _length_error(n1384, end - pos)
-    f_holder_kind = buf[pos:q1385].decode()
+    f_holder_id = buf[pos:q1385].decode()
     pos = q1385
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
+    else:
+        pos += 1
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_holder_kind = buf[pos:q1387].decode()
+    pos = q1387
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1386: list[Any] = []
+        acc1388: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1387 = _ZD[b]
+                c1389 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1387 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1387 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1387, pos = _rlong(buf, pos)
-            if c1387 == 0:
+                c1389, pos = _rlong(buf, pos)
+            if c1389 == 0:
                 break
-            if c1387 < 0:
-                c1387 = -c1387
+            if c1389 < 0:
+                c1389 = -c1389
                 b = buf[pos]
                 if b < 128:
-                    z1390 = _ZD[b]
+                    z1392 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1390 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1390 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1390, pos = _rlong(buf, pos)
-            if c1387 * 1 > end - pos:
-                raise _count_error(c1387, end - pos)
-            for _ in range(c1387):
-                n1391 = _ZL[buf[pos]]
-                if n1391 < 0:
-                    n1391, pos = _rlong(buf, pos)
-                    if n1391 < 0:
-                        raise _length_error(n1391, end - pos)
+                    z1392, pos = _rlong(buf, pos)
+            if c1389 * 1 > end - pos:
+                raise _count_error(c1389, end - pos)
+            for _ in range(c1389):
+                n1393 = _ZL[buf[pos]]
+                if n1393 < 0:
+                    n1393, pos = _rlong(buf, pos)
+                    if n1393 < 0:
+                        raise _length_error(n1393, end - pos)
                 else:
                     pos += 1
-                q1392 = pos + n1391
-                if q1392 > end:
-                    raise _length_error(n1391, end - pos)
-                x1388 = buf[pos:q1392].decode()
-                pos = q1392
-                acc1386.append(x1388)
-        f_nodes = tuple(acc1386)
-    n1393 = _ZL[buf[pos]]
-    if n1393 < 0:
-        n1393, pos = _rlong(buf, pos)
-        if n1393 < 0:
-            raise _length_error(n1393, end - pos)
-    else:
-        pos += 1
-    q1394 = pos + n1393
-    if q1394 > end:
-        raise _length_error(n1393, end - pos)
-    f_reason = buf[pos:q1394].decode()
-    pos = q1394
+                q1394 = pos + n1393
+                if q1394 > end:
+                    raise _length_error(n1393, end - pos)
+                x1390 = buf[pos:q1394].decode()
+                pos = q1394
+                acc1388.append(x1390)
+        f_nodes = tuple(acc1388)
     n1395 = _ZL[buf[pos]]
     if n1395 < 0:
         n1395, pos = _rlong(buf, pos)
@@ -6262,29 +6250,29 @@ def _d_ReservationReleased1380(buf: bytes, pos: int, end: int) -> tuple[_c_Reser
     q1396 = pos + n1395
     if q1396 > end:
         raise _length_error(n1395, end - pos)
-    f_message = buf[pos:q1396].decode()
+    f_reason = buf[pos:q1396].decode()
     pos = q1396
+    n1397 = _ZL[buf[pos]]
+    if n1397 < 0:
+        n1397, pos = _rlong(buf, pos)
+        if n1397 < 0:
+            raise _length_error(n1397, end - pos)
+    else:
+        pos += 1
+    q1398 = pos + n1397
+    if q1398 > end:
+        raise _length_error(n1397, end - pos)
+    f_message = buf[pos:q1398].decode()
+    pos = q1398
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1396(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1398(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1398 = _ZL[buf[pos]]
-    if n1398 < 0:
-        n1398, pos = _rlong(buf, pos)
-        if n1398 < 0:
-            raise _length_error(n1398, end - pos)
-    else:
-        pos += 1
-    q1399 = pos + n1398
-    if q1399 > end:
-        raise _length_error(n1398, end - pos)
-    f_holder_id = buf[pos:q1399].decode()
-    pos = q1399
     n1400 = _ZL[buf[pos]]
     if n1400 < 0:
         n1400, pos = _rlong(buf, pos)
@@ -6295,7 +6283,7 @@ def _d_DependencyFailed1396(buf: bytes, pos: int, end: int) -> tuple[_c_Dependen
     q1401 = pos + n1400
     if q1401 > end:
         raise _length_error(n1400, end - pos)
-    f_holder_kind = buf[pos:q1401].decode()
+    f_holder_id = buf[pos:q1401].decode()
     pos = q1401
     n1402 = _ZL[buf[pos]]
     if n1402 < 0:
@@ -6307,7 +6295,7 @@ def _d_DependencyFailed1396(buf: bytes, pos: int, end: int) -> tuple[_c_Dependen
     q1403 = pos + n1402
     if q1403 > end:
         raise _length_error(n1402, end - pos)
-    f_dependency_id = buf[pos:q1403].decode()
+    f_holder_kind = buf[pos:q1403].decode()
     pos = q1403
     n1404 = _ZL[buf[pos]]
     if n1404 < 0:
@@ -6319,13 +6307,25 @@ def _d_DependencyFailed1396(buf: bytes, pos: int, end: int) -> tuple[_c_Dependen
     q1405 = pos + n1404
     if q1405 > end:
         raise _length_error(n1404, end - pos)
-    f_message = buf[pos:q1405].decode()
+    f_dependency_id = buf[pos:q1405].decode()
     pos = q1405
+    n1406 = _ZL[buf[pos]]
+    if n1406 < 0:
+        n1406, pos = _rlong(buf, pos)
+        if n1406 < 0:
+            raise _length_error(n1406, end - pos)
+    else:
+        pos += 1
+    q1407 = pos + n1406
+    if q1407 > end:
+        raise _length_error(n1406, end - pos)
+    f_message = buf[pos:q1407].decode()
+    pos = q1407
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1405(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6348,24 +6348,12 @@ def _d_Ticked1405(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1408 = _ZL[buf[pos]]
-    if n1408 < 0:
-        n1408, pos = _rlong(buf, pos)
-        if n1408 < 0:
-            raise _length_error(n1408, end - pos)
-    else:
-        pos += 1
-    q1409 = pos + n1408
-    if q1409 > end:
-        raise _length_error(n1408, end - pos)
-    f_pod_id = buf[pos:q1409].decode()
-    pos = q1409
     n1410 = _ZL[buf[pos]]
     if n1410 < 0:
         n1410, pos = _rlong(buf, pos)
@@ -6376,7 +6364,7 @@ def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1411 = pos + n1410
     if q1411 > end:
         raise _length_error(n1410, end - pos)
-    f_node_id = buf[pos:q1411].decode()
+    f_pod_id = buf[pos:q1411].decode()
     pos = q1411
     n1412 = _ZL[buf[pos]]
     if n1412 < 0:
@@ -6388,7 +6376,7 @@ def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1413 = pos + n1412
     if q1413 > end:
         raise _length_error(n1412, end - pos)
-    f_by = buf[pos:q1413].decode()
+    f_node_id = buf[pos:q1413].decode()
     pos = q1413
     n1414 = _ZL[buf[pos]]
     if n1414 < 0:
@@ -6400,7 +6388,7 @@ def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1415 = pos + n1414
     if q1415 > end:
         raise _length_error(n1414, end - pos)
-    f_reason = buf[pos:q1415].decode()
+    f_by = buf[pos:q1415].decode()
     pos = q1415
     n1416 = _ZL[buf[pos]]
     if n1416 < 0:
@@ -6412,105 +6400,117 @@ def _d_PodPreempted1406(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted
     q1417 = pos + n1416
     if q1417 > end:
         raise _length_error(n1416, end - pos)
-    f_message = buf[pos:q1417].decode()
+    f_reason = buf[pos:q1417].decode()
     pos = q1417
+    n1418 = _ZL[buf[pos]]
+    if n1418 < 0:
+        n1418, pos = _rlong(buf, pos)
+        if n1418 < 0:
+            raise _length_error(n1418, end - pos)
+    else:
+        pos += 1
+    q1419 = pos + n1418
+    if q1419 > end:
+        raise _length_error(n1418, end - pos)
+    f_message = buf[pos:q1419].decode()
+    pos = q1419
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1417(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1419(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1419 = _ZD[b]
+        i1421 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1419 = (z >> 1) ^ -(z & 1)
+        i1421 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1419 = (z >> 1) ^ -(z & 1)
+        i1421 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1419, pos = _rlong(buf, pos)
-    if i1419 == 0:
+        i1421, pos = _rlong(buf, pos)
+    if i1421 == 0:
         f_tenant = None
-    elif i1419 == 1:
-        n1420 = _ZL[buf[pos]]
-        if n1420 < 0:
-            n1420, pos = _rlong(buf, pos)
-            if n1420 < 0:
-                raise _length_error(n1420, end - pos)
+    elif i1421 == 1:
+        n1422 = _ZL[buf[pos]]
+        if n1422 < 0:
+            n1422, pos = _rlong(buf, pos)
+            if n1422 < 0:
+                raise _length_error(n1422, end - pos)
         else:
             pos += 1
-        q1421 = pos + n1420
-        if q1421 > end:
-            raise _length_error(n1420, end - pos)
-        f_tenant = buf[pos:q1421].decode()
-        pos = q1421
+        q1423 = pos + n1422
+        if q1423 > end:
+            raise _length_error(n1422, end - pos)
+        f_tenant = buf[pos:q1423].decode()
+        pos = q1423
     else:
-        raise _union_error(i1419, 2)
+        raise _union_error(i1421, 2)
     b = buf[pos]
     if b < 128:
-        i1422 = _ZD[b]
+        i1424 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1422 = (z >> 1) ^ -(z & 1)
+        i1424 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1422 = (z >> 1) ^ -(z & 1)
+        i1424 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1422, pos = _rlong(buf, pos)
-    if i1422 == 0:
+        i1424, pos = _rlong(buf, pos)
+    if i1424 == 0:
         f_quota = None
-    elif i1422 == 1:
+    elif i1424 == 1:
         f_quota, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1422, 2)
+        raise _union_error(i1424, 2)
     b = buf[pos]
     if b < 128:
-        i1423 = _ZD[b]
+        i1425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1423 = (z >> 1) ^ -(z & 1)
+        i1425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1423 = (z >> 1) ^ -(z & 1)
+        i1425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1423, pos = _rlong(buf, pos)
-    if i1423 == 0:
+        i1425, pos = _rlong(buf, pos)
+    if i1425 == 0:
         f_previous = None
-    elif i1423 == 1:
+    elif i1425 == 1:
         f_previous, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1423, 2)
-    n1424 = _ZL[buf[pos]]
-    if n1424 < 0:
-        n1424, pos = _rlong(buf, pos)
-        if n1424 < 0:
-            raise _length_error(n1424, end - pos)
+        raise _union_error(i1425, 2)
+    n1426 = _ZL[buf[pos]]
+    if n1426 < 0:
+        n1426, pos = _rlong(buf, pos)
+        if n1426 < 0:
+            raise _length_error(n1426, end - pos)
     else:
         pos += 1
-    q1425 = pos + n1424
-    if q1425 > end:
-        raise _length_error(n1424, end - pos)
-    f_message = buf[pos:q1425].decode()
-    pos = q1425
+    q1427 = pos + n1426
+    if q1427 > end:
+        raise _length_error(n1426, end - pos)
+    f_message = buf[pos:q1427].decode()
+    pos = q1427
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6518,18 +6518,6 @@ def _d_PodMigrated1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1427 = _ZL[buf[pos]]
-    if n1427 < 0:
-        n1427, pos = _rlong(buf, pos)
-        if n1427 < 0:
-            raise _length_error(n1427, end - pos)
-    else:
-        pos += 1
-    q1428 = pos + n1427
-    if q1428 > end:
-        raise _length_error(n1427, end - pos)
-    f_pod_id = buf[pos:q1428].decode()
-    pos = q1428
     n1429 = _ZL[buf[pos]]
     if n1429 < 0:
         n1429, pos = _rlong(buf, pos)
@@ -6540,120 +6528,120 @@ def _d_PodMigrated1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1430 = pos + n1429
     if q1430 > end:
         raise _length_error(n1429, end - pos)
-    f_from_node = buf[pos:q1430].decode()
+    f_pod_id = buf[pos:q1430].decode()
     pos = q1430
+    n1431 = _ZL[buf[pos]]
+    if n1431 < 0:
+        n1431, pos = _rlong(buf, pos)
+        if n1431 < 0:
+            raise _length_error(n1431, end - pos)
+    else:
+        pos += 1
+    q1432 = pos + n1431
+    if q1432 > end:
+        raise _length_error(n1431, end - pos)
+    f_from_node = buf[pos:q1432].decode()
+    pos = q1432
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1431: list[Any] = []
+        acc1433: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1432 = _ZD[b]
+                c1434 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1432 = (z >> 1) ^ -(z & 1)
+                c1434 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1432 = (z >> 1) ^ -(z & 1)
+                c1434 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1432, pos = _rlong(buf, pos)
-            if c1432 == 0:
+                c1434, pos = _rlong(buf, pos)
+            if c1434 == 0:
                 break
-            if c1432 < 0:
-                c1432 = -c1432
+            if c1434 < 0:
+                c1434 = -c1434
                 b = buf[pos]
                 if b < 128:
-                    z1435 = _ZD[b]
+                    z1437 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1435 = (z >> 1) ^ -(z & 1)
+                    z1437 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1435 = (z >> 1) ^ -(z & 1)
+                    z1437 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1435, pos = _rlong(buf, pos)
-            if c1432 * 2 > end - pos:
-                raise _count_error(c1432, end - pos)
-            for _ in range(c1432):
-                x1433, pos = _d_GpuShare1220(buf, pos, end)
-                acc1431.append(x1433)
-        f_from_gpus = tuple(acc1431)
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+                    z1437, pos = _rlong(buf, pos)
+            if c1434 * 2 > end - pos:
+                raise _count_error(c1434, end - pos)
+            for _ in range(c1434):
+                x1435, pos = _d_GpuShare1222(buf, pos, end)
+                acc1433.append(x1435)
+        f_from_gpus = tuple(acc1433)
+    n1438 = _ZL[buf[pos]]
+    if n1438 < 0:
+        n1438, pos = _rlong(buf, pos)
+        if n1438 < 0:
+            raise _length_error(n1438, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_to_node = buf[pos:q1437].decode()
-    pos = q1437
+    q1439 = pos + n1438
+    if q1439 > end:
+        raise _length_error(n1438, end - pos)
+    f_to_node = buf[pos:q1439].decode()
+    pos = q1439
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1438: list[Any] = []
+        acc1440: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1439 = _ZD[b]
+                c1441 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1441 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1441 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1439, pos = _rlong(buf, pos)
-            if c1439 == 0:
+                c1441, pos = _rlong(buf, pos)
+            if c1441 == 0:
                 break
-            if c1439 < 0:
-                c1439 = -c1439
+            if c1441 < 0:
+                c1441 = -c1441
                 b = buf[pos]
                 if b < 128:
-                    z1442 = _ZD[b]
+                    z1444 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1444 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1444 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1442, pos = _rlong(buf, pos)
-            if c1439 * 2 > end - pos:
-                raise _count_error(c1439, end - pos)
-            for _ in range(c1439):
-                x1440, pos = _d_GpuShare1220(buf, pos, end)
-                acc1438.append(x1440)
-        f_to_gpus = tuple(acc1438)
-    n1443 = _ZL[buf[pos]]
-    if n1443 < 0:
-        n1443, pos = _rlong(buf, pos)
-        if n1443 < 0:
-            raise _length_error(n1443, end - pos)
-    else:
-        pos += 1
-    q1444 = pos + n1443
-    if q1444 > end:
-        raise _length_error(n1443, end - pos)
-    f_reason = buf[pos:q1444].decode()
-    pos = q1444
+                    z1444, pos = _rlong(buf, pos)
+            if c1441 * 2 > end - pos:
+                raise _count_error(c1441, end - pos)
+            for _ in range(c1441):
+                x1442, pos = _d_GpuShare1222(buf, pos, end)
+                acc1440.append(x1442)
+        f_to_gpus = tuple(acc1440)
     n1445 = _ZL[buf[pos]]
     if n1445 < 0:
         n1445, pos = _rlong(buf, pos)
@@ -6664,13 +6652,25 @@ def _d_PodMigrated1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1446 = pos + n1445
     if q1446 > end:
         raise _length_error(n1445, end - pos)
-    f_message = buf[pos:q1446].decode()
+    f_reason = buf[pos:q1446].decode()
     pos = q1446
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
+    else:
+        pos += 1
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_message = buf[pos:q1448].decode()
+    pos = q1448
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1446(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6720,68 +6720,56 @@ def _d_DefragmentationPlanned1446(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1448 = _ZD[b]
+        i1450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1448 = (z >> 1) ^ -(z & 1)
+        i1450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1448 = (z >> 1) ^ -(z & 1)
+        i1450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1448, pos = _rlong(buf, pos)
-    if i1448 == 0:
+        i1450, pos = _rlong(buf, pos)
+    if i1450 == 0:
         f_target = None
-    elif i1448 == 1:
-        n1449 = _ZL[buf[pos]]
-        if n1449 < 0:
-            n1449, pos = _rlong(buf, pos)
-            if n1449 < 0:
-                raise _length_error(n1449, end - pos)
+    elif i1450 == 1:
+        n1451 = _ZL[buf[pos]]
+        if n1451 < 0:
+            n1451, pos = _rlong(buf, pos)
+            if n1451 < 0:
+                raise _length_error(n1451, end - pos)
         else:
             pos += 1
-        q1450 = pos + n1449
-        if q1450 > end:
-            raise _length_error(n1449, end - pos)
-        f_target = buf[pos:q1450].decode()
-        pos = q1450
-    else:
-        raise _union_error(i1448, 2)
-    n1451 = _ZL[buf[pos]]
-    if n1451 < 0:
-        n1451, pos = _rlong(buf, pos)
-        if n1451 < 0:
+        q1452 = pos + n1451
+        if q1452 > end:
             raise _length_error(n1451, end - pos)
+        f_target = buf[pos:q1452].decode()
+        pos = q1452
+    else:
+        raise _union_error(i1450, 2)
+    n1453 = _ZL[buf[pos]]
+    if n1453 < 0:
+        n1453, pos = _rlong(buf, pos)
+        if n1453 < 0:
+            raise _length_error(n1453, end - pos)
     else:
         pos += 1
-    q1452 = pos + n1451
-    if q1452 > end:
-        raise _length_error(n1451, end - pos)
-    f_message = buf[pos:q1452].decode()
-    pos = q1452
+    q1454 = pos + n1453
+    if q1454 > end:
+        raise _length_error(n1453, end - pos)
+    f_message = buf[pos:q1454].decode()
+    pos = q1454
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1452(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1454(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1454 = _ZL[buf[pos]]
-    if n1454 < 0:
-        n1454, pos = _rlong(buf, pos)
-        if n1454 < 0:
-            raise _length_error(n1454, end - pos)
-    else:
-        pos += 1
-    q1455 = pos + n1454
-    if q1455 > end:
-        raise _length_error(n1454, end - pos)
-    f_cluster = buf[pos:q1455].decode()
-    pos = q1455
     n1456 = _ZL[buf[pos]]
     if n1456 < 0:
         n1456, pos = _rlong(buf, pos)
@@ -6792,7 +6780,7 @@ def _d_ClusterHalted1452(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalt
     q1457 = pos + n1456
     if q1457 > end:
         raise _length_error(n1456, end - pos)
-    f_command_id = buf[pos:q1457].decode()
+    f_cluster = buf[pos:q1457].decode()
     pos = q1457
     n1458 = _ZL[buf[pos]]
     if n1458 < 0:
@@ -6804,7 +6792,7 @@ def _d_ClusterHalted1452(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalt
     q1459 = pos + n1458
     if q1459 > end:
         raise _length_error(n1458, end - pos)
-    f_error = buf[pos:q1459].decode()
+    f_command_id = buf[pos:q1459].decode()
     pos = q1459
     n1460 = _ZL[buf[pos]]
     if n1460 < 0:
@@ -6816,30 +6804,30 @@ def _d_ClusterHalted1452(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalt
     q1461 = pos + n1460
     if q1461 > end:
         raise _length_error(n1460, end - pos)
-    f_message = buf[pos:q1461].decode()
+    f_error = buf[pos:q1461].decode()
     pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
+    else:
+        pos += 1
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_message = buf[pos:q1463].decode()
+    pos = q1463
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1461(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1463 = _ZL[buf[pos]]
-    if n1463 < 0:
-        n1463, pos = _rlong(buf, pos)
-        if n1463 < 0:
-            raise _length_error(n1463, end - pos)
-    else:
-        pos += 1
-    q1464 = pos + n1463
-    if q1464 > end:
-        raise _length_error(n1463, end - pos)
-    f_cluster = buf[pos:q1464].decode()
-    pos = q1464
     n1465 = _ZL[buf[pos]]
     if n1465 < 0:
         n1465, pos = _rlong(buf, pos)
@@ -6850,8 +6838,20 @@ def _d_ClusterResumed1461(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
     q1466 = pos + n1465
     if q1466 > end:
         raise _length_error(n1465, end - pos)
-    f_halted_command_id = buf[pos:q1466].decode()
+    f_cluster = buf[pos:q1466].decode()
     pos = q1466
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
+    else:
+        pos += 1
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_halted_command_id = buf[pos:q1468].decode()
+    pos = q1468
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6880,110 +6880,98 @@ def _d_ClusterResumed1461(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1467 = _ZL[buf[pos]]
-    if n1467 < 0:
-        n1467, pos = _rlong(buf, pos)
-        if n1467 < 0:
-            raise _length_error(n1467, end - pos)
+    n1469 = _ZL[buf[pos]]
+    if n1469 < 0:
+        n1469, pos = _rlong(buf, pos)
+        if n1469 < 0:
+            raise _length_error(n1469, end - pos)
     else:
         pos += 1
-    q1468 = pos + n1467
-    if q1468 > end:
-        raise _length_error(n1467, end - pos)
-    f_message = buf[pos:q1468].decode()
-    pos = q1468
+    q1470 = pos + n1469
+    if q1470 > end:
+        raise _length_error(n1469, end - pos)
+    f_message = buf[pos:q1470].decode()
+    pos = q1470
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1468(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1470(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+    n1472 = _ZL[buf[pos]]
+    if n1472 < 0:
+        n1472, pos = _rlong(buf, pos)
+        if n1472 < 0:
+            raise _length_error(n1472, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_node_id = buf[pos:q1471].decode()
-    pos = q1471
+    q1473 = pos + n1472
+    if q1473 > end:
+        raise _length_error(n1472, end - pos)
+    f_node_id = buf[pos:q1473].decode()
+    pos = q1473
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1471(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1473 = _ZL[buf[pos]]
-    if n1473 < 0:
-        n1473, pos = _rlong(buf, pos)
-        if n1473 < 0:
-            raise _length_error(n1473, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1474 = pos + n1473
-    if q1474 > end:
-        raise _length_error(n1473, end - pos)
-    f_node_id = buf[pos:q1474].decode()
-    pos = q1474
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_node_id = buf[pos:q1476].decode()
+    pos = q1476
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1475: dict[str, Any] = {}
+        acc1477: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1476 = _ZD[b]
+                c1478 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1476 = (z >> 1) ^ -(z & 1)
+                c1478 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1476 = (z >> 1) ^ -(z & 1)
+                c1478 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1476, pos = _rlong(buf, pos)
-            if c1476 == 0:
+                c1478, pos = _rlong(buf, pos)
+            if c1478 == 0:
                 break
-            if c1476 < 0:
-                c1476 = -c1476
+            if c1478 < 0:
+                c1478 = -c1478
                 b = buf[pos]
                 if b < 128:
-                    z1479 = _ZD[b]
+                    z1481 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1479 = (z >> 1) ^ -(z & 1)
+                    z1481 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1479 = (z >> 1) ^ -(z & 1)
+                    z1481 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1479, pos = _rlong(buf, pos)
-            if c1476 * 2 > end - pos:
-                raise _count_error(c1476, end - pos)
-            for _ in range(c1476):
-                n1480 = _ZL[buf[pos]]
-                if n1480 < 0:
-                    n1480, pos = _rlong(buf, pos)
-                    if n1480 < 0:
-                        raise _length_error(n1480, end - pos)
-                else:
-                    pos += 1
-                q1481 = pos + n1480
-                if q1481 > end:
-                    raise _length_error(n1480, end - pos)
-                k1478 = buf[pos:q1481].decode()
-                pos = q1481
+                    z1481, pos = _rlong(buf, pos)
+            if c1478 * 2 > end - pos:
+                raise _count_error(c1478, end - pos)
+            for _ in range(c1478):
                 n1482 = _ZL[buf[pos]]
                 if n1482 < 0:
                     n1482, pos = _rlong(buf, pos)
@@ -6994,54 +6982,66 @@ def _d_NodeUpdated1471(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
                 q1483 = pos + n1482
                 if q1483 > end:
                     raise _length_error(n1482, end - pos)
-                x1477 = buf[pos:q1483].decode()
+                k1480 = buf[pos:q1483].decode()
                 pos = q1483
-                acc1475[k1478] = x1477
-        f_labels = acc1475
+                n1484 = _ZL[buf[pos]]
+                if n1484 < 0:
+                    n1484, pos = _rlong(buf, pos)
+                    if n1484 < 0:
+                        raise _length_error(n1484, end - pos)
+                else:
+                    pos += 1
+                q1485 = pos + n1484
+                if q1485 > end:
+                    raise _length_error(n1484, end - pos)
+                x1479 = buf[pos:q1485].decode()
+                pos = q1485
+                acc1477[k1480] = x1479
+        f_labels = acc1477
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1484: list[Any] = []
+        acc1486: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1485 = _ZD[b]
+                c1487 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1485 = (z >> 1) ^ -(z & 1)
+                c1487 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1485 = (z >> 1) ^ -(z & 1)
+                c1487 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1485, pos = _rlong(buf, pos)
-            if c1485 == 0:
+                c1487, pos = _rlong(buf, pos)
+            if c1487 == 0:
                 break
-            if c1485 < 0:
-                c1485 = -c1485
+            if c1487 < 0:
+                c1487 = -c1487
                 b = buf[pos]
                 if b < 128:
-                    z1488 = _ZD[b]
+                    z1490 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1488 = (z >> 1) ^ -(z & 1)
+                    z1490 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1488 = (z >> 1) ^ -(z & 1)
+                    z1490 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1488, pos = _rlong(buf, pos)
-            if c1485 * 3 > end - pos:
-                raise _count_error(c1485, end - pos)
-            for _ in range(c1485):
-                x1486, pos = _d_Taint343(buf, pos, end)
-                acc1484.append(x1486)
-        f_taints = tuple(acc1484)
+                    z1490, pos = _rlong(buf, pos)
+            if c1487 * 3 > end - pos:
+                raise _count_error(c1487, end - pos)
+            for _ in range(c1487):
+                x1488, pos = _d_Taint343(buf, pos, end)
+                acc1486.append(x1488)
+        f_taints = tuple(acc1486)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7060,22 +7060,22 @@ def _d_NodeUpdated1471(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1488(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
-    n1490 = _ZL[buf[pos]]
-    if n1490 < 0:
-        n1490, pos = _rlong(buf, pos)
-        if n1490 < 0:
-            raise _length_error(n1490, end - pos)
+    n1492 = _ZL[buf[pos]]
+    if n1492 < 0:
+        n1492, pos = _rlong(buf, pos)
+        if n1492 < 0:
+            raise _length_error(n1492, end - pos)
     else:
         pos += 1
-    q1491 = pos + n1490
-    if q1491 > end:
-        raise _length_error(n1490, end - pos)
-    f_pod_id = buf[pos:q1491].decode()
-    pos = q1491
+    q1493 = pos + n1492
+    if q1493 > end:
+        raise _length_error(n1492, end - pos)
+    f_pod_id = buf[pos:q1493].decode()
+    pos = q1493
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7108,156 +7108,144 @@ def _d_PodRetryScheduled1488(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
     return o, pos
 
 
-def _d_DisruptionBudgetSet1491(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1493 = _ZL[buf[pos]]
-    if n1493 < 0:
-        n1493, pos = _rlong(buf, pos)
-        if n1493 < 0:
-            raise _length_error(n1493, end - pos)
+    n1495 = _ZL[buf[pos]]
+    if n1495 < 0:
+        n1495, pos = _rlong(buf, pos)
+        if n1495 < 0:
+            raise _length_error(n1495, end - pos)
     else:
         pos += 1
-    q1494 = pos + n1493
-    if q1494 > end:
-        raise _length_error(n1493, end - pos)
-    f_budget_id = buf[pos:q1494].decode()
-    pos = q1494
+    q1496 = pos + n1495
+    if q1496 > end:
+        raise _length_error(n1495, end - pos)
+    f_budget_id = buf[pos:q1496].decode()
+    pos = q1496
     b = buf[pos]
     if b < 128:
-        i1495 = _ZD[b]
+        i1497 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1495 = (z >> 1) ^ -(z & 1)
+        i1497 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1495 = (z >> 1) ^ -(z & 1)
+        i1497 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1495, pos = _rlong(buf, pos)
-    if i1495 == 0:
+        i1497, pos = _rlong(buf, pos)
+    if i1497 == 0:
         f_tenant = None
-    elif i1495 == 1:
-        n1496 = _ZL[buf[pos]]
-        if n1496 < 0:
-            n1496, pos = _rlong(buf, pos)
-            if n1496 < 0:
-                raise _length_error(n1496, end - pos)
+    elif i1497 == 1:
+        n1498 = _ZL[buf[pos]]
+        if n1498 < 0:
+            n1498, pos = _rlong(buf, pos)
+            if n1498 < 0:
+                raise _length_error(n1498, end - pos)
         else:
             pos += 1
-        q1497 = pos + n1496
-        if q1497 > end:
-            raise _length_error(n1496, end - pos)
-        f_tenant = buf[pos:q1497].decode()
-        pos = q1497
+        q1499 = pos + n1498
+        if q1499 > end:
+            raise _length_error(n1498, end - pos)
+        f_tenant = buf[pos:q1499].decode()
+        pos = q1499
     else:
-        raise _union_error(i1495, 2)
+        raise _union_error(i1497, 2)
     b = buf[pos]
     if b < 128:
-        i1498 = _ZD[b]
+        i1500 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1498 = (z >> 1) ^ -(z & 1)
+        i1500 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1498 = (z >> 1) ^ -(z & 1)
+        i1500 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1498, pos = _rlong(buf, pos)
-    if i1498 == 0:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
         f_gang_id = None
-    elif i1498 == 1:
-        n1499 = _ZL[buf[pos]]
-        if n1499 < 0:
-            n1499, pos = _rlong(buf, pos)
-            if n1499 < 0:
-                raise _length_error(n1499, end - pos)
+    elif i1500 == 1:
+        n1501 = _ZL[buf[pos]]
+        if n1501 < 0:
+            n1501, pos = _rlong(buf, pos)
+            if n1501 < 0:
+                raise _length_error(n1501, end - pos)
         else:
             pos += 1
-        q1500 = pos + n1499
-        if q1500 > end:
-            raise _length_error(n1499, end - pos)
-        f_gang_id = buf[pos:q1500].decode()
-        pos = q1500
+        q1502 = pos + n1501
+        if q1502 > end:
+            raise _length_error(n1501, end - pos)
+        f_gang_id = buf[pos:q1502].decode()
+        pos = q1502
     else:
-        raise _union_error(i1498, 2)
+        raise _union_error(i1500, 2)
     b = buf[pos]
     if b < 128:
-        i1501 = _ZD[b]
+        i1503 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1501 = (z >> 1) ^ -(z & 1)
+        i1503 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1501 = (z >> 1) ^ -(z & 1)
+        i1503 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1501, pos = _rlong(buf, pos)
-    if i1501 == 0:
+        i1503, pos = _rlong(buf, pos)
+    if i1503 == 0:
         f_label_selector = None
-    elif i1501 == 1:
+    elif i1503 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1502: dict[str, Any] = {}
+            acc1504: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1503 = _ZD[b]
+                    c1505 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1503 = (z >> 1) ^ -(z & 1)
+                    c1505 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1503 = (z >> 1) ^ -(z & 1)
+                    c1505 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1503, pos = _rlong(buf, pos)
-                if c1503 == 0:
+                    c1505, pos = _rlong(buf, pos)
+                if c1505 == 0:
                     break
-                if c1503 < 0:
-                    c1503 = -c1503
+                if c1505 < 0:
+                    c1505 = -c1505
                     b = buf[pos]
                     if b < 128:
-                        z1506 = _ZD[b]
+                        z1508 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1506 = (z >> 1) ^ -(z & 1)
+                        z1508 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1506 = (z >> 1) ^ -(z & 1)
+                        z1508 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1506, pos = _rlong(buf, pos)
-                if c1503 * 2 > end - pos:
-                    raise _count_error(c1503, end - pos)
-                for _ in range(c1503):
-                    n1507 = _ZL[buf[pos]]
-                    if n1507 < 0:
-                        n1507, pos = _rlong(buf, pos)
-                        if n1507 < 0:
-                            raise _length_error(n1507, end - pos)
-                    else:
-                        pos += 1
-                    q1508 = pos + n1507
-                    if q1508 > end:
-                        raise _length_error(n1507, end - pos)
-                    k1505 = buf[pos:q1508].decode()
-                    pos = q1508
+                        z1508, pos = _rlong(buf, pos)
+                if c1505 * 2 > end - pos:
+                    raise _count_error(c1505, end - pos)
+                for _ in range(c1505):
                     n1509 = _ZL[buf[pos]]
                     if n1509 < 0:
                         n1509, pos = _rlong(buf, pos)
@@ -7268,12 +7256,24 @@ def _d_DisruptionBudgetSet1491(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
                     q1510 = pos + n1509
                     if q1510 > end:
                         raise _length_error(n1509, end - pos)
-                    x1504 = buf[pos:q1510].decode()
+                    k1507 = buf[pos:q1510].decode()
                     pos = q1510
-                    acc1502[k1505] = x1504
-            f_label_selector = acc1502
+                    n1511 = _ZL[buf[pos]]
+                    if n1511 < 0:
+                        n1511, pos = _rlong(buf, pos)
+                        if n1511 < 0:
+                            raise _length_error(n1511, end - pos)
+                    else:
+                        pos += 1
+                    q1512 = pos + n1511
+                    if q1512 > end:
+                        raise _length_error(n1511, end - pos)
+                    x1506 = buf[pos:q1512].decode()
+                    pos = q1512
+                    acc1504[k1507] = x1506
+            f_label_selector = acc1504
     else:
-        raise _union_error(i1501, 2)
+        raise _union_error(i1503, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7292,41 +7292,30 @@ def _d_DisruptionBudgetSet1491(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1510(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1512(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1512 = _ZL[buf[pos]]
-    if n1512 < 0:
-        n1512, pos = _rlong(buf, pos)
-        if n1512 < 0:
-            raise _length_error(n1512, end - pos)
+    n1514 = _ZL[buf[pos]]
+    if n1514 < 0:
+        n1514, pos = _rlong(buf, pos)
+        if n1514 < 0:
+            raise _length_error(n1514, end - pos)
     else:
         pos += 1
-    q1513 = pos + n1512
-    if q1513 > end:
-        raise _length_error(n1512, end - pos)
-    f_budget_id = buf[pos:q1513].decode()
-    pos = q1513
+    q1515 = pos + n1514
+    if q1515 > end:
+        raise _length_error(n1514, end - pos)
+    f_budget_id = buf[pos:q1515].decode()
+    pos = q1515
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1513(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
-    n1515 = _ZL[buf[pos]]
-    if n1515 < 0:
-        n1515, pos = _rlong(buf, pos)
-        if n1515 < 0:
-            raise _length_error(n1515, end - pos)
-    else:
-        pos += 1
-    q1516 = pos + n1515
-    if q1516 > end:
-        raise _length_error(n1515, end - pos)
-    f_pod_id = buf[pos:q1516].decode()
-    pos = q1516
+    f_reason: str
     n1517 = _ZL[buf[pos]]
     if n1517 < 0:
         n1517, pos = _rlong(buf, pos)
@@ -7337,7 +7326,7 @@ def _d_EvictionBlocked1513(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
     q1518 = pos + n1517
     if q1518 > end:
         raise _length_error(n1517, end - pos)
-    f_node_id = buf[pos:q1518].decode()
+    f_pod_id = buf[pos:q1518].decode()
     pos = q1518
     n1519 = _ZL[buf[pos]]
     if n1519 < 0:
@@ -7349,8 +7338,20 @@ def _d_EvictionBlocked1513(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
     q1520 = pos + n1519
     if q1520 > end:
         raise _length_error(n1519, end - pos)
-    f_budget_id = buf[pos:q1520].decode()
+    f_node_id = buf[pos:q1520].decode()
     pos = q1520
+    n1521 = _ZL[buf[pos]]
+    if n1521 < 0:
+        n1521, pos = _rlong(buf, pos)
+        if n1521 < 0:
+            raise _length_error(n1521, end - pos)
+    else:
+        pos += 1
+    q1522 = pos + n1521
+    if q1522 > end:
+        raise _length_error(n1521, end - pos)
+    f_budget_id = buf[pos:q1522].decode()
+    pos = q1522
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7365,39 +7366,51 @@ def _d_EvictionBlocked1513(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms)
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
+    else:
+        pos += 1
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_reason = buf[pos:q1524].decode()
+    pos = q1524
+    o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1520(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1524(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1522 = _ZL[buf[pos]]
-    if n1522 < 0:
-        n1522, pos = _rlong(buf, pos)
-        if n1522 < 0:
-            raise _length_error(n1522, end - pos)
+    n1526 = _ZL[buf[pos]]
+    if n1526 < 0:
+        n1526, pos = _rlong(buf, pos)
+        if n1526 < 0:
+            raise _length_error(n1526, end - pos)
     else:
         pos += 1
-    q1523 = pos + n1522
-    if q1523 > end:
-        raise _length_error(n1522, end - pos)
-    f_pod_id = buf[pos:q1523].decode()
-    pos = q1523
-    n1524 = _ZL[buf[pos]]
-    if n1524 < 0:
-        n1524, pos = _rlong(buf, pos)
-        if n1524 < 0:
-            raise _length_error(n1524, end - pos)
+    q1527 = pos + n1526
+    if q1527 > end:
+        raise _length_error(n1526, end - pos)
+    f_pod_id = buf[pos:q1527].decode()
+    pos = q1527
+    n1528 = _ZL[buf[pos]]
+    if n1528 < 0:
+        n1528, pos = _rlong(buf, pos)
+        if n1528 < 0:
+            raise _length_error(n1528, end - pos)
     else:
         pos += 1
-    q1525 = pos + n1524
-    if q1525 > end:
-        raise _length_error(n1524, end - pos)
-    f_node_id = buf[pos:q1525].decode()
-    pos = q1525
+    q1529 = pos + n1528
+    if q1529 > end:
+        raise _length_error(n1528, end - pos)
+    f_node_id = buf[pos:q1529].decode()
+    pos = q1529
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7423,7 +7436,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1110:
+    if frame[:10] != _k1112:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7464,18 +7477,6 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1112 = _ZL[buf[pos]]
-        if n1112 < 0:
-            n1112, pos = _rlong(buf, pos)
-            if n1112 < 0:
-                raise _length_error(n1112, end - pos)
-        else:
-            pos += 1
-        q1113 = pos + n1112
-        if q1113 > end:
-            raise _length_error(n1112, end - pos)
-        f_cluster = buf[pos:q1113].decode()
-        pos = q1113
         n1114 = _ZL[buf[pos]]
         if n1114 < 0:
             n1114, pos = _rlong(buf, pos)
@@ -7486,8 +7487,20 @@ def decode_event(frame: Any) -> _c_Event:
         q1115 = pos + n1114
         if q1115 > end:
             raise _length_error(n1114, end - pos)
-        f_command_id = buf[pos:q1115].decode()
+        f_cluster = buf[pos:q1115].decode()
         pos = q1115
+        n1116 = _ZL[buf[pos]]
+        if n1116 < 0:
+            n1116, pos = _rlong(buf, pos)
+            if n1116 < 0:
+                raise _length_error(n1116, end - pos)
+        else:
+            pos += 1
+        q1117 = pos + n1116
+        if q1117 > end:
+            raise _length_error(n1116, end - pos)
+        f_command_id = buf[pos:q1117].decode()
+        pos = q1117
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7518,21 +7531,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1116 = _ZD[b]
+            i1118 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1116 = (z >> 1) ^ -(z & 1)
+            i1118 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1116 = (z >> 1) ^ -(z & 1)
+            i1118 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1116, pos = _rlong(buf, pos)
-        if not 0 <= i1116 < 34:
-            raise _union_error(i1116, 34)
-        f_payload, pos = _k1525[i1116](buf, pos, end)
+            i1118, pos = _rlong(buf, pos)
+        if not 0 <= i1118 < 34:
+            raise _union_error(i1118, 34)
+        f_payload, pos = _k1529[i1118](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7596,7 +7609,7 @@ _k999: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1109: dict[type, Callable[[Any], bytes]] = {
+_k1111: dict[type, Callable[[Any], bytes]] = {
     _c_NodeAdded: _e_NodeAdded587,
     _c_NodeRemoved: _e_NodeRemoved599,
     _c_NodeCordoned: _e_NodeCordoned603,
@@ -7630,10 +7643,10 @@ _k1109: dict[type, Callable[[Any], bytes]] = {
     _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1067,
     _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1089,
     _c_EvictionBlocked: _e_EvictionBlocked1093,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1102,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1104,
 }
 
-_k1525: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1116, _d_NodeRemoved1135, _d_NodeCordoned1138, _d_NodeUncordoned1141, _d_NodeDrained1144, _d_NodeFailed1147, _d_PodQueued1152, _d_PodScheduled1212, _d_PodEvicted1237, _d_PodReleased1244, _d_PolicyChanged1252, _d_CommandRejected1261, _d_GangQueued1270, _d_GangScheduled1314, _d_GangTimedOut1347, _d_GangReleased1352, _d_PodTimeLimitReached1357, _d_NodesReserved1365, _d_ReservationReleased1380, _d_DependencyFailed1396, _d_Ticked1405, _d_PodPreempted1406, _d_QuotaChanged1417, _d_PodMigrated1425, _d_DefragmentationPlanned1446, _d_ClusterHalted1452, _d_ClusterResumed1461, _d_NodeRecovered1468, _d_NodeUpdated1471, _d_PodRetryScheduled1488, _d_DisruptionBudgetSet1491, _d_DisruptionBudgetRemoved1510, _d_EvictionBlocked1513, _d_PodEvictionScheduled1520,)
+_k1529: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1118, _d_NodeRemoved1137, _d_NodeCordoned1140, _d_NodeUncordoned1143, _d_NodeDrained1146, _d_NodeFailed1149, _d_PodQueued1154, _d_PodScheduled1214, _d_PodEvicted1239, _d_PodReleased1246, _d_PolicyChanged1254, _d_CommandRejected1263, _d_GangQueued1272, _d_GangScheduled1316, _d_GangTimedOut1349, _d_GangReleased1354, _d_PodTimeLimitReached1359, _d_NodesReserved1367, _d_ReservationReleased1382, _d_DependencyFailed1398, _d_Ticked1407, _d_PodPreempted1408, _d_QuotaChanged1419, _d_PodMigrated1427, _d_DefragmentationPlanned1448, _d_ClusterHalted1454, _d_ClusterResumed1463, _d_NodeRecovered1470, _d_NodeUpdated1473, _d_PodRetryScheduled1490, _d_DisruptionBudgetSet1493, _d_DisruptionBudgetRemoved1512, _d_EvictionBlocked1515, _d_PodEvictionScheduled1524,)
 
 decode_command = decode_command
 decode_event = decode_event

@@ -240,6 +240,9 @@ def _applied_node_updated(state: PartitionState, cluster: ClusterState, event: N
     node.relabel(event.labels, tuple(event.taints))
     cluster.count_node(node, +1)
     cluster.reindex(node)
+    if cluster.blocked and event.node_id not in cluster.draining:  # taint evictions waiting: decided anew
+        for pod_id in node.pods:
+            cluster.blocked.pop(pod_id, None)
 
 
 def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
@@ -362,7 +365,8 @@ def _applied_eviction_blocked(state: PartitionState, cluster: ClusterState, even
     if pod is None or pod.node_id != event.node_id or event.budget_id not in cluster.budgets:
         raise InvariantViolation(f"eviction of {event.pod_id!r} blocked, but it does not run or has no budget")
     cluster.blocked[event.pod_id] = event.budget_id
-    cluster.draining[event.node_id] = (event.grace_ms, True)
+    if event.reason == "drain":  # else a NoExecute taint: the pod waits, the node is not drained
+        cluster.draining[event.node_id] = (event.grace_ms, True)
     if pod.evicting_at is not None:  # its grace ended but the budget has no room now: it waits again
         pod.evicting_at = None
         cluster.disrupted.pop(event.pod_id, None)

@@ -213,7 +213,7 @@ def _fire_cluster(decision: Decision, cluster: ClusterState, until: int) -> None
             return
         _guarded(decision, cluster, partial(clock.fire, decision, cluster, timer))
         cluster = lookup(decision.state.clusters, cluster.name) or cluster
-        if cluster.draining and cluster.halted is None:  # a budget may have freed at this deadline: drains go on
+        if (cluster.draining or cluster.blocked) and cluster.halted is None:  # a budget may have freed: go on
             _guarded(decision, cluster, partial(disruptions.drain_upkeep, decision, cluster))
 
 
@@ -243,7 +243,7 @@ def _finish(decision: Decision) -> None:
     names = list(touched) if len(touched) == 1 else sorted(touched)
     for name in names:  # drains that wait go on (a budget may have freed); nothing to do without one
         cluster = lookup(clusters, name)
-        if cluster is not None and cluster.draining and cluster.halted is None:
+        if cluster is not None and (cluster.draining or cluster.blocked) and cluster.halted is None:
             _guarded(decision, cluster, partial(disruptions.drain_upkeep, decision, cluster))
     for name in names:
         cluster = lookup(clusters, name)

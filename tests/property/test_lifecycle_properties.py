@@ -127,10 +127,11 @@ def test_every_retry_happens_exactly_once_at_its_time(commands: list[Command]) -
 
 
 def _voluntary(payload: object) -> bool:
-    """An eviction a drain decides (budgets apply), as opposed to a failure, a removal or a NoExecute taint."""
+    """An eviction a drain or a NoExecute taint decides (budgets apply), as opposed to a failure or a removal."""
     if isinstance(payload, PodEvictionScheduled):
         return payload.respect_budgets
-    return isinstance(payload, PodEvicted) and payload.reason in ("drain", "gang:drain")
+    voluntary = ("drain", "gang:drain", "node_updated", "gang:node_updated")  # a drain, or a NoExecute taint
+    return isinstance(payload, PodEvicted) and payload.reason in voluntary
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,7 +153,7 @@ def test_budgets_are_never_exceeded_by_voluntary_disruptions(commands: list[Comm
             node_id = getattr(event.payload, "node_id", None)
             if not _voluntary(event.payload) or f"{event.cluster}/{node_id}" in unbudgeted:
                 continue
-            if event.payload.reason == "gang:drain" if isinstance(event.payload, PodEvicted) else False:
+            if isinstance(event.payload, PodEvicted) and event.payload.reason.startswith("gang:"):
                 continue  # the rest of a gang: checked as a whole with the member whose eviction took it
             cluster = shadow.clusters[event.cluster]
             for budget_id, budget in cluster.budgets.items():

@@ -16,8 +16,10 @@ from schemas.commands import (
     SetPolicy,
     SubmitGang,
     SubmitPod,
+    Taint,
     Tick,
     UncordonNode,
+    UpdateNode,
 )
 from tests.strategies import Fold, clusters_hash, types
 
@@ -164,3 +166,25 @@ def test_budget_commands_are_checked() -> None:
     assert rejected.type_name == "CommandRejected"
     (rejected,) = fold.run(RemoveDisruptionBudget("nope"))
     assert rejected.payload.code == "UNKNOWN_BUDGET"
+
+
+def test_a_noexecute_taint_evicts_through_the_budgets_like_a_drain() -> None:
+    """UpdateNode with a NoExecute taint under a budget of 0: nothing is evicted (EvictionBlocked, reason
+    node_updated), the node is not drained; raising the budget lets them go, without a command about the node."""
+    fold = rack(budget=0)
+    events = fold.run(UpdateNode("a", taints=(Taint("maint", "", "NoExecute"),)))
+    assert types(events) == ["NodeUpdated"] + ["EvictionBlocked"] * 3
+    assert {e.payload.reason for e in events[1:]} == {"node_updated"}
+    assert fold.cluster.draining == {}
+    events = fold.run(SetDisruptionBudget("t-budget", tenant="t", max_unavailable=1))
+    assert types(events) == ["DisruptionBudgetSet"] + ["PodEvicted", "PodScheduled"] * 3
+    assert all(fold.placement(p) == "b" for p in ("p1", "p2", "p3"))
+
+
+def test_removing_the_last_budget_evicts_what_a_taint_kept_waiting() -> None:
+    """With no budget left, the pods a NoExecute taint blocked are evicted in that command."""
+    fold = rack(budget=0)
+    fold.run(UpdateNode("a", taints=(Taint("maint", "", "NoExecute"),)))
+    events = fold.run(RemoveDisruptionBudget("t-budget"))
+    assert types(events).count("PodEvicted") == 3
+    assert fold.cluster.blocked == {}

@@ -17,7 +17,8 @@ from collections.abc import Generator
 from processor.core import budgets
 from processor.core.decision import AFTER_EVICTION, Decision, Task
 from processor.core.handlers.reservations import drop_reserved_node
-from processor.core.state import ClusterState, Node, lookup
+from processor.core.resources import evicted_by_taints
+from processor.core.state import ClusterState, Node, Pod, lookup
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import RemoveDisruptionBudget, SetDisruptionBudget
 from schemas.events import (
@@ -32,6 +33,7 @@ from schemas.events import (
 from schemas.validation import check_id, check_set_disruption_budget
 
 DRAIN = "drain"
+TAINTED = "node_updated"
 
 
 def set_disruption_budget(decision: Decision, command: SetDisruptionBudget) -> None:
@@ -43,14 +45,27 @@ def set_disruption_budget(decision: Decision, command: SetDisruptionBudget) -> N
     )
 
 
-def remove_disruption_budget(decision: Decision, command: RemoveDisruptionBudget) -> None:
+def remove_disruption_budget(decision: Decision, command: RemoveDisruptionBudget) -> Task:
+    """Remove a budget; drains waiting on it go on after the command. With the last budget gone nothing is counted
+    or blocked any more: the pods a ``NoExecute`` taint was keeping waiting are evicted now."""
     check_id("budget_id", command.budget_id)
-    if command.budget_id not in decision.cluster.budgets:
+    cluster = decision.cluster
+    if command.budget_id not in cluster.budgets:
         raise Rejected(
             RejectionCode.UNKNOWN_BUDGET,
             f"disruption budget {command.budget_id!r} is not set in cluster {decision.command.cluster!r}",
         )
+    tainted = []
+    if len(cluster.budgets) == 1:
+        for pod_id in sorted(cluster.blocked):
+            pod = cluster.pods[pod_id]
+            if pod.node_id is not None and pod.node_id not in cluster.draining:
+                tainted.append(pod)
     decision.emit(DisruptionBudgetRemoved(command.budget_id))
+    for pod in tainted:  # measure: the pods left
+        node_id = pod.node_id
+        if node_id is not None and evicted_by_taints(cluster.nodes[node_id].taints, pod.spec.tolerations):
+            yield from _evict_or_block(decision, cluster, cluster.nodes[node_id], pod, TAINTED)
 
 
 def drain_waiting(decision: Decision, cluster: ClusterState, node: Node, grace_ms: int, respect: bool) -> Task:
@@ -103,8 +118,8 @@ def drain_upkeep(decision: Decision, cluster: ClusterState) -> Task:
 
     Measure: the running pods on draining nodes that are not being evicted; a round that does not lower it ends
     the loop (a draining node is cordoned: nothing lands there)."""
-    while cluster.draining:
-        moved = False
+    while cluster.draining or cluster.blocked:
+        moved = bool(cluster.blocked) and (yield from _tainted_upkeep(decision, cluster))
         for node_id in sorted(cluster.draining):
             node = lookup(cluster.nodes, node_id)
             if node is None or node_id not in cluster.draining:
@@ -113,6 +128,46 @@ def drain_upkeep(decision: Decision, cluster: ClusterState) -> Task:
             moved = (yield from _pass(decision, cluster, node, grace_ms, respect)) or moved
         if not moved:
             return
+
+
+def evict_through_budgets(decision: Decision, cluster: ClusterState, node: Node, leaving: list[str]) -> Task:
+    """Evict the pods a new ``NoExecute`` taint sends away (``leaving``, by id) as the budgets allow: a blocked one
+    keeps running (``EvictionBlocked``, reason node_updated) and is tried again by :func:`drain_upkeep`. Each
+    evicted pod is re-placed before the next is looked at. Measure: the pods of ``leaving`` left."""
+    for pod_id in leaving:
+        if pod_id in node.pods:
+            yield from _evict_or_block(decision, cluster, node, cluster.pods[pod_id], TAINTED)
+
+
+def _evict_or_block(decision: Decision, cluster: ClusterState, node: Node, pod: Pod, reason: str) -> Task:
+    """Evict one pod (``reason``) unless a budget blocks it (then ``EvictionBlocked`` once per budget)."""
+    pod_id = pod.spec.pod_id
+    budget_id = budgets.blocking(cluster, budgets.leaving_with(cluster, pod))
+    if budget_id is not None:
+        if cluster.blocked.get(pod_id) != budget_id:
+            decision.emit(EvictionBlocked(pod_id, node.node_id, budget_id, 0, reason), cluster.name)
+        return
+    decision.emit(PodEvicted(pod_id, node.node_id, reason), cluster.name)
+    gang_id = pod.spec.gang_id
+    decision.then(AFTER_EVICTION, cluster, [pod] if gang_id is None else [], [gang_id] if gang_id else [], reason)
+    yield  # re-placed (or its gang requeued) first: that may free the budget
+
+
+def _tainted_upkeep(decision: Decision, cluster: ClusterState) -> Generator[None, None, bool]:
+    """Pods a ``NoExecute`` taint blocked (on nodes not being drained): evicted now if the budgets allow, or
+    forgotten if they tolerate the node's taints now. Whether any left. Measure: the blocked pods left."""
+    moved = False
+    for pod_id in sorted(cluster.blocked):
+        pod = lookup(cluster.pods, pod_id)
+        if pod is None or pod.node_id is None or pod.node_id in cluster.draining or pod_id not in cluster.blocked:
+            continue
+        node = cluster.nodes[pod.node_id]
+        if not evicted_by_taints(node.taints, pod.spec.tolerations):
+            continue  # an UpdateNode since took the taint away (its applier forgot the block)
+        before = len(node.pods)
+        yield from _evict_or_block(decision, cluster, node, pod, TAINTED)
+        moved = moved or len(node.pods) < before
+    return moved
 
 
 def eviction_due(decision: Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:

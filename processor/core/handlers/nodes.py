@@ -12,7 +12,7 @@ evicted twice in one command); contract v1 and v2 released the reservation and r
 from __future__ import annotations
 
 from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
-from processor.core.handlers.disruptions import drain_waiting
+from processor.core.handlers.disruptions import drain_waiting, evict_through_budgets
 from processor.core.handlers.evictions import evict_all, evict_untolerating
 from processor.core.handlers.reservations import drop_reserved_node
 from processor.core.state import Node, lookup
@@ -162,10 +162,11 @@ def recover_node(decision: Decision, command: RecoverNode) -> None:
     decision.then(RETRY_QUEUE, decision.cluster, (command.node_id,), None)
 
 
-def update_node(decision: Decision, command: UpdateNode) -> None:
+def update_node(decision: Decision, command: UpdateNode) -> Task:
     """New labels and/or taints; the running pods that do not tolerate a ``NoExecute`` taint are evicted and
-    re-placed, the reservation on the node (whose holder may no longer fit it) is released, and the queue retries
-    the node. O(p log p) for the node's p pods."""
+    re-placed (through the disruption budgets, like a drain, if the cluster has any), the reservation on the node
+    (whose holder may no longer fit it) is released, and the queue retries the node. O(p log p) for the node's p
+    pods, and a budget check per leaving pod."""
     check_update_node(command)
     node = _node(decision, command.node_id)
     cluster = decision.cluster
@@ -174,7 +175,9 @@ def update_node(decision: Decision, command: UpdateNode) -> None:
     taints = tuple(command.taints) if command.taints is not None else node.taints
     leaving = evict_untolerating(cluster, node, taints)
     decision.emit(NodeUpdated(command.node_id, labels, taints, len(leaving)))  # first: nothing untolerating lands
-    if leaving:
+    if leaving and cluster.budgets and not decision.legacy:
+        yield from evict_through_budgets(decision, cluster, node, leaving)
+    elif leaving:
         evicted, gang_ids = evict_all(decision, cluster, node, "node_updated", leaving)
         decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_updated")
     drop_reserved_node(decision, cluster, node, "node_updated")
