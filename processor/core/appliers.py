@@ -276,12 +276,6 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     return pod
 
 
-def _available(cluster: ClusterState, pod_id: str) -> None:
-    """The pod runs again (or ended): no budget counts it any more. O(1)."""
-    if cluster.disrupted:
-        cluster.disrupted.pop(pod_id, None)
-
-
 def _applied_pod_queued(state: PartitionState, cluster: ClusterState, event: PodQueued, now: int) -> None:
     pod = _pod_for(cluster, event.pod)
     if event.waiting_for:
@@ -311,7 +305,8 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     cluster.reindex(node)
     if pod.spec.time_limit_ms is not None:
         cluster.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, pod.spec.pod_id)
-    _available(cluster, pod.spec.pod_id)
+    if cluster.disrupted:  # it runs again: no budget counts it any more
+        cluster.disrupted.pop(pod.spec.pod_id, None)
 
 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:

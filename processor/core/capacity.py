@@ -244,7 +244,10 @@ class CapacityIndex:
             signature.cpu_free >= shape.cpu_milli
             and signature.memory_free >= shape.memory_mib
             and gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli)
-            and gpu_memory_fits(signature.gpu_memory, shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib)
+            and (
+                not shape.gpu_memory_mib
+                or gpu_memory_fits(signature.gpu_memory, shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib)
+            )
             and self.admits(signature.node_class, shape)
         )
 
