@@ -456,6 +456,8 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
             pod = cluster.pods.pop(pod_id)
             if pod.running:
                 raise InvariantViolation(f"gang {gang.gang_id!r} requeued while member {pod_id!r} runs")
+            if cluster.blocked:
+                cluster.blocked.pop(pod_id, None)
             cluster.count_shape(pod.shape, -1)
         gang.placed = {}
         gang.started_at = None

@@ -58,8 +58,8 @@ def remove_disruption_budget(decision: Decision, command: RemoveDisruptionBudget
     tainted = []
     if len(cluster.budgets) == 1:
         for pod_id in sorted(cluster.blocked):
-            pod = cluster.pods[pod_id]
-            if pod.node_id is not None and pod.node_id not in cluster.draining:
+            pod = lookup(cluster.pods, pod_id)
+            if pod is not None and pod.node_id is not None and pod.node_id not in cluster.draining:
                 tainted.append(pod)
     decision.emit(DisruptionBudgetRemoved(command.budget_id))
     for pod in tainted:  # measure: the pods left
