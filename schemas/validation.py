@@ -75,6 +75,7 @@ POLICY_NAMES = (
     "best-fit-paper",
     "dot-product",
     "fgd",
+    "fgd-pack",
     "fgd-plus",
     "first-fit",
     "gpu-clustering",

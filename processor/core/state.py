@@ -374,6 +374,11 @@ class ClusterState:
     # pods learned from it at arrival checkpoints (persisted: snapshots carry it).
     shape_counts: dict[TypicalKey, int] = field(default_factory=dict)
     typical: Typical = ()
+    # Derived from shape_counts as it changes (rebuilt by the snapshot restore's count_shape calls, not
+    # persisted, not hashed): the GPU milli of the present pods, and per allowed-model tuple the GPU milli
+    # and the count of the pinned ones; fgd-pack's model risk reads them in O(1) (processor.core.model_supply).
+    gpu_demand: int = 0
+    pinned_demand: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
     # Settings (SetPolicy).
     reserve_after_ms: int = DEFAULT_RESERVE_AFTER_MS  # negative: no reservations
     queue_order: str = SKIP_AHEAD
@@ -568,6 +573,17 @@ class ClusterState:
             self.shape_counts[key] = count
         else:
             self.shape_counts.pop(key, None)
+        milli = shape.num_gpu * shape.gpu_milli
+        if milli:
+            self.gpu_demand += delta * milli
+            if shape.gpu_models:
+                entry = self.pinned_demand.get(shape.gpu_models)
+                if entry is None:
+                    entry = self.pinned_demand[shape.gpu_models] = [0, 0]
+                entry[0] += delta * milli
+                entry[1] += delta
+                if entry[1] <= 0:
+                    del self.pinned_demand[shape.gpu_models]
 
     def learn_typical(self) -> None:
         """Refresh the typical pods from the histogram if the arrival count is a checkpoint."""

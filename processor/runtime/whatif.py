@@ -13,7 +13,7 @@ touched and a what-if on a cluster of 100k pods costs milliseconds, not a full c
 - every other field (capacity index, queues, gangs, timers, and any field added later) is copied
   by :func:`structural_copy`, which shares immutable values.
 
-Policy memos: fragmentation-aware policies (``fgd``, ``fgd-plus``) keep one memo per cluster
+Policy memos: fragmentation-aware policies (``fgd``, ``fgd-plus``, ``fgd-pack``) keep one memo per cluster
 name, valid while the cluster's ``typical`` tuple is the same object. The fork gives each copied
 cluster a *new* ``typical`` tuple (equal content), so a what-if builds its own memo instead of
 filling the live one with entries keyed by the fork's capacity groups (which would keep every
