@@ -10,7 +10,7 @@ from processor.core.snapshot import from_snapshot, to_snapshot
 from schemas.commands import AddNode, Release, SetPolicy, SubmitPod
 from tests.strategies import Fold, clusters_hash, types
 
-POLICIES = ["first-fit", "best-fit", "spread", "fgd", "fgd-plus", "random", "gpu-packing"]
+POLICIES = ["first-fit", "best-fit", "spread", "fgd", "fgd-plus", "fgd-pack", "random", "gpu-packing"]
 
 
 def share(pod_id: str, milli: int, memory: int, **kwargs: object) -> SubmitPod:
