@@ -8,7 +8,7 @@ Three tiers of failure, as in STYLE.md:
 - a well-formed command the domain refuses -> ``CommandRejected`` with a code from
   :class:`RejectionCode` (state unchanged); the stateless checks (``schemas.validation``)
   and the fold raise :class:`Rejected` to say so;
-- a broken invariant inside the fold's ``apply`` -> ``processor.core.errors.InvariantViolation``:
+- a broken invariant inside the fold's ``apply`` -> the fold's own ``InvariantViolation``:
   a bug; the loop stops without committing so nothing wrong is published.
 """
 

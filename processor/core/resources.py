@@ -10,6 +10,7 @@ scores are computed per signature, not per node.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from schemas.codes import QueueReasonCode
@@ -55,6 +56,39 @@ class PodShape(NamedTuple):
     @property
     def gpu_milli_total(self) -> int:
         return self.num_gpu * self.gpu_milli
+
+
+@dataclass(slots=True)
+class Held:
+    """What the running pods of one priority hold on one node (``Node.by_priority``), kept as they start and stop.
+
+    A preemption search reads from it what the pods below a priority would free, and how few victims and how
+    little work it could take on the node at best, without visiting the pods (``processor.core.preemption``).
+    """
+
+    gpu_milli: list[int]  # per GPU index
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    pods: int = 0
+    gpu_pods: int = 0  # of them, the pods holding GPUs
+    # GPU milli of one pod -> the latest start among the pods that size (never lowered when one stops, so it
+    # stays an upper bound); the latest start of all (-1: none) and the largest size in it (0: none).
+    latest_starts: dict[int, int] = field(default_factory=dict)
+    latest_start: int = -1
+    largest_gpu_milli: int = 0
+
+    def copied(self) -> Held:
+        """A copy with its own GPU list and starts (a what-if fork's)."""
+        return Held(
+            list(self.gpu_milli),
+            self.cpu_milli,
+            self.memory_mib,
+            self.pods,
+            self.gpu_pods,
+            dict(self.latest_starts),
+            self.latest_start,
+            self.largest_gpu_milli,
+        )
 
 
 def gpu_fits(gpu_free: tuple[int, ...], num_gpu: int, gpu_milli: int) -> bool:

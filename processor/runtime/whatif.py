@@ -212,11 +212,8 @@ def _copy_node(node: Node) -> Node:
         value = getattr(node, name)
         if isinstance(value, (list, dict, set)):
             setattr(twin, name, copy.copy(value))
-    # What the node's pods hold per priority: lists and dicts inside, changed in place by allocate/free.
-    twin.by_priority = {
-        priority: [held[0], held[1], list(held[2]), held[3], dict(held[4]), *held[5:]]
-        for priority, held in node.by_priority.items()
-    }
+    # What the node's pods hold per priority: changed in place by allocate/free.
+    twin.by_priority = {priority: held.copied() for priority, held in node.by_priority.items()}
     return twin
 
 

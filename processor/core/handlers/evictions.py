@@ -6,7 +6,7 @@ Both only emit; putting the evicted back to placement is follow-up work
 
 from __future__ import annotations
 
-from processor.core import preemption
+from processor.core import preemption_plans
 from processor.core.decision import Decision
 from processor.core.resources import NO_EXECUTE, evicted_by_taints
 from processor.core.state import ClusterState, Node, Pod
@@ -15,7 +15,7 @@ from schemas.events import PodEvicted, PodPreempted
 
 
 def victim_events(
-    decision: Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption.Unit], reason: str
+    decision: Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption_plans.Unit], reason: str
 ) -> list[tuple[Pod, str]]:
     """``PodPreempted`` (why, and by whom), then ``PodEvicted``, for every pod of the units, by pod id;
     returns the victims with the nodes they ran on. O(V log V) for V victims."""
