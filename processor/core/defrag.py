@@ -53,9 +53,10 @@ the fold emits it, so every move is applied by its event.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from math import comb
 
 from sortedcontainers import SortedList
 
@@ -71,6 +72,9 @@ RELIEVE_SHAPES = 16  # waiting whole-GPU shapes (queue order) that idle GPUs sho
 DEPTH = 1  # ejections per chain (depth 2 measured: no better within noise, 2-4x the CPU)
 EJECT_SCAN = 16  # gaps just too small for a share looked at for a chain of two moves
 TARGET_SUBSETS = 2_000  # subsets of a node's movable pods tried per target node
+LOOKS = 2_000  # subsets of pods looked at (and landings sought), in all, per move of the budget
+TRIAL_MOVES = 64  # trial moves made (kept or undone) while planning, in all, per move of the budget
+UNBOUNDED = 1 << 62  # the allowance of a command of contract v1 or v2: it plans as its release did
 RELIEVE_PODS = 8  # waiting GPU pods (queue order) that pods are moved across nodes for, per Defragment
 RELIEVE_MOVES = 2  # pods moved off one node at most to make room for one waiting pod
 ACROSS_MODELS = True  # without quotas, a pod moved across nodes may change GPU model (within its own constraint)
@@ -99,6 +103,8 @@ class Plan:
     gpus_freed: int = 0
     nodes_freed: int = 0
     note: str = ""
+    looks: int = 0  # the work planning took (:class:`Allowance`): looks spent
+    trial_moves: int = 0  # and trial moves made, kept or undone
 
 
 def movable_pods(cluster: ClusterState) -> list[Pod]:
@@ -109,14 +115,84 @@ def movable_pods(cluster: ClusterState) -> list[Pod]:
     )
 
 
-class Trial:
-    """Moves applied to nodes and the index, undone by :meth:`rollback` (newest first)."""
+class Allowance:
+    """The work one ``Defragment`` may do while planning, per move of its budget: ``LOOKS`` looks and
+    ``TRIAL_MOVES`` trial moves made, kept or undone (:attr:`Trial.made`). A look is one bounded piece of
+    search: a subset of pods checked, a source GPU's dry run per share (at most ``SCAN`` gaps), a node relieved
+    per share, a step of a set's packing or a GPU of its pool, a landing sought (one placement's scan), or a
+    node listed for a target. A step asks before each attempt (and the target's search before each trial
+    move); once either is spent (``spent``), no step starts another attempt and the plan is what was kept.
 
-    def __init__(self, cluster: ClusterState) -> None:
+    Not ``bounded`` (a command of contract v1 or v2): unlimited, so such a command plans the moves its
+    release planned, however large the cluster (the recorded logs replay byte for byte)."""
+
+    __slots__ = ("looked", "looks", "moves", "spent")
+
+    def __init__(self, budget: int, bounded: bool = True) -> None:
+        self.looks = LOOKS * budget if bounded else UNBOUNDED
+        self.moves = TRIAL_MOVES * budget if bounded else UNBOUNDED
+        self.looked = 0  # looks spent (a measure for tests and benchmarks)
+        self.spent = False
+
+    def look(self, count: int = 1) -> bool:
+        """Spend ``count`` looks; False (and spent) if fewer are left."""
+        if self.looks < count:
+            self.spent = True
+            return False
+        self.looks -= count
+        self.looked += count
+        return True
+
+    def move(self, trial: Trial) -> bool:
+        """Whether the trial may make another move; False (and spent) once it made its allowance."""
+        if trial.made >= self.moves:
+            self.spent = True
+            return False
+        return True
+
+
+class Trial:
+    """Moves applied to nodes and the index, undone by :meth:`rollback` (newest first).
+
+    While ``deferred``, a move leaves the capacity index (and the preemption index's marks) as they were and
+    notes the node; :meth:`flush` files the noted nodes. For planning steps that read nodes, never the index:
+    a move tried and undone then costs no index update at all."""
+
+    def __init__(self, cluster: ClusterState, bounded: bool = True) -> None:
         self.cluster = cluster
+        self.bounded = bounded  # whether its search has an allowance (:class:`Allowance`)
         self.moves: list[Move] = []
         # The trial's view of where moved pods are: pod id -> (node, gpus).
         self.at: dict[str, tuple[str, tuple[GpuShare, ...]]] = {}
+        self._allowance: Allowance | None = None
+        self.touched: list[str] = []  # the nodes of every move made or undone, in order
+        self._rooms: dict[PodShape, _Rooms] = {}
+        self.deferred = False
+        self.stale: set[str] = set()  # nodes moved while deferred, not yet filed again
+        self.made = 0  # moves made, kept or undone
+
+    def allowance(self, budget: int) -> Allowance:
+        """The search work left to this trial, set on first use from the budget (moves left plus made)."""
+        if self._allowance is None:
+            self._allowance = Allowance(budget + len(self.moves), self.bounded)
+        return self._allowance
+
+    def rooms(
+        self, shape: PodShape, allowance: Allowance
+    ) -> tuple[SortedList, dict[str, tuple[int, list[Pod]]]] | None:
+        """The nodes :func:`make_room` may make room on for the shape, by their bound (:class:`_Rooms`); a
+        look per node listed (all of them the first time, those trial moves touched since then), or None if
+        the allowance cannot pay for it."""
+        rooms = self._rooms.get(shape)
+        if rooms is None:
+            if not allowance.look(len(self.cluster.nodes)):
+                return None
+            rooms = self._rooms[shape] = _Rooms(self.cluster, self, shape)
+        else:
+            if not allowance.look(len(self.touched) - rooms.seen):
+                return None
+            rooms.refresh(self.cluster, self, shape)
+        return rooms.order, rooms.known
 
     def where(self, pod: Pod) -> tuple[str, tuple[GpuShare, ...]]:
         moved = self.at.get(pod.spec.pod_id)
@@ -127,8 +203,10 @@ class Trial:
         nodes = self.cluster.nodes
         nodes[from_node].free(pod.spec, from_gpus)
         nodes[to_node].allocate(pod.spec, to_gpus, pod.started_at)
-        self.cluster.reindex(nodes[from_node])
-        self.cluster.reindex(nodes[to_node])
+        self._reindex(from_node)
+        self._reindex(to_node)
+        self.touched.extend((from_node, to_node))
+        self.made += 1
         self.at[pod.spec.pod_id] = (to_node, to_gpus)
         self.moves.append(Move(pod.spec.pod_id, from_node, from_gpus, to_node, to_gpus, why))
 
@@ -139,15 +217,30 @@ class Trial:
             pod = self.cluster.pods[move.pod_id]
             nodes[move.to_node].free(pod.spec, move.to_gpus)
             nodes[move.from_node].allocate(pod.spec, move.from_gpus, pod.started_at)
-            self.cluster.reindex(nodes[move.to_node])
-            self.cluster.reindex(nodes[move.from_node])
+            self._reindex(move.to_node)
+            self._reindex(move.from_node)
+            self.touched.extend((move.to_node, move.from_node))
             if move.from_node == pod.node_id and move.from_gpus == pod.gpus:
                 self.at.pop(move.pod_id, None)
             else:
                 self.at[move.pod_id] = (move.from_node, move.from_gpus)
 
+    def _reindex(self, node_id: str) -> None:
+        if self.deferred:
+            self.stale.add(node_id)
+        else:
+            self.cluster.reindex(self.cluster.nodes[node_id])
+
+    def flush(self) -> None:
+        """File the nodes moved while deferred (in id order) and stop deferring."""
+        self.deferred = False
+        for node_id in sorted(self.stale):
+            self.cluster.reindex(self.cluster.nodes[node_id])
+        self.stale.clear()
+
     def rollback(self) -> None:
         self.undo_to(0)
+        self.flush()
 
 
 def _whole_free(node: Node) -> int:
@@ -297,13 +390,15 @@ class _Gaps:
         return False
 
 
-def consolidate(cluster: ClusterState, budget: int) -> Plan:
-    """Free whole GPUs by emptying the cheapest GPUs that hold only movable shares (module docstring)."""
+def consolidate(cluster: ClusterState, budget: int, bounded: bool = True) -> Plan:
+    """Free whole GPUs by emptying the cheapest GPUs that hold only movable shares (module docstring); within
+    the work allowance of the budget if ``bounded`` (:class:`Allowance`)."""
     movable = [pod for pod in movable_pods(cluster) if pod.shape.is_share]
     if not movable:
-        return _across_only(cluster, budget)
+        return _across_only(cluster, budget, bounded)
     models = sorted({cluster.nodes[pod.node_id].gpu_model for pod in movable})  # type: ignore[index]
-    trial = Trial(cluster)
+    trial = Trial(cluster, bounded)
+    allowance = trial.allowance(budget)
     gaps = _Gaps(cluster, trial, models)
     sources = []
     for (node_id, index), pods in gaps.shares.items():
@@ -315,13 +410,22 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
     fragmenter = Fragmenter(cluster.typical) if cluster.typical else None
     before: dict[str, tuple[int, bool]] = {}
     receivers: set[GpuKey] = set()  # GPUs that took shares in this plan: never emptied again
+    trial.deferred = True  # the steps up to moving pods across nodes read the nodes, never the index
     try:
+        # Measure: the sources left; each one tried spends a look per share (its dry run: at most SCAN gaps
+        # per share) and, when tried on trial, moves of the allowance.
         for _, _, node_id, index in sources:
             key = (node_id, index)
             pods = sorted(gaps.shares.get(key, ()), key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
             if key in receivers or not pods or len(pods) > budget - len(trial.moves):
                 continue
+            if not allowance.look(len(pods)):
+                break
             node = cluster.nodes[node_id]
+            if fragmenter is not None and _dry_run(gaps, pods, node.gpu_model, key, fragmenter) is False:
+                continue  # its moves would be undone (not less fragmented): known without making them
+            if not allowance.move(trial):
+                break
             mark, journal_mark = len(trial.moves), len(gaps.journal)
             gaps.seen = {}
             why = f"consolidating GPU {index} of {node_id} to free it whole"
@@ -339,9 +443,11 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
             receivers.update((move.to_node, move.to_gpus[0].index) for move in moved)
         _relieve(cluster, gaps, budget, before)
         _repack(cluster, gaps, budget, before, fragmenter)
+        trial.flush()
         _relieve_across(cluster, trial, budget, before)  # last: it moves pods the gaps do not follow
         plan = Plan(list(trial.moves))
         plan.gpus_freed, plan.nodes_freed = _outcome(cluster, plan.moves, before)
+        plan.looks, plan.trial_moves = allowance.looked, trial.made
         if not plan.moves:
             plan.note = "no GPU holding only movable shares could be emptied within the budget with less fragmentation"
         return plan
@@ -349,14 +455,16 @@ def consolidate(cluster: ClusterState, budget: int) -> Plan:
         trial.rollback()
 
 
-def _across_only(cluster: ClusterState, budget: int) -> Plan:
+def _across_only(cluster: ClusterState, budget: int, bounded: bool) -> Plan:
     """No movable share runs: only moving pods across nodes for the first waiting pods can help."""
-    trial = Trial(cluster)
+    trial = Trial(cluster, bounded)
+    allowance = trial.allowance(budget)
     before: dict[str, tuple[int, bool]] = {}
     try:
         _relieve_across(cluster, trial, budget, before)
         plan = Plan(list(trial.moves))
         plan.gpus_freed, plan.nodes_freed = _outcome(cluster, plan.moves, before)
+        plan.looks, plan.trial_moves = allowance.looked, trial.made
         if not plan.moves:
             plan.note = "no movable GPU-share pod runs, and no move lets a waiting pod start: nothing was moved"
         return plan
@@ -372,13 +480,15 @@ def _record(gaps: _Gaps, before: dict[str, tuple[int, bool]]) -> None:
 # ---------------------------------------------------------------- re-packing a set of GPUs
 
 
-def _repack_pool(gaps: _Gaps, model: str) -> list[GpuKey]:
+def _repack_pool(gaps: _Gaps, model: str, allowance: Allowance) -> list[GpuKey]:
     """The partly used GPUs of a model whose shares are all movable, most free milli first (then key), at most
     ``REPACK_POOL``; a GPU holding one share larger than ``REPACK_RIGID`` is left out (it can only take tiny
-    shares, and its own share fits nowhere but an empty GPU)."""
+    shares, and its own share fits nowhere but an empty GPU). A look per GPU looked at."""
     pool: list[GpuKey] = []
     entries = gaps.lists[model]
-    for position in range(len(entries) - 1, -1, -1):
+    for position in range(len(entries) - 1, -1, -1):  # measure: the position, down to 0
+        if not allowance.look():
+            break
         _, node_id, index = entries[position]
         key = (node_id, index)
         pods = gaps.shares.get(key, ())
@@ -427,10 +537,13 @@ def _repack_sets(gaps: _Gaps, pool: list[GpuKey]) -> Iterator[tuple[GpuKey, ...]
             yield (source, *receivers[:extra])
 
 
-def _pack(gaps: _Gaps, pods: list[Pod], bins: list[GpuKey], at: dict[str, GpuKey]) -> dict[str, GpuKey] | None:
+def _pack(
+    gaps: _Gaps, pods: list[Pod], bins: list[GpuKey], at: dict[str, GpuKey], limit: int
+) -> tuple[dict[str, GpuKey] | None, int]:
     """A packing of the shares ``pods`` into the GPUs ``bins``: depth-first, largest share first, each trying
     the GPU it is on first and then the fullest GPU that holds it (best fit); GPU model, selector, taints and
-    the CPU and memory of every node at the end respected. At most ``REPACK_STEPS`` steps; None if none found."""
+    the CPU and memory of every node at the end respected. At most ``limit`` steps (``REPACK_STEPS`` or what
+    the allowance has left); (the packing or None if none found, the steps taken)."""
     cluster = gaps.cluster
     order = sorted(pods, key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
     # Room on each GPU once the set's shares are lifted off (what else holds it stays).
@@ -469,7 +582,7 @@ def _pack(gaps: _Gaps, pods: list[Pod], bins: list[GpuKey], at: dict[str, GpuKey
     def search(i: int) -> bool:
         nonlocal steps
         steps += 1
-        if steps > REPACK_STEPS:
+        if steps > limit:  # the measure: steps left, down by one per call
             return False
         if i == len(order):
             return resources_fit()
@@ -496,7 +609,8 @@ def _pack(gaps: _Gaps, pods: list[Pod], bins: list[GpuKey], at: dict[str, GpuKey
             del chosen[pod_id]
         return False
 
-    return dict(chosen) if search(0) else None
+    found = search(0)
+    return (dict(chosen) if found else None), min(steps, limit)
 
 
 def _sequence(
@@ -559,19 +673,25 @@ def _repack(
     GPU is packed into all but one of them (:func:`_pack`), the moves ordered so none over-commits
     (:func:`_sequence`); kept only within the budget and if it lowers FGD fragmentation, else undone."""
     trial = gaps.trial
+    allowance = trial.allowance(budget)
     for model in sorted(gaps.lists):
         failed: dict[tuple[GpuKey, ...], bool] = {}
+        pool: list[GpuKey] | None = None
         for _ in range(REPACK_TRIES):
-            if len(trial.moves) >= budget:
+            if len(trial.moves) >= budget or not allowance.move(trial):
                 return
-            pool = _repack_pool(gaps, model)
+            if pool is None:
+                pool = _repack_pool(gaps, model, allowance)
+            if not allowance.look(len(pool) + 1):  # drawing the sets of the pool (O(REPACK_POOL) each)
+                return
             members = next((found for found in _repack_sets(gaps, pool) if found not in failed), None)
             if members is None:
                 break
             if _repack_set(cluster, gaps, members, budget, fragmenter):
                 _record(gaps, before)
+                pool = None  # shares moved: draw the pool again
             else:
-                failed[members] = True
+                failed[members] = True  # everything undone: the same pool
 
 
 def _repack_set(
@@ -588,8 +708,11 @@ def _repack_set(
         members[1:], key=lambda key: (len(gaps.shares.get(key, ())), GPU_MILLI - nodes[key[0]].gpu_free[key[1]], key)
     )
     found: list[tuple[int, int, GpuKey, dict[str, GpuKey]]] = []
+    allowance = trial.allowance(budget)
     for rank, freed in enumerate((members[0], *others[:2])):
-        target = _pack(gaps, pods, [key for key in members if key != freed], at)
+        limit = min(REPACK_STEPS, allowance.looks)
+        target, steps = _pack(gaps, pods, [key for key in members if key != freed], at, limit)
+        allowance.look(steps)  # a look per step of the packing (at most what was left)
         if target is not None:
             moving = sum(1 for pod_id, key in target.items() if at[pod_id] != key)
             if moving <= budget - len(trial.moves):
@@ -637,7 +760,7 @@ def _relieve(cluster: ClusterState, gaps: _Gaps, budget: int, before: dict[str, 
     if not shapes:
         return
     trial = gaps.trial
-    for node_id in sorted(cluster.nodes):
+    for node_id in sorted(cluster.nodes):  # measure: the nodes left; each attempt on one spends the allowance
         node = cluster.nodes[node_id]
         idle = _whole_free(node)
         if not idle or not node.schedulable or node.gpu_model not in gaps.lists:
@@ -654,6 +777,9 @@ def _relieve(cluster: ClusterState, gaps: _Gaps, budget: int, before: dict[str, 
             memory = node.memory_free + sum(pod.spec.memory_mib for pod in pods)
             if cpu < shape.cpu_milli or memory < shape.memory_mib:
                 continue
+            allowance = trial.allowance(budget)
+            if not allowance.move(trial) or not allowance.look(len(pods)):  # a gap sought per share at most
+                return
             mark = len(gaps.journal)
             gaps.seen = {}
             why = f"moving CPU and memory off {node_id} so its {idle} idle GPU(s) can take a waiting pod"
@@ -713,12 +839,10 @@ def _relieve_across(cluster: ClusterState, trial: Trial, budget: int, before: di
 def _unclaimed_fit(cluster: ClusterState, shape: PodShape, claimed: set[str]) -> str | None:
     """A node (least id) the shape fits now and that is not kept for another waiting pod, or None."""
     found = [
-        node_id
+        next((n for n in group.node_ids if n not in claimed and _admits(cluster, cluster.nodes[n], shape)), None)
         for group in cluster.index.feasible(shape)
-        for node_id in group.node_ids
-        if node_id not in claimed and _admits(cluster, cluster.nodes[node_id], shape)
-    ]
-    return min(found) if found else None
+    ]  # each group's first node not kept (ids ascending): at most len(claimed) + 1 looked at per group
+    return min((node_id for node_id in found if node_id is not None), default=None)
 
 
 def _room_across(
@@ -734,6 +858,7 @@ def _room_across(
     landing of its own (:func:`_landing`); on trial. The node, or None (nothing moved)."""
     best: tuple[int, str, tuple[Pod, ...]] | None = None
     limit = min(RELIEVE_MOVES, budget)
+    allowance = trial.allowance(budget)
     for node_id in sorted(cluster.nodes):
         node = cluster.nodes[node_id]
         if node_id in claimed or not _admits(cluster, node, shape):
@@ -755,14 +880,27 @@ def _room_across(
         if not movable or not _fits_without(node, shape, movable):
             continue
         movable.sort(key=lambda p: (-p.spec.cpu_milli, -p.spec.memory_mib, p.spec.pod_id))
+        # Fewer pods than it takes to cover the CPU (or memory) short, CPU-heaviest first, cannot do it.
+        cpu_short, memory_short = shape.cpu_milli - node.cpu_free, shape.memory_mib - node.memory_free
+        fewest = max(
+            (_fewest_covering([pod.spec.cpu_milli for pod in movable], cpu_short) or 0) if cpu_short > 0 else 0,
+            (_fewest_covering([pod.spec.memory_mib for pod in movable], memory_short) or 0) if memory_short > 0 else 0,
+        )
         subsets = 0
         for size in range(1, (best[0] - 1 if best is not None else limit) + 1):
+            if size < fewest:
+                subsets += comb(len(movable), size)  # all fail: counted, as trying each would
+                if subsets > RELIEVE_SUBSETS:
+                    break
+                continue
             for chosen in combinations(movable, size):
                 subsets += 1
-                if subsets > RELIEVE_SUBSETS:
+                if subsets > RELIEVE_SUBSETS or not allowance.look():
                     break
                 if not _fits_without(node, shape, list(chosen)):
                     continue
+                if not allowance.move(trial):
+                    break
                 mark = len(trial.moves)
                 ok = all(_land(cluster, trial, pod, node_id, claimed, least, "") for pod in chosen)
                 ok = ok and _fits(node, shape)
@@ -770,10 +908,10 @@ def _room_across(
                 if ok:
                     best = (size, node_id, chosen)
                     break
-            if (best is not None and best[1] == node_id) or subsets > RELIEVE_SUBSETS:
+            if (best is not None and best[1] == node_id) or subsets > RELIEVE_SUBSETS or allowance.spent:
                 break
-        if best is not None and best[0] == 1:
-            break  # one move: nothing does better (ties on node id)
+        if (best is not None and best[0] == 1) or allowance.spent:
+            break  # one move: nothing does better (ties on node id); or out of work
     if best is None:
         return None
     _, node_id, chosen = best
@@ -824,6 +962,7 @@ def _room_by_swap(
     ]
     cpu = max((node.cpu_free for node in short), default=-1)
     memory = max((node.memory_free for node in short), default=-1)
+    allowance = trial.allowance(0)  # made when the plan began
     for pod in movers:
         if pod.spec.cpu_milli > cpu or pod.spec.memory_mib > memory or pod.spec.pod_id in trial.at:
             continue
@@ -832,6 +971,8 @@ def _room_by_swap(
             continue
         if not _fits_without(node, shape, [pod]) or not _admits(cluster, node, shape):
             continue
+        if not allowance.look() or not allowance.move(trial):
+            return None
         mark = len(trial.moves)
         seen: dict[str, tuple[int, bool]] = {}
         why = (
@@ -847,14 +988,15 @@ def _room_by_swap(
     return None
 
 
-def _fits_without(node: Node, shape: PodShape, pods: list[Pod]) -> bool:
-    """Whether the shape would fit the node once ``pods`` (running there) are gone: arithmetic only."""
+def _fits_without(node: Node, shape: PodShape, pods: Sequence[Pod], trial: Trial | None = None) -> bool:
+    """Whether the shape would fit the node once ``pods`` (running there, where ``trial`` has them) are gone:
+    arithmetic only."""
     cpu, memory = node.cpu_free, node.memory_free
     free = list(node.gpu_free)
     for pod in pods:
         cpu += pod.spec.cpu_milli
         memory += pod.spec.memory_mib
-        for share in pod.gpus:
+        for share in trial.where(pod)[1] if trial is not None else pod.gpus:
             free[share.index] += share.milli
     if cpu < shape.cpu_milli or memory < shape.memory_mib:
         return False
@@ -950,6 +1092,91 @@ def _less_fragmented(cluster: ClusterState, fragmenter: Fragmenter | None, seen:
     return after < before
 
 
+def _dry_run(gaps: _Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fragmenter) -> bool | None:
+    """What emptying GPU ``key`` would come to when each of its shares (in order) has a best-fit gap of its
+    own, no chain needed: whether the moves would lower fragmentation (:func:`_less_fragmented`), worked out
+    on copies of the free milli, CPU and memory they change, nothing moved. None when a share would need a
+    chain (only trying tells then). The gaps are scanned as :meth:`_Gaps.best_fit` would after each move."""
+    cluster = gaps.cluster
+    nodes = cluster.nodes
+    entries = gaps.lists[model]
+    source = key[0]
+    gpu: dict[GpuKey, int] = {}  # free milli of the GPUs the moves change
+    cpu: dict[str, int] = {}  # free CPU and memory of the nodes they change
+    memory: dict[str, int] = {}
+    for pod in pods:
+        spec = pod.spec
+        need = spec.gpu_milli
+        spot = _dry_fit(cluster, entries, gpu, cpu, memory, pod, source, key)
+        if spot is None:
+            return None
+        gpu[key] = gpu.get(key, nodes[source].gpu_free[key[1]]) + need
+        gpu[spot] = gpu.get(spot, nodes[spot[0]].gpu_free[spot[1]]) - need
+        if spot[0] != source:
+            for node_id, sign in ((source, 1), (spot[0], -1)):
+                cpu[node_id] = cpu.get(node_id, nodes[node_id].cpu_free) + sign * spec.cpu_milli
+                memory[node_id] = memory.get(node_id, nodes[node_id].memory_free) + sign * spec.memory_mib
+    before = after = 0.0
+    for node_id in sorted({source, *(spot[0] for spot in gpu)}):
+        node = nodes[node_id]
+        free = list(node.gpu_free)
+        for (at, index), milli in gpu.items():
+            if at == node_id:
+                free[index] = milli
+        before += fragmenter(tuple(node.gpu_free), node.cpu_free, node.gpu_model)
+        after += fragmenter(tuple(free), cpu.get(node_id, node.cpu_free), node.gpu_model)
+    return after < before
+
+
+def _dry_fit(
+    cluster: ClusterState,
+    entries: SortedList,
+    gpu: dict[GpuKey, int],
+    cpu: dict[str, int],
+    memory: dict[str, int],
+    pod: Pod,
+    source: str,
+    key: GpuKey,
+) -> GpuKey | None:
+    """:meth:`_Gaps.best_fit` of a share on GPU ``key`` (node ``source``) as it would be after the dry run's
+    moves so far: the list with the GPUs they changed (``gpu``) filed at their new free milli, the first
+    ``SCAN`` entries from the share's size, room checked against the changed CPU and memory."""
+    spec = pod.spec
+    need = spec.gpu_milli
+    nodes = cluster.nodes
+    moved = sorted(
+        (free, node_id, index)
+        for (node_id, index), free in gpu.items()
+        if need <= free < GPU_MILLI and nodes[node_id].schedulable
+    )
+    position = entries.bisect_left((need, "", -1))
+    taken = 0
+    for _ in range(SCAN):
+        while position < len(entries) and (entries[position][1], entries[position][2]) in gpu:
+            position += 1  # a GPU the moves changed: filed at its new free milli instead
+        entry = entries[position] if position < len(entries) else None
+        if taken < len(moved) and (entry is None or moved[taken] < entry):
+            entry = moved[taken]
+            taken += 1
+        elif entry is not None:
+            position += 1
+        else:
+            return None
+        spot = (entry[1], entry[2])
+        if spot == key:
+            continue
+        node = nodes[spot[0]]
+        if gpu.get(spot, node.gpu_free[spot[1]]) < need:
+            continue
+        if spot[0] != source and (
+            cpu.get(spot[0], node.cpu_free) < spec.cpu_milli or memory.get(spot[0], node.memory_free) < spec.memory_mib
+        ):
+            continue
+        if _admits(cluster, node, pod.shape):
+            return spot
+    return None
+
+
 def _fragment(cluster: ClusterState, fragmenter: Fragmenter | None, node_ids: set[str]) -> float:
     if fragmenter is None:
         return 0.0
@@ -997,26 +1224,44 @@ def _fits(node: Node, shape: PodShape) -> bool:
         return True
     if shape.gpu_milli >= GPU_MILLI:
         return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
-    return max(free) >= shape.gpu_milli
+    return max(free, default=0) >= shape.gpu_milli  # a node without GPUs holds no share
 
 
 def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int, why: str) -> str | None:
-    """Move movable pods on trial so the shape fits some node: the node (fewest moves, then id), or None."""
+    """Move movable pods on trial so the shape fits some node: the node (fewest moves, then id), or None.
+
+    Branch and bound over the nodes: a node's least number of moves is known from arithmetic on its own pods
+    (:func:`_least_moves`); nodes are visited in order of that bound (then id), and one whose bound cannot beat
+    the best found is not searched. Within the allowance (:class:`Allowance`) the node and the pods are
+    exactly those of a search of every node in id order (:func:`_fewest` on each, fewest moves wins)."""
+    fitting = [group.first() for group in cluster.index.feasible(shape)]
+    if fitting:
+        return min(fitting)  # the first node in id order that admits and fits the shape as it is
+    allowance = trial.allowance(budget)
+    listed = trial.rooms(shape, allowance)
+    if listed is None:
+        return None  # out of work before a node was searched
+    order, known = listed
+    reachable: dict[tuple[PodShape, str], tuple[int, str]] = {}
     best: tuple[int, str, list[Pod]] | None = None
-    for node_id in sorted(cluster.nodes):
-        node = cluster.nodes[node_id]
-        if not _admits(cluster, node, shape) or (shape.gpu_models and node.gpu_model not in shape.gpu_models):
+    for bound, node_id in order:
+        if best is not None and (bound > best[0] or (bound == best[0] and node_id > best[1])):
+            break  # sorted: no node left can need fewer moves, or as few with a smaller id
+        if not allowance.look():
+            break  # out of work: the best found so far
+        movable = known[node_id][1]
+        least = _least_moves(cluster, trial, cluster.nodes[node_id], shape, movable, reachable)
+        if least is None or least > min(budget, len(movable)):
             continue
-        if _fits(node, shape):
-            return node_id
-        present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))  # a trial member is no pod yet
-        movable = [pod for pod in present if pod is not None and pod.spec.movable and pod.spec.gang_id is None]
-        if not movable:
+        if best is not None and (least > best[0] or (least == best[0] and node_id > best[1])):
             continue
-        limit = min(budget, len(movable), best[0] - 1 if best is not None else budget)
-        found = _fewest(cluster, trial, node, shape, movable, limit)
-        if found is not None and (best is None or len(found) < best[0]):
+        # Fewer moves than the best found, or as few on a node with a smaller id (ties go to the smaller id).
+        limit = budget if best is None else best[0] - (1 if node_id > best[1] else 0)
+        found = _fewest(cluster, trial, node_id, shape, movable, min(limit, len(movable)), least, reachable, allowance)
+        if found is not None:
             best = (len(found), node_id, found)
+        if allowance.spent:
+            break
     if best is None:
         return None
     _, node_id, pods = best
@@ -1028,20 +1273,179 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
     return node_id
 
 
+class _Rooms:
+    """The nodes :func:`make_room` may make room on for one shape, by a lower bound on the moves it takes
+    (every movable pod there counted as able to leave), kept for the members of one ``Defragment``: a node is
+    looked at again only once a trial move touched it. Between members the trial only adds moves (refreshed
+    here) and gang members (which only take room, so a bound stays a lower bound)."""
+
+    __slots__ = ("known", "order", "seen")
+
+    def __init__(self, cluster: ClusterState, trial: Trial, shape: PodShape) -> None:
+        self.order: SortedList = SortedList()  # (bound, node id)
+        self.known: dict[str, tuple[int, list[Pod]]] = {}  # node id -> (bound, its movable pods by id)
+        self.seen = len(trial.touched)
+        for node_id in sorted(cluster.nodes):
+            self.file(cluster, trial, shape, node_id)
+
+    def file(self, cluster: ClusterState, trial: Trial, shape: PodShape, node_id: str) -> None:
+        node = cluster.nodes[node_id]
+        if not _admits(cluster, node, shape) or (shape.gpu_models and node.gpu_model not in shape.gpu_models):
+            return
+        present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))  # a trial member is no pod yet
+        movable = [pod for pod in present if pod is not None and pod.spec.movable and pod.spec.gang_id is None]
+        if not movable:
+            return
+        bound = _least_moves(cluster, trial, node, shape, movable, None)
+        if bound is not None:
+            self.known[node_id] = (bound, movable)
+            self.order.add((bound, node_id))
+
+    def refresh(self, cluster: ClusterState, trial: Trial, shape: PodShape) -> None:
+        """File again the nodes trial moves touched since the last call."""
+        for node_id in sorted(set(trial.touched[self.seen :])):
+            entry = self.known.pop(node_id, None)
+            if entry is not None:
+                self.order.remove((entry[0], node_id))
+            self.file(cluster, trial, shape, node_id)
+        self.seen = len(trial.touched)
+
+
+def _can_leave(
+    cluster: ClusterState, pod: Pod, node_id: str, reachable: dict[tuple[PodShape, str], tuple[int, str]]
+) -> bool:
+    """Whether the pod has a destination (:func:`_destination`) off node ``node_id`` as the nodes are now.
+
+    Moves away from a node only take room elsewhere, so a pod with none now has none after other moves of
+    the same search either. The schedulable nodes that could take each shape are counted once per call."""
+    model = cluster.nodes[node_id].gpu_model
+    key = (pod.shape, model)
+    counted = reachable.get(key)
+    if counted is None:
+        shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu else pod.shape
+        groups = [
+            group for group in cluster.index.feasible(shape) if shape.num_gpu or group.signature.gpu_model == model
+        ]
+        count = sum(group.size for group in groups)
+        counted = reachable[key] = (count, groups[0].first() if count == 1 else "")
+    return counted[0] > 1 or (counted[0] == 1 and counted[1] != node_id)
+
+
+def _least_moves(
+    cluster: ClusterState,
+    trial: Trial,
+    node: Node,
+    shape: PodShape,
+    movable: list[Pod],
+    reachable: dict[tuple[PodShape, str], tuple[int, str]] | None,
+) -> int | None:
+    """A lower bound on the moves that make the shape fit the node, or None if moving every pod that could
+    leave (:func:`_can_leave`; every movable pod if ``reachable`` is None) would not do it. Arithmetic on the
+    node's free CPU, memory and GPUs and on what those pods hold there: the CPU short takes at least as many
+    pods as the CPU-heaviest ones it takes to cover it; likewise memory; whole GPUs, as many pods as it takes,
+    most GPUs freed first, where a GPU is freed only if every pod on it leaves; a share, the fewest pods on one
+    GPU that leave it room."""
+    leaving = movable if reachable is None else [p for p in movable if _can_leave(cluster, p, node.node_id, reachable)]
+    least = 1
+    short = shape.cpu_milli - node.cpu_free
+    if short > 0:
+        count = _fewest_covering([pod.spec.cpu_milli for pod in leaving], short)
+        if count is None:
+            return None
+        least = max(least, count)
+    short = shape.memory_mib - node.memory_free
+    if short > 0:
+        count = _fewest_covering([pod.spec.memory_mib for pod in leaving], short)
+        if count is None:
+            return None
+        least = max(least, count)
+    if not shape.num_gpu:
+        return least
+    free = node.gpu_free
+    at = trial.at
+    placed = [at[pod.spec.pod_id][1] if pod.spec.pod_id in at else pod.gpus for pod in leaving] if at else None
+    held = [0] * len(free)  # GPU index -> the milli the leaving pods hold there
+    for gpus in placed if placed is not None else (pod.gpus for pod in leaving):
+        for gpu in gpus:
+            held[gpu.index] += gpu.milli
+    if shape.gpu_milli >= GPU_MILLI:
+        short = shape.num_gpu - sum(1 for milli in free if milli >= GPU_MILLI)
+        if short <= 0:
+            return least
+        freed = [milli < GPU_MILLI <= milli + more for milli, more in zip(free, held, strict=True)]
+        counts = [
+            sum(1 for gpu in gpus if freed[gpu.index])
+            for gpus in (placed if placed is not None else (pod.gpus for pod in leaving))
+        ]
+        count = _fewest_covering(counts, short)
+    else:
+        if max(free, default=0) >= shape.gpu_milli:
+            return least
+        count = None
+        for index, milli in enumerate(free):
+            if milli + held[index] >= shape.gpu_milli:
+                on_it = [
+                    gpu.milli for gpus in (placed or [p.gpus for p in leaving]) for gpu in gpus if gpu.index == index
+                ]
+                option = _fewest_covering(on_it, shape.gpu_milli - milli)
+                if option is not None and (count is None or option < count):
+                    count = option
+    if count is None:
+        return None
+    return max(least, count)
+
+
+def _fewest_covering(amounts: list[int], short: int) -> int | None:
+    """The fewest of ``amounts`` (largest first) that add up to ``short``, or None if all of them do not."""
+    total = 0
+    for count, amount in enumerate(sorted(amounts, reverse=True), start=1):
+        total += amount
+        if total >= short:
+            return count
+    return None
+
+
 def _fewest(
-    cluster: ClusterState, trial: Trial, node: Node, shape: PodShape, movable: list[Pod], limit: int
+    cluster: ClusterState,
+    trial: Trial,
+    node_id: str,
+    shape: PodShape,
+    movable: list[Pod],
+    limit: int,
+    least: int,
+    reachable: dict[tuple[PodShape, str], tuple[int, str]],
+    allowance: Allowance,
 ) -> list[Pod] | None:
-    """The fewest movable pods (ids ascending among equals) whose moves away make the shape fit the node."""
+    """The fewest movable pods (ids ascending among equals) whose moves away make the shape fit the node.
+
+    Subsets are tried by size, then in ``combinations`` order, at most ``TARGET_SUBSETS`` of them counted
+    from size 1. Those that cannot work are counted without being tried on trial: every subset smaller than
+    ``least`` (the node's lower bound), and any that holds a pod with no destination or that would not make
+    room even if all its pods left (arithmetic). Each subset looked at and each trial move spends the
+    allowance; when it is spent the search ends (None)."""
+    node = cluster.nodes[node_id]
     tried = 0
     for size in range(1, limit + 1):
-        for chosen in combinations(movable, size):
-            tried += 1
+        if size < least:
+            tried += comb(len(movable), size)  # all fail: counted, as trying each would
             if tried > TARGET_SUBSETS:
                 return None
+            continue
+        for chosen in combinations(movable, size):
+            tried += 1
+            if tried > TARGET_SUBSETS or not allowance.look():
+                return None
+            if not all(_can_leave(cluster, pod, node_id, reachable) for pod in chosen) or not _fits_without(
+                node, shape, chosen, trial
+            ):
+                continue
             mark = len(trial.moves)
             ok = True
             for pod in sorted(chosen, key=lambda p: (-p.spec.gpu_milli_total, p.spec.pod_id)):
-                destination = _destination(cluster, pod, {node.node_id}, node.gpu_model)
+                if not allowance.move(trial):
+                    trial.undo_to(mark)
+                    return None
+                destination = _destination(cluster, pod, {node_id}, node.gpu_model)
                 if destination is None:
                     ok = False
                     break
