@@ -21,14 +21,13 @@ The plan is made on trial (:class:`processor.core.defrag_moves.Trial`: nodes and
 then everything is rolled back); the fold emits it, so every move is applied by its event.
 
 **Work, bounded by the budget.** Besides a constant number of passes over the cluster's nodes and pods to
-index them (O(N + P log P): the movable pods, the G partly used GPUs, O(G log G); one pass over the nodes
-per waiting pod relieved, at most ``RELIEVE_PODS``; for a target, one listing of the nodes per distinct
-member shape, paid in looks), a ``Defragment`` of ``max_moves`` B spends at most ``LOOKS`` · B looks and
-``TRIAL_MOVES`` · B trial moves (:class:`processor.core.defrag_moves.Allowance`; a look is a bounded piece
-of search: at most ``SCAN`` gaps, a chain of ``EJECT_SCAN`` · ``SCAN``, a subset's arithmetic, a packing
-step, or one landing sought: a placement's scan of the capacity index, O(S)); each trial move costs
-O(log N) in the indexes. Once either is spent, the plan is what was kept so far. A command of contract v1
-or v2 has no allowance (it plans as its release did, so the recorded logs replay byte for byte).
+index them (O(N + P log P): the movable pods, the G partly used GPUs in O(G log G), and one pass over the
+nodes per waiting pod relieved, at most ``RELIEVE_PODS``), a ``Defragment`` of ``max_moves`` B examines at
+most ``LOOKS_BASE`` + ``LOOKS`` · B candidates (looks: a gap, a group of the capacity index, a subset of a
+node's pods, a packing step, a node listed for a target; O(1) each) and makes at most ``TRIAL_MOVES`` · B
+trial moves (O(log N) each in the indexes): :class:`processor.core.defrag_moves.Allowance`. Once either is
+spent, the plan is what was kept so far. A command of contract v1 or v2 has no allowance (it plans as its
+release did, so the recorded logs replay byte for byte).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sortedcontainers import SortedList
 
-from processor.core.defrag_moves import Trial, admits
+from processor.core.defrag_moves import Allowance, Trial, admits
 from processor.core.fragmentation import Fragmenter
 from processor.core.state import ClusterState, Pod
 from schemas.commands import GPU_MILLI
@@ -103,10 +103,13 @@ class Gaps:
         """The partly used GPU with the least free milli that holds the share (never a fully free GPU)."""
         entries = self.lists[model]
         start = entries.bisect_left((pod.spec.gpu_milli, "", -1))
-        for position in range(start, min(start + SCAN, len(entries))):
+        allowance = self.trial.allowance(0)  # made when the plan began
+        for position in range(start, min(start + SCAN, len(entries))):  # measure: at most SCAN gaps, a look each
             _, node_id, index = entries[position]
             if (node_id, index) not in exclude and self.room(pod, (node_id, index)):
+                allowance.spend(position - start + 1)
                 return node_id, index
+        allowance.spend(min(SCAN, len(entries) - start))
         return None
 
     def place(self, pod: Pod, model: str, exclude: set[GpuKey], why: str, depth: int = 1) -> bool:
@@ -121,6 +124,8 @@ class Gaps:
         need = pod.spec.gpu_milli
         entries = self.lists[model]
         end = entries.bisect_left((need, "", -1))
+        allowance = self.trial.allowance(0)  # made when the plan began
+        # Measure: at most EJECT_SCAN gaps, and the shares on each; every share tried is a look and a trial move.
         for position in range(end - 1, max(end - 1 - EJECT_SCAN, -1), -1):
             free, node_id, index = entries[position]
             key = (node_id, index)
@@ -130,6 +135,8 @@ class Gaps:
             for other in others:
                 if not other.spec.movable or other.spec.gpu_milli >= need or free + other.spec.gpu_milli < need:
                     continue
+                if not allowance.look() or not allowance.move(self.trial):
+                    return False  # out of work: the attempt fails and is undone
                 mark = len(self.journal)
                 making = f"{why}: leaving room on GPU {index} of {node_id} for a larger share"
                 if not self.place(other, model, exclude | {key}, making, depth - 1):
@@ -161,7 +168,7 @@ def dry_run(gaps: Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fr
     for pod in pods:
         spec = pod.spec
         need = spec.gpu_milli
-        spot = _dry_fit(cluster, entries, gpu, cpu, memory, pod, source, key)
+        spot = _dry_fit(cluster, entries, gpu, cpu, memory, pod, source, key, gaps.trial.allowance(0))
         if spot is None:
             return None
         gpu[key] = gpu.get(key, nodes[source].gpu_free[key[1]]) + need
@@ -191,10 +198,12 @@ def _dry_fit(
     pod: Pod,
     source: str,
     key: GpuKey,
+    allowance: Allowance,
 ) -> GpuKey | None:
     """:meth:`Gaps.best_fit` of a share on GPU ``key`` (node ``source``) as it would be after the dry run's
     moves so far: the list with the GPUs they changed (``gpu``) filed at their new free milli, the first
-    ``SCAN`` entries from the share's size, room checked against the changed CPU and memory."""
+    ``SCAN`` entries from the share's size, room checked against the changed CPU and memory. A look per
+    entry examined."""
     spec = pod.spec
     need = spec.gpu_milli
     nodes = cluster.nodes
@@ -205,7 +214,7 @@ def _dry_fit(
     )
     position = entries.bisect_left((need, "", -1))
     taken = 0
-    for _ in range(SCAN):
+    for looked in range(1, SCAN + 1):  # measure: at most SCAN entries
         while position < len(entries) and (entries[position][1], entries[position][2]) in gpu:
             position += 1  # a GPU the moves changed: filed at its new free milli instead
         entry = entries[position] if position < len(entries) else None
@@ -215,6 +224,7 @@ def _dry_fit(
         elif entry is not None:
             position += 1
         else:
+            allowance.spend(looked)
             return None
         spot = (entry[1], entry[2])
         if spot == key:
@@ -227,5 +237,7 @@ def _dry_fit(
         ):
             continue
         if admits(cluster, node, pod.shape):
+            allowance.spend(looked)
             return spot
+    allowance.spend(SCAN)
     return None

@@ -26,6 +26,7 @@ from math import comb
 
 from processor.core.defrag_gaps import DEPTH, Gaps, record
 from processor.core.defrag_moves import (
+    Allowance,
     Trial,
     admits,
     fewest_covering,
@@ -299,7 +300,7 @@ def _land(
     """Move a pod off node ``away`` on trial to its landing (:func:`_landing`); False if it has none."""
     # Without quotas a pod may change GPU model within its own constraint (quota keys follow the model).
     model = None if ACROSS_MODELS and not cluster.quotas_on else cluster.nodes[away].gpu_model
-    landing = _landing(cluster, pod, claimed | {away}, model, least, stranded_only)
+    landing = _landing(cluster, pod, claimed | {away}, model, least, trial.allowance(0), stranded_only)
     if landing is None:
         return False
     if seen is not None:
@@ -317,14 +318,17 @@ def _landing(
     exclude: set[str],
     model: str | None,
     least: tuple[int, int],
+    allowance: Allowance,
     stranded_only: bool = False,
 ) -> tuple[str, tuple[GpuShare, ...]] | None:
     """Where a pod moved across nodes goes: a node of ``model`` (for a GPU pod) where it fits, that is not
     left with idle GPUs short of the CPU or memory ``least`` the smallest waiting GPU pod asks (unless it
-    already was); best fit by GPU, then CPU, then node id."""
+    already was); best fit by GPU, then CPU, then node id. A look per group of the capacity index."""
     shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu and model is not None else pod.shape
     best: tuple[tuple[int, int, str], str] | None = None
-    for group in cluster.index.feasible(shape):
+    groups = cluster.index.feasible(shape)
+    allowance.spend(len(groups))
+    for group in groups:  # measure: the groups left
         signature = group.signature
         if model is not None and signature.gpu_model != model:
             continue

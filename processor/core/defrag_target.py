@@ -50,7 +50,7 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
         if not allowance.look():
             break  # out of work: the best found so far
         movable = known[node_id][1]
-        least = _least_moves(cluster, trial, cluster.nodes[node_id], shape, movable, reachable)
+        least = _least_moves(cluster, trial, cluster.nodes[node_id], shape, movable, reachable, allowance)
         if least is None or least > min(budget, len(movable)):
             continue
         if best is not None and (least > best[0] or (least == best[0] and node_id > best[1])):
@@ -66,7 +66,7 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
         return None
     _, node_id, pods = best
     for pod in pods:
-        destination = _destination(cluster, pod, {node_id}, cluster.nodes[node_id].gpu_model)
+        destination = _destination(cluster, pod, {node_id}, cluster.nodes[node_id].gpu_model, allowance)
         if destination is None:  # it fitted while planning this node; the order is the same
             return None
         trial.move(pod, destination[0], destination[1], why)
@@ -130,7 +130,11 @@ class _Rooms:
 
 
 def _can_leave(
-    cluster: ClusterState, pod: Pod, node_id: str, reachable: dict[tuple[PodShape, str], tuple[int, str]]
+    cluster: ClusterState,
+    pod: Pod,
+    node_id: str,
+    reachable: dict[tuple[PodShape, str], tuple[int, str]],
+    allowance: Allowance,
 ) -> bool:
     """Whether the pod has a destination (:func:`_destination`) off node ``node_id`` as the nodes are now.
 
@@ -144,6 +148,7 @@ def _can_leave(
         groups = [
             group for group in cluster.index.feasible(shape) if shape.num_gpu or group.signature.gpu_model == model
         ]
+        allowance.spend(len(groups))  # a look per group of the capacity index
         count = sum(group.size for group in groups)
         counted = reachable[key] = (count, groups[0].first() if count == 1 else "")
     return counted[0] > 1 or (counted[0] == 1 and counted[1] != node_id)
@@ -156,6 +161,7 @@ def _least_moves(
     shape: PodShape,
     movable: list[Pod],
     reachable: dict[tuple[PodShape, str], tuple[int, str]] | None,
+    allowance: Allowance | None = None,
 ) -> int | None:
     """A lower bound on the moves that make the shape fit the node, or None if moving every pod that could
     leave (:func:`_can_leave`; every movable pod if ``reachable`` is None) would not do it. Arithmetic on the
@@ -163,7 +169,11 @@ def _least_moves(
     pods as the CPU-heaviest ones it takes to cover it; likewise memory; whole GPUs, as many pods as it takes,
     most GPUs freed first, where a GPU is freed only if every pod on it leaves; a share, the fewest pods on one
     GPU that leave it room."""
-    leaving = movable if reachable is None else [p for p in movable if _can_leave(cluster, p, node.node_id, reachable)]
+    leaving = (
+        movable
+        if reachable is None or allowance is None
+        else [p for p in movable if _can_leave(cluster, p, node.node_id, reachable, allowance)]
+    )
     least = 1
     short = shape.cpu_milli - node.cpu_free
     if short > 0:
@@ -243,7 +253,7 @@ def _fewest(
             tried += 1
             if tried > TARGET_SUBSETS or not allowance.look():
                 return None
-            if not all(_can_leave(cluster, pod, node_id, reachable) for pod in chosen) or not fits_without(
+            if not all(_can_leave(cluster, pod, node_id, reachable, allowance) for pod in chosen) or not fits_without(
                 node, shape, chosen, trial
             ):
                 continue
@@ -253,7 +263,7 @@ def _fewest(
                 if not allowance.move(trial):
                     trial.undo_to(mark)
                     return None
-                destination = _destination(cluster, pod, {node_id}, node.gpu_model)
+                destination = _destination(cluster, pod, {node_id}, node.gpu_model, allowance)
                 if destination is None:
                     ok = False
                     break
@@ -266,12 +276,15 @@ def _fewest(
 
 
 def _destination(
-    cluster: ClusterState, pod: Pod, exclude: set[str], model: str
+    cluster: ClusterState, pod: Pod, exclude: set[str], model: str, allowance: Allowance
 ) -> tuple[str, tuple[GpuShare, ...]] | None:
-    """Where a moved pod goes: a node of its model, not excluded, best fit by GPU then node id."""
+    """Where a moved pod goes: a node of its model, not excluded, best fit by GPU then node id. A look per
+    group of the capacity index."""
     shape = pod.shape._replace(gpu_models=(model,)) if pod.spec.num_gpu else pod.shape
     best: tuple[tuple[int, int, str], str] | None = None
-    for group in cluster.index.feasible(shape):
+    groups = cluster.index.feasible(shape)
+    allowance.spend(len(groups))
+    for group in groups:  # measure: the groups left
         if shape.num_gpu == 0 and group.signature.gpu_model != model:
             continue
         node_id = next((n for n in group.node_ids if n not in exclude), None)
