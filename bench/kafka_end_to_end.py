@@ -169,7 +169,7 @@ def committed(consumer: Consumer, topics: Topics, partitions: int) -> int:
         return -1
 
 
-def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
+def bench_throughput(config: KafkaConfig, args: argparse.Namespace, pipelined: bool = True) -> dict:
     topics = fresh_topics(config, args.partitions, "tput")
     commands = stream(args.commands, args.clusters, args.policy)
     frames = [(c.cluster.encode(), registry().codec(COMMAND).encode(c.to_avro())) for c in commands]
@@ -180,7 +180,9 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
     publish_seconds = time.perf_counter() - started
     group = topics.commands + ".group"
     watcher = Consumer(config.client(overrides={"group.id": group, "enable.auto.commit": False}))
-    processes = start_processors(config, topics, group, args.instances, "--batch-size", str(args.batch_size))
+    processes = start_processors(
+        config, topics, group, args.instances, "--batch-size", str(args.batch_size), *pipeline_args(pipelined)
+    )
     try:
         first_at = None
         first_count = 0
@@ -213,7 +215,18 @@ def bench_throughput(config: KafkaConfig, args: argparse.Namespace) -> dict:
     }
 
 
-def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> dict:
+def pipeline_args(pipelined: bool) -> list[str]:
+    """The processor's flag for a run without the pipelined commit (only an older checkout lacks it: then [])."""
+    if pipelined:
+        return []
+    gpufold = str(Path(sys.executable).with_name("gpufold"))
+    help_text = subprocess.run([gpufold, "processor", "run", "--help"], capture_output=True, text=True).stdout
+    if "--no-pipeline" not in help_text:
+        raise SystemExit("this checkout's processor has no --no-pipeline (it never pipelines): use --pipeline on")
+    return ["--no-pipeline"]
+
+
+def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int, pipelined: bool = True) -> dict:
     stages = args.stages
     topics = fresh_topics(config, args.partitions, "lat", append_time=stages)
     group = topics.commands + ".group"
@@ -252,7 +265,7 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
                     if stages and command_id not in arrived_wall:
                         arrived_wall[command_id] = (wall, message.timestamp()[1] / 1000)
 
-    extra = ["--linger-ms", str(args.linger_ms), "--batch-size", str(args.batch_size)]
+    extra = ["--linger-ms", str(args.linger_ms), "--batch-size", str(args.batch_size), *pipeline_args(pipelined)]
     traced = stages and traces_batches()
     processes = start_processors(config, topics, group, 1, *extra, *(["--trace-batches"] if traced else []))
     reader = threading.Thread(target=read, daemon=True)
@@ -293,6 +306,7 @@ def bench_latency(config: KafkaConfig, args: argparse.Namespace, rate: int) -> d
 
     row = {
         "bench": "latency",
+        "pipeline": "on" if pipelined else "off",
         "offered_per_s": round(offered),
         "commands": len(sent),
         "missing": missing,
@@ -390,8 +404,11 @@ def stage_breakdown(
             key = marks["poll"]
             first_append[key] = min(first_append.get(key, append), append)
             first_out[key] = marks["first"]
-        add("fold", marks["commit"] - marks["polled"])
-        add("produce (enqueue)", marks["produced"] - marks["commit"])
+        folded, began = marks.get("folded", marks["commit"]), marks.get("txn", marks["commit"])
+        add("fold", folded - marks["polled"])
+        if "txn" in marks:  # pipelined: the transaction begins once the previous one has committed
+            add("folded->transaction began (previous commit)", began - folded)
+        add("produce (enqueue)", marks["produced"] - began)
         add("send_offsets_to_transaction", marks["offsets_sent"] - marks["produced"])
         add("commit_transaction", marks["committed"] - marks["offsets_sent"])
         add("committed->outcome seen", seen - marks["committed"])
@@ -493,6 +510,13 @@ def main() -> int:
         help="latency runs also print p50/p99 per stage (publish, broker append, poll, fold, each transaction "
         "call, outcome seen), from broker append times and the processor's --trace-batches lines",
     )
+    parser.add_argument(
+        "--pipeline",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the processors fold the next batch while a transaction commits (on, their default), or not "
+        "(off: --no-pipeline); both: each throughput and latency run twice, off then on, in the same run",
+    )
     parser.add_argument("--policy", default="best-fit", help="placement policy set first in every cluster")
     parser.add_argument("--only", choices=("throughput", "latency", "replay", "restore"), action="append")
     parser.add_argument("--json", action="store_true")
@@ -504,17 +528,21 @@ def main() -> int:
     machine = f"{platform.machine()} | {os.cpu_count()} cpus | python {platform.python_version()}"
     print(f"# {machine} | load average {os.getloadavg()[0]:.2f} | {' '.join(sys.argv)}")
     rows = []
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.pipeline]
     if "throughput" in which or "replay" in which:
-        row = bench_throughput(config, args)
-        if "throughput" in which:
-            rows.append(row)
+        for pipelined in modes if "throughput" in which else [True]:
+            row = bench_throughput(config, args, pipelined)
+            row["pipeline"] = "on" if pipelined else "off"
+            if "throughput" in which:
+                rows.append(row)
         if "replay" in which:
             rows.append(bench_replay(config, row["topics"], args))
     if "restore" in which:
         rows.append(bench_restore(config, args))
     if "latency" in which:
         for rate in args.rate or [1_000]:
-            rows.append(bench_latency(config, args, rate))
+            for pipelined in modes:
+                rows.append(bench_latency(config, args, rate, pipelined))
     for row in rows:
         row.pop("topics", None)
         stage_rows = row.pop("stages_ms", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from logs.port import InputRecord, OutputRecord
+from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.state import PartitionState
 from processor.runtime.loop import History, PartitionFolder
 from schemas.topics import Topics
@@ -33,12 +33,14 @@ def replay_partition(
     topics: Topics | None = None,
     *,
     keep_events: bool = False,
+    placement: Placement | None = None,
     history: History | None = None,
 ) -> Replayed:
-    """Fold command records into a fresh state (no snapshots); keep the event frames if asked. ``history``: the
-    log the records come from, to rebuild a halted cluster on ``ResumeCluster`` as the processor does."""
+    """Fold command records into a fresh state (no snapshots); keep the event frames if asked. With the log's
+    ``placement``, commands on the wrong partition are dead-lettered as the processor does; with the log as
+    ``history``, a halted cluster is rebuilt on ``ResumeCluster`` as the processor does."""
     topics = topics or Topics()
-    folder = PartitionFolder(partition, topics, snapshot_every=0, history=history)
+    folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement, history=history)
     result = Replayed(partition, folder.state)
     sink: list[OutputRecord] = []
     for record in records:

@@ -57,7 +57,7 @@ from logs.embedded_format import (
     position_crc,
     record_crc,
 )
-from logs.port import InputRecord, OutputRecord, StoredRecord
+from logs.port import InputRecord, OutputRecord, Placement, StoredRecord
 from schemas.partitioner import partition_for
 from schemas.topics import Topics
 
@@ -455,6 +455,12 @@ class EmbeddedLog:
     def assignment(self) -> list[int]:
         """Every command partition: the embedded log has one processor per file."""
         return list(range(self.partitions))
+
+    def placement(self, partition: int) -> Placement:
+        """Kafka's check, on the file's own partition count (fixed when the file was made, so it never changes): a
+        command appended or imported onto a partition that is not murmur2(cluster) mod that count, or keyed
+        other than its cluster, is dead-lettered (WRONG_PARTITION), never folded."""
+        return Placement(self.partitions)
 
     @_guarded
     def poll(self, max_records: int, timeout: float) -> list[InputRecord]:

@@ -6,15 +6,7 @@ One consumer in a group (``isolation.level=read_committed``, no auto-commit, sta
 dead letters and snapshots *and* the consumer offsets in one transaction. A restarted instance fences
 its zombie and aborts the zombie's open transaction in ``init_transactions``.
 
-Errors (see :meth:`KafkaCommandLog.commit`)::
-
-    KafkaLogError         an infrastructure fault still failing after RETRY_FOR seconds of retries: exit
-    ├── BatchAborted      an abortable error: the transaction was aborted (or, if the broker had already
-    │                     timed it out, the producer was replaced by a new one with the same transactional.id)
-    │                     and the consumer rewound to the committed offsets; the Processor forgets those
-    │                     partitions and rebuilds them from snapshot + commands
-    └── KafkaFatalError   fenced (a newer instance with the same id took over), or a fatal error that keeps
-                          coming back after MAX_RENEWALS fresh producers: exit non-zero
+Errors: :mod:`logs.kafka_errors` (``KafkaLogError``, ``BatchAborted``, ``KafkaFatalError``).
 
 Transient errors (coordinator moving or loading, broker restarting) are retried with backoff. A transaction's
 commit returns before the coordinator has written its markers, so a read_committed reader may see the outputs
@@ -30,7 +22,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -38,7 +31,18 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from kafka_settings.config import KafkaConfig, masked_dict
 from kafka_settings.topics import SNAPSHOT_MAX_BYTES, watermark_offsets
 from logs.fair_batch import PartitionQueues
-from logs.port import InputRecord, OutputRecord
+from logs.kafka_errors import (
+    TRANSIENT,
+    BatchAborted,
+    KafkaFatalError,
+    KafkaLogError,
+    Stalled,
+    describe,
+    is_fenced,
+    kafka_error,
+)
+from logs.kafka_placement import placement_metadata, recorded_placement
+from logs.port import InputRecord, OutputRecord, Placement
 from schemas.topics import Topics
 
 log = logging.getLogger("gpufold.kafka")
@@ -47,30 +51,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 30_000
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 COMMIT_RETRIES = 5
 MAX_RENEWALS = 5
-_FENCED = frozenset(
-    {
-        KafkaError._FENCED,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
-)
 
 
-# Errors of a broker or coordinator that is restarting or moving: retried with backoff.
-_TRANSIENT = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._WAIT_COORD,
-    }
-)
 RETRY_FOR = 300.0
 """How long an infrastructure fault (broker restart, coordinator move) is retried before giving up."""
 SELF_FENCE_WINDOW = 60.0
@@ -83,42 +65,14 @@ FIRST_FETCH_WAIT = 0.5
 """Seconds the first batch after an assignment waits for every partition's first fetch (see poll)."""
 
 
-class KafkaLogError(Exception):
-    """Base of the Kafka adapter's errors."""
+@dataclass(eq=False)
+class _Transaction:
+    """A batch's transaction running in its own thread (see :meth:`KafkaCommandLog.commit_async`)."""
 
-
-class BatchAborted(KafkaLogError):
-    """The batch's transaction was aborted and the consumer rewound; folding can go on."""
-
-
-class KafkaFatalError(KafkaLogError):
-    """This instance cannot go on (fenced by a newer instance, or a fatal client error)."""
-
-
-class _Stalled(Exception):
-    """A producer call overran its timeout: librdkafka is stuck inside it (see :meth:`KafkaCommandLog._bounded`)."""
-
-
-def _describe(error: KafkaError) -> str:
-    flags = [name for name, on in (("fatal", error.fatal()), ("retriable", error.retriable())) if on]
-    if error.txn_requires_abort():
-        flags.append("abortable")
-    return f"{error.name()}: {error.str()}" + (f" ({', '.join(flags)})" if flags else "")
-
-
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    arg = exc.args[0] if exc.args else None
-    return arg if isinstance(arg, KafkaError) else None
-
-
-def is_fenced(error: KafkaError) -> bool:
-    """The producer was fenced by a newer instance with the same transactional.id.
-
-    FENCED_INSTANCE_ID from send_offsets_to_transaction is not that: the consumer's group membership in the
-    offsets is stale (its session timed out and it rejoined, e.g. across a broker restart), which aborts the
-    transaction. A real newer instance also fences the producer, which the abort then reports.
-    """
-    return error.code() in _FENCED or (error.code() == KafkaError.FENCED_INSTANCE_ID and error.fatal())
+    positions: dict[int, int]
+    marks: dict[str, float]
+    thread: threading.Thread = field(init=False)
+    error: BaseException | None = None
 
 
 class KafkaCommandLog:
@@ -222,6 +176,13 @@ class KafkaCommandLog:
         with ``--trace-batches``."""
         self.positions: dict[int, int] = {}
         """The positions of the last committed batch (the next offset to fold, per partition)."""
+        self.batch_marks: dict[str, float] = {}
+        """:attr:`marks` of the last committed batch, with ``txn`` (its transaction began: the previous one had
+        committed)."""
+        self.commits = 0
+        """Transactions committed so far."""
+        self._pending: _Transaction | None = None  # begun by commit_async, not waited for yet
+        self._placements: dict[int, Placement] = {}  # of the partitions restored, committed with their offsets
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,8 +201,8 @@ class KafkaCommandLog:
             self._consumer = self._new_consumer()
             self._reader = Consumer(self._reader_config)
         except KafkaException as exc:
-            error = _kafka_error(exc)
-            raise KafkaFatalError(self._scrub(f"cannot start: {_describe(error) if error else exc}")) from None
+            error = kafka_error(exc)
+            raise KafkaFatalError(self._scrub(f"cannot start: {describe(error) if error else exc}")) from None
         return self
 
     def _new_consumer(self) -> Consumer:
@@ -264,7 +225,11 @@ class KafkaCommandLog:
         return self.assignment()
 
     def close(self) -> None:
-        """Leave cleanly: nothing is in flight between batches, so this only closes the clients."""
+        """Leave cleanly: a transaction still in flight is waited for (the processor settles it first), then the
+        clients are closed."""
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         for client in (self._reader, self._consumer):
             if client is not None:
                 try:
@@ -418,37 +383,102 @@ class KafkaCommandLog:
 
         Raises :class:`BatchAborted` (transaction aborted, consumer rewound) or :class:`KafkaFatalError`.
         """
+        self.commit_async(outputs, positions)
+        self.wait_committed()
+
+    def commit_async(self, outputs: list[OutputRecord], positions: dict[int, int]) -> None:
+        """Begin committing ``outputs`` and ``positions`` in one transaction, in a thread of its own, and return:
+        the caller polls and folds the next batch meanwhile (the commit is pipelined, issue #21).
+
+        The transaction of a batch begins only after the previous one has committed (this first waits for it), so
+        outputs are never reordered; :meth:`wait_committed` says how it ended. Until then nothing of it is visible,
+        and a crash loses it whole (its commands are folded again from the committed offsets).
+        """
+        self.wait_committed()
         producer = self._require(self._producer)
         consumer = self._require(self._consumer)
-        marks = self.marks
+        marks = dict(self.marks)
         marks["commit"] = time.time()
+        offsets = [self._offset(p, offset) for p, offset in sorted(positions.items())]
+        metadata = consumer.consumer_group_metadata()  # the group generation these offsets are committed under
+        pending = _Transaction(positions, marks)
+        pending.thread = threading.Thread(
+            target=self._transact, args=(producer, outputs, offsets, metadata, pending), name="kafka-transaction",
+            daemon=True,
+        )  # fmt: skip
+        self._pending = pending
+        pending.thread.start()
+
+    def _transact(
+        self, producer: Producer, outputs: list[OutputRecord], offsets: list[TopicPartition], metadata: Any,
+        pending: _Transaction,
+    ) -> None:  # fmt: skip
+        """The transaction's broker calls (in the transaction's thread; its failure is handled by wait_committed)."""
+        marks = pending.marks
         try:
+            marks["txn"] = time.time()
             producer.begin_transaction()
             for record in outputs:
                 self._produce(producer, record)
             marks["produced"] = time.time()
-            offsets = [TopicPartition(self.topics.commands, p, offset) for p, offset in sorted(positions.items())]
-            metadata = consumer.consumer_group_metadata()
             timeout = self.transaction_timeout
             self._bounded(producer.send_offsets_to_transaction, offsets, metadata, timeout, limit=timeout)
             marks["offsets_sent"] = time.time()
             self._commit_transaction(producer)
             marks["committed"] = time.time()
-        except KafkaException as exc:
-            self._transaction_failed(exc, positions)
-        except _Stalled as stalled:
-            log.warning("%s: starting a new producer", stalled)
+        except BaseException as error:  # handed to wait_committed, in the caller's thread
+            pending.error = error
+
+    def in_flight(self) -> bool:
+        """Whether a transaction begun by :meth:`commit_async` has not been waited for yet."""
+        return self._pending is not None
+
+    def wait_committed(self, also: Iterable[int] = ()) -> None:
+        """Wait for the transaction :meth:`commit_async` began, if any, and settle it.
+
+        On failure the transaction is aborted (or its producer replaced) and the consumer rewound to the committed
+        offsets of its partitions and of ``also`` (the partitions of a batch folded meanwhile, on top of its state);
+        raises :class:`BatchAborted` or :class:`KafkaFatalError`, as :meth:`commit` does.
+        """
+        self.marks["folded"] = time.time()  # the caller folded its batch and now waits for the previous one
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.thread.join()  # every broker call inside is bounded (send_offsets by _bounded, the commit by retries)
+        rewind = dict.fromkeys(also, 0) | pending.positions
+        error = pending.error
+        if isinstance(error, KafkaException):
+            self._transaction_failed(error, rewind, time.time() - pending.marks.get("txn", pending.marks["commit"]))
+        elif isinstance(error, Stalled):
+            log.warning("%s: starting a new producer", error)
             self._renew_producer(stalled=True)
-            self._rewind(positions)
-            raise BatchAborted(f"transaction abandoned ({stalled}); partitions {sorted(positions)} rewound") from None
+            self._rewind(rewind)
+            raise BatchAborted(f"transaction abandoned ({error}); partitions {sorted(rewind)} rewound") from None
+        elif error is not None:
+            raise error
         self._renewals = self._consumer_renewals = 0
-        self.positions = positions
+        self.positions = pending.positions
+        self.batch_marks = pending.marks
+        self.commits += 1
+
+    def placement(self, partition: int) -> Placement:
+        """See :func:`logs.kafka_placement.recorded_placement`; kept to be committed with the partition's offsets."""
+        consumer = self._require(self._consumer)
+        placement = recorded_placement(consumer, self.topics.commands, self.group_id, partition, self._retrying)
+        self._placements[partition] = placement
+        return placement
 
     def committed(self, partition: int) -> int:
         consumer = self._require(self._consumer)
         tps = [TopicPartition(self.topics.commands, partition)]
         [tp] = self._retrying(f"reading the committed offset of partition {partition}", consumer.committed, tps, 10)
         return max(tp.offset, 0)
+
+    def _offset(self, partition: int, offset: int) -> TopicPartition:
+        placement = self._placements.get(partition)
+        if placement is None:
+            return TopicPartition(self.topics.commands, partition, offset)
+        return TopicPartition(self.topics.commands, partition, offset, placement_metadata(placement))
 
     @staticmethod
     def _bounded(call: Callable[..., Any], *args: Any, limit: float) -> Any:
@@ -458,7 +488,7 @@ class KafkaCommandLog:
         group coordinator never times out (confluentinc/librdkafka#5456), and after a broker restart it may wait
         on a cached coordinator whose broker handle was decommissioned and never changes state again (#5511).
         A blocked C call cannot be interrupted, so it runs in a helper thread; if it has not returned
-        ``STALL_GRACE`` seconds after its own timeout, :class:`_Stalled` is raised and the caller gives up the
+        ``STALL_GRACE`` seconds after its own timeout, :class:`Stalled` is raised and the caller gives up the
         producer (a new one with the same transactional.id fences it and aborts its open transaction).
         """
         outcome: list[Any] = []
@@ -473,7 +503,7 @@ class KafkaCommandLog:
         thread.start()
         thread.join(limit + STALL_GRACE)
         if not outcome:
-            raise _Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
+            raise Stalled(f"{getattr(call, '__name__', call)} still blocked {limit + STALL_GRACE:g} s after it began")
         ok, value = outcome[0]
         if not ok:
             raise value
@@ -487,13 +517,13 @@ class KafkaCommandLog:
             try:
                 return call(*args)
             except KafkaException as exc:
-                error = _kafka_error(exc)
+                error = kafka_error(exc)
                 if error is not None and error.fatal():
-                    raise KafkaFatalError(self._scrub(f"{what}: {_describe(error)}")) from None
-                transient = error is not None and (error.retriable() or error.code() in _TRANSIENT)
+                    raise KafkaFatalError(self._scrub(f"{what}: {describe(error)}")) from None
+                transient = error is not None and (error.retriable() or error.code() in TRANSIENT)
                 if not transient or time.monotonic() > deadline or self.stopping():
                     raise KafkaLogError(self._scrub(f"{what}: {exc}")) from None
-                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(_describe(error)), delay)  # type: ignore[arg-type]
+                log.warning("%s: %s; retrying in %.1f s", what, self._scrub(describe(error)), delay)  # type: ignore[arg-type]
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -529,14 +559,23 @@ class KafkaCommandLog:
                 self._bounded(producer.commit_transaction, self.timeout, limit=self.timeout)
                 return
             except KafkaException as exc:
-                error = _kafka_error(exc)
+                error = kafka_error(exc)
                 if error is None or not error.retriable() or attempt == COMMIT_RETRIES - 1:
                     raise
-                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(_describe(error)))
+                log.warning("commit_transaction retriable error, retrying: %s", self._scrub(describe(error)))
 
-    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int]) -> None:
-        error = _kafka_error(exc)
-        described = self._scrub(_describe(error) if error is not None else str(exc))
+    def _transaction_failed(self, exc: KafkaException, positions: dict[int, int], ran: float = 0.0) -> None:
+        """Abort (or renew the producer), rewind ``positions``, raise BatchAborted; KafkaFatalError if fenced. A fence
+        after the transaction ran ``ran`` >= its timeout is the coordinator's (it aborted it and bumped the epoch while
+        it was down or moving: bench/chaos.py), not a newer instance's (which would also take the group membership)."""
+        error = kafka_error(exc)
+        described = self._scrub(describe(error) if error is not None else str(exc))
+        timed_out = ran >= self.transaction_timeout and self._renewals < MAX_RENEWALS
+        if error is not None and is_fenced(error) and timed_out:
+            log.warning("fenced after %.1f s, past the transaction timeout (%s): a new producer", ran, described)
+            self._renew_producer()
+            self._rewind(positions)
+            raise BatchAborted(f"transaction timed out ({described}); partitions {sorted(positions)} rewound")
         if error is None or is_fenced(error):
             raise KafkaFatalError(
                 f"transaction of {self.transactional_id} failed ({described}): a newer instance with the same id "
@@ -565,14 +604,14 @@ class KafkaCommandLog:
         try:
             self._bounded(producer.abort_transaction, timeout, limit=timeout)
             return
-        except _Stalled as stalled:
+        except Stalled as stalled:
             log.warning("%s: starting a new producer", stalled)
             self._renew_producer(stalled=True)
         except KafkaException as exc:
-            error = _kafka_error(exc)
+            error = kafka_error(exc)
             if error is None or is_fenced(error):
                 raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
-            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(_describe(error)))
+            log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(describe(error)))
             self._renew_producer()
 
     def _renew_producer(self, stalled: bool = False) -> None:
@@ -617,12 +656,20 @@ class KafkaCommandLog:
         log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
     def _revoked_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Batches are committed before the next poll, so nothing is in flight here: drop the state.
+        # A batch's transaction may be in flight (pipelined): let it end under the generation it was begun in
+        # before the partitions go (wait_committed settles it later), then drop the state.
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "revoked")
 
     def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost (session expired / fenced member): another instance may own them already; never commit for them.
+        # A transaction in flight carries the old generation: the coordinator refuses its offsets (then it aborts).
+        pending = self._pending
+        if pending is not None:
+            pending.thread.join()
         self._lost_at = time.monotonic()
         self._unpause(consumer, partitions)
         self._drop([tp.partition for tp in partitions], "lost")
@@ -636,6 +683,8 @@ class KafkaCommandLog:
 
     def _drop(self, partitions: list[int], why: str) -> None:
         self._assigned.difference_update(partitions)
+        for partition in partitions:
+            self._placements.pop(partition, None)
         self._paused.difference_update(partitions)
         self._unfetched.difference_update(partitions)
         self._queues.drop(partitions)  # fetched under the old assignment: read again by whoever owns them
@@ -672,8 +721,8 @@ class KafkaCommandLog:
                         if error.code() == KafkaError._PARTITION_EOF:
                             return
                         if error.fatal():
-                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {_describe(error)}"))
-                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(_describe(error)))
+                            raise KafkaFatalError(self._scrub(f"reading {topic}[{partition}]: {describe(error)}"))
+                        log.warning("reading %s[%d]: %s", topic, partition, self._scrub(describe(error)))
                         continue
                     offset = message.offset()
                     assert offset is not None
@@ -697,7 +746,7 @@ class KafkaCommandLog:
         this instance lost its own assignment is that case: a new consumer rejoins. Any other fatal error, or a
         real newer instance (whose init_transactions also fences our producer at the next commit), is fatal.
         """
-        described = self._scrub(_describe(error))
+        described = self._scrub(describe(error))
         if error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID):
             lost_at = self._lost_at
             recent = lost_at is not None and time.monotonic() - lost_at < SELF_FENCE_WINDOW
@@ -709,7 +758,7 @@ class KafkaCommandLog:
         return False
 
     def _consumer_failed(self, exc: KafkaException) -> None:
-        error = _kafka_error(exc)
+        error = kafka_error(exc)
         if error is None:
             raise KafkaFatalError(self._scrub(f"consumer failed: {exc}")) from None
         self._consumer_error(error)
@@ -723,7 +772,7 @@ class KafkaCommandLog:
         if old is not None:
             try:
                 self._bounded(old.close, limit=self.timeout)
-            except _Stalled:
+            except Stalled:
                 self._stalled.append(old)
             except (KafkaException, RuntimeError) as exc:
                 log.info("closing the failed consumer: %s", self._scrub(str(exc)))
@@ -735,7 +784,7 @@ class KafkaCommandLog:
 
     def _on_error(self, error: KafkaError) -> None:
         level = logging.ERROR if error.fatal() else logging.WARNING
-        log.log(level, "kafka client: %s", self._scrub(_describe(error)))
+        log.log(level, "kafka client: %s", self._scrub(describe(error)))
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:

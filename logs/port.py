@@ -45,6 +45,26 @@ class OutputRecord:
     value: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Which commands a partition may fold: those whose record key is their cluster's name and whose partition is
+    murmur2(cluster) mod ``partitions`` (the commands topic's partition count), from offset ``checked_from`` on.
+
+    Anything else would be folded into a second, divergent state of its cluster (the same node twice, the same pod
+    running twice), so the processor dead-letters it with code ``WRONG_PARTITION``. Commands before
+    ``checked_from`` were folded by a processor that did not check (a log older than the check): a re-fold folds
+    them as it did.
+    """
+
+    partitions: int
+    checked_from: int = 0
+
+
+class PartitionCountChanged(RuntimeError):
+    """The commands topic's partition count differs from the one recorded when the processor first ran:
+    clusters map to other partitions now, and folding on would split their states. Not retried."""
+
+
 class CommandLog(Protocol):
     """What the processor needs from a log (one implementation per backend).
 
@@ -76,6 +96,11 @@ class CommandLog(Protocol):
 
     def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         """Command records with start <= offset < end (committed ones only)."""
+        ...
+
+    def placement(self, partition: int) -> Placement:
+        """The partition's :class:`Placement`; raises :class:`PartitionCountChanged` if the commands topic's
+        partition count is not the one recorded when the processor first ran."""
         ...
 
 

@@ -3,6 +3,8 @@
 Three tiers of failure, as in STYLE.md:
 
 - bytes that do not decode -> a dead letter (``schemas.dead_letters.DeadLetter``), never an exception;
+  a command the partition must not fold (on the wrong partition, or keyed other than its cluster) -> a dead
+  letter with a code from :class:`DeadLetterCode`, never folded;
 - a well-formed command the domain refuses -> ``CommandRejected`` with a code from
   :class:`RejectionCode` (state unchanged); the stateless checks (``schemas.validation``)
   and the fold raise :class:`Rejected` to say so;
@@ -103,6 +105,16 @@ class QueueReasonCode:
     WAITING_FOR_PREEMPTION: Final = (
         "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
     )
+
+
+class DeadLetterCode:
+    """Machine-readable codes carried by ``DeadLetter.code``: why a command that decoded was not folded."""
+
+    WRONG_PARTITION: Final = "WRONG_PARTITION"
+    """Its partition is not murmur2(cluster) mod the commands topic's partition count, or its record key is not
+    its cluster: folding it would make a second, divergent state of that cluster."""
+
+    ALL: Final = (WRONG_PARTITION,)
 
 
 @mypyc_attr(native_class=False)  # compiled with mypyc, which cannot subclass Exception natively

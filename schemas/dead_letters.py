@@ -1,4 +1,5 @@
-"""The dead-letter record of ``dead_letter.avsc``: command bytes that did not decode, kept with where and why."""
+"""The dead-letter record of ``dead_letter.avsc``: a command record not folded (bytes that did not decode, or a
+command on the wrong partition), kept with where and why."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class DeadLetter(Record):
     error: str
     key: bytes | None = None
     value: bytes | None = None
+    code: str | None = None
+    """A :class:`~schemas.codes.DeadLetterCode` when a decoded command was refused; None for undecodable bytes."""
 
 
 def encode_dead_letter(letter: DeadLetter) -> bytes:

@@ -3,6 +3,10 @@
 #
 #   scripts/kafka.sh fetch     download Kafka 4.4.0 and its runtime jars (Maven Central) into the cache
 #   scripts/kafka.sh start     start one KRaft node (broker+controller) on 127.0.0.1; idempotent
+#   scripts/kafka.sh start --brokers 3
+#                              start a 3-node KRaft cluster (each node broker+controller, replication 3,
+#                              min.insync.replicas 2), pids in $GPUFOLD_RUN_DIR/kafka/broker-<id>.pid; idempotent:
+#                              it (re)starts only the nodes that are not running (how bench/chaos.py revives one)
 #   scripts/kafka.sh stop      stop it (SIGTERM, then SIGKILL after a grace period); idempotent
 #   scripts/kafka.sh restart   stop, then start again on the same ports with the same data (data is kept)
 #   scripts/kafka.sh status    exit 0 and print the address if it is running, exit 1 if not
@@ -63,7 +67,7 @@ say() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { printf 'kafka.sh: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -143,16 +147,16 @@ bootstrap_address() { echo "127.0.0.1:$(prop gpufold.port)"; }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# Two free TCP ports on 127.0.0.1, below the kernel's ephemeral range so that outgoing connections do not
-# take them between a stop and a restart.
+# Free TCP ports on 127.0.0.1 (two, or $1), below the kernel's ephemeral range so that outgoing connections
+# do not take them between a stop and a restart.
 pick_ports() {
-    local python=""
+    local python="" count="${1:-2}"
     python="$(command -v python3 || true)"
     if [[ -n "$python" ]]; then
-        "$python" - <<'PY'
-import random, socket
+        "$python" - "$count" <<'PY'
+import random, socket, sys
 picked = []
-while len(picked) < 2:
+while len(picked) < int(sys.argv[1]):
     port = random.randint(20000, 32000)
     if port in picked:
         continue
@@ -165,6 +169,7 @@ while len(picked) < 2:
 print(*picked)
 PY
     else
+        ((count == 2)) || die "python3 is needed to pick $count ports"
         local a b
         while :; do
             a=$((20000 + RANDOM % 12000)); b=$((20000 + RANDOM % 12000))
@@ -288,16 +293,17 @@ find_python() {
 }
 
 # Does the broker answer a metadata request and list itself as a live broker?
+# With a third argument N: does it list at least N live brokers?
 broker_answers() {
-    local address="$1" python="$2"
+    local address="$1" python="$2" want="${3:-1}"
     if [[ -n "$python" ]]; then
-        "$python" - "$address" 2>/dev/null <<'PY'
+        "$python" - "$address" "$want" 2>/dev/null <<'PY'
 import sys
 from confluent_kafka.admin import AdminClient
 
 admin = AdminClient({"bootstrap.servers": sys.argv[1], "log_level": 0, "socket.connection.setup.timeout.ms": 2000})
 metadata = admin.list_topics(timeout=3)
-sys.exit(0 if metadata.brokers else 1)
+sys.exit(0 if len(metadata.brokers) >= int(sys.argv[2]) else 1)
 PY
     else
         # Short client timeouts: against a broker that is not up yet, TopicCommand would wait 60 s.
@@ -493,11 +499,276 @@ stop_broker() {
     say "stopped (pid $pid) in $((SECONDS - started)) s"
 }
 
-cmd_start() { lock 9 "$KDIR.lock"; start_broker start; }
-cmd_stop() { lock 9 "$KDIR.lock"; stop_broker; }
-cmd_restart() { lock 9 "$KDIR.lock"; stop_broker; start_broker restart; }
+# --- a cluster of N nodes (start --brokers N) ------------------------------------------------------
+#
+# $KDIR/brokers holds N; node <id> (1..N) keeps its config, data and logs in $KDIR/broker-<id>/ and its pid in
+# $KDIR/broker-<id>.pid. Every node is broker and controller (a static quorum of N voters), so the cluster
+# survives the loss of any one node: the topics' default and the internal topics have N replicas and
+# min.insync.replicas N-1. The ports are picked once and kept, so a node killed and started again comes back
+# on the same address.
+
+readonly BROKERS_FILE="$KDIR/brokers"
+readonly CLUSTER_HEAP_OPTS="${GPUFOLD_KAFKA_CLUSTER_HEAP:--Xms128m -Xmx512m}"
+
+node_dir() { echo "$KDIR/broker-$1"; }
+node_props() { echo "$KDIR/broker-$1/server.properties"; }
+node_pid_file() { echo "$KDIR/broker-$1.pid"; }
+node_prop() { sed -n "s/^# $2=//p" "$(node_props "$1")" | tail -n 1; }
+
+cluster_size() { if [[ -f "$BROKERS_FILE" ]]; then cat "$BROKERS_FILE"; fi; }
+
+# The pid of node $1 if it runs (checked against its command line, like broker_pid), else nothing.
+node_pid() {
+    local file pid cmdline
+    file="$(node_pid_file "$1")"
+    [[ -f "$file" ]] || return 0
+    pid="$(cat "$file" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    if [[ "$cmdline" == *" kafka.Kafka $(node_props "$1") "* ]]; then
+        echo "$pid"
+    fi
+}
+
+cluster_bootstrap() {
+    local n="$1" id out=""
+    for ((id = 1; id <= n; id++)); do
+        out+="${out:+,}127.0.0.1:$(node_prop "$id" gpufold.port)"
+    done
+    echo "$out"
+}
+
+write_cluster_config() {
+    local n="$1" ports id voters=""
+    read -r -a ports < <(pick_ports $((2 * n)))
+    for ((id = 1; id <= n; id++)); do
+        voters+="${voters:+,}$id@127.0.0.1:${ports[2 * id - 1]}"
+    done
+    local replicas=$n isr=$((n > 1 ? n - 1 : 1))
+    for ((id = 1; id <= n; id++)); do
+        local port="${ports[2 * id - 2]}" ctl="${ports[2 * id - 1]}" dir
+        dir="$(node_dir "$id")"
+        mkdir -p "$dir/data" "$dir/logs"
+        cat >"$(node_props "$id")" <<EOF
+# Written by scripts/kafka.sh: node $id of a $n-node Kafka $KAFKA_VERSION KRaft cluster (broker and controller
+# in one process), for fault tests on one machine. Later starts reuse this file (same ports, same data).
+# gpufold.port=$port
+# gpufold.controller.port=$ctl
+
+process.roles=broker,controller
+node.id=$id
+controller.quorum.voters=$voters
+
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$ctl
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+
+log.dirs=$dir/data
+
+# A write survives the loss of one node: $replicas replicas, and acks=all needs $isr of them in sync.
+default.replication.factor=$replicas
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$replicas
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=$replicas
+share.coordinator.state.topic.min.isr=$isr
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+num.partitions=1
+unclean.leader.election.enable=false
+
+# Faults are noticed in seconds rather than Kafka's defaults (9 s broker session, 30 s replica lag): a killed
+# or stopped node is fenced, and its leaderships move, while a fault test still runs.
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=4000
+replica.lag.time.max.ms=8000
+
+log.segment.bytes=33554432
+log.retention.hours=24
+log.retention.check.interval.ms=60000
+transaction.max.timeout.ms=60000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
+
+num.network.threads=2
+num.io.threads=2
+num.recovery.threads.per.data.dir=1
+num.replica.fetchers=1
+EOF
+    done
+    echo "$n" >"$BROKERS_FILE"
+}
+
+format_node() {
+    local id="$1" cluster="$2" dir
+    dir="$(node_dir "$id")"
+    [[ -f "$dir/data/meta.properties" ]] && return 0
+    if ! java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$LIBS/*" -Dlog4j2.configurationFile="$LOG4J_CONFIG" \
+            -Dkafka.logs.dir="$dir/logs" \
+            kafka.tools.StorageTool format --config "$(node_props "$id")" --cluster-id "$cluster" --ignore-formatted \
+            >"$dir/logs/format.log" 2>&1; then
+        cat "$dir/logs/format.log" >&2
+        die "formatting the KRaft storage of node $id failed"
+    fi
+}
+
+launch_node() {
+    local id="$1" dir archive pid share=()
+    dir="$(node_dir "$id")"
+    archive="$(cds_archive)"
+    # The single broker's class-data archive when there is one; the nodes of a cluster never dump one.
+    [[ "${GPUFOLD_KAFKA_CDS:-1}" == 1 && -s "$archive" ]] && share=("-XX:SharedArchiveFile=$archive" -Xlog:cds=off)
+    # shellcheck disable=SC2086  # CLUSTER_HEAP_OPTS and JVM_OPTS are lists of JVM options
+    (
+        cd "$dir"
+        exec setsid java $CLUSTER_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+            -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError \
+            $JVM_OPTS "${share[@]}" \
+            -Djava.awt.headless=true -Dlog4j2.configurationFile="$LOG4J_CONFIG" -Dkafka.logs.dir="$dir/logs" \
+            -cp "$LIBS/*" kafka.Kafka "$(node_props "$id")"
+    ) </dev/null >>"$dir/logs/kafka.out" 2>&1 8>&- 9>&- &
+    pid=$!
+    echo "$pid" >"$(node_pid_file "$id")"
+    say "started node $id (pid $pid) on 127.0.0.1:$(node_prop "$id" gpufold.port)"
+}
+
+start_cluster() {
+    local n="$1" recorded id
+    [[ -z "$(broker_pid)" ]] || die "a single broker runs in $KDIR; stop it first ('$0 stop')"
+    recorded="$(cluster_size)"
+    if [[ -n "$recorded" && "$recorded" != "$n" ]]; then
+        die "$KDIR holds a $recorded-node cluster; run '$0 clean' before starting one of $n"
+    fi
+    libs_complete || cmd_fetch
+    need java "Java 17 or newer is needed to run Kafka $KAFKA_VERSION"
+    if [[ -z "$recorded" ]]; then
+        [[ ! -f "$PROPS" ]] || die "$KDIR holds a single broker's data; run '$0 clean' first"
+        write_cluster_config "$n"
+    fi
+    local cluster="" started=$SECONDS launched=0
+    for ((id = 1; id <= n; id++)); do
+        [[ -f "$(node_dir "$id")/data/meta.properties" ]] && continue
+        [[ -n "$cluster" ]] || cluster="$(cluster_id)"
+        format_node "$id" "$cluster"
+    done
+    local fresh=()
+    for ((id = 1; id <= n; id++)); do
+        if [[ -z "$(node_pid "$id")" ]]; then
+            rm -f "$(node_pid_file "$id")"
+            launch_node "$id"
+            fresh+=("$id")
+        fi
+    done
+    launched=${#fresh[@]}
+    local address python
+    address="$(cluster_bootstrap "$n")"
+    python="$(find_python)"
+    # Ready when each node started now answers on its own address (the others may still list a node killed a
+    # moment ago as alive) and the cluster lists all N.
+    while ! all_answer "$n" "$python" "${fresh[@]}"; do
+        for ((id = 1; id <= n; id++)); do
+            if [[ -z "$(node_pid "$id")" ]]; then
+                tail -n 30 "$(node_dir "$id")/logs/kafka.out" >&2 || true
+                die "node $id exited during startup (logs: $(node_dir "$id")/logs)"
+            fi
+        done
+        ((SECONDS - started < START_TIMEOUT)) || die "the $n nodes did not all answer within ${START_TIMEOUT} s"
+        sleep 1
+    done
+    write_env "$address"
+    say "$n nodes ready ($launched started) in $((SECONDS - started)) s: $address"
+    echo "$address"
+}
+
+all_answer() {
+    local n="$1" python="$2" id
+    shift 2
+    for id in "$@"; do
+        broker_answers "127.0.0.1:$(node_prop "$id" gpufold.port)" "$python" "$n" || return 1
+    done
+    broker_answers "$(cluster_bootstrap "$n")" "$python" "$n"
+}
+
+stop_cluster() {
+    local n id pid pids=() waited=0
+    n="$(cluster_size)"
+    rm -f "$ENV_FILE"
+    for ((id = 1; id <= n; id++)); do
+        pid="$(node_pid "$id")"
+        if [[ -n "$pid" ]]; then
+            kill -CONT "$pid" 2>/dev/null || true # a node stopped by a fault test must hear the SIGTERM
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    for pid in "${pids[@]}"; do
+        while [[ -d "/proc/$pid" ]] && [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)" != Z ]]; do
+            if ((waited >= STOP_TIMEOUT * 10)); then
+                kill -KILL "$pid" 2>/dev/null || true
+            fi
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+    done
+    for ((id = 1; id <= n; id++)); do
+        rm -f "$(node_pid_file "$id")"
+    done
+    say "stopped ${#pids[@]} of $n nodes"
+}
+
+cluster_status() {
+    local n id pid up=0
+    n="$(cluster_size)"
+    for ((id = 1; id <= n; id++)); do
+        pid="$(node_pid "$id")"
+        if [[ -n "$pid" ]]; then
+            echo "node $id running (pid $pid) on 127.0.0.1:$(node_prop "$id" gpufold.port)"
+            up=$((up + 1))
+        else
+            echo "node $id not running"
+        fi
+    done
+    ((up > 0))
+}
+
+cmd_start() {
+    lock 9 "$KDIR.lock"
+    if [[ -n "$BROKERS" ]]; then
+        start_cluster "$BROKERS"
+    elif [[ -n "$(cluster_size)" ]]; then
+        start_cluster "$(cluster_size)"
+    else
+        start_broker start
+    fi
+}
+
+cmd_stop() {
+    lock 9 "$KDIR.lock"
+    if [[ -n "$(cluster_size)" ]]; then stop_cluster; else stop_broker; fi
+}
+
+cmd_restart() {
+    lock 9 "$KDIR.lock"
+    local n
+    n="$(cluster_size)"
+    if [[ -n "$n" ]]; then
+        stop_cluster
+        start_cluster "$n"
+    else
+        stop_broker
+        start_broker restart
+    fi
+}
 
 cmd_status() {
+    if [[ -n "$(cluster_size)" ]]; then
+        cluster_status
+        return
+    fi
     local pid
     pid="$(broker_pid)"
     if [[ -n "$pid" ]]; then
@@ -510,12 +781,18 @@ cmd_status() {
 
 cmd_clean() {
     lock 9 "$KDIR.lock"
-    stop_broker
+    if [[ -n "$(cluster_size)" ]]; then stop_cluster; else stop_broker; fi
     rm -rf "$KDIR"
     say "removed $KDIR"
 }
 
+BROKERS=""
 main() {
+    if [[ $# -eq 3 && "$1" == start && "$2" == --brokers ]]; then
+        [[ "$3" =~ ^[1-9][0-9]*$ ]] || die "--brokers needs a positive number, got '$3'"
+        BROKERS="$3"
+        set -- start
+    fi
     [[ $# -eq 1 ]] || usage
     case "$1" in
         fetch) cmd_fetch ;;

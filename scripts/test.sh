@@ -9,6 +9,8 @@ mkdir -p "$GPUFOLD_RUN_DIR"
 
 stop_services() {
   bash scripts/kafka.sh stop >/dev/null 2>&1 || true
+  # The 3-node cluster of tests/integration/test_kafka_chaos.py (which stops it itself unless it died).
+  GPUFOLD_RUN_DIR="$GPUFOLD_RUN_DIR/chaos" bash scripts/kafka.sh clean >/dev/null 2>&1 || true
   bash scripts/postgres.sh stop >/dev/null 2>&1 || true
 }
 trap stop_services EXIT

@@ -113,6 +113,13 @@ def _register_processor(subparsers: argparse._SubParsersAction) -> None:  # type
         help="log one 'batch' line per committed batch with the wall-clock time of each stage (poll, first "
         "record, fold done, produced, offsets sent, committed), for bench/kafka_end_to_end.py --stages",
     )
+    run.add_argument(
+        "--no-pipeline",
+        dest="pipeline",
+        action="store_false",
+        help="commit each batch before polling the next (default: fold the next batch while the previous "
+        "batch's transaction commits; its events are still produced only after that commit)",
+    )
     run.set_defaults(handler=_processor_run)
 
 
@@ -138,6 +145,7 @@ def _processor_run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         tick_interval=args.tick_interval,
         trace_batches=args.trace_batches,
+        pipeline=args.pipeline,
     )
     return run(config, topics_for(args.topic_prefix), settings)
 

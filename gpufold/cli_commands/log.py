@@ -18,6 +18,9 @@ from gpufold.jsonl import LineError, ParsedCommand, command_types, read_command_
 from gpufold.log_export import ROLES, export_log, import_log
 from gpufold.text import printable
 from logs.embedded import DEFAULT_PARTITIONS, EmbeddedLog, LogError
+from schemas import DecodeError
+from schemas.codes import DeadLetterCode
+from schemas.dead_letters import decode_dead_letter
 from schemas.limits import MAX_LINE_BYTES
 
 APPEND_CHUNK = 10_000
@@ -210,6 +213,17 @@ def _chunked(items: Iterable[ParsedCommand | LineError], size: int) -> Iterator[
 # ------------------------------------------------------------ info
 
 
+def _refused(log: EmbeddedLog, partition: int, code: str) -> int:
+    """Dead letters of a partition carrying ``code`` (commands not folded, e.g. on the wrong partition)."""
+    count = 0
+    for record in log.read(log.topics.dead_letters, partition):
+        try:
+            count += record.value is not None and decode_dead_letter(record.value).code == code
+        except DecodeError:
+            continue
+    return count
+
+
 def log_info(log: EmbeddedLog) -> dict[str, object]:
     topics = log.topics
     partitions = []
@@ -225,6 +239,7 @@ def log_info(log: EmbeddedLog) -> dict[str, object]:
                 "events": log.count(topics.events, partition),
                 "snapshots": log.count(topics.snapshots, partition),
                 "dead_letters": log.count(topics.dead_letters, partition),
+                "wrong_partition": _refused(log, partition, DeadLetterCode.WRONG_PARTITION),
             }
         )
     return {"log": str(log.path), "group": log.group, "partitions": partitions}
@@ -241,6 +256,7 @@ def _info(args: argparse.Namespace) -> int:
         print(
             f"partition {p['partition']}: {p['commands']} commands, committed {p['committed']} (lag {p['lag']}), "
             f"{p['events']} events, {p['snapshots']} snapshots, {p['dead_letters']} dead letters"
+            + (f" ({p['wrong_partition']} on the wrong partition: WRONG_PARTITION)" if p["wrong_partition"] else "")
         )
     return 0
 

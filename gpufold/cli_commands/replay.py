@@ -128,7 +128,14 @@ def _replay(args: argparse.Namespace) -> int:
                 if args.until is not None:
                     end = min(end, args.until + 1)
                 records = log.read_commands(partition, 0, end)
-            replayed = replay_partition(partition, records, log.topics, keep_events=args.check, history=log)
+            replayed = replay_partition(
+                partition,
+                records,
+                log.topics,
+                keep_events=args.check,
+                placement=log.placement(partition),
+                history=log,
+            )
             ends.append(replayed.state.next_offset)
             results.append(replayed)
         checks = [_check(log, r, e) for r, e in zip(results, ends, strict=True)] if args.check else []

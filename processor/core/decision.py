@@ -103,6 +103,11 @@ class Decision:
         self.screens: dict[str, tuple[Any, dict[Any, list[Any]]]] = {}
 
     @property
+    def legacy(self) -> bool:
+        """A command of contract v1 or v2: it keeps its release's semantics where v3 changed them."""
+        return self.command.contract in LEGACY_TIME
+
+    @property
     def legacy_time(self) -> bool:
         """A command of contract v1 or v2 keeps the partition-wide time of its release (``processor.core.timers``)."""
         return self.command.contract in LEGACY_TIME

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from processor.core import gangs, preemption
 from processor.core.policies.base import Policy
-from processor.core.state import ClusterState, Pod
+from processor.core.resources import PodShape
+from processor.core.state import ClusterState, Node, Pod, lookup
 
 
 def _holder_nodes(cluster: ClusterState, holder_id: str, kind: str, policy: Policy, now: int) -> tuple[str, ...] | None:
@@ -60,7 +61,124 @@ def plan(
     if not _could_start_on_empty(cluster, holder_id, kind):
         _remember(cluster, holder_id)
         return None
+    if kind == "pod":
+        return _plan_pod(cluster, holder_id, policy, now)
     return _sweep(cluster, holder_id, kind, policy, now)
+
+
+# The step at which a node first holds the pod, in the sweep's order: (0, end) while pods with a time limit
+# end, then (1, (start, pod id)) as pods without one are freed oldest first.
+FitKey = tuple[int, object]
+FIT_CACHE_SHAPES = 4  # holder shapes whose per-node answers are kept (the heads of the queue change slowly)
+
+
+def _plan_pod(
+    cluster: ClusterState, holder_id: str, policy: Policy, now: int
+) -> tuple[tuple[str, ...], int | None] | None:
+    """The sweep's answer for a pod, node by node instead of pod by pod.
+
+    The sweep asks, after each step, whether a node that changed at that step holds the pod, and then places
+    it among every node that holds it. A node's fit changes only when its own pods are freed, so the first such
+    step is the least, over the nodes, of each node's own trigger (:func:`_trigger`, over that node's pods
+    only): the step at which it first holds the pod, or, for a node that holds it already, the first step that
+    frees one of its pods. Each node's answer is kept per holder shape while the node is unchanged
+    (``Node.changes``), so planning again after a few commands recomputes only the nodes that changed. If one
+    node alone holds the pod at that step, the pod goes there; otherwise the sweep's own state at that step is
+    built and the policy chooses, as the sweep does. Cost: O(N) plus O(p log p) per node changed since the
+    last plan for this shape, and O(P) only when several nodes hold the pod at that step."""
+    shape = cluster.pods[holder_id].shape
+    answers = cluster.fit_cache.get(shape)
+    if answers is None:
+        if len(cluster.fit_cache) >= FIT_CACHE_SHAPES:
+            cluster.fit_cache.clear()
+        answers = cluster.fit_cache[shape] = {}
+    step: FitKey | None = None
+    holding: list[tuple[FitKey | None, str]] = []  # (the step from which it holds the pod: None now, node)
+    for node_id, node in cluster.nodes.items():
+        known = answers.get(node_id)
+        if known is None or known[0] != node.changes:
+            known = answers[node_id] = (node.changes, _trigger(cluster, node, shape))
+        answer = known[1]
+        if answer is None:
+            continue
+        holds_now, trigger = answer
+        holding.append((None if holds_now else trigger, node_id))
+        if trigger is not None and (step is None or trigger < step):
+            step = trigger
+    if step is None:
+        return None
+    at_step = [node_id for since, node_id in holding if since is None or since <= step]  # type: ignore[operator]
+    expected = step[1] if step[0] == 0 else None
+    if len(at_step) == 1:
+        return (at_step[0],), expected  # type: ignore[return-value]
+    return _place_at(cluster, holder_id, policy, now, step), expected  # type: ignore[return-value]
+
+
+def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, FitKey | None] | None:
+    """(whether the node holds the shape now, the sweep's step at which it first shows it does: its first
+    step that frees a pod there if it does already, else the step after which it does, None if never); None
+    if the node can never hold the shape. O(p log p) for the node's p pods."""
+    if not preemption.could_hold(cluster, node, shape):
+        return None
+    limited: list[tuple[int, str, Pod]] = []
+    unlimited: list[tuple[int, str, Pod]] = []
+    for pod_id in node.pods:
+        pod = lookup(cluster.pods, pod_id)
+        if pod is None or pod.node_id is None:
+            continue
+        if pod.spec.time_limit_ms is not None and pod.started_at is not None:
+            limited.append((pod.started_at + pod.spec.time_limit_ms, pod_id, pod))
+        else:
+            unlimited.append((pod.started_at or 0, pod_id, pod))
+    limited.sort()
+    unlimited.sort()
+    if preemption.fits_now(node, shape):
+        if limited:
+            return True, (0, limited[0][0])
+        return True, ((1, (unlimited[0][0], unlimited[0][1])) if unlimited else None)
+    cpu, memory, gpus = node.cpu_free, node.memory_free, list(node.gpu_free)
+    for position, (end, _, pod) in enumerate(limited):
+        cpu, memory = cpu + pod.spec.cpu_milli, memory + pod.spec.memory_mib
+        for share in pod.gpus:
+            gpus[share.index] += share.milli
+        last = position + 1 == len(limited) or limited[position + 1][0] != end  # a step frees all that end then
+        if last and cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
+            return False, (0, end)
+    for started, pod_id, pod in unlimited:
+        cpu, memory = cpu + pod.spec.cpu_milli, memory + pod.spec.memory_mib
+        for share in pod.gpus:
+            gpus[share.index] += share.milli
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
+            return False, (1, (started, pod_id))
+    return False, None
+
+
+def _place_at(cluster: ClusterState, holder_id: str, policy: Policy, now: int, step: FitKey) -> tuple[str, ...]:
+    """The sweep's placement at ``step``: every pod it has freed by then freed on trial (O(P)), then the policy."""
+    freed: list[Pod] = []
+    try:
+        for pod in list(cluster.pods.values()):
+            if pod.node_id is None:
+                continue
+            if pod.spec.time_limit_ms is not None and pod.started_at is not None:
+                key: FitKey = (0, pod.started_at + pod.spec.time_limit_ms)
+            else:
+                key = (1, (pod.started_at or 0, pod.spec.pod_id))
+            if key <= step:
+                node = cluster.nodes[pod.node_id]
+                node.free(pod.spec, pod.gpus)
+                freed.append(pod)
+        for node_id in dict.fromkeys(pod.node_id for pod in freed):
+            cluster.reindex(cluster.nodes[node_id])  # type: ignore[index]
+        nodes = _holder_nodes(cluster, holder_id, "pod", policy, now)
+        assert nodes is not None, "the holder fits at the step its nodes said"
+        return nodes
+    finally:
+        for pod in reversed(freed):
+            node = cluster.nodes[pod.node_id]  # type: ignore[index]
+            node.allocate(pod.spec, pod.gpus, pod.started_at)
+        for node_id in dict.fromkeys(pod.node_id for pod in freed):
+            cluster.reindex(cluster.nodes[node_id])  # type: ignore[index]
 
 
 def _remember(cluster: ClusterState, holder_id: str) -> None:

@@ -51,6 +51,7 @@ class Node:
     __slots__ = (
         "base_class",
         "by_priority",
+        "changes",
         "cordoned",
         "cpu_free",
         "cpu_milli",
@@ -99,6 +100,7 @@ class Node:
         # dict]. Derived; a preemption search sees what pods below a priority would free, and how few victims
         # and how little work it could take here at best, without visiting them.
         self.by_priority: dict[int, list] = {}
+        self.changes = 0  # moved by every reindex: a node's derived answers (fit steps) are kept while it stays
 
     def __copy__(self) -> Node:
         """A shallow copy (a what-if fork's): compiled, ``copy.copy`` cannot make one without ``__init__``'s arguments.
@@ -114,7 +116,7 @@ class Node:
         )
         twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
         twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
-        twin.pods, twin.by_priority = self.pods, self.by_priority
+        twin.pods, twin.by_priority, twin.changes = self.pods, self.by_priority, self.changes
         return twin
 
     @property
@@ -316,6 +318,7 @@ class Halt:
     command_id: str
     offset: int
     error: str
+    refused: int = 0  # commands for the cluster refused with CLUSTER_HALTED since (health and metrics count them)
 
 
 @dataclass(slots=True)
@@ -381,6 +384,9 @@ class ClusterState:
     # cordoned, uncordoned, failed), and the queue heads no reservation can be planned for, at that layout.
     layout: int = 0
     unplannable: dict[str, int] = field(default_factory=dict)
+    fit_cache: dict[PodShape, dict[str, tuple[int, tuple[bool, tuple[int, object] | None] | None]]] = field(
+        default_factory=dict
+    )  # derived: the reservation planner's answer per holder shape and node (reservation_planner._trigger)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1),
@@ -531,6 +537,7 @@ class ClusterState:
         """Put a node in the capacity index under its current signature, or take it out; and mark it for
         the preemption index, which refiles it before its next search (or, past a bound on marked nodes,
         moves the oldest marked one to its pending bucket now)."""
+        node.changes += 1
         self.preemptible.touch(node.node_id, self.nodes)
         if node.schedulable:
             self.index.update(node.node_id, node.signature())

@@ -28,6 +28,7 @@ from logs.kafka import (
     KafkaFatalError,
     KafkaLogError,
 )
+from logs.port import PartitionCountChanged
 from processor.core.errors import InvariantViolation
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TICK_SOURCE, TickSchedule
@@ -87,6 +88,8 @@ class RunnerSettings:
     metrics_every: float = 5.0
     tick_interval: float = 0.0
     """Publish a Tick into each owned partition every this many seconds (0 = never): deadlines fire on time."""
+    pipeline: bool = True
+    """Fold the next batch while the previous batch's transaction commits (``--no-pipeline``: one after the other)."""
     trace_batches: bool = False
     """Log one ``batch`` line per committed batch: its positions and the wall-clock time of each stage
     (:attr:`~logs.kafka.KafkaCommandLog.marks`); ``bench/kafka_end_to_end.py --stages`` reads them."""
@@ -107,7 +110,9 @@ class Runner:
             linger=settings.linger,
             on_revoked=self._forget,
         )
-        self.processor = Processor(self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size)
+        self.processor = Processor(
+            self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size, pipeline=settings.pipeline
+        )
         self._stopping = False
         self.log.stopping = lambda: self._stopping
         self.metrics: Any = None
@@ -116,6 +121,7 @@ class Runner:
         self._config = config
         self._commands_topic = topics.commands
         self._rejected_reported: dict[str, int] = {}
+        self._refused_reported: dict[str, int] = {}
         self._metrics_refreshed = 0.0
         if settings.metrics_port is not None:
             self._serve_metrics(settings.metrics_port, settings.metrics_host)
@@ -130,14 +136,6 @@ class Runner:
             raise KafkaLogError(message) from None
         self.metrics = ProcessorMetrics()
         start_http_server(port, addr=host, registry=self.metrics.registry)
-        # Time each transaction commit (events + offsets) without touching the adapter.
-        commit = self.log.commit
-
-        def timed_commit(outputs: Any, positions: Any) -> None:
-            with self.metrics.commit_seconds.time():
-                commit(outputs, positions)
-
-        self.log.commit = timed_commit  # type: ignore[method-assign]
         log.info("metrics served", extra={"fields": {"url": f"http://{host}:{port}/metrics"}})
 
     def _observe(self, count: int, now: float) -> None:
@@ -147,8 +145,12 @@ class Runner:
             for code, total in folder.rejected.items():
                 rejected[code] = rejected.get(code, 0) + total
         new = {code: total - self._rejected_reported.get(code, 0) for code, total in rejected.items()}
-        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0)
+        refused = self.processor.refused()  # cumulative, never reset
+        new_refused = {code: total - self._refused_reported.get(code, 0) for code, total in refused.items()}
+        positive = {code: n for code, n in new_refused.items() if n > 0}
+        metrics.observe_batch(count, {code: n for code, n in new.items() if n > 0}, 0, positive)
         self._rejected_reported = rejected
+        self._refused_reported = refused
         if now - self._metrics_refreshed >= self.settings.metrics_every:
             folders = self.processor.folders
             positions = {partition: folder.state.next_offset for partition, folder in folders.items()}
@@ -168,9 +170,31 @@ class Runner:
         for command in commands:
             self._ticker.publish(command)
 
-    def _trace(self, count: int) -> None:
-        marks = {stage: round(at, 6) for stage, at in self.log.marks.items()}
-        log.info("batch", extra={"fields": {"records": count, "positions": self.log.positions, "marks": marks}})
+    def _committed(self) -> None:
+        """After each transaction committed: its ``batch`` line (``--trace-batches``) and its commit latency."""
+        batch = self.log.batch_marks
+        if self.settings.trace_batches:
+            marks = {stage: round(at, 6) for stage, at in batch.items()}
+            fields = {"records": self.processor.last_committed, "positions": self.log.positions, "marks": marks}
+            log.info("batch", extra={"fields": fields})
+        if self.metrics is not None:
+            if "committed" in batch:
+                self.metrics.commit_seconds.observe(batch["committed"] - batch.get("txn", batch["commit"]))
+            self._observe(self.processor.last_committed, time.monotonic())
+
+    def _settle_last(self, status: int) -> int:
+        """Wait for the last batch's transaction (pipelined) before closing; the exit status if it failed."""
+        commits = self.log.commits
+        try:
+            self.processor.settle()
+        except BatchAborted as aborted:  # nothing of it is visible: a restart folds it again
+            log.warning("the last batch was not committed: %s", aborted)
+        except KafkaLogError as error:
+            log.error("the last batch was not committed: %s", error)
+            return status or EXIT_FATAL
+        if self.log.commits != commits:
+            self._committed()
+        return status
 
     def _forget(self, partitions: list[int]) -> None:
         for partition in partitions:
@@ -207,16 +231,15 @@ class Runner:
         status = EXIT_OK
         try:
             while not self._stopping:
+                commits = self.log.commits
                 try:
                     count = processor.run_batch(settings.poll_timeout)
                 except BatchAborted as aborted:
                     log.warning("batch aborted, partitions will be rebuilt", extra={"fields": {"reason": str(aborted)}})
                     continue
                 now = time.monotonic()
-                if count and settings.trace_batches:
-                    self._trace(count)
-                if self.metrics is not None and count:
-                    self._observe(count, now)
+                if self.log.commits != commits:
+                    self._committed()
                 self._tick()
                 if count or not self.log.assignment():  # idle time counts once partitions are assigned
                     last_record = now
@@ -232,6 +255,7 @@ class Runner:
                                 "processed": done,
                                 "rate": round((done - reported) / (now - last_stats), 1),
                                 "partitions": self.log.assignment(),
+                                "refused": processor.refused(),
                             }
                         },
                     )
@@ -246,10 +270,14 @@ class Runner:
             else:
                 log.error("giving up after an infrastructure fault: %s", error)
                 status = EXIT_FATAL
+        except PartitionCountChanged as error:
+            log.error("refusing to fold: %s", error)
+            status = EXIT_FATAL
         except InvariantViolation as error:
             log.error("invariant violated, batch not committed: %s", error)
             status = EXIT_INVARIANT
         finally:
+            status = self._settle_last(status)
             self.log.close()
             if self._ticker is not None:
                 with contextlib.suppress(Exception):  # best effort: a lost tick is replaced by the next one
@@ -263,6 +291,7 @@ class Runner:
             extra={
                 "fields": {
                     "processed": processor.processed,
+                    "refused": processor.refused(),
                     "seconds": round(elapsed, 3),
                     "exit": status,
                     "batches": times.batches,
@@ -274,13 +303,22 @@ class Runner:
         return status
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def run(config: KafkaConfig, topics: Topics, settings: RunnerSettings) -> int:
     """Run until SIGTERM/SIGINT (or idle, if asked); returns the process exit status."""
-    runner = Runner(config, topics, settings)
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how to see where a stuck processor waits.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A stop asked while the runner connects is kept and honoured as soon as it runs: a graceful stop.
+    asked: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in STOP_SIGNALS}
     try:
+        runner = Runner(config, topics, settings)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, runner.stop)
+        if asked:
+            runner.stop(asked[0])
         return runner.run()
     finally:
         for sig, handler in previous.items():

@@ -17,17 +17,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from logs.port import CommandLog, InputRecord, OutputRecord
+from logs.port import CommandLog, InputRecord, OutputRecord, Placement
 from processor.core.fold import decide
 from processor.core.handlers.halting import ResumedCluster
 from processor.core.snapshot import from_snapshot, to_snapshot
 from processor.core.state import ClusterState, Halt, PartitionState
 from schemas import DecodeError
+from schemas.codes import DeadLetterCode
 from schemas.commands import Command, ResumeCluster
 from schemas.dead_letters import DeadLetter, encode_dead_letter
-from schemas.events import CommandRejected
+from schemas.events import ClusterHalted, ClusterResumed, CommandRejected
 from schemas.fastcodec import decode_command, encode_event
 from schemas.limits import MAX_DEAD_LETTER_KEY_BYTES, MAX_DEAD_LETTER_VALUE_BYTES, MAX_ERROR_LENGTH, clip
+from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot, encode_snapshot
 from schemas.topics import Topics
 
@@ -35,6 +37,24 @@ log = logging.getLogger("gpufold.processor")
 
 DEFAULT_SNAPSHOT_EVERY = 50_000
 DEFAULT_BATCH_SIZE = 2_000
+
+
+_HALT_EVENTS = (ClusterHalted, ClusterResumed)
+
+
+def wrong_partition(record: InputRecord, cluster: str, partitions: int) -> str | None:
+    """Why ``record`` (a command of ``cluster``) is not its partition's to fold, or None if it is."""
+    key = cluster.encode()
+    expected = partition_for(key, partitions)
+    if record.partition == expected and record.key == key:
+        return None
+    shown = clip(repr(record.key), 200)
+    return (
+        f"{DeadLetterCode.WRONG_PARTITION}: cluster {clip(cluster, 200)!r} belongs on partition {expected} "
+        f"(murmur2 of the cluster mod {partitions} partitions) with key {clip(repr(key), 200)}; this record is on "
+        f"partition {record.partition} with key {shown}. Not folded: publish with the cluster as key and Kafka's "
+        "murmur2 partitioner (README: 'Which partition a command goes to')"
+    )
 
 
 class PartitionFolder:
@@ -46,14 +66,19 @@ class PartitionFolder:
         topics: Topics,
         state: PartitionState | None = None,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        placement: Placement | None = None,
         history: History | None = None,
     ) -> None:
         self.partition = partition
         self.topics = topics
         self.state = state if state is not None else PartitionState(partition=partition)
         self.snapshot_every = snapshot_every
+        self.placement = placement
+        """None: every command decoded is folded (a re-fold of records without their topic, e.g. a recorded log)."""
         self.history = history  # the log, to rebuild a halted cluster for ResumeCluster (None: refused)
         self.rejected: dict[str, int] = {}  # CommandRejected codes seen by fold(), for metrics
+        self.refused: dict[str, int] = {}  # DeadLetterCode codes of commands not folded, for metrics and health
+        self._refused_new: dict[str, int] = {}  # the same, since the last take_refused()
 
     def fold(self, record: InputRecord, out: list[OutputRecord]) -> None:
         """Fold one record, appending what it produces to ``out``.
@@ -69,25 +94,47 @@ class PartitionFolder:
             out.append(self._dead_letter(record, str(error)))
             state.next_offset = record.offset + 1
         else:
+            placement = self.placement
+            if placement is not None and record.offset >= placement.checked_from:
+                wrong = wrong_partition(record, command.cluster, placement.partitions)
+                if wrong is not None:
+                    code = DeadLetterCode.WRONG_PARTITION
+                    out.append(self._dead_letter(record, wrong, code))
+                    self.refused[code] = self.refused.get(code, 0) + 1
+                    self._refused_new[code] = self._refused_new.get(code, 0) + 1
+                    state.next_offset = record.offset + 1
+                    if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
+                        out.append(self.snapshot_record())
+                    return
             topic, partition = self.topics.events, self.partition
-            events = decide(state, command, record.offset, resumed_for(self.history, state, command))
+            events = decide(state, command, record.offset, resumed_for(self.history, state, command, placement))
             key = events[0].cluster.encode()  # a rejection's cluster is bounded (schemas.limits.stand_in)
             for event in events:
                 out.append(OutputRecord(topic, partition, key, encode_event(event)))
             outcome = events[0].payload
             if type(outcome) is CommandRejected:  # a refused command has exactly this one event
                 self.rejected[outcome.code] = self.rejected.get(outcome.code, 0) + 1
+            if self.history is not None and any(type(e.payload) in _HALT_EVENTS for e in events):
+                # A restore must never fold across a halt or a resume again: with a fixed build the halting
+                # command would fold otherwise than was published, and a resume needs the log. Snapshot here.
+                out.append(self.snapshot_record())
+                return
         if self.snapshot_every and state.next_offset % self.snapshot_every == 0:
             out.append(self.snapshot_record())
 
     def fold_silently(self, records: Iterable[InputRecord]) -> None:
         """Re-fold records whose outputs were already published (recovery)."""
         sink: list[OutputRecord] = []
-        counted = dict(self.rejected)
+        counted, refused, new = dict(self.rejected), dict(self.refused), dict(self._refused_new)
         for record in records:
             self.fold(record, sink)
             sink.clear()
-        self.rejected = counted  # these were counted when they were first folded
+        self.rejected, self.refused, self._refused_new = counted, refused, new  # counted when first folded
+
+    def take_refused(self) -> dict[str, int]:
+        """The refusals (by code) folded since the last call: the processor counts them once their batch commits."""
+        new, self._refused_new = self._refused_new, {}
+        return new
 
     def snapshot_record(self) -> OutputRecord:
         return OutputRecord(
@@ -97,12 +144,12 @@ class PartitionFolder:
             encode_snapshot(to_snapshot(self.state)),
         )
 
-    def _dead_letter(self, record: InputRecord, error: str) -> OutputRecord:
-        letter = bounded_dead_letter(self.topics.commands, record, error)
+    def _dead_letter(self, record: InputRecord, error: str, code: str | None = None) -> OutputRecord:
+        letter = bounded_dead_letter(self.topics.commands, record, error, code)
         return OutputRecord(self.topics.dead_letters, record.partition, letter.key, encode_dead_letter(letter))
 
 
-def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLetter:
+def bounded_dead_letter(topic: str, record: InputRecord, error: str, code: str | None = None) -> DeadLetter:
     """The dead letter of an undecodable record, small enough to publish whatever the record's size.
 
     The bytes are copied when they fit (:data:`~schemas.limits.MAX_DEAD_LETTER_VALUE_BYTES`); a larger record
@@ -119,7 +166,13 @@ def bounded_dead_letter(topic: str, record: InputRecord, error: str) -> DeadLett
             f"read it at {topic}[{record.partition}]@{record.offset}"
         )
         value = None
-    return DeadLetter(topic, record.partition, record.offset, error, key, value)
+    return DeadLetter(topic, record.partition, record.offset, error, key, value, code)
+
+
+def placement_of(log_: CommandLog, partition: int) -> Placement | None:
+    """The log's :class:`Placement` of a partition (None for a log that cannot tell, which folds everything)."""
+    placement = getattr(log_, "placement", None)
+    return placement(partition) if placement is not None else None
 
 
 class History(Protocol):
@@ -130,7 +183,9 @@ class History(Protocol):
     def read_commands(self, partition: int, start: int, end: int) -> Iterator[InputRecord]: ...
 
 
-def resumed_for(history: History | None, state: PartitionState, command: Command) -> ResumedCluster | None:
+def resumed_for(
+    history: History | None, state: PartitionState, command: Command, placement: Placement | None = None
+) -> ResumedCluster | None:
     """For a ResumeCluster of a halted cluster, the cluster rebuilt from the log (None: nothing to rebuild, or no
     log to rebuild it from, and the fold refuses the command)."""
     if type(command.payload) is not ResumeCluster or history is None:
@@ -138,10 +193,12 @@ def resumed_for(history: History | None, state: PartitionState, command: Command
     cluster = state.clusters.get(command.cluster)
     if cluster is None or cluster.halted is None:
         return None
-    return rebuild(history, state.partition, cluster.name, cluster.halted)
+    return rebuild(history, state.partition, cluster.name, cluster.halted, placement)
 
 
-def rebuild(history: History, partition: int, name: str, halted: Halt) -> ResumedCluster:
+def rebuild(
+    history: History, partition: int, name: str, halted: Halt, placement: Placement | None = None
+) -> ResumedCluster:
     """The cluster ``name`` just before command ``halted.offset``, re-folded from the log.
 
     The fold halts a cluster whose fold raised (``ClusterHalted``) and drops what it held; it cannot read the
@@ -159,7 +216,7 @@ def rebuild(history: History, partition: int, name: str, halted: Halt) -> Resume
     log.warning(
         "partition %d: rebuilding halted cluster %r from offset %d up to %d", partition, name, origin, halted.offset
     )
-    folder = PartitionFolder(partition, Topics(), start, snapshot_every=0, history=history)
+    folder = PartitionFolder(partition, Topics(), start, snapshot_every=0, placement=placement, history=history)
     folder.fold_silently(history.read_commands(partition, origin, halted.offset))
     cluster = folder.state.clusters.get(name)
     if cluster is None:
@@ -185,12 +242,13 @@ def restore_state(log_: CommandLog, partition: int) -> PartitionState:
         state = from_snapshot(decode_snapshot(frame)) if frame else PartitionState(partition=partition)
     except (DecodeError, ValueError, KeyError) as error:
         raise RestoreError(f"partition {partition}: the latest snapshot cannot be read: {error}") from None
+    placement = placement_of(log_, partition)
     committed = log_.committed(partition)
     if state.next_offset > committed:
         # A snapshot newer than the committed position cannot exist (it is written in
         # the same transaction as the batch that reached it); refuse to guess.
         raise RestoreError(f"partition {partition}: snapshot at {state.next_offset} is past committed {committed}")
-    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, history=log_)
+    folder = PartitionFolder(partition, log_.topics, state, snapshot_every=0, placement=placement, history=log_)
     folder.fold_silently(log_.read_commands(partition, state.next_offset, committed))
     if state.next_offset != committed:
         raise RestoreError(
@@ -225,8 +283,23 @@ class StageTimes:
         return out
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A batch whose transaction is being committed while the next one is folded."""
+
+    positions: dict[int, int]
+    records: int
+    refused: dict[str, int]
+
+
 class Processor:
-    """Drives the fold over a :class:`CommandLog`, one atomic batch at a time."""
+    """Drives the fold over a :class:`CommandLog`, one atomic batch at a time.
+
+    With ``pipeline`` (on by default) and a log that can commit in the background (``commit_async`` and
+    ``wait_committed``, the Kafka log), batch N+1 is polled and folded while batch N's transaction commits; N+1's
+    transaction begins only once N's has committed, so outputs are never reordered, and if N's fails, both
+    batches' partitions are rebuilt from what was committed.
+    """
 
     def __init__(
         self,
@@ -234,34 +307,51 @@ class Processor:
         *,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        pipeline: bool = True,
     ) -> None:
         self.log = log_
         self.snapshot_every = snapshot_every
         self.batch_size = batch_size
+        self.pipeline = pipeline and hasattr(log_, "commit_async") and hasattr(log_, "wait_committed")
         self.folders: dict[int, PartitionFolder] = {}
         self.processed = 0
+        """Commands folded and committed."""
         self.times = StageTimes()
+        self._refused: dict[str, int] = {}
+        self._in_flight: _InFlight | None = None
+        self.last_committed = 0
+        """Commands in the batch committed last."""
 
     def folder(self, partition: int) -> PartitionFolder:
         folder = self.folders.get(partition)
         if folder is None:
             state = restore_state(self.log, partition)
-            folder = PartitionFolder(partition, self.log.topics, state, self.snapshot_every, history=self.log)
+            placement = placement_of(self.log, partition)
+            folder = PartitionFolder(
+                partition, self.log.topics, state, self.snapshot_every, placement, history=self.log
+            )
             self.folders[partition] = folder
             log.info("partition %d restored at offset %d", partition, state.next_offset)
         return folder
+
+    def refused(self) -> dict[str, int]:
+        """Commands this processor did not fold (dead-lettered with a code, e.g. WRONG_PARTITION) in the batches it
+        committed, by code."""
+        return dict(self._refused)
 
     def forget(self, partition: int) -> None:
         """Drop a partition's state (revoked, or its batch aborted: rebuilt on next use)."""
         self.folders.pop(partition, None)
 
     def run_batch(self, timeout: float = 0.5) -> int:
-        """Poll, fold and atomically commit one batch; returns the records folded."""
+        """Poll, fold and commit one batch (pipelined: begin its commit and settle the previous batch's); returns
+        the records folded. With nothing to poll, a commit in flight is settled."""
         times = self.times
         wall, cpu = time.perf_counter(), time.thread_time()
         records = self.log.poll(self.batch_size, timeout)
         wall, cpu = _lap(times, "poll", wall, cpu)
         if not records:
+            self.settle()
             return 0
         outputs: list[OutputRecord] = []
         positions: dict[int, int] = {}
@@ -269,19 +359,52 @@ class Processor:
             folder = self.folder(record.partition)
             folder.fold(record, outputs)
             positions[record.partition] = folder.state.next_offset
+        refused: dict[str, int] = {}
+        for partition in positions:
+            for code, count in self.folders[partition].take_refused().items():
+                refused[code] = refused.get(code, 0) + count
         wall, cpu = _lap(times, "fold", wall, cpu)
+        batch = _InFlight(positions, len(records), refused)
+        if self.pipeline:
+            self.settle(positions)  # the previous batch: its transaction must commit before this one begins
         try:
-            self.log.commit(outputs, positions)
+            if self.pipeline:
+                self.log.commit_async(outputs, positions)  # type: ignore[attr-defined]
+                self._in_flight = batch
+            else:
+                self.log.commit(outputs, positions)
         except BaseException:
             # The states ran ahead of what was committed: rebuild them from the log.
             for partition in positions:
                 self.forget(partition)
             raise
+        if not self.pipeline:
+            self._committed(batch)
         _lap(times, "commit", wall, cpu)
-        times.batches += 1
-        times.records += len(records)
-        self.processed += len(records)
         return len(records)
+
+    def settle(self, folded: dict[int, int] | None = None) -> None:
+        """Wait for the batch whose transaction is in flight, if any, and count it once committed. If it failed,
+        its partitions and those of ``folded`` (a batch folded on top of it, not committed) are forgotten and the
+        log's error (BatchAborted, ...) raised."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        try:
+            self.log.wait_committed(also=folded or ())  # type: ignore[attr-defined]
+        except BaseException:
+            for partition in sorted({*in_flight.positions, *(folded or ())}):
+                self.forget(partition)
+            raise
+        self._committed(in_flight)
+
+    def _committed(self, batch: _InFlight) -> None:
+        self.last_committed = batch.records
+        self.times.batches += 1
+        self.times.records += batch.records
+        self.processed += batch.records
+        for code, count in batch.refused.items():
+            self._refused[code] = self._refused.get(code, 0) + count
 
     def run_until_idle(self, idle_polls: int = 1, timeout: float = 0.0) -> int:
         """Run batches until ``idle_polls`` polls in a row return nothing; returns records folded."""
@@ -291,6 +414,7 @@ class Processor:
             count = self.run_batch(timeout)
             total += count
             idle = idle + 1 if count == 0 else 0
+        self.settle()
         return total
 
 

@@ -30,6 +30,13 @@ class ProcessorMetrics:
         self.dead_letters = Counter(
             "gpufold_processor_dead_letters_total", "Records that did not decode (dead-lettered)", registry=r
         )
+        self.refused = Counter(
+            "gpufold_processor_refused_total",
+            "Commands not folded, dead-lettered with a code (WRONG_PARTITION: on a partition that is not "
+            "murmur2(cluster) mod the partition count, or keyed other than its cluster), by code",
+            ["code"],
+            registry=r,
+        )
         self.commit_seconds = Histogram(
             "gpufold_processor_commit_seconds",
             "Latency of one Kafka transaction commit (events + offsets)",
@@ -55,12 +62,20 @@ class ProcessorMetrics:
             "gpufold_processor_consumer_lag", "Command records not yet folded, per partition", ["partition"], registry=r
         )
 
-    def observe_batch(self, commands: int, rejected_by_code: dict[str, int], dead_letters: int) -> None:
+    def observe_batch(
+        self,
+        commands: int,
+        rejected_by_code: dict[str, int],
+        dead_letters: int,
+        refused_by_code: dict[str, int] | None = None,
+    ) -> None:
         self.commands.inc(commands)
         for code, count in rejected_by_code.items():
             self.rejected.labels(code=code).inc(count)
         if dead_letters:
             self.dead_letters.inc(dead_letters)
+        for code, count in (refused_by_code or {}).items():
+            self.refused.labels(code=code).inc(count)
 
     def refresh(self, states: Iterable[PartitionState], lag: dict[int, int] | None = None) -> None:
         """Set the gauges from the fold states. O(nodes + signatures x typical pods) per cluster."""

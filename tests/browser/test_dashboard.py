@@ -119,7 +119,7 @@ def test_dashboard_renders_the_cluster_and_refreshes_live(live: LiveServer) -> N
         before = int(browser.evaluate("document.getElementById('running-count').dataset.value"))
         pending_before = int(browser.evaluate("document.getElementById('pending-count').dataset.value"))
         pod = SubmitPod("live-pod", "acme", 100, 0, 0, 100, 100)  # no GPU: fits any node with CPU left
-        live.writer.write([Command("live-1", "c1", workload.START_MS + 10**9, pod, "test")])
+        live.writer.write([Command("live-1", "c1", workload.START_MS + 10**7, pod, "test")])
         browser.wait_for(
             f"Number(document.getElementById('running-count').dataset.value) + "
             f"Number(document.getElementById('pending-count').dataset.value) === {before + pending_before + 1}",

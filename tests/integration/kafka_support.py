@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_settings.config import KafkaConfig, load
 from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
-from logs.port import InputRecord, OutputRecord
+from logs.port import InputRecord, OutputRecord, Placement
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
@@ -214,13 +214,15 @@ class Refold:
     hashes: dict[int, str]
 
 
-def refold(commands: dict[int, list[Record]], topics: Topics) -> Refold:
-    """Fold the command frames of every partition locally, exactly as the processor does."""
+def refold(commands: dict[int, list[Record]], topics: Topics, partitions: int | None = None) -> Refold:
+    """Fold the command frames of every partition locally, exactly as the processor does (a fresh topic: every
+    command checked for its partition and key, on ``partitions``, by default as many as ``commands`` has)."""
     events: dict[int, list[bytes]] = defaultdict(list)
     dead: dict[int, list[bytes]] = defaultdict(list)
     hashes: dict[int, str] = {}
+    placement = Placement(partitions or len(commands))
     for partition, records in commands.items():
-        folder = PartitionFolder(partition, topics, snapshot_every=0)
+        folder = PartitionFolder(partition, topics, snapshot_every=0, placement=placement)
         out: list[OutputRecord] = []
         for record in records:
             folder.fold(InputRecord(partition, record.offset, record.key, record.value), out)
@@ -334,11 +336,31 @@ def fold_through_sigkills(
             finally:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
+        started = started_in(log)
         process = start_processor(bootstrap, topics, *options, log=log)
         try:
             assert watcher.wait_for(total, 180, alive=lambda: process.poll() is None) == total
         finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, f"graceful stop failed; see {log}"
+            status = stop_gracefully(process, log, started)
+        assert status == 0, f"graceful stop exited with {status}; see {log}"
     finally:
         watcher.close()
+
+
+def started_in(log: Path) -> int:
+    """How many processors have logged their start in ``log`` (appended to by each)."""
+    return log.read_text(errors="replace").count('"processor started"') if log.exists() else 0
+
+
+def stop_gracefully(process: subprocess.Popen[bytes], log: Path, started_before: int) -> int:
+    """SIGTERM ``process`` once it has started (``started_before`` starts were logged before it), and its status.
+
+    The earlier processors may have committed everything already, so the caller's wait can end before this
+    one has even imported Python's modules; a SIGTERM then meets the default handler (exit -15), which says
+    nothing about a graceful stop.
+    """
+    deadline = time.monotonic() + 60
+    while started_in(log) <= started_before and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    return process.wait(60)

@@ -78,7 +78,8 @@ def test_traced_batches_cover_every_command_with_ordered_stage_times(
     batches = [record.fields for record in caplog.records if record.getMessage() == "batch"]  # type: ignore[attr-defined]
     assert sum(batch["records"] for batch in batches) == len(commands)
     ends: dict[int, int] = {}
-    stages = ("poll", "first", "polled", "commit", "produced", "offsets_sent", "committed")
+    # folded: the batch folded (then its transaction waits for the previous one's, pipelined); txn: it began
+    stages = ("poll", "first", "polled", "folded", "commit", "txn", "produced", "offsets_sent", "committed")
     for batch in batches:
         marks = batch["marks"]
         assert [marks[stage] for stage in stages] == sorted(marks[stage] for stage in stages), marks

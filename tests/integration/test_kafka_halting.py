@@ -63,5 +63,6 @@ def test_a_raising_command_halts_one_cluster_and_resume_rebuilds_it(
     with BackgroundProcessor(kafka_bootstrap, topics, instance_id="halt-2", stop_when_idle=3) as processor:
         assert processor.wait() == 0
     seen = outcomes(kafka_bootstrap, topics.events)
-    assert seen["resume"].type_name == "ClusterResumed" and seen["resume"].payload.halted_command_id == "a-boom"
+    assert seen["resume"].type_name == "ClusterResumed", seen["resume"].payload
+    assert seen["resume"].payload.halted_command_id == "a-boom"
     assert seen["a-again"].type_name == "PodReleased"  # p1 ran again in the rebuilt cluster

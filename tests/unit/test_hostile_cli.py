@@ -26,7 +26,7 @@ from logs.embedded import EmbeddedLog
 from projections import models
 from projections.api import create_app
 from projections.runner import project_embedded_log
-from schemas.commands import AddNode, Command, MarkNodeFailed, Release, SubmitPod
+from schemas.commands import AddNode, Command, MarkNodeFailed, Release, SubmitPod, Tick
 from schemas.events import CommandRejected, Event
 from schemas.fastcodec import encode_command, encode_event
 from tests import workload
@@ -251,7 +251,7 @@ def test_the_projector_honours_sigterm_within_seconds(tmp_path: Path) -> None:
     """A projector busy with a big log and a far-future watermark exits cleanly within 5 s of SIGTERM."""
     log = tmp_path / "big.sqlite"
     commands = list(workload.commands(20_000, nodes=40, seed=9, step_ms=1_000))
-    commands.insert(3_000, Command("far", "c1", 4_102_444_000_000, SubmitPod("late", cpu_milli=1)))  # Dec 2099
+    commands.insert(3_000, Command("far", "c1", 4_102_444_000_000, Tick(force=True)))  # Dec 2099, on purpose
     with EmbeddedLog(log) as opened:
         opened.append(opened.topics.events, [(0, b"c1", f) for f in workload.encode(workload.fold(commands))])
     database = tmp_path / "read.sqlite"

@@ -2,7 +2,10 @@
 
 A node that grows capacity leaves the queue to retry it; a node that goes away (drained, failed,
 removed) evicts its pods, which go back to placement as follow-up work; a reserved node that becomes
-unusable releases its reservation first (planned again after the command).
+unusable releases its reservation (planned again after the command). Since contract v3 the node
+becomes unusable first, and the evicted pods are re-placed before the released reservation's nodes are
+retried, so nothing lands on a node in the command that takes it away (a pod placed there would be
+evicted twice in one command); contract v1 and v2 released the reservation and retried first.
 """
 
 from __future__ import annotations
@@ -54,11 +57,17 @@ def remove_node(decision: Decision, command: RemoveNode) -> Task:
             f"node {command.node_id!r} runs {len(node.pods)} pod(s); drain it first or remove it with force=true",
         )
     cluster = decision.cluster
-    if drop_reserved_node(decision, cluster, node, "node_removed"):
-        yield  # the queue retries the released nodes first
+    if decision.legacy:  # contract v1/v2: the reservation's retry ran first and could place on the node
+        if drop_reserved_node(decision, cluster, node, "node_removed"):
+            yield  # the queue retries the released nodes first
+        evicted, gang_ids = evict_all(decision, cluster, node, "node_removed")
+        decision.emit(NodeRemoved(command.node_id, command.force))
+        decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_removed")
+        return
     evicted, gang_ids = evict_all(decision, cluster, node, "node_removed")
-    decision.emit(NodeRemoved(command.node_id, command.force))
     decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_removed")
+    drop_reserved_node(decision, cluster, node, "node_removed")  # its retry runs after: the node is gone by then
+    decision.emit(NodeRemoved(command.node_id, command.force))
 
 
 def cordon_node(decision: Decision, command: CordonNode) -> Task:
@@ -68,7 +77,7 @@ def cordon_node(decision: Decision, command: CordonNode) -> Task:
     if node.cordoned:
         raise Rejected(RejectionCode.NODE_ALREADY_CORDONED, f"node {command.node_id!r} is already cordoned")
     if drop_reserved_node(decision, decision.cluster, node, "node_cordoned"):
-        yield  # the queue retries the released nodes first
+        yield  # the queue retries the released nodes first (a cordon evicts nothing: no pod moves twice)
     decision.emit(NodeCordoned(command.node_id))
 
 
@@ -87,11 +96,17 @@ def drain_node(decision: Decision, command: DrainNode) -> Task:
     if node.failed:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} has failed; its pods were already evicted")
     cluster = decision.cluster
-    if drop_reserved_node(decision, cluster, node, "node_drained"):
-        yield  # the queue retries the released nodes first
-    decision.emit(NodeDrained(command.node_id, len(node.pods)))
+    if decision.legacy:
+        if drop_reserved_node(decision, cluster, node, "node_drained"):
+            yield  # the queue retries the released nodes first
+        decision.emit(NodeDrained(command.node_id, len(node.pods)))
+        evicted, gang_ids = evict_all(decision, cluster, node, "drain")
+        decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "drain")
+        return
+    decision.emit(NodeDrained(command.node_id, len(node.pods)))  # cordoned first: nothing lands on it any more
     evicted, gang_ids = evict_all(decision, cluster, node, "drain")
     decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "drain")
+    drop_reserved_node(decision, cluster, node, "node_drained")
 
 
 def mark_node_failed(decision: Decision, command: MarkNodeFailed) -> Task:
@@ -100,8 +115,14 @@ def mark_node_failed(decision: Decision, command: MarkNodeFailed) -> Task:
     if node.failed:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} is already marked failed")
     cluster = decision.cluster
-    if drop_reserved_node(decision, cluster, node, "node_failed"):
-        yield  # the queue retries the released nodes first
-    decision.emit(NodeFailed(command.node_id, command.reason, len(node.pods)))
+    if decision.legacy:
+        if drop_reserved_node(decision, cluster, node, "node_failed"):
+            yield  # the queue retries the released nodes first
+        decision.emit(NodeFailed(command.node_id, command.reason, len(node.pods)))
+        evicted, gang_ids = evict_all(decision, cluster, node, "node_failed")
+        decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_failed")
+        return
+    decision.emit(NodeFailed(command.node_id, command.reason, len(node.pods)))  # unusable first
     evicted, gang_ids = evict_all(decision, cluster, node, "node_failed")
     decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_failed")
+    drop_reserved_node(decision, cluster, node, "node_failed")

@@ -107,3 +107,27 @@ def test_the_stage_marks_of_a_poll_are_in_order() -> None:
     log.poll(10, timeout=0.5)
     marks = log.marks
     assert marks["poll"] <= marks["first"] <= marks["polled"]
+
+
+def test_a_fence_after_the_transaction_timeout_renews_the_producer_a_quick_one_is_fatal() -> None:
+    """A coordinator that was down aborts a transaction on its timeout and bumps the epoch, which librdkafka
+    reports as _FENCED: past the timeout the adapter renews its producer and rewinds (BatchAborted); a fence of a
+    transaction younger than the timeout is a newer instance's, fatal (bench/chaos.py found the first case)."""
+    import pytest
+    from confluent_kafka import KafkaError, KafkaException
+
+    from logs.kafka_errors import BatchAborted, KafkaFatalError
+
+    log = KafkaCommandLog(
+        KafkaConfig({"bootstrap.servers": "127.0.0.1:1"}), topics_for("t"), transaction_timeout_ms=10_000
+    )
+    steps: list[str] = []
+    log._renew_producer = lambda stalled=False: steps.append("renew")  # type: ignore[method-assign]
+    log._rewind = lambda positions: steps.append(f"rewind {sorted(positions)}")  # type: ignore[method-assign]
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    with pytest.raises(BatchAborted):
+        log._transaction_failed(fenced, {0: 5, 2: 7}, ran=12.0)
+    assert steps == ["renew", "rewind [0, 2]"]
+    with pytest.raises(KafkaFatalError, match="a newer instance"):
+        log._transaction_failed(fenced, {0: 5}, ran=0.5)
+    assert steps == ["renew", "rewind [0, 2]"]

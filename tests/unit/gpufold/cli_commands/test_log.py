@@ -84,6 +84,7 @@ def test_run_folds_once_then_has_nothing_to_do(log: str, capsys: pytest.CaptureF
         "events": 18,
         "snapshots": 0,
         "dead_letters": 0,
+        "wrong_partition": 0,
     }
 
 
