@@ -78,7 +78,7 @@ class Gaps:
 
     def undo_to(self, mark: int) -> None:
         nodes = self.cluster.nodes
-        while len(self.journal) > mark:
+        while len(self.journal) > mark:  # measure: the journal's length, down by one a turn
             pod, source, to = self.journal.pop()
             old_source, old_to = nodes[source[0]].gpu_free[source[1]], nodes[to[0]].gpu_free[to[1]]
             self.trial.undo_to(len(self.trial.moves) - 1)

@@ -147,7 +147,7 @@ class Trial:
 
     def undo_to(self, mark: int) -> None:
         nodes = self.cluster.nodes
-        while len(self.moves) > mark:
+        while len(self.moves) > mark:  # measure: the moves' count, down by one a turn
             move = self.moves.pop()
             pod = self.cluster.pods[move.pod_id]
             nodes[move.to_node].free(pod.spec, move.to_gpus)

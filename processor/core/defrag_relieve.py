@@ -122,7 +122,7 @@ def relieve_across(cluster: ClusterState, trial: Trial, budget: int, before: dic
         if pod.spec.gang_id is None
         and (pod.spec.num_gpu == 1 or (pod.spec.num_gpu > 1 and pod.spec.gpu_milli >= GPU_MILLI))
     ]
-    for _, group in heads:
+    for _, group in heads:  # measure: waiting groups left; at most RELIEVE_PODS pods tried in all
         shape = group[2]
         if not shape.num_gpu or (shape.num_gpu > 1 and shape.gpu_milli < GPU_MILLI):
             continue
@@ -164,7 +164,7 @@ def _room_across(
     best: tuple[int, str, tuple[Pod, ...]] | None = None
     limit = min(RELIEVE_MOVES, budget)
     allowance = trial.allowance(budget)
-    for node_id in sorted(cluster.nodes):
+    for node_id in sorted(cluster.nodes):  # measure: nodes left; subsets and landings paid by the allowance
         node = cluster.nodes[node_id]
         if node_id in claimed or not admits(cluster, node, shape):
             continue
@@ -198,7 +198,7 @@ def _room_across(
                 if subsets > RELIEVE_SUBSETS:
                     break
                 continue
-            for chosen in combinations(movable, size):
+            for chosen in combinations(movable, size):  # at most RELIEVE_SUBSETS per node, a look each
                 subsets += 1
                 if subsets > RELIEVE_SUBSETS or not allowance.look():
                     break
@@ -261,7 +261,7 @@ def _room_by_swap(
     cpu = max((node.cpu_free for node in short), default=-1)
     memory = max((node.memory_free for node in short), default=-1)
     allowance = trial.allowance(0)  # made when the plan began
-    for pod in movers:
+    for pod in movers:  # measure: movers left; each attempt a look and trial moves of the allowance
         if pod.spec.cpu_milli > cpu or pod.spec.memory_mib > memory or pod.spec.pod_id in trial.at:
             continue
         node = cluster.nodes[pod.node_id]  # type: ignore[index]

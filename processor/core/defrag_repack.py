@@ -46,7 +46,7 @@ def repack(
     for model in sorted(gaps.lists):
         failed: dict[tuple[GpuKey, ...], bool] = {}
         pool: list[GpuKey] | None = None
-        for _ in range(REPACK_TRIES):
+        for _ in range(REPACK_TRIES):  # measure: tries left (and the allowance)
             if len(trial.moves) >= budget or not allowance.move(trial):
                 return
             if pool is None:
@@ -230,7 +230,7 @@ def _pack(
             key=lambda key: (key != here, room[key], key),
         )
         tried: list[int] = []
-        for key in options:
+        for key in options:  # the search's measure: steps left (``limit``), down by one per call
             if key != here and room[key] in tried:
                 continue  # the same room elsewhere: the same packings of what is left
             if key != here:
@@ -258,7 +258,7 @@ def _sequence(
     waiting = sorted(pod_id for pod_id, key in target.items() if _gpu_of(gaps.trial, index[pod_id]) != key)
     model = gaps.cluster.nodes[freed[0]].gpu_model
     outside = set(members)
-    for _ in range(2 * len(pods) + 2):
+    for _ in range(2 * len(pods) + 2):  # measure: a move a turn, each share at most parked once and placed once
         if not waiting:
             return True
         ready = [pod_id for pod_id in waiting if gaps.room(index[pod_id], target[pod_id])]

@@ -44,7 +44,7 @@ def make_room(cluster: ClusterState, trial: Trial, shape: PodShape, budget: int,
     order, known = listed
     reachable: dict[tuple[PodShape, str], tuple[int, str]] = {}
     best: tuple[int, str, list[Pod]] | None = None
-    for bound, node_id in order:
+    for bound, node_id in order:  # measure: nodes left in bound order; a look each (and the subsets')
         if best is not None and (bound > best[0] or (bound == best[0] and node_id > best[1])):
             break  # sorted: no node left can need fewer moves, or as few with a smaller id
         if not allowance.look():
@@ -103,7 +103,7 @@ class _Rooms:
         self.order: SortedList = SortedList()  # (bound, node id)
         self.known: dict[str, tuple[int, list[Pod]]] = {}  # node id -> (bound, its movable pods by id)
         self.seen = len(trial.touched)
-        for node_id in sorted(cluster.nodes):
+        for node_id in sorted(cluster.nodes):  # measure: nodes left (paid for: a look per node)
             self.file(cluster, trial, shape, node_id)
 
     def file(self, cluster: ClusterState, trial: Trial, shape: PodShape, node_id: str) -> None:
@@ -249,7 +249,7 @@ def _fewest(
             if tried > TARGET_SUBSETS:
                 return None
             continue
-        for chosen in combinations(movable, size):
+        for chosen in combinations(movable, size):  # at most TARGET_SUBSETS per node, a look each
             tried += 1
             if tried > TARGET_SUBSETS or not allowance.look():
                 return None
