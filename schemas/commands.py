@@ -282,6 +282,23 @@ class ResumeCluster(Record):
     reason: str = ""
 
 
+@dataclass(slots=True)
+class RecoverNode(Record):
+    """A failed node returns, empty and schedulable, with its capacity, labels and taints."""
+
+    node_id: str
+
+
+@dataclass(slots=True)
+class UpdateNode(Record):
+    """Replace a node's labels and/or taints (None: keep them); a NoExecute taint evicts the pods that do not
+    tolerate it."""
+
+    node_id: str
+    labels: dict[str, str] | None = None
+    taints: tuple[Taint, ...] | None = None
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -299,6 +316,8 @@ CommandPayload = (
     | RemoveQuota
     | Defragment
     | ResumeCluster
+    | RecoverNode
+    | UpdateNode
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -320,6 +339,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         RemoveQuota,
         Defragment,
         ResumeCluster,
+        RecoverNode,
+        UpdateNode,
     )
 }
 
@@ -400,3 +421,4 @@ nest(SubmitPod, {"tolerations": Toleration})
 nest(SetPolicy, {"default_quota": Quota})
 nest(GangMember, {"tolerations": Toleration})
 nest(SubmitGang, {"members": GangMember})
+nest(UpdateNode, {"taints": Taint})

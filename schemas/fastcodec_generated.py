@@ -36,6 +36,7 @@ from schemas.commands import (
     GangMember as _c_GangMember,
     MarkNodeFailed as _c_MarkNodeFailed,
     Quota as _c_Quota,
+    RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
     RemoveNode as _c_RemoveNode,
@@ -49,6 +50,7 @@ from schemas.commands import (
     Tick as _c_Tick,
     Toleration as _c_Toleration,
     UncordonNode as _c_UncordonNode,
+    UpdateNode as _c_UpdateNode,
 )
 from schemas.events import (
     ClusterHalted as _c_ClusterHalted,
@@ -68,8 +70,10 @@ from schemas.events import (
     NodeCordoned as _c_NodeCordoned,
     NodeDrained as _c_NodeDrained,
     NodeFailed as _c_NodeFailed,
+    NodeRecovered as _c_NodeRecovered,
     NodeRemoved as _c_NodeRemoved,
     NodeUncordoned as _c_NodeUncordoned,
+    NodeUpdated as _c_NodeUpdated,
     NodesReserved as _c_NodesReserved,
     PodEvicted as _c_PodEvicted,
     PodMigrated as _c_PodMigrated,
@@ -88,7 +92,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
+_k1 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
 _k11 = b'\x00'
 _k35 = b'\x02'
 _k39 = b'\x04'
@@ -145,84 +149,92 @@ _k248 = b'\x1c'
 _k252 = b'\x02'
 _k255 = b'\x00'
 _k257 = b'\x1e'
-_k261 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
-_k476 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
-_k487 = b'\x00'
-_k498 = b'\x02'
-_k502 = b'\x04'
-_k506 = b'\x06'
-_k510 = b'\x08'
-_k515 = b'\n'
-_k522 = b'\x0c'
-_k540 = b'\x02'
-_k543 = b'\x00'
-_k546 = b'\x02'
-_k548 = b'\x00'
-_k564 = b'\x0e'
-_k582 = b'\x02'
-_k585 = b'\x00'
-_k588 = b'\x02'
-_k590 = b'\x00'
-_k611 = b'\x10'
-_k619 = b'\x12'
-_k624 = b'\x02'
-_k627 = b'\x00'
-_k631 = b'\x14'
-_k638 = b'\x02'
-_k640 = b'\x00'
-_k645 = b'\x02'
-_k647 = b'\x00'
-_k649 = b'\x16'
-_k659 = b'\x18'
-_k688 = b'\x02'
-_k691 = b'\x00'
-_k694 = b'\x02'
-_k696 = b'\x00'
-_k705 = b'\x02'
-_k708 = b'\x00'
-_k711 = b'\x02'
-_k714 = b'\x00'
-_k717 = b'\x02'
-_k719 = b'\x00'
-_k722 = b'\x02'
-_k724 = b'\x00'
-_k734 = b'\x1a'
-_k755 = b'\x02'
-_k758 = b'\x00'
-_k761 = b'\x02'
+_k261 = b' '
+_k265 = b'"'
+_k270 = b'\x02'
+_k272 = b'\x00'
+_k275 = b'\x02'
+_k277 = b'\x00'
+_k279 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
+_k516 = b'\xc3\x01\xb3P \xe1o0\r\xde'
+_k527 = b'\x00'
+_k538 = b'\x02'
+_k542 = b'\x04'
+_k546 = b'\x06'
+_k550 = b'\x08'
+_k555 = b'\n'
+_k562 = b'\x0c'
+_k580 = b'\x02'
+_k583 = b'\x00'
+_k586 = b'\x02'
+_k588 = b'\x00'
+_k604 = b'\x0e'
+_k622 = b'\x02'
+_k625 = b'\x00'
+_k628 = b'\x02'
+_k630 = b'\x00'
+_k651 = b'\x10'
+_k659 = b'\x12'
+_k664 = b'\x02'
+_k667 = b'\x00'
+_k671 = b'\x14'
+_k678 = b'\x02'
+_k680 = b'\x00'
+_k685 = b'\x02'
+_k687 = b'\x00'
+_k689 = b'\x16'
+_k699 = b'\x18'
+_k728 = b'\x02'
+_k731 = b'\x00'
+_k734 = b'\x02'
+_k736 = b'\x00'
+_k745 = b'\x02'
+_k748 = b'\x00'
+_k751 = b'\x02'
+_k754 = b'\x00'
+_k757 = b'\x02'
+_k759 = b'\x00'
+_k762 = b'\x02'
 _k764 = b'\x00'
-_k767 = b'\x02'
-_k769 = b'\x00'
-_k772 = b'\x02'
-_k774 = b'\x00'
-_k784 = b'\x02'
-_k787 = b'\x00'
-_k790 = b'\x02'
-_k793 = b'\x00'
-_k798 = b'\x1c'
-_k805 = b'\x1e'
-_k811 = b' '
-_k819 = b'\x02'
-_k822 = b'\x00'
-_k824 = b'"'
-_k832 = b'\x02'
-_k834 = b'\x00'
-_k838 = b'$'
-_k849 = b'&'
-_k859 = b'('
-_k862 = b'*'
-_k874 = b','
-_k877 = b'\x02'
-_k880 = b'\x00'
-_k883 = b'\x00'
-_k886 = b'\x00'
-_k890 = b'.'
-_k904 = b'0'
-_k910 = b'\x02'
-_k913 = b'\x00'
-_k917 = b'2'
-_k927 = b'4'
-_k937 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
+_k774 = b'\x1a'
+_k795 = b'\x02'
+_k798 = b'\x00'
+_k801 = b'\x02'
+_k804 = b'\x00'
+_k807 = b'\x02'
+_k809 = b'\x00'
+_k812 = b'\x02'
+_k814 = b'\x00'
+_k824 = b'\x02'
+_k827 = b'\x00'
+_k830 = b'\x02'
+_k833 = b'\x00'
+_k838 = b'\x1c'
+_k845 = b'\x1e'
+_k851 = b' '
+_k859 = b'\x02'
+_k862 = b'\x00'
+_k864 = b'"'
+_k872 = b'\x02'
+_k874 = b'\x00'
+_k878 = b'$'
+_k889 = b'&'
+_k899 = b'('
+_k902 = b'*'
+_k914 = b','
+_k917 = b'\x02'
+_k920 = b'\x00'
+_k923 = b'\x00'
+_k926 = b'\x00'
+_k930 = b'.'
+_k944 = b'0'
+_k950 = b'\x02'
+_k953 = b'\x00'
+_k957 = b'2'
+_k967 = b'4'
+_k977 = b'6'
+_k981 = b'8'
+_k988 = b'\xc3\x01\xb3P \xe1o0\r\xde'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -458,55 +470,71 @@ def _e_ResumeCluster256(o: _c_ResumeCluster) -> bytes:
     return b"".join((_k257, (_P[n260] if (n260 := len(s259 := o.reason.encode())) < 8192 else _long(n260)), s259,))
 
 
+def _e_RecoverNode260(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k261, (_P[n264] if (n264 := len(s263 := o.node_id.encode())) < 8192 else _long(n264)), s263,))
+
+
+def _u270(v: Any) -> bytes:
+    return b"".join((_k270, (_b21(a272) if (a272 := v) else b"\x00"),))
+
+
+def _u275(v: Any) -> bytes:
+    return b"".join((_k275, (_b27(a277) if (a277 := v) else b"\x00"),))
+
+
+def _e_UpdateNode264(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k265, (_P[n268] if (n268 := len(s267 := o.node_id.encode())) < 8192 else _long(n268)), s267, (_k272 if (u269 := o.labels) is None else _u270(u269)), (_k277 if (u274 := o.taints) is None else _u275(u274)),))
+
+
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k260[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k278[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint288(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint306(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n290 = _ZL[buf[pos]]
-    if n290 < 0:
-        n290, pos = _rlong(buf, pos)
-        if n290 < 0:
-            raise _length_error(n290, end - pos)
+    n308 = _ZL[buf[pos]]
+    if n308 < 0:
+        n308, pos = _rlong(buf, pos)
+        if n308 < 0:
+            raise _length_error(n308, end - pos)
     else:
         pos += 1
-    q291 = pos + n290
-    if q291 > end:
-        raise _length_error(n290, end - pos)
-    f_key = buf[pos:q291].decode()
-    pos = q291
-    n292 = _ZL[buf[pos]]
-    if n292 < 0:
-        n292, pos = _rlong(buf, pos)
-        if n292 < 0:
-            raise _length_error(n292, end - pos)
+    q309 = pos + n308
+    if q309 > end:
+        raise _length_error(n308, end - pos)
+    f_key = buf[pos:q309].decode()
+    pos = q309
+    n310 = _ZL[buf[pos]]
+    if n310 < 0:
+        n310, pos = _rlong(buf, pos)
+        if n310 < 0:
+            raise _length_error(n310, end - pos)
     else:
         pos += 1
-    q293 = pos + n292
-    if q293 > end:
-        raise _length_error(n292, end - pos)
-    f_value = buf[pos:q293].decode()
-    pos = q293
-    n294 = _ZL[buf[pos]]
-    if n294 < 0:
-        n294, pos = _rlong(buf, pos)
-        if n294 < 0:
-            raise _length_error(n294, end - pos)
+    q311 = pos + n310
+    if q311 > end:
+        raise _length_error(n310, end - pos)
+    f_value = buf[pos:q311].decode()
+    pos = q311
+    n312 = _ZL[buf[pos]]
+    if n312 < 0:
+        n312, pos = _rlong(buf, pos)
+        if n312 < 0:
+            raise _length_error(n312, end - pos)
     else:
         pos += 1
-    q295 = pos + n294
-    if q295 > end:
-        raise _length_error(n294, end - pos)
-    f_effect = buf[pos:q295].decode()
-    pos = q295
+    q313 = pos + n312
+    if q313 > end:
+        raise _length_error(n312, end - pos)
+    f_effect = buf[pos:q313].decode()
+    pos = q313
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -514,30 +542,30 @@ def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n271 = _ZL[buf[pos]]
-    if n271 < 0:
-        n271, pos = _rlong(buf, pos)
-        if n271 < 0:
-            raise _length_error(n271, end - pos)
+    n289 = _ZL[buf[pos]]
+    if n289 < 0:
+        n289, pos = _rlong(buf, pos)
+        if n289 < 0:
+            raise _length_error(n289, end - pos)
     else:
         pos += 1
-    q272 = pos + n271
-    if q272 > end:
-        raise _length_error(n271, end - pos)
-    f_node_id = buf[pos:q272].decode()
-    pos = q272
-    n273 = _ZL[buf[pos]]
-    if n273 < 0:
-        n273, pos = _rlong(buf, pos)
-        if n273 < 0:
-            raise _length_error(n273, end - pos)
+    q290 = pos + n289
+    if q290 > end:
+        raise _length_error(n289, end - pos)
+    f_node_id = buf[pos:q290].decode()
+    pos = q290
+    n291 = _ZL[buf[pos]]
+    if n291 < 0:
+        n291, pos = _rlong(buf, pos)
+        if n291 < 0:
+            raise _length_error(n291, end - pos)
     else:
         pos += 1
-    q274 = pos + n273
-    if q274 > end:
-        raise _length_error(n273, end - pos)
-    f_gpu_model = buf[pos:q274].decode()
-    pos = q274
+    q292 = pos + n291
+    if q292 > end:
+        raise _length_error(n291, end - pos)
+    f_gpu_model = buf[pos:q292].decode()
+    pos = q292
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -584,281 +612,281 @@ def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc275: dict[str, Any] = {}
+        acc293: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c276 = _ZD[b]
+                c294 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c276 = (z >> 1) ^ -(z & 1)
+                c294 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c276 = (z >> 1) ^ -(z & 1)
+                c294 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c276, pos = _rlong(buf, pos)
-            if c276 == 0:
+                c294, pos = _rlong(buf, pos)
+            if c294 == 0:
                 break
-            if c276 < 0:
-                c276 = -c276
+            if c294 < 0:
+                c294 = -c294
                 b = buf[pos]
                 if b < 128:
-                    z279 = _ZD[b]
+                    z297 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z279 = (z >> 1) ^ -(z & 1)
+                    z297 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z279 = (z >> 1) ^ -(z & 1)
+                    z297 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z279, pos = _rlong(buf, pos)
-            if c276 * 2 > end - pos:
-                raise _count_error(c276, end - pos)
-            for _ in range(c276):
-                n280 = _ZL[buf[pos]]
-                if n280 < 0:
-                    n280, pos = _rlong(buf, pos)
-                    if n280 < 0:
-                        raise _length_error(n280, end - pos)
+                    z297, pos = _rlong(buf, pos)
+            if c294 * 2 > end - pos:
+                raise _count_error(c294, end - pos)
+            for _ in range(c294):
+                n298 = _ZL[buf[pos]]
+                if n298 < 0:
+                    n298, pos = _rlong(buf, pos)
+                    if n298 < 0:
+                        raise _length_error(n298, end - pos)
                 else:
                     pos += 1
-                q281 = pos + n280
-                if q281 > end:
-                    raise _length_error(n280, end - pos)
-                k278 = buf[pos:q281].decode()
-                pos = q281
-                n282 = _ZL[buf[pos]]
-                if n282 < 0:
-                    n282, pos = _rlong(buf, pos)
-                    if n282 < 0:
-                        raise _length_error(n282, end - pos)
+                q299 = pos + n298
+                if q299 > end:
+                    raise _length_error(n298, end - pos)
+                k296 = buf[pos:q299].decode()
+                pos = q299
+                n300 = _ZL[buf[pos]]
+                if n300 < 0:
+                    n300, pos = _rlong(buf, pos)
+                    if n300 < 0:
+                        raise _length_error(n300, end - pos)
                 else:
                     pos += 1
-                q283 = pos + n282
-                if q283 > end:
-                    raise _length_error(n282, end - pos)
-                x277 = buf[pos:q283].decode()
-                pos = q283
-                acc275[k278] = x277
-        f_labels = acc275
+                q301 = pos + n300
+                if q301 > end:
+                    raise _length_error(n300, end - pos)
+                x295 = buf[pos:q301].decode()
+                pos = q301
+                acc293[k296] = x295
+        f_labels = acc293
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc284: list[Any] = []
+        acc302: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c285 = _ZD[b]
+                c303 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c285 = (z >> 1) ^ -(z & 1)
+                c303 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c285 = (z >> 1) ^ -(z & 1)
+                c303 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c285, pos = _rlong(buf, pos)
-            if c285 == 0:
+                c303, pos = _rlong(buf, pos)
+            if c303 == 0:
                 break
-            if c285 < 0:
-                c285 = -c285
+            if c303 < 0:
+                c303 = -c303
                 b = buf[pos]
                 if b < 128:
-                    z288 = _ZD[b]
+                    z306 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z288 = (z >> 1) ^ -(z & 1)
+                    z306 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z288 = (z >> 1) ^ -(z & 1)
+                    z306 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z288, pos = _rlong(buf, pos)
-            if c285 * 3 > end - pos:
-                raise _count_error(c285, end - pos)
-            for _ in range(c285):
-                x286, pos = _d_Taint288(buf, pos, end)
-                acc284.append(x286)
-        f_taints = tuple(acc284)
+                    z306, pos = _rlong(buf, pos)
+            if c303 * 3 > end - pos:
+                raise _count_error(c303, end - pos)
+            for _ in range(c303):
+                x304, pos = _d_Taint306(buf, pos, end)
+                acc302.append(x304)
+        f_taints = tuple(acc302)
     o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
     return o, pos
 
 
-def _d_RemoveNode295(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode313(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n297 = _ZL[buf[pos]]
-    if n297 < 0:
-        n297, pos = _rlong(buf, pos)
-        if n297 < 0:
-            raise _length_error(n297, end - pos)
+    n315 = _ZL[buf[pos]]
+    if n315 < 0:
+        n315, pos = _rlong(buf, pos)
+        if n315 < 0:
+            raise _length_error(n315, end - pos)
     else:
         pos += 1
-    q298 = pos + n297
-    if q298 > end:
-        raise _length_error(n297, end - pos)
-    f_node_id = buf[pos:q298].decode()
-    pos = q298
+    q316 = pos + n315
+    if q316 > end:
+        raise _length_error(n315, end - pos)
+    f_node_id = buf[pos:q316].decode()
+    pos = q316
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode298(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode316(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n300 = _ZL[buf[pos]]
-    if n300 < 0:
-        n300, pos = _rlong(buf, pos)
-        if n300 < 0:
-            raise _length_error(n300, end - pos)
+    n318 = _ZL[buf[pos]]
+    if n318 < 0:
+        n318, pos = _rlong(buf, pos)
+        if n318 < 0:
+            raise _length_error(n318, end - pos)
     else:
         pos += 1
-    q301 = pos + n300
-    if q301 > end:
-        raise _length_error(n300, end - pos)
-    f_node_id = buf[pos:q301].decode()
-    pos = q301
+    q319 = pos + n318
+    if q319 > end:
+        raise _length_error(n318, end - pos)
+    f_node_id = buf[pos:q319].decode()
+    pos = q319
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode301(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode319(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n303 = _ZL[buf[pos]]
-    if n303 < 0:
-        n303, pos = _rlong(buf, pos)
-        if n303 < 0:
-            raise _length_error(n303, end - pos)
+    n321 = _ZL[buf[pos]]
+    if n321 < 0:
+        n321, pos = _rlong(buf, pos)
+        if n321 < 0:
+            raise _length_error(n321, end - pos)
     else:
         pos += 1
-    q304 = pos + n303
-    if q304 > end:
-        raise _length_error(n303, end - pos)
-    f_node_id = buf[pos:q304].decode()
-    pos = q304
+    q322 = pos + n321
+    if q322 > end:
+        raise _length_error(n321, end - pos)
+    f_node_id = buf[pos:q322].decode()
+    pos = q322
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode304(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode322(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
-    n306 = _ZL[buf[pos]]
-    if n306 < 0:
-        n306, pos = _rlong(buf, pos)
-        if n306 < 0:
-            raise _length_error(n306, end - pos)
+    n324 = _ZL[buf[pos]]
+    if n324 < 0:
+        n324, pos = _rlong(buf, pos)
+        if n324 < 0:
+            raise _length_error(n324, end - pos)
     else:
         pos += 1
-    q307 = pos + n306
-    if q307 > end:
-        raise _length_error(n306, end - pos)
-    f_node_id = buf[pos:q307].decode()
-    pos = q307
+    q325 = pos + n324
+    if q325 > end:
+        raise _length_error(n324, end - pos)
+    f_node_id = buf[pos:q325].decode()
+    pos = q325
     o = _c_DrainNode(f_node_id)
     return o, pos
 
 
-def _d_MarkNodeFailed307(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed325(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n309 = _ZL[buf[pos]]
-    if n309 < 0:
-        n309, pos = _rlong(buf, pos)
-        if n309 < 0:
-            raise _length_error(n309, end - pos)
+    n327 = _ZL[buf[pos]]
+    if n327 < 0:
+        n327, pos = _rlong(buf, pos)
+        if n327 < 0:
+            raise _length_error(n327, end - pos)
     else:
         pos += 1
-    q310 = pos + n309
-    if q310 > end:
-        raise _length_error(n309, end - pos)
-    f_node_id = buf[pos:q310].decode()
-    pos = q310
-    n311 = _ZL[buf[pos]]
-    if n311 < 0:
-        n311, pos = _rlong(buf, pos)
-        if n311 < 0:
-            raise _length_error(n311, end - pos)
+    q328 = pos + n327
+    if q328 > end:
+        raise _length_error(n327, end - pos)
+    f_node_id = buf[pos:q328].decode()
+    pos = q328
+    n329 = _ZL[buf[pos]]
+    if n329 < 0:
+        n329, pos = _rlong(buf, pos)
+        if n329 < 0:
+            raise _length_error(n329, end - pos)
     else:
         pos += 1
-    q312 = pos + n311
-    if q312 > end:
-        raise _length_error(n311, end - pos)
-    f_reason = buf[pos:q312].decode()
-    pos = q312
+    q330 = pos + n329
+    if q330 > end:
+        raise _length_error(n329, end - pos)
+    f_reason = buf[pos:q330].decode()
+    pos = q330
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration338(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n340 = _ZL[buf[pos]]
-    if n340 < 0:
-        n340, pos = _rlong(buf, pos)
-        if n340 < 0:
-            raise _length_error(n340, end - pos)
+    n358 = _ZL[buf[pos]]
+    if n358 < 0:
+        n358, pos = _rlong(buf, pos)
+        if n358 < 0:
+            raise _length_error(n358, end - pos)
     else:
         pos += 1
-    q341 = pos + n340
-    if q341 > end:
-        raise _length_error(n340, end - pos)
-    f_key = buf[pos:q341].decode()
-    pos = q341
-    n342 = _ZL[buf[pos]]
-    if n342 < 0:
-        n342, pos = _rlong(buf, pos)
-        if n342 < 0:
-            raise _length_error(n342, end - pos)
+    q359 = pos + n358
+    if q359 > end:
+        raise _length_error(n358, end - pos)
+    f_key = buf[pos:q359].decode()
+    pos = q359
+    n360 = _ZL[buf[pos]]
+    if n360 < 0:
+        n360, pos = _rlong(buf, pos)
+        if n360 < 0:
+            raise _length_error(n360, end - pos)
     else:
         pos += 1
-    q343 = pos + n342
-    if q343 > end:
-        raise _length_error(n342, end - pos)
-    f_operator = buf[pos:q343].decode()
-    pos = q343
-    n344 = _ZL[buf[pos]]
-    if n344 < 0:
-        n344, pos = _rlong(buf, pos)
-        if n344 < 0:
-            raise _length_error(n344, end - pos)
+    q361 = pos + n360
+    if q361 > end:
+        raise _length_error(n360, end - pos)
+    f_operator = buf[pos:q361].decode()
+    pos = q361
+    n362 = _ZL[buf[pos]]
+    if n362 < 0:
+        n362, pos = _rlong(buf, pos)
+        if n362 < 0:
+            raise _length_error(n362, end - pos)
     else:
         pos += 1
-    q345 = pos + n344
-    if q345 > end:
-        raise _length_error(n344, end - pos)
-    f_value = buf[pos:q345].decode()
-    pos = q345
-    n346 = _ZL[buf[pos]]
-    if n346 < 0:
-        n346, pos = _rlong(buf, pos)
-        if n346 < 0:
-            raise _length_error(n346, end - pos)
+    q363 = pos + n362
+    if q363 > end:
+        raise _length_error(n362, end - pos)
+    f_value = buf[pos:q363].decode()
+    pos = q363
+    n364 = _ZL[buf[pos]]
+    if n364 < 0:
+        n364, pos = _rlong(buf, pos)
+        if n364 < 0:
+            raise _length_error(n364, end - pos)
     else:
         pos += 1
-    q347 = pos + n346
-    if q347 > end:
-        raise _length_error(n346, end - pos)
-    f_effect = buf[pos:q347].decode()
-    pos = q347
+    q365 = pos + n364
+    if q365 > end:
+        raise _length_error(n364, end - pos)
+    f_effect = buf[pos:q365].decode()
+    pos = q365
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -874,30 +902,30 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n314 = _ZL[buf[pos]]
-    if n314 < 0:
-        n314, pos = _rlong(buf, pos)
-        if n314 < 0:
-            raise _length_error(n314, end - pos)
+    n332 = _ZL[buf[pos]]
+    if n332 < 0:
+        n332, pos = _rlong(buf, pos)
+        if n332 < 0:
+            raise _length_error(n332, end - pos)
     else:
         pos += 1
-    q315 = pos + n314
-    if q315 > end:
-        raise _length_error(n314, end - pos)
-    f_pod_id = buf[pos:q315].decode()
-    pos = q315
-    n316 = _ZL[buf[pos]]
-    if n316 < 0:
-        n316, pos = _rlong(buf, pos)
-        if n316 < 0:
-            raise _length_error(n316, end - pos)
+    q333 = pos + n332
+    if q333 > end:
+        raise _length_error(n332, end - pos)
+    f_pod_id = buf[pos:q333].decode()
+    pos = q333
+    n334 = _ZL[buf[pos]]
+    if n334 < 0:
+        n334, pos = _rlong(buf, pos)
+        if n334 < 0:
+            raise _length_error(n334, end - pos)
     else:
         pos += 1
-    q317 = pos + n316
-    if q317 > end:
-        raise _length_error(n316, end - pos)
-    f_tenant = buf[pos:q317].decode()
-    pos = q317
+    q335 = pos + n334
+    if q335 > end:
+        raise _length_error(n334, end - pos)
+    f_tenant = buf[pos:q335].decode()
+    pos = q335
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -972,185 +1000,185 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc318: list[Any] = []
+        acc336: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c319 = _ZD[b]
+                c337 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c319 = (z >> 1) ^ -(z & 1)
+                c337 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c319 = (z >> 1) ^ -(z & 1)
+                c337 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c319, pos = _rlong(buf, pos)
-            if c319 == 0:
+                c337, pos = _rlong(buf, pos)
+            if c337 == 0:
                 break
-            if c319 < 0:
-                c319 = -c319
+            if c337 < 0:
+                c337 = -c337
                 b = buf[pos]
                 if b < 128:
-                    z322 = _ZD[b]
+                    z340 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z322 = (z >> 1) ^ -(z & 1)
+                    z340 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z322 = (z >> 1) ^ -(z & 1)
+                    z340 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z322, pos = _rlong(buf, pos)
-            if c319 * 1 > end - pos:
-                raise _count_error(c319, end - pos)
-            for _ in range(c319):
-                n323 = _ZL[buf[pos]]
-                if n323 < 0:
-                    n323, pos = _rlong(buf, pos)
-                    if n323 < 0:
-                        raise _length_error(n323, end - pos)
+                    z340, pos = _rlong(buf, pos)
+            if c337 * 1 > end - pos:
+                raise _count_error(c337, end - pos)
+            for _ in range(c337):
+                n341 = _ZL[buf[pos]]
+                if n341 < 0:
+                    n341, pos = _rlong(buf, pos)
+                    if n341 < 0:
+                        raise _length_error(n341, end - pos)
                 else:
                     pos += 1
-                q324 = pos + n323
-                if q324 > end:
-                    raise _length_error(n323, end - pos)
-                x320 = buf[pos:q324].decode()
-                pos = q324
-                acc318.append(x320)
-        f_gpu_models = tuple(acc318)
+                q342 = pos + n341
+                if q342 > end:
+                    raise _length_error(n341, end - pos)
+                x338 = buf[pos:q342].decode()
+                pos = q342
+                acc336.append(x338)
+        f_gpu_models = tuple(acc336)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc325: dict[str, Any] = {}
+        acc343: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c326 = _ZD[b]
+                c344 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c326 = (z >> 1) ^ -(z & 1)
+                c344 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c326 = (z >> 1) ^ -(z & 1)
+                c344 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c326, pos = _rlong(buf, pos)
-            if c326 == 0:
+                c344, pos = _rlong(buf, pos)
+            if c344 == 0:
                 break
-            if c326 < 0:
-                c326 = -c326
+            if c344 < 0:
+                c344 = -c344
                 b = buf[pos]
                 if b < 128:
-                    z329 = _ZD[b]
+                    z347 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z329 = (z >> 1) ^ -(z & 1)
+                    z347 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z329 = (z >> 1) ^ -(z & 1)
+                    z347 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z329, pos = _rlong(buf, pos)
-            if c326 * 2 > end - pos:
-                raise _count_error(c326, end - pos)
-            for _ in range(c326):
-                n330 = _ZL[buf[pos]]
-                if n330 < 0:
-                    n330, pos = _rlong(buf, pos)
-                    if n330 < 0:
-                        raise _length_error(n330, end - pos)
+                    z347, pos = _rlong(buf, pos)
+            if c344 * 2 > end - pos:
+                raise _count_error(c344, end - pos)
+            for _ in range(c344):
+                n348 = _ZL[buf[pos]]
+                if n348 < 0:
+                    n348, pos = _rlong(buf, pos)
+                    if n348 < 0:
+                        raise _length_error(n348, end - pos)
                 else:
                     pos += 1
-                q331 = pos + n330
-                if q331 > end:
-                    raise _length_error(n330, end - pos)
-                k328 = buf[pos:q331].decode()
-                pos = q331
-                n332 = _ZL[buf[pos]]
-                if n332 < 0:
-                    n332, pos = _rlong(buf, pos)
-                    if n332 < 0:
-                        raise _length_error(n332, end - pos)
+                q349 = pos + n348
+                if q349 > end:
+                    raise _length_error(n348, end - pos)
+                k346 = buf[pos:q349].decode()
+                pos = q349
+                n350 = _ZL[buf[pos]]
+                if n350 < 0:
+                    n350, pos = _rlong(buf, pos)
+                    if n350 < 0:
+                        raise _length_error(n350, end - pos)
                 else:
                     pos += 1
-                q333 = pos + n332
-                if q333 > end:
-                    raise _length_error(n332, end - pos)
-                x327 = buf[pos:q333].decode()
-                pos = q333
-                acc325[k328] = x327
-        f_node_selector = acc325
+                q351 = pos + n350
+                if q351 > end:
+                    raise _length_error(n350, end - pos)
+                x345 = buf[pos:q351].decode()
+                pos = q351
+                acc343[k346] = x345
+        f_node_selector = acc343
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc334: list[Any] = []
+        acc352: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c335 = _ZD[b]
+                c353 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c335 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c335 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c335, pos = _rlong(buf, pos)
-            if c335 == 0:
+                c353, pos = _rlong(buf, pos)
+            if c353 == 0:
                 break
-            if c335 < 0:
-                c335 = -c335
+            if c353 < 0:
+                c353 = -c353
                 b = buf[pos]
                 if b < 128:
-                    z338 = _ZD[b]
+                    z356 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z338 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z338 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z338, pos = _rlong(buf, pos)
-            if c335 * 4 > end - pos:
-                raise _count_error(c335, end - pos)
-            for _ in range(c335):
-                x336, pos = _d_Toleration338(buf, pos, end)
-                acc334.append(x336)
-        f_tolerations = tuple(acc334)
+                    z356, pos = _rlong(buf, pos)
+            if c353 * 4 > end - pos:
+                raise _count_error(c353, end - pos)
+            for _ in range(c353):
+                x354, pos = _d_Toleration356(buf, pos, end)
+                acc352.append(x354)
+        f_tolerations = tuple(acc352)
     b = buf[pos]
     if b < 128:
-        i348 = _ZD[b]
+        i366 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i348 = (z >> 1) ^ -(z & 1)
+        i366 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i348 = (z >> 1) ^ -(z & 1)
+        i366 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i348, pos = _rlong(buf, pos)
-    if i348 == 0:
+        i366, pos = _rlong(buf, pos)
+    if i366 == 0:
         f_time_limit_ms = None
-    elif i348 == 1:
+    elif i366 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1166,124 +1194,124 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i348, 2)
+        raise _union_error(i366, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc349: list[Any] = []
+        acc367: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c350 = _ZD[b]
+                c368 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c350 = (z >> 1) ^ -(z & 1)
+                c368 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c350 = (z >> 1) ^ -(z & 1)
+                c368 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c350, pos = _rlong(buf, pos)
-            if c350 == 0:
+                c368, pos = _rlong(buf, pos)
+            if c368 == 0:
                 break
-            if c350 < 0:
-                c350 = -c350
+            if c368 < 0:
+                c368 = -c368
                 b = buf[pos]
                 if b < 128:
-                    z353 = _ZD[b]
+                    z371 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z371 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z371 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z353, pos = _rlong(buf, pos)
-            if c350 * 1 > end - pos:
-                raise _count_error(c350, end - pos)
-            for _ in range(c350):
-                n354 = _ZL[buf[pos]]
-                if n354 < 0:
-                    n354, pos = _rlong(buf, pos)
-                    if n354 < 0:
-                        raise _length_error(n354, end - pos)
+                    z371, pos = _rlong(buf, pos)
+            if c368 * 1 > end - pos:
+                raise _count_error(c368, end - pos)
+            for _ in range(c368):
+                n372 = _ZL[buf[pos]]
+                if n372 < 0:
+                    n372, pos = _rlong(buf, pos)
+                    if n372 < 0:
+                        raise _length_error(n372, end - pos)
                 else:
                     pos += 1
-                q355 = pos + n354
-                if q355 > end:
-                    raise _length_error(n354, end - pos)
-                x351 = buf[pos:q355].decode()
-                pos = q355
-                acc349.append(x351)
-        f_depends_on = tuple(acc349)
-    n356 = _ZL[buf[pos]]
-    if n356 < 0:
-        n356, pos = _rlong(buf, pos)
-        if n356 < 0:
-            raise _length_error(n356, end - pos)
+                q373 = pos + n372
+                if q373 > end:
+                    raise _length_error(n372, end - pos)
+                x369 = buf[pos:q373].decode()
+                pos = q373
+                acc367.append(x369)
+        f_depends_on = tuple(acc367)
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q357 = pos + n356
-    if q357 > end:
-        raise _length_error(n356, end - pos)
-    f_dependency = buf[pos:q357].decode()
-    pos = q357
-    n358 = _ZL[buf[pos]]
-    if n358 < 0:
-        n358, pos = _rlong(buf, pos)
-        if n358 < 0:
-            raise _length_error(n358, end - pos)
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_dependency = buf[pos:q375].decode()
+    pos = q375
+    n376 = _ZL[buf[pos]]
+    if n376 < 0:
+        n376, pos = _rlong(buf, pos)
+        if n376 < 0:
+            raise _length_error(n376, end - pos)
     else:
         pos += 1
-    q359 = pos + n358
-    if q359 > end:
-        raise _length_error(n358, end - pos)
-    f_preemption = buf[pos:q359].decode()
-    pos = q359
+    q377 = pos + n376
+    if q377 > end:
+        raise _length_error(n376, end - pos)
+    f_preemption = buf[pos:q377].decode()
+    pos = q377
     f_movable = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
     return o, pos
 
 
-def _d_Release359(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release377(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    n379 = _ZL[buf[pos]]
+    if n379 < 0:
+        n379, pos = _rlong(buf, pos)
+        if n379 < 0:
+            raise _length_error(n379, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_pod_id = buf[pos:q362].decode()
-    pos = q362
-    n363 = _ZL[buf[pos]]
-    if n363 < 0:
-        n363, pos = _rlong(buf, pos)
-        if n363 < 0:
-            raise _length_error(n363, end - pos)
+    q380 = pos + n379
+    if q380 > end:
+        raise _length_error(n379, end - pos)
+    f_pod_id = buf[pos:q380].decode()
+    pos = q380
+    n381 = _ZL[buf[pos]]
+    if n381 < 0:
+        n381, pos = _rlong(buf, pos)
+        if n381 < 0:
+            raise _length_error(n381, end - pos)
     else:
         pos += 1
-    q364 = pos + n363
-    if q364 > end:
-        raise _length_error(n363, end - pos)
-    f_reason = buf[pos:q364].decode()
-    pos = q364
+    q382 = pos + n381
+    if q382 > end:
+        raise _length_error(n381, end - pos)
+    f_reason = buf[pos:q382].decode()
+    pos = q382
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1293,121 +1321,121 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_weight: int
     b = buf[pos]
     if b < 128:
-        i373 = _ZD[b]
+        i391 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i373 = (z >> 1) ^ -(z & 1)
+        i391 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i373 = (z >> 1) ^ -(z & 1)
+        i391 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i373, pos = _rlong(buf, pos)
-    if i373 == 0:
+        i391, pos = _rlong(buf, pos)
+    if i391 == 0:
         f_cohort = None
-    elif i373 == 1:
-        n374 = _ZL[buf[pos]]
-        if n374 < 0:
-            n374, pos = _rlong(buf, pos)
-            if n374 < 0:
-                raise _length_error(n374, end - pos)
+    elif i391 == 1:
+        n392 = _ZL[buf[pos]]
+        if n392 < 0:
+            n392, pos = _rlong(buf, pos)
+            if n392 < 0:
+                raise _length_error(n392, end - pos)
         else:
             pos += 1
-        q375 = pos + n374
-        if q375 > end:
-            raise _length_error(n374, end - pos)
-        f_cohort = buf[pos:q375].decode()
-        pos = q375
+        q393 = pos + n392
+        if q393 > end:
+            raise _length_error(n392, end - pos)
+        f_cohort = buf[pos:q393].decode()
+        pos = q393
     else:
-        raise _union_error(i373, 2)
+        raise _union_error(i391, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc376: dict[str, Any] = {}
+        acc394: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c377 = _ZD[b]
+                c395 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c377 = (z >> 1) ^ -(z & 1)
+                c395 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c377 = (z >> 1) ^ -(z & 1)
+                c395 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c377, pos = _rlong(buf, pos)
-            if c377 == 0:
+                c395, pos = _rlong(buf, pos)
+            if c395 == 0:
                 break
-            if c377 < 0:
-                c377 = -c377
+            if c395 < 0:
+                c395 = -c395
                 b = buf[pos]
                 if b < 128:
-                    z380 = _ZD[b]
+                    z398 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z398 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z398 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z380, pos = _rlong(buf, pos)
-            if c377 * 2 > end - pos:
-                raise _count_error(c377, end - pos)
-            for _ in range(c377):
-                n381 = _ZL[buf[pos]]
-                if n381 < 0:
-                    n381, pos = _rlong(buf, pos)
-                    if n381 < 0:
-                        raise _length_error(n381, end - pos)
+                    z398, pos = _rlong(buf, pos)
+            if c395 * 2 > end - pos:
+                raise _count_error(c395, end - pos)
+            for _ in range(c395):
+                n399 = _ZL[buf[pos]]
+                if n399 < 0:
+                    n399, pos = _rlong(buf, pos)
+                    if n399 < 0:
+                        raise _length_error(n399, end - pos)
                 else:
                     pos += 1
-                q382 = pos + n381
-                if q382 > end:
-                    raise _length_error(n381, end - pos)
-                k379 = buf[pos:q382].decode()
-                pos = q382
+                q400 = pos + n399
+                if q400 > end:
+                    raise _length_error(n399, end - pos)
+                k397 = buf[pos:q400].decode()
+                pos = q400
                 b = buf[pos]
                 if b < 128:
-                    x378 = _ZD[b]
+                    x396 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x378 = (z >> 1) ^ -(z & 1)
+                    x396 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x378 = (z >> 1) ^ -(z & 1)
+                    x396 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x378, pos = _rlong(buf, pos)
-                acc376[k379] = x378
-        f_nominal_gpus = acc376
+                    x396, pos = _rlong(buf, pos)
+                acc394[k397] = x396
+        f_nominal_gpus = acc394
     b = buf[pos]
     if b < 128:
-        i383 = _ZD[b]
+        i401 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i383 = (z >> 1) ^ -(z & 1)
+        i401 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i383 = (z >> 1) ^ -(z & 1)
+        i401 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i383, pos = _rlong(buf, pos)
-    if i383 == 0:
+        i401, pos = _rlong(buf, pos)
+    if i401 == 0:
         f_nominal_cpu_milli = None
-    elif i383 == 1:
+    elif i401 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1423,24 +1451,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i383, 2)
+        raise _union_error(i401, 2)
     b = buf[pos]
     if b < 128:
-        i384 = _ZD[b]
+        i402 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i384 = (z >> 1) ^ -(z & 1)
+        i402 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i384 = (z >> 1) ^ -(z & 1)
+        i402 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i384, pos = _rlong(buf, pos)
-    if i384 == 0:
+        i402, pos = _rlong(buf, pos)
+    if i402 == 0:
         f_nominal_memory_mib = None
-    elif i384 == 1:
+    elif i402 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1456,24 +1484,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i384, 2)
+        raise _union_error(i402, 2)
     b = buf[pos]
     if b < 128:
-        i385 = _ZD[b]
+        i403 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i385 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i385 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i385, pos = _rlong(buf, pos)
-    if i385 == 0:
+        i403, pos = _rlong(buf, pos)
+    if i403 == 0:
         f_borrowing_limit_gpus = None
-    elif i385 == 1:
+    elif i403 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1489,24 +1517,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i385, 2)
+        raise _union_error(i403, 2)
     b = buf[pos]
     if b < 128:
-        i386 = _ZD[b]
+        i404 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i386 = (z >> 1) ^ -(z & 1)
+        i404 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i386 = (z >> 1) ^ -(z & 1)
+        i404 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i386, pos = _rlong(buf, pos)
-    if i386 == 0:
+        i404, pos = _rlong(buf, pos)
+    if i404 == 0:
         f_lending_limit_gpus = None
-    elif i386 == 1:
+    elif i404 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1522,7 +1550,7 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i386, 2)
+        raise _union_error(i404, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1541,41 +1569,41 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    n384 = _ZL[buf[pos]]
+    if n384 < 0:
+        n384, pos = _rlong(buf, pos)
+        if n384 < 0:
+            raise _length_error(n384, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_policy = buf[pos:q367].decode()
-    pos = q367
+    q385 = pos + n384
+    if q385 > end:
+        raise _length_error(n384, end - pos)
+    f_policy = buf[pos:q385].decode()
+    pos = q385
     b = buf[pos]
     if b < 128:
-        i368 = _ZD[b]
+        i386 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i368 = (z >> 1) ^ -(z & 1)
+        i386 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i368 = (z >> 1) ^ -(z & 1)
+        i386 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i368, pos = _rlong(buf, pos)
-    if i368 == 0:
+        i386, pos = _rlong(buf, pos)
+    if i386 == 0:
         f_reserve_after_ms = None
-    elif i368 == 1:
+    elif i386 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1591,56 +1619,56 @@ def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i368, 2)
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+        raise _union_error(i386, 2)
+    n387 = _ZL[buf[pos]]
+    if n387 < 0:
+        n387, pos = _rlong(buf, pos)
+        if n387 < 0:
+            raise _length_error(n387, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_queue_order = buf[pos:q370].decode()
-    pos = q370
+    q388 = pos + n387
+    if q388 > end:
+        raise _length_error(n387, end - pos)
+    f_queue_order = buf[pos:q388].decode()
+    pos = q388
     b = buf[pos]
     if b < 128:
-        i371 = _ZD[b]
+        i389 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i371 = (z >> 1) ^ -(z & 1)
+        i389 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i371 = (z >> 1) ^ -(z & 1)
+        i389 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i371, pos = _rlong(buf, pos)
-    if i371 == 0:
+        i389, pos = _rlong(buf, pos)
+    if i389 == 0:
         f_default_quota = None
-    elif i371 == 1:
-        f_default_quota, pos = _d_Quota371(buf, pos, end)
+    elif i389 == 1:
+        f_default_quota, pos = _d_Quota389(buf, pos, end)
     else:
-        raise _union_error(i371, 2)
+        raise _union_error(i389, 2)
     b = buf[pos]
     if b < 128:
-        i387 = _ZD[b]
+        i405 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i387 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i387 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i387, pos = _rlong(buf, pos)
-    if i387 == 0:
+        i405, pos = _rlong(buf, pos)
+    if i405 == 0:
         f_max_clock_jump_ms = None
-    elif i387 == 1:
+    elif i405 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1656,12 +1684,12 @@ def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i387, 2)
+        raise _union_error(i405, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1670,18 +1698,18 @@ def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_pod_id = buf[pos:q400].decode()
-    pos = q400
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_pod_id = buf[pos:q418].decode()
+    pos = q418
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1742,173 +1770,173 @@ def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc401: list[Any] = []
+        acc419: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c402 = _ZD[b]
+                c420 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c402 = (z >> 1) ^ -(z & 1)
+                c420 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c402 = (z >> 1) ^ -(z & 1)
+                c420 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c402, pos = _rlong(buf, pos)
-            if c402 == 0:
+                c420, pos = _rlong(buf, pos)
+            if c420 == 0:
                 break
-            if c402 < 0:
-                c402 = -c402
+            if c420 < 0:
+                c420 = -c420
                 b = buf[pos]
                 if b < 128:
-                    z405 = _ZD[b]
+                    z423 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z405 = (z >> 1) ^ -(z & 1)
+                    z423 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z405 = (z >> 1) ^ -(z & 1)
+                    z423 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z405, pos = _rlong(buf, pos)
-            if c402 * 1 > end - pos:
-                raise _count_error(c402, end - pos)
-            for _ in range(c402):
-                n406 = _ZL[buf[pos]]
-                if n406 < 0:
-                    n406, pos = _rlong(buf, pos)
-                    if n406 < 0:
-                        raise _length_error(n406, end - pos)
+                    z423, pos = _rlong(buf, pos)
+            if c420 * 1 > end - pos:
+                raise _count_error(c420, end - pos)
+            for _ in range(c420):
+                n424 = _ZL[buf[pos]]
+                if n424 < 0:
+                    n424, pos = _rlong(buf, pos)
+                    if n424 < 0:
+                        raise _length_error(n424, end - pos)
                 else:
                     pos += 1
-                q407 = pos + n406
-                if q407 > end:
-                    raise _length_error(n406, end - pos)
-                x403 = buf[pos:q407].decode()
-                pos = q407
-                acc401.append(x403)
-        f_gpu_models = tuple(acc401)
+                q425 = pos + n424
+                if q425 > end:
+                    raise _length_error(n424, end - pos)
+                x421 = buf[pos:q425].decode()
+                pos = q425
+                acc419.append(x421)
+        f_gpu_models = tuple(acc419)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc408: dict[str, Any] = {}
+        acc426: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c409 = _ZD[b]
+                c427 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c409 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c409 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c409, pos = _rlong(buf, pos)
-            if c409 == 0:
+                c427, pos = _rlong(buf, pos)
+            if c427 == 0:
                 break
-            if c409 < 0:
-                c409 = -c409
+            if c427 < 0:
+                c427 = -c427
                 b = buf[pos]
                 if b < 128:
-                    z412 = _ZD[b]
+                    z430 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z412, pos = _rlong(buf, pos)
-            if c409 * 2 > end - pos:
-                raise _count_error(c409, end - pos)
-            for _ in range(c409):
-                n413 = _ZL[buf[pos]]
-                if n413 < 0:
-                    n413, pos = _rlong(buf, pos)
-                    if n413 < 0:
-                        raise _length_error(n413, end - pos)
+                    z430, pos = _rlong(buf, pos)
+            if c427 * 2 > end - pos:
+                raise _count_error(c427, end - pos)
+            for _ in range(c427):
+                n431 = _ZL[buf[pos]]
+                if n431 < 0:
+                    n431, pos = _rlong(buf, pos)
+                    if n431 < 0:
+                        raise _length_error(n431, end - pos)
                 else:
                     pos += 1
-                q414 = pos + n413
-                if q414 > end:
-                    raise _length_error(n413, end - pos)
-                k411 = buf[pos:q414].decode()
-                pos = q414
-                n415 = _ZL[buf[pos]]
-                if n415 < 0:
-                    n415, pos = _rlong(buf, pos)
-                    if n415 < 0:
-                        raise _length_error(n415, end - pos)
+                q432 = pos + n431
+                if q432 > end:
+                    raise _length_error(n431, end - pos)
+                k429 = buf[pos:q432].decode()
+                pos = q432
+                n433 = _ZL[buf[pos]]
+                if n433 < 0:
+                    n433, pos = _rlong(buf, pos)
+                    if n433 < 0:
+                        raise _length_error(n433, end - pos)
                 else:
                     pos += 1
-                q416 = pos + n415
-                if q416 > end:
-                    raise _length_error(n415, end - pos)
-                x410 = buf[pos:q416].decode()
-                pos = q416
-                acc408[k411] = x410
-        f_node_selector = acc408
+                q434 = pos + n433
+                if q434 > end:
+                    raise _length_error(n433, end - pos)
+                x428 = buf[pos:q434].decode()
+                pos = q434
+                acc426[k429] = x428
+        f_node_selector = acc426
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc417: list[Any] = []
+        acc435: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c418 = _ZD[b]
+                c436 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c418 = (z >> 1) ^ -(z & 1)
+                c436 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c418 = (z >> 1) ^ -(z & 1)
+                c436 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c418, pos = _rlong(buf, pos)
-            if c418 == 0:
+                c436, pos = _rlong(buf, pos)
+            if c436 == 0:
                 break
-            if c418 < 0:
-                c418 = -c418
+            if c436 < 0:
+                c436 = -c436
                 b = buf[pos]
                 if b < 128:
-                    z421 = _ZD[b]
+                    z439 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z421 = (z >> 1) ^ -(z & 1)
+                    z439 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z421 = (z >> 1) ^ -(z & 1)
+                    z439 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z421, pos = _rlong(buf, pos)
-            if c418 * 4 > end - pos:
-                raise _count_error(c418, end - pos)
-            for _ in range(c418):
-                x419, pos = _d_Toleration338(buf, pos, end)
-                acc417.append(x419)
-        f_tolerations = tuple(acc417)
+                    z439, pos = _rlong(buf, pos)
+            if c436 * 4 > end - pos:
+                raise _count_error(c436, end - pos)
+            for _ in range(c436):
+                x437, pos = _d_Toleration356(buf, pos, end)
+                acc435.append(x437)
+        f_tolerations = tuple(acc435)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1921,30 +1949,30 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n389 = _ZL[buf[pos]]
-    if n389 < 0:
-        n389, pos = _rlong(buf, pos)
-        if n389 < 0:
-            raise _length_error(n389, end - pos)
+    n407 = _ZL[buf[pos]]
+    if n407 < 0:
+        n407, pos = _rlong(buf, pos)
+        if n407 < 0:
+            raise _length_error(n407, end - pos)
     else:
         pos += 1
-    q390 = pos + n389
-    if q390 > end:
-        raise _length_error(n389, end - pos)
-    f_gang_id = buf[pos:q390].decode()
-    pos = q390
-    n391 = _ZL[buf[pos]]
-    if n391 < 0:
-        n391, pos = _rlong(buf, pos)
-        if n391 < 0:
-            raise _length_error(n391, end - pos)
+    q408 = pos + n407
+    if q408 > end:
+        raise _length_error(n407, end - pos)
+    f_gang_id = buf[pos:q408].decode()
+    pos = q408
+    n409 = _ZL[buf[pos]]
+    if n409 < 0:
+        n409, pos = _rlong(buf, pos)
+        if n409 < 0:
+            raise _length_error(n409, end - pos)
     else:
         pos += 1
-    q392 = pos + n391
-    if q392 > end:
-        raise _length_error(n391, end - pos)
-    f_tenant = buf[pos:q392].decode()
-    pos = q392
+    q410 = pos + n409
+    if q410 > end:
+        raise _length_error(n409, end - pos)
+    f_tenant = buf[pos:q410].decode()
+    pos = q410
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1963,63 +1991,63 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc393: list[Any] = []
+        acc411: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c394 = _ZD[b]
+                c412 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c394 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c394 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c394, pos = _rlong(buf, pos)
-            if c394 == 0:
+                c412, pos = _rlong(buf, pos)
+            if c412 == 0:
                 break
-            if c394 < 0:
-                c394 = -c394
+            if c412 < 0:
+                c412 = -c412
                 b = buf[pos]
                 if b < 128:
-                    z397 = _ZD[b]
+                    z415 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z397 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z397 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z397, pos = _rlong(buf, pos)
-            if c394 * 8 > end - pos:
-                raise _count_error(c394, end - pos)
-            for _ in range(c394):
-                x395, pos = _d_GangMember397(buf, pos, end)
-                acc393.append(x395)
-        f_members = tuple(acc393)
+                    z415, pos = _rlong(buf, pos)
+            if c412 * 8 > end - pos:
+                raise _count_error(c412, end - pos)
+            for _ in range(c412):
+                x413, pos = _d_GangMember415(buf, pos, end)
+                acc411.append(x413)
+        f_members = tuple(acc411)
     b = buf[pos]
     if b < 128:
-        i422 = _ZD[b]
+        i440 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i422 = (z >> 1) ^ -(z & 1)
+        i440 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i422 = (z >> 1) ^ -(z & 1)
+        i440 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i422, pos = _rlong(buf, pos)
-    if i422 == 0:
+        i440, pos = _rlong(buf, pos)
+    if i440 == 0:
         f_min_members = None
-    elif i422 == 1:
+    elif i440 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2035,86 +2063,86 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i422, 2)
+        raise _union_error(i440, 2)
     b = buf[pos]
     if b < 128:
-        i423 = _ZD[b]
+        i441 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i423 = (z >> 1) ^ -(z & 1)
+        i441 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i423 = (z >> 1) ^ -(z & 1)
+        i441 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i423, pos = _rlong(buf, pos)
-    if i423 == 0:
+        i441, pos = _rlong(buf, pos)
+    if i441 == 0:
         f_topology_required = None
-    elif i423 == 1:
-        n424 = _ZL[buf[pos]]
-        if n424 < 0:
-            n424, pos = _rlong(buf, pos)
-            if n424 < 0:
-                raise _length_error(n424, end - pos)
+    elif i441 == 1:
+        n442 = _ZL[buf[pos]]
+        if n442 < 0:
+            n442, pos = _rlong(buf, pos)
+            if n442 < 0:
+                raise _length_error(n442, end - pos)
         else:
             pos += 1
-        q425 = pos + n424
-        if q425 > end:
-            raise _length_error(n424, end - pos)
-        f_topology_required = buf[pos:q425].decode()
-        pos = q425
+        q443 = pos + n442
+        if q443 > end:
+            raise _length_error(n442, end - pos)
+        f_topology_required = buf[pos:q443].decode()
+        pos = q443
     else:
-        raise _union_error(i423, 2)
+        raise _union_error(i441, 2)
     b = buf[pos]
     if b < 128:
-        i426 = _ZD[b]
+        i444 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i426 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i426 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i426, pos = _rlong(buf, pos)
-    if i426 == 0:
+        i444, pos = _rlong(buf, pos)
+    if i444 == 0:
         f_topology_preferred = None
-    elif i426 == 1:
-        n427 = _ZL[buf[pos]]
-        if n427 < 0:
-            n427, pos = _rlong(buf, pos)
-            if n427 < 0:
-                raise _length_error(n427, end - pos)
+    elif i444 == 1:
+        n445 = _ZL[buf[pos]]
+        if n445 < 0:
+            n445, pos = _rlong(buf, pos)
+            if n445 < 0:
+                raise _length_error(n445, end - pos)
         else:
             pos += 1
-        q428 = pos + n427
-        if q428 > end:
-            raise _length_error(n427, end - pos)
-        f_topology_preferred = buf[pos:q428].decode()
-        pos = q428
+        q446 = pos + n445
+        if q446 > end:
+            raise _length_error(n445, end - pos)
+        f_topology_preferred = buf[pos:q446].decode()
+        pos = q446
     else:
-        raise _union_error(i426, 2)
+        raise _union_error(i444, 2)
     b = buf[pos]
     if b < 128:
-        i429 = _ZD[b]
+        i447 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i429 = (z >> 1) ^ -(z & 1)
+        i447 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i429 = (z >> 1) ^ -(z & 1)
+        i447 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i429, pos = _rlong(buf, pos)
-    if i429 == 0:
+        i447, pos = _rlong(buf, pos)
+    if i447 == 0:
         f_timeout_ms = None
-    elif i429 == 1:
+    elif i447 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2130,24 +2158,24 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i429, 2)
+        raise _union_error(i447, 2)
     b = buf[pos]
     if b < 128:
-        i430 = _ZD[b]
+        i448 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i430 = (z >> 1) ^ -(z & 1)
+        i448 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i430 = (z >> 1) ^ -(z & 1)
+        i448 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i430, pos = _rlong(buf, pos)
-    if i430 == 0:
+        i448, pos = _rlong(buf, pos)
+    if i448 == 0:
         f_time_limit_ms = None
-    elif i430 == 1:
+    elif i448 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2163,122 +2191,122 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i430, 2)
+        raise _union_error(i448, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc431: list[Any] = []
+        acc449: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c432 = _ZD[b]
+                c450 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c432 = (z >> 1) ^ -(z & 1)
+                c450 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c432 = (z >> 1) ^ -(z & 1)
+                c450 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c432, pos = _rlong(buf, pos)
-            if c432 == 0:
+                c450, pos = _rlong(buf, pos)
+            if c450 == 0:
                 break
-            if c432 < 0:
-                c432 = -c432
+            if c450 < 0:
+                c450 = -c450
                 b = buf[pos]
                 if b < 128:
-                    z435 = _ZD[b]
+                    z453 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z435 = (z >> 1) ^ -(z & 1)
+                    z453 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z435 = (z >> 1) ^ -(z & 1)
+                    z453 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z435, pos = _rlong(buf, pos)
-            if c432 * 1 > end - pos:
-                raise _count_error(c432, end - pos)
-            for _ in range(c432):
-                n436 = _ZL[buf[pos]]
-                if n436 < 0:
-                    n436, pos = _rlong(buf, pos)
-                    if n436 < 0:
-                        raise _length_error(n436, end - pos)
+                    z453, pos = _rlong(buf, pos)
+            if c450 * 1 > end - pos:
+                raise _count_error(c450, end - pos)
+            for _ in range(c450):
+                n454 = _ZL[buf[pos]]
+                if n454 < 0:
+                    n454, pos = _rlong(buf, pos)
+                    if n454 < 0:
+                        raise _length_error(n454, end - pos)
                 else:
                     pos += 1
-                q437 = pos + n436
-                if q437 > end:
-                    raise _length_error(n436, end - pos)
-                x433 = buf[pos:q437].decode()
-                pos = q437
-                acc431.append(x433)
-        f_depends_on = tuple(acc431)
-    n438 = _ZL[buf[pos]]
-    if n438 < 0:
-        n438, pos = _rlong(buf, pos)
-        if n438 < 0:
-            raise _length_error(n438, end - pos)
+                q455 = pos + n454
+                if q455 > end:
+                    raise _length_error(n454, end - pos)
+                x451 = buf[pos:q455].decode()
+                pos = q455
+                acc449.append(x451)
+        f_depends_on = tuple(acc449)
+    n456 = _ZL[buf[pos]]
+    if n456 < 0:
+        n456, pos = _rlong(buf, pos)
+        if n456 < 0:
+            raise _length_error(n456, end - pos)
     else:
         pos += 1
-    q439 = pos + n438
-    if q439 > end:
-        raise _length_error(n438, end - pos)
-    f_dependency = buf[pos:q439].decode()
-    pos = q439
-    n440 = _ZL[buf[pos]]
-    if n440 < 0:
-        n440, pos = _rlong(buf, pos)
-        if n440 < 0:
-            raise _length_error(n440, end - pos)
+    q457 = pos + n456
+    if q457 > end:
+        raise _length_error(n456, end - pos)
+    f_dependency = buf[pos:q457].decode()
+    pos = q457
+    n458 = _ZL[buf[pos]]
+    if n458 < 0:
+        n458, pos = _rlong(buf, pos)
+        if n458 < 0:
+            raise _length_error(n458, end - pos)
     else:
         pos += 1
-    q441 = pos + n440
-    if q441 > end:
-        raise _length_error(n440, end - pos)
-    f_preemption = buf[pos:q441].decode()
-    pos = q441
+    q459 = pos + n458
+    if q459 > end:
+        raise _length_error(n458, end - pos)
+    f_preemption = buf[pos:q459].decode()
+    pos = q459
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
     return o, pos
 
 
-def _d_ReleaseGang441(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang459(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n443 = _ZL[buf[pos]]
-    if n443 < 0:
-        n443, pos = _rlong(buf, pos)
-        if n443 < 0:
-            raise _length_error(n443, end - pos)
+    n461 = _ZL[buf[pos]]
+    if n461 < 0:
+        n461, pos = _rlong(buf, pos)
+        if n461 < 0:
+            raise _length_error(n461, end - pos)
     else:
         pos += 1
-    q444 = pos + n443
-    if q444 > end:
-        raise _length_error(n443, end - pos)
-    f_gang_id = buf[pos:q444].decode()
-    pos = q444
-    n445 = _ZL[buf[pos]]
-    if n445 < 0:
-        n445, pos = _rlong(buf, pos)
-        if n445 < 0:
-            raise _length_error(n445, end - pos)
+    q462 = pos + n461
+    if q462 > end:
+        raise _length_error(n461, end - pos)
+    f_gang_id = buf[pos:q462].decode()
+    pos = q462
+    n463 = _ZL[buf[pos]]
+    if n463 < 0:
+        n463, pos = _rlong(buf, pos)
+        if n463 < 0:
+            raise _length_error(n463, end - pos)
     else:
         pos += 1
-    q446 = pos + n445
-    if q446 > end:
-        raise _length_error(n445, end - pos)
-    f_reason = buf[pos:q446].decode()
-    pos = q446
+    q464 = pos + n463
+    if q464 > end:
+        raise _length_error(n463, end - pos)
+    f_reason = buf[pos:q464].decode()
+    pos = q464
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick446(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick464(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2289,7 +2317,7 @@ def _d_Tick446(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2298,135 +2326,135 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n449 = _ZL[buf[pos]]
-    if n449 < 0:
-        n449, pos = _rlong(buf, pos)
-        if n449 < 0:
-            raise _length_error(n449, end - pos)
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
     else:
         pos += 1
-    q450 = pos + n449
-    if q450 > end:
-        raise _length_error(n449, end - pos)
-    f_tenant = buf[pos:q450].decode()
-    pos = q450
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_tenant = buf[pos:q468].decode()
+    pos = q468
     b = buf[pos]
     if b < 128:
-        i451 = _ZD[b]
+        i469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i451 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i451 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i451, pos = _rlong(buf, pos)
-    if i451 == 0:
+        i469, pos = _rlong(buf, pos)
+    if i469 == 0:
         f_cohort = None
-    elif i451 == 1:
-        n452 = _ZL[buf[pos]]
-        if n452 < 0:
-            n452, pos = _rlong(buf, pos)
-            if n452 < 0:
-                raise _length_error(n452, end - pos)
+    elif i469 == 1:
+        n470 = _ZL[buf[pos]]
+        if n470 < 0:
+            n470, pos = _rlong(buf, pos)
+            if n470 < 0:
+                raise _length_error(n470, end - pos)
         else:
             pos += 1
-        q453 = pos + n452
-        if q453 > end:
-            raise _length_error(n452, end - pos)
-        f_cohort = buf[pos:q453].decode()
-        pos = q453
+        q471 = pos + n470
+        if q471 > end:
+            raise _length_error(n470, end - pos)
+        f_cohort = buf[pos:q471].decode()
+        pos = q471
     else:
-        raise _union_error(i451, 2)
+        raise _union_error(i469, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc454: dict[str, Any] = {}
+        acc472: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c455 = _ZD[b]
+                c473 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c455 = (z >> 1) ^ -(z & 1)
+                c473 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c455 = (z >> 1) ^ -(z & 1)
+                c473 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c455, pos = _rlong(buf, pos)
-            if c455 == 0:
+                c473, pos = _rlong(buf, pos)
+            if c473 == 0:
                 break
-            if c455 < 0:
-                c455 = -c455
+            if c473 < 0:
+                c473 = -c473
                 b = buf[pos]
                 if b < 128:
-                    z458 = _ZD[b]
+                    z476 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z476 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z476 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z458, pos = _rlong(buf, pos)
-            if c455 * 2 > end - pos:
-                raise _count_error(c455, end - pos)
-            for _ in range(c455):
-                n459 = _ZL[buf[pos]]
-                if n459 < 0:
-                    n459, pos = _rlong(buf, pos)
-                    if n459 < 0:
-                        raise _length_error(n459, end - pos)
+                    z476, pos = _rlong(buf, pos)
+            if c473 * 2 > end - pos:
+                raise _count_error(c473, end - pos)
+            for _ in range(c473):
+                n477 = _ZL[buf[pos]]
+                if n477 < 0:
+                    n477, pos = _rlong(buf, pos)
+                    if n477 < 0:
+                        raise _length_error(n477, end - pos)
                 else:
                     pos += 1
-                q460 = pos + n459
-                if q460 > end:
-                    raise _length_error(n459, end - pos)
-                k457 = buf[pos:q460].decode()
-                pos = q460
+                q478 = pos + n477
+                if q478 > end:
+                    raise _length_error(n477, end - pos)
+                k475 = buf[pos:q478].decode()
+                pos = q478
                 b = buf[pos]
                 if b < 128:
-                    x456 = _ZD[b]
+                    x474 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x456 = (z >> 1) ^ -(z & 1)
+                    x474 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x456 = (z >> 1) ^ -(z & 1)
+                    x474 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x456, pos = _rlong(buf, pos)
-                acc454[k457] = x456
-        f_nominal_gpus = acc454
+                    x474, pos = _rlong(buf, pos)
+                acc472[k475] = x474
+        f_nominal_gpus = acc472
     b = buf[pos]
     if b < 128:
-        i461 = _ZD[b]
+        i479 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i461 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i461 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i461, pos = _rlong(buf, pos)
-    if i461 == 0:
+        i479, pos = _rlong(buf, pos)
+    if i479 == 0:
         f_nominal_cpu_milli = None
-    elif i461 == 1:
+    elif i479 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2442,24 +2470,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i461, 2)
+        raise _union_error(i479, 2)
     b = buf[pos]
     if b < 128:
-        i462 = _ZD[b]
+        i480 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i462 = (z >> 1) ^ -(z & 1)
+        i480 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i462 = (z >> 1) ^ -(z & 1)
+        i480 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i462, pos = _rlong(buf, pos)
-    if i462 == 0:
+        i480, pos = _rlong(buf, pos)
+    if i480 == 0:
         f_nominal_memory_mib = None
-    elif i462 == 1:
+    elif i480 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2475,24 +2503,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i462, 2)
+        raise _union_error(i480, 2)
     b = buf[pos]
     if b < 128:
-        i463 = _ZD[b]
+        i481 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i463 = (z >> 1) ^ -(z & 1)
+        i481 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i463 = (z >> 1) ^ -(z & 1)
+        i481 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i463, pos = _rlong(buf, pos)
-    if i463 == 0:
+        i481, pos = _rlong(buf, pos)
+    if i481 == 0:
         f_borrowing_limit_gpus = None
-    elif i463 == 1:
+    elif i481 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2508,24 +2536,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i463, 2)
+        raise _union_error(i481, 2)
     b = buf[pos]
     if b < 128:
-        i464 = _ZD[b]
+        i482 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i464 = (z >> 1) ^ -(z & 1)
+        i482 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i464 = (z >> 1) ^ -(z & 1)
+        i482 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i464, pos = _rlong(buf, pos)
-    if i464 == 0:
+        i482, pos = _rlong(buf, pos)
+    if i482 == 0:
         f_lending_limit_gpus = None
-    elif i464 == 1:
+    elif i482 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2541,7 +2569,7 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i464, 2)
+        raise _union_error(i482, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2560,25 +2588,25 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota464(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota482(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n466 = _ZL[buf[pos]]
-    if n466 < 0:
-        n466, pos = _rlong(buf, pos)
-        if n466 < 0:
-            raise _length_error(n466, end - pos)
+    n484 = _ZL[buf[pos]]
+    if n484 < 0:
+        n484, pos = _rlong(buf, pos)
+        if n484 < 0:
+            raise _length_error(n484, end - pos)
     else:
         pos += 1
-    q467 = pos + n466
-    if q467 > end:
-        raise _length_error(n466, end - pos)
-    f_tenant = buf[pos:q467].decode()
-    pos = q467
+    q485 = pos + n484
+    if q485 > end:
+        raise _length_error(n484, end - pos)
+    f_tenant = buf[pos:q485].decode()
+    pos = q485
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment467(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment485(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2597,54 +2625,241 @@ def _d_Defragment467(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i469 = _ZD[b]
+        i487 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i469 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i469 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i469, pos = _rlong(buf, pos)
-    if i469 == 0:
+        i487, pos = _rlong(buf, pos)
+    if i487 == 0:
         f_target = None
-    elif i469 == 1:
-        n470 = _ZL[buf[pos]]
-        if n470 < 0:
-            n470, pos = _rlong(buf, pos)
-            if n470 < 0:
-                raise _length_error(n470, end - pos)
+    elif i487 == 1:
+        n488 = _ZL[buf[pos]]
+        if n488 < 0:
+            n488, pos = _rlong(buf, pos)
+            if n488 < 0:
+                raise _length_error(n488, end - pos)
         else:
             pos += 1
-        q471 = pos + n470
-        if q471 > end:
-            raise _length_error(n470, end - pos)
-        f_target = buf[pos:q471].decode()
-        pos = q471
+        q489 = pos + n488
+        if q489 > end:
+            raise _length_error(n488, end - pos)
+        f_target = buf[pos:q489].decode()
+        pos = q489
     else:
-        raise _union_error(i469, 2)
+        raise _union_error(i487, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster471(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster489(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n473 = _ZL[buf[pos]]
-    if n473 < 0:
-        n473, pos = _rlong(buf, pos)
-        if n473 < 0:
-            raise _length_error(n473, end - pos)
+    n491 = _ZL[buf[pos]]
+    if n491 < 0:
+        n491, pos = _rlong(buf, pos)
+        if n491 < 0:
+            raise _length_error(n491, end - pos)
     else:
         pos += 1
-    q474 = pos + n473
-    if q474 > end:
-        raise _length_error(n473, end - pos)
-    f_reason = buf[pos:q474].decode()
-    pos = q474
+    q492 = pos + n491
+    if q492 > end:
+        raise _length_error(n491, end - pos)
+    f_reason = buf[pos:q492].decode()
+    pos = q492
     o = _c_ResumeCluster(f_reason)
+    return o, pos
+
+
+def _d_RecoverNode492(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+    f_node_id: str
+    n494 = _ZL[buf[pos]]
+    if n494 < 0:
+        n494, pos = _rlong(buf, pos)
+        if n494 < 0:
+            raise _length_error(n494, end - pos)
+    else:
+        pos += 1
+    q495 = pos + n494
+    if q495 > end:
+        raise _length_error(n494, end - pos)
+    f_node_id = buf[pos:q495].decode()
+    pos = q495
+    o = _c_RecoverNode(f_node_id)
+    return o, pos
+
+
+def _d_UpdateNode495(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+    f_node_id: str
+    f_labels: Any
+    f_taints: Any
+    n497 = _ZL[buf[pos]]
+    if n497 < 0:
+        n497, pos = _rlong(buf, pos)
+        if n497 < 0:
+            raise _length_error(n497, end - pos)
+    else:
+        pos += 1
+    q498 = pos + n497
+    if q498 > end:
+        raise _length_error(n497, end - pos)
+    f_node_id = buf[pos:q498].decode()
+    pos = q498
+    b = buf[pos]
+    if b < 128:
+        i499 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i499 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i499 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i499, pos = _rlong(buf, pos)
+    if i499 == 0:
+        f_labels = None
+    elif i499 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_labels = {}
+        else:
+            acc500: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c501 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c501 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c501 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c501, pos = _rlong(buf, pos)
+                if c501 == 0:
+                    break
+                if c501 < 0:
+                    c501 = -c501
+                    b = buf[pos]
+                    if b < 128:
+                        z504 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z504 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z504 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z504, pos = _rlong(buf, pos)
+                if c501 * 2 > end - pos:
+                    raise _count_error(c501, end - pos)
+                for _ in range(c501):
+                    n505 = _ZL[buf[pos]]
+                    if n505 < 0:
+                        n505, pos = _rlong(buf, pos)
+                        if n505 < 0:
+                            raise _length_error(n505, end - pos)
+                    else:
+                        pos += 1
+                    q506 = pos + n505
+                    if q506 > end:
+                        raise _length_error(n505, end - pos)
+                    k503 = buf[pos:q506].decode()
+                    pos = q506
+                    n507 = _ZL[buf[pos]]
+                    if n507 < 0:
+                        n507, pos = _rlong(buf, pos)
+                        if n507 < 0:
+                            raise _length_error(n507, end - pos)
+                    else:
+                        pos += 1
+                    q508 = pos + n507
+                    if q508 > end:
+                        raise _length_error(n507, end - pos)
+                    x502 = buf[pos:q508].decode()
+                    pos = q508
+                    acc500[k503] = x502
+            f_labels = acc500
+    else:
+        raise _union_error(i499, 2)
+    b = buf[pos]
+    if b < 128:
+        i509 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i509 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i509 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i509, pos = _rlong(buf, pos)
+    if i509 == 0:
+        f_taints = None
+    elif i509 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_taints = ()
+        else:
+            acc510: list[Any] = []
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c511 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c511 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c511 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c511, pos = _rlong(buf, pos)
+                if c511 == 0:
+                    break
+                if c511 < 0:
+                    c511 = -c511
+                    b = buf[pos]
+                    if b < 128:
+                        z514 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z514 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z514 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z514, pos = _rlong(buf, pos)
+                if c511 * 3 > end - pos:
+                    raise _count_error(c511, end - pos)
+                for _ in range(c511):
+                    x512, pos = _d_Taint306(buf, pos, end)
+                    acc510.append(x512)
+            f_taints = tuple(acc510)
+    else:
+        raise _union_error(i509, 2)
+    o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
@@ -2653,7 +2868,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k261:
+    if frame[:10] != _k279:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2664,30 +2879,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n263 = _ZL[buf[pos]]
-        if n263 < 0:
-            n263, pos = _rlong(buf, pos)
-            if n263 < 0:
-                raise _length_error(n263, end - pos)
+        n281 = _ZL[buf[pos]]
+        if n281 < 0:
+            n281, pos = _rlong(buf, pos)
+            if n281 < 0:
+                raise _length_error(n281, end - pos)
         else:
             pos += 1
-        q264 = pos + n263
-        if q264 > end:
-            raise _length_error(n263, end - pos)
-        f_command_id = buf[pos:q264].decode()
-        pos = q264
-        n265 = _ZL[buf[pos]]
-        if n265 < 0:
-            n265, pos = _rlong(buf, pos)
-            if n265 < 0:
-                raise _length_error(n265, end - pos)
+        q282 = pos + n281
+        if q282 > end:
+            raise _length_error(n281, end - pos)
+        f_command_id = buf[pos:q282].decode()
+        pos = q282
+        n283 = _ZL[buf[pos]]
+        if n283 < 0:
+            n283, pos = _rlong(buf, pos)
+            if n283 < 0:
+                raise _length_error(n283, end - pos)
         else:
             pos += 1
-        q266 = pos + n265
-        if q266 > end:
-            raise _length_error(n265, end - pos)
-        f_cluster = buf[pos:q266].decode()
-        pos = q266
+        q284 = pos + n283
+        if q284 > end:
+            raise _length_error(n283, end - pos)
+        f_cluster = buf[pos:q284].decode()
+        pos = q284
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2702,35 +2917,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n267 = _ZL[buf[pos]]
-        if n267 < 0:
-            n267, pos = _rlong(buf, pos)
-            if n267 < 0:
-                raise _length_error(n267, end - pos)
+        n285 = _ZL[buf[pos]]
+        if n285 < 0:
+            n285, pos = _rlong(buf, pos)
+            if n285 < 0:
+                raise _length_error(n285, end - pos)
         else:
             pos += 1
-        q268 = pos + n267
-        if q268 > end:
-            raise _length_error(n267, end - pos)
-        f_source = buf[pos:q268].decode()
-        pos = q268
+        q286 = pos + n285
+        if q286 > end:
+            raise _length_error(n285, end - pos)
+        f_source = buf[pos:q286].decode()
+        pos = q286
         b = buf[pos]
         if b < 128:
-            i269 = _ZD[b]
+            i287 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i269 = (z >> 1) ^ -(z & 1)
+            i287 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i269 = (z >> 1) ^ -(z & 1)
+            i287 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i269, pos = _rlong(buf, pos)
-        if not 0 <= i269 < 16:
-            raise _union_error(i269, 16)
-        f_payload, pos = _k474[i269](buf, pos, end)
+            i287, pos = _rlong(buf, pos)
+        if not 0 <= i287 < 18:
+            raise _union_error(i287, 18)
+        f_payload, pos = _k514[i287](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2741,251 +2956,259 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded486(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k487, (_P[n490] if (n490 := len(s489 := o.node_id.encode())) < 8192 else _long(n490)), s489, (_P[n492] if (n492 := len(s491 := o.gpu_model.encode())) < 8192 else _long(n492)), s491, (_P[n493] if 0 <= (n493 := o.gpu_count) < 8192 else _long(n493)), (_P[n494] if 0 <= (n494 := o.cpu_milli) < 8192 else _long(n494)), (_P[n495] if 0 <= (n495 := o.memory_mib) < 8192 else _long(n495)), (_b21(a496) if (a496 := o.labels) else b"\x00"), (_b27(a497) if (a497 := o.taints) else b"\x00"),))
+def _e_NodeAdded526(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := o.node_id.encode())) < 8192 else _long(n530)), s529, (_P[n532] if (n532 := len(s531 := o.gpu_model.encode())) < 8192 else _long(n532)), s531, (_P[n533] if 0 <= (n533 := o.gpu_count) < 8192 else _long(n533)), (_P[n534] if 0 <= (n534 := o.cpu_milli) < 8192 else _long(n534)), (_P[n535] if 0 <= (n535 := o.memory_mib) < 8192 else _long(n535)), (_b21(a536) if (a536 := o.labels) else b"\x00"), (_b27(a537) if (a537 := o.taints) else b"\x00"),))
 
 
-def _e_NodeRemoved497(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k498, (_P[n501] if (n501 := len(s500 := o.node_id.encode())) < 8192 else _long(n501)), s500, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved537(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k538, (_P[n541] if (n541 := len(s540 := o.node_id.encode())) < 8192 else _long(n541)), s540, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned501(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k502, (_P[n505] if (n505 := len(s504 := o.node_id.encode())) < 8192 else _long(n505)), s504,))
+def _e_NodeCordoned541(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k542, (_P[n545] if (n545 := len(s544 := o.node_id.encode())) < 8192 else _long(n545)), s544,))
 
 
-def _e_NodeUncordoned505(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k506, (_P[n509] if (n509 := len(s508 := o.node_id.encode())) < 8192 else _long(n509)), s508,))
+def _e_NodeUncordoned545(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k546, (_P[n549] if (n549 := len(s548 := o.node_id.encode())) < 8192 else _long(n549)), s548,))
 
 
-def _e_NodeDrained509(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k510, (_P[n513] if (n513 := len(s512 := o.node_id.encode())) < 8192 else _long(n513)), s512, (_P[n514] if 0 <= (n514 := o.evicted) < 8192 else _long(n514)),))
+def _e_NodeDrained549(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k550, (_P[n553] if (n553 := len(s552 := o.node_id.encode())) < 8192 else _long(n553)), s552, (_P[n554] if 0 <= (n554 := o.evicted) < 8192 else _long(n554)),))
 
 
-def _e_NodeFailed514(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k515, (_P[n518] if (n518 := len(s517 := o.node_id.encode())) < 8192 else _long(n518)), s517, (_P[n520] if (n520 := len(s519 := o.reason.encode())) < 8192 else _long(n520)), s519, (_P[n521] if 0 <= (n521 := o.evicted) < 8192 else _long(n521)),))
+def _e_NodeFailed554(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k555, (_P[n558] if (n558 := len(s557 := o.node_id.encode())) < 8192 else _long(n558)), s557, (_P[n560] if (n560 := len(s559 := o.reason.encode())) < 8192 else _long(n560)), s559, (_P[n561] if 0 <= (n561 := o.evicted) < 8192 else _long(n561)),))
 
 
-def _u540(v: Any) -> bytes:
-    return b"".join((_k540, (_P[n543] if (n543 := len(s542 := v.encode())) < 8192 else _long(n543)), s542,))
+def _u580(v: Any) -> bytes:
+    return b"".join((_k580, (_P[n583] if (n583 := len(s582 := v.encode())) < 8192 else _long(n583)), s582,))
 
 
-def _u546(v: Any) -> bytes:
-    return b"".join((_k546, (_P[n548] if 0 <= (n548 := v) < 8192 else _long(n548)),))
+def _u586(v: Any) -> bytes:
+    return b"".join((_k586, (_P[n588] if 0 <= (n588 := v) < 8192 else _long(n588)),))
 
 
-def _b556(a: Any) -> bytes:
+def _b596(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n559] if (n559 := len(s558 := x.code.encode())) < 8192 else _long(n559)), s558, (_P[n560] if 0 <= (n560 := x.nodes) < 8192 else _long(n560)), (_P[n562] if (n562 := len(s561 := x.message.encode())) < 8192 else _long(n562)), s561,)
+        out += ((_P[n599] if (n599 := len(s598 := x.code.encode())) < 8192 else _long(n599)), s598, (_P[n600] if 0 <= (n600 := x.nodes) < 8192 else _long(n600)), (_P[n602] if (n602 := len(s601 := x.message.encode())) < 8192 else _long(n602)), s601,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued521(o: _c_PodQueued) -> bytes:
-    return b"".join((_k522, (_P[n526] if (n526 := len(s525 := (r524 := o.pod).pod_id.encode())) < 8192 else _long(n526)), s525, (_P[n528] if (n528 := len(s527 := r524.tenant.encode())) < 8192 else _long(n528)), s527, (_P[n529] if 0 <= (n529 := r524.priority) < 8192 else _long(n529)), (_P[n530] if 0 <= (n530 := r524.num_gpu) < 8192 else _long(n530)), (_P[n531] if 0 <= (n531 := r524.gpu_milli) < 8192 else _long(n531)), (_P[n532] if 0 <= (n532 := r524.cpu_milli) < 8192 else _long(n532)), (_P[n533] if 0 <= (n533 := r524.memory_mib) < 8192 else _long(n533)), (_b69(a534) if (a534 := r524.gpu_models) else b"\x00"), (_b21(a535) if (a535 := r524.node_selector) else b"\x00"), (_b74(a536) if (a536 := r524.tolerations) else b"\x00"), (_P[n537] if 0 <= (n537 := r524.submitted_at) < 8192 else _long(n537)), (_P[n538] if 0 <= (n538 := r524.arrival) < 8192 else _long(n538)), (_k543 if (u539 := r524.gang_id) is None else _u540(u539)), (_k548 if (u545 := r524.time_limit_ms) is None else _u546(u545)), (_b69(a550) if (a550 := r524.depends_on) else b"\x00"), (_P[n552] if (n552 := len(s551 := r524.dependency.encode())) < 8192 else _long(n552)), s551, (_P[n554] if (n554 := len(s553 := r524.preemption.encode())) < 8192 else _long(n554)), s553, (b"\x01" if r524.movable else b"\x00"), (_b556(a555) if (a555 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a563) if (a563 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued561(o: _c_PodQueued) -> bytes:
+    return b"".join((_k562, (_P[n566] if (n566 := len(s565 := (r564 := o.pod).pod_id.encode())) < 8192 else _long(n566)), s565, (_P[n568] if (n568 := len(s567 := r564.tenant.encode())) < 8192 else _long(n568)), s567, (_P[n569] if 0 <= (n569 := r564.priority) < 8192 else _long(n569)), (_P[n570] if 0 <= (n570 := r564.num_gpu) < 8192 else _long(n570)), (_P[n571] if 0 <= (n571 := r564.gpu_milli) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r564.cpu_milli) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r564.memory_mib) < 8192 else _long(n573)), (_b69(a574) if (a574 := r564.gpu_models) else b"\x00"), (_b21(a575) if (a575 := r564.node_selector) else b"\x00"), (_b74(a576) if (a576 := r564.tolerations) else b"\x00"), (_P[n577] if 0 <= (n577 := r564.submitted_at) < 8192 else _long(n577)), (_P[n578] if 0 <= (n578 := r564.arrival) < 8192 else _long(n578)), (_k583 if (u579 := r564.gang_id) is None else _u580(u579)), (_k588 if (u585 := r564.time_limit_ms) is None else _u586(u585)), (_b69(a590) if (a590 := r564.depends_on) else b"\x00"), (_P[n592] if (n592 := len(s591 := r564.dependency.encode())) < 8192 else _long(n592)), s591, (_P[n594] if (n594 := len(s593 := r564.preemption.encode())) < 8192 else _long(n594)), s593, (b"\x01" if r564.movable else b"\x00"), (_b596(a595) if (a595 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a603) if (a603 := o.waiting_for) else b"\x00"),))
 
 
-def _u582(v: Any) -> bytes:
-    return b"".join((_k582, (_P[n585] if (n585 := len(s584 := v.encode())) < 8192 else _long(n585)), s584,))
+def _u622(v: Any) -> bytes:
+    return b"".join((_k622, (_P[n625] if (n625 := len(s624 := v.encode())) < 8192 else _long(n625)), s624,))
 
 
-def _u588(v: Any) -> bytes:
-    return b"".join((_k588, (_P[n590] if 0 <= (n590 := v) < 8192 else _long(n590)),))
+def _u628(v: Any) -> bytes:
+    return b"".join((_k628, (_P[n630] if 0 <= (n630 := v) < 8192 else _long(n630)),))
 
 
-def _b600(a: Any) -> bytes:
+def _b640(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n602] if 0 <= (n602 := x.index) < 8192 else _long(n602)), (_P[n603] if 0 <= (n603 := x.milli) < 8192 else _long(n603)),)
+        out += ((_P[n642] if 0 <= (n642 := x.index) < 8192 else _long(n642)), (_P[n643] if 0 <= (n643 := x.milli) < 8192 else _long(n643)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b607(a: Any) -> bytes:
+def _b647(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n609] if (n609 := len(s608 := k.encode())) < 8192 else _long(n609)), s608, _pack_d(x),)
+        out += ((_P[n649] if (n649 := len(s648 := k.encode())) < 8192 else _long(n649)), s648, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled563(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k564, (_P[n568] if (n568 := len(s567 := (r566 := o.pod).pod_id.encode())) < 8192 else _long(n568)), s567, (_P[n570] if (n570 := len(s569 := r566.tenant.encode())) < 8192 else _long(n570)), s569, (_P[n571] if 0 <= (n571 := r566.priority) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r566.num_gpu) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r566.gpu_milli) < 8192 else _long(n573)), (_P[n574] if 0 <= (n574 := r566.cpu_milli) < 8192 else _long(n574)), (_P[n575] if 0 <= (n575 := r566.memory_mib) < 8192 else _long(n575)), (_b69(a576) if (a576 := r566.gpu_models) else b"\x00"), (_b21(a577) if (a577 := r566.node_selector) else b"\x00"), (_b74(a578) if (a578 := r566.tolerations) else b"\x00"), (_P[n579] if 0 <= (n579 := r566.submitted_at) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := r566.arrival) < 8192 else _long(n580)), (_k585 if (u581 := r566.gang_id) is None else _u582(u581)), (_k590 if (u587 := r566.time_limit_ms) is None else _u588(u587)), (_b69(a592) if (a592 := r566.depends_on) else b"\x00"), (_P[n594] if (n594 := len(s593 := r566.dependency.encode())) < 8192 else _long(n594)), s593, (_P[n596] if (n596 := len(s595 := r566.preemption.encode())) < 8192 else _long(n596)), s595, (b"\x01" if r566.movable else b"\x00"), (_P[n598] if (n598 := len(s597 := o.node_id.encode())) < 8192 else _long(n598)), s597, (_b600(a599) if (a599 := o.gpus) else b"\x00"), (_P[n605] if (n605 := len(s604 := o.policy.encode())) < 8192 else _long(n605)), s604, (b"\x01" if o.from_queue else b"\x00"), (_b607(a606) if (a606 := o.scores) else b"\x00"), (_b69(a610) if (a610 := o.preempted) else b"\x00"),))
+def _e_PodScheduled603(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k604, (_P[n608] if (n608 := len(s607 := (r606 := o.pod).pod_id.encode())) < 8192 else _long(n608)), s607, (_P[n610] if (n610 := len(s609 := r606.tenant.encode())) < 8192 else _long(n610)), s609, (_P[n611] if 0 <= (n611 := r606.priority) < 8192 else _long(n611)), (_P[n612] if 0 <= (n612 := r606.num_gpu) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := r606.gpu_milli) < 8192 else _long(n613)), (_P[n614] if 0 <= (n614 := r606.cpu_milli) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := r606.memory_mib) < 8192 else _long(n615)), (_b69(a616) if (a616 := r606.gpu_models) else b"\x00"), (_b21(a617) if (a617 := r606.node_selector) else b"\x00"), (_b74(a618) if (a618 := r606.tolerations) else b"\x00"), (_P[n619] if 0 <= (n619 := r606.submitted_at) < 8192 else _long(n619)), (_P[n620] if 0 <= (n620 := r606.arrival) < 8192 else _long(n620)), (_k625 if (u621 := r606.gang_id) is None else _u622(u621)), (_k630 if (u627 := r606.time_limit_ms) is None else _u628(u627)), (_b69(a632) if (a632 := r606.depends_on) else b"\x00"), (_P[n634] if (n634 := len(s633 := r606.dependency.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := r606.preemption.encode())) < 8192 else _long(n636)), s635, (b"\x01" if r606.movable else b"\x00"), (_P[n638] if (n638 := len(s637 := o.node_id.encode())) < 8192 else _long(n638)), s637, (_b640(a639) if (a639 := o.gpus) else b"\x00"), (_P[n645] if (n645 := len(s644 := o.policy.encode())) < 8192 else _long(n645)), s644, (b"\x01" if o.from_queue else b"\x00"), (_b647(a646) if (a646 := o.scores) else b"\x00"), (_b69(a650) if (a650 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted610(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := o.pod_id.encode())) < 8192 else _long(n614)), s613, (_P[n616] if (n616 := len(s615 := o.node_id.encode())) < 8192 else _long(n616)), s615, (_P[n618] if (n618 := len(s617 := o.reason.encode())) < 8192 else _long(n618)), s617,))
+def _e_PodEvicted650(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k651, (_P[n654] if (n654 := len(s653 := o.pod_id.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.node_id.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.reason.encode())) < 8192 else _long(n658)), s657,))
 
 
-def _u624(v: Any) -> bytes:
-    return b"".join((_k624, (_P[n627] if (n627 := len(s626 := v.encode())) < 8192 else _long(n627)), s626,))
+def _u664(v: Any) -> bytes:
+    return b"".join((_k664, (_P[n667] if (n667 := len(s666 := v.encode())) < 8192 else _long(n667)), s666,))
 
 
-def _e_PodReleased618(o: _c_PodReleased) -> bytes:
-    return b"".join((_k619, (_P[n622] if (n622 := len(s621 := o.pod_id.encode())) < 8192 else _long(n622)), s621, (_k627 if (u623 := o.node_id) is None else _u624(u623)), (_P[n630] if (n630 := len(s629 := o.reason.encode())) < 8192 else _long(n630)), s629,))
+def _e_PodReleased658(o: _c_PodReleased) -> bytes:
+    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.pod_id.encode())) < 8192 else _long(n662)), s661, (_k667 if (u663 := o.node_id) is None else _u664(u663)), (_P[n670] if (n670 := len(s669 := o.reason.encode())) < 8192 else _long(n670)), s669,))
 
 
-def _u638(v: Any) -> bytes:
-    return b"".join((_k638, (_P[n640] if 0 <= (n640 := v) < 8192 else _long(n640)),))
+def _u678(v: Any) -> bytes:
+    return b"".join((_k678, (_P[n680] if 0 <= (n680 := v) < 8192 else _long(n680)),))
 
 
-def _u645(v: Any) -> bytes:
-    return b"".join((_k645, (_P[n647] if 0 <= (n647 := v) < 8192 else _long(n647)),))
+def _u685(v: Any) -> bytes:
+    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
 
 
-def _e_PolicyChanged630(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k631, (_P[n634] if (n634 := len(s633 := o.policy.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := o.previous.encode())) < 8192 else _long(n636)), s635, (_k640 if (u637 := o.reserve_after_ms) is None else _u638(u637)), (_P[n643] if (n643 := len(s642 := o.queue_order.encode())) < 8192 else _long(n643)), s642, (_k647 if (u644 := o.max_clock_jump_ms) is None else _u645(u644)),))
+def _e_PolicyChanged670(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := o.policy.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := o.previous.encode())) < 8192 else _long(n676)), s675, (_k680 if (u677 := o.reserve_after_ms) is None else _u678(u677)), (_P[n683] if (n683 := len(s682 := o.queue_order.encode())) < 8192 else _long(n683)), s682, (_k687 if (u684 := o.max_clock_jump_ms) is None else _u685(u684)),))
 
 
-def _e_CommandRejected648(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.command_id.encode())) < 8192 else _long(n652)), s651, (_P[n654] if (n654 := len(s653 := o.command_type.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.code.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.message.encode())) < 8192 else _long(n658)), s657,))
+def _e_CommandRejected688(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k689, (_P[n692] if (n692 := len(s691 := o.command_id.encode())) < 8192 else _long(n692)), s691, (_P[n694] if (n694 := len(s693 := o.command_type.encode())) < 8192 else _long(n694)), s693, (_P[n696] if (n696 := len(s695 := o.code.encode())) < 8192 else _long(n696)), s695, (_P[n698] if (n698 := len(s697 := o.message.encode())) < 8192 else _long(n698)), s697,))
 
 
-def _u688(v: Any) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
+def _u728(v: Any) -> bytes:
+    return b"".join((_k728, (_P[n731] if (n731 := len(s730 := v.encode())) < 8192 else _long(n731)), s730,))
 
 
-def _u694(v: Any) -> bytes:
-    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
+def _u734(v: Any) -> bytes:
+    return b"".join((_k734, (_P[n736] if 0 <= (n736 := v) < 8192 else _long(n736)),))
 
 
-def _b671(a: Any) -> bytes:
+def _b711(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n674] if (n674 := len(s673 := x.pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := x.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := x.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := x.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := x.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := x.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := x.memory_mib) < 8192 else _long(n681)), (_b69(a682) if (a682 := x.gpu_models) else b"\x00"), (_b21(a683) if (a683 := x.node_selector) else b"\x00"), (_b74(a684) if (a684 := x.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := x.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := x.arrival) < 8192 else _long(n686)), (_k691 if (u687 := x.gang_id) is None else _u688(u687)), (_k696 if (u693 := x.time_limit_ms) is None else _u694(u693)), (_b69(a698) if (a698 := x.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := x.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := x.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if x.movable else b"\x00"),)
+        out += ((_P[n714] if (n714 := len(s713 := x.pod_id.encode())) < 8192 else _long(n714)), s713, (_P[n716] if (n716 := len(s715 := x.tenant.encode())) < 8192 else _long(n716)), s715, (_P[n717] if 0 <= (n717 := x.priority) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := x.num_gpu) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := x.gpu_milli) < 8192 else _long(n719)), (_P[n720] if 0 <= (n720 := x.cpu_milli) < 8192 else _long(n720)), (_P[n721] if 0 <= (n721 := x.memory_mib) < 8192 else _long(n721)), (_b69(a722) if (a722 := x.gpu_models) else b"\x00"), (_b21(a723) if (a723 := x.node_selector) else b"\x00"), (_b74(a724) if (a724 := x.tolerations) else b"\x00"), (_P[n725] if 0 <= (n725 := x.submitted_at) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := x.arrival) < 8192 else _long(n726)), (_k731 if (u727 := x.gang_id) is None else _u728(u727)), (_k736 if (u733 := x.time_limit_ms) is None else _u734(u733)), (_b69(a738) if (a738 := x.depends_on) else b"\x00"), (_P[n740] if (n740 := len(s739 := x.dependency.encode())) < 8192 else _long(n740)), s739, (_P[n742] if (n742 := len(s741 := x.preemption.encode())) < 8192 else _long(n742)), s741, (b"\x01" if x.movable else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u705(v: Any) -> bytes:
-    return b"".join((_k705, (_P[n708] if (n708 := len(s707 := v.encode())) < 8192 else _long(n708)), s707,))
+def _u745(v: Any) -> bytes:
+    return b"".join((_k745, (_P[n748] if (n748 := len(s747 := v.encode())) < 8192 else _long(n748)), s747,))
 
 
-def _u711(v: Any) -> bytes:
-    return b"".join((_k711, (_P[n714] if (n714 := len(s713 := v.encode())) < 8192 else _long(n714)), s713,))
+def _u751(v: Any) -> bytes:
+    return b"".join((_k751, (_P[n754] if (n754 := len(s753 := v.encode())) < 8192 else _long(n754)), s753,))
 
 
-def _u717(v: Any) -> bytes:
-    return b"".join((_k717, (_P[n719] if 0 <= (n719 := v) < 8192 else _long(n719)),))
+def _u757(v: Any) -> bytes:
+    return b"".join((_k757, (_P[n759] if 0 <= (n759 := v) < 8192 else _long(n759)),))
 
 
-def _u722(v: Any) -> bytes:
-    return b"".join((_k722, (_P[n724] if 0 <= (n724 := v) < 8192 else _long(n724)),))
+def _u762(v: Any) -> bytes:
+    return b"".join((_k762, (_P[n764] if 0 <= (n764 := v) < 8192 else _long(n764)),))
 
 
-def _e_GangQueued658(o: _c_GangQueued) -> bytes:
-    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.gang_id.encode())) < 8192 else _long(n662)), s661, (_b556(a663) if (a663 := o.reasons) else b"\x00"), (_P[n666] if (n666 := len(s665 := (r664 := o.gang).gang_id.encode())) < 8192 else _long(n666)), s665, (_P[n668] if (n668 := len(s667 := r664.tenant.encode())) < 8192 else _long(n668)), s667, (_P[n669] if 0 <= (n669 := r664.priority) < 8192 else _long(n669)), (_b671(a670) if (a670 := r664.members) else b"\x00"), (_P[n703] if 0 <= (n703 := r664.min_members) < 8192 else _long(n703)), (_k708 if (u704 := r664.topology_required) is None else _u705(u704)), (_k714 if (u710 := r664.topology_preferred) is None else _u711(u710)), (_k719 if (u716 := r664.timeout_ms) is None else _u717(u716)), (_k724 if (u721 := r664.time_limit_ms) is None else _u722(u721)), (_b69(a726) if (a726 := r664.depends_on) else b"\x00"), (_P[n728] if (n728 := len(s727 := r664.dependency.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := r664.submitted_at) < 8192 else _long(n729)), (_P[n730] if 0 <= (n730 := r664.arrival) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := r664.preemption.encode())) < 8192 else _long(n732)), s731, (b"\x01" if o.requeued else b"\x00"), (_b69(a733) if (a733 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued698(o: _c_GangQueued) -> bytes:
+    return b"".join((_k699, (_P[n702] if (n702 := len(s701 := o.gang_id.encode())) < 8192 else _long(n702)), s701, (_b596(a703) if (a703 := o.reasons) else b"\x00"), (_P[n706] if (n706 := len(s705 := (r704 := o.gang).gang_id.encode())) < 8192 else _long(n706)), s705, (_P[n708] if (n708 := len(s707 := r704.tenant.encode())) < 8192 else _long(n708)), s707, (_P[n709] if 0 <= (n709 := r704.priority) < 8192 else _long(n709)), (_b711(a710) if (a710 := r704.members) else b"\x00"), (_P[n743] if 0 <= (n743 := r704.min_members) < 8192 else _long(n743)), (_k748 if (u744 := r704.topology_required) is None else _u745(u744)), (_k754 if (u750 := r704.topology_preferred) is None else _u751(u750)), (_k759 if (u756 := r704.timeout_ms) is None else _u757(u756)), (_k764 if (u761 := r704.time_limit_ms) is None else _u762(u761)), (_b69(a766) if (a766 := r704.depends_on) else b"\x00"), (_P[n768] if (n768 := len(s767 := r704.dependency.encode())) < 8192 else _long(n768)), s767, (_P[n769] if 0 <= (n769 := r704.submitted_at) < 8192 else _long(n769)), (_P[n770] if 0 <= (n770 := r704.arrival) < 8192 else _long(n770)), (_P[n772] if (n772 := len(s771 := r704.preemption.encode())) < 8192 else _long(n772)), s771, (b"\x01" if o.requeued else b"\x00"), (_b69(a773) if (a773 := o.waiting_for) else b"\x00"),))
 
 
-def _b739(a: Any) -> bytes:
+def _b779(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n742] if (n742 := len(s741 := x.pod_id.encode())) < 8192 else _long(n742)), s741, (_P[n744] if (n744 := len(s743 := x.node_id.encode())) < 8192 else _long(n744)), s743, (_b600(a745) if (a745 := x.gpus) else b"\x00"),)
+        out += ((_P[n782] if (n782 := len(s781 := x.pod_id.encode())) < 8192 else _long(n782)), s781, (_P[n784] if (n784 := len(s783 := x.node_id.encode())) < 8192 else _long(n784)), s783, (_b640(a785) if (a785 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u755(v: Any) -> bytes:
-    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
+def _u795(v: Any) -> bytes:
+    return b"".join((_k795, (_P[n798] if (n798 := len(s797 := v.encode())) < 8192 else _long(n798)), s797,))
 
 
-def _u761(v: Any) -> bytes:
-    return b"".join((_k761, (_P[n764] if (n764 := len(s763 := v.encode())) < 8192 else _long(n764)), s763,))
+def _u801(v: Any) -> bytes:
+    return b"".join((_k801, (_P[n804] if (n804 := len(s803 := v.encode())) < 8192 else _long(n804)), s803,))
 
 
-def _u767(v: Any) -> bytes:
-    return b"".join((_k767, (_P[n769] if 0 <= (n769 := v) < 8192 else _long(n769)),))
+def _u807(v: Any) -> bytes:
+    return b"".join((_k807, (_P[n809] if 0 <= (n809 := v) < 8192 else _long(n809)),))
 
 
-def _u772(v: Any) -> bytes:
-    return b"".join((_k772, (_P[n774] if 0 <= (n774 := v) < 8192 else _long(n774)),))
+def _u812(v: Any) -> bytes:
+    return b"".join((_k812, (_P[n814] if 0 <= (n814 := v) < 8192 else _long(n814)),))
 
 
-def _u784(v: Any) -> bytes:
-    return b"".join((_k784, (_P[n787] if (n787 := len(s786 := v.encode())) < 8192 else _long(n787)), s786,))
+def _u824(v: Any) -> bytes:
+    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := v.encode())) < 8192 else _long(n827)), s826,))
 
 
-def _u790(v: Any) -> bytes:
-    return b"".join((_k790, (_P[n793] if (n793 := len(s792 := v.encode())) < 8192 else _long(n793)), s792,))
+def _u830(v: Any) -> bytes:
+    return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
 
 
-def _e_GangScheduled733(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := o.gang_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.members) else b"\x00"), (_P[n748] if (n748 := len(s747 := (r746 := o.gang).gang_id.encode())) < 8192 else _long(n748)), s747, (_P[n750] if (n750 := len(s749 := r746.tenant.encode())) < 8192 else _long(n750)), s749, (_P[n751] if 0 <= (n751 := r746.priority) < 8192 else _long(n751)), (_b671(a752) if (a752 := r746.members) else b"\x00"), (_P[n753] if 0 <= (n753 := r746.min_members) < 8192 else _long(n753)), (_k758 if (u754 := r746.topology_required) is None else _u755(u754)), (_k764 if (u760 := r746.topology_preferred) is None else _u761(u760)), (_k769 if (u766 := r746.timeout_ms) is None else _u767(u766)), (_k774 if (u771 := r746.time_limit_ms) is None else _u772(u771)), (_b69(a776) if (a776 := r746.depends_on) else b"\x00"), (_P[n778] if (n778 := len(s777 := r746.dependency.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r746.submitted_at) < 8192 else _long(n779)), (_P[n780] if 0 <= (n780 := r746.arrival) < 8192 else _long(n780)), (_P[n782] if (n782 := len(s781 := r746.preemption.encode())) < 8192 else _long(n782)), s781, (_k787 if (u783 := o.topology_key) is None else _u784(u783)), (_k793 if (u789 := o.domain) is None else _u790(u789)), (b"\x01" if o.from_queue else b"\x00"), (_P[n796] if (n796 := len(s795 := o.message.encode())) < 8192 else _long(n796)), s795, (_b69(a797) if (a797 := o.preempted) else b"\x00"),))
+def _e_GangScheduled773(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.gang_id.encode())) < 8192 else _long(n777)), s776, (_b779(a778) if (a778 := o.members) else b"\x00"), (_P[n788] if (n788 := len(s787 := (r786 := o.gang).gang_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := r786.tenant.encode())) < 8192 else _long(n790)), s789, (_P[n791] if 0 <= (n791 := r786.priority) < 8192 else _long(n791)), (_b711(a792) if (a792 := r786.members) else b"\x00"), (_P[n793] if 0 <= (n793 := r786.min_members) < 8192 else _long(n793)), (_k798 if (u794 := r786.topology_required) is None else _u795(u794)), (_k804 if (u800 := r786.topology_preferred) is None else _u801(u800)), (_k809 if (u806 := r786.timeout_ms) is None else _u807(u806)), (_k814 if (u811 := r786.time_limit_ms) is None else _u812(u811)), (_b69(a816) if (a816 := r786.depends_on) else b"\x00"), (_P[n818] if (n818 := len(s817 := r786.dependency.encode())) < 8192 else _long(n818)), s817, (_P[n819] if 0 <= (n819 := r786.submitted_at) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := r786.arrival) < 8192 else _long(n820)), (_P[n822] if (n822 := len(s821 := r786.preemption.encode())) < 8192 else _long(n822)), s821, (_k827 if (u823 := o.topology_key) is None else _u824(u823)), (_k833 if (u829 := o.domain) is None else _u830(u829)), (b"\x01" if o.from_queue else b"\x00"), (_P[n836] if (n836 := len(s835 := o.message.encode())) < 8192 else _long(n836)), s835, (_b69(a837) if (a837 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut797(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_P[n802] if 0 <= (n802 := o.waited_ms) < 8192 else _long(n802)), (_P[n804] if (n804 := len(s803 := o.message.encode())) < 8192 else _long(n804)), s803,))
+def _e_GangTimedOut837(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.gang_id.encode())) < 8192 else _long(n841)), s840, (_P[n842] if 0 <= (n842 := o.waited_ms) < 8192 else _long(n842)), (_P[n844] if (n844 := len(s843 := o.message.encode())) < 8192 else _long(n844)), s843,))
 
 
-def _e_GangReleased804(o: _c_GangReleased) -> bytes:
-    return b"".join((_k805, (_P[n808] if (n808 := len(s807 := o.gang_id.encode())) < 8192 else _long(n808)), s807, (_P[n810] if (n810 := len(s809 := o.reason.encode())) < 8192 else _long(n810)), s809, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangReleased844(o: _c_GangReleased) -> bytes:
+    return b"".join((_k845, (_P[n848] if (n848 := len(s847 := o.gang_id.encode())) < 8192 else _long(n848)), s847, (_P[n850] if (n850 := len(s849 := o.reason.encode())) < 8192 else _long(n850)), s849, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u819(v: Any) -> bytes:
-    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
+def _u859(v: Any) -> bytes:
+    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
 
 
-def _e_PodTimeLimitReached810(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k811, (_P[n814] if (n814 := len(s813 := o.pod_id.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := o.node_id.encode())) < 8192 else _long(n816)), s815, (_P[n817] if 0 <= (n817 := o.time_limit_ms) < 8192 else _long(n817)), (_k822 if (u818 := o.gang_id) is None else _u819(u818)),))
+def _e_PodTimeLimitReached850(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.node_id.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := o.time_limit_ms) < 8192 else _long(n857)), (_k862 if (u858 := o.gang_id) is None else _u859(u858)),))
 
 
-def _u832(v: Any) -> bytes:
-    return b"".join((_k832, (_P[n834] if 0 <= (n834 := v) < 8192 else _long(n834)),))
+def _u872(v: Any) -> bytes:
+    return b"".join((_k872, (_P[n874] if 0 <= (n874 := v) < 8192 else _long(n874)),))
 
 
-def _e_NodesReserved823(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := o.holder_id.encode())) < 8192 else _long(n827)), s826, (_P[n829] if (n829 := len(s828 := o.holder_kind.encode())) < 8192 else _long(n829)), s828, (_b69(a830) if (a830 := o.nodes) else b"\x00"), (_k834 if (u831 := o.expected_start) is None else _u832(u831)), (_P[n837] if (n837 := len(s836 := o.message.encode())) < 8192 else _long(n837)), s836,))
+def _e_NodesReserved863(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k864, (_P[n867] if (n867 := len(s866 := o.holder_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.holder_kind.encode())) < 8192 else _long(n869)), s868, (_b69(a870) if (a870 := o.nodes) else b"\x00"), (_k874 if (u871 := o.expected_start) is None else _u872(u871)), (_P[n877] if (n877 := len(s876 := o.message.encode())) < 8192 else _long(n877)), s876,))
 
 
-def _e_ReservationReleased837(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.holder_id.encode())) < 8192 else _long(n841)), s840, (_P[n843] if (n843 := len(s842 := o.holder_kind.encode())) < 8192 else _long(n843)), s842, (_b69(a844) if (a844 := o.nodes) else b"\x00"), (_P[n846] if (n846 := len(s845 := o.reason.encode())) < 8192 else _long(n846)), s845, (_P[n848] if (n848 := len(s847 := o.message.encode())) < 8192 else _long(n848)), s847,))
+def _e_ReservationReleased877(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k878, (_P[n881] if (n881 := len(s880 := o.holder_id.encode())) < 8192 else _long(n881)), s880, (_P[n883] if (n883 := len(s882 := o.holder_kind.encode())) < 8192 else _long(n883)), s882, (_b69(a884) if (a884 := o.nodes) else b"\x00"), (_P[n886] if (n886 := len(s885 := o.reason.encode())) < 8192 else _long(n886)), s885, (_P[n888] if (n888 := len(s887 := o.message.encode())) < 8192 else _long(n888)), s887,))
 
 
-def _e_DependencyFailed848(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := o.holder_id.encode())) < 8192 else _long(n852)), s851, (_P[n854] if (n854 := len(s853 := o.holder_kind.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.dependency_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := o.message.encode())) < 8192 else _long(n858)), s857,))
+def _e_DependencyFailed888(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.dependency_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
 
 
-def _e_Ticked858(o: _c_Ticked) -> bytes:
-    return b"".join((_k859, (_P[n861] if 0 <= (n861 := o.clock) < 8192 else _long(n861)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked898(o: _c_Ticked) -> bytes:
+    return b"".join((_k899, (_P[n901] if 0 <= (n901 := o.clock) < 8192 else _long(n901)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted861(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := o.pod_id.encode())) < 8192 else _long(n865)), s864, (_P[n867] if (n867 := len(s866 := o.node_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.by.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.reason.encode())) < 8192 else _long(n871)), s870, (_P[n873] if (n873 := len(s872 := o.message.encode())) < 8192 else _long(n873)), s872,))
+def _e_PodPreempted901(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k902, (_P[n905] if (n905 := len(s904 := o.pod_id.encode())) < 8192 else _long(n905)), s904, (_P[n907] if (n907 := len(s906 := o.node_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.by.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _u877(v: Any) -> bytes:
-    return b"".join((_k877, (_P[n880] if (n880 := len(s879 := v.encode())) < 8192 else _long(n880)), s879,))
+def _u917(v: Any) -> bytes:
+    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
 
 
-def _e_QuotaChanged873(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k874, (_k880 if (u876 := o.tenant) is None else _u877(u876)), (_k883 if (u882 := o.quota) is None else _k882[type(u882)](u882)), (_k886 if (u885 := o.previous) is None else _k885[type(u885)](u885)), (_P[n889] if (n889 := len(s888 := o.message.encode())) < 8192 else _long(n889)), s888,))
+def _e_QuotaChanged913(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k914, (_k920 if (u916 := o.tenant) is None else _u917(u916)), (_k923 if (u922 := o.quota) is None else _k922[type(u922)](u922)), (_k926 if (u925 := o.previous) is None else _k925[type(u925)](u925)), (_P[n929] if (n929 := len(s928 := o.message.encode())) < 8192 else _long(n929)), s928,))
 
 
-def _e_PodMigrated889(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k890, (_P[n893] if (n893 := len(s892 := o.pod_id.encode())) < 8192 else _long(n893)), s892, (_P[n895] if (n895 := len(s894 := o.from_node.encode())) < 8192 else _long(n895)), s894, (_b600(a896) if (a896 := o.from_gpus) else b"\x00"), (_P[n898] if (n898 := len(s897 := o.to_node.encode())) < 8192 else _long(n898)), s897, (_b600(a899) if (a899 := o.to_gpus) else b"\x00"), (_P[n901] if (n901 := len(s900 := o.reason.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := o.message.encode())) < 8192 else _long(n903)), s902,))
+def _e_PodMigrated929(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k930, (_P[n933] if (n933 := len(s932 := o.pod_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.from_node.encode())) < 8192 else _long(n935)), s934, (_b640(a936) if (a936 := o.from_gpus) else b"\x00"), (_P[n938] if (n938 := len(s937 := o.to_node.encode())) < 8192 else _long(n938)), s937, (_b640(a939) if (a939 := o.to_gpus) else b"\x00"), (_P[n941] if (n941 := len(s940 := o.reason.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.message.encode())) < 8192 else _long(n943)), s942,))
 
 
-def _u910(v: Any) -> bytes:
-    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
+def _u950(v: Any) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
 
 
-def _e_DefragmentationPlanned903(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k904, (_P[n906] if 0 <= (n906 := o.moves) < 8192 else _long(n906)), (_P[n907] if 0 <= (n907 := o.gpus_freed) < 8192 else _long(n907)), (_P[n908] if 0 <= (n908 := o.nodes_freed) < 8192 else _long(n908)), (_k913 if (u909 := o.target) is None else _u910(u909)), (_P[n916] if (n916 := len(s915 := o.message.encode())) < 8192 else _long(n916)), s915,))
+def _e_DefragmentationPlanned943(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k944, (_P[n946] if 0 <= (n946 := o.moves) < 8192 else _long(n946)), (_P[n947] if 0 <= (n947 := o.gpus_freed) < 8192 else _long(n947)), (_P[n948] if 0 <= (n948 := o.nodes_freed) < 8192 else _long(n948)), (_k953 if (u949 := o.target) is None else _u950(u949)), (_P[n956] if (n956 := len(s955 := o.message.encode())) < 8192 else _long(n956)), s955,))
 
 
-def _e_ClusterHalted916(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := o.cluster.encode())) < 8192 else _long(n920)), s919, (_P[n922] if (n922 := len(s921 := o.command_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.error.encode())) < 8192 else _long(n924)), s923, (_P[n926] if (n926 := len(s925 := o.message.encode())) < 8192 else _long(n926)), s925,))
+def _e_ClusterHalted956(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := o.cluster.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.command_id.encode())) < 8192 else _long(n962)), s961, (_P[n964] if (n964 := len(s963 := o.error.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := o.message.encode())) < 8192 else _long(n966)), s965,))
 
 
-def _e_ClusterResumed926(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k927, (_P[n930] if (n930 := len(s929 := o.cluster.encode())) < 8192 else _long(n930)), s929, (_P[n932] if (n932 := len(s931 := o.halted_command_id.encode())) < 8192 else _long(n932)), s931, (_P[n933] if 0 <= (n933 := o.halted_offset) < 8192 else _long(n933)), (_P[n934] if 0 <= (n934 := o.refolded_from) < 8192 else _long(n934)), (_P[n936] if (n936 := len(s935 := o.message.encode())) < 8192 else _long(n936)), s935,))
+def _e_ClusterResumed966(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k967, (_P[n970] if (n970 := len(s969 := o.cluster.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.halted_command_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.halted_offset) < 8192 else _long(n973)), (_P[n974] if 0 <= (n974 := o.refolded_from) < 8192 else _long(n974)), (_P[n976] if (n976 := len(s975 := o.message.encode())) < 8192 else _long(n976)), s975,))
 
 
-def _e_Event475(o: _c_Event) -> bytes:
-    return b"".join((_k476, (_P[n478] if 0 <= (n478 := o.partition) < 8192 else _long(n478)), (_P[n479] if 0 <= (n479 := o.sequence) < 8192 else _long(n479)), (_P[n481] if (n481 := len(s480 := o.cluster.encode())) < 8192 else _long(n481)), s480, (_P[n483] if (n483 := len(s482 := o.command_id.encode())) < 8192 else _long(n483)), s482, (_P[n484] if 0 <= (n484 := o.command_offset) < 8192 else _long(n484)), (_P[n485] if 0 <= (n485 := o.occurred_at) < 8192 else _long(n485)), _k936[type(u486 := o.payload)](u486),))
+def _e_NodeRecovered976(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979,))
 
 
-def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_NodeUpdated980(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k981, (_P[n984] if (n984 := len(s983 := o.node_id.encode())) < 8192 else _long(n984)), s983, (_b21(a985) if (a985 := o.labels) else b"\x00"), (_b27(a986) if (a986 := o.taints) else b"\x00"), (_P[n987] if 0 <= (n987 := o.evicting) < 8192 else _long(n987)),))
+
+
+def _e_Event515(o: _c_Event) -> bytes:
+    return b"".join((_k516, (_P[n518] if 0 <= (n518 := o.partition) < 8192 else _long(n518)), (_P[n519] if 0 <= (n519 := o.sequence) < 8192 else _long(n519)), (_P[n521] if (n521 := len(s520 := o.cluster.encode())) < 8192 else _long(n521)), s520, (_P[n523] if (n523 := len(s522 := o.command_id.encode())) < 8192 else _long(n523)), s522, (_P[n524] if 0 <= (n524 := o.command_offset) < 8192 else _long(n524)), (_P[n525] if 0 <= (n525 := o.occurred_at) < 8192 else _long(n525)), _k987[type(u526 := o.payload)](u526),))
+
+
+def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -2993,30 +3216,30 @@ def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n945 = _ZL[buf[pos]]
-    if n945 < 0:
-        n945, pos = _rlong(buf, pos)
-        if n945 < 0:
-            raise _length_error(n945, end - pos)
+    n996 = _ZL[buf[pos]]
+    if n996 < 0:
+        n996, pos = _rlong(buf, pos)
+        if n996 < 0:
+            raise _length_error(n996, end - pos)
     else:
         pos += 1
-    q946 = pos + n945
-    if q946 > end:
-        raise _length_error(n945, end - pos)
-    f_node_id = buf[pos:q946].decode()
-    pos = q946
-    n947 = _ZL[buf[pos]]
-    if n947 < 0:
-        n947, pos = _rlong(buf, pos)
-        if n947 < 0:
-            raise _length_error(n947, end - pos)
+    q997 = pos + n996
+    if q997 > end:
+        raise _length_error(n996, end - pos)
+    f_node_id = buf[pos:q997].decode()
+    pos = q997
+    n998 = _ZL[buf[pos]]
+    if n998 < 0:
+        n998, pos = _rlong(buf, pos)
+        if n998 < 0:
+            raise _length_error(n998, end - pos)
     else:
         pos += 1
-    q948 = pos + n947
-    if q948 > end:
-        raise _length_error(n947, end - pos)
-    f_gpu_model = buf[pos:q948].decode()
-    pos = q948
+    q999 = pos + n998
+    if q999 > end:
+        raise _length_error(n998, end - pos)
+    f_gpu_model = buf[pos:q999].decode()
+    pos = q999
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3063,189 +3286,189 @@ def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc949: dict[str, Any] = {}
+        acc1000: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c950 = _ZD[b]
+                c1001 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c950 = (z >> 1) ^ -(z & 1)
+                c1001 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c950 = (z >> 1) ^ -(z & 1)
+                c1001 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c950, pos = _rlong(buf, pos)
-            if c950 == 0:
+                c1001, pos = _rlong(buf, pos)
+            if c1001 == 0:
                 break
-            if c950 < 0:
-                c950 = -c950
+            if c1001 < 0:
+                c1001 = -c1001
                 b = buf[pos]
                 if b < 128:
-                    z953 = _ZD[b]
+                    z1004 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z953 = (z >> 1) ^ -(z & 1)
+                    z1004 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z953 = (z >> 1) ^ -(z & 1)
+                    z1004 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z953, pos = _rlong(buf, pos)
-            if c950 * 2 > end - pos:
-                raise _count_error(c950, end - pos)
-            for _ in range(c950):
-                n954 = _ZL[buf[pos]]
-                if n954 < 0:
-                    n954, pos = _rlong(buf, pos)
-                    if n954 < 0:
-                        raise _length_error(n954, end - pos)
+                    z1004, pos = _rlong(buf, pos)
+            if c1001 * 2 > end - pos:
+                raise _count_error(c1001, end - pos)
+            for _ in range(c1001):
+                n1005 = _ZL[buf[pos]]
+                if n1005 < 0:
+                    n1005, pos = _rlong(buf, pos)
+                    if n1005 < 0:
+                        raise _length_error(n1005, end - pos)
                 else:
                     pos += 1
-                q955 = pos + n954
-                if q955 > end:
-                    raise _length_error(n954, end - pos)
-                k952 = buf[pos:q955].decode()
-                pos = q955
-                n956 = _ZL[buf[pos]]
-                if n956 < 0:
-                    n956, pos = _rlong(buf, pos)
-                    if n956 < 0:
-                        raise _length_error(n956, end - pos)
+                q1006 = pos + n1005
+                if q1006 > end:
+                    raise _length_error(n1005, end - pos)
+                k1003 = buf[pos:q1006].decode()
+                pos = q1006
+                n1007 = _ZL[buf[pos]]
+                if n1007 < 0:
+                    n1007, pos = _rlong(buf, pos)
+                    if n1007 < 0:
+                        raise _length_error(n1007, end - pos)
                 else:
                     pos += 1
-                q957 = pos + n956
-                if q957 > end:
-                    raise _length_error(n956, end - pos)
-                x951 = buf[pos:q957].decode()
-                pos = q957
-                acc949[k952] = x951
-        f_labels = acc949
+                q1008 = pos + n1007
+                if q1008 > end:
+                    raise _length_error(n1007, end - pos)
+                x1002 = buf[pos:q1008].decode()
+                pos = q1008
+                acc1000[k1003] = x1002
+        f_labels = acc1000
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc958: list[Any] = []
+        acc1009: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c959 = _ZD[b]
+                c1010 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c959 = (z >> 1) ^ -(z & 1)
+                c1010 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c959 = (z >> 1) ^ -(z & 1)
+                c1010 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c959, pos = _rlong(buf, pos)
-            if c959 == 0:
+                c1010, pos = _rlong(buf, pos)
+            if c1010 == 0:
                 break
-            if c959 < 0:
-                c959 = -c959
+            if c1010 < 0:
+                c1010 = -c1010
                 b = buf[pos]
                 if b < 128:
-                    z962 = _ZD[b]
+                    z1013 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z962 = (z >> 1) ^ -(z & 1)
+                    z1013 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z962 = (z >> 1) ^ -(z & 1)
+                    z1013 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z962, pos = _rlong(buf, pos)
-            if c959 * 3 > end - pos:
-                raise _count_error(c959, end - pos)
-            for _ in range(c959):
-                x960, pos = _d_Taint288(buf, pos, end)
-                acc958.append(x960)
-        f_taints = tuple(acc958)
+                    z1013, pos = _rlong(buf, pos)
+            if c1010 * 3 > end - pos:
+                raise _count_error(c1010, end - pos)
+            for _ in range(c1010):
+                x1011, pos = _d_Taint306(buf, pos, end)
+                acc1009.append(x1011)
+        f_taints = tuple(acc1009)
     o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
     return o, pos
 
 
-def _d_NodeRemoved962(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1013(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n964 = _ZL[buf[pos]]
-    if n964 < 0:
-        n964, pos = _rlong(buf, pos)
-        if n964 < 0:
-            raise _length_error(n964, end - pos)
+    n1015 = _ZL[buf[pos]]
+    if n1015 < 0:
+        n1015, pos = _rlong(buf, pos)
+        if n1015 < 0:
+            raise _length_error(n1015, end - pos)
     else:
         pos += 1
-    q965 = pos + n964
-    if q965 > end:
-        raise _length_error(n964, end - pos)
-    f_node_id = buf[pos:q965].decode()
-    pos = q965
+    q1016 = pos + n1015
+    if q1016 > end:
+        raise _length_error(n1015, end - pos)
+    f_node_id = buf[pos:q1016].decode()
+    pos = q1016
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned965(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1016(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n967 = _ZL[buf[pos]]
-    if n967 < 0:
-        n967, pos = _rlong(buf, pos)
-        if n967 < 0:
-            raise _length_error(n967, end - pos)
+    n1018 = _ZL[buf[pos]]
+    if n1018 < 0:
+        n1018, pos = _rlong(buf, pos)
+        if n1018 < 0:
+            raise _length_error(n1018, end - pos)
     else:
         pos += 1
-    q968 = pos + n967
-    if q968 > end:
-        raise _length_error(n967, end - pos)
-    f_node_id = buf[pos:q968].decode()
-    pos = q968
+    q1019 = pos + n1018
+    if q1019 > end:
+        raise _length_error(n1018, end - pos)
+    f_node_id = buf[pos:q1019].decode()
+    pos = q1019
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned968(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n970 = _ZL[buf[pos]]
-    if n970 < 0:
-        n970, pos = _rlong(buf, pos)
-        if n970 < 0:
-            raise _length_error(n970, end - pos)
+    n1021 = _ZL[buf[pos]]
+    if n1021 < 0:
+        n1021, pos = _rlong(buf, pos)
+        if n1021 < 0:
+            raise _length_error(n1021, end - pos)
     else:
         pos += 1
-    q971 = pos + n970
-    if q971 > end:
-        raise _length_error(n970, end - pos)
-    f_node_id = buf[pos:q971].decode()
-    pos = q971
+    q1022 = pos + n1021
+    if q1022 > end:
+        raise _length_error(n1021, end - pos)
+    f_node_id = buf[pos:q1022].decode()
+    pos = q1022
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained971(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n973 = _ZL[buf[pos]]
-    if n973 < 0:
-        n973, pos = _rlong(buf, pos)
-        if n973 < 0:
-            raise _length_error(n973, end - pos)
+    n1024 = _ZL[buf[pos]]
+    if n1024 < 0:
+        n1024, pos = _rlong(buf, pos)
+        if n1024 < 0:
+            raise _length_error(n1024, end - pos)
     else:
         pos += 1
-    q974 = pos + n973
-    if q974 > end:
-        raise _length_error(n973, end - pos)
-    f_node_id = buf[pos:q974].decode()
-    pos = q974
+    q1025 = pos + n1024
+    if q1025 > end:
+        raise _length_error(n1024, end - pos)
+    f_node_id = buf[pos:q1025].decode()
+    pos = q1025
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3264,34 +3487,34 @@ def _d_NodeDrained971(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, i
     return o, pos
 
 
-def _d_NodeFailed974(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n976 = _ZL[buf[pos]]
-    if n976 < 0:
-        n976, pos = _rlong(buf, pos)
-        if n976 < 0:
-            raise _length_error(n976, end - pos)
+    n1027 = _ZL[buf[pos]]
+    if n1027 < 0:
+        n1027, pos = _rlong(buf, pos)
+        if n1027 < 0:
+            raise _length_error(n1027, end - pos)
     else:
         pos += 1
-    q977 = pos + n976
-    if q977 > end:
-        raise _length_error(n976, end - pos)
-    f_node_id = buf[pos:q977].decode()
-    pos = q977
-    n978 = _ZL[buf[pos]]
-    if n978 < 0:
-        n978, pos = _rlong(buf, pos)
-        if n978 < 0:
-            raise _length_error(n978, end - pos)
+    q1028 = pos + n1027
+    if q1028 > end:
+        raise _length_error(n1027, end - pos)
+    f_node_id = buf[pos:q1028].decode()
+    pos = q1028
+    n1029 = _ZL[buf[pos]]
+    if n1029 < 0:
+        n1029, pos = _rlong(buf, pos)
+        if n1029 < 0:
+            raise _length_error(n1029, end - pos)
     else:
         pos += 1
-    q979 = pos + n978
-    if q979 > end:
-        raise _length_error(n978, end - pos)
-    f_reason = buf[pos:q979].decode()
-    pos = q979
+    q1030 = pos + n1029
+    if q1030 > end:
+        raise _length_error(n1029, end - pos)
+    f_reason = buf[pos:q1030].decode()
+    pos = q1030
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3310,7 +3533,7 @@ def _d_NodeFailed974(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int
     return o, pos
 
 
-def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3329,30 +3552,30 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n982 = _ZL[buf[pos]]
-    if n982 < 0:
-        n982, pos = _rlong(buf, pos)
-        if n982 < 0:
-            raise _length_error(n982, end - pos)
+    n1033 = _ZL[buf[pos]]
+    if n1033 < 0:
+        n1033, pos = _rlong(buf, pos)
+        if n1033 < 0:
+            raise _length_error(n1033, end - pos)
     else:
         pos += 1
-    q983 = pos + n982
-    if q983 > end:
-        raise _length_error(n982, end - pos)
-    f_pod_id = buf[pos:q983].decode()
-    pos = q983
-    n984 = _ZL[buf[pos]]
-    if n984 < 0:
-        n984, pos = _rlong(buf, pos)
-        if n984 < 0:
-            raise _length_error(n984, end - pos)
+    q1034 = pos + n1033
+    if q1034 > end:
+        raise _length_error(n1033, end - pos)
+    f_pod_id = buf[pos:q1034].decode()
+    pos = q1034
+    n1035 = _ZL[buf[pos]]
+    if n1035 < 0:
+        n1035, pos = _rlong(buf, pos)
+        if n1035 < 0:
+            raise _length_error(n1035, end - pos)
     else:
         pos += 1
-    q985 = pos + n984
-    if q985 > end:
-        raise _length_error(n984, end - pos)
-    f_tenant = buf[pos:q985].decode()
-    pos = q985
+    q1036 = pos + n1035
+    if q1036 > end:
+        raise _length_error(n1035, end - pos)
+    f_tenant = buf[pos:q1036].decode()
+    pos = q1036
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3427,168 +3650,168 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc986: list[Any] = []
+        acc1037: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c987 = _ZD[b]
+                c1038 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c987 = (z >> 1) ^ -(z & 1)
+                c1038 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c987 = (z >> 1) ^ -(z & 1)
+                c1038 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c987, pos = _rlong(buf, pos)
-            if c987 == 0:
+                c1038, pos = _rlong(buf, pos)
+            if c1038 == 0:
                 break
-            if c987 < 0:
-                c987 = -c987
+            if c1038 < 0:
+                c1038 = -c1038
                 b = buf[pos]
                 if b < 128:
-                    z990 = _ZD[b]
+                    z1041 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z990 = (z >> 1) ^ -(z & 1)
+                    z1041 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z990 = (z >> 1) ^ -(z & 1)
+                    z1041 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z990, pos = _rlong(buf, pos)
-            if c987 * 1 > end - pos:
-                raise _count_error(c987, end - pos)
-            for _ in range(c987):
-                n991 = _ZL[buf[pos]]
-                if n991 < 0:
-                    n991, pos = _rlong(buf, pos)
-                    if n991 < 0:
-                        raise _length_error(n991, end - pos)
+                    z1041, pos = _rlong(buf, pos)
+            if c1038 * 1 > end - pos:
+                raise _count_error(c1038, end - pos)
+            for _ in range(c1038):
+                n1042 = _ZL[buf[pos]]
+                if n1042 < 0:
+                    n1042, pos = _rlong(buf, pos)
+                    if n1042 < 0:
+                        raise _length_error(n1042, end - pos)
                 else:
                     pos += 1
-                q992 = pos + n991
-                if q992 > end:
-                    raise _length_error(n991, end - pos)
-                x988 = buf[pos:q992].decode()
-                pos = q992
-                acc986.append(x988)
-        f_gpu_models = tuple(acc986)
+                q1043 = pos + n1042
+                if q1043 > end:
+                    raise _length_error(n1042, end - pos)
+                x1039 = buf[pos:q1043].decode()
+                pos = q1043
+                acc1037.append(x1039)
+        f_gpu_models = tuple(acc1037)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc993: dict[str, Any] = {}
+        acc1044: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c994 = _ZD[b]
+                c1045 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c994 = (z >> 1) ^ -(z & 1)
+                c1045 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c994 = (z >> 1) ^ -(z & 1)
+                c1045 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c994, pos = _rlong(buf, pos)
-            if c994 == 0:
+                c1045, pos = _rlong(buf, pos)
+            if c1045 == 0:
                 break
-            if c994 < 0:
-                c994 = -c994
+            if c1045 < 0:
+                c1045 = -c1045
                 b = buf[pos]
                 if b < 128:
-                    z997 = _ZD[b]
+                    z1048 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z997 = (z >> 1) ^ -(z & 1)
+                    z1048 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z997 = (z >> 1) ^ -(z & 1)
+                    z1048 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z997, pos = _rlong(buf, pos)
-            if c994 * 2 > end - pos:
-                raise _count_error(c994, end - pos)
-            for _ in range(c994):
-                n998 = _ZL[buf[pos]]
-                if n998 < 0:
-                    n998, pos = _rlong(buf, pos)
-                    if n998 < 0:
-                        raise _length_error(n998, end - pos)
+                    z1048, pos = _rlong(buf, pos)
+            if c1045 * 2 > end - pos:
+                raise _count_error(c1045, end - pos)
+            for _ in range(c1045):
+                n1049 = _ZL[buf[pos]]
+                if n1049 < 0:
+                    n1049, pos = _rlong(buf, pos)
+                    if n1049 < 0:
+                        raise _length_error(n1049, end - pos)
                 else:
                     pos += 1
-                q999 = pos + n998
-                if q999 > end:
-                    raise _length_error(n998, end - pos)
-                k996 = buf[pos:q999].decode()
-                pos = q999
-                n1000 = _ZL[buf[pos]]
-                if n1000 < 0:
-                    n1000, pos = _rlong(buf, pos)
-                    if n1000 < 0:
-                        raise _length_error(n1000, end - pos)
+                q1050 = pos + n1049
+                if q1050 > end:
+                    raise _length_error(n1049, end - pos)
+                k1047 = buf[pos:q1050].decode()
+                pos = q1050
+                n1051 = _ZL[buf[pos]]
+                if n1051 < 0:
+                    n1051, pos = _rlong(buf, pos)
+                    if n1051 < 0:
+                        raise _length_error(n1051, end - pos)
                 else:
                     pos += 1
-                q1001 = pos + n1000
-                if q1001 > end:
-                    raise _length_error(n1000, end - pos)
-                x995 = buf[pos:q1001].decode()
-                pos = q1001
-                acc993[k996] = x995
-        f_node_selector = acc993
+                q1052 = pos + n1051
+                if q1052 > end:
+                    raise _length_error(n1051, end - pos)
+                x1046 = buf[pos:q1052].decode()
+                pos = q1052
+                acc1044[k1047] = x1046
+        f_node_selector = acc1044
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1002: list[Any] = []
+        acc1053: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1003 = _ZD[b]
+                c1054 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1003 = (z >> 1) ^ -(z & 1)
+                c1054 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1003 = (z >> 1) ^ -(z & 1)
+                c1054 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1003, pos = _rlong(buf, pos)
-            if c1003 == 0:
+                c1054, pos = _rlong(buf, pos)
+            if c1054 == 0:
                 break
-            if c1003 < 0:
-                c1003 = -c1003
+            if c1054 < 0:
+                c1054 = -c1054
                 b = buf[pos]
                 if b < 128:
-                    z1006 = _ZD[b]
+                    z1057 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1006 = (z >> 1) ^ -(z & 1)
+                    z1057 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1006 = (z >> 1) ^ -(z & 1)
+                    z1057 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1006, pos = _rlong(buf, pos)
-            if c1003 * 4 > end - pos:
-                raise _count_error(c1003, end - pos)
-            for _ in range(c1003):
-                x1004, pos = _d_Toleration338(buf, pos, end)
-                acc1002.append(x1004)
-        f_tolerations = tuple(acc1002)
+                    z1057, pos = _rlong(buf, pos)
+            if c1054 * 4 > end - pos:
+                raise _count_error(c1054, end - pos)
+            for _ in range(c1054):
+                x1055, pos = _d_Toleration356(buf, pos, end)
+                acc1053.append(x1055)
+        f_tolerations = tuple(acc1053)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3619,52 +3842,52 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1007 = _ZD[b]
+        i1058 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1007 = (z >> 1) ^ -(z & 1)
+        i1058 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1007 = (z >> 1) ^ -(z & 1)
+        i1058 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1007, pos = _rlong(buf, pos)
-    if i1007 == 0:
+        i1058, pos = _rlong(buf, pos)
+    if i1058 == 0:
         f_gang_id = None
-    elif i1007 == 1:
-        n1008 = _ZL[buf[pos]]
-        if n1008 < 0:
-            n1008, pos = _rlong(buf, pos)
-            if n1008 < 0:
-                raise _length_error(n1008, end - pos)
+    elif i1058 == 1:
+        n1059 = _ZL[buf[pos]]
+        if n1059 < 0:
+            n1059, pos = _rlong(buf, pos)
+            if n1059 < 0:
+                raise _length_error(n1059, end - pos)
         else:
             pos += 1
-        q1009 = pos + n1008
-        if q1009 > end:
-            raise _length_error(n1008, end - pos)
-        f_gang_id = buf[pos:q1009].decode()
-        pos = q1009
+        q1060 = pos + n1059
+        if q1060 > end:
+            raise _length_error(n1059, end - pos)
+        f_gang_id = buf[pos:q1060].decode()
+        pos = q1060
     else:
-        raise _union_error(i1007, 2)
+        raise _union_error(i1058, 2)
     b = buf[pos]
     if b < 128:
-        i1010 = _ZD[b]
+        i1061 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1010 = (z >> 1) ^ -(z & 1)
+        i1061 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1010 = (z >> 1) ^ -(z & 1)
+        i1061 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1010, pos = _rlong(buf, pos)
-    if i1010 == 0:
+        i1061, pos = _rlong(buf, pos)
+    if i1061 == 0:
         f_time_limit_ms = None
-    elif i1010 == 1:
+    elif i1061 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -3680,108 +3903,108 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1010, 2)
+        raise _union_error(i1061, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1011: list[Any] = []
+        acc1062: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1012 = _ZD[b]
+                c1063 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1012 = (z >> 1) ^ -(z & 1)
+                c1063 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1012 = (z >> 1) ^ -(z & 1)
+                c1063 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1012, pos = _rlong(buf, pos)
-            if c1012 == 0:
+                c1063, pos = _rlong(buf, pos)
+            if c1063 == 0:
                 break
-            if c1012 < 0:
-                c1012 = -c1012
+            if c1063 < 0:
+                c1063 = -c1063
                 b = buf[pos]
                 if b < 128:
-                    z1015 = _ZD[b]
+                    z1066 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1015 = (z >> 1) ^ -(z & 1)
+                    z1066 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1015 = (z >> 1) ^ -(z & 1)
+                    z1066 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1015, pos = _rlong(buf, pos)
-            if c1012 * 1 > end - pos:
-                raise _count_error(c1012, end - pos)
-            for _ in range(c1012):
-                n1016 = _ZL[buf[pos]]
-                if n1016 < 0:
-                    n1016, pos = _rlong(buf, pos)
-                    if n1016 < 0:
-                        raise _length_error(n1016, end - pos)
+                    z1066, pos = _rlong(buf, pos)
+            if c1063 * 1 > end - pos:
+                raise _count_error(c1063, end - pos)
+            for _ in range(c1063):
+                n1067 = _ZL[buf[pos]]
+                if n1067 < 0:
+                    n1067, pos = _rlong(buf, pos)
+                    if n1067 < 0:
+                        raise _length_error(n1067, end - pos)
                 else:
                     pos += 1
-                q1017 = pos + n1016
-                if q1017 > end:
-                    raise _length_error(n1016, end - pos)
-                x1013 = buf[pos:q1017].decode()
-                pos = q1017
-                acc1011.append(x1013)
-        f_depends_on = tuple(acc1011)
-    n1018 = _ZL[buf[pos]]
-    if n1018 < 0:
-        n1018, pos = _rlong(buf, pos)
-        if n1018 < 0:
-            raise _length_error(n1018, end - pos)
+                q1068 = pos + n1067
+                if q1068 > end:
+                    raise _length_error(n1067, end - pos)
+                x1064 = buf[pos:q1068].decode()
+                pos = q1068
+                acc1062.append(x1064)
+        f_depends_on = tuple(acc1062)
+    n1069 = _ZL[buf[pos]]
+    if n1069 < 0:
+        n1069, pos = _rlong(buf, pos)
+        if n1069 < 0:
+            raise _length_error(n1069, end - pos)
     else:
         pos += 1
-    q1019 = pos + n1018
-    if q1019 > end:
-        raise _length_error(n1018, end - pos)
-    f_dependency = buf[pos:q1019].decode()
-    pos = q1019
-    n1020 = _ZL[buf[pos]]
-    if n1020 < 0:
-        n1020, pos = _rlong(buf, pos)
-        if n1020 < 0:
-            raise _length_error(n1020, end - pos)
+    q1070 = pos + n1069
+    if q1070 > end:
+        raise _length_error(n1069, end - pos)
+    f_dependency = buf[pos:q1070].decode()
+    pos = q1070
+    n1071 = _ZL[buf[pos]]
+    if n1071 < 0:
+        n1071, pos = _rlong(buf, pos)
+        if n1071 < 0:
+            raise _length_error(n1071, end - pos)
     else:
         pos += 1
-    q1021 = pos + n1020
-    if q1021 > end:
-        raise _length_error(n1020, end - pos)
-    f_preemption = buf[pos:q1021].decode()
-    pos = q1021
+    q1072 = pos + n1071
+    if q1072 > end:
+        raise _length_error(n1071, end - pos)
+    f_preemption = buf[pos:q1072].decode()
+    pos = q1072
     f_movable = buf[pos] != 0
     pos += 1
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
     return o, pos
 
 
-def _d_QueueReason1026(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1077(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1028 = _ZL[buf[pos]]
-    if n1028 < 0:
-        n1028, pos = _rlong(buf, pos)
-        if n1028 < 0:
-            raise _length_error(n1028, end - pos)
+    n1079 = _ZL[buf[pos]]
+    if n1079 < 0:
+        n1079, pos = _rlong(buf, pos)
+        if n1079 < 0:
+            raise _length_error(n1079, end - pos)
     else:
         pos += 1
-    q1029 = pos + n1028
-    if q1029 > end:
-        raise _length_error(n1028, end - pos)
-    f_code = buf[pos:q1029].decode()
-    pos = q1029
+    q1080 = pos + n1079
+    if q1080 > end:
+        raise _length_error(n1079, end - pos)
+    f_code = buf[pos:q1080].decode()
+    pos = q1080
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -3796,134 +4019,134 @@ def _d_QueueReason1026(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1030 = _ZL[buf[pos]]
-    if n1030 < 0:
-        n1030, pos = _rlong(buf, pos)
-        if n1030 < 0:
-            raise _length_error(n1030, end - pos)
+    n1081 = _ZL[buf[pos]]
+    if n1081 < 0:
+        n1081, pos = _rlong(buf, pos)
+        if n1081 < 0:
+            raise _length_error(n1081, end - pos)
     else:
         pos += 1
-    q1031 = pos + n1030
-    if q1031 > end:
-        raise _length_error(n1030, end - pos)
-    f_message = buf[pos:q1031].decode()
-    pos = q1031
+    q1082 = pos + n1081
+    if q1082 > end:
+        raise _length_error(n1081, end - pos)
+    f_message = buf[pos:q1082].decode()
+    pos = q1082
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued979(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1030(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec980(buf, pos, end)
+    f_pod, pos = _d_PodSpec1031(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1022: list[Any] = []
+        acc1073: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1023 = _ZD[b]
+                c1074 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1023 = (z >> 1) ^ -(z & 1)
+                c1074 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1023 = (z >> 1) ^ -(z & 1)
+                c1074 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1023, pos = _rlong(buf, pos)
-            if c1023 == 0:
+                c1074, pos = _rlong(buf, pos)
+            if c1074 == 0:
                 break
-            if c1023 < 0:
-                c1023 = -c1023
+            if c1074 < 0:
+                c1074 = -c1074
                 b = buf[pos]
                 if b < 128:
-                    z1026 = _ZD[b]
+                    z1077 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1026 = (z >> 1) ^ -(z & 1)
+                    z1077 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1026 = (z >> 1) ^ -(z & 1)
+                    z1077 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1026, pos = _rlong(buf, pos)
-            if c1023 * 3 > end - pos:
-                raise _count_error(c1023, end - pos)
-            for _ in range(c1023):
-                x1024, pos = _d_QueueReason1026(buf, pos, end)
-                acc1022.append(x1024)
-        f_reasons = tuple(acc1022)
+                    z1077, pos = _rlong(buf, pos)
+            if c1074 * 3 > end - pos:
+                raise _count_error(c1074, end - pos)
+            for _ in range(c1074):
+                x1075, pos = _d_QueueReason1077(buf, pos, end)
+                acc1073.append(x1075)
+        f_reasons = tuple(acc1073)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1032: list[Any] = []
+        acc1083: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1033 = _ZD[b]
+                c1084 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1033 = (z >> 1) ^ -(z & 1)
+                c1084 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1033 = (z >> 1) ^ -(z & 1)
+                c1084 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1033, pos = _rlong(buf, pos)
-            if c1033 == 0:
+                c1084, pos = _rlong(buf, pos)
+            if c1084 == 0:
                 break
-            if c1033 < 0:
-                c1033 = -c1033
+            if c1084 < 0:
+                c1084 = -c1084
                 b = buf[pos]
                 if b < 128:
-                    z1036 = _ZD[b]
+                    z1087 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1036 = (z >> 1) ^ -(z & 1)
+                    z1087 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1036 = (z >> 1) ^ -(z & 1)
+                    z1087 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1036, pos = _rlong(buf, pos)
-            if c1033 * 1 > end - pos:
-                raise _count_error(c1033, end - pos)
-            for _ in range(c1033):
-                n1037 = _ZL[buf[pos]]
-                if n1037 < 0:
-                    n1037, pos = _rlong(buf, pos)
-                    if n1037 < 0:
-                        raise _length_error(n1037, end - pos)
+                    z1087, pos = _rlong(buf, pos)
+            if c1084 * 1 > end - pos:
+                raise _count_error(c1084, end - pos)
+            for _ in range(c1084):
+                n1088 = _ZL[buf[pos]]
+                if n1088 < 0:
+                    n1088, pos = _rlong(buf, pos)
+                    if n1088 < 0:
+                        raise _length_error(n1088, end - pos)
                 else:
                     pos += 1
-                q1038 = pos + n1037
-                if q1038 > end:
-                    raise _length_error(n1037, end - pos)
-                x1034 = buf[pos:q1038].decode()
-                pos = q1038
-                acc1032.append(x1034)
-        f_waiting_for = tuple(acc1032)
+                q1089 = pos + n1088
+                if q1089 > end:
+                    raise _length_error(n1088, end - pos)
+                x1085 = buf[pos:q1089].decode()
+                pos = q1089
+                acc1083.append(x1085)
+        f_waiting_for = tuple(acc1083)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1046(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1097(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -3958,7 +4181,7 @@ def _d_GpuShare1046(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1038(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1089(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -3966,347 +4189,347 @@ def _d_PodScheduled1038(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec980(buf, pos, end)
-    n1040 = _ZL[buf[pos]]
-    if n1040 < 0:
-        n1040, pos = _rlong(buf, pos)
-        if n1040 < 0:
-            raise _length_error(n1040, end - pos)
+    f_pod, pos = _d_PodSpec1031(buf, pos, end)
+    n1091 = _ZL[buf[pos]]
+    if n1091 < 0:
+        n1091, pos = _rlong(buf, pos)
+        if n1091 < 0:
+            raise _length_error(n1091, end - pos)
     else:
         pos += 1
-    q1041 = pos + n1040
-    if q1041 > end:
-        raise _length_error(n1040, end - pos)
-    f_node_id = buf[pos:q1041].decode()
-    pos = q1041
+    q1092 = pos + n1091
+    if q1092 > end:
+        raise _length_error(n1091, end - pos)
+    f_node_id = buf[pos:q1092].decode()
+    pos = q1092
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1042: list[Any] = []
+        acc1093: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1043 = _ZD[b]
+                c1094 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1094 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1094 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1043, pos = _rlong(buf, pos)
-            if c1043 == 0:
+                c1094, pos = _rlong(buf, pos)
+            if c1094 == 0:
                 break
-            if c1043 < 0:
-                c1043 = -c1043
+            if c1094 < 0:
+                c1094 = -c1094
                 b = buf[pos]
                 if b < 128:
-                    z1046 = _ZD[b]
+                    z1097 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1097 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1097 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1046, pos = _rlong(buf, pos)
-            if c1043 * 2 > end - pos:
-                raise _count_error(c1043, end - pos)
-            for _ in range(c1043):
-                x1044, pos = _d_GpuShare1046(buf, pos, end)
-                acc1042.append(x1044)
-        f_gpus = tuple(acc1042)
-    n1048 = _ZL[buf[pos]]
-    if n1048 < 0:
-        n1048, pos = _rlong(buf, pos)
-        if n1048 < 0:
-            raise _length_error(n1048, end - pos)
+                    z1097, pos = _rlong(buf, pos)
+            if c1094 * 2 > end - pos:
+                raise _count_error(c1094, end - pos)
+            for _ in range(c1094):
+                x1095, pos = _d_GpuShare1097(buf, pos, end)
+                acc1093.append(x1095)
+        f_gpus = tuple(acc1093)
+    n1099 = _ZL[buf[pos]]
+    if n1099 < 0:
+        n1099, pos = _rlong(buf, pos)
+        if n1099 < 0:
+            raise _length_error(n1099, end - pos)
     else:
         pos += 1
-    q1049 = pos + n1048
-    if q1049 > end:
-        raise _length_error(n1048, end - pos)
-    f_policy = buf[pos:q1049].decode()
-    pos = q1049
+    q1100 = pos + n1099
+    if q1100 > end:
+        raise _length_error(n1099, end - pos)
+    f_policy = buf[pos:q1100].decode()
+    pos = q1100
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1050: dict[str, Any] = {}
+        acc1101: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1051 = _ZD[b]
+                c1102 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1051 = (z >> 1) ^ -(z & 1)
+                c1102 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1051 = (z >> 1) ^ -(z & 1)
+                c1102 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1051, pos = _rlong(buf, pos)
-            if c1051 == 0:
+                c1102, pos = _rlong(buf, pos)
+            if c1102 == 0:
                 break
-            if c1051 < 0:
-                c1051 = -c1051
+            if c1102 < 0:
+                c1102 = -c1102
                 b = buf[pos]
                 if b < 128:
-                    z1054 = _ZD[b]
+                    z1105 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1054 = (z >> 1) ^ -(z & 1)
+                    z1105 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1054 = (z >> 1) ^ -(z & 1)
+                    z1105 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1054, pos = _rlong(buf, pos)
-            if c1051 * 9 > end - pos:
-                raise _count_error(c1051, end - pos)
-            for _ in range(c1051):
-                n1055 = _ZL[buf[pos]]
-                if n1055 < 0:
-                    n1055, pos = _rlong(buf, pos)
-                    if n1055 < 0:
-                        raise _length_error(n1055, end - pos)
+                    z1105, pos = _rlong(buf, pos)
+            if c1102 * 9 > end - pos:
+                raise _count_error(c1102, end - pos)
+            for _ in range(c1102):
+                n1106 = _ZL[buf[pos]]
+                if n1106 < 0:
+                    n1106, pos = _rlong(buf, pos)
+                    if n1106 < 0:
+                        raise _length_error(n1106, end - pos)
                 else:
                     pos += 1
-                q1056 = pos + n1055
-                if q1056 > end:
-                    raise _length_error(n1055, end - pos)
-                k1053 = buf[pos:q1056].decode()
-                pos = q1056
-                x1052, = _unpack_d(buf, pos)
+                q1107 = pos + n1106
+                if q1107 > end:
+                    raise _length_error(n1106, end - pos)
+                k1104 = buf[pos:q1107].decode()
+                pos = q1107
+                x1103, = _unpack_d(buf, pos)
                 pos += 8
-                acc1050[k1053] = x1052
-        f_scores = acc1050
+                acc1101[k1104] = x1103
+        f_scores = acc1101
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1057: list[Any] = []
+        acc1108: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1058 = _ZD[b]
+                c1109 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1058 = (z >> 1) ^ -(z & 1)
+                c1109 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1058 = (z >> 1) ^ -(z & 1)
+                c1109 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1058, pos = _rlong(buf, pos)
-            if c1058 == 0:
+                c1109, pos = _rlong(buf, pos)
+            if c1109 == 0:
                 break
-            if c1058 < 0:
-                c1058 = -c1058
+            if c1109 < 0:
+                c1109 = -c1109
                 b = buf[pos]
                 if b < 128:
-                    z1061 = _ZD[b]
+                    z1112 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1061 = (z >> 1) ^ -(z & 1)
+                    z1112 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1061 = (z >> 1) ^ -(z & 1)
+                    z1112 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1061, pos = _rlong(buf, pos)
-            if c1058 * 1 > end - pos:
-                raise _count_error(c1058, end - pos)
-            for _ in range(c1058):
-                n1062 = _ZL[buf[pos]]
-                if n1062 < 0:
-                    n1062, pos = _rlong(buf, pos)
-                    if n1062 < 0:
-                        raise _length_error(n1062, end - pos)
+                    z1112, pos = _rlong(buf, pos)
+            if c1109 * 1 > end - pos:
+                raise _count_error(c1109, end - pos)
+            for _ in range(c1109):
+                n1113 = _ZL[buf[pos]]
+                if n1113 < 0:
+                    n1113, pos = _rlong(buf, pos)
+                    if n1113 < 0:
+                        raise _length_error(n1113, end - pos)
                 else:
                     pos += 1
-                q1063 = pos + n1062
-                if q1063 > end:
-                    raise _length_error(n1062, end - pos)
-                x1059 = buf[pos:q1063].decode()
-                pos = q1063
-                acc1057.append(x1059)
-        f_preempted = tuple(acc1057)
+                q1114 = pos + n1113
+                if q1114 > end:
+                    raise _length_error(n1113, end - pos)
+                x1110 = buf[pos:q1114].decode()
+                pos = q1114
+                acc1108.append(x1110)
+        f_preempted = tuple(acc1108)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1063(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1114(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1065 = _ZL[buf[pos]]
-    if n1065 < 0:
-        n1065, pos = _rlong(buf, pos)
-        if n1065 < 0:
-            raise _length_error(n1065, end - pos)
+    n1116 = _ZL[buf[pos]]
+    if n1116 < 0:
+        n1116, pos = _rlong(buf, pos)
+        if n1116 < 0:
+            raise _length_error(n1116, end - pos)
     else:
         pos += 1
-    q1066 = pos + n1065
-    if q1066 > end:
-        raise _length_error(n1065, end - pos)
-    f_pod_id = buf[pos:q1066].decode()
-    pos = q1066
-    n1067 = _ZL[buf[pos]]
-    if n1067 < 0:
-        n1067, pos = _rlong(buf, pos)
-        if n1067 < 0:
-            raise _length_error(n1067, end - pos)
+    q1117 = pos + n1116
+    if q1117 > end:
+        raise _length_error(n1116, end - pos)
+    f_pod_id = buf[pos:q1117].decode()
+    pos = q1117
+    n1118 = _ZL[buf[pos]]
+    if n1118 < 0:
+        n1118, pos = _rlong(buf, pos)
+        if n1118 < 0:
+            raise _length_error(n1118, end - pos)
     else:
         pos += 1
-    q1068 = pos + n1067
-    if q1068 > end:
-        raise _length_error(n1067, end - pos)
-    f_node_id = buf[pos:q1068].decode()
-    pos = q1068
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
+    q1119 = pos + n1118
+    if q1119 > end:
+        raise _length_error(n1118, end - pos)
+    f_node_id = buf[pos:q1119].decode()
+    pos = q1119
+    n1120 = _ZL[buf[pos]]
+    if n1120 < 0:
+        n1120, pos = _rlong(buf, pos)
+        if n1120 < 0:
+            raise _length_error(n1120, end - pos)
     else:
         pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_reason = buf[pos:q1070].decode()
-    pos = q1070
+    q1121 = pos + n1120
+    if q1121 > end:
+        raise _length_error(n1120, end - pos)
+    f_reason = buf[pos:q1121].decode()
+    pos = q1121
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1070(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1121(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1072 = _ZL[buf[pos]]
-    if n1072 < 0:
-        n1072, pos = _rlong(buf, pos)
-        if n1072 < 0:
-            raise _length_error(n1072, end - pos)
+    n1123 = _ZL[buf[pos]]
+    if n1123 < 0:
+        n1123, pos = _rlong(buf, pos)
+        if n1123 < 0:
+            raise _length_error(n1123, end - pos)
     else:
         pos += 1
-    q1073 = pos + n1072
-    if q1073 > end:
-        raise _length_error(n1072, end - pos)
-    f_pod_id = buf[pos:q1073].decode()
-    pos = q1073
+    q1124 = pos + n1123
+    if q1124 > end:
+        raise _length_error(n1123, end - pos)
+    f_pod_id = buf[pos:q1124].decode()
+    pos = q1124
     b = buf[pos]
     if b < 128:
-        i1074 = _ZD[b]
+        i1125 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1074 = (z >> 1) ^ -(z & 1)
+        i1125 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1074 = (z >> 1) ^ -(z & 1)
+        i1125 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1074, pos = _rlong(buf, pos)
-    if i1074 == 0:
+        i1125, pos = _rlong(buf, pos)
+    if i1125 == 0:
         f_node_id = None
-    elif i1074 == 1:
-        n1075 = _ZL[buf[pos]]
-        if n1075 < 0:
-            n1075, pos = _rlong(buf, pos)
-            if n1075 < 0:
-                raise _length_error(n1075, end - pos)
+    elif i1125 == 1:
+        n1126 = _ZL[buf[pos]]
+        if n1126 < 0:
+            n1126, pos = _rlong(buf, pos)
+            if n1126 < 0:
+                raise _length_error(n1126, end - pos)
         else:
             pos += 1
-        q1076 = pos + n1075
-        if q1076 > end:
-            raise _length_error(n1075, end - pos)
-        f_node_id = buf[pos:q1076].decode()
-        pos = q1076
+        q1127 = pos + n1126
+        if q1127 > end:
+            raise _length_error(n1126, end - pos)
+        f_node_id = buf[pos:q1127].decode()
+        pos = q1127
     else:
-        raise _union_error(i1074, 2)
-    n1077 = _ZL[buf[pos]]
-    if n1077 < 0:
-        n1077, pos = _rlong(buf, pos)
-        if n1077 < 0:
-            raise _length_error(n1077, end - pos)
+        raise _union_error(i1125, 2)
+    n1128 = _ZL[buf[pos]]
+    if n1128 < 0:
+        n1128, pos = _rlong(buf, pos)
+        if n1128 < 0:
+            raise _length_error(n1128, end - pos)
     else:
         pos += 1
-    q1078 = pos + n1077
-    if q1078 > end:
-        raise _length_error(n1077, end - pos)
-    f_reason = buf[pos:q1078].decode()
-    pos = q1078
+    q1129 = pos + n1128
+    if q1129 > end:
+        raise _length_error(n1128, end - pos)
+    f_reason = buf[pos:q1129].decode()
+    pos = q1129
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1129(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1080 = _ZL[buf[pos]]
-    if n1080 < 0:
-        n1080, pos = _rlong(buf, pos)
-        if n1080 < 0:
-            raise _length_error(n1080, end - pos)
+    n1131 = _ZL[buf[pos]]
+    if n1131 < 0:
+        n1131, pos = _rlong(buf, pos)
+        if n1131 < 0:
+            raise _length_error(n1131, end - pos)
     else:
         pos += 1
-    q1081 = pos + n1080
-    if q1081 > end:
-        raise _length_error(n1080, end - pos)
-    f_policy = buf[pos:q1081].decode()
-    pos = q1081
-    n1082 = _ZL[buf[pos]]
-    if n1082 < 0:
-        n1082, pos = _rlong(buf, pos)
-        if n1082 < 0:
-            raise _length_error(n1082, end - pos)
+    q1132 = pos + n1131
+    if q1132 > end:
+        raise _length_error(n1131, end - pos)
+    f_policy = buf[pos:q1132].decode()
+    pos = q1132
+    n1133 = _ZL[buf[pos]]
+    if n1133 < 0:
+        n1133, pos = _rlong(buf, pos)
+        if n1133 < 0:
+            raise _length_error(n1133, end - pos)
     else:
         pos += 1
-    q1083 = pos + n1082
-    if q1083 > end:
-        raise _length_error(n1082, end - pos)
-    f_previous = buf[pos:q1083].decode()
-    pos = q1083
+    q1134 = pos + n1133
+    if q1134 > end:
+        raise _length_error(n1133, end - pos)
+    f_previous = buf[pos:q1134].decode()
+    pos = q1134
     b = buf[pos]
     if b < 128:
-        i1084 = _ZD[b]
+        i1135 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1084 = (z >> 1) ^ -(z & 1)
+        i1135 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1084 = (z >> 1) ^ -(z & 1)
+        i1135 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1084, pos = _rlong(buf, pos)
-    if i1084 == 0:
+        i1135, pos = _rlong(buf, pos)
+    if i1135 == 0:
         f_reserve_after_ms = None
-    elif i1084 == 1:
+    elif i1135 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4322,36 +4545,36 @@ def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1084, 2)
-    n1085 = _ZL[buf[pos]]
-    if n1085 < 0:
-        n1085, pos = _rlong(buf, pos)
-        if n1085 < 0:
-            raise _length_error(n1085, end - pos)
+        raise _union_error(i1135, 2)
+    n1136 = _ZL[buf[pos]]
+    if n1136 < 0:
+        n1136, pos = _rlong(buf, pos)
+        if n1136 < 0:
+            raise _length_error(n1136, end - pos)
     else:
         pos += 1
-    q1086 = pos + n1085
-    if q1086 > end:
-        raise _length_error(n1085, end - pos)
-    f_queue_order = buf[pos:q1086].decode()
-    pos = q1086
+    q1137 = pos + n1136
+    if q1137 > end:
+        raise _length_error(n1136, end - pos)
+    f_queue_order = buf[pos:q1137].decode()
+    pos = q1137
     b = buf[pos]
     if b < 128:
-        i1087 = _ZD[b]
+        i1138 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1087 = (z >> 1) ^ -(z & 1)
+        i1138 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1087 = (z >> 1) ^ -(z & 1)
+        i1138 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1087, pos = _rlong(buf, pos)
-    if i1087 == 0:
+        i1138, pos = _rlong(buf, pos)
+    if i1138 == 0:
         f_max_clock_jump_ms = None
-    elif i1087 == 1:
+    elif i1138 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4367,69 +4590,69 @@ def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1087, 2)
+        raise _union_error(i1138, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1087(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1138(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1089 = _ZL[buf[pos]]
-    if n1089 < 0:
-        n1089, pos = _rlong(buf, pos)
-        if n1089 < 0:
-            raise _length_error(n1089, end - pos)
+    n1140 = _ZL[buf[pos]]
+    if n1140 < 0:
+        n1140, pos = _rlong(buf, pos)
+        if n1140 < 0:
+            raise _length_error(n1140, end - pos)
     else:
         pos += 1
-    q1090 = pos + n1089
-    if q1090 > end:
-        raise _length_error(n1089, end - pos)
-    f_command_id = buf[pos:q1090].decode()
-    pos = q1090
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
+    q1141 = pos + n1140
+    if q1141 > end:
+        raise _length_error(n1140, end - pos)
+    f_command_id = buf[pos:q1141].decode()
+    pos = q1141
+    n1142 = _ZL[buf[pos]]
+    if n1142 < 0:
+        n1142, pos = _rlong(buf, pos)
+        if n1142 < 0:
+            raise _length_error(n1142, end - pos)
     else:
         pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_command_type = buf[pos:q1092].decode()
-    pos = q1092
-    n1093 = _ZL[buf[pos]]
-    if n1093 < 0:
-        n1093, pos = _rlong(buf, pos)
-        if n1093 < 0:
-            raise _length_error(n1093, end - pos)
+    q1143 = pos + n1142
+    if q1143 > end:
+        raise _length_error(n1142, end - pos)
+    f_command_type = buf[pos:q1143].decode()
+    pos = q1143
+    n1144 = _ZL[buf[pos]]
+    if n1144 < 0:
+        n1144, pos = _rlong(buf, pos)
+        if n1144 < 0:
+            raise _length_error(n1144, end - pos)
     else:
         pos += 1
-    q1094 = pos + n1093
-    if q1094 > end:
-        raise _length_error(n1093, end - pos)
-    f_code = buf[pos:q1094].decode()
-    pos = q1094
-    n1095 = _ZL[buf[pos]]
-    if n1095 < 0:
-        n1095, pos = _rlong(buf, pos)
-        if n1095 < 0:
-            raise _length_error(n1095, end - pos)
+    q1145 = pos + n1144
+    if q1145 > end:
+        raise _length_error(n1144, end - pos)
+    f_code = buf[pos:q1145].decode()
+    pos = q1145
+    n1146 = _ZL[buf[pos]]
+    if n1146 < 0:
+        n1146, pos = _rlong(buf, pos)
+        if n1146 < 0:
+            raise _length_error(n1146, end - pos)
     else:
         pos += 1
-    q1096 = pos + n1095
-    if q1096 > end:
-        raise _length_error(n1095, end - pos)
-    f_message = buf[pos:q1096].decode()
-    pos = q1096
+    q1147 = pos + n1146
+    if q1147 > end:
+        raise _length_error(n1146, end - pos)
+    f_message = buf[pos:q1147].decode()
+    pos = q1147
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4444,30 +4667,30 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1106 = _ZL[buf[pos]]
-    if n1106 < 0:
-        n1106, pos = _rlong(buf, pos)
-        if n1106 < 0:
-            raise _length_error(n1106, end - pos)
+    n1157 = _ZL[buf[pos]]
+    if n1157 < 0:
+        n1157, pos = _rlong(buf, pos)
+        if n1157 < 0:
+            raise _length_error(n1157, end - pos)
     else:
         pos += 1
-    q1107 = pos + n1106
-    if q1107 > end:
-        raise _length_error(n1106, end - pos)
-    f_gang_id = buf[pos:q1107].decode()
-    pos = q1107
-    n1108 = _ZL[buf[pos]]
-    if n1108 < 0:
-        n1108, pos = _rlong(buf, pos)
-        if n1108 < 0:
-            raise _length_error(n1108, end - pos)
+    q1158 = pos + n1157
+    if q1158 > end:
+        raise _length_error(n1157, end - pos)
+    f_gang_id = buf[pos:q1158].decode()
+    pos = q1158
+    n1159 = _ZL[buf[pos]]
+    if n1159 < 0:
+        n1159, pos = _rlong(buf, pos)
+        if n1159 < 0:
+            raise _length_error(n1159, end - pos)
     else:
         pos += 1
-    q1109 = pos + n1108
-    if q1109 > end:
-        raise _length_error(n1108, end - pos)
-    f_tenant = buf[pos:q1109].decode()
-    pos = q1109
+    q1160 = pos + n1159
+    if q1160 > end:
+        raise _length_error(n1159, end - pos)
+    f_tenant = buf[pos:q1160].decode()
+    pos = q1160
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4486,46 +4709,46 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1110: list[Any] = []
+        acc1161: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1111 = _ZD[b]
+                c1162 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1111 = (z >> 1) ^ -(z & 1)
+                c1162 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1111 = (z >> 1) ^ -(z & 1)
+                c1162 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1111, pos = _rlong(buf, pos)
-            if c1111 == 0:
+                c1162, pos = _rlong(buf, pos)
+            if c1162 == 0:
                 break
-            if c1111 < 0:
-                c1111 = -c1111
+            if c1162 < 0:
+                c1162 = -c1162
                 b = buf[pos]
                 if b < 128:
-                    z1114 = _ZD[b]
+                    z1165 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1114 = (z >> 1) ^ -(z & 1)
+                    z1165 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1114 = (z >> 1) ^ -(z & 1)
+                    z1165 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1114, pos = _rlong(buf, pos)
-            if c1111 * 18 > end - pos:
-                raise _count_error(c1111, end - pos)
-            for _ in range(c1111):
-                x1112, pos = _d_PodSpec980(buf, pos, end)
-                acc1110.append(x1112)
-        f_members = tuple(acc1110)
+                    z1165, pos = _rlong(buf, pos)
+            if c1162 * 18 > end - pos:
+                raise _count_error(c1162, end - pos)
+            for _ in range(c1162):
+                x1163, pos = _d_PodSpec1031(buf, pos, end)
+                acc1161.append(x1163)
+        f_members = tuple(acc1161)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4542,83 +4765,83 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1115 = _ZD[b]
+        i1166 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1115 = (z >> 1) ^ -(z & 1)
+        i1166 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1115 = (z >> 1) ^ -(z & 1)
+        i1166 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1115, pos = _rlong(buf, pos)
-    if i1115 == 0:
+        i1166, pos = _rlong(buf, pos)
+    if i1166 == 0:
         f_topology_required = None
-    elif i1115 == 1:
-        n1116 = _ZL[buf[pos]]
-        if n1116 < 0:
-            n1116, pos = _rlong(buf, pos)
-            if n1116 < 0:
-                raise _length_error(n1116, end - pos)
+    elif i1166 == 1:
+        n1167 = _ZL[buf[pos]]
+        if n1167 < 0:
+            n1167, pos = _rlong(buf, pos)
+            if n1167 < 0:
+                raise _length_error(n1167, end - pos)
         else:
             pos += 1
-        q1117 = pos + n1116
-        if q1117 > end:
-            raise _length_error(n1116, end - pos)
-        f_topology_required = buf[pos:q1117].decode()
-        pos = q1117
+        q1168 = pos + n1167
+        if q1168 > end:
+            raise _length_error(n1167, end - pos)
+        f_topology_required = buf[pos:q1168].decode()
+        pos = q1168
     else:
-        raise _union_error(i1115, 2)
+        raise _union_error(i1166, 2)
     b = buf[pos]
     if b < 128:
-        i1118 = _ZD[b]
+        i1169 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1118 = (z >> 1) ^ -(z & 1)
+        i1169 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1118 = (z >> 1) ^ -(z & 1)
+        i1169 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1118, pos = _rlong(buf, pos)
-    if i1118 == 0:
+        i1169, pos = _rlong(buf, pos)
+    if i1169 == 0:
         f_topology_preferred = None
-    elif i1118 == 1:
-        n1119 = _ZL[buf[pos]]
-        if n1119 < 0:
-            n1119, pos = _rlong(buf, pos)
-            if n1119 < 0:
-                raise _length_error(n1119, end - pos)
+    elif i1169 == 1:
+        n1170 = _ZL[buf[pos]]
+        if n1170 < 0:
+            n1170, pos = _rlong(buf, pos)
+            if n1170 < 0:
+                raise _length_error(n1170, end - pos)
         else:
             pos += 1
-        q1120 = pos + n1119
-        if q1120 > end:
-            raise _length_error(n1119, end - pos)
-        f_topology_preferred = buf[pos:q1120].decode()
-        pos = q1120
+        q1171 = pos + n1170
+        if q1171 > end:
+            raise _length_error(n1170, end - pos)
+        f_topology_preferred = buf[pos:q1171].decode()
+        pos = q1171
     else:
-        raise _union_error(i1118, 2)
+        raise _union_error(i1169, 2)
     b = buf[pos]
     if b < 128:
-        i1121 = _ZD[b]
+        i1172 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1121 = (z >> 1) ^ -(z & 1)
+        i1172 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1121 = (z >> 1) ^ -(z & 1)
+        i1172 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1121, pos = _rlong(buf, pos)
-    if i1121 == 0:
+        i1172, pos = _rlong(buf, pos)
+    if i1172 == 0:
         f_timeout_ms = None
-    elif i1121 == 1:
+    elif i1172 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4634,24 +4857,24 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1121, 2)
+        raise _union_error(i1172, 2)
     b = buf[pos]
     if b < 128:
-        i1122 = _ZD[b]
+        i1173 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1122 = (z >> 1) ^ -(z & 1)
+        i1173 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1122 = (z >> 1) ^ -(z & 1)
+        i1173 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1122, pos = _rlong(buf, pos)
-    if i1122 == 0:
+        i1173, pos = _rlong(buf, pos)
+    if i1173 == 0:
         f_time_limit_ms = None
-    elif i1122 == 1:
+    elif i1173 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4667,74 +4890,74 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1122, 2)
+        raise _union_error(i1173, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1123: list[Any] = []
+        acc1174: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1124 = _ZD[b]
+                c1175 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1124 = (z >> 1) ^ -(z & 1)
+                c1175 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1124 = (z >> 1) ^ -(z & 1)
+                c1175 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1124, pos = _rlong(buf, pos)
-            if c1124 == 0:
+                c1175, pos = _rlong(buf, pos)
+            if c1175 == 0:
                 break
-            if c1124 < 0:
-                c1124 = -c1124
+            if c1175 < 0:
+                c1175 = -c1175
                 b = buf[pos]
                 if b < 128:
-                    z1127 = _ZD[b]
+                    z1178 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1127 = (z >> 1) ^ -(z & 1)
+                    z1178 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1127 = (z >> 1) ^ -(z & 1)
+                    z1178 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1127, pos = _rlong(buf, pos)
-            if c1124 * 1 > end - pos:
-                raise _count_error(c1124, end - pos)
-            for _ in range(c1124):
-                n1128 = _ZL[buf[pos]]
-                if n1128 < 0:
-                    n1128, pos = _rlong(buf, pos)
-                    if n1128 < 0:
-                        raise _length_error(n1128, end - pos)
+                    z1178, pos = _rlong(buf, pos)
+            if c1175 * 1 > end - pos:
+                raise _count_error(c1175, end - pos)
+            for _ in range(c1175):
+                n1179 = _ZL[buf[pos]]
+                if n1179 < 0:
+                    n1179, pos = _rlong(buf, pos)
+                    if n1179 < 0:
+                        raise _length_error(n1179, end - pos)
                 else:
                     pos += 1
-                q1129 = pos + n1128
-                if q1129 > end:
-                    raise _length_error(n1128, end - pos)
-                x1125 = buf[pos:q1129].decode()
-                pos = q1129
-                acc1123.append(x1125)
-        f_depends_on = tuple(acc1123)
-    n1130 = _ZL[buf[pos]]
-    if n1130 < 0:
-        n1130, pos = _rlong(buf, pos)
-        if n1130 < 0:
-            raise _length_error(n1130, end - pos)
+                q1180 = pos + n1179
+                if q1180 > end:
+                    raise _length_error(n1179, end - pos)
+                x1176 = buf[pos:q1180].decode()
+                pos = q1180
+                acc1174.append(x1176)
+        f_depends_on = tuple(acc1174)
+    n1181 = _ZL[buf[pos]]
+    if n1181 < 0:
+        n1181, pos = _rlong(buf, pos)
+        if n1181 < 0:
+            raise _length_error(n1181, end - pos)
     else:
         pos += 1
-    q1131 = pos + n1130
-    if q1131 > end:
-        raise _length_error(n1130, end - pos)
-    f_dependency = buf[pos:q1131].decode()
-    pos = q1131
+    q1182 = pos + n1181
+    if q1182 > end:
+        raise _length_error(n1181, end - pos)
+    f_dependency = buf[pos:q1182].decode()
+    pos = q1182
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4763,223 +4986,223 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1132 = _ZL[buf[pos]]
-    if n1132 < 0:
-        n1132, pos = _rlong(buf, pos)
-        if n1132 < 0:
-            raise _length_error(n1132, end - pos)
+    n1183 = _ZL[buf[pos]]
+    if n1183 < 0:
+        n1183, pos = _rlong(buf, pos)
+        if n1183 < 0:
+            raise _length_error(n1183, end - pos)
     else:
         pos += 1
-    q1133 = pos + n1132
-    if q1133 > end:
-        raise _length_error(n1132, end - pos)
-    f_preemption = buf[pos:q1133].decode()
-    pos = q1133
+    q1184 = pos + n1183
+    if q1184 > end:
+        raise _length_error(n1183, end - pos)
+    f_preemption = buf[pos:q1184].decode()
+    pos = q1184
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
     return o, pos
 
 
-def _d_GangQueued1096(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1147(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1098 = _ZL[buf[pos]]
-    if n1098 < 0:
-        n1098, pos = _rlong(buf, pos)
-        if n1098 < 0:
-            raise _length_error(n1098, end - pos)
+    n1149 = _ZL[buf[pos]]
+    if n1149 < 0:
+        n1149, pos = _rlong(buf, pos)
+        if n1149 < 0:
+            raise _length_error(n1149, end - pos)
     else:
         pos += 1
-    q1099 = pos + n1098
-    if q1099 > end:
-        raise _length_error(n1098, end - pos)
-    f_gang_id = buf[pos:q1099].decode()
-    pos = q1099
+    q1150 = pos + n1149
+    if q1150 > end:
+        raise _length_error(n1149, end - pos)
+    f_gang_id = buf[pos:q1150].decode()
+    pos = q1150
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1100: list[Any] = []
+        acc1151: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1101 = _ZD[b]
+                c1152 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1101 = (z >> 1) ^ -(z & 1)
+                c1152 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1101 = (z >> 1) ^ -(z & 1)
+                c1152 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1101, pos = _rlong(buf, pos)
-            if c1101 == 0:
+                c1152, pos = _rlong(buf, pos)
+            if c1152 == 0:
                 break
-            if c1101 < 0:
-                c1101 = -c1101
+            if c1152 < 0:
+                c1152 = -c1152
                 b = buf[pos]
                 if b < 128:
-                    z1104 = _ZD[b]
+                    z1155 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1104 = (z >> 1) ^ -(z & 1)
+                    z1155 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1104 = (z >> 1) ^ -(z & 1)
+                    z1155 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1104, pos = _rlong(buf, pos)
-            if c1101 * 3 > end - pos:
-                raise _count_error(c1101, end - pos)
-            for _ in range(c1101):
-                x1102, pos = _d_QueueReason1026(buf, pos, end)
-                acc1100.append(x1102)
-        f_reasons = tuple(acc1100)
-    f_gang, pos = _d_GangSpec1104(buf, pos, end)
+                    z1155, pos = _rlong(buf, pos)
+            if c1152 * 3 > end - pos:
+                raise _count_error(c1152, end - pos)
+            for _ in range(c1152):
+                x1153, pos = _d_QueueReason1077(buf, pos, end)
+                acc1151.append(x1153)
+        f_reasons = tuple(acc1151)
+    f_gang, pos = _d_GangSpec1155(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1134: list[Any] = []
+        acc1185: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1135 = _ZD[b]
+                c1186 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1135 = (z >> 1) ^ -(z & 1)
+                c1186 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1135 = (z >> 1) ^ -(z & 1)
+                c1186 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1135, pos = _rlong(buf, pos)
-            if c1135 == 0:
+                c1186, pos = _rlong(buf, pos)
+            if c1186 == 0:
                 break
-            if c1135 < 0:
-                c1135 = -c1135
+            if c1186 < 0:
+                c1186 = -c1186
                 b = buf[pos]
                 if b < 128:
-                    z1138 = _ZD[b]
+                    z1189 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1138 = (z >> 1) ^ -(z & 1)
+                    z1189 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1138 = (z >> 1) ^ -(z & 1)
+                    z1189 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1138, pos = _rlong(buf, pos)
-            if c1135 * 1 > end - pos:
-                raise _count_error(c1135, end - pos)
-            for _ in range(c1135):
-                n1139 = _ZL[buf[pos]]
-                if n1139 < 0:
-                    n1139, pos = _rlong(buf, pos)
-                    if n1139 < 0:
-                        raise _length_error(n1139, end - pos)
+                    z1189, pos = _rlong(buf, pos)
+            if c1186 * 1 > end - pos:
+                raise _count_error(c1186, end - pos)
+            for _ in range(c1186):
+                n1190 = _ZL[buf[pos]]
+                if n1190 < 0:
+                    n1190, pos = _rlong(buf, pos)
+                    if n1190 < 0:
+                        raise _length_error(n1190, end - pos)
                 else:
                     pos += 1
-                q1140 = pos + n1139
-                if q1140 > end:
-                    raise _length_error(n1139, end - pos)
-                x1136 = buf[pos:q1140].decode()
-                pos = q1140
-                acc1134.append(x1136)
-        f_waiting_for = tuple(acc1134)
+                q1191 = pos + n1190
+                if q1191 > end:
+                    raise _length_error(n1190, end - pos)
+                x1187 = buf[pos:q1191].decode()
+                pos = q1191
+                acc1185.append(x1187)
+        f_waiting_for = tuple(acc1185)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1148(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1199(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1150 = _ZL[buf[pos]]
-    if n1150 < 0:
-        n1150, pos = _rlong(buf, pos)
-        if n1150 < 0:
-            raise _length_error(n1150, end - pos)
+    n1201 = _ZL[buf[pos]]
+    if n1201 < 0:
+        n1201, pos = _rlong(buf, pos)
+        if n1201 < 0:
+            raise _length_error(n1201, end - pos)
     else:
         pos += 1
-    q1151 = pos + n1150
-    if q1151 > end:
-        raise _length_error(n1150, end - pos)
-    f_pod_id = buf[pos:q1151].decode()
-    pos = q1151
-    n1152 = _ZL[buf[pos]]
-    if n1152 < 0:
-        n1152, pos = _rlong(buf, pos)
-        if n1152 < 0:
-            raise _length_error(n1152, end - pos)
+    q1202 = pos + n1201
+    if q1202 > end:
+        raise _length_error(n1201, end - pos)
+    f_pod_id = buf[pos:q1202].decode()
+    pos = q1202
+    n1203 = _ZL[buf[pos]]
+    if n1203 < 0:
+        n1203, pos = _rlong(buf, pos)
+        if n1203 < 0:
+            raise _length_error(n1203, end - pos)
     else:
         pos += 1
-    q1153 = pos + n1152
-    if q1153 > end:
-        raise _length_error(n1152, end - pos)
-    f_node_id = buf[pos:q1153].decode()
-    pos = q1153
+    q1204 = pos + n1203
+    if q1204 > end:
+        raise _length_error(n1203, end - pos)
+    f_node_id = buf[pos:q1204].decode()
+    pos = q1204
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1154: list[Any] = []
+        acc1205: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1155 = _ZD[b]
+                c1206 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1155 = (z >> 1) ^ -(z & 1)
+                c1206 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1155 = (z >> 1) ^ -(z & 1)
+                c1206 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1155, pos = _rlong(buf, pos)
-            if c1155 == 0:
+                c1206, pos = _rlong(buf, pos)
+            if c1206 == 0:
                 break
-            if c1155 < 0:
-                c1155 = -c1155
+            if c1206 < 0:
+                c1206 = -c1206
                 b = buf[pos]
                 if b < 128:
-                    z1158 = _ZD[b]
+                    z1209 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1158 = (z >> 1) ^ -(z & 1)
+                    z1209 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1158 = (z >> 1) ^ -(z & 1)
+                    z1209 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1158, pos = _rlong(buf, pos)
-            if c1155 * 2 > end - pos:
-                raise _count_error(c1155, end - pos)
-            for _ in range(c1155):
-                x1156, pos = _d_GpuShare1046(buf, pos, end)
-                acc1154.append(x1156)
-        f_gpus = tuple(acc1154)
+                    z1209, pos = _rlong(buf, pos)
+            if c1206 * 2 > end - pos:
+                raise _count_error(c1206, end - pos)
+            for _ in range(c1206):
+                x1207, pos = _d_GpuShare1097(buf, pos, end)
+                acc1205.append(x1207)
+        f_gpus = tuple(acc1205)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1140(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -4988,214 +5211,214 @@ def _d_GangScheduled1140(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
     else:
         pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_gang_id = buf[pos:q1143].decode()
-    pos = q1143
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_gang_id = buf[pos:q1194].decode()
+    pos = q1194
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1144: list[Any] = []
+        acc1195: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1145 = _ZD[b]
+                c1196 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1145 = (z >> 1) ^ -(z & 1)
+                c1196 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1145 = (z >> 1) ^ -(z & 1)
+                c1196 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1145, pos = _rlong(buf, pos)
-            if c1145 == 0:
+                c1196, pos = _rlong(buf, pos)
+            if c1196 == 0:
                 break
-            if c1145 < 0:
-                c1145 = -c1145
+            if c1196 < 0:
+                c1196 = -c1196
                 b = buf[pos]
                 if b < 128:
-                    z1148 = _ZD[b]
+                    z1199 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1148 = (z >> 1) ^ -(z & 1)
+                    z1199 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1148 = (z >> 1) ^ -(z & 1)
+                    z1199 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1148, pos = _rlong(buf, pos)
-            if c1145 * 3 > end - pos:
-                raise _count_error(c1145, end - pos)
-            for _ in range(c1145):
-                x1146, pos = _d_MemberPlacement1148(buf, pos, end)
-                acc1144.append(x1146)
-        f_members = tuple(acc1144)
-    f_gang, pos = _d_GangSpec1104(buf, pos, end)
+                    z1199, pos = _rlong(buf, pos)
+            if c1196 * 3 > end - pos:
+                raise _count_error(c1196, end - pos)
+            for _ in range(c1196):
+                x1197, pos = _d_MemberPlacement1199(buf, pos, end)
+                acc1195.append(x1197)
+        f_members = tuple(acc1195)
+    f_gang, pos = _d_GangSpec1155(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1159 = _ZD[b]
+        i1210 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1159 = (z >> 1) ^ -(z & 1)
+        i1210 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1159 = (z >> 1) ^ -(z & 1)
+        i1210 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1159, pos = _rlong(buf, pos)
-    if i1159 == 0:
+        i1210, pos = _rlong(buf, pos)
+    if i1210 == 0:
         f_topology_key = None
-    elif i1159 == 1:
-        n1160 = _ZL[buf[pos]]
-        if n1160 < 0:
-            n1160, pos = _rlong(buf, pos)
-            if n1160 < 0:
-                raise _length_error(n1160, end - pos)
+    elif i1210 == 1:
+        n1211 = _ZL[buf[pos]]
+        if n1211 < 0:
+            n1211, pos = _rlong(buf, pos)
+            if n1211 < 0:
+                raise _length_error(n1211, end - pos)
         else:
             pos += 1
-        q1161 = pos + n1160
-        if q1161 > end:
-            raise _length_error(n1160, end - pos)
-        f_topology_key = buf[pos:q1161].decode()
-        pos = q1161
+        q1212 = pos + n1211
+        if q1212 > end:
+            raise _length_error(n1211, end - pos)
+        f_topology_key = buf[pos:q1212].decode()
+        pos = q1212
     else:
-        raise _union_error(i1159, 2)
+        raise _union_error(i1210, 2)
     b = buf[pos]
     if b < 128:
-        i1162 = _ZD[b]
+        i1213 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1162, pos = _rlong(buf, pos)
-    if i1162 == 0:
+        i1213, pos = _rlong(buf, pos)
+    if i1213 == 0:
         f_domain = None
-    elif i1162 == 1:
-        n1163 = _ZL[buf[pos]]
-        if n1163 < 0:
-            n1163, pos = _rlong(buf, pos)
-            if n1163 < 0:
-                raise _length_error(n1163, end - pos)
+    elif i1213 == 1:
+        n1214 = _ZL[buf[pos]]
+        if n1214 < 0:
+            n1214, pos = _rlong(buf, pos)
+            if n1214 < 0:
+                raise _length_error(n1214, end - pos)
         else:
             pos += 1
-        q1164 = pos + n1163
-        if q1164 > end:
-            raise _length_error(n1163, end - pos)
-        f_domain = buf[pos:q1164].decode()
-        pos = q1164
+        q1215 = pos + n1214
+        if q1215 > end:
+            raise _length_error(n1214, end - pos)
+        f_domain = buf[pos:q1215].decode()
+        pos = q1215
     else:
-        raise _union_error(i1162, 2)
+        raise _union_error(i1213, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1165 = _ZL[buf[pos]]
-    if n1165 < 0:
-        n1165, pos = _rlong(buf, pos)
-        if n1165 < 0:
-            raise _length_error(n1165, end - pos)
+    n1216 = _ZL[buf[pos]]
+    if n1216 < 0:
+        n1216, pos = _rlong(buf, pos)
+        if n1216 < 0:
+            raise _length_error(n1216, end - pos)
     else:
         pos += 1
-    q1166 = pos + n1165
-    if q1166 > end:
-        raise _length_error(n1165, end - pos)
-    f_message = buf[pos:q1166].decode()
-    pos = q1166
+    q1217 = pos + n1216
+    if q1217 > end:
+        raise _length_error(n1216, end - pos)
+    f_message = buf[pos:q1217].decode()
+    pos = q1217
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1167: list[Any] = []
+        acc1218: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1168 = _ZD[b]
+                c1219 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1219 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1219 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1168, pos = _rlong(buf, pos)
-            if c1168 == 0:
+                c1219, pos = _rlong(buf, pos)
+            if c1219 == 0:
                 break
-            if c1168 < 0:
-                c1168 = -c1168
+            if c1219 < 0:
+                c1219 = -c1219
                 b = buf[pos]
                 if b < 128:
-                    z1171 = _ZD[b]
+                    z1222 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1222 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1222 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1171, pos = _rlong(buf, pos)
-            if c1168 * 1 > end - pos:
-                raise _count_error(c1168, end - pos)
-            for _ in range(c1168):
-                n1172 = _ZL[buf[pos]]
-                if n1172 < 0:
-                    n1172, pos = _rlong(buf, pos)
-                    if n1172 < 0:
-                        raise _length_error(n1172, end - pos)
+                    z1222, pos = _rlong(buf, pos)
+            if c1219 * 1 > end - pos:
+                raise _count_error(c1219, end - pos)
+            for _ in range(c1219):
+                n1223 = _ZL[buf[pos]]
+                if n1223 < 0:
+                    n1223, pos = _rlong(buf, pos)
+                    if n1223 < 0:
+                        raise _length_error(n1223, end - pos)
                 else:
                     pos += 1
-                q1173 = pos + n1172
-                if q1173 > end:
-                    raise _length_error(n1172, end - pos)
-                x1169 = buf[pos:q1173].decode()
-                pos = q1173
-                acc1167.append(x1169)
-        f_preempted = tuple(acc1167)
+                q1224 = pos + n1223
+                if q1224 > end:
+                    raise _length_error(n1223, end - pos)
+                x1220 = buf[pos:q1224].decode()
+                pos = q1224
+                acc1218.append(x1220)
+        f_preempted = tuple(acc1218)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1173(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1224(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1175 = _ZL[buf[pos]]
-    if n1175 < 0:
-        n1175, pos = _rlong(buf, pos)
-        if n1175 < 0:
-            raise _length_error(n1175, end - pos)
+    n1226 = _ZL[buf[pos]]
+    if n1226 < 0:
+        n1226, pos = _rlong(buf, pos)
+        if n1226 < 0:
+            raise _length_error(n1226, end - pos)
     else:
         pos += 1
-    q1176 = pos + n1175
-    if q1176 > end:
-        raise _length_error(n1175, end - pos)
-    f_gang_id = buf[pos:q1176].decode()
-    pos = q1176
+    q1227 = pos + n1226
+    if q1227 > end:
+        raise _length_error(n1226, end - pos)
+    f_gang_id = buf[pos:q1227].decode()
+    pos = q1227
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5210,85 +5433,85 @@ def _d_GangTimedOut1173(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1177 = _ZL[buf[pos]]
-    if n1177 < 0:
-        n1177, pos = _rlong(buf, pos)
-        if n1177 < 0:
-            raise _length_error(n1177, end - pos)
+    n1228 = _ZL[buf[pos]]
+    if n1228 < 0:
+        n1228, pos = _rlong(buf, pos)
+        if n1228 < 0:
+            raise _length_error(n1228, end - pos)
     else:
         pos += 1
-    q1178 = pos + n1177
-    if q1178 > end:
-        raise _length_error(n1177, end - pos)
-    f_message = buf[pos:q1178].decode()
-    pos = q1178
+    q1229 = pos + n1228
+    if q1229 > end:
+        raise _length_error(n1228, end - pos)
+    f_message = buf[pos:q1229].decode()
+    pos = q1229
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1178(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1229(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1180 = _ZL[buf[pos]]
-    if n1180 < 0:
-        n1180, pos = _rlong(buf, pos)
-        if n1180 < 0:
-            raise _length_error(n1180, end - pos)
+    n1231 = _ZL[buf[pos]]
+    if n1231 < 0:
+        n1231, pos = _rlong(buf, pos)
+        if n1231 < 0:
+            raise _length_error(n1231, end - pos)
     else:
         pos += 1
-    q1181 = pos + n1180
-    if q1181 > end:
-        raise _length_error(n1180, end - pos)
-    f_gang_id = buf[pos:q1181].decode()
-    pos = q1181
-    n1182 = _ZL[buf[pos]]
-    if n1182 < 0:
-        n1182, pos = _rlong(buf, pos)
-        if n1182 < 0:
-            raise _length_error(n1182, end - pos)
+    q1232 = pos + n1231
+    if q1232 > end:
+        raise _length_error(n1231, end - pos)
+    f_gang_id = buf[pos:q1232].decode()
+    pos = q1232
+    n1233 = _ZL[buf[pos]]
+    if n1233 < 0:
+        n1233, pos = _rlong(buf, pos)
+        if n1233 < 0:
+            raise _length_error(n1233, end - pos)
     else:
         pos += 1
-    q1183 = pos + n1182
-    if q1183 > end:
-        raise _length_error(n1182, end - pos)
-    f_reason = buf[pos:q1183].decode()
-    pos = q1183
+    q1234 = pos + n1233
+    if q1234 > end:
+        raise _length_error(n1233, end - pos)
+    f_reason = buf[pos:q1234].decode()
+    pos = q1234
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1183(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1234(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1185 = _ZL[buf[pos]]
-    if n1185 < 0:
-        n1185, pos = _rlong(buf, pos)
-        if n1185 < 0:
-            raise _length_error(n1185, end - pos)
+    n1236 = _ZL[buf[pos]]
+    if n1236 < 0:
+        n1236, pos = _rlong(buf, pos)
+        if n1236 < 0:
+            raise _length_error(n1236, end - pos)
     else:
         pos += 1
-    q1186 = pos + n1185
-    if q1186 > end:
-        raise _length_error(n1185, end - pos)
-    f_pod_id = buf[pos:q1186].decode()
-    pos = q1186
-    n1187 = _ZL[buf[pos]]
-    if n1187 < 0:
-        n1187, pos = _rlong(buf, pos)
-        if n1187 < 0:
-            raise _length_error(n1187, end - pos)
+    q1237 = pos + n1236
+    if q1237 > end:
+        raise _length_error(n1236, end - pos)
+    f_pod_id = buf[pos:q1237].decode()
+    pos = q1237
+    n1238 = _ZL[buf[pos]]
+    if n1238 < 0:
+        n1238, pos = _rlong(buf, pos)
+        if n1238 < 0:
+            raise _length_error(n1238, end - pos)
     else:
         pos += 1
-    q1188 = pos + n1187
-    if q1188 > end:
-        raise _length_error(n1187, end - pos)
-    f_node_id = buf[pos:q1188].decode()
-    pos = q1188
+    q1239 = pos + n1238
+    if q1239 > end:
+        raise _length_error(n1238, end - pos)
+    f_node_id = buf[pos:q1239].decode()
+    pos = q1239
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5305,141 +5528,141 @@ def _d_PodTimeLimitReached1183(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1189 = _ZD[b]
+        i1240 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1189 = (z >> 1) ^ -(z & 1)
+        i1240 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1189 = (z >> 1) ^ -(z & 1)
+        i1240 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1189, pos = _rlong(buf, pos)
-    if i1189 == 0:
+        i1240, pos = _rlong(buf, pos)
+    if i1240 == 0:
         f_gang_id = None
-    elif i1189 == 1:
-        n1190 = _ZL[buf[pos]]
-        if n1190 < 0:
-            n1190, pos = _rlong(buf, pos)
-            if n1190 < 0:
-                raise _length_error(n1190, end - pos)
+    elif i1240 == 1:
+        n1241 = _ZL[buf[pos]]
+        if n1241 < 0:
+            n1241, pos = _rlong(buf, pos)
+            if n1241 < 0:
+                raise _length_error(n1241, end - pos)
         else:
             pos += 1
-        q1191 = pos + n1190
-        if q1191 > end:
-            raise _length_error(n1190, end - pos)
-        f_gang_id = buf[pos:q1191].decode()
-        pos = q1191
+        q1242 = pos + n1241
+        if q1242 > end:
+            raise _length_error(n1241, end - pos)
+        f_gang_id = buf[pos:q1242].decode()
+        pos = q1242
     else:
-        raise _union_error(i1189, 2)
+        raise _union_error(i1240, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1191(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+    n1244 = _ZL[buf[pos]]
+    if n1244 < 0:
+        n1244, pos = _rlong(buf, pos)
+        if n1244 < 0:
+            raise _length_error(n1244, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_holder_id = buf[pos:q1194].decode()
-    pos = q1194
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
+    q1245 = pos + n1244
+    if q1245 > end:
+        raise _length_error(n1244, end - pos)
+    f_holder_id = buf[pos:q1245].decode()
+    pos = q1245
+    n1246 = _ZL[buf[pos]]
+    if n1246 < 0:
+        n1246, pos = _rlong(buf, pos)
+        if n1246 < 0:
+            raise _length_error(n1246, end - pos)
     else:
         pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_holder_kind = buf[pos:q1196].decode()
-    pos = q1196
+    q1247 = pos + n1246
+    if q1247 > end:
+        raise _length_error(n1246, end - pos)
+    f_holder_kind = buf[pos:q1247].decode()
+    pos = q1247
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1197: list[Any] = []
+        acc1248: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1198 = _ZD[b]
+                c1249 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1249 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1249 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1198, pos = _rlong(buf, pos)
-            if c1198 == 0:
+                c1249, pos = _rlong(buf, pos)
+            if c1249 == 0:
                 break
-            if c1198 < 0:
-                c1198 = -c1198
+            if c1249 < 0:
+                c1249 = -c1249
                 b = buf[pos]
                 if b < 128:
-                    z1201 = _ZD[b]
+                    z1252 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1252 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1252 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1201, pos = _rlong(buf, pos)
-            if c1198 * 1 > end - pos:
-                raise _count_error(c1198, end - pos)
-            for _ in range(c1198):
-                n1202 = _ZL[buf[pos]]
-                if n1202 < 0:
-                    n1202, pos = _rlong(buf, pos)
-                    if n1202 < 0:
-                        raise _length_error(n1202, end - pos)
+                    z1252, pos = _rlong(buf, pos)
+            if c1249 * 1 > end - pos:
+                raise _count_error(c1249, end - pos)
+            for _ in range(c1249):
+                n1253 = _ZL[buf[pos]]
+                if n1253 < 0:
+                    n1253, pos = _rlong(buf, pos)
+                    if n1253 < 0:
+                        raise _length_error(n1253, end - pos)
                 else:
                     pos += 1
-                q1203 = pos + n1202
-                if q1203 > end:
-                    raise _length_error(n1202, end - pos)
-                x1199 = buf[pos:q1203].decode()
-                pos = q1203
-                acc1197.append(x1199)
-        f_nodes = tuple(acc1197)
+                q1254 = pos + n1253
+                if q1254 > end:
+                    raise _length_error(n1253, end - pos)
+                x1250 = buf[pos:q1254].decode()
+                pos = q1254
+                acc1248.append(x1250)
+        f_nodes = tuple(acc1248)
     b = buf[pos]
     if b < 128:
-        i1204 = _ZD[b]
+        i1255 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1204 = (z >> 1) ^ -(z & 1)
+        i1255 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1204 = (z >> 1) ^ -(z & 1)
+        i1255 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1204, pos = _rlong(buf, pos)
-    if i1204 == 0:
+        i1255, pos = _rlong(buf, pos)
+    if i1255 == 0:
         f_expected_start = None
-    elif i1204 == 1:
+    elif i1255 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5455,194 +5678,194 @@ def _d_NodesReserved1191(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1204, 2)
-    n1205 = _ZL[buf[pos]]
-    if n1205 < 0:
-        n1205, pos = _rlong(buf, pos)
-        if n1205 < 0:
-            raise _length_error(n1205, end - pos)
+        raise _union_error(i1255, 2)
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
     else:
         pos += 1
-    q1206 = pos + n1205
-    if q1206 > end:
-        raise _length_error(n1205, end - pos)
-    f_message = buf[pos:q1206].decode()
-    pos = q1206
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_message = buf[pos:q1257].decode()
+    pos = q1257
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1206(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1257(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1208 = _ZL[buf[pos]]
-    if n1208 < 0:
-        n1208, pos = _rlong(buf, pos)
-        if n1208 < 0:
-            raise _length_error(n1208, end - pos)
+    n1259 = _ZL[buf[pos]]
+    if n1259 < 0:
+        n1259, pos = _rlong(buf, pos)
+        if n1259 < 0:
+            raise _length_error(n1259, end - pos)
     else:
         pos += 1
-    q1209 = pos + n1208
-    if q1209 > end:
-        raise _length_error(n1208, end - pos)
-    f_holder_id = buf[pos:q1209].decode()
-    pos = q1209
-    n1210 = _ZL[buf[pos]]
-    if n1210 < 0:
-        n1210, pos = _rlong(buf, pos)
-        if n1210 < 0:
-            raise _length_error(n1210, end - pos)
+    q1260 = pos + n1259
+    if q1260 > end:
+        raise _length_error(n1259, end - pos)
+    f_holder_id = buf[pos:q1260].decode()
+    pos = q1260
+    n1261 = _ZL[buf[pos]]
+    if n1261 < 0:
+        n1261, pos = _rlong(buf, pos)
+        if n1261 < 0:
+            raise _length_error(n1261, end - pos)
     else:
         pos += 1
-    q1211 = pos + n1210
-    if q1211 > end:
-        raise _length_error(n1210, end - pos)
-    f_holder_kind = buf[pos:q1211].decode()
-    pos = q1211
+    q1262 = pos + n1261
+    if q1262 > end:
+        raise _length_error(n1261, end - pos)
+    f_holder_kind = buf[pos:q1262].decode()
+    pos = q1262
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1212: list[Any] = []
+        acc1263: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1213 = _ZD[b]
+                c1264 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1213 = (z >> 1) ^ -(z & 1)
+                c1264 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1213 = (z >> 1) ^ -(z & 1)
+                c1264 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1213, pos = _rlong(buf, pos)
-            if c1213 == 0:
+                c1264, pos = _rlong(buf, pos)
+            if c1264 == 0:
                 break
-            if c1213 < 0:
-                c1213 = -c1213
+            if c1264 < 0:
+                c1264 = -c1264
                 b = buf[pos]
                 if b < 128:
-                    z1216 = _ZD[b]
+                    z1267 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1216 = (z >> 1) ^ -(z & 1)
+                    z1267 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1216 = (z >> 1) ^ -(z & 1)
+                    z1267 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1216, pos = _rlong(buf, pos)
-            if c1213 * 1 > end - pos:
-                raise _count_error(c1213, end - pos)
-            for _ in range(c1213):
-                n1217 = _ZL[buf[pos]]
-                if n1217 < 0:
-                    n1217, pos = _rlong(buf, pos)
-                    if n1217 < 0:
-                        raise _length_error(n1217, end - pos)
+                    z1267, pos = _rlong(buf, pos)
+            if c1264 * 1 > end - pos:
+                raise _count_error(c1264, end - pos)
+            for _ in range(c1264):
+                n1268 = _ZL[buf[pos]]
+                if n1268 < 0:
+                    n1268, pos = _rlong(buf, pos)
+                    if n1268 < 0:
+                        raise _length_error(n1268, end - pos)
                 else:
                     pos += 1
-                q1218 = pos + n1217
-                if q1218 > end:
-                    raise _length_error(n1217, end - pos)
-                x1214 = buf[pos:q1218].decode()
-                pos = q1218
-                acc1212.append(x1214)
-        f_nodes = tuple(acc1212)
-    n1219 = _ZL[buf[pos]]
-    if n1219 < 0:
-        n1219, pos = _rlong(buf, pos)
-        if n1219 < 0:
-            raise _length_error(n1219, end - pos)
+                q1269 = pos + n1268
+                if q1269 > end:
+                    raise _length_error(n1268, end - pos)
+                x1265 = buf[pos:q1269].decode()
+                pos = q1269
+                acc1263.append(x1265)
+        f_nodes = tuple(acc1263)
+    n1270 = _ZL[buf[pos]]
+    if n1270 < 0:
+        n1270, pos = _rlong(buf, pos)
+        if n1270 < 0:
+            raise _length_error(n1270, end - pos)
     else:
         pos += 1
-    q1220 = pos + n1219
-    if q1220 > end:
-        raise _length_error(n1219, end - pos)
-    f_reason = buf[pos:q1220].decode()
-    pos = q1220
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
+    q1271 = pos + n1270
+    if q1271 > end:
+        raise _length_error(n1270, end - pos)
+    f_reason = buf[pos:q1271].decode()
+    pos = q1271
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_message = buf[pos:q1222].decode()
-    pos = q1222
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_message = buf[pos:q1273].decode()
+    pos = q1273
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1222(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1273(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1224 = _ZL[buf[pos]]
-    if n1224 < 0:
-        n1224, pos = _rlong(buf, pos)
-        if n1224 < 0:
-            raise _length_error(n1224, end - pos)
+    n1275 = _ZL[buf[pos]]
+    if n1275 < 0:
+        n1275, pos = _rlong(buf, pos)
+        if n1275 < 0:
+            raise _length_error(n1275, end - pos)
     else:
         pos += 1
-    q1225 = pos + n1224
-    if q1225 > end:
-        raise _length_error(n1224, end - pos)
-    f_holder_id = buf[pos:q1225].decode()
-    pos = q1225
-    n1226 = _ZL[buf[pos]]
-    if n1226 < 0:
-        n1226, pos = _rlong(buf, pos)
-        if n1226 < 0:
-            raise _length_error(n1226, end - pos)
+    q1276 = pos + n1275
+    if q1276 > end:
+        raise _length_error(n1275, end - pos)
+    f_holder_id = buf[pos:q1276].decode()
+    pos = q1276
+    n1277 = _ZL[buf[pos]]
+    if n1277 < 0:
+        n1277, pos = _rlong(buf, pos)
+        if n1277 < 0:
+            raise _length_error(n1277, end - pos)
     else:
         pos += 1
-    q1227 = pos + n1226
-    if q1227 > end:
-        raise _length_error(n1226, end - pos)
-    f_holder_kind = buf[pos:q1227].decode()
-    pos = q1227
-    n1228 = _ZL[buf[pos]]
-    if n1228 < 0:
-        n1228, pos = _rlong(buf, pos)
-        if n1228 < 0:
-            raise _length_error(n1228, end - pos)
+    q1278 = pos + n1277
+    if q1278 > end:
+        raise _length_error(n1277, end - pos)
+    f_holder_kind = buf[pos:q1278].decode()
+    pos = q1278
+    n1279 = _ZL[buf[pos]]
+    if n1279 < 0:
+        n1279, pos = _rlong(buf, pos)
+        if n1279 < 0:
+            raise _length_error(n1279, end - pos)
     else:
         pos += 1
-    q1229 = pos + n1228
-    if q1229 > end:
-        raise _length_error(n1228, end - pos)
-    f_dependency_id = buf[pos:q1229].decode()
-    pos = q1229
-    n1230 = _ZL[buf[pos]]
-    if n1230 < 0:
-        n1230, pos = _rlong(buf, pos)
-        if n1230 < 0:
-            raise _length_error(n1230, end - pos)
+    q1280 = pos + n1279
+    if q1280 > end:
+        raise _length_error(n1279, end - pos)
+    f_dependency_id = buf[pos:q1280].decode()
+    pos = q1280
+    n1281 = _ZL[buf[pos]]
+    if n1281 < 0:
+        n1281, pos = _rlong(buf, pos)
+        if n1281 < 0:
+            raise _length_error(n1281, end - pos)
     else:
         pos += 1
-    q1231 = pos + n1230
-    if q1231 > end:
-        raise _length_error(n1230, end - pos)
-    f_message = buf[pos:q1231].decode()
-    pos = q1231
+    q1282 = pos + n1281
+    if q1282 > end:
+        raise _length_error(n1281, end - pos)
+    f_message = buf[pos:q1282].decode()
+    pos = q1282
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1231(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1282(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5665,169 +5888,169 @@ def _d_Ticked1231(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1232(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1283(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1234 = _ZL[buf[pos]]
-    if n1234 < 0:
-        n1234, pos = _rlong(buf, pos)
-        if n1234 < 0:
-            raise _length_error(n1234, end - pos)
+    n1285 = _ZL[buf[pos]]
+    if n1285 < 0:
+        n1285, pos = _rlong(buf, pos)
+        if n1285 < 0:
+            raise _length_error(n1285, end - pos)
     else:
         pos += 1
-    q1235 = pos + n1234
-    if q1235 > end:
-        raise _length_error(n1234, end - pos)
-    f_pod_id = buf[pos:q1235].decode()
-    pos = q1235
-    n1236 = _ZL[buf[pos]]
-    if n1236 < 0:
-        n1236, pos = _rlong(buf, pos)
-        if n1236 < 0:
-            raise _length_error(n1236, end - pos)
+    q1286 = pos + n1285
+    if q1286 > end:
+        raise _length_error(n1285, end - pos)
+    f_pod_id = buf[pos:q1286].decode()
+    pos = q1286
+    n1287 = _ZL[buf[pos]]
+    if n1287 < 0:
+        n1287, pos = _rlong(buf, pos)
+        if n1287 < 0:
+            raise _length_error(n1287, end - pos)
     else:
         pos += 1
-    q1237 = pos + n1236
-    if q1237 > end:
-        raise _length_error(n1236, end - pos)
-    f_node_id = buf[pos:q1237].decode()
-    pos = q1237
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
+    q1288 = pos + n1287
+    if q1288 > end:
+        raise _length_error(n1287, end - pos)
+    f_node_id = buf[pos:q1288].decode()
+    pos = q1288
+    n1289 = _ZL[buf[pos]]
+    if n1289 < 0:
+        n1289, pos = _rlong(buf, pos)
+        if n1289 < 0:
+            raise _length_error(n1289, end - pos)
     else:
         pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_by = buf[pos:q1239].decode()
-    pos = q1239
-    n1240 = _ZL[buf[pos]]
-    if n1240 < 0:
-        n1240, pos = _rlong(buf, pos)
-        if n1240 < 0:
-            raise _length_error(n1240, end - pos)
+    q1290 = pos + n1289
+    if q1290 > end:
+        raise _length_error(n1289, end - pos)
+    f_by = buf[pos:q1290].decode()
+    pos = q1290
+    n1291 = _ZL[buf[pos]]
+    if n1291 < 0:
+        n1291, pos = _rlong(buf, pos)
+        if n1291 < 0:
+            raise _length_error(n1291, end - pos)
     else:
         pos += 1
-    q1241 = pos + n1240
-    if q1241 > end:
-        raise _length_error(n1240, end - pos)
-    f_reason = buf[pos:q1241].decode()
-    pos = q1241
-    n1242 = _ZL[buf[pos]]
-    if n1242 < 0:
-        n1242, pos = _rlong(buf, pos)
-        if n1242 < 0:
-            raise _length_error(n1242, end - pos)
+    q1292 = pos + n1291
+    if q1292 > end:
+        raise _length_error(n1291, end - pos)
+    f_reason = buf[pos:q1292].decode()
+    pos = q1292
+    n1293 = _ZL[buf[pos]]
+    if n1293 < 0:
+        n1293, pos = _rlong(buf, pos)
+        if n1293 < 0:
+            raise _length_error(n1293, end - pos)
     else:
         pos += 1
-    q1243 = pos + n1242
-    if q1243 > end:
-        raise _length_error(n1242, end - pos)
-    f_message = buf[pos:q1243].decode()
-    pos = q1243
+    q1294 = pos + n1293
+    if q1294 > end:
+        raise _length_error(n1293, end - pos)
+    f_message = buf[pos:q1294].decode()
+    pos = q1294
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1243(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1245 = _ZD[b]
+        i1296 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1245 = (z >> 1) ^ -(z & 1)
+        i1296 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1245 = (z >> 1) ^ -(z & 1)
+        i1296 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1245, pos = _rlong(buf, pos)
-    if i1245 == 0:
+        i1296, pos = _rlong(buf, pos)
+    if i1296 == 0:
         f_tenant = None
-    elif i1245 == 1:
-        n1246 = _ZL[buf[pos]]
-        if n1246 < 0:
-            n1246, pos = _rlong(buf, pos)
-            if n1246 < 0:
-                raise _length_error(n1246, end - pos)
+    elif i1296 == 1:
+        n1297 = _ZL[buf[pos]]
+        if n1297 < 0:
+            n1297, pos = _rlong(buf, pos)
+            if n1297 < 0:
+                raise _length_error(n1297, end - pos)
         else:
             pos += 1
-        q1247 = pos + n1246
-        if q1247 > end:
-            raise _length_error(n1246, end - pos)
-        f_tenant = buf[pos:q1247].decode()
-        pos = q1247
+        q1298 = pos + n1297
+        if q1298 > end:
+            raise _length_error(n1297, end - pos)
+        f_tenant = buf[pos:q1298].decode()
+        pos = q1298
     else:
-        raise _union_error(i1245, 2)
+        raise _union_error(i1296, 2)
     b = buf[pos]
     if b < 128:
-        i1248 = _ZD[b]
+        i1299 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1248 = (z >> 1) ^ -(z & 1)
+        i1299 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1248 = (z >> 1) ^ -(z & 1)
+        i1299 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1248, pos = _rlong(buf, pos)
-    if i1248 == 0:
+        i1299, pos = _rlong(buf, pos)
+    if i1299 == 0:
         f_quota = None
-    elif i1248 == 1:
-        f_quota, pos = _d_Quota371(buf, pos, end)
+    elif i1299 == 1:
+        f_quota, pos = _d_Quota389(buf, pos, end)
     else:
-        raise _union_error(i1248, 2)
+        raise _union_error(i1299, 2)
     b = buf[pos]
     if b < 128:
-        i1249 = _ZD[b]
+        i1300 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1300 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1300 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1249, pos = _rlong(buf, pos)
-    if i1249 == 0:
+        i1300, pos = _rlong(buf, pos)
+    if i1300 == 0:
         f_previous = None
-    elif i1249 == 1:
-        f_previous, pos = _d_Quota371(buf, pos, end)
+    elif i1300 == 1:
+        f_previous, pos = _d_Quota389(buf, pos, end)
     else:
-        raise _union_error(i1249, 2)
-    n1250 = _ZL[buf[pos]]
-    if n1250 < 0:
-        n1250, pos = _rlong(buf, pos)
-        if n1250 < 0:
-            raise _length_error(n1250, end - pos)
+        raise _union_error(i1300, 2)
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
     else:
         pos += 1
-    q1251 = pos + n1250
-    if q1251 > end:
-        raise _length_error(n1250, end - pos)
-    f_message = buf[pos:q1251].decode()
-    pos = q1251
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_message = buf[pos:q1302].decode()
+    pos = q1302
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -5835,159 +6058,159 @@ def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
     else:
         pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_pod_id = buf[pos:q1254].decode()
-    pos = q1254
-    n1255 = _ZL[buf[pos]]
-    if n1255 < 0:
-        n1255, pos = _rlong(buf, pos)
-        if n1255 < 0:
-            raise _length_error(n1255, end - pos)
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_pod_id = buf[pos:q1305].decode()
+    pos = q1305
+    n1306 = _ZL[buf[pos]]
+    if n1306 < 0:
+        n1306, pos = _rlong(buf, pos)
+        if n1306 < 0:
+            raise _length_error(n1306, end - pos)
     else:
         pos += 1
-    q1256 = pos + n1255
-    if q1256 > end:
-        raise _length_error(n1255, end - pos)
-    f_from_node = buf[pos:q1256].decode()
-    pos = q1256
+    q1307 = pos + n1306
+    if q1307 > end:
+        raise _length_error(n1306, end - pos)
+    f_from_node = buf[pos:q1307].decode()
+    pos = q1307
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1257: list[Any] = []
+        acc1308: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1258 = _ZD[b]
+                c1309 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1258 = (z >> 1) ^ -(z & 1)
+                c1309 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1258 = (z >> 1) ^ -(z & 1)
+                c1309 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1258, pos = _rlong(buf, pos)
-            if c1258 == 0:
+                c1309, pos = _rlong(buf, pos)
+            if c1309 == 0:
                 break
-            if c1258 < 0:
-                c1258 = -c1258
+            if c1309 < 0:
+                c1309 = -c1309
                 b = buf[pos]
                 if b < 128:
-                    z1261 = _ZD[b]
+                    z1312 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1261 = (z >> 1) ^ -(z & 1)
+                    z1312 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1261 = (z >> 1) ^ -(z & 1)
+                    z1312 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1261, pos = _rlong(buf, pos)
-            if c1258 * 2 > end - pos:
-                raise _count_error(c1258, end - pos)
-            for _ in range(c1258):
-                x1259, pos = _d_GpuShare1046(buf, pos, end)
-                acc1257.append(x1259)
-        f_from_gpus = tuple(acc1257)
-    n1262 = _ZL[buf[pos]]
-    if n1262 < 0:
-        n1262, pos = _rlong(buf, pos)
-        if n1262 < 0:
-            raise _length_error(n1262, end - pos)
+                    z1312, pos = _rlong(buf, pos)
+            if c1309 * 2 > end - pos:
+                raise _count_error(c1309, end - pos)
+            for _ in range(c1309):
+                x1310, pos = _d_GpuShare1097(buf, pos, end)
+                acc1308.append(x1310)
+        f_from_gpus = tuple(acc1308)
+    n1313 = _ZL[buf[pos]]
+    if n1313 < 0:
+        n1313, pos = _rlong(buf, pos)
+        if n1313 < 0:
+            raise _length_error(n1313, end - pos)
     else:
         pos += 1
-    q1263 = pos + n1262
-    if q1263 > end:
-        raise _length_error(n1262, end - pos)
-    f_to_node = buf[pos:q1263].decode()
-    pos = q1263
+    q1314 = pos + n1313
+    if q1314 > end:
+        raise _length_error(n1313, end - pos)
+    f_to_node = buf[pos:q1314].decode()
+    pos = q1314
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1264: list[Any] = []
+        acc1315: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1265 = _ZD[b]
+                c1316 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1265 = (z >> 1) ^ -(z & 1)
+                c1316 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1265 = (z >> 1) ^ -(z & 1)
+                c1316 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1265, pos = _rlong(buf, pos)
-            if c1265 == 0:
+                c1316, pos = _rlong(buf, pos)
+            if c1316 == 0:
                 break
-            if c1265 < 0:
-                c1265 = -c1265
+            if c1316 < 0:
+                c1316 = -c1316
                 b = buf[pos]
                 if b < 128:
-                    z1268 = _ZD[b]
+                    z1319 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1268 = (z >> 1) ^ -(z & 1)
+                    z1319 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1268 = (z >> 1) ^ -(z & 1)
+                    z1319 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1268, pos = _rlong(buf, pos)
-            if c1265 * 2 > end - pos:
-                raise _count_error(c1265, end - pos)
-            for _ in range(c1265):
-                x1266, pos = _d_GpuShare1046(buf, pos, end)
-                acc1264.append(x1266)
-        f_to_gpus = tuple(acc1264)
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
+                    z1319, pos = _rlong(buf, pos)
+            if c1316 * 2 > end - pos:
+                raise _count_error(c1316, end - pos)
+            for _ in range(c1316):
+                x1317, pos = _d_GpuShare1097(buf, pos, end)
+                acc1315.append(x1317)
+        f_to_gpus = tuple(acc1315)
+    n1320 = _ZL[buf[pos]]
+    if n1320 < 0:
+        n1320, pos = _rlong(buf, pos)
+        if n1320 < 0:
+            raise _length_error(n1320, end - pos)
     else:
         pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_reason = buf[pos:q1270].decode()
-    pos = q1270
-    n1271 = _ZL[buf[pos]]
-    if n1271 < 0:
-        n1271, pos = _rlong(buf, pos)
-        if n1271 < 0:
-            raise _length_error(n1271, end - pos)
+    q1321 = pos + n1320
+    if q1321 > end:
+        raise _length_error(n1320, end - pos)
+    f_reason = buf[pos:q1321].decode()
+    pos = q1321
+    n1322 = _ZL[buf[pos]]
+    if n1322 < 0:
+        n1322, pos = _rlong(buf, pos)
+        if n1322 < 0:
+            raise _length_error(n1322, end - pos)
     else:
         pos += 1
-    q1272 = pos + n1271
-    if q1272 > end:
-        raise _length_error(n1271, end - pos)
-    f_message = buf[pos:q1272].decode()
-    pos = q1272
+    q1323 = pos + n1322
+    if q1323 > end:
+        raise _length_error(n1322, end - pos)
+    f_message = buf[pos:q1323].decode()
+    pos = q1323
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1272(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1323(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6037,138 +6260,138 @@ def _d_DefragmentationPlanned1272(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1274 = _ZD[b]
+        i1325 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1274 = (z >> 1) ^ -(z & 1)
+        i1325 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1274 = (z >> 1) ^ -(z & 1)
+        i1325 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1274, pos = _rlong(buf, pos)
-    if i1274 == 0:
+        i1325, pos = _rlong(buf, pos)
+    if i1325 == 0:
         f_target = None
-    elif i1274 == 1:
-        n1275 = _ZL[buf[pos]]
-        if n1275 < 0:
-            n1275, pos = _rlong(buf, pos)
-            if n1275 < 0:
-                raise _length_error(n1275, end - pos)
+    elif i1325 == 1:
+        n1326 = _ZL[buf[pos]]
+        if n1326 < 0:
+            n1326, pos = _rlong(buf, pos)
+            if n1326 < 0:
+                raise _length_error(n1326, end - pos)
         else:
             pos += 1
-        q1276 = pos + n1275
-        if q1276 > end:
-            raise _length_error(n1275, end - pos)
-        f_target = buf[pos:q1276].decode()
-        pos = q1276
+        q1327 = pos + n1326
+        if q1327 > end:
+            raise _length_error(n1326, end - pos)
+        f_target = buf[pos:q1327].decode()
+        pos = q1327
     else:
-        raise _union_error(i1274, 2)
-    n1277 = _ZL[buf[pos]]
-    if n1277 < 0:
-        n1277, pos = _rlong(buf, pos)
-        if n1277 < 0:
-            raise _length_error(n1277, end - pos)
+        raise _union_error(i1325, 2)
+    n1328 = _ZL[buf[pos]]
+    if n1328 < 0:
+        n1328, pos = _rlong(buf, pos)
+        if n1328 < 0:
+            raise _length_error(n1328, end - pos)
     else:
         pos += 1
-    q1278 = pos + n1277
-    if q1278 > end:
-        raise _length_error(n1277, end - pos)
-    f_message = buf[pos:q1278].decode()
-    pos = q1278
+    q1329 = pos + n1328
+    if q1329 > end:
+        raise _length_error(n1328, end - pos)
+    f_message = buf[pos:q1329].decode()
+    pos = q1329
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1278(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1329(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
+    n1331 = _ZL[buf[pos]]
+    if n1331 < 0:
+        n1331, pos = _rlong(buf, pos)
+        if n1331 < 0:
+            raise _length_error(n1331, end - pos)
     else:
         pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_cluster = buf[pos:q1281].decode()
-    pos = q1281
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    q1332 = pos + n1331
+    if q1332 > end:
+        raise _length_error(n1331, end - pos)
+    f_cluster = buf[pos:q1332].decode()
+    pos = q1332
+    n1333 = _ZL[buf[pos]]
+    if n1333 < 0:
+        n1333, pos = _rlong(buf, pos)
+        if n1333 < 0:
+            raise _length_error(n1333, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_command_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1334 = pos + n1333
+    if q1334 > end:
+        raise _length_error(n1333, end - pos)
+    f_command_id = buf[pos:q1334].decode()
+    pos = q1334
+    n1335 = _ZL[buf[pos]]
+    if n1335 < 0:
+        n1335, pos = _rlong(buf, pos)
+        if n1335 < 0:
+            raise _length_error(n1335, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_error = buf[pos:q1285].decode()
-    pos = q1285
-    n1286 = _ZL[buf[pos]]
-    if n1286 < 0:
-        n1286, pos = _rlong(buf, pos)
-        if n1286 < 0:
-            raise _length_error(n1286, end - pos)
+    q1336 = pos + n1335
+    if q1336 > end:
+        raise _length_error(n1335, end - pos)
+    f_error = buf[pos:q1336].decode()
+    pos = q1336
+    n1337 = _ZL[buf[pos]]
+    if n1337 < 0:
+        n1337, pos = _rlong(buf, pos)
+        if n1337 < 0:
+            raise _length_error(n1337, end - pos)
     else:
         pos += 1
-    q1287 = pos + n1286
-    if q1287 > end:
-        raise _length_error(n1286, end - pos)
-    f_message = buf[pos:q1287].decode()
-    pos = q1287
+    q1338 = pos + n1337
+    if q1338 > end:
+        raise _length_error(n1337, end - pos)
+    f_message = buf[pos:q1338].decode()
+    pos = q1338
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1287(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1338(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1289 = _ZL[buf[pos]]
-    if n1289 < 0:
-        n1289, pos = _rlong(buf, pos)
-        if n1289 < 0:
-            raise _length_error(n1289, end - pos)
+    n1340 = _ZL[buf[pos]]
+    if n1340 < 0:
+        n1340, pos = _rlong(buf, pos)
+        if n1340 < 0:
+            raise _length_error(n1340, end - pos)
     else:
         pos += 1
-    q1290 = pos + n1289
-    if q1290 > end:
-        raise _length_error(n1289, end - pos)
-    f_cluster = buf[pos:q1290].decode()
-    pos = q1290
-    n1291 = _ZL[buf[pos]]
-    if n1291 < 0:
-        n1291, pos = _rlong(buf, pos)
-        if n1291 < 0:
-            raise _length_error(n1291, end - pos)
+    q1341 = pos + n1340
+    if q1341 > end:
+        raise _length_error(n1340, end - pos)
+    f_cluster = buf[pos:q1341].decode()
+    pos = q1341
+    n1342 = _ZL[buf[pos]]
+    if n1342 < 0:
+        n1342, pos = _rlong(buf, pos)
+        if n1342 < 0:
+            raise _length_error(n1342, end - pos)
     else:
         pos += 1
-    q1292 = pos + n1291
-    if q1292 > end:
-        raise _length_error(n1291, end - pos)
-    f_halted_command_id = buf[pos:q1292].decode()
-    pos = q1292
+    q1343 = pos + n1342
+    if q1343 > end:
+        raise _length_error(n1342, end - pos)
+    f_halted_command_id = buf[pos:q1343].decode()
+    pos = q1343
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6197,19 +6420,183 @@ def _d_ClusterResumed1287(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
+    n1344 = _ZL[buf[pos]]
+    if n1344 < 0:
+        n1344, pos = _rlong(buf, pos)
+        if n1344 < 0:
+            raise _length_error(n1344, end - pos)
     else:
         pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_message = buf[pos:q1294].decode()
-    pos = q1294
+    q1345 = pos + n1344
+    if q1345 > end:
+        raise _length_error(n1344, end - pos)
+    f_message = buf[pos:q1345].decode()
+    pos = q1345
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
+    return o, pos
+
+
+def _d_NodeRecovered1345(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+    f_node_id: str
+    n1347 = _ZL[buf[pos]]
+    if n1347 < 0:
+        n1347, pos = _rlong(buf, pos)
+        if n1347 < 0:
+            raise _length_error(n1347, end - pos)
+    else:
+        pos += 1
+    q1348 = pos + n1347
+    if q1348 > end:
+        raise _length_error(n1347, end - pos)
+    f_node_id = buf[pos:q1348].decode()
+    pos = q1348
+    o = _c_NodeRecovered(f_node_id)
+    return o, pos
+
+
+def _d_NodeUpdated1348(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+    f_node_id: str
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
+    f_evicting: int
+    n1350 = _ZL[buf[pos]]
+    if n1350 < 0:
+        n1350, pos = _rlong(buf, pos)
+        if n1350 < 0:
+            raise _length_error(n1350, end - pos)
+    else:
+        pos += 1
+    q1351 = pos + n1350
+    if q1351 > end:
+        raise _length_error(n1350, end - pos)
+    f_node_id = buf[pos:q1351].decode()
+    pos = q1351
+    if buf[pos] == 0:
+        pos += 1
+        f_labels = {}
+    else:
+        acc1352: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1353 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1353 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1353 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1353, pos = _rlong(buf, pos)
+            if c1353 == 0:
+                break
+            if c1353 < 0:
+                c1353 = -c1353
+                b = buf[pos]
+                if b < 128:
+                    z1356 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1356 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1356 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1356, pos = _rlong(buf, pos)
+            if c1353 * 2 > end - pos:
+                raise _count_error(c1353, end - pos)
+            for _ in range(c1353):
+                n1357 = _ZL[buf[pos]]
+                if n1357 < 0:
+                    n1357, pos = _rlong(buf, pos)
+                    if n1357 < 0:
+                        raise _length_error(n1357, end - pos)
+                else:
+                    pos += 1
+                q1358 = pos + n1357
+                if q1358 > end:
+                    raise _length_error(n1357, end - pos)
+                k1355 = buf[pos:q1358].decode()
+                pos = q1358
+                n1359 = _ZL[buf[pos]]
+                if n1359 < 0:
+                    n1359, pos = _rlong(buf, pos)
+                    if n1359 < 0:
+                        raise _length_error(n1359, end - pos)
+                else:
+                    pos += 1
+                q1360 = pos + n1359
+                if q1360 > end:
+                    raise _length_error(n1359, end - pos)
+                x1354 = buf[pos:q1360].decode()
+                pos = q1360
+                acc1352[k1355] = x1354
+        f_labels = acc1352
+    if buf[pos] == 0:
+        pos += 1
+        f_taints = ()
+    else:
+        acc1361: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1362 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1362 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1362 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1362, pos = _rlong(buf, pos)
+            if c1362 == 0:
+                break
+            if c1362 < 0:
+                c1362 = -c1362
+                b = buf[pos]
+                if b < 128:
+                    z1365 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1365 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1365 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1365, pos = _rlong(buf, pos)
+            if c1362 * 3 > end - pos:
+                raise _count_error(c1362, end - pos)
+            for _ in range(c1362):
+                x1363, pos = _d_Taint306(buf, pos, end)
+                acc1361.append(x1363)
+        f_taints = tuple(acc1361)
+    b = buf[pos]
+    if b < 128:
+        f_evicting = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_evicting = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_evicting = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_evicting, pos = _rlong(buf, pos)
+    o = _c_NodeUpdated(f_node_id, f_labels, f_taints, f_evicting)
     return o, pos
 
 
@@ -6218,7 +6605,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k937:
+    if frame[:10] != _k988:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6259,30 +6646,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n939 = _ZL[buf[pos]]
-        if n939 < 0:
-            n939, pos = _rlong(buf, pos)
-            if n939 < 0:
-                raise _length_error(n939, end - pos)
+        n990 = _ZL[buf[pos]]
+        if n990 < 0:
+            n990, pos = _rlong(buf, pos)
+            if n990 < 0:
+                raise _length_error(n990, end - pos)
         else:
             pos += 1
-        q940 = pos + n939
-        if q940 > end:
-            raise _length_error(n939, end - pos)
-        f_cluster = buf[pos:q940].decode()
-        pos = q940
-        n941 = _ZL[buf[pos]]
-        if n941 < 0:
-            n941, pos = _rlong(buf, pos)
-            if n941 < 0:
-                raise _length_error(n941, end - pos)
+        q991 = pos + n990
+        if q991 > end:
+            raise _length_error(n990, end - pos)
+        f_cluster = buf[pos:q991].decode()
+        pos = q991
+        n992 = _ZL[buf[pos]]
+        if n992 < 0:
+            n992, pos = _rlong(buf, pos)
+            if n992 < 0:
+                raise _length_error(n992, end - pos)
         else:
             pos += 1
-        q942 = pos + n941
-        if q942 > end:
-            raise _length_error(n941, end - pos)
-        f_command_id = buf[pos:q942].decode()
-        pos = q942
+        q993 = pos + n992
+        if q993 > end:
+            raise _length_error(n992, end - pos)
+        f_command_id = buf[pos:q993].decode()
+        pos = q993
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6313,21 +6700,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i943 = _ZD[b]
+            i994 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i943 = (z >> 1) ^ -(z & 1)
+            i994 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i943 = (z >> 1) ^ -(z & 1)
+            i994 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i943, pos = _rlong(buf, pos)
-        if not 0 <= i943 < 27:
-            raise _union_error(i943, 27)
-        f_payload, pos = _k1294[i943](buf, pos, end)
+            i994, pos = _rlong(buf, pos)
+        if not 0 <= i994 < 29:
+            raise _union_error(i994, 29)
+        f_payload, pos = _k1365[i994](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6342,7 +6729,7 @@ _k145: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k260: dict[type, Callable[[Any], bytes]] = {
+_k278: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode34,
     _c_CordonNode: _e_CordonNode38,
@@ -6359,51 +6746,55 @@ _k260: dict[type, Callable[[Any], bytes]] = {
     _c_RemoveQuota: _e_RemoveQuota243,
     _c_Defragment: _e_Defragment247,
     _c_ResumeCluster: _e_ResumeCluster256,
+    _c_RecoverNode: _e_RecoverNode260,
+    _c_UpdateNode: _e_UpdateNode264,
 }
 
-_k474: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode269, _d_RemoveNode295, _d_CordonNode298, _d_UncordonNode301, _d_DrainNode304, _d_MarkNodeFailed307, _d_SubmitPod312, _d_Release359, _d_SetPolicy364, _d_SubmitGang387, _d_ReleaseGang441, _d_Tick446, _d_SetQuota447, _d_RemoveQuota464, _d_Defragment467, _d_ResumeCluster471,)
+_k514: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode287, _d_RemoveNode313, _d_CordonNode316, _d_UncordonNode319, _d_DrainNode322, _d_MarkNodeFailed325, _d_SubmitPod330, _d_Release377, _d_SetPolicy382, _d_SubmitGang405, _d_ReleaseGang459, _d_Tick464, _d_SetQuota465, _d_RemoveQuota482, _d_Defragment485, _d_ResumeCluster489, _d_RecoverNode492, _d_UpdateNode495,)
 
-_k882: dict[type, Callable[[Any], bytes]] = {
+_k922: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k885: dict[type, Callable[[Any], bytes]] = {
+_k925: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k936: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded486,
-    _c_NodeRemoved: _e_NodeRemoved497,
-    _c_NodeCordoned: _e_NodeCordoned501,
-    _c_NodeUncordoned: _e_NodeUncordoned505,
-    _c_NodeDrained: _e_NodeDrained509,
-    _c_NodeFailed: _e_NodeFailed514,
-    _c_PodQueued: _e_PodQueued521,
-    _c_PodScheduled: _e_PodScheduled563,
-    _c_PodEvicted: _e_PodEvicted610,
-    _c_PodReleased: _e_PodReleased618,
-    _c_PolicyChanged: _e_PolicyChanged630,
-    _c_CommandRejected: _e_CommandRejected648,
-    _c_GangQueued: _e_GangQueued658,
-    _c_GangScheduled: _e_GangScheduled733,
-    _c_GangTimedOut: _e_GangTimedOut797,
-    _c_GangReleased: _e_GangReleased804,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached810,
-    _c_NodesReserved: _e_NodesReserved823,
-    _c_ReservationReleased: _e_ReservationReleased837,
-    _c_DependencyFailed: _e_DependencyFailed848,
-    _c_Ticked: _e_Ticked858,
-    _c_PodPreempted: _e_PodPreempted861,
-    _c_QuotaChanged: _e_QuotaChanged873,
-    _c_PodMigrated: _e_PodMigrated889,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned903,
-    _c_ClusterHalted: _e_ClusterHalted916,
-    _c_ClusterResumed: _e_ClusterResumed926,
+_k987: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded526,
+    _c_NodeRemoved: _e_NodeRemoved537,
+    _c_NodeCordoned: _e_NodeCordoned541,
+    _c_NodeUncordoned: _e_NodeUncordoned545,
+    _c_NodeDrained: _e_NodeDrained549,
+    _c_NodeFailed: _e_NodeFailed554,
+    _c_PodQueued: _e_PodQueued561,
+    _c_PodScheduled: _e_PodScheduled603,
+    _c_PodEvicted: _e_PodEvicted650,
+    _c_PodReleased: _e_PodReleased658,
+    _c_PolicyChanged: _e_PolicyChanged670,
+    _c_CommandRejected: _e_CommandRejected688,
+    _c_GangQueued: _e_GangQueued698,
+    _c_GangScheduled: _e_GangScheduled773,
+    _c_GangTimedOut: _e_GangTimedOut837,
+    _c_GangReleased: _e_GangReleased844,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached850,
+    _c_NodesReserved: _e_NodesReserved863,
+    _c_ReservationReleased: _e_ReservationReleased877,
+    _c_DependencyFailed: _e_DependencyFailed888,
+    _c_Ticked: _e_Ticked898,
+    _c_PodPreempted: _e_PodPreempted901,
+    _c_QuotaChanged: _e_QuotaChanged913,
+    _c_PodMigrated: _e_PodMigrated929,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned943,
+    _c_ClusterHalted: _e_ClusterHalted956,
+    _c_ClusterResumed: _e_ClusterResumed966,
+    _c_NodeRecovered: _e_NodeRecovered976,
+    _c_NodeUpdated: _e_NodeUpdated980,
 }
 
-_k1294: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded943, _d_NodeRemoved962, _d_NodeCordoned965, _d_NodeUncordoned968, _d_NodeDrained971, _d_NodeFailed974, _d_PodQueued979, _d_PodScheduled1038, _d_PodEvicted1063, _d_PodReleased1070, _d_PolicyChanged1078, _d_CommandRejected1087, _d_GangQueued1096, _d_GangScheduled1140, _d_GangTimedOut1173, _d_GangReleased1178, _d_PodTimeLimitReached1183, _d_NodesReserved1191, _d_ReservationReleased1206, _d_DependencyFailed1222, _d_Ticked1231, _d_PodPreempted1232, _d_QuotaChanged1243, _d_PodMigrated1251, _d_DefragmentationPlanned1272, _d_ClusterHalted1278, _d_ClusterResumed1287,)
+_k1365: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded994, _d_NodeRemoved1013, _d_NodeCordoned1016, _d_NodeUncordoned1019, _d_NodeDrained1022, _d_NodeFailed1025, _d_PodQueued1030, _d_PodScheduled1089, _d_PodEvicted1114, _d_PodReleased1121, _d_PolicyChanged1129, _d_CommandRejected1138, _d_GangQueued1147, _d_GangScheduled1191, _d_GangTimedOut1224, _d_GangReleased1229, _d_PodTimeLimitReached1234, _d_NodesReserved1242, _d_ReservationReleased1257, _d_DependencyFailed1273, _d_Ticked1282, _d_PodPreempted1283, _d_QuotaChanged1294, _d_PodMigrated1302, _d_DefragmentationPlanned1323, _d_ClusterHalted1329, _d_ClusterResumed1338, _d_NodeRecovered1345, _d_NodeUpdated1348,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event475
+encode_event = _e_Event515

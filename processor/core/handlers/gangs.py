@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from processor.core import gangs, preemption, quotas, reclaim
+from processor.core import gang_preemption, gangs, preemption_plans, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
@@ -124,7 +124,7 @@ def place_gang(
         reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
     else:
         reasons = found
-        if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+        if may_preempt and preemption_plans.lower_priority_exists(cluster, spec.priority):
 
             def admit(placement: gangs.GangPlacement) -> bool:
                 return not cluster.quotas_on or gang_shortfall(cluster, spec, placement) is None
@@ -144,11 +144,11 @@ def place_gang(
 
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: GangSpec, admit: Callable[[gangs.GangPlacement], bool]
-) -> preemption.GangPlan | None:
+) -> preemption_plans.GangPlan | None:
     """The victims that make room for the gang, under the same rules as a pod's (``pods._plan_preemption``)."""
     policy = cluster_policy(cluster)
     protected = decision.evicted_in(cluster)
-    plan = preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected))
+    plan = gang_preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption_plans.Victims(protected))
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -157,7 +157,9 @@ def _plan_preemption(
         return plan
     if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
         return plan
-    return preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected, True))
+    return gang_preemption.plan_gang(
+        cluster, spec, policy, decision.now, admit, preemption_plans.Victims(protected, True)
+    )
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -180,8 +182,8 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
     quota = quotas.quota_of(cluster, spec.tenant)
     assert quota is not None
     policy = cluster_policy(cluster)
-    trial = preemption.Trial(cluster)
-    units: list[preemption.Unit] = []
+    trial = preemption_plans.Trial(cluster)
+    units: list[preemption_plans.Unit] = []
     try:
         for _ in range(len(spec.members) + 8):  # measure: rounds left; each evicts a borrower, the placement may change
             found = gangs.try_place(cluster, spec, policy, decision.now)

@@ -7,7 +7,7 @@ reservation) is left as follow-up work.
 
 from __future__ import annotations
 
-from processor.core import preemption, quotas, reclaim, reservations
+from processor.core import node_victims, preemption, preemption_plans, quotas, reclaim, reservations
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, cluster_policy
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
@@ -156,7 +156,7 @@ def place(
         if reserved:
             holder_started(decision, cluster, spec.pod_id)
         return True
-    if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+    if may_preempt and preemption_plans.lower_priority_exists(cluster, spec.priority):
         preempting = _plan_preemption(decision, cluster, spec, usable, near)
         if preempting is not None:
             _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
@@ -171,12 +171,12 @@ def place(
 
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
-) -> preemption.PodPlan | None:
+) -> preemption_plans.PodPlan | None:
     """The victims that make room for the pod: none evicted earlier in this command, and if the pod would
     borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
     victim of a borrower)."""
     protected = decision.evicted_in(cluster)
-    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected))
+    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption_plans.Victims(protected))
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -186,7 +186,9 @@ def _plan_preemption(
     wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
     if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
         return plan
-    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected, True))
+    return preemption.plan_pod(
+        cluster, shape, spec.priority, decision.now, near, preemption_plans.Victims(protected, True)
+    )
 
 
 def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:
@@ -200,12 +202,12 @@ def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: boo
 
 def waiting_for_preemption(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[QueueReason, ...]:
     """A pod that said ``preemption: never``: the nodes where it would fit once lower-priority pods end."""
-    if not preemption.lower_priority_exists(cluster, priority):
+    if not preemption_plans.lower_priority_exists(cluster, priority):
         return ()
     count = sum(
         1
         for node_id in preemption.candidate_nodes(cluster, priority, None)
-        if preemption.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
+        if node_victims.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
     )
     if not count:
         return ()
@@ -221,8 +223,8 @@ def _preempt_for_pod(
     cluster: ClusterState,
     spec: PodSpec,
     shape: PodShape,
-    reclaimed: list[preemption.Unit],
-    plan: preemption.PodPlan,
+    reclaimed: list[preemption_plans.Unit],
+    plan: preemption_plans.PodPlan,
     from_queue: bool,
     choice: Choice | None = None,
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from processor.core import gangs, preemption, quotas, reservations
+from processor.core import gangs, node_victims, preemption_plans, quotas, reservations
 from processor.core.decision import Decision, Task
 from processor.core.handlers.gangs import place_gang
 from processor.core.handlers.pods import place
@@ -57,7 +57,7 @@ def retry_queue(
     # Whether any queued pod could preempt on the changed nodes at all: only if some running pod has a lower
     # priority than the queue's first (the highest priority waiting).
     first = cluster.queue.first()
-    pods_preempt = preempting and first is not None and preemption.lower_priority_exists(cluster, -first[0][0])
+    pods_preempt = preempting and first is not None and preemption_plans.lower_priority_exists(cluster, -first[0][0])
     if not pods_preempt and not tenants:
         for key, group in _fitting_heads(decision, cluster, signatures):
             heap.append((_order(cluster, key, group[0], fair), 0, group, key, node_ids))
@@ -160,13 +160,13 @@ def _order(cluster: ClusterState, key: tuple[int, int, str], tenant: str, fair: 
 
 
 def _may_preempt_on(cluster: ClusterState, shape: PodShape, priority: int, nodes: list[Node]) -> bool:
-    if not preemption.lower_priority_exists(cluster, priority):
+    if not preemption_plans.lower_priority_exists(cluster, priority):
         return False
-    return any(preemption.could_preempt_on(node, shape, priority, cluster) for node in nodes)
+    return any(node_victims.could_preempt_on(node, shape, priority, cluster) for node in nodes)
 
 
 def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node], now: int) -> bool:
-    if not preemption.lower_priority_exists(cluster, spec.priority):
+    if not preemption_plans.lower_priority_exists(cluster, spec.priority):
         return False
     shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
     return any(_may_preempt_on(cluster, shape, spec.priority, nodes) for shape in sorted(shapes))

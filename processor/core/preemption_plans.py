@@ -1,0 +1,143 @@
+"""What a preemption takes and gives: the units of eviction, the plans, and evicting on trial.
+
+A victim that is a gang member takes its whole gang along (:class:`Unit`): every running member is a victim,
+counted and charged. Nothing is evicted unless the preemptor then fits: a search evicts on trial
+(:class:`Trial`) and the fold emits only a plan that places it. The searches: ``processor.core.preemption``
+(a pod), ``processor.core.gang_preemption`` (a gang), ``processor.core.node_victims`` (one node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from processor.core import gangs, quotas
+from processor.core.policies.base import Choice
+from processor.core.state import ClusterState, Pod
+from schemas.events import PodSpec
+
+
+@dataclass(slots=True)
+class Unit:
+    """What one eviction takes: a plain pod, or a whole gang (all its running members)."""
+
+    key: str  # the pod id, or the gang id
+    priority: int
+    pods: tuple[Pod, ...]  # sorted by pod id
+    work: int  # GPU milli x ms of work lost
+
+    @property
+    def count(self) -> int:
+        return len(self.pods)
+
+
+@dataclass(slots=True)
+class Victims:
+    """Which running pods a preemption may take, beyond their lower priority.
+
+    ``protected``: pods evicted earlier in the same command; none is evicted twice in one command, which
+    bounds every cascade (``processor.core.decision``). ``borrowers_only``: the preemptor would borrow quota
+    to run, so it may take only pods whose tenant itself runs over its nominal quota (Kueue's rule: work
+    inside its nominal quota is never the victim of a borrower). A gang is a victim whole or not at all.
+    The search's bounds still hold (fewer victims allowed can only cost more); a node whose victims at the
+    bound's priority level are not allowed gives no plan there."""
+
+    protected: Mapping[str, None]
+    borrowers_only: bool = False
+
+    def allow(self, cluster: ClusterState, pod: Pod) -> bool:
+        if pod.spec.pod_id in self.protected:
+            return False
+        return not self.borrowers_only or quotas.borrowing(cluster, pod)
+
+
+ANY_VICTIM = Victims({})
+"""No restriction beyond priority (a search outside a command's cascade: tests, explain)."""
+
+
+@dataclass(slots=True)
+class PodPlan:
+    """Where a pod goes and whom it evicts; ``cost`` is its place in the order above."""
+
+    node_id: str
+    units: list[Unit]
+    cost: tuple[int, int, int]  # (highest victim priority, victims, work lost)
+
+    @property
+    def victims(self) -> list[Pod]:
+        return sorted((pod for unit in self.units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+
+
+@dataclass(slots=True)
+class GangPlan:
+    placement: gangs.GangPlacement
+    units: list[Unit]
+    cost: tuple[int, int, int]
+
+    @property
+    def victims(self) -> list[Pod]:
+        return sorted((pod for unit in self.units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+
+
+def work_lost(pod: Pod, now: int) -> int:
+    """GPU milli x ms since the pod started (0 for a pod without GPUs)."""
+    return pod.spec.num_gpu * pod.spec.gpu_milli * max(0, now - (pod.started_at if pod.started_at is not None else now))
+
+
+def cost_of(units: Iterable[Unit]) -> tuple[int, int, int]:
+    units = list(units)
+    return (max(unit.priority for unit in units), sum(unit.count for unit in units), sum(unit.work for unit in units))
+
+
+def lower_priority_exists(cluster: ClusterState, priority: int) -> bool:
+    """Whether any pod of lower priority runs in the cluster. O(distinct priorities)."""
+    return any(level < priority for level in cluster.priority_nodes)
+
+
+def unit_of(cluster: ClusterState, pod: Pod, now: int) -> Unit:
+    """The eviction a running pod stands for: itself, or its whole gang."""
+    gang_id = pod.spec.gang_id
+    if gang_id is not None:
+        gang = cluster.gangs.get(gang_id)
+        if gang is not None:
+            members = tuple(
+                cluster.pods[pod_id] for pod_id in sorted(gang.placed) if cluster.pods[pod_id].node_id is not None
+            )
+            return Unit(gang_id, pod.spec.priority, members, sum(work_lost(member, now) for member in members))
+    return Unit(pod.spec.pod_id, pod.spec.priority, (pod,), work_lost(pod, now))
+
+
+@dataclass(slots=True)
+class Trial:
+    """Evictions and allocations applied to nodes, the index and usage for a look ahead, then undone."""
+
+    cluster: ClusterState
+    evicted: list[Pod] = field(default_factory=list)
+    allocated: list[tuple[PodSpec, Choice]] = field(default_factory=list)
+
+    def evict(self, pod: Pod) -> None:
+        node = self.cluster.nodes[pod.node_id]  # type: ignore[index]
+        node.free(pod.spec, pod.gpus)
+        self.cluster.reindex(node)
+        self.cluster.charge(pod, node, -1)
+        self.evicted.append(pod)
+
+    def allocate(self, spec: PodSpec, choice: Choice) -> None:
+        node = self.cluster.nodes[choice.node_id]
+        node.allocate(spec, choice.gpus)
+        self.cluster.reindex(node)
+        self.allocated.append((spec, choice))
+
+    def rollback(self) -> None:
+        cluster = self.cluster
+        for spec, choice in reversed(self.allocated):
+            node = cluster.nodes[choice.node_id]
+            node.free(spec, choice.gpus)
+            cluster.reindex(node)
+        for pod in reversed(self.evicted):
+            node = cluster.nodes[pod.node_id]  # type: ignore[index]
+            node.allocate(pod.spec, pod.gpus, pod.started_at)
+            cluster.reindex(node)
+            cluster.charge(pod, node, +1)
+        self.allocated.clear()
+        self.evicted.clear()
