@@ -119,6 +119,12 @@ class Decision:
         return self.command.contract not in LEGACY_TIME
 
     @property
+    def bounded_search(self) -> bool:
+        """Whether a search may stop when its work allowance is spent (contract v3 on; ``Defragment``'s
+        planner, ``processor.core.defrag.Allowance``): a command of contract v1 or v2 searches as its release did."""
+        return self.command.contract not in LEGACY_TIME
+
+    @property
     def may_preempt(self) -> bool:
         """A command of contract v1 never preempts (v1 had no preemption)."""
         return self.command.contract != "v1"
