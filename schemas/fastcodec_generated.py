@@ -146,7 +146,7 @@ _k252 = b'\x02'
 _k255 = b'\x00'
 _k257 = b'\x1e'
 _k261 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
-_k476 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
+_k476 = b'\xc3\x010\xf4\xfdE\xb6\xf6Wb'
 _k487 = b'\x00'
 _k498 = b'\x02'
 _k502 = b'\x04'
@@ -186,43 +186,47 @@ _k717 = b'\x02'
 _k719 = b'\x00'
 _k722 = b'\x02'
 _k724 = b'\x00'
-_k734 = b'\x1a'
-_k755 = b'\x02'
-_k758 = b'\x00'
-_k761 = b'\x02'
-_k764 = b'\x00'
-_k767 = b'\x02'
+_k734 = b'\x02'
+_k736 = b'\x00'
+_k739 = b'\x1a'
+_k760 = b'\x02'
+_k763 = b'\x00'
+_k766 = b'\x02'
 _k769 = b'\x00'
 _k772 = b'\x02'
 _k774 = b'\x00'
-_k784 = b'\x02'
-_k787 = b'\x00'
-_k790 = b'\x02'
-_k793 = b'\x00'
-_k798 = b'\x1c'
-_k805 = b'\x1e'
-_k811 = b' '
-_k819 = b'\x02'
-_k822 = b'\x00'
-_k824 = b'"'
-_k832 = b'\x02'
-_k834 = b'\x00'
-_k838 = b'$'
-_k849 = b'&'
-_k859 = b'('
-_k862 = b'*'
-_k874 = b','
-_k877 = b'\x02'
-_k880 = b'\x00'
-_k883 = b'\x00'
-_k886 = b'\x00'
-_k890 = b'.'
-_k904 = b'0'
-_k910 = b'\x02'
-_k913 = b'\x00'
-_k917 = b'2'
-_k927 = b'4'
-_k937 = b'\xc3\x01AF\xf7\xc9\xbc%\xd7\xff'
+_k777 = b'\x02'
+_k779 = b'\x00'
+_k789 = b'\x02'
+_k791 = b'\x00'
+_k794 = b'\x02'
+_k797 = b'\x00'
+_k800 = b'\x02'
+_k803 = b'\x00'
+_k808 = b'\x1c'
+_k815 = b'\x1e'
+_k822 = b' '
+_k830 = b'\x02'
+_k833 = b'\x00'
+_k835 = b'"'
+_k843 = b'\x02'
+_k845 = b'\x00'
+_k849 = b'$'
+_k860 = b'&'
+_k870 = b'('
+_k873 = b'*'
+_k885 = b','
+_k888 = b'\x02'
+_k891 = b'\x00'
+_k894 = b'\x00'
+_k897 = b'\x00'
+_k901 = b'.'
+_k915 = b'0'
+_k921 = b'\x02'
+_k924 = b'\x00'
+_k928 = b'2'
+_k938 = b'4'
+_k948 = b'\xc3\x010\xf4\xfdE\xb6\xf6Wb'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -2873,119 +2877,127 @@ def _u722(v: Any) -> bytes:
     return b"".join((_k722, (_P[n724] if 0 <= (n724 := v) < 8192 else _long(n724)),))
 
 
+def _u734(v: Any) -> bytes:
+    return b"".join((_k734, (_P[n736] if 0 <= (n736 := v) < 8192 else _long(n736)),))
+
+
 def _e_GangQueued658(o: _c_GangQueued) -> bytes:
-    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.gang_id.encode())) < 8192 else _long(n662)), s661, (_b556(a663) if (a663 := o.reasons) else b"\x00"), (_P[n666] if (n666 := len(s665 := (r664 := o.gang).gang_id.encode())) < 8192 else _long(n666)), s665, (_P[n668] if (n668 := len(s667 := r664.tenant.encode())) < 8192 else _long(n668)), s667, (_P[n669] if 0 <= (n669 := r664.priority) < 8192 else _long(n669)), (_b671(a670) if (a670 := r664.members) else b"\x00"), (_P[n703] if 0 <= (n703 := r664.min_members) < 8192 else _long(n703)), (_k708 if (u704 := r664.topology_required) is None else _u705(u704)), (_k714 if (u710 := r664.topology_preferred) is None else _u711(u710)), (_k719 if (u716 := r664.timeout_ms) is None else _u717(u716)), (_k724 if (u721 := r664.time_limit_ms) is None else _u722(u721)), (_b69(a726) if (a726 := r664.depends_on) else b"\x00"), (_P[n728] if (n728 := len(s727 := r664.dependency.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := r664.submitted_at) < 8192 else _long(n729)), (_P[n730] if 0 <= (n730 := r664.arrival) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := r664.preemption.encode())) < 8192 else _long(n732)), s731, (b"\x01" if o.requeued else b"\x00"), (_b69(a733) if (a733 := o.waiting_for) else b"\x00"),))
+    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.gang_id.encode())) < 8192 else _long(n662)), s661, (_b556(a663) if (a663 := o.reasons) else b"\x00"), (_P[n666] if (n666 := len(s665 := (r664 := o.gang).gang_id.encode())) < 8192 else _long(n666)), s665, (_P[n668] if (n668 := len(s667 := r664.tenant.encode())) < 8192 else _long(n668)), s667, (_P[n669] if 0 <= (n669 := r664.priority) < 8192 else _long(n669)), (_b671(a670) if (a670 := r664.members) else b"\x00"), (_P[n703] if 0 <= (n703 := r664.min_members) < 8192 else _long(n703)), (_k708 if (u704 := r664.topology_required) is None else _u705(u704)), (_k714 if (u710 := r664.topology_preferred) is None else _u711(u710)), (_k719 if (u716 := r664.timeout_ms) is None else _u717(u716)), (_k724 if (u721 := r664.time_limit_ms) is None else _u722(u721)), (_b69(a726) if (a726 := r664.depends_on) else b"\x00"), (_P[n728] if (n728 := len(s727 := r664.dependency.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := r664.submitted_at) < 8192 else _long(n729)), (_P[n730] if 0 <= (n730 := r664.arrival) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := r664.preemption.encode())) < 8192 else _long(n732)), s731, (_k736 if (u733 := r664.queued_at) is None else _u734(u733)), (b"\x01" if o.requeued else b"\x00"), (_b69(a738) if (a738 := o.waiting_for) else b"\x00"),))
 
 
-def _b739(a: Any) -> bytes:
+def _b744(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n742] if (n742 := len(s741 := x.pod_id.encode())) < 8192 else _long(n742)), s741, (_P[n744] if (n744 := len(s743 := x.node_id.encode())) < 8192 else _long(n744)), s743, (_b600(a745) if (a745 := x.gpus) else b"\x00"),)
+        out += ((_P[n747] if (n747 := len(s746 := x.pod_id.encode())) < 8192 else _long(n747)), s746, (_P[n749] if (n749 := len(s748 := x.node_id.encode())) < 8192 else _long(n749)), s748, (_b600(a750) if (a750 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u755(v: Any) -> bytes:
-    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
+def _u760(v: Any) -> bytes:
+    return b"".join((_k760, (_P[n763] if (n763 := len(s762 := v.encode())) < 8192 else _long(n763)), s762,))
 
 
-def _u761(v: Any) -> bytes:
-    return b"".join((_k761, (_P[n764] if (n764 := len(s763 := v.encode())) < 8192 else _long(n764)), s763,))
-
-
-def _u767(v: Any) -> bytes:
-    return b"".join((_k767, (_P[n769] if 0 <= (n769 := v) < 8192 else _long(n769)),))
+def _u766(v: Any) -> bytes:
+    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := v.encode())) < 8192 else _long(n769)), s768,))
 
 
 def _u772(v: Any) -> bytes:
     return b"".join((_k772, (_P[n774] if 0 <= (n774 := v) < 8192 else _long(n774)),))
 
 
-def _u784(v: Any) -> bytes:
-    return b"".join((_k784, (_P[n787] if (n787 := len(s786 := v.encode())) < 8192 else _long(n787)), s786,))
+def _u777(v: Any) -> bytes:
+    return b"".join((_k777, (_P[n779] if 0 <= (n779 := v) < 8192 else _long(n779)),))
 
 
-def _u790(v: Any) -> bytes:
-    return b"".join((_k790, (_P[n793] if (n793 := len(s792 := v.encode())) < 8192 else _long(n793)), s792,))
+def _u789(v: Any) -> bytes:
+    return b"".join((_k789, (_P[n791] if 0 <= (n791 := v) < 8192 else _long(n791)),))
 
 
-def _e_GangScheduled733(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := o.gang_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.members) else b"\x00"), (_P[n748] if (n748 := len(s747 := (r746 := o.gang).gang_id.encode())) < 8192 else _long(n748)), s747, (_P[n750] if (n750 := len(s749 := r746.tenant.encode())) < 8192 else _long(n750)), s749, (_P[n751] if 0 <= (n751 := r746.priority) < 8192 else _long(n751)), (_b671(a752) if (a752 := r746.members) else b"\x00"), (_P[n753] if 0 <= (n753 := r746.min_members) < 8192 else _long(n753)), (_k758 if (u754 := r746.topology_required) is None else _u755(u754)), (_k764 if (u760 := r746.topology_preferred) is None else _u761(u760)), (_k769 if (u766 := r746.timeout_ms) is None else _u767(u766)), (_k774 if (u771 := r746.time_limit_ms) is None else _u772(u771)), (_b69(a776) if (a776 := r746.depends_on) else b"\x00"), (_P[n778] if (n778 := len(s777 := r746.dependency.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r746.submitted_at) < 8192 else _long(n779)), (_P[n780] if 0 <= (n780 := r746.arrival) < 8192 else _long(n780)), (_P[n782] if (n782 := len(s781 := r746.preemption.encode())) < 8192 else _long(n782)), s781, (_k787 if (u783 := o.topology_key) is None else _u784(u783)), (_k793 if (u789 := o.domain) is None else _u790(u789)), (b"\x01" if o.from_queue else b"\x00"), (_P[n796] if (n796 := len(s795 := o.message.encode())) < 8192 else _long(n796)), s795, (_b69(a797) if (a797 := o.preempted) else b"\x00"),))
+def _u794(v: Any) -> bytes:
+    return b"".join((_k794, (_P[n797] if (n797 := len(s796 := v.encode())) < 8192 else _long(n797)), s796,))
 
 
-def _e_GangTimedOut797(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_P[n802] if 0 <= (n802 := o.waited_ms) < 8192 else _long(n802)), (_P[n804] if (n804 := len(s803 := o.message.encode())) < 8192 else _long(n804)), s803,))
+def _u800(v: Any) -> bytes:
+    return b"".join((_k800, (_P[n803] if (n803 := len(s802 := v.encode())) < 8192 else _long(n803)), s802,))
 
 
-def _e_GangReleased804(o: _c_GangReleased) -> bytes:
-    return b"".join((_k805, (_P[n808] if (n808 := len(s807 := o.gang_id.encode())) < 8192 else _long(n808)), s807, (_P[n810] if (n810 := len(s809 := o.reason.encode())) < 8192 else _long(n810)), s809, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangScheduled738(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k739, (_P[n742] if (n742 := len(s741 := o.gang_id.encode())) < 8192 else _long(n742)), s741, (_b744(a743) if (a743 := o.members) else b"\x00"), (_P[n753] if (n753 := len(s752 := (r751 := o.gang).gang_id.encode())) < 8192 else _long(n753)), s752, (_P[n755] if (n755 := len(s754 := r751.tenant.encode())) < 8192 else _long(n755)), s754, (_P[n756] if 0 <= (n756 := r751.priority) < 8192 else _long(n756)), (_b671(a757) if (a757 := r751.members) else b"\x00"), (_P[n758] if 0 <= (n758 := r751.min_members) < 8192 else _long(n758)), (_k763 if (u759 := r751.topology_required) is None else _u760(u759)), (_k769 if (u765 := r751.topology_preferred) is None else _u766(u765)), (_k774 if (u771 := r751.timeout_ms) is None else _u772(u771)), (_k779 if (u776 := r751.time_limit_ms) is None else _u777(u776)), (_b69(a781) if (a781 := r751.depends_on) else b"\x00"), (_P[n783] if (n783 := len(s782 := r751.dependency.encode())) < 8192 else _long(n783)), s782, (_P[n784] if 0 <= (n784 := r751.submitted_at) < 8192 else _long(n784)), (_P[n785] if 0 <= (n785 := r751.arrival) < 8192 else _long(n785)), (_P[n787] if (n787 := len(s786 := r751.preemption.encode())) < 8192 else _long(n787)), s786, (_k791 if (u788 := r751.queued_at) is None else _u789(u788)), (_k797 if (u793 := o.topology_key) is None else _u794(u793)), (_k803 if (u799 := o.domain) is None else _u800(u799)), (b"\x01" if o.from_queue else b"\x00"), (_P[n806] if (n806 := len(s805 := o.message.encode())) < 8192 else _long(n806)), s805, (_b69(a807) if (a807 := o.preempted) else b"\x00"),))
 
 
-def _u819(v: Any) -> bytes:
-    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
+def _e_GangTimedOut807(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k808, (_P[n811] if (n811 := len(s810 := o.gang_id.encode())) < 8192 else _long(n811)), s810, (_P[n812] if 0 <= (n812 := o.waited_ms) < 8192 else _long(n812)), (_P[n814] if (n814 := len(s813 := o.message.encode())) < 8192 else _long(n814)), s813,))
 
 
-def _e_PodTimeLimitReached810(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k811, (_P[n814] if (n814 := len(s813 := o.pod_id.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := o.node_id.encode())) < 8192 else _long(n816)), s815, (_P[n817] if 0 <= (n817 := o.time_limit_ms) < 8192 else _long(n817)), (_k822 if (u818 := o.gang_id) is None else _u819(u818)),))
+def _e_GangReleased814(o: _c_GangReleased) -> bytes:
+    return b"".join((_k815, (_P[n818] if (n818 := len(s817 := o.gang_id.encode())) < 8192 else _long(n818)), s817, (_P[n820] if (n820 := len(s819 := o.reason.encode())) < 8192 else _long(n820)), s819, (b"\x01" if o.ok else b"\x00"), (_b69(a821) if (a821 := o.members_ended) else b"\x00"),))
 
 
-def _u832(v: Any) -> bytes:
-    return b"".join((_k832, (_P[n834] if 0 <= (n834 := v) < 8192 else _long(n834)),))
+def _u830(v: Any) -> bytes:
+    return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
 
 
-def _e_NodesReserved823(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := o.holder_id.encode())) < 8192 else _long(n827)), s826, (_P[n829] if (n829 := len(s828 := o.holder_kind.encode())) < 8192 else _long(n829)), s828, (_b69(a830) if (a830 := o.nodes) else b"\x00"), (_k834 if (u831 := o.expected_start) is None else _u832(u831)), (_P[n837] if (n837 := len(s836 := o.message.encode())) < 8192 else _long(n837)), s836,))
+def _e_PodTimeLimitReached821(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k822, (_P[n825] if (n825 := len(s824 := o.pod_id.encode())) < 8192 else _long(n825)), s824, (_P[n827] if (n827 := len(s826 := o.node_id.encode())) < 8192 else _long(n827)), s826, (_P[n828] if 0 <= (n828 := o.time_limit_ms) < 8192 else _long(n828)), (_k833 if (u829 := o.gang_id) is None else _u830(u829)),))
 
 
-def _e_ReservationReleased837(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.holder_id.encode())) < 8192 else _long(n841)), s840, (_P[n843] if (n843 := len(s842 := o.holder_kind.encode())) < 8192 else _long(n843)), s842, (_b69(a844) if (a844 := o.nodes) else b"\x00"), (_P[n846] if (n846 := len(s845 := o.reason.encode())) < 8192 else _long(n846)), s845, (_P[n848] if (n848 := len(s847 := o.message.encode())) < 8192 else _long(n848)), s847,))
+def _u843(v: Any) -> bytes:
+    return b"".join((_k843, (_P[n845] if 0 <= (n845 := v) < 8192 else _long(n845)),))
 
 
-def _e_DependencyFailed848(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := o.holder_id.encode())) < 8192 else _long(n852)), s851, (_P[n854] if (n854 := len(s853 := o.holder_kind.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.dependency_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := o.message.encode())) < 8192 else _long(n858)), s857,))
+def _e_NodesReserved834(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := o.holder_id.encode())) < 8192 else _long(n838)), s837, (_P[n840] if (n840 := len(s839 := o.holder_kind.encode())) < 8192 else _long(n840)), s839, (_b69(a841) if (a841 := o.nodes) else b"\x00"), (_k845 if (u842 := o.expected_start) is None else _u843(u842)), (_P[n848] if (n848 := len(s847 := o.message.encode())) < 8192 else _long(n848)), s847,))
 
 
-def _e_Ticked858(o: _c_Ticked) -> bytes:
-    return b"".join((_k859, (_P[n861] if 0 <= (n861 := o.clock) < 8192 else _long(n861)), (b"\x01" if o.partition else b"\x00"),))
+def _e_ReservationReleased848(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := o.holder_id.encode())) < 8192 else _long(n852)), s851, (_P[n854] if (n854 := len(s853 := o.holder_kind.encode())) < 8192 else _long(n854)), s853, (_b69(a855) if (a855 := o.nodes) else b"\x00"), (_P[n857] if (n857 := len(s856 := o.reason.encode())) < 8192 else _long(n857)), s856, (_P[n859] if (n859 := len(s858 := o.message.encode())) < 8192 else _long(n859)), s858,))
 
 
-def _e_PodPreempted861(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := o.pod_id.encode())) < 8192 else _long(n865)), s864, (_P[n867] if (n867 := len(s866 := o.node_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.by.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.reason.encode())) < 8192 else _long(n871)), s870, (_P[n873] if (n873 := len(s872 := o.message.encode())) < 8192 else _long(n873)), s872,))
+def _e_DependencyFailed859(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k860, (_P[n863] if (n863 := len(s862 := o.holder_id.encode())) < 8192 else _long(n863)), s862, (_P[n865] if (n865 := len(s864 := o.holder_kind.encode())) < 8192 else _long(n865)), s864, (_P[n867] if (n867 := len(s866 := o.dependency_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.message.encode())) < 8192 else _long(n869)), s868,))
 
 
-def _u877(v: Any) -> bytes:
-    return b"".join((_k877, (_P[n880] if (n880 := len(s879 := v.encode())) < 8192 else _long(n880)), s879,))
+def _e_Ticked869(o: _c_Ticked) -> bytes:
+    return b"".join((_k870, (_P[n872] if 0 <= (n872 := o.clock) < 8192 else _long(n872)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_QuotaChanged873(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k874, (_k880 if (u876 := o.tenant) is None else _u877(u876)), (_k883 if (u882 := o.quota) is None else _k882[type(u882)](u882)), (_k886 if (u885 := o.previous) is None else _k885[type(u885)](u885)), (_P[n889] if (n889 := len(s888 := o.message.encode())) < 8192 else _long(n889)), s888,))
+def _e_PodPreempted872(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k873, (_P[n876] if (n876 := len(s875 := o.pod_id.encode())) < 8192 else _long(n876)), s875, (_P[n878] if (n878 := len(s877 := o.node_id.encode())) < 8192 else _long(n878)), s877, (_P[n880] if (n880 := len(s879 := o.by.encode())) < 8192 else _long(n880)), s879, (_P[n882] if (n882 := len(s881 := o.reason.encode())) < 8192 else _long(n882)), s881, (_P[n884] if (n884 := len(s883 := o.message.encode())) < 8192 else _long(n884)), s883,))
 
 
-def _e_PodMigrated889(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k890, (_P[n893] if (n893 := len(s892 := o.pod_id.encode())) < 8192 else _long(n893)), s892, (_P[n895] if (n895 := len(s894 := o.from_node.encode())) < 8192 else _long(n895)), s894, (_b600(a896) if (a896 := o.from_gpus) else b"\x00"), (_P[n898] if (n898 := len(s897 := o.to_node.encode())) < 8192 else _long(n898)), s897, (_b600(a899) if (a899 := o.to_gpus) else b"\x00"), (_P[n901] if (n901 := len(s900 := o.reason.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := o.message.encode())) < 8192 else _long(n903)), s902,))
+def _u888(v: Any) -> bytes:
+    return b"".join((_k888, (_P[n891] if (n891 := len(s890 := v.encode())) < 8192 else _long(n891)), s890,))
 
 
-def _u910(v: Any) -> bytes:
-    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
+def _e_QuotaChanged884(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k885, (_k891 if (u887 := o.tenant) is None else _u888(u887)), (_k894 if (u893 := o.quota) is None else _k893[type(u893)](u893)), (_k897 if (u896 := o.previous) is None else _k896[type(u896)](u896)), (_P[n900] if (n900 := len(s899 := o.message.encode())) < 8192 else _long(n900)), s899,))
 
 
-def _e_DefragmentationPlanned903(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k904, (_P[n906] if 0 <= (n906 := o.moves) < 8192 else _long(n906)), (_P[n907] if 0 <= (n907 := o.gpus_freed) < 8192 else _long(n907)), (_P[n908] if 0 <= (n908 := o.nodes_freed) < 8192 else _long(n908)), (_k913 if (u909 := o.target) is None else _u910(u909)), (_P[n916] if (n916 := len(s915 := o.message.encode())) < 8192 else _long(n916)), s915,))
+def _e_PodMigrated900(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k901, (_P[n904] if (n904 := len(s903 := o.pod_id.encode())) < 8192 else _long(n904)), s903, (_P[n906] if (n906 := len(s905 := o.from_node.encode())) < 8192 else _long(n906)), s905, (_b600(a907) if (a907 := o.from_gpus) else b"\x00"), (_P[n909] if (n909 := len(s908 := o.to_node.encode())) < 8192 else _long(n909)), s908, (_b600(a910) if (a910 := o.to_gpus) else b"\x00"), (_P[n912] if (n912 := len(s911 := o.reason.encode())) < 8192 else _long(n912)), s911, (_P[n914] if (n914 := len(s913 := o.message.encode())) < 8192 else _long(n914)), s913,))
 
 
-def _e_ClusterHalted916(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := o.cluster.encode())) < 8192 else _long(n920)), s919, (_P[n922] if (n922 := len(s921 := o.command_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.error.encode())) < 8192 else _long(n924)), s923, (_P[n926] if (n926 := len(s925 := o.message.encode())) < 8192 else _long(n926)), s925,))
+def _u921(v: Any) -> bytes:
+    return b"".join((_k921, (_P[n924] if (n924 := len(s923 := v.encode())) < 8192 else _long(n924)), s923,))
 
 
-def _e_ClusterResumed926(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k927, (_P[n930] if (n930 := len(s929 := o.cluster.encode())) < 8192 else _long(n930)), s929, (_P[n932] if (n932 := len(s931 := o.halted_command_id.encode())) < 8192 else _long(n932)), s931, (_P[n933] if 0 <= (n933 := o.halted_offset) < 8192 else _long(n933)), (_P[n934] if 0 <= (n934 := o.refolded_from) < 8192 else _long(n934)), (_P[n936] if (n936 := len(s935 := o.message.encode())) < 8192 else _long(n936)), s935,))
+def _e_DefragmentationPlanned914(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k915, (_P[n917] if 0 <= (n917 := o.moves) < 8192 else _long(n917)), (_P[n918] if 0 <= (n918 := o.gpus_freed) < 8192 else _long(n918)), (_P[n919] if 0 <= (n919 := o.nodes_freed) < 8192 else _long(n919)), (_k924 if (u920 := o.target) is None else _u921(u920)), (_P[n927] if (n927 := len(s926 := o.message.encode())) < 8192 else _long(n927)), s926,))
+
+
+def _e_ClusterHalted927(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k928, (_P[n931] if (n931 := len(s930 := o.cluster.encode())) < 8192 else _long(n931)), s930, (_P[n933] if (n933 := len(s932 := o.command_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.error.encode())) < 8192 else _long(n935)), s934, (_P[n937] if (n937 := len(s936 := o.message.encode())) < 8192 else _long(n937)), s936,))
+
+
+def _e_ClusterResumed937(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.cluster.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.halted_command_id.encode())) < 8192 else _long(n943)), s942, (_P[n944] if 0 <= (n944 := o.halted_offset) < 8192 else _long(n944)), (_P[n945] if 0 <= (n945 := o.refolded_from) < 8192 else _long(n945)), (_P[n947] if (n947 := len(s946 := o.message.encode())) < 8192 else _long(n947)), s946,))
 
 
 def _e_Event475(o: _c_Event) -> bytes:
-    return b"".join((_k476, (_P[n478] if 0 <= (n478 := o.partition) < 8192 else _long(n478)), (_P[n479] if 0 <= (n479 := o.sequence) < 8192 else _long(n479)), (_P[n481] if (n481 := len(s480 := o.cluster.encode())) < 8192 else _long(n481)), s480, (_P[n483] if (n483 := len(s482 := o.command_id.encode())) < 8192 else _long(n483)), s482, (_P[n484] if 0 <= (n484 := o.command_offset) < 8192 else _long(n484)), (_P[n485] if 0 <= (n485 := o.occurred_at) < 8192 else _long(n485)), _k936[type(u486 := o.payload)](u486),))
+    return b"".join((_k476, (_P[n478] if 0 <= (n478 := o.partition) < 8192 else _long(n478)), (_P[n479] if 0 <= (n479 := o.sequence) < 8192 else _long(n479)), (_P[n481] if (n481 := len(s480 := o.cluster.encode())) < 8192 else _long(n481)), s480, (_P[n483] if (n483 := len(s482 := o.command_id.encode())) < 8192 else _long(n483)), s482, (_P[n484] if 0 <= (n484 := o.command_offset) < 8192 else _long(n484)), (_P[n485] if 0 <= (n485 := o.occurred_at) < 8192 else _long(n485)), _k947[type(u486 := o.payload)](u486),))
 
 
-def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _d_NodeAdded954(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -2993,30 +3005,30 @@ def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n945 = _ZL[buf[pos]]
-    if n945 < 0:
-        n945, pos = _rlong(buf, pos)
-        if n945 < 0:
-            raise _length_error(n945, end - pos)
+    n956 = _ZL[buf[pos]]
+    if n956 < 0:
+        n956, pos = _rlong(buf, pos)
+        if n956 < 0:
+            raise _length_error(n956, end - pos)
     else:
         pos += 1
-    q946 = pos + n945
-    if q946 > end:
-        raise _length_error(n945, end - pos)
-    f_node_id = buf[pos:q946].decode()
-    pos = q946
-    n947 = _ZL[buf[pos]]
-    if n947 < 0:
-        n947, pos = _rlong(buf, pos)
-        if n947 < 0:
-            raise _length_error(n947, end - pos)
+    q957 = pos + n956
+    if q957 > end:
+        raise _length_error(n956, end - pos)
+    f_node_id = buf[pos:q957].decode()
+    pos = q957
+    n958 = _ZL[buf[pos]]
+    if n958 < 0:
+        n958, pos = _rlong(buf, pos)
+        if n958 < 0:
+            raise _length_error(n958, end - pos)
     else:
         pos += 1
-    q948 = pos + n947
-    if q948 > end:
-        raise _length_error(n947, end - pos)
-    f_gpu_model = buf[pos:q948].decode()
-    pos = q948
+    q959 = pos + n958
+    if q959 > end:
+        raise _length_error(n958, end - pos)
+    f_gpu_model = buf[pos:q959].decode()
+    pos = q959
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3063,189 +3075,189 @@ def _d_NodeAdded943(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc949: dict[str, Any] = {}
+        acc960: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c950 = _ZD[b]
+                c961 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c950 = (z >> 1) ^ -(z & 1)
+                c961 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c950 = (z >> 1) ^ -(z & 1)
+                c961 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c950, pos = _rlong(buf, pos)
-            if c950 == 0:
+                c961, pos = _rlong(buf, pos)
+            if c961 == 0:
                 break
-            if c950 < 0:
-                c950 = -c950
+            if c961 < 0:
+                c961 = -c961
                 b = buf[pos]
                 if b < 128:
-                    z953 = _ZD[b]
+                    z964 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z953 = (z >> 1) ^ -(z & 1)
+                    z964 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z953 = (z >> 1) ^ -(z & 1)
+                    z964 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z953, pos = _rlong(buf, pos)
-            if c950 * 2 > end - pos:
-                raise _count_error(c950, end - pos)
-            for _ in range(c950):
-                n954 = _ZL[buf[pos]]
-                if n954 < 0:
-                    n954, pos = _rlong(buf, pos)
-                    if n954 < 0:
-                        raise _length_error(n954, end - pos)
+                    z964, pos = _rlong(buf, pos)
+            if c961 * 2 > end - pos:
+                raise _count_error(c961, end - pos)
+            for _ in range(c961):
+                n965 = _ZL[buf[pos]]
+                if n965 < 0:
+                    n965, pos = _rlong(buf, pos)
+                    if n965 < 0:
+                        raise _length_error(n965, end - pos)
                 else:
                     pos += 1
-                q955 = pos + n954
-                if q955 > end:
-                    raise _length_error(n954, end - pos)
-                k952 = buf[pos:q955].decode()
-                pos = q955
-                n956 = _ZL[buf[pos]]
-                if n956 < 0:
-                    n956, pos = _rlong(buf, pos)
-                    if n956 < 0:
-                        raise _length_error(n956, end - pos)
+                q966 = pos + n965
+                if q966 > end:
+                    raise _length_error(n965, end - pos)
+                k963 = buf[pos:q966].decode()
+                pos = q966
+                n967 = _ZL[buf[pos]]
+                if n967 < 0:
+                    n967, pos = _rlong(buf, pos)
+                    if n967 < 0:
+                        raise _length_error(n967, end - pos)
                 else:
                     pos += 1
-                q957 = pos + n956
-                if q957 > end:
-                    raise _length_error(n956, end - pos)
-                x951 = buf[pos:q957].decode()
-                pos = q957
-                acc949[k952] = x951
-        f_labels = acc949
+                q968 = pos + n967
+                if q968 > end:
+                    raise _length_error(n967, end - pos)
+                x962 = buf[pos:q968].decode()
+                pos = q968
+                acc960[k963] = x962
+        f_labels = acc960
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc958: list[Any] = []
+        acc969: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c959 = _ZD[b]
+                c970 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c959 = (z >> 1) ^ -(z & 1)
+                c970 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c959 = (z >> 1) ^ -(z & 1)
+                c970 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c959, pos = _rlong(buf, pos)
-            if c959 == 0:
+                c970, pos = _rlong(buf, pos)
+            if c970 == 0:
                 break
-            if c959 < 0:
-                c959 = -c959
+            if c970 < 0:
+                c970 = -c970
                 b = buf[pos]
                 if b < 128:
-                    z962 = _ZD[b]
+                    z973 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z962 = (z >> 1) ^ -(z & 1)
+                    z973 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z962 = (z >> 1) ^ -(z & 1)
+                    z973 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z962, pos = _rlong(buf, pos)
-            if c959 * 3 > end - pos:
-                raise _count_error(c959, end - pos)
-            for _ in range(c959):
-                x960, pos = _d_Taint288(buf, pos, end)
-                acc958.append(x960)
-        f_taints = tuple(acc958)
+                    z973, pos = _rlong(buf, pos)
+            if c970 * 3 > end - pos:
+                raise _count_error(c970, end - pos)
+            for _ in range(c970):
+                x971, pos = _d_Taint288(buf, pos, end)
+                acc969.append(x971)
+        f_taints = tuple(acc969)
     o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
     return o, pos
 
 
-def _d_NodeRemoved962(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved973(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n964 = _ZL[buf[pos]]
-    if n964 < 0:
-        n964, pos = _rlong(buf, pos)
-        if n964 < 0:
-            raise _length_error(n964, end - pos)
+    n975 = _ZL[buf[pos]]
+    if n975 < 0:
+        n975, pos = _rlong(buf, pos)
+        if n975 < 0:
+            raise _length_error(n975, end - pos)
     else:
         pos += 1
-    q965 = pos + n964
-    if q965 > end:
-        raise _length_error(n964, end - pos)
-    f_node_id = buf[pos:q965].decode()
-    pos = q965
+    q976 = pos + n975
+    if q976 > end:
+        raise _length_error(n975, end - pos)
+    f_node_id = buf[pos:q976].decode()
+    pos = q976
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned965(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned976(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n967 = _ZL[buf[pos]]
-    if n967 < 0:
-        n967, pos = _rlong(buf, pos)
-        if n967 < 0:
-            raise _length_error(n967, end - pos)
+    n978 = _ZL[buf[pos]]
+    if n978 < 0:
+        n978, pos = _rlong(buf, pos)
+        if n978 < 0:
+            raise _length_error(n978, end - pos)
     else:
         pos += 1
-    q968 = pos + n967
-    if q968 > end:
-        raise _length_error(n967, end - pos)
-    f_node_id = buf[pos:q968].decode()
-    pos = q968
+    q979 = pos + n978
+    if q979 > end:
+        raise _length_error(n978, end - pos)
+    f_node_id = buf[pos:q979].decode()
+    pos = q979
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned968(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned979(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n970 = _ZL[buf[pos]]
-    if n970 < 0:
-        n970, pos = _rlong(buf, pos)
-        if n970 < 0:
-            raise _length_error(n970, end - pos)
+    n981 = _ZL[buf[pos]]
+    if n981 < 0:
+        n981, pos = _rlong(buf, pos)
+        if n981 < 0:
+            raise _length_error(n981, end - pos)
     else:
         pos += 1
-    q971 = pos + n970
-    if q971 > end:
-        raise _length_error(n970, end - pos)
-    f_node_id = buf[pos:q971].decode()
-    pos = q971
+    q982 = pos + n981
+    if q982 > end:
+        raise _length_error(n981, end - pos)
+    f_node_id = buf[pos:q982].decode()
+    pos = q982
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained971(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained982(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n973 = _ZL[buf[pos]]
-    if n973 < 0:
-        n973, pos = _rlong(buf, pos)
-        if n973 < 0:
-            raise _length_error(n973, end - pos)
+    n984 = _ZL[buf[pos]]
+    if n984 < 0:
+        n984, pos = _rlong(buf, pos)
+        if n984 < 0:
+            raise _length_error(n984, end - pos)
     else:
         pos += 1
-    q974 = pos + n973
-    if q974 > end:
-        raise _length_error(n973, end - pos)
-    f_node_id = buf[pos:q974].decode()
-    pos = q974
+    q985 = pos + n984
+    if q985 > end:
+        raise _length_error(n984, end - pos)
+    f_node_id = buf[pos:q985].decode()
+    pos = q985
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3264,34 +3276,34 @@ def _d_NodeDrained971(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, i
     return o, pos
 
 
-def _d_NodeFailed974(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed985(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n976 = _ZL[buf[pos]]
-    if n976 < 0:
-        n976, pos = _rlong(buf, pos)
-        if n976 < 0:
-            raise _length_error(n976, end - pos)
+    n987 = _ZL[buf[pos]]
+    if n987 < 0:
+        n987, pos = _rlong(buf, pos)
+        if n987 < 0:
+            raise _length_error(n987, end - pos)
     else:
         pos += 1
-    q977 = pos + n976
-    if q977 > end:
-        raise _length_error(n976, end - pos)
-    f_node_id = buf[pos:q977].decode()
-    pos = q977
-    n978 = _ZL[buf[pos]]
-    if n978 < 0:
-        n978, pos = _rlong(buf, pos)
-        if n978 < 0:
-            raise _length_error(n978, end - pos)
+    q988 = pos + n987
+    if q988 > end:
+        raise _length_error(n987, end - pos)
+    f_node_id = buf[pos:q988].decode()
+    pos = q988
+    n989 = _ZL[buf[pos]]
+    if n989 < 0:
+        n989, pos = _rlong(buf, pos)
+        if n989 < 0:
+            raise _length_error(n989, end - pos)
     else:
         pos += 1
-    q979 = pos + n978
-    if q979 > end:
-        raise _length_error(n978, end - pos)
-    f_reason = buf[pos:q979].decode()
-    pos = q979
+    q990 = pos + n989
+    if q990 > end:
+        raise _length_error(n989, end - pos)
+    f_reason = buf[pos:q990].decode()
+    pos = q990
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3310,7 +3322,7 @@ def _d_NodeFailed974(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int
     return o, pos
 
 
-def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec991(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3329,30 +3341,30 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n982 = _ZL[buf[pos]]
-    if n982 < 0:
-        n982, pos = _rlong(buf, pos)
-        if n982 < 0:
-            raise _length_error(n982, end - pos)
+    n993 = _ZL[buf[pos]]
+    if n993 < 0:
+        n993, pos = _rlong(buf, pos)
+        if n993 < 0:
+            raise _length_error(n993, end - pos)
     else:
         pos += 1
-    q983 = pos + n982
-    if q983 > end:
-        raise _length_error(n982, end - pos)
-    f_pod_id = buf[pos:q983].decode()
-    pos = q983
-    n984 = _ZL[buf[pos]]
-    if n984 < 0:
-        n984, pos = _rlong(buf, pos)
-        if n984 < 0:
-            raise _length_error(n984, end - pos)
+    q994 = pos + n993
+    if q994 > end:
+        raise _length_error(n993, end - pos)
+    f_pod_id = buf[pos:q994].decode()
+    pos = q994
+    n995 = _ZL[buf[pos]]
+    if n995 < 0:
+        n995, pos = _rlong(buf, pos)
+        if n995 < 0:
+            raise _length_error(n995, end - pos)
     else:
         pos += 1
-    q985 = pos + n984
-    if q985 > end:
-        raise _length_error(n984, end - pos)
-    f_tenant = buf[pos:q985].decode()
-    pos = q985
+    q996 = pos + n995
+    if q996 > end:
+        raise _length_error(n995, end - pos)
+    f_tenant = buf[pos:q996].decode()
+    pos = q996
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3427,168 +3439,168 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc986: list[Any] = []
+        acc997: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c987 = _ZD[b]
+                c998 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c987 = (z >> 1) ^ -(z & 1)
+                c998 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c987 = (z >> 1) ^ -(z & 1)
+                c998 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c987, pos = _rlong(buf, pos)
-            if c987 == 0:
+                c998, pos = _rlong(buf, pos)
+            if c998 == 0:
                 break
-            if c987 < 0:
-                c987 = -c987
+            if c998 < 0:
+                c998 = -c998
                 b = buf[pos]
                 if b < 128:
-                    z990 = _ZD[b]
+                    z1001 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z990 = (z >> 1) ^ -(z & 1)
+                    z1001 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z990 = (z >> 1) ^ -(z & 1)
+                    z1001 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z990, pos = _rlong(buf, pos)
-            if c987 * 1 > end - pos:
-                raise _count_error(c987, end - pos)
-            for _ in range(c987):
-                n991 = _ZL[buf[pos]]
-                if n991 < 0:
-                    n991, pos = _rlong(buf, pos)
-                    if n991 < 0:
-                        raise _length_error(n991, end - pos)
+                    z1001, pos = _rlong(buf, pos)
+            if c998 * 1 > end - pos:
+                raise _count_error(c998, end - pos)
+            for _ in range(c998):
+                n1002 = _ZL[buf[pos]]
+                if n1002 < 0:
+                    n1002, pos = _rlong(buf, pos)
+                    if n1002 < 0:
+                        raise _length_error(n1002, end - pos)
                 else:
                     pos += 1
-                q992 = pos + n991
-                if q992 > end:
-                    raise _length_error(n991, end - pos)
-                x988 = buf[pos:q992].decode()
-                pos = q992
-                acc986.append(x988)
-        f_gpu_models = tuple(acc986)
+                q1003 = pos + n1002
+                if q1003 > end:
+                    raise _length_error(n1002, end - pos)
+                x999 = buf[pos:q1003].decode()
+                pos = q1003
+                acc997.append(x999)
+        f_gpu_models = tuple(acc997)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc993: dict[str, Any] = {}
+        acc1004: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c994 = _ZD[b]
+                c1005 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c994 = (z >> 1) ^ -(z & 1)
+                c1005 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c994 = (z >> 1) ^ -(z & 1)
+                c1005 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c994, pos = _rlong(buf, pos)
-            if c994 == 0:
+                c1005, pos = _rlong(buf, pos)
+            if c1005 == 0:
                 break
-            if c994 < 0:
-                c994 = -c994
+            if c1005 < 0:
+                c1005 = -c1005
                 b = buf[pos]
                 if b < 128:
-                    z997 = _ZD[b]
+                    z1008 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z997 = (z >> 1) ^ -(z & 1)
+                    z1008 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z997 = (z >> 1) ^ -(z & 1)
+                    z1008 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z997, pos = _rlong(buf, pos)
-            if c994 * 2 > end - pos:
-                raise _count_error(c994, end - pos)
-            for _ in range(c994):
-                n998 = _ZL[buf[pos]]
-                if n998 < 0:
-                    n998, pos = _rlong(buf, pos)
-                    if n998 < 0:
-                        raise _length_error(n998, end - pos)
+                    z1008, pos = _rlong(buf, pos)
+            if c1005 * 2 > end - pos:
+                raise _count_error(c1005, end - pos)
+            for _ in range(c1005):
+                n1009 = _ZL[buf[pos]]
+                if n1009 < 0:
+                    n1009, pos = _rlong(buf, pos)
+                    if n1009 < 0:
+                        raise _length_error(n1009, end - pos)
                 else:
                     pos += 1
-                q999 = pos + n998
-                if q999 > end:
-                    raise _length_error(n998, end - pos)
-                k996 = buf[pos:q999].decode()
-                pos = q999
-                n1000 = _ZL[buf[pos]]
-                if n1000 < 0:
-                    n1000, pos = _rlong(buf, pos)
-                    if n1000 < 0:
-                        raise _length_error(n1000, end - pos)
+                q1010 = pos + n1009
+                if q1010 > end:
+                    raise _length_error(n1009, end - pos)
+                k1007 = buf[pos:q1010].decode()
+                pos = q1010
+                n1011 = _ZL[buf[pos]]
+                if n1011 < 0:
+                    n1011, pos = _rlong(buf, pos)
+                    if n1011 < 0:
+                        raise _length_error(n1011, end - pos)
                 else:
                     pos += 1
-                q1001 = pos + n1000
-                if q1001 > end:
-                    raise _length_error(n1000, end - pos)
-                x995 = buf[pos:q1001].decode()
-                pos = q1001
-                acc993[k996] = x995
-        f_node_selector = acc993
+                q1012 = pos + n1011
+                if q1012 > end:
+                    raise _length_error(n1011, end - pos)
+                x1006 = buf[pos:q1012].decode()
+                pos = q1012
+                acc1004[k1007] = x1006
+        f_node_selector = acc1004
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1002: list[Any] = []
+        acc1013: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1003 = _ZD[b]
+                c1014 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1003 = (z >> 1) ^ -(z & 1)
+                c1014 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1003 = (z >> 1) ^ -(z & 1)
+                c1014 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1003, pos = _rlong(buf, pos)
-            if c1003 == 0:
+                c1014, pos = _rlong(buf, pos)
+            if c1014 == 0:
                 break
-            if c1003 < 0:
-                c1003 = -c1003
+            if c1014 < 0:
+                c1014 = -c1014
                 b = buf[pos]
                 if b < 128:
-                    z1006 = _ZD[b]
+                    z1017 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1006 = (z >> 1) ^ -(z & 1)
+                    z1017 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1006 = (z >> 1) ^ -(z & 1)
+                    z1017 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1006, pos = _rlong(buf, pos)
-            if c1003 * 4 > end - pos:
-                raise _count_error(c1003, end - pos)
-            for _ in range(c1003):
-                x1004, pos = _d_Toleration338(buf, pos, end)
-                acc1002.append(x1004)
-        f_tolerations = tuple(acc1002)
+                    z1017, pos = _rlong(buf, pos)
+            if c1014 * 4 > end - pos:
+                raise _count_error(c1014, end - pos)
+            for _ in range(c1014):
+                x1015, pos = _d_Toleration338(buf, pos, end)
+                acc1013.append(x1015)
+        f_tolerations = tuple(acc1013)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3619,52 +3631,52 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1007 = _ZD[b]
+        i1018 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1007 = (z >> 1) ^ -(z & 1)
+        i1018 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1007 = (z >> 1) ^ -(z & 1)
+        i1018 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1007, pos = _rlong(buf, pos)
-    if i1007 == 0:
+        i1018, pos = _rlong(buf, pos)
+    if i1018 == 0:
         f_gang_id = None
-    elif i1007 == 1:
-        n1008 = _ZL[buf[pos]]
-        if n1008 < 0:
-            n1008, pos = _rlong(buf, pos)
-            if n1008 < 0:
-                raise _length_error(n1008, end - pos)
+    elif i1018 == 1:
+        n1019 = _ZL[buf[pos]]
+        if n1019 < 0:
+            n1019, pos = _rlong(buf, pos)
+            if n1019 < 0:
+                raise _length_error(n1019, end - pos)
         else:
             pos += 1
-        q1009 = pos + n1008
-        if q1009 > end:
-            raise _length_error(n1008, end - pos)
-        f_gang_id = buf[pos:q1009].decode()
-        pos = q1009
+        q1020 = pos + n1019
+        if q1020 > end:
+            raise _length_error(n1019, end - pos)
+        f_gang_id = buf[pos:q1020].decode()
+        pos = q1020
     else:
-        raise _union_error(i1007, 2)
+        raise _union_error(i1018, 2)
     b = buf[pos]
     if b < 128:
-        i1010 = _ZD[b]
+        i1021 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1010 = (z >> 1) ^ -(z & 1)
+        i1021 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1010 = (z >> 1) ^ -(z & 1)
+        i1021 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1010, pos = _rlong(buf, pos)
-    if i1010 == 0:
+        i1021, pos = _rlong(buf, pos)
+    if i1021 == 0:
         f_time_limit_ms = None
-    elif i1010 == 1:
+    elif i1021 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -3680,147 +3692,10 @@ def _d_PodSpec980(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1010, 2)
+        raise _union_error(i1021, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
-    else:
-        acc1011: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1012 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1012 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1012 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1012, pos = _rlong(buf, pos)
-            if c1012 == 0:
-                break
-            if c1012 < 0:
-                c1012 = -c1012
-                b = buf[pos]
-                if b < 128:
-                    z1015 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1015 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1015 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1015, pos = _rlong(buf, pos)
-            if c1012 * 1 > end - pos:
-                raise _count_error(c1012, end - pos)
-            for _ in range(c1012):
-                n1016 = _ZL[buf[pos]]
-                if n1016 < 0:
-                    n1016, pos = _rlong(buf, pos)
-                    if n1016 < 0:
-                        raise _length_error(n1016, end - pos)
-                else:
-                    pos += 1
-                q1017 = pos + n1016
-                if q1017 > end:
-                    raise _length_error(n1016, end - pos)
-                x1013 = buf[pos:q1017].decode()
-                pos = q1017
-                acc1011.append(x1013)
-        f_depends_on = tuple(acc1011)
-    n1018 = _ZL[buf[pos]]
-    if n1018 < 0:
-        n1018, pos = _rlong(buf, pos)
-        if n1018 < 0:
-            raise _length_error(n1018, end - pos)
-    else:
-        pos += 1
-    q1019 = pos + n1018
-    if q1019 > end:
-        raise _length_error(n1018, end - pos)
-    f_dependency = buf[pos:q1019].decode()
-    pos = q1019
-    n1020 = _ZL[buf[pos]]
-    if n1020 < 0:
-        n1020, pos = _rlong(buf, pos)
-        if n1020 < 0:
-            raise _length_error(n1020, end - pos)
-    else:
-        pos += 1
-    q1021 = pos + n1020
-    if q1021 > end:
-        raise _length_error(n1020, end - pos)
-    f_preemption = buf[pos:q1021].decode()
-    pos = q1021
-    f_movable = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
-    return o, pos
-
-
-def _d_QueueReason1026(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1028 = _ZL[buf[pos]]
-    if n1028 < 0:
-        n1028, pos = _rlong(buf, pos)
-        if n1028 < 0:
-            raise _length_error(n1028, end - pos)
-    else:
-        pos += 1
-    q1029 = pos + n1028
-    if q1029 > end:
-        raise _length_error(n1028, end - pos)
-    f_code = buf[pos:q1029].decode()
-    pos = q1029
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1030 = _ZL[buf[pos]]
-    if n1030 < 0:
-        n1030, pos = _rlong(buf, pos)
-        if n1030 < 0:
-            raise _length_error(n1030, end - pos)
-    else:
-        pos += 1
-    q1031 = pos + n1030
-    if q1031 > end:
-        raise _length_error(n1030, end - pos)
-    f_message = buf[pos:q1031].decode()
-    pos = q1031
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued979(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec980(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
     else:
         acc1022: list[Any] = []
         while True:
@@ -3856,74 +3731,211 @@ def _d_PodQueued979(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
                     pos += 3
                 else:
                     z1026, pos = _rlong(buf, pos)
-            if c1023 * 3 > end - pos:
+            if c1023 * 1 > end - pos:
                 raise _count_error(c1023, end - pos)
             for _ in range(c1023):
-                x1024, pos = _d_QueueReason1026(buf, pos, end)
+                n1027 = _ZL[buf[pos]]
+                if n1027 < 0:
+                    n1027, pos = _rlong(buf, pos)
+                    if n1027 < 0:
+                        raise _length_error(n1027, end - pos)
+                else:
+                    pos += 1
+                q1028 = pos + n1027
+                if q1028 > end:
+                    raise _length_error(n1027, end - pos)
+                x1024 = buf[pos:q1028].decode()
+                pos = q1028
                 acc1022.append(x1024)
-        f_reasons = tuple(acc1022)
+        f_depends_on = tuple(acc1022)
+    n1029 = _ZL[buf[pos]]
+    if n1029 < 0:
+        n1029, pos = _rlong(buf, pos)
+        if n1029 < 0:
+            raise _length_error(n1029, end - pos)
+    else:
+        pos += 1
+    q1030 = pos + n1029
+    if q1030 > end:
+        raise _length_error(n1029, end - pos)
+    f_dependency = buf[pos:q1030].decode()
+    pos = q1030
+    n1031 = _ZL[buf[pos]]
+    if n1031 < 0:
+        n1031, pos = _rlong(buf, pos)
+        if n1031 < 0:
+            raise _length_error(n1031, end - pos)
+    else:
+        pos += 1
+    q1032 = pos + n1031
+    if q1032 > end:
+        raise _length_error(n1031, end - pos)
+    f_preemption = buf[pos:q1032].decode()
+    pos = q1032
+    f_movable = buf[pos] != 0
+    pos += 1
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
+    return o, pos
+
+
+def _d_QueueReason1037(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1039 = _ZL[buf[pos]]
+    if n1039 < 0:
+        n1039, pos = _rlong(buf, pos)
+        if n1039 < 0:
+            raise _length_error(n1039, end - pos)
+    else:
+        pos += 1
+    q1040 = pos + n1039
+    if q1040 > end:
+        raise _length_error(n1039, end - pos)
+    f_code = buf[pos:q1040].decode()
+    pos = q1040
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1041 = _ZL[buf[pos]]
+    if n1041 < 0:
+        n1041, pos = _rlong(buf, pos)
+        if n1041 < 0:
+            raise _length_error(n1041, end - pos)
+    else:
+        pos += 1
+    q1042 = pos + n1041
+    if q1042 > end:
+        raise _length_error(n1041, end - pos)
+    f_message = buf[pos:q1042].decode()
+    pos = q1042
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued990(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec991(buf, pos, end)
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1033: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1034 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1034 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1034 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1034, pos = _rlong(buf, pos)
+            if c1034 == 0:
+                break
+            if c1034 < 0:
+                c1034 = -c1034
+                b = buf[pos]
+                if b < 128:
+                    z1037 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1037 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1037 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1037, pos = _rlong(buf, pos)
+            if c1034 * 3 > end - pos:
+                raise _count_error(c1034, end - pos)
+            for _ in range(c1034):
+                x1035, pos = _d_QueueReason1037(buf, pos, end)
+                acc1033.append(x1035)
+        f_reasons = tuple(acc1033)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1032: list[Any] = []
+        acc1043: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1033 = _ZD[b]
+                c1044 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1033 = (z >> 1) ^ -(z & 1)
+                c1044 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1033 = (z >> 1) ^ -(z & 1)
+                c1044 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1033, pos = _rlong(buf, pos)
-            if c1033 == 0:
+                c1044, pos = _rlong(buf, pos)
+            if c1044 == 0:
                 break
-            if c1033 < 0:
-                c1033 = -c1033
+            if c1044 < 0:
+                c1044 = -c1044
                 b = buf[pos]
                 if b < 128:
-                    z1036 = _ZD[b]
+                    z1047 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1036 = (z >> 1) ^ -(z & 1)
+                    z1047 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1036 = (z >> 1) ^ -(z & 1)
+                    z1047 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1036, pos = _rlong(buf, pos)
-            if c1033 * 1 > end - pos:
-                raise _count_error(c1033, end - pos)
-            for _ in range(c1033):
-                n1037 = _ZL[buf[pos]]
-                if n1037 < 0:
-                    n1037, pos = _rlong(buf, pos)
-                    if n1037 < 0:
-                        raise _length_error(n1037, end - pos)
+                    z1047, pos = _rlong(buf, pos)
+            if c1044 * 1 > end - pos:
+                raise _count_error(c1044, end - pos)
+            for _ in range(c1044):
+                n1048 = _ZL[buf[pos]]
+                if n1048 < 0:
+                    n1048, pos = _rlong(buf, pos)
+                    if n1048 < 0:
+                        raise _length_error(n1048, end - pos)
                 else:
                     pos += 1
-                q1038 = pos + n1037
-                if q1038 > end:
-                    raise _length_error(n1037, end - pos)
-                x1034 = buf[pos:q1038].decode()
-                pos = q1038
-                acc1032.append(x1034)
-        f_waiting_for = tuple(acc1032)
+                q1049 = pos + n1048
+                if q1049 > end:
+                    raise _length_error(n1048, end - pos)
+                x1045 = buf[pos:q1049].decode()
+                pos = q1049
+                acc1043.append(x1045)
+        f_waiting_for = tuple(acc1043)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1046(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1057(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -3958,7 +3970,7 @@ def _d_GpuShare1046(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1038(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1049(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -3966,306 +3978,221 @@ def _d_PodScheduled1038(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec980(buf, pos, end)
-    n1040 = _ZL[buf[pos]]
-    if n1040 < 0:
-        n1040, pos = _rlong(buf, pos)
-        if n1040 < 0:
-            raise _length_error(n1040, end - pos)
+    f_pod, pos = _d_PodSpec991(buf, pos, end)
+    n1051 = _ZL[buf[pos]]
+    if n1051 < 0:
+        n1051, pos = _rlong(buf, pos)
+        if n1051 < 0:
+            raise _length_error(n1051, end - pos)
     else:
         pos += 1
-    q1041 = pos + n1040
-    if q1041 > end:
-        raise _length_error(n1040, end - pos)
-    f_node_id = buf[pos:q1041].decode()
-    pos = q1041
+    q1052 = pos + n1051
+    if q1052 > end:
+        raise _length_error(n1051, end - pos)
+    f_node_id = buf[pos:q1052].decode()
+    pos = q1052
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1042: list[Any] = []
+        acc1053: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1043 = _ZD[b]
+                c1054 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1054 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1054 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1043, pos = _rlong(buf, pos)
-            if c1043 == 0:
+                c1054, pos = _rlong(buf, pos)
+            if c1054 == 0:
                 break
-            if c1043 < 0:
-                c1043 = -c1043
+            if c1054 < 0:
+                c1054 = -c1054
                 b = buf[pos]
                 if b < 128:
-                    z1046 = _ZD[b]
+                    z1057 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1057 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1057 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1046, pos = _rlong(buf, pos)
-            if c1043 * 2 > end - pos:
-                raise _count_error(c1043, end - pos)
-            for _ in range(c1043):
-                x1044, pos = _d_GpuShare1046(buf, pos, end)
-                acc1042.append(x1044)
-        f_gpus = tuple(acc1042)
-    n1048 = _ZL[buf[pos]]
-    if n1048 < 0:
-        n1048, pos = _rlong(buf, pos)
-        if n1048 < 0:
-            raise _length_error(n1048, end - pos)
+                    z1057, pos = _rlong(buf, pos)
+            if c1054 * 2 > end - pos:
+                raise _count_error(c1054, end - pos)
+            for _ in range(c1054):
+                x1055, pos = _d_GpuShare1057(buf, pos, end)
+                acc1053.append(x1055)
+        f_gpus = tuple(acc1053)
+    n1059 = _ZL[buf[pos]]
+    if n1059 < 0:
+        n1059, pos = _rlong(buf, pos)
+        if n1059 < 0:
+            raise _length_error(n1059, end - pos)
     else:
         pos += 1
-    q1049 = pos + n1048
-    if q1049 > end:
-        raise _length_error(n1048, end - pos)
-    f_policy = buf[pos:q1049].decode()
-    pos = q1049
+    q1060 = pos + n1059
+    if q1060 > end:
+        raise _length_error(n1059, end - pos)
+    f_policy = buf[pos:q1060].decode()
+    pos = q1060
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1050: dict[str, Any] = {}
+        acc1061: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1051 = _ZD[b]
+                c1062 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1051 = (z >> 1) ^ -(z & 1)
+                c1062 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1051 = (z >> 1) ^ -(z & 1)
+                c1062 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1051, pos = _rlong(buf, pos)
-            if c1051 == 0:
+                c1062, pos = _rlong(buf, pos)
+            if c1062 == 0:
                 break
-            if c1051 < 0:
-                c1051 = -c1051
+            if c1062 < 0:
+                c1062 = -c1062
                 b = buf[pos]
                 if b < 128:
-                    z1054 = _ZD[b]
+                    z1065 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1054 = (z >> 1) ^ -(z & 1)
+                    z1065 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1054 = (z >> 1) ^ -(z & 1)
+                    z1065 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1054, pos = _rlong(buf, pos)
-            if c1051 * 9 > end - pos:
-                raise _count_error(c1051, end - pos)
-            for _ in range(c1051):
-                n1055 = _ZL[buf[pos]]
-                if n1055 < 0:
-                    n1055, pos = _rlong(buf, pos)
-                    if n1055 < 0:
-                        raise _length_error(n1055, end - pos)
+                    z1065, pos = _rlong(buf, pos)
+            if c1062 * 9 > end - pos:
+                raise _count_error(c1062, end - pos)
+            for _ in range(c1062):
+                n1066 = _ZL[buf[pos]]
+                if n1066 < 0:
+                    n1066, pos = _rlong(buf, pos)
+                    if n1066 < 0:
+                        raise _length_error(n1066, end - pos)
                 else:
                     pos += 1
-                q1056 = pos + n1055
-                if q1056 > end:
-                    raise _length_error(n1055, end - pos)
-                k1053 = buf[pos:q1056].decode()
-                pos = q1056
-                x1052, = _unpack_d(buf, pos)
+                q1067 = pos + n1066
+                if q1067 > end:
+                    raise _length_error(n1066, end - pos)
+                k1064 = buf[pos:q1067].decode()
+                pos = q1067
+                x1063, = _unpack_d(buf, pos)
                 pos += 8
-                acc1050[k1053] = x1052
-        f_scores = acc1050
+                acc1061[k1064] = x1063
+        f_scores = acc1061
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1057: list[Any] = []
+        acc1068: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1058 = _ZD[b]
+                c1069 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1058 = (z >> 1) ^ -(z & 1)
+                c1069 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1058 = (z >> 1) ^ -(z & 1)
+                c1069 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1058, pos = _rlong(buf, pos)
-            if c1058 == 0:
+                c1069, pos = _rlong(buf, pos)
+            if c1069 == 0:
                 break
-            if c1058 < 0:
-                c1058 = -c1058
+            if c1069 < 0:
+                c1069 = -c1069
                 b = buf[pos]
                 if b < 128:
-                    z1061 = _ZD[b]
+                    z1072 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1061 = (z >> 1) ^ -(z & 1)
+                    z1072 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1061 = (z >> 1) ^ -(z & 1)
+                    z1072 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1061, pos = _rlong(buf, pos)
-            if c1058 * 1 > end - pos:
-                raise _count_error(c1058, end - pos)
-            for _ in range(c1058):
-                n1062 = _ZL[buf[pos]]
-                if n1062 < 0:
-                    n1062, pos = _rlong(buf, pos)
-                    if n1062 < 0:
-                        raise _length_error(n1062, end - pos)
+                    z1072, pos = _rlong(buf, pos)
+            if c1069 * 1 > end - pos:
+                raise _count_error(c1069, end - pos)
+            for _ in range(c1069):
+                n1073 = _ZL[buf[pos]]
+                if n1073 < 0:
+                    n1073, pos = _rlong(buf, pos)
+                    if n1073 < 0:
+                        raise _length_error(n1073, end - pos)
                 else:
                     pos += 1
-                q1063 = pos + n1062
-                if q1063 > end:
-                    raise _length_error(n1062, end - pos)
-                x1059 = buf[pos:q1063].decode()
-                pos = q1063
-                acc1057.append(x1059)
-        f_preempted = tuple(acc1057)
+                q1074 = pos + n1073
+                if q1074 > end:
+                    raise _length_error(n1073, end - pos)
+                x1070 = buf[pos:q1074].decode()
+                pos = q1074
+                acc1068.append(x1070)
+        f_preempted = tuple(acc1068)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1063(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1074(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1065 = _ZL[buf[pos]]
-    if n1065 < 0:
-        n1065, pos = _rlong(buf, pos)
-        if n1065 < 0:
-            raise _length_error(n1065, end - pos)
+    n1076 = _ZL[buf[pos]]
+    if n1076 < 0:
+        n1076, pos = _rlong(buf, pos)
+        if n1076 < 0:
+            raise _length_error(n1076, end - pos)
     else:
         pos += 1
-    q1066 = pos + n1065
-    if q1066 > end:
-        raise _length_error(n1065, end - pos)
-    f_pod_id = buf[pos:q1066].decode()
-    pos = q1066
-    n1067 = _ZL[buf[pos]]
-    if n1067 < 0:
-        n1067, pos = _rlong(buf, pos)
-        if n1067 < 0:
-            raise _length_error(n1067, end - pos)
+    q1077 = pos + n1076
+    if q1077 > end:
+        raise _length_error(n1076, end - pos)
+    f_pod_id = buf[pos:q1077].decode()
+    pos = q1077
+    n1078 = _ZL[buf[pos]]
+    if n1078 < 0:
+        n1078, pos = _rlong(buf, pos)
+        if n1078 < 0:
+            raise _length_error(n1078, end - pos)
     else:
         pos += 1
-    q1068 = pos + n1067
-    if q1068 > end:
-        raise _length_error(n1067, end - pos)
-    f_node_id = buf[pos:q1068].decode()
-    pos = q1068
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
-    else:
-        pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_reason = buf[pos:q1070].decode()
-    pos = q1070
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1070(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1072 = _ZL[buf[pos]]
-    if n1072 < 0:
-        n1072, pos = _rlong(buf, pos)
-        if n1072 < 0:
-            raise _length_error(n1072, end - pos)
-    else:
-        pos += 1
-    q1073 = pos + n1072
-    if q1073 > end:
-        raise _length_error(n1072, end - pos)
-    f_pod_id = buf[pos:q1073].decode()
-    pos = q1073
-    b = buf[pos]
-    if b < 128:
-        i1074 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1074 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1074 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1074, pos = _rlong(buf, pos)
-    if i1074 == 0:
-        f_node_id = None
-    elif i1074 == 1:
-        n1075 = _ZL[buf[pos]]
-        if n1075 < 0:
-            n1075, pos = _rlong(buf, pos)
-            if n1075 < 0:
-                raise _length_error(n1075, end - pos)
-        else:
-            pos += 1
-        q1076 = pos + n1075
-        if q1076 > end:
-            raise _length_error(n1075, end - pos)
-        f_node_id = buf[pos:q1076].decode()
-        pos = q1076
-    else:
-        raise _union_error(i1074, 2)
-    n1077 = _ZL[buf[pos]]
-    if n1077 < 0:
-        n1077, pos = _rlong(buf, pos)
-        if n1077 < 0:
-            raise _length_error(n1077, end - pos)
-    else:
-        pos += 1
-    q1078 = pos + n1077
-    if q1078 > end:
-        raise _length_error(n1077, end - pos)
-    f_reason = buf[pos:q1078].decode()
-    pos = q1078
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
+    q1079 = pos + n1078
+    if q1079 > end:
+        raise _length_error(n1078, end - pos)
+    f_node_id = buf[pos:q1079].decode()
+    pos = q1079
     n1080 = _ZL[buf[pos]]
     if n1080 < 0:
         n1080, pos = _rlong(buf, pos)
@@ -4276,37 +4203,122 @@ def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
     q1081 = pos + n1080
     if q1081 > end:
         raise _length_error(n1080, end - pos)
-    f_policy = buf[pos:q1081].decode()
+    f_reason = buf[pos:q1081].decode()
     pos = q1081
-    n1082 = _ZL[buf[pos]]
-    if n1082 < 0:
-        n1082, pos = _rlong(buf, pos)
-        if n1082 < 0:
-            raise _length_error(n1082, end - pos)
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1081(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1083 = _ZL[buf[pos]]
+    if n1083 < 0:
+        n1083, pos = _rlong(buf, pos)
+        if n1083 < 0:
+            raise _length_error(n1083, end - pos)
     else:
         pos += 1
-    q1083 = pos + n1082
-    if q1083 > end:
-        raise _length_error(n1082, end - pos)
-    f_previous = buf[pos:q1083].decode()
-    pos = q1083
+    q1084 = pos + n1083
+    if q1084 > end:
+        raise _length_error(n1083, end - pos)
+    f_pod_id = buf[pos:q1084].decode()
+    pos = q1084
     b = buf[pos]
     if b < 128:
-        i1084 = _ZD[b]
+        i1085 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1084 = (z >> 1) ^ -(z & 1)
+        i1085 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1084 = (z >> 1) ^ -(z & 1)
+        i1085 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1084, pos = _rlong(buf, pos)
-    if i1084 == 0:
+        i1085, pos = _rlong(buf, pos)
+    if i1085 == 0:
+        f_node_id = None
+    elif i1085 == 1:
+        n1086 = _ZL[buf[pos]]
+        if n1086 < 0:
+            n1086, pos = _rlong(buf, pos)
+            if n1086 < 0:
+                raise _length_error(n1086, end - pos)
+        else:
+            pos += 1
+        q1087 = pos + n1086
+        if q1087 > end:
+            raise _length_error(n1086, end - pos)
+        f_node_id = buf[pos:q1087].decode()
+        pos = q1087
+    else:
+        raise _union_error(i1085, 2)
+    n1088 = _ZL[buf[pos]]
+    if n1088 < 0:
+        n1088, pos = _rlong(buf, pos)
+        if n1088 < 0:
+            raise _length_error(n1088, end - pos)
+    else:
+        pos += 1
+    q1089 = pos + n1088
+    if q1089 > end:
+        raise _length_error(n1088, end - pos)
+    f_reason = buf[pos:q1089].decode()
+    pos = q1089
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1089(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1091 = _ZL[buf[pos]]
+    if n1091 < 0:
+        n1091, pos = _rlong(buf, pos)
+        if n1091 < 0:
+            raise _length_error(n1091, end - pos)
+    else:
+        pos += 1
+    q1092 = pos + n1091
+    if q1092 > end:
+        raise _length_error(n1091, end - pos)
+    f_policy = buf[pos:q1092].decode()
+    pos = q1092
+    n1093 = _ZL[buf[pos]]
+    if n1093 < 0:
+        n1093, pos = _rlong(buf, pos)
+        if n1093 < 0:
+            raise _length_error(n1093, end - pos)
+    else:
+        pos += 1
+    q1094 = pos + n1093
+    if q1094 > end:
+        raise _length_error(n1093, end - pos)
+    f_previous = buf[pos:q1094].decode()
+    pos = q1094
+    b = buf[pos]
+    if b < 128:
+        i1095 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1095 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1095 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1095, pos = _rlong(buf, pos)
+    if i1095 == 0:
         f_reserve_after_ms = None
-    elif i1084 == 1:
+    elif i1095 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4322,36 +4334,36 @@ def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1084, 2)
-    n1085 = _ZL[buf[pos]]
-    if n1085 < 0:
-        n1085, pos = _rlong(buf, pos)
-        if n1085 < 0:
-            raise _length_error(n1085, end - pos)
+        raise _union_error(i1095, 2)
+    n1096 = _ZL[buf[pos]]
+    if n1096 < 0:
+        n1096, pos = _rlong(buf, pos)
+        if n1096 < 0:
+            raise _length_error(n1096, end - pos)
     else:
         pos += 1
-    q1086 = pos + n1085
-    if q1086 > end:
-        raise _length_error(n1085, end - pos)
-    f_queue_order = buf[pos:q1086].decode()
-    pos = q1086
+    q1097 = pos + n1096
+    if q1097 > end:
+        raise _length_error(n1096, end - pos)
+    f_queue_order = buf[pos:q1097].decode()
+    pos = q1097
     b = buf[pos]
     if b < 128:
-        i1087 = _ZD[b]
+        i1098 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1087 = (z >> 1) ^ -(z & 1)
+        i1098 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1087 = (z >> 1) ^ -(z & 1)
+        i1098 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1087, pos = _rlong(buf, pos)
-    if i1087 == 0:
+        i1098, pos = _rlong(buf, pos)
+    if i1098 == 0:
         f_max_clock_jump_ms = None
-    elif i1087 == 1:
+    elif i1098 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4367,69 +4379,69 @@ def _d_PolicyChanged1078(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1087, 2)
+        raise _union_error(i1098, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1087(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1098(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1089 = _ZL[buf[pos]]
-    if n1089 < 0:
-        n1089, pos = _rlong(buf, pos)
-        if n1089 < 0:
-            raise _length_error(n1089, end - pos)
+    n1100 = _ZL[buf[pos]]
+    if n1100 < 0:
+        n1100, pos = _rlong(buf, pos)
+        if n1100 < 0:
+            raise _length_error(n1100, end - pos)
     else:
         pos += 1
-    q1090 = pos + n1089
-    if q1090 > end:
-        raise _length_error(n1089, end - pos)
-    f_command_id = buf[pos:q1090].decode()
-    pos = q1090
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
+    q1101 = pos + n1100
+    if q1101 > end:
+        raise _length_error(n1100, end - pos)
+    f_command_id = buf[pos:q1101].decode()
+    pos = q1101
+    n1102 = _ZL[buf[pos]]
+    if n1102 < 0:
+        n1102, pos = _rlong(buf, pos)
+        if n1102 < 0:
+            raise _length_error(n1102, end - pos)
     else:
         pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_command_type = buf[pos:q1092].decode()
-    pos = q1092
-    n1093 = _ZL[buf[pos]]
-    if n1093 < 0:
-        n1093, pos = _rlong(buf, pos)
-        if n1093 < 0:
-            raise _length_error(n1093, end - pos)
+    q1103 = pos + n1102
+    if q1103 > end:
+        raise _length_error(n1102, end - pos)
+    f_command_type = buf[pos:q1103].decode()
+    pos = q1103
+    n1104 = _ZL[buf[pos]]
+    if n1104 < 0:
+        n1104, pos = _rlong(buf, pos)
+        if n1104 < 0:
+            raise _length_error(n1104, end - pos)
     else:
         pos += 1
-    q1094 = pos + n1093
-    if q1094 > end:
-        raise _length_error(n1093, end - pos)
-    f_code = buf[pos:q1094].decode()
-    pos = q1094
-    n1095 = _ZL[buf[pos]]
-    if n1095 < 0:
-        n1095, pos = _rlong(buf, pos)
-        if n1095 < 0:
-            raise _length_error(n1095, end - pos)
+    q1105 = pos + n1104
+    if q1105 > end:
+        raise _length_error(n1104, end - pos)
+    f_code = buf[pos:q1105].decode()
+    pos = q1105
+    n1106 = _ZL[buf[pos]]
+    if n1106 < 0:
+        n1106, pos = _rlong(buf, pos)
+        if n1106 < 0:
+            raise _length_error(n1106, end - pos)
     else:
         pos += 1
-    q1096 = pos + n1095
-    if q1096 > end:
-        raise _length_error(n1095, end - pos)
-    f_message = buf[pos:q1096].decode()
-    pos = q1096
+    q1107 = pos + n1106
+    if q1107 > end:
+        raise _length_error(n1106, end - pos)
+    f_message = buf[pos:q1107].decode()
+    pos = q1107
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4444,30 +4456,31 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1106 = _ZL[buf[pos]]
-    if n1106 < 0:
-        n1106, pos = _rlong(buf, pos)
-        if n1106 < 0:
-            raise _length_error(n1106, end - pos)
+    f_queued_at: Any
+    n1117 = _ZL[buf[pos]]
+    if n1117 < 0:
+        n1117, pos = _rlong(buf, pos)
+        if n1117 < 0:
+            raise _length_error(n1117, end - pos)
     else:
         pos += 1
-    q1107 = pos + n1106
-    if q1107 > end:
-        raise _length_error(n1106, end - pos)
-    f_gang_id = buf[pos:q1107].decode()
-    pos = q1107
-    n1108 = _ZL[buf[pos]]
-    if n1108 < 0:
-        n1108, pos = _rlong(buf, pos)
-        if n1108 < 0:
-            raise _length_error(n1108, end - pos)
+    q1118 = pos + n1117
+    if q1118 > end:
+        raise _length_error(n1117, end - pos)
+    f_gang_id = buf[pos:q1118].decode()
+    pos = q1118
+    n1119 = _ZL[buf[pos]]
+    if n1119 < 0:
+        n1119, pos = _rlong(buf, pos)
+        if n1119 < 0:
+            raise _length_error(n1119, end - pos)
     else:
         pos += 1
-    q1109 = pos + n1108
-    if q1109 > end:
-        raise _length_error(n1108, end - pos)
-    f_tenant = buf[pos:q1109].decode()
-    pos = q1109
+    q1120 = pos + n1119
+    if q1120 > end:
+        raise _length_error(n1119, end - pos)
+    f_tenant = buf[pos:q1120].decode()
+    pos = q1120
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4486,46 +4499,46 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1110: list[Any] = []
+        acc1121: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1111 = _ZD[b]
+                c1122 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1111 = (z >> 1) ^ -(z & 1)
+                c1122 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1111 = (z >> 1) ^ -(z & 1)
+                c1122 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1111, pos = _rlong(buf, pos)
-            if c1111 == 0:
+                c1122, pos = _rlong(buf, pos)
+            if c1122 == 0:
                 break
-            if c1111 < 0:
-                c1111 = -c1111
+            if c1122 < 0:
+                c1122 = -c1122
                 b = buf[pos]
                 if b < 128:
-                    z1114 = _ZD[b]
+                    z1125 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1114 = (z >> 1) ^ -(z & 1)
+                    z1125 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1114 = (z >> 1) ^ -(z & 1)
+                    z1125 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1114, pos = _rlong(buf, pos)
-            if c1111 * 18 > end - pos:
-                raise _count_error(c1111, end - pos)
-            for _ in range(c1111):
-                x1112, pos = _d_PodSpec980(buf, pos, end)
-                acc1110.append(x1112)
-        f_members = tuple(acc1110)
+                    z1125, pos = _rlong(buf, pos)
+            if c1122 * 18 > end - pos:
+                raise _count_error(c1122, end - pos)
+            for _ in range(c1122):
+                x1123, pos = _d_PodSpec991(buf, pos, end)
+                acc1121.append(x1123)
+        f_members = tuple(acc1121)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4542,83 +4555,83 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1115 = _ZD[b]
+        i1126 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1115 = (z >> 1) ^ -(z & 1)
+        i1126 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1115 = (z >> 1) ^ -(z & 1)
+        i1126 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1115, pos = _rlong(buf, pos)
-    if i1115 == 0:
+        i1126, pos = _rlong(buf, pos)
+    if i1126 == 0:
         f_topology_required = None
-    elif i1115 == 1:
-        n1116 = _ZL[buf[pos]]
-        if n1116 < 0:
-            n1116, pos = _rlong(buf, pos)
-            if n1116 < 0:
-                raise _length_error(n1116, end - pos)
+    elif i1126 == 1:
+        n1127 = _ZL[buf[pos]]
+        if n1127 < 0:
+            n1127, pos = _rlong(buf, pos)
+            if n1127 < 0:
+                raise _length_error(n1127, end - pos)
         else:
             pos += 1
-        q1117 = pos + n1116
-        if q1117 > end:
-            raise _length_error(n1116, end - pos)
-        f_topology_required = buf[pos:q1117].decode()
-        pos = q1117
+        q1128 = pos + n1127
+        if q1128 > end:
+            raise _length_error(n1127, end - pos)
+        f_topology_required = buf[pos:q1128].decode()
+        pos = q1128
     else:
-        raise _union_error(i1115, 2)
+        raise _union_error(i1126, 2)
     b = buf[pos]
     if b < 128:
-        i1118 = _ZD[b]
+        i1129 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1118 = (z >> 1) ^ -(z & 1)
+        i1129 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1118 = (z >> 1) ^ -(z & 1)
+        i1129 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1118, pos = _rlong(buf, pos)
-    if i1118 == 0:
+        i1129, pos = _rlong(buf, pos)
+    if i1129 == 0:
         f_topology_preferred = None
-    elif i1118 == 1:
-        n1119 = _ZL[buf[pos]]
-        if n1119 < 0:
-            n1119, pos = _rlong(buf, pos)
-            if n1119 < 0:
-                raise _length_error(n1119, end - pos)
+    elif i1129 == 1:
+        n1130 = _ZL[buf[pos]]
+        if n1130 < 0:
+            n1130, pos = _rlong(buf, pos)
+            if n1130 < 0:
+                raise _length_error(n1130, end - pos)
         else:
             pos += 1
-        q1120 = pos + n1119
-        if q1120 > end:
-            raise _length_error(n1119, end - pos)
-        f_topology_preferred = buf[pos:q1120].decode()
-        pos = q1120
+        q1131 = pos + n1130
+        if q1131 > end:
+            raise _length_error(n1130, end - pos)
+        f_topology_preferred = buf[pos:q1131].decode()
+        pos = q1131
     else:
-        raise _union_error(i1118, 2)
+        raise _union_error(i1129, 2)
     b = buf[pos]
     if b < 128:
-        i1121 = _ZD[b]
+        i1132 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1121 = (z >> 1) ^ -(z & 1)
+        i1132 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1121 = (z >> 1) ^ -(z & 1)
+        i1132 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1121, pos = _rlong(buf, pos)
-    if i1121 == 0:
+        i1132, pos = _rlong(buf, pos)
+    if i1132 == 0:
         f_timeout_ms = None
-    elif i1121 == 1:
+    elif i1132 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4634,24 +4647,24 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1121, 2)
+        raise _union_error(i1132, 2)
     b = buf[pos]
     if b < 128:
-        i1122 = _ZD[b]
+        i1133 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1122 = (z >> 1) ^ -(z & 1)
+        i1133 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1122 = (z >> 1) ^ -(z & 1)
+        i1133 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1122, pos = _rlong(buf, pos)
-    if i1122 == 0:
+        i1133, pos = _rlong(buf, pos)
+    if i1133 == 0:
         f_time_limit_ms = None
-    elif i1122 == 1:
+    elif i1133 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4667,186 +4680,10 @@ def _d_GangSpec1104(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1122, 2)
+        raise _union_error(i1133, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
-    else:
-        acc1123: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1124 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1124 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1124 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1124, pos = _rlong(buf, pos)
-            if c1124 == 0:
-                break
-            if c1124 < 0:
-                c1124 = -c1124
-                b = buf[pos]
-                if b < 128:
-                    z1127 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1127 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1127 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1127, pos = _rlong(buf, pos)
-            if c1124 * 1 > end - pos:
-                raise _count_error(c1124, end - pos)
-            for _ in range(c1124):
-                n1128 = _ZL[buf[pos]]
-                if n1128 < 0:
-                    n1128, pos = _rlong(buf, pos)
-                    if n1128 < 0:
-                        raise _length_error(n1128, end - pos)
-                else:
-                    pos += 1
-                q1129 = pos + n1128
-                if q1129 > end:
-                    raise _length_error(n1128, end - pos)
-                x1125 = buf[pos:q1129].decode()
-                pos = q1129
-                acc1123.append(x1125)
-        f_depends_on = tuple(acc1123)
-    n1130 = _ZL[buf[pos]]
-    if n1130 < 0:
-        n1130, pos = _rlong(buf, pos)
-        if n1130 < 0:
-            raise _length_error(n1130, end - pos)
-    else:
-        pos += 1
-    q1131 = pos + n1130
-    if q1131 > end:
-        raise _length_error(n1130, end - pos)
-    f_dependency = buf[pos:q1131].decode()
-    pos = q1131
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    n1132 = _ZL[buf[pos]]
-    if n1132 < 0:
-        n1132, pos = _rlong(buf, pos)
-        if n1132 < 0:
-            raise _length_error(n1132, end - pos)
-    else:
-        pos += 1
-    q1133 = pos + n1132
-    if q1133 > end:
-        raise _length_error(n1132, end - pos)
-    f_preemption = buf[pos:q1133].decode()
-    pos = q1133
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
-    return o, pos
-
-
-def _d_GangQueued1096(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1098 = _ZL[buf[pos]]
-    if n1098 < 0:
-        n1098, pos = _rlong(buf, pos)
-        if n1098 < 0:
-            raise _length_error(n1098, end - pos)
-    else:
-        pos += 1
-    q1099 = pos + n1098
-    if q1099 > end:
-        raise _length_error(n1098, end - pos)
-    f_gang_id = buf[pos:q1099].decode()
-    pos = q1099
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1100: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1101 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1101 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1101 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1101, pos = _rlong(buf, pos)
-            if c1101 == 0:
-                break
-            if c1101 < 0:
-                c1101 = -c1101
-                b = buf[pos]
-                if b < 128:
-                    z1104 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1104 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1104 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1104, pos = _rlong(buf, pos)
-            if c1101 * 3 > end - pos:
-                raise _count_error(c1101, end - pos)
-            for _ in range(c1101):
-                x1102, pos = _d_QueueReason1026(buf, pos, end)
-                acc1100.append(x1102)
-        f_reasons = tuple(acc1100)
-    f_gang, pos = _d_GangSpec1104(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
     else:
         acc1134: list[Any] = []
         while True:
@@ -4898,88 +4735,297 @@ def _d_GangQueued1096(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, in
                 x1136 = buf[pos:q1140].decode()
                 pos = q1140
                 acc1134.append(x1136)
-        f_waiting_for = tuple(acc1134)
+        f_depends_on = tuple(acc1134)
+    n1141 = _ZL[buf[pos]]
+    if n1141 < 0:
+        n1141, pos = _rlong(buf, pos)
+        if n1141 < 0:
+            raise _length_error(n1141, end - pos)
+    else:
+        pos += 1
+    q1142 = pos + n1141
+    if q1142 > end:
+        raise _length_error(n1141, end - pos)
+    f_dependency = buf[pos:q1142].decode()
+    pos = q1142
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1143 = _ZL[buf[pos]]
+    if n1143 < 0:
+        n1143, pos = _rlong(buf, pos)
+        if n1143 < 0:
+            raise _length_error(n1143, end - pos)
+    else:
+        pos += 1
+    q1144 = pos + n1143
+    if q1144 > end:
+        raise _length_error(n1143, end - pos)
+    f_preemption = buf[pos:q1144].decode()
+    pos = q1144
+    b = buf[pos]
+    if b < 128:
+        i1145 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1145 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1145 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1145, pos = _rlong(buf, pos)
+    if i1145 == 0:
+        f_queued_at = None
+    elif i1145 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1145, 2)
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at)
+    return o, pos
+
+
+def _d_GangQueued1107(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1109 = _ZL[buf[pos]]
+    if n1109 < 0:
+        n1109, pos = _rlong(buf, pos)
+        if n1109 < 0:
+            raise _length_error(n1109, end - pos)
+    else:
+        pos += 1
+    q1110 = pos + n1109
+    if q1110 > end:
+        raise _length_error(n1109, end - pos)
+    f_gang_id = buf[pos:q1110].decode()
+    pos = q1110
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1111: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1112 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1112 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1112 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1112, pos = _rlong(buf, pos)
+            if c1112 == 0:
+                break
+            if c1112 < 0:
+                c1112 = -c1112
+                b = buf[pos]
+                if b < 128:
+                    z1115 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1115 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1115 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1115, pos = _rlong(buf, pos)
+            if c1112 * 3 > end - pos:
+                raise _count_error(c1112, end - pos)
+            for _ in range(c1112):
+                x1113, pos = _d_QueueReason1037(buf, pos, end)
+                acc1111.append(x1113)
+        f_reasons = tuple(acc1111)
+    f_gang, pos = _d_GangSpec1115(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1146: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1147 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1147 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1147 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1147, pos = _rlong(buf, pos)
+            if c1147 == 0:
+                break
+            if c1147 < 0:
+                c1147 = -c1147
+                b = buf[pos]
+                if b < 128:
+                    z1150 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1150 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1150 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1150, pos = _rlong(buf, pos)
+            if c1147 * 1 > end - pos:
+                raise _count_error(c1147, end - pos)
+            for _ in range(c1147):
+                n1151 = _ZL[buf[pos]]
+                if n1151 < 0:
+                    n1151, pos = _rlong(buf, pos)
+                    if n1151 < 0:
+                        raise _length_error(n1151, end - pos)
+                else:
+                    pos += 1
+                q1152 = pos + n1151
+                if q1152 > end:
+                    raise _length_error(n1151, end - pos)
+                x1148 = buf[pos:q1152].decode()
+                pos = q1152
+                acc1146.append(x1148)
+        f_waiting_for = tuple(acc1146)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1148(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1160(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1150 = _ZL[buf[pos]]
-    if n1150 < 0:
-        n1150, pos = _rlong(buf, pos)
-        if n1150 < 0:
-            raise _length_error(n1150, end - pos)
+    n1162 = _ZL[buf[pos]]
+    if n1162 < 0:
+        n1162, pos = _rlong(buf, pos)
+        if n1162 < 0:
+            raise _length_error(n1162, end - pos)
     else:
         pos += 1
-    q1151 = pos + n1150
-    if q1151 > end:
-        raise _length_error(n1150, end - pos)
-    f_pod_id = buf[pos:q1151].decode()
-    pos = q1151
-    n1152 = _ZL[buf[pos]]
-    if n1152 < 0:
-        n1152, pos = _rlong(buf, pos)
-        if n1152 < 0:
-            raise _length_error(n1152, end - pos)
+    q1163 = pos + n1162
+    if q1163 > end:
+        raise _length_error(n1162, end - pos)
+    f_pod_id = buf[pos:q1163].decode()
+    pos = q1163
+    n1164 = _ZL[buf[pos]]
+    if n1164 < 0:
+        n1164, pos = _rlong(buf, pos)
+        if n1164 < 0:
+            raise _length_error(n1164, end - pos)
     else:
         pos += 1
-    q1153 = pos + n1152
-    if q1153 > end:
-        raise _length_error(n1152, end - pos)
-    f_node_id = buf[pos:q1153].decode()
-    pos = q1153
+    q1165 = pos + n1164
+    if q1165 > end:
+        raise _length_error(n1164, end - pos)
+    f_node_id = buf[pos:q1165].decode()
+    pos = q1165
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1154: list[Any] = []
+        acc1166: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1155 = _ZD[b]
+                c1167 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1155 = (z >> 1) ^ -(z & 1)
+                c1167 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1155 = (z >> 1) ^ -(z & 1)
+                c1167 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1155, pos = _rlong(buf, pos)
-            if c1155 == 0:
+                c1167, pos = _rlong(buf, pos)
+            if c1167 == 0:
                 break
-            if c1155 < 0:
-                c1155 = -c1155
+            if c1167 < 0:
+                c1167 = -c1167
                 b = buf[pos]
                 if b < 128:
-                    z1158 = _ZD[b]
+                    z1170 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1158 = (z >> 1) ^ -(z & 1)
+                    z1170 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1158 = (z >> 1) ^ -(z & 1)
+                    z1170 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1158, pos = _rlong(buf, pos)
-            if c1155 * 2 > end - pos:
-                raise _count_error(c1155, end - pos)
-            for _ in range(c1155):
-                x1156, pos = _d_GpuShare1046(buf, pos, end)
-                acc1154.append(x1156)
-        f_gpus = tuple(acc1154)
+                    z1170, pos = _rlong(buf, pos)
+            if c1167 * 2 > end - pos:
+                raise _count_error(c1167, end - pos)
+            for _ in range(c1167):
+                x1168, pos = _d_GpuShare1057(buf, pos, end)
+                acc1166.append(x1168)
+        f_gpus = tuple(acc1166)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1140(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1152(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -4988,214 +5034,214 @@ def _d_GangScheduled1140(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
+    n1154 = _ZL[buf[pos]]
+    if n1154 < 0:
+        n1154, pos = _rlong(buf, pos)
+        if n1154 < 0:
+            raise _length_error(n1154, end - pos)
     else:
         pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_gang_id = buf[pos:q1143].decode()
-    pos = q1143
+    q1155 = pos + n1154
+    if q1155 > end:
+        raise _length_error(n1154, end - pos)
+    f_gang_id = buf[pos:q1155].decode()
+    pos = q1155
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1144: list[Any] = []
+        acc1156: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1145 = _ZD[b]
+                c1157 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1145 = (z >> 1) ^ -(z & 1)
+                c1157 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1145 = (z >> 1) ^ -(z & 1)
+                c1157 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1145, pos = _rlong(buf, pos)
-            if c1145 == 0:
+                c1157, pos = _rlong(buf, pos)
+            if c1157 == 0:
                 break
-            if c1145 < 0:
-                c1145 = -c1145
+            if c1157 < 0:
+                c1157 = -c1157
                 b = buf[pos]
                 if b < 128:
-                    z1148 = _ZD[b]
+                    z1160 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1148 = (z >> 1) ^ -(z & 1)
+                    z1160 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1148 = (z >> 1) ^ -(z & 1)
+                    z1160 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1148, pos = _rlong(buf, pos)
-            if c1145 * 3 > end - pos:
-                raise _count_error(c1145, end - pos)
-            for _ in range(c1145):
-                x1146, pos = _d_MemberPlacement1148(buf, pos, end)
-                acc1144.append(x1146)
-        f_members = tuple(acc1144)
-    f_gang, pos = _d_GangSpec1104(buf, pos, end)
+                    z1160, pos = _rlong(buf, pos)
+            if c1157 * 3 > end - pos:
+                raise _count_error(c1157, end - pos)
+            for _ in range(c1157):
+                x1158, pos = _d_MemberPlacement1160(buf, pos, end)
+                acc1156.append(x1158)
+        f_members = tuple(acc1156)
+    f_gang, pos = _d_GangSpec1115(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1159 = _ZD[b]
+        i1171 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1159 = (z >> 1) ^ -(z & 1)
+        i1171 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1159 = (z >> 1) ^ -(z & 1)
+        i1171 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1159, pos = _rlong(buf, pos)
-    if i1159 == 0:
+        i1171, pos = _rlong(buf, pos)
+    if i1171 == 0:
         f_topology_key = None
-    elif i1159 == 1:
-        n1160 = _ZL[buf[pos]]
-        if n1160 < 0:
-            n1160, pos = _rlong(buf, pos)
-            if n1160 < 0:
-                raise _length_error(n1160, end - pos)
+    elif i1171 == 1:
+        n1172 = _ZL[buf[pos]]
+        if n1172 < 0:
+            n1172, pos = _rlong(buf, pos)
+            if n1172 < 0:
+                raise _length_error(n1172, end - pos)
         else:
             pos += 1
-        q1161 = pos + n1160
-        if q1161 > end:
-            raise _length_error(n1160, end - pos)
-        f_topology_key = buf[pos:q1161].decode()
-        pos = q1161
+        q1173 = pos + n1172
+        if q1173 > end:
+            raise _length_error(n1172, end - pos)
+        f_topology_key = buf[pos:q1173].decode()
+        pos = q1173
     else:
-        raise _union_error(i1159, 2)
+        raise _union_error(i1171, 2)
     b = buf[pos]
     if b < 128:
-        i1162 = _ZD[b]
+        i1174 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1174 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1174 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1162, pos = _rlong(buf, pos)
-    if i1162 == 0:
+        i1174, pos = _rlong(buf, pos)
+    if i1174 == 0:
         f_domain = None
-    elif i1162 == 1:
-        n1163 = _ZL[buf[pos]]
-        if n1163 < 0:
-            n1163, pos = _rlong(buf, pos)
-            if n1163 < 0:
-                raise _length_error(n1163, end - pos)
+    elif i1174 == 1:
+        n1175 = _ZL[buf[pos]]
+        if n1175 < 0:
+            n1175, pos = _rlong(buf, pos)
+            if n1175 < 0:
+                raise _length_error(n1175, end - pos)
         else:
             pos += 1
-        q1164 = pos + n1163
-        if q1164 > end:
-            raise _length_error(n1163, end - pos)
-        f_domain = buf[pos:q1164].decode()
-        pos = q1164
+        q1176 = pos + n1175
+        if q1176 > end:
+            raise _length_error(n1175, end - pos)
+        f_domain = buf[pos:q1176].decode()
+        pos = q1176
     else:
-        raise _union_error(i1162, 2)
+        raise _union_error(i1174, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1165 = _ZL[buf[pos]]
-    if n1165 < 0:
-        n1165, pos = _rlong(buf, pos)
-        if n1165 < 0:
-            raise _length_error(n1165, end - pos)
+    n1177 = _ZL[buf[pos]]
+    if n1177 < 0:
+        n1177, pos = _rlong(buf, pos)
+        if n1177 < 0:
+            raise _length_error(n1177, end - pos)
     else:
         pos += 1
-    q1166 = pos + n1165
-    if q1166 > end:
-        raise _length_error(n1165, end - pos)
-    f_message = buf[pos:q1166].decode()
-    pos = q1166
+    q1178 = pos + n1177
+    if q1178 > end:
+        raise _length_error(n1177, end - pos)
+    f_message = buf[pos:q1178].decode()
+    pos = q1178
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1167: list[Any] = []
+        acc1179: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1168 = _ZD[b]
+                c1180 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1180 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1168 = (z >> 1) ^ -(z & 1)
+                c1180 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1168, pos = _rlong(buf, pos)
-            if c1168 == 0:
+                c1180, pos = _rlong(buf, pos)
+            if c1180 == 0:
                 break
-            if c1168 < 0:
-                c1168 = -c1168
+            if c1180 < 0:
+                c1180 = -c1180
                 b = buf[pos]
                 if b < 128:
-                    z1171 = _ZD[b]
+                    z1183 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1183 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1171 = (z >> 1) ^ -(z & 1)
+                    z1183 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1171, pos = _rlong(buf, pos)
-            if c1168 * 1 > end - pos:
-                raise _count_error(c1168, end - pos)
-            for _ in range(c1168):
-                n1172 = _ZL[buf[pos]]
-                if n1172 < 0:
-                    n1172, pos = _rlong(buf, pos)
-                    if n1172 < 0:
-                        raise _length_error(n1172, end - pos)
+                    z1183, pos = _rlong(buf, pos)
+            if c1180 * 1 > end - pos:
+                raise _count_error(c1180, end - pos)
+            for _ in range(c1180):
+                n1184 = _ZL[buf[pos]]
+                if n1184 < 0:
+                    n1184, pos = _rlong(buf, pos)
+                    if n1184 < 0:
+                        raise _length_error(n1184, end - pos)
                 else:
                     pos += 1
-                q1173 = pos + n1172
-                if q1173 > end:
-                    raise _length_error(n1172, end - pos)
-                x1169 = buf[pos:q1173].decode()
-                pos = q1173
-                acc1167.append(x1169)
-        f_preempted = tuple(acc1167)
+                q1185 = pos + n1184
+                if q1185 > end:
+                    raise _length_error(n1184, end - pos)
+                x1181 = buf[pos:q1185].decode()
+                pos = q1185
+                acc1179.append(x1181)
+        f_preempted = tuple(acc1179)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1173(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1185(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1175 = _ZL[buf[pos]]
-    if n1175 < 0:
-        n1175, pos = _rlong(buf, pos)
-        if n1175 < 0:
-            raise _length_error(n1175, end - pos)
+    n1187 = _ZL[buf[pos]]
+    if n1187 < 0:
+        n1187, pos = _rlong(buf, pos)
+        if n1187 < 0:
+            raise _length_error(n1187, end - pos)
     else:
         pos += 1
-    q1176 = pos + n1175
-    if q1176 > end:
-        raise _length_error(n1175, end - pos)
-    f_gang_id = buf[pos:q1176].decode()
-    pos = q1176
+    q1188 = pos + n1187
+    if q1188 > end:
+        raise _length_error(n1187, end - pos)
+    f_gang_id = buf[pos:q1188].decode()
+    pos = q1188
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5210,85 +5256,141 @@ def _d_GangTimedOut1173(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1177 = _ZL[buf[pos]]
-    if n1177 < 0:
-        n1177, pos = _rlong(buf, pos)
-        if n1177 < 0:
-            raise _length_error(n1177, end - pos)
+    n1189 = _ZL[buf[pos]]
+    if n1189 < 0:
+        n1189, pos = _rlong(buf, pos)
+        if n1189 < 0:
+            raise _length_error(n1189, end - pos)
     else:
         pos += 1
-    q1178 = pos + n1177
-    if q1178 > end:
-        raise _length_error(n1177, end - pos)
-    f_message = buf[pos:q1178].decode()
-    pos = q1178
+    q1190 = pos + n1189
+    if q1190 > end:
+        raise _length_error(n1189, end - pos)
+    f_message = buf[pos:q1190].decode()
+    pos = q1190
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1178(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1190(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1180 = _ZL[buf[pos]]
-    if n1180 < 0:
-        n1180, pos = _rlong(buf, pos)
-        if n1180 < 0:
-            raise _length_error(n1180, end - pos)
+    f_members_ended: tuple[Any, ...]
+    n1192 = _ZL[buf[pos]]
+    if n1192 < 0:
+        n1192, pos = _rlong(buf, pos)
+        if n1192 < 0:
+            raise _length_error(n1192, end - pos)
     else:
         pos += 1
-    q1181 = pos + n1180
-    if q1181 > end:
-        raise _length_error(n1180, end - pos)
-    f_gang_id = buf[pos:q1181].decode()
-    pos = q1181
-    n1182 = _ZL[buf[pos]]
-    if n1182 < 0:
-        n1182, pos = _rlong(buf, pos)
-        if n1182 < 0:
-            raise _length_error(n1182, end - pos)
+    q1193 = pos + n1192
+    if q1193 > end:
+        raise _length_error(n1192, end - pos)
+    f_gang_id = buf[pos:q1193].decode()
+    pos = q1193
+    n1194 = _ZL[buf[pos]]
+    if n1194 < 0:
+        n1194, pos = _rlong(buf, pos)
+        if n1194 < 0:
+            raise _length_error(n1194, end - pos)
     else:
         pos += 1
-    q1183 = pos + n1182
-    if q1183 > end:
-        raise _length_error(n1182, end - pos)
-    f_reason = buf[pos:q1183].decode()
-    pos = q1183
+    q1195 = pos + n1194
+    if q1195 > end:
+        raise _length_error(n1194, end - pos)
+    f_reason = buf[pos:q1195].decode()
+    pos = q1195
     f_ok = buf[pos] != 0
     pos += 1
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok)
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1196: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1197 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1197 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1197 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1197, pos = _rlong(buf, pos)
+            if c1197 == 0:
+                break
+            if c1197 < 0:
+                c1197 = -c1197
+                b = buf[pos]
+                if b < 128:
+                    z1200 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1200 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1200 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1200, pos = _rlong(buf, pos)
+            if c1197 * 1 > end - pos:
+                raise _count_error(c1197, end - pos)
+            for _ in range(c1197):
+                n1201 = _ZL[buf[pos]]
+                if n1201 < 0:
+                    n1201, pos = _rlong(buf, pos)
+                    if n1201 < 0:
+                        raise _length_error(n1201, end - pos)
+                else:
+                    pos += 1
+                q1202 = pos + n1201
+                if q1202 > end:
+                    raise _length_error(n1201, end - pos)
+                x1198 = buf[pos:q1202].decode()
+                pos = q1202
+                acc1196.append(x1198)
+        f_members_ended = tuple(acc1196)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1183(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1202(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1185 = _ZL[buf[pos]]
-    if n1185 < 0:
-        n1185, pos = _rlong(buf, pos)
-        if n1185 < 0:
-            raise _length_error(n1185, end - pos)
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
     else:
         pos += 1
-    q1186 = pos + n1185
-    if q1186 > end:
-        raise _length_error(n1185, end - pos)
-    f_pod_id = buf[pos:q1186].decode()
-    pos = q1186
-    n1187 = _ZL[buf[pos]]
-    if n1187 < 0:
-        n1187, pos = _rlong(buf, pos)
-        if n1187 < 0:
-            raise _length_error(n1187, end - pos)
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_pod_id = buf[pos:q1205].decode()
+    pos = q1205
+    n1206 = _ZL[buf[pos]]
+    if n1206 < 0:
+        n1206, pos = _rlong(buf, pos)
+        if n1206 < 0:
+            raise _length_error(n1206, end - pos)
     else:
         pos += 1
-    q1188 = pos + n1187
-    if q1188 > end:
-        raise _length_error(n1187, end - pos)
-    f_node_id = buf[pos:q1188].decode()
-    pos = q1188
+    q1207 = pos + n1206
+    if q1207 > end:
+        raise _length_error(n1206, end - pos)
+    f_node_id = buf[pos:q1207].decode()
+    pos = q1207
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5305,141 +5407,141 @@ def _d_PodTimeLimitReached1183(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1189 = _ZD[b]
+        i1208 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1189 = (z >> 1) ^ -(z & 1)
+        i1208 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1189 = (z >> 1) ^ -(z & 1)
+        i1208 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1189, pos = _rlong(buf, pos)
-    if i1189 == 0:
+        i1208, pos = _rlong(buf, pos)
+    if i1208 == 0:
         f_gang_id = None
-    elif i1189 == 1:
-        n1190 = _ZL[buf[pos]]
-        if n1190 < 0:
-            n1190, pos = _rlong(buf, pos)
-            if n1190 < 0:
-                raise _length_error(n1190, end - pos)
+    elif i1208 == 1:
+        n1209 = _ZL[buf[pos]]
+        if n1209 < 0:
+            n1209, pos = _rlong(buf, pos)
+            if n1209 < 0:
+                raise _length_error(n1209, end - pos)
         else:
             pos += 1
-        q1191 = pos + n1190
-        if q1191 > end:
-            raise _length_error(n1190, end - pos)
-        f_gang_id = buf[pos:q1191].decode()
-        pos = q1191
+        q1210 = pos + n1209
+        if q1210 > end:
+            raise _length_error(n1209, end - pos)
+        f_gang_id = buf[pos:q1210].decode()
+        pos = q1210
     else:
-        raise _union_error(i1189, 2)
+        raise _union_error(i1208, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1191(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+    n1212 = _ZL[buf[pos]]
+    if n1212 < 0:
+        n1212, pos = _rlong(buf, pos)
+        if n1212 < 0:
+            raise _length_error(n1212, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_holder_id = buf[pos:q1194].decode()
-    pos = q1194
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
+    q1213 = pos + n1212
+    if q1213 > end:
+        raise _length_error(n1212, end - pos)
+    f_holder_id = buf[pos:q1213].decode()
+    pos = q1213
+    n1214 = _ZL[buf[pos]]
+    if n1214 < 0:
+        n1214, pos = _rlong(buf, pos)
+        if n1214 < 0:
+            raise _length_error(n1214, end - pos)
     else:
         pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_holder_kind = buf[pos:q1196].decode()
-    pos = q1196
+    q1215 = pos + n1214
+    if q1215 > end:
+        raise _length_error(n1214, end - pos)
+    f_holder_kind = buf[pos:q1215].decode()
+    pos = q1215
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1197: list[Any] = []
+        acc1216: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1198 = _ZD[b]
+                c1217 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1217 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1217 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1198, pos = _rlong(buf, pos)
-            if c1198 == 0:
+                c1217, pos = _rlong(buf, pos)
+            if c1217 == 0:
                 break
-            if c1198 < 0:
-                c1198 = -c1198
+            if c1217 < 0:
+                c1217 = -c1217
                 b = buf[pos]
                 if b < 128:
-                    z1201 = _ZD[b]
+                    z1220 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1220 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1220 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1201, pos = _rlong(buf, pos)
-            if c1198 * 1 > end - pos:
-                raise _count_error(c1198, end - pos)
-            for _ in range(c1198):
-                n1202 = _ZL[buf[pos]]
-                if n1202 < 0:
-                    n1202, pos = _rlong(buf, pos)
-                    if n1202 < 0:
-                        raise _length_error(n1202, end - pos)
+                    z1220, pos = _rlong(buf, pos)
+            if c1217 * 1 > end - pos:
+                raise _count_error(c1217, end - pos)
+            for _ in range(c1217):
+                n1221 = _ZL[buf[pos]]
+                if n1221 < 0:
+                    n1221, pos = _rlong(buf, pos)
+                    if n1221 < 0:
+                        raise _length_error(n1221, end - pos)
                 else:
                     pos += 1
-                q1203 = pos + n1202
-                if q1203 > end:
-                    raise _length_error(n1202, end - pos)
-                x1199 = buf[pos:q1203].decode()
-                pos = q1203
-                acc1197.append(x1199)
-        f_nodes = tuple(acc1197)
+                q1222 = pos + n1221
+                if q1222 > end:
+                    raise _length_error(n1221, end - pos)
+                x1218 = buf[pos:q1222].decode()
+                pos = q1222
+                acc1216.append(x1218)
+        f_nodes = tuple(acc1216)
     b = buf[pos]
     if b < 128:
-        i1204 = _ZD[b]
+        i1223 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1204 = (z >> 1) ^ -(z & 1)
+        i1223 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1204 = (z >> 1) ^ -(z & 1)
+        i1223 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1204, pos = _rlong(buf, pos)
-    if i1204 == 0:
+        i1223, pos = _rlong(buf, pos)
+    if i1223 == 0:
         f_expected_start = None
-    elif i1204 == 1:
+    elif i1223 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5455,141 +5557,7 @@ def _d_NodesReserved1191(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1204, 2)
-    n1205 = _ZL[buf[pos]]
-    if n1205 < 0:
-        n1205, pos = _rlong(buf, pos)
-        if n1205 < 0:
-            raise _length_error(n1205, end - pos)
-    else:
-        pos += 1
-    q1206 = pos + n1205
-    if q1206 > end:
-        raise _length_error(n1205, end - pos)
-    f_message = buf[pos:q1206].decode()
-    pos = q1206
-    o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
-    return o, pos
-
-
-def _d_ReservationReleased1206(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
-    f_holder_id: str
-    f_holder_kind: str
-    f_nodes: tuple[Any, ...]
-    f_reason: str
-    f_message: str
-    n1208 = _ZL[buf[pos]]
-    if n1208 < 0:
-        n1208, pos = _rlong(buf, pos)
-        if n1208 < 0:
-            raise _length_error(n1208, end - pos)
-    else:
-        pos += 1
-    q1209 = pos + n1208
-    if q1209 > end:
-        raise _length_error(n1208, end - pos)
-    f_holder_id = buf[pos:q1209].decode()
-    pos = q1209
-    n1210 = _ZL[buf[pos]]
-    if n1210 < 0:
-        n1210, pos = _rlong(buf, pos)
-        if n1210 < 0:
-            raise _length_error(n1210, end - pos)
-    else:
-        pos += 1
-    q1211 = pos + n1210
-    if q1211 > end:
-        raise _length_error(n1210, end - pos)
-    f_holder_kind = buf[pos:q1211].decode()
-    pos = q1211
-    if buf[pos] == 0:
-        pos += 1
-        f_nodes = ()
-    else:
-        acc1212: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1213 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1213 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1213 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1213, pos = _rlong(buf, pos)
-            if c1213 == 0:
-                break
-            if c1213 < 0:
-                c1213 = -c1213
-                b = buf[pos]
-                if b < 128:
-                    z1216 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1216 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1216 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1216, pos = _rlong(buf, pos)
-            if c1213 * 1 > end - pos:
-                raise _count_error(c1213, end - pos)
-            for _ in range(c1213):
-                n1217 = _ZL[buf[pos]]
-                if n1217 < 0:
-                    n1217, pos = _rlong(buf, pos)
-                    if n1217 < 0:
-                        raise _length_error(n1217, end - pos)
-                else:
-                    pos += 1
-                q1218 = pos + n1217
-                if q1218 > end:
-                    raise _length_error(n1217, end - pos)
-                x1214 = buf[pos:q1218].decode()
-                pos = q1218
-                acc1212.append(x1214)
-        f_nodes = tuple(acc1212)
-    n1219 = _ZL[buf[pos]]
-    if n1219 < 0:
-        n1219, pos = _rlong(buf, pos)
-        if n1219 < 0:
-            raise _length_error(n1219, end - pos)
-    else:
-        pos += 1
-    q1220 = pos + n1219
-    if q1220 > end:
-        raise _length_error(n1219, end - pos)
-    f_reason = buf[pos:q1220].decode()
-    pos = q1220
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
-    else:
-        pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_message = buf[pos:q1222].decode()
-    pos = q1222
-    o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
-    return o, pos
-
-
-def _d_DependencyFailed1222(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
-    f_holder_id: str
-    f_holder_kind: str
-    f_dependency_id: str
-    f_message: str
+        raise _union_error(i1223, 2)
     n1224 = _ZL[buf[pos]]
     if n1224 < 0:
         n1224, pos = _rlong(buf, pos)
@@ -5600,49 +5568,183 @@ def _d_DependencyFailed1222(buf: bytes, pos: int, end: int) -> tuple[_c_Dependen
     q1225 = pos + n1224
     if q1225 > end:
         raise _length_error(n1224, end - pos)
-    f_holder_id = buf[pos:q1225].decode()
+    f_message = buf[pos:q1225].decode()
     pos = q1225
-    n1226 = _ZL[buf[pos]]
-    if n1226 < 0:
-        n1226, pos = _rlong(buf, pos)
-        if n1226 < 0:
-            raise _length_error(n1226, end - pos)
+    o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
+    return o, pos
+
+
+def _d_ReservationReleased1225(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+    f_holder_id: str
+    f_holder_kind: str
+    f_nodes: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1227 = _ZL[buf[pos]]
+    if n1227 < 0:
+        n1227, pos = _rlong(buf, pos)
+        if n1227 < 0:
+            raise _length_error(n1227, end - pos)
     else:
         pos += 1
-    q1227 = pos + n1226
-    if q1227 > end:
-        raise _length_error(n1226, end - pos)
-    f_holder_kind = buf[pos:q1227].decode()
-    pos = q1227
-    n1228 = _ZL[buf[pos]]
-    if n1228 < 0:
-        n1228, pos = _rlong(buf, pos)
-        if n1228 < 0:
-            raise _length_error(n1228, end - pos)
+    q1228 = pos + n1227
+    if q1228 > end:
+        raise _length_error(n1227, end - pos)
+    f_holder_id = buf[pos:q1228].decode()
+    pos = q1228
+    n1229 = _ZL[buf[pos]]
+    if n1229 < 0:
+        n1229, pos = _rlong(buf, pos)
+        if n1229 < 0:
+            raise _length_error(n1229, end - pos)
     else:
         pos += 1
-    q1229 = pos + n1228
-    if q1229 > end:
-        raise _length_error(n1228, end - pos)
-    f_dependency_id = buf[pos:q1229].decode()
-    pos = q1229
-    n1230 = _ZL[buf[pos]]
-    if n1230 < 0:
-        n1230, pos = _rlong(buf, pos)
-        if n1230 < 0:
-            raise _length_error(n1230, end - pos)
+    q1230 = pos + n1229
+    if q1230 > end:
+        raise _length_error(n1229, end - pos)
+    f_holder_kind = buf[pos:q1230].decode()
+    pos = q1230
+    if buf[pos] == 0:
+        pos += 1
+        f_nodes = ()
+    else:
+        acc1231: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1232 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1232 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1232 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1232, pos = _rlong(buf, pos)
+            if c1232 == 0:
+                break
+            if c1232 < 0:
+                c1232 = -c1232
+                b = buf[pos]
+                if b < 128:
+                    z1235 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1235 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1235 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1235, pos = _rlong(buf, pos)
+            if c1232 * 1 > end - pos:
+                raise _count_error(c1232, end - pos)
+            for _ in range(c1232):
+                n1236 = _ZL[buf[pos]]
+                if n1236 < 0:
+                    n1236, pos = _rlong(buf, pos)
+                    if n1236 < 0:
+                        raise _length_error(n1236, end - pos)
+                else:
+                    pos += 1
+                q1237 = pos + n1236
+                if q1237 > end:
+                    raise _length_error(n1236, end - pos)
+                x1233 = buf[pos:q1237].decode()
+                pos = q1237
+                acc1231.append(x1233)
+        f_nodes = tuple(acc1231)
+    n1238 = _ZL[buf[pos]]
+    if n1238 < 0:
+        n1238, pos = _rlong(buf, pos)
+        if n1238 < 0:
+            raise _length_error(n1238, end - pos)
     else:
         pos += 1
-    q1231 = pos + n1230
-    if q1231 > end:
-        raise _length_error(n1230, end - pos)
-    f_message = buf[pos:q1231].decode()
-    pos = q1231
+    q1239 = pos + n1238
+    if q1239 > end:
+        raise _length_error(n1238, end - pos)
+    f_reason = buf[pos:q1239].decode()
+    pos = q1239
+    n1240 = _ZL[buf[pos]]
+    if n1240 < 0:
+        n1240, pos = _rlong(buf, pos)
+        if n1240 < 0:
+            raise _length_error(n1240, end - pos)
+    else:
+        pos += 1
+    q1241 = pos + n1240
+    if q1241 > end:
+        raise _length_error(n1240, end - pos)
+    f_message = buf[pos:q1241].decode()
+    pos = q1241
+    o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
+    return o, pos
+
+
+def _d_DependencyFailed1241(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+    f_holder_id: str
+    f_holder_kind: str
+    f_dependency_id: str
+    f_message: str
+    n1243 = _ZL[buf[pos]]
+    if n1243 < 0:
+        n1243, pos = _rlong(buf, pos)
+        if n1243 < 0:
+            raise _length_error(n1243, end - pos)
+    else:
+        pos += 1
+    q1244 = pos + n1243
+    if q1244 > end:
+        raise _length_error(n1243, end - pos)
+    f_holder_id = buf[pos:q1244].decode()
+    pos = q1244
+    n1245 = _ZL[buf[pos]]
+    if n1245 < 0:
+        n1245, pos = _rlong(buf, pos)
+        if n1245 < 0:
+            raise _length_error(n1245, end - pos)
+    else:
+        pos += 1
+    q1246 = pos + n1245
+    if q1246 > end:
+        raise _length_error(n1245, end - pos)
+    f_holder_kind = buf[pos:q1246].decode()
+    pos = q1246
+    n1247 = _ZL[buf[pos]]
+    if n1247 < 0:
+        n1247, pos = _rlong(buf, pos)
+        if n1247 < 0:
+            raise _length_error(n1247, end - pos)
+    else:
+        pos += 1
+    q1248 = pos + n1247
+    if q1248 > end:
+        raise _length_error(n1247, end - pos)
+    f_dependency_id = buf[pos:q1248].decode()
+    pos = q1248
+    n1249 = _ZL[buf[pos]]
+    if n1249 < 0:
+        n1249, pos = _rlong(buf, pos)
+        if n1249 < 0:
+            raise _length_error(n1249, end - pos)
+    else:
+        pos += 1
+    q1250 = pos + n1249
+    if q1250 > end:
+        raise _length_error(n1249, end - pos)
+    f_message = buf[pos:q1250].decode()
+    pos = q1250
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1231(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1250(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5665,174 +5767,10 @@ def _d_Ticked1231(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1232(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
-    f_reason: str
-    f_message: str
-    n1234 = _ZL[buf[pos]]
-    if n1234 < 0:
-        n1234, pos = _rlong(buf, pos)
-        if n1234 < 0:
-            raise _length_error(n1234, end - pos)
-    else:
-        pos += 1
-    q1235 = pos + n1234
-    if q1235 > end:
-        raise _length_error(n1234, end - pos)
-    f_pod_id = buf[pos:q1235].decode()
-    pos = q1235
-    n1236 = _ZL[buf[pos]]
-    if n1236 < 0:
-        n1236, pos = _rlong(buf, pos)
-        if n1236 < 0:
-            raise _length_error(n1236, end - pos)
-    else:
-        pos += 1
-    q1237 = pos + n1236
-    if q1237 > end:
-        raise _length_error(n1236, end - pos)
-    f_node_id = buf[pos:q1237].decode()
-    pos = q1237
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
-    else:
-        pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_by = buf[pos:q1239].decode()
-    pos = q1239
-    n1240 = _ZL[buf[pos]]
-    if n1240 < 0:
-        n1240, pos = _rlong(buf, pos)
-        if n1240 < 0:
-            raise _length_error(n1240, end - pos)
-    else:
-        pos += 1
-    q1241 = pos + n1240
-    if q1241 > end:
-        raise _length_error(n1240, end - pos)
-    f_reason = buf[pos:q1241].decode()
-    pos = q1241
-    n1242 = _ZL[buf[pos]]
-    if n1242 < 0:
-        n1242, pos = _rlong(buf, pos)
-        if n1242 < 0:
-            raise _length_error(n1242, end - pos)
-    else:
-        pos += 1
-    q1243 = pos + n1242
-    if q1243 > end:
-        raise _length_error(n1242, end - pos)
-    f_message = buf[pos:q1243].decode()
-    pos = q1243
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1243(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1245 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1245 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1245 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1245, pos = _rlong(buf, pos)
-    if i1245 == 0:
-        f_tenant = None
-    elif i1245 == 1:
-        n1246 = _ZL[buf[pos]]
-        if n1246 < 0:
-            n1246, pos = _rlong(buf, pos)
-            if n1246 < 0:
-                raise _length_error(n1246, end - pos)
-        else:
-            pos += 1
-        q1247 = pos + n1246
-        if q1247 > end:
-            raise _length_error(n1246, end - pos)
-        f_tenant = buf[pos:q1247].decode()
-        pos = q1247
-    else:
-        raise _union_error(i1245, 2)
-    b = buf[pos]
-    if b < 128:
-        i1248 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1248 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1248 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1248, pos = _rlong(buf, pos)
-    if i1248 == 0:
-        f_quota = None
-    elif i1248 == 1:
-        f_quota, pos = _d_Quota371(buf, pos, end)
-    else:
-        raise _union_error(i1248, 2)
-    b = buf[pos]
-    if b < 128:
-        i1249 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1249 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1249 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1249, pos = _rlong(buf, pos)
-    if i1249 == 0:
-        f_previous = None
-    elif i1249 == 1:
-        f_previous, pos = _d_Quota371(buf, pos, end)
-    else:
-        raise _union_error(i1249, 2)
-    n1250 = _ZL[buf[pos]]
-    if n1250 < 0:
-        n1250, pos = _rlong(buf, pos)
-        if n1250 < 0:
-            raise _length_error(n1250, end - pos)
-    else:
-        pos += 1
-    q1251 = pos + n1250
-    if q1251 > end:
-        raise _length_error(n1250, end - pos)
-    f_message = buf[pos:q1251].decode()
-    pos = q1251
-    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
-    return o, pos
-
-
-def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
-    f_pod_id: str
-    f_from_node: str
-    f_from_gpus: tuple[Any, ...]
-    f_to_node: str
-    f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
     n1253 = _ZL[buf[pos]]
@@ -5857,108 +5795,124 @@ def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1256 = pos + n1255
     if q1256 > end:
         raise _length_error(n1255, end - pos)
-    f_from_node = buf[pos:q1256].decode()
+    f_node_id = buf[pos:q1256].decode()
     pos = q1256
-    if buf[pos] == 0:
-        pos += 1
-        f_from_gpus = ()
-    else:
-        acc1257: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1258 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1258 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1258 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1258, pos = _rlong(buf, pos)
-            if c1258 == 0:
-                break
-            if c1258 < 0:
-                c1258 = -c1258
-                b = buf[pos]
-                if b < 128:
-                    z1261 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1261 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1261 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1261, pos = _rlong(buf, pos)
-            if c1258 * 2 > end - pos:
-                raise _count_error(c1258, end - pos)
-            for _ in range(c1258):
-                x1259, pos = _d_GpuShare1046(buf, pos, end)
-                acc1257.append(x1259)
-        f_from_gpus = tuple(acc1257)
-    n1262 = _ZL[buf[pos]]
-    if n1262 < 0:
-        n1262, pos = _rlong(buf, pos)
-        if n1262 < 0:
-            raise _length_error(n1262, end - pos)
+    n1257 = _ZL[buf[pos]]
+    if n1257 < 0:
+        n1257, pos = _rlong(buf, pos)
+        if n1257 < 0:
+            raise _length_error(n1257, end - pos)
     else:
         pos += 1
-    q1263 = pos + n1262
-    if q1263 > end:
-        raise _length_error(n1262, end - pos)
-    f_to_node = buf[pos:q1263].decode()
-    pos = q1263
-    if buf[pos] == 0:
-        pos += 1
-        f_to_gpus = ()
+    q1258 = pos + n1257
+    if q1258 > end:
+        raise _length_error(n1257, end - pos)
+    f_by = buf[pos:q1258].decode()
+    pos = q1258
+    n1259 = _ZL[buf[pos]]
+    if n1259 < 0:
+        n1259, pos = _rlong(buf, pos)
+        if n1259 < 0:
+            raise _length_error(n1259, end - pos)
     else:
-        acc1264: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1265 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1265 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1265 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1265, pos = _rlong(buf, pos)
-            if c1265 == 0:
-                break
-            if c1265 < 0:
-                c1265 = -c1265
-                b = buf[pos]
-                if b < 128:
-                    z1268 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1268 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1268 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1268, pos = _rlong(buf, pos)
-            if c1265 * 2 > end - pos:
-                raise _count_error(c1265, end - pos)
-            for _ in range(c1265):
-                x1266, pos = _d_GpuShare1046(buf, pos, end)
-                acc1264.append(x1266)
-        f_to_gpus = tuple(acc1264)
+        pos += 1
+    q1260 = pos + n1259
+    if q1260 > end:
+        raise _length_error(n1259, end - pos)
+    f_reason = buf[pos:q1260].decode()
+    pos = q1260
+    n1261 = _ZL[buf[pos]]
+    if n1261 < 0:
+        n1261, pos = _rlong(buf, pos)
+        if n1261 < 0:
+            raise _length_error(n1261, end - pos)
+    else:
+        pos += 1
+    q1262 = pos + n1261
+    if q1262 > end:
+        raise _length_error(n1261, end - pos)
+    f_message = buf[pos:q1262].decode()
+    pos = q1262
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1262(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1264 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1264 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1264 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1264, pos = _rlong(buf, pos)
+    if i1264 == 0:
+        f_tenant = None
+    elif i1264 == 1:
+        n1265 = _ZL[buf[pos]]
+        if n1265 < 0:
+            n1265, pos = _rlong(buf, pos)
+            if n1265 < 0:
+                raise _length_error(n1265, end - pos)
+        else:
+            pos += 1
+        q1266 = pos + n1265
+        if q1266 > end:
+            raise _length_error(n1265, end - pos)
+        f_tenant = buf[pos:q1266].decode()
+        pos = q1266
+    else:
+        raise _union_error(i1264, 2)
+    b = buf[pos]
+    if b < 128:
+        i1267 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1267 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1267 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1267, pos = _rlong(buf, pos)
+    if i1267 == 0:
+        f_quota = None
+    elif i1267 == 1:
+        f_quota, pos = _d_Quota371(buf, pos, end)
+    else:
+        raise _union_error(i1267, 2)
+    b = buf[pos]
+    if b < 128:
+        i1268 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1268 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1268 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1268, pos = _rlong(buf, pos)
+    if i1268 == 0:
+        f_previous = None
+    elif i1268 == 1:
+        f_previous, pos = _d_Quota371(buf, pos, end)
+    else:
+        raise _union_error(i1268, 2)
     n1269 = _ZL[buf[pos]]
     if n1269 < 0:
         n1269, pos = _rlong(buf, pos)
@@ -5969,25 +5923,173 @@ def _d_PodMigrated1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1270 = pos + n1269
     if q1270 > end:
         raise _length_error(n1269, end - pos)
-    f_reason = buf[pos:q1270].decode()
+    f_message = buf[pos:q1270].decode()
     pos = q1270
-    n1271 = _ZL[buf[pos]]
-    if n1271 < 0:
-        n1271, pos = _rlong(buf, pos)
-        if n1271 < 0:
-            raise _length_error(n1271, end - pos)
+    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
+    return o, pos
+
+
+def _d_PodMigrated1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+    f_pod_id: str
+    f_from_node: str
+    f_from_gpus: tuple[Any, ...]
+    f_to_node: str
+    f_to_gpus: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1272 = pos + n1271
-    if q1272 > end:
-        raise _length_error(n1271, end - pos)
-    f_message = buf[pos:q1272].decode()
-    pos = q1272
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_pod_id = buf[pos:q1273].decode()
+    pos = q1273
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
+    else:
+        pos += 1
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_from_node = buf[pos:q1275].decode()
+    pos = q1275
+    if buf[pos] == 0:
+        pos += 1
+        f_from_gpus = ()
+    else:
+        acc1276: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1277 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1277 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1277 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1277, pos = _rlong(buf, pos)
+            if c1277 == 0:
+                break
+            if c1277 < 0:
+                c1277 = -c1277
+                b = buf[pos]
+                if b < 128:
+                    z1280 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1280 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1280 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1280, pos = _rlong(buf, pos)
+            if c1277 * 2 > end - pos:
+                raise _count_error(c1277, end - pos)
+            for _ in range(c1277):
+                x1278, pos = _d_GpuShare1057(buf, pos, end)
+                acc1276.append(x1278)
+        f_from_gpus = tuple(acc1276)
+    n1281 = _ZL[buf[pos]]
+    if n1281 < 0:
+        n1281, pos = _rlong(buf, pos)
+        if n1281 < 0:
+            raise _length_error(n1281, end - pos)
+    else:
+        pos += 1
+    q1282 = pos + n1281
+    if q1282 > end:
+        raise _length_error(n1281, end - pos)
+    f_to_node = buf[pos:q1282].decode()
+    pos = q1282
+    if buf[pos] == 0:
+        pos += 1
+        f_to_gpus = ()
+    else:
+        acc1283: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1284 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1284 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1284 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1284, pos = _rlong(buf, pos)
+            if c1284 == 0:
+                break
+            if c1284 < 0:
+                c1284 = -c1284
+                b = buf[pos]
+                if b < 128:
+                    z1287 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1287 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1287 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1287, pos = _rlong(buf, pos)
+            if c1284 * 2 > end - pos:
+                raise _count_error(c1284, end - pos)
+            for _ in range(c1284):
+                x1285, pos = _d_GpuShare1057(buf, pos, end)
+                acc1283.append(x1285)
+        f_to_gpus = tuple(acc1283)
+    n1288 = _ZL[buf[pos]]
+    if n1288 < 0:
+        n1288, pos = _rlong(buf, pos)
+        if n1288 < 0:
+            raise _length_error(n1288, end - pos)
+    else:
+        pos += 1
+    q1289 = pos + n1288
+    if q1289 > end:
+        raise _length_error(n1288, end - pos)
+    f_reason = buf[pos:q1289].decode()
+    pos = q1289
+    n1290 = _ZL[buf[pos]]
+    if n1290 < 0:
+        n1290, pos = _rlong(buf, pos)
+        if n1290 < 0:
+            raise _length_error(n1290, end - pos)
+    else:
+        pos += 1
+    q1291 = pos + n1290
+    if q1291 > end:
+        raise _length_error(n1290, end - pos)
+    f_message = buf[pos:q1291].decode()
+    pos = q1291
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1272(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1291(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6037,138 +6139,138 @@ def _d_DefragmentationPlanned1272(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1274 = _ZD[b]
+        i1293 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1274 = (z >> 1) ^ -(z & 1)
+        i1293 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1274 = (z >> 1) ^ -(z & 1)
+        i1293 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1274, pos = _rlong(buf, pos)
-    if i1274 == 0:
+        i1293, pos = _rlong(buf, pos)
+    if i1293 == 0:
         f_target = None
-    elif i1274 == 1:
-        n1275 = _ZL[buf[pos]]
-        if n1275 < 0:
-            n1275, pos = _rlong(buf, pos)
-            if n1275 < 0:
-                raise _length_error(n1275, end - pos)
+    elif i1293 == 1:
+        n1294 = _ZL[buf[pos]]
+        if n1294 < 0:
+            n1294, pos = _rlong(buf, pos)
+            if n1294 < 0:
+                raise _length_error(n1294, end - pos)
         else:
             pos += 1
-        q1276 = pos + n1275
-        if q1276 > end:
-            raise _length_error(n1275, end - pos)
-        f_target = buf[pos:q1276].decode()
-        pos = q1276
+        q1295 = pos + n1294
+        if q1295 > end:
+            raise _length_error(n1294, end - pos)
+        f_target = buf[pos:q1295].decode()
+        pos = q1295
     else:
-        raise _union_error(i1274, 2)
-    n1277 = _ZL[buf[pos]]
-    if n1277 < 0:
-        n1277, pos = _rlong(buf, pos)
-        if n1277 < 0:
-            raise _length_error(n1277, end - pos)
+        raise _union_error(i1293, 2)
+    n1296 = _ZL[buf[pos]]
+    if n1296 < 0:
+        n1296, pos = _rlong(buf, pos)
+        if n1296 < 0:
+            raise _length_error(n1296, end - pos)
     else:
         pos += 1
-    q1278 = pos + n1277
-    if q1278 > end:
-        raise _length_error(n1277, end - pos)
-    f_message = buf[pos:q1278].decode()
-    pos = q1278
+    q1297 = pos + n1296
+    if q1297 > end:
+        raise _length_error(n1296, end - pos)
+    f_message = buf[pos:q1297].decode()
+    pos = q1297
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1278(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1297(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
+    n1299 = _ZL[buf[pos]]
+    if n1299 < 0:
+        n1299, pos = _rlong(buf, pos)
+        if n1299 < 0:
+            raise _length_error(n1299, end - pos)
     else:
         pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_cluster = buf[pos:q1281].decode()
-    pos = q1281
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    q1300 = pos + n1299
+    if q1300 > end:
+        raise _length_error(n1299, end - pos)
+    f_cluster = buf[pos:q1300].decode()
+    pos = q1300
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_command_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_command_id = buf[pos:q1302].decode()
+    pos = q1302
+    n1303 = _ZL[buf[pos]]
+    if n1303 < 0:
+        n1303, pos = _rlong(buf, pos)
+        if n1303 < 0:
+            raise _length_error(n1303, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_error = buf[pos:q1285].decode()
-    pos = q1285
-    n1286 = _ZL[buf[pos]]
-    if n1286 < 0:
-        n1286, pos = _rlong(buf, pos)
-        if n1286 < 0:
-            raise _length_error(n1286, end - pos)
+    q1304 = pos + n1303
+    if q1304 > end:
+        raise _length_error(n1303, end - pos)
+    f_error = buf[pos:q1304].decode()
+    pos = q1304
+    n1305 = _ZL[buf[pos]]
+    if n1305 < 0:
+        n1305, pos = _rlong(buf, pos)
+        if n1305 < 0:
+            raise _length_error(n1305, end - pos)
     else:
         pos += 1
-    q1287 = pos + n1286
-    if q1287 > end:
-        raise _length_error(n1286, end - pos)
-    f_message = buf[pos:q1287].decode()
-    pos = q1287
+    q1306 = pos + n1305
+    if q1306 > end:
+        raise _length_error(n1305, end - pos)
+    f_message = buf[pos:q1306].decode()
+    pos = q1306
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1287(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1306(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1289 = _ZL[buf[pos]]
-    if n1289 < 0:
-        n1289, pos = _rlong(buf, pos)
-        if n1289 < 0:
-            raise _length_error(n1289, end - pos)
+    n1308 = _ZL[buf[pos]]
+    if n1308 < 0:
+        n1308, pos = _rlong(buf, pos)
+        if n1308 < 0:
+            raise _length_error(n1308, end - pos)
     else:
         pos += 1
-    q1290 = pos + n1289
-    if q1290 > end:
-        raise _length_error(n1289, end - pos)
-    f_cluster = buf[pos:q1290].decode()
-    pos = q1290
-    n1291 = _ZL[buf[pos]]
-    if n1291 < 0:
-        n1291, pos = _rlong(buf, pos)
-        if n1291 < 0:
-            raise _length_error(n1291, end - pos)
+    q1309 = pos + n1308
+    if q1309 > end:
+        raise _length_error(n1308, end - pos)
+    f_cluster = buf[pos:q1309].decode()
+    pos = q1309
+    n1310 = _ZL[buf[pos]]
+    if n1310 < 0:
+        n1310, pos = _rlong(buf, pos)
+        if n1310 < 0:
+            raise _length_error(n1310, end - pos)
     else:
         pos += 1
-    q1292 = pos + n1291
-    if q1292 > end:
-        raise _length_error(n1291, end - pos)
-    f_halted_command_id = buf[pos:q1292].decode()
-    pos = q1292
+    q1311 = pos + n1310
+    if q1311 > end:
+        raise _length_error(n1310, end - pos)
+    f_halted_command_id = buf[pos:q1311].decode()
+    pos = q1311
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6197,18 +6299,18 @@ def _d_ClusterResumed1287(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
+    n1312 = _ZL[buf[pos]]
+    if n1312 < 0:
+        n1312, pos = _rlong(buf, pos)
+        if n1312 < 0:
+            raise _length_error(n1312, end - pos)
     else:
         pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_message = buf[pos:q1294].decode()
-    pos = q1294
+    q1313 = pos + n1312
+    if q1313 > end:
+        raise _length_error(n1312, end - pos)
+    f_message = buf[pos:q1313].decode()
+    pos = q1313
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
@@ -6218,7 +6320,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k937:
+    if frame[:10] != _k948:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6259,30 +6361,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n939 = _ZL[buf[pos]]
-        if n939 < 0:
-            n939, pos = _rlong(buf, pos)
-            if n939 < 0:
-                raise _length_error(n939, end - pos)
+        n950 = _ZL[buf[pos]]
+        if n950 < 0:
+            n950, pos = _rlong(buf, pos)
+            if n950 < 0:
+                raise _length_error(n950, end - pos)
         else:
             pos += 1
-        q940 = pos + n939
-        if q940 > end:
-            raise _length_error(n939, end - pos)
-        f_cluster = buf[pos:q940].decode()
-        pos = q940
-        n941 = _ZL[buf[pos]]
-        if n941 < 0:
-            n941, pos = _rlong(buf, pos)
-            if n941 < 0:
-                raise _length_error(n941, end - pos)
+        q951 = pos + n950
+        if q951 > end:
+            raise _length_error(n950, end - pos)
+        f_cluster = buf[pos:q951].decode()
+        pos = q951
+        n952 = _ZL[buf[pos]]
+        if n952 < 0:
+            n952, pos = _rlong(buf, pos)
+            if n952 < 0:
+                raise _length_error(n952, end - pos)
         else:
             pos += 1
-        q942 = pos + n941
-        if q942 > end:
-            raise _length_error(n941, end - pos)
-        f_command_id = buf[pos:q942].decode()
-        pos = q942
+        q953 = pos + n952
+        if q953 > end:
+            raise _length_error(n952, end - pos)
+        f_command_id = buf[pos:q953].decode()
+        pos = q953
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6313,21 +6415,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i943 = _ZD[b]
+            i954 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i943 = (z >> 1) ^ -(z & 1)
+            i954 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i943 = (z >> 1) ^ -(z & 1)
+            i954 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i943, pos = _rlong(buf, pos)
-        if not 0 <= i943 < 27:
-            raise _union_error(i943, 27)
-        f_payload, pos = _k1294[i943](buf, pos, end)
+            i954, pos = _rlong(buf, pos)
+        if not 0 <= i954 < 27:
+            raise _union_error(i954, 27)
+        f_payload, pos = _k1313[i954](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6363,15 +6465,15 @@ _k260: dict[type, Callable[[Any], bytes]] = {
 
 _k474: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode269, _d_RemoveNode295, _d_CordonNode298, _d_UncordonNode301, _d_DrainNode304, _d_MarkNodeFailed307, _d_SubmitPod312, _d_Release359, _d_SetPolicy364, _d_SubmitGang387, _d_ReleaseGang441, _d_Tick446, _d_SetQuota447, _d_RemoveQuota464, _d_Defragment467, _d_ResumeCluster471,)
 
-_k882: dict[type, Callable[[Any], bytes]] = {
+_k893: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k885: dict[type, Callable[[Any], bytes]] = {
+_k896: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k936: dict[type, Callable[[Any], bytes]] = {
+_k947: dict[type, Callable[[Any], bytes]] = {
     _c_NodeAdded: _e_NodeAdded486,
     _c_NodeRemoved: _e_NodeRemoved497,
     _c_NodeCordoned: _e_NodeCordoned501,
@@ -6385,23 +6487,23 @@ _k936: dict[type, Callable[[Any], bytes]] = {
     _c_PolicyChanged: _e_PolicyChanged630,
     _c_CommandRejected: _e_CommandRejected648,
     _c_GangQueued: _e_GangQueued658,
-    _c_GangScheduled: _e_GangScheduled733,
-    _c_GangTimedOut: _e_GangTimedOut797,
-    _c_GangReleased: _e_GangReleased804,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached810,
-    _c_NodesReserved: _e_NodesReserved823,
-    _c_ReservationReleased: _e_ReservationReleased837,
-    _c_DependencyFailed: _e_DependencyFailed848,
-    _c_Ticked: _e_Ticked858,
-    _c_PodPreempted: _e_PodPreempted861,
-    _c_QuotaChanged: _e_QuotaChanged873,
-    _c_PodMigrated: _e_PodMigrated889,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned903,
-    _c_ClusterHalted: _e_ClusterHalted916,
-    _c_ClusterResumed: _e_ClusterResumed926,
+    _c_GangScheduled: _e_GangScheduled738,
+    _c_GangTimedOut: _e_GangTimedOut807,
+    _c_GangReleased: _e_GangReleased814,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached821,
+    _c_NodesReserved: _e_NodesReserved834,
+    _c_ReservationReleased: _e_ReservationReleased848,
+    _c_DependencyFailed: _e_DependencyFailed859,
+    _c_Ticked: _e_Ticked869,
+    _c_PodPreempted: _e_PodPreempted872,
+    _c_QuotaChanged: _e_QuotaChanged884,
+    _c_PodMigrated: _e_PodMigrated900,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned914,
+    _c_ClusterHalted: _e_ClusterHalted927,
+    _c_ClusterResumed: _e_ClusterResumed937,
 }
 
-_k1294: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded943, _d_NodeRemoved962, _d_NodeCordoned965, _d_NodeUncordoned968, _d_NodeDrained971, _d_NodeFailed974, _d_PodQueued979, _d_PodScheduled1038, _d_PodEvicted1063, _d_PodReleased1070, _d_PolicyChanged1078, _d_CommandRejected1087, _d_GangQueued1096, _d_GangScheduled1140, _d_GangTimedOut1173, _d_GangReleased1178, _d_PodTimeLimitReached1183, _d_NodesReserved1191, _d_ReservationReleased1206, _d_DependencyFailed1222, _d_Ticked1231, _d_PodPreempted1232, _d_QuotaChanged1243, _d_PodMigrated1251, _d_DefragmentationPlanned1272, _d_ClusterHalted1278, _d_ClusterResumed1287,)
+_k1313: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded954, _d_NodeRemoved973, _d_NodeCordoned976, _d_NodeUncordoned979, _d_NodeDrained982, _d_NodeFailed985, _d_PodQueued990, _d_PodScheduled1049, _d_PodEvicted1074, _d_PodReleased1081, _d_PolicyChanged1089, _d_CommandRejected1098, _d_GangQueued1107, _d_GangScheduled1152, _d_GangTimedOut1185, _d_GangReleased1190, _d_PodTimeLimitReached1202, _d_NodesReserved1210, _d_ReservationReleased1225, _d_DependencyFailed1241, _d_Ticked1250, _d_PodPreempted1251, _d_QuotaChanged1262, _d_PodMigrated1270, _d_DefragmentationPlanned1291, _d_ClusterHalted1297, _d_ClusterResumed1306,)
 
 decode_command = decode_command
 decode_event = decode_event

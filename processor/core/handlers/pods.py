@@ -12,7 +12,7 @@ from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDAN
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
-from processor.core.handlers.gangs import end_gang
+from processor.core.handlers.gangs import GANG_ENDED, end_gang, waiting_members
 from processor.core.handlers.reservations import holder_started
 from processor.core.policies.base import Choice
 from processor.core.reasons import blocked_by_earlier, queue_reasons
@@ -30,7 +30,7 @@ def submit_pod(decision: Decision, command: SubmitPod) -> None:
     check_submit_pod(command)
     cluster = decision.cluster
     name = decision.command.cluster
-    if command.gpu_models:
+    if command.gpu_models and (cluster.nodes or decision.legacy):  # the admission rule: ``handlers.gangs``
         check_models(cluster, name, tuple(command.gpu_models))
     if command.pod_id in cluster.pods:
         raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
@@ -85,6 +85,9 @@ def release_pod(decision: Decision, cluster: ClusterState, pod: Pod, reason: str
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
         if gang is not None and gang.state == GANG_RUNNING and not gang.placed:
+            for member_id in waiting_members(cluster, gang):  # no member runs: those still waiting go with it
+                decision.emit(PodReleased(member_id, None, GANG_ENDED), cluster.name)
+                decision.then(WAKE_DEPENDANTS, cluster, member_id)
             end_gang(decision, cluster, gang, reason)
     decision.then(WAKE_DEPENDANTS, cluster, pod_id)
     if node_id is not None:
