@@ -53,10 +53,10 @@ CASES: dict[str, Builder] = {
     "unfit_queue_head": lambda n, p: adv.unfit_queue_head(p, 20),
     "ordinary_mixed": lambda n, p: adv.ordinary_mixed(n, 2_000),
     "queued_big_gang": lambda n, p: adv.queued_big_gang(n, min(1_024, n * 4), 20),
-    "unique_node_labels": lambda n, p: adv.unique_node_labels(n, p, 20),
+    "unique_node_labels": lambda n, p: adv.unique_node_labels(n, 0, 20),  # no fill: it costs what it shows
     "distinct_priorities": lambda n, p: adv.distinct_priorities(n, p, 5),
     "never_preempting_waits": lambda n, p: adv.never_preempting_waits(n, p, 20),
-    "wide_gang_released": lambda n, p: adv.wide_gang_released(min(n, 2_048), 2_000),
+    "wide_gang_released": lambda n, p: adv.wide_gang_released(min(n, 1_024), 2_000),  # MAX_GANG_MEMBERS
     "queue_retries": lambda n, p: adv.queue_retries(n, p, 2_000),
     "random_seed_10": lambda n, p: mixed_stream(SeededChooser(10), 200),
     "random_seed_201": lambda n, p: mixed_stream(SeededChooser(201), 300),
@@ -99,11 +99,13 @@ def child(case: str, nodes: int, pods: int) -> int:
                 events=state.sequence - sequence,
                 seconds=round(time.process_time() - begin, 3),
             )
+            result["command_type"] = command.type_name
             print(json.dumps(result), flush=True)
             return 0
         elapsed = (time.process_time() - begin) * 1000
         if not attack:
             continue
+        print(json.dumps({"phase": "timed", "ms": round(elapsed, 3)}), flush=True)
         times.setdefault(command.type_name, []).append(elapsed)
         if elapsed > worst["ms"]:  # type: ignore[operator]
             worst = {"ms": round(elapsed, 3), "command": f"{command.command_id} {command.type_name}",
@@ -143,6 +145,7 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
     threading.Thread(target=read, daemon=True).start()
     base: dict[str, object] = {"case": case, "build": "pure" if pure else "compiled"}
     last: dict[str, object] = {}
+    done, slowest = 0, (-1.0, "")  # attack commands timed so far, and the slowest of them
     deadline = time.monotonic() + args.setup_timeout
     built = False
     while True:
@@ -154,7 +157,14 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
             limit = args.timeout if built else args.setup_timeout
             where = f" in {last.get('id')} {last.get('type')}" if last.get("id") else ""
             phase = "" if built else " building its state"
-            return {**base, "status": "TIMEOUT", "error": f"over {limit} s{phase}{where}"}
+            if done:
+                where += f" ({done:,} attack command(s) before it, the slowest {slowest[1]} {slowest[0]:,.1f} ms)"
+            return {
+                **base,
+                "status": "TIMEOUT",
+                "error": f"over {limit:g} s{phase}{where}",
+                "command_type": last.get("type"),
+            }
         if line is None:
             break
         row = json.loads(line)
@@ -164,6 +174,10 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
             deadline = time.monotonic() + args.timeout
         elif row.get("phase") == "command":
             last = row
+        elif row.get("phase") == "timed":
+            done += 1
+            if row["ms"] > slowest[0]:
+                slowest = (row["ms"], f"{last.get('id')} {last.get('type')}")
         else:
             process.wait()
             return {**base, **row}
@@ -172,7 +186,8 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
     where = f" in {last.get('id')} {last.get('type')}" if last.get("id") else ""
     tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
     died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    return {**base, "status": "CRASH", "error": f"{died}{where} {' '.join(tail)[:160]}".strip()}
+    error = f"{died}{where} {' '.join(tail)[:160]}".strip()
+    return {**base, "status": "CRASH", "error": error, "command_type": last.get("type")}
 
 
 def compiled_available() -> bool:
@@ -233,12 +248,19 @@ def main() -> int:
                     key = (name, build)
                     if stats["max_ms"] > by_type.get(key, (-1.0, ""))[0]:
                         by_type[key] = (stats["max_ms"], case)
+            elif row.get("command_type"):  # a crash or a timeout outranks any time
+                key = (str(row["command_type"]), build)
+                if by_type.get(key, (0.0, ""))[0] != float("inf"):
+                    by_type[key] = (float("inf"), f"{case}: {row['status']}")
             _print(row, args.json)
     if not args.json and by_type:
         print("\n| command type | build | worst case | max (ms) | x SubmitPod |")
         print("|---|---|---|---:|---:|")
         for (name, build), (worst, case) in sorted(by_type.items()):
-            print(f"| {name} | {build} | {case} | {worst:,.1f} | {worst / baseline[build]:,.0f} |")
+            if worst == float("inf"):
+                print(f"| {name} | {build} | {case} | | |")
+            elif build in baseline:
+                print(f"| {name} | {build} | {case} | {worst:,.1f} | {worst / baseline[build]:,.0f} |")
         for build, value in baseline.items():
             print(f"\nplain SubmitPod ({build}), median of the baseline case: {value * 1000:.1f} us")
     print(f"# {uptime()}")

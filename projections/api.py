@@ -42,8 +42,12 @@ def _connection(request: Request) -> Iterator[Connection]:
 Conn = Annotated[Connection, Depends(_connection)]
 
 
-def create_app(database: str | Engine) -> FastAPI:
-    """The API over a projection database (a URL or an engine)."""
+def create_app(database: str | Engine, *, operational_routes: bool = True) -> FastAPI:
+    """The API over a projection database (a URL or an engine).
+
+    ``operational_routes``: also ``/healthz``, ``/v1/status`` and ``/metrics`` from the database alone; an app
+    that composes this one with a live replica (``gpufold serve``) serves its own, which cover the projection.
+    """
     engine = create_engine(database, pool_pre_ping=True) if isinstance(database, str) else database
     app = FastAPI(
         title="gpufold projections",
@@ -76,10 +80,12 @@ def create_app(database: str | Engine) -> FastAPI:
         metrics.API_REQUESTS.labels(endpoint, str(response.status_code)).inc()
         return response
 
-    @app.get("/healthz", summary="liveness and database reachability")
-    def healthz(conn: Conn) -> dict[str, Any]:
-        conn.execute(select(1))
-        return {"ok": True}
+    if operational_routes:
+
+        @app.get("/healthz", summary="liveness and database reachability")
+        def healthz(conn: Conn) -> dict[str, Any]:
+            conn.execute(select(1))
+            return {"ok": True}
 
     @app.get("/v1/utilization", summary="GPUs allocated vs capacity now, by cluster, GPU model or node")
     def utilization(
@@ -161,14 +167,16 @@ def create_app(database: str | Engine) -> FastAPI:
     def top(conn: Conn, start: Time, end: Time, limit: Limit = 10, cluster: OptionalId = None) -> list[dict[str, Any]]:
         return queries.top_consumers(conn, start=start, end=end, limit=limit, cluster=cluster)
 
-    @app.get("/v1/status", summary="projection offsets and event-time watermarks")
-    def status(conn: Conn) -> dict[str, Any]:
-        return queries.status(conn)
+    if operational_routes:
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    def prometheus(conn: Conn) -> Response:
-        _refresh_gauges(conn)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        @app.get("/v1/status", summary="projection offsets and event-time watermarks")
+        def status(conn: Conn) -> dict[str, Any]:
+            return queries.status(conn)
+
+        @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+        def prometheus(conn: Conn) -> Response:
+            _refresh_gauges(conn)
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

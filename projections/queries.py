@@ -210,8 +210,9 @@ def utilization_history(
 def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
     """FGD's fragmentation (``schemas.fragmentation``) of the cluster's schedulable GPU nodes.
 
-    The typical pods are derived from every pod the projection knows in the cluster
-    (queued, running or finished): the workload the cluster has seen.
+    The figure every surface shows (the live replica computes the same from the fold's state): FGD's
+    expected fragment of the idle GPU of the schedulable nodes, for the typical pods derived from the
+    pods present now (pending, waiting for dependencies, or running).
     """
     cluster = check_id("cluster", cluster)
     check_known_cluster(conn, cluster)
@@ -219,11 +220,11 @@ def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
     counts: dict[TypicalKey, int] = {}
     shapes = conn.execute(
         select(p.num_gpu, p.gpu_milli, p.cpu_milli, p.gpu_models, func.count())
-        .where(p.cluster == cluster)
+        .where(p.cluster == cluster, p.status.in_(("pending", "running")))
         .group_by(p.num_gpu, p.gpu_milli, p.cpu_milli, p.gpu_models)
     )
     for num_gpu, gpu_milli, cpu_milli, gpu_models, count in shapes:
-        key = TypicalKey(num_gpu, gpu_milli, cpu_milli, tuple(sorted(gpu_models or ())))
+        key = TypicalKey(num_gpu, gpu_milli, cpu_milli, tuple(sorted(set(gpu_models or ()))))
         counts[key] = counts.get(key, 0) + count
     typical = derive_typical(counts)
     n = models.nodes.c
@@ -246,6 +247,7 @@ def fragmentation_now(conn: Connection, *, cluster: str) -> dict[str, Any]:
         "idle_gpus": _gpus(idle),
         "fragmented_gpus": round(fragmented / 1000, 3),
         "fragmentation_ratio": round(fragmented / idle, 6) if idle else 0.0,
+        "fragmentation_pct": round(100.0 * fragmented / idle, 3) if idle else 0.0,
         "typical_pods": [
             {"num_gpu": t.key.num_gpu, "gpu_milli": t.key.gpu_milli, "cpu_milli": t.key.cpu_milli,
              "gpu_models": list(t.key.gpu_models), "weight": round(t.weight, 6)}

@@ -92,6 +92,7 @@ class HaltSnapshot(Record):
     command_id: str
     offset: int
     error: str
+    refused: int = 0
 
 
 @dataclass(slots=True)

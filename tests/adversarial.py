@@ -535,14 +535,17 @@ def unique_node_labels(node_count: int = 1_000, pods: int | None = None, submits
     """Every node carries its own ``hostname`` label (as every Kubernetes node does): no two nodes share a
     capacity signature, so the index holds one group per node and a placement looks at all of them.
 
-    ``submits`` pods of 1 GPU are submitted (attack) after a fill that leaves one GPU free on every node.
+    ``submits`` pods of 1 GPU are submitted (attack) after a fill that leaves one GPU free on every node
+    (``pods=0``: no fill; each placement of the fill costs what an attack costs, O(N), so at 10,000 nodes and
+    100,000 pods the fill alone takes tens of minutes).
     """
     s = Stream()
     s.add(first_fit())
     s.extend(AddNode(node_id(i), CPU, MEMORY, "A100", GPUS, {"hostname": node_id(i)}) for i in range(node_count))
     total = pods if pods is not None else node_count * GPUS
-    s.extend(fill(node_count, total))
-    s.extend(Release(f"f{n}-1") for n in range(node_count))  # one GPU (at least) free on every node
+    if total:
+        s.extend(fill(node_count, total))
+        s.extend(Release(f"f{n}-1") for n in range(node_count))  # one GPU (at least) free on every node
     for i in range(submits):
         s.add(SubmitPod(f"u{i}", "t", 0, 1, 1000, 1000, 1024), attack=True)
     return s.commands
@@ -580,8 +583,9 @@ def never_preempting_waits(node_count: int = 1_000, pods: int | None = None, sub
 
 
 def wide_gang_released(node_count: int = 1_024, shapes: int = 2_000) -> list[Command]:
-    """A gang of one 8-GPU member per node ends while ``shapes`` distinct shapes wait: ``_capacity_grew`` gets
-    every node the gang held and screens every waiting group against each of their signatures."""
+    """A gang of one 8-GPU member per node (at most 1,024: ``MAX_GANG_MEMBERS``) ends while ``shapes``
+    distinct shapes wait: ``_capacity_grew`` gets every node the gang held and screens every waiting group
+    against each of their signatures."""
     s = Stream()
     s.add(first_fit())
     s.extend(nodes(node_count))

@@ -153,6 +153,13 @@ def test_commands(services: dict[str, dict[str, Any]]) -> None:
     assert any(str(port).split(":")[-2:] == ["8000", "8000"] for port in services["api"]["ports"])
 
 
+def test_the_api_gets_a_token_or_does_not_start(services: dict[str, dict[str, Any]]) -> None:
+    """The api listens on 0.0.0.0, where serve opens writes only with a token: compose requires one
+    (``${VAR:?message}`` stops ``docker compose up`` when it is unset or empty)."""
+    token = _environment(services["api"])["GPUFOLD_API_TOKEN"]
+    assert re.fullmatch(r"\$\{GPUFOLD_API_TOKEN:\?[^}]+\}", token), token
+
+
 def test_the_database_url_matches_postgres(services: dict[str, dict[str, Any]]) -> None:
     env = _environment(services["postgres"])
     user, password, database = env["POSTGRES_USER"], env["POSTGRES_PASSWORD"], env["POSTGRES_DB"]

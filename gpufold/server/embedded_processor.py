@@ -29,6 +29,10 @@ class EmbeddedProcessor:
         self._thread.start()
         return self
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         try:
             ticks = TickSchedule(self.tick_interval)

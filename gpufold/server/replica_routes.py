@@ -1,22 +1,29 @@
-"""The live replica's HTTP routes: pods, nodes, clusters, explain, history, tenants and what-if.
+"""The live replica's HTTP routes: pods, nodes, clusters, the queue, gangs, disruptions, explain, history,
+quotas, tenants and what-if.
 
-Every answer carries ``replica``: the offset each partition was answered at, the log's head and
-the lag (also the ``gpufold_replica_lag_commands`` metric).
+Every answer carries ``replica``: the offset each partition was answered at, the log's head and the
+lag (also the ``gpufold_replica_lag_commands`` metric). Every GET answers with an ``ETag`` that
+changes when the cluster it is about changes (any cluster, for cross-cluster routes): a client that
+sends it back in ``If-None-Match`` gets ``304 Not Modified`` and no body, which is how the dashboard
+refreshes without pulling the state again.
 """
 
 from __future__ import annotations
 
-import base64
+import hashlib
+import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, HTTPException, Path, Query
+import anyio
+from fastapi import Body, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gpufold.jsonl import to_json_value
 from gpufold.server.commands_json import CommandError, commands_from_body
+from gpufold.server.openapi import READ_RESPONSES, WHAT_IF_RESPONSES
+from gpufold.server.outcomes import event_json
+from gpufold.server.whatif_process import render
 from processor.runtime.replica import Replica
-from schemas.events import Event
-from schemas.fastcodec import encode_event
 
 ID_PATTERN = r"^[^\s]{1,253}$"
 OptionalId = Annotated[str | None, Query(min_length=1, max_length=253, pattern=ID_PATTERN)]
@@ -26,12 +33,18 @@ Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 MAX_WHAT_IF = 1_000
 
 
-def event_json(event: Event) -> dict[str, Any]:
-    """An event as JSON: the envelope's fields, the payload as ``{"Type": {...}}`` (as ``gpufold events --json``)."""
-    return to_json_value(event.to_avro())  # type: ignore[no-any-return]
+def tagged(request: Request, version: str, make: Callable[[], Any]) -> Response:
+    """``make()`` as JSON with an ETag of (version, path, query); 304 if the client already has it."""
+    digest = hashlib.blake2b(f"{version}|{request.url.path}|{request.url.query}".encode(), digest_size=12).hexdigest()
+    tag = f'W/"{digest}"'
+    headers = {"ETag": tag, "Cache-Control": "no-cache"}
+    if tag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    content = make()
+    return Response(json.dumps(content, separators=(",", ":")), media_type="application/json", headers=headers)
 
 
-def add_replica_routes(app: FastAPI, replica: Replica) -> None:
+def add_replica_routes(app: FastAPI, replica: Replica, what_if: Callable[..., Any] | None = None) -> None:
     def known(cluster: str | None) -> None:
         """404 for a cluster the replica has never seen: an empty answer would look like an idle cluster."""
         if cluster is not None and not replica.knows_cluster(cluster):
@@ -44,89 +57,202 @@ def add_replica_routes(app: FastAPI, replica: Replica) -> None:
             answer["state_hashes"] = {str(p): h for p, h in replica.state_hashes().items()}
         return answer
 
-    @app.get("/v1/pods", summary="running or pending pods (live replica), paged, with per-GPU shares and live reasons")
+    @app.get(
+        "/v1/pods",
+        summary="running or pending pods (live replica), paged, with per-GPU shares and live reasons",
+        responses=READ_RESPONSES,
+    )
     def pods(
+        request: Request,
         state: Annotated[str | None, Query(pattern="^(running|pending)$")] = None,
         cluster: OptionalId = None,
         tenant: OptionalId = None,
         node: OptionalId = None,
         limit: Limit = 100,
         offset: Offset = 0,
-    ) -> JSONResponse:
+    ) -> Response:
         known(cluster)
-        # A JSONResponse is serialised with json.dumps as is: FastAPI's jsonable_encoder would walk
-        # every value of a 1000-pod page again first (a third of the request's time).
-        return JSONResponse(
-            replica.pods(state=state, cluster=cluster, tenant=tenant, node_id=node, offset=offset, limit=limit)
+        return tagged(
+            request,
+            replica.version(cluster),
+            lambda: replica.pods(state=state, cluster=cluster, tenant=tenant, node_id=node, offset=offset, limit=limit),
         )
 
-    @app.get("/v1/nodes", summary="nodes (live replica), paged, each GPU with its allocation and the pods sharing it")
+    @app.get(
+        "/v1/nodes",
+        summary="nodes (live replica), paged, each GPU with its allocation and the pods sharing it",
+        responses=READ_RESPONSES,
+    )
     def nodes(
-        cluster: OptionalId = None, gpu_model: OptionalId = None, limit: Limit = 100, offset: Offset = 0
-    ) -> JSONResponse:
+        request: Request,
+        cluster: OptionalId = None,
+        gpu_model: OptionalId = None,
+        limit: Limit = 100,
+        offset: Offset = 0,
+    ) -> Response:
         known(cluster)
-        return JSONResponse(replica.nodes(cluster=cluster, gpu_model=gpu_model, offset=offset, limit=limit))
+        return tagged(
+            request,
+            replica.version(cluster),
+            lambda: replica.nodes(cluster=cluster, gpu_model=gpu_model, offset=offset, limit=limit),
+        )
 
-    @app.get("/v1/clusters", summary="every cluster now (live replica): nodes, GPUs, allocation, queue, fragmentation")
-    def clusters() -> dict[str, Any]:
-        return replica.clusters()
+    @app.get(
+        "/v1/clusters/{cluster}/nodes/{node_id}",
+        summary="one node: labels, taints, GPUs, every pod on it, reservation",
+        responses=READ_RESPONSES,
+    )
+    def node(request: Request, cluster: PathId, node_id: PathId) -> Response:
+        known(cluster)
+        found = replica.node(cluster, node_id)
+        if found is None:
+            raise HTTPException(404, f"no node {node_id!r} in cluster {cluster!r}")
+        return tagged(request, replica.version(cluster), lambda: found)
+
+    @app.get(
+        "/v1/clusters",
+        summary="every cluster now (live replica): nodes, GPUs, allocation, queue, fragmentation, halted",
+        responses=READ_RESPONSES,
+    )
+    def clusters(request: Request) -> Response:
+        return tagged(request, replica.version(), replica.clusters)
+
+    @app.get(
+        "/v1/clusters/{cluster}/grid",
+        summary="every node compactly, grouped by GPU model: the dashboard's GPU grid",
+        responses=READ_RESPONSES,
+    )
+    def grid(request: Request, cluster: PathId) -> Response:
+        known(cluster)
+        return tagged(request, replica.version(cluster), lambda: replica.grid(cluster))
+
+    @app.get(
+        "/v1/clusters/{cluster}/queue",
+        summary="the queue in scheduling order: position, age, priority, tenant, reasons now, expected start",
+        description="Pods and gangs in the order the fold retries them (priority; with quotas, the tenant's "
+        "weighted dominant share; then arrival), then the jobs waiting for dependencies (position null). "
+        "`tenant` and `search` (an id substring) filter; positions stay those in the whole queue.",
+        responses=READ_RESPONSES,
+    )
+    def queue(
+        request: Request,
+        cluster: PathId,
+        tenant: OptionalId = None,
+        search: Annotated[str | None, Query(min_length=1, max_length=253)] = None,
+        limit: Limit = 50,
+        offset: Offset = 0,
+    ) -> Response:
+        known(cluster)
+        return tagged(
+            request,
+            replica.version(cluster),
+            lambda: replica.queue(cluster, tenant=tenant, search=search, offset=offset, limit=limit),
+        )
+
+    @app.get(
+        "/v1/clusters/{cluster}/gangs",
+        summary="gangs (live replica): members, state, placement",
+        responses=READ_RESPONSES,
+    )
+    def gangs(
+        request: Request,
+        cluster: PathId,
+        state: Annotated[str | None, Query(pattern="^(waiting|pending|running)$")] = None,
+    ) -> Response:
+        known(cluster)
+        return tagged(request, replica.version(cluster), lambda: replica.gangs(cluster, state))
+
+    @app.get(
+        "/v1/clusters/{cluster}/disruptions",
+        summary="recent preemptions, evictions, migrations and time limits (live replica), newest first, with cause",
+        responses=READ_RESPONSES,
+    )
+    def disruptions(request: Request, cluster: PathId, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> Response:
+        known(cluster)
+
+        def make() -> dict[str, Any]:
+            events = [event_json(e) for e in replica.disruptions(cluster, limit)]
+            return {"cluster": cluster, "events": events, "replica": replica.position()}
+
+        return tagged(request, replica.version(cluster), make)
+
+    def explain(cluster: str, job_id: str) -> dict[str, Any]:
+        found = replica.explain(cluster, job_id)
+        if found is None:
+            known(cluster)
+            raise HTTPException(
+                404, f"no pod, gang or gang member {job_id!r} waiting or running in cluster {cluster!r}"
+            )
+        return {**found.as_json(), "replica": replica.position()}
 
     @app.get(
         "/v1/clusters/{cluster}/pods/{pod_id}/explain",
-        summary="why a pending pod does not fit now: live reasons per node class, nearest miss, what would help",
+        summary="why a pod (or a gang, or a gang's member) waits now: every reason the fold knows, what would help",
+        responses=READ_RESPONSES,
     )
-    def explain(cluster: PathId, pod_id: PathId) -> dict[str, Any]:
-        found = replica.explain(cluster, pod_id)
-        if found is None:
-            raise HTTPException(404, f"pod {pod_id!r} is neither pending nor running in cluster {cluster!r}")
-        return {**found.as_json(), "replica": replica.position()}
+    def explain_pod(cluster: PathId, pod_id: PathId) -> dict[str, Any]:
+        return explain(cluster, pod_id)
 
-    @app.get("/v1/clusters/{cluster}/history", summary="utilization and fragmentation over event time (replica)")
-    def history(cluster: PathId) -> dict[str, Any]:
-        known(cluster)
-        return {**replica.history(cluster), "replica": replica.position()}
+    @app.get(
+        "/v1/clusters/{cluster}/gangs/{gang_id}/explain",
+        summary="why a gang waits now: quota, strict FIFO, the members that fit no node, topology",
+        responses=READ_RESPONSES,
+    )
+    def explain_gang(cluster: PathId, gang_id: PathId) -> dict[str, Any]:
+        return explain(cluster, gang_id)
 
-    @app.get("/v1/quotas", summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent (replica)")
-    def quotas(cluster: OptionalId = None) -> dict[str, Any]:
+    @app.get(
+        "/v1/clusters/{cluster}/history",
+        summary="utilization and fragmentation over event time (replica): a point per change, bounded",
+        responses=READ_RESPONSES,
+    )
+    def history(request: Request, cluster: PathId) -> Response:
         known(cluster)
-        return replica.quotas(cluster)
+        return tagged(
+            request, replica.version(cluster), lambda: {**replica.history(cluster), "replica": replica.position()}
+        )
 
-    @app.get("/v1/tenants", summary="GPU milli running now and pods per tenant (live replica)")
-    def tenants(cluster: OptionalId = None) -> dict[str, Any]:
+    @app.get(
+        "/v1/quotas",
+        summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent (replica)",
+        responses=READ_RESPONSES,
+    )
+    def quotas(request: Request, cluster: OptionalId = None) -> Response:
         known(cluster)
-        return replica.tenants(cluster)
+        return tagged(request, replica.version(cluster), lambda: replica.quotas(cluster))
+
+    @app.get(
+        "/v1/tenants", summary="GPU milli running now and pods per tenant (live replica)", responses=READ_RESPONSES
+    )
+    def tenants(request: Request, cluster: OptionalId = None) -> Response:
+        known(cluster)
+        return tagged(request, replica.version(cluster), lambda: replica.tenants(cluster))
 
     @app.post(
         "/v1/what-if",
         summary="fold commands on a copy of the head state and return their events; nothing is published",
         description='The body is one command, a list, or {"commands": [...]}, each as in the JSON-lines format '
         "(command_id and issued_at may be left out: the server fills them in and returns them, so the same "
-        "command can then be published). Each command is folded at the offset it would get if published now; "
-        "with frames=true each event's Avro frame (base64) is included, byte for byte what the processor "
+        "command can then be published). Each command is folded at the offset it would get if published now, "
+        "in a forked process with a time and an output budget (413 WHAT_IF_BUDGET past either); `outcome` "
+        "names what became of each command (its final event about its pod, gang or node, or CommandRejected). "
+        "With frames=true each event's Avro frame (base64) is included, byte for byte what the processor "
         "would publish; hashes=true adds each forked partition's state_hash afterwards (slow on big states).",
+        responses=WHAT_IF_RESPONSES,
     )
-    def what_if(body: Annotated[Any, Body()], frames: bool = False, hashes: bool = False) -> Any:
+    async def what_if_route(body: Annotated[Any, Body()], frames: bool = False, hashes: bool = False) -> Any:
         try:
             commands = commands_from_body(body)
         except CommandError as error:
             return JSONResponse(status_code=422, content=error.as_json())
         if len(commands) > MAX_WHAT_IF:
-            return JSONResponse(status_code=413, content={"detail": f"at most {MAX_WHAT_IF} commands per what-if"})
-        answer = replica.what_if(commands, hashes=hashes)
-        results = []
-        for result in answer.results:
-            item: dict[str, Any] = {
-                "command": to_json_value(result.command.to_avro()),
-                "partition": result.partition,
-                "offset": result.offset,
-                "outcome": type(result.events[0].payload).__name__,
-                "events": [event_json(e) for e in result.events],
-            }
-            if frames:
-                item["frames"] = [base64.b64encode(encode_event(e)).decode() for e in result.events]
-            results.append(item)
-        return {
-            "results": results,
-            "state_hashes_after": {str(p): h for p, h in answer.state_hashes.items()},
-            "replica": answer.position,
-        }
+            return JSONResponse(
+                status_code=413,
+                content={"detail": f"at most {MAX_WHAT_IF} commands per what-if", "code": "WHAT_IF_BUDGET"},
+            )
+        if not replica.restored.is_set():
+            return JSONResponse(status_code=503, content={"detail": "the replica is restoring", "code": "NOT_READY"})
+        if what_if is not None:
+            return await what_if(commands, frames=frames, hashes=hashes)
+        answer = await anyio.to_thread.run_sync(lambda: replica.what_if(commands, hashes=hashes))
+        return render(answer, frames=frames)

@@ -31,6 +31,7 @@ from processor.core.state import (
     shape_of,
 )
 from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, TIME_LIMIT
+from schemas.codes import RejectionCode
 from schemas.commands import GPU_MILLI
 from schemas.events import (
     ClusterHalted,
@@ -78,6 +79,8 @@ def apply(state: PartitionState, event: Event) -> None:
         APPLIERS[kind](state, state.cluster(event.cluster), payload, event.occurred_at)
     elif kind is Ticked and payload.partition:  # type: ignore[union-attr]
         _applied_partition_tick(state, payload.clock)  # type: ignore[union-attr]
+    elif kind is CommandRejected and payload.code == RejectionCode.CLUSTER_HALTED:  # type: ignore[union-attr]
+        _count_refused(state, event.cluster)
     cluster = lookup(state.clusters, event.cluster)
     if cluster is not None and event.occurred_at > cluster.clock:
         cluster.clock = event.occurred_at
@@ -94,6 +97,13 @@ def _applied_partition_tick(state: PartitionState, clock: int) -> None:
     for cluster in state.clusters.values():
         if cluster.halted is None and cluster.clock < clock:
             cluster.clock = clock
+
+
+def _count_refused(state: PartitionState, name: str) -> None:
+    """One more command refused because its cluster is halted (health and metrics show the count). O(1)."""
+    cluster = lookup(state.clusters, name)
+    if cluster is not None and cluster.halted is not None:
+        cluster.halted.refused += 1
 
 
 def _halt_cluster(state: PartitionState, event: Event, payload: ClusterHalted) -> None:

@@ -1,12 +1,21 @@
-"""Why a pending pod does not fit *now*: reasons recomputed on the current state, the nearest miss, what would help.
+"""Why a job waits *now*: every reason the fold knows, recomputed on the current state, and what would help.
 
 Pure functions of a :class:`~processor.core.state.ClusterState` (read only, never changed): the
 read side's answer to "why is my pod waiting?". ``PodQueued.reasons`` say why a pod did not fit
 when it was queued; capacity changes afterwards (a node of the right model added, another pod
 released) do not rewrite them, so the live replica answers with :func:`explain` instead.
 
+The reasons follow the fold's own order of checks (``processor.core.fold._place``): dependencies
+(outside the queue), strict FIFO (a job ahead has not started), quota (the tenant's usage and
+limit), then capacity per node class, a reservation holding the nodes it would fit, and
+preemption. A remedy is proposed only if it could work: no "free 8 GPUs on node X" when X has
+4 GPUs, no "add a node" when the quota holds the pod.
+
+Jobs: a pod (pending, waiting for dependencies, or running), a gang (by its id), or a member of a
+queued gang (which is not a pod until the gang starts).
+
 Cost: O(S) in distinct signatures of the schedulable nodes (as ``queue_reasons``), plus O(N_u) over
-the unschedulable nodes for the "uncordon" suggestion.
+the unschedulable nodes for the "uncordon" suggestion, plus O(models · keys) for quota.
 """
 
 from __future__ import annotations
@@ -14,11 +23,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.core import preemption, quotas, reservations
 from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
-from processor.core.state import ClusterState, Node, Pod, lookup
+from processor.core.state import (
+    GANG_QUEUED,
+    GANG_RUNNING,
+    GANG_WAITING,
+    ClusterState,
+    Gang,
+    Node,
+    Pod,
+    lookup,
+    shape_of,
+)
 from schemas.codes import QueueReasonCode
-from schemas.commands import GPU_MILLI
+from schemas.commands import GPU_MILLI, PREEMPT_NEVER, STRICT_FIFO
+from schemas.events import PodSpec
 
 _STATIC = frozenset(
     {
@@ -52,6 +73,7 @@ def reason_message(code: str, nodes: int, shape: PodShape) -> str:
         QueueReasonCode.INSUFFICIENT_GPU_SHARE: f"{n} with no GPU that has {shape.gpu_milli} milli free",
         QueueReasonCode.INSUFFICIENT_CPU: f"{n} with less than {shape.cpu_milli} CPU milli free",
         QueueReasonCode.INSUFFICIENT_MEMORY: f"{n} with less than {shape.memory_mib} MiB of memory free",
+        QueueReasonCode.NODE_RESERVED: f"{n} where it would fit are reserved",
     }
     return texts.get(code, f"{n}: {code}")
 
@@ -72,9 +94,17 @@ class Shortfall:
         return {"resource": self.resource, "requested": self.requested, "free": self.free, "missing": self.missing}
 
 
+_UNITS = {"gpus": "whole free GPU(s)", "gpu_milli": "GPU milli", "cpu_milli": "CPU milli", "memory_mib": "MiB memory"}
+
+
+def _lacks_text(lacks: list[Shortfall]) -> str:
+    return " and ".join(f"{s.missing} {_UNITS[s.resource]}" for s in lacks)
+
+
 @dataclass(slots=True)
 class NearestMiss:
-    """The schedulable node that comes closest: it passes model, selector and taints, and lacks the least."""
+    """The schedulable node that comes closest: it passes model, selector and taints, could hold the pod when
+    empty, and lacks the least free capacity now."""
 
     node_id: str
     gpu_model: str
@@ -83,8 +113,7 @@ class NearestMiss:
 
     @property
     def message(self) -> str:
-        parts = [f"{s.missing} {_UNITS[s.resource]}" for s in self.lacks]
-        return f"node {self.node_id} lacks " + " and ".join(parts)
+        return f"node {self.node_id} lacks {_lacks_text(self.lacks)}"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -94,9 +123,6 @@ class NearestMiss:
             "lacks": [s.as_json() for s in self.lacks],
             "message": self.message,
         }
-
-
-_UNITS = {"gpus": "whole free GPU(s)", "gpu_milli": "GPU milli", "cpu_milli": "CPU milli", "memory_mib": "MiB memory"}
 
 
 @dataclass(slots=True)
@@ -121,12 +147,13 @@ class ClassReason:
 
 @dataclass(slots=True)
 class Explanation:
-    """Why a pod waits (or where it runs), computed on the state it was asked on."""
+    """Why a job waits (or where it runs), computed on the state it was asked on."""
 
     cluster: str
-    pod_id: str
+    pod_id: str  # the job asked about: a pod, a gang, or a gang's member
     state: str  # "pending" | "running" | "waiting" (for dependencies)
     request: str
+    kind: str = "pod"  # "pod" | "gang"
     node_id: str | None = None
     fits_now: bool = False
     reasons: list[dict[str, Any]] = field(default_factory=list)
@@ -134,11 +161,14 @@ class Explanation:
     nearest: NearestMiss | None = None
     would_fit_if: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
+    gang: dict[str, Any] | None = None  # the gang (and its members) the job is or belongs to
+    reservation: dict[str, Any] | None = None  # the cluster's reservation, if it concerns the job
 
     def as_json(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster,
             "pod_id": self.pod_id,
+            "kind": self.kind,
             "state": self.state,
             "request": self.request,
             "node_id": self.node_id,
@@ -148,6 +178,8 @@ class Explanation:
             "node_classes": [c.as_json() for c in self.classes],
             "nearest_miss": None if self.nearest is None else self.nearest.as_json(),
             "would_fit_if": self.would_fit_if,
+            "gang": self.gang,
+            "reservation": self.reservation,
         }
 
 
@@ -155,10 +187,15 @@ def _ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
+def _reason(code: str, nodes: int, message: str) -> dict[str, Any]:
+    return {"code": code, "nodes": nodes, "message": message}
+
+
 def live_reasons(cluster: ClusterState, shape: PodShape) -> list[dict[str, Any]]:
-    """``PodQueued``'s reasons as they would be now (the fold's own ``queue_reasons``), each with a message. O(S)."""
+    """``PodQueued``'s capacity reasons as they would be now (the fold's own ``queue_reasons``), each with a
+    message. O(S)."""
     return [
-        {"code": r.code, "nodes": r.nodes, "message": r.message or reason_message(r.code, r.nodes, shape)}
+        _reason(r.code, r.nodes, r.message or reason_message(r.code, r.nodes, shape))
         for r in queue_reasons(cluster, shape)
     ]
 
@@ -183,6 +220,16 @@ def shortfalls(signature: Signature, shape: PodShape) -> list[Shortfall]:
     return lacks
 
 
+def could_ever_hold(signature: Signature, shape: PodShape) -> bool:
+    """Whether a node of this signature, emptied, has the capacity the shape asks (GPUs, CPU, memory)."""
+    gpus = len(signature.gpu_free)
+    return (
+        gpus >= shape.num_gpu
+        and signature.cpu_capacity >= shape.cpu_milli
+        and (signature.memory_capacity >= shape.memory_mib)
+    )
+
+
 def _distance(lacks: list[Shortfall]) -> tuple[int, float]:
     """Fewer resources short first, then the smallest shortfall relative to the request."""
     return (len(lacks), sum(s.missing / s.requested for s in lacks if s.requested))
@@ -193,30 +240,118 @@ def _class_key(node_class: NodeClass) -> tuple[dict[str, str], list[str]]:
     return dict(labels), [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in taints]
 
 
-def explain(cluster: ClusterState, pod_id: str) -> Explanation | None:
-    """Explain a pod of the cluster on its current state; None if the cluster does not know the pod."""
-    pod = lookup(cluster.pods, pod_id)
-    if pod is None:
+# ------------------------------------------------------------------ the entry point
+
+
+def explain(cluster: ClusterState, job_id: str, now: int | None = None) -> Explanation | None:
+    """Explain a pod, a gang or a gang's member on the cluster's current state; None if the cluster does not
+    know the id. ``now``: the cluster's event time (for ages and a reservation's start; default: unknown)."""
+    pod = lookup(cluster.pods, job_id)
+    gang = cluster.gangs.get(job_id)
+    if gang is None and (pod is None or pod.spec.gang_id is not None):
+        owner = cluster.member_of.get(job_id) or (pod.spec.gang_id if pod is not None else None)
+        gang = cluster.gangs.get(owner) if owner is not None else None
+    if pod is None and gang is None:
         return None
+    clock = 0 if now is None else now
+    if pod is not None and pod.running:
+        return _running(cluster, pod, gang)
+    if gang is not None:
+        return _explain_gang(cluster, gang, job_id, clock)
+    assert pod is not None
+    if pod.waiting_for:
+        return _waiting(cluster, pod)
+    return _pending(cluster, pod, clock)
+
+
+def _running(cluster: ClusterState, pod: Pod, gang: Gang | None) -> Explanation:
+    result = Explanation(cluster.name, pod.spec.pod_id, "running", request_text(pod.shape))
+    result.node_id = pod.node_id
+    gpus = ", ".join(f"GPU {g.index}: {g.milli} milli" for g in pod.gpus) or "no GPU"
+    result.fits_now = True
+    result.message = f"running on node {pod.node_id} ({gpus})"
+    if gang is not None:
+        result.gang = gang_json(cluster, gang)
+        result.message += f", a member of gang {gang.gang_id!r}"
+    return result
+
+
+def _waiting(cluster: ClusterState, pod: Pod) -> Explanation:
+    result = Explanation(cluster.name, pod.spec.pod_id, "waiting", request_text(pod.shape))
+    dependency = getattr(pod.spec, "dependency", "")
+    waiting = ", ".join(pod.waiting_for)
+    message = f"waiting for {waiting} to end" + (f" ({dependency})" if dependency else "")
+    result.reasons = [_reason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)]
+    result.message = message + ": it enters the queue then"
+    return result
+
+
+# ------------------------------------------------------------------ a pending pod
+
+
+def pending_reasons(
+    cluster: ClusterState, spec: PodSpec, shape: PodShape, now: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Every reason a queued pod does not start now, in the fold's order, and whether capacity alone would let
+    it start (it fits a node it may use). O(S + models · keys)."""
+    reasons: list[dict[str, Any]] = []
+    fifo = _fifo_reason(cluster, (-spec.priority, spec.arrival, spec.pod_id))
+    if fifo is not None:
+        reasons.append(fifo)
+    usable = reservations.usable_shape(cluster, spec.pod_id, shape, now)
+    if cluster.quotas_on:
+        admission = quotas.admit(cluster, spec, usable)
+        if admission.shortfalls:
+            words = quotas.shortfall_words(admission.shortfalls)
+            if admission.shape is not None:
+                words = f"not on {', '.join(model for model, _ in admission.shortfalls)}: {words}"
+            reasons.append(_reason(QueueReasonCode.QUOTA_EXCEEDED, 0, words))
+        if admission.shape is None:
+            return reasons, bool(cluster.index.feasible(usable))
+        usable = admission.shape
+    fits = bool(cluster.index.feasible(usable))
+    if not fits:
+        reasons.extend(live_reasons(cluster, usable))
+        if spec.preemption == PREEMPT_NEVER and preemption.lower_priority_exists(cluster, spec.priority):
+            count = sum(
+                1
+                for node_id in preemption.candidate_nodes(cluster, spec.priority, None)
+                if preemption.could_preempt_on(cluster.nodes[node_id], usable, spec.priority, cluster)
+            )
+            if count:
+                message = (
+                    f"it would fit on {count} node(s) once lower-priority pods there end; it does not preempt them "
+                    "(preemption: never)"
+                )
+                reasons.append(_reason(QueueReasonCode.WAITING_FOR_PREEMPTION, count, message))
+    return reasons, fits
+
+
+def _fifo_reason(cluster: ClusterState, key: tuple[int, int, str]) -> dict[str, Any] | None:
+    """Strict FIFO: the job ahead that has not started (the fold's ``_blocked_by_earlier``)."""
+    if cluster.queue_order != STRICT_FIFO:
+        return None
+    head = cluster.head()
+    if head is None or head[0] >= key:
+        return None
+    message = (
+        f"strict-fifo: {head[1]} {head[0][2]!r} (priority {-head[0][0]}) is ahead in the queue and has not started"
+    )
+    return _reason(QueueReasonCode.WAITING_FOR_EARLIER_JOB, 0, message)
+
+
+def _pending(cluster: ClusterState, pod: Pod, now: int) -> Explanation:
     shape = pod.shape
-    result = Explanation(cluster.name, pod_id, "running" if pod.running else "pending", request_text(shape))
-    if pod.running:
-        result.node_id = pod.node_id
-        gpus = ", ".join(f"GPU {g.index}: {g.milli} milli" for g in pod.gpus) or "no GPU"
-        result.fits_now = True
-        result.message = f"running on node {pod.node_id} ({gpus})"
-        return result
-    waiting_for = tuple(getattr(pod, "waiting_for", ()))
-    if waiting_for:  # not in the queue yet: its dependencies have not ended
-        result.state = "waiting"
-        dependency = getattr(pod.spec, "dependency", "")
-        result.message = f"waiting for {', '.join(waiting_for)} to end" + (f" ({dependency})" if dependency else "")
-        return result
-    result.reasons = live_reasons(cluster, shape)
-    result.fits_now = bool(cluster.index.feasible(shape))
-    _per_class(cluster, shape, result)
-    result.would_fit_if = _remedies(cluster, pod, result.nearest)
-    result.message = _summary(cluster, result)
+    result = Explanation(cluster.name, pod.spec.pod_id, "pending", request_text(shape))
+    result.reasons, capacity_fits = pending_reasons(cluster, pod.spec, shape, now)
+    codes = {r["code"] for r in result.reasons}
+    held = codes & {QueueReasonCode.WAITING_FOR_EARLIER_JOB, QueueReasonCode.QUOTA_EXCEEDED}
+    result.fits_now = capacity_fits and not held
+    result.reservation = _reservation_json(cluster, pod.spec.pod_id, now)
+    usable = reservations.usable_shape(cluster, pod.spec.pod_id, shape, now)
+    _per_class(cluster, usable, result)
+    result.would_fit_if = _remedies(cluster, pod, result, codes, capacity_fits)
+    result.message = _summary(cluster, result, codes, capacity_fits)
     return result
 
 
@@ -235,9 +370,11 @@ def _per_class(cluster: ClusterState, shape: PodShape, result: Explanation) -> N
         if code is None:
             continue
         entry.reasons[code] = entry.reasons.get(code, 0) + group.size
-        if code in _STATIC:
+        if code in _STATIC or not could_ever_hold(signature, shape):
             continue
         lacks = shortfalls(signature, shape)
+        if not lacks:  # it fits but is reserved: not a miss of capacity
+            continue
         candidate = (_distance(lacks), group.first(), signature, group.size)
         if best is None or candidate[:2] < best[:2]:
             best = candidate
@@ -251,17 +388,88 @@ def _fits_somewhere(cluster: ClusterState, shape: PodShape) -> int:
     return sum(group.size for group in cluster.index.feasible(shape))
 
 
-def _remedies(cluster: ClusterState, pod: Pod, nearest: NearestMiss | None) -> list[dict[str, Any]]:
-    """Single changes that would let the pod be placed now, each with the nodes it would then fit."""
+def _largest(cluster: ClusterState, shape: PodShape) -> tuple[int, int, int] | None:
+    """The most GPUs, CPU milli and MiB any node of the pod's models has (each on its own), or None if none."""
+    found: tuple[int, int, int] | None = None
+    for model, _labels, gpus, cpu, memory in cluster.capacities:
+        if shape.gpu_models and model not in shape.gpu_models:
+            continue
+        found = (
+            (gpus, cpu, memory) if found is None else (max(found[0], gpus), max(found[1], cpu), max(found[2], memory))
+        )
+    return found
+
+
+def never_fits_text(cluster: ClusterState, shape: PodShape) -> str | None:
+    """Why no node of the cluster, even empty, could hold the shape (e.g. "no node of model A10 has 8 GPUs")."""
+    models = " or ".join(shape.gpu_models) if shape.gpu_models else "any model"
+    for model, _labels, gpus, cpu, memory in sorted(cluster.capacities):
+        if shape.gpu_models and model not in shape.gpu_models:
+            continue
+        if gpus >= shape.num_gpu and cpu >= shape.cpu_milli and memory >= shape.memory_mib:
+            return None
+    largest = _largest(cluster, shape)
+    if largest is None:
+        return f"the cluster has no node of model {models}" if shape.gpu_models else "the cluster has no nodes"
+    gpus, cpu, memory = largest
+    if gpus < shape.num_gpu:
+        return f"no node of model {models} has {shape.num_gpu} GPUs (the largest has {gpus})"
+    if cpu < shape.cpu_milli:
+        return f"no node of model {models} has {shape.cpu_milli} CPU milli (the largest has {cpu})"
+    if memory < shape.memory_mib:
+        return f"no node of model {models} has {shape.memory_mib} MiB of memory (the largest has {memory})"
+    return f"no node of model {models} has {shape.num_gpu} GPUs, {shape.cpu_milli} CPU milli and {shape.memory_mib} MiB"
+
+
+def _remedies(
+    cluster: ClusterState, pod: Pod, result: Explanation, codes: set[str], capacity_fits: bool
+) -> list[dict[str, Any]]:
+    """Single changes that would let the pod start now, each possible: never one the state rules out."""
     shape = pod.shape
+    spec = pod.spec
     remedies: list[dict[str, Any]] = []
+    if QueueReasonCode.WAITING_FOR_EARLIER_JOB in codes:
+        head = cluster.head()
+        ahead = f"{head[1]} {head[0][2]!r}" if head is not None else "the job ahead"
+        remedies.append(
+            {
+                "change": "queue_order",
+                "message": f"let work skip ahead (SetPolicy queue_order skip-ahead), or let {ahead} start first",
+            }
+        )
+    if QueueReasonCode.QUOTA_EXCEEDED in codes:
+        remedies.append(
+            {
+                "change": "raise_quota",
+                "tenant": spec.tenant,
+                "message": f"raise tenant {spec.tenant!r}'s quota (SetQuota), or release some of its running pods",
+            }
+        )
+        if capacity_fits:
+            return remedies  # the capacity is there: only the quota holds it
+    reservation = cluster.reservation
+    if (
+        QueueReasonCode.NODE_RESERVED in codes
+        and reservation is not None
+        and reservation.holder_id != spec.pod_id
+        and reservation.expected_start is not None
+    ):
+        remedies.append(
+            {
+                "change": "time_limit",
+                "message": f"give it a time limit that ends by event time {reservation.expected_start} ms: it may "
+                f"then backfill the nodes reserved for {reservation.holder_kind} {reservation.holder_id!r}",
+            }
+        )
+    if capacity_fits:
+        return remedies
+    nearest = result.nearest
     if nearest is not None:
         remedies.append(
             {
                 "change": "free_capacity",
                 "node_id": nearest.node_id,
-                "message": f"free {' and '.join(f'{s.missing} {_UNITS[s.resource]}' for s in nearest.lacks)} "
-                f"on node {nearest.node_id} (release or move pods there)",
+                "message": f"free {_lacks_text(nearest.lacks)} on node {nearest.node_id} (release or move pods there)",
             }
         )
     if shape.gpu_models:
@@ -304,12 +512,175 @@ def _node_fits(node: Node, shape: PodShape) -> bool:
     return first_misfit(signature, shape) is None and class_admits(signature.node_class, shape)
 
 
-def _summary(cluster: ClusterState, result: Explanation) -> str:
+def _summary(cluster: ClusterState, result: Explanation, codes: set[str], capacity_fits: bool) -> str:
+    first: dict[str, str] = {}  # each code's first message (a loop: mypyc cannot compile this as a comprehension)
+    for reason in result.reasons:
+        first.setdefault(str(reason["code"]), str(reason["message"]))
+    if QueueReasonCode.WAITING_FOR_EARLIER_JOB in codes:
+        return f"held by strict FIFO: {first[QueueReasonCode.WAITING_FOR_EARLIER_JOB]}"
+    if QueueReasonCode.QUOTA_EXCEEDED in codes and (capacity_fits or len(codes) == 1):
+        return f"held by its quota: {first[QueueReasonCode.QUOTA_EXCEEDED]}"
     if result.fits_now:
         return "fits a node now: it will be placed when the queue is next retried on that node"
     if not cluster.nodes:
         return "the cluster has no nodes"
+    reservation = result.reservation
+    if reservation is not None and reservation.get("holder_id") == result.pod_id:
+        return f"waiting for {result.request}; {reservation['message']}"
+    if QueueReasonCode.NODE_RESERVED in codes:  # it would fit there: the reservation is what holds it
+        return f"waiting for {result.request}: {first[QueueReasonCode.NODE_RESERVED]}"
+    never = never_fits_text(cluster, _shape_of(result, cluster))
+    if never is not None:
+        return f"waiting for {result.request}: {never}"
     if result.nearest is not None:
         return f"waiting for {result.request}; nearest miss: {result.nearest.message}"
     top = result.reasons[0]["message"] if result.reasons else "no schedulable node"
     return f"waiting for {result.request}: no schedulable node passes model, selector and taints ({top})"
+
+
+def _shape_of(result: Explanation, cluster: ClusterState) -> PodShape:
+    pod = lookup(cluster.pods, result.pod_id)
+    assert pod is not None
+    return pod.shape
+
+
+def _reservation_json(cluster: ClusterState, job_id: str, now: int) -> dict[str, Any] | None:
+    """The cluster's reservation if the job holds it or would fit only on its nodes; None otherwise."""
+    held = cluster.reservation
+    if held is None:
+        return None
+    start = held.expected_start
+    if held.holder_id == job_id:
+        when = "expected start unknown" if start is None else f"expected start at event time {start} ms"
+        if start is not None and now:
+            when += f" (in {max(0, start - now) / 1000:g} s)"
+        message = f"holds a reservation of {len(held.nodes)} node(s) ({', '.join(held.nodes[:8])}); {when}"
+    else:
+        message = reservations.reason_message(cluster, QueueReasonCode.NODE_RESERVED)
+    return {
+        "holder_id": held.holder_id,
+        "holder_kind": held.holder_kind,
+        "nodes": list(held.nodes),
+        "expected_start": start,
+        "made_at": held.made_at,
+        "message": message,
+    }
+
+
+# ------------------------------------------------------------------ gangs
+
+
+def gang_json(cluster: ClusterState, gang: Gang) -> dict[str, Any]:
+    """A gang and its members: state, shapes, where the placed ones run."""
+    spec = gang.spec
+    members = []
+    for member in spec.members:
+        pod = lookup(cluster.pods, member.pod_id)
+        members.append(
+            {
+                "pod_id": member.pod_id,
+                "request": request_text(shape_of(member)),
+                "num_gpu": member.num_gpu,
+                "gpu_milli": member.gpu_milli,
+                "cpu_milli": member.cpu_milli,
+                "memory_mib": member.memory_mib,
+                "node_id": pod.node_id if pod is not None else None,
+            }
+        )
+    state = {GANG_QUEUED: "pending", GANG_RUNNING: "running", GANG_WAITING: "waiting"}.get(gang.state, gang.state)
+    return {
+        "gang_id": gang.gang_id,
+        "tenant": spec.tenant,
+        "priority": spec.priority,
+        "state": state,
+        "min_members": spec.min_members,
+        "members": members,
+        "placed": len(gang.placed),
+        "topology_required": spec.topology_required,
+        "topology_preferred": spec.topology_preferred,
+        "domain": None if gang.topology_key is None else f"{gang.topology_key}={gang.domain}",
+        "waiting_for": list(gang.waiting_for),
+        "submitted_at": spec.submitted_at,
+    }
+
+
+def gang_reasons(cluster: ClusterState, gang: Gang, now: int) -> list[dict[str, Any]]:
+    """Why a queued gang does not start now: strict FIFO, its quota for all members, and the members that fit no
+    node on their own (live per-node reasons of the first such member). O(M · S)."""
+    spec = gang.spec
+    reasons: list[dict[str, Any]] = []
+    fifo = _fifo_reason(cluster, gang.key)
+    if fifo is not None:
+        reasons.append(fifo)
+    quota = quotas.quota_of(cluster, spec.tenant) if cluster.quotas_on else None
+    if quota is not None:
+        wanted: quotas.Demand = {}
+        for member in spec.members:
+            models = quotas.models_for(cluster, shape_of(member)) or [""]
+            quotas.add(wanted, quotas.demand(quota, member, models[0]))
+        shortfall = quotas.check(cluster, spec.tenant, quota, wanted)
+        if shortfall is not None:
+            reasons.append(_reason(QueueReasonCode.QUOTA_EXCEEDED, 0, f"for all its members: {shortfall.message}"))
+    missing = []
+    for member in spec.members:
+        usable = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
+        if not cluster.index.feasible(usable):
+            missing.append((member, usable))
+    fitting = len(spec.members) - len(missing)
+    if missing:
+        member, usable = missing[0]
+        names = ", ".join(repr(m.pod_id) for m, _ in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        message = (
+            f"{fitting} of {len(spec.members)} member(s) fit some node on their own now (it needs "
+            f"{spec.min_members} at once); {names} fit no node"
+        )
+        reasons.append(_reason(QueueReasonCode.GANG_DOES_NOT_FIT, 0, message))
+        reasons.extend(live_reasons(cluster, usable))
+    elif not reasons:
+        where = f" within one {spec.topology_required} domain" if spec.topology_required else ""
+        message = (
+            f"each member fits some node on its own, but not all {spec.min_members} at once{where} "
+            "(they compete for the same nodes)"
+        )
+        reasons.append(_reason(QueueReasonCode.GANG_DOES_NOT_FIT, 0, message))
+    return reasons
+
+
+def _explain_gang(cluster: ClusterState, gang: Gang, job_id: str, now: int) -> Explanation:
+    spec = gang.spec
+    gpus = sum(m.num_gpu * m.gpu_milli for m in spec.members) / GPU_MILLI
+    request = f"{len(spec.members)} member(s), {gpus:g} GPU(s) in all"
+    state = {GANG_QUEUED: "pending", GANG_RUNNING: "running", GANG_WAITING: "waiting"}.get(gang.state, gang.state)
+    result = Explanation(cluster.name, job_id, state, request, kind="gang")
+    result.gang = gang_json(cluster, gang)
+    member = "" if job_id == gang.gang_id else f"member {job_id!r} of "
+    if gang.state == GANG_RUNNING:
+        result.fits_now = True
+        result.message = f"{member}gang {gang.gang_id!r} runs: {len(gang.placed)} member(s) placed"
+        return result
+    if gang.state == GANG_WAITING:
+        waiting = ", ".join(gang.waiting_for)
+        message = f"{member}gang {gang.gang_id!r} waits for {waiting} to end"
+        result.reasons = [_reason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)]
+        result.message = message + ": it enters the queue then"
+        return result
+    result.reasons = gang_reasons(cluster, gang, now)
+    result.reservation = _reservation_json(cluster, gang.gang_id, now)
+    codes = [r["code"] for r in result.reasons]
+    top = result.reasons[0]["message"] if result.reasons else "it is queued"
+    held = "held by strict FIFO: " if codes and codes[0] == QueueReasonCode.WAITING_FOR_EARLIER_JOB else ""
+    if not held and QueueReasonCode.QUOTA_EXCEEDED in codes:
+        held = "held by its quota: "
+        top = next(r["message"] for r in result.reasons if r["code"] == QueueReasonCode.QUOTA_EXCEEDED)
+    result.message = f"{member}gang {gang.gang_id!r} is queued: {held}{top}"
+    if QueueReasonCode.QUOTA_EXCEEDED in codes:
+        result.would_fit_if.append(
+            {
+                "change": "raise_quota",
+                "tenant": spec.tenant,
+                "message": f"raise tenant {spec.tenant!r}'s quota (SetQuota)",
+            }
+        )
+    for text in {never_fits_text(cluster, shape_of(m)) for m in spec.members} - {None}:
+        result.would_fit_if.append({"change": "add_node", "message": f"add a larger node: {text}"})
+    return result

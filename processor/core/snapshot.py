@@ -112,7 +112,9 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         cluster.max_clock_jump_ms,
         None
         if cluster.halted is None
-        else HaltSnapshot(cluster.halted.command_id, cluster.halted.offset, cluster.halted.error),
+        else HaltSnapshot(
+            cluster.halted.command_id, cluster.halted.offset, cluster.halted.error, cluster.halted.refused
+        ),
     )
 
 
@@ -164,7 +166,9 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             queue_order=data.queue_order,
             clock=data.clock if data.clock >= 0 else snapshot.clock,  # a v2 snapshot has the partition's only
             max_clock_jump_ms=data.max_clock_jump_ms,
-            halted=None if data.halted is None else Halt(data.halted.command_id, data.halted.offset, data.halted.error),
+            halted=None
+            if data.halted is None
+            else Halt(data.halted.command_id, data.halted.offset, data.halted.error, data.halted.refused),
         )
         cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
         for entry in data.quotas:

@@ -318,6 +318,7 @@ class Halt:
     command_id: str
     offset: int
     error: str
+    refused: int = 0  # commands for the cluster refused with CLUSTER_HALTED since (health and metrics count them)
 
 
 @dataclass(slots=True)

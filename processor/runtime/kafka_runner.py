@@ -303,13 +303,22 @@ class Runner:
         return status
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def run(config: KafkaConfig, topics: Topics, settings: RunnerSettings) -> int:
     """Run until SIGTERM/SIGINT (or idle, if asked); returns the process exit status."""
-    runner = Runner(config, topics, settings)
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how to see where a stuck processor waits.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A stop asked while the runner connects is kept and honoured as soon as it runs: a graceful stop.
+    asked: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in STOP_SIGNALS}
     try:
+        runner = Runner(config, topics, settings)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, runner.stop)
+        if asked:
+            runner.stop(asked[0])
         return runner.run()
     finally:
         for sig, handler in previous.items():

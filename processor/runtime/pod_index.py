@@ -49,6 +49,8 @@ def pod_row(cluster: str, pod_id: str, pod: Pod) -> dict[str, Any]:
         "memory_mib": spec.memory_mib,
         "gpu_models": list(spec.gpu_models),
         "submitted_at": spec.submitted_at,
+        "started_at": pod.started_at,
+        "gang_id": spec.gang_id,
     }
 
 

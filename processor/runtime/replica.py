@@ -9,17 +9,22 @@ It answers what needs the scheduler's state rather than the projected events:
 
 - :meth:`Replica.what_if`: fold commands on a private fork of the head state (see
   ``processor.runtime.whatif``) and return the events they would produce, publishing nothing;
-- :meth:`Replica.explain`: why a pending pod does not fit now (``processor.core.explain``);
-- :meth:`Replica.pods` / :meth:`Replica.nodes`: paged listings (``processor.runtime.pod_index``);
-- :meth:`Replica.clusters`, :meth:`Replica.history`, :meth:`Replica.tenants`: what the dashboard draws.
+  :meth:`Replica.frozen` and :meth:`Replica.fold_here` let a server run it in a forked process instead;
+- :meth:`Replica.explain`: why a pod or gang waits now (``processor.core.explain``);
+- listings and the dashboard's views (``processor.runtime.replica_views``): pods, nodes, the queue in
+  scheduling order, gangs, quotas, tenants, recent disruptions, history;
+- :attr:`Replica.ledger`: where each recent command id was folded, with its body's digest (the
+  write API's idempotent retry); :attr:`Replica.halted`: clusters whose fold halted.
 
 Every answer carries :meth:`Replica.position`: the offset each partition was answered at and the
-lag behind the log's head. One lock serialises folding and answering; folding takes it per batch
-of ``batch_size`` commands, so an answer waits at most one small batch.
+lag behind the log's head; :meth:`Replica.status` is the same without taking the lock (for health).
+One lock serialises folding and answering; folding takes it per batch of ``batch_size`` commands,
+so an answer waits at most one small batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,20 +34,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logs.port import InputRecord, ReplicaSource
-from processor.core.explain import Explanation, explain, live_reasons
+from processor.core.explain import Explanation, explain
 from processor.core.fold import decide
 from processor.core.fragmentation import cluster_fragmentation
-from processor.core.resources import PodShape
 from processor.core.snapshot import from_snapshot, state_hash
 from processor.core.state import ClusterState, PartitionState
+from processor.runtime import replica_views as views
+from processor.runtime.ledger import DEFAULT_SIZE, CommandLedger, Entry, command_digest, frame_digest
 from processor.runtime.loop import resumed_for, wrong_partition
-from processor.runtime.pod_index import PodIndex, pod_row
+from processor.runtime.pod_index import PodIndex
 from processor.runtime.whatif import fork
 from schemas import COMMAND, DecodeError, registry
 from schemas.codes import DeadLetterCode
-from schemas.commands import GPU_MILLI, Command
+from schemas.commands import Command, Tick
 from schemas.events import Event, NodeAdded, NodeRemoved
 from schemas.fastcodec import decode_command
+from schemas.fragmentation import derive_typical
 from schemas.partitioner import partition_for
 from schemas.snapshots import decode_snapshot
 
@@ -50,8 +57,10 @@ log = logging.getLogger("gpufold.replica")
 
 DEFAULT_BATCH_SIZE = 500
 HISTORY_POINTS = 720
-HISTORY_STEP_MS = 60_000
 ENDS_REFRESH_SECONDS = 0.5
+FRAGMENTATION_EVERY_SECONDS = 0.5  # a history point recomputes fragmentation at most this often per cluster
+RECENT_DISRUPTIONS = 200  # per cluster
+DISRUPTIONS = ("PodPreempted", "PodEvicted", "PodMigrated", "PodTimeLimitReached", "GangTimedOut", "NodeFailed")
 
 
 @dataclass(slots=True)
@@ -82,7 +91,7 @@ class Replica:
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         history_points: int = HISTORY_POINTS,
-        history_step_ms: int = HISTORY_STEP_MS,
+        ledger_size: int = DEFAULT_SIZE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
@@ -95,21 +104,27 @@ class Replica:
         self.index = PodIndex()
         self._ends: dict[int, int] = {}
         self._ends_at = -1e9
-        self._event_time: dict[str, int] = {}  # cluster -> largest issued_at folded
+        self._event_time: dict[str, int] = {}  # cluster -> largest occurred_at folded
         self._node_version: dict[str, int] = {}
         self._sorted_nodes: dict[str, tuple[int, list[str]]] = {}
         self._history_points = history_points
-        self._history_step = history_step_ms
         self._history: dict[str, deque[dict[str, Any]]] = {}
-        self._history_steps: dict[str, int] = {}
+        self._fragmentation: dict[str, tuple[float, float]] = {}  # cluster -> (computed at, pct of idle)
+        self._disruptions: dict[str, deque[Event]] = {}
+        self.versions: dict[str, int] = {}  # cluster -> changes folded (an ETag for its views)
+        self._queue_order: dict[str, tuple[int, list[tuple[str, str]]]] = {}  # cluster -> (version, order)
+        self.ledger = CommandLedger(ledger_size)
         self.folded = 0
+        self.folded_at: float | None = None  # clock time of the last fold
         self.refused: dict[str, int] = {}
         """Commands seen since the restore that the processor does not fold (dead-lettered), by code."""
         self.restored = threading.Event()
         self.error: str | None = None
+        self._status: dict[str, Any] = {"offsets": {}, "head": {}, "lag": 0, "ready": False}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._encode_command = registry().codec(COMMAND).encode
+        self._fingerprint = self._encode_command(Command("x", "x", 0, Tick()).to_avro())[:10]
 
     # ------------------------------------------------------------ following
 
@@ -125,9 +140,12 @@ class Replica:
             for state in states.values():
                 for name, cluster in state.clusters.items():
                     self._node_version[name] = self._node_version.get(name, 0) + 1
-                    self._sample(cluster, force=True)
+                    if state.clock > 0:
+                        self._event_time[name] = state.clock
+                    self._sample(cluster)
         self.catch_up()
         self.restored.set()
+        self._publish_status()
         log.info("replica restored at %s", {p: s.next_offset for p, s in self.states.items()})
 
     def catch_up(self, timeout: float = 0.0) -> int:
@@ -137,6 +155,7 @@ class Replica:
             count = self.step(timeout)
             total += count
             if not count and self.lag(refresh=True) == 0:
+                self._publish_status()
                 return total
             if not count and timeout == 0.0:
                 timeout = 0.05  # the head moved while we looked: wait a little for it
@@ -148,11 +167,17 @@ class Replica:
         records = self.source.fetch(positions, self.batch_size, timeout)
         if records:
             with self._lock:
+                touched: dict[str, ClusterState] = {}
                 for record in records:
-                    self._fold(record)
+                    self._fold(record, touched)
+                for cluster in touched.values():
+                    self._sample(cluster)
                 self.folded += len(records)
+                self.folded_at = self._clock()
         if self._clock() - self._ends_at >= ENDS_REFRESH_SECONDS:
             self._refresh_ends()
+        if records or self._status["head"] != self._ends:
+            self._publish_status()
         return len(records)
 
     def run(self, poll_timeout: float = 0.2) -> None:
@@ -165,12 +190,18 @@ class Replica:
             self.error = f"{type(error).__name__}: {error}"
             log.exception("the replica stopped following the log")
             self.restored.set()
+            self._publish_status()
 
     def start(self) -> Replica:
         """Follow the log in a background thread."""
         self._thread = threading.Thread(target=self.run, name="gpufold-replica", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def alive(self) -> bool:
+        """Whether the follower thread runs (True for a replica driven by hand, as in tests)."""
+        return self._thread is None or self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -187,7 +218,7 @@ class Replica:
         self._ends = ends
         self._ends_at = self._clock()
 
-    def _fold(self, record: InputRecord) -> None:
+    def _fold(self, record: InputRecord, touched: dict[str, ClusterState]) -> None:
         """Fold one record exactly as ``PartitionFolder.fold`` does (without encoding the outputs)."""
         state = self.states[record.partition]
         if record.offset < state.next_offset:
@@ -201,23 +232,39 @@ class Replica:
             state.next_offset = record.offset + 1  # the processor dead-letters it (WRONG_PARTITION)
             self.refused[DeadLetterCode.WRONG_PARTITION] = self.refused.get(DeadLetterCode.WRONG_PARTITION, 0) + 1
             return
+        self.ledger.record(command.command_id, Entry(record.partition, record.offset, self._digest(record, command)))
         events = decide(state, command, record.offset, resumed_for(self.log_history, state, command))
         update = self.index.update
-        touched: dict[str, ClusterState] = {}
         for event in events:  # a command's events may be about other clusters too (timers it reached)
             cluster = touched.get(event.cluster) or state.clusters.get(event.cluster)
+            payload = event.payload
+            kind = type(payload).__name__
             if cluster is None:
                 continue
             touched[event.cluster] = cluster
             if event.occurred_at > self._event_time.get(cluster.name, -1):
                 self._event_time[cluster.name] = event.occurred_at
-            payload = event.payload
             for pod_id in _pods_named(payload):
                 update(cluster, pod_id)
             if isinstance(payload, (NodeAdded, NodeRemoved)):
                 self._node_version[cluster.name] = self._node_version.get(cluster.name, 0) + 1
-        for cluster in touched.values():
-            self._sample(cluster)
+            if kind in DISRUPTIONS:
+                recent = self._disruptions.get(cluster.name)
+                if recent is None:
+                    recent = self._disruptions[cluster.name] = deque(maxlen=RECENT_DISRUPTIONS)
+                recent.append(event)
+        for name in touched:
+            self.versions[name] = self.versions.get(name, 0) + 1
+
+    def _digest(self, record: InputRecord, command: Command) -> bytes:
+        frame = bytes(record.value or b"")
+        if frame[:10] == self._fingerprint:
+            return frame_digest(frame)
+        return command_digest(command, lambda c: self._encode_command(c.to_avro()))  # an older writer schema
+
+    def digest(self, command: Command) -> bytes:
+        """The ledger's digest of a command as it would be appended now (cluster and payload)."""
+        return command_digest(command, lambda c: self._encode_command(c.to_avro()))
 
     # ------------------------------------------------------------ position and lag
 
@@ -240,6 +287,45 @@ class Replica:
         if self.error:
             answer["error"] = self.error
         return answer
+
+    @property
+    def halted(self) -> dict[str, dict[str, Any]]:
+        """Clusters whose fold is halted (``ClusterHalted``, until a ``ResumeCluster``), with why: read from the
+        state itself, so a replica restored from a snapshot knows it too."""
+        found: dict[str, dict[str, Any]] = {}
+        for partition, state in sorted(self.states.items()):
+            for name, cluster in sorted(state.clusters.items()):
+                halt = cluster.halted
+                if halt is not None:
+                    found[name] = {
+                        "cluster": name,
+                        "command_id": halt.command_id,
+                        "error": halt.error,
+                        "partition": partition,
+                        "offset": halt.offset,
+                        "refused": halt.refused,
+                    }
+        return found
+
+    def _publish_status(self) -> None:
+        position = self.position()
+        position["folded"] = self.folded
+        position["halted"] = sorted(self.halted)
+        self._status = position  # replaced whole: readers never see half of it
+
+    def status(self) -> dict[str, Any]:
+        """:meth:`position` as of the last batch folded, without taking the lock (health checks use it)."""
+        answer = dict(self._status)
+        answer["ready"] = self.restored.is_set()
+        answer["alive"] = self.alive
+        if self.error:
+            answer["error"] = self.error
+        return answer
+
+    def event_times(self) -> dict[str, int]:
+        """Each cluster's event time: the largest ``occurred_at`` of its events folded so far."""
+        with self._lock:
+            return dict(self._event_time)
 
     def partition_of(self, cluster: str) -> int:
         return partition_for(cluster.encode(), self.partitions)
@@ -265,24 +351,46 @@ class Replica:
             partitions = sorted({self.partition_of(command.cluster) for command in commands})
             forks = {p: fork(self.states.get(p) or PartitionState(partition=p)) for p in partitions}
             position = self.position()
-            results = []
-            for command in commands:
-                partition = self.partition_of(command.cluster)
-                state = forks[partition]
-                decoded = decode_command(self._encode_command(command.to_avro()))
-                offset = state.next_offset
-                results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
+            results = self._fold_on(forks, commands)
             # Still under the lock: a fork shares what it has not copied with the live state.
             after = {p: state_hash(s) for p, s in sorted(forks.items())} if hashes else {}
         return WhatIf(results, position, after)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[dict[str, Any]]:
+        """Hold the state still (no fold, no answer) for a moment, e.g. to ``os.fork`` a process that owns a
+        copy of it; yields the position it is held at."""
+        with self._lock:
+            yield self.position()
+
+    def fold_here(self, commands: Iterable[Command], *, hashes: bool = False) -> WhatIf:
+        """Fold the commands on the replica's own state: only for a process that owns a private copy of it
+        (forked under :meth:`frozen`); the live replica uses :meth:`what_if`."""
+        commands = list(commands)
+        position = self.position()
+        partitions = sorted({self.partition_of(command.cluster) for command in commands})
+        states = {p: self.states.setdefault(p, PartitionState(partition=p)) for p in partitions}
+        results = self._fold_on(states, commands)
+        after = {p: state_hash(s) for p, s in sorted(states.items())} if hashes else {}
+        return WhatIf(results, position, after)
+
+    def _fold_on(self, states: dict[int, PartitionState], commands: list[Command]) -> list[WhatIfResult]:
+        results = []
+        for command in commands:
+            partition = self.partition_of(command.cluster)
+            state = states[partition]
+            decoded = decode_command(self._encode_command(command.to_avro()))
+            offset = state.next_offset
+            results.append(WhatIfResult(decoded, partition, offset, decide(state, decoded, offset)))
+        return results
+
     # ------------------------------------------------------------ explain
 
-    def explain(self, cluster: str, pod_id: str) -> Explanation | None:
+    def explain(self, cluster: str, job_id: str) -> Explanation | None:
+        """Why a pod or a gang (or a gang's member) waits, or where it runs, on the state now."""
         with self._lock:
-            state = self.states.get(self.partition_of(cluster))
-            found = state.clusters.get(cluster) if state is not None else None
-            return explain(found, pod_id) if found is not None else None
+            found = self._cluster(cluster)
+            return explain(found, job_id, self._event_time.get(cluster)) if found is not None else None
 
     # ------------------------------------------------------------ listings
 
@@ -294,6 +402,19 @@ class Replica:
     def _cluster(self, name: str) -> ClusterState | None:
         state = self.states.get(self.partition_of(name))
         return state.clusters.get(name) if state is not None else None
+
+    def _clusters(self, name: str | None = None) -> list[ClusterState]:
+        if name is not None:
+            found = self._cluster(name)
+            return [found] if found is not None else []
+        return sorted((c for s in self.states.values() for c in s.clusters.values()), key=lambda c: c.name)
+
+    def version(self, cluster: str | None = None) -> str:
+        """A tag that changes whenever the answer about the cluster (or any, if None) may change: an ETag."""
+        with self._lock:
+            if cluster is not None:
+                return f"{cluster}:{self.versions.get(cluster, 0)}:{self.restored.is_set():d}"
+            return ".".join(f"{s.next_offset}" for _, s in sorted(self.states.items())) + f":{self.restored.is_set():d}"
 
     def pods(
         self,
@@ -310,21 +431,7 @@ class Replica:
             keys, total = self.index.query(
                 state=state, cluster=cluster, tenant=tenant, node_id=node_id, offset=offset, limit=limit
             )
-            reasons: dict[tuple[str, PodShape], list[dict[str, Any]]] = {}
-            rows = []
-            for name, pod_id in keys:
-                found = self._cluster(name)
-                pod = found.pods.get(pod_id) if found is not None else None
-                if found is None or pod is None:
-                    continue
-                row = pod_row(name, pod_id, pod)
-                row["state"] = row["status"]  # the field's name before pod rows had one shape (kept for API clients)
-                if not pod.running:
-                    key = (name, pod.shape)
-                    if key not in reasons:
-                        reasons[key] = live_reasons(found, pod.shape)
-                    row["reasons"] = reasons[key]
-                rows.append(row)
+            rows = views.pod_rows(keys, self._cluster)
             return {"total": total, "offset": offset, "limit": limit, "pods": rows, "replica": self.position()}
 
     def nodes(
@@ -332,20 +439,28 @@ class Replica:
     ) -> dict[str, Any]:
         """One page of nodes, sorted by (cluster, node id), each GPU with its allocation and pods."""
         with self._lock:
-            clusters = sorted(self._clusters(cluster), key=lambda c: c.name)
             matched: list[tuple[ClusterState, str]] = []
-            for c in clusters:
+            for c in self._clusters(cluster):
                 for node_id in self._node_ids(c):
                     if gpu_model is None or c.nodes[node_id].gpu_model == gpu_model:
                         matched.append((c, node_id))
-            rows = [_node_row(c, node_id) for c, node_id in matched[offset : offset + limit]]
+            rows = [views.node_row(c, node_id) for c, node_id in matched[offset : offset + limit]]
             return {"total": len(matched), "offset": offset, "limit": limit, "nodes": rows, "replica": self.position()}
 
-    def _clusters(self, name: str | None = None) -> list[ClusterState]:
-        if name is not None:
-            found = self._cluster(name)
-            return [found] if found is not None else []
-        return [c for s in self.states.values() for c in s.clusters.values()]
+    def node(self, cluster: str, node_id: str) -> dict[str, Any] | None:
+        """One node in full: labels, taints, GPUs, the pods on it, whether it is reserved; None if unknown."""
+        with self._lock:
+            found = self._cluster(cluster)
+            if found is None or node_id not in found.nodes:
+                return None
+            return {**views.node_detail(found, node_id), "replica": self.position()}
+
+    def grid(self, cluster: str) -> dict[str, Any]:
+        """Every node of a cluster in a compact form, grouped by GPU model (the dashboard's GPU grid)."""
+        with self._lock:
+            found = self._cluster(cluster)
+            nodes = self._node_ids(found) if found is not None else []
+            return {**views.grid(found, nodes), "replica": self.position()}
 
     def _node_ids(self, cluster: ClusterState) -> list[str]:
         version = self._node_version.get(cluster.name, 0)
@@ -355,11 +470,62 @@ class Replica:
         return cached[1]
 
     def clusters(self) -> dict[str, Any]:
-        """Each cluster now: nodes, GPUs, allocation, pods, fragmentation, policy, event time."""
+        """Each cluster now: nodes, GPUs, allocation, pods, fragmentation, policy, event time, halted."""
         with self._lock:
-            clusters = sorted(self._clusters(), key=lambda c: c.name)
-            rows = [_cluster_row(c, self._event_time.get(c.name)) for c in clusters]
+            rows = [
+                views.cluster_row(c, self._event_time.get(c.name), self.fragmentation_pct(c), self.halted.get(c.name))
+                for c in self._clusters()
+            ]
             return {"clusters": rows, "replica": self.position()}
+
+    def gpu_totals(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(cluster, GPU model) -> (GPU milli allocated, GPU milli usable) over nodes that have not failed, as
+        ``gpufold state utilization`` counts them (CPU-only nodes left out). O(nodes)."""
+        with self._lock:
+            totals: dict[tuple[str, str], tuple[int, int]] = {}
+            for c in self._clusters():
+                for node in c.nodes.values():
+                    if not node.gpu_count:
+                        continue
+                    allocated, capacity = totals.get((c.name, node.gpu_model), (0, 0))
+                    if not node.failed:
+                        allocated += node.gpu_milli_allocated
+                        capacity += node.gpu_count * 1000
+                    totals[(c.name, node.gpu_model)] = (allocated, capacity)
+            return totals
+
+    def fragmentation_pct(self, cluster: ClusterState) -> float:
+        """The one fragmentation figure of a cluster (see :func:`fragmentation_of`), now. Under the lock."""
+        pct = fragmentation_of(cluster)
+        self._fragmentation[cluster.name] = (self._clock(), pct)
+        return pct
+
+    def queue(
+        self, cluster: str, *, tenant: str | None = None, search: str | None = None, offset: int = 0, limit: int = 50
+    ) -> dict[str, Any]:
+        """The queue in scheduling order (pods and gangs): position, age, priority, tenant, reasons, expected start."""
+        with self._lock:
+            found = self._cluster(cluster)
+            if found is None:
+                return {"total": 0, "offset": offset, "limit": limit, "jobs": [], "replica": self.position()}
+            now = self._event_time.get(cluster, 0)
+            version = self.versions.get(cluster, 0)
+            cached = self._queue_order.get(cluster)
+            if cached is None or cached[0] != version:
+                cached = self._queue_order[cluster] = (version, views.scheduling_order(found))
+            page = views.queue_page(found, now, cached[1], tenant=tenant, search=search, offset=offset, limit=limit)
+            return {**page, "offset": offset, "limit": limit, "replica": self.position()}
+
+    def gangs(self, cluster: str, state: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            found = self._cluster(cluster)
+            rows = views.gang_rows(found, state) if found is not None else []
+            return {"cluster": cluster, "gangs": rows, "replica": self.position()}
+
+    def disruptions(self, cluster: str, limit: int = 50) -> list[Event]:
+        """The cluster's recent preemptions, evictions, migrations and time limits, newest first."""
+        with self._lock:
+            return list(reversed(self._disruptions.get(cluster, ())))[:limit]
 
     def tenants(self, cluster: str | None = None) -> dict[str, Any]:
         """Per (cluster, tenant): GPU milli running now, running and pending pods."""
@@ -379,53 +545,63 @@ class Replica:
 
     def quotas(self, cluster: str | None = None) -> dict[str, Any]:
         """Per (cluster, tenant, key): nominal quota, used, what it may hold now, borrowed and lent."""
-        from dataclasses import asdict
-
-        from processor.core.quotas import quota_report
-
         with self._lock:
-            rows = [
-                {"cluster": c.name, **asdict(line)}
-                for c in sorted(self._clusters(cluster), key=lambda c: c.name)
-                for line in quota_report(c)
-            ]
+            rows = [row for c in self._clusters(cluster) for row in views.quota_rows(c)]
             return {"quotas": rows, "replica": self.position()}
 
     def history(self, cluster: str) -> dict[str, Any]:
-        """Utilization and fragmentation of a cluster over event time, as the replica folded it."""
+        """Utilization and fragmentation of a cluster over event time, as the replica folded it: a point per
+        batch that changed the cluster, the last one as of now."""
         with self._lock:
-            points = list(self._history.get(cluster, ()))
-            return {"cluster": cluster, "points": points, "step_ms": self._history_steps.get(cluster, 0)}
+            points = self._history.get(cluster)
+            found = self._cluster(cluster)
+            if points and found is not None:  # the last point is now: its fragmentation may be older
+                points[-1] = {**points[-1], "fragmentation_pct": round(self.fragmentation_pct(found), 3)}
+            return {"cluster": cluster, "points": list(points or ())}
 
-    def _sample(self, cluster: ClusterState, force: bool = False) -> None:
-        """Record a history point when the cluster's event time moved a step (the series halves its
-        resolution when full, so it always spans the whole history in at most ``history_points``)."""
+    def _sample(self, cluster: ClusterState) -> None:
+        """Record a history point of a cluster that changed (one per event time: a later change at the same
+        time replaces it). When full, every other point is dropped (the last kept), so the series always spans
+        the whole history in at most ``history_points``. Fragmentation costs O(S·T), so it is recomputed at most
+        every FRAGMENTATION_EVERY_SECONDS per cluster (:meth:`history` refreshes the last point)."""
         now = self._event_time.get(cluster.name, 0)
+        if now <= 0:
+            return  # no event time yet: a point at 0 would draw an axis from 1970
         points = self._history.get(cluster.name)
         if points is None:
             points = self._history[cluster.name] = deque()
-            self._history_steps[cluster.name] = self._history_step
-        step = self._history_steps[cluster.name]
-        if not force and points and now - points[-1]["t"] < step:
-            return
-        frag = cluster_fragmentation(cluster)
-        running = self.index.query(state="running", cluster=cluster.name, limit=0)[1]
-        pending = len(cluster.queue)
-        points.append(
-            {
-                "t": now,
-                "gpu_milli_allocated": cluster.gpu_milli_allocated,
-                "gpu_milli_capacity": cluster.gpu_milli_capacity,
-                "fragmentation_pct": round(frag.fragment_pct_of_idle, 3),
-                "running": running,
-                "pending": pending,
-            }
-        )
+        computed_at, pct = self._fragmentation.get(cluster.name, (-1e9, 0.0))
+        if self._clock() - computed_at >= FRAGMENTATION_EVERY_SECONDS:
+            pct = self.fragmentation_pct(cluster)
+        point = {
+            "t": now,
+            "gpu_milli_allocated": cluster.gpu_milli_allocated,
+            "gpu_milli_capacity": cluster.gpu_milli_capacity,
+            "fragmentation_pct": round(pct, 3),
+            "running": self.index.query(state="running", cluster=cluster.name, limit=0)[1],
+            "pending": len(cluster.queue),
+        }
+        if points and points[-1]["t"] >= now:
+            points[-1] = point
+        else:
+            points.append(point)
         if len(points) > self._history_points:
+            last = points[-1]
             kept = list(points)[::2]
+            if kept[-1] is not last:
+                kept.append(last)
             points.clear()
             points.extend(kept)
-            self._history_steps[cluster.name] = step * 2
+
+
+def fragmentation_of(cluster: ClusterState) -> float:
+    """The fragmentation the operator sees everywhere: FGD's expected fragment, as a percentage of the idle GPU
+    milli of the schedulable nodes, for the typical pods of the pods present now (pending, waiting or running).
+
+    The projection's ``/v1/fragmentation`` computes the same from its rows (``projections.queries``); the fold's
+    policies score with the typical pods they learned at arrival checkpoints instead, a cache of the same.
+    """
+    return cluster_fragmentation(cluster, derive_typical(cluster.shape_counts)).fragment_pct_of_idle
 
 
 def _pods_named(payload: Any) -> list[str]:
@@ -444,51 +620,6 @@ def _pods_named(payload: Any) -> list[str]:
     for item in items:
         found.append(item if isinstance(item, str) else getattr(item, "pod_id", str(item)))
     return found
-
-
-def _node_row(cluster: ClusterState, node_id: str) -> dict[str, Any]:
-    node = cluster.nodes[node_id]
-    gpus: list[dict[str, Any]] = [
-        {"index": i, "allocated_milli": GPU_MILLI - free, "free_milli": free, "pods": []}
-        for i, free in enumerate(node.gpu_free)
-    ]
-    for pod_id in node.pods:
-        pod = cluster.pods[pod_id]
-        for share in pod.gpus:
-            gpus[share.index]["pods"].append({"pod_id": pod_id, "tenant": pod.spec.tenant, "milli": share.milli})
-    return {
-        "cluster": cluster.name,
-        "node_id": node_id,
-        "gpu_model": node.gpu_model,
-        "gpu_count": node.gpu_count,
-        "labels": dict(sorted(node.labels.items())),
-        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints],
-        "status": "failed" if node.failed else "cordoned" if node.cordoned else "ready",
-        "cpu_milli": node.cpu_milli,
-        "cpu_milli_allocated": node.cpu_milli - node.cpu_free,
-        "memory_mib": node.memory_mib,
-        "memory_mib_allocated": node.memory_mib - node.memory_free,
-        "pods": len(node.pods),
-        "gpus": gpus,
-    }
-
-
-def _cluster_row(cluster: ClusterState, event_time: int | None) -> dict[str, Any]:
-    frag = cluster_fragmentation(cluster)
-    running = sum(len(node.pods) for node in cluster.nodes.values())
-    return {
-        "cluster": cluster.name,
-        "policy": cluster.policy,
-        "nodes": len(cluster.nodes),
-        "nodes_unschedulable": cluster.unschedulable_nodes,
-        "gpus": sum(node.gpu_count for node in cluster.nodes.values()),
-        "gpu_milli_capacity": cluster.gpu_milli_capacity,
-        "gpu_milli_allocated": cluster.gpu_milli_allocated,
-        "running": running,
-        "pending": len(cluster.queue),
-        "fragmentation_pct": round(frag.fragment_pct_of_idle, 3),
-        "event_time": event_time,
-    }
 
 
 class SourceHistory:

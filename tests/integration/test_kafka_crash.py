@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from kafka_support import CommittedWatcher, check_exactly_once, command_stream, new_topics, publish, start_processor
+from kafka_support import check_exactly_once, command_stream, fold_through_sigkills, new_topics, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,33 +24,9 @@ def test_sigkill_and_restart_lose_and_duplicate_nothing(kafka_bootstrap: str, tm
     options = ["--group", group, "--instance-id", "crash", "--snapshot-every", "5000", "--batch-size", "1000"]
     options += ["--transaction-timeout-ms", "10000"]
     log = tmp_path / "processor.log"
-    watcher = CommittedWatcher(kafka_bootstrap, topics, group, PARTITIONS)
     # Kill points spread over the stream; each kill lands a random few ms after its point is committed,
     # i.e. anywhere in the fold/produce/commit cycle of a later batch.
     points = sorted(rng.sample(range(1_000, COMMANDS - 3_000), KILLS))
-    kills = 0
-    try:
-        for point in points:
-            process = start_processor(kafka_bootstrap, topics, *options, log=log)
-            try:
-                watcher.wait_for(point, 120, alive=lambda p=process: p.poll() is None)  # type: ignore[misc]
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(rng.uniform(0.0, 0.25))
-                assert process.poll() is None, f"the processor exited with {process.returncode}; see {log}"
-            finally:
-                process.send_signal(signal.SIGKILL)
-                process.wait()
-            kills += 1
-        process = start_processor(kafka_bootstrap, topics, *options, log=log)
-        try:
-            assert watcher.wait_for(COMMANDS, 180, alive=lambda: process.poll() is None) == COMMANDS
-        finally:
-            process.send_signal(signal.SIGTERM)
-            status = process.wait(60)
-        assert status == 0, f"graceful stop exited with {status}; see {log}"
-    finally:
-        watcher.close()
-    assert kills == KILLS
+    fold_through_sigkills(kafka_bootstrap, topics, PARTITIONS, options, COMMANDS, points, rng, log)
     expected = check_exactly_once(kafka_bootstrap, topics)
     assert sum(len(values) for values in expected.events.values()) >= COMMANDS
-    assert log.read_text().count("partition") > 0

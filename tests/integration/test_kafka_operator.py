@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -91,12 +92,21 @@ def test_write_api_on_kafka_returns_outcomes(kafka_bootstrap: str) -> None:
     config = kafka_config(kafka_bootstrap)
     writer = KafkaWriter(config, topics, PARTITIONS)
     replica = Replica(KafkaReplicaSource(config, topics)).start()
+    assert replica.restored.wait(60)
     with BackgroundProcessor(kafka_bootstrap, topics, instance_id="writeapi"):
         client = TestClient(create_app(writer=writer, replica=replica))
         node = {"node_id": "n1", "gpu_model": "A100", "gpu_count": 4, "cpu_milli": 32_000, "memory_mib": 65_536}
-        added = client.post("/v1/clusters/lab/nodes?wait=60", json=node)
+        added = client.post("/v1/clusters/lab/nodes?wait=60&create_cluster=true", json=node)
         assert added.status_code == 200, added.text
         assert added.json()["outcomes"][0]["kind"] == "NodeAdded"
+        again = client.post("/v1/clusters/lab/nodes?wait=30", json={**node, "command_id": "n1-twice"})
+        assert again.status_code == 409 and again.json()["outcomes"][0]["code"] == "DUPLICATE_NODE"
+        # A retry of the same command on Kafka: its original outcome, found once the replica folded it.
+        retried = client.post("/v1/clusters/lab/nodes?wait=30", json={**node, "command_id": "n1-twice"})
+        assert retried.status_code == 409, retried.text
+        assert retried.json()["commands"][0]["retry"] is True
+        assert retried.json()["outcomes"][0]["command_offset"] == again.json()["outcomes"][0]["command_offset"]
+        assert client.post("/v1/clusters/Lab/pods", json={"pod_id": "x", "num_gpu": 1}).status_code == 404
         batch = [
             {"cluster": "lab", "payload": {"SubmitPod": {"pod_id": "p1", "num_gpu": 2, "gpu_milli": 1000}}},
             {"cluster": "lab", "payload": {"SubmitPod": {"pod_id": "p2", "num_gpu": 4, "gpu_milli": 1000}}},
@@ -190,9 +200,11 @@ def test_gpufold_serve_on_kafka(kafka_bootstrap: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if k != "GPUFOLD_DATABASE_URL"}  # no projection here
     server = subprocess.Popen(
-        [*GPUFOLD, "serve", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--port", str(port)],
-        stderr=subprocess.PIPE, text=True,
+        [*GPUFOLD, "serve", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--port", str(port),
+         "--processor-group", topics.commands + ".group"],
+        stderr=subprocess.PIPE, text=True, env=environ,
     )  # fmt: skip
     try:
         assert "Kafka" in server.stderr.readline()  # type: ignore[union-attr]
@@ -210,13 +222,24 @@ def test_gpufold_serve_on_kafka(kafka_bootstrap: str) -> None:
                 assert time.monotonic() < deadline, "gpufold serve did not come up"
                 time.sleep(0.2)
             node = {"node_id": "n1", "gpu_model": "T4", "gpu_count": 2, "cpu_milli": 8_000, "memory_mib": 16_384}
-            assert client.post("/v1/clusters/lab/nodes?wait=60", json=node).json()["complete"]
+            assert client.post("/v1/clusters/lab/nodes?wait=60&create_cluster=true", json=node).json()["complete"]
             pod = client.post("/v1/clusters/lab/pods?wait=30", json={"pod_id": "p1", "num_gpu": 1, "gpu_milli": 500})
             assert pod.json()["outcomes"][0]["kind"] == "PodScheduled", pod.text
             deadline = time.monotonic() + 30
             while client.get("/v1/pods", params={"state": "running"}).json()["total"] != 1:
                 assert time.monotonic() < deadline, "the replica did not see the pod"
                 time.sleep(0.1)
+            # Health reads the processor group's committed offsets: caught up, every partition listed.
+            deadline = time.monotonic() + 30
+            while True:
+                status = client.get("/v1/status").json()
+                partitions = status["fold"]["partitions"]
+                if status["ok"] and partitions and all(p["lag_commands"] == 0 for p in partitions):
+                    break
+                assert time.monotonic() < deadline, (status["problems"], partitions)
+                time.sleep(0.2)
+            assert status["fold"]["where"] == f"Kafka group {topics.commands}.group"
+            assert sum(p["committed"] for p in partitions) >= 2
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) in (0, -signal.SIGTERM)

@@ -85,6 +85,21 @@ def test_a_halted_clusters_commands_are_refused_and_the_others_go_on(faulty_subm
     assert types(decide(state, Command("b-p2", "b", 9 * MINUTE, SubmitPod("p2", cpu_milli=1)))) == ["PodScheduled"]
 
 
+def test_the_commands_refused_while_halted_are_counted_and_the_count_is_kept(faulty_submit: None) -> None:
+    """Health and metrics show how many commands a halted cluster refused: counted by the fold, snapshotted."""
+    state = PartitionState()
+    fold(state, commands())
+    halt = state.clusters["a"].halted
+    assert halt is not None and halt.refused == 0
+    fold(state, [Command(f"a-later-{i}", "a", 9 * MINUTE, Release("p1")) for i in range(3)])
+    fold(state, [Command("b-later", "b", 9 * MINUTE, Release("p1"))])  # another cluster's: not counted
+    assert halt.refused == 3
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(state))))
+    restored_halt = restored.clusters["a"].halted
+    assert restored_halt is not None and restored_halt.refused == 3
+    assert state_hash(restored) == state_hash(state)
+
+
 def test_a_fault_in_follow_up_work_halts_too() -> None:
     """A task on the worklist that raises (here: retrying the queue after a release) halts the cluster."""
     real = worklist.TASKS[worklist.RETRY_QUEUE]
@@ -180,13 +195,17 @@ def test_resume_after_the_upgrade_rebuilds_the_cluster_from_the_log(monkeypatch:
 
 
 def test_resume_without_the_log_is_refused_and_changes_nothing(faulty_submit: None) -> None:
-    """The fold cannot read the log: a ResumeCluster folded without it is refused, and the cluster stays halted."""
+    """The fold cannot read the log: a ResumeCluster folded without it is refused, and the cluster stays halted
+    (one more refused command counted, nothing else changed)."""
     state = PartitionState()
     fold(state, commands())
     before = clusters_hash(state)
     (event,) = decide(state, Command("resume", "a", 10 * MINUTE, ResumeCluster()))
     assert event.payload.code == RejectionCode.CLUSTER_HALTED and "reads its command log" in event.payload.message
-    assert clusters_hash(state) == before and state.clusters["a"].halted is not None
+    halt = state.clusters["a"].halted
+    assert halt is not None and halt.refused == 1
+    halt.refused = 0
+    assert clusters_hash(state) == before
 
 
 def test_resume_of_a_cluster_that_is_not_halted_is_refused() -> None:

@@ -133,8 +133,12 @@ def test_explain_is_recomputed_on_the_state_now(log: EmbeddedLog) -> None:
     assert first is not None and first.state == "pending"
     assert [(r["code"], r["nodes"]) for r in first.reasons] == [("GPU_MODEL_MISMATCH", 1), ("INSUFFICIENT_GPU", 1)]
     assert "another GPU model" in first.reasons[0]["message"]
-    assert first.nearest is not None and first.nearest.node_id == "a100-1"
-    append(log, [cmd("n3", AddNode("a100-2", 64_000, 262_144, "A100", 1))])
+    # Every A100 node has 1 GPU: no node could ever hold 2, so no "free 2 GPUs on a100-1".
+    assert first.nearest is None
+    assert first.message == "waiting for 2 whole GPUs: no node of model A100 has 2 GPUs (the largest has 1)"
+    assert not any(r["change"] == "free_capacity" for r in first.would_fit_if)
+    hog = SubmitPod("hog", "t", 10, 3, 1000, 1_000, 1_024, ("A100",))  # higher priority: placed first
+    append(log, [cmd("p3", hog), cmd("n3", AddNode("a100-2", 64_000, 262_144, "A100", 4))])
     replica.catch_up()
     now = replica.explain("lab", "queued")
     assert now is not None

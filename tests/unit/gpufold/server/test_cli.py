@@ -52,7 +52,7 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the server did not come up"
                 time.sleep(0.1)
             node = {"node_id": "n1", "gpu_model": "A100", "gpu_count": 2, "cpu_milli": 8_000, "memory_mib": 16_384}
-            assert client.post("/v1/clusters/lab/nodes?wait=10", json=node).json()["complete"]
+            assert client.post("/v1/clusters/lab/nodes?wait=10&create_cluster=true", json=node).json()["complete"]
             placed = client.post("/v1/clusters/lab/pods?wait=10", json={"pod_id": "p1", "num_gpu": 1}).json()
             assert placed["outcomes"][0]["kind"] == "PodScheduled"
             deadline = time.monotonic() + 10
@@ -65,6 +65,11 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
             deadline = time.monotonic() + 15
             while client.get("/v1/pods", params={"cluster": "lab"}).json()["total"] != 1:
                 assert time.monotonic() < deadline, "the time limit did not fire"
+                time.sleep(0.1)
+            # The replica folds the log as it is appended; health says when the processor committed it too.
+            deadline = time.monotonic() + 15
+            while any(p["lag_commands"] for p in client.get("/v1/status").json()["fold"]["partitions"]):
+                assert time.monotonic() < deadline, "the processor did not catch up"
                 time.sleep(0.1)
             assert "gpufold dashboard" in client.get("/").text
             assert "gpufold_replica_lag_commands" in client.get("/metrics").text

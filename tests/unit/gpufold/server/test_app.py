@@ -39,11 +39,13 @@ class Server:
         self.path = path
         self.writer = EmbeddedWriter(path)
         self.processor = EmbeddedProcessor(path, poll=0.02).start() if processor else None
-        self.replica = Replica(EmbeddedReplicaSource(path))
-        self.replica.restore()
+        self.replica = Replica(EmbeddedReplicaSource(path)).start()
+        assert self.replica.restored.wait(30)
         self.client = TestClient(create_app(replica=self.replica, writer=self.writer, token=token))
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
+        if path.startswith("/v1/what-if"):
+            self.replica.catch_up()  # a what-if answers at the replica's position: make it the log's head
         return self.client.post(path, json=body, **kwargs)
 
     def get(self, path: str, **params: Any) -> Any:
@@ -55,6 +57,7 @@ class Server:
     def close(self) -> None:
         if self.processor is not None:
             self.processor.stop()
+        self.replica.stop()
         self.writer.close()
 
 
@@ -67,7 +70,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def test_post_commands_batch_and_wait_for_outcomes(server: Server) -> None:
     """A batch is appended in order and ?wait returns each command's committed events."""
-    response = server.post("/v1/commands", NODES)
+    response = server.post("/v1/commands?create_cluster=true", NODES)
     assert response.status_code == 202
     assert [c["command_id"] for c in response.json()["commands"]] == ["n1", "n2"]
     pod = {"cluster": "lab", "payload": {"SubmitPod": {"pod_id": "p1", "num_gpu": 1, "gpu_milli": 500}}}
@@ -85,7 +88,7 @@ def test_post_commands_batch_and_wait_for_outcomes(server: Server) -> None:
 def test_stateless_checks_answer_422_with_the_rejection_code(server: Server) -> None:
     """A command the fold would refuse without the cluster is 422 with its code; nothing is written."""
     bad = line("b1", {"SubmitPod": {"pod_id": "p", "num_gpu": 1, "gpu_milli": 1000, "memory_mib": -5}})
-    response = server.post("/v1/commands", [NODES[0], bad])
+    response = server.post("/v1/commands?create_cluster=true", [NODES[0], bad])
     assert response.status_code == 422
     assert response.json()["code"] == "INVALID_RESOURCES" and response.json()["index"] == 1
     typo = line("b2", {"SubmitPod": {"pod_id": "p", "gpus": 1}})
@@ -124,7 +127,7 @@ def test_json_bodies_are_read_like_json_lines(server: Server, route: str, body: 
 
 def test_typed_routes_publish_the_same_commands(server: Server) -> None:
     """Typed routes (add node, submit pod, cordon, drain, release) become the contract's commands."""
-    assert server.post("/v1/clusters/lab/nodes", NODES[0]["payload"]["AddNode"]).status_code == 202
+    assert server.post("/v1/clusters/lab/nodes?create_cluster=true", NODES[0]["payload"]["AddNode"]).status_code == 202
     submitted = server.post("/v1/clusters/lab/pods?wait=10", {"pod_id": "p1", "num_gpu": 2, "tenant": "acme"})
     assert submitted.json()["outcomes"][0]["kind"] == "PodScheduled"
     assert server.post("/v1/clusters/lab/nodes/a100-1/cordon?wait=10").json()["outcomes"][0]["kind"] == "NodeCordoned"
@@ -146,7 +149,7 @@ def test_bearer_token_guards_writes_only(tmp_path: Path) -> None:
         wrong = {"Authorization": "Bearer nope"}
         assert running.post("/v1/commands", NODES[0], headers=wrong).status_code == 401
         right = {"Authorization": "Bearer s3cret"}
-        assert running.post("/v1/commands", NODES[0], headers=right).status_code == 202
+        assert running.post("/v1/commands?create_cluster=true", NODES[0], headers=right).status_code == 202
         assert running.post("/v1/clusters/lab/nodes/a100-1/cordon").status_code == 401
         assert running.post("/v1/what-if", NODES[1]).status_code == 200
         assert running.get("/v1/nodes")["total"] == 1
@@ -156,7 +159,7 @@ def test_bearer_token_guards_writes_only(tmp_path: Path) -> None:
 
 def test_what_if_over_http_equals_what_is_published(server: Server) -> None:
     """The frames /v1/what-if returns are the bytes the processor then publishes for the same command."""
-    server.post("/v1/commands?wait=10", NODES)
+    server.post("/v1/commands?wait=10&create_cluster=true", NODES)
     asked = line("w1", {"SubmitPod": {"pod_id": "p9", "num_gpu": 1, "gpu_milli": 250, "tenant": "acme"}}, t=50)
     server.replica.catch_up()
     answer = server.post("/v1/what-if?frames=true", asked).json()
@@ -180,7 +183,7 @@ def test_replica_routes_list_explain_and_summarise(server: Server) -> None:
         for i, (t, m) in enumerate([("acme", 1000), ("acme", 500), ("globex", 500)])
     ]  # fmt: skip
     waiting = line("big", {"SubmitPod": {"pod_id": "big", "num_gpu": 8, "gpu_milli": 1000, "gpu_models": ["A100"]}})
-    server.post("/v1/commands?wait=10", [*NODES, *pods, waiting])
+    server.post("/v1/commands?wait=10&create_cluster=true", [*NODES, *pods, waiting])
     running = server.get("/v1/pods", state="running", cluster="lab", tenant="acme")
     assert [p["pod_id"] for p in running["pods"]] == ["p0", "p1"] and running["total"] == 2
     assert running["replica"]["lag"] == 0
@@ -222,7 +225,7 @@ def test_dashboard_is_served_without_external_resources(server: Server) -> None:
 
 def test_gang_routes_come_from_the_contract(server: Server) -> None:
     """SubmitGang and ReleaseGang get typed routes (bodies from command.avsc) like the other commands."""
-    server.post("/v1/commands?wait=10", NODES)
+    server.post("/v1/commands?wait=10&create_cluster=true", NODES)
     members = [{"pod_id": f"w{i}", "num_gpu": 2, "gpu_milli": 1000} for i in range(3)]
     placed = server.post("/v1/clusters/lab/gangs?wait=10", {"gang_id": "train", "members": members})
     assert placed.status_code == 200, placed.text

@@ -1,0 +1,272 @@
+"""Health that means something: is the fold alive, halted for a cluster, or behind, and by how much.
+
+A :class:`HealthMonitor` thread samples, every half second, the commands log's head per partition
+and three positions against it: the **fold**'s (the processor's committed offsets: the embedded
+log's consumer position, or the Kafka group's committed offsets), the **replica**'s (what the
+server answers from) and, with a database, the **projection**'s (its event-time watermark per
+cluster against the replica's). From the samples it keeps, per partition, the lag in commands and
+in seconds: how long ago the oldest command not yet folded reached the log.
+
+``/healthz`` answers 503 with the reasons when the fold or the replica is dead, a cluster is halted
+(``ClusterHalted``: its fold raised; the others go on), the database is unreachable, or the fold,
+the replica or the projection is behind by more than ``max_lag_seconds``; ``/v1/status`` gives
+everything. Both read the monitor's last sample: they never take a lock or wait for a database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("gpufold.serve.health")
+
+DEFAULT_MAX_LAG_SECONDS = 30.0
+SAMPLE_SECONDS = 0.5
+MAX_SAMPLES = 7_200  # an hour of samples per partition while behind; older ones are dropped
+
+
+class LagClock:
+    """How long ago the oldest unprocessed record of one partition reached the log, from (time, head) samples."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, int]] = deque()  # (when seen, head then), heads increasing
+        self.capped = False
+
+    def observe(self, now: float, head: int, position: int) -> float:
+        """Record the head seen now; the lag in seconds of ``position`` behind it (0 when caught up)."""
+        if not self._samples or head > self._samples[-1][1]:
+            self._samples.append((now, head))
+            if len(self._samples) > MAX_SAMPLES:
+                self._samples.popleft()
+                self.capped = True
+        # Samples whose head the position has reached are history: the oldest record still waiting
+        # arrived after the last such sample, and no later than the first one above the position.
+        while self._samples and self._samples[0][1] <= position:
+            self._samples.popleft()
+            self.capped = False
+        if position >= head or not self._samples:
+            return 0.0
+        return max(0.0, now - self._samples[0][0])
+
+
+@dataclass
+class Probes:
+    """Where the monitor looks. Every callable may raise: the failure becomes a problem, not a crash."""
+
+    replica: Any = None  # processor.runtime.replica.Replica
+    fold_where: str = "elsewhere"  # "in this process", "Kafka group gpufold-processor", ...
+    fold_positions: Callable[[], dict[int, int]] | None = None  # the processor's committed next offsets
+    fold_thread: Any = None  # an in-process processor: .error, .alive
+    projection: Callable[[], dict[str, Any]] | None = None  # offsets, watermarks, database reachable
+    projector_thread: Any = None  # an in-process projector: .error, .alive
+    extra: list[Callable[[], list[str]]] = field(default_factory=list)  # more problems (e.g. dead letters)
+
+
+class HealthMonitor:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        probes: Probes,
+        max_lag_seconds: float = DEFAULT_MAX_LAG_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probes = probes
+        self.max_lag = max_lag_seconds
+        self._clock = clock
+        self._fold = {}  # type: dict[int, LagClock]
+        self._replica = {}  # type: dict[int, LagClock]
+        self._missing: dict[str, float] = {}  # cluster -> since when the replica has it and the projection not
+        self._report: dict[str, Any] = {"ok": False, "problems": ["starting"], "checked_at": None}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HealthMonitor:
+        self.check()
+        self._thread = threading.Thread(target=self._run, name="gpufold-health", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            try:
+                self.check()
+            except Exception:  # never let health checking die quietly
+                log.exception("health check")
+
+    def report(self) -> dict[str, Any]:
+        """The last sample's report (no lock, no I/O)."""
+        return self._report
+
+    def warning(self) -> str | None:
+        """One line for a write's answer when something is wrong (the command is in the log all the same)."""
+        report = self._report
+        if report["ok"]:
+            return None
+        return "accepted into the log, but: " + "; ".join(report["problems"][:3])
+
+    def check(self) -> dict[str, Any]:
+        """Sample everything now and publish the report."""
+        now = self._clock()
+        problems: list[str] = []
+        report: dict[str, Any] = {"checked_at": time.time(), "max_lag_seconds": self.max_lag}
+        replica_part = self._replica_part(now, problems)
+        report["replica"] = replica_part
+        heads = {int(p): h for p, h in replica_part.get("head", {}).items()}
+        report["fold"] = self._fold_part(now, heads, problems)
+        report["projection"] = self._projection_part(problems)
+        halted = replica_part.get("halted_clusters") or []
+        report["halted"] = halted
+        for item in halted:
+            problems.append(
+                f"cluster {item['cluster']!r} is halted: its fold raised on command {item['command_id']!r} "
+                f"({item['error'] or 'no message'}); {item.get('refused', 0)} of its commands refused since "
+                "(CLUSTER_HALTED, kept in the log for a ResumeCluster); the other clusters go on"
+            )
+        for extra in self.probes.extra:
+            try:
+                problems.extend(extra())
+            except Exception as error:
+                problems.append(f"a health probe failed: {error}")
+        report["ok"] = not problems
+        report["problems"] = problems
+        report["warnings"] = self._warnings(replica_part)
+        self._report = report
+        return report
+
+    def _warnings(self, replica_part: dict[str, Any]) -> list[str]:
+        """What an operator should see but that does not make the server unhealthy: commands the fold refuses
+        without a record in any cluster (a producer that does not partition by murmur2(cluster))."""
+        warnings = []
+        for code, count in sorted((replica_part.get("refused") or {}).items()):
+            warnings.append(
+                f"{count} command(s) dead-lettered as {code} since the replica started: a producer does not "
+                "partition by murmur2(cluster) or keys by something else (see the README's one writer per cluster)"
+            )
+        return warnings
+
+    def _replica_part(self, now: float, problems: list[str]) -> dict[str, Any]:
+        replica = self.probes.replica
+        if replica is None:
+            return {"present": False}
+        status = replica.status()
+        partitions = []
+        for p, offset in sorted(status.get("offsets", {}).items(), key=lambda item: int(item[0])):
+            head = status.get("head", {}).get(p, offset)
+            clock = self._replica.setdefault(int(p), LagClock())
+            seconds = clock.observe(now, head, offset)
+            partitions.append(
+                {"partition": int(p), "head": head, "offset": offset, "lag_commands": max(0, head - offset),
+                 "lag_seconds": round(seconds, 3)}
+            )  # fmt: skip
+            if seconds > self.max_lag:
+                problems.append(f"the replica is {seconds:.0f} s behind on partition {p} ({head - offset} commands)")
+        if status.get("error"):
+            problems.append(f"the replica stopped following the log: {status['error']}")
+        elif not status.get("alive", True):
+            problems.append("the replica's thread is not running")
+        elif not status.get("ready"):
+            problems.append("the replica is restoring the state (not ready yet)")
+        halted = [dict(item) for _, item in sorted(getattr(replica, "halted", {}).items())]
+        return {
+            "present": True,
+            "ready": bool(status.get("ready")),
+            "alive": bool(status.get("alive", True)),
+            "error": status.get("error"),
+            "head": status.get("head", {}),
+            "refused": status.get("refused", {}),
+            "partitions": partitions,
+            "halted_clusters": halted,
+        }
+
+    def _fold_part(self, now: float, heads: dict[int, int], problems: list[str]) -> dict[str, Any]:
+        probes = self.probes
+        part: dict[str, Any] = {"where": probes.fold_where, "alive": None, "error": None, "partitions": []}
+        thread = probes.fold_thread
+        if thread is not None:
+            part["alive"] = bool(thread.alive)
+            part["error"] = thread.error
+            if thread.error:
+                problems.append(f"the fold stopped: {thread.error}")
+            elif not thread.alive:
+                problems.append("the fold's thread is not running")
+        if probes.fold_positions is None:
+            return part
+        try:
+            positions = probes.fold_positions()
+        except Exception as error:
+            part["error"] = part["error"] or f"cannot read the fold's position: {error}"
+            problems.append(f"cannot read the fold's position: {error}")
+            return part
+        for p in sorted(set(heads) | set(positions)):
+            position = positions.get(p, 0)
+            head = max(heads.get(p, position), position)
+            seconds = self._fold.setdefault(p, LagClock()).observe(now, head, position)
+            part["partitions"].append(
+                {"partition": p, "head": head, "committed": position, "lag_commands": head - position,
+                 "lag_seconds": round(seconds, 3)}
+            )  # fmt: skip
+            if seconds > self.max_lag:
+                problems.append(
+                    f"the fold is {seconds:.0f} s behind on partition {p}: {head - position} command(s) not folded"
+                    + ("" if thread is not None else f" ({probes.fold_where})")
+                )
+        return part
+
+    def _projection_part(self, problems: list[str]) -> dict[str, Any] | None:
+        probes = self.probes
+        if probes.projection is None:
+            return None
+        part: dict[str, Any] = {"in_process": probes.projector_thread is not None}
+        thread = probes.projector_thread
+        if thread is not None:
+            part["alive"] = bool(thread.alive)
+            part["error"] = thread.error
+            if thread.error:
+                problems.append(f"the projector stopped: {thread.error}")
+            elif not thread.alive:
+                problems.append("the projector's thread is not running")
+        try:
+            part.update(probes.projection())
+        except Exception as error:
+            part["database"] = f"unreachable: {error}"
+            problems.append(f"the projection database is unreachable: {error}")
+            return part
+        replica = probes.replica
+        times = replica.event_times() if replica is not None else {}
+        behind = []
+        for row in part.get("clusters", []):
+            latest = times.get(row["cluster"])
+            if latest is not None:
+                lag = max(0, latest - int(row["watermark"])) / 1000
+                row["lag_event_seconds"] = round(lag, 3)
+                if lag > self.max_lag:
+                    behind.append((lag, row["cluster"]))
+        projected = {row["cluster"] for row in part.get("clusters", [])}
+        now = self._clock()
+        missing = sorted(set(times) - projected)
+        self._missing = {cluster: self._missing.get(cluster, now) for cluster in missing}
+        for cluster in missing:
+            waited = now - self._missing[cluster]
+            if waited > self.max_lag:
+                behind.append((waited, cluster))
+        part["not_projected"] = missing
+        if behind:
+            lag, cluster = max(behind)
+            where = "not projected" if cluster in self._missing else "of event time behind"
+            problems.append(f"the projection is behind the fold: cluster {cluster!r}, {lag:.0f} s {where}")
+        return part
