@@ -35,6 +35,7 @@ class PodSpec(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
+    preemptible: bool = True  # contract v3: False: never a victim
 
     @property
     def gpu_milli_total(self) -> int:
@@ -70,6 +71,7 @@ class GangSpec(Record):
     arrival: int
     preemption: str = PREEMPT_LOWER
     queued_at: int | None = None  # contract v3: the last requeue of a gang that ran (its timeout counts from it)
+    preemptible: bool = True  # contract v3: False: no member is ever a victim
 
     @property
     def waiting_since(self) -> int:

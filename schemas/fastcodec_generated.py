@@ -36,6 +36,7 @@ from schemas.commands import (
     GangMember as _c_GangMember,
     MarkNodeFailed as _c_MarkNodeFailed,
     Quota as _c_Quota,
+    QuotaPreemption as _c_QuotaPreemption,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
     RemoveNode as _c_RemoveNode,
@@ -88,7 +89,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
+_k1 = b'\xc3\x01n\xe3\x17\xc9\x10"\x88\xea'
 _k11 = b'\x00'
 _k35 = b'\x02'
 _k39 = b'\x04'
@@ -113,120 +114,125 @@ _k136 = b'\x02'
 _k138 = b'\x00'
 _k141 = b'\x02'
 _k143 = b'\x00'
-_k146 = b'\x00'
-_k149 = b'\x02'
-_k151 = b'\x00'
-_k153 = b'\x12'
-_k173 = b'\x02'
-_k175 = b'\x00'
-_k178 = b'\x02'
-_k181 = b'\x00'
-_k184 = b'\x02'
-_k187 = b'\x00'
-_k190 = b'\x02'
-_k192 = b'\x00'
-_k195 = b'\x02'
+_k147 = b'\x02'
+_k156 = b'\x02'
+_k158 = b'\x00'
+_k160 = b'\x00'
+_k162 = b'\x00'
+_k165 = b'\x02'
+_k167 = b'\x00'
+_k169 = b'\x12'
+_k189 = b'\x02'
+_k191 = b'\x00'
+_k194 = b'\x02'
 _k197 = b'\x00'
-_k204 = b'\x14'
-_k210 = b'\x16'
-_k212 = b'\x18'
-_k217 = b'\x02'
-_k220 = b'\x00'
-_k224 = b'\x02'
-_k226 = b'\x00'
-_k229 = b'\x02'
-_k231 = b'\x00'
-_k234 = b'\x02'
+_k200 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
+_k208 = b'\x00'
+_k211 = b'\x02'
+_k213 = b'\x00'
+_k220 = b'\x14'
+_k226 = b'\x16'
+_k228 = b'\x18'
+_k233 = b'\x02'
 _k236 = b'\x00'
-_k239 = b'\x02'
-_k241 = b'\x00'
-_k244 = b'\x1a'
-_k248 = b'\x1c'
-_k252 = b'\x02'
-_k255 = b'\x00'
-_k257 = b'\x1e'
-_k261 = b'\xc3\x01sq\xd7\x98\xde\x00\xf97'
-_k476 = b'\xc3\x010\xf4\xfdE\xb6\xf6Wb'
-_k487 = b'\x00'
-_k498 = b'\x02'
-_k502 = b'\x04'
-_k506 = b'\x06'
-_k510 = b'\x08'
-_k515 = b'\n'
-_k522 = b'\x0c'
-_k540 = b'\x02'
-_k543 = b'\x00'
-_k546 = b'\x02'
-_k548 = b'\x00'
-_k564 = b'\x0e'
-_k582 = b'\x02'
-_k585 = b'\x00'
-_k588 = b'\x02'
-_k590 = b'\x00'
-_k611 = b'\x10'
-_k619 = b'\x12'
-_k624 = b'\x02'
-_k627 = b'\x00'
-_k631 = b'\x14'
-_k638 = b'\x02'
-_k640 = b'\x00'
-_k645 = b'\x02'
-_k647 = b'\x00'
-_k649 = b'\x16'
-_k659 = b'\x18'
-_k688 = b'\x02'
-_k691 = b'\x00'
-_k694 = b'\x02'
-_k696 = b'\x00'
-_k705 = b'\x02'
-_k708 = b'\x00'
-_k711 = b'\x02'
-_k714 = b'\x00'
+_k240 = b'\x02'
+_k242 = b'\x00'
+_k245 = b'\x02'
+_k247 = b'\x00'
+_k250 = b'\x02'
+_k252 = b'\x00'
+_k255 = b'\x02'
+_k257 = b'\x00'
+_k261 = b'\x00'
+_k263 = b'\x1a'
+_k267 = b'\x1c'
+_k271 = b'\x02'
+_k274 = b'\x00'
+_k276 = b'\x1e'
+_k280 = b'\xc3\x01n\xe3\x17\xc9\x10"\x88\xea'
+_k505 = b'\xc3\x01}\xd2\xb7\xebT\xe0!\x16'
+_k516 = b'\x00'
+_k527 = b'\x02'
+_k531 = b'\x04'
+_k535 = b'\x06'
+_k539 = b'\x08'
+_k544 = b'\n'
+_k551 = b'\x0c'
+_k569 = b'\x02'
+_k572 = b'\x00'
+_k575 = b'\x02'
+_k577 = b'\x00'
+_k593 = b'\x0e'
+_k611 = b'\x02'
+_k614 = b'\x00'
+_k617 = b'\x02'
+_k619 = b'\x00'
+_k640 = b'\x10'
+_k648 = b'\x12'
+_k653 = b'\x02'
+_k656 = b'\x00'
+_k660 = b'\x14'
+_k667 = b'\x02'
+_k669 = b'\x00'
+_k674 = b'\x02'
+_k676 = b'\x00'
+_k678 = b'\x16'
+_k688 = b'\x18'
 _k717 = b'\x02'
-_k719 = b'\x00'
-_k722 = b'\x02'
-_k724 = b'\x00'
+_k720 = b'\x00'
+_k723 = b'\x02'
+_k725 = b'\x00'
 _k734 = b'\x02'
-_k736 = b'\x00'
-_k739 = b'\x1a'
-_k760 = b'\x02'
-_k763 = b'\x00'
-_k766 = b'\x02'
-_k769 = b'\x00'
-_k772 = b'\x02'
-_k774 = b'\x00'
-_k777 = b'\x02'
-_k779 = b'\x00'
+_k737 = b'\x00'
+_k740 = b'\x02'
+_k743 = b'\x00'
+_k746 = b'\x02'
+_k748 = b'\x00'
+_k751 = b'\x02'
+_k753 = b'\x00'
+_k763 = b'\x02'
+_k765 = b'\x00'
+_k768 = b'\x1a'
 _k789 = b'\x02'
-_k791 = b'\x00'
-_k794 = b'\x02'
-_k797 = b'\x00'
-_k800 = b'\x02'
+_k792 = b'\x00'
+_k795 = b'\x02'
+_k798 = b'\x00'
+_k801 = b'\x02'
 _k803 = b'\x00'
-_k808 = b'\x1c'
-_k815 = b'\x1e'
-_k822 = b' '
-_k830 = b'\x02'
-_k833 = b'\x00'
-_k835 = b'"'
-_k843 = b'\x02'
-_k845 = b'\x00'
-_k849 = b'$'
-_k860 = b'&'
-_k870 = b'('
-_k873 = b'*'
-_k885 = b','
-_k888 = b'\x02'
-_k891 = b'\x00'
-_k894 = b'\x00'
-_k897 = b'\x00'
-_k901 = b'.'
-_k915 = b'0'
-_k921 = b'\x02'
-_k924 = b'\x00'
-_k928 = b'2'
-_k938 = b'4'
-_k948 = b'\xc3\x010\xf4\xfdE\xb6\xf6Wb'
+_k806 = b'\x02'
+_k808 = b'\x00'
+_k818 = b'\x02'
+_k820 = b'\x00'
+_k823 = b'\x02'
+_k826 = b'\x00'
+_k829 = b'\x02'
+_k832 = b'\x00'
+_k837 = b'\x1c'
+_k844 = b'\x1e'
+_k851 = b' '
+_k859 = b'\x02'
+_k862 = b'\x00'
+_k864 = b'"'
+_k872 = b'\x02'
+_k874 = b'\x00'
+_k878 = b'$'
+_k889 = b'&'
+_k899 = b'('
+_k902 = b'*'
+_k914 = b','
+_k917 = b'\x02'
+_k920 = b'\x00'
+_k923 = b'\x00'
+_k926 = b'\x00'
+_k930 = b'.'
+_k944 = b'0'
+_k950 = b'\x02'
+_k953 = b'\x00'
+_k957 = b'2'
+_k967 = b'4'
+_k977 = b'\xc3\x01}\xd2\xb7\xebT\xe0!\x16'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -331,7 +337,7 @@ def _u85(v: Any) -> bytes:
 
 
 def _e_SubmitPod56(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k57, (_P[n60] if (n60 := len(s59 := o.pod_id.encode())) < 8192 else _long(n60)), s59, (_P[n62] if (n62 := len(s61 := o.tenant.encode())) < 8192 else _long(n62)), s61, (_P[n63] if 0 <= (n63 := o.priority) < 8192 else _long(n63)), (_P[n64] if 0 <= (n64 := o.num_gpu) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.gpu_milli) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.cpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.memory_mib) < 8192 else _long(n67)), (_b69(a68) if (a68 := o.gpu_models) else b"\x00"), (_b21(a72) if (a72 := o.node_selector) else b"\x00"), (_b74(a73) if (a73 := o.tolerations) else b"\x00"), (_k87 if (u84 := o.time_limit_ms) is None else _u85(u84)), (_b69(a89) if (a89 := o.depends_on) else b"\x00"), (_P[n91] if (n91 := len(s90 := o.dependency.encode())) < 8192 else _long(n91)), s90, (_P[n93] if (n93 := len(s92 := o.preemption.encode())) < 8192 else _long(n93)), s92, (b"\x01" if o.movable else b"\x00"),))
+    return b"".join((_k57, (_P[n60] if (n60 := len(s59 := o.pod_id.encode())) < 8192 else _long(n60)), s59, (_P[n62] if (n62 := len(s61 := o.tenant.encode())) < 8192 else _long(n62)), s61, (_P[n63] if 0 <= (n63 := o.priority) < 8192 else _long(n63)), (_P[n64] if 0 <= (n64 := o.num_gpu) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.gpu_milli) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.cpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.memory_mib) < 8192 else _long(n67)), (_b69(a68) if (a68 := o.gpu_models) else b"\x00"), (_b21(a72) if (a72 := o.node_selector) else b"\x00"), (_b74(a73) if (a73 := o.tolerations) else b"\x00"), (_k87 if (u84 := o.time_limit_ms) is None else _u85(u84)), (_b69(a89) if (a89 := o.depends_on) else b"\x00"), (_P[n91] if (n91 := len(s90 := o.dependency.encode())) < 8192 else _long(n91)), s90, (_P[n93] if (n93 := len(s92 := o.preemption.encode())) < 8192 else _long(n93)), s92, (b"\x01" if o.movable else b"\x00"), (b"\x01" if o.preemptible else b"\x00"),))
 
 
 def _e_Release93(o: _c_Release) -> bytes:
@@ -370,106 +376,162 @@ def _u141(v: Any) -> bytes:
     return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
 
 
+def _u156(v: Any) -> bytes:
+    return b"".join((_k156, (_P[n158] if 0 <= (n158 := v) < 8192 else _long(n158)),))
+
+
+def _e_QuotaPreemption146(o: _c_QuotaPreemption) -> bytes:
+    return b"".join((_k147, (_P[n150] if (n150 := len(s149 := o.within_tenant.encode())) < 8192 else _long(n150)), s149, (_P[n152] if (n152 := len(s151 := o.reclaim_within_cohort.encode())) < 8192 else _long(n152)), s151, (_P[n154] if (n154 := len(s153 := o.borrow_within_cohort.encode())) < 8192 else _long(n154)), s153, (_k158 if (u155 := o.borrow_max_victim_priority) is None else _u156(u155)),))
+
+
 def _e_Quota111(o: _c_Quota) -> bytes:
-    return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)),))
+    return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)), (_k160 if (u146 := o.preemption) is None else _k159[type(u146)](u146)),))
 
 
-def _u149(v: Any) -> bytes:
-    return b"".join((_k149, (_P[n151] if 0 <= (n151 := v) < 8192 else _long(n151)),))
+def _u165(v: Any) -> bytes:
+    return b"".join((_k165, (_P[n167] if 0 <= (n167 := v) < 8192 else _long(n167)),))
 
 
 def _e_SetPolicy99(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k146 if (u111 := o.default_quota) is None else _k145[type(u111)](u111)), (_k151 if (u148 := o.max_clock_jump_ms) is None else _u149(u148)),))
+    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k162 if (u111 := o.default_quota) is None else _k161[type(u111)](u111)), (_k167 if (u164 := o.max_clock_jump_ms) is None else _u165(u164)),))
 
 
-def _b161(a: Any) -> bytes:
+def _b177(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n164] if (n164 := len(s163 := x.pod_id.encode())) < 8192 else _long(n164)), s163, (_P[n165] if 0 <= (n165 := x.num_gpu) < 8192 else _long(n165)), (_P[n166] if 0 <= (n166 := x.gpu_milli) < 8192 else _long(n166)), (_P[n167] if 0 <= (n167 := x.cpu_milli) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.memory_mib) < 8192 else _long(n168)), (_b69(a169) if (a169 := x.gpu_models) else b"\x00"), (_b21(a170) if (a170 := x.node_selector) else b"\x00"), (_b74(a171) if (a171 := x.tolerations) else b"\x00"),)
+        out += ((_P[n180] if (n180 := len(s179 := x.pod_id.encode())) < 8192 else _long(n180)), s179, (_P[n181] if 0 <= (n181 := x.num_gpu) < 8192 else _long(n181)), (_P[n182] if 0 <= (n182 := x.gpu_milli) < 8192 else _long(n182)), (_P[n183] if 0 <= (n183 := x.cpu_milli) < 8192 else _long(n183)), (_P[n184] if 0 <= (n184 := x.memory_mib) < 8192 else _long(n184)), (_b69(a185) if (a185 := x.gpu_models) else b"\x00"), (_b21(a186) if (a186 := x.node_selector) else b"\x00"), (_b74(a187) if (a187 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u173(v: Any) -> bytes:
-    return b"".join((_k173, (_P[n175] if 0 <= (n175 := v) < 8192 else _long(n175)),))
+def _u189(v: Any) -> bytes:
+    return b"".join((_k189, (_P[n191] if 0 <= (n191 := v) < 8192 else _long(n191)),))
 
 
-def _u178(v: Any) -> bytes:
-    return b"".join((_k178, (_P[n181] if (n181 := len(s180 := v.encode())) < 8192 else _long(n181)), s180,))
+def _u194(v: Any) -> bytes:
+    return b"".join((_k194, (_P[n197] if (n197 := len(s196 := v.encode())) < 8192 else _long(n197)), s196,))
 
 
-def _u184(v: Any) -> bytes:
-    return b"".join((_k184, (_P[n187] if (n187 := len(s186 := v.encode())) < 8192 else _long(n187)), s186,))
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n203] if (n203 := len(s202 := v.encode())) < 8192 else _long(n203)), s202,))
 
 
-def _u190(v: Any) -> bytes:
-    return b"".join((_k190, (_P[n192] if 0 <= (n192 := v) < 8192 else _long(n192)),))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
-def _u195(v: Any) -> bytes:
-    return b"".join((_k195, (_P[n197] if 0 <= (n197 := v) < 8192 else _long(n197)),))
+def _u211(v: Any) -> bytes:
+    return b"".join((_k211, (_P[n213] if 0 <= (n213 := v) < 8192 else _long(n213)),))
 
 
-def _e_SubmitGang152(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k153, (_P[n156] if (n156 := len(s155 := o.gang_id.encode())) < 8192 else _long(n156)), s155, (_P[n158] if (n158 := len(s157 := o.tenant.encode())) < 8192 else _long(n158)), s157, (_P[n159] if 0 <= (n159 := o.priority) < 8192 else _long(n159)), (_b161(a160) if (a160 := o.members) else b"\x00"), (_k175 if (u172 := o.min_members) is None else _u173(u172)), (_k181 if (u177 := o.topology_required) is None else _u178(u177)), (_k187 if (u183 := o.topology_preferred) is None else _u184(u183)), (_k192 if (u189 := o.timeout_ms) is None else _u190(u189)), (_k197 if (u194 := o.time_limit_ms) is None else _u195(u194)), (_b69(a199) if (a199 := o.depends_on) else b"\x00"), (_P[n201] if (n201 := len(s200 := o.dependency.encode())) < 8192 else _long(n201)), s200, (_P[n203] if (n203 := len(s202 := o.preemption.encode())) < 8192 else _long(n203)), s202,))
+def _e_SubmitGang168(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k169, (_P[n172] if (n172 := len(s171 := o.gang_id.encode())) < 8192 else _long(n172)), s171, (_P[n174] if (n174 := len(s173 := o.tenant.encode())) < 8192 else _long(n174)), s173, (_P[n175] if 0 <= (n175 := o.priority) < 8192 else _long(n175)), (_b177(a176) if (a176 := o.members) else b"\x00"), (_k191 if (u188 := o.min_members) is None else _u189(u188)), (_k197 if (u193 := o.topology_required) is None else _u194(u193)), (_k203 if (u199 := o.topology_preferred) is None else _u200(u199)), (_k208 if (u205 := o.timeout_ms) is None else _u206(u205)), (_k213 if (u210 := o.time_limit_ms) is None else _u211(u210)), (_b69(a215) if (a215 := o.depends_on) else b"\x00"), (_P[n217] if (n217 := len(s216 := o.dependency.encode())) < 8192 else _long(n217)), s216, (_P[n219] if (n219 := len(s218 := o.preemption.encode())) < 8192 else _long(n219)), s218, (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _e_ReleaseGang203(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k204, (_P[n207] if (n207 := len(s206 := o.gang_id.encode())) < 8192 else _long(n207)), s206, (_P[n209] if (n209 := len(s208 := o.reason.encode())) < 8192 else _long(n209)), s208,))
+def _e_ReleaseGang219(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k220, (_P[n223] if (n223 := len(s222 := o.gang_id.encode())) < 8192 else _long(n223)), s222, (_P[n225] if (n225 := len(s224 := o.reason.encode())) < 8192 else _long(n225)), s224,))
 
 
-def _e_Tick209(o: _c_Tick) -> bytes:
-    return b"".join((_k210, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick225(o: _c_Tick) -> bytes:
+    return b"".join((_k226, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
+def _u233(v: Any) -> bytes:
+    return b"".join((_k233, (_P[n236] if (n236 := len(s235 := v.encode())) < 8192 else _long(n236)), s235,))
 
 
-def _u224(v: Any) -> bytes:
-    return b"".join((_k224, (_P[n226] if 0 <= (n226 := v) < 8192 else _long(n226)),))
+def _u240(v: Any) -> bytes:
+    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
 
 
-def _u229(v: Any) -> bytes:
-    return b"".join((_k229, (_P[n231] if 0 <= (n231 := v) < 8192 else _long(n231)),))
+def _u245(v: Any) -> bytes:
+    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
 
 
-def _u234(v: Any) -> bytes:
-    return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
+def _u250(v: Any) -> bytes:
+    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
 
 
-def _u239(v: Any) -> bytes:
-    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
+def _u255(v: Any) -> bytes:
+    return b"".join((_k255, (_P[n257] if 0 <= (n257 := v) < 8192 else _long(n257)),))
 
 
-def _e_SetQuota211(o: _c_SetQuota) -> bytes:
-    return b"".join((_k212, (_P[n215] if (n215 := len(s214 := o.tenant.encode())) < 8192 else _long(n215)), s214, (_k220 if (u216 := o.cohort) is None else _u217(u216)), (_b121(a222) if (a222 := o.nominal_gpus) else b"\x00"), (_k226 if (u223 := o.nominal_cpu_milli) is None else _u224(u223)), (_k231 if (u228 := o.nominal_memory_mib) is None else _u229(u228)), (_k236 if (u233 := o.borrowing_limit_gpus) is None else _u234(u233)), (_k241 if (u238 := o.lending_limit_gpus) is None else _u239(u238)), (_P[n243] if 0 <= (n243 := o.weight) < 8192 else _long(n243)),))
+def _e_SetQuota227(o: _c_SetQuota) -> bytes:
+    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := o.tenant.encode())) < 8192 else _long(n231)), s230, (_k236 if (u232 := o.cohort) is None else _u233(u232)), (_b121(a238) if (a238 := o.nominal_gpus) else b"\x00"), (_k242 if (u239 := o.nominal_cpu_milli) is None else _u240(u239)), (_k247 if (u244 := o.nominal_memory_mib) is None else _u245(u244)), (_k252 if (u249 := o.borrowing_limit_gpus) is None else _u250(u249)), (_k257 if (u254 := o.lending_limit_gpus) is None else _u255(u254)), (_P[n259] if 0 <= (n259 := o.weight) < 8192 else _long(n259)), (_k261 if (u260 := o.preemption) is None else _k260[type(u260)](u260)),))
 
 
-def _e_RemoveQuota243(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246,))
+def _e_RemoveQuota262(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := o.tenant.encode())) < 8192 else _long(n266)), s265,))
 
 
-def _u252(v: Any) -> bytes:
-    return b"".join((_k252, (_P[n255] if (n255 := len(s254 := v.encode())) < 8192 else _long(n255)), s254,))
+def _u271(v: Any) -> bytes:
+    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := v.encode())) < 8192 else _long(n274)), s273,))
 
 
-def _e_Defragment247(o: _c_Defragment) -> bytes:
-    return b"".join((_k248, (_P[n250] if 0 <= (n250 := o.max_moves) < 8192 else _long(n250)), (_k255 if (u251 := o.target) is None else _u252(u251)),))
+def _e_Defragment266(o: _c_Defragment) -> bytes:
+    return b"".join((_k267, (_P[n269] if 0 <= (n269 := o.max_moves) < 8192 else _long(n269)), (_k274 if (u270 := o.target) is None else _u271(u270)),))
 
 
-def _e_ResumeCluster256(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k257, (_P[n260] if (n260 := len(s259 := o.reason.encode())) < 8192 else _long(n260)), s259,))
+def _e_ResumeCluster275(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.reason.encode())) < 8192 else _long(n279)), s278,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k260[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k279[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint288(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint307(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
+    n309 = _ZL[buf[pos]]
+    if n309 < 0:
+        n309, pos = _rlong(buf, pos)
+        if n309 < 0:
+            raise _length_error(n309, end - pos)
+    else:
+        pos += 1
+    q310 = pos + n309
+    if q310 > end:
+        raise _length_error(n309, end - pos)
+    f_key = buf[pos:q310].decode()
+    pos = q310
+    n311 = _ZL[buf[pos]]
+    if n311 < 0:
+        n311, pos = _rlong(buf, pos)
+        if n311 < 0:
+            raise _length_error(n311, end - pos)
+    else:
+        pos += 1
+    q312 = pos + n311
+    if q312 > end:
+        raise _length_error(n311, end - pos)
+    f_value = buf[pos:q312].decode()
+    pos = q312
+    n313 = _ZL[buf[pos]]
+    if n313 < 0:
+        n313, pos = _rlong(buf, pos)
+        if n313 < 0:
+            raise _length_error(n313, end - pos)
+    else:
+        pos += 1
+    q314 = pos + n313
+    if q314 > end:
+        raise _length_error(n313, end - pos)
+    f_effect = buf[pos:q314].decode()
+    pos = q314
+    o = _c_Taint(f_key, f_value, f_effect)
+    return o, pos
+
+
+def _d_AddNode288(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+    f_node_id: str
+    f_gpu_model: str
+    f_gpu_count: int
+    f_cpu_milli: int
+    f_memory_mib: int
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
     n290 = _ZL[buf[pos]]
     if n290 < 0:
         n290, pos = _rlong(buf, pos)
@@ -480,7 +542,7 @@ def _d_Taint288(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q291 = pos + n290
     if q291 > end:
         raise _length_error(n290, end - pos)
-    f_key = buf[pos:q291].decode()
+    f_node_id = buf[pos:q291].decode()
     pos = q291
     n292 = _ZL[buf[pos]]
     if n292 < 0:
@@ -492,56 +554,8 @@ def _d_Taint288(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q293 = pos + n292
     if q293 > end:
         raise _length_error(n292, end - pos)
-    f_value = buf[pos:q293].decode()
+    f_gpu_model = buf[pos:q293].decode()
     pos = q293
-    n294 = _ZL[buf[pos]]
-    if n294 < 0:
-        n294, pos = _rlong(buf, pos)
-        if n294 < 0:
-            raise _length_error(n294, end - pos)
-    else:
-        pos += 1
-    q295 = pos + n294
-    if q295 > end:
-        raise _length_error(n294, end - pos)
-    f_effect = buf[pos:q295].decode()
-    pos = q295
-    o = _c_Taint(f_key, f_value, f_effect)
-    return o, pos
-
-
-def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
-    f_node_id: str
-    f_gpu_model: str
-    f_gpu_count: int
-    f_cpu_milli: int
-    f_memory_mib: int
-    f_labels: dict[str, Any]
-    f_taints: tuple[Any, ...]
-    n271 = _ZL[buf[pos]]
-    if n271 < 0:
-        n271, pos = _rlong(buf, pos)
-        if n271 < 0:
-            raise _length_error(n271, end - pos)
-    else:
-        pos += 1
-    q272 = pos + n271
-    if q272 > end:
-        raise _length_error(n271, end - pos)
-    f_node_id = buf[pos:q272].decode()
-    pos = q272
-    n273 = _ZL[buf[pos]]
-    if n273 < 0:
-        n273, pos = _rlong(buf, pos)
-        if n273 < 0:
-            raise _length_error(n273, end - pos)
-    else:
-        pos += 1
-    q274 = pos + n273
-    if q274 > end:
-        raise _length_error(n273, end - pos)
-    f_gpu_model = buf[pos:q274].decode()
-    pos = q274
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -588,281 +602,281 @@ def _d_AddNode269(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc275: dict[str, Any] = {}
+        acc294: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c276 = _ZD[b]
+                c295 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c276 = (z >> 1) ^ -(z & 1)
+                c295 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c276 = (z >> 1) ^ -(z & 1)
+                c295 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c276, pos = _rlong(buf, pos)
-            if c276 == 0:
+                c295, pos = _rlong(buf, pos)
+            if c295 == 0:
                 break
-            if c276 < 0:
-                c276 = -c276
+            if c295 < 0:
+                c295 = -c295
                 b = buf[pos]
                 if b < 128:
-                    z279 = _ZD[b]
+                    z298 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z279 = (z >> 1) ^ -(z & 1)
+                    z298 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z279 = (z >> 1) ^ -(z & 1)
+                    z298 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z279, pos = _rlong(buf, pos)
-            if c276 * 2 > end - pos:
-                raise _count_error(c276, end - pos)
-            for _ in range(c276):
-                n280 = _ZL[buf[pos]]
-                if n280 < 0:
-                    n280, pos = _rlong(buf, pos)
-                    if n280 < 0:
-                        raise _length_error(n280, end - pos)
+                    z298, pos = _rlong(buf, pos)
+            if c295 * 2 > end - pos:
+                raise _count_error(c295, end - pos)
+            for _ in range(c295):
+                n299 = _ZL[buf[pos]]
+                if n299 < 0:
+                    n299, pos = _rlong(buf, pos)
+                    if n299 < 0:
+                        raise _length_error(n299, end - pos)
                 else:
                     pos += 1
-                q281 = pos + n280
-                if q281 > end:
-                    raise _length_error(n280, end - pos)
-                k278 = buf[pos:q281].decode()
-                pos = q281
-                n282 = _ZL[buf[pos]]
-                if n282 < 0:
-                    n282, pos = _rlong(buf, pos)
-                    if n282 < 0:
-                        raise _length_error(n282, end - pos)
+                q300 = pos + n299
+                if q300 > end:
+                    raise _length_error(n299, end - pos)
+                k297 = buf[pos:q300].decode()
+                pos = q300
+                n301 = _ZL[buf[pos]]
+                if n301 < 0:
+                    n301, pos = _rlong(buf, pos)
+                    if n301 < 0:
+                        raise _length_error(n301, end - pos)
                 else:
                     pos += 1
-                q283 = pos + n282
-                if q283 > end:
-                    raise _length_error(n282, end - pos)
-                x277 = buf[pos:q283].decode()
-                pos = q283
-                acc275[k278] = x277
-        f_labels = acc275
+                q302 = pos + n301
+                if q302 > end:
+                    raise _length_error(n301, end - pos)
+                x296 = buf[pos:q302].decode()
+                pos = q302
+                acc294[k297] = x296
+        f_labels = acc294
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc284: list[Any] = []
+        acc303: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c285 = _ZD[b]
+                c304 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c285 = (z >> 1) ^ -(z & 1)
+                c304 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c285 = (z >> 1) ^ -(z & 1)
+                c304 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c285, pos = _rlong(buf, pos)
-            if c285 == 0:
+                c304, pos = _rlong(buf, pos)
+            if c304 == 0:
                 break
-            if c285 < 0:
-                c285 = -c285
+            if c304 < 0:
+                c304 = -c304
                 b = buf[pos]
                 if b < 128:
-                    z288 = _ZD[b]
+                    z307 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z288 = (z >> 1) ^ -(z & 1)
+                    z307 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z288 = (z >> 1) ^ -(z & 1)
+                    z307 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z288, pos = _rlong(buf, pos)
-            if c285 * 3 > end - pos:
-                raise _count_error(c285, end - pos)
-            for _ in range(c285):
-                x286, pos = _d_Taint288(buf, pos, end)
-                acc284.append(x286)
-        f_taints = tuple(acc284)
+                    z307, pos = _rlong(buf, pos)
+            if c304 * 3 > end - pos:
+                raise _count_error(c304, end - pos)
+            for _ in range(c304):
+                x305, pos = _d_Taint307(buf, pos, end)
+                acc303.append(x305)
+        f_taints = tuple(acc303)
     o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
     return o, pos
 
 
-def _d_RemoveNode295(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode314(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n297 = _ZL[buf[pos]]
-    if n297 < 0:
-        n297, pos = _rlong(buf, pos)
-        if n297 < 0:
-            raise _length_error(n297, end - pos)
+    n316 = _ZL[buf[pos]]
+    if n316 < 0:
+        n316, pos = _rlong(buf, pos)
+        if n316 < 0:
+            raise _length_error(n316, end - pos)
     else:
         pos += 1
-    q298 = pos + n297
-    if q298 > end:
-        raise _length_error(n297, end - pos)
-    f_node_id = buf[pos:q298].decode()
-    pos = q298
+    q317 = pos + n316
+    if q317 > end:
+        raise _length_error(n316, end - pos)
+    f_node_id = buf[pos:q317].decode()
+    pos = q317
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode298(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode317(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n300 = _ZL[buf[pos]]
-    if n300 < 0:
-        n300, pos = _rlong(buf, pos)
-        if n300 < 0:
-            raise _length_error(n300, end - pos)
+    n319 = _ZL[buf[pos]]
+    if n319 < 0:
+        n319, pos = _rlong(buf, pos)
+        if n319 < 0:
+            raise _length_error(n319, end - pos)
     else:
         pos += 1
-    q301 = pos + n300
-    if q301 > end:
-        raise _length_error(n300, end - pos)
-    f_node_id = buf[pos:q301].decode()
-    pos = q301
+    q320 = pos + n319
+    if q320 > end:
+        raise _length_error(n319, end - pos)
+    f_node_id = buf[pos:q320].decode()
+    pos = q320
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode301(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode320(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n303 = _ZL[buf[pos]]
-    if n303 < 0:
-        n303, pos = _rlong(buf, pos)
-        if n303 < 0:
-            raise _length_error(n303, end - pos)
+    n322 = _ZL[buf[pos]]
+    if n322 < 0:
+        n322, pos = _rlong(buf, pos)
+        if n322 < 0:
+            raise _length_error(n322, end - pos)
     else:
         pos += 1
-    q304 = pos + n303
-    if q304 > end:
-        raise _length_error(n303, end - pos)
-    f_node_id = buf[pos:q304].decode()
-    pos = q304
+    q323 = pos + n322
+    if q323 > end:
+        raise _length_error(n322, end - pos)
+    f_node_id = buf[pos:q323].decode()
+    pos = q323
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode304(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode323(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
-    n306 = _ZL[buf[pos]]
-    if n306 < 0:
-        n306, pos = _rlong(buf, pos)
-        if n306 < 0:
-            raise _length_error(n306, end - pos)
+    n325 = _ZL[buf[pos]]
+    if n325 < 0:
+        n325, pos = _rlong(buf, pos)
+        if n325 < 0:
+            raise _length_error(n325, end - pos)
     else:
         pos += 1
-    q307 = pos + n306
-    if q307 > end:
-        raise _length_error(n306, end - pos)
-    f_node_id = buf[pos:q307].decode()
-    pos = q307
+    q326 = pos + n325
+    if q326 > end:
+        raise _length_error(n325, end - pos)
+    f_node_id = buf[pos:q326].decode()
+    pos = q326
     o = _c_DrainNode(f_node_id)
     return o, pos
 
 
-def _d_MarkNodeFailed307(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed326(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n309 = _ZL[buf[pos]]
-    if n309 < 0:
-        n309, pos = _rlong(buf, pos)
-        if n309 < 0:
-            raise _length_error(n309, end - pos)
+    n328 = _ZL[buf[pos]]
+    if n328 < 0:
+        n328, pos = _rlong(buf, pos)
+        if n328 < 0:
+            raise _length_error(n328, end - pos)
     else:
         pos += 1
-    q310 = pos + n309
-    if q310 > end:
-        raise _length_error(n309, end - pos)
-    f_node_id = buf[pos:q310].decode()
-    pos = q310
-    n311 = _ZL[buf[pos]]
-    if n311 < 0:
-        n311, pos = _rlong(buf, pos)
-        if n311 < 0:
-            raise _length_error(n311, end - pos)
+    q329 = pos + n328
+    if q329 > end:
+        raise _length_error(n328, end - pos)
+    f_node_id = buf[pos:q329].decode()
+    pos = q329
+    n330 = _ZL[buf[pos]]
+    if n330 < 0:
+        n330, pos = _rlong(buf, pos)
+        if n330 < 0:
+            raise _length_error(n330, end - pos)
     else:
         pos += 1
-    q312 = pos + n311
-    if q312 > end:
-        raise _length_error(n311, end - pos)
-    f_reason = buf[pos:q312].decode()
-    pos = q312
+    q331 = pos + n330
+    if q331 > end:
+        raise _length_error(n330, end - pos)
+    f_reason = buf[pos:q331].decode()
+    pos = q331
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration338(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration357(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n340 = _ZL[buf[pos]]
-    if n340 < 0:
-        n340, pos = _rlong(buf, pos)
-        if n340 < 0:
-            raise _length_error(n340, end - pos)
+    n359 = _ZL[buf[pos]]
+    if n359 < 0:
+        n359, pos = _rlong(buf, pos)
+        if n359 < 0:
+            raise _length_error(n359, end - pos)
     else:
         pos += 1
-    q341 = pos + n340
-    if q341 > end:
-        raise _length_error(n340, end - pos)
-    f_key = buf[pos:q341].decode()
-    pos = q341
-    n342 = _ZL[buf[pos]]
-    if n342 < 0:
-        n342, pos = _rlong(buf, pos)
-        if n342 < 0:
-            raise _length_error(n342, end - pos)
+    q360 = pos + n359
+    if q360 > end:
+        raise _length_error(n359, end - pos)
+    f_key = buf[pos:q360].decode()
+    pos = q360
+    n361 = _ZL[buf[pos]]
+    if n361 < 0:
+        n361, pos = _rlong(buf, pos)
+        if n361 < 0:
+            raise _length_error(n361, end - pos)
     else:
         pos += 1
-    q343 = pos + n342
-    if q343 > end:
-        raise _length_error(n342, end - pos)
-    f_operator = buf[pos:q343].decode()
-    pos = q343
-    n344 = _ZL[buf[pos]]
-    if n344 < 0:
-        n344, pos = _rlong(buf, pos)
-        if n344 < 0:
-            raise _length_error(n344, end - pos)
+    q362 = pos + n361
+    if q362 > end:
+        raise _length_error(n361, end - pos)
+    f_operator = buf[pos:q362].decode()
+    pos = q362
+    n363 = _ZL[buf[pos]]
+    if n363 < 0:
+        n363, pos = _rlong(buf, pos)
+        if n363 < 0:
+            raise _length_error(n363, end - pos)
     else:
         pos += 1
-    q345 = pos + n344
-    if q345 > end:
-        raise _length_error(n344, end - pos)
-    f_value = buf[pos:q345].decode()
-    pos = q345
-    n346 = _ZL[buf[pos]]
-    if n346 < 0:
-        n346, pos = _rlong(buf, pos)
-        if n346 < 0:
-            raise _length_error(n346, end - pos)
+    q364 = pos + n363
+    if q364 > end:
+        raise _length_error(n363, end - pos)
+    f_value = buf[pos:q364].decode()
+    pos = q364
+    n365 = _ZL[buf[pos]]
+    if n365 < 0:
+        n365, pos = _rlong(buf, pos)
+        if n365 < 0:
+            raise _length_error(n365, end - pos)
     else:
         pos += 1
-    q347 = pos + n346
-    if q347 > end:
-        raise _length_error(n346, end - pos)
-    f_effect = buf[pos:q347].decode()
-    pos = q347
+    q366 = pos + n365
+    if q366 > end:
+        raise _length_error(n365, end - pos)
+    f_effect = buf[pos:q366].decode()
+    pos = q366
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -878,30 +892,31 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n314 = _ZL[buf[pos]]
-    if n314 < 0:
-        n314, pos = _rlong(buf, pos)
-        if n314 < 0:
-            raise _length_error(n314, end - pos)
+    f_preemptible: bool
+    n333 = _ZL[buf[pos]]
+    if n333 < 0:
+        n333, pos = _rlong(buf, pos)
+        if n333 < 0:
+            raise _length_error(n333, end - pos)
     else:
         pos += 1
-    q315 = pos + n314
-    if q315 > end:
-        raise _length_error(n314, end - pos)
-    f_pod_id = buf[pos:q315].decode()
-    pos = q315
-    n316 = _ZL[buf[pos]]
-    if n316 < 0:
-        n316, pos = _rlong(buf, pos)
-        if n316 < 0:
-            raise _length_error(n316, end - pos)
+    q334 = pos + n333
+    if q334 > end:
+        raise _length_error(n333, end - pos)
+    f_pod_id = buf[pos:q334].decode()
+    pos = q334
+    n335 = _ZL[buf[pos]]
+    if n335 < 0:
+        n335, pos = _rlong(buf, pos)
+        if n335 < 0:
+            raise _length_error(n335, end - pos)
     else:
         pos += 1
-    q317 = pos + n316
-    if q317 > end:
-        raise _length_error(n316, end - pos)
-    f_tenant = buf[pos:q317].decode()
-    pos = q317
+    q336 = pos + n335
+    if q336 > end:
+        raise _length_error(n335, end - pos)
+    f_tenant = buf[pos:q336].decode()
+    pos = q336
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -976,185 +991,185 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc318: list[Any] = []
+        acc337: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c319 = _ZD[b]
+                c338 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c319 = (z >> 1) ^ -(z & 1)
+                c338 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c319 = (z >> 1) ^ -(z & 1)
+                c338 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c319, pos = _rlong(buf, pos)
-            if c319 == 0:
+                c338, pos = _rlong(buf, pos)
+            if c338 == 0:
                 break
-            if c319 < 0:
-                c319 = -c319
+            if c338 < 0:
+                c338 = -c338
                 b = buf[pos]
                 if b < 128:
-                    z322 = _ZD[b]
+                    z341 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z322 = (z >> 1) ^ -(z & 1)
+                    z341 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z322 = (z >> 1) ^ -(z & 1)
+                    z341 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z322, pos = _rlong(buf, pos)
-            if c319 * 1 > end - pos:
-                raise _count_error(c319, end - pos)
-            for _ in range(c319):
-                n323 = _ZL[buf[pos]]
-                if n323 < 0:
-                    n323, pos = _rlong(buf, pos)
-                    if n323 < 0:
-                        raise _length_error(n323, end - pos)
+                    z341, pos = _rlong(buf, pos)
+            if c338 * 1 > end - pos:
+                raise _count_error(c338, end - pos)
+            for _ in range(c338):
+                n342 = _ZL[buf[pos]]
+                if n342 < 0:
+                    n342, pos = _rlong(buf, pos)
+                    if n342 < 0:
+                        raise _length_error(n342, end - pos)
                 else:
                     pos += 1
-                q324 = pos + n323
-                if q324 > end:
-                    raise _length_error(n323, end - pos)
-                x320 = buf[pos:q324].decode()
-                pos = q324
-                acc318.append(x320)
-        f_gpu_models = tuple(acc318)
+                q343 = pos + n342
+                if q343 > end:
+                    raise _length_error(n342, end - pos)
+                x339 = buf[pos:q343].decode()
+                pos = q343
+                acc337.append(x339)
+        f_gpu_models = tuple(acc337)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc325: dict[str, Any] = {}
+        acc344: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c326 = _ZD[b]
+                c345 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c326 = (z >> 1) ^ -(z & 1)
+                c345 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c326 = (z >> 1) ^ -(z & 1)
+                c345 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c326, pos = _rlong(buf, pos)
-            if c326 == 0:
+                c345, pos = _rlong(buf, pos)
+            if c345 == 0:
                 break
-            if c326 < 0:
-                c326 = -c326
+            if c345 < 0:
+                c345 = -c345
                 b = buf[pos]
                 if b < 128:
-                    z329 = _ZD[b]
+                    z348 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z329 = (z >> 1) ^ -(z & 1)
+                    z348 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z329 = (z >> 1) ^ -(z & 1)
+                    z348 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z329, pos = _rlong(buf, pos)
-            if c326 * 2 > end - pos:
-                raise _count_error(c326, end - pos)
-            for _ in range(c326):
-                n330 = _ZL[buf[pos]]
-                if n330 < 0:
-                    n330, pos = _rlong(buf, pos)
-                    if n330 < 0:
-                        raise _length_error(n330, end - pos)
+                    z348, pos = _rlong(buf, pos)
+            if c345 * 2 > end - pos:
+                raise _count_error(c345, end - pos)
+            for _ in range(c345):
+                n349 = _ZL[buf[pos]]
+                if n349 < 0:
+                    n349, pos = _rlong(buf, pos)
+                    if n349 < 0:
+                        raise _length_error(n349, end - pos)
                 else:
                     pos += 1
-                q331 = pos + n330
-                if q331 > end:
-                    raise _length_error(n330, end - pos)
-                k328 = buf[pos:q331].decode()
-                pos = q331
-                n332 = _ZL[buf[pos]]
-                if n332 < 0:
-                    n332, pos = _rlong(buf, pos)
-                    if n332 < 0:
-                        raise _length_error(n332, end - pos)
+                q350 = pos + n349
+                if q350 > end:
+                    raise _length_error(n349, end - pos)
+                k347 = buf[pos:q350].decode()
+                pos = q350
+                n351 = _ZL[buf[pos]]
+                if n351 < 0:
+                    n351, pos = _rlong(buf, pos)
+                    if n351 < 0:
+                        raise _length_error(n351, end - pos)
                 else:
                     pos += 1
-                q333 = pos + n332
-                if q333 > end:
-                    raise _length_error(n332, end - pos)
-                x327 = buf[pos:q333].decode()
-                pos = q333
-                acc325[k328] = x327
-        f_node_selector = acc325
+                q352 = pos + n351
+                if q352 > end:
+                    raise _length_error(n351, end - pos)
+                x346 = buf[pos:q352].decode()
+                pos = q352
+                acc344[k347] = x346
+        f_node_selector = acc344
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc334: list[Any] = []
+        acc353: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c335 = _ZD[b]
+                c354 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c335 = (z >> 1) ^ -(z & 1)
+                c354 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c335 = (z >> 1) ^ -(z & 1)
+                c354 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c335, pos = _rlong(buf, pos)
-            if c335 == 0:
+                c354, pos = _rlong(buf, pos)
+            if c354 == 0:
                 break
-            if c335 < 0:
-                c335 = -c335
+            if c354 < 0:
+                c354 = -c354
                 b = buf[pos]
                 if b < 128:
-                    z338 = _ZD[b]
+                    z357 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z338 = (z >> 1) ^ -(z & 1)
+                    z357 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z338 = (z >> 1) ^ -(z & 1)
+                    z357 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z338, pos = _rlong(buf, pos)
-            if c335 * 4 > end - pos:
-                raise _count_error(c335, end - pos)
-            for _ in range(c335):
-                x336, pos = _d_Toleration338(buf, pos, end)
-                acc334.append(x336)
-        f_tolerations = tuple(acc334)
+                    z357, pos = _rlong(buf, pos)
+            if c354 * 4 > end - pos:
+                raise _count_error(c354, end - pos)
+            for _ in range(c354):
+                x355, pos = _d_Toleration357(buf, pos, end)
+                acc353.append(x355)
+        f_tolerations = tuple(acc353)
     b = buf[pos]
     if b < 128:
-        i348 = _ZD[b]
+        i367 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i348 = (z >> 1) ^ -(z & 1)
+        i367 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i348 = (z >> 1) ^ -(z & 1)
+        i367 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i348, pos = _rlong(buf, pos)
-    if i348 == 0:
+        i367, pos = _rlong(buf, pos)
+    if i367 == 0:
         f_time_limit_ms = None
-    elif i348 == 1:
+    elif i367 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1170,124 +1185,204 @@ def _d_SubmitPod312(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i348, 2)
+        raise _union_error(i367, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc349: list[Any] = []
+        acc368: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c350 = _ZD[b]
+                c369 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c350 = (z >> 1) ^ -(z & 1)
+                c369 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c350 = (z >> 1) ^ -(z & 1)
+                c369 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c350, pos = _rlong(buf, pos)
-            if c350 == 0:
+                c369, pos = _rlong(buf, pos)
+            if c369 == 0:
                 break
-            if c350 < 0:
-                c350 = -c350
+            if c369 < 0:
+                c369 = -c369
                 b = buf[pos]
                 if b < 128:
-                    z353 = _ZD[b]
+                    z372 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z372 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z372 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z353, pos = _rlong(buf, pos)
-            if c350 * 1 > end - pos:
-                raise _count_error(c350, end - pos)
-            for _ in range(c350):
-                n354 = _ZL[buf[pos]]
-                if n354 < 0:
-                    n354, pos = _rlong(buf, pos)
-                    if n354 < 0:
-                        raise _length_error(n354, end - pos)
+                    z372, pos = _rlong(buf, pos)
+            if c369 * 1 > end - pos:
+                raise _count_error(c369, end - pos)
+            for _ in range(c369):
+                n373 = _ZL[buf[pos]]
+                if n373 < 0:
+                    n373, pos = _rlong(buf, pos)
+                    if n373 < 0:
+                        raise _length_error(n373, end - pos)
                 else:
                     pos += 1
-                q355 = pos + n354
-                if q355 > end:
-                    raise _length_error(n354, end - pos)
-                x351 = buf[pos:q355].decode()
-                pos = q355
-                acc349.append(x351)
-        f_depends_on = tuple(acc349)
-    n356 = _ZL[buf[pos]]
-    if n356 < 0:
-        n356, pos = _rlong(buf, pos)
-        if n356 < 0:
-            raise _length_error(n356, end - pos)
+                q374 = pos + n373
+                if q374 > end:
+                    raise _length_error(n373, end - pos)
+                x370 = buf[pos:q374].decode()
+                pos = q374
+                acc368.append(x370)
+        f_depends_on = tuple(acc368)
+    n375 = _ZL[buf[pos]]
+    if n375 < 0:
+        n375, pos = _rlong(buf, pos)
+        if n375 < 0:
+            raise _length_error(n375, end - pos)
     else:
         pos += 1
-    q357 = pos + n356
-    if q357 > end:
-        raise _length_error(n356, end - pos)
-    f_dependency = buf[pos:q357].decode()
-    pos = q357
-    n358 = _ZL[buf[pos]]
-    if n358 < 0:
-        n358, pos = _rlong(buf, pos)
-        if n358 < 0:
-            raise _length_error(n358, end - pos)
+    q376 = pos + n375
+    if q376 > end:
+        raise _length_error(n375, end - pos)
+    f_dependency = buf[pos:q376].decode()
+    pos = q376
+    n377 = _ZL[buf[pos]]
+    if n377 < 0:
+        n377, pos = _rlong(buf, pos)
+        if n377 < 0:
+            raise _length_error(n377, end - pos)
     else:
         pos += 1
-    q359 = pos + n358
-    if q359 > end:
-        raise _length_error(n358, end - pos)
-    f_preemption = buf[pos:q359].decode()
-    pos = q359
+    q378 = pos + n377
+    if q378 > end:
+        raise _length_error(n377, end - pos)
+    f_preemption = buf[pos:q378].decode()
+    pos = q378
     f_movable = buf[pos] != 0
     pos += 1
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_preemptible)
     return o, pos
 
 
-def _d_Release359(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release378(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    n380 = _ZL[buf[pos]]
+    if n380 < 0:
+        n380, pos = _rlong(buf, pos)
+        if n380 < 0:
+            raise _length_error(n380, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_pod_id = buf[pos:q362].decode()
-    pos = q362
-    n363 = _ZL[buf[pos]]
-    if n363 < 0:
-        n363, pos = _rlong(buf, pos)
-        if n363 < 0:
-            raise _length_error(n363, end - pos)
+    q381 = pos + n380
+    if q381 > end:
+        raise _length_error(n380, end - pos)
+    f_pod_id = buf[pos:q381].decode()
+    pos = q381
+    n382 = _ZL[buf[pos]]
+    if n382 < 0:
+        n382, pos = _rlong(buf, pos)
+        if n382 < 0:
+            raise _length_error(n382, end - pos)
     else:
         pos += 1
-    q364 = pos + n363
-    if q364 > end:
-        raise _length_error(n363, end - pos)
-    f_reason = buf[pos:q364].decode()
-    pos = q364
+    q383 = pos + n382
+    if q383 > end:
+        raise _length_error(n382, end - pos)
+    f_reason = buf[pos:q383].decode()
+    pos = q383
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_QuotaPreemption406(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+    f_within_tenant: str
+    f_reclaim_within_cohort: str
+    f_borrow_within_cohort: str
+    f_borrow_max_victim_priority: Any
+    n408 = _ZL[buf[pos]]
+    if n408 < 0:
+        n408, pos = _rlong(buf, pos)
+        if n408 < 0:
+            raise _length_error(n408, end - pos)
+    else:
+        pos += 1
+    q409 = pos + n408
+    if q409 > end:
+        raise _length_error(n408, end - pos)
+    f_within_tenant = buf[pos:q409].decode()
+    pos = q409
+    n410 = _ZL[buf[pos]]
+    if n410 < 0:
+        n410, pos = _rlong(buf, pos)
+        if n410 < 0:
+            raise _length_error(n410, end - pos)
+    else:
+        pos += 1
+    q411 = pos + n410
+    if q411 > end:
+        raise _length_error(n410, end - pos)
+    f_reclaim_within_cohort = buf[pos:q411].decode()
+    pos = q411
+    n412 = _ZL[buf[pos]]
+    if n412 < 0:
+        n412, pos = _rlong(buf, pos)
+        if n412 < 0:
+            raise _length_error(n412, end - pos)
+    else:
+        pos += 1
+    q413 = pos + n412
+    if q413 > end:
+        raise _length_error(n412, end - pos)
+    f_borrow_within_cohort = buf[pos:q413].decode()
+    pos = q413
+    b = buf[pos]
+    if b < 128:
+        i414 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i414 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i414 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i414, pos = _rlong(buf, pos)
+    if i414 == 0:
+        f_borrow_max_victim_priority = None
+    elif i414 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrow_max_victim_priority = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrow_max_victim_priority, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i414, 2)
+    o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
+    return o, pos
+
+
+def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1295,123 +1390,124 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
+    f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i373 = _ZD[b]
+        i392 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i373 = (z >> 1) ^ -(z & 1)
+        i392 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i373 = (z >> 1) ^ -(z & 1)
+        i392 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i373, pos = _rlong(buf, pos)
-    if i373 == 0:
+        i392, pos = _rlong(buf, pos)
+    if i392 == 0:
         f_cohort = None
-    elif i373 == 1:
-        n374 = _ZL[buf[pos]]
-        if n374 < 0:
-            n374, pos = _rlong(buf, pos)
-            if n374 < 0:
-                raise _length_error(n374, end - pos)
+    elif i392 == 1:
+        n393 = _ZL[buf[pos]]
+        if n393 < 0:
+            n393, pos = _rlong(buf, pos)
+            if n393 < 0:
+                raise _length_error(n393, end - pos)
         else:
             pos += 1
-        q375 = pos + n374
-        if q375 > end:
-            raise _length_error(n374, end - pos)
-        f_cohort = buf[pos:q375].decode()
-        pos = q375
+        q394 = pos + n393
+        if q394 > end:
+            raise _length_error(n393, end - pos)
+        f_cohort = buf[pos:q394].decode()
+        pos = q394
     else:
-        raise _union_error(i373, 2)
+        raise _union_error(i392, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc376: dict[str, Any] = {}
+        acc395: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c377 = _ZD[b]
+                c396 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c377 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c377 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c377, pos = _rlong(buf, pos)
-            if c377 == 0:
+                c396, pos = _rlong(buf, pos)
+            if c396 == 0:
                 break
-            if c377 < 0:
-                c377 = -c377
+            if c396 < 0:
+                c396 = -c396
                 b = buf[pos]
                 if b < 128:
-                    z380 = _ZD[b]
+                    z399 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z380, pos = _rlong(buf, pos)
-            if c377 * 2 > end - pos:
-                raise _count_error(c377, end - pos)
-            for _ in range(c377):
-                n381 = _ZL[buf[pos]]
-                if n381 < 0:
-                    n381, pos = _rlong(buf, pos)
-                    if n381 < 0:
-                        raise _length_error(n381, end - pos)
+                    z399, pos = _rlong(buf, pos)
+            if c396 * 2 > end - pos:
+                raise _count_error(c396, end - pos)
+            for _ in range(c396):
+                n400 = _ZL[buf[pos]]
+                if n400 < 0:
+                    n400, pos = _rlong(buf, pos)
+                    if n400 < 0:
+                        raise _length_error(n400, end - pos)
                 else:
                     pos += 1
-                q382 = pos + n381
-                if q382 > end:
-                    raise _length_error(n381, end - pos)
-                k379 = buf[pos:q382].decode()
-                pos = q382
+                q401 = pos + n400
+                if q401 > end:
+                    raise _length_error(n400, end - pos)
+                k398 = buf[pos:q401].decode()
+                pos = q401
                 b = buf[pos]
                 if b < 128:
-                    x378 = _ZD[b]
+                    x397 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x378 = (z >> 1) ^ -(z & 1)
+                    x397 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x378 = (z >> 1) ^ -(z & 1)
+                    x397 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x378, pos = _rlong(buf, pos)
-                acc376[k379] = x378
-        f_nominal_gpus = acc376
+                    x397, pos = _rlong(buf, pos)
+                acc395[k398] = x397
+        f_nominal_gpus = acc395
     b = buf[pos]
     if b < 128:
-        i383 = _ZD[b]
+        i402 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i383 = (z >> 1) ^ -(z & 1)
+        i402 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i383 = (z >> 1) ^ -(z & 1)
+        i402 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i383, pos = _rlong(buf, pos)
-    if i383 == 0:
+        i402, pos = _rlong(buf, pos)
+    if i402 == 0:
         f_nominal_cpu_milli = None
-    elif i383 == 1:
+    elif i402 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1427,24 +1523,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i383, 2)
+        raise _union_error(i402, 2)
     b = buf[pos]
     if b < 128:
-        i384 = _ZD[b]
+        i403 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i384 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i384 = (z >> 1) ^ -(z & 1)
+        i403 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i384, pos = _rlong(buf, pos)
-    if i384 == 0:
+        i403, pos = _rlong(buf, pos)
+    if i403 == 0:
         f_nominal_memory_mib = None
-    elif i384 == 1:
+    elif i403 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1460,24 +1556,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i384, 2)
+        raise _union_error(i403, 2)
     b = buf[pos]
     if b < 128:
-        i385 = _ZD[b]
+        i404 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i385 = (z >> 1) ^ -(z & 1)
+        i404 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i385 = (z >> 1) ^ -(z & 1)
+        i404 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i385, pos = _rlong(buf, pos)
-    if i385 == 0:
+        i404, pos = _rlong(buf, pos)
+    if i404 == 0:
         f_borrowing_limit_gpus = None
-    elif i385 == 1:
+    elif i404 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1493,24 +1589,24 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i385, 2)
+        raise _union_error(i404, 2)
     b = buf[pos]
     if b < 128:
-        i386 = _ZD[b]
+        i405 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i386 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i386 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i386, pos = _rlong(buf, pos)
-    if i386 == 0:
+        i405, pos = _rlong(buf, pos)
+    if i405 == 0:
         f_lending_limit_gpus = None
-    elif i386 == 1:
+    elif i405 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1526,7 +1622,7 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i386, 2)
+        raise _union_error(i405, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1541,93 +1637,48 @@ def _d_Quota371(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i406 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i406 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i406 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i406, pos = _rlong(buf, pos)
+    if i406 == 0:
+        f_preemption = None
+    elif i406 == 1:
+        f_preemption, pos = _d_QuotaPreemption406(buf, pos, end)
+    else:
+        raise _union_error(i406, 2)
+    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy383(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    n385 = _ZL[buf[pos]]
+    if n385 < 0:
+        n385, pos = _rlong(buf, pos)
+        if n385 < 0:
+            raise _length_error(n385, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_policy = buf[pos:q367].decode()
-    pos = q367
-    b = buf[pos]
-    if b < 128:
-        i368 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i368 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i368 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i368, pos = _rlong(buf, pos)
-    if i368 == 0:
-        f_reserve_after_ms = None
-    elif i368 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i368, 2)
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
-    else:
-        pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_queue_order = buf[pos:q370].decode()
-    pos = q370
-    b = buf[pos]
-    if b < 128:
-        i371 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i371 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i371 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i371, pos = _rlong(buf, pos)
-    if i371 == 0:
-        f_default_quota = None
-    elif i371 == 1:
-        f_default_quota, pos = _d_Quota371(buf, pos, end)
-    else:
-        raise _union_error(i371, 2)
+    q386 = pos + n385
+    if q386 > end:
+        raise _length_error(n385, end - pos)
+    f_policy = buf[pos:q386].decode()
+    pos = q386
     b = buf[pos]
     if b < 128:
         i387 = _ZD[b]
@@ -1643,8 +1694,73 @@ def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     else:
         i387, pos = _rlong(buf, pos)
     if i387 == 0:
-        f_max_clock_jump_ms = None
+        f_reserve_after_ms = None
     elif i387 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i387, 2)
+    n388 = _ZL[buf[pos]]
+    if n388 < 0:
+        n388, pos = _rlong(buf, pos)
+        if n388 < 0:
+            raise _length_error(n388, end - pos)
+    else:
+        pos += 1
+    q389 = pos + n388
+    if q389 > end:
+        raise _length_error(n388, end - pos)
+    f_queue_order = buf[pos:q389].decode()
+    pos = q389
+    b = buf[pos]
+    if b < 128:
+        i390 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i390 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i390 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i390, pos = _rlong(buf, pos)
+    if i390 == 0:
+        f_default_quota = None
+    elif i390 == 1:
+        f_default_quota, pos = _d_Quota390(buf, pos, end)
+    else:
+        raise _union_error(i390, 2)
+    b = buf[pos]
+    if b < 128:
+        i415 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i415 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i415 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i415, pos = _rlong(buf, pos)
+    if i415 == 0:
+        f_max_clock_jump_ms = None
+    elif i415 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1660,12 +1776,12 @@ def _d_SetPolicy364(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i387, 2)
+        raise _union_error(i415, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember425(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1674,18 +1790,18 @@ def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
+    n427 = _ZL[buf[pos]]
+    if n427 < 0:
+        n427, pos = _rlong(buf, pos)
+        if n427 < 0:
+            raise _length_error(n427, end - pos)
     else:
         pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_pod_id = buf[pos:q400].decode()
-    pos = q400
+    q428 = pos + n427
+    if q428 > end:
+        raise _length_error(n427, end - pos)
+    f_pod_id = buf[pos:q428].decode()
+    pos = q428
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1746,173 +1862,173 @@ def _d_GangMember397(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc401: list[Any] = []
+        acc429: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c402 = _ZD[b]
+                c430 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c402 = (z >> 1) ^ -(z & 1)
+                c430 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c402 = (z >> 1) ^ -(z & 1)
+                c430 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c402, pos = _rlong(buf, pos)
-            if c402 == 0:
+                c430, pos = _rlong(buf, pos)
+            if c430 == 0:
                 break
-            if c402 < 0:
-                c402 = -c402
+            if c430 < 0:
+                c430 = -c430
                 b = buf[pos]
                 if b < 128:
-                    z405 = _ZD[b]
+                    z433 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z405 = (z >> 1) ^ -(z & 1)
+                    z433 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z405 = (z >> 1) ^ -(z & 1)
+                    z433 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z405, pos = _rlong(buf, pos)
-            if c402 * 1 > end - pos:
-                raise _count_error(c402, end - pos)
-            for _ in range(c402):
-                n406 = _ZL[buf[pos]]
-                if n406 < 0:
-                    n406, pos = _rlong(buf, pos)
-                    if n406 < 0:
-                        raise _length_error(n406, end - pos)
+                    z433, pos = _rlong(buf, pos)
+            if c430 * 1 > end - pos:
+                raise _count_error(c430, end - pos)
+            for _ in range(c430):
+                n434 = _ZL[buf[pos]]
+                if n434 < 0:
+                    n434, pos = _rlong(buf, pos)
+                    if n434 < 0:
+                        raise _length_error(n434, end - pos)
                 else:
                     pos += 1
-                q407 = pos + n406
-                if q407 > end:
-                    raise _length_error(n406, end - pos)
-                x403 = buf[pos:q407].decode()
-                pos = q407
-                acc401.append(x403)
-        f_gpu_models = tuple(acc401)
+                q435 = pos + n434
+                if q435 > end:
+                    raise _length_error(n434, end - pos)
+                x431 = buf[pos:q435].decode()
+                pos = q435
+                acc429.append(x431)
+        f_gpu_models = tuple(acc429)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc408: dict[str, Any] = {}
+        acc436: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c409 = _ZD[b]
+                c437 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c409 = (z >> 1) ^ -(z & 1)
+                c437 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c409 = (z >> 1) ^ -(z & 1)
+                c437 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c409, pos = _rlong(buf, pos)
-            if c409 == 0:
+                c437, pos = _rlong(buf, pos)
+            if c437 == 0:
                 break
-            if c409 < 0:
-                c409 = -c409
+            if c437 < 0:
+                c437 = -c437
                 b = buf[pos]
                 if b < 128:
-                    z412 = _ZD[b]
+                    z440 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z440 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z440 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z412, pos = _rlong(buf, pos)
-            if c409 * 2 > end - pos:
-                raise _count_error(c409, end - pos)
-            for _ in range(c409):
-                n413 = _ZL[buf[pos]]
-                if n413 < 0:
-                    n413, pos = _rlong(buf, pos)
-                    if n413 < 0:
-                        raise _length_error(n413, end - pos)
+                    z440, pos = _rlong(buf, pos)
+            if c437 * 2 > end - pos:
+                raise _count_error(c437, end - pos)
+            for _ in range(c437):
+                n441 = _ZL[buf[pos]]
+                if n441 < 0:
+                    n441, pos = _rlong(buf, pos)
+                    if n441 < 0:
+                        raise _length_error(n441, end - pos)
                 else:
                     pos += 1
-                q414 = pos + n413
-                if q414 > end:
-                    raise _length_error(n413, end - pos)
-                k411 = buf[pos:q414].decode()
-                pos = q414
-                n415 = _ZL[buf[pos]]
-                if n415 < 0:
-                    n415, pos = _rlong(buf, pos)
-                    if n415 < 0:
-                        raise _length_error(n415, end - pos)
+                q442 = pos + n441
+                if q442 > end:
+                    raise _length_error(n441, end - pos)
+                k439 = buf[pos:q442].decode()
+                pos = q442
+                n443 = _ZL[buf[pos]]
+                if n443 < 0:
+                    n443, pos = _rlong(buf, pos)
+                    if n443 < 0:
+                        raise _length_error(n443, end - pos)
                 else:
                     pos += 1
-                q416 = pos + n415
-                if q416 > end:
-                    raise _length_error(n415, end - pos)
-                x410 = buf[pos:q416].decode()
-                pos = q416
-                acc408[k411] = x410
-        f_node_selector = acc408
+                q444 = pos + n443
+                if q444 > end:
+                    raise _length_error(n443, end - pos)
+                x438 = buf[pos:q444].decode()
+                pos = q444
+                acc436[k439] = x438
+        f_node_selector = acc436
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc417: list[Any] = []
+        acc445: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c418 = _ZD[b]
+                c446 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c418 = (z >> 1) ^ -(z & 1)
+                c446 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c418 = (z >> 1) ^ -(z & 1)
+                c446 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c418, pos = _rlong(buf, pos)
-            if c418 == 0:
+                c446, pos = _rlong(buf, pos)
+            if c446 == 0:
                 break
-            if c418 < 0:
-                c418 = -c418
+            if c446 < 0:
+                c446 = -c446
                 b = buf[pos]
                 if b < 128:
-                    z421 = _ZD[b]
+                    z449 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z421 = (z >> 1) ^ -(z & 1)
+                    z449 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z421 = (z >> 1) ^ -(z & 1)
+                    z449 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z421, pos = _rlong(buf, pos)
-            if c418 * 4 > end - pos:
-                raise _count_error(c418, end - pos)
-            for _ in range(c418):
-                x419, pos = _d_Toleration338(buf, pos, end)
-                acc417.append(x419)
-        f_tolerations = tuple(acc417)
+                    z449, pos = _rlong(buf, pos)
+            if c446 * 4 > end - pos:
+                raise _count_error(c446, end - pos)
+            for _ in range(c446):
+                x447, pos = _d_Toleration357(buf, pos, end)
+                acc445.append(x447)
+        f_tolerations = tuple(acc445)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1925,30 +2041,31 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n389 = _ZL[buf[pos]]
-    if n389 < 0:
-        n389, pos = _rlong(buf, pos)
-        if n389 < 0:
-            raise _length_error(n389, end - pos)
+    f_preemptible: bool
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q390 = pos + n389
-    if q390 > end:
-        raise _length_error(n389, end - pos)
-    f_gang_id = buf[pos:q390].decode()
-    pos = q390
-    n391 = _ZL[buf[pos]]
-    if n391 < 0:
-        n391, pos = _rlong(buf, pos)
-        if n391 < 0:
-            raise _length_error(n391, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_gang_id = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q392 = pos + n391
-    if q392 > end:
-        raise _length_error(n391, end - pos)
-    f_tenant = buf[pos:q392].decode()
-    pos = q392
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_tenant = buf[pos:q420].decode()
+    pos = q420
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1967,63 +2084,63 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc393: list[Any] = []
+        acc421: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c394 = _ZD[b]
+                c422 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c394 = (z >> 1) ^ -(z & 1)
+                c422 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c394 = (z >> 1) ^ -(z & 1)
+                c422 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c394, pos = _rlong(buf, pos)
-            if c394 == 0:
+                c422, pos = _rlong(buf, pos)
+            if c422 == 0:
                 break
-            if c394 < 0:
-                c394 = -c394
+            if c422 < 0:
+                c422 = -c422
                 b = buf[pos]
                 if b < 128:
-                    z397 = _ZD[b]
+                    z425 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z397 = (z >> 1) ^ -(z & 1)
+                    z425 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z397 = (z >> 1) ^ -(z & 1)
+                    z425 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z397, pos = _rlong(buf, pos)
-            if c394 * 8 > end - pos:
-                raise _count_error(c394, end - pos)
-            for _ in range(c394):
-                x395, pos = _d_GangMember397(buf, pos, end)
-                acc393.append(x395)
-        f_members = tuple(acc393)
+                    z425, pos = _rlong(buf, pos)
+            if c422 * 8 > end - pos:
+                raise _count_error(c422, end - pos)
+            for _ in range(c422):
+                x423, pos = _d_GangMember425(buf, pos, end)
+                acc421.append(x423)
+        f_members = tuple(acc421)
     b = buf[pos]
     if b < 128:
-        i422 = _ZD[b]
+        i450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i422 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i422 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i422, pos = _rlong(buf, pos)
-    if i422 == 0:
+        i450, pos = _rlong(buf, pos)
+    if i450 == 0:
         f_min_members = None
-    elif i422 == 1:
+    elif i450 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2039,281 +2156,7 @@ def _d_SubmitGang387(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i422, 2)
-    b = buf[pos]
-    if b < 128:
-        i423 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i423 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i423 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i423, pos = _rlong(buf, pos)
-    if i423 == 0:
-        f_topology_required = None
-    elif i423 == 1:
-        n424 = _ZL[buf[pos]]
-        if n424 < 0:
-            n424, pos = _rlong(buf, pos)
-            if n424 < 0:
-                raise _length_error(n424, end - pos)
-        else:
-            pos += 1
-        q425 = pos + n424
-        if q425 > end:
-            raise _length_error(n424, end - pos)
-        f_topology_required = buf[pos:q425].decode()
-        pos = q425
-    else:
-        raise _union_error(i423, 2)
-    b = buf[pos]
-    if b < 128:
-        i426 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i426 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i426 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i426, pos = _rlong(buf, pos)
-    if i426 == 0:
-        f_topology_preferred = None
-    elif i426 == 1:
-        n427 = _ZL[buf[pos]]
-        if n427 < 0:
-            n427, pos = _rlong(buf, pos)
-            if n427 < 0:
-                raise _length_error(n427, end - pos)
-        else:
-            pos += 1
-        q428 = pos + n427
-        if q428 > end:
-            raise _length_error(n427, end - pos)
-        f_topology_preferred = buf[pos:q428].decode()
-        pos = q428
-    else:
-        raise _union_error(i426, 2)
-    b = buf[pos]
-    if b < 128:
-        i429 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i429 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i429 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i429, pos = _rlong(buf, pos)
-    if i429 == 0:
-        f_timeout_ms = None
-    elif i429 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i429, 2)
-    b = buf[pos]
-    if b < 128:
-        i430 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i430 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i430 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i430, pos = _rlong(buf, pos)
-    if i430 == 0:
-        f_time_limit_ms = None
-    elif i430 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i430, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc431: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c432 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c432 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c432 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c432, pos = _rlong(buf, pos)
-            if c432 == 0:
-                break
-            if c432 < 0:
-                c432 = -c432
-                b = buf[pos]
-                if b < 128:
-                    z435 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z435 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z435 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z435, pos = _rlong(buf, pos)
-            if c432 * 1 > end - pos:
-                raise _count_error(c432, end - pos)
-            for _ in range(c432):
-                n436 = _ZL[buf[pos]]
-                if n436 < 0:
-                    n436, pos = _rlong(buf, pos)
-                    if n436 < 0:
-                        raise _length_error(n436, end - pos)
-                else:
-                    pos += 1
-                q437 = pos + n436
-                if q437 > end:
-                    raise _length_error(n436, end - pos)
-                x433 = buf[pos:q437].decode()
-                pos = q437
-                acc431.append(x433)
-        f_depends_on = tuple(acc431)
-    n438 = _ZL[buf[pos]]
-    if n438 < 0:
-        n438, pos = _rlong(buf, pos)
-        if n438 < 0:
-            raise _length_error(n438, end - pos)
-    else:
-        pos += 1
-    q439 = pos + n438
-    if q439 > end:
-        raise _length_error(n438, end - pos)
-    f_dependency = buf[pos:q439].decode()
-    pos = q439
-    n440 = _ZL[buf[pos]]
-    if n440 < 0:
-        n440, pos = _rlong(buf, pos)
-        if n440 < 0:
-            raise _length_error(n440, end - pos)
-    else:
-        pos += 1
-    q441 = pos + n440
-    if q441 > end:
-        raise _length_error(n440, end - pos)
-    f_preemption = buf[pos:q441].decode()
-    pos = q441
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
-    return o, pos
-
-
-def _d_ReleaseGang441(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n443 = _ZL[buf[pos]]
-    if n443 < 0:
-        n443, pos = _rlong(buf, pos)
-        if n443 < 0:
-            raise _length_error(n443, end - pos)
-    else:
-        pos += 1
-    q444 = pos + n443
-    if q444 > end:
-        raise _length_error(n443, end - pos)
-    f_gang_id = buf[pos:q444].decode()
-    pos = q444
-    n445 = _ZL[buf[pos]]
-    if n445 < 0:
-        n445, pos = _rlong(buf, pos)
-        if n445 < 0:
-            raise _length_error(n445, end - pos)
-    else:
-        pos += 1
-    q446 = pos + n445
-    if q446 > end:
-        raise _length_error(n445, end - pos)
-    f_reason = buf[pos:q446].decode()
-    pos = q446
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick446(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    n449 = _ZL[buf[pos]]
-    if n449 < 0:
-        n449, pos = _rlong(buf, pos)
-        if n449 < 0:
-            raise _length_error(n449, end - pos)
-    else:
-        pos += 1
-    q450 = pos + n449
-    if q450 > end:
-        raise _length_error(n449, end - pos)
-    f_tenant = buf[pos:q450].decode()
-    pos = q450
+        raise _union_error(i450, 2)
     b = buf[pos]
     if b < 128:
         i451 = _ZD[b]
@@ -2329,7 +2172,7 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i451, pos = _rlong(buf, pos)
     if i451 == 0:
-        f_cohort = None
+        f_topology_required = None
     elif i451 == 1:
         n452 = _ZL[buf[pos]]
         if n452 < 0:
@@ -2341,96 +2184,373 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         q453 = pos + n452
         if q453 > end:
             raise _length_error(n452, end - pos)
-        f_cohort = buf[pos:q453].decode()
+        f_topology_required = buf[pos:q453].decode()
         pos = q453
     else:
         raise _union_error(i451, 2)
+    b = buf[pos]
+    if b < 128:
+        i454 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i454 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i454 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i454, pos = _rlong(buf, pos)
+    if i454 == 0:
+        f_topology_preferred = None
+    elif i454 == 1:
+        n455 = _ZL[buf[pos]]
+        if n455 < 0:
+            n455, pos = _rlong(buf, pos)
+            if n455 < 0:
+                raise _length_error(n455, end - pos)
+        else:
+            pos += 1
+        q456 = pos + n455
+        if q456 > end:
+            raise _length_error(n455, end - pos)
+        f_topology_preferred = buf[pos:q456].decode()
+        pos = q456
+    else:
+        raise _union_error(i454, 2)
+    b = buf[pos]
+    if b < 128:
+        i457 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i457 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i457 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i457, pos = _rlong(buf, pos)
+    if i457 == 0:
+        f_timeout_ms = None
+    elif i457 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i457, 2)
+    b = buf[pos]
+    if b < 128:
+        i458 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i458 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i458 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i458, pos = _rlong(buf, pos)
+    if i458 == 0:
+        f_time_limit_ms = None
+    elif i458 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i458, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc459: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c460 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c460 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c460 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c460, pos = _rlong(buf, pos)
+            if c460 == 0:
+                break
+            if c460 < 0:
+                c460 = -c460
+                b = buf[pos]
+                if b < 128:
+                    z463 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z463 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z463 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z463, pos = _rlong(buf, pos)
+            if c460 * 1 > end - pos:
+                raise _count_error(c460, end - pos)
+            for _ in range(c460):
+                n464 = _ZL[buf[pos]]
+                if n464 < 0:
+                    n464, pos = _rlong(buf, pos)
+                    if n464 < 0:
+                        raise _length_error(n464, end - pos)
+                else:
+                    pos += 1
+                q465 = pos + n464
+                if q465 > end:
+                    raise _length_error(n464, end - pos)
+                x461 = buf[pos:q465].decode()
+                pos = q465
+                acc459.append(x461)
+        f_depends_on = tuple(acc459)
+    n466 = _ZL[buf[pos]]
+    if n466 < 0:
+        n466, pos = _rlong(buf, pos)
+        if n466 < 0:
+            raise _length_error(n466, end - pos)
+    else:
+        pos += 1
+    q467 = pos + n466
+    if q467 > end:
+        raise _length_error(n466, end - pos)
+    f_dependency = buf[pos:q467].decode()
+    pos = q467
+    n468 = _ZL[buf[pos]]
+    if n468 < 0:
+        n468, pos = _rlong(buf, pos)
+        if n468 < 0:
+            raise _length_error(n468, end - pos)
+    else:
+        pos += 1
+    q469 = pos + n468
+    if q469 > end:
+        raise _length_error(n468, end - pos)
+    f_preemption = buf[pos:q469].decode()
+    pos = q469
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
+    return o, pos
+
+
+def _d_ReleaseGang469(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n471 = _ZL[buf[pos]]
+    if n471 < 0:
+        n471, pos = _rlong(buf, pos)
+        if n471 < 0:
+            raise _length_error(n471, end - pos)
+    else:
+        pos += 1
+    q472 = pos + n471
+    if q472 > end:
+        raise _length_error(n471, end - pos)
+    f_gang_id = buf[pos:q472].decode()
+    pos = q472
+    n473 = _ZL[buf[pos]]
+    if n473 < 0:
+        n473, pos = _rlong(buf, pos)
+        if n473 < 0:
+            raise _length_error(n473, end - pos)
+    else:
+        pos += 1
+    q474 = pos + n473
+    if q474 > end:
+        raise _length_error(n473, end - pos)
+    f_reason = buf[pos:q474].decode()
+    pos = q474
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick474(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n477 = _ZL[buf[pos]]
+    if n477 < 0:
+        n477, pos = _rlong(buf, pos)
+        if n477 < 0:
+            raise _length_error(n477, end - pos)
+    else:
+        pos += 1
+    q478 = pos + n477
+    if q478 > end:
+        raise _length_error(n477, end - pos)
+    f_tenant = buf[pos:q478].decode()
+    pos = q478
+    b = buf[pos]
+    if b < 128:
+        i479 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i479 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i479 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i479, pos = _rlong(buf, pos)
+    if i479 == 0:
+        f_cohort = None
+    elif i479 == 1:
+        n480 = _ZL[buf[pos]]
+        if n480 < 0:
+            n480, pos = _rlong(buf, pos)
+            if n480 < 0:
+                raise _length_error(n480, end - pos)
+        else:
+            pos += 1
+        q481 = pos + n480
+        if q481 > end:
+            raise _length_error(n480, end - pos)
+        f_cohort = buf[pos:q481].decode()
+        pos = q481
+    else:
+        raise _union_error(i479, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc454: dict[str, Any] = {}
+        acc482: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c455 = _ZD[b]
+                c483 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c455 = (z >> 1) ^ -(z & 1)
+                c483 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c455 = (z >> 1) ^ -(z & 1)
+                c483 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c455, pos = _rlong(buf, pos)
-            if c455 == 0:
+                c483, pos = _rlong(buf, pos)
+            if c483 == 0:
                 break
-            if c455 < 0:
-                c455 = -c455
+            if c483 < 0:
+                c483 = -c483
                 b = buf[pos]
                 if b < 128:
-                    z458 = _ZD[b]
+                    z486 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z486 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z486 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z458, pos = _rlong(buf, pos)
-            if c455 * 2 > end - pos:
-                raise _count_error(c455, end - pos)
-            for _ in range(c455):
-                n459 = _ZL[buf[pos]]
-                if n459 < 0:
-                    n459, pos = _rlong(buf, pos)
-                    if n459 < 0:
-                        raise _length_error(n459, end - pos)
+                    z486, pos = _rlong(buf, pos)
+            if c483 * 2 > end - pos:
+                raise _count_error(c483, end - pos)
+            for _ in range(c483):
+                n487 = _ZL[buf[pos]]
+                if n487 < 0:
+                    n487, pos = _rlong(buf, pos)
+                    if n487 < 0:
+                        raise _length_error(n487, end - pos)
                 else:
                     pos += 1
-                q460 = pos + n459
-                if q460 > end:
-                    raise _length_error(n459, end - pos)
-                k457 = buf[pos:q460].decode()
-                pos = q460
+                q488 = pos + n487
+                if q488 > end:
+                    raise _length_error(n487, end - pos)
+                k485 = buf[pos:q488].decode()
+                pos = q488
                 b = buf[pos]
                 if b < 128:
-                    x456 = _ZD[b]
+                    x484 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x456 = (z >> 1) ^ -(z & 1)
+                    x484 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x456 = (z >> 1) ^ -(z & 1)
+                    x484 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x456, pos = _rlong(buf, pos)
-                acc454[k457] = x456
-        f_nominal_gpus = acc454
+                    x484, pos = _rlong(buf, pos)
+                acc482[k485] = x484
+        f_nominal_gpus = acc482
     b = buf[pos]
     if b < 128:
-        i461 = _ZD[b]
+        i489 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i461 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i461 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i461, pos = _rlong(buf, pos)
-    if i461 == 0:
+        i489, pos = _rlong(buf, pos)
+    if i489 == 0:
         f_nominal_cpu_milli = None
-    elif i461 == 1:
+    elif i489 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2446,24 +2566,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i461, 2)
+        raise _union_error(i489, 2)
     b = buf[pos]
     if b < 128:
-        i462 = _ZD[b]
+        i490 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i462 = (z >> 1) ^ -(z & 1)
+        i490 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i462 = (z >> 1) ^ -(z & 1)
+        i490 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i462, pos = _rlong(buf, pos)
-    if i462 == 0:
+        i490, pos = _rlong(buf, pos)
+    if i490 == 0:
         f_nominal_memory_mib = None
-    elif i462 == 1:
+    elif i490 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2479,24 +2599,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i462, 2)
+        raise _union_error(i490, 2)
     b = buf[pos]
     if b < 128:
-        i463 = _ZD[b]
+        i491 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i463 = (z >> 1) ^ -(z & 1)
+        i491 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i463 = (z >> 1) ^ -(z & 1)
+        i491 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i463, pos = _rlong(buf, pos)
-    if i463 == 0:
+        i491, pos = _rlong(buf, pos)
+    if i491 == 0:
         f_borrowing_limit_gpus = None
-    elif i463 == 1:
+    elif i491 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2512,24 +2632,24 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i463, 2)
+        raise _union_error(i491, 2)
     b = buf[pos]
     if b < 128:
-        i464 = _ZD[b]
+        i492 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i464 = (z >> 1) ^ -(z & 1)
+        i492 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i464 = (z >> 1) ^ -(z & 1)
+        i492 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i464, pos = _rlong(buf, pos)
-    if i464 == 0:
+        i492, pos = _rlong(buf, pos)
+    if i492 == 0:
         f_lending_limit_gpus = None
-    elif i464 == 1:
+    elif i492 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2545,7 +2665,7 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i464, 2)
+        raise _union_error(i492, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2560,29 +2680,49 @@ def _d_SetQuota447(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i493 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i493 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i493 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i493, pos = _rlong(buf, pos)
+    if i493 == 0:
+        f_preemption = None
+    elif i493 == 1:
+        f_preemption, pos = _d_QuotaPreemption406(buf, pos, end)
+    else:
+        raise _union_error(i493, 2)
+    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota464(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n466 = _ZL[buf[pos]]
-    if n466 < 0:
-        n466, pos = _rlong(buf, pos)
-        if n466 < 0:
-            raise _length_error(n466, end - pos)
+    n495 = _ZL[buf[pos]]
+    if n495 < 0:
+        n495, pos = _rlong(buf, pos)
+        if n495 < 0:
+            raise _length_error(n495, end - pos)
     else:
         pos += 1
-    q467 = pos + n466
-    if q467 > end:
-        raise _length_error(n466, end - pos)
-    f_tenant = buf[pos:q467].decode()
-    pos = q467
+    q496 = pos + n495
+    if q496 > end:
+        raise _length_error(n495, end - pos)
+    f_tenant = buf[pos:q496].decode()
+    pos = q496
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment467(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment496(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2601,53 +2741,53 @@ def _d_Defragment467(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i469 = _ZD[b]
+        i498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i469 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i469 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i469, pos = _rlong(buf, pos)
-    if i469 == 0:
+        i498, pos = _rlong(buf, pos)
+    if i498 == 0:
         f_target = None
-    elif i469 == 1:
-        n470 = _ZL[buf[pos]]
-        if n470 < 0:
-            n470, pos = _rlong(buf, pos)
-            if n470 < 0:
-                raise _length_error(n470, end - pos)
+    elif i498 == 1:
+        n499 = _ZL[buf[pos]]
+        if n499 < 0:
+            n499, pos = _rlong(buf, pos)
+            if n499 < 0:
+                raise _length_error(n499, end - pos)
         else:
             pos += 1
-        q471 = pos + n470
-        if q471 > end:
-            raise _length_error(n470, end - pos)
-        f_target = buf[pos:q471].decode()
-        pos = q471
+        q500 = pos + n499
+        if q500 > end:
+            raise _length_error(n499, end - pos)
+        f_target = buf[pos:q500].decode()
+        pos = q500
     else:
-        raise _union_error(i469, 2)
+        raise _union_error(i498, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster471(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster500(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n473 = _ZL[buf[pos]]
-    if n473 < 0:
-        n473, pos = _rlong(buf, pos)
-        if n473 < 0:
-            raise _length_error(n473, end - pos)
+    n502 = _ZL[buf[pos]]
+    if n502 < 0:
+        n502, pos = _rlong(buf, pos)
+        if n502 < 0:
+            raise _length_error(n502, end - pos)
     else:
         pos += 1
-    q474 = pos + n473
-    if q474 > end:
-        raise _length_error(n473, end - pos)
-    f_reason = buf[pos:q474].decode()
-    pos = q474
+    q503 = pos + n502
+    if q503 > end:
+        raise _length_error(n502, end - pos)
+    f_reason = buf[pos:q503].decode()
+    pos = q503
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
@@ -2657,7 +2797,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k261:
+    if frame[:10] != _k280:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2668,30 +2808,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n263 = _ZL[buf[pos]]
-        if n263 < 0:
-            n263, pos = _rlong(buf, pos)
-            if n263 < 0:
-                raise _length_error(n263, end - pos)
+        n282 = _ZL[buf[pos]]
+        if n282 < 0:
+            n282, pos = _rlong(buf, pos)
+            if n282 < 0:
+                raise _length_error(n282, end - pos)
         else:
             pos += 1
-        q264 = pos + n263
-        if q264 > end:
-            raise _length_error(n263, end - pos)
-        f_command_id = buf[pos:q264].decode()
-        pos = q264
-        n265 = _ZL[buf[pos]]
-        if n265 < 0:
-            n265, pos = _rlong(buf, pos)
-            if n265 < 0:
-                raise _length_error(n265, end - pos)
+        q283 = pos + n282
+        if q283 > end:
+            raise _length_error(n282, end - pos)
+        f_command_id = buf[pos:q283].decode()
+        pos = q283
+        n284 = _ZL[buf[pos]]
+        if n284 < 0:
+            n284, pos = _rlong(buf, pos)
+            if n284 < 0:
+                raise _length_error(n284, end - pos)
         else:
             pos += 1
-        q266 = pos + n265
-        if q266 > end:
-            raise _length_error(n265, end - pos)
-        f_cluster = buf[pos:q266].decode()
-        pos = q266
+        q285 = pos + n284
+        if q285 > end:
+            raise _length_error(n284, end - pos)
+        f_cluster = buf[pos:q285].decode()
+        pos = q285
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2706,35 +2846,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n267 = _ZL[buf[pos]]
-        if n267 < 0:
-            n267, pos = _rlong(buf, pos)
-            if n267 < 0:
-                raise _length_error(n267, end - pos)
+        n286 = _ZL[buf[pos]]
+        if n286 < 0:
+            n286, pos = _rlong(buf, pos)
+            if n286 < 0:
+                raise _length_error(n286, end - pos)
         else:
             pos += 1
-        q268 = pos + n267
-        if q268 > end:
-            raise _length_error(n267, end - pos)
-        f_source = buf[pos:q268].decode()
-        pos = q268
+        q287 = pos + n286
+        if q287 > end:
+            raise _length_error(n286, end - pos)
+        f_source = buf[pos:q287].decode()
+        pos = q287
         b = buf[pos]
         if b < 128:
-            i269 = _ZD[b]
+            i288 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i269 = (z >> 1) ^ -(z & 1)
+            i288 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i269 = (z >> 1) ^ -(z & 1)
+            i288 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i269, pos = _rlong(buf, pos)
-        if not 0 <= i269 < 16:
-            raise _union_error(i269, 16)
-        f_payload, pos = _k474[i269](buf, pos, end)
+            i288, pos = _rlong(buf, pos)
+        if not 0 <= i288 < 16:
+            raise _union_error(i288, 16)
+        f_payload, pos = _k503[i288](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2745,259 +2885,259 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded486(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k487, (_P[n490] if (n490 := len(s489 := o.node_id.encode())) < 8192 else _long(n490)), s489, (_P[n492] if (n492 := len(s491 := o.gpu_model.encode())) < 8192 else _long(n492)), s491, (_P[n493] if 0 <= (n493 := o.gpu_count) < 8192 else _long(n493)), (_P[n494] if 0 <= (n494 := o.cpu_milli) < 8192 else _long(n494)), (_P[n495] if 0 <= (n495 := o.memory_mib) < 8192 else _long(n495)), (_b21(a496) if (a496 := o.labels) else b"\x00"), (_b27(a497) if (a497 := o.taints) else b"\x00"),))
+def _e_NodeAdded515(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k516, (_P[n519] if (n519 := len(s518 := o.node_id.encode())) < 8192 else _long(n519)), s518, (_P[n521] if (n521 := len(s520 := o.gpu_model.encode())) < 8192 else _long(n521)), s520, (_P[n522] if 0 <= (n522 := o.gpu_count) < 8192 else _long(n522)), (_P[n523] if 0 <= (n523 := o.cpu_milli) < 8192 else _long(n523)), (_P[n524] if 0 <= (n524 := o.memory_mib) < 8192 else _long(n524)), (_b21(a525) if (a525 := o.labels) else b"\x00"), (_b27(a526) if (a526 := o.taints) else b"\x00"),))
 
 
-def _e_NodeRemoved497(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k498, (_P[n501] if (n501 := len(s500 := o.node_id.encode())) < 8192 else _long(n501)), s500, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved526(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := o.node_id.encode())) < 8192 else _long(n530)), s529, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned501(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k502, (_P[n505] if (n505 := len(s504 := o.node_id.encode())) < 8192 else _long(n505)), s504,))
+def _e_NodeCordoned530(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k531, (_P[n534] if (n534 := len(s533 := o.node_id.encode())) < 8192 else _long(n534)), s533,))
 
 
-def _e_NodeUncordoned505(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k506, (_P[n509] if (n509 := len(s508 := o.node_id.encode())) < 8192 else _long(n509)), s508,))
+def _e_NodeUncordoned534(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k535, (_P[n538] if (n538 := len(s537 := o.node_id.encode())) < 8192 else _long(n538)), s537,))
 
 
-def _e_NodeDrained509(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k510, (_P[n513] if (n513 := len(s512 := o.node_id.encode())) < 8192 else _long(n513)), s512, (_P[n514] if 0 <= (n514 := o.evicted) < 8192 else _long(n514)),))
+def _e_NodeDrained538(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k539, (_P[n542] if (n542 := len(s541 := o.node_id.encode())) < 8192 else _long(n542)), s541, (_P[n543] if 0 <= (n543 := o.evicted) < 8192 else _long(n543)),))
 
 
-def _e_NodeFailed514(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k515, (_P[n518] if (n518 := len(s517 := o.node_id.encode())) < 8192 else _long(n518)), s517, (_P[n520] if (n520 := len(s519 := o.reason.encode())) < 8192 else _long(n520)), s519, (_P[n521] if 0 <= (n521 := o.evicted) < 8192 else _long(n521)),))
+def _e_NodeFailed543(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k544, (_P[n547] if (n547 := len(s546 := o.node_id.encode())) < 8192 else _long(n547)), s546, (_P[n549] if (n549 := len(s548 := o.reason.encode())) < 8192 else _long(n549)), s548, (_P[n550] if 0 <= (n550 := o.evicted) < 8192 else _long(n550)),))
 
 
-def _u540(v: Any) -> bytes:
-    return b"".join((_k540, (_P[n543] if (n543 := len(s542 := v.encode())) < 8192 else _long(n543)), s542,))
+def _u569(v: Any) -> bytes:
+    return b"".join((_k569, (_P[n572] if (n572 := len(s571 := v.encode())) < 8192 else _long(n572)), s571,))
 
 
-def _u546(v: Any) -> bytes:
-    return b"".join((_k546, (_P[n548] if 0 <= (n548 := v) < 8192 else _long(n548)),))
+def _u575(v: Any) -> bytes:
+    return b"".join((_k575, (_P[n577] if 0 <= (n577 := v) < 8192 else _long(n577)),))
 
 
-def _b556(a: Any) -> bytes:
+def _b585(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n559] if (n559 := len(s558 := x.code.encode())) < 8192 else _long(n559)), s558, (_P[n560] if 0 <= (n560 := x.nodes) < 8192 else _long(n560)), (_P[n562] if (n562 := len(s561 := x.message.encode())) < 8192 else _long(n562)), s561,)
+        out += ((_P[n588] if (n588 := len(s587 := x.code.encode())) < 8192 else _long(n588)), s587, (_P[n589] if 0 <= (n589 := x.nodes) < 8192 else _long(n589)), (_P[n591] if (n591 := len(s590 := x.message.encode())) < 8192 else _long(n591)), s590,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued521(o: _c_PodQueued) -> bytes:
-    return b"".join((_k522, (_P[n526] if (n526 := len(s525 := (r524 := o.pod).pod_id.encode())) < 8192 else _long(n526)), s525, (_P[n528] if (n528 := len(s527 := r524.tenant.encode())) < 8192 else _long(n528)), s527, (_P[n529] if 0 <= (n529 := r524.priority) < 8192 else _long(n529)), (_P[n530] if 0 <= (n530 := r524.num_gpu) < 8192 else _long(n530)), (_P[n531] if 0 <= (n531 := r524.gpu_milli) < 8192 else _long(n531)), (_P[n532] if 0 <= (n532 := r524.cpu_milli) < 8192 else _long(n532)), (_P[n533] if 0 <= (n533 := r524.memory_mib) < 8192 else _long(n533)), (_b69(a534) if (a534 := r524.gpu_models) else b"\x00"), (_b21(a535) if (a535 := r524.node_selector) else b"\x00"), (_b74(a536) if (a536 := r524.tolerations) else b"\x00"), (_P[n537] if 0 <= (n537 := r524.submitted_at) < 8192 else _long(n537)), (_P[n538] if 0 <= (n538 := r524.arrival) < 8192 else _long(n538)), (_k543 if (u539 := r524.gang_id) is None else _u540(u539)), (_k548 if (u545 := r524.time_limit_ms) is None else _u546(u545)), (_b69(a550) if (a550 := r524.depends_on) else b"\x00"), (_P[n552] if (n552 := len(s551 := r524.dependency.encode())) < 8192 else _long(n552)), s551, (_P[n554] if (n554 := len(s553 := r524.preemption.encode())) < 8192 else _long(n554)), s553, (b"\x01" if r524.movable else b"\x00"), (_b556(a555) if (a555 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a563) if (a563 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued550(o: _c_PodQueued) -> bytes:
+    return b"".join((_k551, (_P[n555] if (n555 := len(s554 := (r553 := o.pod).pod_id.encode())) < 8192 else _long(n555)), s554, (_P[n557] if (n557 := len(s556 := r553.tenant.encode())) < 8192 else _long(n557)), s556, (_P[n558] if 0 <= (n558 := r553.priority) < 8192 else _long(n558)), (_P[n559] if 0 <= (n559 := r553.num_gpu) < 8192 else _long(n559)), (_P[n560] if 0 <= (n560 := r553.gpu_milli) < 8192 else _long(n560)), (_P[n561] if 0 <= (n561 := r553.cpu_milli) < 8192 else _long(n561)), (_P[n562] if 0 <= (n562 := r553.memory_mib) < 8192 else _long(n562)), (_b69(a563) if (a563 := r553.gpu_models) else b"\x00"), (_b21(a564) if (a564 := r553.node_selector) else b"\x00"), (_b74(a565) if (a565 := r553.tolerations) else b"\x00"), (_P[n566] if 0 <= (n566 := r553.submitted_at) < 8192 else _long(n566)), (_P[n567] if 0 <= (n567 := r553.arrival) < 8192 else _long(n567)), (_k572 if (u568 := r553.gang_id) is None else _u569(u568)), (_k577 if (u574 := r553.time_limit_ms) is None else _u575(u574)), (_b69(a579) if (a579 := r553.depends_on) else b"\x00"), (_P[n581] if (n581 := len(s580 := r553.dependency.encode())) < 8192 else _long(n581)), s580, (_P[n583] if (n583 := len(s582 := r553.preemption.encode())) < 8192 else _long(n583)), s582, (b"\x01" if r553.movable else b"\x00"), (b"\x01" if r553.preemptible else b"\x00"), (_b585(a584) if (a584 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a592) if (a592 := o.waiting_for) else b"\x00"),))
 
 
-def _u582(v: Any) -> bytes:
-    return b"".join((_k582, (_P[n585] if (n585 := len(s584 := v.encode())) < 8192 else _long(n585)), s584,))
+def _u611(v: Any) -> bytes:
+    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := v.encode())) < 8192 else _long(n614)), s613,))
 
 
-def _u588(v: Any) -> bytes:
-    return b"".join((_k588, (_P[n590] if 0 <= (n590 := v) < 8192 else _long(n590)),))
+def _u617(v: Any) -> bytes:
+    return b"".join((_k617, (_P[n619] if 0 <= (n619 := v) < 8192 else _long(n619)),))
 
 
-def _b600(a: Any) -> bytes:
+def _b629(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n602] if 0 <= (n602 := x.index) < 8192 else _long(n602)), (_P[n603] if 0 <= (n603 := x.milli) < 8192 else _long(n603)),)
+        out += ((_P[n631] if 0 <= (n631 := x.index) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := x.milli) < 8192 else _long(n632)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b607(a: Any) -> bytes:
+def _b636(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n609] if (n609 := len(s608 := k.encode())) < 8192 else _long(n609)), s608, _pack_d(x),)
+        out += ((_P[n638] if (n638 := len(s637 := k.encode())) < 8192 else _long(n638)), s637, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled563(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k564, (_P[n568] if (n568 := len(s567 := (r566 := o.pod).pod_id.encode())) < 8192 else _long(n568)), s567, (_P[n570] if (n570 := len(s569 := r566.tenant.encode())) < 8192 else _long(n570)), s569, (_P[n571] if 0 <= (n571 := r566.priority) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r566.num_gpu) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r566.gpu_milli) < 8192 else _long(n573)), (_P[n574] if 0 <= (n574 := r566.cpu_milli) < 8192 else _long(n574)), (_P[n575] if 0 <= (n575 := r566.memory_mib) < 8192 else _long(n575)), (_b69(a576) if (a576 := r566.gpu_models) else b"\x00"), (_b21(a577) if (a577 := r566.node_selector) else b"\x00"), (_b74(a578) if (a578 := r566.tolerations) else b"\x00"), (_P[n579] if 0 <= (n579 := r566.submitted_at) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := r566.arrival) < 8192 else _long(n580)), (_k585 if (u581 := r566.gang_id) is None else _u582(u581)), (_k590 if (u587 := r566.time_limit_ms) is None else _u588(u587)), (_b69(a592) if (a592 := r566.depends_on) else b"\x00"), (_P[n594] if (n594 := len(s593 := r566.dependency.encode())) < 8192 else _long(n594)), s593, (_P[n596] if (n596 := len(s595 := r566.preemption.encode())) < 8192 else _long(n596)), s595, (b"\x01" if r566.movable else b"\x00"), (_P[n598] if (n598 := len(s597 := o.node_id.encode())) < 8192 else _long(n598)), s597, (_b600(a599) if (a599 := o.gpus) else b"\x00"), (_P[n605] if (n605 := len(s604 := o.policy.encode())) < 8192 else _long(n605)), s604, (b"\x01" if o.from_queue else b"\x00"), (_b607(a606) if (a606 := o.scores) else b"\x00"), (_b69(a610) if (a610 := o.preempted) else b"\x00"),))
+def _e_PodScheduled592(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k593, (_P[n597] if (n597 := len(s596 := (r595 := o.pod).pod_id.encode())) < 8192 else _long(n597)), s596, (_P[n599] if (n599 := len(s598 := r595.tenant.encode())) < 8192 else _long(n599)), s598, (_P[n600] if 0 <= (n600 := r595.priority) < 8192 else _long(n600)), (_P[n601] if 0 <= (n601 := r595.num_gpu) < 8192 else _long(n601)), (_P[n602] if 0 <= (n602 := r595.gpu_milli) < 8192 else _long(n602)), (_P[n603] if 0 <= (n603 := r595.cpu_milli) < 8192 else _long(n603)), (_P[n604] if 0 <= (n604 := r595.memory_mib) < 8192 else _long(n604)), (_b69(a605) if (a605 := r595.gpu_models) else b"\x00"), (_b21(a606) if (a606 := r595.node_selector) else b"\x00"), (_b74(a607) if (a607 := r595.tolerations) else b"\x00"), (_P[n608] if 0 <= (n608 := r595.submitted_at) < 8192 else _long(n608)), (_P[n609] if 0 <= (n609 := r595.arrival) < 8192 else _long(n609)), (_k614 if (u610 := r595.gang_id) is None else _u611(u610)), (_k619 if (u616 := r595.time_limit_ms) is None else _u617(u616)), (_b69(a621) if (a621 := r595.depends_on) else b"\x00"), (_P[n623] if (n623 := len(s622 := r595.dependency.encode())) < 8192 else _long(n623)), s622, (_P[n625] if (n625 := len(s624 := r595.preemption.encode())) < 8192 else _long(n625)), s624, (b"\x01" if r595.movable else b"\x00"), (b"\x01" if r595.preemptible else b"\x00"), (_P[n627] if (n627 := len(s626 := o.node_id.encode())) < 8192 else _long(n627)), s626, (_b629(a628) if (a628 := o.gpus) else b"\x00"), (_P[n634] if (n634 := len(s633 := o.policy.encode())) < 8192 else _long(n634)), s633, (b"\x01" if o.from_queue else b"\x00"), (_b636(a635) if (a635 := o.scores) else b"\x00"), (_b69(a639) if (a639 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted610(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := o.pod_id.encode())) < 8192 else _long(n614)), s613, (_P[n616] if (n616 := len(s615 := o.node_id.encode())) < 8192 else _long(n616)), s615, (_P[n618] if (n618 := len(s617 := o.reason.encode())) < 8192 else _long(n618)), s617,))
+def _e_PodEvicted639(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k640, (_P[n643] if (n643 := len(s642 := o.pod_id.encode())) < 8192 else _long(n643)), s642, (_P[n645] if (n645 := len(s644 := o.node_id.encode())) < 8192 else _long(n645)), s644, (_P[n647] if (n647 := len(s646 := o.reason.encode())) < 8192 else _long(n647)), s646,))
 
 
-def _u624(v: Any) -> bytes:
-    return b"".join((_k624, (_P[n627] if (n627 := len(s626 := v.encode())) < 8192 else _long(n627)), s626,))
+def _u653(v: Any) -> bytes:
+    return b"".join((_k653, (_P[n656] if (n656 := len(s655 := v.encode())) < 8192 else _long(n656)), s655,))
 
 
-def _e_PodReleased618(o: _c_PodReleased) -> bytes:
-    return b"".join((_k619, (_P[n622] if (n622 := len(s621 := o.pod_id.encode())) < 8192 else _long(n622)), s621, (_k627 if (u623 := o.node_id) is None else _u624(u623)), (_P[n630] if (n630 := len(s629 := o.reason.encode())) < 8192 else _long(n630)), s629,))
+def _e_PodReleased647(o: _c_PodReleased) -> bytes:
+    return b"".join((_k648, (_P[n651] if (n651 := len(s650 := o.pod_id.encode())) < 8192 else _long(n651)), s650, (_k656 if (u652 := o.node_id) is None else _u653(u652)), (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658,))
 
 
-def _u638(v: Any) -> bytes:
-    return b"".join((_k638, (_P[n640] if 0 <= (n640 := v) < 8192 else _long(n640)),))
+def _u667(v: Any) -> bytes:
+    return b"".join((_k667, (_P[n669] if 0 <= (n669 := v) < 8192 else _long(n669)),))
 
 
-def _u645(v: Any) -> bytes:
-    return b"".join((_k645, (_P[n647] if 0 <= (n647 := v) < 8192 else _long(n647)),))
+def _u674(v: Any) -> bytes:
+    return b"".join((_k674, (_P[n676] if 0 <= (n676 := v) < 8192 else _long(n676)),))
 
 
-def _e_PolicyChanged630(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k631, (_P[n634] if (n634 := len(s633 := o.policy.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := o.previous.encode())) < 8192 else _long(n636)), s635, (_k640 if (u637 := o.reserve_after_ms) is None else _u638(u637)), (_P[n643] if (n643 := len(s642 := o.queue_order.encode())) < 8192 else _long(n643)), s642, (_k647 if (u644 := o.max_clock_jump_ms) is None else _u645(u644)),))
+def _e_PolicyChanged659(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k660, (_P[n663] if (n663 := len(s662 := o.policy.encode())) < 8192 else _long(n663)), s662, (_P[n665] if (n665 := len(s664 := o.previous.encode())) < 8192 else _long(n665)), s664, (_k669 if (u666 := o.reserve_after_ms) is None else _u667(u666)), (_P[n672] if (n672 := len(s671 := o.queue_order.encode())) < 8192 else _long(n672)), s671, (_k676 if (u673 := o.max_clock_jump_ms) is None else _u674(u673)),))
 
 
-def _e_CommandRejected648(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.command_id.encode())) < 8192 else _long(n652)), s651, (_P[n654] if (n654 := len(s653 := o.command_type.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.code.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.message.encode())) < 8192 else _long(n658)), s657,))
-
-
-def _u688(v: Any) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
-
-
-def _u694(v: Any) -> bytes:
-    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
-
-
-def _b671(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n674] if (n674 := len(s673 := x.pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := x.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := x.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := x.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := x.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := x.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := x.memory_mib) < 8192 else _long(n681)), (_b69(a682) if (a682 := x.gpu_models) else b"\x00"), (_b21(a683) if (a683 := x.node_selector) else b"\x00"), (_b74(a684) if (a684 := x.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := x.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := x.arrival) < 8192 else _long(n686)), (_k691 if (u687 := x.gang_id) is None else _u688(u687)), (_k696 if (u693 := x.time_limit_ms) is None else _u694(u693)), (_b69(a698) if (a698 := x.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := x.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := x.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if x.movable else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u705(v: Any) -> bytes:
-    return b"".join((_k705, (_P[n708] if (n708 := len(s707 := v.encode())) < 8192 else _long(n708)), s707,))
-
-
-def _u711(v: Any) -> bytes:
-    return b"".join((_k711, (_P[n714] if (n714 := len(s713 := v.encode())) < 8192 else _long(n714)), s713,))
+def _e_CommandRejected677(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k678, (_P[n681] if (n681 := len(s680 := o.command_id.encode())) < 8192 else _long(n681)), s680, (_P[n683] if (n683 := len(s682 := o.command_type.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.code.encode())) < 8192 else _long(n685)), s684, (_P[n687] if (n687 := len(s686 := o.message.encode())) < 8192 else _long(n687)), s686,))
 
 
 def _u717(v: Any) -> bytes:
-    return b"".join((_k717, (_P[n719] if 0 <= (n719 := v) < 8192 else _long(n719)),))
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := v.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _u722(v: Any) -> bytes:
-    return b"".join((_k722, (_P[n724] if 0 <= (n724 := v) < 8192 else _long(n724)),))
+def _u723(v: Any) -> bytes:
+    return b"".join((_k723, (_P[n725] if 0 <= (n725 := v) < 8192 else _long(n725)),))
 
 
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n736] if 0 <= (n736 := v) < 8192 else _long(n736)),))
-
-
-def _e_GangQueued658(o: _c_GangQueued) -> bytes:
-    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.gang_id.encode())) < 8192 else _long(n662)), s661, (_b556(a663) if (a663 := o.reasons) else b"\x00"), (_P[n666] if (n666 := len(s665 := (r664 := o.gang).gang_id.encode())) < 8192 else _long(n666)), s665, (_P[n668] if (n668 := len(s667 := r664.tenant.encode())) < 8192 else _long(n668)), s667, (_P[n669] if 0 <= (n669 := r664.priority) < 8192 else _long(n669)), (_b671(a670) if (a670 := r664.members) else b"\x00"), (_P[n703] if 0 <= (n703 := r664.min_members) < 8192 else _long(n703)), (_k708 if (u704 := r664.topology_required) is None else _u705(u704)), (_k714 if (u710 := r664.topology_preferred) is None else _u711(u710)), (_k719 if (u716 := r664.timeout_ms) is None else _u717(u716)), (_k724 if (u721 := r664.time_limit_ms) is None else _u722(u721)), (_b69(a726) if (a726 := r664.depends_on) else b"\x00"), (_P[n728] if (n728 := len(s727 := r664.dependency.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := r664.submitted_at) < 8192 else _long(n729)), (_P[n730] if 0 <= (n730 := r664.arrival) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := r664.preemption.encode())) < 8192 else _long(n732)), s731, (_k736 if (u733 := r664.queued_at) is None else _u734(u733)), (b"\x01" if o.requeued else b"\x00"), (_b69(a738) if (a738 := o.waiting_for) else b"\x00"),))
-
-
-def _b744(a: Any) -> bytes:
+def _b700(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n747] if (n747 := len(s746 := x.pod_id.encode())) < 8192 else _long(n747)), s746, (_P[n749] if (n749 := len(s748 := x.node_id.encode())) < 8192 else _long(n749)), s748, (_b600(a750) if (a750 := x.gpus) else b"\x00"),)
+        out += ((_P[n703] if (n703 := len(s702 := x.pod_id.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := x.tenant.encode())) < 8192 else _long(n705)), s704, (_P[n706] if 0 <= (n706 := x.priority) < 8192 else _long(n706)), (_P[n707] if 0 <= (n707 := x.num_gpu) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := x.gpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := x.cpu_milli) < 8192 else _long(n709)), (_P[n710] if 0 <= (n710 := x.memory_mib) < 8192 else _long(n710)), (_b69(a711) if (a711 := x.gpu_models) else b"\x00"), (_b21(a712) if (a712 := x.node_selector) else b"\x00"), (_b74(a713) if (a713 := x.tolerations) else b"\x00"), (_P[n714] if 0 <= (n714 := x.submitted_at) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := x.arrival) < 8192 else _long(n715)), (_k720 if (u716 := x.gang_id) is None else _u717(u716)), (_k725 if (u722 := x.time_limit_ms) is None else _u723(u722)), (_b69(a727) if (a727 := x.depends_on) else b"\x00"), (_P[n729] if (n729 := len(s728 := x.dependency.encode())) < 8192 else _long(n729)), s728, (_P[n731] if (n731 := len(s730 := x.preemption.encode())) < 8192 else _long(n731)), s730, (b"\x01" if x.movable else b"\x00"), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u760(v: Any) -> bytes:
-    return b"".join((_k760, (_P[n763] if (n763 := len(s762 := v.encode())) < 8192 else _long(n763)), s762,))
+def _u734(v: Any) -> bytes:
+    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
 
 
-def _u766(v: Any) -> bytes:
-    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := v.encode())) < 8192 else _long(n769)), s768,))
+def _u740(v: Any) -> bytes:
+    return b"".join((_k740, (_P[n743] if (n743 := len(s742 := v.encode())) < 8192 else _long(n743)), s742,))
 
 
-def _u772(v: Any) -> bytes:
-    return b"".join((_k772, (_P[n774] if 0 <= (n774 := v) < 8192 else _long(n774)),))
+def _u746(v: Any) -> bytes:
+    return b"".join((_k746, (_P[n748] if 0 <= (n748 := v) < 8192 else _long(n748)),))
 
 
-def _u777(v: Any) -> bytes:
-    return b"".join((_k777, (_P[n779] if 0 <= (n779 := v) < 8192 else _long(n779)),))
+def _u751(v: Any) -> bytes:
+    return b"".join((_k751, (_P[n753] if 0 <= (n753 := v) < 8192 else _long(n753)),))
+
+
+def _u763(v: Any) -> bytes:
+    return b"".join((_k763, (_P[n765] if 0 <= (n765 := v) < 8192 else _long(n765)),))
+
+
+def _e_GangQueued687(o: _c_GangQueued) -> bytes:
+    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := o.gang_id.encode())) < 8192 else _long(n691)), s690, (_b585(a692) if (a692 := o.reasons) else b"\x00"), (_P[n695] if (n695 := len(s694 := (r693 := o.gang).gang_id.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := r693.tenant.encode())) < 8192 else _long(n697)), s696, (_P[n698] if 0 <= (n698 := r693.priority) < 8192 else _long(n698)), (_b700(a699) if (a699 := r693.members) else b"\x00"), (_P[n732] if 0 <= (n732 := r693.min_members) < 8192 else _long(n732)), (_k737 if (u733 := r693.topology_required) is None else _u734(u733)), (_k743 if (u739 := r693.topology_preferred) is None else _u740(u739)), (_k748 if (u745 := r693.timeout_ms) is None else _u746(u745)), (_k753 if (u750 := r693.time_limit_ms) is None else _u751(u750)), (_b69(a755) if (a755 := r693.depends_on) else b"\x00"), (_P[n757] if (n757 := len(s756 := r693.dependency.encode())) < 8192 else _long(n757)), s756, (_P[n758] if 0 <= (n758 := r693.submitted_at) < 8192 else _long(n758)), (_P[n759] if 0 <= (n759 := r693.arrival) < 8192 else _long(n759)), (_P[n761] if (n761 := len(s760 := r693.preemption.encode())) < 8192 else _long(n761)), s760, (_k765 if (u762 := r693.queued_at) is None else _u763(u762)), (b"\x01" if r693.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a767) if (a767 := o.waiting_for) else b"\x00"),))
+
+
+def _b773(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n776] if (n776 := len(s775 := x.pod_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := x.node_id.encode())) < 8192 else _long(n778)), s777, (_b629(a779) if (a779 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _u789(v: Any) -> bytes:
-    return b"".join((_k789, (_P[n791] if 0 <= (n791 := v) < 8192 else _long(n791)),))
+    return b"".join((_k789, (_P[n792] if (n792 := len(s791 := v.encode())) < 8192 else _long(n792)), s791,))
 
 
-def _u794(v: Any) -> bytes:
-    return b"".join((_k794, (_P[n797] if (n797 := len(s796 := v.encode())) < 8192 else _long(n797)), s796,))
+def _u795(v: Any) -> bytes:
+    return b"".join((_k795, (_P[n798] if (n798 := len(s797 := v.encode())) < 8192 else _long(n798)), s797,))
 
 
-def _u800(v: Any) -> bytes:
-    return b"".join((_k800, (_P[n803] if (n803 := len(s802 := v.encode())) < 8192 else _long(n803)), s802,))
+def _u801(v: Any) -> bytes:
+    return b"".join((_k801, (_P[n803] if 0 <= (n803 := v) < 8192 else _long(n803)),))
 
 
-def _e_GangScheduled738(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k739, (_P[n742] if (n742 := len(s741 := o.gang_id.encode())) < 8192 else _long(n742)), s741, (_b744(a743) if (a743 := o.members) else b"\x00"), (_P[n753] if (n753 := len(s752 := (r751 := o.gang).gang_id.encode())) < 8192 else _long(n753)), s752, (_P[n755] if (n755 := len(s754 := r751.tenant.encode())) < 8192 else _long(n755)), s754, (_P[n756] if 0 <= (n756 := r751.priority) < 8192 else _long(n756)), (_b671(a757) if (a757 := r751.members) else b"\x00"), (_P[n758] if 0 <= (n758 := r751.min_members) < 8192 else _long(n758)), (_k763 if (u759 := r751.topology_required) is None else _u760(u759)), (_k769 if (u765 := r751.topology_preferred) is None else _u766(u765)), (_k774 if (u771 := r751.timeout_ms) is None else _u772(u771)), (_k779 if (u776 := r751.time_limit_ms) is None else _u777(u776)), (_b69(a781) if (a781 := r751.depends_on) else b"\x00"), (_P[n783] if (n783 := len(s782 := r751.dependency.encode())) < 8192 else _long(n783)), s782, (_P[n784] if 0 <= (n784 := r751.submitted_at) < 8192 else _long(n784)), (_P[n785] if 0 <= (n785 := r751.arrival) < 8192 else _long(n785)), (_P[n787] if (n787 := len(s786 := r751.preemption.encode())) < 8192 else _long(n787)), s786, (_k791 if (u788 := r751.queued_at) is None else _u789(u788)), (_k797 if (u793 := o.topology_key) is None else _u794(u793)), (_k803 if (u799 := o.domain) is None else _u800(u799)), (b"\x01" if o.from_queue else b"\x00"), (_P[n806] if (n806 := len(s805 := o.message.encode())) < 8192 else _long(n806)), s805, (_b69(a807) if (a807 := o.preempted) else b"\x00"),))
+def _u806(v: Any) -> bytes:
+    return b"".join((_k806, (_P[n808] if 0 <= (n808 := v) < 8192 else _long(n808)),))
 
 
-def _e_GangTimedOut807(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k808, (_P[n811] if (n811 := len(s810 := o.gang_id.encode())) < 8192 else _long(n811)), s810, (_P[n812] if 0 <= (n812 := o.waited_ms) < 8192 else _long(n812)), (_P[n814] if (n814 := len(s813 := o.message.encode())) < 8192 else _long(n814)), s813,))
+def _u818(v: Any) -> bytes:
+    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
 
 
-def _e_GangReleased814(o: _c_GangReleased) -> bytes:
-    return b"".join((_k815, (_P[n818] if (n818 := len(s817 := o.gang_id.encode())) < 8192 else _long(n818)), s817, (_P[n820] if (n820 := len(s819 := o.reason.encode())) < 8192 else _long(n820)), s819, (b"\x01" if o.ok else b"\x00"), (_b69(a821) if (a821 := o.members_ended) else b"\x00"),))
+def _u823(v: Any) -> bytes:
+    return b"".join((_k823, (_P[n826] if (n826 := len(s825 := v.encode())) < 8192 else _long(n826)), s825,))
 
 
-def _u830(v: Any) -> bytes:
-    return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
+def _u829(v: Any) -> bytes:
+    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := v.encode())) < 8192 else _long(n832)), s831,))
 
 
-def _e_PodTimeLimitReached821(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k822, (_P[n825] if (n825 := len(s824 := o.pod_id.encode())) < 8192 else _long(n825)), s824, (_P[n827] if (n827 := len(s826 := o.node_id.encode())) < 8192 else _long(n827)), s826, (_P[n828] if 0 <= (n828 := o.time_limit_ms) < 8192 else _long(n828)), (_k833 if (u829 := o.gang_id) is None else _u830(u829)),))
+def _e_GangScheduled767(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k768, (_P[n771] if (n771 := len(s770 := o.gang_id.encode())) < 8192 else _long(n771)), s770, (_b773(a772) if (a772 := o.members) else b"\x00"), (_P[n782] if (n782 := len(s781 := (r780 := o.gang).gang_id.encode())) < 8192 else _long(n782)), s781, (_P[n784] if (n784 := len(s783 := r780.tenant.encode())) < 8192 else _long(n784)), s783, (_P[n785] if 0 <= (n785 := r780.priority) < 8192 else _long(n785)), (_b700(a786) if (a786 := r780.members) else b"\x00"), (_P[n787] if 0 <= (n787 := r780.min_members) < 8192 else _long(n787)), (_k792 if (u788 := r780.topology_required) is None else _u789(u788)), (_k798 if (u794 := r780.topology_preferred) is None else _u795(u794)), (_k803 if (u800 := r780.timeout_ms) is None else _u801(u800)), (_k808 if (u805 := r780.time_limit_ms) is None else _u806(u805)), (_b69(a810) if (a810 := r780.depends_on) else b"\x00"), (_P[n812] if (n812 := len(s811 := r780.dependency.encode())) < 8192 else _long(n812)), s811, (_P[n813] if 0 <= (n813 := r780.submitted_at) < 8192 else _long(n813)), (_P[n814] if 0 <= (n814 := r780.arrival) < 8192 else _long(n814)), (_P[n816] if (n816 := len(s815 := r780.preemption.encode())) < 8192 else _long(n816)), s815, (_k820 if (u817 := r780.queued_at) is None else _u818(u817)), (b"\x01" if r780.preemptible else b"\x00"), (_k826 if (u822 := o.topology_key) is None else _u823(u822)), (_k832 if (u828 := o.domain) is None else _u829(u828)), (b"\x01" if o.from_queue else b"\x00"), (_P[n835] if (n835 := len(s834 := o.message.encode())) < 8192 else _long(n835)), s834, (_b69(a836) if (a836 := o.preempted) else b"\x00"),))
 
 
-def _u843(v: Any) -> bytes:
-    return b"".join((_k843, (_P[n845] if 0 <= (n845 := v) < 8192 else _long(n845)),))
+def _e_GangTimedOut836(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k837, (_P[n840] if (n840 := len(s839 := o.gang_id.encode())) < 8192 else _long(n840)), s839, (_P[n841] if 0 <= (n841 := o.waited_ms) < 8192 else _long(n841)), (_P[n843] if (n843 := len(s842 := o.message.encode())) < 8192 else _long(n843)), s842,))
 
 
-def _e_NodesReserved834(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := o.holder_id.encode())) < 8192 else _long(n838)), s837, (_P[n840] if (n840 := len(s839 := o.holder_kind.encode())) < 8192 else _long(n840)), s839, (_b69(a841) if (a841 := o.nodes) else b"\x00"), (_k845 if (u842 := o.expected_start) is None else _u843(u842)), (_P[n848] if (n848 := len(s847 := o.message.encode())) < 8192 else _long(n848)), s847,))
+def _e_GangReleased843(o: _c_GangReleased) -> bytes:
+    return b"".join((_k844, (_P[n847] if (n847 := len(s846 := o.gang_id.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := o.reason.encode())) < 8192 else _long(n849)), s848, (b"\x01" if o.ok else b"\x00"), (_b69(a850) if (a850 := o.members_ended) else b"\x00"),))
 
 
-def _e_ReservationReleased848(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k849, (_P[n852] if (n852 := len(s851 := o.holder_id.encode())) < 8192 else _long(n852)), s851, (_P[n854] if (n854 := len(s853 := o.holder_kind.encode())) < 8192 else _long(n854)), s853, (_b69(a855) if (a855 := o.nodes) else b"\x00"), (_P[n857] if (n857 := len(s856 := o.reason.encode())) < 8192 else _long(n857)), s856, (_P[n859] if (n859 := len(s858 := o.message.encode())) < 8192 else _long(n859)), s858,))
+def _u859(v: Any) -> bytes:
+    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
 
 
-def _e_DependencyFailed859(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k860, (_P[n863] if (n863 := len(s862 := o.holder_id.encode())) < 8192 else _long(n863)), s862, (_P[n865] if (n865 := len(s864 := o.holder_kind.encode())) < 8192 else _long(n865)), s864, (_P[n867] if (n867 := len(s866 := o.dependency_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.message.encode())) < 8192 else _long(n869)), s868,))
+def _e_PodTimeLimitReached850(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.node_id.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := o.time_limit_ms) < 8192 else _long(n857)), (_k862 if (u858 := o.gang_id) is None else _u859(u858)),))
 
 
-def _e_Ticked869(o: _c_Ticked) -> bytes:
-    return b"".join((_k870, (_P[n872] if 0 <= (n872 := o.clock) < 8192 else _long(n872)), (b"\x01" if o.partition else b"\x00"),))
+def _u872(v: Any) -> bytes:
+    return b"".join((_k872, (_P[n874] if 0 <= (n874 := v) < 8192 else _long(n874)),))
 
 
-def _e_PodPreempted872(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k873, (_P[n876] if (n876 := len(s875 := o.pod_id.encode())) < 8192 else _long(n876)), s875, (_P[n878] if (n878 := len(s877 := o.node_id.encode())) < 8192 else _long(n878)), s877, (_P[n880] if (n880 := len(s879 := o.by.encode())) < 8192 else _long(n880)), s879, (_P[n882] if (n882 := len(s881 := o.reason.encode())) < 8192 else _long(n882)), s881, (_P[n884] if (n884 := len(s883 := o.message.encode())) < 8192 else _long(n884)), s883,))
+def _e_NodesReserved863(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k864, (_P[n867] if (n867 := len(s866 := o.holder_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.holder_kind.encode())) < 8192 else _long(n869)), s868, (_b69(a870) if (a870 := o.nodes) else b"\x00"), (_k874 if (u871 := o.expected_start) is None else _u872(u871)), (_P[n877] if (n877 := len(s876 := o.message.encode())) < 8192 else _long(n877)), s876,))
 
 
-def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n891] if (n891 := len(s890 := v.encode())) < 8192 else _long(n891)), s890,))
+def _e_ReservationReleased877(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k878, (_P[n881] if (n881 := len(s880 := o.holder_id.encode())) < 8192 else _long(n881)), s880, (_P[n883] if (n883 := len(s882 := o.holder_kind.encode())) < 8192 else _long(n883)), s882, (_b69(a884) if (a884 := o.nodes) else b"\x00"), (_P[n886] if (n886 := len(s885 := o.reason.encode())) < 8192 else _long(n886)), s885, (_P[n888] if (n888 := len(s887 := o.message.encode())) < 8192 else _long(n888)), s887,))
 
 
-def _e_QuotaChanged884(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k885, (_k891 if (u887 := o.tenant) is None else _u888(u887)), (_k894 if (u893 := o.quota) is None else _k893[type(u893)](u893)), (_k897 if (u896 := o.previous) is None else _k896[type(u896)](u896)), (_P[n900] if (n900 := len(s899 := o.message.encode())) < 8192 else _long(n900)), s899,))
+def _e_DependencyFailed888(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.dependency_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
 
 
-def _e_PodMigrated900(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k901, (_P[n904] if (n904 := len(s903 := o.pod_id.encode())) < 8192 else _long(n904)), s903, (_P[n906] if (n906 := len(s905 := o.from_node.encode())) < 8192 else _long(n906)), s905, (_b600(a907) if (a907 := o.from_gpus) else b"\x00"), (_P[n909] if (n909 := len(s908 := o.to_node.encode())) < 8192 else _long(n909)), s908, (_b600(a910) if (a910 := o.to_gpus) else b"\x00"), (_P[n912] if (n912 := len(s911 := o.reason.encode())) < 8192 else _long(n912)), s911, (_P[n914] if (n914 := len(s913 := o.message.encode())) < 8192 else _long(n914)), s913,))
+def _e_Ticked898(o: _c_Ticked) -> bytes:
+    return b"".join((_k899, (_P[n901] if 0 <= (n901 := o.clock) < 8192 else _long(n901)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u921(v: Any) -> bytes:
-    return b"".join((_k921, (_P[n924] if (n924 := len(s923 := v.encode())) < 8192 else _long(n924)), s923,))
+def _e_PodPreempted901(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k902, (_P[n905] if (n905 := len(s904 := o.pod_id.encode())) < 8192 else _long(n905)), s904, (_P[n907] if (n907 := len(s906 := o.node_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.by.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _e_DefragmentationPlanned914(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k915, (_P[n917] if 0 <= (n917 := o.moves) < 8192 else _long(n917)), (_P[n918] if 0 <= (n918 := o.gpus_freed) < 8192 else _long(n918)), (_P[n919] if 0 <= (n919 := o.nodes_freed) < 8192 else _long(n919)), (_k924 if (u920 := o.target) is None else _u921(u920)), (_P[n927] if (n927 := len(s926 := o.message.encode())) < 8192 else _long(n927)), s926,))
+def _u917(v: Any) -> bytes:
+    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
 
 
-def _e_ClusterHalted927(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k928, (_P[n931] if (n931 := len(s930 := o.cluster.encode())) < 8192 else _long(n931)), s930, (_P[n933] if (n933 := len(s932 := o.command_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.error.encode())) < 8192 else _long(n935)), s934, (_P[n937] if (n937 := len(s936 := o.message.encode())) < 8192 else _long(n937)), s936,))
+def _e_QuotaChanged913(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k914, (_k920 if (u916 := o.tenant) is None else _u917(u916)), (_k923 if (u922 := o.quota) is None else _k922[type(u922)](u922)), (_k926 if (u925 := o.previous) is None else _k925[type(u925)](u925)), (_P[n929] if (n929 := len(s928 := o.message.encode())) < 8192 else _long(n929)), s928,))
 
 
-def _e_ClusterResumed937(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.cluster.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.halted_command_id.encode())) < 8192 else _long(n943)), s942, (_P[n944] if 0 <= (n944 := o.halted_offset) < 8192 else _long(n944)), (_P[n945] if 0 <= (n945 := o.refolded_from) < 8192 else _long(n945)), (_P[n947] if (n947 := len(s946 := o.message.encode())) < 8192 else _long(n947)), s946,))
+def _e_PodMigrated929(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k930, (_P[n933] if (n933 := len(s932 := o.pod_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.from_node.encode())) < 8192 else _long(n935)), s934, (_b629(a936) if (a936 := o.from_gpus) else b"\x00"), (_P[n938] if (n938 := len(s937 := o.to_node.encode())) < 8192 else _long(n938)), s937, (_b629(a939) if (a939 := o.to_gpus) else b"\x00"), (_P[n941] if (n941 := len(s940 := o.reason.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.message.encode())) < 8192 else _long(n943)), s942,))
 
 
-def _e_Event475(o: _c_Event) -> bytes:
-    return b"".join((_k476, (_P[n478] if 0 <= (n478 := o.partition) < 8192 else _long(n478)), (_P[n479] if 0 <= (n479 := o.sequence) < 8192 else _long(n479)), (_P[n481] if (n481 := len(s480 := o.cluster.encode())) < 8192 else _long(n481)), s480, (_P[n483] if (n483 := len(s482 := o.command_id.encode())) < 8192 else _long(n483)), s482, (_P[n484] if 0 <= (n484 := o.command_offset) < 8192 else _long(n484)), (_P[n485] if 0 <= (n485 := o.occurred_at) < 8192 else _long(n485)), _k947[type(u486 := o.payload)](u486),))
+def _u950(v: Any) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
 
 
-def _d_NodeAdded954(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_DefragmentationPlanned943(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k944, (_P[n946] if 0 <= (n946 := o.moves) < 8192 else _long(n946)), (_P[n947] if 0 <= (n947 := o.gpus_freed) < 8192 else _long(n947)), (_P[n948] if 0 <= (n948 := o.nodes_freed) < 8192 else _long(n948)), (_k953 if (u949 := o.target) is None else _u950(u949)), (_P[n956] if (n956 := len(s955 := o.message.encode())) < 8192 else _long(n956)), s955,))
+
+
+def _e_ClusterHalted956(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := o.cluster.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.command_id.encode())) < 8192 else _long(n962)), s961, (_P[n964] if (n964 := len(s963 := o.error.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := o.message.encode())) < 8192 else _long(n966)), s965,))
+
+
+def _e_ClusterResumed966(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k967, (_P[n970] if (n970 := len(s969 := o.cluster.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.halted_command_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.halted_offset) < 8192 else _long(n973)), (_P[n974] if 0 <= (n974 := o.refolded_from) < 8192 else _long(n974)), (_P[n976] if (n976 := len(s975 := o.message.encode())) < 8192 else _long(n976)), s975,))
+
+
+def _e_Event504(o: _c_Event) -> bytes:
+    return b"".join((_k505, (_P[n507] if 0 <= (n507 := o.partition) < 8192 else _long(n507)), (_P[n508] if 0 <= (n508 := o.sequence) < 8192 else _long(n508)), (_P[n510] if (n510 := len(s509 := o.cluster.encode())) < 8192 else _long(n510)), s509, (_P[n512] if (n512 := len(s511 := o.command_id.encode())) < 8192 else _long(n512)), s511, (_P[n513] if 0 <= (n513 := o.command_offset) < 8192 else _long(n513)), (_P[n514] if 0 <= (n514 := o.occurred_at) < 8192 else _long(n514)), _k976[type(u515 := o.payload)](u515),))
+
+
+def _d_NodeAdded983(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3005,30 +3145,30 @@ def _d_NodeAdded954(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n956 = _ZL[buf[pos]]
-    if n956 < 0:
-        n956, pos = _rlong(buf, pos)
-        if n956 < 0:
-            raise _length_error(n956, end - pos)
+    n985 = _ZL[buf[pos]]
+    if n985 < 0:
+        n985, pos = _rlong(buf, pos)
+        if n985 < 0:
+            raise _length_error(n985, end - pos)
     else:
         pos += 1
-    q957 = pos + n956
-    if q957 > end:
-        raise _length_error(n956, end - pos)
-    f_node_id = buf[pos:q957].decode()
-    pos = q957
-    n958 = _ZL[buf[pos]]
-    if n958 < 0:
-        n958, pos = _rlong(buf, pos)
-        if n958 < 0:
-            raise _length_error(n958, end - pos)
+    q986 = pos + n985
+    if q986 > end:
+        raise _length_error(n985, end - pos)
+    f_node_id = buf[pos:q986].decode()
+    pos = q986
+    n987 = _ZL[buf[pos]]
+    if n987 < 0:
+        n987, pos = _rlong(buf, pos)
+        if n987 < 0:
+            raise _length_error(n987, end - pos)
     else:
         pos += 1
-    q959 = pos + n958
-    if q959 > end:
-        raise _length_error(n958, end - pos)
-    f_gpu_model = buf[pos:q959].decode()
-    pos = q959
+    q988 = pos + n987
+    if q988 > end:
+        raise _length_error(n987, end - pos)
+    f_gpu_model = buf[pos:q988].decode()
+    pos = q988
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3075,189 +3215,189 @@ def _d_NodeAdded954(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc960: dict[str, Any] = {}
+        acc989: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c961 = _ZD[b]
+                c990 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c961 = (z >> 1) ^ -(z & 1)
+                c990 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c961 = (z >> 1) ^ -(z & 1)
+                c990 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c961, pos = _rlong(buf, pos)
-            if c961 == 0:
+                c990, pos = _rlong(buf, pos)
+            if c990 == 0:
                 break
-            if c961 < 0:
-                c961 = -c961
+            if c990 < 0:
+                c990 = -c990
                 b = buf[pos]
                 if b < 128:
-                    z964 = _ZD[b]
+                    z993 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z964 = (z >> 1) ^ -(z & 1)
+                    z993 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z964 = (z >> 1) ^ -(z & 1)
+                    z993 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z964, pos = _rlong(buf, pos)
-            if c961 * 2 > end - pos:
-                raise _count_error(c961, end - pos)
-            for _ in range(c961):
-                n965 = _ZL[buf[pos]]
-                if n965 < 0:
-                    n965, pos = _rlong(buf, pos)
-                    if n965 < 0:
-                        raise _length_error(n965, end - pos)
+                    z993, pos = _rlong(buf, pos)
+            if c990 * 2 > end - pos:
+                raise _count_error(c990, end - pos)
+            for _ in range(c990):
+                n994 = _ZL[buf[pos]]
+                if n994 < 0:
+                    n994, pos = _rlong(buf, pos)
+                    if n994 < 0:
+                        raise _length_error(n994, end - pos)
                 else:
                     pos += 1
-                q966 = pos + n965
-                if q966 > end:
-                    raise _length_error(n965, end - pos)
-                k963 = buf[pos:q966].decode()
-                pos = q966
-                n967 = _ZL[buf[pos]]
-                if n967 < 0:
-                    n967, pos = _rlong(buf, pos)
-                    if n967 < 0:
-                        raise _length_error(n967, end - pos)
+                q995 = pos + n994
+                if q995 > end:
+                    raise _length_error(n994, end - pos)
+                k992 = buf[pos:q995].decode()
+                pos = q995
+                n996 = _ZL[buf[pos]]
+                if n996 < 0:
+                    n996, pos = _rlong(buf, pos)
+                    if n996 < 0:
+                        raise _length_error(n996, end - pos)
                 else:
                     pos += 1
-                q968 = pos + n967
-                if q968 > end:
-                    raise _length_error(n967, end - pos)
-                x962 = buf[pos:q968].decode()
-                pos = q968
-                acc960[k963] = x962
-        f_labels = acc960
+                q997 = pos + n996
+                if q997 > end:
+                    raise _length_error(n996, end - pos)
+                x991 = buf[pos:q997].decode()
+                pos = q997
+                acc989[k992] = x991
+        f_labels = acc989
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc969: list[Any] = []
+        acc998: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c970 = _ZD[b]
+                c999 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c970 = (z >> 1) ^ -(z & 1)
+                c999 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c970 = (z >> 1) ^ -(z & 1)
+                c999 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c970, pos = _rlong(buf, pos)
-            if c970 == 0:
+                c999, pos = _rlong(buf, pos)
+            if c999 == 0:
                 break
-            if c970 < 0:
-                c970 = -c970
+            if c999 < 0:
+                c999 = -c999
                 b = buf[pos]
                 if b < 128:
-                    z973 = _ZD[b]
+                    z1002 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z973 = (z >> 1) ^ -(z & 1)
+                    z1002 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z973 = (z >> 1) ^ -(z & 1)
+                    z1002 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z973, pos = _rlong(buf, pos)
-            if c970 * 3 > end - pos:
-                raise _count_error(c970, end - pos)
-            for _ in range(c970):
-                x971, pos = _d_Taint288(buf, pos, end)
-                acc969.append(x971)
-        f_taints = tuple(acc969)
+                    z1002, pos = _rlong(buf, pos)
+            if c999 * 3 > end - pos:
+                raise _count_error(c999, end - pos)
+            for _ in range(c999):
+                x1000, pos = _d_Taint307(buf, pos, end)
+                acc998.append(x1000)
+        f_taints = tuple(acc998)
     o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
     return o, pos
 
 
-def _d_NodeRemoved973(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1002(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n975 = _ZL[buf[pos]]
-    if n975 < 0:
-        n975, pos = _rlong(buf, pos)
-        if n975 < 0:
-            raise _length_error(n975, end - pos)
+    n1004 = _ZL[buf[pos]]
+    if n1004 < 0:
+        n1004, pos = _rlong(buf, pos)
+        if n1004 < 0:
+            raise _length_error(n1004, end - pos)
     else:
         pos += 1
-    q976 = pos + n975
-    if q976 > end:
-        raise _length_error(n975, end - pos)
-    f_node_id = buf[pos:q976].decode()
-    pos = q976
+    q1005 = pos + n1004
+    if q1005 > end:
+        raise _length_error(n1004, end - pos)
+    f_node_id = buf[pos:q1005].decode()
+    pos = q1005
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned976(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1005(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n978 = _ZL[buf[pos]]
-    if n978 < 0:
-        n978, pos = _rlong(buf, pos)
-        if n978 < 0:
-            raise _length_error(n978, end - pos)
+    n1007 = _ZL[buf[pos]]
+    if n1007 < 0:
+        n1007, pos = _rlong(buf, pos)
+        if n1007 < 0:
+            raise _length_error(n1007, end - pos)
     else:
         pos += 1
-    q979 = pos + n978
-    if q979 > end:
-        raise _length_error(n978, end - pos)
-    f_node_id = buf[pos:q979].decode()
-    pos = q979
+    q1008 = pos + n1007
+    if q1008 > end:
+        raise _length_error(n1007, end - pos)
+    f_node_id = buf[pos:q1008].decode()
+    pos = q1008
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned979(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1008(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n981 = _ZL[buf[pos]]
-    if n981 < 0:
-        n981, pos = _rlong(buf, pos)
-        if n981 < 0:
-            raise _length_error(n981, end - pos)
+    n1010 = _ZL[buf[pos]]
+    if n1010 < 0:
+        n1010, pos = _rlong(buf, pos)
+        if n1010 < 0:
+            raise _length_error(n1010, end - pos)
     else:
         pos += 1
-    q982 = pos + n981
-    if q982 > end:
-        raise _length_error(n981, end - pos)
-    f_node_id = buf[pos:q982].decode()
-    pos = q982
+    q1011 = pos + n1010
+    if q1011 > end:
+        raise _length_error(n1010, end - pos)
+    f_node_id = buf[pos:q1011].decode()
+    pos = q1011
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained982(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1011(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n984 = _ZL[buf[pos]]
-    if n984 < 0:
-        n984, pos = _rlong(buf, pos)
-        if n984 < 0:
-            raise _length_error(n984, end - pos)
+    n1013 = _ZL[buf[pos]]
+    if n1013 < 0:
+        n1013, pos = _rlong(buf, pos)
+        if n1013 < 0:
+            raise _length_error(n1013, end - pos)
     else:
         pos += 1
-    q985 = pos + n984
-    if q985 > end:
-        raise _length_error(n984, end - pos)
-    f_node_id = buf[pos:q985].decode()
-    pos = q985
+    q1014 = pos + n1013
+    if q1014 > end:
+        raise _length_error(n1013, end - pos)
+    f_node_id = buf[pos:q1014].decode()
+    pos = q1014
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3276,34 +3416,34 @@ def _d_NodeDrained982(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, i
     return o, pos
 
 
-def _d_NodeFailed985(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1014(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n987 = _ZL[buf[pos]]
-    if n987 < 0:
-        n987, pos = _rlong(buf, pos)
-        if n987 < 0:
-            raise _length_error(n987, end - pos)
+    n1016 = _ZL[buf[pos]]
+    if n1016 < 0:
+        n1016, pos = _rlong(buf, pos)
+        if n1016 < 0:
+            raise _length_error(n1016, end - pos)
     else:
         pos += 1
-    q988 = pos + n987
-    if q988 > end:
-        raise _length_error(n987, end - pos)
-    f_node_id = buf[pos:q988].decode()
-    pos = q988
-    n989 = _ZL[buf[pos]]
-    if n989 < 0:
-        n989, pos = _rlong(buf, pos)
-        if n989 < 0:
-            raise _length_error(n989, end - pos)
+    q1017 = pos + n1016
+    if q1017 > end:
+        raise _length_error(n1016, end - pos)
+    f_node_id = buf[pos:q1017].decode()
+    pos = q1017
+    n1018 = _ZL[buf[pos]]
+    if n1018 < 0:
+        n1018, pos = _rlong(buf, pos)
+        if n1018 < 0:
+            raise _length_error(n1018, end - pos)
     else:
         pos += 1
-    q990 = pos + n989
-    if q990 > end:
-        raise _length_error(n989, end - pos)
-    f_reason = buf[pos:q990].decode()
-    pos = q990
+    q1019 = pos + n1018
+    if q1019 > end:
+        raise _length_error(n1018, end - pos)
+    f_reason = buf[pos:q1019].decode()
+    pos = q1019
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3322,7 +3462,7 @@ def _d_NodeFailed985(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int
     return o, pos
 
 
-def _d_PodSpec991(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3341,30 +3481,31 @@ def _d_PodSpec991(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n993 = _ZL[buf[pos]]
-    if n993 < 0:
-        n993, pos = _rlong(buf, pos)
-        if n993 < 0:
-            raise _length_error(n993, end - pos)
+    f_preemptible: bool
+    n1022 = _ZL[buf[pos]]
+    if n1022 < 0:
+        n1022, pos = _rlong(buf, pos)
+        if n1022 < 0:
+            raise _length_error(n1022, end - pos)
     else:
         pos += 1
-    q994 = pos + n993
-    if q994 > end:
-        raise _length_error(n993, end - pos)
-    f_pod_id = buf[pos:q994].decode()
-    pos = q994
-    n995 = _ZL[buf[pos]]
-    if n995 < 0:
-        n995, pos = _rlong(buf, pos)
-        if n995 < 0:
-            raise _length_error(n995, end - pos)
+    q1023 = pos + n1022
+    if q1023 > end:
+        raise _length_error(n1022, end - pos)
+    f_pod_id = buf[pos:q1023].decode()
+    pos = q1023
+    n1024 = _ZL[buf[pos]]
+    if n1024 < 0:
+        n1024, pos = _rlong(buf, pos)
+        if n1024 < 0:
+            raise _length_error(n1024, end - pos)
     else:
         pos += 1
-    q996 = pos + n995
-    if q996 > end:
-        raise _length_error(n995, end - pos)
-    f_tenant = buf[pos:q996].decode()
-    pos = q996
+    q1025 = pos + n1024
+    if q1025 > end:
+        raise _length_error(n1024, end - pos)
+    f_tenant = buf[pos:q1025].decode()
+    pos = q1025
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3439,402 +3580,62 @@ def _d_PodSpec991(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc997: list[Any] = []
+        acc1026: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c998 = _ZD[b]
+                c1027 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c998 = (z >> 1) ^ -(z & 1)
+                c1027 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c998 = (z >> 1) ^ -(z & 1)
+                c1027 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c998, pos = _rlong(buf, pos)
-            if c998 == 0:
+                c1027, pos = _rlong(buf, pos)
+            if c1027 == 0:
                 break
-            if c998 < 0:
-                c998 = -c998
+            if c1027 < 0:
+                c1027 = -c1027
                 b = buf[pos]
                 if b < 128:
-                    z1001 = _ZD[b]
+                    z1030 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1001 = (z >> 1) ^ -(z & 1)
+                    z1030 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1001 = (z >> 1) ^ -(z & 1)
+                    z1030 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1001, pos = _rlong(buf, pos)
-            if c998 * 1 > end - pos:
-                raise _count_error(c998, end - pos)
-            for _ in range(c998):
-                n1002 = _ZL[buf[pos]]
-                if n1002 < 0:
-                    n1002, pos = _rlong(buf, pos)
-                    if n1002 < 0:
-                        raise _length_error(n1002, end - pos)
+                    z1030, pos = _rlong(buf, pos)
+            if c1027 * 1 > end - pos:
+                raise _count_error(c1027, end - pos)
+            for _ in range(c1027):
+                n1031 = _ZL[buf[pos]]
+                if n1031 < 0:
+                    n1031, pos = _rlong(buf, pos)
+                    if n1031 < 0:
+                        raise _length_error(n1031, end - pos)
                 else:
                     pos += 1
-                q1003 = pos + n1002
-                if q1003 > end:
-                    raise _length_error(n1002, end - pos)
-                x999 = buf[pos:q1003].decode()
-                pos = q1003
-                acc997.append(x999)
-        f_gpu_models = tuple(acc997)
+                q1032 = pos + n1031
+                if q1032 > end:
+                    raise _length_error(n1031, end - pos)
+                x1028 = buf[pos:q1032].decode()
+                pos = q1032
+                acc1026.append(x1028)
+        f_gpu_models = tuple(acc1026)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1004: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1005 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1005 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1005 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1005, pos = _rlong(buf, pos)
-            if c1005 == 0:
-                break
-            if c1005 < 0:
-                c1005 = -c1005
-                b = buf[pos]
-                if b < 128:
-                    z1008 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1008 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1008 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1008, pos = _rlong(buf, pos)
-            if c1005 * 2 > end - pos:
-                raise _count_error(c1005, end - pos)
-            for _ in range(c1005):
-                n1009 = _ZL[buf[pos]]
-                if n1009 < 0:
-                    n1009, pos = _rlong(buf, pos)
-                    if n1009 < 0:
-                        raise _length_error(n1009, end - pos)
-                else:
-                    pos += 1
-                q1010 = pos + n1009
-                if q1010 > end:
-                    raise _length_error(n1009, end - pos)
-                k1007 = buf[pos:q1010].decode()
-                pos = q1010
-                n1011 = _ZL[buf[pos]]
-                if n1011 < 0:
-                    n1011, pos = _rlong(buf, pos)
-                    if n1011 < 0:
-                        raise _length_error(n1011, end - pos)
-                else:
-                    pos += 1
-                q1012 = pos + n1011
-                if q1012 > end:
-                    raise _length_error(n1011, end - pos)
-                x1006 = buf[pos:q1012].decode()
-                pos = q1012
-                acc1004[k1007] = x1006
-        f_node_selector = acc1004
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1013: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1014 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1014 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1014 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1014, pos = _rlong(buf, pos)
-            if c1014 == 0:
-                break
-            if c1014 < 0:
-                c1014 = -c1014
-                b = buf[pos]
-                if b < 128:
-                    z1017 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1017 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1017 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1017, pos = _rlong(buf, pos)
-            if c1014 * 4 > end - pos:
-                raise _count_error(c1014, end - pos)
-            for _ in range(c1014):
-                x1015, pos = _d_Toleration338(buf, pos, end)
-                acc1013.append(x1015)
-        f_tolerations = tuple(acc1013)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1018 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1018 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1018 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1018, pos = _rlong(buf, pos)
-    if i1018 == 0:
-        f_gang_id = None
-    elif i1018 == 1:
-        n1019 = _ZL[buf[pos]]
-        if n1019 < 0:
-            n1019, pos = _rlong(buf, pos)
-            if n1019 < 0:
-                raise _length_error(n1019, end - pos)
-        else:
-            pos += 1
-        q1020 = pos + n1019
-        if q1020 > end:
-            raise _length_error(n1019, end - pos)
-        f_gang_id = buf[pos:q1020].decode()
-        pos = q1020
-    else:
-        raise _union_error(i1018, 2)
-    b = buf[pos]
-    if b < 128:
-        i1021 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1021 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1021 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1021, pos = _rlong(buf, pos)
-    if i1021 == 0:
-        f_time_limit_ms = None
-    elif i1021 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1021, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1022: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1023 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1023 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1023 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1023, pos = _rlong(buf, pos)
-            if c1023 == 0:
-                break
-            if c1023 < 0:
-                c1023 = -c1023
-                b = buf[pos]
-                if b < 128:
-                    z1026 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1026 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1026 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1026, pos = _rlong(buf, pos)
-            if c1023 * 1 > end - pos:
-                raise _count_error(c1023, end - pos)
-            for _ in range(c1023):
-                n1027 = _ZL[buf[pos]]
-                if n1027 < 0:
-                    n1027, pos = _rlong(buf, pos)
-                    if n1027 < 0:
-                        raise _length_error(n1027, end - pos)
-                else:
-                    pos += 1
-                q1028 = pos + n1027
-                if q1028 > end:
-                    raise _length_error(n1027, end - pos)
-                x1024 = buf[pos:q1028].decode()
-                pos = q1028
-                acc1022.append(x1024)
-        f_depends_on = tuple(acc1022)
-    n1029 = _ZL[buf[pos]]
-    if n1029 < 0:
-        n1029, pos = _rlong(buf, pos)
-        if n1029 < 0:
-            raise _length_error(n1029, end - pos)
-    else:
-        pos += 1
-    q1030 = pos + n1029
-    if q1030 > end:
-        raise _length_error(n1029, end - pos)
-    f_dependency = buf[pos:q1030].decode()
-    pos = q1030
-    n1031 = _ZL[buf[pos]]
-    if n1031 < 0:
-        n1031, pos = _rlong(buf, pos)
-        if n1031 < 0:
-            raise _length_error(n1031, end - pos)
-    else:
-        pos += 1
-    q1032 = pos + n1031
-    if q1032 > end:
-        raise _length_error(n1031, end - pos)
-    f_preemption = buf[pos:q1032].decode()
-    pos = q1032
-    f_movable = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
-    return o, pos
-
-
-def _d_QueueReason1037(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1039 = _ZL[buf[pos]]
-    if n1039 < 0:
-        n1039, pos = _rlong(buf, pos)
-        if n1039 < 0:
-            raise _length_error(n1039, end - pos)
-    else:
-        pos += 1
-    q1040 = pos + n1039
-    if q1040 > end:
-        raise _length_error(n1039, end - pos)
-    f_code = buf[pos:q1040].decode()
-    pos = q1040
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1041 = _ZL[buf[pos]]
-    if n1041 < 0:
-        n1041, pos = _rlong(buf, pos)
-        if n1041 < 0:
-            raise _length_error(n1041, end - pos)
-    else:
-        pos += 1
-    q1042 = pos + n1041
-    if q1042 > end:
-        raise _length_error(n1041, end - pos)
-    f_message = buf[pos:q1042].decode()
-    pos = q1042
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued990(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec991(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1033: list[Any] = []
+        acc1033: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -3868,74 +3669,416 @@ def _d_PodQueued990(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
                     pos += 3
                 else:
                     z1037, pos = _rlong(buf, pos)
-            if c1034 * 3 > end - pos:
+            if c1034 * 2 > end - pos:
                 raise _count_error(c1034, end - pos)
             for _ in range(c1034):
-                x1035, pos = _d_QueueReason1037(buf, pos, end)
-                acc1033.append(x1035)
-        f_reasons = tuple(acc1033)
+                n1038 = _ZL[buf[pos]]
+                if n1038 < 0:
+                    n1038, pos = _rlong(buf, pos)
+                    if n1038 < 0:
+                        raise _length_error(n1038, end - pos)
+                else:
+                    pos += 1
+                q1039 = pos + n1038
+                if q1039 > end:
+                    raise _length_error(n1038, end - pos)
+                k1036 = buf[pos:q1039].decode()
+                pos = q1039
+                n1040 = _ZL[buf[pos]]
+                if n1040 < 0:
+                    n1040, pos = _rlong(buf, pos)
+                    if n1040 < 0:
+                        raise _length_error(n1040, end - pos)
+                else:
+                    pos += 1
+                q1041 = pos + n1040
+                if q1041 > end:
+                    raise _length_error(n1040, end - pos)
+                x1035 = buf[pos:q1041].decode()
+                pos = q1041
+                acc1033[k1036] = x1035
+        f_node_selector = acc1033
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1042: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1043 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1043 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1043 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1043, pos = _rlong(buf, pos)
+            if c1043 == 0:
+                break
+            if c1043 < 0:
+                c1043 = -c1043
+                b = buf[pos]
+                if b < 128:
+                    z1046 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1046 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1046 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1046, pos = _rlong(buf, pos)
+            if c1043 * 4 > end - pos:
+                raise _count_error(c1043, end - pos)
+            for _ in range(c1043):
+                x1044, pos = _d_Toleration357(buf, pos, end)
+                acc1042.append(x1044)
+        f_tolerations = tuple(acc1042)
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1047 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1047 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1047 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1047, pos = _rlong(buf, pos)
+    if i1047 == 0:
+        f_gang_id = None
+    elif i1047 == 1:
+        n1048 = _ZL[buf[pos]]
+        if n1048 < 0:
+            n1048, pos = _rlong(buf, pos)
+            if n1048 < 0:
+                raise _length_error(n1048, end - pos)
+        else:
+            pos += 1
+        q1049 = pos + n1048
+        if q1049 > end:
+            raise _length_error(n1048, end - pos)
+        f_gang_id = buf[pos:q1049].decode()
+        pos = q1049
+    else:
+        raise _union_error(i1047, 2)
+    b = buf[pos]
+    if b < 128:
+        i1050 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1050 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1050 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1050, pos = _rlong(buf, pos)
+    if i1050 == 0:
+        f_time_limit_ms = None
+    elif i1050 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1050, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1051: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1052 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1052 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1052 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1052, pos = _rlong(buf, pos)
+            if c1052 == 0:
+                break
+            if c1052 < 0:
+                c1052 = -c1052
+                b = buf[pos]
+                if b < 128:
+                    z1055 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1055 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1055 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1055, pos = _rlong(buf, pos)
+            if c1052 * 1 > end - pos:
+                raise _count_error(c1052, end - pos)
+            for _ in range(c1052):
+                n1056 = _ZL[buf[pos]]
+                if n1056 < 0:
+                    n1056, pos = _rlong(buf, pos)
+                    if n1056 < 0:
+                        raise _length_error(n1056, end - pos)
+                else:
+                    pos += 1
+                q1057 = pos + n1056
+                if q1057 > end:
+                    raise _length_error(n1056, end - pos)
+                x1053 = buf[pos:q1057].decode()
+                pos = q1057
+                acc1051.append(x1053)
+        f_depends_on = tuple(acc1051)
+    n1058 = _ZL[buf[pos]]
+    if n1058 < 0:
+        n1058, pos = _rlong(buf, pos)
+        if n1058 < 0:
+            raise _length_error(n1058, end - pos)
+    else:
+        pos += 1
+    q1059 = pos + n1058
+    if q1059 > end:
+        raise _length_error(n1058, end - pos)
+    f_dependency = buf[pos:q1059].decode()
+    pos = q1059
+    n1060 = _ZL[buf[pos]]
+    if n1060 < 0:
+        n1060, pos = _rlong(buf, pos)
+        if n1060 < 0:
+            raise _length_error(n1060, end - pos)
+    else:
+        pos += 1
+    q1061 = pos + n1060
+    if q1061 > end:
+        raise _length_error(n1060, end - pos)
+    f_preemption = buf[pos:q1061].decode()
+    pos = q1061
+    f_movable = buf[pos] != 0
+    pos += 1
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_preemptible)
+    return o, pos
+
+
+def _d_QueueReason1066(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1068 = _ZL[buf[pos]]
+    if n1068 < 0:
+        n1068, pos = _rlong(buf, pos)
+        if n1068 < 0:
+            raise _length_error(n1068, end - pos)
+    else:
+        pos += 1
+    q1069 = pos + n1068
+    if q1069 > end:
+        raise _length_error(n1068, end - pos)
+    f_code = buf[pos:q1069].decode()
+    pos = q1069
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1070 = _ZL[buf[pos]]
+    if n1070 < 0:
+        n1070, pos = _rlong(buf, pos)
+        if n1070 < 0:
+            raise _length_error(n1070, end - pos)
+    else:
+        pos += 1
+    q1071 = pos + n1070
+    if q1071 > end:
+        raise _length_error(n1070, end - pos)
+    f_message = buf[pos:q1071].decode()
+    pos = q1071
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1019(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1020(buf, pos, end)
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1062: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1063 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1063 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1063 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1063, pos = _rlong(buf, pos)
+            if c1063 == 0:
+                break
+            if c1063 < 0:
+                c1063 = -c1063
+                b = buf[pos]
+                if b < 128:
+                    z1066 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1066 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1066 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1066, pos = _rlong(buf, pos)
+            if c1063 * 3 > end - pos:
+                raise _count_error(c1063, end - pos)
+            for _ in range(c1063):
+                x1064, pos = _d_QueueReason1066(buf, pos, end)
+                acc1062.append(x1064)
+        f_reasons = tuple(acc1062)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1043: list[Any] = []
+        acc1072: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1044 = _ZD[b]
+                c1073 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1044 = (z >> 1) ^ -(z & 1)
+                c1073 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1044 = (z >> 1) ^ -(z & 1)
+                c1073 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1044, pos = _rlong(buf, pos)
-            if c1044 == 0:
+                c1073, pos = _rlong(buf, pos)
+            if c1073 == 0:
                 break
-            if c1044 < 0:
-                c1044 = -c1044
+            if c1073 < 0:
+                c1073 = -c1073
                 b = buf[pos]
                 if b < 128:
-                    z1047 = _ZD[b]
+                    z1076 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1047 = (z >> 1) ^ -(z & 1)
+                    z1076 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1047 = (z >> 1) ^ -(z & 1)
+                    z1076 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1047, pos = _rlong(buf, pos)
-            if c1044 * 1 > end - pos:
-                raise _count_error(c1044, end - pos)
-            for _ in range(c1044):
-                n1048 = _ZL[buf[pos]]
-                if n1048 < 0:
-                    n1048, pos = _rlong(buf, pos)
-                    if n1048 < 0:
-                        raise _length_error(n1048, end - pos)
+                    z1076, pos = _rlong(buf, pos)
+            if c1073 * 1 > end - pos:
+                raise _count_error(c1073, end - pos)
+            for _ in range(c1073):
+                n1077 = _ZL[buf[pos]]
+                if n1077 < 0:
+                    n1077, pos = _rlong(buf, pos)
+                    if n1077 < 0:
+                        raise _length_error(n1077, end - pos)
                 else:
                     pos += 1
-                q1049 = pos + n1048
-                if q1049 > end:
-                    raise _length_error(n1048, end - pos)
-                x1045 = buf[pos:q1049].decode()
-                pos = q1049
-                acc1043.append(x1045)
-        f_waiting_for = tuple(acc1043)
+                q1078 = pos + n1077
+                if q1078 > end:
+                    raise _length_error(n1077, end - pos)
+                x1074 = buf[pos:q1078].decode()
+                pos = q1078
+                acc1072.append(x1074)
+        f_waiting_for = tuple(acc1072)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1057(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1086(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -3970,7 +4113,7 @@ def _d_GpuShare1057(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1049(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1078(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -3978,221 +4121,7 @@ def _d_PodScheduled1049(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec991(buf, pos, end)
-    n1051 = _ZL[buf[pos]]
-    if n1051 < 0:
-        n1051, pos = _rlong(buf, pos)
-        if n1051 < 0:
-            raise _length_error(n1051, end - pos)
-    else:
-        pos += 1
-    q1052 = pos + n1051
-    if q1052 > end:
-        raise _length_error(n1051, end - pos)
-    f_node_id = buf[pos:q1052].decode()
-    pos = q1052
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1053: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1054 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1054 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1054 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1054, pos = _rlong(buf, pos)
-            if c1054 == 0:
-                break
-            if c1054 < 0:
-                c1054 = -c1054
-                b = buf[pos]
-                if b < 128:
-                    z1057 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1057 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1057 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1057, pos = _rlong(buf, pos)
-            if c1054 * 2 > end - pos:
-                raise _count_error(c1054, end - pos)
-            for _ in range(c1054):
-                x1055, pos = _d_GpuShare1057(buf, pos, end)
-                acc1053.append(x1055)
-        f_gpus = tuple(acc1053)
-    n1059 = _ZL[buf[pos]]
-    if n1059 < 0:
-        n1059, pos = _rlong(buf, pos)
-        if n1059 < 0:
-            raise _length_error(n1059, end - pos)
-    else:
-        pos += 1
-    q1060 = pos + n1059
-    if q1060 > end:
-        raise _length_error(n1059, end - pos)
-    f_policy = buf[pos:q1060].decode()
-    pos = q1060
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1061: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1062 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1062 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1062 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1062, pos = _rlong(buf, pos)
-            if c1062 == 0:
-                break
-            if c1062 < 0:
-                c1062 = -c1062
-                b = buf[pos]
-                if b < 128:
-                    z1065 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1065 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1065 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1065, pos = _rlong(buf, pos)
-            if c1062 * 9 > end - pos:
-                raise _count_error(c1062, end - pos)
-            for _ in range(c1062):
-                n1066 = _ZL[buf[pos]]
-                if n1066 < 0:
-                    n1066, pos = _rlong(buf, pos)
-                    if n1066 < 0:
-                        raise _length_error(n1066, end - pos)
-                else:
-                    pos += 1
-                q1067 = pos + n1066
-                if q1067 > end:
-                    raise _length_error(n1066, end - pos)
-                k1064 = buf[pos:q1067].decode()
-                pos = q1067
-                x1063, = _unpack_d(buf, pos)
-                pos += 8
-                acc1061[k1064] = x1063
-        f_scores = acc1061
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1068: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1069 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1069 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1069 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1069, pos = _rlong(buf, pos)
-            if c1069 == 0:
-                break
-            if c1069 < 0:
-                c1069 = -c1069
-                b = buf[pos]
-                if b < 128:
-                    z1072 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1072 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1072 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1072, pos = _rlong(buf, pos)
-            if c1069 * 1 > end - pos:
-                raise _count_error(c1069, end - pos)
-            for _ in range(c1069):
-                n1073 = _ZL[buf[pos]]
-                if n1073 < 0:
-                    n1073, pos = _rlong(buf, pos)
-                    if n1073 < 0:
-                        raise _length_error(n1073, end - pos)
-                else:
-                    pos += 1
-                q1074 = pos + n1073
-                if q1074 > end:
-                    raise _length_error(n1073, end - pos)
-                x1070 = buf[pos:q1074].decode()
-                pos = q1074
-                acc1068.append(x1070)
-        f_preempted = tuple(acc1068)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1074(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1076 = _ZL[buf[pos]]
-    if n1076 < 0:
-        n1076, pos = _rlong(buf, pos)
-        if n1076 < 0:
-            raise _length_error(n1076, end - pos)
-    else:
-        pos += 1
-    q1077 = pos + n1076
-    if q1077 > end:
-        raise _length_error(n1076, end - pos)
-    f_pod_id = buf[pos:q1077].decode()
-    pos = q1077
-    n1078 = _ZL[buf[pos]]
-    if n1078 < 0:
-        n1078, pos = _rlong(buf, pos)
-        if n1078 < 0:
-            raise _length_error(n1078, end - pos)
-    else:
-        pos += 1
-    q1079 = pos + n1078
-    if q1079 > end:
-        raise _length_error(n1078, end - pos)
-    f_node_id = buf[pos:q1079].decode()
-    pos = q1079
+    f_pod, pos = _d_PodSpec1020(buf, pos, end)
     n1080 = _ZL[buf[pos]]
     if n1080 < 0:
         n1080, pos = _rlong(buf, pos)
@@ -4203,59 +4132,52 @@ def _d_PodEvicted1074(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, in
     q1081 = pos + n1080
     if q1081 > end:
         raise _length_error(n1080, end - pos)
-    f_reason = buf[pos:q1081].decode()
+    f_node_id = buf[pos:q1081].decode()
     pos = q1081
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1081(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1083 = _ZL[buf[pos]]
-    if n1083 < 0:
-        n1083, pos = _rlong(buf, pos)
-        if n1083 < 0:
-            raise _length_error(n1083, end - pos)
-    else:
+    if buf[pos] == 0:
         pos += 1
-    q1084 = pos + n1083
-    if q1084 > end:
-        raise _length_error(n1083, end - pos)
-    f_pod_id = buf[pos:q1084].decode()
-    pos = q1084
-    b = buf[pos]
-    if b < 128:
-        i1085 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1085 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1085 = (z >> 1) ^ -(z & 1)
-        pos += 3
+        f_gpus = ()
     else:
-        i1085, pos = _rlong(buf, pos)
-    if i1085 == 0:
-        f_node_id = None
-    elif i1085 == 1:
-        n1086 = _ZL[buf[pos]]
-        if n1086 < 0:
-            n1086, pos = _rlong(buf, pos)
-            if n1086 < 0:
-                raise _length_error(n1086, end - pos)
-        else:
-            pos += 1
-        q1087 = pos + n1086
-        if q1087 > end:
-            raise _length_error(n1086, end - pos)
-        f_node_id = buf[pos:q1087].decode()
-        pos = q1087
-    else:
-        raise _union_error(i1085, 2)
+        acc1082: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1083 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1083 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1083 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1083, pos = _rlong(buf, pos)
+            if c1083 == 0:
+                break
+            if c1083 < 0:
+                c1083 = -c1083
+                b = buf[pos]
+                if b < 128:
+                    z1086 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1086 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1086 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1086, pos = _rlong(buf, pos)
+            if c1083 * 2 > end - pos:
+                raise _count_error(c1083, end - pos)
+            for _ in range(c1083):
+                x1084, pos = _d_GpuShare1086(buf, pos, end)
+                acc1082.append(x1084)
+        f_gpus = tuple(acc1082)
     n1088 = _ZL[buf[pos]]
     if n1088 < 0:
         n1088, pos = _rlong(buf, pos)
@@ -4266,59 +4188,280 @@ def _d_PodReleased1081(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, 
     q1089 = pos + n1088
     if q1089 > end:
         raise _length_error(n1088, end - pos)
-    f_reason = buf[pos:q1089].decode()
+    f_policy = buf[pos:q1089].decode()
     pos = q1089
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1090: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1091 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1091 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1091 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1091, pos = _rlong(buf, pos)
+            if c1091 == 0:
+                break
+            if c1091 < 0:
+                c1091 = -c1091
+                b = buf[pos]
+                if b < 128:
+                    z1094 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1094 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1094 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1094, pos = _rlong(buf, pos)
+            if c1091 * 9 > end - pos:
+                raise _count_error(c1091, end - pos)
+            for _ in range(c1091):
+                n1095 = _ZL[buf[pos]]
+                if n1095 < 0:
+                    n1095, pos = _rlong(buf, pos)
+                    if n1095 < 0:
+                        raise _length_error(n1095, end - pos)
+                else:
+                    pos += 1
+                q1096 = pos + n1095
+                if q1096 > end:
+                    raise _length_error(n1095, end - pos)
+                k1093 = buf[pos:q1096].decode()
+                pos = q1096
+                x1092, = _unpack_d(buf, pos)
+                pos += 8
+                acc1090[k1093] = x1092
+        f_scores = acc1090
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1097: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1098 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1098 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1098 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1098, pos = _rlong(buf, pos)
+            if c1098 == 0:
+                break
+            if c1098 < 0:
+                c1098 = -c1098
+                b = buf[pos]
+                if b < 128:
+                    z1101 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1101 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1101 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1101, pos = _rlong(buf, pos)
+            if c1098 * 1 > end - pos:
+                raise _count_error(c1098, end - pos)
+            for _ in range(c1098):
+                n1102 = _ZL[buf[pos]]
+                if n1102 < 0:
+                    n1102, pos = _rlong(buf, pos)
+                    if n1102 < 0:
+                        raise _length_error(n1102, end - pos)
+                else:
+                    pos += 1
+                q1103 = pos + n1102
+                if q1103 > end:
+                    raise _length_error(n1102, end - pos)
+                x1099 = buf[pos:q1103].decode()
+                pos = q1103
+                acc1097.append(x1099)
+        f_preempted = tuple(acc1097)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1103(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1105 = _ZL[buf[pos]]
+    if n1105 < 0:
+        n1105, pos = _rlong(buf, pos)
+        if n1105 < 0:
+            raise _length_error(n1105, end - pos)
+    else:
+        pos += 1
+    q1106 = pos + n1105
+    if q1106 > end:
+        raise _length_error(n1105, end - pos)
+    f_pod_id = buf[pos:q1106].decode()
+    pos = q1106
+    n1107 = _ZL[buf[pos]]
+    if n1107 < 0:
+        n1107, pos = _rlong(buf, pos)
+        if n1107 < 0:
+            raise _length_error(n1107, end - pos)
+    else:
+        pos += 1
+    q1108 = pos + n1107
+    if q1108 > end:
+        raise _length_error(n1107, end - pos)
+    f_node_id = buf[pos:q1108].decode()
+    pos = q1108
+    n1109 = _ZL[buf[pos]]
+    if n1109 < 0:
+        n1109, pos = _rlong(buf, pos)
+        if n1109 < 0:
+            raise _length_error(n1109, end - pos)
+    else:
+        pos += 1
+    q1110 = pos + n1109
+    if q1110 > end:
+        raise _length_error(n1109, end - pos)
+    f_reason = buf[pos:q1110].decode()
+    pos = q1110
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1110(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1112 = _ZL[buf[pos]]
+    if n1112 < 0:
+        n1112, pos = _rlong(buf, pos)
+        if n1112 < 0:
+            raise _length_error(n1112, end - pos)
+    else:
+        pos += 1
+    q1113 = pos + n1112
+    if q1113 > end:
+        raise _length_error(n1112, end - pos)
+    f_pod_id = buf[pos:q1113].decode()
+    pos = q1113
+    b = buf[pos]
+    if b < 128:
+        i1114 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1114 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1114 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1114, pos = _rlong(buf, pos)
+    if i1114 == 0:
+        f_node_id = None
+    elif i1114 == 1:
+        n1115 = _ZL[buf[pos]]
+        if n1115 < 0:
+            n1115, pos = _rlong(buf, pos)
+            if n1115 < 0:
+                raise _length_error(n1115, end - pos)
+        else:
+            pos += 1
+        q1116 = pos + n1115
+        if q1116 > end:
+            raise _length_error(n1115, end - pos)
+        f_node_id = buf[pos:q1116].decode()
+        pos = q1116
+    else:
+        raise _union_error(i1114, 2)
+    n1117 = _ZL[buf[pos]]
+    if n1117 < 0:
+        n1117, pos = _rlong(buf, pos)
+        if n1117 < 0:
+            raise _length_error(n1117, end - pos)
+    else:
+        pos += 1
+    q1118 = pos + n1117
+    if q1118 > end:
+        raise _length_error(n1117, end - pos)
+    f_reason = buf[pos:q1118].decode()
+    pos = q1118
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1089(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1118(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
+    n1120 = _ZL[buf[pos]]
+    if n1120 < 0:
+        n1120, pos = _rlong(buf, pos)
+        if n1120 < 0:
+            raise _length_error(n1120, end - pos)
     else:
         pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_policy = buf[pos:q1092].decode()
-    pos = q1092
-    n1093 = _ZL[buf[pos]]
-    if n1093 < 0:
-        n1093, pos = _rlong(buf, pos)
-        if n1093 < 0:
-            raise _length_error(n1093, end - pos)
+    q1121 = pos + n1120
+    if q1121 > end:
+        raise _length_error(n1120, end - pos)
+    f_policy = buf[pos:q1121].decode()
+    pos = q1121
+    n1122 = _ZL[buf[pos]]
+    if n1122 < 0:
+        n1122, pos = _rlong(buf, pos)
+        if n1122 < 0:
+            raise _length_error(n1122, end - pos)
     else:
         pos += 1
-    q1094 = pos + n1093
-    if q1094 > end:
-        raise _length_error(n1093, end - pos)
-    f_previous = buf[pos:q1094].decode()
-    pos = q1094
+    q1123 = pos + n1122
+    if q1123 > end:
+        raise _length_error(n1122, end - pos)
+    f_previous = buf[pos:q1123].decode()
+    pos = q1123
     b = buf[pos]
     if b < 128:
-        i1095 = _ZD[b]
+        i1124 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1095 = (z >> 1) ^ -(z & 1)
+        i1124 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1095 = (z >> 1) ^ -(z & 1)
+        i1124 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1095, pos = _rlong(buf, pos)
-    if i1095 == 0:
+        i1124, pos = _rlong(buf, pos)
+    if i1124 == 0:
         f_reserve_after_ms = None
-    elif i1095 == 1:
+    elif i1124 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4334,36 +4477,36 @@ def _d_PolicyChanged1089(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1095, 2)
-    n1096 = _ZL[buf[pos]]
-    if n1096 < 0:
-        n1096, pos = _rlong(buf, pos)
-        if n1096 < 0:
-            raise _length_error(n1096, end - pos)
+        raise _union_error(i1124, 2)
+    n1125 = _ZL[buf[pos]]
+    if n1125 < 0:
+        n1125, pos = _rlong(buf, pos)
+        if n1125 < 0:
+            raise _length_error(n1125, end - pos)
     else:
         pos += 1
-    q1097 = pos + n1096
-    if q1097 > end:
-        raise _length_error(n1096, end - pos)
-    f_queue_order = buf[pos:q1097].decode()
-    pos = q1097
+    q1126 = pos + n1125
+    if q1126 > end:
+        raise _length_error(n1125, end - pos)
+    f_queue_order = buf[pos:q1126].decode()
+    pos = q1126
     b = buf[pos]
     if b < 128:
-        i1098 = _ZD[b]
+        i1127 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1098 = (z >> 1) ^ -(z & 1)
+        i1127 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1098 = (z >> 1) ^ -(z & 1)
+        i1127 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1098, pos = _rlong(buf, pos)
-    if i1098 == 0:
+        i1127, pos = _rlong(buf, pos)
+    if i1127 == 0:
         f_max_clock_jump_ms = None
-    elif i1098 == 1:
+    elif i1127 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4379,69 +4522,69 @@ def _d_PolicyChanged1089(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1098, 2)
+        raise _union_error(i1127, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1098(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1127(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1100 = _ZL[buf[pos]]
-    if n1100 < 0:
-        n1100, pos = _rlong(buf, pos)
-        if n1100 < 0:
-            raise _length_error(n1100, end - pos)
+    n1129 = _ZL[buf[pos]]
+    if n1129 < 0:
+        n1129, pos = _rlong(buf, pos)
+        if n1129 < 0:
+            raise _length_error(n1129, end - pos)
     else:
         pos += 1
-    q1101 = pos + n1100
-    if q1101 > end:
-        raise _length_error(n1100, end - pos)
-    f_command_id = buf[pos:q1101].decode()
-    pos = q1101
-    n1102 = _ZL[buf[pos]]
-    if n1102 < 0:
-        n1102, pos = _rlong(buf, pos)
-        if n1102 < 0:
-            raise _length_error(n1102, end - pos)
+    q1130 = pos + n1129
+    if q1130 > end:
+        raise _length_error(n1129, end - pos)
+    f_command_id = buf[pos:q1130].decode()
+    pos = q1130
+    n1131 = _ZL[buf[pos]]
+    if n1131 < 0:
+        n1131, pos = _rlong(buf, pos)
+        if n1131 < 0:
+            raise _length_error(n1131, end - pos)
     else:
         pos += 1
-    q1103 = pos + n1102
-    if q1103 > end:
-        raise _length_error(n1102, end - pos)
-    f_command_type = buf[pos:q1103].decode()
-    pos = q1103
-    n1104 = _ZL[buf[pos]]
-    if n1104 < 0:
-        n1104, pos = _rlong(buf, pos)
-        if n1104 < 0:
-            raise _length_error(n1104, end - pos)
+    q1132 = pos + n1131
+    if q1132 > end:
+        raise _length_error(n1131, end - pos)
+    f_command_type = buf[pos:q1132].decode()
+    pos = q1132
+    n1133 = _ZL[buf[pos]]
+    if n1133 < 0:
+        n1133, pos = _rlong(buf, pos)
+        if n1133 < 0:
+            raise _length_error(n1133, end - pos)
     else:
         pos += 1
-    q1105 = pos + n1104
-    if q1105 > end:
-        raise _length_error(n1104, end - pos)
-    f_code = buf[pos:q1105].decode()
-    pos = q1105
-    n1106 = _ZL[buf[pos]]
-    if n1106 < 0:
-        n1106, pos = _rlong(buf, pos)
-        if n1106 < 0:
-            raise _length_error(n1106, end - pos)
+    q1134 = pos + n1133
+    if q1134 > end:
+        raise _length_error(n1133, end - pos)
+    f_code = buf[pos:q1134].decode()
+    pos = q1134
+    n1135 = _ZL[buf[pos]]
+    if n1135 < 0:
+        n1135, pos = _rlong(buf, pos)
+        if n1135 < 0:
+            raise _length_error(n1135, end - pos)
     else:
         pos += 1
-    q1107 = pos + n1106
-    if q1107 > end:
-        raise _length_error(n1106, end - pos)
-    f_message = buf[pos:q1107].decode()
-    pos = q1107
+    q1136 = pos + n1135
+    if q1136 > end:
+        raise _length_error(n1135, end - pos)
+    f_message = buf[pos:q1136].decode()
+    pos = q1136
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4457,30 +4600,31 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_arrival: int
     f_preemption: str
     f_queued_at: Any
-    n1117 = _ZL[buf[pos]]
-    if n1117 < 0:
-        n1117, pos = _rlong(buf, pos)
-        if n1117 < 0:
-            raise _length_error(n1117, end - pos)
+    f_preemptible: bool
+    n1146 = _ZL[buf[pos]]
+    if n1146 < 0:
+        n1146, pos = _rlong(buf, pos)
+        if n1146 < 0:
+            raise _length_error(n1146, end - pos)
     else:
         pos += 1
-    q1118 = pos + n1117
-    if q1118 > end:
-        raise _length_error(n1117, end - pos)
-    f_gang_id = buf[pos:q1118].decode()
-    pos = q1118
-    n1119 = _ZL[buf[pos]]
-    if n1119 < 0:
-        n1119, pos = _rlong(buf, pos)
-        if n1119 < 0:
-            raise _length_error(n1119, end - pos)
+    q1147 = pos + n1146
+    if q1147 > end:
+        raise _length_error(n1146, end - pos)
+    f_gang_id = buf[pos:q1147].decode()
+    pos = q1147
+    n1148 = _ZL[buf[pos]]
+    if n1148 < 0:
+        n1148, pos = _rlong(buf, pos)
+        if n1148 < 0:
+            raise _length_error(n1148, end - pos)
     else:
         pos += 1
-    q1120 = pos + n1119
-    if q1120 > end:
-        raise _length_error(n1119, end - pos)
-    f_tenant = buf[pos:q1120].decode()
-    pos = q1120
+    q1149 = pos + n1148
+    if q1149 > end:
+        raise _length_error(n1148, end - pos)
+    f_tenant = buf[pos:q1149].decode()
+    pos = q1149
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4499,46 +4643,46 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1121: list[Any] = []
+        acc1150: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1122 = _ZD[b]
+                c1151 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1122 = (z >> 1) ^ -(z & 1)
+                c1151 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1122 = (z >> 1) ^ -(z & 1)
+                c1151 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1122, pos = _rlong(buf, pos)
-            if c1122 == 0:
+                c1151, pos = _rlong(buf, pos)
+            if c1151 == 0:
                 break
-            if c1122 < 0:
-                c1122 = -c1122
+            if c1151 < 0:
+                c1151 = -c1151
                 b = buf[pos]
                 if b < 128:
-                    z1125 = _ZD[b]
+                    z1154 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1125 = (z >> 1) ^ -(z & 1)
+                    z1154 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1125 = (z >> 1) ^ -(z & 1)
+                    z1154 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1125, pos = _rlong(buf, pos)
-            if c1122 * 18 > end - pos:
-                raise _count_error(c1122, end - pos)
-            for _ in range(c1122):
-                x1123, pos = _d_PodSpec991(buf, pos, end)
-                acc1121.append(x1123)
-        f_members = tuple(acc1121)
+                    z1154, pos = _rlong(buf, pos)
+            if c1151 * 19 > end - pos:
+                raise _count_error(c1151, end - pos)
+            for _ in range(c1151):
+                x1152, pos = _d_PodSpec1020(buf, pos, end)
+                acc1150.append(x1152)
+        f_members = tuple(acc1150)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4555,83 +4699,83 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1126 = _ZD[b]
+        i1155 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1126 = (z >> 1) ^ -(z & 1)
+        i1155 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1126 = (z >> 1) ^ -(z & 1)
+        i1155 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1126, pos = _rlong(buf, pos)
-    if i1126 == 0:
+        i1155, pos = _rlong(buf, pos)
+    if i1155 == 0:
         f_topology_required = None
-    elif i1126 == 1:
-        n1127 = _ZL[buf[pos]]
-        if n1127 < 0:
-            n1127, pos = _rlong(buf, pos)
-            if n1127 < 0:
-                raise _length_error(n1127, end - pos)
+    elif i1155 == 1:
+        n1156 = _ZL[buf[pos]]
+        if n1156 < 0:
+            n1156, pos = _rlong(buf, pos)
+            if n1156 < 0:
+                raise _length_error(n1156, end - pos)
         else:
             pos += 1
-        q1128 = pos + n1127
-        if q1128 > end:
-            raise _length_error(n1127, end - pos)
-        f_topology_required = buf[pos:q1128].decode()
-        pos = q1128
+        q1157 = pos + n1156
+        if q1157 > end:
+            raise _length_error(n1156, end - pos)
+        f_topology_required = buf[pos:q1157].decode()
+        pos = q1157
     else:
-        raise _union_error(i1126, 2)
+        raise _union_error(i1155, 2)
     b = buf[pos]
     if b < 128:
-        i1129 = _ZD[b]
+        i1158 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1129 = (z >> 1) ^ -(z & 1)
+        i1158 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1129 = (z >> 1) ^ -(z & 1)
+        i1158 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1129, pos = _rlong(buf, pos)
-    if i1129 == 0:
+        i1158, pos = _rlong(buf, pos)
+    if i1158 == 0:
         f_topology_preferred = None
-    elif i1129 == 1:
-        n1130 = _ZL[buf[pos]]
-        if n1130 < 0:
-            n1130, pos = _rlong(buf, pos)
-            if n1130 < 0:
-                raise _length_error(n1130, end - pos)
+    elif i1158 == 1:
+        n1159 = _ZL[buf[pos]]
+        if n1159 < 0:
+            n1159, pos = _rlong(buf, pos)
+            if n1159 < 0:
+                raise _length_error(n1159, end - pos)
         else:
             pos += 1
-        q1131 = pos + n1130
-        if q1131 > end:
-            raise _length_error(n1130, end - pos)
-        f_topology_preferred = buf[pos:q1131].decode()
-        pos = q1131
+        q1160 = pos + n1159
+        if q1160 > end:
+            raise _length_error(n1159, end - pos)
+        f_topology_preferred = buf[pos:q1160].decode()
+        pos = q1160
     else:
-        raise _union_error(i1129, 2)
+        raise _union_error(i1158, 2)
     b = buf[pos]
     if b < 128:
-        i1132 = _ZD[b]
+        i1161 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1132 = (z >> 1) ^ -(z & 1)
+        i1161 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1132 = (z >> 1) ^ -(z & 1)
+        i1161 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1132, pos = _rlong(buf, pos)
-    if i1132 == 0:
+        i1161, pos = _rlong(buf, pos)
+    if i1161 == 0:
         f_timeout_ms = None
-    elif i1132 == 1:
+    elif i1161 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4647,24 +4791,24 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1132, 2)
+        raise _union_error(i1161, 2)
     b = buf[pos]
     if b < 128:
-        i1133 = _ZD[b]
+        i1162 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1133 = (z >> 1) ^ -(z & 1)
+        i1162 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1133 = (z >> 1) ^ -(z & 1)
+        i1162 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1133, pos = _rlong(buf, pos)
-    if i1133 == 0:
+        i1162, pos = _rlong(buf, pos)
+    if i1162 == 0:
         f_time_limit_ms = None
-    elif i1133 == 1:
+    elif i1162 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4680,74 +4824,74 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1133, 2)
+        raise _union_error(i1162, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1134: list[Any] = []
+        acc1163: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1135 = _ZD[b]
+                c1164 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1135 = (z >> 1) ^ -(z & 1)
+                c1164 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1135 = (z >> 1) ^ -(z & 1)
+                c1164 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1135, pos = _rlong(buf, pos)
-            if c1135 == 0:
+                c1164, pos = _rlong(buf, pos)
+            if c1164 == 0:
                 break
-            if c1135 < 0:
-                c1135 = -c1135
+            if c1164 < 0:
+                c1164 = -c1164
                 b = buf[pos]
                 if b < 128:
-                    z1138 = _ZD[b]
+                    z1167 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1138 = (z >> 1) ^ -(z & 1)
+                    z1167 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1138 = (z >> 1) ^ -(z & 1)
+                    z1167 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1138, pos = _rlong(buf, pos)
-            if c1135 * 1 > end - pos:
-                raise _count_error(c1135, end - pos)
-            for _ in range(c1135):
-                n1139 = _ZL[buf[pos]]
-                if n1139 < 0:
-                    n1139, pos = _rlong(buf, pos)
-                    if n1139 < 0:
-                        raise _length_error(n1139, end - pos)
+                    z1167, pos = _rlong(buf, pos)
+            if c1164 * 1 > end - pos:
+                raise _count_error(c1164, end - pos)
+            for _ in range(c1164):
+                n1168 = _ZL[buf[pos]]
+                if n1168 < 0:
+                    n1168, pos = _rlong(buf, pos)
+                    if n1168 < 0:
+                        raise _length_error(n1168, end - pos)
                 else:
                     pos += 1
-                q1140 = pos + n1139
-                if q1140 > end:
-                    raise _length_error(n1139, end - pos)
-                x1136 = buf[pos:q1140].decode()
-                pos = q1140
-                acc1134.append(x1136)
-        f_depends_on = tuple(acc1134)
-    n1141 = _ZL[buf[pos]]
-    if n1141 < 0:
-        n1141, pos = _rlong(buf, pos)
-        if n1141 < 0:
-            raise _length_error(n1141, end - pos)
+                q1169 = pos + n1168
+                if q1169 > end:
+                    raise _length_error(n1168, end - pos)
+                x1165 = buf[pos:q1169].decode()
+                pos = q1169
+                acc1163.append(x1165)
+        f_depends_on = tuple(acc1163)
+    n1170 = _ZL[buf[pos]]
+    if n1170 < 0:
+        n1170, pos = _rlong(buf, pos)
+        if n1170 < 0:
+            raise _length_error(n1170, end - pos)
     else:
         pos += 1
-    q1142 = pos + n1141
-    if q1142 > end:
-        raise _length_error(n1141, end - pos)
-    f_dependency = buf[pos:q1142].decode()
-    pos = q1142
+    q1171 = pos + n1170
+    if q1171 > end:
+        raise _length_error(n1170, end - pos)
+    f_dependency = buf[pos:q1171].decode()
+    pos = q1171
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4776,352 +4920,18 @@ def _d_GangSpec1115(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1143 = _ZL[buf[pos]]
-    if n1143 < 0:
-        n1143, pos = _rlong(buf, pos)
-        if n1143 < 0:
-            raise _length_error(n1143, end - pos)
-    else:
-        pos += 1
-    q1144 = pos + n1143
-    if q1144 > end:
-        raise _length_error(n1143, end - pos)
-    f_preemption = buf[pos:q1144].decode()
-    pos = q1144
-    b = buf[pos]
-    if b < 128:
-        i1145 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1145 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1145 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1145, pos = _rlong(buf, pos)
-    if i1145 == 0:
-        f_queued_at = None
-    elif i1145 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_queued_at = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_queued_at, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1145, 2)
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at)
-    return o, pos
-
-
-def _d_GangQueued1107(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1109 = _ZL[buf[pos]]
-    if n1109 < 0:
-        n1109, pos = _rlong(buf, pos)
-        if n1109 < 0:
-            raise _length_error(n1109, end - pos)
-    else:
-        pos += 1
-    q1110 = pos + n1109
-    if q1110 > end:
-        raise _length_error(n1109, end - pos)
-    f_gang_id = buf[pos:q1110].decode()
-    pos = q1110
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1111: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1112 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1112 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1112 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1112, pos = _rlong(buf, pos)
-            if c1112 == 0:
-                break
-            if c1112 < 0:
-                c1112 = -c1112
-                b = buf[pos]
-                if b < 128:
-                    z1115 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1115 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1115 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1115, pos = _rlong(buf, pos)
-            if c1112 * 3 > end - pos:
-                raise _count_error(c1112, end - pos)
-            for _ in range(c1112):
-                x1113, pos = _d_QueueReason1037(buf, pos, end)
-                acc1111.append(x1113)
-        f_reasons = tuple(acc1111)
-    f_gang, pos = _d_GangSpec1115(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1146: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1147 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1147 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1147 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1147, pos = _rlong(buf, pos)
-            if c1147 == 0:
-                break
-            if c1147 < 0:
-                c1147 = -c1147
-                b = buf[pos]
-                if b < 128:
-                    z1150 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1150 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1150 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1150, pos = _rlong(buf, pos)
-            if c1147 * 1 > end - pos:
-                raise _count_error(c1147, end - pos)
-            for _ in range(c1147):
-                n1151 = _ZL[buf[pos]]
-                if n1151 < 0:
-                    n1151, pos = _rlong(buf, pos)
-                    if n1151 < 0:
-                        raise _length_error(n1151, end - pos)
-                else:
-                    pos += 1
-                q1152 = pos + n1151
-                if q1152 > end:
-                    raise _length_error(n1151, end - pos)
-                x1148 = buf[pos:q1152].decode()
-                pos = q1152
-                acc1146.append(x1148)
-        f_waiting_for = tuple(acc1146)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_MemberPlacement1160(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1162 = _ZL[buf[pos]]
-    if n1162 < 0:
-        n1162, pos = _rlong(buf, pos)
-        if n1162 < 0:
-            raise _length_error(n1162, end - pos)
-    else:
-        pos += 1
-    q1163 = pos + n1162
-    if q1163 > end:
-        raise _length_error(n1162, end - pos)
-    f_pod_id = buf[pos:q1163].decode()
-    pos = q1163
-    n1164 = _ZL[buf[pos]]
-    if n1164 < 0:
-        n1164, pos = _rlong(buf, pos)
-        if n1164 < 0:
-            raise _length_error(n1164, end - pos)
-    else:
-        pos += 1
-    q1165 = pos + n1164
-    if q1165 > end:
-        raise _length_error(n1164, end - pos)
-    f_node_id = buf[pos:q1165].decode()
-    pos = q1165
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1166: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1167 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1167 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1167 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1167, pos = _rlong(buf, pos)
-            if c1167 == 0:
-                break
-            if c1167 < 0:
-                c1167 = -c1167
-                b = buf[pos]
-                if b < 128:
-                    z1170 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1170 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1170 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1170, pos = _rlong(buf, pos)
-            if c1167 * 2 > end - pos:
-                raise _count_error(c1167, end - pos)
-            for _ in range(c1167):
-                x1168, pos = _d_GpuShare1057(buf, pos, end)
-                acc1166.append(x1168)
-        f_gpus = tuple(acc1166)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
-    return o, pos
-
-
-def _d_GangScheduled1152(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
-    n1154 = _ZL[buf[pos]]
-    if n1154 < 0:
-        n1154, pos = _rlong(buf, pos)
-        if n1154 < 0:
-            raise _length_error(n1154, end - pos)
-    else:
-        pos += 1
-    q1155 = pos + n1154
-    if q1155 > end:
-        raise _length_error(n1154, end - pos)
-    f_gang_id = buf[pos:q1155].decode()
-    pos = q1155
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1156: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1157 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1157 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1157 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1157, pos = _rlong(buf, pos)
-            if c1157 == 0:
-                break
-            if c1157 < 0:
-                c1157 = -c1157
-                b = buf[pos]
-                if b < 128:
-                    z1160 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1160 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1160 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1160, pos = _rlong(buf, pos)
-            if c1157 * 3 > end - pos:
-                raise _count_error(c1157, end - pos)
-            for _ in range(c1157):
-                x1158, pos = _d_MemberPlacement1160(buf, pos, end)
-                acc1156.append(x1158)
-        f_members = tuple(acc1156)
-    f_gang, pos = _d_GangSpec1115(buf, pos, end)
-    b = buf[pos]
-    if b < 128:
-        i1171 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1171 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1171 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1171, pos = _rlong(buf, pos)
-    if i1171 == 0:
-        f_topology_key = None
-    elif i1171 == 1:
-        n1172 = _ZL[buf[pos]]
+    n1172 = _ZL[buf[pos]]
+    if n1172 < 0:
+        n1172, pos = _rlong(buf, pos)
         if n1172 < 0:
-            n1172, pos = _rlong(buf, pos)
-            if n1172 < 0:
-                raise _length_error(n1172, end - pos)
-        else:
-            pos += 1
-        q1173 = pos + n1172
-        if q1173 > end:
             raise _length_error(n1172, end - pos)
-        f_topology_key = buf[pos:q1173].decode()
-        pos = q1173
     else:
-        raise _union_error(i1171, 2)
+        pos += 1
+    q1173 = pos + n1172
+    if q1173 > end:
+        raise _length_error(n1172, end - pos)
+    f_preemption = buf[pos:q1173].decode()
+    pos = q1173
     b = buf[pos]
     if b < 128:
         i1174 = _ZD[b]
@@ -5137,111 +4947,447 @@ def _d_GangScheduled1152(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     else:
         i1174, pos = _rlong(buf, pos)
     if i1174 == 0:
-        f_domain = None
+        f_queued_at = None
     elif i1174 == 1:
-        n1175 = _ZL[buf[pos]]
-        if n1175 < 0:
-            n1175, pos = _rlong(buf, pos)
-            if n1175 < 0:
-                raise _length_error(n1175, end - pos)
-        else:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
             pos += 1
-        q1176 = pos + n1175
-        if q1176 > end:
-            raise _length_error(n1175, end - pos)
-        f_domain = buf[pos:q1176].decode()
-        pos = q1176
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
     else:
         raise _union_error(i1174, 2)
-    f_from_queue = buf[pos] != 0
+    f_preemptible = buf[pos] != 0
     pos += 1
-    n1177 = _ZL[buf[pos]]
-    if n1177 < 0:
-        n1177, pos = _rlong(buf, pos)
-        if n1177 < 0:
-            raise _length_error(n1177, end - pos)
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
+    return o, pos
+
+
+def _d_GangQueued1136(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1138 = _ZL[buf[pos]]
+    if n1138 < 0:
+        n1138, pos = _rlong(buf, pos)
+        if n1138 < 0:
+            raise _length_error(n1138, end - pos)
     else:
         pos += 1
-    q1178 = pos + n1177
-    if q1178 > end:
-        raise _length_error(n1177, end - pos)
-    f_message = buf[pos:q1178].decode()
-    pos = q1178
+    q1139 = pos + n1138
+    if q1139 > end:
+        raise _length_error(n1138, end - pos)
+    f_gang_id = buf[pos:q1139].decode()
+    pos = q1139
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1140: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1141 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1141 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1141 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1141, pos = _rlong(buf, pos)
+            if c1141 == 0:
+                break
+            if c1141 < 0:
+                c1141 = -c1141
+                b = buf[pos]
+                if b < 128:
+                    z1144 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1144 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1144 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1144, pos = _rlong(buf, pos)
+            if c1141 * 3 > end - pos:
+                raise _count_error(c1141, end - pos)
+            for _ in range(c1141):
+                x1142, pos = _d_QueueReason1066(buf, pos, end)
+                acc1140.append(x1142)
+        f_reasons = tuple(acc1140)
+    f_gang, pos = _d_GangSpec1144(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1175: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1176 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1176 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1176 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1176, pos = _rlong(buf, pos)
+            if c1176 == 0:
+                break
+            if c1176 < 0:
+                c1176 = -c1176
+                b = buf[pos]
+                if b < 128:
+                    z1179 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1179 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1179 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1179, pos = _rlong(buf, pos)
+            if c1176 * 1 > end - pos:
+                raise _count_error(c1176, end - pos)
+            for _ in range(c1176):
+                n1180 = _ZL[buf[pos]]
+                if n1180 < 0:
+                    n1180, pos = _rlong(buf, pos)
+                    if n1180 < 0:
+                        raise _length_error(n1180, end - pos)
+                else:
+                    pos += 1
+                q1181 = pos + n1180
+                if q1181 > end:
+                    raise _length_error(n1180, end - pos)
+                x1177 = buf[pos:q1181].decode()
+                pos = q1181
+                acc1175.append(x1177)
+        f_waiting_for = tuple(acc1175)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1189(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1191 = _ZL[buf[pos]]
+    if n1191 < 0:
+        n1191, pos = _rlong(buf, pos)
+        if n1191 < 0:
+            raise _length_error(n1191, end - pos)
+    else:
+        pos += 1
+    q1192 = pos + n1191
+    if q1192 > end:
+        raise _length_error(n1191, end - pos)
+    f_pod_id = buf[pos:q1192].decode()
+    pos = q1192
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
+    else:
+        pos += 1
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_node_id = buf[pos:q1194].decode()
+    pos = q1194
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1195: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1196 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1196 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1196 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1196, pos = _rlong(buf, pos)
+            if c1196 == 0:
+                break
+            if c1196 < 0:
+                c1196 = -c1196
+                b = buf[pos]
+                if b < 128:
+                    z1199 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1199 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1199 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1199, pos = _rlong(buf, pos)
+            if c1196 * 2 > end - pos:
+                raise _count_error(c1196, end - pos)
+            for _ in range(c1196):
+                x1197, pos = _d_GpuShare1086(buf, pos, end)
+                acc1195.append(x1197)
+        f_gpus = tuple(acc1195)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1181(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1183 = _ZL[buf[pos]]
+    if n1183 < 0:
+        n1183, pos = _rlong(buf, pos)
+        if n1183 < 0:
+            raise _length_error(n1183, end - pos)
+    else:
+        pos += 1
+    q1184 = pos + n1183
+    if q1184 > end:
+        raise _length_error(n1183, end - pos)
+    f_gang_id = buf[pos:q1184].decode()
+    pos = q1184
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1185: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1186 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1186 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1186 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1186, pos = _rlong(buf, pos)
+            if c1186 == 0:
+                break
+            if c1186 < 0:
+                c1186 = -c1186
+                b = buf[pos]
+                if b < 128:
+                    z1189 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1189 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1189 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1189, pos = _rlong(buf, pos)
+            if c1186 * 3 > end - pos:
+                raise _count_error(c1186, end - pos)
+            for _ in range(c1186):
+                x1187, pos = _d_MemberPlacement1189(buf, pos, end)
+                acc1185.append(x1187)
+        f_members = tuple(acc1185)
+    f_gang, pos = _d_GangSpec1144(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1200 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1200 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1200 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1200, pos = _rlong(buf, pos)
+    if i1200 == 0:
+        f_topology_key = None
+    elif i1200 == 1:
+        n1201 = _ZL[buf[pos]]
+        if n1201 < 0:
+            n1201, pos = _rlong(buf, pos)
+            if n1201 < 0:
+                raise _length_error(n1201, end - pos)
+        else:
+            pos += 1
+        q1202 = pos + n1201
+        if q1202 > end:
+            raise _length_error(n1201, end - pos)
+        f_topology_key = buf[pos:q1202].decode()
+        pos = q1202
+    else:
+        raise _union_error(i1200, 2)
+    b = buf[pos]
+    if b < 128:
+        i1203 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1203 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1203 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1203, pos = _rlong(buf, pos)
+    if i1203 == 0:
+        f_domain = None
+    elif i1203 == 1:
+        n1204 = _ZL[buf[pos]]
+        if n1204 < 0:
+            n1204, pos = _rlong(buf, pos)
+            if n1204 < 0:
+                raise _length_error(n1204, end - pos)
+        else:
+            pos += 1
+        q1205 = pos + n1204
+        if q1205 > end:
+            raise _length_error(n1204, end - pos)
+        f_domain = buf[pos:q1205].decode()
+        pos = q1205
+    else:
+        raise _union_error(i1203, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    n1206 = _ZL[buf[pos]]
+    if n1206 < 0:
+        n1206, pos = _rlong(buf, pos)
+        if n1206 < 0:
+            raise _length_error(n1206, end - pos)
+    else:
+        pos += 1
+    q1207 = pos + n1206
+    if q1207 > end:
+        raise _length_error(n1206, end - pos)
+    f_message = buf[pos:q1207].decode()
+    pos = q1207
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1179: list[Any] = []
+        acc1208: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1180 = _ZD[b]
+                c1209 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1180 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1180 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1180, pos = _rlong(buf, pos)
-            if c1180 == 0:
+                c1209, pos = _rlong(buf, pos)
+            if c1209 == 0:
                 break
-            if c1180 < 0:
-                c1180 = -c1180
+            if c1209 < 0:
+                c1209 = -c1209
                 b = buf[pos]
                 if b < 128:
-                    z1183 = _ZD[b]
+                    z1212 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1183 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1183 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1183, pos = _rlong(buf, pos)
-            if c1180 * 1 > end - pos:
-                raise _count_error(c1180, end - pos)
-            for _ in range(c1180):
-                n1184 = _ZL[buf[pos]]
-                if n1184 < 0:
-                    n1184, pos = _rlong(buf, pos)
-                    if n1184 < 0:
-                        raise _length_error(n1184, end - pos)
+                    z1212, pos = _rlong(buf, pos)
+            if c1209 * 1 > end - pos:
+                raise _count_error(c1209, end - pos)
+            for _ in range(c1209):
+                n1213 = _ZL[buf[pos]]
+                if n1213 < 0:
+                    n1213, pos = _rlong(buf, pos)
+                    if n1213 < 0:
+                        raise _length_error(n1213, end - pos)
                 else:
                     pos += 1
-                q1185 = pos + n1184
-                if q1185 > end:
-                    raise _length_error(n1184, end - pos)
-                x1181 = buf[pos:q1185].decode()
-                pos = q1185
-                acc1179.append(x1181)
-        f_preempted = tuple(acc1179)
+                q1214 = pos + n1213
+                if q1214 > end:
+                    raise _length_error(n1213, end - pos)
+                x1210 = buf[pos:q1214].decode()
+                pos = q1214
+                acc1208.append(x1210)
+        f_preempted = tuple(acc1208)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1185(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1214(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1187 = _ZL[buf[pos]]
-    if n1187 < 0:
-        n1187, pos = _rlong(buf, pos)
-        if n1187 < 0:
-            raise _length_error(n1187, end - pos)
+    n1216 = _ZL[buf[pos]]
+    if n1216 < 0:
+        n1216, pos = _rlong(buf, pos)
+        if n1216 < 0:
+            raise _length_error(n1216, end - pos)
     else:
         pos += 1
-    q1188 = pos + n1187
-    if q1188 > end:
-        raise _length_error(n1187, end - pos)
-    f_gang_id = buf[pos:q1188].decode()
-    pos = q1188
+    q1217 = pos + n1216
+    if q1217 > end:
+        raise _length_error(n1216, end - pos)
+    f_gang_id = buf[pos:q1217].decode()
+    pos = q1217
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5256,141 +5402,141 @@ def _d_GangTimedOut1185(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1189 = _ZL[buf[pos]]
-    if n1189 < 0:
-        n1189, pos = _rlong(buf, pos)
-        if n1189 < 0:
-            raise _length_error(n1189, end - pos)
+    n1218 = _ZL[buf[pos]]
+    if n1218 < 0:
+        n1218, pos = _rlong(buf, pos)
+        if n1218 < 0:
+            raise _length_error(n1218, end - pos)
     else:
         pos += 1
-    q1190 = pos + n1189
-    if q1190 > end:
-        raise _length_error(n1189, end - pos)
-    f_message = buf[pos:q1190].decode()
-    pos = q1190
+    q1219 = pos + n1218
+    if q1219 > end:
+        raise _length_error(n1218, end - pos)
+    f_message = buf[pos:q1219].decode()
+    pos = q1219
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1190(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1219(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1192 = _ZL[buf[pos]]
-    if n1192 < 0:
-        n1192, pos = _rlong(buf, pos)
-        if n1192 < 0:
-            raise _length_error(n1192, end - pos)
+    n1221 = _ZL[buf[pos]]
+    if n1221 < 0:
+        n1221, pos = _rlong(buf, pos)
+        if n1221 < 0:
+            raise _length_error(n1221, end - pos)
     else:
         pos += 1
-    q1193 = pos + n1192
-    if q1193 > end:
-        raise _length_error(n1192, end - pos)
-    f_gang_id = buf[pos:q1193].decode()
-    pos = q1193
-    n1194 = _ZL[buf[pos]]
-    if n1194 < 0:
-        n1194, pos = _rlong(buf, pos)
-        if n1194 < 0:
-            raise _length_error(n1194, end - pos)
+    q1222 = pos + n1221
+    if q1222 > end:
+        raise _length_error(n1221, end - pos)
+    f_gang_id = buf[pos:q1222].decode()
+    pos = q1222
+    n1223 = _ZL[buf[pos]]
+    if n1223 < 0:
+        n1223, pos = _rlong(buf, pos)
+        if n1223 < 0:
+            raise _length_error(n1223, end - pos)
     else:
         pos += 1
-    q1195 = pos + n1194
-    if q1195 > end:
-        raise _length_error(n1194, end - pos)
-    f_reason = buf[pos:q1195].decode()
-    pos = q1195
+    q1224 = pos + n1223
+    if q1224 > end:
+        raise _length_error(n1223, end - pos)
+    f_reason = buf[pos:q1224].decode()
+    pos = q1224
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1196: list[Any] = []
+        acc1225: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1197 = _ZD[b]
+                c1226 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1197 = (z >> 1) ^ -(z & 1)
+                c1226 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1197 = (z >> 1) ^ -(z & 1)
+                c1226 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1197, pos = _rlong(buf, pos)
-            if c1197 == 0:
+                c1226, pos = _rlong(buf, pos)
+            if c1226 == 0:
                 break
-            if c1197 < 0:
-                c1197 = -c1197
+            if c1226 < 0:
+                c1226 = -c1226
                 b = buf[pos]
                 if b < 128:
-                    z1200 = _ZD[b]
+                    z1229 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1200 = (z >> 1) ^ -(z & 1)
+                    z1229 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1200 = (z >> 1) ^ -(z & 1)
+                    z1229 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1200, pos = _rlong(buf, pos)
-            if c1197 * 1 > end - pos:
-                raise _count_error(c1197, end - pos)
-            for _ in range(c1197):
-                n1201 = _ZL[buf[pos]]
-                if n1201 < 0:
-                    n1201, pos = _rlong(buf, pos)
-                    if n1201 < 0:
-                        raise _length_error(n1201, end - pos)
+                    z1229, pos = _rlong(buf, pos)
+            if c1226 * 1 > end - pos:
+                raise _count_error(c1226, end - pos)
+            for _ in range(c1226):
+                n1230 = _ZL[buf[pos]]
+                if n1230 < 0:
+                    n1230, pos = _rlong(buf, pos)
+                    if n1230 < 0:
+                        raise _length_error(n1230, end - pos)
                 else:
                     pos += 1
-                q1202 = pos + n1201
-                if q1202 > end:
-                    raise _length_error(n1201, end - pos)
-                x1198 = buf[pos:q1202].decode()
-                pos = q1202
-                acc1196.append(x1198)
-        f_members_ended = tuple(acc1196)
+                q1231 = pos + n1230
+                if q1231 > end:
+                    raise _length_error(n1230, end - pos)
+                x1227 = buf[pos:q1231].decode()
+                pos = q1231
+                acc1225.append(x1227)
+        f_members_ended = tuple(acc1225)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1202(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1231(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1204 = _ZL[buf[pos]]
-    if n1204 < 0:
-        n1204, pos = _rlong(buf, pos)
-        if n1204 < 0:
-            raise _length_error(n1204, end - pos)
+    n1233 = _ZL[buf[pos]]
+    if n1233 < 0:
+        n1233, pos = _rlong(buf, pos)
+        if n1233 < 0:
+            raise _length_error(n1233, end - pos)
     else:
         pos += 1
-    q1205 = pos + n1204
-    if q1205 > end:
-        raise _length_error(n1204, end - pos)
-    f_pod_id = buf[pos:q1205].decode()
-    pos = q1205
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    q1234 = pos + n1233
+    if q1234 > end:
+        raise _length_error(n1233, end - pos)
+    f_pod_id = buf[pos:q1234].decode()
+    pos = q1234
+    n1235 = _ZL[buf[pos]]
+    if n1235 < 0:
+        n1235, pos = _rlong(buf, pos)
+        if n1235 < 0:
+            raise _length_error(n1235, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_node_id = buf[pos:q1207].decode()
-    pos = q1207
+    q1236 = pos + n1235
+    if q1236 > end:
+        raise _length_error(n1235, end - pos)
+    f_node_id = buf[pos:q1236].decode()
+    pos = q1236
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5407,141 +5553,141 @@ def _d_PodTimeLimitReached1202(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1208 = _ZD[b]
+        i1237 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1208 = (z >> 1) ^ -(z & 1)
+        i1237 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1208 = (z >> 1) ^ -(z & 1)
+        i1237 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1208, pos = _rlong(buf, pos)
-    if i1208 == 0:
+        i1237, pos = _rlong(buf, pos)
+    if i1237 == 0:
         f_gang_id = None
-    elif i1208 == 1:
-        n1209 = _ZL[buf[pos]]
-        if n1209 < 0:
-            n1209, pos = _rlong(buf, pos)
-            if n1209 < 0:
-                raise _length_error(n1209, end - pos)
+    elif i1237 == 1:
+        n1238 = _ZL[buf[pos]]
+        if n1238 < 0:
+            n1238, pos = _rlong(buf, pos)
+            if n1238 < 0:
+                raise _length_error(n1238, end - pos)
         else:
             pos += 1
-        q1210 = pos + n1209
-        if q1210 > end:
-            raise _length_error(n1209, end - pos)
-        f_gang_id = buf[pos:q1210].decode()
-        pos = q1210
+        q1239 = pos + n1238
+        if q1239 > end:
+            raise _length_error(n1238, end - pos)
+        f_gang_id = buf[pos:q1239].decode()
+        pos = q1239
     else:
-        raise _union_error(i1208, 2)
+        raise _union_error(i1237, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1239(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1212 = _ZL[buf[pos]]
-    if n1212 < 0:
-        n1212, pos = _rlong(buf, pos)
-        if n1212 < 0:
-            raise _length_error(n1212, end - pos)
+    n1241 = _ZL[buf[pos]]
+    if n1241 < 0:
+        n1241, pos = _rlong(buf, pos)
+        if n1241 < 0:
+            raise _length_error(n1241, end - pos)
     else:
         pos += 1
-    q1213 = pos + n1212
-    if q1213 > end:
-        raise _length_error(n1212, end - pos)
-    f_holder_id = buf[pos:q1213].decode()
-    pos = q1213
-    n1214 = _ZL[buf[pos]]
-    if n1214 < 0:
-        n1214, pos = _rlong(buf, pos)
-        if n1214 < 0:
-            raise _length_error(n1214, end - pos)
+    q1242 = pos + n1241
+    if q1242 > end:
+        raise _length_error(n1241, end - pos)
+    f_holder_id = buf[pos:q1242].decode()
+    pos = q1242
+    n1243 = _ZL[buf[pos]]
+    if n1243 < 0:
+        n1243, pos = _rlong(buf, pos)
+        if n1243 < 0:
+            raise _length_error(n1243, end - pos)
     else:
         pos += 1
-    q1215 = pos + n1214
-    if q1215 > end:
-        raise _length_error(n1214, end - pos)
-    f_holder_kind = buf[pos:q1215].decode()
-    pos = q1215
+    q1244 = pos + n1243
+    if q1244 > end:
+        raise _length_error(n1243, end - pos)
+    f_holder_kind = buf[pos:q1244].decode()
+    pos = q1244
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1216: list[Any] = []
+        acc1245: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1217 = _ZD[b]
+                c1246 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1217 = (z >> 1) ^ -(z & 1)
+                c1246 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1217 = (z >> 1) ^ -(z & 1)
+                c1246 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1217, pos = _rlong(buf, pos)
-            if c1217 == 0:
+                c1246, pos = _rlong(buf, pos)
+            if c1246 == 0:
                 break
-            if c1217 < 0:
-                c1217 = -c1217
+            if c1246 < 0:
+                c1246 = -c1246
                 b = buf[pos]
                 if b < 128:
-                    z1220 = _ZD[b]
+                    z1249 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1220 = (z >> 1) ^ -(z & 1)
+                    z1249 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1220 = (z >> 1) ^ -(z & 1)
+                    z1249 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1220, pos = _rlong(buf, pos)
-            if c1217 * 1 > end - pos:
-                raise _count_error(c1217, end - pos)
-            for _ in range(c1217):
-                n1221 = _ZL[buf[pos]]
-                if n1221 < 0:
-                    n1221, pos = _rlong(buf, pos)
-                    if n1221 < 0:
-                        raise _length_error(n1221, end - pos)
+                    z1249, pos = _rlong(buf, pos)
+            if c1246 * 1 > end - pos:
+                raise _count_error(c1246, end - pos)
+            for _ in range(c1246):
+                n1250 = _ZL[buf[pos]]
+                if n1250 < 0:
+                    n1250, pos = _rlong(buf, pos)
+                    if n1250 < 0:
+                        raise _length_error(n1250, end - pos)
                 else:
                     pos += 1
-                q1222 = pos + n1221
-                if q1222 > end:
-                    raise _length_error(n1221, end - pos)
-                x1218 = buf[pos:q1222].decode()
-                pos = q1222
-                acc1216.append(x1218)
-        f_nodes = tuple(acc1216)
+                q1251 = pos + n1250
+                if q1251 > end:
+                    raise _length_error(n1250, end - pos)
+                x1247 = buf[pos:q1251].decode()
+                pos = q1251
+                acc1245.append(x1247)
+        f_nodes = tuple(acc1245)
     b = buf[pos]
     if b < 128:
-        i1223 = _ZD[b]
+        i1252 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1223 = (z >> 1) ^ -(z & 1)
+        i1252 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1223 = (z >> 1) ^ -(z & 1)
+        i1252 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1223, pos = _rlong(buf, pos)
-    if i1223 == 0:
+        i1252, pos = _rlong(buf, pos)
+    if i1252 == 0:
         f_expected_start = None
-    elif i1223 == 1:
+    elif i1252 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5557,194 +5703,194 @@ def _d_NodesReserved1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1223, 2)
-    n1224 = _ZL[buf[pos]]
-    if n1224 < 0:
-        n1224, pos = _rlong(buf, pos)
-        if n1224 < 0:
-            raise _length_error(n1224, end - pos)
+        raise _union_error(i1252, 2)
+    n1253 = _ZL[buf[pos]]
+    if n1253 < 0:
+        n1253, pos = _rlong(buf, pos)
+        if n1253 < 0:
+            raise _length_error(n1253, end - pos)
     else:
         pos += 1
-    q1225 = pos + n1224
-    if q1225 > end:
-        raise _length_error(n1224, end - pos)
-    f_message = buf[pos:q1225].decode()
-    pos = q1225
+    q1254 = pos + n1253
+    if q1254 > end:
+        raise _length_error(n1253, end - pos)
+    f_message = buf[pos:q1254].decode()
+    pos = q1254
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1225(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1254(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1227 = _ZL[buf[pos]]
-    if n1227 < 0:
-        n1227, pos = _rlong(buf, pos)
-        if n1227 < 0:
-            raise _length_error(n1227, end - pos)
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
     else:
         pos += 1
-    q1228 = pos + n1227
-    if q1228 > end:
-        raise _length_error(n1227, end - pos)
-    f_holder_id = buf[pos:q1228].decode()
-    pos = q1228
-    n1229 = _ZL[buf[pos]]
-    if n1229 < 0:
-        n1229, pos = _rlong(buf, pos)
-        if n1229 < 0:
-            raise _length_error(n1229, end - pos)
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_holder_id = buf[pos:q1257].decode()
+    pos = q1257
+    n1258 = _ZL[buf[pos]]
+    if n1258 < 0:
+        n1258, pos = _rlong(buf, pos)
+        if n1258 < 0:
+            raise _length_error(n1258, end - pos)
     else:
         pos += 1
-    q1230 = pos + n1229
-    if q1230 > end:
-        raise _length_error(n1229, end - pos)
-    f_holder_kind = buf[pos:q1230].decode()
-    pos = q1230
+    q1259 = pos + n1258
+    if q1259 > end:
+        raise _length_error(n1258, end - pos)
+    f_holder_kind = buf[pos:q1259].decode()
+    pos = q1259
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1231: list[Any] = []
+        acc1260: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1232 = _ZD[b]
+                c1261 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1232 = (z >> 1) ^ -(z & 1)
+                c1261 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1232 = (z >> 1) ^ -(z & 1)
+                c1261 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1232, pos = _rlong(buf, pos)
-            if c1232 == 0:
+                c1261, pos = _rlong(buf, pos)
+            if c1261 == 0:
                 break
-            if c1232 < 0:
-                c1232 = -c1232
+            if c1261 < 0:
+                c1261 = -c1261
                 b = buf[pos]
                 if b < 128:
-                    z1235 = _ZD[b]
+                    z1264 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1235 = (z >> 1) ^ -(z & 1)
+                    z1264 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1235 = (z >> 1) ^ -(z & 1)
+                    z1264 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1235, pos = _rlong(buf, pos)
-            if c1232 * 1 > end - pos:
-                raise _count_error(c1232, end - pos)
-            for _ in range(c1232):
-                n1236 = _ZL[buf[pos]]
-                if n1236 < 0:
-                    n1236, pos = _rlong(buf, pos)
-                    if n1236 < 0:
-                        raise _length_error(n1236, end - pos)
+                    z1264, pos = _rlong(buf, pos)
+            if c1261 * 1 > end - pos:
+                raise _count_error(c1261, end - pos)
+            for _ in range(c1261):
+                n1265 = _ZL[buf[pos]]
+                if n1265 < 0:
+                    n1265, pos = _rlong(buf, pos)
+                    if n1265 < 0:
+                        raise _length_error(n1265, end - pos)
                 else:
                     pos += 1
-                q1237 = pos + n1236
-                if q1237 > end:
-                    raise _length_error(n1236, end - pos)
-                x1233 = buf[pos:q1237].decode()
-                pos = q1237
-                acc1231.append(x1233)
-        f_nodes = tuple(acc1231)
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
+                q1266 = pos + n1265
+                if q1266 > end:
+                    raise _length_error(n1265, end - pos)
+                x1262 = buf[pos:q1266].decode()
+                pos = q1266
+                acc1260.append(x1262)
+        f_nodes = tuple(acc1260)
+    n1267 = _ZL[buf[pos]]
+    if n1267 < 0:
+        n1267, pos = _rlong(buf, pos)
+        if n1267 < 0:
+            raise _length_error(n1267, end - pos)
     else:
         pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_reason = buf[pos:q1239].decode()
-    pos = q1239
-    n1240 = _ZL[buf[pos]]
-    if n1240 < 0:
-        n1240, pos = _rlong(buf, pos)
-        if n1240 < 0:
-            raise _length_error(n1240, end - pos)
+    q1268 = pos + n1267
+    if q1268 > end:
+        raise _length_error(n1267, end - pos)
+    f_reason = buf[pos:q1268].decode()
+    pos = q1268
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
     else:
         pos += 1
-    q1241 = pos + n1240
-    if q1241 > end:
-        raise _length_error(n1240, end - pos)
-    f_message = buf[pos:q1241].decode()
-    pos = q1241
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_message = buf[pos:q1270].decode()
+    pos = q1270
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1241(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1270(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1243 = _ZL[buf[pos]]
-    if n1243 < 0:
-        n1243, pos = _rlong(buf, pos)
-        if n1243 < 0:
-            raise _length_error(n1243, end - pos)
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1244 = pos + n1243
-    if q1244 > end:
-        raise _length_error(n1243, end - pos)
-    f_holder_id = buf[pos:q1244].decode()
-    pos = q1244
-    n1245 = _ZL[buf[pos]]
-    if n1245 < 0:
-        n1245, pos = _rlong(buf, pos)
-        if n1245 < 0:
-            raise _length_error(n1245, end - pos)
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_holder_id = buf[pos:q1273].decode()
+    pos = q1273
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
     else:
         pos += 1
-    q1246 = pos + n1245
-    if q1246 > end:
-        raise _length_error(n1245, end - pos)
-    f_holder_kind = buf[pos:q1246].decode()
-    pos = q1246
-    n1247 = _ZL[buf[pos]]
-    if n1247 < 0:
-        n1247, pos = _rlong(buf, pos)
-        if n1247 < 0:
-            raise _length_error(n1247, end - pos)
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_holder_kind = buf[pos:q1275].decode()
+    pos = q1275
+    n1276 = _ZL[buf[pos]]
+    if n1276 < 0:
+        n1276, pos = _rlong(buf, pos)
+        if n1276 < 0:
+            raise _length_error(n1276, end - pos)
     else:
         pos += 1
-    q1248 = pos + n1247
-    if q1248 > end:
-        raise _length_error(n1247, end - pos)
-    f_dependency_id = buf[pos:q1248].decode()
-    pos = q1248
-    n1249 = _ZL[buf[pos]]
-    if n1249 < 0:
-        n1249, pos = _rlong(buf, pos)
-        if n1249 < 0:
-            raise _length_error(n1249, end - pos)
+    q1277 = pos + n1276
+    if q1277 > end:
+        raise _length_error(n1276, end - pos)
+    f_dependency_id = buf[pos:q1277].decode()
+    pos = q1277
+    n1278 = _ZL[buf[pos]]
+    if n1278 < 0:
+        n1278, pos = _rlong(buf, pos)
+        if n1278 < 0:
+            raise _length_error(n1278, end - pos)
     else:
         pos += 1
-    q1250 = pos + n1249
-    if q1250 > end:
-        raise _length_error(n1249, end - pos)
-    f_message = buf[pos:q1250].decode()
-    pos = q1250
+    q1279 = pos + n1278
+    if q1279 > end:
+        raise _length_error(n1278, end - pos)
+    f_message = buf[pos:q1279].decode()
+    pos = q1279
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1250(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1279(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5767,300 +5913,48 @@ def _d_Ticked1250(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1251(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1280(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
+    n1282 = _ZL[buf[pos]]
+    if n1282 < 0:
+        n1282, pos = _rlong(buf, pos)
+        if n1282 < 0:
+            raise _length_error(n1282, end - pos)
     else:
         pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_pod_id = buf[pos:q1254].decode()
-    pos = q1254
-    n1255 = _ZL[buf[pos]]
-    if n1255 < 0:
-        n1255, pos = _rlong(buf, pos)
-        if n1255 < 0:
-            raise _length_error(n1255, end - pos)
+    q1283 = pos + n1282
+    if q1283 > end:
+        raise _length_error(n1282, end - pos)
+    f_pod_id = buf[pos:q1283].decode()
+    pos = q1283
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
     else:
         pos += 1
-    q1256 = pos + n1255
-    if q1256 > end:
-        raise _length_error(n1255, end - pos)
-    f_node_id = buf[pos:q1256].decode()
-    pos = q1256
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_node_id = buf[pos:q1285].decode()
+    pos = q1285
+    n1286 = _ZL[buf[pos]]
+    if n1286 < 0:
+        n1286, pos = _rlong(buf, pos)
+        if n1286 < 0:
+            raise _length_error(n1286, end - pos)
     else:
         pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_by = buf[pos:q1258].decode()
-    pos = q1258
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
-    else:
-        pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_reason = buf[pos:q1260].decode()
-    pos = q1260
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
-    else:
-        pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_message = buf[pos:q1262].decode()
-    pos = q1262
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1262(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1264 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1264 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1264 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1264, pos = _rlong(buf, pos)
-    if i1264 == 0:
-        f_tenant = None
-    elif i1264 == 1:
-        n1265 = _ZL[buf[pos]]
-        if n1265 < 0:
-            n1265, pos = _rlong(buf, pos)
-            if n1265 < 0:
-                raise _length_error(n1265, end - pos)
-        else:
-            pos += 1
-        q1266 = pos + n1265
-        if q1266 > end:
-            raise _length_error(n1265, end - pos)
-        f_tenant = buf[pos:q1266].decode()
-        pos = q1266
-    else:
-        raise _union_error(i1264, 2)
-    b = buf[pos]
-    if b < 128:
-        i1267 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1267 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1267 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1267, pos = _rlong(buf, pos)
-    if i1267 == 0:
-        f_quota = None
-    elif i1267 == 1:
-        f_quota, pos = _d_Quota371(buf, pos, end)
-    else:
-        raise _union_error(i1267, 2)
-    b = buf[pos]
-    if b < 128:
-        i1268 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1268 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1268 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1268, pos = _rlong(buf, pos)
-    if i1268 == 0:
-        f_previous = None
-    elif i1268 == 1:
-        f_previous, pos = _d_Quota371(buf, pos, end)
-    else:
-        raise _union_error(i1268, 2)
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
-    else:
-        pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_message = buf[pos:q1270].decode()
-    pos = q1270
-    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
-    return o, pos
-
-
-def _d_PodMigrated1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
-    f_pod_id: str
-    f_from_node: str
-    f_from_gpus: tuple[Any, ...]
-    f_to_node: str
-    f_to_gpus: tuple[Any, ...]
-    f_reason: str
-    f_message: str
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
-    else:
-        pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_pod_id = buf[pos:q1273].decode()
-    pos = q1273
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
-    else:
-        pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_from_node = buf[pos:q1275].decode()
-    pos = q1275
-    if buf[pos] == 0:
-        pos += 1
-        f_from_gpus = ()
-    else:
-        acc1276: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1277 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1277 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1277 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1277, pos = _rlong(buf, pos)
-            if c1277 == 0:
-                break
-            if c1277 < 0:
-                c1277 = -c1277
-                b = buf[pos]
-                if b < 128:
-                    z1280 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1280 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1280 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1280, pos = _rlong(buf, pos)
-            if c1277 * 2 > end - pos:
-                raise _count_error(c1277, end - pos)
-            for _ in range(c1277):
-                x1278, pos = _d_GpuShare1057(buf, pos, end)
-                acc1276.append(x1278)
-        f_from_gpus = tuple(acc1276)
-    n1281 = _ZL[buf[pos]]
-    if n1281 < 0:
-        n1281, pos = _rlong(buf, pos)
-        if n1281 < 0:
-            raise _length_error(n1281, end - pos)
-    else:
-        pos += 1
-    q1282 = pos + n1281
-    if q1282 > end:
-        raise _length_error(n1281, end - pos)
-    f_to_node = buf[pos:q1282].decode()
-    pos = q1282
-    if buf[pos] == 0:
-        pos += 1
-        f_to_gpus = ()
-    else:
-        acc1283: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1284 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1284 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1284 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1284, pos = _rlong(buf, pos)
-            if c1284 == 0:
-                break
-            if c1284 < 0:
-                c1284 = -c1284
-                b = buf[pos]
-                if b < 128:
-                    z1287 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1287 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1287 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1287, pos = _rlong(buf, pos)
-            if c1284 * 2 > end - pos:
-                raise _count_error(c1284, end - pos)
-            for _ in range(c1284):
-                x1285, pos = _d_GpuShare1057(buf, pos, end)
-                acc1283.append(x1285)
-        f_to_gpus = tuple(acc1283)
+    q1287 = pos + n1286
+    if q1287 > end:
+        raise _length_error(n1286, end - pos)
+    f_by = buf[pos:q1287].decode()
+    pos = q1287
     n1288 = _ZL[buf[pos]]
     if n1288 < 0:
         n1288, pos = _rlong(buf, pos)
@@ -6085,11 +5979,263 @@ def _d_PodMigrated1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
         raise _length_error(n1290, end - pos)
     f_message = buf[pos:q1291].decode()
     pos = q1291
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1291(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1293 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1293 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1293 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1293, pos = _rlong(buf, pos)
+    if i1293 == 0:
+        f_tenant = None
+    elif i1293 == 1:
+        n1294 = _ZL[buf[pos]]
+        if n1294 < 0:
+            n1294, pos = _rlong(buf, pos)
+            if n1294 < 0:
+                raise _length_error(n1294, end - pos)
+        else:
+            pos += 1
+        q1295 = pos + n1294
+        if q1295 > end:
+            raise _length_error(n1294, end - pos)
+        f_tenant = buf[pos:q1295].decode()
+        pos = q1295
+    else:
+        raise _union_error(i1293, 2)
+    b = buf[pos]
+    if b < 128:
+        i1296 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1296 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1296 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1296, pos = _rlong(buf, pos)
+    if i1296 == 0:
+        f_quota = None
+    elif i1296 == 1:
+        f_quota, pos = _d_Quota390(buf, pos, end)
+    else:
+        raise _union_error(i1296, 2)
+    b = buf[pos]
+    if b < 128:
+        i1297 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1297 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1297 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1297, pos = _rlong(buf, pos)
+    if i1297 == 0:
+        f_previous = None
+    elif i1297 == 1:
+        f_previous, pos = _d_Quota390(buf, pos, end)
+    else:
+        raise _union_error(i1297, 2)
+    n1298 = _ZL[buf[pos]]
+    if n1298 < 0:
+        n1298, pos = _rlong(buf, pos)
+        if n1298 < 0:
+            raise _length_error(n1298, end - pos)
+    else:
+        pos += 1
+    q1299 = pos + n1298
+    if q1299 > end:
+        raise _length_error(n1298, end - pos)
+    f_message = buf[pos:q1299].decode()
+    pos = q1299
+    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
+    return o, pos
+
+
+def _d_PodMigrated1299(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+    f_pod_id: str
+    f_from_node: str
+    f_from_gpus: tuple[Any, ...]
+    f_to_node: str
+    f_to_gpus: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
+    else:
+        pos += 1
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_pod_id = buf[pos:q1302].decode()
+    pos = q1302
+    n1303 = _ZL[buf[pos]]
+    if n1303 < 0:
+        n1303, pos = _rlong(buf, pos)
+        if n1303 < 0:
+            raise _length_error(n1303, end - pos)
+    else:
+        pos += 1
+    q1304 = pos + n1303
+    if q1304 > end:
+        raise _length_error(n1303, end - pos)
+    f_from_node = buf[pos:q1304].decode()
+    pos = q1304
+    if buf[pos] == 0:
+        pos += 1
+        f_from_gpus = ()
+    else:
+        acc1305: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1306 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1306 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1306 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1306, pos = _rlong(buf, pos)
+            if c1306 == 0:
+                break
+            if c1306 < 0:
+                c1306 = -c1306
+                b = buf[pos]
+                if b < 128:
+                    z1309 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1309 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1309 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1309, pos = _rlong(buf, pos)
+            if c1306 * 2 > end - pos:
+                raise _count_error(c1306, end - pos)
+            for _ in range(c1306):
+                x1307, pos = _d_GpuShare1086(buf, pos, end)
+                acc1305.append(x1307)
+        f_from_gpus = tuple(acc1305)
+    n1310 = _ZL[buf[pos]]
+    if n1310 < 0:
+        n1310, pos = _rlong(buf, pos)
+        if n1310 < 0:
+            raise _length_error(n1310, end - pos)
+    else:
+        pos += 1
+    q1311 = pos + n1310
+    if q1311 > end:
+        raise _length_error(n1310, end - pos)
+    f_to_node = buf[pos:q1311].decode()
+    pos = q1311
+    if buf[pos] == 0:
+        pos += 1
+        f_to_gpus = ()
+    else:
+        acc1312: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1313 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1313 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1313 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1313, pos = _rlong(buf, pos)
+            if c1313 == 0:
+                break
+            if c1313 < 0:
+                c1313 = -c1313
+                b = buf[pos]
+                if b < 128:
+                    z1316 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1316 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1316 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1316, pos = _rlong(buf, pos)
+            if c1313 * 2 > end - pos:
+                raise _count_error(c1313, end - pos)
+            for _ in range(c1313):
+                x1314, pos = _d_GpuShare1086(buf, pos, end)
+                acc1312.append(x1314)
+        f_to_gpus = tuple(acc1312)
+    n1317 = _ZL[buf[pos]]
+    if n1317 < 0:
+        n1317, pos = _rlong(buf, pos)
+        if n1317 < 0:
+            raise _length_error(n1317, end - pos)
+    else:
+        pos += 1
+    q1318 = pos + n1317
+    if q1318 > end:
+        raise _length_error(n1317, end - pos)
+    f_reason = buf[pos:q1318].decode()
+    pos = q1318
+    n1319 = _ZL[buf[pos]]
+    if n1319 < 0:
+        n1319, pos = _rlong(buf, pos)
+        if n1319 < 0:
+            raise _length_error(n1319, end - pos)
+    else:
+        pos += 1
+    q1320 = pos + n1319
+    if q1320 > end:
+        raise _length_error(n1319, end - pos)
+    f_message = buf[pos:q1320].decode()
+    pos = q1320
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1291(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1320(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6139,138 +6285,138 @@ def _d_DefragmentationPlanned1291(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1293 = _ZD[b]
+        i1322 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1293 = (z >> 1) ^ -(z & 1)
+        i1322 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1293 = (z >> 1) ^ -(z & 1)
+        i1322 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1293, pos = _rlong(buf, pos)
-    if i1293 == 0:
+        i1322, pos = _rlong(buf, pos)
+    if i1322 == 0:
         f_target = None
-    elif i1293 == 1:
-        n1294 = _ZL[buf[pos]]
-        if n1294 < 0:
-            n1294, pos = _rlong(buf, pos)
-            if n1294 < 0:
-                raise _length_error(n1294, end - pos)
+    elif i1322 == 1:
+        n1323 = _ZL[buf[pos]]
+        if n1323 < 0:
+            n1323, pos = _rlong(buf, pos)
+            if n1323 < 0:
+                raise _length_error(n1323, end - pos)
         else:
             pos += 1
-        q1295 = pos + n1294
-        if q1295 > end:
-            raise _length_error(n1294, end - pos)
-        f_target = buf[pos:q1295].decode()
-        pos = q1295
+        q1324 = pos + n1323
+        if q1324 > end:
+            raise _length_error(n1323, end - pos)
+        f_target = buf[pos:q1324].decode()
+        pos = q1324
     else:
-        raise _union_error(i1293, 2)
-    n1296 = _ZL[buf[pos]]
-    if n1296 < 0:
-        n1296, pos = _rlong(buf, pos)
-        if n1296 < 0:
-            raise _length_error(n1296, end - pos)
+        raise _union_error(i1322, 2)
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1297 = pos + n1296
-    if q1297 > end:
-        raise _length_error(n1296, end - pos)
-    f_message = buf[pos:q1297].decode()
-    pos = q1297
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_message = buf[pos:q1326].decode()
+    pos = q1326
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1297(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1326(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1299 = _ZL[buf[pos]]
-    if n1299 < 0:
-        n1299, pos = _rlong(buf, pos)
-        if n1299 < 0:
-            raise _length_error(n1299, end - pos)
+    n1328 = _ZL[buf[pos]]
+    if n1328 < 0:
+        n1328, pos = _rlong(buf, pos)
+        if n1328 < 0:
+            raise _length_error(n1328, end - pos)
     else:
         pos += 1
-    q1300 = pos + n1299
-    if q1300 > end:
-        raise _length_error(n1299, end - pos)
-    f_cluster = buf[pos:q1300].decode()
-    pos = q1300
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+    q1329 = pos + n1328
+    if q1329 > end:
+        raise _length_error(n1328, end - pos)
+    f_cluster = buf[pos:q1329].decode()
+    pos = q1329
+    n1330 = _ZL[buf[pos]]
+    if n1330 < 0:
+        n1330, pos = _rlong(buf, pos)
+        if n1330 < 0:
+            raise _length_error(n1330, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_command_id = buf[pos:q1302].decode()
-    pos = q1302
-    n1303 = _ZL[buf[pos]]
-    if n1303 < 0:
-        n1303, pos = _rlong(buf, pos)
-        if n1303 < 0:
-            raise _length_error(n1303, end - pos)
+    q1331 = pos + n1330
+    if q1331 > end:
+        raise _length_error(n1330, end - pos)
+    f_command_id = buf[pos:q1331].decode()
+    pos = q1331
+    n1332 = _ZL[buf[pos]]
+    if n1332 < 0:
+        n1332, pos = _rlong(buf, pos)
+        if n1332 < 0:
+            raise _length_error(n1332, end - pos)
     else:
         pos += 1
-    q1304 = pos + n1303
-    if q1304 > end:
-        raise _length_error(n1303, end - pos)
-    f_error = buf[pos:q1304].decode()
-    pos = q1304
-    n1305 = _ZL[buf[pos]]
-    if n1305 < 0:
-        n1305, pos = _rlong(buf, pos)
-        if n1305 < 0:
-            raise _length_error(n1305, end - pos)
+    q1333 = pos + n1332
+    if q1333 > end:
+        raise _length_error(n1332, end - pos)
+    f_error = buf[pos:q1333].decode()
+    pos = q1333
+    n1334 = _ZL[buf[pos]]
+    if n1334 < 0:
+        n1334, pos = _rlong(buf, pos)
+        if n1334 < 0:
+            raise _length_error(n1334, end - pos)
     else:
         pos += 1
-    q1306 = pos + n1305
-    if q1306 > end:
-        raise _length_error(n1305, end - pos)
-    f_message = buf[pos:q1306].decode()
-    pos = q1306
+    q1335 = pos + n1334
+    if q1335 > end:
+        raise _length_error(n1334, end - pos)
+    f_message = buf[pos:q1335].decode()
+    pos = q1335
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1306(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1335(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1308 = _ZL[buf[pos]]
-    if n1308 < 0:
-        n1308, pos = _rlong(buf, pos)
-        if n1308 < 0:
-            raise _length_error(n1308, end - pos)
+    n1337 = _ZL[buf[pos]]
+    if n1337 < 0:
+        n1337, pos = _rlong(buf, pos)
+        if n1337 < 0:
+            raise _length_error(n1337, end - pos)
     else:
         pos += 1
-    q1309 = pos + n1308
-    if q1309 > end:
-        raise _length_error(n1308, end - pos)
-    f_cluster = buf[pos:q1309].decode()
-    pos = q1309
-    n1310 = _ZL[buf[pos]]
-    if n1310 < 0:
-        n1310, pos = _rlong(buf, pos)
-        if n1310 < 0:
-            raise _length_error(n1310, end - pos)
+    q1338 = pos + n1337
+    if q1338 > end:
+        raise _length_error(n1337, end - pos)
+    f_cluster = buf[pos:q1338].decode()
+    pos = q1338
+    n1339 = _ZL[buf[pos]]
+    if n1339 < 0:
+        n1339, pos = _rlong(buf, pos)
+        if n1339 < 0:
+            raise _length_error(n1339, end - pos)
     else:
         pos += 1
-    q1311 = pos + n1310
-    if q1311 > end:
-        raise _length_error(n1310, end - pos)
-    f_halted_command_id = buf[pos:q1311].decode()
-    pos = q1311
+    q1340 = pos + n1339
+    if q1340 > end:
+        raise _length_error(n1339, end - pos)
+    f_halted_command_id = buf[pos:q1340].decode()
+    pos = q1340
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6299,18 +6445,18 @@ def _d_ClusterResumed1306(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
+    n1341 = _ZL[buf[pos]]
+    if n1341 < 0:
+        n1341, pos = _rlong(buf, pos)
+        if n1341 < 0:
+            raise _length_error(n1341, end - pos)
     else:
         pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_message = buf[pos:q1313].decode()
-    pos = q1313
+    q1342 = pos + n1341
+    if q1342 > end:
+        raise _length_error(n1341, end - pos)
+    f_message = buf[pos:q1342].decode()
+    pos = q1342
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
@@ -6320,7 +6466,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k948:
+    if frame[:10] != _k977:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6361,30 +6507,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n950 = _ZL[buf[pos]]
-        if n950 < 0:
-            n950, pos = _rlong(buf, pos)
-            if n950 < 0:
-                raise _length_error(n950, end - pos)
+        n979 = _ZL[buf[pos]]
+        if n979 < 0:
+            n979, pos = _rlong(buf, pos)
+            if n979 < 0:
+                raise _length_error(n979, end - pos)
         else:
             pos += 1
-        q951 = pos + n950
-        if q951 > end:
-            raise _length_error(n950, end - pos)
-        f_cluster = buf[pos:q951].decode()
-        pos = q951
-        n952 = _ZL[buf[pos]]
-        if n952 < 0:
-            n952, pos = _rlong(buf, pos)
-            if n952 < 0:
-                raise _length_error(n952, end - pos)
+        q980 = pos + n979
+        if q980 > end:
+            raise _length_error(n979, end - pos)
+        f_cluster = buf[pos:q980].decode()
+        pos = q980
+        n981 = _ZL[buf[pos]]
+        if n981 < 0:
+            n981, pos = _rlong(buf, pos)
+            if n981 < 0:
+                raise _length_error(n981, end - pos)
         else:
             pos += 1
-        q953 = pos + n952
-        if q953 > end:
-            raise _length_error(n952, end - pos)
-        f_command_id = buf[pos:q953].decode()
-        pos = q953
+        q982 = pos + n981
+        if q982 > end:
+            raise _length_error(n981, end - pos)
+        f_command_id = buf[pos:q982].decode()
+        pos = q982
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6415,21 +6561,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i954 = _ZD[b]
+            i983 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i954 = (z >> 1) ^ -(z & 1)
+            i983 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i954 = (z >> 1) ^ -(z & 1)
+            i983 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i954, pos = _rlong(buf, pos)
-        if not 0 <= i954 < 27:
-            raise _union_error(i954, 27)
-        f_payload, pos = _k1313[i954](buf, pos, end)
+            i983, pos = _rlong(buf, pos)
+        if not 0 <= i983 < 27:
+            raise _union_error(i983, 27)
+        f_payload, pos = _k1342[i983](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6440,11 +6586,19 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k145: dict[type, Callable[[Any], bytes]] = {
+_k159: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption146,
+}
+
+_k161: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
 _k260: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption146,
+}
+
+_k279: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode34,
     _c_CordonNode: _e_CordonNode38,
@@ -6454,58 +6608,58 @@ _k260: dict[type, Callable[[Any], bytes]] = {
     _c_SubmitPod: _e_SubmitPod56,
     _c_Release: _e_Release93,
     _c_SetPolicy: _e_SetPolicy99,
-    _c_SubmitGang: _e_SubmitGang152,
-    _c_ReleaseGang: _e_ReleaseGang203,
-    _c_Tick: _e_Tick209,
-    _c_SetQuota: _e_SetQuota211,
-    _c_RemoveQuota: _e_RemoveQuota243,
-    _c_Defragment: _e_Defragment247,
-    _c_ResumeCluster: _e_ResumeCluster256,
+    _c_SubmitGang: _e_SubmitGang168,
+    _c_ReleaseGang: _e_ReleaseGang219,
+    _c_Tick: _e_Tick225,
+    _c_SetQuota: _e_SetQuota227,
+    _c_RemoveQuota: _e_RemoveQuota262,
+    _c_Defragment: _e_Defragment266,
+    _c_ResumeCluster: _e_ResumeCluster275,
 }
 
-_k474: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode269, _d_RemoveNode295, _d_CordonNode298, _d_UncordonNode301, _d_DrainNode304, _d_MarkNodeFailed307, _d_SubmitPod312, _d_Release359, _d_SetPolicy364, _d_SubmitGang387, _d_ReleaseGang441, _d_Tick446, _d_SetQuota447, _d_RemoveQuota464, _d_Defragment467, _d_ResumeCluster471,)
+_k503: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode288, _d_RemoveNode314, _d_CordonNode317, _d_UncordonNode320, _d_DrainNode323, _d_MarkNodeFailed326, _d_SubmitPod331, _d_Release378, _d_SetPolicy383, _d_SubmitGang415, _d_ReleaseGang469, _d_Tick474, _d_SetQuota475, _d_RemoveQuota493, _d_Defragment496, _d_ResumeCluster500,)
 
-_k893: dict[type, Callable[[Any], bytes]] = {
+_k922: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k896: dict[type, Callable[[Any], bytes]] = {
+_k925: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k947: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded486,
-    _c_NodeRemoved: _e_NodeRemoved497,
-    _c_NodeCordoned: _e_NodeCordoned501,
-    _c_NodeUncordoned: _e_NodeUncordoned505,
-    _c_NodeDrained: _e_NodeDrained509,
-    _c_NodeFailed: _e_NodeFailed514,
-    _c_PodQueued: _e_PodQueued521,
-    _c_PodScheduled: _e_PodScheduled563,
-    _c_PodEvicted: _e_PodEvicted610,
-    _c_PodReleased: _e_PodReleased618,
-    _c_PolicyChanged: _e_PolicyChanged630,
-    _c_CommandRejected: _e_CommandRejected648,
-    _c_GangQueued: _e_GangQueued658,
-    _c_GangScheduled: _e_GangScheduled738,
-    _c_GangTimedOut: _e_GangTimedOut807,
-    _c_GangReleased: _e_GangReleased814,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached821,
-    _c_NodesReserved: _e_NodesReserved834,
-    _c_ReservationReleased: _e_ReservationReleased848,
-    _c_DependencyFailed: _e_DependencyFailed859,
-    _c_Ticked: _e_Ticked869,
-    _c_PodPreempted: _e_PodPreempted872,
-    _c_QuotaChanged: _e_QuotaChanged884,
-    _c_PodMigrated: _e_PodMigrated900,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned914,
-    _c_ClusterHalted: _e_ClusterHalted927,
-    _c_ClusterResumed: _e_ClusterResumed937,
+_k976: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded515,
+    _c_NodeRemoved: _e_NodeRemoved526,
+    _c_NodeCordoned: _e_NodeCordoned530,
+    _c_NodeUncordoned: _e_NodeUncordoned534,
+    _c_NodeDrained: _e_NodeDrained538,
+    _c_NodeFailed: _e_NodeFailed543,
+    _c_PodQueued: _e_PodQueued550,
+    _c_PodScheduled: _e_PodScheduled592,
+    _c_PodEvicted: _e_PodEvicted639,
+    _c_PodReleased: _e_PodReleased647,
+    _c_PolicyChanged: _e_PolicyChanged659,
+    _c_CommandRejected: _e_CommandRejected677,
+    _c_GangQueued: _e_GangQueued687,
+    _c_GangScheduled: _e_GangScheduled767,
+    _c_GangTimedOut: _e_GangTimedOut836,
+    _c_GangReleased: _e_GangReleased843,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached850,
+    _c_NodesReserved: _e_NodesReserved863,
+    _c_ReservationReleased: _e_ReservationReleased877,
+    _c_DependencyFailed: _e_DependencyFailed888,
+    _c_Ticked: _e_Ticked898,
+    _c_PodPreempted: _e_PodPreempted901,
+    _c_QuotaChanged: _e_QuotaChanged913,
+    _c_PodMigrated: _e_PodMigrated929,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned943,
+    _c_ClusterHalted: _e_ClusterHalted956,
+    _c_ClusterResumed: _e_ClusterResumed966,
 }
 
-_k1313: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded954, _d_NodeRemoved973, _d_NodeCordoned976, _d_NodeUncordoned979, _d_NodeDrained982, _d_NodeFailed985, _d_PodQueued990, _d_PodScheduled1049, _d_PodEvicted1074, _d_PodReleased1081, _d_PolicyChanged1089, _d_CommandRejected1098, _d_GangQueued1107, _d_GangScheduled1152, _d_GangTimedOut1185, _d_GangReleased1190, _d_PodTimeLimitReached1202, _d_NodesReserved1210, _d_ReservationReleased1225, _d_DependencyFailed1241, _d_Ticked1250, _d_PodPreempted1251, _d_QuotaChanged1262, _d_PodMigrated1270, _d_DefragmentationPlanned1291, _d_ClusterHalted1297, _d_ClusterResumed1306,)
+_k1342: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded983, _d_NodeRemoved1002, _d_NodeCordoned1005, _d_NodeUncordoned1008, _d_NodeDrained1011, _d_NodeFailed1014, _d_PodQueued1019, _d_PodScheduled1078, _d_PodEvicted1103, _d_PodReleased1110, _d_PolicyChanged1118, _d_CommandRejected1127, _d_GangQueued1136, _d_GangScheduled1181, _d_GangTimedOut1214, _d_GangReleased1219, _d_PodTimeLimitReached1231, _d_NodesReserved1239, _d_ReservationReleased1254, _d_DependencyFailed1270, _d_Ticked1279, _d_PodPreempted1280, _d_QuotaChanged1291, _d_PodMigrated1299, _d_DefragmentationPlanned1320, _d_ClusterHalted1326, _d_ClusterResumed1335,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event475
+encode_event = _e_Event504

@@ -54,7 +54,7 @@ from processor.core.policies.base import Choice, Policy
 from processor.core.preemption_index import PendingBucket, VictimClass
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, lookup, shape_of
-from schemas.commands import GPU_MILLI
+from schemas.commands import BORROW_LOWER, GPU_MILLI
 from schemas.events import GangSpec, PodSpec
 
 SEARCH_BUDGET = 20_000
@@ -89,11 +89,31 @@ class Victims:
 
     protected: Mapping[str, None]
     borrowers_only: bool = False
+    # borrow_within_cohort (contract v3): with borrowers_only, the preemptor's cohort peers' pods may go too (also
+    # inside their nominal quota), those of priority at most ``peer_max_priority`` (None: any lower one).
+    peers: Mapping[str, None] | None = None
+    peer_max_priority: int | None = None
 
     def allow(self, cluster: ClusterState, pod: Pod) -> bool:
-        if pod.spec.pod_id in self.protected:
+        if pod.spec.pod_id in self.protected or not pod.spec.preemptible:
             return False
-        return not self.borrowers_only or quotas.borrowing(cluster, pod)
+        if not self.borrowers_only or quotas.borrowing(cluster, pod):
+            return True
+        peers = self.peers
+        if peers is None or pod.spec.tenant not in peers:
+            return False
+        return self.peer_max_priority is None or pod.spec.priority <= self.peer_max_priority
+
+
+def borrower_victims(cluster: ClusterState, tenant: str, protected: Mapping[str, None]) -> Victims:
+    """Whom a preemptor that would borrow quota may take (Kueue's rule): borrowers' pods; and, if its tenant's
+    ``borrow_within_cohort`` is ``lower_priority`` (contract v3), its cohort peers' pods too, of at most
+    ``borrow_max_victim_priority``. O(cohort members)."""
+    quota = quotas.quota_of(cluster, tenant)
+    if quota is None or quota.cohort is None or quota.policy.borrow_within_cohort != BORROW_LOWER:
+        return Victims(protected, True)
+    peers = {member: None for member in sorted(cluster.cohorts.get(quota.cohort, ())) if member != tenant}
+    return Victims(protected, True, peers, quota.policy.borrow_max_victim_priority)
 
 
 ANY_VICTIM = Victims({})
@@ -232,8 +252,8 @@ def _best_on_node(
     units: dict[str, Unit] = {}
     for pod_id in node.pods:
         pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
-        if pod is None or pod.spec.priority > level:
-            continue
+        if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
+            continue  # a pod that is not preemptible (contract v3) is never a victim; nor is its gang
         spec = pod.spec
         if spec.gang_id is None:
             started = pod.started_at if pod.started_at is not None else now

@@ -49,7 +49,7 @@ from processor.core.quota_keys import (
 )
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
-from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
+from schemas.commands import ANY_MODEL, BORROW_LOWER, GPU_MILLI, RECLAIM_NEVER, WITHIN_NEVER, Quota
 from schemas.events import PodSpec
 
 _NONE: dict[str, None] = {}
@@ -285,6 +285,31 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
         if now + need > amount:
             return True
     return False
+
+
+def may_reclaim(cluster: ClusterState, tenant: str) -> bool:
+    """Whether the tenant's ``reclaim_within_cohort`` lets it reclaim at all (contract v3: ``never`` does not)."""
+    quota = quota_of(cluster, tenant)
+    return quota is not None and quota.policy.reclaim_within_cohort != RECLAIM_NEVER
+
+
+def shielded(cluster: ClusterState, pod: Pod, priority: int) -> bool:
+    """Whether a borrower's pod is kept from a reclaim by work of ``priority``: its tenant's
+    ``borrow_within_cohort`` lets it take lower-priority work inside others' nominal quota, so lower-priority
+    work may not take it back (else the two would evict each other in turn). O(1)."""
+    if pod.spec.priority <= priority:
+        return False
+    quota = quota_of(cluster, pod.spec.tenant)
+    return quota is not None and quota.policy.borrow_within_cohort == BORROW_LOWER
+
+
+def has_policy(quota: Quota | None) -> bool:
+    """Whether a quota sets a policy by which a pod its quota has no room for may preempt (``within_tenant`` or
+    ``borrow_within_cohort``): the queue retries its tenant's work on any change, not only where it fits."""
+    if quota is None or quota.preemption is None:
+        return False
+    policy = quota.preemption
+    return policy.within_tenant != WITHIN_NEVER or policy.borrow_within_cohort == BORROW_LOWER
 
 
 def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None) -> set[str]:

@@ -13,6 +13,7 @@ from schemas.commands import (
     AddNode,
     GangMember,
     MarkNodeFailed,
+    QuotaPreemption,
     Release,
     SetPolicy,
     SetQuota,
@@ -219,3 +220,118 @@ def test_with_nodes_a_job_no_node_present_could_hold_is_refused_and_an_accepted_
     gang = SubmitGang("g", members=(GangMember("g-0", 16, 1000),))
     (refused,) = fold.run(gang)
     assert refused.payload.code == "NEVER_FITS"
+
+
+# ---------------------------------------------------------------- preemptible and SetQuota.preemption
+
+
+def test_a_pod_that_is_not_preemptible_is_never_a_victim_of_priority_preemption() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(gpus("keep", count=4, preemptible=False))
+    fold.run(gpus("take", count=4))
+    events = fold.run(gpus("high", count=4, priority=10))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["take"]
+    events = fold.run(gpus("higher", count=4, priority=10))
+    assert types(events) == ["PodQueued"] and fold.placement("keep") is not None
+
+
+def test_a_gang_that_is_not_preemptible_is_never_a_victim() -> None:
+    fold = cluster(nodes=1, size=4)
+    fold.run(SubmitGang("g", members=members("g", 2, 2), preemptible=False))
+    events = fold.run(gpus("high", count=2, priority=10))
+    assert "PodPreempted" not in types(events)
+
+
+def test_a_borrower_that_is_not_preemptible_is_not_reclaimed() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 4}))
+    fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+    for i in range(8):
+        fold.run(gpus(f"b{i}", "b", preemptible=i < 6), at=60_000 * (i + 1))
+    events = fold.run(gpus("a0", "a", 3), at=60_000 * 20)
+    preempted = {e.payload.pod_id for e in of(events, "PodPreempted")}
+    assert len(preempted) == 3 and not preempted & {"b6", "b7"}  # the youngest, b6 and b7, may not be taken
+    assert fold.placement("a0") is not None
+
+
+def test_reclaim_within_cohort_never_lower_priority_and_any() -> None:
+    """b borrows a's quota with priority-5 pods: a priority-3 lender reclaims under any, not under lower_priority
+    (nor never); a priority-10 lender reclaims under lower_priority."""
+    for policy, priority, expected in (
+        ("never", 10, set()),
+        ("lower_priority", 3, set()),
+        ("lower_priority", 10, {"b6", "b7"}),
+        ("any", 3, {"b6", "b7"}),
+    ):
+        fold = cluster(nodes=2, size=4)
+        preemption = QuotaPreemption(reclaim_within_cohort=policy)
+        fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 4}, preemption=preemption))
+        fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+        for i in range(8):
+            fold.run(gpus(f"b{i}", "b", priority=5), at=60_000 * (i + 1))
+        events = fold.run(gpus("a0", "a", 2, priority=priority), at=60_000 * 20)
+        assert {e.payload.pod_id for e in of(events, "PodPreempted")} == expected, policy
+        assert ("PodScheduled" in types(events)) == bool(expected), policy
+
+
+def test_within_tenant_lower_priority_preempts_the_tenants_own_work_when_its_quota_is_full() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", nominal_gpus={"A100": 4}))
+    fold.run(gpus("low", "a", 4))
+    (queued,) = fold.run(gpus("high", "a", 4, priority=5))
+    assert queued.type_name == "PodQueued"  # default never: it waits
+    fold.run(Release("high"))
+    fold.run(SetQuota("a", nominal_gpus={"A100": 4}, preemption=QuotaPreemption(within_tenant="lower_priority")))
+    events = fold.run(gpus("high", "a", 4, priority=5))
+    (preempted,) = of(events, "PodPreempted")
+    assert preempted.payload.pod_id == "low" and preempted.payload.reason == "within_tenant"
+    assert fold.placement("high") is not None and running(fold, "a") == 4
+
+
+def test_within_tenant_lower_or_newer_equal_priority_takes_newer_work_of_equal_priority() -> None:
+    """old (4 GPUs) waits for capacity while new (2 GPUs, same priority, submitted later) starts; when capacity
+    comes, old's quota is full with new: lower_priority leaves old waiting, lower_or_newer_equal_priority takes
+    new for it."""
+    for policy, taken in (("lower_priority", False), ("lower_or_newer_equal_priority", True)):
+        fold = cluster(nodes=1, size=4)
+        fold.run(SetQuota("a", nominal_gpus={"A100": 4}, preemption=QuotaPreemption(within_tenant=policy)))
+        fold.run(gpus("blocker", "other", 2, preemptible=False))
+        fold.run(gpus("old", "a", 4))
+        fold.run(gpus("new", "a", 2))
+        events = fold.run(Release("blocker"))
+        assert ({e.payload.pod_id for e in of(events, "PodPreempted")} == {"new"}) is taken, policy
+        assert (fold.placement("old") is not None) is taken, policy
+
+
+def test_borrow_within_cohort_lets_a_borrower_take_peers_lower_priority_pods_inside_their_nominal() -> None:
+    """b runs inside its nominal, and the pool has nothing left for a to borrow: by default (Kueue's rule) a waits;
+    with borrow_within_cohort lower_priority and a ceiling, a takes b's pods of priority at most the ceiling."""
+    for policy, ceiling, expected in (
+        ("never", None, set()),
+        ("lower_priority", 1, {"b0"}),
+        ("lower_priority", 0, set()),
+    ):
+        fold = cluster(nodes=1, size=4)
+        preemption = QuotaPreemption(borrow_within_cohort=policy, borrow_max_victim_priority=ceiling)
+        fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 0}, preemption=preemption))
+        fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+        fold.run(gpus("b0", "b", 2, priority=1))
+        fold.run(gpus("b1", "b", 2, priority=3))
+        events = fold.run(gpus("a0", "a", 2, priority=5))
+        assert {e.payload.pod_id for e in of(events, "PodPreempted")} == expected, (policy, ceiling)
+        for event in of(events, "PodPreempted"):
+            assert event.payload.reason == "borrow_within_cohort"
+        # b0 goes back to the queue: inside b's nominal, but it does not reclaim from a0, which took it by
+        # borrow_within_cohort with a higher priority (else the two would evict each other in turn)
+        assert (fold.placement("a0") is not None) == bool(expected)
+
+
+def test_bad_quota_preemption_values_are_rejected() -> None:
+    fold = cluster()
+    for preemption in (
+        QuotaPreemption(within_tenant="always"),
+        QuotaPreemption(reclaim_within_cohort="lower"),
+        QuotaPreemption(borrow_within_cohort="any"),
+    ):
+        (event,) = fold.run(SetQuota("a", nominal_gpus={"A100": 1}, preemption=preemption))
+        assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"

@@ -20,7 +20,7 @@ from processor.core.handlers.reservations import holder_started
 from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, Quota, ReleaseGang, SubmitGang
+from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, RECLAIM_LOWER, Quota, ReleaseGang, SubmitGang
 from schemas.events import (
     GangQueued,
     GangReleased,
@@ -158,7 +158,8 @@ def place_gang(
         if shortfall is None:
             emit_gang_placement(decision, cluster, spec, found, from_queue)
             return True
-        if may_preempt and shortfall.reclaimable and _reclaim_for_gang(decision, cluster, spec, from_queue):
+        reclaims = may_preempt and shortfall.reclaimable and quotas.may_reclaim(cluster, spec.tenant)
+        if reclaims and _reclaim_for_gang(decision, cluster, spec, from_queue):
             return True
         if not decision.legacy:  # partial admission: at least min_members within the quota (contract v3)
             trimmed = within_quota(cluster, spec, found)
@@ -204,7 +205,8 @@ def _plan_preemption(
         return plan
     if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
         return plan
-    return preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected, True))
+    victims = preemption.borrower_victims(cluster, spec.tenant, protected)
+    return preemption.plan_gang(cluster, spec, policy, decision.now, admit, victims)
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -267,10 +269,18 @@ def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: 
     Cost: O(P) to list the borrowers' running pods, then O(placement) per unit tried (at most
     :data:`RECLAIM_UNITS`), and as many again for the fill-back."""
     quota = quotas.quota_of(cluster, spec.tenant)
-    if quota is None or quota.cohort is None:
+    if quota is None or quota.cohort is None or not quotas.may_reclaim(cluster, spec.tenant):
         return False
     protected = decision.evicted_in(cluster)
     candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, quota_keys.limited_keys(quota), protected)
+    below = spec.priority if quota.policy.reclaim_within_cohort == RECLAIM_LOWER else None
+    candidates = [
+        pod
+        for pod in candidates
+        if pod.spec.preemptible
+        and (below is None or pod.spec.priority < below)
+        and not quotas.shielded(cluster, pod, spec.priority)
+    ]
     if not candidates:
         return False
     policy = cluster_policy(cluster)
@@ -353,7 +363,9 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
             if not isinstance(found, gangs.GangPlacement):
                 return False
             wanted = _gang_demand(cluster, quota, found)
-            taken = reclaim.reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, decision.evicted_in(cluster))
+            taken = reclaim.reclaim_on_trial(
+                cluster, trial, spec.tenant, quota, wanted, decision.evicted_in(cluster), priority=spec.priority
+            )
             if taken is None:
                 return False
             if not taken:

@@ -7,8 +7,9 @@ reservation) is left as follow-up work.
 
 from __future__ import annotations
 
-from processor.core import preemption, quotas, reclaim, reservations
+from processor.core import preemption, quota_preemption, quotas, reclaim, reservations
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, cluster_policy
+from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
@@ -57,6 +58,7 @@ def submit_pod(decision: Decision, command: SubmitPod) -> None:
         command.dependency,
         command.preemption if decision.may_preempt else PREEMPT_NEVER,
         command.movable,
+        command.preemptible,
     )
     if spec.depends_on and hold_new_job(decision, cluster, spec):
         return
@@ -131,7 +133,7 @@ def place(
             quota_reasons = (quota_reason(admission.shortfalls, admission.shape is None),)
         if admission.shape is None:
             reclaimable = any(shortfall.reclaimable for _, shortfall in admission.shortfalls)
-            if may_preempt and reclaimable:
+            if may_preempt and reclaimable and quotas.may_reclaim(cluster, spec.tenant):
                 found = reclaim.plan_pod(
                     cluster,
                     spec,
@@ -145,6 +147,8 @@ def place(
                     units, choice, plan, reclaim_shape = found
                     _preempt_for_pod(decision, cluster, spec, reclaim_shape, units, plan, from_queue, choice)
                     return True
+            if may_preempt and _preempt_by_quota_policy(decision, cluster, spec, usable, from_queue):
+                return True
             if (not from_queue) if announce is None else announce:
                 decision.emit(PodQueued(spec, quota_reasons, requeued), cluster.name)
             return False
@@ -189,7 +193,53 @@ def _plan_preemption(
     wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
     if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
         return plan
-    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected, True))
+    victims = preemption.borrower_victims(cluster, spec.tenant, protected)
+    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, victims)
+
+
+def _preempt_by_quota_policy(
+    decision: Decision, cluster: ClusterState, spec: PodSpec, usable: PodShape, from_queue: bool
+) -> bool:
+    """The tenant's ``SetQuota.preemption`` (contract v3), for a pod its quota has no room for: ``within_tenant``
+    (its own lower-priority or newer work), then ``borrow_within_cohort`` (cohort peers' lower-priority pods) go
+    so that it fits, and it starts on the capacity that freed (``processor.core.quota_preemption``)."""
+    units = None
+    reason = ""
+    for kind, policy_of in (
+        (quota_preemption.WITHIN_TENANT, quota_preemption.within_tenant),
+        (quota_preemption.BORROW_WITHIN_COHORT, quota_preemption.borrow_within_cohort),
+    ):
+        allowed = policy_of(cluster, spec)
+        if allowed is not None:
+            protected = decision.evicted_in(cluster)
+            units = quota_preemption.plan_pod(cluster, spec, usable, protected, decision.now, allowed)
+            if units is not None:
+                reason = kind
+                break
+    if units is None:
+        return False
+    victims = victim_events(decision, cluster, spec.pod_id, "pod", units, reason)
+    admission = quotas.admit(cluster, spec, usable)
+    groups = cluster.index.feasible(admission.shape) if admission.shape is not None else []
+    if not groups:
+        raise InvariantViolation(f"pod {spec.pod_id!r} does not fit after preempting within its tenant")
+    policy = cluster_policy(cluster)
+    choice = policy.place(cluster, admission.shape, groups)  # type: ignore[arg-type]
+    decision.emit(
+        PodScheduled(
+            spec,
+            choice.node_id,
+            choice.gpus,
+            policy.name,
+            from_queue,
+            choice.scores,
+            tuple(pod.spec.pod_id for pod, _ in victims),
+        ),
+        cluster.name,
+    )
+    holder_started(decision, cluster, spec.pod_id)
+    decision.then(AFTER_PREEMPTION, cluster, victims)
+    return True
 
 
 def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:

@@ -58,7 +58,10 @@ def retry_queue(
     # priority than the queue's first (the highest priority waiting).
     first = cluster.queue.first()
     pods_preempt = preempting and first is not None and preemption.lower_priority_exists(cluster, -first[0][0])
-    if not pods_preempt and not tenants:
+    # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v3): their work is
+    # retried on any change. O(tenants with a quota); none unless a tenant set such a policy.
+    policed = _policed_tenants(cluster) if fair else None
+    if not pods_preempt and not tenants and not policed:
         for key, group in _fitting_heads(decision, cluster, signatures):
             heap.append((_order(cluster, key, group[0], fair), 0, group, key, node_ids))
     else:
@@ -66,7 +69,7 @@ def retry_queue(
             tenant, mode, shape = group
             usable = reservations.usable_shape(cluster, key[2], shape, now)
             near: tuple[str, ...] | None = node_ids
-            if tenants and tenant in tenants:
+            if (tenants and tenant in tenants) or (policed and tenant in policed):
                 near = None
             elif not any(fits(signature, usable) for signature in signatures) and not (
                 pods_preempt and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
@@ -86,6 +89,10 @@ def retry_queue(
         return None
     heapq.heapify(heap)
     return _retry(decision, cluster, heap, fair)
+
+
+def _policed_tenants(cluster: ClusterState) -> set[str]:
+    return {tenant for tenant, quota in cluster.quotas.items() if quotas.has_policy(quota)}
 
 
 def _retry(decision: Decision, cluster: ClusterState, heap: list[Entry], fair: bool) -> Task:
