@@ -28,6 +28,12 @@ OptionalId = Annotated[str | None, Query(min_length=1, max_length=253, pattern=I
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 Time = Annotated[int, Query(ge=0, le=MAX_TIME_MS, description="epoch milliseconds")]
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a parameter the query refuses (the message says which and why)"},
+    404: {"description": "a cluster, pod or command the projection does not know"},
+    422: {"description": "a parameter of the wrong type or out of range (short: never echoes the input)"},
+    503: {"description": "the database is unavailable"},
+}
 
 
 def _connection(request: Request) -> Iterator[Connection]:
@@ -82,12 +88,14 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
 
     if operational_routes:
 
-        @app.get("/healthz", summary="liveness and database reachability")
+        @app.get("/healthz", summary="liveness and database reachability", responses=RESPONSES)
         def healthz(conn: Conn) -> dict[str, Any]:
             conn.execute(select(1))
             return {"ok": True}
 
-    @app.get("/v1/utilization", summary="GPUs allocated vs capacity now, by cluster, GPU model or node")
+    @app.get(
+        "/v1/utilization", summary="GPUs allocated vs capacity now, by cluster, GPU model or node", responses=RESPONSES
+    )
     def utilization(
         conn: Conn,
         by: Annotated[str, Query(pattern="^(cluster|model|node)$")] = "cluster",
@@ -97,7 +105,11 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
     ) -> list[dict[str, Any]]:
         return queries.utilization_now(conn, by=by, cluster=cluster, limit=limit, offset=offset)
 
-    @app.get("/v1/utilization/history", summary="allocated vs capacity GPUs over time (end of each step)")
+    @app.get(
+        "/v1/utilization/history",
+        summary="allocated vs capacity GPUs over time (end of each step)",
+        responses=RESPONSES,
+    )
     def utilization_history(
         conn: Conn,
         cluster: Id,
@@ -110,15 +122,15 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
             conn, cluster=cluster, start=start, end=end, step_ms=step_ms, gpu_model=gpu_model
         )
 
-    @app.get("/v1/fragmentation", summary="FGD fragmentation of a cluster now")
+    @app.get("/v1/fragmentation", summary="FGD fragmentation of a cluster now", responses=RESPONSES)
     def fragmentation(conn: Conn, cluster: Id) -> dict[str, Any]:
         return queries.fragmentation_now(conn, cluster=cluster)
 
-    @app.get("/v1/pending", summary="pending pods in queue order, with queue position and reasons")
+    @app.get("/v1/pending", summary="pending pods in queue order, with queue position and reasons", responses=RESPONSES)
     def pending(conn: Conn, cluster: Id, limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
         return queries.pending(conn, cluster=cluster, limit=limit, offset=offset)
 
-    @app.get("/v1/gangs", summary="gangs with their members and state, in queue order")
+    @app.get("/v1/gangs", summary="gangs with their members and state, in queue order", responses=RESPONSES)
     def gangs(
         conn: Conn,
         cluster: Id,
@@ -128,17 +140,27 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
     ) -> dict[str, Any]:
         return queries.gangs(conn, cluster=cluster, state=state, limit=limit, offset=offset)
 
-    @app.get("/v1/disruptions", summary="preemptions and migrations of a cluster, newest first, with their cause")
+    @app.get(
+        "/v1/disruptions",
+        summary="preemptions and migrations of a cluster, newest first, with their cause",
+        responses=RESPONSES,
+    )
     def disruptions(
         conn: Conn, cluster: Id, pod_id: OptionalId = None, limit: Limit = 100, offset: Offset = 0
     ) -> dict[str, Any]:
         return queries.disruptions(conn, cluster=cluster, pod_id=pod_id, limit=limit, offset=offset)
 
-    @app.get("/v1/reservations", summary="current reservations: nodes held for the head of each queue")
+    @app.get(
+        "/v1/reservations", summary="current reservations: nodes held for the head of each queue", responses=RESPONSES
+    )
     def reservations(conn: Conn, cluster: OptionalId = None) -> dict[str, Any]:
         return queries.reservations(conn, cluster=cluster)
 
-    @app.get("/v1/clusters/{cluster}/pods/{pod_id}/history", summary="a pod's events, each with its command")
+    @app.get(
+        "/v1/clusters/{cluster}/pods/{pod_id}/history",
+        summary="a pod's events, each with its command",
+        responses=RESPONSES,
+    )
     def pod_history(
         conn: Conn,
         cluster: Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)],
@@ -146,13 +168,17 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
     ) -> dict[str, Any]:
         return queries.pod_history(conn, cluster=cluster, pod_id=pod_id)
 
-    @app.get("/v1/commands/{command_id}", summary="a command's outcome: accepted (its events) or rejected")
+    @app.get(
+        "/v1/commands/{command_id}",
+        summary="a command's outcome: accepted (its events) or rejected",
+        responses=RESPONSES,
+    )
     def command(
         conn: Conn, command_id: Annotated[str, Path(min_length=1, max_length=253, pattern=ID_PATTERN)]
     ) -> dict[str, Any]:
         return queries.command_outcome(conn, command_id=command_id)
 
-    @app.get("/v1/usage", summary="GPU-hours per tenant per hour or day of event time")
+    @app.get("/v1/usage", summary="GPU-hours per tenant per hour or day of event time", responses=RESPONSES)
     def usage(
         conn: Conn,
         start: Time,
@@ -163,17 +189,17 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
     ) -> list[dict[str, Any]]:
         return queries.tenant_usage(conn, start=start, end=end, granularity=granularity, tenant=tenant, cluster=cluster)
 
-    @app.get("/v1/usage/top", summary="top consumers: tenants by GPU-hours in a time range")
+    @app.get("/v1/usage/top", summary="top consumers: tenants by GPU-hours in a time range", responses=RESPONSES)
     def top(conn: Conn, start: Time, end: Time, limit: Limit = 10, cluster: OptionalId = None) -> list[dict[str, Any]]:
         return queries.top_consumers(conn, start=start, end=end, limit=limit, cluster=cluster)
 
     if operational_routes:
 
-        @app.get("/v1/status", summary="projection offsets and event-time watermarks")
+        @app.get("/v1/status", summary="projection offsets and event-time watermarks", responses=RESPONSES)
         def status(conn: Conn) -> dict[str, Any]:
             return queries.status(conn)
 
-        @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+        @app.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=RESPONSES)
         def prometheus(conn: Conn) -> Response:
             _refresh_gauges(conn)
             return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

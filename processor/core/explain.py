@@ -347,7 +347,9 @@ def _pending(cluster: ClusterState, pod: Pod, now: int) -> Explanation:
     codes = {r["code"] for r in result.reasons}
     held = codes & {QueueReasonCode.WAITING_FOR_EARLIER_JOB, QueueReasonCode.QUOTA_EXCEEDED}
     result.fits_now = capacity_fits and not held
-    result.reservation = _reservation_json(cluster, pod.spec.pod_id, now)
+    reserved = cluster.reservation
+    if reserved is not None and (reserved.holder_id == pod.spec.pod_id or QueueReasonCode.NODE_RESERVED in codes):
+        result.reservation = _reservation_json(cluster, pod.spec.pod_id, now)
     usable = reservations.usable_shape(cluster, pod.spec.pod_id, shape, now)
     _per_class(cluster, usable, result)
     result.would_fit_if = _remedies(cluster, pod, result, codes, capacity_fits)

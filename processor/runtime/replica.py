@@ -58,7 +58,8 @@ log = logging.getLogger("gpufold.replica")
 DEFAULT_BATCH_SIZE = 500
 HISTORY_POINTS = 720
 ENDS_REFRESH_SECONDS = 0.5
-FRAGMENTATION_EVERY_SECONDS = 0.5  # a history point recomputes fragmentation at most this often per cluster
+FRAGMENTATION_EVERY_SECONDS = 0.5  # a changed cluster's fragmentation is measured at least this often
+FRAGMENTATION_SHARE = 0.05  # ... and at most as often as keeps its measuring under this share of the time
 RECENT_DISRUPTIONS = 200  # per cluster
 DISRUPTIONS = ("PodPreempted", "PodEvicted", "PodMigrated", "PodTimeLimitReached", "GangTimedOut", "NodeFailed")
 
@@ -109,7 +110,7 @@ class Replica:
         self._sorted_nodes: dict[str, tuple[int, list[str]]] = {}
         self._history_points = history_points
         self._history: dict[str, deque[dict[str, Any]]] = {}
-        self._fragmentation: dict[str, tuple[float, float]] = {}  # cluster -> (computed at, pct of idle)
+        self._fragmentation: dict[str, tuple[float, float, float]] = {}  # cluster -> (measured at, pct, cost)
         self._disruptions: dict[str, deque[Event]] = {}
         self.versions: dict[str, int] = {}  # cluster -> changes folded (an ETag for its views)
         self._queue_order: dict[str, tuple[int, list[tuple[str, str]]]] = {}  # cluster -> (version, order)
@@ -170,8 +171,6 @@ class Replica:
                 touched: dict[str, ClusterState] = {}
                 for record in records:
                     self._fold(record, touched)
-                for cluster in touched.values():
-                    self._sample(cluster)
                 self.folded += len(records)
                 self.folded_at = self._clock()
         if self._clock() - self._ends_at >= ENDS_REFRESH_SECONDS:
@@ -235,13 +234,14 @@ class Replica:
         self.ledger.record(command.command_id, Entry(record.partition, record.offset, self._digest(record, command)))
         events = decide(state, command, record.offset, resumed_for(self.log_history, state, command))
         update = self.index.update
+        changed: dict[str, ClusterState] = {}
         for event in events:  # a command's events may be about other clusters too (timers it reached)
-            cluster = touched.get(event.cluster) or state.clusters.get(event.cluster)
+            cluster = changed.get(event.cluster) or state.clusters.get(event.cluster)
             payload = event.payload
             kind = type(payload).__name__
             if cluster is None:
                 continue
-            touched[event.cluster] = cluster
+            changed[event.cluster] = cluster
             if event.occurred_at > self._event_time.get(cluster.name, -1):
                 self._event_time[cluster.name] = event.occurred_at
             for pod_id in _pods_named(payload):
@@ -253,8 +253,10 @@ class Replica:
                 if recent is None:
                     recent = self._disruptions[cluster.name] = deque(maxlen=RECENT_DISRUPTIONS)
                 recent.append(event)
-        for name in touched:
+        for name, cluster in changed.items():
             self.versions[name] = self.versions.get(name, 0) + 1
+            self._sample(cluster)  # a history point per change
+        touched.update(changed)
 
     def _digest(self, record: InputRecord, command: Command) -> bytes:
         frame = bytes(record.value or b"")
@@ -496,8 +498,9 @@ class Replica:
 
     def fragmentation_pct(self, cluster: ClusterState) -> float:
         """The one fragmentation figure of a cluster (see :func:`fragmentation_of`), now. Under the lock."""
+        started = time.perf_counter()
         pct = fragmentation_of(cluster)
-        self._fragmentation[cluster.name] = (self._clock(), pct)
+        self._fragmentation[cluster.name] = (self._clock(), pct, time.perf_counter() - started)
         return pct
 
     def queue(
@@ -562,26 +565,31 @@ class Replica:
     def _sample(self, cluster: ClusterState) -> None:
         """Record a history point of a cluster that changed (one per event time: a later change at the same
         time replaces it). When full, every other point is dropped (the last kept), so the series always spans
-        the whole history in at most ``history_points``. Fragmentation costs O(S·T), so it is recomputed at most
-        every FRAGMENTATION_EVERY_SECONDS per cluster (:meth:`history` refreshes the last point)."""
+        the whole history in at most ``history_points``. Fragmentation costs O(S·T), so a point measures it only
+        when that keeps measuring under FRAGMENTATION_SHARE of the time (every change of a small cluster, a few
+        times a second of a large one catching up), and at least every FRAGMENTATION_EVERY_SECONDS; else it is
+        null (a chart draws it through the measured points). :meth:`history` measures the last point when asked."""
         now = self._event_time.get(cluster.name, 0)
         if now <= 0:
             return  # no event time yet: a point at 0 would draw an axis from 1970
         points = self._history.get(cluster.name)
         if points is None:
             points = self._history[cluster.name] = deque()
-        computed_at, pct = self._fragmentation.get(cluster.name, (-1e9, 0.0))
-        if self._clock() - computed_at >= FRAGMENTATION_EVERY_SECONDS:
-            pct = self.fragmentation_pct(cluster)
+        measured_at, _, cost = self._fragmentation.get(cluster.name, (-1e9, 0.0, 0.0))
+        pct: float | None = None
+        if self._clock() - measured_at >= min(FRAGMENTATION_EVERY_SECONDS, cost / FRAGMENTATION_SHARE):
+            pct = round(self.fragmentation_pct(cluster), 3)
         point = {
             "t": now,
             "gpu_milli_allocated": cluster.gpu_milli_allocated,
             "gpu_milli_capacity": cluster.gpu_milli_capacity,
-            "fragmentation_pct": round(pct, 3),
+            "fragmentation_pct": pct,
             "running": self.index.query(state="running", cluster=cluster.name, limit=0)[1],
             "pending": len(cluster.queue),
         }
         if points and points[-1]["t"] >= now:
+            if pct is None:
+                point["fragmentation_pct"] = points[-1]["fragmentation_pct"]
             points[-1] = point
         else:
             points.append(point)

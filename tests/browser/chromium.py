@@ -48,7 +48,7 @@ class ProtocolError(RuntimeError):
 class Chromium:
     """One headless browser with one page; ``evaluate`` JavaScript in it, ``screenshot`` it."""
 
-    def __init__(self, binary: str, width: int = 1400, height: int = 1000) -> None:
+    def __init__(self, binary: str, width: int = 1400, height: int = 1000, mobile: bool = False) -> None:
         self.profile = tempfile.mkdtemp(prefix="gpufold-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
@@ -74,7 +74,7 @@ class Chromium:
         self._buffer = b""
         self._lock = threading.Lock()
         self.session: str | None = None
-        self.width, self.height = width, height
+        self.width, self.height, self.mobile = width, height, mobile
 
     def _send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> int:
         self._next_id += 1
@@ -109,8 +109,8 @@ class Chromium:
             "sessionId"
         ]
         self.call("Page.enable")
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+        metrics = {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": self.mobile}
+        self.call("Emulation.setDeviceMetricsOverride", metrics)
         self.call("Page.navigate", {"url": url})
 
     def evaluate(self, expression: str) -> Any:

@@ -244,3 +244,25 @@ def test_pod_index_follows_gangs_timers_and_dependencies(log: EmbeddedLog) -> No
             want = sorted(pid for pid, p in cluster.pods.items() if p.running == (state == "running"))
             got = replica.pods(state=state, cluster=name, limit=1000)
             assert [p["pod_id"] for p in got["pods"]] == want, (name, state)
+
+
+def test_history_has_a_point_per_change_bounded_and_from_the_first_event(log: EmbeddedLog) -> None:
+    """A point per event time that changed the cluster (no 60 s steps), at most ``history_points`` (halved
+    when full, the last kept), from the first event (never 1970); the last point is the state now."""
+    from processor.runtime.replica import fragmentation_of
+
+    commands = list(workload.commands(800, nodes=10))
+    append(log, commands)
+    full = Replica(EmbeddedReplicaSource(log.path), history_points=100_000)
+    full.restore()
+    times = [p["t"] for p in full.history("c1")["points"]]
+    assert times == sorted(set(times)) and times[0] == min(c.issued_at for c in commands if c.cluster == "c1")
+    assert len(times) > 500
+    bounded = Replica(EmbeddedReplicaSource(log.path), history_points=50)
+    bounded.restore()
+    points = bounded.history("c1")["points"]
+    assert 25 <= len(points) <= 51 and points[0]["t"] == times[0] and points[-1]["t"] == times[-1]
+    cluster = bounded._cluster("c1")
+    assert cluster is not None
+    assert points[-1]["gpu_milli_allocated"] == cluster.gpu_milli_allocated
+    assert points[-1]["fragmentation_pct"] == round(fragmentation_of(cluster), 3)
