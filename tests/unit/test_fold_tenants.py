@@ -335,3 +335,17 @@ def test_bad_quota_preemption_values_are_rejected() -> None:
     ):
         (event,) = fold.run(SetQuota("a", nominal_gpus={"A100": 1}, preemption=preemption))
         assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+
+
+def test_explain_names_a_waiting_member_of_a_running_gang() -> None:
+    from processor.core.explain import explain
+
+    fold = cluster(nodes=1)
+    fold.run(gpus("x", count=2))
+    fold.run(SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    found = explain(fold.cluster, "g-1", 10_000)
+    assert found is not None and found.state == "pending"
+    assert found.reasons[0]["code"] == QueueReasonCode.GANG_MEMBER_WAITING
+    assert "runs 1 of 2 members" in found.message and found.gang is not None
+    running = explain(fold.cluster, "g-0", 10_000)
+    assert running is not None and running.state == "running"
