@@ -31,7 +31,11 @@ PREEMPT_LOWER = "lower_priority"
 """A pod or gang that fits nowhere may preempt pods of strictly lower priority (the default)."""
 PREEMPT_NEVER = "never"
 """It waits instead (what every pod of contract v1 does)."""
-PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER)
+PREEMPT_LOWER_OR_NEWER = "lower_or_newer_equal_priority"
+"""Contract v3: also pods of equal priority submitted after it (Kueue's ``LowerOrNewerEqualPriority``)."""
+PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER, PREEMPT_LOWER_OR_NEWER)
+PREEMPTING = (PREEMPT_LOWER, PREEMPT_LOWER_OR_NEWER)
+"""The modes that preempt."""
 ANY_MODEL = "*"
 """In a quota's ``nominal_gpus``: the GPUs of every model the quota does not name."""
 

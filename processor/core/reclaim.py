@@ -14,7 +14,7 @@ from processor.core import preemption, quota_keys, quotas
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
-from schemas.commands import ANY_MODEL, PREEMPT_LOWER, RECLAIM_LOWER, Quota
+from schemas.commands import ANY_MODEL, PREEMPTING, RECLAIM_LOWER, Quota
 from schemas.events import PodSpec
 
 NODE_PLANS = 64
@@ -360,8 +360,10 @@ def _option(
     if groups:
         choice = policy.place(cluster, shape, groups)
         return units, choice, preemption.PodPlan(choice.node_id, [], (0, 0, 0))
-    if spec.preemption == PREEMPT_LOWER and preemption.lower_priority_exists(cluster, spec.priority):
-        plan = preemption.plan_pod(cluster, shape, spec.priority, now, None, preemption.Victims(borrowers.protected))
+    level = preemption.reach(spec.priority, spec.preemption)
+    if spec.preemption in PREEMPTING and preemption.lower_priority_exists(cluster, level):
+        allowed = preemption.Victims(borrowers.protected, equal=preemption.equal_of(spec))
+        plan = preemption.plan_pod(cluster, shape, level, now, None, allowed)
         if plan is not None:
             return units, None, plan
     return None

@@ -349,3 +349,20 @@ def test_explain_names_a_waiting_member_of_a_running_gang() -> None:
     assert "runs 1 of 2 members" in found.message and found.gang is not None
     running = explain(fold.cluster, "g-0", 10_000)
     assert running is not None and running.state == "running"
+
+
+def test_preemption_lower_or_newer_equal_priority_takes_newer_work_of_the_same_priority() -> None:
+    """old (4 GPUs, priority 3) waits behind a pod that may not be preempted while new (2 GPUs, priority 3) starts;
+    when the blocker ends, old takes new's place under lower_or_newer_equal_priority, not under lower_priority;
+    new, being newer, never takes old's back."""
+    for mode, taken in (("lower_priority", False), ("lower_or_newer_equal_priority", True)):
+        fold = cluster(nodes=1, size=4)
+        fold.run(gpus("blocker", count=2, preemptible=False))
+        fold.run(gpus("old", count=4, priority=3, preemption=mode))
+        fold.run(gpus("new", count=2, priority=3, preemption=mode))
+        events = fold.run(Release("blocker"))
+        assert ({e.payload.pod_id for e in of(events, "PodPreempted")} == {"new"}) is taken, mode
+        assert (fold.placement("old") is not None) is taken, mode
+        if taken:
+            assert fold.placement("new") is None
+            assert "PodPreempted" not in types(fold.run(Tick()))

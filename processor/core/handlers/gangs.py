@@ -20,7 +20,7 @@ from processor.core.handlers.reservations import holder_started
 from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, RECLAIM_LOWER, Quota, ReleaseGang, SubmitGang
+from schemas.commands import PREEMPT_NEVER, PREEMPTING, RECLAIM_LOWER, Quota, ReleaseGang, SubmitGang
 from schemas.events import (
     GangQueued,
     GangReleased,
@@ -151,7 +151,7 @@ def place_gang(
             return False
     policy = cluster_policy(cluster)
     found = gangs.try_place(cluster, spec, policy, decision.now)
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt
     reasons: tuple[QueueReason, ...] = ()
     if isinstance(found, gangs.GangPlacement):
         shortfall = gang_shortfall(cluster, spec, found) if cluster.quotas_on else None
@@ -172,7 +172,7 @@ def place_gang(
         reclaiming = may_preempt and cluster.quotas_on and not decision.legacy
         if reclaiming and _reclaim_capacity_for_gang(decision, cluster, spec, from_queue):
             return True
-        if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+        if may_preempt and preemption.lower_priority_exists(cluster, preemption.reach(spec.priority, spec.preemption)):
 
             def admit(placement: gangs.GangPlacement) -> bool:
                 return not cluster.quotas_on or gang_shortfall(cluster, spec, placement) is None
@@ -196,7 +196,11 @@ def _plan_preemption(
     """The victims that make room for the gang, under the same rules as a pod's (``pods._plan_preemption``)."""
     policy = cluster_policy(cluster)
     protected = decision.evicted_in(cluster)
-    plan = preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption.Victims(protected))
+    equal = preemption.equal_of(spec)
+    # lower_or_newer_equal_priority: the search reaches the gang's own priority, where only newer work may go
+    searched = spec if equal is None else dataclasses.replace(spec, priority=spec.priority + 1)
+    allowed = preemption.Victims(protected, equal=equal)
+    plan = preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -205,8 +209,8 @@ def _plan_preemption(
         return plan
     if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
         return plan
-    victims = preemption.borrower_victims(cluster, spec.tenant, protected)
-    return preemption.plan_gang(cluster, spec, policy, decision.now, admit, victims)
+    allowed = preemption.borrower_victims(cluster, spec.tenant, protected, equal)
+    return preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -481,6 +485,6 @@ def gang_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, rea
     decision.emit(GangQueued(gang.gang_id, reasons, spec, True), cluster.name)
     if placed:
         emit_gang_placement(decision, cluster, spec, found, True)  # type: ignore[arg-type]
-    elif spec.preemption == PREEMPT_LOWER and decision.may_preempt:
+    elif spec.preemption in PREEMPTING and decision.may_preempt:
         place_gang(decision, cluster, spec, from_queue=True, requeued=True, announce=False)
     decision.then(RETRY_QUEUE, cluster, tuple(n for n in dict.fromkeys(freed) if n is not None), None)

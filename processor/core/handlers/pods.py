@@ -20,7 +20,7 @@ from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.resources import PodShape
 from processor.core.state import GANG_RUNNING, ClusterState, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, STRICT_FIFO, Release, SubmitPod
+from schemas.commands import PREEMPT_NEVER, PREEMPTING, STRICT_FIFO, Release, SubmitPod
 from schemas.events import PodQueued, PodReleased, PodScheduled, PodSpec, QueueReason
 from schemas.validation import check_release, check_submit_pod
 
@@ -126,7 +126,7 @@ def place(
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     quota_reasons: tuple[QueueReason, ...] = ()
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt
     if cluster.quotas_on:
         admission = quotas.admit(cluster, spec, usable)
         if admission.shortfalls:
@@ -163,7 +163,7 @@ def place(
         if reserved:
             holder_started(decision, cluster, spec.pod_id)
         return True
-    if may_preempt and preemption.lower_priority_exists(cluster, spec.priority):
+    if may_preempt and preemption.lower_priority_exists(cluster, preemption.reach(spec.priority, spec.preemption)):
         preempting = _plan_preemption(decision, cluster, spec, usable, near)
         if preempting is not None:
             _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
@@ -183,7 +183,9 @@ def _plan_preemption(
     borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
     victim of a borrower)."""
     protected = decision.evicted_in(cluster)
-    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption.Victims(protected))
+    level = preemption.reach(spec.priority, spec.preemption)  # lower_or_newer_equal_priority: its own too
+    equal = preemption.equal_of(spec)
+    plan = preemption.plan_pod(cluster, shape, level, decision.now, near, preemption.Victims(protected, equal=equal))
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -193,8 +195,8 @@ def _plan_preemption(
     wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
     if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
         return plan
-    victims = preemption.borrower_victims(cluster, spec.tenant, protected)
-    return preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, victims)
+    allowed = preemption.borrower_victims(cluster, spec.tenant, protected, equal)
+    return preemption.plan_pod(cluster, shape, level, decision.now, near, allowed)
 
 
 def _preempt_by_quota_policy(

@@ -18,7 +18,7 @@ from processor.core.handlers.gangs import place_gang
 from processor.core.handlers.pods import place
 from processor.core.resources import PodShape, Signature
 from processor.core.state import GANG_QUEUED, ClusterState, Node, lookup, shape_of
-from schemas.commands import PREEMPT_LOWER, STRICT_FIFO
+from schemas.commands import PREEMPT_LOWER_OR_NEWER, PREEMPTING, STRICT_FIFO
 from schemas.events import GangSpec
 
 Entry = tuple[tuple[Any, ...], int, Any, tuple[int, int, str], tuple[str, ...] | None]
@@ -58,6 +58,15 @@ def retry_queue(
     # priority than the queue's first (the highest priority waiting).
     first = cluster.queue.first()
     pods_preempt = preempting and first is not None and preemption.lower_priority_exists(cluster, -first[0][0])
+    if (
+        preempting
+        and first is not None
+        and not pods_preempt
+        and preemption.lower_priority_exists(cluster, 1 - first[0][0])
+    ):
+        # Only work of the head's priority runs below it: a group with lower_or_newer_equal_priority may take it
+        # (contract v3). O(Q) to look, as the screen below.
+        pods_preempt = any(group[1] == PREEMPT_LOWER_OR_NEWER for _, group in cluster.queue.heads())
     # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v3): their work is
     # retried on any change. O(tenants with a quota); none unless a tenant set such a policy.
     policed = _policed_tenants(cluster) if fair else None
@@ -72,7 +81,9 @@ def retry_queue(
             if (tenants and tenant in tenants) or (policed and tenant in policed):
                 near = None
             elif not any(fits(signature, usable) for signature in signatures) and not (
-                pods_preempt and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
+                pods_preempt
+                and mode in PREEMPTING
+                and _may_preempt_on(cluster, usable, preemption.reach(-key[0], mode), changed)
             ):
                 continue
             heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
@@ -81,7 +92,7 @@ def retry_queue(
         if not (
             (tenants and spec.tenant in tenants)
             or gangs.may_use(cluster, spec, signatures, now)
-            or (preempting and spec.preemption == PREEMPT_LOWER and _gang_may_preempt_on(cluster, spec, changed, now))
+            or (preempting and spec.preemption in PREEMPTING and _gang_may_preempt_on(cluster, spec, changed, now))
         ):
             continue
         heap.append((_order(cluster, key, spec.tenant, fair), 1, None, key, None))
@@ -173,10 +184,11 @@ def _may_preempt_on(cluster: ClusterState, shape: PodShape, priority: int, nodes
 
 
 def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node], now: int) -> bool:
-    if not preemption.lower_priority_exists(cluster, spec.priority):
+    level = preemption.reach(spec.priority, spec.preemption)
+    if not preemption.lower_priority_exists(cluster, level):
         return False
     shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
-    return any(_may_preempt_on(cluster, shape, spec.priority, nodes) for shape in sorted(shapes))
+    return any(_may_preempt_on(cluster, shape, level, nodes) for shape in sorted(shapes))
 
 
 def _start_heads(decision: Decision, cluster: ClusterState) -> Task:

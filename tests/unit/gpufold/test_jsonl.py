@@ -50,6 +50,7 @@ def test_defaults_from_the_schema_fill_omitted_fields() -> None:
             "dependency": "afterok",
             "preemption": "lower_priority",
             "movable": False,
+            "preemptible": True,
         },
     )
 
