@@ -377,7 +377,7 @@ def check_quota(what: str, quota: Quota) -> None:
     _check_optional_amount(f"{what} nominal_memory_mib", quota.nominal_memory_mib, MAX_MEMORY_MIB * 1000)
     _check_optional_amount(f"{what} borrowing_limit_gpus", quota.borrowing_limit_gpus, MAX_QUOTA_GPUS)
     _check_optional_amount(f"{what} lending_limit_gpus", quota.lending_limit_gpus, MAX_QUOTA_GPUS)
-    check_range(f"{what} weight", quota.weight, 1, MAX_WEIGHT)
+    check_range(f"{what} weight", quota.weight, 0, MAX_WEIGHT)  # 0 (contract v3): only what no one else wants
     policy = quota.preemption
     if policy is not None:
         for name, value, modes in (

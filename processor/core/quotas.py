@@ -30,6 +30,7 @@ Everything is O(models + cohort members) per check and only runs when a quota ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -327,6 +328,9 @@ def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None
 
 def dominant_share(cluster: ClusterState, tenant: str) -> float:
     """The tenant's weighted dominant share: max over GPU, CPU, memory of its use over the cluster's, / weight."""
+    quota = quota_of(cluster, tenant)
+    if quota is not None and quota.weight == 0:
+        return math.inf  # weight 0 (contract v3): after every tenant with a weight, whatever it runs
     usage = cluster.usage.get(tenant)
     if usage is None:
         return 0.0
@@ -337,7 +341,6 @@ def dominant_share(cluster: ClusterState, tenant: str) -> float:
         share = max(share, usage.cpu / cluster.cpu_capacity)
     if cluster.memory_capacity > 0:
         share = max(share, usage.memory / cluster.memory_capacity)
-    quota = quota_of(cluster, tenant)
     return share / (quota.weight if quota is not None else 1)
 
 

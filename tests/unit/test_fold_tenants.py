@@ -366,3 +366,18 @@ def test_preemption_lower_or_newer_equal_priority_takes_newer_work_of_the_same_p
         if taken:
             assert fold.placement("new") is None
             assert "PodPreempted" not in types(fold.run(Tick()))
+
+
+def test_a_tenant_of_weight_0_gets_capacity_only_when_no_one_else_wants_it() -> None:
+    """Fair share with weight 0 (contract v3): freed capacity goes to every weighted tenant's waiting pods first,
+    however little they run, then to the weight-0 tenant's, older though they are."""
+    fold = cluster(nodes=1, size=4)
+    fold.run(SetQuota("spare", weight=0))
+    fold.run(SetQuota("main", weight=1))
+    fold.run(gpus("big", "main", 4))
+    fold.run(gpus("s0", "spare", 1))  # waits first
+    fold.run(gpus("m0", "main", 1))
+    events = fold.run(Release("big"))
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["m0", "s0"]
+    (event,) = fold.run(SetQuota("x", weight=0))
+    assert event.type_name == "QuotaChanged"
