@@ -267,6 +267,25 @@ def test_the_queue_in_scheduling_order_paged_filtered_with_live_explain(live: Li
     browser.screenshot(ARTIFACTS / "dashboard-queue.png", full_page=False)
 
 
+def test_the_queue_is_searched_by_id(live: LiveServer, browser: Chromium) -> None:
+    """The id search keeps each match's position in the whole queue; the gang is found by its id too."""
+    browser.open(live.url + "?cluster=lab&search=wait-1&refresh=500")
+    wanted = live.replica.queue("lab", search="wait-1", limit=50)["jobs"]
+    assert 1 < len(wanted) < 50 and all("wait-1" in j["id"] for j in wanted)
+    assert [j["position"] for j in wanted] != list(range(1, len(wanted) + 1))  # positions in the whole queue
+    listed = "[...document.querySelectorAll('#content tr.job')].map(r => [r.dataset.job, r.dataset.position])"
+    expected = [[j["id"], str(j["position"] or "")] for j in wanted]
+    browser.wait_for(f"JSON.stringify({listed}) === '{json.dumps(expected, separators=(',', ':'))}'")
+    assert browser.evaluate("document.getElementById('search-filter').value") == "wait-1"
+    choose = (
+        "const i = document.getElementById('search-filter'); i.value = 'train'; i.dispatchEvent(new Event('change'))"
+    )
+    browser.evaluate(f"(() => {{ {choose}; }})()")
+    browser.wait_for(f"JSON.stringify({listed.replace('r.dataset.position', 'r.className')}) === "
+                     "'[[\"train\",\"job gang\"]]'")  # fmt: skip
+    assert "search=train" in browser.evaluate("location.search")
+
+
 def test_the_reservation_holder_shows_its_expected_start(live: LiveServer, browser: Chromium) -> None:
     """The job the nodes are reserved for shows when it is expected to start (event time), on its page."""
     (holder,) = [j for j in live.replica.queue("lab", limit=500)["jobs"] if j["holds_reservation"]]
@@ -469,6 +488,13 @@ def test_works_at_390_px_without_sideways_scrolling(live: LiveServer) -> None:
         phone.evaluate(f"document.querySelector('#content tr.job[data-job=\"{target}\"]').click()")
         phone.wait_for("!document.getElementById('panel').hidden")
         assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        phone.open(live.url + "?cluster=lab&tab=nodes&nodepanel=a100-0&refresh=500")
+        phone.wait_for(
+            "document.getElementById('panel').dataset.id === 'a100-0' && !!document.querySelector('#panel tr.pod')"
+        )
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        panel = phone.evaluate("document.getElementById('panel').getBoundingClientRect().right")
+        assert panel <= 390, panel
     finally:
         phone.close()
 

@@ -31,7 +31,7 @@ def test_metrics_endpoint_counts_commands_and_rejections(kafka_bootstrap: str) -
     """/metrics reports every folded command, rejections by code, commit latency and per-model GPU gauges."""
     topics = new_topics(kafka_bootstrap, "metrics", partitions=1)
     commands = command_stream(300, clusters=1)
-    bad = Command("bad-1", "c0", 10**12, Release("never-submitted"))
+    bad = Command("bad-1", "c0", commands[-1].issued_at + 1, Release("never-submitted"))  # within the clock jump
     publish(kafka_bootstrap, topics, [*commands, bad])
     port = _free_port()
     with BackgroundProcessor(kafka_bootstrap, topics, metrics_port=port, metrics_every=0.0) as processor:

@@ -12,6 +12,7 @@ from schemas.commands import (
     AddNode,
     Command,
     GangMember,
+    MarkNodeFailed,
     Release,
     SetPolicy,
     SetQuota,
@@ -85,3 +86,36 @@ def test_a_failed_root_fails_a_chain_of_ten_thousand_dependants_without_recursio
         f"j{i}" for i in range(1, length + 1)
     ]
     assert not state.clusters["c"].pods
+
+
+def failed_node(kind: type[Command]) -> list[Command]:
+    """On n1: p0 (priority 0) and p1 (priority 1) sharing a GPU, and a one-member gang g of priority 0 on two
+    GPUs; n2 has two free GPUs. Then n1 fails: all three are evicted, and there is room for either the gang
+    or the two pods."""
+    payloads = [
+        SetPolicy("first-fit", reserve_after_ms=-1),
+        AddNode("n1", 32_000, 65_536, "A100", 4),
+        AddNode("n2", 32_000, 65_536, "A100", 2),
+        SubmitPod("p0", priority=0, num_gpu=1, gpu_milli=250, cpu_milli=500),
+        SubmitPod("p1", priority=1, num_gpu=1, gpu_milli=250, cpu_milli=500),
+        SubmitGang("g", priority=0, members=(GangMember("g-0", 2, 1000, 1000),)),
+        MarkNodeFailed("n1"),
+    ]
+    return [kind(f"c{i}", "c", 1000 * (i + 1), payload) for i, payload in enumerate(payloads)]
+
+
+def test_the_evicted_go_back_in_priority_order_gangs_included() -> None:
+    """Contract v3: p1 (priority 1) is placed back first, then p0, and the gang waits; placed first, the gang
+    would hold the room p1 may not take back from it in this command (one eviction per pod per command),
+    leaving a higher-priority pod queued behind a lower-priority one."""
+    events = last_command(failed_node(Command))
+    placed = [(e.payload.pod.pod_id, e.payload.node_id) for e in events if e.type_name == "PodScheduled"]
+    assert placed == [("p1", "n2"), ("p0", "n2")]
+    assert types(events)[-1] == "GangQueued"
+
+
+def test_v2_places_the_evicted_gangs_first_as_it_did() -> None:
+    """Contract v2 keeps its order (gangs, then pods): its logs replay unchanged."""
+    events = last_command(failed_node(V2Command))
+    placed = [(e.payload.pod.pod_id, e.payload.node_id) for e in events if e.type_name == "PodScheduled"]
+    assert placed == [("g-0", "n2")]

@@ -457,20 +457,41 @@ def _in_domain(member: PodSpec, key: str, domain: str) -> PodSpec:
 def gang_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> Task:
     """Some members were evicted: the gang keeps running if at least min_members still run (the lost
     ones end), else every member is evicted and the gang goes back to the queue (training restarts)."""
-    lost = [pod_id for pod_id in gang.placed if not cluster.pods[pod_id].running]
-    still = len(gang.placed) - len(lost)
-    if still >= gang.spec.min_members:
-        for pod_id in sorted(lost):
-            decision.emit(PodReleased(pod_id, None, EVICTED_MEMBER + reason), cluster.name)
-            decision.then(WAKE_DEPENDANTS, cluster, pod_id)
-            yield  # the member's dependants before the next member
+    if gang_keeps_running(gang, cluster):
+        yield from gang_ends_lost_members(decision, cluster, gang, reason)
         return
-    freed = []
+    freed = gang_evict_members(decision, cluster, gang, reason)
+    gang_placed_back(decision, cluster, gang, freed)
+
+
+def gang_keeps_running(gang: Gang, cluster: ClusterState) -> bool:
+    """Whether at least min_members of the gang still run after some were evicted."""
+    still = sum(1 for pod_id in gang.placed if cluster.pods[pod_id].running)
+    return still >= gang.spec.min_members
+
+
+def gang_ends_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> Task:
+    """The gang runs on: each evicted member ends (its dependants are woken)."""
+    lost = [pod_id for pod_id in gang.placed if not cluster.pods[pod_id].running]
+    for pod_id in sorted(lost):  # measure: the lost members left
+        decision.emit(PodReleased(pod_id, None, EVICTED_MEMBER + reason), cluster.name)
+        decision.then(WAKE_DEPENDANTS, cluster, pod_id)
+        yield  # the member's dependants before the next member
+
+
+def gang_evict_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> list[str | None]:
+    """Too few members left: the running ones are evicted too (training restarts); the nodes they freed."""
+    freed: list[str | None] = []
     for pod_id in sorted(gang.placed):
         pod = cluster.pods[pod_id]
         if pod.running:
             freed.append(pod.node_id)
             decision.emit(PodEvicted(pod_id, pod.node_id, f"gang:{reason}"), cluster.name)  # type: ignore[arg-type]
+    return freed
+
+
+def gang_placed_back(decision: Decision, cluster: ClusterState, gang: Gang, freed: list[str | None]) -> None:
+    """A gang whose members were all evicted goes back to the queue, and is placed again if it can be."""
     # Back to the queue (its members stop being pods), then placed again at once if it fits (and its quota
     # has room), else it may still reclaim or preempt like any queued gang. Since contract v3 its timeout
     # counts from now: it limits waiting, and the gang did not wait while it ran.

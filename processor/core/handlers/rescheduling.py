@@ -7,22 +7,55 @@ from __future__ import annotations
 from processor.core import dependencies
 from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
 from processor.core.handlers.dependants import fail_dependant
-from processor.core.handlers.gangs import gang_lost_members, place_gang
+from processor.core.handlers.gangs import (
+    gang_ends_lost_members,
+    gang_evict_members,
+    gang_keeps_running,
+    gang_lost_members,
+    gang_placed_back,
+    place_gang,
+)
 from processor.core.handlers.pods import place
+from processor.core.pending import QueueKey
 from processor.core.state import GANG_WAITING, ClusterState, Pod, lookup
 
 
 def after_eviction(
     decision: Decision, cluster: ClusterState, evicted: list[Pod], gang_ids: list[str], reason: str
 ) -> Task:
-    """Gangs hit by an eviction, then the evicted plain pods (queue order), go back to placement; then
-    their tenants' work (with quotas: their quota has room again). O(E) placements for E evicted."""
-    for gang_id in gang_ids:  # measure: the gangs left
-        yield from gang_lost_members(decision, cluster, cluster.gangs[gang_id], reason)
-        yield  # what the gang set off, before the next gang
-    for pod in sorted(evicted, key=lambda p: p.queue_key):  # measure: the pods left
-        place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
-        yield  # what its placement set off (its own victims), before the next pod
+    """The evicted go back to placement, then their tenants' work (with quotas: their quota has room again).
+    O(E) placements for E evicted.
+
+    Contract v3: gangs and plain pods together in queue order (priority first), so a pod placed back is never
+    one a later, higher-priority one would have preempted (it may not: one eviction per pod per command).
+    v1 and v2: the gangs first, then the plain pods in queue order, as they were released."""
+    if decision.legacy:
+        for gang_id in gang_ids:  # measure: the gangs left
+            yield from gang_lost_members(decision, cluster, cluster.gangs[gang_id], reason)
+            yield  # what the gang set off, before the next gang
+        for pod in sorted(evicted, key=lambda p: p.queue_key):  # measure: the pods left
+            place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
+            yield  # what its placement set off (its own victims), before the next pod
+    else:
+        # First every gang takes its loss (runs on without the lost members, or has them all evicted) ...
+        jobs: list[tuple[QueueKey, int, int, list[str | None]]] = []
+        for i, gang_id in enumerate(gang_ids):  # measure: the gangs left
+            gang = cluster.gangs[gang_id]
+            if gang_keeps_running(gang, cluster):
+                yield from gang_ends_lost_members(decision, cluster, gang, reason)
+                yield  # what the gang's lost members set off, before the next gang
+            else:
+                jobs.append((gang.key, 0, i, gang_evict_members(decision, cluster, gang, reason)))
+        # ... then the evicted gangs and pods are placed back in queue order.
+        jobs += [(pod.queue_key, 1, i, []) for i, pod in enumerate(evicted)]
+        jobs.sort(key=lambda job: job[:3])
+        for _, kind, i, freed in jobs:  # measure: the jobs left
+            if kind == 0:
+                gang_placed_back(decision, cluster, cluster.gangs[gang_ids[i]], freed)
+            else:
+                pod = evicted[i]
+                place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
+            yield  # what the job set off (its own victims), before the next one
     decision.then(RETRY_QUEUE, cluster, (), None)
 
 
