@@ -12,7 +12,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py build_config.py README.md ./
 COPY gpufold ./gpufold
 COPY kafka_settings ./kafka_settings
 COPY logs ./logs
@@ -22,7 +22,7 @@ COPY projections ./projections
 COPY schemas ./schemas
 RUN pip install --prefix=/install ".[postgres,api]" \
     && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
-       'from schemas import compiled; print("gpufold:", compiled.summary())'
+       'import build_config; print("gpufold:", build_config.summary())'
 
 FROM python:3.11-slim
 

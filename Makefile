@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,postgres,api,plot]'
 	@# pip shows the build's messages only with -v: say here whether the hot path was compiled (setup.py)
-	@$(PY) -c 'from schemas import compiled; print("== gpufold:", compiled.summary())'
+	@$(PY) -c 'import build_config; print("== gpufold:", build_config.summary())'
 	touch $(STAMP)
 
 DEMO_PORT ?= 8000

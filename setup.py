@@ -1,13 +1,13 @@
 """Builds the fold's hot path with mypyc when it can, and plain Python when it cannot.
 
-``pip install .`` (or ``-e .``) compiles the modules of :data:`schemas.compiled.COMPILED` into C extensions
-beside their sources (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks; unset, ``schemas.compiled.COMPILE_BY_DEFAULT``
+``pip install .`` (or ``-e .``) compiles the modules of :data:`build_config.COMPILED` into C extensions
+beside their sources (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks; unset, ``build_config.COMPILE_BY_DEFAULT``
 decides).
 Missing mypyc, a missing C compiler or Python headers, or any error while compiling is not fatal: the
 build says so in one clear message and installs the same modules as plain Python, which give the same
 events and hashes (only slower).
 ``GPUFOLD_PURE_PYTHON=1`` at build time skips compiling; at run time it loads the ``.py`` sources
-even where extensions were built (see ``schemas/compiled.py``).
+even where extensions were built (see ``schemas/pure_python.py``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-# schemas/compiled.py holds the one list of compiled modules; loaded by path (stdlib only), since importing the
-# schemas package would need its dependencies, which the build environment does not have.
-_COMPILED_PY = runpy.run_path(str(HERE / "schemas" / "compiled.py"))
-COMPILED: tuple[str, ...] = _COMPILED_PY["COMPILED"]
-OPT_LEVEL: str = os.environ.get("GPUFOLD_MYPYC_OPT_LEVEL", _COMPILED_PY["OPT_LEVEL"])
-OPT_LEVELS: dict[str, str] = _COMPILED_PY["OPT_LEVELS"]
+# build_config.py holds the list of compiled modules and their options; loaded by path (stdlib only: the build
+# environment has none of the packages' dependencies).
+_CONFIG = runpy.run_path(str(HERE / "build_config.py"))
+COMPILED: tuple[str, ...] = _CONFIG["COMPILED"]
+OPT_LEVEL: str = os.environ.get("GPUFOLD_MYPYC_OPT_LEVEL", _CONFIG["OPT_LEVEL"])
+OPT_LEVELS: dict[str, str] = _CONFIG["OPT_LEVELS"]
 JOBS = max(1, int(os.environ.get("GPUFOLD_BUILD_JOBS", "0")) or os.cpu_count() or 1)
 
 BANNER = "gpufold: {}"
@@ -134,8 +134,8 @@ def extensions() -> list[object]:
     if os.environ.get("GPUFOLD_PURE_PYTHON", "") not in ("", "0"):
         say("GPUFOLD_PURE_PYTHON is set: installing the hot path as pure Python (not compiled)")
         return []
-    if not _COMPILED_PY["compile_requested"]():
-        say(f"{_COMPILED_PY['COMPILE_ENV']}=0 or COMPILE_BY_DEFAULT off: installing the hot path as pure Python")
+    if not _CONFIG["compile_requested"]():
+        say(f"{_CONFIG['COMPILE_ENV']}=0 or COMPILE_BY_DEFAULT off: installing the hot path as pure Python")
         return []
     try:
         from mypyc.build import mypycify

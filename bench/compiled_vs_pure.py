@@ -1,7 +1,7 @@
 """The compiled hot path against the pure-Python one, in the same run: fold-only and with the codec.
 
 Not a test: a measurement. Run ``python bench/compiled_vs_pure.py`` (after an install that compiled the hot
-path; ``python -c 'from schemas import compiled; print(compiled.summary())'`` says). For each policy, cluster
+path; ``python -c 'import build_config; print(build_config.summary())'`` says). For each policy, cluster
 size and mode it runs ``bench/fold_throughput.py`` once compiled and once with ``GPUFOLD_PURE_PYTHON=1``,
 alternating (``--rounds`` times, best of each), and prints commands/s of both and the ratio. The codec alone:
 ``bench/codec_micro.py`` both ways (``--codec``). Times are CPU time of each process.

@@ -62,9 +62,11 @@ def worker(commands_path: str, events_path: str, warm: int) -> None:
     from processor.core.fold import decide
     from processor.core.state import PartitionState
     from processor.runtime.loop import PartitionFolder
-    from schemas import compiled
     from schemas.fastcodec import decode_command
     from schemas.topics import Topics
+
+    sys.path.insert(0, str(HERE.parent))  # build_config.py, beside setup.py (not installed)
+    import build_config
 
     frames = _frames(Path(commands_path).read_bytes())
     records = [InputRecord(0, offset, b"bench", frame) for offset, frame in enumerate(frames)]
@@ -90,7 +92,7 @@ def worker(commands_path: str, events_path: str, warm: int) -> None:
     print(
         json.dumps(
             {
-                "compiled": compiled.summary(),
+                "compiled": build_config.summary(),
                 "codec_commands_per_sec": measured / codec_seconds,
                 "fold_commands_per_sec": measured / fold_seconds,
             }
@@ -220,11 +222,11 @@ def compiled_interpreter(requested: str | None) -> str | None:
     candidates = [requested] if requested else [sys.executable]
     for python in candidates:
         probe = subprocess.run(
-            [python, "-c", "from schemas import compiled; print(compiled.summary())"],
+            [python, "-c", "import build_config; print(build_config.summary())"],
             capture_output=True,
             text=True,
             check=False,
-            cwd="/",
+            cwd=HERE.parent,
         )
         if probe.returncode == 0 and "compiled with mypyc" in probe.stdout:
             return python

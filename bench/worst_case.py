@@ -68,9 +68,9 @@ CASES: dict[str, Builder] = {
 
 def child(case: str, nodes: int, pods: int) -> int:
     """Fold one case, print a line when its state is built, then one JSON result (or die trying)."""
+    import build_config
     from processor.core.fold import decide
     from processor.core.state import PartitionState
-    from schemas import compiled
 
     commands = CASES[case](nodes, pods)
     first = next((i for i, c in enumerate(commands) if c.command_id.startswith(adv.ATTACK)), len(commands))
@@ -82,7 +82,7 @@ def child(case: str, nodes: int, pods: int) -> int:
     print(json.dumps({"phase": "built", "setup_s": round(setup, 2), "commands": first}), flush=True)
     times: dict[str, list[float]] = {}
     worst: dict[str, object] = {"ms": -1.0}
-    result: dict[str, object] = {"case": case, "hot_path": compiled.summary(), "setup_s": round(setup, 2)}
+    result: dict[str, object] = {"case": case, "hot_path": build_config.summary(), "setup_s": round(setup, 2)}
     for command in commands[first:]:
         attack = command.command_id.startswith(adv.ATTACK)
         if attack:
@@ -191,9 +191,9 @@ def run_case(case: str, pure: bool, args: argparse.Namespace) -> dict[str, objec
 
 
 def compiled_available() -> bool:
-    from schemas import compiled
+    import build_config
 
-    return bool(compiled.built())
+    return bool(build_config.built())
 
 
 def uptime() -> str:

@@ -31,7 +31,7 @@ CLUSTER = "openb"
 SAMPLES = 16
 APPEND_CHUNK = 5_000
 PRESSURE_SEED = 42
-PRESSURE_POLICIES = ("best-fit-paper", "fgd", "fgd-plus")
+PRESSURE_POLICIES = ("best-fit-paper", "fgd", "fgd-plus", "fgd-pack")
 # Published means over seeds 42..51 (Weng et al., ATC '23; ../shared/traces/openb/README.md).
 PUBLISHED_DEFAULT = {"best-fit-paper": 7.14, "fgd": 4.77}
 
@@ -304,10 +304,10 @@ def render(summary: Summary) -> str:
                 f"fragmentation {row['fragmentation_pct_at_100']:5.2f}%   {row['pods_per_sec']:,.0f} pods/s{note}"
             )
         lines.append(
-            "    fgd and fgd-plus learn the typical pods online here; the published FGD knew them in advance "
+            "    fgd, fgd-plus and fgd-pack learn the typical pods online here; the published FGD knew them in advance "
             "(gpufold simulate --prior)"
         )
-        lines.append("    all ten seeds and every trace variant: gpufold simulate --seeds 42-51 --policy fgd-plus")
+        lines.append("    all ten seeds and every trace variant: gpufold simulate --seeds 42-51 --policy fgd-pack")
     lines.append("")
     lines.append(f"  state_hash {summary.state_hash}")
     lines.append(f"  explore: gpufold state --log {summary.log_path}   |   gpufold events --log {summary.log_path}")

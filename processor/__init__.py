@@ -10,7 +10,7 @@
 The records (commands, events) are the contract's (``schemas``); they are re-exported here for convenience.
 """
 
-import schemas  # noqa: F401  first: its import shim decides compiled or pure modules (schemas.compiled)
+import schemas  # noqa: F401  first: its import shim decides compiled or pure modules (schemas.pure_python)
 from processor.core.errors import InvariantViolation
 from processor.core.fold import apply, decide
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot

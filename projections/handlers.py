@@ -22,9 +22,11 @@ from schemas.events import (
     NodeCordoned,
     NodeDrained,
     NodeFailed,
+    NodeRecovered,
     NodeRemoved,
     NodesReserved,
     NodeUncordoned,
+    NodeUpdated,
     PodEvicted,
     PodMigrated,
     PodQueued,
@@ -82,6 +84,23 @@ def _node_failed(batch: StagedBatch, event: Event, p: NodeFailed) -> None:
     node["failed"] = True
     node["updated_sequence"] = event.sequence
     batch.shift_totals(node, event.occurred_at, 0, -node["gpu_count"] * 1000)
+
+
+def _node_recovered(batch: StagedBatch, event: Event, p: NodeRecovered) -> None:
+    """A failed node is back, empty and schedulable: its capacity counts again."""
+    node = batch.node(event.cluster, p.node_id)
+    node["failed"] = False
+    node["cordoned"] = False
+    node["updated_sequence"] = event.sequence
+    batch.shift_totals(node, event.occurred_at, 0, node["gpu_count"] * 1000)
+
+
+def _node_updated(batch: StagedBatch, event: Event, p: NodeUpdated) -> None:
+    """A node's labels and taints are replaced (its evicted pods' PodEvicted events follow)."""
+    node = batch.node(event.cluster, p.node_id)
+    node["labels"] = dict(p.labels)
+    node["taints"] = [t.to_avro() for t in p.taints]
+    node["updated_sequence"] = event.sequence
 
 
 def _pod_queued(batch: StagedBatch, event: Event, p: PodQueued) -> None:
@@ -263,6 +282,8 @@ HANDLERS: dict[type, Handler] = {
     NodesReserved: _nodes_reserved,
     ReservationReleased: _reservation_released,
     PodMigrated: _pod_migrated,
+    NodeRecovered: _node_recovered,
+    NodeUpdated: _node_updated,
 }
 
 NOT_PROJECTED: dict[str, str] = {

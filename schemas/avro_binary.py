@@ -2,7 +2,7 @@
 
 Varint tables and writers, the errors of a malformed body, and the fastavro path that frames of any
 other writer schema take. Kept apart from the generator (``schemas/fastcodec_gen.py``) so that the
-generated module imports only what it runs; both are compiled with the hot path (``schemas/compiled.py``).
+generated module imports only what it runs; both are compiled with the hot path (``build_config.py``).
 """
 
 from __future__ import annotations

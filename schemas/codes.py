@@ -8,7 +8,7 @@ Three tiers of failure, as in STYLE.md:
 - a well-formed command the domain refuses -> ``CommandRejected`` with a code from
   :class:`RejectionCode` (state unchanged); the stateless checks (``schemas.validation``)
   and the fold raise :class:`Rejected` to say so;
-- a broken invariant inside the fold's ``apply`` -> ``processor.core.errors.InvariantViolation``:
+- a broken invariant inside the fold's ``apply`` -> the fold's own ``InvariantViolation``:
   a bug; the loop stops without committing so nothing wrong is published.
 """
 
@@ -47,6 +47,7 @@ class RejectionCode:
     CLUSTER_HALTED: Final = "CLUSTER_HALTED"  # the cluster is halted (ClusterHalted) until ResumeCluster
     CLOCK_JUMP: Final = "CLOCK_JUMP"  # dated further ahead of the cluster's clock than max_clock_jump_ms
     NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
+    NODE_NOT_FAILED: Final = "NODE_NOT_FAILED"  # RecoverNode of a node that has not failed
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -74,6 +75,7 @@ class RejectionCode:
         CLUSTER_HALTED,
         CLOCK_JUMP,
         NOT_HALTED,
+        NODE_NOT_FAILED,
     )
 
 

@@ -330,6 +330,23 @@ class ResumeCluster(Record):
     reason: str = ""
 
 
+@dataclass(slots=True)
+class RecoverNode(Record):
+    """A failed node returns, empty and schedulable, with its capacity, labels and taints."""
+
+    node_id: str
+
+
+@dataclass(slots=True)
+class UpdateNode(Record):
+    """Replace a node's labels and/or taints (None: keep them); a NoExecute taint evicts the pods that do not
+    tolerate it."""
+
+    node_id: str
+    labels: dict[str, str] | None = None
+    taints: tuple[Taint, ...] | None = None
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -347,6 +364,8 @@ CommandPayload = (
     | RemoveQuota
     | Defragment
     | ResumeCluster
+    | RecoverNode
+    | UpdateNode
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -368,6 +387,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         RemoveQuota,
         Defragment,
         ResumeCluster,
+        RecoverNode,
+        UpdateNode,
     )
 }
 
@@ -450,3 +471,4 @@ nest(Quota, {"preemption": QuotaPreemption})
 nest(SetQuota, {"preemption": QuotaPreemption})
 nest(GangMember, {"tolerations": Toleration})
 nest(SubmitGang, {"members": GangMember})
+nest(UpdateNode, {"taints": Taint})

@@ -339,6 +339,23 @@ class ClusterResumed(Record):
     message: str = ""
 
 
+@dataclass(slots=True)
+class NodeRecovered(Record):
+    """A failed node is back: empty, schedulable, with its capacity, labels and taints."""
+
+    node_id: str
+
+
+@dataclass(slots=True)
+class NodeUpdated(Record):
+    """A node's labels and taints are now these; ``evicting`` pods that do not tolerate a NoExecute taint follow."""
+
+    node_id: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    evicting: int = 0
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -367,6 +384,8 @@ EventPayload = (
     | DefragmentationPlanned
     | ClusterHalted
     | ClusterResumed
+    | NodeRecovered
+    | NodeUpdated
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -399,6 +418,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         DefragmentationPlanned,
         ClusterHalted,
         ClusterResumed,
+        NodeRecovered,
+        NodeUpdated,
     )
 }
 
@@ -451,6 +472,7 @@ nest(PodSpec, {"tolerations": Toleration})
 nest(GangSpec, {"members": PodSpec})
 nest(MemberPlacement, {"gpus": GpuShare})
 nest(NodeAdded, {"taints": Taint})
+nest(NodeUpdated, {"taints": Taint})
 nest(PodQueued, {"pod": PodSpec, "reasons": QueueReason})
 nest(PodScheduled, {"pod": PodSpec, "gpus": GpuShare})
 nest(GangQueued, {"reasons": QueueReason, "gang": GangSpec})

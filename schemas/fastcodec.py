@@ -2,7 +2,7 @@
 
 The functions live in ``schemas/fastcodec_generated.py``, written ahead of time by
 ``schemas/fastcodec_gen.py`` (one specialised function per record type, every field inlined) and
-compiled with the fold when the install can (``schemas/compiled.py``):
+compiled with the fold when the install can (``build_config.py``):
 
 - ``encode_event(event)`` / ``encode_command(command)``: the whole single-object frame (``C3 01`` +
   fingerprint + body), byte for byte what ``registry().codec(X).encode(obj.to_avro())`` writes;

@@ -37,6 +37,7 @@ from schemas.commands import (
     MarkNodeFailed as _c_MarkNodeFailed,
     Quota as _c_Quota,
     QuotaPreemption as _c_QuotaPreemption,
+    RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
     RemoveNode as _c_RemoveNode,
@@ -50,6 +51,7 @@ from schemas.commands import (
     Tick as _c_Tick,
     Toleration as _c_Toleration,
     UncordonNode as _c_UncordonNode,
+    UpdateNode as _c_UpdateNode,
 )
 from schemas.events import (
     ClusterHalted as _c_ClusterHalted,
@@ -69,8 +71,10 @@ from schemas.events import (
     NodeCordoned as _c_NodeCordoned,
     NodeDrained as _c_NodeDrained,
     NodeFailed as _c_NodeFailed,
+    NodeRecovered as _c_NodeRecovered,
     NodeRemoved as _c_NodeRemoved,
     NodeUncordoned as _c_NodeUncordoned,
+    NodeUpdated as _c_NodeUpdated,
     NodesReserved as _c_NodesReserved,
     PodEvicted as _c_PodEvicted,
     PodMigrated as _c_PodMigrated,
@@ -89,7 +93,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01n\xe3\x17\xc9\x10"\x88\xea'
+_k1 = b'\xc3\x01\xc1\xc6\xf4\xedV\x9fs.'
 _k11 = b'\x00'
 _k35 = b'\x02'
 _k39 = b'\x04'
@@ -151,88 +155,96 @@ _k267 = b'\x1c'
 _k271 = b'\x02'
 _k274 = b'\x00'
 _k276 = b'\x1e'
-_k280 = b'\xc3\x01n\xe3\x17\xc9\x10"\x88\xea'
-_k505 = b'\xc3\x01}\xd2\xb7\xebT\xe0!\x16'
-_k516 = b'\x00'
-_k527 = b'\x02'
-_k531 = b'\x04'
-_k535 = b'\x06'
-_k539 = b'\x08'
-_k544 = b'\n'
-_k551 = b'\x0c'
-_k569 = b'\x02'
-_k572 = b'\x00'
-_k575 = b'\x02'
-_k577 = b'\x00'
-_k593 = b'\x0e'
-_k611 = b'\x02'
-_k614 = b'\x00'
-_k617 = b'\x02'
-_k619 = b'\x00'
-_k640 = b'\x10'
-_k648 = b'\x12'
-_k653 = b'\x02'
-_k656 = b'\x00'
-_k660 = b'\x14'
-_k667 = b'\x02'
-_k669 = b'\x00'
-_k674 = b'\x02'
-_k676 = b'\x00'
-_k678 = b'\x16'
-_k688 = b'\x18'
-_k717 = b'\x02'
-_k720 = b'\x00'
-_k723 = b'\x02'
-_k725 = b'\x00'
-_k734 = b'\x02'
-_k737 = b'\x00'
-_k740 = b'\x02'
-_k743 = b'\x00'
-_k746 = b'\x02'
-_k748 = b'\x00'
-_k751 = b'\x02'
-_k753 = b'\x00'
+_k280 = b' '
+_k284 = b'"'
+_k289 = b'\x02'
+_k291 = b'\x00'
+_k294 = b'\x02'
+_k296 = b'\x00'
+_k298 = b'\xc3\x01\xc1\xc6\xf4\xedV\x9fs.'
+_k545 = b'\xc3\x01\x10\x97F\x16\xcb\x83%\r'
+_k556 = b'\x00'
+_k567 = b'\x02'
+_k571 = b'\x04'
+_k575 = b'\x06'
+_k579 = b'\x08'
+_k584 = b'\n'
+_k591 = b'\x0c'
+_k609 = b'\x02'
+_k612 = b'\x00'
+_k615 = b'\x02'
+_k617 = b'\x00'
+_k633 = b'\x0e'
+_k651 = b'\x02'
+_k654 = b'\x00'
+_k657 = b'\x02'
+_k659 = b'\x00'
+_k680 = b'\x10'
+_k688 = b'\x12'
+_k693 = b'\x02'
+_k696 = b'\x00'
+_k700 = b'\x14'
+_k707 = b'\x02'
+_k709 = b'\x00'
+_k714 = b'\x02'
+_k716 = b'\x00'
+_k718 = b'\x16'
+_k728 = b'\x18'
+_k757 = b'\x02'
+_k760 = b'\x00'
 _k763 = b'\x02'
 _k765 = b'\x00'
-_k768 = b'\x1a'
-_k789 = b'\x02'
-_k792 = b'\x00'
-_k795 = b'\x02'
-_k798 = b'\x00'
-_k801 = b'\x02'
-_k803 = b'\x00'
-_k806 = b'\x02'
-_k808 = b'\x00'
-_k818 = b'\x02'
-_k820 = b'\x00'
-_k823 = b'\x02'
-_k826 = b'\x00'
+_k774 = b'\x02'
+_k777 = b'\x00'
+_k780 = b'\x02'
+_k783 = b'\x00'
+_k786 = b'\x02'
+_k788 = b'\x00'
+_k791 = b'\x02'
+_k793 = b'\x00'
+_k803 = b'\x02'
+_k805 = b'\x00'
+_k808 = b'\x1a'
 _k829 = b'\x02'
 _k832 = b'\x00'
-_k837 = b'\x1c'
-_k844 = b'\x1e'
-_k851 = b' '
-_k859 = b'\x02'
-_k862 = b'\x00'
-_k864 = b'"'
-_k872 = b'\x02'
-_k874 = b'\x00'
-_k878 = b'$'
-_k889 = b'&'
-_k899 = b'('
-_k902 = b'*'
-_k914 = b','
-_k917 = b'\x02'
-_k920 = b'\x00'
-_k923 = b'\x00'
-_k926 = b'\x00'
-_k930 = b'.'
-_k944 = b'0'
-_k950 = b'\x02'
-_k953 = b'\x00'
-_k957 = b'2'
-_k967 = b'4'
-_k977 = b'\xc3\x01}\xd2\xb7\xebT\xe0!\x16'
+_k835 = b'\x02'
+_k838 = b'\x00'
+_k841 = b'\x02'
+_k843 = b'\x00'
+_k846 = b'\x02'
+_k848 = b'\x00'
+_k858 = b'\x02'
+_k860 = b'\x00'
+_k863 = b'\x02'
+_k866 = b'\x00'
+_k869 = b'\x02'
+_k872 = b'\x00'
+_k877 = b'\x1c'
+_k884 = b'\x1e'
+_k891 = b' '
+_k899 = b'\x02'
+_k902 = b'\x00'
+_k904 = b'"'
+_k912 = b'\x02'
+_k914 = b'\x00'
+_k918 = b'$'
+_k929 = b'&'
+_k939 = b'('
+_k942 = b'*'
+_k954 = b','
+_k957 = b'\x02'
+_k960 = b'\x00'
+_k963 = b'\x00'
+_k966 = b'\x00'
+_k970 = b'.'
+_k984 = b'0'
+_k990 = b'\x02'
+_k993 = b'\x00'
+_k997 = b'2'
+_k1007 = b'4'
+_k1017 = b'6'
+_k1021 = b'8'
+_k1028 = b'\xc3\x01\x10\x97F\x16\xcb\x83%\r'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -476,55 +488,71 @@ def _e_ResumeCluster275(o: _c_ResumeCluster) -> bytes:
     return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.reason.encode())) < 8192 else _long(n279)), s278,))
 
 
+def _e_RecoverNode279(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k280, (_P[n283] if (n283 := len(s282 := o.node_id.encode())) < 8192 else _long(n283)), s282,))
+
+
+def _u289(v: Any) -> bytes:
+    return b"".join((_k289, (_b21(a291) if (a291 := v) else b"\x00"),))
+
+
+def _u294(v: Any) -> bytes:
+    return b"".join((_k294, (_b27(a296) if (a296 := v) else b"\x00"),))
+
+
+def _e_UpdateNode283(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k284, (_P[n287] if (n287 := len(s286 := o.node_id.encode())) < 8192 else _long(n287)), s286, (_k291 if (u288 := o.labels) is None else _u289(u288)), (_k296 if (u293 := o.taints) is None else _u294(u293)),))
+
+
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k279[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k297[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint307(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint325(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n309 = _ZL[buf[pos]]
-    if n309 < 0:
-        n309, pos = _rlong(buf, pos)
-        if n309 < 0:
-            raise _length_error(n309, end - pos)
+    n327 = _ZL[buf[pos]]
+    if n327 < 0:
+        n327, pos = _rlong(buf, pos)
+        if n327 < 0:
+            raise _length_error(n327, end - pos)
     else:
         pos += 1
-    q310 = pos + n309
-    if q310 > end:
-        raise _length_error(n309, end - pos)
-    f_key = buf[pos:q310].decode()
-    pos = q310
-    n311 = _ZL[buf[pos]]
-    if n311 < 0:
-        n311, pos = _rlong(buf, pos)
-        if n311 < 0:
-            raise _length_error(n311, end - pos)
+    q328 = pos + n327
+    if q328 > end:
+        raise _length_error(n327, end - pos)
+    f_key = buf[pos:q328].decode()
+    pos = q328
+    n329 = _ZL[buf[pos]]
+    if n329 < 0:
+        n329, pos = _rlong(buf, pos)
+        if n329 < 0:
+            raise _length_error(n329, end - pos)
     else:
         pos += 1
-    q312 = pos + n311
-    if q312 > end:
-        raise _length_error(n311, end - pos)
-    f_value = buf[pos:q312].decode()
-    pos = q312
-    n313 = _ZL[buf[pos]]
-    if n313 < 0:
-        n313, pos = _rlong(buf, pos)
-        if n313 < 0:
-            raise _length_error(n313, end - pos)
+    q330 = pos + n329
+    if q330 > end:
+        raise _length_error(n329, end - pos)
+    f_value = buf[pos:q330].decode()
+    pos = q330
+    n331 = _ZL[buf[pos]]
+    if n331 < 0:
+        n331, pos = _rlong(buf, pos)
+        if n331 < 0:
+            raise _length_error(n331, end - pos)
     else:
         pos += 1
-    q314 = pos + n313
-    if q314 > end:
-        raise _length_error(n313, end - pos)
-    f_effect = buf[pos:q314].decode()
-    pos = q314
+    q332 = pos + n331
+    if q332 > end:
+        raise _length_error(n331, end - pos)
+    f_effect = buf[pos:q332].decode()
+    pos = q332
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode288(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode306(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -532,30 +560,30 @@ def _d_AddNode288(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n290 = _ZL[buf[pos]]
-    if n290 < 0:
-        n290, pos = _rlong(buf, pos)
-        if n290 < 0:
-            raise _length_error(n290, end - pos)
+    n308 = _ZL[buf[pos]]
+    if n308 < 0:
+        n308, pos = _rlong(buf, pos)
+        if n308 < 0:
+            raise _length_error(n308, end - pos)
     else:
         pos += 1
-    q291 = pos + n290
-    if q291 > end:
-        raise _length_error(n290, end - pos)
-    f_node_id = buf[pos:q291].decode()
-    pos = q291
-    n292 = _ZL[buf[pos]]
-    if n292 < 0:
-        n292, pos = _rlong(buf, pos)
-        if n292 < 0:
-            raise _length_error(n292, end - pos)
+    q309 = pos + n308
+    if q309 > end:
+        raise _length_error(n308, end - pos)
+    f_node_id = buf[pos:q309].decode()
+    pos = q309
+    n310 = _ZL[buf[pos]]
+    if n310 < 0:
+        n310, pos = _rlong(buf, pos)
+        if n310 < 0:
+            raise _length_error(n310, end - pos)
     else:
         pos += 1
-    q293 = pos + n292
-    if q293 > end:
-        raise _length_error(n292, end - pos)
-    f_gpu_model = buf[pos:q293].decode()
-    pos = q293
+    q311 = pos + n310
+    if q311 > end:
+        raise _length_error(n310, end - pos)
+    f_gpu_model = buf[pos:q311].decode()
+    pos = q311
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -602,281 +630,281 @@ def _d_AddNode288(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc294: dict[str, Any] = {}
+        acc312: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c295 = _ZD[b]
+                c313 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c295 = (z >> 1) ^ -(z & 1)
+                c313 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c295 = (z >> 1) ^ -(z & 1)
+                c313 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c295, pos = _rlong(buf, pos)
-            if c295 == 0:
+                c313, pos = _rlong(buf, pos)
+            if c313 == 0:
                 break
-            if c295 < 0:
-                c295 = -c295
+            if c313 < 0:
+                c313 = -c313
                 b = buf[pos]
                 if b < 128:
-                    z298 = _ZD[b]
+                    z316 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z298 = (z >> 1) ^ -(z & 1)
+                    z316 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z298 = (z >> 1) ^ -(z & 1)
+                    z316 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z298, pos = _rlong(buf, pos)
-            if c295 * 2 > end - pos:
-                raise _count_error(c295, end - pos)
-            for _ in range(c295):
-                n299 = _ZL[buf[pos]]
-                if n299 < 0:
-                    n299, pos = _rlong(buf, pos)
-                    if n299 < 0:
-                        raise _length_error(n299, end - pos)
+                    z316, pos = _rlong(buf, pos)
+            if c313 * 2 > end - pos:
+                raise _count_error(c313, end - pos)
+            for _ in range(c313):
+                n317 = _ZL[buf[pos]]
+                if n317 < 0:
+                    n317, pos = _rlong(buf, pos)
+                    if n317 < 0:
+                        raise _length_error(n317, end - pos)
                 else:
                     pos += 1
-                q300 = pos + n299
-                if q300 > end:
-                    raise _length_error(n299, end - pos)
-                k297 = buf[pos:q300].decode()
-                pos = q300
-                n301 = _ZL[buf[pos]]
-                if n301 < 0:
-                    n301, pos = _rlong(buf, pos)
-                    if n301 < 0:
-                        raise _length_error(n301, end - pos)
+                q318 = pos + n317
+                if q318 > end:
+                    raise _length_error(n317, end - pos)
+                k315 = buf[pos:q318].decode()
+                pos = q318
+                n319 = _ZL[buf[pos]]
+                if n319 < 0:
+                    n319, pos = _rlong(buf, pos)
+                    if n319 < 0:
+                        raise _length_error(n319, end - pos)
                 else:
                     pos += 1
-                q302 = pos + n301
-                if q302 > end:
-                    raise _length_error(n301, end - pos)
-                x296 = buf[pos:q302].decode()
-                pos = q302
-                acc294[k297] = x296
-        f_labels = acc294
+                q320 = pos + n319
+                if q320 > end:
+                    raise _length_error(n319, end - pos)
+                x314 = buf[pos:q320].decode()
+                pos = q320
+                acc312[k315] = x314
+        f_labels = acc312
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc303: list[Any] = []
+        acc321: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c304 = _ZD[b]
+                c322 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c304 = (z >> 1) ^ -(z & 1)
+                c322 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c304 = (z >> 1) ^ -(z & 1)
+                c322 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c304, pos = _rlong(buf, pos)
-            if c304 == 0:
+                c322, pos = _rlong(buf, pos)
+            if c322 == 0:
                 break
-            if c304 < 0:
-                c304 = -c304
+            if c322 < 0:
+                c322 = -c322
                 b = buf[pos]
                 if b < 128:
-                    z307 = _ZD[b]
+                    z325 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z307 = (z >> 1) ^ -(z & 1)
+                    z325 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z307 = (z >> 1) ^ -(z & 1)
+                    z325 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z307, pos = _rlong(buf, pos)
-            if c304 * 3 > end - pos:
-                raise _count_error(c304, end - pos)
-            for _ in range(c304):
-                x305, pos = _d_Taint307(buf, pos, end)
-                acc303.append(x305)
-        f_taints = tuple(acc303)
+                    z325, pos = _rlong(buf, pos)
+            if c322 * 3 > end - pos:
+                raise _count_error(c322, end - pos)
+            for _ in range(c322):
+                x323, pos = _d_Taint325(buf, pos, end)
+                acc321.append(x323)
+        f_taints = tuple(acc321)
     o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
     return o, pos
 
 
-def _d_RemoveNode314(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode332(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n316 = _ZL[buf[pos]]
-    if n316 < 0:
-        n316, pos = _rlong(buf, pos)
-        if n316 < 0:
-            raise _length_error(n316, end - pos)
+    n334 = _ZL[buf[pos]]
+    if n334 < 0:
+        n334, pos = _rlong(buf, pos)
+        if n334 < 0:
+            raise _length_error(n334, end - pos)
     else:
         pos += 1
-    q317 = pos + n316
-    if q317 > end:
-        raise _length_error(n316, end - pos)
-    f_node_id = buf[pos:q317].decode()
-    pos = q317
+    q335 = pos + n334
+    if q335 > end:
+        raise _length_error(n334, end - pos)
+    f_node_id = buf[pos:q335].decode()
+    pos = q335
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode317(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode335(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n319 = _ZL[buf[pos]]
-    if n319 < 0:
-        n319, pos = _rlong(buf, pos)
-        if n319 < 0:
-            raise _length_error(n319, end - pos)
+    n337 = _ZL[buf[pos]]
+    if n337 < 0:
+        n337, pos = _rlong(buf, pos)
+        if n337 < 0:
+            raise _length_error(n337, end - pos)
     else:
         pos += 1
-    q320 = pos + n319
-    if q320 > end:
-        raise _length_error(n319, end - pos)
-    f_node_id = buf[pos:q320].decode()
-    pos = q320
+    q338 = pos + n337
+    if q338 > end:
+        raise _length_error(n337, end - pos)
+    f_node_id = buf[pos:q338].decode()
+    pos = q338
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode320(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode338(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n322 = _ZL[buf[pos]]
-    if n322 < 0:
-        n322, pos = _rlong(buf, pos)
-        if n322 < 0:
-            raise _length_error(n322, end - pos)
+    n340 = _ZL[buf[pos]]
+    if n340 < 0:
+        n340, pos = _rlong(buf, pos)
+        if n340 < 0:
+            raise _length_error(n340, end - pos)
     else:
         pos += 1
-    q323 = pos + n322
-    if q323 > end:
-        raise _length_error(n322, end - pos)
-    f_node_id = buf[pos:q323].decode()
-    pos = q323
+    q341 = pos + n340
+    if q341 > end:
+        raise _length_error(n340, end - pos)
+    f_node_id = buf[pos:q341].decode()
+    pos = q341
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode323(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode341(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
-    n325 = _ZL[buf[pos]]
-    if n325 < 0:
-        n325, pos = _rlong(buf, pos)
-        if n325 < 0:
-            raise _length_error(n325, end - pos)
+    n343 = _ZL[buf[pos]]
+    if n343 < 0:
+        n343, pos = _rlong(buf, pos)
+        if n343 < 0:
+            raise _length_error(n343, end - pos)
     else:
         pos += 1
-    q326 = pos + n325
-    if q326 > end:
-        raise _length_error(n325, end - pos)
-    f_node_id = buf[pos:q326].decode()
-    pos = q326
+    q344 = pos + n343
+    if q344 > end:
+        raise _length_error(n343, end - pos)
+    f_node_id = buf[pos:q344].decode()
+    pos = q344
     o = _c_DrainNode(f_node_id)
     return o, pos
 
 
-def _d_MarkNodeFailed326(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed344(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n328 = _ZL[buf[pos]]
-    if n328 < 0:
-        n328, pos = _rlong(buf, pos)
-        if n328 < 0:
-            raise _length_error(n328, end - pos)
+    n346 = _ZL[buf[pos]]
+    if n346 < 0:
+        n346, pos = _rlong(buf, pos)
+        if n346 < 0:
+            raise _length_error(n346, end - pos)
     else:
         pos += 1
-    q329 = pos + n328
-    if q329 > end:
-        raise _length_error(n328, end - pos)
-    f_node_id = buf[pos:q329].decode()
-    pos = q329
-    n330 = _ZL[buf[pos]]
-    if n330 < 0:
-        n330, pos = _rlong(buf, pos)
-        if n330 < 0:
-            raise _length_error(n330, end - pos)
+    q347 = pos + n346
+    if q347 > end:
+        raise _length_error(n346, end - pos)
+    f_node_id = buf[pos:q347].decode()
+    pos = q347
+    n348 = _ZL[buf[pos]]
+    if n348 < 0:
+        n348, pos = _rlong(buf, pos)
+        if n348 < 0:
+            raise _length_error(n348, end - pos)
     else:
         pos += 1
-    q331 = pos + n330
-    if q331 > end:
-        raise _length_error(n330, end - pos)
-    f_reason = buf[pos:q331].decode()
-    pos = q331
+    q349 = pos + n348
+    if q349 > end:
+        raise _length_error(n348, end - pos)
+    f_reason = buf[pos:q349].decode()
+    pos = q349
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration357(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration375(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n359 = _ZL[buf[pos]]
-    if n359 < 0:
-        n359, pos = _rlong(buf, pos)
-        if n359 < 0:
-            raise _length_error(n359, end - pos)
+    n377 = _ZL[buf[pos]]
+    if n377 < 0:
+        n377, pos = _rlong(buf, pos)
+        if n377 < 0:
+            raise _length_error(n377, end - pos)
     else:
         pos += 1
-    q360 = pos + n359
-    if q360 > end:
-        raise _length_error(n359, end - pos)
-    f_key = buf[pos:q360].decode()
-    pos = q360
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    q378 = pos + n377
+    if q378 > end:
+        raise _length_error(n377, end - pos)
+    f_key = buf[pos:q378].decode()
+    pos = q378
+    n379 = _ZL[buf[pos]]
+    if n379 < 0:
+        n379, pos = _rlong(buf, pos)
+        if n379 < 0:
+            raise _length_error(n379, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_operator = buf[pos:q362].decode()
-    pos = q362
-    n363 = _ZL[buf[pos]]
-    if n363 < 0:
-        n363, pos = _rlong(buf, pos)
-        if n363 < 0:
-            raise _length_error(n363, end - pos)
+    q380 = pos + n379
+    if q380 > end:
+        raise _length_error(n379, end - pos)
+    f_operator = buf[pos:q380].decode()
+    pos = q380
+    n381 = _ZL[buf[pos]]
+    if n381 < 0:
+        n381, pos = _rlong(buf, pos)
+        if n381 < 0:
+            raise _length_error(n381, end - pos)
     else:
         pos += 1
-    q364 = pos + n363
-    if q364 > end:
-        raise _length_error(n363, end - pos)
-    f_value = buf[pos:q364].decode()
-    pos = q364
-    n365 = _ZL[buf[pos]]
-    if n365 < 0:
-        n365, pos = _rlong(buf, pos)
-        if n365 < 0:
-            raise _length_error(n365, end - pos)
+    q382 = pos + n381
+    if q382 > end:
+        raise _length_error(n381, end - pos)
+    f_value = buf[pos:q382].decode()
+    pos = q382
+    n383 = _ZL[buf[pos]]
+    if n383 < 0:
+        n383, pos = _rlong(buf, pos)
+        if n383 < 0:
+            raise _length_error(n383, end - pos)
     else:
         pos += 1
-    q366 = pos + n365
-    if q366 > end:
-        raise _length_error(n365, end - pos)
-    f_effect = buf[pos:q366].decode()
-    pos = q366
+    q384 = pos + n383
+    if q384 > end:
+        raise _length_error(n383, end - pos)
+    f_effect = buf[pos:q384].decode()
+    pos = q384
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod349(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -893,30 +921,30 @@ def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_preemption: str
     f_movable: bool
     f_preemptible: bool
-    n333 = _ZL[buf[pos]]
-    if n333 < 0:
-        n333, pos = _rlong(buf, pos)
-        if n333 < 0:
-            raise _length_error(n333, end - pos)
+    n351 = _ZL[buf[pos]]
+    if n351 < 0:
+        n351, pos = _rlong(buf, pos)
+        if n351 < 0:
+            raise _length_error(n351, end - pos)
     else:
         pos += 1
-    q334 = pos + n333
-    if q334 > end:
-        raise _length_error(n333, end - pos)
-    f_pod_id = buf[pos:q334].decode()
-    pos = q334
-    n335 = _ZL[buf[pos]]
-    if n335 < 0:
-        n335, pos = _rlong(buf, pos)
-        if n335 < 0:
-            raise _length_error(n335, end - pos)
+    q352 = pos + n351
+    if q352 > end:
+        raise _length_error(n351, end - pos)
+    f_pod_id = buf[pos:q352].decode()
+    pos = q352
+    n353 = _ZL[buf[pos]]
+    if n353 < 0:
+        n353, pos = _rlong(buf, pos)
+        if n353 < 0:
+            raise _length_error(n353, end - pos)
     else:
         pos += 1
-    q336 = pos + n335
-    if q336 > end:
-        raise _length_error(n335, end - pos)
-    f_tenant = buf[pos:q336].decode()
-    pos = q336
+    q354 = pos + n353
+    if q354 > end:
+        raise _length_error(n353, end - pos)
+    f_tenant = buf[pos:q354].decode()
+    pos = q354
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -991,185 +1019,185 @@ def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc337: list[Any] = []
+        acc355: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c338 = _ZD[b]
+                c356 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c338 = (z >> 1) ^ -(z & 1)
+                c356 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c338 = (z >> 1) ^ -(z & 1)
+                c356 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c338, pos = _rlong(buf, pos)
-            if c338 == 0:
+                c356, pos = _rlong(buf, pos)
+            if c356 == 0:
                 break
-            if c338 < 0:
-                c338 = -c338
+            if c356 < 0:
+                c356 = -c356
                 b = buf[pos]
                 if b < 128:
-                    z341 = _ZD[b]
+                    z359 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z341 = (z >> 1) ^ -(z & 1)
+                    z359 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z341 = (z >> 1) ^ -(z & 1)
+                    z359 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z341, pos = _rlong(buf, pos)
-            if c338 * 1 > end - pos:
-                raise _count_error(c338, end - pos)
-            for _ in range(c338):
-                n342 = _ZL[buf[pos]]
-                if n342 < 0:
-                    n342, pos = _rlong(buf, pos)
-                    if n342 < 0:
-                        raise _length_error(n342, end - pos)
+                    z359, pos = _rlong(buf, pos)
+            if c356 * 1 > end - pos:
+                raise _count_error(c356, end - pos)
+            for _ in range(c356):
+                n360 = _ZL[buf[pos]]
+                if n360 < 0:
+                    n360, pos = _rlong(buf, pos)
+                    if n360 < 0:
+                        raise _length_error(n360, end - pos)
                 else:
                     pos += 1
-                q343 = pos + n342
-                if q343 > end:
-                    raise _length_error(n342, end - pos)
-                x339 = buf[pos:q343].decode()
-                pos = q343
-                acc337.append(x339)
-        f_gpu_models = tuple(acc337)
+                q361 = pos + n360
+                if q361 > end:
+                    raise _length_error(n360, end - pos)
+                x357 = buf[pos:q361].decode()
+                pos = q361
+                acc355.append(x357)
+        f_gpu_models = tuple(acc355)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc344: dict[str, Any] = {}
+        acc362: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c345 = _ZD[b]
+                c363 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c345 = (z >> 1) ^ -(z & 1)
+                c363 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c345 = (z >> 1) ^ -(z & 1)
+                c363 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c345, pos = _rlong(buf, pos)
-            if c345 == 0:
+                c363, pos = _rlong(buf, pos)
+            if c363 == 0:
                 break
-            if c345 < 0:
-                c345 = -c345
+            if c363 < 0:
+                c363 = -c363
                 b = buf[pos]
                 if b < 128:
-                    z348 = _ZD[b]
+                    z366 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z348 = (z >> 1) ^ -(z & 1)
+                    z366 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z348 = (z >> 1) ^ -(z & 1)
+                    z366 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z348, pos = _rlong(buf, pos)
-            if c345 * 2 > end - pos:
-                raise _count_error(c345, end - pos)
-            for _ in range(c345):
-                n349 = _ZL[buf[pos]]
-                if n349 < 0:
-                    n349, pos = _rlong(buf, pos)
-                    if n349 < 0:
-                        raise _length_error(n349, end - pos)
+                    z366, pos = _rlong(buf, pos)
+            if c363 * 2 > end - pos:
+                raise _count_error(c363, end - pos)
+            for _ in range(c363):
+                n367 = _ZL[buf[pos]]
+                if n367 < 0:
+                    n367, pos = _rlong(buf, pos)
+                    if n367 < 0:
+                        raise _length_error(n367, end - pos)
                 else:
                     pos += 1
-                q350 = pos + n349
-                if q350 > end:
-                    raise _length_error(n349, end - pos)
-                k347 = buf[pos:q350].decode()
-                pos = q350
-                n351 = _ZL[buf[pos]]
-                if n351 < 0:
-                    n351, pos = _rlong(buf, pos)
-                    if n351 < 0:
-                        raise _length_error(n351, end - pos)
+                q368 = pos + n367
+                if q368 > end:
+                    raise _length_error(n367, end - pos)
+                k365 = buf[pos:q368].decode()
+                pos = q368
+                n369 = _ZL[buf[pos]]
+                if n369 < 0:
+                    n369, pos = _rlong(buf, pos)
+                    if n369 < 0:
+                        raise _length_error(n369, end - pos)
                 else:
                     pos += 1
-                q352 = pos + n351
-                if q352 > end:
-                    raise _length_error(n351, end - pos)
-                x346 = buf[pos:q352].decode()
-                pos = q352
-                acc344[k347] = x346
-        f_node_selector = acc344
+                q370 = pos + n369
+                if q370 > end:
+                    raise _length_error(n369, end - pos)
+                x364 = buf[pos:q370].decode()
+                pos = q370
+                acc362[k365] = x364
+        f_node_selector = acc362
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc353: list[Any] = []
+        acc371: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c354 = _ZD[b]
+                c372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c354 = (z >> 1) ^ -(z & 1)
+                c372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c354 = (z >> 1) ^ -(z & 1)
+                c372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c354, pos = _rlong(buf, pos)
-            if c354 == 0:
+                c372, pos = _rlong(buf, pos)
+            if c372 == 0:
                 break
-            if c354 < 0:
-                c354 = -c354
+            if c372 < 0:
+                c372 = -c372
                 b = buf[pos]
                 if b < 128:
-                    z357 = _ZD[b]
+                    z375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z357 = (z >> 1) ^ -(z & 1)
+                    z375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z357 = (z >> 1) ^ -(z & 1)
+                    z375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z357, pos = _rlong(buf, pos)
-            if c354 * 4 > end - pos:
-                raise _count_error(c354, end - pos)
-            for _ in range(c354):
-                x355, pos = _d_Toleration357(buf, pos, end)
-                acc353.append(x355)
-        f_tolerations = tuple(acc353)
+                    z375, pos = _rlong(buf, pos)
+            if c372 * 4 > end - pos:
+                raise _count_error(c372, end - pos)
+            for _ in range(c372):
+                x373, pos = _d_Toleration375(buf, pos, end)
+                acc371.append(x373)
+        f_tolerations = tuple(acc371)
     b = buf[pos]
     if b < 128:
-        i367 = _ZD[b]
+        i385 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i367 = (z >> 1) ^ -(z & 1)
+        i385 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i367 = (z >> 1) ^ -(z & 1)
+        i385 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i367, pos = _rlong(buf, pos)
-    if i367 == 0:
+        i385, pos = _rlong(buf, pos)
+    if i385 == 0:
         f_time_limit_ms = None
-    elif i367 == 1:
+    elif i385 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1185,86 +1213,86 @@ def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i367, 2)
+        raise _union_error(i385, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc368: list[Any] = []
+        acc386: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c369 = _ZD[b]
+                c387 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c369 = (z >> 1) ^ -(z & 1)
+                c387 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c369 = (z >> 1) ^ -(z & 1)
+                c387 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c369, pos = _rlong(buf, pos)
-            if c369 == 0:
+                c387, pos = _rlong(buf, pos)
+            if c387 == 0:
                 break
-            if c369 < 0:
-                c369 = -c369
+            if c387 < 0:
+                c387 = -c387
                 b = buf[pos]
                 if b < 128:
-                    z372 = _ZD[b]
+                    z390 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z372 = (z >> 1) ^ -(z & 1)
+                    z390 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z372 = (z >> 1) ^ -(z & 1)
+                    z390 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z372, pos = _rlong(buf, pos)
-            if c369 * 1 > end - pos:
-                raise _count_error(c369, end - pos)
-            for _ in range(c369):
-                n373 = _ZL[buf[pos]]
-                if n373 < 0:
-                    n373, pos = _rlong(buf, pos)
-                    if n373 < 0:
-                        raise _length_error(n373, end - pos)
+                    z390, pos = _rlong(buf, pos)
+            if c387 * 1 > end - pos:
+                raise _count_error(c387, end - pos)
+            for _ in range(c387):
+                n391 = _ZL[buf[pos]]
+                if n391 < 0:
+                    n391, pos = _rlong(buf, pos)
+                    if n391 < 0:
+                        raise _length_error(n391, end - pos)
                 else:
                     pos += 1
-                q374 = pos + n373
-                if q374 > end:
-                    raise _length_error(n373, end - pos)
-                x370 = buf[pos:q374].decode()
-                pos = q374
-                acc368.append(x370)
-        f_depends_on = tuple(acc368)
-    n375 = _ZL[buf[pos]]
-    if n375 < 0:
-        n375, pos = _rlong(buf, pos)
-        if n375 < 0:
-            raise _length_error(n375, end - pos)
+                q392 = pos + n391
+                if q392 > end:
+                    raise _length_error(n391, end - pos)
+                x388 = buf[pos:q392].decode()
+                pos = q392
+                acc386.append(x388)
+        f_depends_on = tuple(acc386)
+    n393 = _ZL[buf[pos]]
+    if n393 < 0:
+        n393, pos = _rlong(buf, pos)
+        if n393 < 0:
+            raise _length_error(n393, end - pos)
     else:
         pos += 1
-    q376 = pos + n375
-    if q376 > end:
-        raise _length_error(n375, end - pos)
-    f_dependency = buf[pos:q376].decode()
-    pos = q376
-    n377 = _ZL[buf[pos]]
-    if n377 < 0:
-        n377, pos = _rlong(buf, pos)
-        if n377 < 0:
-            raise _length_error(n377, end - pos)
+    q394 = pos + n393
+    if q394 > end:
+        raise _length_error(n393, end - pos)
+    f_dependency = buf[pos:q394].decode()
+    pos = q394
+    n395 = _ZL[buf[pos]]
+    if n395 < 0:
+        n395, pos = _rlong(buf, pos)
+        if n395 < 0:
+            raise _length_error(n395, end - pos)
     else:
         pos += 1
-    q378 = pos + n377
-    if q378 > end:
-        raise _length_error(n377, end - pos)
-    f_preemption = buf[pos:q378].decode()
-    pos = q378
+    q396 = pos + n395
+    if q396 > end:
+        raise _length_error(n395, end - pos)
+    f_preemption = buf[pos:q396].decode()
+    pos = q396
     f_movable = buf[pos] != 0
     pos += 1
     f_preemptible = buf[pos] != 0
@@ -1273,95 +1301,95 @@ def _d_SubmitPod331(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     return o, pos
 
 
-def _d_Release378(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release396(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n380 = _ZL[buf[pos]]
-    if n380 < 0:
-        n380, pos = _rlong(buf, pos)
-        if n380 < 0:
-            raise _length_error(n380, end - pos)
+    n398 = _ZL[buf[pos]]
+    if n398 < 0:
+        n398, pos = _rlong(buf, pos)
+        if n398 < 0:
+            raise _length_error(n398, end - pos)
     else:
         pos += 1
-    q381 = pos + n380
-    if q381 > end:
-        raise _length_error(n380, end - pos)
-    f_pod_id = buf[pos:q381].decode()
-    pos = q381
-    n382 = _ZL[buf[pos]]
-    if n382 < 0:
-        n382, pos = _rlong(buf, pos)
-        if n382 < 0:
-            raise _length_error(n382, end - pos)
+    q399 = pos + n398
+    if q399 > end:
+        raise _length_error(n398, end - pos)
+    f_pod_id = buf[pos:q399].decode()
+    pos = q399
+    n400 = _ZL[buf[pos]]
+    if n400 < 0:
+        n400, pos = _rlong(buf, pos)
+        if n400 < 0:
+            raise _length_error(n400, end - pos)
     else:
         pos += 1
-    q383 = pos + n382
-    if q383 > end:
-        raise _length_error(n382, end - pos)
-    f_reason = buf[pos:q383].decode()
-    pos = q383
+    q401 = pos + n400
+    if q401 > end:
+        raise _length_error(n400, end - pos)
+    f_reason = buf[pos:q401].decode()
+    pos = q401
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption406(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption424(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n408 = _ZL[buf[pos]]
-    if n408 < 0:
-        n408, pos = _rlong(buf, pos)
-        if n408 < 0:
-            raise _length_error(n408, end - pos)
+    n426 = _ZL[buf[pos]]
+    if n426 < 0:
+        n426, pos = _rlong(buf, pos)
+        if n426 < 0:
+            raise _length_error(n426, end - pos)
     else:
         pos += 1
-    q409 = pos + n408
-    if q409 > end:
-        raise _length_error(n408, end - pos)
-    f_within_tenant = buf[pos:q409].decode()
-    pos = q409
-    n410 = _ZL[buf[pos]]
-    if n410 < 0:
-        n410, pos = _rlong(buf, pos)
-        if n410 < 0:
-            raise _length_error(n410, end - pos)
+    q427 = pos + n426
+    if q427 > end:
+        raise _length_error(n426, end - pos)
+    f_within_tenant = buf[pos:q427].decode()
+    pos = q427
+    n428 = _ZL[buf[pos]]
+    if n428 < 0:
+        n428, pos = _rlong(buf, pos)
+        if n428 < 0:
+            raise _length_error(n428, end - pos)
     else:
         pos += 1
-    q411 = pos + n410
-    if q411 > end:
-        raise _length_error(n410, end - pos)
-    f_reclaim_within_cohort = buf[pos:q411].decode()
-    pos = q411
-    n412 = _ZL[buf[pos]]
-    if n412 < 0:
-        n412, pos = _rlong(buf, pos)
-        if n412 < 0:
-            raise _length_error(n412, end - pos)
+    q429 = pos + n428
+    if q429 > end:
+        raise _length_error(n428, end - pos)
+    f_reclaim_within_cohort = buf[pos:q429].decode()
+    pos = q429
+    n430 = _ZL[buf[pos]]
+    if n430 < 0:
+        n430, pos = _rlong(buf, pos)
+        if n430 < 0:
+            raise _length_error(n430, end - pos)
     else:
         pos += 1
-    q413 = pos + n412
-    if q413 > end:
-        raise _length_error(n412, end - pos)
-    f_borrow_within_cohort = buf[pos:q413].decode()
-    pos = q413
+    q431 = pos + n430
+    if q431 > end:
+        raise _length_error(n430, end - pos)
+    f_borrow_within_cohort = buf[pos:q431].decode()
+    pos = q431
     b = buf[pos]
     if b < 128:
-        i414 = _ZD[b]
+        i432 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i414 = (z >> 1) ^ -(z & 1)
+        i432 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i414 = (z >> 1) ^ -(z & 1)
+        i432 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i414, pos = _rlong(buf, pos)
-    if i414 == 0:
+        i432, pos = _rlong(buf, pos)
+    if i432 == 0:
         f_borrow_max_victim_priority = None
-    elif i414 == 1:
+    elif i432 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1377,12 +1405,12 @@ def _d_QuotaPreemption406(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i414, 2)
+        raise _union_error(i432, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1393,121 +1421,121 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i392 = _ZD[b]
+        i410 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i392 = (z >> 1) ^ -(z & 1)
+        i410 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i392 = (z >> 1) ^ -(z & 1)
+        i410 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i392, pos = _rlong(buf, pos)
-    if i392 == 0:
+        i410, pos = _rlong(buf, pos)
+    if i410 == 0:
         f_cohort = None
-    elif i392 == 1:
-        n393 = _ZL[buf[pos]]
-        if n393 < 0:
-            n393, pos = _rlong(buf, pos)
-            if n393 < 0:
-                raise _length_error(n393, end - pos)
+    elif i410 == 1:
+        n411 = _ZL[buf[pos]]
+        if n411 < 0:
+            n411, pos = _rlong(buf, pos)
+            if n411 < 0:
+                raise _length_error(n411, end - pos)
         else:
             pos += 1
-        q394 = pos + n393
-        if q394 > end:
-            raise _length_error(n393, end - pos)
-        f_cohort = buf[pos:q394].decode()
-        pos = q394
+        q412 = pos + n411
+        if q412 > end:
+            raise _length_error(n411, end - pos)
+        f_cohort = buf[pos:q412].decode()
+        pos = q412
     else:
-        raise _union_error(i392, 2)
+        raise _union_error(i410, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc395: dict[str, Any] = {}
+        acc413: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c396 = _ZD[b]
+                c414 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c396 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c396 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c396, pos = _rlong(buf, pos)
-            if c396 == 0:
+                c414, pos = _rlong(buf, pos)
+            if c414 == 0:
                 break
-            if c396 < 0:
-                c396 = -c396
+            if c414 < 0:
+                c414 = -c414
                 b = buf[pos]
                 if b < 128:
-                    z399 = _ZD[b]
+                    z417 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z399 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z399 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z399, pos = _rlong(buf, pos)
-            if c396 * 2 > end - pos:
-                raise _count_error(c396, end - pos)
-            for _ in range(c396):
-                n400 = _ZL[buf[pos]]
-                if n400 < 0:
-                    n400, pos = _rlong(buf, pos)
-                    if n400 < 0:
-                        raise _length_error(n400, end - pos)
+                    z417, pos = _rlong(buf, pos)
+            if c414 * 2 > end - pos:
+                raise _count_error(c414, end - pos)
+            for _ in range(c414):
+                n418 = _ZL[buf[pos]]
+                if n418 < 0:
+                    n418, pos = _rlong(buf, pos)
+                    if n418 < 0:
+                        raise _length_error(n418, end - pos)
                 else:
                     pos += 1
-                q401 = pos + n400
-                if q401 > end:
-                    raise _length_error(n400, end - pos)
-                k398 = buf[pos:q401].decode()
-                pos = q401
+                q419 = pos + n418
+                if q419 > end:
+                    raise _length_error(n418, end - pos)
+                k416 = buf[pos:q419].decode()
+                pos = q419
                 b = buf[pos]
                 if b < 128:
-                    x397 = _ZD[b]
+                    x415 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x397 = (z >> 1) ^ -(z & 1)
+                    x415 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x397 = (z >> 1) ^ -(z & 1)
+                    x415 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x397, pos = _rlong(buf, pos)
-                acc395[k398] = x397
-        f_nominal_gpus = acc395
+                    x415, pos = _rlong(buf, pos)
+                acc413[k416] = x415
+        f_nominal_gpus = acc413
     b = buf[pos]
     if b < 128:
-        i402 = _ZD[b]
+        i420 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i402 = (z >> 1) ^ -(z & 1)
+        i420 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i402 = (z >> 1) ^ -(z & 1)
+        i420 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i402, pos = _rlong(buf, pos)
-    if i402 == 0:
+        i420, pos = _rlong(buf, pos)
+    if i420 == 0:
         f_nominal_cpu_milli = None
-    elif i402 == 1:
+    elif i420 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1523,24 +1551,24 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i402, 2)
+        raise _union_error(i420, 2)
     b = buf[pos]
     if b < 128:
-        i403 = _ZD[b]
+        i421 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i403 = (z >> 1) ^ -(z & 1)
+        i421 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i403 = (z >> 1) ^ -(z & 1)
+        i421 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i403, pos = _rlong(buf, pos)
-    if i403 == 0:
+        i421, pos = _rlong(buf, pos)
+    if i421 == 0:
         f_nominal_memory_mib = None
-    elif i403 == 1:
+    elif i421 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1556,24 +1584,24 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i421, 2)
     b = buf[pos]
     if b < 128:
-        i404 = _ZD[b]
+        i422 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i404 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i404 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i404, pos = _rlong(buf, pos)
-    if i404 == 0:
+        i422, pos = _rlong(buf, pos)
+    if i422 == 0:
         f_borrowing_limit_gpus = None
-    elif i404 == 1:
+    elif i422 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1589,24 +1617,24 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i404, 2)
+        raise _union_error(i422, 2)
     b = buf[pos]
     if b < 128:
-        i405 = _ZD[b]
+        i423 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i405 = (z >> 1) ^ -(z & 1)
+        i423 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i405 = (z >> 1) ^ -(z & 1)
+        i423 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i405, pos = _rlong(buf, pos)
-    if i405 == 0:
+        i423, pos = _rlong(buf, pos)
+    if i423 == 0:
         f_lending_limit_gpus = None
-    elif i405 == 1:
+    elif i423 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1622,7 +1650,7 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i405, 2)
+        raise _union_error(i423, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1639,63 +1667,63 @@ def _d_Quota390(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i406 = _ZD[b]
+        i424 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i406 = (z >> 1) ^ -(z & 1)
+        i424 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i406 = (z >> 1) ^ -(z & 1)
+        i424 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i406, pos = _rlong(buf, pos)
-    if i406 == 0:
+        i424, pos = _rlong(buf, pos)
+    if i424 == 0:
         f_preemption = None
-    elif i406 == 1:
-        f_preemption, pos = _d_QuotaPreemption406(buf, pos, end)
+    elif i424 == 1:
+        f_preemption, pos = _d_QuotaPreemption424(buf, pos, end)
     else:
-        raise _union_error(i406, 2)
+        raise _union_error(i424, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy383(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy401(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    n403 = _ZL[buf[pos]]
+    if n403 < 0:
+        n403, pos = _rlong(buf, pos)
+        if n403 < 0:
+            raise _length_error(n403, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_policy = buf[pos:q386].decode()
-    pos = q386
+    q404 = pos + n403
+    if q404 > end:
+        raise _length_error(n403, end - pos)
+    f_policy = buf[pos:q404].decode()
+    pos = q404
     b = buf[pos]
     if b < 128:
-        i387 = _ZD[b]
+        i405 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i387 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i387 = (z >> 1) ^ -(z & 1)
+        i405 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i387, pos = _rlong(buf, pos)
-    if i387 == 0:
+        i405, pos = _rlong(buf, pos)
+    if i405 == 0:
         f_reserve_after_ms = None
-    elif i387 == 1:
+    elif i405 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1711,56 +1739,56 @@ def _d_SetPolicy383(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i387, 2)
-    n388 = _ZL[buf[pos]]
-    if n388 < 0:
-        n388, pos = _rlong(buf, pos)
-        if n388 < 0:
-            raise _length_error(n388, end - pos)
+        raise _union_error(i405, 2)
+    n406 = _ZL[buf[pos]]
+    if n406 < 0:
+        n406, pos = _rlong(buf, pos)
+        if n406 < 0:
+            raise _length_error(n406, end - pos)
     else:
         pos += 1
-    q389 = pos + n388
-    if q389 > end:
-        raise _length_error(n388, end - pos)
-    f_queue_order = buf[pos:q389].decode()
-    pos = q389
+    q407 = pos + n406
+    if q407 > end:
+        raise _length_error(n406, end - pos)
+    f_queue_order = buf[pos:q407].decode()
+    pos = q407
     b = buf[pos]
     if b < 128:
-        i390 = _ZD[b]
+        i408 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i390 = (z >> 1) ^ -(z & 1)
+        i408 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i390 = (z >> 1) ^ -(z & 1)
+        i408 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i390, pos = _rlong(buf, pos)
-    if i390 == 0:
+        i408, pos = _rlong(buf, pos)
+    if i408 == 0:
         f_default_quota = None
-    elif i390 == 1:
-        f_default_quota, pos = _d_Quota390(buf, pos, end)
+    elif i408 == 1:
+        f_default_quota, pos = _d_Quota408(buf, pos, end)
     else:
-        raise _union_error(i390, 2)
+        raise _union_error(i408, 2)
     b = buf[pos]
     if b < 128:
-        i415 = _ZD[b]
+        i433 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i415 = (z >> 1) ^ -(z & 1)
+        i433 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i415 = (z >> 1) ^ -(z & 1)
+        i433 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i415, pos = _rlong(buf, pos)
-    if i415 == 0:
+        i433, pos = _rlong(buf, pos)
+    if i433 == 0:
         f_max_clock_jump_ms = None
-    elif i415 == 1:
+    elif i433 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1776,12 +1804,12 @@ def _d_SetPolicy383(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i415, 2)
+        raise _union_error(i433, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember425(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember443(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1790,18 +1818,18 @@ def _d_GangMember425(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n427 = _ZL[buf[pos]]
-    if n427 < 0:
-        n427, pos = _rlong(buf, pos)
-        if n427 < 0:
-            raise _length_error(n427, end - pos)
+    n445 = _ZL[buf[pos]]
+    if n445 < 0:
+        n445, pos = _rlong(buf, pos)
+        if n445 < 0:
+            raise _length_error(n445, end - pos)
     else:
         pos += 1
-    q428 = pos + n427
-    if q428 > end:
-        raise _length_error(n427, end - pos)
-    f_pod_id = buf[pos:q428].decode()
-    pos = q428
+    q446 = pos + n445
+    if q446 > end:
+        raise _length_error(n445, end - pos)
+    f_pod_id = buf[pos:q446].decode()
+    pos = q446
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1862,173 +1890,173 @@ def _d_GangMember425(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc429: list[Any] = []
+        acc447: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c430 = _ZD[b]
+                c448 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c430 = (z >> 1) ^ -(z & 1)
+                c448 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c430 = (z >> 1) ^ -(z & 1)
+                c448 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c430, pos = _rlong(buf, pos)
-            if c430 == 0:
+                c448, pos = _rlong(buf, pos)
+            if c448 == 0:
                 break
-            if c430 < 0:
-                c430 = -c430
+            if c448 < 0:
+                c448 = -c448
                 b = buf[pos]
                 if b < 128:
-                    z433 = _ZD[b]
+                    z451 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z433 = (z >> 1) ^ -(z & 1)
+                    z451 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z433 = (z >> 1) ^ -(z & 1)
+                    z451 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z433, pos = _rlong(buf, pos)
-            if c430 * 1 > end - pos:
-                raise _count_error(c430, end - pos)
-            for _ in range(c430):
-                n434 = _ZL[buf[pos]]
-                if n434 < 0:
-                    n434, pos = _rlong(buf, pos)
-                    if n434 < 0:
-                        raise _length_error(n434, end - pos)
+                    z451, pos = _rlong(buf, pos)
+            if c448 * 1 > end - pos:
+                raise _count_error(c448, end - pos)
+            for _ in range(c448):
+                n452 = _ZL[buf[pos]]
+                if n452 < 0:
+                    n452, pos = _rlong(buf, pos)
+                    if n452 < 0:
+                        raise _length_error(n452, end - pos)
                 else:
                     pos += 1
-                q435 = pos + n434
-                if q435 > end:
-                    raise _length_error(n434, end - pos)
-                x431 = buf[pos:q435].decode()
-                pos = q435
-                acc429.append(x431)
-        f_gpu_models = tuple(acc429)
+                q453 = pos + n452
+                if q453 > end:
+                    raise _length_error(n452, end - pos)
+                x449 = buf[pos:q453].decode()
+                pos = q453
+                acc447.append(x449)
+        f_gpu_models = tuple(acc447)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc436: dict[str, Any] = {}
+        acc454: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c437 = _ZD[b]
+                c455 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c437 = (z >> 1) ^ -(z & 1)
+                c455 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c437 = (z >> 1) ^ -(z & 1)
+                c455 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c437, pos = _rlong(buf, pos)
-            if c437 == 0:
+                c455, pos = _rlong(buf, pos)
+            if c455 == 0:
                 break
-            if c437 < 0:
-                c437 = -c437
+            if c455 < 0:
+                c455 = -c455
                 b = buf[pos]
                 if b < 128:
-                    z440 = _ZD[b]
+                    z458 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z440 = (z >> 1) ^ -(z & 1)
+                    z458 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z440 = (z >> 1) ^ -(z & 1)
+                    z458 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z440, pos = _rlong(buf, pos)
-            if c437 * 2 > end - pos:
-                raise _count_error(c437, end - pos)
-            for _ in range(c437):
-                n441 = _ZL[buf[pos]]
-                if n441 < 0:
-                    n441, pos = _rlong(buf, pos)
-                    if n441 < 0:
-                        raise _length_error(n441, end - pos)
+                    z458, pos = _rlong(buf, pos)
+            if c455 * 2 > end - pos:
+                raise _count_error(c455, end - pos)
+            for _ in range(c455):
+                n459 = _ZL[buf[pos]]
+                if n459 < 0:
+                    n459, pos = _rlong(buf, pos)
+                    if n459 < 0:
+                        raise _length_error(n459, end - pos)
                 else:
                     pos += 1
-                q442 = pos + n441
-                if q442 > end:
-                    raise _length_error(n441, end - pos)
-                k439 = buf[pos:q442].decode()
-                pos = q442
-                n443 = _ZL[buf[pos]]
-                if n443 < 0:
-                    n443, pos = _rlong(buf, pos)
-                    if n443 < 0:
-                        raise _length_error(n443, end - pos)
+                q460 = pos + n459
+                if q460 > end:
+                    raise _length_error(n459, end - pos)
+                k457 = buf[pos:q460].decode()
+                pos = q460
+                n461 = _ZL[buf[pos]]
+                if n461 < 0:
+                    n461, pos = _rlong(buf, pos)
+                    if n461 < 0:
+                        raise _length_error(n461, end - pos)
                 else:
                     pos += 1
-                q444 = pos + n443
-                if q444 > end:
-                    raise _length_error(n443, end - pos)
-                x438 = buf[pos:q444].decode()
-                pos = q444
-                acc436[k439] = x438
-        f_node_selector = acc436
+                q462 = pos + n461
+                if q462 > end:
+                    raise _length_error(n461, end - pos)
+                x456 = buf[pos:q462].decode()
+                pos = q462
+                acc454[k457] = x456
+        f_node_selector = acc454
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc445: list[Any] = []
+        acc463: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c446 = _ZD[b]
+                c464 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c446 = (z >> 1) ^ -(z & 1)
+                c464 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c446 = (z >> 1) ^ -(z & 1)
+                c464 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c446, pos = _rlong(buf, pos)
-            if c446 == 0:
+                c464, pos = _rlong(buf, pos)
+            if c464 == 0:
                 break
-            if c446 < 0:
-                c446 = -c446
+            if c464 < 0:
+                c464 = -c464
                 b = buf[pos]
                 if b < 128:
-                    z449 = _ZD[b]
+                    z467 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z449 = (z >> 1) ^ -(z & 1)
+                    z467 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z449 = (z >> 1) ^ -(z & 1)
+                    z467 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z449, pos = _rlong(buf, pos)
-            if c446 * 4 > end - pos:
-                raise _count_error(c446, end - pos)
-            for _ in range(c446):
-                x447, pos = _d_Toleration357(buf, pos, end)
-                acc445.append(x447)
-        f_tolerations = tuple(acc445)
+                    z467, pos = _rlong(buf, pos)
+            if c464 * 4 > end - pos:
+                raise _count_error(c464, end - pos)
+            for _ in range(c464):
+                x465, pos = _d_Toleration375(buf, pos, end)
+                acc463.append(x465)
+        f_tolerations = tuple(acc463)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang433(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2042,30 +2070,30 @@ def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_dependency: str
     f_preemption: str
     f_preemptible: bool
-    n417 = _ZL[buf[pos]]
-    if n417 < 0:
-        n417, pos = _rlong(buf, pos)
-        if n417 < 0:
-            raise _length_error(n417, end - pos)
+    n435 = _ZL[buf[pos]]
+    if n435 < 0:
+        n435, pos = _rlong(buf, pos)
+        if n435 < 0:
+            raise _length_error(n435, end - pos)
     else:
         pos += 1
-    q418 = pos + n417
-    if q418 > end:
-        raise _length_error(n417, end - pos)
-    f_gang_id = buf[pos:q418].decode()
-    pos = q418
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
+    q436 = pos + n435
+    if q436 > end:
+        raise _length_error(n435, end - pos)
+    f_gang_id = buf[pos:q436].decode()
+    pos = q436
+    n437 = _ZL[buf[pos]]
+    if n437 < 0:
+        n437, pos = _rlong(buf, pos)
+        if n437 < 0:
+            raise _length_error(n437, end - pos)
     else:
         pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_tenant = buf[pos:q420].decode()
-    pos = q420
+    q438 = pos + n437
+    if q438 > end:
+        raise _length_error(n437, end - pos)
+    f_tenant = buf[pos:q438].decode()
+    pos = q438
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2084,63 +2112,63 @@ def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc421: list[Any] = []
+        acc439: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c422 = _ZD[b]
+                c440 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c422 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c422 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c422, pos = _rlong(buf, pos)
-            if c422 == 0:
+                c440, pos = _rlong(buf, pos)
+            if c440 == 0:
                 break
-            if c422 < 0:
-                c422 = -c422
+            if c440 < 0:
+                c440 = -c440
                 b = buf[pos]
                 if b < 128:
-                    z425 = _ZD[b]
+                    z443 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z425 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z425, pos = _rlong(buf, pos)
-            if c422 * 8 > end - pos:
-                raise _count_error(c422, end - pos)
-            for _ in range(c422):
-                x423, pos = _d_GangMember425(buf, pos, end)
-                acc421.append(x423)
-        f_members = tuple(acc421)
+                    z443, pos = _rlong(buf, pos)
+            if c440 * 8 > end - pos:
+                raise _count_error(c440, end - pos)
+            for _ in range(c440):
+                x441, pos = _d_GangMember443(buf, pos, end)
+                acc439.append(x441)
+        f_members = tuple(acc439)
     b = buf[pos]
     if b < 128:
-        i450 = _ZD[b]
+        i468 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i450 = (z >> 1) ^ -(z & 1)
+        i468 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i450 = (z >> 1) ^ -(z & 1)
+        i468 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i450, pos = _rlong(buf, pos)
-    if i450 == 0:
+        i468, pos = _rlong(buf, pos)
+    if i468 == 0:
         f_min_members = None
-    elif i450 == 1:
+    elif i468 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2156,86 +2184,86 @@ def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i450, 2)
+        raise _union_error(i468, 2)
     b = buf[pos]
     if b < 128:
-        i451 = _ZD[b]
+        i469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i451 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i451 = (z >> 1) ^ -(z & 1)
+        i469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i451, pos = _rlong(buf, pos)
-    if i451 == 0:
+        i469, pos = _rlong(buf, pos)
+    if i469 == 0:
         f_topology_required = None
-    elif i451 == 1:
-        n452 = _ZL[buf[pos]]
-        if n452 < 0:
-            n452, pos = _rlong(buf, pos)
-            if n452 < 0:
-                raise _length_error(n452, end - pos)
+    elif i469 == 1:
+        n470 = _ZL[buf[pos]]
+        if n470 < 0:
+            n470, pos = _rlong(buf, pos)
+            if n470 < 0:
+                raise _length_error(n470, end - pos)
         else:
             pos += 1
-        q453 = pos + n452
-        if q453 > end:
-            raise _length_error(n452, end - pos)
-        f_topology_required = buf[pos:q453].decode()
-        pos = q453
+        q471 = pos + n470
+        if q471 > end:
+            raise _length_error(n470, end - pos)
+        f_topology_required = buf[pos:q471].decode()
+        pos = q471
     else:
-        raise _union_error(i451, 2)
+        raise _union_error(i469, 2)
     b = buf[pos]
     if b < 128:
-        i454 = _ZD[b]
+        i472 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i454 = (z >> 1) ^ -(z & 1)
+        i472 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i454 = (z >> 1) ^ -(z & 1)
+        i472 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i454, pos = _rlong(buf, pos)
-    if i454 == 0:
+        i472, pos = _rlong(buf, pos)
+    if i472 == 0:
         f_topology_preferred = None
-    elif i454 == 1:
-        n455 = _ZL[buf[pos]]
-        if n455 < 0:
-            n455, pos = _rlong(buf, pos)
-            if n455 < 0:
-                raise _length_error(n455, end - pos)
+    elif i472 == 1:
+        n473 = _ZL[buf[pos]]
+        if n473 < 0:
+            n473, pos = _rlong(buf, pos)
+            if n473 < 0:
+                raise _length_error(n473, end - pos)
         else:
             pos += 1
-        q456 = pos + n455
-        if q456 > end:
-            raise _length_error(n455, end - pos)
-        f_topology_preferred = buf[pos:q456].decode()
-        pos = q456
+        q474 = pos + n473
+        if q474 > end:
+            raise _length_error(n473, end - pos)
+        f_topology_preferred = buf[pos:q474].decode()
+        pos = q474
     else:
-        raise _union_error(i454, 2)
+        raise _union_error(i472, 2)
     b = buf[pos]
     if b < 128:
-        i457 = _ZD[b]
+        i475 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i457 = (z >> 1) ^ -(z & 1)
+        i475 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i457 = (z >> 1) ^ -(z & 1)
+        i475 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i457, pos = _rlong(buf, pos)
-    if i457 == 0:
+        i475, pos = _rlong(buf, pos)
+    if i475 == 0:
         f_timeout_ms = None
-    elif i457 == 1:
+    elif i475 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2251,24 +2279,24 @@ def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i457, 2)
+        raise _union_error(i475, 2)
     b = buf[pos]
     if b < 128:
-        i458 = _ZD[b]
+        i476 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i458 = (z >> 1) ^ -(z & 1)
+        i476 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i458 = (z >> 1) ^ -(z & 1)
+        i476 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i458, pos = _rlong(buf, pos)
-    if i458 == 0:
+        i476, pos = _rlong(buf, pos)
+    if i476 == 0:
         f_time_limit_ms = None
-    elif i458 == 1:
+    elif i476 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2284,124 +2312,124 @@ def _d_SubmitGang415(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i458, 2)
+        raise _union_error(i476, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc459: list[Any] = []
+        acc477: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c460 = _ZD[b]
+                c478 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c460 = (z >> 1) ^ -(z & 1)
+                c478 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c460 = (z >> 1) ^ -(z & 1)
+                c478 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c460, pos = _rlong(buf, pos)
-            if c460 == 0:
+                c478, pos = _rlong(buf, pos)
+            if c478 == 0:
                 break
-            if c460 < 0:
-                c460 = -c460
+            if c478 < 0:
+                c478 = -c478
                 b = buf[pos]
                 if b < 128:
-                    z463 = _ZD[b]
+                    z481 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z463 = (z >> 1) ^ -(z & 1)
+                    z481 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z463 = (z >> 1) ^ -(z & 1)
+                    z481 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z463, pos = _rlong(buf, pos)
-            if c460 * 1 > end - pos:
-                raise _count_error(c460, end - pos)
-            for _ in range(c460):
-                n464 = _ZL[buf[pos]]
-                if n464 < 0:
-                    n464, pos = _rlong(buf, pos)
-                    if n464 < 0:
-                        raise _length_error(n464, end - pos)
+                    z481, pos = _rlong(buf, pos)
+            if c478 * 1 > end - pos:
+                raise _count_error(c478, end - pos)
+            for _ in range(c478):
+                n482 = _ZL[buf[pos]]
+                if n482 < 0:
+                    n482, pos = _rlong(buf, pos)
+                    if n482 < 0:
+                        raise _length_error(n482, end - pos)
                 else:
                     pos += 1
-                q465 = pos + n464
-                if q465 > end:
-                    raise _length_error(n464, end - pos)
-                x461 = buf[pos:q465].decode()
-                pos = q465
-                acc459.append(x461)
-        f_depends_on = tuple(acc459)
-    n466 = _ZL[buf[pos]]
-    if n466 < 0:
-        n466, pos = _rlong(buf, pos)
-        if n466 < 0:
-            raise _length_error(n466, end - pos)
+                q483 = pos + n482
+                if q483 > end:
+                    raise _length_error(n482, end - pos)
+                x479 = buf[pos:q483].decode()
+                pos = q483
+                acc477.append(x479)
+        f_depends_on = tuple(acc477)
+    n484 = _ZL[buf[pos]]
+    if n484 < 0:
+        n484, pos = _rlong(buf, pos)
+        if n484 < 0:
+            raise _length_error(n484, end - pos)
     else:
         pos += 1
-    q467 = pos + n466
-    if q467 > end:
-        raise _length_error(n466, end - pos)
-    f_dependency = buf[pos:q467].decode()
-    pos = q467
-    n468 = _ZL[buf[pos]]
-    if n468 < 0:
-        n468, pos = _rlong(buf, pos)
-        if n468 < 0:
-            raise _length_error(n468, end - pos)
+    q485 = pos + n484
+    if q485 > end:
+        raise _length_error(n484, end - pos)
+    f_dependency = buf[pos:q485].decode()
+    pos = q485
+    n486 = _ZL[buf[pos]]
+    if n486 < 0:
+        n486, pos = _rlong(buf, pos)
+        if n486 < 0:
+            raise _length_error(n486, end - pos)
     else:
         pos += 1
-    q469 = pos + n468
-    if q469 > end:
-        raise _length_error(n468, end - pos)
-    f_preemption = buf[pos:q469].decode()
-    pos = q469
+    q487 = pos + n486
+    if q487 > end:
+        raise _length_error(n486, end - pos)
+    f_preemption = buf[pos:q487].decode()
+    pos = q487
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
     return o, pos
 
 
-def _d_ReleaseGang469(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang487(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n471 = _ZL[buf[pos]]
-    if n471 < 0:
-        n471, pos = _rlong(buf, pos)
-        if n471 < 0:
-            raise _length_error(n471, end - pos)
+    n489 = _ZL[buf[pos]]
+    if n489 < 0:
+        n489, pos = _rlong(buf, pos)
+        if n489 < 0:
+            raise _length_error(n489, end - pos)
     else:
         pos += 1
-    q472 = pos + n471
-    if q472 > end:
-        raise _length_error(n471, end - pos)
-    f_gang_id = buf[pos:q472].decode()
-    pos = q472
-    n473 = _ZL[buf[pos]]
-    if n473 < 0:
-        n473, pos = _rlong(buf, pos)
-        if n473 < 0:
-            raise _length_error(n473, end - pos)
+    q490 = pos + n489
+    if q490 > end:
+        raise _length_error(n489, end - pos)
+    f_gang_id = buf[pos:q490].decode()
+    pos = q490
+    n491 = _ZL[buf[pos]]
+    if n491 < 0:
+        n491, pos = _rlong(buf, pos)
+        if n491 < 0:
+            raise _length_error(n491, end - pos)
     else:
         pos += 1
-    q474 = pos + n473
-    if q474 > end:
-        raise _length_error(n473, end - pos)
-    f_reason = buf[pos:q474].decode()
-    pos = q474
+    q492 = pos + n491
+    if q492 > end:
+        raise _length_error(n491, end - pos)
+    f_reason = buf[pos:q492].decode()
+    pos = q492
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick474(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick492(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2412,7 +2440,7 @@ def _d_Tick474(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2422,135 +2450,135 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_lending_limit_gpus: Any
     f_weight: int
     f_preemption: Any
-    n477 = _ZL[buf[pos]]
-    if n477 < 0:
-        n477, pos = _rlong(buf, pos)
-        if n477 < 0:
-            raise _length_error(n477, end - pos)
+    n495 = _ZL[buf[pos]]
+    if n495 < 0:
+        n495, pos = _rlong(buf, pos)
+        if n495 < 0:
+            raise _length_error(n495, end - pos)
     else:
         pos += 1
-    q478 = pos + n477
-    if q478 > end:
-        raise _length_error(n477, end - pos)
-    f_tenant = buf[pos:q478].decode()
-    pos = q478
+    q496 = pos + n495
+    if q496 > end:
+        raise _length_error(n495, end - pos)
+    f_tenant = buf[pos:q496].decode()
+    pos = q496
     b = buf[pos]
     if b < 128:
-        i479 = _ZD[b]
+        i497 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i479 = (z >> 1) ^ -(z & 1)
+        i497 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i479 = (z >> 1) ^ -(z & 1)
+        i497 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i479, pos = _rlong(buf, pos)
-    if i479 == 0:
+        i497, pos = _rlong(buf, pos)
+    if i497 == 0:
         f_cohort = None
-    elif i479 == 1:
-        n480 = _ZL[buf[pos]]
-        if n480 < 0:
-            n480, pos = _rlong(buf, pos)
-            if n480 < 0:
-                raise _length_error(n480, end - pos)
+    elif i497 == 1:
+        n498 = _ZL[buf[pos]]
+        if n498 < 0:
+            n498, pos = _rlong(buf, pos)
+            if n498 < 0:
+                raise _length_error(n498, end - pos)
         else:
             pos += 1
-        q481 = pos + n480
-        if q481 > end:
-            raise _length_error(n480, end - pos)
-        f_cohort = buf[pos:q481].decode()
-        pos = q481
+        q499 = pos + n498
+        if q499 > end:
+            raise _length_error(n498, end - pos)
+        f_cohort = buf[pos:q499].decode()
+        pos = q499
     else:
-        raise _union_error(i479, 2)
+        raise _union_error(i497, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc482: dict[str, Any] = {}
+        acc500: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c483 = _ZD[b]
+                c501 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c483 = (z >> 1) ^ -(z & 1)
+                c501 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c483 = (z >> 1) ^ -(z & 1)
+                c501 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c483, pos = _rlong(buf, pos)
-            if c483 == 0:
+                c501, pos = _rlong(buf, pos)
+            if c501 == 0:
                 break
-            if c483 < 0:
-                c483 = -c483
+            if c501 < 0:
+                c501 = -c501
                 b = buf[pos]
                 if b < 128:
-                    z486 = _ZD[b]
+                    z504 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z486 = (z >> 1) ^ -(z & 1)
+                    z504 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z486 = (z >> 1) ^ -(z & 1)
+                    z504 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z486, pos = _rlong(buf, pos)
-            if c483 * 2 > end - pos:
-                raise _count_error(c483, end - pos)
-            for _ in range(c483):
-                n487 = _ZL[buf[pos]]
-                if n487 < 0:
-                    n487, pos = _rlong(buf, pos)
-                    if n487 < 0:
-                        raise _length_error(n487, end - pos)
+                    z504, pos = _rlong(buf, pos)
+            if c501 * 2 > end - pos:
+                raise _count_error(c501, end - pos)
+            for _ in range(c501):
+                n505 = _ZL[buf[pos]]
+                if n505 < 0:
+                    n505, pos = _rlong(buf, pos)
+                    if n505 < 0:
+                        raise _length_error(n505, end - pos)
                 else:
                     pos += 1
-                q488 = pos + n487
-                if q488 > end:
-                    raise _length_error(n487, end - pos)
-                k485 = buf[pos:q488].decode()
-                pos = q488
+                q506 = pos + n505
+                if q506 > end:
+                    raise _length_error(n505, end - pos)
+                k503 = buf[pos:q506].decode()
+                pos = q506
                 b = buf[pos]
                 if b < 128:
-                    x484 = _ZD[b]
+                    x502 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x484 = (z >> 1) ^ -(z & 1)
+                    x502 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x484 = (z >> 1) ^ -(z & 1)
+                    x502 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x484, pos = _rlong(buf, pos)
-                acc482[k485] = x484
-        f_nominal_gpus = acc482
+                    x502, pos = _rlong(buf, pos)
+                acc500[k503] = x502
+        f_nominal_gpus = acc500
     b = buf[pos]
     if b < 128:
-        i489 = _ZD[b]
+        i507 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i489 = (z >> 1) ^ -(z & 1)
+        i507 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i489 = (z >> 1) ^ -(z & 1)
+        i507 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i489, pos = _rlong(buf, pos)
-    if i489 == 0:
+        i507, pos = _rlong(buf, pos)
+    if i507 == 0:
         f_nominal_cpu_milli = None
-    elif i489 == 1:
+    elif i507 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2566,24 +2594,24 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i489, 2)
+        raise _union_error(i507, 2)
     b = buf[pos]
     if b < 128:
-        i490 = _ZD[b]
+        i508 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i490 = (z >> 1) ^ -(z & 1)
+        i508 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i490 = (z >> 1) ^ -(z & 1)
+        i508 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i490, pos = _rlong(buf, pos)
-    if i490 == 0:
+        i508, pos = _rlong(buf, pos)
+    if i508 == 0:
         f_nominal_memory_mib = None
-    elif i490 == 1:
+    elif i508 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2599,24 +2627,24 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i490, 2)
+        raise _union_error(i508, 2)
     b = buf[pos]
     if b < 128:
-        i491 = _ZD[b]
+        i509 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i491 = (z >> 1) ^ -(z & 1)
+        i509 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i491 = (z >> 1) ^ -(z & 1)
+        i509 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i491, pos = _rlong(buf, pos)
-    if i491 == 0:
+        i509, pos = _rlong(buf, pos)
+    if i509 == 0:
         f_borrowing_limit_gpus = None
-    elif i491 == 1:
+    elif i509 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2632,24 +2660,24 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i491, 2)
+        raise _union_error(i509, 2)
     b = buf[pos]
     if b < 128:
-        i492 = _ZD[b]
+        i510 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i492 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i492 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i492, pos = _rlong(buf, pos)
-    if i492 == 0:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
         f_lending_limit_gpus = None
-    elif i492 == 1:
+    elif i510 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2665,7 +2693,7 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i492, 2)
+        raise _union_error(i510, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2682,47 +2710,47 @@ def _d_SetQuota475(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i493 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i493 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i493 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i493, pos = _rlong(buf, pos)
-    if i493 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_preemption = None
-    elif i493 == 1:
-        f_preemption, pos = _d_QuotaPreemption406(buf, pos, end)
+    elif i511 == 1:
+        f_preemption, pos = _d_QuotaPreemption424(buf, pos, end)
     else:
-        raise _union_error(i493, 2)
+        raise _union_error(i511, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota511(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n495 = _ZL[buf[pos]]
-    if n495 < 0:
-        n495, pos = _rlong(buf, pos)
-        if n495 < 0:
-            raise _length_error(n495, end - pos)
+    n513 = _ZL[buf[pos]]
+    if n513 < 0:
+        n513, pos = _rlong(buf, pos)
+        if n513 < 0:
+            raise _length_error(n513, end - pos)
     else:
         pos += 1
-    q496 = pos + n495
-    if q496 > end:
-        raise _length_error(n495, end - pos)
-    f_tenant = buf[pos:q496].decode()
-    pos = q496
+    q514 = pos + n513
+    if q514 > end:
+        raise _length_error(n513, end - pos)
+    f_tenant = buf[pos:q514].decode()
+    pos = q514
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment496(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment514(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2741,54 +2769,241 @@ def _d_Defragment496(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i498 = _ZD[b]
+        i516 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i498 = (z >> 1) ^ -(z & 1)
+        i516 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i498 = (z >> 1) ^ -(z & 1)
+        i516 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i498, pos = _rlong(buf, pos)
-    if i498 == 0:
+        i516, pos = _rlong(buf, pos)
+    if i516 == 0:
         f_target = None
-    elif i498 == 1:
-        n499 = _ZL[buf[pos]]
-        if n499 < 0:
-            n499, pos = _rlong(buf, pos)
-            if n499 < 0:
-                raise _length_error(n499, end - pos)
+    elif i516 == 1:
+        n517 = _ZL[buf[pos]]
+        if n517 < 0:
+            n517, pos = _rlong(buf, pos)
+            if n517 < 0:
+                raise _length_error(n517, end - pos)
         else:
             pos += 1
-        q500 = pos + n499
-        if q500 > end:
-            raise _length_error(n499, end - pos)
-        f_target = buf[pos:q500].decode()
-        pos = q500
+        q518 = pos + n517
+        if q518 > end:
+            raise _length_error(n517, end - pos)
+        f_target = buf[pos:q518].decode()
+        pos = q518
     else:
-        raise _union_error(i498, 2)
+        raise _union_error(i516, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster500(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster518(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n502 = _ZL[buf[pos]]
-    if n502 < 0:
-        n502, pos = _rlong(buf, pos)
-        if n502 < 0:
-            raise _length_error(n502, end - pos)
+    n520 = _ZL[buf[pos]]
+    if n520 < 0:
+        n520, pos = _rlong(buf, pos)
+        if n520 < 0:
+            raise _length_error(n520, end - pos)
     else:
         pos += 1
-    q503 = pos + n502
-    if q503 > end:
-        raise _length_error(n502, end - pos)
-    f_reason = buf[pos:q503].decode()
-    pos = q503
+    q521 = pos + n520
+    if q521 > end:
+        raise _length_error(n520, end - pos)
+    f_reason = buf[pos:q521].decode()
+    pos = q521
     o = _c_ResumeCluster(f_reason)
+    return o, pos
+
+
+def _d_RecoverNode521(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+    f_node_id: str
+    n523 = _ZL[buf[pos]]
+    if n523 < 0:
+        n523, pos = _rlong(buf, pos)
+        if n523 < 0:
+            raise _length_error(n523, end - pos)
+    else:
+        pos += 1
+    q524 = pos + n523
+    if q524 > end:
+        raise _length_error(n523, end - pos)
+    f_node_id = buf[pos:q524].decode()
+    pos = q524
+    o = _c_RecoverNode(f_node_id)
+    return o, pos
+
+
+def _d_UpdateNode524(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+    f_node_id: str
+    f_labels: Any
+    f_taints: Any
+    n526 = _ZL[buf[pos]]
+    if n526 < 0:
+        n526, pos = _rlong(buf, pos)
+        if n526 < 0:
+            raise _length_error(n526, end - pos)
+    else:
+        pos += 1
+    q527 = pos + n526
+    if q527 > end:
+        raise _length_error(n526, end - pos)
+    f_node_id = buf[pos:q527].decode()
+    pos = q527
+    b = buf[pos]
+    if b < 128:
+        i528 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i528 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i528 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i528, pos = _rlong(buf, pos)
+    if i528 == 0:
+        f_labels = None
+    elif i528 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_labels = {}
+        else:
+            acc529: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c530 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c530 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c530 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c530, pos = _rlong(buf, pos)
+                if c530 == 0:
+                    break
+                if c530 < 0:
+                    c530 = -c530
+                    b = buf[pos]
+                    if b < 128:
+                        z533 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z533 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z533 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z533, pos = _rlong(buf, pos)
+                if c530 * 2 > end - pos:
+                    raise _count_error(c530, end - pos)
+                for _ in range(c530):
+                    n534 = _ZL[buf[pos]]
+                    if n534 < 0:
+                        n534, pos = _rlong(buf, pos)
+                        if n534 < 0:
+                            raise _length_error(n534, end - pos)
+                    else:
+                        pos += 1
+                    q535 = pos + n534
+                    if q535 > end:
+                        raise _length_error(n534, end - pos)
+                    k532 = buf[pos:q535].decode()
+                    pos = q535
+                    n536 = _ZL[buf[pos]]
+                    if n536 < 0:
+                        n536, pos = _rlong(buf, pos)
+                        if n536 < 0:
+                            raise _length_error(n536, end - pos)
+                    else:
+                        pos += 1
+                    q537 = pos + n536
+                    if q537 > end:
+                        raise _length_error(n536, end - pos)
+                    x531 = buf[pos:q537].decode()
+                    pos = q537
+                    acc529[k532] = x531
+            f_labels = acc529
+    else:
+        raise _union_error(i528, 2)
+    b = buf[pos]
+    if b < 128:
+        i538 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i538 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i538 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i538, pos = _rlong(buf, pos)
+    if i538 == 0:
+        f_taints = None
+    elif i538 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_taints = ()
+        else:
+            acc539: list[Any] = []
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c540 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c540 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c540 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c540, pos = _rlong(buf, pos)
+                if c540 == 0:
+                    break
+                if c540 < 0:
+                    c540 = -c540
+                    b = buf[pos]
+                    if b < 128:
+                        z543 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z543 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z543 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z543, pos = _rlong(buf, pos)
+                if c540 * 3 > end - pos:
+                    raise _count_error(c540, end - pos)
+                for _ in range(c540):
+                    x541, pos = _d_Taint325(buf, pos, end)
+                    acc539.append(x541)
+            f_taints = tuple(acc539)
+    else:
+        raise _union_error(i538, 2)
+    o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
@@ -2797,7 +3012,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k280:
+    if frame[:10] != _k298:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2808,30 +3023,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n282 = _ZL[buf[pos]]
-        if n282 < 0:
-            n282, pos = _rlong(buf, pos)
-            if n282 < 0:
-                raise _length_error(n282, end - pos)
+        n300 = _ZL[buf[pos]]
+        if n300 < 0:
+            n300, pos = _rlong(buf, pos)
+            if n300 < 0:
+                raise _length_error(n300, end - pos)
         else:
             pos += 1
-        q283 = pos + n282
-        if q283 > end:
-            raise _length_error(n282, end - pos)
-        f_command_id = buf[pos:q283].decode()
-        pos = q283
-        n284 = _ZL[buf[pos]]
-        if n284 < 0:
-            n284, pos = _rlong(buf, pos)
-            if n284 < 0:
-                raise _length_error(n284, end - pos)
+        q301 = pos + n300
+        if q301 > end:
+            raise _length_error(n300, end - pos)
+        f_command_id = buf[pos:q301].decode()
+        pos = q301
+        n302 = _ZL[buf[pos]]
+        if n302 < 0:
+            n302, pos = _rlong(buf, pos)
+            if n302 < 0:
+                raise _length_error(n302, end - pos)
         else:
             pos += 1
-        q285 = pos + n284
-        if q285 > end:
-            raise _length_error(n284, end - pos)
-        f_cluster = buf[pos:q285].decode()
-        pos = q285
+        q303 = pos + n302
+        if q303 > end:
+            raise _length_error(n302, end - pos)
+        f_cluster = buf[pos:q303].decode()
+        pos = q303
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2846,35 +3061,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n286 = _ZL[buf[pos]]
-        if n286 < 0:
-            n286, pos = _rlong(buf, pos)
-            if n286 < 0:
-                raise _length_error(n286, end - pos)
+        n304 = _ZL[buf[pos]]
+        if n304 < 0:
+            n304, pos = _rlong(buf, pos)
+            if n304 < 0:
+                raise _length_error(n304, end - pos)
         else:
             pos += 1
-        q287 = pos + n286
-        if q287 > end:
-            raise _length_error(n286, end - pos)
-        f_source = buf[pos:q287].decode()
-        pos = q287
+        q305 = pos + n304
+        if q305 > end:
+            raise _length_error(n304, end - pos)
+        f_source = buf[pos:q305].decode()
+        pos = q305
         b = buf[pos]
         if b < 128:
-            i288 = _ZD[b]
+            i306 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i288 = (z >> 1) ^ -(z & 1)
+            i306 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i288 = (z >> 1) ^ -(z & 1)
+            i306 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i288, pos = _rlong(buf, pos)
-        if not 0 <= i288 < 16:
-            raise _union_error(i288, 16)
-        f_payload, pos = _k503[i288](buf, pos, end)
+            i306, pos = _rlong(buf, pos)
+        if not 0 <= i306 < 18:
+            raise _union_error(i306, 18)
+        f_payload, pos = _k543[i306](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2885,259 +3100,267 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded515(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k516, (_P[n519] if (n519 := len(s518 := o.node_id.encode())) < 8192 else _long(n519)), s518, (_P[n521] if (n521 := len(s520 := o.gpu_model.encode())) < 8192 else _long(n521)), s520, (_P[n522] if 0 <= (n522 := o.gpu_count) < 8192 else _long(n522)), (_P[n523] if 0 <= (n523 := o.cpu_milli) < 8192 else _long(n523)), (_P[n524] if 0 <= (n524 := o.memory_mib) < 8192 else _long(n524)), (_b21(a525) if (a525 := o.labels) else b"\x00"), (_b27(a526) if (a526 := o.taints) else b"\x00"),))
+def _e_NodeAdded555(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k556, (_P[n559] if (n559 := len(s558 := o.node_id.encode())) < 8192 else _long(n559)), s558, (_P[n561] if (n561 := len(s560 := o.gpu_model.encode())) < 8192 else _long(n561)), s560, (_P[n562] if 0 <= (n562 := o.gpu_count) < 8192 else _long(n562)), (_P[n563] if 0 <= (n563 := o.cpu_milli) < 8192 else _long(n563)), (_P[n564] if 0 <= (n564 := o.memory_mib) < 8192 else _long(n564)), (_b21(a565) if (a565 := o.labels) else b"\x00"), (_b27(a566) if (a566 := o.taints) else b"\x00"),))
 
 
-def _e_NodeRemoved526(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := o.node_id.encode())) < 8192 else _long(n530)), s529, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved566(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k567, (_P[n570] if (n570 := len(s569 := o.node_id.encode())) < 8192 else _long(n570)), s569, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned530(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k531, (_P[n534] if (n534 := len(s533 := o.node_id.encode())) < 8192 else _long(n534)), s533,))
+def _e_NodeCordoned570(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k571, (_P[n574] if (n574 := len(s573 := o.node_id.encode())) < 8192 else _long(n574)), s573,))
 
 
-def _e_NodeUncordoned534(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k535, (_P[n538] if (n538 := len(s537 := o.node_id.encode())) < 8192 else _long(n538)), s537,))
+def _e_NodeUncordoned574(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k575, (_P[n578] if (n578 := len(s577 := o.node_id.encode())) < 8192 else _long(n578)), s577,))
 
 
-def _e_NodeDrained538(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k539, (_P[n542] if (n542 := len(s541 := o.node_id.encode())) < 8192 else _long(n542)), s541, (_P[n543] if 0 <= (n543 := o.evicted) < 8192 else _long(n543)),))
+def _e_NodeDrained578(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k579, (_P[n582] if (n582 := len(s581 := o.node_id.encode())) < 8192 else _long(n582)), s581, (_P[n583] if 0 <= (n583 := o.evicted) < 8192 else _long(n583)),))
 
 
-def _e_NodeFailed543(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k544, (_P[n547] if (n547 := len(s546 := o.node_id.encode())) < 8192 else _long(n547)), s546, (_P[n549] if (n549 := len(s548 := o.reason.encode())) < 8192 else _long(n549)), s548, (_P[n550] if 0 <= (n550 := o.evicted) < 8192 else _long(n550)),))
+def _e_NodeFailed583(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k584, (_P[n587] if (n587 := len(s586 := o.node_id.encode())) < 8192 else _long(n587)), s586, (_P[n589] if (n589 := len(s588 := o.reason.encode())) < 8192 else _long(n589)), s588, (_P[n590] if 0 <= (n590 := o.evicted) < 8192 else _long(n590)),))
 
 
-def _u569(v: Any) -> bytes:
-    return b"".join((_k569, (_P[n572] if (n572 := len(s571 := v.encode())) < 8192 else _long(n572)), s571,))
+def _u609(v: Any) -> bytes:
+    return b"".join((_k609, (_P[n612] if (n612 := len(s611 := v.encode())) < 8192 else _long(n612)), s611,))
 
 
-def _u575(v: Any) -> bytes:
-    return b"".join((_k575, (_P[n577] if 0 <= (n577 := v) < 8192 else _long(n577)),))
+def _u615(v: Any) -> bytes:
+    return b"".join((_k615, (_P[n617] if 0 <= (n617 := v) < 8192 else _long(n617)),))
 
 
-def _b585(a: Any) -> bytes:
+def _b625(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n588] if (n588 := len(s587 := x.code.encode())) < 8192 else _long(n588)), s587, (_P[n589] if 0 <= (n589 := x.nodes) < 8192 else _long(n589)), (_P[n591] if (n591 := len(s590 := x.message.encode())) < 8192 else _long(n591)), s590,)
+        out += ((_P[n628] if (n628 := len(s627 := x.code.encode())) < 8192 else _long(n628)), s627, (_P[n629] if 0 <= (n629 := x.nodes) < 8192 else _long(n629)), (_P[n631] if (n631 := len(s630 := x.message.encode())) < 8192 else _long(n631)), s630,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued550(o: _c_PodQueued) -> bytes:
-    return b"".join((_k551, (_P[n555] if (n555 := len(s554 := (r553 := o.pod).pod_id.encode())) < 8192 else _long(n555)), s554, (_P[n557] if (n557 := len(s556 := r553.tenant.encode())) < 8192 else _long(n557)), s556, (_P[n558] if 0 <= (n558 := r553.priority) < 8192 else _long(n558)), (_P[n559] if 0 <= (n559 := r553.num_gpu) < 8192 else _long(n559)), (_P[n560] if 0 <= (n560 := r553.gpu_milli) < 8192 else _long(n560)), (_P[n561] if 0 <= (n561 := r553.cpu_milli) < 8192 else _long(n561)), (_P[n562] if 0 <= (n562 := r553.memory_mib) < 8192 else _long(n562)), (_b69(a563) if (a563 := r553.gpu_models) else b"\x00"), (_b21(a564) if (a564 := r553.node_selector) else b"\x00"), (_b74(a565) if (a565 := r553.tolerations) else b"\x00"), (_P[n566] if 0 <= (n566 := r553.submitted_at) < 8192 else _long(n566)), (_P[n567] if 0 <= (n567 := r553.arrival) < 8192 else _long(n567)), (_k572 if (u568 := r553.gang_id) is None else _u569(u568)), (_k577 if (u574 := r553.time_limit_ms) is None else _u575(u574)), (_b69(a579) if (a579 := r553.depends_on) else b"\x00"), (_P[n581] if (n581 := len(s580 := r553.dependency.encode())) < 8192 else _long(n581)), s580, (_P[n583] if (n583 := len(s582 := r553.preemption.encode())) < 8192 else _long(n583)), s582, (b"\x01" if r553.movable else b"\x00"), (b"\x01" if r553.preemptible else b"\x00"), (_b585(a584) if (a584 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a592) if (a592 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued590(o: _c_PodQueued) -> bytes:
+    return b"".join((_k591, (_P[n595] if (n595 := len(s594 := (r593 := o.pod).pod_id.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := r593.tenant.encode())) < 8192 else _long(n597)), s596, (_P[n598] if 0 <= (n598 := r593.priority) < 8192 else _long(n598)), (_P[n599] if 0 <= (n599 := r593.num_gpu) < 8192 else _long(n599)), (_P[n600] if 0 <= (n600 := r593.gpu_milli) < 8192 else _long(n600)), (_P[n601] if 0 <= (n601 := r593.cpu_milli) < 8192 else _long(n601)), (_P[n602] if 0 <= (n602 := r593.memory_mib) < 8192 else _long(n602)), (_b69(a603) if (a603 := r593.gpu_models) else b"\x00"), (_b21(a604) if (a604 := r593.node_selector) else b"\x00"), (_b74(a605) if (a605 := r593.tolerations) else b"\x00"), (_P[n606] if 0 <= (n606 := r593.submitted_at) < 8192 else _long(n606)), (_P[n607] if 0 <= (n607 := r593.arrival) < 8192 else _long(n607)), (_k612 if (u608 := r593.gang_id) is None else _u609(u608)), (_k617 if (u614 := r593.time_limit_ms) is None else _u615(u614)), (_b69(a619) if (a619 := r593.depends_on) else b"\x00"), (_P[n621] if (n621 := len(s620 := r593.dependency.encode())) < 8192 else _long(n621)), s620, (_P[n623] if (n623 := len(s622 := r593.preemption.encode())) < 8192 else _long(n623)), s622, (b"\x01" if r593.movable else b"\x00"), (b"\x01" if r593.preemptible else b"\x00"), (_b625(a624) if (a624 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a632) if (a632 := o.waiting_for) else b"\x00"),))
 
 
-def _u611(v: Any) -> bytes:
-    return b"".join((_k611, (_P[n614] if (n614 := len(s613 := v.encode())) < 8192 else _long(n614)), s613,))
+def _u651(v: Any) -> bytes:
+    return b"".join((_k651, (_P[n654] if (n654 := len(s653 := v.encode())) < 8192 else _long(n654)), s653,))
 
 
-def _u617(v: Any) -> bytes:
-    return b"".join((_k617, (_P[n619] if 0 <= (n619 := v) < 8192 else _long(n619)),))
+def _u657(v: Any) -> bytes:
+    return b"".join((_k657, (_P[n659] if 0 <= (n659 := v) < 8192 else _long(n659)),))
 
 
-def _b629(a: Any) -> bytes:
+def _b669(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n631] if 0 <= (n631 := x.index) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := x.milli) < 8192 else _long(n632)),)
+        out += ((_P[n671] if 0 <= (n671 := x.index) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := x.milli) < 8192 else _long(n672)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b636(a: Any) -> bytes:
+def _b676(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n638] if (n638 := len(s637 := k.encode())) < 8192 else _long(n638)), s637, _pack_d(x),)
+        out += ((_P[n678] if (n678 := len(s677 := k.encode())) < 8192 else _long(n678)), s677, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled592(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k593, (_P[n597] if (n597 := len(s596 := (r595 := o.pod).pod_id.encode())) < 8192 else _long(n597)), s596, (_P[n599] if (n599 := len(s598 := r595.tenant.encode())) < 8192 else _long(n599)), s598, (_P[n600] if 0 <= (n600 := r595.priority) < 8192 else _long(n600)), (_P[n601] if 0 <= (n601 := r595.num_gpu) < 8192 else _long(n601)), (_P[n602] if 0 <= (n602 := r595.gpu_milli) < 8192 else _long(n602)), (_P[n603] if 0 <= (n603 := r595.cpu_milli) < 8192 else _long(n603)), (_P[n604] if 0 <= (n604 := r595.memory_mib) < 8192 else _long(n604)), (_b69(a605) if (a605 := r595.gpu_models) else b"\x00"), (_b21(a606) if (a606 := r595.node_selector) else b"\x00"), (_b74(a607) if (a607 := r595.tolerations) else b"\x00"), (_P[n608] if 0 <= (n608 := r595.submitted_at) < 8192 else _long(n608)), (_P[n609] if 0 <= (n609 := r595.arrival) < 8192 else _long(n609)), (_k614 if (u610 := r595.gang_id) is None else _u611(u610)), (_k619 if (u616 := r595.time_limit_ms) is None else _u617(u616)), (_b69(a621) if (a621 := r595.depends_on) else b"\x00"), (_P[n623] if (n623 := len(s622 := r595.dependency.encode())) < 8192 else _long(n623)), s622, (_P[n625] if (n625 := len(s624 := r595.preemption.encode())) < 8192 else _long(n625)), s624, (b"\x01" if r595.movable else b"\x00"), (b"\x01" if r595.preemptible else b"\x00"), (_P[n627] if (n627 := len(s626 := o.node_id.encode())) < 8192 else _long(n627)), s626, (_b629(a628) if (a628 := o.gpus) else b"\x00"), (_P[n634] if (n634 := len(s633 := o.policy.encode())) < 8192 else _long(n634)), s633, (b"\x01" if o.from_queue else b"\x00"), (_b636(a635) if (a635 := o.scores) else b"\x00"), (_b69(a639) if (a639 := o.preempted) else b"\x00"),))
+def _e_PodScheduled632(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k633, (_P[n637] if (n637 := len(s636 := (r635 := o.pod).pod_id.encode())) < 8192 else _long(n637)), s636, (_P[n639] if (n639 := len(s638 := r635.tenant.encode())) < 8192 else _long(n639)), s638, (_P[n640] if 0 <= (n640 := r635.priority) < 8192 else _long(n640)), (_P[n641] if 0 <= (n641 := r635.num_gpu) < 8192 else _long(n641)), (_P[n642] if 0 <= (n642 := r635.gpu_milli) < 8192 else _long(n642)), (_P[n643] if 0 <= (n643 := r635.cpu_milli) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := r635.memory_mib) < 8192 else _long(n644)), (_b69(a645) if (a645 := r635.gpu_models) else b"\x00"), (_b21(a646) if (a646 := r635.node_selector) else b"\x00"), (_b74(a647) if (a647 := r635.tolerations) else b"\x00"), (_P[n648] if 0 <= (n648 := r635.submitted_at) < 8192 else _long(n648)), (_P[n649] if 0 <= (n649 := r635.arrival) < 8192 else _long(n649)), (_k654 if (u650 := r635.gang_id) is None else _u651(u650)), (_k659 if (u656 := r635.time_limit_ms) is None else _u657(u656)), (_b69(a661) if (a661 := r635.depends_on) else b"\x00"), (_P[n663] if (n663 := len(s662 := r635.dependency.encode())) < 8192 else _long(n663)), s662, (_P[n665] if (n665 := len(s664 := r635.preemption.encode())) < 8192 else _long(n665)), s664, (b"\x01" if r635.movable else b"\x00"), (b"\x01" if r635.preemptible else b"\x00"), (_P[n667] if (n667 := len(s666 := o.node_id.encode())) < 8192 else _long(n667)), s666, (_b669(a668) if (a668 := o.gpus) else b"\x00"), (_P[n674] if (n674 := len(s673 := o.policy.encode())) < 8192 else _long(n674)), s673, (b"\x01" if o.from_queue else b"\x00"), (_b676(a675) if (a675 := o.scores) else b"\x00"), (_b69(a679) if (a679 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted639(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k640, (_P[n643] if (n643 := len(s642 := o.pod_id.encode())) < 8192 else _long(n643)), s642, (_P[n645] if (n645 := len(s644 := o.node_id.encode())) < 8192 else _long(n645)), s644, (_P[n647] if (n647 := len(s646 := o.reason.encode())) < 8192 else _long(n647)), s646,))
+def _e_PodEvicted679(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.pod_id.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.node_id.encode())) < 8192 else _long(n685)), s684, (_P[n687] if (n687 := len(s686 := o.reason.encode())) < 8192 else _long(n687)), s686,))
 
 
-def _u653(v: Any) -> bytes:
-    return b"".join((_k653, (_P[n656] if (n656 := len(s655 := v.encode())) < 8192 else _long(n656)), s655,))
+def _u693(v: Any) -> bytes:
+    return b"".join((_k693, (_P[n696] if (n696 := len(s695 := v.encode())) < 8192 else _long(n696)), s695,))
 
 
-def _e_PodReleased647(o: _c_PodReleased) -> bytes:
-    return b"".join((_k648, (_P[n651] if (n651 := len(s650 := o.pod_id.encode())) < 8192 else _long(n651)), s650, (_k656 if (u652 := o.node_id) is None else _u653(u652)), (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658,))
+def _e_PodReleased687(o: _c_PodReleased) -> bytes:
+    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := o.pod_id.encode())) < 8192 else _long(n691)), s690, (_k696 if (u692 := o.node_id) is None else _u693(u692)), (_P[n699] if (n699 := len(s698 := o.reason.encode())) < 8192 else _long(n699)), s698,))
 
 
-def _u667(v: Any) -> bytes:
-    return b"".join((_k667, (_P[n669] if 0 <= (n669 := v) < 8192 else _long(n669)),))
+def _u707(v: Any) -> bytes:
+    return b"".join((_k707, (_P[n709] if 0 <= (n709 := v) < 8192 else _long(n709)),))
 
 
-def _u674(v: Any) -> bytes:
-    return b"".join((_k674, (_P[n676] if 0 <= (n676 := v) < 8192 else _long(n676)),))
+def _u714(v: Any) -> bytes:
+    return b"".join((_k714, (_P[n716] if 0 <= (n716 := v) < 8192 else _long(n716)),))
 
 
-def _e_PolicyChanged659(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k660, (_P[n663] if (n663 := len(s662 := o.policy.encode())) < 8192 else _long(n663)), s662, (_P[n665] if (n665 := len(s664 := o.previous.encode())) < 8192 else _long(n665)), s664, (_k669 if (u666 := o.reserve_after_ms) is None else _u667(u666)), (_P[n672] if (n672 := len(s671 := o.queue_order.encode())) < 8192 else _long(n672)), s671, (_k676 if (u673 := o.max_clock_jump_ms) is None else _u674(u673)),))
+def _e_PolicyChanged699(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := o.policy.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := o.previous.encode())) < 8192 else _long(n705)), s704, (_k709 if (u706 := o.reserve_after_ms) is None else _u707(u706)), (_P[n712] if (n712 := len(s711 := o.queue_order.encode())) < 8192 else _long(n712)), s711, (_k716 if (u713 := o.max_clock_jump_ms) is None else _u714(u713)),))
 
 
-def _e_CommandRejected677(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k678, (_P[n681] if (n681 := len(s680 := o.command_id.encode())) < 8192 else _long(n681)), s680, (_P[n683] if (n683 := len(s682 := o.command_type.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.code.encode())) < 8192 else _long(n685)), s684, (_P[n687] if (n687 := len(s686 := o.message.encode())) < 8192 else _long(n687)), s686,))
+def _e_CommandRejected717(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k718, (_P[n721] if (n721 := len(s720 := o.command_id.encode())) < 8192 else _long(n721)), s720, (_P[n723] if (n723 := len(s722 := o.command_type.encode())) < 8192 else _long(n723)), s722, (_P[n725] if (n725 := len(s724 := o.code.encode())) < 8192 else _long(n725)), s724, (_P[n727] if (n727 := len(s726 := o.message.encode())) < 8192 else _long(n727)), s726,))
 
 
-def _u717(v: Any) -> bytes:
-    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := v.encode())) < 8192 else _long(n720)), s719,))
-
-
-def _u723(v: Any) -> bytes:
-    return b"".join((_k723, (_P[n725] if 0 <= (n725 := v) < 8192 else _long(n725)),))
-
-
-def _b700(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n703] if (n703 := len(s702 := x.pod_id.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := x.tenant.encode())) < 8192 else _long(n705)), s704, (_P[n706] if 0 <= (n706 := x.priority) < 8192 else _long(n706)), (_P[n707] if 0 <= (n707 := x.num_gpu) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := x.gpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := x.cpu_milli) < 8192 else _long(n709)), (_P[n710] if 0 <= (n710 := x.memory_mib) < 8192 else _long(n710)), (_b69(a711) if (a711 := x.gpu_models) else b"\x00"), (_b21(a712) if (a712 := x.node_selector) else b"\x00"), (_b74(a713) if (a713 := x.tolerations) else b"\x00"), (_P[n714] if 0 <= (n714 := x.submitted_at) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := x.arrival) < 8192 else _long(n715)), (_k720 if (u716 := x.gang_id) is None else _u717(u716)), (_k725 if (u722 := x.time_limit_ms) is None else _u723(u722)), (_b69(a727) if (a727 := x.depends_on) else b"\x00"), (_P[n729] if (n729 := len(s728 := x.dependency.encode())) < 8192 else _long(n729)), s728, (_P[n731] if (n731 := len(s730 := x.preemption.encode())) < 8192 else _long(n731)), s730, (b"\x01" if x.movable else b"\x00"), (b"\x01" if x.preemptible else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
-
-
-def _u740(v: Any) -> bytes:
-    return b"".join((_k740, (_P[n743] if (n743 := len(s742 := v.encode())) < 8192 else _long(n743)), s742,))
-
-
-def _u746(v: Any) -> bytes:
-    return b"".join((_k746, (_P[n748] if 0 <= (n748 := v) < 8192 else _long(n748)),))
-
-
-def _u751(v: Any) -> bytes:
-    return b"".join((_k751, (_P[n753] if 0 <= (n753 := v) < 8192 else _long(n753)),))
+def _u757(v: Any) -> bytes:
+    return b"".join((_k757, (_P[n760] if (n760 := len(s759 := v.encode())) < 8192 else _long(n760)), s759,))
 
 
 def _u763(v: Any) -> bytes:
     return b"".join((_k763, (_P[n765] if 0 <= (n765 := v) < 8192 else _long(n765)),))
 
 
-def _e_GangQueued687(o: _c_GangQueued) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := o.gang_id.encode())) < 8192 else _long(n691)), s690, (_b585(a692) if (a692 := o.reasons) else b"\x00"), (_P[n695] if (n695 := len(s694 := (r693 := o.gang).gang_id.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := r693.tenant.encode())) < 8192 else _long(n697)), s696, (_P[n698] if 0 <= (n698 := r693.priority) < 8192 else _long(n698)), (_b700(a699) if (a699 := r693.members) else b"\x00"), (_P[n732] if 0 <= (n732 := r693.min_members) < 8192 else _long(n732)), (_k737 if (u733 := r693.topology_required) is None else _u734(u733)), (_k743 if (u739 := r693.topology_preferred) is None else _u740(u739)), (_k748 if (u745 := r693.timeout_ms) is None else _u746(u745)), (_k753 if (u750 := r693.time_limit_ms) is None else _u751(u750)), (_b69(a755) if (a755 := r693.depends_on) else b"\x00"), (_P[n757] if (n757 := len(s756 := r693.dependency.encode())) < 8192 else _long(n757)), s756, (_P[n758] if 0 <= (n758 := r693.submitted_at) < 8192 else _long(n758)), (_P[n759] if 0 <= (n759 := r693.arrival) < 8192 else _long(n759)), (_P[n761] if (n761 := len(s760 := r693.preemption.encode())) < 8192 else _long(n761)), s760, (_k765 if (u762 := r693.queued_at) is None else _u763(u762)), (b"\x01" if r693.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a767) if (a767 := o.waiting_for) else b"\x00"),))
-
-
-def _b773(a: Any) -> bytes:
+def _b740(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n776] if (n776 := len(s775 := x.pod_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := x.node_id.encode())) < 8192 else _long(n778)), s777, (_b629(a779) if (a779 := x.gpus) else b"\x00"),)
+        out += ((_P[n743] if (n743 := len(s742 := x.pod_id.encode())) < 8192 else _long(n743)), s742, (_P[n745] if (n745 := len(s744 := x.tenant.encode())) < 8192 else _long(n745)), s744, (_P[n746] if 0 <= (n746 := x.priority) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := x.num_gpu) < 8192 else _long(n747)), (_P[n748] if 0 <= (n748 := x.gpu_milli) < 8192 else _long(n748)), (_P[n749] if 0 <= (n749 := x.cpu_milli) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.memory_mib) < 8192 else _long(n750)), (_b69(a751) if (a751 := x.gpu_models) else b"\x00"), (_b21(a752) if (a752 := x.node_selector) else b"\x00"), (_b74(a753) if (a753 := x.tolerations) else b"\x00"), (_P[n754] if 0 <= (n754 := x.submitted_at) < 8192 else _long(n754)), (_P[n755] if 0 <= (n755 := x.arrival) < 8192 else _long(n755)), (_k760 if (u756 := x.gang_id) is None else _u757(u756)), (_k765 if (u762 := x.time_limit_ms) is None else _u763(u762)), (_b69(a767) if (a767 := x.depends_on) else b"\x00"), (_P[n769] if (n769 := len(s768 := x.dependency.encode())) < 8192 else _long(n769)), s768, (_P[n771] if (n771 := len(s770 := x.preemption.encode())) < 8192 else _long(n771)), s770, (b"\x01" if x.movable else b"\x00"), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u789(v: Any) -> bytes:
-    return b"".join((_k789, (_P[n792] if (n792 := len(s791 := v.encode())) < 8192 else _long(n792)), s791,))
+def _u774(v: Any) -> bytes:
+    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := v.encode())) < 8192 else _long(n777)), s776,))
 
 
-def _u795(v: Any) -> bytes:
-    return b"".join((_k795, (_P[n798] if (n798 := len(s797 := v.encode())) < 8192 else _long(n798)), s797,))
+def _u780(v: Any) -> bytes:
+    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := v.encode())) < 8192 else _long(n783)), s782,))
 
 
-def _u801(v: Any) -> bytes:
-    return b"".join((_k801, (_P[n803] if 0 <= (n803 := v) < 8192 else _long(n803)),))
+def _u786(v: Any) -> bytes:
+    return b"".join((_k786, (_P[n788] if 0 <= (n788 := v) < 8192 else _long(n788)),))
 
 
-def _u806(v: Any) -> bytes:
-    return b"".join((_k806, (_P[n808] if 0 <= (n808 := v) < 8192 else _long(n808)),))
+def _u791(v: Any) -> bytes:
+    return b"".join((_k791, (_P[n793] if 0 <= (n793 := v) < 8192 else _long(n793)),))
 
 
-def _u818(v: Any) -> bytes:
-    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
+def _u803(v: Any) -> bytes:
+    return b"".join((_k803, (_P[n805] if 0 <= (n805 := v) < 8192 else _long(n805)),))
 
 
-def _u823(v: Any) -> bytes:
-    return b"".join((_k823, (_P[n826] if (n826 := len(s825 := v.encode())) < 8192 else _long(n826)), s825,))
+def _e_GangQueued727(o: _c_GangQueued) -> bytes:
+    return b"".join((_k728, (_P[n731] if (n731 := len(s730 := o.gang_id.encode())) < 8192 else _long(n731)), s730, (_b625(a732) if (a732 := o.reasons) else b"\x00"), (_P[n735] if (n735 := len(s734 := (r733 := o.gang).gang_id.encode())) < 8192 else _long(n735)), s734, (_P[n737] if (n737 := len(s736 := r733.tenant.encode())) < 8192 else _long(n737)), s736, (_P[n738] if 0 <= (n738 := r733.priority) < 8192 else _long(n738)), (_b740(a739) if (a739 := r733.members) else b"\x00"), (_P[n772] if 0 <= (n772 := r733.min_members) < 8192 else _long(n772)), (_k777 if (u773 := r733.topology_required) is None else _u774(u773)), (_k783 if (u779 := r733.topology_preferred) is None else _u780(u779)), (_k788 if (u785 := r733.timeout_ms) is None else _u786(u785)), (_k793 if (u790 := r733.time_limit_ms) is None else _u791(u790)), (_b69(a795) if (a795 := r733.depends_on) else b"\x00"), (_P[n797] if (n797 := len(s796 := r733.dependency.encode())) < 8192 else _long(n797)), s796, (_P[n798] if 0 <= (n798 := r733.submitted_at) < 8192 else _long(n798)), (_P[n799] if 0 <= (n799 := r733.arrival) < 8192 else _long(n799)), (_P[n801] if (n801 := len(s800 := r733.preemption.encode())) < 8192 else _long(n801)), s800, (_k805 if (u802 := r733.queued_at) is None else _u803(u802)), (b"\x01" if r733.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a807) if (a807 := o.waiting_for) else b"\x00"),))
+
+
+def _b813(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n816] if (n816 := len(s815 := x.pod_id.encode())) < 8192 else _long(n816)), s815, (_P[n818] if (n818 := len(s817 := x.node_id.encode())) < 8192 else _long(n818)), s817, (_b669(a819) if (a819 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _u829(v: Any) -> bytes:
     return b"".join((_k829, (_P[n832] if (n832 := len(s831 := v.encode())) < 8192 else _long(n832)), s831,))
 
 
-def _e_GangScheduled767(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k768, (_P[n771] if (n771 := len(s770 := o.gang_id.encode())) < 8192 else _long(n771)), s770, (_b773(a772) if (a772 := o.members) else b"\x00"), (_P[n782] if (n782 := len(s781 := (r780 := o.gang).gang_id.encode())) < 8192 else _long(n782)), s781, (_P[n784] if (n784 := len(s783 := r780.tenant.encode())) < 8192 else _long(n784)), s783, (_P[n785] if 0 <= (n785 := r780.priority) < 8192 else _long(n785)), (_b700(a786) if (a786 := r780.members) else b"\x00"), (_P[n787] if 0 <= (n787 := r780.min_members) < 8192 else _long(n787)), (_k792 if (u788 := r780.topology_required) is None else _u789(u788)), (_k798 if (u794 := r780.topology_preferred) is None else _u795(u794)), (_k803 if (u800 := r780.timeout_ms) is None else _u801(u800)), (_k808 if (u805 := r780.time_limit_ms) is None else _u806(u805)), (_b69(a810) if (a810 := r780.depends_on) else b"\x00"), (_P[n812] if (n812 := len(s811 := r780.dependency.encode())) < 8192 else _long(n812)), s811, (_P[n813] if 0 <= (n813 := r780.submitted_at) < 8192 else _long(n813)), (_P[n814] if 0 <= (n814 := r780.arrival) < 8192 else _long(n814)), (_P[n816] if (n816 := len(s815 := r780.preemption.encode())) < 8192 else _long(n816)), s815, (_k820 if (u817 := r780.queued_at) is None else _u818(u817)), (b"\x01" if r780.preemptible else b"\x00"), (_k826 if (u822 := o.topology_key) is None else _u823(u822)), (_k832 if (u828 := o.domain) is None else _u829(u828)), (b"\x01" if o.from_queue else b"\x00"), (_P[n835] if (n835 := len(s834 := o.message.encode())) < 8192 else _long(n835)), s834, (_b69(a836) if (a836 := o.preempted) else b"\x00"),))
+def _u835(v: Any) -> bytes:
+    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
 
 
-def _e_GangTimedOut836(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k837, (_P[n840] if (n840 := len(s839 := o.gang_id.encode())) < 8192 else _long(n840)), s839, (_P[n841] if 0 <= (n841 := o.waited_ms) < 8192 else _long(n841)), (_P[n843] if (n843 := len(s842 := o.message.encode())) < 8192 else _long(n843)), s842,))
+def _u841(v: Any) -> bytes:
+    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
 
 
-def _e_GangReleased843(o: _c_GangReleased) -> bytes:
-    return b"".join((_k844, (_P[n847] if (n847 := len(s846 := o.gang_id.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := o.reason.encode())) < 8192 else _long(n849)), s848, (b"\x01" if o.ok else b"\x00"), (_b69(a850) if (a850 := o.members_ended) else b"\x00"),))
+def _u846(v: Any) -> bytes:
+    return b"".join((_k846, (_P[n848] if 0 <= (n848 := v) < 8192 else _long(n848)),))
 
 
-def _u859(v: Any) -> bytes:
-    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
+def _u858(v: Any) -> bytes:
+    return b"".join((_k858, (_P[n860] if 0 <= (n860 := v) < 8192 else _long(n860)),))
 
 
-def _e_PodTimeLimitReached850(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.node_id.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := o.time_limit_ms) < 8192 else _long(n857)), (_k862 if (u858 := o.gang_id) is None else _u859(u858)),))
+def _u863(v: Any) -> bytes:
+    return b"".join((_k863, (_P[n866] if (n866 := len(s865 := v.encode())) < 8192 else _long(n866)), s865,))
 
 
-def _u872(v: Any) -> bytes:
-    return b"".join((_k872, (_P[n874] if 0 <= (n874 := v) < 8192 else _long(n874)),))
+def _u869(v: Any) -> bytes:
+    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
 
 
-def _e_NodesReserved863(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k864, (_P[n867] if (n867 := len(s866 := o.holder_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.holder_kind.encode())) < 8192 else _long(n869)), s868, (_b69(a870) if (a870 := o.nodes) else b"\x00"), (_k874 if (u871 := o.expected_start) is None else _u872(u871)), (_P[n877] if (n877 := len(s876 := o.message.encode())) < 8192 else _long(n877)), s876,))
+def _e_GangScheduled807(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k808, (_P[n811] if (n811 := len(s810 := o.gang_id.encode())) < 8192 else _long(n811)), s810, (_b813(a812) if (a812 := o.members) else b"\x00"), (_P[n822] if (n822 := len(s821 := (r820 := o.gang).gang_id.encode())) < 8192 else _long(n822)), s821, (_P[n824] if (n824 := len(s823 := r820.tenant.encode())) < 8192 else _long(n824)), s823, (_P[n825] if 0 <= (n825 := r820.priority) < 8192 else _long(n825)), (_b740(a826) if (a826 := r820.members) else b"\x00"), (_P[n827] if 0 <= (n827 := r820.min_members) < 8192 else _long(n827)), (_k832 if (u828 := r820.topology_required) is None else _u829(u828)), (_k838 if (u834 := r820.topology_preferred) is None else _u835(u834)), (_k843 if (u840 := r820.timeout_ms) is None else _u841(u840)), (_k848 if (u845 := r820.time_limit_ms) is None else _u846(u845)), (_b69(a850) if (a850 := r820.depends_on) else b"\x00"), (_P[n852] if (n852 := len(s851 := r820.dependency.encode())) < 8192 else _long(n852)), s851, (_P[n853] if 0 <= (n853 := r820.submitted_at) < 8192 else _long(n853)), (_P[n854] if 0 <= (n854 := r820.arrival) < 8192 else _long(n854)), (_P[n856] if (n856 := len(s855 := r820.preemption.encode())) < 8192 else _long(n856)), s855, (_k860 if (u857 := r820.queued_at) is None else _u858(u857)), (b"\x01" if r820.preemptible else b"\x00"), (_k866 if (u862 := o.topology_key) is None else _u863(u862)), (_k872 if (u868 := o.domain) is None else _u869(u868)), (b"\x01" if o.from_queue else b"\x00"), (_P[n875] if (n875 := len(s874 := o.message.encode())) < 8192 else _long(n875)), s874, (_b69(a876) if (a876 := o.preempted) else b"\x00"),))
 
 
-def _e_ReservationReleased877(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k878, (_P[n881] if (n881 := len(s880 := o.holder_id.encode())) < 8192 else _long(n881)), s880, (_P[n883] if (n883 := len(s882 := o.holder_kind.encode())) < 8192 else _long(n883)), s882, (_b69(a884) if (a884 := o.nodes) else b"\x00"), (_P[n886] if (n886 := len(s885 := o.reason.encode())) < 8192 else _long(n886)), s885, (_P[n888] if (n888 := len(s887 := o.message.encode())) < 8192 else _long(n888)), s887,))
+def _e_GangTimedOut876(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k877, (_P[n880] if (n880 := len(s879 := o.gang_id.encode())) < 8192 else _long(n880)), s879, (_P[n881] if 0 <= (n881 := o.waited_ms) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := o.message.encode())) < 8192 else _long(n883)), s882,))
 
 
-def _e_DependencyFailed888(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.dependency_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
+def _e_GangReleased883(o: _c_GangReleased) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.gang_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.reason.encode())) < 8192 else _long(n889)), s888, (b"\x01" if o.ok else b"\x00"), (_b69(a890) if (a890 := o.members_ended) else b"\x00"),))
 
 
-def _e_Ticked898(o: _c_Ticked) -> bytes:
-    return b"".join((_k899, (_P[n901] if 0 <= (n901 := o.clock) < 8192 else _long(n901)), (b"\x01" if o.partition else b"\x00"),))
+def _u899(v: Any) -> bytes:
+    return b"".join((_k899, (_P[n902] if (n902 := len(s901 := v.encode())) < 8192 else _long(n902)), s901,))
 
 
-def _e_PodPreempted901(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k902, (_P[n905] if (n905 := len(s904 := o.pod_id.encode())) < 8192 else _long(n905)), s904, (_P[n907] if (n907 := len(s906 := o.node_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.by.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
+def _e_PodTimeLimitReached890(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k891, (_P[n894] if (n894 := len(s893 := o.pod_id.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.node_id.encode())) < 8192 else _long(n896)), s895, (_P[n897] if 0 <= (n897 := o.time_limit_ms) < 8192 else _long(n897)), (_k902 if (u898 := o.gang_id) is None else _u899(u898)),))
 
 
-def _u917(v: Any) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
+def _u912(v: Any) -> bytes:
+    return b"".join((_k912, (_P[n914] if 0 <= (n914 := v) < 8192 else _long(n914)),))
 
 
-def _e_QuotaChanged913(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k914, (_k920 if (u916 := o.tenant) is None else _u917(u916)), (_k923 if (u922 := o.quota) is None else _k922[type(u922)](u922)), (_k926 if (u925 := o.previous) is None else _k925[type(u925)](u925)), (_P[n929] if (n929 := len(s928 := o.message.encode())) < 8192 else _long(n929)), s928,))
+def _e_NodesReserved903(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := o.holder_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.holder_kind.encode())) < 8192 else _long(n909)), s908, (_b69(a910) if (a910 := o.nodes) else b"\x00"), (_k914 if (u911 := o.expected_start) is None else _u912(u911)), (_P[n917] if (n917 := len(s916 := o.message.encode())) < 8192 else _long(n917)), s916,))
 
 
-def _e_PodMigrated929(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k930, (_P[n933] if (n933 := len(s932 := o.pod_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.from_node.encode())) < 8192 else _long(n935)), s934, (_b629(a936) if (a936 := o.from_gpus) else b"\x00"), (_P[n938] if (n938 := len(s937 := o.to_node.encode())) < 8192 else _long(n938)), s937, (_b629(a939) if (a939 := o.to_gpus) else b"\x00"), (_P[n941] if (n941 := len(s940 := o.reason.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.message.encode())) < 8192 else _long(n943)), s942,))
+def _e_ReservationReleased917(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k918, (_P[n921] if (n921 := len(s920 := o.holder_id.encode())) < 8192 else _long(n921)), s920, (_P[n923] if (n923 := len(s922 := o.holder_kind.encode())) < 8192 else _long(n923)), s922, (_b69(a924) if (a924 := o.nodes) else b"\x00"), (_P[n926] if (n926 := len(s925 := o.reason.encode())) < 8192 else _long(n926)), s925, (_P[n928] if (n928 := len(s927 := o.message.encode())) < 8192 else _long(n928)), s927,))
 
 
-def _u950(v: Any) -> bytes:
-    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
+def _e_DependencyFailed928(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k929, (_P[n932] if (n932 := len(s931 := o.holder_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.holder_kind.encode())) < 8192 else _long(n934)), s933, (_P[n936] if (n936 := len(s935 := o.dependency_id.encode())) < 8192 else _long(n936)), s935, (_P[n938] if (n938 := len(s937 := o.message.encode())) < 8192 else _long(n938)), s937,))
 
 
-def _e_DefragmentationPlanned943(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k944, (_P[n946] if 0 <= (n946 := o.moves) < 8192 else _long(n946)), (_P[n947] if 0 <= (n947 := o.gpus_freed) < 8192 else _long(n947)), (_P[n948] if 0 <= (n948 := o.nodes_freed) < 8192 else _long(n948)), (_k953 if (u949 := o.target) is None else _u950(u949)), (_P[n956] if (n956 := len(s955 := o.message.encode())) < 8192 else _long(n956)), s955,))
+def _e_Ticked938(o: _c_Ticked) -> bytes:
+    return b"".join((_k939, (_P[n941] if 0 <= (n941 := o.clock) < 8192 else _long(n941)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterHalted956(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := o.cluster.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.command_id.encode())) < 8192 else _long(n962)), s961, (_P[n964] if (n964 := len(s963 := o.error.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := o.message.encode())) < 8192 else _long(n966)), s965,))
+def _e_PodPreempted941(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k942, (_P[n945] if (n945 := len(s944 := o.pod_id.encode())) < 8192 else _long(n945)), s944, (_P[n947] if (n947 := len(s946 := o.node_id.encode())) < 8192 else _long(n947)), s946, (_P[n949] if (n949 := len(s948 := o.by.encode())) < 8192 else _long(n949)), s948, (_P[n951] if (n951 := len(s950 := o.reason.encode())) < 8192 else _long(n951)), s950, (_P[n953] if (n953 := len(s952 := o.message.encode())) < 8192 else _long(n953)), s952,))
 
 
-def _e_ClusterResumed966(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k967, (_P[n970] if (n970 := len(s969 := o.cluster.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.halted_command_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.halted_offset) < 8192 else _long(n973)), (_P[n974] if 0 <= (n974 := o.refolded_from) < 8192 else _long(n974)), (_P[n976] if (n976 := len(s975 := o.message.encode())) < 8192 else _long(n976)), s975,))
+def _u957(v: Any) -> bytes:
+    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := v.encode())) < 8192 else _long(n960)), s959,))
 
 
-def _e_Event504(o: _c_Event) -> bytes:
-    return b"".join((_k505, (_P[n507] if 0 <= (n507 := o.partition) < 8192 else _long(n507)), (_P[n508] if 0 <= (n508 := o.sequence) < 8192 else _long(n508)), (_P[n510] if (n510 := len(s509 := o.cluster.encode())) < 8192 else _long(n510)), s509, (_P[n512] if (n512 := len(s511 := o.command_id.encode())) < 8192 else _long(n512)), s511, (_P[n513] if 0 <= (n513 := o.command_offset) < 8192 else _long(n513)), (_P[n514] if 0 <= (n514 := o.occurred_at) < 8192 else _long(n514)), _k976[type(u515 := o.payload)](u515),))
+def _e_QuotaChanged953(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k954, (_k960 if (u956 := o.tenant) is None else _u957(u956)), (_k963 if (u962 := o.quota) is None else _k962[type(u962)](u962)), (_k966 if (u965 := o.previous) is None else _k965[type(u965)](u965)), (_P[n969] if (n969 := len(s968 := o.message.encode())) < 8192 else _long(n969)), s968,))
 
 
-def _d_NodeAdded983(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_PodMigrated969(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k970, (_P[n973] if (n973 := len(s972 := o.pod_id.encode())) < 8192 else _long(n973)), s972, (_P[n975] if (n975 := len(s974 := o.from_node.encode())) < 8192 else _long(n975)), s974, (_b669(a976) if (a976 := o.from_gpus) else b"\x00"), (_P[n978] if (n978 := len(s977 := o.to_node.encode())) < 8192 else _long(n978)), s977, (_b669(a979) if (a979 := o.to_gpus) else b"\x00"), (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.message.encode())) < 8192 else _long(n983)), s982,))
+
+
+def _u990(v: Any) -> bytes:
+    return b"".join((_k990, (_P[n993] if (n993 := len(s992 := v.encode())) < 8192 else _long(n993)), s992,))
+
+
+def _e_DefragmentationPlanned983(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k984, (_P[n986] if 0 <= (n986 := o.moves) < 8192 else _long(n986)), (_P[n987] if 0 <= (n987 := o.gpus_freed) < 8192 else _long(n987)), (_P[n988] if 0 <= (n988 := o.nodes_freed) < 8192 else _long(n988)), (_k993 if (u989 := o.target) is None else _u990(u989)), (_P[n996] if (n996 := len(s995 := o.message.encode())) < 8192 else _long(n996)), s995,))
+
+
+def _e_ClusterHalted996(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k997, (_P[n1000] if (n1000 := len(s999 := o.cluster.encode())) < 8192 else _long(n1000)), s999, (_P[n1002] if (n1002 := len(s1001 := o.command_id.encode())) < 8192 else _long(n1002)), s1001, (_P[n1004] if (n1004 := len(s1003 := o.error.encode())) < 8192 else _long(n1004)), s1003, (_P[n1006] if (n1006 := len(s1005 := o.message.encode())) < 8192 else _long(n1006)), s1005,))
+
+
+def _e_ClusterResumed1006(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1007, (_P[n1010] if (n1010 := len(s1009 := o.cluster.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.halted_command_id.encode())) < 8192 else _long(n1012)), s1011, (_P[n1013] if 0 <= (n1013 := o.halted_offset) < 8192 else _long(n1013)), (_P[n1014] if 0 <= (n1014 := o.refolded_from) < 8192 else _long(n1014)), (_P[n1016] if (n1016 := len(s1015 := o.message.encode())) < 8192 else _long(n1016)), s1015,))
+
+
+def _e_NodeRecovered1016(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := o.node_id.encode())) < 8192 else _long(n1020)), s1019,))
+
+
+def _e_NodeUpdated1020(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.node_id.encode())) < 8192 else _long(n1024)), s1023, (_b21(a1025) if (a1025 := o.labels) else b"\x00"), (_b27(a1026) if (a1026 := o.taints) else b"\x00"), (_P[n1027] if 0 <= (n1027 := o.evicting) < 8192 else _long(n1027)),))
+
+
+def _e_Event544(o: _c_Event) -> bytes:
+    return b"".join((_k545, (_P[n547] if 0 <= (n547 := o.partition) < 8192 else _long(n547)), (_P[n548] if 0 <= (n548 := o.sequence) < 8192 else _long(n548)), (_P[n550] if (n550 := len(s549 := o.cluster.encode())) < 8192 else _long(n550)), s549, (_P[n552] if (n552 := len(s551 := o.command_id.encode())) < 8192 else _long(n552)), s551, (_P[n553] if 0 <= (n553 := o.command_offset) < 8192 else _long(n553)), (_P[n554] if 0 <= (n554 := o.occurred_at) < 8192 else _long(n554)), _k1027[type(u555 := o.payload)](u555),))
+
+
+def _d_NodeAdded1034(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3145,30 +3368,30 @@ def _d_NodeAdded983(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n985 = _ZL[buf[pos]]
-    if n985 < 0:
-        n985, pos = _rlong(buf, pos)
-        if n985 < 0:
-            raise _length_error(n985, end - pos)
+    n1036 = _ZL[buf[pos]]
+    if n1036 < 0:
+        n1036, pos = _rlong(buf, pos)
+        if n1036 < 0:
+            raise _length_error(n1036, end - pos)
     else:
         pos += 1
-    q986 = pos + n985
-    if q986 > end:
-        raise _length_error(n985, end - pos)
-    f_node_id = buf[pos:q986].decode()
-    pos = q986
-    n987 = _ZL[buf[pos]]
-    if n987 < 0:
-        n987, pos = _rlong(buf, pos)
-        if n987 < 0:
-            raise _length_error(n987, end - pos)
+    q1037 = pos + n1036
+    if q1037 > end:
+        raise _length_error(n1036, end - pos)
+    f_node_id = buf[pos:q1037].decode()
+    pos = q1037
+    n1038 = _ZL[buf[pos]]
+    if n1038 < 0:
+        n1038, pos = _rlong(buf, pos)
+        if n1038 < 0:
+            raise _length_error(n1038, end - pos)
     else:
         pos += 1
-    q988 = pos + n987
-    if q988 > end:
-        raise _length_error(n987, end - pos)
-    f_gpu_model = buf[pos:q988].decode()
-    pos = q988
+    q1039 = pos + n1038
+    if q1039 > end:
+        raise _length_error(n1038, end - pos)
+    f_gpu_model = buf[pos:q1039].decode()
+    pos = q1039
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3215,189 +3438,189 @@ def _d_NodeAdded983(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc989: dict[str, Any] = {}
+        acc1040: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c990 = _ZD[b]
+                c1041 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c990 = (z >> 1) ^ -(z & 1)
+                c1041 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c990 = (z >> 1) ^ -(z & 1)
+                c1041 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c990, pos = _rlong(buf, pos)
-            if c990 == 0:
+                c1041, pos = _rlong(buf, pos)
+            if c1041 == 0:
                 break
-            if c990 < 0:
-                c990 = -c990
+            if c1041 < 0:
+                c1041 = -c1041
                 b = buf[pos]
                 if b < 128:
-                    z993 = _ZD[b]
+                    z1044 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z993 = (z >> 1) ^ -(z & 1)
+                    z1044 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z993 = (z >> 1) ^ -(z & 1)
+                    z1044 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z993, pos = _rlong(buf, pos)
-            if c990 * 2 > end - pos:
-                raise _count_error(c990, end - pos)
-            for _ in range(c990):
-                n994 = _ZL[buf[pos]]
-                if n994 < 0:
-                    n994, pos = _rlong(buf, pos)
-                    if n994 < 0:
-                        raise _length_error(n994, end - pos)
+                    z1044, pos = _rlong(buf, pos)
+            if c1041 * 2 > end - pos:
+                raise _count_error(c1041, end - pos)
+            for _ in range(c1041):
+                n1045 = _ZL[buf[pos]]
+                if n1045 < 0:
+                    n1045, pos = _rlong(buf, pos)
+                    if n1045 < 0:
+                        raise _length_error(n1045, end - pos)
                 else:
                     pos += 1
-                q995 = pos + n994
-                if q995 > end:
-                    raise _length_error(n994, end - pos)
-                k992 = buf[pos:q995].decode()
-                pos = q995
-                n996 = _ZL[buf[pos]]
-                if n996 < 0:
-                    n996, pos = _rlong(buf, pos)
-                    if n996 < 0:
-                        raise _length_error(n996, end - pos)
+                q1046 = pos + n1045
+                if q1046 > end:
+                    raise _length_error(n1045, end - pos)
+                k1043 = buf[pos:q1046].decode()
+                pos = q1046
+                n1047 = _ZL[buf[pos]]
+                if n1047 < 0:
+                    n1047, pos = _rlong(buf, pos)
+                    if n1047 < 0:
+                        raise _length_error(n1047, end - pos)
                 else:
                     pos += 1
-                q997 = pos + n996
-                if q997 > end:
-                    raise _length_error(n996, end - pos)
-                x991 = buf[pos:q997].decode()
-                pos = q997
-                acc989[k992] = x991
-        f_labels = acc989
+                q1048 = pos + n1047
+                if q1048 > end:
+                    raise _length_error(n1047, end - pos)
+                x1042 = buf[pos:q1048].decode()
+                pos = q1048
+                acc1040[k1043] = x1042
+        f_labels = acc1040
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc998: list[Any] = []
+        acc1049: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c999 = _ZD[b]
+                c1050 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c999 = (z >> 1) ^ -(z & 1)
+                c1050 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c999 = (z >> 1) ^ -(z & 1)
+                c1050 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c999, pos = _rlong(buf, pos)
-            if c999 == 0:
+                c1050, pos = _rlong(buf, pos)
+            if c1050 == 0:
                 break
-            if c999 < 0:
-                c999 = -c999
+            if c1050 < 0:
+                c1050 = -c1050
                 b = buf[pos]
                 if b < 128:
-                    z1002 = _ZD[b]
+                    z1053 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1002 = (z >> 1) ^ -(z & 1)
+                    z1053 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1002 = (z >> 1) ^ -(z & 1)
+                    z1053 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1002, pos = _rlong(buf, pos)
-            if c999 * 3 > end - pos:
-                raise _count_error(c999, end - pos)
-            for _ in range(c999):
-                x1000, pos = _d_Taint307(buf, pos, end)
-                acc998.append(x1000)
-        f_taints = tuple(acc998)
+                    z1053, pos = _rlong(buf, pos)
+            if c1050 * 3 > end - pos:
+                raise _count_error(c1050, end - pos)
+            for _ in range(c1050):
+                x1051, pos = _d_Taint325(buf, pos, end)
+                acc1049.append(x1051)
+        f_taints = tuple(acc1049)
     o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
     return o, pos
 
 
-def _d_NodeRemoved1002(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1053(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1004 = _ZL[buf[pos]]
-    if n1004 < 0:
-        n1004, pos = _rlong(buf, pos)
-        if n1004 < 0:
-            raise _length_error(n1004, end - pos)
+    n1055 = _ZL[buf[pos]]
+    if n1055 < 0:
+        n1055, pos = _rlong(buf, pos)
+        if n1055 < 0:
+            raise _length_error(n1055, end - pos)
     else:
         pos += 1
-    q1005 = pos + n1004
-    if q1005 > end:
-        raise _length_error(n1004, end - pos)
-    f_node_id = buf[pos:q1005].decode()
-    pos = q1005
+    q1056 = pos + n1055
+    if q1056 > end:
+        raise _length_error(n1055, end - pos)
+    f_node_id = buf[pos:q1056].decode()
+    pos = q1056
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1005(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1056(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1007 = _ZL[buf[pos]]
-    if n1007 < 0:
-        n1007, pos = _rlong(buf, pos)
-        if n1007 < 0:
-            raise _length_error(n1007, end - pos)
+    n1058 = _ZL[buf[pos]]
+    if n1058 < 0:
+        n1058, pos = _rlong(buf, pos)
+        if n1058 < 0:
+            raise _length_error(n1058, end - pos)
     else:
         pos += 1
-    q1008 = pos + n1007
-    if q1008 > end:
-        raise _length_error(n1007, end - pos)
-    f_node_id = buf[pos:q1008].decode()
-    pos = q1008
+    q1059 = pos + n1058
+    if q1059 > end:
+        raise _length_error(n1058, end - pos)
+    f_node_id = buf[pos:q1059].decode()
+    pos = q1059
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1008(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1059(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1010 = _ZL[buf[pos]]
-    if n1010 < 0:
-        n1010, pos = _rlong(buf, pos)
-        if n1010 < 0:
-            raise _length_error(n1010, end - pos)
+    n1061 = _ZL[buf[pos]]
+    if n1061 < 0:
+        n1061, pos = _rlong(buf, pos)
+        if n1061 < 0:
+            raise _length_error(n1061, end - pos)
     else:
         pos += 1
-    q1011 = pos + n1010
-    if q1011 > end:
-        raise _length_error(n1010, end - pos)
-    f_node_id = buf[pos:q1011].decode()
-    pos = q1011
+    q1062 = pos + n1061
+    if q1062 > end:
+        raise _length_error(n1061, end - pos)
+    f_node_id = buf[pos:q1062].decode()
+    pos = q1062
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1011(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1062(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1013 = _ZL[buf[pos]]
-    if n1013 < 0:
-        n1013, pos = _rlong(buf, pos)
-        if n1013 < 0:
-            raise _length_error(n1013, end - pos)
+    n1064 = _ZL[buf[pos]]
+    if n1064 < 0:
+        n1064, pos = _rlong(buf, pos)
+        if n1064 < 0:
+            raise _length_error(n1064, end - pos)
     else:
         pos += 1
-    q1014 = pos + n1013
-    if q1014 > end:
-        raise _length_error(n1013, end - pos)
-    f_node_id = buf[pos:q1014].decode()
-    pos = q1014
+    q1065 = pos + n1064
+    if q1065 > end:
+        raise _length_error(n1064, end - pos)
+    f_node_id = buf[pos:q1065].decode()
+    pos = q1065
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3416,34 +3639,34 @@ def _d_NodeDrained1011(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1014(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1065(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1016 = _ZL[buf[pos]]
-    if n1016 < 0:
-        n1016, pos = _rlong(buf, pos)
-        if n1016 < 0:
-            raise _length_error(n1016, end - pos)
+    n1067 = _ZL[buf[pos]]
+    if n1067 < 0:
+        n1067, pos = _rlong(buf, pos)
+        if n1067 < 0:
+            raise _length_error(n1067, end - pos)
     else:
         pos += 1
-    q1017 = pos + n1016
-    if q1017 > end:
-        raise _length_error(n1016, end - pos)
-    f_node_id = buf[pos:q1017].decode()
-    pos = q1017
-    n1018 = _ZL[buf[pos]]
-    if n1018 < 0:
-        n1018, pos = _rlong(buf, pos)
-        if n1018 < 0:
-            raise _length_error(n1018, end - pos)
+    q1068 = pos + n1067
+    if q1068 > end:
+        raise _length_error(n1067, end - pos)
+    f_node_id = buf[pos:q1068].decode()
+    pos = q1068
+    n1069 = _ZL[buf[pos]]
+    if n1069 < 0:
+        n1069, pos = _rlong(buf, pos)
+        if n1069 < 0:
+            raise _length_error(n1069, end - pos)
     else:
         pos += 1
-    q1019 = pos + n1018
-    if q1019 > end:
-        raise _length_error(n1018, end - pos)
-    f_reason = buf[pos:q1019].decode()
-    pos = q1019
+    q1070 = pos + n1069
+    if q1070 > end:
+        raise _length_error(n1069, end - pos)
+    f_reason = buf[pos:q1070].decode()
+    pos = q1070
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3462,7 +3685,7 @@ def _d_NodeFailed1014(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1071(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3482,30 +3705,30 @@ def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_preemption: str
     f_movable: bool
     f_preemptible: bool
-    n1022 = _ZL[buf[pos]]
-    if n1022 < 0:
-        n1022, pos = _rlong(buf, pos)
-        if n1022 < 0:
-            raise _length_error(n1022, end - pos)
+    n1073 = _ZL[buf[pos]]
+    if n1073 < 0:
+        n1073, pos = _rlong(buf, pos)
+        if n1073 < 0:
+            raise _length_error(n1073, end - pos)
     else:
         pos += 1
-    q1023 = pos + n1022
-    if q1023 > end:
-        raise _length_error(n1022, end - pos)
-    f_pod_id = buf[pos:q1023].decode()
-    pos = q1023
-    n1024 = _ZL[buf[pos]]
-    if n1024 < 0:
-        n1024, pos = _rlong(buf, pos)
-        if n1024 < 0:
-            raise _length_error(n1024, end - pos)
+    q1074 = pos + n1073
+    if q1074 > end:
+        raise _length_error(n1073, end - pos)
+    f_pod_id = buf[pos:q1074].decode()
+    pos = q1074
+    n1075 = _ZL[buf[pos]]
+    if n1075 < 0:
+        n1075, pos = _rlong(buf, pos)
+        if n1075 < 0:
+            raise _length_error(n1075, end - pos)
     else:
         pos += 1
-    q1025 = pos + n1024
-    if q1025 > end:
-        raise _length_error(n1024, end - pos)
-    f_tenant = buf[pos:q1025].decode()
-    pos = q1025
+    q1076 = pos + n1075
+    if q1076 > end:
+        raise _length_error(n1075, end - pos)
+    f_tenant = buf[pos:q1076].decode()
+    pos = q1076
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -3580,168 +3803,168 @@ def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1026: list[Any] = []
+        acc1077: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1027 = _ZD[b]
+                c1078 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1027 = (z >> 1) ^ -(z & 1)
+                c1078 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1027 = (z >> 1) ^ -(z & 1)
+                c1078 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1027, pos = _rlong(buf, pos)
-            if c1027 == 0:
+                c1078, pos = _rlong(buf, pos)
+            if c1078 == 0:
                 break
-            if c1027 < 0:
-                c1027 = -c1027
+            if c1078 < 0:
+                c1078 = -c1078
                 b = buf[pos]
                 if b < 128:
-                    z1030 = _ZD[b]
+                    z1081 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1030 = (z >> 1) ^ -(z & 1)
+                    z1081 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1030 = (z >> 1) ^ -(z & 1)
+                    z1081 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1030, pos = _rlong(buf, pos)
-            if c1027 * 1 > end - pos:
-                raise _count_error(c1027, end - pos)
-            for _ in range(c1027):
-                n1031 = _ZL[buf[pos]]
-                if n1031 < 0:
-                    n1031, pos = _rlong(buf, pos)
-                    if n1031 < 0:
-                        raise _length_error(n1031, end - pos)
+                    z1081, pos = _rlong(buf, pos)
+            if c1078 * 1 > end - pos:
+                raise _count_error(c1078, end - pos)
+            for _ in range(c1078):
+                n1082 = _ZL[buf[pos]]
+                if n1082 < 0:
+                    n1082, pos = _rlong(buf, pos)
+                    if n1082 < 0:
+                        raise _length_error(n1082, end - pos)
                 else:
                     pos += 1
-                q1032 = pos + n1031
-                if q1032 > end:
-                    raise _length_error(n1031, end - pos)
-                x1028 = buf[pos:q1032].decode()
-                pos = q1032
-                acc1026.append(x1028)
-        f_gpu_models = tuple(acc1026)
+                q1083 = pos + n1082
+                if q1083 > end:
+                    raise _length_error(n1082, end - pos)
+                x1079 = buf[pos:q1083].decode()
+                pos = q1083
+                acc1077.append(x1079)
+        f_gpu_models = tuple(acc1077)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1033: dict[str, Any] = {}
+        acc1084: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1034 = _ZD[b]
+                c1085 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1034 = (z >> 1) ^ -(z & 1)
+                c1085 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1034 = (z >> 1) ^ -(z & 1)
+                c1085 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1034, pos = _rlong(buf, pos)
-            if c1034 == 0:
+                c1085, pos = _rlong(buf, pos)
+            if c1085 == 0:
                 break
-            if c1034 < 0:
-                c1034 = -c1034
+            if c1085 < 0:
+                c1085 = -c1085
                 b = buf[pos]
                 if b < 128:
-                    z1037 = _ZD[b]
+                    z1088 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1037 = (z >> 1) ^ -(z & 1)
+                    z1088 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1037 = (z >> 1) ^ -(z & 1)
+                    z1088 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1037, pos = _rlong(buf, pos)
-            if c1034 * 2 > end - pos:
-                raise _count_error(c1034, end - pos)
-            for _ in range(c1034):
-                n1038 = _ZL[buf[pos]]
-                if n1038 < 0:
-                    n1038, pos = _rlong(buf, pos)
-                    if n1038 < 0:
-                        raise _length_error(n1038, end - pos)
+                    z1088, pos = _rlong(buf, pos)
+            if c1085 * 2 > end - pos:
+                raise _count_error(c1085, end - pos)
+            for _ in range(c1085):
+                n1089 = _ZL[buf[pos]]
+                if n1089 < 0:
+                    n1089, pos = _rlong(buf, pos)
+                    if n1089 < 0:
+                        raise _length_error(n1089, end - pos)
                 else:
                     pos += 1
-                q1039 = pos + n1038
-                if q1039 > end:
-                    raise _length_error(n1038, end - pos)
-                k1036 = buf[pos:q1039].decode()
-                pos = q1039
-                n1040 = _ZL[buf[pos]]
-                if n1040 < 0:
-                    n1040, pos = _rlong(buf, pos)
-                    if n1040 < 0:
-                        raise _length_error(n1040, end - pos)
+                q1090 = pos + n1089
+                if q1090 > end:
+                    raise _length_error(n1089, end - pos)
+                k1087 = buf[pos:q1090].decode()
+                pos = q1090
+                n1091 = _ZL[buf[pos]]
+                if n1091 < 0:
+                    n1091, pos = _rlong(buf, pos)
+                    if n1091 < 0:
+                        raise _length_error(n1091, end - pos)
                 else:
                     pos += 1
-                q1041 = pos + n1040
-                if q1041 > end:
-                    raise _length_error(n1040, end - pos)
-                x1035 = buf[pos:q1041].decode()
-                pos = q1041
-                acc1033[k1036] = x1035
-        f_node_selector = acc1033
+                q1092 = pos + n1091
+                if q1092 > end:
+                    raise _length_error(n1091, end - pos)
+                x1086 = buf[pos:q1092].decode()
+                pos = q1092
+                acc1084[k1087] = x1086
+        f_node_selector = acc1084
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1042: list[Any] = []
+        acc1093: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1043 = _ZD[b]
+                c1094 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1094 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1043 = (z >> 1) ^ -(z & 1)
+                c1094 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1043, pos = _rlong(buf, pos)
-            if c1043 == 0:
+                c1094, pos = _rlong(buf, pos)
+            if c1094 == 0:
                 break
-            if c1043 < 0:
-                c1043 = -c1043
+            if c1094 < 0:
+                c1094 = -c1094
                 b = buf[pos]
                 if b < 128:
-                    z1046 = _ZD[b]
+                    z1097 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1097 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1046 = (z >> 1) ^ -(z & 1)
+                    z1097 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1046, pos = _rlong(buf, pos)
-            if c1043 * 4 > end - pos:
-                raise _count_error(c1043, end - pos)
-            for _ in range(c1043):
-                x1044, pos = _d_Toleration357(buf, pos, end)
-                acc1042.append(x1044)
-        f_tolerations = tuple(acc1042)
+                    z1097, pos = _rlong(buf, pos)
+            if c1094 * 4 > end - pos:
+                raise _count_error(c1094, end - pos)
+            for _ in range(c1094):
+                x1095, pos = _d_Toleration375(buf, pos, end)
+                acc1093.append(x1095)
+        f_tolerations = tuple(acc1093)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -3772,52 +3995,52 @@ def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1047 = _ZD[b]
+        i1098 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1047 = (z >> 1) ^ -(z & 1)
+        i1098 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1047 = (z >> 1) ^ -(z & 1)
+        i1098 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1047, pos = _rlong(buf, pos)
-    if i1047 == 0:
+        i1098, pos = _rlong(buf, pos)
+    if i1098 == 0:
         f_gang_id = None
-    elif i1047 == 1:
-        n1048 = _ZL[buf[pos]]
-        if n1048 < 0:
-            n1048, pos = _rlong(buf, pos)
-            if n1048 < 0:
-                raise _length_error(n1048, end - pos)
+    elif i1098 == 1:
+        n1099 = _ZL[buf[pos]]
+        if n1099 < 0:
+            n1099, pos = _rlong(buf, pos)
+            if n1099 < 0:
+                raise _length_error(n1099, end - pos)
         else:
             pos += 1
-        q1049 = pos + n1048
-        if q1049 > end:
-            raise _length_error(n1048, end - pos)
-        f_gang_id = buf[pos:q1049].decode()
-        pos = q1049
+        q1100 = pos + n1099
+        if q1100 > end:
+            raise _length_error(n1099, end - pos)
+        f_gang_id = buf[pos:q1100].decode()
+        pos = q1100
     else:
-        raise _union_error(i1047, 2)
+        raise _union_error(i1098, 2)
     b = buf[pos]
     if b < 128:
-        i1050 = _ZD[b]
+        i1101 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1050 = (z >> 1) ^ -(z & 1)
+        i1101 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1050 = (z >> 1) ^ -(z & 1)
+        i1101 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1050, pos = _rlong(buf, pos)
-    if i1050 == 0:
+        i1101, pos = _rlong(buf, pos)
+    if i1101 == 0:
         f_time_limit_ms = None
-    elif i1050 == 1:
+    elif i1101 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -3833,86 +4056,86 @@ def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1050, 2)
+        raise _union_error(i1101, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1051: list[Any] = []
+        acc1102: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1052 = _ZD[b]
+                c1103 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1052 = (z >> 1) ^ -(z & 1)
+                c1103 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1052 = (z >> 1) ^ -(z & 1)
+                c1103 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1052, pos = _rlong(buf, pos)
-            if c1052 == 0:
+                c1103, pos = _rlong(buf, pos)
+            if c1103 == 0:
                 break
-            if c1052 < 0:
-                c1052 = -c1052
+            if c1103 < 0:
+                c1103 = -c1103
                 b = buf[pos]
                 if b < 128:
-                    z1055 = _ZD[b]
+                    z1106 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1055 = (z >> 1) ^ -(z & 1)
+                    z1106 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1055 = (z >> 1) ^ -(z & 1)
+                    z1106 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1055, pos = _rlong(buf, pos)
-            if c1052 * 1 > end - pos:
-                raise _count_error(c1052, end - pos)
-            for _ in range(c1052):
-                n1056 = _ZL[buf[pos]]
-                if n1056 < 0:
-                    n1056, pos = _rlong(buf, pos)
-                    if n1056 < 0:
-                        raise _length_error(n1056, end - pos)
+                    z1106, pos = _rlong(buf, pos)
+            if c1103 * 1 > end - pos:
+                raise _count_error(c1103, end - pos)
+            for _ in range(c1103):
+                n1107 = _ZL[buf[pos]]
+                if n1107 < 0:
+                    n1107, pos = _rlong(buf, pos)
+                    if n1107 < 0:
+                        raise _length_error(n1107, end - pos)
                 else:
                     pos += 1
-                q1057 = pos + n1056
-                if q1057 > end:
-                    raise _length_error(n1056, end - pos)
-                x1053 = buf[pos:q1057].decode()
-                pos = q1057
-                acc1051.append(x1053)
-        f_depends_on = tuple(acc1051)
-    n1058 = _ZL[buf[pos]]
-    if n1058 < 0:
-        n1058, pos = _rlong(buf, pos)
-        if n1058 < 0:
-            raise _length_error(n1058, end - pos)
+                q1108 = pos + n1107
+                if q1108 > end:
+                    raise _length_error(n1107, end - pos)
+                x1104 = buf[pos:q1108].decode()
+                pos = q1108
+                acc1102.append(x1104)
+        f_depends_on = tuple(acc1102)
+    n1109 = _ZL[buf[pos]]
+    if n1109 < 0:
+        n1109, pos = _rlong(buf, pos)
+        if n1109 < 0:
+            raise _length_error(n1109, end - pos)
     else:
         pos += 1
-    q1059 = pos + n1058
-    if q1059 > end:
-        raise _length_error(n1058, end - pos)
-    f_dependency = buf[pos:q1059].decode()
-    pos = q1059
-    n1060 = _ZL[buf[pos]]
-    if n1060 < 0:
-        n1060, pos = _rlong(buf, pos)
-        if n1060 < 0:
-            raise _length_error(n1060, end - pos)
+    q1110 = pos + n1109
+    if q1110 > end:
+        raise _length_error(n1109, end - pos)
+    f_dependency = buf[pos:q1110].decode()
+    pos = q1110
+    n1111 = _ZL[buf[pos]]
+    if n1111 < 0:
+        n1111, pos = _rlong(buf, pos)
+        if n1111 < 0:
+            raise _length_error(n1111, end - pos)
     else:
         pos += 1
-    q1061 = pos + n1060
-    if q1061 > end:
-        raise _length_error(n1060, end - pos)
-    f_preemption = buf[pos:q1061].decode()
-    pos = q1061
+    q1112 = pos + n1111
+    if q1112 > end:
+        raise _length_error(n1111, end - pos)
+    f_preemption = buf[pos:q1112].decode()
+    pos = q1112
     f_movable = buf[pos] != 0
     pos += 1
     f_preemptible = buf[pos] != 0
@@ -3921,22 +4144,22 @@ def _d_PodSpec1020(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     return o, pos
 
 
-def _d_QueueReason1066(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1117(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1068 = _ZL[buf[pos]]
-    if n1068 < 0:
-        n1068, pos = _rlong(buf, pos)
-        if n1068 < 0:
-            raise _length_error(n1068, end - pos)
+    n1119 = _ZL[buf[pos]]
+    if n1119 < 0:
+        n1119, pos = _rlong(buf, pos)
+        if n1119 < 0:
+            raise _length_error(n1119, end - pos)
     else:
         pos += 1
-    q1069 = pos + n1068
-    if q1069 > end:
-        raise _length_error(n1068, end - pos)
-    f_code = buf[pos:q1069].decode()
-    pos = q1069
+    q1120 = pos + n1119
+    if q1120 > end:
+        raise _length_error(n1119, end - pos)
+    f_code = buf[pos:q1120].decode()
+    pos = q1120
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -3951,134 +4174,134 @@ def _d_QueueReason1066(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1070 = _ZL[buf[pos]]
-    if n1070 < 0:
-        n1070, pos = _rlong(buf, pos)
-        if n1070 < 0:
-            raise _length_error(n1070, end - pos)
+    n1121 = _ZL[buf[pos]]
+    if n1121 < 0:
+        n1121, pos = _rlong(buf, pos)
+        if n1121 < 0:
+            raise _length_error(n1121, end - pos)
     else:
         pos += 1
-    q1071 = pos + n1070
-    if q1071 > end:
-        raise _length_error(n1070, end - pos)
-    f_message = buf[pos:q1071].decode()
-    pos = q1071
+    q1122 = pos + n1121
+    if q1122 > end:
+        raise _length_error(n1121, end - pos)
+    f_message = buf[pos:q1122].decode()
+    pos = q1122
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1019(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1070(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1020(buf, pos, end)
+    f_pod, pos = _d_PodSpec1071(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1062: list[Any] = []
+        acc1113: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1063 = _ZD[b]
+                c1114 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1063 = (z >> 1) ^ -(z & 1)
+                c1114 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1063 = (z >> 1) ^ -(z & 1)
+                c1114 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1063, pos = _rlong(buf, pos)
-            if c1063 == 0:
+                c1114, pos = _rlong(buf, pos)
+            if c1114 == 0:
                 break
-            if c1063 < 0:
-                c1063 = -c1063
+            if c1114 < 0:
+                c1114 = -c1114
                 b = buf[pos]
                 if b < 128:
-                    z1066 = _ZD[b]
+                    z1117 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1066 = (z >> 1) ^ -(z & 1)
+                    z1117 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1066 = (z >> 1) ^ -(z & 1)
+                    z1117 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1066, pos = _rlong(buf, pos)
-            if c1063 * 3 > end - pos:
-                raise _count_error(c1063, end - pos)
-            for _ in range(c1063):
-                x1064, pos = _d_QueueReason1066(buf, pos, end)
-                acc1062.append(x1064)
-        f_reasons = tuple(acc1062)
+                    z1117, pos = _rlong(buf, pos)
+            if c1114 * 3 > end - pos:
+                raise _count_error(c1114, end - pos)
+            for _ in range(c1114):
+                x1115, pos = _d_QueueReason1117(buf, pos, end)
+                acc1113.append(x1115)
+        f_reasons = tuple(acc1113)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1072: list[Any] = []
+        acc1123: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1073 = _ZD[b]
+                c1124 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1073 = (z >> 1) ^ -(z & 1)
+                c1124 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1073 = (z >> 1) ^ -(z & 1)
+                c1124 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1073, pos = _rlong(buf, pos)
-            if c1073 == 0:
+                c1124, pos = _rlong(buf, pos)
+            if c1124 == 0:
                 break
-            if c1073 < 0:
-                c1073 = -c1073
+            if c1124 < 0:
+                c1124 = -c1124
                 b = buf[pos]
                 if b < 128:
-                    z1076 = _ZD[b]
+                    z1127 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1076 = (z >> 1) ^ -(z & 1)
+                    z1127 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1076 = (z >> 1) ^ -(z & 1)
+                    z1127 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1076, pos = _rlong(buf, pos)
-            if c1073 * 1 > end - pos:
-                raise _count_error(c1073, end - pos)
-            for _ in range(c1073):
-                n1077 = _ZL[buf[pos]]
-                if n1077 < 0:
-                    n1077, pos = _rlong(buf, pos)
-                    if n1077 < 0:
-                        raise _length_error(n1077, end - pos)
+                    z1127, pos = _rlong(buf, pos)
+            if c1124 * 1 > end - pos:
+                raise _count_error(c1124, end - pos)
+            for _ in range(c1124):
+                n1128 = _ZL[buf[pos]]
+                if n1128 < 0:
+                    n1128, pos = _rlong(buf, pos)
+                    if n1128 < 0:
+                        raise _length_error(n1128, end - pos)
                 else:
                     pos += 1
-                q1078 = pos + n1077
-                if q1078 > end:
-                    raise _length_error(n1077, end - pos)
-                x1074 = buf[pos:q1078].decode()
-                pos = q1078
-                acc1072.append(x1074)
-        f_waiting_for = tuple(acc1072)
+                q1129 = pos + n1128
+                if q1129 > end:
+                    raise _length_error(n1128, end - pos)
+                x1125 = buf[pos:q1129].decode()
+                pos = q1129
+                acc1123.append(x1125)
+        f_waiting_for = tuple(acc1123)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1086(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1137(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4113,7 +4336,7 @@ def _d_GpuShare1086(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1078(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1129(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4121,347 +4344,347 @@ def _d_PodScheduled1078(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1020(buf, pos, end)
-    n1080 = _ZL[buf[pos]]
-    if n1080 < 0:
-        n1080, pos = _rlong(buf, pos)
-        if n1080 < 0:
-            raise _length_error(n1080, end - pos)
+    f_pod, pos = _d_PodSpec1071(buf, pos, end)
+    n1131 = _ZL[buf[pos]]
+    if n1131 < 0:
+        n1131, pos = _rlong(buf, pos)
+        if n1131 < 0:
+            raise _length_error(n1131, end - pos)
     else:
         pos += 1
-    q1081 = pos + n1080
-    if q1081 > end:
-        raise _length_error(n1080, end - pos)
-    f_node_id = buf[pos:q1081].decode()
-    pos = q1081
+    q1132 = pos + n1131
+    if q1132 > end:
+        raise _length_error(n1131, end - pos)
+    f_node_id = buf[pos:q1132].decode()
+    pos = q1132
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1082: list[Any] = []
+        acc1133: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1083 = _ZD[b]
+                c1134 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1083 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1083 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1083, pos = _rlong(buf, pos)
-            if c1083 == 0:
+                c1134, pos = _rlong(buf, pos)
+            if c1134 == 0:
                 break
-            if c1083 < 0:
-                c1083 = -c1083
+            if c1134 < 0:
+                c1134 = -c1134
                 b = buf[pos]
                 if b < 128:
-                    z1086 = _ZD[b]
+                    z1137 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1086 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1086 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1086, pos = _rlong(buf, pos)
-            if c1083 * 2 > end - pos:
-                raise _count_error(c1083, end - pos)
-            for _ in range(c1083):
-                x1084, pos = _d_GpuShare1086(buf, pos, end)
-                acc1082.append(x1084)
-        f_gpus = tuple(acc1082)
-    n1088 = _ZL[buf[pos]]
-    if n1088 < 0:
-        n1088, pos = _rlong(buf, pos)
-        if n1088 < 0:
-            raise _length_error(n1088, end - pos)
+                    z1137, pos = _rlong(buf, pos)
+            if c1134 * 2 > end - pos:
+                raise _count_error(c1134, end - pos)
+            for _ in range(c1134):
+                x1135, pos = _d_GpuShare1137(buf, pos, end)
+                acc1133.append(x1135)
+        f_gpus = tuple(acc1133)
+    n1139 = _ZL[buf[pos]]
+    if n1139 < 0:
+        n1139, pos = _rlong(buf, pos)
+        if n1139 < 0:
+            raise _length_error(n1139, end - pos)
     else:
         pos += 1
-    q1089 = pos + n1088
-    if q1089 > end:
-        raise _length_error(n1088, end - pos)
-    f_policy = buf[pos:q1089].decode()
-    pos = q1089
+    q1140 = pos + n1139
+    if q1140 > end:
+        raise _length_error(n1139, end - pos)
+    f_policy = buf[pos:q1140].decode()
+    pos = q1140
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1090: dict[str, Any] = {}
+        acc1141: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1091 = _ZD[b]
+                c1142 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1091 = (z >> 1) ^ -(z & 1)
+                c1142 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1091 = (z >> 1) ^ -(z & 1)
+                c1142 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1091, pos = _rlong(buf, pos)
-            if c1091 == 0:
+                c1142, pos = _rlong(buf, pos)
+            if c1142 == 0:
                 break
-            if c1091 < 0:
-                c1091 = -c1091
+            if c1142 < 0:
+                c1142 = -c1142
                 b = buf[pos]
                 if b < 128:
-                    z1094 = _ZD[b]
+                    z1145 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1094 = (z >> 1) ^ -(z & 1)
+                    z1145 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1094 = (z >> 1) ^ -(z & 1)
+                    z1145 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1094, pos = _rlong(buf, pos)
-            if c1091 * 9 > end - pos:
-                raise _count_error(c1091, end - pos)
-            for _ in range(c1091):
-                n1095 = _ZL[buf[pos]]
-                if n1095 < 0:
-                    n1095, pos = _rlong(buf, pos)
-                    if n1095 < 0:
-                        raise _length_error(n1095, end - pos)
+                    z1145, pos = _rlong(buf, pos)
+            if c1142 * 9 > end - pos:
+                raise _count_error(c1142, end - pos)
+            for _ in range(c1142):
+                n1146 = _ZL[buf[pos]]
+                if n1146 < 0:
+                    n1146, pos = _rlong(buf, pos)
+                    if n1146 < 0:
+                        raise _length_error(n1146, end - pos)
                 else:
                     pos += 1
-                q1096 = pos + n1095
-                if q1096 > end:
-                    raise _length_error(n1095, end - pos)
-                k1093 = buf[pos:q1096].decode()
-                pos = q1096
-                x1092, = _unpack_d(buf, pos)
+                q1147 = pos + n1146
+                if q1147 > end:
+                    raise _length_error(n1146, end - pos)
+                k1144 = buf[pos:q1147].decode()
+                pos = q1147
+                x1143, = _unpack_d(buf, pos)
                 pos += 8
-                acc1090[k1093] = x1092
-        f_scores = acc1090
+                acc1141[k1144] = x1143
+        f_scores = acc1141
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1097: list[Any] = []
+        acc1148: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1098 = _ZD[b]
+                c1149 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1098 = (z >> 1) ^ -(z & 1)
+                c1149 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1098 = (z >> 1) ^ -(z & 1)
+                c1149 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1098, pos = _rlong(buf, pos)
-            if c1098 == 0:
+                c1149, pos = _rlong(buf, pos)
+            if c1149 == 0:
                 break
-            if c1098 < 0:
-                c1098 = -c1098
+            if c1149 < 0:
+                c1149 = -c1149
                 b = buf[pos]
                 if b < 128:
-                    z1101 = _ZD[b]
+                    z1152 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1101 = (z >> 1) ^ -(z & 1)
+                    z1152 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1101 = (z >> 1) ^ -(z & 1)
+                    z1152 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1101, pos = _rlong(buf, pos)
-            if c1098 * 1 > end - pos:
-                raise _count_error(c1098, end - pos)
-            for _ in range(c1098):
-                n1102 = _ZL[buf[pos]]
-                if n1102 < 0:
-                    n1102, pos = _rlong(buf, pos)
-                    if n1102 < 0:
-                        raise _length_error(n1102, end - pos)
+                    z1152, pos = _rlong(buf, pos)
+            if c1149 * 1 > end - pos:
+                raise _count_error(c1149, end - pos)
+            for _ in range(c1149):
+                n1153 = _ZL[buf[pos]]
+                if n1153 < 0:
+                    n1153, pos = _rlong(buf, pos)
+                    if n1153 < 0:
+                        raise _length_error(n1153, end - pos)
                 else:
                     pos += 1
-                q1103 = pos + n1102
-                if q1103 > end:
-                    raise _length_error(n1102, end - pos)
-                x1099 = buf[pos:q1103].decode()
-                pos = q1103
-                acc1097.append(x1099)
-        f_preempted = tuple(acc1097)
+                q1154 = pos + n1153
+                if q1154 > end:
+                    raise _length_error(n1153, end - pos)
+                x1150 = buf[pos:q1154].decode()
+                pos = q1154
+                acc1148.append(x1150)
+        f_preempted = tuple(acc1148)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1103(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1105 = _ZL[buf[pos]]
-    if n1105 < 0:
-        n1105, pos = _rlong(buf, pos)
-        if n1105 < 0:
-            raise _length_error(n1105, end - pos)
+    n1156 = _ZL[buf[pos]]
+    if n1156 < 0:
+        n1156, pos = _rlong(buf, pos)
+        if n1156 < 0:
+            raise _length_error(n1156, end - pos)
     else:
         pos += 1
-    q1106 = pos + n1105
-    if q1106 > end:
-        raise _length_error(n1105, end - pos)
-    f_pod_id = buf[pos:q1106].decode()
-    pos = q1106
-    n1107 = _ZL[buf[pos]]
-    if n1107 < 0:
-        n1107, pos = _rlong(buf, pos)
-        if n1107 < 0:
-            raise _length_error(n1107, end - pos)
+    q1157 = pos + n1156
+    if q1157 > end:
+        raise _length_error(n1156, end - pos)
+    f_pod_id = buf[pos:q1157].decode()
+    pos = q1157
+    n1158 = _ZL[buf[pos]]
+    if n1158 < 0:
+        n1158, pos = _rlong(buf, pos)
+        if n1158 < 0:
+            raise _length_error(n1158, end - pos)
     else:
         pos += 1
-    q1108 = pos + n1107
-    if q1108 > end:
-        raise _length_error(n1107, end - pos)
-    f_node_id = buf[pos:q1108].decode()
-    pos = q1108
-    n1109 = _ZL[buf[pos]]
-    if n1109 < 0:
-        n1109, pos = _rlong(buf, pos)
-        if n1109 < 0:
-            raise _length_error(n1109, end - pos)
+    q1159 = pos + n1158
+    if q1159 > end:
+        raise _length_error(n1158, end - pos)
+    f_node_id = buf[pos:q1159].decode()
+    pos = q1159
+    n1160 = _ZL[buf[pos]]
+    if n1160 < 0:
+        n1160, pos = _rlong(buf, pos)
+        if n1160 < 0:
+            raise _length_error(n1160, end - pos)
     else:
         pos += 1
-    q1110 = pos + n1109
-    if q1110 > end:
-        raise _length_error(n1109, end - pos)
-    f_reason = buf[pos:q1110].decode()
-    pos = q1110
+    q1161 = pos + n1160
+    if q1161 > end:
+        raise _length_error(n1160, end - pos)
+    f_reason = buf[pos:q1161].decode()
+    pos = q1161
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1110(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1161(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1112 = _ZL[buf[pos]]
-    if n1112 < 0:
-        n1112, pos = _rlong(buf, pos)
-        if n1112 < 0:
-            raise _length_error(n1112, end - pos)
+    n1163 = _ZL[buf[pos]]
+    if n1163 < 0:
+        n1163, pos = _rlong(buf, pos)
+        if n1163 < 0:
+            raise _length_error(n1163, end - pos)
     else:
         pos += 1
-    q1113 = pos + n1112
-    if q1113 > end:
-        raise _length_error(n1112, end - pos)
-    f_pod_id = buf[pos:q1113].decode()
-    pos = q1113
+    q1164 = pos + n1163
+    if q1164 > end:
+        raise _length_error(n1163, end - pos)
+    f_pod_id = buf[pos:q1164].decode()
+    pos = q1164
     b = buf[pos]
     if b < 128:
-        i1114 = _ZD[b]
+        i1165 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1114 = (z >> 1) ^ -(z & 1)
+        i1165 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1114 = (z >> 1) ^ -(z & 1)
+        i1165 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1114, pos = _rlong(buf, pos)
-    if i1114 == 0:
+        i1165, pos = _rlong(buf, pos)
+    if i1165 == 0:
         f_node_id = None
-    elif i1114 == 1:
-        n1115 = _ZL[buf[pos]]
-        if n1115 < 0:
-            n1115, pos = _rlong(buf, pos)
-            if n1115 < 0:
-                raise _length_error(n1115, end - pos)
+    elif i1165 == 1:
+        n1166 = _ZL[buf[pos]]
+        if n1166 < 0:
+            n1166, pos = _rlong(buf, pos)
+            if n1166 < 0:
+                raise _length_error(n1166, end - pos)
         else:
             pos += 1
-        q1116 = pos + n1115
-        if q1116 > end:
-            raise _length_error(n1115, end - pos)
-        f_node_id = buf[pos:q1116].decode()
-        pos = q1116
+        q1167 = pos + n1166
+        if q1167 > end:
+            raise _length_error(n1166, end - pos)
+        f_node_id = buf[pos:q1167].decode()
+        pos = q1167
     else:
-        raise _union_error(i1114, 2)
-    n1117 = _ZL[buf[pos]]
-    if n1117 < 0:
-        n1117, pos = _rlong(buf, pos)
-        if n1117 < 0:
-            raise _length_error(n1117, end - pos)
+        raise _union_error(i1165, 2)
+    n1168 = _ZL[buf[pos]]
+    if n1168 < 0:
+        n1168, pos = _rlong(buf, pos)
+        if n1168 < 0:
+            raise _length_error(n1168, end - pos)
     else:
         pos += 1
-    q1118 = pos + n1117
-    if q1118 > end:
-        raise _length_error(n1117, end - pos)
-    f_reason = buf[pos:q1118].decode()
-    pos = q1118
+    q1169 = pos + n1168
+    if q1169 > end:
+        raise _length_error(n1168, end - pos)
+    f_reason = buf[pos:q1169].decode()
+    pos = q1169
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1118(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1169(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1120 = _ZL[buf[pos]]
-    if n1120 < 0:
-        n1120, pos = _rlong(buf, pos)
-        if n1120 < 0:
-            raise _length_error(n1120, end - pos)
+    n1171 = _ZL[buf[pos]]
+    if n1171 < 0:
+        n1171, pos = _rlong(buf, pos)
+        if n1171 < 0:
+            raise _length_error(n1171, end - pos)
     else:
         pos += 1
-    q1121 = pos + n1120
-    if q1121 > end:
-        raise _length_error(n1120, end - pos)
-    f_policy = buf[pos:q1121].decode()
-    pos = q1121
-    n1122 = _ZL[buf[pos]]
-    if n1122 < 0:
-        n1122, pos = _rlong(buf, pos)
-        if n1122 < 0:
-            raise _length_error(n1122, end - pos)
+    q1172 = pos + n1171
+    if q1172 > end:
+        raise _length_error(n1171, end - pos)
+    f_policy = buf[pos:q1172].decode()
+    pos = q1172
+    n1173 = _ZL[buf[pos]]
+    if n1173 < 0:
+        n1173, pos = _rlong(buf, pos)
+        if n1173 < 0:
+            raise _length_error(n1173, end - pos)
     else:
         pos += 1
-    q1123 = pos + n1122
-    if q1123 > end:
-        raise _length_error(n1122, end - pos)
-    f_previous = buf[pos:q1123].decode()
-    pos = q1123
+    q1174 = pos + n1173
+    if q1174 > end:
+        raise _length_error(n1173, end - pos)
+    f_previous = buf[pos:q1174].decode()
+    pos = q1174
     b = buf[pos]
     if b < 128:
-        i1124 = _ZD[b]
+        i1175 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1124 = (z >> 1) ^ -(z & 1)
+        i1175 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1124 = (z >> 1) ^ -(z & 1)
+        i1175 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1124, pos = _rlong(buf, pos)
-    if i1124 == 0:
+        i1175, pos = _rlong(buf, pos)
+    if i1175 == 0:
         f_reserve_after_ms = None
-    elif i1124 == 1:
+    elif i1175 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -4477,36 +4700,36 @@ def _d_PolicyChanged1118(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1124, 2)
-    n1125 = _ZL[buf[pos]]
-    if n1125 < 0:
-        n1125, pos = _rlong(buf, pos)
-        if n1125 < 0:
-            raise _length_error(n1125, end - pos)
+        raise _union_error(i1175, 2)
+    n1176 = _ZL[buf[pos]]
+    if n1176 < 0:
+        n1176, pos = _rlong(buf, pos)
+        if n1176 < 0:
+            raise _length_error(n1176, end - pos)
     else:
         pos += 1
-    q1126 = pos + n1125
-    if q1126 > end:
-        raise _length_error(n1125, end - pos)
-    f_queue_order = buf[pos:q1126].decode()
-    pos = q1126
+    q1177 = pos + n1176
+    if q1177 > end:
+        raise _length_error(n1176, end - pos)
+    f_queue_order = buf[pos:q1177].decode()
+    pos = q1177
     b = buf[pos]
     if b < 128:
-        i1127 = _ZD[b]
+        i1178 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1127 = (z >> 1) ^ -(z & 1)
+        i1178 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1127 = (z >> 1) ^ -(z & 1)
+        i1178 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1127, pos = _rlong(buf, pos)
-    if i1127 == 0:
+        i1178, pos = _rlong(buf, pos)
+    if i1178 == 0:
         f_max_clock_jump_ms = None
-    elif i1127 == 1:
+    elif i1178 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -4522,69 +4745,69 @@ def _d_PolicyChanged1118(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1127, 2)
+        raise _union_error(i1178, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1127(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1178(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1129 = _ZL[buf[pos]]
-    if n1129 < 0:
-        n1129, pos = _rlong(buf, pos)
-        if n1129 < 0:
-            raise _length_error(n1129, end - pos)
+    n1180 = _ZL[buf[pos]]
+    if n1180 < 0:
+        n1180, pos = _rlong(buf, pos)
+        if n1180 < 0:
+            raise _length_error(n1180, end - pos)
     else:
         pos += 1
-    q1130 = pos + n1129
-    if q1130 > end:
-        raise _length_error(n1129, end - pos)
-    f_command_id = buf[pos:q1130].decode()
-    pos = q1130
-    n1131 = _ZL[buf[pos]]
-    if n1131 < 0:
-        n1131, pos = _rlong(buf, pos)
-        if n1131 < 0:
-            raise _length_error(n1131, end - pos)
+    q1181 = pos + n1180
+    if q1181 > end:
+        raise _length_error(n1180, end - pos)
+    f_command_id = buf[pos:q1181].decode()
+    pos = q1181
+    n1182 = _ZL[buf[pos]]
+    if n1182 < 0:
+        n1182, pos = _rlong(buf, pos)
+        if n1182 < 0:
+            raise _length_error(n1182, end - pos)
     else:
         pos += 1
-    q1132 = pos + n1131
-    if q1132 > end:
-        raise _length_error(n1131, end - pos)
-    f_command_type = buf[pos:q1132].decode()
-    pos = q1132
-    n1133 = _ZL[buf[pos]]
-    if n1133 < 0:
-        n1133, pos = _rlong(buf, pos)
-        if n1133 < 0:
-            raise _length_error(n1133, end - pos)
+    q1183 = pos + n1182
+    if q1183 > end:
+        raise _length_error(n1182, end - pos)
+    f_command_type = buf[pos:q1183].decode()
+    pos = q1183
+    n1184 = _ZL[buf[pos]]
+    if n1184 < 0:
+        n1184, pos = _rlong(buf, pos)
+        if n1184 < 0:
+            raise _length_error(n1184, end - pos)
     else:
         pos += 1
-    q1134 = pos + n1133
-    if q1134 > end:
-        raise _length_error(n1133, end - pos)
-    f_code = buf[pos:q1134].decode()
-    pos = q1134
-    n1135 = _ZL[buf[pos]]
-    if n1135 < 0:
-        n1135, pos = _rlong(buf, pos)
-        if n1135 < 0:
-            raise _length_error(n1135, end - pos)
+    q1185 = pos + n1184
+    if q1185 > end:
+        raise _length_error(n1184, end - pos)
+    f_code = buf[pos:q1185].decode()
+    pos = q1185
+    n1186 = _ZL[buf[pos]]
+    if n1186 < 0:
+        n1186, pos = _rlong(buf, pos)
+        if n1186 < 0:
+            raise _length_error(n1186, end - pos)
     else:
         pos += 1
-    q1136 = pos + n1135
-    if q1136 > end:
-        raise _length_error(n1135, end - pos)
-    f_message = buf[pos:q1136].decode()
-    pos = q1136
+    q1187 = pos + n1186
+    if q1187 > end:
+        raise _length_error(n1186, end - pos)
+    f_message = buf[pos:q1187].decode()
+    pos = q1187
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -4601,30 +4824,30 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_preemption: str
     f_queued_at: Any
     f_preemptible: bool
-    n1146 = _ZL[buf[pos]]
-    if n1146 < 0:
-        n1146, pos = _rlong(buf, pos)
-        if n1146 < 0:
-            raise _length_error(n1146, end - pos)
+    n1197 = _ZL[buf[pos]]
+    if n1197 < 0:
+        n1197, pos = _rlong(buf, pos)
+        if n1197 < 0:
+            raise _length_error(n1197, end - pos)
     else:
         pos += 1
-    q1147 = pos + n1146
-    if q1147 > end:
-        raise _length_error(n1146, end - pos)
-    f_gang_id = buf[pos:q1147].decode()
-    pos = q1147
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
+    q1198 = pos + n1197
+    if q1198 > end:
+        raise _length_error(n1197, end - pos)
+    f_gang_id = buf[pos:q1198].decode()
+    pos = q1198
+    n1199 = _ZL[buf[pos]]
+    if n1199 < 0:
+        n1199, pos = _rlong(buf, pos)
+        if n1199 < 0:
+            raise _length_error(n1199, end - pos)
     else:
         pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_tenant = buf[pos:q1149].decode()
-    pos = q1149
+    q1200 = pos + n1199
+    if q1200 > end:
+        raise _length_error(n1199, end - pos)
+    f_tenant = buf[pos:q1200].decode()
+    pos = q1200
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4643,46 +4866,46 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1150: list[Any] = []
+        acc1201: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1151 = _ZD[b]
+                c1202 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1151 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1151 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1151, pos = _rlong(buf, pos)
-            if c1151 == 0:
+                c1202, pos = _rlong(buf, pos)
+            if c1202 == 0:
                 break
-            if c1151 < 0:
-                c1151 = -c1151
+            if c1202 < 0:
+                c1202 = -c1202
                 b = buf[pos]
                 if b < 128:
-                    z1154 = _ZD[b]
+                    z1205 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1154 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1154 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1154, pos = _rlong(buf, pos)
-            if c1151 * 19 > end - pos:
-                raise _count_error(c1151, end - pos)
-            for _ in range(c1151):
-                x1152, pos = _d_PodSpec1020(buf, pos, end)
-                acc1150.append(x1152)
-        f_members = tuple(acc1150)
+                    z1205, pos = _rlong(buf, pos)
+            if c1202 * 19 > end - pos:
+                raise _count_error(c1202, end - pos)
+            for _ in range(c1202):
+                x1203, pos = _d_PodSpec1071(buf, pos, end)
+                acc1201.append(x1203)
+        f_members = tuple(acc1201)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -4699,83 +4922,83 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1155 = _ZD[b]
+        i1206 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1155 = (z >> 1) ^ -(z & 1)
+        i1206 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1155 = (z >> 1) ^ -(z & 1)
+        i1206 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1155, pos = _rlong(buf, pos)
-    if i1155 == 0:
+        i1206, pos = _rlong(buf, pos)
+    if i1206 == 0:
         f_topology_required = None
-    elif i1155 == 1:
-        n1156 = _ZL[buf[pos]]
-        if n1156 < 0:
-            n1156, pos = _rlong(buf, pos)
-            if n1156 < 0:
-                raise _length_error(n1156, end - pos)
+    elif i1206 == 1:
+        n1207 = _ZL[buf[pos]]
+        if n1207 < 0:
+            n1207, pos = _rlong(buf, pos)
+            if n1207 < 0:
+                raise _length_error(n1207, end - pos)
         else:
             pos += 1
-        q1157 = pos + n1156
-        if q1157 > end:
-            raise _length_error(n1156, end - pos)
-        f_topology_required = buf[pos:q1157].decode()
-        pos = q1157
+        q1208 = pos + n1207
+        if q1208 > end:
+            raise _length_error(n1207, end - pos)
+        f_topology_required = buf[pos:q1208].decode()
+        pos = q1208
     else:
-        raise _union_error(i1155, 2)
+        raise _union_error(i1206, 2)
     b = buf[pos]
     if b < 128:
-        i1158 = _ZD[b]
+        i1209 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1158 = (z >> 1) ^ -(z & 1)
+        i1209 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1158 = (z >> 1) ^ -(z & 1)
+        i1209 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1158, pos = _rlong(buf, pos)
-    if i1158 == 0:
+        i1209, pos = _rlong(buf, pos)
+    if i1209 == 0:
         f_topology_preferred = None
-    elif i1158 == 1:
-        n1159 = _ZL[buf[pos]]
-        if n1159 < 0:
-            n1159, pos = _rlong(buf, pos)
-            if n1159 < 0:
-                raise _length_error(n1159, end - pos)
+    elif i1209 == 1:
+        n1210 = _ZL[buf[pos]]
+        if n1210 < 0:
+            n1210, pos = _rlong(buf, pos)
+            if n1210 < 0:
+                raise _length_error(n1210, end - pos)
         else:
             pos += 1
-        q1160 = pos + n1159
-        if q1160 > end:
-            raise _length_error(n1159, end - pos)
-        f_topology_preferred = buf[pos:q1160].decode()
-        pos = q1160
+        q1211 = pos + n1210
+        if q1211 > end:
+            raise _length_error(n1210, end - pos)
+        f_topology_preferred = buf[pos:q1211].decode()
+        pos = q1211
     else:
-        raise _union_error(i1158, 2)
+        raise _union_error(i1209, 2)
     b = buf[pos]
     if b < 128:
-        i1161 = _ZD[b]
+        i1212 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1161 = (z >> 1) ^ -(z & 1)
+        i1212 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1161 = (z >> 1) ^ -(z & 1)
+        i1212 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1161, pos = _rlong(buf, pos)
-    if i1161 == 0:
+        i1212, pos = _rlong(buf, pos)
+    if i1212 == 0:
         f_timeout_ms = None
-    elif i1161 == 1:
+    elif i1212 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -4791,24 +5014,24 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1161, 2)
+        raise _union_error(i1212, 2)
     b = buf[pos]
     if b < 128:
-        i1162 = _ZD[b]
+        i1213 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1162 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1162, pos = _rlong(buf, pos)
-    if i1162 == 0:
+        i1213, pos = _rlong(buf, pos)
+    if i1213 == 0:
         f_time_limit_ms = None
-    elif i1162 == 1:
+    elif i1213 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4824,74 +5047,74 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1162, 2)
+        raise _union_error(i1213, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1163: list[Any] = []
+        acc1214: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1164 = _ZD[b]
+                c1215 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1164 = (z >> 1) ^ -(z & 1)
+                c1215 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1164 = (z >> 1) ^ -(z & 1)
+                c1215 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1164, pos = _rlong(buf, pos)
-            if c1164 == 0:
+                c1215, pos = _rlong(buf, pos)
+            if c1215 == 0:
                 break
-            if c1164 < 0:
-                c1164 = -c1164
+            if c1215 < 0:
+                c1215 = -c1215
                 b = buf[pos]
                 if b < 128:
-                    z1167 = _ZD[b]
+                    z1218 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1167 = (z >> 1) ^ -(z & 1)
+                    z1218 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1167 = (z >> 1) ^ -(z & 1)
+                    z1218 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1167, pos = _rlong(buf, pos)
-            if c1164 * 1 > end - pos:
-                raise _count_error(c1164, end - pos)
-            for _ in range(c1164):
-                n1168 = _ZL[buf[pos]]
-                if n1168 < 0:
-                    n1168, pos = _rlong(buf, pos)
-                    if n1168 < 0:
-                        raise _length_error(n1168, end - pos)
+                    z1218, pos = _rlong(buf, pos)
+            if c1215 * 1 > end - pos:
+                raise _count_error(c1215, end - pos)
+            for _ in range(c1215):
+                n1219 = _ZL[buf[pos]]
+                if n1219 < 0:
+                    n1219, pos = _rlong(buf, pos)
+                    if n1219 < 0:
+                        raise _length_error(n1219, end - pos)
                 else:
                     pos += 1
-                q1169 = pos + n1168
-                if q1169 > end:
-                    raise _length_error(n1168, end - pos)
-                x1165 = buf[pos:q1169].decode()
-                pos = q1169
-                acc1163.append(x1165)
-        f_depends_on = tuple(acc1163)
-    n1170 = _ZL[buf[pos]]
-    if n1170 < 0:
-        n1170, pos = _rlong(buf, pos)
-        if n1170 < 0:
-            raise _length_error(n1170, end - pos)
+                q1220 = pos + n1219
+                if q1220 > end:
+                    raise _length_error(n1219, end - pos)
+                x1216 = buf[pos:q1220].decode()
+                pos = q1220
+                acc1214.append(x1216)
+        f_depends_on = tuple(acc1214)
+    n1221 = _ZL[buf[pos]]
+    if n1221 < 0:
+        n1221, pos = _rlong(buf, pos)
+        if n1221 < 0:
+            raise _length_error(n1221, end - pos)
     else:
         pos += 1
-    q1171 = pos + n1170
-    if q1171 > end:
-        raise _length_error(n1170, end - pos)
-    f_dependency = buf[pos:q1171].decode()
-    pos = q1171
+    q1222 = pos + n1221
+    if q1222 > end:
+        raise _length_error(n1221, end - pos)
+    f_dependency = buf[pos:q1222].decode()
+    pos = q1222
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4920,35 +5143,35 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1172 = _ZL[buf[pos]]
-    if n1172 < 0:
-        n1172, pos = _rlong(buf, pos)
-        if n1172 < 0:
-            raise _length_error(n1172, end - pos)
+    n1223 = _ZL[buf[pos]]
+    if n1223 < 0:
+        n1223, pos = _rlong(buf, pos)
+        if n1223 < 0:
+            raise _length_error(n1223, end - pos)
     else:
         pos += 1
-    q1173 = pos + n1172
-    if q1173 > end:
-        raise _length_error(n1172, end - pos)
-    f_preemption = buf[pos:q1173].decode()
-    pos = q1173
+    q1224 = pos + n1223
+    if q1224 > end:
+        raise _length_error(n1223, end - pos)
+    f_preemption = buf[pos:q1224].decode()
+    pos = q1224
     b = buf[pos]
     if b < 128:
-        i1174 = _ZD[b]
+        i1225 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1174 = (z >> 1) ^ -(z & 1)
+        i1225 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1174 = (z >> 1) ^ -(z & 1)
+        i1225 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1174, pos = _rlong(buf, pos)
-    if i1174 == 0:
+        i1225, pos = _rlong(buf, pos)
+    if i1225 == 0:
         f_queued_at = None
-    elif i1174 == 1:
+    elif i1225 == 1:
         b = buf[pos]
         if b < 128:
             f_queued_at = _ZD[b]
@@ -4964,214 +5187,214 @@ def _d_GangSpec1144(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_queued_at, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1174, 2)
+        raise _union_error(i1225, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
     return o, pos
 
 
-def _d_GangQueued1136(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1138 = _ZL[buf[pos]]
-    if n1138 < 0:
-        n1138, pos = _rlong(buf, pos)
-        if n1138 < 0:
-            raise _length_error(n1138, end - pos)
+    n1189 = _ZL[buf[pos]]
+    if n1189 < 0:
+        n1189, pos = _rlong(buf, pos)
+        if n1189 < 0:
+            raise _length_error(n1189, end - pos)
     else:
         pos += 1
-    q1139 = pos + n1138
-    if q1139 > end:
-        raise _length_error(n1138, end - pos)
-    f_gang_id = buf[pos:q1139].decode()
-    pos = q1139
+    q1190 = pos + n1189
+    if q1190 > end:
+        raise _length_error(n1189, end - pos)
+    f_gang_id = buf[pos:q1190].decode()
+    pos = q1190
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1140: list[Any] = []
+        acc1191: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1141 = _ZD[b]
+                c1192 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1141 = (z >> 1) ^ -(z & 1)
+                c1192 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1141 = (z >> 1) ^ -(z & 1)
+                c1192 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1141, pos = _rlong(buf, pos)
-            if c1141 == 0:
+                c1192, pos = _rlong(buf, pos)
+            if c1192 == 0:
                 break
-            if c1141 < 0:
-                c1141 = -c1141
+            if c1192 < 0:
+                c1192 = -c1192
                 b = buf[pos]
                 if b < 128:
-                    z1144 = _ZD[b]
+                    z1195 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1144 = (z >> 1) ^ -(z & 1)
+                    z1195 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1144 = (z >> 1) ^ -(z & 1)
+                    z1195 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1144, pos = _rlong(buf, pos)
-            if c1141 * 3 > end - pos:
-                raise _count_error(c1141, end - pos)
-            for _ in range(c1141):
-                x1142, pos = _d_QueueReason1066(buf, pos, end)
-                acc1140.append(x1142)
-        f_reasons = tuple(acc1140)
-    f_gang, pos = _d_GangSpec1144(buf, pos, end)
+                    z1195, pos = _rlong(buf, pos)
+            if c1192 * 3 > end - pos:
+                raise _count_error(c1192, end - pos)
+            for _ in range(c1192):
+                x1193, pos = _d_QueueReason1117(buf, pos, end)
+                acc1191.append(x1193)
+        f_reasons = tuple(acc1191)
+    f_gang, pos = _d_GangSpec1195(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1175: list[Any] = []
+        acc1226: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1176 = _ZD[b]
+                c1227 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1176 = (z >> 1) ^ -(z & 1)
+                c1227 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1176 = (z >> 1) ^ -(z & 1)
+                c1227 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1176, pos = _rlong(buf, pos)
-            if c1176 == 0:
+                c1227, pos = _rlong(buf, pos)
+            if c1227 == 0:
                 break
-            if c1176 < 0:
-                c1176 = -c1176
+            if c1227 < 0:
+                c1227 = -c1227
                 b = buf[pos]
                 if b < 128:
-                    z1179 = _ZD[b]
+                    z1230 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1179 = (z >> 1) ^ -(z & 1)
+                    z1230 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1179 = (z >> 1) ^ -(z & 1)
+                    z1230 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1179, pos = _rlong(buf, pos)
-            if c1176 * 1 > end - pos:
-                raise _count_error(c1176, end - pos)
-            for _ in range(c1176):
-                n1180 = _ZL[buf[pos]]
-                if n1180 < 0:
-                    n1180, pos = _rlong(buf, pos)
-                    if n1180 < 0:
-                        raise _length_error(n1180, end - pos)
+                    z1230, pos = _rlong(buf, pos)
+            if c1227 * 1 > end - pos:
+                raise _count_error(c1227, end - pos)
+            for _ in range(c1227):
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
                 else:
                     pos += 1
-                q1181 = pos + n1180
-                if q1181 > end:
-                    raise _length_error(n1180, end - pos)
-                x1177 = buf[pos:q1181].decode()
-                pos = q1181
-                acc1175.append(x1177)
-        f_waiting_for = tuple(acc1175)
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                x1228 = buf[pos:q1232].decode()
+                pos = q1232
+                acc1226.append(x1228)
+        f_waiting_for = tuple(acc1226)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1189(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1240(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1191 = _ZL[buf[pos]]
-    if n1191 < 0:
-        n1191, pos = _rlong(buf, pos)
-        if n1191 < 0:
-            raise _length_error(n1191, end - pos)
+    n1242 = _ZL[buf[pos]]
+    if n1242 < 0:
+        n1242, pos = _rlong(buf, pos)
+        if n1242 < 0:
+            raise _length_error(n1242, end - pos)
     else:
         pos += 1
-    q1192 = pos + n1191
-    if q1192 > end:
-        raise _length_error(n1191, end - pos)
-    f_pod_id = buf[pos:q1192].decode()
-    pos = q1192
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+    q1243 = pos + n1242
+    if q1243 > end:
+        raise _length_error(n1242, end - pos)
+    f_pod_id = buf[pos:q1243].decode()
+    pos = q1243
+    n1244 = _ZL[buf[pos]]
+    if n1244 < 0:
+        n1244, pos = _rlong(buf, pos)
+        if n1244 < 0:
+            raise _length_error(n1244, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_node_id = buf[pos:q1194].decode()
-    pos = q1194
+    q1245 = pos + n1244
+    if q1245 > end:
+        raise _length_error(n1244, end - pos)
+    f_node_id = buf[pos:q1245].decode()
+    pos = q1245
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1195: list[Any] = []
+        acc1246: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1196 = _ZD[b]
+                c1247 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1247 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1247 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1196, pos = _rlong(buf, pos)
-            if c1196 == 0:
+                c1247, pos = _rlong(buf, pos)
+            if c1247 == 0:
                 break
-            if c1196 < 0:
-                c1196 = -c1196
+            if c1247 < 0:
+                c1247 = -c1247
                 b = buf[pos]
                 if b < 128:
-                    z1199 = _ZD[b]
+                    z1250 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1250 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1250 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1199, pos = _rlong(buf, pos)
-            if c1196 * 2 > end - pos:
-                raise _count_error(c1196, end - pos)
-            for _ in range(c1196):
-                x1197, pos = _d_GpuShare1086(buf, pos, end)
-                acc1195.append(x1197)
-        f_gpus = tuple(acc1195)
+                    z1250, pos = _rlong(buf, pos)
+            if c1247 * 2 > end - pos:
+                raise _count_error(c1247, end - pos)
+            for _ in range(c1247):
+                x1248, pos = _d_GpuShare1137(buf, pos, end)
+                acc1246.append(x1248)
+        f_gpus = tuple(acc1246)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1181(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1232(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5180,214 +5403,214 @@ def _d_GangScheduled1181(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1183 = _ZL[buf[pos]]
-    if n1183 < 0:
-        n1183, pos = _rlong(buf, pos)
-        if n1183 < 0:
-            raise _length_error(n1183, end - pos)
+    n1234 = _ZL[buf[pos]]
+    if n1234 < 0:
+        n1234, pos = _rlong(buf, pos)
+        if n1234 < 0:
+            raise _length_error(n1234, end - pos)
     else:
         pos += 1
-    q1184 = pos + n1183
-    if q1184 > end:
-        raise _length_error(n1183, end - pos)
-    f_gang_id = buf[pos:q1184].decode()
-    pos = q1184
+    q1235 = pos + n1234
+    if q1235 > end:
+        raise _length_error(n1234, end - pos)
+    f_gang_id = buf[pos:q1235].decode()
+    pos = q1235
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1185: list[Any] = []
+        acc1236: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1186 = _ZD[b]
+                c1237 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1186 = (z >> 1) ^ -(z & 1)
+                c1237 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1186 = (z >> 1) ^ -(z & 1)
+                c1237 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1186, pos = _rlong(buf, pos)
-            if c1186 == 0:
+                c1237, pos = _rlong(buf, pos)
+            if c1237 == 0:
                 break
-            if c1186 < 0:
-                c1186 = -c1186
+            if c1237 < 0:
+                c1237 = -c1237
                 b = buf[pos]
                 if b < 128:
-                    z1189 = _ZD[b]
+                    z1240 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1189 = (z >> 1) ^ -(z & 1)
+                    z1240 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1189 = (z >> 1) ^ -(z & 1)
+                    z1240 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1189, pos = _rlong(buf, pos)
-            if c1186 * 3 > end - pos:
-                raise _count_error(c1186, end - pos)
-            for _ in range(c1186):
-                x1187, pos = _d_MemberPlacement1189(buf, pos, end)
-                acc1185.append(x1187)
-        f_members = tuple(acc1185)
-    f_gang, pos = _d_GangSpec1144(buf, pos, end)
+                    z1240, pos = _rlong(buf, pos)
+            if c1237 * 3 > end - pos:
+                raise _count_error(c1237, end - pos)
+            for _ in range(c1237):
+                x1238, pos = _d_MemberPlacement1240(buf, pos, end)
+                acc1236.append(x1238)
+        f_members = tuple(acc1236)
+    f_gang, pos = _d_GangSpec1195(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1200 = _ZD[b]
+        i1251 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1200 = (z >> 1) ^ -(z & 1)
+        i1251 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1200 = (z >> 1) ^ -(z & 1)
+        i1251 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1200, pos = _rlong(buf, pos)
-    if i1200 == 0:
+        i1251, pos = _rlong(buf, pos)
+    if i1251 == 0:
         f_topology_key = None
-    elif i1200 == 1:
-        n1201 = _ZL[buf[pos]]
-        if n1201 < 0:
-            n1201, pos = _rlong(buf, pos)
-            if n1201 < 0:
-                raise _length_error(n1201, end - pos)
+    elif i1251 == 1:
+        n1252 = _ZL[buf[pos]]
+        if n1252 < 0:
+            n1252, pos = _rlong(buf, pos)
+            if n1252 < 0:
+                raise _length_error(n1252, end - pos)
         else:
             pos += 1
-        q1202 = pos + n1201
-        if q1202 > end:
-            raise _length_error(n1201, end - pos)
-        f_topology_key = buf[pos:q1202].decode()
-        pos = q1202
+        q1253 = pos + n1252
+        if q1253 > end:
+            raise _length_error(n1252, end - pos)
+        f_topology_key = buf[pos:q1253].decode()
+        pos = q1253
     else:
-        raise _union_error(i1200, 2)
+        raise _union_error(i1251, 2)
     b = buf[pos]
     if b < 128:
-        i1203 = _ZD[b]
+        i1254 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1203 = (z >> 1) ^ -(z & 1)
+        i1254 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1203 = (z >> 1) ^ -(z & 1)
+        i1254 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1203, pos = _rlong(buf, pos)
-    if i1203 == 0:
+        i1254, pos = _rlong(buf, pos)
+    if i1254 == 0:
         f_domain = None
-    elif i1203 == 1:
-        n1204 = _ZL[buf[pos]]
-        if n1204 < 0:
-            n1204, pos = _rlong(buf, pos)
-            if n1204 < 0:
-                raise _length_error(n1204, end - pos)
+    elif i1254 == 1:
+        n1255 = _ZL[buf[pos]]
+        if n1255 < 0:
+            n1255, pos = _rlong(buf, pos)
+            if n1255 < 0:
+                raise _length_error(n1255, end - pos)
         else:
             pos += 1
-        q1205 = pos + n1204
-        if q1205 > end:
-            raise _length_error(n1204, end - pos)
-        f_domain = buf[pos:q1205].decode()
-        pos = q1205
+        q1256 = pos + n1255
+        if q1256 > end:
+            raise _length_error(n1255, end - pos)
+        f_domain = buf[pos:q1256].decode()
+        pos = q1256
     else:
-        raise _union_error(i1203, 2)
+        raise _union_error(i1254, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    n1257 = _ZL[buf[pos]]
+    if n1257 < 0:
+        n1257, pos = _rlong(buf, pos)
+        if n1257 < 0:
+            raise _length_error(n1257, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_message = buf[pos:q1207].decode()
-    pos = q1207
+    q1258 = pos + n1257
+    if q1258 > end:
+        raise _length_error(n1257, end - pos)
+    f_message = buf[pos:q1258].decode()
+    pos = q1258
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1208: list[Any] = []
+        acc1259: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1209 = _ZD[b]
+                c1260 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1209 = (z >> 1) ^ -(z & 1)
+                c1260 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1209 = (z >> 1) ^ -(z & 1)
+                c1260 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1209, pos = _rlong(buf, pos)
-            if c1209 == 0:
+                c1260, pos = _rlong(buf, pos)
+            if c1260 == 0:
                 break
-            if c1209 < 0:
-                c1209 = -c1209
+            if c1260 < 0:
+                c1260 = -c1260
                 b = buf[pos]
                 if b < 128:
-                    z1212 = _ZD[b]
+                    z1263 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1212 = (z >> 1) ^ -(z & 1)
+                    z1263 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1212 = (z >> 1) ^ -(z & 1)
+                    z1263 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1212, pos = _rlong(buf, pos)
-            if c1209 * 1 > end - pos:
-                raise _count_error(c1209, end - pos)
-            for _ in range(c1209):
-                n1213 = _ZL[buf[pos]]
-                if n1213 < 0:
-                    n1213, pos = _rlong(buf, pos)
-                    if n1213 < 0:
-                        raise _length_error(n1213, end - pos)
+                    z1263, pos = _rlong(buf, pos)
+            if c1260 * 1 > end - pos:
+                raise _count_error(c1260, end - pos)
+            for _ in range(c1260):
+                n1264 = _ZL[buf[pos]]
+                if n1264 < 0:
+                    n1264, pos = _rlong(buf, pos)
+                    if n1264 < 0:
+                        raise _length_error(n1264, end - pos)
                 else:
                     pos += 1
-                q1214 = pos + n1213
-                if q1214 > end:
-                    raise _length_error(n1213, end - pos)
-                x1210 = buf[pos:q1214].decode()
-                pos = q1214
-                acc1208.append(x1210)
-        f_preempted = tuple(acc1208)
+                q1265 = pos + n1264
+                if q1265 > end:
+                    raise _length_error(n1264, end - pos)
+                x1261 = buf[pos:q1265].decode()
+                pos = q1265
+                acc1259.append(x1261)
+        f_preempted = tuple(acc1259)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1214(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1265(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1216 = _ZL[buf[pos]]
-    if n1216 < 0:
-        n1216, pos = _rlong(buf, pos)
-        if n1216 < 0:
-            raise _length_error(n1216, end - pos)
+    n1267 = _ZL[buf[pos]]
+    if n1267 < 0:
+        n1267, pos = _rlong(buf, pos)
+        if n1267 < 0:
+            raise _length_error(n1267, end - pos)
     else:
         pos += 1
-    q1217 = pos + n1216
-    if q1217 > end:
-        raise _length_error(n1216, end - pos)
-    f_gang_id = buf[pos:q1217].decode()
-    pos = q1217
+    q1268 = pos + n1267
+    if q1268 > end:
+        raise _length_error(n1267, end - pos)
+    f_gang_id = buf[pos:q1268].decode()
+    pos = q1268
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5402,141 +5625,141 @@ def _d_GangTimedOut1214(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1218 = _ZL[buf[pos]]
-    if n1218 < 0:
-        n1218, pos = _rlong(buf, pos)
-        if n1218 < 0:
-            raise _length_error(n1218, end - pos)
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
     else:
         pos += 1
-    q1219 = pos + n1218
-    if q1219 > end:
-        raise _length_error(n1218, end - pos)
-    f_message = buf[pos:q1219].decode()
-    pos = q1219
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_message = buf[pos:q1270].decode()
+    pos = q1270
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1219(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1270(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_gang_id = buf[pos:q1222].decode()
-    pos = q1222
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_gang_id = buf[pos:q1273].decode()
+    pos = q1273
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
     else:
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_reason = buf[pos:q1224].decode()
-    pos = q1224
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_reason = buf[pos:q1275].decode()
+    pos = q1275
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1225: list[Any] = []
+        acc1276: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1226 = _ZD[b]
+                c1277 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1277 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1277 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1226, pos = _rlong(buf, pos)
-            if c1226 == 0:
+                c1277, pos = _rlong(buf, pos)
+            if c1277 == 0:
                 break
-            if c1226 < 0:
-                c1226 = -c1226
+            if c1277 < 0:
+                c1277 = -c1277
                 b = buf[pos]
                 if b < 128:
-                    z1229 = _ZD[b]
+                    z1280 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1280 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1280 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1229, pos = _rlong(buf, pos)
-            if c1226 * 1 > end - pos:
-                raise _count_error(c1226, end - pos)
-            for _ in range(c1226):
-                n1230 = _ZL[buf[pos]]
-                if n1230 < 0:
-                    n1230, pos = _rlong(buf, pos)
-                    if n1230 < 0:
-                        raise _length_error(n1230, end - pos)
+                    z1280, pos = _rlong(buf, pos)
+            if c1277 * 1 > end - pos:
+                raise _count_error(c1277, end - pos)
+            for _ in range(c1277):
+                n1281 = _ZL[buf[pos]]
+                if n1281 < 0:
+                    n1281, pos = _rlong(buf, pos)
+                    if n1281 < 0:
+                        raise _length_error(n1281, end - pos)
                 else:
                     pos += 1
-                q1231 = pos + n1230
-                if q1231 > end:
-                    raise _length_error(n1230, end - pos)
-                x1227 = buf[pos:q1231].decode()
-                pos = q1231
-                acc1225.append(x1227)
-        f_members_ended = tuple(acc1225)
+                q1282 = pos + n1281
+                if q1282 > end:
+                    raise _length_error(n1281, end - pos)
+                x1278 = buf[pos:q1282].decode()
+                pos = q1282
+                acc1276.append(x1278)
+        f_members_ended = tuple(acc1276)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1231(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1282(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1233 = _ZL[buf[pos]]
-    if n1233 < 0:
-        n1233, pos = _rlong(buf, pos)
-        if n1233 < 0:
-            raise _length_error(n1233, end - pos)
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
     else:
         pos += 1
-    q1234 = pos + n1233
-    if q1234 > end:
-        raise _length_error(n1233, end - pos)
-    f_pod_id = buf[pos:q1234].decode()
-    pos = q1234
-    n1235 = _ZL[buf[pos]]
-    if n1235 < 0:
-        n1235, pos = _rlong(buf, pos)
-        if n1235 < 0:
-            raise _length_error(n1235, end - pos)
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_pod_id = buf[pos:q1285].decode()
+    pos = q1285
+    n1286 = _ZL[buf[pos]]
+    if n1286 < 0:
+        n1286, pos = _rlong(buf, pos)
+        if n1286 < 0:
+            raise _length_error(n1286, end - pos)
     else:
         pos += 1
-    q1236 = pos + n1235
-    if q1236 > end:
-        raise _length_error(n1235, end - pos)
-    f_node_id = buf[pos:q1236].decode()
-    pos = q1236
+    q1287 = pos + n1286
+    if q1287 > end:
+        raise _length_error(n1286, end - pos)
+    f_node_id = buf[pos:q1287].decode()
+    pos = q1287
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5553,141 +5776,141 @@ def _d_PodTimeLimitReached1231(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1237 = _ZD[b]
+        i1288 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1237 = (z >> 1) ^ -(z & 1)
+        i1288 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1237 = (z >> 1) ^ -(z & 1)
+        i1288 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1237, pos = _rlong(buf, pos)
-    if i1237 == 0:
+        i1288, pos = _rlong(buf, pos)
+    if i1288 == 0:
         f_gang_id = None
-    elif i1237 == 1:
-        n1238 = _ZL[buf[pos]]
-        if n1238 < 0:
-            n1238, pos = _rlong(buf, pos)
-            if n1238 < 0:
-                raise _length_error(n1238, end - pos)
+    elif i1288 == 1:
+        n1289 = _ZL[buf[pos]]
+        if n1289 < 0:
+            n1289, pos = _rlong(buf, pos)
+            if n1289 < 0:
+                raise _length_error(n1289, end - pos)
         else:
             pos += 1
-        q1239 = pos + n1238
-        if q1239 > end:
-            raise _length_error(n1238, end - pos)
-        f_gang_id = buf[pos:q1239].decode()
-        pos = q1239
+        q1290 = pos + n1289
+        if q1290 > end:
+            raise _length_error(n1289, end - pos)
+        f_gang_id = buf[pos:q1290].decode()
+        pos = q1290
     else:
-        raise _union_error(i1237, 2)
+        raise _union_error(i1288, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1239(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1290(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1241 = _ZL[buf[pos]]
-    if n1241 < 0:
-        n1241, pos = _rlong(buf, pos)
-        if n1241 < 0:
-            raise _length_error(n1241, end - pos)
+    n1292 = _ZL[buf[pos]]
+    if n1292 < 0:
+        n1292, pos = _rlong(buf, pos)
+        if n1292 < 0:
+            raise _length_error(n1292, end - pos)
     else:
         pos += 1
-    q1242 = pos + n1241
-    if q1242 > end:
-        raise _length_error(n1241, end - pos)
-    f_holder_id = buf[pos:q1242].decode()
-    pos = q1242
-    n1243 = _ZL[buf[pos]]
-    if n1243 < 0:
-        n1243, pos = _rlong(buf, pos)
-        if n1243 < 0:
-            raise _length_error(n1243, end - pos)
+    q1293 = pos + n1292
+    if q1293 > end:
+        raise _length_error(n1292, end - pos)
+    f_holder_id = buf[pos:q1293].decode()
+    pos = q1293
+    n1294 = _ZL[buf[pos]]
+    if n1294 < 0:
+        n1294, pos = _rlong(buf, pos)
+        if n1294 < 0:
+            raise _length_error(n1294, end - pos)
     else:
         pos += 1
-    q1244 = pos + n1243
-    if q1244 > end:
-        raise _length_error(n1243, end - pos)
-    f_holder_kind = buf[pos:q1244].decode()
-    pos = q1244
+    q1295 = pos + n1294
+    if q1295 > end:
+        raise _length_error(n1294, end - pos)
+    f_holder_kind = buf[pos:q1295].decode()
+    pos = q1295
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1245: list[Any] = []
+        acc1296: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1246 = _ZD[b]
+                c1297 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1246 = (z >> 1) ^ -(z & 1)
+                c1297 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1246 = (z >> 1) ^ -(z & 1)
+                c1297 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1246, pos = _rlong(buf, pos)
-            if c1246 == 0:
+                c1297, pos = _rlong(buf, pos)
+            if c1297 == 0:
                 break
-            if c1246 < 0:
-                c1246 = -c1246
+            if c1297 < 0:
+                c1297 = -c1297
                 b = buf[pos]
                 if b < 128:
-                    z1249 = _ZD[b]
+                    z1300 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1249 = (z >> 1) ^ -(z & 1)
+                    z1300 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1249 = (z >> 1) ^ -(z & 1)
+                    z1300 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1249, pos = _rlong(buf, pos)
-            if c1246 * 1 > end - pos:
-                raise _count_error(c1246, end - pos)
-            for _ in range(c1246):
-                n1250 = _ZL[buf[pos]]
-                if n1250 < 0:
-                    n1250, pos = _rlong(buf, pos)
-                    if n1250 < 0:
-                        raise _length_error(n1250, end - pos)
+                    z1300, pos = _rlong(buf, pos)
+            if c1297 * 1 > end - pos:
+                raise _count_error(c1297, end - pos)
+            for _ in range(c1297):
+                n1301 = _ZL[buf[pos]]
+                if n1301 < 0:
+                    n1301, pos = _rlong(buf, pos)
+                    if n1301 < 0:
+                        raise _length_error(n1301, end - pos)
                 else:
                     pos += 1
-                q1251 = pos + n1250
-                if q1251 > end:
-                    raise _length_error(n1250, end - pos)
-                x1247 = buf[pos:q1251].decode()
-                pos = q1251
-                acc1245.append(x1247)
-        f_nodes = tuple(acc1245)
+                q1302 = pos + n1301
+                if q1302 > end:
+                    raise _length_error(n1301, end - pos)
+                x1298 = buf[pos:q1302].decode()
+                pos = q1302
+                acc1296.append(x1298)
+        f_nodes = tuple(acc1296)
     b = buf[pos]
     if b < 128:
-        i1252 = _ZD[b]
+        i1303 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1252 = (z >> 1) ^ -(z & 1)
+        i1303 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1252 = (z >> 1) ^ -(z & 1)
+        i1303 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1252, pos = _rlong(buf, pos)
-    if i1252 == 0:
+        i1303, pos = _rlong(buf, pos)
+    if i1303 == 0:
         f_expected_start = None
-    elif i1252 == 1:
+    elif i1303 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5703,194 +5926,194 @@ def _d_NodesReserved1239(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1252, 2)
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
+        raise _union_error(i1303, 2)
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
     else:
         pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_message = buf[pos:q1254].decode()
-    pos = q1254
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_message = buf[pos:q1305].decode()
+    pos = q1305
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1254(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1305(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_holder_id = buf[pos:q1257].decode()
-    pos = q1257
-    n1258 = _ZL[buf[pos]]
-    if n1258 < 0:
-        n1258, pos = _rlong(buf, pos)
-        if n1258 < 0:
-            raise _length_error(n1258, end - pos)
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_holder_id = buf[pos:q1308].decode()
+    pos = q1308
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
     else:
         pos += 1
-    q1259 = pos + n1258
-    if q1259 > end:
-        raise _length_error(n1258, end - pos)
-    f_holder_kind = buf[pos:q1259].decode()
-    pos = q1259
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_holder_kind = buf[pos:q1310].decode()
+    pos = q1310
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1260: list[Any] = []
+        acc1311: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1261 = _ZD[b]
+                c1312 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1261 = (z >> 1) ^ -(z & 1)
+                c1312 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1261 = (z >> 1) ^ -(z & 1)
+                c1312 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1261, pos = _rlong(buf, pos)
-            if c1261 == 0:
+                c1312, pos = _rlong(buf, pos)
+            if c1312 == 0:
                 break
-            if c1261 < 0:
-                c1261 = -c1261
+            if c1312 < 0:
+                c1312 = -c1312
                 b = buf[pos]
                 if b < 128:
-                    z1264 = _ZD[b]
+                    z1315 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1264 = (z >> 1) ^ -(z & 1)
+                    z1315 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1264 = (z >> 1) ^ -(z & 1)
+                    z1315 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1264, pos = _rlong(buf, pos)
-            if c1261 * 1 > end - pos:
-                raise _count_error(c1261, end - pos)
-            for _ in range(c1261):
-                n1265 = _ZL[buf[pos]]
-                if n1265 < 0:
-                    n1265, pos = _rlong(buf, pos)
-                    if n1265 < 0:
-                        raise _length_error(n1265, end - pos)
+                    z1315, pos = _rlong(buf, pos)
+            if c1312 * 1 > end - pos:
+                raise _count_error(c1312, end - pos)
+            for _ in range(c1312):
+                n1316 = _ZL[buf[pos]]
+                if n1316 < 0:
+                    n1316, pos = _rlong(buf, pos)
+                    if n1316 < 0:
+                        raise _length_error(n1316, end - pos)
                 else:
                     pos += 1
-                q1266 = pos + n1265
-                if q1266 > end:
-                    raise _length_error(n1265, end - pos)
-                x1262 = buf[pos:q1266].decode()
-                pos = q1266
-                acc1260.append(x1262)
-        f_nodes = tuple(acc1260)
-    n1267 = _ZL[buf[pos]]
-    if n1267 < 0:
-        n1267, pos = _rlong(buf, pos)
-        if n1267 < 0:
-            raise _length_error(n1267, end - pos)
+                q1317 = pos + n1316
+                if q1317 > end:
+                    raise _length_error(n1316, end - pos)
+                x1313 = buf[pos:q1317].decode()
+                pos = q1317
+                acc1311.append(x1313)
+        f_nodes = tuple(acc1311)
+    n1318 = _ZL[buf[pos]]
+    if n1318 < 0:
+        n1318, pos = _rlong(buf, pos)
+        if n1318 < 0:
+            raise _length_error(n1318, end - pos)
     else:
         pos += 1
-    q1268 = pos + n1267
-    if q1268 > end:
-        raise _length_error(n1267, end - pos)
-    f_reason = buf[pos:q1268].decode()
-    pos = q1268
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
+    q1319 = pos + n1318
+    if q1319 > end:
+        raise _length_error(n1318, end - pos)
+    f_reason = buf[pos:q1319].decode()
+    pos = q1319
+    n1320 = _ZL[buf[pos]]
+    if n1320 < 0:
+        n1320, pos = _rlong(buf, pos)
+        if n1320 < 0:
+            raise _length_error(n1320, end - pos)
     else:
         pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_message = buf[pos:q1270].decode()
-    pos = q1270
+    q1321 = pos + n1320
+    if q1321 > end:
+        raise _length_error(n1320, end - pos)
+    f_message = buf[pos:q1321].decode()
+    pos = q1321
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1270(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1321(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_holder_id = buf[pos:q1273].decode()
-    pos = q1273
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_holder_id = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_holder_kind = buf[pos:q1275].decode()
-    pos = q1275
-    n1276 = _ZL[buf[pos]]
-    if n1276 < 0:
-        n1276, pos = _rlong(buf, pos)
-        if n1276 < 0:
-            raise _length_error(n1276, end - pos)
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_holder_kind = buf[pos:q1326].decode()
+    pos = q1326
+    n1327 = _ZL[buf[pos]]
+    if n1327 < 0:
+        n1327, pos = _rlong(buf, pos)
+        if n1327 < 0:
+            raise _length_error(n1327, end - pos)
     else:
         pos += 1
-    q1277 = pos + n1276
-    if q1277 > end:
-        raise _length_error(n1276, end - pos)
-    f_dependency_id = buf[pos:q1277].decode()
-    pos = q1277
-    n1278 = _ZL[buf[pos]]
-    if n1278 < 0:
-        n1278, pos = _rlong(buf, pos)
-        if n1278 < 0:
-            raise _length_error(n1278, end - pos)
+    q1328 = pos + n1327
+    if q1328 > end:
+        raise _length_error(n1327, end - pos)
+    f_dependency_id = buf[pos:q1328].decode()
+    pos = q1328
+    n1329 = _ZL[buf[pos]]
+    if n1329 < 0:
+        n1329, pos = _rlong(buf, pos)
+        if n1329 < 0:
+            raise _length_error(n1329, end - pos)
     else:
         pos += 1
-    q1279 = pos + n1278
-    if q1279 > end:
-        raise _length_error(n1278, end - pos)
-    f_message = buf[pos:q1279].decode()
-    pos = q1279
+    q1330 = pos + n1329
+    if q1330 > end:
+        raise _length_error(n1329, end - pos)
+    f_message = buf[pos:q1330].decode()
+    pos = q1330
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1279(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1330(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5913,169 +6136,169 @@ def _d_Ticked1279(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1280(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1331(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    n1333 = _ZL[buf[pos]]
+    if n1333 < 0:
+        n1333, pos = _rlong(buf, pos)
+        if n1333 < 0:
+            raise _length_error(n1333, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_pod_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1334 = pos + n1333
+    if q1334 > end:
+        raise _length_error(n1333, end - pos)
+    f_pod_id = buf[pos:q1334].decode()
+    pos = q1334
+    n1335 = _ZL[buf[pos]]
+    if n1335 < 0:
+        n1335, pos = _rlong(buf, pos)
+        if n1335 < 0:
+            raise _length_error(n1335, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_node_id = buf[pos:q1285].decode()
-    pos = q1285
-    n1286 = _ZL[buf[pos]]
-    if n1286 < 0:
-        n1286, pos = _rlong(buf, pos)
-        if n1286 < 0:
-            raise _length_error(n1286, end - pos)
+    q1336 = pos + n1335
+    if q1336 > end:
+        raise _length_error(n1335, end - pos)
+    f_node_id = buf[pos:q1336].decode()
+    pos = q1336
+    n1337 = _ZL[buf[pos]]
+    if n1337 < 0:
+        n1337, pos = _rlong(buf, pos)
+        if n1337 < 0:
+            raise _length_error(n1337, end - pos)
     else:
         pos += 1
-    q1287 = pos + n1286
-    if q1287 > end:
-        raise _length_error(n1286, end - pos)
-    f_by = buf[pos:q1287].decode()
-    pos = q1287
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
+    q1338 = pos + n1337
+    if q1338 > end:
+        raise _length_error(n1337, end - pos)
+    f_by = buf[pos:q1338].decode()
+    pos = q1338
+    n1339 = _ZL[buf[pos]]
+    if n1339 < 0:
+        n1339, pos = _rlong(buf, pos)
+        if n1339 < 0:
+            raise _length_error(n1339, end - pos)
     else:
         pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_reason = buf[pos:q1289].decode()
-    pos = q1289
-    n1290 = _ZL[buf[pos]]
-    if n1290 < 0:
-        n1290, pos = _rlong(buf, pos)
-        if n1290 < 0:
-            raise _length_error(n1290, end - pos)
+    q1340 = pos + n1339
+    if q1340 > end:
+        raise _length_error(n1339, end - pos)
+    f_reason = buf[pos:q1340].decode()
+    pos = q1340
+    n1341 = _ZL[buf[pos]]
+    if n1341 < 0:
+        n1341, pos = _rlong(buf, pos)
+        if n1341 < 0:
+            raise _length_error(n1341, end - pos)
     else:
         pos += 1
-    q1291 = pos + n1290
-    if q1291 > end:
-        raise _length_error(n1290, end - pos)
-    f_message = buf[pos:q1291].decode()
-    pos = q1291
+    q1342 = pos + n1341
+    if q1342 > end:
+        raise _length_error(n1341, end - pos)
+    f_message = buf[pos:q1342].decode()
+    pos = q1342
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1291(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1342(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1293 = _ZD[b]
+        i1344 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1293 = (z >> 1) ^ -(z & 1)
+        i1344 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1293 = (z >> 1) ^ -(z & 1)
+        i1344 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1293, pos = _rlong(buf, pos)
-    if i1293 == 0:
+        i1344, pos = _rlong(buf, pos)
+    if i1344 == 0:
         f_tenant = None
-    elif i1293 == 1:
-        n1294 = _ZL[buf[pos]]
-        if n1294 < 0:
-            n1294, pos = _rlong(buf, pos)
-            if n1294 < 0:
-                raise _length_error(n1294, end - pos)
+    elif i1344 == 1:
+        n1345 = _ZL[buf[pos]]
+        if n1345 < 0:
+            n1345, pos = _rlong(buf, pos)
+            if n1345 < 0:
+                raise _length_error(n1345, end - pos)
         else:
             pos += 1
-        q1295 = pos + n1294
-        if q1295 > end:
-            raise _length_error(n1294, end - pos)
-        f_tenant = buf[pos:q1295].decode()
-        pos = q1295
+        q1346 = pos + n1345
+        if q1346 > end:
+            raise _length_error(n1345, end - pos)
+        f_tenant = buf[pos:q1346].decode()
+        pos = q1346
     else:
-        raise _union_error(i1293, 2)
+        raise _union_error(i1344, 2)
     b = buf[pos]
     if b < 128:
-        i1296 = _ZD[b]
+        i1347 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1296, pos = _rlong(buf, pos)
-    if i1296 == 0:
+        i1347, pos = _rlong(buf, pos)
+    if i1347 == 0:
         f_quota = None
-    elif i1296 == 1:
-        f_quota, pos = _d_Quota390(buf, pos, end)
+    elif i1347 == 1:
+        f_quota, pos = _d_Quota408(buf, pos, end)
     else:
-        raise _union_error(i1296, 2)
+        raise _union_error(i1347, 2)
     b = buf[pos]
     if b < 128:
-        i1297 = _ZD[b]
+        i1348 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1348 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1348 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1297, pos = _rlong(buf, pos)
-    if i1297 == 0:
+        i1348, pos = _rlong(buf, pos)
+    if i1348 == 0:
         f_previous = None
-    elif i1297 == 1:
-        f_previous, pos = _d_Quota390(buf, pos, end)
+    elif i1348 == 1:
+        f_previous, pos = _d_Quota408(buf, pos, end)
     else:
-        raise _union_error(i1297, 2)
-    n1298 = _ZL[buf[pos]]
-    if n1298 < 0:
-        n1298, pos = _rlong(buf, pos)
-        if n1298 < 0:
-            raise _length_error(n1298, end - pos)
+        raise _union_error(i1348, 2)
+    n1349 = _ZL[buf[pos]]
+    if n1349 < 0:
+        n1349, pos = _rlong(buf, pos)
+        if n1349 < 0:
+            raise _length_error(n1349, end - pos)
     else:
         pos += 1
-    q1299 = pos + n1298
-    if q1299 > end:
-        raise _length_error(n1298, end - pos)
-    f_message = buf[pos:q1299].decode()
-    pos = q1299
+    q1350 = pos + n1349
+    if q1350 > end:
+        raise _length_error(n1349, end - pos)
+    f_message = buf[pos:q1350].decode()
+    pos = q1350
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1299(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1350(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6083,159 +6306,159 @@ def _d_PodMigrated1299(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+    n1352 = _ZL[buf[pos]]
+    if n1352 < 0:
+        n1352, pos = _rlong(buf, pos)
+        if n1352 < 0:
+            raise _length_error(n1352, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_pod_id = buf[pos:q1302].decode()
-    pos = q1302
-    n1303 = _ZL[buf[pos]]
-    if n1303 < 0:
-        n1303, pos = _rlong(buf, pos)
-        if n1303 < 0:
-            raise _length_error(n1303, end - pos)
+    q1353 = pos + n1352
+    if q1353 > end:
+        raise _length_error(n1352, end - pos)
+    f_pod_id = buf[pos:q1353].decode()
+    pos = q1353
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1304 = pos + n1303
-    if q1304 > end:
-        raise _length_error(n1303, end - pos)
-    f_from_node = buf[pos:q1304].decode()
-    pos = q1304
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_from_node = buf[pos:q1355].decode()
+    pos = q1355
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1305: list[Any] = []
+        acc1356: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1306 = _ZD[b]
+                c1357 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1306 = (z >> 1) ^ -(z & 1)
+                c1357 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1306 = (z >> 1) ^ -(z & 1)
+                c1357 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1306, pos = _rlong(buf, pos)
-            if c1306 == 0:
+                c1357, pos = _rlong(buf, pos)
+            if c1357 == 0:
                 break
-            if c1306 < 0:
-                c1306 = -c1306
+            if c1357 < 0:
+                c1357 = -c1357
                 b = buf[pos]
                 if b < 128:
-                    z1309 = _ZD[b]
+                    z1360 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1309 = (z >> 1) ^ -(z & 1)
+                    z1360 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1309 = (z >> 1) ^ -(z & 1)
+                    z1360 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1309, pos = _rlong(buf, pos)
-            if c1306 * 2 > end - pos:
-                raise _count_error(c1306, end - pos)
-            for _ in range(c1306):
-                x1307, pos = _d_GpuShare1086(buf, pos, end)
-                acc1305.append(x1307)
-        f_from_gpus = tuple(acc1305)
-    n1310 = _ZL[buf[pos]]
-    if n1310 < 0:
-        n1310, pos = _rlong(buf, pos)
-        if n1310 < 0:
-            raise _length_error(n1310, end - pos)
+                    z1360, pos = _rlong(buf, pos)
+            if c1357 * 2 > end - pos:
+                raise _count_error(c1357, end - pos)
+            for _ in range(c1357):
+                x1358, pos = _d_GpuShare1137(buf, pos, end)
+                acc1356.append(x1358)
+        f_from_gpus = tuple(acc1356)
+    n1361 = _ZL[buf[pos]]
+    if n1361 < 0:
+        n1361, pos = _rlong(buf, pos)
+        if n1361 < 0:
+            raise _length_error(n1361, end - pos)
     else:
         pos += 1
-    q1311 = pos + n1310
-    if q1311 > end:
-        raise _length_error(n1310, end - pos)
-    f_to_node = buf[pos:q1311].decode()
-    pos = q1311
+    q1362 = pos + n1361
+    if q1362 > end:
+        raise _length_error(n1361, end - pos)
+    f_to_node = buf[pos:q1362].decode()
+    pos = q1362
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1312: list[Any] = []
+        acc1363: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1313 = _ZD[b]
+                c1364 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1313 = (z >> 1) ^ -(z & 1)
+                c1364 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1313 = (z >> 1) ^ -(z & 1)
+                c1364 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1313, pos = _rlong(buf, pos)
-            if c1313 == 0:
+                c1364, pos = _rlong(buf, pos)
+            if c1364 == 0:
                 break
-            if c1313 < 0:
-                c1313 = -c1313
+            if c1364 < 0:
+                c1364 = -c1364
                 b = buf[pos]
                 if b < 128:
-                    z1316 = _ZD[b]
+                    z1367 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1316 = (z >> 1) ^ -(z & 1)
+                    z1367 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1316 = (z >> 1) ^ -(z & 1)
+                    z1367 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1316, pos = _rlong(buf, pos)
-            if c1313 * 2 > end - pos:
-                raise _count_error(c1313, end - pos)
-            for _ in range(c1313):
-                x1314, pos = _d_GpuShare1086(buf, pos, end)
-                acc1312.append(x1314)
-        f_to_gpus = tuple(acc1312)
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
+                    z1367, pos = _rlong(buf, pos)
+            if c1364 * 2 > end - pos:
+                raise _count_error(c1364, end - pos)
+            for _ in range(c1364):
+                x1365, pos = _d_GpuShare1137(buf, pos, end)
+                acc1363.append(x1365)
+        f_to_gpus = tuple(acc1363)
+    n1368 = _ZL[buf[pos]]
+    if n1368 < 0:
+        n1368, pos = _rlong(buf, pos)
+        if n1368 < 0:
+            raise _length_error(n1368, end - pos)
     else:
         pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_reason = buf[pos:q1318].decode()
-    pos = q1318
-    n1319 = _ZL[buf[pos]]
-    if n1319 < 0:
-        n1319, pos = _rlong(buf, pos)
-        if n1319 < 0:
-            raise _length_error(n1319, end - pos)
+    q1369 = pos + n1368
+    if q1369 > end:
+        raise _length_error(n1368, end - pos)
+    f_reason = buf[pos:q1369].decode()
+    pos = q1369
+    n1370 = _ZL[buf[pos]]
+    if n1370 < 0:
+        n1370, pos = _rlong(buf, pos)
+        if n1370 < 0:
+            raise _length_error(n1370, end - pos)
     else:
         pos += 1
-    q1320 = pos + n1319
-    if q1320 > end:
-        raise _length_error(n1319, end - pos)
-    f_message = buf[pos:q1320].decode()
-    pos = q1320
+    q1371 = pos + n1370
+    if q1371 > end:
+        raise _length_error(n1370, end - pos)
+    f_message = buf[pos:q1371].decode()
+    pos = q1371
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1320(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1371(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6285,138 +6508,138 @@ def _d_DefragmentationPlanned1320(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1322 = _ZD[b]
+        i1373 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1322 = (z >> 1) ^ -(z & 1)
+        i1373 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1322 = (z >> 1) ^ -(z & 1)
+        i1373 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1322, pos = _rlong(buf, pos)
-    if i1322 == 0:
+        i1373, pos = _rlong(buf, pos)
+    if i1373 == 0:
         f_target = None
-    elif i1322 == 1:
-        n1323 = _ZL[buf[pos]]
-        if n1323 < 0:
-            n1323, pos = _rlong(buf, pos)
-            if n1323 < 0:
-                raise _length_error(n1323, end - pos)
+    elif i1373 == 1:
+        n1374 = _ZL[buf[pos]]
+        if n1374 < 0:
+            n1374, pos = _rlong(buf, pos)
+            if n1374 < 0:
+                raise _length_error(n1374, end - pos)
         else:
             pos += 1
-        q1324 = pos + n1323
-        if q1324 > end:
-            raise _length_error(n1323, end - pos)
-        f_target = buf[pos:q1324].decode()
-        pos = q1324
+        q1375 = pos + n1374
+        if q1375 > end:
+            raise _length_error(n1374, end - pos)
+        f_target = buf[pos:q1375].decode()
+        pos = q1375
     else:
-        raise _union_error(i1322, 2)
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
+        raise _union_error(i1373, 2)
+    n1376 = _ZL[buf[pos]]
+    if n1376 < 0:
+        n1376, pos = _rlong(buf, pos)
+        if n1376 < 0:
+            raise _length_error(n1376, end - pos)
     else:
         pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_message = buf[pos:q1326].decode()
-    pos = q1326
+    q1377 = pos + n1376
+    if q1377 > end:
+        raise _length_error(n1376, end - pos)
+    f_message = buf[pos:q1377].decode()
+    pos = q1377
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1326(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1377(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+    n1379 = _ZL[buf[pos]]
+    if n1379 < 0:
+        n1379, pos = _rlong(buf, pos)
+        if n1379 < 0:
+            raise _length_error(n1379, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_cluster = buf[pos:q1329].decode()
-    pos = q1329
-    n1330 = _ZL[buf[pos]]
-    if n1330 < 0:
-        n1330, pos = _rlong(buf, pos)
-        if n1330 < 0:
-            raise _length_error(n1330, end - pos)
+    q1380 = pos + n1379
+    if q1380 > end:
+        raise _length_error(n1379, end - pos)
+    f_cluster = buf[pos:q1380].decode()
+    pos = q1380
+    n1381 = _ZL[buf[pos]]
+    if n1381 < 0:
+        n1381, pos = _rlong(buf, pos)
+        if n1381 < 0:
+            raise _length_error(n1381, end - pos)
     else:
         pos += 1
-    q1331 = pos + n1330
-    if q1331 > end:
-        raise _length_error(n1330, end - pos)
-    f_command_id = buf[pos:q1331].decode()
-    pos = q1331
-    n1332 = _ZL[buf[pos]]
-    if n1332 < 0:
-        n1332, pos = _rlong(buf, pos)
-        if n1332 < 0:
-            raise _length_error(n1332, end - pos)
+    q1382 = pos + n1381
+    if q1382 > end:
+        raise _length_error(n1381, end - pos)
+    f_command_id = buf[pos:q1382].decode()
+    pos = q1382
+    n1383 = _ZL[buf[pos]]
+    if n1383 < 0:
+        n1383, pos = _rlong(buf, pos)
+        if n1383 < 0:
+            raise _length_error(n1383, end - pos)
     else:
         pos += 1
-    q1333 = pos + n1332
-    if q1333 > end:
-        raise _length_error(n1332, end - pos)
-    f_error = buf[pos:q1333].decode()
-    pos = q1333
-    n1334 = _ZL[buf[pos]]
-    if n1334 < 0:
-        n1334, pos = _rlong(buf, pos)
-        if n1334 < 0:
-            raise _length_error(n1334, end - pos)
+    q1384 = pos + n1383
+    if q1384 > end:
+        raise _length_error(n1383, end - pos)
+    f_error = buf[pos:q1384].decode()
+    pos = q1384
+    n1385 = _ZL[buf[pos]]
+    if n1385 < 0:
+        n1385, pos = _rlong(buf, pos)
+        if n1385 < 0:
+            raise _length_error(n1385, end - pos)
     else:
         pos += 1
-    q1335 = pos + n1334
-    if q1335 > end:
-        raise _length_error(n1334, end - pos)
-    f_message = buf[pos:q1335].decode()
-    pos = q1335
+    q1386 = pos + n1385
+    if q1386 > end:
+        raise _length_error(n1385, end - pos)
+    f_message = buf[pos:q1386].decode()
+    pos = q1386
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1335(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1386(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1337 = _ZL[buf[pos]]
-    if n1337 < 0:
-        n1337, pos = _rlong(buf, pos)
-        if n1337 < 0:
-            raise _length_error(n1337, end - pos)
+    n1388 = _ZL[buf[pos]]
+    if n1388 < 0:
+        n1388, pos = _rlong(buf, pos)
+        if n1388 < 0:
+            raise _length_error(n1388, end - pos)
     else:
         pos += 1
-    q1338 = pos + n1337
-    if q1338 > end:
-        raise _length_error(n1337, end - pos)
-    f_cluster = buf[pos:q1338].decode()
-    pos = q1338
-    n1339 = _ZL[buf[pos]]
-    if n1339 < 0:
-        n1339, pos = _rlong(buf, pos)
-        if n1339 < 0:
-            raise _length_error(n1339, end - pos)
+    q1389 = pos + n1388
+    if q1389 > end:
+        raise _length_error(n1388, end - pos)
+    f_cluster = buf[pos:q1389].decode()
+    pos = q1389
+    n1390 = _ZL[buf[pos]]
+    if n1390 < 0:
+        n1390, pos = _rlong(buf, pos)
+        if n1390 < 0:
+            raise _length_error(n1390, end - pos)
     else:
         pos += 1
-    q1340 = pos + n1339
-    if q1340 > end:
-        raise _length_error(n1339, end - pos)
-    f_halted_command_id = buf[pos:q1340].decode()
-    pos = q1340
+    q1391 = pos + n1390
+    if q1391 > end:
+        raise _length_error(n1390, end - pos)
+    f_halted_command_id = buf[pos:q1391].decode()
+    pos = q1391
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6445,19 +6668,183 @@ def _d_ClusterResumed1335(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1341 = _ZL[buf[pos]]
-    if n1341 < 0:
-        n1341, pos = _rlong(buf, pos)
-        if n1341 < 0:
-            raise _length_error(n1341, end - pos)
+    n1392 = _ZL[buf[pos]]
+    if n1392 < 0:
+        n1392, pos = _rlong(buf, pos)
+        if n1392 < 0:
+            raise _length_error(n1392, end - pos)
     else:
         pos += 1
-    q1342 = pos + n1341
-    if q1342 > end:
-        raise _length_error(n1341, end - pos)
-    f_message = buf[pos:q1342].decode()
-    pos = q1342
+    q1393 = pos + n1392
+    if q1393 > end:
+        raise _length_error(n1392, end - pos)
+    f_message = buf[pos:q1393].decode()
+    pos = q1393
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
+    return o, pos
+
+
+def _d_NodeRecovered1393(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+    f_node_id: str
+    n1395 = _ZL[buf[pos]]
+    if n1395 < 0:
+        n1395, pos = _rlong(buf, pos)
+        if n1395 < 0:
+            raise _length_error(n1395, end - pos)
+    else:
+        pos += 1
+    q1396 = pos + n1395
+    if q1396 > end:
+        raise _length_error(n1395, end - pos)
+    f_node_id = buf[pos:q1396].decode()
+    pos = q1396
+    o = _c_NodeRecovered(f_node_id)
+    return o, pos
+
+
+def _d_NodeUpdated1396(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+    f_node_id: str
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
+    f_evicting: int
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
+    else:
+        pos += 1
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_node_id = buf[pos:q1399].decode()
+    pos = q1399
+    if buf[pos] == 0:
+        pos += 1
+        f_labels = {}
+    else:
+        acc1400: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1401 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1401 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1401 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1401, pos = _rlong(buf, pos)
+            if c1401 == 0:
+                break
+            if c1401 < 0:
+                c1401 = -c1401
+                b = buf[pos]
+                if b < 128:
+                    z1404 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1404 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1404 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1404, pos = _rlong(buf, pos)
+            if c1401 * 2 > end - pos:
+                raise _count_error(c1401, end - pos)
+            for _ in range(c1401):
+                n1405 = _ZL[buf[pos]]
+                if n1405 < 0:
+                    n1405, pos = _rlong(buf, pos)
+                    if n1405 < 0:
+                        raise _length_error(n1405, end - pos)
+                else:
+                    pos += 1
+                q1406 = pos + n1405
+                if q1406 > end:
+                    raise _length_error(n1405, end - pos)
+                k1403 = buf[pos:q1406].decode()
+                pos = q1406
+                n1407 = _ZL[buf[pos]]
+                if n1407 < 0:
+                    n1407, pos = _rlong(buf, pos)
+                    if n1407 < 0:
+                        raise _length_error(n1407, end - pos)
+                else:
+                    pos += 1
+                q1408 = pos + n1407
+                if q1408 > end:
+                    raise _length_error(n1407, end - pos)
+                x1402 = buf[pos:q1408].decode()
+                pos = q1408
+                acc1400[k1403] = x1402
+        f_labels = acc1400
+    if buf[pos] == 0:
+        pos += 1
+        f_taints = ()
+    else:
+        acc1409: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1410 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1410 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1410 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1410, pos = _rlong(buf, pos)
+            if c1410 == 0:
+                break
+            if c1410 < 0:
+                c1410 = -c1410
+                b = buf[pos]
+                if b < 128:
+                    z1413 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1413 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1413 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1413, pos = _rlong(buf, pos)
+            if c1410 * 3 > end - pos:
+                raise _count_error(c1410, end - pos)
+            for _ in range(c1410):
+                x1411, pos = _d_Taint325(buf, pos, end)
+                acc1409.append(x1411)
+        f_taints = tuple(acc1409)
+    b = buf[pos]
+    if b < 128:
+        f_evicting = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_evicting = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_evicting = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_evicting, pos = _rlong(buf, pos)
+    o = _c_NodeUpdated(f_node_id, f_labels, f_taints, f_evicting)
     return o, pos
 
 
@@ -6466,7 +6853,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k977:
+    if frame[:10] != _k1028:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6507,30 +6894,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n979 = _ZL[buf[pos]]
-        if n979 < 0:
-            n979, pos = _rlong(buf, pos)
-            if n979 < 0:
-                raise _length_error(n979, end - pos)
+        n1030 = _ZL[buf[pos]]
+        if n1030 < 0:
+            n1030, pos = _rlong(buf, pos)
+            if n1030 < 0:
+                raise _length_error(n1030, end - pos)
         else:
             pos += 1
-        q980 = pos + n979
-        if q980 > end:
-            raise _length_error(n979, end - pos)
-        f_cluster = buf[pos:q980].decode()
-        pos = q980
-        n981 = _ZL[buf[pos]]
-        if n981 < 0:
-            n981, pos = _rlong(buf, pos)
-            if n981 < 0:
-                raise _length_error(n981, end - pos)
+        q1031 = pos + n1030
+        if q1031 > end:
+            raise _length_error(n1030, end - pos)
+        f_cluster = buf[pos:q1031].decode()
+        pos = q1031
+        n1032 = _ZL[buf[pos]]
+        if n1032 < 0:
+            n1032, pos = _rlong(buf, pos)
+            if n1032 < 0:
+                raise _length_error(n1032, end - pos)
         else:
             pos += 1
-        q982 = pos + n981
-        if q982 > end:
-            raise _length_error(n981, end - pos)
-        f_command_id = buf[pos:q982].decode()
-        pos = q982
+        q1033 = pos + n1032
+        if q1033 > end:
+            raise _length_error(n1032, end - pos)
+        f_command_id = buf[pos:q1033].decode()
+        pos = q1033
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6561,21 +6948,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i983 = _ZD[b]
+            i1034 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i983 = (z >> 1) ^ -(z & 1)
+            i1034 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i983 = (z >> 1) ^ -(z & 1)
+            i1034 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i983, pos = _rlong(buf, pos)
-        if not 0 <= i983 < 27:
-            raise _union_error(i983, 27)
-        f_payload, pos = _k1342[i983](buf, pos, end)
+            i1034, pos = _rlong(buf, pos)
+        if not 0 <= i1034 < 29:
+            raise _union_error(i1034, 29)
+        f_payload, pos = _k1413[i1034](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6598,7 +6985,7 @@ _k260: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption146,
 }
 
-_k279: dict[type, Callable[[Any], bytes]] = {
+_k297: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode34,
     _c_CordonNode: _e_CordonNode38,
@@ -6615,51 +7002,55 @@ _k279: dict[type, Callable[[Any], bytes]] = {
     _c_RemoveQuota: _e_RemoveQuota262,
     _c_Defragment: _e_Defragment266,
     _c_ResumeCluster: _e_ResumeCluster275,
+    _c_RecoverNode: _e_RecoverNode279,
+    _c_UpdateNode: _e_UpdateNode283,
 }
 
-_k503: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode288, _d_RemoveNode314, _d_CordonNode317, _d_UncordonNode320, _d_DrainNode323, _d_MarkNodeFailed326, _d_SubmitPod331, _d_Release378, _d_SetPolicy383, _d_SubmitGang415, _d_ReleaseGang469, _d_Tick474, _d_SetQuota475, _d_RemoveQuota493, _d_Defragment496, _d_ResumeCluster500,)
+_k543: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode306, _d_RemoveNode332, _d_CordonNode335, _d_UncordonNode338, _d_DrainNode341, _d_MarkNodeFailed344, _d_SubmitPod349, _d_Release396, _d_SetPolicy401, _d_SubmitGang433, _d_ReleaseGang487, _d_Tick492, _d_SetQuota493, _d_RemoveQuota511, _d_Defragment514, _d_ResumeCluster518, _d_RecoverNode521, _d_UpdateNode524,)
 
-_k922: dict[type, Callable[[Any], bytes]] = {
+_k962: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k925: dict[type, Callable[[Any], bytes]] = {
+_k965: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota111,
 }
 
-_k976: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded515,
-    _c_NodeRemoved: _e_NodeRemoved526,
-    _c_NodeCordoned: _e_NodeCordoned530,
-    _c_NodeUncordoned: _e_NodeUncordoned534,
-    _c_NodeDrained: _e_NodeDrained538,
-    _c_NodeFailed: _e_NodeFailed543,
-    _c_PodQueued: _e_PodQueued550,
-    _c_PodScheduled: _e_PodScheduled592,
-    _c_PodEvicted: _e_PodEvicted639,
-    _c_PodReleased: _e_PodReleased647,
-    _c_PolicyChanged: _e_PolicyChanged659,
-    _c_CommandRejected: _e_CommandRejected677,
-    _c_GangQueued: _e_GangQueued687,
-    _c_GangScheduled: _e_GangScheduled767,
-    _c_GangTimedOut: _e_GangTimedOut836,
-    _c_GangReleased: _e_GangReleased843,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached850,
-    _c_NodesReserved: _e_NodesReserved863,
-    _c_ReservationReleased: _e_ReservationReleased877,
-    _c_DependencyFailed: _e_DependencyFailed888,
-    _c_Ticked: _e_Ticked898,
-    _c_PodPreempted: _e_PodPreempted901,
-    _c_QuotaChanged: _e_QuotaChanged913,
-    _c_PodMigrated: _e_PodMigrated929,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned943,
-    _c_ClusterHalted: _e_ClusterHalted956,
-    _c_ClusterResumed: _e_ClusterResumed966,
+_k1027: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded555,
+    _c_NodeRemoved: _e_NodeRemoved566,
+    _c_NodeCordoned: _e_NodeCordoned570,
+    _c_NodeUncordoned: _e_NodeUncordoned574,
+    _c_NodeDrained: _e_NodeDrained578,
+    _c_NodeFailed: _e_NodeFailed583,
+    _c_PodQueued: _e_PodQueued590,
+    _c_PodScheduled: _e_PodScheduled632,
+    _c_PodEvicted: _e_PodEvicted679,
+    _c_PodReleased: _e_PodReleased687,
+    _c_PolicyChanged: _e_PolicyChanged699,
+    _c_CommandRejected: _e_CommandRejected717,
+    _c_GangQueued: _e_GangQueued727,
+    _c_GangScheduled: _e_GangScheduled807,
+    _c_GangTimedOut: _e_GangTimedOut876,
+    _c_GangReleased: _e_GangReleased883,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached890,
+    _c_NodesReserved: _e_NodesReserved903,
+    _c_ReservationReleased: _e_ReservationReleased917,
+    _c_DependencyFailed: _e_DependencyFailed928,
+    _c_Ticked: _e_Ticked938,
+    _c_PodPreempted: _e_PodPreempted941,
+    _c_QuotaChanged: _e_QuotaChanged953,
+    _c_PodMigrated: _e_PodMigrated969,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned983,
+    _c_ClusterHalted: _e_ClusterHalted996,
+    _c_ClusterResumed: _e_ClusterResumed1006,
+    _c_NodeRecovered: _e_NodeRecovered1016,
+    _c_NodeUpdated: _e_NodeUpdated1020,
 }
 
-_k1342: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded983, _d_NodeRemoved1002, _d_NodeCordoned1005, _d_NodeUncordoned1008, _d_NodeDrained1011, _d_NodeFailed1014, _d_PodQueued1019, _d_PodScheduled1078, _d_PodEvicted1103, _d_PodReleased1110, _d_PolicyChanged1118, _d_CommandRejected1127, _d_GangQueued1136, _d_GangScheduled1181, _d_GangTimedOut1214, _d_GangReleased1219, _d_PodTimeLimitReached1231, _d_NodesReserved1239, _d_ReservationReleased1254, _d_DependencyFailed1270, _d_Ticked1279, _d_PodPreempted1280, _d_QuotaChanged1291, _d_PodMigrated1299, _d_DefragmentationPlanned1320, _d_ClusterHalted1326, _d_ClusterResumed1335,)
+_k1413: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1034, _d_NodeRemoved1053, _d_NodeCordoned1056, _d_NodeUncordoned1059, _d_NodeDrained1062, _d_NodeFailed1065, _d_PodQueued1070, _d_PodScheduled1129, _d_PodEvicted1154, _d_PodReleased1161, _d_PolicyChanged1169, _d_CommandRejected1178, _d_GangQueued1187, _d_GangScheduled1232, _d_GangTimedOut1265, _d_GangReleased1270, _d_PodTimeLimitReached1282, _d_NodesReserved1290, _d_ReservationReleased1305, _d_DependencyFailed1321, _d_Ticked1330, _d_PodPreempted1331, _d_QuotaChanged1342, _d_PodMigrated1350, _d_DefragmentationPlanned1371, _d_ClusterHalted1377, _d_ClusterResumed1386, _d_NodeRecovered1393, _d_NodeUpdated1396,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event504
+encode_event = _e_Event544

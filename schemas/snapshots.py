@@ -1,6 +1,6 @@
 """The snapshot records of ``snapshot.avsc``: a partition's whole fold state, as plain data.
 
-The fold builds a :class:`Snapshot` from its state (``processor.core.snapshot``) and
+The fold builds a :class:`Snapshot` from its state and
 restores from one; readers that only want to look (``gpufold state``, a replica) can
 decode it without the fold. Lists are sorted by id, so equal states encode to equal bytes.
 """

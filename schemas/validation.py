@@ -36,6 +36,7 @@ from schemas.commands import (
     GangMember,
     MarkNodeFailed,
     Quota,
+    RecoverNode,
     Release,
     ReleaseGang,
     RemoveNode,
@@ -45,8 +46,10 @@ from schemas.commands import (
     SetQuota,
     SubmitGang,
     SubmitPod,
+    Taint,
     Tick,
     UncordonNode,
+    UpdateNode,
 )
 from schemas.limits import (
     MAX_CPU_MILLI,
@@ -72,6 +75,7 @@ POLICY_NAMES = (
     "best-fit-paper",
     "dot-product",
     "fgd",
+    "fgd-pack",
     "fgd-plus",
     "first-fit",
     "gpu-clustering",
@@ -162,10 +166,14 @@ def check_add_node(command: AddNode) -> None:
     check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
     if command.gpu_count > 0 or command.gpu_model:
         check_model(command.gpu_model)
-    check_count("labels", command.labels, MAX_LABELS)
-    check_count("taints", command.taints, MAX_TAINTS)
-    check_labels("label", command.labels)
-    for taint in command.taints:
+    _check_labels_and_taints(command.labels, command.taints)
+
+
+def _check_labels_and_taints(labels: dict[str, str], taints: tuple[Taint, ...]) -> None:
+    check_count("labels", labels, MAX_LABELS)
+    check_count("taints", taints, MAX_TAINTS)
+    check_labels("label", labels)
+    for taint in taints:
         check_id("taint key", taint.key)
         check_length("taint value", taint.value, MAX_VALUE_LENGTH)
         if taint.effect not in TAINT_EFFECTS:
@@ -174,7 +182,17 @@ def check_add_node(command: AddNode) -> None:
             )
 
 
-def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed) -> None:
+def check_update_node(command: UpdateNode) -> None:
+    """The node id, and the new labels and taints as AddNode checks them."""
+    check_id("node_id", command.node_id)
+    _check_labels_and_taints(
+        command.labels if command.labels is not None else {}, command.taints if command.taints is not None else ()
+    )
+
+
+def check_node_ref(
+    command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed | RecoverNode,
+) -> None:
     check_id("node_id", command.node_id)
 
 
@@ -431,6 +449,8 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     RemoveQuota: check_remove_quota,
     Defragment: check_defragment,
     ResumeCluster: check_resume_cluster,
+    RecoverNode: check_node_ref,
+    UpdateNode: check_update_node,
 }
 
 

@@ -39,7 +39,7 @@ source "$GPUFOLD_RUN_DIR/postgres.env"
 echo "== running the tests"
 .venv/bin/python -m pytest "$@"
 
-if [ "$#" -eq 0 ] && .venv/bin/python -c 'import sys; from schemas import compiled; sys.exit(not compiled.built())'; then
+if [ "$#" -eq 0 ] && .venv/bin/python -c 'import sys; import build_config; sys.exit(not build_config.built())'; then
   # The hot path runs compiled above (setup.py builds it at install); the property suite runs once more on
   # its pure-Python sources, with fewer examples (tests/unit/test_compiled.py compares the two byte for byte).
   echo "== the property suite on the pure-Python hot path (GPUFOLD_PURE_PYTHON=1, at most 20 examples per test)"

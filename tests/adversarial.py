@@ -205,7 +205,7 @@ def gang_preempts(
 
     Every node runs 8 one-GPU pods of priority 0 (or ``pods // node_count`` pods that hold its 8 GPUs, see
     :func:`fill`); the gang (priority 10) fits only by preempting 1,024 of them (128 nodes' worth);
-    ``preemption.plan_gang`` places member by member, each a preemption search.
+    ``gang_preemption.plan_gang`` places member by member, each a preemption search.
     ``topology``: the gang requires one ``block`` (every node is in block ``b0``), so the search for each member
     goes node by node over the domain (``preemption._plan_pod_on``): O(M · N).
 
@@ -517,7 +517,7 @@ def queued_big_gang(node_count: int = 1_000, members: int = 1_024, releases: int
     ``node_count`` full 8-GPU nodes run 1-GPU pods of priority 10; a gang of ``members`` 1-GPU members at
     priority 10 may preempt, but only lower-priority pods, of which there are too few (one node's worth at
     priority 0), so it waits. Each ``Release`` of a pod frees a GPU its members fit: ``_capacity_grew`` retries the gang
-    (``gangs.try_place`` member by member, then ``preemption.plan_gang``), which fails again.
+    (``gangs.try_place`` member by member, then ``gang_preemption.plan_gang``), which fails again.
     """
     s = Stream()
     s.add(first_fit())

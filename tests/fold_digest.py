@@ -12,11 +12,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import build_config
 from logs.port import InputRecord, OutputRecord
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
 from processor.runtime.loop import PartitionFolder
-from schemas import compiled
 from schemas.commands import Command, SetPolicy
 from schemas.fastcodec import encode_command
 from schemas.topics import Topics
@@ -71,7 +71,7 @@ def fold_digest(records: list[InputRecord]) -> dict[str, object]:
 
 
 def digest() -> dict[str, object]:
-    result: dict[str, object] = {"hot_path": compiled.summary()}
+    result: dict[str, object] = {"hot_path": build_config.summary()}
     for name, records in streams().items():
         result[name] = fold_digest(records)
     return result

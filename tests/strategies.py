@@ -31,6 +31,7 @@ from schemas.commands import (
     MarkNodeFailed,
     Quota,
     QuotaPreemption,
+    RecoverNode,
     Release,
     ReleaseGang,
     RemoveNode,
@@ -43,6 +44,7 @@ from schemas.commands import (
     Tick,
     Toleration,
     UncordonNode,
+    UpdateNode,
 )
 from schemas.events import Event
 from schemas.snapshots import encode_snapshot_body
@@ -105,6 +107,15 @@ def submit_pods(draw: st.DrawFn) -> SubmitPod:
 
 node_ids = st.sampled_from(NODE_IDS)
 
+
+@st.composite
+def update_nodes(draw: st.DrawFn) -> UpdateNode:
+    """New labels and/or taints (None keeps them), NoExecute among them often."""
+    labels = draw(st.sampled_from((None, {}, {"zone": "a"}, {"zone": "b", "disk": "ssd"})))
+    taints = draw(st.one_of(st.none(), st.lists(st.sampled_from(TAINTS), max_size=2, unique=True).map(tuple)))
+    return UpdateNode(draw(node_ids), labels, taints)
+
+
 payloads: st.SearchStrategy[CommandPayload] = st.one_of(
     add_nodes(),
     submit_pods(),
@@ -120,6 +131,8 @@ payloads: st.SearchStrategy[CommandPayload] = st.one_of(
     st.builds(DrainNode, node_ids),
     st.builds(MarkNodeFailed, node_ids, st.sampled_from(("", "ecc"))),
     st.builds(SetPolicy, st.sampled_from((*POLICIES, "no-such-policy"))),
+    st.builds(RecoverNode, node_ids),
+    update_nodes(),
 )
 
 
@@ -342,6 +355,9 @@ job_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
     st.builds(MarkNodeFailed, node_ids),
     st.builds(UncordonNode, node_ids),
     st.builds(RemoveNode, node_ids, st.just(True)),
+    st.builds(RecoverNode, node_ids),
+    # New taints only: a running gang keeps the domain it started in (labels changed under it would move it).
+    st.builds(UpdateNode, node_ids, st.none(), st.lists(st.sampled_from(TAINTS), max_size=2, unique=True).map(tuple)),
     st.just(Tick()),
     st.builds(
         SetPolicy,

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_progress_option(parser, help="no progress bars")
     parser.add_argument(
         "--pressure",
-        default="best-fit-paper,fgd,fgd-plus",
+        default="best-fit-paper,fgd,fgd-plus,fgd-pack",
         help="policies to compare in the published FGD experiment after the replay (comma-separated; '' to skip)",
     )
     parser.set_defaults(handler=run)

@@ -26,8 +26,8 @@ def register(subparsers: Any) -> None:
     add_trace_options(parser)
     parser.add_argument(
         "--policy",
-        default="fgd-plus",
-        help="placement policy, or several separated by commas (default: fgd-plus); see --list-policies",
+        default="fgd-pack",
+        help="placement policy, or several separated by commas (default: fgd-pack); see --list-policies",
     )
     parser.add_argument("--seed", type=int, default=42, help="the seed of one run (default: 42)")
     parser.add_argument("--seeds", help="several seeds, e.g. 42-51 or 42,45 (overrides --seed)")

@@ -49,9 +49,11 @@ from schemas.events import (
     NodeCordoned,
     NodeDrained,
     NodeFailed,
+    NodeRecovered,
     NodeRemoved,
     NodesReserved,
     NodeUncordoned,
+    NodeUpdated,
     PodEvicted,
     PodMigrated,
     PodPreempted,
@@ -186,6 +188,30 @@ def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: No
     cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI
     cluster.cpu_capacity -= node.cpu_milli
     cluster.memory_capacity -= node.memory_mib
+    cluster.reindex(node)
+
+
+def _applied_node_recovered(state: PartitionState, cluster: ClusterState, event: NodeRecovered, now: int) -> None:
+    """A failed node is back, empty and schedulable: its capacity counts again. O(1)."""
+    cluster.layout += 1
+    node = _node_of(cluster, event.node_id)
+    if not node.failed or node.pods:
+        raise InvariantViolation(f"node {event.node_id!r} recovered but it had not failed or still runs pods")
+    node.failed = False
+    node.cordoned = False
+    cluster.gpu_milli_capacity += node.gpu_count * GPU_MILLI
+    cluster.cpu_capacity += node.cpu_milli
+    cluster.memory_capacity += node.memory_mib
+    cluster.reindex(node)
+
+
+def _applied_node_updated(state: PartitionState, cluster: ClusterState, event: NodeUpdated, now: int) -> None:
+    """New labels and taints: the node moves to its new class in every index. O(labels)."""
+    cluster.layout += 1
+    node = _node_of(cluster, event.node_id)
+    cluster.count_node(node, -1)
+    node.relabel(event.labels, tuple(event.taints))
+    cluster.count_node(node, +1)
     cluster.reindex(node)
 
 
@@ -462,4 +488,6 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     PodMigrated: _applied_pod_migrated,
     DefragmentationPlanned: _applied_nothing,
     ClusterResumed: _applied_cluster_resumed,
+    NodeRecovered: _applied_node_recovered,
+    NodeUpdated: _applied_node_updated,
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.core import preemption, quotas, reservations
+from processor.core import node_victims, preemption, preemption_plans, quotas, reservations
 from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
 from processor.core.state import (
@@ -329,11 +329,11 @@ def pending_reasons(
     fits = bool(cluster.index.feasible(usable))
     if not fits:
         reasons.extend(live_reasons(cluster, usable))
-        if spec.preemption == PREEMPT_NEVER and preemption.lower_priority_exists(cluster, spec.priority):
+        if spec.preemption == PREEMPT_NEVER and preemption_plans.lower_priority_exists(cluster, spec.priority):
             count = sum(
                 1
                 for node_id in preemption.candidate_nodes(cluster, spec.priority, None)
-                if preemption.could_preempt_on(cluster.nodes[node_id], usable, spec.priority, cluster)
+                if node_victims.could_preempt_on(cluster.nodes[node_id], usable, spec.priority, cluster)
             )
             if count:
                 message = (

@@ -43,6 +43,7 @@ from schemas.commands import (
     Defragment,
     DrainNode,
     MarkNodeFailed,
+    RecoverNode,
     Release,
     ReleaseGang,
     RemoveNode,
@@ -54,6 +55,7 @@ from schemas.commands import (
     SubmitPod,
     Tick,
     UncordonNode,
+    UpdateNode,
 )
 from schemas.events import CommandRejected, Event
 from schemas.limits import MAX_MESSAGE_LENGTH, clip, stand_in
@@ -78,6 +80,8 @@ HANDLERS: dict[type, Callable[[Decision, Any], Task | None]] = {
     RemoveQuota: tenancy.remove_quota,
     Defragment: defragment.defragment,
     ResumeCluster: halting.not_halted,  # a halted cluster's ResumeCluster is taken before the handlers
+    RecoverNode: nodes.recover_node,
+    UpdateNode: nodes.update_node,
 }
 """The handler of each command type: it validates, then emits (a generator when it must let the work it
 left run before it goes on)."""

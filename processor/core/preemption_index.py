@@ -37,11 +37,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sortedcontainers import SortedList
 
-from processor.core.resources import NodeClass
+from processor.core.resources import Held, NodeClass
 
 
 class Node(Protocol):
@@ -56,7 +56,7 @@ class Node(Protocol):
     cpu_free: int
     memory_free: int
     gpu_free: list[int]
-    by_priority: dict[int, list]
+    by_priority: dict[int, Held]
     cordoned: bool
     failed: bool
 
@@ -74,9 +74,20 @@ Stream = tuple[int, int]
 Content = dict[ClassKey, tuple[list[str], dict[Stream, list[tuple[int, str]]]]]
 """The classes as plain data: class -> (node ids, stream -> (minus latest start, node id) entries)."""
 
-PendingKey = tuple
-"""(GPU model, node class, CPU, memory, GPU count, lowest priority level held, at that level: pods holding GPUs
-and the largest GPU milli one pod holds; GPU milli free on the node, the most free on one GPU)."""
+
+class PendingKey(NamedTuple):
+    """A pending bucket: what its nodes have alike, from which a search bounds them all at once."""
+
+    gpu_model: str
+    node_class: NodeClass
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    level: int  # the lowest priority level held on the node
+    gpu_pods: int  # at that level: the pods holding GPUs
+    largest_gpu_milli: int  # at that level: the most GPU milli one pod holds
+    gpu_free: int  # GPU milli free on the node
+    most_free: int  # the most GPU milli free on one GPU
 
 
 def pending_entry(node: Node) -> tuple[PendingKey, int]:
@@ -97,12 +108,14 @@ def pending_entry(node: Node) -> tuple[PendingKey, int]:
         node.memory_mib,
         node.gpu_count,
         low,
-        held[5],
-        held[7],
+        held.gpu_pods,
+        held.largest_gpu_milli,
         free,
         max(gpu_free) if free else 0,
     )
-    return key, held[6]
+    # tuple.__new__ takes the fields in order and costs what a plain tuple does; PendingKey(...) calls a
+    # Python __new__, ~2 µs more per node refreshed (and a mass change refreshes every node it touched)
+    return tuple.__new__(PendingKey, key), held.latest_start
 
 
 class PendingBucket:
@@ -166,8 +179,8 @@ def class_key(node: Node) -> ClassKey:
     columns = [node.gpu_free]
     for level in levels:
         held = by_priority[level]
-        summary.append((level, held[0], held[1], held[5], tuple(sorted(held[4]))))
-        columns.append(held[2])
+        summary.append((level, held.cpu_milli, held.memory_mib, held.gpu_pods, tuple(sorted(held.latest_starts))))
+        columns.append(held.gpu_milli)
     return (
         node.gpu_model,
         node.node_class,
@@ -307,36 +320,15 @@ class PreemptionIndex:
             node = node_of(node_id)
             if node is None:
                 continue
-            by_priority = node.by_priority
-            if not by_priority or node.cordoned or node.failed:  # node.schedulable, inline
+            if not node.by_priority or node.cordoned or node.failed:  # node.schedulable, inline
                 continue
-            # pending_entry(node), inline: this loop meets every node a mass change touched (the property
-            # tests compare what it files with pending_entry)
-            if len(by_priority) == 1:
-                (low,) = by_priority
-            else:
-                low = min(by_priority)
-            held = by_priority[low]
-            gpu_free = node.gpu_free
-            free = sum(gpu_free)
-            key = (
-                node.gpu_model,
-                node.node_class,
-                node.cpu_milli,
-                node.memory_mib,
-                node.gpu_count,
-                low,
-                held[5],
-                held[7],
-                free,
-                max(gpu_free) if free else 0,
-            )
+            key, latest = pending_entry(node)
             pending_of[node_id] = key
             into = added.get(key)
             if into is None:
-                added[key] = {node_id: -held[6]}
+                added[key] = {node_id: -latest}
             else:
-                into[node_id] = -held[6]
+                into[node_id] = -latest
         for key, members in added.items():
             bucket = pending.get(key)  # type: ignore[assignment]
             if bucket is None:
@@ -367,7 +359,7 @@ class PreemptionIndex:
         entries = []
         streams = group.streams
         for level, held in node.by_priority.items():
-            for milli, started in held[4].items():
+            for milli, started in held.latest_starts.items():
                 entries.append((level, milli, started))
                 stream = streams.get((level, milli))
                 if stream is None:

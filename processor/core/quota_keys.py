@@ -6,7 +6,7 @@ Keys are ``gpu:<model>`` for the models a quota names, ``gpu:*`` for the rest, `
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
 from schemas.events import PodSpec
@@ -118,13 +118,21 @@ def demand(quota: Quota, spec: PodSpec, model: str) -> Demand:
     return out
 
 
-Limits = dict[str, tuple[int, int, int | None]]
-"""A quota compiled for its checks: key -> (nominal, kept for itself, borrowing limit or None)."""
+class KeyLimit(NamedTuple):
+    """A quota on one key, compiled for its checks."""
+
+    nominal: int
+    kept: int  # what the tenant keeps for itself (the rest of its nominal quota it lends to its cohort)
+    borrowing: int | None  # how much it may borrow beyond its nominal quota (None: no limit)
+
+
+Limits = dict[str, KeyLimit]
+"""A quota compiled for its checks: key -> its limit."""
 
 
 def compile_limits(quota: Quota) -> Limits:
     return {
-        key: (nominal(quota, key) or 0, guaranteed(quota, key), borrowing_limit(quota, key))
+        key: KeyLimit(nominal(quota, key) or 0, guaranteed(quota, key), borrowing_limit(quota, key))
         for key in limited_keys(quota)
     }
 

@@ -7,7 +7,7 @@ Kueue's ClusterQueue ``preemption``):
   cohort peers' lower-priority pods, also those inside their nominal quota, of at most
   ``borrow_max_victim_priority``.
 
-Planned on trial (:class:`processor.core.preemption.Trial`): the running pods the policy allows (preemptible,
+Planned on trial (:class:`processor.core.preemption_plans.Trial`): the running pods the policy allows (preemptible,
 not evicted earlier in the command; a gang member takes its whole gang, and only if the policy allows every
 member) are evicted in reclaim's order (lowest priority, then youngest, then id) until the pod's quota has room
 and a node has the capacity; then those not needed are given back, latest first (Kueue's fill-back). Nothing
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from processor.core import preemption, quotas
+from processor.core import preemption_plans, quotas
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
 from schemas.commands import BORROW_LOWER, WITHIN_LOWER_OR_NEWER, WITHIN_NEVER
@@ -80,7 +80,7 @@ def plan_pod(
     protected: Mapping[str, None],
     now: int,
     allowed: Callable[[Pod], bool],
-) -> list[preemption.Unit] | None:
+) -> list[preemption_plans.Unit] | None:
     """The units (among those ``allowed``) to evict so that the pod fits its quota and a node, or None."""
     candidates = [
         pod
@@ -95,8 +95,8 @@ def plan_pod(
         admission = quotas.admit(cluster, spec, usable)
         return admission.shape is not None and bool(cluster.index.feasible(admission.shape))
 
-    def fits_without(units: list[preemption.Unit]) -> bool:
-        trial = preemption.Trial(cluster)
+    def fits_without(units: list[preemption_plans.Unit]) -> bool:
+        trial = preemption_plans.Trial(cluster)
         try:
             for unit in units:
                 for pod in unit.pods:
@@ -105,15 +105,15 @@ def plan_pod(
         finally:
             trial.rollback()
 
-    units: list[preemption.Unit] = []
+    units: list[preemption_plans.Unit] = []
     taken: dict[str, None] = {}
     found = False
-    trial = preemption.Trial(cluster)
+    trial = preemption_plans.Trial(cluster)
     try:
         for pod in candidates:  # measure: the candidates left (and at most UNITS units taken)
             if pod.spec.pod_id in taken:
                 continue  # taken with its gang
-            unit = preemption.unit_of(cluster, pod, now)
+            unit = preemption_plans.unit_of(cluster, pod, now)
             if any(member.spec.pod_id in protected or member.spec.pod_id in taken for member in unit.pods):
                 continue
             if not all(allowed(member) for member in unit.pods):

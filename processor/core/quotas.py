@@ -74,7 +74,7 @@ def add(total: Demand, more: Demand) -> None:
 def pool(cluster: ClusterState, cohort: str, key: str) -> tuple[int, int]:
     """(what the cohort's members lend on the key, how much of it is in use). O(1): kept by the state."""
     entry = cluster.pools.get((cohort, key))
-    return (entry[0], entry[1]) if entry is not None else (0, 0)
+    return (entry.lent, entry.in_use) if entry is not None else (0, 0)
 
 
 @dataclass(slots=True)

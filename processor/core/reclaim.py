@@ -1,6 +1,6 @@
 """Reclaim: a lender asks inside its nominal quota that others borrowed, and borrowers give it back.
 
-Planned on trial (:class:`processor.core.preemption.Trial`): nothing is evicted unless the job then
+Planned on trial (:class:`processor.core.preemption_plans.Trial`): nothing is evicted unless the job then
 starts. Which borrowers' pods go first, and the quota arithmetic: :mod:`processor.core.quotas`.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from sortedcontainers import SortedList
 
-from processor.core import preemption, quota_keys, quotas
+from processor.core import node_victims, preemption, preemption_plans, quota_keys, quotas
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
@@ -22,7 +22,7 @@ NODE_PLANS = 64
 fewer nodes hosting borrowers than this the search is exhaustive; beyond, it is budgeted (a plan with fewer
 victims on a node further down may be missed; the plan without a node is always tried)."""
 
-PodReclaim = tuple[list[preemption.Unit], Choice | None, preemption.PodPlan, PodShape]
+PodReclaim = tuple[list[preemption_plans.Unit], Choice | None, preemption_plans.PodPlan, PodShape]
 """A pod's reclaim plan: the borrowers' units it takes, where it goes (a choice on free capacity, or a
 priority-preemption plan after the reclaim), and the shape it is placed with."""
 
@@ -79,14 +79,14 @@ class Borrowers:
             return pod.spec.memory_mib > 0
         return True  # filed under its model only if it holds GPUs
 
-    def unit(self, pod: Pod) -> preemption.Unit | None:
+    def unit(self, pod: Pod) -> preemption_plans.Unit | None:
         """The pod's eviction (a gang: all its running members), unless one of them is protected or not
         preemptible, or the lender's ``reclaim_within_cohort`` keeps it (not of lower priority)."""
         if not pod.spec.preemptible or (self.below is not None and pod.spec.priority >= self.below):
             return None
         if quotas.shielded(self.cluster, pod, self.priority):
             return None
-        unit = preemption.unit_of(self.cluster, pod, 0)
+        unit = preemption_plans.unit_of(self.cluster, pod, 0)
         if any(member.spec.pod_id in self.protected for member in unit.pods):
             return None
         return unit
@@ -107,7 +107,7 @@ class Walker:
         self._cursors: dict[tuple[str, tuple[str, str]], Entry] = {}
         self._nodes: dict[tuple[str, str], list[tuple[Entry, Pod]]] = {}
 
-    def next_unit(self, key: str, node_id: str | None = None) -> preemption.Unit | None:
+    def next_unit(self, key: str, node_id: str | None = None) -> preemption_plans.Unit | None:
         """The first candidate's unit still to take, or None if there is none."""
         if node_id is not None:
             return self._next_on_node(key, node_id)
@@ -130,7 +130,7 @@ class Walker:
                 if unit is not None:
                     return unit
 
-    def _next_on_node(self, key: str, node_id: str) -> preemption.Unit | None:
+    def _next_on_node(self, key: str, node_id: str) -> preemption_plans.Unit | None:
         """As :meth:`next_unit`, among the pods of one node (listed once per walk: O(p log p) for its p pods)."""
         borrowers = self.borrowers
         cluster = borrowers.cluster
@@ -183,19 +183,19 @@ def _borrows(cluster: ClusterState, tenant: str, key: str) -> bool:
 
 def reclaim_on_trial(
     cluster: ClusterState,
-    trial: preemption.Trial,
+    trial: preemption_plans.Trial,
     tenant: str,
     quota: Quota,
     wanted: quotas.Demand,
     protected: Mapping[str, None],
     walker: Walker | None = None,
     priority: int = 0,
-) -> list[preemption.Unit] | None:
+) -> list[preemption_plans.Unit] | None:
     """Evict borrowers on trial until ``wanted`` fits the lender's quota: the units taken, or None if the
     lender would still be short (or short on something reclaim cannot give)."""
     if walker is None:
         walker = Borrowers(cluster, tenant, quota, protected, priority).walker()
-    units: list[preemption.Unit] = []
+    units: list[preemption_plans.Unit] = []
     while True:  # measure: the borrowers' running pods not yet evicted on trial
         shortfall = quotas.check(cluster, tenant, quota, wanted)
         if shortfall is None:
@@ -254,7 +254,7 @@ def plan_pod(
             position += 1
             if best is not None and (bound, node_id or "") >= best[0]:
                 break  # neither this node nor any after it can have fewer victims
-            trial = preemption.Trial(cluster)
+            trial = preemption_plans.Trial(cluster)
             try:
                 found = _option(cluster, trial, spec, quota, key, wanted, shape, node_id, policy, now, borrowers)
             finally:
@@ -312,10 +312,10 @@ def _node_bounds(
         bound = by_signature.get(signature)
         if bound is None:
             node = cluster.nodes[node_id]
-            if preemption.fits_now(node, shape) or not preemption.could_hold(cluster, node, shape):
+            if node_victims.fits_now(node, shape) or not node_victims.could_hold(cluster, node, shape):
                 bound = 0
             else:
-                deficit = preemption.gpu_deficit(node.gpu_free, shape)
+                deficit = node_victims.gpu_deficit(node.gpu_free, shape)
                 bound = max(1, -(-deficit // largest)) if largest and deficit else 1
             by_signature[signature] = bound
         if bound:
@@ -326,7 +326,7 @@ def _node_bounds(
 
 def _option(
     cluster: ClusterState,
-    trial: preemption.Trial,
+    trial: preemption_plans.Trial,
     spec: PodSpec,
     quota: Quota,
     key: str,
@@ -336,13 +336,13 @@ def _option(
     policy: Policy,
     now: int,
     borrowers: Borrowers,
-) -> tuple[list[preemption.Unit], Choice | None, preemption.PodPlan] | None:
+) -> tuple[list[preemption_plans.Unit], Choice | None, preemption_plans.PodPlan] | None:
     """One reclaim plan on trial (see :func:`plan_pod`): its units, and where the pod goes."""
-    units: list[preemption.Unit] = []
+    units: list[preemption_plans.Unit] = []
     walker = borrowers.walker()
     if node_id is not None:
         node = cluster.nodes[node_id]
-        while not preemption.fits_now(node, shape):  # measure: the borrowers' pods on the node
+        while not node_victims.fits_now(node, shape):  # measure: the borrowers' pods on the node
             unit = walker.next_unit(key, node_id)
             if unit is None:
                 return None
@@ -355,14 +355,14 @@ def _option(
     units += more
     if node_id is not None:
         choice = Choice(node_id, policy.choose_gpus(cluster.nodes[node_id], shape), {})
-        return units, choice, preemption.PodPlan(node_id, [], (0, 0, 0))
+        return units, choice, preemption_plans.PodPlan(node_id, [], (0, 0, 0))
     groups = cluster.index.feasible(shape)
     if groups:
         choice = policy.place(cluster, shape, groups)
-        return units, choice, preemption.PodPlan(choice.node_id, [], (0, 0, 0))
-    level = preemption.reach(spec.priority, spec.preemption)
-    if spec.preemption in PREEMPTING and preemption.lower_priority_exists(cluster, level):
-        allowed = preemption.Victims(borrowers.protected, equal=preemption.equal_of(spec))
+        return units, choice, preemption_plans.PodPlan(choice.node_id, [], (0, 0, 0))
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    if spec.preemption in PREEMPTING and preemption_plans.lower_priority_exists(cluster, level):
+        allowed = preemption_plans.Victims(borrowers.protected, equal=preemption_plans.equal_of(spec))
         plan = preemption.plan_pod(cluster, shape, level, now, None, allowed)
         if plan is not None:
             return units, None, plan

@@ -16,7 +16,7 @@ reservation is made, not per command.
 
 from __future__ import annotations
 
-from processor.core import gangs, preemption
+from processor.core import gangs, node_victims
 from processor.core.policies.base import Policy
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, lookup
@@ -118,7 +118,7 @@ def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, 
     """(whether the node holds the shape now, the sweep's step at which it first shows it does: its first
     step that frees a pod there if it does already, else the step after which it does, None if never); None
     if the node can never hold the shape. O(p log p) for the node's p pods."""
-    if not preemption.could_hold(cluster, node, shape):
+    if not node_victims.could_hold(cluster, node, shape):
         return None
     limited: list[tuple[int, str, Pod]] = []
     unlimited: list[tuple[int, str, Pod]] = []
@@ -132,7 +132,7 @@ def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, 
             unlimited.append((pod.started_at or 0, pod_id, pod))
     limited.sort()
     unlimited.sort()
-    if preemption.fits_now(node, shape):
+    if node_victims.fits_now(node, shape):
         if limited:
             return True, (0, limited[0][0])
         return True, ((1, (unlimited[0][0], unlimited[0][1])) if unlimited else None)
@@ -142,13 +142,13 @@ def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, 
         for share in pod.gpus:
             gpus[share.index] += share.milli
         last = position + 1 == len(limited) or limited[position + 1][0] != end  # a step frees all that end then
-        if last and cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
+        if last and cpu >= shape.cpu_milli and memory >= shape.memory_mib and node_victims.gpus_fit(gpus, shape):
             return False, (0, end)
     for started, pod_id, pod in unlimited:
         cpu, memory = cpu + pod.spec.cpu_milli, memory + pod.spec.memory_mib
         for share in pod.gpus:
             gpus[share.index] += share.milli
-        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and preemption.gpus_fit(gpus, shape):
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and node_victims.gpus_fit(gpus, shape):
             return False, (1, (started, pod_id))
     return False, None
 
@@ -192,7 +192,7 @@ def _remember(cluster: ClusterState, holder_id: str) -> None:
 def _could_start_on_empty(cluster: ClusterState, holder_id: str, kind: str) -> bool:
     """Whether some node capacity could hold the holder if it were empty (schedulability aside). O(C · M)."""
     if kind == "pod":
-        return preemption.could_hold_somewhere(cluster, cluster.pods[holder_id].shape)
+        return node_victims.could_hold_somewhere(cluster, cluster.pods[holder_id].shape)
     return gangs.never_fits(cluster, cluster.gangs[holder_id].spec) is None
 
 

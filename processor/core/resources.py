@@ -10,6 +10,7 @@ scores are computed per signature, not per node.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from schemas.codes import QueueReasonCode
@@ -54,6 +55,39 @@ class PodShape(NamedTuple):
         return self.num_gpu * self.gpu_milli
 
 
+@dataclass(slots=True)
+class Held:
+    """What the running pods of one priority hold on one node (``Node.by_priority``), kept as they start and stop.
+
+    A preemption search reads from it what the pods below a priority would free, and how few victims and how
+    little work it could take on the node at best, without visiting the pods (``processor.core.preemption``).
+    """
+
+    gpu_milli: list[int]  # per GPU index
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    pods: int = 0
+    gpu_pods: int = 0  # of them, the pods holding GPUs
+    # GPU milli of one pod -> the latest start among the pods that size (never lowered when one stops, so it
+    # stays an upper bound); the latest start of all (-1: none) and the largest size in it (0: none).
+    latest_starts: dict[int, int] = field(default_factory=dict)
+    latest_start: int = -1
+    largest_gpu_milli: int = 0
+
+    def copied(self) -> Held:
+        """A copy with its own GPU list and starts (a what-if fork's)."""
+        return Held(
+            list(self.gpu_milli),
+            self.cpu_milli,
+            self.memory_mib,
+            self.pods,
+            self.gpu_pods,
+            dict(self.latest_starts),
+            self.latest_start,
+            self.largest_gpu_milli,
+        )
+
+
 def gpu_fits(gpu_free: tuple[int, ...], num_gpu: int, gpu_milli: int) -> bool:
     """Whether a sorted-descending free vector can give the GPU part of a request. O(1)."""
     if num_gpu == 0:
@@ -83,6 +117,17 @@ def _taints_tolerated(node_class: NodeClass, shape: PodShape, *, reservation: bo
             return False
     return True
 
+
+def evicted_by_taints(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> bool:
+    """Whether a running pod must leave a node with these taints: one ``NoExecute`` taint it does not tolerate."""
+    return any(
+        taint.effect == NO_EXECUTE and not any(toleration.tolerates(taint) for toleration in tolerations)
+        for taint in taints
+    )
+
+
+NO_EXECUTE = "NoExecute"
+"""The taint effect that evicts the running pods that do not tolerate it (UpdateNode), as in Kubernetes."""
 
 RESERVED_TAINT_KEY = "gpufold.io/reserved"
 """A node reserved for the head of the queue carries this taint (value: the holder's id) in its node

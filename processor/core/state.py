@@ -19,7 +19,7 @@ from processor.core.capacity import CapacityIndex
 from processor.core.errors import InvariantViolation
 from processor.core.pending import PendingQueue, QueueKey
 from processor.core.preemption_index import PreemptionIndex
-from processor.core.resources import NodeClass, PodShape, Signature, reservation_taint
+from processor.core.resources import Held, NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
 from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
@@ -95,11 +95,8 @@ class Node:
         self.cordoned = False
         self.failed = False
         self.pods: dict[str, None] = {}  # running pod ids, in placement order
-        # What the running pods hold, per priority: [cpu, memory, GPU milli per index, pods, {GPU milli of one
-        # pod: latest start}, pods holding GPUs, the latest start and the largest GPU milli of one pod in that
-        # dict]. Derived; a preemption search sees what pods below a priority would free, and how few victims
-        # and how little work it could take here at best, without visiting them.
-        self.by_priority: dict[int, list] = {}
+        # What the running pods hold, per priority (derived): see Held.
+        self.by_priority: dict[int, Held] = {}
         self.changes = 0  # moved by every reindex: a node's derived answers (fit steps) are kept while it stays
 
     def __copy__(self) -> Node:
@@ -122,6 +119,13 @@ class Node:
     @property
     def schedulable(self) -> bool:
         return not (self.cordoned or self.failed)
+
+    def relabel(self, labels: dict[str, str], taints: tuple[Taint, ...]) -> None:
+        """Replace the node's labels and taints (UpdateNode); the caller recounts and reindexes."""
+        self.labels = dict(labels)
+        self.taints = tuple(taints)
+        self.base_class = (tuple(sorted(self.labels.items())), self.taints)
+        self.reserve(self.reserved_for)
 
     def reserve(self, holder_id: str | None) -> None:
         """Hold the node for a reservation's holder (None: release it); the caller reindexes."""
@@ -155,43 +159,43 @@ class Node:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
         held = self.by_priority.get(pod.priority)
         if held is None:
-            held = self.by_priority[pod.priority] = [0, 0, [0] * self.gpu_count, 0, {}, 0, -1, 0]
+            held = self.by_priority[pod.priority] = Held([0] * self.gpu_count)
         if started_at is not None:
-            latest = held[4]  # GPU milli held by one pod -> latest start among them (never lowered on free)
+            latest = held.latest_starts
             milli = pod.num_gpu * pod.gpu_milli
             if latest.get(milli, -1) < started_at:
                 latest[milli] = started_at
-                if held[6] < started_at:
-                    held[6] = started_at
-            if held[7] < milli:
-                held[7] = milli
-        held_gpus = held[2]
+                if held.latest_start < started_at:
+                    held.latest_start = started_at
+            if held.largest_gpu_milli < milli:
+                held.largest_gpu_milli = milli
+        held_gpus = held.gpu_milli
         for share in gpus:
             self.gpu_free[share.index] -= share.milli
             held_gpus[share.index] += share.milli
         self.cpu_free -= pod.cpu_milli
         self.memory_free -= pod.memory_mib
-        held[0] += pod.cpu_milli
-        held[1] += pod.memory_mib
-        held[3] += 1
+        held.cpu_milli += pod.cpu_milli
+        held.memory_mib += pod.memory_mib
+        held.pods += 1
         if gpus:
-            held[5] += 1
+            held.gpu_pods += 1
         self.pods[pod.pod_id] = None
 
     def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
         held = self.by_priority[pod.priority]
-        held_gpus = held[2]
+        held_gpus = held.gpu_milli
         for share in gpus:
             self.gpu_free[share.index] += share.milli
             held_gpus[share.index] -= share.milli
         self.cpu_free += pod.cpu_milli
         self.memory_free += pod.memory_mib
-        held[0] -= pod.cpu_milli
-        held[1] -= pod.memory_mib
-        held[3] -= 1
+        held.cpu_milli -= pod.cpu_milli
+        held.memory_mib -= pod.memory_mib
+        held.pods -= 1
         if gpus:
-            held[5] -= 1
-        if not held[3]:
+            held.gpu_pods -= 1
+        if not held.pods:
             del self.by_priority[pod.priority]
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
@@ -312,6 +316,15 @@ class Reservation:
 
 
 @dataclass(slots=True)
+class CohortPool:
+    """What the members of a cohort lend on one quota key, and how much of it is in use: the sum of each
+    member's use beyond what it keeps for itself."""
+
+    lent: int = 0
+    in_use: int = 0
+
+
+@dataclass(slots=True)
 class Halt:
     """Why a cluster is halted: the command whose fold raised (and its offset), and the error."""
 
@@ -339,6 +352,11 @@ class ClusterState:
     # pods learned from it at arrival checkpoints (persisted: snapshots carry it).
     shape_counts: dict[TypicalKey, int] = field(default_factory=dict)
     typical: Typical = ()
+    # Derived from shape_counts as it changes (rebuilt by the snapshot restore's count_shape calls, not
+    # persisted, not hashed): the GPU milli of the present pods, and per allowed-model tuple the GPU milli
+    # and the count of the pinned ones; fgd-pack's model risk reads them in O(1) (processor.core.model_supply).
+    gpu_demand: int = 0
+    pinned_demand: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
     # Settings (SetPolicy).
     reserve_after_ms: int = DEFAULT_RESERVE_AFTER_MS  # negative: no reservations
     queue_order: str = SKIP_AHEAD
@@ -365,9 +383,9 @@ class ClusterState:
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
     preemptible: PreemptionIndex = field(default_factory=PreemptionIndex)  # derived: nodes by victim class
-    # Derived: per (cohort, key), [what the members lend, how much of it is in use: each member's use
-    # beyond what it keeps], kept as pods start and stop so an admission check is O(1).
-    pools: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    # Derived: each cohort's pool per quota key, (cohort, key) -> CohortPool, kept as pods start and stop so an
+    # admission check is O(1).
+    pools: dict[tuple[str, str], CohortPool] = field(default_factory=dict)
     limits: dict[str, quota_keys.Limits] = field(default_factory=dict)  # the quotas, compiled
     # Derived: the running pods of each tenant in a cohort, in reclaim's order (priority, -start, id), under
     # (tenant, "") and, holding GPUs, (tenant, GPU model of the node): a reclaim walks the borrowers' lists.
@@ -407,9 +425,9 @@ class ClusterState:
             ):
                 if key is None or not amount or key not in limits:
                     continue
-                kept = limits[key][1]
+                kept = limits[key].kept
                 held = quota_keys.usage_on(usage, quota, key)
-                pools[(cohort, key)][1] += max(0, held + sign * amount - kept) - max(0, held - kept)
+                pools[(cohort, key)].in_use += max(0, held + sign * amount - kept) - max(0, held - kept)
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
@@ -508,9 +526,11 @@ class ClusterState:
             for member in self.cohorts[cohort]:
                 quota = self.quotas[member]
                 for key in quota_keys.limited_keys(quota):
-                    entry = self.pools.setdefault((cohort, key), [0, 0])
-                    entry[0] += quota_keys.lendable(quota, key)
-                    entry[1] += self._over(self.usage.get(member), quota, key)
+                    entry = self.pools.get((cohort, key))
+                    if entry is None:
+                        entry = self.pools[(cohort, key)] = CohortPool()
+                    entry.lent += quota_keys.lendable(quota, key)
+                    entry.in_use += self._over(self.usage.get(member), quota, key)
 
     @property
     def quotas_on(self) -> bool:
@@ -525,6 +545,17 @@ class ClusterState:
             self.shape_counts[key] = count
         else:
             self.shape_counts.pop(key, None)
+        milli = shape.num_gpu * shape.gpu_milli
+        if milli:
+            self.gpu_demand += delta * milli
+            if shape.gpu_models:
+                entry = self.pinned_demand.get(shape.gpu_models)
+                if entry is None:
+                    entry = self.pinned_demand[shape.gpu_models] = [0, 0]
+                entry[0] += delta * milli
+                entry[1] += delta
+                if entry[1] <= 0:
+                    del self.pinned_demand[shape.gpu_models]
 
     def learn_typical(self) -> None:
         """Refresh the typical pods from the histogram if the arrival count is a checkpoint."""

@@ -13,7 +13,7 @@ touched and a what-if on a cluster of 100k pods costs milliseconds, not a full c
 - every other field (capacity index, queues, gangs, timers, and any field added later) is copied
   by :func:`structural_copy`, which shares immutable values.
 
-Policy memos: fragmentation-aware policies (``fgd``, ``fgd-plus``) keep one memo per cluster
+Policy memos: fragmentation-aware policies (``fgd``, ``fgd-plus``, ``fgd-pack``) keep one memo per cluster
 name, valid while the cluster's ``typical`` tuple is the same object. The fork gives each copied
 cluster a *new* ``typical`` tuple (equal content), so a what-if builds its own memo instead of
 filling the live one with entries keyed by the fork's capacity groups (which would keep every
@@ -212,11 +212,8 @@ def _copy_node(node: Node) -> Node:
         value = getattr(node, name)
         if isinstance(value, (list, dict, set)):
             setattr(twin, name, copy.copy(value))
-    # What the node's pods hold per priority: lists and dicts inside, changed in place by allocate/free.
-    twin.by_priority = {
-        priority: [held[0], held[1], list(held[2]), held[3], dict(held[4]), *held[5:]]
-        for priority, held in node.by_priority.items()
-    }
+    # What the node's pods hold per priority: changed in place by allocate/free.
+    twin.by_priority = {priority: held.copied() for priority, held in node.by_priority.items()}
     return twin
 
 

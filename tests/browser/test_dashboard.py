@@ -24,6 +24,7 @@ from gpufold.server.health import HealthMonitor, Probes
 from gpufold.server.writers import EmbeddedWriter
 from logs.embedded import EmbeddedLog
 from logs.embedded_replica import EmbeddedReplicaSource
+from processor.core.state import Halt
 from processor.runtime.replica import Replica
 from schemas import COMMAND, registry
 from schemas.commands import (
@@ -516,7 +517,8 @@ def test_refresh_revalidates_by_etag(live: LiveServer, browser: Chromium) -> Non
 
 def test_banners_say_when_the_data_is_not_live(tmp_path: Path, browser: Chromium) -> None:
     """A fold behind by more than the allowed lag is an amber banner saying by how much; a dead fold is a red
-    one with why; a server gone is one too; each greys the numbers, and a fold caught up again clears it."""
+    one with why; a fold caught up again clears it; a halted cluster and a server gone are red ones too; each
+    greys the numbers."""
     path = tmp_path / "log.sqlite"
     encode = registry().codec(COMMAND).encode
     with EmbeddedLog(path) as log:
@@ -548,6 +550,14 @@ def test_banners_say_when_the_data_is_not_live(tmp_path: Path, browser: Chromium
         server.health.probes.fold_thread = server.processor
         browser.wait_for(f"{banner}.hidden && document.getElementById('health').dataset.value === 'ok'", timeout=30)
         assert not browser.evaluate("document.getElementById('main').classList.contains('stale')")
+
+        (c1,) = [s.clusters["c1"] for s in server.replica.states.values() if "c1" in s.clusters]
+        c1.halted = Halt(command_id="c-9", offset=7, error="RecursionError")  # as the fold leaves a cluster it halts
+        at = max(server.replica.event_times().values()) + 1
+        server.writer.append([Command("after-halt", "c1", at, Tick(), "test")])  # refused: CLUSTER_HALTED
+        browser.wait_for(f"{banner}.dataset.kind === 'down'", timeout=30)
+        assert browser.evaluate(f"{banner}.textContent") == "Cluster c1 is halted: RecursionError"
+        assert "cluster 'c1' is halted" in browser.evaluate("document.getElementById('health-sub').textContent")
 
         server.stop_http()
         browser.wait_for(f"{banner}.dataset.kind === 'unreachable'")

@@ -35,6 +35,7 @@ from schemas.commands import (
     GangMember,
     MarkNodeFailed,
     Quota,
+    RecoverNode,
     Release,
     ReleaseGang,
     RemoveNode,
@@ -321,6 +322,7 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("duplicate queued pod", SubmitPod("p2", cpu_milli=1), RejectionCode.DUPLICATE_POD),
     ("busy node without force", RemoveNode("n1"), RejectionCode.NODE_BUSY),
     ("uncordon a schedulable node", UncordonNode("n2"), RejectionCode.NODE_NOT_CORDONED),
+    ("recover a node that has not failed", RecoverNode("n2"), RejectionCode.NODE_NOT_FAILED),
     # gangs, time and dependencies (issue 10)
     ("gang with no members", SubmitGang("g9"), RejectionCode.INVALID_COMMAND),
     ("gang with a member listed twice", SubmitGang("g9", members=(MEMBER, MEMBER)), RejectionCode.DUPLICATE_POD),

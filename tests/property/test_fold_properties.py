@@ -116,7 +116,10 @@ def check_indexes(cluster: ClusterState) -> None:
     assert all(pod.spec.arrival < cluster.arrivals for pod in cluster.pods.values())
     for node in cluster.nodes.values():  # the per-level latest start and largest pod kept beside their dict
         for held in node.by_priority.values():
-            assert (held[6], held[7]) == (max(held[4].values(), default=-1), max(held[4], default=0))
+            assert (held.latest_start, held.largest_gpu_milli) == (
+                max(held.latest_starts.values(), default=-1),
+                max(held.latest_starts, default=0),
+            )
     preemptible = cluster.preemptible
     preemptible.refresh(cluster.nodes)  # what a search would see: the marked nodes refiled or pending
     assert not preemptible.dirty

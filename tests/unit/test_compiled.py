@@ -1,4 +1,4 @@
-"""The compiled hot path: built and used where the install compiled it, and equal to the pure-Python path."""
+"""The compiled hot path (``build_config.py``): built and used where the install compiled it, equal to the pure path."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from schemas import compiled
+import build_config
+from schemas import pure_python
 from schemas.fastcodec_gen import GENERATED, module_source
 from tests import fold_digest
 
@@ -27,30 +28,33 @@ def test_the_checked_in_codec_is_what_the_generator_writes() -> None:
 
 def test_every_compiled_module_has_a_source_and_is_in_the_mypy_packages() -> None:
     """Each listed module exists as a .py file (the pure path), so GPUFOLD_PURE_PYTHON=1 can always load it."""
-    for name in compiled.COMPILED:
-        assert compiled.ROOT.joinpath(*name.split(".")).with_suffix(".py").is_file(), name
+    for name in build_config.COMPILED:
+        assert ROOT.joinpath(*name.split(".")).with_suffix(".py").is_file(), name
+        assert build_config.source_of(name) == ROOT.joinpath(*name.split(".")).with_suffix(".py"), name
 
 
-@pytest.mark.skipif(compiled.pure_python_requested(), reason="this process asked for the pure-Python path")
+@pytest.mark.skipif(pure_python.requested(), reason="this process asked for the pure-Python path")
 def test_the_built_modules_are_the_ones_in_use() -> None:
     """Where the install compiled the hot path (always in CI, which has gcc), every module of it runs compiled."""
-    built = compiled.built()
-    if os.environ.get("CI") == "true" and compiled.COMPILE_BY_DEFAULT:
-        assert built == list(compiled.COMPILED), (
-            f"CI builds every module; not built: {set(compiled.COMPILED) - set(built)}"
+    built = build_config.built()
+    if os.environ.get("CI") == "true" and build_config.COMPILE_BY_DEFAULT:
+        assert built == list(build_config.COMPILED), (
+            f"CI builds every module; not built: {set(build_config.COMPILED) - set(built)}"
         )
     if not built:
         pytest.skip("the install did not compile the hot path (no compiler): nothing to check")
-    assert compiled.stale() == [], "sources edited after the build: reinstall (or python setup.py build_ext --inplace)"
-    status = compiled.status()
+    assert build_config.stale() == [], (
+        "sources edited after the build: reinstall (or python setup.py build_ext --inplace)"
+    )
+    status = build_config.status()
     assert [name for name in built if not status[name]] == []
-    assert compiled.summary().startswith("hot path compiled")
+    assert build_config.summary().startswith("hot path compiled")
 
 
 def test_the_switch_loads_the_pure_sources() -> None:
     """GPUFOLD_PURE_PYTHON=1 loads every module of the hot path from its .py source."""
-    script = "from schemas import compiled; import json; print(json.dumps(compiled.status()))"
-    env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
+    script = "import build_config; import json; print(json.dumps(build_config.status()))"
+    env = {**os.environ, pure_python.PURE_PYTHON_ENV: "1"}
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
@@ -60,7 +64,7 @@ def test_the_switch_loads_the_pure_sources() -> None:
 def test_compiled_and_pure_paths_give_the_same_bytes_and_hashes() -> None:
     """Recorded logs and generated streams (several policies) fold to identical frames and state hashes both ways."""
     here = fold_digest.digest()
-    env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
+    env = {**os.environ, pure_python.PURE_PYTHON_ENV: "1"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.fold_digest"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
@@ -127,7 +131,7 @@ def test_metadata_steps_do_not_translate_the_hot_path(monkeypatch: pytest.Monkey
         monkeypatch.setattr(sys, "argv", ["setup.py", *command])
         assert script["extensions"]() == []
     monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext"])
-    monkeypatch.setenv(compiled.COMPILE_ENV, "0")
+    monkeypatch.setenv(build_config.COMPILE_ENV, "0")
     assert script["extensions"]() == []
 
 
@@ -136,9 +140,9 @@ def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets
     pattern = re.compile(r"\b(clusters|nodes|pods)\.get\(")
     found = [
         f"{name}:{number}: {line.strip()}"
-        for name in compiled.COMPILED
+        for name in build_config.COMPILED
         for number, line in enumerate(
-            compiled.ROOT.joinpath(*name.split(".")).with_suffix(".py").read_text().splitlines(), start=1
+            ROOT.joinpath(*name.split(".")).with_suffix(".py").read_text().splitlines(), start=1
         )
         if pattern.search(line)
     ]
@@ -147,11 +151,26 @@ def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets
 
 def test_the_summary_says_why_the_hot_path_is_pure(monkeypatch: pytest.MonkeyPatch) -> None:
     """Declined (GPUFOLD_COMPILE=0), asked for pure sources, or not built: three different lines."""
-    monkeypatch.setattr(compiled, "status", lambda: dict.fromkeys(compiled.COMPILED, False))
-    monkeypatch.delenv(compiled.PURE_PYTHON_ENV, raising=False)
-    monkeypatch.setenv(compiled.COMPILE_ENV, "0")
-    assert compiled.summary() == f"hot path pure Python: not built ({compiled.COMPILE_ENV}=0)"
-    monkeypatch.delenv(compiled.COMPILE_ENV)
-    assert "no compiler at install?" in compiled.summary()
-    monkeypatch.setenv(compiled.PURE_PYTHON_ENV, "1")
-    assert compiled.summary() == f"hot path pure Python: {compiled.PURE_PYTHON_ENV} is set"
+    monkeypatch.setattr(build_config, "status", lambda: dict.fromkeys(build_config.COMPILED, False))
+    monkeypatch.delenv(build_config.PURE_PYTHON_ENV, raising=False)
+    monkeypatch.setenv(build_config.COMPILE_ENV, "0")
+    assert build_config.summary() == f"hot path pure Python: not built ({build_config.COMPILE_ENV}=0)"
+    monkeypatch.delenv(build_config.COMPILE_ENV)
+    assert "no compiler at install?" in build_config.summary()
+    monkeypatch.setenv(build_config.PURE_PYTHON_ENV, "1")
+    assert build_config.summary() == f"hot path pure Python: {build_config.PURE_PYTHON_ENV} is set"
+
+
+def test_the_build_and_the_switch_name_the_same_variable() -> None:
+    """build_config.py (stdlib only, read before install) and the import shim agree on the switch's name."""
+    assert build_config.PURE_PYTHON_ENV == pure_python.PURE_PYTHON_ENV
+
+
+def test_the_switch_loads_only_sources_of_extensions_inside_the_tree(tmp_path: Path) -> None:
+    """No list: a module of ours with an extension beside it loads from its source; anything else is left alone."""
+    finder = pure_python._SourceFinder()
+    assert finder.find_spec("schemas", None) is None  # top-level: never built
+    assert finder.find_spec("json.decoder", [str(Path(json.__file__).parent)]) is None  # not ours
+    for name in build_config.built():
+        spec = finder.find_spec(name, [str(build_config.source_of(name).parent)])
+        assert spec is not None and spec.origin == str(build_config.source_of(name)), name

@@ -17,6 +17,7 @@ from schemas.commands import (
     DrainNode,
     GangMember,
     MarkNodeFailed,
+    RecoverNode,
     Release,
     ReleaseGang,
     RemoveNode,
@@ -113,6 +114,7 @@ REJECTIONS = [
     ("NOT_WAITING", Defragment(5, target="p1"), None, RejectionCode.NOT_WAITING),
     ("TOO_LARGE", Release("p1", "x" * 2000), None, RejectionCode.TOO_LARGE),
     ("NOT_HALTED", ResumeCluster(), None, RejectionCode.NOT_HALTED),
+    ("NODE_NOT_FAILED", RecoverNode("n2"), None, RejectionCode.NODE_NOT_FAILED),
 ]
 
 

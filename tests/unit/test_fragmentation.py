@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from processor.core.fragmentation import Fragmenter, cluster_fragmentation
+from processor.core.fragmentation import (
+    BalancedFragmenter,
+    Fragmenter,
+    cluster_fragmentation,
+    cpu_per_gpu_milli,
+    stranded_by_cpu,
+)
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from processor.core.typical import is_checkpoint, typical_moved
 from schemas.commands import AddNode, Release, SubmitPod
@@ -58,6 +64,38 @@ def test_fragmenter_equals_the_reference() -> None:
             for model in ("V100", "T4"):
                 expected = node_fragmentation(gpu_free, cpu_free, model, typical)
                 assert fragmenter(gpu_free, cpu_free, model) == pytest.approx(expected)
+
+
+def test_balanced_fragmenter_adds_the_gpu_the_cpu_cannot_serve() -> None:
+    """CPU per GPU is weighted by popularity over the typical GPU pods (shares by their milli). At 3 CPU milli per
+    GPU milli, a node with 2,000 idle GPU milli and 3,000 CPU milli free serves 1,000 of them: the other 1,000
+    count as fragment on top of FGD's measure."""
+    typical = (TypicalPod(TypicalKey(1, 1000, 2000, ()), 0.5), TypicalPod(TypicalKey(1, 500, 2000, ()), 0.5))
+    assert cpu_per_gpu_milli(typical) == pytest.approx(4000 / 1500)
+    typical = (TypicalPod(TypicalKey(1, 1000, 3000, ()), 0.8), TypicalPod(CPU_ONLY, 0.2))
+    assert cpu_per_gpu_milli(typical) == 3.0  # CPU-only pods do not count
+    fgd, balanced = Fragmenter(typical), BalancedFragmenter(typical)
+    assert balanced((1000, 1000), 3000, "V100") == pytest.approx(fgd((1000, 1000), 3000, "V100") + 1000)
+    assert balanced((1000, 1000), 6000, "V100") == pytest.approx(fgd((1000, 1000), 6000, "V100"))  # enough CPU
+    assert balanced((0, 0), 0, "V100") == 0.0
+
+
+def test_balanced_fragmenter_equals_the_reference() -> None:
+    """FGD's reference measure plus the CPU term's reference, on varied nodes."""
+    typical = (
+        TypicalPod(SHARE_500, 0.3),
+        TypicalPod(WHOLE_1, 0.2),
+        TypicalPod(TypicalKey(1, 1000, 12000, ()), 0.2),
+        TypicalPod(CPU_ONLY, 0.1),
+        TypicalPod(TypicalKey(1, 250, 9000, ("V100",)), 0.2),
+    )
+    balanced = BalancedFragmenter(typical)
+    for gpu_free in [(1000, 1000), (1000, 300), (700, 250, 0, 0), (900,) * 8, (0,)]:
+        for cpu_free in (0, 1000, 10000, 64000):
+            expected = node_fragmentation(gpu_free, cpu_free, "V100", typical) + stranded_by_cpu(
+                gpu_free, cpu_free, typical
+            )
+            assert balanced(gpu_free, cpu_free, "V100") == pytest.approx(expected)
 
 
 def test_typical_pods_cover_95_percent_by_popularity() -> None:

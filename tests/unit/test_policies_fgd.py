@@ -1,4 +1,6 @@
-"""fgd and fgd-plus: node and GPU chosen by least fragmentation growth; never an over-commit; deterministic."""
+"""fgd and fgd-plus: node and GPU chosen by least fragmentation growth; never an over-commit; deterministic.
+
+fgd-pack's own choices are in test_policies_fgd_pack.py."""
 
 from __future__ import annotations
 
@@ -170,9 +172,9 @@ def _with_policy(commands: list[Command], policy: str) -> list[Command]:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(command_streams())
 def test_fragmentation_policies_never_over_commit(commands: list[Command]) -> None:
-    """Over random streams (drains, failures, releases included) fgd and fgd-plus never over-commit, and
-    folding the same stream twice gives the same state hash."""
-    for policy in ("fgd-plus", "fgd"):
+    """Over random streams (drains, failures, releases included) fgd, fgd-plus and fgd-pack never over-commit,
+    and folding the same stream twice gives the same state hash."""
+    for policy in ("fgd-plus", "fgd", "fgd-pack"):
         stream = _with_policy(commands, policy)
         states = []
         for _ in range(2):

@@ -12,9 +12,10 @@ from sortedcontainers import SortedList
 
 from processor.core.capacity import NodeGroup
 from processor.core.fold import decide
+from processor.core.resources import Held
 from processor.core.snapshot import state_hash
 from processor.core.state import Node, PartitionState
-from processor.runtime.whatif import _slots, fork
+from processor.runtime.whatif import _copy_node, _slots, fork
 from schemas.commands import (
     AddNode,
     Command,
@@ -129,7 +130,7 @@ def test_copying_a_node_or_a_node_group_keeps_every_attribute() -> None:
     node = Node("n1", "A100", 2, 8000, 16384, {"zone": "a"}, (Taint("k", "v", "NoSchedule"),))
     node.reserved_for, node.cordoned, node.failed = "gang-1", True, True
     node.gpu_free, node.cpu_free, node.memory_free = [500, 0], 100, 200
-    node.pods, node.by_priority = {"p1": None}, {3: [1, 2, [3], 4, {5: 6}, 7]}
+    node.pods, node.by_priority = {"p1": None}, {3: Held([3], 1, 2, 4, 1, {5: 6}, 6, 5)}
     node.node_class = (node.base_class[0], ())
     group = NodeGroup(node.signature())
     group.add("n1")
@@ -143,3 +144,17 @@ def test_copying_a_node_or_a_node_group_keeps_every_attribute() -> None:
         shared = [name for name in names if isinstance(getattr(original, name), (list, dict, set, SortedList))]
         assert [name for name in shared if getattr(twin, name) is not getattr(original, name)] == []
         assert {"gpu_free", "pods", "by_priority", "labels"} <= set(shared) or type(original) is NodeGroup
+
+
+def test_a_forked_node_holds_its_own_per_priority_sums() -> None:
+    """allocate/free change a node's Held records in place: a what-if fork's node must not share them."""
+    node = Node("n1", "A100", 2, 8000, 16384, {}, ())
+    node.by_priority = {3: Held([300, 0], 1, 2, 1, 1, {300: 6}, 6, 300)}
+    twin = _copy_node(node)
+    held, copied = node.by_priority[3], twin.by_priority[3]
+    assert copied == held and copied is not held
+    assert copied.gpu_milli is not held.gpu_milli and copied.latest_starts is not held.latest_starts
+    copied.gpu_milli[1] += 500
+    copied.latest_starts[500] = 9
+    copied.pods += 1
+    assert held == Held([300, 0], 1, 2, 1, 1, {300: 6}, 6, 300)

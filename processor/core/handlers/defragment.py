@@ -6,7 +6,7 @@ first), then the queue retries the nodes the moves left.
 
 from __future__ import annotations
 
-from processor.core import defrag, gangs, preemption, quotas, reservations
+from processor.core import defrag, gangs, preemption_plans, quotas, reservations
 from processor.core.decision import RETRY_QUEUE, Decision, cluster_policy
 from processor.core.handlers.gangs import gang_shortfall, place_gang
 from processor.core.handlers.pods import place
@@ -79,7 +79,7 @@ def _plan_room(
     """Moves that let a waiting pod (or every member of a waiting gang) start, checked on trial; or none."""
     now = decision.now
     trial = defrag.Trial(cluster)
-    placed = preemption.Trial(cluster)
+    placed = preemption_plans.Trial(cluster)
     why = f"making room for {'pod' if pod is not None else 'gang'} {target!r}"
     try:
         if pod is not None:

@@ -6,14 +6,16 @@ Both only emit; putting the evicted back to placement is follow-up work
 
 from __future__ import annotations
 
-from processor.core import preemption
+from processor.core import preemption_plans
 from processor.core.decision import Decision
+from processor.core.resources import NO_EXECUTE, evicted_by_taints
 from processor.core.state import ClusterState, Node, Pod
+from schemas.commands import Taint
 from schemas.events import PodEvicted, PodPreempted
 
 
 def victim_events(
-    decision: Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption.Unit], reason: str
+    decision: Decision, cluster: ClusterState, by: str, kind: str, units: list[preemption_plans.Unit], reason: str
 ) -> list[tuple[Pod, str]]:
     """``PodPreempted`` (why, and by whom), then ``PodEvicted``, for every pod of the units, by pod id;
     returns the victims with the nodes they ran on. O(V log V) for V victims."""
@@ -47,14 +49,24 @@ def victim_events(
     return out
 
 
-def evict_all(decision: Decision, cluster: ClusterState, node: Node, reason: str) -> tuple[list[Pod], list[str]]:
-    """Evict every pod of the node, in pod id order: (plain pods to re-place, gangs hit). O(p log p) for its p pods.
+def evict_untolerating(cluster: ClusterState, node: Node, taints: tuple[Taint, ...]) -> list[str]:
+    """The node's running pods that a ``NoExecute`` taint among ``taints`` evicts, by pod id. O(p log p)."""
+    if not any(taint.effect == NO_EXECUTE for taint in taints):
+        return []
+    return [pod_id for pod_id in sorted(node.pods) if evicted_by_taints(taints, cluster.pods[pod_id].spec.tolerations)]
+
+
+def evict_all(
+    decision: Decision, cluster: ClusterState, node: Node, reason: str, only: list[str] | None = None
+) -> tuple[list[Pod], list[str]]:
+    """Evict every pod of the node (or the pods ``only`` names, sorted), in pod id order: (plain pods to re-place,
+    gangs hit). O(p log p) for its p pods.
 
     Sorted, not in placement order, so a state restored from a snapshot evicts
     in the same order as one built by full replay."""
     plain: list[Pod] = []
     gang_ids: dict[str, None] = {}
-    for pod_id in sorted(node.pods):
+    for pod_id in sorted(node.pods) if only is None else only:
         pod = cluster.pods[pod_id]
         decision.emit(PodEvicted(pod_id, node.node_id, reason), cluster.name)
         if pod.spec.gang_id is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from processor.core import gangs, preemption, quota_keys, quotas, reclaim
+from processor.core import gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
@@ -172,7 +172,8 @@ def place_gang(
         reclaiming = may_preempt and cluster.quotas_on and not decision.legacy
         if reclaiming and _reclaim_capacity_for_gang(decision, cluster, spec, from_queue):
             return True
-        if may_preempt and preemption.lower_priority_exists(cluster, preemption.reach(spec.priority, spec.preemption)):
+        level = preemption_plans.reach(spec.priority, spec.preemption)
+        if may_preempt and preemption_plans.lower_priority_exists(cluster, level):
 
             def admit(placement: gangs.GangPlacement) -> bool:
                 return not cluster.quotas_on or gang_shortfall(cluster, spec, placement) is None
@@ -192,15 +193,15 @@ def place_gang(
 
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: GangSpec, admit: Callable[[gangs.GangPlacement], bool]
-) -> preemption.GangPlan | None:
+) -> preemption_plans.GangPlan | None:
     """The victims that make room for the gang, under the same rules as a pod's (``pods._plan_preemption``)."""
     policy = cluster_policy(cluster)
     protected = decision.evicted_in(cluster)
-    equal = preemption.equal_of(spec)
+    equal = preemption_plans.equal_of(spec)
     # lower_or_newer_equal_priority: the search reaches the gang's own priority, where only newer work may go
     searched = spec if equal is None else dataclasses.replace(spec, priority=spec.priority + 1)
-    allowed = preemption.Victims(protected, equal=equal)
-    plan = preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
+    allowed = preemption_plans.Victims(protected, equal=equal)
+    plan = gang_preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -209,8 +210,8 @@ def _plan_preemption(
         return plan
     if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
         return plan
-    allowed = preemption.borrower_victims(cluster, spec.tenant, protected, equal)
-    return preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
+    allowed = preemption_plans.borrower_victims(cluster, spec.tenant, protected, equal)
+    return gang_preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -290,8 +291,8 @@ def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: 
     policy = cluster_policy(cluster)
     now = decision.now
 
-    def fits_inside(units: list[preemption.Unit]) -> gangs.GangPlacement | None:
-        trial = preemption.Trial(cluster)
+    def fits_inside(units: list[preemption_plans.Unit]) -> gangs.GangPlacement | None:
+        trial = preemption_plans.Trial(cluster)
         try:
             for unit in units:
                 for pod in unit.pods:
@@ -300,15 +301,15 @@ def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: 
         finally:
             trial.rollback()
 
-    units: list[preemption.Unit] = []
-    trial = preemption.Trial(cluster)
+    units: list[preemption_plans.Unit] = []
+    trial = preemption_plans.Trial(cluster)
     taken: dict[str, None] = {}
     found: gangs.GangPlacement | None = None
     try:
         for pod in candidates:  # measure: the candidates left (and at most RECLAIM_UNITS units taken)
             if pod.spec.pod_id in taken or pod.node_id is None or not quotas.borrowing(cluster, pod):
                 continue  # taken with its gang, or its tenant no longer borrows after what was taken on trial
-            unit = preemption.unit_of(cluster, pod, now)
+            unit = preemption_plans.unit_of(cluster, pod, now)
             if any(member.spec.pod_id in protected or member.spec.pod_id in taken for member in unit.pods):
                 continue
             for member in unit.pods:
@@ -359,8 +360,8 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
     quota = quotas.quota_of(cluster, spec.tenant)
     assert quota is not None
     policy = cluster_policy(cluster)
-    trial = preemption.Trial(cluster)
-    units: list[preemption.Unit] = []
+    trial = preemption_plans.Trial(cluster)
+    units: list[preemption_plans.Unit] = []
     try:
         for _ in range(len(spec.members) + 8):  # measure: rounds left; each evicts a borrower, the placement may change
             found = gangs.try_place(cluster, spec, policy, decision.now)

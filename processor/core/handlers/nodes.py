@@ -1,4 +1,5 @@
-"""Nodes: ``AddNode``, ``RemoveNode``, ``CordonNode``, ``UncordonNode``, ``DrainNode``, ``MarkNodeFailed``.
+"""Nodes: ``AddNode``, ``RemoveNode``, ``CordonNode``, ``UncordonNode``, ``DrainNode``, ``MarkNodeFailed``,
+``RecoverNode``, ``UpdateNode``.
 
 A node that grows capacity leaves the queue to retry it; a node that goes away (drained, failed,
 removed) evicts its pods, which go back to placement as follow-up work; a reserved node that becomes
@@ -11,13 +12,31 @@ evicted twice in one command); contract v1 and v2 released the reservation and r
 from __future__ import annotations
 
 from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
-from processor.core.handlers.evictions import evict_all
+from processor.core.handlers.evictions import evict_all, evict_untolerating
 from processor.core.handlers.reservations import drop_reserved_node
 from processor.core.state import Node, lookup
 from schemas.codes import Rejected, RejectionCode
-from schemas.commands import AddNode, CordonNode, DrainNode, MarkNodeFailed, RemoveNode, UncordonNode
-from schemas.events import NodeAdded, NodeCordoned, NodeDrained, NodeFailed, NodeRemoved, NodeUncordoned
-from schemas.validation import check_add_node, check_id, check_mark_node_failed
+from schemas.commands import (
+    AddNode,
+    CordonNode,
+    DrainNode,
+    MarkNodeFailed,
+    RecoverNode,
+    RemoveNode,
+    UncordonNode,
+    UpdateNode,
+)
+from schemas.events import (
+    NodeAdded,
+    NodeCordoned,
+    NodeDrained,
+    NodeFailed,
+    NodeRecovered,
+    NodeRemoved,
+    NodeUncordoned,
+    NodeUpdated,
+)
+from schemas.validation import check_add_node, check_id, check_mark_node_failed, check_update_node
 
 
 def _node(decision: Decision, node_id: str) -> Node:
@@ -126,3 +145,32 @@ def mark_node_failed(decision: Decision, command: MarkNodeFailed) -> Task:
     evicted, gang_ids = evict_all(decision, cluster, node, "node_failed")
     decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_failed")
     drop_reserved_node(decision, cluster, node, "node_failed")
+
+
+def recover_node(decision: Decision, command: RecoverNode) -> None:
+    """A failed node returns, empty and schedulable (its pods were evicted when it failed); the queue retries it."""
+    node = _node(decision, command.node_id)
+    if not node.failed:
+        raise Rejected(RejectionCode.NODE_NOT_FAILED, f"node {command.node_id!r} has not failed; nothing to recover")
+    decision.emit(NodeRecovered(command.node_id))
+    decision.then(RETRY_QUEUE, decision.cluster, (command.node_id,), None)
+
+
+def update_node(decision: Decision, command: UpdateNode) -> None:
+    """New labels and/or taints; the running pods that do not tolerate a ``NoExecute`` taint are evicted and
+    re-placed, the reservation on the node (whose holder may no longer fit it) is released, and the queue retries
+    the node. O(p log p) for the node's p pods."""
+    check_update_node(command)
+    node = _node(decision, command.node_id)
+    cluster = decision.cluster
+    # Sorted: the event's bytes must not depend on the order a restored node keeps its labels in.
+    labels = dict(sorted((command.labels if command.labels is not None else node.labels).items()))
+    taints = tuple(command.taints) if command.taints is not None else node.taints
+    leaving = evict_untolerating(cluster, node, taints)
+    decision.emit(NodeUpdated(command.node_id, labels, taints, len(leaving)))  # first: nothing untolerating lands
+    if leaving:
+        evicted, gang_ids = evict_all(decision, cluster, node, "node_updated", leaving)
+        decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_updated")
+    drop_reserved_node(decision, cluster, node, "node_updated")
+    if node.schedulable:  # the new labels or taints may admit what waits (after the evicted are re-placed)
+        decision.then(RETRY_QUEUE, cluster, (command.node_id,), None)

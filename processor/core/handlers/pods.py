@@ -7,7 +7,7 @@ reservation) is left as follow-up work.
 
 from __future__ import annotations
 
-from processor.core import preemption, quota_preemption, quotas, reclaim, reservations
+from processor.core import node_victims, preemption, preemption_plans, quota_preemption, quotas, reclaim, reservations
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, cluster_policy
 from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
@@ -163,7 +163,9 @@ def place(
         if reserved:
             holder_started(decision, cluster, spec.pod_id)
         return True
-    if may_preempt and preemption.lower_priority_exists(cluster, preemption.reach(spec.priority, spec.preemption)):
+    if may_preempt and preemption_plans.lower_priority_exists(
+        cluster, preemption_plans.reach(spec.priority, spec.preemption)
+    ):
         preempting = _plan_preemption(decision, cluster, spec, usable, near)
         if preempting is not None:
             _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
@@ -178,14 +180,15 @@ def place(
 
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
-) -> preemption.PodPlan | None:
+) -> preemption_plans.PodPlan | None:
     """The victims that make room for the pod: none evicted earlier in this command, and if the pod would
     borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
     victim of a borrower)."""
     protected = decision.evicted_in(cluster)
-    level = preemption.reach(spec.priority, spec.preemption)  # lower_or_newer_equal_priority: its own too
-    equal = preemption.equal_of(spec)
-    plan = preemption.plan_pod(cluster, shape, level, decision.now, near, preemption.Victims(protected, equal=equal))
+    level = preemption_plans.reach(spec.priority, spec.preemption)  # lower_or_newer_equal_priority: its own too
+    equal = preemption_plans.equal_of(spec)
+    allowed = preemption_plans.Victims(protected, equal=equal)
+    plan = preemption.plan_pod(cluster, shape, level, decision.now, near, allowed)
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -195,7 +198,7 @@ def _plan_preemption(
     wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
     if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
         return plan
-    allowed = preemption.borrower_victims(cluster, spec.tenant, protected, equal)
+    allowed = preemption_plans.borrower_victims(cluster, spec.tenant, protected, equal)
     return preemption.plan_pod(cluster, shape, level, decision.now, near, allowed)
 
 
@@ -255,12 +258,12 @@ def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: boo
 
 def waiting_for_preemption(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[QueueReason, ...]:
     """A pod that said ``preemption: never``: the nodes where it would fit once lower-priority pods end."""
-    if not preemption.lower_priority_exists(cluster, priority):
+    if not preemption_plans.lower_priority_exists(cluster, priority):
         return ()
     count = sum(
         1
         for node_id in preemption.candidate_nodes(cluster, priority, None)
-        if preemption.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
+        if node_victims.could_preempt_on(cluster.nodes[node_id], shape, priority, cluster)
     )
     if not count:
         return ()
@@ -276,8 +279,8 @@ def _preempt_for_pod(
     cluster: ClusterState,
     spec: PodSpec,
     shape: PodShape,
-    reclaimed: list[preemption.Unit],
-    plan: preemption.PodPlan,
+    reclaimed: list[preemption_plans.Unit],
+    plan: preemption_plans.PodPlan,
     from_queue: bool,
     choice: Choice | None = None,
 ) -> None:

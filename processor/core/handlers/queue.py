@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from processor.core import gangs, preemption, quotas, reservations
+from processor.core import gangs, node_victims, preemption_plans, quotas, reservations
 from processor.core.decision import Decision, Task
 from processor.core.handlers.gangs import place_gang
 from processor.core.handlers.pods import place
@@ -57,13 +57,11 @@ def retry_queue(
     # Whether any queued pod could preempt on the changed nodes at all: only if some running pod has a lower
     # priority than the queue's first (the highest priority waiting).
     first = cluster.queue.first()
-    pods_preempt = preempting and first is not None and preemption.lower_priority_exists(cluster, -first[0][0])
-    if (
-        preempting
-        and first is not None
-        and not pods_preempt
-        and preemption.lower_priority_exists(cluster, 1 - first[0][0])
-    ):
+    pods_preempt = preempting and first is not None and preemption_plans.lower_priority_exists(cluster, -first[0][0])
+    equal_only = (
+        first is not None and not pods_preempt and preemption_plans.lower_priority_exists(cluster, 1 - first[0][0])
+    )
+    if preempting and equal_only:
         # Only work of the head's priority runs below it: a group with lower_or_newer_equal_priority may take it
         # (contract v3). O(Q) to look, as the screen below.
         pods_preempt = any(group[1] == PREEMPT_LOWER_OR_NEWER for _, group in cluster.queue.heads())
@@ -83,7 +81,7 @@ def retry_queue(
             elif not any(fits(signature, usable) for signature in signatures) and not (
                 pods_preempt
                 and mode in PREEMPTING
-                and _may_preempt_on(cluster, usable, preemption.reach(-key[0], mode), changed)
+                and _may_preempt_on(cluster, usable, preemption_plans.reach(-key[0], mode), changed)
             ):
                 continue
             heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
@@ -178,14 +176,14 @@ def _order(cluster: ClusterState, key: tuple[int, int, str], tenant: str, fair: 
 
 
 def _may_preempt_on(cluster: ClusterState, shape: PodShape, priority: int, nodes: list[Node]) -> bool:
-    if not preemption.lower_priority_exists(cluster, priority):
+    if not preemption_plans.lower_priority_exists(cluster, priority):
         return False
-    return any(preemption.could_preempt_on(node, shape, priority, cluster) for node in nodes)
+    return any(node_victims.could_preempt_on(node, shape, priority, cluster) for node in nodes)
 
 
 def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node], now: int) -> bool:
-    level = preemption.reach(spec.priority, spec.preemption)
-    if not preemption.lower_priority_exists(cluster, level):
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    if not preemption_plans.lower_priority_exists(cluster, level):
         return False
     shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
     return any(_may_preempt_on(cluster, shape, level, nodes) for shape in sorted(shapes))

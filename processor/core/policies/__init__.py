@@ -6,6 +6,7 @@ from processor.core.policies.base import Choice, Policy, ScoringPolicy, default_
 from processor.core.policies.best_fit import BestFit
 from processor.core.policies.dot_product import DotProduct
 from processor.core.policies.fgd import Fgd
+from processor.core.policies.fgd_pack import FgdPack
 from processor.core.policies.fgd_plus import FgdPlus
 from processor.core.policies.first_fit import FirstFit
 from processor.core.policies.gpu_clustering import GpuClustering
@@ -44,6 +45,7 @@ for _policy in (
     PaperBestFit(),
     Fgd(),
     FgdPlus(),
+    FgdPack(),
 ):
     register(_policy)
 

@@ -47,9 +47,9 @@ class FragMemo:
 
     __slots__ = ("compute", "frag", "options", "size", "typical")
 
-    def __init__(self, typical: Typical) -> None:
+    def __init__(self, typical: Typical, compute: Fragmenter | None = None) -> None:
         self.typical = typical
-        self.compute = Fragmenter(typical)
+        self.compute = compute if compute is not None else Fragmenter(typical)
         self.frag: dict[tuple[tuple[int, ...], int, str], float] = {}
         self.options: dict[tuple[int, int, int], dict[NodeGroup, tuple[tuple[float, ...], int]]] = {}
         self.size = 0

@@ -158,5 +158,12 @@ def test_bytes_become_base64_in_json() -> None:
 
 def test_command_types_lists_the_payload_union() -> None:
     """The command types a JSON line may use are the branches of the schema's payload union."""
-    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 16
-    assert command_types()[-4:] == ["SetQuota", "RemoveQuota", "Defragment", "ResumeCluster"]
+    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 18
+    assert command_types()[12:18] == [
+        "SetQuota",
+        "RemoveQuota",
+        "Defragment",
+        "ResumeCluster",
+        "RecoverNode",
+        "UpdateNode",
+    ]

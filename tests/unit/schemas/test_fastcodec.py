@@ -283,8 +283,8 @@ SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00\x0
             _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
             STRICT[0],
         ),
-        # -1: fastavro's last branch, ResumeCluster {reason "r"}
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r"), STRICT[1]),
+        # -1: fastavro's last branch, UpdateNode {node_id "r", labels null, taints null}
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r") + b"\x00\x00", STRICT[1]),
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
@@ -303,7 +303,7 @@ def test_decode_rejects_what_fastavro_lets_through(body: bytes, reason: str) -> 
         b"\x10" + b"\x20abc",  # string length past the end
         b"\x10" + b"\x04\xff\xfe",  # invalid UTF-8
         b"\x10" + b"\x06\xed\xa0\x80",  # an encoded surrogate
-        b"\x20" + _s("p"),  # union index past the end
+        b"\x7e" + _s("p"),  # union index past the end (63)
         b"\x10" + _s("p") + SET_POLICY_TAIL + b"\x00",  # a trailing byte
         b"\x10",  # truncated in the payload
         b"\x0c" + _s("p") + _s("t") + b"\x00" * 5 + b"\xfe\xff\xff\xff\x0f" + _s("a") + b"\x00\x00\x00",  # huge count

@@ -1,22 +1,19 @@
-"""Which modules the install compiles with mypyc, and the switch that keeps their pure-Python sources runnable.
+"""The build configuration of the compiled hot path: which modules mypyc compiles, with which options, and whether
+``pip install`` compiles without being asked; and, for the Makefile's banner, the tests and the benchmarks,
+which of them a tree has built and which a process runs compiled.
 
-``setup.py`` compiles :data:`COMPILED` into C extensions beside their ``.py`` sources (or, when it
-cannot, says why and leaves them pure). Python imports an extension before a source of the same
-name, so a built tree runs compiled. ``GPUFOLD_PURE_PYTHON=1`` in the environment of a process makes
-:func:`install` (called first by ``schemas/__init__.py``) load these modules from their ``.py``
-sources instead: the same code, interpreted, for comparisons and debugging. The fold never reads the
-environment; only this import shim does, once, before any compiled module is imported.
-
-Standard library only: ``setup.py`` loads this file by path before anything is installed.
+A build detail: the code reads the same either way (the modules are plain Python; compiled, they give the same
+events and hashes, faster). ``setup.py`` loads this file by path at build time, before anything is installed,
+so it uses the standard library only; it is not installed with the packages. A process asks for the
+interpreted sources of built modules with ``GPUFOLD_PURE_PYTHON=1`` (``schemas/pure_python.py``).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -25,8 +22,8 @@ COMPILE_ENV = "GPUFOLD_COMPILE"
 COMPILE_BY_DEFAULT = True
 """Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks).
 
-The build takes ~210-245 s of CPU, ~2.5-4 minutes on 2 cores (BENCHMARKS.md, "Compiling by default"); without
-a compiler it says so and installs pure Python."""
+What it costs and gives: BENCHMARKS.md, "Compiling by default"; without a compiler the install says so and
+installs pure Python."""
 
 OPT_LEVEL = "2"
 """gcc's -O for the compiled modules (``GPUFOLD_MYPYC_OPT_LEVEL`` at build time sets one level for all)."""
@@ -57,9 +54,14 @@ COMPILED: tuple[str, ...] = (
     "processor.core.reasons",
     "processor.core.dependencies",
     "processor.core.fragmentation",
+    "processor.core.share_prices",
+    "processor.core.model_supply",
     "processor.core.quotas",
     "processor.core.gangs",
+    "processor.core.preemption_plans",
+    "processor.core.node_victims",
     "processor.core.preemption",
+    "processor.core.gang_preemption",
     "processor.core.reservation_planner",
     "processor.core.defrag",
     "processor.core.explain",
@@ -83,6 +85,7 @@ COMPILED: tuple[str, ...] = (
     "processor.core.policies.dot_product",
     "processor.core.policies.fgd",
     "processor.core.policies.fgd_plus",
+    "processor.core.policies.fgd_pack",
     "processor.core.policies.first_fit",
     "processor.core.policies.gpu_clustering",
     "processor.core.policies.gpu_packing",
@@ -93,8 +96,6 @@ COMPILED: tuple[str, ...] = (
     "processor.core.snapshot",
 )
 """The hot path: the contract's records and checks, the generated codec, and the fold (in dependency order)."""
-
-ROOT = Path(__file__).resolve().parent.parent  # the folder holding the schemas/ and processor/ packages
 
 
 def compile_requested(environ: dict[str, str] | None = None) -> bool:
@@ -108,26 +109,21 @@ def pure_python_requested() -> bool:
     return os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
-class _SourceFinder:
-    """A meta-path finder that loads the compiled modules from their ``.py`` sources."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED:
-            return None
-        source = ROOT.joinpath(*fullname.split(".")).with_suffix(".py")
-        return importlib.util.spec_from_file_location(fullname, source)
+def source_of(name: str) -> Path:
+    """The ``.py`` source of a module of :data:`COMPILED`, where the running interpreter imports it from."""
+    package, _, stem = name.rpartition(".")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(package)
+    return Path(next(iter(spec.submodule_search_locations)), stem + ".py")
 
 
-def install() -> None:
-    """Load the pure-Python sources of :data:`COMPILED` if this process asked for them; idempotent."""
-    if pure_python_requested() and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceFinder())
-    elif str(ROOT) not in sys.path and any(ROOT.glob("*__mypyc.*")):
-        # The compiled modules import mypyc's shared library, built beside the packages; an editable install
-        # maps only the packages onto sys.path, so a process started outside the tree would not find it.
-        sys.path.append(str(ROOT))
+def _extensions(source: Path) -> list[Path]:
+    return [
+        source.with_name(source.stem + suffix)
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if source.with_name(source.stem + suffix).exists()
+    ]
 
 
 def is_compiled(module: ModuleType) -> bool:
@@ -138,26 +134,16 @@ def is_compiled(module: ModuleType) -> bool:
 
 def built() -> list[str]:
     """The modules of :data:`COMPILED` that have a C extension beside their source (what the install built)."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    out = []
-    for name in COMPILED:
-        folder = ROOT.joinpath(*name.split(".")[:-1])
-        stem = name.rsplit(".", 1)[-1]
-        if any(folder.joinpath(stem + suffix).exists() for suffix in suffixes):
-            out.append(name)
-    return out
+    return [name for name in COMPILED if _extensions(source_of(name))]
 
 
 def stale() -> list[str]:
     """The modules whose ``.py`` source changed after their extension was built (reinstall to rebuild them)."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
     out = []
     for name in COMPILED:
-        source = ROOT.joinpath(*name.split(".")).with_suffix(".py")
-        for suffix in suffixes:
-            extension = source.with_name(source.stem + suffix)
-            if extension.exists() and extension.stat().st_mtime < source.stat().st_mtime:
-                out.append(name)
+        source = source_of(name)
+        if any(extension.stat().st_mtime < source.stat().st_mtime for extension in _extensions(source)):
+            out.append(name)
     return out
 
 
@@ -167,7 +153,7 @@ def status() -> dict[str, bool]:
 
 
 def summary() -> str:
-    """One line for logs and ``--version``-like output: how much of the hot path runs compiled."""
+    """One line for logs and the install's banner: how much of the hot path runs compiled."""
     compiled = sum(status().values())
     if compiled == len(COMPILED):
         return f"hot path compiled with mypyc ({compiled} modules)"

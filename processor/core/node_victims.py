@@ -1,0 +1,297 @@
+"""The least victim set on one node, and the bounds that let a search skip nodes without visiting their pods.
+
+On a node a search meets, the victim set is the exact minimum under the order of ``processor.core.preemption``:
+sets of 1, 2, ... victims (units: a pod, or a whole gang) are enumerated, ids ascending, until the count can no
+longer beat the best. The enumeration has a budget (:data:`SEARCH_BUDGET` subsets per node); past it the best
+set found is kept, or the cheapest greedy set if none was. Cost: C(k, 1) + C(k, 2) + ... for k candidate
+victims on the node.
+
+Before that, from what the node's running pods hold per priority (``Node.by_priority``, kept incrementally):
+the lowest priority level whose pods, all removed, make room (:func:`minimal_level`), and a lower bound on the
+victims and the work they lose (:func:`lower_bound`), in O(L · G) for L levels and G GPUs, no pod visited.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from processor.core.preemption_plans import ANY_VICTIM, PodPlan, Unit, Victims, unit_of
+from processor.core.resources import PodShape
+from processor.core.state import ClusterState, Node, lookup
+from schemas.commands import GPU_MILLI
+
+SEARCH_BUDGET = 20_000
+"""Victim subsets examined per node at most (the exact minimum is found well within it on nodes with
+up to ~14 lower-priority pods or gangs); the benchmarks and tests never reach it."""
+
+
+def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
+    """Whether the node could ever hold the shape: schedulable, model, labels/taints, capacity. O(1)."""
+    if not node.schedulable:
+        return False
+    if shape.gpu_models and node.gpu_model not in shape.gpu_models:
+        return False
+    if node.cpu_milli < shape.cpu_milli or node.memory_mib < shape.memory_mib:
+        return False
+    if shape.num_gpu and node.gpu_count < (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1):
+        return False
+    return cluster.index.admits(node.node_class, shape)
+
+
+def gpus_fit(free: list[int], shape: PodShape) -> bool:
+    if not shape.num_gpu:
+        return True
+    if shape.gpu_milli >= GPU_MILLI:
+        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
+    return max(free) >= shape.gpu_milli
+
+
+def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
+    """The lowest priority L < ``priority`` such that removing every pod of priority <= L makes room,
+    or None. O(L · G) from the per-priority sums."""
+    by_priority = node.by_priority
+    levels = [level for level in by_priority if level < priority]
+    if not levels:
+        return None
+    if len(levels) > 1:
+        levels.sort()
+    cpu, memory = node.cpu_free, node.memory_free
+    gpu = node.gpu_free
+    for level in levels:
+        held = by_priority[level]
+        cpu += held.cpu_milli
+        memory += held.memory_mib
+        gpu = [free + milli for free, milli in zip(gpu, held.gpu_milli, strict=True)]
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and gpus_fit(gpu, shape):
+            return level
+    return None
+
+
+def _contribution(node_id: str, unit: Unit) -> tuple[int, int, list[tuple[int, int]]]:
+    cpu = memory = 0
+    gpus: list[tuple[int, int]] = []
+    for pod in unit.pods:
+        if pod.node_id == node_id:
+            cpu += pod.spec.cpu_milli
+            memory += pod.spec.memory_mib
+            gpus.extend((share.index, share.milli) for share in pod.gpus)
+    return cpu, memory, gpus
+
+
+def best_on_node(
+    cluster: ClusterState,
+    node: Node,
+    shape: PodShape,
+    level: int,
+    now: int,
+    beat: tuple[int, int] | None,
+    allowed: Victims = ANY_VICTIM,
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """The minimum (victims, work, victim ids) set of units of priority <= ``level`` on the node that makes
+    room, strictly better in (victims, work) than ``beat`` (a node with a smaller id found that).
+
+    Sets are enumerated by size; a size is skipped whole when even its units that free the most GPU,
+    CPU or memory could not cover what is missing, and a set whose count or work cannot win is not
+    checked. At most :data:`SEARCH_BUDGET` sets per node; past it, the greedy set."""
+    pods = cluster.pods
+    units: dict[str, Unit] = {}
+    for pod_id in node.pods:
+        pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
+        if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
+            continue
+        spec = pod.spec
+        if spec.gang_id is None:
+            started = pod.started_at if pod.started_at is not None else now
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
+        elif spec.gang_id not in units:
+            units[spec.gang_id] = unit_of(cluster, pod, now)
+    if allowed.restricts:
+        units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
+    if not units:
+        return None
+    if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
+        return None  # only one victim with less work could win here
+    ordered = [units[key] for key in sorted(units)]
+    contributions = [_contribution(node.node_id, unit) for unit in ordered]
+    need_cpu = shape.cpu_milli - node.cpu_free
+    need_memory = shape.memory_mib - node.memory_free
+    need_gpu = gpu_deficit(node.gpu_free, shape)
+    by_cpu = sorted((c[0] for c in contributions), reverse=True)
+    by_memory = sorted((c[1] for c in contributions), reverse=True)
+    by_gpu = sorted((sum(m for _, m in c[2]) for c in contributions), reverse=True)
+    counts = [unit.count for unit in ordered]
+    works = [unit.work for unit in ordered]
+    best: tuple[tuple[int, int], tuple[str, ...], list[Unit]] | None = None
+    budget = SEARCH_BUDGET
+    for size in range(1, len(ordered) + 1):
+        bound = best[0] if best is not None else beat
+        if bound is not None and size > bound[0]:
+            break
+        if sum(by_cpu[:size]) < need_cpu or sum(by_memory[:size]) < need_memory or sum(by_gpu[:size]) < need_gpu:
+            continue
+        for chosen in combinations(range(len(ordered)), size):
+            budget -= 1
+            if budget < 0:
+                break
+            count = sum(counts[i] for i in chosen)
+            work = sum(works[i] for i in chosen)
+            if beat is not None and (count, work) >= beat:
+                continue
+            if best is not None and (count, work) > best[0]:
+                continue
+            cpu, memory = node.cpu_free, node.memory_free
+            gpu = list(node.gpu_free)
+            for i in chosen:
+                more_cpu, more_memory, more_gpus = contributions[i]
+                cpu += more_cpu
+                memory += more_memory
+                for index, milli in more_gpus:
+                    gpu[index] += milli
+            if cpu < shape.cpu_milli or memory < shape.memory_mib or not gpus_fit(gpu, shape):
+                continue
+            ids = tuple(sorted(pod.spec.pod_id for i in chosen for pod in ordered[i].pods))
+            if best is None or ((count, work), ids) < (best[0], best[1]):
+                best = ((count, work), ids, [ordered[i] for i in chosen])
+        if budget < 0:
+            break
+    if best is None and budget < 0:
+        return _greedy(node, shape, ordered, contributions, beat)
+    return None if best is None else (best[0], best[2])
+
+
+def gpu_deficit(free: list[int], shape: PodShape) -> int:
+    """GPU milli that victims must free on the node at least (0 if the GPUs already suffice)."""
+    if not shape.num_gpu:
+        return 0
+    if shape.gpu_milli >= GPU_MILLI:
+        largest = sorted(free, reverse=True)[: shape.num_gpu]
+        return max(0, shape.num_gpu * GPU_MILLI - sum(largest))
+    return max(0, shape.gpu_milli - max(free))
+
+
+def _greedy(
+    node: Node,
+    shape: PodShape,
+    ordered: list[Unit],
+    contributions: list[tuple[int, int, list[tuple[int, int]]]],
+    beat: tuple[int, int] | None,
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """Past the budget: units by the most GPU they free on the node, then fewest victims, until it fits."""
+    order = sorted(
+        range(len(ordered)),
+        key=lambda i: (-sum(m for _, m in contributions[i][2]), -contributions[i][0], ordered[i].count, ordered[i].key),
+    )
+    cpu, memory, gpu = node.cpu_free, node.memory_free, list(node.gpu_free)
+    chosen: list[int] = []
+    for i in order:
+        chosen.append(i)
+        more_cpu, more_memory, more_gpus = contributions[i]
+        cpu += more_cpu
+        memory += more_memory
+        for index, milli in more_gpus:
+            gpu[index] += milli
+        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and gpus_fit(gpu, shape):
+            units = sorted((ordered[j] for j in chosen), key=lambda unit: unit.key)
+            value = (sum(unit.count for unit in units), sum(unit.work for unit in units))
+            return None if beat is not None and value >= beat else (value, units)
+    return None
+
+
+def try_node(
+    cluster: ClusterState,
+    node: Node,
+    shape: PodShape,
+    level: int,
+    now: int,
+    best: PodPlan | None,
+    allowed: Victims = ANY_VICTIM,
+) -> PodPlan | None:
+    """The better of ``best`` and the node's least victim set (None if neither exists)."""
+    beat = None
+    if best is not None:
+        # A node with a smaller id wins a tie in victims and work; one with a larger id must do better.
+        beat = (best.cost[1], best.cost[2] + (1 if node.node_id < best.node_id else 0))
+    found = best_on_node(cluster, node, shape, level, now, beat, allowed)
+    if found is not None:
+        (count, work), units = found
+        candidate = PodPlan(node.node_id, units, (level, count, work))
+        if best is None or _rank(candidate) < _rank(best):
+            return candidate
+    return best
+
+
+def _rank(plan: PodPlan) -> tuple[int, int, int, str, tuple[str, ...]]:
+    return (*plan.cost, plan.node_id, tuple(pod.spec.pod_id for pod in plan.victims))
+
+
+def bound_terms(node: Node, shape: PodShape, level: int) -> tuple[int, int]:
+    """(at least how many victims, GPU milli they must free) on the node, from what its pods of priority
+    <= ``level`` hold, start times aside; (0, 0) if the GPUs give no bound (the bound is then (1, 0)).
+
+    Victims must free the GPU the node lacks, each at most the largest GPU a pod there holds; a pod that
+    wants every GPU of the node in whole takes every pod holding a GPU there along. Alike for the nodes
+    of one preemption-index class."""
+    deficit = gpu_deficit(node.gpu_free, shape)
+    if not deficit:
+        return (0, 0)
+    largest = gpu_pods = 0
+    for priority, held in node.by_priority.items():
+        if priority <= level:
+            gpu_pods += held.gpu_pods
+            for milli in held.latest_starts:
+                if milli > largest:
+                    largest = milli
+    if largest <= 0:
+        return (0, 0)
+    fewest = -(-deficit // largest)
+    if shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI and gpu_pods > fewest:
+        fewest = gpu_pods
+    return (fewest, deficit)
+
+
+def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int, int]:
+    """At least how many victims, and how much work lost, it takes on this node, from the per-priority
+    summary (no pod is visited): :func:`bound_terms`, every GPU milli freed running since the latest
+    start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
+    starts are never lowered when a pod leaves, so the bound stays a bound."""
+    fewest, deficit = bound_terms(node, shape, level)
+    if not fewest:
+        return (1, 0)
+    latest: dict[int, int] = {}
+    for priority, held in node.by_priority.items():
+        if priority <= level:
+            for milli, started in held.latest_starts.items():
+                if latest.get(milli, -1) < started:
+                    latest[milli] = started
+    if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
+        return (fewest, deficit * max(0, now - max(latest.values())))
+    return (1, min(m * max(0, now - t) for m, t in latest.items() if m >= deficit))
+
+
+def could_hold_somewhere(cluster: ClusterState, shape: PodShape) -> bool:
+    """Whether some node present could hold the shape once emptied: :func:`could_hold` on each distinct fixed
+    capacity (model, node class without a reservation's taint, GPUs, CPU, memory), schedulability aside: a
+    superset of the nodes :func:`could_hold` admits. O(C) for C distinct capacities, whatever the nodes."""
+    whole = shape.gpu_milli >= GPU_MILLI
+    for model, node_class, gpu_count, cpu, memory in cluster.capacities:
+        if shape.gpu_models and model not in shape.gpu_models:
+            continue
+        if shape.num_gpu and gpu_count < (shape.num_gpu if whole else 1):
+            continue
+        if cpu < shape.cpu_milli or memory < shape.memory_mib:
+            continue
+        if cluster.index.admits(node_class, shape):
+            return True
+    return False
+
+
+def fits_now(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free capacity holds the shape now (a node that ``could_hold`` it)."""
+    if node.cpu_free < shape.cpu_milli or node.memory_free < shape.memory_mib:
+        return False
+    return gpus_fit(node.gpu_free, shape)
+
+
+def could_preempt_on(node: Node, shape: PodShape, priority: int, cluster: ClusterState) -> bool:
+    """Whether removing the node's pods below ``priority`` would make room for the shape. O(L · G)."""
+    return could_hold(cluster, node, shape) and minimal_level(node, shape, priority) is not None
