@@ -2,7 +2,7 @@
 # docker-compose.yml runs it as the processor, the projector and the api; by itself it runs the processor.
 #
 # Two stages: `build` (the full python image, which has gcc) installs gpufold into /install, compiling the
-# hot path with mypyc as `pip install` does on a developer machine (see README "The compiled hot path");
+# hot path with mypyc (GPUFOLD_COMPILE=1; opt-in on a developer machine, see README "The compiled hot path");
 # the slim runtime image copies only the installed files. Both stages are the same CPython 3.11 build, so
 # the compiled extension modules load unchanged. Without a compiler the install keeps pure Python (same
 # bytes, slower) and says so in the build log.
@@ -20,7 +20,7 @@ COPY processor ./processor
 COPY producers ./producers
 COPY projections ./projections
 COPY schemas ./schemas
-RUN pip install --prefix=/install ".[postgres,api]" \
+RUN GPUFOLD_COMPILE=1 pip install --prefix=/install ".[postgres,api]" \
     && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
        'import build_config; print("gpufold:", build_config.summary())'
 

@@ -19,11 +19,14 @@ from types import ModuleType
 
 PURE_PYTHON_ENV = "GPUFOLD_PURE_PYTHON"
 COMPILE_ENV = "GPUFOLD_COMPILE"
-COMPILE_BY_DEFAULT = True
-"""Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks).
+COMPILE_BY_DEFAULT = False
+"""Whether ``pip install`` compiles without being asked (``GPUFOLD_COMPILE=1`` asks, ``=0`` declines).
 
-What it costs and gives: BENCHMARKS.md, "Compiling by default"; without a compiler the install says so and
-installs pure Python."""
+Off: compiling costs a fresh install ~210 s of CPU (2-18 minutes of wall clock on 2 cores) and gives ~1.6x on
+the fold, ~9 s of CPU on ``make demo``'s replay of the openb trace (BENCHMARKS.md, "Compiling by default,
+measured again"). It is asked for where it pays: CI (``.ci/run``, so the compiled path runs the test suites and
+every listed module must build) and the Docker image. Without a compiler the install says so and installs
+pure Python."""
 
 OPT_LEVEL = "2"
 """gcc's -O for the compiled modules (``GPUFOLD_MYPYC_OPT_LEVEL`` at build time sets one level for all)."""
@@ -160,8 +163,8 @@ def summary() -> str:
     if compiled == 0:
         if pure_python_requested():
             why = f"{PURE_PYTHON_ENV} is set"
-        elif os.environ.get(COMPILE_ENV, "").strip() == "0":
-            why = f"not built ({COMPILE_ENV}=0)"
+        elif not compile_requested():
+            why = f"not built (compiling is opt-in: {COMPILE_ENV}=1 at install builds it)"
         else:
             why = "not built (no compiler at install? pip install -v shows why)"
         return f"hot path pure Python: {why}"

@@ -1,8 +1,8 @@
 """Builds the fold's hot path with mypyc when it can, and plain Python when it cannot.
 
 ``pip install .`` (or ``-e .``) compiles the modules of :data:`build_config.COMPILED` into C extensions
-beside their sources (``GPUFOLD_COMPILE=0`` declines, ``=1`` asks; unset, ``build_config.COMPILE_BY_DEFAULT``
-decides).
+beside their sources when asked (``GPUFOLD_COMPILE=1``; ``=0`` declines; unset, ``build_config.COMPILE_BY_DEFAULT``
+decides: off).
 Missing mypyc, a missing C compiler or Python headers, or any error while compiling is not fatal: the
 build says so in one clear message and installs the same modules as plain Python, which give the same
 events and hashes (only slower).
@@ -135,7 +135,7 @@ def extensions() -> list[object]:
         say("GPUFOLD_PURE_PYTHON is set: installing the hot path as pure Python (not compiled)")
         return []
     if not _CONFIG["compile_requested"]():
-        say(f"{_CONFIG['COMPILE_ENV']}=0 or COMPILE_BY_DEFAULT off: installing the hot path as pure Python")
+        say(f"compiling is opt-in ({_CONFIG['COMPILE_ENV']}=1 compiles): installing the hot path as pure Python")
         return []
     try:
         from mypyc.build import mypycify

@@ -37,7 +37,7 @@ def test_every_compiled_module_has_a_source_and_is_in_the_mypy_packages() -> Non
 def test_the_built_modules_are_the_ones_in_use() -> None:
     """Where the install compiled the hot path (always in CI, which has gcc), every module of it runs compiled."""
     built = build_config.built()
-    if os.environ.get("CI") == "true" and build_config.COMPILE_BY_DEFAULT:
+    if os.environ.get("CI") == "true" and build_config.compile_requested():  # .ci/run asks for it
         assert built == list(build_config.COMPILED), (
             f"CI builds every module; not built: {set(build_config.COMPILED) - set(built)}"
         )
@@ -150,12 +150,16 @@ def test_the_compiled_fold_reads_clusters_nodes_and_pods_through_in_and_brackets
 
 
 def test_the_summary_says_why_the_hot_path_is_pure(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Declined (GPUFOLD_COMPILE=0), asked for pure sources, or not built: three different lines."""
+    """Not asked (unset: off by default, or GPUFOLD_COMPILE=0), asked for pure sources, or asked and not built:
+    three different lines."""
     monkeypatch.setattr(build_config, "status", lambda: dict.fromkeys(build_config.COMPILED, False))
     monkeypatch.delenv(build_config.PURE_PYTHON_ENV, raising=False)
+    opt_in = f"hot path pure Python: not built (compiling is opt-in: {build_config.COMPILE_ENV}=1 at install builds it)"
     monkeypatch.setenv(build_config.COMPILE_ENV, "0")
-    assert build_config.summary() == f"hot path pure Python: not built ({build_config.COMPILE_ENV}=0)"
+    assert build_config.summary() == opt_in
     monkeypatch.delenv(build_config.COMPILE_ENV)
+    assert not build_config.COMPILE_BY_DEFAULT and build_config.summary() == opt_in
+    monkeypatch.setenv(build_config.COMPILE_ENV, "1")
     assert "no compiler at install?" in build_config.summary()
     monkeypatch.setenv(build_config.PURE_PYTHON_ENV, "1")
     assert build_config.summary() == f"hot path pure Python: {build_config.PURE_PYTHON_ENV} is set"
