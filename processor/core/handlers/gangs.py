@@ -18,7 +18,7 @@ from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
 from processor.core.handlers.reservations import holder_started
 from processor.core.reasons import blocked_by_earlier, queue_reasons
-from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, shape_of
+from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
 from schemas.commands import PREEMPT_NEVER, PREEMPTING, RECLAIM_LOWER, Quota, ReleaseGang, SubmitGang
 from schemas.events import (
@@ -106,7 +106,7 @@ def waiting_members(cluster: ClusterState, gang: Gang) -> list[str]:
         return []
     out = []
     for member in gang.spec.members:
-        pod = cluster.pods.get(member.pod_id)
+        pod = lookup(cluster.pods, member.pod_id)
         if pod is not None and pod.queued:
             out.append(member.pod_id)
     return out
