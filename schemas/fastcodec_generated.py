@@ -40,9 +40,12 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
+    Retry as _c_Retry,
+    SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
     SubmitGang as _c_SubmitGang,
@@ -59,7 +62,10 @@ from schemas.events import (
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
+    DisruptionBudgetRemoved as _c_DisruptionBudgetRemoved,
+    DisruptionBudgetSet as _c_DisruptionBudgetSet,
     Event as _c_Event,
+    EvictionBlocked as _c_EvictionBlocked,
     GangQueued as _c_GangQueued,
     GangReleased as _c_GangReleased,
     GangScheduled as _c_GangScheduled,
@@ -77,10 +83,12 @@ from schemas.events import (
     NodeUpdated as _c_NodeUpdated,
     NodesReserved as _c_NodesReserved,
     PodEvicted as _c_PodEvicted,
+    PodEvictionScheduled as _c_PodEvictionScheduled,
     PodMigrated as _c_PodMigrated,
     PodPreempted as _c_PodPreempted,
     PodQueued as _c_PodQueued,
     PodReleased as _c_PodReleased,
+    PodRetryScheduled as _c_PodRetryScheduled,
     PodScheduled as _c_PodScheduled,
     PodSpec as _c_PodSpec,
     PodTimeLimitReached as _c_PodTimeLimitReached,
@@ -93,158 +101,182 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\xc1\xc6\xf4\xedV\x9fs.'
+_k1 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
 _k11 = b'\x00'
-_k35 = b'\x02'
-_k39 = b'\x04'
-_k43 = b'\x06'
-_k47 = b'\x08'
-_k51 = b'\n'
-_k57 = b'\x0c'
-_k85 = b'\x02'
-_k87 = b'\x00'
-_k94 = b'\x0e'
-_k100 = b'\x10'
-_k105 = b'\x02'
-_k107 = b'\x00'
-_k112 = b'\x02'
-_k115 = b'\x02'
+_k36 = b'\x02'
+_k40 = b'\x04'
+_k44 = b'\x06'
+_k48 = b'\x08'
+_k53 = b'\n'
+_k59 = b'\x0c'
+_k87 = b'\x02'
+_k89 = b'\x00'
+_k98 = b'\x02'
+_k103 = b'\x00'
+_k105 = b'\x0e'
+_k111 = b'\x10'
+_k116 = b'\x02'
 _k118 = b'\x00'
+_k123 = b'\x02'
 _k126 = b'\x02'
-_k128 = b'\x00'
-_k131 = b'\x02'
-_k133 = b'\x00'
-_k136 = b'\x02'
-_k138 = b'\x00'
-_k141 = b'\x02'
-_k143 = b'\x00'
+_k129 = b'\x00'
+_k137 = b'\x02'
+_k139 = b'\x00'
+_k142 = b'\x02'
+_k144 = b'\x00'
 _k147 = b'\x02'
-_k156 = b'\x02'
-_k158 = b'\x00'
-_k160 = b'\x00'
-_k162 = b'\x00'
-_k165 = b'\x02'
-_k167 = b'\x00'
-_k169 = b'\x12'
-_k189 = b'\x02'
-_k191 = b'\x00'
-_k194 = b'\x02'
-_k197 = b'\x00'
+_k149 = b'\x00'
+_k152 = b'\x02'
+_k154 = b'\x00'
+_k158 = b'\x02'
+_k167 = b'\x02'
+_k169 = b'\x00'
+_k171 = b'\x00'
+_k173 = b'\x00'
+_k176 = b'\x02'
+_k178 = b'\x00'
+_k180 = b'\x12'
 _k200 = b'\x02'
-_k203 = b'\x00'
-_k206 = b'\x02'
+_k202 = b'\x00'
+_k205 = b'\x02'
 _k208 = b'\x00'
 _k211 = b'\x02'
-_k213 = b'\x00'
-_k220 = b'\x14'
-_k226 = b'\x16'
-_k228 = b'\x18'
-_k233 = b'\x02'
-_k236 = b'\x00'
-_k240 = b'\x02'
-_k242 = b'\x00'
-_k245 = b'\x02'
+_k214 = b'\x00'
+_k217 = b'\x02'
+_k219 = b'\x00'
+_k222 = b'\x02'
+_k224 = b'\x00'
+_k231 = b'\x14'
+_k237 = b'\x16'
+_k239 = b'\x18'
+_k244 = b'\x02'
 _k247 = b'\x00'
-_k250 = b'\x02'
-_k252 = b'\x00'
-_k255 = b'\x02'
-_k257 = b'\x00'
-_k261 = b'\x00'
-_k263 = b'\x1a'
-_k267 = b'\x1c'
-_k271 = b'\x02'
-_k274 = b'\x00'
-_k276 = b'\x1e'
-_k280 = b' '
-_k284 = b'"'
-_k289 = b'\x02'
-_k291 = b'\x00'
-_k294 = b'\x02'
-_k296 = b'\x00'
-_k298 = b'\xc3\x01\xc1\xc6\xf4\xedV\x9fs.'
-_k545 = b'\xc3\x01\x10\x97F\x16\xcb\x83%\r'
-_k556 = b'\x00'
-_k567 = b'\x02'
-_k571 = b'\x04'
-_k575 = b'\x06'
-_k579 = b'\x08'
-_k584 = b'\n'
-_k591 = b'\x0c'
-_k609 = b'\x02'
-_k612 = b'\x00'
-_k615 = b'\x02'
+_k251 = b'\x02'
+_k253 = b'\x00'
+_k256 = b'\x02'
+_k258 = b'\x00'
+_k261 = b'\x02'
+_k263 = b'\x00'
+_k266 = b'\x02'
+_k268 = b'\x00'
+_k272 = b'\x00'
+_k274 = b'\x1a'
+_k278 = b'\x1c'
+_k282 = b'\x02'
+_k285 = b'\x00'
+_k287 = b'\x1e'
+_k291 = b' '
+_k295 = b'"'
+_k300 = b'\x02'
+_k302 = b'\x00'
+_k305 = b'\x02'
+_k307 = b'\x00'
+_k309 = b'$'
+_k314 = b'\x02'
+_k317 = b'\x00'
+_k320 = b'\x02'
+_k323 = b'\x00'
+_k326 = b'\x02'
+_k328 = b'\x00'
+_k331 = b'&'
+_k335 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
+_k606 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
 _k617 = b'\x00'
-_k633 = b'\x0e'
-_k651 = b'\x02'
-_k654 = b'\x00'
-_k657 = b'\x02'
-_k659 = b'\x00'
-_k680 = b'\x10'
-_k688 = b'\x12'
-_k693 = b'\x02'
-_k696 = b'\x00'
-_k700 = b'\x14'
-_k707 = b'\x02'
-_k709 = b'\x00'
-_k714 = b'\x02'
-_k716 = b'\x00'
-_k718 = b'\x16'
-_k728 = b'\x18'
-_k757 = b'\x02'
-_k760 = b'\x00'
+_k629 = b'\x02'
+_k633 = b'\x04'
+_k637 = b'\x06'
+_k641 = b'\x08'
+_k646 = b'\n'
+_k653 = b'\x0c'
+_k671 = b'\x02'
+_k674 = b'\x00'
+_k677 = b'\x02'
+_k679 = b'\x00'
+_k688 = b'\x00'
+_k699 = b'\x0e'
+_k717 = b'\x02'
+_k720 = b'\x00'
+_k723 = b'\x02'
+_k725 = b'\x00'
+_k734 = b'\x00'
+_k750 = b'\x10'
+_k758 = b'\x12'
 _k763 = b'\x02'
-_k765 = b'\x00'
-_k774 = b'\x02'
-_k777 = b'\x00'
-_k780 = b'\x02'
-_k783 = b'\x00'
-_k786 = b'\x02'
-_k788 = b'\x00'
-_k791 = b'\x02'
-_k793 = b'\x00'
-_k803 = b'\x02'
-_k805 = b'\x00'
-_k808 = b'\x1a'
-_k829 = b'\x02'
-_k832 = b'\x00'
-_k835 = b'\x02'
-_k838 = b'\x00'
-_k841 = b'\x02'
-_k843 = b'\x00'
-_k846 = b'\x02'
-_k848 = b'\x00'
-_k858 = b'\x02'
-_k860 = b'\x00'
-_k863 = b'\x02'
-_k866 = b'\x00'
-_k869 = b'\x02'
-_k872 = b'\x00'
-_k877 = b'\x1c'
-_k884 = b'\x1e'
-_k891 = b' '
-_k899 = b'\x02'
-_k902 = b'\x00'
-_k904 = b'"'
-_k912 = b'\x02'
-_k914 = b'\x00'
-_k918 = b'$'
-_k929 = b'&'
-_k939 = b'('
-_k942 = b'*'
-_k954 = b','
-_k957 = b'\x02'
-_k960 = b'\x00'
-_k963 = b'\x00'
-_k966 = b'\x00'
-_k970 = b'.'
-_k984 = b'0'
-_k990 = b'\x02'
-_k993 = b'\x00'
-_k997 = b'2'
-_k1007 = b'4'
-_k1017 = b'6'
-_k1021 = b'8'
-_k1028 = b'\xc3\x01\x10\x97F\x16\xcb\x83%\r'
+_k766 = b'\x00'
+_k770 = b'\x14'
+_k777 = b'\x02'
+_k779 = b'\x00'
+_k784 = b'\x02'
+_k786 = b'\x00'
+_k788 = b'\x16'
+_k798 = b'\x18'
+_k827 = b'\x02'
+_k830 = b'\x00'
+_k833 = b'\x02'
+_k835 = b'\x00'
+_k844 = b'\x00'
+_k848 = b'\x02'
+_k851 = b'\x00'
+_k854 = b'\x02'
+_k857 = b'\x00'
+_k860 = b'\x02'
+_k862 = b'\x00'
+_k865 = b'\x02'
+_k867 = b'\x00'
+_k877 = b'\x02'
+_k879 = b'\x00'
+_k882 = b'\x1a'
+_k903 = b'\x02'
+_k906 = b'\x00'
+_k909 = b'\x02'
+_k912 = b'\x00'
+_k915 = b'\x02'
+_k917 = b'\x00'
+_k920 = b'\x02'
+_k922 = b'\x00'
+_k932 = b'\x02'
+_k934 = b'\x00'
+_k937 = b'\x02'
+_k940 = b'\x00'
+_k943 = b'\x02'
+_k946 = b'\x00'
+_k951 = b'\x1c'
+_k958 = b'\x1e'
+_k965 = b' '
+_k973 = b'\x02'
+_k976 = b'\x00'
+_k978 = b'"'
+_k986 = b'\x02'
+_k988 = b'\x00'
+_k992 = b'$'
+_k1003 = b'&'
+_k1013 = b'('
+_k1016 = b'*'
+_k1028 = b','
+_k1031 = b'\x02'
+_k1034 = b'\x00'
+_k1037 = b'\x00'
+_k1040 = b'\x00'
+_k1044 = b'.'
+_k1058 = b'0'
+_k1064 = b'\x02'
+_k1067 = b'\x00'
+_k1071 = b'2'
+_k1081 = b'4'
+_k1091 = b'6'
+_k1095 = b'8'
+_k1102 = b':'
+_k1108 = b'<'
+_k1113 = b'\x02'
+_k1116 = b'\x00'
+_k1119 = b'\x02'
+_k1122 = b'\x00'
+_k1125 = b'\x02'
+_k1127 = b'\x00'
+_k1130 = b'>'
+_k1134 = b'@'
+_k1145 = b'B'
+_k1152 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -305,254 +337,278 @@ def _b27(a: Any) -> bytes:
 
 
 def _e_AddNode10(o: _c_AddNode) -> bytes:
-    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"),))
+    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"), (_P[n35] if 0 <= (n35 := o.gpu_memory_mib) < 8192 else _long(n35)),))
 
 
-def _e_RemoveNode34(o: _c_RemoveNode) -> bytes:
-    return b"".join((_k35, (_P[n38] if (n38 := len(s37 := o.node_id.encode())) < 8192 else _long(n38)), s37, (b"\x01" if o.force else b"\x00"),))
+def _e_RemoveNode35(o: _c_RemoveNode) -> bytes:
+    return b"".join((_k36, (_P[n39] if (n39 := len(s38 := o.node_id.encode())) < 8192 else _long(n39)), s38, (b"\x01" if o.force else b"\x00"),))
 
 
-def _e_CordonNode38(o: _c_CordonNode) -> bytes:
-    return b"".join((_k39, (_P[n42] if (n42 := len(s41 := o.node_id.encode())) < 8192 else _long(n42)), s41,))
+def _e_CordonNode39(o: _c_CordonNode) -> bytes:
+    return b"".join((_k40, (_P[n43] if (n43 := len(s42 := o.node_id.encode())) < 8192 else _long(n43)), s42,))
 
 
-def _e_UncordonNode42(o: _c_UncordonNode) -> bytes:
-    return b"".join((_k43, (_P[n46] if (n46 := len(s45 := o.node_id.encode())) < 8192 else _long(n46)), s45,))
+def _e_UncordonNode43(o: _c_UncordonNode) -> bytes:
+    return b"".join((_k44, (_P[n47] if (n47 := len(s46 := o.node_id.encode())) < 8192 else _long(n47)), s46,))
 
 
-def _e_DrainNode46(o: _c_DrainNode) -> bytes:
-    return b"".join((_k47, (_P[n50] if (n50 := len(s49 := o.node_id.encode())) < 8192 else _long(n50)), s49,))
+def _e_DrainNode47(o: _c_DrainNode) -> bytes:
+    return b"".join((_k48, (_P[n51] if (n51 := len(s50 := o.node_id.encode())) < 8192 else _long(n51)), s50, (_P[n52] if 0 <= (n52 := o.grace_ms) < 8192 else _long(n52)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _e_MarkNodeFailed50(o: _c_MarkNodeFailed) -> bytes:
-    return b"".join((_k51, (_P[n54] if (n54 := len(s53 := o.node_id.encode())) < 8192 else _long(n54)), s53, (_P[n56] if (n56 := len(s55 := o.reason.encode())) < 8192 else _long(n56)), s55,))
+def _e_MarkNodeFailed52(o: _c_MarkNodeFailed) -> bytes:
+    return b"".join((_k53, (_P[n56] if (n56 := len(s55 := o.node_id.encode())) < 8192 else _long(n56)), s55, (_P[n58] if (n58 := len(s57 := o.reason.encode())) < 8192 else _long(n58)), s57,))
 
 
-def _b69(a: Any) -> bytes:
+def _b71(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n71] if (n71 := len(s70 := x.encode())) < 8192 else _long(n71)), s70,)
+        out += ((_P[n73] if (n73 := len(s72 := x.encode())) < 8192 else _long(n73)), s72,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b74(a: Any) -> bytes:
+def _b76(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n77] if (n77 := len(s76 := x.key.encode())) < 8192 else _long(n77)), s76, (_P[n79] if (n79 := len(s78 := x.operator.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.value.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.effect.encode())) < 8192 else _long(n83)), s82,)
+        out += ((_P[n79] if (n79 := len(s78 := x.key.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.operator.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.value.encode())) < 8192 else _long(n83)), s82, (_P[n85] if (n85 := len(s84 := x.effect.encode())) < 8192 else _long(n85)), s84,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u85(v: Any) -> bytes:
-    return b"".join((_k85, (_P[n87] if 0 <= (n87 := v) < 8192 else _long(n87)),))
+def _u87(v: Any) -> bytes:
+    return b"".join((_k87, (_P[n89] if 0 <= (n89 := v) < 8192 else _long(n89)),))
 
 
-def _e_SubmitPod56(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k57, (_P[n60] if (n60 := len(s59 := o.pod_id.encode())) < 8192 else _long(n60)), s59, (_P[n62] if (n62 := len(s61 := o.tenant.encode())) < 8192 else _long(n62)), s61, (_P[n63] if 0 <= (n63 := o.priority) < 8192 else _long(n63)), (_P[n64] if 0 <= (n64 := o.num_gpu) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.gpu_milli) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.cpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.memory_mib) < 8192 else _long(n67)), (_b69(a68) if (a68 := o.gpu_models) else b"\x00"), (_b21(a72) if (a72 := o.node_selector) else b"\x00"), (_b74(a73) if (a73 := o.tolerations) else b"\x00"), (_k87 if (u84 := o.time_limit_ms) is None else _u85(u84)), (_b69(a89) if (a89 := o.depends_on) else b"\x00"), (_P[n91] if (n91 := len(s90 := o.dependency.encode())) < 8192 else _long(n91)), s90, (_P[n93] if (n93 := len(s92 := o.preemption.encode())) < 8192 else _long(n93)), s92, (b"\x01" if o.movable else b"\x00"), (b"\x01" if o.preemptible else b"\x00"),))
+def _e_Retry97(o: _c_Retry) -> bytes:
+    return b"".join((_k98, (_P[n100] if 0 <= (n100 := o.max_retries) < 8192 else _long(n100)), (_P[n101] if 0 <= (n101 := o.backoff_ms) < 8192 else _long(n101)), (_P[n102] if 0 <= (n102 := o.backoff_max_ms) < 8192 else _long(n102)),))
 
 
-def _e_Release93(o: _c_Release) -> bytes:
-    return b"".join((_k94, (_P[n97] if (n97 := len(s96 := o.pod_id.encode())) < 8192 else _long(n97)), s96, (_P[n99] if (n99 := len(s98 := o.reason.encode())) < 8192 else _long(n99)), s98,))
+def _e_SubmitPod58(o: _c_SubmitPod) -> bytes:
+    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)), (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _u105(v: Any) -> bytes:
-    return b"".join((_k105, (_P[n107] if 0 <= (n107 := v) < 8192 else _long(n107)),))
+def _e_Release104(o: _c_Release) -> bytes:
+    return b"".join((_k105, (_P[n108] if (n108 := len(s107 := o.pod_id.encode())) < 8192 else _long(n108)), s107, (_P[n110] if (n110 := len(s109 := o.reason.encode())) < 8192 else _long(n110)), s109,))
 
 
-def _u115(v: Any) -> bytes:
-    return b"".join((_k115, (_P[n118] if (n118 := len(s117 := v.encode())) < 8192 else _long(n118)), s117,))
-
-
-def _b121(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for k, x in a.items():
-        out += ((_P[n123] if (n123 := len(s122 := k.encode())) < 8192 else _long(n123)), s122, (_P[n124] if 0 <= (n124 := x) < 8192 else _long(n124)),)
-    out.append(b"\x00")
-    return b"".join(out)
+def _u116(v: Any) -> bytes:
+    return b"".join((_k116, (_P[n118] if 0 <= (n118 := v) < 8192 else _long(n118)),))
 
 
 def _u126(v: Any) -> bytes:
-    return b"".join((_k126, (_P[n128] if 0 <= (n128 := v) < 8192 else _long(n128)),))
+    return b"".join((_k126, (_P[n129] if (n129 := len(s128 := v.encode())) < 8192 else _long(n129)), s128,))
 
 
-def _u131(v: Any) -> bytes:
-    return b"".join((_k131, (_P[n133] if 0 <= (n133 := v) < 8192 else _long(n133)),))
-
-
-def _u136(v: Any) -> bytes:
-    return b"".join((_k136, (_P[n138] if 0 <= (n138 := v) < 8192 else _long(n138)),))
-
-
-def _u141(v: Any) -> bytes:
-    return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
-
-
-def _u156(v: Any) -> bytes:
-    return b"".join((_k156, (_P[n158] if 0 <= (n158 := v) < 8192 else _long(n158)),))
-
-
-def _e_QuotaPreemption146(o: _c_QuotaPreemption) -> bytes:
-    return b"".join((_k147, (_P[n150] if (n150 := len(s149 := o.within_tenant.encode())) < 8192 else _long(n150)), s149, (_P[n152] if (n152 := len(s151 := o.reclaim_within_cohort.encode())) < 8192 else _long(n152)), s151, (_P[n154] if (n154 := len(s153 := o.borrow_within_cohort.encode())) < 8192 else _long(n154)), s153, (_k158 if (u155 := o.borrow_max_victim_priority) is None else _u156(u155)),))
-
-
-def _e_Quota111(o: _c_Quota) -> bytes:
-    return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)), (_k160 if (u146 := o.preemption) is None else _k159[type(u146)](u146)),))
-
-
-def _u165(v: Any) -> bytes:
-    return b"".join((_k165, (_P[n167] if 0 <= (n167 := v) < 8192 else _long(n167)),))
-
-
-def _e_SetPolicy99(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k162 if (u111 := o.default_quota) is None else _k161[type(u111)](u111)), (_k167 if (u164 := o.max_clock_jump_ms) is None else _u165(u164)),))
-
-
-def _b177(a: Any) -> bytes:
+def _b132(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n180] if (n180 := len(s179 := x.pod_id.encode())) < 8192 else _long(n180)), s179, (_P[n181] if 0 <= (n181 := x.num_gpu) < 8192 else _long(n181)), (_P[n182] if 0 <= (n182 := x.gpu_milli) < 8192 else _long(n182)), (_P[n183] if 0 <= (n183 := x.cpu_milli) < 8192 else _long(n183)), (_P[n184] if 0 <= (n184 := x.memory_mib) < 8192 else _long(n184)), (_b69(a185) if (a185 := x.gpu_models) else b"\x00"), (_b21(a186) if (a186 := x.node_selector) else b"\x00"), (_b74(a187) if (a187 := x.tolerations) else b"\x00"),)
+    for k, x in a.items():
+        out += ((_P[n134] if (n134 := len(s133 := k.encode())) < 8192 else _long(n134)), s133, (_P[n135] if 0 <= (n135 := x) < 8192 else _long(n135)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u189(v: Any) -> bytes:
-    return b"".join((_k189, (_P[n191] if 0 <= (n191 := v) < 8192 else _long(n191)),))
+def _u137(v: Any) -> bytes:
+    return b"".join((_k137, (_P[n139] if 0 <= (n139 := v) < 8192 else _long(n139)),))
 
 
-def _u194(v: Any) -> bytes:
-    return b"".join((_k194, (_P[n197] if (n197 := len(s196 := v.encode())) < 8192 else _long(n197)), s196,))
+def _u142(v: Any) -> bytes:
+    return b"".join((_k142, (_P[n144] if 0 <= (n144 := v) < 8192 else _long(n144)),))
+
+
+def _u147(v: Any) -> bytes:
+    return b"".join((_k147, (_P[n149] if 0 <= (n149 := v) < 8192 else _long(n149)),))
+
+
+def _u152(v: Any) -> bytes:
+    return b"".join((_k152, (_P[n154] if 0 <= (n154 := v) < 8192 else _long(n154)),))
+
+
+def _u167(v: Any) -> bytes:
+    return b"".join((_k167, (_P[n169] if 0 <= (n169 := v) < 8192 else _long(n169)),))
+
+
+def _e_QuotaPreemption157(o: _c_QuotaPreemption) -> bytes:
+    return b"".join((_k158, (_P[n161] if (n161 := len(s160 := o.within_tenant.encode())) < 8192 else _long(n161)), s160, (_P[n163] if (n163 := len(s162 := o.reclaim_within_cohort.encode())) < 8192 else _long(n163)), s162, (_P[n165] if (n165 := len(s164 := o.borrow_within_cohort.encode())) < 8192 else _long(n165)), s164, (_k169 if (u166 := o.borrow_max_victim_priority) is None else _u167(u166)),))
+
+
+def _e_Quota122(o: _c_Quota) -> bytes:
+    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)), (_k171 if (u157 := o.preemption) is None else _k170[type(u157)](u157)),))
+
+
+def _u176(v: Any) -> bytes:
+    return b"".join((_k176, (_P[n178] if 0 <= (n178 := v) < 8192 else _long(n178)),))
+
+
+def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
+    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
+
+
+def _b188(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _u200(v: Any) -> bytes:
-    return b"".join((_k200, (_P[n203] if (n203 := len(s202 := v.encode())) < 8192 else _long(n203)), s202,))
+    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
 
 
-def _u206(v: Any) -> bytes:
-    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
+def _u205(v: Any) -> bytes:
+    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
 
 
 def _u211(v: Any) -> bytes:
-    return b"".join((_k211, (_P[n213] if 0 <= (n213 := v) < 8192 else _long(n213)),))
+    return b"".join((_k211, (_P[n214] if (n214 := len(s213 := v.encode())) < 8192 else _long(n214)), s213,))
 
 
-def _e_SubmitGang168(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k169, (_P[n172] if (n172 := len(s171 := o.gang_id.encode())) < 8192 else _long(n172)), s171, (_P[n174] if (n174 := len(s173 := o.tenant.encode())) < 8192 else _long(n174)), s173, (_P[n175] if 0 <= (n175 := o.priority) < 8192 else _long(n175)), (_b177(a176) if (a176 := o.members) else b"\x00"), (_k191 if (u188 := o.min_members) is None else _u189(u188)), (_k197 if (u193 := o.topology_required) is None else _u194(u193)), (_k203 if (u199 := o.topology_preferred) is None else _u200(u199)), (_k208 if (u205 := o.timeout_ms) is None else _u206(u205)), (_k213 if (u210 := o.time_limit_ms) is None else _u211(u210)), (_b69(a215) if (a215 := o.depends_on) else b"\x00"), (_P[n217] if (n217 := len(s216 := o.dependency.encode())) < 8192 else _long(n217)), s216, (_P[n219] if (n219 := len(s218 := o.preemption.encode())) < 8192 else _long(n219)), s218, (b"\x01" if o.preemptible else b"\x00"),))
+def _u217(v: Any) -> bytes:
+    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
 
 
-def _e_ReleaseGang219(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k220, (_P[n223] if (n223 := len(s222 := o.gang_id.encode())) < 8192 else _long(n223)), s222, (_P[n225] if (n225 := len(s224 := o.reason.encode())) < 8192 else _long(n225)), s224,))
+def _u222(v: Any) -> bytes:
+    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
 
 
-def _e_Tick225(o: _c_Tick) -> bytes:
-    return b"".join((_k226, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _u233(v: Any) -> bytes:
-    return b"".join((_k233, (_P[n236] if (n236 := len(s235 := v.encode())) < 8192 else _long(n236)), s235,))
+def _e_ReleaseGang230(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k231, (_P[n234] if (n234 := len(s233 := o.gang_id.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.reason.encode())) < 8192 else _long(n236)), s235,))
 
 
-def _u240(v: Any) -> bytes:
-    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
+def _e_Tick236(o: _c_Tick) -> bytes:
+    return b"".join((_k237, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u245(v: Any) -> bytes:
-    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
+def _u244(v: Any) -> bytes:
+    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := v.encode())) < 8192 else _long(n247)), s246,))
 
 
-def _u250(v: Any) -> bytes:
-    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
+def _u251(v: Any) -> bytes:
+    return b"".join((_k251, (_P[n253] if 0 <= (n253 := v) < 8192 else _long(n253)),))
 
 
-def _u255(v: Any) -> bytes:
-    return b"".join((_k255, (_P[n257] if 0 <= (n257 := v) < 8192 else _long(n257)),))
+def _u256(v: Any) -> bytes:
+    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
 
 
-def _e_SetQuota227(o: _c_SetQuota) -> bytes:
-    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := o.tenant.encode())) < 8192 else _long(n231)), s230, (_k236 if (u232 := o.cohort) is None else _u233(u232)), (_b121(a238) if (a238 := o.nominal_gpus) else b"\x00"), (_k242 if (u239 := o.nominal_cpu_milli) is None else _u240(u239)), (_k247 if (u244 := o.nominal_memory_mib) is None else _u245(u244)), (_k252 if (u249 := o.borrowing_limit_gpus) is None else _u250(u249)), (_k257 if (u254 := o.lending_limit_gpus) is None else _u255(u254)), (_P[n259] if 0 <= (n259 := o.weight) < 8192 else _long(n259)), (_k261 if (u260 := o.preemption) is None else _k260[type(u260)](u260)),))
+def _u261(v: Any) -> bytes:
+    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
 
 
-def _e_RemoveQuota262(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := o.tenant.encode())) < 8192 else _long(n266)), s265,))
+def _u266(v: Any) -> bytes:
+    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
 
 
-def _u271(v: Any) -> bytes:
-    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := v.encode())) < 8192 else _long(n274)), s273,))
+def _e_SetQuota238(o: _c_SetQuota) -> bytes:
+    return b"".join((_k239, (_P[n242] if (n242 := len(s241 := o.tenant.encode())) < 8192 else _long(n242)), s241, (_k247 if (u243 := o.cohort) is None else _u244(u243)), (_b132(a249) if (a249 := o.nominal_gpus) else b"\x00"), (_k253 if (u250 := o.nominal_cpu_milli) is None else _u251(u250)), (_k258 if (u255 := o.nominal_memory_mib) is None else _u256(u255)), (_k263 if (u260 := o.borrowing_limit_gpus) is None else _u261(u260)), (_k268 if (u265 := o.lending_limit_gpus) is None else _u266(u265)), (_P[n270] if 0 <= (n270 := o.weight) < 8192 else _long(n270)), (_k272 if (u271 := o.preemption) is None else _k271[type(u271)](u271)),))
 
 
-def _e_Defragment266(o: _c_Defragment) -> bytes:
-    return b"".join((_k267, (_P[n269] if 0 <= (n269 := o.max_moves) < 8192 else _long(n269)), (_k274 if (u270 := o.target) is None else _u271(u270)),))
+def _e_RemoveQuota273(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k274, (_P[n277] if (n277 := len(s276 := o.tenant.encode())) < 8192 else _long(n277)), s276,))
 
 
-def _e_ResumeCluster275(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.reason.encode())) < 8192 else _long(n279)), s278,))
+def _u282(v: Any) -> bytes:
+    return b"".join((_k282, (_P[n285] if (n285 := len(s284 := v.encode())) < 8192 else _long(n285)), s284,))
 
 
-def _e_RecoverNode279(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k280, (_P[n283] if (n283 := len(s282 := o.node_id.encode())) < 8192 else _long(n283)), s282,))
+def _e_Defragment277(o: _c_Defragment) -> bytes:
+    return b"".join((_k278, (_P[n280] if 0 <= (n280 := o.max_moves) < 8192 else _long(n280)), (_k285 if (u281 := o.target) is None else _u282(u281)),))
 
 
-def _u289(v: Any) -> bytes:
-    return b"".join((_k289, (_b21(a291) if (a291 := v) else b"\x00"),))
+def _e_ResumeCluster286(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := o.reason.encode())) < 8192 else _long(n290)), s289,))
 
 
-def _u294(v: Any) -> bytes:
-    return b"".join((_k294, (_b27(a296) if (a296 := v) else b"\x00"),))
+def _e_RecoverNode290(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k291, (_P[n294] if (n294 := len(s293 := o.node_id.encode())) < 8192 else _long(n294)), s293,))
 
 
-def _e_UpdateNode283(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k284, (_P[n287] if (n287 := len(s286 := o.node_id.encode())) < 8192 else _long(n287)), s286, (_k291 if (u288 := o.labels) is None else _u289(u288)), (_k296 if (u293 := o.taints) is None else _u294(u293)),))
+def _u300(v: Any) -> bytes:
+    return b"".join((_k300, (_b21(a302) if (a302 := v) else b"\x00"),))
+
+
+def _u305(v: Any) -> bytes:
+    return b"".join((_k305, (_b27(a307) if (a307 := v) else b"\x00"),))
+
+
+def _e_UpdateNode294(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := o.node_id.encode())) < 8192 else _long(n298)), s297, (_k302 if (u299 := o.labels) is None else _u300(u299)), (_k307 if (u304 := o.taints) is None else _u305(u304)),))
+
+
+def _u314(v: Any) -> bytes:
+    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := v.encode())) < 8192 else _long(n317)), s316,))
+
+
+def _u320(v: Any) -> bytes:
+    return b"".join((_k320, (_P[n323] if (n323 := len(s322 := v.encode())) < 8192 else _long(n323)), s322,))
+
+
+def _u326(v: Any) -> bytes:
+    return b"".join((_k326, (_b21(a328) if (a328 := v) else b"\x00"),))
+
+
+def _e_SetDisruptionBudget308(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k309, (_P[n312] if (n312 := len(s311 := o.budget_id.encode())) < 8192 else _long(n312)), s311, (_k317 if (u313 := o.tenant) is None else _u314(u313)), (_k323 if (u319 := o.gang_id) is None else _u320(u319)), (_k328 if (u325 := o.label_selector) is None else _u326(u325)), (_P[n330] if 0 <= (n330 := o.max_unavailable) < 8192 else _long(n330)),))
+
+
+def _e_RemoveDisruptionBudget330(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k331, (_P[n334] if (n334 := len(s333 := o.budget_id.encode())) < 8192 else _long(n334)), s333,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k297[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k334[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint325(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint362(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n327 = _ZL[buf[pos]]
-    if n327 < 0:
-        n327, pos = _rlong(buf, pos)
-        if n327 < 0:
-            raise _length_error(n327, end - pos)
+    n364 = _ZL[buf[pos]]
+    if n364 < 0:
+        n364, pos = _rlong(buf, pos)
+        if n364 < 0:
+            raise _length_error(n364, end - pos)
     else:
         pos += 1
-    q328 = pos + n327
-    if q328 > end:
-        raise _length_error(n327, end - pos)
-    f_key = buf[pos:q328].decode()
-    pos = q328
-    n329 = _ZL[buf[pos]]
-    if n329 < 0:
-        n329, pos = _rlong(buf, pos)
-        if n329 < 0:
-            raise _length_error(n329, end - pos)
+    q365 = pos + n364
+    if q365 > end:
+        raise _length_error(n364, end - pos)
+    f_key = buf[pos:q365].decode()
+    pos = q365
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
     else:
         pos += 1
-    q330 = pos + n329
-    if q330 > end:
-        raise _length_error(n329, end - pos)
-    f_value = buf[pos:q330].decode()
-    pos = q330
-    n331 = _ZL[buf[pos]]
-    if n331 < 0:
-        n331, pos = _rlong(buf, pos)
-        if n331 < 0:
-            raise _length_error(n331, end - pos)
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_value = buf[pos:q367].decode()
+    pos = q367
+    n368 = _ZL[buf[pos]]
+    if n368 < 0:
+        n368, pos = _rlong(buf, pos)
+        if n368 < 0:
+            raise _length_error(n368, end - pos)
     else:
         pos += 1
-    q332 = pos + n331
-    if q332 > end:
-        raise _length_error(n331, end - pos)
-    f_effect = buf[pos:q332].decode()
-    pos = q332
+    q369 = pos + n368
+    if q369 > end:
+        raise _length_error(n368, end - pos)
+    f_effect = buf[pos:q369].decode()
+    pos = q369
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode306(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -560,30 +616,31 @@ def _d_AddNode306(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n308 = _ZL[buf[pos]]
-    if n308 < 0:
-        n308, pos = _rlong(buf, pos)
-        if n308 < 0:
-            raise _length_error(n308, end - pos)
+    f_gpu_memory_mib: int
+    n345 = _ZL[buf[pos]]
+    if n345 < 0:
+        n345, pos = _rlong(buf, pos)
+        if n345 < 0:
+            raise _length_error(n345, end - pos)
     else:
         pos += 1
-    q309 = pos + n308
-    if q309 > end:
-        raise _length_error(n308, end - pos)
-    f_node_id = buf[pos:q309].decode()
-    pos = q309
-    n310 = _ZL[buf[pos]]
-    if n310 < 0:
-        n310, pos = _rlong(buf, pos)
-        if n310 < 0:
-            raise _length_error(n310, end - pos)
+    q346 = pos + n345
+    if q346 > end:
+        raise _length_error(n345, end - pos)
+    f_node_id = buf[pos:q346].decode()
+    pos = q346
+    n347 = _ZL[buf[pos]]
+    if n347 < 0:
+        n347, pos = _rlong(buf, pos)
+        if n347 < 0:
+            raise _length_error(n347, end - pos)
     else:
         pos += 1
-    q311 = pos + n310
-    if q311 > end:
-        raise _length_error(n310, end - pos)
-    f_gpu_model = buf[pos:q311].decode()
-    pos = q311
+    q348 = pos + n347
+    if q348 > end:
+        raise _length_error(n347, end - pos)
+    f_gpu_model = buf[pos:q348].decode()
+    pos = q348
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -630,228 +687,172 @@ def _d_AddNode306(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc312: dict[str, Any] = {}
+        acc349: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c313 = _ZD[b]
+                c350 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c313 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c313 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c313, pos = _rlong(buf, pos)
-            if c313 == 0:
+                c350, pos = _rlong(buf, pos)
+            if c350 == 0:
                 break
-            if c313 < 0:
-                c313 = -c313
+            if c350 < 0:
+                c350 = -c350
                 b = buf[pos]
                 if b < 128:
-                    z316 = _ZD[b]
+                    z353 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z316 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z316 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z316, pos = _rlong(buf, pos)
-            if c313 * 2 > end - pos:
-                raise _count_error(c313, end - pos)
-            for _ in range(c313):
-                n317 = _ZL[buf[pos]]
-                if n317 < 0:
-                    n317, pos = _rlong(buf, pos)
-                    if n317 < 0:
-                        raise _length_error(n317, end - pos)
+                    z353, pos = _rlong(buf, pos)
+            if c350 * 2 > end - pos:
+                raise _count_error(c350, end - pos)
+            for _ in range(c350):
+                n354 = _ZL[buf[pos]]
+                if n354 < 0:
+                    n354, pos = _rlong(buf, pos)
+                    if n354 < 0:
+                        raise _length_error(n354, end - pos)
                 else:
                     pos += 1
-                q318 = pos + n317
-                if q318 > end:
-                    raise _length_error(n317, end - pos)
-                k315 = buf[pos:q318].decode()
-                pos = q318
-                n319 = _ZL[buf[pos]]
-                if n319 < 0:
-                    n319, pos = _rlong(buf, pos)
-                    if n319 < 0:
-                        raise _length_error(n319, end - pos)
+                q355 = pos + n354
+                if q355 > end:
+                    raise _length_error(n354, end - pos)
+                k352 = buf[pos:q355].decode()
+                pos = q355
+                n356 = _ZL[buf[pos]]
+                if n356 < 0:
+                    n356, pos = _rlong(buf, pos)
+                    if n356 < 0:
+                        raise _length_error(n356, end - pos)
                 else:
                     pos += 1
-                q320 = pos + n319
-                if q320 > end:
-                    raise _length_error(n319, end - pos)
-                x314 = buf[pos:q320].decode()
-                pos = q320
-                acc312[k315] = x314
-        f_labels = acc312
+                q357 = pos + n356
+                if q357 > end:
+                    raise _length_error(n356, end - pos)
+                x351 = buf[pos:q357].decode()
+                pos = q357
+                acc349[k352] = x351
+        f_labels = acc349
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc321: list[Any] = []
+        acc358: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c322 = _ZD[b]
+                c359 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c322 = (z >> 1) ^ -(z & 1)
+                c359 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c322 = (z >> 1) ^ -(z & 1)
+                c359 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c322, pos = _rlong(buf, pos)
-            if c322 == 0:
+                c359, pos = _rlong(buf, pos)
+            if c359 == 0:
                 break
-            if c322 < 0:
-                c322 = -c322
+            if c359 < 0:
+                c359 = -c359
                 b = buf[pos]
                 if b < 128:
-                    z325 = _ZD[b]
+                    z362 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z325 = (z >> 1) ^ -(z & 1)
+                    z362 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z325 = (z >> 1) ^ -(z & 1)
+                    z362 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z325, pos = _rlong(buf, pos)
-            if c322 * 3 > end - pos:
-                raise _count_error(c322, end - pos)
-            for _ in range(c322):
-                x323, pos = _d_Taint325(buf, pos, end)
-                acc321.append(x323)
-        f_taints = tuple(acc321)
-    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
+                    z362, pos = _rlong(buf, pos)
+            if c359 * 3 > end - pos:
+                raise _count_error(c359, end - pos)
+            for _ in range(c359):
+                x360, pos = _d_Taint362(buf, pos, end)
+                acc358.append(x360)
+        f_taints = tuple(acc358)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_RemoveNode332(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode369(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n334 = _ZL[buf[pos]]
-    if n334 < 0:
-        n334, pos = _rlong(buf, pos)
-        if n334 < 0:
-            raise _length_error(n334, end - pos)
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
     else:
         pos += 1
-    q335 = pos + n334
-    if q335 > end:
-        raise _length_error(n334, end - pos)
-    f_node_id = buf[pos:q335].decode()
-    pos = q335
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_node_id = buf[pos:q372].decode()
+    pos = q372
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode335(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode372(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n337 = _ZL[buf[pos]]
-    if n337 < 0:
-        n337, pos = _rlong(buf, pos)
-        if n337 < 0:
-            raise _length_error(n337, end - pos)
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q338 = pos + n337
-    if q338 > end:
-        raise _length_error(n337, end - pos)
-    f_node_id = buf[pos:q338].decode()
-    pos = q338
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_node_id = buf[pos:q375].decode()
+    pos = q375
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode338(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n340 = _ZL[buf[pos]]
-    if n340 < 0:
-        n340, pos = _rlong(buf, pos)
-        if n340 < 0:
-            raise _length_error(n340, end - pos)
-    else:
-        pos += 1
-    q341 = pos + n340
-    if q341 > end:
-        raise _length_error(n340, end - pos)
-    f_node_id = buf[pos:q341].decode()
-    pos = q341
-    o = _c_UncordonNode(f_node_id)
-    return o, pos
-
-
-def _d_DrainNode341(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
-    f_node_id: str
-    n343 = _ZL[buf[pos]]
-    if n343 < 0:
-        n343, pos = _rlong(buf, pos)
-        if n343 < 0:
-            raise _length_error(n343, end - pos)
-    else:
-        pos += 1
-    q344 = pos + n343
-    if q344 > end:
-        raise _length_error(n343, end - pos)
-    f_node_id = buf[pos:q344].decode()
-    pos = q344
-    o = _c_DrainNode(f_node_id)
-    return o, pos
-
-
-def _d_MarkNodeFailed344(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
-    f_node_id: str
-    f_reason: str
-    n346 = _ZL[buf[pos]]
-    if n346 < 0:
-        n346, pos = _rlong(buf, pos)
-        if n346 < 0:
-            raise _length_error(n346, end - pos)
-    else:
-        pos += 1
-    q347 = pos + n346
-    if q347 > end:
-        raise _length_error(n346, end - pos)
-    f_node_id = buf[pos:q347].decode()
-    pos = q347
-    n348 = _ZL[buf[pos]]
-    if n348 < 0:
-        n348, pos = _rlong(buf, pos)
-        if n348 < 0:
-            raise _length_error(n348, end - pos)
-    else:
-        pos += 1
-    q349 = pos + n348
-    if q349 > end:
-        raise _length_error(n348, end - pos)
-    f_reason = buf[pos:q349].decode()
-    pos = q349
-    o = _c_MarkNodeFailed(f_node_id, f_reason)
-    return o, pos
-
-
-def _d_Toleration375(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
-    f_key: str
-    f_operator: str
-    f_value: str
-    f_effect: str
     n377 = _ZL[buf[pos]]
     if n377 < 0:
         n377, pos = _rlong(buf, pos)
@@ -862,32 +863,51 @@ def _d_Toleration375(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q378 = pos + n377
     if q378 > end:
         raise _length_error(n377, end - pos)
-    f_key = buf[pos:q378].decode()
+    f_node_id = buf[pos:q378].decode()
     pos = q378
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode378(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    f_grace_ms: int
+    f_respect_budgets: bool
+    n380 = _ZL[buf[pos]]
+    if n380 < 0:
+        n380, pos = _rlong(buf, pos)
+        if n380 < 0:
+            raise _length_error(n380, end - pos)
     else:
         pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_operator = buf[pos:q380].decode()
-    pos = q380
-    n381 = _ZL[buf[pos]]
-    if n381 < 0:
-        n381, pos = _rlong(buf, pos)
-        if n381 < 0:
-            raise _length_error(n381, end - pos)
-    else:
+    q381 = pos + n380
+    if q381 > end:
+        raise _length_error(n380, end - pos)
+    f_node_id = buf[pos:q381].decode()
+    pos = q381
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
         pos += 1
-    q382 = pos + n381
-    if q382 > end:
-        raise _length_error(n381, end - pos)
-    f_value = buf[pos:q382].decode()
-    pos = q382
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_DrainNode(f_node_id, f_grace_ms, f_respect_budgets)
+    return o, pos
+
+
+def _d_MarkNodeFailed381(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+    f_node_id: str
+    f_reason: str
     n383 = _ZL[buf[pos]]
     if n383 < 0:
         n383, pos = _rlong(buf, pos)
@@ -898,13 +918,132 @@ def _d_Toleration375(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q384 = pos + n383
     if q384 > end:
         raise _length_error(n383, end - pos)
-    f_effect = buf[pos:q384].decode()
+    f_node_id = buf[pos:q384].decode()
     pos = q384
+    n385 = _ZL[buf[pos]]
+    if n385 < 0:
+        n385, pos = _rlong(buf, pos)
+        if n385 < 0:
+            raise _length_error(n385, end - pos)
+    else:
+        pos += 1
+    q386 = pos + n385
+    if q386 > end:
+        raise _length_error(n385, end - pos)
+    f_reason = buf[pos:q386].decode()
+    pos = q386
+    o = _c_MarkNodeFailed(f_node_id, f_reason)
+    return o, pos
+
+
+def _d_Toleration412(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+    f_key: str
+    f_operator: str
+    f_value: str
+    f_effect: str
+    n414 = _ZL[buf[pos]]
+    if n414 < 0:
+        n414, pos = _rlong(buf, pos)
+        if n414 < 0:
+            raise _length_error(n414, end - pos)
+    else:
+        pos += 1
+    q415 = pos + n414
+    if q415 > end:
+        raise _length_error(n414, end - pos)
+    f_key = buf[pos:q415].decode()
+    pos = q415
+    n416 = _ZL[buf[pos]]
+    if n416 < 0:
+        n416, pos = _rlong(buf, pos)
+        if n416 < 0:
+            raise _length_error(n416, end - pos)
+    else:
+        pos += 1
+    q417 = pos + n416
+    if q417 > end:
+        raise _length_error(n416, end - pos)
+    f_operator = buf[pos:q417].decode()
+    pos = q417
+    n418 = _ZL[buf[pos]]
+    if n418 < 0:
+        n418, pos = _rlong(buf, pos)
+        if n418 < 0:
+            raise _length_error(n418, end - pos)
+    else:
+        pos += 1
+    q419 = pos + n418
+    if q419 > end:
+        raise _length_error(n418, end - pos)
+    f_value = buf[pos:q419].decode()
+    pos = q419
+    n420 = _ZL[buf[pos]]
+    if n420 < 0:
+        n420, pos = _rlong(buf, pos)
+        if n420 < 0:
+            raise _length_error(n420, end - pos)
+    else:
+        pos += 1
+    q421 = pos + n420
+    if q421 > end:
+        raise _length_error(n420, end - pos)
+    f_effect = buf[pos:q421].decode()
+    pos = q421
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod349(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_Retry434(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+    f_max_retries: int
+    f_backoff_ms: int
+    f_backoff_max_ms: int
+    b = buf[pos]
+    if b < 128:
+        f_max_retries = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_retries, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_ms, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_max_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_max_ms, pos = _rlong(buf, pos)
+    o = _c_Retry(f_max_retries, f_backoff_ms, f_backoff_max_ms)
+    return o, pos
+
+
+def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -920,31 +1059,33 @@ def _d_SubmitPod349(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
+    f_gpu_memory_mib: int
+    f_retry: Any
     f_preemptible: bool
-    n351 = _ZL[buf[pos]]
-    if n351 < 0:
-        n351, pos = _rlong(buf, pos)
-        if n351 < 0:
-            raise _length_error(n351, end - pos)
+    n388 = _ZL[buf[pos]]
+    if n388 < 0:
+        n388, pos = _rlong(buf, pos)
+        if n388 < 0:
+            raise _length_error(n388, end - pos)
     else:
         pos += 1
-    q352 = pos + n351
-    if q352 > end:
-        raise _length_error(n351, end - pos)
-    f_pod_id = buf[pos:q352].decode()
-    pos = q352
-    n353 = _ZL[buf[pos]]
-    if n353 < 0:
-        n353, pos = _rlong(buf, pos)
-        if n353 < 0:
-            raise _length_error(n353, end - pos)
+    q389 = pos + n388
+    if q389 > end:
+        raise _length_error(n388, end - pos)
+    f_pod_id = buf[pos:q389].decode()
+    pos = q389
+    n390 = _ZL[buf[pos]]
+    if n390 < 0:
+        n390, pos = _rlong(buf, pos)
+        if n390 < 0:
+            raise _length_error(n390, end - pos)
     else:
         pos += 1
-    q354 = pos + n353
-    if q354 > end:
-        raise _length_error(n353, end - pos)
-    f_tenant = buf[pos:q354].decode()
-    pos = q354
+    q391 = pos + n390
+    if q391 > end:
+        raise _length_error(n390, end - pos)
+    f_tenant = buf[pos:q391].decode()
+    pos = q391
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1019,572 +1160,168 @@ def _d_SubmitPod349(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc355: list[Any] = []
+        acc392: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c356 = _ZD[b]
+                c393 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c356 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c356 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c356, pos = _rlong(buf, pos)
-            if c356 == 0:
+                c393, pos = _rlong(buf, pos)
+            if c393 == 0:
                 break
-            if c356 < 0:
-                c356 = -c356
+            if c393 < 0:
+                c393 = -c393
                 b = buf[pos]
                 if b < 128:
-                    z359 = _ZD[b]
+                    z396 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z359 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z359 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z359, pos = _rlong(buf, pos)
-            if c356 * 1 > end - pos:
-                raise _count_error(c356, end - pos)
-            for _ in range(c356):
-                n360 = _ZL[buf[pos]]
-                if n360 < 0:
-                    n360, pos = _rlong(buf, pos)
-                    if n360 < 0:
-                        raise _length_error(n360, end - pos)
+                    z396, pos = _rlong(buf, pos)
+            if c393 * 1 > end - pos:
+                raise _count_error(c393, end - pos)
+            for _ in range(c393):
+                n397 = _ZL[buf[pos]]
+                if n397 < 0:
+                    n397, pos = _rlong(buf, pos)
+                    if n397 < 0:
+                        raise _length_error(n397, end - pos)
                 else:
                     pos += 1
-                q361 = pos + n360
-                if q361 > end:
-                    raise _length_error(n360, end - pos)
-                x357 = buf[pos:q361].decode()
-                pos = q361
-                acc355.append(x357)
-        f_gpu_models = tuple(acc355)
+                q398 = pos + n397
+                if q398 > end:
+                    raise _length_error(n397, end - pos)
+                x394 = buf[pos:q398].decode()
+                pos = q398
+                acc392.append(x394)
+        f_gpu_models = tuple(acc392)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc362: dict[str, Any] = {}
+        acc399: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c363 = _ZD[b]
+                c400 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c363 = (z >> 1) ^ -(z & 1)
+                c400 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c363 = (z >> 1) ^ -(z & 1)
+                c400 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c363, pos = _rlong(buf, pos)
-            if c363 == 0:
+                c400, pos = _rlong(buf, pos)
+            if c400 == 0:
                 break
-            if c363 < 0:
-                c363 = -c363
+            if c400 < 0:
+                c400 = -c400
                 b = buf[pos]
                 if b < 128:
-                    z366 = _ZD[b]
+                    z403 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z366 = (z >> 1) ^ -(z & 1)
+                    z403 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z366 = (z >> 1) ^ -(z & 1)
+                    z403 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z366, pos = _rlong(buf, pos)
-            if c363 * 2 > end - pos:
-                raise _count_error(c363, end - pos)
-            for _ in range(c363):
-                n367 = _ZL[buf[pos]]
-                if n367 < 0:
-                    n367, pos = _rlong(buf, pos)
-                    if n367 < 0:
-                        raise _length_error(n367, end - pos)
+                    z403, pos = _rlong(buf, pos)
+            if c400 * 2 > end - pos:
+                raise _count_error(c400, end - pos)
+            for _ in range(c400):
+                n404 = _ZL[buf[pos]]
+                if n404 < 0:
+                    n404, pos = _rlong(buf, pos)
+                    if n404 < 0:
+                        raise _length_error(n404, end - pos)
                 else:
                     pos += 1
-                q368 = pos + n367
-                if q368 > end:
-                    raise _length_error(n367, end - pos)
-                k365 = buf[pos:q368].decode()
-                pos = q368
-                n369 = _ZL[buf[pos]]
-                if n369 < 0:
-                    n369, pos = _rlong(buf, pos)
-                    if n369 < 0:
-                        raise _length_error(n369, end - pos)
+                q405 = pos + n404
+                if q405 > end:
+                    raise _length_error(n404, end - pos)
+                k402 = buf[pos:q405].decode()
+                pos = q405
+                n406 = _ZL[buf[pos]]
+                if n406 < 0:
+                    n406, pos = _rlong(buf, pos)
+                    if n406 < 0:
+                        raise _length_error(n406, end - pos)
                 else:
                     pos += 1
-                q370 = pos + n369
-                if q370 > end:
-                    raise _length_error(n369, end - pos)
-                x364 = buf[pos:q370].decode()
-                pos = q370
-                acc362[k365] = x364
-        f_node_selector = acc362
+                q407 = pos + n406
+                if q407 > end:
+                    raise _length_error(n406, end - pos)
+                x401 = buf[pos:q407].decode()
+                pos = q407
+                acc399[k402] = x401
+        f_node_selector = acc399
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc371: list[Any] = []
+        acc408: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c372 = _ZD[b]
+                c409 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c372 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c372 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c372, pos = _rlong(buf, pos)
-            if c372 == 0:
+                c409, pos = _rlong(buf, pos)
+            if c409 == 0:
                 break
-            if c372 < 0:
-                c372 = -c372
+            if c409 < 0:
+                c409 = -c409
                 b = buf[pos]
                 if b < 128:
-                    z375 = _ZD[b]
+                    z412 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z375 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z375 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z375, pos = _rlong(buf, pos)
-            if c372 * 4 > end - pos:
-                raise _count_error(c372, end - pos)
-            for _ in range(c372):
-                x373, pos = _d_Toleration375(buf, pos, end)
-                acc371.append(x373)
-        f_tolerations = tuple(acc371)
-    b = buf[pos]
-    if b < 128:
-        i385 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i385 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i385 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i385, pos = _rlong(buf, pos)
-    if i385 == 0:
-        f_time_limit_ms = None
-    elif i385 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i385, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc386: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c387 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c387 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c387 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c387, pos = _rlong(buf, pos)
-            if c387 == 0:
-                break
-            if c387 < 0:
-                c387 = -c387
-                b = buf[pos]
-                if b < 128:
-                    z390 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z390 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z390 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z390, pos = _rlong(buf, pos)
-            if c387 * 1 > end - pos:
-                raise _count_error(c387, end - pos)
-            for _ in range(c387):
-                n391 = _ZL[buf[pos]]
-                if n391 < 0:
-                    n391, pos = _rlong(buf, pos)
-                    if n391 < 0:
-                        raise _length_error(n391, end - pos)
-                else:
-                    pos += 1
-                q392 = pos + n391
-                if q392 > end:
-                    raise _length_error(n391, end - pos)
-                x388 = buf[pos:q392].decode()
-                pos = q392
-                acc386.append(x388)
-        f_depends_on = tuple(acc386)
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
-    else:
-        pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_dependency = buf[pos:q394].decode()
-    pos = q394
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
-    else:
-        pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_preemption = buf[pos:q396].decode()
-    pos = q396
-    f_movable = buf[pos] != 0
-    pos += 1
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_preemptible)
-    return o, pos
-
-
-def _d_Release396(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
-    f_pod_id: str
-    f_reason: str
-    n398 = _ZL[buf[pos]]
-    if n398 < 0:
-        n398, pos = _rlong(buf, pos)
-        if n398 < 0:
-            raise _length_error(n398, end - pos)
-    else:
-        pos += 1
-    q399 = pos + n398
-    if q399 > end:
-        raise _length_error(n398, end - pos)
-    f_pod_id = buf[pos:q399].decode()
-    pos = q399
-    n400 = _ZL[buf[pos]]
-    if n400 < 0:
-        n400, pos = _rlong(buf, pos)
-        if n400 < 0:
-            raise _length_error(n400, end - pos)
-    else:
-        pos += 1
-    q401 = pos + n400
-    if q401 > end:
-        raise _length_error(n400, end - pos)
-    f_reason = buf[pos:q401].decode()
-    pos = q401
-    o = _c_Release(f_pod_id, f_reason)
-    return o, pos
-
-
-def _d_QuotaPreemption424(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
-    f_within_tenant: str
-    f_reclaim_within_cohort: str
-    f_borrow_within_cohort: str
-    f_borrow_max_victim_priority: Any
-    n426 = _ZL[buf[pos]]
-    if n426 < 0:
-        n426, pos = _rlong(buf, pos)
-        if n426 < 0:
-            raise _length_error(n426, end - pos)
-    else:
-        pos += 1
-    q427 = pos + n426
-    if q427 > end:
-        raise _length_error(n426, end - pos)
-    f_within_tenant = buf[pos:q427].decode()
-    pos = q427
-    n428 = _ZL[buf[pos]]
-    if n428 < 0:
-        n428, pos = _rlong(buf, pos)
-        if n428 < 0:
-            raise _length_error(n428, end - pos)
-    else:
-        pos += 1
-    q429 = pos + n428
-    if q429 > end:
-        raise _length_error(n428, end - pos)
-    f_reclaim_within_cohort = buf[pos:q429].decode()
-    pos = q429
-    n430 = _ZL[buf[pos]]
-    if n430 < 0:
-        n430, pos = _rlong(buf, pos)
-        if n430 < 0:
-            raise _length_error(n430, end - pos)
-    else:
-        pos += 1
-    q431 = pos + n430
-    if q431 > end:
-        raise _length_error(n430, end - pos)
-    f_borrow_within_cohort = buf[pos:q431].decode()
-    pos = q431
-    b = buf[pos]
-    if b < 128:
-        i432 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i432 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i432 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i432, pos = _rlong(buf, pos)
-    if i432 == 0:
-        f_borrow_max_victim_priority = None
-    elif i432 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_borrow_max_victim_priority = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_borrow_max_victim_priority, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i432, 2)
-    o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
-    return o, pos
-
-
-def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
-    b = buf[pos]
-    if b < 128:
-        i410 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i410 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i410 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i410, pos = _rlong(buf, pos)
-    if i410 == 0:
-        f_cohort = None
-    elif i410 == 1:
-        n411 = _ZL[buf[pos]]
-        if n411 < 0:
-            n411, pos = _rlong(buf, pos)
-            if n411 < 0:
-                raise _length_error(n411, end - pos)
-        else:
-            pos += 1
-        q412 = pos + n411
-        if q412 > end:
-            raise _length_error(n411, end - pos)
-        f_cohort = buf[pos:q412].decode()
-        pos = q412
-    else:
-        raise _union_error(i410, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc413: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c414 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c414 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c414 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c414, pos = _rlong(buf, pos)
-            if c414 == 0:
-                break
-            if c414 < 0:
-                c414 = -c414
-                b = buf[pos]
-                if b < 128:
-                    z417 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z417 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z417 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z417, pos = _rlong(buf, pos)
-            if c414 * 2 > end - pos:
-                raise _count_error(c414, end - pos)
-            for _ in range(c414):
-                n418 = _ZL[buf[pos]]
-                if n418 < 0:
-                    n418, pos = _rlong(buf, pos)
-                    if n418 < 0:
-                        raise _length_error(n418, end - pos)
-                else:
-                    pos += 1
-                q419 = pos + n418
-                if q419 > end:
-                    raise _length_error(n418, end - pos)
-                k416 = buf[pos:q419].decode()
-                pos = q419
-                b = buf[pos]
-                if b < 128:
-                    x415 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x415 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x415 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x415, pos = _rlong(buf, pos)
-                acc413[k416] = x415
-        f_nominal_gpus = acc413
-    b = buf[pos]
-    if b < 128:
-        i420 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i420 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i420 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i420, pos = _rlong(buf, pos)
-    if i420 == 0:
-        f_nominal_cpu_milli = None
-    elif i420 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i420, 2)
-    b = buf[pos]
-    if b < 128:
-        i421 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i421 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i421 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i421, pos = _rlong(buf, pos)
-    if i421 == 0:
-        f_nominal_memory_mib = None
-    elif i421 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i421, 2)
+                    z412, pos = _rlong(buf, pos)
+            if c409 * 4 > end - pos:
+                raise _count_error(c409, end - pos)
+            for _ in range(c409):
+                x410, pos = _d_Toleration412(buf, pos, end)
+                acc408.append(x410)
+        f_tolerations = tuple(acc408)
     b = buf[pos]
     if b < 128:
         i422 = _ZD[b]
@@ -1600,8 +1337,446 @@ def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i422, pos = _rlong(buf, pos)
     if i422 == 0:
-        f_borrowing_limit_gpus = None
+        f_time_limit_ms = None
     elif i422 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i422, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc423: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c424 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c424 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c424 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c424, pos = _rlong(buf, pos)
+            if c424 == 0:
+                break
+            if c424 < 0:
+                c424 = -c424
+                b = buf[pos]
+                if b < 128:
+                    z427 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z427 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z427 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z427, pos = _rlong(buf, pos)
+            if c424 * 1 > end - pos:
+                raise _count_error(c424, end - pos)
+            for _ in range(c424):
+                n428 = _ZL[buf[pos]]
+                if n428 < 0:
+                    n428, pos = _rlong(buf, pos)
+                    if n428 < 0:
+                        raise _length_error(n428, end - pos)
+                else:
+                    pos += 1
+                q429 = pos + n428
+                if q429 > end:
+                    raise _length_error(n428, end - pos)
+                x425 = buf[pos:q429].decode()
+                pos = q429
+                acc423.append(x425)
+        f_depends_on = tuple(acc423)
+    n430 = _ZL[buf[pos]]
+    if n430 < 0:
+        n430, pos = _rlong(buf, pos)
+        if n430 < 0:
+            raise _length_error(n430, end - pos)
+    else:
+        pos += 1
+    q431 = pos + n430
+    if q431 > end:
+        raise _length_error(n430, end - pos)
+    f_dependency = buf[pos:q431].decode()
+    pos = q431
+    n432 = _ZL[buf[pos]]
+    if n432 < 0:
+        n432, pos = _rlong(buf, pos)
+        if n432 < 0:
+            raise _length_error(n432, end - pos)
+    else:
+        pos += 1
+    q433 = pos + n432
+    if q433 > end:
+        raise _length_error(n432, end - pos)
+    f_preemption = buf[pos:q433].decode()
+    pos = q433
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i434 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i434 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i434 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i434, pos = _rlong(buf, pos)
+    if i434 == 0:
+        f_retry = None
+    elif i434 == 1:
+        f_retry, pos = _d_Retry434(buf, pos, end)
+    else:
+        raise _union_error(i434, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
+    return o, pos
+
+
+def _d_Release435(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+    f_pod_id: str
+    f_reason: str
+    n437 = _ZL[buf[pos]]
+    if n437 < 0:
+        n437, pos = _rlong(buf, pos)
+        if n437 < 0:
+            raise _length_error(n437, end - pos)
+    else:
+        pos += 1
+    q438 = pos + n437
+    if q438 > end:
+        raise _length_error(n437, end - pos)
+    f_pod_id = buf[pos:q438].decode()
+    pos = q438
+    n439 = _ZL[buf[pos]]
+    if n439 < 0:
+        n439, pos = _rlong(buf, pos)
+        if n439 < 0:
+            raise _length_error(n439, end - pos)
+    else:
+        pos += 1
+    q440 = pos + n439
+    if q440 > end:
+        raise _length_error(n439, end - pos)
+    f_reason = buf[pos:q440].decode()
+    pos = q440
+    o = _c_Release(f_pod_id, f_reason)
+    return o, pos
+
+
+def _d_QuotaPreemption463(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+    f_within_tenant: str
+    f_reclaim_within_cohort: str
+    f_borrow_within_cohort: str
+    f_borrow_max_victim_priority: Any
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
+    else:
+        pos += 1
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_within_tenant = buf[pos:q466].decode()
+    pos = q466
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
+    else:
+        pos += 1
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_reclaim_within_cohort = buf[pos:q468].decode()
+    pos = q468
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
+    else:
+        pos += 1
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_borrow_within_cohort = buf[pos:q470].decode()
+    pos = q470
+    b = buf[pos]
+    if b < 128:
+        i471 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i471 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i471 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i471, pos = _rlong(buf, pos)
+    if i471 == 0:
+        f_borrow_max_victim_priority = None
+    elif i471 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrow_max_victim_priority = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrow_max_victim_priority, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i471, 2)
+    o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
+    return o, pos
+
+
+def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    b = buf[pos]
+    if b < 128:
+        i449 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i449 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i449 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i449, pos = _rlong(buf, pos)
+    if i449 == 0:
+        f_cohort = None
+    elif i449 == 1:
+        n450 = _ZL[buf[pos]]
+        if n450 < 0:
+            n450, pos = _rlong(buf, pos)
+            if n450 < 0:
+                raise _length_error(n450, end - pos)
+        else:
+            pos += 1
+        q451 = pos + n450
+        if q451 > end:
+            raise _length_error(n450, end - pos)
+        f_cohort = buf[pos:q451].decode()
+        pos = q451
+    else:
+        raise _union_error(i449, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc452: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c453 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c453 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c453 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c453, pos = _rlong(buf, pos)
+            if c453 == 0:
+                break
+            if c453 < 0:
+                c453 = -c453
+                b = buf[pos]
+                if b < 128:
+                    z456 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z456 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z456 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z456, pos = _rlong(buf, pos)
+            if c453 * 2 > end - pos:
+                raise _count_error(c453, end - pos)
+            for _ in range(c453):
+                n457 = _ZL[buf[pos]]
+                if n457 < 0:
+                    n457, pos = _rlong(buf, pos)
+                    if n457 < 0:
+                        raise _length_error(n457, end - pos)
+                else:
+                    pos += 1
+                q458 = pos + n457
+                if q458 > end:
+                    raise _length_error(n457, end - pos)
+                k455 = buf[pos:q458].decode()
+                pos = q458
+                b = buf[pos]
+                if b < 128:
+                    x454 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x454 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x454 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x454, pos = _rlong(buf, pos)
+                acc452[k455] = x454
+        f_nominal_gpus = acc452
+    b = buf[pos]
+    if b < 128:
+        i459 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i459 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i459 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i459, pos = _rlong(buf, pos)
+    if i459 == 0:
+        f_nominal_cpu_milli = None
+    elif i459 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i459, 2)
+    b = buf[pos]
+    if b < 128:
+        i460 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i460 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i460 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i460, pos = _rlong(buf, pos)
+    if i460 == 0:
+        f_nominal_memory_mib = None
+    elif i460 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i460, 2)
+    b = buf[pos]
+    if b < 128:
+        i461 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i461 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i461 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i461, pos = _rlong(buf, pos)
+    if i461 == 0:
+        f_borrowing_limit_gpus = None
+    elif i461 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1617,24 +1792,24 @@ def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i422, 2)
+        raise _union_error(i461, 2)
     b = buf[pos]
     if b < 128:
-        i423 = _ZD[b]
+        i462 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i423 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i423 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i423, pos = _rlong(buf, pos)
-    if i423 == 0:
+        i462, pos = _rlong(buf, pos)
+    if i462 == 0:
         f_lending_limit_gpus = None
-    elif i423 == 1:
+    elif i462 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1650,7 +1825,7 @@ def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i423, 2)
+        raise _union_error(i462, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1667,63 +1842,63 @@ def _d_Quota408(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i424 = _ZD[b]
+        i463 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i424 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i424 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i424, pos = _rlong(buf, pos)
-    if i424 == 0:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
         f_preemption = None
-    elif i424 == 1:
-        f_preemption, pos = _d_QuotaPreemption424(buf, pos, end)
+    elif i463 == 1:
+        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
     else:
-        raise _union_error(i424, 2)
+        raise _union_error(i463, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy401(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n403 = _ZL[buf[pos]]
-    if n403 < 0:
-        n403, pos = _rlong(buf, pos)
-        if n403 < 0:
-            raise _length_error(n403, end - pos)
+    n442 = _ZL[buf[pos]]
+    if n442 < 0:
+        n442, pos = _rlong(buf, pos)
+        if n442 < 0:
+            raise _length_error(n442, end - pos)
     else:
         pos += 1
-    q404 = pos + n403
-    if q404 > end:
-        raise _length_error(n403, end - pos)
-    f_policy = buf[pos:q404].decode()
-    pos = q404
+    q443 = pos + n442
+    if q443 > end:
+        raise _length_error(n442, end - pos)
+    f_policy = buf[pos:q443].decode()
+    pos = q443
     b = buf[pos]
     if b < 128:
-        i405 = _ZD[b]
+        i444 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i405 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i405 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i405, pos = _rlong(buf, pos)
-    if i405 == 0:
+        i444, pos = _rlong(buf, pos)
+    if i444 == 0:
         f_reserve_after_ms = None
-    elif i405 == 1:
+    elif i444 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1739,56 +1914,56 @@ def _d_SetPolicy401(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i405, 2)
-    n406 = _ZL[buf[pos]]
-    if n406 < 0:
-        n406, pos = _rlong(buf, pos)
-        if n406 < 0:
-            raise _length_error(n406, end - pos)
+        raise _union_error(i444, 2)
+    n445 = _ZL[buf[pos]]
+    if n445 < 0:
+        n445, pos = _rlong(buf, pos)
+        if n445 < 0:
+            raise _length_error(n445, end - pos)
     else:
         pos += 1
-    q407 = pos + n406
-    if q407 > end:
-        raise _length_error(n406, end - pos)
-    f_queue_order = buf[pos:q407].decode()
-    pos = q407
+    q446 = pos + n445
+    if q446 > end:
+        raise _length_error(n445, end - pos)
+    f_queue_order = buf[pos:q446].decode()
+    pos = q446
     b = buf[pos]
     if b < 128:
-        i408 = _ZD[b]
+        i447 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i408 = (z >> 1) ^ -(z & 1)
+        i447 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i408 = (z >> 1) ^ -(z & 1)
+        i447 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i408, pos = _rlong(buf, pos)
-    if i408 == 0:
+        i447, pos = _rlong(buf, pos)
+    if i447 == 0:
         f_default_quota = None
-    elif i408 == 1:
-        f_default_quota, pos = _d_Quota408(buf, pos, end)
+    elif i447 == 1:
+        f_default_quota, pos = _d_Quota447(buf, pos, end)
     else:
-        raise _union_error(i408, 2)
+        raise _union_error(i447, 2)
     b = buf[pos]
     if b < 128:
-        i433 = _ZD[b]
+        i472 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i433 = (z >> 1) ^ -(z & 1)
+        i472 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i433 = (z >> 1) ^ -(z & 1)
+        i472 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i433, pos = _rlong(buf, pos)
-    if i433 == 0:
+        i472, pos = _rlong(buf, pos)
+    if i472 == 0:
         f_max_clock_jump_ms = None
-    elif i433 == 1:
+    elif i472 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1804,12 +1979,12 @@ def _d_SetPolicy401(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i433, 2)
+        raise _union_error(i472, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember443(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember482(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1818,18 +1993,18 @@ def _d_GangMember443(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n445 = _ZL[buf[pos]]
-    if n445 < 0:
-        n445, pos = _rlong(buf, pos)
-        if n445 < 0:
-            raise _length_error(n445, end - pos)
+    n484 = _ZL[buf[pos]]
+    if n484 < 0:
+        n484, pos = _rlong(buf, pos)
+        if n484 < 0:
+            raise _length_error(n484, end - pos)
     else:
         pos += 1
-    q446 = pos + n445
-    if q446 > end:
-        raise _length_error(n445, end - pos)
-    f_pod_id = buf[pos:q446].decode()
-    pos = q446
+    q485 = pos + n484
+    if q485 > end:
+        raise _length_error(n484, end - pos)
+    f_pod_id = buf[pos:q485].decode()
+    pos = q485
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1890,173 +2065,173 @@ def _d_GangMember443(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc447: list[Any] = []
+        acc486: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c448 = _ZD[b]
+                c487 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c448 = (z >> 1) ^ -(z & 1)
+                c487 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c448 = (z >> 1) ^ -(z & 1)
+                c487 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c448, pos = _rlong(buf, pos)
-            if c448 == 0:
+                c487, pos = _rlong(buf, pos)
+            if c487 == 0:
                 break
-            if c448 < 0:
-                c448 = -c448
+            if c487 < 0:
+                c487 = -c487
                 b = buf[pos]
                 if b < 128:
-                    z451 = _ZD[b]
+                    z490 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z451 = (z >> 1) ^ -(z & 1)
+                    z490 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z451 = (z >> 1) ^ -(z & 1)
+                    z490 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z451, pos = _rlong(buf, pos)
-            if c448 * 1 > end - pos:
-                raise _count_error(c448, end - pos)
-            for _ in range(c448):
-                n452 = _ZL[buf[pos]]
-                if n452 < 0:
-                    n452, pos = _rlong(buf, pos)
-                    if n452 < 0:
-                        raise _length_error(n452, end - pos)
+                    z490, pos = _rlong(buf, pos)
+            if c487 * 1 > end - pos:
+                raise _count_error(c487, end - pos)
+            for _ in range(c487):
+                n491 = _ZL[buf[pos]]
+                if n491 < 0:
+                    n491, pos = _rlong(buf, pos)
+                    if n491 < 0:
+                        raise _length_error(n491, end - pos)
                 else:
                     pos += 1
-                q453 = pos + n452
-                if q453 > end:
-                    raise _length_error(n452, end - pos)
-                x449 = buf[pos:q453].decode()
-                pos = q453
-                acc447.append(x449)
-        f_gpu_models = tuple(acc447)
+                q492 = pos + n491
+                if q492 > end:
+                    raise _length_error(n491, end - pos)
+                x488 = buf[pos:q492].decode()
+                pos = q492
+                acc486.append(x488)
+        f_gpu_models = tuple(acc486)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc454: dict[str, Any] = {}
+        acc493: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c455 = _ZD[b]
+                c494 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c455 = (z >> 1) ^ -(z & 1)
+                c494 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c455 = (z >> 1) ^ -(z & 1)
+                c494 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c455, pos = _rlong(buf, pos)
-            if c455 == 0:
+                c494, pos = _rlong(buf, pos)
+            if c494 == 0:
                 break
-            if c455 < 0:
-                c455 = -c455
+            if c494 < 0:
+                c494 = -c494
                 b = buf[pos]
                 if b < 128:
-                    z458 = _ZD[b]
+                    z497 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z497 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z458 = (z >> 1) ^ -(z & 1)
+                    z497 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z458, pos = _rlong(buf, pos)
-            if c455 * 2 > end - pos:
-                raise _count_error(c455, end - pos)
-            for _ in range(c455):
-                n459 = _ZL[buf[pos]]
-                if n459 < 0:
-                    n459, pos = _rlong(buf, pos)
-                    if n459 < 0:
-                        raise _length_error(n459, end - pos)
+                    z497, pos = _rlong(buf, pos)
+            if c494 * 2 > end - pos:
+                raise _count_error(c494, end - pos)
+            for _ in range(c494):
+                n498 = _ZL[buf[pos]]
+                if n498 < 0:
+                    n498, pos = _rlong(buf, pos)
+                    if n498 < 0:
+                        raise _length_error(n498, end - pos)
                 else:
                     pos += 1
-                q460 = pos + n459
-                if q460 > end:
-                    raise _length_error(n459, end - pos)
-                k457 = buf[pos:q460].decode()
-                pos = q460
-                n461 = _ZL[buf[pos]]
-                if n461 < 0:
-                    n461, pos = _rlong(buf, pos)
-                    if n461 < 0:
-                        raise _length_error(n461, end - pos)
+                q499 = pos + n498
+                if q499 > end:
+                    raise _length_error(n498, end - pos)
+                k496 = buf[pos:q499].decode()
+                pos = q499
+                n500 = _ZL[buf[pos]]
+                if n500 < 0:
+                    n500, pos = _rlong(buf, pos)
+                    if n500 < 0:
+                        raise _length_error(n500, end - pos)
                 else:
                     pos += 1
-                q462 = pos + n461
-                if q462 > end:
-                    raise _length_error(n461, end - pos)
-                x456 = buf[pos:q462].decode()
-                pos = q462
-                acc454[k457] = x456
-        f_node_selector = acc454
+                q501 = pos + n500
+                if q501 > end:
+                    raise _length_error(n500, end - pos)
+                x495 = buf[pos:q501].decode()
+                pos = q501
+                acc493[k496] = x495
+        f_node_selector = acc493
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc463: list[Any] = []
+        acc502: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c464 = _ZD[b]
+                c503 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c464 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c464 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c464, pos = _rlong(buf, pos)
-            if c464 == 0:
+                c503, pos = _rlong(buf, pos)
+            if c503 == 0:
                 break
-            if c464 < 0:
-                c464 = -c464
+            if c503 < 0:
+                c503 = -c503
                 b = buf[pos]
                 if b < 128:
-                    z467 = _ZD[b]
+                    z506 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z467 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z467 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z467, pos = _rlong(buf, pos)
-            if c464 * 4 > end - pos:
-                raise _count_error(c464, end - pos)
-            for _ in range(c464):
-                x465, pos = _d_Toleration375(buf, pos, end)
-                acc463.append(x465)
-        f_tolerations = tuple(acc463)
+                    z506, pos = _rlong(buf, pos)
+            if c503 * 4 > end - pos:
+                raise _count_error(c503, end - pos)
+            for _ in range(c503):
+                x504, pos = _d_Toleration412(buf, pos, end)
+                acc502.append(x504)
+        f_tolerations = tuple(acc502)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang433(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2070,30 +2245,30 @@ def _d_SubmitGang433(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_dependency: str
     f_preemption: str
     f_preemptible: bool
-    n435 = _ZL[buf[pos]]
-    if n435 < 0:
-        n435, pos = _rlong(buf, pos)
-        if n435 < 0:
-            raise _length_error(n435, end - pos)
+    n474 = _ZL[buf[pos]]
+    if n474 < 0:
+        n474, pos = _rlong(buf, pos)
+        if n474 < 0:
+            raise _length_error(n474, end - pos)
     else:
         pos += 1
-    q436 = pos + n435
-    if q436 > end:
-        raise _length_error(n435, end - pos)
-    f_gang_id = buf[pos:q436].decode()
-    pos = q436
-    n437 = _ZL[buf[pos]]
-    if n437 < 0:
-        n437, pos = _rlong(buf, pos)
-        if n437 < 0:
-            raise _length_error(n437, end - pos)
+    q475 = pos + n474
+    if q475 > end:
+        raise _length_error(n474, end - pos)
+    f_gang_id = buf[pos:q475].decode()
+    pos = q475
+    n476 = _ZL[buf[pos]]
+    if n476 < 0:
+        n476, pos = _rlong(buf, pos)
+        if n476 < 0:
+            raise _length_error(n476, end - pos)
     else:
         pos += 1
-    q438 = pos + n437
-    if q438 > end:
-        raise _length_error(n437, end - pos)
-    f_tenant = buf[pos:q438].decode()
-    pos = q438
+    q477 = pos + n476
+    if q477 > end:
+        raise _length_error(n476, end - pos)
+    f_tenant = buf[pos:q477].decode()
+    pos = q477
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2112,456 +2287,46 @@ def _d_SubmitGang433(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc439: list[Any] = []
+        acc478: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c440 = _ZD[b]
+                c479 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c440 = (z >> 1) ^ -(z & 1)
+                c479 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c440 = (z >> 1) ^ -(z & 1)
+                c479 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c440, pos = _rlong(buf, pos)
-            if c440 == 0:
+                c479, pos = _rlong(buf, pos)
+            if c479 == 0:
                 break
-            if c440 < 0:
-                c440 = -c440
+            if c479 < 0:
+                c479 = -c479
                 b = buf[pos]
                 if b < 128:
-                    z443 = _ZD[b]
+                    z482 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z482 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z482 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z443, pos = _rlong(buf, pos)
-            if c440 * 8 > end - pos:
-                raise _count_error(c440, end - pos)
-            for _ in range(c440):
-                x441, pos = _d_GangMember443(buf, pos, end)
-                acc439.append(x441)
-        f_members = tuple(acc439)
-    b = buf[pos]
-    if b < 128:
-        i468 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i468 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i468 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i468, pos = _rlong(buf, pos)
-    if i468 == 0:
-        f_min_members = None
-    elif i468 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_min_members = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_min_members = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_min_members = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_min_members, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i468, 2)
-    b = buf[pos]
-    if b < 128:
-        i469 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i469 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i469 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i469, pos = _rlong(buf, pos)
-    if i469 == 0:
-        f_topology_required = None
-    elif i469 == 1:
-        n470 = _ZL[buf[pos]]
-        if n470 < 0:
-            n470, pos = _rlong(buf, pos)
-            if n470 < 0:
-                raise _length_error(n470, end - pos)
-        else:
-            pos += 1
-        q471 = pos + n470
-        if q471 > end:
-            raise _length_error(n470, end - pos)
-        f_topology_required = buf[pos:q471].decode()
-        pos = q471
-    else:
-        raise _union_error(i469, 2)
-    b = buf[pos]
-    if b < 128:
-        i472 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i472 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i472 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i472, pos = _rlong(buf, pos)
-    if i472 == 0:
-        f_topology_preferred = None
-    elif i472 == 1:
-        n473 = _ZL[buf[pos]]
-        if n473 < 0:
-            n473, pos = _rlong(buf, pos)
-            if n473 < 0:
-                raise _length_error(n473, end - pos)
-        else:
-            pos += 1
-        q474 = pos + n473
-        if q474 > end:
-            raise _length_error(n473, end - pos)
-        f_topology_preferred = buf[pos:q474].decode()
-        pos = q474
-    else:
-        raise _union_error(i472, 2)
-    b = buf[pos]
-    if b < 128:
-        i475 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i475 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i475 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i475, pos = _rlong(buf, pos)
-    if i475 == 0:
-        f_timeout_ms = None
-    elif i475 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i475, 2)
-    b = buf[pos]
-    if b < 128:
-        i476 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i476 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i476 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i476, pos = _rlong(buf, pos)
-    if i476 == 0:
-        f_time_limit_ms = None
-    elif i476 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i476, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc477: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c478 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c478 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c478 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c478, pos = _rlong(buf, pos)
-            if c478 == 0:
-                break
-            if c478 < 0:
-                c478 = -c478
-                b = buf[pos]
-                if b < 128:
-                    z481 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z481 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z481 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z481, pos = _rlong(buf, pos)
-            if c478 * 1 > end - pos:
-                raise _count_error(c478, end - pos)
-            for _ in range(c478):
-                n482 = _ZL[buf[pos]]
-                if n482 < 0:
-                    n482, pos = _rlong(buf, pos)
-                    if n482 < 0:
-                        raise _length_error(n482, end - pos)
-                else:
-                    pos += 1
-                q483 = pos + n482
-                if q483 > end:
-                    raise _length_error(n482, end - pos)
-                x479 = buf[pos:q483].decode()
-                pos = q483
-                acc477.append(x479)
-        f_depends_on = tuple(acc477)
-    n484 = _ZL[buf[pos]]
-    if n484 < 0:
-        n484, pos = _rlong(buf, pos)
-        if n484 < 0:
-            raise _length_error(n484, end - pos)
-    else:
-        pos += 1
-    q485 = pos + n484
-    if q485 > end:
-        raise _length_error(n484, end - pos)
-    f_dependency = buf[pos:q485].decode()
-    pos = q485
-    n486 = _ZL[buf[pos]]
-    if n486 < 0:
-        n486, pos = _rlong(buf, pos)
-        if n486 < 0:
-            raise _length_error(n486, end - pos)
-    else:
-        pos += 1
-    q487 = pos + n486
-    if q487 > end:
-        raise _length_error(n486, end - pos)
-    f_preemption = buf[pos:q487].decode()
-    pos = q487
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
-    return o, pos
-
-
-def _d_ReleaseGang487(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n489 = _ZL[buf[pos]]
-    if n489 < 0:
-        n489, pos = _rlong(buf, pos)
-        if n489 < 0:
-            raise _length_error(n489, end - pos)
-    else:
-        pos += 1
-    q490 = pos + n489
-    if q490 > end:
-        raise _length_error(n489, end - pos)
-    f_gang_id = buf[pos:q490].decode()
-    pos = q490
-    n491 = _ZL[buf[pos]]
-    if n491 < 0:
-        n491, pos = _rlong(buf, pos)
-        if n491 < 0:
-            raise _length_error(n491, end - pos)
-    else:
-        pos += 1
-    q492 = pos + n491
-    if q492 > end:
-        raise _length_error(n491, end - pos)
-    f_reason = buf[pos:q492].decode()
-    pos = q492
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick492(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
-    n495 = _ZL[buf[pos]]
-    if n495 < 0:
-        n495, pos = _rlong(buf, pos)
-        if n495 < 0:
-            raise _length_error(n495, end - pos)
-    else:
-        pos += 1
-    q496 = pos + n495
-    if q496 > end:
-        raise _length_error(n495, end - pos)
-    f_tenant = buf[pos:q496].decode()
-    pos = q496
-    b = buf[pos]
-    if b < 128:
-        i497 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i497 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i497 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i497, pos = _rlong(buf, pos)
-    if i497 == 0:
-        f_cohort = None
-    elif i497 == 1:
-        n498 = _ZL[buf[pos]]
-        if n498 < 0:
-            n498, pos = _rlong(buf, pos)
-            if n498 < 0:
-                raise _length_error(n498, end - pos)
-        else:
-            pos += 1
-        q499 = pos + n498
-        if q499 > end:
-            raise _length_error(n498, end - pos)
-        f_cohort = buf[pos:q499].decode()
-        pos = q499
-    else:
-        raise _union_error(i497, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc500: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c501 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c501 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c501 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c501, pos = _rlong(buf, pos)
-            if c501 == 0:
-                break
-            if c501 < 0:
-                c501 = -c501
-                b = buf[pos]
-                if b < 128:
-                    z504 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z504 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z504 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z504, pos = _rlong(buf, pos)
-            if c501 * 2 > end - pos:
-                raise _count_error(c501, end - pos)
-            for _ in range(c501):
-                n505 = _ZL[buf[pos]]
-                if n505 < 0:
-                    n505, pos = _rlong(buf, pos)
-                    if n505 < 0:
-                        raise _length_error(n505, end - pos)
-                else:
-                    pos += 1
-                q506 = pos + n505
-                if q506 > end:
-                    raise _length_error(n505, end - pos)
-                k503 = buf[pos:q506].decode()
-                pos = q506
-                b = buf[pos]
-                if b < 128:
-                    x502 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x502 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x502 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x502, pos = _rlong(buf, pos)
-                acc500[k503] = x502
-        f_nominal_gpus = acc500
+                    z482, pos = _rlong(buf, pos)
+            if c479 * 8 > end - pos:
+                raise _count_error(c479, end - pos)
+            for _ in range(c479):
+                x480, pos = _d_GangMember482(buf, pos, end)
+                acc478.append(x480)
+        f_members = tuple(acc478)
     b = buf[pos]
     if b < 128:
         i507 = _ZD[b]
@@ -2577,22 +2342,22 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i507, pos = _rlong(buf, pos)
     if i507 == 0:
-        f_nominal_cpu_milli = None
+        f_min_members = None
     elif i507 == 1:
         b = buf[pos]
         if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
+            f_min_members = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_min_members = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_min_members = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+            f_min_members, pos = _rlong(buf, pos)
     else:
         raise _union_error(i507, 2)
     b = buf[pos]
@@ -2610,8 +2375,418 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i508, pos = _rlong(buf, pos)
     if i508 == 0:
-        f_nominal_memory_mib = None
+        f_topology_required = None
     elif i508 == 1:
+        n509 = _ZL[buf[pos]]
+        if n509 < 0:
+            n509, pos = _rlong(buf, pos)
+            if n509 < 0:
+                raise _length_error(n509, end - pos)
+        else:
+            pos += 1
+        q510 = pos + n509
+        if q510 > end:
+            raise _length_error(n509, end - pos)
+        f_topology_required = buf[pos:q510].decode()
+        pos = q510
+    else:
+        raise _union_error(i508, 2)
+    b = buf[pos]
+    if b < 128:
+        i511 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
+        f_topology_preferred = None
+    elif i511 == 1:
+        n512 = _ZL[buf[pos]]
+        if n512 < 0:
+            n512, pos = _rlong(buf, pos)
+            if n512 < 0:
+                raise _length_error(n512, end - pos)
+        else:
+            pos += 1
+        q513 = pos + n512
+        if q513 > end:
+            raise _length_error(n512, end - pos)
+        f_topology_preferred = buf[pos:q513].decode()
+        pos = q513
+    else:
+        raise _union_error(i511, 2)
+    b = buf[pos]
+    if b < 128:
+        i514 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i514 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i514 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
+        f_timeout_ms = None
+    elif i514 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i514, 2)
+    b = buf[pos]
+    if b < 128:
+        i515 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i515 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i515 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i515, pos = _rlong(buf, pos)
+    if i515 == 0:
+        f_time_limit_ms = None
+    elif i515 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i515, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc516: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c517 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c517 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c517 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c517, pos = _rlong(buf, pos)
+            if c517 == 0:
+                break
+            if c517 < 0:
+                c517 = -c517
+                b = buf[pos]
+                if b < 128:
+                    z520 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z520 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z520 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z520, pos = _rlong(buf, pos)
+            if c517 * 1 > end - pos:
+                raise _count_error(c517, end - pos)
+            for _ in range(c517):
+                n521 = _ZL[buf[pos]]
+                if n521 < 0:
+                    n521, pos = _rlong(buf, pos)
+                    if n521 < 0:
+                        raise _length_error(n521, end - pos)
+                else:
+                    pos += 1
+                q522 = pos + n521
+                if q522 > end:
+                    raise _length_error(n521, end - pos)
+                x518 = buf[pos:q522].decode()
+                pos = q522
+                acc516.append(x518)
+        f_depends_on = tuple(acc516)
+    n523 = _ZL[buf[pos]]
+    if n523 < 0:
+        n523, pos = _rlong(buf, pos)
+        if n523 < 0:
+            raise _length_error(n523, end - pos)
+    else:
+        pos += 1
+    q524 = pos + n523
+    if q524 > end:
+        raise _length_error(n523, end - pos)
+    f_dependency = buf[pos:q524].decode()
+    pos = q524
+    n525 = _ZL[buf[pos]]
+    if n525 < 0:
+        n525, pos = _rlong(buf, pos)
+        if n525 < 0:
+            raise _length_error(n525, end - pos)
+    else:
+        pos += 1
+    q526 = pos + n525
+    if q526 > end:
+        raise _length_error(n525, end - pos)
+    f_preemption = buf[pos:q526].decode()
+    pos = q526
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
+    return o, pos
+
+
+def _d_ReleaseGang526(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n528 = _ZL[buf[pos]]
+    if n528 < 0:
+        n528, pos = _rlong(buf, pos)
+        if n528 < 0:
+            raise _length_error(n528, end - pos)
+    else:
+        pos += 1
+    q529 = pos + n528
+    if q529 > end:
+        raise _length_error(n528, end - pos)
+    f_gang_id = buf[pos:q529].decode()
+    pos = q529
+    n530 = _ZL[buf[pos]]
+    if n530 < 0:
+        n530, pos = _rlong(buf, pos)
+        if n530 < 0:
+            raise _length_error(n530, end - pos)
+    else:
+        pos += 1
+    q531 = pos + n530
+    if q531 > end:
+        raise _length_error(n530, end - pos)
+    f_reason = buf[pos:q531].decode()
+    pos = q531
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick531(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n534 = _ZL[buf[pos]]
+    if n534 < 0:
+        n534, pos = _rlong(buf, pos)
+        if n534 < 0:
+            raise _length_error(n534, end - pos)
+    else:
+        pos += 1
+    q535 = pos + n534
+    if q535 > end:
+        raise _length_error(n534, end - pos)
+    f_tenant = buf[pos:q535].decode()
+    pos = q535
+    b = buf[pos]
+    if b < 128:
+        i536 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i536 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i536 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i536, pos = _rlong(buf, pos)
+    if i536 == 0:
+        f_cohort = None
+    elif i536 == 1:
+        n537 = _ZL[buf[pos]]
+        if n537 < 0:
+            n537, pos = _rlong(buf, pos)
+            if n537 < 0:
+                raise _length_error(n537, end - pos)
+        else:
+            pos += 1
+        q538 = pos + n537
+        if q538 > end:
+            raise _length_error(n537, end - pos)
+        f_cohort = buf[pos:q538].decode()
+        pos = q538
+    else:
+        raise _union_error(i536, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc539: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c540 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c540 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c540 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c540, pos = _rlong(buf, pos)
+            if c540 == 0:
+                break
+            if c540 < 0:
+                c540 = -c540
+                b = buf[pos]
+                if b < 128:
+                    z543 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z543 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z543 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z543, pos = _rlong(buf, pos)
+            if c540 * 2 > end - pos:
+                raise _count_error(c540, end - pos)
+            for _ in range(c540):
+                n544 = _ZL[buf[pos]]
+                if n544 < 0:
+                    n544, pos = _rlong(buf, pos)
+                    if n544 < 0:
+                        raise _length_error(n544, end - pos)
+                else:
+                    pos += 1
+                q545 = pos + n544
+                if q545 > end:
+                    raise _length_error(n544, end - pos)
+                k542 = buf[pos:q545].decode()
+                pos = q545
+                b = buf[pos]
+                if b < 128:
+                    x541 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x541 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x541 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x541, pos = _rlong(buf, pos)
+                acc539[k542] = x541
+        f_nominal_gpus = acc539
+    b = buf[pos]
+    if b < 128:
+        i546 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i546 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i546 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i546, pos = _rlong(buf, pos)
+    if i546 == 0:
+        f_nominal_cpu_milli = None
+    elif i546 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i546, 2)
+    b = buf[pos]
+    if b < 128:
+        i547 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i547 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i547 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i547, pos = _rlong(buf, pos)
+    if i547 == 0:
+        f_nominal_memory_mib = None
+    elif i547 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2627,24 +2802,24 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i508, 2)
+        raise _union_error(i547, 2)
     b = buf[pos]
     if b < 128:
-        i509 = _ZD[b]
+        i548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i509 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i509 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i509, pos = _rlong(buf, pos)
-    if i509 == 0:
+        i548, pos = _rlong(buf, pos)
+    if i548 == 0:
         f_borrowing_limit_gpus = None
-    elif i509 == 1:
+    elif i548 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2660,24 +2835,24 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i509, 2)
+        raise _union_error(i548, 2)
     b = buf[pos]
     if b < 128:
-        i510 = _ZD[b]
+        i549 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i510 = (z >> 1) ^ -(z & 1)
+        i549 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i510 = (z >> 1) ^ -(z & 1)
+        i549 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i510, pos = _rlong(buf, pos)
-    if i510 == 0:
+        i549, pos = _rlong(buf, pos)
+    if i549 == 0:
         f_lending_limit_gpus = None
-    elif i510 == 1:
+    elif i549 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2693,7 +2868,7 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i510, 2)
+        raise _union_error(i549, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2710,47 +2885,47 @@ def _d_SetQuota493(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i511 = _ZD[b]
+        i550 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i511 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i511 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i511, pos = _rlong(buf, pos)
-    if i511 == 0:
+        i550, pos = _rlong(buf, pos)
+    if i550 == 0:
         f_preemption = None
-    elif i511 == 1:
-        f_preemption, pos = _d_QuotaPreemption424(buf, pos, end)
+    elif i550 == 1:
+        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
     else:
-        raise _union_error(i511, 2)
+        raise _union_error(i550, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota511(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota550(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n513 = _ZL[buf[pos]]
-    if n513 < 0:
-        n513, pos = _rlong(buf, pos)
-        if n513 < 0:
-            raise _length_error(n513, end - pos)
+    n552 = _ZL[buf[pos]]
+    if n552 < 0:
+        n552, pos = _rlong(buf, pos)
+        if n552 < 0:
+            raise _length_error(n552, end - pos)
     else:
         pos += 1
-    q514 = pos + n513
-    if q514 > end:
-        raise _length_error(n513, end - pos)
-    f_tenant = buf[pos:q514].decode()
-    pos = q514
+    q553 = pos + n552
+    if q553 > end:
+        raise _length_error(n552, end - pos)
+    f_tenant = buf[pos:q553].decode()
+    pos = q553
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment514(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment553(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2769,241 +2944,443 @@ def _d_Defragment514(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i516 = _ZD[b]
+        i555 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i516 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i516 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i516, pos = _rlong(buf, pos)
-    if i516 == 0:
+        i555, pos = _rlong(buf, pos)
+    if i555 == 0:
         f_target = None
-    elif i516 == 1:
-        n517 = _ZL[buf[pos]]
-        if n517 < 0:
-            n517, pos = _rlong(buf, pos)
-            if n517 < 0:
-                raise _length_error(n517, end - pos)
+    elif i555 == 1:
+        n556 = _ZL[buf[pos]]
+        if n556 < 0:
+            n556, pos = _rlong(buf, pos)
+            if n556 < 0:
+                raise _length_error(n556, end - pos)
         else:
             pos += 1
-        q518 = pos + n517
-        if q518 > end:
-            raise _length_error(n517, end - pos)
-        f_target = buf[pos:q518].decode()
-        pos = q518
+        q557 = pos + n556
+        if q557 > end:
+            raise _length_error(n556, end - pos)
+        f_target = buf[pos:q557].decode()
+        pos = q557
     else:
-        raise _union_error(i516, 2)
+        raise _union_error(i555, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster518(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster557(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n520 = _ZL[buf[pos]]
-    if n520 < 0:
-        n520, pos = _rlong(buf, pos)
-        if n520 < 0:
-            raise _length_error(n520, end - pos)
+    n559 = _ZL[buf[pos]]
+    if n559 < 0:
+        n559, pos = _rlong(buf, pos)
+        if n559 < 0:
+            raise _length_error(n559, end - pos)
     else:
         pos += 1
-    q521 = pos + n520
-    if q521 > end:
-        raise _length_error(n520, end - pos)
-    f_reason = buf[pos:q521].decode()
-    pos = q521
+    q560 = pos + n559
+    if q560 > end:
+        raise _length_error(n559, end - pos)
+    f_reason = buf[pos:q560].decode()
+    pos = q560
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode521(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode560(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n523 = _ZL[buf[pos]]
-    if n523 < 0:
-        n523, pos = _rlong(buf, pos)
-        if n523 < 0:
-            raise _length_error(n523, end - pos)
+    n562 = _ZL[buf[pos]]
+    if n562 < 0:
+        n562, pos = _rlong(buf, pos)
+        if n562 < 0:
+            raise _length_error(n562, end - pos)
     else:
         pos += 1
-    q524 = pos + n523
-    if q524 > end:
-        raise _length_error(n523, end - pos)
-    f_node_id = buf[pos:q524].decode()
-    pos = q524
+    q563 = pos + n562
+    if q563 > end:
+        raise _length_error(n562, end - pos)
+    f_node_id = buf[pos:q563].decode()
+    pos = q563
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode524(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode563(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n526 = _ZL[buf[pos]]
-    if n526 < 0:
-        n526, pos = _rlong(buf, pos)
-        if n526 < 0:
-            raise _length_error(n526, end - pos)
+    n565 = _ZL[buf[pos]]
+    if n565 < 0:
+        n565, pos = _rlong(buf, pos)
+        if n565 < 0:
+            raise _length_error(n565, end - pos)
     else:
         pos += 1
-    q527 = pos + n526
-    if q527 > end:
-        raise _length_error(n526, end - pos)
-    f_node_id = buf[pos:q527].decode()
-    pos = q527
+    q566 = pos + n565
+    if q566 > end:
+        raise _length_error(n565, end - pos)
+    f_node_id = buf[pos:q566].decode()
+    pos = q566
     b = buf[pos]
     if b < 128:
-        i528 = _ZD[b]
+        i567 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i528 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i528 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i528, pos = _rlong(buf, pos)
-    if i528 == 0:
+        i567, pos = _rlong(buf, pos)
+    if i567 == 0:
         f_labels = None
-    elif i528 == 1:
+    elif i567 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc529: dict[str, Any] = {}
+            acc568: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c530 = _ZD[b]
+                    c569 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c530 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c530 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c530, pos = _rlong(buf, pos)
-                if c530 == 0:
+                    c569, pos = _rlong(buf, pos)
+                if c569 == 0:
                     break
-                if c530 < 0:
-                    c530 = -c530
+                if c569 < 0:
+                    c569 = -c569
                     b = buf[pos]
                     if b < 128:
-                        z533 = _ZD[b]
+                        z572 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z533 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z533 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z533, pos = _rlong(buf, pos)
-                if c530 * 2 > end - pos:
-                    raise _count_error(c530, end - pos)
-                for _ in range(c530):
-                    n534 = _ZL[buf[pos]]
-                    if n534 < 0:
-                        n534, pos = _rlong(buf, pos)
-                        if n534 < 0:
-                            raise _length_error(n534, end - pos)
+                        z572, pos = _rlong(buf, pos)
+                if c569 * 2 > end - pos:
+                    raise _count_error(c569, end - pos)
+                for _ in range(c569):
+                    n573 = _ZL[buf[pos]]
+                    if n573 < 0:
+                        n573, pos = _rlong(buf, pos)
+                        if n573 < 0:
+                            raise _length_error(n573, end - pos)
                     else:
                         pos += 1
-                    q535 = pos + n534
-                    if q535 > end:
-                        raise _length_error(n534, end - pos)
-                    k532 = buf[pos:q535].decode()
-                    pos = q535
-                    n536 = _ZL[buf[pos]]
-                    if n536 < 0:
-                        n536, pos = _rlong(buf, pos)
-                        if n536 < 0:
-                            raise _length_error(n536, end - pos)
+                    q574 = pos + n573
+                    if q574 > end:
+                        raise _length_error(n573, end - pos)
+                    k571 = buf[pos:q574].decode()
+                    pos = q574
+                    n575 = _ZL[buf[pos]]
+                    if n575 < 0:
+                        n575, pos = _rlong(buf, pos)
+                        if n575 < 0:
+                            raise _length_error(n575, end - pos)
                     else:
                         pos += 1
-                    q537 = pos + n536
-                    if q537 > end:
-                        raise _length_error(n536, end - pos)
-                    x531 = buf[pos:q537].decode()
-                    pos = q537
-                    acc529[k532] = x531
-            f_labels = acc529
+                    q576 = pos + n575
+                    if q576 > end:
+                        raise _length_error(n575, end - pos)
+                    x570 = buf[pos:q576].decode()
+                    pos = q576
+                    acc568[k571] = x570
+            f_labels = acc568
     else:
-        raise _union_error(i528, 2)
+        raise _union_error(i567, 2)
     b = buf[pos]
     if b < 128:
-        i538 = _ZD[b]
+        i577 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i538 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i538 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i538, pos = _rlong(buf, pos)
-    if i538 == 0:
+        i577, pos = _rlong(buf, pos)
+    if i577 == 0:
         f_taints = None
-    elif i538 == 1:
+    elif i577 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc539: list[Any] = []
+            acc578: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c540 = _ZD[b]
+                    c579 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c579 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c579 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c540, pos = _rlong(buf, pos)
-                if c540 == 0:
+                    c579, pos = _rlong(buf, pos)
+                if c579 == 0:
                     break
-                if c540 < 0:
-                    c540 = -c540
+                if c579 < 0:
+                    c579 = -c579
                     b = buf[pos]
                     if b < 128:
-                        z543 = _ZD[b]
+                        z582 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z582 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z582 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z543, pos = _rlong(buf, pos)
-                if c540 * 3 > end - pos:
-                    raise _count_error(c540, end - pos)
-                for _ in range(c540):
-                    x541, pos = _d_Taint325(buf, pos, end)
-                    acc539.append(x541)
-            f_taints = tuple(acc539)
+                        z582, pos = _rlong(buf, pos)
+                if c579 * 3 > end - pos:
+                    raise _count_error(c579, end - pos)
+                for _ in range(c579):
+                    x580, pos = _d_Taint362(buf, pos, end)
+                    acc578.append(x580)
+            f_taints = tuple(acc578)
     else:
-        raise _union_error(i538, 2)
+        raise _union_error(i577, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
+    return o, pos
+
+
+def _d_SetDisruptionBudget582(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n584 = _ZL[buf[pos]]
+    if n584 < 0:
+        n584, pos = _rlong(buf, pos)
+        if n584 < 0:
+            raise _length_error(n584, end - pos)
+    else:
+        pos += 1
+    q585 = pos + n584
+    if q585 > end:
+        raise _length_error(n584, end - pos)
+    f_budget_id = buf[pos:q585].decode()
+    pos = q585
+    b = buf[pos]
+    if b < 128:
+        i586 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i586 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i586 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i586, pos = _rlong(buf, pos)
+    if i586 == 0:
+        f_tenant = None
+    elif i586 == 1:
+        n587 = _ZL[buf[pos]]
+        if n587 < 0:
+            n587, pos = _rlong(buf, pos)
+            if n587 < 0:
+                raise _length_error(n587, end - pos)
+        else:
+            pos += 1
+        q588 = pos + n587
+        if q588 > end:
+            raise _length_error(n587, end - pos)
+        f_tenant = buf[pos:q588].decode()
+        pos = q588
+    else:
+        raise _union_error(i586, 2)
+    b = buf[pos]
+    if b < 128:
+        i589 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i589 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i589 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i589, pos = _rlong(buf, pos)
+    if i589 == 0:
+        f_gang_id = None
+    elif i589 == 1:
+        n590 = _ZL[buf[pos]]
+        if n590 < 0:
+            n590, pos = _rlong(buf, pos)
+            if n590 < 0:
+                raise _length_error(n590, end - pos)
+        else:
+            pos += 1
+        q591 = pos + n590
+        if q591 > end:
+            raise _length_error(n590, end - pos)
+        f_gang_id = buf[pos:q591].decode()
+        pos = q591
+    else:
+        raise _union_error(i589, 2)
+    b = buf[pos]
+    if b < 128:
+        i592 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i592 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i592 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i592, pos = _rlong(buf, pos)
+    if i592 == 0:
+        f_label_selector = None
+    elif i592 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc593: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c594 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c594 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c594 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c594, pos = _rlong(buf, pos)
+                if c594 == 0:
+                    break
+                if c594 < 0:
+                    c594 = -c594
+                    b = buf[pos]
+                    if b < 128:
+                        z597 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z597 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z597 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z597, pos = _rlong(buf, pos)
+                if c594 * 2 > end - pos:
+                    raise _count_error(c594, end - pos)
+                for _ in range(c594):
+                    n598 = _ZL[buf[pos]]
+                    if n598 < 0:
+                        n598, pos = _rlong(buf, pos)
+                        if n598 < 0:
+                            raise _length_error(n598, end - pos)
+                    else:
+                        pos += 1
+                    q599 = pos + n598
+                    if q599 > end:
+                        raise _length_error(n598, end - pos)
+                    k596 = buf[pos:q599].decode()
+                    pos = q599
+                    n600 = _ZL[buf[pos]]
+                    if n600 < 0:
+                        n600, pos = _rlong(buf, pos)
+                        if n600 < 0:
+                            raise _length_error(n600, end - pos)
+                    else:
+                        pos += 1
+                    q601 = pos + n600
+                    if q601 > end:
+                        raise _length_error(n600, end - pos)
+                    x595 = buf[pos:q601].decode()
+                    pos = q601
+                    acc593[k596] = x595
+            f_label_selector = acc593
+    else:
+        raise _union_error(i592, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_SetDisruptionBudget(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_RemoveDisruptionBudget601(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+    f_budget_id: str
+    n603 = _ZL[buf[pos]]
+    if n603 < 0:
+        n603, pos = _rlong(buf, pos)
+        if n603 < 0:
+            raise _length_error(n603, end - pos)
+    else:
+        pos += 1
+    q604 = pos + n603
+    if q604 > end:
+        raise _length_error(n603, end - pos)
+    f_budget_id = buf[pos:q604].decode()
+    pos = q604
+    o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
 
@@ -3012,7 +3389,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k298:
+    if frame[:10] != _k335:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3023,30 +3400,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n300 = _ZL[buf[pos]]
-        if n300 < 0:
-            n300, pos = _rlong(buf, pos)
-            if n300 < 0:
-                raise _length_error(n300, end - pos)
+        n337 = _ZL[buf[pos]]
+        if n337 < 0:
+            n337, pos = _rlong(buf, pos)
+            if n337 < 0:
+                raise _length_error(n337, end - pos)
         else:
             pos += 1
-        q301 = pos + n300
-        if q301 > end:
-            raise _length_error(n300, end - pos)
-        f_command_id = buf[pos:q301].decode()
-        pos = q301
-        n302 = _ZL[buf[pos]]
-        if n302 < 0:
-            n302, pos = _rlong(buf, pos)
-            if n302 < 0:
-                raise _length_error(n302, end - pos)
+        q338 = pos + n337
+        if q338 > end:
+            raise _length_error(n337, end - pos)
+        f_command_id = buf[pos:q338].decode()
+        pos = q338
+        n339 = _ZL[buf[pos]]
+        if n339 < 0:
+            n339, pos = _rlong(buf, pos)
+            if n339 < 0:
+                raise _length_error(n339, end - pos)
         else:
             pos += 1
-        q303 = pos + n302
-        if q303 > end:
-            raise _length_error(n302, end - pos)
-        f_cluster = buf[pos:q303].decode()
-        pos = q303
+        q340 = pos + n339
+        if q340 > end:
+            raise _length_error(n339, end - pos)
+        f_cluster = buf[pos:q340].decode()
+        pos = q340
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3061,35 +3438,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n304 = _ZL[buf[pos]]
-        if n304 < 0:
-            n304, pos = _rlong(buf, pos)
-            if n304 < 0:
-                raise _length_error(n304, end - pos)
+        n341 = _ZL[buf[pos]]
+        if n341 < 0:
+            n341, pos = _rlong(buf, pos)
+            if n341 < 0:
+                raise _length_error(n341, end - pos)
         else:
             pos += 1
-        q305 = pos + n304
-        if q305 > end:
-            raise _length_error(n304, end - pos)
-        f_source = buf[pos:q305].decode()
-        pos = q305
+        q342 = pos + n341
+        if q342 > end:
+            raise _length_error(n341, end - pos)
+        f_source = buf[pos:q342].decode()
+        pos = q342
         b = buf[pos]
         if b < 128:
-            i306 = _ZD[b]
+            i343 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i306 = (z >> 1) ^ -(z & 1)
+            i343 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i306 = (z >> 1) ^ -(z & 1)
+            i343 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i306, pos = _rlong(buf, pos)
-        if not 0 <= i306 < 18:
-            raise _union_error(i306, 18)
-        f_payload, pos = _k543[i306](buf, pos, end)
+            i343, pos = _rlong(buf, pos)
+        if not 0 <= i343 < 20:
+            raise _union_error(i343, 20)
+        f_payload, pos = _k604[i343](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3100,267 +3477,299 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded555(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k556, (_P[n559] if (n559 := len(s558 := o.node_id.encode())) < 8192 else _long(n559)), s558, (_P[n561] if (n561 := len(s560 := o.gpu_model.encode())) < 8192 else _long(n561)), s560, (_P[n562] if 0 <= (n562 := o.gpu_count) < 8192 else _long(n562)), (_P[n563] if 0 <= (n563 := o.cpu_milli) < 8192 else _long(n563)), (_P[n564] if 0 <= (n564 := o.memory_mib) < 8192 else _long(n564)), (_b21(a565) if (a565 := o.labels) else b"\x00"), (_b27(a566) if (a566 := o.taints) else b"\x00"),))
+def _e_NodeAdded616(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.gpu_model.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.gpu_count) < 8192 else _long(n623)), (_P[n624] if 0 <= (n624 := o.cpu_milli) < 8192 else _long(n624)), (_P[n625] if 0 <= (n625 := o.memory_mib) < 8192 else _long(n625)), (_b21(a626) if (a626 := o.labels) else b"\x00"), (_b27(a627) if (a627 := o.taints) else b"\x00"), (_P[n628] if 0 <= (n628 := o.gpu_memory_mib) < 8192 else _long(n628)),))
 
 
-def _e_NodeRemoved566(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k567, (_P[n570] if (n570 := len(s569 := o.node_id.encode())) < 8192 else _long(n570)), s569, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved628(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k629, (_P[n632] if (n632 := len(s631 := o.node_id.encode())) < 8192 else _long(n632)), s631, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned570(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k571, (_P[n574] if (n574 := len(s573 := o.node_id.encode())) < 8192 else _long(n574)), s573,))
+def _e_NodeCordoned632(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635,))
 
 
-def _e_NodeUncordoned574(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k575, (_P[n578] if (n578 := len(s577 := o.node_id.encode())) < 8192 else _long(n578)), s577,))
+def _e_NodeUncordoned636(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639,))
 
 
-def _e_NodeDrained578(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k579, (_P[n582] if (n582 := len(s581 := o.node_id.encode())) < 8192 else _long(n582)), s581, (_P[n583] if 0 <= (n583 := o.evicted) < 8192 else _long(n583)),))
+def _e_NodeDrained640(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643, (_P[n645] if 0 <= (n645 := o.evicted) < 8192 else _long(n645)),))
 
 
-def _e_NodeFailed583(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k584, (_P[n587] if (n587 := len(s586 := o.node_id.encode())) < 8192 else _long(n587)), s586, (_P[n589] if (n589 := len(s588 := o.reason.encode())) < 8192 else _long(n589)), s588, (_P[n590] if 0 <= (n590 := o.evicted) < 8192 else _long(n590)),))
+def _e_NodeFailed645(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := o.node_id.encode())) < 8192 else _long(n649)), s648, (_P[n651] if (n651 := len(s650 := o.reason.encode())) < 8192 else _long(n651)), s650, (_P[n652] if 0 <= (n652 := o.evicted) < 8192 else _long(n652)),))
 
 
-def _u609(v: Any) -> bytes:
-    return b"".join((_k609, (_P[n612] if (n612 := len(s611 := v.encode())) < 8192 else _long(n612)), s611,))
+def _u671(v: Any) -> bytes:
+    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := v.encode())) < 8192 else _long(n674)), s673,))
 
 
-def _u615(v: Any) -> bytes:
-    return b"".join((_k615, (_P[n617] if 0 <= (n617 := v) < 8192 else _long(n617)),))
+def _u677(v: Any) -> bytes:
+    return b"".join((_k677, (_P[n679] if 0 <= (n679 := v) < 8192 else _long(n679)),))
 
 
-def _b625(a: Any) -> bytes:
+def _b691(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n628] if (n628 := len(s627 := x.code.encode())) < 8192 else _long(n628)), s627, (_P[n629] if 0 <= (n629 := x.nodes) < 8192 else _long(n629)), (_P[n631] if (n631 := len(s630 := x.message.encode())) < 8192 else _long(n631)), s630,)
+        out += ((_P[n694] if (n694 := len(s693 := x.code.encode())) < 8192 else _long(n694)), s693, (_P[n695] if 0 <= (n695 := x.nodes) < 8192 else _long(n695)), (_P[n697] if (n697 := len(s696 := x.message.encode())) < 8192 else _long(n697)), s696,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued590(o: _c_PodQueued) -> bytes:
-    return b"".join((_k591, (_P[n595] if (n595 := len(s594 := (r593 := o.pod).pod_id.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := r593.tenant.encode())) < 8192 else _long(n597)), s596, (_P[n598] if 0 <= (n598 := r593.priority) < 8192 else _long(n598)), (_P[n599] if 0 <= (n599 := r593.num_gpu) < 8192 else _long(n599)), (_P[n600] if 0 <= (n600 := r593.gpu_milli) < 8192 else _long(n600)), (_P[n601] if 0 <= (n601 := r593.cpu_milli) < 8192 else _long(n601)), (_P[n602] if 0 <= (n602 := r593.memory_mib) < 8192 else _long(n602)), (_b69(a603) if (a603 := r593.gpu_models) else b"\x00"), (_b21(a604) if (a604 := r593.node_selector) else b"\x00"), (_b74(a605) if (a605 := r593.tolerations) else b"\x00"), (_P[n606] if 0 <= (n606 := r593.submitted_at) < 8192 else _long(n606)), (_P[n607] if 0 <= (n607 := r593.arrival) < 8192 else _long(n607)), (_k612 if (u608 := r593.gang_id) is None else _u609(u608)), (_k617 if (u614 := r593.time_limit_ms) is None else _u615(u614)), (_b69(a619) if (a619 := r593.depends_on) else b"\x00"), (_P[n621] if (n621 := len(s620 := r593.dependency.encode())) < 8192 else _long(n621)), s620, (_P[n623] if (n623 := len(s622 := r593.preemption.encode())) < 8192 else _long(n623)), s622, (b"\x01" if r593.movable else b"\x00"), (b"\x01" if r593.preemptible else b"\x00"), (_b625(a624) if (a624 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a632) if (a632 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued652(o: _c_PodQueued) -> bytes:
+    return b"".join((_k653, (_P[n657] if (n657 := len(s656 := (r655 := o.pod).pod_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := r655.tenant.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := r655.priority) < 8192 else _long(n660)), (_P[n661] if 0 <= (n661 := r655.num_gpu) < 8192 else _long(n661)), (_P[n662] if 0 <= (n662 := r655.gpu_milli) < 8192 else _long(n662)), (_P[n663] if 0 <= (n663 := r655.cpu_milli) < 8192 else _long(n663)), (_P[n664] if 0 <= (n664 := r655.memory_mib) < 8192 else _long(n664)), (_b71(a665) if (a665 := r655.gpu_models) else b"\x00"), (_b21(a666) if (a666 := r655.node_selector) else b"\x00"), (_b76(a667) if (a667 := r655.tolerations) else b"\x00"), (_P[n668] if 0 <= (n668 := r655.submitted_at) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r655.arrival) < 8192 else _long(n669)), (_k674 if (u670 := r655.gang_id) is None else _u671(u670)), (_k679 if (u676 := r655.time_limit_ms) is None else _u677(u676)), (_b71(a681) if (a681 := r655.depends_on) else b"\x00"), (_P[n683] if (n683 := len(s682 := r655.dependency.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := r655.preemption.encode())) < 8192 else _long(n685)), s684, (b"\x01" if r655.movable else b"\x00"), (_P[n686] if 0 <= (n686 := r655.gpu_memory_mib) < 8192 else _long(n686)), (_k688 if (u687 := r655.retry) is None else _k687[type(u687)](u687)), (b"\x01" if r655.preemptible else b"\x00"), (_b691(a690) if (a690 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a698) if (a698 := o.waiting_for) else b"\x00"),))
 
 
-def _u651(v: Any) -> bytes:
-    return b"".join((_k651, (_P[n654] if (n654 := len(s653 := v.encode())) < 8192 else _long(n654)), s653,))
+def _u717(v: Any) -> bytes:
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := v.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _u657(v: Any) -> bytes:
-    return b"".join((_k657, (_P[n659] if 0 <= (n659 := v) < 8192 else _long(n659)),))
+def _u723(v: Any) -> bytes:
+    return b"".join((_k723, (_P[n725] if 0 <= (n725 := v) < 8192 else _long(n725)),))
 
 
-def _b669(a: Any) -> bytes:
+def _b739(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n671] if 0 <= (n671 := x.index) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := x.milli) < 8192 else _long(n672)),)
+        out += ((_P[n741] if 0 <= (n741 := x.index) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := x.milli) < 8192 else _long(n742)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b676(a: Any) -> bytes:
+def _b746(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n678] if (n678 := len(s677 := k.encode())) < 8192 else _long(n678)), s677, _pack_d(x),)
+        out += ((_P[n748] if (n748 := len(s747 := k.encode())) < 8192 else _long(n748)), s747, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled632(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k633, (_P[n637] if (n637 := len(s636 := (r635 := o.pod).pod_id.encode())) < 8192 else _long(n637)), s636, (_P[n639] if (n639 := len(s638 := r635.tenant.encode())) < 8192 else _long(n639)), s638, (_P[n640] if 0 <= (n640 := r635.priority) < 8192 else _long(n640)), (_P[n641] if 0 <= (n641 := r635.num_gpu) < 8192 else _long(n641)), (_P[n642] if 0 <= (n642 := r635.gpu_milli) < 8192 else _long(n642)), (_P[n643] if 0 <= (n643 := r635.cpu_milli) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := r635.memory_mib) < 8192 else _long(n644)), (_b69(a645) if (a645 := r635.gpu_models) else b"\x00"), (_b21(a646) if (a646 := r635.node_selector) else b"\x00"), (_b74(a647) if (a647 := r635.tolerations) else b"\x00"), (_P[n648] if 0 <= (n648 := r635.submitted_at) < 8192 else _long(n648)), (_P[n649] if 0 <= (n649 := r635.arrival) < 8192 else _long(n649)), (_k654 if (u650 := r635.gang_id) is None else _u651(u650)), (_k659 if (u656 := r635.time_limit_ms) is None else _u657(u656)), (_b69(a661) if (a661 := r635.depends_on) else b"\x00"), (_P[n663] if (n663 := len(s662 := r635.dependency.encode())) < 8192 else _long(n663)), s662, (_P[n665] if (n665 := len(s664 := r635.preemption.encode())) < 8192 else _long(n665)), s664, (b"\x01" if r635.movable else b"\x00"), (b"\x01" if r635.preemptible else b"\x00"), (_P[n667] if (n667 := len(s666 := o.node_id.encode())) < 8192 else _long(n667)), s666, (_b669(a668) if (a668 := o.gpus) else b"\x00"), (_P[n674] if (n674 := len(s673 := o.policy.encode())) < 8192 else _long(n674)), s673, (b"\x01" if o.from_queue else b"\x00"), (_b676(a675) if (a675 := o.scores) else b"\x00"), (_b69(a679) if (a679 := o.preempted) else b"\x00"),))
+def _e_PodScheduled698(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k699, (_P[n703] if (n703 := len(s702 := (r701 := o.pod).pod_id.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := r701.tenant.encode())) < 8192 else _long(n705)), s704, (_P[n706] if 0 <= (n706 := r701.priority) < 8192 else _long(n706)), (_P[n707] if 0 <= (n707 := r701.num_gpu) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := r701.gpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := r701.cpu_milli) < 8192 else _long(n709)), (_P[n710] if 0 <= (n710 := r701.memory_mib) < 8192 else _long(n710)), (_b71(a711) if (a711 := r701.gpu_models) else b"\x00"), (_b21(a712) if (a712 := r701.node_selector) else b"\x00"), (_b76(a713) if (a713 := r701.tolerations) else b"\x00"), (_P[n714] if 0 <= (n714 := r701.submitted_at) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r701.arrival) < 8192 else _long(n715)), (_k720 if (u716 := r701.gang_id) is None else _u717(u716)), (_k725 if (u722 := r701.time_limit_ms) is None else _u723(u722)), (_b71(a727) if (a727 := r701.depends_on) else b"\x00"), (_P[n729] if (n729 := len(s728 := r701.dependency.encode())) < 8192 else _long(n729)), s728, (_P[n731] if (n731 := len(s730 := r701.preemption.encode())) < 8192 else _long(n731)), s730, (b"\x01" if r701.movable else b"\x00"), (_P[n732] if 0 <= (n732 := r701.gpu_memory_mib) < 8192 else _long(n732)), (_k734 if (u733 := r701.retry) is None else _k733[type(u733)](u733)), (b"\x01" if r701.preemptible else b"\x00"), (_P[n737] if (n737 := len(s736 := o.node_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.gpus) else b"\x00"), (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (b"\x01" if o.from_queue else b"\x00"), (_b746(a745) if (a745 := o.scores) else b"\x00"), (_b71(a749) if (a749 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted679(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.pod_id.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.node_id.encode())) < 8192 else _long(n685)), s684, (_P[n687] if (n687 := len(s686 := o.reason.encode())) < 8192 else _long(n687)), s686,))
-
-
-def _u693(v: Any) -> bytes:
-    return b"".join((_k693, (_P[n696] if (n696 := len(s695 := v.encode())) < 8192 else _long(n696)), s695,))
-
-
-def _e_PodReleased687(o: _c_PodReleased) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := o.pod_id.encode())) < 8192 else _long(n691)), s690, (_k696 if (u692 := o.node_id) is None else _u693(u692)), (_P[n699] if (n699 := len(s698 := o.reason.encode())) < 8192 else _long(n699)), s698,))
-
-
-def _u707(v: Any) -> bytes:
-    return b"".join((_k707, (_P[n709] if 0 <= (n709 := v) < 8192 else _long(n709)),))
-
-
-def _u714(v: Any) -> bytes:
-    return b"".join((_k714, (_P[n716] if 0 <= (n716 := v) < 8192 else _long(n716)),))
-
-
-def _e_PolicyChanged699(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := o.policy.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := o.previous.encode())) < 8192 else _long(n705)), s704, (_k709 if (u706 := o.reserve_after_ms) is None else _u707(u706)), (_P[n712] if (n712 := len(s711 := o.queue_order.encode())) < 8192 else _long(n712)), s711, (_k716 if (u713 := o.max_clock_jump_ms) is None else _u714(u713)),))
-
-
-def _e_CommandRejected717(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k718, (_P[n721] if (n721 := len(s720 := o.command_id.encode())) < 8192 else _long(n721)), s720, (_P[n723] if (n723 := len(s722 := o.command_type.encode())) < 8192 else _long(n723)), s722, (_P[n725] if (n725 := len(s724 := o.code.encode())) < 8192 else _long(n725)), s724, (_P[n727] if (n727 := len(s726 := o.message.encode())) < 8192 else _long(n727)), s726,))
-
-
-def _u757(v: Any) -> bytes:
-    return b"".join((_k757, (_P[n760] if (n760 := len(s759 := v.encode())) < 8192 else _long(n760)), s759,))
+def _e_PodEvicted749(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k750, (_P[n753] if (n753 := len(s752 := o.pod_id.encode())) < 8192 else _long(n753)), s752, (_P[n755] if (n755 := len(s754 := o.node_id.encode())) < 8192 else _long(n755)), s754, (_P[n757] if (n757 := len(s756 := o.reason.encode())) < 8192 else _long(n757)), s756,))
 
 
 def _u763(v: Any) -> bytes:
-    return b"".join((_k763, (_P[n765] if 0 <= (n765 := v) < 8192 else _long(n765)),))
+    return b"".join((_k763, (_P[n766] if (n766 := len(s765 := v.encode())) < 8192 else _long(n766)), s765,))
 
 
-def _b740(a: Any) -> bytes:
+def _e_PodReleased757(o: _c_PodReleased) -> bytes:
+    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_k766 if (u762 := o.node_id) is None else _u763(u762)), (_P[n769] if (n769 := len(s768 := o.reason.encode())) < 8192 else _long(n769)), s768,))
+
+
+def _u777(v: Any) -> bytes:
+    return b"".join((_k777, (_P[n779] if 0 <= (n779 := v) < 8192 else _long(n779)),))
+
+
+def _u784(v: Any) -> bytes:
+    return b"".join((_k784, (_P[n786] if 0 <= (n786 := v) < 8192 else _long(n786)),))
+
+
+def _e_PolicyChanged769(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k770, (_P[n773] if (n773 := len(s772 := o.policy.encode())) < 8192 else _long(n773)), s772, (_P[n775] if (n775 := len(s774 := o.previous.encode())) < 8192 else _long(n775)), s774, (_k779 if (u776 := o.reserve_after_ms) is None else _u777(u776)), (_P[n782] if (n782 := len(s781 := o.queue_order.encode())) < 8192 else _long(n782)), s781, (_k786 if (u783 := o.max_clock_jump_ms) is None else _u784(u783)),))
+
+
+def _e_CommandRejected787(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k788, (_P[n791] if (n791 := len(s790 := o.command_id.encode())) < 8192 else _long(n791)), s790, (_P[n793] if (n793 := len(s792 := o.command_type.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := o.code.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.message.encode())) < 8192 else _long(n797)), s796,))
+
+
+def _u827(v: Any) -> bytes:
+    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
+
+
+def _u833(v: Any) -> bytes:
+    return b"".join((_k833, (_P[n835] if 0 <= (n835 := v) < 8192 else _long(n835)),))
+
+
+def _b810(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n743] if (n743 := len(s742 := x.pod_id.encode())) < 8192 else _long(n743)), s742, (_P[n745] if (n745 := len(s744 := x.tenant.encode())) < 8192 else _long(n745)), s744, (_P[n746] if 0 <= (n746 := x.priority) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := x.num_gpu) < 8192 else _long(n747)), (_P[n748] if 0 <= (n748 := x.gpu_milli) < 8192 else _long(n748)), (_P[n749] if 0 <= (n749 := x.cpu_milli) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.memory_mib) < 8192 else _long(n750)), (_b69(a751) if (a751 := x.gpu_models) else b"\x00"), (_b21(a752) if (a752 := x.node_selector) else b"\x00"), (_b74(a753) if (a753 := x.tolerations) else b"\x00"), (_P[n754] if 0 <= (n754 := x.submitted_at) < 8192 else _long(n754)), (_P[n755] if 0 <= (n755 := x.arrival) < 8192 else _long(n755)), (_k760 if (u756 := x.gang_id) is None else _u757(u756)), (_k765 if (u762 := x.time_limit_ms) is None else _u763(u762)), (_b69(a767) if (a767 := x.depends_on) else b"\x00"), (_P[n769] if (n769 := len(s768 := x.dependency.encode())) < 8192 else _long(n769)), s768, (_P[n771] if (n771 := len(s770 := x.preemption.encode())) < 8192 else _long(n771)), s770, (b"\x01" if x.movable else b"\x00"), (b"\x01" if x.preemptible else b"\x00"),)
+        out += ((_P[n813] if (n813 := len(s812 := x.pod_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := x.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := x.priority) < 8192 else _long(n816)), (_P[n817] if 0 <= (n817 := x.num_gpu) < 8192 else _long(n817)), (_P[n818] if 0 <= (n818 := x.gpu_milli) < 8192 else _long(n818)), (_P[n819] if 0 <= (n819 := x.cpu_milli) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := x.memory_mib) < 8192 else _long(n820)), (_b71(a821) if (a821 := x.gpu_models) else b"\x00"), (_b21(a822) if (a822 := x.node_selector) else b"\x00"), (_b76(a823) if (a823 := x.tolerations) else b"\x00"), (_P[n824] if 0 <= (n824 := x.submitted_at) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.arrival) < 8192 else _long(n825)), (_k830 if (u826 := x.gang_id) is None else _u827(u826)), (_k835 if (u832 := x.time_limit_ms) is None else _u833(u832)), (_b71(a837) if (a837 := x.depends_on) else b"\x00"), (_P[n839] if (n839 := len(s838 := x.dependency.encode())) < 8192 else _long(n839)), s838, (_P[n841] if (n841 := len(s840 := x.preemption.encode())) < 8192 else _long(n841)), s840, (b"\x01" if x.movable else b"\x00"), (_P[n842] if 0 <= (n842 := x.gpu_memory_mib) < 8192 else _long(n842)), (_k844 if (u843 := x.retry) is None else _k843[type(u843)](u843)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u774(v: Any) -> bytes:
-    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := v.encode())) < 8192 else _long(n777)), s776,))
+def _u848(v: Any) -> bytes:
+    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := v.encode())) < 8192 else _long(n851)), s850,))
 
 
-def _u780(v: Any) -> bytes:
-    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := v.encode())) < 8192 else _long(n783)), s782,))
+def _u854(v: Any) -> bytes:
+    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := v.encode())) < 8192 else _long(n857)), s856,))
 
 
-def _u786(v: Any) -> bytes:
-    return b"".join((_k786, (_P[n788] if 0 <= (n788 := v) < 8192 else _long(n788)),))
+def _u860(v: Any) -> bytes:
+    return b"".join((_k860, (_P[n862] if 0 <= (n862 := v) < 8192 else _long(n862)),))
 
 
-def _u791(v: Any) -> bytes:
-    return b"".join((_k791, (_P[n793] if 0 <= (n793 := v) < 8192 else _long(n793)),))
+def _u865(v: Any) -> bytes:
+    return b"".join((_k865, (_P[n867] if 0 <= (n867 := v) < 8192 else _long(n867)),))
 
 
-def _u803(v: Any) -> bytes:
-    return b"".join((_k803, (_P[n805] if 0 <= (n805 := v) < 8192 else _long(n805)),))
+def _u877(v: Any) -> bytes:
+    return b"".join((_k877, (_P[n879] if 0 <= (n879 := v) < 8192 else _long(n879)),))
 
 
-def _e_GangQueued727(o: _c_GangQueued) -> bytes:
-    return b"".join((_k728, (_P[n731] if (n731 := len(s730 := o.gang_id.encode())) < 8192 else _long(n731)), s730, (_b625(a732) if (a732 := o.reasons) else b"\x00"), (_P[n735] if (n735 := len(s734 := (r733 := o.gang).gang_id.encode())) < 8192 else _long(n735)), s734, (_P[n737] if (n737 := len(s736 := r733.tenant.encode())) < 8192 else _long(n737)), s736, (_P[n738] if 0 <= (n738 := r733.priority) < 8192 else _long(n738)), (_b740(a739) if (a739 := r733.members) else b"\x00"), (_P[n772] if 0 <= (n772 := r733.min_members) < 8192 else _long(n772)), (_k777 if (u773 := r733.topology_required) is None else _u774(u773)), (_k783 if (u779 := r733.topology_preferred) is None else _u780(u779)), (_k788 if (u785 := r733.timeout_ms) is None else _u786(u785)), (_k793 if (u790 := r733.time_limit_ms) is None else _u791(u790)), (_b69(a795) if (a795 := r733.depends_on) else b"\x00"), (_P[n797] if (n797 := len(s796 := r733.dependency.encode())) < 8192 else _long(n797)), s796, (_P[n798] if 0 <= (n798 := r733.submitted_at) < 8192 else _long(n798)), (_P[n799] if 0 <= (n799 := r733.arrival) < 8192 else _long(n799)), (_P[n801] if (n801 := len(s800 := r733.preemption.encode())) < 8192 else _long(n801)), s800, (_k805 if (u802 := r733.queued_at) is None else _u803(u802)), (b"\x01" if r733.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a807) if (a807 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued797(o: _c_GangQueued) -> bytes:
+    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_b691(a802) if (a802 := o.reasons) else b"\x00"), (_P[n805] if (n805 := len(s804 := (r803 := o.gang).gang_id.encode())) < 8192 else _long(n805)), s804, (_P[n807] if (n807 := len(s806 := r803.tenant.encode())) < 8192 else _long(n807)), s806, (_P[n808] if 0 <= (n808 := r803.priority) < 8192 else _long(n808)), (_b810(a809) if (a809 := r803.members) else b"\x00"), (_P[n846] if 0 <= (n846 := r803.min_members) < 8192 else _long(n846)), (_k851 if (u847 := r803.topology_required) is None else _u848(u847)), (_k857 if (u853 := r803.topology_preferred) is None else _u854(u853)), (_k862 if (u859 := r803.timeout_ms) is None else _u860(u859)), (_k867 if (u864 := r803.time_limit_ms) is None else _u865(u864)), (_b71(a869) if (a869 := r803.depends_on) else b"\x00"), (_P[n871] if (n871 := len(s870 := r803.dependency.encode())) < 8192 else _long(n871)), s870, (_P[n872] if 0 <= (n872 := r803.submitted_at) < 8192 else _long(n872)), (_P[n873] if 0 <= (n873 := r803.arrival) < 8192 else _long(n873)), (_P[n875] if (n875 := len(s874 := r803.preemption.encode())) < 8192 else _long(n875)), s874, (_k879 if (u876 := r803.queued_at) is None else _u877(u876)), (b"\x01" if r803.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a881) if (a881 := o.waiting_for) else b"\x00"),))
 
 
-def _b813(a: Any) -> bytes:
+def _b887(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n816] if (n816 := len(s815 := x.pod_id.encode())) < 8192 else _long(n816)), s815, (_P[n818] if (n818 := len(s817 := x.node_id.encode())) < 8192 else _long(n818)), s817, (_b669(a819) if (a819 := x.gpus) else b"\x00"),)
+        out += ((_P[n890] if (n890 := len(s889 := x.pod_id.encode())) < 8192 else _long(n890)), s889, (_P[n892] if (n892 := len(s891 := x.node_id.encode())) < 8192 else _long(n892)), s891, (_b739(a893) if (a893 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u829(v: Any) -> bytes:
-    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := v.encode())) < 8192 else _long(n832)), s831,))
+def _u903(v: Any) -> bytes:
+    return b"".join((_k903, (_P[n906] if (n906 := len(s905 := v.encode())) < 8192 else _long(n906)), s905,))
 
 
-def _u835(v: Any) -> bytes:
-    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
+def _u909(v: Any) -> bytes:
+    return b"".join((_k909, (_P[n912] if (n912 := len(s911 := v.encode())) < 8192 else _long(n912)), s911,))
 
 
-def _u841(v: Any) -> bytes:
-    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
+def _u915(v: Any) -> bytes:
+    return b"".join((_k915, (_P[n917] if 0 <= (n917 := v) < 8192 else _long(n917)),))
 
 
-def _u846(v: Any) -> bytes:
-    return b"".join((_k846, (_P[n848] if 0 <= (n848 := v) < 8192 else _long(n848)),))
+def _u920(v: Any) -> bytes:
+    return b"".join((_k920, (_P[n922] if 0 <= (n922 := v) < 8192 else _long(n922)),))
 
 
-def _u858(v: Any) -> bytes:
-    return b"".join((_k858, (_P[n860] if 0 <= (n860 := v) < 8192 else _long(n860)),))
+def _u932(v: Any) -> bytes:
+    return b"".join((_k932, (_P[n934] if 0 <= (n934 := v) < 8192 else _long(n934)),))
 
 
-def _u863(v: Any) -> bytes:
-    return b"".join((_k863, (_P[n866] if (n866 := len(s865 := v.encode())) < 8192 else _long(n866)), s865,))
+def _u937(v: Any) -> bytes:
+    return b"".join((_k937, (_P[n940] if (n940 := len(s939 := v.encode())) < 8192 else _long(n940)), s939,))
 
 
-def _u869(v: Any) -> bytes:
-    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
 
 
-def _e_GangScheduled807(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k808, (_P[n811] if (n811 := len(s810 := o.gang_id.encode())) < 8192 else _long(n811)), s810, (_b813(a812) if (a812 := o.members) else b"\x00"), (_P[n822] if (n822 := len(s821 := (r820 := o.gang).gang_id.encode())) < 8192 else _long(n822)), s821, (_P[n824] if (n824 := len(s823 := r820.tenant.encode())) < 8192 else _long(n824)), s823, (_P[n825] if 0 <= (n825 := r820.priority) < 8192 else _long(n825)), (_b740(a826) if (a826 := r820.members) else b"\x00"), (_P[n827] if 0 <= (n827 := r820.min_members) < 8192 else _long(n827)), (_k832 if (u828 := r820.topology_required) is None else _u829(u828)), (_k838 if (u834 := r820.topology_preferred) is None else _u835(u834)), (_k843 if (u840 := r820.timeout_ms) is None else _u841(u840)), (_k848 if (u845 := r820.time_limit_ms) is None else _u846(u845)), (_b69(a850) if (a850 := r820.depends_on) else b"\x00"), (_P[n852] if (n852 := len(s851 := r820.dependency.encode())) < 8192 else _long(n852)), s851, (_P[n853] if 0 <= (n853 := r820.submitted_at) < 8192 else _long(n853)), (_P[n854] if 0 <= (n854 := r820.arrival) < 8192 else _long(n854)), (_P[n856] if (n856 := len(s855 := r820.preemption.encode())) < 8192 else _long(n856)), s855, (_k860 if (u857 := r820.queued_at) is None else _u858(u857)), (b"\x01" if r820.preemptible else b"\x00"), (_k866 if (u862 := o.topology_key) is None else _u863(u862)), (_k872 if (u868 := o.domain) is None else _u869(u868)), (b"\x01" if o.from_queue else b"\x00"), (_P[n875] if (n875 := len(s874 := o.message.encode())) < 8192 else _long(n875)), s874, (_b69(a876) if (a876 := o.preempted) else b"\x00"),))
+def _e_GangScheduled881(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k882, (_P[n885] if (n885 := len(s884 := o.gang_id.encode())) < 8192 else _long(n885)), s884, (_b887(a886) if (a886 := o.members) else b"\x00"), (_P[n896] if (n896 := len(s895 := (r894 := o.gang).gang_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := r894.tenant.encode())) < 8192 else _long(n898)), s897, (_P[n899] if 0 <= (n899 := r894.priority) < 8192 else _long(n899)), (_b810(a900) if (a900 := r894.members) else b"\x00"), (_P[n901] if 0 <= (n901 := r894.min_members) < 8192 else _long(n901)), (_k906 if (u902 := r894.topology_required) is None else _u903(u902)), (_k912 if (u908 := r894.topology_preferred) is None else _u909(u908)), (_k917 if (u914 := r894.timeout_ms) is None else _u915(u914)), (_k922 if (u919 := r894.time_limit_ms) is None else _u920(u919)), (_b71(a924) if (a924 := r894.depends_on) else b"\x00"), (_P[n926] if (n926 := len(s925 := r894.dependency.encode())) < 8192 else _long(n926)), s925, (_P[n927] if 0 <= (n927 := r894.submitted_at) < 8192 else _long(n927)), (_P[n928] if 0 <= (n928 := r894.arrival) < 8192 else _long(n928)), (_P[n930] if (n930 := len(s929 := r894.preemption.encode())) < 8192 else _long(n930)), s929, (_k934 if (u931 := r894.queued_at) is None else _u932(u931)), (b"\x01" if r894.preemptible else b"\x00"), (_k940 if (u936 := o.topology_key) is None else _u937(u936)), (_k946 if (u942 := o.domain) is None else _u943(u942)), (b"\x01" if o.from_queue else b"\x00"), (_P[n949] if (n949 := len(s948 := o.message.encode())) < 8192 else _long(n949)), s948, (_b71(a950) if (a950 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut876(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k877, (_P[n880] if (n880 := len(s879 := o.gang_id.encode())) < 8192 else _long(n880)), s879, (_P[n881] if 0 <= (n881 := o.waited_ms) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := o.message.encode())) < 8192 else _long(n883)), s882,))
+def _e_GangTimedOut950(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k951, (_P[n954] if (n954 := len(s953 := o.gang_id.encode())) < 8192 else _long(n954)), s953, (_P[n955] if 0 <= (n955 := o.waited_ms) < 8192 else _long(n955)), (_P[n957] if (n957 := len(s956 := o.message.encode())) < 8192 else _long(n957)), s956,))
 
 
-def _e_GangReleased883(o: _c_GangReleased) -> bytes:
-    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.gang_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.reason.encode())) < 8192 else _long(n889)), s888, (b"\x01" if o.ok else b"\x00"), (_b69(a890) if (a890 := o.members_ended) else b"\x00"),))
+def _e_GangReleased957(o: _c_GangReleased) -> bytes:
+    return b"".join((_k958, (_P[n961] if (n961 := len(s960 := o.gang_id.encode())) < 8192 else _long(n961)), s960, (_P[n963] if (n963 := len(s962 := o.reason.encode())) < 8192 else _long(n963)), s962, (b"\x01" if o.ok else b"\x00"), (_b71(a964) if (a964 := o.members_ended) else b"\x00"),))
 
 
-def _u899(v: Any) -> bytes:
-    return b"".join((_k899, (_P[n902] if (n902 := len(s901 := v.encode())) < 8192 else _long(n902)), s901,))
+def _u973(v: Any) -> bytes:
+    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := v.encode())) < 8192 else _long(n976)), s975,))
 
 
-def _e_PodTimeLimitReached890(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k891, (_P[n894] if (n894 := len(s893 := o.pod_id.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.node_id.encode())) < 8192 else _long(n896)), s895, (_P[n897] if 0 <= (n897 := o.time_limit_ms) < 8192 else _long(n897)), (_k902 if (u898 := o.gang_id) is None else _u899(u898)),))
+def _e_PodTimeLimitReached964(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k965, (_P[n968] if (n968 := len(s967 := o.pod_id.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.node_id.encode())) < 8192 else _long(n970)), s969, (_P[n971] if 0 <= (n971 := o.time_limit_ms) < 8192 else _long(n971)), (_k976 if (u972 := o.gang_id) is None else _u973(u972)),))
 
 
-def _u912(v: Any) -> bytes:
-    return b"".join((_k912, (_P[n914] if 0 <= (n914 := v) < 8192 else _long(n914)),))
+def _u986(v: Any) -> bytes:
+    return b"".join((_k986, (_P[n988] if 0 <= (n988 := v) < 8192 else _long(n988)),))
 
 
-def _e_NodesReserved903(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := o.holder_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.holder_kind.encode())) < 8192 else _long(n909)), s908, (_b69(a910) if (a910 := o.nodes) else b"\x00"), (_k914 if (u911 := o.expected_start) is None else _u912(u911)), (_P[n917] if (n917 := len(s916 := o.message.encode())) < 8192 else _long(n917)), s916,))
+def _e_NodesReserved977(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k978, (_P[n981] if (n981 := len(s980 := o.holder_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.holder_kind.encode())) < 8192 else _long(n983)), s982, (_b71(a984) if (a984 := o.nodes) else b"\x00"), (_k988 if (u985 := o.expected_start) is None else _u986(u985)), (_P[n991] if (n991 := len(s990 := o.message.encode())) < 8192 else _long(n991)), s990,))
 
 
-def _e_ReservationReleased917(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k918, (_P[n921] if (n921 := len(s920 := o.holder_id.encode())) < 8192 else _long(n921)), s920, (_P[n923] if (n923 := len(s922 := o.holder_kind.encode())) < 8192 else _long(n923)), s922, (_b69(a924) if (a924 := o.nodes) else b"\x00"), (_P[n926] if (n926 := len(s925 := o.reason.encode())) < 8192 else _long(n926)), s925, (_P[n928] if (n928 := len(s927 := o.message.encode())) < 8192 else _long(n928)), s927,))
+def _e_ReservationReleased991(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k992, (_P[n995] if (n995 := len(s994 := o.holder_id.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.holder_kind.encode())) < 8192 else _long(n997)), s996, (_b71(a998) if (a998 := o.nodes) else b"\x00"), (_P[n1000] if (n1000 := len(s999 := o.reason.encode())) < 8192 else _long(n1000)), s999, (_P[n1002] if (n1002 := len(s1001 := o.message.encode())) < 8192 else _long(n1002)), s1001,))
 
 
-def _e_DependencyFailed928(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k929, (_P[n932] if (n932 := len(s931 := o.holder_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.holder_kind.encode())) < 8192 else _long(n934)), s933, (_P[n936] if (n936 := len(s935 := o.dependency_id.encode())) < 8192 else _long(n936)), s935, (_P[n938] if (n938 := len(s937 := o.message.encode())) < 8192 else _long(n938)), s937,))
+def _e_DependencyFailed1002(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1003, (_P[n1006] if (n1006 := len(s1005 := o.holder_id.encode())) < 8192 else _long(n1006)), s1005, (_P[n1008] if (n1008 := len(s1007 := o.holder_kind.encode())) < 8192 else _long(n1008)), s1007, (_P[n1010] if (n1010 := len(s1009 := o.dependency_id.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
 
 
-def _e_Ticked938(o: _c_Ticked) -> bytes:
-    return b"".join((_k939, (_P[n941] if 0 <= (n941 := o.clock) < 8192 else _long(n941)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked1012(o: _c_Ticked) -> bytes:
+    return b"".join((_k1013, (_P[n1015] if 0 <= (n1015 := o.clock) < 8192 else _long(n1015)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted941(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k942, (_P[n945] if (n945 := len(s944 := o.pod_id.encode())) < 8192 else _long(n945)), s944, (_P[n947] if (n947 := len(s946 := o.node_id.encode())) < 8192 else _long(n947)), s946, (_P[n949] if (n949 := len(s948 := o.by.encode())) < 8192 else _long(n949)), s948, (_P[n951] if (n951 := len(s950 := o.reason.encode())) < 8192 else _long(n951)), s950, (_P[n953] if (n953 := len(s952 := o.message.encode())) < 8192 else _long(n953)), s952,))
+def _e_PodPreempted1015(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1016, (_P[n1019] if (n1019 := len(s1018 := o.pod_id.encode())) < 8192 else _long(n1019)), s1018, (_P[n1021] if (n1021 := len(s1020 := o.node_id.encode())) < 8192 else _long(n1021)), s1020, (_P[n1023] if (n1023 := len(s1022 := o.by.encode())) < 8192 else _long(n1023)), s1022, (_P[n1025] if (n1025 := len(s1024 := o.reason.encode())) < 8192 else _long(n1025)), s1024, (_P[n1027] if (n1027 := len(s1026 := o.message.encode())) < 8192 else _long(n1027)), s1026,))
 
 
-def _u957(v: Any) -> bytes:
-    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := v.encode())) < 8192 else _long(n960)), s959,))
+def _u1031(v: Any) -> bytes:
+    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := v.encode())) < 8192 else _long(n1034)), s1033,))
 
 
-def _e_QuotaChanged953(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k954, (_k960 if (u956 := o.tenant) is None else _u957(u956)), (_k963 if (u962 := o.quota) is None else _k962[type(u962)](u962)), (_k966 if (u965 := o.previous) is None else _k965[type(u965)](u965)), (_P[n969] if (n969 := len(s968 := o.message.encode())) < 8192 else _long(n969)), s968,))
+def _e_QuotaChanged1027(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1028, (_k1034 if (u1030 := o.tenant) is None else _u1031(u1030)), (_k1037 if (u1036 := o.quota) is None else _k1036[type(u1036)](u1036)), (_k1040 if (u1039 := o.previous) is None else _k1039[type(u1039)](u1039)), (_P[n1043] if (n1043 := len(s1042 := o.message.encode())) < 8192 else _long(n1043)), s1042,))
 
 
-def _e_PodMigrated969(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k970, (_P[n973] if (n973 := len(s972 := o.pod_id.encode())) < 8192 else _long(n973)), s972, (_P[n975] if (n975 := len(s974 := o.from_node.encode())) < 8192 else _long(n975)), s974, (_b669(a976) if (a976 := o.from_gpus) else b"\x00"), (_P[n978] if (n978 := len(s977 := o.to_node.encode())) < 8192 else _long(n978)), s977, (_b669(a979) if (a979 := o.to_gpus) else b"\x00"), (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.message.encode())) < 8192 else _long(n983)), s982,))
+def _e_PodMigrated1043(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1044, (_P[n1047] if (n1047 := len(s1046 := o.pod_id.encode())) < 8192 else _long(n1047)), s1046, (_P[n1049] if (n1049 := len(s1048 := o.from_node.encode())) < 8192 else _long(n1049)), s1048, (_b739(a1050) if (a1050 := o.from_gpus) else b"\x00"), (_P[n1052] if (n1052 := len(s1051 := o.to_node.encode())) < 8192 else _long(n1052)), s1051, (_b739(a1053) if (a1053 := o.to_gpus) else b"\x00"), (_P[n1055] if (n1055 := len(s1054 := o.reason.encode())) < 8192 else _long(n1055)), s1054, (_P[n1057] if (n1057 := len(s1056 := o.message.encode())) < 8192 else _long(n1057)), s1056,))
 
 
-def _u990(v: Any) -> bytes:
-    return b"".join((_k990, (_P[n993] if (n993 := len(s992 := v.encode())) < 8192 else _long(n993)), s992,))
+def _u1064(v: Any) -> bytes:
+    return b"".join((_k1064, (_P[n1067] if (n1067 := len(s1066 := v.encode())) < 8192 else _long(n1067)), s1066,))
 
 
-def _e_DefragmentationPlanned983(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k984, (_P[n986] if 0 <= (n986 := o.moves) < 8192 else _long(n986)), (_P[n987] if 0 <= (n987 := o.gpus_freed) < 8192 else _long(n987)), (_P[n988] if 0 <= (n988 := o.nodes_freed) < 8192 else _long(n988)), (_k993 if (u989 := o.target) is None else _u990(u989)), (_P[n996] if (n996 := len(s995 := o.message.encode())) < 8192 else _long(n996)), s995,))
+def _e_DefragmentationPlanned1057(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1058, (_P[n1060] if 0 <= (n1060 := o.moves) < 8192 else _long(n1060)), (_P[n1061] if 0 <= (n1061 := o.gpus_freed) < 8192 else _long(n1061)), (_P[n1062] if 0 <= (n1062 := o.nodes_freed) < 8192 else _long(n1062)), (_k1067 if (u1063 := o.target) is None else _u1064(u1063)), (_P[n1070] if (n1070 := len(s1069 := o.message.encode())) < 8192 else _long(n1070)), s1069,))
 
 
-def _e_ClusterHalted996(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k997, (_P[n1000] if (n1000 := len(s999 := o.cluster.encode())) < 8192 else _long(n1000)), s999, (_P[n1002] if (n1002 := len(s1001 := o.command_id.encode())) < 8192 else _long(n1002)), s1001, (_P[n1004] if (n1004 := len(s1003 := o.error.encode())) < 8192 else _long(n1004)), s1003, (_P[n1006] if (n1006 := len(s1005 := o.message.encode())) < 8192 else _long(n1006)), s1005,))
+def _e_ClusterHalted1070(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1071, (_P[n1074] if (n1074 := len(s1073 := o.cluster.encode())) < 8192 else _long(n1074)), s1073, (_P[n1076] if (n1076 := len(s1075 := o.command_id.encode())) < 8192 else _long(n1076)), s1075, (_P[n1078] if (n1078 := len(s1077 := o.error.encode())) < 8192 else _long(n1078)), s1077, (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
 
 
-def _e_ClusterResumed1006(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1007, (_P[n1010] if (n1010 := len(s1009 := o.cluster.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.halted_command_id.encode())) < 8192 else _long(n1012)), s1011, (_P[n1013] if 0 <= (n1013 := o.halted_offset) < 8192 else _long(n1013)), (_P[n1014] if 0 <= (n1014 := o.refolded_from) < 8192 else _long(n1014)), (_P[n1016] if (n1016 := len(s1015 := o.message.encode())) < 8192 else _long(n1016)), s1015,))
+def _e_ClusterResumed1080(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.halted_command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1087] if 0 <= (n1087 := o.halted_offset) < 8192 else _long(n1087)), (_P[n1088] if 0 <= (n1088 := o.refolded_from) < 8192 else _long(n1088)), (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _e_NodeRecovered1016(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := o.node_id.encode())) < 8192 else _long(n1020)), s1019,))
+def _e_NodeRecovered1090(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.node_id.encode())) < 8192 else _long(n1094)), s1093,))
 
 
-def _e_NodeUpdated1020(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.node_id.encode())) < 8192 else _long(n1024)), s1023, (_b21(a1025) if (a1025 := o.labels) else b"\x00"), (_b27(a1026) if (a1026 := o.taints) else b"\x00"), (_P[n1027] if 0 <= (n1027 := o.evicting) < 8192 else _long(n1027)),))
+def _e_NodeUpdated1094(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1095, (_P[n1098] if (n1098 := len(s1097 := o.node_id.encode())) < 8192 else _long(n1098)), s1097, (_b21(a1099) if (a1099 := o.labels) else b"\x00"), (_b27(a1100) if (a1100 := o.taints) else b"\x00"), (_P[n1101] if 0 <= (n1101 := o.evicting) < 8192 else _long(n1101)),))
 
 
-def _e_Event544(o: _c_Event) -> bytes:
-    return b"".join((_k545, (_P[n547] if 0 <= (n547 := o.partition) < 8192 else _long(n547)), (_P[n548] if 0 <= (n548 := o.sequence) < 8192 else _long(n548)), (_P[n550] if (n550 := len(s549 := o.cluster.encode())) < 8192 else _long(n550)), s549, (_P[n552] if (n552 := len(s551 := o.command_id.encode())) < 8192 else _long(n552)), s551, (_P[n553] if 0 <= (n553 := o.command_offset) < 8192 else _long(n553)), (_P[n554] if 0 <= (n554 := o.occurred_at) < 8192 else _long(n554)), _k1027[type(u555 := o.payload)](u555),))
+def _e_PodRetryScheduled1101(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1102, (_P[n1105] if (n1105 := len(s1104 := o.pod_id.encode())) < 8192 else _long(n1105)), s1104, (_P[n1106] if 0 <= (n1106 := o.attempt) < 8192 else _long(n1106)), (_P[n1107] if 0 <= (n1107 := o.not_before) < 8192 else _long(n1107)),))
 
 
-def _d_NodeAdded1034(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1113(v: Any) -> bytes:
+    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := v.encode())) < 8192 else _long(n1116)), s1115,))
+
+
+def _u1119(v: Any) -> bytes:
+    return b"".join((_k1119, (_P[n1122] if (n1122 := len(s1121 := v.encode())) < 8192 else _long(n1122)), s1121,))
+
+
+def _u1125(v: Any) -> bytes:
+    return b"".join((_k1125, (_b21(a1127) if (a1127 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1107(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1108, (_P[n1111] if (n1111 := len(s1110 := o.budget_id.encode())) < 8192 else _long(n1111)), s1110, (_k1116 if (u1112 := o.tenant) is None else _u1113(u1112)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)), (_k1127 if (u1124 := o.label_selector) is None else _u1125(u1124)), (_P[n1129] if 0 <= (n1129 := o.max_unavailable) < 8192 else _long(n1129)),))
+
+
+def _e_DisruptionBudgetRemoved1129(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.budget_id.encode())) < 8192 else _long(n1133)), s1132,))
+
+
+def _e_EvictionBlocked1133(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1134, (_P[n1137] if (n1137 := len(s1136 := o.pod_id.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.node_id.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.budget_id.encode())) < 8192 else _long(n1141)), s1140, (_P[n1142] if 0 <= (n1142 := o.grace_ms) < 8192 else _long(n1142)), (_P[n1144] if (n1144 := len(s1143 := o.reason.encode())) < 8192 else _long(n1144)), s1143,))
+
+
+def _e_PodEvictionScheduled1144(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := o.pod_id.encode())) < 8192 else _long(n1148)), s1147, (_P[n1150] if (n1150 := len(s1149 := o.node_id.encode())) < 8192 else _long(n1150)), s1149, (_P[n1151] if 0 <= (n1151 := o.at) < 8192 else _long(n1151)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event605(o: _c_Event) -> bytes:
+    return b"".join((_k606, (_P[n608] if 0 <= (n608 := o.partition) < 8192 else _long(n608)), (_P[n609] if 0 <= (n609 := o.sequence) < 8192 else _long(n609)), (_P[n611] if (n611 := len(s610 := o.cluster.encode())) < 8192 else _long(n611)), s610, (_P[n613] if (n613 := len(s612 := o.command_id.encode())) < 8192 else _long(n613)), s612, (_P[n614] if 0 <= (n614 := o.command_offset) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := o.occurred_at) < 8192 else _long(n615)), _k1151[type(u616 := o.payload)](u616),))
+
+
+def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3368,30 +3777,31 @@ def _d_NodeAdded1034(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n1036 = _ZL[buf[pos]]
-    if n1036 < 0:
-        n1036, pos = _rlong(buf, pos)
-        if n1036 < 0:
-            raise _length_error(n1036, end - pos)
+    f_gpu_memory_mib: int
+    n1160 = _ZL[buf[pos]]
+    if n1160 < 0:
+        n1160, pos = _rlong(buf, pos)
+        if n1160 < 0:
+            raise _length_error(n1160, end - pos)
     else:
         pos += 1
-    q1037 = pos + n1036
-    if q1037 > end:
-        raise _length_error(n1036, end - pos)
-    f_node_id = buf[pos:q1037].decode()
-    pos = q1037
-    n1038 = _ZL[buf[pos]]
-    if n1038 < 0:
-        n1038, pos = _rlong(buf, pos)
-        if n1038 < 0:
-            raise _length_error(n1038, end - pos)
+    q1161 = pos + n1160
+    if q1161 > end:
+        raise _length_error(n1160, end - pos)
+    f_node_id = buf[pos:q1161].decode()
+    pos = q1161
+    n1162 = _ZL[buf[pos]]
+    if n1162 < 0:
+        n1162, pos = _rlong(buf, pos)
+        if n1162 < 0:
+            raise _length_error(n1162, end - pos)
     else:
         pos += 1
-    q1039 = pos + n1038
-    if q1039 > end:
-        raise _length_error(n1038, end - pos)
-    f_gpu_model = buf[pos:q1039].decode()
-    pos = q1039
+    q1163 = pos + n1162
+    if q1163 > end:
+        raise _length_error(n1162, end - pos)
+    f_gpu_model = buf[pos:q1163].decode()
+    pos = q1163
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3438,189 +3848,203 @@ def _d_NodeAdded1034(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1040: dict[str, Any] = {}
+        acc1164: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1041 = _ZD[b]
+                c1165 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1041 = (z >> 1) ^ -(z & 1)
+                c1165 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1041 = (z >> 1) ^ -(z & 1)
+                c1165 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1041, pos = _rlong(buf, pos)
-            if c1041 == 0:
+                c1165, pos = _rlong(buf, pos)
+            if c1165 == 0:
                 break
-            if c1041 < 0:
-                c1041 = -c1041
+            if c1165 < 0:
+                c1165 = -c1165
                 b = buf[pos]
                 if b < 128:
-                    z1044 = _ZD[b]
+                    z1168 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1044 = (z >> 1) ^ -(z & 1)
+                    z1168 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1044 = (z >> 1) ^ -(z & 1)
+                    z1168 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1044, pos = _rlong(buf, pos)
-            if c1041 * 2 > end - pos:
-                raise _count_error(c1041, end - pos)
-            for _ in range(c1041):
-                n1045 = _ZL[buf[pos]]
-                if n1045 < 0:
-                    n1045, pos = _rlong(buf, pos)
-                    if n1045 < 0:
-                        raise _length_error(n1045, end - pos)
+                    z1168, pos = _rlong(buf, pos)
+            if c1165 * 2 > end - pos:
+                raise _count_error(c1165, end - pos)
+            for _ in range(c1165):
+                n1169 = _ZL[buf[pos]]
+                if n1169 < 0:
+                    n1169, pos = _rlong(buf, pos)
+                    if n1169 < 0:
+                        raise _length_error(n1169, end - pos)
                 else:
                     pos += 1
-                q1046 = pos + n1045
-                if q1046 > end:
-                    raise _length_error(n1045, end - pos)
-                k1043 = buf[pos:q1046].decode()
-                pos = q1046
-                n1047 = _ZL[buf[pos]]
-                if n1047 < 0:
-                    n1047, pos = _rlong(buf, pos)
-                    if n1047 < 0:
-                        raise _length_error(n1047, end - pos)
+                q1170 = pos + n1169
+                if q1170 > end:
+                    raise _length_error(n1169, end - pos)
+                k1167 = buf[pos:q1170].decode()
+                pos = q1170
+                n1171 = _ZL[buf[pos]]
+                if n1171 < 0:
+                    n1171, pos = _rlong(buf, pos)
+                    if n1171 < 0:
+                        raise _length_error(n1171, end - pos)
                 else:
                     pos += 1
-                q1048 = pos + n1047
-                if q1048 > end:
-                    raise _length_error(n1047, end - pos)
-                x1042 = buf[pos:q1048].decode()
-                pos = q1048
-                acc1040[k1043] = x1042
-        f_labels = acc1040
+                q1172 = pos + n1171
+                if q1172 > end:
+                    raise _length_error(n1171, end - pos)
+                x1166 = buf[pos:q1172].decode()
+                pos = q1172
+                acc1164[k1167] = x1166
+        f_labels = acc1164
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1049: list[Any] = []
+        acc1173: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1050 = _ZD[b]
+                c1174 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1050 = (z >> 1) ^ -(z & 1)
+                c1174 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1050 = (z >> 1) ^ -(z & 1)
+                c1174 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1050, pos = _rlong(buf, pos)
-            if c1050 == 0:
+                c1174, pos = _rlong(buf, pos)
+            if c1174 == 0:
                 break
-            if c1050 < 0:
-                c1050 = -c1050
+            if c1174 < 0:
+                c1174 = -c1174
                 b = buf[pos]
                 if b < 128:
-                    z1053 = _ZD[b]
+                    z1177 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1053 = (z >> 1) ^ -(z & 1)
+                    z1177 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1053 = (z >> 1) ^ -(z & 1)
+                    z1177 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1053, pos = _rlong(buf, pos)
-            if c1050 * 3 > end - pos:
-                raise _count_error(c1050, end - pos)
-            for _ in range(c1050):
-                x1051, pos = _d_Taint325(buf, pos, end)
-                acc1049.append(x1051)
-        f_taints = tuple(acc1049)
-    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
+                    z1177, pos = _rlong(buf, pos)
+            if c1174 * 3 > end - pos:
+                raise _count_error(c1174, end - pos)
+            for _ in range(c1174):
+                x1175, pos = _d_Taint362(buf, pos, end)
+                acc1173.append(x1175)
+        f_taints = tuple(acc1173)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_NodeRemoved1053(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1177(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1055 = _ZL[buf[pos]]
-    if n1055 < 0:
-        n1055, pos = _rlong(buf, pos)
-        if n1055 < 0:
-            raise _length_error(n1055, end - pos)
+    n1179 = _ZL[buf[pos]]
+    if n1179 < 0:
+        n1179, pos = _rlong(buf, pos)
+        if n1179 < 0:
+            raise _length_error(n1179, end - pos)
     else:
         pos += 1
-    q1056 = pos + n1055
-    if q1056 > end:
-        raise _length_error(n1055, end - pos)
-    f_node_id = buf[pos:q1056].decode()
-    pos = q1056
+    q1180 = pos + n1179
+    if q1180 > end:
+        raise _length_error(n1179, end - pos)
+    f_node_id = buf[pos:q1180].decode()
+    pos = q1180
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1056(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1180(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1058 = _ZL[buf[pos]]
-    if n1058 < 0:
-        n1058, pos = _rlong(buf, pos)
-        if n1058 < 0:
-            raise _length_error(n1058, end - pos)
+    n1182 = _ZL[buf[pos]]
+    if n1182 < 0:
+        n1182, pos = _rlong(buf, pos)
+        if n1182 < 0:
+            raise _length_error(n1182, end - pos)
     else:
         pos += 1
-    q1059 = pos + n1058
-    if q1059 > end:
-        raise _length_error(n1058, end - pos)
-    f_node_id = buf[pos:q1059].decode()
-    pos = q1059
+    q1183 = pos + n1182
+    if q1183 > end:
+        raise _length_error(n1182, end - pos)
+    f_node_id = buf[pos:q1183].decode()
+    pos = q1183
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1059(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1183(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1061 = _ZL[buf[pos]]
-    if n1061 < 0:
-        n1061, pos = _rlong(buf, pos)
-        if n1061 < 0:
-            raise _length_error(n1061, end - pos)
+    n1185 = _ZL[buf[pos]]
+    if n1185 < 0:
+        n1185, pos = _rlong(buf, pos)
+        if n1185 < 0:
+            raise _length_error(n1185, end - pos)
     else:
         pos += 1
-    q1062 = pos + n1061
-    if q1062 > end:
-        raise _length_error(n1061, end - pos)
-    f_node_id = buf[pos:q1062].decode()
-    pos = q1062
+    q1186 = pos + n1185
+    if q1186 > end:
+        raise _length_error(n1185, end - pos)
+    f_node_id = buf[pos:q1186].decode()
+    pos = q1186
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1062(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1186(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1064 = _ZL[buf[pos]]
-    if n1064 < 0:
-        n1064, pos = _rlong(buf, pos)
-        if n1064 < 0:
-            raise _length_error(n1064, end - pos)
+    n1188 = _ZL[buf[pos]]
+    if n1188 < 0:
+        n1188, pos = _rlong(buf, pos)
+        if n1188 < 0:
+            raise _length_error(n1188, end - pos)
     else:
         pos += 1
-    q1065 = pos + n1064
-    if q1065 > end:
-        raise _length_error(n1064, end - pos)
-    f_node_id = buf[pos:q1065].decode()
-    pos = q1065
+    q1189 = pos + n1188
+    if q1189 > end:
+        raise _length_error(n1188, end - pos)
+    f_node_id = buf[pos:q1189].decode()
+    pos = q1189
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3639,34 +4063,34 @@ def _d_NodeDrained1062(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1065(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1189(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1067 = _ZL[buf[pos]]
-    if n1067 < 0:
-        n1067, pos = _rlong(buf, pos)
-        if n1067 < 0:
-            raise _length_error(n1067, end - pos)
+    n1191 = _ZL[buf[pos]]
+    if n1191 < 0:
+        n1191, pos = _rlong(buf, pos)
+        if n1191 < 0:
+            raise _length_error(n1191, end - pos)
     else:
         pos += 1
-    q1068 = pos + n1067
-    if q1068 > end:
-        raise _length_error(n1067, end - pos)
-    f_node_id = buf[pos:q1068].decode()
-    pos = q1068
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
+    q1192 = pos + n1191
+    if q1192 > end:
+        raise _length_error(n1191, end - pos)
+    f_node_id = buf[pos:q1192].decode()
+    pos = q1192
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
     else:
         pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_reason = buf[pos:q1070].decode()
-    pos = q1070
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_reason = buf[pos:q1194].decode()
+    pos = q1194
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3685,7 +4109,7 @@ def _d_NodeFailed1065(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1071(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3704,1125 +4128,8 @@ def _d_PodSpec1071(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    f_preemptible: bool
-    n1073 = _ZL[buf[pos]]
-    if n1073 < 0:
-        n1073, pos = _rlong(buf, pos)
-        if n1073 < 0:
-            raise _length_error(n1073, end - pos)
-    else:
-        pos += 1
-    q1074 = pos + n1073
-    if q1074 > end:
-        raise _length_error(n1073, end - pos)
-    f_pod_id = buf[pos:q1074].decode()
-    pos = q1074
-    n1075 = _ZL[buf[pos]]
-    if n1075 < 0:
-        n1075, pos = _rlong(buf, pos)
-        if n1075 < 0:
-            raise _length_error(n1075, end - pos)
-    else:
-        pos += 1
-    q1076 = pos + n1075
-    if q1076 > end:
-        raise _length_error(n1075, end - pos)
-    f_tenant = buf[pos:q1076].decode()
-    pos = q1076
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_num_gpu = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_num_gpu = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_num_gpu = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_num_gpu, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_gpu_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_milli, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_cpu_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_cpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_cpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_cpu_milli, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_memory_mib, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_gpu_models = ()
-    else:
-        acc1077: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1078 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1078 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1078 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1078, pos = _rlong(buf, pos)
-            if c1078 == 0:
-                break
-            if c1078 < 0:
-                c1078 = -c1078
-                b = buf[pos]
-                if b < 128:
-                    z1081 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1081 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1081 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1081, pos = _rlong(buf, pos)
-            if c1078 * 1 > end - pos:
-                raise _count_error(c1078, end - pos)
-            for _ in range(c1078):
-                n1082 = _ZL[buf[pos]]
-                if n1082 < 0:
-                    n1082, pos = _rlong(buf, pos)
-                    if n1082 < 0:
-                        raise _length_error(n1082, end - pos)
-                else:
-                    pos += 1
-                q1083 = pos + n1082
-                if q1083 > end:
-                    raise _length_error(n1082, end - pos)
-                x1079 = buf[pos:q1083].decode()
-                pos = q1083
-                acc1077.append(x1079)
-        f_gpu_models = tuple(acc1077)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc1084: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1085 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1085 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1085 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1085, pos = _rlong(buf, pos)
-            if c1085 == 0:
-                break
-            if c1085 < 0:
-                c1085 = -c1085
-                b = buf[pos]
-                if b < 128:
-                    z1088 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1088 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1088 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1088, pos = _rlong(buf, pos)
-            if c1085 * 2 > end - pos:
-                raise _count_error(c1085, end - pos)
-            for _ in range(c1085):
-                n1089 = _ZL[buf[pos]]
-                if n1089 < 0:
-                    n1089, pos = _rlong(buf, pos)
-                    if n1089 < 0:
-                        raise _length_error(n1089, end - pos)
-                else:
-                    pos += 1
-                q1090 = pos + n1089
-                if q1090 > end:
-                    raise _length_error(n1089, end - pos)
-                k1087 = buf[pos:q1090].decode()
-                pos = q1090
-                n1091 = _ZL[buf[pos]]
-                if n1091 < 0:
-                    n1091, pos = _rlong(buf, pos)
-                    if n1091 < 0:
-                        raise _length_error(n1091, end - pos)
-                else:
-                    pos += 1
-                q1092 = pos + n1091
-                if q1092 > end:
-                    raise _length_error(n1091, end - pos)
-                x1086 = buf[pos:q1092].decode()
-                pos = q1092
-                acc1084[k1087] = x1086
-        f_node_selector = acc1084
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1093: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1094 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1094 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1094 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1094, pos = _rlong(buf, pos)
-            if c1094 == 0:
-                break
-            if c1094 < 0:
-                c1094 = -c1094
-                b = buf[pos]
-                if b < 128:
-                    z1097 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1097 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1097 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1097, pos = _rlong(buf, pos)
-            if c1094 * 4 > end - pos:
-                raise _count_error(c1094, end - pos)
-            for _ in range(c1094):
-                x1095, pos = _d_Toleration375(buf, pos, end)
-                acc1093.append(x1095)
-        f_tolerations = tuple(acc1093)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1098 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1098 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1098 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1098, pos = _rlong(buf, pos)
-    if i1098 == 0:
-        f_gang_id = None
-    elif i1098 == 1:
-        n1099 = _ZL[buf[pos]]
-        if n1099 < 0:
-            n1099, pos = _rlong(buf, pos)
-            if n1099 < 0:
-                raise _length_error(n1099, end - pos)
-        else:
-            pos += 1
-        q1100 = pos + n1099
-        if q1100 > end:
-            raise _length_error(n1099, end - pos)
-        f_gang_id = buf[pos:q1100].decode()
-        pos = q1100
-    else:
-        raise _union_error(i1098, 2)
-    b = buf[pos]
-    if b < 128:
-        i1101 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1101 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1101 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1101, pos = _rlong(buf, pos)
-    if i1101 == 0:
-        f_time_limit_ms = None
-    elif i1101 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1101, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1102: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1103 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1103 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1103 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1103, pos = _rlong(buf, pos)
-            if c1103 == 0:
-                break
-            if c1103 < 0:
-                c1103 = -c1103
-                b = buf[pos]
-                if b < 128:
-                    z1106 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1106 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1106 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1106, pos = _rlong(buf, pos)
-            if c1103 * 1 > end - pos:
-                raise _count_error(c1103, end - pos)
-            for _ in range(c1103):
-                n1107 = _ZL[buf[pos]]
-                if n1107 < 0:
-                    n1107, pos = _rlong(buf, pos)
-                    if n1107 < 0:
-                        raise _length_error(n1107, end - pos)
-                else:
-                    pos += 1
-                q1108 = pos + n1107
-                if q1108 > end:
-                    raise _length_error(n1107, end - pos)
-                x1104 = buf[pos:q1108].decode()
-                pos = q1108
-                acc1102.append(x1104)
-        f_depends_on = tuple(acc1102)
-    n1109 = _ZL[buf[pos]]
-    if n1109 < 0:
-        n1109, pos = _rlong(buf, pos)
-        if n1109 < 0:
-            raise _length_error(n1109, end - pos)
-    else:
-        pos += 1
-    q1110 = pos + n1109
-    if q1110 > end:
-        raise _length_error(n1109, end - pos)
-    f_dependency = buf[pos:q1110].decode()
-    pos = q1110
-    n1111 = _ZL[buf[pos]]
-    if n1111 < 0:
-        n1111, pos = _rlong(buf, pos)
-        if n1111 < 0:
-            raise _length_error(n1111, end - pos)
-    else:
-        pos += 1
-    q1112 = pos + n1111
-    if q1112 > end:
-        raise _length_error(n1111, end - pos)
-    f_preemption = buf[pos:q1112].decode()
-    pos = q1112
-    f_movable = buf[pos] != 0
-    pos += 1
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_preemptible)
-    return o, pos
-
-
-def _d_QueueReason1117(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1119 = _ZL[buf[pos]]
-    if n1119 < 0:
-        n1119, pos = _rlong(buf, pos)
-        if n1119 < 0:
-            raise _length_error(n1119, end - pos)
-    else:
-        pos += 1
-    q1120 = pos + n1119
-    if q1120 > end:
-        raise _length_error(n1119, end - pos)
-    f_code = buf[pos:q1120].decode()
-    pos = q1120
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1121 = _ZL[buf[pos]]
-    if n1121 < 0:
-        n1121, pos = _rlong(buf, pos)
-        if n1121 < 0:
-            raise _length_error(n1121, end - pos)
-    else:
-        pos += 1
-    q1122 = pos + n1121
-    if q1122 > end:
-        raise _length_error(n1121, end - pos)
-    f_message = buf[pos:q1122].decode()
-    pos = q1122
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1070(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1071(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1113: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1114 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1114 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1114 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1114, pos = _rlong(buf, pos)
-            if c1114 == 0:
-                break
-            if c1114 < 0:
-                c1114 = -c1114
-                b = buf[pos]
-                if b < 128:
-                    z1117 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1117 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1117 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1117, pos = _rlong(buf, pos)
-            if c1114 * 3 > end - pos:
-                raise _count_error(c1114, end - pos)
-            for _ in range(c1114):
-                x1115, pos = _d_QueueReason1117(buf, pos, end)
-                acc1113.append(x1115)
-        f_reasons = tuple(acc1113)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1123: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1124 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1124 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1124 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1124, pos = _rlong(buf, pos)
-            if c1124 == 0:
-                break
-            if c1124 < 0:
-                c1124 = -c1124
-                b = buf[pos]
-                if b < 128:
-                    z1127 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1127 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1127 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1127, pos = _rlong(buf, pos)
-            if c1124 * 1 > end - pos:
-                raise _count_error(c1124, end - pos)
-            for _ in range(c1124):
-                n1128 = _ZL[buf[pos]]
-                if n1128 < 0:
-                    n1128, pos = _rlong(buf, pos)
-                    if n1128 < 0:
-                        raise _length_error(n1128, end - pos)
-                else:
-                    pos += 1
-                q1129 = pos + n1128
-                if q1129 > end:
-                    raise _length_error(n1128, end - pos)
-                x1125 = buf[pos:q1129].decode()
-                pos = q1129
-                acc1123.append(x1125)
-        f_waiting_for = tuple(acc1123)
-    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_GpuShare1137(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
-    f_index: int
-    f_milli: int
-    b = buf[pos]
-    if b < 128:
-        f_index = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_index, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_milli, pos = _rlong(buf, pos)
-    o = _c_GpuShare(f_index, f_milli)
-    return o, pos
-
-
-def _d_PodScheduled1129(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
-    f_pod: _c_PodSpec
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    f_policy: str
-    f_from_queue: bool
-    f_scores: dict[str, Any]
-    f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1071(buf, pos, end)
-    n1131 = _ZL[buf[pos]]
-    if n1131 < 0:
-        n1131, pos = _rlong(buf, pos)
-        if n1131 < 0:
-            raise _length_error(n1131, end - pos)
-    else:
-        pos += 1
-    q1132 = pos + n1131
-    if q1132 > end:
-        raise _length_error(n1131, end - pos)
-    f_node_id = buf[pos:q1132].decode()
-    pos = q1132
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1133: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1134 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1134 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1134 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1134, pos = _rlong(buf, pos)
-            if c1134 == 0:
-                break
-            if c1134 < 0:
-                c1134 = -c1134
-                b = buf[pos]
-                if b < 128:
-                    z1137 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1137 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1137 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1137, pos = _rlong(buf, pos)
-            if c1134 * 2 > end - pos:
-                raise _count_error(c1134, end - pos)
-            for _ in range(c1134):
-                x1135, pos = _d_GpuShare1137(buf, pos, end)
-                acc1133.append(x1135)
-        f_gpus = tuple(acc1133)
-    n1139 = _ZL[buf[pos]]
-    if n1139 < 0:
-        n1139, pos = _rlong(buf, pos)
-        if n1139 < 0:
-            raise _length_error(n1139, end - pos)
-    else:
-        pos += 1
-    q1140 = pos + n1139
-    if q1140 > end:
-        raise _length_error(n1139, end - pos)
-    f_policy = buf[pos:q1140].decode()
-    pos = q1140
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1141: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1142 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1142 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1142 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1142, pos = _rlong(buf, pos)
-            if c1142 == 0:
-                break
-            if c1142 < 0:
-                c1142 = -c1142
-                b = buf[pos]
-                if b < 128:
-                    z1145 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1145 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1145 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1145, pos = _rlong(buf, pos)
-            if c1142 * 9 > end - pos:
-                raise _count_error(c1142, end - pos)
-            for _ in range(c1142):
-                n1146 = _ZL[buf[pos]]
-                if n1146 < 0:
-                    n1146, pos = _rlong(buf, pos)
-                    if n1146 < 0:
-                        raise _length_error(n1146, end - pos)
-                else:
-                    pos += 1
-                q1147 = pos + n1146
-                if q1147 > end:
-                    raise _length_error(n1146, end - pos)
-                k1144 = buf[pos:q1147].decode()
-                pos = q1147
-                x1143, = _unpack_d(buf, pos)
-                pos += 8
-                acc1141[k1144] = x1143
-        f_scores = acc1141
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1148: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1149 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1149 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1149 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1149, pos = _rlong(buf, pos)
-            if c1149 == 0:
-                break
-            if c1149 < 0:
-                c1149 = -c1149
-                b = buf[pos]
-                if b < 128:
-                    z1152 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1152 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1152 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1152, pos = _rlong(buf, pos)
-            if c1149 * 1 > end - pos:
-                raise _count_error(c1149, end - pos)
-            for _ in range(c1149):
-                n1153 = _ZL[buf[pos]]
-                if n1153 < 0:
-                    n1153, pos = _rlong(buf, pos)
-                    if n1153 < 0:
-                        raise _length_error(n1153, end - pos)
-                else:
-                    pos += 1
-                q1154 = pos + n1153
-                if q1154 > end:
-                    raise _length_error(n1153, end - pos)
-                x1150 = buf[pos:q1154].decode()
-                pos = q1154
-                acc1148.append(x1150)
-        f_preempted = tuple(acc1148)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1156 = _ZL[buf[pos]]
-    if n1156 < 0:
-        n1156, pos = _rlong(buf, pos)
-        if n1156 < 0:
-            raise _length_error(n1156, end - pos)
-    else:
-        pos += 1
-    q1157 = pos + n1156
-    if q1157 > end:
-        raise _length_error(n1156, end - pos)
-    f_pod_id = buf[pos:q1157].decode()
-    pos = q1157
-    n1158 = _ZL[buf[pos]]
-    if n1158 < 0:
-        n1158, pos = _rlong(buf, pos)
-        if n1158 < 0:
-            raise _length_error(n1158, end - pos)
-    else:
-        pos += 1
-    q1159 = pos + n1158
-    if q1159 > end:
-        raise _length_error(n1158, end - pos)
-    f_node_id = buf[pos:q1159].decode()
-    pos = q1159
-    n1160 = _ZL[buf[pos]]
-    if n1160 < 0:
-        n1160, pos = _rlong(buf, pos)
-        if n1160 < 0:
-            raise _length_error(n1160, end - pos)
-    else:
-        pos += 1
-    q1161 = pos + n1160
-    if q1161 > end:
-        raise _length_error(n1160, end - pos)
-    f_reason = buf[pos:q1161].decode()
-    pos = q1161
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1161(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1163 = _ZL[buf[pos]]
-    if n1163 < 0:
-        n1163, pos = _rlong(buf, pos)
-        if n1163 < 0:
-            raise _length_error(n1163, end - pos)
-    else:
-        pos += 1
-    q1164 = pos + n1163
-    if q1164 > end:
-        raise _length_error(n1163, end - pos)
-    f_pod_id = buf[pos:q1164].decode()
-    pos = q1164
-    b = buf[pos]
-    if b < 128:
-        i1165 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1165 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1165 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1165, pos = _rlong(buf, pos)
-    if i1165 == 0:
-        f_node_id = None
-    elif i1165 == 1:
-        n1166 = _ZL[buf[pos]]
-        if n1166 < 0:
-            n1166, pos = _rlong(buf, pos)
-            if n1166 < 0:
-                raise _length_error(n1166, end - pos)
-        else:
-            pos += 1
-        q1167 = pos + n1166
-        if q1167 > end:
-            raise _length_error(n1166, end - pos)
-        f_node_id = buf[pos:q1167].decode()
-        pos = q1167
-    else:
-        raise _union_error(i1165, 2)
-    n1168 = _ZL[buf[pos]]
-    if n1168 < 0:
-        n1168, pos = _rlong(buf, pos)
-        if n1168 < 0:
-            raise _length_error(n1168, end - pos)
-    else:
-        pos += 1
-    q1169 = pos + n1168
-    if q1169 > end:
-        raise _length_error(n1168, end - pos)
-    f_reason = buf[pos:q1169].decode()
-    pos = q1169
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1169(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1171 = _ZL[buf[pos]]
-    if n1171 < 0:
-        n1171, pos = _rlong(buf, pos)
-        if n1171 < 0:
-            raise _length_error(n1171, end - pos)
-    else:
-        pos += 1
-    q1172 = pos + n1171
-    if q1172 > end:
-        raise _length_error(n1171, end - pos)
-    f_policy = buf[pos:q1172].decode()
-    pos = q1172
-    n1173 = _ZL[buf[pos]]
-    if n1173 < 0:
-        n1173, pos = _rlong(buf, pos)
-        if n1173 < 0:
-            raise _length_error(n1173, end - pos)
-    else:
-        pos += 1
-    q1174 = pos + n1173
-    if q1174 > end:
-        raise _length_error(n1173, end - pos)
-    f_previous = buf[pos:q1174].decode()
-    pos = q1174
-    b = buf[pos]
-    if b < 128:
-        i1175 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1175 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1175 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1175, pos = _rlong(buf, pos)
-    if i1175 == 0:
-        f_reserve_after_ms = None
-    elif i1175 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1175, 2)
-    n1176 = _ZL[buf[pos]]
-    if n1176 < 0:
-        n1176, pos = _rlong(buf, pos)
-        if n1176 < 0:
-            raise _length_error(n1176, end - pos)
-    else:
-        pos += 1
-    q1177 = pos + n1176
-    if q1177 > end:
-        raise _length_error(n1176, end - pos)
-    f_queue_order = buf[pos:q1177].decode()
-    pos = q1177
-    b = buf[pos]
-    if b < 128:
-        i1178 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1178 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1178 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1178, pos = _rlong(buf, pos)
-    if i1178 == 0:
-        f_max_clock_jump_ms = None
-    elif i1178 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1178, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1178(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1180 = _ZL[buf[pos]]
-    if n1180 < 0:
-        n1180, pos = _rlong(buf, pos)
-        if n1180 < 0:
-            raise _length_error(n1180, end - pos)
-    else:
-        pos += 1
-    q1181 = pos + n1180
-    if q1181 > end:
-        raise _length_error(n1180, end - pos)
-    f_command_id = buf[pos:q1181].decode()
-    pos = q1181
-    n1182 = _ZL[buf[pos]]
-    if n1182 < 0:
-        n1182, pos = _rlong(buf, pos)
-        if n1182 < 0:
-            raise _length_error(n1182, end - pos)
-    else:
-        pos += 1
-    q1183 = pos + n1182
-    if q1183 > end:
-        raise _length_error(n1182, end - pos)
-    f_command_type = buf[pos:q1183].decode()
-    pos = q1183
-    n1184 = _ZL[buf[pos]]
-    if n1184 < 0:
-        n1184, pos = _rlong(buf, pos)
-        if n1184 < 0:
-            raise _length_error(n1184, end - pos)
-    else:
-        pos += 1
-    q1185 = pos + n1184
-    if q1185 > end:
-        raise _length_error(n1184, end - pos)
-    f_code = buf[pos:q1185].decode()
-    pos = q1185
-    n1186 = _ZL[buf[pos]]
-    if n1186 < 0:
-        n1186, pos = _rlong(buf, pos)
-        if n1186 < 0:
-            raise _length_error(n1186, end - pos)
-    else:
-        pos += 1
-    q1187 = pos + n1186
-    if q1187 > end:
-        raise _length_error(n1186, end - pos)
-    f_message = buf[pos:q1187].decode()
-    pos = q1187
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    f_queued_at: Any
+    f_gpu_memory_mib: int
+    f_retry: Any
     f_preemptible: bool
     n1197 = _ZL[buf[pos]]
     if n1197 < 0:
@@ -4834,7 +4141,7 @@ def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     q1198 = pos + n1197
     if q1198 > end:
         raise _length_error(n1197, end - pos)
-    f_gang_id = buf[pos:q1198].decode()
+    f_pod_id = buf[pos:q1198].decode()
     pos = q1198
     n1199 = _ZL[buf[pos]]
     if n1199 < 0:
@@ -4862,9 +4169,65 @@ def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_priority, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_num_gpu = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_num_gpu = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_num_gpu = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_num_gpu, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_milli, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_cpu_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_cpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_cpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_cpu_milli, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_memory_mib, pos = _rlong(buf, pos)
     if buf[pos] == 0:
         pos += 1
-        f_members = ()
+        f_gpu_models = ()
     else:
         acc1201: list[Any] = []
         while True:
@@ -4900,221 +4263,134 @@ def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
                     pos += 3
                 else:
                     z1205, pos = _rlong(buf, pos)
-            if c1202 * 19 > end - pos:
+            if c1202 * 1 > end - pos:
                 raise _count_error(c1202, end - pos)
             for _ in range(c1202):
-                x1203, pos = _d_PodSpec1071(buf, pos, end)
+                n1206 = _ZL[buf[pos]]
+                if n1206 < 0:
+                    n1206, pos = _rlong(buf, pos)
+                    if n1206 < 0:
+                        raise _length_error(n1206, end - pos)
+                else:
+                    pos += 1
+                q1207 = pos + n1206
+                if q1207 > end:
+                    raise _length_error(n1206, end - pos)
+                x1203 = buf[pos:q1207].decode()
+                pos = q1207
                 acc1201.append(x1203)
-        f_members = tuple(acc1201)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1206 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1206 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1206 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1206, pos = _rlong(buf, pos)
-    if i1206 == 0:
-        f_topology_required = None
-    elif i1206 == 1:
-        n1207 = _ZL[buf[pos]]
-        if n1207 < 0:
-            n1207, pos = _rlong(buf, pos)
-            if n1207 < 0:
-                raise _length_error(n1207, end - pos)
-        else:
-            pos += 1
-        q1208 = pos + n1207
-        if q1208 > end:
-            raise _length_error(n1207, end - pos)
-        f_topology_required = buf[pos:q1208].decode()
-        pos = q1208
-    else:
-        raise _union_error(i1206, 2)
-    b = buf[pos]
-    if b < 128:
-        i1209 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1209 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1209 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1209, pos = _rlong(buf, pos)
-    if i1209 == 0:
-        f_topology_preferred = None
-    elif i1209 == 1:
-        n1210 = _ZL[buf[pos]]
-        if n1210 < 0:
-            n1210, pos = _rlong(buf, pos)
-            if n1210 < 0:
-                raise _length_error(n1210, end - pos)
-        else:
-            pos += 1
-        q1211 = pos + n1210
-        if q1211 > end:
-            raise _length_error(n1210, end - pos)
-        f_topology_preferred = buf[pos:q1211].decode()
-        pos = q1211
-    else:
-        raise _union_error(i1209, 2)
-    b = buf[pos]
-    if b < 128:
-        i1212 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1212 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1212 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1212, pos = _rlong(buf, pos)
-    if i1212 == 0:
-        f_timeout_ms = None
-    elif i1212 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1212, 2)
-    b = buf[pos]
-    if b < 128:
-        i1213 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1213, pos = _rlong(buf, pos)
-    if i1213 == 0:
-        f_time_limit_ms = None
-    elif i1213 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1213, 2)
+        f_gpu_models = tuple(acc1201)
     if buf[pos] == 0:
         pos += 1
-        f_depends_on = ()
+        f_node_selector = {}
     else:
-        acc1214: list[Any] = []
+        acc1208: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1215 = _ZD[b]
+                c1209 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1215 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1215 = (z >> 1) ^ -(z & 1)
+                c1209 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1215, pos = _rlong(buf, pos)
-            if c1215 == 0:
+                c1209, pos = _rlong(buf, pos)
+            if c1209 == 0:
                 break
-            if c1215 < 0:
-                c1215 = -c1215
+            if c1209 < 0:
+                c1209 = -c1209
                 b = buf[pos]
                 if b < 128:
-                    z1218 = _ZD[b]
+                    z1212 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1218 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1218 = (z >> 1) ^ -(z & 1)
+                    z1212 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1218, pos = _rlong(buf, pos)
-            if c1215 * 1 > end - pos:
-                raise _count_error(c1215, end - pos)
-            for _ in range(c1215):
-                n1219 = _ZL[buf[pos]]
-                if n1219 < 0:
-                    n1219, pos = _rlong(buf, pos)
-                    if n1219 < 0:
-                        raise _length_error(n1219, end - pos)
+                    z1212, pos = _rlong(buf, pos)
+            if c1209 * 2 > end - pos:
+                raise _count_error(c1209, end - pos)
+            for _ in range(c1209):
+                n1213 = _ZL[buf[pos]]
+                if n1213 < 0:
+                    n1213, pos = _rlong(buf, pos)
+                    if n1213 < 0:
+                        raise _length_error(n1213, end - pos)
                 else:
                     pos += 1
-                q1220 = pos + n1219
-                if q1220 > end:
-                    raise _length_error(n1219, end - pos)
-                x1216 = buf[pos:q1220].decode()
-                pos = q1220
-                acc1214.append(x1216)
-        f_depends_on = tuple(acc1214)
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
-    else:
+                q1214 = pos + n1213
+                if q1214 > end:
+                    raise _length_error(n1213, end - pos)
+                k1211 = buf[pos:q1214].decode()
+                pos = q1214
+                n1215 = _ZL[buf[pos]]
+                if n1215 < 0:
+                    n1215, pos = _rlong(buf, pos)
+                    if n1215 < 0:
+                        raise _length_error(n1215, end - pos)
+                else:
+                    pos += 1
+                q1216 = pos + n1215
+                if q1216 > end:
+                    raise _length_error(n1215, end - pos)
+                x1210 = buf[pos:q1216].decode()
+                pos = q1216
+                acc1208[k1211] = x1210
+        f_node_selector = acc1208
+    if buf[pos] == 0:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_dependency = buf[pos:q1222].decode()
-    pos = q1222
+        f_tolerations = ()
+    else:
+        acc1217: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1218 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1218 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1218 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1218, pos = _rlong(buf, pos)
+            if c1218 == 0:
+                break
+            if c1218 < 0:
+                c1218 = -c1218
+                b = buf[pos]
+                if b < 128:
+                    z1221 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1221 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1221 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1221, pos = _rlong(buf, pos)
+            if c1218 * 4 > end - pos:
+                raise _count_error(c1218, end - pos)
+            for _ in range(c1218):
+                x1219, pos = _d_Toleration412(buf, pos, end)
+                acc1217.append(x1219)
+        f_tolerations = tuple(acc1217)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5143,18 +4419,37 @@ def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
-    else:
+    b = buf[pos]
+    if b < 128:
+        i1222 = _ZD[b]
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_preemption = buf[pos:q1224].decode()
-    pos = q1224
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1222 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1222 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1222, pos = _rlong(buf, pos)
+    if i1222 == 0:
+        f_gang_id = None
+    elif i1222 == 1:
+        n1223 = _ZL[buf[pos]]
+        if n1223 < 0:
+            n1223, pos = _rlong(buf, pos)
+            if n1223 < 0:
+                raise _length_error(n1223, end - pos)
+        else:
+            pos += 1
+        q1224 = pos + n1223
+        if q1224 > end:
+            raise _length_error(n1223, end - pos)
+        f_gang_id = buf[pos:q1224].decode()
+        pos = q1224
+    else:
+        raise _union_error(i1222, 2)
     b = buf[pos]
     if b < 128:
         i1225 = _ZD[b]
@@ -5170,98 +4465,27 @@ def _d_GangSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     else:
         i1225, pos = _rlong(buf, pos)
     if i1225 == 0:
-        f_queued_at = None
+        f_time_limit_ms = None
     elif i1225 == 1:
         b = buf[pos]
         if b < 128:
-            f_queued_at = _ZD[b]
+            f_time_limit_ms = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_queued_at, pos = _rlong(buf, pos)
+            f_time_limit_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i1225, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
-    return o, pos
-
-
-def _d_GangQueued1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1189 = _ZL[buf[pos]]
-    if n1189 < 0:
-        n1189, pos = _rlong(buf, pos)
-        if n1189 < 0:
-            raise _length_error(n1189, end - pos)
-    else:
-        pos += 1
-    q1190 = pos + n1189
-    if q1190 > end:
-        raise _length_error(n1189, end - pos)
-    f_gang_id = buf[pos:q1190].decode()
-    pos = q1190
     if buf[pos] == 0:
         pos += 1
-        f_reasons = ()
-    else:
-        acc1191: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1192 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1192 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1192 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1192, pos = _rlong(buf, pos)
-            if c1192 == 0:
-                break
-            if c1192 < 0:
-                c1192 = -c1192
-                b = buf[pos]
-                if b < 128:
-                    z1195 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1195 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1195 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1195, pos = _rlong(buf, pos)
-            if c1192 * 3 > end - pos:
-                raise _count_error(c1192, end - pos)
-            for _ in range(c1192):
-                x1193, pos = _d_QueueReason1117(buf, pos, end)
-                acc1191.append(x1193)
-        f_reasons = tuple(acc1191)
-    f_gang, pos = _d_GangSpec1195(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
+        f_depends_on = ()
     else:
         acc1226: list[Any] = []
         while True:
@@ -5313,27 +4537,77 @@ def _d_GangQueued1187(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, in
                 x1228 = buf[pos:q1232].decode()
                 pos = q1232
                 acc1226.append(x1228)
-        f_waiting_for = tuple(acc1226)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+        f_depends_on = tuple(acc1226)
+    n1233 = _ZL[buf[pos]]
+    if n1233 < 0:
+        n1233, pos = _rlong(buf, pos)
+        if n1233 < 0:
+            raise _length_error(n1233, end - pos)
+    else:
+        pos += 1
+    q1234 = pos + n1233
+    if q1234 > end:
+        raise _length_error(n1233, end - pos)
+    f_dependency = buf[pos:q1234].decode()
+    pos = q1234
+    n1235 = _ZL[buf[pos]]
+    if n1235 < 0:
+        n1235, pos = _rlong(buf, pos)
+        if n1235 < 0:
+            raise _length_error(n1235, end - pos)
+    else:
+        pos += 1
+    q1236 = pos + n1235
+    if q1236 > end:
+        raise _length_error(n1235, end - pos)
+    f_preemption = buf[pos:q1236].decode()
+    pos = q1236
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1237 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1237 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1237 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1237, pos = _rlong(buf, pos)
+    if i1237 == 0:
+        f_retry = None
+    elif i1237 == 1:
+        f_retry, pos = _d_Retry434(buf, pos, end)
+    else:
+        raise _union_error(i1237, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_MemberPlacement1240(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1242 = _ZL[buf[pos]]
-    if n1242 < 0:
-        n1242, pos = _rlong(buf, pos)
-        if n1242 < 0:
-            raise _length_error(n1242, end - pos)
-    else:
-        pos += 1
-    q1243 = pos + n1242
-    if q1243 > end:
-        raise _length_error(n1242, end - pos)
-    f_pod_id = buf[pos:q1243].decode()
-    pos = q1243
+def _d_QueueReason1242(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
     n1244 = _ZL[buf[pos]]
     if n1244 < 0:
         n1244, pos = _rlong(buf, pos)
@@ -5344,57 +4618,1243 @@ def _d_MemberPlacement1240(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPla
     q1245 = pos + n1244
     if q1245 > end:
         raise _length_error(n1244, end - pos)
-    f_node_id = buf[pos:q1245].decode()
+    f_code = buf[pos:q1245].decode()
     pos = q1245
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1246 = _ZL[buf[pos]]
+    if n1246 < 0:
+        n1246, pos = _rlong(buf, pos)
+        if n1246 < 0:
+            raise _length_error(n1246, end - pos)
+    else:
+        pos += 1
+    q1247 = pos + n1246
+    if q1247 > end:
+        raise _length_error(n1246, end - pos)
+    f_message = buf[pos:q1247].decode()
+    pos = q1247
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1194(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1195(buf, pos, end)
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1238: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1239 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1239 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1239 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1239, pos = _rlong(buf, pos)
+            if c1239 == 0:
+                break
+            if c1239 < 0:
+                c1239 = -c1239
+                b = buf[pos]
+                if b < 128:
+                    z1242 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1242 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1242 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1242, pos = _rlong(buf, pos)
+            if c1239 * 3 > end - pos:
+                raise _count_error(c1239, end - pos)
+            for _ in range(c1239):
+                x1240, pos = _d_QueueReason1242(buf, pos, end)
+                acc1238.append(x1240)
+        f_reasons = tuple(acc1238)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1248: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1249 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1249 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1249 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1249, pos = _rlong(buf, pos)
+            if c1249 == 0:
+                break
+            if c1249 < 0:
+                c1249 = -c1249
+                b = buf[pos]
+                if b < 128:
+                    z1252 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1252 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1252 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1252, pos = _rlong(buf, pos)
+            if c1249 * 1 > end - pos:
+                raise _count_error(c1249, end - pos)
+            for _ in range(c1249):
+                n1253 = _ZL[buf[pos]]
+                if n1253 < 0:
+                    n1253, pos = _rlong(buf, pos)
+                    if n1253 < 0:
+                        raise _length_error(n1253, end - pos)
+                else:
+                    pos += 1
+                q1254 = pos + n1253
+                if q1254 > end:
+                    raise _length_error(n1253, end - pos)
+                x1250 = buf[pos:q1254].decode()
+                pos = q1254
+                acc1248.append(x1250)
+        f_waiting_for = tuple(acc1248)
+    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_GpuShare1262(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+    f_index: int
+    f_milli: int
+    b = buf[pos]
+    if b < 128:
+        f_index = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_index, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_milli, pos = _rlong(buf, pos)
+    o = _c_GpuShare(f_index, f_milli)
+    return o, pos
+
+
+def _d_PodScheduled1254(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+    f_pod: _c_PodSpec
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    f_policy: str
+    f_from_queue: bool
+    f_scores: dict[str, Any]
+    f_preempted: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1195(buf, pos, end)
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
+    else:
+        pos += 1
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_node_id = buf[pos:q1257].decode()
+    pos = q1257
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1246: list[Any] = []
+        acc1258: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1247 = _ZD[b]
+                c1259 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1247 = (z >> 1) ^ -(z & 1)
+                c1259 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1247 = (z >> 1) ^ -(z & 1)
+                c1259 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1247, pos = _rlong(buf, pos)
-            if c1247 == 0:
+                c1259, pos = _rlong(buf, pos)
+            if c1259 == 0:
                 break
-            if c1247 < 0:
-                c1247 = -c1247
+            if c1259 < 0:
+                c1259 = -c1259
                 b = buf[pos]
                 if b < 128:
-                    z1250 = _ZD[b]
+                    z1262 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1250 = (z >> 1) ^ -(z & 1)
+                    z1262 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1250 = (z >> 1) ^ -(z & 1)
+                    z1262 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1250, pos = _rlong(buf, pos)
-            if c1247 * 2 > end - pos:
-                raise _count_error(c1247, end - pos)
-            for _ in range(c1247):
-                x1248, pos = _d_GpuShare1137(buf, pos, end)
-                acc1246.append(x1248)
-        f_gpus = tuple(acc1246)
+                    z1262, pos = _rlong(buf, pos)
+            if c1259 * 2 > end - pos:
+                raise _count_error(c1259, end - pos)
+            for _ in range(c1259):
+                x1260, pos = _d_GpuShare1262(buf, pos, end)
+                acc1258.append(x1260)
+        f_gpus = tuple(acc1258)
+    n1264 = _ZL[buf[pos]]
+    if n1264 < 0:
+        n1264, pos = _rlong(buf, pos)
+        if n1264 < 0:
+            raise _length_error(n1264, end - pos)
+    else:
+        pos += 1
+    q1265 = pos + n1264
+    if q1265 > end:
+        raise _length_error(n1264, end - pos)
+    f_policy = buf[pos:q1265].decode()
+    pos = q1265
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1266: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1267 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1267 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1267 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1267, pos = _rlong(buf, pos)
+            if c1267 == 0:
+                break
+            if c1267 < 0:
+                c1267 = -c1267
+                b = buf[pos]
+                if b < 128:
+                    z1270 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1270 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1270 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1270, pos = _rlong(buf, pos)
+            if c1267 * 9 > end - pos:
+                raise _count_error(c1267, end - pos)
+            for _ in range(c1267):
+                n1271 = _ZL[buf[pos]]
+                if n1271 < 0:
+                    n1271, pos = _rlong(buf, pos)
+                    if n1271 < 0:
+                        raise _length_error(n1271, end - pos)
+                else:
+                    pos += 1
+                q1272 = pos + n1271
+                if q1272 > end:
+                    raise _length_error(n1271, end - pos)
+                k1269 = buf[pos:q1272].decode()
+                pos = q1272
+                x1268, = _unpack_d(buf, pos)
+                pos += 8
+                acc1266[k1269] = x1268
+        f_scores = acc1266
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1273: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1274 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1274 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1274 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1274, pos = _rlong(buf, pos)
+            if c1274 == 0:
+                break
+            if c1274 < 0:
+                c1274 = -c1274
+                b = buf[pos]
+                if b < 128:
+                    z1277 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1277 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1277 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1277, pos = _rlong(buf, pos)
+            if c1274 * 1 > end - pos:
+                raise _count_error(c1274, end - pos)
+            for _ in range(c1274):
+                n1278 = _ZL[buf[pos]]
+                if n1278 < 0:
+                    n1278, pos = _rlong(buf, pos)
+                    if n1278 < 0:
+                        raise _length_error(n1278, end - pos)
+                else:
+                    pos += 1
+                q1279 = pos + n1278
+                if q1279 > end:
+                    raise _length_error(n1278, end - pos)
+                x1275 = buf[pos:q1279].decode()
+                pos = q1279
+                acc1273.append(x1275)
+        f_preempted = tuple(acc1273)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1279(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1281 = _ZL[buf[pos]]
+    if n1281 < 0:
+        n1281, pos = _rlong(buf, pos)
+        if n1281 < 0:
+            raise _length_error(n1281, end - pos)
+    else:
+        pos += 1
+    q1282 = pos + n1281
+    if q1282 > end:
+        raise _length_error(n1281, end - pos)
+    f_pod_id = buf[pos:q1282].decode()
+    pos = q1282
+    n1283 = _ZL[buf[pos]]
+    if n1283 < 0:
+        n1283, pos = _rlong(buf, pos)
+        if n1283 < 0:
+            raise _length_error(n1283, end - pos)
+    else:
+        pos += 1
+    q1284 = pos + n1283
+    if q1284 > end:
+        raise _length_error(n1283, end - pos)
+    f_node_id = buf[pos:q1284].decode()
+    pos = q1284
+    n1285 = _ZL[buf[pos]]
+    if n1285 < 0:
+        n1285, pos = _rlong(buf, pos)
+        if n1285 < 0:
+            raise _length_error(n1285, end - pos)
+    else:
+        pos += 1
+    q1286 = pos + n1285
+    if q1286 > end:
+        raise _length_error(n1285, end - pos)
+    f_reason = buf[pos:q1286].decode()
+    pos = q1286
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1286(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1288 = _ZL[buf[pos]]
+    if n1288 < 0:
+        n1288, pos = _rlong(buf, pos)
+        if n1288 < 0:
+            raise _length_error(n1288, end - pos)
+    else:
+        pos += 1
+    q1289 = pos + n1288
+    if q1289 > end:
+        raise _length_error(n1288, end - pos)
+    f_pod_id = buf[pos:q1289].decode()
+    pos = q1289
+    b = buf[pos]
+    if b < 128:
+        i1290 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1290 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1290 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1290, pos = _rlong(buf, pos)
+    if i1290 == 0:
+        f_node_id = None
+    elif i1290 == 1:
+        n1291 = _ZL[buf[pos]]
+        if n1291 < 0:
+            n1291, pos = _rlong(buf, pos)
+            if n1291 < 0:
+                raise _length_error(n1291, end - pos)
+        else:
+            pos += 1
+        q1292 = pos + n1291
+        if q1292 > end:
+            raise _length_error(n1291, end - pos)
+        f_node_id = buf[pos:q1292].decode()
+        pos = q1292
+    else:
+        raise _union_error(i1290, 2)
+    n1293 = _ZL[buf[pos]]
+    if n1293 < 0:
+        n1293, pos = _rlong(buf, pos)
+        if n1293 < 0:
+            raise _length_error(n1293, end - pos)
+    else:
+        pos += 1
+    q1294 = pos + n1293
+    if q1294 > end:
+        raise _length_error(n1293, end - pos)
+    f_reason = buf[pos:q1294].decode()
+    pos = q1294
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1296 = _ZL[buf[pos]]
+    if n1296 < 0:
+        n1296, pos = _rlong(buf, pos)
+        if n1296 < 0:
+            raise _length_error(n1296, end - pos)
+    else:
+        pos += 1
+    q1297 = pos + n1296
+    if q1297 > end:
+        raise _length_error(n1296, end - pos)
+    f_policy = buf[pos:q1297].decode()
+    pos = q1297
+    n1298 = _ZL[buf[pos]]
+    if n1298 < 0:
+        n1298, pos = _rlong(buf, pos)
+        if n1298 < 0:
+            raise _length_error(n1298, end - pos)
+    else:
+        pos += 1
+    q1299 = pos + n1298
+    if q1299 > end:
+        raise _length_error(n1298, end - pos)
+    f_previous = buf[pos:q1299].decode()
+    pos = q1299
+    b = buf[pos]
+    if b < 128:
+        i1300 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1300 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1300 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1300, pos = _rlong(buf, pos)
+    if i1300 == 0:
+        f_reserve_after_ms = None
+    elif i1300 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1300, 2)
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
+    else:
+        pos += 1
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_queue_order = buf[pos:q1302].decode()
+    pos = q1302
+    b = buf[pos]
+    if b < 128:
+        i1303 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1303 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1303 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1303, pos = _rlong(buf, pos)
+    if i1303 == 0:
+        f_max_clock_jump_ms = None
+    elif i1303 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1303, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1303(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1305 = _ZL[buf[pos]]
+    if n1305 < 0:
+        n1305, pos = _rlong(buf, pos)
+        if n1305 < 0:
+            raise _length_error(n1305, end - pos)
+    else:
+        pos += 1
+    q1306 = pos + n1305
+    if q1306 > end:
+        raise _length_error(n1305, end - pos)
+    f_command_id = buf[pos:q1306].decode()
+    pos = q1306
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
+    else:
+        pos += 1
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_command_type = buf[pos:q1308].decode()
+    pos = q1308
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
+    else:
+        pos += 1
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_code = buf[pos:q1310].decode()
+    pos = q1310
+    n1311 = _ZL[buf[pos]]
+    if n1311 < 0:
+        n1311, pos = _rlong(buf, pos)
+        if n1311 < 0:
+            raise _length_error(n1311, end - pos)
+    else:
+        pos += 1
+    q1312 = pos + n1311
+    if q1312 > end:
+        raise _length_error(n1311, end - pos)
+    f_message = buf[pos:q1312].decode()
+    pos = q1312
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    f_queued_at: Any
+    f_preemptible: bool
+    n1322 = _ZL[buf[pos]]
+    if n1322 < 0:
+        n1322, pos = _rlong(buf, pos)
+        if n1322 < 0:
+            raise _length_error(n1322, end - pos)
+    else:
+        pos += 1
+    q1323 = pos + n1322
+    if q1323 > end:
+        raise _length_error(n1322, end - pos)
+    f_gang_id = buf[pos:q1323].decode()
+    pos = q1323
+    n1324 = _ZL[buf[pos]]
+    if n1324 < 0:
+        n1324, pos = _rlong(buf, pos)
+        if n1324 < 0:
+            raise _length_error(n1324, end - pos)
+    else:
+        pos += 1
+    q1325 = pos + n1324
+    if q1325 > end:
+        raise _length_error(n1324, end - pos)
+    f_tenant = buf[pos:q1325].decode()
+    pos = q1325
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1326: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1327 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1327 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1327 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1327, pos = _rlong(buf, pos)
+            if c1327 == 0:
+                break
+            if c1327 < 0:
+                c1327 = -c1327
+                b = buf[pos]
+                if b < 128:
+                    z1330 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1330 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1330 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1330, pos = _rlong(buf, pos)
+            if c1327 * 21 > end - pos:
+                raise _count_error(c1327, end - pos)
+            for _ in range(c1327):
+                x1328, pos = _d_PodSpec1195(buf, pos, end)
+                acc1326.append(x1328)
+        f_members = tuple(acc1326)
+    b = buf[pos]
+    if b < 128:
+        f_min_members = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1331 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1331 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1331 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1331, pos = _rlong(buf, pos)
+    if i1331 == 0:
+        f_topology_required = None
+    elif i1331 == 1:
+        n1332 = _ZL[buf[pos]]
+        if n1332 < 0:
+            n1332, pos = _rlong(buf, pos)
+            if n1332 < 0:
+                raise _length_error(n1332, end - pos)
+        else:
+            pos += 1
+        q1333 = pos + n1332
+        if q1333 > end:
+            raise _length_error(n1332, end - pos)
+        f_topology_required = buf[pos:q1333].decode()
+        pos = q1333
+    else:
+        raise _union_error(i1331, 2)
+    b = buf[pos]
+    if b < 128:
+        i1334 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1334 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1334 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1334, pos = _rlong(buf, pos)
+    if i1334 == 0:
+        f_topology_preferred = None
+    elif i1334 == 1:
+        n1335 = _ZL[buf[pos]]
+        if n1335 < 0:
+            n1335, pos = _rlong(buf, pos)
+            if n1335 < 0:
+                raise _length_error(n1335, end - pos)
+        else:
+            pos += 1
+        q1336 = pos + n1335
+        if q1336 > end:
+            raise _length_error(n1335, end - pos)
+        f_topology_preferred = buf[pos:q1336].decode()
+        pos = q1336
+    else:
+        raise _union_error(i1334, 2)
+    b = buf[pos]
+    if b < 128:
+        i1337 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1337 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1337 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1337, pos = _rlong(buf, pos)
+    if i1337 == 0:
+        f_timeout_ms = None
+    elif i1337 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1337, 2)
+    b = buf[pos]
+    if b < 128:
+        i1338 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1338 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1338 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1338, pos = _rlong(buf, pos)
+    if i1338 == 0:
+        f_time_limit_ms = None
+    elif i1338 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1338, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1339: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1340 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1340 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1340 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1340, pos = _rlong(buf, pos)
+            if c1340 == 0:
+                break
+            if c1340 < 0:
+                c1340 = -c1340
+                b = buf[pos]
+                if b < 128:
+                    z1343 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1343 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1343 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1343, pos = _rlong(buf, pos)
+            if c1340 * 1 > end - pos:
+                raise _count_error(c1340, end - pos)
+            for _ in range(c1340):
+                n1344 = _ZL[buf[pos]]
+                if n1344 < 0:
+                    n1344, pos = _rlong(buf, pos)
+                    if n1344 < 0:
+                        raise _length_error(n1344, end - pos)
+                else:
+                    pos += 1
+                q1345 = pos + n1344
+                if q1345 > end:
+                    raise _length_error(n1344, end - pos)
+                x1341 = buf[pos:q1345].decode()
+                pos = q1345
+                acc1339.append(x1341)
+        f_depends_on = tuple(acc1339)
+    n1346 = _ZL[buf[pos]]
+    if n1346 < 0:
+        n1346, pos = _rlong(buf, pos)
+        if n1346 < 0:
+            raise _length_error(n1346, end - pos)
+    else:
+        pos += 1
+    q1347 = pos + n1346
+    if q1347 > end:
+        raise _length_error(n1346, end - pos)
+    f_dependency = buf[pos:q1347].decode()
+    pos = q1347
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
+    else:
+        pos += 1
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_preemption = buf[pos:q1349].decode()
+    pos = q1349
+    b = buf[pos]
+    if b < 128:
+        i1350 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1350 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1350 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1350, pos = _rlong(buf, pos)
+    if i1350 == 0:
+        f_queued_at = None
+    elif i1350 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1350, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
+    return o, pos
+
+
+def _d_GangQueued1312(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1314 = _ZL[buf[pos]]
+    if n1314 < 0:
+        n1314, pos = _rlong(buf, pos)
+        if n1314 < 0:
+            raise _length_error(n1314, end - pos)
+    else:
+        pos += 1
+    q1315 = pos + n1314
+    if q1315 > end:
+        raise _length_error(n1314, end - pos)
+    f_gang_id = buf[pos:q1315].decode()
+    pos = q1315
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1316: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1317 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1317 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1317 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1317, pos = _rlong(buf, pos)
+            if c1317 == 0:
+                break
+            if c1317 < 0:
+                c1317 = -c1317
+                b = buf[pos]
+                if b < 128:
+                    z1320 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1320 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1320 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1320, pos = _rlong(buf, pos)
+            if c1317 * 3 > end - pos:
+                raise _count_error(c1317, end - pos)
+            for _ in range(c1317):
+                x1318, pos = _d_QueueReason1242(buf, pos, end)
+                acc1316.append(x1318)
+        f_reasons = tuple(acc1316)
+    f_gang, pos = _d_GangSpec1320(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1351: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1352 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1352 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1352 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1352, pos = _rlong(buf, pos)
+            if c1352 == 0:
+                break
+            if c1352 < 0:
+                c1352 = -c1352
+                b = buf[pos]
+                if b < 128:
+                    z1355 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1355 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1355 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1355, pos = _rlong(buf, pos)
+            if c1352 * 1 > end - pos:
+                raise _count_error(c1352, end - pos)
+            for _ in range(c1352):
+                n1356 = _ZL[buf[pos]]
+                if n1356 < 0:
+                    n1356, pos = _rlong(buf, pos)
+                    if n1356 < 0:
+                        raise _length_error(n1356, end - pos)
+                else:
+                    pos += 1
+                q1357 = pos + n1356
+                if q1357 > end:
+                    raise _length_error(n1356, end - pos)
+                x1353 = buf[pos:q1357].decode()
+                pos = q1357
+                acc1351.append(x1353)
+        f_waiting_for = tuple(acc1351)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1365(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1367 = _ZL[buf[pos]]
+    if n1367 < 0:
+        n1367, pos = _rlong(buf, pos)
+        if n1367 < 0:
+            raise _length_error(n1367, end - pos)
+    else:
+        pos += 1
+    q1368 = pos + n1367
+    if q1368 > end:
+        raise _length_error(n1367, end - pos)
+    f_pod_id = buf[pos:q1368].decode()
+    pos = q1368
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
+    else:
+        pos += 1
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_node_id = buf[pos:q1370].decode()
+    pos = q1370
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1371: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1372 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1372 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1372 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
+                break
+            if c1372 < 0:
+                c1372 = -c1372
+                b = buf[pos]
+                if b < 128:
+                    z1375 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1375 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1375 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 2 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                x1373, pos = _d_GpuShare1262(buf, pos, end)
+                acc1371.append(x1373)
+        f_gpus = tuple(acc1371)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1232(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1357(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5403,214 +5863,214 @@ def _d_GangScheduled1232(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1234 = _ZL[buf[pos]]
-    if n1234 < 0:
-        n1234, pos = _rlong(buf, pos)
-        if n1234 < 0:
-            raise _length_error(n1234, end - pos)
+    n1359 = _ZL[buf[pos]]
+    if n1359 < 0:
+        n1359, pos = _rlong(buf, pos)
+        if n1359 < 0:
+            raise _length_error(n1359, end - pos)
     else:
         pos += 1
-    q1235 = pos + n1234
-    if q1235 > end:
-        raise _length_error(n1234, end - pos)
-    f_gang_id = buf[pos:q1235].decode()
-    pos = q1235
+    q1360 = pos + n1359
+    if q1360 > end:
+        raise _length_error(n1359, end - pos)
+    f_gang_id = buf[pos:q1360].decode()
+    pos = q1360
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1236: list[Any] = []
+        acc1361: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1237 = _ZD[b]
+                c1362 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1237 = (z >> 1) ^ -(z & 1)
+                c1362 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1237 = (z >> 1) ^ -(z & 1)
+                c1362 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1237, pos = _rlong(buf, pos)
-            if c1237 == 0:
+                c1362, pos = _rlong(buf, pos)
+            if c1362 == 0:
                 break
-            if c1237 < 0:
-                c1237 = -c1237
+            if c1362 < 0:
+                c1362 = -c1362
                 b = buf[pos]
                 if b < 128:
-                    z1240 = _ZD[b]
+                    z1365 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1240 = (z >> 1) ^ -(z & 1)
+                    z1365 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1240 = (z >> 1) ^ -(z & 1)
+                    z1365 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1240, pos = _rlong(buf, pos)
-            if c1237 * 3 > end - pos:
-                raise _count_error(c1237, end - pos)
-            for _ in range(c1237):
-                x1238, pos = _d_MemberPlacement1240(buf, pos, end)
-                acc1236.append(x1238)
-        f_members = tuple(acc1236)
-    f_gang, pos = _d_GangSpec1195(buf, pos, end)
+                    z1365, pos = _rlong(buf, pos)
+            if c1362 * 3 > end - pos:
+                raise _count_error(c1362, end - pos)
+            for _ in range(c1362):
+                x1363, pos = _d_MemberPlacement1365(buf, pos, end)
+                acc1361.append(x1363)
+        f_members = tuple(acc1361)
+    f_gang, pos = _d_GangSpec1320(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1251 = _ZD[b]
+        i1376 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1251 = (z >> 1) ^ -(z & 1)
+        i1376 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1251 = (z >> 1) ^ -(z & 1)
+        i1376 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1251, pos = _rlong(buf, pos)
-    if i1251 == 0:
+        i1376, pos = _rlong(buf, pos)
+    if i1376 == 0:
         f_topology_key = None
-    elif i1251 == 1:
-        n1252 = _ZL[buf[pos]]
-        if n1252 < 0:
-            n1252, pos = _rlong(buf, pos)
-            if n1252 < 0:
-                raise _length_error(n1252, end - pos)
+    elif i1376 == 1:
+        n1377 = _ZL[buf[pos]]
+        if n1377 < 0:
+            n1377, pos = _rlong(buf, pos)
+            if n1377 < 0:
+                raise _length_error(n1377, end - pos)
         else:
             pos += 1
-        q1253 = pos + n1252
-        if q1253 > end:
-            raise _length_error(n1252, end - pos)
-        f_topology_key = buf[pos:q1253].decode()
-        pos = q1253
+        q1378 = pos + n1377
+        if q1378 > end:
+            raise _length_error(n1377, end - pos)
+        f_topology_key = buf[pos:q1378].decode()
+        pos = q1378
     else:
-        raise _union_error(i1251, 2)
+        raise _union_error(i1376, 2)
     b = buf[pos]
     if b < 128:
-        i1254 = _ZD[b]
+        i1379 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1254 = (z >> 1) ^ -(z & 1)
+        i1379 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1254 = (z >> 1) ^ -(z & 1)
+        i1379 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1254, pos = _rlong(buf, pos)
-    if i1254 == 0:
+        i1379, pos = _rlong(buf, pos)
+    if i1379 == 0:
         f_domain = None
-    elif i1254 == 1:
-        n1255 = _ZL[buf[pos]]
-        if n1255 < 0:
-            n1255, pos = _rlong(buf, pos)
-            if n1255 < 0:
-                raise _length_error(n1255, end - pos)
+    elif i1379 == 1:
+        n1380 = _ZL[buf[pos]]
+        if n1380 < 0:
+            n1380, pos = _rlong(buf, pos)
+            if n1380 < 0:
+                raise _length_error(n1380, end - pos)
         else:
             pos += 1
-        q1256 = pos + n1255
-        if q1256 > end:
-            raise _length_error(n1255, end - pos)
-        f_domain = buf[pos:q1256].decode()
-        pos = q1256
+        q1381 = pos + n1380
+        if q1381 > end:
+            raise _length_error(n1380, end - pos)
+        f_domain = buf[pos:q1381].decode()
+        pos = q1381
     else:
-        raise _union_error(i1254, 2)
+        raise _union_error(i1379, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
+    n1382 = _ZL[buf[pos]]
+    if n1382 < 0:
+        n1382, pos = _rlong(buf, pos)
+        if n1382 < 0:
+            raise _length_error(n1382, end - pos)
     else:
         pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_message = buf[pos:q1258].decode()
-    pos = q1258
+    q1383 = pos + n1382
+    if q1383 > end:
+        raise _length_error(n1382, end - pos)
+    f_message = buf[pos:q1383].decode()
+    pos = q1383
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1259: list[Any] = []
+        acc1384: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1260 = _ZD[b]
+                c1385 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1260 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1260 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1260, pos = _rlong(buf, pos)
-            if c1260 == 0:
+                c1385, pos = _rlong(buf, pos)
+            if c1385 == 0:
                 break
-            if c1260 < 0:
-                c1260 = -c1260
+            if c1385 < 0:
+                c1385 = -c1385
                 b = buf[pos]
                 if b < 128:
-                    z1263 = _ZD[b]
+                    z1388 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1263 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1263 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1263, pos = _rlong(buf, pos)
-            if c1260 * 1 > end - pos:
-                raise _count_error(c1260, end - pos)
-            for _ in range(c1260):
-                n1264 = _ZL[buf[pos]]
-                if n1264 < 0:
-                    n1264, pos = _rlong(buf, pos)
-                    if n1264 < 0:
-                        raise _length_error(n1264, end - pos)
+                    z1388, pos = _rlong(buf, pos)
+            if c1385 * 1 > end - pos:
+                raise _count_error(c1385, end - pos)
+            for _ in range(c1385):
+                n1389 = _ZL[buf[pos]]
+                if n1389 < 0:
+                    n1389, pos = _rlong(buf, pos)
+                    if n1389 < 0:
+                        raise _length_error(n1389, end - pos)
                 else:
                     pos += 1
-                q1265 = pos + n1264
-                if q1265 > end:
-                    raise _length_error(n1264, end - pos)
-                x1261 = buf[pos:q1265].decode()
-                pos = q1265
-                acc1259.append(x1261)
-        f_preempted = tuple(acc1259)
+                q1390 = pos + n1389
+                if q1390 > end:
+                    raise _length_error(n1389, end - pos)
+                x1386 = buf[pos:q1390].decode()
+                pos = q1390
+                acc1384.append(x1386)
+        f_preempted = tuple(acc1384)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1265(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1390(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1267 = _ZL[buf[pos]]
-    if n1267 < 0:
-        n1267, pos = _rlong(buf, pos)
-        if n1267 < 0:
-            raise _length_error(n1267, end - pos)
+    n1392 = _ZL[buf[pos]]
+    if n1392 < 0:
+        n1392, pos = _rlong(buf, pos)
+        if n1392 < 0:
+            raise _length_error(n1392, end - pos)
     else:
         pos += 1
-    q1268 = pos + n1267
-    if q1268 > end:
-        raise _length_error(n1267, end - pos)
-    f_gang_id = buf[pos:q1268].decode()
-    pos = q1268
+    q1393 = pos + n1392
+    if q1393 > end:
+        raise _length_error(n1392, end - pos)
+    f_gang_id = buf[pos:q1393].decode()
+    pos = q1393
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5625,141 +6085,141 @@ def _d_GangTimedOut1265(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
+    n1394 = _ZL[buf[pos]]
+    if n1394 < 0:
+        n1394, pos = _rlong(buf, pos)
+        if n1394 < 0:
+            raise _length_error(n1394, end - pos)
     else:
         pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_message = buf[pos:q1270].decode()
-    pos = q1270
+    q1395 = pos + n1394
+    if q1395 > end:
+        raise _length_error(n1394, end - pos)
+    f_message = buf[pos:q1395].decode()
+    pos = q1395
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1270(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1395(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
+    n1397 = _ZL[buf[pos]]
+    if n1397 < 0:
+        n1397, pos = _rlong(buf, pos)
+        if n1397 < 0:
+            raise _length_error(n1397, end - pos)
     else:
         pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_gang_id = buf[pos:q1273].decode()
-    pos = q1273
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
+    q1398 = pos + n1397
+    if q1398 > end:
+        raise _length_error(n1397, end - pos)
+    f_gang_id = buf[pos:q1398].decode()
+    pos = q1398
+    n1399 = _ZL[buf[pos]]
+    if n1399 < 0:
+        n1399, pos = _rlong(buf, pos)
+        if n1399 < 0:
+            raise _length_error(n1399, end - pos)
     else:
         pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_reason = buf[pos:q1275].decode()
-    pos = q1275
+    q1400 = pos + n1399
+    if q1400 > end:
+        raise _length_error(n1399, end - pos)
+    f_reason = buf[pos:q1400].decode()
+    pos = q1400
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1276: list[Any] = []
+        acc1401: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1277 = _ZD[b]
+                c1402 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1402 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1402 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1277, pos = _rlong(buf, pos)
-            if c1277 == 0:
+                c1402, pos = _rlong(buf, pos)
+            if c1402 == 0:
                 break
-            if c1277 < 0:
-                c1277 = -c1277
+            if c1402 < 0:
+                c1402 = -c1402
                 b = buf[pos]
                 if b < 128:
-                    z1280 = _ZD[b]
+                    z1405 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1405 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1405 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1280, pos = _rlong(buf, pos)
-            if c1277 * 1 > end - pos:
-                raise _count_error(c1277, end - pos)
-            for _ in range(c1277):
-                n1281 = _ZL[buf[pos]]
-                if n1281 < 0:
-                    n1281, pos = _rlong(buf, pos)
-                    if n1281 < 0:
-                        raise _length_error(n1281, end - pos)
+                    z1405, pos = _rlong(buf, pos)
+            if c1402 * 1 > end - pos:
+                raise _count_error(c1402, end - pos)
+            for _ in range(c1402):
+                n1406 = _ZL[buf[pos]]
+                if n1406 < 0:
+                    n1406, pos = _rlong(buf, pos)
+                    if n1406 < 0:
+                        raise _length_error(n1406, end - pos)
                 else:
                     pos += 1
-                q1282 = pos + n1281
-                if q1282 > end:
-                    raise _length_error(n1281, end - pos)
-                x1278 = buf[pos:q1282].decode()
-                pos = q1282
-                acc1276.append(x1278)
-        f_members_ended = tuple(acc1276)
+                q1407 = pos + n1406
+                if q1407 > end:
+                    raise _length_error(n1406, end - pos)
+                x1403 = buf[pos:q1407].decode()
+                pos = q1407
+                acc1401.append(x1403)
+        f_members_ended = tuple(acc1401)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1282(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    n1409 = _ZL[buf[pos]]
+    if n1409 < 0:
+        n1409, pos = _rlong(buf, pos)
+        if n1409 < 0:
+            raise _length_error(n1409, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_pod_id = buf[pos:q1285].decode()
-    pos = q1285
-    n1286 = _ZL[buf[pos]]
-    if n1286 < 0:
-        n1286, pos = _rlong(buf, pos)
-        if n1286 < 0:
-            raise _length_error(n1286, end - pos)
+    q1410 = pos + n1409
+    if q1410 > end:
+        raise _length_error(n1409, end - pos)
+    f_pod_id = buf[pos:q1410].decode()
+    pos = q1410
+    n1411 = _ZL[buf[pos]]
+    if n1411 < 0:
+        n1411, pos = _rlong(buf, pos)
+        if n1411 < 0:
+            raise _length_error(n1411, end - pos)
     else:
         pos += 1
-    q1287 = pos + n1286
-    if q1287 > end:
-        raise _length_error(n1286, end - pos)
-    f_node_id = buf[pos:q1287].decode()
-    pos = q1287
+    q1412 = pos + n1411
+    if q1412 > end:
+        raise _length_error(n1411, end - pos)
+    f_node_id = buf[pos:q1412].decode()
+    pos = q1412
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5776,141 +6236,141 @@ def _d_PodTimeLimitReached1282(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1288 = _ZD[b]
+        i1413 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1288 = (z >> 1) ^ -(z & 1)
+        i1413 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1288 = (z >> 1) ^ -(z & 1)
+        i1413 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1288, pos = _rlong(buf, pos)
-    if i1288 == 0:
+        i1413, pos = _rlong(buf, pos)
+    if i1413 == 0:
         f_gang_id = None
-    elif i1288 == 1:
-        n1289 = _ZL[buf[pos]]
-        if n1289 < 0:
-            n1289, pos = _rlong(buf, pos)
-            if n1289 < 0:
-                raise _length_error(n1289, end - pos)
+    elif i1413 == 1:
+        n1414 = _ZL[buf[pos]]
+        if n1414 < 0:
+            n1414, pos = _rlong(buf, pos)
+            if n1414 < 0:
+                raise _length_error(n1414, end - pos)
         else:
             pos += 1
-        q1290 = pos + n1289
-        if q1290 > end:
-            raise _length_error(n1289, end - pos)
-        f_gang_id = buf[pos:q1290].decode()
-        pos = q1290
+        q1415 = pos + n1414
+        if q1415 > end:
+            raise _length_error(n1414, end - pos)
+        f_gang_id = buf[pos:q1415].decode()
+        pos = q1415
     else:
-        raise _union_error(i1288, 2)
+        raise _union_error(i1413, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1290(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1415(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1292 = _ZL[buf[pos]]
-    if n1292 < 0:
-        n1292, pos = _rlong(buf, pos)
-        if n1292 < 0:
-            raise _length_error(n1292, end - pos)
+    n1417 = _ZL[buf[pos]]
+    if n1417 < 0:
+        n1417, pos = _rlong(buf, pos)
+        if n1417 < 0:
+            raise _length_error(n1417, end - pos)
     else:
         pos += 1
-    q1293 = pos + n1292
-    if q1293 > end:
-        raise _length_error(n1292, end - pos)
-    f_holder_id = buf[pos:q1293].decode()
-    pos = q1293
-    n1294 = _ZL[buf[pos]]
-    if n1294 < 0:
-        n1294, pos = _rlong(buf, pos)
-        if n1294 < 0:
-            raise _length_error(n1294, end - pos)
+    q1418 = pos + n1417
+    if q1418 > end:
+        raise _length_error(n1417, end - pos)
+    f_holder_id = buf[pos:q1418].decode()
+    pos = q1418
+    n1419 = _ZL[buf[pos]]
+    if n1419 < 0:
+        n1419, pos = _rlong(buf, pos)
+        if n1419 < 0:
+            raise _length_error(n1419, end - pos)
     else:
         pos += 1
-    q1295 = pos + n1294
-    if q1295 > end:
-        raise _length_error(n1294, end - pos)
-    f_holder_kind = buf[pos:q1295].decode()
-    pos = q1295
+    q1420 = pos + n1419
+    if q1420 > end:
+        raise _length_error(n1419, end - pos)
+    f_holder_kind = buf[pos:q1420].decode()
+    pos = q1420
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1296: list[Any] = []
+        acc1421: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1297 = _ZD[b]
+                c1422 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1297 = (z >> 1) ^ -(z & 1)
+                c1422 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1297 = (z >> 1) ^ -(z & 1)
+                c1422 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1297, pos = _rlong(buf, pos)
-            if c1297 == 0:
+                c1422, pos = _rlong(buf, pos)
+            if c1422 == 0:
                 break
-            if c1297 < 0:
-                c1297 = -c1297
+            if c1422 < 0:
+                c1422 = -c1422
                 b = buf[pos]
                 if b < 128:
-                    z1300 = _ZD[b]
+                    z1425 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1300 = (z >> 1) ^ -(z & 1)
+                    z1425 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1300 = (z >> 1) ^ -(z & 1)
+                    z1425 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1300, pos = _rlong(buf, pos)
-            if c1297 * 1 > end - pos:
-                raise _count_error(c1297, end - pos)
-            for _ in range(c1297):
-                n1301 = _ZL[buf[pos]]
-                if n1301 < 0:
-                    n1301, pos = _rlong(buf, pos)
-                    if n1301 < 0:
-                        raise _length_error(n1301, end - pos)
+                    z1425, pos = _rlong(buf, pos)
+            if c1422 * 1 > end - pos:
+                raise _count_error(c1422, end - pos)
+            for _ in range(c1422):
+                n1426 = _ZL[buf[pos]]
+                if n1426 < 0:
+                    n1426, pos = _rlong(buf, pos)
+                    if n1426 < 0:
+                        raise _length_error(n1426, end - pos)
                 else:
                     pos += 1
-                q1302 = pos + n1301
-                if q1302 > end:
-                    raise _length_error(n1301, end - pos)
-                x1298 = buf[pos:q1302].decode()
-                pos = q1302
-                acc1296.append(x1298)
-        f_nodes = tuple(acc1296)
+                q1427 = pos + n1426
+                if q1427 > end:
+                    raise _length_error(n1426, end - pos)
+                x1423 = buf[pos:q1427].decode()
+                pos = q1427
+                acc1421.append(x1423)
+        f_nodes = tuple(acc1421)
     b = buf[pos]
     if b < 128:
-        i1303 = _ZD[b]
+        i1428 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1428 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1428 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1303, pos = _rlong(buf, pos)
-    if i1303 == 0:
+        i1428, pos = _rlong(buf, pos)
+    if i1428 == 0:
         f_expected_start = None
-    elif i1303 == 1:
+    elif i1428 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5926,194 +6386,194 @@ def _d_NodesReserved1290(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1303, 2)
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+        raise _union_error(i1428, 2)
+    n1429 = _ZL[buf[pos]]
+    if n1429 < 0:
+        n1429, pos = _rlong(buf, pos)
+        if n1429 < 0:
+            raise _length_error(n1429, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_message = buf[pos:q1305].decode()
-    pos = q1305
+    q1430 = pos + n1429
+    if q1430 > end:
+        raise _length_error(n1429, end - pos)
+    f_message = buf[pos:q1430].decode()
+    pos = q1430
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1305(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1430(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
+    n1432 = _ZL[buf[pos]]
+    if n1432 < 0:
+        n1432, pos = _rlong(buf, pos)
+        if n1432 < 0:
+            raise _length_error(n1432, end - pos)
     else:
         pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_holder_id = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
+    q1433 = pos + n1432
+    if q1433 > end:
+        raise _length_error(n1432, end - pos)
+    f_holder_id = buf[pos:q1433].decode()
+    pos = q1433
+    n1434 = _ZL[buf[pos]]
+    if n1434 < 0:
+        n1434, pos = _rlong(buf, pos)
+        if n1434 < 0:
+            raise _length_error(n1434, end - pos)
     else:
         pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_holder_kind = buf[pos:q1310].decode()
-    pos = q1310
+    q1435 = pos + n1434
+    if q1435 > end:
+        raise _length_error(n1434, end - pos)
+    f_holder_kind = buf[pos:q1435].decode()
+    pos = q1435
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1311: list[Any] = []
+        acc1436: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1312 = _ZD[b]
+                c1437 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1312 = (z >> 1) ^ -(z & 1)
+                c1437 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1312 = (z >> 1) ^ -(z & 1)
+                c1437 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1312, pos = _rlong(buf, pos)
-            if c1312 == 0:
+                c1437, pos = _rlong(buf, pos)
+            if c1437 == 0:
                 break
-            if c1312 < 0:
-                c1312 = -c1312
+            if c1437 < 0:
+                c1437 = -c1437
                 b = buf[pos]
                 if b < 128:
-                    z1315 = _ZD[b]
+                    z1440 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1315 = (z >> 1) ^ -(z & 1)
+                    z1440 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1315 = (z >> 1) ^ -(z & 1)
+                    z1440 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1315, pos = _rlong(buf, pos)
-            if c1312 * 1 > end - pos:
-                raise _count_error(c1312, end - pos)
-            for _ in range(c1312):
-                n1316 = _ZL[buf[pos]]
-                if n1316 < 0:
-                    n1316, pos = _rlong(buf, pos)
-                    if n1316 < 0:
-                        raise _length_error(n1316, end - pos)
+                    z1440, pos = _rlong(buf, pos)
+            if c1437 * 1 > end - pos:
+                raise _count_error(c1437, end - pos)
+            for _ in range(c1437):
+                n1441 = _ZL[buf[pos]]
+                if n1441 < 0:
+                    n1441, pos = _rlong(buf, pos)
+                    if n1441 < 0:
+                        raise _length_error(n1441, end - pos)
                 else:
                     pos += 1
-                q1317 = pos + n1316
-                if q1317 > end:
-                    raise _length_error(n1316, end - pos)
-                x1313 = buf[pos:q1317].decode()
-                pos = q1317
-                acc1311.append(x1313)
-        f_nodes = tuple(acc1311)
-    n1318 = _ZL[buf[pos]]
-    if n1318 < 0:
-        n1318, pos = _rlong(buf, pos)
-        if n1318 < 0:
-            raise _length_error(n1318, end - pos)
+                q1442 = pos + n1441
+                if q1442 > end:
+                    raise _length_error(n1441, end - pos)
+                x1438 = buf[pos:q1442].decode()
+                pos = q1442
+                acc1436.append(x1438)
+        f_nodes = tuple(acc1436)
+    n1443 = _ZL[buf[pos]]
+    if n1443 < 0:
+        n1443, pos = _rlong(buf, pos)
+        if n1443 < 0:
+            raise _length_error(n1443, end - pos)
     else:
         pos += 1
-    q1319 = pos + n1318
-    if q1319 > end:
-        raise _length_error(n1318, end - pos)
-    f_reason = buf[pos:q1319].decode()
-    pos = q1319
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
+    q1444 = pos + n1443
+    if q1444 > end:
+        raise _length_error(n1443, end - pos)
+    f_reason = buf[pos:q1444].decode()
+    pos = q1444
+    n1445 = _ZL[buf[pos]]
+    if n1445 < 0:
+        n1445, pos = _rlong(buf, pos)
+        if n1445 < 0:
+            raise _length_error(n1445, end - pos)
     else:
         pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_message = buf[pos:q1321].decode()
-    pos = q1321
+    q1446 = pos + n1445
+    if q1446 > end:
+        raise _length_error(n1445, end - pos)
+    f_message = buf[pos:q1446].decode()
+    pos = q1446
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1321(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1446(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1323 = _ZL[buf[pos]]
-    if n1323 < 0:
-        n1323, pos = _rlong(buf, pos)
-        if n1323 < 0:
-            raise _length_error(n1323, end - pos)
+    n1448 = _ZL[buf[pos]]
+    if n1448 < 0:
+        n1448, pos = _rlong(buf, pos)
+        if n1448 < 0:
+            raise _length_error(n1448, end - pos)
     else:
         pos += 1
-    q1324 = pos + n1323
-    if q1324 > end:
-        raise _length_error(n1323, end - pos)
-    f_holder_id = buf[pos:q1324].decode()
-    pos = q1324
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
+    q1449 = pos + n1448
+    if q1449 > end:
+        raise _length_error(n1448, end - pos)
+    f_holder_id = buf[pos:q1449].decode()
+    pos = q1449
+    n1450 = _ZL[buf[pos]]
+    if n1450 < 0:
+        n1450, pos = _rlong(buf, pos)
+        if n1450 < 0:
+            raise _length_error(n1450, end - pos)
     else:
         pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_holder_kind = buf[pos:q1326].decode()
-    pos = q1326
-    n1327 = _ZL[buf[pos]]
-    if n1327 < 0:
-        n1327, pos = _rlong(buf, pos)
-        if n1327 < 0:
-            raise _length_error(n1327, end - pos)
+    q1451 = pos + n1450
+    if q1451 > end:
+        raise _length_error(n1450, end - pos)
+    f_holder_kind = buf[pos:q1451].decode()
+    pos = q1451
+    n1452 = _ZL[buf[pos]]
+    if n1452 < 0:
+        n1452, pos = _rlong(buf, pos)
+        if n1452 < 0:
+            raise _length_error(n1452, end - pos)
     else:
         pos += 1
-    q1328 = pos + n1327
-    if q1328 > end:
-        raise _length_error(n1327, end - pos)
-    f_dependency_id = buf[pos:q1328].decode()
-    pos = q1328
-    n1329 = _ZL[buf[pos]]
-    if n1329 < 0:
-        n1329, pos = _rlong(buf, pos)
-        if n1329 < 0:
-            raise _length_error(n1329, end - pos)
+    q1453 = pos + n1452
+    if q1453 > end:
+        raise _length_error(n1452, end - pos)
+    f_dependency_id = buf[pos:q1453].decode()
+    pos = q1453
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
     else:
         pos += 1
-    q1330 = pos + n1329
-    if q1330 > end:
-        raise _length_error(n1329, end - pos)
-    f_message = buf[pos:q1330].decode()
-    pos = q1330
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_message = buf[pos:q1455].decode()
+    pos = q1455
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1330(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1455(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6136,169 +6596,169 @@ def _d_Ticked1330(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1331(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1456(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
+    n1458 = _ZL[buf[pos]]
+    if n1458 < 0:
+        n1458, pos = _rlong(buf, pos)
+        if n1458 < 0:
+            raise _length_error(n1458, end - pos)
     else:
         pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_pod_id = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
+    q1459 = pos + n1458
+    if q1459 > end:
+        raise _length_error(n1458, end - pos)
+    f_pod_id = buf[pos:q1459].decode()
+    pos = q1459
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_node_id = buf[pos:q1336].decode()
-    pos = q1336
-    n1337 = _ZL[buf[pos]]
-    if n1337 < 0:
-        n1337, pos = _rlong(buf, pos)
-        if n1337 < 0:
-            raise _length_error(n1337, end - pos)
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_node_id = buf[pos:q1461].decode()
+    pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1338 = pos + n1337
-    if q1338 > end:
-        raise _length_error(n1337, end - pos)
-    f_by = buf[pos:q1338].decode()
-    pos = q1338
-    n1339 = _ZL[buf[pos]]
-    if n1339 < 0:
-        n1339, pos = _rlong(buf, pos)
-        if n1339 < 0:
-            raise _length_error(n1339, end - pos)
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_by = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
     else:
         pos += 1
-    q1340 = pos + n1339
-    if q1340 > end:
-        raise _length_error(n1339, end - pos)
-    f_reason = buf[pos:q1340].decode()
-    pos = q1340
-    n1341 = _ZL[buf[pos]]
-    if n1341 < 0:
-        n1341, pos = _rlong(buf, pos)
-        if n1341 < 0:
-            raise _length_error(n1341, end - pos)
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_reason = buf[pos:q1465].decode()
+    pos = q1465
+    n1466 = _ZL[buf[pos]]
+    if n1466 < 0:
+        n1466, pos = _rlong(buf, pos)
+        if n1466 < 0:
+            raise _length_error(n1466, end - pos)
     else:
         pos += 1
-    q1342 = pos + n1341
-    if q1342 > end:
-        raise _length_error(n1341, end - pos)
-    f_message = buf[pos:q1342].decode()
-    pos = q1342
+    q1467 = pos + n1466
+    if q1467 > end:
+        raise _length_error(n1466, end - pos)
+    f_message = buf[pos:q1467].decode()
+    pos = q1467
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1342(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1467(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1344 = _ZD[b]
+        i1469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1344 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1344 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1344, pos = _rlong(buf, pos)
-    if i1344 == 0:
+        i1469, pos = _rlong(buf, pos)
+    if i1469 == 0:
         f_tenant = None
-    elif i1344 == 1:
-        n1345 = _ZL[buf[pos]]
-        if n1345 < 0:
-            n1345, pos = _rlong(buf, pos)
-            if n1345 < 0:
-                raise _length_error(n1345, end - pos)
+    elif i1469 == 1:
+        n1470 = _ZL[buf[pos]]
+        if n1470 < 0:
+            n1470, pos = _rlong(buf, pos)
+            if n1470 < 0:
+                raise _length_error(n1470, end - pos)
         else:
             pos += 1
-        q1346 = pos + n1345
-        if q1346 > end:
-            raise _length_error(n1345, end - pos)
-        f_tenant = buf[pos:q1346].decode()
-        pos = q1346
+        q1471 = pos + n1470
+        if q1471 > end:
+            raise _length_error(n1470, end - pos)
+        f_tenant = buf[pos:q1471].decode()
+        pos = q1471
     else:
-        raise _union_error(i1344, 2)
+        raise _union_error(i1469, 2)
     b = buf[pos]
     if b < 128:
-        i1347 = _ZD[b]
+        i1472 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1347 = (z >> 1) ^ -(z & 1)
+        i1472 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1347 = (z >> 1) ^ -(z & 1)
+        i1472 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1347, pos = _rlong(buf, pos)
-    if i1347 == 0:
+        i1472, pos = _rlong(buf, pos)
+    if i1472 == 0:
         f_quota = None
-    elif i1347 == 1:
-        f_quota, pos = _d_Quota408(buf, pos, end)
+    elif i1472 == 1:
+        f_quota, pos = _d_Quota447(buf, pos, end)
     else:
-        raise _union_error(i1347, 2)
+        raise _union_error(i1472, 2)
     b = buf[pos]
     if b < 128:
-        i1348 = _ZD[b]
+        i1473 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1348 = (z >> 1) ^ -(z & 1)
+        i1473 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1348 = (z >> 1) ^ -(z & 1)
+        i1473 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1348, pos = _rlong(buf, pos)
-    if i1348 == 0:
+        i1473, pos = _rlong(buf, pos)
+    if i1473 == 0:
         f_previous = None
-    elif i1348 == 1:
-        f_previous, pos = _d_Quota408(buf, pos, end)
+    elif i1473 == 1:
+        f_previous, pos = _d_Quota447(buf, pos, end)
     else:
-        raise _union_error(i1348, 2)
-    n1349 = _ZL[buf[pos]]
-    if n1349 < 0:
-        n1349, pos = _rlong(buf, pos)
-        if n1349 < 0:
-            raise _length_error(n1349, end - pos)
+        raise _union_error(i1473, 2)
+    n1474 = _ZL[buf[pos]]
+    if n1474 < 0:
+        n1474, pos = _rlong(buf, pos)
+        if n1474 < 0:
+            raise _length_error(n1474, end - pos)
     else:
         pos += 1
-    q1350 = pos + n1349
-    if q1350 > end:
-        raise _length_error(n1349, end - pos)
-    f_message = buf[pos:q1350].decode()
-    pos = q1350
+    q1475 = pos + n1474
+    if q1475 > end:
+        raise _length_error(n1474, end - pos)
+    f_message = buf[pos:q1475].decode()
+    pos = q1475
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1350(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1475(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6306,159 +6766,159 @@ def _d_PodMigrated1350(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1352 = _ZL[buf[pos]]
-    if n1352 < 0:
-        n1352, pos = _rlong(buf, pos)
-        if n1352 < 0:
-            raise _length_error(n1352, end - pos)
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1353 = pos + n1352
-    if q1353 > end:
-        raise _length_error(n1352, end - pos)
-    f_pod_id = buf[pos:q1353].decode()
-    pos = q1353
-    n1354 = _ZL[buf[pos]]
-    if n1354 < 0:
-        n1354, pos = _rlong(buf, pos)
-        if n1354 < 0:
-            raise _length_error(n1354, end - pos)
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_pod_id = buf[pos:q1478].decode()
+    pos = q1478
+    n1479 = _ZL[buf[pos]]
+    if n1479 < 0:
+        n1479, pos = _rlong(buf, pos)
+        if n1479 < 0:
+            raise _length_error(n1479, end - pos)
     else:
         pos += 1
-    q1355 = pos + n1354
-    if q1355 > end:
-        raise _length_error(n1354, end - pos)
-    f_from_node = buf[pos:q1355].decode()
-    pos = q1355
+    q1480 = pos + n1479
+    if q1480 > end:
+        raise _length_error(n1479, end - pos)
+    f_from_node = buf[pos:q1480].decode()
+    pos = q1480
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1356: list[Any] = []
+        acc1481: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1357 = _ZD[b]
+                c1482 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1357 = (z >> 1) ^ -(z & 1)
+                c1482 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1357 = (z >> 1) ^ -(z & 1)
+                c1482 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1357, pos = _rlong(buf, pos)
-            if c1357 == 0:
+                c1482, pos = _rlong(buf, pos)
+            if c1482 == 0:
                 break
-            if c1357 < 0:
-                c1357 = -c1357
+            if c1482 < 0:
+                c1482 = -c1482
                 b = buf[pos]
                 if b < 128:
-                    z1360 = _ZD[b]
+                    z1485 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1360 = (z >> 1) ^ -(z & 1)
+                    z1485 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1360 = (z >> 1) ^ -(z & 1)
+                    z1485 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1360, pos = _rlong(buf, pos)
-            if c1357 * 2 > end - pos:
-                raise _count_error(c1357, end - pos)
-            for _ in range(c1357):
-                x1358, pos = _d_GpuShare1137(buf, pos, end)
-                acc1356.append(x1358)
-        f_from_gpus = tuple(acc1356)
-    n1361 = _ZL[buf[pos]]
-    if n1361 < 0:
-        n1361, pos = _rlong(buf, pos)
-        if n1361 < 0:
-            raise _length_error(n1361, end - pos)
+                    z1485, pos = _rlong(buf, pos)
+            if c1482 * 2 > end - pos:
+                raise _count_error(c1482, end - pos)
+            for _ in range(c1482):
+                x1483, pos = _d_GpuShare1262(buf, pos, end)
+                acc1481.append(x1483)
+        f_from_gpus = tuple(acc1481)
+    n1486 = _ZL[buf[pos]]
+    if n1486 < 0:
+        n1486, pos = _rlong(buf, pos)
+        if n1486 < 0:
+            raise _length_error(n1486, end - pos)
     else:
         pos += 1
-    q1362 = pos + n1361
-    if q1362 > end:
-        raise _length_error(n1361, end - pos)
-    f_to_node = buf[pos:q1362].decode()
-    pos = q1362
+    q1487 = pos + n1486
+    if q1487 > end:
+        raise _length_error(n1486, end - pos)
+    f_to_node = buf[pos:q1487].decode()
+    pos = q1487
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1363: list[Any] = []
+        acc1488: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1364 = _ZD[b]
+                c1489 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1364 = (z >> 1) ^ -(z & 1)
+                c1489 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1364 = (z >> 1) ^ -(z & 1)
+                c1489 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1364, pos = _rlong(buf, pos)
-            if c1364 == 0:
+                c1489, pos = _rlong(buf, pos)
+            if c1489 == 0:
                 break
-            if c1364 < 0:
-                c1364 = -c1364
+            if c1489 < 0:
+                c1489 = -c1489
                 b = buf[pos]
                 if b < 128:
-                    z1367 = _ZD[b]
+                    z1492 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1367 = (z >> 1) ^ -(z & 1)
+                    z1492 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1367 = (z >> 1) ^ -(z & 1)
+                    z1492 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1367, pos = _rlong(buf, pos)
-            if c1364 * 2 > end - pos:
-                raise _count_error(c1364, end - pos)
-            for _ in range(c1364):
-                x1365, pos = _d_GpuShare1137(buf, pos, end)
-                acc1363.append(x1365)
-        f_to_gpus = tuple(acc1363)
-    n1368 = _ZL[buf[pos]]
-    if n1368 < 0:
-        n1368, pos = _rlong(buf, pos)
-        if n1368 < 0:
-            raise _length_error(n1368, end - pos)
+                    z1492, pos = _rlong(buf, pos)
+            if c1489 * 2 > end - pos:
+                raise _count_error(c1489, end - pos)
+            for _ in range(c1489):
+                x1490, pos = _d_GpuShare1262(buf, pos, end)
+                acc1488.append(x1490)
+        f_to_gpus = tuple(acc1488)
+    n1493 = _ZL[buf[pos]]
+    if n1493 < 0:
+        n1493, pos = _rlong(buf, pos)
+        if n1493 < 0:
+            raise _length_error(n1493, end - pos)
     else:
         pos += 1
-    q1369 = pos + n1368
-    if q1369 > end:
-        raise _length_error(n1368, end - pos)
-    f_reason = buf[pos:q1369].decode()
-    pos = q1369
-    n1370 = _ZL[buf[pos]]
-    if n1370 < 0:
-        n1370, pos = _rlong(buf, pos)
-        if n1370 < 0:
-            raise _length_error(n1370, end - pos)
+    q1494 = pos + n1493
+    if q1494 > end:
+        raise _length_error(n1493, end - pos)
+    f_reason = buf[pos:q1494].decode()
+    pos = q1494
+    n1495 = _ZL[buf[pos]]
+    if n1495 < 0:
+        n1495, pos = _rlong(buf, pos)
+        if n1495 < 0:
+            raise _length_error(n1495, end - pos)
     else:
         pos += 1
-    q1371 = pos + n1370
-    if q1371 > end:
-        raise _length_error(n1370, end - pos)
-    f_message = buf[pos:q1371].decode()
-    pos = q1371
+    q1496 = pos + n1495
+    if q1496 > end:
+        raise _length_error(n1495, end - pos)
+    f_message = buf[pos:q1496].decode()
+    pos = q1496
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1371(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1496(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6508,138 +6968,138 @@ def _d_DefragmentationPlanned1371(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1373 = _ZD[b]
+        i1498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1373 = (z >> 1) ^ -(z & 1)
+        i1498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1373 = (z >> 1) ^ -(z & 1)
+        i1498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1373, pos = _rlong(buf, pos)
-    if i1373 == 0:
+        i1498, pos = _rlong(buf, pos)
+    if i1498 == 0:
         f_target = None
-    elif i1373 == 1:
-        n1374 = _ZL[buf[pos]]
-        if n1374 < 0:
-            n1374, pos = _rlong(buf, pos)
-            if n1374 < 0:
-                raise _length_error(n1374, end - pos)
+    elif i1498 == 1:
+        n1499 = _ZL[buf[pos]]
+        if n1499 < 0:
+            n1499, pos = _rlong(buf, pos)
+            if n1499 < 0:
+                raise _length_error(n1499, end - pos)
         else:
             pos += 1
-        q1375 = pos + n1374
-        if q1375 > end:
-            raise _length_error(n1374, end - pos)
-        f_target = buf[pos:q1375].decode()
-        pos = q1375
+        q1500 = pos + n1499
+        if q1500 > end:
+            raise _length_error(n1499, end - pos)
+        f_target = buf[pos:q1500].decode()
+        pos = q1500
     else:
-        raise _union_error(i1373, 2)
-    n1376 = _ZL[buf[pos]]
-    if n1376 < 0:
-        n1376, pos = _rlong(buf, pos)
-        if n1376 < 0:
-            raise _length_error(n1376, end - pos)
+        raise _union_error(i1498, 2)
+    n1501 = _ZL[buf[pos]]
+    if n1501 < 0:
+        n1501, pos = _rlong(buf, pos)
+        if n1501 < 0:
+            raise _length_error(n1501, end - pos)
     else:
         pos += 1
-    q1377 = pos + n1376
-    if q1377 > end:
-        raise _length_error(n1376, end - pos)
-    f_message = buf[pos:q1377].decode()
-    pos = q1377
+    q1502 = pos + n1501
+    if q1502 > end:
+        raise _length_error(n1501, end - pos)
+    f_message = buf[pos:q1502].decode()
+    pos = q1502
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1377(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1502(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1379 = _ZL[buf[pos]]
-    if n1379 < 0:
-        n1379, pos = _rlong(buf, pos)
-        if n1379 < 0:
-            raise _length_error(n1379, end - pos)
+    n1504 = _ZL[buf[pos]]
+    if n1504 < 0:
+        n1504, pos = _rlong(buf, pos)
+        if n1504 < 0:
+            raise _length_error(n1504, end - pos)
     else:
         pos += 1
-    q1380 = pos + n1379
-    if q1380 > end:
-        raise _length_error(n1379, end - pos)
-    f_cluster = buf[pos:q1380].decode()
-    pos = q1380
-    n1381 = _ZL[buf[pos]]
-    if n1381 < 0:
-        n1381, pos = _rlong(buf, pos)
-        if n1381 < 0:
-            raise _length_error(n1381, end - pos)
+    q1505 = pos + n1504
+    if q1505 > end:
+        raise _length_error(n1504, end - pos)
+    f_cluster = buf[pos:q1505].decode()
+    pos = q1505
+    n1506 = _ZL[buf[pos]]
+    if n1506 < 0:
+        n1506, pos = _rlong(buf, pos)
+        if n1506 < 0:
+            raise _length_error(n1506, end - pos)
     else:
         pos += 1
-    q1382 = pos + n1381
-    if q1382 > end:
-        raise _length_error(n1381, end - pos)
-    f_command_id = buf[pos:q1382].decode()
-    pos = q1382
-    n1383 = _ZL[buf[pos]]
-    if n1383 < 0:
-        n1383, pos = _rlong(buf, pos)
-        if n1383 < 0:
-            raise _length_error(n1383, end - pos)
+    q1507 = pos + n1506
+    if q1507 > end:
+        raise _length_error(n1506, end - pos)
+    f_command_id = buf[pos:q1507].decode()
+    pos = q1507
+    n1508 = _ZL[buf[pos]]
+    if n1508 < 0:
+        n1508, pos = _rlong(buf, pos)
+        if n1508 < 0:
+            raise _length_error(n1508, end - pos)
     else:
         pos += 1
-    q1384 = pos + n1383
-    if q1384 > end:
-        raise _length_error(n1383, end - pos)
-    f_error = buf[pos:q1384].decode()
-    pos = q1384
-    n1385 = _ZL[buf[pos]]
-    if n1385 < 0:
-        n1385, pos = _rlong(buf, pos)
-        if n1385 < 0:
-            raise _length_error(n1385, end - pos)
+    q1509 = pos + n1508
+    if q1509 > end:
+        raise _length_error(n1508, end - pos)
+    f_error = buf[pos:q1509].decode()
+    pos = q1509
+    n1510 = _ZL[buf[pos]]
+    if n1510 < 0:
+        n1510, pos = _rlong(buf, pos)
+        if n1510 < 0:
+            raise _length_error(n1510, end - pos)
     else:
         pos += 1
-    q1386 = pos + n1385
-    if q1386 > end:
-        raise _length_error(n1385, end - pos)
-    f_message = buf[pos:q1386].decode()
-    pos = q1386
+    q1511 = pos + n1510
+    if q1511 > end:
+        raise _length_error(n1510, end - pos)
+    f_message = buf[pos:q1511].decode()
+    pos = q1511
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1386(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1511(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1388 = _ZL[buf[pos]]
-    if n1388 < 0:
-        n1388, pos = _rlong(buf, pos)
-        if n1388 < 0:
-            raise _length_error(n1388, end - pos)
+    n1513 = _ZL[buf[pos]]
+    if n1513 < 0:
+        n1513, pos = _rlong(buf, pos)
+        if n1513 < 0:
+            raise _length_error(n1513, end - pos)
     else:
         pos += 1
-    q1389 = pos + n1388
-    if q1389 > end:
-        raise _length_error(n1388, end - pos)
-    f_cluster = buf[pos:q1389].decode()
-    pos = q1389
-    n1390 = _ZL[buf[pos]]
-    if n1390 < 0:
-        n1390, pos = _rlong(buf, pos)
-        if n1390 < 0:
-            raise _length_error(n1390, end - pos)
+    q1514 = pos + n1513
+    if q1514 > end:
+        raise _length_error(n1513, end - pos)
+    f_cluster = buf[pos:q1514].decode()
+    pos = q1514
+    n1515 = _ZL[buf[pos]]
+    if n1515 < 0:
+        n1515, pos = _rlong(buf, pos)
+        if n1515 < 0:
+            raise _length_error(n1515, end - pos)
     else:
         pos += 1
-    q1391 = pos + n1390
-    if q1391 > end:
-        raise _length_error(n1390, end - pos)
-    f_halted_command_id = buf[pos:q1391].decode()
-    pos = q1391
+    q1516 = pos + n1515
+    if q1516 > end:
+        raise _length_error(n1515, end - pos)
+    f_halted_command_id = buf[pos:q1516].decode()
+    pos = q1516
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6668,168 +7128,168 @@ def _d_ClusterResumed1386(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1392 = _ZL[buf[pos]]
-    if n1392 < 0:
-        n1392, pos = _rlong(buf, pos)
-        if n1392 < 0:
-            raise _length_error(n1392, end - pos)
+    n1517 = _ZL[buf[pos]]
+    if n1517 < 0:
+        n1517, pos = _rlong(buf, pos)
+        if n1517 < 0:
+            raise _length_error(n1517, end - pos)
     else:
         pos += 1
-    q1393 = pos + n1392
-    if q1393 > end:
-        raise _length_error(n1392, end - pos)
-    f_message = buf[pos:q1393].decode()
-    pos = q1393
+    q1518 = pos + n1517
+    if q1518 > end:
+        raise _length_error(n1517, end - pos)
+    f_message = buf[pos:q1518].decode()
+    pos = q1518
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1393(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1518(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1395 = _ZL[buf[pos]]
-    if n1395 < 0:
-        n1395, pos = _rlong(buf, pos)
-        if n1395 < 0:
-            raise _length_error(n1395, end - pos)
+    n1520 = _ZL[buf[pos]]
+    if n1520 < 0:
+        n1520, pos = _rlong(buf, pos)
+        if n1520 < 0:
+            raise _length_error(n1520, end - pos)
     else:
         pos += 1
-    q1396 = pos + n1395
-    if q1396 > end:
-        raise _length_error(n1395, end - pos)
-    f_node_id = buf[pos:q1396].decode()
-    pos = q1396
+    q1521 = pos + n1520
+    if q1521 > end:
+        raise _length_error(n1520, end - pos)
+    f_node_id = buf[pos:q1521].decode()
+    pos = q1521
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1396(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1521(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1398 = _ZL[buf[pos]]
-    if n1398 < 0:
-        n1398, pos = _rlong(buf, pos)
-        if n1398 < 0:
-            raise _length_error(n1398, end - pos)
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
     else:
         pos += 1
-    q1399 = pos + n1398
-    if q1399 > end:
-        raise _length_error(n1398, end - pos)
-    f_node_id = buf[pos:q1399].decode()
-    pos = q1399
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_node_id = buf[pos:q1524].decode()
+    pos = q1524
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1400: dict[str, Any] = {}
+        acc1525: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1401 = _ZD[b]
+                c1526 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1401 = (z >> 1) ^ -(z & 1)
+                c1526 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1401 = (z >> 1) ^ -(z & 1)
+                c1526 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1401, pos = _rlong(buf, pos)
-            if c1401 == 0:
+                c1526, pos = _rlong(buf, pos)
+            if c1526 == 0:
                 break
-            if c1401 < 0:
-                c1401 = -c1401
+            if c1526 < 0:
+                c1526 = -c1526
                 b = buf[pos]
                 if b < 128:
-                    z1404 = _ZD[b]
+                    z1529 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1404 = (z >> 1) ^ -(z & 1)
+                    z1529 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1404 = (z >> 1) ^ -(z & 1)
+                    z1529 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1404, pos = _rlong(buf, pos)
-            if c1401 * 2 > end - pos:
-                raise _count_error(c1401, end - pos)
-            for _ in range(c1401):
-                n1405 = _ZL[buf[pos]]
-                if n1405 < 0:
-                    n1405, pos = _rlong(buf, pos)
-                    if n1405 < 0:
-                        raise _length_error(n1405, end - pos)
+                    z1529, pos = _rlong(buf, pos)
+            if c1526 * 2 > end - pos:
+                raise _count_error(c1526, end - pos)
+            for _ in range(c1526):
+                n1530 = _ZL[buf[pos]]
+                if n1530 < 0:
+                    n1530, pos = _rlong(buf, pos)
+                    if n1530 < 0:
+                        raise _length_error(n1530, end - pos)
                 else:
                     pos += 1
-                q1406 = pos + n1405
-                if q1406 > end:
-                    raise _length_error(n1405, end - pos)
-                k1403 = buf[pos:q1406].decode()
-                pos = q1406
-                n1407 = _ZL[buf[pos]]
-                if n1407 < 0:
-                    n1407, pos = _rlong(buf, pos)
-                    if n1407 < 0:
-                        raise _length_error(n1407, end - pos)
+                q1531 = pos + n1530
+                if q1531 > end:
+                    raise _length_error(n1530, end - pos)
+                k1528 = buf[pos:q1531].decode()
+                pos = q1531
+                n1532 = _ZL[buf[pos]]
+                if n1532 < 0:
+                    n1532, pos = _rlong(buf, pos)
+                    if n1532 < 0:
+                        raise _length_error(n1532, end - pos)
                 else:
                     pos += 1
-                q1408 = pos + n1407
-                if q1408 > end:
-                    raise _length_error(n1407, end - pos)
-                x1402 = buf[pos:q1408].decode()
-                pos = q1408
-                acc1400[k1403] = x1402
-        f_labels = acc1400
+                q1533 = pos + n1532
+                if q1533 > end:
+                    raise _length_error(n1532, end - pos)
+                x1527 = buf[pos:q1533].decode()
+                pos = q1533
+                acc1525[k1528] = x1527
+        f_labels = acc1525
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1409: list[Any] = []
+        acc1534: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1410 = _ZD[b]
+                c1535 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1410 = (z >> 1) ^ -(z & 1)
+                c1535 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1410 = (z >> 1) ^ -(z & 1)
+                c1535 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1410, pos = _rlong(buf, pos)
-            if c1410 == 0:
+                c1535, pos = _rlong(buf, pos)
+            if c1535 == 0:
                 break
-            if c1410 < 0:
-                c1410 = -c1410
+            if c1535 < 0:
+                c1535 = -c1535
                 b = buf[pos]
                 if b < 128:
-                    z1413 = _ZD[b]
+                    z1538 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1413 = (z >> 1) ^ -(z & 1)
+                    z1538 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1413 = (z >> 1) ^ -(z & 1)
+                    z1538 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1413, pos = _rlong(buf, pos)
-            if c1410 * 3 > end - pos:
-                raise _count_error(c1410, end - pos)
-            for _ in range(c1410):
-                x1411, pos = _d_Taint325(buf, pos, end)
-                acc1409.append(x1411)
-        f_taints = tuple(acc1409)
+                    z1538, pos = _rlong(buf, pos)
+            if c1535 * 3 > end - pos:
+                raise _count_error(c1535, end - pos)
+            for _ in range(c1535):
+                x1536, pos = _d_Taint362(buf, pos, end)
+                acc1534.append(x1536)
+        f_taints = tuple(acc1534)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -6848,12 +7308,383 @@ def _d_NodeUpdated1396(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
+def _d_PodRetryScheduled1538(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+    f_pod_id: str
+    f_attempt: int
+    f_not_before: int
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
+    else:
+        pos += 1
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_pod_id = buf[pos:q1541].decode()
+    pos = q1541
+    b = buf[pos]
+    if b < 128:
+        f_attempt = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_attempt, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_not_before = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_not_before, pos = _rlong(buf, pos)
+    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before)
+    return o, pos
+
+
+def _d_DisruptionBudgetSet1541(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
+    else:
+        pos += 1
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_budget_id = buf[pos:q1544].decode()
+    pos = q1544
+    b = buf[pos]
+    if b < 128:
+        i1545 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1545 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1545 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1545, pos = _rlong(buf, pos)
+    if i1545 == 0:
+        f_tenant = None
+    elif i1545 == 1:
+        n1546 = _ZL[buf[pos]]
+        if n1546 < 0:
+            n1546, pos = _rlong(buf, pos)
+            if n1546 < 0:
+                raise _length_error(n1546, end - pos)
+        else:
+            pos += 1
+        q1547 = pos + n1546
+        if q1547 > end:
+            raise _length_error(n1546, end - pos)
+        f_tenant = buf[pos:q1547].decode()
+        pos = q1547
+    else:
+        raise _union_error(i1545, 2)
+    b = buf[pos]
+    if b < 128:
+        i1548 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1548 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1548 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1548, pos = _rlong(buf, pos)
+    if i1548 == 0:
+        f_gang_id = None
+    elif i1548 == 1:
+        n1549 = _ZL[buf[pos]]
+        if n1549 < 0:
+            n1549, pos = _rlong(buf, pos)
+            if n1549 < 0:
+                raise _length_error(n1549, end - pos)
+        else:
+            pos += 1
+        q1550 = pos + n1549
+        if q1550 > end:
+            raise _length_error(n1549, end - pos)
+        f_gang_id = buf[pos:q1550].decode()
+        pos = q1550
+    else:
+        raise _union_error(i1548, 2)
+    b = buf[pos]
+    if b < 128:
+        i1551 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1551 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1551 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1551, pos = _rlong(buf, pos)
+    if i1551 == 0:
+        f_label_selector = None
+    elif i1551 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc1552: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c1553 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c1553 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c1553 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c1553, pos = _rlong(buf, pos)
+                if c1553 == 0:
+                    break
+                if c1553 < 0:
+                    c1553 = -c1553
+                    b = buf[pos]
+                    if b < 128:
+                        z1556 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z1556 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z1556 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z1556, pos = _rlong(buf, pos)
+                if c1553 * 2 > end - pos:
+                    raise _count_error(c1553, end - pos)
+                for _ in range(c1553):
+                    n1557 = _ZL[buf[pos]]
+                    if n1557 < 0:
+                        n1557, pos = _rlong(buf, pos)
+                        if n1557 < 0:
+                            raise _length_error(n1557, end - pos)
+                    else:
+                        pos += 1
+                    q1558 = pos + n1557
+                    if q1558 > end:
+                        raise _length_error(n1557, end - pos)
+                    k1555 = buf[pos:q1558].decode()
+                    pos = q1558
+                    n1559 = _ZL[buf[pos]]
+                    if n1559 < 0:
+                        n1559, pos = _rlong(buf, pos)
+                        if n1559 < 0:
+                            raise _length_error(n1559, end - pos)
+                    else:
+                        pos += 1
+                    q1560 = pos + n1559
+                    if q1560 > end:
+                        raise _length_error(n1559, end - pos)
+                    x1554 = buf[pos:q1560].decode()
+                    pos = q1560
+                    acc1552[k1555] = x1554
+            f_label_selector = acc1552
+    else:
+        raise _union_error(i1551, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_DisruptionBudgetSet(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_DisruptionBudgetRemoved1560(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+    f_budget_id: str
+    n1562 = _ZL[buf[pos]]
+    if n1562 < 0:
+        n1562, pos = _rlong(buf, pos)
+        if n1562 < 0:
+            raise _length_error(n1562, end - pos)
+    else:
+        pos += 1
+    q1563 = pos + n1562
+    if q1563 > end:
+        raise _length_error(n1562, end - pos)
+    f_budget_id = buf[pos:q1563].decode()
+    pos = q1563
+    o = _c_DisruptionBudgetRemoved(f_budget_id)
+    return o, pos
+
+
+def _d_EvictionBlocked1563(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_budget_id: str
+    f_grace_ms: int
+    f_reason: str
+    n1565 = _ZL[buf[pos]]
+    if n1565 < 0:
+        n1565, pos = _rlong(buf, pos)
+        if n1565 < 0:
+            raise _length_error(n1565, end - pos)
+    else:
+        pos += 1
+    q1566 = pos + n1565
+    if q1566 > end:
+        raise _length_error(n1565, end - pos)
+    f_pod_id = buf[pos:q1566].decode()
+    pos = q1566
+    n1567 = _ZL[buf[pos]]
+    if n1567 < 0:
+        n1567, pos = _rlong(buf, pos)
+        if n1567 < 0:
+            raise _length_error(n1567, end - pos)
+    else:
+        pos += 1
+    q1568 = pos + n1567
+    if q1568 > end:
+        raise _length_error(n1567, end - pos)
+    f_node_id = buf[pos:q1568].decode()
+    pos = q1568
+    n1569 = _ZL[buf[pos]]
+    if n1569 < 0:
+        n1569, pos = _rlong(buf, pos)
+        if n1569 < 0:
+            raise _length_error(n1569, end - pos)
+    else:
+        pos += 1
+    q1570 = pos + n1569
+    if q1570 > end:
+        raise _length_error(n1569, end - pos)
+    f_budget_id = buf[pos:q1570].decode()
+    pos = q1570
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    n1571 = _ZL[buf[pos]]
+    if n1571 < 0:
+        n1571, pos = _rlong(buf, pos)
+        if n1571 < 0:
+            raise _length_error(n1571, end - pos)
+    else:
+        pos += 1
+    q1572 = pos + n1571
+    if q1572 > end:
+        raise _length_error(n1571, end - pos)
+    f_reason = buf[pos:q1572].decode()
+    pos = q1572
+    o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
+    return o, pos
+
+
+def _d_PodEvictionScheduled1572(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_at: int
+    f_respect_budgets: bool
+    n1574 = _ZL[buf[pos]]
+    if n1574 < 0:
+        n1574, pos = _rlong(buf, pos)
+        if n1574 < 0:
+            raise _length_error(n1574, end - pos)
+    else:
+        pos += 1
+    q1575 = pos + n1574
+    if q1575 > end:
+        raise _length_error(n1574, end - pos)
+    f_pod_id = buf[pos:q1575].decode()
+    pos = q1575
+    n1576 = _ZL[buf[pos]]
+    if n1576 < 0:
+        n1576, pos = _rlong(buf, pos)
+        if n1576 < 0:
+            raise _length_error(n1576, end - pos)
+    else:
+        pos += 1
+    q1577 = pos + n1576
+    if q1577 > end:
+        raise _length_error(n1576, end - pos)
+    f_node_id = buf[pos:q1577].decode()
+    pos = q1577
+    b = buf[pos]
+    if b < 128:
+        f_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_at, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_PodEvictionScheduled(f_pod_id, f_node_id, f_at, f_respect_budgets)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1028:
+    if frame[:10] != _k1152:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6894,30 +7725,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1030 = _ZL[buf[pos]]
-        if n1030 < 0:
-            n1030, pos = _rlong(buf, pos)
-            if n1030 < 0:
-                raise _length_error(n1030, end - pos)
+        n1154 = _ZL[buf[pos]]
+        if n1154 < 0:
+            n1154, pos = _rlong(buf, pos)
+            if n1154 < 0:
+                raise _length_error(n1154, end - pos)
         else:
             pos += 1
-        q1031 = pos + n1030
-        if q1031 > end:
-            raise _length_error(n1030, end - pos)
-        f_cluster = buf[pos:q1031].decode()
-        pos = q1031
-        n1032 = _ZL[buf[pos]]
-        if n1032 < 0:
-            n1032, pos = _rlong(buf, pos)
-            if n1032 < 0:
-                raise _length_error(n1032, end - pos)
+        q1155 = pos + n1154
+        if q1155 > end:
+            raise _length_error(n1154, end - pos)
+        f_cluster = buf[pos:q1155].decode()
+        pos = q1155
+        n1156 = _ZL[buf[pos]]
+        if n1156 < 0:
+            n1156, pos = _rlong(buf, pos)
+            if n1156 < 0:
+                raise _length_error(n1156, end - pos)
         else:
             pos += 1
-        q1033 = pos + n1032
-        if q1033 > end:
-            raise _length_error(n1032, end - pos)
-        f_command_id = buf[pos:q1033].decode()
-        pos = q1033
+        q1157 = pos + n1156
+        if q1157 > end:
+            raise _length_error(n1156, end - pos)
+        f_command_id = buf[pos:q1157].decode()
+        pos = q1157
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6948,21 +7779,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1034 = _ZD[b]
+            i1158 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1034 = (z >> 1) ^ -(z & 1)
+            i1158 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1034 = (z >> 1) ^ -(z & 1)
+            i1158 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1034, pos = _rlong(buf, pos)
-        if not 0 <= i1034 < 29:
-            raise _union_error(i1034, 29)
-        f_payload, pos = _k1413[i1034](buf, pos, end)
+            i1158, pos = _rlong(buf, pos)
+        if not 0 <= i1158 < 34:
+            raise _union_error(i1158, 34)
+        f_payload, pos = _k1577[i1158](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6973,84 +7804,107 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k159: dict[type, Callable[[Any], bytes]] = {
-    _c_QuotaPreemption: _e_QuotaPreemption146,
+_k102: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k161: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k170: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k260: dict[type, Callable[[Any], bytes]] = {
-    _c_QuotaPreemption: _e_QuotaPreemption146,
+_k172: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
 }
 
-_k297: dict[type, Callable[[Any], bytes]] = {
+_k271: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
+}
+
+_k334: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
-    _c_RemoveNode: _e_RemoveNode34,
-    _c_CordonNode: _e_CordonNode38,
-    _c_UncordonNode: _e_UncordonNode42,
-    _c_DrainNode: _e_DrainNode46,
-    _c_MarkNodeFailed: _e_MarkNodeFailed50,
-    _c_SubmitPod: _e_SubmitPod56,
-    _c_Release: _e_Release93,
-    _c_SetPolicy: _e_SetPolicy99,
-    _c_SubmitGang: _e_SubmitGang168,
-    _c_ReleaseGang: _e_ReleaseGang219,
-    _c_Tick: _e_Tick225,
-    _c_SetQuota: _e_SetQuota227,
-    _c_RemoveQuota: _e_RemoveQuota262,
-    _c_Defragment: _e_Defragment266,
-    _c_ResumeCluster: _e_ResumeCluster275,
-    _c_RecoverNode: _e_RecoverNode279,
-    _c_UpdateNode: _e_UpdateNode283,
+    _c_RemoveNode: _e_RemoveNode35,
+    _c_CordonNode: _e_CordonNode39,
+    _c_UncordonNode: _e_UncordonNode43,
+    _c_DrainNode: _e_DrainNode47,
+    _c_MarkNodeFailed: _e_MarkNodeFailed52,
+    _c_SubmitPod: _e_SubmitPod58,
+    _c_Release: _e_Release104,
+    _c_SetPolicy: _e_SetPolicy110,
+    _c_SubmitGang: _e_SubmitGang179,
+    _c_ReleaseGang: _e_ReleaseGang230,
+    _c_Tick: _e_Tick236,
+    _c_SetQuota: _e_SetQuota238,
+    _c_RemoveQuota: _e_RemoveQuota273,
+    _c_Defragment: _e_Defragment277,
+    _c_ResumeCluster: _e_ResumeCluster286,
+    _c_RecoverNode: _e_RecoverNode290,
+    _c_UpdateNode: _e_UpdateNode294,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget308,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget330,
 }
 
-_k543: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode306, _d_RemoveNode332, _d_CordonNode335, _d_UncordonNode338, _d_DrainNode341, _d_MarkNodeFailed344, _d_SubmitPod349, _d_Release396, _d_SetPolicy401, _d_SubmitGang433, _d_ReleaseGang487, _d_Tick492, _d_SetQuota493, _d_RemoveQuota511, _d_Defragment514, _d_ResumeCluster518, _d_RecoverNode521, _d_UpdateNode524,)
+_k604: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode343, _d_RemoveNode369, _d_CordonNode372, _d_UncordonNode375, _d_DrainNode378, _d_MarkNodeFailed381, _d_SubmitPod386, _d_Release435, _d_SetPolicy440, _d_SubmitGang472, _d_ReleaseGang526, _d_Tick531, _d_SetQuota532, _d_RemoveQuota550, _d_Defragment553, _d_ResumeCluster557, _d_RecoverNode560, _d_UpdateNode563, _d_SetDisruptionBudget582, _d_RemoveDisruptionBudget601,)
 
-_k962: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k687: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k965: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k733: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k1027: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded555,
-    _c_NodeRemoved: _e_NodeRemoved566,
-    _c_NodeCordoned: _e_NodeCordoned570,
-    _c_NodeUncordoned: _e_NodeUncordoned574,
-    _c_NodeDrained: _e_NodeDrained578,
-    _c_NodeFailed: _e_NodeFailed583,
-    _c_PodQueued: _e_PodQueued590,
-    _c_PodScheduled: _e_PodScheduled632,
-    _c_PodEvicted: _e_PodEvicted679,
-    _c_PodReleased: _e_PodReleased687,
-    _c_PolicyChanged: _e_PolicyChanged699,
-    _c_CommandRejected: _e_CommandRejected717,
-    _c_GangQueued: _e_GangQueued727,
-    _c_GangScheduled: _e_GangScheduled807,
-    _c_GangTimedOut: _e_GangTimedOut876,
-    _c_GangReleased: _e_GangReleased883,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached890,
-    _c_NodesReserved: _e_NodesReserved903,
-    _c_ReservationReleased: _e_ReservationReleased917,
-    _c_DependencyFailed: _e_DependencyFailed928,
-    _c_Ticked: _e_Ticked938,
-    _c_PodPreempted: _e_PodPreempted941,
-    _c_QuotaChanged: _e_QuotaChanged953,
-    _c_PodMigrated: _e_PodMigrated969,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned983,
-    _c_ClusterHalted: _e_ClusterHalted996,
-    _c_ClusterResumed: _e_ClusterResumed1006,
-    _c_NodeRecovered: _e_NodeRecovered1016,
-    _c_NodeUpdated: _e_NodeUpdated1020,
+_k843: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k1413: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1034, _d_NodeRemoved1053, _d_NodeCordoned1056, _d_NodeUncordoned1059, _d_NodeDrained1062, _d_NodeFailed1065, _d_PodQueued1070, _d_PodScheduled1129, _d_PodEvicted1154, _d_PodReleased1161, _d_PolicyChanged1169, _d_CommandRejected1178, _d_GangQueued1187, _d_GangScheduled1232, _d_GangTimedOut1265, _d_GangReleased1270, _d_PodTimeLimitReached1282, _d_NodesReserved1290, _d_ReservationReleased1305, _d_DependencyFailed1321, _d_Ticked1330, _d_PodPreempted1331, _d_QuotaChanged1342, _d_PodMigrated1350, _d_DefragmentationPlanned1371, _d_ClusterHalted1377, _d_ClusterResumed1386, _d_NodeRecovered1393, _d_NodeUpdated1396,)
+_k1036: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
+}
+
+_k1039: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
+}
+
+_k1151: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded616,
+    _c_NodeRemoved: _e_NodeRemoved628,
+    _c_NodeCordoned: _e_NodeCordoned632,
+    _c_NodeUncordoned: _e_NodeUncordoned636,
+    _c_NodeDrained: _e_NodeDrained640,
+    _c_NodeFailed: _e_NodeFailed645,
+    _c_PodQueued: _e_PodQueued652,
+    _c_PodScheduled: _e_PodScheduled698,
+    _c_PodEvicted: _e_PodEvicted749,
+    _c_PodReleased: _e_PodReleased757,
+    _c_PolicyChanged: _e_PolicyChanged769,
+    _c_CommandRejected: _e_CommandRejected787,
+    _c_GangQueued: _e_GangQueued797,
+    _c_GangScheduled: _e_GangScheduled881,
+    _c_GangTimedOut: _e_GangTimedOut950,
+    _c_GangReleased: _e_GangReleased957,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached964,
+    _c_NodesReserved: _e_NodesReserved977,
+    _c_ReservationReleased: _e_ReservationReleased991,
+    _c_DependencyFailed: _e_DependencyFailed1002,
+    _c_Ticked: _e_Ticked1012,
+    _c_PodPreempted: _e_PodPreempted1015,
+    _c_QuotaChanged: _e_QuotaChanged1027,
+    _c_PodMigrated: _e_PodMigrated1043,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1057,
+    _c_ClusterHalted: _e_ClusterHalted1070,
+    _c_ClusterResumed: _e_ClusterResumed1080,
+    _c_NodeRecovered: _e_NodeRecovered1090,
+    _c_NodeUpdated: _e_NodeUpdated1094,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1101,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1107,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1129,
+    _c_EvictionBlocked: _e_EvictionBlocked1133,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1144,
+}
+
+_k1577: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1158, _d_NodeRemoved1177, _d_NodeCordoned1180, _d_NodeUncordoned1183, _d_NodeDrained1186, _d_NodeFailed1189, _d_PodQueued1194, _d_PodScheduled1254, _d_PodEvicted1279, _d_PodReleased1286, _d_PolicyChanged1294, _d_CommandRejected1303, _d_GangQueued1312, _d_GangScheduled1357, _d_GangTimedOut1390, _d_GangReleased1395, _d_PodTimeLimitReached1407, _d_NodesReserved1415, _d_ReservationReleased1430, _d_DependencyFailed1446, _d_Ticked1455, _d_PodPreempted1456, _d_QuotaChanged1467, _d_PodMigrated1475, _d_DefragmentationPlanned1496, _d_ClusterHalted1502, _d_ClusterResumed1511, _d_NodeRecovered1518, _d_NodeUpdated1521, _d_PodRetryScheduled1538, _d_DisruptionBudgetSet1541, _d_DisruptionBudgetRemoved1560, _d_EvictionBlocked1563, _d_PodEvictionScheduled1572,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event544
+encode_event = _e_Event605

@@ -35,11 +35,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from processor.core import defrag, defrag_gaps, defrag_moves
 from processor.core.fold import decide
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from schemas.commands import AddNode, Command, SubmitGang, SubmitPod
-from schemas.events import PodEvicted
+from schemas.commands import AddNode, Command, Defragment, SubmitGang, SubmitPod, V2Command
+from schemas.events import Event, PodEvicted, PodMigrated
 from tests import adversarial
 from tests.adversarial import SeededChooser, mixed_stream
 from tests.fold_digest import fold_digest, records_of
@@ -160,6 +161,89 @@ BOUNDED: dict[str, Callable[[], list[Command]]] = {
 def test_adversarial_streams_at_a_small_size_fold_to_the_end(name: str) -> None:
     """The issue's slow shapes, small: they fold within the bounds (their cost is bench/worst_case.py's)."""
     check_terminates(BOUNDED[name]())
+
+
+# ---------------------------------------------------------------- Defragment: work bounded by its budget
+
+DEFRAGMENTS: dict[str, Callable[[], list[Command]]] = {
+    "defragment_target_120": lambda: adversarial.defragment_target(120, budget=8),
+    "consolidate_40": lambda: adversarial.consolidate(40),
+}
+# (LOOKS_BASE, LOOKS, TRIAL_MOVES): as built, and tiny (it must bite)
+ALLOWANCES = [(defrag_moves.LOOKS_BASE, defrag_moves.LOOKS, defrag_moves.TRIAL_MOVES), (0, 3, 1)]
+
+
+def _up_to_the_attack(commands: list[Command]) -> tuple[PartitionState, Command]:
+    """The state the stream builds before its last command (the attacking ``Defragment``), and that command."""
+    state = PartitionState()
+    for command in commands[:-1]:
+        decide(state, command)
+    return state, commands[-1]
+
+
+def _plan_work(state: PartitionState, attack: Command) -> tuple[int, int, int]:
+    """(looks, trial moves, moves) of the attack's plan, made directly by the planner and rolled back."""
+    cluster = state.clusters[adversarial.CLUSTER]
+    payload = attack.payload
+    assert isinstance(payload, Defragment)
+    if payload.target is None:
+        plan = defrag.consolidate(cluster, payload.max_moves)
+        return plan.looks, plan.trial_moves, len(plan.moves)
+    trial = defrag.Trial(cluster)
+    try:
+        defrag.make_room(cluster, trial, cluster.pods[payload.target].shape, payload.max_moves, "test")
+        return trial.allowance(payload.max_moves).looked, trial.made, len(trial.moves)
+    finally:
+        trial.rollback()
+
+
+@pytest.mark.parametrize(("base", "looks", "trial_moves"), ALLOWANCES)
+@pytest.mark.parametrize("name", sorted(DEFRAGMENTS))
+def test_a_defragment_plans_within_its_allowance(
+    monkeypatch: pytest.MonkeyPatch, name: str, base: int, looks: int, trial_moves: int
+) -> None:
+    """A ``Defragment`` of budget B looks at most LOOKS_BASE + LOOKS * B times (plus the one scan under way
+    when it ran out: ``SCAN`` gaps or the capacity index's groups) and makes at most TRIAL_MOVES * B trial
+    moves (plus the moves of the attempt under way: at most 8 * B), whatever the cluster; it emits at most B
+    moves and ends."""
+    monkeypatch.setattr(defrag_moves, "LOOKS_BASE", base)
+    monkeypatch.setattr(defrag_moves, "LOOKS", looks)
+    monkeypatch.setattr(defrag_moves, "TRIAL_MOVES", trial_moves)
+    state, attack = _up_to_the_attack(DEFRAGMENTS[name]())
+    budget = attack.payload.max_moves  # type: ignore[union-attr]
+    groups = sum(1 for _ in state.clusters[adversarial.CLUSTER].index.groups())
+    looked, made, moves = _plan_work(state, attack)
+    assert looked <= base + looks * budget + max(defrag_gaps.SCAN, groups)
+    assert made <= trial_moves * budget + 8 * budget
+    assert moves <= budget
+    with wall_clock_limit(HANG_SECONDS):
+        events = decide(state, attack)
+    migrated = [event for event in events if type(event.payload) is PodMigrated]
+    assert len(migrated) <= budget
+    assert len(events) <= 1 + budget + EVENTS_PER_COMMAND
+
+
+def test_a_tiny_allowance_bites_only_from_contract_v3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 looks per move (none beside), listing the 40 nodes for the target costs more than 8 moves' worth: the
+    ``Defragment`` (contract v3) moves nothing. The same command written with contract v2 has no allowance:
+    it makes the 7 moves it makes with the allowance as built, byte for byte."""
+    commands = adversarial.defragment_target(40, budget=8)
+    attack = commands[-1]
+    legacy = V2Command(attack.command_id, attack.cluster, attack.issued_at, attack.payload, attack.source)
+
+    def fold_attack(command: Command) -> list[Event]:
+        return decide(_up_to_the_attack(commands)[0], command)
+
+    as_built, as_built_v2 = fold_attack(attack), encode_events(fold_attack(legacy))
+    assert [type(event.payload).__name__ for event in as_built] == (
+        ["DefragmentationPlanned"] + ["PodMigrated"] * 7 + ["PodScheduled"]
+    )
+    monkeypatch.setattr(defrag_moves, "LOOKS_BASE", 0)
+    monkeypatch.setattr(defrag_moves, "LOOKS", 3)
+    tiny, tiny_v2 = fold_attack(attack), encode_events(fold_attack(legacy))
+    assert [type(event.payload).__name__ for event in tiny] == ["DefragmentationPlanned"]
+    assert "after at most 8 move(s)" in tiny[0].payload.message  # type: ignore[union-attr]
+    assert tiny_v2 == as_built_v2 and len(as_built_v2) == len(as_built)
 
 
 # ---------------------------------------------------------------- random mixed streams
