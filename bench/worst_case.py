@@ -223,8 +223,7 @@ def main() -> int:
     unknown = [name for name in cases if name not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
-    if "baseline" not in cases:
-        cases.insert(0, "baseline")
+    cases = ["baseline", *(name for name in cases if name != "baseline")]  # the yardstick first
     builds = [build for build in args.builds.split(",") if build]
     print(f"# {platform.processor() or platform.machine()} | python {platform.python_version()} | {uptime()}")
     print(f"# {' '.join(sys.argv)} (nodes {args.nodes:,}, pods {args.pods:,}, timeout {args.timeout:g} s)")

@@ -175,15 +175,18 @@ class CommandPublisher:
         gpu_count: int = 0,
         labels: Mapping[str, str] | None = None,
         taints: Iterable[Taint] = (),
+        gpu_memory_mib: int = 0,
         command_id: str | None = None,
         issued_at: int | None = None,
     ) -> str:
-        """Add a node with its capacity; returns the command_id."""
+        """Add a node with its capacity (``gpu_memory_mib``: of each GPU, 0 not checked); returns the command_id."""
         if gpu_model and not gpu_count:
             # The fold accepts this (logs may hold such nodes); a new client is told it is a mistake.
             message = f"gpu_model {gpu_model!r} given for a node with gpu_count 0"
             raise InvalidCommand(RejectionCode.INVALID_RESOURCES, message)
-        payload = AddNode(node_id, cpu_milli, memory_mib, gpu_model, gpu_count, dict(labels or {}), tuple(taints))
+        payload = AddNode(
+            node_id, cpu_milli, memory_mib, gpu_model, gpu_count, dict(labels or {}), tuple(taints), gpu_memory_mib
+        )
         return self._command(cluster, payload, command_id, issued_at)
 
     def remove_node(
@@ -212,10 +215,18 @@ class CommandPublisher:
         return self._command(cluster, UncordonNode(node_id), command_id, issued_at)
 
     def drain_node(
-        self, cluster: str, node_id: str, *, command_id: str | None = None, issued_at: int | None = None
+        self,
+        cluster: str,
+        node_id: str,
+        *,
+        grace_ms: int = 0,
+        respect_budgets: bool = True,
+        command_id: str | None = None,
+        issued_at: int | None = None,
     ) -> str:
-        """Cordon a node and move its pods elsewhere (or queue them)."""
-        return self._command(cluster, DrainNode(node_id), command_id, issued_at)
+        """Cordon a node and move its pods elsewhere (or queue them): each after ``grace_ms``, as the disruption
+        budgets allow (unless ``respect_budgets`` is false)."""
+        return self._command(cluster, DrainNode(node_id, grace_ms, respect_budgets), command_id, issued_at)
 
     def mark_node_failed(
         self,
@@ -248,6 +259,7 @@ class CommandPublisher:
         time_limit_ms: int | None = None,
         depends_on: Iterable[str] = (),
         dependency: str = AFTER_OK,
+        gpu_memory_mib: int = 0,
         command_id: str | None = None,
         issued_at: int | None = None,
     ) -> str:
@@ -273,6 +285,7 @@ class CommandPublisher:
             time_limit_ms,
             tuple(depends_on),
             dependency,
+            gpu_memory_mib=gpu_memory_mib,
         )
         return self._command(cluster, payload, command_id, issued_at)
 

@@ -12,8 +12,10 @@ from typing import Any
 from projections.envelope import ProjectionError
 from projections.rows import gang_row
 from projections.staging import Handler, StagedBatch
+from schemas.codes import QueueReasonCode
 from schemas.events import (
     Event,
+    EvictionBlocked,
     GangQueued,
     GangReleased,
     GangScheduled,
@@ -28,9 +30,11 @@ from schemas.events import (
     NodeUncordoned,
     NodeUpdated,
     PodEvicted,
+    PodEvictionScheduled,
     PodMigrated,
     PodQueued,
     PodReleased,
+    PodRetryScheduled,
     PodScheduled,
     ReservationReleased,
 )
@@ -143,6 +147,35 @@ def _pod_evicted(batch: StagedBatch, event: Event, p: PodEvicted) -> None:
         raise ProjectionError(f"pod {p.pod_id!r} evicted from {p.node_id!r} where it does not run")
     batch.unbind(event, pod)
     batch.set_status(pod, "evicted")
+    pod["updated_sequence"] = event.sequence
+
+
+def _pod_retry_scheduled(batch: StagedBatch, event: Event, p: PodRetryScheduled) -> None:
+    """A failed pod stops running and waits for its retry: pending, with the reason and the time it is due."""
+    pod = batch.pod(event.cluster, p.pod_id)
+    if pod["status"] != "running":
+        raise ProjectionError(f"pod {p.pod_id!r} scheduled for a retry but it does not run")
+    batch.unbind(event, pod)
+    batch.set_status(pod, "pending")
+    message = f"it failed; retry {p.attempt} is due at event time {p.not_before} ms (backoff)"
+    pod["reasons"] = [{"code": QueueReasonCode.WAITING_FOR_RETRY, "nodes": 0, "message": message}]
+    pod["queued_at"] = event.occurred_at
+    pod["updated_sequence"] = event.sequence
+
+
+def _eviction_blocked(batch: StagedBatch, event: Event, p: EvictionBlocked) -> None:
+    """A drain waits for a budget: the running pod's row says so (its reasons), until it moves."""
+    pod = batch.pod(event.cluster, p.pod_id)
+    message = f"a drain of node {p.node_id} waits: disruption budget {p.budget_id!r} has no room"
+    pod["reasons"] = [{"code": "EVICTION_BLOCKED", "nodes": 0, "message": message}]
+    pod["updated_sequence"] = event.sequence
+
+
+def _pod_eviction_scheduled(batch: StagedBatch, event: Event, p: PodEvictionScheduled) -> None:
+    """A drain evicts the running pod at ``at``: its row says when."""
+    pod = batch.pod(event.cluster, p.pod_id)
+    message = f"a drain of node {p.node_id} evicts it at event time {p.at} ms (grace period)"
+    pod["reasons"] = [{"code": "EVICTION_SCHEDULED", "nodes": 0, "message": message}]
     pod["updated_sequence"] = event.sequence
 
 
@@ -283,6 +316,9 @@ HANDLERS: dict[type, Handler] = {
     PodMigrated: _pod_migrated,
     NodeRecovered: _node_recovered,
     NodeUpdated: _node_updated,
+    PodRetryScheduled: _pod_retry_scheduled,
+    EvictionBlocked: _eviction_blocked,
+    PodEvictionScheduled: _pod_eviction_scheduled,
 }
 
 NOT_PROJECTED: dict[str, str] = {
@@ -299,5 +335,7 @@ NOT_PROJECTED: dict[str, str] = {
     "GangTimedOut": "its GangReleased follows and ends the gang",
     "DependencyFailed": "the dependant's release follows and ends it",
     "DefragmentationPlanned": "its PodMigrated events follow and move the pods",
+    "DisruptionBudgetSet": "no table of budgets yet (the fold holds them); the audit log keeps the change",
+    "DisruptionBudgetRemoved": "no table of budgets yet (the fold holds them); the audit log keeps the change",
 }
 """Event types that change no read-side table but the audit log, each with the reason."""

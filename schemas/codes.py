@@ -48,6 +48,7 @@ class RejectionCode:
     CLOCK_JUMP: Final = "CLOCK_JUMP"  # dated further ahead of the cluster's clock than max_clock_jump_ms
     NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
     NODE_NOT_FAILED: Final = "NODE_NOT_FAILED"  # RecoverNode of a node that has not failed
+    UNKNOWN_BUDGET: Final = "UNKNOWN_BUDGET"  # RemoveDisruptionBudget of a budget that is not set
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -76,6 +77,7 @@ class RejectionCode:
         CLOCK_JUMP,
         NOT_HALTED,
         NODE_NOT_FAILED,
+        UNKNOWN_BUDGET,
     )
 
 
@@ -83,7 +85,7 @@ class QueueReasonCode:
     """Why a pod could not be placed, counted per node in ``PodQueued.reasons``.
 
     Each schedulable node is counted once, under the first check it fails, in
-    this order: model, selector, taints, GPU, GPU share, CPU, memory, reservation.
+    this order: model, selector, taints, GPU, GPU share, GPU memory, CPU, memory, reservation.
     Gang-level and waiting codes carry no node count (``nodes`` 0) but a message.
     """
 
@@ -96,6 +98,7 @@ class QueueReasonCode:
     INSUFFICIENT_GPU_SHARE: Final = "INSUFFICIENT_GPU_SHARE"
     INSUFFICIENT_CPU: Final = "INSUFFICIENT_CPU"
     INSUFFICIENT_MEMORY: Final = "INSUFFICIENT_MEMORY"
+    INSUFFICIENT_GPU_MEMORY: Final = "INSUFFICIENT_GPU_MEMORY"  # no GPU with the pod's GPU share has its memory free
     NODE_RESERVED: Final = "NODE_RESERVED"  # would fit, but held for the head of the queue (checked last)
     WAITING_FOR_DEPENDENCY: Final = "WAITING_FOR_DEPENDENCY"  # not in the placement queue until its dependencies end
     WAITING_FOR_EARLIER_JOB: Final = "WAITING_FOR_EARLIER_JOB"  # strict-fifo: a job ahead of it has not started
@@ -104,6 +107,7 @@ class QueueReasonCode:
     QUOTA_EXCEEDED: Final = (
         "QUOTA_EXCEEDED"  # the tenant's quota (and what it may borrow) has no room: usage and limit said
     )
+    WAITING_FOR_RETRY: Final = "WAITING_FOR_RETRY"  # it failed; its retry is due at a set event time (backoff)
     WAITING_FOR_PREEMPTION: Final = (
         "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
     )

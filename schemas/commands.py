@@ -94,6 +94,20 @@ class Quota(Record):
         )
 
 
+@dataclass(slots=True, frozen=True)
+class Retry(Record):
+    """Retries of a pod that fails: at most ``max_retries``, the n-th after ``backoff_ms`` * 2^(n-1), capped at
+    ``backoff_max_ms`` (event time)."""
+
+    max_retries: int = 0
+    backoff_ms: int = 10_000
+    backoff_max_ms: int = 600_000
+
+    def delay_ms(self, attempt: int) -> int:
+        """The backoff before the ``attempt``-th retry (1-based). O(1)."""
+        return min(self.backoff_ms << min(attempt - 1, 62), self.backoff_max_ms)
+
+
 @dataclass(slots=True)
 class AddNode(Record):
     node_id: str
@@ -103,6 +117,7 @@ class AddNode(Record):
     gpu_count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -123,7 +138,11 @@ class UncordonNode(Record):
 
 @dataclass(slots=True)
 class DrainNode(Record):
+    """Cordon the node and evict its pods: after ``grace_ms`` each, as the disruption budgets allow."""
+
     node_id: str
+    grace_ms: int = 0
+    respect_budgets: bool = True
 
 
 @dataclass(slots=True)
@@ -152,6 +171,8 @@ class SubmitPod(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
+    gpu_memory_mib: int = 0
+    retry: Retry | None = None
 
 
 @dataclass(slots=True)
@@ -299,6 +320,22 @@ class UpdateNode(Record):
     taints: tuple[Taint, ...] | None = None
 
 
+@dataclass(slots=True)
+class SetDisruptionBudget(Record):
+    """At most ``max_unavailable`` matching pods unavailable by a voluntary disruption at once."""
+
+    budget_id: str
+    tenant: str | None = None
+    gang_id: str | None = None
+    label_selector: dict[str, str] | None = None
+    max_unavailable: int = 0
+
+
+@dataclass(slots=True)
+class RemoveDisruptionBudget(Record):
+    budget_id: str
+
+
 CommandPayload = (
     AddNode
     | RemoveNode
@@ -318,6 +355,8 @@ CommandPayload = (
     | ResumeCluster
     | RecoverNode
     | UpdateNode
+    | SetDisruptionBudget
+    | RemoveDisruptionBudget
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -341,6 +380,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         ResumeCluster,
         RecoverNode,
         UpdateNode,
+        SetDisruptionBudget,
+        RemoveDisruptionBudget,
     )
 }
 
@@ -417,7 +458,7 @@ class V2Command(Command):
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
 nest(AddNode, {"taints": Taint})
-nest(SubmitPod, {"tolerations": Toleration})
+nest(SubmitPod, {"tolerations": Toleration, "retry": Retry})
 nest(SetPolicy, {"default_quota": Quota})
 nest(GangMember, {"tolerations": Toleration})
 nest(SubmitGang, {"members": GangMember})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Taint, Toleration
+from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Retry, Taint, Toleration
 from schemas.records import Record, nest
 
 
@@ -35,6 +35,8 @@ class PodSpec(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     movable: bool = False
+    gpu_memory_mib: int = 0
+    retry: Retry | None = None
 
     @property
     def gpu_milli_total(self) -> int:
@@ -97,6 +99,7 @@ class NodeAdded(Record):
     memory_mib: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -347,6 +350,51 @@ class NodeUpdated(Record):
     evicting: int = 0
 
 
+@dataclass(slots=True)
+class PodRetryScheduled(Record):
+    """A failed pod with retries left stops now and goes back to placement at ``not_before`` (its ``attempt``-th
+    retry)."""
+
+    pod_id: str
+    attempt: int
+    not_before: int
+
+
+@dataclass(slots=True)
+class DisruptionBudgetSet(Record):
+    budget_id: str
+    tenant: str | None = None
+    gang_id: str | None = None
+    label_selector: dict[str, str] | None = None
+    max_unavailable: int = 0
+
+
+@dataclass(slots=True)
+class DisruptionBudgetRemoved(Record):
+    budget_id: str
+
+
+@dataclass(slots=True)
+class EvictionBlocked(Record):
+    """A drain may not evict the pod now (its budget has no room); it is evicted when the budget frees."""
+
+    pod_id: str
+    node_id: str
+    budget_id: str
+    grace_ms: int = 0
+    reason: str = "drain"
+
+
+@dataclass(slots=True)
+class PodEvictionScheduled(Record):
+    """A drain evicts the pod at ``at`` (its grace period); it counts against its budgets from now."""
+
+    pod_id: str
+    node_id: str
+    at: int
+    respect_budgets: bool = True
+
+
 EventPayload = (
     NodeAdded
     | NodeRemoved
@@ -377,6 +425,11 @@ EventPayload = (
     | ClusterResumed
     | NodeRecovered
     | NodeUpdated
+    | PodRetryScheduled
+    | DisruptionBudgetSet
+    | DisruptionBudgetRemoved
+    | EvictionBlocked
+    | PodEvictionScheduled
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -411,6 +464,11 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         ClusterResumed,
         NodeRecovered,
         NodeUpdated,
+        PodRetryScheduled,
+        DisruptionBudgetSet,
+        DisruptionBudgetRemoved,
+        EvictionBlocked,
+        PodEvictionScheduled,
     )
 }
 
@@ -459,7 +517,7 @@ class Event:
 
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
-nest(PodSpec, {"tolerations": Toleration})
+nest(PodSpec, {"tolerations": Toleration, "retry": Retry})
 nest(GangSpec, {"members": PodSpec})
 nest(MemberPlacement, {"gpus": GpuShare})
 nest(NodeAdded, {"taints": Taint})

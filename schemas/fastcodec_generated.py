@@ -39,9 +39,12 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
+    Retry as _c_Retry,
+    SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
     SubmitGang as _c_SubmitGang,
@@ -58,7 +61,10 @@ from schemas.events import (
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
+    DisruptionBudgetRemoved as _c_DisruptionBudgetRemoved,
+    DisruptionBudgetSet as _c_DisruptionBudgetSet,
     Event as _c_Event,
+    EvictionBlocked as _c_EvictionBlocked,
     GangQueued as _c_GangQueued,
     GangReleased as _c_GangReleased,
     GangScheduled as _c_GangScheduled,
@@ -76,10 +82,12 @@ from schemas.events import (
     NodeUpdated as _c_NodeUpdated,
     NodesReserved as _c_NodesReserved,
     PodEvicted as _c_PodEvicted,
+    PodEvictionScheduled as _c_PodEvictionScheduled,
     PodMigrated as _c_PodMigrated,
     PodPreempted as _c_PodPreempted,
     PodQueued as _c_PodQueued,
     PodReleased as _c_PodReleased,
+    PodRetryScheduled as _c_PodRetryScheduled,
     PodScheduled as _c_PodScheduled,
     PodSpec as _c_PodSpec,
     PodTimeLimitReached as _c_PodTimeLimitReached,
@@ -92,149 +100,173 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
+_k1 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
 _k11 = b'\x00'
-_k35 = b'\x02'
-_k39 = b'\x04'
-_k43 = b'\x06'
-_k47 = b'\x08'
-_k51 = b'\n'
-_k57 = b'\x0c'
-_k85 = b'\x02'
-_k87 = b'\x00'
-_k94 = b'\x0e'
-_k100 = b'\x10'
-_k105 = b'\x02'
-_k107 = b'\x00'
-_k112 = b'\x02'
-_k115 = b'\x02'
+_k36 = b'\x02'
+_k40 = b'\x04'
+_k44 = b'\x06'
+_k48 = b'\x08'
+_k53 = b'\n'
+_k59 = b'\x0c'
+_k87 = b'\x02'
+_k89 = b'\x00'
+_k98 = b'\x02'
+_k103 = b'\x00'
+_k105 = b'\x0e'
+_k111 = b'\x10'
+_k116 = b'\x02'
 _k118 = b'\x00'
+_k123 = b'\x02'
 _k126 = b'\x02'
-_k128 = b'\x00'
-_k131 = b'\x02'
-_k133 = b'\x00'
-_k136 = b'\x02'
-_k138 = b'\x00'
-_k141 = b'\x02'
-_k143 = b'\x00'
-_k146 = b'\x00'
-_k149 = b'\x02'
-_k151 = b'\x00'
-_k153 = b'\x12'
-_k173 = b'\x02'
-_k175 = b'\x00'
-_k178 = b'\x02'
-_k181 = b'\x00'
+_k129 = b'\x00'
+_k137 = b'\x02'
+_k139 = b'\x00'
+_k142 = b'\x02'
+_k144 = b'\x00'
+_k147 = b'\x02'
+_k149 = b'\x00'
+_k152 = b'\x02'
+_k154 = b'\x00'
+_k157 = b'\x00'
+_k160 = b'\x02'
+_k162 = b'\x00'
+_k164 = b'\x12'
 _k184 = b'\x02'
-_k187 = b'\x00'
-_k190 = b'\x02'
+_k186 = b'\x00'
+_k189 = b'\x02'
 _k192 = b'\x00'
 _k195 = b'\x02'
-_k197 = b'\x00'
-_k204 = b'\x14'
-_k210 = b'\x16'
-_k212 = b'\x18'
-_k217 = b'\x02'
-_k220 = b'\x00'
-_k224 = b'\x02'
-_k226 = b'\x00'
-_k229 = b'\x02'
+_k198 = b'\x00'
+_k201 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
+_k208 = b'\x00'
+_k215 = b'\x14'
+_k221 = b'\x16'
+_k223 = b'\x18'
+_k228 = b'\x02'
 _k231 = b'\x00'
-_k234 = b'\x02'
-_k236 = b'\x00'
-_k239 = b'\x02'
-_k241 = b'\x00'
-_k244 = b'\x1a'
-_k248 = b'\x1c'
-_k252 = b'\x02'
-_k255 = b'\x00'
-_k257 = b'\x1e'
-_k261 = b' '
-_k265 = b'"'
-_k270 = b'\x02'
-_k272 = b'\x00'
-_k275 = b'\x02'
-_k277 = b'\x00'
-_k279 = b'\xc3\x01\x1d&\xc2J\x11\x1fr\x9d'
-_k516 = b'\xc3\x01\xb3P \xe1o0\r\xde'
-_k527 = b'\x00'
-_k538 = b'\x02'
-_k542 = b'\x04'
-_k546 = b'\x06'
-_k550 = b'\x08'
-_k555 = b'\n'
-_k562 = b'\x0c'
-_k580 = b'\x02'
-_k583 = b'\x00'
-_k586 = b'\x02'
+_k235 = b'\x02'
+_k237 = b'\x00'
+_k240 = b'\x02'
+_k242 = b'\x00'
+_k245 = b'\x02'
+_k247 = b'\x00'
+_k250 = b'\x02'
+_k252 = b'\x00'
+_k255 = b'\x1a'
+_k259 = b'\x1c'
+_k263 = b'\x02'
+_k266 = b'\x00'
+_k268 = b'\x1e'
+_k272 = b' '
+_k276 = b'"'
+_k281 = b'\x02'
+_k283 = b'\x00'
+_k286 = b'\x02'
+_k288 = b'\x00'
+_k290 = b'$'
+_k295 = b'\x02'
+_k298 = b'\x00'
+_k301 = b'\x02'
+_k304 = b'\x00'
+_k307 = b'\x02'
+_k309 = b'\x00'
+_k312 = b'&'
+_k316 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
+_k577 = b'\xc3\x014\xc8:L\xe2S3^'
 _k588 = b'\x00'
-_k604 = b'\x0e'
-_k622 = b'\x02'
-_k625 = b'\x00'
-_k628 = b'\x02'
-_k630 = b'\x00'
-_k651 = b'\x10'
-_k659 = b'\x12'
-_k664 = b'\x02'
-_k667 = b'\x00'
-_k671 = b'\x14'
-_k678 = b'\x02'
-_k680 = b'\x00'
-_k685 = b'\x02'
-_k687 = b'\x00'
-_k689 = b'\x16'
-_k699 = b'\x18'
-_k728 = b'\x02'
-_k731 = b'\x00'
+_k600 = b'\x02'
+_k604 = b'\x04'
+_k608 = b'\x06'
+_k612 = b'\x08'
+_k617 = b'\n'
+_k624 = b'\x0c'
+_k642 = b'\x02'
+_k645 = b'\x00'
+_k648 = b'\x02'
+_k650 = b'\x00'
+_k659 = b'\x00'
+_k670 = b'\x0e'
+_k688 = b'\x02'
+_k691 = b'\x00'
+_k694 = b'\x02'
+_k696 = b'\x00'
+_k705 = b'\x00'
+_k721 = b'\x10'
+_k729 = b'\x12'
 _k734 = b'\x02'
-_k736 = b'\x00'
-_k745 = b'\x02'
-_k748 = b'\x00'
-_k751 = b'\x02'
-_k754 = b'\x00'
-_k757 = b'\x02'
-_k759 = b'\x00'
-_k762 = b'\x02'
-_k764 = b'\x00'
-_k774 = b'\x1a'
-_k795 = b'\x02'
-_k798 = b'\x00'
-_k801 = b'\x02'
-_k804 = b'\x00'
-_k807 = b'\x02'
-_k809 = b'\x00'
-_k812 = b'\x02'
-_k814 = b'\x00'
-_k824 = b'\x02'
-_k827 = b'\x00'
-_k830 = b'\x02'
+_k737 = b'\x00'
+_k741 = b'\x14'
+_k748 = b'\x02'
+_k750 = b'\x00'
+_k755 = b'\x02'
+_k757 = b'\x00'
+_k759 = b'\x16'
+_k769 = b'\x18'
+_k798 = b'\x02'
+_k801 = b'\x00'
+_k804 = b'\x02'
+_k806 = b'\x00'
+_k815 = b'\x00'
+_k819 = b'\x02'
+_k822 = b'\x00'
+_k825 = b'\x02'
+_k828 = b'\x00'
+_k831 = b'\x02'
 _k833 = b'\x00'
-_k838 = b'\x1c'
-_k845 = b'\x1e'
-_k851 = b' '
-_k859 = b'\x02'
-_k862 = b'\x00'
-_k864 = b'"'
-_k872 = b'\x02'
-_k874 = b'\x00'
-_k878 = b'$'
-_k889 = b'&'
-_k899 = b'('
-_k902 = b'*'
-_k914 = b','
-_k917 = b'\x02'
-_k920 = b'\x00'
-_k923 = b'\x00'
-_k926 = b'\x00'
-_k930 = b'.'
-_k944 = b'0'
-_k950 = b'\x02'
-_k953 = b'\x00'
-_k957 = b'2'
-_k967 = b'4'
-_k977 = b'6'
-_k981 = b'8'
-_k988 = b'\xc3\x01\xb3P \xe1o0\r\xde'
+_k836 = b'\x02'
+_k838 = b'\x00'
+_k848 = b'\x1a'
+_k869 = b'\x02'
+_k872 = b'\x00'
+_k875 = b'\x02'
+_k878 = b'\x00'
+_k881 = b'\x02'
+_k883 = b'\x00'
+_k886 = b'\x02'
+_k888 = b'\x00'
+_k898 = b'\x02'
+_k901 = b'\x00'
+_k904 = b'\x02'
+_k907 = b'\x00'
+_k912 = b'\x1c'
+_k919 = b'\x1e'
+_k925 = b' '
+_k933 = b'\x02'
+_k936 = b'\x00'
+_k938 = b'"'
+_k946 = b'\x02'
+_k948 = b'\x00'
+_k952 = b'$'
+_k963 = b'&'
+_k973 = b'('
+_k976 = b'*'
+_k988 = b','
+_k991 = b'\x02'
+_k994 = b'\x00'
+_k997 = b'\x00'
+_k1000 = b'\x00'
+_k1004 = b'.'
+_k1018 = b'0'
+_k1024 = b'\x02'
+_k1027 = b'\x00'
+_k1031 = b'2'
+_k1041 = b'4'
+_k1051 = b'6'
+_k1055 = b'8'
+_k1062 = b':'
+_k1068 = b'<'
+_k1073 = b'\x02'
+_k1076 = b'\x00'
+_k1079 = b'\x02'
+_k1082 = b'\x00'
+_k1085 = b'\x02'
+_k1087 = b'\x00'
+_k1090 = b'>'
+_k1094 = b'@'
+_k1105 = b'B'
+_k1112 = b'\xc3\x014\xc8:L\xe2S3^'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -295,246 +327,270 @@ def _b27(a: Any) -> bytes:
 
 
 def _e_AddNode10(o: _c_AddNode) -> bytes:
-    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"),))
+    return b"".join((_k11, (_P[n14] if (n14 := len(s13 := o.node_id.encode())) < 8192 else _long(n14)), s13, (_P[n16] if (n16 := len(s15 := o.gpu_model.encode())) < 8192 else _long(n16)), s15, (_P[n17] if 0 <= (n17 := o.gpu_count) < 8192 else _long(n17)), (_P[n18] if 0 <= (n18 := o.cpu_milli) < 8192 else _long(n18)), (_P[n19] if 0 <= (n19 := o.memory_mib) < 8192 else _long(n19)), (_b21(a20) if (a20 := o.labels) else b"\x00"), (_b27(a26) if (a26 := o.taints) else b"\x00"), (_P[n35] if 0 <= (n35 := o.gpu_memory_mib) < 8192 else _long(n35)),))
 
 
-def _e_RemoveNode34(o: _c_RemoveNode) -> bytes:
-    return b"".join((_k35, (_P[n38] if (n38 := len(s37 := o.node_id.encode())) < 8192 else _long(n38)), s37, (b"\x01" if o.force else b"\x00"),))
+def _e_RemoveNode35(o: _c_RemoveNode) -> bytes:
+    return b"".join((_k36, (_P[n39] if (n39 := len(s38 := o.node_id.encode())) < 8192 else _long(n39)), s38, (b"\x01" if o.force else b"\x00"),))
 
 
-def _e_CordonNode38(o: _c_CordonNode) -> bytes:
-    return b"".join((_k39, (_P[n42] if (n42 := len(s41 := o.node_id.encode())) < 8192 else _long(n42)), s41,))
+def _e_CordonNode39(o: _c_CordonNode) -> bytes:
+    return b"".join((_k40, (_P[n43] if (n43 := len(s42 := o.node_id.encode())) < 8192 else _long(n43)), s42,))
 
 
-def _e_UncordonNode42(o: _c_UncordonNode) -> bytes:
-    return b"".join((_k43, (_P[n46] if (n46 := len(s45 := o.node_id.encode())) < 8192 else _long(n46)), s45,))
+def _e_UncordonNode43(o: _c_UncordonNode) -> bytes:
+    return b"".join((_k44, (_P[n47] if (n47 := len(s46 := o.node_id.encode())) < 8192 else _long(n47)), s46,))
 
 
-def _e_DrainNode46(o: _c_DrainNode) -> bytes:
-    return b"".join((_k47, (_P[n50] if (n50 := len(s49 := o.node_id.encode())) < 8192 else _long(n50)), s49,))
+def _e_DrainNode47(o: _c_DrainNode) -> bytes:
+    return b"".join((_k48, (_P[n51] if (n51 := len(s50 := o.node_id.encode())) < 8192 else _long(n51)), s50, (_P[n52] if 0 <= (n52 := o.grace_ms) < 8192 else _long(n52)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _e_MarkNodeFailed50(o: _c_MarkNodeFailed) -> bytes:
-    return b"".join((_k51, (_P[n54] if (n54 := len(s53 := o.node_id.encode())) < 8192 else _long(n54)), s53, (_P[n56] if (n56 := len(s55 := o.reason.encode())) < 8192 else _long(n56)), s55,))
+def _e_MarkNodeFailed52(o: _c_MarkNodeFailed) -> bytes:
+    return b"".join((_k53, (_P[n56] if (n56 := len(s55 := o.node_id.encode())) < 8192 else _long(n56)), s55, (_P[n58] if (n58 := len(s57 := o.reason.encode())) < 8192 else _long(n58)), s57,))
 
 
-def _b69(a: Any) -> bytes:
+def _b71(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n71] if (n71 := len(s70 := x.encode())) < 8192 else _long(n71)), s70,)
+        out += ((_P[n73] if (n73 := len(s72 := x.encode())) < 8192 else _long(n73)), s72,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b74(a: Any) -> bytes:
+def _b76(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n77] if (n77 := len(s76 := x.key.encode())) < 8192 else _long(n77)), s76, (_P[n79] if (n79 := len(s78 := x.operator.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.value.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.effect.encode())) < 8192 else _long(n83)), s82,)
+        out += ((_P[n79] if (n79 := len(s78 := x.key.encode())) < 8192 else _long(n79)), s78, (_P[n81] if (n81 := len(s80 := x.operator.encode())) < 8192 else _long(n81)), s80, (_P[n83] if (n83 := len(s82 := x.value.encode())) < 8192 else _long(n83)), s82, (_P[n85] if (n85 := len(s84 := x.effect.encode())) < 8192 else _long(n85)), s84,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u85(v: Any) -> bytes:
-    return b"".join((_k85, (_P[n87] if 0 <= (n87 := v) < 8192 else _long(n87)),))
+def _u87(v: Any) -> bytes:
+    return b"".join((_k87, (_P[n89] if 0 <= (n89 := v) < 8192 else _long(n89)),))
 
 
-def _e_SubmitPod56(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k57, (_P[n60] if (n60 := len(s59 := o.pod_id.encode())) < 8192 else _long(n60)), s59, (_P[n62] if (n62 := len(s61 := o.tenant.encode())) < 8192 else _long(n62)), s61, (_P[n63] if 0 <= (n63 := o.priority) < 8192 else _long(n63)), (_P[n64] if 0 <= (n64 := o.num_gpu) < 8192 else _long(n64)), (_P[n65] if 0 <= (n65 := o.gpu_milli) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.cpu_milli) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.memory_mib) < 8192 else _long(n67)), (_b69(a68) if (a68 := o.gpu_models) else b"\x00"), (_b21(a72) if (a72 := o.node_selector) else b"\x00"), (_b74(a73) if (a73 := o.tolerations) else b"\x00"), (_k87 if (u84 := o.time_limit_ms) is None else _u85(u84)), (_b69(a89) if (a89 := o.depends_on) else b"\x00"), (_P[n91] if (n91 := len(s90 := o.dependency.encode())) < 8192 else _long(n91)), s90, (_P[n93] if (n93 := len(s92 := o.preemption.encode())) < 8192 else _long(n93)), s92, (b"\x01" if o.movable else b"\x00"),))
+def _e_Retry97(o: _c_Retry) -> bytes:
+    return b"".join((_k98, (_P[n100] if 0 <= (n100 := o.max_retries) < 8192 else _long(n100)), (_P[n101] if 0 <= (n101 := o.backoff_ms) < 8192 else _long(n101)), (_P[n102] if 0 <= (n102 := o.backoff_max_ms) < 8192 else _long(n102)),))
 
 
-def _e_Release93(o: _c_Release) -> bytes:
-    return b"".join((_k94, (_P[n97] if (n97 := len(s96 := o.pod_id.encode())) < 8192 else _long(n97)), s96, (_P[n99] if (n99 := len(s98 := o.reason.encode())) < 8192 else _long(n99)), s98,))
+def _e_SubmitPod58(o: _c_SubmitPod) -> bytes:
+    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)),))
 
 
-def _u105(v: Any) -> bytes:
-    return b"".join((_k105, (_P[n107] if 0 <= (n107 := v) < 8192 else _long(n107)),))
+def _e_Release104(o: _c_Release) -> bytes:
+    return b"".join((_k105, (_P[n108] if (n108 := len(s107 := o.pod_id.encode())) < 8192 else _long(n108)), s107, (_P[n110] if (n110 := len(s109 := o.reason.encode())) < 8192 else _long(n110)), s109,))
 
 
-def _u115(v: Any) -> bytes:
-    return b"".join((_k115, (_P[n118] if (n118 := len(s117 := v.encode())) < 8192 else _long(n118)), s117,))
-
-
-def _b121(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for k, x in a.items():
-        out += ((_P[n123] if (n123 := len(s122 := k.encode())) < 8192 else _long(n123)), s122, (_P[n124] if 0 <= (n124 := x) < 8192 else _long(n124)),)
-    out.append(b"\x00")
-    return b"".join(out)
+def _u116(v: Any) -> bytes:
+    return b"".join((_k116, (_P[n118] if 0 <= (n118 := v) < 8192 else _long(n118)),))
 
 
 def _u126(v: Any) -> bytes:
-    return b"".join((_k126, (_P[n128] if 0 <= (n128 := v) < 8192 else _long(n128)),))
+    return b"".join((_k126, (_P[n129] if (n129 := len(s128 := v.encode())) < 8192 else _long(n129)), s128,))
 
 
-def _u131(v: Any) -> bytes:
-    return b"".join((_k131, (_P[n133] if 0 <= (n133 := v) < 8192 else _long(n133)),))
-
-
-def _u136(v: Any) -> bytes:
-    return b"".join((_k136, (_P[n138] if 0 <= (n138 := v) < 8192 else _long(n138)),))
-
-
-def _u141(v: Any) -> bytes:
-    return b"".join((_k141, (_P[n143] if 0 <= (n143 := v) < 8192 else _long(n143)),))
-
-
-def _e_Quota111(o: _c_Quota) -> bytes:
-    return b"".join((_k112, (_k118 if (u114 := o.cohort) is None else _u115(u114)), (_b121(a120) if (a120 := o.nominal_gpus) else b"\x00"), (_k128 if (u125 := o.nominal_cpu_milli) is None else _u126(u125)), (_k133 if (u130 := o.nominal_memory_mib) is None else _u131(u130)), (_k138 if (u135 := o.borrowing_limit_gpus) is None else _u136(u135)), (_k143 if (u140 := o.lending_limit_gpus) is None else _u141(u140)), (_P[n145] if 0 <= (n145 := o.weight) < 8192 else _long(n145)),))
-
-
-def _u149(v: Any) -> bytes:
-    return b"".join((_k149, (_P[n151] if 0 <= (n151 := v) < 8192 else _long(n151)),))
-
-
-def _e_SetPolicy99(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k100, (_P[n103] if (n103 := len(s102 := o.policy.encode())) < 8192 else _long(n103)), s102, (_k107 if (u104 := o.reserve_after_ms) is None else _u105(u104)), (_P[n110] if (n110 := len(s109 := o.queue_order.encode())) < 8192 else _long(n110)), s109, (_k146 if (u111 := o.default_quota) is None else _k145[type(u111)](u111)), (_k151 if (u148 := o.max_clock_jump_ms) is None else _u149(u148)),))
-
-
-def _b161(a: Any) -> bytes:
+def _b132(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n164] if (n164 := len(s163 := x.pod_id.encode())) < 8192 else _long(n164)), s163, (_P[n165] if 0 <= (n165 := x.num_gpu) < 8192 else _long(n165)), (_P[n166] if 0 <= (n166 := x.gpu_milli) < 8192 else _long(n166)), (_P[n167] if 0 <= (n167 := x.cpu_milli) < 8192 else _long(n167)), (_P[n168] if 0 <= (n168 := x.memory_mib) < 8192 else _long(n168)), (_b69(a169) if (a169 := x.gpu_models) else b"\x00"), (_b21(a170) if (a170 := x.node_selector) else b"\x00"), (_b74(a171) if (a171 := x.tolerations) else b"\x00"),)
+    for k, x in a.items():
+        out += ((_P[n134] if (n134 := len(s133 := k.encode())) < 8192 else _long(n134)), s133, (_P[n135] if 0 <= (n135 := x) < 8192 else _long(n135)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u173(v: Any) -> bytes:
-    return b"".join((_k173, (_P[n175] if 0 <= (n175 := v) < 8192 else _long(n175)),))
+def _u137(v: Any) -> bytes:
+    return b"".join((_k137, (_P[n139] if 0 <= (n139 := v) < 8192 else _long(n139)),))
 
 
-def _u178(v: Any) -> bytes:
-    return b"".join((_k178, (_P[n181] if (n181 := len(s180 := v.encode())) < 8192 else _long(n181)), s180,))
+def _u142(v: Any) -> bytes:
+    return b"".join((_k142, (_P[n144] if 0 <= (n144 := v) < 8192 else _long(n144)),))
+
+
+def _u147(v: Any) -> bytes:
+    return b"".join((_k147, (_P[n149] if 0 <= (n149 := v) < 8192 else _long(n149)),))
+
+
+def _u152(v: Any) -> bytes:
+    return b"".join((_k152, (_P[n154] if 0 <= (n154 := v) < 8192 else _long(n154)),))
+
+
+def _e_Quota122(o: _c_Quota) -> bytes:
+    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)),))
+
+
+def _u160(v: Any) -> bytes:
+    return b"".join((_k160, (_P[n162] if 0 <= (n162 := v) < 8192 else _long(n162)),))
+
+
+def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
+    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k157 if (u122 := o.default_quota) is None else _k156[type(u122)](u122)), (_k162 if (u159 := o.max_clock_jump_ms) is None else _u160(u159)),))
+
+
+def _b172(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n175] if (n175 := len(s174 := x.pod_id.encode())) < 8192 else _long(n175)), s174, (_P[n176] if 0 <= (n176 := x.num_gpu) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.gpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.cpu_milli) < 8192 else _long(n178)), (_P[n179] if 0 <= (n179 := x.memory_mib) < 8192 else _long(n179)), (_b71(a180) if (a180 := x.gpu_models) else b"\x00"), (_b21(a181) if (a181 := x.node_selector) else b"\x00"), (_b76(a182) if (a182 := x.tolerations) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _u184(v: Any) -> bytes:
-    return b"".join((_k184, (_P[n187] if (n187 := len(s186 := v.encode())) < 8192 else _long(n187)), s186,))
+    return b"".join((_k184, (_P[n186] if 0 <= (n186 := v) < 8192 else _long(n186)),))
 
 
-def _u190(v: Any) -> bytes:
-    return b"".join((_k190, (_P[n192] if 0 <= (n192 := v) < 8192 else _long(n192)),))
+def _u189(v: Any) -> bytes:
+    return b"".join((_k189, (_P[n192] if (n192 := len(s191 := v.encode())) < 8192 else _long(n192)), s191,))
 
 
 def _u195(v: Any) -> bytes:
-    return b"".join((_k195, (_P[n197] if 0 <= (n197 := v) < 8192 else _long(n197)),))
+    return b"".join((_k195, (_P[n198] if (n198 := len(s197 := v.encode())) < 8192 else _long(n198)), s197,))
 
 
-def _e_SubmitGang152(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k153, (_P[n156] if (n156 := len(s155 := o.gang_id.encode())) < 8192 else _long(n156)), s155, (_P[n158] if (n158 := len(s157 := o.tenant.encode())) < 8192 else _long(n158)), s157, (_P[n159] if 0 <= (n159 := o.priority) < 8192 else _long(n159)), (_b161(a160) if (a160 := o.members) else b"\x00"), (_k175 if (u172 := o.min_members) is None else _u173(u172)), (_k181 if (u177 := o.topology_required) is None else _u178(u177)), (_k187 if (u183 := o.topology_preferred) is None else _u184(u183)), (_k192 if (u189 := o.timeout_ms) is None else _u190(u189)), (_k197 if (u194 := o.time_limit_ms) is None else _u195(u194)), (_b69(a199) if (a199 := o.depends_on) else b"\x00"), (_P[n201] if (n201 := len(s200 := o.dependency.encode())) < 8192 else _long(n201)), s200, (_P[n203] if (n203 := len(s202 := o.preemption.encode())) < 8192 else _long(n203)), s202,))
+def _u201(v: Any) -> bytes:
+    return b"".join((_k201, (_P[n203] if 0 <= (n203 := v) < 8192 else _long(n203)),))
 
 
-def _e_ReleaseGang203(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k204, (_P[n207] if (n207 := len(s206 := o.gang_id.encode())) < 8192 else _long(n207)), s206, (_P[n209] if (n209 := len(s208 := o.reason.encode())) < 8192 else _long(n209)), s208,))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
-def _e_Tick209(o: _c_Tick) -> bytes:
-    return b"".join((_k210, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_SubmitGang163(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213,))
 
 
-def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
+def _e_ReleaseGang214(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k215, (_P[n218] if (n218 := len(s217 := o.gang_id.encode())) < 8192 else _long(n218)), s217, (_P[n220] if (n220 := len(s219 := o.reason.encode())) < 8192 else _long(n220)), s219,))
 
 
-def _u224(v: Any) -> bytes:
-    return b"".join((_k224, (_P[n226] if 0 <= (n226 := v) < 8192 else _long(n226)),))
+def _e_Tick220(o: _c_Tick) -> bytes:
+    return b"".join((_k221, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u229(v: Any) -> bytes:
-    return b"".join((_k229, (_P[n231] if 0 <= (n231 := v) < 8192 else _long(n231)),))
+def _u228(v: Any) -> bytes:
+    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := v.encode())) < 8192 else _long(n231)), s230,))
 
 
-def _u234(v: Any) -> bytes:
-    return b"".join((_k234, (_P[n236] if 0 <= (n236 := v) < 8192 else _long(n236)),))
+def _u235(v: Any) -> bytes:
+    return b"".join((_k235, (_P[n237] if 0 <= (n237 := v) < 8192 else _long(n237)),))
 
 
-def _u239(v: Any) -> bytes:
-    return b"".join((_k239, (_P[n241] if 0 <= (n241 := v) < 8192 else _long(n241)),))
+def _u240(v: Any) -> bytes:
+    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
 
 
-def _e_SetQuota211(o: _c_SetQuota) -> bytes:
-    return b"".join((_k212, (_P[n215] if (n215 := len(s214 := o.tenant.encode())) < 8192 else _long(n215)), s214, (_k220 if (u216 := o.cohort) is None else _u217(u216)), (_b121(a222) if (a222 := o.nominal_gpus) else b"\x00"), (_k226 if (u223 := o.nominal_cpu_milli) is None else _u224(u223)), (_k231 if (u228 := o.nominal_memory_mib) is None else _u229(u228)), (_k236 if (u233 := o.borrowing_limit_gpus) is None else _u234(u233)), (_k241 if (u238 := o.lending_limit_gpus) is None else _u239(u238)), (_P[n243] if 0 <= (n243 := o.weight) < 8192 else _long(n243)),))
+def _u245(v: Any) -> bytes:
+    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
 
 
-def _e_RemoveQuota243(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246,))
+def _u250(v: Any) -> bytes:
+    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
 
 
-def _u252(v: Any) -> bytes:
-    return b"".join((_k252, (_P[n255] if (n255 := len(s254 := v.encode())) < 8192 else _long(n255)), s254,))
+def _e_SetQuota222(o: _c_SetQuota) -> bytes:
+    return b"".join((_k223, (_P[n226] if (n226 := len(s225 := o.tenant.encode())) < 8192 else _long(n226)), s225, (_k231 if (u227 := o.cohort) is None else _u228(u227)), (_b132(a233) if (a233 := o.nominal_gpus) else b"\x00"), (_k237 if (u234 := o.nominal_cpu_milli) is None else _u235(u234)), (_k242 if (u239 := o.nominal_memory_mib) is None else _u240(u239)), (_k247 if (u244 := o.borrowing_limit_gpus) is None else _u245(u244)), (_k252 if (u249 := o.lending_limit_gpus) is None else _u250(u249)), (_P[n254] if 0 <= (n254 := o.weight) < 8192 else _long(n254)),))
 
 
-def _e_Defragment247(o: _c_Defragment) -> bytes:
-    return b"".join((_k248, (_P[n250] if 0 <= (n250 := o.max_moves) < 8192 else _long(n250)), (_k255 if (u251 := o.target) is None else _u252(u251)),))
+def _e_RemoveQuota254(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257,))
 
 
-def _e_ResumeCluster256(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k257, (_P[n260] if (n260 := len(s259 := o.reason.encode())) < 8192 else _long(n260)), s259,))
+def _u263(v: Any) -> bytes:
+    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := v.encode())) < 8192 else _long(n266)), s265,))
 
 
-def _e_RecoverNode260(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k261, (_P[n264] if (n264 := len(s263 := o.node_id.encode())) < 8192 else _long(n264)), s263,))
+def _e_Defragment258(o: _c_Defragment) -> bytes:
+    return b"".join((_k259, (_P[n261] if 0 <= (n261 := o.max_moves) < 8192 else _long(n261)), (_k266 if (u262 := o.target) is None else _u263(u262)),))
 
 
-def _u270(v: Any) -> bytes:
-    return b"".join((_k270, (_b21(a272) if (a272 := v) else b"\x00"),))
+def _e_ResumeCluster267(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k268, (_P[n271] if (n271 := len(s270 := o.reason.encode())) < 8192 else _long(n271)), s270,))
 
 
-def _u275(v: Any) -> bytes:
-    return b"".join((_k275, (_b27(a277) if (a277 := v) else b"\x00"),))
+def _e_RecoverNode271(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k272, (_P[n275] if (n275 := len(s274 := o.node_id.encode())) < 8192 else _long(n275)), s274,))
 
 
-def _e_UpdateNode264(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k265, (_P[n268] if (n268 := len(s267 := o.node_id.encode())) < 8192 else _long(n268)), s267, (_k272 if (u269 := o.labels) is None else _u270(u269)), (_k277 if (u274 := o.taints) is None else _u275(u274)),))
+def _u281(v: Any) -> bytes:
+    return b"".join((_k281, (_b21(a283) if (a283 := v) else b"\x00"),))
+
+
+def _u286(v: Any) -> bytes:
+    return b"".join((_k286, (_b27(a288) if (a288 := v) else b"\x00"),))
+
+
+def _e_UpdateNode275(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.node_id.encode())) < 8192 else _long(n279)), s278, (_k283 if (u280 := o.labels) is None else _u281(u280)), (_k288 if (u285 := o.taints) is None else _u286(u285)),))
+
+
+def _u295(v: Any) -> bytes:
+    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := v.encode())) < 8192 else _long(n298)), s297,))
+
+
+def _u301(v: Any) -> bytes:
+    return b"".join((_k301, (_P[n304] if (n304 := len(s303 := v.encode())) < 8192 else _long(n304)), s303,))
+
+
+def _u307(v: Any) -> bytes:
+    return b"".join((_k307, (_b21(a309) if (a309 := v) else b"\x00"),))
+
+
+def _e_SetDisruptionBudget289(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.budget_id.encode())) < 8192 else _long(n293)), s292, (_k298 if (u294 := o.tenant) is None else _u295(u294)), (_k304 if (u300 := o.gang_id) is None else _u301(u300)), (_k309 if (u306 := o.label_selector) is None else _u307(u306)), (_P[n311] if 0 <= (n311 := o.max_unavailable) < 8192 else _long(n311)),))
+
+
+def _e_RemoveDisruptionBudget311(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k278[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k315[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint306(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n308 = _ZL[buf[pos]]
-    if n308 < 0:
-        n308, pos = _rlong(buf, pos)
-        if n308 < 0:
-            raise _length_error(n308, end - pos)
+    n345 = _ZL[buf[pos]]
+    if n345 < 0:
+        n345, pos = _rlong(buf, pos)
+        if n345 < 0:
+            raise _length_error(n345, end - pos)
     else:
         pos += 1
-    q309 = pos + n308
-    if q309 > end:
-        raise _length_error(n308, end - pos)
-    f_key = buf[pos:q309].decode()
-    pos = q309
-    n310 = _ZL[buf[pos]]
-    if n310 < 0:
-        n310, pos = _rlong(buf, pos)
-        if n310 < 0:
-            raise _length_error(n310, end - pos)
+    q346 = pos + n345
+    if q346 > end:
+        raise _length_error(n345, end - pos)
+    f_key = buf[pos:q346].decode()
+    pos = q346
+    n347 = _ZL[buf[pos]]
+    if n347 < 0:
+        n347, pos = _rlong(buf, pos)
+        if n347 < 0:
+            raise _length_error(n347, end - pos)
     else:
         pos += 1
-    q311 = pos + n310
-    if q311 > end:
-        raise _length_error(n310, end - pos)
-    f_value = buf[pos:q311].decode()
-    pos = q311
-    n312 = _ZL[buf[pos]]
-    if n312 < 0:
-        n312, pos = _rlong(buf, pos)
-        if n312 < 0:
-            raise _length_error(n312, end - pos)
+    q348 = pos + n347
+    if q348 > end:
+        raise _length_error(n347, end - pos)
+    f_value = buf[pos:q348].decode()
+    pos = q348
+    n349 = _ZL[buf[pos]]
+    if n349 < 0:
+        n349, pos = _rlong(buf, pos)
+        if n349 < 0:
+            raise _length_error(n349, end - pos)
     else:
         pos += 1
-    q313 = pos + n312
-    if q313 > end:
-        raise _length_error(n312, end - pos)
-    f_effect = buf[pos:q313].decode()
-    pos = q313
+    q350 = pos + n349
+    if q350 > end:
+        raise _length_error(n349, end - pos)
+    f_effect = buf[pos:q350].decode()
+    pos = q350
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -542,30 +598,31 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n289 = _ZL[buf[pos]]
-    if n289 < 0:
-        n289, pos = _rlong(buf, pos)
-        if n289 < 0:
-            raise _length_error(n289, end - pos)
+    f_gpu_memory_mib: int
+    n326 = _ZL[buf[pos]]
+    if n326 < 0:
+        n326, pos = _rlong(buf, pos)
+        if n326 < 0:
+            raise _length_error(n326, end - pos)
     else:
         pos += 1
-    q290 = pos + n289
-    if q290 > end:
-        raise _length_error(n289, end - pos)
-    f_node_id = buf[pos:q290].decode()
-    pos = q290
-    n291 = _ZL[buf[pos]]
-    if n291 < 0:
-        n291, pos = _rlong(buf, pos)
-        if n291 < 0:
-            raise _length_error(n291, end - pos)
+    q327 = pos + n326
+    if q327 > end:
+        raise _length_error(n326, end - pos)
+    f_node_id = buf[pos:q327].decode()
+    pos = q327
+    n328 = _ZL[buf[pos]]
+    if n328 < 0:
+        n328, pos = _rlong(buf, pos)
+        if n328 < 0:
+            raise _length_error(n328, end - pos)
     else:
         pos += 1
-    q292 = pos + n291
-    if q292 > end:
-        raise _length_error(n291, end - pos)
-    f_gpu_model = buf[pos:q292].decode()
-    pos = q292
+    q329 = pos + n328
+    if q329 > end:
+        raise _length_error(n328, end - pos)
+    f_gpu_model = buf[pos:q329].decode()
+    pos = q329
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -612,228 +669,172 @@ def _d_AddNode287(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc293: dict[str, Any] = {}
+        acc330: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c294 = _ZD[b]
+                c331 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c294 = (z >> 1) ^ -(z & 1)
+                c331 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c294 = (z >> 1) ^ -(z & 1)
+                c331 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c294, pos = _rlong(buf, pos)
-            if c294 == 0:
+                c331, pos = _rlong(buf, pos)
+            if c331 == 0:
                 break
-            if c294 < 0:
-                c294 = -c294
+            if c331 < 0:
+                c331 = -c331
                 b = buf[pos]
                 if b < 128:
-                    z297 = _ZD[b]
+                    z334 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z297 = (z >> 1) ^ -(z & 1)
+                    z334 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z297 = (z >> 1) ^ -(z & 1)
+                    z334 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z297, pos = _rlong(buf, pos)
-            if c294 * 2 > end - pos:
-                raise _count_error(c294, end - pos)
-            for _ in range(c294):
-                n298 = _ZL[buf[pos]]
-                if n298 < 0:
-                    n298, pos = _rlong(buf, pos)
-                    if n298 < 0:
-                        raise _length_error(n298, end - pos)
+                    z334, pos = _rlong(buf, pos)
+            if c331 * 2 > end - pos:
+                raise _count_error(c331, end - pos)
+            for _ in range(c331):
+                n335 = _ZL[buf[pos]]
+                if n335 < 0:
+                    n335, pos = _rlong(buf, pos)
+                    if n335 < 0:
+                        raise _length_error(n335, end - pos)
                 else:
                     pos += 1
-                q299 = pos + n298
-                if q299 > end:
-                    raise _length_error(n298, end - pos)
-                k296 = buf[pos:q299].decode()
-                pos = q299
-                n300 = _ZL[buf[pos]]
-                if n300 < 0:
-                    n300, pos = _rlong(buf, pos)
-                    if n300 < 0:
-                        raise _length_error(n300, end - pos)
+                q336 = pos + n335
+                if q336 > end:
+                    raise _length_error(n335, end - pos)
+                k333 = buf[pos:q336].decode()
+                pos = q336
+                n337 = _ZL[buf[pos]]
+                if n337 < 0:
+                    n337, pos = _rlong(buf, pos)
+                    if n337 < 0:
+                        raise _length_error(n337, end - pos)
                 else:
                     pos += 1
-                q301 = pos + n300
-                if q301 > end:
-                    raise _length_error(n300, end - pos)
-                x295 = buf[pos:q301].decode()
-                pos = q301
-                acc293[k296] = x295
-        f_labels = acc293
+                q338 = pos + n337
+                if q338 > end:
+                    raise _length_error(n337, end - pos)
+                x332 = buf[pos:q338].decode()
+                pos = q338
+                acc330[k333] = x332
+        f_labels = acc330
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc302: list[Any] = []
+        acc339: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c303 = _ZD[b]
+                c340 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c303 = (z >> 1) ^ -(z & 1)
+                c340 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c303 = (z >> 1) ^ -(z & 1)
+                c340 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c303, pos = _rlong(buf, pos)
-            if c303 == 0:
+                c340, pos = _rlong(buf, pos)
+            if c340 == 0:
                 break
-            if c303 < 0:
-                c303 = -c303
+            if c340 < 0:
+                c340 = -c340
                 b = buf[pos]
                 if b < 128:
-                    z306 = _ZD[b]
+                    z343 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z306 = (z >> 1) ^ -(z & 1)
+                    z343 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z306 = (z >> 1) ^ -(z & 1)
+                    z343 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z306, pos = _rlong(buf, pos)
-            if c303 * 3 > end - pos:
-                raise _count_error(c303, end - pos)
-            for _ in range(c303):
-                x304, pos = _d_Taint306(buf, pos, end)
-                acc302.append(x304)
-        f_taints = tuple(acc302)
-    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints)
+                    z343, pos = _rlong(buf, pos)
+            if c340 * 3 > end - pos:
+                raise _count_error(c340, end - pos)
+            for _ in range(c340):
+                x341, pos = _d_Taint343(buf, pos, end)
+                acc339.append(x341)
+        f_taints = tuple(acc339)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_AddNode(f_node_id, f_cpu_milli, f_memory_mib, f_gpu_model, f_gpu_count, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_RemoveNode313(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode350(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n315 = _ZL[buf[pos]]
-    if n315 < 0:
-        n315, pos = _rlong(buf, pos)
-        if n315 < 0:
-            raise _length_error(n315, end - pos)
+    n352 = _ZL[buf[pos]]
+    if n352 < 0:
+        n352, pos = _rlong(buf, pos)
+        if n352 < 0:
+            raise _length_error(n352, end - pos)
     else:
         pos += 1
-    q316 = pos + n315
-    if q316 > end:
-        raise _length_error(n315, end - pos)
-    f_node_id = buf[pos:q316].decode()
-    pos = q316
+    q353 = pos + n352
+    if q353 > end:
+        raise _length_error(n352, end - pos)
+    f_node_id = buf[pos:q353].decode()
+    pos = q353
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode316(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode353(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n318 = _ZL[buf[pos]]
-    if n318 < 0:
-        n318, pos = _rlong(buf, pos)
-        if n318 < 0:
-            raise _length_error(n318, end - pos)
+    n355 = _ZL[buf[pos]]
+    if n355 < 0:
+        n355, pos = _rlong(buf, pos)
+        if n355 < 0:
+            raise _length_error(n355, end - pos)
     else:
         pos += 1
-    q319 = pos + n318
-    if q319 > end:
-        raise _length_error(n318, end - pos)
-    f_node_id = buf[pos:q319].decode()
-    pos = q319
+    q356 = pos + n355
+    if q356 > end:
+        raise _length_error(n355, end - pos)
+    f_node_id = buf[pos:q356].decode()
+    pos = q356
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode319(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n321 = _ZL[buf[pos]]
-    if n321 < 0:
-        n321, pos = _rlong(buf, pos)
-        if n321 < 0:
-            raise _length_error(n321, end - pos)
-    else:
-        pos += 1
-    q322 = pos + n321
-    if q322 > end:
-        raise _length_error(n321, end - pos)
-    f_node_id = buf[pos:q322].decode()
-    pos = q322
-    o = _c_UncordonNode(f_node_id)
-    return o, pos
-
-
-def _d_DrainNode322(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
-    f_node_id: str
-    n324 = _ZL[buf[pos]]
-    if n324 < 0:
-        n324, pos = _rlong(buf, pos)
-        if n324 < 0:
-            raise _length_error(n324, end - pos)
-    else:
-        pos += 1
-    q325 = pos + n324
-    if q325 > end:
-        raise _length_error(n324, end - pos)
-    f_node_id = buf[pos:q325].decode()
-    pos = q325
-    o = _c_DrainNode(f_node_id)
-    return o, pos
-
-
-def _d_MarkNodeFailed325(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
-    f_node_id: str
-    f_reason: str
-    n327 = _ZL[buf[pos]]
-    if n327 < 0:
-        n327, pos = _rlong(buf, pos)
-        if n327 < 0:
-            raise _length_error(n327, end - pos)
-    else:
-        pos += 1
-    q328 = pos + n327
-    if q328 > end:
-        raise _length_error(n327, end - pos)
-    f_node_id = buf[pos:q328].decode()
-    pos = q328
-    n329 = _ZL[buf[pos]]
-    if n329 < 0:
-        n329, pos = _rlong(buf, pos)
-        if n329 < 0:
-            raise _length_error(n329, end - pos)
-    else:
-        pos += 1
-    q330 = pos + n329
-    if q330 > end:
-        raise _length_error(n329, end - pos)
-    f_reason = buf[pos:q330].decode()
-    pos = q330
-    o = _c_MarkNodeFailed(f_node_id, f_reason)
-    return o, pos
-
-
-def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
-    f_key: str
-    f_operator: str
-    f_value: str
-    f_effect: str
     n358 = _ZL[buf[pos]]
     if n358 < 0:
         n358, pos = _rlong(buf, pos)
@@ -844,32 +845,51 @@ def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q359 = pos + n358
     if q359 > end:
         raise _length_error(n358, end - pos)
-    f_key = buf[pos:q359].decode()
+    f_node_id = buf[pos:q359].decode()
     pos = q359
-    n360 = _ZL[buf[pos]]
-    if n360 < 0:
-        n360, pos = _rlong(buf, pos)
-        if n360 < 0:
-            raise _length_error(n360, end - pos)
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    f_grace_ms: int
+    f_respect_budgets: bool
+    n361 = _ZL[buf[pos]]
+    if n361 < 0:
+        n361, pos = _rlong(buf, pos)
+        if n361 < 0:
+            raise _length_error(n361, end - pos)
     else:
         pos += 1
-    q361 = pos + n360
-    if q361 > end:
-        raise _length_error(n360, end - pos)
-    f_operator = buf[pos:q361].decode()
-    pos = q361
-    n362 = _ZL[buf[pos]]
-    if n362 < 0:
-        n362, pos = _rlong(buf, pos)
-        if n362 < 0:
-            raise _length_error(n362, end - pos)
-    else:
+    q362 = pos + n361
+    if q362 > end:
+        raise _length_error(n361, end - pos)
+    f_node_id = buf[pos:q362].decode()
+    pos = q362
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
         pos += 1
-    q363 = pos + n362
-    if q363 > end:
-        raise _length_error(n362, end - pos)
-    f_value = buf[pos:q363].decode()
-    pos = q363
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_DrainNode(f_node_id, f_grace_ms, f_respect_budgets)
+    return o, pos
+
+
+def _d_MarkNodeFailed362(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+    f_node_id: str
+    f_reason: str
     n364 = _ZL[buf[pos]]
     if n364 < 0:
         n364, pos = _rlong(buf, pos)
@@ -880,13 +900,132 @@ def _d_Toleration356(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q365 = pos + n364
     if q365 > end:
         raise _length_error(n364, end - pos)
-    f_effect = buf[pos:q365].decode()
+    f_node_id = buf[pos:q365].decode()
     pos = q365
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
+    else:
+        pos += 1
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_reason = buf[pos:q367].decode()
+    pos = q367
+    o = _c_MarkNodeFailed(f_node_id, f_reason)
+    return o, pos
+
+
+def _d_Toleration393(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+    f_key: str
+    f_operator: str
+    f_value: str
+    f_effect: str
+    n395 = _ZL[buf[pos]]
+    if n395 < 0:
+        n395, pos = _rlong(buf, pos)
+        if n395 < 0:
+            raise _length_error(n395, end - pos)
+    else:
+        pos += 1
+    q396 = pos + n395
+    if q396 > end:
+        raise _length_error(n395, end - pos)
+    f_key = buf[pos:q396].decode()
+    pos = q396
+    n397 = _ZL[buf[pos]]
+    if n397 < 0:
+        n397, pos = _rlong(buf, pos)
+        if n397 < 0:
+            raise _length_error(n397, end - pos)
+    else:
+        pos += 1
+    q398 = pos + n397
+    if q398 > end:
+        raise _length_error(n397, end - pos)
+    f_operator = buf[pos:q398].decode()
+    pos = q398
+    n399 = _ZL[buf[pos]]
+    if n399 < 0:
+        n399, pos = _rlong(buf, pos)
+        if n399 < 0:
+            raise _length_error(n399, end - pos)
+    else:
+        pos += 1
+    q400 = pos + n399
+    if q400 > end:
+        raise _length_error(n399, end - pos)
+    f_value = buf[pos:q400].decode()
+    pos = q400
+    n401 = _ZL[buf[pos]]
+    if n401 < 0:
+        n401, pos = _rlong(buf, pos)
+        if n401 < 0:
+            raise _length_error(n401, end - pos)
+    else:
+        pos += 1
+    q402 = pos + n401
+    if q402 > end:
+        raise _length_error(n401, end - pos)
+    f_effect = buf[pos:q402].decode()
+    pos = q402
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+    f_max_retries: int
+    f_backoff_ms: int
+    f_backoff_max_ms: int
+    b = buf[pos]
+    if b < 128:
+        f_max_retries = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_retries = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_retries, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_ms, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_backoff_max_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_backoff_max_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_backoff_max_ms, pos = _rlong(buf, pos)
+    o = _c_Retry(f_max_retries, f_backoff_ms, f_backoff_max_ms)
+    return o, pos
+
+
+def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -902,30 +1041,32 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n332 = _ZL[buf[pos]]
-    if n332 < 0:
-        n332, pos = _rlong(buf, pos)
-        if n332 < 0:
-            raise _length_error(n332, end - pos)
+    f_gpu_memory_mib: int
+    f_retry: Any
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
     else:
         pos += 1
-    q333 = pos + n332
-    if q333 > end:
-        raise _length_error(n332, end - pos)
-    f_pod_id = buf[pos:q333].decode()
-    pos = q333
-    n334 = _ZL[buf[pos]]
-    if n334 < 0:
-        n334, pos = _rlong(buf, pos)
-        if n334 < 0:
-            raise _length_error(n334, end - pos)
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_pod_id = buf[pos:q370].decode()
+    pos = q370
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
     else:
         pos += 1
-    q335 = pos + n334
-    if q335 > end:
-        raise _length_error(n334, end - pos)
-    f_tenant = buf[pos:q335].decode()
-    pos = q335
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_tenant = buf[pos:q372].decode()
+    pos = q372
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1000,491 +1141,168 @@ def _d_SubmitPod330(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc336: list[Any] = []
+        acc373: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c337 = _ZD[b]
+                c374 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c337 = (z >> 1) ^ -(z & 1)
+                c374 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c337 = (z >> 1) ^ -(z & 1)
+                c374 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c337, pos = _rlong(buf, pos)
-            if c337 == 0:
+                c374, pos = _rlong(buf, pos)
+            if c374 == 0:
                 break
-            if c337 < 0:
-                c337 = -c337
+            if c374 < 0:
+                c374 = -c374
                 b = buf[pos]
                 if b < 128:
-                    z340 = _ZD[b]
+                    z377 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z340 = (z >> 1) ^ -(z & 1)
+                    z377 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z340 = (z >> 1) ^ -(z & 1)
+                    z377 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z340, pos = _rlong(buf, pos)
-            if c337 * 1 > end - pos:
-                raise _count_error(c337, end - pos)
-            for _ in range(c337):
-                n341 = _ZL[buf[pos]]
-                if n341 < 0:
-                    n341, pos = _rlong(buf, pos)
-                    if n341 < 0:
-                        raise _length_error(n341, end - pos)
+                    z377, pos = _rlong(buf, pos)
+            if c374 * 1 > end - pos:
+                raise _count_error(c374, end - pos)
+            for _ in range(c374):
+                n378 = _ZL[buf[pos]]
+                if n378 < 0:
+                    n378, pos = _rlong(buf, pos)
+                    if n378 < 0:
+                        raise _length_error(n378, end - pos)
                 else:
                     pos += 1
-                q342 = pos + n341
-                if q342 > end:
-                    raise _length_error(n341, end - pos)
-                x338 = buf[pos:q342].decode()
-                pos = q342
-                acc336.append(x338)
-        f_gpu_models = tuple(acc336)
+                q379 = pos + n378
+                if q379 > end:
+                    raise _length_error(n378, end - pos)
+                x375 = buf[pos:q379].decode()
+                pos = q379
+                acc373.append(x375)
+        f_gpu_models = tuple(acc373)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc343: dict[str, Any] = {}
+        acc380: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c344 = _ZD[b]
+                c381 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c344 = (z >> 1) ^ -(z & 1)
+                c381 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c344 = (z >> 1) ^ -(z & 1)
+                c381 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c344, pos = _rlong(buf, pos)
-            if c344 == 0:
+                c381, pos = _rlong(buf, pos)
+            if c381 == 0:
                 break
-            if c344 < 0:
-                c344 = -c344
+            if c381 < 0:
+                c381 = -c381
                 b = buf[pos]
                 if b < 128:
-                    z347 = _ZD[b]
+                    z384 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z347 = (z >> 1) ^ -(z & 1)
+                    z384 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z347 = (z >> 1) ^ -(z & 1)
+                    z384 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z347, pos = _rlong(buf, pos)
-            if c344 * 2 > end - pos:
-                raise _count_error(c344, end - pos)
-            for _ in range(c344):
-                n348 = _ZL[buf[pos]]
-                if n348 < 0:
-                    n348, pos = _rlong(buf, pos)
-                    if n348 < 0:
-                        raise _length_error(n348, end - pos)
+                    z384, pos = _rlong(buf, pos)
+            if c381 * 2 > end - pos:
+                raise _count_error(c381, end - pos)
+            for _ in range(c381):
+                n385 = _ZL[buf[pos]]
+                if n385 < 0:
+                    n385, pos = _rlong(buf, pos)
+                    if n385 < 0:
+                        raise _length_error(n385, end - pos)
                 else:
                     pos += 1
-                q349 = pos + n348
-                if q349 > end:
-                    raise _length_error(n348, end - pos)
-                k346 = buf[pos:q349].decode()
-                pos = q349
-                n350 = _ZL[buf[pos]]
-                if n350 < 0:
-                    n350, pos = _rlong(buf, pos)
-                    if n350 < 0:
-                        raise _length_error(n350, end - pos)
+                q386 = pos + n385
+                if q386 > end:
+                    raise _length_error(n385, end - pos)
+                k383 = buf[pos:q386].decode()
+                pos = q386
+                n387 = _ZL[buf[pos]]
+                if n387 < 0:
+                    n387, pos = _rlong(buf, pos)
+                    if n387 < 0:
+                        raise _length_error(n387, end - pos)
                 else:
                     pos += 1
-                q351 = pos + n350
-                if q351 > end:
-                    raise _length_error(n350, end - pos)
-                x345 = buf[pos:q351].decode()
-                pos = q351
-                acc343[k346] = x345
-        f_node_selector = acc343
+                q388 = pos + n387
+                if q388 > end:
+                    raise _length_error(n387, end - pos)
+                x382 = buf[pos:q388].decode()
+                pos = q388
+                acc380[k383] = x382
+        f_node_selector = acc380
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc352: list[Any] = []
+        acc389: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c353 = _ZD[b]
+                c390 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c353 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c353 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c353, pos = _rlong(buf, pos)
-            if c353 == 0:
+                c390, pos = _rlong(buf, pos)
+            if c390 == 0:
                 break
-            if c353 < 0:
-                c353 = -c353
+            if c390 < 0:
+                c390 = -c390
                 b = buf[pos]
                 if b < 128:
-                    z356 = _ZD[b]
+                    z393 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z356, pos = _rlong(buf, pos)
-            if c353 * 4 > end - pos:
-                raise _count_error(c353, end - pos)
-            for _ in range(c353):
-                x354, pos = _d_Toleration356(buf, pos, end)
-                acc352.append(x354)
-        f_tolerations = tuple(acc352)
-    b = buf[pos]
-    if b < 128:
-        i366 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i366 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i366 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i366, pos = _rlong(buf, pos)
-    if i366 == 0:
-        f_time_limit_ms = None
-    elif i366 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i366, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc367: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c368 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c368 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c368 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c368, pos = _rlong(buf, pos)
-            if c368 == 0:
-                break
-            if c368 < 0:
-                c368 = -c368
-                b = buf[pos]
-                if b < 128:
-                    z371 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z371 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z371 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z371, pos = _rlong(buf, pos)
-            if c368 * 1 > end - pos:
-                raise _count_error(c368, end - pos)
-            for _ in range(c368):
-                n372 = _ZL[buf[pos]]
-                if n372 < 0:
-                    n372, pos = _rlong(buf, pos)
-                    if n372 < 0:
-                        raise _length_error(n372, end - pos)
-                else:
-                    pos += 1
-                q373 = pos + n372
-                if q373 > end:
-                    raise _length_error(n372, end - pos)
-                x369 = buf[pos:q373].decode()
-                pos = q373
-                acc367.append(x369)
-        f_depends_on = tuple(acc367)
-    n374 = _ZL[buf[pos]]
-    if n374 < 0:
-        n374, pos = _rlong(buf, pos)
-        if n374 < 0:
-            raise _length_error(n374, end - pos)
-    else:
-        pos += 1
-    q375 = pos + n374
-    if q375 > end:
-        raise _length_error(n374, end - pos)
-    f_dependency = buf[pos:q375].decode()
-    pos = q375
-    n376 = _ZL[buf[pos]]
-    if n376 < 0:
-        n376, pos = _rlong(buf, pos)
-        if n376 < 0:
-            raise _length_error(n376, end - pos)
-    else:
-        pos += 1
-    q377 = pos + n376
-    if q377 > end:
-        raise _length_error(n376, end - pos)
-    f_preemption = buf[pos:q377].decode()
-    pos = q377
-    f_movable = buf[pos] != 0
-    pos += 1
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
-    return o, pos
-
-
-def _d_Release377(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
-    f_pod_id: str
-    f_reason: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
-    else:
-        pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_pod_id = buf[pos:q380].decode()
-    pos = q380
-    n381 = _ZL[buf[pos]]
-    if n381 < 0:
-        n381, pos = _rlong(buf, pos)
-        if n381 < 0:
-            raise _length_error(n381, end - pos)
-    else:
-        pos += 1
-    q382 = pos + n381
-    if q382 > end:
-        raise _length_error(n381, end - pos)
-    f_reason = buf[pos:q382].decode()
-    pos = q382
-    o = _c_Release(f_pod_id, f_reason)
-    return o, pos
-
-
-def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    b = buf[pos]
-    if b < 128:
-        i391 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i391 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i391 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i391, pos = _rlong(buf, pos)
-    if i391 == 0:
-        f_cohort = None
-    elif i391 == 1:
-        n392 = _ZL[buf[pos]]
-        if n392 < 0:
-            n392, pos = _rlong(buf, pos)
-            if n392 < 0:
-                raise _length_error(n392, end - pos)
-        else:
-            pos += 1
-        q393 = pos + n392
-        if q393 > end:
-            raise _length_error(n392, end - pos)
-        f_cohort = buf[pos:q393].decode()
-        pos = q393
-    else:
-        raise _union_error(i391, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc394: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c395 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c395 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c395 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c395, pos = _rlong(buf, pos)
-            if c395 == 0:
-                break
-            if c395 < 0:
-                c395 = -c395
-                b = buf[pos]
-                if b < 128:
-                    z398 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z398 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z398 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z398, pos = _rlong(buf, pos)
-            if c395 * 2 > end - pos:
-                raise _count_error(c395, end - pos)
-            for _ in range(c395):
-                n399 = _ZL[buf[pos]]
-                if n399 < 0:
-                    n399, pos = _rlong(buf, pos)
-                    if n399 < 0:
-                        raise _length_error(n399, end - pos)
-                else:
-                    pos += 1
-                q400 = pos + n399
-                if q400 > end:
-                    raise _length_error(n399, end - pos)
-                k397 = buf[pos:q400].decode()
-                pos = q400
-                b = buf[pos]
-                if b < 128:
-                    x396 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x396 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x396 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x396, pos = _rlong(buf, pos)
-                acc394[k397] = x396
-        f_nominal_gpus = acc394
-    b = buf[pos]
-    if b < 128:
-        i401 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i401 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i401 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i401, pos = _rlong(buf, pos)
-    if i401 == 0:
-        f_nominal_cpu_milli = None
-    elif i401 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i401, 2)
-    b = buf[pos]
-    if b < 128:
-        i402 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i402 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i402 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i402, pos = _rlong(buf, pos)
-    if i402 == 0:
-        f_nominal_memory_mib = None
-    elif i402 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i402, 2)
+                    z393, pos = _rlong(buf, pos)
+            if c390 * 4 > end - pos:
+                raise _count_error(c390, end - pos)
+            for _ in range(c390):
+                x391, pos = _d_Toleration393(buf, pos, end)
+                acc389.append(x391)
+        f_tolerations = tuple(acc389)
     b = buf[pos]
     if b < 128:
         i403 = _ZD[b]
@@ -1500,8 +1318,365 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i403, pos = _rlong(buf, pos)
     if i403 == 0:
-        f_borrowing_limit_gpus = None
+        f_time_limit_ms = None
     elif i403 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i403, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc404: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c405 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c405 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c405 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c405, pos = _rlong(buf, pos)
+            if c405 == 0:
+                break
+            if c405 < 0:
+                c405 = -c405
+                b = buf[pos]
+                if b < 128:
+                    z408 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z408 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z408 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z408, pos = _rlong(buf, pos)
+            if c405 * 1 > end - pos:
+                raise _count_error(c405, end - pos)
+            for _ in range(c405):
+                n409 = _ZL[buf[pos]]
+                if n409 < 0:
+                    n409, pos = _rlong(buf, pos)
+                    if n409 < 0:
+                        raise _length_error(n409, end - pos)
+                else:
+                    pos += 1
+                q410 = pos + n409
+                if q410 > end:
+                    raise _length_error(n409, end - pos)
+                x406 = buf[pos:q410].decode()
+                pos = q410
+                acc404.append(x406)
+        f_depends_on = tuple(acc404)
+    n411 = _ZL[buf[pos]]
+    if n411 < 0:
+        n411, pos = _rlong(buf, pos)
+        if n411 < 0:
+            raise _length_error(n411, end - pos)
+    else:
+        pos += 1
+    q412 = pos + n411
+    if q412 > end:
+        raise _length_error(n411, end - pos)
+    f_dependency = buf[pos:q412].decode()
+    pos = q412
+    n413 = _ZL[buf[pos]]
+    if n413 < 0:
+        n413, pos = _rlong(buf, pos)
+        if n413 < 0:
+            raise _length_error(n413, end - pos)
+    else:
+        pos += 1
+    q414 = pos + n413
+    if q414 > end:
+        raise _length_error(n413, end - pos)
+    f_preemption = buf[pos:q414].decode()
+    pos = q414
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i415 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i415 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i415 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i415, pos = _rlong(buf, pos)
+    if i415 == 0:
+        f_retry = None
+    elif i415 == 1:
+        f_retry, pos = _d_Retry415(buf, pos, end)
+    else:
+        raise _union_error(i415, 2)
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
+    return o, pos
+
+
+def _d_Release416(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+    f_pod_id: str
+    f_reason: str
+    n418 = _ZL[buf[pos]]
+    if n418 < 0:
+        n418, pos = _rlong(buf, pos)
+        if n418 < 0:
+            raise _length_error(n418, end - pos)
+    else:
+        pos += 1
+    q419 = pos + n418
+    if q419 > end:
+        raise _length_error(n418, end - pos)
+    f_pod_id = buf[pos:q419].decode()
+    pos = q419
+    n420 = _ZL[buf[pos]]
+    if n420 < 0:
+        n420, pos = _rlong(buf, pos)
+        if n420 < 0:
+            raise _length_error(n420, end - pos)
+    else:
+        pos += 1
+    q421 = pos + n420
+    if q421 > end:
+        raise _length_error(n420, end - pos)
+    f_reason = buf[pos:q421].decode()
+    pos = q421
+    o = _c_Release(f_pod_id, f_reason)
+    return o, pos
+
+
+def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    b = buf[pos]
+    if b < 128:
+        i430 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i430 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i430 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i430, pos = _rlong(buf, pos)
+    if i430 == 0:
+        f_cohort = None
+    elif i430 == 1:
+        n431 = _ZL[buf[pos]]
+        if n431 < 0:
+            n431, pos = _rlong(buf, pos)
+            if n431 < 0:
+                raise _length_error(n431, end - pos)
+        else:
+            pos += 1
+        q432 = pos + n431
+        if q432 > end:
+            raise _length_error(n431, end - pos)
+        f_cohort = buf[pos:q432].decode()
+        pos = q432
+    else:
+        raise _union_error(i430, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc433: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c434 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c434 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c434 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c434, pos = _rlong(buf, pos)
+            if c434 == 0:
+                break
+            if c434 < 0:
+                c434 = -c434
+                b = buf[pos]
+                if b < 128:
+                    z437 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z437 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z437 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z437, pos = _rlong(buf, pos)
+            if c434 * 2 > end - pos:
+                raise _count_error(c434, end - pos)
+            for _ in range(c434):
+                n438 = _ZL[buf[pos]]
+                if n438 < 0:
+                    n438, pos = _rlong(buf, pos)
+                    if n438 < 0:
+                        raise _length_error(n438, end - pos)
+                else:
+                    pos += 1
+                q439 = pos + n438
+                if q439 > end:
+                    raise _length_error(n438, end - pos)
+                k436 = buf[pos:q439].decode()
+                pos = q439
+                b = buf[pos]
+                if b < 128:
+                    x435 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x435 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x435 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x435, pos = _rlong(buf, pos)
+                acc433[k436] = x435
+        f_nominal_gpus = acc433
+    b = buf[pos]
+    if b < 128:
+        i440 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i440 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i440 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i440, pos = _rlong(buf, pos)
+    if i440 == 0:
+        f_nominal_cpu_milli = None
+    elif i440 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i440, 2)
+    b = buf[pos]
+    if b < 128:
+        i441 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i441 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i441 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i441, pos = _rlong(buf, pos)
+    if i441 == 0:
+        f_nominal_memory_mib = None
+    elif i441 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i441, 2)
+    b = buf[pos]
+    if b < 128:
+        i442 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i442 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i442 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i442, pos = _rlong(buf, pos)
+    if i442 == 0:
+        f_borrowing_limit_gpus = None
+    elif i442 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1517,24 +1692,24 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i442, 2)
     b = buf[pos]
     if b < 128:
-        i404 = _ZD[b]
+        i443 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i404 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i404 = (z >> 1) ^ -(z & 1)
+        i443 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i404, pos = _rlong(buf, pos)
-    if i404 == 0:
+        i443, pos = _rlong(buf, pos)
+    if i443 == 0:
         f_lending_limit_gpus = None
-    elif i404 == 1:
+    elif i443 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1550,7 +1725,7 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i404, 2)
+        raise _union_error(i443, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1569,41 +1744,41 @@ def _d_Quota389(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n384 = _ZL[buf[pos]]
-    if n384 < 0:
-        n384, pos = _rlong(buf, pos)
-        if n384 < 0:
-            raise _length_error(n384, end - pos)
+    n423 = _ZL[buf[pos]]
+    if n423 < 0:
+        n423, pos = _rlong(buf, pos)
+        if n423 < 0:
+            raise _length_error(n423, end - pos)
     else:
         pos += 1
-    q385 = pos + n384
-    if q385 > end:
-        raise _length_error(n384, end - pos)
-    f_policy = buf[pos:q385].decode()
-    pos = q385
+    q424 = pos + n423
+    if q424 > end:
+        raise _length_error(n423, end - pos)
+    f_policy = buf[pos:q424].decode()
+    pos = q424
     b = buf[pos]
     if b < 128:
-        i386 = _ZD[b]
+        i425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i386 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i386 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i386, pos = _rlong(buf, pos)
-    if i386 == 0:
+        i425, pos = _rlong(buf, pos)
+    if i425 == 0:
         f_reserve_after_ms = None
-    elif i386 == 1:
+    elif i425 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1619,56 +1794,56 @@ def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i386, 2)
-    n387 = _ZL[buf[pos]]
-    if n387 < 0:
-        n387, pos = _rlong(buf, pos)
-        if n387 < 0:
-            raise _length_error(n387, end - pos)
+        raise _union_error(i425, 2)
+    n426 = _ZL[buf[pos]]
+    if n426 < 0:
+        n426, pos = _rlong(buf, pos)
+        if n426 < 0:
+            raise _length_error(n426, end - pos)
     else:
         pos += 1
-    q388 = pos + n387
-    if q388 > end:
-        raise _length_error(n387, end - pos)
-    f_queue_order = buf[pos:q388].decode()
-    pos = q388
+    q427 = pos + n426
+    if q427 > end:
+        raise _length_error(n426, end - pos)
+    f_queue_order = buf[pos:q427].decode()
+    pos = q427
     b = buf[pos]
     if b < 128:
-        i389 = _ZD[b]
+        i428 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i389 = (z >> 1) ^ -(z & 1)
+        i428 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i389 = (z >> 1) ^ -(z & 1)
+        i428 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i389, pos = _rlong(buf, pos)
-    if i389 == 0:
+        i428, pos = _rlong(buf, pos)
+    if i428 == 0:
         f_default_quota = None
-    elif i389 == 1:
-        f_default_quota, pos = _d_Quota389(buf, pos, end)
+    elif i428 == 1:
+        f_default_quota, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i389, 2)
+        raise _union_error(i428, 2)
     b = buf[pos]
     if b < 128:
-        i405 = _ZD[b]
+        i444 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i405 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i405 = (z >> 1) ^ -(z & 1)
+        i444 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i405, pos = _rlong(buf, pos)
-    if i405 == 0:
+        i444, pos = _rlong(buf, pos)
+    if i444 == 0:
         f_max_clock_jump_ms = None
-    elif i405 == 1:
+    elif i444 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1684,12 +1859,12 @@ def _d_SetPolicy382(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i405, 2)
+        raise _union_error(i444, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1698,18 +1873,18 @@ def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n417 = _ZL[buf[pos]]
-    if n417 < 0:
-        n417, pos = _rlong(buf, pos)
-        if n417 < 0:
-            raise _length_error(n417, end - pos)
+    n456 = _ZL[buf[pos]]
+    if n456 < 0:
+        n456, pos = _rlong(buf, pos)
+        if n456 < 0:
+            raise _length_error(n456, end - pos)
     else:
         pos += 1
-    q418 = pos + n417
-    if q418 > end:
-        raise _length_error(n417, end - pos)
-    f_pod_id = buf[pos:q418].decode()
-    pos = q418
+    q457 = pos + n456
+    if q457 > end:
+        raise _length_error(n456, end - pos)
+    f_pod_id = buf[pos:q457].decode()
+    pos = q457
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1770,173 +1945,173 @@ def _d_GangMember415(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc419: list[Any] = []
+        acc458: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c420 = _ZD[b]
+                c459 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c420 = (z >> 1) ^ -(z & 1)
+                c459 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c420 = (z >> 1) ^ -(z & 1)
+                c459 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c420, pos = _rlong(buf, pos)
-            if c420 == 0:
+                c459, pos = _rlong(buf, pos)
+            if c459 == 0:
                 break
-            if c420 < 0:
-                c420 = -c420
+            if c459 < 0:
+                c459 = -c459
                 b = buf[pos]
                 if b < 128:
-                    z423 = _ZD[b]
+                    z462 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z423 = (z >> 1) ^ -(z & 1)
+                    z462 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z423 = (z >> 1) ^ -(z & 1)
+                    z462 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z423, pos = _rlong(buf, pos)
-            if c420 * 1 > end - pos:
-                raise _count_error(c420, end - pos)
-            for _ in range(c420):
-                n424 = _ZL[buf[pos]]
-                if n424 < 0:
-                    n424, pos = _rlong(buf, pos)
-                    if n424 < 0:
-                        raise _length_error(n424, end - pos)
+                    z462, pos = _rlong(buf, pos)
+            if c459 * 1 > end - pos:
+                raise _count_error(c459, end - pos)
+            for _ in range(c459):
+                n463 = _ZL[buf[pos]]
+                if n463 < 0:
+                    n463, pos = _rlong(buf, pos)
+                    if n463 < 0:
+                        raise _length_error(n463, end - pos)
                 else:
                     pos += 1
-                q425 = pos + n424
-                if q425 > end:
-                    raise _length_error(n424, end - pos)
-                x421 = buf[pos:q425].decode()
-                pos = q425
-                acc419.append(x421)
-        f_gpu_models = tuple(acc419)
+                q464 = pos + n463
+                if q464 > end:
+                    raise _length_error(n463, end - pos)
+                x460 = buf[pos:q464].decode()
+                pos = q464
+                acc458.append(x460)
+        f_gpu_models = tuple(acc458)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc426: dict[str, Any] = {}
+        acc465: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c427 = _ZD[b]
+                c466 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c427 = (z >> 1) ^ -(z & 1)
+                c466 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c427 = (z >> 1) ^ -(z & 1)
+                c466 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c427, pos = _rlong(buf, pos)
-            if c427 == 0:
+                c466, pos = _rlong(buf, pos)
+            if c466 == 0:
                 break
-            if c427 < 0:
-                c427 = -c427
+            if c466 < 0:
+                c466 = -c466
                 b = buf[pos]
                 if b < 128:
-                    z430 = _ZD[b]
+                    z469 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z469 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z469 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z430, pos = _rlong(buf, pos)
-            if c427 * 2 > end - pos:
-                raise _count_error(c427, end - pos)
-            for _ in range(c427):
-                n431 = _ZL[buf[pos]]
-                if n431 < 0:
-                    n431, pos = _rlong(buf, pos)
-                    if n431 < 0:
-                        raise _length_error(n431, end - pos)
+                    z469, pos = _rlong(buf, pos)
+            if c466 * 2 > end - pos:
+                raise _count_error(c466, end - pos)
+            for _ in range(c466):
+                n470 = _ZL[buf[pos]]
+                if n470 < 0:
+                    n470, pos = _rlong(buf, pos)
+                    if n470 < 0:
+                        raise _length_error(n470, end - pos)
                 else:
                     pos += 1
-                q432 = pos + n431
-                if q432 > end:
-                    raise _length_error(n431, end - pos)
-                k429 = buf[pos:q432].decode()
-                pos = q432
-                n433 = _ZL[buf[pos]]
-                if n433 < 0:
-                    n433, pos = _rlong(buf, pos)
-                    if n433 < 0:
-                        raise _length_error(n433, end - pos)
+                q471 = pos + n470
+                if q471 > end:
+                    raise _length_error(n470, end - pos)
+                k468 = buf[pos:q471].decode()
+                pos = q471
+                n472 = _ZL[buf[pos]]
+                if n472 < 0:
+                    n472, pos = _rlong(buf, pos)
+                    if n472 < 0:
+                        raise _length_error(n472, end - pos)
                 else:
                     pos += 1
-                q434 = pos + n433
-                if q434 > end:
-                    raise _length_error(n433, end - pos)
-                x428 = buf[pos:q434].decode()
-                pos = q434
-                acc426[k429] = x428
-        f_node_selector = acc426
+                q473 = pos + n472
+                if q473 > end:
+                    raise _length_error(n472, end - pos)
+                x467 = buf[pos:q473].decode()
+                pos = q473
+                acc465[k468] = x467
+        f_node_selector = acc465
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc435: list[Any] = []
+        acc474: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c436 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c436 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c436 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c436, pos = _rlong(buf, pos)
-            if c436 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c436 < 0:
-                c436 = -c436
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z439 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z439 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z439 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z439, pos = _rlong(buf, pos)
-            if c436 * 4 > end - pos:
-                raise _count_error(c436, end - pos)
-            for _ in range(c436):
-                x437, pos = _d_Toleration356(buf, pos, end)
-                acc435.append(x437)
-        f_tolerations = tuple(acc435)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 4 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                x476, pos = _d_Toleration393(buf, pos, end)
+                acc474.append(x476)
+        f_tolerations = tuple(acc474)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -1949,30 +2124,30 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n407 = _ZL[buf[pos]]
-    if n407 < 0:
-        n407, pos = _rlong(buf, pos)
-        if n407 < 0:
-            raise _length_error(n407, end - pos)
+    n446 = _ZL[buf[pos]]
+    if n446 < 0:
+        n446, pos = _rlong(buf, pos)
+        if n446 < 0:
+            raise _length_error(n446, end - pos)
     else:
         pos += 1
-    q408 = pos + n407
-    if q408 > end:
-        raise _length_error(n407, end - pos)
-    f_gang_id = buf[pos:q408].decode()
-    pos = q408
-    n409 = _ZL[buf[pos]]
-    if n409 < 0:
-        n409, pos = _rlong(buf, pos)
-        if n409 < 0:
-            raise _length_error(n409, end - pos)
+    q447 = pos + n446
+    if q447 > end:
+        raise _length_error(n446, end - pos)
+    f_gang_id = buf[pos:q447].decode()
+    pos = q447
+    n448 = _ZL[buf[pos]]
+    if n448 < 0:
+        n448, pos = _rlong(buf, pos)
+        if n448 < 0:
+            raise _length_error(n448, end - pos)
     else:
         pos += 1
-    q410 = pos + n409
-    if q410 > end:
-        raise _length_error(n409, end - pos)
-    f_tenant = buf[pos:q410].decode()
-    pos = q410
+    q449 = pos + n448
+    if q449 > end:
+        raise _length_error(n448, end - pos)
+    f_tenant = buf[pos:q449].decode()
+    pos = q449
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1991,453 +2166,46 @@ def _d_SubmitGang405(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc411: list[Any] = []
+        acc450: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c412 = _ZD[b]
+                c451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c412 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c412 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c412, pos = _rlong(buf, pos)
-            if c412 == 0:
+                c451, pos = _rlong(buf, pos)
+            if c451 == 0:
                 break
-            if c412 < 0:
-                c412 = -c412
+            if c451 < 0:
+                c451 = -c451
                 b = buf[pos]
                 if b < 128:
-                    z415 = _ZD[b]
+                    z454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z415, pos = _rlong(buf, pos)
-            if c412 * 8 > end - pos:
-                raise _count_error(c412, end - pos)
-            for _ in range(c412):
-                x413, pos = _d_GangMember415(buf, pos, end)
-                acc411.append(x413)
-        f_members = tuple(acc411)
-    b = buf[pos]
-    if b < 128:
-        i440 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i440 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i440 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i440, pos = _rlong(buf, pos)
-    if i440 == 0:
-        f_min_members = None
-    elif i440 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_min_members = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_min_members = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_min_members = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_min_members, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i440, 2)
-    b = buf[pos]
-    if b < 128:
-        i441 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i441, pos = _rlong(buf, pos)
-    if i441 == 0:
-        f_topology_required = None
-    elif i441 == 1:
-        n442 = _ZL[buf[pos]]
-        if n442 < 0:
-            n442, pos = _rlong(buf, pos)
-            if n442 < 0:
-                raise _length_error(n442, end - pos)
-        else:
-            pos += 1
-        q443 = pos + n442
-        if q443 > end:
-            raise _length_error(n442, end - pos)
-        f_topology_required = buf[pos:q443].decode()
-        pos = q443
-    else:
-        raise _union_error(i441, 2)
-    b = buf[pos]
-    if b < 128:
-        i444 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i444 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i444 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i444, pos = _rlong(buf, pos)
-    if i444 == 0:
-        f_topology_preferred = None
-    elif i444 == 1:
-        n445 = _ZL[buf[pos]]
-        if n445 < 0:
-            n445, pos = _rlong(buf, pos)
-            if n445 < 0:
-                raise _length_error(n445, end - pos)
-        else:
-            pos += 1
-        q446 = pos + n445
-        if q446 > end:
-            raise _length_error(n445, end - pos)
-        f_topology_preferred = buf[pos:q446].decode()
-        pos = q446
-    else:
-        raise _union_error(i444, 2)
-    b = buf[pos]
-    if b < 128:
-        i447 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i447 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i447 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i447, pos = _rlong(buf, pos)
-    if i447 == 0:
-        f_timeout_ms = None
-    elif i447 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i447, 2)
-    b = buf[pos]
-    if b < 128:
-        i448 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i448 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i448 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i448, pos = _rlong(buf, pos)
-    if i448 == 0:
-        f_time_limit_ms = None
-    elif i448 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i448, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc449: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c450 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c450 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c450 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c450, pos = _rlong(buf, pos)
-            if c450 == 0:
-                break
-            if c450 < 0:
-                c450 = -c450
-                b = buf[pos]
-                if b < 128:
-                    z453 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z453 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z453 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z453, pos = _rlong(buf, pos)
-            if c450 * 1 > end - pos:
-                raise _count_error(c450, end - pos)
-            for _ in range(c450):
-                n454 = _ZL[buf[pos]]
-                if n454 < 0:
-                    n454, pos = _rlong(buf, pos)
-                    if n454 < 0:
-                        raise _length_error(n454, end - pos)
-                else:
-                    pos += 1
-                q455 = pos + n454
-                if q455 > end:
-                    raise _length_error(n454, end - pos)
-                x451 = buf[pos:q455].decode()
-                pos = q455
-                acc449.append(x451)
-        f_depends_on = tuple(acc449)
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
-    else:
-        pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_dependency = buf[pos:q457].decode()
-    pos = q457
-    n458 = _ZL[buf[pos]]
-    if n458 < 0:
-        n458, pos = _rlong(buf, pos)
-        if n458 < 0:
-            raise _length_error(n458, end - pos)
-    else:
-        pos += 1
-    q459 = pos + n458
-    if q459 > end:
-        raise _length_error(n458, end - pos)
-    f_preemption = buf[pos:q459].decode()
-    pos = q459
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
-    return o, pos
-
-
-def _d_ReleaseGang459(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n461 = _ZL[buf[pos]]
-    if n461 < 0:
-        n461, pos = _rlong(buf, pos)
-        if n461 < 0:
-            raise _length_error(n461, end - pos)
-    else:
-        pos += 1
-    q462 = pos + n461
-    if q462 > end:
-        raise _length_error(n461, end - pos)
-    f_gang_id = buf[pos:q462].decode()
-    pos = q462
-    n463 = _ZL[buf[pos]]
-    if n463 < 0:
-        n463, pos = _rlong(buf, pos)
-        if n463 < 0:
-            raise _length_error(n463, end - pos)
-    else:
-        pos += 1
-    q464 = pos + n463
-    if q464 > end:
-        raise _length_error(n463, end - pos)
-    f_reason = buf[pos:q464].decode()
-    pos = q464
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick464(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    n467 = _ZL[buf[pos]]
-    if n467 < 0:
-        n467, pos = _rlong(buf, pos)
-        if n467 < 0:
-            raise _length_error(n467, end - pos)
-    else:
-        pos += 1
-    q468 = pos + n467
-    if q468 > end:
-        raise _length_error(n467, end - pos)
-    f_tenant = buf[pos:q468].decode()
-    pos = q468
-    b = buf[pos]
-    if b < 128:
-        i469 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i469 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i469 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i469, pos = _rlong(buf, pos)
-    if i469 == 0:
-        f_cohort = None
-    elif i469 == 1:
-        n470 = _ZL[buf[pos]]
-        if n470 < 0:
-            n470, pos = _rlong(buf, pos)
-            if n470 < 0:
-                raise _length_error(n470, end - pos)
-        else:
-            pos += 1
-        q471 = pos + n470
-        if q471 > end:
-            raise _length_error(n470, end - pos)
-        f_cohort = buf[pos:q471].decode()
-        pos = q471
-    else:
-        raise _union_error(i469, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc472: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c473 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c473 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c473 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c473, pos = _rlong(buf, pos)
-            if c473 == 0:
-                break
-            if c473 < 0:
-                c473 = -c473
-                b = buf[pos]
-                if b < 128:
-                    z476 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z476 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z476 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z476, pos = _rlong(buf, pos)
-            if c473 * 2 > end - pos:
-                raise _count_error(c473, end - pos)
-            for _ in range(c473):
-                n477 = _ZL[buf[pos]]
-                if n477 < 0:
-                    n477, pos = _rlong(buf, pos)
-                    if n477 < 0:
-                        raise _length_error(n477, end - pos)
-                else:
-                    pos += 1
-                q478 = pos + n477
-                if q478 > end:
-                    raise _length_error(n477, end - pos)
-                k475 = buf[pos:q478].decode()
-                pos = q478
-                b = buf[pos]
-                if b < 128:
-                    x474 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x474 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x474 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x474, pos = _rlong(buf, pos)
-                acc472[k475] = x474
-        f_nominal_gpus = acc472
+                    z454, pos = _rlong(buf, pos)
+            if c451 * 8 > end - pos:
+                raise _count_error(c451, end - pos)
+            for _ in range(c451):
+                x452, pos = _d_GangMember454(buf, pos, end)
+                acc450.append(x452)
+        f_members = tuple(acc450)
     b = buf[pos]
     if b < 128:
         i479 = _ZD[b]
@@ -2453,22 +2221,22 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i479, pos = _rlong(buf, pos)
     if i479 == 0:
-        f_nominal_cpu_milli = None
+        f_min_members = None
     elif i479 == 1:
         b = buf[pos]
         if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
+            f_min_members = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_min_members = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_min_members = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+            f_min_members, pos = _rlong(buf, pos)
     else:
         raise _union_error(i479, 2)
     b = buf[pos]
@@ -2486,8 +2254,415 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i480, pos = _rlong(buf, pos)
     if i480 == 0:
-        f_nominal_memory_mib = None
+        f_topology_required = None
     elif i480 == 1:
+        n481 = _ZL[buf[pos]]
+        if n481 < 0:
+            n481, pos = _rlong(buf, pos)
+            if n481 < 0:
+                raise _length_error(n481, end - pos)
+        else:
+            pos += 1
+        q482 = pos + n481
+        if q482 > end:
+            raise _length_error(n481, end - pos)
+        f_topology_required = buf[pos:q482].decode()
+        pos = q482
+    else:
+        raise _union_error(i480, 2)
+    b = buf[pos]
+    if b < 128:
+        i483 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i483 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i483 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i483, pos = _rlong(buf, pos)
+    if i483 == 0:
+        f_topology_preferred = None
+    elif i483 == 1:
+        n484 = _ZL[buf[pos]]
+        if n484 < 0:
+            n484, pos = _rlong(buf, pos)
+            if n484 < 0:
+                raise _length_error(n484, end - pos)
+        else:
+            pos += 1
+        q485 = pos + n484
+        if q485 > end:
+            raise _length_error(n484, end - pos)
+        f_topology_preferred = buf[pos:q485].decode()
+        pos = q485
+    else:
+        raise _union_error(i483, 2)
+    b = buf[pos]
+    if b < 128:
+        i486 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i486 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i486 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i486, pos = _rlong(buf, pos)
+    if i486 == 0:
+        f_timeout_ms = None
+    elif i486 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i486, 2)
+    b = buf[pos]
+    if b < 128:
+        i487 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i487 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i487 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i487, pos = _rlong(buf, pos)
+    if i487 == 0:
+        f_time_limit_ms = None
+    elif i487 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i487, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc488: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c489 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c489 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c489 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c489, pos = _rlong(buf, pos)
+            if c489 == 0:
+                break
+            if c489 < 0:
+                c489 = -c489
+                b = buf[pos]
+                if b < 128:
+                    z492 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z492 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z492 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z492, pos = _rlong(buf, pos)
+            if c489 * 1 > end - pos:
+                raise _count_error(c489, end - pos)
+            for _ in range(c489):
+                n493 = _ZL[buf[pos]]
+                if n493 < 0:
+                    n493, pos = _rlong(buf, pos)
+                    if n493 < 0:
+                        raise _length_error(n493, end - pos)
+                else:
+                    pos += 1
+                q494 = pos + n493
+                if q494 > end:
+                    raise _length_error(n493, end - pos)
+                x490 = buf[pos:q494].decode()
+                pos = q494
+                acc488.append(x490)
+        f_depends_on = tuple(acc488)
+    n495 = _ZL[buf[pos]]
+    if n495 < 0:
+        n495, pos = _rlong(buf, pos)
+        if n495 < 0:
+            raise _length_error(n495, end - pos)
+    else:
+        pos += 1
+    q496 = pos + n495
+    if q496 > end:
+        raise _length_error(n495, end - pos)
+    f_dependency = buf[pos:q496].decode()
+    pos = q496
+    n497 = _ZL[buf[pos]]
+    if n497 < 0:
+        n497, pos = _rlong(buf, pos)
+        if n497 < 0:
+            raise _length_error(n497, end - pos)
+    else:
+        pos += 1
+    q498 = pos + n497
+    if q498 > end:
+        raise _length_error(n497, end - pos)
+    f_preemption = buf[pos:q498].decode()
+    pos = q498
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
+    return o, pos
+
+
+def _d_ReleaseGang498(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n500 = _ZL[buf[pos]]
+    if n500 < 0:
+        n500, pos = _rlong(buf, pos)
+        if n500 < 0:
+            raise _length_error(n500, end - pos)
+    else:
+        pos += 1
+    q501 = pos + n500
+    if q501 > end:
+        raise _length_error(n500, end - pos)
+    f_gang_id = buf[pos:q501].decode()
+    pos = q501
+    n502 = _ZL[buf[pos]]
+    if n502 < 0:
+        n502, pos = _rlong(buf, pos)
+        if n502 < 0:
+            raise _length_error(n502, end - pos)
+    else:
+        pos += 1
+    q503 = pos + n502
+    if q503 > end:
+        raise _length_error(n502, end - pos)
+    f_reason = buf[pos:q503].decode()
+    pos = q503
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick503(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    n506 = _ZL[buf[pos]]
+    if n506 < 0:
+        n506, pos = _rlong(buf, pos)
+        if n506 < 0:
+            raise _length_error(n506, end - pos)
+    else:
+        pos += 1
+    q507 = pos + n506
+    if q507 > end:
+        raise _length_error(n506, end - pos)
+    f_tenant = buf[pos:q507].decode()
+    pos = q507
+    b = buf[pos]
+    if b < 128:
+        i508 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i508 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i508 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i508, pos = _rlong(buf, pos)
+    if i508 == 0:
+        f_cohort = None
+    elif i508 == 1:
+        n509 = _ZL[buf[pos]]
+        if n509 < 0:
+            n509, pos = _rlong(buf, pos)
+            if n509 < 0:
+                raise _length_error(n509, end - pos)
+        else:
+            pos += 1
+        q510 = pos + n509
+        if q510 > end:
+            raise _length_error(n509, end - pos)
+        f_cohort = buf[pos:q510].decode()
+        pos = q510
+    else:
+        raise _union_error(i508, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc511: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c512 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c512 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c512 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c512, pos = _rlong(buf, pos)
+            if c512 == 0:
+                break
+            if c512 < 0:
+                c512 = -c512
+                b = buf[pos]
+                if b < 128:
+                    z515 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z515 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z515 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z515, pos = _rlong(buf, pos)
+            if c512 * 2 > end - pos:
+                raise _count_error(c512, end - pos)
+            for _ in range(c512):
+                n516 = _ZL[buf[pos]]
+                if n516 < 0:
+                    n516, pos = _rlong(buf, pos)
+                    if n516 < 0:
+                        raise _length_error(n516, end - pos)
+                else:
+                    pos += 1
+                q517 = pos + n516
+                if q517 > end:
+                    raise _length_error(n516, end - pos)
+                k514 = buf[pos:q517].decode()
+                pos = q517
+                b = buf[pos]
+                if b < 128:
+                    x513 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x513 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x513 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x513, pos = _rlong(buf, pos)
+                acc511[k514] = x513
+        f_nominal_gpus = acc511
+    b = buf[pos]
+    if b < 128:
+        i518 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i518 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i518 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i518, pos = _rlong(buf, pos)
+    if i518 == 0:
+        f_nominal_cpu_milli = None
+    elif i518 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i518, 2)
+    b = buf[pos]
+    if b < 128:
+        i519 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i519 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i519 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i519, pos = _rlong(buf, pos)
+    if i519 == 0:
+        f_nominal_memory_mib = None
+    elif i519 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2503,24 +2678,24 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i480, 2)
+        raise _union_error(i519, 2)
     b = buf[pos]
     if b < 128:
-        i481 = _ZD[b]
+        i520 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i481 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i481 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i481, pos = _rlong(buf, pos)
-    if i481 == 0:
+        i520, pos = _rlong(buf, pos)
+    if i520 == 0:
         f_borrowing_limit_gpus = None
-    elif i481 == 1:
+    elif i520 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2536,24 +2711,24 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i481, 2)
+        raise _union_error(i520, 2)
     b = buf[pos]
     if b < 128:
-        i482 = _ZD[b]
+        i521 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i482 = (z >> 1) ^ -(z & 1)
+        i521 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i482 = (z >> 1) ^ -(z & 1)
+        i521 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i482, pos = _rlong(buf, pos)
-    if i482 == 0:
+        i521, pos = _rlong(buf, pos)
+    if i521 == 0:
         f_lending_limit_gpus = None
-    elif i482 == 1:
+    elif i521 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2569,7 +2744,7 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i482, 2)
+        raise _union_error(i521, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2588,25 +2763,25 @@ def _d_SetQuota465(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota482(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota521(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n484 = _ZL[buf[pos]]
-    if n484 < 0:
-        n484, pos = _rlong(buf, pos)
-        if n484 < 0:
-            raise _length_error(n484, end - pos)
+    n523 = _ZL[buf[pos]]
+    if n523 < 0:
+        n523, pos = _rlong(buf, pos)
+        if n523 < 0:
+            raise _length_error(n523, end - pos)
     else:
         pos += 1
-    q485 = pos + n484
-    if q485 > end:
-        raise _length_error(n484, end - pos)
-    f_tenant = buf[pos:q485].decode()
-    pos = q485
+    q524 = pos + n523
+    if q524 > end:
+        raise _length_error(n523, end - pos)
+    f_tenant = buf[pos:q524].decode()
+    pos = q524
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment485(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2625,241 +2800,443 @@ def _d_Defragment485(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i487 = _ZD[b]
+        i526 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
+        i526, pos = _rlong(buf, pos)
+    if i526 == 0:
         f_target = None
-    elif i487 == 1:
-        n488 = _ZL[buf[pos]]
-        if n488 < 0:
-            n488, pos = _rlong(buf, pos)
-            if n488 < 0:
-                raise _length_error(n488, end - pos)
+    elif i526 == 1:
+        n527 = _ZL[buf[pos]]
+        if n527 < 0:
+            n527, pos = _rlong(buf, pos)
+            if n527 < 0:
+                raise _length_error(n527, end - pos)
         else:
             pos += 1
-        q489 = pos + n488
-        if q489 > end:
-            raise _length_error(n488, end - pos)
-        f_target = buf[pos:q489].decode()
-        pos = q489
+        q528 = pos + n527
+        if q528 > end:
+            raise _length_error(n527, end - pos)
+        f_target = buf[pos:q528].decode()
+        pos = q528
     else:
-        raise _union_error(i487, 2)
+        raise _union_error(i526, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster489(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster528(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n491 = _ZL[buf[pos]]
-    if n491 < 0:
-        n491, pos = _rlong(buf, pos)
-        if n491 < 0:
-            raise _length_error(n491, end - pos)
+    n530 = _ZL[buf[pos]]
+    if n530 < 0:
+        n530, pos = _rlong(buf, pos)
+        if n530 < 0:
+            raise _length_error(n530, end - pos)
     else:
         pos += 1
-    q492 = pos + n491
-    if q492 > end:
-        raise _length_error(n491, end - pos)
-    f_reason = buf[pos:q492].decode()
-    pos = q492
+    q531 = pos + n530
+    if q531 > end:
+        raise _length_error(n530, end - pos)
+    f_reason = buf[pos:q531].decode()
+    pos = q531
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode492(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode531(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n494 = _ZL[buf[pos]]
-    if n494 < 0:
-        n494, pos = _rlong(buf, pos)
-        if n494 < 0:
-            raise _length_error(n494, end - pos)
+    n533 = _ZL[buf[pos]]
+    if n533 < 0:
+        n533, pos = _rlong(buf, pos)
+        if n533 < 0:
+            raise _length_error(n533, end - pos)
     else:
         pos += 1
-    q495 = pos + n494
-    if q495 > end:
-        raise _length_error(n494, end - pos)
-    f_node_id = buf[pos:q495].decode()
-    pos = q495
+    q534 = pos + n533
+    if q534 > end:
+        raise _length_error(n533, end - pos)
+    f_node_id = buf[pos:q534].decode()
+    pos = q534
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode495(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode534(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n497 = _ZL[buf[pos]]
-    if n497 < 0:
-        n497, pos = _rlong(buf, pos)
-        if n497 < 0:
-            raise _length_error(n497, end - pos)
+    n536 = _ZL[buf[pos]]
+    if n536 < 0:
+        n536, pos = _rlong(buf, pos)
+        if n536 < 0:
+            raise _length_error(n536, end - pos)
     else:
         pos += 1
-    q498 = pos + n497
-    if q498 > end:
-        raise _length_error(n497, end - pos)
-    f_node_id = buf[pos:q498].decode()
-    pos = q498
+    q537 = pos + n536
+    if q537 > end:
+        raise _length_error(n536, end - pos)
+    f_node_id = buf[pos:q537].decode()
+    pos = q537
     b = buf[pos]
     if b < 128:
-        i499 = _ZD[b]
+        i538 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i499 = (z >> 1) ^ -(z & 1)
+        i538 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i499 = (z >> 1) ^ -(z & 1)
+        i538 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i499, pos = _rlong(buf, pos)
-    if i499 == 0:
+        i538, pos = _rlong(buf, pos)
+    if i538 == 0:
         f_labels = None
-    elif i499 == 1:
+    elif i538 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc500: dict[str, Any] = {}
+            acc539: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c501 = _ZD[b]
+                    c540 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c501 = (z >> 1) ^ -(z & 1)
+                    c540 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c501 = (z >> 1) ^ -(z & 1)
+                    c540 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c501, pos = _rlong(buf, pos)
-                if c501 == 0:
+                    c540, pos = _rlong(buf, pos)
+                if c540 == 0:
                     break
-                if c501 < 0:
-                    c501 = -c501
+                if c540 < 0:
+                    c540 = -c540
                     b = buf[pos]
                     if b < 128:
-                        z504 = _ZD[b]
+                        z543 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z504 = (z >> 1) ^ -(z & 1)
+                        z543 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z504 = (z >> 1) ^ -(z & 1)
+                        z543 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z504, pos = _rlong(buf, pos)
-                if c501 * 2 > end - pos:
-                    raise _count_error(c501, end - pos)
-                for _ in range(c501):
-                    n505 = _ZL[buf[pos]]
-                    if n505 < 0:
-                        n505, pos = _rlong(buf, pos)
-                        if n505 < 0:
-                            raise _length_error(n505, end - pos)
+                        z543, pos = _rlong(buf, pos)
+                if c540 * 2 > end - pos:
+                    raise _count_error(c540, end - pos)
+                for _ in range(c540):
+                    n544 = _ZL[buf[pos]]
+                    if n544 < 0:
+                        n544, pos = _rlong(buf, pos)
+                        if n544 < 0:
+                            raise _length_error(n544, end - pos)
                     else:
                         pos += 1
-                    q506 = pos + n505
-                    if q506 > end:
-                        raise _length_error(n505, end - pos)
-                    k503 = buf[pos:q506].decode()
-                    pos = q506
-                    n507 = _ZL[buf[pos]]
-                    if n507 < 0:
-                        n507, pos = _rlong(buf, pos)
-                        if n507 < 0:
-                            raise _length_error(n507, end - pos)
+                    q545 = pos + n544
+                    if q545 > end:
+                        raise _length_error(n544, end - pos)
+                    k542 = buf[pos:q545].decode()
+                    pos = q545
+                    n546 = _ZL[buf[pos]]
+                    if n546 < 0:
+                        n546, pos = _rlong(buf, pos)
+                        if n546 < 0:
+                            raise _length_error(n546, end - pos)
                     else:
                         pos += 1
-                    q508 = pos + n507
-                    if q508 > end:
-                        raise _length_error(n507, end - pos)
-                    x502 = buf[pos:q508].decode()
-                    pos = q508
-                    acc500[k503] = x502
-            f_labels = acc500
+                    q547 = pos + n546
+                    if q547 > end:
+                        raise _length_error(n546, end - pos)
+                    x541 = buf[pos:q547].decode()
+                    pos = q547
+                    acc539[k542] = x541
+            f_labels = acc539
     else:
-        raise _union_error(i499, 2)
+        raise _union_error(i538, 2)
     b = buf[pos]
     if b < 128:
-        i509 = _ZD[b]
+        i548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i509 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i509 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i509, pos = _rlong(buf, pos)
-    if i509 == 0:
+        i548, pos = _rlong(buf, pos)
+    if i548 == 0:
         f_taints = None
-    elif i509 == 1:
+    elif i548 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc510: list[Any] = []
+            acc549: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c511 = _ZD[b]
+                    c550 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c511 = (z >> 1) ^ -(z & 1)
+                    c550 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c511 = (z >> 1) ^ -(z & 1)
+                    c550 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c511, pos = _rlong(buf, pos)
-                if c511 == 0:
+                    c550, pos = _rlong(buf, pos)
+                if c550 == 0:
                     break
-                if c511 < 0:
-                    c511 = -c511
+                if c550 < 0:
+                    c550 = -c550
                     b = buf[pos]
                     if b < 128:
-                        z514 = _ZD[b]
+                        z553 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z514 = (z >> 1) ^ -(z & 1)
+                        z553 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z514 = (z >> 1) ^ -(z & 1)
+                        z553 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z514, pos = _rlong(buf, pos)
-                if c511 * 3 > end - pos:
-                    raise _count_error(c511, end - pos)
-                for _ in range(c511):
-                    x512, pos = _d_Taint306(buf, pos, end)
-                    acc510.append(x512)
-            f_taints = tuple(acc510)
+                        z553, pos = _rlong(buf, pos)
+                if c550 * 3 > end - pos:
+                    raise _count_error(c550, end - pos)
+                for _ in range(c550):
+                    x551, pos = _d_Taint343(buf, pos, end)
+                    acc549.append(x551)
+            f_taints = tuple(acc549)
     else:
-        raise _union_error(i509, 2)
+        raise _union_error(i548, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
+    return o, pos
+
+
+def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n555 = _ZL[buf[pos]]
+    if n555 < 0:
+        n555, pos = _rlong(buf, pos)
+        if n555 < 0:
+            raise _length_error(n555, end - pos)
+    else:
+        pos += 1
+    q556 = pos + n555
+    if q556 > end:
+        raise _length_error(n555, end - pos)
+    f_budget_id = buf[pos:q556].decode()
+    pos = q556
+    b = buf[pos]
+    if b < 128:
+        i557 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i557 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i557 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i557, pos = _rlong(buf, pos)
+    if i557 == 0:
+        f_tenant = None
+    elif i557 == 1:
+        n558 = _ZL[buf[pos]]
+        if n558 < 0:
+            n558, pos = _rlong(buf, pos)
+            if n558 < 0:
+                raise _length_error(n558, end - pos)
+        else:
+            pos += 1
+        q559 = pos + n558
+        if q559 > end:
+            raise _length_error(n558, end - pos)
+        f_tenant = buf[pos:q559].decode()
+        pos = q559
+    else:
+        raise _union_error(i557, 2)
+    b = buf[pos]
+    if b < 128:
+        i560 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i560 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i560 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i560, pos = _rlong(buf, pos)
+    if i560 == 0:
+        f_gang_id = None
+    elif i560 == 1:
+        n561 = _ZL[buf[pos]]
+        if n561 < 0:
+            n561, pos = _rlong(buf, pos)
+            if n561 < 0:
+                raise _length_error(n561, end - pos)
+        else:
+            pos += 1
+        q562 = pos + n561
+        if q562 > end:
+            raise _length_error(n561, end - pos)
+        f_gang_id = buf[pos:q562].decode()
+        pos = q562
+    else:
+        raise _union_error(i560, 2)
+    b = buf[pos]
+    if b < 128:
+        i563 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i563 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i563 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i563, pos = _rlong(buf, pos)
+    if i563 == 0:
+        f_label_selector = None
+    elif i563 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc564: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c565 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c565 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c565 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c565, pos = _rlong(buf, pos)
+                if c565 == 0:
+                    break
+                if c565 < 0:
+                    c565 = -c565
+                    b = buf[pos]
+                    if b < 128:
+                        z568 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z568 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z568 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z568, pos = _rlong(buf, pos)
+                if c565 * 2 > end - pos:
+                    raise _count_error(c565, end - pos)
+                for _ in range(c565):
+                    n569 = _ZL[buf[pos]]
+                    if n569 < 0:
+                        n569, pos = _rlong(buf, pos)
+                        if n569 < 0:
+                            raise _length_error(n569, end - pos)
+                    else:
+                        pos += 1
+                    q570 = pos + n569
+                    if q570 > end:
+                        raise _length_error(n569, end - pos)
+                    k567 = buf[pos:q570].decode()
+                    pos = q570
+                    n571 = _ZL[buf[pos]]
+                    if n571 < 0:
+                        n571, pos = _rlong(buf, pos)
+                        if n571 < 0:
+                            raise _length_error(n571, end - pos)
+                    else:
+                        pos += 1
+                    q572 = pos + n571
+                    if q572 > end:
+                        raise _length_error(n571, end - pos)
+                    x566 = buf[pos:q572].decode()
+                    pos = q572
+                    acc564[k567] = x566
+            f_label_selector = acc564
+    else:
+        raise _union_error(i563, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_SetDisruptionBudget(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_RemoveDisruptionBudget572(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+    f_budget_id: str
+    n574 = _ZL[buf[pos]]
+    if n574 < 0:
+        n574, pos = _rlong(buf, pos)
+        if n574 < 0:
+            raise _length_error(n574, end - pos)
+    else:
+        pos += 1
+    q575 = pos + n574
+    if q575 > end:
+        raise _length_error(n574, end - pos)
+    f_budget_id = buf[pos:q575].decode()
+    pos = q575
+    o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
 
@@ -2868,7 +3245,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k279:
+    if frame[:10] != _k316:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -2879,30 +3256,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n281 = _ZL[buf[pos]]
-        if n281 < 0:
-            n281, pos = _rlong(buf, pos)
-            if n281 < 0:
-                raise _length_error(n281, end - pos)
+        n318 = _ZL[buf[pos]]
+        if n318 < 0:
+            n318, pos = _rlong(buf, pos)
+            if n318 < 0:
+                raise _length_error(n318, end - pos)
         else:
             pos += 1
-        q282 = pos + n281
-        if q282 > end:
-            raise _length_error(n281, end - pos)
-        f_command_id = buf[pos:q282].decode()
-        pos = q282
-        n283 = _ZL[buf[pos]]
-        if n283 < 0:
-            n283, pos = _rlong(buf, pos)
-            if n283 < 0:
-                raise _length_error(n283, end - pos)
+        q319 = pos + n318
+        if q319 > end:
+            raise _length_error(n318, end - pos)
+        f_command_id = buf[pos:q319].decode()
+        pos = q319
+        n320 = _ZL[buf[pos]]
+        if n320 < 0:
+            n320, pos = _rlong(buf, pos)
+            if n320 < 0:
+                raise _length_error(n320, end - pos)
         else:
             pos += 1
-        q284 = pos + n283
-        if q284 > end:
-            raise _length_error(n283, end - pos)
-        f_cluster = buf[pos:q284].decode()
-        pos = q284
+        q321 = pos + n320
+        if q321 > end:
+            raise _length_error(n320, end - pos)
+        f_cluster = buf[pos:q321].decode()
+        pos = q321
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -2917,35 +3294,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n285 = _ZL[buf[pos]]
-        if n285 < 0:
-            n285, pos = _rlong(buf, pos)
-            if n285 < 0:
-                raise _length_error(n285, end - pos)
+        n322 = _ZL[buf[pos]]
+        if n322 < 0:
+            n322, pos = _rlong(buf, pos)
+            if n322 < 0:
+                raise _length_error(n322, end - pos)
         else:
             pos += 1
-        q286 = pos + n285
-        if q286 > end:
-            raise _length_error(n285, end - pos)
-        f_source = buf[pos:q286].decode()
-        pos = q286
+        q323 = pos + n322
+        if q323 > end:
+            raise _length_error(n322, end - pos)
+        f_source = buf[pos:q323].decode()
+        pos = q323
         b = buf[pos]
         if b < 128:
-            i287 = _ZD[b]
+            i324 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i287 = (z >> 1) ^ -(z & 1)
+            i324 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i287 = (z >> 1) ^ -(z & 1)
+            i324 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i287, pos = _rlong(buf, pos)
-        if not 0 <= i287 < 18:
-            raise _union_error(i287, 18)
-        f_payload, pos = _k514[i287](buf, pos, end)
+            i324, pos = _rlong(buf, pos)
+        if not 0 <= i324 < 20:
+            raise _union_error(i324, 20)
+        f_payload, pos = _k575[i324](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -2956,259 +3333,291 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded526(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k527, (_P[n530] if (n530 := len(s529 := o.node_id.encode())) < 8192 else _long(n530)), s529, (_P[n532] if (n532 := len(s531 := o.gpu_model.encode())) < 8192 else _long(n532)), s531, (_P[n533] if 0 <= (n533 := o.gpu_count) < 8192 else _long(n533)), (_P[n534] if 0 <= (n534 := o.cpu_milli) < 8192 else _long(n534)), (_P[n535] if 0 <= (n535 := o.memory_mib) < 8192 else _long(n535)), (_b21(a536) if (a536 := o.labels) else b"\x00"), (_b27(a537) if (a537 := o.taints) else b"\x00"),))
+def _e_NodeAdded587(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k588, (_P[n591] if (n591 := len(s590 := o.node_id.encode())) < 8192 else _long(n591)), s590, (_P[n593] if (n593 := len(s592 := o.gpu_model.encode())) < 8192 else _long(n593)), s592, (_P[n594] if 0 <= (n594 := o.gpu_count) < 8192 else _long(n594)), (_P[n595] if 0 <= (n595 := o.cpu_milli) < 8192 else _long(n595)), (_P[n596] if 0 <= (n596 := o.memory_mib) < 8192 else _long(n596)), (_b21(a597) if (a597 := o.labels) else b"\x00"), (_b27(a598) if (a598 := o.taints) else b"\x00"), (_P[n599] if 0 <= (n599 := o.gpu_memory_mib) < 8192 else _long(n599)),))
 
 
-def _e_NodeRemoved537(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k538, (_P[n541] if (n541 := len(s540 := o.node_id.encode())) < 8192 else _long(n541)), s540, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved599(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k600, (_P[n603] if (n603 := len(s602 := o.node_id.encode())) < 8192 else _long(n603)), s602, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned541(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k542, (_P[n545] if (n545 := len(s544 := o.node_id.encode())) < 8192 else _long(n545)), s544,))
+def _e_NodeCordoned603(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606,))
 
 
-def _e_NodeUncordoned545(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k546, (_P[n549] if (n549 := len(s548 := o.node_id.encode())) < 8192 else _long(n549)), s548,))
+def _e_NodeUncordoned607(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k608, (_P[n611] if (n611 := len(s610 := o.node_id.encode())) < 8192 else _long(n611)), s610,))
 
 
-def _e_NodeDrained549(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k550, (_P[n553] if (n553 := len(s552 := o.node_id.encode())) < 8192 else _long(n553)), s552, (_P[n554] if 0 <= (n554 := o.evicted) < 8192 else _long(n554)),))
+def _e_NodeDrained611(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614, (_P[n616] if 0 <= (n616 := o.evicted) < 8192 else _long(n616)),))
 
 
-def _e_NodeFailed554(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k555, (_P[n558] if (n558 := len(s557 := o.node_id.encode())) < 8192 else _long(n558)), s557, (_P[n560] if (n560 := len(s559 := o.reason.encode())) < 8192 else _long(n560)), s559, (_P[n561] if 0 <= (n561 := o.evicted) < 8192 else _long(n561)),))
+def _e_NodeFailed616(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.reason.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.evicted) < 8192 else _long(n623)),))
 
 
-def _u580(v: Any) -> bytes:
-    return b"".join((_k580, (_P[n583] if (n583 := len(s582 := v.encode())) < 8192 else _long(n583)), s582,))
+def _u642(v: Any) -> bytes:
+    return b"".join((_k642, (_P[n645] if (n645 := len(s644 := v.encode())) < 8192 else _long(n645)), s644,))
 
 
-def _u586(v: Any) -> bytes:
-    return b"".join((_k586, (_P[n588] if 0 <= (n588 := v) < 8192 else _long(n588)),))
+def _u648(v: Any) -> bytes:
+    return b"".join((_k648, (_P[n650] if 0 <= (n650 := v) < 8192 else _long(n650)),))
 
 
-def _b596(a: Any) -> bytes:
+def _b662(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n599] if (n599 := len(s598 := x.code.encode())) < 8192 else _long(n599)), s598, (_P[n600] if 0 <= (n600 := x.nodes) < 8192 else _long(n600)), (_P[n602] if (n602 := len(s601 := x.message.encode())) < 8192 else _long(n602)), s601,)
+        out += ((_P[n665] if (n665 := len(s664 := x.code.encode())) < 8192 else _long(n665)), s664, (_P[n666] if 0 <= (n666 := x.nodes) < 8192 else _long(n666)), (_P[n668] if (n668 := len(s667 := x.message.encode())) < 8192 else _long(n668)), s667,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued561(o: _c_PodQueued) -> bytes:
-    return b"".join((_k562, (_P[n566] if (n566 := len(s565 := (r564 := o.pod).pod_id.encode())) < 8192 else _long(n566)), s565, (_P[n568] if (n568 := len(s567 := r564.tenant.encode())) < 8192 else _long(n568)), s567, (_P[n569] if 0 <= (n569 := r564.priority) < 8192 else _long(n569)), (_P[n570] if 0 <= (n570 := r564.num_gpu) < 8192 else _long(n570)), (_P[n571] if 0 <= (n571 := r564.gpu_milli) < 8192 else _long(n571)), (_P[n572] if 0 <= (n572 := r564.cpu_milli) < 8192 else _long(n572)), (_P[n573] if 0 <= (n573 := r564.memory_mib) < 8192 else _long(n573)), (_b69(a574) if (a574 := r564.gpu_models) else b"\x00"), (_b21(a575) if (a575 := r564.node_selector) else b"\x00"), (_b74(a576) if (a576 := r564.tolerations) else b"\x00"), (_P[n577] if 0 <= (n577 := r564.submitted_at) < 8192 else _long(n577)), (_P[n578] if 0 <= (n578 := r564.arrival) < 8192 else _long(n578)), (_k583 if (u579 := r564.gang_id) is None else _u580(u579)), (_k588 if (u585 := r564.time_limit_ms) is None else _u586(u585)), (_b69(a590) if (a590 := r564.depends_on) else b"\x00"), (_P[n592] if (n592 := len(s591 := r564.dependency.encode())) < 8192 else _long(n592)), s591, (_P[n594] if (n594 := len(s593 := r564.preemption.encode())) < 8192 else _long(n594)), s593, (b"\x01" if r564.movable else b"\x00"), (_b596(a595) if (a595 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b69(a603) if (a603 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued623(o: _c_PodQueued) -> bytes:
+    return b"".join((_k624, (_P[n628] if (n628 := len(s627 := (r626 := o.pod).pod_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := r626.tenant.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := r626.priority) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r626.num_gpu) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := r626.gpu_milli) < 8192 else _long(n633)), (_P[n634] if 0 <= (n634 := r626.cpu_milli) < 8192 else _long(n634)), (_P[n635] if 0 <= (n635 := r626.memory_mib) < 8192 else _long(n635)), (_b71(a636) if (a636 := r626.gpu_models) else b"\x00"), (_b21(a637) if (a637 := r626.node_selector) else b"\x00"), (_b76(a638) if (a638 := r626.tolerations) else b"\x00"), (_P[n639] if 0 <= (n639 := r626.submitted_at) < 8192 else _long(n639)), (_P[n640] if 0 <= (n640 := r626.arrival) < 8192 else _long(n640)), (_k645 if (u641 := r626.gang_id) is None else _u642(u641)), (_k650 if (u647 := r626.time_limit_ms) is None else _u648(u647)), (_b71(a652) if (a652 := r626.depends_on) else b"\x00"), (_P[n654] if (n654 := len(s653 := r626.dependency.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := r626.preemption.encode())) < 8192 else _long(n656)), s655, (b"\x01" if r626.movable else b"\x00"), (_P[n657] if 0 <= (n657 := r626.gpu_memory_mib) < 8192 else _long(n657)), (_k659 if (u658 := r626.retry) is None else _k658[type(u658)](u658)), (_b662(a661) if (a661 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a669) if (a669 := o.waiting_for) else b"\x00"),))
 
 
-def _u622(v: Any) -> bytes:
-    return b"".join((_k622, (_P[n625] if (n625 := len(s624 := v.encode())) < 8192 else _long(n625)), s624,))
+def _u688(v: Any) -> bytes:
+    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
 
 
-def _u628(v: Any) -> bytes:
-    return b"".join((_k628, (_P[n630] if 0 <= (n630 := v) < 8192 else _long(n630)),))
+def _u694(v: Any) -> bytes:
+    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
 
 
-def _b640(a: Any) -> bytes:
+def _b710(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n642] if 0 <= (n642 := x.index) < 8192 else _long(n642)), (_P[n643] if 0 <= (n643 := x.milli) < 8192 else _long(n643)),)
+        out += ((_P[n712] if 0 <= (n712 := x.index) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := x.milli) < 8192 else _long(n713)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b647(a: Any) -> bytes:
+def _b717(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n649] if (n649 := len(s648 := k.encode())) < 8192 else _long(n649)), s648, _pack_d(x),)
+        out += ((_P[n719] if (n719 := len(s718 := k.encode())) < 8192 else _long(n719)), s718, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled603(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k604, (_P[n608] if (n608 := len(s607 := (r606 := o.pod).pod_id.encode())) < 8192 else _long(n608)), s607, (_P[n610] if (n610 := len(s609 := r606.tenant.encode())) < 8192 else _long(n610)), s609, (_P[n611] if 0 <= (n611 := r606.priority) < 8192 else _long(n611)), (_P[n612] if 0 <= (n612 := r606.num_gpu) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := r606.gpu_milli) < 8192 else _long(n613)), (_P[n614] if 0 <= (n614 := r606.cpu_milli) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := r606.memory_mib) < 8192 else _long(n615)), (_b69(a616) if (a616 := r606.gpu_models) else b"\x00"), (_b21(a617) if (a617 := r606.node_selector) else b"\x00"), (_b74(a618) if (a618 := r606.tolerations) else b"\x00"), (_P[n619] if 0 <= (n619 := r606.submitted_at) < 8192 else _long(n619)), (_P[n620] if 0 <= (n620 := r606.arrival) < 8192 else _long(n620)), (_k625 if (u621 := r606.gang_id) is None else _u622(u621)), (_k630 if (u627 := r606.time_limit_ms) is None else _u628(u627)), (_b69(a632) if (a632 := r606.depends_on) else b"\x00"), (_P[n634] if (n634 := len(s633 := r606.dependency.encode())) < 8192 else _long(n634)), s633, (_P[n636] if (n636 := len(s635 := r606.preemption.encode())) < 8192 else _long(n636)), s635, (b"\x01" if r606.movable else b"\x00"), (_P[n638] if (n638 := len(s637 := o.node_id.encode())) < 8192 else _long(n638)), s637, (_b640(a639) if (a639 := o.gpus) else b"\x00"), (_P[n645] if (n645 := len(s644 := o.policy.encode())) < 8192 else _long(n645)), s644, (b"\x01" if o.from_queue else b"\x00"), (_b647(a646) if (a646 := o.scores) else b"\x00"), (_b69(a650) if (a650 := o.preempted) else b"\x00"),))
+def _e_PodScheduled669(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k670, (_P[n674] if (n674 := len(s673 := (r672 := o.pod).pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := r672.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := r672.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := r672.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := r672.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := r672.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := r672.memory_mib) < 8192 else _long(n681)), (_b71(a682) if (a682 := r672.gpu_models) else b"\x00"), (_b21(a683) if (a683 := r672.node_selector) else b"\x00"), (_b76(a684) if (a684 := r672.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := r672.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := r672.arrival) < 8192 else _long(n686)), (_k691 if (u687 := r672.gang_id) is None else _u688(u687)), (_k696 if (u693 := r672.time_limit_ms) is None else _u694(u693)), (_b71(a698) if (a698 := r672.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := r672.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := r672.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if r672.movable else b"\x00"), (_P[n703] if 0 <= (n703 := r672.gpu_memory_mib) < 8192 else _long(n703)), (_k705 if (u704 := r672.retry) is None else _k704[type(u704)](u704)), (_P[n708] if (n708 := len(s707 := o.node_id.encode())) < 8192 else _long(n708)), s707, (_b710(a709) if (a709 := o.gpus) else b"\x00"), (_P[n715] if (n715 := len(s714 := o.policy.encode())) < 8192 else _long(n715)), s714, (b"\x01" if o.from_queue else b"\x00"), (_b717(a716) if (a716 := o.scores) else b"\x00"), (_b71(a720) if (a720 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted650(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k651, (_P[n654] if (n654 := len(s653 := o.pod_id.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := o.node_id.encode())) < 8192 else _long(n656)), s655, (_P[n658] if (n658 := len(s657 := o.reason.encode())) < 8192 else _long(n658)), s657,))
-
-
-def _u664(v: Any) -> bytes:
-    return b"".join((_k664, (_P[n667] if (n667 := len(s666 := v.encode())) < 8192 else _long(n667)), s666,))
-
-
-def _e_PodReleased658(o: _c_PodReleased) -> bytes:
-    return b"".join((_k659, (_P[n662] if (n662 := len(s661 := o.pod_id.encode())) < 8192 else _long(n662)), s661, (_k667 if (u663 := o.node_id) is None else _u664(u663)), (_P[n670] if (n670 := len(s669 := o.reason.encode())) < 8192 else _long(n670)), s669,))
-
-
-def _u678(v: Any) -> bytes:
-    return b"".join((_k678, (_P[n680] if 0 <= (n680 := v) < 8192 else _long(n680)),))
-
-
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
-
-
-def _e_PolicyChanged670(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := o.policy.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := o.previous.encode())) < 8192 else _long(n676)), s675, (_k680 if (u677 := o.reserve_after_ms) is None else _u678(u677)), (_P[n683] if (n683 := len(s682 := o.queue_order.encode())) < 8192 else _long(n683)), s682, (_k687 if (u684 := o.max_clock_jump_ms) is None else _u685(u684)),))
-
-
-def _e_CommandRejected688(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k689, (_P[n692] if (n692 := len(s691 := o.command_id.encode())) < 8192 else _long(n692)), s691, (_P[n694] if (n694 := len(s693 := o.command_type.encode())) < 8192 else _long(n694)), s693, (_P[n696] if (n696 := len(s695 := o.code.encode())) < 8192 else _long(n696)), s695, (_P[n698] if (n698 := len(s697 := o.message.encode())) < 8192 else _long(n698)), s697,))
-
-
-def _u728(v: Any) -> bytes:
-    return b"".join((_k728, (_P[n731] if (n731 := len(s730 := v.encode())) < 8192 else _long(n731)), s730,))
+def _e_PodEvicted720(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.pod_id.encode())) < 8192 else _long(n724)), s723, (_P[n726] if (n726 := len(s725 := o.node_id.encode())) < 8192 else _long(n726)), s725, (_P[n728] if (n728 := len(s727 := o.reason.encode())) < 8192 else _long(n728)), s727,))
 
 
 def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n736] if 0 <= (n736 := v) < 8192 else _long(n736)),))
+    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
 
 
-def _b711(a: Any) -> bytes:
+def _e_PodReleased728(o: _c_PodReleased) -> bytes:
+    return b"".join((_k729, (_P[n732] if (n732 := len(s731 := o.pod_id.encode())) < 8192 else _long(n732)), s731, (_k737 if (u733 := o.node_id) is None else _u734(u733)), (_P[n740] if (n740 := len(s739 := o.reason.encode())) < 8192 else _long(n740)), s739,))
+
+
+def _u748(v: Any) -> bytes:
+    return b"".join((_k748, (_P[n750] if 0 <= (n750 := v) < 8192 else _long(n750)),))
+
+
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n757] if 0 <= (n757 := v) < 8192 else _long(n757)),))
+
+
+def _e_PolicyChanged740(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k741, (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (_P[n746] if (n746 := len(s745 := o.previous.encode())) < 8192 else _long(n746)), s745, (_k750 if (u747 := o.reserve_after_ms) is None else _u748(u747)), (_P[n753] if (n753 := len(s752 := o.queue_order.encode())) < 8192 else _long(n753)), s752, (_k757 if (u754 := o.max_clock_jump_ms) is None else _u755(u754)),))
+
+
+def _e_CommandRejected758(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k759, (_P[n762] if (n762 := len(s761 := o.command_id.encode())) < 8192 else _long(n762)), s761, (_P[n764] if (n764 := len(s763 := o.command_type.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := o.code.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.message.encode())) < 8192 else _long(n768)), s767,))
+
+
+def _u798(v: Any) -> bytes:
+    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := v.encode())) < 8192 else _long(n801)), s800,))
+
+
+def _u804(v: Any) -> bytes:
+    return b"".join((_k804, (_P[n806] if 0 <= (n806 := v) < 8192 else _long(n806)),))
+
+
+def _b781(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n714] if (n714 := len(s713 := x.pod_id.encode())) < 8192 else _long(n714)), s713, (_P[n716] if (n716 := len(s715 := x.tenant.encode())) < 8192 else _long(n716)), s715, (_P[n717] if 0 <= (n717 := x.priority) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := x.num_gpu) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := x.gpu_milli) < 8192 else _long(n719)), (_P[n720] if 0 <= (n720 := x.cpu_milli) < 8192 else _long(n720)), (_P[n721] if 0 <= (n721 := x.memory_mib) < 8192 else _long(n721)), (_b69(a722) if (a722 := x.gpu_models) else b"\x00"), (_b21(a723) if (a723 := x.node_selector) else b"\x00"), (_b74(a724) if (a724 := x.tolerations) else b"\x00"), (_P[n725] if 0 <= (n725 := x.submitted_at) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := x.arrival) < 8192 else _long(n726)), (_k731 if (u727 := x.gang_id) is None else _u728(u727)), (_k736 if (u733 := x.time_limit_ms) is None else _u734(u733)), (_b69(a738) if (a738 := x.depends_on) else b"\x00"), (_P[n740] if (n740 := len(s739 := x.dependency.encode())) < 8192 else _long(n740)), s739, (_P[n742] if (n742 := len(s741 := x.preemption.encode())) < 8192 else _long(n742)), s741, (b"\x01" if x.movable else b"\x00"),)
+        out += ((_P[n784] if (n784 := len(s783 := x.pod_id.encode())) < 8192 else _long(n784)), s783, (_P[n786] if (n786 := len(s785 := x.tenant.encode())) < 8192 else _long(n786)), s785, (_P[n787] if 0 <= (n787 := x.priority) < 8192 else _long(n787)), (_P[n788] if 0 <= (n788 := x.num_gpu) < 8192 else _long(n788)), (_P[n789] if 0 <= (n789 := x.gpu_milli) < 8192 else _long(n789)), (_P[n790] if 0 <= (n790 := x.cpu_milli) < 8192 else _long(n790)), (_P[n791] if 0 <= (n791 := x.memory_mib) < 8192 else _long(n791)), (_b71(a792) if (a792 := x.gpu_models) else b"\x00"), (_b21(a793) if (a793 := x.node_selector) else b"\x00"), (_b76(a794) if (a794 := x.tolerations) else b"\x00"), (_P[n795] if 0 <= (n795 := x.submitted_at) < 8192 else _long(n795)), (_P[n796] if 0 <= (n796 := x.arrival) < 8192 else _long(n796)), (_k801 if (u797 := x.gang_id) is None else _u798(u797)), (_k806 if (u803 := x.time_limit_ms) is None else _u804(u803)), (_b71(a808) if (a808 := x.depends_on) else b"\x00"), (_P[n810] if (n810 := len(s809 := x.dependency.encode())) < 8192 else _long(n810)), s809, (_P[n812] if (n812 := len(s811 := x.preemption.encode())) < 8192 else _long(n812)), s811, (b"\x01" if x.movable else b"\x00"), (_P[n813] if 0 <= (n813 := x.gpu_memory_mib) < 8192 else _long(n813)), (_k815 if (u814 := x.retry) is None else _k814[type(u814)](u814)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u745(v: Any) -> bytes:
-    return b"".join((_k745, (_P[n748] if (n748 := len(s747 := v.encode())) < 8192 else _long(n748)), s747,))
+def _u819(v: Any) -> bytes:
+    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
 
 
-def _u751(v: Any) -> bytes:
-    return b"".join((_k751, (_P[n754] if (n754 := len(s753 := v.encode())) < 8192 else _long(n754)), s753,))
+def _u825(v: Any) -> bytes:
+    return b"".join((_k825, (_P[n828] if (n828 := len(s827 := v.encode())) < 8192 else _long(n828)), s827,))
 
 
-def _u757(v: Any) -> bytes:
-    return b"".join((_k757, (_P[n759] if 0 <= (n759 := v) < 8192 else _long(n759)),))
+def _u831(v: Any) -> bytes:
+    return b"".join((_k831, (_P[n833] if 0 <= (n833 := v) < 8192 else _long(n833)),))
 
 
-def _u762(v: Any) -> bytes:
-    return b"".join((_k762, (_P[n764] if 0 <= (n764 := v) < 8192 else _long(n764)),))
+def _u836(v: Any) -> bytes:
+    return b"".join((_k836, (_P[n838] if 0 <= (n838 := v) < 8192 else _long(n838)),))
 
 
-def _e_GangQueued698(o: _c_GangQueued) -> bytes:
-    return b"".join((_k699, (_P[n702] if (n702 := len(s701 := o.gang_id.encode())) < 8192 else _long(n702)), s701, (_b596(a703) if (a703 := o.reasons) else b"\x00"), (_P[n706] if (n706 := len(s705 := (r704 := o.gang).gang_id.encode())) < 8192 else _long(n706)), s705, (_P[n708] if (n708 := len(s707 := r704.tenant.encode())) < 8192 else _long(n708)), s707, (_P[n709] if 0 <= (n709 := r704.priority) < 8192 else _long(n709)), (_b711(a710) if (a710 := r704.members) else b"\x00"), (_P[n743] if 0 <= (n743 := r704.min_members) < 8192 else _long(n743)), (_k748 if (u744 := r704.topology_required) is None else _u745(u744)), (_k754 if (u750 := r704.topology_preferred) is None else _u751(u750)), (_k759 if (u756 := r704.timeout_ms) is None else _u757(u756)), (_k764 if (u761 := r704.time_limit_ms) is None else _u762(u761)), (_b69(a766) if (a766 := r704.depends_on) else b"\x00"), (_P[n768] if (n768 := len(s767 := r704.dependency.encode())) < 8192 else _long(n768)), s767, (_P[n769] if 0 <= (n769 := r704.submitted_at) < 8192 else _long(n769)), (_P[n770] if 0 <= (n770 := r704.arrival) < 8192 else _long(n770)), (_P[n772] if (n772 := len(s771 := r704.preemption.encode())) < 8192 else _long(n772)), s771, (b"\x01" if o.requeued else b"\x00"), (_b69(a773) if (a773 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued768(o: _c_GangQueued) -> bytes:
+    return b"".join((_k769, (_P[n772] if (n772 := len(s771 := o.gang_id.encode())) < 8192 else _long(n772)), s771, (_b662(a773) if (a773 := o.reasons) else b"\x00"), (_P[n776] if (n776 := len(s775 := (r774 := o.gang).gang_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := r774.tenant.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r774.priority) < 8192 else _long(n779)), (_b781(a780) if (a780 := r774.members) else b"\x00"), (_P[n817] if 0 <= (n817 := r774.min_members) < 8192 else _long(n817)), (_k822 if (u818 := r774.topology_required) is None else _u819(u818)), (_k828 if (u824 := r774.topology_preferred) is None else _u825(u824)), (_k833 if (u830 := r774.timeout_ms) is None else _u831(u830)), (_k838 if (u835 := r774.time_limit_ms) is None else _u836(u835)), (_b71(a840) if (a840 := r774.depends_on) else b"\x00"), (_P[n842] if (n842 := len(s841 := r774.dependency.encode())) < 8192 else _long(n842)), s841, (_P[n843] if 0 <= (n843 := r774.submitted_at) < 8192 else _long(n843)), (_P[n844] if 0 <= (n844 := r774.arrival) < 8192 else _long(n844)), (_P[n846] if (n846 := len(s845 := r774.preemption.encode())) < 8192 else _long(n846)), s845, (b"\x01" if o.requeued else b"\x00"), (_b71(a847) if (a847 := o.waiting_for) else b"\x00"),))
 
 
-def _b779(a: Any) -> bytes:
+def _b853(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n782] if (n782 := len(s781 := x.pod_id.encode())) < 8192 else _long(n782)), s781, (_P[n784] if (n784 := len(s783 := x.node_id.encode())) < 8192 else _long(n784)), s783, (_b640(a785) if (a785 := x.gpus) else b"\x00"),)
+        out += ((_P[n856] if (n856 := len(s855 := x.pod_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := x.node_id.encode())) < 8192 else _long(n858)), s857, (_b710(a859) if (a859 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u795(v: Any) -> bytes:
-    return b"".join((_k795, (_P[n798] if (n798 := len(s797 := v.encode())) < 8192 else _long(n798)), s797,))
+def _u869(v: Any) -> bytes:
+    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
 
 
-def _u801(v: Any) -> bytes:
-    return b"".join((_k801, (_P[n804] if (n804 := len(s803 := v.encode())) < 8192 else _long(n804)), s803,))
+def _u875(v: Any) -> bytes:
+    return b"".join((_k875, (_P[n878] if (n878 := len(s877 := v.encode())) < 8192 else _long(n878)), s877,))
 
 
-def _u807(v: Any) -> bytes:
-    return b"".join((_k807, (_P[n809] if 0 <= (n809 := v) < 8192 else _long(n809)),))
+def _u881(v: Any) -> bytes:
+    return b"".join((_k881, (_P[n883] if 0 <= (n883 := v) < 8192 else _long(n883)),))
 
 
-def _u812(v: Any) -> bytes:
-    return b"".join((_k812, (_P[n814] if 0 <= (n814 := v) < 8192 else _long(n814)),))
+def _u886(v: Any) -> bytes:
+    return b"".join((_k886, (_P[n888] if 0 <= (n888 := v) < 8192 else _long(n888)),))
 
 
-def _u824(v: Any) -> bytes:
-    return b"".join((_k824, (_P[n827] if (n827 := len(s826 := v.encode())) < 8192 else _long(n827)), s826,))
+def _u898(v: Any) -> bytes:
+    return b"".join((_k898, (_P[n901] if (n901 := len(s900 := v.encode())) < 8192 else _long(n901)), s900,))
 
 
-def _u830(v: Any) -> bytes:
-    return b"".join((_k830, (_P[n833] if (n833 := len(s832 := v.encode())) < 8192 else _long(n833)), s832,))
+def _u904(v: Any) -> bytes:
+    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := v.encode())) < 8192 else _long(n907)), s906,))
 
 
-def _e_GangScheduled773(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.gang_id.encode())) < 8192 else _long(n777)), s776, (_b779(a778) if (a778 := o.members) else b"\x00"), (_P[n788] if (n788 := len(s787 := (r786 := o.gang).gang_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := r786.tenant.encode())) < 8192 else _long(n790)), s789, (_P[n791] if 0 <= (n791 := r786.priority) < 8192 else _long(n791)), (_b711(a792) if (a792 := r786.members) else b"\x00"), (_P[n793] if 0 <= (n793 := r786.min_members) < 8192 else _long(n793)), (_k798 if (u794 := r786.topology_required) is None else _u795(u794)), (_k804 if (u800 := r786.topology_preferred) is None else _u801(u800)), (_k809 if (u806 := r786.timeout_ms) is None else _u807(u806)), (_k814 if (u811 := r786.time_limit_ms) is None else _u812(u811)), (_b69(a816) if (a816 := r786.depends_on) else b"\x00"), (_P[n818] if (n818 := len(s817 := r786.dependency.encode())) < 8192 else _long(n818)), s817, (_P[n819] if 0 <= (n819 := r786.submitted_at) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := r786.arrival) < 8192 else _long(n820)), (_P[n822] if (n822 := len(s821 := r786.preemption.encode())) < 8192 else _long(n822)), s821, (_k827 if (u823 := o.topology_key) is None else _u824(u823)), (_k833 if (u829 := o.domain) is None else _u830(u829)), (b"\x01" if o.from_queue else b"\x00"), (_P[n836] if (n836 := len(s835 := o.message.encode())) < 8192 else _long(n836)), s835, (_b69(a837) if (a837 := o.preempted) else b"\x00"),))
+def _e_GangScheduled847(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := o.gang_id.encode())) < 8192 else _long(n851)), s850, (_b853(a852) if (a852 := o.members) else b"\x00"), (_P[n862] if (n862 := len(s861 := (r860 := o.gang).gang_id.encode())) < 8192 else _long(n862)), s861, (_P[n864] if (n864 := len(s863 := r860.tenant.encode())) < 8192 else _long(n864)), s863, (_P[n865] if 0 <= (n865 := r860.priority) < 8192 else _long(n865)), (_b781(a866) if (a866 := r860.members) else b"\x00"), (_P[n867] if 0 <= (n867 := r860.min_members) < 8192 else _long(n867)), (_k872 if (u868 := r860.topology_required) is None else _u869(u868)), (_k878 if (u874 := r860.topology_preferred) is None else _u875(u874)), (_k883 if (u880 := r860.timeout_ms) is None else _u881(u880)), (_k888 if (u885 := r860.time_limit_ms) is None else _u886(u885)), (_b71(a890) if (a890 := r860.depends_on) else b"\x00"), (_P[n892] if (n892 := len(s891 := r860.dependency.encode())) < 8192 else _long(n892)), s891, (_P[n893] if 0 <= (n893 := r860.submitted_at) < 8192 else _long(n893)), (_P[n894] if 0 <= (n894 := r860.arrival) < 8192 else _long(n894)), (_P[n896] if (n896 := len(s895 := r860.preemption.encode())) < 8192 else _long(n896)), s895, (_k901 if (u897 := o.topology_key) is None else _u898(u897)), (_k907 if (u903 := o.domain) is None else _u904(u903)), (b"\x01" if o.from_queue else b"\x00"), (_P[n910] if (n910 := len(s909 := o.message.encode())) < 8192 else _long(n910)), s909, (_b71(a911) if (a911 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut837(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k838, (_P[n841] if (n841 := len(s840 := o.gang_id.encode())) < 8192 else _long(n841)), s840, (_P[n842] if 0 <= (n842 := o.waited_ms) < 8192 else _long(n842)), (_P[n844] if (n844 := len(s843 := o.message.encode())) < 8192 else _long(n844)), s843,))
+def _e_GangTimedOut911(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k912, (_P[n915] if (n915 := len(s914 := o.gang_id.encode())) < 8192 else _long(n915)), s914, (_P[n916] if 0 <= (n916 := o.waited_ms) < 8192 else _long(n916)), (_P[n918] if (n918 := len(s917 := o.message.encode())) < 8192 else _long(n918)), s917,))
 
 
-def _e_GangReleased844(o: _c_GangReleased) -> bytes:
-    return b"".join((_k845, (_P[n848] if (n848 := len(s847 := o.gang_id.encode())) < 8192 else _long(n848)), s847, (_P[n850] if (n850 := len(s849 := o.reason.encode())) < 8192 else _long(n850)), s849, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangReleased918(o: _c_GangReleased) -> bytes:
+    return b"".join((_k919, (_P[n922] if (n922 := len(s921 := o.gang_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.reason.encode())) < 8192 else _long(n924)), s923, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u859(v: Any) -> bytes:
-    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
+def _u933(v: Any) -> bytes:
+    return b"".join((_k933, (_P[n936] if (n936 := len(s935 := v.encode())) < 8192 else _long(n936)), s935,))
 
 
-def _e_PodTimeLimitReached850(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.node_id.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := o.time_limit_ms) < 8192 else _long(n857)), (_k862 if (u858 := o.gang_id) is None else _u859(u858)),))
+def _e_PodTimeLimitReached924(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k925, (_P[n928] if (n928 := len(s927 := o.pod_id.encode())) < 8192 else _long(n928)), s927, (_P[n930] if (n930 := len(s929 := o.node_id.encode())) < 8192 else _long(n930)), s929, (_P[n931] if 0 <= (n931 := o.time_limit_ms) < 8192 else _long(n931)), (_k936 if (u932 := o.gang_id) is None else _u933(u932)),))
 
 
-def _u872(v: Any) -> bytes:
-    return b"".join((_k872, (_P[n874] if 0 <= (n874 := v) < 8192 else _long(n874)),))
+def _u946(v: Any) -> bytes:
+    return b"".join((_k946, (_P[n948] if 0 <= (n948 := v) < 8192 else _long(n948)),))
 
 
-def _e_NodesReserved863(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k864, (_P[n867] if (n867 := len(s866 := o.holder_id.encode())) < 8192 else _long(n867)), s866, (_P[n869] if (n869 := len(s868 := o.holder_kind.encode())) < 8192 else _long(n869)), s868, (_b69(a870) if (a870 := o.nodes) else b"\x00"), (_k874 if (u871 := o.expected_start) is None else _u872(u871)), (_P[n877] if (n877 := len(s876 := o.message.encode())) < 8192 else _long(n877)), s876,))
+def _e_NodesReserved937(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.holder_id.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.holder_kind.encode())) < 8192 else _long(n943)), s942, (_b71(a944) if (a944 := o.nodes) else b"\x00"), (_k948 if (u945 := o.expected_start) is None else _u946(u945)), (_P[n951] if (n951 := len(s950 := o.message.encode())) < 8192 else _long(n951)), s950,))
 
 
-def _e_ReservationReleased877(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k878, (_P[n881] if (n881 := len(s880 := o.holder_id.encode())) < 8192 else _long(n881)), s880, (_P[n883] if (n883 := len(s882 := o.holder_kind.encode())) < 8192 else _long(n883)), s882, (_b69(a884) if (a884 := o.nodes) else b"\x00"), (_P[n886] if (n886 := len(s885 := o.reason.encode())) < 8192 else _long(n886)), s885, (_P[n888] if (n888 := len(s887 := o.message.encode())) < 8192 else _long(n888)), s887,))
+def _e_ReservationReleased951(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k952, (_P[n955] if (n955 := len(s954 := o.holder_id.encode())) < 8192 else _long(n955)), s954, (_P[n957] if (n957 := len(s956 := o.holder_kind.encode())) < 8192 else _long(n957)), s956, (_b71(a958) if (a958 := o.nodes) else b"\x00"), (_P[n960] if (n960 := len(s959 := o.reason.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
 
 
-def _e_DependencyFailed888(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.holder_id.encode())) < 8192 else _long(n892)), s891, (_P[n894] if (n894 := len(s893 := o.holder_kind.encode())) < 8192 else _long(n894)), s893, (_P[n896] if (n896 := len(s895 := o.dependency_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := o.message.encode())) < 8192 else _long(n898)), s897,))
+def _e_DependencyFailed962(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.holder_id.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.holder_kind.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.dependency_id.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
 
 
-def _e_Ticked898(o: _c_Ticked) -> bytes:
-    return b"".join((_k899, (_P[n901] if 0 <= (n901 := o.clock) < 8192 else _long(n901)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked972(o: _c_Ticked) -> bytes:
+    return b"".join((_k973, (_P[n975] if 0 <= (n975 := o.clock) < 8192 else _long(n975)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted901(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k902, (_P[n905] if (n905 := len(s904 := o.pod_id.encode())) < 8192 else _long(n905)), s904, (_P[n907] if (n907 := len(s906 := o.node_id.encode())) < 8192 else _long(n907)), s906, (_P[n909] if (n909 := len(s908 := o.by.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := o.reason.encode())) < 8192 else _long(n911)), s910, (_P[n913] if (n913 := len(s912 := o.message.encode())) < 8192 else _long(n913)), s912,))
+def _e_PodPreempted975(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.pod_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.node_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.by.encode())) < 8192 else _long(n983)), s982, (_P[n985] if (n985 := len(s984 := o.reason.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.message.encode())) < 8192 else _long(n987)), s986,))
 
 
-def _u917(v: Any) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
+def _u991(v: Any) -> bytes:
+    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
 
 
-def _e_QuotaChanged913(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k914, (_k920 if (u916 := o.tenant) is None else _u917(u916)), (_k923 if (u922 := o.quota) is None else _k922[type(u922)](u922)), (_k926 if (u925 := o.previous) is None else _k925[type(u925)](u925)), (_P[n929] if (n929 := len(s928 := o.message.encode())) < 8192 else _long(n929)), s928,))
+def _e_QuotaChanged987(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k988, (_k994 if (u990 := o.tenant) is None else _u991(u990)), (_k997 if (u996 := o.quota) is None else _k996[type(u996)](u996)), (_k1000 if (u999 := o.previous) is None else _k999[type(u999)](u999)), (_P[n1003] if (n1003 := len(s1002 := o.message.encode())) < 8192 else _long(n1003)), s1002,))
 
 
-def _e_PodMigrated929(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k930, (_P[n933] if (n933 := len(s932 := o.pod_id.encode())) < 8192 else _long(n933)), s932, (_P[n935] if (n935 := len(s934 := o.from_node.encode())) < 8192 else _long(n935)), s934, (_b640(a936) if (a936 := o.from_gpus) else b"\x00"), (_P[n938] if (n938 := len(s937 := o.to_node.encode())) < 8192 else _long(n938)), s937, (_b640(a939) if (a939 := o.to_gpus) else b"\x00"), (_P[n941] if (n941 := len(s940 := o.reason.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.message.encode())) < 8192 else _long(n943)), s942,))
+def _e_PodMigrated1003(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1004, (_P[n1007] if (n1007 := len(s1006 := o.pod_id.encode())) < 8192 else _long(n1007)), s1006, (_P[n1009] if (n1009 := len(s1008 := o.from_node.encode())) < 8192 else _long(n1009)), s1008, (_b710(a1010) if (a1010 := o.from_gpus) else b"\x00"), (_P[n1012] if (n1012 := len(s1011 := o.to_node.encode())) < 8192 else _long(n1012)), s1011, (_b710(a1013) if (a1013 := o.to_gpus) else b"\x00"), (_P[n1015] if (n1015 := len(s1014 := o.reason.encode())) < 8192 else _long(n1015)), s1014, (_P[n1017] if (n1017 := len(s1016 := o.message.encode())) < 8192 else _long(n1017)), s1016,))
 
 
-def _u950(v: Any) -> bytes:
-    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
+def _u1024(v: Any) -> bytes:
+    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := v.encode())) < 8192 else _long(n1027)), s1026,))
 
 
-def _e_DefragmentationPlanned943(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k944, (_P[n946] if 0 <= (n946 := o.moves) < 8192 else _long(n946)), (_P[n947] if 0 <= (n947 := o.gpus_freed) < 8192 else _long(n947)), (_P[n948] if 0 <= (n948 := o.nodes_freed) < 8192 else _long(n948)), (_k953 if (u949 := o.target) is None else _u950(u949)), (_P[n956] if (n956 := len(s955 := o.message.encode())) < 8192 else _long(n956)), s955,))
+def _e_DefragmentationPlanned1017(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1018, (_P[n1020] if 0 <= (n1020 := o.moves) < 8192 else _long(n1020)), (_P[n1021] if 0 <= (n1021 := o.gpus_freed) < 8192 else _long(n1021)), (_P[n1022] if 0 <= (n1022 := o.nodes_freed) < 8192 else _long(n1022)), (_k1027 if (u1023 := o.target) is None else _u1024(u1023)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
 
 
-def _e_ClusterHalted956(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k957, (_P[n960] if (n960 := len(s959 := o.cluster.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.command_id.encode())) < 8192 else _long(n962)), s961, (_P[n964] if (n964 := len(s963 := o.error.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := o.message.encode())) < 8192 else _long(n966)), s965,))
+def _e_ClusterHalted1030(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.cluster.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.command_id.encode())) < 8192 else _long(n1036)), s1035, (_P[n1038] if (n1038 := len(s1037 := o.error.encode())) < 8192 else _long(n1038)), s1037, (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
 
 
-def _e_ClusterResumed966(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k967, (_P[n970] if (n970 := len(s969 := o.cluster.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.halted_command_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.halted_offset) < 8192 else _long(n973)), (_P[n974] if 0 <= (n974 := o.refolded_from) < 8192 else _long(n974)), (_P[n976] if (n976 := len(s975 := o.message.encode())) < 8192 else _long(n976)), s975,))
+def _e_ClusterResumed1040(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.halted_command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1047] if 0 <= (n1047 := o.halted_offset) < 8192 else _long(n1047)), (_P[n1048] if 0 <= (n1048 := o.refolded_from) < 8192 else _long(n1048)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
 
 
-def _e_NodeRecovered976(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979,))
+def _e_NodeRecovered1050(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.node_id.encode())) < 8192 else _long(n1054)), s1053,))
 
 
-def _e_NodeUpdated980(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k981, (_P[n984] if (n984 := len(s983 := o.node_id.encode())) < 8192 else _long(n984)), s983, (_b21(a985) if (a985 := o.labels) else b"\x00"), (_b27(a986) if (a986 := o.taints) else b"\x00"), (_P[n987] if 0 <= (n987 := o.evicting) < 8192 else _long(n987)),))
+def _e_NodeUpdated1054(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1055, (_P[n1058] if (n1058 := len(s1057 := o.node_id.encode())) < 8192 else _long(n1058)), s1057, (_b21(a1059) if (a1059 := o.labels) else b"\x00"), (_b27(a1060) if (a1060 := o.taints) else b"\x00"), (_P[n1061] if 0 <= (n1061 := o.evicting) < 8192 else _long(n1061)),))
 
 
-def _e_Event515(o: _c_Event) -> bytes:
-    return b"".join((_k516, (_P[n518] if 0 <= (n518 := o.partition) < 8192 else _long(n518)), (_P[n519] if 0 <= (n519 := o.sequence) < 8192 else _long(n519)), (_P[n521] if (n521 := len(s520 := o.cluster.encode())) < 8192 else _long(n521)), s520, (_P[n523] if (n523 := len(s522 := o.command_id.encode())) < 8192 else _long(n523)), s522, (_P[n524] if 0 <= (n524 := o.command_offset) < 8192 else _long(n524)), (_P[n525] if 0 <= (n525 := o.occurred_at) < 8192 else _long(n525)), _k987[type(u526 := o.payload)](u526),))
+def _e_PodRetryScheduled1061(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1066] if 0 <= (n1066 := o.attempt) < 8192 else _long(n1066)), (_P[n1067] if 0 <= (n1067 := o.not_before) < 8192 else _long(n1067)),))
 
 
-def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1073(v: Any) -> bytes:
+    return b"".join((_k1073, (_P[n1076] if (n1076 := len(s1075 := v.encode())) < 8192 else _long(n1076)), s1075,))
+
+
+def _u1079(v: Any) -> bytes:
+    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := v.encode())) < 8192 else _long(n1082)), s1081,))
+
+
+def _u1085(v: Any) -> bytes:
+    return b"".join((_k1085, (_b21(a1087) if (a1087 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1067(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1068, (_P[n1071] if (n1071 := len(s1070 := o.budget_id.encode())) < 8192 else _long(n1071)), s1070, (_k1076 if (u1072 := o.tenant) is None else _u1073(u1072)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)), (_k1087 if (u1084 := o.label_selector) is None else _u1085(u1084)), (_P[n1089] if 0 <= (n1089 := o.max_unavailable) < 8192 else _long(n1089)),))
+
+
+def _e_DisruptionBudgetRemoved1089(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := o.budget_id.encode())) < 8192 else _long(n1093)), s1092,))
+
+
+def _e_EvictionBlocked1093(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)), (_P[n1104] if (n1104 := len(s1103 := o.reason.encode())) < 8192 else _long(n1104)), s1103,))
+
+
+def _e_PodEvictionScheduled1104(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.pod_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1110] if (n1110 := len(s1109 := o.node_id.encode())) < 8192 else _long(n1110)), s1109, (_P[n1111] if 0 <= (n1111 := o.at) < 8192 else _long(n1111)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event576(o: _c_Event) -> bytes:
+    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1111[type(u587 := o.payload)](u587),))
+
+
+def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3216,30 +3625,31 @@ def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_memory_mib: int
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
-    n996 = _ZL[buf[pos]]
-    if n996 < 0:
-        n996, pos = _rlong(buf, pos)
-        if n996 < 0:
-            raise _length_error(n996, end - pos)
+    f_gpu_memory_mib: int
+    n1120 = _ZL[buf[pos]]
+    if n1120 < 0:
+        n1120, pos = _rlong(buf, pos)
+        if n1120 < 0:
+            raise _length_error(n1120, end - pos)
     else:
         pos += 1
-    q997 = pos + n996
-    if q997 > end:
-        raise _length_error(n996, end - pos)
-    f_node_id = buf[pos:q997].decode()
-    pos = q997
-    n998 = _ZL[buf[pos]]
-    if n998 < 0:
-        n998, pos = _rlong(buf, pos)
-        if n998 < 0:
-            raise _length_error(n998, end - pos)
+    q1121 = pos + n1120
+    if q1121 > end:
+        raise _length_error(n1120, end - pos)
+    f_node_id = buf[pos:q1121].decode()
+    pos = q1121
+    n1122 = _ZL[buf[pos]]
+    if n1122 < 0:
+        n1122, pos = _rlong(buf, pos)
+        if n1122 < 0:
+            raise _length_error(n1122, end - pos)
     else:
         pos += 1
-    q999 = pos + n998
-    if q999 > end:
-        raise _length_error(n998, end - pos)
-    f_gpu_model = buf[pos:q999].decode()
-    pos = q999
+    q1123 = pos + n1122
+    if q1123 > end:
+        raise _length_error(n1122, end - pos)
+    f_gpu_model = buf[pos:q1123].decode()
+    pos = q1123
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3286,189 +3696,203 @@ def _d_NodeAdded994(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
         pos += 1
         f_labels = {}
     else:
-        acc1000: dict[str, Any] = {}
+        acc1124: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1001 = _ZD[b]
+                c1125 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1001 = (z >> 1) ^ -(z & 1)
+                c1125 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1001 = (z >> 1) ^ -(z & 1)
+                c1125 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1001, pos = _rlong(buf, pos)
-            if c1001 == 0:
+                c1125, pos = _rlong(buf, pos)
+            if c1125 == 0:
                 break
-            if c1001 < 0:
-                c1001 = -c1001
+            if c1125 < 0:
+                c1125 = -c1125
                 b = buf[pos]
                 if b < 128:
-                    z1004 = _ZD[b]
+                    z1128 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1004 = (z >> 1) ^ -(z & 1)
+                    z1128 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1004 = (z >> 1) ^ -(z & 1)
+                    z1128 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1004, pos = _rlong(buf, pos)
-            if c1001 * 2 > end - pos:
-                raise _count_error(c1001, end - pos)
-            for _ in range(c1001):
-                n1005 = _ZL[buf[pos]]
-                if n1005 < 0:
-                    n1005, pos = _rlong(buf, pos)
-                    if n1005 < 0:
-                        raise _length_error(n1005, end - pos)
+                    z1128, pos = _rlong(buf, pos)
+            if c1125 * 2 > end - pos:
+                raise _count_error(c1125, end - pos)
+            for _ in range(c1125):
+                n1129 = _ZL[buf[pos]]
+                if n1129 < 0:
+                    n1129, pos = _rlong(buf, pos)
+                    if n1129 < 0:
+                        raise _length_error(n1129, end - pos)
                 else:
                     pos += 1
-                q1006 = pos + n1005
-                if q1006 > end:
-                    raise _length_error(n1005, end - pos)
-                k1003 = buf[pos:q1006].decode()
-                pos = q1006
-                n1007 = _ZL[buf[pos]]
-                if n1007 < 0:
-                    n1007, pos = _rlong(buf, pos)
-                    if n1007 < 0:
-                        raise _length_error(n1007, end - pos)
+                q1130 = pos + n1129
+                if q1130 > end:
+                    raise _length_error(n1129, end - pos)
+                k1127 = buf[pos:q1130].decode()
+                pos = q1130
+                n1131 = _ZL[buf[pos]]
+                if n1131 < 0:
+                    n1131, pos = _rlong(buf, pos)
+                    if n1131 < 0:
+                        raise _length_error(n1131, end - pos)
                 else:
                     pos += 1
-                q1008 = pos + n1007
-                if q1008 > end:
-                    raise _length_error(n1007, end - pos)
-                x1002 = buf[pos:q1008].decode()
-                pos = q1008
-                acc1000[k1003] = x1002
-        f_labels = acc1000
+                q1132 = pos + n1131
+                if q1132 > end:
+                    raise _length_error(n1131, end - pos)
+                x1126 = buf[pos:q1132].decode()
+                pos = q1132
+                acc1124[k1127] = x1126
+        f_labels = acc1124
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1009: list[Any] = []
+        acc1133: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1010 = _ZD[b]
+                c1134 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1010 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1010 = (z >> 1) ^ -(z & 1)
+                c1134 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1010, pos = _rlong(buf, pos)
-            if c1010 == 0:
+                c1134, pos = _rlong(buf, pos)
+            if c1134 == 0:
                 break
-            if c1010 < 0:
-                c1010 = -c1010
+            if c1134 < 0:
+                c1134 = -c1134
                 b = buf[pos]
                 if b < 128:
-                    z1013 = _ZD[b]
+                    z1137 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1013 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1013 = (z >> 1) ^ -(z & 1)
+                    z1137 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1013, pos = _rlong(buf, pos)
-            if c1010 * 3 > end - pos:
-                raise _count_error(c1010, end - pos)
-            for _ in range(c1010):
-                x1011, pos = _d_Taint306(buf, pos, end)
-                acc1009.append(x1011)
-        f_taints = tuple(acc1009)
-    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints)
+                    z1137, pos = _rlong(buf, pos)
+            if c1134 * 3 > end - pos:
+                raise _count_error(c1134, end - pos)
+            for _ in range(c1134):
+                x1135, pos = _d_Taint343(buf, pos, end)
+                acc1133.append(x1135)
+        f_taints = tuple(acc1133)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    o = _c_NodeAdded(f_node_id, f_gpu_model, f_gpu_count, f_cpu_milli, f_memory_mib, f_labels, f_taints, f_gpu_memory_mib)
     return o, pos
 
 
-def _d_NodeRemoved1013(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1137(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1015 = _ZL[buf[pos]]
-    if n1015 < 0:
-        n1015, pos = _rlong(buf, pos)
-        if n1015 < 0:
-            raise _length_error(n1015, end - pos)
+    n1139 = _ZL[buf[pos]]
+    if n1139 < 0:
+        n1139, pos = _rlong(buf, pos)
+        if n1139 < 0:
+            raise _length_error(n1139, end - pos)
     else:
         pos += 1
-    q1016 = pos + n1015
-    if q1016 > end:
-        raise _length_error(n1015, end - pos)
-    f_node_id = buf[pos:q1016].decode()
-    pos = q1016
+    q1140 = pos + n1139
+    if q1140 > end:
+        raise _length_error(n1139, end - pos)
+    f_node_id = buf[pos:q1140].decode()
+    pos = q1140
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1016(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1140(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1018 = _ZL[buf[pos]]
-    if n1018 < 0:
-        n1018, pos = _rlong(buf, pos)
-        if n1018 < 0:
-            raise _length_error(n1018, end - pos)
+    n1142 = _ZL[buf[pos]]
+    if n1142 < 0:
+        n1142, pos = _rlong(buf, pos)
+        if n1142 < 0:
+            raise _length_error(n1142, end - pos)
     else:
         pos += 1
-    q1019 = pos + n1018
-    if q1019 > end:
-        raise _length_error(n1018, end - pos)
-    f_node_id = buf[pos:q1019].decode()
-    pos = q1019
+    q1143 = pos + n1142
+    if q1143 > end:
+        raise _length_error(n1142, end - pos)
+    f_node_id = buf[pos:q1143].decode()
+    pos = q1143
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1019(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1143(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1021 = _ZL[buf[pos]]
-    if n1021 < 0:
-        n1021, pos = _rlong(buf, pos)
-        if n1021 < 0:
-            raise _length_error(n1021, end - pos)
+    n1145 = _ZL[buf[pos]]
+    if n1145 < 0:
+        n1145, pos = _rlong(buf, pos)
+        if n1145 < 0:
+            raise _length_error(n1145, end - pos)
     else:
         pos += 1
-    q1022 = pos + n1021
-    if q1022 > end:
-        raise _length_error(n1021, end - pos)
-    f_node_id = buf[pos:q1022].decode()
-    pos = q1022
+    q1146 = pos + n1145
+    if q1146 > end:
+        raise _length_error(n1145, end - pos)
+    f_node_id = buf[pos:q1146].decode()
+    pos = q1146
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1024 = _ZL[buf[pos]]
-    if n1024 < 0:
-        n1024, pos = _rlong(buf, pos)
-        if n1024 < 0:
-            raise _length_error(n1024, end - pos)
+    n1148 = _ZL[buf[pos]]
+    if n1148 < 0:
+        n1148, pos = _rlong(buf, pos)
+        if n1148 < 0:
+            raise _length_error(n1148, end - pos)
     else:
         pos += 1
-    q1025 = pos + n1024
-    if q1025 > end:
-        raise _length_error(n1024, end - pos)
-    f_node_id = buf[pos:q1025].decode()
-    pos = q1025
+    q1149 = pos + n1148
+    if q1149 > end:
+        raise _length_error(n1148, end - pos)
+    f_node_id = buf[pos:q1149].decode()
+    pos = q1149
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3487,34 +3911,34 @@ def _d_NodeDrained1022(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1027 = _ZL[buf[pos]]
-    if n1027 < 0:
-        n1027, pos = _rlong(buf, pos)
-        if n1027 < 0:
-            raise _length_error(n1027, end - pos)
+    n1151 = _ZL[buf[pos]]
+    if n1151 < 0:
+        n1151, pos = _rlong(buf, pos)
+        if n1151 < 0:
+            raise _length_error(n1151, end - pos)
     else:
         pos += 1
-    q1028 = pos + n1027
-    if q1028 > end:
-        raise _length_error(n1027, end - pos)
-    f_node_id = buf[pos:q1028].decode()
-    pos = q1028
-    n1029 = _ZL[buf[pos]]
-    if n1029 < 0:
-        n1029, pos = _rlong(buf, pos)
-        if n1029 < 0:
-            raise _length_error(n1029, end - pos)
+    q1152 = pos + n1151
+    if q1152 > end:
+        raise _length_error(n1151, end - pos)
+    f_node_id = buf[pos:q1152].decode()
+    pos = q1152
+    n1153 = _ZL[buf[pos]]
+    if n1153 < 0:
+        n1153, pos = _rlong(buf, pos)
+        if n1153 < 0:
+            raise _length_error(n1153, end - pos)
     else:
         pos += 1
-    q1030 = pos + n1029
-    if q1030 > end:
-        raise _length_error(n1029, end - pos)
-    f_reason = buf[pos:q1030].decode()
-    pos = q1030
+    q1154 = pos + n1153
+    if q1154 > end:
+        raise _length_error(n1153, end - pos)
+    f_reason = buf[pos:q1154].decode()
+    pos = q1154
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3533,7 +3957,7 @@ def _d_NodeFailed1025(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3552,1121 +3976,8 @@ def _d_PodSpec1031(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_dependency: str
     f_preemption: str
     f_movable: bool
-    n1033 = _ZL[buf[pos]]
-    if n1033 < 0:
-        n1033, pos = _rlong(buf, pos)
-        if n1033 < 0:
-            raise _length_error(n1033, end - pos)
-    else:
-        pos += 1
-    q1034 = pos + n1033
-    if q1034 > end:
-        raise _length_error(n1033, end - pos)
-    f_pod_id = buf[pos:q1034].decode()
-    pos = q1034
-    n1035 = _ZL[buf[pos]]
-    if n1035 < 0:
-        n1035, pos = _rlong(buf, pos)
-        if n1035 < 0:
-            raise _length_error(n1035, end - pos)
-    else:
-        pos += 1
-    q1036 = pos + n1035
-    if q1036 > end:
-        raise _length_error(n1035, end - pos)
-    f_tenant = buf[pos:q1036].decode()
-    pos = q1036
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_num_gpu = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_num_gpu = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_num_gpu = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_num_gpu, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_gpu_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_milli, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_cpu_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_cpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_cpu_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_cpu_milli, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_memory_mib, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_gpu_models = ()
-    else:
-        acc1037: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1038 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1038 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1038 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1038, pos = _rlong(buf, pos)
-            if c1038 == 0:
-                break
-            if c1038 < 0:
-                c1038 = -c1038
-                b = buf[pos]
-                if b < 128:
-                    z1041 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1041 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1041 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1041, pos = _rlong(buf, pos)
-            if c1038 * 1 > end - pos:
-                raise _count_error(c1038, end - pos)
-            for _ in range(c1038):
-                n1042 = _ZL[buf[pos]]
-                if n1042 < 0:
-                    n1042, pos = _rlong(buf, pos)
-                    if n1042 < 0:
-                        raise _length_error(n1042, end - pos)
-                else:
-                    pos += 1
-                q1043 = pos + n1042
-                if q1043 > end:
-                    raise _length_error(n1042, end - pos)
-                x1039 = buf[pos:q1043].decode()
-                pos = q1043
-                acc1037.append(x1039)
-        f_gpu_models = tuple(acc1037)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc1044: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1045 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1045 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1045 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1045, pos = _rlong(buf, pos)
-            if c1045 == 0:
-                break
-            if c1045 < 0:
-                c1045 = -c1045
-                b = buf[pos]
-                if b < 128:
-                    z1048 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1048 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1048 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1048, pos = _rlong(buf, pos)
-            if c1045 * 2 > end - pos:
-                raise _count_error(c1045, end - pos)
-            for _ in range(c1045):
-                n1049 = _ZL[buf[pos]]
-                if n1049 < 0:
-                    n1049, pos = _rlong(buf, pos)
-                    if n1049 < 0:
-                        raise _length_error(n1049, end - pos)
-                else:
-                    pos += 1
-                q1050 = pos + n1049
-                if q1050 > end:
-                    raise _length_error(n1049, end - pos)
-                k1047 = buf[pos:q1050].decode()
-                pos = q1050
-                n1051 = _ZL[buf[pos]]
-                if n1051 < 0:
-                    n1051, pos = _rlong(buf, pos)
-                    if n1051 < 0:
-                        raise _length_error(n1051, end - pos)
-                else:
-                    pos += 1
-                q1052 = pos + n1051
-                if q1052 > end:
-                    raise _length_error(n1051, end - pos)
-                x1046 = buf[pos:q1052].decode()
-                pos = q1052
-                acc1044[k1047] = x1046
-        f_node_selector = acc1044
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1053: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1054 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1054 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1054 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1054, pos = _rlong(buf, pos)
-            if c1054 == 0:
-                break
-            if c1054 < 0:
-                c1054 = -c1054
-                b = buf[pos]
-                if b < 128:
-                    z1057 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1057 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1057 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1057, pos = _rlong(buf, pos)
-            if c1054 * 4 > end - pos:
-                raise _count_error(c1054, end - pos)
-            for _ in range(c1054):
-                x1055, pos = _d_Toleration356(buf, pos, end)
-                acc1053.append(x1055)
-        f_tolerations = tuple(acc1053)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1058 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1058 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1058 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1058, pos = _rlong(buf, pos)
-    if i1058 == 0:
-        f_gang_id = None
-    elif i1058 == 1:
-        n1059 = _ZL[buf[pos]]
-        if n1059 < 0:
-            n1059, pos = _rlong(buf, pos)
-            if n1059 < 0:
-                raise _length_error(n1059, end - pos)
-        else:
-            pos += 1
-        q1060 = pos + n1059
-        if q1060 > end:
-            raise _length_error(n1059, end - pos)
-        f_gang_id = buf[pos:q1060].decode()
-        pos = q1060
-    else:
-        raise _union_error(i1058, 2)
-    b = buf[pos]
-    if b < 128:
-        i1061 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1061 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1061 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1061, pos = _rlong(buf, pos)
-    if i1061 == 0:
-        f_time_limit_ms = None
-    elif i1061 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1061, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1062: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1063 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1063 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1063 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1063, pos = _rlong(buf, pos)
-            if c1063 == 0:
-                break
-            if c1063 < 0:
-                c1063 = -c1063
-                b = buf[pos]
-                if b < 128:
-                    z1066 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1066 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1066 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1066, pos = _rlong(buf, pos)
-            if c1063 * 1 > end - pos:
-                raise _count_error(c1063, end - pos)
-            for _ in range(c1063):
-                n1067 = _ZL[buf[pos]]
-                if n1067 < 0:
-                    n1067, pos = _rlong(buf, pos)
-                    if n1067 < 0:
-                        raise _length_error(n1067, end - pos)
-                else:
-                    pos += 1
-                q1068 = pos + n1067
-                if q1068 > end:
-                    raise _length_error(n1067, end - pos)
-                x1064 = buf[pos:q1068].decode()
-                pos = q1068
-                acc1062.append(x1064)
-        f_depends_on = tuple(acc1062)
-    n1069 = _ZL[buf[pos]]
-    if n1069 < 0:
-        n1069, pos = _rlong(buf, pos)
-        if n1069 < 0:
-            raise _length_error(n1069, end - pos)
-    else:
-        pos += 1
-    q1070 = pos + n1069
-    if q1070 > end:
-        raise _length_error(n1069, end - pos)
-    f_dependency = buf[pos:q1070].decode()
-    pos = q1070
-    n1071 = _ZL[buf[pos]]
-    if n1071 < 0:
-        n1071, pos = _rlong(buf, pos)
-        if n1071 < 0:
-            raise _length_error(n1071, end - pos)
-    else:
-        pos += 1
-    q1072 = pos + n1071
-    if q1072 > end:
-        raise _length_error(n1071, end - pos)
-    f_preemption = buf[pos:q1072].decode()
-    pos = q1072
-    f_movable = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable)
-    return o, pos
-
-
-def _d_QueueReason1077(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1079 = _ZL[buf[pos]]
-    if n1079 < 0:
-        n1079, pos = _rlong(buf, pos)
-        if n1079 < 0:
-            raise _length_error(n1079, end - pos)
-    else:
-        pos += 1
-    q1080 = pos + n1079
-    if q1080 > end:
-        raise _length_error(n1079, end - pos)
-    f_code = buf[pos:q1080].decode()
-    pos = q1080
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1081 = _ZL[buf[pos]]
-    if n1081 < 0:
-        n1081, pos = _rlong(buf, pos)
-        if n1081 < 0:
-            raise _length_error(n1081, end - pos)
-    else:
-        pos += 1
-    q1082 = pos + n1081
-    if q1082 > end:
-        raise _length_error(n1081, end - pos)
-    f_message = buf[pos:q1082].decode()
-    pos = q1082
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1030(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1031(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1073: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1074 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1074 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1074 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1074, pos = _rlong(buf, pos)
-            if c1074 == 0:
-                break
-            if c1074 < 0:
-                c1074 = -c1074
-                b = buf[pos]
-                if b < 128:
-                    z1077 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1077 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1077 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1077, pos = _rlong(buf, pos)
-            if c1074 * 3 > end - pos:
-                raise _count_error(c1074, end - pos)
-            for _ in range(c1074):
-                x1075, pos = _d_QueueReason1077(buf, pos, end)
-                acc1073.append(x1075)
-        f_reasons = tuple(acc1073)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1083: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1084 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1084 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1084 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1084, pos = _rlong(buf, pos)
-            if c1084 == 0:
-                break
-            if c1084 < 0:
-                c1084 = -c1084
-                b = buf[pos]
-                if b < 128:
-                    z1087 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1087 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1087 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1087, pos = _rlong(buf, pos)
-            if c1084 * 1 > end - pos:
-                raise _count_error(c1084, end - pos)
-            for _ in range(c1084):
-                n1088 = _ZL[buf[pos]]
-                if n1088 < 0:
-                    n1088, pos = _rlong(buf, pos)
-                    if n1088 < 0:
-                        raise _length_error(n1088, end - pos)
-                else:
-                    pos += 1
-                q1089 = pos + n1088
-                if q1089 > end:
-                    raise _length_error(n1088, end - pos)
-                x1085 = buf[pos:q1089].decode()
-                pos = q1089
-                acc1083.append(x1085)
-        f_waiting_for = tuple(acc1083)
-    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_GpuShare1097(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
-    f_index: int
-    f_milli: int
-    b = buf[pos]
-    if b < 128:
-        f_index = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_index, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_milli, pos = _rlong(buf, pos)
-    o = _c_GpuShare(f_index, f_milli)
-    return o, pos
-
-
-def _d_PodScheduled1089(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
-    f_pod: _c_PodSpec
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    f_policy: str
-    f_from_queue: bool
-    f_scores: dict[str, Any]
-    f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1031(buf, pos, end)
-    n1091 = _ZL[buf[pos]]
-    if n1091 < 0:
-        n1091, pos = _rlong(buf, pos)
-        if n1091 < 0:
-            raise _length_error(n1091, end - pos)
-    else:
-        pos += 1
-    q1092 = pos + n1091
-    if q1092 > end:
-        raise _length_error(n1091, end - pos)
-    f_node_id = buf[pos:q1092].decode()
-    pos = q1092
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1093: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1094 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1094 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1094 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1094, pos = _rlong(buf, pos)
-            if c1094 == 0:
-                break
-            if c1094 < 0:
-                c1094 = -c1094
-                b = buf[pos]
-                if b < 128:
-                    z1097 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1097 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1097 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1097, pos = _rlong(buf, pos)
-            if c1094 * 2 > end - pos:
-                raise _count_error(c1094, end - pos)
-            for _ in range(c1094):
-                x1095, pos = _d_GpuShare1097(buf, pos, end)
-                acc1093.append(x1095)
-        f_gpus = tuple(acc1093)
-    n1099 = _ZL[buf[pos]]
-    if n1099 < 0:
-        n1099, pos = _rlong(buf, pos)
-        if n1099 < 0:
-            raise _length_error(n1099, end - pos)
-    else:
-        pos += 1
-    q1100 = pos + n1099
-    if q1100 > end:
-        raise _length_error(n1099, end - pos)
-    f_policy = buf[pos:q1100].decode()
-    pos = q1100
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1101: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1102 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1102 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1102 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1102, pos = _rlong(buf, pos)
-            if c1102 == 0:
-                break
-            if c1102 < 0:
-                c1102 = -c1102
-                b = buf[pos]
-                if b < 128:
-                    z1105 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1105 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1105 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1105, pos = _rlong(buf, pos)
-            if c1102 * 9 > end - pos:
-                raise _count_error(c1102, end - pos)
-            for _ in range(c1102):
-                n1106 = _ZL[buf[pos]]
-                if n1106 < 0:
-                    n1106, pos = _rlong(buf, pos)
-                    if n1106 < 0:
-                        raise _length_error(n1106, end - pos)
-                else:
-                    pos += 1
-                q1107 = pos + n1106
-                if q1107 > end:
-                    raise _length_error(n1106, end - pos)
-                k1104 = buf[pos:q1107].decode()
-                pos = q1107
-                x1103, = _unpack_d(buf, pos)
-                pos += 8
-                acc1101[k1104] = x1103
-        f_scores = acc1101
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1108: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1109 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1109 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1109 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1109, pos = _rlong(buf, pos)
-            if c1109 == 0:
-                break
-            if c1109 < 0:
-                c1109 = -c1109
-                b = buf[pos]
-                if b < 128:
-                    z1112 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1112 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1112 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1112, pos = _rlong(buf, pos)
-            if c1109 * 1 > end - pos:
-                raise _count_error(c1109, end - pos)
-            for _ in range(c1109):
-                n1113 = _ZL[buf[pos]]
-                if n1113 < 0:
-                    n1113, pos = _rlong(buf, pos)
-                    if n1113 < 0:
-                        raise _length_error(n1113, end - pos)
-                else:
-                    pos += 1
-                q1114 = pos + n1113
-                if q1114 > end:
-                    raise _length_error(n1113, end - pos)
-                x1110 = buf[pos:q1114].decode()
-                pos = q1114
-                acc1108.append(x1110)
-        f_preempted = tuple(acc1108)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1114(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1116 = _ZL[buf[pos]]
-    if n1116 < 0:
-        n1116, pos = _rlong(buf, pos)
-        if n1116 < 0:
-            raise _length_error(n1116, end - pos)
-    else:
-        pos += 1
-    q1117 = pos + n1116
-    if q1117 > end:
-        raise _length_error(n1116, end - pos)
-    f_pod_id = buf[pos:q1117].decode()
-    pos = q1117
-    n1118 = _ZL[buf[pos]]
-    if n1118 < 0:
-        n1118, pos = _rlong(buf, pos)
-        if n1118 < 0:
-            raise _length_error(n1118, end - pos)
-    else:
-        pos += 1
-    q1119 = pos + n1118
-    if q1119 > end:
-        raise _length_error(n1118, end - pos)
-    f_node_id = buf[pos:q1119].decode()
-    pos = q1119
-    n1120 = _ZL[buf[pos]]
-    if n1120 < 0:
-        n1120, pos = _rlong(buf, pos)
-        if n1120 < 0:
-            raise _length_error(n1120, end - pos)
-    else:
-        pos += 1
-    q1121 = pos + n1120
-    if q1121 > end:
-        raise _length_error(n1120, end - pos)
-    f_reason = buf[pos:q1121].decode()
-    pos = q1121
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1121(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1123 = _ZL[buf[pos]]
-    if n1123 < 0:
-        n1123, pos = _rlong(buf, pos)
-        if n1123 < 0:
-            raise _length_error(n1123, end - pos)
-    else:
-        pos += 1
-    q1124 = pos + n1123
-    if q1124 > end:
-        raise _length_error(n1123, end - pos)
-    f_pod_id = buf[pos:q1124].decode()
-    pos = q1124
-    b = buf[pos]
-    if b < 128:
-        i1125 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1125 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1125 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1125, pos = _rlong(buf, pos)
-    if i1125 == 0:
-        f_node_id = None
-    elif i1125 == 1:
-        n1126 = _ZL[buf[pos]]
-        if n1126 < 0:
-            n1126, pos = _rlong(buf, pos)
-            if n1126 < 0:
-                raise _length_error(n1126, end - pos)
-        else:
-            pos += 1
-        q1127 = pos + n1126
-        if q1127 > end:
-            raise _length_error(n1126, end - pos)
-        f_node_id = buf[pos:q1127].decode()
-        pos = q1127
-    else:
-        raise _union_error(i1125, 2)
-    n1128 = _ZL[buf[pos]]
-    if n1128 < 0:
-        n1128, pos = _rlong(buf, pos)
-        if n1128 < 0:
-            raise _length_error(n1128, end - pos)
-    else:
-        pos += 1
-    q1129 = pos + n1128
-    if q1129 > end:
-        raise _length_error(n1128, end - pos)
-    f_reason = buf[pos:q1129].decode()
-    pos = q1129
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1129(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1131 = _ZL[buf[pos]]
-    if n1131 < 0:
-        n1131, pos = _rlong(buf, pos)
-        if n1131 < 0:
-            raise _length_error(n1131, end - pos)
-    else:
-        pos += 1
-    q1132 = pos + n1131
-    if q1132 > end:
-        raise _length_error(n1131, end - pos)
-    f_policy = buf[pos:q1132].decode()
-    pos = q1132
-    n1133 = _ZL[buf[pos]]
-    if n1133 < 0:
-        n1133, pos = _rlong(buf, pos)
-        if n1133 < 0:
-            raise _length_error(n1133, end - pos)
-    else:
-        pos += 1
-    q1134 = pos + n1133
-    if q1134 > end:
-        raise _length_error(n1133, end - pos)
-    f_previous = buf[pos:q1134].decode()
-    pos = q1134
-    b = buf[pos]
-    if b < 128:
-        i1135 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1135 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1135 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1135, pos = _rlong(buf, pos)
-    if i1135 == 0:
-        f_reserve_after_ms = None
-    elif i1135 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1135, 2)
-    n1136 = _ZL[buf[pos]]
-    if n1136 < 0:
-        n1136, pos = _rlong(buf, pos)
-        if n1136 < 0:
-            raise _length_error(n1136, end - pos)
-    else:
-        pos += 1
-    q1137 = pos + n1136
-    if q1137 > end:
-        raise _length_error(n1136, end - pos)
-    f_queue_order = buf[pos:q1137].decode()
-    pos = q1137
-    b = buf[pos]
-    if b < 128:
-        i1138 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1138 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1138 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1138, pos = _rlong(buf, pos)
-    if i1138 == 0:
-        f_max_clock_jump_ms = None
-    elif i1138 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1138, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1138(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1140 = _ZL[buf[pos]]
-    if n1140 < 0:
-        n1140, pos = _rlong(buf, pos)
-        if n1140 < 0:
-            raise _length_error(n1140, end - pos)
-    else:
-        pos += 1
-    q1141 = pos + n1140
-    if q1141 > end:
-        raise _length_error(n1140, end - pos)
-    f_command_id = buf[pos:q1141].decode()
-    pos = q1141
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
-    else:
-        pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_command_type = buf[pos:q1143].decode()
-    pos = q1143
-    n1144 = _ZL[buf[pos]]
-    if n1144 < 0:
-        n1144, pos = _rlong(buf, pos)
-        if n1144 < 0:
-            raise _length_error(n1144, end - pos)
-    else:
-        pos += 1
-    q1145 = pos + n1144
-    if q1145 > end:
-        raise _length_error(n1144, end - pos)
-    f_code = buf[pos:q1145].decode()
-    pos = q1145
-    n1146 = _ZL[buf[pos]]
-    if n1146 < 0:
-        n1146, pos = _rlong(buf, pos)
-        if n1146 < 0:
-            raise _length_error(n1146, end - pos)
-    else:
-        pos += 1
-    q1147 = pos + n1146
-    if q1147 > end:
-        raise _length_error(n1146, end - pos)
-    f_message = buf[pos:q1147].decode()
-    pos = q1147
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
+    f_gpu_memory_mib: int
+    f_retry: Any
     n1157 = _ZL[buf[pos]]
     if n1157 < 0:
         n1157, pos = _rlong(buf, pos)
@@ -4677,7 +3988,7 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     q1158 = pos + n1157
     if q1158 > end:
         raise _length_error(n1157, end - pos)
-    f_gang_id = buf[pos:q1158].decode()
+    f_pod_id = buf[pos:q1158].decode()
     pos = q1158
     n1159 = _ZL[buf[pos]]
     if n1159 < 0:
@@ -4705,9 +4016,65 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_priority, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_num_gpu = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_num_gpu = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_num_gpu = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_num_gpu, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_gpu_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_milli, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_cpu_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_cpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_cpu_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_cpu_milli, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_memory_mib, pos = _rlong(buf, pos)
     if buf[pos] == 0:
         pos += 1
-        f_members = ()
+        f_gpu_models = ()
     else:
         acc1161: list[Any] = []
         while True:
@@ -4743,221 +4110,134 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
                     pos += 3
                 else:
                     z1165, pos = _rlong(buf, pos)
-            if c1162 * 18 > end - pos:
+            if c1162 * 1 > end - pos:
                 raise _count_error(c1162, end - pos)
             for _ in range(c1162):
-                x1163, pos = _d_PodSpec1031(buf, pos, end)
+                n1166 = _ZL[buf[pos]]
+                if n1166 < 0:
+                    n1166, pos = _rlong(buf, pos)
+                    if n1166 < 0:
+                        raise _length_error(n1166, end - pos)
+                else:
+                    pos += 1
+                q1167 = pos + n1166
+                if q1167 > end:
+                    raise _length_error(n1166, end - pos)
+                x1163 = buf[pos:q1167].decode()
+                pos = q1167
                 acc1161.append(x1163)
-        f_members = tuple(acc1161)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1166 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1166 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1166 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1166, pos = _rlong(buf, pos)
-    if i1166 == 0:
-        f_topology_required = None
-    elif i1166 == 1:
-        n1167 = _ZL[buf[pos]]
-        if n1167 < 0:
-            n1167, pos = _rlong(buf, pos)
-            if n1167 < 0:
-                raise _length_error(n1167, end - pos)
-        else:
-            pos += 1
-        q1168 = pos + n1167
-        if q1168 > end:
-            raise _length_error(n1167, end - pos)
-        f_topology_required = buf[pos:q1168].decode()
-        pos = q1168
-    else:
-        raise _union_error(i1166, 2)
-    b = buf[pos]
-    if b < 128:
-        i1169 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1169 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1169 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1169, pos = _rlong(buf, pos)
-    if i1169 == 0:
-        f_topology_preferred = None
-    elif i1169 == 1:
-        n1170 = _ZL[buf[pos]]
-        if n1170 < 0:
-            n1170, pos = _rlong(buf, pos)
-            if n1170 < 0:
-                raise _length_error(n1170, end - pos)
-        else:
-            pos += 1
-        q1171 = pos + n1170
-        if q1171 > end:
-            raise _length_error(n1170, end - pos)
-        f_topology_preferred = buf[pos:q1171].decode()
-        pos = q1171
-    else:
-        raise _union_error(i1169, 2)
-    b = buf[pos]
-    if b < 128:
-        i1172 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1172 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1172 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1172, pos = _rlong(buf, pos)
-    if i1172 == 0:
-        f_timeout_ms = None
-    elif i1172 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1172, 2)
-    b = buf[pos]
-    if b < 128:
-        i1173 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1173 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1173 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1173, pos = _rlong(buf, pos)
-    if i1173 == 0:
-        f_time_limit_ms = None
-    elif i1173 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1173, 2)
+        f_gpu_models = tuple(acc1161)
     if buf[pos] == 0:
         pos += 1
-        f_depends_on = ()
+        f_node_selector = {}
     else:
-        acc1174: list[Any] = []
+        acc1168: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1175 = _ZD[b]
+                c1169 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1175 = (z >> 1) ^ -(z & 1)
+                c1169 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1175 = (z >> 1) ^ -(z & 1)
+                c1169 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1175, pos = _rlong(buf, pos)
-            if c1175 == 0:
+                c1169, pos = _rlong(buf, pos)
+            if c1169 == 0:
                 break
-            if c1175 < 0:
-                c1175 = -c1175
+            if c1169 < 0:
+                c1169 = -c1169
                 b = buf[pos]
                 if b < 128:
-                    z1178 = _ZD[b]
+                    z1172 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1178 = (z >> 1) ^ -(z & 1)
+                    z1172 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1178 = (z >> 1) ^ -(z & 1)
+                    z1172 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1178, pos = _rlong(buf, pos)
-            if c1175 * 1 > end - pos:
-                raise _count_error(c1175, end - pos)
-            for _ in range(c1175):
-                n1179 = _ZL[buf[pos]]
-                if n1179 < 0:
-                    n1179, pos = _rlong(buf, pos)
-                    if n1179 < 0:
-                        raise _length_error(n1179, end - pos)
+                    z1172, pos = _rlong(buf, pos)
+            if c1169 * 2 > end - pos:
+                raise _count_error(c1169, end - pos)
+            for _ in range(c1169):
+                n1173 = _ZL[buf[pos]]
+                if n1173 < 0:
+                    n1173, pos = _rlong(buf, pos)
+                    if n1173 < 0:
+                        raise _length_error(n1173, end - pos)
                 else:
                     pos += 1
-                q1180 = pos + n1179
-                if q1180 > end:
-                    raise _length_error(n1179, end - pos)
-                x1176 = buf[pos:q1180].decode()
-                pos = q1180
-                acc1174.append(x1176)
-        f_depends_on = tuple(acc1174)
-    n1181 = _ZL[buf[pos]]
-    if n1181 < 0:
-        n1181, pos = _rlong(buf, pos)
-        if n1181 < 0:
-            raise _length_error(n1181, end - pos)
-    else:
+                q1174 = pos + n1173
+                if q1174 > end:
+                    raise _length_error(n1173, end - pos)
+                k1171 = buf[pos:q1174].decode()
+                pos = q1174
+                n1175 = _ZL[buf[pos]]
+                if n1175 < 0:
+                    n1175, pos = _rlong(buf, pos)
+                    if n1175 < 0:
+                        raise _length_error(n1175, end - pos)
+                else:
+                    pos += 1
+                q1176 = pos + n1175
+                if q1176 > end:
+                    raise _length_error(n1175, end - pos)
+                x1170 = buf[pos:q1176].decode()
+                pos = q1176
+                acc1168[k1171] = x1170
+        f_node_selector = acc1168
+    if buf[pos] == 0:
         pos += 1
-    q1182 = pos + n1181
-    if q1182 > end:
-        raise _length_error(n1181, end - pos)
-    f_dependency = buf[pos:q1182].decode()
-    pos = q1182
+        f_tolerations = ()
+    else:
+        acc1177: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1178 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1178 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1178 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1178, pos = _rlong(buf, pos)
+            if c1178 == 0:
+                break
+            if c1178 < 0:
+                c1178 = -c1178
+                b = buf[pos]
+                if b < 128:
+                    z1181 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1181 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1181 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1181, pos = _rlong(buf, pos)
+            if c1178 * 4 > end - pos:
+                raise _count_error(c1178, end - pos)
+            for _ in range(c1178):
+                x1179, pos = _d_Toleration393(buf, pos, end)
+                acc1177.append(x1179)
+        f_tolerations = tuple(acc1177)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4986,231 +4266,125 @@ def _d_GangSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1183 = _ZL[buf[pos]]
-    if n1183 < 0:
-        n1183, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1182 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1182 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1182 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1182, pos = _rlong(buf, pos)
+    if i1182 == 0:
+        f_gang_id = None
+    elif i1182 == 1:
+        n1183 = _ZL[buf[pos]]
         if n1183 < 0:
+            n1183, pos = _rlong(buf, pos)
+            if n1183 < 0:
+                raise _length_error(n1183, end - pos)
+        else:
+            pos += 1
+        q1184 = pos + n1183
+        if q1184 > end:
             raise _length_error(n1183, end - pos)
+        f_gang_id = buf[pos:q1184].decode()
+        pos = q1184
     else:
+        raise _union_error(i1182, 2)
+    b = buf[pos]
+    if b < 128:
+        i1185 = _ZD[b]
         pos += 1
-    q1184 = pos + n1183
-    if q1184 > end:
-        raise _length_error(n1183, end - pos)
-    f_preemption = buf[pos:q1184].decode()
-    pos = q1184
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
-    return o, pos
-
-
-def _d_GangQueued1147(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1149 = _ZL[buf[pos]]
-    if n1149 < 0:
-        n1149, pos = _rlong(buf, pos)
-        if n1149 < 0:
-            raise _length_error(n1149, end - pos)
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1185 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1185 = (z >> 1) ^ -(z & 1)
+        pos += 3
     else:
-        pos += 1
-    q1150 = pos + n1149
-    if q1150 > end:
-        raise _length_error(n1149, end - pos)
-    f_gang_id = buf[pos:q1150].decode()
-    pos = q1150
+        i1185, pos = _rlong(buf, pos)
+    if i1185 == 0:
+        f_time_limit_ms = None
+    elif i1185 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1185, 2)
     if buf[pos] == 0:
         pos += 1
-        f_reasons = ()
+        f_depends_on = ()
     else:
-        acc1151: list[Any] = []
+        acc1186: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1152 = _ZD[b]
+                c1187 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1152 = (z >> 1) ^ -(z & 1)
+                c1187 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1152 = (z >> 1) ^ -(z & 1)
+                c1187 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1152, pos = _rlong(buf, pos)
-            if c1152 == 0:
+                c1187, pos = _rlong(buf, pos)
+            if c1187 == 0:
                 break
-            if c1152 < 0:
-                c1152 = -c1152
+            if c1187 < 0:
+                c1187 = -c1187
                 b = buf[pos]
                 if b < 128:
-                    z1155 = _ZD[b]
+                    z1190 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1155 = (z >> 1) ^ -(z & 1)
+                    z1190 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1155 = (z >> 1) ^ -(z & 1)
+                    z1190 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1155, pos = _rlong(buf, pos)
-            if c1152 * 3 > end - pos:
-                raise _count_error(c1152, end - pos)
-            for _ in range(c1152):
-                x1153, pos = _d_QueueReason1077(buf, pos, end)
-                acc1151.append(x1153)
-        f_reasons = tuple(acc1151)
-    f_gang, pos = _d_GangSpec1155(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1185: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1186 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1186 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1186 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1186, pos = _rlong(buf, pos)
-            if c1186 == 0:
-                break
-            if c1186 < 0:
-                c1186 = -c1186
-                b = buf[pos]
-                if b < 128:
-                    z1189 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1189 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1189 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1189, pos = _rlong(buf, pos)
-            if c1186 * 1 > end - pos:
-                raise _count_error(c1186, end - pos)
-            for _ in range(c1186):
-                n1190 = _ZL[buf[pos]]
-                if n1190 < 0:
-                    n1190, pos = _rlong(buf, pos)
-                    if n1190 < 0:
-                        raise _length_error(n1190, end - pos)
+                    z1190, pos = _rlong(buf, pos)
+            if c1187 * 1 > end - pos:
+                raise _count_error(c1187, end - pos)
+            for _ in range(c1187):
+                n1191 = _ZL[buf[pos]]
+                if n1191 < 0:
+                    n1191, pos = _rlong(buf, pos)
+                    if n1191 < 0:
+                        raise _length_error(n1191, end - pos)
                 else:
                     pos += 1
-                q1191 = pos + n1190
-                if q1191 > end:
-                    raise _length_error(n1190, end - pos)
-                x1187 = buf[pos:q1191].decode()
-                pos = q1191
-                acc1185.append(x1187)
-        f_waiting_for = tuple(acc1185)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_MemberPlacement1199(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1201 = _ZL[buf[pos]]
-    if n1201 < 0:
-        n1201, pos = _rlong(buf, pos)
-        if n1201 < 0:
-            raise _length_error(n1201, end - pos)
-    else:
-        pos += 1
-    q1202 = pos + n1201
-    if q1202 > end:
-        raise _length_error(n1201, end - pos)
-    f_pod_id = buf[pos:q1202].decode()
-    pos = q1202
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
-    else:
-        pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_node_id = buf[pos:q1204].decode()
-    pos = q1204
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1205: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1206 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1206 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1206 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1206, pos = _rlong(buf, pos)
-            if c1206 == 0:
-                break
-            if c1206 < 0:
-                c1206 = -c1206
-                b = buf[pos]
-                if b < 128:
-                    z1209 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1209 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1209 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1209, pos = _rlong(buf, pos)
-            if c1206 * 2 > end - pos:
-                raise _count_error(c1206, end - pos)
-            for _ in range(c1206):
-                x1207, pos = _d_GpuShare1097(buf, pos, end)
-                acc1205.append(x1207)
-        f_gpus = tuple(acc1205)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
-    return o, pos
-
-
-def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
+                q1192 = pos + n1191
+                if q1192 > end:
+                    raise _length_error(n1191, end - pos)
+                x1188 = buf[pos:q1192].decode()
+                pos = q1192
+                acc1186.append(x1188)
+        f_depends_on = tuple(acc1186)
     n1193 = _ZL[buf[pos]]
     if n1193 < 0:
         n1193, pos = _rlong(buf, pos)
@@ -5221,117 +4395,261 @@ def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     q1194 = pos + n1193
     if q1194 > end:
         raise _length_error(n1193, end - pos)
-    f_gang_id = buf[pos:q1194].decode()
+    f_dependency = buf[pos:q1194].decode()
     pos = q1194
+    n1195 = _ZL[buf[pos]]
+    if n1195 < 0:
+        n1195, pos = _rlong(buf, pos)
+        if n1195 < 0:
+            raise _length_error(n1195, end - pos)
+    else:
+        pos += 1
+    q1196 = pos + n1195
+    if q1196 > end:
+        raise _length_error(n1195, end - pos)
+    f_preemption = buf[pos:q1196].decode()
+    pos = q1196
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1197 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1197 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1197 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1197, pos = _rlong(buf, pos)
+    if i1197 == 0:
+        f_retry = None
+    elif i1197 == 1:
+        f_retry, pos = _d_Retry415(buf, pos, end)
+    else:
+        raise _union_error(i1197, 2)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
+    return o, pos
+
+
+def _d_QueueReason1202(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
+    else:
+        pos += 1
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_code = buf[pos:q1205].decode()
+    pos = q1205
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1206 = _ZL[buf[pos]]
+    if n1206 < 0:
+        n1206, pos = _rlong(buf, pos)
+        if n1206 < 0:
+            raise _length_error(n1206, end - pos)
+    else:
+        pos += 1
+    q1207 = pos + n1206
+    if q1207 > end:
+        raise _length_error(n1206, end - pos)
+    f_message = buf[pos:q1207].decode()
+    pos = q1207
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1155(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
-        f_members = ()
+        f_reasons = ()
     else:
-        acc1195: list[Any] = []
+        acc1198: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1196 = _ZD[b]
+                c1199 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1199 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1196 = (z >> 1) ^ -(z & 1)
+                c1199 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1196, pos = _rlong(buf, pos)
-            if c1196 == 0:
+                c1199, pos = _rlong(buf, pos)
+            if c1199 == 0:
                 break
-            if c1196 < 0:
-                c1196 = -c1196
+            if c1199 < 0:
+                c1199 = -c1199
                 b = buf[pos]
                 if b < 128:
-                    z1199 = _ZD[b]
+                    z1202 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1202 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1199 = (z >> 1) ^ -(z & 1)
+                    z1202 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1199, pos = _rlong(buf, pos)
-            if c1196 * 3 > end - pos:
-                raise _count_error(c1196, end - pos)
-            for _ in range(c1196):
-                x1197, pos = _d_MemberPlacement1199(buf, pos, end)
-                acc1195.append(x1197)
-        f_members = tuple(acc1195)
-    f_gang, pos = _d_GangSpec1155(buf, pos, end)
-    b = buf[pos]
-    if b < 128:
-        i1210 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1210 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1210 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1210, pos = _rlong(buf, pos)
-    if i1210 == 0:
-        f_topology_key = None
-    elif i1210 == 1:
-        n1211 = _ZL[buf[pos]]
-        if n1211 < 0:
-            n1211, pos = _rlong(buf, pos)
-            if n1211 < 0:
-                raise _length_error(n1211, end - pos)
-        else:
-            pos += 1
-        q1212 = pos + n1211
-        if q1212 > end:
-            raise _length_error(n1211, end - pos)
-        f_topology_key = buf[pos:q1212].decode()
-        pos = q1212
-    else:
-        raise _union_error(i1210, 2)
-    b = buf[pos]
-    if b < 128:
-        i1213 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1213, pos = _rlong(buf, pos)
-    if i1213 == 0:
-        f_domain = None
-    elif i1213 == 1:
-        n1214 = _ZL[buf[pos]]
-        if n1214 < 0:
-            n1214, pos = _rlong(buf, pos)
-            if n1214 < 0:
-                raise _length_error(n1214, end - pos)
-        else:
-            pos += 1
-        q1215 = pos + n1214
-        if q1215 > end:
-            raise _length_error(n1214, end - pos)
-        f_domain = buf[pos:q1215].decode()
-        pos = q1215
-    else:
-        raise _union_error(i1213, 2)
-    f_from_queue = buf[pos] != 0
+                    z1202, pos = _rlong(buf, pos)
+            if c1199 * 3 > end - pos:
+                raise _count_error(c1199, end - pos)
+            for _ in range(c1199):
+                x1200, pos = _d_QueueReason1202(buf, pos, end)
+                acc1198.append(x1200)
+        f_reasons = tuple(acc1198)
+    f_requeued = buf[pos] != 0
     pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1208: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1209 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1209 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1209 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1209, pos = _rlong(buf, pos)
+            if c1209 == 0:
+                break
+            if c1209 < 0:
+                c1209 = -c1209
+                b = buf[pos]
+                if b < 128:
+                    z1212 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1212 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1212 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1212, pos = _rlong(buf, pos)
+            if c1209 * 1 > end - pos:
+                raise _count_error(c1209, end - pos)
+            for _ in range(c1209):
+                n1213 = _ZL[buf[pos]]
+                if n1213 < 0:
+                    n1213, pos = _rlong(buf, pos)
+                    if n1213 < 0:
+                        raise _length_error(n1213, end - pos)
+                else:
+                    pos += 1
+                q1214 = pos + n1213
+                if q1214 > end:
+                    raise _length_error(n1213, end - pos)
+                x1210 = buf[pos:q1214].decode()
+                pos = q1214
+                acc1208.append(x1210)
+        f_waiting_for = tuple(acc1208)
+    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+    f_index: int
+    f_milli: int
+    b = buf[pos]
+    if b < 128:
+        f_index = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_index, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_milli, pos = _rlong(buf, pos)
+    o = _c_GpuShare(f_index, f_milli)
+    return o, pos
+
+
+def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+    f_pod: _c_PodSpec
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    f_policy: str
+    f_from_queue: bool
+    f_scores: dict[str, Any]
+    f_preempted: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1155(buf, pos, end)
     n1216 = _ZL[buf[pos]]
     if n1216 < 0:
         n1216, pos = _rlong(buf, pos)
@@ -5342,11 +4660,11 @@ def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     q1217 = pos + n1216
     if q1217 > end:
         raise _length_error(n1216, end - pos)
-    f_message = buf[pos:q1217].decode()
+    f_node_id = buf[pos:q1217].decode()
     pos = q1217
     if buf[pos] == 0:
         pos += 1
-        f_preempted = ()
+        f_gpus = ()
     else:
         acc1218: list[Any] = []
         while True:
@@ -5382,43 +4700,1185 @@ def _d_GangScheduled1191(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
                     pos += 3
                 else:
                     z1222, pos = _rlong(buf, pos)
-            if c1219 * 1 > end - pos:
+            if c1219 * 2 > end - pos:
                 raise _count_error(c1219, end - pos)
             for _ in range(c1219):
-                n1223 = _ZL[buf[pos]]
-                if n1223 < 0:
-                    n1223, pos = _rlong(buf, pos)
-                    if n1223 < 0:
-                        raise _length_error(n1223, end - pos)
+                x1220, pos = _d_GpuShare1222(buf, pos, end)
+                acc1218.append(x1220)
+        f_gpus = tuple(acc1218)
+    n1224 = _ZL[buf[pos]]
+    if n1224 < 0:
+        n1224, pos = _rlong(buf, pos)
+        if n1224 < 0:
+            raise _length_error(n1224, end - pos)
+    else:
+        pos += 1
+    q1225 = pos + n1224
+    if q1225 > end:
+        raise _length_error(n1224, end - pos)
+    f_policy = buf[pos:q1225].decode()
+    pos = q1225
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1226: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1227 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1227 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1227 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1227, pos = _rlong(buf, pos)
+            if c1227 == 0:
+                break
+            if c1227 < 0:
+                c1227 = -c1227
+                b = buf[pos]
+                if b < 128:
+                    z1230 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1230 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1230 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1230, pos = _rlong(buf, pos)
+            if c1227 * 9 > end - pos:
+                raise _count_error(c1227, end - pos)
+            for _ in range(c1227):
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
                 else:
                     pos += 1
-                q1224 = pos + n1223
-                if q1224 > end:
-                    raise _length_error(n1223, end - pos)
-                x1220 = buf[pos:q1224].decode()
-                pos = q1224
-                acc1218.append(x1220)
-        f_preempted = tuple(acc1218)
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                k1229 = buf[pos:q1232].decode()
+                pos = q1232
+                x1228, = _unpack_d(buf, pos)
+                pos += 8
+                acc1226[k1229] = x1228
+        f_scores = acc1226
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1233: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1234 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1234, pos = _rlong(buf, pos)
+            if c1234 == 0:
+                break
+            if c1234 < 0:
+                c1234 = -c1234
+                b = buf[pos]
+                if b < 128:
+                    z1237 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1237, pos = _rlong(buf, pos)
+            if c1234 * 1 > end - pos:
+                raise _count_error(c1234, end - pos)
+            for _ in range(c1234):
+                n1238 = _ZL[buf[pos]]
+                if n1238 < 0:
+                    n1238, pos = _rlong(buf, pos)
+                    if n1238 < 0:
+                        raise _length_error(n1238, end - pos)
+                else:
+                    pos += 1
+                q1239 = pos + n1238
+                if q1239 > end:
+                    raise _length_error(n1238, end - pos)
+                x1235 = buf[pos:q1239].decode()
+                pos = q1239
+                acc1233.append(x1235)
+        f_preempted = tuple(acc1233)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1239(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1241 = _ZL[buf[pos]]
+    if n1241 < 0:
+        n1241, pos = _rlong(buf, pos)
+        if n1241 < 0:
+            raise _length_error(n1241, end - pos)
+    else:
+        pos += 1
+    q1242 = pos + n1241
+    if q1242 > end:
+        raise _length_error(n1241, end - pos)
+    f_pod_id = buf[pos:q1242].decode()
+    pos = q1242
+    n1243 = _ZL[buf[pos]]
+    if n1243 < 0:
+        n1243, pos = _rlong(buf, pos)
+        if n1243 < 0:
+            raise _length_error(n1243, end - pos)
+    else:
+        pos += 1
+    q1244 = pos + n1243
+    if q1244 > end:
+        raise _length_error(n1243, end - pos)
+    f_node_id = buf[pos:q1244].decode()
+    pos = q1244
+    n1245 = _ZL[buf[pos]]
+    if n1245 < 0:
+        n1245, pos = _rlong(buf, pos)
+        if n1245 < 0:
+            raise _length_error(n1245, end - pos)
+    else:
+        pos += 1
+    q1246 = pos + n1245
+    if q1246 > end:
+        raise _length_error(n1245, end - pos)
+    f_reason = buf[pos:q1246].decode()
+    pos = q1246
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1246(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1248 = _ZL[buf[pos]]
+    if n1248 < 0:
+        n1248, pos = _rlong(buf, pos)
+        if n1248 < 0:
+            raise _length_error(n1248, end - pos)
+    else:
+        pos += 1
+    q1249 = pos + n1248
+    if q1249 > end:
+        raise _length_error(n1248, end - pos)
+    f_pod_id = buf[pos:q1249].decode()
+    pos = q1249
+    b = buf[pos]
+    if b < 128:
+        i1250 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1250 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1250 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1250, pos = _rlong(buf, pos)
+    if i1250 == 0:
+        f_node_id = None
+    elif i1250 == 1:
+        n1251 = _ZL[buf[pos]]
+        if n1251 < 0:
+            n1251, pos = _rlong(buf, pos)
+            if n1251 < 0:
+                raise _length_error(n1251, end - pos)
+        else:
+            pos += 1
+        q1252 = pos + n1251
+        if q1252 > end:
+            raise _length_error(n1251, end - pos)
+        f_node_id = buf[pos:q1252].decode()
+        pos = q1252
+    else:
+        raise _union_error(i1250, 2)
+    n1253 = _ZL[buf[pos]]
+    if n1253 < 0:
+        n1253, pos = _rlong(buf, pos)
+        if n1253 < 0:
+            raise _length_error(n1253, end - pos)
+    else:
+        pos += 1
+    q1254 = pos + n1253
+    if q1254 > end:
+        raise _length_error(n1253, end - pos)
+    f_reason = buf[pos:q1254].decode()
+    pos = q1254
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
+    else:
+        pos += 1
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_policy = buf[pos:q1257].decode()
+    pos = q1257
+    n1258 = _ZL[buf[pos]]
+    if n1258 < 0:
+        n1258, pos = _rlong(buf, pos)
+        if n1258 < 0:
+            raise _length_error(n1258, end - pos)
+    else:
+        pos += 1
+    q1259 = pos + n1258
+    if q1259 > end:
+        raise _length_error(n1258, end - pos)
+    f_previous = buf[pos:q1259].decode()
+    pos = q1259
+    b = buf[pos]
+    if b < 128:
+        i1260 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1260 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1260 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1260, pos = _rlong(buf, pos)
+    if i1260 == 0:
+        f_reserve_after_ms = None
+    elif i1260 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1260, 2)
+    n1261 = _ZL[buf[pos]]
+    if n1261 < 0:
+        n1261, pos = _rlong(buf, pos)
+        if n1261 < 0:
+            raise _length_error(n1261, end - pos)
+    else:
+        pos += 1
+    q1262 = pos + n1261
+    if q1262 > end:
+        raise _length_error(n1261, end - pos)
+    f_queue_order = buf[pos:q1262].decode()
+    pos = q1262
+    b = buf[pos]
+    if b < 128:
+        i1263 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1263 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1263 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1263, pos = _rlong(buf, pos)
+    if i1263 == 0:
+        f_max_clock_jump_ms = None
+    elif i1263 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1263, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1263(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1265 = _ZL[buf[pos]]
+    if n1265 < 0:
+        n1265, pos = _rlong(buf, pos)
+        if n1265 < 0:
+            raise _length_error(n1265, end - pos)
+    else:
+        pos += 1
+    q1266 = pos + n1265
+    if q1266 > end:
+        raise _length_error(n1265, end - pos)
+    f_command_id = buf[pos:q1266].decode()
+    pos = q1266
+    n1267 = _ZL[buf[pos]]
+    if n1267 < 0:
+        n1267, pos = _rlong(buf, pos)
+        if n1267 < 0:
+            raise _length_error(n1267, end - pos)
+    else:
+        pos += 1
+    q1268 = pos + n1267
+    if q1268 > end:
+        raise _length_error(n1267, end - pos)
+    f_command_type = buf[pos:q1268].decode()
+    pos = q1268
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
+    else:
+        pos += 1
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_code = buf[pos:q1270].decode()
+    pos = q1270
+    n1271 = _ZL[buf[pos]]
+    if n1271 < 0:
+        n1271, pos = _rlong(buf, pos)
+        if n1271 < 0:
+            raise _length_error(n1271, end - pos)
+    else:
+        pos += 1
+    q1272 = pos + n1271
+    if q1272 > end:
+        raise _length_error(n1271, end - pos)
+    f_message = buf[pos:q1272].decode()
+    pos = q1272
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    n1282 = _ZL[buf[pos]]
+    if n1282 < 0:
+        n1282, pos = _rlong(buf, pos)
+        if n1282 < 0:
+            raise _length_error(n1282, end - pos)
+    else:
+        pos += 1
+    q1283 = pos + n1282
+    if q1283 > end:
+        raise _length_error(n1282, end - pos)
+    f_gang_id = buf[pos:q1283].decode()
+    pos = q1283
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
+    else:
+        pos += 1
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_tenant = buf[pos:q1285].decode()
+    pos = q1285
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1286: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1287 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1287 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1287 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1287, pos = _rlong(buf, pos)
+            if c1287 == 0:
+                break
+            if c1287 < 0:
+                c1287 = -c1287
+                b = buf[pos]
+                if b < 128:
+                    z1290 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1290 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1290 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1290, pos = _rlong(buf, pos)
+            if c1287 * 20 > end - pos:
+                raise _count_error(c1287, end - pos)
+            for _ in range(c1287):
+                x1288, pos = _d_PodSpec1155(buf, pos, end)
+                acc1286.append(x1288)
+        f_members = tuple(acc1286)
+    b = buf[pos]
+    if b < 128:
+        f_min_members = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1291 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1291 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1291 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1291, pos = _rlong(buf, pos)
+    if i1291 == 0:
+        f_topology_required = None
+    elif i1291 == 1:
+        n1292 = _ZL[buf[pos]]
+        if n1292 < 0:
+            n1292, pos = _rlong(buf, pos)
+            if n1292 < 0:
+                raise _length_error(n1292, end - pos)
+        else:
+            pos += 1
+        q1293 = pos + n1292
+        if q1293 > end:
+            raise _length_error(n1292, end - pos)
+        f_topology_required = buf[pos:q1293].decode()
+        pos = q1293
+    else:
+        raise _union_error(i1291, 2)
+    b = buf[pos]
+    if b < 128:
+        i1294 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1294 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1294 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1294, pos = _rlong(buf, pos)
+    if i1294 == 0:
+        f_topology_preferred = None
+    elif i1294 == 1:
+        n1295 = _ZL[buf[pos]]
+        if n1295 < 0:
+            n1295, pos = _rlong(buf, pos)
+            if n1295 < 0:
+                raise _length_error(n1295, end - pos)
+        else:
+            pos += 1
+        q1296 = pos + n1295
+        if q1296 > end:
+            raise _length_error(n1295, end - pos)
+        f_topology_preferred = buf[pos:q1296].decode()
+        pos = q1296
+    else:
+        raise _union_error(i1294, 2)
+    b = buf[pos]
+    if b < 128:
+        i1297 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1297 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1297 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1297, pos = _rlong(buf, pos)
+    if i1297 == 0:
+        f_timeout_ms = None
+    elif i1297 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1297, 2)
+    b = buf[pos]
+    if b < 128:
+        i1298 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1298 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1298 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1298, pos = _rlong(buf, pos)
+    if i1298 == 0:
+        f_time_limit_ms = None
+    elif i1298 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1298, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1299: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1300 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1300 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1300 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1300, pos = _rlong(buf, pos)
+            if c1300 == 0:
+                break
+            if c1300 < 0:
+                c1300 = -c1300
+                b = buf[pos]
+                if b < 128:
+                    z1303 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1303 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1303 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1303, pos = _rlong(buf, pos)
+            if c1300 * 1 > end - pos:
+                raise _count_error(c1300, end - pos)
+            for _ in range(c1300):
+                n1304 = _ZL[buf[pos]]
+                if n1304 < 0:
+                    n1304, pos = _rlong(buf, pos)
+                    if n1304 < 0:
+                        raise _length_error(n1304, end - pos)
+                else:
+                    pos += 1
+                q1305 = pos + n1304
+                if q1305 > end:
+                    raise _length_error(n1304, end - pos)
+                x1301 = buf[pos:q1305].decode()
+                pos = q1305
+                acc1299.append(x1301)
+        f_depends_on = tuple(acc1299)
+    n1306 = _ZL[buf[pos]]
+    if n1306 < 0:
+        n1306, pos = _rlong(buf, pos)
+        if n1306 < 0:
+            raise _length_error(n1306, end - pos)
+    else:
+        pos += 1
+    q1307 = pos + n1306
+    if q1307 > end:
+        raise _length_error(n1306, end - pos)
+    f_dependency = buf[pos:q1307].decode()
+    pos = q1307
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1308 = _ZL[buf[pos]]
+    if n1308 < 0:
+        n1308, pos = _rlong(buf, pos)
+        if n1308 < 0:
+            raise _length_error(n1308, end - pos)
+    else:
+        pos += 1
+    q1309 = pos + n1308
+    if q1309 > end:
+        raise _length_error(n1308, end - pos)
+    f_preemption = buf[pos:q1309].decode()
+    pos = q1309
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
+    return o, pos
+
+
+def _d_GangQueued1272(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
+    else:
+        pos += 1
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_gang_id = buf[pos:q1275].decode()
+    pos = q1275
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1276: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1277 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1277 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1277 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1277, pos = _rlong(buf, pos)
+            if c1277 == 0:
+                break
+            if c1277 < 0:
+                c1277 = -c1277
+                b = buf[pos]
+                if b < 128:
+                    z1280 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1280 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1280 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1280, pos = _rlong(buf, pos)
+            if c1277 * 3 > end - pos:
+                raise _count_error(c1277, end - pos)
+            for _ in range(c1277):
+                x1278, pos = _d_QueueReason1202(buf, pos, end)
+                acc1276.append(x1278)
+        f_reasons = tuple(acc1276)
+    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1310: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1311 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1311 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1311 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1311, pos = _rlong(buf, pos)
+            if c1311 == 0:
+                break
+            if c1311 < 0:
+                c1311 = -c1311
+                b = buf[pos]
+                if b < 128:
+                    z1314 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1314 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1314 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1314, pos = _rlong(buf, pos)
+            if c1311 * 1 > end - pos:
+                raise _count_error(c1311, end - pos)
+            for _ in range(c1311):
+                n1315 = _ZL[buf[pos]]
+                if n1315 < 0:
+                    n1315, pos = _rlong(buf, pos)
+                    if n1315 < 0:
+                        raise _length_error(n1315, end - pos)
+                else:
+                    pos += 1
+                q1316 = pos + n1315
+                if q1316 > end:
+                    raise _length_error(n1315, end - pos)
+                x1312 = buf[pos:q1316].decode()
+                pos = q1316
+                acc1310.append(x1312)
+        f_waiting_for = tuple(acc1310)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1324(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1326 = _ZL[buf[pos]]
+    if n1326 < 0:
+        n1326, pos = _rlong(buf, pos)
+        if n1326 < 0:
+            raise _length_error(n1326, end - pos)
+    else:
+        pos += 1
+    q1327 = pos + n1326
+    if q1327 > end:
+        raise _length_error(n1326, end - pos)
+    f_pod_id = buf[pos:q1327].decode()
+    pos = q1327
+    n1328 = _ZL[buf[pos]]
+    if n1328 < 0:
+        n1328, pos = _rlong(buf, pos)
+        if n1328 < 0:
+            raise _length_error(n1328, end - pos)
+    else:
+        pos += 1
+    q1329 = pos + n1328
+    if q1329 > end:
+        raise _length_error(n1328, end - pos)
+    f_node_id = buf[pos:q1329].decode()
+    pos = q1329
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1330: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1331 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1331 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1331 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1331, pos = _rlong(buf, pos)
+            if c1331 == 0:
+                break
+            if c1331 < 0:
+                c1331 = -c1331
+                b = buf[pos]
+                if b < 128:
+                    z1334 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1334 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1334 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1334, pos = _rlong(buf, pos)
+            if c1331 * 2 > end - pos:
+                raise _count_error(c1331, end - pos)
+            for _ in range(c1331):
+                x1332, pos = _d_GpuShare1222(buf, pos, end)
+                acc1330.append(x1332)
+        f_gpus = tuple(acc1330)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1318 = _ZL[buf[pos]]
+    if n1318 < 0:
+        n1318, pos = _rlong(buf, pos)
+        if n1318 < 0:
+            raise _length_error(n1318, end - pos)
+    else:
+        pos += 1
+    q1319 = pos + n1318
+    if q1319 > end:
+        raise _length_error(n1318, end - pos)
+    f_gang_id = buf[pos:q1319].decode()
+    pos = q1319
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1320: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1321 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1321 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1321 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1321, pos = _rlong(buf, pos)
+            if c1321 == 0:
+                break
+            if c1321 < 0:
+                c1321 = -c1321
+                b = buf[pos]
+                if b < 128:
+                    z1324 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1324 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1324 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1324, pos = _rlong(buf, pos)
+            if c1321 * 3 > end - pos:
+                raise _count_error(c1321, end - pos)
+            for _ in range(c1321):
+                x1322, pos = _d_MemberPlacement1324(buf, pos, end)
+                acc1320.append(x1322)
+        f_members = tuple(acc1320)
+    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1335 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1335 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1335 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1335, pos = _rlong(buf, pos)
+    if i1335 == 0:
+        f_topology_key = None
+    elif i1335 == 1:
+        n1336 = _ZL[buf[pos]]
+        if n1336 < 0:
+            n1336, pos = _rlong(buf, pos)
+            if n1336 < 0:
+                raise _length_error(n1336, end - pos)
+        else:
+            pos += 1
+        q1337 = pos + n1336
+        if q1337 > end:
+            raise _length_error(n1336, end - pos)
+        f_topology_key = buf[pos:q1337].decode()
+        pos = q1337
+    else:
+        raise _union_error(i1335, 2)
+    b = buf[pos]
+    if b < 128:
+        i1338 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1338 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1338 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1338, pos = _rlong(buf, pos)
+    if i1338 == 0:
+        f_domain = None
+    elif i1338 == 1:
+        n1339 = _ZL[buf[pos]]
+        if n1339 < 0:
+            n1339, pos = _rlong(buf, pos)
+            if n1339 < 0:
+                raise _length_error(n1339, end - pos)
+        else:
+            pos += 1
+        q1340 = pos + n1339
+        if q1340 > end:
+            raise _length_error(n1339, end - pos)
+        f_domain = buf[pos:q1340].decode()
+        pos = q1340
+    else:
+        raise _union_error(i1338, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    n1341 = _ZL[buf[pos]]
+    if n1341 < 0:
+        n1341, pos = _rlong(buf, pos)
+        if n1341 < 0:
+            raise _length_error(n1341, end - pos)
+    else:
+        pos += 1
+    q1342 = pos + n1341
+    if q1342 > end:
+        raise _length_error(n1341, end - pos)
+    f_message = buf[pos:q1342].decode()
+    pos = q1342
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1343: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1344 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1344 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1344 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1344, pos = _rlong(buf, pos)
+            if c1344 == 0:
+                break
+            if c1344 < 0:
+                c1344 = -c1344
+                b = buf[pos]
+                if b < 128:
+                    z1347 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1347 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1347 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1347, pos = _rlong(buf, pos)
+            if c1344 * 1 > end - pos:
+                raise _count_error(c1344, end - pos)
+            for _ in range(c1344):
+                n1348 = _ZL[buf[pos]]
+                if n1348 < 0:
+                    n1348, pos = _rlong(buf, pos)
+                    if n1348 < 0:
+                        raise _length_error(n1348, end - pos)
+                else:
+                    pos += 1
+                q1349 = pos + n1348
+                if q1349 > end:
+                    raise _length_error(n1348, end - pos)
+                x1345 = buf[pos:q1349].decode()
+                pos = q1349
+                acc1343.append(x1345)
+        f_preempted = tuple(acc1343)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1224(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1226 = _ZL[buf[pos]]
-    if n1226 < 0:
-        n1226, pos = _rlong(buf, pos)
-        if n1226 < 0:
-            raise _length_error(n1226, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1227 = pos + n1226
-    if q1227 > end:
-        raise _length_error(n1226, end - pos)
-    f_gang_id = buf[pos:q1227].decode()
-    pos = q1227
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_gang_id = buf[pos:q1352].decode()
+    pos = q1352
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5433,85 +5893,85 @@ def _d_GangTimedOut1224(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1228 = _ZL[buf[pos]]
-    if n1228 < 0:
-        n1228, pos = _rlong(buf, pos)
-        if n1228 < 0:
-            raise _length_error(n1228, end - pos)
+    n1353 = _ZL[buf[pos]]
+    if n1353 < 0:
+        n1353, pos = _rlong(buf, pos)
+        if n1353 < 0:
+            raise _length_error(n1353, end - pos)
     else:
         pos += 1
-    q1229 = pos + n1228
-    if q1229 > end:
-        raise _length_error(n1228, end - pos)
-    f_message = buf[pos:q1229].decode()
-    pos = q1229
+    q1354 = pos + n1353
+    if q1354 > end:
+        raise _length_error(n1353, end - pos)
+    f_message = buf[pos:q1354].decode()
+    pos = q1354
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1229(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1231 = _ZL[buf[pos]]
-    if n1231 < 0:
-        n1231, pos = _rlong(buf, pos)
-        if n1231 < 0:
-            raise _length_error(n1231, end - pos)
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
     else:
         pos += 1
-    q1232 = pos + n1231
-    if q1232 > end:
-        raise _length_error(n1231, end - pos)
-    f_gang_id = buf[pos:q1232].decode()
-    pos = q1232
-    n1233 = _ZL[buf[pos]]
-    if n1233 < 0:
-        n1233, pos = _rlong(buf, pos)
-        if n1233 < 0:
-            raise _length_error(n1233, end - pos)
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_gang_id = buf[pos:q1357].decode()
+    pos = q1357
+    n1358 = _ZL[buf[pos]]
+    if n1358 < 0:
+        n1358, pos = _rlong(buf, pos)
+        if n1358 < 0:
+            raise _length_error(n1358, end - pos)
     else:
         pos += 1
-    q1234 = pos + n1233
-    if q1234 > end:
-        raise _length_error(n1233, end - pos)
-    f_reason = buf[pos:q1234].decode()
-    pos = q1234
+    q1359 = pos + n1358
+    if q1359 > end:
+        raise _length_error(n1358, end - pos)
+    f_reason = buf[pos:q1359].decode()
+    pos = q1359
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1234(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1236 = _ZL[buf[pos]]
-    if n1236 < 0:
-        n1236, pos = _rlong(buf, pos)
-        if n1236 < 0:
-            raise _length_error(n1236, end - pos)
+    n1361 = _ZL[buf[pos]]
+    if n1361 < 0:
+        n1361, pos = _rlong(buf, pos)
+        if n1361 < 0:
+            raise _length_error(n1361, end - pos)
     else:
         pos += 1
-    q1237 = pos + n1236
-    if q1237 > end:
-        raise _length_error(n1236, end - pos)
-    f_pod_id = buf[pos:q1237].decode()
-    pos = q1237
-    n1238 = _ZL[buf[pos]]
-    if n1238 < 0:
-        n1238, pos = _rlong(buf, pos)
-        if n1238 < 0:
-            raise _length_error(n1238, end - pos)
+    q1362 = pos + n1361
+    if q1362 > end:
+        raise _length_error(n1361, end - pos)
+    f_pod_id = buf[pos:q1362].decode()
+    pos = q1362
+    n1363 = _ZL[buf[pos]]
+    if n1363 < 0:
+        n1363, pos = _rlong(buf, pos)
+        if n1363 < 0:
+            raise _length_error(n1363, end - pos)
     else:
         pos += 1
-    q1239 = pos + n1238
-    if q1239 > end:
-        raise _length_error(n1238, end - pos)
-    f_node_id = buf[pos:q1239].decode()
-    pos = q1239
+    q1364 = pos + n1363
+    if q1364 > end:
+        raise _length_error(n1363, end - pos)
+    f_node_id = buf[pos:q1364].decode()
+    pos = q1364
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5528,141 +5988,141 @@ def _d_PodTimeLimitReached1234(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1240 = _ZD[b]
+        i1365 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1240 = (z >> 1) ^ -(z & 1)
+        i1365 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1240 = (z >> 1) ^ -(z & 1)
+        i1365 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1240, pos = _rlong(buf, pos)
-    if i1240 == 0:
+        i1365, pos = _rlong(buf, pos)
+    if i1365 == 0:
         f_gang_id = None
-    elif i1240 == 1:
-        n1241 = _ZL[buf[pos]]
-        if n1241 < 0:
-            n1241, pos = _rlong(buf, pos)
-            if n1241 < 0:
-                raise _length_error(n1241, end - pos)
+    elif i1365 == 1:
+        n1366 = _ZL[buf[pos]]
+        if n1366 < 0:
+            n1366, pos = _rlong(buf, pos)
+            if n1366 < 0:
+                raise _length_error(n1366, end - pos)
         else:
             pos += 1
-        q1242 = pos + n1241
-        if q1242 > end:
-            raise _length_error(n1241, end - pos)
-        f_gang_id = buf[pos:q1242].decode()
-        pos = q1242
+        q1367 = pos + n1366
+        if q1367 > end:
+            raise _length_error(n1366, end - pos)
+        f_gang_id = buf[pos:q1367].decode()
+        pos = q1367
     else:
-        raise _union_error(i1240, 2)
+        raise _union_error(i1365, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1244 = _ZL[buf[pos]]
-    if n1244 < 0:
-        n1244, pos = _rlong(buf, pos)
-        if n1244 < 0:
-            raise _length_error(n1244, end - pos)
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
     else:
         pos += 1
-    q1245 = pos + n1244
-    if q1245 > end:
-        raise _length_error(n1244, end - pos)
-    f_holder_id = buf[pos:q1245].decode()
-    pos = q1245
-    n1246 = _ZL[buf[pos]]
-    if n1246 < 0:
-        n1246, pos = _rlong(buf, pos)
-        if n1246 < 0:
-            raise _length_error(n1246, end - pos)
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_holder_id = buf[pos:q1370].decode()
+    pos = q1370
+    n1371 = _ZL[buf[pos]]
+    if n1371 < 0:
+        n1371, pos = _rlong(buf, pos)
+        if n1371 < 0:
+            raise _length_error(n1371, end - pos)
     else:
         pos += 1
-    q1247 = pos + n1246
-    if q1247 > end:
-        raise _length_error(n1246, end - pos)
-    f_holder_kind = buf[pos:q1247].decode()
-    pos = q1247
+    q1372 = pos + n1371
+    if q1372 > end:
+        raise _length_error(n1371, end - pos)
+    f_holder_kind = buf[pos:q1372].decode()
+    pos = q1372
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1248: list[Any] = []
+        acc1373: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1249 = _ZD[b]
+                c1374 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1374 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1374 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1249, pos = _rlong(buf, pos)
-            if c1249 == 0:
+                c1374, pos = _rlong(buf, pos)
+            if c1374 == 0:
                 break
-            if c1249 < 0:
-                c1249 = -c1249
+            if c1374 < 0:
+                c1374 = -c1374
                 b = buf[pos]
                 if b < 128:
-                    z1252 = _ZD[b]
+                    z1377 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1377 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1377 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1252, pos = _rlong(buf, pos)
-            if c1249 * 1 > end - pos:
-                raise _count_error(c1249, end - pos)
-            for _ in range(c1249):
-                n1253 = _ZL[buf[pos]]
-                if n1253 < 0:
-                    n1253, pos = _rlong(buf, pos)
-                    if n1253 < 0:
-                        raise _length_error(n1253, end - pos)
+                    z1377, pos = _rlong(buf, pos)
+            if c1374 * 1 > end - pos:
+                raise _count_error(c1374, end - pos)
+            for _ in range(c1374):
+                n1378 = _ZL[buf[pos]]
+                if n1378 < 0:
+                    n1378, pos = _rlong(buf, pos)
+                    if n1378 < 0:
+                        raise _length_error(n1378, end - pos)
                 else:
                     pos += 1
-                q1254 = pos + n1253
-                if q1254 > end:
-                    raise _length_error(n1253, end - pos)
-                x1250 = buf[pos:q1254].decode()
-                pos = q1254
-                acc1248.append(x1250)
-        f_nodes = tuple(acc1248)
+                q1379 = pos + n1378
+                if q1379 > end:
+                    raise _length_error(n1378, end - pos)
+                x1375 = buf[pos:q1379].decode()
+                pos = q1379
+                acc1373.append(x1375)
+        f_nodes = tuple(acc1373)
     b = buf[pos]
     if b < 128:
-        i1255 = _ZD[b]
+        i1380 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1255 = (z >> 1) ^ -(z & 1)
+        i1380 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1255 = (z >> 1) ^ -(z & 1)
+        i1380 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1255, pos = _rlong(buf, pos)
-    if i1255 == 0:
+        i1380, pos = _rlong(buf, pos)
+    if i1380 == 0:
         f_expected_start = None
-    elif i1255 == 1:
+    elif i1380 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -5678,194 +6138,194 @@ def _d_NodesReserved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1255, 2)
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+        raise _union_error(i1380, 2)
+    n1381 = _ZL[buf[pos]]
+    if n1381 < 0:
+        n1381, pos = _rlong(buf, pos)
+        if n1381 < 0:
+            raise _length_error(n1381, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_message = buf[pos:q1257].decode()
-    pos = q1257
+    q1382 = pos + n1381
+    if q1382 > end:
+        raise _length_error(n1381, end - pos)
+    f_message = buf[pos:q1382].decode()
+    pos = q1382
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1257(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1382(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
+    n1384 = _ZL[buf[pos]]
+    if n1384 < 0:
+        n1384, pos = _rlong(buf, pos)
+        if n1384 < 0:
+            raise _length_error(n1384, end - pos)
     else:
         pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_holder_id = buf[pos:q1260].decode()
-    pos = q1260
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
+    q1385 = pos + n1384
+    if q1385 > end:
+        raise _length_error(n1384, end - pos)
+    f_holder_id = buf[pos:q1385].decode()
+    pos = q1385
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
     else:
         pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_holder_kind = buf[pos:q1262].decode()
-    pos = q1262
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_holder_kind = buf[pos:q1387].decode()
+    pos = q1387
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1263: list[Any] = []
+        acc1388: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1264 = _ZD[b]
+                c1389 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1264 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1264 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1264, pos = _rlong(buf, pos)
-            if c1264 == 0:
+                c1389, pos = _rlong(buf, pos)
+            if c1389 == 0:
                 break
-            if c1264 < 0:
-                c1264 = -c1264
+            if c1389 < 0:
+                c1389 = -c1389
                 b = buf[pos]
                 if b < 128:
-                    z1267 = _ZD[b]
+                    z1392 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1267 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1267 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1267, pos = _rlong(buf, pos)
-            if c1264 * 1 > end - pos:
-                raise _count_error(c1264, end - pos)
-            for _ in range(c1264):
-                n1268 = _ZL[buf[pos]]
-                if n1268 < 0:
-                    n1268, pos = _rlong(buf, pos)
-                    if n1268 < 0:
-                        raise _length_error(n1268, end - pos)
+                    z1392, pos = _rlong(buf, pos)
+            if c1389 * 1 > end - pos:
+                raise _count_error(c1389, end - pos)
+            for _ in range(c1389):
+                n1393 = _ZL[buf[pos]]
+                if n1393 < 0:
+                    n1393, pos = _rlong(buf, pos)
+                    if n1393 < 0:
+                        raise _length_error(n1393, end - pos)
                 else:
                     pos += 1
-                q1269 = pos + n1268
-                if q1269 > end:
-                    raise _length_error(n1268, end - pos)
-                x1265 = buf[pos:q1269].decode()
-                pos = q1269
-                acc1263.append(x1265)
-        f_nodes = tuple(acc1263)
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
+                q1394 = pos + n1393
+                if q1394 > end:
+                    raise _length_error(n1393, end - pos)
+                x1390 = buf[pos:q1394].decode()
+                pos = q1394
+                acc1388.append(x1390)
+        f_nodes = tuple(acc1388)
+    n1395 = _ZL[buf[pos]]
+    if n1395 < 0:
+        n1395, pos = _rlong(buf, pos)
+        if n1395 < 0:
+            raise _length_error(n1395, end - pos)
     else:
         pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_reason = buf[pos:q1271].decode()
-    pos = q1271
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
+    q1396 = pos + n1395
+    if q1396 > end:
+        raise _length_error(n1395, end - pos)
+    f_reason = buf[pos:q1396].decode()
+    pos = q1396
+    n1397 = _ZL[buf[pos]]
+    if n1397 < 0:
+        n1397, pos = _rlong(buf, pos)
+        if n1397 < 0:
+            raise _length_error(n1397, end - pos)
     else:
         pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_message = buf[pos:q1273].decode()
-    pos = q1273
+    q1398 = pos + n1397
+    if q1398 > end:
+        raise _length_error(n1397, end - pos)
+    f_message = buf[pos:q1398].decode()
+    pos = q1398
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1273(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1398(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1275 = _ZL[buf[pos]]
-    if n1275 < 0:
-        n1275, pos = _rlong(buf, pos)
-        if n1275 < 0:
-            raise _length_error(n1275, end - pos)
+    n1400 = _ZL[buf[pos]]
+    if n1400 < 0:
+        n1400, pos = _rlong(buf, pos)
+        if n1400 < 0:
+            raise _length_error(n1400, end - pos)
     else:
         pos += 1
-    q1276 = pos + n1275
-    if q1276 > end:
-        raise _length_error(n1275, end - pos)
-    f_holder_id = buf[pos:q1276].decode()
-    pos = q1276
-    n1277 = _ZL[buf[pos]]
-    if n1277 < 0:
-        n1277, pos = _rlong(buf, pos)
-        if n1277 < 0:
-            raise _length_error(n1277, end - pos)
+    q1401 = pos + n1400
+    if q1401 > end:
+        raise _length_error(n1400, end - pos)
+    f_holder_id = buf[pos:q1401].decode()
+    pos = q1401
+    n1402 = _ZL[buf[pos]]
+    if n1402 < 0:
+        n1402, pos = _rlong(buf, pos)
+        if n1402 < 0:
+            raise _length_error(n1402, end - pos)
     else:
         pos += 1
-    q1278 = pos + n1277
-    if q1278 > end:
-        raise _length_error(n1277, end - pos)
-    f_holder_kind = buf[pos:q1278].decode()
-    pos = q1278
-    n1279 = _ZL[buf[pos]]
-    if n1279 < 0:
-        n1279, pos = _rlong(buf, pos)
-        if n1279 < 0:
-            raise _length_error(n1279, end - pos)
+    q1403 = pos + n1402
+    if q1403 > end:
+        raise _length_error(n1402, end - pos)
+    f_holder_kind = buf[pos:q1403].decode()
+    pos = q1403
+    n1404 = _ZL[buf[pos]]
+    if n1404 < 0:
+        n1404, pos = _rlong(buf, pos)
+        if n1404 < 0:
+            raise _length_error(n1404, end - pos)
     else:
         pos += 1
-    q1280 = pos + n1279
-    if q1280 > end:
-        raise _length_error(n1279, end - pos)
-    f_dependency_id = buf[pos:q1280].decode()
-    pos = q1280
-    n1281 = _ZL[buf[pos]]
-    if n1281 < 0:
-        n1281, pos = _rlong(buf, pos)
-        if n1281 < 0:
-            raise _length_error(n1281, end - pos)
+    q1405 = pos + n1404
+    if q1405 > end:
+        raise _length_error(n1404, end - pos)
+    f_dependency_id = buf[pos:q1405].decode()
+    pos = q1405
+    n1406 = _ZL[buf[pos]]
+    if n1406 < 0:
+        n1406, pos = _rlong(buf, pos)
+        if n1406 < 0:
+            raise _length_error(n1406, end - pos)
     else:
         pos += 1
-    q1282 = pos + n1281
-    if q1282 > end:
-        raise _length_error(n1281, end - pos)
-    f_message = buf[pos:q1282].decode()
-    pos = q1282
+    q1407 = pos + n1406
+    if q1407 > end:
+        raise _length_error(n1406, end - pos)
+    f_message = buf[pos:q1407].decode()
+    pos = q1407
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1282(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -5888,169 +6348,169 @@ def _d_Ticked1282(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1283(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1285 = _ZL[buf[pos]]
-    if n1285 < 0:
-        n1285, pos = _rlong(buf, pos)
-        if n1285 < 0:
-            raise _length_error(n1285, end - pos)
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
     else:
         pos += 1
-    q1286 = pos + n1285
-    if q1286 > end:
-        raise _length_error(n1285, end - pos)
-    f_pod_id = buf[pos:q1286].decode()
-    pos = q1286
-    n1287 = _ZL[buf[pos]]
-    if n1287 < 0:
-        n1287, pos = _rlong(buf, pos)
-        if n1287 < 0:
-            raise _length_error(n1287, end - pos)
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_pod_id = buf[pos:q1411].decode()
+    pos = q1411
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
     else:
         pos += 1
-    q1288 = pos + n1287
-    if q1288 > end:
-        raise _length_error(n1287, end - pos)
-    f_node_id = buf[pos:q1288].decode()
-    pos = q1288
-    n1289 = _ZL[buf[pos]]
-    if n1289 < 0:
-        n1289, pos = _rlong(buf, pos)
-        if n1289 < 0:
-            raise _length_error(n1289, end - pos)
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_node_id = buf[pos:q1413].decode()
+    pos = q1413
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
     else:
         pos += 1
-    q1290 = pos + n1289
-    if q1290 > end:
-        raise _length_error(n1289, end - pos)
-    f_by = buf[pos:q1290].decode()
-    pos = q1290
-    n1291 = _ZL[buf[pos]]
-    if n1291 < 0:
-        n1291, pos = _rlong(buf, pos)
-        if n1291 < 0:
-            raise _length_error(n1291, end - pos)
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_by = buf[pos:q1415].decode()
+    pos = q1415
+    n1416 = _ZL[buf[pos]]
+    if n1416 < 0:
+        n1416, pos = _rlong(buf, pos)
+        if n1416 < 0:
+            raise _length_error(n1416, end - pos)
     else:
         pos += 1
-    q1292 = pos + n1291
-    if q1292 > end:
-        raise _length_error(n1291, end - pos)
-    f_reason = buf[pos:q1292].decode()
-    pos = q1292
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
+    q1417 = pos + n1416
+    if q1417 > end:
+        raise _length_error(n1416, end - pos)
+    f_reason = buf[pos:q1417].decode()
+    pos = q1417
+    n1418 = _ZL[buf[pos]]
+    if n1418 < 0:
+        n1418, pos = _rlong(buf, pos)
+        if n1418 < 0:
+            raise _length_error(n1418, end - pos)
     else:
         pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_message = buf[pos:q1294].decode()
-    pos = q1294
+    q1419 = pos + n1418
+    if q1419 > end:
+        raise _length_error(n1418, end - pos)
+    f_message = buf[pos:q1419].decode()
+    pos = q1419
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1419(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1296 = _ZD[b]
+        i1421 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1421 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1296 = (z >> 1) ^ -(z & 1)
+        i1421 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1296, pos = _rlong(buf, pos)
-    if i1296 == 0:
+        i1421, pos = _rlong(buf, pos)
+    if i1421 == 0:
         f_tenant = None
-    elif i1296 == 1:
-        n1297 = _ZL[buf[pos]]
-        if n1297 < 0:
-            n1297, pos = _rlong(buf, pos)
-            if n1297 < 0:
-                raise _length_error(n1297, end - pos)
+    elif i1421 == 1:
+        n1422 = _ZL[buf[pos]]
+        if n1422 < 0:
+            n1422, pos = _rlong(buf, pos)
+            if n1422 < 0:
+                raise _length_error(n1422, end - pos)
         else:
             pos += 1
-        q1298 = pos + n1297
-        if q1298 > end:
-            raise _length_error(n1297, end - pos)
-        f_tenant = buf[pos:q1298].decode()
-        pos = q1298
+        q1423 = pos + n1422
+        if q1423 > end:
+            raise _length_error(n1422, end - pos)
+        f_tenant = buf[pos:q1423].decode()
+        pos = q1423
     else:
-        raise _union_error(i1296, 2)
+        raise _union_error(i1421, 2)
     b = buf[pos]
     if b < 128:
-        i1299 = _ZD[b]
+        i1424 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1299 = (z >> 1) ^ -(z & 1)
+        i1424 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1299 = (z >> 1) ^ -(z & 1)
+        i1424 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1299, pos = _rlong(buf, pos)
-    if i1299 == 0:
+        i1424, pos = _rlong(buf, pos)
+    if i1424 == 0:
         f_quota = None
-    elif i1299 == 1:
-        f_quota, pos = _d_Quota389(buf, pos, end)
+    elif i1424 == 1:
+        f_quota, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1299, 2)
+        raise _union_error(i1424, 2)
     b = buf[pos]
     if b < 128:
-        i1300 = _ZD[b]
+        i1425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1300, pos = _rlong(buf, pos)
-    if i1300 == 0:
+        i1425, pos = _rlong(buf, pos)
+    if i1425 == 0:
         f_previous = None
-    elif i1300 == 1:
-        f_previous, pos = _d_Quota389(buf, pos, end)
+    elif i1425 == 1:
+        f_previous, pos = _d_Quota428(buf, pos, end)
     else:
-        raise _union_error(i1300, 2)
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+        raise _union_error(i1425, 2)
+    n1426 = _ZL[buf[pos]]
+    if n1426 < 0:
+        n1426, pos = _rlong(buf, pos)
+        if n1426 < 0:
+            raise _length_error(n1426, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_message = buf[pos:q1302].decode()
-    pos = q1302
+    q1427 = pos + n1426
+    if q1427 > end:
+        raise _length_error(n1426, end - pos)
+    f_message = buf[pos:q1427].decode()
+    pos = q1427
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6058,159 +6518,159 @@ def _d_PodMigrated1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+    n1429 = _ZL[buf[pos]]
+    if n1429 < 0:
+        n1429, pos = _rlong(buf, pos)
+        if n1429 < 0:
+            raise _length_error(n1429, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_pod_id = buf[pos:q1305].decode()
-    pos = q1305
-    n1306 = _ZL[buf[pos]]
-    if n1306 < 0:
-        n1306, pos = _rlong(buf, pos)
-        if n1306 < 0:
-            raise _length_error(n1306, end - pos)
+    q1430 = pos + n1429
+    if q1430 > end:
+        raise _length_error(n1429, end - pos)
+    f_pod_id = buf[pos:q1430].decode()
+    pos = q1430
+    n1431 = _ZL[buf[pos]]
+    if n1431 < 0:
+        n1431, pos = _rlong(buf, pos)
+        if n1431 < 0:
+            raise _length_error(n1431, end - pos)
     else:
         pos += 1
-    q1307 = pos + n1306
-    if q1307 > end:
-        raise _length_error(n1306, end - pos)
-    f_from_node = buf[pos:q1307].decode()
-    pos = q1307
+    q1432 = pos + n1431
+    if q1432 > end:
+        raise _length_error(n1431, end - pos)
+    f_from_node = buf[pos:q1432].decode()
+    pos = q1432
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1308: list[Any] = []
+        acc1433: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1309 = _ZD[b]
+                c1434 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1434 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1309 = (z >> 1) ^ -(z & 1)
+                c1434 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1309, pos = _rlong(buf, pos)
-            if c1309 == 0:
+                c1434, pos = _rlong(buf, pos)
+            if c1434 == 0:
                 break
-            if c1309 < 0:
-                c1309 = -c1309
+            if c1434 < 0:
+                c1434 = -c1434
                 b = buf[pos]
                 if b < 128:
-                    z1312 = _ZD[b]
+                    z1437 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1437 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1312 = (z >> 1) ^ -(z & 1)
+                    z1437 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1312, pos = _rlong(buf, pos)
-            if c1309 * 2 > end - pos:
-                raise _count_error(c1309, end - pos)
-            for _ in range(c1309):
-                x1310, pos = _d_GpuShare1097(buf, pos, end)
-                acc1308.append(x1310)
-        f_from_gpus = tuple(acc1308)
-    n1313 = _ZL[buf[pos]]
-    if n1313 < 0:
-        n1313, pos = _rlong(buf, pos)
-        if n1313 < 0:
-            raise _length_error(n1313, end - pos)
+                    z1437, pos = _rlong(buf, pos)
+            if c1434 * 2 > end - pos:
+                raise _count_error(c1434, end - pos)
+            for _ in range(c1434):
+                x1435, pos = _d_GpuShare1222(buf, pos, end)
+                acc1433.append(x1435)
+        f_from_gpus = tuple(acc1433)
+    n1438 = _ZL[buf[pos]]
+    if n1438 < 0:
+        n1438, pos = _rlong(buf, pos)
+        if n1438 < 0:
+            raise _length_error(n1438, end - pos)
     else:
         pos += 1
-    q1314 = pos + n1313
-    if q1314 > end:
-        raise _length_error(n1313, end - pos)
-    f_to_node = buf[pos:q1314].decode()
-    pos = q1314
+    q1439 = pos + n1438
+    if q1439 > end:
+        raise _length_error(n1438, end - pos)
+    f_to_node = buf[pos:q1439].decode()
+    pos = q1439
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1315: list[Any] = []
+        acc1440: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1316 = _ZD[b]
+                c1441 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1441 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1441 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1316, pos = _rlong(buf, pos)
-            if c1316 == 0:
+                c1441, pos = _rlong(buf, pos)
+            if c1441 == 0:
                 break
-            if c1316 < 0:
-                c1316 = -c1316
+            if c1441 < 0:
+                c1441 = -c1441
                 b = buf[pos]
                 if b < 128:
-                    z1319 = _ZD[b]
+                    z1444 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1444 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1444 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1319, pos = _rlong(buf, pos)
-            if c1316 * 2 > end - pos:
-                raise _count_error(c1316, end - pos)
-            for _ in range(c1316):
-                x1317, pos = _d_GpuShare1097(buf, pos, end)
-                acc1315.append(x1317)
-        f_to_gpus = tuple(acc1315)
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
+                    z1444, pos = _rlong(buf, pos)
+            if c1441 * 2 > end - pos:
+                raise _count_error(c1441, end - pos)
+            for _ in range(c1441):
+                x1442, pos = _d_GpuShare1222(buf, pos, end)
+                acc1440.append(x1442)
+        f_to_gpus = tuple(acc1440)
+    n1445 = _ZL[buf[pos]]
+    if n1445 < 0:
+        n1445, pos = _rlong(buf, pos)
+        if n1445 < 0:
+            raise _length_error(n1445, end - pos)
     else:
         pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_reason = buf[pos:q1321].decode()
-    pos = q1321
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
+    q1446 = pos + n1445
+    if q1446 > end:
+        raise _length_error(n1445, end - pos)
+    f_reason = buf[pos:q1446].decode()
+    pos = q1446
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
     else:
         pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_message = buf[pos:q1323].decode()
-    pos = q1323
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_message = buf[pos:q1448].decode()
+    pos = q1448
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1323(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6260,138 +6720,138 @@ def _d_DefragmentationPlanned1323(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1325 = _ZD[b]
+        i1450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1325 = (z >> 1) ^ -(z & 1)
+        i1450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1325 = (z >> 1) ^ -(z & 1)
+        i1450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1325, pos = _rlong(buf, pos)
-    if i1325 == 0:
+        i1450, pos = _rlong(buf, pos)
+    if i1450 == 0:
         f_target = None
-    elif i1325 == 1:
-        n1326 = _ZL[buf[pos]]
-        if n1326 < 0:
-            n1326, pos = _rlong(buf, pos)
-            if n1326 < 0:
-                raise _length_error(n1326, end - pos)
+    elif i1450 == 1:
+        n1451 = _ZL[buf[pos]]
+        if n1451 < 0:
+            n1451, pos = _rlong(buf, pos)
+            if n1451 < 0:
+                raise _length_error(n1451, end - pos)
         else:
             pos += 1
-        q1327 = pos + n1326
-        if q1327 > end:
-            raise _length_error(n1326, end - pos)
-        f_target = buf[pos:q1327].decode()
-        pos = q1327
+        q1452 = pos + n1451
+        if q1452 > end:
+            raise _length_error(n1451, end - pos)
+        f_target = buf[pos:q1452].decode()
+        pos = q1452
     else:
-        raise _union_error(i1325, 2)
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+        raise _union_error(i1450, 2)
+    n1453 = _ZL[buf[pos]]
+    if n1453 < 0:
+        n1453, pos = _rlong(buf, pos)
+        if n1453 < 0:
+            raise _length_error(n1453, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_message = buf[pos:q1329].decode()
-    pos = q1329
+    q1454 = pos + n1453
+    if q1454 > end:
+        raise _length_error(n1453, end - pos)
+    f_message = buf[pos:q1454].decode()
+    pos = q1454
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1329(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1454(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1331 = _ZL[buf[pos]]
-    if n1331 < 0:
-        n1331, pos = _rlong(buf, pos)
-        if n1331 < 0:
-            raise _length_error(n1331, end - pos)
+    n1456 = _ZL[buf[pos]]
+    if n1456 < 0:
+        n1456, pos = _rlong(buf, pos)
+        if n1456 < 0:
+            raise _length_error(n1456, end - pos)
     else:
         pos += 1
-    q1332 = pos + n1331
-    if q1332 > end:
-        raise _length_error(n1331, end - pos)
-    f_cluster = buf[pos:q1332].decode()
-    pos = q1332
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
+    q1457 = pos + n1456
+    if q1457 > end:
+        raise _length_error(n1456, end - pos)
+    f_cluster = buf[pos:q1457].decode()
+    pos = q1457
+    n1458 = _ZL[buf[pos]]
+    if n1458 < 0:
+        n1458, pos = _rlong(buf, pos)
+        if n1458 < 0:
+            raise _length_error(n1458, end - pos)
     else:
         pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_command_id = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
+    q1459 = pos + n1458
+    if q1459 > end:
+        raise _length_error(n1458, end - pos)
+    f_command_id = buf[pos:q1459].decode()
+    pos = q1459
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_error = buf[pos:q1336].decode()
-    pos = q1336
-    n1337 = _ZL[buf[pos]]
-    if n1337 < 0:
-        n1337, pos = _rlong(buf, pos)
-        if n1337 < 0:
-            raise _length_error(n1337, end - pos)
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_error = buf[pos:q1461].decode()
+    pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1338 = pos + n1337
-    if q1338 > end:
-        raise _length_error(n1337, end - pos)
-    f_message = buf[pos:q1338].decode()
-    pos = q1338
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_message = buf[pos:q1463].decode()
+    pos = q1463
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1338(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1340 = _ZL[buf[pos]]
-    if n1340 < 0:
-        n1340, pos = _rlong(buf, pos)
-        if n1340 < 0:
-            raise _length_error(n1340, end - pos)
+    n1465 = _ZL[buf[pos]]
+    if n1465 < 0:
+        n1465, pos = _rlong(buf, pos)
+        if n1465 < 0:
+            raise _length_error(n1465, end - pos)
     else:
         pos += 1
-    q1341 = pos + n1340
-    if q1341 > end:
-        raise _length_error(n1340, end - pos)
-    f_cluster = buf[pos:q1341].decode()
-    pos = q1341
-    n1342 = _ZL[buf[pos]]
-    if n1342 < 0:
-        n1342, pos = _rlong(buf, pos)
-        if n1342 < 0:
-            raise _length_error(n1342, end - pos)
+    q1466 = pos + n1465
+    if q1466 > end:
+        raise _length_error(n1465, end - pos)
+    f_cluster = buf[pos:q1466].decode()
+    pos = q1466
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
     else:
         pos += 1
-    q1343 = pos + n1342
-    if q1343 > end:
-        raise _length_error(n1342, end - pos)
-    f_halted_command_id = buf[pos:q1343].decode()
-    pos = q1343
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_halted_command_id = buf[pos:q1468].decode()
+    pos = q1468
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6420,168 +6880,168 @@ def _d_ClusterResumed1338(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1344 = _ZL[buf[pos]]
-    if n1344 < 0:
-        n1344, pos = _rlong(buf, pos)
-        if n1344 < 0:
-            raise _length_error(n1344, end - pos)
+    n1469 = _ZL[buf[pos]]
+    if n1469 < 0:
+        n1469, pos = _rlong(buf, pos)
+        if n1469 < 0:
+            raise _length_error(n1469, end - pos)
     else:
         pos += 1
-    q1345 = pos + n1344
-    if q1345 > end:
-        raise _length_error(n1344, end - pos)
-    f_message = buf[pos:q1345].decode()
-    pos = q1345
+    q1470 = pos + n1469
+    if q1470 > end:
+        raise _length_error(n1469, end - pos)
+    f_message = buf[pos:q1470].decode()
+    pos = q1470
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1345(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1470(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1347 = _ZL[buf[pos]]
-    if n1347 < 0:
-        n1347, pos = _rlong(buf, pos)
-        if n1347 < 0:
-            raise _length_error(n1347, end - pos)
+    n1472 = _ZL[buf[pos]]
+    if n1472 < 0:
+        n1472, pos = _rlong(buf, pos)
+        if n1472 < 0:
+            raise _length_error(n1472, end - pos)
     else:
         pos += 1
-    q1348 = pos + n1347
-    if q1348 > end:
-        raise _length_error(n1347, end - pos)
-    f_node_id = buf[pos:q1348].decode()
-    pos = q1348
+    q1473 = pos + n1472
+    if q1473 > end:
+        raise _length_error(n1472, end - pos)
+    f_node_id = buf[pos:q1473].decode()
+    pos = q1473
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1348(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1350 = _ZL[buf[pos]]
-    if n1350 < 0:
-        n1350, pos = _rlong(buf, pos)
-        if n1350 < 0:
-            raise _length_error(n1350, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1351 = pos + n1350
-    if q1351 > end:
-        raise _length_error(n1350, end - pos)
-    f_node_id = buf[pos:q1351].decode()
-    pos = q1351
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_node_id = buf[pos:q1476].decode()
+    pos = q1476
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1352: dict[str, Any] = {}
+        acc1477: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1353 = _ZD[b]
+                c1478 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1353 = (z >> 1) ^ -(z & 1)
+                c1478 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1353 = (z >> 1) ^ -(z & 1)
+                c1478 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1353, pos = _rlong(buf, pos)
-            if c1353 == 0:
+                c1478, pos = _rlong(buf, pos)
+            if c1478 == 0:
                 break
-            if c1353 < 0:
-                c1353 = -c1353
+            if c1478 < 0:
+                c1478 = -c1478
                 b = buf[pos]
                 if b < 128:
-                    z1356 = _ZD[b]
+                    z1481 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1356 = (z >> 1) ^ -(z & 1)
+                    z1481 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1356 = (z >> 1) ^ -(z & 1)
+                    z1481 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1356, pos = _rlong(buf, pos)
-            if c1353 * 2 > end - pos:
-                raise _count_error(c1353, end - pos)
-            for _ in range(c1353):
-                n1357 = _ZL[buf[pos]]
-                if n1357 < 0:
-                    n1357, pos = _rlong(buf, pos)
-                    if n1357 < 0:
-                        raise _length_error(n1357, end - pos)
+                    z1481, pos = _rlong(buf, pos)
+            if c1478 * 2 > end - pos:
+                raise _count_error(c1478, end - pos)
+            for _ in range(c1478):
+                n1482 = _ZL[buf[pos]]
+                if n1482 < 0:
+                    n1482, pos = _rlong(buf, pos)
+                    if n1482 < 0:
+                        raise _length_error(n1482, end - pos)
                 else:
                     pos += 1
-                q1358 = pos + n1357
-                if q1358 > end:
-                    raise _length_error(n1357, end - pos)
-                k1355 = buf[pos:q1358].decode()
-                pos = q1358
-                n1359 = _ZL[buf[pos]]
-                if n1359 < 0:
-                    n1359, pos = _rlong(buf, pos)
-                    if n1359 < 0:
-                        raise _length_error(n1359, end - pos)
+                q1483 = pos + n1482
+                if q1483 > end:
+                    raise _length_error(n1482, end - pos)
+                k1480 = buf[pos:q1483].decode()
+                pos = q1483
+                n1484 = _ZL[buf[pos]]
+                if n1484 < 0:
+                    n1484, pos = _rlong(buf, pos)
+                    if n1484 < 0:
+                        raise _length_error(n1484, end - pos)
                 else:
                     pos += 1
-                q1360 = pos + n1359
-                if q1360 > end:
-                    raise _length_error(n1359, end - pos)
-                x1354 = buf[pos:q1360].decode()
-                pos = q1360
-                acc1352[k1355] = x1354
-        f_labels = acc1352
+                q1485 = pos + n1484
+                if q1485 > end:
+                    raise _length_error(n1484, end - pos)
+                x1479 = buf[pos:q1485].decode()
+                pos = q1485
+                acc1477[k1480] = x1479
+        f_labels = acc1477
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1361: list[Any] = []
+        acc1486: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1362 = _ZD[b]
+                c1487 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1487 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1487 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1362, pos = _rlong(buf, pos)
-            if c1362 == 0:
+                c1487, pos = _rlong(buf, pos)
+            if c1487 == 0:
                 break
-            if c1362 < 0:
-                c1362 = -c1362
+            if c1487 < 0:
+                c1487 = -c1487
                 b = buf[pos]
                 if b < 128:
-                    z1365 = _ZD[b]
+                    z1490 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1490 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1490 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1365, pos = _rlong(buf, pos)
-            if c1362 * 3 > end - pos:
-                raise _count_error(c1362, end - pos)
-            for _ in range(c1362):
-                x1363, pos = _d_Taint306(buf, pos, end)
-                acc1361.append(x1363)
-        f_taints = tuple(acc1361)
+                    z1490, pos = _rlong(buf, pos)
+            if c1487 * 3 > end - pos:
+                raise _count_error(c1487, end - pos)
+            for _ in range(c1487):
+                x1488, pos = _d_Taint343(buf, pos, end)
+                acc1486.append(x1488)
+        f_taints = tuple(acc1486)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -6600,12 +7060,383 @@ def _d_NodeUpdated1348(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
+def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+    f_pod_id: str
+    f_attempt: int
+    f_not_before: int
+    n1492 = _ZL[buf[pos]]
+    if n1492 < 0:
+        n1492, pos = _rlong(buf, pos)
+        if n1492 < 0:
+            raise _length_error(n1492, end - pos)
+    else:
+        pos += 1
+    q1493 = pos + n1492
+    if q1493 > end:
+        raise _length_error(n1492, end - pos)
+    f_pod_id = buf[pos:q1493].decode()
+    pos = q1493
+    b = buf[pos]
+    if b < 128:
+        f_attempt = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_attempt = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_attempt, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_not_before = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_not_before = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_not_before, pos = _rlong(buf, pos)
+    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before)
+    return o, pos
+
+
+def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+    f_budget_id: str
+    f_tenant: Any
+    f_gang_id: Any
+    f_label_selector: Any
+    f_max_unavailable: int
+    n1495 = _ZL[buf[pos]]
+    if n1495 < 0:
+        n1495, pos = _rlong(buf, pos)
+        if n1495 < 0:
+            raise _length_error(n1495, end - pos)
+    else:
+        pos += 1
+    q1496 = pos + n1495
+    if q1496 > end:
+        raise _length_error(n1495, end - pos)
+    f_budget_id = buf[pos:q1496].decode()
+    pos = q1496
+    b = buf[pos]
+    if b < 128:
+        i1497 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1497, pos = _rlong(buf, pos)
+    if i1497 == 0:
+        f_tenant = None
+    elif i1497 == 1:
+        n1498 = _ZL[buf[pos]]
+        if n1498 < 0:
+            n1498, pos = _rlong(buf, pos)
+            if n1498 < 0:
+                raise _length_error(n1498, end - pos)
+        else:
+            pos += 1
+        q1499 = pos + n1498
+        if q1499 > end:
+            raise _length_error(n1498, end - pos)
+        f_tenant = buf[pos:q1499].decode()
+        pos = q1499
+    else:
+        raise _union_error(i1497, 2)
+    b = buf[pos]
+    if b < 128:
+        i1500 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
+        f_gang_id = None
+    elif i1500 == 1:
+        n1501 = _ZL[buf[pos]]
+        if n1501 < 0:
+            n1501, pos = _rlong(buf, pos)
+            if n1501 < 0:
+                raise _length_error(n1501, end - pos)
+        else:
+            pos += 1
+        q1502 = pos + n1501
+        if q1502 > end:
+            raise _length_error(n1501, end - pos)
+        f_gang_id = buf[pos:q1502].decode()
+        pos = q1502
+    else:
+        raise _union_error(i1500, 2)
+    b = buf[pos]
+    if b < 128:
+        i1503 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1503, pos = _rlong(buf, pos)
+    if i1503 == 0:
+        f_label_selector = None
+    elif i1503 == 1:
+        if buf[pos] == 0:
+            pos += 1
+            f_label_selector = {}
+        else:
+            acc1504: dict[str, Any] = {}
+            while True:
+                b = buf[pos]
+                if b < 128:
+                    c1505 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    c1505 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    c1505 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    c1505, pos = _rlong(buf, pos)
+                if c1505 == 0:
+                    break
+                if c1505 < 0:
+                    c1505 = -c1505
+                    b = buf[pos]
+                    if b < 128:
+                        z1508 = _ZD[b]
+                        pos += 1
+                    elif (c := buf[pos + 1]) < 128:
+                        z = (b & 127) | (c << 7)
+                        z1508 = (z >> 1) ^ -(z & 1)
+                        pos += 2
+                    elif (d := buf[pos + 2]) < 128:
+                        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                        z1508 = (z >> 1) ^ -(z & 1)
+                        pos += 3
+                    else:
+                        z1508, pos = _rlong(buf, pos)
+                if c1505 * 2 > end - pos:
+                    raise _count_error(c1505, end - pos)
+                for _ in range(c1505):
+                    n1509 = _ZL[buf[pos]]
+                    if n1509 < 0:
+                        n1509, pos = _rlong(buf, pos)
+                        if n1509 < 0:
+                            raise _length_error(n1509, end - pos)
+                    else:
+                        pos += 1
+                    q1510 = pos + n1509
+                    if q1510 > end:
+                        raise _length_error(n1509, end - pos)
+                    k1507 = buf[pos:q1510].decode()
+                    pos = q1510
+                    n1511 = _ZL[buf[pos]]
+                    if n1511 < 0:
+                        n1511, pos = _rlong(buf, pos)
+                        if n1511 < 0:
+                            raise _length_error(n1511, end - pos)
+                    else:
+                        pos += 1
+                    q1512 = pos + n1511
+                    if q1512 > end:
+                        raise _length_error(n1511, end - pos)
+                    x1506 = buf[pos:q1512].decode()
+                    pos = q1512
+                    acc1504[k1507] = x1506
+            f_label_selector = acc1504
+    else:
+        raise _union_error(i1503, 2)
+    b = buf[pos]
+    if b < 128:
+        f_max_unavailable = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_max_unavailable = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_max_unavailable, pos = _rlong(buf, pos)
+    o = _c_DisruptionBudgetSet(f_budget_id, f_tenant, f_gang_id, f_label_selector, f_max_unavailable)
+    return o, pos
+
+
+def _d_DisruptionBudgetRemoved1512(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+    f_budget_id: str
+    n1514 = _ZL[buf[pos]]
+    if n1514 < 0:
+        n1514, pos = _rlong(buf, pos)
+        if n1514 < 0:
+            raise _length_error(n1514, end - pos)
+    else:
+        pos += 1
+    q1515 = pos + n1514
+    if q1515 > end:
+        raise _length_error(n1514, end - pos)
+    f_budget_id = buf[pos:q1515].decode()
+    pos = q1515
+    o = _c_DisruptionBudgetRemoved(f_budget_id)
+    return o, pos
+
+
+def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_budget_id: str
+    f_grace_ms: int
+    f_reason: str
+    n1517 = _ZL[buf[pos]]
+    if n1517 < 0:
+        n1517, pos = _rlong(buf, pos)
+        if n1517 < 0:
+            raise _length_error(n1517, end - pos)
+    else:
+        pos += 1
+    q1518 = pos + n1517
+    if q1518 > end:
+        raise _length_error(n1517, end - pos)
+    f_pod_id = buf[pos:q1518].decode()
+    pos = q1518
+    n1519 = _ZL[buf[pos]]
+    if n1519 < 0:
+        n1519, pos = _rlong(buf, pos)
+        if n1519 < 0:
+            raise _length_error(n1519, end - pos)
+    else:
+        pos += 1
+    q1520 = pos + n1519
+    if q1520 > end:
+        raise _length_error(n1519, end - pos)
+    f_node_id = buf[pos:q1520].decode()
+    pos = q1520
+    n1521 = _ZL[buf[pos]]
+    if n1521 < 0:
+        n1521, pos = _rlong(buf, pos)
+        if n1521 < 0:
+            raise _length_error(n1521, end - pos)
+    else:
+        pos += 1
+    q1522 = pos + n1521
+    if q1522 > end:
+        raise _length_error(n1521, end - pos)
+    f_budget_id = buf[pos:q1522].decode()
+    pos = q1522
+    b = buf[pos]
+    if b < 128:
+        f_grace_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_grace_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_grace_ms, pos = _rlong(buf, pos)
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
+    else:
+        pos += 1
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_reason = buf[pos:q1524].decode()
+    pos = q1524
+    o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
+    return o, pos
+
+
+def _d_PodEvictionScheduled1524(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_at: int
+    f_respect_budgets: bool
+    n1526 = _ZL[buf[pos]]
+    if n1526 < 0:
+        n1526, pos = _rlong(buf, pos)
+        if n1526 < 0:
+            raise _length_error(n1526, end - pos)
+    else:
+        pos += 1
+    q1527 = pos + n1526
+    if q1527 > end:
+        raise _length_error(n1526, end - pos)
+    f_pod_id = buf[pos:q1527].decode()
+    pos = q1527
+    n1528 = _ZL[buf[pos]]
+    if n1528 < 0:
+        n1528, pos = _rlong(buf, pos)
+        if n1528 < 0:
+            raise _length_error(n1528, end - pos)
+    else:
+        pos += 1
+    q1529 = pos + n1528
+    if q1529 > end:
+        raise _length_error(n1528, end - pos)
+    f_node_id = buf[pos:q1529].decode()
+    pos = q1529
+    b = buf[pos]
+    if b < 128:
+        f_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_at, pos = _rlong(buf, pos)
+    f_respect_budgets = buf[pos] != 0
+    pos += 1
+    o = _c_PodEvictionScheduled(f_pod_id, f_node_id, f_at, f_respect_budgets)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k988:
+    if frame[:10] != _k1112:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -6646,30 +7477,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n990 = _ZL[buf[pos]]
-        if n990 < 0:
-            n990, pos = _rlong(buf, pos)
-            if n990 < 0:
-                raise _length_error(n990, end - pos)
+        n1114 = _ZL[buf[pos]]
+        if n1114 < 0:
+            n1114, pos = _rlong(buf, pos)
+            if n1114 < 0:
+                raise _length_error(n1114, end - pos)
         else:
             pos += 1
-        q991 = pos + n990
-        if q991 > end:
-            raise _length_error(n990, end - pos)
-        f_cluster = buf[pos:q991].decode()
-        pos = q991
-        n992 = _ZL[buf[pos]]
-        if n992 < 0:
-            n992, pos = _rlong(buf, pos)
-            if n992 < 0:
-                raise _length_error(n992, end - pos)
+        q1115 = pos + n1114
+        if q1115 > end:
+            raise _length_error(n1114, end - pos)
+        f_cluster = buf[pos:q1115].decode()
+        pos = q1115
+        n1116 = _ZL[buf[pos]]
+        if n1116 < 0:
+            n1116, pos = _rlong(buf, pos)
+            if n1116 < 0:
+                raise _length_error(n1116, end - pos)
         else:
             pos += 1
-        q993 = pos + n992
-        if q993 > end:
-            raise _length_error(n992, end - pos)
-        f_command_id = buf[pos:q993].decode()
-        pos = q993
+        q1117 = pos + n1116
+        if q1117 > end:
+            raise _length_error(n1116, end - pos)
+        f_command_id = buf[pos:q1117].decode()
+        pos = q1117
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -6700,21 +7531,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i994 = _ZD[b]
+            i1118 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i994 = (z >> 1) ^ -(z & 1)
+            i1118 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i994 = (z >> 1) ^ -(z & 1)
+            i1118 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i994, pos = _rlong(buf, pos)
-        if not 0 <= i994 < 29:
-            raise _union_error(i994, 29)
-        f_payload, pos = _k1365[i994](buf, pos, end)
+            i1118, pos = _rlong(buf, pos)
+        if not 0 <= i1118 < 34:
+            raise _union_error(i1118, 34)
+        f_payload, pos = _k1529[i1118](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -6725,76 +7556,99 @@ def decode_event(frame: Any) -> _c_Event:
     return o
 
 
-_k145: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k102: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k278: dict[type, Callable[[Any], bytes]] = {
+_k156: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
+}
+
+_k315: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
-    _c_RemoveNode: _e_RemoveNode34,
-    _c_CordonNode: _e_CordonNode38,
-    _c_UncordonNode: _e_UncordonNode42,
-    _c_DrainNode: _e_DrainNode46,
-    _c_MarkNodeFailed: _e_MarkNodeFailed50,
-    _c_SubmitPod: _e_SubmitPod56,
-    _c_Release: _e_Release93,
-    _c_SetPolicy: _e_SetPolicy99,
-    _c_SubmitGang: _e_SubmitGang152,
-    _c_ReleaseGang: _e_ReleaseGang203,
-    _c_Tick: _e_Tick209,
-    _c_SetQuota: _e_SetQuota211,
-    _c_RemoveQuota: _e_RemoveQuota243,
-    _c_Defragment: _e_Defragment247,
-    _c_ResumeCluster: _e_ResumeCluster256,
-    _c_RecoverNode: _e_RecoverNode260,
-    _c_UpdateNode: _e_UpdateNode264,
+    _c_RemoveNode: _e_RemoveNode35,
+    _c_CordonNode: _e_CordonNode39,
+    _c_UncordonNode: _e_UncordonNode43,
+    _c_DrainNode: _e_DrainNode47,
+    _c_MarkNodeFailed: _e_MarkNodeFailed52,
+    _c_SubmitPod: _e_SubmitPod58,
+    _c_Release: _e_Release104,
+    _c_SetPolicy: _e_SetPolicy110,
+    _c_SubmitGang: _e_SubmitGang163,
+    _c_ReleaseGang: _e_ReleaseGang214,
+    _c_Tick: _e_Tick220,
+    _c_SetQuota: _e_SetQuota222,
+    _c_RemoveQuota: _e_RemoveQuota254,
+    _c_Defragment: _e_Defragment258,
+    _c_ResumeCluster: _e_ResumeCluster267,
+    _c_RecoverNode: _e_RecoverNode271,
+    _c_UpdateNode: _e_UpdateNode275,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget289,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget311,
 }
 
-_k514: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode287, _d_RemoveNode313, _d_CordonNode316, _d_UncordonNode319, _d_DrainNode322, _d_MarkNodeFailed325, _d_SubmitPod330, _d_Release377, _d_SetPolicy382, _d_SubmitGang405, _d_ReleaseGang459, _d_Tick464, _d_SetQuota465, _d_RemoveQuota482, _d_Defragment485, _d_ResumeCluster489, _d_RecoverNode492, _d_UpdateNode495,)
+_k575: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode324, _d_RemoveNode350, _d_CordonNode353, _d_UncordonNode356, _d_DrainNode359, _d_MarkNodeFailed362, _d_SubmitPod367, _d_Release416, _d_SetPolicy421, _d_SubmitGang444, _d_ReleaseGang498, _d_Tick503, _d_SetQuota504, _d_RemoveQuota521, _d_Defragment524, _d_ResumeCluster528, _d_RecoverNode531, _d_UpdateNode534, _d_SetDisruptionBudget553, _d_RemoveDisruptionBudget572,)
 
-_k922: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k658: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k925: dict[type, Callable[[Any], bytes]] = {
-    _c_Quota: _e_Quota111,
+_k704: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k987: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded526,
-    _c_NodeRemoved: _e_NodeRemoved537,
-    _c_NodeCordoned: _e_NodeCordoned541,
-    _c_NodeUncordoned: _e_NodeUncordoned545,
-    _c_NodeDrained: _e_NodeDrained549,
-    _c_NodeFailed: _e_NodeFailed554,
-    _c_PodQueued: _e_PodQueued561,
-    _c_PodScheduled: _e_PodScheduled603,
-    _c_PodEvicted: _e_PodEvicted650,
-    _c_PodReleased: _e_PodReleased658,
-    _c_PolicyChanged: _e_PolicyChanged670,
-    _c_CommandRejected: _e_CommandRejected688,
-    _c_GangQueued: _e_GangQueued698,
-    _c_GangScheduled: _e_GangScheduled773,
-    _c_GangTimedOut: _e_GangTimedOut837,
-    _c_GangReleased: _e_GangReleased844,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached850,
-    _c_NodesReserved: _e_NodesReserved863,
-    _c_ReservationReleased: _e_ReservationReleased877,
-    _c_DependencyFailed: _e_DependencyFailed888,
-    _c_Ticked: _e_Ticked898,
-    _c_PodPreempted: _e_PodPreempted901,
-    _c_QuotaChanged: _e_QuotaChanged913,
-    _c_PodMigrated: _e_PodMigrated929,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned943,
-    _c_ClusterHalted: _e_ClusterHalted956,
-    _c_ClusterResumed: _e_ClusterResumed966,
-    _c_NodeRecovered: _e_NodeRecovered976,
-    _c_NodeUpdated: _e_NodeUpdated980,
+_k814: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
 }
 
-_k1365: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded994, _d_NodeRemoved1013, _d_NodeCordoned1016, _d_NodeUncordoned1019, _d_NodeDrained1022, _d_NodeFailed1025, _d_PodQueued1030, _d_PodScheduled1089, _d_PodEvicted1114, _d_PodReleased1121, _d_PolicyChanged1129, _d_CommandRejected1138, _d_GangQueued1147, _d_GangScheduled1191, _d_GangTimedOut1224, _d_GangReleased1229, _d_PodTimeLimitReached1234, _d_NodesReserved1242, _d_ReservationReleased1257, _d_DependencyFailed1273, _d_Ticked1282, _d_PodPreempted1283, _d_QuotaChanged1294, _d_PodMigrated1302, _d_DefragmentationPlanned1323, _d_ClusterHalted1329, _d_ClusterResumed1338, _d_NodeRecovered1345, _d_NodeUpdated1348,)
+_k996: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
+}
+
+_k999: dict[type, Callable[[Any], bytes]] = {
+    _c_Quota: _e_Quota122,
+}
+
+_k1111: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded587,
+    _c_NodeRemoved: _e_NodeRemoved599,
+    _c_NodeCordoned: _e_NodeCordoned603,
+    _c_NodeUncordoned: _e_NodeUncordoned607,
+    _c_NodeDrained: _e_NodeDrained611,
+    _c_NodeFailed: _e_NodeFailed616,
+    _c_PodQueued: _e_PodQueued623,
+    _c_PodScheduled: _e_PodScheduled669,
+    _c_PodEvicted: _e_PodEvicted720,
+    _c_PodReleased: _e_PodReleased728,
+    _c_PolicyChanged: _e_PolicyChanged740,
+    _c_CommandRejected: _e_CommandRejected758,
+    _c_GangQueued: _e_GangQueued768,
+    _c_GangScheduled: _e_GangScheduled847,
+    _c_GangTimedOut: _e_GangTimedOut911,
+    _c_GangReleased: _e_GangReleased918,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached924,
+    _c_NodesReserved: _e_NodesReserved937,
+    _c_ReservationReleased: _e_ReservationReleased951,
+    _c_DependencyFailed: _e_DependencyFailed962,
+    _c_Ticked: _e_Ticked972,
+    _c_PodPreempted: _e_PodPreempted975,
+    _c_QuotaChanged: _e_QuotaChanged987,
+    _c_PodMigrated: _e_PodMigrated1003,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1017,
+    _c_ClusterHalted: _e_ClusterHalted1030,
+    _c_ClusterResumed: _e_ClusterResumed1040,
+    _c_NodeRecovered: _e_NodeRecovered1050,
+    _c_NodeUpdated: _e_NodeUpdated1054,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1061,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1067,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1089,
+    _c_EvictionBlocked: _e_EvictionBlocked1093,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1104,
+}
+
+_k1529: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1118, _d_NodeRemoved1137, _d_NodeCordoned1140, _d_NodeUncordoned1143, _d_NodeDrained1146, _d_NodeFailed1149, _d_PodQueued1154, _d_PodScheduled1214, _d_PodEvicted1239, _d_PodReleased1246, _d_PolicyChanged1254, _d_CommandRejected1263, _d_GangQueued1272, _d_GangScheduled1316, _d_GangTimedOut1349, _d_GangReleased1354, _d_PodTimeLimitReached1359, _d_NodesReserved1367, _d_ReservationReleased1382, _d_DependencyFailed1398, _d_Ticked1407, _d_PodPreempted1408, _d_QuotaChanged1419, _d_PodMigrated1427, _d_DefragmentationPlanned1448, _d_ClusterHalted1454, _d_ClusterResumed1463, _d_NodeRecovered1470, _d_NodeUpdated1473, _d_PodRetryScheduled1490, _d_DisruptionBudgetSet1493, _d_DisruptionBudgetRemoved1512, _d_EvictionBlocked1515, _d_PodEvictionScheduled1524,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event515
+encode_event = _e_Event576

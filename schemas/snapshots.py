@@ -26,6 +26,7 @@ class NodeSnapshot(Record):
     taints: tuple[Taint, ...] = ()
     cordoned: bool = False
     failed: bool = False
+    gpu_memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -37,6 +38,9 @@ class PodSnapshot(Record):
     gpus: tuple[GpuShare, ...] = ()
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
+    attempt: int = 0
+    retry_at: int | None = None
+    evicting_at: int | None = None
 
 
 @dataclass(slots=True)
@@ -96,6 +100,22 @@ class HaltSnapshot(Record):
 
 
 @dataclass(slots=True)
+class BudgetSnapshot(Record):
+    budget_id: str
+    tenant: str | None = None
+    gang_id: str | None = None
+    label_selector: dict[str, str] | None = None
+    max_unavailable: int = 0
+
+
+@dataclass(slots=True)
+class DrainSnapshot(Record):
+    node_id: str
+    grace_ms: int = 0
+    respect_budgets: bool = True
+
+
+@dataclass(slots=True)
 class ClusterSnapshot(Record):
     cluster: str
     policy: str
@@ -114,6 +134,10 @@ class ClusterSnapshot(Record):
     clock: int = -1  # -1: written before clusters had clocks (contract v2): the partition's clock
     max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
     halted: HaltSnapshot | None = None
+    budgets: tuple[BudgetSnapshot, ...] = ()
+    draining: tuple[DrainSnapshot, ...] = ()
+    blocked: dict[str, str] = field(default_factory=dict)
+    disrupted: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -162,6 +186,8 @@ nest(
         "quotas": TenantQuota,
         "default_quota": Quota,
         "halted": HaltSnapshot,
+        "budgets": BudgetSnapshot,
+        "draining": DrainSnapshot,
     },
 )
 nest(Snapshot, {"clusters": ClusterSnapshot})

@@ -36,9 +36,12 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
+    Retry,
+    SetDisruptionBudget,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -163,6 +166,8 @@ def check_add_node(command: AddNode) -> None:
     check_range("memory_mib", command.memory_mib, 1, MAX_MEMORY_MIB)
     if command.gpu_count > 0 or command.gpu_model:
         check_model(command.gpu_model)
+    if command.gpu_memory_mib:
+        check_range("gpu_memory_mib", command.gpu_memory_mib, 0, MAX_MEMORY_MIB)
     _check_labels_and_taints(command.labels, command.taints)
 
 
@@ -187,9 +192,27 @@ def check_update_node(command: UpdateNode) -> None:
     )
 
 
-def check_node_ref(
-    command: RemoveNode | CordonNode | UncordonNode | DrainNode | MarkNodeFailed | RecoverNode,
-) -> None:
+def check_drain_node(command: DrainNode) -> None:
+    check_id("node_id", command.node_id)
+    check_range("grace_ms", command.grace_ms, 0, MAX_DURATION_MS)
+    if not isinstance(command.respect_budgets, bool):
+        raise Rejected(RejectionCode.INVALID_COMMAND, "respect_budgets must be true or false")
+
+
+def check_set_disruption_budget(command: SetDisruptionBudget) -> None:
+    """The budget's id, its filters (ids, a label map as AddNode's labels) and 0 <= max_unavailable < 2^31."""
+    check_id("budget_id", command.budget_id)
+    if command.tenant is not None:
+        check_id("tenant", command.tenant)
+    if command.gang_id is not None:
+        check_id("gang_id", command.gang_id)
+    if command.label_selector is not None:
+        check_count("label_selector", command.label_selector, MAX_LABELS)
+        check_labels("label_selector", command.label_selector)
+    check_range("max_unavailable", command.max_unavailable, 0, (1 << 31) - 1)
+
+
+def check_node_ref(command: RemoveNode | CordonNode | UncordonNode | MarkNodeFailed | RecoverNode) -> None:
     check_id("node_id", command.node_id)
 
 
@@ -276,6 +299,26 @@ def check_submit_pod(command: SubmitPod) -> None:
         check_preemption(command.preemption)
     if command.movable is not False and not isinstance(command.movable, bool):
         raise Rejected(RejectionCode.INVALID_COMMAND, f"movable must be true or false, got {command.movable!r}")
+    if command.retry is not None:
+        check_retry(command.retry)
+    if command.gpu_memory_mib:
+        check_range("gpu_memory_mib", command.gpu_memory_mib, 0, MAX_MEMORY_MIB)
+        if command.num_gpu == 0:
+            raise Rejected(
+                RejectionCode.INVALID_RESOURCES, f"pod {command.pod_id!r} asks for GPU memory but for no GPU"
+            )
+
+
+MAX_RETRIES = 1_000
+"""At most this many retries per pod: each is an event and a timer, so a pod's retries stay bounded."""
+
+
+def check_retry(retry: Retry) -> None:
+    """A retry policy: 0 to ``MAX_RETRIES`` retries, backoffs of 1 ms to ``MAX_DURATION_MS`` (each timer it sets
+    lies strictly after the failure, which keeps every command finite)."""
+    check_range("retry.max_retries", retry.max_retries, 0, MAX_RETRIES)
+    check_range("retry.backoff_ms", retry.backoff_ms, 1, MAX_DURATION_MS)
+    check_range("retry.backoff_max_ms", retry.backoff_max_ms, 1, MAX_DURATION_MS)
 
 
 def check_submit_gang(command: SubmitGang) -> None:
@@ -420,7 +463,7 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     RemoveNode: check_node_ref,
     CordonNode: check_node_ref,
     UncordonNode: check_node_ref,
-    DrainNode: check_node_ref,
+    DrainNode: check_drain_node,
     MarkNodeFailed: check_mark_node_failed,
     SubmitPod: check_submit_pod,
     Release: check_release,
@@ -434,6 +477,8 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     ResumeCluster: check_resume_cluster,
     RecoverNode: check_node_ref,
     UpdateNode: check_update_node,
+    SetDisruptionBudget: check_set_disruption_budget,
+    RemoveDisruptionBudget: lambda command: check_id("budget_id", command.budget_id),
 }
 
 

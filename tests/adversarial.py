@@ -246,7 +246,7 @@ def lender_reclaims(node_count: int = 1_400, pods: int | None = None) -> list[Co
 def defragment_target(node_count: int = 1_000, budget: int = 100) -> list[Command]:
     """``Defragment`` with a target on ``node_count`` nodes that each run 7 movable 1-GPU pods.
 
-    The target wants a whole 8-GPU node: 7 moves make room on any node, and ``defrag.make_room`` tries
+    The target wants a whole 8-GPU node: 7 moves make room on any node, and ``defrag_target.make_room`` tried
     subsets of the movable pods of every node (up to ``TARGET_SUBSETS``), each move looking for a
     destination.
 

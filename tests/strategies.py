@@ -30,8 +30,11 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
+    Retry,
+    SetDisruptionBudget,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -74,6 +77,7 @@ def add_nodes(draw: st.DrawFn) -> AddNode:
         gpu_count=gpu_count,
         labels=draw(st.sampled_from(({}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
         taints=tuple(draw(st.lists(st.sampled_from(TAINTS), max_size=2, unique=True))),
+        gpu_memory_mib=draw(st.sampled_from((0, 0, 16_384, 40_960))) if gpu_count else 0,
     )
 
 
@@ -98,6 +102,7 @@ def submit_pods(draw: st.DrawFn) -> SubmitPod:
         gpu_models=tuple(draw(st.sampled_from(((), (), ("A100",), ("V100",), ("V100", "A100"))))),
         node_selector=draw(st.sampled_from(({}, {}, {"zone": "a"}, {"zone": "b", "disk": "ssd"}))),
         tolerations=tuple(draw(st.lists(st.sampled_from(TOLERATIONS), max_size=2))),
+        gpu_memory_mib=draw(st.sampled_from((0, 0, 8_192, 20_000, 40_000))) if num_gpu else 0,
     )
 
 
@@ -197,12 +202,15 @@ def encode_events(events: list[Event]) -> list[bytes]:
 
 
 def clusters_hash(state: PartitionState) -> str:
-    """A hash of the allocation state only (clusters, nodes, pods): no position, clock, timers or idempotency window."""
+    """A hash of the allocation state only (clusters, nodes, pods): no position, clock, timers, idempotency window
+    or count of commands a halted cluster refused (bookkeeping that a refusal moves, like the window)."""
     snapshot = to_snapshot(state)
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
         cluster.reserve_checks = ()
         cluster.clock = 0  # each cluster's clock, as the partition's above
+        if cluster.halted is not None:
+            cluster.halted.refused = 0
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 
@@ -304,6 +312,7 @@ def timed_pods(draw: st.DrawFn) -> SubmitPod:
     pod.time_limit_ms = draw(st.sampled_from((None, None, 5_000, 60_000, 400_000)))
     pod.depends_on = tuple(draw(st.lists(st.sampled_from(JOB_IDS), max_size=2, unique=True)))
     pod.dependency = draw(st.sampled_from(("afterok", "afterany")))
+    pod.retry = draw(st.sampled_from((None, None, Retry(1, 5_000, 5_000), Retry(3, 1_000, 30_000))))
     return pod
 
 
@@ -605,3 +614,51 @@ def mixed_streams(draw: st.DrawFn, min_size: int = 150, max_size: int = 250) -> 
     preemption modes, dependencies, time limits, drains, failures, releases and ticks on a small cluster:
     ``tests.adversarial.mixed_stream``, drawn by hypothesis."""
     return mixed_stream(DrawChooser(draw), draw(st.integers(min_size, max_size)), draw(st.integers(3, 8)))
+
+
+# ---------------------------------------------------------------- disruption budgets and graceful drains (issue #25)
+
+BUDGET_IDS = ("b-t1", "b-g0", "b-zone")
+
+
+@st.composite
+def set_budgets(draw: st.DrawFn) -> SetDisruptionBudget:
+    budget_id = draw(st.sampled_from(BUDGET_IDS))
+    tenant = "t1" if budget_id == "b-t1" else None
+    gang_id = "g0" if budget_id == "b-g0" else None
+    selector = {"zone": "a"} if budget_id == "b-zone" else None
+    return SetDisruptionBudget(budget_id, tenant, gang_id, selector, draw(st.sampled_from((0, 1, 1, 2, 3))))
+
+
+disruption_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    submit_pods(),
+    submit_pods(),
+    submit_pods(),
+    submit_gangs(),
+    set_budgets(),
+    set_budgets(),
+    st.builds(RemoveDisruptionBudget, st.sampled_from(BUDGET_IDS)),
+    st.builds(DrainNode, node_ids, st.sampled_from((0, 0, 2_000, 30_000))),
+    st.builds(DrainNode, node_ids, st.sampled_from((0, 5_000)), st.just(False)),
+    st.builds(UncordonNode, node_ids),
+    st.builds(MarkNodeFailed, node_ids),
+    st.builds(RecoverNode, node_ids),
+    st.builds(UpdateNode, node_ids, st.none(), st.lists(st.sampled_from(TAINTS), max_size=1).map(tuple)),
+    st.builds(Release, st.sampled_from((*POD_IDS, "g0-0", "g1-1")), st.sampled_from(("completed", "failed"))),
+    st.just(Tick()),
+)
+
+
+@st.composite
+def disruption_streams(draw: st.DrawFn, min_size: int = 10, max_size: int = 50) -> list[Command]:
+    """Nodes, pods of two tenants (some asking zone=a) and gangs, budgets set and removed, drains with and without
+    grace periods or budgets, uncordons, failures, recoveries, taint updates, releases and ticks; time moves by
+    0 to 10 s per command, so grace periods end between commands."""
+    bodies: list[CommandPayload] = list(draw(st.lists(add_nodes(), min_size=3, max_size=5)))
+    bodies += draw(st.lists(disruption_payloads, min_size=min_size, max_size=max_size))
+    commands: list[Command] = []
+    clock = 0
+    for i, payload in enumerate(bodies):
+        clock += draw(st.sampled_from((0, 1_000, 1_000, 3_000, 10_000)))
+        commands.append(Command(f"cmd-{i}", draw(st.sampled_from(_CLUSTERS)), clock, payload, "hypothesis"))
+    return commands

@@ -227,11 +227,16 @@ _TYPED: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("--gpu-model", {"default": ""}),
         ("--gpu-count", {"type": int, "default": 0}),
         ("--label", {"action": "append", "default": [], "metavar": "KEY=VALUE"}),
+        ("--gpu-memory-mib", {"type": int, "default": 0}),
     ],
     "remove-node": [("node_id", {}), ("--force", {"action": "store_true"})],
     "cordon-node": [("node_id", {})],
     "uncordon-node": [("node_id", {})],
-    "drain-node": [("node_id", {})],
+    "drain-node": [
+        ("node_id", {}),
+        ("--grace-ms", {"type": int, "default": 0}),
+        ("--ignore-budgets", {"action": "store_true"}),
+    ],
     "mark-node-failed": [("node_id", {}), ("--reason", {"default": ""})],
     "submit-pod": [
         ("pod_id", {}),
@@ -243,6 +248,7 @@ _TYPED: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("--priority", {"type": int, "default": 0}),
         ("--gpu-models", {"default": "", "help": "allowed GPU models, comma-separated"}),
         ("--selector", {"action": "append", "default": [], "metavar": "KEY=VALUE"}),
+        ("--gpu-memory-mib", {"type": int, "default": 0}),
     ],
     "release": [("pod_id", {}), ("--reason", {"default": "completed"})],
     "set-policy": [("policy", {})],
@@ -263,6 +269,9 @@ _TYPED_HELP = {
     "--tenant": "who is charged (default: default)",
     "--priority": "higher is placed first (default 0)",
     "--selector": "a node label the pod needs (repeatable)",
+    "--grace-ms": "evict each pod this long after telling it (PodEvictionScheduled; default 0: at once)",
+    "--ignore-budgets": "evict without waiting for the disruption budgets (respect_budgets false)",
+    "--gpu-memory-mib": "GPU memory in MiB: of each GPU of the node, or needed on each of the pod's GPUs (default 0)",
 }
 
 
@@ -345,6 +354,7 @@ def _publish_one(args: argparse.Namespace) -> int:
                     gpu_model=args.gpu_model,
                     gpu_count=args.gpu_count,
                     labels=_pairs(args.label, "--label"),
+                    gpu_memory_mib=args.gpu_memory_mib,
                     **common,
                 )
             elif name == "submit-pod":
@@ -359,6 +369,15 @@ def _publish_one(args: argparse.Namespace) -> int:
                     priority=args.priority,
                     gpu_models=[m for m in args.gpu_models.split(",") if m],
                     node_selector=_pairs(args.selector, "--selector"),
+                    gpu_memory_mib=args.gpu_memory_mib,
+                    **common,
+                )
+            elif name == "drain-node":
+                command_id = method(
+                    args.cluster,
+                    args.node_id,
+                    grace_ms=args.grace_ms,
+                    respect_budgets=not args.ignore_budgets,
                     **common,
                 )
             elif name == "remove-node":

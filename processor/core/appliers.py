@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.core.budgets import is_disruption
 from processor.core.errors import InvariantViolation
 from processor.core.state import (
     COMPLETED,
@@ -30,7 +31,7 @@ from processor.core.state import (
     lookup,
     shape_of,
 )
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, TIME_LIMIT
+from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RETRY, TIME_LIMIT
 from schemas.codes import RejectionCode
 from schemas.commands import GPU_MILLI
 from schemas.events import (
@@ -39,7 +40,10 @@ from schemas.events import (
     CommandRejected,
     DefragmentationPlanned,
     DependencyFailed,
+    DisruptionBudgetRemoved,
+    DisruptionBudgetSet,
     Event,
+    EvictionBlocked,
     GangQueued,
     GangReleased,
     GangScheduled,
@@ -55,10 +59,12 @@ from schemas.events import (
     NodeUncordoned,
     NodeUpdated,
     PodEvicted,
+    PodEvictionScheduled,
     PodMigrated,
     PodPreempted,
     PodQueued,
     PodReleased,
+    PodRetryScheduled,
     PodScheduled,
     PodSpec,
     PodTimeLimitReached,
@@ -134,7 +140,14 @@ def _applied_node_added(state: PartitionState, cluster: ClusterState, event: Nod
     if event.node_id in cluster.nodes:
         raise InvariantViolation(f"node {event.node_id!r} added twice")
     node = Node(
-        event.node_id, event.gpu_model, event.gpu_count, event.cpu_milli, event.memory_mib, event.labels, event.taints
+        event.node_id,
+        event.gpu_model,
+        event.gpu_count,
+        event.cpu_milli,
+        event.memory_mib,
+        event.labels,
+        event.taints,
+        event.gpu_memory_mib,
     )
     cluster.nodes[node.node_id] = node
     cluster.model_nodes[node.gpu_model] = cluster.model_nodes.get(node.gpu_model, 0) + 1
@@ -153,6 +166,8 @@ def _applied_node_removed(state: PartitionState, cluster: ClusterState, event: N
     if node.reserved_for is not None:
         raise InvariantViolation(f"node {event.node_id!r} removed while reserved")
     del cluster.nodes[event.node_id]
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)
     cluster.index.remove(event.node_id)
     cluster.preemptible.touch(event.node_id)
     cluster.count_node(node, -1)
@@ -179,11 +194,33 @@ def _applied_node_uncordoned(state: PartitionState, cluster: ClusterState, event
     node = _node_of(cluster, event.node_id)
     node.cordoned = False
     cluster.reindex(node)
+    if cluster.draining:
+        _end_drain(cluster, node)
+
+
+def _applied_node_drained(state: PartitionState, cluster: ClusterState, event: NodeDrained, now: int) -> None:
+    _applied_node_cordoned(state, cluster, event, now)
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)
+
+
+def _end_drain(cluster: ClusterState, node: Node) -> None:
+    """An uncordon cancels the node's drain: evictions scheduled or blocked there will not happen. O(p)."""
+    if cluster.draining.pop(node.node_id, None) is None:
+        return
+    for pod_id in node.pods:
+        pod = cluster.pods[pod_id]
+        cluster.blocked.pop(pod_id, None)
+        if pod.evicting_at is not None:
+            pod.evicting_at = None
+            cluster.disrupted.pop(pod_id, None)
 
 
 def _applied_node_failed(state: PartitionState, cluster: ClusterState, event: NodeFailed, now: int) -> None:
     cluster.layout += 1
     node = _node_of(cluster, event.node_id)
+    if cluster.draining:
+        cluster.draining.pop(event.node_id, None)  # its pods go anyway
     node.failed = True
     cluster.gpu_milli_capacity -= node.gpu_count * GPU_MILLI
     cluster.cpu_capacity -= node.cpu_milli
@@ -213,6 +250,9 @@ def _applied_node_updated(state: PartitionState, cluster: ClusterState, event: N
     node.relabel(event.labels, tuple(event.taints))
     cluster.count_node(node, +1)
     cluster.reindex(node)
+    if cluster.blocked and event.node_id not in cluster.draining:  # taint evictions waiting: decided anew
+        for pod_id in node.pods:
+            cluster.blocked.pop(pod_id, None)
 
 
 def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
@@ -232,6 +272,7 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
     if pod.waiting_for:
         cluster.stop_waiting(spec.pod_id, pod.waiting_for)
         pod.waiting_for = ()
+    pod.retry_at = None
     return pod
 
 
@@ -264,6 +305,8 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     cluster.reindex(node)
     if pod.spec.time_limit_ms is not None:
         cluster.timers.push(now + pod.spec.time_limit_ms, TIME_LIMIT, pod.spec.pod_id)
+    if cluster.disrupted:  # it runs again: no budget counts it any more
+        cluster.disrupted.pop(pod.spec.pod_id, None)
 
 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:
@@ -282,6 +325,71 @@ def _applied_pod_evicted(state: PartitionState, cluster: ClusterState, event: Po
     if pod is None or pod.node_id != event.node_id:
         raise InvariantViolation(f"pod {event.pod_id!r} evicted from {event.node_id!r} where it does not run")
     _unbind(cluster, pod)
+    pod.evicting_at = None
+    if cluster.budgets:
+        if cluster.blocked:
+            cluster.blocked.pop(event.pod_id, None)
+        if is_disruption(event.reason):
+            cluster.disrupted[event.pod_id] = pod.spec
+        else:
+            cluster.disrupted.pop(event.pod_id, None)
+
+
+def _applied_pod_retry_scheduled(
+    state: PartitionState, cluster: ClusterState, event: PodRetryScheduled, now: int
+) -> None:
+    """A failed pod stops running and waits, outside the queue, for its retry at ``not_before`` (a timer). O(1)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or not pod.running or event.attempt != pod.attempt + 1 or event.not_before <= now:
+        raise InvariantViolation(f"retry {event.attempt} of pod {event.pod_id!r} scheduled but it does not run")
+    _unbind(cluster, pod)
+    pod.attempt = event.attempt
+    pod.retry_at = event.not_before
+    cluster.timers.push(event.not_before, RETRY, event.pod_id)
+
+
+def _applied_budget_set(state: PartitionState, cluster: ClusterState, event: DisruptionBudgetSet, now: int) -> None:
+    """A budget is set (or replaced): it counts from now on. O(1)."""
+    cluster.budgets[event.budget_id] = event
+
+
+def _applied_budget_removed(
+    state: PartitionState, cluster: ClusterState, event: DisruptionBudgetRemoved, now: int
+) -> None:
+    """A budget goes; with none left nothing is counted (or blocked) any more. O(1), O(U) for the last one."""
+    if cluster.budgets.pop(event.budget_id, None) is None:
+        raise InvariantViolation(f"unknown disruption budget {event.budget_id!r} removed")
+    if not cluster.budgets:
+        cluster.disrupted.clear()
+        cluster.blocked.clear()
+
+
+def _applied_eviction_blocked(state: PartitionState, cluster: ClusterState, event: EvictionBlocked, now: int) -> None:
+    """A drain waits for a budget: the node stays draining, the pod keeps running. O(1)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or pod.node_id != event.node_id or event.budget_id not in cluster.budgets:
+        raise InvariantViolation(f"eviction of {event.pod_id!r} blocked, but it does not run or has no budget")
+    cluster.blocked[event.pod_id] = event.budget_id
+    if event.reason == "drain":  # else a NoExecute taint: the pod waits, the node is not drained
+        cluster.draining[event.node_id] = (event.grace_ms, True)
+    if pod.evicting_at is not None:  # its grace ended but the budget has no room now: it waits again
+        pod.evicting_at = None
+        cluster.disrupted.pop(event.pod_id, None)
+
+
+def _applied_pod_eviction_scheduled(
+    state: PartitionState, cluster: ClusterState, event: PodEvictionScheduled, now: int
+) -> None:
+    """A drain evicts the pod at ``at`` (a timer); it counts against its budgets from now. O(log T)."""
+    pod = lookup(cluster.pods, event.pod_id)
+    if pod is None or pod.node_id != event.node_id or event.at <= now:
+        raise InvariantViolation(f"eviction of {event.pod_id!r} scheduled, but it does not run there or in time")
+    pod.evicting_at = event.at
+    cluster.blocked.pop(event.pod_id, None)
+    if cluster.budgets:
+        cluster.disrupted[event.pod_id] = pod.spec
+    cluster.draining[event.node_id] = (event.at - now, event.respect_budgets)
+    cluster.timers.push(event.at, EVICTION, event.pod_id)
 
 
 def _applied_pod_released(state: PartitionState, cluster: ClusterState, event: PodReleased, now: int) -> None:
@@ -290,6 +398,10 @@ def _applied_pod_released(state: PartitionState, cluster: ClusterState, event: P
         raise InvariantViolation(f"unknown pod {event.pod_id!r} released")
     cluster.count_shape(pod.shape, -1)
     ok = pod.running and event.reason == COMPLETED
+    if cluster.budgets:
+        cluster.blocked.pop(event.pod_id, None)
+        if not event.reason.startswith(EVICTED_MEMBER):  # a member lost while its gang runs on stays unavailable
+            cluster.disrupted.pop(event.pod_id, None)
     if pod.running:
         _unbind(cluster, pod)
     elif pod.queued:
@@ -344,6 +456,8 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
             pod = cluster.pods.pop(pod_id)
             if pod.running:
                 raise InvariantViolation(f"gang {gang.gang_id!r} requeued while member {pod_id!r} runs")
+            if cluster.blocked:
+                cluster.blocked.pop(pod_id, None)
             cluster.count_shape(pod.shape, -1)
         gang.placed = {}
         gang.started_at = None
@@ -386,6 +500,8 @@ def _applied_gang_released(state: PartitionState, cluster: ClusterState, event: 
     del cluster.gangs[event.gang_id]
     for member in gang.spec.members:
         cluster.member_of.pop(member.pod_id, None)
+        if cluster.disrupted:
+            cluster.disrupted.pop(member.pod_id, None)
     cluster.remember_end(event.gang_id, event.ok)
 
 
@@ -453,7 +569,7 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     NodeRemoved: _applied_node_removed,
     NodeCordoned: _applied_node_cordoned,
     NodeUncordoned: _applied_node_uncordoned,
-    NodeDrained: _applied_node_cordoned,
+    NodeDrained: _applied_node_drained,
     NodeFailed: _applied_node_failed,
     PodQueued: _applied_pod_queued,
     PodScheduled: _applied_pod_scheduled,
@@ -475,4 +591,9 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     ClusterResumed: _applied_cluster_resumed,
     NodeRecovered: _applied_node_recovered,
     NodeUpdated: _applied_node_updated,
+    PodRetryScheduled: _applied_pod_retry_scheduled,
+    DisruptionBudgetSet: _applied_budget_set,
+    DisruptionBudgetRemoved: _applied_budget_removed,
+    EvictionBlocked: _applied_eviction_blocked,
+    PodEvictionScheduled: _applied_pod_eviction_scheduled,
 }

@@ -18,7 +18,15 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
-from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_fits
+from processor.core.resources import (
+    NodeClass,
+    PodShape,
+    Signature,
+    class_admits,
+    first_misfit,
+    gpu_fits,
+    gpu_memory_fits,
+)
 from schemas.codes import QueueReasonCode
 from schemas.commands import GPU_MILLI
 
@@ -236,6 +244,10 @@ class CapacityIndex:
             signature.cpu_free >= shape.cpu_milli
             and signature.memory_free >= shape.memory_mib
             and gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli)
+            and (
+                not shape.gpu_memory_mib
+                or gpu_memory_fits(signature.gpu_memory, shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib)
+            )
             and self.admits(signature.node_class, shape)
         )
 
@@ -253,6 +265,7 @@ class CapacityIndex:
         whole = gpu_milli >= GPU_MILLI
         # A pod with no selector and no tolerations fits any untainted node class.
         plain = not shape.node_selector and not shape.tolerations
+        gpu_memory = shape.gpu_memory_mib  # checked only for a pod that asks for GPU memory
         admits = self.admits
         found: list[NodeGroup] = []
         append = found.append
@@ -264,8 +277,10 @@ class CapacityIndex:
                 if num_gpu and ((free_whole < num_gpu) if whole else (largest < gpu_milli)):
                     continue
                 for signature, group in groups.items():
-                    _, node_class, _, _, _, cpu_free, memory_free = signature
+                    _, node_class, _, _, _, cpu_free, memory_free, pairs = signature
                     if cpu_free < cpu or memory_free < memory:
+                        continue
+                    if gpu_memory and pairs and not gpu_memory_fits(pairs, num_gpu, gpu_milli, gpu_memory):
                         continue
                     if (plain and not node_class[1]) or admits(node_class, shape):
                         append(group)
@@ -287,7 +302,7 @@ class CapacityIndex:
         cpu, memory = shape.cpu_milli, shape.memory_mib
         whole = gpu_milli >= GPU_MILLI
         gpu_code = QueueReasonCode.INSUFFICIENT_GPU_SHARE if shape.is_share else QueueReasonCode.INSUFFICIENT_GPU
-        plain = not shape.node_selector and not shape.tolerations
+        plain = not shape.node_selector and not shape.tolerations and not shape.gpu_memory_mib
         for model, buckets in self._buckets.items():
             if allowed and model not in allowed:
                 nodes = sum(group.size for groups in buckets.values() for group in groups.values())

@@ -17,8 +17,9 @@ many items, and no item can be left forever, because what leaves items is bounde
 - a placement moves a job from waiting to running, and only an eviction moves it back;
 - a reservation is released at most once per eviction, placement or node change, and the upkeep
   of reservations takes at most :data:`RESERVATION_ROUNDS` rounds per cluster per call;
-- a timer fires once, and timers set during a command lie strictly after its time (limits and
-  timeouts are at least 1 ms), except a requeued gang's timeout, which fires at most once per eviction.
+- a timer fires once, and timers set during a command lie strictly after its time (limits,
+  timeouts and retry backoffs are at least 1 ms), except a requeued gang's timeout, which fires at
+  most once per eviction; a pod's retries are at most its ``max_retries``.
 
 So the items of one command are O(P + Q + T) for its cluster's P pods, Q waiting jobs and T due
 timers, each bounded in cost (the table in README.md).
@@ -35,7 +36,7 @@ from processor.core.policies import get_policy
 from processor.core.policies.base import Policy
 from processor.core.state import ClusterState, PartitionState, lookup
 from schemas.commands import Command
-from schemas.events import Event, EventPayload, PodEvicted, PodReleased
+from schemas.events import Event, EventPayload, PodEvicted, PodReleased, PodRetryScheduled
 
 # ---------------------------------------------------------------- work kinds
 
@@ -118,6 +119,12 @@ class Decision:
         return self.command.contract not in LEGACY_TIME
 
     @property
+    def bounded_search(self) -> bool:
+        """Whether a search may stop when its work allowance is spent (contract v3 on; ``Defragment``'s
+        planner, ``processor.core.defrag.Allowance``): a command of contract v1 or v2 searches as its release did."""
+        return self.command.contract not in LEGACY_TIME
+
+    @property
     def may_preempt(self) -> bool:
         """A command of contract v1 never preempts (v1 had no preemption)."""
         return self.command.contract != "v1"
@@ -136,7 +143,7 @@ class Decision:
         """Apply an event to the state and add it to the command's events."""
         name = self.command.cluster if cluster is None else cluster
         kind = type(payload)
-        if kind is PodEvicted or kind is PodReleased:
+        if kind is PodEvicted or kind is PodReleased or kind is PodRetryScheduled:
             known = lookup(self.state.clusters, name)
             if known is not None:
                 pod_id: str = payload.pod_id  # type: ignore[union-attr]

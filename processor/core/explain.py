@@ -25,7 +25,7 @@ from typing import Any
 
 from processor.core import node_victims, preemption, preemption_plans, quotas, reservations
 from processor.core.reasons import queue_reasons
-from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit
+from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_memory_fits
 from processor.core.state import (
     GANG_QUEUED,
     GANG_RUNNING,
@@ -73,6 +73,8 @@ def reason_message(code: str, nodes: int, shape: PodShape) -> str:
         QueueReasonCode.INSUFFICIENT_GPU_SHARE: f"{n} with no GPU that has {shape.gpu_milli} milli free",
         QueueReasonCode.INSUFFICIENT_CPU: f"{n} with less than {shape.cpu_milli} CPU milli free",
         QueueReasonCode.INSUFFICIENT_MEMORY: f"{n} with less than {shape.memory_mib} MiB of memory free",
+        QueueReasonCode.INSUFFICIENT_GPU_MEMORY: f"{n} with no GPU that has both the GPU share and "
+        f"{shape.gpu_memory_mib} MiB of GPU memory free",
         QueueReasonCode.NODE_RESERVED: f"{n} where it would fit are reserved",
     }
     return texts.get(code, f"{n}: {code}")
@@ -82,7 +84,7 @@ def reason_message(code: str, nodes: int, shape: PodShape) -> str:
 class Shortfall:
     """One resource a node lacks for the pod: how much the pod asks, how much is free, how much is missing."""
 
-    resource: str  # "gpus" (whole GPUs), "gpu_milli" (on one GPU), "cpu_milli", "memory_mib"
+    resource: str  # "gpus" (whole GPUs), "gpu_milli" (on one GPU), "gpu_memory_mib" (on one GPU), "cpu_milli", ...
     requested: int
     free: int
 
@@ -94,7 +96,13 @@ class Shortfall:
         return {"resource": self.resource, "requested": self.requested, "free": self.free, "missing": self.missing}
 
 
-_UNITS = {"gpus": "whole free GPU(s)", "gpu_milli": "GPU milli", "cpu_milli": "CPU milli", "memory_mib": "MiB memory"}
+_UNITS = {
+    "gpus": "whole free GPU(s)",
+    "gpu_milli": "GPU milli",
+    "gpu_memory_mib": "MiB of GPU memory on one GPU",
+    "cpu_milli": "CPU milli",
+    "memory_mib": "MiB memory",
+}
 
 
 def _lacks_text(lacks: list[Shortfall]) -> str:
@@ -213,6 +221,11 @@ def shortfalls(signature: Signature, shape: PodShape) -> list[Shortfall]:
             whole = sum(1 for milli in free if milli >= GPU_MILLI)
             if whole < shape.num_gpu:
                 lacks.append(Shortfall("gpus", shape.num_gpu, whole))
+    need = shape.gpu_memory_mib
+    pairs = signature.gpu_memory
+    if need and pairs and not lacks and not gpu_memory_fits(pairs, shape.num_gpu, shape.gpu_milli, need):
+        enough = [memory for milli, memory in pairs if milli >= min(shape.gpu_milli, GPU_MILLI)]
+        lacks.append(Shortfall("gpu_memory_mib", need, max(enough, default=0)))
     if signature.cpu_free < shape.cpu_milli:
         lacks.append(Shortfall("cpu_milli", shape.cpu_milli, signature.cpu_free))
     if signature.memory_free < shape.memory_mib:
@@ -261,6 +274,8 @@ def explain(cluster: ClusterState, job_id: str, now: int | None = None) -> Expla
     assert pod is not None
     if pod.waiting_for:
         return _waiting(cluster, pod)
+    if pod.retry_at is not None:
+        return _retrying(cluster, pod)
     return _pending(cluster, pod, clock)
 
 
@@ -283,6 +298,15 @@ def _waiting(cluster: ClusterState, pod: Pod) -> Explanation:
     message = f"waiting for {waiting} to end" + (f" ({dependency})" if dependency else "")
     result.reasons = [_reason(QueueReasonCode.WAITING_FOR_DEPENDENCY, 0, message)]
     result.message = message + ": it enters the queue then"
+    return result
+
+
+def _retrying(cluster: ClusterState, pod: Pod) -> Explanation:
+    """A failed pod waiting for its retry: a timer, not the queue."""
+    result = Explanation(cluster.name, pod.spec.pod_id, "waiting", request_text(pod.shape))
+    message = f"it failed; retry {pod.attempt} is due at event time {pod.retry_at} ms (backoff)"
+    result.reasons = [_reason(QueueReasonCode.WAITING_FOR_RETRY, 0, message)]
+    result.message = message
     return result
 
 
@@ -374,6 +398,10 @@ def _per_class(cluster: ClusterState, shape: PodShape, result: Explanation) -> N
         entry.reasons[code] = entry.reasons.get(code, 0) + group.size
         if code in _STATIC or not could_ever_hold(signature, shape):
             continue
+        if code == QueueReasonCode.INSUFFICIENT_GPU_MEMORY and cluster.nodes[group.first()].gpu_memory_mib < (
+            shape.gpu_memory_mib
+        ):
+            continue  # its GPUs are smaller than the pod's need: freeing nothing there helps
         lacks = shortfalls(signature, shape)
         if not lacks:  # it fits but is reserved: not a miss of capacity
             continue

@@ -30,7 +30,18 @@ from processor.core import decision as worklist
 from processor.core.appliers import apply
 from processor.core.decision import Decision, Task
 from processor.core.errors import InvariantViolation
-from processor.core.handlers import clock, defragment, gangs, halting, nodes, pods, queue, rescheduling, tenancy
+from processor.core.handlers import (
+    clock,
+    defragment,
+    disruptions,
+    gangs,
+    halting,
+    nodes,
+    pods,
+    queue,
+    rescheduling,
+    tenancy,
+)
 from processor.core.handlers.halting import ResumedCluster
 from processor.core.handlers.reservations import reservation_upkeep
 from processor.core.state import ClusterState, PartitionState, lookup
@@ -46,9 +57,11 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
+    SetDisruptionBudget,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -82,6 +95,8 @@ HANDLERS: dict[type, Callable[[Decision, Any], Task | None]] = {
     ResumeCluster: halting.not_halted,  # a halted cluster's ResumeCluster is taken before the handlers
     RecoverNode: nodes.recover_node,
     UpdateNode: nodes.update_node,
+    SetDisruptionBudget: disruptions.set_disruption_budget,
+    RemoveDisruptionBudget: disruptions.remove_disruption_budget,
 }
 """The handler of each command type: it validates, then emits (a generator when it must let the work it
 left run before it goes on)."""
@@ -198,6 +213,8 @@ def _fire_cluster(decision: Decision, cluster: ClusterState, until: int) -> None
             return
         _guarded(decision, cluster, partial(clock.fire, decision, cluster, timer))
         cluster = lookup(decision.state.clusters, cluster.name) or cluster
+        if (cluster.draining or cluster.blocked) and cluster.halted is None:  # a budget may have freed: go on
+            _guarded(decision, cluster, partial(disruptions.drain_upkeep, decision, cluster))
 
 
 def _fire_partition(decision: Decision, until: int) -> None:
@@ -224,6 +241,10 @@ def _finish(decision: Decision) -> None:
         decision.freed.clear()
     touched = decision.touched
     names = list(touched) if len(touched) == 1 else sorted(touched)
+    for name in names:  # drains that wait go on (a budget may have freed); nothing to do without one
+        cluster = lookup(clusters, name)
+        if cluster is not None and (cluster.draining or cluster.blocked) and cluster.halted is None:
+            _guarded(decision, cluster, partial(disruptions.drain_upkeep, decision, cluster))
     for name in names:
         cluster = lookup(clusters, name)
         # Nothing to keep without a queue or a reservation: the common case, answered without a call.

@@ -30,6 +30,8 @@ class Signature(NamedTuple):
     gpu_free: tuple[int, ...]  # free milli per GPU, sorted descending
     cpu_free: int
     memory_free: int
+    # (free milli, free memory) per GPU, sorted descending, on a node that declares GPU memory; else empty.
+    gpu_memory: tuple[tuple[int, int], ...] = ()
 
 
 class PodShape(NamedTuple):
@@ -45,6 +47,7 @@ class PodShape(NamedTuple):
     # Pods of one shape are interchangeable in the queue; a time limit decides whether a pod may
     # backfill onto reserved nodes, so pods with different limits are different shapes.
     time_limit_ms: int | None = None
+    gpu_memory_mib: int = 0  # on each of its GPUs
 
     @property
     def is_share(self) -> bool:
@@ -95,6 +98,16 @@ def gpu_fits(gpu_free: tuple[int, ...], num_gpu: int, gpu_milli: int) -> bool:
     if gpu_milli >= GPU_MILLI:
         return len(gpu_free) >= num_gpu and gpu_free[num_gpu - 1] >= GPU_MILLI
     return len(gpu_free) > 0 and gpu_free[0] >= gpu_milli
+
+
+def gpu_memory_fits(gpu_memory: tuple[tuple[int, int], ...], num_gpu: int, gpu_milli: int, need: int) -> bool:
+    """Whether a node's (free milli, free memory) pairs hold the request's GPUs with ``need`` MiB on each
+    (true on a node that does not declare GPU memory, or for a pod that asks none). O(G)."""
+    if not gpu_memory or not need or not num_gpu:
+        return True
+    if gpu_milli >= GPU_MILLI:
+        return sum(1 for milli, memory in gpu_memory if milli >= GPU_MILLI and memory >= need) >= num_gpu
+    return any(milli >= gpu_milli and memory >= need for milli, memory in gpu_memory)
 
 
 def class_admits(node_class: NodeClass, shape: PodShape) -> bool:
@@ -151,7 +164,7 @@ def is_reserved(node_class: NodeClass) -> bool:
 def first_misfit(signature: Signature, shape: PodShape) -> str | None:
     """The first check a node of this signature fails for the shape, or None if it fits.
 
-    The order (model, selector, taints, GPU, share, CPU, memory, reservation) is
+    The order (model, selector, taints, GPU, share, GPU memory, CPU, memory, reservation) is
     the order of the reasons reported in ``PodQueued``: a reserved node is reported
     as ``NODE_RESERVED`` only when the pod would otherwise fit it.
     """
@@ -163,6 +176,8 @@ def first_misfit(signature: Signature, shape: PodShape) -> str | None:
         return QueueReasonCode.UNTOLERATED_TAINT
     if not gpu_fits(signature.gpu_free, shape.num_gpu, shape.gpu_milli):
         return QueueReasonCode.INSUFFICIENT_GPU_SHARE if shape.is_share else QueueReasonCode.INSUFFICIENT_GPU
+    if not gpu_memory_fits(signature.gpu_memory, shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib):
+        return QueueReasonCode.INSUFFICIENT_GPU_MEMORY
     if signature.cpu_free < shape.cpu_milli:
         return QueueReasonCode.INSUFFICIENT_CPU
     if signature.memory_free < shape.memory_mib:

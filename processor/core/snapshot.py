@@ -25,13 +25,17 @@ from processor.core.state import (
     PartitionState,
     Pod,
     Reservation,
+    lookup,
     shape_of,
 )
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT
+from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT
 from schemas.commands import GPU_MILLI
+from schemas.events import DisruptionBudgetSet
 from schemas.fragmentation import TypicalKey, TypicalPod
 from schemas.snapshots import (
+    BudgetSnapshot,
     ClusterSnapshot,
+    DrainSnapshot,
     EndedJob,
     GangSnapshot,
     HaltSnapshot,
@@ -57,6 +61,7 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
             node.taints,
             node.cordoned,
             node.failed,
+            node.gpu_memory_mib,
         )
         for node in (cluster.nodes[node_id] for node_id in sorted(cluster.nodes))
     )
@@ -66,7 +71,11 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         spec = pod.spec
         if list(spec.node_selector) != sorted(spec.node_selector):  # canonical order, whatever the event had
             spec = dataclasses.replace(spec, node_selector=dict(sorted(spec.node_selector.items())))
-        pods.append(PodSnapshot(spec, pod.node_id, pod.gpus, pod.started_at, pod.waiting_for))
+        pods.append(
+            PodSnapshot(
+                spec, pod.node_id, pod.gpus, pod.started_at, pod.waiting_for, pod.attempt, pod.retry_at, pod.evicting_at
+            )
+        )
     typical = tuple(
         TypicalPodSnapshot(pod.key.num_gpu, pod.key.gpu_milli, pod.key.cpu_milli, pod.key.gpu_models, pod.weight)
         for pod in cluster.typical
@@ -115,6 +124,13 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         else HaltSnapshot(
             cluster.halted.command_id, cluster.halted.offset, cluster.halted.error, cluster.halted.refused
         ),
+        tuple(
+            BudgetSnapshot(b.budget_id, b.tenant, b.gang_id, b.label_selector, b.max_unavailable)
+            for b in (cluster.budgets[budget_id] for budget_id in sorted(cluster.budgets))
+        ),
+        tuple(DrainSnapshot(node_id, *cluster.draining[node_id]) for node_id in sorted(cluster.draining)),
+        dict(sorted(cluster.blocked.items())),
+        tuple(cluster.disrupted),
     )
 
 
@@ -181,7 +197,14 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
         state.clusters[cluster.name] = cluster
         for raw in data.nodes:
             node = Node(
-                raw.node_id, raw.gpu_model, raw.gpu_count, raw.cpu_milli, raw.memory_mib, raw.labels, raw.taints
+                raw.node_id,
+                raw.gpu_model,
+                raw.gpu_count,
+                raw.cpu_milli,
+                raw.memory_mib,
+                raw.labels,
+                raw.taints,
+                raw.gpu_memory_mib,
             )
             node.cordoned = raw.cordoned
             node.failed = raw.failed
@@ -218,6 +241,9 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 raw.gpus,
                 started_at=raw.started_at,
                 waiting_for=raw.waiting_for,
+                attempt=raw.attempt,
+                retry_at=raw.retry_at,
+                evicting_at=raw.evicting_at,
             )
             for raw in data.pods
         ]
@@ -233,6 +259,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 cluster.charge(pod, node, +1)
             elif pod.waiting_for:
                 cluster.wait_on(pod.spec.pod_id, pod.waiting_for)
+            elif pod.retry_at is not None:
+                pass  # waiting for its retry (a timer, rebuilt below), outside the queue
             else:
                 pod.queued = True
                 cluster.queue.push(pod.group, pod.queue_key)
@@ -251,6 +279,20 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             cluster.reindex(cluster.nodes[node_id])
         for deadline in data.reserve_checks:
             cluster.timers.push(deadline, RESERVE_CHECK)
+        for raw_budget in data.budgets:
+            cluster.budgets[raw_budget.budget_id] = DisruptionBudgetSet(
+                raw_budget.budget_id,
+                raw_budget.tenant,
+                raw_budget.gang_id,
+                raw_budget.label_selector,
+                raw_budget.max_unavailable,
+            )
+        cluster.draining = {drain.node_id: (drain.grace_ms, drain.respect_budgets) for drain in data.draining}
+        cluster.blocked = dict(data.blocked)
+        specs = {member.pod_id: member for gang in cluster.gangs.values() for member in gang.spec.members}
+        for pod_id in data.disrupted:  # a pod's own spec, or (a member of a gang back in the queue) its gang's
+            known = lookup(cluster.pods, pod_id)
+            cluster.disrupted[pod_id] = known.spec if known is not None else specs[pod_id]
     rebuild_timers(state)
     return state
 
@@ -264,6 +306,10 @@ def rebuild_timers(state: PartitionState) -> None:
             pod = cluster.pods[pod_id]
             if pod.running and pod.spec.time_limit_ms is not None and pod.started_at is not None:
                 timers.push(pod.started_at + pod.spec.time_limit_ms, TIME_LIMIT, pod_id)
+            elif pod.retry_at is not None:
+                timers.push(pod.retry_at, RETRY, pod_id)
+            if pod.evicting_at is not None:
+                timers.push(pod.evicting_at, EVICTION, pod_id)
         for gang_id in sorted(cluster.gangs):
             gang = cluster.gangs[gang_id]
             if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:

@@ -23,7 +23,7 @@ from processor.core.resources import Held, NodeClass, PodShape, Signature, reser
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
 from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
-from schemas.events import GangSpec, GpuShare, PodSpec
+from schemas.events import DisruptionBudgetSet, GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
 DEFAULT_POLICY = "fgd-plus"
@@ -58,6 +58,8 @@ class Node:
         "failed",
         "gpu_count",
         "gpu_free",
+        "gpu_memory_free",
+        "gpu_memory_mib",
         "gpu_model",
         "labels",
         "memory_free",
@@ -78,6 +80,7 @@ class Node:
         memory_mib: int,
         labels: dict[str, str],
         taints: tuple[Taint, ...],
+        gpu_memory_mib: int = 0,
     ) -> None:
         self.node_id = node_id
         self.gpu_model = gpu_model
@@ -90,6 +93,9 @@ class Node:
         self.node_class: NodeClass = self.base_class  # plus the reservation taint while reserved
         self.reserved_for: str | None = None
         self.gpu_free = [GPU_MILLI] * gpu_count
+        # Memory of each GPU and what is free of it, per index; empty (not checked) unless the node declares it.
+        self.gpu_memory_mib = gpu_memory_mib
+        self.gpu_memory_free: list[int] = [gpu_memory_mib] * gpu_count if gpu_memory_mib else []
         self.cpu_free = cpu_milli
         self.memory_free = memory_mib
         self.cordoned = False
@@ -112,6 +118,7 @@ class Node:
             self.node_class,
         )
         twin.reserved_for, twin.gpu_free, twin.cpu_free = self.reserved_for, self.gpu_free, self.cpu_free
+        twin.gpu_memory_mib, twin.gpu_memory_free = self.gpu_memory_mib, self.gpu_memory_free
         twin.memory_free, twin.cordoned, twin.failed = self.memory_free, self.cordoned, self.failed
         twin.pods, twin.by_priority, twin.changes = self.pods, self.by_priority, self.changes
         return twin
@@ -144,6 +151,9 @@ class Node:
             tuple(sorted(self.gpu_free, reverse=True)),
             self.cpu_free,
             self.memory_free,
+            tuple(sorted(zip(self.gpu_free, self.gpu_memory_free, strict=True), reverse=True))
+            if self.gpu_memory_free
+            else (),
         )
 
     def allocate(self, pod: PodSpec, gpus: tuple[GpuShare, ...], started_at: int | None = None) -> None:
@@ -157,6 +167,14 @@ class Node:
                 raise InvariantViolation(f"pod {pod.pod_id} over-commits GPU {share.index} on node {self.node_id}")
         if len({share.index for share in gpus}) != len(gpus) or sum(s.milli for s in gpus) != pod.gpu_milli_total:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
+        memory = self.gpu_memory_free
+        need = pod.gpu_memory_mib if memory else 0
+        if need:
+            for share in gpus:
+                if memory[share.index] < need:
+                    raise InvariantViolation(f"pod {pod.pod_id} over-commits the memory of GPU {share.index}")
+            for share in gpus:
+                memory[share.index] -= need
         held = self.by_priority.get(pod.priority)
         if held is None:
             held = self.by_priority[pod.priority] = Held([0] * self.gpu_count)
@@ -188,6 +206,10 @@ class Node:
         for share in gpus:
             self.gpu_free[share.index] += share.milli
             held_gpus[share.index] -= share.milli
+        memory = self.gpu_memory_free
+        if memory and pod.gpu_memory_mib:
+            for share in gpus:
+                memory[share.index] += pod.gpu_memory_mib
         self.cpu_free += pod.cpu_milli
         self.memory_free += pod.memory_mib
         held.cpu_milli -= pod.cpu_milli
@@ -200,6 +222,8 @@ class Node:
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")
+        if memory and any(free > self.gpu_memory_mib for free in memory):
+            raise InvariantViolation(f"node {self.node_id} freed more GPU memory than it has")
 
     @property
     def gpu_milli_allocated(self) -> int:
@@ -217,6 +241,9 @@ class Pod:
     queued: bool = False  # waiting in the pending queue (an evicted pod is briefly neither)
     started_at: int | None = None  # event time of its (latest) placement
     waiting_for: tuple[str, ...] = ()  # dependencies not ended yet (sorted); the pod is outside the queue
+    attempt: int = 0  # retries used after failures (PodRetryScheduled)
+    retry_at: int | None = None  # failed, waiting for its retry until then, outside the queue
+    evicting_at: int | None = None  # a drain evicts it then (PodEvictionScheduled): it still runs until then
 
     @property
     def queue_key(self) -> QueueKey:
@@ -273,6 +300,7 @@ def shape_of(spec: PodSpec) -> PodShape:
         tuple(sorted(spec.node_selector.items())),
         spec.tolerations,
         spec.time_limit_ms,
+        spec.gpu_memory_mib,
     )
 
 
@@ -398,6 +426,14 @@ class ClusterState:
     max_clock_jump_ms: int = DEFAULT_MAX_CLOCK_JUMP_MS
     timers: Timers = field(default_factory=Timers)
     halted: Halt | None = None  # an internal error halted the fold of this cluster (ClusterHalted)
+    # Disruption budgets (SetDisruptionBudget), by id; the nodes whose drain waits (for a budget or a grace
+    # period) and the drain's grace; the pods a budget blocks (pod id -> budget id); and, while any budget
+    # exists, the pods unavailable because of a disruption (evicted by a drain, a failure, a NoExecute taint or
+    # a removal, or being evicted), with their specs, until they run again or end: what budgets count.
+    budgets: dict[str, DisruptionBudgetSet] = field(default_factory=dict)
+    draining: dict[str, tuple[int, bool]] = field(default_factory=dict)  # node -> (grace_ms, respect_budgets)
+    blocked: dict[str, str] = field(default_factory=dict)
+    disrupted: dict[str, PodSpec] = field(default_factory=dict)
     # Derived, not in snapshots: a counter moved by every change of the node layout (added, removed,
     # cordoned, uncordoned, failed), and the queue heads no reservation can be planned for, at that layout.
     layout: int = 0

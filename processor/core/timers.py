@@ -23,6 +23,8 @@ TIME_LIMIT = 0  # a running pod's start + time limit
 RESERVATION_START = 1  # a reservation's expected start: the holder should fit now
 GANG_TIMEOUT = 2  # a waiting gang's submission + timeout
 RESERVE_CHECK = 3  # the head of a queue has waited long enough for a reservation
+RETRY = 4  # a failed pod's retry is due (its backoff passed)
+EVICTION = 5  # a drain's grace period for a pod ended: it is evicted
 
 Timer = tuple[int, int, str]  # (deadline, kind, pod or gang id)
 

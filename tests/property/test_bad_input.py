@@ -38,6 +38,7 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
@@ -323,6 +324,7 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("busy node without force", RemoveNode("n1"), RejectionCode.NODE_BUSY),
     ("uncordon a schedulable node", UncordonNode("n2"), RejectionCode.NODE_NOT_CORDONED),
     ("recover a node that has not failed", RecoverNode("n2"), RejectionCode.NODE_NOT_FAILED),
+    ("remove a budget that is not set", RemoveDisruptionBudget("b9"), RejectionCode.UNKNOWN_BUDGET),
     # gangs, time and dependencies (issue 10)
     ("gang with no members", SubmitGang("g9"), RejectionCode.INVALID_COMMAND),
     ("gang with a member listed twice", SubmitGang("g9", members=(MEMBER, MEMBER)), RejectionCode.DUPLICATE_POD),

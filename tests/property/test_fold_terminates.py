@@ -23,6 +23,7 @@ per command (issue #20) made them end.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -35,11 +36,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from processor.core import defrag, defrag_gaps, defrag_moves
 from processor.core.fold import decide
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
-from schemas.commands import AddNode, Command, SubmitGang, SubmitPod
-from schemas.events import PodEvicted
+from schemas.commands import AddNode, Command, Defragment, SubmitGang, SubmitPod, V2Command
+from schemas.events import Event, PodEvicted, PodMigrated
 from tests import adversarial
 from tests.adversarial import SeededChooser, mixed_stream
 from tests.fold_digest import fold_digest, records_of
@@ -162,6 +164,89 @@ def test_adversarial_streams_at_a_small_size_fold_to_the_end(name: str) -> None:
     check_terminates(BOUNDED[name]())
 
 
+# ---------------------------------------------------------------- Defragment: work bounded by its budget
+
+DEFRAGMENTS: dict[str, Callable[[], list[Command]]] = {
+    "defragment_target_120": lambda: adversarial.defragment_target(120, budget=8),
+    "consolidate_40": lambda: adversarial.consolidate(40),
+}
+# (LOOKS_BASE, LOOKS, TRIAL_MOVES): as built, and tiny (it must bite)
+ALLOWANCES = [(defrag_moves.LOOKS_BASE, defrag_moves.LOOKS, defrag_moves.TRIAL_MOVES), (0, 3, 1)]
+
+
+def _up_to_the_attack(commands: list[Command]) -> tuple[PartitionState, Command]:
+    """The state the stream builds before its last command (the attacking ``Defragment``), and that command."""
+    state = PartitionState()
+    for command in commands[:-1]:
+        decide(state, command)
+    return state, commands[-1]
+
+
+def _plan_work(state: PartitionState, attack: Command) -> tuple[int, int, int]:
+    """(looks, trial moves, moves) of the attack's plan, made directly by the planner and rolled back."""
+    cluster = state.clusters[adversarial.CLUSTER]
+    payload = attack.payload
+    assert isinstance(payload, Defragment)
+    if payload.target is None:
+        plan = defrag.consolidate(cluster, payload.max_moves)
+        return plan.looks, plan.trial_moves, len(plan.moves)
+    trial = defrag.Trial(cluster)
+    try:
+        defrag.make_room(cluster, trial, cluster.pods[payload.target].shape, payload.max_moves, "test")
+        return trial.allowance(payload.max_moves).looked, trial.made, len(trial.moves)
+    finally:
+        trial.rollback()
+
+
+@pytest.mark.parametrize(("base", "looks", "trial_moves"), ALLOWANCES)
+@pytest.mark.parametrize("name", sorted(DEFRAGMENTS))
+def test_a_defragment_plans_within_its_allowance(
+    monkeypatch: pytest.MonkeyPatch, name: str, base: int, looks: int, trial_moves: int
+) -> None:
+    """A ``Defragment`` of budget B looks at most LOOKS_BASE + LOOKS * B times (plus the one scan under way
+    when it ran out: ``SCAN`` gaps or the capacity index's groups) and makes at most TRIAL_MOVES * B trial
+    moves (plus the moves of the attempt under way: at most 8 * B), whatever the cluster; it emits at most B
+    moves and ends."""
+    monkeypatch.setattr(defrag_moves, "LOOKS_BASE", base)
+    monkeypatch.setattr(defrag_moves, "LOOKS", looks)
+    monkeypatch.setattr(defrag_moves, "TRIAL_MOVES", trial_moves)
+    state, attack = _up_to_the_attack(DEFRAGMENTS[name]())
+    budget = attack.payload.max_moves  # type: ignore[union-attr]
+    groups = sum(1 for _ in state.clusters[adversarial.CLUSTER].index.groups())
+    looked, made, moves = _plan_work(state, attack)
+    assert looked <= base + looks * budget + max(defrag_gaps.SCAN, groups)
+    assert made <= trial_moves * budget + 8 * budget
+    assert moves <= budget
+    with wall_clock_limit(HANG_SECONDS):
+        events = decide(state, attack)
+    migrated = [event for event in events if type(event.payload) is PodMigrated]
+    assert len(migrated) <= budget
+    assert len(events) <= 1 + budget + EVENTS_PER_COMMAND
+
+
+def test_a_tiny_allowance_bites_only_from_contract_v3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 looks per move (none beside), listing the 40 nodes for the target costs more than 8 moves' worth: the
+    ``Defragment`` (contract v3) moves nothing. The same command written with contract v2 has no allowance:
+    it makes the 7 moves it makes with the allowance as built, byte for byte."""
+    commands = adversarial.defragment_target(40, budget=8)
+    attack = commands[-1]
+    legacy = V2Command(attack.command_id, attack.cluster, attack.issued_at, attack.payload, attack.source)
+
+    def fold_attack(command: Command) -> list[Event]:
+        return decide(_up_to_the_attack(commands)[0], command)
+
+    as_built, as_built_v2 = fold_attack(attack), encode_events(fold_attack(legacy))
+    assert [type(event.payload).__name__ for event in as_built] == (
+        ["DefragmentationPlanned"] + ["PodMigrated"] * 7 + ["PodScheduled"]
+    )
+    monkeypatch.setattr(defrag_moves, "LOOKS_BASE", 0)
+    monkeypatch.setattr(defrag_moves, "LOOKS", 3)
+    tiny, tiny_v2 = fold_attack(attack), encode_events(fold_attack(legacy))
+    assert [type(event.payload).__name__ for event in tiny] == ["DefragmentationPlanned"]
+    assert "after at most 8 move(s)" in tiny[0].payload.message  # type: ignore[union-attr]
+    assert tiny_v2 == as_built_v2 and len(as_built_v2) == len(as_built)
+
+
 # ---------------------------------------------------------------- random mixed streams
 
 
@@ -194,24 +279,36 @@ def test_recorded_random_streams_that_crash_main_fold_to_the_end(seed: int) -> N
 
 
 HANG_SEED = 201  # mixed_stream(SeededChooser(201), 300): main never ends command x-268 (MarkNodeFailed)
-HANG_GUARD_SECONDS = 20  # the whole check takes ~1 s on the pure-Python hot path
+HANG_GUARD_CPU_SECONDS = 60  # the whole check takes ~1-2 s of CPU on the pure-Python hot path
+HANG_GUARD_WALL_SECONDS = 900  # only so a stopped child cannot hold the suite: the CPU limit is the guard
 
 
 def test_the_recorded_random_stream_that_hangs_main_folds_to_the_end() -> None:
     """The stream whose MarkNodeFailed chased a lender's pod and a borrower's pod round the queue forever (no
     deep recursion: ~330 events/s until killed) folds to the end within the bounds. In a child process, the
-    pure-Python hot path, killed after :data:`HANG_GUARD_SECONDS` (a hang guard, not a speed figure): a
-    compiled loop never sees the alarm of :func:`wall_clock_limit`."""
+    pure-Python hot path, killed once it has used :data:`HANG_GUARD_CPU_SECONDS` of CPU (a hang guard, not a
+    speed figure, and CPU time, so a loaded machine does not trip it): a compiled loop never sees the alarm of
+    :func:`wall_clock_limit`."""
     script = (
         "from tests.adversarial import SeededChooser, mixed_stream\n"
         "from tests.property.test_fold_terminates import check_terminates\n"
         f"check_terminates(mixed_stream(SeededChooser({HANG_SEED}), 300))\n"
     )
     env = {**os.environ, "GPUFOLD_PURE_PYTHON": "1"}
+
+    def cpu_limit() -> None:  # in the child: SIGXCPU (death) after the limit
+        resource.setrlimit(resource.RLIMIT_CPU, (HANG_GUARD_CPU_SECONDS, HANG_GUARD_CPU_SECONDS + 5))
+
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_WALL_SECONDS,
+        preexec_fn=cpu_limit,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit {done.returncode} (-24: over the CPU limit, a hang): {done.stderr[-3000:]}"
 
 
 TERMINATION_SETTINGS = settings(

@@ -20,6 +20,7 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
@@ -115,6 +116,7 @@ REJECTIONS = [
     ("TOO_LARGE", Release("p1", "x" * 2000), None, RejectionCode.TOO_LARGE),
     ("NOT_HALTED", ResumeCluster(), None, RejectionCode.NOT_HALTED),
     ("NODE_NOT_FAILED", RecoverNode("n2"), None, RejectionCode.NODE_NOT_FAILED),
+    ("UNKNOWN_BUDGET", RemoveDisruptionBudget("nope"), None, RejectionCode.UNKNOWN_BUDGET),
 ]
 
 

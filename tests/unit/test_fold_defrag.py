@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.core import defrag
+from processor.core import defrag_repack
 from processor.core.fold import apply
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
@@ -268,7 +268,7 @@ PARKING = [[250], [550, 350], [150, 700], [450, 500]]
 
 def test_only_a_set_repack_frees_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without sets (gap filling and chains alone) nothing moves; re-packing three GPUs frees n2 and ``w`` starts."""
-    monkeypatch.setattr(defrag, "REPACK_SET", 1)
+    monkeypatch.setattr(defrag_repack, "REPACK_SET", 1)
     (event,) = pinned_shares(REPACKABLE).run(Defragment(10))
     assert event.payload.moves == 0
     monkeypatch.undo()

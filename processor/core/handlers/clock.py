@@ -1,4 +1,5 @@
-"""Event time: ``Tick``, and the deadlines a command's time reaches (time limits, gang timeouts, reservations).
+"""Event time: ``Tick``, and the deadlines a command's time reaches (time limits, gang timeouts, reservations,
+retries after a failure).
 
 Deadlines fire first, in deadline order, each at its own time, and each deadline's follow-up work
 (a pod released by its time limit frees capacity the queue retries) runs before the next deadline
@@ -10,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from processor.core.decision import RESERVATION_UPKEEP, Decision
+from processor.core.handlers.disruptions import eviction_due
 from processor.core.handlers.gangs import end_gang
-from processor.core.handlers.pods import release_pod
+from processor.core.handlers.pods import place, release_pod
 from processor.core.handlers.reservations import release_reservation
 from processor.core.reservations import holder_waiting
 from processor.core.state import GANG_RUNNING, ClusterState, lookup
-from processor.core.timers import GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, TIME_LIMIT, Timer
+from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT, Timer
 from schemas.commands import Tick
 from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
 
@@ -74,6 +76,14 @@ def _reservation_due(decision: Decision, cluster: ClusterState, holder_id: str, 
         release_reservation(decision, cluster, "expected_start_passed")
 
 
+def _retry_due(decision: Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:
+    """A failed pod's backoff passed: it goes back to placement (started, or queued again), once."""
+    pod = lookup(cluster.pods, pod_id)
+    if pod is None or pod.retry_at != deadline:
+        return  # released (cancelled) while it waited
+    place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
+
+
 def _reserve_check(decision: Decision, cluster: ClusterState, job_id: str, deadline: int) -> None:
     decision.then(RESERVATION_UPKEEP, cluster)
 
@@ -83,4 +93,6 @@ _TIMER_HANDLERS: dict[int, Callable[[Decision, ClusterState, str, int], None]] =
     RESERVATION_START: _reservation_due,
     GANG_TIMEOUT: _gang_timed_out,
     RESERVE_CHECK: _reserve_check,
+    RETRY: _retry_due,
+    EVICTION: eviction_due,
 }

@@ -47,7 +47,7 @@ def defragment(decision: Decision, command: Defragment) -> None:
         decision.emit(DefragmentationPlanned(0, 0, 0, target, message))
         return
     if target is None:
-        plan = defrag.consolidate(cluster, command.max_moves)
+        plan = defrag.consolidate(cluster, command.max_moves, decision.bounded_search)
     else:
         plan = _plan_room(decision, cluster, target, pod, gang, command.max_moves)
     moves = plan.moves
@@ -78,7 +78,7 @@ def _plan_room(
 ) -> defrag.Plan:
     """Moves that let a waiting pod (or every member of a waiting gang) start, checked on trial; or none."""
     now = decision.now
-    trial = defrag.Trial(cluster)
+    trial = defrag.Trial(cluster, decision.bounded_search)
     placed = preemption_plans.Trial(cluster)
     why = f"making room for {'pod' if pod is not None else 'gang'} {target!r}"
     try:
@@ -116,4 +116,6 @@ def _plan_room(
         placed.rollback()
         trial.rollback()
     before = defrag.tally(cluster, moves)
-    return defrag.Plan(moves, max(0, after[0] - before[0]), max(0, after[1] - before[1]))
+    plan = defrag.Plan(moves, max(0, after[0] - before[0]), max(0, after[1] - before[1]))
+    plan.looks, plan.trial_moves = trial.allowance(budget).looked, trial.made
+    return plan

@@ -12,6 +12,7 @@ evicted twice in one command); contract v1 and v2 released the reservation and r
 from __future__ import annotations
 
 from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
+from processor.core.handlers.disruptions import drain_waiting, evict_through_budgets
 from processor.core.handlers.evictions import evict_all, evict_untolerating
 from processor.core.handlers.reservations import drop_reserved_node
 from processor.core.state import Node, lookup
@@ -36,7 +37,7 @@ from schemas.events import (
     NodeUncordoned,
     NodeUpdated,
 )
-from schemas.validation import check_add_node, check_id, check_mark_node_failed, check_update_node
+from schemas.validation import check_add_node, check_drain_node, check_id, check_mark_node_failed, check_update_node
 
 
 def _node(decision: Decision, node_id: str) -> Node:
@@ -63,6 +64,7 @@ def add_node(decision: Decision, command: AddNode) -> None:
             command.memory_mib,
             dict(command.labels),
             tuple(command.taints),
+            command.gpu_memory_mib,
         )
     )
     decision.then(RETRY_QUEUE, decision.cluster, (command.node_id,), None)
@@ -111,10 +113,14 @@ def uncordon_node(decision: Decision, command: UncordonNode) -> None:
 
 
 def drain_node(decision: Decision, command: DrainNode) -> Task:
+    check_drain_node(command)
     node = _node(decision, command.node_id)
     if node.failed:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} has failed; its pods were already evicted")
     cluster = decision.cluster
+    if not decision.legacy and (command.grace_ms > 0 or (command.respect_budgets and cluster.budgets)):
+        yield from drain_waiting(decision, cluster, node, command.grace_ms, command.respect_budgets)
+        return
     if decision.legacy:
         if drop_reserved_node(decision, cluster, node, "node_drained"):
             yield  # the queue retries the released nodes first
@@ -156,10 +162,11 @@ def recover_node(decision: Decision, command: RecoverNode) -> None:
     decision.then(RETRY_QUEUE, decision.cluster, (command.node_id,), None)
 
 
-def update_node(decision: Decision, command: UpdateNode) -> None:
+def update_node(decision: Decision, command: UpdateNode) -> Task:
     """New labels and/or taints; the running pods that do not tolerate a ``NoExecute`` taint are evicted and
-    re-placed, the reservation on the node (whose holder may no longer fit it) is released, and the queue retries
-    the node. O(p log p) for the node's p pods."""
+    re-placed (through the disruption budgets, like a drain, if the cluster has any), the reservation on the node
+    (whose holder may no longer fit it) is released, and the queue retries the node. O(p log p) for the node's p
+    pods, and a budget check per leaving pod."""
     check_update_node(command)
     node = _node(decision, command.node_id)
     cluster = decision.cluster
@@ -168,7 +175,9 @@ def update_node(decision: Decision, command: UpdateNode) -> None:
     taints = tuple(command.taints) if command.taints is not None else node.taints
     leaving = evict_untolerating(cluster, node, taints)
     decision.emit(NodeUpdated(command.node_id, labels, taints, len(leaving)))  # first: nothing untolerating lands
-    if leaving:
+    if leaving and cluster.budgets and not decision.legacy:
+        yield from evict_through_budgets(decision, cluster, node, leaving)
+    elif leaving:
         evicted, gang_ids = evict_all(decision, cluster, node, "node_updated", leaving)
         decision.then(AFTER_EVICTION, cluster, evicted, gang_ids, "node_updated")
     drop_reserved_node(decision, cluster, node, "node_updated")

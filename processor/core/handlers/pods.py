@@ -20,8 +20,11 @@ from processor.core.resources import PodShape
 from processor.core.state import GANG_RUNNING, ClusterState, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
 from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, STRICT_FIFO, Release, SubmitPod
-from schemas.events import PodQueued, PodReleased, PodScheduled, PodSpec, QueueReason
+from schemas.events import PodQueued, PodReleased, PodRetryScheduled, PodScheduled, PodSpec, QueueReason
 from schemas.validation import check_release, check_submit_pod
+
+FAILED = "failed"
+"""The Release reason of a failure: the one that uses a retry (SubmitPod.retry)."""
 
 # ---------------------------------------------------------------- commands
 
@@ -56,7 +59,9 @@ def submit_pod(decision: Decision, command: SubmitPod) -> None:
         tuple(dict.fromkeys(command.depends_on)) if command.depends_on else (),
         command.dependency,
         command.preemption if decision.may_preempt else PREEMPT_NEVER,
-        command.movable,
+        command.movable and not command.gpu_memory_mib,  # Defragment does not model GPU memory: never moved
+        command.gpu_memory_mib,
+        command.retry,
     )
     if spec.depends_on and hold_new_job(decision, cluster, spec):
         return
@@ -77,10 +82,20 @@ def release(decision: Decision, command: Release) -> None:
 
 
 def release_pod(decision: Decision, cluster: ClusterState, pod: Pod, reason: str) -> None:
-    """Release one pod (a gang member too); end its gang if it was the last; then its dependants and the queue."""
+    """Release one pod (a gang member too); end its gang if it was the last; then its dependants and the queue.
+
+    A running pod (not a gang member) that *failed* with retries left is not released: it stops, and its retry
+    is due after its backoff (``PodRetryScheduled``, a timer); its dependants wait for its final outcome."""
     node_id = pod.node_id
     pod_id = pod.spec.pod_id
     gang_id = pod.spec.gang_id
+    retry = pod.spec.retry
+    if reason == FAILED and retry is not None and node_id is not None and gang_id is None:
+        attempt = pod.attempt + 1
+        if attempt <= retry.max_retries:
+            decision.emit(PodRetryScheduled(pod_id, attempt, decision.now + retry.delay_ms(attempt)), cluster.name)
+            decision.then(RETRY_QUEUE, cluster, (node_id,), None)
+            return
     decision.emit(PodReleased(pod_id, node_id, reason), cluster.name)
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
@@ -121,7 +136,8 @@ def place(
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     quota_reasons: tuple[QueueReason, ...] = ()
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    # A pod that asks for GPU memory waits rather than preempting: the victim searches do not model GPU memory.
+    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt and not spec.gpu_memory_mib
     if cluster.quotas_on:
         admission = quotas.admit(cluster, spec, usable)
         if admission.shortfalls:

@@ -40,8 +40,29 @@ class Policy(ABC):
         """Choose a node among feasible ``groups`` (non-empty) and the GPUs on it."""
 
     def choose_gpus(self, node: Node, shape: PodShape) -> tuple[GpuShare, ...]:
-        """Default GPU choice: lowest-index free GPUs; a share goes to the best-fitting GPU."""
-        return default_gpus(node.gpu_free, shape)
+        """Default GPU choice: lowest-index free GPUs; a share goes to the best-fitting GPU (with the memory the
+        pod asks for, on a node that declares GPU memory)."""
+        return with_gpu_memory(node, shape, default_gpus(node.gpu_free, shape))
+
+
+def with_gpu_memory(node: Node, shape: PodShape, gpus: tuple[GpuShare, ...]) -> tuple[GpuShare, ...]:
+    """A policy's choice of GPUs, kept if each has the pod's GPU memory free; else the same rule among the GPUs
+    that have it (whole: the lowest-index idle ones; a share: best fit on milli, then the lowest index). O(G).
+
+    The capacity index admitted the node only if such GPUs exist (``gpu_memory_fits``)."""
+    need = shape.gpu_memory_mib
+    memory = node.gpu_memory_free
+    if not need or not memory or all(memory[share.index] >= need for share in gpus):
+        return gpus
+    free = node.gpu_free
+    if shape.gpu_milli >= GPU_MILLI:
+        chosen = [i for i, milli in enumerate(free) if milli >= GPU_MILLI and memory[i] >= need][: shape.num_gpu]
+        return tuple(GpuShare(i, GPU_MILLI) for i in chosen)
+    best = -1
+    for i, milli in enumerate(free):
+        if milli >= shape.gpu_milli and memory[i] >= need and (best < 0 or milli < free[best]):
+            best = i
+    return (GpuShare(best, shape.gpu_milli),) if best >= 0 else ()
 
 
 def default_gpus(gpu_free: list[int], shape: PodShape) -> tuple[GpuShare, ...]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from processor.core.fragmentation import Fragmenter
-from processor.core.policies.base import Choice, Policy
+from processor.core.policies.base import Choice, Policy, with_gpu_memory
 from processor.core.resources import PodShape, Signature
 from schemas.commands import GPU_MILLI
 from schemas.events import GpuShare
@@ -135,7 +135,8 @@ class FragmentationPolicy(Policy):
 
     def place(self, cluster: ClusterState, shape: PodShape, groups: list[NodeGroup]) -> Choice:
         node_id, key, used = self.best(cluster, shape, groups)
-        return Choice(node_id, gpus_on_node(cluster.nodes[node_id].gpu_free, shape, used), self.report(key))
+        node = cluster.nodes[node_id]
+        return Choice(node_id, with_gpu_memory(node, shape, gpus_on_node(node.gpu_free, shape, used)), self.report(key))
 
     def best(
         self,

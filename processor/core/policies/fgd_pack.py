@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from processor.core.fragmentation import BalancedFragmenter
 from processor.core.model_supply import model_risk_of_demand
-from processor.core.policies.base import Choice
+from processor.core.policies.base import Choice, with_gpu_memory
 from processor.core.policies.fgd import MEMO_LIMIT, FragMemo, FragmentationPolicy, gpus_on_node, options_for, sigmoid
 from processor.core.resources import PodShape, Signature
 from processor.core.share_prices import SharePrices, share_prices
@@ -180,7 +180,8 @@ class FgdPack(FragmentationPolicy):
             del scores["share_reduced_cost"]
         if risks:
             scores["model_risk"] = best_risk
-        return Choice(node_id, gpus_on_node(cluster.nodes[node_id].gpu_free, shape, best_used), scores)
+        node = cluster.nodes[node_id]
+        return Choice(node_id, with_gpu_memory(node, shape, gpus_on_node(node.gpu_free, shape, best_used)), scores)
 
     def measure(self, memo: FragMemo, signature: Signature, shape: PodShape, prices: SharePrices | None) -> Measured:
         """Every way of placing the shape on a node of this signature, before any model risk:

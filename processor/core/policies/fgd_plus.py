@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from processor.core.policies.base import Choice
+from processor.core.policies.base import Choice, with_gpu_memory
 from processor.core.policies.fgd import FragMemo, FragmentationPolicy, gpus_on_node, options_for, sigmoid
 from processor.core.resources import PodShape, Signature
 from schemas.fragmentation import Typical
@@ -120,7 +120,8 @@ class FgdPlus(FragmentationPolicy):
         node_id, key, used = self.best(cluster, shape, groups, rank)
         scores = self.report((key[0], *key[2:]))
         scores["model_scarce"] = key[1]
-        return Choice(node_id, gpus_on_node(cluster.nodes[node_id].gpu_free, shape, used), scores)
+        node = cluster.nodes[node_id]
+        return Choice(node_id, with_gpu_memory(node, shape, gpus_on_node(node.gpu_free, shape, used)), scores)
 
     def report(self, key: tuple[float, ...]) -> dict[str, float]:
         return {"fgd_score": -key[0], "gpu_milli_left": key[1], "cpu_milli_left": key[2], "frag_growth_milli": key[3]}

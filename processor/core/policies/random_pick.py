@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, NamedTuple
 
-from processor.core.policies.base import Choice, Policy
+from processor.core.policies.base import Choice, Policy, with_gpu_memory
 from processor.core.resources import PodShape
 from schemas.commands import GPU_MILLI
 from schemas.events import GpuShare
@@ -65,6 +65,7 @@ class RandomPick(Policy):
         if shape.num_gpu and shape.gpu_milli < GPU_MILLI:
             fitting = [i for i, free in enumerate(node.gpu_free) if free >= shape.gpu_milli]
             gpus: tuple[GpuShare, ...] = (GpuShare(fitting[(number >> 32) % len(fitting)], shape.gpu_milli),)
+            gpus = with_gpu_memory(node, shape, gpus)
         else:
             gpus = self.choose_gpus(node, shape)
         return Choice(node_id, gpus, {"feasible_nodes": float(total)})

@@ -50,6 +50,8 @@ def test_defaults_from_the_schema_fill_omitted_fields() -> None:
             "dependency": "afterok",
             "preemption": "lower_priority",
             "movable": False,
+            "gpu_memory_mib": 0,
+            "retry": None,
         },
     )
 
@@ -157,12 +159,14 @@ def test_bytes_become_base64_in_json() -> None:
 
 def test_command_types_lists_the_payload_union() -> None:
     """The command types a JSON line may use are the branches of the schema's payload union."""
-    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 18
-    assert command_types()[12:18] == [
+    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 20
+    assert command_types()[12:20] == [
         "SetQuota",
         "RemoveQuota",
         "Defragment",
         "ResumeCluster",
         "RecoverNode",
         "UpdateNode",
+        "SetDisruptionBudget",
+        "RemoveDisruptionBudget",
     ]

@@ -268,8 +268,8 @@ def _s(text: str) -> bytes:
 ENVELOPE = HEADER + _s("id") + _s("c") + b"\x02" + _s("")  # command_id, cluster, issued_at 1, source
 # reserve_after_ms null, queue_order "", default_quota null, max_clock_jump_ms null
 SET_POLICY_TAIL = b"\x00\x00\x00\x00"
-# time_limit_ms null, depends_on [], dependency, preemption, movable false
-SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00"
+# time_limit_ms null, depends_on [], dependency, preemption, movable false, gpu_memory_mib 0, retry null
+SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00\x00\x00"
 
 
 @pytest.mark.parametrize(
@@ -283,8 +283,8 @@ SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00"
             _s("id") + _s("c") + b"\xfe" + b"\xff" * 8 + b"\x03" + _s("") + b"\x10" + _s("p") + SET_POLICY_TAIL,
             STRICT[0],
         ),
-        # -1: fastavro's last branch, UpdateNode {node_id "r", labels null, taints null}
-        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r") + b"\x00\x00", STRICT[1]),
+        # -1: fastavro's last branch, RemoveDisruptionBudget {budget_id "r"}
+        (_s("id") + _s("c") + b"\x02" + _s("") + b"\x01" + _s("r"), STRICT[1]),
     ],
     ids=["11-byte-varint", "varint-above-64-bits", "negative-union-index"],
 )
