@@ -206,12 +206,15 @@ def encode_events(events: list[Event]) -> list[bytes]:
 
 
 def clusters_hash(state: PartitionState) -> str:
-    """A hash of the allocation state only (clusters, nodes, pods): no position, clock, timers or idempotency window."""
+    """A hash of the allocation state only (clusters, nodes, pods): no position, clock, timers, idempotency window
+    or count of commands a halted cluster refused (bookkeeping that a refusal moves, like the window)."""
     snapshot = to_snapshot(state)
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
         cluster.reserve_checks = ()
         cluster.clock = 0  # each cluster's clock, as the partition's above
+        if cluster.halted is not None:
+            cluster.halted.refused = 0
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()
 
 

@@ -23,6 +23,7 @@ per command (issue #20) made them end.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -278,24 +279,36 @@ def test_recorded_random_streams_that_crash_main_fold_to_the_end(seed: int) -> N
 
 
 HANG_SEED = 201  # mixed_stream(SeededChooser(201), 300): main never ends command x-268 (MarkNodeFailed)
-HANG_GUARD_SECONDS = 20  # the whole check takes ~1 s on the pure-Python hot path
+HANG_GUARD_CPU_SECONDS = 60  # the whole check takes ~1-2 s of CPU on the pure-Python hot path
+HANG_GUARD_WALL_SECONDS = 900  # only so a stopped child cannot hold the suite: the CPU limit is the guard
 
 
 def test_the_recorded_random_stream_that_hangs_main_folds_to_the_end() -> None:
     """The stream whose MarkNodeFailed chased a lender's pod and a borrower's pod round the queue forever (no
     deep recursion: ~330 events/s until killed) folds to the end within the bounds. In a child process, the
-    pure-Python hot path, killed after :data:`HANG_GUARD_SECONDS` (a hang guard, not a speed figure): a
-    compiled loop never sees the alarm of :func:`wall_clock_limit`."""
+    pure-Python hot path, killed once it has used :data:`HANG_GUARD_CPU_SECONDS` of CPU (a hang guard, not a
+    speed figure, and CPU time, so a loaded machine does not trip it): a compiled loop never sees the alarm of
+    :func:`wall_clock_limit`."""
     script = (
         "from tests.adversarial import SeededChooser, mixed_stream\n"
         "from tests.property.test_fold_terminates import check_terminates\n"
         f"check_terminates(mixed_stream(SeededChooser({HANG_SEED}), 300))\n"
     )
     env = {**os.environ, "GPUFOLD_PURE_PYTHON": "1"}
+
+    def cpu_limit() -> None:  # in the child: SIGXCPU (death) after the limit
+        resource.setrlimit(resource.RLIMIT_CPU, (HANG_GUARD_CPU_SECONDS, HANG_GUARD_CPU_SECONDS + 5))
+
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_WALL_SECONDS,
+        preexec_fn=cpu_limit,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit {done.returncode} (-24: over the CPU limit, a hang): {done.stderr[-3000:]}"
 
 
 TERMINATION_SETTINGS = settings(

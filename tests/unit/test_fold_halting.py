@@ -203,8 +203,7 @@ def test_resume_without_the_log_is_refused_and_changes_nothing(faulty_submit: No
     (event,) = decide(state, Command("resume", "a", 10 * MINUTE, ResumeCluster()))
     assert event.payload.code == RejectionCode.CLUSTER_HALTED and "reads its command log" in event.payload.message
     halt = state.clusters["a"].halted
-    assert halt is not None and halt.refused == 1
-    halt.refused = 0
+    assert halt is not None and halt.refused == 1  # the only thing it moves (with the idempotency window)
     assert clusters_hash(state) == before
 
 
