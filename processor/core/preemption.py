@@ -109,7 +109,7 @@ def _pending_to_file(
     nodes = cluster.nodes
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
     for key, bucket in cluster.preemptible.pending.items():
-        level = key.level
+        _model, _node_class, _cpu, _memory, _gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
         if level >= priority or (beat is not None and level > beat[0]):
             continue
         if not could_hold(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
@@ -143,16 +143,17 @@ def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
     higher level is worse than the bound in the first term already."""
     if not shape.num_gpu:
         return (1, 0)
+    _model, _node_class, _cpu, _memory, gpu_count, _level, gpu_pods, largest, total_free, most_free = key
     whole = shape.gpu_milli >= GPU_MILLI
     if whole:
-        deficit = shape.num_gpu * GPU_MILLI - min(key.gpu_free, shape.num_gpu * key.most_free)
+        deficit = shape.num_gpu * GPU_MILLI - min(total_free, shape.num_gpu * most_free)
     else:
-        deficit = shape.gpu_milli - key.most_free
-    if deficit <= 0 or key.largest_gpu_milli <= 0:
+        deficit = shape.gpu_milli - most_free
+    if deficit <= 0 or largest <= 0:
         return (1, 0)
-    fewest = -(-deficit // key.largest_gpu_milli)
-    if whole and shape.num_gpu == key.gpu_count and key.gpu_pods > fewest:
-        fewest = key.gpu_pods
+    fewest = -(-deficit // largest)
+    if whole and shape.num_gpu == gpu_count and gpu_pods > fewest:
+        fewest = gpu_pods
     return (fewest, deficit)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
@@ -75,19 +75,12 @@ Content = dict[ClassKey, tuple[list[str], dict[Stream, list[tuple[int, str]]]]]
 """The classes as plain data: class -> (node ids, stream -> (minus latest start, node id) entries)."""
 
 
-class PendingKey(NamedTuple):
-    """A pending bucket: what its nodes have alike, from which a search bounds them all at once."""
-
-    gpu_model: str
-    node_class: NodeClass
-    cpu_milli: int
-    memory_mib: int
-    gpu_count: int
-    level: int  # the lowest priority level held on the node
-    gpu_pods: int  # at that level: the pods holding GPUs
-    largest_gpu_milli: int  # at that level: the most GPU milli one pod holds
-    gpu_free: int  # GPU milli free on the node
-    most_free: int  # the most GPU milli free on one GPU
+PendingKey = tuple[str, NodeClass, int, int, int, int, int, int, int, int]
+"""A pending bucket: what its nodes have alike, from which a search bounds them all at once. In order: GPU model,
+node class, CPU, memory, GPU count; ``level``, the lowest priority level held; at that level ``gpu_pods``, the pods
+holding GPUs, and ``largest_gpu_milli``, the most GPU milli one pod holds; ``gpu_free``, the GPU milli free on the
+node, and ``most_free``, the most free on one GPU. A plain tuple, built for every node pended (a NamedTuple costs
+~1 µs more each, BENCHMARKS.md "Named state: as fast"); its readers unpack it into these names."""
 
 
 def pending_entry(node: Node) -> tuple[PendingKey, int]:
@@ -113,9 +106,7 @@ def pending_entry(node: Node) -> tuple[PendingKey, int]:
         free,
         max(gpu_free) if free else 0,
     )
-    # tuple.__new__ takes the fields in order: ~1 µs more than the plain tuple this was (pure Python), where
-    # PendingKey(...) calls a Python __new__, ~2.5 µs more (BENCHMARKS.md, "Named state: as fast")
-    return tuple.__new__(PendingKey, key), held.latest_start
+    return key, held.latest_start
 
 
 class PendingBucket:
