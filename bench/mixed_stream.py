@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor.core.fold import decide  # noqa: E402
-from processor.core.state import PartitionState  # noqa: E402
-from tests import adversarial  # noqa: E402
+from processor.core.fold import decide
+from processor.core.state import PartitionState
+from tests import adversarial
 
 
 def attacked(commands: list) -> int:
