@@ -33,7 +33,7 @@ SNAPSHOT = "gpufold.Snapshot"
 DEAD_LETTER = "gpufold.DeadLetter"
 
 _SCHEMA_FILES = ("types.avsc", "command.avsc", "event.avsc", "snapshot.avsc", "dead_letter.avsc")
-HISTORY = ("v1", "v2")
+HISTORY = ("v1", "v2", "v3")
 """Released versions of the contract, kept under ``schemas/history/<version>/`` (the same five files).
 
 Every record a released version wrote still decodes: the registry knows each

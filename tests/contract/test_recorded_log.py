@@ -35,7 +35,12 @@ from schemas.snapshots import encode_snapshot
 from schemas.topics import Topics
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
-LOGS = {"contract-v1.jsonl": "v1", "contract-v1-policies.jsonl": "v1", "contract-v2.jsonl": "v2"}
+LOGS = {
+    "contract-v1.jsonl": "v1",
+    "contract-v1-policies.jsonl": "v1",
+    "contract-v2.jsonl": "v2",
+    "contract-v3.jsonl": "v3",
+}
 FREE_TEXT = ("message", "error")  # wording may improve; the decision may not change
 
 
