@@ -19,7 +19,8 @@ from schemas.commands import GPU_MILLI
 from schemas.events import GpuShare
 
 SCAN = 64  # candidate destination GPUs looked at per share moved
-DEPTH = 1  # ejections per chain (depth 2 measured: no better within noise, 2-4x the CPU)
+DEPTH = 1  # ejections per chain: 0 or 1 (a chain of two moves; depth 2 measured: no better within noise, 2-4x
+# the CPU, and it would need the fold's only recursion)
 EJECT_SCAN = 16  # gaps just too small for a share looked at for a chain of two moves
 
 GpuKey = tuple[str, int]  # (node id, GPU index)
@@ -113,8 +114,8 @@ class Gaps:
         return None
 
     def place(self, pod: Pod, model: str, exclude: set[GpuKey], why: str, depth: int = 1) -> bool:
-        """Put a share into an existing gap: best fit, or else into a gap a smaller movable share
-        leaves by moving first into a gap of its own (a chain of two moves). On trial; True if placed."""
+        """Put a share into an existing gap: best fit, or else (``depth`` 1) into a gap a smaller movable share
+        leaves by moving first into a best-fit gap of its own (a chain of two moves). On trial; True if placed."""
         spot = self.best_fit(pod, model, exclude)
         if spot is not None:
             self.move(pod, spot, why)
@@ -139,8 +140,10 @@ class Gaps:
                     return False  # out of work: the attempt fails and is undone
                 mark = len(self.journal)
                 making = f"{why}: leaving room on GPU {index} of {node_id} for a larger share"
-                if not self.place(other, model, exclude | {key}, making, depth - 1):
+                landing = self.best_fit(other, model, exclude | {key})  # one ejection: no recursion
+                if landing is None:
                     continue
+                self.move(other, landing, making)
                 if self.room(pod, key):
                     self.move(pod, key, why)
                     return True

@@ -16,6 +16,7 @@ every GPU of a pool drawn, set drawn and packing step is a look of the allowance
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from processor.core.defrag_gaps import Gaps, GpuKey, record
 from processor.core.defrag_moves import Allowance, Trial, admits, less_fragmented
@@ -213,37 +214,58 @@ def _pack(
                 return False
         return True
 
-    def search(i: int) -> bool:
+    def search() -> bool:
+        """Depth first without recursion: one frame per pod placed so far (its options, the next to try, the
+        rooms tried, the GPU it holds now)."""
         nonlocal steps
-        steps += 1
-        if steps > limit:  # the measure: steps left, down by one per call
-            return False
-        if i == len(order):
-            return resources_fit()
-        if left[i] > sum(room.values()):
-            return False
-        pod = order[i]
-        need, pod_id = pod.spec.gpu_milli, pod.spec.pod_id
-        here = at[pod_id]
-        options = sorted(
-            (key for key in bins if room[key] >= need and admitted[(pod_id, key[0])]),
-            key=lambda key: (key != here, room[key], key),
-        )
-        tried: list[int] = []
-        for key in options:  # the search's measure: steps left (``limit``), down by one per call
-            if key != here and room[key] in tried:
-                continue  # the same room elsewhere: the same packings of what is left
-            if key != here:
-                tried.append(room[key])
-            room[key] -= need
-            chosen[pod_id] = key
-            if search(i + 1):
-                return True
-            room[key] += need
-            del chosen[pod_id]
-        return False
+        frames: list[list[Any]] = []
+        i = 0
+        while True:  # the measure: steps left (``limit``), down by one per level entered
+            steps += 1
+            if steps > limit:
+                return False
+            if i == len(order):
+                if resources_fit():
+                    return True
+            elif left[i] <= sum(room.values()):
+                pod_id, need = order[i].spec.pod_id, order[i].spec.gpu_milli
+                here = at[pod_id]
+                options = sorted(
+                    (key for key in bins if room[key] >= need and admitted[(pod_id, key[0])]),
+                    key=lambda key: (key != here, room[key], key),
+                )
+                frames.append([options, 0, [], None])
+            # The deepest frame takes its next option (a GPU with a room not tried yet), or is done.
+            while frames:  # measure: frames left, each popped once its options are spent
+                level = len(frames) - 1
+                frame = frames[level]
+                pod_id, need = order[level].spec.pod_id, order[level].spec.gpu_milli
+                here = at[pod_id]
+                if frame[3] is not None:  # undo the option tried last
+                    room[frame[3]] += need
+                    del chosen[pod_id]
+                    frame[3] = None
+                options, k, tried = frame[0], frame[1], frame[2]
+                while k < len(options):  # measure: options left
+                    key = options[k]
+                    k += 1
+                    if key != here and room[key] in tried:
+                        continue  # the same room elsewhere: the same packings of what is left
+                    if key != here:
+                        tried.append(room[key])
+                    room[key] -= need
+                    chosen[pod_id] = key
+                    frame[3] = key
+                    break
+                frame[1] = k
+                if frame[3] is not None:
+                    i = level + 1
+                    break
+                frames.pop()
+            else:
+                return False
 
-    found = search(0)
+    found = search()
     return (dict(chosen) if found else None), min(steps, limit)
 
 
