@@ -63,7 +63,6 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
             (),
             AFTER_OK,
             preemption,
-            preemptible=command.preemptible,
         )
         for member in command.members
     )
@@ -82,7 +81,6 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         now,
         arrival,
         preemption,
-        preemptible=command.preemptible,
     )
 
 

@@ -1,8 +1,8 @@
 """How ``contract-v3.jsonl`` was recorded: a log of contract v3 (v2's commands on a clock per cluster, with
 ``CLOCK_JUMP``, forced and partition-wide ``Tick``s, ``max_clock_jump_ms``, ``ResumeCluster`` of a cluster
 that is not halted, Kueue's rule in a cohort, evictions placed back in queue order; and the commands and
-fields v3 added: tenant preemption policies, non-preemptible pods, GPU memory, retries with backoff,
-disruption budgets and graceful drains, RecoverNode and UpdateNode), kept to replay after every later change.
+fields v3 added: GPU memory, retries with backoff, disruption budgets and graceful drains, RecoverNode and
+UpdateNode), kept to replay after every later change.
 
 Run once, on the commit that released contract v3 (``schemas/history/v3``); **never rerun it to make a
 test pass**. The file format is that of ``record.py`` (contract v1's recorder).
@@ -29,7 +29,6 @@ from schemas.commands import (
     DrainNode,
     GangMember,
     MarkNodeFailed,
-    QuotaPreemption,
     RecoverNode,
     Release,
     ReleaseGang,
@@ -74,16 +73,7 @@ def stream(seed: int = 20261203, count: int = 1500) -> list[bytes | None]:
             put(cluster, AddNode(f"{cluster}-n{i}", 64_000, 262_144, "H100", 8,
                                  {"topology/rack": f"r{i // 4}", "topology/block": "b0"},
                                  gpu_memory_mib=81_920))  # fmt: skip
-        put(
-            cluster,
-            SetQuota(
-                "acme",
-                "shared",
-                {"*": 24},
-                weight=2,
-                preemption=QuotaPreemption("lower_priority", "lower_priority", "lower_priority", 5),
-            ),
-        )
+        put(cluster, SetQuota("acme", "shared", {"*": 24}, weight=2))
         put(cluster, SetDisruptionBudget(f"{cluster}-b", tenant="globex", max_unavailable=2))
         put(cluster, SetQuota("globex", "shared", {"*": 16}, borrowing_limit_gpus=8))
     jobs: dict[str, list[str]] = {c: [] for c in clusters}
@@ -96,10 +86,9 @@ def stream(seed: int = 20261203, count: int = 1500) -> list[bytes | None]:
             put(cluster, SubmitPod(job, rng.choice(tenants), rng.choice((0, 0, 5, 10)), rng.choice((1, 1, 2, 4, 8)),
                                    1000, 4000, 16384, time_limit_ms=rng.choice((None, 60_000, 600_000)),
                                    depends_on=deps, dependency=rng.choice(("afterok", "afterany")),
-                                   preemption=rng.choice(("lower_priority", "never", "lower_or_newer_equal_priority")),
+                                   preemption=rng.choice(("lower_priority", "never")),
                                    movable=rng.random() < 0.3, gpu_memory_mib=rng.choice((0, 0, 20_000, 60_000)),
-                                   retry=Retry(2, 60_000) if rng.random() < 0.2 else None,
-                                   preemptible=rng.random() < 0.9))  # fmt: skip
+                                   retry=Retry(2, 60_000) if rng.random() < 0.2 else None))  # fmt: skip
             jobs[cluster].append(job)
         elif roll < 0.42:
             put(cluster, SubmitPod(job, rng.choice(tenants), 0, 1, rng.choice((250, 500)), 1000, 4096, movable=True))
