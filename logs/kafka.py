@@ -5,7 +5,6 @@ One consumer in a group (``isolation.level=read_committed``, no auto-commit, sta
 (``transactional.id`` = ``<group>.<instance id>``, stable across restarts) writes each batch's events,
 dead letters and snapshots *and* the consumer offsets in one transaction. A restarted instance fences
 its zombie and aborts the zombie's open transaction in ``init_transactions``.
-
 Errors: :mod:`logs.kafka_errors` (``KafkaLogError``, ``BatchAborted``, ``KafkaFatalError``).
 
 Transient errors (coordinator moving or loading, broker restarting) are retried with backoff. A transaction's
@@ -588,17 +587,15 @@ class KafkaCommandLog:
             self._renew_producer()
         else:
             log.warning("aborting transaction: %s", described)
-            self._abort()
+            self._abort(time.time() - ran)
         self._rewind(positions)
         raise BatchAborted(f"transaction aborted ({described}); partitions {sorted(positions)} rewound")
 
-    def _abort(self) -> None:
-        """Abort the open transaction; if that fails, a new producer with the same transactional.id aborts it.
-
-        After a broker restart the producer may keep its requests queued for a coordinator handle that never
-        reconnects (abort_transaction times out again and again), so one failed attempt is enough: the new
-        producer finds the coordinator afresh, and its init_transactions aborts whatever was left open.
-        """
+    def _abort(self, began: float | None = None) -> None:
+        """Abort the open transaction; if that fails (after a broker restart its requests may wait for a coordinator
+        that never reconnects), a new producer with the same transactional.id finds the coordinator afresh and aborts
+        it. A fence once the transaction ``began`` a transaction timeout ago is the coordinator's, not a newer
+        instance's (:meth:`_transaction_failed`): a new producer too."""
         producer = self._require(self._producer)
         timeout = self.transaction_timeout
         try:
@@ -609,6 +606,11 @@ class KafkaCommandLog:
             self._renew_producer(stalled=True)
         except KafkaException as exc:
             error = kafka_error(exc)
+            late = began is not None and time.time() - began >= self.transaction_timeout
+            if error is not None and is_fenced(error) and late and self._renewals < MAX_RENEWALS:
+                log.warning("fenced while aborting, past the transaction timeout: a new producer")
+                self._renew_producer()
+                return
             if error is None or is_fenced(error):
                 raise KafkaFatalError(self._scrub(f"abort_transaction failed: {exc}")) from None
             log.warning("abort_transaction failed (%s): starting a new producer", self._scrub(describe(error)))
