@@ -136,7 +136,7 @@ def _add_health_routes(app: FastAPI, health: HealthMonitor | None, replica: Repl
         summary="503 with the reasons when the fold is dead, a cluster is halted, or anything is behind",
         responses={503: {"description": "unhealthy: `problems` says why"}},
     )
-    async def healthz() -> JSONResponse:
+    def healthz() -> JSONResponse:  # not async: a 503 is re-sampled (see HealthMonitor.report), off the event loop
         answer = report()
         body = {"ok": answer["ok"], "problems": answer["problems"]}
         return JSONResponse(status_code=200 if answer["ok"] else 503, content=body)
@@ -145,7 +145,7 @@ def _add_health_routes(app: FastAPI, health: HealthMonitor | None, replica: Repl
         "/v1/status",
         summary="health in full: the fold's, the replica's and the projection's position and lag per partition",
     )
-    async def status() -> dict[str, Any]:
+    def status() -> dict[str, Any]:
         return report()
 
     @app.get("/metrics", summary="Prometheus metrics (cluster gauges from the live replica)", response_class=Response)

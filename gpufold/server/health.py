@@ -10,7 +10,9 @@ in seconds: how long ago the oldest command not yet folded reached the log.
 ``/healthz`` answers 503 with the reasons when the fold or the replica is dead, a cluster is halted
 (``ClusterHalted``: its fold raised; the others go on), the database is unreachable, or the fold,
 the replica or the projection is behind by more than ``max_lag_seconds``; ``/v1/status`` gives
-everything. Both read the monitor's last sample: they never take a lock or wait for a database.
+everything. Both read the monitor's last sample, with one exception: an unhealthy sample older than
+``SAMPLE_SECONDS`` is taken again on the request (one at a time), so a 503 is never stale, even when
+the sampling thread is slow (a busy machine) and what was wrong (a replica restoring) has cleared.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class HealthMonitor:
         self._replica = {}  # type: dict[int, LagClock]
         self._missing: dict[str, float] = {}  # cluster -> since when the replica has it and the projection not
         self._report: dict[str, Any] = {"ok": False, "problems": ["starting"], "checked_at": None}
+        self._sampled = float("-inf")  # self._clock() when self._report was taken
+        self._checking = threading.Lock()  # one sample at a time, the thread's or a request's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -109,8 +113,17 @@ class HealthMonitor:
                 log.exception("health check")
 
     def report(self) -> dict[str, Any]:
-        """The last sample's report (no lock, no I/O)."""
-        return self._report
+        """The last sample's report; an unhealthy one older than a sample period is taken again now (unless a
+        sample is being taken: then the last one), so a 503 always says what is wrong now."""
+        report = self._report
+        if report["ok"] or self._clock() - self._sampled <= SAMPLE_SECONDS:
+            return report
+        if not self._checking.acquire(blocking=False):
+            return report
+        try:
+            return self._check()
+        finally:
+            self._checking.release()
 
     def warning(self) -> str | None:
         """One line for a write's answer when something is wrong (the command is in the log all the same)."""
@@ -121,6 +134,10 @@ class HealthMonitor:
 
     def check(self) -> dict[str, Any]:
         """Sample everything now and publish the report."""
+        with self._checking:
+            return self._check()
+
+    def _check(self) -> dict[str, Any]:
         now = self._clock()
         problems: list[str] = []
         report: dict[str, Any] = {"checked_at": time.time(), "max_lag_seconds": self.max_lag}
@@ -146,6 +163,7 @@ class HealthMonitor:
         report["problems"] = problems
         report["warnings"] = self._warnings(replica_part)
         self._report = report
+        self._sampled = now
         return report
 
     def _warnings(self, replica_part: dict[str, Any]) -> list[str]:

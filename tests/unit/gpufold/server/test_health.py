@@ -176,3 +176,32 @@ def test_healthz_never_waits_for_the_replica_lock(served: Served) -> None:
     finally:
         release.set()
         thread.join()
+
+
+class Restoring:
+    """A replica stand-in that is restoring until told it is ready."""
+
+    halted: dict[str, dict[str, object]] = {}
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def status(self) -> dict[str, object]:
+        return {"offsets": {"0": 4}, "head": {"0": 4}, "ready": self.ready, "alive": True}
+
+
+def test_a_503_is_sampled_again_when_the_sample_is_old_so_it_is_never_stale() -> None:
+    """The CI failure this answers: serve's replica was ready, yet /healthz still said "restoring" because the
+    sampling thread had not run since (a busy machine). An unhealthy sample older than a sample period is taken
+    again on the request; a healthy one, or a fresh one, is served as it is."""
+    clock = Clock()
+    replica = Restoring()
+    health = HealthMonitor(Probes(replica=replica), clock=clock)
+    assert health.check()["problems"] == ["the replica is restoring the state (not ready yet)"]
+    replica.ready = True
+    assert not health.report()["ok"], "a sample younger than a period is served as it is"
+    clock.now += 0.6
+    assert health.report()["ok"] and health.report()["problems"] == []
+    replica.ready = False
+    clock.now += 60
+    assert health.report()["ok"], "a healthy sample is not re-taken on the request (the thread does that)"
