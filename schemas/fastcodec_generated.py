@@ -36,6 +36,7 @@ from schemas.commands import (
     GangMember as _c_GangMember,
     MarkNodeFailed as _c_MarkNodeFailed,
     Quota as _c_Quota,
+    QuotaPreemption as _c_QuotaPreemption,
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
@@ -100,7 +101,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
+_k1 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -127,146 +128,155 @@ _k147 = b'\x02'
 _k149 = b'\x00'
 _k152 = b'\x02'
 _k154 = b'\x00'
-_k157 = b'\x00'
-_k160 = b'\x02'
-_k162 = b'\x00'
-_k164 = b'\x12'
-_k184 = b'\x02'
-_k186 = b'\x00'
-_k189 = b'\x02'
-_k192 = b'\x00'
-_k195 = b'\x02'
-_k198 = b'\x00'
-_k201 = b'\x02'
-_k203 = b'\x00'
-_k206 = b'\x02'
+_k158 = b'\x02'
+_k167 = b'\x02'
+_k169 = b'\x00'
+_k171 = b'\x00'
+_k173 = b'\x00'
+_k176 = b'\x02'
+_k178 = b'\x00'
+_k180 = b'\x12'
+_k200 = b'\x02'
+_k202 = b'\x00'
+_k205 = b'\x02'
 _k208 = b'\x00'
-_k215 = b'\x14'
-_k221 = b'\x16'
-_k223 = b'\x18'
-_k228 = b'\x02'
-_k231 = b'\x00'
-_k235 = b'\x02'
-_k237 = b'\x00'
-_k240 = b'\x02'
-_k242 = b'\x00'
-_k245 = b'\x02'
+_k211 = b'\x02'
+_k214 = b'\x00'
+_k217 = b'\x02'
+_k219 = b'\x00'
+_k222 = b'\x02'
+_k224 = b'\x00'
+_k231 = b'\x14'
+_k237 = b'\x16'
+_k239 = b'\x18'
+_k244 = b'\x02'
 _k247 = b'\x00'
-_k250 = b'\x02'
-_k252 = b'\x00'
-_k255 = b'\x1a'
-_k259 = b'\x1c'
-_k263 = b'\x02'
-_k266 = b'\x00'
-_k268 = b'\x1e'
-_k272 = b' '
-_k276 = b'"'
-_k281 = b'\x02'
-_k283 = b'\x00'
-_k286 = b'\x02'
-_k288 = b'\x00'
-_k290 = b'$'
-_k295 = b'\x02'
-_k298 = b'\x00'
-_k301 = b'\x02'
-_k304 = b'\x00'
-_k307 = b'\x02'
-_k309 = b'\x00'
-_k312 = b'&'
-_k316 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
-_k577 = b'\xc3\x014\xc8:L\xe2S3^'
-_k588 = b'\x00'
-_k600 = b'\x02'
-_k604 = b'\x04'
-_k608 = b'\x06'
-_k612 = b'\x08'
-_k617 = b'\n'
-_k624 = b'\x0c'
-_k642 = b'\x02'
-_k645 = b'\x00'
-_k648 = b'\x02'
-_k650 = b'\x00'
-_k659 = b'\x00'
-_k670 = b'\x0e'
-_k688 = b'\x02'
-_k691 = b'\x00'
-_k694 = b'\x02'
-_k696 = b'\x00'
-_k705 = b'\x00'
-_k721 = b'\x10'
-_k729 = b'\x12'
-_k734 = b'\x02'
-_k737 = b'\x00'
-_k741 = b'\x14'
-_k748 = b'\x02'
-_k750 = b'\x00'
-_k755 = b'\x02'
-_k757 = b'\x00'
-_k759 = b'\x16'
-_k769 = b'\x18'
-_k798 = b'\x02'
-_k801 = b'\x00'
-_k804 = b'\x02'
-_k806 = b'\x00'
-_k815 = b'\x00'
-_k819 = b'\x02'
-_k822 = b'\x00'
-_k825 = b'\x02'
-_k828 = b'\x00'
-_k831 = b'\x02'
-_k833 = b'\x00'
-_k836 = b'\x02'
-_k838 = b'\x00'
-_k848 = b'\x1a'
-_k869 = b'\x02'
-_k872 = b'\x00'
-_k875 = b'\x02'
-_k878 = b'\x00'
-_k881 = b'\x02'
-_k883 = b'\x00'
-_k886 = b'\x02'
-_k888 = b'\x00'
-_k898 = b'\x02'
-_k901 = b'\x00'
-_k904 = b'\x02'
-_k907 = b'\x00'
-_k912 = b'\x1c'
-_k919 = b'\x1e'
-_k925 = b' '
-_k933 = b'\x02'
-_k936 = b'\x00'
-_k938 = b'"'
-_k946 = b'\x02'
-_k948 = b'\x00'
-_k952 = b'$'
-_k963 = b'&'
-_k973 = b'('
-_k976 = b'*'
-_k988 = b','
-_k991 = b'\x02'
-_k994 = b'\x00'
-_k997 = b'\x00'
-_k1000 = b'\x00'
-_k1004 = b'.'
-_k1018 = b'0'
-_k1024 = b'\x02'
-_k1027 = b'\x00'
-_k1031 = b'2'
-_k1041 = b'4'
-_k1051 = b'6'
-_k1055 = b'8'
-_k1062 = b':'
-_k1068 = b'<'
-_k1073 = b'\x02'
-_k1076 = b'\x00'
-_k1079 = b'\x02'
-_k1082 = b'\x00'
-_k1085 = b'\x02'
-_k1087 = b'\x00'
-_k1090 = b'>'
-_k1094 = b'@'
-_k1105 = b'B'
-_k1112 = b'\xc3\x014\xc8:L\xe2S3^'
+_k251 = b'\x02'
+_k253 = b'\x00'
+_k256 = b'\x02'
+_k258 = b'\x00'
+_k261 = b'\x02'
+_k263 = b'\x00'
+_k266 = b'\x02'
+_k268 = b'\x00'
+_k272 = b'\x00'
+_k274 = b'\x1a'
+_k278 = b'\x1c'
+_k282 = b'\x02'
+_k285 = b'\x00'
+_k287 = b'\x1e'
+_k291 = b' '
+_k295 = b'"'
+_k300 = b'\x02'
+_k302 = b'\x00'
+_k305 = b'\x02'
+_k307 = b'\x00'
+_k309 = b'$'
+_k314 = b'\x02'
+_k317 = b'\x00'
+_k320 = b'\x02'
+_k323 = b'\x00'
+_k326 = b'\x02'
+_k328 = b'\x00'
+_k331 = b'&'
+_k335 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
+_k606 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
+_k617 = b'\x00'
+_k629 = b'\x02'
+_k633 = b'\x04'
+_k637 = b'\x06'
+_k641 = b'\x08'
+_k646 = b'\n'
+_k653 = b'\x0c'
+_k671 = b'\x02'
+_k674 = b'\x00'
+_k677 = b'\x02'
+_k679 = b'\x00'
+_k688 = b'\x00'
+_k699 = b'\x0e'
+_k717 = b'\x02'
+_k720 = b'\x00'
+_k723 = b'\x02'
+_k725 = b'\x00'
+_k734 = b'\x00'
+_k750 = b'\x10'
+_k758 = b'\x12'
+_k763 = b'\x02'
+_k766 = b'\x00'
+_k770 = b'\x14'
+_k777 = b'\x02'
+_k779 = b'\x00'
+_k784 = b'\x02'
+_k786 = b'\x00'
+_k788 = b'\x16'
+_k798 = b'\x18'
+_k827 = b'\x02'
+_k830 = b'\x00'
+_k833 = b'\x02'
+_k835 = b'\x00'
+_k844 = b'\x00'
+_k848 = b'\x02'
+_k851 = b'\x00'
+_k854 = b'\x02'
+_k857 = b'\x00'
+_k860 = b'\x02'
+_k862 = b'\x00'
+_k865 = b'\x02'
+_k867 = b'\x00'
+_k877 = b'\x02'
+_k879 = b'\x00'
+_k882 = b'\x1a'
+_k903 = b'\x02'
+_k906 = b'\x00'
+_k909 = b'\x02'
+_k912 = b'\x00'
+_k915 = b'\x02'
+_k917 = b'\x00'
+_k920 = b'\x02'
+_k922 = b'\x00'
+_k932 = b'\x02'
+_k934 = b'\x00'
+_k937 = b'\x02'
+_k940 = b'\x00'
+_k943 = b'\x02'
+_k946 = b'\x00'
+_k951 = b'\x1c'
+_k958 = b'\x1e'
+_k965 = b' '
+_k973 = b'\x02'
+_k976 = b'\x00'
+_k978 = b'"'
+_k986 = b'\x02'
+_k988 = b'\x00'
+_k992 = b'$'
+_k1003 = b'&'
+_k1013 = b'('
+_k1016 = b'*'
+_k1028 = b','
+_k1031 = b'\x02'
+_k1034 = b'\x00'
+_k1037 = b'\x00'
+_k1040 = b'\x00'
+_k1044 = b'.'
+_k1058 = b'0'
+_k1064 = b'\x02'
+_k1067 = b'\x00'
+_k1071 = b'2'
+_k1081 = b'4'
+_k1091 = b'6'
+_k1095 = b'8'
+_k1102 = b':'
+_k1108 = b'<'
+_k1113 = b'\x02'
+_k1116 = b'\x00'
+_k1119 = b'\x02'
+_k1122 = b'\x00'
+_k1125 = b'\x02'
+_k1127 = b'\x00'
+_k1130 = b'>'
+_k1134 = b'@'
+_k1145 = b'B'
+_k1152 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -375,7 +385,7 @@ def _e_Retry97(o: _c_Retry) -> bytes:
 
 
 def _e_SubmitPod58(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)),))
+    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)), (b"\x01" if o.preemptible else b"\x00"),))
 
 
 def _e_Release104(o: _c_Release) -> bytes:
@@ -414,142 +424,199 @@ def _u152(v: Any) -> bytes:
     return b"".join((_k152, (_P[n154] if 0 <= (n154 := v) < 8192 else _long(n154)),))
 
 
+def _u167(v: Any) -> bytes:
+    return b"".join((_k167, (_P[n169] if 0 <= (n169 := v) < 8192 else _long(n169)),))
+
+
+def _e_QuotaPreemption157(o: _c_QuotaPreemption) -> bytes:
+    return b"".join((_k158, (_P[n161] if (n161 := len(s160 := o.within_tenant.encode())) < 8192 else _long(n161)), s160, (_P[n163] if (n163 := len(s162 := o.reclaim_within_cohort.encode())) < 8192 else _long(n163)), s162, (_P[n165] if (n165 := len(s164 := o.borrow_within_cohort.encode())) < 8192 else _long(n165)), s164, (_k169 if (u166 := o.borrow_max_victim_priority) is None else _u167(u166)),))
+
+
 def _e_Quota122(o: _c_Quota) -> bytes:
-    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)),))
+    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)), (_k171 if (u157 := o.preemption) is None else _k170[type(u157)](u157)),))
 
 
-def _u160(v: Any) -> bytes:
-    return b"".join((_k160, (_P[n162] if 0 <= (n162 := v) < 8192 else _long(n162)),))
+def _u176(v: Any) -> bytes:
+    return b"".join((_k176, (_P[n178] if 0 <= (n178 := v) < 8192 else _long(n178)),))
 
 
 def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k157 if (u122 := o.default_quota) is None else _k156[type(u122)](u122)), (_k162 if (u159 := o.max_clock_jump_ms) is None else _u160(u159)),))
+    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
 
 
-def _b172(a: Any) -> bytes:
+def _b188(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n175] if (n175 := len(s174 := x.pod_id.encode())) < 8192 else _long(n175)), s174, (_P[n176] if 0 <= (n176 := x.num_gpu) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.gpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.cpu_milli) < 8192 else _long(n178)), (_P[n179] if 0 <= (n179 := x.memory_mib) < 8192 else _long(n179)), (_b71(a180) if (a180 := x.gpu_models) else b"\x00"), (_b21(a181) if (a181 := x.node_selector) else b"\x00"), (_b76(a182) if (a182 := x.tolerations) else b"\x00"),)
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u184(v: Any) -> bytes:
-    return b"".join((_k184, (_P[n186] if 0 <= (n186 := v) < 8192 else _long(n186)),))
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
 
 
-def _u189(v: Any) -> bytes:
-    return b"".join((_k189, (_P[n192] if (n192 := len(s191 := v.encode())) < 8192 else _long(n192)), s191,))
+def _u205(v: Any) -> bytes:
+    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
 
 
-def _u195(v: Any) -> bytes:
-    return b"".join((_k195, (_P[n198] if (n198 := len(s197 := v.encode())) < 8192 else _long(n198)), s197,))
+def _u211(v: Any) -> bytes:
+    return b"".join((_k211, (_P[n214] if (n214 := len(s213 := v.encode())) < 8192 else _long(n214)), s213,))
 
 
-def _u201(v: Any) -> bytes:
-    return b"".join((_k201, (_P[n203] if 0 <= (n203 := v) < 8192 else _long(n203)),))
+def _u217(v: Any) -> bytes:
+    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
 
 
-def _u206(v: Any) -> bytes:
-    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
+def _u222(v: Any) -> bytes:
+    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
 
 
-def _e_SubmitGang163(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213,))
+def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _e_ReleaseGang214(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k215, (_P[n218] if (n218 := len(s217 := o.gang_id.encode())) < 8192 else _long(n218)), s217, (_P[n220] if (n220 := len(s219 := o.reason.encode())) < 8192 else _long(n220)), s219,))
+def _e_ReleaseGang230(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k231, (_P[n234] if (n234 := len(s233 := o.gang_id.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.reason.encode())) < 8192 else _long(n236)), s235,))
 
 
-def _e_Tick220(o: _c_Tick) -> bytes:
-    return b"".join((_k221, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick236(o: _c_Tick) -> bytes:
+    return b"".join((_k237, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u228(v: Any) -> bytes:
-    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := v.encode())) < 8192 else _long(n231)), s230,))
+def _u244(v: Any) -> bytes:
+    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := v.encode())) < 8192 else _long(n247)), s246,))
 
 
-def _u235(v: Any) -> bytes:
-    return b"".join((_k235, (_P[n237] if 0 <= (n237 := v) < 8192 else _long(n237)),))
+def _u251(v: Any) -> bytes:
+    return b"".join((_k251, (_P[n253] if 0 <= (n253 := v) < 8192 else _long(n253)),))
 
 
-def _u240(v: Any) -> bytes:
-    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
+def _u256(v: Any) -> bytes:
+    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
 
 
-def _u245(v: Any) -> bytes:
-    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
+def _u261(v: Any) -> bytes:
+    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
 
 
-def _u250(v: Any) -> bytes:
-    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
+def _u266(v: Any) -> bytes:
+    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
 
 
-def _e_SetQuota222(o: _c_SetQuota) -> bytes:
-    return b"".join((_k223, (_P[n226] if (n226 := len(s225 := o.tenant.encode())) < 8192 else _long(n226)), s225, (_k231 if (u227 := o.cohort) is None else _u228(u227)), (_b132(a233) if (a233 := o.nominal_gpus) else b"\x00"), (_k237 if (u234 := o.nominal_cpu_milli) is None else _u235(u234)), (_k242 if (u239 := o.nominal_memory_mib) is None else _u240(u239)), (_k247 if (u244 := o.borrowing_limit_gpus) is None else _u245(u244)), (_k252 if (u249 := o.lending_limit_gpus) is None else _u250(u249)), (_P[n254] if 0 <= (n254 := o.weight) < 8192 else _long(n254)),))
+def _e_SetQuota238(o: _c_SetQuota) -> bytes:
+    return b"".join((_k239, (_P[n242] if (n242 := len(s241 := o.tenant.encode())) < 8192 else _long(n242)), s241, (_k247 if (u243 := o.cohort) is None else _u244(u243)), (_b132(a249) if (a249 := o.nominal_gpus) else b"\x00"), (_k253 if (u250 := o.nominal_cpu_milli) is None else _u251(u250)), (_k258 if (u255 := o.nominal_memory_mib) is None else _u256(u255)), (_k263 if (u260 := o.borrowing_limit_gpus) is None else _u261(u260)), (_k268 if (u265 := o.lending_limit_gpus) is None else _u266(u265)), (_P[n270] if 0 <= (n270 := o.weight) < 8192 else _long(n270)), (_k272 if (u271 := o.preemption) is None else _k271[type(u271)](u271)),))
 
 
-def _e_RemoveQuota254(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257,))
+def _e_RemoveQuota273(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k274, (_P[n277] if (n277 := len(s276 := o.tenant.encode())) < 8192 else _long(n277)), s276,))
 
 
-def _u263(v: Any) -> bytes:
-    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := v.encode())) < 8192 else _long(n266)), s265,))
+def _u282(v: Any) -> bytes:
+    return b"".join((_k282, (_P[n285] if (n285 := len(s284 := v.encode())) < 8192 else _long(n285)), s284,))
 
 
-def _e_Defragment258(o: _c_Defragment) -> bytes:
-    return b"".join((_k259, (_P[n261] if 0 <= (n261 := o.max_moves) < 8192 else _long(n261)), (_k266 if (u262 := o.target) is None else _u263(u262)),))
+def _e_Defragment277(o: _c_Defragment) -> bytes:
+    return b"".join((_k278, (_P[n280] if 0 <= (n280 := o.max_moves) < 8192 else _long(n280)), (_k285 if (u281 := o.target) is None else _u282(u281)),))
 
 
-def _e_ResumeCluster267(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k268, (_P[n271] if (n271 := len(s270 := o.reason.encode())) < 8192 else _long(n271)), s270,))
+def _e_ResumeCluster286(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := o.reason.encode())) < 8192 else _long(n290)), s289,))
 
 
-def _e_RecoverNode271(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k272, (_P[n275] if (n275 := len(s274 := o.node_id.encode())) < 8192 else _long(n275)), s274,))
+def _e_RecoverNode290(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k291, (_P[n294] if (n294 := len(s293 := o.node_id.encode())) < 8192 else _long(n294)), s293,))
 
 
-def _u281(v: Any) -> bytes:
-    return b"".join((_k281, (_b21(a283) if (a283 := v) else b"\x00"),))
+def _u300(v: Any) -> bytes:
+    return b"".join((_k300, (_b21(a302) if (a302 := v) else b"\x00"),))
 
 
-def _u286(v: Any) -> bytes:
-    return b"".join((_k286, (_b27(a288) if (a288 := v) else b"\x00"),))
+def _u305(v: Any) -> bytes:
+    return b"".join((_k305, (_b27(a307) if (a307 := v) else b"\x00"),))
 
 
-def _e_UpdateNode275(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.node_id.encode())) < 8192 else _long(n279)), s278, (_k283 if (u280 := o.labels) is None else _u281(u280)), (_k288 if (u285 := o.taints) is None else _u286(u285)),))
+def _e_UpdateNode294(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := o.node_id.encode())) < 8192 else _long(n298)), s297, (_k302 if (u299 := o.labels) is None else _u300(u299)), (_k307 if (u304 := o.taints) is None else _u305(u304)),))
 
 
-def _u295(v: Any) -> bytes:
-    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := v.encode())) < 8192 else _long(n298)), s297,))
+def _u314(v: Any) -> bytes:
+    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := v.encode())) < 8192 else _long(n317)), s316,))
 
 
-def _u301(v: Any) -> bytes:
-    return b"".join((_k301, (_P[n304] if (n304 := len(s303 := v.encode())) < 8192 else _long(n304)), s303,))
+def _u320(v: Any) -> bytes:
+    return b"".join((_k320, (_P[n323] if (n323 := len(s322 := v.encode())) < 8192 else _long(n323)), s322,))
 
 
-def _u307(v: Any) -> bytes:
-    return b"".join((_k307, (_b21(a309) if (a309 := v) else b"\x00"),))
+def _u326(v: Any) -> bytes:
+    return b"".join((_k326, (_b21(a328) if (a328 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget289(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.budget_id.encode())) < 8192 else _long(n293)), s292, (_k298 if (u294 := o.tenant) is None else _u295(u294)), (_k304 if (u300 := o.gang_id) is None else _u301(u300)), (_k309 if (u306 := o.label_selector) is None else _u307(u306)), (_P[n311] if 0 <= (n311 := o.max_unavailable) < 8192 else _long(n311)),))
+def _e_SetDisruptionBudget308(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k309, (_P[n312] if (n312 := len(s311 := o.budget_id.encode())) < 8192 else _long(n312)), s311, (_k317 if (u313 := o.tenant) is None else _u314(u313)), (_k323 if (u319 := o.gang_id) is None else _u320(u319)), (_k328 if (u325 := o.label_selector) is None else _u326(u325)), (_P[n330] if 0 <= (n330 := o.max_unavailable) < 8192 else _long(n330)),))
 
 
-def _e_RemoveDisruptionBudget311(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314,))
+def _e_RemoveDisruptionBudget330(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k331, (_P[n334] if (n334 := len(s333 := o.budget_id.encode())) < 8192 else _long(n334)), s333,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k315[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k334[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint362(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
+    n364 = _ZL[buf[pos]]
+    if n364 < 0:
+        n364, pos = _rlong(buf, pos)
+        if n364 < 0:
+            raise _length_error(n364, end - pos)
+    else:
+        pos += 1
+    q365 = pos + n364
+    if q365 > end:
+        raise _length_error(n364, end - pos)
+    f_key = buf[pos:q365].decode()
+    pos = q365
+    n366 = _ZL[buf[pos]]
+    if n366 < 0:
+        n366, pos = _rlong(buf, pos)
+        if n366 < 0:
+            raise _length_error(n366, end - pos)
+    else:
+        pos += 1
+    q367 = pos + n366
+    if q367 > end:
+        raise _length_error(n366, end - pos)
+    f_value = buf[pos:q367].decode()
+    pos = q367
+    n368 = _ZL[buf[pos]]
+    if n368 < 0:
+        n368, pos = _rlong(buf, pos)
+        if n368 < 0:
+            raise _length_error(n368, end - pos)
+    else:
+        pos += 1
+    q369 = pos + n368
+    if q369 > end:
+        raise _length_error(n368, end - pos)
+    f_effect = buf[pos:q369].decode()
+    pos = q369
+    o = _c_Taint(f_key, f_value, f_effect)
+    return o, pos
+
+
+def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+    f_node_id: str
+    f_gpu_model: str
+    f_gpu_count: int
+    f_cpu_milli: int
+    f_memory_mib: int
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
+    f_gpu_memory_mib: int
     n345 = _ZL[buf[pos]]
     if n345 < 0:
         n345, pos = _rlong(buf, pos)
@@ -560,7 +627,7 @@ def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q346 = pos + n345
     if q346 > end:
         raise _length_error(n345, end - pos)
-    f_key = buf[pos:q346].decode()
+    f_node_id = buf[pos:q346].decode()
     pos = q346
     n347 = _ZL[buf[pos]]
     if n347 < 0:
@@ -572,57 +639,8 @@ def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q348 = pos + n347
     if q348 > end:
         raise _length_error(n347, end - pos)
-    f_value = buf[pos:q348].decode()
+    f_gpu_model = buf[pos:q348].decode()
     pos = q348
-    n349 = _ZL[buf[pos]]
-    if n349 < 0:
-        n349, pos = _rlong(buf, pos)
-        if n349 < 0:
-            raise _length_error(n349, end - pos)
-    else:
-        pos += 1
-    q350 = pos + n349
-    if q350 > end:
-        raise _length_error(n349, end - pos)
-    f_effect = buf[pos:q350].decode()
-    pos = q350
-    o = _c_Taint(f_key, f_value, f_effect)
-    return o, pos
-
-
-def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
-    f_node_id: str
-    f_gpu_model: str
-    f_gpu_count: int
-    f_cpu_milli: int
-    f_memory_mib: int
-    f_labels: dict[str, Any]
-    f_taints: tuple[Any, ...]
-    f_gpu_memory_mib: int
-    n326 = _ZL[buf[pos]]
-    if n326 < 0:
-        n326, pos = _rlong(buf, pos)
-        if n326 < 0:
-            raise _length_error(n326, end - pos)
-    else:
-        pos += 1
-    q327 = pos + n326
-    if q327 > end:
-        raise _length_error(n326, end - pos)
-    f_node_id = buf[pos:q327].decode()
-    pos = q327
-    n328 = _ZL[buf[pos]]
-    if n328 < 0:
-        n328, pos = _rlong(buf, pos)
-        if n328 < 0:
-            raise _length_error(n328, end - pos)
-    else:
-        pos += 1
-    q329 = pos + n328
-    if q329 > end:
-        raise _length_error(n328, end - pos)
-    f_gpu_model = buf[pos:q329].decode()
-    pos = q329
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -669,113 +687,113 @@ def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc330: dict[str, Any] = {}
+        acc349: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c331 = _ZD[b]
+                c350 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c331 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c331 = (z >> 1) ^ -(z & 1)
+                c350 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c331, pos = _rlong(buf, pos)
-            if c331 == 0:
+                c350, pos = _rlong(buf, pos)
+            if c350 == 0:
                 break
-            if c331 < 0:
-                c331 = -c331
+            if c350 < 0:
+                c350 = -c350
                 b = buf[pos]
                 if b < 128:
-                    z334 = _ZD[b]
+                    z353 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z334 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z334 = (z >> 1) ^ -(z & 1)
+                    z353 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z334, pos = _rlong(buf, pos)
-            if c331 * 2 > end - pos:
-                raise _count_error(c331, end - pos)
-            for _ in range(c331):
-                n335 = _ZL[buf[pos]]
-                if n335 < 0:
-                    n335, pos = _rlong(buf, pos)
-                    if n335 < 0:
-                        raise _length_error(n335, end - pos)
+                    z353, pos = _rlong(buf, pos)
+            if c350 * 2 > end - pos:
+                raise _count_error(c350, end - pos)
+            for _ in range(c350):
+                n354 = _ZL[buf[pos]]
+                if n354 < 0:
+                    n354, pos = _rlong(buf, pos)
+                    if n354 < 0:
+                        raise _length_error(n354, end - pos)
                 else:
                     pos += 1
-                q336 = pos + n335
-                if q336 > end:
-                    raise _length_error(n335, end - pos)
-                k333 = buf[pos:q336].decode()
-                pos = q336
-                n337 = _ZL[buf[pos]]
-                if n337 < 0:
-                    n337, pos = _rlong(buf, pos)
-                    if n337 < 0:
-                        raise _length_error(n337, end - pos)
+                q355 = pos + n354
+                if q355 > end:
+                    raise _length_error(n354, end - pos)
+                k352 = buf[pos:q355].decode()
+                pos = q355
+                n356 = _ZL[buf[pos]]
+                if n356 < 0:
+                    n356, pos = _rlong(buf, pos)
+                    if n356 < 0:
+                        raise _length_error(n356, end - pos)
                 else:
                     pos += 1
-                q338 = pos + n337
-                if q338 > end:
-                    raise _length_error(n337, end - pos)
-                x332 = buf[pos:q338].decode()
-                pos = q338
-                acc330[k333] = x332
-        f_labels = acc330
+                q357 = pos + n356
+                if q357 > end:
+                    raise _length_error(n356, end - pos)
+                x351 = buf[pos:q357].decode()
+                pos = q357
+                acc349[k352] = x351
+        f_labels = acc349
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc339: list[Any] = []
+        acc358: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c340 = _ZD[b]
+                c359 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c340 = (z >> 1) ^ -(z & 1)
+                c359 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c340 = (z >> 1) ^ -(z & 1)
+                c359 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c340, pos = _rlong(buf, pos)
-            if c340 == 0:
+                c359, pos = _rlong(buf, pos)
+            if c359 == 0:
                 break
-            if c340 < 0:
-                c340 = -c340
+            if c359 < 0:
+                c359 = -c359
                 b = buf[pos]
                 if b < 128:
-                    z343 = _ZD[b]
+                    z362 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z343 = (z >> 1) ^ -(z & 1)
+                    z362 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z343 = (z >> 1) ^ -(z & 1)
+                    z362 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z343, pos = _rlong(buf, pos)
-            if c340 * 3 > end - pos:
-                raise _count_error(c340, end - pos)
-            for _ in range(c340):
-                x341, pos = _d_Taint343(buf, pos, end)
-                acc339.append(x341)
-        f_taints = tuple(acc339)
+                    z362, pos = _rlong(buf, pos)
+            if c359 * 3 > end - pos:
+                raise _count_error(c359, end - pos)
+            for _ in range(c359):
+                x360, pos = _d_Taint362(buf, pos, end)
+                acc358.append(x360)
+        f_taints = tuple(acc358)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -794,79 +812,79 @@ def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode350(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode369(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
     else:
         pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_node_id = buf[pos:q353].decode()
-    pos = q353
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_node_id = buf[pos:q372].decode()
+    pos = q372
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode353(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode372(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n355 = _ZL[buf[pos]]
-    if n355 < 0:
-        n355, pos = _rlong(buf, pos)
-        if n355 < 0:
-            raise _length_error(n355, end - pos)
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q356 = pos + n355
-    if q356 > end:
-        raise _length_error(n355, end - pos)
-    f_node_id = buf[pos:q356].decode()
-    pos = q356
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_node_id = buf[pos:q375].decode()
+    pos = q375
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n358 = _ZL[buf[pos]]
-    if n358 < 0:
-        n358, pos = _rlong(buf, pos)
-        if n358 < 0:
-            raise _length_error(n358, end - pos)
+    n377 = _ZL[buf[pos]]
+    if n377 < 0:
+        n377, pos = _rlong(buf, pos)
+        if n377 < 0:
+            raise _length_error(n377, end - pos)
     else:
         pos += 1
-    q359 = pos + n358
-    if q359 > end:
-        raise _length_error(n358, end - pos)
-    f_node_id = buf[pos:q359].decode()
-    pos = q359
+    q378 = pos + n377
+    if q378 > end:
+        raise _length_error(n377, end - pos)
+    f_node_id = buf[pos:q378].decode()
+    pos = q378
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode378(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    n380 = _ZL[buf[pos]]
+    if n380 < 0:
+        n380, pos = _rlong(buf, pos)
+        if n380 < 0:
+            raise _length_error(n380, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_node_id = buf[pos:q362].decode()
-    pos = q362
+    q381 = pos + n380
+    if q381 > end:
+        raise _length_error(n380, end - pos)
+    f_node_id = buf[pos:q381].decode()
+    pos = q381
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -887,95 +905,95 @@ def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed362(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed381(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n364 = _ZL[buf[pos]]
-    if n364 < 0:
-        n364, pos = _rlong(buf, pos)
-        if n364 < 0:
-            raise _length_error(n364, end - pos)
+    n383 = _ZL[buf[pos]]
+    if n383 < 0:
+        n383, pos = _rlong(buf, pos)
+        if n383 < 0:
+            raise _length_error(n383, end - pos)
     else:
         pos += 1
-    q365 = pos + n364
-    if q365 > end:
-        raise _length_error(n364, end - pos)
-    f_node_id = buf[pos:q365].decode()
-    pos = q365
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    q384 = pos + n383
+    if q384 > end:
+        raise _length_error(n383, end - pos)
+    f_node_id = buf[pos:q384].decode()
+    pos = q384
+    n385 = _ZL[buf[pos]]
+    if n385 < 0:
+        n385, pos = _rlong(buf, pos)
+        if n385 < 0:
+            raise _length_error(n385, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_reason = buf[pos:q367].decode()
-    pos = q367
+    q386 = pos + n385
+    if q386 > end:
+        raise _length_error(n385, end - pos)
+    f_reason = buf[pos:q386].decode()
+    pos = q386
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration393(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration412(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
+    n414 = _ZL[buf[pos]]
+    if n414 < 0:
+        n414, pos = _rlong(buf, pos)
+        if n414 < 0:
+            raise _length_error(n414, end - pos)
     else:
         pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_key = buf[pos:q396].decode()
-    pos = q396
-    n397 = _ZL[buf[pos]]
-    if n397 < 0:
-        n397, pos = _rlong(buf, pos)
-        if n397 < 0:
-            raise _length_error(n397, end - pos)
+    q415 = pos + n414
+    if q415 > end:
+        raise _length_error(n414, end - pos)
+    f_key = buf[pos:q415].decode()
+    pos = q415
+    n416 = _ZL[buf[pos]]
+    if n416 < 0:
+        n416, pos = _rlong(buf, pos)
+        if n416 < 0:
+            raise _length_error(n416, end - pos)
     else:
         pos += 1
-    q398 = pos + n397
-    if q398 > end:
-        raise _length_error(n397, end - pos)
-    f_operator = buf[pos:q398].decode()
-    pos = q398
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
+    q417 = pos + n416
+    if q417 > end:
+        raise _length_error(n416, end - pos)
+    f_operator = buf[pos:q417].decode()
+    pos = q417
+    n418 = _ZL[buf[pos]]
+    if n418 < 0:
+        n418, pos = _rlong(buf, pos)
+        if n418 < 0:
+            raise _length_error(n418, end - pos)
     else:
         pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_value = buf[pos:q400].decode()
-    pos = q400
-    n401 = _ZL[buf[pos]]
-    if n401 < 0:
-        n401, pos = _rlong(buf, pos)
-        if n401 < 0:
-            raise _length_error(n401, end - pos)
+    q419 = pos + n418
+    if q419 > end:
+        raise _length_error(n418, end - pos)
+    f_value = buf[pos:q419].decode()
+    pos = q419
+    n420 = _ZL[buf[pos]]
+    if n420 < 0:
+        n420, pos = _rlong(buf, pos)
+        if n420 < 0:
+            raise _length_error(n420, end - pos)
     else:
         pos += 1
-    q402 = pos + n401
-    if q402 > end:
-        raise _length_error(n401, end - pos)
-    f_effect = buf[pos:q402].decode()
-    pos = q402
+    q421 = pos + n420
+    if q421 > end:
+        raise _length_error(n420, end - pos)
+    f_effect = buf[pos:q421].decode()
+    pos = q421
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry434(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1025,7 +1043,7 @@ def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1043,30 +1061,31 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    f_preemptible: bool
+    n388 = _ZL[buf[pos]]
+    if n388 < 0:
+        n388, pos = _rlong(buf, pos)
+        if n388 < 0:
+            raise _length_error(n388, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_pod_id = buf[pos:q370].decode()
-    pos = q370
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
+    q389 = pos + n388
+    if q389 > end:
+        raise _length_error(n388, end - pos)
+    f_pod_id = buf[pos:q389].decode()
+    pos = q389
+    n390 = _ZL[buf[pos]]
+    if n390 < 0:
+        n390, pos = _rlong(buf, pos)
+        if n390 < 0:
+            raise _length_error(n390, end - pos)
     else:
         pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_tenant = buf[pos:q372].decode()
-    pos = q372
+    q391 = pos + n390
+    if q391 > end:
+        raise _length_error(n390, end - pos)
+    f_tenant = buf[pos:q391].decode()
+    pos = q391
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1141,185 +1160,185 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc373: list[Any] = []
+        acc392: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c374 = _ZD[b]
+                c393 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c374 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c374 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c374, pos = _rlong(buf, pos)
-            if c374 == 0:
+                c393, pos = _rlong(buf, pos)
+            if c393 == 0:
                 break
-            if c374 < 0:
-                c374 = -c374
+            if c393 < 0:
+                c393 = -c393
                 b = buf[pos]
                 if b < 128:
-                    z377 = _ZD[b]
+                    z396 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z377 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z377 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z377, pos = _rlong(buf, pos)
-            if c374 * 1 > end - pos:
-                raise _count_error(c374, end - pos)
-            for _ in range(c374):
-                n378 = _ZL[buf[pos]]
-                if n378 < 0:
-                    n378, pos = _rlong(buf, pos)
-                    if n378 < 0:
-                        raise _length_error(n378, end - pos)
+                    z396, pos = _rlong(buf, pos)
+            if c393 * 1 > end - pos:
+                raise _count_error(c393, end - pos)
+            for _ in range(c393):
+                n397 = _ZL[buf[pos]]
+                if n397 < 0:
+                    n397, pos = _rlong(buf, pos)
+                    if n397 < 0:
+                        raise _length_error(n397, end - pos)
                 else:
                     pos += 1
-                q379 = pos + n378
-                if q379 > end:
-                    raise _length_error(n378, end - pos)
-                x375 = buf[pos:q379].decode()
-                pos = q379
-                acc373.append(x375)
-        f_gpu_models = tuple(acc373)
+                q398 = pos + n397
+                if q398 > end:
+                    raise _length_error(n397, end - pos)
+                x394 = buf[pos:q398].decode()
+                pos = q398
+                acc392.append(x394)
+        f_gpu_models = tuple(acc392)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc380: dict[str, Any] = {}
+        acc399: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c381 = _ZD[b]
+                c400 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c381 = (z >> 1) ^ -(z & 1)
+                c400 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c381 = (z >> 1) ^ -(z & 1)
+                c400 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c381, pos = _rlong(buf, pos)
-            if c381 == 0:
+                c400, pos = _rlong(buf, pos)
+            if c400 == 0:
                 break
-            if c381 < 0:
-                c381 = -c381
+            if c400 < 0:
+                c400 = -c400
                 b = buf[pos]
                 if b < 128:
-                    z384 = _ZD[b]
+                    z403 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z384 = (z >> 1) ^ -(z & 1)
+                    z403 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z384 = (z >> 1) ^ -(z & 1)
+                    z403 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z384, pos = _rlong(buf, pos)
-            if c381 * 2 > end - pos:
-                raise _count_error(c381, end - pos)
-            for _ in range(c381):
-                n385 = _ZL[buf[pos]]
-                if n385 < 0:
-                    n385, pos = _rlong(buf, pos)
-                    if n385 < 0:
-                        raise _length_error(n385, end - pos)
+                    z403, pos = _rlong(buf, pos)
+            if c400 * 2 > end - pos:
+                raise _count_error(c400, end - pos)
+            for _ in range(c400):
+                n404 = _ZL[buf[pos]]
+                if n404 < 0:
+                    n404, pos = _rlong(buf, pos)
+                    if n404 < 0:
+                        raise _length_error(n404, end - pos)
                 else:
                     pos += 1
-                q386 = pos + n385
-                if q386 > end:
-                    raise _length_error(n385, end - pos)
-                k383 = buf[pos:q386].decode()
-                pos = q386
-                n387 = _ZL[buf[pos]]
-                if n387 < 0:
-                    n387, pos = _rlong(buf, pos)
-                    if n387 < 0:
-                        raise _length_error(n387, end - pos)
+                q405 = pos + n404
+                if q405 > end:
+                    raise _length_error(n404, end - pos)
+                k402 = buf[pos:q405].decode()
+                pos = q405
+                n406 = _ZL[buf[pos]]
+                if n406 < 0:
+                    n406, pos = _rlong(buf, pos)
+                    if n406 < 0:
+                        raise _length_error(n406, end - pos)
                 else:
                     pos += 1
-                q388 = pos + n387
-                if q388 > end:
-                    raise _length_error(n387, end - pos)
-                x382 = buf[pos:q388].decode()
-                pos = q388
-                acc380[k383] = x382
-        f_node_selector = acc380
+                q407 = pos + n406
+                if q407 > end:
+                    raise _length_error(n406, end - pos)
+                x401 = buf[pos:q407].decode()
+                pos = q407
+                acc399[k402] = x401
+        f_node_selector = acc399
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc389: list[Any] = []
+        acc408: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c390 = _ZD[b]
+                c409 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c390 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c390 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c390, pos = _rlong(buf, pos)
-            if c390 == 0:
+                c409, pos = _rlong(buf, pos)
+            if c409 == 0:
                 break
-            if c390 < 0:
-                c390 = -c390
+            if c409 < 0:
+                c409 = -c409
                 b = buf[pos]
                 if b < 128:
-                    z393 = _ZD[b]
+                    z412 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z393, pos = _rlong(buf, pos)
-            if c390 * 4 > end - pos:
-                raise _count_error(c390, end - pos)
-            for _ in range(c390):
-                x391, pos = _d_Toleration393(buf, pos, end)
-                acc389.append(x391)
-        f_tolerations = tuple(acc389)
+                    z412, pos = _rlong(buf, pos)
+            if c409 * 4 > end - pos:
+                raise _count_error(c409, end - pos)
+            for _ in range(c409):
+                x410, pos = _d_Toleration412(buf, pos, end)
+                acc408.append(x410)
+        f_tolerations = tuple(acc408)
     b = buf[pos]
     if b < 128:
-        i403 = _ZD[b]
+        i422 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i403 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i403 = (z >> 1) ^ -(z & 1)
+        i422 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i403, pos = _rlong(buf, pos)
-    if i403 == 0:
+        i422, pos = _rlong(buf, pos)
+    if i422 == 0:
         f_time_limit_ms = None
-    elif i403 == 1:
+    elif i422 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1335,86 +1354,86 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i422, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc404: list[Any] = []
+        acc423: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c405 = _ZD[b]
+                c424 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c405 = (z >> 1) ^ -(z & 1)
+                c424 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c405 = (z >> 1) ^ -(z & 1)
+                c424 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c405, pos = _rlong(buf, pos)
-            if c405 == 0:
+                c424, pos = _rlong(buf, pos)
+            if c424 == 0:
                 break
-            if c405 < 0:
-                c405 = -c405
+            if c424 < 0:
+                c424 = -c424
                 b = buf[pos]
                 if b < 128:
-                    z408 = _ZD[b]
+                    z427 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z427 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z427 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z408, pos = _rlong(buf, pos)
-            if c405 * 1 > end - pos:
-                raise _count_error(c405, end - pos)
-            for _ in range(c405):
-                n409 = _ZL[buf[pos]]
-                if n409 < 0:
-                    n409, pos = _rlong(buf, pos)
-                    if n409 < 0:
-                        raise _length_error(n409, end - pos)
+                    z427, pos = _rlong(buf, pos)
+            if c424 * 1 > end - pos:
+                raise _count_error(c424, end - pos)
+            for _ in range(c424):
+                n428 = _ZL[buf[pos]]
+                if n428 < 0:
+                    n428, pos = _rlong(buf, pos)
+                    if n428 < 0:
+                        raise _length_error(n428, end - pos)
                 else:
                     pos += 1
-                q410 = pos + n409
-                if q410 > end:
-                    raise _length_error(n409, end - pos)
-                x406 = buf[pos:q410].decode()
-                pos = q410
-                acc404.append(x406)
-        f_depends_on = tuple(acc404)
-    n411 = _ZL[buf[pos]]
-    if n411 < 0:
-        n411, pos = _rlong(buf, pos)
-        if n411 < 0:
-            raise _length_error(n411, end - pos)
+                q429 = pos + n428
+                if q429 > end:
+                    raise _length_error(n428, end - pos)
+                x425 = buf[pos:q429].decode()
+                pos = q429
+                acc423.append(x425)
+        f_depends_on = tuple(acc423)
+    n430 = _ZL[buf[pos]]
+    if n430 < 0:
+        n430, pos = _rlong(buf, pos)
+        if n430 < 0:
+            raise _length_error(n430, end - pos)
     else:
         pos += 1
-    q412 = pos + n411
-    if q412 > end:
-        raise _length_error(n411, end - pos)
-    f_dependency = buf[pos:q412].decode()
-    pos = q412
-    n413 = _ZL[buf[pos]]
-    if n413 < 0:
-        n413, pos = _rlong(buf, pos)
-        if n413 < 0:
-            raise _length_error(n413, end - pos)
+    q431 = pos + n430
+    if q431 > end:
+        raise _length_error(n430, end - pos)
+    f_dependency = buf[pos:q431].decode()
+    pos = q431
+    n432 = _ZL[buf[pos]]
+    if n432 < 0:
+        n432, pos = _rlong(buf, pos)
+        if n432 < 0:
+            raise _length_error(n432, end - pos)
     else:
         pos += 1
-    q414 = pos + n413
-    if q414 > end:
-        raise _length_error(n413, end - pos)
-    f_preemption = buf[pos:q414].decode()
-    pos = q414
+    q433 = pos + n432
+    if q433 > end:
+        raise _length_error(n432, end - pos)
+    f_preemption = buf[pos:q433].decode()
+    pos = q433
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1433,60 +1452,140 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i415 = _ZD[b]
+        i434 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i415 = (z >> 1) ^ -(z & 1)
+        i434 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i415 = (z >> 1) ^ -(z & 1)
+        i434 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i415, pos = _rlong(buf, pos)
-    if i415 == 0:
+        i434, pos = _rlong(buf, pos)
+    if i434 == 0:
         f_retry = None
-    elif i415 == 1:
-        f_retry, pos = _d_Retry415(buf, pos, end)
+    elif i434 == 1:
+        f_retry, pos = _d_Retry434(buf, pos, end)
     else:
-        raise _union_error(i415, 2)
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
+        raise _union_error(i434, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release416(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release435(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n418 = _ZL[buf[pos]]
-    if n418 < 0:
-        n418, pos = _rlong(buf, pos)
-        if n418 < 0:
-            raise _length_error(n418, end - pos)
+    n437 = _ZL[buf[pos]]
+    if n437 < 0:
+        n437, pos = _rlong(buf, pos)
+        if n437 < 0:
+            raise _length_error(n437, end - pos)
     else:
         pos += 1
-    q419 = pos + n418
-    if q419 > end:
-        raise _length_error(n418, end - pos)
-    f_pod_id = buf[pos:q419].decode()
-    pos = q419
-    n420 = _ZL[buf[pos]]
-    if n420 < 0:
-        n420, pos = _rlong(buf, pos)
-        if n420 < 0:
-            raise _length_error(n420, end - pos)
+    q438 = pos + n437
+    if q438 > end:
+        raise _length_error(n437, end - pos)
+    f_pod_id = buf[pos:q438].decode()
+    pos = q438
+    n439 = _ZL[buf[pos]]
+    if n439 < 0:
+        n439, pos = _rlong(buf, pos)
+        if n439 < 0:
+            raise _length_error(n439, end - pos)
     else:
         pos += 1
-    q421 = pos + n420
-    if q421 > end:
-        raise _length_error(n420, end - pos)
-    f_reason = buf[pos:q421].decode()
-    pos = q421
+    q440 = pos + n439
+    if q440 > end:
+        raise _length_error(n439, end - pos)
+    f_reason = buf[pos:q440].decode()
+    pos = q440
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_QuotaPreemption463(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+    f_within_tenant: str
+    f_reclaim_within_cohort: str
+    f_borrow_within_cohort: str
+    f_borrow_max_victim_priority: Any
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
+    else:
+        pos += 1
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_within_tenant = buf[pos:q466].decode()
+    pos = q466
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
+    else:
+        pos += 1
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_reclaim_within_cohort = buf[pos:q468].decode()
+    pos = q468
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
+    else:
+        pos += 1
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_borrow_within_cohort = buf[pos:q470].decode()
+    pos = q470
+    b = buf[pos]
+    if b < 128:
+        i471 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i471 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i471 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i471, pos = _rlong(buf, pos)
+    if i471 == 0:
+        f_borrow_max_victim_priority = None
+    elif i471 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrow_max_victim_priority = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrow_max_victim_priority, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i471, 2)
+    o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
+    return o, pos
+
+
+def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1494,123 +1593,124 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
+    f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i430 = _ZD[b]
+        i449 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i430 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i430 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i430, pos = _rlong(buf, pos)
-    if i430 == 0:
+        i449, pos = _rlong(buf, pos)
+    if i449 == 0:
         f_cohort = None
-    elif i430 == 1:
-        n431 = _ZL[buf[pos]]
-        if n431 < 0:
-            n431, pos = _rlong(buf, pos)
-            if n431 < 0:
-                raise _length_error(n431, end - pos)
+    elif i449 == 1:
+        n450 = _ZL[buf[pos]]
+        if n450 < 0:
+            n450, pos = _rlong(buf, pos)
+            if n450 < 0:
+                raise _length_error(n450, end - pos)
         else:
             pos += 1
-        q432 = pos + n431
-        if q432 > end:
-            raise _length_error(n431, end - pos)
-        f_cohort = buf[pos:q432].decode()
-        pos = q432
+        q451 = pos + n450
+        if q451 > end:
+            raise _length_error(n450, end - pos)
+        f_cohort = buf[pos:q451].decode()
+        pos = q451
     else:
-        raise _union_error(i430, 2)
+        raise _union_error(i449, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc433: dict[str, Any] = {}
+        acc452: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c434 = _ZD[b]
+                c453 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c434 = (z >> 1) ^ -(z & 1)
+                c453 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c434 = (z >> 1) ^ -(z & 1)
+                c453 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c434, pos = _rlong(buf, pos)
-            if c434 == 0:
+                c453, pos = _rlong(buf, pos)
+            if c453 == 0:
                 break
-            if c434 < 0:
-                c434 = -c434
+            if c453 < 0:
+                c453 = -c453
                 b = buf[pos]
                 if b < 128:
-                    z437 = _ZD[b]
+                    z456 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z437 = (z >> 1) ^ -(z & 1)
+                    z456 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z437 = (z >> 1) ^ -(z & 1)
+                    z456 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z437, pos = _rlong(buf, pos)
-            if c434 * 2 > end - pos:
-                raise _count_error(c434, end - pos)
-            for _ in range(c434):
-                n438 = _ZL[buf[pos]]
-                if n438 < 0:
-                    n438, pos = _rlong(buf, pos)
-                    if n438 < 0:
-                        raise _length_error(n438, end - pos)
+                    z456, pos = _rlong(buf, pos)
+            if c453 * 2 > end - pos:
+                raise _count_error(c453, end - pos)
+            for _ in range(c453):
+                n457 = _ZL[buf[pos]]
+                if n457 < 0:
+                    n457, pos = _rlong(buf, pos)
+                    if n457 < 0:
+                        raise _length_error(n457, end - pos)
                 else:
                     pos += 1
-                q439 = pos + n438
-                if q439 > end:
-                    raise _length_error(n438, end - pos)
-                k436 = buf[pos:q439].decode()
-                pos = q439
+                q458 = pos + n457
+                if q458 > end:
+                    raise _length_error(n457, end - pos)
+                k455 = buf[pos:q458].decode()
+                pos = q458
                 b = buf[pos]
                 if b < 128:
-                    x435 = _ZD[b]
+                    x454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x435 = (z >> 1) ^ -(z & 1)
+                    x454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x435 = (z >> 1) ^ -(z & 1)
+                    x454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x435, pos = _rlong(buf, pos)
-                acc433[k436] = x435
-        f_nominal_gpus = acc433
+                    x454, pos = _rlong(buf, pos)
+                acc452[k455] = x454
+        f_nominal_gpus = acc452
     b = buf[pos]
     if b < 128:
-        i440 = _ZD[b]
+        i459 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i440 = (z >> 1) ^ -(z & 1)
+        i459 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i440 = (z >> 1) ^ -(z & 1)
+        i459 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i440, pos = _rlong(buf, pos)
-    if i440 == 0:
+        i459, pos = _rlong(buf, pos)
+    if i459 == 0:
         f_nominal_cpu_milli = None
-    elif i440 == 1:
+    elif i459 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1626,24 +1726,24 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i440, 2)
+        raise _union_error(i459, 2)
     b = buf[pos]
     if b < 128:
-        i441 = _ZD[b]
+        i460 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i441 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i441 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i441, pos = _rlong(buf, pos)
-    if i441 == 0:
+        i460, pos = _rlong(buf, pos)
+    if i460 == 0:
         f_nominal_memory_mib = None
-    elif i441 == 1:
+    elif i460 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1659,24 +1759,24 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i441, 2)
+        raise _union_error(i460, 2)
     b = buf[pos]
     if b < 128:
-        i442 = _ZD[b]
+        i461 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i442 = (z >> 1) ^ -(z & 1)
+        i461 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i442 = (z >> 1) ^ -(z & 1)
+        i461 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i442, pos = _rlong(buf, pos)
-    if i442 == 0:
+        i461, pos = _rlong(buf, pos)
+    if i461 == 0:
         f_borrowing_limit_gpus = None
-    elif i442 == 1:
+    elif i461 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1692,24 +1792,24 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i442, 2)
+        raise _union_error(i461, 2)
     b = buf[pos]
     if b < 128:
-        i443 = _ZD[b]
+        i462 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i443 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i443 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i443, pos = _rlong(buf, pos)
-    if i443 == 0:
+        i462, pos = _rlong(buf, pos)
+    if i462 == 0:
         f_lending_limit_gpus = None
-    elif i443 == 1:
+    elif i462 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1725,7 +1825,7 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i443, 2)
+        raise _union_error(i462, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1740,93 +1840,48 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i463 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i463 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i463 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
+        f_preemption = None
+    elif i463 == 1:
+        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
+    else:
+        raise _union_error(i463, 2)
+    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
+    n442 = _ZL[buf[pos]]
+    if n442 < 0:
+        n442, pos = _rlong(buf, pos)
+        if n442 < 0:
+            raise _length_error(n442, end - pos)
     else:
         pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_policy = buf[pos:q424].decode()
-    pos = q424
-    b = buf[pos]
-    if b < 128:
-        i425 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i425 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i425 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i425, pos = _rlong(buf, pos)
-    if i425 == 0:
-        f_reserve_after_ms = None
-    elif i425 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i425, 2)
-    n426 = _ZL[buf[pos]]
-    if n426 < 0:
-        n426, pos = _rlong(buf, pos)
-        if n426 < 0:
-            raise _length_error(n426, end - pos)
-    else:
-        pos += 1
-    q427 = pos + n426
-    if q427 > end:
-        raise _length_error(n426, end - pos)
-    f_queue_order = buf[pos:q427].decode()
-    pos = q427
-    b = buf[pos]
-    if b < 128:
-        i428 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i428 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i428 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i428, pos = _rlong(buf, pos)
-    if i428 == 0:
-        f_default_quota = None
-    elif i428 == 1:
-        f_default_quota, pos = _d_Quota428(buf, pos, end)
-    else:
-        raise _union_error(i428, 2)
+    q443 = pos + n442
+    if q443 > end:
+        raise _length_error(n442, end - pos)
+    f_policy = buf[pos:q443].decode()
+    pos = q443
     b = buf[pos]
     if b < 128:
         i444 = _ZD[b]
@@ -1842,8 +1897,73 @@ def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     else:
         i444, pos = _rlong(buf, pos)
     if i444 == 0:
-        f_max_clock_jump_ms = None
+        f_reserve_after_ms = None
     elif i444 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i444, 2)
+    n445 = _ZL[buf[pos]]
+    if n445 < 0:
+        n445, pos = _rlong(buf, pos)
+        if n445 < 0:
+            raise _length_error(n445, end - pos)
+    else:
+        pos += 1
+    q446 = pos + n445
+    if q446 > end:
+        raise _length_error(n445, end - pos)
+    f_queue_order = buf[pos:q446].decode()
+    pos = q446
+    b = buf[pos]
+    if b < 128:
+        i447 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i447 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i447 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i447, pos = _rlong(buf, pos)
+    if i447 == 0:
+        f_default_quota = None
+    elif i447 == 1:
+        f_default_quota, pos = _d_Quota447(buf, pos, end)
+    else:
+        raise _union_error(i447, 2)
+    b = buf[pos]
+    if b < 128:
+        i472 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i472 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i472 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i472, pos = _rlong(buf, pos)
+    if i472 == 0:
+        f_max_clock_jump_ms = None
+    elif i472 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1859,12 +1979,12 @@ def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i444, 2)
+        raise _union_error(i472, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember482(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1873,18 +1993,18 @@ def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
+    n484 = _ZL[buf[pos]]
+    if n484 < 0:
+        n484, pos = _rlong(buf, pos)
+        if n484 < 0:
+            raise _length_error(n484, end - pos)
     else:
         pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_pod_id = buf[pos:q457].decode()
-    pos = q457
+    q485 = pos + n484
+    if q485 > end:
+        raise _length_error(n484, end - pos)
+    f_pod_id = buf[pos:q485].decode()
+    pos = q485
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1945,173 +2065,173 @@ def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc458: list[Any] = []
+        acc486: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c459 = _ZD[b]
+                c487 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c459 = (z >> 1) ^ -(z & 1)
+                c487 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c459 = (z >> 1) ^ -(z & 1)
+                c487 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c459, pos = _rlong(buf, pos)
-            if c459 == 0:
+                c487, pos = _rlong(buf, pos)
+            if c487 == 0:
                 break
-            if c459 < 0:
-                c459 = -c459
+            if c487 < 0:
+                c487 = -c487
                 b = buf[pos]
                 if b < 128:
-                    z462 = _ZD[b]
+                    z490 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z462 = (z >> 1) ^ -(z & 1)
+                    z490 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z462 = (z >> 1) ^ -(z & 1)
+                    z490 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z462, pos = _rlong(buf, pos)
-            if c459 * 1 > end - pos:
-                raise _count_error(c459, end - pos)
-            for _ in range(c459):
-                n463 = _ZL[buf[pos]]
-                if n463 < 0:
-                    n463, pos = _rlong(buf, pos)
-                    if n463 < 0:
-                        raise _length_error(n463, end - pos)
+                    z490, pos = _rlong(buf, pos)
+            if c487 * 1 > end - pos:
+                raise _count_error(c487, end - pos)
+            for _ in range(c487):
+                n491 = _ZL[buf[pos]]
+                if n491 < 0:
+                    n491, pos = _rlong(buf, pos)
+                    if n491 < 0:
+                        raise _length_error(n491, end - pos)
                 else:
                     pos += 1
-                q464 = pos + n463
-                if q464 > end:
-                    raise _length_error(n463, end - pos)
-                x460 = buf[pos:q464].decode()
-                pos = q464
-                acc458.append(x460)
-        f_gpu_models = tuple(acc458)
+                q492 = pos + n491
+                if q492 > end:
+                    raise _length_error(n491, end - pos)
+                x488 = buf[pos:q492].decode()
+                pos = q492
+                acc486.append(x488)
+        f_gpu_models = tuple(acc486)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc465: dict[str, Any] = {}
+        acc493: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c466 = _ZD[b]
+                c494 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c466 = (z >> 1) ^ -(z & 1)
+                c494 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c466 = (z >> 1) ^ -(z & 1)
+                c494 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c466, pos = _rlong(buf, pos)
-            if c466 == 0:
+                c494, pos = _rlong(buf, pos)
+            if c494 == 0:
                 break
-            if c466 < 0:
-                c466 = -c466
+            if c494 < 0:
+                c494 = -c494
                 b = buf[pos]
                 if b < 128:
-                    z469 = _ZD[b]
+                    z497 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z469 = (z >> 1) ^ -(z & 1)
+                    z497 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z469 = (z >> 1) ^ -(z & 1)
+                    z497 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z469, pos = _rlong(buf, pos)
-            if c466 * 2 > end - pos:
-                raise _count_error(c466, end - pos)
-            for _ in range(c466):
-                n470 = _ZL[buf[pos]]
-                if n470 < 0:
-                    n470, pos = _rlong(buf, pos)
-                    if n470 < 0:
-                        raise _length_error(n470, end - pos)
+                    z497, pos = _rlong(buf, pos)
+            if c494 * 2 > end - pos:
+                raise _count_error(c494, end - pos)
+            for _ in range(c494):
+                n498 = _ZL[buf[pos]]
+                if n498 < 0:
+                    n498, pos = _rlong(buf, pos)
+                    if n498 < 0:
+                        raise _length_error(n498, end - pos)
                 else:
                     pos += 1
-                q471 = pos + n470
-                if q471 > end:
-                    raise _length_error(n470, end - pos)
-                k468 = buf[pos:q471].decode()
-                pos = q471
-                n472 = _ZL[buf[pos]]
-                if n472 < 0:
-                    n472, pos = _rlong(buf, pos)
-                    if n472 < 0:
-                        raise _length_error(n472, end - pos)
+                q499 = pos + n498
+                if q499 > end:
+                    raise _length_error(n498, end - pos)
+                k496 = buf[pos:q499].decode()
+                pos = q499
+                n500 = _ZL[buf[pos]]
+                if n500 < 0:
+                    n500, pos = _rlong(buf, pos)
+                    if n500 < 0:
+                        raise _length_error(n500, end - pos)
                 else:
                     pos += 1
-                q473 = pos + n472
-                if q473 > end:
-                    raise _length_error(n472, end - pos)
-                x467 = buf[pos:q473].decode()
-                pos = q473
-                acc465[k468] = x467
-        f_node_selector = acc465
+                q501 = pos + n500
+                if q501 > end:
+                    raise _length_error(n500, end - pos)
+                x495 = buf[pos:q501].decode()
+                pos = q501
+                acc493[k496] = x495
+        f_node_selector = acc493
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc474: list[Any] = []
+        acc502: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c475 = _ZD[b]
+                c503 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c475 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c475 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c475, pos = _rlong(buf, pos)
-            if c475 == 0:
+                c503, pos = _rlong(buf, pos)
+            if c503 == 0:
                 break
-            if c475 < 0:
-                c475 = -c475
+            if c503 < 0:
+                c503 = -c503
                 b = buf[pos]
                 if b < 128:
-                    z478 = _ZD[b]
+                    z506 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z478 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z478 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z478, pos = _rlong(buf, pos)
-            if c475 * 4 > end - pos:
-                raise _count_error(c475, end - pos)
-            for _ in range(c475):
-                x476, pos = _d_Toleration393(buf, pos, end)
-                acc474.append(x476)
-        f_tolerations = tuple(acc474)
+                    z506, pos = _rlong(buf, pos)
+            if c503 * 4 > end - pos:
+                raise _count_error(c503, end - pos)
+            for _ in range(c503):
+                x504, pos = _d_Toleration412(buf, pos, end)
+                acc502.append(x504)
+        f_tolerations = tuple(acc502)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2124,30 +2244,31 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n446 = _ZL[buf[pos]]
-    if n446 < 0:
-        n446, pos = _rlong(buf, pos)
-        if n446 < 0:
-            raise _length_error(n446, end - pos)
+    f_preemptible: bool
+    n474 = _ZL[buf[pos]]
+    if n474 < 0:
+        n474, pos = _rlong(buf, pos)
+        if n474 < 0:
+            raise _length_error(n474, end - pos)
     else:
         pos += 1
-    q447 = pos + n446
-    if q447 > end:
-        raise _length_error(n446, end - pos)
-    f_gang_id = buf[pos:q447].decode()
-    pos = q447
-    n448 = _ZL[buf[pos]]
-    if n448 < 0:
-        n448, pos = _rlong(buf, pos)
-        if n448 < 0:
-            raise _length_error(n448, end - pos)
+    q475 = pos + n474
+    if q475 > end:
+        raise _length_error(n474, end - pos)
+    f_gang_id = buf[pos:q475].decode()
+    pos = q475
+    n476 = _ZL[buf[pos]]
+    if n476 < 0:
+        n476, pos = _rlong(buf, pos)
+        if n476 < 0:
+            raise _length_error(n476, end - pos)
     else:
         pos += 1
-    q449 = pos + n448
-    if q449 > end:
-        raise _length_error(n448, end - pos)
-    f_tenant = buf[pos:q449].decode()
-    pos = q449
+    q477 = pos + n476
+    if q477 > end:
+        raise _length_error(n476, end - pos)
+    f_tenant = buf[pos:q477].decode()
+    pos = q477
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2166,63 +2287,63 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc450: list[Any] = []
+        acc478: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c451 = _ZD[b]
+                c479 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c451 = (z >> 1) ^ -(z & 1)
+                c479 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c451 = (z >> 1) ^ -(z & 1)
+                c479 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c451, pos = _rlong(buf, pos)
-            if c451 == 0:
+                c479, pos = _rlong(buf, pos)
+            if c479 == 0:
                 break
-            if c451 < 0:
-                c451 = -c451
+            if c479 < 0:
+                c479 = -c479
                 b = buf[pos]
                 if b < 128:
-                    z454 = _ZD[b]
+                    z482 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z454 = (z >> 1) ^ -(z & 1)
+                    z482 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z454 = (z >> 1) ^ -(z & 1)
+                    z482 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z454, pos = _rlong(buf, pos)
-            if c451 * 8 > end - pos:
-                raise _count_error(c451, end - pos)
-            for _ in range(c451):
-                x452, pos = _d_GangMember454(buf, pos, end)
-                acc450.append(x452)
-        f_members = tuple(acc450)
+                    z482, pos = _rlong(buf, pos)
+            if c479 * 8 > end - pos:
+                raise _count_error(c479, end - pos)
+            for _ in range(c479):
+                x480, pos = _d_GangMember482(buf, pos, end)
+                acc478.append(x480)
+        f_members = tuple(acc478)
     b = buf[pos]
     if b < 128:
-        i479 = _ZD[b]
+        i507 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i479 = (z >> 1) ^ -(z & 1)
+        i507 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i479 = (z >> 1) ^ -(z & 1)
+        i507 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i479, pos = _rlong(buf, pos)
-    if i479 == 0:
+        i507, pos = _rlong(buf, pos)
+    if i507 == 0:
         f_min_members = None
-    elif i479 == 1:
+    elif i507 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2238,281 +2359,7 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i479, 2)
-    b = buf[pos]
-    if b < 128:
-        i480 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i480, pos = _rlong(buf, pos)
-    if i480 == 0:
-        f_topology_required = None
-    elif i480 == 1:
-        n481 = _ZL[buf[pos]]
-        if n481 < 0:
-            n481, pos = _rlong(buf, pos)
-            if n481 < 0:
-                raise _length_error(n481, end - pos)
-        else:
-            pos += 1
-        q482 = pos + n481
-        if q482 > end:
-            raise _length_error(n481, end - pos)
-        f_topology_required = buf[pos:q482].decode()
-        pos = q482
-    else:
-        raise _union_error(i480, 2)
-    b = buf[pos]
-    if b < 128:
-        i483 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i483 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i483 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i483, pos = _rlong(buf, pos)
-    if i483 == 0:
-        f_topology_preferred = None
-    elif i483 == 1:
-        n484 = _ZL[buf[pos]]
-        if n484 < 0:
-            n484, pos = _rlong(buf, pos)
-            if n484 < 0:
-                raise _length_error(n484, end - pos)
-        else:
-            pos += 1
-        q485 = pos + n484
-        if q485 > end:
-            raise _length_error(n484, end - pos)
-        f_topology_preferred = buf[pos:q485].decode()
-        pos = q485
-    else:
-        raise _union_error(i483, 2)
-    b = buf[pos]
-    if b < 128:
-        i486 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i486 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i486 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i486, pos = _rlong(buf, pos)
-    if i486 == 0:
-        f_timeout_ms = None
-    elif i486 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i486, 2)
-    b = buf[pos]
-    if b < 128:
-        i487 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
-        f_time_limit_ms = None
-    elif i487 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i487, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc488: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c489 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c489 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c489 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c489, pos = _rlong(buf, pos)
-            if c489 == 0:
-                break
-            if c489 < 0:
-                c489 = -c489
-                b = buf[pos]
-                if b < 128:
-                    z492 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z492 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z492 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z492, pos = _rlong(buf, pos)
-            if c489 * 1 > end - pos:
-                raise _count_error(c489, end - pos)
-            for _ in range(c489):
-                n493 = _ZL[buf[pos]]
-                if n493 < 0:
-                    n493, pos = _rlong(buf, pos)
-                    if n493 < 0:
-                        raise _length_error(n493, end - pos)
-                else:
-                    pos += 1
-                q494 = pos + n493
-                if q494 > end:
-                    raise _length_error(n493, end - pos)
-                x490 = buf[pos:q494].decode()
-                pos = q494
-                acc488.append(x490)
-        f_depends_on = tuple(acc488)
-    n495 = _ZL[buf[pos]]
-    if n495 < 0:
-        n495, pos = _rlong(buf, pos)
-        if n495 < 0:
-            raise _length_error(n495, end - pos)
-    else:
-        pos += 1
-    q496 = pos + n495
-    if q496 > end:
-        raise _length_error(n495, end - pos)
-    f_dependency = buf[pos:q496].decode()
-    pos = q496
-    n497 = _ZL[buf[pos]]
-    if n497 < 0:
-        n497, pos = _rlong(buf, pos)
-        if n497 < 0:
-            raise _length_error(n497, end - pos)
-    else:
-        pos += 1
-    q498 = pos + n497
-    if q498 > end:
-        raise _length_error(n497, end - pos)
-    f_preemption = buf[pos:q498].decode()
-    pos = q498
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
-    return o, pos
-
-
-def _d_ReleaseGang498(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n500 = _ZL[buf[pos]]
-    if n500 < 0:
-        n500, pos = _rlong(buf, pos)
-        if n500 < 0:
-            raise _length_error(n500, end - pos)
-    else:
-        pos += 1
-    q501 = pos + n500
-    if q501 > end:
-        raise _length_error(n500, end - pos)
-    f_gang_id = buf[pos:q501].decode()
-    pos = q501
-    n502 = _ZL[buf[pos]]
-    if n502 < 0:
-        n502, pos = _rlong(buf, pos)
-        if n502 < 0:
-            raise _length_error(n502, end - pos)
-    else:
-        pos += 1
-    q503 = pos + n502
-    if q503 > end:
-        raise _length_error(n502, end - pos)
-    f_reason = buf[pos:q503].decode()
-    pos = q503
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick503(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    n506 = _ZL[buf[pos]]
-    if n506 < 0:
-        n506, pos = _rlong(buf, pos)
-        if n506 < 0:
-            raise _length_error(n506, end - pos)
-    else:
-        pos += 1
-    q507 = pos + n506
-    if q507 > end:
-        raise _length_error(n506, end - pos)
-    f_tenant = buf[pos:q507].decode()
-    pos = q507
+        raise _union_error(i507, 2)
     b = buf[pos]
     if b < 128:
         i508 = _ZD[b]
@@ -2528,7 +2375,7 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i508, pos = _rlong(buf, pos)
     if i508 == 0:
-        f_cohort = None
+        f_topology_required = None
     elif i508 == 1:
         n509 = _ZL[buf[pos]]
         if n509 < 0:
@@ -2540,96 +2387,373 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         q510 = pos + n509
         if q510 > end:
             raise _length_error(n509, end - pos)
-        f_cohort = buf[pos:q510].decode()
+        f_topology_required = buf[pos:q510].decode()
         pos = q510
     else:
         raise _union_error(i508, 2)
+    b = buf[pos]
+    if b < 128:
+        i511 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
+        f_topology_preferred = None
+    elif i511 == 1:
+        n512 = _ZL[buf[pos]]
+        if n512 < 0:
+            n512, pos = _rlong(buf, pos)
+            if n512 < 0:
+                raise _length_error(n512, end - pos)
+        else:
+            pos += 1
+        q513 = pos + n512
+        if q513 > end:
+            raise _length_error(n512, end - pos)
+        f_topology_preferred = buf[pos:q513].decode()
+        pos = q513
+    else:
+        raise _union_error(i511, 2)
+    b = buf[pos]
+    if b < 128:
+        i514 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i514 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i514 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
+        f_timeout_ms = None
+    elif i514 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i514, 2)
+    b = buf[pos]
+    if b < 128:
+        i515 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i515 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i515 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i515, pos = _rlong(buf, pos)
+    if i515 == 0:
+        f_time_limit_ms = None
+    elif i515 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i515, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc516: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c517 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c517 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c517 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c517, pos = _rlong(buf, pos)
+            if c517 == 0:
+                break
+            if c517 < 0:
+                c517 = -c517
+                b = buf[pos]
+                if b < 128:
+                    z520 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z520 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z520 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z520, pos = _rlong(buf, pos)
+            if c517 * 1 > end - pos:
+                raise _count_error(c517, end - pos)
+            for _ in range(c517):
+                n521 = _ZL[buf[pos]]
+                if n521 < 0:
+                    n521, pos = _rlong(buf, pos)
+                    if n521 < 0:
+                        raise _length_error(n521, end - pos)
+                else:
+                    pos += 1
+                q522 = pos + n521
+                if q522 > end:
+                    raise _length_error(n521, end - pos)
+                x518 = buf[pos:q522].decode()
+                pos = q522
+                acc516.append(x518)
+        f_depends_on = tuple(acc516)
+    n523 = _ZL[buf[pos]]
+    if n523 < 0:
+        n523, pos = _rlong(buf, pos)
+        if n523 < 0:
+            raise _length_error(n523, end - pos)
+    else:
+        pos += 1
+    q524 = pos + n523
+    if q524 > end:
+        raise _length_error(n523, end - pos)
+    f_dependency = buf[pos:q524].decode()
+    pos = q524
+    n525 = _ZL[buf[pos]]
+    if n525 < 0:
+        n525, pos = _rlong(buf, pos)
+        if n525 < 0:
+            raise _length_error(n525, end - pos)
+    else:
+        pos += 1
+    q526 = pos + n525
+    if q526 > end:
+        raise _length_error(n525, end - pos)
+    f_preemption = buf[pos:q526].decode()
+    pos = q526
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
+    return o, pos
+
+
+def _d_ReleaseGang526(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n528 = _ZL[buf[pos]]
+    if n528 < 0:
+        n528, pos = _rlong(buf, pos)
+        if n528 < 0:
+            raise _length_error(n528, end - pos)
+    else:
+        pos += 1
+    q529 = pos + n528
+    if q529 > end:
+        raise _length_error(n528, end - pos)
+    f_gang_id = buf[pos:q529].decode()
+    pos = q529
+    n530 = _ZL[buf[pos]]
+    if n530 < 0:
+        n530, pos = _rlong(buf, pos)
+        if n530 < 0:
+            raise _length_error(n530, end - pos)
+    else:
+        pos += 1
+    q531 = pos + n530
+    if q531 > end:
+        raise _length_error(n530, end - pos)
+    f_reason = buf[pos:q531].decode()
+    pos = q531
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick531(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n534 = _ZL[buf[pos]]
+    if n534 < 0:
+        n534, pos = _rlong(buf, pos)
+        if n534 < 0:
+            raise _length_error(n534, end - pos)
+    else:
+        pos += 1
+    q535 = pos + n534
+    if q535 > end:
+        raise _length_error(n534, end - pos)
+    f_tenant = buf[pos:q535].decode()
+    pos = q535
+    b = buf[pos]
+    if b < 128:
+        i536 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i536 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i536 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i536, pos = _rlong(buf, pos)
+    if i536 == 0:
+        f_cohort = None
+    elif i536 == 1:
+        n537 = _ZL[buf[pos]]
+        if n537 < 0:
+            n537, pos = _rlong(buf, pos)
+            if n537 < 0:
+                raise _length_error(n537, end - pos)
+        else:
+            pos += 1
+        q538 = pos + n537
+        if q538 > end:
+            raise _length_error(n537, end - pos)
+        f_cohort = buf[pos:q538].decode()
+        pos = q538
+    else:
+        raise _union_error(i536, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc511: dict[str, Any] = {}
+        acc539: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c512 = _ZD[b]
+                c540 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c512 = (z >> 1) ^ -(z & 1)
+                c540 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c512 = (z >> 1) ^ -(z & 1)
+                c540 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c512, pos = _rlong(buf, pos)
-            if c512 == 0:
+                c540, pos = _rlong(buf, pos)
+            if c540 == 0:
                 break
-            if c512 < 0:
-                c512 = -c512
+            if c540 < 0:
+                c540 = -c540
                 b = buf[pos]
                 if b < 128:
-                    z515 = _ZD[b]
+                    z543 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z515 = (z >> 1) ^ -(z & 1)
+                    z543 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z515 = (z >> 1) ^ -(z & 1)
+                    z543 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z515, pos = _rlong(buf, pos)
-            if c512 * 2 > end - pos:
-                raise _count_error(c512, end - pos)
-            for _ in range(c512):
-                n516 = _ZL[buf[pos]]
-                if n516 < 0:
-                    n516, pos = _rlong(buf, pos)
-                    if n516 < 0:
-                        raise _length_error(n516, end - pos)
+                    z543, pos = _rlong(buf, pos)
+            if c540 * 2 > end - pos:
+                raise _count_error(c540, end - pos)
+            for _ in range(c540):
+                n544 = _ZL[buf[pos]]
+                if n544 < 0:
+                    n544, pos = _rlong(buf, pos)
+                    if n544 < 0:
+                        raise _length_error(n544, end - pos)
                 else:
                     pos += 1
-                q517 = pos + n516
-                if q517 > end:
-                    raise _length_error(n516, end - pos)
-                k514 = buf[pos:q517].decode()
-                pos = q517
+                q545 = pos + n544
+                if q545 > end:
+                    raise _length_error(n544, end - pos)
+                k542 = buf[pos:q545].decode()
+                pos = q545
                 b = buf[pos]
                 if b < 128:
-                    x513 = _ZD[b]
+                    x541 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x513 = (z >> 1) ^ -(z & 1)
+                    x541 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x513 = (z >> 1) ^ -(z & 1)
+                    x541 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x513, pos = _rlong(buf, pos)
-                acc511[k514] = x513
-        f_nominal_gpus = acc511
+                    x541, pos = _rlong(buf, pos)
+                acc539[k542] = x541
+        f_nominal_gpus = acc539
     b = buf[pos]
     if b < 128:
-        i518 = _ZD[b]
+        i546 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i518 = (z >> 1) ^ -(z & 1)
+        i546 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i518 = (z >> 1) ^ -(z & 1)
+        i546 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i518, pos = _rlong(buf, pos)
-    if i518 == 0:
+        i546, pos = _rlong(buf, pos)
+    if i546 == 0:
         f_nominal_cpu_milli = None
-    elif i518 == 1:
+    elif i546 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2645,24 +2769,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i518, 2)
+        raise _union_error(i546, 2)
     b = buf[pos]
     if b < 128:
-        i519 = _ZD[b]
+        i547 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i519 = (z >> 1) ^ -(z & 1)
+        i547 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i519 = (z >> 1) ^ -(z & 1)
+        i547 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i519, pos = _rlong(buf, pos)
-    if i519 == 0:
+        i547, pos = _rlong(buf, pos)
+    if i547 == 0:
         f_nominal_memory_mib = None
-    elif i519 == 1:
+    elif i547 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2678,24 +2802,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i519, 2)
+        raise _union_error(i547, 2)
     b = buf[pos]
     if b < 128:
-        i520 = _ZD[b]
+        i548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i520 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i520 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i520, pos = _rlong(buf, pos)
-    if i520 == 0:
+        i548, pos = _rlong(buf, pos)
+    if i548 == 0:
         f_borrowing_limit_gpus = None
-    elif i520 == 1:
+    elif i548 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2711,24 +2835,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i520, 2)
+        raise _union_error(i548, 2)
     b = buf[pos]
     if b < 128:
-        i521 = _ZD[b]
+        i549 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i521 = (z >> 1) ^ -(z & 1)
+        i549 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i521 = (z >> 1) ^ -(z & 1)
+        i549 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i521, pos = _rlong(buf, pos)
-    if i521 == 0:
+        i549, pos = _rlong(buf, pos)
+    if i549 == 0:
         f_lending_limit_gpus = None
-    elif i521 == 1:
+    elif i549 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2744,7 +2868,7 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i521, 2)
+        raise _union_error(i549, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2759,29 +2883,49 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i550 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i550 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i550 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i550, pos = _rlong(buf, pos)
+    if i550 == 0:
+        f_preemption = None
+    elif i550 == 1:
+        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
+    else:
+        raise _union_error(i550, 2)
+    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota521(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota550(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n523 = _ZL[buf[pos]]
-    if n523 < 0:
-        n523, pos = _rlong(buf, pos)
-        if n523 < 0:
-            raise _length_error(n523, end - pos)
+    n552 = _ZL[buf[pos]]
+    if n552 < 0:
+        n552, pos = _rlong(buf, pos)
+        if n552 < 0:
+            raise _length_error(n552, end - pos)
     else:
         pos += 1
-    q524 = pos + n523
-    if q524 > end:
-        raise _length_error(n523, end - pos)
-    f_tenant = buf[pos:q524].decode()
-    pos = q524
+    q553 = pos + n552
+    if q553 > end:
+        raise _length_error(n552, end - pos)
+    f_tenant = buf[pos:q553].decode()
+    pos = q553
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment553(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2800,410 +2944,410 @@ def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i526 = _ZD[b]
+        i555 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i526 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i526 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i526, pos = _rlong(buf, pos)
-    if i526 == 0:
+        i555, pos = _rlong(buf, pos)
+    if i555 == 0:
         f_target = None
-    elif i526 == 1:
-        n527 = _ZL[buf[pos]]
-        if n527 < 0:
-            n527, pos = _rlong(buf, pos)
-            if n527 < 0:
-                raise _length_error(n527, end - pos)
+    elif i555 == 1:
+        n556 = _ZL[buf[pos]]
+        if n556 < 0:
+            n556, pos = _rlong(buf, pos)
+            if n556 < 0:
+                raise _length_error(n556, end - pos)
         else:
             pos += 1
-        q528 = pos + n527
-        if q528 > end:
-            raise _length_error(n527, end - pos)
-        f_target = buf[pos:q528].decode()
-        pos = q528
+        q557 = pos + n556
+        if q557 > end:
+            raise _length_error(n556, end - pos)
+        f_target = buf[pos:q557].decode()
+        pos = q557
     else:
-        raise _union_error(i526, 2)
+        raise _union_error(i555, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster528(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster557(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
+    n559 = _ZL[buf[pos]]
+    if n559 < 0:
+        n559, pos = _rlong(buf, pos)
+        if n559 < 0:
+            raise _length_error(n559, end - pos)
     else:
         pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_reason = buf[pos:q531].decode()
-    pos = q531
+    q560 = pos + n559
+    if q560 > end:
+        raise _length_error(n559, end - pos)
+    f_reason = buf[pos:q560].decode()
+    pos = q560
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode531(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode560(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n533 = _ZL[buf[pos]]
-    if n533 < 0:
-        n533, pos = _rlong(buf, pos)
-        if n533 < 0:
-            raise _length_error(n533, end - pos)
+    n562 = _ZL[buf[pos]]
+    if n562 < 0:
+        n562, pos = _rlong(buf, pos)
+        if n562 < 0:
+            raise _length_error(n562, end - pos)
     else:
         pos += 1
-    q534 = pos + n533
-    if q534 > end:
-        raise _length_error(n533, end - pos)
-    f_node_id = buf[pos:q534].decode()
-    pos = q534
+    q563 = pos + n562
+    if q563 > end:
+        raise _length_error(n562, end - pos)
+    f_node_id = buf[pos:q563].decode()
+    pos = q563
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode534(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode563(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n536 = _ZL[buf[pos]]
-    if n536 < 0:
-        n536, pos = _rlong(buf, pos)
-        if n536 < 0:
-            raise _length_error(n536, end - pos)
+    n565 = _ZL[buf[pos]]
+    if n565 < 0:
+        n565, pos = _rlong(buf, pos)
+        if n565 < 0:
+            raise _length_error(n565, end - pos)
     else:
         pos += 1
-    q537 = pos + n536
-    if q537 > end:
-        raise _length_error(n536, end - pos)
-    f_node_id = buf[pos:q537].decode()
-    pos = q537
+    q566 = pos + n565
+    if q566 > end:
+        raise _length_error(n565, end - pos)
+    f_node_id = buf[pos:q566].decode()
+    pos = q566
     b = buf[pos]
     if b < 128:
-        i538 = _ZD[b]
+        i567 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i538 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i538 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i538, pos = _rlong(buf, pos)
-    if i538 == 0:
+        i567, pos = _rlong(buf, pos)
+    if i567 == 0:
         f_labels = None
-    elif i538 == 1:
+    elif i567 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc539: dict[str, Any] = {}
+            acc568: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c540 = _ZD[b]
+                    c569 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c540, pos = _rlong(buf, pos)
-                if c540 == 0:
+                    c569, pos = _rlong(buf, pos)
+                if c569 == 0:
                     break
-                if c540 < 0:
-                    c540 = -c540
+                if c569 < 0:
+                    c569 = -c569
                     b = buf[pos]
                     if b < 128:
-                        z543 = _ZD[b]
+                        z572 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z543, pos = _rlong(buf, pos)
-                if c540 * 2 > end - pos:
-                    raise _count_error(c540, end - pos)
-                for _ in range(c540):
-                    n544 = _ZL[buf[pos]]
-                    if n544 < 0:
-                        n544, pos = _rlong(buf, pos)
-                        if n544 < 0:
-                            raise _length_error(n544, end - pos)
+                        z572, pos = _rlong(buf, pos)
+                if c569 * 2 > end - pos:
+                    raise _count_error(c569, end - pos)
+                for _ in range(c569):
+                    n573 = _ZL[buf[pos]]
+                    if n573 < 0:
+                        n573, pos = _rlong(buf, pos)
+                        if n573 < 0:
+                            raise _length_error(n573, end - pos)
                     else:
                         pos += 1
-                    q545 = pos + n544
-                    if q545 > end:
-                        raise _length_error(n544, end - pos)
-                    k542 = buf[pos:q545].decode()
-                    pos = q545
-                    n546 = _ZL[buf[pos]]
-                    if n546 < 0:
-                        n546, pos = _rlong(buf, pos)
-                        if n546 < 0:
-                            raise _length_error(n546, end - pos)
+                    q574 = pos + n573
+                    if q574 > end:
+                        raise _length_error(n573, end - pos)
+                    k571 = buf[pos:q574].decode()
+                    pos = q574
+                    n575 = _ZL[buf[pos]]
+                    if n575 < 0:
+                        n575, pos = _rlong(buf, pos)
+                        if n575 < 0:
+                            raise _length_error(n575, end - pos)
                     else:
                         pos += 1
-                    q547 = pos + n546
-                    if q547 > end:
-                        raise _length_error(n546, end - pos)
-                    x541 = buf[pos:q547].decode()
-                    pos = q547
-                    acc539[k542] = x541
-            f_labels = acc539
+                    q576 = pos + n575
+                    if q576 > end:
+                        raise _length_error(n575, end - pos)
+                    x570 = buf[pos:q576].decode()
+                    pos = q576
+                    acc568[k571] = x570
+            f_labels = acc568
     else:
-        raise _union_error(i538, 2)
+        raise _union_error(i567, 2)
     b = buf[pos]
     if b < 128:
-        i548 = _ZD[b]
+        i577 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i548 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i548 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i548, pos = _rlong(buf, pos)
-    if i548 == 0:
+        i577, pos = _rlong(buf, pos)
+    if i577 == 0:
         f_taints = None
-    elif i548 == 1:
+    elif i577 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc549: list[Any] = []
+            acc578: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c550 = _ZD[b]
+                    c579 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c550 = (z >> 1) ^ -(z & 1)
+                    c579 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c550 = (z >> 1) ^ -(z & 1)
+                    c579 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c550, pos = _rlong(buf, pos)
-                if c550 == 0:
+                    c579, pos = _rlong(buf, pos)
+                if c579 == 0:
                     break
-                if c550 < 0:
-                    c550 = -c550
+                if c579 < 0:
+                    c579 = -c579
                     b = buf[pos]
                     if b < 128:
-                        z553 = _ZD[b]
+                        z582 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z553 = (z >> 1) ^ -(z & 1)
+                        z582 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z553 = (z >> 1) ^ -(z & 1)
+                        z582 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z553, pos = _rlong(buf, pos)
-                if c550 * 3 > end - pos:
-                    raise _count_error(c550, end - pos)
-                for _ in range(c550):
-                    x551, pos = _d_Taint343(buf, pos, end)
-                    acc549.append(x551)
-            f_taints = tuple(acc549)
+                        z582, pos = _rlong(buf, pos)
+                if c579 * 3 > end - pos:
+                    raise _count_error(c579, end - pos)
+                for _ in range(c579):
+                    x580, pos = _d_Taint362(buf, pos, end)
+                    acc578.append(x580)
+            f_taints = tuple(acc578)
     else:
-        raise _union_error(i548, 2)
+        raise _union_error(i577, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget582(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n555 = _ZL[buf[pos]]
-    if n555 < 0:
-        n555, pos = _rlong(buf, pos)
-        if n555 < 0:
-            raise _length_error(n555, end - pos)
+    n584 = _ZL[buf[pos]]
+    if n584 < 0:
+        n584, pos = _rlong(buf, pos)
+        if n584 < 0:
+            raise _length_error(n584, end - pos)
     else:
         pos += 1
-    q556 = pos + n555
-    if q556 > end:
-        raise _length_error(n555, end - pos)
-    f_budget_id = buf[pos:q556].decode()
-    pos = q556
+    q585 = pos + n584
+    if q585 > end:
+        raise _length_error(n584, end - pos)
+    f_budget_id = buf[pos:q585].decode()
+    pos = q585
     b = buf[pos]
     if b < 128:
-        i557 = _ZD[b]
+        i586 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i557 = (z >> 1) ^ -(z & 1)
+        i586 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i557 = (z >> 1) ^ -(z & 1)
+        i586 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i557, pos = _rlong(buf, pos)
-    if i557 == 0:
+        i586, pos = _rlong(buf, pos)
+    if i586 == 0:
         f_tenant = None
-    elif i557 == 1:
-        n558 = _ZL[buf[pos]]
-        if n558 < 0:
-            n558, pos = _rlong(buf, pos)
-            if n558 < 0:
-                raise _length_error(n558, end - pos)
+    elif i586 == 1:
+        n587 = _ZL[buf[pos]]
+        if n587 < 0:
+            n587, pos = _rlong(buf, pos)
+            if n587 < 0:
+                raise _length_error(n587, end - pos)
         else:
             pos += 1
-        q559 = pos + n558
-        if q559 > end:
-            raise _length_error(n558, end - pos)
-        f_tenant = buf[pos:q559].decode()
-        pos = q559
+        q588 = pos + n587
+        if q588 > end:
+            raise _length_error(n587, end - pos)
+        f_tenant = buf[pos:q588].decode()
+        pos = q588
     else:
-        raise _union_error(i557, 2)
+        raise _union_error(i586, 2)
     b = buf[pos]
     if b < 128:
-        i560 = _ZD[b]
+        i589 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i560 = (z >> 1) ^ -(z & 1)
+        i589 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i560 = (z >> 1) ^ -(z & 1)
+        i589 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i560, pos = _rlong(buf, pos)
-    if i560 == 0:
+        i589, pos = _rlong(buf, pos)
+    if i589 == 0:
         f_gang_id = None
-    elif i560 == 1:
-        n561 = _ZL[buf[pos]]
-        if n561 < 0:
-            n561, pos = _rlong(buf, pos)
-            if n561 < 0:
-                raise _length_error(n561, end - pos)
+    elif i589 == 1:
+        n590 = _ZL[buf[pos]]
+        if n590 < 0:
+            n590, pos = _rlong(buf, pos)
+            if n590 < 0:
+                raise _length_error(n590, end - pos)
         else:
             pos += 1
-        q562 = pos + n561
-        if q562 > end:
-            raise _length_error(n561, end - pos)
-        f_gang_id = buf[pos:q562].decode()
-        pos = q562
+        q591 = pos + n590
+        if q591 > end:
+            raise _length_error(n590, end - pos)
+        f_gang_id = buf[pos:q591].decode()
+        pos = q591
     else:
-        raise _union_error(i560, 2)
+        raise _union_error(i589, 2)
     b = buf[pos]
     if b < 128:
-        i563 = _ZD[b]
+        i592 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i563 = (z >> 1) ^ -(z & 1)
+        i592 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i563 = (z >> 1) ^ -(z & 1)
+        i592 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i563, pos = _rlong(buf, pos)
-    if i563 == 0:
+        i592, pos = _rlong(buf, pos)
+    if i592 == 0:
         f_label_selector = None
-    elif i563 == 1:
+    elif i592 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc564: dict[str, Any] = {}
+            acc593: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c565 = _ZD[b]
+                    c594 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c565 = (z >> 1) ^ -(z & 1)
+                    c594 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c565 = (z >> 1) ^ -(z & 1)
+                    c594 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c565, pos = _rlong(buf, pos)
-                if c565 == 0:
+                    c594, pos = _rlong(buf, pos)
+                if c594 == 0:
                     break
-                if c565 < 0:
-                    c565 = -c565
+                if c594 < 0:
+                    c594 = -c594
                     b = buf[pos]
                     if b < 128:
-                        z568 = _ZD[b]
+                        z597 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z568 = (z >> 1) ^ -(z & 1)
+                        z597 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z568 = (z >> 1) ^ -(z & 1)
+                        z597 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z568, pos = _rlong(buf, pos)
-                if c565 * 2 > end - pos:
-                    raise _count_error(c565, end - pos)
-                for _ in range(c565):
-                    n569 = _ZL[buf[pos]]
-                    if n569 < 0:
-                        n569, pos = _rlong(buf, pos)
-                        if n569 < 0:
-                            raise _length_error(n569, end - pos)
+                        z597, pos = _rlong(buf, pos)
+                if c594 * 2 > end - pos:
+                    raise _count_error(c594, end - pos)
+                for _ in range(c594):
+                    n598 = _ZL[buf[pos]]
+                    if n598 < 0:
+                        n598, pos = _rlong(buf, pos)
+                        if n598 < 0:
+                            raise _length_error(n598, end - pos)
                     else:
                         pos += 1
-                    q570 = pos + n569
-                    if q570 > end:
-                        raise _length_error(n569, end - pos)
-                    k567 = buf[pos:q570].decode()
-                    pos = q570
-                    n571 = _ZL[buf[pos]]
-                    if n571 < 0:
-                        n571, pos = _rlong(buf, pos)
-                        if n571 < 0:
-                            raise _length_error(n571, end - pos)
+                    q599 = pos + n598
+                    if q599 > end:
+                        raise _length_error(n598, end - pos)
+                    k596 = buf[pos:q599].decode()
+                    pos = q599
+                    n600 = _ZL[buf[pos]]
+                    if n600 < 0:
+                        n600, pos = _rlong(buf, pos)
+                        if n600 < 0:
+                            raise _length_error(n600, end - pos)
                     else:
                         pos += 1
-                    q572 = pos + n571
-                    if q572 > end:
-                        raise _length_error(n571, end - pos)
-                    x566 = buf[pos:q572].decode()
-                    pos = q572
-                    acc564[k567] = x566
-            f_label_selector = acc564
+                    q601 = pos + n600
+                    if q601 > end:
+                        raise _length_error(n600, end - pos)
+                    x595 = buf[pos:q601].decode()
+                    pos = q601
+                    acc593[k596] = x595
+            f_label_selector = acc593
     else:
-        raise _union_error(i563, 2)
+        raise _union_error(i592, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3222,20 +3366,20 @@ def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget572(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget601(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n574 = _ZL[buf[pos]]
-    if n574 < 0:
-        n574, pos = _rlong(buf, pos)
-        if n574 < 0:
-            raise _length_error(n574, end - pos)
+    n603 = _ZL[buf[pos]]
+    if n603 < 0:
+        n603, pos = _rlong(buf, pos)
+        if n603 < 0:
+            raise _length_error(n603, end - pos)
     else:
         pos += 1
-    q575 = pos + n574
-    if q575 > end:
-        raise _length_error(n574, end - pos)
-    f_budget_id = buf[pos:q575].decode()
-    pos = q575
+    q604 = pos + n603
+    if q604 > end:
+        raise _length_error(n603, end - pos)
+    f_budget_id = buf[pos:q604].decode()
+    pos = q604
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3245,7 +3389,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k316:
+    if frame[:10] != _k335:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3256,30 +3400,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n318 = _ZL[buf[pos]]
-        if n318 < 0:
-            n318, pos = _rlong(buf, pos)
-            if n318 < 0:
-                raise _length_error(n318, end - pos)
+        n337 = _ZL[buf[pos]]
+        if n337 < 0:
+            n337, pos = _rlong(buf, pos)
+            if n337 < 0:
+                raise _length_error(n337, end - pos)
         else:
             pos += 1
-        q319 = pos + n318
-        if q319 > end:
-            raise _length_error(n318, end - pos)
-        f_command_id = buf[pos:q319].decode()
-        pos = q319
-        n320 = _ZL[buf[pos]]
-        if n320 < 0:
-            n320, pos = _rlong(buf, pos)
-            if n320 < 0:
-                raise _length_error(n320, end - pos)
+        q338 = pos + n337
+        if q338 > end:
+            raise _length_error(n337, end - pos)
+        f_command_id = buf[pos:q338].decode()
+        pos = q338
+        n339 = _ZL[buf[pos]]
+        if n339 < 0:
+            n339, pos = _rlong(buf, pos)
+            if n339 < 0:
+                raise _length_error(n339, end - pos)
         else:
             pos += 1
-        q321 = pos + n320
-        if q321 > end:
-            raise _length_error(n320, end - pos)
-        f_cluster = buf[pos:q321].decode()
-        pos = q321
+        q340 = pos + n339
+        if q340 > end:
+            raise _length_error(n339, end - pos)
+        f_cluster = buf[pos:q340].decode()
+        pos = q340
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3294,35 +3438,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n322 = _ZL[buf[pos]]
-        if n322 < 0:
-            n322, pos = _rlong(buf, pos)
-            if n322 < 0:
-                raise _length_error(n322, end - pos)
+        n341 = _ZL[buf[pos]]
+        if n341 < 0:
+            n341, pos = _rlong(buf, pos)
+            if n341 < 0:
+                raise _length_error(n341, end - pos)
         else:
             pos += 1
-        q323 = pos + n322
-        if q323 > end:
-            raise _length_error(n322, end - pos)
-        f_source = buf[pos:q323].decode()
-        pos = q323
+        q342 = pos + n341
+        if q342 > end:
+            raise _length_error(n341, end - pos)
+        f_source = buf[pos:q342].decode()
+        pos = q342
         b = buf[pos]
         if b < 128:
-            i324 = _ZD[b]
+            i343 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i324 = (z >> 1) ^ -(z & 1)
+            i343 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i324 = (z >> 1) ^ -(z & 1)
+            i343 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i324, pos = _rlong(buf, pos)
-        if not 0 <= i324 < 20:
-            raise _union_error(i324, 20)
-        f_payload, pos = _k575[i324](buf, pos, end)
+            i343, pos = _rlong(buf, pos)
+        if not 0 <= i343 < 20:
+            raise _union_error(i343, 20)
+        f_payload, pos = _k604[i343](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3333,291 +3477,299 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded587(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k588, (_P[n591] if (n591 := len(s590 := o.node_id.encode())) < 8192 else _long(n591)), s590, (_P[n593] if (n593 := len(s592 := o.gpu_model.encode())) < 8192 else _long(n593)), s592, (_P[n594] if 0 <= (n594 := o.gpu_count) < 8192 else _long(n594)), (_P[n595] if 0 <= (n595 := o.cpu_milli) < 8192 else _long(n595)), (_P[n596] if 0 <= (n596 := o.memory_mib) < 8192 else _long(n596)), (_b21(a597) if (a597 := o.labels) else b"\x00"), (_b27(a598) if (a598 := o.taints) else b"\x00"), (_P[n599] if 0 <= (n599 := o.gpu_memory_mib) < 8192 else _long(n599)),))
+def _e_NodeAdded616(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.gpu_model.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.gpu_count) < 8192 else _long(n623)), (_P[n624] if 0 <= (n624 := o.cpu_milli) < 8192 else _long(n624)), (_P[n625] if 0 <= (n625 := o.memory_mib) < 8192 else _long(n625)), (_b21(a626) if (a626 := o.labels) else b"\x00"), (_b27(a627) if (a627 := o.taints) else b"\x00"), (_P[n628] if 0 <= (n628 := o.gpu_memory_mib) < 8192 else _long(n628)),))
 
 
-def _e_NodeRemoved599(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k600, (_P[n603] if (n603 := len(s602 := o.node_id.encode())) < 8192 else _long(n603)), s602, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved628(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k629, (_P[n632] if (n632 := len(s631 := o.node_id.encode())) < 8192 else _long(n632)), s631, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned603(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606,))
+def _e_NodeCordoned632(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635,))
 
 
-def _e_NodeUncordoned607(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k608, (_P[n611] if (n611 := len(s610 := o.node_id.encode())) < 8192 else _long(n611)), s610,))
+def _e_NodeUncordoned636(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639,))
 
 
-def _e_NodeDrained611(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614, (_P[n616] if 0 <= (n616 := o.evicted) < 8192 else _long(n616)),))
+def _e_NodeDrained640(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643, (_P[n645] if 0 <= (n645 := o.evicted) < 8192 else _long(n645)),))
 
 
-def _e_NodeFailed616(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.reason.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.evicted) < 8192 else _long(n623)),))
+def _e_NodeFailed645(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := o.node_id.encode())) < 8192 else _long(n649)), s648, (_P[n651] if (n651 := len(s650 := o.reason.encode())) < 8192 else _long(n651)), s650, (_P[n652] if 0 <= (n652 := o.evicted) < 8192 else _long(n652)),))
 
 
-def _u642(v: Any) -> bytes:
-    return b"".join((_k642, (_P[n645] if (n645 := len(s644 := v.encode())) < 8192 else _long(n645)), s644,))
+def _u671(v: Any) -> bytes:
+    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := v.encode())) < 8192 else _long(n674)), s673,))
 
 
-def _u648(v: Any) -> bytes:
-    return b"".join((_k648, (_P[n650] if 0 <= (n650 := v) < 8192 else _long(n650)),))
+def _u677(v: Any) -> bytes:
+    return b"".join((_k677, (_P[n679] if 0 <= (n679 := v) < 8192 else _long(n679)),))
 
 
-def _b662(a: Any) -> bytes:
+def _b691(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n665] if (n665 := len(s664 := x.code.encode())) < 8192 else _long(n665)), s664, (_P[n666] if 0 <= (n666 := x.nodes) < 8192 else _long(n666)), (_P[n668] if (n668 := len(s667 := x.message.encode())) < 8192 else _long(n668)), s667,)
+        out += ((_P[n694] if (n694 := len(s693 := x.code.encode())) < 8192 else _long(n694)), s693, (_P[n695] if 0 <= (n695 := x.nodes) < 8192 else _long(n695)), (_P[n697] if (n697 := len(s696 := x.message.encode())) < 8192 else _long(n697)), s696,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued623(o: _c_PodQueued) -> bytes:
-    return b"".join((_k624, (_P[n628] if (n628 := len(s627 := (r626 := o.pod).pod_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := r626.tenant.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := r626.priority) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r626.num_gpu) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := r626.gpu_milli) < 8192 else _long(n633)), (_P[n634] if 0 <= (n634 := r626.cpu_milli) < 8192 else _long(n634)), (_P[n635] if 0 <= (n635 := r626.memory_mib) < 8192 else _long(n635)), (_b71(a636) if (a636 := r626.gpu_models) else b"\x00"), (_b21(a637) if (a637 := r626.node_selector) else b"\x00"), (_b76(a638) if (a638 := r626.tolerations) else b"\x00"), (_P[n639] if 0 <= (n639 := r626.submitted_at) < 8192 else _long(n639)), (_P[n640] if 0 <= (n640 := r626.arrival) < 8192 else _long(n640)), (_k645 if (u641 := r626.gang_id) is None else _u642(u641)), (_k650 if (u647 := r626.time_limit_ms) is None else _u648(u647)), (_b71(a652) if (a652 := r626.depends_on) else b"\x00"), (_P[n654] if (n654 := len(s653 := r626.dependency.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := r626.preemption.encode())) < 8192 else _long(n656)), s655, (b"\x01" if r626.movable else b"\x00"), (_P[n657] if 0 <= (n657 := r626.gpu_memory_mib) < 8192 else _long(n657)), (_k659 if (u658 := r626.retry) is None else _k658[type(u658)](u658)), (_b662(a661) if (a661 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a669) if (a669 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued652(o: _c_PodQueued) -> bytes:
+    return b"".join((_k653, (_P[n657] if (n657 := len(s656 := (r655 := o.pod).pod_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := r655.tenant.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := r655.priority) < 8192 else _long(n660)), (_P[n661] if 0 <= (n661 := r655.num_gpu) < 8192 else _long(n661)), (_P[n662] if 0 <= (n662 := r655.gpu_milli) < 8192 else _long(n662)), (_P[n663] if 0 <= (n663 := r655.cpu_milli) < 8192 else _long(n663)), (_P[n664] if 0 <= (n664 := r655.memory_mib) < 8192 else _long(n664)), (_b71(a665) if (a665 := r655.gpu_models) else b"\x00"), (_b21(a666) if (a666 := r655.node_selector) else b"\x00"), (_b76(a667) if (a667 := r655.tolerations) else b"\x00"), (_P[n668] if 0 <= (n668 := r655.submitted_at) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r655.arrival) < 8192 else _long(n669)), (_k674 if (u670 := r655.gang_id) is None else _u671(u670)), (_k679 if (u676 := r655.time_limit_ms) is None else _u677(u676)), (_b71(a681) if (a681 := r655.depends_on) else b"\x00"), (_P[n683] if (n683 := len(s682 := r655.dependency.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := r655.preemption.encode())) < 8192 else _long(n685)), s684, (b"\x01" if r655.movable else b"\x00"), (_P[n686] if 0 <= (n686 := r655.gpu_memory_mib) < 8192 else _long(n686)), (_k688 if (u687 := r655.retry) is None else _k687[type(u687)](u687)), (b"\x01" if r655.preemptible else b"\x00"), (_b691(a690) if (a690 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a698) if (a698 := o.waiting_for) else b"\x00"),))
 
 
-def _u688(v: Any) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
+def _u717(v: Any) -> bytes:
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := v.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _u694(v: Any) -> bytes:
-    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
+def _u723(v: Any) -> bytes:
+    return b"".join((_k723, (_P[n725] if 0 <= (n725 := v) < 8192 else _long(n725)),))
 
 
-def _b710(a: Any) -> bytes:
+def _b739(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n712] if 0 <= (n712 := x.index) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := x.milli) < 8192 else _long(n713)),)
+        out += ((_P[n741] if 0 <= (n741 := x.index) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := x.milli) < 8192 else _long(n742)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b717(a: Any) -> bytes:
+def _b746(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n719] if (n719 := len(s718 := k.encode())) < 8192 else _long(n719)), s718, _pack_d(x),)
+        out += ((_P[n748] if (n748 := len(s747 := k.encode())) < 8192 else _long(n748)), s747, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled669(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k670, (_P[n674] if (n674 := len(s673 := (r672 := o.pod).pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := r672.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := r672.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := r672.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := r672.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := r672.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := r672.memory_mib) < 8192 else _long(n681)), (_b71(a682) if (a682 := r672.gpu_models) else b"\x00"), (_b21(a683) if (a683 := r672.node_selector) else b"\x00"), (_b76(a684) if (a684 := r672.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := r672.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := r672.arrival) < 8192 else _long(n686)), (_k691 if (u687 := r672.gang_id) is None else _u688(u687)), (_k696 if (u693 := r672.time_limit_ms) is None else _u694(u693)), (_b71(a698) if (a698 := r672.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := r672.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := r672.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if r672.movable else b"\x00"), (_P[n703] if 0 <= (n703 := r672.gpu_memory_mib) < 8192 else _long(n703)), (_k705 if (u704 := r672.retry) is None else _k704[type(u704)](u704)), (_P[n708] if (n708 := len(s707 := o.node_id.encode())) < 8192 else _long(n708)), s707, (_b710(a709) if (a709 := o.gpus) else b"\x00"), (_P[n715] if (n715 := len(s714 := o.policy.encode())) < 8192 else _long(n715)), s714, (b"\x01" if o.from_queue else b"\x00"), (_b717(a716) if (a716 := o.scores) else b"\x00"), (_b71(a720) if (a720 := o.preempted) else b"\x00"),))
+def _e_PodScheduled698(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k699, (_P[n703] if (n703 := len(s702 := (r701 := o.pod).pod_id.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := r701.tenant.encode())) < 8192 else _long(n705)), s704, (_P[n706] if 0 <= (n706 := r701.priority) < 8192 else _long(n706)), (_P[n707] if 0 <= (n707 := r701.num_gpu) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := r701.gpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := r701.cpu_milli) < 8192 else _long(n709)), (_P[n710] if 0 <= (n710 := r701.memory_mib) < 8192 else _long(n710)), (_b71(a711) if (a711 := r701.gpu_models) else b"\x00"), (_b21(a712) if (a712 := r701.node_selector) else b"\x00"), (_b76(a713) if (a713 := r701.tolerations) else b"\x00"), (_P[n714] if 0 <= (n714 := r701.submitted_at) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r701.arrival) < 8192 else _long(n715)), (_k720 if (u716 := r701.gang_id) is None else _u717(u716)), (_k725 if (u722 := r701.time_limit_ms) is None else _u723(u722)), (_b71(a727) if (a727 := r701.depends_on) else b"\x00"), (_P[n729] if (n729 := len(s728 := r701.dependency.encode())) < 8192 else _long(n729)), s728, (_P[n731] if (n731 := len(s730 := r701.preemption.encode())) < 8192 else _long(n731)), s730, (b"\x01" if r701.movable else b"\x00"), (_P[n732] if 0 <= (n732 := r701.gpu_memory_mib) < 8192 else _long(n732)), (_k734 if (u733 := r701.retry) is None else _k733[type(u733)](u733)), (b"\x01" if r701.preemptible else b"\x00"), (_P[n737] if (n737 := len(s736 := o.node_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.gpus) else b"\x00"), (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (b"\x01" if o.from_queue else b"\x00"), (_b746(a745) if (a745 := o.scores) else b"\x00"), (_b71(a749) if (a749 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted720(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.pod_id.encode())) < 8192 else _long(n724)), s723, (_P[n726] if (n726 := len(s725 := o.node_id.encode())) < 8192 else _long(n726)), s725, (_P[n728] if (n728 := len(s727 := o.reason.encode())) < 8192 else _long(n728)), s727,))
+def _e_PodEvicted749(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k750, (_P[n753] if (n753 := len(s752 := o.pod_id.encode())) < 8192 else _long(n753)), s752, (_P[n755] if (n755 := len(s754 := o.node_id.encode())) < 8192 else _long(n755)), s754, (_P[n757] if (n757 := len(s756 := o.reason.encode())) < 8192 else _long(n757)), s756,))
 
 
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
+def _u763(v: Any) -> bytes:
+    return b"".join((_k763, (_P[n766] if (n766 := len(s765 := v.encode())) < 8192 else _long(n766)), s765,))
 
 
-def _e_PodReleased728(o: _c_PodReleased) -> bytes:
-    return b"".join((_k729, (_P[n732] if (n732 := len(s731 := o.pod_id.encode())) < 8192 else _long(n732)), s731, (_k737 if (u733 := o.node_id) is None else _u734(u733)), (_P[n740] if (n740 := len(s739 := o.reason.encode())) < 8192 else _long(n740)), s739,))
+def _e_PodReleased757(o: _c_PodReleased) -> bytes:
+    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_k766 if (u762 := o.node_id) is None else _u763(u762)), (_P[n769] if (n769 := len(s768 := o.reason.encode())) < 8192 else _long(n769)), s768,))
 
 
-def _u748(v: Any) -> bytes:
-    return b"".join((_k748, (_P[n750] if 0 <= (n750 := v) < 8192 else _long(n750)),))
+def _u777(v: Any) -> bytes:
+    return b"".join((_k777, (_P[n779] if 0 <= (n779 := v) < 8192 else _long(n779)),))
 
 
-def _u755(v: Any) -> bytes:
-    return b"".join((_k755, (_P[n757] if 0 <= (n757 := v) < 8192 else _long(n757)),))
+def _u784(v: Any) -> bytes:
+    return b"".join((_k784, (_P[n786] if 0 <= (n786 := v) < 8192 else _long(n786)),))
 
 
-def _e_PolicyChanged740(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k741, (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (_P[n746] if (n746 := len(s745 := o.previous.encode())) < 8192 else _long(n746)), s745, (_k750 if (u747 := o.reserve_after_ms) is None else _u748(u747)), (_P[n753] if (n753 := len(s752 := o.queue_order.encode())) < 8192 else _long(n753)), s752, (_k757 if (u754 := o.max_clock_jump_ms) is None else _u755(u754)),))
+def _e_PolicyChanged769(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k770, (_P[n773] if (n773 := len(s772 := o.policy.encode())) < 8192 else _long(n773)), s772, (_P[n775] if (n775 := len(s774 := o.previous.encode())) < 8192 else _long(n775)), s774, (_k779 if (u776 := o.reserve_after_ms) is None else _u777(u776)), (_P[n782] if (n782 := len(s781 := o.queue_order.encode())) < 8192 else _long(n782)), s781, (_k786 if (u783 := o.max_clock_jump_ms) is None else _u784(u783)),))
 
 
-def _e_CommandRejected758(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k759, (_P[n762] if (n762 := len(s761 := o.command_id.encode())) < 8192 else _long(n762)), s761, (_P[n764] if (n764 := len(s763 := o.command_type.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := o.code.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.message.encode())) < 8192 else _long(n768)), s767,))
+def _e_CommandRejected787(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k788, (_P[n791] if (n791 := len(s790 := o.command_id.encode())) < 8192 else _long(n791)), s790, (_P[n793] if (n793 := len(s792 := o.command_type.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := o.code.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.message.encode())) < 8192 else _long(n797)), s796,))
 
 
-def _u798(v: Any) -> bytes:
-    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := v.encode())) < 8192 else _long(n801)), s800,))
+def _u827(v: Any) -> bytes:
+    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
 
 
-def _u804(v: Any) -> bytes:
-    return b"".join((_k804, (_P[n806] if 0 <= (n806 := v) < 8192 else _long(n806)),))
+def _u833(v: Any) -> bytes:
+    return b"".join((_k833, (_P[n835] if 0 <= (n835 := v) < 8192 else _long(n835)),))
 
 
-def _b781(a: Any) -> bytes:
+def _b810(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n784] if (n784 := len(s783 := x.pod_id.encode())) < 8192 else _long(n784)), s783, (_P[n786] if (n786 := len(s785 := x.tenant.encode())) < 8192 else _long(n786)), s785, (_P[n787] if 0 <= (n787 := x.priority) < 8192 else _long(n787)), (_P[n788] if 0 <= (n788 := x.num_gpu) < 8192 else _long(n788)), (_P[n789] if 0 <= (n789 := x.gpu_milli) < 8192 else _long(n789)), (_P[n790] if 0 <= (n790 := x.cpu_milli) < 8192 else _long(n790)), (_P[n791] if 0 <= (n791 := x.memory_mib) < 8192 else _long(n791)), (_b71(a792) if (a792 := x.gpu_models) else b"\x00"), (_b21(a793) if (a793 := x.node_selector) else b"\x00"), (_b76(a794) if (a794 := x.tolerations) else b"\x00"), (_P[n795] if 0 <= (n795 := x.submitted_at) < 8192 else _long(n795)), (_P[n796] if 0 <= (n796 := x.arrival) < 8192 else _long(n796)), (_k801 if (u797 := x.gang_id) is None else _u798(u797)), (_k806 if (u803 := x.time_limit_ms) is None else _u804(u803)), (_b71(a808) if (a808 := x.depends_on) else b"\x00"), (_P[n810] if (n810 := len(s809 := x.dependency.encode())) < 8192 else _long(n810)), s809, (_P[n812] if (n812 := len(s811 := x.preemption.encode())) < 8192 else _long(n812)), s811, (b"\x01" if x.movable else b"\x00"), (_P[n813] if 0 <= (n813 := x.gpu_memory_mib) < 8192 else _long(n813)), (_k815 if (u814 := x.retry) is None else _k814[type(u814)](u814)),)
+        out += ((_P[n813] if (n813 := len(s812 := x.pod_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := x.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := x.priority) < 8192 else _long(n816)), (_P[n817] if 0 <= (n817 := x.num_gpu) < 8192 else _long(n817)), (_P[n818] if 0 <= (n818 := x.gpu_milli) < 8192 else _long(n818)), (_P[n819] if 0 <= (n819 := x.cpu_milli) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := x.memory_mib) < 8192 else _long(n820)), (_b71(a821) if (a821 := x.gpu_models) else b"\x00"), (_b21(a822) if (a822 := x.node_selector) else b"\x00"), (_b76(a823) if (a823 := x.tolerations) else b"\x00"), (_P[n824] if 0 <= (n824 := x.submitted_at) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.arrival) < 8192 else _long(n825)), (_k830 if (u826 := x.gang_id) is None else _u827(u826)), (_k835 if (u832 := x.time_limit_ms) is None else _u833(u832)), (_b71(a837) if (a837 := x.depends_on) else b"\x00"), (_P[n839] if (n839 := len(s838 := x.dependency.encode())) < 8192 else _long(n839)), s838, (_P[n841] if (n841 := len(s840 := x.preemption.encode())) < 8192 else _long(n841)), s840, (b"\x01" if x.movable else b"\x00"), (_P[n842] if 0 <= (n842 := x.gpu_memory_mib) < 8192 else _long(n842)), (_k844 if (u843 := x.retry) is None else _k843[type(u843)](u843)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u819(v: Any) -> bytes:
-    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
+def _u848(v: Any) -> bytes:
+    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := v.encode())) < 8192 else _long(n851)), s850,))
 
 
-def _u825(v: Any) -> bytes:
-    return b"".join((_k825, (_P[n828] if (n828 := len(s827 := v.encode())) < 8192 else _long(n828)), s827,))
+def _u854(v: Any) -> bytes:
+    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := v.encode())) < 8192 else _long(n857)), s856,))
 
 
-def _u831(v: Any) -> bytes:
-    return b"".join((_k831, (_P[n833] if 0 <= (n833 := v) < 8192 else _long(n833)),))
+def _u860(v: Any) -> bytes:
+    return b"".join((_k860, (_P[n862] if 0 <= (n862 := v) < 8192 else _long(n862)),))
 
 
-def _u836(v: Any) -> bytes:
-    return b"".join((_k836, (_P[n838] if 0 <= (n838 := v) < 8192 else _long(n838)),))
+def _u865(v: Any) -> bytes:
+    return b"".join((_k865, (_P[n867] if 0 <= (n867 := v) < 8192 else _long(n867)),))
 
 
-def _e_GangQueued768(o: _c_GangQueued) -> bytes:
-    return b"".join((_k769, (_P[n772] if (n772 := len(s771 := o.gang_id.encode())) < 8192 else _long(n772)), s771, (_b662(a773) if (a773 := o.reasons) else b"\x00"), (_P[n776] if (n776 := len(s775 := (r774 := o.gang).gang_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := r774.tenant.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r774.priority) < 8192 else _long(n779)), (_b781(a780) if (a780 := r774.members) else b"\x00"), (_P[n817] if 0 <= (n817 := r774.min_members) < 8192 else _long(n817)), (_k822 if (u818 := r774.topology_required) is None else _u819(u818)), (_k828 if (u824 := r774.topology_preferred) is None else _u825(u824)), (_k833 if (u830 := r774.timeout_ms) is None else _u831(u830)), (_k838 if (u835 := r774.time_limit_ms) is None else _u836(u835)), (_b71(a840) if (a840 := r774.depends_on) else b"\x00"), (_P[n842] if (n842 := len(s841 := r774.dependency.encode())) < 8192 else _long(n842)), s841, (_P[n843] if 0 <= (n843 := r774.submitted_at) < 8192 else _long(n843)), (_P[n844] if 0 <= (n844 := r774.arrival) < 8192 else _long(n844)), (_P[n846] if (n846 := len(s845 := r774.preemption.encode())) < 8192 else _long(n846)), s845, (b"\x01" if o.requeued else b"\x00"), (_b71(a847) if (a847 := o.waiting_for) else b"\x00"),))
+def _u877(v: Any) -> bytes:
+    return b"".join((_k877, (_P[n879] if 0 <= (n879 := v) < 8192 else _long(n879)),))
 
 
-def _b853(a: Any) -> bytes:
+def _e_GangQueued797(o: _c_GangQueued) -> bytes:
+    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_b691(a802) if (a802 := o.reasons) else b"\x00"), (_P[n805] if (n805 := len(s804 := (r803 := o.gang).gang_id.encode())) < 8192 else _long(n805)), s804, (_P[n807] if (n807 := len(s806 := r803.tenant.encode())) < 8192 else _long(n807)), s806, (_P[n808] if 0 <= (n808 := r803.priority) < 8192 else _long(n808)), (_b810(a809) if (a809 := r803.members) else b"\x00"), (_P[n846] if 0 <= (n846 := r803.min_members) < 8192 else _long(n846)), (_k851 if (u847 := r803.topology_required) is None else _u848(u847)), (_k857 if (u853 := r803.topology_preferred) is None else _u854(u853)), (_k862 if (u859 := r803.timeout_ms) is None else _u860(u859)), (_k867 if (u864 := r803.time_limit_ms) is None else _u865(u864)), (_b71(a869) if (a869 := r803.depends_on) else b"\x00"), (_P[n871] if (n871 := len(s870 := r803.dependency.encode())) < 8192 else _long(n871)), s870, (_P[n872] if 0 <= (n872 := r803.submitted_at) < 8192 else _long(n872)), (_P[n873] if 0 <= (n873 := r803.arrival) < 8192 else _long(n873)), (_P[n875] if (n875 := len(s874 := r803.preemption.encode())) < 8192 else _long(n875)), s874, (_k879 if (u876 := r803.queued_at) is None else _u877(u876)), (b"\x01" if r803.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a881) if (a881 := o.waiting_for) else b"\x00"),))
+
+
+def _b887(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n856] if (n856 := len(s855 := x.pod_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := x.node_id.encode())) < 8192 else _long(n858)), s857, (_b710(a859) if (a859 := x.gpus) else b"\x00"),)
+        out += ((_P[n890] if (n890 := len(s889 := x.pod_id.encode())) < 8192 else _long(n890)), s889, (_P[n892] if (n892 := len(s891 := x.node_id.encode())) < 8192 else _long(n892)), s891, (_b739(a893) if (a893 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u869(v: Any) -> bytes:
-    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
+def _u903(v: Any) -> bytes:
+    return b"".join((_k903, (_P[n906] if (n906 := len(s905 := v.encode())) < 8192 else _long(n906)), s905,))
 
 
-def _u875(v: Any) -> bytes:
-    return b"".join((_k875, (_P[n878] if (n878 := len(s877 := v.encode())) < 8192 else _long(n878)), s877,))
+def _u909(v: Any) -> bytes:
+    return b"".join((_k909, (_P[n912] if (n912 := len(s911 := v.encode())) < 8192 else _long(n912)), s911,))
 
 
-def _u881(v: Any) -> bytes:
-    return b"".join((_k881, (_P[n883] if 0 <= (n883 := v) < 8192 else _long(n883)),))
+def _u915(v: Any) -> bytes:
+    return b"".join((_k915, (_P[n917] if 0 <= (n917 := v) < 8192 else _long(n917)),))
 
 
-def _u886(v: Any) -> bytes:
-    return b"".join((_k886, (_P[n888] if 0 <= (n888 := v) < 8192 else _long(n888)),))
+def _u920(v: Any) -> bytes:
+    return b"".join((_k920, (_P[n922] if 0 <= (n922 := v) < 8192 else _long(n922)),))
 
 
-def _u898(v: Any) -> bytes:
-    return b"".join((_k898, (_P[n901] if (n901 := len(s900 := v.encode())) < 8192 else _long(n901)), s900,))
+def _u932(v: Any) -> bytes:
+    return b"".join((_k932, (_P[n934] if 0 <= (n934 := v) < 8192 else _long(n934)),))
 
 
-def _u904(v: Any) -> bytes:
-    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := v.encode())) < 8192 else _long(n907)), s906,))
+def _u937(v: Any) -> bytes:
+    return b"".join((_k937, (_P[n940] if (n940 := len(s939 := v.encode())) < 8192 else _long(n940)), s939,))
 
 
-def _e_GangScheduled847(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := o.gang_id.encode())) < 8192 else _long(n851)), s850, (_b853(a852) if (a852 := o.members) else b"\x00"), (_P[n862] if (n862 := len(s861 := (r860 := o.gang).gang_id.encode())) < 8192 else _long(n862)), s861, (_P[n864] if (n864 := len(s863 := r860.tenant.encode())) < 8192 else _long(n864)), s863, (_P[n865] if 0 <= (n865 := r860.priority) < 8192 else _long(n865)), (_b781(a866) if (a866 := r860.members) else b"\x00"), (_P[n867] if 0 <= (n867 := r860.min_members) < 8192 else _long(n867)), (_k872 if (u868 := r860.topology_required) is None else _u869(u868)), (_k878 if (u874 := r860.topology_preferred) is None else _u875(u874)), (_k883 if (u880 := r860.timeout_ms) is None else _u881(u880)), (_k888 if (u885 := r860.time_limit_ms) is None else _u886(u885)), (_b71(a890) if (a890 := r860.depends_on) else b"\x00"), (_P[n892] if (n892 := len(s891 := r860.dependency.encode())) < 8192 else _long(n892)), s891, (_P[n893] if 0 <= (n893 := r860.submitted_at) < 8192 else _long(n893)), (_P[n894] if 0 <= (n894 := r860.arrival) < 8192 else _long(n894)), (_P[n896] if (n896 := len(s895 := r860.preemption.encode())) < 8192 else _long(n896)), s895, (_k901 if (u897 := o.topology_key) is None else _u898(u897)), (_k907 if (u903 := o.domain) is None else _u904(u903)), (b"\x01" if o.from_queue else b"\x00"), (_P[n910] if (n910 := len(s909 := o.message.encode())) < 8192 else _long(n910)), s909, (_b71(a911) if (a911 := o.preempted) else b"\x00"),))
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
 
 
-def _e_GangTimedOut911(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k912, (_P[n915] if (n915 := len(s914 := o.gang_id.encode())) < 8192 else _long(n915)), s914, (_P[n916] if 0 <= (n916 := o.waited_ms) < 8192 else _long(n916)), (_P[n918] if (n918 := len(s917 := o.message.encode())) < 8192 else _long(n918)), s917,))
+def _e_GangScheduled881(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k882, (_P[n885] if (n885 := len(s884 := o.gang_id.encode())) < 8192 else _long(n885)), s884, (_b887(a886) if (a886 := o.members) else b"\x00"), (_P[n896] if (n896 := len(s895 := (r894 := o.gang).gang_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := r894.tenant.encode())) < 8192 else _long(n898)), s897, (_P[n899] if 0 <= (n899 := r894.priority) < 8192 else _long(n899)), (_b810(a900) if (a900 := r894.members) else b"\x00"), (_P[n901] if 0 <= (n901 := r894.min_members) < 8192 else _long(n901)), (_k906 if (u902 := r894.topology_required) is None else _u903(u902)), (_k912 if (u908 := r894.topology_preferred) is None else _u909(u908)), (_k917 if (u914 := r894.timeout_ms) is None else _u915(u914)), (_k922 if (u919 := r894.time_limit_ms) is None else _u920(u919)), (_b71(a924) if (a924 := r894.depends_on) else b"\x00"), (_P[n926] if (n926 := len(s925 := r894.dependency.encode())) < 8192 else _long(n926)), s925, (_P[n927] if 0 <= (n927 := r894.submitted_at) < 8192 else _long(n927)), (_P[n928] if 0 <= (n928 := r894.arrival) < 8192 else _long(n928)), (_P[n930] if (n930 := len(s929 := r894.preemption.encode())) < 8192 else _long(n930)), s929, (_k934 if (u931 := r894.queued_at) is None else _u932(u931)), (b"\x01" if r894.preemptible else b"\x00"), (_k940 if (u936 := o.topology_key) is None else _u937(u936)), (_k946 if (u942 := o.domain) is None else _u943(u942)), (b"\x01" if o.from_queue else b"\x00"), (_P[n949] if (n949 := len(s948 := o.message.encode())) < 8192 else _long(n949)), s948, (_b71(a950) if (a950 := o.preempted) else b"\x00"),))
 
 
-def _e_GangReleased918(o: _c_GangReleased) -> bytes:
-    return b"".join((_k919, (_P[n922] if (n922 := len(s921 := o.gang_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.reason.encode())) < 8192 else _long(n924)), s923, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangTimedOut950(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k951, (_P[n954] if (n954 := len(s953 := o.gang_id.encode())) < 8192 else _long(n954)), s953, (_P[n955] if 0 <= (n955 := o.waited_ms) < 8192 else _long(n955)), (_P[n957] if (n957 := len(s956 := o.message.encode())) < 8192 else _long(n957)), s956,))
 
 
-def _u933(v: Any) -> bytes:
-    return b"".join((_k933, (_P[n936] if (n936 := len(s935 := v.encode())) < 8192 else _long(n936)), s935,))
+def _e_GangReleased957(o: _c_GangReleased) -> bytes:
+    return b"".join((_k958, (_P[n961] if (n961 := len(s960 := o.gang_id.encode())) < 8192 else _long(n961)), s960, (_P[n963] if (n963 := len(s962 := o.reason.encode())) < 8192 else _long(n963)), s962, (b"\x01" if o.ok else b"\x00"), (_b71(a964) if (a964 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodTimeLimitReached924(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k925, (_P[n928] if (n928 := len(s927 := o.pod_id.encode())) < 8192 else _long(n928)), s927, (_P[n930] if (n930 := len(s929 := o.node_id.encode())) < 8192 else _long(n930)), s929, (_P[n931] if 0 <= (n931 := o.time_limit_ms) < 8192 else _long(n931)), (_k936 if (u932 := o.gang_id) is None else _u933(u932)),))
+def _u973(v: Any) -> bytes:
+    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := v.encode())) < 8192 else _long(n976)), s975,))
 
 
-def _u946(v: Any) -> bytes:
-    return b"".join((_k946, (_P[n948] if 0 <= (n948 := v) < 8192 else _long(n948)),))
+def _e_PodTimeLimitReached964(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k965, (_P[n968] if (n968 := len(s967 := o.pod_id.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.node_id.encode())) < 8192 else _long(n970)), s969, (_P[n971] if 0 <= (n971 := o.time_limit_ms) < 8192 else _long(n971)), (_k976 if (u972 := o.gang_id) is None else _u973(u972)),))
 
 
-def _e_NodesReserved937(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.holder_id.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.holder_kind.encode())) < 8192 else _long(n943)), s942, (_b71(a944) if (a944 := o.nodes) else b"\x00"), (_k948 if (u945 := o.expected_start) is None else _u946(u945)), (_P[n951] if (n951 := len(s950 := o.message.encode())) < 8192 else _long(n951)), s950,))
+def _u986(v: Any) -> bytes:
+    return b"".join((_k986, (_P[n988] if 0 <= (n988 := v) < 8192 else _long(n988)),))
 
 
-def _e_ReservationReleased951(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k952, (_P[n955] if (n955 := len(s954 := o.holder_id.encode())) < 8192 else _long(n955)), s954, (_P[n957] if (n957 := len(s956 := o.holder_kind.encode())) < 8192 else _long(n957)), s956, (_b71(a958) if (a958 := o.nodes) else b"\x00"), (_P[n960] if (n960 := len(s959 := o.reason.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
+def _e_NodesReserved977(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k978, (_P[n981] if (n981 := len(s980 := o.holder_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.holder_kind.encode())) < 8192 else _long(n983)), s982, (_b71(a984) if (a984 := o.nodes) else b"\x00"), (_k988 if (u985 := o.expected_start) is None else _u986(u985)), (_P[n991] if (n991 := len(s990 := o.message.encode())) < 8192 else _long(n991)), s990,))
 
 
-def _e_DependencyFailed962(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.holder_id.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.holder_kind.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.dependency_id.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
+def _e_ReservationReleased991(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k992, (_P[n995] if (n995 := len(s994 := o.holder_id.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.holder_kind.encode())) < 8192 else _long(n997)), s996, (_b71(a998) if (a998 := o.nodes) else b"\x00"), (_P[n1000] if (n1000 := len(s999 := o.reason.encode())) < 8192 else _long(n1000)), s999, (_P[n1002] if (n1002 := len(s1001 := o.message.encode())) < 8192 else _long(n1002)), s1001,))
 
 
-def _e_Ticked972(o: _c_Ticked) -> bytes:
-    return b"".join((_k973, (_P[n975] if 0 <= (n975 := o.clock) < 8192 else _long(n975)), (b"\x01" if o.partition else b"\x00"),))
+def _e_DependencyFailed1002(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1003, (_P[n1006] if (n1006 := len(s1005 := o.holder_id.encode())) < 8192 else _long(n1006)), s1005, (_P[n1008] if (n1008 := len(s1007 := o.holder_kind.encode())) < 8192 else _long(n1008)), s1007, (_P[n1010] if (n1010 := len(s1009 := o.dependency_id.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
 
 
-def _e_PodPreempted975(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.pod_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.node_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.by.encode())) < 8192 else _long(n983)), s982, (_P[n985] if (n985 := len(s984 := o.reason.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.message.encode())) < 8192 else _long(n987)), s986,))
+def _e_Ticked1012(o: _c_Ticked) -> bytes:
+    return b"".join((_k1013, (_P[n1015] if 0 <= (n1015 := o.clock) < 8192 else _long(n1015)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u991(v: Any) -> bytes:
-    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
+def _e_PodPreempted1015(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1016, (_P[n1019] if (n1019 := len(s1018 := o.pod_id.encode())) < 8192 else _long(n1019)), s1018, (_P[n1021] if (n1021 := len(s1020 := o.node_id.encode())) < 8192 else _long(n1021)), s1020, (_P[n1023] if (n1023 := len(s1022 := o.by.encode())) < 8192 else _long(n1023)), s1022, (_P[n1025] if (n1025 := len(s1024 := o.reason.encode())) < 8192 else _long(n1025)), s1024, (_P[n1027] if (n1027 := len(s1026 := o.message.encode())) < 8192 else _long(n1027)), s1026,))
 
 
-def _e_QuotaChanged987(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k988, (_k994 if (u990 := o.tenant) is None else _u991(u990)), (_k997 if (u996 := o.quota) is None else _k996[type(u996)](u996)), (_k1000 if (u999 := o.previous) is None else _k999[type(u999)](u999)), (_P[n1003] if (n1003 := len(s1002 := o.message.encode())) < 8192 else _long(n1003)), s1002,))
+def _u1031(v: Any) -> bytes:
+    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := v.encode())) < 8192 else _long(n1034)), s1033,))
 
 
-def _e_PodMigrated1003(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1004, (_P[n1007] if (n1007 := len(s1006 := o.pod_id.encode())) < 8192 else _long(n1007)), s1006, (_P[n1009] if (n1009 := len(s1008 := o.from_node.encode())) < 8192 else _long(n1009)), s1008, (_b710(a1010) if (a1010 := o.from_gpus) else b"\x00"), (_P[n1012] if (n1012 := len(s1011 := o.to_node.encode())) < 8192 else _long(n1012)), s1011, (_b710(a1013) if (a1013 := o.to_gpus) else b"\x00"), (_P[n1015] if (n1015 := len(s1014 := o.reason.encode())) < 8192 else _long(n1015)), s1014, (_P[n1017] if (n1017 := len(s1016 := o.message.encode())) < 8192 else _long(n1017)), s1016,))
+def _e_QuotaChanged1027(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1028, (_k1034 if (u1030 := o.tenant) is None else _u1031(u1030)), (_k1037 if (u1036 := o.quota) is None else _k1036[type(u1036)](u1036)), (_k1040 if (u1039 := o.previous) is None else _k1039[type(u1039)](u1039)), (_P[n1043] if (n1043 := len(s1042 := o.message.encode())) < 8192 else _long(n1043)), s1042,))
 
 
-def _u1024(v: Any) -> bytes:
-    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := v.encode())) < 8192 else _long(n1027)), s1026,))
+def _e_PodMigrated1043(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1044, (_P[n1047] if (n1047 := len(s1046 := o.pod_id.encode())) < 8192 else _long(n1047)), s1046, (_P[n1049] if (n1049 := len(s1048 := o.from_node.encode())) < 8192 else _long(n1049)), s1048, (_b739(a1050) if (a1050 := o.from_gpus) else b"\x00"), (_P[n1052] if (n1052 := len(s1051 := o.to_node.encode())) < 8192 else _long(n1052)), s1051, (_b739(a1053) if (a1053 := o.to_gpus) else b"\x00"), (_P[n1055] if (n1055 := len(s1054 := o.reason.encode())) < 8192 else _long(n1055)), s1054, (_P[n1057] if (n1057 := len(s1056 := o.message.encode())) < 8192 else _long(n1057)), s1056,))
 
 
-def _e_DefragmentationPlanned1017(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1018, (_P[n1020] if 0 <= (n1020 := o.moves) < 8192 else _long(n1020)), (_P[n1021] if 0 <= (n1021 := o.gpus_freed) < 8192 else _long(n1021)), (_P[n1022] if 0 <= (n1022 := o.nodes_freed) < 8192 else _long(n1022)), (_k1027 if (u1023 := o.target) is None else _u1024(u1023)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _u1064(v: Any) -> bytes:
+    return b"".join((_k1064, (_P[n1067] if (n1067 := len(s1066 := v.encode())) < 8192 else _long(n1067)), s1066,))
 
 
-def _e_ClusterHalted1030(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.cluster.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.command_id.encode())) < 8192 else _long(n1036)), s1035, (_P[n1038] if (n1038 := len(s1037 := o.error.encode())) < 8192 else _long(n1038)), s1037, (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
+def _e_DefragmentationPlanned1057(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1058, (_P[n1060] if 0 <= (n1060 := o.moves) < 8192 else _long(n1060)), (_P[n1061] if 0 <= (n1061 := o.gpus_freed) < 8192 else _long(n1061)), (_P[n1062] if 0 <= (n1062 := o.nodes_freed) < 8192 else _long(n1062)), (_k1067 if (u1063 := o.target) is None else _u1064(u1063)), (_P[n1070] if (n1070 := len(s1069 := o.message.encode())) < 8192 else _long(n1070)), s1069,))
 
 
-def _e_ClusterResumed1040(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.halted_command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1047] if 0 <= (n1047 := o.halted_offset) < 8192 else _long(n1047)), (_P[n1048] if 0 <= (n1048 := o.refolded_from) < 8192 else _long(n1048)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
+def _e_ClusterHalted1070(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1071, (_P[n1074] if (n1074 := len(s1073 := o.cluster.encode())) < 8192 else _long(n1074)), s1073, (_P[n1076] if (n1076 := len(s1075 := o.command_id.encode())) < 8192 else _long(n1076)), s1075, (_P[n1078] if (n1078 := len(s1077 := o.error.encode())) < 8192 else _long(n1078)), s1077, (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
 
 
-def _e_NodeRecovered1050(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.node_id.encode())) < 8192 else _long(n1054)), s1053,))
+def _e_ClusterResumed1080(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.halted_command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1087] if 0 <= (n1087 := o.halted_offset) < 8192 else _long(n1087)), (_P[n1088] if 0 <= (n1088 := o.refolded_from) < 8192 else _long(n1088)), (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _e_NodeUpdated1054(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1055, (_P[n1058] if (n1058 := len(s1057 := o.node_id.encode())) < 8192 else _long(n1058)), s1057, (_b21(a1059) if (a1059 := o.labels) else b"\x00"), (_b27(a1060) if (a1060 := o.taints) else b"\x00"), (_P[n1061] if 0 <= (n1061 := o.evicting) < 8192 else _long(n1061)),))
+def _e_NodeRecovered1090(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.node_id.encode())) < 8192 else _long(n1094)), s1093,))
 
 
-def _e_PodRetryScheduled1061(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1066] if 0 <= (n1066 := o.attempt) < 8192 else _long(n1066)), (_P[n1067] if 0 <= (n1067 := o.not_before) < 8192 else _long(n1067)),))
+def _e_NodeUpdated1094(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1095, (_P[n1098] if (n1098 := len(s1097 := o.node_id.encode())) < 8192 else _long(n1098)), s1097, (_b21(a1099) if (a1099 := o.labels) else b"\x00"), (_b27(a1100) if (a1100 := o.taints) else b"\x00"), (_P[n1101] if 0 <= (n1101 := o.evicting) < 8192 else _long(n1101)),))
 
 
-def _u1073(v: Any) -> bytes:
-    return b"".join((_k1073, (_P[n1076] if (n1076 := len(s1075 := v.encode())) < 8192 else _long(n1076)), s1075,))
+def _e_PodRetryScheduled1101(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1102, (_P[n1105] if (n1105 := len(s1104 := o.pod_id.encode())) < 8192 else _long(n1105)), s1104, (_P[n1106] if 0 <= (n1106 := o.attempt) < 8192 else _long(n1106)), (_P[n1107] if 0 <= (n1107 := o.not_before) < 8192 else _long(n1107)),))
 
 
-def _u1079(v: Any) -> bytes:
-    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := v.encode())) < 8192 else _long(n1082)), s1081,))
+def _u1113(v: Any) -> bytes:
+    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := v.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _u1085(v: Any) -> bytes:
-    return b"".join((_k1085, (_b21(a1087) if (a1087 := v) else b"\x00"),))
+def _u1119(v: Any) -> bytes:
+    return b"".join((_k1119, (_P[n1122] if (n1122 := len(s1121 := v.encode())) < 8192 else _long(n1122)), s1121,))
 
 
-def _e_DisruptionBudgetSet1067(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1068, (_P[n1071] if (n1071 := len(s1070 := o.budget_id.encode())) < 8192 else _long(n1071)), s1070, (_k1076 if (u1072 := o.tenant) is None else _u1073(u1072)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)), (_k1087 if (u1084 := o.label_selector) is None else _u1085(u1084)), (_P[n1089] if 0 <= (n1089 := o.max_unavailable) < 8192 else _long(n1089)),))
+def _u1125(v: Any) -> bytes:
+    return b"".join((_k1125, (_b21(a1127) if (a1127 := v) else b"\x00"),))
 
 
-def _e_DisruptionBudgetRemoved1089(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := o.budget_id.encode())) < 8192 else _long(n1093)), s1092,))
+def _e_DisruptionBudgetSet1107(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1108, (_P[n1111] if (n1111 := len(s1110 := o.budget_id.encode())) < 8192 else _long(n1111)), s1110, (_k1116 if (u1112 := o.tenant) is None else _u1113(u1112)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)), (_k1127 if (u1124 := o.label_selector) is None else _u1125(u1124)), (_P[n1129] if 0 <= (n1129 := o.max_unavailable) < 8192 else _long(n1129)),))
 
 
-def _e_EvictionBlocked1093(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)), (_P[n1104] if (n1104 := len(s1103 := o.reason.encode())) < 8192 else _long(n1104)), s1103,))
+def _e_DisruptionBudgetRemoved1129(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.budget_id.encode())) < 8192 else _long(n1133)), s1132,))
 
 
-def _e_PodEvictionScheduled1104(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.pod_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1110] if (n1110 := len(s1109 := o.node_id.encode())) < 8192 else _long(n1110)), s1109, (_P[n1111] if 0 <= (n1111 := o.at) < 8192 else _long(n1111)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_EvictionBlocked1133(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1134, (_P[n1137] if (n1137 := len(s1136 := o.pod_id.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.node_id.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.budget_id.encode())) < 8192 else _long(n1141)), s1140, (_P[n1142] if 0 <= (n1142 := o.grace_ms) < 8192 else _long(n1142)), (_P[n1144] if (n1144 := len(s1143 := o.reason.encode())) < 8192 else _long(n1144)), s1143,))
 
 
-def _e_Event576(o: _c_Event) -> bytes:
-    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1111[type(u587 := o.payload)](u587),))
+def _e_PodEvictionScheduled1144(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := o.pod_id.encode())) < 8192 else _long(n1148)), s1147, (_P[n1150] if (n1150 := len(s1149 := o.node_id.encode())) < 8192 else _long(n1150)), s1149, (_P[n1151] if 0 <= (n1151 := o.at) < 8192 else _long(n1151)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_Event605(o: _c_Event) -> bytes:
+    return b"".join((_k606, (_P[n608] if 0 <= (n608 := o.partition) < 8192 else _long(n608)), (_P[n609] if 0 <= (n609 := o.sequence) < 8192 else _long(n609)), (_P[n611] if (n611 := len(s610 := o.cluster.encode())) < 8192 else _long(n611)), s610, (_P[n613] if (n613 := len(s612 := o.command_id.encode())) < 8192 else _long(n613)), s612, (_P[n614] if 0 <= (n614 := o.command_offset) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := o.occurred_at) < 8192 else _long(n615)), _k1151[type(u616 := o.payload)](u616),))
+
+
+def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3626,30 +3778,30 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1120 = _ZL[buf[pos]]
-    if n1120 < 0:
-        n1120, pos = _rlong(buf, pos)
-        if n1120 < 0:
-            raise _length_error(n1120, end - pos)
+    n1160 = _ZL[buf[pos]]
+    if n1160 < 0:
+        n1160, pos = _rlong(buf, pos)
+        if n1160 < 0:
+            raise _length_error(n1160, end - pos)
     else:
         pos += 1
-    q1121 = pos + n1120
-    if q1121 > end:
-        raise _length_error(n1120, end - pos)
-    f_node_id = buf[pos:q1121].decode()
-    pos = q1121
-    n1122 = _ZL[buf[pos]]
-    if n1122 < 0:
-        n1122, pos = _rlong(buf, pos)
-        if n1122 < 0:
-            raise _length_error(n1122, end - pos)
+    q1161 = pos + n1160
+    if q1161 > end:
+        raise _length_error(n1160, end - pos)
+    f_node_id = buf[pos:q1161].decode()
+    pos = q1161
+    n1162 = _ZL[buf[pos]]
+    if n1162 < 0:
+        n1162, pos = _rlong(buf, pos)
+        if n1162 < 0:
+            raise _length_error(n1162, end - pos)
     else:
         pos += 1
-    q1123 = pos + n1122
-    if q1123 > end:
-        raise _length_error(n1122, end - pos)
-    f_gpu_model = buf[pos:q1123].decode()
-    pos = q1123
+    q1163 = pos + n1162
+    if q1163 > end:
+        raise _length_error(n1162, end - pos)
+    f_gpu_model = buf[pos:q1163].decode()
+    pos = q1163
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3696,113 +3848,113 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1124: dict[str, Any] = {}
+        acc1164: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1125 = _ZD[b]
+                c1165 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1125 = (z >> 1) ^ -(z & 1)
+                c1165 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1125 = (z >> 1) ^ -(z & 1)
+                c1165 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1125, pos = _rlong(buf, pos)
-            if c1125 == 0:
+                c1165, pos = _rlong(buf, pos)
+            if c1165 == 0:
                 break
-            if c1125 < 0:
-                c1125 = -c1125
+            if c1165 < 0:
+                c1165 = -c1165
                 b = buf[pos]
                 if b < 128:
-                    z1128 = _ZD[b]
+                    z1168 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1128 = (z >> 1) ^ -(z & 1)
+                    z1168 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1128 = (z >> 1) ^ -(z & 1)
+                    z1168 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1128, pos = _rlong(buf, pos)
-            if c1125 * 2 > end - pos:
-                raise _count_error(c1125, end - pos)
-            for _ in range(c1125):
-                n1129 = _ZL[buf[pos]]
-                if n1129 < 0:
-                    n1129, pos = _rlong(buf, pos)
-                    if n1129 < 0:
-                        raise _length_error(n1129, end - pos)
+                    z1168, pos = _rlong(buf, pos)
+            if c1165 * 2 > end - pos:
+                raise _count_error(c1165, end - pos)
+            for _ in range(c1165):
+                n1169 = _ZL[buf[pos]]
+                if n1169 < 0:
+                    n1169, pos = _rlong(buf, pos)
+                    if n1169 < 0:
+                        raise _length_error(n1169, end - pos)
                 else:
                     pos += 1
-                q1130 = pos + n1129
-                if q1130 > end:
-                    raise _length_error(n1129, end - pos)
-                k1127 = buf[pos:q1130].decode()
-                pos = q1130
-                n1131 = _ZL[buf[pos]]
-                if n1131 < 0:
-                    n1131, pos = _rlong(buf, pos)
-                    if n1131 < 0:
-                        raise _length_error(n1131, end - pos)
+                q1170 = pos + n1169
+                if q1170 > end:
+                    raise _length_error(n1169, end - pos)
+                k1167 = buf[pos:q1170].decode()
+                pos = q1170
+                n1171 = _ZL[buf[pos]]
+                if n1171 < 0:
+                    n1171, pos = _rlong(buf, pos)
+                    if n1171 < 0:
+                        raise _length_error(n1171, end - pos)
                 else:
                     pos += 1
-                q1132 = pos + n1131
-                if q1132 > end:
-                    raise _length_error(n1131, end - pos)
-                x1126 = buf[pos:q1132].decode()
-                pos = q1132
-                acc1124[k1127] = x1126
-        f_labels = acc1124
+                q1172 = pos + n1171
+                if q1172 > end:
+                    raise _length_error(n1171, end - pos)
+                x1166 = buf[pos:q1172].decode()
+                pos = q1172
+                acc1164[k1167] = x1166
+        f_labels = acc1164
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1133: list[Any] = []
+        acc1173: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1134 = _ZD[b]
+                c1174 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1134 = (z >> 1) ^ -(z & 1)
+                c1174 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1134 = (z >> 1) ^ -(z & 1)
+                c1174 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1134, pos = _rlong(buf, pos)
-            if c1134 == 0:
+                c1174, pos = _rlong(buf, pos)
+            if c1174 == 0:
                 break
-            if c1134 < 0:
-                c1134 = -c1134
+            if c1174 < 0:
+                c1174 = -c1174
                 b = buf[pos]
                 if b < 128:
-                    z1137 = _ZD[b]
+                    z1177 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1137 = (z >> 1) ^ -(z & 1)
+                    z1177 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1137 = (z >> 1) ^ -(z & 1)
+                    z1177 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1137, pos = _rlong(buf, pos)
-            if c1134 * 3 > end - pos:
-                raise _count_error(c1134, end - pos)
-            for _ in range(c1134):
-                x1135, pos = _d_Taint343(buf, pos, end)
-                acc1133.append(x1135)
-        f_taints = tuple(acc1133)
+                    z1177, pos = _rlong(buf, pos)
+            if c1174 * 3 > end - pos:
+                raise _count_error(c1174, end - pos)
+            for _ in range(c1174):
+                x1175, pos = _d_Taint362(buf, pos, end)
+                acc1173.append(x1175)
+        f_taints = tuple(acc1173)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3821,78 +3973,78 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1137(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1177(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1139 = _ZL[buf[pos]]
-    if n1139 < 0:
-        n1139, pos = _rlong(buf, pos)
-        if n1139 < 0:
-            raise _length_error(n1139, end - pos)
+    n1179 = _ZL[buf[pos]]
+    if n1179 < 0:
+        n1179, pos = _rlong(buf, pos)
+        if n1179 < 0:
+            raise _length_error(n1179, end - pos)
     else:
         pos += 1
-    q1140 = pos + n1139
-    if q1140 > end:
-        raise _length_error(n1139, end - pos)
-    f_node_id = buf[pos:q1140].decode()
-    pos = q1140
+    q1180 = pos + n1179
+    if q1180 > end:
+        raise _length_error(n1179, end - pos)
+    f_node_id = buf[pos:q1180].decode()
+    pos = q1180
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1140(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1180(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
+    n1182 = _ZL[buf[pos]]
+    if n1182 < 0:
+        n1182, pos = _rlong(buf, pos)
+        if n1182 < 0:
+            raise _length_error(n1182, end - pos)
     else:
         pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_node_id = buf[pos:q1143].decode()
-    pos = q1143
+    q1183 = pos + n1182
+    if q1183 > end:
+        raise _length_error(n1182, end - pos)
+    f_node_id = buf[pos:q1183].decode()
+    pos = q1183
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1143(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1183(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1145 = _ZL[buf[pos]]
-    if n1145 < 0:
-        n1145, pos = _rlong(buf, pos)
-        if n1145 < 0:
-            raise _length_error(n1145, end - pos)
+    n1185 = _ZL[buf[pos]]
+    if n1185 < 0:
+        n1185, pos = _rlong(buf, pos)
+        if n1185 < 0:
+            raise _length_error(n1185, end - pos)
     else:
         pos += 1
-    q1146 = pos + n1145
-    if q1146 > end:
-        raise _length_error(n1145, end - pos)
-    f_node_id = buf[pos:q1146].decode()
-    pos = q1146
+    q1186 = pos + n1185
+    if q1186 > end:
+        raise _length_error(n1185, end - pos)
+    f_node_id = buf[pos:q1186].decode()
+    pos = q1186
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1186(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
+    n1188 = _ZL[buf[pos]]
+    if n1188 < 0:
+        n1188, pos = _rlong(buf, pos)
+        if n1188 < 0:
+            raise _length_error(n1188, end - pos)
     else:
         pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_node_id = buf[pos:q1149].decode()
-    pos = q1149
+    q1189 = pos + n1188
+    if q1189 > end:
+        raise _length_error(n1188, end - pos)
+    f_node_id = buf[pos:q1189].decode()
+    pos = q1189
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3911,34 +4063,34 @@ def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1189(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1151 = _ZL[buf[pos]]
-    if n1151 < 0:
-        n1151, pos = _rlong(buf, pos)
-        if n1151 < 0:
-            raise _length_error(n1151, end - pos)
+    n1191 = _ZL[buf[pos]]
+    if n1191 < 0:
+        n1191, pos = _rlong(buf, pos)
+        if n1191 < 0:
+            raise _length_error(n1191, end - pos)
     else:
         pos += 1
-    q1152 = pos + n1151
-    if q1152 > end:
-        raise _length_error(n1151, end - pos)
-    f_node_id = buf[pos:q1152].decode()
-    pos = q1152
-    n1153 = _ZL[buf[pos]]
-    if n1153 < 0:
-        n1153, pos = _rlong(buf, pos)
-        if n1153 < 0:
-            raise _length_error(n1153, end - pos)
+    q1192 = pos + n1191
+    if q1192 > end:
+        raise _length_error(n1191, end - pos)
+    f_node_id = buf[pos:q1192].decode()
+    pos = q1192
+    n1193 = _ZL[buf[pos]]
+    if n1193 < 0:
+        n1193, pos = _rlong(buf, pos)
+        if n1193 < 0:
+            raise _length_error(n1193, end - pos)
     else:
         pos += 1
-    q1154 = pos + n1153
-    if q1154 > end:
-        raise _length_error(n1153, end - pos)
-    f_reason = buf[pos:q1154].decode()
-    pos = q1154
+    q1194 = pos + n1193
+    if q1194 > end:
+        raise _length_error(n1193, end - pos)
+    f_reason = buf[pos:q1194].decode()
+    pos = q1194
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3957,7 +4109,7 @@ def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3978,30 +4130,31 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n1157 = _ZL[buf[pos]]
-    if n1157 < 0:
-        n1157, pos = _rlong(buf, pos)
-        if n1157 < 0:
-            raise _length_error(n1157, end - pos)
+    f_preemptible: bool
+    n1197 = _ZL[buf[pos]]
+    if n1197 < 0:
+        n1197, pos = _rlong(buf, pos)
+        if n1197 < 0:
+            raise _length_error(n1197, end - pos)
     else:
         pos += 1
-    q1158 = pos + n1157
-    if q1158 > end:
-        raise _length_error(n1157, end - pos)
-    f_pod_id = buf[pos:q1158].decode()
-    pos = q1158
-    n1159 = _ZL[buf[pos]]
-    if n1159 < 0:
-        n1159, pos = _rlong(buf, pos)
-        if n1159 < 0:
-            raise _length_error(n1159, end - pos)
+    q1198 = pos + n1197
+    if q1198 > end:
+        raise _length_error(n1197, end - pos)
+    f_pod_id = buf[pos:q1198].decode()
+    pos = q1198
+    n1199 = _ZL[buf[pos]]
+    if n1199 < 0:
+        n1199, pos = _rlong(buf, pos)
+        if n1199 < 0:
+            raise _length_error(n1199, end - pos)
     else:
         pos += 1
-    q1160 = pos + n1159
-    if q1160 > end:
-        raise _length_error(n1159, end - pos)
-    f_tenant = buf[pos:q1160].decode()
-    pos = q1160
+    q1200 = pos + n1199
+    if q1200 > end:
+        raise _length_error(n1199, end - pos)
+    f_tenant = buf[pos:q1200].decode()
+    pos = q1200
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4076,482 +4229,62 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1161: list[Any] = []
+        acc1201: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1162 = _ZD[b]
+                c1202 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1162 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1162 = (z >> 1) ^ -(z & 1)
+                c1202 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1162, pos = _rlong(buf, pos)
-            if c1162 == 0:
+                c1202, pos = _rlong(buf, pos)
+            if c1202 == 0:
                 break
-            if c1162 < 0:
-                c1162 = -c1162
+            if c1202 < 0:
+                c1202 = -c1202
                 b = buf[pos]
                 if b < 128:
-                    z1165 = _ZD[b]
+                    z1205 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1165 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1165 = (z >> 1) ^ -(z & 1)
+                    z1205 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1165, pos = _rlong(buf, pos)
-            if c1162 * 1 > end - pos:
-                raise _count_error(c1162, end - pos)
-            for _ in range(c1162):
-                n1166 = _ZL[buf[pos]]
-                if n1166 < 0:
-                    n1166, pos = _rlong(buf, pos)
-                    if n1166 < 0:
-                        raise _length_error(n1166, end - pos)
+                    z1205, pos = _rlong(buf, pos)
+            if c1202 * 1 > end - pos:
+                raise _count_error(c1202, end - pos)
+            for _ in range(c1202):
+                n1206 = _ZL[buf[pos]]
+                if n1206 < 0:
+                    n1206, pos = _rlong(buf, pos)
+                    if n1206 < 0:
+                        raise _length_error(n1206, end - pos)
                 else:
                     pos += 1
-                q1167 = pos + n1166
-                if q1167 > end:
-                    raise _length_error(n1166, end - pos)
-                x1163 = buf[pos:q1167].decode()
-                pos = q1167
-                acc1161.append(x1163)
-        f_gpu_models = tuple(acc1161)
+                q1207 = pos + n1206
+                if q1207 > end:
+                    raise _length_error(n1206, end - pos)
+                x1203 = buf[pos:q1207].decode()
+                pos = q1207
+                acc1201.append(x1203)
+        f_gpu_models = tuple(acc1201)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1168: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1169 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1169 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1169 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1169, pos = _rlong(buf, pos)
-            if c1169 == 0:
-                break
-            if c1169 < 0:
-                c1169 = -c1169
-                b = buf[pos]
-                if b < 128:
-                    z1172 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1172 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1172 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1172, pos = _rlong(buf, pos)
-            if c1169 * 2 > end - pos:
-                raise _count_error(c1169, end - pos)
-            for _ in range(c1169):
-                n1173 = _ZL[buf[pos]]
-                if n1173 < 0:
-                    n1173, pos = _rlong(buf, pos)
-                    if n1173 < 0:
-                        raise _length_error(n1173, end - pos)
-                else:
-                    pos += 1
-                q1174 = pos + n1173
-                if q1174 > end:
-                    raise _length_error(n1173, end - pos)
-                k1171 = buf[pos:q1174].decode()
-                pos = q1174
-                n1175 = _ZL[buf[pos]]
-                if n1175 < 0:
-                    n1175, pos = _rlong(buf, pos)
-                    if n1175 < 0:
-                        raise _length_error(n1175, end - pos)
-                else:
-                    pos += 1
-                q1176 = pos + n1175
-                if q1176 > end:
-                    raise _length_error(n1175, end - pos)
-                x1170 = buf[pos:q1176].decode()
-                pos = q1176
-                acc1168[k1171] = x1170
-        f_node_selector = acc1168
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1177: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1178 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1178 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1178 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1178, pos = _rlong(buf, pos)
-            if c1178 == 0:
-                break
-            if c1178 < 0:
-                c1178 = -c1178
-                b = buf[pos]
-                if b < 128:
-                    z1181 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1181 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1181 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1181, pos = _rlong(buf, pos)
-            if c1178 * 4 > end - pos:
-                raise _count_error(c1178, end - pos)
-            for _ in range(c1178):
-                x1179, pos = _d_Toleration393(buf, pos, end)
-                acc1177.append(x1179)
-        f_tolerations = tuple(acc1177)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1182 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1182 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1182 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1182, pos = _rlong(buf, pos)
-    if i1182 == 0:
-        f_gang_id = None
-    elif i1182 == 1:
-        n1183 = _ZL[buf[pos]]
-        if n1183 < 0:
-            n1183, pos = _rlong(buf, pos)
-            if n1183 < 0:
-                raise _length_error(n1183, end - pos)
-        else:
-            pos += 1
-        q1184 = pos + n1183
-        if q1184 > end:
-            raise _length_error(n1183, end - pos)
-        f_gang_id = buf[pos:q1184].decode()
-        pos = q1184
-    else:
-        raise _union_error(i1182, 2)
-    b = buf[pos]
-    if b < 128:
-        i1185 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1185 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1185 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1185, pos = _rlong(buf, pos)
-    if i1185 == 0:
-        f_time_limit_ms = None
-    elif i1185 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1185, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1186: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1187 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1187 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1187 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1187, pos = _rlong(buf, pos)
-            if c1187 == 0:
-                break
-            if c1187 < 0:
-                c1187 = -c1187
-                b = buf[pos]
-                if b < 128:
-                    z1190 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1190 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1190 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1190, pos = _rlong(buf, pos)
-            if c1187 * 1 > end - pos:
-                raise _count_error(c1187, end - pos)
-            for _ in range(c1187):
-                n1191 = _ZL[buf[pos]]
-                if n1191 < 0:
-                    n1191, pos = _rlong(buf, pos)
-                    if n1191 < 0:
-                        raise _length_error(n1191, end - pos)
-                else:
-                    pos += 1
-                q1192 = pos + n1191
-                if q1192 > end:
-                    raise _length_error(n1191, end - pos)
-                x1188 = buf[pos:q1192].decode()
-                pos = q1192
-                acc1186.append(x1188)
-        f_depends_on = tuple(acc1186)
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
-    else:
-        pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_dependency = buf[pos:q1194].decode()
-    pos = q1194
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
-    else:
-        pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_preemption = buf[pos:q1196].decode()
-    pos = q1196
-    f_movable = buf[pos] != 0
-    pos += 1
-    b = buf[pos]
-    if b < 128:
-        f_gpu_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_memory_mib, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1197 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1197 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1197 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1197, pos = _rlong(buf, pos)
-    if i1197 == 0:
-        f_retry = None
-    elif i1197 == 1:
-        f_retry, pos = _d_Retry415(buf, pos, end)
-    else:
-        raise _union_error(i1197, 2)
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
-    return o, pos
-
-
-def _d_QueueReason1202(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1204 = _ZL[buf[pos]]
-    if n1204 < 0:
-        n1204, pos = _rlong(buf, pos)
-        if n1204 < 0:
-            raise _length_error(n1204, end - pos)
-    else:
-        pos += 1
-    q1205 = pos + n1204
-    if q1205 > end:
-        raise _length_error(n1204, end - pos)
-    f_code = buf[pos:q1205].decode()
-    pos = q1205
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
-    else:
-        pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_message = buf[pos:q1207].decode()
-    pos = q1207
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1155(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1198: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1199 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1199 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1199 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1199, pos = _rlong(buf, pos)
-            if c1199 == 0:
-                break
-            if c1199 < 0:
-                c1199 = -c1199
-                b = buf[pos]
-                if b < 128:
-                    z1202 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1202 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1202 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1202, pos = _rlong(buf, pos)
-            if c1199 * 3 > end - pos:
-                raise _count_error(c1199, end - pos)
-            for _ in range(c1199):
-                x1200, pos = _d_QueueReason1202(buf, pos, end)
-                acc1198.append(x1200)
-        f_reasons = tuple(acc1198)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1208: list[Any] = []
+        acc1208: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -4585,7 +4318,7 @@ def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]
                     pos += 3
                 else:
                     z1212, pos = _rlong(buf, pos)
-            if c1209 * 1 > end - pos:
+            if c1209 * 2 > end - pos:
                 raise _count_error(c1209, end - pos)
             for _ in range(c1209):
                 n1213 = _ZL[buf[pos]]
@@ -4598,15 +4331,437 @@ def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]
                 q1214 = pos + n1213
                 if q1214 > end:
                     raise _length_error(n1213, end - pos)
-                x1210 = buf[pos:q1214].decode()
+                k1211 = buf[pos:q1214].decode()
                 pos = q1214
-                acc1208.append(x1210)
-        f_waiting_for = tuple(acc1208)
+                n1215 = _ZL[buf[pos]]
+                if n1215 < 0:
+                    n1215, pos = _rlong(buf, pos)
+                    if n1215 < 0:
+                        raise _length_error(n1215, end - pos)
+                else:
+                    pos += 1
+                q1216 = pos + n1215
+                if q1216 > end:
+                    raise _length_error(n1215, end - pos)
+                x1210 = buf[pos:q1216].decode()
+                pos = q1216
+                acc1208[k1211] = x1210
+        f_node_selector = acc1208
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1217: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1218 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1218 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1218 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1218, pos = _rlong(buf, pos)
+            if c1218 == 0:
+                break
+            if c1218 < 0:
+                c1218 = -c1218
+                b = buf[pos]
+                if b < 128:
+                    z1221 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1221 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1221 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1221, pos = _rlong(buf, pos)
+            if c1218 * 4 > end - pos:
+                raise _count_error(c1218, end - pos)
+            for _ in range(c1218):
+                x1219, pos = _d_Toleration412(buf, pos, end)
+                acc1217.append(x1219)
+        f_tolerations = tuple(acc1217)
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1222 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1222 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1222 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1222, pos = _rlong(buf, pos)
+    if i1222 == 0:
+        f_gang_id = None
+    elif i1222 == 1:
+        n1223 = _ZL[buf[pos]]
+        if n1223 < 0:
+            n1223, pos = _rlong(buf, pos)
+            if n1223 < 0:
+                raise _length_error(n1223, end - pos)
+        else:
+            pos += 1
+        q1224 = pos + n1223
+        if q1224 > end:
+            raise _length_error(n1223, end - pos)
+        f_gang_id = buf[pos:q1224].decode()
+        pos = q1224
+    else:
+        raise _union_error(i1222, 2)
+    b = buf[pos]
+    if b < 128:
+        i1225 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1225 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1225 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1225, pos = _rlong(buf, pos)
+    if i1225 == 0:
+        f_time_limit_ms = None
+    elif i1225 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1225, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1226: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1227 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1227 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1227 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1227, pos = _rlong(buf, pos)
+            if c1227 == 0:
+                break
+            if c1227 < 0:
+                c1227 = -c1227
+                b = buf[pos]
+                if b < 128:
+                    z1230 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1230 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1230 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1230, pos = _rlong(buf, pos)
+            if c1227 * 1 > end - pos:
+                raise _count_error(c1227, end - pos)
+            for _ in range(c1227):
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
+                else:
+                    pos += 1
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                x1228 = buf[pos:q1232].decode()
+                pos = q1232
+                acc1226.append(x1228)
+        f_depends_on = tuple(acc1226)
+    n1233 = _ZL[buf[pos]]
+    if n1233 < 0:
+        n1233, pos = _rlong(buf, pos)
+        if n1233 < 0:
+            raise _length_error(n1233, end - pos)
+    else:
+        pos += 1
+    q1234 = pos + n1233
+    if q1234 > end:
+        raise _length_error(n1233, end - pos)
+    f_dependency = buf[pos:q1234].decode()
+    pos = q1234
+    n1235 = _ZL[buf[pos]]
+    if n1235 < 0:
+        n1235, pos = _rlong(buf, pos)
+        if n1235 < 0:
+            raise _length_error(n1235, end - pos)
+    else:
+        pos += 1
+    q1236 = pos + n1235
+    if q1236 > end:
+        raise _length_error(n1235, end - pos)
+    f_preemption = buf[pos:q1236].decode()
+    pos = q1236
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1237 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1237 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1237 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1237, pos = _rlong(buf, pos)
+    if i1237 == 0:
+        f_retry = None
+    elif i1237 == 1:
+        f_retry, pos = _d_Retry434(buf, pos, end)
+    else:
+        raise _union_error(i1237, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
+    return o, pos
+
+
+def _d_QueueReason1242(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1244 = _ZL[buf[pos]]
+    if n1244 < 0:
+        n1244, pos = _rlong(buf, pos)
+        if n1244 < 0:
+            raise _length_error(n1244, end - pos)
+    else:
+        pos += 1
+    q1245 = pos + n1244
+    if q1245 > end:
+        raise _length_error(n1244, end - pos)
+    f_code = buf[pos:q1245].decode()
+    pos = q1245
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1246 = _ZL[buf[pos]]
+    if n1246 < 0:
+        n1246, pos = _rlong(buf, pos)
+        if n1246 < 0:
+            raise _length_error(n1246, end - pos)
+    else:
+        pos += 1
+    q1247 = pos + n1246
+    if q1247 > end:
+        raise _length_error(n1246, end - pos)
+    f_message = buf[pos:q1247].decode()
+    pos = q1247
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1194(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1195(buf, pos, end)
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1238: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1239 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1239 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1239 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1239, pos = _rlong(buf, pos)
+            if c1239 == 0:
+                break
+            if c1239 < 0:
+                c1239 = -c1239
+                b = buf[pos]
+                if b < 128:
+                    z1242 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1242 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1242 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1242, pos = _rlong(buf, pos)
+            if c1239 * 3 > end - pos:
+                raise _count_error(c1239, end - pos)
+            for _ in range(c1239):
+                x1240, pos = _d_QueueReason1242(buf, pos, end)
+                acc1238.append(x1240)
+        f_reasons = tuple(acc1238)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1248: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1249 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1249 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1249 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1249, pos = _rlong(buf, pos)
+            if c1249 == 0:
+                break
+            if c1249 < 0:
+                c1249 = -c1249
+                b = buf[pos]
+                if b < 128:
+                    z1252 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1252 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1252 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1252, pos = _rlong(buf, pos)
+            if c1249 * 1 > end - pos:
+                raise _count_error(c1249, end - pos)
+            for _ in range(c1249):
+                n1253 = _ZL[buf[pos]]
+                if n1253 < 0:
+                    n1253, pos = _rlong(buf, pos)
+                    if n1253 < 0:
+                        raise _length_error(n1253, end - pos)
+                else:
+                    pos += 1
+                q1254 = pos + n1253
+                if q1254 > end:
+                    raise _length_error(n1253, end - pos)
+                x1250 = buf[pos:q1254].decode()
+                pos = q1254
+                acc1248.append(x1250)
+        f_waiting_for = tuple(acc1248)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1262(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4641,7 +4796,7 @@ def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1254(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4649,306 +4804,7 @@ def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1155(buf, pos, end)
-    n1216 = _ZL[buf[pos]]
-    if n1216 < 0:
-        n1216, pos = _rlong(buf, pos)
-        if n1216 < 0:
-            raise _length_error(n1216, end - pos)
-    else:
-        pos += 1
-    q1217 = pos + n1216
-    if q1217 > end:
-        raise _length_error(n1216, end - pos)
-    f_node_id = buf[pos:q1217].decode()
-    pos = q1217
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1218: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1219 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1219 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1219 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1219, pos = _rlong(buf, pos)
-            if c1219 == 0:
-                break
-            if c1219 < 0:
-                c1219 = -c1219
-                b = buf[pos]
-                if b < 128:
-                    z1222 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1222 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1222 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1222, pos = _rlong(buf, pos)
-            if c1219 * 2 > end - pos:
-                raise _count_error(c1219, end - pos)
-            for _ in range(c1219):
-                x1220, pos = _d_GpuShare1222(buf, pos, end)
-                acc1218.append(x1220)
-        f_gpus = tuple(acc1218)
-    n1224 = _ZL[buf[pos]]
-    if n1224 < 0:
-        n1224, pos = _rlong(buf, pos)
-        if n1224 < 0:
-            raise _length_error(n1224, end - pos)
-    else:
-        pos += 1
-    q1225 = pos + n1224
-    if q1225 > end:
-        raise _length_error(n1224, end - pos)
-    f_policy = buf[pos:q1225].decode()
-    pos = q1225
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1226: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1227 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1227 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1227 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1227, pos = _rlong(buf, pos)
-            if c1227 == 0:
-                break
-            if c1227 < 0:
-                c1227 = -c1227
-                b = buf[pos]
-                if b < 128:
-                    z1230 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1230 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1230 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1230, pos = _rlong(buf, pos)
-            if c1227 * 9 > end - pos:
-                raise _count_error(c1227, end - pos)
-            for _ in range(c1227):
-                n1231 = _ZL[buf[pos]]
-                if n1231 < 0:
-                    n1231, pos = _rlong(buf, pos)
-                    if n1231 < 0:
-                        raise _length_error(n1231, end - pos)
-                else:
-                    pos += 1
-                q1232 = pos + n1231
-                if q1232 > end:
-                    raise _length_error(n1231, end - pos)
-                k1229 = buf[pos:q1232].decode()
-                pos = q1232
-                x1228, = _unpack_d(buf, pos)
-                pos += 8
-                acc1226[k1229] = x1228
-        f_scores = acc1226
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1233: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1234 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1234 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1234 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1234, pos = _rlong(buf, pos)
-            if c1234 == 0:
-                break
-            if c1234 < 0:
-                c1234 = -c1234
-                b = buf[pos]
-                if b < 128:
-                    z1237 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1237 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1237 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1237, pos = _rlong(buf, pos)
-            if c1234 * 1 > end - pos:
-                raise _count_error(c1234, end - pos)
-            for _ in range(c1234):
-                n1238 = _ZL[buf[pos]]
-                if n1238 < 0:
-                    n1238, pos = _rlong(buf, pos)
-                    if n1238 < 0:
-                        raise _length_error(n1238, end - pos)
-                else:
-                    pos += 1
-                q1239 = pos + n1238
-                if q1239 > end:
-                    raise _length_error(n1238, end - pos)
-                x1235 = buf[pos:q1239].decode()
-                pos = q1239
-                acc1233.append(x1235)
-        f_preempted = tuple(acc1233)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1239(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1241 = _ZL[buf[pos]]
-    if n1241 < 0:
-        n1241, pos = _rlong(buf, pos)
-        if n1241 < 0:
-            raise _length_error(n1241, end - pos)
-    else:
-        pos += 1
-    q1242 = pos + n1241
-    if q1242 > end:
-        raise _length_error(n1241, end - pos)
-    f_pod_id = buf[pos:q1242].decode()
-    pos = q1242
-    n1243 = _ZL[buf[pos]]
-    if n1243 < 0:
-        n1243, pos = _rlong(buf, pos)
-        if n1243 < 0:
-            raise _length_error(n1243, end - pos)
-    else:
-        pos += 1
-    q1244 = pos + n1243
-    if q1244 > end:
-        raise _length_error(n1243, end - pos)
-    f_node_id = buf[pos:q1244].decode()
-    pos = q1244
-    n1245 = _ZL[buf[pos]]
-    if n1245 < 0:
-        n1245, pos = _rlong(buf, pos)
-        if n1245 < 0:
-            raise _length_error(n1245, end - pos)
-    else:
-        pos += 1
-    q1246 = pos + n1245
-    if q1246 > end:
-        raise _length_error(n1245, end - pos)
-    f_reason = buf[pos:q1246].decode()
-    pos = q1246
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1246(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1248 = _ZL[buf[pos]]
-    if n1248 < 0:
-        n1248, pos = _rlong(buf, pos)
-        if n1248 < 0:
-            raise _length_error(n1248, end - pos)
-    else:
-        pos += 1
-    q1249 = pos + n1248
-    if q1249 > end:
-        raise _length_error(n1248, end - pos)
-    f_pod_id = buf[pos:q1249].decode()
-    pos = q1249
-    b = buf[pos]
-    if b < 128:
-        i1250 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1250 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1250 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1250, pos = _rlong(buf, pos)
-    if i1250 == 0:
-        f_node_id = None
-    elif i1250 == 1:
-        n1251 = _ZL[buf[pos]]
-        if n1251 < 0:
-            n1251, pos = _rlong(buf, pos)
-            if n1251 < 0:
-                raise _length_error(n1251, end - pos)
-        else:
-            pos += 1
-        q1252 = pos + n1251
-        if q1252 > end:
-            raise _length_error(n1251, end - pos)
-        f_node_id = buf[pos:q1252].decode()
-        pos = q1252
-    else:
-        raise _union_error(i1250, 2)
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
-    else:
-        pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_reason = buf[pos:q1254].decode()
-    pos = q1254
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
+    f_pod, pos = _d_PodSpec1195(buf, pos, end)
     n1256 = _ZL[buf[pos]]
     if n1256 < 0:
         n1256, pos = _rlong(buf, pos)
@@ -4959,37 +4815,336 @@ def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
     q1257 = pos + n1256
     if q1257 > end:
         raise _length_error(n1256, end - pos)
-    f_policy = buf[pos:q1257].decode()
+    f_node_id = buf[pos:q1257].decode()
     pos = q1257
-    n1258 = _ZL[buf[pos]]
-    if n1258 < 0:
-        n1258, pos = _rlong(buf, pos)
-        if n1258 < 0:
-            raise _length_error(n1258, end - pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1258: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1259 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1259 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1259 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1259, pos = _rlong(buf, pos)
+            if c1259 == 0:
+                break
+            if c1259 < 0:
+                c1259 = -c1259
+                b = buf[pos]
+                if b < 128:
+                    z1262 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1262 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1262 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1262, pos = _rlong(buf, pos)
+            if c1259 * 2 > end - pos:
+                raise _count_error(c1259, end - pos)
+            for _ in range(c1259):
+                x1260, pos = _d_GpuShare1262(buf, pos, end)
+                acc1258.append(x1260)
+        f_gpus = tuple(acc1258)
+    n1264 = _ZL[buf[pos]]
+    if n1264 < 0:
+        n1264, pos = _rlong(buf, pos)
+        if n1264 < 0:
+            raise _length_error(n1264, end - pos)
     else:
         pos += 1
-    q1259 = pos + n1258
-    if q1259 > end:
-        raise _length_error(n1258, end - pos)
-    f_previous = buf[pos:q1259].decode()
-    pos = q1259
+    q1265 = pos + n1264
+    if q1265 > end:
+        raise _length_error(n1264, end - pos)
+    f_policy = buf[pos:q1265].decode()
+    pos = q1265
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1266: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1267 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1267 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1267 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1267, pos = _rlong(buf, pos)
+            if c1267 == 0:
+                break
+            if c1267 < 0:
+                c1267 = -c1267
+                b = buf[pos]
+                if b < 128:
+                    z1270 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1270 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1270 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1270, pos = _rlong(buf, pos)
+            if c1267 * 9 > end - pos:
+                raise _count_error(c1267, end - pos)
+            for _ in range(c1267):
+                n1271 = _ZL[buf[pos]]
+                if n1271 < 0:
+                    n1271, pos = _rlong(buf, pos)
+                    if n1271 < 0:
+                        raise _length_error(n1271, end - pos)
+                else:
+                    pos += 1
+                q1272 = pos + n1271
+                if q1272 > end:
+                    raise _length_error(n1271, end - pos)
+                k1269 = buf[pos:q1272].decode()
+                pos = q1272
+                x1268, = _unpack_d(buf, pos)
+                pos += 8
+                acc1266[k1269] = x1268
+        f_scores = acc1266
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1273: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1274 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1274 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1274 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1274, pos = _rlong(buf, pos)
+            if c1274 == 0:
+                break
+            if c1274 < 0:
+                c1274 = -c1274
+                b = buf[pos]
+                if b < 128:
+                    z1277 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1277 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1277 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1277, pos = _rlong(buf, pos)
+            if c1274 * 1 > end - pos:
+                raise _count_error(c1274, end - pos)
+            for _ in range(c1274):
+                n1278 = _ZL[buf[pos]]
+                if n1278 < 0:
+                    n1278, pos = _rlong(buf, pos)
+                    if n1278 < 0:
+                        raise _length_error(n1278, end - pos)
+                else:
+                    pos += 1
+                q1279 = pos + n1278
+                if q1279 > end:
+                    raise _length_error(n1278, end - pos)
+                x1275 = buf[pos:q1279].decode()
+                pos = q1279
+                acc1273.append(x1275)
+        f_preempted = tuple(acc1273)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1279(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1281 = _ZL[buf[pos]]
+    if n1281 < 0:
+        n1281, pos = _rlong(buf, pos)
+        if n1281 < 0:
+            raise _length_error(n1281, end - pos)
+    else:
+        pos += 1
+    q1282 = pos + n1281
+    if q1282 > end:
+        raise _length_error(n1281, end - pos)
+    f_pod_id = buf[pos:q1282].decode()
+    pos = q1282
+    n1283 = _ZL[buf[pos]]
+    if n1283 < 0:
+        n1283, pos = _rlong(buf, pos)
+        if n1283 < 0:
+            raise _length_error(n1283, end - pos)
+    else:
+        pos += 1
+    q1284 = pos + n1283
+    if q1284 > end:
+        raise _length_error(n1283, end - pos)
+    f_node_id = buf[pos:q1284].decode()
+    pos = q1284
+    n1285 = _ZL[buf[pos]]
+    if n1285 < 0:
+        n1285, pos = _rlong(buf, pos)
+        if n1285 < 0:
+            raise _length_error(n1285, end - pos)
+    else:
+        pos += 1
+    q1286 = pos + n1285
+    if q1286 > end:
+        raise _length_error(n1285, end - pos)
+    f_reason = buf[pos:q1286].decode()
+    pos = q1286
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1286(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1288 = _ZL[buf[pos]]
+    if n1288 < 0:
+        n1288, pos = _rlong(buf, pos)
+        if n1288 < 0:
+            raise _length_error(n1288, end - pos)
+    else:
+        pos += 1
+    q1289 = pos + n1288
+    if q1289 > end:
+        raise _length_error(n1288, end - pos)
+    f_pod_id = buf[pos:q1289].decode()
+    pos = q1289
     b = buf[pos]
     if b < 128:
-        i1260 = _ZD[b]
+        i1290 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1260 = (z >> 1) ^ -(z & 1)
+        i1290 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1260 = (z >> 1) ^ -(z & 1)
+        i1290 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1260, pos = _rlong(buf, pos)
-    if i1260 == 0:
+        i1290, pos = _rlong(buf, pos)
+    if i1290 == 0:
+        f_node_id = None
+    elif i1290 == 1:
+        n1291 = _ZL[buf[pos]]
+        if n1291 < 0:
+            n1291, pos = _rlong(buf, pos)
+            if n1291 < 0:
+                raise _length_error(n1291, end - pos)
+        else:
+            pos += 1
+        q1292 = pos + n1291
+        if q1292 > end:
+            raise _length_error(n1291, end - pos)
+        f_node_id = buf[pos:q1292].decode()
+        pos = q1292
+    else:
+        raise _union_error(i1290, 2)
+    n1293 = _ZL[buf[pos]]
+    if n1293 < 0:
+        n1293, pos = _rlong(buf, pos)
+        if n1293 < 0:
+            raise _length_error(n1293, end - pos)
+    else:
+        pos += 1
+    q1294 = pos + n1293
+    if q1294 > end:
+        raise _length_error(n1293, end - pos)
+    f_reason = buf[pos:q1294].decode()
+    pos = q1294
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1296 = _ZL[buf[pos]]
+    if n1296 < 0:
+        n1296, pos = _rlong(buf, pos)
+        if n1296 < 0:
+            raise _length_error(n1296, end - pos)
+    else:
+        pos += 1
+    q1297 = pos + n1296
+    if q1297 > end:
+        raise _length_error(n1296, end - pos)
+    f_policy = buf[pos:q1297].decode()
+    pos = q1297
+    n1298 = _ZL[buf[pos]]
+    if n1298 < 0:
+        n1298, pos = _rlong(buf, pos)
+        if n1298 < 0:
+            raise _length_error(n1298, end - pos)
+    else:
+        pos += 1
+    q1299 = pos + n1298
+    if q1299 > end:
+        raise _length_error(n1298, end - pos)
+    f_previous = buf[pos:q1299].decode()
+    pos = q1299
+    b = buf[pos]
+    if b < 128:
+        i1300 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1300 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1300 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1300, pos = _rlong(buf, pos)
+    if i1300 == 0:
         f_reserve_after_ms = None
-    elif i1260 == 1:
+    elif i1300 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5005,36 +5160,36 @@ def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1260, 2)
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
+        raise _union_error(i1300, 2)
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
     else:
         pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_queue_order = buf[pos:q1262].decode()
-    pos = q1262
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_queue_order = buf[pos:q1302].decode()
+    pos = q1302
     b = buf[pos]
     if b < 128:
-        i1263 = _ZD[b]
+        i1303 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1263 = (z >> 1) ^ -(z & 1)
+        i1303 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1263 = (z >> 1) ^ -(z & 1)
+        i1303 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1263, pos = _rlong(buf, pos)
-    if i1263 == 0:
+        i1303, pos = _rlong(buf, pos)
+    if i1303 == 0:
         f_max_clock_jump_ms = None
-    elif i1263 == 1:
+    elif i1303 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5050,69 +5205,69 @@ def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1263, 2)
+        raise _union_error(i1303, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1263(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1303(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1265 = _ZL[buf[pos]]
-    if n1265 < 0:
-        n1265, pos = _rlong(buf, pos)
-        if n1265 < 0:
-            raise _length_error(n1265, end - pos)
+    n1305 = _ZL[buf[pos]]
+    if n1305 < 0:
+        n1305, pos = _rlong(buf, pos)
+        if n1305 < 0:
+            raise _length_error(n1305, end - pos)
     else:
         pos += 1
-    q1266 = pos + n1265
-    if q1266 > end:
-        raise _length_error(n1265, end - pos)
-    f_command_id = buf[pos:q1266].decode()
-    pos = q1266
-    n1267 = _ZL[buf[pos]]
-    if n1267 < 0:
-        n1267, pos = _rlong(buf, pos)
-        if n1267 < 0:
-            raise _length_error(n1267, end - pos)
+    q1306 = pos + n1305
+    if q1306 > end:
+        raise _length_error(n1305, end - pos)
+    f_command_id = buf[pos:q1306].decode()
+    pos = q1306
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
     else:
         pos += 1
-    q1268 = pos + n1267
-    if q1268 > end:
-        raise _length_error(n1267, end - pos)
-    f_command_type = buf[pos:q1268].decode()
-    pos = q1268
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_command_type = buf[pos:q1308].decode()
+    pos = q1308
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
     else:
         pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_code = buf[pos:q1270].decode()
-    pos = q1270
-    n1271 = _ZL[buf[pos]]
-    if n1271 < 0:
-        n1271, pos = _rlong(buf, pos)
-        if n1271 < 0:
-            raise _length_error(n1271, end - pos)
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_code = buf[pos:q1310].decode()
+    pos = q1310
+    n1311 = _ZL[buf[pos]]
+    if n1311 < 0:
+        n1311, pos = _rlong(buf, pos)
+        if n1311 < 0:
+            raise _length_error(n1311, end - pos)
     else:
         pos += 1
-    q1272 = pos + n1271
-    if q1272 > end:
-        raise _length_error(n1271, end - pos)
-    f_message = buf[pos:q1272].decode()
-    pos = q1272
+    q1312 = pos + n1311
+    if q1312 > end:
+        raise _length_error(n1311, end - pos)
+    f_message = buf[pos:q1312].decode()
+    pos = q1312
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5127,30 +5282,32 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    f_queued_at: Any
+    f_preemptible: bool
+    n1322 = _ZL[buf[pos]]
+    if n1322 < 0:
+        n1322, pos = _rlong(buf, pos)
+        if n1322 < 0:
+            raise _length_error(n1322, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_gang_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1323 = pos + n1322
+    if q1323 > end:
+        raise _length_error(n1322, end - pos)
+    f_gang_id = buf[pos:q1323].decode()
+    pos = q1323
+    n1324 = _ZL[buf[pos]]
+    if n1324 < 0:
+        n1324, pos = _rlong(buf, pos)
+        if n1324 < 0:
+            raise _length_error(n1324, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_tenant = buf[pos:q1285].decode()
-    pos = q1285
+    q1325 = pos + n1324
+    if q1325 > end:
+        raise _length_error(n1324, end - pos)
+    f_tenant = buf[pos:q1325].decode()
+    pos = q1325
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5169,46 +5326,46 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1286: list[Any] = []
+        acc1326: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1287 = _ZD[b]
+                c1327 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1327 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1327 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1287, pos = _rlong(buf, pos)
-            if c1287 == 0:
+                c1327, pos = _rlong(buf, pos)
+            if c1327 == 0:
                 break
-            if c1287 < 0:
-                c1287 = -c1287
+            if c1327 < 0:
+                c1327 = -c1327
                 b = buf[pos]
                 if b < 128:
-                    z1290 = _ZD[b]
+                    z1330 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1330 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1330 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1290, pos = _rlong(buf, pos)
-            if c1287 * 20 > end - pos:
-                raise _count_error(c1287, end - pos)
-            for _ in range(c1287):
-                x1288, pos = _d_PodSpec1155(buf, pos, end)
-                acc1286.append(x1288)
-        f_members = tuple(acc1286)
+                    z1330, pos = _rlong(buf, pos)
+            if c1327 * 21 > end - pos:
+                raise _count_error(c1327, end - pos)
+            for _ in range(c1327):
+                x1328, pos = _d_PodSpec1195(buf, pos, end)
+                acc1326.append(x1328)
+        f_members = tuple(acc1326)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5225,83 +5382,83 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1291 = _ZD[b]
+        i1331 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1291 = (z >> 1) ^ -(z & 1)
+        i1331 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1291 = (z >> 1) ^ -(z & 1)
+        i1331 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1291, pos = _rlong(buf, pos)
-    if i1291 == 0:
+        i1331, pos = _rlong(buf, pos)
+    if i1331 == 0:
         f_topology_required = None
-    elif i1291 == 1:
-        n1292 = _ZL[buf[pos]]
-        if n1292 < 0:
-            n1292, pos = _rlong(buf, pos)
-            if n1292 < 0:
-                raise _length_error(n1292, end - pos)
+    elif i1331 == 1:
+        n1332 = _ZL[buf[pos]]
+        if n1332 < 0:
+            n1332, pos = _rlong(buf, pos)
+            if n1332 < 0:
+                raise _length_error(n1332, end - pos)
         else:
             pos += 1
-        q1293 = pos + n1292
-        if q1293 > end:
-            raise _length_error(n1292, end - pos)
-        f_topology_required = buf[pos:q1293].decode()
-        pos = q1293
+        q1333 = pos + n1332
+        if q1333 > end:
+            raise _length_error(n1332, end - pos)
+        f_topology_required = buf[pos:q1333].decode()
+        pos = q1333
     else:
-        raise _union_error(i1291, 2)
+        raise _union_error(i1331, 2)
     b = buf[pos]
     if b < 128:
-        i1294 = _ZD[b]
+        i1334 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1294 = (z >> 1) ^ -(z & 1)
+        i1334 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1294 = (z >> 1) ^ -(z & 1)
+        i1334 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1294, pos = _rlong(buf, pos)
-    if i1294 == 0:
+        i1334, pos = _rlong(buf, pos)
+    if i1334 == 0:
         f_topology_preferred = None
-    elif i1294 == 1:
-        n1295 = _ZL[buf[pos]]
-        if n1295 < 0:
-            n1295, pos = _rlong(buf, pos)
-            if n1295 < 0:
-                raise _length_error(n1295, end - pos)
+    elif i1334 == 1:
+        n1335 = _ZL[buf[pos]]
+        if n1335 < 0:
+            n1335, pos = _rlong(buf, pos)
+            if n1335 < 0:
+                raise _length_error(n1335, end - pos)
         else:
             pos += 1
-        q1296 = pos + n1295
-        if q1296 > end:
-            raise _length_error(n1295, end - pos)
-        f_topology_preferred = buf[pos:q1296].decode()
-        pos = q1296
+        q1336 = pos + n1335
+        if q1336 > end:
+            raise _length_error(n1335, end - pos)
+        f_topology_preferred = buf[pos:q1336].decode()
+        pos = q1336
     else:
-        raise _union_error(i1294, 2)
+        raise _union_error(i1334, 2)
     b = buf[pos]
     if b < 128:
-        i1297 = _ZD[b]
+        i1337 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1337 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1337 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1297, pos = _rlong(buf, pos)
-    if i1297 == 0:
+        i1337, pos = _rlong(buf, pos)
+    if i1337 == 0:
         f_timeout_ms = None
-    elif i1297 == 1:
+    elif i1337 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5317,24 +5474,24 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1297, 2)
+        raise _union_error(i1337, 2)
     b = buf[pos]
     if b < 128:
-        i1298 = _ZD[b]
+        i1338 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1298 = (z >> 1) ^ -(z & 1)
+        i1338 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1298 = (z >> 1) ^ -(z & 1)
+        i1338 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1298, pos = _rlong(buf, pos)
-    if i1298 == 0:
+        i1338, pos = _rlong(buf, pos)
+    if i1338 == 0:
         f_time_limit_ms = None
-    elif i1298 == 1:
+    elif i1338 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5350,74 +5507,74 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1298, 2)
+        raise _union_error(i1338, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1299: list[Any] = []
+        acc1339: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1300 = _ZD[b]
+                c1340 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1300 = (z >> 1) ^ -(z & 1)
+                c1340 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1300 = (z >> 1) ^ -(z & 1)
+                c1340 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1300, pos = _rlong(buf, pos)
-            if c1300 == 0:
+                c1340, pos = _rlong(buf, pos)
+            if c1340 == 0:
                 break
-            if c1300 < 0:
-                c1300 = -c1300
+            if c1340 < 0:
+                c1340 = -c1340
                 b = buf[pos]
                 if b < 128:
-                    z1303 = _ZD[b]
+                    z1343 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1303 = (z >> 1) ^ -(z & 1)
+                    z1343 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1303 = (z >> 1) ^ -(z & 1)
+                    z1343 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1303, pos = _rlong(buf, pos)
-            if c1300 * 1 > end - pos:
-                raise _count_error(c1300, end - pos)
-            for _ in range(c1300):
-                n1304 = _ZL[buf[pos]]
-                if n1304 < 0:
-                    n1304, pos = _rlong(buf, pos)
-                    if n1304 < 0:
-                        raise _length_error(n1304, end - pos)
+                    z1343, pos = _rlong(buf, pos)
+            if c1340 * 1 > end - pos:
+                raise _count_error(c1340, end - pos)
+            for _ in range(c1340):
+                n1344 = _ZL[buf[pos]]
+                if n1344 < 0:
+                    n1344, pos = _rlong(buf, pos)
+                    if n1344 < 0:
+                        raise _length_error(n1344, end - pos)
                 else:
                     pos += 1
-                q1305 = pos + n1304
-                if q1305 > end:
-                    raise _length_error(n1304, end - pos)
-                x1301 = buf[pos:q1305].decode()
-                pos = q1305
-                acc1299.append(x1301)
-        f_depends_on = tuple(acc1299)
-    n1306 = _ZL[buf[pos]]
-    if n1306 < 0:
-        n1306, pos = _rlong(buf, pos)
-        if n1306 < 0:
-            raise _length_error(n1306, end - pos)
+                q1345 = pos + n1344
+                if q1345 > end:
+                    raise _length_error(n1344, end - pos)
+                x1341 = buf[pos:q1345].decode()
+                pos = q1345
+                acc1339.append(x1341)
+        f_depends_on = tuple(acc1339)
+    n1346 = _ZL[buf[pos]]
+    if n1346 < 0:
+        n1346, pos = _rlong(buf, pos)
+        if n1346 < 0:
+            raise _length_error(n1346, end - pos)
     else:
         pos += 1
-    q1307 = pos + n1306
-    if q1307 > end:
-        raise _length_error(n1306, end - pos)
-    f_dependency = buf[pos:q1307].decode()
-    pos = q1307
+    q1347 = pos + n1346
+    if q1347 > end:
+        raise _length_error(n1346, end - pos)
+    f_dependency = buf[pos:q1347].decode()
+    pos = q1347
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5446,223 +5603,258 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1308 = _ZL[buf[pos]]
-    if n1308 < 0:
-        n1308, pos = _rlong(buf, pos)
-        if n1308 < 0:
-            raise _length_error(n1308, end - pos)
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1309 = pos + n1308
-    if q1309 > end:
-        raise _length_error(n1308, end - pos)
-    f_preemption = buf[pos:q1309].decode()
-    pos = q1309
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_preemption = buf[pos:q1349].decode()
+    pos = q1349
+    b = buf[pos]
+    if b < 128:
+        i1350 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1350 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1350 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1350, pos = _rlong(buf, pos)
+    if i1350 == 0:
+        f_queued_at = None
+    elif i1350 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1350, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
     return o, pos
 
 
-def _d_GangQueued1272(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1312(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
+    n1314 = _ZL[buf[pos]]
+    if n1314 < 0:
+        n1314, pos = _rlong(buf, pos)
+        if n1314 < 0:
+            raise _length_error(n1314, end - pos)
     else:
         pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_gang_id = buf[pos:q1275].decode()
-    pos = q1275
+    q1315 = pos + n1314
+    if q1315 > end:
+        raise _length_error(n1314, end - pos)
+    f_gang_id = buf[pos:q1315].decode()
+    pos = q1315
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1276: list[Any] = []
+        acc1316: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1277 = _ZD[b]
+                c1317 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1317 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1317 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1277, pos = _rlong(buf, pos)
-            if c1277 == 0:
+                c1317, pos = _rlong(buf, pos)
+            if c1317 == 0:
                 break
-            if c1277 < 0:
-                c1277 = -c1277
+            if c1317 < 0:
+                c1317 = -c1317
                 b = buf[pos]
                 if b < 128:
-                    z1280 = _ZD[b]
+                    z1320 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1320 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1320 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1280, pos = _rlong(buf, pos)
-            if c1277 * 3 > end - pos:
-                raise _count_error(c1277, end - pos)
-            for _ in range(c1277):
-                x1278, pos = _d_QueueReason1202(buf, pos, end)
-                acc1276.append(x1278)
-        f_reasons = tuple(acc1276)
-    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+                    z1320, pos = _rlong(buf, pos)
+            if c1317 * 3 > end - pos:
+                raise _count_error(c1317, end - pos)
+            for _ in range(c1317):
+                x1318, pos = _d_QueueReason1242(buf, pos, end)
+                acc1316.append(x1318)
+        f_reasons = tuple(acc1316)
+    f_gang, pos = _d_GangSpec1320(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1310: list[Any] = []
+        acc1351: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1311 = _ZD[b]
+                c1352 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1311 = (z >> 1) ^ -(z & 1)
+                c1352 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1311 = (z >> 1) ^ -(z & 1)
+                c1352 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1311, pos = _rlong(buf, pos)
-            if c1311 == 0:
+                c1352, pos = _rlong(buf, pos)
+            if c1352 == 0:
                 break
-            if c1311 < 0:
-                c1311 = -c1311
+            if c1352 < 0:
+                c1352 = -c1352
                 b = buf[pos]
                 if b < 128:
-                    z1314 = _ZD[b]
+                    z1355 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1314 = (z >> 1) ^ -(z & 1)
+                    z1355 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1314 = (z >> 1) ^ -(z & 1)
+                    z1355 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1314, pos = _rlong(buf, pos)
-            if c1311 * 1 > end - pos:
-                raise _count_error(c1311, end - pos)
-            for _ in range(c1311):
-                n1315 = _ZL[buf[pos]]
-                if n1315 < 0:
-                    n1315, pos = _rlong(buf, pos)
-                    if n1315 < 0:
-                        raise _length_error(n1315, end - pos)
+                    z1355, pos = _rlong(buf, pos)
+            if c1352 * 1 > end - pos:
+                raise _count_error(c1352, end - pos)
+            for _ in range(c1352):
+                n1356 = _ZL[buf[pos]]
+                if n1356 < 0:
+                    n1356, pos = _rlong(buf, pos)
+                    if n1356 < 0:
+                        raise _length_error(n1356, end - pos)
                 else:
                     pos += 1
-                q1316 = pos + n1315
-                if q1316 > end:
-                    raise _length_error(n1315, end - pos)
-                x1312 = buf[pos:q1316].decode()
-                pos = q1316
-                acc1310.append(x1312)
-        f_waiting_for = tuple(acc1310)
+                q1357 = pos + n1356
+                if q1357 > end:
+                    raise _length_error(n1356, end - pos)
+                x1353 = buf[pos:q1357].decode()
+                pos = q1357
+                acc1351.append(x1353)
+        f_waiting_for = tuple(acc1351)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1324(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1365(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1326 = _ZL[buf[pos]]
-    if n1326 < 0:
-        n1326, pos = _rlong(buf, pos)
-        if n1326 < 0:
-            raise _length_error(n1326, end - pos)
+    n1367 = _ZL[buf[pos]]
+    if n1367 < 0:
+        n1367, pos = _rlong(buf, pos)
+        if n1367 < 0:
+            raise _length_error(n1367, end - pos)
     else:
         pos += 1
-    q1327 = pos + n1326
-    if q1327 > end:
-        raise _length_error(n1326, end - pos)
-    f_pod_id = buf[pos:q1327].decode()
-    pos = q1327
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+    q1368 = pos + n1367
+    if q1368 > end:
+        raise _length_error(n1367, end - pos)
+    f_pod_id = buf[pos:q1368].decode()
+    pos = q1368
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_node_id = buf[pos:q1329].decode()
-    pos = q1329
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_node_id = buf[pos:q1370].decode()
+    pos = q1370
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1330: list[Any] = []
+        acc1371: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1331 = _ZD[b]
+                c1372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1331, pos = _rlong(buf, pos)
-            if c1331 == 0:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
                 break
-            if c1331 < 0:
-                c1331 = -c1331
+            if c1372 < 0:
+                c1372 = -c1372
                 b = buf[pos]
                 if b < 128:
-                    z1334 = _ZD[b]
+                    z1375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1334, pos = _rlong(buf, pos)
-            if c1331 * 2 > end - pos:
-                raise _count_error(c1331, end - pos)
-            for _ in range(c1331):
-                x1332, pos = _d_GpuShare1222(buf, pos, end)
-                acc1330.append(x1332)
-        f_gpus = tuple(acc1330)
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 2 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                x1373, pos = _d_GpuShare1262(buf, pos, end)
+                acc1371.append(x1373)
+        f_gpus = tuple(acc1371)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1357(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5671,214 +5863,214 @@ def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1318 = _ZL[buf[pos]]
-    if n1318 < 0:
-        n1318, pos = _rlong(buf, pos)
-        if n1318 < 0:
-            raise _length_error(n1318, end - pos)
+    n1359 = _ZL[buf[pos]]
+    if n1359 < 0:
+        n1359, pos = _rlong(buf, pos)
+        if n1359 < 0:
+            raise _length_error(n1359, end - pos)
     else:
         pos += 1
-    q1319 = pos + n1318
-    if q1319 > end:
-        raise _length_error(n1318, end - pos)
-    f_gang_id = buf[pos:q1319].decode()
-    pos = q1319
+    q1360 = pos + n1359
+    if q1360 > end:
+        raise _length_error(n1359, end - pos)
+    f_gang_id = buf[pos:q1360].decode()
+    pos = q1360
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1320: list[Any] = []
+        acc1361: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1321 = _ZD[b]
+                c1362 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1321 = (z >> 1) ^ -(z & 1)
+                c1362 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1321 = (z >> 1) ^ -(z & 1)
+                c1362 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1321, pos = _rlong(buf, pos)
-            if c1321 == 0:
+                c1362, pos = _rlong(buf, pos)
+            if c1362 == 0:
                 break
-            if c1321 < 0:
-                c1321 = -c1321
+            if c1362 < 0:
+                c1362 = -c1362
                 b = buf[pos]
                 if b < 128:
-                    z1324 = _ZD[b]
+                    z1365 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1324 = (z >> 1) ^ -(z & 1)
+                    z1365 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1324 = (z >> 1) ^ -(z & 1)
+                    z1365 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1324, pos = _rlong(buf, pos)
-            if c1321 * 3 > end - pos:
-                raise _count_error(c1321, end - pos)
-            for _ in range(c1321):
-                x1322, pos = _d_MemberPlacement1324(buf, pos, end)
-                acc1320.append(x1322)
-        f_members = tuple(acc1320)
-    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+                    z1365, pos = _rlong(buf, pos)
+            if c1362 * 3 > end - pos:
+                raise _count_error(c1362, end - pos)
+            for _ in range(c1362):
+                x1363, pos = _d_MemberPlacement1365(buf, pos, end)
+                acc1361.append(x1363)
+        f_members = tuple(acc1361)
+    f_gang, pos = _d_GangSpec1320(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1335 = _ZD[b]
+        i1376 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1335 = (z >> 1) ^ -(z & 1)
+        i1376 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1335 = (z >> 1) ^ -(z & 1)
+        i1376 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1335, pos = _rlong(buf, pos)
-    if i1335 == 0:
+        i1376, pos = _rlong(buf, pos)
+    if i1376 == 0:
         f_topology_key = None
-    elif i1335 == 1:
-        n1336 = _ZL[buf[pos]]
-        if n1336 < 0:
-            n1336, pos = _rlong(buf, pos)
-            if n1336 < 0:
-                raise _length_error(n1336, end - pos)
+    elif i1376 == 1:
+        n1377 = _ZL[buf[pos]]
+        if n1377 < 0:
+            n1377, pos = _rlong(buf, pos)
+            if n1377 < 0:
+                raise _length_error(n1377, end - pos)
         else:
             pos += 1
-        q1337 = pos + n1336
-        if q1337 > end:
-            raise _length_error(n1336, end - pos)
-        f_topology_key = buf[pos:q1337].decode()
-        pos = q1337
+        q1378 = pos + n1377
+        if q1378 > end:
+            raise _length_error(n1377, end - pos)
+        f_topology_key = buf[pos:q1378].decode()
+        pos = q1378
     else:
-        raise _union_error(i1335, 2)
+        raise _union_error(i1376, 2)
     b = buf[pos]
     if b < 128:
-        i1338 = _ZD[b]
+        i1379 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1379 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1379 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1338, pos = _rlong(buf, pos)
-    if i1338 == 0:
+        i1379, pos = _rlong(buf, pos)
+    if i1379 == 0:
         f_domain = None
-    elif i1338 == 1:
-        n1339 = _ZL[buf[pos]]
-        if n1339 < 0:
-            n1339, pos = _rlong(buf, pos)
-            if n1339 < 0:
-                raise _length_error(n1339, end - pos)
+    elif i1379 == 1:
+        n1380 = _ZL[buf[pos]]
+        if n1380 < 0:
+            n1380, pos = _rlong(buf, pos)
+            if n1380 < 0:
+                raise _length_error(n1380, end - pos)
         else:
             pos += 1
-        q1340 = pos + n1339
-        if q1340 > end:
-            raise _length_error(n1339, end - pos)
-        f_domain = buf[pos:q1340].decode()
-        pos = q1340
+        q1381 = pos + n1380
+        if q1381 > end:
+            raise _length_error(n1380, end - pos)
+        f_domain = buf[pos:q1381].decode()
+        pos = q1381
     else:
-        raise _union_error(i1338, 2)
+        raise _union_error(i1379, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1341 = _ZL[buf[pos]]
-    if n1341 < 0:
-        n1341, pos = _rlong(buf, pos)
-        if n1341 < 0:
-            raise _length_error(n1341, end - pos)
+    n1382 = _ZL[buf[pos]]
+    if n1382 < 0:
+        n1382, pos = _rlong(buf, pos)
+        if n1382 < 0:
+            raise _length_error(n1382, end - pos)
     else:
         pos += 1
-    q1342 = pos + n1341
-    if q1342 > end:
-        raise _length_error(n1341, end - pos)
-    f_message = buf[pos:q1342].decode()
-    pos = q1342
+    q1383 = pos + n1382
+    if q1383 > end:
+        raise _length_error(n1382, end - pos)
+    f_message = buf[pos:q1383].decode()
+    pos = q1383
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1343: list[Any] = []
+        acc1384: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1344 = _ZD[b]
+                c1385 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1344 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1344 = (z >> 1) ^ -(z & 1)
+                c1385 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1344, pos = _rlong(buf, pos)
-            if c1344 == 0:
+                c1385, pos = _rlong(buf, pos)
+            if c1385 == 0:
                 break
-            if c1344 < 0:
-                c1344 = -c1344
+            if c1385 < 0:
+                c1385 = -c1385
                 b = buf[pos]
                 if b < 128:
-                    z1347 = _ZD[b]
+                    z1388 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1347 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1347 = (z >> 1) ^ -(z & 1)
+                    z1388 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1347, pos = _rlong(buf, pos)
-            if c1344 * 1 > end - pos:
-                raise _count_error(c1344, end - pos)
-            for _ in range(c1344):
-                n1348 = _ZL[buf[pos]]
-                if n1348 < 0:
-                    n1348, pos = _rlong(buf, pos)
-                    if n1348 < 0:
-                        raise _length_error(n1348, end - pos)
+                    z1388, pos = _rlong(buf, pos)
+            if c1385 * 1 > end - pos:
+                raise _count_error(c1385, end - pos)
+            for _ in range(c1385):
+                n1389 = _ZL[buf[pos]]
+                if n1389 < 0:
+                    n1389, pos = _rlong(buf, pos)
+                    if n1389 < 0:
+                        raise _length_error(n1389, end - pos)
                 else:
                     pos += 1
-                q1349 = pos + n1348
-                if q1349 > end:
-                    raise _length_error(n1348, end - pos)
-                x1345 = buf[pos:q1349].decode()
-                pos = q1349
-                acc1343.append(x1345)
-        f_preempted = tuple(acc1343)
+                q1390 = pos + n1389
+                if q1390 > end:
+                    raise _length_error(n1389, end - pos)
+                x1386 = buf[pos:q1390].decode()
+                pos = q1390
+                acc1384.append(x1386)
+        f_preempted = tuple(acc1384)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1390(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1351 = _ZL[buf[pos]]
-    if n1351 < 0:
-        n1351, pos = _rlong(buf, pos)
-        if n1351 < 0:
-            raise _length_error(n1351, end - pos)
+    n1392 = _ZL[buf[pos]]
+    if n1392 < 0:
+        n1392, pos = _rlong(buf, pos)
+        if n1392 < 0:
+            raise _length_error(n1392, end - pos)
     else:
         pos += 1
-    q1352 = pos + n1351
-    if q1352 > end:
-        raise _length_error(n1351, end - pos)
-    f_gang_id = buf[pos:q1352].decode()
-    pos = q1352
+    q1393 = pos + n1392
+    if q1393 > end:
+        raise _length_error(n1392, end - pos)
+    f_gang_id = buf[pos:q1393].decode()
+    pos = q1393
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5893,85 +6085,141 @@ def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1353 = _ZL[buf[pos]]
-    if n1353 < 0:
-        n1353, pos = _rlong(buf, pos)
-        if n1353 < 0:
-            raise _length_error(n1353, end - pos)
+    n1394 = _ZL[buf[pos]]
+    if n1394 < 0:
+        n1394, pos = _rlong(buf, pos)
+        if n1394 < 0:
+            raise _length_error(n1394, end - pos)
     else:
         pos += 1
-    q1354 = pos + n1353
-    if q1354 > end:
-        raise _length_error(n1353, end - pos)
-    f_message = buf[pos:q1354].decode()
-    pos = q1354
+    q1395 = pos + n1394
+    if q1395 > end:
+        raise _length_error(n1394, end - pos)
+    f_message = buf[pos:q1395].decode()
+    pos = q1395
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1395(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1356 = _ZL[buf[pos]]
-    if n1356 < 0:
-        n1356, pos = _rlong(buf, pos)
-        if n1356 < 0:
-            raise _length_error(n1356, end - pos)
+    f_members_ended: tuple[Any, ...]
+    n1397 = _ZL[buf[pos]]
+    if n1397 < 0:
+        n1397, pos = _rlong(buf, pos)
+        if n1397 < 0:
+            raise _length_error(n1397, end - pos)
     else:
         pos += 1
-    q1357 = pos + n1356
-    if q1357 > end:
-        raise _length_error(n1356, end - pos)
-    f_gang_id = buf[pos:q1357].decode()
-    pos = q1357
-    n1358 = _ZL[buf[pos]]
-    if n1358 < 0:
-        n1358, pos = _rlong(buf, pos)
-        if n1358 < 0:
-            raise _length_error(n1358, end - pos)
+    q1398 = pos + n1397
+    if q1398 > end:
+        raise _length_error(n1397, end - pos)
+    f_gang_id = buf[pos:q1398].decode()
+    pos = q1398
+    n1399 = _ZL[buf[pos]]
+    if n1399 < 0:
+        n1399, pos = _rlong(buf, pos)
+        if n1399 < 0:
+            raise _length_error(n1399, end - pos)
     else:
         pos += 1
-    q1359 = pos + n1358
-    if q1359 > end:
-        raise _length_error(n1358, end - pos)
-    f_reason = buf[pos:q1359].decode()
-    pos = q1359
+    q1400 = pos + n1399
+    if q1400 > end:
+        raise _length_error(n1399, end - pos)
+    f_reason = buf[pos:q1400].decode()
+    pos = q1400
     f_ok = buf[pos] != 0
     pos += 1
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok)
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1401: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1402 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1402 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1402 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1402, pos = _rlong(buf, pos)
+            if c1402 == 0:
+                break
+            if c1402 < 0:
+                c1402 = -c1402
+                b = buf[pos]
+                if b < 128:
+                    z1405 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1405 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1405 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1405, pos = _rlong(buf, pos)
+            if c1402 * 1 > end - pos:
+                raise _count_error(c1402, end - pos)
+            for _ in range(c1402):
+                n1406 = _ZL[buf[pos]]
+                if n1406 < 0:
+                    n1406, pos = _rlong(buf, pos)
+                    if n1406 < 0:
+                        raise _length_error(n1406, end - pos)
+                else:
+                    pos += 1
+                q1407 = pos + n1406
+                if q1407 > end:
+                    raise _length_error(n1406, end - pos)
+                x1403 = buf[pos:q1407].decode()
+                pos = q1407
+                acc1401.append(x1403)
+        f_members_ended = tuple(acc1401)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1361 = _ZL[buf[pos]]
-    if n1361 < 0:
-        n1361, pos = _rlong(buf, pos)
-        if n1361 < 0:
-            raise _length_error(n1361, end - pos)
+    n1409 = _ZL[buf[pos]]
+    if n1409 < 0:
+        n1409, pos = _rlong(buf, pos)
+        if n1409 < 0:
+            raise _length_error(n1409, end - pos)
     else:
         pos += 1
-    q1362 = pos + n1361
-    if q1362 > end:
-        raise _length_error(n1361, end - pos)
-    f_pod_id = buf[pos:q1362].decode()
-    pos = q1362
-    n1363 = _ZL[buf[pos]]
-    if n1363 < 0:
-        n1363, pos = _rlong(buf, pos)
-        if n1363 < 0:
-            raise _length_error(n1363, end - pos)
+    q1410 = pos + n1409
+    if q1410 > end:
+        raise _length_error(n1409, end - pos)
+    f_pod_id = buf[pos:q1410].decode()
+    pos = q1410
+    n1411 = _ZL[buf[pos]]
+    if n1411 < 0:
+        n1411, pos = _rlong(buf, pos)
+        if n1411 < 0:
+            raise _length_error(n1411, end - pos)
     else:
         pos += 1
-    q1364 = pos + n1363
-    if q1364 > end:
-        raise _length_error(n1363, end - pos)
-    f_node_id = buf[pos:q1364].decode()
-    pos = q1364
+    q1412 = pos + n1411
+    if q1412 > end:
+        raise _length_error(n1411, end - pos)
+    f_node_id = buf[pos:q1412].decode()
+    pos = q1412
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5988,141 +6236,141 @@ def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1365 = _ZD[b]
+        i1413 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1365 = (z >> 1) ^ -(z & 1)
+        i1413 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1365 = (z >> 1) ^ -(z & 1)
+        i1413 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1365, pos = _rlong(buf, pos)
-    if i1365 == 0:
+        i1413, pos = _rlong(buf, pos)
+    if i1413 == 0:
         f_gang_id = None
-    elif i1365 == 1:
-        n1366 = _ZL[buf[pos]]
-        if n1366 < 0:
-            n1366, pos = _rlong(buf, pos)
-            if n1366 < 0:
-                raise _length_error(n1366, end - pos)
+    elif i1413 == 1:
+        n1414 = _ZL[buf[pos]]
+        if n1414 < 0:
+            n1414, pos = _rlong(buf, pos)
+            if n1414 < 0:
+                raise _length_error(n1414, end - pos)
         else:
             pos += 1
-        q1367 = pos + n1366
-        if q1367 > end:
-            raise _length_error(n1366, end - pos)
-        f_gang_id = buf[pos:q1367].decode()
-        pos = q1367
+        q1415 = pos + n1414
+        if q1415 > end:
+            raise _length_error(n1414, end - pos)
+        f_gang_id = buf[pos:q1415].decode()
+        pos = q1415
     else:
-        raise _union_error(i1365, 2)
+        raise _union_error(i1413, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1415(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1369 = _ZL[buf[pos]]
-    if n1369 < 0:
-        n1369, pos = _rlong(buf, pos)
-        if n1369 < 0:
-            raise _length_error(n1369, end - pos)
+    n1417 = _ZL[buf[pos]]
+    if n1417 < 0:
+        n1417, pos = _rlong(buf, pos)
+        if n1417 < 0:
+            raise _length_error(n1417, end - pos)
     else:
         pos += 1
-    q1370 = pos + n1369
-    if q1370 > end:
-        raise _length_error(n1369, end - pos)
-    f_holder_id = buf[pos:q1370].decode()
-    pos = q1370
-    n1371 = _ZL[buf[pos]]
-    if n1371 < 0:
-        n1371, pos = _rlong(buf, pos)
-        if n1371 < 0:
-            raise _length_error(n1371, end - pos)
+    q1418 = pos + n1417
+    if q1418 > end:
+        raise _length_error(n1417, end - pos)
+    f_holder_id = buf[pos:q1418].decode()
+    pos = q1418
+    n1419 = _ZL[buf[pos]]
+    if n1419 < 0:
+        n1419, pos = _rlong(buf, pos)
+        if n1419 < 0:
+            raise _length_error(n1419, end - pos)
     else:
         pos += 1
-    q1372 = pos + n1371
-    if q1372 > end:
-        raise _length_error(n1371, end - pos)
-    f_holder_kind = buf[pos:q1372].decode()
-    pos = q1372
+    q1420 = pos + n1419
+    if q1420 > end:
+        raise _length_error(n1419, end - pos)
+    f_holder_kind = buf[pos:q1420].decode()
+    pos = q1420
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1373: list[Any] = []
+        acc1421: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1374 = _ZD[b]
+                c1422 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1374 = (z >> 1) ^ -(z & 1)
+                c1422 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1374 = (z >> 1) ^ -(z & 1)
+                c1422 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1374, pos = _rlong(buf, pos)
-            if c1374 == 0:
+                c1422, pos = _rlong(buf, pos)
+            if c1422 == 0:
                 break
-            if c1374 < 0:
-                c1374 = -c1374
+            if c1422 < 0:
+                c1422 = -c1422
                 b = buf[pos]
                 if b < 128:
-                    z1377 = _ZD[b]
+                    z1425 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1377 = (z >> 1) ^ -(z & 1)
+                    z1425 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1377 = (z >> 1) ^ -(z & 1)
+                    z1425 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1377, pos = _rlong(buf, pos)
-            if c1374 * 1 > end - pos:
-                raise _count_error(c1374, end - pos)
-            for _ in range(c1374):
-                n1378 = _ZL[buf[pos]]
-                if n1378 < 0:
-                    n1378, pos = _rlong(buf, pos)
-                    if n1378 < 0:
-                        raise _length_error(n1378, end - pos)
+                    z1425, pos = _rlong(buf, pos)
+            if c1422 * 1 > end - pos:
+                raise _count_error(c1422, end - pos)
+            for _ in range(c1422):
+                n1426 = _ZL[buf[pos]]
+                if n1426 < 0:
+                    n1426, pos = _rlong(buf, pos)
+                    if n1426 < 0:
+                        raise _length_error(n1426, end - pos)
                 else:
                     pos += 1
-                q1379 = pos + n1378
-                if q1379 > end:
-                    raise _length_error(n1378, end - pos)
-                x1375 = buf[pos:q1379].decode()
-                pos = q1379
-                acc1373.append(x1375)
-        f_nodes = tuple(acc1373)
+                q1427 = pos + n1426
+                if q1427 > end:
+                    raise _length_error(n1426, end - pos)
+                x1423 = buf[pos:q1427].decode()
+                pos = q1427
+                acc1421.append(x1423)
+        f_nodes = tuple(acc1421)
     b = buf[pos]
     if b < 128:
-        i1380 = _ZD[b]
+        i1428 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1380 = (z >> 1) ^ -(z & 1)
+        i1428 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1380 = (z >> 1) ^ -(z & 1)
+        i1428 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1380, pos = _rlong(buf, pos)
-    if i1380 == 0:
+        i1428, pos = _rlong(buf, pos)
+    if i1428 == 0:
         f_expected_start = None
-    elif i1380 == 1:
+    elif i1428 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6138,194 +6386,194 @@ def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1380, 2)
-    n1381 = _ZL[buf[pos]]
-    if n1381 < 0:
-        n1381, pos = _rlong(buf, pos)
-        if n1381 < 0:
-            raise _length_error(n1381, end - pos)
+        raise _union_error(i1428, 2)
+    n1429 = _ZL[buf[pos]]
+    if n1429 < 0:
+        n1429, pos = _rlong(buf, pos)
+        if n1429 < 0:
+            raise _length_error(n1429, end - pos)
     else:
         pos += 1
-    q1382 = pos + n1381
-    if q1382 > end:
-        raise _length_error(n1381, end - pos)
-    f_message = buf[pos:q1382].decode()
-    pos = q1382
+    q1430 = pos + n1429
+    if q1430 > end:
+        raise _length_error(n1429, end - pos)
+    f_message = buf[pos:q1430].decode()
+    pos = q1430
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1382(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1430(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1384 = _ZL[buf[pos]]
-    if n1384 < 0:
-        n1384, pos = _rlong(buf, pos)
-        if n1384 < 0:
-            raise _length_error(n1384, end - pos)
+    n1432 = _ZL[buf[pos]]
+    if n1432 < 0:
+        n1432, pos = _rlong(buf, pos)
+        if n1432 < 0:
+            raise _length_error(n1432, end - pos)
     else:
         pos += 1
-    q1385 = pos + n1384
-    if q1385 > end:
-        raise _length_error(n1384, end - pos)
-    f_holder_id = buf[pos:q1385].decode()
-    pos = q1385
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
+    q1433 = pos + n1432
+    if q1433 > end:
+        raise _length_error(n1432, end - pos)
+    f_holder_id = buf[pos:q1433].decode()
+    pos = q1433
+    n1434 = _ZL[buf[pos]]
+    if n1434 < 0:
+        n1434, pos = _rlong(buf, pos)
+        if n1434 < 0:
+            raise _length_error(n1434, end - pos)
     else:
         pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_holder_kind = buf[pos:q1387].decode()
-    pos = q1387
+    q1435 = pos + n1434
+    if q1435 > end:
+        raise _length_error(n1434, end - pos)
+    f_holder_kind = buf[pos:q1435].decode()
+    pos = q1435
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1388: list[Any] = []
+        acc1436: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1389 = _ZD[b]
+                c1437 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1437 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1437 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
+                c1437, pos = _rlong(buf, pos)
+            if c1437 == 0:
                 break
-            if c1389 < 0:
-                c1389 = -c1389
+            if c1437 < 0:
+                c1437 = -c1437
                 b = buf[pos]
                 if b < 128:
-                    z1392 = _ZD[b]
+                    z1440 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1440 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1440 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 1 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                n1393 = _ZL[buf[pos]]
-                if n1393 < 0:
-                    n1393, pos = _rlong(buf, pos)
-                    if n1393 < 0:
-                        raise _length_error(n1393, end - pos)
+                    z1440, pos = _rlong(buf, pos)
+            if c1437 * 1 > end - pos:
+                raise _count_error(c1437, end - pos)
+            for _ in range(c1437):
+                n1441 = _ZL[buf[pos]]
+                if n1441 < 0:
+                    n1441, pos = _rlong(buf, pos)
+                    if n1441 < 0:
+                        raise _length_error(n1441, end - pos)
                 else:
                     pos += 1
-                q1394 = pos + n1393
-                if q1394 > end:
-                    raise _length_error(n1393, end - pos)
-                x1390 = buf[pos:q1394].decode()
-                pos = q1394
-                acc1388.append(x1390)
-        f_nodes = tuple(acc1388)
-    n1395 = _ZL[buf[pos]]
-    if n1395 < 0:
-        n1395, pos = _rlong(buf, pos)
-        if n1395 < 0:
-            raise _length_error(n1395, end - pos)
+                q1442 = pos + n1441
+                if q1442 > end:
+                    raise _length_error(n1441, end - pos)
+                x1438 = buf[pos:q1442].decode()
+                pos = q1442
+                acc1436.append(x1438)
+        f_nodes = tuple(acc1436)
+    n1443 = _ZL[buf[pos]]
+    if n1443 < 0:
+        n1443, pos = _rlong(buf, pos)
+        if n1443 < 0:
+            raise _length_error(n1443, end - pos)
     else:
         pos += 1
-    q1396 = pos + n1395
-    if q1396 > end:
-        raise _length_error(n1395, end - pos)
-    f_reason = buf[pos:q1396].decode()
-    pos = q1396
-    n1397 = _ZL[buf[pos]]
-    if n1397 < 0:
-        n1397, pos = _rlong(buf, pos)
-        if n1397 < 0:
-            raise _length_error(n1397, end - pos)
+    q1444 = pos + n1443
+    if q1444 > end:
+        raise _length_error(n1443, end - pos)
+    f_reason = buf[pos:q1444].decode()
+    pos = q1444
+    n1445 = _ZL[buf[pos]]
+    if n1445 < 0:
+        n1445, pos = _rlong(buf, pos)
+        if n1445 < 0:
+            raise _length_error(n1445, end - pos)
     else:
         pos += 1
-    q1398 = pos + n1397
-    if q1398 > end:
-        raise _length_error(n1397, end - pos)
-    f_message = buf[pos:q1398].decode()
-    pos = q1398
+    q1446 = pos + n1445
+    if q1446 > end:
+        raise _length_error(n1445, end - pos)
+    f_message = buf[pos:q1446].decode()
+    pos = q1446
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1398(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1446(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1400 = _ZL[buf[pos]]
-    if n1400 < 0:
-        n1400, pos = _rlong(buf, pos)
-        if n1400 < 0:
-            raise _length_error(n1400, end - pos)
+    n1448 = _ZL[buf[pos]]
+    if n1448 < 0:
+        n1448, pos = _rlong(buf, pos)
+        if n1448 < 0:
+            raise _length_error(n1448, end - pos)
     else:
         pos += 1
-    q1401 = pos + n1400
-    if q1401 > end:
-        raise _length_error(n1400, end - pos)
-    f_holder_id = buf[pos:q1401].decode()
-    pos = q1401
-    n1402 = _ZL[buf[pos]]
-    if n1402 < 0:
-        n1402, pos = _rlong(buf, pos)
-        if n1402 < 0:
-            raise _length_error(n1402, end - pos)
+    q1449 = pos + n1448
+    if q1449 > end:
+        raise _length_error(n1448, end - pos)
+    f_holder_id = buf[pos:q1449].decode()
+    pos = q1449
+    n1450 = _ZL[buf[pos]]
+    if n1450 < 0:
+        n1450, pos = _rlong(buf, pos)
+        if n1450 < 0:
+            raise _length_error(n1450, end - pos)
     else:
         pos += 1
-    q1403 = pos + n1402
-    if q1403 > end:
-        raise _length_error(n1402, end - pos)
-    f_holder_kind = buf[pos:q1403].decode()
-    pos = q1403
-    n1404 = _ZL[buf[pos]]
-    if n1404 < 0:
-        n1404, pos = _rlong(buf, pos)
-        if n1404 < 0:
-            raise _length_error(n1404, end - pos)
+    q1451 = pos + n1450
+    if q1451 > end:
+        raise _length_error(n1450, end - pos)
+    f_holder_kind = buf[pos:q1451].decode()
+    pos = q1451
+    n1452 = _ZL[buf[pos]]
+    if n1452 < 0:
+        n1452, pos = _rlong(buf, pos)
+        if n1452 < 0:
+            raise _length_error(n1452, end - pos)
     else:
         pos += 1
-    q1405 = pos + n1404
-    if q1405 > end:
-        raise _length_error(n1404, end - pos)
-    f_dependency_id = buf[pos:q1405].decode()
-    pos = q1405
-    n1406 = _ZL[buf[pos]]
-    if n1406 < 0:
-        n1406, pos = _rlong(buf, pos)
-        if n1406 < 0:
-            raise _length_error(n1406, end - pos)
+    q1453 = pos + n1452
+    if q1453 > end:
+        raise _length_error(n1452, end - pos)
+    f_dependency_id = buf[pos:q1453].decode()
+    pos = q1453
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
     else:
         pos += 1
-    q1407 = pos + n1406
-    if q1407 > end:
-        raise _length_error(n1406, end - pos)
-    f_message = buf[pos:q1407].decode()
-    pos = q1407
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_message = buf[pos:q1455].decode()
+    pos = q1455
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1455(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6348,169 +6596,169 @@ def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1456(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1410 = _ZL[buf[pos]]
-    if n1410 < 0:
-        n1410, pos = _rlong(buf, pos)
-        if n1410 < 0:
-            raise _length_error(n1410, end - pos)
+    n1458 = _ZL[buf[pos]]
+    if n1458 < 0:
+        n1458, pos = _rlong(buf, pos)
+        if n1458 < 0:
+            raise _length_error(n1458, end - pos)
     else:
         pos += 1
-    q1411 = pos + n1410
-    if q1411 > end:
-        raise _length_error(n1410, end - pos)
-    f_pod_id = buf[pos:q1411].decode()
-    pos = q1411
-    n1412 = _ZL[buf[pos]]
-    if n1412 < 0:
-        n1412, pos = _rlong(buf, pos)
-        if n1412 < 0:
-            raise _length_error(n1412, end - pos)
+    q1459 = pos + n1458
+    if q1459 > end:
+        raise _length_error(n1458, end - pos)
+    f_pod_id = buf[pos:q1459].decode()
+    pos = q1459
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1413 = pos + n1412
-    if q1413 > end:
-        raise _length_error(n1412, end - pos)
-    f_node_id = buf[pos:q1413].decode()
-    pos = q1413
-    n1414 = _ZL[buf[pos]]
-    if n1414 < 0:
-        n1414, pos = _rlong(buf, pos)
-        if n1414 < 0:
-            raise _length_error(n1414, end - pos)
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_node_id = buf[pos:q1461].decode()
+    pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1415 = pos + n1414
-    if q1415 > end:
-        raise _length_error(n1414, end - pos)
-    f_by = buf[pos:q1415].decode()
-    pos = q1415
-    n1416 = _ZL[buf[pos]]
-    if n1416 < 0:
-        n1416, pos = _rlong(buf, pos)
-        if n1416 < 0:
-            raise _length_error(n1416, end - pos)
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_by = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
     else:
         pos += 1
-    q1417 = pos + n1416
-    if q1417 > end:
-        raise _length_error(n1416, end - pos)
-    f_reason = buf[pos:q1417].decode()
-    pos = q1417
-    n1418 = _ZL[buf[pos]]
-    if n1418 < 0:
-        n1418, pos = _rlong(buf, pos)
-        if n1418 < 0:
-            raise _length_error(n1418, end - pos)
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_reason = buf[pos:q1465].decode()
+    pos = q1465
+    n1466 = _ZL[buf[pos]]
+    if n1466 < 0:
+        n1466, pos = _rlong(buf, pos)
+        if n1466 < 0:
+            raise _length_error(n1466, end - pos)
     else:
         pos += 1
-    q1419 = pos + n1418
-    if q1419 > end:
-        raise _length_error(n1418, end - pos)
-    f_message = buf[pos:q1419].decode()
-    pos = q1419
+    q1467 = pos + n1466
+    if q1467 > end:
+        raise _length_error(n1466, end - pos)
+    f_message = buf[pos:q1467].decode()
+    pos = q1467
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1419(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1467(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1421 = _ZD[b]
+        i1469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1421 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1421 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1421, pos = _rlong(buf, pos)
-    if i1421 == 0:
+        i1469, pos = _rlong(buf, pos)
+    if i1469 == 0:
         f_tenant = None
-    elif i1421 == 1:
-        n1422 = _ZL[buf[pos]]
-        if n1422 < 0:
-            n1422, pos = _rlong(buf, pos)
-            if n1422 < 0:
-                raise _length_error(n1422, end - pos)
+    elif i1469 == 1:
+        n1470 = _ZL[buf[pos]]
+        if n1470 < 0:
+            n1470, pos = _rlong(buf, pos)
+            if n1470 < 0:
+                raise _length_error(n1470, end - pos)
         else:
             pos += 1
-        q1423 = pos + n1422
-        if q1423 > end:
-            raise _length_error(n1422, end - pos)
-        f_tenant = buf[pos:q1423].decode()
-        pos = q1423
+        q1471 = pos + n1470
+        if q1471 > end:
+            raise _length_error(n1470, end - pos)
+        f_tenant = buf[pos:q1471].decode()
+        pos = q1471
     else:
-        raise _union_error(i1421, 2)
+        raise _union_error(i1469, 2)
     b = buf[pos]
     if b < 128:
-        i1424 = _ZD[b]
+        i1472 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1424 = (z >> 1) ^ -(z & 1)
+        i1472 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1424 = (z >> 1) ^ -(z & 1)
+        i1472 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1424, pos = _rlong(buf, pos)
-    if i1424 == 0:
+        i1472, pos = _rlong(buf, pos)
+    if i1472 == 0:
         f_quota = None
-    elif i1424 == 1:
-        f_quota, pos = _d_Quota428(buf, pos, end)
+    elif i1472 == 1:
+        f_quota, pos = _d_Quota447(buf, pos, end)
     else:
-        raise _union_error(i1424, 2)
+        raise _union_error(i1472, 2)
     b = buf[pos]
     if b < 128:
-        i1425 = _ZD[b]
+        i1473 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1425 = (z >> 1) ^ -(z & 1)
+        i1473 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1425 = (z >> 1) ^ -(z & 1)
+        i1473 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1425, pos = _rlong(buf, pos)
-    if i1425 == 0:
+        i1473, pos = _rlong(buf, pos)
+    if i1473 == 0:
         f_previous = None
-    elif i1425 == 1:
-        f_previous, pos = _d_Quota428(buf, pos, end)
+    elif i1473 == 1:
+        f_previous, pos = _d_Quota447(buf, pos, end)
     else:
-        raise _union_error(i1425, 2)
-    n1426 = _ZL[buf[pos]]
-    if n1426 < 0:
-        n1426, pos = _rlong(buf, pos)
-        if n1426 < 0:
-            raise _length_error(n1426, end - pos)
+        raise _union_error(i1473, 2)
+    n1474 = _ZL[buf[pos]]
+    if n1474 < 0:
+        n1474, pos = _rlong(buf, pos)
+        if n1474 < 0:
+            raise _length_error(n1474, end - pos)
     else:
         pos += 1
-    q1427 = pos + n1426
-    if q1427 > end:
-        raise _length_error(n1426, end - pos)
-    f_message = buf[pos:q1427].decode()
-    pos = q1427
+    q1475 = pos + n1474
+    if q1475 > end:
+        raise _length_error(n1474, end - pos)
+    f_message = buf[pos:q1475].decode()
+    pos = q1475
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1475(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6518,159 +6766,159 @@ def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1429 = _ZL[buf[pos]]
-    if n1429 < 0:
-        n1429, pos = _rlong(buf, pos)
-        if n1429 < 0:
-            raise _length_error(n1429, end - pos)
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1430 = pos + n1429
-    if q1430 > end:
-        raise _length_error(n1429, end - pos)
-    f_pod_id = buf[pos:q1430].decode()
-    pos = q1430
-    n1431 = _ZL[buf[pos]]
-    if n1431 < 0:
-        n1431, pos = _rlong(buf, pos)
-        if n1431 < 0:
-            raise _length_error(n1431, end - pos)
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_pod_id = buf[pos:q1478].decode()
+    pos = q1478
+    n1479 = _ZL[buf[pos]]
+    if n1479 < 0:
+        n1479, pos = _rlong(buf, pos)
+        if n1479 < 0:
+            raise _length_error(n1479, end - pos)
     else:
         pos += 1
-    q1432 = pos + n1431
-    if q1432 > end:
-        raise _length_error(n1431, end - pos)
-    f_from_node = buf[pos:q1432].decode()
-    pos = q1432
+    q1480 = pos + n1479
+    if q1480 > end:
+        raise _length_error(n1479, end - pos)
+    f_from_node = buf[pos:q1480].decode()
+    pos = q1480
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1433: list[Any] = []
+        acc1481: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1434 = _ZD[b]
+                c1482 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1434 = (z >> 1) ^ -(z & 1)
+                c1482 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1434 = (z >> 1) ^ -(z & 1)
+                c1482 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1434, pos = _rlong(buf, pos)
-            if c1434 == 0:
+                c1482, pos = _rlong(buf, pos)
+            if c1482 == 0:
                 break
-            if c1434 < 0:
-                c1434 = -c1434
+            if c1482 < 0:
+                c1482 = -c1482
                 b = buf[pos]
                 if b < 128:
-                    z1437 = _ZD[b]
+                    z1485 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1437 = (z >> 1) ^ -(z & 1)
+                    z1485 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1437 = (z >> 1) ^ -(z & 1)
+                    z1485 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1437, pos = _rlong(buf, pos)
-            if c1434 * 2 > end - pos:
-                raise _count_error(c1434, end - pos)
-            for _ in range(c1434):
-                x1435, pos = _d_GpuShare1222(buf, pos, end)
-                acc1433.append(x1435)
-        f_from_gpus = tuple(acc1433)
-    n1438 = _ZL[buf[pos]]
-    if n1438 < 0:
-        n1438, pos = _rlong(buf, pos)
-        if n1438 < 0:
-            raise _length_error(n1438, end - pos)
+                    z1485, pos = _rlong(buf, pos)
+            if c1482 * 2 > end - pos:
+                raise _count_error(c1482, end - pos)
+            for _ in range(c1482):
+                x1483, pos = _d_GpuShare1262(buf, pos, end)
+                acc1481.append(x1483)
+        f_from_gpus = tuple(acc1481)
+    n1486 = _ZL[buf[pos]]
+    if n1486 < 0:
+        n1486, pos = _rlong(buf, pos)
+        if n1486 < 0:
+            raise _length_error(n1486, end - pos)
     else:
         pos += 1
-    q1439 = pos + n1438
-    if q1439 > end:
-        raise _length_error(n1438, end - pos)
-    f_to_node = buf[pos:q1439].decode()
-    pos = q1439
+    q1487 = pos + n1486
+    if q1487 > end:
+        raise _length_error(n1486, end - pos)
+    f_to_node = buf[pos:q1487].decode()
+    pos = q1487
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1440: list[Any] = []
+        acc1488: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1441 = _ZD[b]
+                c1489 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1441 = (z >> 1) ^ -(z & 1)
+                c1489 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1441 = (z >> 1) ^ -(z & 1)
+                c1489 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1441, pos = _rlong(buf, pos)
-            if c1441 == 0:
+                c1489, pos = _rlong(buf, pos)
+            if c1489 == 0:
                 break
-            if c1441 < 0:
-                c1441 = -c1441
+            if c1489 < 0:
+                c1489 = -c1489
                 b = buf[pos]
                 if b < 128:
-                    z1444 = _ZD[b]
+                    z1492 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1444 = (z >> 1) ^ -(z & 1)
+                    z1492 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1444 = (z >> 1) ^ -(z & 1)
+                    z1492 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1444, pos = _rlong(buf, pos)
-            if c1441 * 2 > end - pos:
-                raise _count_error(c1441, end - pos)
-            for _ in range(c1441):
-                x1442, pos = _d_GpuShare1222(buf, pos, end)
-                acc1440.append(x1442)
-        f_to_gpus = tuple(acc1440)
-    n1445 = _ZL[buf[pos]]
-    if n1445 < 0:
-        n1445, pos = _rlong(buf, pos)
-        if n1445 < 0:
-            raise _length_error(n1445, end - pos)
+                    z1492, pos = _rlong(buf, pos)
+            if c1489 * 2 > end - pos:
+                raise _count_error(c1489, end - pos)
+            for _ in range(c1489):
+                x1490, pos = _d_GpuShare1262(buf, pos, end)
+                acc1488.append(x1490)
+        f_to_gpus = tuple(acc1488)
+    n1493 = _ZL[buf[pos]]
+    if n1493 < 0:
+        n1493, pos = _rlong(buf, pos)
+        if n1493 < 0:
+            raise _length_error(n1493, end - pos)
     else:
         pos += 1
-    q1446 = pos + n1445
-    if q1446 > end:
-        raise _length_error(n1445, end - pos)
-    f_reason = buf[pos:q1446].decode()
-    pos = q1446
-    n1447 = _ZL[buf[pos]]
-    if n1447 < 0:
-        n1447, pos = _rlong(buf, pos)
-        if n1447 < 0:
-            raise _length_error(n1447, end - pos)
+    q1494 = pos + n1493
+    if q1494 > end:
+        raise _length_error(n1493, end - pos)
+    f_reason = buf[pos:q1494].decode()
+    pos = q1494
+    n1495 = _ZL[buf[pos]]
+    if n1495 < 0:
+        n1495, pos = _rlong(buf, pos)
+        if n1495 < 0:
+            raise _length_error(n1495, end - pos)
     else:
         pos += 1
-    q1448 = pos + n1447
-    if q1448 > end:
-        raise _length_error(n1447, end - pos)
-    f_message = buf[pos:q1448].decode()
-    pos = q1448
+    q1496 = pos + n1495
+    if q1496 > end:
+        raise _length_error(n1495, end - pos)
+    f_message = buf[pos:q1496].decode()
+    pos = q1496
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1496(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6720,138 +6968,138 @@ def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1450 = _ZD[b]
+        i1498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1450 = (z >> 1) ^ -(z & 1)
+        i1498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1450 = (z >> 1) ^ -(z & 1)
+        i1498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1450, pos = _rlong(buf, pos)
-    if i1450 == 0:
+        i1498, pos = _rlong(buf, pos)
+    if i1498 == 0:
         f_target = None
-    elif i1450 == 1:
-        n1451 = _ZL[buf[pos]]
-        if n1451 < 0:
-            n1451, pos = _rlong(buf, pos)
-            if n1451 < 0:
-                raise _length_error(n1451, end - pos)
+    elif i1498 == 1:
+        n1499 = _ZL[buf[pos]]
+        if n1499 < 0:
+            n1499, pos = _rlong(buf, pos)
+            if n1499 < 0:
+                raise _length_error(n1499, end - pos)
         else:
             pos += 1
-        q1452 = pos + n1451
-        if q1452 > end:
-            raise _length_error(n1451, end - pos)
-        f_target = buf[pos:q1452].decode()
-        pos = q1452
+        q1500 = pos + n1499
+        if q1500 > end:
+            raise _length_error(n1499, end - pos)
+        f_target = buf[pos:q1500].decode()
+        pos = q1500
     else:
-        raise _union_error(i1450, 2)
-    n1453 = _ZL[buf[pos]]
-    if n1453 < 0:
-        n1453, pos = _rlong(buf, pos)
-        if n1453 < 0:
-            raise _length_error(n1453, end - pos)
+        raise _union_error(i1498, 2)
+    n1501 = _ZL[buf[pos]]
+    if n1501 < 0:
+        n1501, pos = _rlong(buf, pos)
+        if n1501 < 0:
+            raise _length_error(n1501, end - pos)
     else:
         pos += 1
-    q1454 = pos + n1453
-    if q1454 > end:
-        raise _length_error(n1453, end - pos)
-    f_message = buf[pos:q1454].decode()
-    pos = q1454
+    q1502 = pos + n1501
+    if q1502 > end:
+        raise _length_error(n1501, end - pos)
+    f_message = buf[pos:q1502].decode()
+    pos = q1502
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1454(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1502(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1456 = _ZL[buf[pos]]
-    if n1456 < 0:
-        n1456, pos = _rlong(buf, pos)
-        if n1456 < 0:
-            raise _length_error(n1456, end - pos)
+    n1504 = _ZL[buf[pos]]
+    if n1504 < 0:
+        n1504, pos = _rlong(buf, pos)
+        if n1504 < 0:
+            raise _length_error(n1504, end - pos)
     else:
         pos += 1
-    q1457 = pos + n1456
-    if q1457 > end:
-        raise _length_error(n1456, end - pos)
-    f_cluster = buf[pos:q1457].decode()
-    pos = q1457
-    n1458 = _ZL[buf[pos]]
-    if n1458 < 0:
-        n1458, pos = _rlong(buf, pos)
-        if n1458 < 0:
-            raise _length_error(n1458, end - pos)
+    q1505 = pos + n1504
+    if q1505 > end:
+        raise _length_error(n1504, end - pos)
+    f_cluster = buf[pos:q1505].decode()
+    pos = q1505
+    n1506 = _ZL[buf[pos]]
+    if n1506 < 0:
+        n1506, pos = _rlong(buf, pos)
+        if n1506 < 0:
+            raise _length_error(n1506, end - pos)
     else:
         pos += 1
-    q1459 = pos + n1458
-    if q1459 > end:
-        raise _length_error(n1458, end - pos)
-    f_command_id = buf[pos:q1459].decode()
-    pos = q1459
-    n1460 = _ZL[buf[pos]]
-    if n1460 < 0:
-        n1460, pos = _rlong(buf, pos)
-        if n1460 < 0:
-            raise _length_error(n1460, end - pos)
+    q1507 = pos + n1506
+    if q1507 > end:
+        raise _length_error(n1506, end - pos)
+    f_command_id = buf[pos:q1507].decode()
+    pos = q1507
+    n1508 = _ZL[buf[pos]]
+    if n1508 < 0:
+        n1508, pos = _rlong(buf, pos)
+        if n1508 < 0:
+            raise _length_error(n1508, end - pos)
     else:
         pos += 1
-    q1461 = pos + n1460
-    if q1461 > end:
-        raise _length_error(n1460, end - pos)
-    f_error = buf[pos:q1461].decode()
-    pos = q1461
-    n1462 = _ZL[buf[pos]]
-    if n1462 < 0:
-        n1462, pos = _rlong(buf, pos)
-        if n1462 < 0:
-            raise _length_error(n1462, end - pos)
+    q1509 = pos + n1508
+    if q1509 > end:
+        raise _length_error(n1508, end - pos)
+    f_error = buf[pos:q1509].decode()
+    pos = q1509
+    n1510 = _ZL[buf[pos]]
+    if n1510 < 0:
+        n1510, pos = _rlong(buf, pos)
+        if n1510 < 0:
+            raise _length_error(n1510, end - pos)
     else:
         pos += 1
-    q1463 = pos + n1462
-    if q1463 > end:
-        raise _length_error(n1462, end - pos)
-    f_message = buf[pos:q1463].decode()
-    pos = q1463
+    q1511 = pos + n1510
+    if q1511 > end:
+        raise _length_error(n1510, end - pos)
+    f_message = buf[pos:q1511].decode()
+    pos = q1511
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1511(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1465 = _ZL[buf[pos]]
-    if n1465 < 0:
-        n1465, pos = _rlong(buf, pos)
-        if n1465 < 0:
-            raise _length_error(n1465, end - pos)
+    n1513 = _ZL[buf[pos]]
+    if n1513 < 0:
+        n1513, pos = _rlong(buf, pos)
+        if n1513 < 0:
+            raise _length_error(n1513, end - pos)
     else:
         pos += 1
-    q1466 = pos + n1465
-    if q1466 > end:
-        raise _length_error(n1465, end - pos)
-    f_cluster = buf[pos:q1466].decode()
-    pos = q1466
-    n1467 = _ZL[buf[pos]]
-    if n1467 < 0:
-        n1467, pos = _rlong(buf, pos)
-        if n1467 < 0:
-            raise _length_error(n1467, end - pos)
+    q1514 = pos + n1513
+    if q1514 > end:
+        raise _length_error(n1513, end - pos)
+    f_cluster = buf[pos:q1514].decode()
+    pos = q1514
+    n1515 = _ZL[buf[pos]]
+    if n1515 < 0:
+        n1515, pos = _rlong(buf, pos)
+        if n1515 < 0:
+            raise _length_error(n1515, end - pos)
     else:
         pos += 1
-    q1468 = pos + n1467
-    if q1468 > end:
-        raise _length_error(n1467, end - pos)
-    f_halted_command_id = buf[pos:q1468].decode()
-    pos = q1468
+    q1516 = pos + n1515
+    if q1516 > end:
+        raise _length_error(n1515, end - pos)
+    f_halted_command_id = buf[pos:q1516].decode()
+    pos = q1516
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6880,168 +7128,168 @@ def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1469 = _ZL[buf[pos]]
-    if n1469 < 0:
-        n1469, pos = _rlong(buf, pos)
-        if n1469 < 0:
-            raise _length_error(n1469, end - pos)
+    n1517 = _ZL[buf[pos]]
+    if n1517 < 0:
+        n1517, pos = _rlong(buf, pos)
+        if n1517 < 0:
+            raise _length_error(n1517, end - pos)
     else:
         pos += 1
-    q1470 = pos + n1469
-    if q1470 > end:
-        raise _length_error(n1469, end - pos)
-    f_message = buf[pos:q1470].decode()
-    pos = q1470
+    q1518 = pos + n1517
+    if q1518 > end:
+        raise _length_error(n1517, end - pos)
+    f_message = buf[pos:q1518].decode()
+    pos = q1518
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1470(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1518(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    n1520 = _ZL[buf[pos]]
+    if n1520 < 0:
+        n1520, pos = _rlong(buf, pos)
+        if n1520 < 0:
+            raise _length_error(n1520, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_node_id = buf[pos:q1473].decode()
-    pos = q1473
+    q1521 = pos + n1520
+    if q1521 > end:
+        raise _length_error(n1520, end - pos)
+    f_node_id = buf[pos:q1521].decode()
+    pos = q1521
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1521(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_node_id = buf[pos:q1476].decode()
-    pos = q1476
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_node_id = buf[pos:q1524].decode()
+    pos = q1524
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1477: dict[str, Any] = {}
+        acc1525: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1478 = _ZD[b]
+                c1526 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1478 = (z >> 1) ^ -(z & 1)
+                c1526 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1478 = (z >> 1) ^ -(z & 1)
+                c1526 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1478, pos = _rlong(buf, pos)
-            if c1478 == 0:
+                c1526, pos = _rlong(buf, pos)
+            if c1526 == 0:
                 break
-            if c1478 < 0:
-                c1478 = -c1478
+            if c1526 < 0:
+                c1526 = -c1526
                 b = buf[pos]
                 if b < 128:
-                    z1481 = _ZD[b]
+                    z1529 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1481 = (z >> 1) ^ -(z & 1)
+                    z1529 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1481 = (z >> 1) ^ -(z & 1)
+                    z1529 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1481, pos = _rlong(buf, pos)
-            if c1478 * 2 > end - pos:
-                raise _count_error(c1478, end - pos)
-            for _ in range(c1478):
-                n1482 = _ZL[buf[pos]]
-                if n1482 < 0:
-                    n1482, pos = _rlong(buf, pos)
-                    if n1482 < 0:
-                        raise _length_error(n1482, end - pos)
+                    z1529, pos = _rlong(buf, pos)
+            if c1526 * 2 > end - pos:
+                raise _count_error(c1526, end - pos)
+            for _ in range(c1526):
+                n1530 = _ZL[buf[pos]]
+                if n1530 < 0:
+                    n1530, pos = _rlong(buf, pos)
+                    if n1530 < 0:
+                        raise _length_error(n1530, end - pos)
                 else:
                     pos += 1
-                q1483 = pos + n1482
-                if q1483 > end:
-                    raise _length_error(n1482, end - pos)
-                k1480 = buf[pos:q1483].decode()
-                pos = q1483
-                n1484 = _ZL[buf[pos]]
-                if n1484 < 0:
-                    n1484, pos = _rlong(buf, pos)
-                    if n1484 < 0:
-                        raise _length_error(n1484, end - pos)
+                q1531 = pos + n1530
+                if q1531 > end:
+                    raise _length_error(n1530, end - pos)
+                k1528 = buf[pos:q1531].decode()
+                pos = q1531
+                n1532 = _ZL[buf[pos]]
+                if n1532 < 0:
+                    n1532, pos = _rlong(buf, pos)
+                    if n1532 < 0:
+                        raise _length_error(n1532, end - pos)
                 else:
                     pos += 1
-                q1485 = pos + n1484
-                if q1485 > end:
-                    raise _length_error(n1484, end - pos)
-                x1479 = buf[pos:q1485].decode()
-                pos = q1485
-                acc1477[k1480] = x1479
-        f_labels = acc1477
+                q1533 = pos + n1532
+                if q1533 > end:
+                    raise _length_error(n1532, end - pos)
+                x1527 = buf[pos:q1533].decode()
+                pos = q1533
+                acc1525[k1528] = x1527
+        f_labels = acc1525
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1486: list[Any] = []
+        acc1534: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1487 = _ZD[b]
+                c1535 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1535 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1535 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1487, pos = _rlong(buf, pos)
-            if c1487 == 0:
+                c1535, pos = _rlong(buf, pos)
+            if c1535 == 0:
                 break
-            if c1487 < 0:
-                c1487 = -c1487
+            if c1535 < 0:
+                c1535 = -c1535
                 b = buf[pos]
                 if b < 128:
-                    z1490 = _ZD[b]
+                    z1538 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1538 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1538 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1490, pos = _rlong(buf, pos)
-            if c1487 * 3 > end - pos:
-                raise _count_error(c1487, end - pos)
-            for _ in range(c1487):
-                x1488, pos = _d_Taint343(buf, pos, end)
-                acc1486.append(x1488)
-        f_taints = tuple(acc1486)
+                    z1538, pos = _rlong(buf, pos)
+            if c1535 * 3 > end - pos:
+                raise _count_error(c1535, end - pos)
+            for _ in range(c1535):
+                x1536, pos = _d_Taint362(buf, pos, end)
+                acc1534.append(x1536)
+        f_taints = tuple(acc1534)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7060,22 +7308,22 @@ def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1538(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
-    n1492 = _ZL[buf[pos]]
-    if n1492 < 0:
-        n1492, pos = _rlong(buf, pos)
-        if n1492 < 0:
-            raise _length_error(n1492, end - pos)
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
     else:
         pos += 1
-    q1493 = pos + n1492
-    if q1493 > end:
-        raise _length_error(n1492, end - pos)
-    f_pod_id = buf[pos:q1493].decode()
-    pos = q1493
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_pod_id = buf[pos:q1541].decode()
+    pos = q1541
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7108,172 +7356,172 @@ def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
     return o, pos
 
 
-def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1541(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1495 = _ZL[buf[pos]]
-    if n1495 < 0:
-        n1495, pos = _rlong(buf, pos)
-        if n1495 < 0:
-            raise _length_error(n1495, end - pos)
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
     else:
         pos += 1
-    q1496 = pos + n1495
-    if q1496 > end:
-        raise _length_error(n1495, end - pos)
-    f_budget_id = buf[pos:q1496].decode()
-    pos = q1496
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_budget_id = buf[pos:q1544].decode()
+    pos = q1544
     b = buf[pos]
     if b < 128:
-        i1497 = _ZD[b]
+        i1545 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1497 = (z >> 1) ^ -(z & 1)
+        i1545 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1497 = (z >> 1) ^ -(z & 1)
+        i1545 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1497, pos = _rlong(buf, pos)
-    if i1497 == 0:
+        i1545, pos = _rlong(buf, pos)
+    if i1545 == 0:
         f_tenant = None
-    elif i1497 == 1:
-        n1498 = _ZL[buf[pos]]
-        if n1498 < 0:
-            n1498, pos = _rlong(buf, pos)
-            if n1498 < 0:
-                raise _length_error(n1498, end - pos)
+    elif i1545 == 1:
+        n1546 = _ZL[buf[pos]]
+        if n1546 < 0:
+            n1546, pos = _rlong(buf, pos)
+            if n1546 < 0:
+                raise _length_error(n1546, end - pos)
         else:
             pos += 1
-        q1499 = pos + n1498
-        if q1499 > end:
-            raise _length_error(n1498, end - pos)
-        f_tenant = buf[pos:q1499].decode()
-        pos = q1499
+        q1547 = pos + n1546
+        if q1547 > end:
+            raise _length_error(n1546, end - pos)
+        f_tenant = buf[pos:q1547].decode()
+        pos = q1547
     else:
-        raise _union_error(i1497, 2)
+        raise _union_error(i1545, 2)
     b = buf[pos]
     if b < 128:
-        i1500 = _ZD[b]
+        i1548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1500, pos = _rlong(buf, pos)
-    if i1500 == 0:
+        i1548, pos = _rlong(buf, pos)
+    if i1548 == 0:
         f_gang_id = None
-    elif i1500 == 1:
-        n1501 = _ZL[buf[pos]]
-        if n1501 < 0:
-            n1501, pos = _rlong(buf, pos)
-            if n1501 < 0:
-                raise _length_error(n1501, end - pos)
+    elif i1548 == 1:
+        n1549 = _ZL[buf[pos]]
+        if n1549 < 0:
+            n1549, pos = _rlong(buf, pos)
+            if n1549 < 0:
+                raise _length_error(n1549, end - pos)
         else:
             pos += 1
-        q1502 = pos + n1501
-        if q1502 > end:
-            raise _length_error(n1501, end - pos)
-        f_gang_id = buf[pos:q1502].decode()
-        pos = q1502
+        q1550 = pos + n1549
+        if q1550 > end:
+            raise _length_error(n1549, end - pos)
+        f_gang_id = buf[pos:q1550].decode()
+        pos = q1550
     else:
-        raise _union_error(i1500, 2)
+        raise _union_error(i1548, 2)
     b = buf[pos]
     if b < 128:
-        i1503 = _ZD[b]
+        i1551 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1503 = (z >> 1) ^ -(z & 1)
+        i1551 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1503 = (z >> 1) ^ -(z & 1)
+        i1551 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1503, pos = _rlong(buf, pos)
-    if i1503 == 0:
+        i1551, pos = _rlong(buf, pos)
+    if i1551 == 0:
         f_label_selector = None
-    elif i1503 == 1:
+    elif i1551 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1504: dict[str, Any] = {}
+            acc1552: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1505 = _ZD[b]
+                    c1553 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1505 = (z >> 1) ^ -(z & 1)
+                    c1553 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1505 = (z >> 1) ^ -(z & 1)
+                    c1553 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1505, pos = _rlong(buf, pos)
-                if c1505 == 0:
+                    c1553, pos = _rlong(buf, pos)
+                if c1553 == 0:
                     break
-                if c1505 < 0:
-                    c1505 = -c1505
+                if c1553 < 0:
+                    c1553 = -c1553
                     b = buf[pos]
                     if b < 128:
-                        z1508 = _ZD[b]
+                        z1556 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1508 = (z >> 1) ^ -(z & 1)
+                        z1556 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1508 = (z >> 1) ^ -(z & 1)
+                        z1556 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1508, pos = _rlong(buf, pos)
-                if c1505 * 2 > end - pos:
-                    raise _count_error(c1505, end - pos)
-                for _ in range(c1505):
-                    n1509 = _ZL[buf[pos]]
-                    if n1509 < 0:
-                        n1509, pos = _rlong(buf, pos)
-                        if n1509 < 0:
-                            raise _length_error(n1509, end - pos)
+                        z1556, pos = _rlong(buf, pos)
+                if c1553 * 2 > end - pos:
+                    raise _count_error(c1553, end - pos)
+                for _ in range(c1553):
+                    n1557 = _ZL[buf[pos]]
+                    if n1557 < 0:
+                        n1557, pos = _rlong(buf, pos)
+                        if n1557 < 0:
+                            raise _length_error(n1557, end - pos)
                     else:
                         pos += 1
-                    q1510 = pos + n1509
-                    if q1510 > end:
-                        raise _length_error(n1509, end - pos)
-                    k1507 = buf[pos:q1510].decode()
-                    pos = q1510
-                    n1511 = _ZL[buf[pos]]
-                    if n1511 < 0:
-                        n1511, pos = _rlong(buf, pos)
-                        if n1511 < 0:
-                            raise _length_error(n1511, end - pos)
+                    q1558 = pos + n1557
+                    if q1558 > end:
+                        raise _length_error(n1557, end - pos)
+                    k1555 = buf[pos:q1558].decode()
+                    pos = q1558
+                    n1559 = _ZL[buf[pos]]
+                    if n1559 < 0:
+                        n1559, pos = _rlong(buf, pos)
+                        if n1559 < 0:
+                            raise _length_error(n1559, end - pos)
                     else:
                         pos += 1
-                    q1512 = pos + n1511
-                    if q1512 > end:
-                        raise _length_error(n1511, end - pos)
-                    x1506 = buf[pos:q1512].decode()
-                    pos = q1512
-                    acc1504[k1507] = x1506
-            f_label_selector = acc1504
+                    q1560 = pos + n1559
+                    if q1560 > end:
+                        raise _length_error(n1559, end - pos)
+                    x1554 = buf[pos:q1560].decode()
+                    pos = q1560
+                    acc1552[k1555] = x1554
+            f_label_selector = acc1552
     else:
-        raise _union_error(i1503, 2)
+        raise _union_error(i1551, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7292,66 +7540,66 @@ def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1512(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1560(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1514 = _ZL[buf[pos]]
-    if n1514 < 0:
-        n1514, pos = _rlong(buf, pos)
-        if n1514 < 0:
-            raise _length_error(n1514, end - pos)
+    n1562 = _ZL[buf[pos]]
+    if n1562 < 0:
+        n1562, pos = _rlong(buf, pos)
+        if n1562 < 0:
+            raise _length_error(n1562, end - pos)
     else:
         pos += 1
-    q1515 = pos + n1514
-    if q1515 > end:
-        raise _length_error(n1514, end - pos)
-    f_budget_id = buf[pos:q1515].decode()
-    pos = q1515
+    q1563 = pos + n1562
+    if q1563 > end:
+        raise _length_error(n1562, end - pos)
+    f_budget_id = buf[pos:q1563].decode()
+    pos = q1563
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1563(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1517 = _ZL[buf[pos]]
-    if n1517 < 0:
-        n1517, pos = _rlong(buf, pos)
-        if n1517 < 0:
-            raise _length_error(n1517, end - pos)
+    n1565 = _ZL[buf[pos]]
+    if n1565 < 0:
+        n1565, pos = _rlong(buf, pos)
+        if n1565 < 0:
+            raise _length_error(n1565, end - pos)
     else:
         pos += 1
-    q1518 = pos + n1517
-    if q1518 > end:
-        raise _length_error(n1517, end - pos)
-    f_pod_id = buf[pos:q1518].decode()
-    pos = q1518
-    n1519 = _ZL[buf[pos]]
-    if n1519 < 0:
-        n1519, pos = _rlong(buf, pos)
-        if n1519 < 0:
-            raise _length_error(n1519, end - pos)
+    q1566 = pos + n1565
+    if q1566 > end:
+        raise _length_error(n1565, end - pos)
+    f_pod_id = buf[pos:q1566].decode()
+    pos = q1566
+    n1567 = _ZL[buf[pos]]
+    if n1567 < 0:
+        n1567, pos = _rlong(buf, pos)
+        if n1567 < 0:
+            raise _length_error(n1567, end - pos)
     else:
         pos += 1
-    q1520 = pos + n1519
-    if q1520 > end:
-        raise _length_error(n1519, end - pos)
-    f_node_id = buf[pos:q1520].decode()
-    pos = q1520
-    n1521 = _ZL[buf[pos]]
-    if n1521 < 0:
-        n1521, pos = _rlong(buf, pos)
-        if n1521 < 0:
-            raise _length_error(n1521, end - pos)
+    q1568 = pos + n1567
+    if q1568 > end:
+        raise _length_error(n1567, end - pos)
+    f_node_id = buf[pos:q1568].decode()
+    pos = q1568
+    n1569 = _ZL[buf[pos]]
+    if n1569 < 0:
+        n1569, pos = _rlong(buf, pos)
+        if n1569 < 0:
+            raise _length_error(n1569, end - pos)
     else:
         pos += 1
-    q1522 = pos + n1521
-    if q1522 > end:
-        raise _length_error(n1521, end - pos)
-    f_budget_id = buf[pos:q1522].decode()
-    pos = q1522
+    q1570 = pos + n1569
+    if q1570 > end:
+        raise _length_error(n1569, end - pos)
+    f_budget_id = buf[pos:q1570].decode()
+    pos = q1570
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7366,51 +7614,51 @@ def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1523 = _ZL[buf[pos]]
-    if n1523 < 0:
-        n1523, pos = _rlong(buf, pos)
-        if n1523 < 0:
-            raise _length_error(n1523, end - pos)
+    n1571 = _ZL[buf[pos]]
+    if n1571 < 0:
+        n1571, pos = _rlong(buf, pos)
+        if n1571 < 0:
+            raise _length_error(n1571, end - pos)
     else:
         pos += 1
-    q1524 = pos + n1523
-    if q1524 > end:
-        raise _length_error(n1523, end - pos)
-    f_reason = buf[pos:q1524].decode()
-    pos = q1524
+    q1572 = pos + n1571
+    if q1572 > end:
+        raise _length_error(n1571, end - pos)
+    f_reason = buf[pos:q1572].decode()
+    pos = q1572
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1524(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1572(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1526 = _ZL[buf[pos]]
-    if n1526 < 0:
-        n1526, pos = _rlong(buf, pos)
-        if n1526 < 0:
-            raise _length_error(n1526, end - pos)
+    n1574 = _ZL[buf[pos]]
+    if n1574 < 0:
+        n1574, pos = _rlong(buf, pos)
+        if n1574 < 0:
+            raise _length_error(n1574, end - pos)
     else:
         pos += 1
-    q1527 = pos + n1526
-    if q1527 > end:
-        raise _length_error(n1526, end - pos)
-    f_pod_id = buf[pos:q1527].decode()
-    pos = q1527
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+    q1575 = pos + n1574
+    if q1575 > end:
+        raise _length_error(n1574, end - pos)
+    f_pod_id = buf[pos:q1575].decode()
+    pos = q1575
+    n1576 = _ZL[buf[pos]]
+    if n1576 < 0:
+        n1576, pos = _rlong(buf, pos)
+        if n1576 < 0:
+            raise _length_error(n1576, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_node_id = buf[pos:q1529].decode()
-    pos = q1529
+    q1577 = pos + n1576
+    if q1577 > end:
+        raise _length_error(n1576, end - pos)
+    f_node_id = buf[pos:q1577].decode()
+    pos = q1577
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7436,7 +7684,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1112:
+    if frame[:10] != _k1152:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7477,30 +7725,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1114 = _ZL[buf[pos]]
-        if n1114 < 0:
-            n1114, pos = _rlong(buf, pos)
-            if n1114 < 0:
-                raise _length_error(n1114, end - pos)
+        n1154 = _ZL[buf[pos]]
+        if n1154 < 0:
+            n1154, pos = _rlong(buf, pos)
+            if n1154 < 0:
+                raise _length_error(n1154, end - pos)
         else:
             pos += 1
-        q1115 = pos + n1114
-        if q1115 > end:
-            raise _length_error(n1114, end - pos)
-        f_cluster = buf[pos:q1115].decode()
-        pos = q1115
-        n1116 = _ZL[buf[pos]]
-        if n1116 < 0:
-            n1116, pos = _rlong(buf, pos)
-            if n1116 < 0:
-                raise _length_error(n1116, end - pos)
+        q1155 = pos + n1154
+        if q1155 > end:
+            raise _length_error(n1154, end - pos)
+        f_cluster = buf[pos:q1155].decode()
+        pos = q1155
+        n1156 = _ZL[buf[pos]]
+        if n1156 < 0:
+            n1156, pos = _rlong(buf, pos)
+            if n1156 < 0:
+                raise _length_error(n1156, end - pos)
         else:
             pos += 1
-        q1117 = pos + n1116
-        if q1117 > end:
-            raise _length_error(n1116, end - pos)
-        f_command_id = buf[pos:q1117].decode()
-        pos = q1117
+        q1157 = pos + n1156
+        if q1157 > end:
+            raise _length_error(n1156, end - pos)
+        f_command_id = buf[pos:q1157].decode()
+        pos = q1157
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7531,21 +7779,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1118 = _ZD[b]
+            i1158 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1118 = (z >> 1) ^ -(z & 1)
+            i1158 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1118 = (z >> 1) ^ -(z & 1)
+            i1158 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1118, pos = _rlong(buf, pos)
-        if not 0 <= i1118 < 34:
-            raise _union_error(i1118, 34)
-        f_payload, pos = _k1529[i1118](buf, pos, end)
+            i1158, pos = _rlong(buf, pos)
+        if not 0 <= i1158 < 34:
+            raise _union_error(i1158, 34)
+        f_payload, pos = _k1577[i1158](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7560,11 +7808,19 @@ _k102: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k156: dict[type, Callable[[Any], bytes]] = {
+_k170: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
+}
+
+_k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k315: dict[type, Callable[[Any], bytes]] = {
+_k271: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
+}
+
+_k334: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7574,81 +7830,81 @@ _k315: dict[type, Callable[[Any], bytes]] = {
     _c_SubmitPod: _e_SubmitPod58,
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
-    _c_SubmitGang: _e_SubmitGang163,
-    _c_ReleaseGang: _e_ReleaseGang214,
-    _c_Tick: _e_Tick220,
-    _c_SetQuota: _e_SetQuota222,
-    _c_RemoveQuota: _e_RemoveQuota254,
-    _c_Defragment: _e_Defragment258,
-    _c_ResumeCluster: _e_ResumeCluster267,
-    _c_RecoverNode: _e_RecoverNode271,
-    _c_UpdateNode: _e_UpdateNode275,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget289,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget311,
+    _c_SubmitGang: _e_SubmitGang179,
+    _c_ReleaseGang: _e_ReleaseGang230,
+    _c_Tick: _e_Tick236,
+    _c_SetQuota: _e_SetQuota238,
+    _c_RemoveQuota: _e_RemoveQuota273,
+    _c_Defragment: _e_Defragment277,
+    _c_ResumeCluster: _e_ResumeCluster286,
+    _c_RecoverNode: _e_RecoverNode290,
+    _c_UpdateNode: _e_UpdateNode294,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget308,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget330,
 }
 
-_k575: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode324, _d_RemoveNode350, _d_CordonNode353, _d_UncordonNode356, _d_DrainNode359, _d_MarkNodeFailed362, _d_SubmitPod367, _d_Release416, _d_SetPolicy421, _d_SubmitGang444, _d_ReleaseGang498, _d_Tick503, _d_SetQuota504, _d_RemoveQuota521, _d_Defragment524, _d_ResumeCluster528, _d_RecoverNode531, _d_UpdateNode534, _d_SetDisruptionBudget553, _d_RemoveDisruptionBudget572,)
+_k604: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode343, _d_RemoveNode369, _d_CordonNode372, _d_UncordonNode375, _d_DrainNode378, _d_MarkNodeFailed381, _d_SubmitPod386, _d_Release435, _d_SetPolicy440, _d_SubmitGang472, _d_ReleaseGang526, _d_Tick531, _d_SetQuota532, _d_RemoveQuota550, _d_Defragment553, _d_ResumeCluster557, _d_RecoverNode560, _d_UpdateNode563, _d_SetDisruptionBudget582, _d_RemoveDisruptionBudget601,)
 
-_k658: dict[type, Callable[[Any], bytes]] = {
+_k687: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k704: dict[type, Callable[[Any], bytes]] = {
+_k733: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k814: dict[type, Callable[[Any], bytes]] = {
+_k843: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k996: dict[type, Callable[[Any], bytes]] = {
+_k1036: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k999: dict[type, Callable[[Any], bytes]] = {
+_k1039: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1111: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded587,
-    _c_NodeRemoved: _e_NodeRemoved599,
-    _c_NodeCordoned: _e_NodeCordoned603,
-    _c_NodeUncordoned: _e_NodeUncordoned607,
-    _c_NodeDrained: _e_NodeDrained611,
-    _c_NodeFailed: _e_NodeFailed616,
-    _c_PodQueued: _e_PodQueued623,
-    _c_PodScheduled: _e_PodScheduled669,
-    _c_PodEvicted: _e_PodEvicted720,
-    _c_PodReleased: _e_PodReleased728,
-    _c_PolicyChanged: _e_PolicyChanged740,
-    _c_CommandRejected: _e_CommandRejected758,
-    _c_GangQueued: _e_GangQueued768,
-    _c_GangScheduled: _e_GangScheduled847,
-    _c_GangTimedOut: _e_GangTimedOut911,
-    _c_GangReleased: _e_GangReleased918,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached924,
-    _c_NodesReserved: _e_NodesReserved937,
-    _c_ReservationReleased: _e_ReservationReleased951,
-    _c_DependencyFailed: _e_DependencyFailed962,
-    _c_Ticked: _e_Ticked972,
-    _c_PodPreempted: _e_PodPreempted975,
-    _c_QuotaChanged: _e_QuotaChanged987,
-    _c_PodMigrated: _e_PodMigrated1003,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1017,
-    _c_ClusterHalted: _e_ClusterHalted1030,
-    _c_ClusterResumed: _e_ClusterResumed1040,
-    _c_NodeRecovered: _e_NodeRecovered1050,
-    _c_NodeUpdated: _e_NodeUpdated1054,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1061,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1067,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1089,
-    _c_EvictionBlocked: _e_EvictionBlocked1093,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1104,
+_k1151: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded616,
+    _c_NodeRemoved: _e_NodeRemoved628,
+    _c_NodeCordoned: _e_NodeCordoned632,
+    _c_NodeUncordoned: _e_NodeUncordoned636,
+    _c_NodeDrained: _e_NodeDrained640,
+    _c_NodeFailed: _e_NodeFailed645,
+    _c_PodQueued: _e_PodQueued652,
+    _c_PodScheduled: _e_PodScheduled698,
+    _c_PodEvicted: _e_PodEvicted749,
+    _c_PodReleased: _e_PodReleased757,
+    _c_PolicyChanged: _e_PolicyChanged769,
+    _c_CommandRejected: _e_CommandRejected787,
+    _c_GangQueued: _e_GangQueued797,
+    _c_GangScheduled: _e_GangScheduled881,
+    _c_GangTimedOut: _e_GangTimedOut950,
+    _c_GangReleased: _e_GangReleased957,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached964,
+    _c_NodesReserved: _e_NodesReserved977,
+    _c_ReservationReleased: _e_ReservationReleased991,
+    _c_DependencyFailed: _e_DependencyFailed1002,
+    _c_Ticked: _e_Ticked1012,
+    _c_PodPreempted: _e_PodPreempted1015,
+    _c_QuotaChanged: _e_QuotaChanged1027,
+    _c_PodMigrated: _e_PodMigrated1043,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1057,
+    _c_ClusterHalted: _e_ClusterHalted1070,
+    _c_ClusterResumed: _e_ClusterResumed1080,
+    _c_NodeRecovered: _e_NodeRecovered1090,
+    _c_NodeUpdated: _e_NodeUpdated1094,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1101,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1107,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1129,
+    _c_EvictionBlocked: _e_EvictionBlocked1133,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1144,
 }
 
-_k1529: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1118, _d_NodeRemoved1137, _d_NodeCordoned1140, _d_NodeUncordoned1143, _d_NodeDrained1146, _d_NodeFailed1149, _d_PodQueued1154, _d_PodScheduled1214, _d_PodEvicted1239, _d_PodReleased1246, _d_PolicyChanged1254, _d_CommandRejected1263, _d_GangQueued1272, _d_GangScheduled1316, _d_GangTimedOut1349, _d_GangReleased1354, _d_PodTimeLimitReached1359, _d_NodesReserved1367, _d_ReservationReleased1382, _d_DependencyFailed1398, _d_Ticked1407, _d_PodPreempted1408, _d_QuotaChanged1419, _d_PodMigrated1427, _d_DefragmentationPlanned1448, _d_ClusterHalted1454, _d_ClusterResumed1463, _d_NodeRecovered1470, _d_NodeUpdated1473, _d_PodRetryScheduled1490, _d_DisruptionBudgetSet1493, _d_DisruptionBudgetRemoved1512, _d_EvictionBlocked1515, _d_PodEvictionScheduled1524,)
+_k1577: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1158, _d_NodeRemoved1177, _d_NodeCordoned1180, _d_NodeUncordoned1183, _d_NodeDrained1186, _d_NodeFailed1189, _d_PodQueued1194, _d_PodScheduled1254, _d_PodEvicted1279, _d_PodReleased1286, _d_PolicyChanged1294, _d_CommandRejected1303, _d_GangQueued1312, _d_GangScheduled1357, _d_GangTimedOut1390, _d_GangReleased1395, _d_PodTimeLimitReached1407, _d_NodesReserved1415, _d_ReservationReleased1430, _d_DependencyFailed1446, _d_Ticked1455, _d_PodPreempted1456, _d_QuotaChanged1467, _d_PodMigrated1475, _d_DefragmentationPlanned1496, _d_ClusterHalted1502, _d_ClusterResumed1511, _d_NodeRecovered1518, _d_NodeUpdated1521, _d_PodRetryScheduled1538, _d_DisruptionBudgetSet1541, _d_DisruptionBudgetRemoved1560, _d_EvictionBlocked1563, _d_PodEvictionScheduled1572,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event576
+encode_event = _e_Event605

@@ -20,11 +20,14 @@ from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AFTER_OK,
     ANY_MODEL,
+    BORROW_MODES,
     DEPENDENCY_TYPES,
     GPU_MILLI,
     PREEMPT_LOWER,
     PREEMPTION_MODES,
     QUEUE_ORDERS,
+    RECLAIM_MODES,
+    WITHIN_TENANT_MODES,
     AddNode,
     Command,
     CordonNode,
@@ -435,7 +438,21 @@ def check_quota(what: str, quota: Quota) -> None:
     _check_optional_amount(f"{what} nominal_memory_mib", quota.nominal_memory_mib, MAX_MEMORY_MIB * 1000)
     _check_optional_amount(f"{what} borrowing_limit_gpus", quota.borrowing_limit_gpus, MAX_QUOTA_GPUS)
     _check_optional_amount(f"{what} lending_limit_gpus", quota.lending_limit_gpus, MAX_QUOTA_GPUS)
-    check_range(f"{what} weight", quota.weight, 1, MAX_WEIGHT)
+    check_range(f"{what} weight", quota.weight, 0, MAX_WEIGHT)  # 0 (contract v3): only what no one else wants
+    policy = quota.preemption
+    if policy is not None:
+        for name, value, modes in (
+            ("within_tenant", policy.within_tenant, WITHIN_TENANT_MODES),
+            ("reclaim_within_cohort", policy.reclaim_within_cohort, RECLAIM_MODES),
+            ("borrow_within_cohort", policy.borrow_within_cohort, BORROW_MODES),
+        ):
+            if value not in modes:
+                raise Rejected(
+                    RejectionCode.INVALID_COMMAND, f"{what} preemption.{name} must be one of {modes}, got {value!r}"
+                )
+        limit = policy.borrow_max_victim_priority
+        if limit is not None:
+            check_range(f"{what} preemption.borrow_max_victim_priority", limit, -(2**31), 2**31 - 1)
     if quota.cohort is None and (quota.borrowing_limit_gpus is not None or quota.lending_limit_gpus is not None):
         raise Rejected(
             RejectionCode.INVALID_COMMAND,

@@ -63,6 +63,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
             (),
             AFTER_OK,
             preemption,
+            preemptible=command.preemptible,
         )
         for member in command.members
     )
@@ -81,6 +82,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         now,
         arrival,
         preemption,
+        preemptible=command.preemptible,
     )
 
 

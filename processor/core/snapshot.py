@@ -313,7 +313,7 @@ def rebuild_timers(state: PartitionState) -> None:
         for gang_id in sorted(cluster.gangs):
             gang = cluster.gangs[gang_id]
             if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
-                timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
+                timers.push(gang.spec.waiting_since + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
         reservation = cluster.reservation
         if reservation is not None and reservation.expected_start is not None:
             timers.push(reservation.expected_start, RESERVATION_START, reservation.holder_id)

@@ -55,9 +55,9 @@ def _gang_timed_out(decision: Decision, cluster: ClusterState, gang_id: str, dea
     gang = cluster.gangs.get(gang_id)
     if gang is None or gang.state == GANG_RUNNING or gang.spec.timeout_ms is None:
         return
-    if gang.spec.submitted_at + gang.spec.timeout_ms != deadline:
-        return
-    waited = decision.now - gang.spec.submitted_at
+    if gang.spec.waiting_since + gang.spec.timeout_ms != deadline:
+        return  # stale: a requeue started the wait again (contract v3)
+    waited = decision.now - gang.spec.waiting_since
     decision.emit(
         GangTimedOut(
             gang_id, waited, f"gang {gang_id!r} did not start within its timeout of {gang.spec.timeout_ms} ms"

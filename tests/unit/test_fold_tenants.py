@@ -1,0 +1,383 @@
+"""Issue #24: gangs and tenants with the semantics Kueue and Volcano users rely on (contract v3).
+
+Each test here was written against a scenario that went wrong before its fix: a gang under quota that
+waited forever, members beyond ``min_members`` dropped, a lender's gang that could not reclaim on a full
+cluster, a requeued gang timed out at once, dependants bound to a dead incarnation or left waiting.
+"""
+
+from __future__ import annotations
+
+from processor.core.state import GANG_RUNNING
+from schemas.codes import QueueReasonCode
+from schemas.commands import (
+    AddNode,
+    GangMember,
+    MarkNodeFailed,
+    QuotaPreemption,
+    Release,
+    SetPolicy,
+    SetQuota,
+    SubmitGang,
+    SubmitPod,
+    Tick,
+)
+from schemas.events import Event
+from tests.strategies import Fold, types
+
+
+def cluster(nodes: int = 2, size: int = 4, model: str = "A100") -> Fold:
+    fold = Fold()
+    fold.run(SetPolicy("first-fit", reserve_after_ms=-1))
+    for i in range(nodes):
+        fold.run(AddNode(f"{model.lower()}-{i}", 64_000, 262_144, model, size))
+    return fold
+
+
+def gpus(pod_id: str, tenant: str = "default", count: int = 1, priority: int = 0, **fields: object) -> SubmitPod:
+    return SubmitPod(pod_id, tenant, priority, count, 1000, 1000, 1024, **fields)  # type: ignore[arg-type]
+
+
+def members(gang_id: str, count: int, gpus: int) -> tuple[GangMember, ...]:
+    return tuple(GangMember(f"{gang_id}-{i}", gpus, 1000, 1000, 1024) for i in range(count))
+
+
+def of(events: list[Event], name: str) -> list[Event]:
+    return [event for event in events if event.type_name == name]
+
+
+def running(fold: Fold, tenant: str) -> int:
+    return sum(p.spec.num_gpu for p in fold.cluster.pods.values() if p.running and p.spec.tenant == tenant)
+
+
+# ---------------------------------------------------------------- elastic gangs under quota
+
+
+def test_a_gang_starts_min_members_within_its_quota_and_the_rest_wait_as_members() -> None:
+    """Quota 4 GPUs, a gang of 4 x 2 GPUs with min_members 2: two start (partial admission), two wait queued as
+    members of the running gang, saying why (the quota); the whole gang is not held back."""
+    fold = cluster()
+    fold.run(SetQuota("a", nominal_gpus={"A100": 4}))
+    events = fold.run(SubmitGang("g", "a", members=members("g", 4, 2), min_members=2))
+    scheduled = of(events, "GangScheduled")
+    assert len(scheduled) == 1 and len(scheduled[0].payload.members) == 2
+    assert running(fold, "a") == 4
+    queued = of(events, "PodQueued")
+    assert sorted(e.payload.pod.pod_id for e in queued) == ["g-2", "g-3"]
+    for event in queued:
+        codes = [reason.code for reason in event.payload.reasons]
+        assert codes[0] == QueueReasonCode.GANG_MEMBER_WAITING and QueueReasonCode.QUOTA_EXCEEDED in codes
+        assert event.payload.pod.gang_id == "g"
+    assert fold.cluster.gangs["g"].state == GANG_RUNNING
+
+
+def test_members_beyond_min_members_start_when_capacity_comes_and_the_gang_ends_ok_when_all_completed() -> None:
+    fold = cluster(nodes=1)
+    fold.run(gpus("x", count=2))
+    events = fold.run(SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    assert len(of(events, "GangScheduled")[0].payload.members) == 1
+    (waiting,) = of(events, "PodQueued")
+    assert waiting.payload.pod.pod_id == "g-1"
+    assert waiting.payload.reasons[0].code == QueueReasonCode.GANG_MEMBER_WAITING
+    events = fold.run(Release("x"))
+    started = of(events, "PodScheduled")
+    assert [e.payload.pod.pod_id for e in started] == ["g-1"] and started[0].payload.from_queue
+    assert set(fold.cluster.gangs["g"].placed) == {"g-0", "g-1"}
+    fold.run(Release("g-0"))
+    events = fold.run(Release("g-1"))
+    (released,) = of(events, "GangReleased")
+    assert released.payload.ok
+
+
+def test_a_gang_whose_members_never_all_ran_does_not_end_ok() -> None:
+    """The running members complete while one still waits: the waiting member is withdrawn and GangReleased.ok is
+    false (README: ok only if every member completed)."""
+    fold = cluster(nodes=1)
+    fold.run(gpus("x", count=2))
+    fold.run(SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    events = fold.run(Release("g-0"))
+    assert types(events) == ["PodReleased", "PodReleased", "GangReleased"]
+    assert events[1].payload.pod_id == "g-1" and events[1].payload.reason == "gang_ended"
+    assert not events[2].payload.ok
+    assert "g" not in fold.cluster.gangs and "g-1" not in fold.cluster.pods
+
+
+def test_a_requeued_elastic_gang_takes_its_waiting_members_back() -> None:
+    """Below min_members after a node failure the gang goes back to the queue whole: its waiting members stop
+    being pods of their own (no member is queued twice)."""
+    fold = cluster(nodes=2, size=2)
+    fold.run(gpus("x", count=2))
+    fold.run(SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    node = fold.placement("g-0")
+    events = fold.run(MarkNodeFailed(node))  # type: ignore[arg-type]
+    assert "GangQueued" in types(events)
+    assert not any(pod.spec.gang_id == "g" for pod in fold.cluster.pods.values())
+    events = fold.run(Release("x"))
+    assert len(of(events, "GangScheduled")[0].payload.members) == 1
+
+
+# ---------------------------------------------------------------- reclaim
+
+
+def test_a_gang_inside_its_quota_reclaims_from_borrowers_on_a_full_cluster() -> None:
+    """b borrowed a's whole quota and filled the cluster; a's gang (inside a's nominal) takes it back like a pod
+    would, from b's youngest pods, and no more than it needs."""
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 4}))
+    fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+    for i in range(8):
+        fold.run(gpus(f"b{i}", "b"), at=60_000 * (i + 1))
+    events = fold.run(SubmitGang("g", "a", members=members("g", 2, 2)), at=60_000 * 20)
+    preempted = [e.payload for e in of(events, "PodPreempted")]
+    assert {p.reason for p in preempted} == {"reclaim"} and len(preempted) == 4
+    assert {p.pod_id for p in preempted} <= {f"b{i}" for i in range(8)}
+    assert len(of(events, "GangScheduled")) == 1
+    assert running(fold, "a") == 4 and running(fold, "b") == 4
+
+
+def test_a_gang_that_would_borrow_does_not_reclaim() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 2}))
+    fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 6}))
+    for i in range(8):
+        fold.run(gpus(f"b{i}", "b"))
+    events = fold.run(SubmitGang("g", "a", members=members("g", 2, 2)))
+    assert types(events) == ["GangQueued"]
+
+
+# ---------------------------------------------------------------- time
+
+
+def test_a_gang_timeout_counts_from_each_requeue() -> None:
+    """A gang that started, then lost its node an hour later, waits its whole timeout again before it times out."""
+    fold = Fold()
+    fold.run(AddNode("n0", 64_000, 262_144, "A100", 8), at=0)
+    fold.run(SubmitGang("g", members=members("g", 1, 8), timeout_ms=10_000), at=1_000)
+    events = fold.run(MarkNodeFailed("n0"), at=3_600_000)
+    assert "GangQueued" in types(events) and "GangTimedOut" not in types(events)
+    assert "GangTimedOut" not in types(fold.run(Tick(), at=3_605_000))
+    events = fold.run(Tick(), at=3_611_000)
+    (timed_out,) = of(events, "GangTimedOut")
+    assert timed_out.payload.waited_ms == 10_000
+
+
+# ---------------------------------------------------------------- dependencies end
+
+
+def test_a_dependency_binds_to_the_live_incarnation_of_a_reused_id() -> None:
+    fold = cluster(nodes=1)
+    fold.run(gpus("x"))
+    fold.run(Release("x", "failed"))
+    fold.run(gpus("x"))  # the id again: a new incarnation, running
+    events = fold.run(gpus("y", depends_on=("x",)))
+    assert types(events) == ["PodQueued"] and events[0].payload.waiting_for == ("x",)
+    events = fold.run(Release("x"))
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["y"]
+
+
+def test_dependants_of_a_timed_out_gangs_member_end() -> None:
+    fold = Fold()
+    fold.run(AddNode("n0", 64_000, 262_144, "A100", 8), at=0)
+    fold.run(SubmitGang("g", members=members("g", 2, 8), timeout_ms=5_000), at=1_000)
+    fold.run(gpus("y", depends_on=("g-0",)), at=2_000)
+    events = fold.run(Tick(), at=10_000)
+    assert "GangTimedOut" in types(events)
+    failed = of(events, "DependencyFailed")
+    assert [(e.payload.holder_id, e.payload.dependency_id) for e in failed] == [("y", "g-0")]
+    assert "y" not in fold.cluster.pods
+
+
+# ---------------------------------------------------------------- admission
+
+
+def test_a_gang_submitted_before_any_node_queues_like_a_pod() -> None:
+    """One rule: with no node yet nothing is judged by shape (pods and gangs queue NO_NODES and start when
+    nodes come); once nodes exist, a job no node present could hold is refused."""
+    fold = Fold()
+    events = fold.run(SubmitGang("g", members=members("g", 2, 4)))
+    assert types(events) == ["GangQueued"] and events[0].payload.reasons[0].code == QueueReasonCode.NO_NODES
+    events = fold.run(gpus("p", count=4))
+    assert events[0].payload.reasons[0].code == QueueReasonCode.NO_NODES
+    events = fold.run(AddNode("n0", 64_000, 262_144, "A100", 8))
+    assert "GangScheduled" in types(events)
+
+
+def test_with_nodes_a_job_no_node_present_could_hold_is_refused_and_an_accepted_one_waits() -> None:
+    """The same rule for pods and gangs once the cluster has nodes: a new H100 job with no H100 node is refused
+    (UNKNOWN_GPU_MODEL), a gang no node could hold is refused (NEVER_FITS); an H100 pod accepted before its node
+    went waits for one."""
+    fold = Fold()
+    fold.run(AddNode("a0", 64_000, 262_144, "A100", 8))
+    fold.run(AddNode("h0", 64_000, 262_144, "H100", 8))
+    fold.run(gpus("busy", count=8, gpu_models=("H100",)))
+    fold.run(gpus("queued", count=8, gpu_models=("H100",)))
+    from schemas.commands import RemoveNode
+
+    fold.run(Release("busy"))
+    fold.run(RemoveNode("h0", force=True))
+    assert fold.cluster.pods["queued"].node_id is None
+    (refused,) = fold.run(gpus("new", count=1, gpu_models=("H100",)))
+    assert refused.type_name == "CommandRejected" and refused.payload.code == "UNKNOWN_GPU_MODEL"
+    gang = SubmitGang("g", members=(GangMember("g-0", 16, 1000),))
+    (refused,) = fold.run(gang)
+    assert refused.payload.code == "NEVER_FITS"
+
+
+# ---------------------------------------------------------------- preemptible and SetQuota.preemption
+
+
+def test_a_pod_that_is_not_preemptible_is_never_a_victim_of_priority_preemption() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(gpus("keep", count=4, preemptible=False))
+    fold.run(gpus("take", count=4))
+    events = fold.run(gpus("high", count=4, priority=10))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["take"]
+    events = fold.run(gpus("higher", count=4, priority=10))
+    assert types(events) == ["PodQueued"] and fold.placement("keep") is not None
+
+
+def test_a_gang_that_is_not_preemptible_is_never_a_victim() -> None:
+    fold = cluster(nodes=1, size=4)
+    fold.run(SubmitGang("g", members=members("g", 2, 2), preemptible=False))
+    events = fold.run(gpus("high", count=2, priority=10))
+    assert "PodPreempted" not in types(events)
+
+
+def test_a_borrower_that_is_not_preemptible_is_not_reclaimed() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 4}))
+    fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+    for i in range(8):
+        fold.run(gpus(f"b{i}", "b", preemptible=i < 6), at=60_000 * (i + 1))
+    events = fold.run(gpus("a0", "a", 3), at=60_000 * 20)
+    preempted = {e.payload.pod_id for e in of(events, "PodPreempted")}
+    assert len(preempted) == 3 and not preempted & {"b6", "b7"}  # the youngest, b6 and b7, may not be taken
+    assert fold.placement("a0") is not None
+
+
+def test_reclaim_within_cohort_never_lower_priority_and_any() -> None:
+    """b borrows a's quota with priority-5 pods: a priority-3 lender reclaims under any, not under lower_priority
+    (nor never); a priority-10 lender reclaims under lower_priority."""
+    for policy, priority, expected in (
+        ("never", 10, set()),
+        ("lower_priority", 3, set()),
+        ("lower_priority", 10, {"b6", "b7"}),
+        ("any", 3, {"b6", "b7"}),
+    ):
+        fold = cluster(nodes=2, size=4)
+        preemption = QuotaPreemption(reclaim_within_cohort=policy)
+        fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 4}, preemption=preemption))
+        fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+        for i in range(8):
+            fold.run(gpus(f"b{i}", "b", priority=5), at=60_000 * (i + 1))
+        events = fold.run(gpus("a0", "a", 2, priority=priority), at=60_000 * 20)
+        assert {e.payload.pod_id for e in of(events, "PodPreempted")} == expected, policy
+        assert ("PodScheduled" in types(events)) == bool(expected), policy
+
+
+def test_within_tenant_lower_priority_preempts_the_tenants_own_work_when_its_quota_is_full() -> None:
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", nominal_gpus={"A100": 4}))
+    fold.run(gpus("low", "a", 4))
+    (queued,) = fold.run(gpus("high", "a", 4, priority=5))
+    assert queued.type_name == "PodQueued"  # default never: it waits
+    fold.run(Release("high"))
+    fold.run(SetQuota("a", nominal_gpus={"A100": 4}, preemption=QuotaPreemption(within_tenant="lower_priority")))
+    events = fold.run(gpus("high", "a", 4, priority=5))
+    (preempted,) = of(events, "PodPreempted")
+    assert preempted.payload.pod_id == "low" and preempted.payload.reason == "within_tenant"
+    assert fold.placement("high") is not None and running(fold, "a") == 4
+
+
+def test_within_tenant_lower_or_newer_equal_priority_takes_newer_work_of_equal_priority() -> None:
+    """old (4 GPUs) waits for capacity while new (2 GPUs, same priority, submitted later) starts; when capacity
+    comes, old's quota is full with new: lower_priority leaves old waiting, lower_or_newer_equal_priority takes
+    new for it."""
+    for policy, taken in (("lower_priority", False), ("lower_or_newer_equal_priority", True)):
+        fold = cluster(nodes=1, size=4)
+        fold.run(SetQuota("a", nominal_gpus={"A100": 4}, preemption=QuotaPreemption(within_tenant=policy)))
+        fold.run(gpus("blocker", "other", 2, preemptible=False))
+        fold.run(gpus("old", "a", 4))
+        fold.run(gpus("new", "a", 2))
+        events = fold.run(Release("blocker"))
+        assert ({e.payload.pod_id for e in of(events, "PodPreempted")} == {"new"}) is taken, policy
+        assert (fold.placement("old") is not None) is taken, policy
+
+
+def test_borrow_within_cohort_lets_a_borrower_take_peers_lower_priority_pods_inside_their_nominal() -> None:
+    """b runs inside its nominal, and the pool has nothing left for a to borrow: by default (Kueue's rule) a waits;
+    with borrow_within_cohort lower_priority and a ceiling, a takes b's pods of priority at most the ceiling."""
+    for policy, ceiling, expected in (
+        ("never", None, set()),
+        ("lower_priority", 1, {"b0"}),
+        ("lower_priority", 0, set()),
+    ):
+        fold = cluster(nodes=1, size=4)
+        preemption = QuotaPreemption(borrow_within_cohort=policy, borrow_max_victim_priority=ceiling)
+        fold.run(SetQuota("a", cohort="lab", nominal_gpus={"A100": 0}, preemption=preemption))
+        fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 4}))
+        fold.run(gpus("b0", "b", 2, priority=1))
+        fold.run(gpus("b1", "b", 2, priority=3))
+        events = fold.run(gpus("a0", "a", 2, priority=5))
+        assert {e.payload.pod_id for e in of(events, "PodPreempted")} == expected, (policy, ceiling)
+        for event in of(events, "PodPreempted"):
+            assert event.payload.reason == "borrow_within_cohort"
+        # b0 goes back to the queue: inside b's nominal, but it does not reclaim from a0, which took it by
+        # borrow_within_cohort with a higher priority (else the two would evict each other in turn)
+        assert (fold.placement("a0") is not None) == bool(expected)
+
+
+def test_bad_quota_preemption_values_are_rejected() -> None:
+    fold = cluster()
+    for preemption in (
+        QuotaPreemption(within_tenant="always"),
+        QuotaPreemption(reclaim_within_cohort="lower"),
+        QuotaPreemption(borrow_within_cohort="any"),
+    ):
+        (event,) = fold.run(SetQuota("a", nominal_gpus={"A100": 1}, preemption=preemption))
+        assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+
+
+def test_explain_names_a_waiting_member_of_a_running_gang() -> None:
+    from processor.core.explain import explain
+
+    fold = cluster(nodes=1)
+    fold.run(gpus("x", count=2))
+    fold.run(SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    found = explain(fold.cluster, "g-1", 10_000)
+    assert found is not None and found.state == "pending"
+    assert found.reasons[0]["code"] == QueueReasonCode.GANG_MEMBER_WAITING
+    assert "runs 1 of 2 members" in found.message and found.gang is not None
+    running = explain(fold.cluster, "g-0", 10_000)
+    assert running is not None and running.state == "running"
+
+
+def test_preemption_lower_or_newer_equal_priority_takes_newer_work_of_the_same_priority() -> None:
+    """old (4 GPUs, priority 3) waits behind a pod that may not be preempted while new (2 GPUs, priority 3) starts;
+    when the blocker ends, old takes new's place under lower_or_newer_equal_priority, not under lower_priority;
+    new, being newer, never takes old's back."""
+    for mode, taken in (("lower_priority", False), ("lower_or_newer_equal_priority", True)):
+        fold = cluster(nodes=1, size=4)
+        fold.run(gpus("blocker", count=2, preemptible=False))
+        fold.run(gpus("old", count=4, priority=3, preemption=mode))
+        fold.run(gpus("new", count=2, priority=3, preemption=mode))
+        events = fold.run(Release("blocker"))
+        assert ({e.payload.pod_id for e in of(events, "PodPreempted")} == {"new"}) is taken, mode
+        assert (fold.placement("old") is not None) is taken, mode
+        if taken:
+            assert fold.placement("new") is None
+            assert "PodPreempted" not in types(fold.run(Tick()))
+
+
+def test_a_tenant_of_weight_0_gets_capacity_only_when_no_one_else_wants_it() -> None:
+    """Fair share with weight 0 (contract v3): freed capacity goes to every weighted tenant's waiting pods first,
+    however little they run, then to the weight-0 tenant's, older though they are."""
+    fold = cluster(nodes=1, size=4)
+    fold.run(SetQuota("spare", weight=0))
+    fold.run(SetQuota("main", weight=1))
+    fold.run(gpus("big", "main", 4))
+    fold.run(gpus("s0", "spare", 1))  # waits first
+    fold.run(gpus("m0", "main", 1))
+    events = fold.run(Release("big"))
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["m0", "s0"]
+    (event,) = fold.run(SetQuota("x", weight=0))
+    assert event.type_name == "QuotaChanged"
