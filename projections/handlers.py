@@ -226,7 +226,7 @@ def _gang_from_spec(batch: StagedBatch, event: Event, spec: GangSpec) -> dict[st
 
 def _close_evicted_members(batch: StagedBatch, event: Event, gang: dict[str, Any], reason: str) -> None:
     """Members evicted with their gang stop being pods until it starts again: their rows end; so do those of
-    members that waited for room while it ran (contract v3: pending rows)."""
+    members that waited for room while it ran (contract v4: pending rows)."""
     for member in gang["members"]:
         key = (event.cluster, member["pod_id"])
         pod = batch.pods.get(key)

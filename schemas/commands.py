@@ -32,8 +32,10 @@ PREEMPT_LOWER = "lower_priority"
 PREEMPT_NEVER = "never"
 """It waits instead (what every pod of contract v1 does)."""
 PREEMPT_LOWER_OR_NEWER = "lower_or_newer_equal_priority"
-"""Contract v3: also pods of equal priority submitted after it (Kueue's ``LowerOrNewerEqualPriority``)."""
+"""Contract v4: also pods of equal priority submitted after it (Kueue's ``LowerOrNewerEqualPriority``)."""
 PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER, PREEMPT_LOWER_OR_NEWER)
+PREEMPTION_MODES_V3 = (PREEMPT_LOWER, PREEMPT_NEVER)
+"""The modes contracts v1 to v3 accepted (a command of theirs with another is refused, as it was)."""
 PREEMPTING = (PREEMPT_LOWER, PREEMPT_LOWER_OR_NEWER)
 """The modes that preempt."""
 ANY_MODEL = "*"
@@ -84,7 +86,7 @@ BORROW_MODES = (BORROW_NEVER, BORROW_LOWER)
 
 @dataclass(slots=True, frozen=True)
 class QuotaPreemption(Record):
-    """Whom a tenant's work may preempt (contract v3; Kueue's ClusterQueue ``preemption``).
+    """Whom a tenant's work may preempt (contract v4; Kueue's ClusterQueue ``preemption``).
 
     ``within_tenant`` (Kueue's ``withinClusterQueue``): a pod that does not fit its tenant's quota may preempt
     the tenant's own lower-priority (or also newer equal-priority) work. ``reclaim_within_cohort``
@@ -118,7 +120,7 @@ class Quota(Record):
     borrowing_limit_gpus: int | None = None
     lending_limit_gpus: int | None = None
     weight: int = 1
-    preemption: QuotaPreemption | None = None  # contract v3; None: DEFAULT_QUOTA_PREEMPTION
+    preemption: QuotaPreemption | None = None  # contract v4; None: DEFAULT_QUOTA_PREEMPTION
 
     @property
     def policy(self) -> QuotaPreemption:
@@ -217,7 +219,7 @@ class SubmitPod(Record):
     movable: bool = False
     gpu_memory_mib: int = 0
     retry: Retry | None = None
-    preemptible: bool = True  # contract v3: False: never a victim
+    preemptible: bool = True  # contract v4: False: never a victim
 
 
 @dataclass(slots=True)
@@ -279,7 +281,7 @@ class SubmitGang(Record):
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
-    preemptible: bool = True  # contract v3: False: no member is ever a victim
+    preemptible: bool = True  # contract v4: False: no member is ever a victim
 
 
 @dataclass(slots=True)
@@ -314,7 +316,7 @@ class SetQuota(Record):
     borrowing_limit_gpus: int | None = None
     lending_limit_gpus: int | None = None
     weight: int = 1
-    preemption: QuotaPreemption | None = None  # contract v3
+    preemption: QuotaPreemption | None = None  # contract v4
 
     def quota(self) -> Quota:
         return Quota(
@@ -501,6 +503,23 @@ class V2Command(Command):
     @property
     def contract(self) -> str:
         return "v2"
+
+
+@dataclass(slots=True)
+class V3Command(Command):
+    """A command written by a client of contract v4 (its frame's fingerprint says so).
+
+    It keeps v3's gang and dependency rules where issue #24 changed them since: members beyond
+    ``min_members`` that did not start are dropped (they do not wait as members), a gang under a quota starts
+    only whole, a gang reclaims only when capacity is free, its ``timeout_ms`` counts from its submission, a
+    dependency binds to the last incarnation of an id, a gang is judged against the nodes present even before
+    the first, and fair-share ``weight`` 0 and ``lower_or_newer_equal_priority`` are refused. A log written
+    entirely with v3 replays to exactly the decisions v3 made.
+    """
+
+    @property
+    def contract(self) -> str:
+        return "v3"
 
 
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the

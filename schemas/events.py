@@ -37,7 +37,7 @@ class PodSpec(Record):
     movable: bool = False
     gpu_memory_mib: int = 0
     retry: Retry | None = None
-    preemptible: bool = True  # contract v3: False: never a victim
+    preemptible: bool = True  # contract v4: False: never a victim
 
     @property
     def gpu_milli_total(self) -> int:
@@ -72,8 +72,8 @@ class GangSpec(Record):
     submitted_at: int
     arrival: int
     preemption: str = PREEMPT_LOWER
-    queued_at: int | None = None  # contract v3: the last requeue of a gang that ran (its timeout counts from it)
-    preemptible: bool = True  # contract v3: False: no member is ever a victim
+    queued_at: int | None = None  # contract v4: the last requeue of a gang that ran (its timeout counts from it)
+    preemptible: bool = True  # contract v4: False: no member is ever a victim
 
     @property
     def waiting_since(self) -> int:
@@ -228,7 +228,7 @@ class GangReleased(Record):
     gang_id: str
     reason: str
     ok: bool = False
-    members_ended: tuple[str, ...] = ()  # contract v3: members of a gang that ended while not running
+    members_ended: tuple[str, ...] = ()  # contract v4: members of a gang that ended while not running
 
 
 @dataclass(slots=True)

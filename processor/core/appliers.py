@@ -295,7 +295,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
         gang = cluster.gangs.get(gang_id)
         if gang is None or gang.state != GANG_RUNNING:
             raise InvariantViolation(f"member {event.pod.pod_id!r} scheduled outside its gang's GangScheduled")
-        if event.pod.pod_id not in gang.placed:  # a member that waited for room while its gang ran (contract v3)
+        if event.pod.pod_id not in gang.placed:  # a member that waited for room while its gang ran (contract v4)
             waiting = lookup(cluster.pods, event.pod.pod_id)
             if waiting is None or not waiting.queued:
                 raise InvariantViolation(f"member {event.pod.pod_id!r} scheduled outside its gang's GangScheduled")
@@ -464,7 +464,7 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
             if cluster.blocked:
                 cluster.blocked.pop(pod_id, None)
             cluster.count_shape(pod.shape, -1)
-        for member in gang.spec.members:  # its members that waited for room (contract v3) wait with it again
+        for member in gang.spec.members:  # its members that waited for room (contract v4) wait with it again
             waiting = lookup(cluster.pods, member.pod_id)
             if waiting is not None and waiting.queued:
                 cluster.queue.remove(waiting.group, waiting.queue_key)
@@ -473,7 +473,7 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
         gang.placed = {}
         gang.started_at = None
         gang.topology_key = gang.domain = None
-        if event.gang.queued_at is not None:  # contract v3: its timeout counts from this requeue
+        if event.gang.queued_at is not None:  # contract v4: its timeout counts from this requeue
             gang.spec = event.gang
         if gang.spec.timeout_ms is not None:
             cluster.timers.push(gang.spec.waiting_since + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
@@ -515,7 +515,7 @@ def _applied_gang_released(state: PartitionState, cluster: ClusterState, event: 
         cluster.member_of.pop(member.pod_id, None)
         if cluster.disrupted:
             cluster.disrupted.pop(member.pod_id, None)
-    for member_id in event.members_ended:  # they never ran in this incarnation: ended, not ok (contract v3)
+    for member_id in event.members_ended:  # they never ran in this incarnation: ended, not ok (contract v4)
         cluster.remember_end(member_id, False)
     cluster.remember_end(event.gang_id, event.ok)
 

@@ -6,7 +6,7 @@ arrive in any order). A dependency is met once a job with that id has ended
 way, for ``afterok`` normally (released while running with reason ``completed``).
 A job whose afterok dependency ended otherwise never starts (``DependencyFailed``).
 
-Which incarnation a dependency binds to (contract v3): an id may be used again once its job ended. A
+Which incarnation a dependency binds to (contract v4): an id may be used again once its job ended. A
 dependency names the job with that id that is in the cluster when the dependant is submitted (and is
 rechecked), else the latest one that ended; so a dependant of a reused id waits for the new job, never fails
 for the old one. Every dependant ends: a gang that ends without running ends its members too
@@ -36,7 +36,7 @@ def live(cluster: ClusterState, job_id: str) -> bool:
 
 
 def unmet(cluster: ClusterState, depends_on: Iterable[str], bind_live: bool = False) -> tuple[str, ...]:
-    """The dependencies that have not ended yet, sorted. ``bind_live`` (contract v3): an id in use now is the
+    """The dependencies that have not ended yet, sorted. ``bind_live`` (contract v4): an id in use now is the
     incarnation a dependency binds to, whatever an earlier job of that id did. O(d)."""
     ended = cluster.ended
     return tuple(

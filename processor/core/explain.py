@@ -282,7 +282,7 @@ def explain(cluster: ClusterState, job_id: str, now: int | None = None) -> Expla
 
 
 def _waiting_member(cluster: ClusterState, pod: Pod, gang: Gang, now: int) -> Explanation:
-    """A member beyond ``min_members`` waiting for room while its gang runs (contract v3): a pending pod, the
+    """A member beyond ``min_members`` waiting for room while its gang runs (contract v4): a pending pod, the
     first reason saying whose member it is."""
     result = _pending(cluster, pod, now)
     spec = gang.spec

@@ -45,11 +45,11 @@ class Victims:
 
     protected: Mapping[str, None]
     borrowers_only: bool = False
-    # borrow_within_cohort (contract v3): with borrowers_only, the preemptor's cohort peers' pods may go too (also
+    # borrow_within_cohort (contract v4): with borrowers_only, the preemptor's cohort peers' pods may go too (also
     # inside their nominal quota), those of priority at most ``peer_max_priority`` (None: any lower one).
     peers: Mapping[str, None] | None = None
     peer_max_priority: int | None = None
-    # lower_or_newer_equal_priority (contract v3): the preemptor's (priority, arrival); the search reaches its own
+    # lower_or_newer_equal_priority (contract v4): the preemptor's (priority, arrival); the search reaches its own
     # priority, and of that priority only pods submitted after it may go.
     equal: tuple[int, int] | None = None
 
@@ -87,7 +87,7 @@ def borrower_victims(
     cluster: ClusterState, tenant: str, protected: Mapping[str, None], equal: tuple[int, int] | None = None
 ) -> Victims:
     """Whom a preemptor that would borrow quota may take (Kueue's rule): borrowers' pods; and, if its tenant's
-    ``borrow_within_cohort`` is ``lower_priority`` (contract v3), its cohort peers' pods too, of at most
+    ``borrow_within_cohort`` is ``lower_priority`` (contract v4), its cohort peers' pods too, of at most
     ``borrow_max_victim_priority``. O(cohort members)."""
     quota = quotas.quota_of(cluster, tenant)
     if quota is None or quota.cohort is None or quota.policy.borrow_within_cohort != BORROW_LOWER:

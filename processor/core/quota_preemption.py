@@ -1,4 +1,4 @@
-"""A pod that does not fit its tenant's quota, and the tenant's ``SetQuota.preemption`` policy (contract v3;
+"""A pod that does not fit its tenant's quota, and the tenant's ``SetQuota.preemption`` policy (contract v4;
 Kueue's ClusterQueue ``preemption``):
 
 - ``within_tenant`` (Kueue's ``withinClusterQueue``): it may take the tenant's own lower-priority work, or also

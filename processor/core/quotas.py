@@ -289,7 +289,7 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
 
 
 def may_reclaim(cluster: ClusterState, tenant: str) -> bool:
-    """Whether the tenant's ``reclaim_within_cohort`` lets it reclaim at all (contract v3: ``never`` does not)."""
+    """Whether the tenant's ``reclaim_within_cohort`` lets it reclaim at all (contract v4: ``never`` does not)."""
     quota = quota_of(cluster, tenant)
     return quota is not None and quota.policy.reclaim_within_cohort != RECLAIM_NEVER
 
@@ -330,7 +330,7 @@ def dominant_share(cluster: ClusterState, tenant: str) -> float:
     """The tenant's weighted dominant share: max over GPU, CPU, memory of its use over the cluster's, / weight."""
     quota = quota_of(cluster, tenant)
     if quota is not None and quota.weight == 0:
-        return math.inf  # weight 0 (contract v3): after every tenant with a weight, whatever it runs
+        return math.inf  # weight 0 (contract v4): after every tenant with a weight, whatever it runs
     usage = cluster.usage.get(tenant)
     if usage is None:
         return 0.0

@@ -44,7 +44,7 @@ class Borrowers:
         self.quota = quota
         self.protected = protected
         self.priority = priority
-        # reclaim_within_cohort (contract v3): lower_priority takes only borrowers' units below the lender's job.
+        # reclaim_within_cohort (contract v4): lower_priority takes only borrowers' units below the lender's job.
         self.below = priority if quota.policy.reclaim_within_cohort == RECLAIM_LOWER else None
 
     def lists(self, key: str) -> list[tuple[tuple[str, str], SortedList]]:

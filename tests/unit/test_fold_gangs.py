@@ -120,7 +120,7 @@ def test_topology_preferred_falls_back_to_wider_domains() -> None:
 
 def test_min_members_lets_a_gang_start_without_every_member() -> None:
     """With min_members 2 of 3 and room for two, the gang starts with two members; the third waits in the queue
-    as a member of the running gang (contract v3; it was dropped before) and starts when a node comes."""
+    as a member of the running gang (contract v4; it was dropped before) and starts when a node comes."""
     fold = Fold()
     racks(fold, {"r1": 2})
     events = fold.run(SubmitGang("g", members=members("g", 3), min_members=2))

@@ -1,4 +1,4 @@
-"""Issue #24: gangs and tenants with the semantics Kueue and Volcano users rely on (contract v3).
+"""Issue #24: gangs and tenants with the semantics Kueue and Volcano users rely on (contract v4).
 
 Each test here was written against a scenario that went wrong before its fix: a gang under quota that
 waited forever, members beyond ``min_members`` dropped, a lender's gang that could not reclaim on a full
@@ -369,7 +369,7 @@ def test_preemption_lower_or_newer_equal_priority_takes_newer_work_of_the_same_p
 
 
 def test_a_tenant_of_weight_0_gets_capacity_only_when_no_one_else_wants_it() -> None:
-    """Fair share with weight 0 (contract v3): freed capacity goes to every weighted tenant's waiting pods first,
+    """Fair share with weight 0 (contract v4): freed capacity goes to every weighted tenant's waiting pods first,
     however little they run, then to the weight-0 tenant's, older though they are."""
     fold = cluster(nodes=1, size=4)
     fold.run(SetQuota("spare", weight=0))

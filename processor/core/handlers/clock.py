@@ -56,7 +56,7 @@ def _gang_timed_out(decision: Decision, cluster: ClusterState, gang_id: str, dea
     if gang is None or gang.state == GANG_RUNNING or gang.spec.timeout_ms is None:
         return
     if gang.spec.waiting_since + gang.spec.timeout_ms != deadline:
-        return  # stale: a requeue started the wait again (contract v3)
+        return  # stale: a requeue started the wait again (contract v4)
     waited = decision.now - gang.spec.waiting_since
     decision.emit(
         GangTimedOut(

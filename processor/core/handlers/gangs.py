@@ -20,7 +20,16 @@ from processor.core.handlers.reservations import holder_started
 from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_NEVER, PREEMPTING, RECLAIM_LOWER, Quota, ReleaseGang, SubmitGang
+from schemas.commands import (
+    PREEMPT_NEVER,
+    PREEMPTING,
+    PREEMPTION_MODES,
+    PREEMPTION_MODES_V3,
+    RECLAIM_LOWER,
+    Quota,
+    ReleaseGang,
+    SubmitGang,
+)
 from schemas.events import (
     GangQueued,
     GangReleased,
@@ -40,16 +49,16 @@ from schemas.validation import check_release_gang, check_submit_gang
 
 
 def submit_gang(decision: Decision, command: SubmitGang) -> None:
-    check_submit_gang(command)
+    check_submit_gang(command, PREEMPTION_MODES_V3 if decision.legacy_gangs else PREEMPTION_MODES)
     cluster = decision.cluster
     name = decision.command.cluster
     ids = (command.gang_id, *(member.pod_id for member in command.members))
     check_new_job_ids(cluster, name, ids[:1], "gang")
     check_new_job_ids(cluster, name, ids[1:], "pod")
-    # One admission rule for pods and gangs (contract v3): a cluster with no node yet judges no shape (both queue,
+    # One admission rule for pods and gangs (contract v4): a cluster with no node yet judges no shape (both queue,
     # NO_NODES); once it has nodes, what no node present could hold is refused (UNKNOWN_GPU_MODEL,
     # UNKNOWN_LABEL_KEY, NEVER_FITS) and what was accepted is never refused later: it waits when nodes go.
-    judged = bool(cluster.nodes) or decision.legacy
+    judged = bool(cluster.nodes) or decision.legacy_gangs
     for member in command.members if judged else ():
         check_models(cluster, name, tuple(member.gpu_models))
     for key in (command.topology_required, command.topology_preferred) if judged else ():
@@ -87,7 +96,7 @@ def release_gang(decision: Decision, command: ReleaseGang) -> Task:
         decision.emit(PodReleased(pod_id, pod.node_id, command.reason), cluster.name)
         decision.then(WAKE_DEPENDANTS, cluster, pod_id)
         yield  # the member's dependants before the next member
-    for pod_id in waiting_members(cluster, gang):  # an elastic gang's members still queued (contract v3)
+    for pod_id in waiting_members(cluster, gang):  # an elastic gang's members still queued (contract v4)
         decision.emit(PodReleased(pod_id, None, command.reason), cluster.name)
         decision.then(WAKE_DEPENDANTS, cluster, pod_id)
         yield
@@ -123,9 +132,9 @@ def end_gang(decision: Decision, cluster: ClusterState, gang: Gang, reason: str)
 
 
 def members_ending(decision: Decision, gang: Gang) -> tuple[str, ...]:
-    """The members that end with a gang that is not running (contract v3: jobs waiting for one end too; before,
+    """The members that end with a gang that is not running (contract v4: jobs waiting for one end too; before,
     they waited forever). A running gang's members each ended with their own ``PodReleased``."""
-    if decision.legacy or gang.state == GANG_RUNNING:
+    if decision.legacy_gangs or gang.state == GANG_RUNNING:
         return ()
     return tuple(member.pod_id for member in gang.spec.members)
 
@@ -161,7 +170,7 @@ def place_gang(
         reclaims = may_preempt and shortfall.reclaimable and quotas.may_reclaim(cluster, spec.tenant)
         if reclaims and _reclaim_for_gang(decision, cluster, spec, from_queue):
             return True
-        if not decision.legacy:  # partial admission: at least min_members within the quota (contract v3)
+        if not decision.legacy_gangs:  # partial admission: at least min_members within the quota (contract v4)
             trimmed = within_quota(cluster, spec, found)
             if trimmed is not None:
                 emit_gang_placement(decision, cluster, spec, trimmed, from_queue)
@@ -169,7 +178,7 @@ def place_gang(
         reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
     else:
         reasons = found
-        reclaiming = may_preempt and cluster.quotas_on and not decision.legacy
+        reclaiming = may_preempt and cluster.quotas_on and not decision.legacy_gangs
         if reclaiming and _reclaim_capacity_for_gang(decision, cluster, spec, from_queue):
             return True
         level = preemption_plans.reach(spec.priority, spec.preemption)
@@ -267,7 +276,7 @@ RECLAIM_UNITS = 64
 
 def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec, from_queue: bool) -> bool:
     """A gang that fits no free capacity but would run inside its tenant's nominal quota takes capacity back from
-    the cohort's borrowers, as a pod's reclaim does (contract v3): borrowers' pods in reclaim's order (lowest
+    the cohort's borrowers, as a pod's reclaim does (contract v4): borrowers' pods in reclaim's order (lowest
     priority, then youngest) are evicted on trial until the gang fits and stays inside its nominal quota, then
     those not needed are given back (latest first, Kueue's fill-back). Nothing is evicted unless the gang starts.
 
@@ -411,14 +420,14 @@ def emit_gang_placement(
             PodScheduled(member, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
         )
     holder_started(decision, cluster, spec.gang_id)
-    if not decision.legacy and len(found.placed) < len(spec.members):
+    if not decision.legacy_gangs and len(found.placed) < len(spec.members):
         _queue_waiting_members(decision, cluster, spec, found)
 
 
 def _queue_waiting_members(
     decision: Decision, cluster: ClusterState, spec: GangSpec, found: gangs.GangPlacement
 ) -> None:
-    """The members that did not start with their gang wait in the queue as its members (contract v3; before, they
+    """The members that did not start with their gang wait in the queue as its members (contract v4; before, they
     were dropped): each ``PodQueued`` says so, and why it does not fit now; a member of a gang placed in a
     topology domain waits for a node of that domain. O(M) plus each member's reasons."""
     started = {member.pod_id for member, _ in found.placed}
@@ -494,9 +503,9 @@ def gang_evict_members(decision: Decision, cluster: ClusterState, gang: Gang, re
 def gang_placed_back(decision: Decision, cluster: ClusterState, gang: Gang, freed: list[str | None]) -> None:
     """A gang whose members were all evicted goes back to the queue, and is placed again if it can be."""
     # Back to the queue (its members stop being pods), then placed again at once if it fits (and its quota
-    # has room), else it may still reclaim or preempt like any queued gang. Since contract v3 its timeout
+    # has room), else it may still reclaim or preempt like any queued gang. Since contract v4 its timeout
     # counts from now: it limits waiting, and the gang did not wait while it ran.
-    spec = gang.spec if decision.legacy else dataclasses.replace(gang.spec, queued_at=decision.now)
+    spec = gang.spec if decision.legacy_gangs else dataclasses.replace(gang.spec, queued_at=decision.now)
     found = gangs.try_place(cluster, spec, cluster_policy(cluster), decision.now)
     placed = isinstance(found, gangs.GangPlacement)
     reasons: tuple[QueueReason, ...] = () if placed else found  # type: ignore[assignment]

@@ -20,7 +20,15 @@ from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.resources import PodShape
 from processor.core.state import GANG_RUNNING, ClusterState, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_NEVER, PREEMPTING, STRICT_FIFO, Release, SubmitPod
+from schemas.commands import (
+    PREEMPT_NEVER,
+    PREEMPTING,
+    PREEMPTION_MODES,
+    PREEMPTION_MODES_V3,
+    STRICT_FIFO,
+    Release,
+    SubmitPod,
+)
 from schemas.events import PodQueued, PodReleased, PodRetryScheduled, PodScheduled, PodSpec, QueueReason
 from schemas.validation import check_release, check_submit_pod
 
@@ -31,10 +39,10 @@ FAILED = "failed"
 
 
 def submit_pod(decision: Decision, command: SubmitPod) -> None:
-    check_submit_pod(command)
+    check_submit_pod(command, PREEMPTION_MODES_V3 if decision.legacy_gangs else PREEMPTION_MODES)
     cluster = decision.cluster
     name = decision.command.cluster
-    if command.gpu_models and (cluster.nodes or decision.legacy):  # the admission rule: ``handlers.gangs``
+    if command.gpu_models and (cluster.nodes or decision.legacy_gangs):  # the admission rule: ``handlers.gangs``
         check_models(cluster, name, tuple(command.gpu_models))
     if command.pod_id in cluster.pods:
         raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
@@ -138,11 +146,15 @@ def place(
         if blocked is not None:
             decision.emit(PodQueued(spec, (blocked,), requeued), cluster.name)
             return False
+    member = spec.gang_id is not None  # a member beyond min_members that waits while its gang runs
+    if member and not member_may_start(cluster, spec):
+        return False  # its gang is losing members in this command: it waits with the gang, or starts after
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     quota_reasons: tuple[QueueReason, ...] = ()
     # A pod that asks for GPU memory waits rather than preempting: the victim searches do not model GPU memory.
-    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt and not spec.gpu_memory_mib
+    # A waiting member takes only free capacity (Volcano: only a job below its minimum preempts).
+    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt and not spec.gpu_memory_mib and not member
     if cluster.quotas_on:
         admission = quotas.admit(cluster, spec, usable)
         if admission.shortfalls:
@@ -194,6 +206,17 @@ def place(
     return False
 
 
+def member_may_start(cluster: ClusterState, spec: PodSpec) -> bool:
+    """Whether a waiting member of an elastic gang may start now: its gang runs and none of its placed members
+    was evicted in this command (then the gang runs on without them, or goes back to the queue with every
+    member, this one too). O(M)."""
+    gang = lookup(cluster.gangs, spec.gang_id)  # type: ignore[arg-type]
+    if gang is None or gang.state != GANG_RUNNING:
+        return False
+    pods = cluster.pods
+    return all(pods[pod_id].running for pod_id in gang.placed)
+
+
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
 ) -> preemption_plans.PodPlan | None:
@@ -221,7 +244,7 @@ def _plan_preemption(
 def _preempt_by_quota_policy(
     decision: Decision, cluster: ClusterState, spec: PodSpec, usable: PodShape, from_queue: bool
 ) -> bool:
-    """The tenant's ``SetQuota.preemption`` (contract v3), for a pod its quota has no room for: ``within_tenant``
+    """The tenant's ``SetQuota.preemption`` (contract v4), for a pod its quota has no room for: ``within_tenant``
     (its own lower-priority or newer work), then ``borrow_within_cohort`` (cohort peers' lower-priority pods) go
     so that it fits, and it starts on the capacity that freed (``processor.core.quota_preemption``)."""
     units = None

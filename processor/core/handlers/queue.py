@@ -63,9 +63,9 @@ def retry_queue(
     )
     if preempting and equal_only:
         # Only work of the head's priority runs below it: a group with lower_or_newer_equal_priority may take it
-        # (contract v3). O(Q) to look, as the screen below.
+        # (contract v4). O(Q) to look, as the screen below.
         pods_preempt = any(group[1] == PREEMPT_LOWER_OR_NEWER for _, group in cluster.queue.heads())
-    # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v3): their work is
+    # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v4): their work is
     # retried on any change. O(tenants with a quota); none unless a tenant set such a policy.
     policed = _policed_tenants(cluster) if fair else None
     if not pods_preempt and not tenants and not policed:

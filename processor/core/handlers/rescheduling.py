@@ -82,7 +82,7 @@ def _recheck_all(decision: Decision, cluster: ClusterState, waiters: list[str]) 
 
 
 def _recheck(decision: Decision, cluster: ClusterState, waiter: str) -> None:
-    live = not decision.legacy  # contract v3: a dependency binds to the live incarnation of a reused id
+    live = not decision.legacy_gangs  # contract v4: a dependency binds to the live incarnation of a reused id
     pod = lookup(cluster.pods, waiter)
     if pod is not None and not pod.queued and not pod.running:
         spec = pod.spec

@@ -76,9 +76,9 @@ def set_quota(decision: Decision, command: SetQuota) -> None:
 
 
 def _check_weight(decision: Decision, weight: int) -> None:
-    """Weight 0 is contract v3's (capacity only when no one else wants it); v1 and v2 refused it, so their logs
+    """Weight 0 is contract v4's (capacity only when no one else wants it); v1, v2 and v3 refused it, so their logs
     replay as they were."""
-    if weight == 0 and decision.legacy:
+    if weight == 0 and decision.legacy_gangs:
         raise Rejected(RejectionCode.INVALID_RESOURCES, f"quota weight must be between 1 and 1000, got {weight}")
 
 

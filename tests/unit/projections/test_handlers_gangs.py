@@ -134,7 +134,7 @@ def test_unknown_states_and_clusters_are_clear_errors(engine: Engine) -> None:
 
 
 def test_an_elastic_gangs_waiting_member_is_a_pending_row_until_its_gang_goes_back_to_the_queue(engine: Engine) -> None:
-    """Contract v3: a member beyond min_members that did not fit is a pending pod row (GANG_MEMBER_WAITING first);
+    """Contract v4: a member beyond min_members that did not fit is a pending pod row (GANG_MEMBER_WAITING first);
     when the gang is requeued that row ends with the gang's evicted members, and no row is left behind."""
     payloads: list[tuple[int, object]] = [(0, SetPolicy("first-fit", reserve_after_ms=-1))]
     payloads += [(0, AddNode(f"n{i}", 64_000, 262_144, "H100", 8)) for i in range(2)]
