@@ -281,6 +281,8 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
     for pod in cluster.pods.values():
         if not pod.queued or pod.spec.preemption != "lower_priority" or pod.spec.gpu_memory_mib:
             continue  # a pod that asks for GPU memory waits rather than preempting (the searches do not model it)
+        if pod.spec.gang_id is not None:
+            continue  # a member waiting while its gang runs takes only free capacity (README: elastic gangs)
         shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
         models = admitted_models(cluster, pod.spec)
         for node in nodes:
@@ -292,8 +294,9 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
 
 
 def check_gangs(cluster: ClusterState) -> None:
-    """No partial gang: a running gang's members all run, in one domain if it required one; a waiting or queued
-    gang holds no pod at all; member ids map to their gang. (Starts with min_members: see the event check.)"""
+    """No partial gang: a running gang's placed members all run, in one domain if it required one, and its other
+    members present are queued (waiting for room, as members beyond min_members do); a waiting or queued gang
+    holds no pod at all; member ids map to their gang. (Starts with min_members: see the event check.)"""
     for gang_id, gang in cluster.gangs.items():
         spec = gang.spec
         assert all(cluster.member_of[member.pod_id] == gang_id for member in spec.members)
@@ -305,9 +308,15 @@ def check_gangs(cluster: ClusterState) -> None:
         # Members released one by one (Release of a member) may leave fewer than min_members running;
         # placement itself (GangScheduled, checked in check_started_jobs...) never starts fewer.
         assert gang.placed, f"running gang {gang_id} has no member"
-        running = [pod for pod in members if pod is not None]
+        running = [pod for pod in members if pod is not None and pod.spec.pod_id in gang.placed]
         assert {pod.spec.pod_id for pod in running} == set(gang.placed)
         assert all(pod.running for pod in running), f"gang {gang_id} has a member that is not running"
+        for pod in members:
+            if pod is not None and pod.spec.pod_id not in gang.placed:
+                assert pod.queued and pod.node_id is None, (
+                    f"gang {gang_id}'s member {pod.spec.pod_id} neither runs nor waits"
+                )
+                assert pod.spec.gang_id == gang_id
         if spec.topology_required is not None:
             domains = {cluster.nodes[pod.node_id].labels.get(spec.topology_required) for pod in running}  # type: ignore[index]
             assert domains == {gang.domain}, f"gang {gang_id} spans {domains} of {spec.topology_required}"

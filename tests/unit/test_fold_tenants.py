@@ -7,6 +7,7 @@ cluster, a requeued gang timed out at once, dependants bound to a dead incarnati
 
 from __future__ import annotations
 
+from processor.core.fold import decide
 from processor.core.state import GANG_RUNNING
 from schemas.codes import QueueReasonCode
 from schemas.commands import (
@@ -20,6 +21,7 @@ from schemas.commands import (
     SubmitGang,
     SubmitPod,
     Tick,
+    V3Command,
 )
 from schemas.events import Event
 from tests.strategies import Fold, types
@@ -113,6 +115,40 @@ def test_a_requeued_elastic_gang_takes_its_waiting_members_back() -> None:
     assert not any(pod.spec.gang_id == "g" for pod in fold.cluster.pods.values())
     events = fold.run(Release("x"))
     assert len(of(events, "GangScheduled")[0].payload.members) == 1
+
+
+def test_a_waiting_member_does_not_start_while_its_gang_loses_its_members() -> None:
+    """Quota a = 2 GPUs: g starts 2 of 3 members on a100-0, g-2 waits for quota. a100-0 fails: x (priority 5) is
+    placed back first and preempts y on a100-1, whose retry of the queue sees a's quota free again. g-2 must not
+    start there while g's evicted members are on their way back to the queue (the fold stopped with 'gang
+    requeued while member runs': mixed stream seed 1469); g goes back whole and starts again, g-2 waits again."""
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("a", nominal_gpus={"A100": 2}))
+    fold.run(gpus("x", tenant="b", priority=5))
+    fold.run(gpus("y", tenant="c", count=4))
+    fold.run(SubmitGang("g", "a", members=members("g", 3, 1), min_members=2))
+    assert fold.placement("g-0") == fold.placement("g-1") == fold.placement("x") == "a100-0"
+    events = fold.run(MarkNodeFailed("a100-0"))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["y"]
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["x", "g-0", "g-1"]
+    assert [e.payload.pod.pod_id for e in of(events, "PodQueued")] == ["y", "g-2"]
+    gang = fold.cluster.gangs["g"]
+    assert gang.state == GANG_RUNNING and set(gang.placed) == {"g-0", "g-1"}
+    assert fold.cluster.pods["g-2"].queued
+
+
+def test_a_waiting_member_takes_only_free_capacity() -> None:
+    """g (priority 5) starts one of its two members; g-1 waits and does not preempt x (priority 0) when the queue
+    is retried (Volcano: only a job below its minimum preempts); it starts when x ends."""
+    fold = cluster(nodes=1, size=4)
+    fold.run(gpus("x", count=2))
+    fold.run(SubmitPod("s", "default", 0, 0, 0, 1000, 1024))
+    events = fold.run(SubmitGang("g", priority=5, members=members("g", 2, 2), min_members=1))
+    assert len(of(events, "GangScheduled")[0].payload.members) == 1 and "PodPreempted" not in types(events)
+    events = fold.run(Release("s"))  # capacity changed: the queue is retried
+    assert "PodPreempted" not in types(events) and fold.placement("x") is not None
+    events = fold.run(Release("x"))
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["g-1"]
 
 
 # ---------------------------------------------------------------- reclaim
@@ -233,6 +269,18 @@ def test_a_pod_that_is_not_preemptible_is_never_a_victim_of_priority_preemption(
     assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["take"]
     events = fold.run(gpus("higher", count=4, priority=10))
     assert types(events) == ["PodQueued"] and fold.placement("keep") is not None
+
+
+def test_a_pod_that_is_not_preemptible_does_not_hide_a_victim_on_another_node() -> None:
+    """The search takes the lowest priority level it could free first: a pod that may not go (priority 0 on
+    a100-0) is no level at all, so p (priority 3) preempts q (priority 1) on a100-1 (the search found nothing
+    when it counted the pod that may not go as level 0)."""
+    fold = cluster(nodes=2, size=1)
+    fold.run(gpus("kept", preemptible=False))
+    fold.run(gpus("q", priority=1))
+    events = fold.run(gpus("p", priority=3))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["q"]
+    assert fold.placement("p") == "a100-1" and fold.placement("kept") == "a100-0"
 
 
 def test_a_gang_that_is_not_preemptible_is_never_a_victim() -> None:
@@ -381,3 +429,52 @@ def test_a_tenant_of_weight_0_gets_capacity_only_when_no_one_else_wants_it() -> 
     assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["m0", "s0"]
     (event,) = fold.run(SetQuota("x", weight=0))
     assert event.type_name == "QuotaChanged"
+
+
+# ---------------------------------------------------------------- contract v3 logs keep v3's rules
+
+
+def v3(fold: Fold, payload: object, at: int | None = None) -> list[Event]:
+    """A command as a client of contract v3 wrote it (its frame decodes to ``V3Command``)."""
+    fold.count += 1
+    issued_at = 1000 * fold.count if at is None else at
+    return decide(fold.state, V3Command(f"cmd-{fold.count}", fold.cluster_name, issued_at, payload))  # type: ignore[arg-type]
+
+
+def test_a_v3_gang_under_quota_starts_whole_or_waits_and_drops_members_beyond_min() -> None:
+    """Contract v3 had no partial admission under a quota and dropped the members beyond min_members that did not
+    fit: a v3 log replays so."""
+    fold = cluster()
+    v3(fold, SetQuota("a", nominal_gpus={"A100": 4}))
+    events = v3(fold, SubmitGang("g", "a", members=members("g", 4, 2), min_members=2))
+    assert types(events) == ["GangQueued"]
+    fold = cluster(nodes=1)
+    v3(fold, gpus("x", count=2))
+    events = v3(fold, SubmitGang("g", members=members("g", 2, 2), min_members=1))
+    assert "PodQueued" not in types(events) and "g-1" not in fold.cluster.pods
+
+
+def test_a_v3_gang_timeout_counts_from_its_submission() -> None:
+    """v3 timed a requeued gang out at once if it had been submitted longer ago than its timeout."""
+    fold = Fold()
+    v3(fold, AddNode("n0", 64_000, 262_144, "A100", 8), at=0)
+    v3(fold, SubmitGang("g", members=members("g", 1, 8), timeout_ms=10_000), at=1_000)
+    assert fold.cluster.gangs["g"].state == GANG_RUNNING
+    events = v3(fold, MarkNodeFailed("n0"), at=3_600_000)
+    assert "GangTimedOut" in types(events)
+
+
+def test_v3_refuses_what_it_did_not_know() -> None:
+    """weight 0, lower_or_newer_equal_priority and a gang before any node: refused under v3, as v3 did."""
+    fold = Fold()
+    (event,) = v3(fold, SubmitGang("g", members=members("g", 2, 4)))
+    assert event.type_name == "CommandRejected"
+    fold = cluster()
+    (event,) = v3(fold, SetQuota("a", weight=0))
+    assert event.type_name == "CommandRejected"
+    (event,) = v3(fold, gpus("p", preemption="lower_or_newer_equal_priority"))
+    assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+    (event,) = v3(fold, SubmitGang("g", members=members("g", 1, 1), preemption="lower_or_newer_equal_priority"))
+    assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+    (event,) = fold.run(gpus("p", preemption="lower_or_newer_equal_priority"))
+    assert event.type_name == "PodScheduled"
