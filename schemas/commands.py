@@ -281,6 +281,7 @@ class SubmitGang(Record):
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
+    retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: no member is ever a victim
 
 
@@ -530,5 +531,5 @@ nest(SetPolicy, {"default_quota": Quota})
 nest(Quota, {"preemption": QuotaPreemption})
 nest(SetQuota, {"preemption": QuotaPreemption})
 nest(GangMember, {"tolerations": Toleration})
-nest(SubmitGang, {"members": GangMember})
+nest(SubmitGang, {"members": GangMember, "retry": Retry})
 nest(UpdateNode, {"taints": Taint})

@@ -101,7 +101,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
+_k1 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -146,137 +146,142 @@ _k217 = b'\x02'
 _k219 = b'\x00'
 _k222 = b'\x02'
 _k224 = b'\x00'
-_k231 = b'\x14'
-_k237 = b'\x16'
-_k239 = b'\x18'
-_k244 = b'\x02'
-_k247 = b'\x00'
-_k251 = b'\x02'
-_k253 = b'\x00'
-_k256 = b'\x02'
-_k258 = b'\x00'
-_k261 = b'\x02'
-_k263 = b'\x00'
-_k266 = b'\x02'
-_k268 = b'\x00'
-_k272 = b'\x00'
-_k274 = b'\x1a'
-_k278 = b'\x1c'
-_k282 = b'\x02'
-_k285 = b'\x00'
-_k287 = b'\x1e'
-_k291 = b' '
-_k295 = b'"'
-_k300 = b'\x02'
-_k302 = b'\x00'
-_k305 = b'\x02'
-_k307 = b'\x00'
-_k309 = b'$'
-_k314 = b'\x02'
-_k317 = b'\x00'
-_k320 = b'\x02'
-_k323 = b'\x00'
-_k326 = b'\x02'
-_k328 = b'\x00'
-_k331 = b'&'
-_k335 = b'\xc3\x01)b%\xd1\xac\x95\x1d\xf0'
-_k606 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
-_k617 = b'\x00'
-_k629 = b'\x02'
-_k633 = b'\x04'
-_k637 = b'\x06'
-_k641 = b'\x08'
-_k646 = b'\n'
-_k653 = b'\x0c'
-_k671 = b'\x02'
-_k674 = b'\x00'
-_k677 = b'\x02'
-_k679 = b'\x00'
-_k688 = b'\x00'
-_k699 = b'\x0e'
-_k717 = b'\x02'
-_k720 = b'\x00'
-_k723 = b'\x02'
-_k725 = b'\x00'
-_k734 = b'\x00'
-_k750 = b'\x10'
-_k758 = b'\x12'
-_k763 = b'\x02'
-_k766 = b'\x00'
-_k770 = b'\x14'
-_k777 = b'\x02'
-_k779 = b'\x00'
-_k784 = b'\x02'
-_k786 = b'\x00'
-_k788 = b'\x16'
-_k798 = b'\x18'
-_k827 = b'\x02'
-_k830 = b'\x00'
-_k833 = b'\x02'
-_k835 = b'\x00'
-_k844 = b'\x00'
-_k848 = b'\x02'
-_k851 = b'\x00'
-_k854 = b'\x02'
-_k857 = b'\x00'
-_k860 = b'\x02'
-_k862 = b'\x00'
-_k865 = b'\x02'
-_k867 = b'\x00'
-_k877 = b'\x02'
-_k879 = b'\x00'
-_k882 = b'\x1a'
-_k903 = b'\x02'
-_k906 = b'\x00'
-_k909 = b'\x02'
-_k912 = b'\x00'
-_k915 = b'\x02'
-_k917 = b'\x00'
-_k920 = b'\x02'
-_k922 = b'\x00'
-_k932 = b'\x02'
-_k934 = b'\x00'
-_k937 = b'\x02'
-_k940 = b'\x00'
-_k943 = b'\x02'
-_k946 = b'\x00'
-_k951 = b'\x1c'
-_k958 = b'\x1e'
-_k965 = b' '
-_k973 = b'\x02'
-_k976 = b'\x00'
-_k978 = b'"'
-_k986 = b'\x02'
-_k988 = b'\x00'
-_k992 = b'$'
-_k1003 = b'&'
-_k1013 = b'('
-_k1016 = b'*'
-_k1028 = b','
-_k1031 = b'\x02'
-_k1034 = b'\x00'
-_k1037 = b'\x00'
-_k1040 = b'\x00'
-_k1044 = b'.'
-_k1058 = b'0'
-_k1064 = b'\x02'
-_k1067 = b'\x00'
-_k1071 = b'2'
-_k1081 = b'4'
-_k1091 = b'6'
-_k1095 = b'8'
-_k1102 = b':'
-_k1108 = b'<'
-_k1113 = b'\x02'
-_k1116 = b'\x00'
+_k232 = b'\x00'
+_k234 = b'\x14'
+_k240 = b'\x16'
+_k242 = b'\x18'
+_k247 = b'\x02'
+_k250 = b'\x00'
+_k254 = b'\x02'
+_k256 = b'\x00'
+_k259 = b'\x02'
+_k261 = b'\x00'
+_k264 = b'\x02'
+_k266 = b'\x00'
+_k269 = b'\x02'
+_k271 = b'\x00'
+_k275 = b'\x00'
+_k277 = b'\x1a'
+_k281 = b'\x1c'
+_k285 = b'\x02'
+_k288 = b'\x00'
+_k290 = b'\x1e'
+_k294 = b' '
+_k298 = b'"'
+_k303 = b'\x02'
+_k305 = b'\x00'
+_k308 = b'\x02'
+_k310 = b'\x00'
+_k312 = b'$'
+_k317 = b'\x02'
+_k320 = b'\x00'
+_k323 = b'\x02'
+_k326 = b'\x00'
+_k329 = b'\x02'
+_k331 = b'\x00'
+_k334 = b'&'
+_k338 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
+_k610 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
+_k621 = b'\x00'
+_k633 = b'\x02'
+_k637 = b'\x04'
+_k641 = b'\x06'
+_k645 = b'\x08'
+_k650 = b'\n'
+_k657 = b'\x0c'
+_k675 = b'\x02'
+_k678 = b'\x00'
+_k681 = b'\x02'
+_k683 = b'\x00'
+_k692 = b'\x00'
+_k703 = b'\x0e'
+_k721 = b'\x02'
+_k724 = b'\x00'
+_k727 = b'\x02'
+_k729 = b'\x00'
+_k738 = b'\x00'
+_k754 = b'\x10'
+_k762 = b'\x12'
+_k767 = b'\x02'
+_k770 = b'\x00'
+_k774 = b'\x14'
+_k781 = b'\x02'
+_k783 = b'\x00'
+_k788 = b'\x02'
+_k790 = b'\x00'
+_k792 = b'\x16'
+_k802 = b'\x18'
+_k831 = b'\x02'
+_k834 = b'\x00'
+_k837 = b'\x02'
+_k839 = b'\x00'
+_k848 = b'\x00'
+_k852 = b'\x02'
+_k855 = b'\x00'
+_k858 = b'\x02'
+_k861 = b'\x00'
+_k864 = b'\x02'
+_k866 = b'\x00'
+_k869 = b'\x02'
+_k871 = b'\x00'
+_k881 = b'\x00'
+_k884 = b'\x02'
+_k886 = b'\x00'
+_k889 = b'\x1a'
+_k910 = b'\x02'
+_k913 = b'\x00'
+_k916 = b'\x02'
+_k919 = b'\x00'
+_k922 = b'\x02'
+_k924 = b'\x00'
+_k927 = b'\x02'
+_k929 = b'\x00'
+_k939 = b'\x00'
+_k942 = b'\x02'
+_k944 = b'\x00'
+_k947 = b'\x02'
+_k950 = b'\x00'
+_k953 = b'\x02'
+_k956 = b'\x00'
+_k961 = b'\x1c'
+_k968 = b'\x1e'
+_k975 = b' '
+_k983 = b'\x02'
+_k986 = b'\x00'
+_k988 = b'"'
+_k996 = b'\x02'
+_k998 = b'\x00'
+_k1002 = b'$'
+_k1013 = b'&'
+_k1023 = b'('
+_k1026 = b'*'
+_k1038 = b','
+_k1041 = b'\x02'
+_k1044 = b'\x00'
+_k1047 = b'\x00'
+_k1050 = b'\x00'
+_k1054 = b'.'
+_k1068 = b'0'
+_k1074 = b'\x02'
+_k1077 = b'\x00'
+_k1081 = b'2'
+_k1091 = b'4'
+_k1101 = b'6'
+_k1105 = b'8'
+_k1112 = b':'
 _k1119 = b'\x02'
 _k1122 = b'\x00'
-_k1125 = b'\x02'
-_k1127 = b'\x00'
-_k1130 = b'>'
-_k1134 = b'@'
-_k1145 = b'B'
-_k1152 = b'\xc3\x01\xc6\xbb\x03\x08\xfa/\xc7j'
+_k1124 = b'<'
+_k1129 = b'\x02'
+_k1132 = b'\x00'
+_k1135 = b'\x02'
+_k1138 = b'\x00'
+_k1141 = b'\x02'
+_k1143 = b'\x00'
+_k1146 = b'>'
+_k1150 = b'@'
+_k1161 = b'B'
+_k1168 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -473,142 +478,142 @@ def _u222(v: Any) -> bytes:
 
 
 def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (b"\x01" if o.preemptible else b"\x00"),))
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _e_ReleaseGang230(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k231, (_P[n234] if (n234 := len(s233 := o.gang_id.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.reason.encode())) < 8192 else _long(n236)), s235,))
+def _e_ReleaseGang233(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k234, (_P[n237] if (n237 := len(s236 := o.gang_id.encode())) < 8192 else _long(n237)), s236, (_P[n239] if (n239 := len(s238 := o.reason.encode())) < 8192 else _long(n239)), s238,))
 
 
-def _e_Tick236(o: _c_Tick) -> bytes:
-    return b"".join((_k237, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick239(o: _c_Tick) -> bytes:
+    return b"".join((_k240, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u244(v: Any) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := v.encode())) < 8192 else _long(n247)), s246,))
+def _u247(v: Any) -> bytes:
+    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := v.encode())) < 8192 else _long(n250)), s249,))
 
 
-def _u251(v: Any) -> bytes:
-    return b"".join((_k251, (_P[n253] if 0 <= (n253 := v) < 8192 else _long(n253)),))
+def _u254(v: Any) -> bytes:
+    return b"".join((_k254, (_P[n256] if 0 <= (n256 := v) < 8192 else _long(n256)),))
 
 
-def _u256(v: Any) -> bytes:
-    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
+def _u259(v: Any) -> bytes:
+    return b"".join((_k259, (_P[n261] if 0 <= (n261 := v) < 8192 else _long(n261)),))
 
 
-def _u261(v: Any) -> bytes:
-    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
+def _u264(v: Any) -> bytes:
+    return b"".join((_k264, (_P[n266] if 0 <= (n266 := v) < 8192 else _long(n266)),))
 
 
-def _u266(v: Any) -> bytes:
-    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
+def _u269(v: Any) -> bytes:
+    return b"".join((_k269, (_P[n271] if 0 <= (n271 := v) < 8192 else _long(n271)),))
 
 
-def _e_SetQuota238(o: _c_SetQuota) -> bytes:
-    return b"".join((_k239, (_P[n242] if (n242 := len(s241 := o.tenant.encode())) < 8192 else _long(n242)), s241, (_k247 if (u243 := o.cohort) is None else _u244(u243)), (_b132(a249) if (a249 := o.nominal_gpus) else b"\x00"), (_k253 if (u250 := o.nominal_cpu_milli) is None else _u251(u250)), (_k258 if (u255 := o.nominal_memory_mib) is None else _u256(u255)), (_k263 if (u260 := o.borrowing_limit_gpus) is None else _u261(u260)), (_k268 if (u265 := o.lending_limit_gpus) is None else _u266(u265)), (_P[n270] if 0 <= (n270 := o.weight) < 8192 else _long(n270)), (_k272 if (u271 := o.preemption) is None else _k271[type(u271)](u271)),))
+def _e_SetQuota241(o: _c_SetQuota) -> bytes:
+    return b"".join((_k242, (_P[n245] if (n245 := len(s244 := o.tenant.encode())) < 8192 else _long(n245)), s244, (_k250 if (u246 := o.cohort) is None else _u247(u246)), (_b132(a252) if (a252 := o.nominal_gpus) else b"\x00"), (_k256 if (u253 := o.nominal_cpu_milli) is None else _u254(u253)), (_k261 if (u258 := o.nominal_memory_mib) is None else _u259(u258)), (_k266 if (u263 := o.borrowing_limit_gpus) is None else _u264(u263)), (_k271 if (u268 := o.lending_limit_gpus) is None else _u269(u268)), (_P[n273] if 0 <= (n273 := o.weight) < 8192 else _long(n273)), (_k275 if (u274 := o.preemption) is None else _k274[type(u274)](u274)),))
 
 
-def _e_RemoveQuota273(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k274, (_P[n277] if (n277 := len(s276 := o.tenant.encode())) < 8192 else _long(n277)), s276,))
+def _e_RemoveQuota276(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k277, (_P[n280] if (n280 := len(s279 := o.tenant.encode())) < 8192 else _long(n280)), s279,))
 
 
-def _u282(v: Any) -> bytes:
-    return b"".join((_k282, (_P[n285] if (n285 := len(s284 := v.encode())) < 8192 else _long(n285)), s284,))
+def _u285(v: Any) -> bytes:
+    return b"".join((_k285, (_P[n288] if (n288 := len(s287 := v.encode())) < 8192 else _long(n288)), s287,))
 
 
-def _e_Defragment277(o: _c_Defragment) -> bytes:
-    return b"".join((_k278, (_P[n280] if 0 <= (n280 := o.max_moves) < 8192 else _long(n280)), (_k285 if (u281 := o.target) is None else _u282(u281)),))
+def _e_Defragment280(o: _c_Defragment) -> bytes:
+    return b"".join((_k281, (_P[n283] if 0 <= (n283 := o.max_moves) < 8192 else _long(n283)), (_k288 if (u284 := o.target) is None else _u285(u284)),))
 
 
-def _e_ResumeCluster286(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := o.reason.encode())) < 8192 else _long(n290)), s289,))
+def _e_ResumeCluster289(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.reason.encode())) < 8192 else _long(n293)), s292,))
 
 
-def _e_RecoverNode290(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k291, (_P[n294] if (n294 := len(s293 := o.node_id.encode())) < 8192 else _long(n294)), s293,))
+def _e_RecoverNode293(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k294, (_P[n297] if (n297 := len(s296 := o.node_id.encode())) < 8192 else _long(n297)), s296,))
 
 
-def _u300(v: Any) -> bytes:
-    return b"".join((_k300, (_b21(a302) if (a302 := v) else b"\x00"),))
+def _u303(v: Any) -> bytes:
+    return b"".join((_k303, (_b21(a305) if (a305 := v) else b"\x00"),))
 
 
-def _u305(v: Any) -> bytes:
-    return b"".join((_k305, (_b27(a307) if (a307 := v) else b"\x00"),))
+def _u308(v: Any) -> bytes:
+    return b"".join((_k308, (_b27(a310) if (a310 := v) else b"\x00"),))
 
 
-def _e_UpdateNode294(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := o.node_id.encode())) < 8192 else _long(n298)), s297, (_k302 if (u299 := o.labels) is None else _u300(u299)), (_k307 if (u304 := o.taints) is None else _u305(u304)),))
+def _e_UpdateNode297(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := o.node_id.encode())) < 8192 else _long(n301)), s300, (_k305 if (u302 := o.labels) is None else _u303(u302)), (_k310 if (u307 := o.taints) is None else _u308(u307)),))
 
 
-def _u314(v: Any) -> bytes:
-    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := v.encode())) < 8192 else _long(n317)), s316,))
+def _u317(v: Any) -> bytes:
+    return b"".join((_k317, (_P[n320] if (n320 := len(s319 := v.encode())) < 8192 else _long(n320)), s319,))
 
 
-def _u320(v: Any) -> bytes:
-    return b"".join((_k320, (_P[n323] if (n323 := len(s322 := v.encode())) < 8192 else _long(n323)), s322,))
+def _u323(v: Any) -> bytes:
+    return b"".join((_k323, (_P[n326] if (n326 := len(s325 := v.encode())) < 8192 else _long(n326)), s325,))
 
 
-def _u326(v: Any) -> bytes:
-    return b"".join((_k326, (_b21(a328) if (a328 := v) else b"\x00"),))
+def _u329(v: Any) -> bytes:
+    return b"".join((_k329, (_b21(a331) if (a331 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget308(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k309, (_P[n312] if (n312 := len(s311 := o.budget_id.encode())) < 8192 else _long(n312)), s311, (_k317 if (u313 := o.tenant) is None else _u314(u313)), (_k323 if (u319 := o.gang_id) is None else _u320(u319)), (_k328 if (u325 := o.label_selector) is None else _u326(u325)), (_P[n330] if 0 <= (n330 := o.max_unavailable) < 8192 else _long(n330)),))
+def _e_SetDisruptionBudget311(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314, (_k320 if (u316 := o.tenant) is None else _u317(u316)), (_k326 if (u322 := o.gang_id) is None else _u323(u322)), (_k331 if (u328 := o.label_selector) is None else _u329(u328)), (_P[n333] if 0 <= (n333 := o.max_unavailable) < 8192 else _long(n333)),))
 
 
-def _e_RemoveDisruptionBudget330(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k331, (_P[n334] if (n334 := len(s333 := o.budget_id.encode())) < 8192 else _long(n334)), s333,))
+def _e_RemoveDisruptionBudget333(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k334, (_P[n337] if (n337 := len(s336 := o.budget_id.encode())) < 8192 else _long(n337)), s336,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k334[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k337[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint362(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint365(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n364 = _ZL[buf[pos]]
-    if n364 < 0:
-        n364, pos = _rlong(buf, pos)
-        if n364 < 0:
-            raise _length_error(n364, end - pos)
+    n367 = _ZL[buf[pos]]
+    if n367 < 0:
+        n367, pos = _rlong(buf, pos)
+        if n367 < 0:
+            raise _length_error(n367, end - pos)
     else:
         pos += 1
-    q365 = pos + n364
-    if q365 > end:
-        raise _length_error(n364, end - pos)
-    f_key = buf[pos:q365].decode()
-    pos = q365
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    q368 = pos + n367
+    if q368 > end:
+        raise _length_error(n367, end - pos)
+    f_key = buf[pos:q368].decode()
+    pos = q368
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_value = buf[pos:q367].decode()
-    pos = q367
-    n368 = _ZL[buf[pos]]
-    if n368 < 0:
-        n368, pos = _rlong(buf, pos)
-        if n368 < 0:
-            raise _length_error(n368, end - pos)
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_value = buf[pos:q370].decode()
+    pos = q370
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
     else:
         pos += 1
-    q369 = pos + n368
-    if q369 > end:
-        raise _length_error(n368, end - pos)
-    f_effect = buf[pos:q369].decode()
-    pos = q369
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_effect = buf[pos:q372].decode()
+    pos = q372
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -617,30 +622,30 @@ def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n345 = _ZL[buf[pos]]
-    if n345 < 0:
-        n345, pos = _rlong(buf, pos)
-        if n345 < 0:
-            raise _length_error(n345, end - pos)
+    n348 = _ZL[buf[pos]]
+    if n348 < 0:
+        n348, pos = _rlong(buf, pos)
+        if n348 < 0:
+            raise _length_error(n348, end - pos)
     else:
         pos += 1
-    q346 = pos + n345
-    if q346 > end:
-        raise _length_error(n345, end - pos)
-    f_node_id = buf[pos:q346].decode()
-    pos = q346
-    n347 = _ZL[buf[pos]]
-    if n347 < 0:
-        n347, pos = _rlong(buf, pos)
-        if n347 < 0:
-            raise _length_error(n347, end - pos)
+    q349 = pos + n348
+    if q349 > end:
+        raise _length_error(n348, end - pos)
+    f_node_id = buf[pos:q349].decode()
+    pos = q349
+    n350 = _ZL[buf[pos]]
+    if n350 < 0:
+        n350, pos = _rlong(buf, pos)
+        if n350 < 0:
+            raise _length_error(n350, end - pos)
     else:
         pos += 1
-    q348 = pos + n347
-    if q348 > end:
-        raise _length_error(n347, end - pos)
-    f_gpu_model = buf[pos:q348].decode()
-    pos = q348
+    q351 = pos + n350
+    if q351 > end:
+        raise _length_error(n350, end - pos)
+    f_gpu_model = buf[pos:q351].decode()
+    pos = q351
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -687,113 +692,113 @@ def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc349: dict[str, Any] = {}
+        acc352: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c350 = _ZD[b]
+                c353 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c350 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c350 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c350, pos = _rlong(buf, pos)
-            if c350 == 0:
+                c353, pos = _rlong(buf, pos)
+            if c353 == 0:
                 break
-            if c350 < 0:
-                c350 = -c350
+            if c353 < 0:
+                c353 = -c353
                 b = buf[pos]
                 if b < 128:
-                    z353 = _ZD[b]
+                    z356 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z353 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z353, pos = _rlong(buf, pos)
-            if c350 * 2 > end - pos:
-                raise _count_error(c350, end - pos)
-            for _ in range(c350):
-                n354 = _ZL[buf[pos]]
-                if n354 < 0:
-                    n354, pos = _rlong(buf, pos)
-                    if n354 < 0:
-                        raise _length_error(n354, end - pos)
+                    z356, pos = _rlong(buf, pos)
+            if c353 * 2 > end - pos:
+                raise _count_error(c353, end - pos)
+            for _ in range(c353):
+                n357 = _ZL[buf[pos]]
+                if n357 < 0:
+                    n357, pos = _rlong(buf, pos)
+                    if n357 < 0:
+                        raise _length_error(n357, end - pos)
                 else:
                     pos += 1
-                q355 = pos + n354
-                if q355 > end:
-                    raise _length_error(n354, end - pos)
-                k352 = buf[pos:q355].decode()
-                pos = q355
-                n356 = _ZL[buf[pos]]
-                if n356 < 0:
-                    n356, pos = _rlong(buf, pos)
-                    if n356 < 0:
-                        raise _length_error(n356, end - pos)
+                q358 = pos + n357
+                if q358 > end:
+                    raise _length_error(n357, end - pos)
+                k355 = buf[pos:q358].decode()
+                pos = q358
+                n359 = _ZL[buf[pos]]
+                if n359 < 0:
+                    n359, pos = _rlong(buf, pos)
+                    if n359 < 0:
+                        raise _length_error(n359, end - pos)
                 else:
                     pos += 1
-                q357 = pos + n356
-                if q357 > end:
-                    raise _length_error(n356, end - pos)
-                x351 = buf[pos:q357].decode()
-                pos = q357
-                acc349[k352] = x351
-        f_labels = acc349
+                q360 = pos + n359
+                if q360 > end:
+                    raise _length_error(n359, end - pos)
+                x354 = buf[pos:q360].decode()
+                pos = q360
+                acc352[k355] = x354
+        f_labels = acc352
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc358: list[Any] = []
+        acc361: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c359 = _ZD[b]
+                c362 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c359 = (z >> 1) ^ -(z & 1)
+                c362 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c359 = (z >> 1) ^ -(z & 1)
+                c362 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c359, pos = _rlong(buf, pos)
-            if c359 == 0:
+                c362, pos = _rlong(buf, pos)
+            if c362 == 0:
                 break
-            if c359 < 0:
-                c359 = -c359
+            if c362 < 0:
+                c362 = -c362
                 b = buf[pos]
                 if b < 128:
-                    z362 = _ZD[b]
+                    z365 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z362 = (z >> 1) ^ -(z & 1)
+                    z365 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z362 = (z >> 1) ^ -(z & 1)
+                    z365 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z362, pos = _rlong(buf, pos)
-            if c359 * 3 > end - pos:
-                raise _count_error(c359, end - pos)
-            for _ in range(c359):
-                x360, pos = _d_Taint362(buf, pos, end)
-                acc358.append(x360)
-        f_taints = tuple(acc358)
+                    z365, pos = _rlong(buf, pos)
+            if c362 * 3 > end - pos:
+                raise _count_error(c362, end - pos)
+            for _ in range(c362):
+                x363, pos = _d_Taint365(buf, pos, end)
+                acc361.append(x363)
+        f_taints = tuple(acc361)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -812,29 +817,9 @@ def _d_AddNode343(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode369(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode372(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
-    else:
-        pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_node_id = buf[pos:q372].decode()
-    pos = q372
-    f_force = buf[pos] != 0
-    pos += 1
-    o = _c_RemoveNode(f_node_id, f_force)
-    return o, pos
-
-
-def _d_CordonNode372(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
-    f_node_id: str
     n374 = _ZL[buf[pos]]
     if n374 < 0:
         n374, pos = _rlong(buf, pos)
@@ -847,11 +832,13 @@ def _d_CordonNode372(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int
         raise _length_error(n374, end - pos)
     f_node_id = buf[pos:q375].decode()
     pos = q375
-    o = _c_CordonNode(f_node_id)
+    f_force = buf[pos] != 0
+    pos += 1
+    o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_UncordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_CordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
     n377 = _ZL[buf[pos]]
     if n377 < 0:
@@ -865,14 +852,12 @@ def _d_UncordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode,
         raise _length_error(n377, end - pos)
     f_node_id = buf[pos:q378].decode()
     pos = q378
-    o = _c_UncordonNode(f_node_id)
+    o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode378(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_UncordonNode378(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    f_grace_ms: int
-    f_respect_budgets: bool
     n380 = _ZL[buf[pos]]
     if n380 < 0:
         n380, pos = _rlong(buf, pos)
@@ -885,6 +870,26 @@ def _d_DrainNode378(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
         raise _length_error(n380, end - pos)
     f_node_id = buf[pos:q381].decode()
     pos = q381
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode381(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    f_grace_ms: int
+    f_respect_budgets: bool
+    n383 = _ZL[buf[pos]]
+    if n383 < 0:
+        n383, pos = _rlong(buf, pos)
+        if n383 < 0:
+            raise _length_error(n383, end - pos)
+    else:
+        pos += 1
+    q384 = pos + n383
+    if q384 > end:
+        raise _length_error(n383, end - pos)
+    f_node_id = buf[pos:q384].decode()
+    pos = q384
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -905,95 +910,95 @@ def _d_DrainNode378(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed381(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed384(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n383 = _ZL[buf[pos]]
-    if n383 < 0:
-        n383, pos = _rlong(buf, pos)
-        if n383 < 0:
-            raise _length_error(n383, end - pos)
+    n386 = _ZL[buf[pos]]
+    if n386 < 0:
+        n386, pos = _rlong(buf, pos)
+        if n386 < 0:
+            raise _length_error(n386, end - pos)
     else:
         pos += 1
-    q384 = pos + n383
-    if q384 > end:
-        raise _length_error(n383, end - pos)
-    f_node_id = buf[pos:q384].decode()
-    pos = q384
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    q387 = pos + n386
+    if q387 > end:
+        raise _length_error(n386, end - pos)
+    f_node_id = buf[pos:q387].decode()
+    pos = q387
+    n388 = _ZL[buf[pos]]
+    if n388 < 0:
+        n388, pos = _rlong(buf, pos)
+        if n388 < 0:
+            raise _length_error(n388, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_reason = buf[pos:q386].decode()
-    pos = q386
+    q389 = pos + n388
+    if q389 > end:
+        raise _length_error(n388, end - pos)
+    f_reason = buf[pos:q389].decode()
+    pos = q389
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration412(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n414 = _ZL[buf[pos]]
-    if n414 < 0:
-        n414, pos = _rlong(buf, pos)
-        if n414 < 0:
-            raise _length_error(n414, end - pos)
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q415 = pos + n414
-    if q415 > end:
-        raise _length_error(n414, end - pos)
-    f_key = buf[pos:q415].decode()
-    pos = q415
-    n416 = _ZL[buf[pos]]
-    if n416 < 0:
-        n416, pos = _rlong(buf, pos)
-        if n416 < 0:
-            raise _length_error(n416, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_key = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q417 = pos + n416
-    if q417 > end:
-        raise _length_error(n416, end - pos)
-    f_operator = buf[pos:q417].decode()
-    pos = q417
-    n418 = _ZL[buf[pos]]
-    if n418 < 0:
-        n418, pos = _rlong(buf, pos)
-        if n418 < 0:
-            raise _length_error(n418, end - pos)
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_operator = buf[pos:q420].decode()
+    pos = q420
+    n421 = _ZL[buf[pos]]
+    if n421 < 0:
+        n421, pos = _rlong(buf, pos)
+        if n421 < 0:
+            raise _length_error(n421, end - pos)
     else:
         pos += 1
-    q419 = pos + n418
-    if q419 > end:
-        raise _length_error(n418, end - pos)
-    f_value = buf[pos:q419].decode()
-    pos = q419
-    n420 = _ZL[buf[pos]]
-    if n420 < 0:
-        n420, pos = _rlong(buf, pos)
-        if n420 < 0:
-            raise _length_error(n420, end - pos)
+    q422 = pos + n421
+    if q422 > end:
+        raise _length_error(n421, end - pos)
+    f_value = buf[pos:q422].decode()
+    pos = q422
+    n423 = _ZL[buf[pos]]
+    if n423 < 0:
+        n423, pos = _rlong(buf, pos)
+        if n423 < 0:
+            raise _length_error(n423, end - pos)
     else:
         pos += 1
-    q421 = pos + n420
-    if q421 > end:
-        raise _length_error(n420, end - pos)
-    f_effect = buf[pos:q421].decode()
-    pos = q421
+    q424 = pos + n423
+    if q424 > end:
+        raise _length_error(n423, end - pos)
+    f_effect = buf[pos:q424].decode()
+    pos = q424
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry434(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry437(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1043,7 +1048,7 @@ def _d_Retry434(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1062,30 +1067,30 @@ def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n388 = _ZL[buf[pos]]
-    if n388 < 0:
-        n388, pos = _rlong(buf, pos)
-        if n388 < 0:
-            raise _length_error(n388, end - pos)
+    n391 = _ZL[buf[pos]]
+    if n391 < 0:
+        n391, pos = _rlong(buf, pos)
+        if n391 < 0:
+            raise _length_error(n391, end - pos)
     else:
         pos += 1
-    q389 = pos + n388
-    if q389 > end:
-        raise _length_error(n388, end - pos)
-    f_pod_id = buf[pos:q389].decode()
-    pos = q389
-    n390 = _ZL[buf[pos]]
-    if n390 < 0:
-        n390, pos = _rlong(buf, pos)
-        if n390 < 0:
-            raise _length_error(n390, end - pos)
+    q392 = pos + n391
+    if q392 > end:
+        raise _length_error(n391, end - pos)
+    f_pod_id = buf[pos:q392].decode()
+    pos = q392
+    n393 = _ZL[buf[pos]]
+    if n393 < 0:
+        n393, pos = _rlong(buf, pos)
+        if n393 < 0:
+            raise _length_error(n393, end - pos)
     else:
         pos += 1
-    q391 = pos + n390
-    if q391 > end:
-        raise _length_error(n390, end - pos)
-    f_tenant = buf[pos:q391].decode()
-    pos = q391
+    q394 = pos + n393
+    if q394 > end:
+        raise _length_error(n393, end - pos)
+    f_tenant = buf[pos:q394].decode()
+    pos = q394
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1160,185 +1165,185 @@ def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc392: list[Any] = []
+        acc395: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c393 = _ZD[b]
+                c396 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c393 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c393 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c393, pos = _rlong(buf, pos)
-            if c393 == 0:
+                c396, pos = _rlong(buf, pos)
+            if c396 == 0:
                 break
-            if c393 < 0:
-                c393 = -c393
+            if c396 < 0:
+                c396 = -c396
                 b = buf[pos]
                 if b < 128:
-                    z396 = _ZD[b]
+                    z399 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z396 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z396 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z396, pos = _rlong(buf, pos)
-            if c393 * 1 > end - pos:
-                raise _count_error(c393, end - pos)
-            for _ in range(c393):
-                n397 = _ZL[buf[pos]]
-                if n397 < 0:
-                    n397, pos = _rlong(buf, pos)
-                    if n397 < 0:
-                        raise _length_error(n397, end - pos)
+                    z399, pos = _rlong(buf, pos)
+            if c396 * 1 > end - pos:
+                raise _count_error(c396, end - pos)
+            for _ in range(c396):
+                n400 = _ZL[buf[pos]]
+                if n400 < 0:
+                    n400, pos = _rlong(buf, pos)
+                    if n400 < 0:
+                        raise _length_error(n400, end - pos)
                 else:
                     pos += 1
-                q398 = pos + n397
-                if q398 > end:
-                    raise _length_error(n397, end - pos)
-                x394 = buf[pos:q398].decode()
-                pos = q398
-                acc392.append(x394)
-        f_gpu_models = tuple(acc392)
+                q401 = pos + n400
+                if q401 > end:
+                    raise _length_error(n400, end - pos)
+                x397 = buf[pos:q401].decode()
+                pos = q401
+                acc395.append(x397)
+        f_gpu_models = tuple(acc395)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc399: dict[str, Any] = {}
+        acc402: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c400 = _ZD[b]
+                c403 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c400 = (z >> 1) ^ -(z & 1)
+                c403 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c400 = (z >> 1) ^ -(z & 1)
+                c403 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c400, pos = _rlong(buf, pos)
-            if c400 == 0:
+                c403, pos = _rlong(buf, pos)
+            if c403 == 0:
                 break
-            if c400 < 0:
-                c400 = -c400
+            if c403 < 0:
+                c403 = -c403
                 b = buf[pos]
                 if b < 128:
-                    z403 = _ZD[b]
+                    z406 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z403 = (z >> 1) ^ -(z & 1)
+                    z406 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z403 = (z >> 1) ^ -(z & 1)
+                    z406 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z403, pos = _rlong(buf, pos)
-            if c400 * 2 > end - pos:
-                raise _count_error(c400, end - pos)
-            for _ in range(c400):
-                n404 = _ZL[buf[pos]]
-                if n404 < 0:
-                    n404, pos = _rlong(buf, pos)
-                    if n404 < 0:
-                        raise _length_error(n404, end - pos)
+                    z406, pos = _rlong(buf, pos)
+            if c403 * 2 > end - pos:
+                raise _count_error(c403, end - pos)
+            for _ in range(c403):
+                n407 = _ZL[buf[pos]]
+                if n407 < 0:
+                    n407, pos = _rlong(buf, pos)
+                    if n407 < 0:
+                        raise _length_error(n407, end - pos)
                 else:
                     pos += 1
-                q405 = pos + n404
-                if q405 > end:
-                    raise _length_error(n404, end - pos)
-                k402 = buf[pos:q405].decode()
-                pos = q405
-                n406 = _ZL[buf[pos]]
-                if n406 < 0:
-                    n406, pos = _rlong(buf, pos)
-                    if n406 < 0:
-                        raise _length_error(n406, end - pos)
+                q408 = pos + n407
+                if q408 > end:
+                    raise _length_error(n407, end - pos)
+                k405 = buf[pos:q408].decode()
+                pos = q408
+                n409 = _ZL[buf[pos]]
+                if n409 < 0:
+                    n409, pos = _rlong(buf, pos)
+                    if n409 < 0:
+                        raise _length_error(n409, end - pos)
                 else:
                     pos += 1
-                q407 = pos + n406
-                if q407 > end:
-                    raise _length_error(n406, end - pos)
-                x401 = buf[pos:q407].decode()
-                pos = q407
-                acc399[k402] = x401
-        f_node_selector = acc399
+                q410 = pos + n409
+                if q410 > end:
+                    raise _length_error(n409, end - pos)
+                x404 = buf[pos:q410].decode()
+                pos = q410
+                acc402[k405] = x404
+        f_node_selector = acc402
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc408: list[Any] = []
+        acc411: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c409 = _ZD[b]
+                c412 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c409 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c409 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c409, pos = _rlong(buf, pos)
-            if c409 == 0:
+                c412, pos = _rlong(buf, pos)
+            if c412 == 0:
                 break
-            if c409 < 0:
-                c409 = -c409
+            if c412 < 0:
+                c412 = -c412
                 b = buf[pos]
                 if b < 128:
-                    z412 = _ZD[b]
+                    z415 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z412, pos = _rlong(buf, pos)
-            if c409 * 4 > end - pos:
-                raise _count_error(c409, end - pos)
-            for _ in range(c409):
-                x410, pos = _d_Toleration412(buf, pos, end)
-                acc408.append(x410)
-        f_tolerations = tuple(acc408)
+                    z415, pos = _rlong(buf, pos)
+            if c412 * 4 > end - pos:
+                raise _count_error(c412, end - pos)
+            for _ in range(c412):
+                x413, pos = _d_Toleration415(buf, pos, end)
+                acc411.append(x413)
+        f_tolerations = tuple(acc411)
     b = buf[pos]
     if b < 128:
-        i422 = _ZD[b]
+        i425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i422 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i422 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i422, pos = _rlong(buf, pos)
-    if i422 == 0:
+        i425, pos = _rlong(buf, pos)
+    if i425 == 0:
         f_time_limit_ms = None
-    elif i422 == 1:
+    elif i425 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1354,86 +1359,86 @@ def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i422, 2)
+        raise _union_error(i425, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc423: list[Any] = []
+        acc426: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c424 = _ZD[b]
+                c427 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c424 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c424 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c424, pos = _rlong(buf, pos)
-            if c424 == 0:
+                c427, pos = _rlong(buf, pos)
+            if c427 == 0:
                 break
-            if c424 < 0:
-                c424 = -c424
+            if c427 < 0:
+                c427 = -c427
                 b = buf[pos]
                 if b < 128:
-                    z427 = _ZD[b]
+                    z430 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z427 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z427 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z427, pos = _rlong(buf, pos)
-            if c424 * 1 > end - pos:
-                raise _count_error(c424, end - pos)
-            for _ in range(c424):
-                n428 = _ZL[buf[pos]]
-                if n428 < 0:
-                    n428, pos = _rlong(buf, pos)
-                    if n428 < 0:
-                        raise _length_error(n428, end - pos)
+                    z430, pos = _rlong(buf, pos)
+            if c427 * 1 > end - pos:
+                raise _count_error(c427, end - pos)
+            for _ in range(c427):
+                n431 = _ZL[buf[pos]]
+                if n431 < 0:
+                    n431, pos = _rlong(buf, pos)
+                    if n431 < 0:
+                        raise _length_error(n431, end - pos)
                 else:
                     pos += 1
-                q429 = pos + n428
-                if q429 > end:
-                    raise _length_error(n428, end - pos)
-                x425 = buf[pos:q429].decode()
-                pos = q429
-                acc423.append(x425)
-        f_depends_on = tuple(acc423)
-    n430 = _ZL[buf[pos]]
-    if n430 < 0:
-        n430, pos = _rlong(buf, pos)
-        if n430 < 0:
-            raise _length_error(n430, end - pos)
+                q432 = pos + n431
+                if q432 > end:
+                    raise _length_error(n431, end - pos)
+                x428 = buf[pos:q432].decode()
+                pos = q432
+                acc426.append(x428)
+        f_depends_on = tuple(acc426)
+    n433 = _ZL[buf[pos]]
+    if n433 < 0:
+        n433, pos = _rlong(buf, pos)
+        if n433 < 0:
+            raise _length_error(n433, end - pos)
     else:
         pos += 1
-    q431 = pos + n430
-    if q431 > end:
-        raise _length_error(n430, end - pos)
-    f_dependency = buf[pos:q431].decode()
-    pos = q431
-    n432 = _ZL[buf[pos]]
-    if n432 < 0:
-        n432, pos = _rlong(buf, pos)
-        if n432 < 0:
-            raise _length_error(n432, end - pos)
+    q434 = pos + n433
+    if q434 > end:
+        raise _length_error(n433, end - pos)
+    f_dependency = buf[pos:q434].decode()
+    pos = q434
+    n435 = _ZL[buf[pos]]
+    if n435 < 0:
+        n435, pos = _rlong(buf, pos)
+        if n435 < 0:
+            raise _length_error(n435, end - pos)
     else:
         pos += 1
-    q433 = pos + n432
-    if q433 > end:
-        raise _length_error(n432, end - pos)
-    f_preemption = buf[pos:q433].decode()
-    pos = q433
+    q436 = pos + n435
+    if q436 > end:
+        raise _length_error(n435, end - pos)
+    f_preemption = buf[pos:q436].decode()
+    pos = q436
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1452,119 +1457,119 @@ def _d_SubmitPod386(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i434 = _ZD[b]
+        i437 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i434 = (z >> 1) ^ -(z & 1)
+        i437 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i434 = (z >> 1) ^ -(z & 1)
+        i437 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i434, pos = _rlong(buf, pos)
-    if i434 == 0:
+        i437, pos = _rlong(buf, pos)
+    if i437 == 0:
         f_retry = None
-    elif i434 == 1:
-        f_retry, pos = _d_Retry434(buf, pos, end)
+    elif i437 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
     else:
-        raise _union_error(i434, 2)
+        raise _union_error(i437, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release435(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release438(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n437 = _ZL[buf[pos]]
-    if n437 < 0:
-        n437, pos = _rlong(buf, pos)
-        if n437 < 0:
-            raise _length_error(n437, end - pos)
+    n440 = _ZL[buf[pos]]
+    if n440 < 0:
+        n440, pos = _rlong(buf, pos)
+        if n440 < 0:
+            raise _length_error(n440, end - pos)
     else:
         pos += 1
-    q438 = pos + n437
-    if q438 > end:
-        raise _length_error(n437, end - pos)
-    f_pod_id = buf[pos:q438].decode()
-    pos = q438
-    n439 = _ZL[buf[pos]]
-    if n439 < 0:
-        n439, pos = _rlong(buf, pos)
-        if n439 < 0:
-            raise _length_error(n439, end - pos)
+    q441 = pos + n440
+    if q441 > end:
+        raise _length_error(n440, end - pos)
+    f_pod_id = buf[pos:q441].decode()
+    pos = q441
+    n442 = _ZL[buf[pos]]
+    if n442 < 0:
+        n442, pos = _rlong(buf, pos)
+        if n442 < 0:
+            raise _length_error(n442, end - pos)
     else:
         pos += 1
-    q440 = pos + n439
-    if q440 > end:
-        raise _length_error(n439, end - pos)
-    f_reason = buf[pos:q440].decode()
-    pos = q440
+    q443 = pos + n442
+    if q443 > end:
+        raise _length_error(n442, end - pos)
+    f_reason = buf[pos:q443].decode()
+    pos = q443
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption463(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n465 = _ZL[buf[pos]]
-    if n465 < 0:
-        n465, pos = _rlong(buf, pos)
-        if n465 < 0:
-            raise _length_error(n465, end - pos)
+    n468 = _ZL[buf[pos]]
+    if n468 < 0:
+        n468, pos = _rlong(buf, pos)
+        if n468 < 0:
+            raise _length_error(n468, end - pos)
     else:
         pos += 1
-    q466 = pos + n465
-    if q466 > end:
-        raise _length_error(n465, end - pos)
-    f_within_tenant = buf[pos:q466].decode()
-    pos = q466
-    n467 = _ZL[buf[pos]]
-    if n467 < 0:
-        n467, pos = _rlong(buf, pos)
-        if n467 < 0:
-            raise _length_error(n467, end - pos)
+    q469 = pos + n468
+    if q469 > end:
+        raise _length_error(n468, end - pos)
+    f_within_tenant = buf[pos:q469].decode()
+    pos = q469
+    n470 = _ZL[buf[pos]]
+    if n470 < 0:
+        n470, pos = _rlong(buf, pos)
+        if n470 < 0:
+            raise _length_error(n470, end - pos)
     else:
         pos += 1
-    q468 = pos + n467
-    if q468 > end:
-        raise _length_error(n467, end - pos)
-    f_reclaim_within_cohort = buf[pos:q468].decode()
-    pos = q468
-    n469 = _ZL[buf[pos]]
-    if n469 < 0:
-        n469, pos = _rlong(buf, pos)
-        if n469 < 0:
-            raise _length_error(n469, end - pos)
+    q471 = pos + n470
+    if q471 > end:
+        raise _length_error(n470, end - pos)
+    f_reclaim_within_cohort = buf[pos:q471].decode()
+    pos = q471
+    n472 = _ZL[buf[pos]]
+    if n472 < 0:
+        n472, pos = _rlong(buf, pos)
+        if n472 < 0:
+            raise _length_error(n472, end - pos)
     else:
         pos += 1
-    q470 = pos + n469
-    if q470 > end:
-        raise _length_error(n469, end - pos)
-    f_borrow_within_cohort = buf[pos:q470].decode()
-    pos = q470
+    q473 = pos + n472
+    if q473 > end:
+        raise _length_error(n472, end - pos)
+    f_borrow_within_cohort = buf[pos:q473].decode()
+    pos = q473
     b = buf[pos]
     if b < 128:
-        i471 = _ZD[b]
+        i474 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i471 = (z >> 1) ^ -(z & 1)
+        i474 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i471 = (z >> 1) ^ -(z & 1)
+        i474 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i471, pos = _rlong(buf, pos)
-    if i471 == 0:
+        i474, pos = _rlong(buf, pos)
+    if i474 == 0:
         f_borrow_max_victim_priority = None
-    elif i471 == 1:
+    elif i474 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1580,12 +1585,12 @@ def _d_QuotaPreemption463(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i471, 2)
+        raise _union_error(i474, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1596,203 +1601,104 @@ def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i449 = _ZD[b]
+        i452 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i449 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i449 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i449, pos = _rlong(buf, pos)
-    if i449 == 0:
+        i452, pos = _rlong(buf, pos)
+    if i452 == 0:
         f_cohort = None
-    elif i449 == 1:
-        n450 = _ZL[buf[pos]]
-        if n450 < 0:
-            n450, pos = _rlong(buf, pos)
-            if n450 < 0:
-                raise _length_error(n450, end - pos)
+    elif i452 == 1:
+        n453 = _ZL[buf[pos]]
+        if n453 < 0:
+            n453, pos = _rlong(buf, pos)
+            if n453 < 0:
+                raise _length_error(n453, end - pos)
         else:
             pos += 1
-        q451 = pos + n450
-        if q451 > end:
-            raise _length_error(n450, end - pos)
-        f_cohort = buf[pos:q451].decode()
-        pos = q451
+        q454 = pos + n453
+        if q454 > end:
+            raise _length_error(n453, end - pos)
+        f_cohort = buf[pos:q454].decode()
+        pos = q454
     else:
-        raise _union_error(i449, 2)
+        raise _union_error(i452, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc452: dict[str, Any] = {}
+        acc455: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c453 = _ZD[b]
+                c456 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c453 = (z >> 1) ^ -(z & 1)
+                c456 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c453 = (z >> 1) ^ -(z & 1)
+                c456 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c453, pos = _rlong(buf, pos)
-            if c453 == 0:
+                c456, pos = _rlong(buf, pos)
+            if c456 == 0:
                 break
-            if c453 < 0:
-                c453 = -c453
+            if c456 < 0:
+                c456 = -c456
                 b = buf[pos]
                 if b < 128:
-                    z456 = _ZD[b]
+                    z459 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z456 = (z >> 1) ^ -(z & 1)
+                    z459 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z456 = (z >> 1) ^ -(z & 1)
+                    z459 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z456, pos = _rlong(buf, pos)
-            if c453 * 2 > end - pos:
-                raise _count_error(c453, end - pos)
-            for _ in range(c453):
-                n457 = _ZL[buf[pos]]
-                if n457 < 0:
-                    n457, pos = _rlong(buf, pos)
-                    if n457 < 0:
-                        raise _length_error(n457, end - pos)
+                    z459, pos = _rlong(buf, pos)
+            if c456 * 2 > end - pos:
+                raise _count_error(c456, end - pos)
+            for _ in range(c456):
+                n460 = _ZL[buf[pos]]
+                if n460 < 0:
+                    n460, pos = _rlong(buf, pos)
+                    if n460 < 0:
+                        raise _length_error(n460, end - pos)
                 else:
                     pos += 1
-                q458 = pos + n457
-                if q458 > end:
-                    raise _length_error(n457, end - pos)
-                k455 = buf[pos:q458].decode()
-                pos = q458
+                q461 = pos + n460
+                if q461 > end:
+                    raise _length_error(n460, end - pos)
+                k458 = buf[pos:q461].decode()
+                pos = q461
                 b = buf[pos]
                 if b < 128:
-                    x454 = _ZD[b]
+                    x457 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x454 = (z >> 1) ^ -(z & 1)
+                    x457 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x454 = (z >> 1) ^ -(z & 1)
+                    x457 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x454, pos = _rlong(buf, pos)
-                acc452[k455] = x454
-        f_nominal_gpus = acc452
-    b = buf[pos]
-    if b < 128:
-        i459 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i459 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i459 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i459, pos = _rlong(buf, pos)
-    if i459 == 0:
-        f_nominal_cpu_milli = None
-    elif i459 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i459, 2)
-    b = buf[pos]
-    if b < 128:
-        i460 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i460 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i460 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i460, pos = _rlong(buf, pos)
-    if i460 == 0:
-        f_nominal_memory_mib = None
-    elif i460 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i460, 2)
-    b = buf[pos]
-    if b < 128:
-        i461 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i461 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i461 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i461, pos = _rlong(buf, pos)
-    if i461 == 0:
-        f_borrowing_limit_gpus = None
-    elif i461 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_borrowing_limit_gpus = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i461, 2)
+                    x457, pos = _rlong(buf, pos)
+                acc455[k458] = x457
+        f_nominal_gpus = acc455
     b = buf[pos]
     if b < 128:
         i462 = _ZD[b]
@@ -1808,8 +1714,107 @@ def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i462, pos = _rlong(buf, pos)
     if i462 == 0:
-        f_lending_limit_gpus = None
+        f_nominal_cpu_milli = None
     elif i462 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i462, 2)
+    b = buf[pos]
+    if b < 128:
+        i463 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i463 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i463 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
+        f_nominal_memory_mib = None
+    elif i463 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i463, 2)
+    b = buf[pos]
+    if b < 128:
+        i464 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i464 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i464 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i464, pos = _rlong(buf, pos)
+    if i464 == 0:
+        f_borrowing_limit_gpus = None
+    elif i464 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i464, 2)
+    b = buf[pos]
+    if b < 128:
+        i465 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i465 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i465 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i465, pos = _rlong(buf, pos)
+    if i465 == 0:
+        f_lending_limit_gpus = None
+    elif i465 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1825,7 +1830,7 @@ def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i462, 2)
+        raise _union_error(i465, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1842,79 +1847,34 @@ def _d_Quota447(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i463 = _ZD[b]
+        i466 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i463 = (z >> 1) ^ -(z & 1)
+        i466 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i463 = (z >> 1) ^ -(z & 1)
+        i466 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i463, pos = _rlong(buf, pos)
-    if i463 == 0:
+        i466, pos = _rlong(buf, pos)
+    if i466 == 0:
         f_preemption = None
-    elif i463 == 1:
-        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
+    elif i466 == 1:
+        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
     else:
-        raise _union_error(i463, 2)
+        raise _union_error(i466, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy443(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n442 = _ZL[buf[pos]]
-    if n442 < 0:
-        n442, pos = _rlong(buf, pos)
-        if n442 < 0:
-            raise _length_error(n442, end - pos)
-    else:
-        pos += 1
-    q443 = pos + n442
-    if q443 > end:
-        raise _length_error(n442, end - pos)
-    f_policy = buf[pos:q443].decode()
-    pos = q443
-    b = buf[pos]
-    if b < 128:
-        i444 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i444 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i444 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i444, pos = _rlong(buf, pos)
-    if i444 == 0:
-        f_reserve_after_ms = None
-    elif i444 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i444, 2)
     n445 = _ZL[buf[pos]]
     if n445 < 0:
         n445, pos = _rlong(buf, pos)
@@ -1925,7 +1885,7 @@ def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     q446 = pos + n445
     if q446 > end:
         raise _length_error(n445, end - pos)
-    f_queue_order = buf[pos:q446].decode()
+    f_policy = buf[pos:q446].decode()
     pos = q446
     b = buf[pos]
     if b < 128:
@@ -1942,28 +1902,73 @@ def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     else:
         i447, pos = _rlong(buf, pos)
     if i447 == 0:
-        f_default_quota = None
+        f_reserve_after_ms = None
     elif i447 == 1:
-        f_default_quota, pos = _d_Quota447(buf, pos, end)
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i447, 2)
+    n448 = _ZL[buf[pos]]
+    if n448 < 0:
+        n448, pos = _rlong(buf, pos)
+        if n448 < 0:
+            raise _length_error(n448, end - pos)
+    else:
+        pos += 1
+    q449 = pos + n448
+    if q449 > end:
+        raise _length_error(n448, end - pos)
+    f_queue_order = buf[pos:q449].decode()
+    pos = q449
     b = buf[pos]
     if b < 128:
-        i472 = _ZD[b]
+        i450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i472 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i472 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i472, pos = _rlong(buf, pos)
-    if i472 == 0:
+        i450, pos = _rlong(buf, pos)
+    if i450 == 0:
+        f_default_quota = None
+    elif i450 == 1:
+        f_default_quota, pos = _d_Quota450(buf, pos, end)
+    else:
+        raise _union_error(i450, 2)
+    b = buf[pos]
+    if b < 128:
+        i475 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i475, pos = _rlong(buf, pos)
+    if i475 == 0:
         f_max_clock_jump_ms = None
-    elif i472 == 1:
+    elif i475 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1979,12 +1984,12 @@ def _d_SetPolicy440(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i472, 2)
+        raise _union_error(i475, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember482(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1993,18 +1998,18 @@ def _d_GangMember482(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n484 = _ZL[buf[pos]]
-    if n484 < 0:
-        n484, pos = _rlong(buf, pos)
-        if n484 < 0:
-            raise _length_error(n484, end - pos)
+    n487 = _ZL[buf[pos]]
+    if n487 < 0:
+        n487, pos = _rlong(buf, pos)
+        if n487 < 0:
+            raise _length_error(n487, end - pos)
     else:
         pos += 1
-    q485 = pos + n484
-    if q485 > end:
-        raise _length_error(n484, end - pos)
-    f_pod_id = buf[pos:q485].decode()
-    pos = q485
+    q488 = pos + n487
+    if q488 > end:
+        raise _length_error(n487, end - pos)
+    f_pod_id = buf[pos:q488].decode()
+    pos = q488
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2065,173 +2070,173 @@ def _d_GangMember482(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc486: list[Any] = []
+        acc489: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c487 = _ZD[b]
+                c490 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c487 = (z >> 1) ^ -(z & 1)
+                c490 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c487 = (z >> 1) ^ -(z & 1)
+                c490 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c487, pos = _rlong(buf, pos)
-            if c487 == 0:
+                c490, pos = _rlong(buf, pos)
+            if c490 == 0:
                 break
-            if c487 < 0:
-                c487 = -c487
+            if c490 < 0:
+                c490 = -c490
                 b = buf[pos]
                 if b < 128:
-                    z490 = _ZD[b]
+                    z493 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z490 = (z >> 1) ^ -(z & 1)
+                    z493 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z490 = (z >> 1) ^ -(z & 1)
+                    z493 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z490, pos = _rlong(buf, pos)
-            if c487 * 1 > end - pos:
-                raise _count_error(c487, end - pos)
-            for _ in range(c487):
-                n491 = _ZL[buf[pos]]
-                if n491 < 0:
-                    n491, pos = _rlong(buf, pos)
-                    if n491 < 0:
-                        raise _length_error(n491, end - pos)
+                    z493, pos = _rlong(buf, pos)
+            if c490 * 1 > end - pos:
+                raise _count_error(c490, end - pos)
+            for _ in range(c490):
+                n494 = _ZL[buf[pos]]
+                if n494 < 0:
+                    n494, pos = _rlong(buf, pos)
+                    if n494 < 0:
+                        raise _length_error(n494, end - pos)
                 else:
                     pos += 1
-                q492 = pos + n491
-                if q492 > end:
-                    raise _length_error(n491, end - pos)
-                x488 = buf[pos:q492].decode()
-                pos = q492
-                acc486.append(x488)
-        f_gpu_models = tuple(acc486)
+                q495 = pos + n494
+                if q495 > end:
+                    raise _length_error(n494, end - pos)
+                x491 = buf[pos:q495].decode()
+                pos = q495
+                acc489.append(x491)
+        f_gpu_models = tuple(acc489)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc493: dict[str, Any] = {}
+        acc496: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c494 = _ZD[b]
+                c497 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c494 = (z >> 1) ^ -(z & 1)
+                c497 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c494 = (z >> 1) ^ -(z & 1)
+                c497 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c494, pos = _rlong(buf, pos)
-            if c494 == 0:
+                c497, pos = _rlong(buf, pos)
+            if c497 == 0:
                 break
-            if c494 < 0:
-                c494 = -c494
+            if c497 < 0:
+                c497 = -c497
                 b = buf[pos]
                 if b < 128:
-                    z497 = _ZD[b]
+                    z500 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z497 = (z >> 1) ^ -(z & 1)
+                    z500 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z497 = (z >> 1) ^ -(z & 1)
+                    z500 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z497, pos = _rlong(buf, pos)
-            if c494 * 2 > end - pos:
-                raise _count_error(c494, end - pos)
-            for _ in range(c494):
-                n498 = _ZL[buf[pos]]
-                if n498 < 0:
-                    n498, pos = _rlong(buf, pos)
-                    if n498 < 0:
-                        raise _length_error(n498, end - pos)
+                    z500, pos = _rlong(buf, pos)
+            if c497 * 2 > end - pos:
+                raise _count_error(c497, end - pos)
+            for _ in range(c497):
+                n501 = _ZL[buf[pos]]
+                if n501 < 0:
+                    n501, pos = _rlong(buf, pos)
+                    if n501 < 0:
+                        raise _length_error(n501, end - pos)
                 else:
                     pos += 1
-                q499 = pos + n498
-                if q499 > end:
-                    raise _length_error(n498, end - pos)
-                k496 = buf[pos:q499].decode()
-                pos = q499
-                n500 = _ZL[buf[pos]]
-                if n500 < 0:
-                    n500, pos = _rlong(buf, pos)
-                    if n500 < 0:
-                        raise _length_error(n500, end - pos)
+                q502 = pos + n501
+                if q502 > end:
+                    raise _length_error(n501, end - pos)
+                k499 = buf[pos:q502].decode()
+                pos = q502
+                n503 = _ZL[buf[pos]]
+                if n503 < 0:
+                    n503, pos = _rlong(buf, pos)
+                    if n503 < 0:
+                        raise _length_error(n503, end - pos)
                 else:
                     pos += 1
-                q501 = pos + n500
-                if q501 > end:
-                    raise _length_error(n500, end - pos)
-                x495 = buf[pos:q501].decode()
-                pos = q501
-                acc493[k496] = x495
-        f_node_selector = acc493
+                q504 = pos + n503
+                if q504 > end:
+                    raise _length_error(n503, end - pos)
+                x498 = buf[pos:q504].decode()
+                pos = q504
+                acc496[k499] = x498
+        f_node_selector = acc496
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc502: list[Any] = []
+        acc505: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c503 = _ZD[b]
+                c506 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c503 = (z >> 1) ^ -(z & 1)
+                c506 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c503 = (z >> 1) ^ -(z & 1)
+                c506 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c503, pos = _rlong(buf, pos)
-            if c503 == 0:
+                c506, pos = _rlong(buf, pos)
+            if c506 == 0:
                 break
-            if c503 < 0:
-                c503 = -c503
+            if c506 < 0:
+                c506 = -c506
                 b = buf[pos]
                 if b < 128:
-                    z506 = _ZD[b]
+                    z509 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z506 = (z >> 1) ^ -(z & 1)
+                    z509 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z506 = (z >> 1) ^ -(z & 1)
+                    z509 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z506, pos = _rlong(buf, pos)
-            if c503 * 4 > end - pos:
-                raise _count_error(c503, end - pos)
-            for _ in range(c503):
-                x504, pos = _d_Toleration412(buf, pos, end)
-                acc502.append(x504)
-        f_tolerations = tuple(acc502)
+                    z509, pos = _rlong(buf, pos)
+            if c506 * 4 > end - pos:
+                raise _count_error(c506, end - pos)
+            for _ in range(c506):
+                x507, pos = _d_Toleration415(buf, pos, end)
+                acc505.append(x507)
+        f_tolerations = tuple(acc505)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2244,31 +2249,32 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
+    f_retry: Any
     f_preemptible: bool
-    n474 = _ZL[buf[pos]]
-    if n474 < 0:
-        n474, pos = _rlong(buf, pos)
-        if n474 < 0:
-            raise _length_error(n474, end - pos)
+    n477 = _ZL[buf[pos]]
+    if n477 < 0:
+        n477, pos = _rlong(buf, pos)
+        if n477 < 0:
+            raise _length_error(n477, end - pos)
     else:
         pos += 1
-    q475 = pos + n474
-    if q475 > end:
-        raise _length_error(n474, end - pos)
-    f_gang_id = buf[pos:q475].decode()
-    pos = q475
-    n476 = _ZL[buf[pos]]
-    if n476 < 0:
-        n476, pos = _rlong(buf, pos)
-        if n476 < 0:
-            raise _length_error(n476, end - pos)
+    q478 = pos + n477
+    if q478 > end:
+        raise _length_error(n477, end - pos)
+    f_gang_id = buf[pos:q478].decode()
+    pos = q478
+    n479 = _ZL[buf[pos]]
+    if n479 < 0:
+        n479, pos = _rlong(buf, pos)
+        if n479 < 0:
+            raise _length_error(n479, end - pos)
     else:
         pos += 1
-    q477 = pos + n476
-    if q477 > end:
-        raise _length_error(n476, end - pos)
-    f_tenant = buf[pos:q477].decode()
-    pos = q477
+    q480 = pos + n479
+    if q480 > end:
+        raise _length_error(n479, end - pos)
+    f_tenant = buf[pos:q480].decode()
+    pos = q480
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2287,63 +2293,63 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc478: list[Any] = []
+        acc481: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c479 = _ZD[b]
+                c482 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c479 = (z >> 1) ^ -(z & 1)
+                c482 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c479 = (z >> 1) ^ -(z & 1)
+                c482 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c479, pos = _rlong(buf, pos)
-            if c479 == 0:
+                c482, pos = _rlong(buf, pos)
+            if c482 == 0:
                 break
-            if c479 < 0:
-                c479 = -c479
+            if c482 < 0:
+                c482 = -c482
                 b = buf[pos]
                 if b < 128:
-                    z482 = _ZD[b]
+                    z485 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z482 = (z >> 1) ^ -(z & 1)
+                    z485 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z482 = (z >> 1) ^ -(z & 1)
+                    z485 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z482, pos = _rlong(buf, pos)
-            if c479 * 8 > end - pos:
-                raise _count_error(c479, end - pos)
-            for _ in range(c479):
-                x480, pos = _d_GangMember482(buf, pos, end)
-                acc478.append(x480)
-        f_members = tuple(acc478)
+                    z485, pos = _rlong(buf, pos)
+            if c482 * 8 > end - pos:
+                raise _count_error(c482, end - pos)
+            for _ in range(c482):
+                x483, pos = _d_GangMember485(buf, pos, end)
+                acc481.append(x483)
+        f_members = tuple(acc481)
     b = buf[pos]
     if b < 128:
-        i507 = _ZD[b]
+        i510 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i507 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i507 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i507, pos = _rlong(buf, pos)
-    if i507 == 0:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
         f_min_members = None
-    elif i507 == 1:
+    elif i510 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2359,38 +2365,7 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i507, 2)
-    b = buf[pos]
-    if b < 128:
-        i508 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i508 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i508 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i508, pos = _rlong(buf, pos)
-    if i508 == 0:
-        f_topology_required = None
-    elif i508 == 1:
-        n509 = _ZL[buf[pos]]
-        if n509 < 0:
-            n509, pos = _rlong(buf, pos)
-            if n509 < 0:
-                raise _length_error(n509, end - pos)
-        else:
-            pos += 1
-        q510 = pos + n509
-        if q510 > end:
-            raise _length_error(n509, end - pos)
-        f_topology_required = buf[pos:q510].decode()
-        pos = q510
-    else:
-        raise _union_error(i508, 2)
+        raise _union_error(i510, 2)
     b = buf[pos]
     if b < 128:
         i511 = _ZD[b]
@@ -2406,7 +2381,7 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     else:
         i511, pos = _rlong(buf, pos)
     if i511 == 0:
-        f_topology_preferred = None
+        f_topology_required = None
     elif i511 == 1:
         n512 = _ZL[buf[pos]]
         if n512 < 0:
@@ -2418,7 +2393,7 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         q513 = pos + n512
         if q513 > end:
             raise _length_error(n512, end - pos)
-        f_topology_preferred = buf[pos:q513].decode()
+        f_topology_required = buf[pos:q513].decode()
         pos = q513
     else:
         raise _union_error(i511, 2)
@@ -2437,8 +2412,39 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     else:
         i514, pos = _rlong(buf, pos)
     if i514 == 0:
-        f_timeout_ms = None
+        f_topology_preferred = None
     elif i514 == 1:
+        n515 = _ZL[buf[pos]]
+        if n515 < 0:
+            n515, pos = _rlong(buf, pos)
+            if n515 < 0:
+                raise _length_error(n515, end - pos)
+        else:
+            pos += 1
+        q516 = pos + n515
+        if q516 > end:
+            raise _length_error(n515, end - pos)
+        f_topology_preferred = buf[pos:q516].decode()
+        pos = q516
+    else:
+        raise _union_error(i514, 2)
+    b = buf[pos]
+    if b < 128:
+        i517 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i517 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i517 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i517, pos = _rlong(buf, pos)
+    if i517 == 0:
+        f_timeout_ms = None
+    elif i517 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2454,24 +2460,24 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i514, 2)
+        raise _union_error(i517, 2)
     b = buf[pos]
     if b < 128:
-        i515 = _ZD[b]
+        i518 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i515 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i515 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i515, pos = _rlong(buf, pos)
-    if i515 == 0:
+        i518, pos = _rlong(buf, pos)
+    if i518 == 0:
         f_time_limit_ms = None
-    elif i515 == 1:
+    elif i518 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2487,95 +2493,74 @@ def _d_SubmitGang472(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i515, 2)
+        raise _union_error(i518, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc516: list[Any] = []
+        acc519: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c517 = _ZD[b]
+                c520 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c517 = (z >> 1) ^ -(z & 1)
+                c520 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c517 = (z >> 1) ^ -(z & 1)
+                c520 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c517, pos = _rlong(buf, pos)
-            if c517 == 0:
+                c520, pos = _rlong(buf, pos)
+            if c520 == 0:
                 break
-            if c517 < 0:
-                c517 = -c517
+            if c520 < 0:
+                c520 = -c520
                 b = buf[pos]
                 if b < 128:
-                    z520 = _ZD[b]
+                    z523 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z520 = (z >> 1) ^ -(z & 1)
+                    z523 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z520 = (z >> 1) ^ -(z & 1)
+                    z523 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z520, pos = _rlong(buf, pos)
-            if c517 * 1 > end - pos:
-                raise _count_error(c517, end - pos)
-            for _ in range(c517):
-                n521 = _ZL[buf[pos]]
-                if n521 < 0:
-                    n521, pos = _rlong(buf, pos)
-                    if n521 < 0:
-                        raise _length_error(n521, end - pos)
+                    z523, pos = _rlong(buf, pos)
+            if c520 * 1 > end - pos:
+                raise _count_error(c520, end - pos)
+            for _ in range(c520):
+                n524 = _ZL[buf[pos]]
+                if n524 < 0:
+                    n524, pos = _rlong(buf, pos)
+                    if n524 < 0:
+                        raise _length_error(n524, end - pos)
                 else:
                     pos += 1
-                q522 = pos + n521
-                if q522 > end:
-                    raise _length_error(n521, end - pos)
-                x518 = buf[pos:q522].decode()
-                pos = q522
-                acc516.append(x518)
-        f_depends_on = tuple(acc516)
-    n523 = _ZL[buf[pos]]
-    if n523 < 0:
-        n523, pos = _rlong(buf, pos)
-        if n523 < 0:
-            raise _length_error(n523, end - pos)
+                q525 = pos + n524
+                if q525 > end:
+                    raise _length_error(n524, end - pos)
+                x521 = buf[pos:q525].decode()
+                pos = q525
+                acc519.append(x521)
+        f_depends_on = tuple(acc519)
+    n526 = _ZL[buf[pos]]
+    if n526 < 0:
+        n526, pos = _rlong(buf, pos)
+        if n526 < 0:
+            raise _length_error(n526, end - pos)
     else:
         pos += 1
-    q524 = pos + n523
-    if q524 > end:
-        raise _length_error(n523, end - pos)
-    f_dependency = buf[pos:q524].decode()
-    pos = q524
-    n525 = _ZL[buf[pos]]
-    if n525 < 0:
-        n525, pos = _rlong(buf, pos)
-        if n525 < 0:
-            raise _length_error(n525, end - pos)
-    else:
-        pos += 1
-    q526 = pos + n525
-    if q526 > end:
-        raise _length_error(n525, end - pos)
-    f_preemption = buf[pos:q526].decode()
-    pos = q526
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_preemptible)
-    return o, pos
-
-
-def _d_ReleaseGang526(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
+    q527 = pos + n526
+    if q527 > end:
+        raise _length_error(n526, end - pos)
+    f_dependency = buf[pos:q527].decode()
+    pos = q527
     n528 = _ZL[buf[pos]]
     if n528 < 0:
         n528, pos = _rlong(buf, pos)
@@ -2586,45 +2571,49 @@ def _d_ReleaseGang526(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, i
     q529 = pos + n528
     if q529 > end:
         raise _length_error(n528, end - pos)
-    f_gang_id = buf[pos:q529].decode()
+    f_preemption = buf[pos:q529].decode()
     pos = q529
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
+    b = buf[pos]
+    if b < 128:
+        i530 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i530 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i530 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i530, pos = _rlong(buf, pos)
+    if i530 == 0:
+        f_retry = None
+    elif i530 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
+    else:
+        raise _union_error(i530, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible)
+    return o, pos
+
+
+def _d_ReleaseGang530(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n532 = _ZL[buf[pos]]
+    if n532 < 0:
+        n532, pos = _rlong(buf, pos)
+        if n532 < 0:
+            raise _length_error(n532, end - pos)
     else:
         pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_reason = buf[pos:q531].decode()
-    pos = q531
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick531(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
+    q533 = pos + n532
+    if q533 > end:
+        raise _length_error(n532, end - pos)
+    f_gang_id = buf[pos:q533].decode()
+    pos = q533
     n534 = _ZL[buf[pos]]
     if n534 < 0:
         n534, pos = _rlong(buf, pos)
@@ -2635,125 +2624,162 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     q535 = pos + n534
     if q535 > end:
         raise _length_error(n534, end - pos)
-    f_tenant = buf[pos:q535].decode()
+    f_reason = buf[pos:q535].decode()
     pos = q535
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick535(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n538 = _ZL[buf[pos]]
+    if n538 < 0:
+        n538, pos = _rlong(buf, pos)
+        if n538 < 0:
+            raise _length_error(n538, end - pos)
+    else:
+        pos += 1
+    q539 = pos + n538
+    if q539 > end:
+        raise _length_error(n538, end - pos)
+    f_tenant = buf[pos:q539].decode()
+    pos = q539
     b = buf[pos]
     if b < 128:
-        i536 = _ZD[b]
+        i540 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i536 = (z >> 1) ^ -(z & 1)
+        i540 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i536 = (z >> 1) ^ -(z & 1)
+        i540 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i536, pos = _rlong(buf, pos)
-    if i536 == 0:
+        i540, pos = _rlong(buf, pos)
+    if i540 == 0:
         f_cohort = None
-    elif i536 == 1:
-        n537 = _ZL[buf[pos]]
-        if n537 < 0:
-            n537, pos = _rlong(buf, pos)
-            if n537 < 0:
-                raise _length_error(n537, end - pos)
+    elif i540 == 1:
+        n541 = _ZL[buf[pos]]
+        if n541 < 0:
+            n541, pos = _rlong(buf, pos)
+            if n541 < 0:
+                raise _length_error(n541, end - pos)
         else:
             pos += 1
-        q538 = pos + n537
-        if q538 > end:
-            raise _length_error(n537, end - pos)
-        f_cohort = buf[pos:q538].decode()
-        pos = q538
+        q542 = pos + n541
+        if q542 > end:
+            raise _length_error(n541, end - pos)
+        f_cohort = buf[pos:q542].decode()
+        pos = q542
     else:
-        raise _union_error(i536, 2)
+        raise _union_error(i540, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc539: dict[str, Any] = {}
+        acc543: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c540 = _ZD[b]
+                c544 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c540 = (z >> 1) ^ -(z & 1)
+                c544 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c540 = (z >> 1) ^ -(z & 1)
+                c544 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c540, pos = _rlong(buf, pos)
-            if c540 == 0:
+                c544, pos = _rlong(buf, pos)
+            if c544 == 0:
                 break
-            if c540 < 0:
-                c540 = -c540
+            if c544 < 0:
+                c544 = -c544
                 b = buf[pos]
                 if b < 128:
-                    z543 = _ZD[b]
+                    z547 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z543 = (z >> 1) ^ -(z & 1)
+                    z547 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z543 = (z >> 1) ^ -(z & 1)
+                    z547 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z543, pos = _rlong(buf, pos)
-            if c540 * 2 > end - pos:
-                raise _count_error(c540, end - pos)
-            for _ in range(c540):
-                n544 = _ZL[buf[pos]]
-                if n544 < 0:
-                    n544, pos = _rlong(buf, pos)
-                    if n544 < 0:
-                        raise _length_error(n544, end - pos)
+                    z547, pos = _rlong(buf, pos)
+            if c544 * 2 > end - pos:
+                raise _count_error(c544, end - pos)
+            for _ in range(c544):
+                n548 = _ZL[buf[pos]]
+                if n548 < 0:
+                    n548, pos = _rlong(buf, pos)
+                    if n548 < 0:
+                        raise _length_error(n548, end - pos)
                 else:
                     pos += 1
-                q545 = pos + n544
-                if q545 > end:
-                    raise _length_error(n544, end - pos)
-                k542 = buf[pos:q545].decode()
-                pos = q545
+                q549 = pos + n548
+                if q549 > end:
+                    raise _length_error(n548, end - pos)
+                k546 = buf[pos:q549].decode()
+                pos = q549
                 b = buf[pos]
                 if b < 128:
-                    x541 = _ZD[b]
+                    x545 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x541 = (z >> 1) ^ -(z & 1)
+                    x545 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x541 = (z >> 1) ^ -(z & 1)
+                    x545 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x541, pos = _rlong(buf, pos)
-                acc539[k542] = x541
-        f_nominal_gpus = acc539
+                    x545, pos = _rlong(buf, pos)
+                acc543[k546] = x545
+        f_nominal_gpus = acc543
     b = buf[pos]
     if b < 128:
-        i546 = _ZD[b]
+        i550 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i546 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i546 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i546, pos = _rlong(buf, pos)
-    if i546 == 0:
+        i550, pos = _rlong(buf, pos)
+    if i550 == 0:
         f_nominal_cpu_milli = None
-    elif i546 == 1:
+    elif i550 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2769,24 +2795,24 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i546, 2)
+        raise _union_error(i550, 2)
     b = buf[pos]
     if b < 128:
-        i547 = _ZD[b]
+        i551 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i547 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i547 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i547, pos = _rlong(buf, pos)
-    if i547 == 0:
+        i551, pos = _rlong(buf, pos)
+    if i551 == 0:
         f_nominal_memory_mib = None
-    elif i547 == 1:
+    elif i551 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2802,24 +2828,24 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i547, 2)
+        raise _union_error(i551, 2)
     b = buf[pos]
     if b < 128:
-        i548 = _ZD[b]
+        i552 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i548 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i548 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i548, pos = _rlong(buf, pos)
-    if i548 == 0:
+        i552, pos = _rlong(buf, pos)
+    if i552 == 0:
         f_borrowing_limit_gpus = None
-    elif i548 == 1:
+    elif i552 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2835,24 +2861,24 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i548, 2)
+        raise _union_error(i552, 2)
     b = buf[pos]
     if b < 128:
-        i549 = _ZD[b]
+        i553 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i549 = (z >> 1) ^ -(z & 1)
+        i553 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i549 = (z >> 1) ^ -(z & 1)
+        i553 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i549, pos = _rlong(buf, pos)
-    if i549 == 0:
+        i553, pos = _rlong(buf, pos)
+    if i553 == 0:
         f_lending_limit_gpus = None
-    elif i549 == 1:
+    elif i553 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2868,7 +2894,7 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i549, 2)
+        raise _union_error(i553, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2885,47 +2911,47 @@ def _d_SetQuota532(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i550 = _ZD[b]
+        i554 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i550 = (z >> 1) ^ -(z & 1)
+        i554 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i550 = (z >> 1) ^ -(z & 1)
+        i554 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i550, pos = _rlong(buf, pos)
-    if i550 == 0:
+        i554, pos = _rlong(buf, pos)
+    if i554 == 0:
         f_preemption = None
-    elif i550 == 1:
-        f_preemption, pos = _d_QuotaPreemption463(buf, pos, end)
+    elif i554 == 1:
+        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
     else:
-        raise _union_error(i550, 2)
+        raise _union_error(i554, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota550(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota554(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n552 = _ZL[buf[pos]]
-    if n552 < 0:
-        n552, pos = _rlong(buf, pos)
-        if n552 < 0:
-            raise _length_error(n552, end - pos)
+    n556 = _ZL[buf[pos]]
+    if n556 < 0:
+        n556, pos = _rlong(buf, pos)
+        if n556 < 0:
+            raise _length_error(n556, end - pos)
     else:
         pos += 1
-    q553 = pos + n552
-    if q553 > end:
-        raise _length_error(n552, end - pos)
-    f_tenant = buf[pos:q553].decode()
-    pos = q553
+    q557 = pos + n556
+    if q557 > end:
+        raise _length_error(n556, end - pos)
+    f_tenant = buf[pos:q557].decode()
+    pos = q557
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment553(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment557(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2944,410 +2970,410 @@ def _d_Defragment553(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i555 = _ZD[b]
+        i559 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i555 = (z >> 1) ^ -(z & 1)
+        i559 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i555 = (z >> 1) ^ -(z & 1)
+        i559 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i555, pos = _rlong(buf, pos)
-    if i555 == 0:
+        i559, pos = _rlong(buf, pos)
+    if i559 == 0:
         f_target = None
-    elif i555 == 1:
-        n556 = _ZL[buf[pos]]
-        if n556 < 0:
-            n556, pos = _rlong(buf, pos)
-            if n556 < 0:
-                raise _length_error(n556, end - pos)
+    elif i559 == 1:
+        n560 = _ZL[buf[pos]]
+        if n560 < 0:
+            n560, pos = _rlong(buf, pos)
+            if n560 < 0:
+                raise _length_error(n560, end - pos)
         else:
             pos += 1
-        q557 = pos + n556
-        if q557 > end:
-            raise _length_error(n556, end - pos)
-        f_target = buf[pos:q557].decode()
-        pos = q557
+        q561 = pos + n560
+        if q561 > end:
+            raise _length_error(n560, end - pos)
+        f_target = buf[pos:q561].decode()
+        pos = q561
     else:
-        raise _union_error(i555, 2)
+        raise _union_error(i559, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster557(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster561(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n559 = _ZL[buf[pos]]
-    if n559 < 0:
-        n559, pos = _rlong(buf, pos)
-        if n559 < 0:
-            raise _length_error(n559, end - pos)
+    n563 = _ZL[buf[pos]]
+    if n563 < 0:
+        n563, pos = _rlong(buf, pos)
+        if n563 < 0:
+            raise _length_error(n563, end - pos)
     else:
         pos += 1
-    q560 = pos + n559
-    if q560 > end:
-        raise _length_error(n559, end - pos)
-    f_reason = buf[pos:q560].decode()
-    pos = q560
+    q564 = pos + n563
+    if q564 > end:
+        raise _length_error(n563, end - pos)
+    f_reason = buf[pos:q564].decode()
+    pos = q564
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode560(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode564(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n562 = _ZL[buf[pos]]
-    if n562 < 0:
-        n562, pos = _rlong(buf, pos)
-        if n562 < 0:
-            raise _length_error(n562, end - pos)
+    n566 = _ZL[buf[pos]]
+    if n566 < 0:
+        n566, pos = _rlong(buf, pos)
+        if n566 < 0:
+            raise _length_error(n566, end - pos)
     else:
         pos += 1
-    q563 = pos + n562
-    if q563 > end:
-        raise _length_error(n562, end - pos)
-    f_node_id = buf[pos:q563].decode()
-    pos = q563
+    q567 = pos + n566
+    if q567 > end:
+        raise _length_error(n566, end - pos)
+    f_node_id = buf[pos:q567].decode()
+    pos = q567
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode563(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode567(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n565 = _ZL[buf[pos]]
-    if n565 < 0:
-        n565, pos = _rlong(buf, pos)
-        if n565 < 0:
-            raise _length_error(n565, end - pos)
+    n569 = _ZL[buf[pos]]
+    if n569 < 0:
+        n569, pos = _rlong(buf, pos)
+        if n569 < 0:
+            raise _length_error(n569, end - pos)
     else:
         pos += 1
-    q566 = pos + n565
-    if q566 > end:
-        raise _length_error(n565, end - pos)
-    f_node_id = buf[pos:q566].decode()
-    pos = q566
+    q570 = pos + n569
+    if q570 > end:
+        raise _length_error(n569, end - pos)
+    f_node_id = buf[pos:q570].decode()
+    pos = q570
     b = buf[pos]
     if b < 128:
-        i567 = _ZD[b]
+        i571 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i567 = (z >> 1) ^ -(z & 1)
+        i571 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i567 = (z >> 1) ^ -(z & 1)
+        i571 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i567, pos = _rlong(buf, pos)
-    if i567 == 0:
+        i571, pos = _rlong(buf, pos)
+    if i571 == 0:
         f_labels = None
-    elif i567 == 1:
+    elif i571 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc568: dict[str, Any] = {}
+            acc572: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c569 = _ZD[b]
+                    c573 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c569 = (z >> 1) ^ -(z & 1)
+                    c573 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c569 = (z >> 1) ^ -(z & 1)
+                    c573 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c569, pos = _rlong(buf, pos)
-                if c569 == 0:
+                    c573, pos = _rlong(buf, pos)
+                if c573 == 0:
                     break
-                if c569 < 0:
-                    c569 = -c569
+                if c573 < 0:
+                    c573 = -c573
                     b = buf[pos]
                     if b < 128:
-                        z572 = _ZD[b]
+                        z576 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z572 = (z >> 1) ^ -(z & 1)
+                        z576 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z572 = (z >> 1) ^ -(z & 1)
+                        z576 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z572, pos = _rlong(buf, pos)
-                if c569 * 2 > end - pos:
-                    raise _count_error(c569, end - pos)
-                for _ in range(c569):
-                    n573 = _ZL[buf[pos]]
-                    if n573 < 0:
-                        n573, pos = _rlong(buf, pos)
-                        if n573 < 0:
-                            raise _length_error(n573, end - pos)
+                        z576, pos = _rlong(buf, pos)
+                if c573 * 2 > end - pos:
+                    raise _count_error(c573, end - pos)
+                for _ in range(c573):
+                    n577 = _ZL[buf[pos]]
+                    if n577 < 0:
+                        n577, pos = _rlong(buf, pos)
+                        if n577 < 0:
+                            raise _length_error(n577, end - pos)
                     else:
                         pos += 1
-                    q574 = pos + n573
-                    if q574 > end:
-                        raise _length_error(n573, end - pos)
-                    k571 = buf[pos:q574].decode()
-                    pos = q574
-                    n575 = _ZL[buf[pos]]
-                    if n575 < 0:
-                        n575, pos = _rlong(buf, pos)
-                        if n575 < 0:
-                            raise _length_error(n575, end - pos)
+                    q578 = pos + n577
+                    if q578 > end:
+                        raise _length_error(n577, end - pos)
+                    k575 = buf[pos:q578].decode()
+                    pos = q578
+                    n579 = _ZL[buf[pos]]
+                    if n579 < 0:
+                        n579, pos = _rlong(buf, pos)
+                        if n579 < 0:
+                            raise _length_error(n579, end - pos)
                     else:
                         pos += 1
-                    q576 = pos + n575
-                    if q576 > end:
-                        raise _length_error(n575, end - pos)
-                    x570 = buf[pos:q576].decode()
-                    pos = q576
-                    acc568[k571] = x570
-            f_labels = acc568
+                    q580 = pos + n579
+                    if q580 > end:
+                        raise _length_error(n579, end - pos)
+                    x574 = buf[pos:q580].decode()
+                    pos = q580
+                    acc572[k575] = x574
+            f_labels = acc572
     else:
-        raise _union_error(i567, 2)
+        raise _union_error(i571, 2)
     b = buf[pos]
     if b < 128:
-        i577 = _ZD[b]
+        i581 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i577 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i577 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i577, pos = _rlong(buf, pos)
-    if i577 == 0:
+        i581, pos = _rlong(buf, pos)
+    if i581 == 0:
         f_taints = None
-    elif i577 == 1:
+    elif i581 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc578: list[Any] = []
+            acc582: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c579 = _ZD[b]
+                    c583 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c579 = (z >> 1) ^ -(z & 1)
+                    c583 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c579 = (z >> 1) ^ -(z & 1)
+                    c583 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c579, pos = _rlong(buf, pos)
-                if c579 == 0:
+                    c583, pos = _rlong(buf, pos)
+                if c583 == 0:
                     break
-                if c579 < 0:
-                    c579 = -c579
+                if c583 < 0:
+                    c583 = -c583
                     b = buf[pos]
                     if b < 128:
-                        z582 = _ZD[b]
+                        z586 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z582 = (z >> 1) ^ -(z & 1)
+                        z586 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z582 = (z >> 1) ^ -(z & 1)
+                        z586 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z582, pos = _rlong(buf, pos)
-                if c579 * 3 > end - pos:
-                    raise _count_error(c579, end - pos)
-                for _ in range(c579):
-                    x580, pos = _d_Taint362(buf, pos, end)
-                    acc578.append(x580)
-            f_taints = tuple(acc578)
+                        z586, pos = _rlong(buf, pos)
+                if c583 * 3 > end - pos:
+                    raise _count_error(c583, end - pos)
+                for _ in range(c583):
+                    x584, pos = _d_Taint365(buf, pos, end)
+                    acc582.append(x584)
+            f_taints = tuple(acc582)
     else:
-        raise _union_error(i577, 2)
+        raise _union_error(i581, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget582(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget586(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n584 = _ZL[buf[pos]]
-    if n584 < 0:
-        n584, pos = _rlong(buf, pos)
-        if n584 < 0:
-            raise _length_error(n584, end - pos)
+    n588 = _ZL[buf[pos]]
+    if n588 < 0:
+        n588, pos = _rlong(buf, pos)
+        if n588 < 0:
+            raise _length_error(n588, end - pos)
     else:
         pos += 1
-    q585 = pos + n584
-    if q585 > end:
-        raise _length_error(n584, end - pos)
-    f_budget_id = buf[pos:q585].decode()
-    pos = q585
+    q589 = pos + n588
+    if q589 > end:
+        raise _length_error(n588, end - pos)
+    f_budget_id = buf[pos:q589].decode()
+    pos = q589
     b = buf[pos]
     if b < 128:
-        i586 = _ZD[b]
+        i590 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i586 = (z >> 1) ^ -(z & 1)
+        i590 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i586 = (z >> 1) ^ -(z & 1)
+        i590 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i586, pos = _rlong(buf, pos)
-    if i586 == 0:
+        i590, pos = _rlong(buf, pos)
+    if i590 == 0:
         f_tenant = None
-    elif i586 == 1:
-        n587 = _ZL[buf[pos]]
-        if n587 < 0:
-            n587, pos = _rlong(buf, pos)
-            if n587 < 0:
-                raise _length_error(n587, end - pos)
+    elif i590 == 1:
+        n591 = _ZL[buf[pos]]
+        if n591 < 0:
+            n591, pos = _rlong(buf, pos)
+            if n591 < 0:
+                raise _length_error(n591, end - pos)
         else:
             pos += 1
-        q588 = pos + n587
-        if q588 > end:
-            raise _length_error(n587, end - pos)
-        f_tenant = buf[pos:q588].decode()
-        pos = q588
+        q592 = pos + n591
+        if q592 > end:
+            raise _length_error(n591, end - pos)
+        f_tenant = buf[pos:q592].decode()
+        pos = q592
     else:
-        raise _union_error(i586, 2)
+        raise _union_error(i590, 2)
     b = buf[pos]
     if b < 128:
-        i589 = _ZD[b]
+        i593 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i589 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i589 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i589, pos = _rlong(buf, pos)
-    if i589 == 0:
+        i593, pos = _rlong(buf, pos)
+    if i593 == 0:
         f_gang_id = None
-    elif i589 == 1:
-        n590 = _ZL[buf[pos]]
-        if n590 < 0:
-            n590, pos = _rlong(buf, pos)
-            if n590 < 0:
-                raise _length_error(n590, end - pos)
+    elif i593 == 1:
+        n594 = _ZL[buf[pos]]
+        if n594 < 0:
+            n594, pos = _rlong(buf, pos)
+            if n594 < 0:
+                raise _length_error(n594, end - pos)
         else:
             pos += 1
-        q591 = pos + n590
-        if q591 > end:
-            raise _length_error(n590, end - pos)
-        f_gang_id = buf[pos:q591].decode()
-        pos = q591
+        q595 = pos + n594
+        if q595 > end:
+            raise _length_error(n594, end - pos)
+        f_gang_id = buf[pos:q595].decode()
+        pos = q595
     else:
-        raise _union_error(i589, 2)
+        raise _union_error(i593, 2)
     b = buf[pos]
     if b < 128:
-        i592 = _ZD[b]
+        i596 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i592 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i592 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i592, pos = _rlong(buf, pos)
-    if i592 == 0:
+        i596, pos = _rlong(buf, pos)
+    if i596 == 0:
         f_label_selector = None
-    elif i592 == 1:
+    elif i596 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc593: dict[str, Any] = {}
+            acc597: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c594 = _ZD[b]
+                    c598 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c594 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c594 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c594, pos = _rlong(buf, pos)
-                if c594 == 0:
+                    c598, pos = _rlong(buf, pos)
+                if c598 == 0:
                     break
-                if c594 < 0:
-                    c594 = -c594
+                if c598 < 0:
+                    c598 = -c598
                     b = buf[pos]
                     if b < 128:
-                        z597 = _ZD[b]
+                        z601 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z597 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z597 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z597, pos = _rlong(buf, pos)
-                if c594 * 2 > end - pos:
-                    raise _count_error(c594, end - pos)
-                for _ in range(c594):
-                    n598 = _ZL[buf[pos]]
-                    if n598 < 0:
-                        n598, pos = _rlong(buf, pos)
-                        if n598 < 0:
-                            raise _length_error(n598, end - pos)
+                        z601, pos = _rlong(buf, pos)
+                if c598 * 2 > end - pos:
+                    raise _count_error(c598, end - pos)
+                for _ in range(c598):
+                    n602 = _ZL[buf[pos]]
+                    if n602 < 0:
+                        n602, pos = _rlong(buf, pos)
+                        if n602 < 0:
+                            raise _length_error(n602, end - pos)
                     else:
                         pos += 1
-                    q599 = pos + n598
-                    if q599 > end:
-                        raise _length_error(n598, end - pos)
-                    k596 = buf[pos:q599].decode()
-                    pos = q599
-                    n600 = _ZL[buf[pos]]
-                    if n600 < 0:
-                        n600, pos = _rlong(buf, pos)
-                        if n600 < 0:
-                            raise _length_error(n600, end - pos)
+                    q603 = pos + n602
+                    if q603 > end:
+                        raise _length_error(n602, end - pos)
+                    k600 = buf[pos:q603].decode()
+                    pos = q603
+                    n604 = _ZL[buf[pos]]
+                    if n604 < 0:
+                        n604, pos = _rlong(buf, pos)
+                        if n604 < 0:
+                            raise _length_error(n604, end - pos)
                     else:
                         pos += 1
-                    q601 = pos + n600
-                    if q601 > end:
-                        raise _length_error(n600, end - pos)
-                    x595 = buf[pos:q601].decode()
-                    pos = q601
-                    acc593[k596] = x595
-            f_label_selector = acc593
+                    q605 = pos + n604
+                    if q605 > end:
+                        raise _length_error(n604, end - pos)
+                    x599 = buf[pos:q605].decode()
+                    pos = q605
+                    acc597[k600] = x599
+            f_label_selector = acc597
     else:
-        raise _union_error(i592, 2)
+        raise _union_error(i596, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3366,20 +3392,20 @@ def _d_SetDisruptionBudget582(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget601(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget605(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n603 = _ZL[buf[pos]]
-    if n603 < 0:
-        n603, pos = _rlong(buf, pos)
-        if n603 < 0:
-            raise _length_error(n603, end - pos)
+    n607 = _ZL[buf[pos]]
+    if n607 < 0:
+        n607, pos = _rlong(buf, pos)
+        if n607 < 0:
+            raise _length_error(n607, end - pos)
     else:
         pos += 1
-    q604 = pos + n603
-    if q604 > end:
-        raise _length_error(n603, end - pos)
-    f_budget_id = buf[pos:q604].decode()
-    pos = q604
+    q608 = pos + n607
+    if q608 > end:
+        raise _length_error(n607, end - pos)
+    f_budget_id = buf[pos:q608].decode()
+    pos = q608
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3389,7 +3415,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k335:
+    if frame[:10] != _k338:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3400,30 +3426,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n337 = _ZL[buf[pos]]
-        if n337 < 0:
-            n337, pos = _rlong(buf, pos)
-            if n337 < 0:
-                raise _length_error(n337, end - pos)
+        n340 = _ZL[buf[pos]]
+        if n340 < 0:
+            n340, pos = _rlong(buf, pos)
+            if n340 < 0:
+                raise _length_error(n340, end - pos)
         else:
             pos += 1
-        q338 = pos + n337
-        if q338 > end:
-            raise _length_error(n337, end - pos)
-        f_command_id = buf[pos:q338].decode()
-        pos = q338
-        n339 = _ZL[buf[pos]]
-        if n339 < 0:
-            n339, pos = _rlong(buf, pos)
-            if n339 < 0:
-                raise _length_error(n339, end - pos)
+        q341 = pos + n340
+        if q341 > end:
+            raise _length_error(n340, end - pos)
+        f_command_id = buf[pos:q341].decode()
+        pos = q341
+        n342 = _ZL[buf[pos]]
+        if n342 < 0:
+            n342, pos = _rlong(buf, pos)
+            if n342 < 0:
+                raise _length_error(n342, end - pos)
         else:
             pos += 1
-        q340 = pos + n339
-        if q340 > end:
-            raise _length_error(n339, end - pos)
-        f_cluster = buf[pos:q340].decode()
-        pos = q340
+        q343 = pos + n342
+        if q343 > end:
+            raise _length_error(n342, end - pos)
+        f_cluster = buf[pos:q343].decode()
+        pos = q343
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3438,35 +3464,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n341 = _ZL[buf[pos]]
-        if n341 < 0:
-            n341, pos = _rlong(buf, pos)
-            if n341 < 0:
-                raise _length_error(n341, end - pos)
+        n344 = _ZL[buf[pos]]
+        if n344 < 0:
+            n344, pos = _rlong(buf, pos)
+            if n344 < 0:
+                raise _length_error(n344, end - pos)
         else:
             pos += 1
-        q342 = pos + n341
-        if q342 > end:
-            raise _length_error(n341, end - pos)
-        f_source = buf[pos:q342].decode()
-        pos = q342
+        q345 = pos + n344
+        if q345 > end:
+            raise _length_error(n344, end - pos)
+        f_source = buf[pos:q345].decode()
+        pos = q345
         b = buf[pos]
         if b < 128:
-            i343 = _ZD[b]
+            i346 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i343 = (z >> 1) ^ -(z & 1)
+            i346 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i343 = (z >> 1) ^ -(z & 1)
+            i346 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i343, pos = _rlong(buf, pos)
-        if not 0 <= i343 < 20:
-            raise _union_error(i343, 20)
-        f_payload, pos = _k604[i343](buf, pos, end)
+            i346, pos = _rlong(buf, pos)
+        if not 0 <= i346 < 20:
+            raise _union_error(i346, 20)
+        f_payload, pos = _k608[i346](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3477,299 +3503,303 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded616(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.gpu_model.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.gpu_count) < 8192 else _long(n623)), (_P[n624] if 0 <= (n624 := o.cpu_milli) < 8192 else _long(n624)), (_P[n625] if 0 <= (n625 := o.memory_mib) < 8192 else _long(n625)), (_b21(a626) if (a626 := o.labels) else b"\x00"), (_b27(a627) if (a627 := o.taints) else b"\x00"), (_P[n628] if 0 <= (n628 := o.gpu_memory_mib) < 8192 else _long(n628)),))
+def _e_NodeAdded620(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k621, (_P[n624] if (n624 := len(s623 := o.node_id.encode())) < 8192 else _long(n624)), s623, (_P[n626] if (n626 := len(s625 := o.gpu_model.encode())) < 8192 else _long(n626)), s625, (_P[n627] if 0 <= (n627 := o.gpu_count) < 8192 else _long(n627)), (_P[n628] if 0 <= (n628 := o.cpu_milli) < 8192 else _long(n628)), (_P[n629] if 0 <= (n629 := o.memory_mib) < 8192 else _long(n629)), (_b21(a630) if (a630 := o.labels) else b"\x00"), (_b27(a631) if (a631 := o.taints) else b"\x00"), (_P[n632] if 0 <= (n632 := o.gpu_memory_mib) < 8192 else _long(n632)),))
 
 
-def _e_NodeRemoved628(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k629, (_P[n632] if (n632 := len(s631 := o.node_id.encode())) < 8192 else _long(n632)), s631, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved632(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned632(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635,))
-
-
-def _e_NodeUncordoned636(o: _c_NodeUncordoned) -> bytes:
+def _e_NodeCordoned636(o: _c_NodeCordoned) -> bytes:
     return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639,))
 
 
-def _e_NodeDrained640(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643, (_P[n645] if 0 <= (n645 := o.evicted) < 8192 else _long(n645)),))
+def _e_NodeUncordoned640(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
 
 
-def _e_NodeFailed645(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := o.node_id.encode())) < 8192 else _long(n649)), s648, (_P[n651] if (n651 := len(s650 := o.reason.encode())) < 8192 else _long(n651)), s650, (_P[n652] if 0 <= (n652 := o.evicted) < 8192 else _long(n652)),))
+def _e_NodeDrained644(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647, (_P[n649] if 0 <= (n649 := o.evicted) < 8192 else _long(n649)),))
 
 
-def _u671(v: Any) -> bytes:
-    return b"".join((_k671, (_P[n674] if (n674 := len(s673 := v.encode())) < 8192 else _long(n674)), s673,))
+def _e_NodeFailed649(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k650, (_P[n653] if (n653 := len(s652 := o.node_id.encode())) < 8192 else _long(n653)), s652, (_P[n655] if (n655 := len(s654 := o.reason.encode())) < 8192 else _long(n655)), s654, (_P[n656] if 0 <= (n656 := o.evicted) < 8192 else _long(n656)),))
 
 
-def _u677(v: Any) -> bytes:
-    return b"".join((_k677, (_P[n679] if 0 <= (n679 := v) < 8192 else _long(n679)),))
+def _u675(v: Any) -> bytes:
+    return b"".join((_k675, (_P[n678] if (n678 := len(s677 := v.encode())) < 8192 else _long(n678)), s677,))
 
 
-def _b691(a: Any) -> bytes:
+def _u681(v: Any) -> bytes:
+    return b"".join((_k681, (_P[n683] if 0 <= (n683 := v) < 8192 else _long(n683)),))
+
+
+def _b695(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n694] if (n694 := len(s693 := x.code.encode())) < 8192 else _long(n694)), s693, (_P[n695] if 0 <= (n695 := x.nodes) < 8192 else _long(n695)), (_P[n697] if (n697 := len(s696 := x.message.encode())) < 8192 else _long(n697)), s696,)
+        out += ((_P[n698] if (n698 := len(s697 := x.code.encode())) < 8192 else _long(n698)), s697, (_P[n699] if 0 <= (n699 := x.nodes) < 8192 else _long(n699)), (_P[n701] if (n701 := len(s700 := x.message.encode())) < 8192 else _long(n701)), s700,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued652(o: _c_PodQueued) -> bytes:
-    return b"".join((_k653, (_P[n657] if (n657 := len(s656 := (r655 := o.pod).pod_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := r655.tenant.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := r655.priority) < 8192 else _long(n660)), (_P[n661] if 0 <= (n661 := r655.num_gpu) < 8192 else _long(n661)), (_P[n662] if 0 <= (n662 := r655.gpu_milli) < 8192 else _long(n662)), (_P[n663] if 0 <= (n663 := r655.cpu_milli) < 8192 else _long(n663)), (_P[n664] if 0 <= (n664 := r655.memory_mib) < 8192 else _long(n664)), (_b71(a665) if (a665 := r655.gpu_models) else b"\x00"), (_b21(a666) if (a666 := r655.node_selector) else b"\x00"), (_b76(a667) if (a667 := r655.tolerations) else b"\x00"), (_P[n668] if 0 <= (n668 := r655.submitted_at) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r655.arrival) < 8192 else _long(n669)), (_k674 if (u670 := r655.gang_id) is None else _u671(u670)), (_k679 if (u676 := r655.time_limit_ms) is None else _u677(u676)), (_b71(a681) if (a681 := r655.depends_on) else b"\x00"), (_P[n683] if (n683 := len(s682 := r655.dependency.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := r655.preemption.encode())) < 8192 else _long(n685)), s684, (b"\x01" if r655.movable else b"\x00"), (_P[n686] if 0 <= (n686 := r655.gpu_memory_mib) < 8192 else _long(n686)), (_k688 if (u687 := r655.retry) is None else _k687[type(u687)](u687)), (b"\x01" if r655.preemptible else b"\x00"), (_b691(a690) if (a690 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a698) if (a698 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued656(o: _c_PodQueued) -> bytes:
+    return b"".join((_k657, (_P[n661] if (n661 := len(s660 := (r659 := o.pod).pod_id.encode())) < 8192 else _long(n661)), s660, (_P[n663] if (n663 := len(s662 := r659.tenant.encode())) < 8192 else _long(n663)), s662, (_P[n664] if 0 <= (n664 := r659.priority) < 8192 else _long(n664)), (_P[n665] if 0 <= (n665 := r659.num_gpu) < 8192 else _long(n665)), (_P[n666] if 0 <= (n666 := r659.gpu_milli) < 8192 else _long(n666)), (_P[n667] if 0 <= (n667 := r659.cpu_milli) < 8192 else _long(n667)), (_P[n668] if 0 <= (n668 := r659.memory_mib) < 8192 else _long(n668)), (_b71(a669) if (a669 := r659.gpu_models) else b"\x00"), (_b21(a670) if (a670 := r659.node_selector) else b"\x00"), (_b76(a671) if (a671 := r659.tolerations) else b"\x00"), (_P[n672] if 0 <= (n672 := r659.submitted_at) < 8192 else _long(n672)), (_P[n673] if 0 <= (n673 := r659.arrival) < 8192 else _long(n673)), (_k678 if (u674 := r659.gang_id) is None else _u675(u674)), (_k683 if (u680 := r659.time_limit_ms) is None else _u681(u680)), (_b71(a685) if (a685 := r659.depends_on) else b"\x00"), (_P[n687] if (n687 := len(s686 := r659.dependency.encode())) < 8192 else _long(n687)), s686, (_P[n689] if (n689 := len(s688 := r659.preemption.encode())) < 8192 else _long(n689)), s688, (b"\x01" if r659.movable else b"\x00"), (_P[n690] if 0 <= (n690 := r659.gpu_memory_mib) < 8192 else _long(n690)), (_k692 if (u691 := r659.retry) is None else _k691[type(u691)](u691)), (b"\x01" if r659.preemptible else b"\x00"), (_b695(a694) if (a694 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a702) if (a702 := o.waiting_for) else b"\x00"),))
 
 
-def _u717(v: Any) -> bytes:
-    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := v.encode())) < 8192 else _long(n720)), s719,))
+def _u721(v: Any) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := v.encode())) < 8192 else _long(n724)), s723,))
 
 
-def _u723(v: Any) -> bytes:
-    return b"".join((_k723, (_P[n725] if 0 <= (n725 := v) < 8192 else _long(n725)),))
+def _u727(v: Any) -> bytes:
+    return b"".join((_k727, (_P[n729] if 0 <= (n729 := v) < 8192 else _long(n729)),))
 
 
-def _b739(a: Any) -> bytes:
+def _b743(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n741] if 0 <= (n741 := x.index) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := x.milli) < 8192 else _long(n742)),)
+        out += ((_P[n745] if 0 <= (n745 := x.index) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := x.milli) < 8192 else _long(n746)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b746(a: Any) -> bytes:
+def _b750(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n748] if (n748 := len(s747 := k.encode())) < 8192 else _long(n748)), s747, _pack_d(x),)
+        out += ((_P[n752] if (n752 := len(s751 := k.encode())) < 8192 else _long(n752)), s751, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled698(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k699, (_P[n703] if (n703 := len(s702 := (r701 := o.pod).pod_id.encode())) < 8192 else _long(n703)), s702, (_P[n705] if (n705 := len(s704 := r701.tenant.encode())) < 8192 else _long(n705)), s704, (_P[n706] if 0 <= (n706 := r701.priority) < 8192 else _long(n706)), (_P[n707] if 0 <= (n707 := r701.num_gpu) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := r701.gpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := r701.cpu_milli) < 8192 else _long(n709)), (_P[n710] if 0 <= (n710 := r701.memory_mib) < 8192 else _long(n710)), (_b71(a711) if (a711 := r701.gpu_models) else b"\x00"), (_b21(a712) if (a712 := r701.node_selector) else b"\x00"), (_b76(a713) if (a713 := r701.tolerations) else b"\x00"), (_P[n714] if 0 <= (n714 := r701.submitted_at) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r701.arrival) < 8192 else _long(n715)), (_k720 if (u716 := r701.gang_id) is None else _u717(u716)), (_k725 if (u722 := r701.time_limit_ms) is None else _u723(u722)), (_b71(a727) if (a727 := r701.depends_on) else b"\x00"), (_P[n729] if (n729 := len(s728 := r701.dependency.encode())) < 8192 else _long(n729)), s728, (_P[n731] if (n731 := len(s730 := r701.preemption.encode())) < 8192 else _long(n731)), s730, (b"\x01" if r701.movable else b"\x00"), (_P[n732] if 0 <= (n732 := r701.gpu_memory_mib) < 8192 else _long(n732)), (_k734 if (u733 := r701.retry) is None else _k733[type(u733)](u733)), (b"\x01" if r701.preemptible else b"\x00"), (_P[n737] if (n737 := len(s736 := o.node_id.encode())) < 8192 else _long(n737)), s736, (_b739(a738) if (a738 := o.gpus) else b"\x00"), (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (b"\x01" if o.from_queue else b"\x00"), (_b746(a745) if (a745 := o.scores) else b"\x00"), (_b71(a749) if (a749 := o.preempted) else b"\x00"),))
+def _e_PodScheduled702(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k703, (_P[n707] if (n707 := len(s706 := (r705 := o.pod).pod_id.encode())) < 8192 else _long(n707)), s706, (_P[n709] if (n709 := len(s708 := r705.tenant.encode())) < 8192 else _long(n709)), s708, (_P[n710] if 0 <= (n710 := r705.priority) < 8192 else _long(n710)), (_P[n711] if 0 <= (n711 := r705.num_gpu) < 8192 else _long(n711)), (_P[n712] if 0 <= (n712 := r705.gpu_milli) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := r705.cpu_milli) < 8192 else _long(n713)), (_P[n714] if 0 <= (n714 := r705.memory_mib) < 8192 else _long(n714)), (_b71(a715) if (a715 := r705.gpu_models) else b"\x00"), (_b21(a716) if (a716 := r705.node_selector) else b"\x00"), (_b76(a717) if (a717 := r705.tolerations) else b"\x00"), (_P[n718] if 0 <= (n718 := r705.submitted_at) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := r705.arrival) < 8192 else _long(n719)), (_k724 if (u720 := r705.gang_id) is None else _u721(u720)), (_k729 if (u726 := r705.time_limit_ms) is None else _u727(u726)), (_b71(a731) if (a731 := r705.depends_on) else b"\x00"), (_P[n733] if (n733 := len(s732 := r705.dependency.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := r705.preemption.encode())) < 8192 else _long(n735)), s734, (b"\x01" if r705.movable else b"\x00"), (_P[n736] if 0 <= (n736 := r705.gpu_memory_mib) < 8192 else _long(n736)), (_k738 if (u737 := r705.retry) is None else _k737[type(u737)](u737)), (b"\x01" if r705.preemptible else b"\x00"), (_P[n741] if (n741 := len(s740 := o.node_id.encode())) < 8192 else _long(n741)), s740, (_b743(a742) if (a742 := o.gpus) else b"\x00"), (_P[n748] if (n748 := len(s747 := o.policy.encode())) < 8192 else _long(n748)), s747, (b"\x01" if o.from_queue else b"\x00"), (_b750(a749) if (a749 := o.scores) else b"\x00"), (_b71(a753) if (a753 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted749(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k750, (_P[n753] if (n753 := len(s752 := o.pod_id.encode())) < 8192 else _long(n753)), s752, (_P[n755] if (n755 := len(s754 := o.node_id.encode())) < 8192 else _long(n755)), s754, (_P[n757] if (n757 := len(s756 := o.reason.encode())) < 8192 else _long(n757)), s756,))
+def _e_PodEvicted753(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k754, (_P[n757] if (n757 := len(s756 := o.pod_id.encode())) < 8192 else _long(n757)), s756, (_P[n759] if (n759 := len(s758 := o.node_id.encode())) < 8192 else _long(n759)), s758, (_P[n761] if (n761 := len(s760 := o.reason.encode())) < 8192 else _long(n761)), s760,))
 
 
-def _u763(v: Any) -> bytes:
-    return b"".join((_k763, (_P[n766] if (n766 := len(s765 := v.encode())) < 8192 else _long(n766)), s765,))
+def _u767(v: Any) -> bytes:
+    return b"".join((_k767, (_P[n770] if (n770 := len(s769 := v.encode())) < 8192 else _long(n770)), s769,))
 
 
-def _e_PodReleased757(o: _c_PodReleased) -> bytes:
-    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_k766 if (u762 := o.node_id) is None else _u763(u762)), (_P[n769] if (n769 := len(s768 := o.reason.encode())) < 8192 else _long(n769)), s768,))
+def _e_PodReleased761(o: _c_PodReleased) -> bytes:
+    return b"".join((_k762, (_P[n765] if (n765 := len(s764 := o.pod_id.encode())) < 8192 else _long(n765)), s764, (_k770 if (u766 := o.node_id) is None else _u767(u766)), (_P[n773] if (n773 := len(s772 := o.reason.encode())) < 8192 else _long(n773)), s772,))
 
 
-def _u777(v: Any) -> bytes:
-    return b"".join((_k777, (_P[n779] if 0 <= (n779 := v) < 8192 else _long(n779)),))
+def _u781(v: Any) -> bytes:
+    return b"".join((_k781, (_P[n783] if 0 <= (n783 := v) < 8192 else _long(n783)),))
 
 
-def _u784(v: Any) -> bytes:
-    return b"".join((_k784, (_P[n786] if 0 <= (n786 := v) < 8192 else _long(n786)),))
+def _u788(v: Any) -> bytes:
+    return b"".join((_k788, (_P[n790] if 0 <= (n790 := v) < 8192 else _long(n790)),))
 
 
-def _e_PolicyChanged769(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k770, (_P[n773] if (n773 := len(s772 := o.policy.encode())) < 8192 else _long(n773)), s772, (_P[n775] if (n775 := len(s774 := o.previous.encode())) < 8192 else _long(n775)), s774, (_k779 if (u776 := o.reserve_after_ms) is None else _u777(u776)), (_P[n782] if (n782 := len(s781 := o.queue_order.encode())) < 8192 else _long(n782)), s781, (_k786 if (u783 := o.max_clock_jump_ms) is None else _u784(u783)),))
+def _e_PolicyChanged773(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.policy.encode())) < 8192 else _long(n777)), s776, (_P[n779] if (n779 := len(s778 := o.previous.encode())) < 8192 else _long(n779)), s778, (_k783 if (u780 := o.reserve_after_ms) is None else _u781(u780)), (_P[n786] if (n786 := len(s785 := o.queue_order.encode())) < 8192 else _long(n786)), s785, (_k790 if (u787 := o.max_clock_jump_ms) is None else _u788(u787)),))
 
 
-def _e_CommandRejected787(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k788, (_P[n791] if (n791 := len(s790 := o.command_id.encode())) < 8192 else _long(n791)), s790, (_P[n793] if (n793 := len(s792 := o.command_type.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := o.code.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.message.encode())) < 8192 else _long(n797)), s796,))
+def _e_CommandRejected791(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k792, (_P[n795] if (n795 := len(s794 := o.command_id.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.command_type.encode())) < 8192 else _long(n797)), s796, (_P[n799] if (n799 := len(s798 := o.code.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.message.encode())) < 8192 else _long(n801)), s800,))
 
 
-def _u827(v: Any) -> bytes:
-    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
+def _u831(v: Any) -> bytes:
+    return b"".join((_k831, (_P[n834] if (n834 := len(s833 := v.encode())) < 8192 else _long(n834)), s833,))
 
 
-def _u833(v: Any) -> bytes:
-    return b"".join((_k833, (_P[n835] if 0 <= (n835 := v) < 8192 else _long(n835)),))
+def _u837(v: Any) -> bytes:
+    return b"".join((_k837, (_P[n839] if 0 <= (n839 := v) < 8192 else _long(n839)),))
 
 
-def _b810(a: Any) -> bytes:
+def _b814(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n813] if (n813 := len(s812 := x.pod_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := x.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := x.priority) < 8192 else _long(n816)), (_P[n817] if 0 <= (n817 := x.num_gpu) < 8192 else _long(n817)), (_P[n818] if 0 <= (n818 := x.gpu_milli) < 8192 else _long(n818)), (_P[n819] if 0 <= (n819 := x.cpu_milli) < 8192 else _long(n819)), (_P[n820] if 0 <= (n820 := x.memory_mib) < 8192 else _long(n820)), (_b71(a821) if (a821 := x.gpu_models) else b"\x00"), (_b21(a822) if (a822 := x.node_selector) else b"\x00"), (_b76(a823) if (a823 := x.tolerations) else b"\x00"), (_P[n824] if 0 <= (n824 := x.submitted_at) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.arrival) < 8192 else _long(n825)), (_k830 if (u826 := x.gang_id) is None else _u827(u826)), (_k835 if (u832 := x.time_limit_ms) is None else _u833(u832)), (_b71(a837) if (a837 := x.depends_on) else b"\x00"), (_P[n839] if (n839 := len(s838 := x.dependency.encode())) < 8192 else _long(n839)), s838, (_P[n841] if (n841 := len(s840 := x.preemption.encode())) < 8192 else _long(n841)), s840, (b"\x01" if x.movable else b"\x00"), (_P[n842] if 0 <= (n842 := x.gpu_memory_mib) < 8192 else _long(n842)), (_k844 if (u843 := x.retry) is None else _k843[type(u843)](u843)), (b"\x01" if x.preemptible else b"\x00"),)
+        out += ((_P[n817] if (n817 := len(s816 := x.pod_id.encode())) < 8192 else _long(n817)), s816, (_P[n819] if (n819 := len(s818 := x.tenant.encode())) < 8192 else _long(n819)), s818, (_P[n820] if 0 <= (n820 := x.priority) < 8192 else _long(n820)), (_P[n821] if 0 <= (n821 := x.num_gpu) < 8192 else _long(n821)), (_P[n822] if 0 <= (n822 := x.gpu_milli) < 8192 else _long(n822)), (_P[n823] if 0 <= (n823 := x.cpu_milli) < 8192 else _long(n823)), (_P[n824] if 0 <= (n824 := x.memory_mib) < 8192 else _long(n824)), (_b71(a825) if (a825 := x.gpu_models) else b"\x00"), (_b21(a826) if (a826 := x.node_selector) else b"\x00"), (_b76(a827) if (a827 := x.tolerations) else b"\x00"), (_P[n828] if 0 <= (n828 := x.submitted_at) < 8192 else _long(n828)), (_P[n829] if 0 <= (n829 := x.arrival) < 8192 else _long(n829)), (_k834 if (u830 := x.gang_id) is None else _u831(u830)), (_k839 if (u836 := x.time_limit_ms) is None else _u837(u836)), (_b71(a841) if (a841 := x.depends_on) else b"\x00"), (_P[n843] if (n843 := len(s842 := x.dependency.encode())) < 8192 else _long(n843)), s842, (_P[n845] if (n845 := len(s844 := x.preemption.encode())) < 8192 else _long(n845)), s844, (b"\x01" if x.movable else b"\x00"), (_P[n846] if 0 <= (n846 := x.gpu_memory_mib) < 8192 else _long(n846)), (_k848 if (u847 := x.retry) is None else _k847[type(u847)](u847)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u848(v: Any) -> bytes:
-    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := v.encode())) < 8192 else _long(n851)), s850,))
+def _u852(v: Any) -> bytes:
+    return b"".join((_k852, (_P[n855] if (n855 := len(s854 := v.encode())) < 8192 else _long(n855)), s854,))
 
 
-def _u854(v: Any) -> bytes:
-    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := v.encode())) < 8192 else _long(n857)), s856,))
+def _u858(v: Any) -> bytes:
+    return b"".join((_k858, (_P[n861] if (n861 := len(s860 := v.encode())) < 8192 else _long(n861)), s860,))
 
 
-def _u860(v: Any) -> bytes:
-    return b"".join((_k860, (_P[n862] if 0 <= (n862 := v) < 8192 else _long(n862)),))
+def _u864(v: Any) -> bytes:
+    return b"".join((_k864, (_P[n866] if 0 <= (n866 := v) < 8192 else _long(n866)),))
 
 
-def _u865(v: Any) -> bytes:
-    return b"".join((_k865, (_P[n867] if 0 <= (n867 := v) < 8192 else _long(n867)),))
+def _u869(v: Any) -> bytes:
+    return b"".join((_k869, (_P[n871] if 0 <= (n871 := v) < 8192 else _long(n871)),))
 
 
-def _u877(v: Any) -> bytes:
-    return b"".join((_k877, (_P[n879] if 0 <= (n879 := v) < 8192 else _long(n879)),))
+def _u884(v: Any) -> bytes:
+    return b"".join((_k884, (_P[n886] if 0 <= (n886 := v) < 8192 else _long(n886)),))
 
 
-def _e_GangQueued797(o: _c_GangQueued) -> bytes:
-    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := o.gang_id.encode())) < 8192 else _long(n801)), s800, (_b691(a802) if (a802 := o.reasons) else b"\x00"), (_P[n805] if (n805 := len(s804 := (r803 := o.gang).gang_id.encode())) < 8192 else _long(n805)), s804, (_P[n807] if (n807 := len(s806 := r803.tenant.encode())) < 8192 else _long(n807)), s806, (_P[n808] if 0 <= (n808 := r803.priority) < 8192 else _long(n808)), (_b810(a809) if (a809 := r803.members) else b"\x00"), (_P[n846] if 0 <= (n846 := r803.min_members) < 8192 else _long(n846)), (_k851 if (u847 := r803.topology_required) is None else _u848(u847)), (_k857 if (u853 := r803.topology_preferred) is None else _u854(u853)), (_k862 if (u859 := r803.timeout_ms) is None else _u860(u859)), (_k867 if (u864 := r803.time_limit_ms) is None else _u865(u864)), (_b71(a869) if (a869 := r803.depends_on) else b"\x00"), (_P[n871] if (n871 := len(s870 := r803.dependency.encode())) < 8192 else _long(n871)), s870, (_P[n872] if 0 <= (n872 := r803.submitted_at) < 8192 else _long(n872)), (_P[n873] if 0 <= (n873 := r803.arrival) < 8192 else _long(n873)), (_P[n875] if (n875 := len(s874 := r803.preemption.encode())) < 8192 else _long(n875)), s874, (_k879 if (u876 := r803.queued_at) is None else _u877(u876)), (b"\x01" if r803.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a881) if (a881 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued801(o: _c_GangQueued) -> bytes:
+    return b"".join((_k802, (_P[n805] if (n805 := len(s804 := o.gang_id.encode())) < 8192 else _long(n805)), s804, (_b695(a806) if (a806 := o.reasons) else b"\x00"), (_P[n809] if (n809 := len(s808 := (r807 := o.gang).gang_id.encode())) < 8192 else _long(n809)), s808, (_P[n811] if (n811 := len(s810 := r807.tenant.encode())) < 8192 else _long(n811)), s810, (_P[n812] if 0 <= (n812 := r807.priority) < 8192 else _long(n812)), (_b814(a813) if (a813 := r807.members) else b"\x00"), (_P[n850] if 0 <= (n850 := r807.min_members) < 8192 else _long(n850)), (_k855 if (u851 := r807.topology_required) is None else _u852(u851)), (_k861 if (u857 := r807.topology_preferred) is None else _u858(u857)), (_k866 if (u863 := r807.timeout_ms) is None else _u864(u863)), (_k871 if (u868 := r807.time_limit_ms) is None else _u869(u868)), (_b71(a873) if (a873 := r807.depends_on) else b"\x00"), (_P[n875] if (n875 := len(s874 := r807.dependency.encode())) < 8192 else _long(n875)), s874, (_P[n876] if 0 <= (n876 := r807.submitted_at) < 8192 else _long(n876)), (_P[n877] if 0 <= (n877 := r807.arrival) < 8192 else _long(n877)), (_P[n879] if (n879 := len(s878 := r807.preemption.encode())) < 8192 else _long(n879)), s878, (_k881 if (u880 := r807.retry) is None else _k880[type(u880)](u880)), (_k886 if (u883 := r807.queued_at) is None else _u884(u883)), (b"\x01" if r807.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a888) if (a888 := o.waiting_for) else b"\x00"),))
 
 
-def _b887(a: Any) -> bytes:
+def _b894(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n890] if (n890 := len(s889 := x.pod_id.encode())) < 8192 else _long(n890)), s889, (_P[n892] if (n892 := len(s891 := x.node_id.encode())) < 8192 else _long(n892)), s891, (_b739(a893) if (a893 := x.gpus) else b"\x00"),)
+        out += ((_P[n897] if (n897 := len(s896 := x.pod_id.encode())) < 8192 else _long(n897)), s896, (_P[n899] if (n899 := len(s898 := x.node_id.encode())) < 8192 else _long(n899)), s898, (_b743(a900) if (a900 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u903(v: Any) -> bytes:
-    return b"".join((_k903, (_P[n906] if (n906 := len(s905 := v.encode())) < 8192 else _long(n906)), s905,))
+def _u910(v: Any) -> bytes:
+    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _u909(v: Any) -> bytes:
-    return b"".join((_k909, (_P[n912] if (n912 := len(s911 := v.encode())) < 8192 else _long(n912)), s911,))
+def _u916(v: Any) -> bytes:
+    return b"".join((_k916, (_P[n919] if (n919 := len(s918 := v.encode())) < 8192 else _long(n919)), s918,))
 
 
-def _u915(v: Any) -> bytes:
-    return b"".join((_k915, (_P[n917] if 0 <= (n917 := v) < 8192 else _long(n917)),))
+def _u922(v: Any) -> bytes:
+    return b"".join((_k922, (_P[n924] if 0 <= (n924 := v) < 8192 else _long(n924)),))
 
 
-def _u920(v: Any) -> bytes:
-    return b"".join((_k920, (_P[n922] if 0 <= (n922 := v) < 8192 else _long(n922)),))
+def _u927(v: Any) -> bytes:
+    return b"".join((_k927, (_P[n929] if 0 <= (n929 := v) < 8192 else _long(n929)),))
 
 
-def _u932(v: Any) -> bytes:
-    return b"".join((_k932, (_P[n934] if 0 <= (n934 := v) < 8192 else _long(n934)),))
+def _u942(v: Any) -> bytes:
+    return b"".join((_k942, (_P[n944] if 0 <= (n944 := v) < 8192 else _long(n944)),))
 
 
-def _u937(v: Any) -> bytes:
-    return b"".join((_k937, (_P[n940] if (n940 := len(s939 := v.encode())) < 8192 else _long(n940)), s939,))
+def _u947(v: Any) -> bytes:
+    return b"".join((_k947, (_P[n950] if (n950 := len(s949 := v.encode())) < 8192 else _long(n950)), s949,))
 
 
-def _u943(v: Any) -> bytes:
-    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
+def _u953(v: Any) -> bytes:
+    return b"".join((_k953, (_P[n956] if (n956 := len(s955 := v.encode())) < 8192 else _long(n956)), s955,))
 
 
-def _e_GangScheduled881(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k882, (_P[n885] if (n885 := len(s884 := o.gang_id.encode())) < 8192 else _long(n885)), s884, (_b887(a886) if (a886 := o.members) else b"\x00"), (_P[n896] if (n896 := len(s895 := (r894 := o.gang).gang_id.encode())) < 8192 else _long(n896)), s895, (_P[n898] if (n898 := len(s897 := r894.tenant.encode())) < 8192 else _long(n898)), s897, (_P[n899] if 0 <= (n899 := r894.priority) < 8192 else _long(n899)), (_b810(a900) if (a900 := r894.members) else b"\x00"), (_P[n901] if 0 <= (n901 := r894.min_members) < 8192 else _long(n901)), (_k906 if (u902 := r894.topology_required) is None else _u903(u902)), (_k912 if (u908 := r894.topology_preferred) is None else _u909(u908)), (_k917 if (u914 := r894.timeout_ms) is None else _u915(u914)), (_k922 if (u919 := r894.time_limit_ms) is None else _u920(u919)), (_b71(a924) if (a924 := r894.depends_on) else b"\x00"), (_P[n926] if (n926 := len(s925 := r894.dependency.encode())) < 8192 else _long(n926)), s925, (_P[n927] if 0 <= (n927 := r894.submitted_at) < 8192 else _long(n927)), (_P[n928] if 0 <= (n928 := r894.arrival) < 8192 else _long(n928)), (_P[n930] if (n930 := len(s929 := r894.preemption.encode())) < 8192 else _long(n930)), s929, (_k934 if (u931 := r894.queued_at) is None else _u932(u931)), (b"\x01" if r894.preemptible else b"\x00"), (_k940 if (u936 := o.topology_key) is None else _u937(u936)), (_k946 if (u942 := o.domain) is None else _u943(u942)), (b"\x01" if o.from_queue else b"\x00"), (_P[n949] if (n949 := len(s948 := o.message.encode())) < 8192 else _long(n949)), s948, (_b71(a950) if (a950 := o.preempted) else b"\x00"),))
+def _e_GangScheduled888(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.gang_id.encode())) < 8192 else _long(n892)), s891, (_b894(a893) if (a893 := o.members) else b"\x00"), (_P[n903] if (n903 := len(s902 := (r901 := o.gang).gang_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := r901.tenant.encode())) < 8192 else _long(n905)), s904, (_P[n906] if 0 <= (n906 := r901.priority) < 8192 else _long(n906)), (_b814(a907) if (a907 := r901.members) else b"\x00"), (_P[n908] if 0 <= (n908 := r901.min_members) < 8192 else _long(n908)), (_k913 if (u909 := r901.topology_required) is None else _u910(u909)), (_k919 if (u915 := r901.topology_preferred) is None else _u916(u915)), (_k924 if (u921 := r901.timeout_ms) is None else _u922(u921)), (_k929 if (u926 := r901.time_limit_ms) is None else _u927(u926)), (_b71(a931) if (a931 := r901.depends_on) else b"\x00"), (_P[n933] if (n933 := len(s932 := r901.dependency.encode())) < 8192 else _long(n933)), s932, (_P[n934] if 0 <= (n934 := r901.submitted_at) < 8192 else _long(n934)), (_P[n935] if 0 <= (n935 := r901.arrival) < 8192 else _long(n935)), (_P[n937] if (n937 := len(s936 := r901.preemption.encode())) < 8192 else _long(n937)), s936, (_k939 if (u938 := r901.retry) is None else _k938[type(u938)](u938)), (_k944 if (u941 := r901.queued_at) is None else _u942(u941)), (b"\x01" if r901.preemptible else b"\x00"), (_k950 if (u946 := o.topology_key) is None else _u947(u946)), (_k956 if (u952 := o.domain) is None else _u953(u952)), (b"\x01" if o.from_queue else b"\x00"), (_P[n959] if (n959 := len(s958 := o.message.encode())) < 8192 else _long(n959)), s958, (_b71(a960) if (a960 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut950(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k951, (_P[n954] if (n954 := len(s953 := o.gang_id.encode())) < 8192 else _long(n954)), s953, (_P[n955] if 0 <= (n955 := o.waited_ms) < 8192 else _long(n955)), (_P[n957] if (n957 := len(s956 := o.message.encode())) < 8192 else _long(n957)), s956,))
+def _e_GangTimedOut960(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := o.gang_id.encode())) < 8192 else _long(n964)), s963, (_P[n965] if 0 <= (n965 := o.waited_ms) < 8192 else _long(n965)), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966,))
 
 
-def _e_GangReleased957(o: _c_GangReleased) -> bytes:
-    return b"".join((_k958, (_P[n961] if (n961 := len(s960 := o.gang_id.encode())) < 8192 else _long(n961)), s960, (_P[n963] if (n963 := len(s962 := o.reason.encode())) < 8192 else _long(n963)), s962, (b"\x01" if o.ok else b"\x00"), (_b71(a964) if (a964 := o.members_ended) else b"\x00"),))
+def _e_GangReleased967(o: _c_GangReleased) -> bytes:
+    return b"".join((_k968, (_P[n971] if (n971 := len(s970 := o.gang_id.encode())) < 8192 else _long(n971)), s970, (_P[n973] if (n973 := len(s972 := o.reason.encode())) < 8192 else _long(n973)), s972, (b"\x01" if o.ok else b"\x00"), (_b71(a974) if (a974 := o.members_ended) else b"\x00"),))
 
 
-def _u973(v: Any) -> bytes:
-    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := v.encode())) < 8192 else _long(n976)), s975,))
+def _u983(v: Any) -> bytes:
+    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := v.encode())) < 8192 else _long(n986)), s985,))
 
 
-def _e_PodTimeLimitReached964(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k965, (_P[n968] if (n968 := len(s967 := o.pod_id.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.node_id.encode())) < 8192 else _long(n970)), s969, (_P[n971] if 0 <= (n971 := o.time_limit_ms) < 8192 else _long(n971)), (_k976 if (u972 := o.gang_id) is None else _u973(u972)),))
+def _e_PodTimeLimitReached974(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k975, (_P[n978] if (n978 := len(s977 := o.pod_id.encode())) < 8192 else _long(n978)), s977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979, (_P[n981] if 0 <= (n981 := o.time_limit_ms) < 8192 else _long(n981)), (_k986 if (u982 := o.gang_id) is None else _u983(u982)),))
 
 
-def _u986(v: Any) -> bytes:
-    return b"".join((_k986, (_P[n988] if 0 <= (n988 := v) < 8192 else _long(n988)),))
+def _u996(v: Any) -> bytes:
+    return b"".join((_k996, (_P[n998] if 0 <= (n998 := v) < 8192 else _long(n998)),))
 
 
-def _e_NodesReserved977(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k978, (_P[n981] if (n981 := len(s980 := o.holder_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.holder_kind.encode())) < 8192 else _long(n983)), s982, (_b71(a984) if (a984 := o.nodes) else b"\x00"), (_k988 if (u985 := o.expected_start) is None else _u986(u985)), (_P[n991] if (n991 := len(s990 := o.message.encode())) < 8192 else _long(n991)), s990,))
+def _e_NodesReserved987(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k988, (_P[n991] if (n991 := len(s990 := o.holder_id.encode())) < 8192 else _long(n991)), s990, (_P[n993] if (n993 := len(s992 := o.holder_kind.encode())) < 8192 else _long(n993)), s992, (_b71(a994) if (a994 := o.nodes) else b"\x00"), (_k998 if (u995 := o.expected_start) is None else _u996(u995)), (_P[n1001] if (n1001 := len(s1000 := o.message.encode())) < 8192 else _long(n1001)), s1000,))
 
 
-def _e_ReservationReleased991(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k992, (_P[n995] if (n995 := len(s994 := o.holder_id.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.holder_kind.encode())) < 8192 else _long(n997)), s996, (_b71(a998) if (a998 := o.nodes) else b"\x00"), (_P[n1000] if (n1000 := len(s999 := o.reason.encode())) < 8192 else _long(n1000)), s999, (_P[n1002] if (n1002 := len(s1001 := o.message.encode())) < 8192 else _long(n1002)), s1001,))
+def _e_ReservationReleased1001(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := o.holder_id.encode())) < 8192 else _long(n1005)), s1004, (_P[n1007] if (n1007 := len(s1006 := o.holder_kind.encode())) < 8192 else _long(n1007)), s1006, (_b71(a1008) if (a1008 := o.nodes) else b"\x00"), (_P[n1010] if (n1010 := len(s1009 := o.reason.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
 
 
-def _e_DependencyFailed1002(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1003, (_P[n1006] if (n1006 := len(s1005 := o.holder_id.encode())) < 8192 else _long(n1006)), s1005, (_P[n1008] if (n1008 := len(s1007 := o.holder_kind.encode())) < 8192 else _long(n1008)), s1007, (_P[n1010] if (n1010 := len(s1009 := o.dependency_id.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
+def _e_DependencyFailed1012(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1013, (_P[n1016] if (n1016 := len(s1015 := o.holder_id.encode())) < 8192 else _long(n1016)), s1015, (_P[n1018] if (n1018 := len(s1017 := o.holder_kind.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.dependency_id.encode())) < 8192 else _long(n1020)), s1019, (_P[n1022] if (n1022 := len(s1021 := o.message.encode())) < 8192 else _long(n1022)), s1021,))
 
 
-def _e_Ticked1012(o: _c_Ticked) -> bytes:
-    return b"".join((_k1013, (_P[n1015] if 0 <= (n1015 := o.clock) < 8192 else _long(n1015)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked1022(o: _c_Ticked) -> bytes:
+    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := o.clock) < 8192 else _long(n1025)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted1015(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1016, (_P[n1019] if (n1019 := len(s1018 := o.pod_id.encode())) < 8192 else _long(n1019)), s1018, (_P[n1021] if (n1021 := len(s1020 := o.node_id.encode())) < 8192 else _long(n1021)), s1020, (_P[n1023] if (n1023 := len(s1022 := o.by.encode())) < 8192 else _long(n1023)), s1022, (_P[n1025] if (n1025 := len(s1024 := o.reason.encode())) < 8192 else _long(n1025)), s1024, (_P[n1027] if (n1027 := len(s1026 := o.message.encode())) < 8192 else _long(n1027)), s1026,))
+def _e_PodPreempted1025(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1026, (_P[n1029] if (n1029 := len(s1028 := o.pod_id.encode())) < 8192 else _long(n1029)), s1028, (_P[n1031] if (n1031 := len(s1030 := o.node_id.encode())) < 8192 else _long(n1031)), s1030, (_P[n1033] if (n1033 := len(s1032 := o.by.encode())) < 8192 else _long(n1033)), s1032, (_P[n1035] if (n1035 := len(s1034 := o.reason.encode())) < 8192 else _long(n1035)), s1034, (_P[n1037] if (n1037 := len(s1036 := o.message.encode())) < 8192 else _long(n1037)), s1036,))
 
 
-def _u1031(v: Any) -> bytes:
-    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := v.encode())) < 8192 else _long(n1034)), s1033,))
+def _u1041(v: Any) -> bytes:
+    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := v.encode())) < 8192 else _long(n1044)), s1043,))
 
 
-def _e_QuotaChanged1027(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1028, (_k1034 if (u1030 := o.tenant) is None else _u1031(u1030)), (_k1037 if (u1036 := o.quota) is None else _k1036[type(u1036)](u1036)), (_k1040 if (u1039 := o.previous) is None else _k1039[type(u1039)](u1039)), (_P[n1043] if (n1043 := len(s1042 := o.message.encode())) < 8192 else _long(n1043)), s1042,))
+def _e_QuotaChanged1037(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1038, (_k1044 if (u1040 := o.tenant) is None else _u1041(u1040)), (_k1047 if (u1046 := o.quota) is None else _k1046[type(u1046)](u1046)), (_k1050 if (u1049 := o.previous) is None else _k1049[type(u1049)](u1049)), (_P[n1053] if (n1053 := len(s1052 := o.message.encode())) < 8192 else _long(n1053)), s1052,))
 
 
-def _e_PodMigrated1043(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1044, (_P[n1047] if (n1047 := len(s1046 := o.pod_id.encode())) < 8192 else _long(n1047)), s1046, (_P[n1049] if (n1049 := len(s1048 := o.from_node.encode())) < 8192 else _long(n1049)), s1048, (_b739(a1050) if (a1050 := o.from_gpus) else b"\x00"), (_P[n1052] if (n1052 := len(s1051 := o.to_node.encode())) < 8192 else _long(n1052)), s1051, (_b739(a1053) if (a1053 := o.to_gpus) else b"\x00"), (_P[n1055] if (n1055 := len(s1054 := o.reason.encode())) < 8192 else _long(n1055)), s1054, (_P[n1057] if (n1057 := len(s1056 := o.message.encode())) < 8192 else _long(n1057)), s1056,))
+def _e_PodMigrated1053(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1054, (_P[n1057] if (n1057 := len(s1056 := o.pod_id.encode())) < 8192 else _long(n1057)), s1056, (_P[n1059] if (n1059 := len(s1058 := o.from_node.encode())) < 8192 else _long(n1059)), s1058, (_b743(a1060) if (a1060 := o.from_gpus) else b"\x00"), (_P[n1062] if (n1062 := len(s1061 := o.to_node.encode())) < 8192 else _long(n1062)), s1061, (_b743(a1063) if (a1063 := o.to_gpus) else b"\x00"), (_P[n1065] if (n1065 := len(s1064 := o.reason.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.message.encode())) < 8192 else _long(n1067)), s1066,))
 
 
-def _u1064(v: Any) -> bytes:
-    return b"".join((_k1064, (_P[n1067] if (n1067 := len(s1066 := v.encode())) < 8192 else _long(n1067)), s1066,))
+def _u1074(v: Any) -> bytes:
+    return b"".join((_k1074, (_P[n1077] if (n1077 := len(s1076 := v.encode())) < 8192 else _long(n1077)), s1076,))
 
 
-def _e_DefragmentationPlanned1057(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1058, (_P[n1060] if 0 <= (n1060 := o.moves) < 8192 else _long(n1060)), (_P[n1061] if 0 <= (n1061 := o.gpus_freed) < 8192 else _long(n1061)), (_P[n1062] if 0 <= (n1062 := o.nodes_freed) < 8192 else _long(n1062)), (_k1067 if (u1063 := o.target) is None else _u1064(u1063)), (_P[n1070] if (n1070 := len(s1069 := o.message.encode())) < 8192 else _long(n1070)), s1069,))
+def _e_DefragmentationPlanned1067(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1068, (_P[n1070] if 0 <= (n1070 := o.moves) < 8192 else _long(n1070)), (_P[n1071] if 0 <= (n1071 := o.gpus_freed) < 8192 else _long(n1071)), (_P[n1072] if 0 <= (n1072 := o.nodes_freed) < 8192 else _long(n1072)), (_k1077 if (u1073 := o.target) is None else _u1074(u1073)), (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
 
 
-def _e_ClusterHalted1070(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1071, (_P[n1074] if (n1074 := len(s1073 := o.cluster.encode())) < 8192 else _long(n1074)), s1073, (_P[n1076] if (n1076 := len(s1075 := o.command_id.encode())) < 8192 else _long(n1076)), s1075, (_P[n1078] if (n1078 := len(s1077 := o.error.encode())) < 8192 else _long(n1078)), s1077, (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
+def _e_ClusterHalted1080(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1088] if (n1088 := len(s1087 := o.error.encode())) < 8192 else _long(n1088)), s1087, (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _e_ClusterResumed1080(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.halted_command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1087] if 0 <= (n1087 := o.halted_offset) < 8192 else _long(n1087)), (_P[n1088] if 0 <= (n1088 := o.refolded_from) < 8192 else _long(n1088)), (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
+def _e_ClusterResumed1090(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.cluster.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.halted_command_id.encode())) < 8192 else _long(n1096)), s1095, (_P[n1097] if 0 <= (n1097 := o.halted_offset) < 8192 else _long(n1097)), (_P[n1098] if 0 <= (n1098 := o.refolded_from) < 8192 else _long(n1098)), (_P[n1100] if (n1100 := len(s1099 := o.message.encode())) < 8192 else _long(n1100)), s1099,))
 
 
-def _e_NodeRecovered1090(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.node_id.encode())) < 8192 else _long(n1094)), s1093,))
+def _e_NodeRecovered1100(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1101, (_P[n1104] if (n1104 := len(s1103 := o.node_id.encode())) < 8192 else _long(n1104)), s1103,))
 
 
-def _e_NodeUpdated1094(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1095, (_P[n1098] if (n1098 := len(s1097 := o.node_id.encode())) < 8192 else _long(n1098)), s1097, (_b21(a1099) if (a1099 := o.labels) else b"\x00"), (_b27(a1100) if (a1100 := o.taints) else b"\x00"), (_P[n1101] if 0 <= (n1101 := o.evicting) < 8192 else _long(n1101)),))
-
-
-def _e_PodRetryScheduled1101(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1102, (_P[n1105] if (n1105 := len(s1104 := o.pod_id.encode())) < 8192 else _long(n1105)), s1104, (_P[n1106] if 0 <= (n1106 := o.attempt) < 8192 else _long(n1106)), (_P[n1107] if 0 <= (n1107 := o.not_before) < 8192 else _long(n1107)),))
-
-
-def _u1113(v: Any) -> bytes:
-    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := v.encode())) < 8192 else _long(n1116)), s1115,))
+def _e_NodeUpdated1104(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.node_id.encode())) < 8192 else _long(n1108)), s1107, (_b21(a1109) if (a1109 := o.labels) else b"\x00"), (_b27(a1110) if (a1110 := o.taints) else b"\x00"), (_P[n1111] if 0 <= (n1111 := o.evicting) < 8192 else _long(n1111)),))
 
 
 def _u1119(v: Any) -> bytes:
     return b"".join((_k1119, (_P[n1122] if (n1122 := len(s1121 := v.encode())) < 8192 else _long(n1122)), s1121,))
 
 
-def _u1125(v: Any) -> bytes:
-    return b"".join((_k1125, (_b21(a1127) if (a1127 := v) else b"\x00"),))
+def _e_PodRetryScheduled1111(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1112, (_P[n1115] if (n1115 := len(s1114 := o.pod_id.encode())) < 8192 else _long(n1115)), s1114, (_P[n1116] if 0 <= (n1116 := o.attempt) < 8192 else _long(n1116)), (_P[n1117] if 0 <= (n1117 := o.not_before) < 8192 else _long(n1117)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)),))
 
 
-def _e_DisruptionBudgetSet1107(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1108, (_P[n1111] if (n1111 := len(s1110 := o.budget_id.encode())) < 8192 else _long(n1111)), s1110, (_k1116 if (u1112 := o.tenant) is None else _u1113(u1112)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)), (_k1127 if (u1124 := o.label_selector) is None else _u1125(u1124)), (_P[n1129] if 0 <= (n1129 := o.max_unavailable) < 8192 else _long(n1129)),))
+def _u1129(v: Any) -> bytes:
+    return b"".join((_k1129, (_P[n1132] if (n1132 := len(s1131 := v.encode())) < 8192 else _long(n1132)), s1131,))
 
 
-def _e_DisruptionBudgetRemoved1129(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.budget_id.encode())) < 8192 else _long(n1133)), s1132,))
+def _u1135(v: Any) -> bytes:
+    return b"".join((_k1135, (_P[n1138] if (n1138 := len(s1137 := v.encode())) < 8192 else _long(n1138)), s1137,))
 
 
-def _e_EvictionBlocked1133(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1134, (_P[n1137] if (n1137 := len(s1136 := o.pod_id.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.node_id.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.budget_id.encode())) < 8192 else _long(n1141)), s1140, (_P[n1142] if 0 <= (n1142 := o.grace_ms) < 8192 else _long(n1142)), (_P[n1144] if (n1144 := len(s1143 := o.reason.encode())) < 8192 else _long(n1144)), s1143,))
+def _u1141(v: Any) -> bytes:
+    return b"".join((_k1141, (_b21(a1143) if (a1143 := v) else b"\x00"),))
 
 
-def _e_PodEvictionScheduled1144(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := o.pod_id.encode())) < 8192 else _long(n1148)), s1147, (_P[n1150] if (n1150 := len(s1149 := o.node_id.encode())) < 8192 else _long(n1150)), s1149, (_P[n1151] if 0 <= (n1151 := o.at) < 8192 else _long(n1151)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_DisruptionBudgetSet1123(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1124, (_P[n1127] if (n1127 := len(s1126 := o.budget_id.encode())) < 8192 else _long(n1127)), s1126, (_k1132 if (u1128 := o.tenant) is None else _u1129(u1128)), (_k1138 if (u1134 := o.gang_id) is None else _u1135(u1134)), (_k1143 if (u1140 := o.label_selector) is None else _u1141(u1140)), (_P[n1145] if 0 <= (n1145 := o.max_unavailable) < 8192 else _long(n1145)),))
 
 
-def _e_Event605(o: _c_Event) -> bytes:
-    return b"".join((_k606, (_P[n608] if 0 <= (n608 := o.partition) < 8192 else _long(n608)), (_P[n609] if 0 <= (n609 := o.sequence) < 8192 else _long(n609)), (_P[n611] if (n611 := len(s610 := o.cluster.encode())) < 8192 else _long(n611)), s610, (_P[n613] if (n613 := len(s612 := o.command_id.encode())) < 8192 else _long(n613)), s612, (_P[n614] if 0 <= (n614 := o.command_offset) < 8192 else _long(n614)), (_P[n615] if 0 <= (n615 := o.occurred_at) < 8192 else _long(n615)), _k1151[type(u616 := o.payload)](u616),))
+def _e_DisruptionBudgetRemoved1145(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1146, (_P[n1149] if (n1149 := len(s1148 := o.budget_id.encode())) < 8192 else _long(n1149)), s1148,))
 
 
-def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_EvictionBlocked1149(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1150, (_P[n1153] if (n1153 := len(s1152 := o.pod_id.encode())) < 8192 else _long(n1153)), s1152, (_P[n1155] if (n1155 := len(s1154 := o.node_id.encode())) < 8192 else _long(n1155)), s1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156, (_P[n1158] if 0 <= (n1158 := o.grace_ms) < 8192 else _long(n1158)), (_P[n1160] if (n1160 := len(s1159 := o.reason.encode())) < 8192 else _long(n1160)), s1159,))
+
+
+def _e_PodEvictionScheduled1160(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1161, (_P[n1164] if (n1164 := len(s1163 := o.pod_id.encode())) < 8192 else _long(n1164)), s1163, (_P[n1166] if (n1166 := len(s1165 := o.node_id.encode())) < 8192 else _long(n1166)), s1165, (_P[n1167] if 0 <= (n1167 := o.at) < 8192 else _long(n1167)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event609(o: _c_Event) -> bytes:
+    return b"".join((_k610, (_P[n612] if 0 <= (n612 := o.partition) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := o.sequence) < 8192 else _long(n613)), (_P[n615] if (n615 := len(s614 := o.cluster.encode())) < 8192 else _long(n615)), s614, (_P[n617] if (n617 := len(s616 := o.command_id.encode())) < 8192 else _long(n617)), s616, (_P[n618] if 0 <= (n618 := o.command_offset) < 8192 else _long(n618)), (_P[n619] if 0 <= (n619 := o.occurred_at) < 8192 else _long(n619)), _k1167[type(u620 := o.payload)](u620),))
+
+
+def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3778,30 +3808,30 @@ def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1160 = _ZL[buf[pos]]
-    if n1160 < 0:
-        n1160, pos = _rlong(buf, pos)
-        if n1160 < 0:
-            raise _length_error(n1160, end - pos)
+    n1176 = _ZL[buf[pos]]
+    if n1176 < 0:
+        n1176, pos = _rlong(buf, pos)
+        if n1176 < 0:
+            raise _length_error(n1176, end - pos)
     else:
         pos += 1
-    q1161 = pos + n1160
-    if q1161 > end:
-        raise _length_error(n1160, end - pos)
-    f_node_id = buf[pos:q1161].decode()
-    pos = q1161
-    n1162 = _ZL[buf[pos]]
-    if n1162 < 0:
-        n1162, pos = _rlong(buf, pos)
-        if n1162 < 0:
-            raise _length_error(n1162, end - pos)
+    q1177 = pos + n1176
+    if q1177 > end:
+        raise _length_error(n1176, end - pos)
+    f_node_id = buf[pos:q1177].decode()
+    pos = q1177
+    n1178 = _ZL[buf[pos]]
+    if n1178 < 0:
+        n1178, pos = _rlong(buf, pos)
+        if n1178 < 0:
+            raise _length_error(n1178, end - pos)
     else:
         pos += 1
-    q1163 = pos + n1162
-    if q1163 > end:
-        raise _length_error(n1162, end - pos)
-    f_gpu_model = buf[pos:q1163].decode()
-    pos = q1163
+    q1179 = pos + n1178
+    if q1179 > end:
+        raise _length_error(n1178, end - pos)
+    f_gpu_model = buf[pos:q1179].decode()
+    pos = q1179
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3848,113 +3878,113 @@ def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1164: dict[str, Any] = {}
+        acc1180: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1165 = _ZD[b]
+                c1181 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1165 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1165 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1165, pos = _rlong(buf, pos)
-            if c1165 == 0:
+                c1181, pos = _rlong(buf, pos)
+            if c1181 == 0:
                 break
-            if c1165 < 0:
-                c1165 = -c1165
+            if c1181 < 0:
+                c1181 = -c1181
                 b = buf[pos]
                 if b < 128:
-                    z1168 = _ZD[b]
+                    z1184 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1168 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1168 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1168, pos = _rlong(buf, pos)
-            if c1165 * 2 > end - pos:
-                raise _count_error(c1165, end - pos)
-            for _ in range(c1165):
-                n1169 = _ZL[buf[pos]]
-                if n1169 < 0:
-                    n1169, pos = _rlong(buf, pos)
-                    if n1169 < 0:
-                        raise _length_error(n1169, end - pos)
+                    z1184, pos = _rlong(buf, pos)
+            if c1181 * 2 > end - pos:
+                raise _count_error(c1181, end - pos)
+            for _ in range(c1181):
+                n1185 = _ZL[buf[pos]]
+                if n1185 < 0:
+                    n1185, pos = _rlong(buf, pos)
+                    if n1185 < 0:
+                        raise _length_error(n1185, end - pos)
                 else:
                     pos += 1
-                q1170 = pos + n1169
-                if q1170 > end:
-                    raise _length_error(n1169, end - pos)
-                k1167 = buf[pos:q1170].decode()
-                pos = q1170
-                n1171 = _ZL[buf[pos]]
-                if n1171 < 0:
-                    n1171, pos = _rlong(buf, pos)
-                    if n1171 < 0:
-                        raise _length_error(n1171, end - pos)
+                q1186 = pos + n1185
+                if q1186 > end:
+                    raise _length_error(n1185, end - pos)
+                k1183 = buf[pos:q1186].decode()
+                pos = q1186
+                n1187 = _ZL[buf[pos]]
+                if n1187 < 0:
+                    n1187, pos = _rlong(buf, pos)
+                    if n1187 < 0:
+                        raise _length_error(n1187, end - pos)
                 else:
                     pos += 1
-                q1172 = pos + n1171
-                if q1172 > end:
-                    raise _length_error(n1171, end - pos)
-                x1166 = buf[pos:q1172].decode()
-                pos = q1172
-                acc1164[k1167] = x1166
-        f_labels = acc1164
+                q1188 = pos + n1187
+                if q1188 > end:
+                    raise _length_error(n1187, end - pos)
+                x1182 = buf[pos:q1188].decode()
+                pos = q1188
+                acc1180[k1183] = x1182
+        f_labels = acc1180
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1173: list[Any] = []
+        acc1189: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1174 = _ZD[b]
+                c1190 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1174 = (z >> 1) ^ -(z & 1)
+                c1190 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1174 = (z >> 1) ^ -(z & 1)
+                c1190 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1174, pos = _rlong(buf, pos)
-            if c1174 == 0:
+                c1190, pos = _rlong(buf, pos)
+            if c1190 == 0:
                 break
-            if c1174 < 0:
-                c1174 = -c1174
+            if c1190 < 0:
+                c1190 = -c1190
                 b = buf[pos]
                 if b < 128:
-                    z1177 = _ZD[b]
+                    z1193 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1177 = (z >> 1) ^ -(z & 1)
+                    z1193 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1177 = (z >> 1) ^ -(z & 1)
+                    z1193 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1177, pos = _rlong(buf, pos)
-            if c1174 * 3 > end - pos:
-                raise _count_error(c1174, end - pos)
-            for _ in range(c1174):
-                x1175, pos = _d_Taint362(buf, pos, end)
-                acc1173.append(x1175)
-        f_taints = tuple(acc1173)
+                    z1193, pos = _rlong(buf, pos)
+            if c1190 * 3 > end - pos:
+                raise _count_error(c1190, end - pos)
+            for _ in range(c1190):
+                x1191, pos = _d_Taint365(buf, pos, end)
+                acc1189.append(x1191)
+        f_taints = tuple(acc1189)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3973,78 +4003,78 @@ def _d_NodeAdded1158(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1177(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1193(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1179 = _ZL[buf[pos]]
-    if n1179 < 0:
-        n1179, pos = _rlong(buf, pos)
-        if n1179 < 0:
-            raise _length_error(n1179, end - pos)
+    n1195 = _ZL[buf[pos]]
+    if n1195 < 0:
+        n1195, pos = _rlong(buf, pos)
+        if n1195 < 0:
+            raise _length_error(n1195, end - pos)
     else:
         pos += 1
-    q1180 = pos + n1179
-    if q1180 > end:
-        raise _length_error(n1179, end - pos)
-    f_node_id = buf[pos:q1180].decode()
-    pos = q1180
+    q1196 = pos + n1195
+    if q1196 > end:
+        raise _length_error(n1195, end - pos)
+    f_node_id = buf[pos:q1196].decode()
+    pos = q1196
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1180(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1196(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1182 = _ZL[buf[pos]]
-    if n1182 < 0:
-        n1182, pos = _rlong(buf, pos)
-        if n1182 < 0:
-            raise _length_error(n1182, end - pos)
+    n1198 = _ZL[buf[pos]]
+    if n1198 < 0:
+        n1198, pos = _rlong(buf, pos)
+        if n1198 < 0:
+            raise _length_error(n1198, end - pos)
     else:
         pos += 1
-    q1183 = pos + n1182
-    if q1183 > end:
-        raise _length_error(n1182, end - pos)
-    f_node_id = buf[pos:q1183].decode()
-    pos = q1183
+    q1199 = pos + n1198
+    if q1199 > end:
+        raise _length_error(n1198, end - pos)
+    f_node_id = buf[pos:q1199].decode()
+    pos = q1199
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1183(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1199(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1185 = _ZL[buf[pos]]
-    if n1185 < 0:
-        n1185, pos = _rlong(buf, pos)
-        if n1185 < 0:
-            raise _length_error(n1185, end - pos)
+    n1201 = _ZL[buf[pos]]
+    if n1201 < 0:
+        n1201, pos = _rlong(buf, pos)
+        if n1201 < 0:
+            raise _length_error(n1201, end - pos)
     else:
         pos += 1
-    q1186 = pos + n1185
-    if q1186 > end:
-        raise _length_error(n1185, end - pos)
-    f_node_id = buf[pos:q1186].decode()
-    pos = q1186
+    q1202 = pos + n1201
+    if q1202 > end:
+        raise _length_error(n1201, end - pos)
+    f_node_id = buf[pos:q1202].decode()
+    pos = q1202
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1186(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1202(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1188 = _ZL[buf[pos]]
-    if n1188 < 0:
-        n1188, pos = _rlong(buf, pos)
-        if n1188 < 0:
-            raise _length_error(n1188, end - pos)
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
     else:
         pos += 1
-    q1189 = pos + n1188
-    if q1189 > end:
-        raise _length_error(n1188, end - pos)
-    f_node_id = buf[pos:q1189].decode()
-    pos = q1189
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_node_id = buf[pos:q1205].decode()
+    pos = q1205
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4063,34 +4093,34 @@ def _d_NodeDrained1186(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1189(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1205(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1191 = _ZL[buf[pos]]
-    if n1191 < 0:
-        n1191, pos = _rlong(buf, pos)
-        if n1191 < 0:
-            raise _length_error(n1191, end - pos)
+    n1207 = _ZL[buf[pos]]
+    if n1207 < 0:
+        n1207, pos = _rlong(buf, pos)
+        if n1207 < 0:
+            raise _length_error(n1207, end - pos)
     else:
         pos += 1
-    q1192 = pos + n1191
-    if q1192 > end:
-        raise _length_error(n1191, end - pos)
-    f_node_id = buf[pos:q1192].decode()
-    pos = q1192
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+    q1208 = pos + n1207
+    if q1208 > end:
+        raise _length_error(n1207, end - pos)
+    f_node_id = buf[pos:q1208].decode()
+    pos = q1208
+    n1209 = _ZL[buf[pos]]
+    if n1209 < 0:
+        n1209, pos = _rlong(buf, pos)
+        if n1209 < 0:
+            raise _length_error(n1209, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_reason = buf[pos:q1194].decode()
-    pos = q1194
+    q1210 = pos + n1209
+    if q1210 > end:
+        raise _length_error(n1209, end - pos)
+    f_reason = buf[pos:q1210].decode()
+    pos = q1210
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4109,7 +4139,7 @@ def _d_NodeFailed1189(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4131,30 +4161,30 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1197 = _ZL[buf[pos]]
-    if n1197 < 0:
-        n1197, pos = _rlong(buf, pos)
-        if n1197 < 0:
-            raise _length_error(n1197, end - pos)
+    n1213 = _ZL[buf[pos]]
+    if n1213 < 0:
+        n1213, pos = _rlong(buf, pos)
+        if n1213 < 0:
+            raise _length_error(n1213, end - pos)
     else:
         pos += 1
-    q1198 = pos + n1197
-    if q1198 > end:
-        raise _length_error(n1197, end - pos)
-    f_pod_id = buf[pos:q1198].decode()
-    pos = q1198
-    n1199 = _ZL[buf[pos]]
-    if n1199 < 0:
-        n1199, pos = _rlong(buf, pos)
-        if n1199 < 0:
-            raise _length_error(n1199, end - pos)
+    q1214 = pos + n1213
+    if q1214 > end:
+        raise _length_error(n1213, end - pos)
+    f_pod_id = buf[pos:q1214].decode()
+    pos = q1214
+    n1215 = _ZL[buf[pos]]
+    if n1215 < 0:
+        n1215, pos = _rlong(buf, pos)
+        if n1215 < 0:
+            raise _length_error(n1215, end - pos)
     else:
         pos += 1
-    q1200 = pos + n1199
-    if q1200 > end:
-        raise _length_error(n1199, end - pos)
-    f_tenant = buf[pos:q1200].decode()
-    pos = q1200
+    q1216 = pos + n1215
+    if q1216 > end:
+        raise _length_error(n1215, end - pos)
+    f_tenant = buf[pos:q1216].decode()
+    pos = q1216
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4229,128 +4259,6 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1201: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1202 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1202 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1202 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1202, pos = _rlong(buf, pos)
-            if c1202 == 0:
-                break
-            if c1202 < 0:
-                c1202 = -c1202
-                b = buf[pos]
-                if b < 128:
-                    z1205 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1205 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1205 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1205, pos = _rlong(buf, pos)
-            if c1202 * 1 > end - pos:
-                raise _count_error(c1202, end - pos)
-            for _ in range(c1202):
-                n1206 = _ZL[buf[pos]]
-                if n1206 < 0:
-                    n1206, pos = _rlong(buf, pos)
-                    if n1206 < 0:
-                        raise _length_error(n1206, end - pos)
-                else:
-                    pos += 1
-                q1207 = pos + n1206
-                if q1207 > end:
-                    raise _length_error(n1206, end - pos)
-                x1203 = buf[pos:q1207].decode()
-                pos = q1207
-                acc1201.append(x1203)
-        f_gpu_models = tuple(acc1201)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc1208: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1209 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1209 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1209 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1209, pos = _rlong(buf, pos)
-            if c1209 == 0:
-                break
-            if c1209 < 0:
-                c1209 = -c1209
-                b = buf[pos]
-                if b < 128:
-                    z1212 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1212 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1212 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1212, pos = _rlong(buf, pos)
-            if c1209 * 2 > end - pos:
-                raise _count_error(c1209, end - pos)
-            for _ in range(c1209):
-                n1213 = _ZL[buf[pos]]
-                if n1213 < 0:
-                    n1213, pos = _rlong(buf, pos)
-                    if n1213 < 0:
-                        raise _length_error(n1213, end - pos)
-                else:
-                    pos += 1
-                q1214 = pos + n1213
-                if q1214 > end:
-                    raise _length_error(n1213, end - pos)
-                k1211 = buf[pos:q1214].decode()
-                pos = q1214
-                n1215 = _ZL[buf[pos]]
-                if n1215 < 0:
-                    n1215, pos = _rlong(buf, pos)
-                    if n1215 < 0:
-                        raise _length_error(n1215, end - pos)
-                else:
-                    pos += 1
-                q1216 = pos + n1215
-                if q1216 > end:
-                    raise _length_error(n1215, end - pos)
-                x1210 = buf[pos:q1216].decode()
-                pos = q1216
-                acc1208[k1211] = x1210
-        f_node_selector = acc1208
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
         acc1217: list[Any] = []
         while True:
             b = buf[pos]
@@ -4385,12 +4293,134 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
                     pos += 3
                 else:
                     z1221, pos = _rlong(buf, pos)
-            if c1218 * 4 > end - pos:
+            if c1218 * 1 > end - pos:
                 raise _count_error(c1218, end - pos)
             for _ in range(c1218):
-                x1219, pos = _d_Toleration412(buf, pos, end)
+                n1222 = _ZL[buf[pos]]
+                if n1222 < 0:
+                    n1222, pos = _rlong(buf, pos)
+                    if n1222 < 0:
+                        raise _length_error(n1222, end - pos)
+                else:
+                    pos += 1
+                q1223 = pos + n1222
+                if q1223 > end:
+                    raise _length_error(n1222, end - pos)
+                x1219 = buf[pos:q1223].decode()
+                pos = q1223
                 acc1217.append(x1219)
-        f_tolerations = tuple(acc1217)
+        f_gpu_models = tuple(acc1217)
+    if buf[pos] == 0:
+        pos += 1
+        f_node_selector = {}
+    else:
+        acc1224: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1225 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1225 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1225 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1225, pos = _rlong(buf, pos)
+            if c1225 == 0:
+                break
+            if c1225 < 0:
+                c1225 = -c1225
+                b = buf[pos]
+                if b < 128:
+                    z1228 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1228 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1228 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1228, pos = _rlong(buf, pos)
+            if c1225 * 2 > end - pos:
+                raise _count_error(c1225, end - pos)
+            for _ in range(c1225):
+                n1229 = _ZL[buf[pos]]
+                if n1229 < 0:
+                    n1229, pos = _rlong(buf, pos)
+                    if n1229 < 0:
+                        raise _length_error(n1229, end - pos)
+                else:
+                    pos += 1
+                q1230 = pos + n1229
+                if q1230 > end:
+                    raise _length_error(n1229, end - pos)
+                k1227 = buf[pos:q1230].decode()
+                pos = q1230
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
+                else:
+                    pos += 1
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                x1226 = buf[pos:q1232].decode()
+                pos = q1232
+                acc1224[k1227] = x1226
+        f_node_selector = acc1224
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1233: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1234 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1234, pos = _rlong(buf, pos)
+            if c1234 == 0:
+                break
+            if c1234 < 0:
+                c1234 = -c1234
+                b = buf[pos]
+                if b < 128:
+                    z1237 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1237, pos = _rlong(buf, pos)
+            if c1234 * 4 > end - pos:
+                raise _count_error(c1234, end - pos)
+            for _ in range(c1234):
+                x1235, pos = _d_Toleration415(buf, pos, end)
+                acc1233.append(x1235)
+        f_tolerations = tuple(acc1233)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4421,52 +4451,52 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1222 = _ZD[b]
+        i1238 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1222 = (z >> 1) ^ -(z & 1)
+        i1238 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1222 = (z >> 1) ^ -(z & 1)
+        i1238 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1222, pos = _rlong(buf, pos)
-    if i1222 == 0:
+        i1238, pos = _rlong(buf, pos)
+    if i1238 == 0:
         f_gang_id = None
-    elif i1222 == 1:
-        n1223 = _ZL[buf[pos]]
-        if n1223 < 0:
-            n1223, pos = _rlong(buf, pos)
-            if n1223 < 0:
-                raise _length_error(n1223, end - pos)
+    elif i1238 == 1:
+        n1239 = _ZL[buf[pos]]
+        if n1239 < 0:
+            n1239, pos = _rlong(buf, pos)
+            if n1239 < 0:
+                raise _length_error(n1239, end - pos)
         else:
             pos += 1
-        q1224 = pos + n1223
-        if q1224 > end:
-            raise _length_error(n1223, end - pos)
-        f_gang_id = buf[pos:q1224].decode()
-        pos = q1224
+        q1240 = pos + n1239
+        if q1240 > end:
+            raise _length_error(n1239, end - pos)
+        f_gang_id = buf[pos:q1240].decode()
+        pos = q1240
     else:
-        raise _union_error(i1222, 2)
+        raise _union_error(i1238, 2)
     b = buf[pos]
     if b < 128:
-        i1225 = _ZD[b]
+        i1241 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1225 = (z >> 1) ^ -(z & 1)
+        i1241 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1225 = (z >> 1) ^ -(z & 1)
+        i1241 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1225, pos = _rlong(buf, pos)
-    if i1225 == 0:
+        i1241, pos = _rlong(buf, pos)
+    if i1241 == 0:
         f_time_limit_ms = None
-    elif i1225 == 1:
+    elif i1241 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4482,86 +4512,86 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1225, 2)
+        raise _union_error(i1241, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1226: list[Any] = []
+        acc1242: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1227 = _ZD[b]
+                c1243 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1227 = (z >> 1) ^ -(z & 1)
+                c1243 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1227 = (z >> 1) ^ -(z & 1)
+                c1243 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1227, pos = _rlong(buf, pos)
-            if c1227 == 0:
+                c1243, pos = _rlong(buf, pos)
+            if c1243 == 0:
                 break
-            if c1227 < 0:
-                c1227 = -c1227
+            if c1243 < 0:
+                c1243 = -c1243
                 b = buf[pos]
                 if b < 128:
-                    z1230 = _ZD[b]
+                    z1246 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1230 = (z >> 1) ^ -(z & 1)
+                    z1246 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1230 = (z >> 1) ^ -(z & 1)
+                    z1246 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1230, pos = _rlong(buf, pos)
-            if c1227 * 1 > end - pos:
-                raise _count_error(c1227, end - pos)
-            for _ in range(c1227):
-                n1231 = _ZL[buf[pos]]
-                if n1231 < 0:
-                    n1231, pos = _rlong(buf, pos)
-                    if n1231 < 0:
-                        raise _length_error(n1231, end - pos)
+                    z1246, pos = _rlong(buf, pos)
+            if c1243 * 1 > end - pos:
+                raise _count_error(c1243, end - pos)
+            for _ in range(c1243):
+                n1247 = _ZL[buf[pos]]
+                if n1247 < 0:
+                    n1247, pos = _rlong(buf, pos)
+                    if n1247 < 0:
+                        raise _length_error(n1247, end - pos)
                 else:
                     pos += 1
-                q1232 = pos + n1231
-                if q1232 > end:
-                    raise _length_error(n1231, end - pos)
-                x1228 = buf[pos:q1232].decode()
-                pos = q1232
-                acc1226.append(x1228)
-        f_depends_on = tuple(acc1226)
-    n1233 = _ZL[buf[pos]]
-    if n1233 < 0:
-        n1233, pos = _rlong(buf, pos)
-        if n1233 < 0:
-            raise _length_error(n1233, end - pos)
+                q1248 = pos + n1247
+                if q1248 > end:
+                    raise _length_error(n1247, end - pos)
+                x1244 = buf[pos:q1248].decode()
+                pos = q1248
+                acc1242.append(x1244)
+        f_depends_on = tuple(acc1242)
+    n1249 = _ZL[buf[pos]]
+    if n1249 < 0:
+        n1249, pos = _rlong(buf, pos)
+        if n1249 < 0:
+            raise _length_error(n1249, end - pos)
     else:
         pos += 1
-    q1234 = pos + n1233
-    if q1234 > end:
-        raise _length_error(n1233, end - pos)
-    f_dependency = buf[pos:q1234].decode()
-    pos = q1234
-    n1235 = _ZL[buf[pos]]
-    if n1235 < 0:
-        n1235, pos = _rlong(buf, pos)
-        if n1235 < 0:
-            raise _length_error(n1235, end - pos)
+    q1250 = pos + n1249
+    if q1250 > end:
+        raise _length_error(n1249, end - pos)
+    f_dependency = buf[pos:q1250].decode()
+    pos = q1250
+    n1251 = _ZL[buf[pos]]
+    if n1251 < 0:
+        n1251, pos = _rlong(buf, pos)
+        if n1251 < 0:
+            raise _length_error(n1251, end - pos)
     else:
         pos += 1
-    q1236 = pos + n1235
-    if q1236 > end:
-        raise _length_error(n1235, end - pos)
-    f_preemption = buf[pos:q1236].decode()
-    pos = q1236
+    q1252 = pos + n1251
+    if q1252 > end:
+        raise _length_error(n1251, end - pos)
+    f_preemption = buf[pos:q1252].decode()
+    pos = q1252
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4580,46 +4610,46 @@ def _d_PodSpec1195(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1237 = _ZD[b]
+        i1253 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1237 = (z >> 1) ^ -(z & 1)
+        i1253 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1237 = (z >> 1) ^ -(z & 1)
+        i1253 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1237, pos = _rlong(buf, pos)
-    if i1237 == 0:
+        i1253, pos = _rlong(buf, pos)
+    if i1253 == 0:
         f_retry = None
-    elif i1237 == 1:
-        f_retry, pos = _d_Retry434(buf, pos, end)
+    elif i1253 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
     else:
-        raise _union_error(i1237, 2)
+        raise _union_error(i1253, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_QueueReason1242(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1258(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1244 = _ZL[buf[pos]]
-    if n1244 < 0:
-        n1244, pos = _rlong(buf, pos)
-        if n1244 < 0:
-            raise _length_error(n1244, end - pos)
+    n1260 = _ZL[buf[pos]]
+    if n1260 < 0:
+        n1260, pos = _rlong(buf, pos)
+        if n1260 < 0:
+            raise _length_error(n1260, end - pos)
     else:
         pos += 1
-    q1245 = pos + n1244
-    if q1245 > end:
-        raise _length_error(n1244, end - pos)
-    f_code = buf[pos:q1245].decode()
-    pos = q1245
+    q1261 = pos + n1260
+    if q1261 > end:
+        raise _length_error(n1260, end - pos)
+    f_code = buf[pos:q1261].decode()
+    pos = q1261
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4634,134 +4664,134 @@ def _d_QueueReason1242(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1246 = _ZL[buf[pos]]
-    if n1246 < 0:
-        n1246, pos = _rlong(buf, pos)
-        if n1246 < 0:
-            raise _length_error(n1246, end - pos)
+    n1262 = _ZL[buf[pos]]
+    if n1262 < 0:
+        n1262, pos = _rlong(buf, pos)
+        if n1262 < 0:
+            raise _length_error(n1262, end - pos)
     else:
         pos += 1
-    q1247 = pos + n1246
-    if q1247 > end:
-        raise _length_error(n1246, end - pos)
-    f_message = buf[pos:q1247].decode()
-    pos = q1247
+    q1263 = pos + n1262
+    if q1263 > end:
+        raise _length_error(n1262, end - pos)
+    f_message = buf[pos:q1263].decode()
+    pos = q1263
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1194(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1210(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1195(buf, pos, end)
+    f_pod, pos = _d_PodSpec1211(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1238: list[Any] = []
+        acc1254: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1239 = _ZD[b]
+                c1255 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1239 = (z >> 1) ^ -(z & 1)
+                c1255 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1239 = (z >> 1) ^ -(z & 1)
+                c1255 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1239, pos = _rlong(buf, pos)
-            if c1239 == 0:
+                c1255, pos = _rlong(buf, pos)
+            if c1255 == 0:
                 break
-            if c1239 < 0:
-                c1239 = -c1239
+            if c1255 < 0:
+                c1255 = -c1255
                 b = buf[pos]
                 if b < 128:
-                    z1242 = _ZD[b]
+                    z1258 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1242 = (z >> 1) ^ -(z & 1)
+                    z1258 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1242 = (z >> 1) ^ -(z & 1)
+                    z1258 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1242, pos = _rlong(buf, pos)
-            if c1239 * 3 > end - pos:
-                raise _count_error(c1239, end - pos)
-            for _ in range(c1239):
-                x1240, pos = _d_QueueReason1242(buf, pos, end)
-                acc1238.append(x1240)
-        f_reasons = tuple(acc1238)
+                    z1258, pos = _rlong(buf, pos)
+            if c1255 * 3 > end - pos:
+                raise _count_error(c1255, end - pos)
+            for _ in range(c1255):
+                x1256, pos = _d_QueueReason1258(buf, pos, end)
+                acc1254.append(x1256)
+        f_reasons = tuple(acc1254)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1248: list[Any] = []
+        acc1264: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1249 = _ZD[b]
+                c1265 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1265 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1249 = (z >> 1) ^ -(z & 1)
+                c1265 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1249, pos = _rlong(buf, pos)
-            if c1249 == 0:
+                c1265, pos = _rlong(buf, pos)
+            if c1265 == 0:
                 break
-            if c1249 < 0:
-                c1249 = -c1249
+            if c1265 < 0:
+                c1265 = -c1265
                 b = buf[pos]
                 if b < 128:
-                    z1252 = _ZD[b]
+                    z1268 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1268 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1252 = (z >> 1) ^ -(z & 1)
+                    z1268 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1252, pos = _rlong(buf, pos)
-            if c1249 * 1 > end - pos:
-                raise _count_error(c1249, end - pos)
-            for _ in range(c1249):
-                n1253 = _ZL[buf[pos]]
-                if n1253 < 0:
-                    n1253, pos = _rlong(buf, pos)
-                    if n1253 < 0:
-                        raise _length_error(n1253, end - pos)
+                    z1268, pos = _rlong(buf, pos)
+            if c1265 * 1 > end - pos:
+                raise _count_error(c1265, end - pos)
+            for _ in range(c1265):
+                n1269 = _ZL[buf[pos]]
+                if n1269 < 0:
+                    n1269, pos = _rlong(buf, pos)
+                    if n1269 < 0:
+                        raise _length_error(n1269, end - pos)
                 else:
                     pos += 1
-                q1254 = pos + n1253
-                if q1254 > end:
-                    raise _length_error(n1253, end - pos)
-                x1250 = buf[pos:q1254].decode()
-                pos = q1254
-                acc1248.append(x1250)
-        f_waiting_for = tuple(acc1248)
+                q1270 = pos + n1269
+                if q1270 > end:
+                    raise _length_error(n1269, end - pos)
+                x1266 = buf[pos:q1270].decode()
+                pos = q1270
+                acc1264.append(x1266)
+        f_waiting_for = tuple(acc1264)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1262(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1278(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4796,7 +4826,7 @@ def _d_GpuShare1262(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1254(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4804,347 +4834,347 @@ def _d_PodScheduled1254(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1195(buf, pos, end)
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+    f_pod, pos = _d_PodSpec1211(buf, pos, end)
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_node_id = buf[pos:q1257].decode()
-    pos = q1257
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_node_id = buf[pos:q1273].decode()
+    pos = q1273
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1258: list[Any] = []
+        acc1274: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1259 = _ZD[b]
+                c1275 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1259 = (z >> 1) ^ -(z & 1)
+                c1275 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1259 = (z >> 1) ^ -(z & 1)
+                c1275 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1259, pos = _rlong(buf, pos)
-            if c1259 == 0:
+                c1275, pos = _rlong(buf, pos)
+            if c1275 == 0:
                 break
-            if c1259 < 0:
-                c1259 = -c1259
+            if c1275 < 0:
+                c1275 = -c1275
                 b = buf[pos]
                 if b < 128:
-                    z1262 = _ZD[b]
+                    z1278 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1262 = (z >> 1) ^ -(z & 1)
+                    z1278 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1262 = (z >> 1) ^ -(z & 1)
+                    z1278 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1262, pos = _rlong(buf, pos)
-            if c1259 * 2 > end - pos:
-                raise _count_error(c1259, end - pos)
-            for _ in range(c1259):
-                x1260, pos = _d_GpuShare1262(buf, pos, end)
-                acc1258.append(x1260)
-        f_gpus = tuple(acc1258)
-    n1264 = _ZL[buf[pos]]
-    if n1264 < 0:
-        n1264, pos = _rlong(buf, pos)
-        if n1264 < 0:
-            raise _length_error(n1264, end - pos)
+                    z1278, pos = _rlong(buf, pos)
+            if c1275 * 2 > end - pos:
+                raise _count_error(c1275, end - pos)
+            for _ in range(c1275):
+                x1276, pos = _d_GpuShare1278(buf, pos, end)
+                acc1274.append(x1276)
+        f_gpus = tuple(acc1274)
+    n1280 = _ZL[buf[pos]]
+    if n1280 < 0:
+        n1280, pos = _rlong(buf, pos)
+        if n1280 < 0:
+            raise _length_error(n1280, end - pos)
     else:
         pos += 1
-    q1265 = pos + n1264
-    if q1265 > end:
-        raise _length_error(n1264, end - pos)
-    f_policy = buf[pos:q1265].decode()
-    pos = q1265
+    q1281 = pos + n1280
+    if q1281 > end:
+        raise _length_error(n1280, end - pos)
+    f_policy = buf[pos:q1281].decode()
+    pos = q1281
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1266: dict[str, Any] = {}
+        acc1282: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1267 = _ZD[b]
+                c1283 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1267 = (z >> 1) ^ -(z & 1)
+                c1283 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1267 = (z >> 1) ^ -(z & 1)
+                c1283 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1267, pos = _rlong(buf, pos)
-            if c1267 == 0:
+                c1283, pos = _rlong(buf, pos)
+            if c1283 == 0:
                 break
-            if c1267 < 0:
-                c1267 = -c1267
+            if c1283 < 0:
+                c1283 = -c1283
                 b = buf[pos]
                 if b < 128:
-                    z1270 = _ZD[b]
+                    z1286 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1270 = (z >> 1) ^ -(z & 1)
+                    z1286 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1270 = (z >> 1) ^ -(z & 1)
+                    z1286 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1270, pos = _rlong(buf, pos)
-            if c1267 * 9 > end - pos:
-                raise _count_error(c1267, end - pos)
-            for _ in range(c1267):
-                n1271 = _ZL[buf[pos]]
-                if n1271 < 0:
-                    n1271, pos = _rlong(buf, pos)
-                    if n1271 < 0:
-                        raise _length_error(n1271, end - pos)
+                    z1286, pos = _rlong(buf, pos)
+            if c1283 * 9 > end - pos:
+                raise _count_error(c1283, end - pos)
+            for _ in range(c1283):
+                n1287 = _ZL[buf[pos]]
+                if n1287 < 0:
+                    n1287, pos = _rlong(buf, pos)
+                    if n1287 < 0:
+                        raise _length_error(n1287, end - pos)
                 else:
                     pos += 1
-                q1272 = pos + n1271
-                if q1272 > end:
-                    raise _length_error(n1271, end - pos)
-                k1269 = buf[pos:q1272].decode()
-                pos = q1272
-                x1268, = _unpack_d(buf, pos)
+                q1288 = pos + n1287
+                if q1288 > end:
+                    raise _length_error(n1287, end - pos)
+                k1285 = buf[pos:q1288].decode()
+                pos = q1288
+                x1284, = _unpack_d(buf, pos)
                 pos += 8
-                acc1266[k1269] = x1268
-        f_scores = acc1266
+                acc1282[k1285] = x1284
+        f_scores = acc1282
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1273: list[Any] = []
+        acc1289: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1274 = _ZD[b]
+                c1290 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1274 = (z >> 1) ^ -(z & 1)
+                c1290 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1274 = (z >> 1) ^ -(z & 1)
+                c1290 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1274, pos = _rlong(buf, pos)
-            if c1274 == 0:
+                c1290, pos = _rlong(buf, pos)
+            if c1290 == 0:
                 break
-            if c1274 < 0:
-                c1274 = -c1274
+            if c1290 < 0:
+                c1290 = -c1290
                 b = buf[pos]
                 if b < 128:
-                    z1277 = _ZD[b]
+                    z1293 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1277 = (z >> 1) ^ -(z & 1)
+                    z1293 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1277 = (z >> 1) ^ -(z & 1)
+                    z1293 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1277, pos = _rlong(buf, pos)
-            if c1274 * 1 > end - pos:
-                raise _count_error(c1274, end - pos)
-            for _ in range(c1274):
-                n1278 = _ZL[buf[pos]]
-                if n1278 < 0:
-                    n1278, pos = _rlong(buf, pos)
-                    if n1278 < 0:
-                        raise _length_error(n1278, end - pos)
+                    z1293, pos = _rlong(buf, pos)
+            if c1290 * 1 > end - pos:
+                raise _count_error(c1290, end - pos)
+            for _ in range(c1290):
+                n1294 = _ZL[buf[pos]]
+                if n1294 < 0:
+                    n1294, pos = _rlong(buf, pos)
+                    if n1294 < 0:
+                        raise _length_error(n1294, end - pos)
                 else:
                     pos += 1
-                q1279 = pos + n1278
-                if q1279 > end:
-                    raise _length_error(n1278, end - pos)
-                x1275 = buf[pos:q1279].decode()
-                pos = q1279
-                acc1273.append(x1275)
-        f_preempted = tuple(acc1273)
+                q1295 = pos + n1294
+                if q1295 > end:
+                    raise _length_error(n1294, end - pos)
+                x1291 = buf[pos:q1295].decode()
+                pos = q1295
+                acc1289.append(x1291)
+        f_preempted = tuple(acc1289)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1279(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1295(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1281 = _ZL[buf[pos]]
-    if n1281 < 0:
-        n1281, pos = _rlong(buf, pos)
-        if n1281 < 0:
-            raise _length_error(n1281, end - pos)
+    n1297 = _ZL[buf[pos]]
+    if n1297 < 0:
+        n1297, pos = _rlong(buf, pos)
+        if n1297 < 0:
+            raise _length_error(n1297, end - pos)
     else:
         pos += 1
-    q1282 = pos + n1281
-    if q1282 > end:
-        raise _length_error(n1281, end - pos)
-    f_pod_id = buf[pos:q1282].decode()
-    pos = q1282
-    n1283 = _ZL[buf[pos]]
-    if n1283 < 0:
-        n1283, pos = _rlong(buf, pos)
-        if n1283 < 0:
-            raise _length_error(n1283, end - pos)
+    q1298 = pos + n1297
+    if q1298 > end:
+        raise _length_error(n1297, end - pos)
+    f_pod_id = buf[pos:q1298].decode()
+    pos = q1298
+    n1299 = _ZL[buf[pos]]
+    if n1299 < 0:
+        n1299, pos = _rlong(buf, pos)
+        if n1299 < 0:
+            raise _length_error(n1299, end - pos)
     else:
         pos += 1
-    q1284 = pos + n1283
-    if q1284 > end:
-        raise _length_error(n1283, end - pos)
-    f_node_id = buf[pos:q1284].decode()
-    pos = q1284
-    n1285 = _ZL[buf[pos]]
-    if n1285 < 0:
-        n1285, pos = _rlong(buf, pos)
-        if n1285 < 0:
-            raise _length_error(n1285, end - pos)
+    q1300 = pos + n1299
+    if q1300 > end:
+        raise _length_error(n1299, end - pos)
+    f_node_id = buf[pos:q1300].decode()
+    pos = q1300
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
     else:
         pos += 1
-    q1286 = pos + n1285
-    if q1286 > end:
-        raise _length_error(n1285, end - pos)
-    f_reason = buf[pos:q1286].decode()
-    pos = q1286
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_reason = buf[pos:q1302].decode()
+    pos = q1302
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1286(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
     else:
         pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_pod_id = buf[pos:q1289].decode()
-    pos = q1289
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_pod_id = buf[pos:q1305].decode()
+    pos = q1305
     b = buf[pos]
     if b < 128:
-        i1290 = _ZD[b]
+        i1306 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1290 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1290 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1290, pos = _rlong(buf, pos)
-    if i1290 == 0:
+        i1306, pos = _rlong(buf, pos)
+    if i1306 == 0:
         f_node_id = None
-    elif i1290 == 1:
-        n1291 = _ZL[buf[pos]]
-        if n1291 < 0:
-            n1291, pos = _rlong(buf, pos)
-            if n1291 < 0:
-                raise _length_error(n1291, end - pos)
+    elif i1306 == 1:
+        n1307 = _ZL[buf[pos]]
+        if n1307 < 0:
+            n1307, pos = _rlong(buf, pos)
+            if n1307 < 0:
+                raise _length_error(n1307, end - pos)
         else:
             pos += 1
-        q1292 = pos + n1291
-        if q1292 > end:
-            raise _length_error(n1291, end - pos)
-        f_node_id = buf[pos:q1292].decode()
-        pos = q1292
+        q1308 = pos + n1307
+        if q1308 > end:
+            raise _length_error(n1307, end - pos)
+        f_node_id = buf[pos:q1308].decode()
+        pos = q1308
     else:
-        raise _union_error(i1290, 2)
-    n1293 = _ZL[buf[pos]]
-    if n1293 < 0:
-        n1293, pos = _rlong(buf, pos)
-        if n1293 < 0:
-            raise _length_error(n1293, end - pos)
+        raise _union_error(i1306, 2)
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
     else:
         pos += 1
-    q1294 = pos + n1293
-    if q1294 > end:
-        raise _length_error(n1293, end - pos)
-    f_reason = buf[pos:q1294].decode()
-    pos = q1294
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_reason = buf[pos:q1310].decode()
+    pos = q1310
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1296 = _ZL[buf[pos]]
-    if n1296 < 0:
-        n1296, pos = _rlong(buf, pos)
-        if n1296 < 0:
-            raise _length_error(n1296, end - pos)
+    n1312 = _ZL[buf[pos]]
+    if n1312 < 0:
+        n1312, pos = _rlong(buf, pos)
+        if n1312 < 0:
+            raise _length_error(n1312, end - pos)
     else:
         pos += 1
-    q1297 = pos + n1296
-    if q1297 > end:
-        raise _length_error(n1296, end - pos)
-    f_policy = buf[pos:q1297].decode()
-    pos = q1297
-    n1298 = _ZL[buf[pos]]
-    if n1298 < 0:
-        n1298, pos = _rlong(buf, pos)
-        if n1298 < 0:
-            raise _length_error(n1298, end - pos)
+    q1313 = pos + n1312
+    if q1313 > end:
+        raise _length_error(n1312, end - pos)
+    f_policy = buf[pos:q1313].decode()
+    pos = q1313
+    n1314 = _ZL[buf[pos]]
+    if n1314 < 0:
+        n1314, pos = _rlong(buf, pos)
+        if n1314 < 0:
+            raise _length_error(n1314, end - pos)
     else:
         pos += 1
-    q1299 = pos + n1298
-    if q1299 > end:
-        raise _length_error(n1298, end - pos)
-    f_previous = buf[pos:q1299].decode()
-    pos = q1299
+    q1315 = pos + n1314
+    if q1315 > end:
+        raise _length_error(n1314, end - pos)
+    f_previous = buf[pos:q1315].decode()
+    pos = q1315
     b = buf[pos]
     if b < 128:
-        i1300 = _ZD[b]
+        i1316 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1316 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1300 = (z >> 1) ^ -(z & 1)
+        i1316 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1300, pos = _rlong(buf, pos)
-    if i1300 == 0:
+        i1316, pos = _rlong(buf, pos)
+    if i1316 == 0:
         f_reserve_after_ms = None
-    elif i1300 == 1:
+    elif i1316 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5160,36 +5190,36 @@ def _d_PolicyChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1300, 2)
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+        raise _union_error(i1316, 2)
+    n1317 = _ZL[buf[pos]]
+    if n1317 < 0:
+        n1317, pos = _rlong(buf, pos)
+        if n1317 < 0:
+            raise _length_error(n1317, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_queue_order = buf[pos:q1302].decode()
-    pos = q1302
+    q1318 = pos + n1317
+    if q1318 > end:
+        raise _length_error(n1317, end - pos)
+    f_queue_order = buf[pos:q1318].decode()
+    pos = q1318
     b = buf[pos]
     if b < 128:
-        i1303 = _ZD[b]
+        i1319 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1319 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1319 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1303, pos = _rlong(buf, pos)
-    if i1303 == 0:
+        i1319, pos = _rlong(buf, pos)
+    if i1319 == 0:
         f_max_clock_jump_ms = None
-    elif i1303 == 1:
+    elif i1319 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5205,69 +5235,69 @@ def _d_PolicyChanged1294(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1303, 2)
+        raise _union_error(i1319, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1303(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1319(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1305 = _ZL[buf[pos]]
-    if n1305 < 0:
-        n1305, pos = _rlong(buf, pos)
-        if n1305 < 0:
-            raise _length_error(n1305, end - pos)
+    n1321 = _ZL[buf[pos]]
+    if n1321 < 0:
+        n1321, pos = _rlong(buf, pos)
+        if n1321 < 0:
+            raise _length_error(n1321, end - pos)
     else:
         pos += 1
-    q1306 = pos + n1305
-    if q1306 > end:
-        raise _length_error(n1305, end - pos)
-    f_command_id = buf[pos:q1306].decode()
-    pos = q1306
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
+    q1322 = pos + n1321
+    if q1322 > end:
+        raise _length_error(n1321, end - pos)
+    f_command_id = buf[pos:q1322].decode()
+    pos = q1322
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_command_type = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_command_type = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_code = buf[pos:q1310].decode()
-    pos = q1310
-    n1311 = _ZL[buf[pos]]
-    if n1311 < 0:
-        n1311, pos = _rlong(buf, pos)
-        if n1311 < 0:
-            raise _length_error(n1311, end - pos)
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_code = buf[pos:q1326].decode()
+    pos = q1326
+    n1327 = _ZL[buf[pos]]
+    if n1327 < 0:
+        n1327, pos = _rlong(buf, pos)
+        if n1327 < 0:
+            raise _length_error(n1327, end - pos)
     else:
         pos += 1
-    q1312 = pos + n1311
-    if q1312 > end:
-        raise _length_error(n1311, end - pos)
-    f_message = buf[pos:q1312].decode()
-    pos = q1312
+    q1328 = pos + n1327
+    if q1328 > end:
+        raise _length_error(n1327, end - pos)
+    f_message = buf[pos:q1328].decode()
+    pos = q1328
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5282,32 +5312,33 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
+    f_retry: Any
     f_queued_at: Any
     f_preemptible: bool
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
+    n1338 = _ZL[buf[pos]]
+    if n1338 < 0:
+        n1338, pos = _rlong(buf, pos)
+        if n1338 < 0:
+            raise _length_error(n1338, end - pos)
     else:
         pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_gang_id = buf[pos:q1323].decode()
-    pos = q1323
-    n1324 = _ZL[buf[pos]]
-    if n1324 < 0:
-        n1324, pos = _rlong(buf, pos)
-        if n1324 < 0:
-            raise _length_error(n1324, end - pos)
+    q1339 = pos + n1338
+    if q1339 > end:
+        raise _length_error(n1338, end - pos)
+    f_gang_id = buf[pos:q1339].decode()
+    pos = q1339
+    n1340 = _ZL[buf[pos]]
+    if n1340 < 0:
+        n1340, pos = _rlong(buf, pos)
+        if n1340 < 0:
+            raise _length_error(n1340, end - pos)
     else:
         pos += 1
-    q1325 = pos + n1324
-    if q1325 > end:
-        raise _length_error(n1324, end - pos)
-    f_tenant = buf[pos:q1325].decode()
-    pos = q1325
+    q1341 = pos + n1340
+    if q1341 > end:
+        raise _length_error(n1340, end - pos)
+    f_tenant = buf[pos:q1341].decode()
+    pos = q1341
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5326,46 +5357,46 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1326: list[Any] = []
+        acc1342: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1327 = _ZD[b]
+                c1343 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1327 = (z >> 1) ^ -(z & 1)
+                c1343 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1327 = (z >> 1) ^ -(z & 1)
+                c1343 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1327, pos = _rlong(buf, pos)
-            if c1327 == 0:
+                c1343, pos = _rlong(buf, pos)
+            if c1343 == 0:
                 break
-            if c1327 < 0:
-                c1327 = -c1327
+            if c1343 < 0:
+                c1343 = -c1343
                 b = buf[pos]
                 if b < 128:
-                    z1330 = _ZD[b]
+                    z1346 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1330 = (z >> 1) ^ -(z & 1)
+                    z1346 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1330 = (z >> 1) ^ -(z & 1)
+                    z1346 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1330, pos = _rlong(buf, pos)
-            if c1327 * 21 > end - pos:
-                raise _count_error(c1327, end - pos)
-            for _ in range(c1327):
-                x1328, pos = _d_PodSpec1195(buf, pos, end)
-                acc1326.append(x1328)
-        f_members = tuple(acc1326)
+                    z1346, pos = _rlong(buf, pos)
+            if c1343 * 21 > end - pos:
+                raise _count_error(c1343, end - pos)
+            for _ in range(c1343):
+                x1344, pos = _d_PodSpec1211(buf, pos, end)
+                acc1342.append(x1344)
+        f_members = tuple(acc1342)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5382,83 +5413,83 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1331 = _ZD[b]
+        i1347 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1331 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1331, pos = _rlong(buf, pos)
-    if i1331 == 0:
+        i1347, pos = _rlong(buf, pos)
+    if i1347 == 0:
         f_topology_required = None
-    elif i1331 == 1:
-        n1332 = _ZL[buf[pos]]
-        if n1332 < 0:
-            n1332, pos = _rlong(buf, pos)
-            if n1332 < 0:
-                raise _length_error(n1332, end - pos)
+    elif i1347 == 1:
+        n1348 = _ZL[buf[pos]]
+        if n1348 < 0:
+            n1348, pos = _rlong(buf, pos)
+            if n1348 < 0:
+                raise _length_error(n1348, end - pos)
         else:
             pos += 1
-        q1333 = pos + n1332
-        if q1333 > end:
-            raise _length_error(n1332, end - pos)
-        f_topology_required = buf[pos:q1333].decode()
-        pos = q1333
+        q1349 = pos + n1348
+        if q1349 > end:
+            raise _length_error(n1348, end - pos)
+        f_topology_required = buf[pos:q1349].decode()
+        pos = q1349
     else:
-        raise _union_error(i1331, 2)
+        raise _union_error(i1347, 2)
     b = buf[pos]
     if b < 128:
-        i1334 = _ZD[b]
+        i1350 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1334 = (z >> 1) ^ -(z & 1)
+        i1350 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1334 = (z >> 1) ^ -(z & 1)
+        i1350 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1334, pos = _rlong(buf, pos)
-    if i1334 == 0:
+        i1350, pos = _rlong(buf, pos)
+    if i1350 == 0:
         f_topology_preferred = None
-    elif i1334 == 1:
-        n1335 = _ZL[buf[pos]]
-        if n1335 < 0:
-            n1335, pos = _rlong(buf, pos)
-            if n1335 < 0:
-                raise _length_error(n1335, end - pos)
+    elif i1350 == 1:
+        n1351 = _ZL[buf[pos]]
+        if n1351 < 0:
+            n1351, pos = _rlong(buf, pos)
+            if n1351 < 0:
+                raise _length_error(n1351, end - pos)
         else:
             pos += 1
-        q1336 = pos + n1335
-        if q1336 > end:
-            raise _length_error(n1335, end - pos)
-        f_topology_preferred = buf[pos:q1336].decode()
-        pos = q1336
+        q1352 = pos + n1351
+        if q1352 > end:
+            raise _length_error(n1351, end - pos)
+        f_topology_preferred = buf[pos:q1352].decode()
+        pos = q1352
     else:
-        raise _union_error(i1334, 2)
+        raise _union_error(i1350, 2)
     b = buf[pos]
     if b < 128:
-        i1337 = _ZD[b]
+        i1353 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1337 = (z >> 1) ^ -(z & 1)
+        i1353 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1337 = (z >> 1) ^ -(z & 1)
+        i1353 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1337, pos = _rlong(buf, pos)
-    if i1337 == 0:
+        i1353, pos = _rlong(buf, pos)
+    if i1353 == 0:
         f_timeout_ms = None
-    elif i1337 == 1:
+    elif i1353 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5474,24 +5505,24 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1337, 2)
+        raise _union_error(i1353, 2)
     b = buf[pos]
     if b < 128:
-        i1338 = _ZD[b]
+        i1354 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1354 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1354 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1338, pos = _rlong(buf, pos)
-    if i1338 == 0:
+        i1354, pos = _rlong(buf, pos)
+    if i1354 == 0:
         f_time_limit_ms = None
-    elif i1338 == 1:
+    elif i1354 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5507,74 +5538,74 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1338, 2)
+        raise _union_error(i1354, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1339: list[Any] = []
+        acc1355: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1340 = _ZD[b]
+                c1356 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1340 = (z >> 1) ^ -(z & 1)
+                c1356 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1340 = (z >> 1) ^ -(z & 1)
+                c1356 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1340, pos = _rlong(buf, pos)
-            if c1340 == 0:
+                c1356, pos = _rlong(buf, pos)
+            if c1356 == 0:
                 break
-            if c1340 < 0:
-                c1340 = -c1340
+            if c1356 < 0:
+                c1356 = -c1356
                 b = buf[pos]
                 if b < 128:
-                    z1343 = _ZD[b]
+                    z1359 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1343 = (z >> 1) ^ -(z & 1)
+                    z1359 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1343 = (z >> 1) ^ -(z & 1)
+                    z1359 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1343, pos = _rlong(buf, pos)
-            if c1340 * 1 > end - pos:
-                raise _count_error(c1340, end - pos)
-            for _ in range(c1340):
-                n1344 = _ZL[buf[pos]]
-                if n1344 < 0:
-                    n1344, pos = _rlong(buf, pos)
-                    if n1344 < 0:
-                        raise _length_error(n1344, end - pos)
+                    z1359, pos = _rlong(buf, pos)
+            if c1356 * 1 > end - pos:
+                raise _count_error(c1356, end - pos)
+            for _ in range(c1356):
+                n1360 = _ZL[buf[pos]]
+                if n1360 < 0:
+                    n1360, pos = _rlong(buf, pos)
+                    if n1360 < 0:
+                        raise _length_error(n1360, end - pos)
                 else:
                     pos += 1
-                q1345 = pos + n1344
-                if q1345 > end:
-                    raise _length_error(n1344, end - pos)
-                x1341 = buf[pos:q1345].decode()
-                pos = q1345
-                acc1339.append(x1341)
-        f_depends_on = tuple(acc1339)
-    n1346 = _ZL[buf[pos]]
-    if n1346 < 0:
-        n1346, pos = _rlong(buf, pos)
-        if n1346 < 0:
-            raise _length_error(n1346, end - pos)
+                q1361 = pos + n1360
+                if q1361 > end:
+                    raise _length_error(n1360, end - pos)
+                x1357 = buf[pos:q1361].decode()
+                pos = q1361
+                acc1355.append(x1357)
+        f_depends_on = tuple(acc1355)
+    n1362 = _ZL[buf[pos]]
+    if n1362 < 0:
+        n1362, pos = _rlong(buf, pos)
+        if n1362 < 0:
+            raise _length_error(n1362, end - pos)
     else:
         pos += 1
-    q1347 = pos + n1346
-    if q1347 > end:
-        raise _length_error(n1346, end - pos)
-    f_dependency = buf[pos:q1347].decode()
-    pos = q1347
+    q1363 = pos + n1362
+    if q1363 > end:
+        raise _length_error(n1362, end - pos)
+    f_dependency = buf[pos:q1363].decode()
+    pos = q1363
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5603,35 +5634,55 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1348 = _ZL[buf[pos]]
-    if n1348 < 0:
-        n1348, pos = _rlong(buf, pos)
-        if n1348 < 0:
-            raise _length_error(n1348, end - pos)
+    n1364 = _ZL[buf[pos]]
+    if n1364 < 0:
+        n1364, pos = _rlong(buf, pos)
+        if n1364 < 0:
+            raise _length_error(n1364, end - pos)
     else:
         pos += 1
-    q1349 = pos + n1348
-    if q1349 > end:
-        raise _length_error(n1348, end - pos)
-    f_preemption = buf[pos:q1349].decode()
-    pos = q1349
+    q1365 = pos + n1364
+    if q1365 > end:
+        raise _length_error(n1364, end - pos)
+    f_preemption = buf[pos:q1365].decode()
+    pos = q1365
     b = buf[pos]
     if b < 128:
-        i1350 = _ZD[b]
+        i1366 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1350 = (z >> 1) ^ -(z & 1)
+        i1366 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1350 = (z >> 1) ^ -(z & 1)
+        i1366 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1350, pos = _rlong(buf, pos)
-    if i1350 == 0:
+        i1366, pos = _rlong(buf, pos)
+    if i1366 == 0:
+        f_retry = None
+    elif i1366 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
+    else:
+        raise _union_error(i1366, 2)
+    b = buf[pos]
+    if b < 128:
+        i1367 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1367 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1367 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1367, pos = _rlong(buf, pos)
+    if i1367 == 0:
         f_queued_at = None
-    elif i1350 == 1:
+    elif i1367 == 1:
         b = buf[pos]
         if b < 128:
             f_queued_at = _ZD[b]
@@ -5647,214 +5698,214 @@ def _d_GangSpec1320(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_queued_at, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1350, 2)
+        raise _union_error(i1367, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_queued_at, f_preemptible)
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible)
     return o, pos
 
 
-def _d_GangQueued1312(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1328(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1314 = _ZL[buf[pos]]
-    if n1314 < 0:
-        n1314, pos = _rlong(buf, pos)
-        if n1314 < 0:
-            raise _length_error(n1314, end - pos)
+    n1330 = _ZL[buf[pos]]
+    if n1330 < 0:
+        n1330, pos = _rlong(buf, pos)
+        if n1330 < 0:
+            raise _length_error(n1330, end - pos)
     else:
         pos += 1
-    q1315 = pos + n1314
-    if q1315 > end:
-        raise _length_error(n1314, end - pos)
-    f_gang_id = buf[pos:q1315].decode()
-    pos = q1315
+    q1331 = pos + n1330
+    if q1331 > end:
+        raise _length_error(n1330, end - pos)
+    f_gang_id = buf[pos:q1331].decode()
+    pos = q1331
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1316: list[Any] = []
+        acc1332: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1317 = _ZD[b]
+                c1333 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1317 = (z >> 1) ^ -(z & 1)
+                c1333 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1317 = (z >> 1) ^ -(z & 1)
+                c1333 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1317, pos = _rlong(buf, pos)
-            if c1317 == 0:
+                c1333, pos = _rlong(buf, pos)
+            if c1333 == 0:
                 break
-            if c1317 < 0:
-                c1317 = -c1317
+            if c1333 < 0:
+                c1333 = -c1333
                 b = buf[pos]
                 if b < 128:
-                    z1320 = _ZD[b]
+                    z1336 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1320 = (z >> 1) ^ -(z & 1)
+                    z1336 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1320 = (z >> 1) ^ -(z & 1)
+                    z1336 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1320, pos = _rlong(buf, pos)
-            if c1317 * 3 > end - pos:
-                raise _count_error(c1317, end - pos)
-            for _ in range(c1317):
-                x1318, pos = _d_QueueReason1242(buf, pos, end)
-                acc1316.append(x1318)
-        f_reasons = tuple(acc1316)
-    f_gang, pos = _d_GangSpec1320(buf, pos, end)
+                    z1336, pos = _rlong(buf, pos)
+            if c1333 * 3 > end - pos:
+                raise _count_error(c1333, end - pos)
+            for _ in range(c1333):
+                x1334, pos = _d_QueueReason1258(buf, pos, end)
+                acc1332.append(x1334)
+        f_reasons = tuple(acc1332)
+    f_gang, pos = _d_GangSpec1336(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1351: list[Any] = []
+        acc1368: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1352 = _ZD[b]
+                c1369 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1352 = (z >> 1) ^ -(z & 1)
+                c1369 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1352 = (z >> 1) ^ -(z & 1)
+                c1369 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1352, pos = _rlong(buf, pos)
-            if c1352 == 0:
+                c1369, pos = _rlong(buf, pos)
+            if c1369 == 0:
                 break
-            if c1352 < 0:
-                c1352 = -c1352
+            if c1369 < 0:
+                c1369 = -c1369
                 b = buf[pos]
                 if b < 128:
-                    z1355 = _ZD[b]
+                    z1372 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1355 = (z >> 1) ^ -(z & 1)
+                    z1372 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1355 = (z >> 1) ^ -(z & 1)
+                    z1372 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1355, pos = _rlong(buf, pos)
-            if c1352 * 1 > end - pos:
-                raise _count_error(c1352, end - pos)
-            for _ in range(c1352):
-                n1356 = _ZL[buf[pos]]
-                if n1356 < 0:
-                    n1356, pos = _rlong(buf, pos)
-                    if n1356 < 0:
-                        raise _length_error(n1356, end - pos)
+                    z1372, pos = _rlong(buf, pos)
+            if c1369 * 1 > end - pos:
+                raise _count_error(c1369, end - pos)
+            for _ in range(c1369):
+                n1373 = _ZL[buf[pos]]
+                if n1373 < 0:
+                    n1373, pos = _rlong(buf, pos)
+                    if n1373 < 0:
+                        raise _length_error(n1373, end - pos)
                 else:
                     pos += 1
-                q1357 = pos + n1356
-                if q1357 > end:
-                    raise _length_error(n1356, end - pos)
-                x1353 = buf[pos:q1357].decode()
-                pos = q1357
-                acc1351.append(x1353)
-        f_waiting_for = tuple(acc1351)
+                q1374 = pos + n1373
+                if q1374 > end:
+                    raise _length_error(n1373, end - pos)
+                x1370 = buf[pos:q1374].decode()
+                pos = q1374
+                acc1368.append(x1370)
+        f_waiting_for = tuple(acc1368)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1365(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1382(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1367 = _ZL[buf[pos]]
-    if n1367 < 0:
-        n1367, pos = _rlong(buf, pos)
-        if n1367 < 0:
-            raise _length_error(n1367, end - pos)
+    n1384 = _ZL[buf[pos]]
+    if n1384 < 0:
+        n1384, pos = _rlong(buf, pos)
+        if n1384 < 0:
+            raise _length_error(n1384, end - pos)
     else:
         pos += 1
-    q1368 = pos + n1367
-    if q1368 > end:
-        raise _length_error(n1367, end - pos)
-    f_pod_id = buf[pos:q1368].decode()
-    pos = q1368
-    n1369 = _ZL[buf[pos]]
-    if n1369 < 0:
-        n1369, pos = _rlong(buf, pos)
-        if n1369 < 0:
-            raise _length_error(n1369, end - pos)
+    q1385 = pos + n1384
+    if q1385 > end:
+        raise _length_error(n1384, end - pos)
+    f_pod_id = buf[pos:q1385].decode()
+    pos = q1385
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
     else:
         pos += 1
-    q1370 = pos + n1369
-    if q1370 > end:
-        raise _length_error(n1369, end - pos)
-    f_node_id = buf[pos:q1370].decode()
-    pos = q1370
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_node_id = buf[pos:q1387].decode()
+    pos = q1387
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1371: list[Any] = []
+        acc1388: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1372 = _ZD[b]
+                c1389 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1372 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1372 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1372, pos = _rlong(buf, pos)
-            if c1372 == 0:
+                c1389, pos = _rlong(buf, pos)
+            if c1389 == 0:
                 break
-            if c1372 < 0:
-                c1372 = -c1372
+            if c1389 < 0:
+                c1389 = -c1389
                 b = buf[pos]
                 if b < 128:
-                    z1375 = _ZD[b]
+                    z1392 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1375 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1375 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1375, pos = _rlong(buf, pos)
-            if c1372 * 2 > end - pos:
-                raise _count_error(c1372, end - pos)
-            for _ in range(c1372):
-                x1373, pos = _d_GpuShare1262(buf, pos, end)
-                acc1371.append(x1373)
-        f_gpus = tuple(acc1371)
+                    z1392, pos = _rlong(buf, pos)
+            if c1389 * 2 > end - pos:
+                raise _count_error(c1389, end - pos)
+            for _ in range(c1389):
+                x1390, pos = _d_GpuShare1278(buf, pos, end)
+                acc1388.append(x1390)
+        f_gpus = tuple(acc1388)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1357(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1374(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5863,261 +5914,127 @@ def _d_GangScheduled1357(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1359 = _ZL[buf[pos]]
-    if n1359 < 0:
-        n1359, pos = _rlong(buf, pos)
-        if n1359 < 0:
-            raise _length_error(n1359, end - pos)
+    n1376 = _ZL[buf[pos]]
+    if n1376 < 0:
+        n1376, pos = _rlong(buf, pos)
+        if n1376 < 0:
+            raise _length_error(n1376, end - pos)
     else:
         pos += 1
-    q1360 = pos + n1359
-    if q1360 > end:
-        raise _length_error(n1359, end - pos)
-    f_gang_id = buf[pos:q1360].decode()
-    pos = q1360
+    q1377 = pos + n1376
+    if q1377 > end:
+        raise _length_error(n1376, end - pos)
+    f_gang_id = buf[pos:q1377].decode()
+    pos = q1377
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1361: list[Any] = []
+        acc1378: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1362 = _ZD[b]
+                c1379 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1379 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1362 = (z >> 1) ^ -(z & 1)
+                c1379 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1362, pos = _rlong(buf, pos)
-            if c1362 == 0:
+                c1379, pos = _rlong(buf, pos)
+            if c1379 == 0:
                 break
-            if c1362 < 0:
-                c1362 = -c1362
+            if c1379 < 0:
+                c1379 = -c1379
                 b = buf[pos]
                 if b < 128:
-                    z1365 = _ZD[b]
+                    z1382 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1382 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1365 = (z >> 1) ^ -(z & 1)
+                    z1382 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1365, pos = _rlong(buf, pos)
-            if c1362 * 3 > end - pos:
-                raise _count_error(c1362, end - pos)
-            for _ in range(c1362):
-                x1363, pos = _d_MemberPlacement1365(buf, pos, end)
-                acc1361.append(x1363)
-        f_members = tuple(acc1361)
-    f_gang, pos = _d_GangSpec1320(buf, pos, end)
+                    z1382, pos = _rlong(buf, pos)
+            if c1379 * 3 > end - pos:
+                raise _count_error(c1379, end - pos)
+            for _ in range(c1379):
+                x1380, pos = _d_MemberPlacement1382(buf, pos, end)
+                acc1378.append(x1380)
+        f_members = tuple(acc1378)
+    f_gang, pos = _d_GangSpec1336(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1376 = _ZD[b]
+        i1393 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1376 = (z >> 1) ^ -(z & 1)
+        i1393 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1376 = (z >> 1) ^ -(z & 1)
+        i1393 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1376, pos = _rlong(buf, pos)
-    if i1376 == 0:
+        i1393, pos = _rlong(buf, pos)
+    if i1393 == 0:
         f_topology_key = None
-    elif i1376 == 1:
-        n1377 = _ZL[buf[pos]]
-        if n1377 < 0:
-            n1377, pos = _rlong(buf, pos)
-            if n1377 < 0:
-                raise _length_error(n1377, end - pos)
+    elif i1393 == 1:
+        n1394 = _ZL[buf[pos]]
+        if n1394 < 0:
+            n1394, pos = _rlong(buf, pos)
+            if n1394 < 0:
+                raise _length_error(n1394, end - pos)
         else:
             pos += 1
-        q1378 = pos + n1377
-        if q1378 > end:
-            raise _length_error(n1377, end - pos)
-        f_topology_key = buf[pos:q1378].decode()
-        pos = q1378
+        q1395 = pos + n1394
+        if q1395 > end:
+            raise _length_error(n1394, end - pos)
+        f_topology_key = buf[pos:q1395].decode()
+        pos = q1395
     else:
-        raise _union_error(i1376, 2)
+        raise _union_error(i1393, 2)
     b = buf[pos]
     if b < 128:
-        i1379 = _ZD[b]
+        i1396 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1379 = (z >> 1) ^ -(z & 1)
+        i1396 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1379 = (z >> 1) ^ -(z & 1)
+        i1396 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1379, pos = _rlong(buf, pos)
-    if i1379 == 0:
+        i1396, pos = _rlong(buf, pos)
+    if i1396 == 0:
         f_domain = None
-    elif i1379 == 1:
-        n1380 = _ZL[buf[pos]]
-        if n1380 < 0:
-            n1380, pos = _rlong(buf, pos)
-            if n1380 < 0:
-                raise _length_error(n1380, end - pos)
+    elif i1396 == 1:
+        n1397 = _ZL[buf[pos]]
+        if n1397 < 0:
+            n1397, pos = _rlong(buf, pos)
+            if n1397 < 0:
+                raise _length_error(n1397, end - pos)
         else:
             pos += 1
-        q1381 = pos + n1380
-        if q1381 > end:
-            raise _length_error(n1380, end - pos)
-        f_domain = buf[pos:q1381].decode()
-        pos = q1381
+        q1398 = pos + n1397
+        if q1398 > end:
+            raise _length_error(n1397, end - pos)
+        f_domain = buf[pos:q1398].decode()
+        pos = q1398
     else:
-        raise _union_error(i1379, 2)
+        raise _union_error(i1396, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1382 = _ZL[buf[pos]]
-    if n1382 < 0:
-        n1382, pos = _rlong(buf, pos)
-        if n1382 < 0:
-            raise _length_error(n1382, end - pos)
-    else:
-        pos += 1
-    q1383 = pos + n1382
-    if q1383 > end:
-        raise _length_error(n1382, end - pos)
-    f_message = buf[pos:q1383].decode()
-    pos = q1383
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1384: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1385 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1385 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1385 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1385, pos = _rlong(buf, pos)
-            if c1385 == 0:
-                break
-            if c1385 < 0:
-                c1385 = -c1385
-                b = buf[pos]
-                if b < 128:
-                    z1388 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1388 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1388 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1388, pos = _rlong(buf, pos)
-            if c1385 * 1 > end - pos:
-                raise _count_error(c1385, end - pos)
-            for _ in range(c1385):
-                n1389 = _ZL[buf[pos]]
-                if n1389 < 0:
-                    n1389, pos = _rlong(buf, pos)
-                    if n1389 < 0:
-                        raise _length_error(n1389, end - pos)
-                else:
-                    pos += 1
-                q1390 = pos + n1389
-                if q1390 > end:
-                    raise _length_error(n1389, end - pos)
-                x1386 = buf[pos:q1390].decode()
-                pos = q1390
-                acc1384.append(x1386)
-        f_preempted = tuple(acc1384)
-    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
-    return o, pos
-
-
-def _d_GangTimedOut1390(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
-    f_gang_id: str
-    f_waited_ms: int
-    f_message: str
-    n1392 = _ZL[buf[pos]]
-    if n1392 < 0:
-        n1392, pos = _rlong(buf, pos)
-        if n1392 < 0:
-            raise _length_error(n1392, end - pos)
-    else:
-        pos += 1
-    q1393 = pos + n1392
-    if q1393 > end:
-        raise _length_error(n1392, end - pos)
-    f_gang_id = buf[pos:q1393].decode()
-    pos = q1393
-    b = buf[pos]
-    if b < 128:
-        f_waited_ms = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_waited_ms = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_waited_ms = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_waited_ms, pos = _rlong(buf, pos)
-    n1394 = _ZL[buf[pos]]
-    if n1394 < 0:
-        n1394, pos = _rlong(buf, pos)
-        if n1394 < 0:
-            raise _length_error(n1394, end - pos)
-    else:
-        pos += 1
-    q1395 = pos + n1394
-    if q1395 > end:
-        raise _length_error(n1394, end - pos)
-    f_message = buf[pos:q1395].decode()
-    pos = q1395
-    o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
-    return o, pos
-
-
-def _d_GangReleased1395(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
-    f_gang_id: str
-    f_reason: str
-    f_ok: bool
-    f_members_ended: tuple[Any, ...]
-    n1397 = _ZL[buf[pos]]
-    if n1397 < 0:
-        n1397, pos = _rlong(buf, pos)
-        if n1397 < 0:
-            raise _length_error(n1397, end - pos)
-    else:
-        pos += 1
-    q1398 = pos + n1397
-    if q1398 > end:
-        raise _length_error(n1397, end - pos)
-    f_gang_id = buf[pos:q1398].decode()
-    pos = q1398
     n1399 = _ZL[buf[pos]]
     if n1399 < 0:
         n1399, pos = _rlong(buf, pos)
@@ -6128,13 +6045,11 @@ def _d_GangReleased1395(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased
     q1400 = pos + n1399
     if q1400 > end:
         raise _length_error(n1399, end - pos)
-    f_reason = buf[pos:q1400].decode()
+    f_message = buf[pos:q1400].decode()
     pos = q1400
-    f_ok = buf[pos] != 0
-    pos += 1
     if buf[pos] == 0:
         pos += 1
-        f_members_ended = ()
+        f_preempted = ()
     else:
         acc1401: list[Any] = []
         while True:
@@ -6186,16 +6101,15 @@ def _d_GangReleased1395(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased
                 x1403 = buf[pos:q1407].decode()
                 pos = q1407
                 acc1401.append(x1403)
-        f_members_ended = tuple(acc1401)
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
+        f_preempted = tuple(acc1401)
+    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_time_limit_ms: int
-    f_gang_id: Any
+def _d_GangTimedOut1407(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+    f_gang_id: str
+    f_waited_ms: int
+    f_message: str
     n1409 = _ZL[buf[pos]]
     if n1409 < 0:
         n1409, pos = _rlong(buf, pos)
@@ -6206,8 +6120,22 @@ def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
     q1410 = pos + n1409
     if q1410 > end:
         raise _length_error(n1409, end - pos)
-    f_pod_id = buf[pos:q1410].decode()
+    f_gang_id = buf[pos:q1410].decode()
     pos = q1410
+    b = buf[pos]
+    if b < 128:
+        f_waited_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_waited_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_waited_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_waited_ms, pos = _rlong(buf, pos)
     n1411 = _ZL[buf[pos]]
     if n1411 < 0:
         n1411, pos = _rlong(buf, pos)
@@ -6218,8 +6146,131 @@ def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
     q1412 = pos + n1411
     if q1412 > end:
         raise _length_error(n1411, end - pos)
-    f_node_id = buf[pos:q1412].decode()
+    f_message = buf[pos:q1412].decode()
     pos = q1412
+    o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
+    return o, pos
+
+
+def _d_GangReleased1412(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+    f_gang_id: str
+    f_reason: str
+    f_ok: bool
+    f_members_ended: tuple[Any, ...]
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
+    else:
+        pos += 1
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_gang_id = buf[pos:q1415].decode()
+    pos = q1415
+    n1416 = _ZL[buf[pos]]
+    if n1416 < 0:
+        n1416, pos = _rlong(buf, pos)
+        if n1416 < 0:
+            raise _length_error(n1416, end - pos)
+    else:
+        pos += 1
+    q1417 = pos + n1416
+    if q1417 > end:
+        raise _length_error(n1416, end - pos)
+    f_reason = buf[pos:q1417].decode()
+    pos = q1417
+    f_ok = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1418: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1419 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1419 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1419 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1419, pos = _rlong(buf, pos)
+            if c1419 == 0:
+                break
+            if c1419 < 0:
+                c1419 = -c1419
+                b = buf[pos]
+                if b < 128:
+                    z1422 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1422 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1422 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1422, pos = _rlong(buf, pos)
+            if c1419 * 1 > end - pos:
+                raise _count_error(c1419, end - pos)
+            for _ in range(c1419):
+                n1423 = _ZL[buf[pos]]
+                if n1423 < 0:
+                    n1423, pos = _rlong(buf, pos)
+                    if n1423 < 0:
+                        raise _length_error(n1423, end - pos)
+                else:
+                    pos += 1
+                q1424 = pos + n1423
+                if q1424 > end:
+                    raise _length_error(n1423, end - pos)
+                x1420 = buf[pos:q1424].decode()
+                pos = q1424
+                acc1418.append(x1420)
+        f_members_ended = tuple(acc1418)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
+    return o, pos
+
+
+def _d_PodTimeLimitReached1424(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_time_limit_ms: int
+    f_gang_id: Any
+    n1426 = _ZL[buf[pos]]
+    if n1426 < 0:
+        n1426, pos = _rlong(buf, pos)
+        if n1426 < 0:
+            raise _length_error(n1426, end - pos)
+    else:
+        pos += 1
+    q1427 = pos + n1426
+    if q1427 > end:
+        raise _length_error(n1426, end - pos)
+    f_pod_id = buf[pos:q1427].decode()
+    pos = q1427
+    n1428 = _ZL[buf[pos]]
+    if n1428 < 0:
+        n1428, pos = _rlong(buf, pos)
+        if n1428 < 0:
+            raise _length_error(n1428, end - pos)
+    else:
+        pos += 1
+    q1429 = pos + n1428
+    if q1429 > end:
+        raise _length_error(n1428, end - pos)
+    f_node_id = buf[pos:q1429].decode()
+    pos = q1429
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6236,141 +6287,141 @@ def _d_PodTimeLimitReached1407(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1413 = _ZD[b]
+        i1430 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1413 = (z >> 1) ^ -(z & 1)
+        i1430 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1413 = (z >> 1) ^ -(z & 1)
+        i1430 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1413, pos = _rlong(buf, pos)
-    if i1413 == 0:
+        i1430, pos = _rlong(buf, pos)
+    if i1430 == 0:
         f_gang_id = None
-    elif i1413 == 1:
-        n1414 = _ZL[buf[pos]]
-        if n1414 < 0:
-            n1414, pos = _rlong(buf, pos)
-            if n1414 < 0:
-                raise _length_error(n1414, end - pos)
+    elif i1430 == 1:
+        n1431 = _ZL[buf[pos]]
+        if n1431 < 0:
+            n1431, pos = _rlong(buf, pos)
+            if n1431 < 0:
+                raise _length_error(n1431, end - pos)
         else:
             pos += 1
-        q1415 = pos + n1414
-        if q1415 > end:
-            raise _length_error(n1414, end - pos)
-        f_gang_id = buf[pos:q1415].decode()
-        pos = q1415
+        q1432 = pos + n1431
+        if q1432 > end:
+            raise _length_error(n1431, end - pos)
+        f_gang_id = buf[pos:q1432].decode()
+        pos = q1432
     else:
-        raise _union_error(i1413, 2)
+        raise _union_error(i1430, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1415(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1432(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1417 = _ZL[buf[pos]]
-    if n1417 < 0:
-        n1417, pos = _rlong(buf, pos)
-        if n1417 < 0:
-            raise _length_error(n1417, end - pos)
+    n1434 = _ZL[buf[pos]]
+    if n1434 < 0:
+        n1434, pos = _rlong(buf, pos)
+        if n1434 < 0:
+            raise _length_error(n1434, end - pos)
     else:
         pos += 1
-    q1418 = pos + n1417
-    if q1418 > end:
-        raise _length_error(n1417, end - pos)
-    f_holder_id = buf[pos:q1418].decode()
-    pos = q1418
-    n1419 = _ZL[buf[pos]]
-    if n1419 < 0:
-        n1419, pos = _rlong(buf, pos)
-        if n1419 < 0:
-            raise _length_error(n1419, end - pos)
+    q1435 = pos + n1434
+    if q1435 > end:
+        raise _length_error(n1434, end - pos)
+    f_holder_id = buf[pos:q1435].decode()
+    pos = q1435
+    n1436 = _ZL[buf[pos]]
+    if n1436 < 0:
+        n1436, pos = _rlong(buf, pos)
+        if n1436 < 0:
+            raise _length_error(n1436, end - pos)
     else:
         pos += 1
-    q1420 = pos + n1419
-    if q1420 > end:
-        raise _length_error(n1419, end - pos)
-    f_holder_kind = buf[pos:q1420].decode()
-    pos = q1420
+    q1437 = pos + n1436
+    if q1437 > end:
+        raise _length_error(n1436, end - pos)
+    f_holder_kind = buf[pos:q1437].decode()
+    pos = q1437
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1421: list[Any] = []
+        acc1438: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1422 = _ZD[b]
+                c1439 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1422 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1422 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1422, pos = _rlong(buf, pos)
-            if c1422 == 0:
+                c1439, pos = _rlong(buf, pos)
+            if c1439 == 0:
                 break
-            if c1422 < 0:
-                c1422 = -c1422
+            if c1439 < 0:
+                c1439 = -c1439
                 b = buf[pos]
                 if b < 128:
-                    z1425 = _ZD[b]
+                    z1442 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1425 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1425 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1425, pos = _rlong(buf, pos)
-            if c1422 * 1 > end - pos:
-                raise _count_error(c1422, end - pos)
-            for _ in range(c1422):
-                n1426 = _ZL[buf[pos]]
-                if n1426 < 0:
-                    n1426, pos = _rlong(buf, pos)
-                    if n1426 < 0:
-                        raise _length_error(n1426, end - pos)
+                    z1442, pos = _rlong(buf, pos)
+            if c1439 * 1 > end - pos:
+                raise _count_error(c1439, end - pos)
+            for _ in range(c1439):
+                n1443 = _ZL[buf[pos]]
+                if n1443 < 0:
+                    n1443, pos = _rlong(buf, pos)
+                    if n1443 < 0:
+                        raise _length_error(n1443, end - pos)
                 else:
                     pos += 1
-                q1427 = pos + n1426
-                if q1427 > end:
-                    raise _length_error(n1426, end - pos)
-                x1423 = buf[pos:q1427].decode()
-                pos = q1427
-                acc1421.append(x1423)
-        f_nodes = tuple(acc1421)
+                q1444 = pos + n1443
+                if q1444 > end:
+                    raise _length_error(n1443, end - pos)
+                x1440 = buf[pos:q1444].decode()
+                pos = q1444
+                acc1438.append(x1440)
+        f_nodes = tuple(acc1438)
     b = buf[pos]
     if b < 128:
-        i1428 = _ZD[b]
+        i1445 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1428 = (z >> 1) ^ -(z & 1)
+        i1445 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1428 = (z >> 1) ^ -(z & 1)
+        i1445 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1428, pos = _rlong(buf, pos)
-    if i1428 == 0:
+        i1445, pos = _rlong(buf, pos)
+    if i1445 == 0:
         f_expected_start = None
-    elif i1428 == 1:
+    elif i1445 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6386,194 +6437,194 @@ def _d_NodesReserved1415(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1428, 2)
-    n1429 = _ZL[buf[pos]]
-    if n1429 < 0:
-        n1429, pos = _rlong(buf, pos)
-        if n1429 < 0:
-            raise _length_error(n1429, end - pos)
+        raise _union_error(i1445, 2)
+    n1446 = _ZL[buf[pos]]
+    if n1446 < 0:
+        n1446, pos = _rlong(buf, pos)
+        if n1446 < 0:
+            raise _length_error(n1446, end - pos)
     else:
         pos += 1
-    q1430 = pos + n1429
-    if q1430 > end:
-        raise _length_error(n1429, end - pos)
-    f_message = buf[pos:q1430].decode()
-    pos = q1430
+    q1447 = pos + n1446
+    if q1447 > end:
+        raise _length_error(n1446, end - pos)
+    f_message = buf[pos:q1447].decode()
+    pos = q1447
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1430(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1447(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1432 = _ZL[buf[pos]]
-    if n1432 < 0:
-        n1432, pos = _rlong(buf, pos)
-        if n1432 < 0:
-            raise _length_error(n1432, end - pos)
+    n1449 = _ZL[buf[pos]]
+    if n1449 < 0:
+        n1449, pos = _rlong(buf, pos)
+        if n1449 < 0:
+            raise _length_error(n1449, end - pos)
     else:
         pos += 1
-    q1433 = pos + n1432
-    if q1433 > end:
-        raise _length_error(n1432, end - pos)
-    f_holder_id = buf[pos:q1433].decode()
-    pos = q1433
-    n1434 = _ZL[buf[pos]]
-    if n1434 < 0:
-        n1434, pos = _rlong(buf, pos)
-        if n1434 < 0:
-            raise _length_error(n1434, end - pos)
+    q1450 = pos + n1449
+    if q1450 > end:
+        raise _length_error(n1449, end - pos)
+    f_holder_id = buf[pos:q1450].decode()
+    pos = q1450
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
     else:
         pos += 1
-    q1435 = pos + n1434
-    if q1435 > end:
-        raise _length_error(n1434, end - pos)
-    f_holder_kind = buf[pos:q1435].decode()
-    pos = q1435
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_holder_kind = buf[pos:q1452].decode()
+    pos = q1452
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1436: list[Any] = []
+        acc1453: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1437 = _ZD[b]
+                c1454 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1437 = (z >> 1) ^ -(z & 1)
+                c1454 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1437 = (z >> 1) ^ -(z & 1)
+                c1454 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1437, pos = _rlong(buf, pos)
-            if c1437 == 0:
+                c1454, pos = _rlong(buf, pos)
+            if c1454 == 0:
                 break
-            if c1437 < 0:
-                c1437 = -c1437
+            if c1454 < 0:
+                c1454 = -c1454
                 b = buf[pos]
                 if b < 128:
-                    z1440 = _ZD[b]
+                    z1457 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1440 = (z >> 1) ^ -(z & 1)
+                    z1457 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1440 = (z >> 1) ^ -(z & 1)
+                    z1457 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1440, pos = _rlong(buf, pos)
-            if c1437 * 1 > end - pos:
-                raise _count_error(c1437, end - pos)
-            for _ in range(c1437):
-                n1441 = _ZL[buf[pos]]
-                if n1441 < 0:
-                    n1441, pos = _rlong(buf, pos)
-                    if n1441 < 0:
-                        raise _length_error(n1441, end - pos)
+                    z1457, pos = _rlong(buf, pos)
+            if c1454 * 1 > end - pos:
+                raise _count_error(c1454, end - pos)
+            for _ in range(c1454):
+                n1458 = _ZL[buf[pos]]
+                if n1458 < 0:
+                    n1458, pos = _rlong(buf, pos)
+                    if n1458 < 0:
+                        raise _length_error(n1458, end - pos)
                 else:
                     pos += 1
-                q1442 = pos + n1441
-                if q1442 > end:
-                    raise _length_error(n1441, end - pos)
-                x1438 = buf[pos:q1442].decode()
-                pos = q1442
-                acc1436.append(x1438)
-        f_nodes = tuple(acc1436)
-    n1443 = _ZL[buf[pos]]
-    if n1443 < 0:
-        n1443, pos = _rlong(buf, pos)
-        if n1443 < 0:
-            raise _length_error(n1443, end - pos)
+                q1459 = pos + n1458
+                if q1459 > end:
+                    raise _length_error(n1458, end - pos)
+                x1455 = buf[pos:q1459].decode()
+                pos = q1459
+                acc1453.append(x1455)
+        f_nodes = tuple(acc1453)
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1444 = pos + n1443
-    if q1444 > end:
-        raise _length_error(n1443, end - pos)
-    f_reason = buf[pos:q1444].decode()
-    pos = q1444
-    n1445 = _ZL[buf[pos]]
-    if n1445 < 0:
-        n1445, pos = _rlong(buf, pos)
-        if n1445 < 0:
-            raise _length_error(n1445, end - pos)
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_reason = buf[pos:q1461].decode()
+    pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1446 = pos + n1445
-    if q1446 > end:
-        raise _length_error(n1445, end - pos)
-    f_message = buf[pos:q1446].decode()
-    pos = q1446
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_message = buf[pos:q1463].decode()
+    pos = q1463
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1446(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1463(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1448 = _ZL[buf[pos]]
-    if n1448 < 0:
-        n1448, pos = _rlong(buf, pos)
-        if n1448 < 0:
-            raise _length_error(n1448, end - pos)
+    n1465 = _ZL[buf[pos]]
+    if n1465 < 0:
+        n1465, pos = _rlong(buf, pos)
+        if n1465 < 0:
+            raise _length_error(n1465, end - pos)
     else:
         pos += 1
-    q1449 = pos + n1448
-    if q1449 > end:
-        raise _length_error(n1448, end - pos)
-    f_holder_id = buf[pos:q1449].decode()
-    pos = q1449
-    n1450 = _ZL[buf[pos]]
-    if n1450 < 0:
-        n1450, pos = _rlong(buf, pos)
-        if n1450 < 0:
-            raise _length_error(n1450, end - pos)
+    q1466 = pos + n1465
+    if q1466 > end:
+        raise _length_error(n1465, end - pos)
+    f_holder_id = buf[pos:q1466].decode()
+    pos = q1466
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
     else:
         pos += 1
-    q1451 = pos + n1450
-    if q1451 > end:
-        raise _length_error(n1450, end - pos)
-    f_holder_kind = buf[pos:q1451].decode()
-    pos = q1451
-    n1452 = _ZL[buf[pos]]
-    if n1452 < 0:
-        n1452, pos = _rlong(buf, pos)
-        if n1452 < 0:
-            raise _length_error(n1452, end - pos)
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_holder_kind = buf[pos:q1468].decode()
+    pos = q1468
+    n1469 = _ZL[buf[pos]]
+    if n1469 < 0:
+        n1469, pos = _rlong(buf, pos)
+        if n1469 < 0:
+            raise _length_error(n1469, end - pos)
     else:
         pos += 1
-    q1453 = pos + n1452
-    if q1453 > end:
-        raise _length_error(n1452, end - pos)
-    f_dependency_id = buf[pos:q1453].decode()
-    pos = q1453
-    n1454 = _ZL[buf[pos]]
-    if n1454 < 0:
-        n1454, pos = _rlong(buf, pos)
-        if n1454 < 0:
-            raise _length_error(n1454, end - pos)
+    q1470 = pos + n1469
+    if q1470 > end:
+        raise _length_error(n1469, end - pos)
+    f_dependency_id = buf[pos:q1470].decode()
+    pos = q1470
+    n1471 = _ZL[buf[pos]]
+    if n1471 < 0:
+        n1471, pos = _rlong(buf, pos)
+        if n1471 < 0:
+            raise _length_error(n1471, end - pos)
     else:
         pos += 1
-    q1455 = pos + n1454
-    if q1455 > end:
-        raise _length_error(n1454, end - pos)
-    f_message = buf[pos:q1455].decode()
-    pos = q1455
+    q1472 = pos + n1471
+    if q1472 > end:
+        raise _length_error(n1471, end - pos)
+    f_message = buf[pos:q1472].decode()
+    pos = q1472
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1455(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1472(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6596,176 +6647,24 @@ def _d_Ticked1455(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1456(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1473(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1458 = _ZL[buf[pos]]
-    if n1458 < 0:
-        n1458, pos = _rlong(buf, pos)
-        if n1458 < 0:
-            raise _length_error(n1458, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1459 = pos + n1458
-    if q1459 > end:
-        raise _length_error(n1458, end - pos)
-    f_pod_id = buf[pos:q1459].decode()
-    pos = q1459
-    n1460 = _ZL[buf[pos]]
-    if n1460 < 0:
-        n1460, pos = _rlong(buf, pos)
-        if n1460 < 0:
-            raise _length_error(n1460, end - pos)
-    else:
-        pos += 1
-    q1461 = pos + n1460
-    if q1461 > end:
-        raise _length_error(n1460, end - pos)
-    f_node_id = buf[pos:q1461].decode()
-    pos = q1461
-    n1462 = _ZL[buf[pos]]
-    if n1462 < 0:
-        n1462, pos = _rlong(buf, pos)
-        if n1462 < 0:
-            raise _length_error(n1462, end - pos)
-    else:
-        pos += 1
-    q1463 = pos + n1462
-    if q1463 > end:
-        raise _length_error(n1462, end - pos)
-    f_by = buf[pos:q1463].decode()
-    pos = q1463
-    n1464 = _ZL[buf[pos]]
-    if n1464 < 0:
-        n1464, pos = _rlong(buf, pos)
-        if n1464 < 0:
-            raise _length_error(n1464, end - pos)
-    else:
-        pos += 1
-    q1465 = pos + n1464
-    if q1465 > end:
-        raise _length_error(n1464, end - pos)
-    f_reason = buf[pos:q1465].decode()
-    pos = q1465
-    n1466 = _ZL[buf[pos]]
-    if n1466 < 0:
-        n1466, pos = _rlong(buf, pos)
-        if n1466 < 0:
-            raise _length_error(n1466, end - pos)
-    else:
-        pos += 1
-    q1467 = pos + n1466
-    if q1467 > end:
-        raise _length_error(n1466, end - pos)
-    f_message = buf[pos:q1467].decode()
-    pos = q1467
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1467(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1469 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1469 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1469 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1469, pos = _rlong(buf, pos)
-    if i1469 == 0:
-        f_tenant = None
-    elif i1469 == 1:
-        n1470 = _ZL[buf[pos]]
-        if n1470 < 0:
-            n1470, pos = _rlong(buf, pos)
-            if n1470 < 0:
-                raise _length_error(n1470, end - pos)
-        else:
-            pos += 1
-        q1471 = pos + n1470
-        if q1471 > end:
-            raise _length_error(n1470, end - pos)
-        f_tenant = buf[pos:q1471].decode()
-        pos = q1471
-    else:
-        raise _union_error(i1469, 2)
-    b = buf[pos]
-    if b < 128:
-        i1472 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1472 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1472 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1472, pos = _rlong(buf, pos)
-    if i1472 == 0:
-        f_quota = None
-    elif i1472 == 1:
-        f_quota, pos = _d_Quota447(buf, pos, end)
-    else:
-        raise _union_error(i1472, 2)
-    b = buf[pos]
-    if b < 128:
-        i1473 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1473 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1473 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1473, pos = _rlong(buf, pos)
-    if i1473 == 0:
-        f_previous = None
-    elif i1473 == 1:
-        f_previous, pos = _d_Quota447(buf, pos, end)
-    else:
-        raise _union_error(i1473, 2)
-    n1474 = _ZL[buf[pos]]
-    if n1474 < 0:
-        n1474, pos = _rlong(buf, pos)
-        if n1474 < 0:
-            raise _length_error(n1474, end - pos)
-    else:
-        pos += 1
-    q1475 = pos + n1474
-    if q1475 > end:
-        raise _length_error(n1474, end - pos)
-    f_message = buf[pos:q1475].decode()
-    pos = q1475
-    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
-    return o, pos
-
-
-def _d_PodMigrated1475(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
-    f_pod_id: str
-    f_from_node: str
-    f_from_gpus: tuple[Any, ...]
-    f_to_node: str
-    f_to_gpus: tuple[Any, ...]
-    f_reason: str
-    f_message: str
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_pod_id = buf[pos:q1476].decode()
+    pos = q1476
     n1477 = _ZL[buf[pos]]
     if n1477 < 0:
         n1477, pos = _rlong(buf, pos)
@@ -6776,7 +6675,7 @@ def _d_PodMigrated1475(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1478 = pos + n1477
     if q1478 > end:
         raise _length_error(n1477, end - pos)
-    f_pod_id = buf[pos:q1478].decode()
+    f_node_id = buf[pos:q1478].decode()
     pos = q1478
     n1479 = _ZL[buf[pos]]
     if n1479 < 0:
@@ -6788,137 +6687,289 @@ def _d_PodMigrated1475(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1480 = pos + n1479
     if q1480 > end:
         raise _length_error(n1479, end - pos)
-    f_from_node = buf[pos:q1480].decode()
+    f_by = buf[pos:q1480].decode()
     pos = q1480
+    n1481 = _ZL[buf[pos]]
+    if n1481 < 0:
+        n1481, pos = _rlong(buf, pos)
+        if n1481 < 0:
+            raise _length_error(n1481, end - pos)
+    else:
+        pos += 1
+    q1482 = pos + n1481
+    if q1482 > end:
+        raise _length_error(n1481, end - pos)
+    f_reason = buf[pos:q1482].decode()
+    pos = q1482
+    n1483 = _ZL[buf[pos]]
+    if n1483 < 0:
+        n1483, pos = _rlong(buf, pos)
+        if n1483 < 0:
+            raise _length_error(n1483, end - pos)
+    else:
+        pos += 1
+    q1484 = pos + n1483
+    if q1484 > end:
+        raise _length_error(n1483, end - pos)
+    f_message = buf[pos:q1484].decode()
+    pos = q1484
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1484(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1486 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1486 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1486 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1486, pos = _rlong(buf, pos)
+    if i1486 == 0:
+        f_tenant = None
+    elif i1486 == 1:
+        n1487 = _ZL[buf[pos]]
+        if n1487 < 0:
+            n1487, pos = _rlong(buf, pos)
+            if n1487 < 0:
+                raise _length_error(n1487, end - pos)
+        else:
+            pos += 1
+        q1488 = pos + n1487
+        if q1488 > end:
+            raise _length_error(n1487, end - pos)
+        f_tenant = buf[pos:q1488].decode()
+        pos = q1488
+    else:
+        raise _union_error(i1486, 2)
+    b = buf[pos]
+    if b < 128:
+        i1489 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1489 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1489 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1489, pos = _rlong(buf, pos)
+    if i1489 == 0:
+        f_quota = None
+    elif i1489 == 1:
+        f_quota, pos = _d_Quota450(buf, pos, end)
+    else:
+        raise _union_error(i1489, 2)
+    b = buf[pos]
+    if b < 128:
+        i1490 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1490 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1490 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1490, pos = _rlong(buf, pos)
+    if i1490 == 0:
+        f_previous = None
+    elif i1490 == 1:
+        f_previous, pos = _d_Quota450(buf, pos, end)
+    else:
+        raise _union_error(i1490, 2)
+    n1491 = _ZL[buf[pos]]
+    if n1491 < 0:
+        n1491, pos = _rlong(buf, pos)
+        if n1491 < 0:
+            raise _length_error(n1491, end - pos)
+    else:
+        pos += 1
+    q1492 = pos + n1491
+    if q1492 > end:
+        raise _length_error(n1491, end - pos)
+    f_message = buf[pos:q1492].decode()
+    pos = q1492
+    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
+    return o, pos
+
+
+def _d_PodMigrated1492(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+    f_pod_id: str
+    f_from_node: str
+    f_from_gpus: tuple[Any, ...]
+    f_to_node: str
+    f_to_gpus: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1494 = _ZL[buf[pos]]
+    if n1494 < 0:
+        n1494, pos = _rlong(buf, pos)
+        if n1494 < 0:
+            raise _length_error(n1494, end - pos)
+    else:
+        pos += 1
+    q1495 = pos + n1494
+    if q1495 > end:
+        raise _length_error(n1494, end - pos)
+    f_pod_id = buf[pos:q1495].decode()
+    pos = q1495
+    n1496 = _ZL[buf[pos]]
+    if n1496 < 0:
+        n1496, pos = _rlong(buf, pos)
+        if n1496 < 0:
+            raise _length_error(n1496, end - pos)
+    else:
+        pos += 1
+    q1497 = pos + n1496
+    if q1497 > end:
+        raise _length_error(n1496, end - pos)
+    f_from_node = buf[pos:q1497].decode()
+    pos = q1497
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1481: list[Any] = []
+        acc1498: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1482 = _ZD[b]
+                c1499 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1482 = (z >> 1) ^ -(z & 1)
+                c1499 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1482 = (z >> 1) ^ -(z & 1)
+                c1499 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1482, pos = _rlong(buf, pos)
-            if c1482 == 0:
+                c1499, pos = _rlong(buf, pos)
+            if c1499 == 0:
                 break
-            if c1482 < 0:
-                c1482 = -c1482
+            if c1499 < 0:
+                c1499 = -c1499
                 b = buf[pos]
                 if b < 128:
-                    z1485 = _ZD[b]
+                    z1502 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1485 = (z >> 1) ^ -(z & 1)
+                    z1502 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1485 = (z >> 1) ^ -(z & 1)
+                    z1502 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1485, pos = _rlong(buf, pos)
-            if c1482 * 2 > end - pos:
-                raise _count_error(c1482, end - pos)
-            for _ in range(c1482):
-                x1483, pos = _d_GpuShare1262(buf, pos, end)
-                acc1481.append(x1483)
-        f_from_gpus = tuple(acc1481)
-    n1486 = _ZL[buf[pos]]
-    if n1486 < 0:
-        n1486, pos = _rlong(buf, pos)
-        if n1486 < 0:
-            raise _length_error(n1486, end - pos)
+                    z1502, pos = _rlong(buf, pos)
+            if c1499 * 2 > end - pos:
+                raise _count_error(c1499, end - pos)
+            for _ in range(c1499):
+                x1500, pos = _d_GpuShare1278(buf, pos, end)
+                acc1498.append(x1500)
+        f_from_gpus = tuple(acc1498)
+    n1503 = _ZL[buf[pos]]
+    if n1503 < 0:
+        n1503, pos = _rlong(buf, pos)
+        if n1503 < 0:
+            raise _length_error(n1503, end - pos)
     else:
         pos += 1
-    q1487 = pos + n1486
-    if q1487 > end:
-        raise _length_error(n1486, end - pos)
-    f_to_node = buf[pos:q1487].decode()
-    pos = q1487
+    q1504 = pos + n1503
+    if q1504 > end:
+        raise _length_error(n1503, end - pos)
+    f_to_node = buf[pos:q1504].decode()
+    pos = q1504
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1488: list[Any] = []
+        acc1505: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1489 = _ZD[b]
+                c1506 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1489 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1489 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1489, pos = _rlong(buf, pos)
-            if c1489 == 0:
+                c1506, pos = _rlong(buf, pos)
+            if c1506 == 0:
                 break
-            if c1489 < 0:
-                c1489 = -c1489
+            if c1506 < 0:
+                c1506 = -c1506
                 b = buf[pos]
                 if b < 128:
-                    z1492 = _ZD[b]
+                    z1509 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1492 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1492 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1492, pos = _rlong(buf, pos)
-            if c1489 * 2 > end - pos:
-                raise _count_error(c1489, end - pos)
-            for _ in range(c1489):
-                x1490, pos = _d_GpuShare1262(buf, pos, end)
-                acc1488.append(x1490)
-        f_to_gpus = tuple(acc1488)
-    n1493 = _ZL[buf[pos]]
-    if n1493 < 0:
-        n1493, pos = _rlong(buf, pos)
-        if n1493 < 0:
-            raise _length_error(n1493, end - pos)
+                    z1509, pos = _rlong(buf, pos)
+            if c1506 * 2 > end - pos:
+                raise _count_error(c1506, end - pos)
+            for _ in range(c1506):
+                x1507, pos = _d_GpuShare1278(buf, pos, end)
+                acc1505.append(x1507)
+        f_to_gpus = tuple(acc1505)
+    n1510 = _ZL[buf[pos]]
+    if n1510 < 0:
+        n1510, pos = _rlong(buf, pos)
+        if n1510 < 0:
+            raise _length_error(n1510, end - pos)
     else:
         pos += 1
-    q1494 = pos + n1493
-    if q1494 > end:
-        raise _length_error(n1493, end - pos)
-    f_reason = buf[pos:q1494].decode()
-    pos = q1494
-    n1495 = _ZL[buf[pos]]
-    if n1495 < 0:
-        n1495, pos = _rlong(buf, pos)
-        if n1495 < 0:
-            raise _length_error(n1495, end - pos)
+    q1511 = pos + n1510
+    if q1511 > end:
+        raise _length_error(n1510, end - pos)
+    f_reason = buf[pos:q1511].decode()
+    pos = q1511
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
     else:
         pos += 1
-    q1496 = pos + n1495
-    if q1496 > end:
-        raise _length_error(n1495, end - pos)
-    f_message = buf[pos:q1496].decode()
-    pos = q1496
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_message = buf[pos:q1513].decode()
+    pos = q1513
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1496(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1513(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6968,138 +7019,138 @@ def _d_DefragmentationPlanned1496(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1498 = _ZD[b]
+        i1515 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1498 = (z >> 1) ^ -(z & 1)
+        i1515 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1498 = (z >> 1) ^ -(z & 1)
+        i1515 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1498, pos = _rlong(buf, pos)
-    if i1498 == 0:
+        i1515, pos = _rlong(buf, pos)
+    if i1515 == 0:
         f_target = None
-    elif i1498 == 1:
-        n1499 = _ZL[buf[pos]]
-        if n1499 < 0:
-            n1499, pos = _rlong(buf, pos)
-            if n1499 < 0:
-                raise _length_error(n1499, end - pos)
+    elif i1515 == 1:
+        n1516 = _ZL[buf[pos]]
+        if n1516 < 0:
+            n1516, pos = _rlong(buf, pos)
+            if n1516 < 0:
+                raise _length_error(n1516, end - pos)
         else:
             pos += 1
-        q1500 = pos + n1499
-        if q1500 > end:
-            raise _length_error(n1499, end - pos)
-        f_target = buf[pos:q1500].decode()
-        pos = q1500
+        q1517 = pos + n1516
+        if q1517 > end:
+            raise _length_error(n1516, end - pos)
+        f_target = buf[pos:q1517].decode()
+        pos = q1517
     else:
-        raise _union_error(i1498, 2)
-    n1501 = _ZL[buf[pos]]
-    if n1501 < 0:
-        n1501, pos = _rlong(buf, pos)
-        if n1501 < 0:
-            raise _length_error(n1501, end - pos)
+        raise _union_error(i1515, 2)
+    n1518 = _ZL[buf[pos]]
+    if n1518 < 0:
+        n1518, pos = _rlong(buf, pos)
+        if n1518 < 0:
+            raise _length_error(n1518, end - pos)
     else:
         pos += 1
-    q1502 = pos + n1501
-    if q1502 > end:
-        raise _length_error(n1501, end - pos)
-    f_message = buf[pos:q1502].decode()
-    pos = q1502
+    q1519 = pos + n1518
+    if q1519 > end:
+        raise _length_error(n1518, end - pos)
+    f_message = buf[pos:q1519].decode()
+    pos = q1519
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1502(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1519(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1504 = _ZL[buf[pos]]
-    if n1504 < 0:
-        n1504, pos = _rlong(buf, pos)
-        if n1504 < 0:
-            raise _length_error(n1504, end - pos)
+    n1521 = _ZL[buf[pos]]
+    if n1521 < 0:
+        n1521, pos = _rlong(buf, pos)
+        if n1521 < 0:
+            raise _length_error(n1521, end - pos)
     else:
         pos += 1
-    q1505 = pos + n1504
-    if q1505 > end:
-        raise _length_error(n1504, end - pos)
-    f_cluster = buf[pos:q1505].decode()
-    pos = q1505
-    n1506 = _ZL[buf[pos]]
-    if n1506 < 0:
-        n1506, pos = _rlong(buf, pos)
-        if n1506 < 0:
-            raise _length_error(n1506, end - pos)
+    q1522 = pos + n1521
+    if q1522 > end:
+        raise _length_error(n1521, end - pos)
+    f_cluster = buf[pos:q1522].decode()
+    pos = q1522
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
     else:
         pos += 1
-    q1507 = pos + n1506
-    if q1507 > end:
-        raise _length_error(n1506, end - pos)
-    f_command_id = buf[pos:q1507].decode()
-    pos = q1507
-    n1508 = _ZL[buf[pos]]
-    if n1508 < 0:
-        n1508, pos = _rlong(buf, pos)
-        if n1508 < 0:
-            raise _length_error(n1508, end - pos)
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_command_id = buf[pos:q1524].decode()
+    pos = q1524
+    n1525 = _ZL[buf[pos]]
+    if n1525 < 0:
+        n1525, pos = _rlong(buf, pos)
+        if n1525 < 0:
+            raise _length_error(n1525, end - pos)
     else:
         pos += 1
-    q1509 = pos + n1508
-    if q1509 > end:
-        raise _length_error(n1508, end - pos)
-    f_error = buf[pos:q1509].decode()
-    pos = q1509
-    n1510 = _ZL[buf[pos]]
-    if n1510 < 0:
-        n1510, pos = _rlong(buf, pos)
-        if n1510 < 0:
-            raise _length_error(n1510, end - pos)
+    q1526 = pos + n1525
+    if q1526 > end:
+        raise _length_error(n1525, end - pos)
+    f_error = buf[pos:q1526].decode()
+    pos = q1526
+    n1527 = _ZL[buf[pos]]
+    if n1527 < 0:
+        n1527, pos = _rlong(buf, pos)
+        if n1527 < 0:
+            raise _length_error(n1527, end - pos)
     else:
         pos += 1
-    q1511 = pos + n1510
-    if q1511 > end:
-        raise _length_error(n1510, end - pos)
-    f_message = buf[pos:q1511].decode()
-    pos = q1511
+    q1528 = pos + n1527
+    if q1528 > end:
+        raise _length_error(n1527, end - pos)
+    f_message = buf[pos:q1528].decode()
+    pos = q1528
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1511(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1528(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1513 = _ZL[buf[pos]]
-    if n1513 < 0:
-        n1513, pos = _rlong(buf, pos)
-        if n1513 < 0:
-            raise _length_error(n1513, end - pos)
+    n1530 = _ZL[buf[pos]]
+    if n1530 < 0:
+        n1530, pos = _rlong(buf, pos)
+        if n1530 < 0:
+            raise _length_error(n1530, end - pos)
     else:
         pos += 1
-    q1514 = pos + n1513
-    if q1514 > end:
-        raise _length_error(n1513, end - pos)
-    f_cluster = buf[pos:q1514].decode()
-    pos = q1514
-    n1515 = _ZL[buf[pos]]
-    if n1515 < 0:
-        n1515, pos = _rlong(buf, pos)
-        if n1515 < 0:
-            raise _length_error(n1515, end - pos)
+    q1531 = pos + n1530
+    if q1531 > end:
+        raise _length_error(n1530, end - pos)
+    f_cluster = buf[pos:q1531].decode()
+    pos = q1531
+    n1532 = _ZL[buf[pos]]
+    if n1532 < 0:
+        n1532, pos = _rlong(buf, pos)
+        if n1532 < 0:
+            raise _length_error(n1532, end - pos)
     else:
         pos += 1
-    q1516 = pos + n1515
-    if q1516 > end:
-        raise _length_error(n1515, end - pos)
-    f_halted_command_id = buf[pos:q1516].decode()
-    pos = q1516
+    q1533 = pos + n1532
+    if q1533 > end:
+        raise _length_error(n1532, end - pos)
+    f_halted_command_id = buf[pos:q1533].decode()
+    pos = q1533
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7128,168 +7179,168 @@ def _d_ClusterResumed1511(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1517 = _ZL[buf[pos]]
-    if n1517 < 0:
-        n1517, pos = _rlong(buf, pos)
-        if n1517 < 0:
-            raise _length_error(n1517, end - pos)
+    n1534 = _ZL[buf[pos]]
+    if n1534 < 0:
+        n1534, pos = _rlong(buf, pos)
+        if n1534 < 0:
+            raise _length_error(n1534, end - pos)
     else:
         pos += 1
-    q1518 = pos + n1517
-    if q1518 > end:
-        raise _length_error(n1517, end - pos)
-    f_message = buf[pos:q1518].decode()
-    pos = q1518
+    q1535 = pos + n1534
+    if q1535 > end:
+        raise _length_error(n1534, end - pos)
+    f_message = buf[pos:q1535].decode()
+    pos = q1535
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1518(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1535(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1520 = _ZL[buf[pos]]
-    if n1520 < 0:
-        n1520, pos = _rlong(buf, pos)
-        if n1520 < 0:
-            raise _length_error(n1520, end - pos)
+    n1537 = _ZL[buf[pos]]
+    if n1537 < 0:
+        n1537, pos = _rlong(buf, pos)
+        if n1537 < 0:
+            raise _length_error(n1537, end - pos)
     else:
         pos += 1
-    q1521 = pos + n1520
-    if q1521 > end:
-        raise _length_error(n1520, end - pos)
-    f_node_id = buf[pos:q1521].decode()
-    pos = q1521
+    q1538 = pos + n1537
+    if q1538 > end:
+        raise _length_error(n1537, end - pos)
+    f_node_id = buf[pos:q1538].decode()
+    pos = q1538
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1521(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1538(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1523 = _ZL[buf[pos]]
-    if n1523 < 0:
-        n1523, pos = _rlong(buf, pos)
-        if n1523 < 0:
-            raise _length_error(n1523, end - pos)
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
     else:
         pos += 1
-    q1524 = pos + n1523
-    if q1524 > end:
-        raise _length_error(n1523, end - pos)
-    f_node_id = buf[pos:q1524].decode()
-    pos = q1524
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_node_id = buf[pos:q1541].decode()
+    pos = q1541
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1525: dict[str, Any] = {}
+        acc1542: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1526 = _ZD[b]
+                c1543 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1526 = (z >> 1) ^ -(z & 1)
+                c1543 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1526 = (z >> 1) ^ -(z & 1)
+                c1543 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1526, pos = _rlong(buf, pos)
-            if c1526 == 0:
+                c1543, pos = _rlong(buf, pos)
+            if c1543 == 0:
                 break
-            if c1526 < 0:
-                c1526 = -c1526
+            if c1543 < 0:
+                c1543 = -c1543
                 b = buf[pos]
                 if b < 128:
-                    z1529 = _ZD[b]
+                    z1546 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1529 = (z >> 1) ^ -(z & 1)
+                    z1546 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1529 = (z >> 1) ^ -(z & 1)
+                    z1546 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1529, pos = _rlong(buf, pos)
-            if c1526 * 2 > end - pos:
-                raise _count_error(c1526, end - pos)
-            for _ in range(c1526):
-                n1530 = _ZL[buf[pos]]
-                if n1530 < 0:
-                    n1530, pos = _rlong(buf, pos)
-                    if n1530 < 0:
-                        raise _length_error(n1530, end - pos)
+                    z1546, pos = _rlong(buf, pos)
+            if c1543 * 2 > end - pos:
+                raise _count_error(c1543, end - pos)
+            for _ in range(c1543):
+                n1547 = _ZL[buf[pos]]
+                if n1547 < 0:
+                    n1547, pos = _rlong(buf, pos)
+                    if n1547 < 0:
+                        raise _length_error(n1547, end - pos)
                 else:
                     pos += 1
-                q1531 = pos + n1530
-                if q1531 > end:
-                    raise _length_error(n1530, end - pos)
-                k1528 = buf[pos:q1531].decode()
-                pos = q1531
-                n1532 = _ZL[buf[pos]]
-                if n1532 < 0:
-                    n1532, pos = _rlong(buf, pos)
-                    if n1532 < 0:
-                        raise _length_error(n1532, end - pos)
+                q1548 = pos + n1547
+                if q1548 > end:
+                    raise _length_error(n1547, end - pos)
+                k1545 = buf[pos:q1548].decode()
+                pos = q1548
+                n1549 = _ZL[buf[pos]]
+                if n1549 < 0:
+                    n1549, pos = _rlong(buf, pos)
+                    if n1549 < 0:
+                        raise _length_error(n1549, end - pos)
                 else:
                     pos += 1
-                q1533 = pos + n1532
-                if q1533 > end:
-                    raise _length_error(n1532, end - pos)
-                x1527 = buf[pos:q1533].decode()
-                pos = q1533
-                acc1525[k1528] = x1527
-        f_labels = acc1525
+                q1550 = pos + n1549
+                if q1550 > end:
+                    raise _length_error(n1549, end - pos)
+                x1544 = buf[pos:q1550].decode()
+                pos = q1550
+                acc1542[k1545] = x1544
+        f_labels = acc1542
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1534: list[Any] = []
+        acc1551: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1535 = _ZD[b]
+                c1552 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1535 = (z >> 1) ^ -(z & 1)
+                c1552 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1535 = (z >> 1) ^ -(z & 1)
+                c1552 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1535, pos = _rlong(buf, pos)
-            if c1535 == 0:
+                c1552, pos = _rlong(buf, pos)
+            if c1552 == 0:
                 break
-            if c1535 < 0:
-                c1535 = -c1535
+            if c1552 < 0:
+                c1552 = -c1552
                 b = buf[pos]
                 if b < 128:
-                    z1538 = _ZD[b]
+                    z1555 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1538 = (z >> 1) ^ -(z & 1)
+                    z1555 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1538 = (z >> 1) ^ -(z & 1)
+                    z1555 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1538, pos = _rlong(buf, pos)
-            if c1535 * 3 > end - pos:
-                raise _count_error(c1535, end - pos)
-            for _ in range(c1535):
-                x1536, pos = _d_Taint362(buf, pos, end)
-                acc1534.append(x1536)
-        f_taints = tuple(acc1534)
+                    z1555, pos = _rlong(buf, pos)
+            if c1552 * 3 > end - pos:
+                raise _count_error(c1552, end - pos)
+            for _ in range(c1552):
+                x1553, pos = _d_Taint365(buf, pos, end)
+                acc1551.append(x1553)
+        f_taints = tuple(acc1551)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7308,22 +7359,23 @@ def _d_NodeUpdated1521(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1538(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1555(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    f_gang_id: Any
+    n1557 = _ZL[buf[pos]]
+    if n1557 < 0:
+        n1557, pos = _rlong(buf, pos)
+        if n1557 < 0:
+            raise _length_error(n1557, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_pod_id = buf[pos:q1541].decode()
-    pos = q1541
+    q1558 = pos + n1557
+    if q1558 > end:
+        raise _length_error(n1557, end - pos)
+    f_pod_id = buf[pos:q1558].decode()
+    pos = q1558
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7352,176 +7404,207 @@ def _d_PodRetryScheduled1538(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         pos += 3
     else:
         f_not_before, pos = _rlong(buf, pos)
-    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before)
+    b = buf[pos]
+    if b < 128:
+        i1559 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1559 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1559 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1559, pos = _rlong(buf, pos)
+    if i1559 == 0:
+        f_gang_id = None
+    elif i1559 == 1:
+        n1560 = _ZL[buf[pos]]
+        if n1560 < 0:
+            n1560, pos = _rlong(buf, pos)
+            if n1560 < 0:
+                raise _length_error(n1560, end - pos)
+        else:
+            pos += 1
+        q1561 = pos + n1560
+        if q1561 > end:
+            raise _length_error(n1560, end - pos)
+        f_gang_id = buf[pos:q1561].decode()
+        pos = q1561
+    else:
+        raise _union_error(i1559, 2)
+    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1541(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1561(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1543 = _ZL[buf[pos]]
-    if n1543 < 0:
-        n1543, pos = _rlong(buf, pos)
-        if n1543 < 0:
-            raise _length_error(n1543, end - pos)
+    n1563 = _ZL[buf[pos]]
+    if n1563 < 0:
+        n1563, pos = _rlong(buf, pos)
+        if n1563 < 0:
+            raise _length_error(n1563, end - pos)
     else:
         pos += 1
-    q1544 = pos + n1543
-    if q1544 > end:
-        raise _length_error(n1543, end - pos)
-    f_budget_id = buf[pos:q1544].decode()
-    pos = q1544
+    q1564 = pos + n1563
+    if q1564 > end:
+        raise _length_error(n1563, end - pos)
+    f_budget_id = buf[pos:q1564].decode()
+    pos = q1564
     b = buf[pos]
     if b < 128:
-        i1545 = _ZD[b]
+        i1565 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1545 = (z >> 1) ^ -(z & 1)
+        i1565 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1545 = (z >> 1) ^ -(z & 1)
+        i1565 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1545, pos = _rlong(buf, pos)
-    if i1545 == 0:
+        i1565, pos = _rlong(buf, pos)
+    if i1565 == 0:
         f_tenant = None
-    elif i1545 == 1:
-        n1546 = _ZL[buf[pos]]
-        if n1546 < 0:
-            n1546, pos = _rlong(buf, pos)
-            if n1546 < 0:
-                raise _length_error(n1546, end - pos)
+    elif i1565 == 1:
+        n1566 = _ZL[buf[pos]]
+        if n1566 < 0:
+            n1566, pos = _rlong(buf, pos)
+            if n1566 < 0:
+                raise _length_error(n1566, end - pos)
         else:
             pos += 1
-        q1547 = pos + n1546
-        if q1547 > end:
-            raise _length_error(n1546, end - pos)
-        f_tenant = buf[pos:q1547].decode()
-        pos = q1547
+        q1567 = pos + n1566
+        if q1567 > end:
+            raise _length_error(n1566, end - pos)
+        f_tenant = buf[pos:q1567].decode()
+        pos = q1567
     else:
-        raise _union_error(i1545, 2)
+        raise _union_error(i1565, 2)
     b = buf[pos]
     if b < 128:
-        i1548 = _ZD[b]
+        i1568 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1548 = (z >> 1) ^ -(z & 1)
+        i1568 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1548 = (z >> 1) ^ -(z & 1)
+        i1568 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1548, pos = _rlong(buf, pos)
-    if i1548 == 0:
+        i1568, pos = _rlong(buf, pos)
+    if i1568 == 0:
         f_gang_id = None
-    elif i1548 == 1:
-        n1549 = _ZL[buf[pos]]
-        if n1549 < 0:
-            n1549, pos = _rlong(buf, pos)
-            if n1549 < 0:
-                raise _length_error(n1549, end - pos)
+    elif i1568 == 1:
+        n1569 = _ZL[buf[pos]]
+        if n1569 < 0:
+            n1569, pos = _rlong(buf, pos)
+            if n1569 < 0:
+                raise _length_error(n1569, end - pos)
         else:
             pos += 1
-        q1550 = pos + n1549
-        if q1550 > end:
-            raise _length_error(n1549, end - pos)
-        f_gang_id = buf[pos:q1550].decode()
-        pos = q1550
+        q1570 = pos + n1569
+        if q1570 > end:
+            raise _length_error(n1569, end - pos)
+        f_gang_id = buf[pos:q1570].decode()
+        pos = q1570
     else:
-        raise _union_error(i1548, 2)
+        raise _union_error(i1568, 2)
     b = buf[pos]
     if b < 128:
-        i1551 = _ZD[b]
+        i1571 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1551 = (z >> 1) ^ -(z & 1)
+        i1571 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1551 = (z >> 1) ^ -(z & 1)
+        i1571 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1551, pos = _rlong(buf, pos)
-    if i1551 == 0:
+        i1571, pos = _rlong(buf, pos)
+    if i1571 == 0:
         f_label_selector = None
-    elif i1551 == 1:
+    elif i1571 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1552: dict[str, Any] = {}
+            acc1572: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1553 = _ZD[b]
+                    c1573 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1553 = (z >> 1) ^ -(z & 1)
+                    c1573 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1553 = (z >> 1) ^ -(z & 1)
+                    c1573 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1553, pos = _rlong(buf, pos)
-                if c1553 == 0:
+                    c1573, pos = _rlong(buf, pos)
+                if c1573 == 0:
                     break
-                if c1553 < 0:
-                    c1553 = -c1553
+                if c1573 < 0:
+                    c1573 = -c1573
                     b = buf[pos]
                     if b < 128:
-                        z1556 = _ZD[b]
+                        z1576 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1556 = (z >> 1) ^ -(z & 1)
+                        z1576 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1556 = (z >> 1) ^ -(z & 1)
+                        z1576 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1556, pos = _rlong(buf, pos)
-                if c1553 * 2 > end - pos:
-                    raise _count_error(c1553, end - pos)
-                for _ in range(c1553):
-                    n1557 = _ZL[buf[pos]]
-                    if n1557 < 0:
-                        n1557, pos = _rlong(buf, pos)
-                        if n1557 < 0:
-                            raise _length_error(n1557, end - pos)
+                        z1576, pos = _rlong(buf, pos)
+                if c1573 * 2 > end - pos:
+                    raise _count_error(c1573, end - pos)
+                for _ in range(c1573):
+                    n1577 = _ZL[buf[pos]]
+                    if n1577 < 0:
+                        n1577, pos = _rlong(buf, pos)
+                        if n1577 < 0:
+                            raise _length_error(n1577, end - pos)
                     else:
                         pos += 1
-                    q1558 = pos + n1557
-                    if q1558 > end:
-                        raise _length_error(n1557, end - pos)
-                    k1555 = buf[pos:q1558].decode()
-                    pos = q1558
-                    n1559 = _ZL[buf[pos]]
-                    if n1559 < 0:
-                        n1559, pos = _rlong(buf, pos)
-                        if n1559 < 0:
-                            raise _length_error(n1559, end - pos)
+                    q1578 = pos + n1577
+                    if q1578 > end:
+                        raise _length_error(n1577, end - pos)
+                    k1575 = buf[pos:q1578].decode()
+                    pos = q1578
+                    n1579 = _ZL[buf[pos]]
+                    if n1579 < 0:
+                        n1579, pos = _rlong(buf, pos)
+                        if n1579 < 0:
+                            raise _length_error(n1579, end - pos)
                     else:
                         pos += 1
-                    q1560 = pos + n1559
-                    if q1560 > end:
-                        raise _length_error(n1559, end - pos)
-                    x1554 = buf[pos:q1560].decode()
-                    pos = q1560
-                    acc1552[k1555] = x1554
-            f_label_selector = acc1552
+                    q1580 = pos + n1579
+                    if q1580 > end:
+                        raise _length_error(n1579, end - pos)
+                    x1574 = buf[pos:q1580].decode()
+                    pos = q1580
+                    acc1572[k1575] = x1574
+            f_label_selector = acc1572
     else:
-        raise _union_error(i1551, 2)
+        raise _union_error(i1571, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7540,66 +7623,66 @@ def _d_DisruptionBudgetSet1541(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1560(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1580(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1562 = _ZL[buf[pos]]
-    if n1562 < 0:
-        n1562, pos = _rlong(buf, pos)
-        if n1562 < 0:
-            raise _length_error(n1562, end - pos)
+    n1582 = _ZL[buf[pos]]
+    if n1582 < 0:
+        n1582, pos = _rlong(buf, pos)
+        if n1582 < 0:
+            raise _length_error(n1582, end - pos)
     else:
         pos += 1
-    q1563 = pos + n1562
-    if q1563 > end:
-        raise _length_error(n1562, end - pos)
-    f_budget_id = buf[pos:q1563].decode()
-    pos = q1563
+    q1583 = pos + n1582
+    if q1583 > end:
+        raise _length_error(n1582, end - pos)
+    f_budget_id = buf[pos:q1583].decode()
+    pos = q1583
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1563(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1583(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1565 = _ZL[buf[pos]]
-    if n1565 < 0:
-        n1565, pos = _rlong(buf, pos)
-        if n1565 < 0:
-            raise _length_error(n1565, end - pos)
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1566 = pos + n1565
-    if q1566 > end:
-        raise _length_error(n1565, end - pos)
-    f_pod_id = buf[pos:q1566].decode()
-    pos = q1566
-    n1567 = _ZL[buf[pos]]
-    if n1567 < 0:
-        n1567, pos = _rlong(buf, pos)
-        if n1567 < 0:
-            raise _length_error(n1567, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_pod_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1568 = pos + n1567
-    if q1568 > end:
-        raise _length_error(n1567, end - pos)
-    f_node_id = buf[pos:q1568].decode()
-    pos = q1568
-    n1569 = _ZL[buf[pos]]
-    if n1569 < 0:
-        n1569, pos = _rlong(buf, pos)
-        if n1569 < 0:
-            raise _length_error(n1569, end - pos)
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_node_id = buf[pos:q1588].decode()
+    pos = q1588
+    n1589 = _ZL[buf[pos]]
+    if n1589 < 0:
+        n1589, pos = _rlong(buf, pos)
+        if n1589 < 0:
+            raise _length_error(n1589, end - pos)
     else:
         pos += 1
-    q1570 = pos + n1569
-    if q1570 > end:
-        raise _length_error(n1569, end - pos)
-    f_budget_id = buf[pos:q1570].decode()
-    pos = q1570
+    q1590 = pos + n1589
+    if q1590 > end:
+        raise _length_error(n1589, end - pos)
+    f_budget_id = buf[pos:q1590].decode()
+    pos = q1590
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7614,51 +7697,51 @@ def _d_EvictionBlocked1563(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1571 = _ZL[buf[pos]]
-    if n1571 < 0:
-        n1571, pos = _rlong(buf, pos)
-        if n1571 < 0:
-            raise _length_error(n1571, end - pos)
+    n1591 = _ZL[buf[pos]]
+    if n1591 < 0:
+        n1591, pos = _rlong(buf, pos)
+        if n1591 < 0:
+            raise _length_error(n1591, end - pos)
     else:
         pos += 1
-    q1572 = pos + n1571
-    if q1572 > end:
-        raise _length_error(n1571, end - pos)
-    f_reason = buf[pos:q1572].decode()
-    pos = q1572
+    q1592 = pos + n1591
+    if q1592 > end:
+        raise _length_error(n1591, end - pos)
+    f_reason = buf[pos:q1592].decode()
+    pos = q1592
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1572(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1592(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1574 = _ZL[buf[pos]]
-    if n1574 < 0:
-        n1574, pos = _rlong(buf, pos)
-        if n1574 < 0:
-            raise _length_error(n1574, end - pos)
+    n1594 = _ZL[buf[pos]]
+    if n1594 < 0:
+        n1594, pos = _rlong(buf, pos)
+        if n1594 < 0:
+            raise _length_error(n1594, end - pos)
     else:
         pos += 1
-    q1575 = pos + n1574
-    if q1575 > end:
-        raise _length_error(n1574, end - pos)
-    f_pod_id = buf[pos:q1575].decode()
-    pos = q1575
-    n1576 = _ZL[buf[pos]]
-    if n1576 < 0:
-        n1576, pos = _rlong(buf, pos)
-        if n1576 < 0:
-            raise _length_error(n1576, end - pos)
+    q1595 = pos + n1594
+    if q1595 > end:
+        raise _length_error(n1594, end - pos)
+    f_pod_id = buf[pos:q1595].decode()
+    pos = q1595
+    n1596 = _ZL[buf[pos]]
+    if n1596 < 0:
+        n1596, pos = _rlong(buf, pos)
+        if n1596 < 0:
+            raise _length_error(n1596, end - pos)
     else:
         pos += 1
-    q1577 = pos + n1576
-    if q1577 > end:
-        raise _length_error(n1576, end - pos)
-    f_node_id = buf[pos:q1577].decode()
-    pos = q1577
+    q1597 = pos + n1596
+    if q1597 > end:
+        raise _length_error(n1596, end - pos)
+    f_node_id = buf[pos:q1597].decode()
+    pos = q1597
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7684,7 +7767,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1152:
+    if frame[:10] != _k1168:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7725,30 +7808,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1154 = _ZL[buf[pos]]
-        if n1154 < 0:
-            n1154, pos = _rlong(buf, pos)
-            if n1154 < 0:
-                raise _length_error(n1154, end - pos)
+        n1170 = _ZL[buf[pos]]
+        if n1170 < 0:
+            n1170, pos = _rlong(buf, pos)
+            if n1170 < 0:
+                raise _length_error(n1170, end - pos)
         else:
             pos += 1
-        q1155 = pos + n1154
-        if q1155 > end:
-            raise _length_error(n1154, end - pos)
-        f_cluster = buf[pos:q1155].decode()
-        pos = q1155
-        n1156 = _ZL[buf[pos]]
-        if n1156 < 0:
-            n1156, pos = _rlong(buf, pos)
-            if n1156 < 0:
-                raise _length_error(n1156, end - pos)
+        q1171 = pos + n1170
+        if q1171 > end:
+            raise _length_error(n1170, end - pos)
+        f_cluster = buf[pos:q1171].decode()
+        pos = q1171
+        n1172 = _ZL[buf[pos]]
+        if n1172 < 0:
+            n1172, pos = _rlong(buf, pos)
+            if n1172 < 0:
+                raise _length_error(n1172, end - pos)
         else:
             pos += 1
-        q1157 = pos + n1156
-        if q1157 > end:
-            raise _length_error(n1156, end - pos)
-        f_command_id = buf[pos:q1157].decode()
-        pos = q1157
+        q1173 = pos + n1172
+        if q1173 > end:
+            raise _length_error(n1172, end - pos)
+        f_command_id = buf[pos:q1173].decode()
+        pos = q1173
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7779,21 +7862,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1158 = _ZD[b]
+            i1174 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1158 = (z >> 1) ^ -(z & 1)
+            i1174 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1158 = (z >> 1) ^ -(z & 1)
+            i1174 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1158, pos = _rlong(buf, pos)
-        if not 0 <= i1158 < 34:
-            raise _union_error(i1158, 34)
-        f_payload, pos = _k1577[i1158](buf, pos, end)
+            i1174, pos = _rlong(buf, pos)
+        if not 0 <= i1174 < 34:
+            raise _union_error(i1174, 34)
+        f_payload, pos = _k1597[i1174](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7816,11 +7899,15 @@ _k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k271: dict[type, Callable[[Any], bytes]] = {
+_k231: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k274: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k334: dict[type, Callable[[Any], bytes]] = {
+_k337: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7831,80 +7918,88 @@ _k334: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang179,
-    _c_ReleaseGang: _e_ReleaseGang230,
-    _c_Tick: _e_Tick236,
-    _c_SetQuota: _e_SetQuota238,
-    _c_RemoveQuota: _e_RemoveQuota273,
-    _c_Defragment: _e_Defragment277,
-    _c_ResumeCluster: _e_ResumeCluster286,
-    _c_RecoverNode: _e_RecoverNode290,
-    _c_UpdateNode: _e_UpdateNode294,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget308,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget330,
+    _c_ReleaseGang: _e_ReleaseGang233,
+    _c_Tick: _e_Tick239,
+    _c_SetQuota: _e_SetQuota241,
+    _c_RemoveQuota: _e_RemoveQuota276,
+    _c_Defragment: _e_Defragment280,
+    _c_ResumeCluster: _e_ResumeCluster289,
+    _c_RecoverNode: _e_RecoverNode293,
+    _c_UpdateNode: _e_UpdateNode297,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget311,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget333,
 }
 
-_k604: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode343, _d_RemoveNode369, _d_CordonNode372, _d_UncordonNode375, _d_DrainNode378, _d_MarkNodeFailed381, _d_SubmitPod386, _d_Release435, _d_SetPolicy440, _d_SubmitGang472, _d_ReleaseGang526, _d_Tick531, _d_SetQuota532, _d_RemoveQuota550, _d_Defragment553, _d_ResumeCluster557, _d_RecoverNode560, _d_UpdateNode563, _d_SetDisruptionBudget582, _d_RemoveDisruptionBudget601,)
+_k608: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode346, _d_RemoveNode372, _d_CordonNode375, _d_UncordonNode378, _d_DrainNode381, _d_MarkNodeFailed384, _d_SubmitPod389, _d_Release438, _d_SetPolicy443, _d_SubmitGang475, _d_ReleaseGang530, _d_Tick535, _d_SetQuota536, _d_RemoveQuota554, _d_Defragment557, _d_ResumeCluster561, _d_RecoverNode564, _d_UpdateNode567, _d_SetDisruptionBudget586, _d_RemoveDisruptionBudget605,)
 
-_k687: dict[type, Callable[[Any], bytes]] = {
+_k691: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k733: dict[type, Callable[[Any], bytes]] = {
+_k737: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k843: dict[type, Callable[[Any], bytes]] = {
+_k847: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1036: dict[type, Callable[[Any], bytes]] = {
+_k880: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k938: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k1046: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1039: dict[type, Callable[[Any], bytes]] = {
+_k1049: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1151: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded616,
-    _c_NodeRemoved: _e_NodeRemoved628,
-    _c_NodeCordoned: _e_NodeCordoned632,
-    _c_NodeUncordoned: _e_NodeUncordoned636,
-    _c_NodeDrained: _e_NodeDrained640,
-    _c_NodeFailed: _e_NodeFailed645,
-    _c_PodQueued: _e_PodQueued652,
-    _c_PodScheduled: _e_PodScheduled698,
-    _c_PodEvicted: _e_PodEvicted749,
-    _c_PodReleased: _e_PodReleased757,
-    _c_PolicyChanged: _e_PolicyChanged769,
-    _c_CommandRejected: _e_CommandRejected787,
-    _c_GangQueued: _e_GangQueued797,
-    _c_GangScheduled: _e_GangScheduled881,
-    _c_GangTimedOut: _e_GangTimedOut950,
-    _c_GangReleased: _e_GangReleased957,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached964,
-    _c_NodesReserved: _e_NodesReserved977,
-    _c_ReservationReleased: _e_ReservationReleased991,
-    _c_DependencyFailed: _e_DependencyFailed1002,
-    _c_Ticked: _e_Ticked1012,
-    _c_PodPreempted: _e_PodPreempted1015,
-    _c_QuotaChanged: _e_QuotaChanged1027,
-    _c_PodMigrated: _e_PodMigrated1043,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1057,
-    _c_ClusterHalted: _e_ClusterHalted1070,
-    _c_ClusterResumed: _e_ClusterResumed1080,
-    _c_NodeRecovered: _e_NodeRecovered1090,
-    _c_NodeUpdated: _e_NodeUpdated1094,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1101,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1107,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1129,
-    _c_EvictionBlocked: _e_EvictionBlocked1133,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1144,
+_k1167: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded620,
+    _c_NodeRemoved: _e_NodeRemoved632,
+    _c_NodeCordoned: _e_NodeCordoned636,
+    _c_NodeUncordoned: _e_NodeUncordoned640,
+    _c_NodeDrained: _e_NodeDrained644,
+    _c_NodeFailed: _e_NodeFailed649,
+    _c_PodQueued: _e_PodQueued656,
+    _c_PodScheduled: _e_PodScheduled702,
+    _c_PodEvicted: _e_PodEvicted753,
+    _c_PodReleased: _e_PodReleased761,
+    _c_PolicyChanged: _e_PolicyChanged773,
+    _c_CommandRejected: _e_CommandRejected791,
+    _c_GangQueued: _e_GangQueued801,
+    _c_GangScheduled: _e_GangScheduled888,
+    _c_GangTimedOut: _e_GangTimedOut960,
+    _c_GangReleased: _e_GangReleased967,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached974,
+    _c_NodesReserved: _e_NodesReserved987,
+    _c_ReservationReleased: _e_ReservationReleased1001,
+    _c_DependencyFailed: _e_DependencyFailed1012,
+    _c_Ticked: _e_Ticked1022,
+    _c_PodPreempted: _e_PodPreempted1025,
+    _c_QuotaChanged: _e_QuotaChanged1037,
+    _c_PodMigrated: _e_PodMigrated1053,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1067,
+    _c_ClusterHalted: _e_ClusterHalted1080,
+    _c_ClusterResumed: _e_ClusterResumed1090,
+    _c_NodeRecovered: _e_NodeRecovered1100,
+    _c_NodeUpdated: _e_NodeUpdated1104,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1111,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1123,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1145,
+    _c_EvictionBlocked: _e_EvictionBlocked1149,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1160,
 }
 
-_k1577: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1158, _d_NodeRemoved1177, _d_NodeCordoned1180, _d_NodeUncordoned1183, _d_NodeDrained1186, _d_NodeFailed1189, _d_PodQueued1194, _d_PodScheduled1254, _d_PodEvicted1279, _d_PodReleased1286, _d_PolicyChanged1294, _d_CommandRejected1303, _d_GangQueued1312, _d_GangScheduled1357, _d_GangTimedOut1390, _d_GangReleased1395, _d_PodTimeLimitReached1407, _d_NodesReserved1415, _d_ReservationReleased1430, _d_DependencyFailed1446, _d_Ticked1455, _d_PodPreempted1456, _d_QuotaChanged1467, _d_PodMigrated1475, _d_DefragmentationPlanned1496, _d_ClusterHalted1502, _d_ClusterResumed1511, _d_NodeRecovered1518, _d_NodeUpdated1521, _d_PodRetryScheduled1538, _d_DisruptionBudgetSet1541, _d_DisruptionBudgetRemoved1560, _d_EvictionBlocked1563, _d_PodEvictionScheduled1572,)
+_k1597: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1174, _d_NodeRemoved1193, _d_NodeCordoned1196, _d_NodeUncordoned1199, _d_NodeDrained1202, _d_NodeFailed1205, _d_PodQueued1210, _d_PodScheduled1270, _d_PodEvicted1295, _d_PodReleased1302, _d_PolicyChanged1310, _d_CommandRejected1319, _d_GangQueued1328, _d_GangScheduled1374, _d_GangTimedOut1407, _d_GangReleased1412, _d_PodTimeLimitReached1424, _d_NodesReserved1432, _d_ReservationReleased1447, _d_DependencyFailed1463, _d_Ticked1472, _d_PodPreempted1473, _d_QuotaChanged1484, _d_PodMigrated1492, _d_DefragmentationPlanned1513, _d_ClusterHalted1519, _d_ClusterResumed1528, _d_NodeRecovered1535, _d_NodeUpdated1538, _d_PodRetryScheduled1555, _d_DisruptionBudgetSet1561, _d_DisruptionBudgetRemoved1580, _d_EvictionBlocked1583, _d_PodEvictionScheduled1592,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event605
+encode_event = _e_Event609

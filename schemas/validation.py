@@ -371,6 +371,8 @@ def check_submit_gang(command: SubmitGang, modes: tuple[str, ...] = PREEMPTION_M
         (command.gang_id, *(member.pod_id for member in command.members)), command.depends_on, command.dependency
     )
     check_preemption(command.preemption, modes)
+    if command.retry is not None:
+        check_retry(command.retry)
 
 
 def check_release_gang(command: ReleaseGang) -> None:
