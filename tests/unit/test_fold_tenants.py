@@ -8,7 +8,7 @@ cluster, a requeued gang timed out at once, dependants bound to a dead incarnati
 from __future__ import annotations
 
 from processor.core.fold import decide
-from processor.core.state import GANG_RUNNING
+from processor.core.state import GANG_RETRYING, GANG_RUNNING
 from schemas.codes import QueueReasonCode
 from schemas.commands import (
     AddNode,
@@ -16,6 +16,7 @@ from schemas.commands import (
     MarkNodeFailed,
     QuotaPreemption,
     Release,
+    Retry,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -478,3 +479,37 @@ def test_v3_refuses_what_it_did_not_know() -> None:
     assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
     (event,) = fold.run(gpus("p", preemption="lower_or_newer_equal_priority"))
     assert event.type_name == "PodScheduled"
+
+
+def test_an_elastic_gang_waiting_for_its_retry_takes_its_waiting_members_along() -> None:
+    """g starts 2 of its 3 members (one node of 2 GPUs), g-2 waits; g-0 fails and takes the gang (min_members 2):
+    g-2 stops being a pod while the gang waits for its retry (no member outside a running gang), and at the retry
+    the gang starts 2 members again, g-2 waiting again as its member."""
+    fold = Fold()
+    fold.run(AddNode("n0", 64_000, 262_144, "A100", 2), at=0)
+    submit = SubmitGang(
+        "g", members=members("g", 3, 1), min_members=2, timeout_ms=30_000, retry=Retry(1, 10_000, 10_000)
+    )
+    fold.run(submit, at=1_000)
+    assert fold.cluster.pods["g-2"].queued
+    events = fold.run(Release("g-0", "failed"), at=100_000)
+    assert types(events)[-1] == "PodRetryScheduled"
+    assert fold.cluster.gangs["g"].state == GANG_RETRYING and "g-2" not in fold.cluster.pods
+    events = fold.run(Tick(), at=110_000)
+    assert types(events)[:4] == ["GangScheduled", "PodScheduled", "PodScheduled", "PodQueued"]
+    assert fold.cluster.pods["g-2"].queued and fold.cluster.gangs["g"].state == GANG_RUNNING
+
+
+def test_a_gangs_timeout_counts_from_its_retry() -> None:
+    """Submitted at 1 s with timeout_ms 30 s, g runs, fails at 100 s and is retried at 110 s when a pod holds its
+    node: it waits, and times out 30 s after its retry, not at once."""
+    fold = Fold()
+    fold.run(AddNode("n0", 64_000, 262_144, "A100", 2), at=0)
+    fold.run(SubmitGang("g", members=members("g", 2, 1), timeout_ms=30_000, retry=Retry(1, 10_000)), at=1_000)
+    fold.run(Release("g-0", "failed"), at=100_000)
+    fold.run(gpus("x", count=2), at=101_000)
+    events = fold.run(Tick(), at=110_000)
+    assert "GangQueued" in types(events) and "GangTimedOut" not in types(events)
+    assert "GangTimedOut" not in types(fold.run(Tick(), at=139_000))
+    (timed_out,) = of(fold.run(Tick(), at=141_000), "GangTimedOut")
+    assert timed_out.payload.waited_ms == 30_000
