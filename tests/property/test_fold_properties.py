@@ -274,7 +274,7 @@ def _freed_signature(cluster: ClusterState, node: Node, pods: list[Pod]) -> Sign
 
 def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
     """No queued pod that may preempt (and whose quota has room) waits while, on some node it may use, the
-    pods of strictly lower priority hold what it needs: removing them all would make it fit."""
+    preemptible pods of strictly lower priority hold what it needs: removing them all would make it fit."""
     if cluster.queue_order == "strict-fifo":
         return
     nodes = [node for node in cluster.nodes.values() if node.schedulable]
@@ -286,7 +286,11 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
         shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
         models = admitted_models(cluster, pod.spec)
         for node in nodes:
-            lower = [cluster.pods[p] for p in node.pods if cluster.pods[p].spec.priority < pod.spec.priority]
+            lower = [  # a pod that is not preemptible is never a victim
+                cluster.pods[p]
+                for p in node.pods
+                if cluster.pods[p].spec.priority < pod.spec.priority and cluster.pods[p].spec.preemptible
+            ]
             if lower and _may_use(node, models):
                 assert first_misfit(_freed_signature(cluster, node, lower), shape) is not None, (
                     f"queued pod {pod.spec.pod_id} (priority {pod.spec.priority}) could preempt on {node.node_id}"
