@@ -441,6 +441,11 @@ class ClusterState:
     fit_cache: dict[PodShape, dict[str, tuple[int, tuple[bool, tuple[int, object] | None] | None]]] = field(
         default_factory=dict
     )  # derived: the reservation planner's answer per holder shape and node (reservation_planner._trigger)
+    # Derived: per node, the planner's step that first frees one of its pods (reservation_planner._first_release),
+    # the nodes in that order (None until the planner first needs it), and the nodes changed since.
+    first_release: dict[str, tuple[int, object] | None] = field(default_factory=dict)
+    release_order: SortedList | None = None
+    release_changed: dict[str, None] = field(default_factory=dict)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1),
@@ -605,6 +610,8 @@ class ClusterState:
         the preemption index, which refiles it before its next search (or, past a bound on marked nodes,
         moves the oldest marked one to its pending bucket now)."""
         node.changes += 1
+        if self.release_order is not None:
+            self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
         if node.schedulable:
             self.index.update(node.node_id, node.signature())
