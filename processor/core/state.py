@@ -410,6 +410,7 @@ class ClusterState:
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
+    priority_levels: SortedList = field(default_factory=SortedList)  # derived: the keys of priority_nodes, sorted
     preemptible: PreemptionIndex = field(default_factory=PreemptionIndex)  # derived: nodes by victim class
     # Derived: each cohort's pool per quota key, (cohort, key) -> CohortPool, kept as pods start and stop so an
     # admission check is O(1).
@@ -475,6 +476,7 @@ class ClusterState:
         at_priority = self.priority_nodes.get(spec.priority)
         if at_priority is None:
             at_priority = self.priority_nodes[spec.priority] = {}
+            self.priority_levels.add(spec.priority)
         count = at_priority.get(node.node_id, 0) + sign
         if count:
             at_priority[node.node_id] = count
@@ -482,6 +484,7 @@ class ClusterState:
             del at_priority[node.node_id]
             if not at_priority:
                 del self.priority_nodes[spec.priority]
+                self.priority_levels.remove(spec.priority)
 
     def _file_reclaimable(self, pod: Pod, node: Node, sign: int) -> None:
         """File (+1) or unfile (-1) a cohort tenant's running pod on a node in reclaim's order: under (tenant, "")
