@@ -156,11 +156,38 @@ def _pod_retry_scheduled(batch: StagedBatch, event: Event, p: PodRetryScheduled)
     if pod["status"] != "running":
         raise ProjectionError(f"pod {p.pod_id!r} scheduled for a retry but it does not run")
     batch.unbind(event, pod)
+    if p.gang_id is not None:
+        _gang_retry_scheduled(batch, event, p, pod)
+        return
     batch.set_status(pod, "pending")
     message = f"it failed; retry {p.attempt} is due at event time {p.not_before} ms (backoff)"
     pod["reasons"] = [{"code": QueueReasonCode.WAITING_FOR_RETRY, "nodes": 0, "message": message}]
     pod["queued_at"] = event.occurred_at
     pod["updated_sequence"] = event.sequence
+
+
+def _gang_retry_scheduled(batch: StagedBatch, event: Event, p: PodRetryScheduled, pod: dict[str, Any]) -> None:
+    """A member's failure took its gang: the failed member's row ends, as do the rows of the members evicted with
+    it (they are pods again when the gang starts again); the gang is pending, with the reason and the time it is
+    due."""
+    key = (event.cluster, p.gang_id)
+    gang = batch.gangs.get(key)  # type: ignore[arg-type]
+    if gang is None or gang["status"] != "running":
+        raise ProjectionError(f"gang {p.gang_id!r} scheduled for a retry but it does not run")
+    batch.set_status(pod, "released")
+    pod["reasons"] = []
+    pod["ended_at"] = event.occurred_at
+    pod["end_reason"] = "failed"
+    pod["updated_sequence"] = event.sequence
+    _close_evicted_members(batch, event, gang, "gang failed")
+    gang["status"] = "pending"
+    message = f"member {p.pod_id} failed; retry {p.attempt} of the gang is due at event time {p.not_before} ms"
+    gang["reasons"] = [{"code": QueueReasonCode.WAITING_FOR_RETRY, "nodes": 0, "message": message + " (backoff)"}]
+    gang["placed"] = []
+    gang["started_at"] = gang["topology_key"] = gang["domain"] = None
+    gang["queued_at"] = event.occurred_at
+    gang["updated_sequence"] = event.sequence
+    batch.dirty_gangs.add(key)  # type: ignore[arg-type]
 
 
 def _eviction_blocked(batch: StagedBatch, event: Event, p: EvictionBlocked) -> None:

@@ -29,6 +29,7 @@ from schemas.events import (
     NodesReserved,
     PodMigrated,
     PodQueued,
+    PodRetryScheduled,
     PodScheduled,
     PodSpec,
     ReservationReleased,
@@ -100,6 +101,7 @@ class StagedBatch:
         gang_keys: set[tuple[str, str]] = set()
         reserved: set[str] = set()
         placed: set[tuple[str, str]] = set()  # first placements
+        retried: set[tuple[str, str]] = set()  # pods that stop for a retry: their node is not in the event
         clusters = self.clusters
         for envelope in events:
             event: Event = envelope.event  # type: ignore[assignment]
@@ -111,10 +113,16 @@ class StagedBatch:
                 node_keys.add((cluster, node_id))
             # A first placement of a submission creates its row unless an unreleased one is
             # stored: an evicted pod placed again keeps its row (pod_from_spec). Such rows are
-            # few, so first placements look them up by status (below), not one by one.
+            # few, so first placements look them up by status (below), not one by one. A placement
+            # later than the submission, not from the queue (a retry after its backoff), is looked
+            # up by its key: its row is pending.
             kind = type(payload)
             if pod_id is not None:
-                if (kind is PodScheduled and not payload.from_queue) or (  # type: ignore[union-attr]
+                if (
+                    kind is PodScheduled
+                    and not payload.from_queue  # type: ignore[union-attr]
+                    and event.occurred_at == payload.pod.submitted_at  # type: ignore[union-attr]
+                ) or (
                     kind is PodQueued and not payload.requeued  # type: ignore[union-attr]
                 ):
                     placed.add((cluster, pod_id))
@@ -124,6 +132,10 @@ class StagedBatch:
                 gang_keys.add((cluster, str(payload.gang_id)))  # type: ignore[union-attr]
                 if kind is GangQueued and payload.requeued:  # type: ignore[union-attr]
                     pod_keys.update((cluster, m.pod_id) for m in payload.gang.members)  # type: ignore[union-attr]
+            elif kind is PodRetryScheduled:
+                retried.add((cluster, payload.pod_id))  # type: ignore[union-attr]
+                if payload.gang_id is not None:  # type: ignore[union-attr]  # a member takes its gang
+                    gang_keys.add((cluster, payload.gang_id))  # type: ignore[union-attr]
             elif kind is NodesReserved or kind is ReservationReleased:
                 reserved.add(cluster)
             elif kind is PodMigrated:  # both nodes change (its subject names neither)
@@ -171,6 +183,8 @@ class StagedBatch:
         for key, row in _fetch(conn, models.pods, "pod_id", pod_keys):
             self.pods[key] = row
             self.pods_in_db.add(key)
+        if retried:
+            self._load_nodes_of(retried, previous)
         names = sorted(clusters - carried)
         if names:
             totals = models.gpu_totals
@@ -185,6 +199,21 @@ class StagedBatch:
             for stat in conn.execute(select(stats).where(stats.c.cluster.in_(names))):
                 self.stats[stat.cluster] = [stat.pending, stat.running]
         self.usage.load(conn, clusters - carried)
+
+    def _load_nodes_of(self, keys: set[tuple[str, str]], previous: StagedBatch | None) -> None:
+        """The nodes the given pods run on as the batch begins (a PodRetryScheduled names no node; a node the pod
+        moves to within the batch is named by the event that moves it, so it is loaded already)."""
+        wanted = {(key[0], row["node_id"]) for key in keys if (row := self.pods.get(key)) and row["node_id"]}
+        wanted -= self.nodes.keys()
+        if previous is not None:
+            for key in wanted & previous.nodes.keys():
+                row = self.nodes[key] = previous.nodes[key]
+                if row is not None:
+                    self.nodes_in_db.add(key)
+            wanted -= previous.nodes.keys()
+        for key, row in _fetch(self.conn, models.nodes, "node_id", wanted):
+            self.nodes[key] = row
+            self.nodes_in_db.add(key)
 
     # -------------------------------------------------------------- applying
 

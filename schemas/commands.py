@@ -234,6 +234,7 @@ class SubmitGang(Record):
     depends_on: tuple[str, ...] = ()
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
+    retry: Retry | None = None
 
 
 @dataclass(slots=True)
@@ -461,5 +462,5 @@ nest(AddNode, {"taints": Taint})
 nest(SubmitPod, {"tolerations": Toleration, "retry": Retry})
 nest(SetPolicy, {"default_quota": Quota})
 nest(GangMember, {"tolerations": Toleration})
-nest(SubmitGang, {"members": GangMember})
+nest(SubmitGang, {"members": GangMember, "retry": Retry})
 nest(UpdateNode, {"taints": Taint})

@@ -71,6 +71,7 @@ class GangSpec(Record):
     submitted_at: int
     arrival: int
     preemption: str = PREEMPT_LOWER
+    retry: Retry | None = None
 
     def __hash__(self) -> int:  # specs hold dicts; gangs are keyed by id
         return hash(self.gang_id)
@@ -353,11 +354,12 @@ class NodeUpdated(Record):
 @dataclass(slots=True)
 class PodRetryScheduled(Record):
     """A failed pod with retries left stops now and goes back to placement at ``not_before`` (its ``attempt``-th
-    retry)."""
+    retry). ``gang_id``: the failed pod is a member of this gang, which stops whole and is retried (its attempt)."""
 
     pod_id: str
     attempt: int
     not_before: int
+    gang_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -518,7 +520,7 @@ class Event:
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
 nest(PodSpec, {"tolerations": Toleration, "retry": Retry})
-nest(GangSpec, {"members": PodSpec})
+nest(GangSpec, {"members": PodSpec, "retry": Retry})
 nest(MemberPlacement, {"gpus": GpuShare})
 nest(NodeAdded, {"taints": Taint})
 nest(NodeUpdated, {"taints": Taint})

@@ -100,7 +100,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
+_k1 = b'\xc3\x01\xd7\xed\x07\xa5\xdd\xe6D\x99'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -141,132 +141,137 @@ _k201 = b'\x02'
 _k203 = b'\x00'
 _k206 = b'\x02'
 _k208 = b'\x00'
-_k215 = b'\x14'
-_k221 = b'\x16'
-_k223 = b'\x18'
-_k228 = b'\x02'
-_k231 = b'\x00'
-_k235 = b'\x02'
-_k237 = b'\x00'
-_k240 = b'\x02'
-_k242 = b'\x00'
-_k245 = b'\x02'
-_k247 = b'\x00'
-_k250 = b'\x02'
-_k252 = b'\x00'
-_k255 = b'\x1a'
-_k259 = b'\x1c'
-_k263 = b'\x02'
-_k266 = b'\x00'
-_k268 = b'\x1e'
-_k272 = b' '
-_k276 = b'"'
-_k281 = b'\x02'
-_k283 = b'\x00'
-_k286 = b'\x02'
-_k288 = b'\x00'
-_k290 = b'$'
-_k295 = b'\x02'
-_k298 = b'\x00'
-_k301 = b'\x02'
-_k304 = b'\x00'
-_k307 = b'\x02'
-_k309 = b'\x00'
-_k312 = b'&'
-_k316 = b'\xc3\x01\xe9\xd3G\xb1\xd5\x19\xdb '
-_k577 = b'\xc3\x014\xc8:L\xe2S3^'
-_k588 = b'\x00'
-_k600 = b'\x02'
-_k604 = b'\x04'
-_k608 = b'\x06'
-_k612 = b'\x08'
-_k617 = b'\n'
-_k624 = b'\x0c'
-_k642 = b'\x02'
-_k645 = b'\x00'
-_k648 = b'\x02'
-_k650 = b'\x00'
-_k659 = b'\x00'
-_k670 = b'\x0e'
-_k688 = b'\x02'
-_k691 = b'\x00'
-_k694 = b'\x02'
-_k696 = b'\x00'
-_k705 = b'\x00'
-_k721 = b'\x10'
-_k729 = b'\x12'
-_k734 = b'\x02'
-_k737 = b'\x00'
-_k741 = b'\x14'
-_k748 = b'\x02'
-_k750 = b'\x00'
-_k755 = b'\x02'
-_k757 = b'\x00'
-_k759 = b'\x16'
-_k769 = b'\x18'
-_k798 = b'\x02'
-_k801 = b'\x00'
-_k804 = b'\x02'
-_k806 = b'\x00'
-_k815 = b'\x00'
-_k819 = b'\x02'
-_k822 = b'\x00'
-_k825 = b'\x02'
-_k828 = b'\x00'
-_k831 = b'\x02'
-_k833 = b'\x00'
-_k836 = b'\x02'
-_k838 = b'\x00'
-_k848 = b'\x1a'
-_k869 = b'\x02'
-_k872 = b'\x00'
-_k875 = b'\x02'
-_k878 = b'\x00'
-_k881 = b'\x02'
-_k883 = b'\x00'
-_k886 = b'\x02'
-_k888 = b'\x00'
-_k898 = b'\x02'
-_k901 = b'\x00'
-_k904 = b'\x02'
-_k907 = b'\x00'
-_k912 = b'\x1c'
-_k919 = b'\x1e'
-_k925 = b' '
-_k933 = b'\x02'
-_k936 = b'\x00'
-_k938 = b'"'
-_k946 = b'\x02'
-_k948 = b'\x00'
-_k952 = b'$'
-_k963 = b'&'
-_k973 = b'('
-_k976 = b'*'
-_k988 = b','
-_k991 = b'\x02'
-_k994 = b'\x00'
-_k997 = b'\x00'
-_k1000 = b'\x00'
-_k1004 = b'.'
-_k1018 = b'0'
-_k1024 = b'\x02'
-_k1027 = b'\x00'
-_k1031 = b'2'
-_k1041 = b'4'
-_k1051 = b'6'
-_k1055 = b'8'
-_k1062 = b':'
-_k1068 = b'<'
-_k1073 = b'\x02'
-_k1076 = b'\x00'
+_k216 = b'\x00'
+_k218 = b'\x14'
+_k224 = b'\x16'
+_k226 = b'\x18'
+_k231 = b'\x02'
+_k234 = b'\x00'
+_k238 = b'\x02'
+_k240 = b'\x00'
+_k243 = b'\x02'
+_k245 = b'\x00'
+_k248 = b'\x02'
+_k250 = b'\x00'
+_k253 = b'\x02'
+_k255 = b'\x00'
+_k258 = b'\x1a'
+_k262 = b'\x1c'
+_k266 = b'\x02'
+_k269 = b'\x00'
+_k271 = b'\x1e'
+_k275 = b' '
+_k279 = b'"'
+_k284 = b'\x02'
+_k286 = b'\x00'
+_k289 = b'\x02'
+_k291 = b'\x00'
+_k293 = b'$'
+_k298 = b'\x02'
+_k301 = b'\x00'
+_k304 = b'\x02'
+_k307 = b'\x00'
+_k310 = b'\x02'
+_k312 = b'\x00'
+_k315 = b'&'
+_k319 = b'\xc3\x01\xd7\xed\x07\xa5\xdd\xe6D\x99'
+_k581 = b'\xc3\x01M\x81WtUM\x04\xf3'
+_k592 = b'\x00'
+_k604 = b'\x02'
+_k608 = b'\x04'
+_k612 = b'\x06'
+_k616 = b'\x08'
+_k621 = b'\n'
+_k628 = b'\x0c'
+_k646 = b'\x02'
+_k649 = b'\x00'
+_k652 = b'\x02'
+_k654 = b'\x00'
+_k663 = b'\x00'
+_k674 = b'\x0e'
+_k692 = b'\x02'
+_k695 = b'\x00'
+_k698 = b'\x02'
+_k700 = b'\x00'
+_k709 = b'\x00'
+_k725 = b'\x10'
+_k733 = b'\x12'
+_k738 = b'\x02'
+_k741 = b'\x00'
+_k745 = b'\x14'
+_k752 = b'\x02'
+_k754 = b'\x00'
+_k759 = b'\x02'
+_k761 = b'\x00'
+_k763 = b'\x16'
+_k773 = b'\x18'
+_k802 = b'\x02'
+_k805 = b'\x00'
+_k808 = b'\x02'
+_k810 = b'\x00'
+_k819 = b'\x00'
+_k823 = b'\x02'
+_k826 = b'\x00'
+_k829 = b'\x02'
+_k832 = b'\x00'
+_k835 = b'\x02'
+_k837 = b'\x00'
+_k840 = b'\x02'
+_k842 = b'\x00'
+_k852 = b'\x00'
+_k855 = b'\x1a'
+_k876 = b'\x02'
+_k879 = b'\x00'
+_k882 = b'\x02'
+_k885 = b'\x00'
+_k888 = b'\x02'
+_k890 = b'\x00'
+_k893 = b'\x02'
+_k895 = b'\x00'
+_k905 = b'\x00'
+_k908 = b'\x02'
+_k911 = b'\x00'
+_k914 = b'\x02'
+_k917 = b'\x00'
+_k922 = b'\x1c'
+_k929 = b'\x1e'
+_k935 = b' '
+_k943 = b'\x02'
+_k946 = b'\x00'
+_k948 = b'"'
+_k956 = b'\x02'
+_k958 = b'\x00'
+_k962 = b'$'
+_k973 = b'&'
+_k983 = b'('
+_k986 = b'*'
+_k998 = b','
+_k1001 = b'\x02'
+_k1004 = b'\x00'
+_k1007 = b'\x00'
+_k1010 = b'\x00'
+_k1014 = b'.'
+_k1028 = b'0'
+_k1034 = b'\x02'
+_k1037 = b'\x00'
+_k1041 = b'2'
+_k1051 = b'4'
+_k1061 = b'6'
+_k1065 = b'8'
+_k1072 = b':'
 _k1079 = b'\x02'
 _k1082 = b'\x00'
-_k1085 = b'\x02'
-_k1087 = b'\x00'
-_k1090 = b'>'
-_k1094 = b'@'
-_k1105 = b'B'
-_k1112 = b'\xc3\x014\xc8:L\xe2S3^'
+_k1084 = b'<'
+_k1089 = b'\x02'
+_k1092 = b'\x00'
+_k1095 = b'\x02'
+_k1098 = b'\x00'
+_k1101 = b'\x02'
+_k1103 = b'\x00'
+_k1106 = b'>'
+_k1110 = b'@'
+_k1121 = b'B'
+_k1128 = b'\xc3\x01M\x81WtUM\x04\xf3'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -455,142 +460,142 @@ def _u206(v: Any) -> bytes:
 
 
 def _e_SubmitGang163(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213,))
+    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213, (_k216 if (u215 := o.retry) is None else _k215[type(u215)](u215)),))
 
 
-def _e_ReleaseGang214(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k215, (_P[n218] if (n218 := len(s217 := o.gang_id.encode())) < 8192 else _long(n218)), s217, (_P[n220] if (n220 := len(s219 := o.reason.encode())) < 8192 else _long(n220)), s219,))
+def _e_ReleaseGang217(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k218, (_P[n221] if (n221 := len(s220 := o.gang_id.encode())) < 8192 else _long(n221)), s220, (_P[n223] if (n223 := len(s222 := o.reason.encode())) < 8192 else _long(n223)), s222,))
 
 
-def _e_Tick220(o: _c_Tick) -> bytes:
-    return b"".join((_k221, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick223(o: _c_Tick) -> bytes:
+    return b"".join((_k224, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u228(v: Any) -> bytes:
-    return b"".join((_k228, (_P[n231] if (n231 := len(s230 := v.encode())) < 8192 else _long(n231)), s230,))
+def _u231(v: Any) -> bytes:
+    return b"".join((_k231, (_P[n234] if (n234 := len(s233 := v.encode())) < 8192 else _long(n234)), s233,))
 
 
-def _u235(v: Any) -> bytes:
-    return b"".join((_k235, (_P[n237] if 0 <= (n237 := v) < 8192 else _long(n237)),))
+def _u238(v: Any) -> bytes:
+    return b"".join((_k238, (_P[n240] if 0 <= (n240 := v) < 8192 else _long(n240)),))
 
 
-def _u240(v: Any) -> bytes:
-    return b"".join((_k240, (_P[n242] if 0 <= (n242 := v) < 8192 else _long(n242)),))
+def _u243(v: Any) -> bytes:
+    return b"".join((_k243, (_P[n245] if 0 <= (n245 := v) < 8192 else _long(n245)),))
 
 
-def _u245(v: Any) -> bytes:
-    return b"".join((_k245, (_P[n247] if 0 <= (n247 := v) < 8192 else _long(n247)),))
+def _u248(v: Any) -> bytes:
+    return b"".join((_k248, (_P[n250] if 0 <= (n250 := v) < 8192 else _long(n250)),))
 
 
-def _u250(v: Any) -> bytes:
-    return b"".join((_k250, (_P[n252] if 0 <= (n252 := v) < 8192 else _long(n252)),))
+def _u253(v: Any) -> bytes:
+    return b"".join((_k253, (_P[n255] if 0 <= (n255 := v) < 8192 else _long(n255)),))
 
 
-def _e_SetQuota222(o: _c_SetQuota) -> bytes:
-    return b"".join((_k223, (_P[n226] if (n226 := len(s225 := o.tenant.encode())) < 8192 else _long(n226)), s225, (_k231 if (u227 := o.cohort) is None else _u228(u227)), (_b132(a233) if (a233 := o.nominal_gpus) else b"\x00"), (_k237 if (u234 := o.nominal_cpu_milli) is None else _u235(u234)), (_k242 if (u239 := o.nominal_memory_mib) is None else _u240(u239)), (_k247 if (u244 := o.borrowing_limit_gpus) is None else _u245(u244)), (_k252 if (u249 := o.lending_limit_gpus) is None else _u250(u249)), (_P[n254] if 0 <= (n254 := o.weight) < 8192 else _long(n254)),))
+def _e_SetQuota225(o: _c_SetQuota) -> bytes:
+    return b"".join((_k226, (_P[n229] if (n229 := len(s228 := o.tenant.encode())) < 8192 else _long(n229)), s228, (_k234 if (u230 := o.cohort) is None else _u231(u230)), (_b132(a236) if (a236 := o.nominal_gpus) else b"\x00"), (_k240 if (u237 := o.nominal_cpu_milli) is None else _u238(u237)), (_k245 if (u242 := o.nominal_memory_mib) is None else _u243(u242)), (_k250 if (u247 := o.borrowing_limit_gpus) is None else _u248(u247)), (_k255 if (u252 := o.lending_limit_gpus) is None else _u253(u252)), (_P[n257] if 0 <= (n257 := o.weight) < 8192 else _long(n257)),))
 
 
-def _e_RemoveQuota254(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257,))
+def _e_RemoveQuota257(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k258, (_P[n261] if (n261 := len(s260 := o.tenant.encode())) < 8192 else _long(n261)), s260,))
 
 
-def _u263(v: Any) -> bytes:
-    return b"".join((_k263, (_P[n266] if (n266 := len(s265 := v.encode())) < 8192 else _long(n266)), s265,))
+def _u266(v: Any) -> bytes:
+    return b"".join((_k266, (_P[n269] if (n269 := len(s268 := v.encode())) < 8192 else _long(n269)), s268,))
 
 
-def _e_Defragment258(o: _c_Defragment) -> bytes:
-    return b"".join((_k259, (_P[n261] if 0 <= (n261 := o.max_moves) < 8192 else _long(n261)), (_k266 if (u262 := o.target) is None else _u263(u262)),))
+def _e_Defragment261(o: _c_Defragment) -> bytes:
+    return b"".join((_k262, (_P[n264] if 0 <= (n264 := o.max_moves) < 8192 else _long(n264)), (_k269 if (u265 := o.target) is None else _u266(u265)),))
 
 
-def _e_ResumeCluster267(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k268, (_P[n271] if (n271 := len(s270 := o.reason.encode())) < 8192 else _long(n271)), s270,))
+def _e_ResumeCluster270(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := o.reason.encode())) < 8192 else _long(n274)), s273,))
 
 
-def _e_RecoverNode271(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k272, (_P[n275] if (n275 := len(s274 := o.node_id.encode())) < 8192 else _long(n275)), s274,))
+def _e_RecoverNode274(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k275, (_P[n278] if (n278 := len(s277 := o.node_id.encode())) < 8192 else _long(n278)), s277,))
 
 
-def _u281(v: Any) -> bytes:
-    return b"".join((_k281, (_b21(a283) if (a283 := v) else b"\x00"),))
+def _u284(v: Any) -> bytes:
+    return b"".join((_k284, (_b21(a286) if (a286 := v) else b"\x00"),))
 
 
-def _u286(v: Any) -> bytes:
-    return b"".join((_k286, (_b27(a288) if (a288 := v) else b"\x00"),))
+def _u289(v: Any) -> bytes:
+    return b"".join((_k289, (_b27(a291) if (a291 := v) else b"\x00"),))
 
 
-def _e_UpdateNode275(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k276, (_P[n279] if (n279 := len(s278 := o.node_id.encode())) < 8192 else _long(n279)), s278, (_k283 if (u280 := o.labels) is None else _u281(u280)), (_k288 if (u285 := o.taints) is None else _u286(u285)),))
+def _e_UpdateNode278(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.node_id.encode())) < 8192 else _long(n282)), s281, (_k286 if (u283 := o.labels) is None else _u284(u283)), (_k291 if (u288 := o.taints) is None else _u289(u288)),))
 
 
-def _u295(v: Any) -> bytes:
-    return b"".join((_k295, (_P[n298] if (n298 := len(s297 := v.encode())) < 8192 else _long(n298)), s297,))
+def _u298(v: Any) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := v.encode())) < 8192 else _long(n301)), s300,))
 
 
-def _u301(v: Any) -> bytes:
-    return b"".join((_k301, (_P[n304] if (n304 := len(s303 := v.encode())) < 8192 else _long(n304)), s303,))
+def _u304(v: Any) -> bytes:
+    return b"".join((_k304, (_P[n307] if (n307 := len(s306 := v.encode())) < 8192 else _long(n307)), s306,))
 
 
-def _u307(v: Any) -> bytes:
-    return b"".join((_k307, (_b21(a309) if (a309 := v) else b"\x00"),))
+def _u310(v: Any) -> bytes:
+    return b"".join((_k310, (_b21(a312) if (a312 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget289(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.budget_id.encode())) < 8192 else _long(n293)), s292, (_k298 if (u294 := o.tenant) is None else _u295(u294)), (_k304 if (u300 := o.gang_id) is None else _u301(u300)), (_k309 if (u306 := o.label_selector) is None else _u307(u306)), (_P[n311] if 0 <= (n311 := o.max_unavailable) < 8192 else _long(n311)),))
+def _e_SetDisruptionBudget292(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k293, (_P[n296] if (n296 := len(s295 := o.budget_id.encode())) < 8192 else _long(n296)), s295, (_k301 if (u297 := o.tenant) is None else _u298(u297)), (_k307 if (u303 := o.gang_id) is None else _u304(u303)), (_k312 if (u309 := o.label_selector) is None else _u310(u309)), (_P[n314] if 0 <= (n314 := o.max_unavailable) < 8192 else _long(n314)),))
 
 
-def _e_RemoveDisruptionBudget311(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314,))
+def _e_RemoveDisruptionBudget314(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k315, (_P[n318] if (n318 := len(s317 := o.budget_id.encode())) < 8192 else _long(n318)), s317,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k315[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k318[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint343(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint346(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n345 = _ZL[buf[pos]]
-    if n345 < 0:
-        n345, pos = _rlong(buf, pos)
-        if n345 < 0:
-            raise _length_error(n345, end - pos)
+    n348 = _ZL[buf[pos]]
+    if n348 < 0:
+        n348, pos = _rlong(buf, pos)
+        if n348 < 0:
+            raise _length_error(n348, end - pos)
     else:
         pos += 1
-    q346 = pos + n345
-    if q346 > end:
-        raise _length_error(n345, end - pos)
-    f_key = buf[pos:q346].decode()
-    pos = q346
-    n347 = _ZL[buf[pos]]
-    if n347 < 0:
-        n347, pos = _rlong(buf, pos)
-        if n347 < 0:
-            raise _length_error(n347, end - pos)
+    q349 = pos + n348
+    if q349 > end:
+        raise _length_error(n348, end - pos)
+    f_key = buf[pos:q349].decode()
+    pos = q349
+    n350 = _ZL[buf[pos]]
+    if n350 < 0:
+        n350, pos = _rlong(buf, pos)
+        if n350 < 0:
+            raise _length_error(n350, end - pos)
     else:
         pos += 1
-    q348 = pos + n347
-    if q348 > end:
-        raise _length_error(n347, end - pos)
-    f_value = buf[pos:q348].decode()
-    pos = q348
-    n349 = _ZL[buf[pos]]
-    if n349 < 0:
-        n349, pos = _rlong(buf, pos)
-        if n349 < 0:
-            raise _length_error(n349, end - pos)
+    q351 = pos + n350
+    if q351 > end:
+        raise _length_error(n350, end - pos)
+    f_value = buf[pos:q351].decode()
+    pos = q351
+    n352 = _ZL[buf[pos]]
+    if n352 < 0:
+        n352, pos = _rlong(buf, pos)
+        if n352 < 0:
+            raise _length_error(n352, end - pos)
     else:
         pos += 1
-    q350 = pos + n349
-    if q350 > end:
-        raise _length_error(n349, end - pos)
-    f_effect = buf[pos:q350].decode()
-    pos = q350
+    q353 = pos + n352
+    if q353 > end:
+        raise _length_error(n352, end - pos)
+    f_effect = buf[pos:q353].decode()
+    pos = q353
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode327(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -599,30 +604,30 @@ def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n326 = _ZL[buf[pos]]
-    if n326 < 0:
-        n326, pos = _rlong(buf, pos)
-        if n326 < 0:
-            raise _length_error(n326, end - pos)
+    n329 = _ZL[buf[pos]]
+    if n329 < 0:
+        n329, pos = _rlong(buf, pos)
+        if n329 < 0:
+            raise _length_error(n329, end - pos)
     else:
         pos += 1
-    q327 = pos + n326
-    if q327 > end:
-        raise _length_error(n326, end - pos)
-    f_node_id = buf[pos:q327].decode()
-    pos = q327
-    n328 = _ZL[buf[pos]]
-    if n328 < 0:
-        n328, pos = _rlong(buf, pos)
-        if n328 < 0:
-            raise _length_error(n328, end - pos)
+    q330 = pos + n329
+    if q330 > end:
+        raise _length_error(n329, end - pos)
+    f_node_id = buf[pos:q330].decode()
+    pos = q330
+    n331 = _ZL[buf[pos]]
+    if n331 < 0:
+        n331, pos = _rlong(buf, pos)
+        if n331 < 0:
+            raise _length_error(n331, end - pos)
     else:
         pos += 1
-    q329 = pos + n328
-    if q329 > end:
-        raise _length_error(n328, end - pos)
-    f_gpu_model = buf[pos:q329].decode()
-    pos = q329
+    q332 = pos + n331
+    if q332 > end:
+        raise _length_error(n331, end - pos)
+    f_gpu_model = buf[pos:q332].decode()
+    pos = q332
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -669,113 +674,113 @@ def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc330: dict[str, Any] = {}
+        acc333: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c331 = _ZD[b]
+                c334 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c331 = (z >> 1) ^ -(z & 1)
+                c334 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c331 = (z >> 1) ^ -(z & 1)
+                c334 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c331, pos = _rlong(buf, pos)
-            if c331 == 0:
+                c334, pos = _rlong(buf, pos)
+            if c334 == 0:
                 break
-            if c331 < 0:
-                c331 = -c331
+            if c334 < 0:
+                c334 = -c334
                 b = buf[pos]
                 if b < 128:
-                    z334 = _ZD[b]
+                    z337 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z334 = (z >> 1) ^ -(z & 1)
+                    z337 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z334 = (z >> 1) ^ -(z & 1)
+                    z337 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z334, pos = _rlong(buf, pos)
-            if c331 * 2 > end - pos:
-                raise _count_error(c331, end - pos)
-            for _ in range(c331):
-                n335 = _ZL[buf[pos]]
-                if n335 < 0:
-                    n335, pos = _rlong(buf, pos)
-                    if n335 < 0:
-                        raise _length_error(n335, end - pos)
+                    z337, pos = _rlong(buf, pos)
+            if c334 * 2 > end - pos:
+                raise _count_error(c334, end - pos)
+            for _ in range(c334):
+                n338 = _ZL[buf[pos]]
+                if n338 < 0:
+                    n338, pos = _rlong(buf, pos)
+                    if n338 < 0:
+                        raise _length_error(n338, end - pos)
                 else:
                     pos += 1
-                q336 = pos + n335
-                if q336 > end:
-                    raise _length_error(n335, end - pos)
-                k333 = buf[pos:q336].decode()
-                pos = q336
-                n337 = _ZL[buf[pos]]
-                if n337 < 0:
-                    n337, pos = _rlong(buf, pos)
-                    if n337 < 0:
-                        raise _length_error(n337, end - pos)
+                q339 = pos + n338
+                if q339 > end:
+                    raise _length_error(n338, end - pos)
+                k336 = buf[pos:q339].decode()
+                pos = q339
+                n340 = _ZL[buf[pos]]
+                if n340 < 0:
+                    n340, pos = _rlong(buf, pos)
+                    if n340 < 0:
+                        raise _length_error(n340, end - pos)
                 else:
                     pos += 1
-                q338 = pos + n337
-                if q338 > end:
-                    raise _length_error(n337, end - pos)
-                x332 = buf[pos:q338].decode()
-                pos = q338
-                acc330[k333] = x332
-        f_labels = acc330
+                q341 = pos + n340
+                if q341 > end:
+                    raise _length_error(n340, end - pos)
+                x335 = buf[pos:q341].decode()
+                pos = q341
+                acc333[k336] = x335
+        f_labels = acc333
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc339: list[Any] = []
+        acc342: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c340 = _ZD[b]
+                c343 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c340 = (z >> 1) ^ -(z & 1)
+                c343 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c340 = (z >> 1) ^ -(z & 1)
+                c343 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c340, pos = _rlong(buf, pos)
-            if c340 == 0:
+                c343, pos = _rlong(buf, pos)
+            if c343 == 0:
                 break
-            if c340 < 0:
-                c340 = -c340
+            if c343 < 0:
+                c343 = -c343
                 b = buf[pos]
                 if b < 128:
-                    z343 = _ZD[b]
+                    z346 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z343 = (z >> 1) ^ -(z & 1)
+                    z346 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z343 = (z >> 1) ^ -(z & 1)
+                    z346 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z343, pos = _rlong(buf, pos)
-            if c340 * 3 > end - pos:
-                raise _count_error(c340, end - pos)
-            for _ in range(c340):
-                x341, pos = _d_Taint343(buf, pos, end)
-                acc339.append(x341)
-        f_taints = tuple(acc339)
+                    z346, pos = _rlong(buf, pos)
+            if c343 * 3 > end - pos:
+                raise _count_error(c343, end - pos)
+            for _ in range(c343):
+                x344, pos = _d_Taint346(buf, pos, end)
+                acc342.append(x344)
+        f_taints = tuple(acc342)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -794,29 +799,9 @@ def _d_AddNode324(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode350(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode353(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
-    else:
-        pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_node_id = buf[pos:q353].decode()
-    pos = q353
-    f_force = buf[pos] != 0
-    pos += 1
-    o = _c_RemoveNode(f_node_id, f_force)
-    return o, pos
-
-
-def _d_CordonNode353(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
-    f_node_id: str
     n355 = _ZL[buf[pos]]
     if n355 < 0:
         n355, pos = _rlong(buf, pos)
@@ -829,11 +814,13 @@ def _d_CordonNode353(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int
         raise _length_error(n355, end - pos)
     f_node_id = buf[pos:q356].decode()
     pos = q356
-    o = _c_CordonNode(f_node_id)
+    f_force = buf[pos] != 0
+    pos += 1
+    o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_UncordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_CordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
     n358 = _ZL[buf[pos]]
     if n358 < 0:
@@ -847,14 +834,12 @@ def _d_UncordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode,
         raise _length_error(n358, end - pos)
     f_node_id = buf[pos:q359].decode()
     pos = q359
-    o = _c_UncordonNode(f_node_id)
+    o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_UncordonNode359(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    f_grace_ms: int
-    f_respect_budgets: bool
     n361 = _ZL[buf[pos]]
     if n361 < 0:
         n361, pos = _rlong(buf, pos)
@@ -867,6 +852,26 @@ def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
         raise _length_error(n361, end - pos)
     f_node_id = buf[pos:q362].decode()
     pos = q362
+    o = _c_UncordonNode(f_node_id)
+    return o, pos
+
+
+def _d_DrainNode362(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+    f_node_id: str
+    f_grace_ms: int
+    f_respect_budgets: bool
+    n364 = _ZL[buf[pos]]
+    if n364 < 0:
+        n364, pos = _rlong(buf, pos)
+        if n364 < 0:
+            raise _length_error(n364, end - pos)
+    else:
+        pos += 1
+    q365 = pos + n364
+    if q365 > end:
+        raise _length_error(n364, end - pos)
+    f_node_id = buf[pos:q365].decode()
+    pos = q365
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -887,95 +892,95 @@ def _d_DrainNode359(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed362(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed365(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n364 = _ZL[buf[pos]]
-    if n364 < 0:
-        n364, pos = _rlong(buf, pos)
-        if n364 < 0:
-            raise _length_error(n364, end - pos)
+    n367 = _ZL[buf[pos]]
+    if n367 < 0:
+        n367, pos = _rlong(buf, pos)
+        if n367 < 0:
+            raise _length_error(n367, end - pos)
     else:
         pos += 1
-    q365 = pos + n364
-    if q365 > end:
-        raise _length_error(n364, end - pos)
-    f_node_id = buf[pos:q365].decode()
-    pos = q365
-    n366 = _ZL[buf[pos]]
-    if n366 < 0:
-        n366, pos = _rlong(buf, pos)
-        if n366 < 0:
-            raise _length_error(n366, end - pos)
+    q368 = pos + n367
+    if q368 > end:
+        raise _length_error(n367, end - pos)
+    f_node_id = buf[pos:q368].decode()
+    pos = q368
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
     else:
         pos += 1
-    q367 = pos + n366
-    if q367 > end:
-        raise _length_error(n366, end - pos)
-    f_reason = buf[pos:q367].decode()
-    pos = q367
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_reason = buf[pos:q370].decode()
+    pos = q370
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration393(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration396(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
+    n398 = _ZL[buf[pos]]
+    if n398 < 0:
+        n398, pos = _rlong(buf, pos)
+        if n398 < 0:
+            raise _length_error(n398, end - pos)
     else:
         pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_key = buf[pos:q396].decode()
-    pos = q396
-    n397 = _ZL[buf[pos]]
-    if n397 < 0:
-        n397, pos = _rlong(buf, pos)
-        if n397 < 0:
-            raise _length_error(n397, end - pos)
+    q399 = pos + n398
+    if q399 > end:
+        raise _length_error(n398, end - pos)
+    f_key = buf[pos:q399].decode()
+    pos = q399
+    n400 = _ZL[buf[pos]]
+    if n400 < 0:
+        n400, pos = _rlong(buf, pos)
+        if n400 < 0:
+            raise _length_error(n400, end - pos)
     else:
         pos += 1
-    q398 = pos + n397
-    if q398 > end:
-        raise _length_error(n397, end - pos)
-    f_operator = buf[pos:q398].decode()
-    pos = q398
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
+    q401 = pos + n400
+    if q401 > end:
+        raise _length_error(n400, end - pos)
+    f_operator = buf[pos:q401].decode()
+    pos = q401
+    n402 = _ZL[buf[pos]]
+    if n402 < 0:
+        n402, pos = _rlong(buf, pos)
+        if n402 < 0:
+            raise _length_error(n402, end - pos)
     else:
         pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_value = buf[pos:q400].decode()
-    pos = q400
-    n401 = _ZL[buf[pos]]
-    if n401 < 0:
-        n401, pos = _rlong(buf, pos)
-        if n401 < 0:
-            raise _length_error(n401, end - pos)
+    q403 = pos + n402
+    if q403 > end:
+        raise _length_error(n402, end - pos)
+    f_value = buf[pos:q403].decode()
+    pos = q403
+    n404 = _ZL[buf[pos]]
+    if n404 < 0:
+        n404, pos = _rlong(buf, pos)
+        if n404 < 0:
+            raise _length_error(n404, end - pos)
     else:
         pos += 1
-    q402 = pos + n401
-    if q402 > end:
-        raise _length_error(n401, end - pos)
-    f_effect = buf[pos:q402].decode()
-    pos = q402
+    q405 = pos + n404
+    if q405 > end:
+        raise _length_error(n404, end - pos)
+    f_effect = buf[pos:q405].decode()
+    pos = q405
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry418(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1025,7 +1030,7 @@ def _d_Retry415(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1043,30 +1048,30 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    n372 = _ZL[buf[pos]]
+    if n372 < 0:
+        n372, pos = _rlong(buf, pos)
+        if n372 < 0:
+            raise _length_error(n372, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_pod_id = buf[pos:q370].decode()
-    pos = q370
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
+    q373 = pos + n372
+    if q373 > end:
+        raise _length_error(n372, end - pos)
+    f_pod_id = buf[pos:q373].decode()
+    pos = q373
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_tenant = buf[pos:q372].decode()
-    pos = q372
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_tenant = buf[pos:q375].decode()
+    pos = q375
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1141,185 +1146,185 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc373: list[Any] = []
+        acc376: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c374 = _ZD[b]
+                c377 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c374 = (z >> 1) ^ -(z & 1)
+                c377 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c374 = (z >> 1) ^ -(z & 1)
+                c377 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c374, pos = _rlong(buf, pos)
-            if c374 == 0:
+                c377, pos = _rlong(buf, pos)
+            if c377 == 0:
                 break
-            if c374 < 0:
-                c374 = -c374
+            if c377 < 0:
+                c377 = -c377
                 b = buf[pos]
                 if b < 128:
-                    z377 = _ZD[b]
+                    z380 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z377 = (z >> 1) ^ -(z & 1)
+                    z380 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z377 = (z >> 1) ^ -(z & 1)
+                    z380 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z377, pos = _rlong(buf, pos)
-            if c374 * 1 > end - pos:
-                raise _count_error(c374, end - pos)
-            for _ in range(c374):
-                n378 = _ZL[buf[pos]]
-                if n378 < 0:
-                    n378, pos = _rlong(buf, pos)
-                    if n378 < 0:
-                        raise _length_error(n378, end - pos)
+                    z380, pos = _rlong(buf, pos)
+            if c377 * 1 > end - pos:
+                raise _count_error(c377, end - pos)
+            for _ in range(c377):
+                n381 = _ZL[buf[pos]]
+                if n381 < 0:
+                    n381, pos = _rlong(buf, pos)
+                    if n381 < 0:
+                        raise _length_error(n381, end - pos)
                 else:
                     pos += 1
-                q379 = pos + n378
-                if q379 > end:
-                    raise _length_error(n378, end - pos)
-                x375 = buf[pos:q379].decode()
-                pos = q379
-                acc373.append(x375)
-        f_gpu_models = tuple(acc373)
+                q382 = pos + n381
+                if q382 > end:
+                    raise _length_error(n381, end - pos)
+                x378 = buf[pos:q382].decode()
+                pos = q382
+                acc376.append(x378)
+        f_gpu_models = tuple(acc376)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc380: dict[str, Any] = {}
+        acc383: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c381 = _ZD[b]
+                c384 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c381 = (z >> 1) ^ -(z & 1)
+                c384 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c381 = (z >> 1) ^ -(z & 1)
+                c384 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c381, pos = _rlong(buf, pos)
-            if c381 == 0:
+                c384, pos = _rlong(buf, pos)
+            if c384 == 0:
                 break
-            if c381 < 0:
-                c381 = -c381
+            if c384 < 0:
+                c384 = -c384
                 b = buf[pos]
                 if b < 128:
-                    z384 = _ZD[b]
+                    z387 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z384 = (z >> 1) ^ -(z & 1)
+                    z387 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z384 = (z >> 1) ^ -(z & 1)
+                    z387 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z384, pos = _rlong(buf, pos)
-            if c381 * 2 > end - pos:
-                raise _count_error(c381, end - pos)
-            for _ in range(c381):
-                n385 = _ZL[buf[pos]]
-                if n385 < 0:
-                    n385, pos = _rlong(buf, pos)
-                    if n385 < 0:
-                        raise _length_error(n385, end - pos)
+                    z387, pos = _rlong(buf, pos)
+            if c384 * 2 > end - pos:
+                raise _count_error(c384, end - pos)
+            for _ in range(c384):
+                n388 = _ZL[buf[pos]]
+                if n388 < 0:
+                    n388, pos = _rlong(buf, pos)
+                    if n388 < 0:
+                        raise _length_error(n388, end - pos)
                 else:
                     pos += 1
-                q386 = pos + n385
-                if q386 > end:
-                    raise _length_error(n385, end - pos)
-                k383 = buf[pos:q386].decode()
-                pos = q386
-                n387 = _ZL[buf[pos]]
-                if n387 < 0:
-                    n387, pos = _rlong(buf, pos)
-                    if n387 < 0:
-                        raise _length_error(n387, end - pos)
+                q389 = pos + n388
+                if q389 > end:
+                    raise _length_error(n388, end - pos)
+                k386 = buf[pos:q389].decode()
+                pos = q389
+                n390 = _ZL[buf[pos]]
+                if n390 < 0:
+                    n390, pos = _rlong(buf, pos)
+                    if n390 < 0:
+                        raise _length_error(n390, end - pos)
                 else:
                     pos += 1
-                q388 = pos + n387
-                if q388 > end:
-                    raise _length_error(n387, end - pos)
-                x382 = buf[pos:q388].decode()
-                pos = q388
-                acc380[k383] = x382
-        f_node_selector = acc380
+                q391 = pos + n390
+                if q391 > end:
+                    raise _length_error(n390, end - pos)
+                x385 = buf[pos:q391].decode()
+                pos = q391
+                acc383[k386] = x385
+        f_node_selector = acc383
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc389: list[Any] = []
+        acc392: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c390 = _ZD[b]
+                c393 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c390 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c390 = (z >> 1) ^ -(z & 1)
+                c393 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c390, pos = _rlong(buf, pos)
-            if c390 == 0:
+                c393, pos = _rlong(buf, pos)
+            if c393 == 0:
                 break
-            if c390 < 0:
-                c390 = -c390
+            if c393 < 0:
+                c393 = -c393
                 b = buf[pos]
                 if b < 128:
-                    z393 = _ZD[b]
+                    z396 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z396 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z393, pos = _rlong(buf, pos)
-            if c390 * 4 > end - pos:
-                raise _count_error(c390, end - pos)
-            for _ in range(c390):
-                x391, pos = _d_Toleration393(buf, pos, end)
-                acc389.append(x391)
-        f_tolerations = tuple(acc389)
+                    z396, pos = _rlong(buf, pos)
+            if c393 * 4 > end - pos:
+                raise _count_error(c393, end - pos)
+            for _ in range(c393):
+                x394, pos = _d_Toleration396(buf, pos, end)
+                acc392.append(x394)
+        f_tolerations = tuple(acc392)
     b = buf[pos]
     if b < 128:
-        i403 = _ZD[b]
+        i406 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i403 = (z >> 1) ^ -(z & 1)
+        i406 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i403 = (z >> 1) ^ -(z & 1)
+        i406 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i403, pos = _rlong(buf, pos)
-    if i403 == 0:
+        i406, pos = _rlong(buf, pos)
+    if i406 == 0:
         f_time_limit_ms = None
-    elif i403 == 1:
+    elif i406 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1335,86 +1340,86 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i403, 2)
+        raise _union_error(i406, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc404: list[Any] = []
+        acc407: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c405 = _ZD[b]
+                c408 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c405 = (z >> 1) ^ -(z & 1)
+                c408 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c405 = (z >> 1) ^ -(z & 1)
+                c408 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c405, pos = _rlong(buf, pos)
-            if c405 == 0:
+                c408, pos = _rlong(buf, pos)
+            if c408 == 0:
                 break
-            if c405 < 0:
-                c405 = -c405
+            if c408 < 0:
+                c408 = -c408
                 b = buf[pos]
                 if b < 128:
-                    z408 = _ZD[b]
+                    z411 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z411 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z411 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z408, pos = _rlong(buf, pos)
-            if c405 * 1 > end - pos:
-                raise _count_error(c405, end - pos)
-            for _ in range(c405):
-                n409 = _ZL[buf[pos]]
-                if n409 < 0:
-                    n409, pos = _rlong(buf, pos)
-                    if n409 < 0:
-                        raise _length_error(n409, end - pos)
+                    z411, pos = _rlong(buf, pos)
+            if c408 * 1 > end - pos:
+                raise _count_error(c408, end - pos)
+            for _ in range(c408):
+                n412 = _ZL[buf[pos]]
+                if n412 < 0:
+                    n412, pos = _rlong(buf, pos)
+                    if n412 < 0:
+                        raise _length_error(n412, end - pos)
                 else:
                     pos += 1
-                q410 = pos + n409
-                if q410 > end:
-                    raise _length_error(n409, end - pos)
-                x406 = buf[pos:q410].decode()
-                pos = q410
-                acc404.append(x406)
-        f_depends_on = tuple(acc404)
-    n411 = _ZL[buf[pos]]
-    if n411 < 0:
-        n411, pos = _rlong(buf, pos)
-        if n411 < 0:
-            raise _length_error(n411, end - pos)
+                q413 = pos + n412
+                if q413 > end:
+                    raise _length_error(n412, end - pos)
+                x409 = buf[pos:q413].decode()
+                pos = q413
+                acc407.append(x409)
+        f_depends_on = tuple(acc407)
+    n414 = _ZL[buf[pos]]
+    if n414 < 0:
+        n414, pos = _rlong(buf, pos)
+        if n414 < 0:
+            raise _length_error(n414, end - pos)
     else:
         pos += 1
-    q412 = pos + n411
-    if q412 > end:
-        raise _length_error(n411, end - pos)
-    f_dependency = buf[pos:q412].decode()
-    pos = q412
-    n413 = _ZL[buf[pos]]
-    if n413 < 0:
-        n413, pos = _rlong(buf, pos)
-        if n413 < 0:
-            raise _length_error(n413, end - pos)
+    q415 = pos + n414
+    if q415 > end:
+        raise _length_error(n414, end - pos)
+    f_dependency = buf[pos:q415].decode()
+    pos = q415
+    n416 = _ZL[buf[pos]]
+    if n416 < 0:
+        n416, pos = _rlong(buf, pos)
+        if n416 < 0:
+            raise _length_error(n416, end - pos)
     else:
         pos += 1
-    q414 = pos + n413
-    if q414 > end:
-        raise _length_error(n413, end - pos)
-    f_preemption = buf[pos:q414].decode()
-    pos = q414
+    q417 = pos + n416
+    if q417 > end:
+        raise _length_error(n416, end - pos)
+    f_preemption = buf[pos:q417].decode()
+    pos = q417
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1433,60 +1438,60 @@ def _d_SubmitPod367(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i415 = _ZD[b]
+        i418 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i415 = (z >> 1) ^ -(z & 1)
+        i418 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i415 = (z >> 1) ^ -(z & 1)
+        i418 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i415, pos = _rlong(buf, pos)
-    if i415 == 0:
+        i418, pos = _rlong(buf, pos)
+    if i418 == 0:
         f_retry = None
-    elif i415 == 1:
-        f_retry, pos = _d_Retry415(buf, pos, end)
+    elif i418 == 1:
+        f_retry, pos = _d_Retry418(buf, pos, end)
     else:
-        raise _union_error(i415, 2)
+        raise _union_error(i418, 2)
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_Release416(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release419(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n418 = _ZL[buf[pos]]
-    if n418 < 0:
-        n418, pos = _rlong(buf, pos)
-        if n418 < 0:
-            raise _length_error(n418, end - pos)
+    n421 = _ZL[buf[pos]]
+    if n421 < 0:
+        n421, pos = _rlong(buf, pos)
+        if n421 < 0:
+            raise _length_error(n421, end - pos)
     else:
         pos += 1
-    q419 = pos + n418
-    if q419 > end:
-        raise _length_error(n418, end - pos)
-    f_pod_id = buf[pos:q419].decode()
-    pos = q419
-    n420 = _ZL[buf[pos]]
-    if n420 < 0:
-        n420, pos = _rlong(buf, pos)
-        if n420 < 0:
-            raise _length_error(n420, end - pos)
+    q422 = pos + n421
+    if q422 > end:
+        raise _length_error(n421, end - pos)
+    f_pod_id = buf[pos:q422].decode()
+    pos = q422
+    n423 = _ZL[buf[pos]]
+    if n423 < 0:
+        n423, pos = _rlong(buf, pos)
+        if n423 < 0:
+            raise _length_error(n423, end - pos)
     else:
         pos += 1
-    q421 = pos + n420
-    if q421 > end:
-        raise _length_error(n420, end - pos)
-    f_reason = buf[pos:q421].decode()
-    pos = q421
+    q424 = pos + n423
+    if q424 > end:
+        raise _length_error(n423, end - pos)
+    f_reason = buf[pos:q424].decode()
+    pos = q424
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1496,203 +1501,104 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_weight: int
     b = buf[pos]
     if b < 128:
-        i430 = _ZD[b]
+        i433 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i430 = (z >> 1) ^ -(z & 1)
+        i433 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i430 = (z >> 1) ^ -(z & 1)
+        i433 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i430, pos = _rlong(buf, pos)
-    if i430 == 0:
+        i433, pos = _rlong(buf, pos)
+    if i433 == 0:
         f_cohort = None
-    elif i430 == 1:
-        n431 = _ZL[buf[pos]]
-        if n431 < 0:
-            n431, pos = _rlong(buf, pos)
-            if n431 < 0:
-                raise _length_error(n431, end - pos)
+    elif i433 == 1:
+        n434 = _ZL[buf[pos]]
+        if n434 < 0:
+            n434, pos = _rlong(buf, pos)
+            if n434 < 0:
+                raise _length_error(n434, end - pos)
         else:
             pos += 1
-        q432 = pos + n431
-        if q432 > end:
-            raise _length_error(n431, end - pos)
-        f_cohort = buf[pos:q432].decode()
-        pos = q432
+        q435 = pos + n434
+        if q435 > end:
+            raise _length_error(n434, end - pos)
+        f_cohort = buf[pos:q435].decode()
+        pos = q435
     else:
-        raise _union_error(i430, 2)
+        raise _union_error(i433, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc433: dict[str, Any] = {}
+        acc436: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c434 = _ZD[b]
+                c437 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c434 = (z >> 1) ^ -(z & 1)
+                c437 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c434 = (z >> 1) ^ -(z & 1)
+                c437 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c434, pos = _rlong(buf, pos)
-            if c434 == 0:
+                c437, pos = _rlong(buf, pos)
+            if c437 == 0:
                 break
-            if c434 < 0:
-                c434 = -c434
+            if c437 < 0:
+                c437 = -c437
                 b = buf[pos]
                 if b < 128:
-                    z437 = _ZD[b]
+                    z440 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z437 = (z >> 1) ^ -(z & 1)
+                    z440 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z437 = (z >> 1) ^ -(z & 1)
+                    z440 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z437, pos = _rlong(buf, pos)
-            if c434 * 2 > end - pos:
-                raise _count_error(c434, end - pos)
-            for _ in range(c434):
-                n438 = _ZL[buf[pos]]
-                if n438 < 0:
-                    n438, pos = _rlong(buf, pos)
-                    if n438 < 0:
-                        raise _length_error(n438, end - pos)
+                    z440, pos = _rlong(buf, pos)
+            if c437 * 2 > end - pos:
+                raise _count_error(c437, end - pos)
+            for _ in range(c437):
+                n441 = _ZL[buf[pos]]
+                if n441 < 0:
+                    n441, pos = _rlong(buf, pos)
+                    if n441 < 0:
+                        raise _length_error(n441, end - pos)
                 else:
                     pos += 1
-                q439 = pos + n438
-                if q439 > end:
-                    raise _length_error(n438, end - pos)
-                k436 = buf[pos:q439].decode()
-                pos = q439
+                q442 = pos + n441
+                if q442 > end:
+                    raise _length_error(n441, end - pos)
+                k439 = buf[pos:q442].decode()
+                pos = q442
                 b = buf[pos]
                 if b < 128:
-                    x435 = _ZD[b]
+                    x438 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x435 = (z >> 1) ^ -(z & 1)
+                    x438 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x435 = (z >> 1) ^ -(z & 1)
+                    x438 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x435, pos = _rlong(buf, pos)
-                acc433[k436] = x435
-        f_nominal_gpus = acc433
-    b = buf[pos]
-    if b < 128:
-        i440 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i440 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i440 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i440, pos = _rlong(buf, pos)
-    if i440 == 0:
-        f_nominal_cpu_milli = None
-    elif i440 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i440, 2)
-    b = buf[pos]
-    if b < 128:
-        i441 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i441 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i441, pos = _rlong(buf, pos)
-    if i441 == 0:
-        f_nominal_memory_mib = None
-    elif i441 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i441, 2)
-    b = buf[pos]
-    if b < 128:
-        i442 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i442 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i442 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i442, pos = _rlong(buf, pos)
-    if i442 == 0:
-        f_borrowing_limit_gpus = None
-    elif i442 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_borrowing_limit_gpus = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i442, 2)
+                    x438, pos = _rlong(buf, pos)
+                acc436[k439] = x438
+        f_nominal_gpus = acc436
     b = buf[pos]
     if b < 128:
         i443 = _ZD[b]
@@ -1708,8 +1614,107 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i443, pos = _rlong(buf, pos)
     if i443 == 0:
-        f_lending_limit_gpus = None
+        f_nominal_cpu_milli = None
     elif i443 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i443, 2)
+    b = buf[pos]
+    if b < 128:
+        i444 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i444 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i444 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i444, pos = _rlong(buf, pos)
+    if i444 == 0:
+        f_nominal_memory_mib = None
+    elif i444 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i444, 2)
+    b = buf[pos]
+    if b < 128:
+        i445 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i445 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i445 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i445, pos = _rlong(buf, pos)
+    if i445 == 0:
+        f_borrowing_limit_gpus = None
+    elif i445 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i445, 2)
+    b = buf[pos]
+    if b < 128:
+        i446 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i446 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i446 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i446, pos = _rlong(buf, pos)
+    if i446 == 0:
+        f_lending_limit_gpus = None
+    elif i446 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1725,7 +1730,7 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i443, 2)
+        raise _union_error(i446, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1744,57 +1749,12 @@ def _d_Quota428(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     return o, pos
 
 
-def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy424(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
-    else:
-        pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_policy = buf[pos:q424].decode()
-    pos = q424
-    b = buf[pos]
-    if b < 128:
-        i425 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i425 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i425 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i425, pos = _rlong(buf, pos)
-    if i425 == 0:
-        f_reserve_after_ms = None
-    elif i425 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i425, 2)
     n426 = _ZL[buf[pos]]
     if n426 < 0:
         n426, pos = _rlong(buf, pos)
@@ -1805,7 +1765,7 @@ def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     q427 = pos + n426
     if q427 > end:
         raise _length_error(n426, end - pos)
-    f_queue_order = buf[pos:q427].decode()
+    f_policy = buf[pos:q427].decode()
     pos = q427
     b = buf[pos]
     if b < 128:
@@ -1822,28 +1782,73 @@ def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     else:
         i428, pos = _rlong(buf, pos)
     if i428 == 0:
-        f_default_quota = None
+        f_reserve_after_ms = None
     elif i428 == 1:
-        f_default_quota, pos = _d_Quota428(buf, pos, end)
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i428, 2)
+    n429 = _ZL[buf[pos]]
+    if n429 < 0:
+        n429, pos = _rlong(buf, pos)
+        if n429 < 0:
+            raise _length_error(n429, end - pos)
+    else:
+        pos += 1
+    q430 = pos + n429
+    if q430 > end:
+        raise _length_error(n429, end - pos)
+    f_queue_order = buf[pos:q430].decode()
+    pos = q430
     b = buf[pos]
     if b < 128:
-        i444 = _ZD[b]
+        i431 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i444 = (z >> 1) ^ -(z & 1)
+        i431 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i444 = (z >> 1) ^ -(z & 1)
+        i431 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i444, pos = _rlong(buf, pos)
-    if i444 == 0:
+        i431, pos = _rlong(buf, pos)
+    if i431 == 0:
+        f_default_quota = None
+    elif i431 == 1:
+        f_default_quota, pos = _d_Quota431(buf, pos, end)
+    else:
+        raise _union_error(i431, 2)
+    b = buf[pos]
+    if b < 128:
+        i447 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i447 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i447 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i447, pos = _rlong(buf, pos)
+    if i447 == 0:
         f_max_clock_jump_ms = None
-    elif i444 == 1:
+    elif i447 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1859,12 +1864,12 @@ def _d_SetPolicy421(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i444, 2)
+        raise _union_error(i447, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember457(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1873,18 +1878,18 @@ def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
+    n459 = _ZL[buf[pos]]
+    if n459 < 0:
+        n459, pos = _rlong(buf, pos)
+        if n459 < 0:
+            raise _length_error(n459, end - pos)
     else:
         pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_pod_id = buf[pos:q457].decode()
-    pos = q457
+    q460 = pos + n459
+    if q460 > end:
+        raise _length_error(n459, end - pos)
+    f_pod_id = buf[pos:q460].decode()
+    pos = q460
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1945,173 +1950,173 @@ def _d_GangMember454(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc458: list[Any] = []
+        acc461: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c459 = _ZD[b]
+                c462 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c459 = (z >> 1) ^ -(z & 1)
+                c462 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c459 = (z >> 1) ^ -(z & 1)
+                c462 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c459, pos = _rlong(buf, pos)
-            if c459 == 0:
+                c462, pos = _rlong(buf, pos)
+            if c462 == 0:
                 break
-            if c459 < 0:
-                c459 = -c459
+            if c462 < 0:
+                c462 = -c462
                 b = buf[pos]
                 if b < 128:
-                    z462 = _ZD[b]
+                    z465 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z462 = (z >> 1) ^ -(z & 1)
+                    z465 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z462 = (z >> 1) ^ -(z & 1)
+                    z465 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z462, pos = _rlong(buf, pos)
-            if c459 * 1 > end - pos:
-                raise _count_error(c459, end - pos)
-            for _ in range(c459):
-                n463 = _ZL[buf[pos]]
-                if n463 < 0:
-                    n463, pos = _rlong(buf, pos)
-                    if n463 < 0:
-                        raise _length_error(n463, end - pos)
+                    z465, pos = _rlong(buf, pos)
+            if c462 * 1 > end - pos:
+                raise _count_error(c462, end - pos)
+            for _ in range(c462):
+                n466 = _ZL[buf[pos]]
+                if n466 < 0:
+                    n466, pos = _rlong(buf, pos)
+                    if n466 < 0:
+                        raise _length_error(n466, end - pos)
                 else:
                     pos += 1
-                q464 = pos + n463
-                if q464 > end:
-                    raise _length_error(n463, end - pos)
-                x460 = buf[pos:q464].decode()
-                pos = q464
-                acc458.append(x460)
-        f_gpu_models = tuple(acc458)
+                q467 = pos + n466
+                if q467 > end:
+                    raise _length_error(n466, end - pos)
+                x463 = buf[pos:q467].decode()
+                pos = q467
+                acc461.append(x463)
+        f_gpu_models = tuple(acc461)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc465: dict[str, Any] = {}
+        acc468: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c466 = _ZD[b]
+                c469 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c466 = (z >> 1) ^ -(z & 1)
+                c469 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c466 = (z >> 1) ^ -(z & 1)
+                c469 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c466, pos = _rlong(buf, pos)
-            if c466 == 0:
+                c469, pos = _rlong(buf, pos)
+            if c469 == 0:
                 break
-            if c466 < 0:
-                c466 = -c466
+            if c469 < 0:
+                c469 = -c469
                 b = buf[pos]
                 if b < 128:
-                    z469 = _ZD[b]
+                    z472 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z469 = (z >> 1) ^ -(z & 1)
+                    z472 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z469 = (z >> 1) ^ -(z & 1)
+                    z472 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z469, pos = _rlong(buf, pos)
-            if c466 * 2 > end - pos:
-                raise _count_error(c466, end - pos)
-            for _ in range(c466):
-                n470 = _ZL[buf[pos]]
-                if n470 < 0:
-                    n470, pos = _rlong(buf, pos)
-                    if n470 < 0:
-                        raise _length_error(n470, end - pos)
+                    z472, pos = _rlong(buf, pos)
+            if c469 * 2 > end - pos:
+                raise _count_error(c469, end - pos)
+            for _ in range(c469):
+                n473 = _ZL[buf[pos]]
+                if n473 < 0:
+                    n473, pos = _rlong(buf, pos)
+                    if n473 < 0:
+                        raise _length_error(n473, end - pos)
                 else:
                     pos += 1
-                q471 = pos + n470
-                if q471 > end:
-                    raise _length_error(n470, end - pos)
-                k468 = buf[pos:q471].decode()
-                pos = q471
-                n472 = _ZL[buf[pos]]
-                if n472 < 0:
-                    n472, pos = _rlong(buf, pos)
-                    if n472 < 0:
-                        raise _length_error(n472, end - pos)
+                q474 = pos + n473
+                if q474 > end:
+                    raise _length_error(n473, end - pos)
+                k471 = buf[pos:q474].decode()
+                pos = q474
+                n475 = _ZL[buf[pos]]
+                if n475 < 0:
+                    n475, pos = _rlong(buf, pos)
+                    if n475 < 0:
+                        raise _length_error(n475, end - pos)
                 else:
                     pos += 1
-                q473 = pos + n472
-                if q473 > end:
-                    raise _length_error(n472, end - pos)
-                x467 = buf[pos:q473].decode()
-                pos = q473
-                acc465[k468] = x467
-        f_node_selector = acc465
+                q476 = pos + n475
+                if q476 > end:
+                    raise _length_error(n475, end - pos)
+                x470 = buf[pos:q476].decode()
+                pos = q476
+                acc468[k471] = x470
+        f_node_selector = acc468
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc474: list[Any] = []
+        acc477: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c475 = _ZD[b]
+                c478 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c475 = (z >> 1) ^ -(z & 1)
+                c478 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c475 = (z >> 1) ^ -(z & 1)
+                c478 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c475, pos = _rlong(buf, pos)
-            if c475 == 0:
+                c478, pos = _rlong(buf, pos)
+            if c478 == 0:
                 break
-            if c475 < 0:
-                c475 = -c475
+            if c478 < 0:
+                c478 = -c478
                 b = buf[pos]
                 if b < 128:
-                    z478 = _ZD[b]
+                    z481 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z478 = (z >> 1) ^ -(z & 1)
+                    z481 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z478 = (z >> 1) ^ -(z & 1)
+                    z481 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z478, pos = _rlong(buf, pos)
-            if c475 * 4 > end - pos:
-                raise _count_error(c475, end - pos)
-            for _ in range(c475):
-                x476, pos = _d_Toleration393(buf, pos, end)
-                acc474.append(x476)
-        f_tolerations = tuple(acc474)
+                    z481, pos = _rlong(buf, pos)
+            if c478 * 4 > end - pos:
+                raise _count_error(c478, end - pos)
+            for _ in range(c478):
+                x479, pos = _d_Toleration396(buf, pos, end)
+                acc477.append(x479)
+        f_tolerations = tuple(acc477)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2124,30 +2129,31 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_depends_on: tuple[Any, ...]
     f_dependency: str
     f_preemption: str
-    n446 = _ZL[buf[pos]]
-    if n446 < 0:
-        n446, pos = _rlong(buf, pos)
-        if n446 < 0:
-            raise _length_error(n446, end - pos)
+    f_retry: Any
+    n449 = _ZL[buf[pos]]
+    if n449 < 0:
+        n449, pos = _rlong(buf, pos)
+        if n449 < 0:
+            raise _length_error(n449, end - pos)
     else:
         pos += 1
-    q447 = pos + n446
-    if q447 > end:
-        raise _length_error(n446, end - pos)
-    f_gang_id = buf[pos:q447].decode()
-    pos = q447
-    n448 = _ZL[buf[pos]]
-    if n448 < 0:
-        n448, pos = _rlong(buf, pos)
-        if n448 < 0:
-            raise _length_error(n448, end - pos)
+    q450 = pos + n449
+    if q450 > end:
+        raise _length_error(n449, end - pos)
+    f_gang_id = buf[pos:q450].decode()
+    pos = q450
+    n451 = _ZL[buf[pos]]
+    if n451 < 0:
+        n451, pos = _rlong(buf, pos)
+        if n451 < 0:
+            raise _length_error(n451, end - pos)
     else:
         pos += 1
-    q449 = pos + n448
-    if q449 > end:
-        raise _length_error(n448, end - pos)
-    f_tenant = buf[pos:q449].decode()
-    pos = q449
+    q452 = pos + n451
+    if q452 > end:
+        raise _length_error(n451, end - pos)
+    f_tenant = buf[pos:q452].decode()
+    pos = q452
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2166,63 +2172,63 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc450: list[Any] = []
+        acc453: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c451 = _ZD[b]
+                c454 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c451 = (z >> 1) ^ -(z & 1)
+                c454 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c451 = (z >> 1) ^ -(z & 1)
+                c454 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c451, pos = _rlong(buf, pos)
-            if c451 == 0:
+                c454, pos = _rlong(buf, pos)
+            if c454 == 0:
                 break
-            if c451 < 0:
-                c451 = -c451
+            if c454 < 0:
+                c454 = -c454
                 b = buf[pos]
                 if b < 128:
-                    z454 = _ZD[b]
+                    z457 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z454 = (z >> 1) ^ -(z & 1)
+                    z457 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z454 = (z >> 1) ^ -(z & 1)
+                    z457 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z454, pos = _rlong(buf, pos)
-            if c451 * 8 > end - pos:
-                raise _count_error(c451, end - pos)
-            for _ in range(c451):
-                x452, pos = _d_GangMember454(buf, pos, end)
-                acc450.append(x452)
-        f_members = tuple(acc450)
+                    z457, pos = _rlong(buf, pos)
+            if c454 * 8 > end - pos:
+                raise _count_error(c454, end - pos)
+            for _ in range(c454):
+                x455, pos = _d_GangMember457(buf, pos, end)
+                acc453.append(x455)
+        f_members = tuple(acc453)
     b = buf[pos]
     if b < 128:
-        i479 = _ZD[b]
+        i482 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i479 = (z >> 1) ^ -(z & 1)
+        i482 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i479 = (z >> 1) ^ -(z & 1)
+        i482 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i479, pos = _rlong(buf, pos)
-    if i479 == 0:
+        i482, pos = _rlong(buf, pos)
+    if i482 == 0:
         f_min_members = None
-    elif i479 == 1:
+    elif i482 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2238,38 +2244,7 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i479, 2)
-    b = buf[pos]
-    if b < 128:
-        i480 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i480 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i480, pos = _rlong(buf, pos)
-    if i480 == 0:
-        f_topology_required = None
-    elif i480 == 1:
-        n481 = _ZL[buf[pos]]
-        if n481 < 0:
-            n481, pos = _rlong(buf, pos)
-            if n481 < 0:
-                raise _length_error(n481, end - pos)
-        else:
-            pos += 1
-        q482 = pos + n481
-        if q482 > end:
-            raise _length_error(n481, end - pos)
-        f_topology_required = buf[pos:q482].decode()
-        pos = q482
-    else:
-        raise _union_error(i480, 2)
+        raise _union_error(i482, 2)
     b = buf[pos]
     if b < 128:
         i483 = _ZD[b]
@@ -2285,7 +2260,7 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     else:
         i483, pos = _rlong(buf, pos)
     if i483 == 0:
-        f_topology_preferred = None
+        f_topology_required = None
     elif i483 == 1:
         n484 = _ZL[buf[pos]]
         if n484 < 0:
@@ -2297,7 +2272,7 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         q485 = pos + n484
         if q485 > end:
             raise _length_error(n484, end - pos)
-        f_topology_preferred = buf[pos:q485].decode()
+        f_topology_required = buf[pos:q485].decode()
         pos = q485
     else:
         raise _union_error(i483, 2)
@@ -2316,8 +2291,39 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     else:
         i486, pos = _rlong(buf, pos)
     if i486 == 0:
-        f_timeout_ms = None
+        f_topology_preferred = None
     elif i486 == 1:
+        n487 = _ZL[buf[pos]]
+        if n487 < 0:
+            n487, pos = _rlong(buf, pos)
+            if n487 < 0:
+                raise _length_error(n487, end - pos)
+        else:
+            pos += 1
+        q488 = pos + n487
+        if q488 > end:
+            raise _length_error(n487, end - pos)
+        f_topology_preferred = buf[pos:q488].decode()
+        pos = q488
+    else:
+        raise _union_error(i486, 2)
+    b = buf[pos]
+    if b < 128:
+        i489 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i489 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i489 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i489, pos = _rlong(buf, pos)
+    if i489 == 0:
+        f_timeout_ms = None
+    elif i489 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2333,24 +2339,24 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i486, 2)
+        raise _union_error(i489, 2)
     b = buf[pos]
     if b < 128:
-        i487 = _ZD[b]
+        i490 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
+        i490 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
+        i490 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
+        i490, pos = _rlong(buf, pos)
+    if i490 == 0:
         f_time_limit_ms = None
-    elif i487 == 1:
+    elif i490 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2366,93 +2372,74 @@ def _d_SubmitGang444(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i487, 2)
+        raise _union_error(i490, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc488: list[Any] = []
+        acc491: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c489 = _ZD[b]
+                c492 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c489 = (z >> 1) ^ -(z & 1)
+                c492 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c489 = (z >> 1) ^ -(z & 1)
+                c492 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c489, pos = _rlong(buf, pos)
-            if c489 == 0:
+                c492, pos = _rlong(buf, pos)
+            if c492 == 0:
                 break
-            if c489 < 0:
-                c489 = -c489
+            if c492 < 0:
+                c492 = -c492
                 b = buf[pos]
                 if b < 128:
-                    z492 = _ZD[b]
+                    z495 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z492 = (z >> 1) ^ -(z & 1)
+                    z495 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z492 = (z >> 1) ^ -(z & 1)
+                    z495 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z492, pos = _rlong(buf, pos)
-            if c489 * 1 > end - pos:
-                raise _count_error(c489, end - pos)
-            for _ in range(c489):
-                n493 = _ZL[buf[pos]]
-                if n493 < 0:
-                    n493, pos = _rlong(buf, pos)
-                    if n493 < 0:
-                        raise _length_error(n493, end - pos)
+                    z495, pos = _rlong(buf, pos)
+            if c492 * 1 > end - pos:
+                raise _count_error(c492, end - pos)
+            for _ in range(c492):
+                n496 = _ZL[buf[pos]]
+                if n496 < 0:
+                    n496, pos = _rlong(buf, pos)
+                    if n496 < 0:
+                        raise _length_error(n496, end - pos)
                 else:
                     pos += 1
-                q494 = pos + n493
-                if q494 > end:
-                    raise _length_error(n493, end - pos)
-                x490 = buf[pos:q494].decode()
-                pos = q494
-                acc488.append(x490)
-        f_depends_on = tuple(acc488)
-    n495 = _ZL[buf[pos]]
-    if n495 < 0:
-        n495, pos = _rlong(buf, pos)
-        if n495 < 0:
-            raise _length_error(n495, end - pos)
+                q497 = pos + n496
+                if q497 > end:
+                    raise _length_error(n496, end - pos)
+                x493 = buf[pos:q497].decode()
+                pos = q497
+                acc491.append(x493)
+        f_depends_on = tuple(acc491)
+    n498 = _ZL[buf[pos]]
+    if n498 < 0:
+        n498, pos = _rlong(buf, pos)
+        if n498 < 0:
+            raise _length_error(n498, end - pos)
     else:
         pos += 1
-    q496 = pos + n495
-    if q496 > end:
-        raise _length_error(n495, end - pos)
-    f_dependency = buf[pos:q496].decode()
-    pos = q496
-    n497 = _ZL[buf[pos]]
-    if n497 < 0:
-        n497, pos = _rlong(buf, pos)
-        if n497 < 0:
-            raise _length_error(n497, end - pos)
-    else:
-        pos += 1
-    q498 = pos + n497
-    if q498 > end:
-        raise _length_error(n497, end - pos)
-    f_preemption = buf[pos:q498].decode()
-    pos = q498
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption)
-    return o, pos
-
-
-def _d_ReleaseGang498(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
+    q499 = pos + n498
+    if q499 > end:
+        raise _length_error(n498, end - pos)
+    f_dependency = buf[pos:q499].decode()
+    pos = q499
     n500 = _ZL[buf[pos]]
     if n500 < 0:
         n500, pos = _rlong(buf, pos)
@@ -2463,44 +2450,47 @@ def _d_ReleaseGang498(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, i
     q501 = pos + n500
     if q501 > end:
         raise _length_error(n500, end - pos)
-    f_gang_id = buf[pos:q501].decode()
+    f_preemption = buf[pos:q501].decode()
     pos = q501
-    n502 = _ZL[buf[pos]]
-    if n502 < 0:
-        n502, pos = _rlong(buf, pos)
-        if n502 < 0:
-            raise _length_error(n502, end - pos)
+    b = buf[pos]
+    if b < 128:
+        i502 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i502 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i502 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i502, pos = _rlong(buf, pos)
+    if i502 == 0:
+        f_retry = None
+    elif i502 == 1:
+        f_retry, pos = _d_Retry418(buf, pos, end)
+    else:
+        raise _union_error(i502, 2)
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry)
+    return o, pos
+
+
+def _d_ReleaseGang502(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n504 = _ZL[buf[pos]]
+    if n504 < 0:
+        n504, pos = _rlong(buf, pos)
+        if n504 < 0:
+            raise _length_error(n504, end - pos)
     else:
         pos += 1
-    q503 = pos + n502
-    if q503 > end:
-        raise _length_error(n502, end - pos)
-    f_reason = buf[pos:q503].decode()
-    pos = q503
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick503(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
+    q505 = pos + n504
+    if q505 > end:
+        raise _length_error(n504, end - pos)
+    f_gang_id = buf[pos:q505].decode()
+    pos = q505
     n506 = _ZL[buf[pos]]
     if n506 < 0:
         n506, pos = _rlong(buf, pos)
@@ -2511,125 +2501,161 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     q507 = pos + n506
     if q507 > end:
         raise _length_error(n506, end - pos)
-    f_tenant = buf[pos:q507].decode()
+    f_reason = buf[pos:q507].decode()
     pos = q507
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick507(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    n510 = _ZL[buf[pos]]
+    if n510 < 0:
+        n510, pos = _rlong(buf, pos)
+        if n510 < 0:
+            raise _length_error(n510, end - pos)
+    else:
+        pos += 1
+    q511 = pos + n510
+    if q511 > end:
+        raise _length_error(n510, end - pos)
+    f_tenant = buf[pos:q511].decode()
+    pos = q511
     b = buf[pos]
     if b < 128:
-        i508 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i508 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i508 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i508, pos = _rlong(buf, pos)
-    if i508 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_cohort = None
-    elif i508 == 1:
-        n509 = _ZL[buf[pos]]
-        if n509 < 0:
-            n509, pos = _rlong(buf, pos)
-            if n509 < 0:
-                raise _length_error(n509, end - pos)
+    elif i512 == 1:
+        n513 = _ZL[buf[pos]]
+        if n513 < 0:
+            n513, pos = _rlong(buf, pos)
+            if n513 < 0:
+                raise _length_error(n513, end - pos)
         else:
             pos += 1
-        q510 = pos + n509
-        if q510 > end:
-            raise _length_error(n509, end - pos)
-        f_cohort = buf[pos:q510].decode()
-        pos = q510
+        q514 = pos + n513
+        if q514 > end:
+            raise _length_error(n513, end - pos)
+        f_cohort = buf[pos:q514].decode()
+        pos = q514
     else:
-        raise _union_error(i508, 2)
+        raise _union_error(i512, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc511: dict[str, Any] = {}
+        acc515: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c512 = _ZD[b]
+                c516 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c512 = (z >> 1) ^ -(z & 1)
+                c516 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c512 = (z >> 1) ^ -(z & 1)
+                c516 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c512, pos = _rlong(buf, pos)
-            if c512 == 0:
+                c516, pos = _rlong(buf, pos)
+            if c516 == 0:
                 break
-            if c512 < 0:
-                c512 = -c512
+            if c516 < 0:
+                c516 = -c516
                 b = buf[pos]
                 if b < 128:
-                    z515 = _ZD[b]
+                    z519 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z515 = (z >> 1) ^ -(z & 1)
+                    z519 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z515 = (z >> 1) ^ -(z & 1)
+                    z519 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z515, pos = _rlong(buf, pos)
-            if c512 * 2 > end - pos:
-                raise _count_error(c512, end - pos)
-            for _ in range(c512):
-                n516 = _ZL[buf[pos]]
-                if n516 < 0:
-                    n516, pos = _rlong(buf, pos)
-                    if n516 < 0:
-                        raise _length_error(n516, end - pos)
+                    z519, pos = _rlong(buf, pos)
+            if c516 * 2 > end - pos:
+                raise _count_error(c516, end - pos)
+            for _ in range(c516):
+                n520 = _ZL[buf[pos]]
+                if n520 < 0:
+                    n520, pos = _rlong(buf, pos)
+                    if n520 < 0:
+                        raise _length_error(n520, end - pos)
                 else:
                     pos += 1
-                q517 = pos + n516
-                if q517 > end:
-                    raise _length_error(n516, end - pos)
-                k514 = buf[pos:q517].decode()
-                pos = q517
+                q521 = pos + n520
+                if q521 > end:
+                    raise _length_error(n520, end - pos)
+                k518 = buf[pos:q521].decode()
+                pos = q521
                 b = buf[pos]
                 if b < 128:
-                    x513 = _ZD[b]
+                    x517 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x513 = (z >> 1) ^ -(z & 1)
+                    x517 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x513 = (z >> 1) ^ -(z & 1)
+                    x517 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x513, pos = _rlong(buf, pos)
-                acc511[k514] = x513
-        f_nominal_gpus = acc511
+                    x517, pos = _rlong(buf, pos)
+                acc515[k518] = x517
+        f_nominal_gpus = acc515
     b = buf[pos]
     if b < 128:
-        i518 = _ZD[b]
+        i522 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i518 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i518 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i518, pos = _rlong(buf, pos)
-    if i518 == 0:
+        i522, pos = _rlong(buf, pos)
+    if i522 == 0:
         f_nominal_cpu_milli = None
-    elif i518 == 1:
+    elif i522 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2645,24 +2671,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i518, 2)
+        raise _union_error(i522, 2)
     b = buf[pos]
     if b < 128:
-        i519 = _ZD[b]
+        i523 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i519 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i519 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i519, pos = _rlong(buf, pos)
-    if i519 == 0:
+        i523, pos = _rlong(buf, pos)
+    if i523 == 0:
         f_nominal_memory_mib = None
-    elif i519 == 1:
+    elif i523 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2678,24 +2704,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i519, 2)
+        raise _union_error(i523, 2)
     b = buf[pos]
     if b < 128:
-        i520 = _ZD[b]
+        i524 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i520 = (z >> 1) ^ -(z & 1)
+        i524 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i520 = (z >> 1) ^ -(z & 1)
+        i524 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i520, pos = _rlong(buf, pos)
-    if i520 == 0:
+        i524, pos = _rlong(buf, pos)
+    if i524 == 0:
         f_borrowing_limit_gpus = None
-    elif i520 == 1:
+    elif i524 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2711,24 +2737,24 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i520, 2)
+        raise _union_error(i524, 2)
     b = buf[pos]
     if b < 128:
-        i521 = _ZD[b]
+        i525 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i521 = (z >> 1) ^ -(z & 1)
+        i525 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i521 = (z >> 1) ^ -(z & 1)
+        i525 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i521, pos = _rlong(buf, pos)
-    if i521 == 0:
+        i525, pos = _rlong(buf, pos)
+    if i525 == 0:
         f_lending_limit_gpus = None
-    elif i521 == 1:
+    elif i525 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2744,7 +2770,7 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i521, 2)
+        raise _union_error(i525, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2763,25 +2789,25 @@ def _d_SetQuota504(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     return o, pos
 
 
-def _d_RemoveQuota521(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota525(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n523 = _ZL[buf[pos]]
-    if n523 < 0:
-        n523, pos = _rlong(buf, pos)
-        if n523 < 0:
-            raise _length_error(n523, end - pos)
+    n527 = _ZL[buf[pos]]
+    if n527 < 0:
+        n527, pos = _rlong(buf, pos)
+        if n527 < 0:
+            raise _length_error(n527, end - pos)
     else:
         pos += 1
-    q524 = pos + n523
-    if q524 > end:
-        raise _length_error(n523, end - pos)
-    f_tenant = buf[pos:q524].decode()
-    pos = q524
+    q528 = pos + n527
+    if q528 > end:
+        raise _length_error(n527, end - pos)
+    f_tenant = buf[pos:q528].decode()
+    pos = q528
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment528(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2800,410 +2826,410 @@ def _d_Defragment524(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i526 = _ZD[b]
+        i530 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i526 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i526 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i526, pos = _rlong(buf, pos)
-    if i526 == 0:
+        i530, pos = _rlong(buf, pos)
+    if i530 == 0:
         f_target = None
-    elif i526 == 1:
-        n527 = _ZL[buf[pos]]
-        if n527 < 0:
-            n527, pos = _rlong(buf, pos)
-            if n527 < 0:
-                raise _length_error(n527, end - pos)
+    elif i530 == 1:
+        n531 = _ZL[buf[pos]]
+        if n531 < 0:
+            n531, pos = _rlong(buf, pos)
+            if n531 < 0:
+                raise _length_error(n531, end - pos)
         else:
             pos += 1
-        q528 = pos + n527
-        if q528 > end:
-            raise _length_error(n527, end - pos)
-        f_target = buf[pos:q528].decode()
-        pos = q528
+        q532 = pos + n531
+        if q532 > end:
+            raise _length_error(n531, end - pos)
+        f_target = buf[pos:q532].decode()
+        pos = q532
     else:
-        raise _union_error(i526, 2)
+        raise _union_error(i530, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster528(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster532(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
+    n534 = _ZL[buf[pos]]
+    if n534 < 0:
+        n534, pos = _rlong(buf, pos)
+        if n534 < 0:
+            raise _length_error(n534, end - pos)
     else:
         pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_reason = buf[pos:q531].decode()
-    pos = q531
+    q535 = pos + n534
+    if q535 > end:
+        raise _length_error(n534, end - pos)
+    f_reason = buf[pos:q535].decode()
+    pos = q535
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode531(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode535(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n533 = _ZL[buf[pos]]
-    if n533 < 0:
-        n533, pos = _rlong(buf, pos)
-        if n533 < 0:
-            raise _length_error(n533, end - pos)
+    n537 = _ZL[buf[pos]]
+    if n537 < 0:
+        n537, pos = _rlong(buf, pos)
+        if n537 < 0:
+            raise _length_error(n537, end - pos)
     else:
         pos += 1
-    q534 = pos + n533
-    if q534 > end:
-        raise _length_error(n533, end - pos)
-    f_node_id = buf[pos:q534].decode()
-    pos = q534
+    q538 = pos + n537
+    if q538 > end:
+        raise _length_error(n537, end - pos)
+    f_node_id = buf[pos:q538].decode()
+    pos = q538
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode534(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode538(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n536 = _ZL[buf[pos]]
-    if n536 < 0:
-        n536, pos = _rlong(buf, pos)
-        if n536 < 0:
-            raise _length_error(n536, end - pos)
+    n540 = _ZL[buf[pos]]
+    if n540 < 0:
+        n540, pos = _rlong(buf, pos)
+        if n540 < 0:
+            raise _length_error(n540, end - pos)
     else:
         pos += 1
-    q537 = pos + n536
-    if q537 > end:
-        raise _length_error(n536, end - pos)
-    f_node_id = buf[pos:q537].decode()
-    pos = q537
+    q541 = pos + n540
+    if q541 > end:
+        raise _length_error(n540, end - pos)
+    f_node_id = buf[pos:q541].decode()
+    pos = q541
     b = buf[pos]
     if b < 128:
-        i538 = _ZD[b]
+        i542 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i538 = (z >> 1) ^ -(z & 1)
+        i542 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i538 = (z >> 1) ^ -(z & 1)
+        i542 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i538, pos = _rlong(buf, pos)
-    if i538 == 0:
+        i542, pos = _rlong(buf, pos)
+    if i542 == 0:
         f_labels = None
-    elif i538 == 1:
+    elif i542 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc539: dict[str, Any] = {}
+            acc543: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c540 = _ZD[b]
+                    c544 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c544 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c540 = (z >> 1) ^ -(z & 1)
+                    c544 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c540, pos = _rlong(buf, pos)
-                if c540 == 0:
+                    c544, pos = _rlong(buf, pos)
+                if c544 == 0:
                     break
-                if c540 < 0:
-                    c540 = -c540
+                if c544 < 0:
+                    c544 = -c544
                     b = buf[pos]
                     if b < 128:
-                        z543 = _ZD[b]
+                        z547 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z547 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z543 = (z >> 1) ^ -(z & 1)
+                        z547 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z543, pos = _rlong(buf, pos)
-                if c540 * 2 > end - pos:
-                    raise _count_error(c540, end - pos)
-                for _ in range(c540):
-                    n544 = _ZL[buf[pos]]
-                    if n544 < 0:
-                        n544, pos = _rlong(buf, pos)
-                        if n544 < 0:
-                            raise _length_error(n544, end - pos)
+                        z547, pos = _rlong(buf, pos)
+                if c544 * 2 > end - pos:
+                    raise _count_error(c544, end - pos)
+                for _ in range(c544):
+                    n548 = _ZL[buf[pos]]
+                    if n548 < 0:
+                        n548, pos = _rlong(buf, pos)
+                        if n548 < 0:
+                            raise _length_error(n548, end - pos)
                     else:
                         pos += 1
-                    q545 = pos + n544
-                    if q545 > end:
-                        raise _length_error(n544, end - pos)
-                    k542 = buf[pos:q545].decode()
-                    pos = q545
-                    n546 = _ZL[buf[pos]]
-                    if n546 < 0:
-                        n546, pos = _rlong(buf, pos)
-                        if n546 < 0:
-                            raise _length_error(n546, end - pos)
+                    q549 = pos + n548
+                    if q549 > end:
+                        raise _length_error(n548, end - pos)
+                    k546 = buf[pos:q549].decode()
+                    pos = q549
+                    n550 = _ZL[buf[pos]]
+                    if n550 < 0:
+                        n550, pos = _rlong(buf, pos)
+                        if n550 < 0:
+                            raise _length_error(n550, end - pos)
                     else:
                         pos += 1
-                    q547 = pos + n546
-                    if q547 > end:
-                        raise _length_error(n546, end - pos)
-                    x541 = buf[pos:q547].decode()
-                    pos = q547
-                    acc539[k542] = x541
-            f_labels = acc539
+                    q551 = pos + n550
+                    if q551 > end:
+                        raise _length_error(n550, end - pos)
+                    x545 = buf[pos:q551].decode()
+                    pos = q551
+                    acc543[k546] = x545
+            f_labels = acc543
     else:
-        raise _union_error(i538, 2)
+        raise _union_error(i542, 2)
     b = buf[pos]
     if b < 128:
-        i548 = _ZD[b]
+        i552 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i548 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i548 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i548, pos = _rlong(buf, pos)
-    if i548 == 0:
+        i552, pos = _rlong(buf, pos)
+    if i552 == 0:
         f_taints = None
-    elif i548 == 1:
+    elif i552 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc549: list[Any] = []
+            acc553: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c550 = _ZD[b]
+                    c554 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c550 = (z >> 1) ^ -(z & 1)
+                    c554 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c550 = (z >> 1) ^ -(z & 1)
+                    c554 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c550, pos = _rlong(buf, pos)
-                if c550 == 0:
+                    c554, pos = _rlong(buf, pos)
+                if c554 == 0:
                     break
-                if c550 < 0:
-                    c550 = -c550
+                if c554 < 0:
+                    c554 = -c554
                     b = buf[pos]
                     if b < 128:
-                        z553 = _ZD[b]
+                        z557 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z553 = (z >> 1) ^ -(z & 1)
+                        z557 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z553 = (z >> 1) ^ -(z & 1)
+                        z557 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z553, pos = _rlong(buf, pos)
-                if c550 * 3 > end - pos:
-                    raise _count_error(c550, end - pos)
-                for _ in range(c550):
-                    x551, pos = _d_Taint343(buf, pos, end)
-                    acc549.append(x551)
-            f_taints = tuple(acc549)
+                        z557, pos = _rlong(buf, pos)
+                if c554 * 3 > end - pos:
+                    raise _count_error(c554, end - pos)
+                for _ in range(c554):
+                    x555, pos = _d_Taint346(buf, pos, end)
+                    acc553.append(x555)
+            f_taints = tuple(acc553)
     else:
-        raise _union_error(i548, 2)
+        raise _union_error(i552, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget557(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n555 = _ZL[buf[pos]]
-    if n555 < 0:
-        n555, pos = _rlong(buf, pos)
-        if n555 < 0:
-            raise _length_error(n555, end - pos)
+    n559 = _ZL[buf[pos]]
+    if n559 < 0:
+        n559, pos = _rlong(buf, pos)
+        if n559 < 0:
+            raise _length_error(n559, end - pos)
     else:
         pos += 1
-    q556 = pos + n555
-    if q556 > end:
-        raise _length_error(n555, end - pos)
-    f_budget_id = buf[pos:q556].decode()
-    pos = q556
+    q560 = pos + n559
+    if q560 > end:
+        raise _length_error(n559, end - pos)
+    f_budget_id = buf[pos:q560].decode()
+    pos = q560
     b = buf[pos]
     if b < 128:
-        i557 = _ZD[b]
+        i561 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i557 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i557 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i557, pos = _rlong(buf, pos)
-    if i557 == 0:
+        i561, pos = _rlong(buf, pos)
+    if i561 == 0:
         f_tenant = None
-    elif i557 == 1:
-        n558 = _ZL[buf[pos]]
-        if n558 < 0:
-            n558, pos = _rlong(buf, pos)
-            if n558 < 0:
-                raise _length_error(n558, end - pos)
+    elif i561 == 1:
+        n562 = _ZL[buf[pos]]
+        if n562 < 0:
+            n562, pos = _rlong(buf, pos)
+            if n562 < 0:
+                raise _length_error(n562, end - pos)
         else:
             pos += 1
-        q559 = pos + n558
-        if q559 > end:
-            raise _length_error(n558, end - pos)
-        f_tenant = buf[pos:q559].decode()
-        pos = q559
+        q563 = pos + n562
+        if q563 > end:
+            raise _length_error(n562, end - pos)
+        f_tenant = buf[pos:q563].decode()
+        pos = q563
     else:
-        raise _union_error(i557, 2)
+        raise _union_error(i561, 2)
     b = buf[pos]
     if b < 128:
-        i560 = _ZD[b]
+        i564 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i560 = (z >> 1) ^ -(z & 1)
+        i564 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i560 = (z >> 1) ^ -(z & 1)
+        i564 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i560, pos = _rlong(buf, pos)
-    if i560 == 0:
+        i564, pos = _rlong(buf, pos)
+    if i564 == 0:
         f_gang_id = None
-    elif i560 == 1:
-        n561 = _ZL[buf[pos]]
-        if n561 < 0:
-            n561, pos = _rlong(buf, pos)
-            if n561 < 0:
-                raise _length_error(n561, end - pos)
+    elif i564 == 1:
+        n565 = _ZL[buf[pos]]
+        if n565 < 0:
+            n565, pos = _rlong(buf, pos)
+            if n565 < 0:
+                raise _length_error(n565, end - pos)
         else:
             pos += 1
-        q562 = pos + n561
-        if q562 > end:
-            raise _length_error(n561, end - pos)
-        f_gang_id = buf[pos:q562].decode()
-        pos = q562
+        q566 = pos + n565
+        if q566 > end:
+            raise _length_error(n565, end - pos)
+        f_gang_id = buf[pos:q566].decode()
+        pos = q566
     else:
-        raise _union_error(i560, 2)
+        raise _union_error(i564, 2)
     b = buf[pos]
     if b < 128:
-        i563 = _ZD[b]
+        i567 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i563 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i563 = (z >> 1) ^ -(z & 1)
+        i567 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i563, pos = _rlong(buf, pos)
-    if i563 == 0:
+        i567, pos = _rlong(buf, pos)
+    if i567 == 0:
         f_label_selector = None
-    elif i563 == 1:
+    elif i567 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc564: dict[str, Any] = {}
+            acc568: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c565 = _ZD[b]
+                    c569 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c565 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c565 = (z >> 1) ^ -(z & 1)
+                    c569 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c565, pos = _rlong(buf, pos)
-                if c565 == 0:
+                    c569, pos = _rlong(buf, pos)
+                if c569 == 0:
                     break
-                if c565 < 0:
-                    c565 = -c565
+                if c569 < 0:
+                    c569 = -c569
                     b = buf[pos]
                     if b < 128:
-                        z568 = _ZD[b]
+                        z572 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z568 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z568 = (z >> 1) ^ -(z & 1)
+                        z572 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z568, pos = _rlong(buf, pos)
-                if c565 * 2 > end - pos:
-                    raise _count_error(c565, end - pos)
-                for _ in range(c565):
-                    n569 = _ZL[buf[pos]]
-                    if n569 < 0:
-                        n569, pos = _rlong(buf, pos)
-                        if n569 < 0:
-                            raise _length_error(n569, end - pos)
+                        z572, pos = _rlong(buf, pos)
+                if c569 * 2 > end - pos:
+                    raise _count_error(c569, end - pos)
+                for _ in range(c569):
+                    n573 = _ZL[buf[pos]]
+                    if n573 < 0:
+                        n573, pos = _rlong(buf, pos)
+                        if n573 < 0:
+                            raise _length_error(n573, end - pos)
                     else:
                         pos += 1
-                    q570 = pos + n569
-                    if q570 > end:
-                        raise _length_error(n569, end - pos)
-                    k567 = buf[pos:q570].decode()
-                    pos = q570
-                    n571 = _ZL[buf[pos]]
-                    if n571 < 0:
-                        n571, pos = _rlong(buf, pos)
-                        if n571 < 0:
-                            raise _length_error(n571, end - pos)
+                    q574 = pos + n573
+                    if q574 > end:
+                        raise _length_error(n573, end - pos)
+                    k571 = buf[pos:q574].decode()
+                    pos = q574
+                    n575 = _ZL[buf[pos]]
+                    if n575 < 0:
+                        n575, pos = _rlong(buf, pos)
+                        if n575 < 0:
+                            raise _length_error(n575, end - pos)
                     else:
                         pos += 1
-                    q572 = pos + n571
-                    if q572 > end:
-                        raise _length_error(n571, end - pos)
-                    x566 = buf[pos:q572].decode()
-                    pos = q572
-                    acc564[k567] = x566
-            f_label_selector = acc564
+                    q576 = pos + n575
+                    if q576 > end:
+                        raise _length_error(n575, end - pos)
+                    x570 = buf[pos:q576].decode()
+                    pos = q576
+                    acc568[k571] = x570
+            f_label_selector = acc568
     else:
-        raise _union_error(i563, 2)
+        raise _union_error(i567, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3222,20 +3248,20 @@ def _d_SetDisruptionBudget553(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget572(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget576(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n574 = _ZL[buf[pos]]
-    if n574 < 0:
-        n574, pos = _rlong(buf, pos)
-        if n574 < 0:
-            raise _length_error(n574, end - pos)
+    n578 = _ZL[buf[pos]]
+    if n578 < 0:
+        n578, pos = _rlong(buf, pos)
+        if n578 < 0:
+            raise _length_error(n578, end - pos)
     else:
         pos += 1
-    q575 = pos + n574
-    if q575 > end:
-        raise _length_error(n574, end - pos)
-    f_budget_id = buf[pos:q575].decode()
-    pos = q575
+    q579 = pos + n578
+    if q579 > end:
+        raise _length_error(n578, end - pos)
+    f_budget_id = buf[pos:q579].decode()
+    pos = q579
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3245,7 +3271,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k316:
+    if frame[:10] != _k319:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3256,30 +3282,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n318 = _ZL[buf[pos]]
-        if n318 < 0:
-            n318, pos = _rlong(buf, pos)
-            if n318 < 0:
-                raise _length_error(n318, end - pos)
+        n321 = _ZL[buf[pos]]
+        if n321 < 0:
+            n321, pos = _rlong(buf, pos)
+            if n321 < 0:
+                raise _length_error(n321, end - pos)
         else:
             pos += 1
-        q319 = pos + n318
-        if q319 > end:
-            raise _length_error(n318, end - pos)
-        f_command_id = buf[pos:q319].decode()
-        pos = q319
-        n320 = _ZL[buf[pos]]
-        if n320 < 0:
-            n320, pos = _rlong(buf, pos)
-            if n320 < 0:
-                raise _length_error(n320, end - pos)
+        q322 = pos + n321
+        if q322 > end:
+            raise _length_error(n321, end - pos)
+        f_command_id = buf[pos:q322].decode()
+        pos = q322
+        n323 = _ZL[buf[pos]]
+        if n323 < 0:
+            n323, pos = _rlong(buf, pos)
+            if n323 < 0:
+                raise _length_error(n323, end - pos)
         else:
             pos += 1
-        q321 = pos + n320
-        if q321 > end:
-            raise _length_error(n320, end - pos)
-        f_cluster = buf[pos:q321].decode()
-        pos = q321
+        q324 = pos + n323
+        if q324 > end:
+            raise _length_error(n323, end - pos)
+        f_cluster = buf[pos:q324].decode()
+        pos = q324
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3294,35 +3320,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n322 = _ZL[buf[pos]]
-        if n322 < 0:
-            n322, pos = _rlong(buf, pos)
-            if n322 < 0:
-                raise _length_error(n322, end - pos)
+        n325 = _ZL[buf[pos]]
+        if n325 < 0:
+            n325, pos = _rlong(buf, pos)
+            if n325 < 0:
+                raise _length_error(n325, end - pos)
         else:
             pos += 1
-        q323 = pos + n322
-        if q323 > end:
-            raise _length_error(n322, end - pos)
-        f_source = buf[pos:q323].decode()
-        pos = q323
+        q326 = pos + n325
+        if q326 > end:
+            raise _length_error(n325, end - pos)
+        f_source = buf[pos:q326].decode()
+        pos = q326
         b = buf[pos]
         if b < 128:
-            i324 = _ZD[b]
+            i327 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i324 = (z >> 1) ^ -(z & 1)
+            i327 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i324 = (z >> 1) ^ -(z & 1)
+            i327 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i324, pos = _rlong(buf, pos)
-        if not 0 <= i324 < 20:
-            raise _union_error(i324, 20)
-        f_payload, pos = _k575[i324](buf, pos, end)
+            i327, pos = _rlong(buf, pos)
+        if not 0 <= i327 < 20:
+            raise _union_error(i327, 20)
+        f_payload, pos = _k579[i327](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3333,291 +3359,295 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded587(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k588, (_P[n591] if (n591 := len(s590 := o.node_id.encode())) < 8192 else _long(n591)), s590, (_P[n593] if (n593 := len(s592 := o.gpu_model.encode())) < 8192 else _long(n593)), s592, (_P[n594] if 0 <= (n594 := o.gpu_count) < 8192 else _long(n594)), (_P[n595] if 0 <= (n595 := o.cpu_milli) < 8192 else _long(n595)), (_P[n596] if 0 <= (n596 := o.memory_mib) < 8192 else _long(n596)), (_b21(a597) if (a597 := o.labels) else b"\x00"), (_b27(a598) if (a598 := o.taints) else b"\x00"), (_P[n599] if 0 <= (n599 := o.gpu_memory_mib) < 8192 else _long(n599)),))
+def _e_NodeAdded591(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k592, (_P[n595] if (n595 := len(s594 := o.node_id.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := o.gpu_model.encode())) < 8192 else _long(n597)), s596, (_P[n598] if 0 <= (n598 := o.gpu_count) < 8192 else _long(n598)), (_P[n599] if 0 <= (n599 := o.cpu_milli) < 8192 else _long(n599)), (_P[n600] if 0 <= (n600 := o.memory_mib) < 8192 else _long(n600)), (_b21(a601) if (a601 := o.labels) else b"\x00"), (_b27(a602) if (a602 := o.taints) else b"\x00"), (_P[n603] if 0 <= (n603 := o.gpu_memory_mib) < 8192 else _long(n603)),))
 
 
-def _e_NodeRemoved599(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k600, (_P[n603] if (n603 := len(s602 := o.node_id.encode())) < 8192 else _long(n603)), s602, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved603(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned603(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606,))
-
-
-def _e_NodeUncordoned607(o: _c_NodeUncordoned) -> bytes:
+def _e_NodeCordoned607(o: _c_NodeCordoned) -> bytes:
     return b"".join((_k608, (_P[n611] if (n611 := len(s610 := o.node_id.encode())) < 8192 else _long(n611)), s610,))
 
 
-def _e_NodeDrained611(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614, (_P[n616] if 0 <= (n616 := o.evicted) < 8192 else _long(n616)),))
+def _e_NodeUncordoned611(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614,))
 
 
-def _e_NodeFailed616(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k617, (_P[n620] if (n620 := len(s619 := o.node_id.encode())) < 8192 else _long(n620)), s619, (_P[n622] if (n622 := len(s621 := o.reason.encode())) < 8192 else _long(n622)), s621, (_P[n623] if 0 <= (n623 := o.evicted) < 8192 else _long(n623)),))
+def _e_NodeDrained615(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k616, (_P[n619] if (n619 := len(s618 := o.node_id.encode())) < 8192 else _long(n619)), s618, (_P[n620] if 0 <= (n620 := o.evicted) < 8192 else _long(n620)),))
 
 
-def _u642(v: Any) -> bytes:
-    return b"".join((_k642, (_P[n645] if (n645 := len(s644 := v.encode())) < 8192 else _long(n645)), s644,))
+def _e_NodeFailed620(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k621, (_P[n624] if (n624 := len(s623 := o.node_id.encode())) < 8192 else _long(n624)), s623, (_P[n626] if (n626 := len(s625 := o.reason.encode())) < 8192 else _long(n626)), s625, (_P[n627] if 0 <= (n627 := o.evicted) < 8192 else _long(n627)),))
 
 
-def _u648(v: Any) -> bytes:
-    return b"".join((_k648, (_P[n650] if 0 <= (n650 := v) < 8192 else _long(n650)),))
+def _u646(v: Any) -> bytes:
+    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := v.encode())) < 8192 else _long(n649)), s648,))
 
 
-def _b662(a: Any) -> bytes:
+def _u652(v: Any) -> bytes:
+    return b"".join((_k652, (_P[n654] if 0 <= (n654 := v) < 8192 else _long(n654)),))
+
+
+def _b666(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n665] if (n665 := len(s664 := x.code.encode())) < 8192 else _long(n665)), s664, (_P[n666] if 0 <= (n666 := x.nodes) < 8192 else _long(n666)), (_P[n668] if (n668 := len(s667 := x.message.encode())) < 8192 else _long(n668)), s667,)
+        out += ((_P[n669] if (n669 := len(s668 := x.code.encode())) < 8192 else _long(n669)), s668, (_P[n670] if 0 <= (n670 := x.nodes) < 8192 else _long(n670)), (_P[n672] if (n672 := len(s671 := x.message.encode())) < 8192 else _long(n672)), s671,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued623(o: _c_PodQueued) -> bytes:
-    return b"".join((_k624, (_P[n628] if (n628 := len(s627 := (r626 := o.pod).pod_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := r626.tenant.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := r626.priority) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := r626.num_gpu) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := r626.gpu_milli) < 8192 else _long(n633)), (_P[n634] if 0 <= (n634 := r626.cpu_milli) < 8192 else _long(n634)), (_P[n635] if 0 <= (n635 := r626.memory_mib) < 8192 else _long(n635)), (_b71(a636) if (a636 := r626.gpu_models) else b"\x00"), (_b21(a637) if (a637 := r626.node_selector) else b"\x00"), (_b76(a638) if (a638 := r626.tolerations) else b"\x00"), (_P[n639] if 0 <= (n639 := r626.submitted_at) < 8192 else _long(n639)), (_P[n640] if 0 <= (n640 := r626.arrival) < 8192 else _long(n640)), (_k645 if (u641 := r626.gang_id) is None else _u642(u641)), (_k650 if (u647 := r626.time_limit_ms) is None else _u648(u647)), (_b71(a652) if (a652 := r626.depends_on) else b"\x00"), (_P[n654] if (n654 := len(s653 := r626.dependency.encode())) < 8192 else _long(n654)), s653, (_P[n656] if (n656 := len(s655 := r626.preemption.encode())) < 8192 else _long(n656)), s655, (b"\x01" if r626.movable else b"\x00"), (_P[n657] if 0 <= (n657 := r626.gpu_memory_mib) < 8192 else _long(n657)), (_k659 if (u658 := r626.retry) is None else _k658[type(u658)](u658)), (_b662(a661) if (a661 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a669) if (a669 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued627(o: _c_PodQueued) -> bytes:
+    return b"".join((_k628, (_P[n632] if (n632 := len(s631 := (r630 := o.pod).pod_id.encode())) < 8192 else _long(n632)), s631, (_P[n634] if (n634 := len(s633 := r630.tenant.encode())) < 8192 else _long(n634)), s633, (_P[n635] if 0 <= (n635 := r630.priority) < 8192 else _long(n635)), (_P[n636] if 0 <= (n636 := r630.num_gpu) < 8192 else _long(n636)), (_P[n637] if 0 <= (n637 := r630.gpu_milli) < 8192 else _long(n637)), (_P[n638] if 0 <= (n638 := r630.cpu_milli) < 8192 else _long(n638)), (_P[n639] if 0 <= (n639 := r630.memory_mib) < 8192 else _long(n639)), (_b71(a640) if (a640 := r630.gpu_models) else b"\x00"), (_b21(a641) if (a641 := r630.node_selector) else b"\x00"), (_b76(a642) if (a642 := r630.tolerations) else b"\x00"), (_P[n643] if 0 <= (n643 := r630.submitted_at) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := r630.arrival) < 8192 else _long(n644)), (_k649 if (u645 := r630.gang_id) is None else _u646(u645)), (_k654 if (u651 := r630.time_limit_ms) is None else _u652(u651)), (_b71(a656) if (a656 := r630.depends_on) else b"\x00"), (_P[n658] if (n658 := len(s657 := r630.dependency.encode())) < 8192 else _long(n658)), s657, (_P[n660] if (n660 := len(s659 := r630.preemption.encode())) < 8192 else _long(n660)), s659, (b"\x01" if r630.movable else b"\x00"), (_P[n661] if 0 <= (n661 := r630.gpu_memory_mib) < 8192 else _long(n661)), (_k663 if (u662 := r630.retry) is None else _k662[type(u662)](u662)), (_b666(a665) if (a665 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a673) if (a673 := o.waiting_for) else b"\x00"),))
 
 
-def _u688(v: Any) -> bytes:
-    return b"".join((_k688, (_P[n691] if (n691 := len(s690 := v.encode())) < 8192 else _long(n691)), s690,))
+def _u692(v: Any) -> bytes:
+    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := v.encode())) < 8192 else _long(n695)), s694,))
 
 
-def _u694(v: Any) -> bytes:
-    return b"".join((_k694, (_P[n696] if 0 <= (n696 := v) < 8192 else _long(n696)),))
+def _u698(v: Any) -> bytes:
+    return b"".join((_k698, (_P[n700] if 0 <= (n700 := v) < 8192 else _long(n700)),))
 
 
-def _b710(a: Any) -> bytes:
+def _b714(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n712] if 0 <= (n712 := x.index) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := x.milli) < 8192 else _long(n713)),)
+        out += ((_P[n716] if 0 <= (n716 := x.index) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := x.milli) < 8192 else _long(n717)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b717(a: Any) -> bytes:
+def _b721(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n719] if (n719 := len(s718 := k.encode())) < 8192 else _long(n719)), s718, _pack_d(x),)
+        out += ((_P[n723] if (n723 := len(s722 := k.encode())) < 8192 else _long(n723)), s722, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled669(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k670, (_P[n674] if (n674 := len(s673 := (r672 := o.pod).pod_id.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := r672.tenant.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := r672.priority) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := r672.num_gpu) < 8192 else _long(n678)), (_P[n679] if 0 <= (n679 := r672.gpu_milli) < 8192 else _long(n679)), (_P[n680] if 0 <= (n680 := r672.cpu_milli) < 8192 else _long(n680)), (_P[n681] if 0 <= (n681 := r672.memory_mib) < 8192 else _long(n681)), (_b71(a682) if (a682 := r672.gpu_models) else b"\x00"), (_b21(a683) if (a683 := r672.node_selector) else b"\x00"), (_b76(a684) if (a684 := r672.tolerations) else b"\x00"), (_P[n685] if 0 <= (n685 := r672.submitted_at) < 8192 else _long(n685)), (_P[n686] if 0 <= (n686 := r672.arrival) < 8192 else _long(n686)), (_k691 if (u687 := r672.gang_id) is None else _u688(u687)), (_k696 if (u693 := r672.time_limit_ms) is None else _u694(u693)), (_b71(a698) if (a698 := r672.depends_on) else b"\x00"), (_P[n700] if (n700 := len(s699 := r672.dependency.encode())) < 8192 else _long(n700)), s699, (_P[n702] if (n702 := len(s701 := r672.preemption.encode())) < 8192 else _long(n702)), s701, (b"\x01" if r672.movable else b"\x00"), (_P[n703] if 0 <= (n703 := r672.gpu_memory_mib) < 8192 else _long(n703)), (_k705 if (u704 := r672.retry) is None else _k704[type(u704)](u704)), (_P[n708] if (n708 := len(s707 := o.node_id.encode())) < 8192 else _long(n708)), s707, (_b710(a709) if (a709 := o.gpus) else b"\x00"), (_P[n715] if (n715 := len(s714 := o.policy.encode())) < 8192 else _long(n715)), s714, (b"\x01" if o.from_queue else b"\x00"), (_b717(a716) if (a716 := o.scores) else b"\x00"), (_b71(a720) if (a720 := o.preempted) else b"\x00"),))
+def _e_PodScheduled673(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k674, (_P[n678] if (n678 := len(s677 := (r676 := o.pod).pod_id.encode())) < 8192 else _long(n678)), s677, (_P[n680] if (n680 := len(s679 := r676.tenant.encode())) < 8192 else _long(n680)), s679, (_P[n681] if 0 <= (n681 := r676.priority) < 8192 else _long(n681)), (_P[n682] if 0 <= (n682 := r676.num_gpu) < 8192 else _long(n682)), (_P[n683] if 0 <= (n683 := r676.gpu_milli) < 8192 else _long(n683)), (_P[n684] if 0 <= (n684 := r676.cpu_milli) < 8192 else _long(n684)), (_P[n685] if 0 <= (n685 := r676.memory_mib) < 8192 else _long(n685)), (_b71(a686) if (a686 := r676.gpu_models) else b"\x00"), (_b21(a687) if (a687 := r676.node_selector) else b"\x00"), (_b76(a688) if (a688 := r676.tolerations) else b"\x00"), (_P[n689] if 0 <= (n689 := r676.submitted_at) < 8192 else _long(n689)), (_P[n690] if 0 <= (n690 := r676.arrival) < 8192 else _long(n690)), (_k695 if (u691 := r676.gang_id) is None else _u692(u691)), (_k700 if (u697 := r676.time_limit_ms) is None else _u698(u697)), (_b71(a702) if (a702 := r676.depends_on) else b"\x00"), (_P[n704] if (n704 := len(s703 := r676.dependency.encode())) < 8192 else _long(n704)), s703, (_P[n706] if (n706 := len(s705 := r676.preemption.encode())) < 8192 else _long(n706)), s705, (b"\x01" if r676.movable else b"\x00"), (_P[n707] if 0 <= (n707 := r676.gpu_memory_mib) < 8192 else _long(n707)), (_k709 if (u708 := r676.retry) is None else _k708[type(u708)](u708)), (_P[n712] if (n712 := len(s711 := o.node_id.encode())) < 8192 else _long(n712)), s711, (_b714(a713) if (a713 := o.gpus) else b"\x00"), (_P[n719] if (n719 := len(s718 := o.policy.encode())) < 8192 else _long(n719)), s718, (b"\x01" if o.from_queue else b"\x00"), (_b721(a720) if (a720 := o.scores) else b"\x00"), (_b71(a724) if (a724 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted720(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.pod_id.encode())) < 8192 else _long(n724)), s723, (_P[n726] if (n726 := len(s725 := o.node_id.encode())) < 8192 else _long(n726)), s725, (_P[n728] if (n728 := len(s727 := o.reason.encode())) < 8192 else _long(n728)), s727,))
+def _e_PodEvicted724(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := o.pod_id.encode())) < 8192 else _long(n728)), s727, (_P[n730] if (n730 := len(s729 := o.node_id.encode())) < 8192 else _long(n730)), s729, (_P[n732] if (n732 := len(s731 := o.reason.encode())) < 8192 else _long(n732)), s731,))
 
 
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
+def _u738(v: Any) -> bytes:
+    return b"".join((_k738, (_P[n741] if (n741 := len(s740 := v.encode())) < 8192 else _long(n741)), s740,))
 
 
-def _e_PodReleased728(o: _c_PodReleased) -> bytes:
-    return b"".join((_k729, (_P[n732] if (n732 := len(s731 := o.pod_id.encode())) < 8192 else _long(n732)), s731, (_k737 if (u733 := o.node_id) is None else _u734(u733)), (_P[n740] if (n740 := len(s739 := o.reason.encode())) < 8192 else _long(n740)), s739,))
+def _e_PodReleased732(o: _c_PodReleased) -> bytes:
+    return b"".join((_k733, (_P[n736] if (n736 := len(s735 := o.pod_id.encode())) < 8192 else _long(n736)), s735, (_k741 if (u737 := o.node_id) is None else _u738(u737)), (_P[n744] if (n744 := len(s743 := o.reason.encode())) < 8192 else _long(n744)), s743,))
 
 
-def _u748(v: Any) -> bytes:
-    return b"".join((_k748, (_P[n750] if 0 <= (n750 := v) < 8192 else _long(n750)),))
+def _u752(v: Any) -> bytes:
+    return b"".join((_k752, (_P[n754] if 0 <= (n754 := v) < 8192 else _long(n754)),))
 
 
-def _u755(v: Any) -> bytes:
-    return b"".join((_k755, (_P[n757] if 0 <= (n757 := v) < 8192 else _long(n757)),))
+def _u759(v: Any) -> bytes:
+    return b"".join((_k759, (_P[n761] if 0 <= (n761 := v) < 8192 else _long(n761)),))
 
 
-def _e_PolicyChanged740(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k741, (_P[n744] if (n744 := len(s743 := o.policy.encode())) < 8192 else _long(n744)), s743, (_P[n746] if (n746 := len(s745 := o.previous.encode())) < 8192 else _long(n746)), s745, (_k750 if (u747 := o.reserve_after_ms) is None else _u748(u747)), (_P[n753] if (n753 := len(s752 := o.queue_order.encode())) < 8192 else _long(n753)), s752, (_k757 if (u754 := o.max_clock_jump_ms) is None else _u755(u754)),))
+def _e_PolicyChanged744(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k745, (_P[n748] if (n748 := len(s747 := o.policy.encode())) < 8192 else _long(n748)), s747, (_P[n750] if (n750 := len(s749 := o.previous.encode())) < 8192 else _long(n750)), s749, (_k754 if (u751 := o.reserve_after_ms) is None else _u752(u751)), (_P[n757] if (n757 := len(s756 := o.queue_order.encode())) < 8192 else _long(n757)), s756, (_k761 if (u758 := o.max_clock_jump_ms) is None else _u759(u758)),))
 
 
-def _e_CommandRejected758(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k759, (_P[n762] if (n762 := len(s761 := o.command_id.encode())) < 8192 else _long(n762)), s761, (_P[n764] if (n764 := len(s763 := o.command_type.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := o.code.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.message.encode())) < 8192 else _long(n768)), s767,))
+def _e_CommandRejected762(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k763, (_P[n766] if (n766 := len(s765 := o.command_id.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.command_type.encode())) < 8192 else _long(n768)), s767, (_P[n770] if (n770 := len(s769 := o.code.encode())) < 8192 else _long(n770)), s769, (_P[n772] if (n772 := len(s771 := o.message.encode())) < 8192 else _long(n772)), s771,))
 
 
-def _u798(v: Any) -> bytes:
-    return b"".join((_k798, (_P[n801] if (n801 := len(s800 := v.encode())) < 8192 else _long(n801)), s800,))
+def _u802(v: Any) -> bytes:
+    return b"".join((_k802, (_P[n805] if (n805 := len(s804 := v.encode())) < 8192 else _long(n805)), s804,))
 
 
-def _u804(v: Any) -> bytes:
-    return b"".join((_k804, (_P[n806] if 0 <= (n806 := v) < 8192 else _long(n806)),))
+def _u808(v: Any) -> bytes:
+    return b"".join((_k808, (_P[n810] if 0 <= (n810 := v) < 8192 else _long(n810)),))
 
 
-def _b781(a: Any) -> bytes:
+def _b785(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n784] if (n784 := len(s783 := x.pod_id.encode())) < 8192 else _long(n784)), s783, (_P[n786] if (n786 := len(s785 := x.tenant.encode())) < 8192 else _long(n786)), s785, (_P[n787] if 0 <= (n787 := x.priority) < 8192 else _long(n787)), (_P[n788] if 0 <= (n788 := x.num_gpu) < 8192 else _long(n788)), (_P[n789] if 0 <= (n789 := x.gpu_milli) < 8192 else _long(n789)), (_P[n790] if 0 <= (n790 := x.cpu_milli) < 8192 else _long(n790)), (_P[n791] if 0 <= (n791 := x.memory_mib) < 8192 else _long(n791)), (_b71(a792) if (a792 := x.gpu_models) else b"\x00"), (_b21(a793) if (a793 := x.node_selector) else b"\x00"), (_b76(a794) if (a794 := x.tolerations) else b"\x00"), (_P[n795] if 0 <= (n795 := x.submitted_at) < 8192 else _long(n795)), (_P[n796] if 0 <= (n796 := x.arrival) < 8192 else _long(n796)), (_k801 if (u797 := x.gang_id) is None else _u798(u797)), (_k806 if (u803 := x.time_limit_ms) is None else _u804(u803)), (_b71(a808) if (a808 := x.depends_on) else b"\x00"), (_P[n810] if (n810 := len(s809 := x.dependency.encode())) < 8192 else _long(n810)), s809, (_P[n812] if (n812 := len(s811 := x.preemption.encode())) < 8192 else _long(n812)), s811, (b"\x01" if x.movable else b"\x00"), (_P[n813] if 0 <= (n813 := x.gpu_memory_mib) < 8192 else _long(n813)), (_k815 if (u814 := x.retry) is None else _k814[type(u814)](u814)),)
+        out += ((_P[n788] if (n788 := len(s787 := x.pod_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := x.tenant.encode())) < 8192 else _long(n790)), s789, (_P[n791] if 0 <= (n791 := x.priority) < 8192 else _long(n791)), (_P[n792] if 0 <= (n792 := x.num_gpu) < 8192 else _long(n792)), (_P[n793] if 0 <= (n793 := x.gpu_milli) < 8192 else _long(n793)), (_P[n794] if 0 <= (n794 := x.cpu_milli) < 8192 else _long(n794)), (_P[n795] if 0 <= (n795 := x.memory_mib) < 8192 else _long(n795)), (_b71(a796) if (a796 := x.gpu_models) else b"\x00"), (_b21(a797) if (a797 := x.node_selector) else b"\x00"), (_b76(a798) if (a798 := x.tolerations) else b"\x00"), (_P[n799] if 0 <= (n799 := x.submitted_at) < 8192 else _long(n799)), (_P[n800] if 0 <= (n800 := x.arrival) < 8192 else _long(n800)), (_k805 if (u801 := x.gang_id) is None else _u802(u801)), (_k810 if (u807 := x.time_limit_ms) is None else _u808(u807)), (_b71(a812) if (a812 := x.depends_on) else b"\x00"), (_P[n814] if (n814 := len(s813 := x.dependency.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := x.preemption.encode())) < 8192 else _long(n816)), s815, (b"\x01" if x.movable else b"\x00"), (_P[n817] if 0 <= (n817 := x.gpu_memory_mib) < 8192 else _long(n817)), (_k819 if (u818 := x.retry) is None else _k818[type(u818)](u818)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u819(v: Any) -> bytes:
-    return b"".join((_k819, (_P[n822] if (n822 := len(s821 := v.encode())) < 8192 else _long(n822)), s821,))
+def _u823(v: Any) -> bytes:
+    return b"".join((_k823, (_P[n826] if (n826 := len(s825 := v.encode())) < 8192 else _long(n826)), s825,))
 
 
-def _u825(v: Any) -> bytes:
-    return b"".join((_k825, (_P[n828] if (n828 := len(s827 := v.encode())) < 8192 else _long(n828)), s827,))
+def _u829(v: Any) -> bytes:
+    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := v.encode())) < 8192 else _long(n832)), s831,))
 
 
-def _u831(v: Any) -> bytes:
-    return b"".join((_k831, (_P[n833] if 0 <= (n833 := v) < 8192 else _long(n833)),))
+def _u835(v: Any) -> bytes:
+    return b"".join((_k835, (_P[n837] if 0 <= (n837 := v) < 8192 else _long(n837)),))
 
 
-def _u836(v: Any) -> bytes:
-    return b"".join((_k836, (_P[n838] if 0 <= (n838 := v) < 8192 else _long(n838)),))
+def _u840(v: Any) -> bytes:
+    return b"".join((_k840, (_P[n842] if 0 <= (n842 := v) < 8192 else _long(n842)),))
 
 
-def _e_GangQueued768(o: _c_GangQueued) -> bytes:
-    return b"".join((_k769, (_P[n772] if (n772 := len(s771 := o.gang_id.encode())) < 8192 else _long(n772)), s771, (_b662(a773) if (a773 := o.reasons) else b"\x00"), (_P[n776] if (n776 := len(s775 := (r774 := o.gang).gang_id.encode())) < 8192 else _long(n776)), s775, (_P[n778] if (n778 := len(s777 := r774.tenant.encode())) < 8192 else _long(n778)), s777, (_P[n779] if 0 <= (n779 := r774.priority) < 8192 else _long(n779)), (_b781(a780) if (a780 := r774.members) else b"\x00"), (_P[n817] if 0 <= (n817 := r774.min_members) < 8192 else _long(n817)), (_k822 if (u818 := r774.topology_required) is None else _u819(u818)), (_k828 if (u824 := r774.topology_preferred) is None else _u825(u824)), (_k833 if (u830 := r774.timeout_ms) is None else _u831(u830)), (_k838 if (u835 := r774.time_limit_ms) is None else _u836(u835)), (_b71(a840) if (a840 := r774.depends_on) else b"\x00"), (_P[n842] if (n842 := len(s841 := r774.dependency.encode())) < 8192 else _long(n842)), s841, (_P[n843] if 0 <= (n843 := r774.submitted_at) < 8192 else _long(n843)), (_P[n844] if 0 <= (n844 := r774.arrival) < 8192 else _long(n844)), (_P[n846] if (n846 := len(s845 := r774.preemption.encode())) < 8192 else _long(n846)), s845, (b"\x01" if o.requeued else b"\x00"), (_b71(a847) if (a847 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued772(o: _c_GangQueued) -> bytes:
+    return b"".join((_k773, (_P[n776] if (n776 := len(s775 := o.gang_id.encode())) < 8192 else _long(n776)), s775, (_b666(a777) if (a777 := o.reasons) else b"\x00"), (_P[n780] if (n780 := len(s779 := (r778 := o.gang).gang_id.encode())) < 8192 else _long(n780)), s779, (_P[n782] if (n782 := len(s781 := r778.tenant.encode())) < 8192 else _long(n782)), s781, (_P[n783] if 0 <= (n783 := r778.priority) < 8192 else _long(n783)), (_b785(a784) if (a784 := r778.members) else b"\x00"), (_P[n821] if 0 <= (n821 := r778.min_members) < 8192 else _long(n821)), (_k826 if (u822 := r778.topology_required) is None else _u823(u822)), (_k832 if (u828 := r778.topology_preferred) is None else _u829(u828)), (_k837 if (u834 := r778.timeout_ms) is None else _u835(u834)), (_k842 if (u839 := r778.time_limit_ms) is None else _u840(u839)), (_b71(a844) if (a844 := r778.depends_on) else b"\x00"), (_P[n846] if (n846 := len(s845 := r778.dependency.encode())) < 8192 else _long(n846)), s845, (_P[n847] if 0 <= (n847 := r778.submitted_at) < 8192 else _long(n847)), (_P[n848] if 0 <= (n848 := r778.arrival) < 8192 else _long(n848)), (_P[n850] if (n850 := len(s849 := r778.preemption.encode())) < 8192 else _long(n850)), s849, (_k852 if (u851 := r778.retry) is None else _k851[type(u851)](u851)), (b"\x01" if o.requeued else b"\x00"), (_b71(a854) if (a854 := o.waiting_for) else b"\x00"),))
 
 
-def _b853(a: Any) -> bytes:
+def _b860(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n856] if (n856 := len(s855 := x.pod_id.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := x.node_id.encode())) < 8192 else _long(n858)), s857, (_b710(a859) if (a859 := x.gpus) else b"\x00"),)
+        out += ((_P[n863] if (n863 := len(s862 := x.pod_id.encode())) < 8192 else _long(n863)), s862, (_P[n865] if (n865 := len(s864 := x.node_id.encode())) < 8192 else _long(n865)), s864, (_b714(a866) if (a866 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u869(v: Any) -> bytes:
-    return b"".join((_k869, (_P[n872] if (n872 := len(s871 := v.encode())) < 8192 else _long(n872)), s871,))
+def _u876(v: Any) -> bytes:
+    return b"".join((_k876, (_P[n879] if (n879 := len(s878 := v.encode())) < 8192 else _long(n879)), s878,))
 
 
-def _u875(v: Any) -> bytes:
-    return b"".join((_k875, (_P[n878] if (n878 := len(s877 := v.encode())) < 8192 else _long(n878)), s877,))
+def _u882(v: Any) -> bytes:
+    return b"".join((_k882, (_P[n885] if (n885 := len(s884 := v.encode())) < 8192 else _long(n885)), s884,))
 
 
-def _u881(v: Any) -> bytes:
-    return b"".join((_k881, (_P[n883] if 0 <= (n883 := v) < 8192 else _long(n883)),))
+def _u888(v: Any) -> bytes:
+    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
 
 
-def _u886(v: Any) -> bytes:
-    return b"".join((_k886, (_P[n888] if 0 <= (n888 := v) < 8192 else _long(n888)),))
+def _u893(v: Any) -> bytes:
+    return b"".join((_k893, (_P[n895] if 0 <= (n895 := v) < 8192 else _long(n895)),))
 
 
-def _u898(v: Any) -> bytes:
-    return b"".join((_k898, (_P[n901] if (n901 := len(s900 := v.encode())) < 8192 else _long(n901)), s900,))
+def _u908(v: Any) -> bytes:
+    return b"".join((_k908, (_P[n911] if (n911 := len(s910 := v.encode())) < 8192 else _long(n911)), s910,))
 
 
-def _u904(v: Any) -> bytes:
-    return b"".join((_k904, (_P[n907] if (n907 := len(s906 := v.encode())) < 8192 else _long(n907)), s906,))
+def _u914(v: Any) -> bytes:
+    return b"".join((_k914, (_P[n917] if (n917 := len(s916 := v.encode())) < 8192 else _long(n917)), s916,))
 
 
-def _e_GangScheduled847(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k848, (_P[n851] if (n851 := len(s850 := o.gang_id.encode())) < 8192 else _long(n851)), s850, (_b853(a852) if (a852 := o.members) else b"\x00"), (_P[n862] if (n862 := len(s861 := (r860 := o.gang).gang_id.encode())) < 8192 else _long(n862)), s861, (_P[n864] if (n864 := len(s863 := r860.tenant.encode())) < 8192 else _long(n864)), s863, (_P[n865] if 0 <= (n865 := r860.priority) < 8192 else _long(n865)), (_b781(a866) if (a866 := r860.members) else b"\x00"), (_P[n867] if 0 <= (n867 := r860.min_members) < 8192 else _long(n867)), (_k872 if (u868 := r860.topology_required) is None else _u869(u868)), (_k878 if (u874 := r860.topology_preferred) is None else _u875(u874)), (_k883 if (u880 := r860.timeout_ms) is None else _u881(u880)), (_k888 if (u885 := r860.time_limit_ms) is None else _u886(u885)), (_b71(a890) if (a890 := r860.depends_on) else b"\x00"), (_P[n892] if (n892 := len(s891 := r860.dependency.encode())) < 8192 else _long(n892)), s891, (_P[n893] if 0 <= (n893 := r860.submitted_at) < 8192 else _long(n893)), (_P[n894] if 0 <= (n894 := r860.arrival) < 8192 else _long(n894)), (_P[n896] if (n896 := len(s895 := r860.preemption.encode())) < 8192 else _long(n896)), s895, (_k901 if (u897 := o.topology_key) is None else _u898(u897)), (_k907 if (u903 := o.domain) is None else _u904(u903)), (b"\x01" if o.from_queue else b"\x00"), (_P[n910] if (n910 := len(s909 := o.message.encode())) < 8192 else _long(n910)), s909, (_b71(a911) if (a911 := o.preempted) else b"\x00"),))
+def _e_GangScheduled854(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k855, (_P[n858] if (n858 := len(s857 := o.gang_id.encode())) < 8192 else _long(n858)), s857, (_b860(a859) if (a859 := o.members) else b"\x00"), (_P[n869] if (n869 := len(s868 := (r867 := o.gang).gang_id.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := r867.tenant.encode())) < 8192 else _long(n871)), s870, (_P[n872] if 0 <= (n872 := r867.priority) < 8192 else _long(n872)), (_b785(a873) if (a873 := r867.members) else b"\x00"), (_P[n874] if 0 <= (n874 := r867.min_members) < 8192 else _long(n874)), (_k879 if (u875 := r867.topology_required) is None else _u876(u875)), (_k885 if (u881 := r867.topology_preferred) is None else _u882(u881)), (_k890 if (u887 := r867.timeout_ms) is None else _u888(u887)), (_k895 if (u892 := r867.time_limit_ms) is None else _u893(u892)), (_b71(a897) if (a897 := r867.depends_on) else b"\x00"), (_P[n899] if (n899 := len(s898 := r867.dependency.encode())) < 8192 else _long(n899)), s898, (_P[n900] if 0 <= (n900 := r867.submitted_at) < 8192 else _long(n900)), (_P[n901] if 0 <= (n901 := r867.arrival) < 8192 else _long(n901)), (_P[n903] if (n903 := len(s902 := r867.preemption.encode())) < 8192 else _long(n903)), s902, (_k905 if (u904 := r867.retry) is None else _k904[type(u904)](u904)), (_k911 if (u907 := o.topology_key) is None else _u908(u907)), (_k917 if (u913 := o.domain) is None else _u914(u913)), (b"\x01" if o.from_queue else b"\x00"), (_P[n920] if (n920 := len(s919 := o.message.encode())) < 8192 else _long(n920)), s919, (_b71(a921) if (a921 := o.preempted) else b"\x00"),))
 
 
-def _e_GangTimedOut911(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k912, (_P[n915] if (n915 := len(s914 := o.gang_id.encode())) < 8192 else _long(n915)), s914, (_P[n916] if 0 <= (n916 := o.waited_ms) < 8192 else _long(n916)), (_P[n918] if (n918 := len(s917 := o.message.encode())) < 8192 else _long(n918)), s917,))
+def _e_GangTimedOut921(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := o.gang_id.encode())) < 8192 else _long(n925)), s924, (_P[n926] if 0 <= (n926 := o.waited_ms) < 8192 else _long(n926)), (_P[n928] if (n928 := len(s927 := o.message.encode())) < 8192 else _long(n928)), s927,))
 
 
-def _e_GangReleased918(o: _c_GangReleased) -> bytes:
-    return b"".join((_k919, (_P[n922] if (n922 := len(s921 := o.gang_id.encode())) < 8192 else _long(n922)), s921, (_P[n924] if (n924 := len(s923 := o.reason.encode())) < 8192 else _long(n924)), s923, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangReleased928(o: _c_GangReleased) -> bytes:
+    return b"".join((_k929, (_P[n932] if (n932 := len(s931 := o.gang_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.reason.encode())) < 8192 else _long(n934)), s933, (b"\x01" if o.ok else b"\x00"),))
 
 
-def _u933(v: Any) -> bytes:
-    return b"".join((_k933, (_P[n936] if (n936 := len(s935 := v.encode())) < 8192 else _long(n936)), s935,))
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
 
 
-def _e_PodTimeLimitReached924(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k925, (_P[n928] if (n928 := len(s927 := o.pod_id.encode())) < 8192 else _long(n928)), s927, (_P[n930] if (n930 := len(s929 := o.node_id.encode())) < 8192 else _long(n930)), s929, (_P[n931] if 0 <= (n931 := o.time_limit_ms) < 8192 else _long(n931)), (_k936 if (u932 := o.gang_id) is None else _u933(u932)),))
+def _e_PodTimeLimitReached934(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k935, (_P[n938] if (n938 := len(s937 := o.pod_id.encode())) < 8192 else _long(n938)), s937, (_P[n940] if (n940 := len(s939 := o.node_id.encode())) < 8192 else _long(n940)), s939, (_P[n941] if 0 <= (n941 := o.time_limit_ms) < 8192 else _long(n941)), (_k946 if (u942 := o.gang_id) is None else _u943(u942)),))
 
 
-def _u946(v: Any) -> bytes:
-    return b"".join((_k946, (_P[n948] if 0 <= (n948 := v) < 8192 else _long(n948)),))
+def _u956(v: Any) -> bytes:
+    return b"".join((_k956, (_P[n958] if 0 <= (n958 := v) < 8192 else _long(n958)),))
 
 
-def _e_NodesReserved937(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k938, (_P[n941] if (n941 := len(s940 := o.holder_id.encode())) < 8192 else _long(n941)), s940, (_P[n943] if (n943 := len(s942 := o.holder_kind.encode())) < 8192 else _long(n943)), s942, (_b71(a944) if (a944 := o.nodes) else b"\x00"), (_k948 if (u945 := o.expected_start) is None else _u946(u945)), (_P[n951] if (n951 := len(s950 := o.message.encode())) < 8192 else _long(n951)), s950,))
+def _e_NodesReserved947(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k948, (_P[n951] if (n951 := len(s950 := o.holder_id.encode())) < 8192 else _long(n951)), s950, (_P[n953] if (n953 := len(s952 := o.holder_kind.encode())) < 8192 else _long(n953)), s952, (_b71(a954) if (a954 := o.nodes) else b"\x00"), (_k958 if (u955 := o.expected_start) is None else _u956(u955)), (_P[n961] if (n961 := len(s960 := o.message.encode())) < 8192 else _long(n961)), s960,))
 
 
-def _e_ReservationReleased951(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k952, (_P[n955] if (n955 := len(s954 := o.holder_id.encode())) < 8192 else _long(n955)), s954, (_P[n957] if (n957 := len(s956 := o.holder_kind.encode())) < 8192 else _long(n957)), s956, (_b71(a958) if (a958 := o.nodes) else b"\x00"), (_P[n960] if (n960 := len(s959 := o.reason.encode())) < 8192 else _long(n960)), s959, (_P[n962] if (n962 := len(s961 := o.message.encode())) < 8192 else _long(n962)), s961,))
+def _e_ReservationReleased961(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k962, (_P[n965] if (n965 := len(s964 := o.holder_id.encode())) < 8192 else _long(n965)), s964, (_P[n967] if (n967 := len(s966 := o.holder_kind.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.nodes) else b"\x00"), (_P[n970] if (n970 := len(s969 := o.reason.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
 
 
-def _e_DependencyFailed962(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k963, (_P[n966] if (n966 := len(s965 := o.holder_id.encode())) < 8192 else _long(n966)), s965, (_P[n968] if (n968 := len(s967 := o.holder_kind.encode())) < 8192 else _long(n968)), s967, (_P[n970] if (n970 := len(s969 := o.dependency_id.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
+def _e_DependencyFailed972(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := o.holder_id.encode())) < 8192 else _long(n976)), s975, (_P[n978] if (n978 := len(s977 := o.holder_kind.encode())) < 8192 else _long(n978)), s977, (_P[n980] if (n980 := len(s979 := o.dependency_id.encode())) < 8192 else _long(n980)), s979, (_P[n982] if (n982 := len(s981 := o.message.encode())) < 8192 else _long(n982)), s981,))
 
 
-def _e_Ticked972(o: _c_Ticked) -> bytes:
-    return b"".join((_k973, (_P[n975] if 0 <= (n975 := o.clock) < 8192 else _long(n975)), (b"\x01" if o.partition else b"\x00"),))
+def _e_Ticked982(o: _c_Ticked) -> bytes:
+    return b"".join((_k983, (_P[n985] if 0 <= (n985 := o.clock) < 8192 else _long(n985)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_PodPreempted975(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.pod_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.node_id.encode())) < 8192 else _long(n981)), s980, (_P[n983] if (n983 := len(s982 := o.by.encode())) < 8192 else _long(n983)), s982, (_P[n985] if (n985 := len(s984 := o.reason.encode())) < 8192 else _long(n985)), s984, (_P[n987] if (n987 := len(s986 := o.message.encode())) < 8192 else _long(n987)), s986,))
+def _e_PodPreempted985(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k986, (_P[n989] if (n989 := len(s988 := o.pod_id.encode())) < 8192 else _long(n989)), s988, (_P[n991] if (n991 := len(s990 := o.node_id.encode())) < 8192 else _long(n991)), s990, (_P[n993] if (n993 := len(s992 := o.by.encode())) < 8192 else _long(n993)), s992, (_P[n995] if (n995 := len(s994 := o.reason.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.message.encode())) < 8192 else _long(n997)), s996,))
 
 
-def _u991(v: Any) -> bytes:
-    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
+def _u1001(v: Any) -> bytes:
+    return b"".join((_k1001, (_P[n1004] if (n1004 := len(s1003 := v.encode())) < 8192 else _long(n1004)), s1003,))
 
 
-def _e_QuotaChanged987(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k988, (_k994 if (u990 := o.tenant) is None else _u991(u990)), (_k997 if (u996 := o.quota) is None else _k996[type(u996)](u996)), (_k1000 if (u999 := o.previous) is None else _k999[type(u999)](u999)), (_P[n1003] if (n1003 := len(s1002 := o.message.encode())) < 8192 else _long(n1003)), s1002,))
+def _e_QuotaChanged997(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k998, (_k1004 if (u1000 := o.tenant) is None else _u1001(u1000)), (_k1007 if (u1006 := o.quota) is None else _k1006[type(u1006)](u1006)), (_k1010 if (u1009 := o.previous) is None else _k1009[type(u1009)](u1009)), (_P[n1013] if (n1013 := len(s1012 := o.message.encode())) < 8192 else _long(n1013)), s1012,))
 
 
-def _e_PodMigrated1003(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1004, (_P[n1007] if (n1007 := len(s1006 := o.pod_id.encode())) < 8192 else _long(n1007)), s1006, (_P[n1009] if (n1009 := len(s1008 := o.from_node.encode())) < 8192 else _long(n1009)), s1008, (_b710(a1010) if (a1010 := o.from_gpus) else b"\x00"), (_P[n1012] if (n1012 := len(s1011 := o.to_node.encode())) < 8192 else _long(n1012)), s1011, (_b710(a1013) if (a1013 := o.to_gpus) else b"\x00"), (_P[n1015] if (n1015 := len(s1014 := o.reason.encode())) < 8192 else _long(n1015)), s1014, (_P[n1017] if (n1017 := len(s1016 := o.message.encode())) < 8192 else _long(n1017)), s1016,))
+def _e_PodMigrated1013(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1014, (_P[n1017] if (n1017 := len(s1016 := o.pod_id.encode())) < 8192 else _long(n1017)), s1016, (_P[n1019] if (n1019 := len(s1018 := o.from_node.encode())) < 8192 else _long(n1019)), s1018, (_b714(a1020) if (a1020 := o.from_gpus) else b"\x00"), (_P[n1022] if (n1022 := len(s1021 := o.to_node.encode())) < 8192 else _long(n1022)), s1021, (_b714(a1023) if (a1023 := o.to_gpus) else b"\x00"), (_P[n1025] if (n1025 := len(s1024 := o.reason.encode())) < 8192 else _long(n1025)), s1024, (_P[n1027] if (n1027 := len(s1026 := o.message.encode())) < 8192 else _long(n1027)), s1026,))
 
 
-def _u1024(v: Any) -> bytes:
-    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := v.encode())) < 8192 else _long(n1027)), s1026,))
+def _u1034(v: Any) -> bytes:
+    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := v.encode())) < 8192 else _long(n1037)), s1036,))
 
 
-def _e_DefragmentationPlanned1017(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1018, (_P[n1020] if 0 <= (n1020 := o.moves) < 8192 else _long(n1020)), (_P[n1021] if 0 <= (n1021 := o.gpus_freed) < 8192 else _long(n1021)), (_P[n1022] if 0 <= (n1022 := o.nodes_freed) < 8192 else _long(n1022)), (_k1027 if (u1023 := o.target) is None else _u1024(u1023)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _e_DefragmentationPlanned1027(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1028, (_P[n1030] if 0 <= (n1030 := o.moves) < 8192 else _long(n1030)), (_P[n1031] if 0 <= (n1031 := o.gpus_freed) < 8192 else _long(n1031)), (_P[n1032] if 0 <= (n1032 := o.nodes_freed) < 8192 else _long(n1032)), (_k1037 if (u1033 := o.target) is None else _u1034(u1033)), (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
 
 
-def _e_ClusterHalted1030(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.cluster.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.command_id.encode())) < 8192 else _long(n1036)), s1035, (_P[n1038] if (n1038 := len(s1037 := o.error.encode())) < 8192 else _long(n1038)), s1037, (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
+def _e_ClusterHalted1040(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1048] if (n1048 := len(s1047 := o.error.encode())) < 8192 else _long(n1048)), s1047, (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
 
 
-def _e_ClusterResumed1040(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.halted_command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1047] if 0 <= (n1047 := o.halted_offset) < 8192 else _long(n1047)), (_P[n1048] if 0 <= (n1048 := o.refolded_from) < 8192 else _long(n1048)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
+def _e_ClusterResumed1050(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.cluster.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.halted_command_id.encode())) < 8192 else _long(n1056)), s1055, (_P[n1057] if 0 <= (n1057 := o.halted_offset) < 8192 else _long(n1057)), (_P[n1058] if 0 <= (n1058 := o.refolded_from) < 8192 else _long(n1058)), (_P[n1060] if (n1060 := len(s1059 := o.message.encode())) < 8192 else _long(n1060)), s1059,))
 
 
-def _e_NodeRecovered1050(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.node_id.encode())) < 8192 else _long(n1054)), s1053,))
+def _e_NodeRecovered1060(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1061, (_P[n1064] if (n1064 := len(s1063 := o.node_id.encode())) < 8192 else _long(n1064)), s1063,))
 
 
-def _e_NodeUpdated1054(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1055, (_P[n1058] if (n1058 := len(s1057 := o.node_id.encode())) < 8192 else _long(n1058)), s1057, (_b21(a1059) if (a1059 := o.labels) else b"\x00"), (_b27(a1060) if (a1060 := o.taints) else b"\x00"), (_P[n1061] if 0 <= (n1061 := o.evicting) < 8192 else _long(n1061)),))
-
-
-def _e_PodRetryScheduled1061(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1066] if 0 <= (n1066 := o.attempt) < 8192 else _long(n1066)), (_P[n1067] if 0 <= (n1067 := o.not_before) < 8192 else _long(n1067)),))
-
-
-def _u1073(v: Any) -> bytes:
-    return b"".join((_k1073, (_P[n1076] if (n1076 := len(s1075 := v.encode())) < 8192 else _long(n1076)), s1075,))
+def _e_NodeUpdated1064(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.node_id.encode())) < 8192 else _long(n1068)), s1067, (_b21(a1069) if (a1069 := o.labels) else b"\x00"), (_b27(a1070) if (a1070 := o.taints) else b"\x00"), (_P[n1071] if 0 <= (n1071 := o.evicting) < 8192 else _long(n1071)),))
 
 
 def _u1079(v: Any) -> bytes:
     return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := v.encode())) < 8192 else _long(n1082)), s1081,))
 
 
-def _u1085(v: Any) -> bytes:
-    return b"".join((_k1085, (_b21(a1087) if (a1087 := v) else b"\x00"),))
+def _e_PodRetryScheduled1071(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1072, (_P[n1075] if (n1075 := len(s1074 := o.pod_id.encode())) < 8192 else _long(n1075)), s1074, (_P[n1076] if 0 <= (n1076 := o.attempt) < 8192 else _long(n1076)), (_P[n1077] if 0 <= (n1077 := o.not_before) < 8192 else _long(n1077)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)),))
 
 
-def _e_DisruptionBudgetSet1067(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1068, (_P[n1071] if (n1071 := len(s1070 := o.budget_id.encode())) < 8192 else _long(n1071)), s1070, (_k1076 if (u1072 := o.tenant) is None else _u1073(u1072)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)), (_k1087 if (u1084 := o.label_selector) is None else _u1085(u1084)), (_P[n1089] if 0 <= (n1089 := o.max_unavailable) < 8192 else _long(n1089)),))
+def _u1089(v: Any) -> bytes:
+    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := v.encode())) < 8192 else _long(n1092)), s1091,))
 
 
-def _e_DisruptionBudgetRemoved1089(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := o.budget_id.encode())) < 8192 else _long(n1093)), s1092,))
+def _u1095(v: Any) -> bytes:
+    return b"".join((_k1095, (_P[n1098] if (n1098 := len(s1097 := v.encode())) < 8192 else _long(n1098)), s1097,))
 
 
-def _e_EvictionBlocked1093(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1094, (_P[n1097] if (n1097 := len(s1096 := o.pod_id.encode())) < 8192 else _long(n1097)), s1096, (_P[n1099] if (n1099 := len(s1098 := o.node_id.encode())) < 8192 else _long(n1099)), s1098, (_P[n1101] if (n1101 := len(s1100 := o.budget_id.encode())) < 8192 else _long(n1101)), s1100, (_P[n1102] if 0 <= (n1102 := o.grace_ms) < 8192 else _long(n1102)), (_P[n1104] if (n1104 := len(s1103 := o.reason.encode())) < 8192 else _long(n1104)), s1103,))
+def _u1101(v: Any) -> bytes:
+    return b"".join((_k1101, (_b21(a1103) if (a1103 := v) else b"\x00"),))
 
 
-def _e_PodEvictionScheduled1104(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.pod_id.encode())) < 8192 else _long(n1108)), s1107, (_P[n1110] if (n1110 := len(s1109 := o.node_id.encode())) < 8192 else _long(n1110)), s1109, (_P[n1111] if 0 <= (n1111 := o.at) < 8192 else _long(n1111)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_DisruptionBudgetSet1083(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1084, (_P[n1087] if (n1087 := len(s1086 := o.budget_id.encode())) < 8192 else _long(n1087)), s1086, (_k1092 if (u1088 := o.tenant) is None else _u1089(u1088)), (_k1098 if (u1094 := o.gang_id) is None else _u1095(u1094)), (_k1103 if (u1100 := o.label_selector) is None else _u1101(u1100)), (_P[n1105] if 0 <= (n1105 := o.max_unavailable) < 8192 else _long(n1105)),))
 
 
-def _e_Event576(o: _c_Event) -> bytes:
-    return b"".join((_k577, (_P[n579] if 0 <= (n579 := o.partition) < 8192 else _long(n579)), (_P[n580] if 0 <= (n580 := o.sequence) < 8192 else _long(n580)), (_P[n582] if (n582 := len(s581 := o.cluster.encode())) < 8192 else _long(n582)), s581, (_P[n584] if (n584 := len(s583 := o.command_id.encode())) < 8192 else _long(n584)), s583, (_P[n585] if 0 <= (n585 := o.command_offset) < 8192 else _long(n585)), (_P[n586] if 0 <= (n586 := o.occurred_at) < 8192 else _long(n586)), _k1111[type(u587 := o.payload)](u587),))
+def _e_DisruptionBudgetRemoved1105(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1106, (_P[n1109] if (n1109 := len(s1108 := o.budget_id.encode())) < 8192 else _long(n1109)), s1108,))
 
 
-def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_EvictionBlocked1109(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1110, (_P[n1113] if (n1113 := len(s1112 := o.pod_id.encode())) < 8192 else _long(n1113)), s1112, (_P[n1115] if (n1115 := len(s1114 := o.node_id.encode())) < 8192 else _long(n1115)), s1114, (_P[n1117] if (n1117 := len(s1116 := o.budget_id.encode())) < 8192 else _long(n1117)), s1116, (_P[n1118] if 0 <= (n1118 := o.grace_ms) < 8192 else _long(n1118)), (_P[n1120] if (n1120 := len(s1119 := o.reason.encode())) < 8192 else _long(n1120)), s1119,))
+
+
+def _e_PodEvictionScheduled1120(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1121, (_P[n1124] if (n1124 := len(s1123 := o.pod_id.encode())) < 8192 else _long(n1124)), s1123, (_P[n1126] if (n1126 := len(s1125 := o.node_id.encode())) < 8192 else _long(n1126)), s1125, (_P[n1127] if 0 <= (n1127 := o.at) < 8192 else _long(n1127)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event580(o: _c_Event) -> bytes:
+    return b"".join((_k581, (_P[n583] if 0 <= (n583 := o.partition) < 8192 else _long(n583)), (_P[n584] if 0 <= (n584 := o.sequence) < 8192 else _long(n584)), (_P[n586] if (n586 := len(s585 := o.cluster.encode())) < 8192 else _long(n586)), s585, (_P[n588] if (n588 := len(s587 := o.command_id.encode())) < 8192 else _long(n588)), s587, (_P[n589] if 0 <= (n589 := o.command_offset) < 8192 else _long(n589)), (_P[n590] if 0 <= (n590 := o.occurred_at) < 8192 else _long(n590)), _k1127[type(u591 := o.payload)](u591),))
+
+
+def _d_NodeAdded1134(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3626,30 +3656,30 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1120 = _ZL[buf[pos]]
-    if n1120 < 0:
-        n1120, pos = _rlong(buf, pos)
-        if n1120 < 0:
-            raise _length_error(n1120, end - pos)
+    n1136 = _ZL[buf[pos]]
+    if n1136 < 0:
+        n1136, pos = _rlong(buf, pos)
+        if n1136 < 0:
+            raise _length_error(n1136, end - pos)
     else:
         pos += 1
-    q1121 = pos + n1120
-    if q1121 > end:
-        raise _length_error(n1120, end - pos)
-    f_node_id = buf[pos:q1121].decode()
-    pos = q1121
-    n1122 = _ZL[buf[pos]]
-    if n1122 < 0:
-        n1122, pos = _rlong(buf, pos)
-        if n1122 < 0:
-            raise _length_error(n1122, end - pos)
+    q1137 = pos + n1136
+    if q1137 > end:
+        raise _length_error(n1136, end - pos)
+    f_node_id = buf[pos:q1137].decode()
+    pos = q1137
+    n1138 = _ZL[buf[pos]]
+    if n1138 < 0:
+        n1138, pos = _rlong(buf, pos)
+        if n1138 < 0:
+            raise _length_error(n1138, end - pos)
     else:
         pos += 1
-    q1123 = pos + n1122
-    if q1123 > end:
-        raise _length_error(n1122, end - pos)
-    f_gpu_model = buf[pos:q1123].decode()
-    pos = q1123
+    q1139 = pos + n1138
+    if q1139 > end:
+        raise _length_error(n1138, end - pos)
+    f_gpu_model = buf[pos:q1139].decode()
+    pos = q1139
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3696,113 +3726,113 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1124: dict[str, Any] = {}
+        acc1140: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1125 = _ZD[b]
+                c1141 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1125 = (z >> 1) ^ -(z & 1)
+                c1141 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1125 = (z >> 1) ^ -(z & 1)
+                c1141 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1125, pos = _rlong(buf, pos)
-            if c1125 == 0:
+                c1141, pos = _rlong(buf, pos)
+            if c1141 == 0:
                 break
-            if c1125 < 0:
-                c1125 = -c1125
+            if c1141 < 0:
+                c1141 = -c1141
                 b = buf[pos]
                 if b < 128:
-                    z1128 = _ZD[b]
+                    z1144 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1128 = (z >> 1) ^ -(z & 1)
+                    z1144 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1128 = (z >> 1) ^ -(z & 1)
+                    z1144 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1128, pos = _rlong(buf, pos)
-            if c1125 * 2 > end - pos:
-                raise _count_error(c1125, end - pos)
-            for _ in range(c1125):
-                n1129 = _ZL[buf[pos]]
-                if n1129 < 0:
-                    n1129, pos = _rlong(buf, pos)
-                    if n1129 < 0:
-                        raise _length_error(n1129, end - pos)
+                    z1144, pos = _rlong(buf, pos)
+            if c1141 * 2 > end - pos:
+                raise _count_error(c1141, end - pos)
+            for _ in range(c1141):
+                n1145 = _ZL[buf[pos]]
+                if n1145 < 0:
+                    n1145, pos = _rlong(buf, pos)
+                    if n1145 < 0:
+                        raise _length_error(n1145, end - pos)
                 else:
                     pos += 1
-                q1130 = pos + n1129
-                if q1130 > end:
-                    raise _length_error(n1129, end - pos)
-                k1127 = buf[pos:q1130].decode()
-                pos = q1130
-                n1131 = _ZL[buf[pos]]
-                if n1131 < 0:
-                    n1131, pos = _rlong(buf, pos)
-                    if n1131 < 0:
-                        raise _length_error(n1131, end - pos)
+                q1146 = pos + n1145
+                if q1146 > end:
+                    raise _length_error(n1145, end - pos)
+                k1143 = buf[pos:q1146].decode()
+                pos = q1146
+                n1147 = _ZL[buf[pos]]
+                if n1147 < 0:
+                    n1147, pos = _rlong(buf, pos)
+                    if n1147 < 0:
+                        raise _length_error(n1147, end - pos)
                 else:
                     pos += 1
-                q1132 = pos + n1131
-                if q1132 > end:
-                    raise _length_error(n1131, end - pos)
-                x1126 = buf[pos:q1132].decode()
-                pos = q1132
-                acc1124[k1127] = x1126
-        f_labels = acc1124
+                q1148 = pos + n1147
+                if q1148 > end:
+                    raise _length_error(n1147, end - pos)
+                x1142 = buf[pos:q1148].decode()
+                pos = q1148
+                acc1140[k1143] = x1142
+        f_labels = acc1140
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1133: list[Any] = []
+        acc1149: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1134 = _ZD[b]
+                c1150 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1134 = (z >> 1) ^ -(z & 1)
+                c1150 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1134 = (z >> 1) ^ -(z & 1)
+                c1150 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1134, pos = _rlong(buf, pos)
-            if c1134 == 0:
+                c1150, pos = _rlong(buf, pos)
+            if c1150 == 0:
                 break
-            if c1134 < 0:
-                c1134 = -c1134
+            if c1150 < 0:
+                c1150 = -c1150
                 b = buf[pos]
                 if b < 128:
-                    z1137 = _ZD[b]
+                    z1153 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1137 = (z >> 1) ^ -(z & 1)
+                    z1153 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1137 = (z >> 1) ^ -(z & 1)
+                    z1153 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1137, pos = _rlong(buf, pos)
-            if c1134 * 3 > end - pos:
-                raise _count_error(c1134, end - pos)
-            for _ in range(c1134):
-                x1135, pos = _d_Taint343(buf, pos, end)
-                acc1133.append(x1135)
-        f_taints = tuple(acc1133)
+                    z1153, pos = _rlong(buf, pos)
+            if c1150 * 3 > end - pos:
+                raise _count_error(c1150, end - pos)
+            for _ in range(c1150):
+                x1151, pos = _d_Taint346(buf, pos, end)
+                acc1149.append(x1151)
+        f_taints = tuple(acc1149)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3821,78 +3851,78 @@ def _d_NodeAdded1118(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1137(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1153(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1139 = _ZL[buf[pos]]
-    if n1139 < 0:
-        n1139, pos = _rlong(buf, pos)
-        if n1139 < 0:
-            raise _length_error(n1139, end - pos)
+    n1155 = _ZL[buf[pos]]
+    if n1155 < 0:
+        n1155, pos = _rlong(buf, pos)
+        if n1155 < 0:
+            raise _length_error(n1155, end - pos)
     else:
         pos += 1
-    q1140 = pos + n1139
-    if q1140 > end:
-        raise _length_error(n1139, end - pos)
-    f_node_id = buf[pos:q1140].decode()
-    pos = q1140
+    q1156 = pos + n1155
+    if q1156 > end:
+        raise _length_error(n1155, end - pos)
+    f_node_id = buf[pos:q1156].decode()
+    pos = q1156
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1140(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1156(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1142 = _ZL[buf[pos]]
-    if n1142 < 0:
-        n1142, pos = _rlong(buf, pos)
-        if n1142 < 0:
-            raise _length_error(n1142, end - pos)
+    n1158 = _ZL[buf[pos]]
+    if n1158 < 0:
+        n1158, pos = _rlong(buf, pos)
+        if n1158 < 0:
+            raise _length_error(n1158, end - pos)
     else:
         pos += 1
-    q1143 = pos + n1142
-    if q1143 > end:
-        raise _length_error(n1142, end - pos)
-    f_node_id = buf[pos:q1143].decode()
-    pos = q1143
+    q1159 = pos + n1158
+    if q1159 > end:
+        raise _length_error(n1158, end - pos)
+    f_node_id = buf[pos:q1159].decode()
+    pos = q1159
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1143(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1159(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1145 = _ZL[buf[pos]]
-    if n1145 < 0:
-        n1145, pos = _rlong(buf, pos)
-        if n1145 < 0:
-            raise _length_error(n1145, end - pos)
+    n1161 = _ZL[buf[pos]]
+    if n1161 < 0:
+        n1161, pos = _rlong(buf, pos)
+        if n1161 < 0:
+            raise _length_error(n1161, end - pos)
     else:
         pos += 1
-    q1146 = pos + n1145
-    if q1146 > end:
-        raise _length_error(n1145, end - pos)
-    f_node_id = buf[pos:q1146].decode()
-    pos = q1146
+    q1162 = pos + n1161
+    if q1162 > end:
+        raise _length_error(n1161, end - pos)
+    f_node_id = buf[pos:q1162].decode()
+    pos = q1162
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1162(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1148 = _ZL[buf[pos]]
-    if n1148 < 0:
-        n1148, pos = _rlong(buf, pos)
-        if n1148 < 0:
-            raise _length_error(n1148, end - pos)
+    n1164 = _ZL[buf[pos]]
+    if n1164 < 0:
+        n1164, pos = _rlong(buf, pos)
+        if n1164 < 0:
+            raise _length_error(n1164, end - pos)
     else:
         pos += 1
-    q1149 = pos + n1148
-    if q1149 > end:
-        raise _length_error(n1148, end - pos)
-    f_node_id = buf[pos:q1149].decode()
-    pos = q1149
+    q1165 = pos + n1164
+    if q1165 > end:
+        raise _length_error(n1164, end - pos)
+    f_node_id = buf[pos:q1165].decode()
+    pos = q1165
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3911,34 +3941,34 @@ def _d_NodeDrained1146(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1165(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1151 = _ZL[buf[pos]]
-    if n1151 < 0:
-        n1151, pos = _rlong(buf, pos)
-        if n1151 < 0:
-            raise _length_error(n1151, end - pos)
+    n1167 = _ZL[buf[pos]]
+    if n1167 < 0:
+        n1167, pos = _rlong(buf, pos)
+        if n1167 < 0:
+            raise _length_error(n1167, end - pos)
     else:
         pos += 1
-    q1152 = pos + n1151
-    if q1152 > end:
-        raise _length_error(n1151, end - pos)
-    f_node_id = buf[pos:q1152].decode()
-    pos = q1152
-    n1153 = _ZL[buf[pos]]
-    if n1153 < 0:
-        n1153, pos = _rlong(buf, pos)
-        if n1153 < 0:
-            raise _length_error(n1153, end - pos)
+    q1168 = pos + n1167
+    if q1168 > end:
+        raise _length_error(n1167, end - pos)
+    f_node_id = buf[pos:q1168].decode()
+    pos = q1168
+    n1169 = _ZL[buf[pos]]
+    if n1169 < 0:
+        n1169, pos = _rlong(buf, pos)
+        if n1169 < 0:
+            raise _length_error(n1169, end - pos)
     else:
         pos += 1
-    q1154 = pos + n1153
-    if q1154 > end:
-        raise _length_error(n1153, end - pos)
-    f_reason = buf[pos:q1154].decode()
-    pos = q1154
+    q1170 = pos + n1169
+    if q1170 > end:
+        raise _length_error(n1169, end - pos)
+    f_reason = buf[pos:q1170].decode()
+    pos = q1170
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3957,7 +3987,7 @@ def _d_NodeFailed1149(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1171(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -3978,30 +4008,30 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n1157 = _ZL[buf[pos]]
-    if n1157 < 0:
-        n1157, pos = _rlong(buf, pos)
-        if n1157 < 0:
-            raise _length_error(n1157, end - pos)
+    n1173 = _ZL[buf[pos]]
+    if n1173 < 0:
+        n1173, pos = _rlong(buf, pos)
+        if n1173 < 0:
+            raise _length_error(n1173, end - pos)
     else:
         pos += 1
-    q1158 = pos + n1157
-    if q1158 > end:
-        raise _length_error(n1157, end - pos)
-    f_pod_id = buf[pos:q1158].decode()
-    pos = q1158
-    n1159 = _ZL[buf[pos]]
-    if n1159 < 0:
-        n1159, pos = _rlong(buf, pos)
-        if n1159 < 0:
-            raise _length_error(n1159, end - pos)
+    q1174 = pos + n1173
+    if q1174 > end:
+        raise _length_error(n1173, end - pos)
+    f_pod_id = buf[pos:q1174].decode()
+    pos = q1174
+    n1175 = _ZL[buf[pos]]
+    if n1175 < 0:
+        n1175, pos = _rlong(buf, pos)
+        if n1175 < 0:
+            raise _length_error(n1175, end - pos)
     else:
         pos += 1
-    q1160 = pos + n1159
-    if q1160 > end:
-        raise _length_error(n1159, end - pos)
-    f_tenant = buf[pos:q1160].decode()
-    pos = q1160
+    q1176 = pos + n1175
+    if q1176 > end:
+        raise _length_error(n1175, end - pos)
+    f_tenant = buf[pos:q1176].decode()
+    pos = q1176
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4076,128 +4106,6 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1161: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1162 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1162 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1162 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1162, pos = _rlong(buf, pos)
-            if c1162 == 0:
-                break
-            if c1162 < 0:
-                c1162 = -c1162
-                b = buf[pos]
-                if b < 128:
-                    z1165 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1165 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1165 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1165, pos = _rlong(buf, pos)
-            if c1162 * 1 > end - pos:
-                raise _count_error(c1162, end - pos)
-            for _ in range(c1162):
-                n1166 = _ZL[buf[pos]]
-                if n1166 < 0:
-                    n1166, pos = _rlong(buf, pos)
-                    if n1166 < 0:
-                        raise _length_error(n1166, end - pos)
-                else:
-                    pos += 1
-                q1167 = pos + n1166
-                if q1167 > end:
-                    raise _length_error(n1166, end - pos)
-                x1163 = buf[pos:q1167].decode()
-                pos = q1167
-                acc1161.append(x1163)
-        f_gpu_models = tuple(acc1161)
-    if buf[pos] == 0:
-        pos += 1
-        f_node_selector = {}
-    else:
-        acc1168: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1169 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1169 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1169 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1169, pos = _rlong(buf, pos)
-            if c1169 == 0:
-                break
-            if c1169 < 0:
-                c1169 = -c1169
-                b = buf[pos]
-                if b < 128:
-                    z1172 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1172 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1172 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1172, pos = _rlong(buf, pos)
-            if c1169 * 2 > end - pos:
-                raise _count_error(c1169, end - pos)
-            for _ in range(c1169):
-                n1173 = _ZL[buf[pos]]
-                if n1173 < 0:
-                    n1173, pos = _rlong(buf, pos)
-                    if n1173 < 0:
-                        raise _length_error(n1173, end - pos)
-                else:
-                    pos += 1
-                q1174 = pos + n1173
-                if q1174 > end:
-                    raise _length_error(n1173, end - pos)
-                k1171 = buf[pos:q1174].decode()
-                pos = q1174
-                n1175 = _ZL[buf[pos]]
-                if n1175 < 0:
-                    n1175, pos = _rlong(buf, pos)
-                    if n1175 < 0:
-                        raise _length_error(n1175, end - pos)
-                else:
-                    pos += 1
-                q1176 = pos + n1175
-                if q1176 > end:
-                    raise _length_error(n1175, end - pos)
-                x1170 = buf[pos:q1176].decode()
-                pos = q1176
-                acc1168[k1171] = x1170
-        f_node_selector = acc1168
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
         acc1177: list[Any] = []
         while True:
             b = buf[pos]
@@ -4232,12 +4140,134 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
                     pos += 3
                 else:
                     z1181, pos = _rlong(buf, pos)
-            if c1178 * 4 > end - pos:
+            if c1178 * 1 > end - pos:
                 raise _count_error(c1178, end - pos)
             for _ in range(c1178):
-                x1179, pos = _d_Toleration393(buf, pos, end)
+                n1182 = _ZL[buf[pos]]
+                if n1182 < 0:
+                    n1182, pos = _rlong(buf, pos)
+                    if n1182 < 0:
+                        raise _length_error(n1182, end - pos)
+                else:
+                    pos += 1
+                q1183 = pos + n1182
+                if q1183 > end:
+                    raise _length_error(n1182, end - pos)
+                x1179 = buf[pos:q1183].decode()
+                pos = q1183
                 acc1177.append(x1179)
-        f_tolerations = tuple(acc1177)
+        f_gpu_models = tuple(acc1177)
+    if buf[pos] == 0:
+        pos += 1
+        f_node_selector = {}
+    else:
+        acc1184: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1185 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1185 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1185 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1185, pos = _rlong(buf, pos)
+            if c1185 == 0:
+                break
+            if c1185 < 0:
+                c1185 = -c1185
+                b = buf[pos]
+                if b < 128:
+                    z1188 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1188 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1188 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1188, pos = _rlong(buf, pos)
+            if c1185 * 2 > end - pos:
+                raise _count_error(c1185, end - pos)
+            for _ in range(c1185):
+                n1189 = _ZL[buf[pos]]
+                if n1189 < 0:
+                    n1189, pos = _rlong(buf, pos)
+                    if n1189 < 0:
+                        raise _length_error(n1189, end - pos)
+                else:
+                    pos += 1
+                q1190 = pos + n1189
+                if q1190 > end:
+                    raise _length_error(n1189, end - pos)
+                k1187 = buf[pos:q1190].decode()
+                pos = q1190
+                n1191 = _ZL[buf[pos]]
+                if n1191 < 0:
+                    n1191, pos = _rlong(buf, pos)
+                    if n1191 < 0:
+                        raise _length_error(n1191, end - pos)
+                else:
+                    pos += 1
+                q1192 = pos + n1191
+                if q1192 > end:
+                    raise _length_error(n1191, end - pos)
+                x1186 = buf[pos:q1192].decode()
+                pos = q1192
+                acc1184[k1187] = x1186
+        f_node_selector = acc1184
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1193: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1194 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1194 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1194 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1194, pos = _rlong(buf, pos)
+            if c1194 == 0:
+                break
+            if c1194 < 0:
+                c1194 = -c1194
+                b = buf[pos]
+                if b < 128:
+                    z1197 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1197 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1197 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1197, pos = _rlong(buf, pos)
+            if c1194 * 4 > end - pos:
+                raise _count_error(c1194, end - pos)
+            for _ in range(c1194):
+                x1195, pos = _d_Toleration396(buf, pos, end)
+                acc1193.append(x1195)
+        f_tolerations = tuple(acc1193)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4268,52 +4298,52 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1182 = _ZD[b]
+        i1198 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1182 = (z >> 1) ^ -(z & 1)
+        i1198 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1182 = (z >> 1) ^ -(z & 1)
+        i1198 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1182, pos = _rlong(buf, pos)
-    if i1182 == 0:
+        i1198, pos = _rlong(buf, pos)
+    if i1198 == 0:
         f_gang_id = None
-    elif i1182 == 1:
-        n1183 = _ZL[buf[pos]]
-        if n1183 < 0:
-            n1183, pos = _rlong(buf, pos)
-            if n1183 < 0:
-                raise _length_error(n1183, end - pos)
+    elif i1198 == 1:
+        n1199 = _ZL[buf[pos]]
+        if n1199 < 0:
+            n1199, pos = _rlong(buf, pos)
+            if n1199 < 0:
+                raise _length_error(n1199, end - pos)
         else:
             pos += 1
-        q1184 = pos + n1183
-        if q1184 > end:
-            raise _length_error(n1183, end - pos)
-        f_gang_id = buf[pos:q1184].decode()
-        pos = q1184
+        q1200 = pos + n1199
+        if q1200 > end:
+            raise _length_error(n1199, end - pos)
+        f_gang_id = buf[pos:q1200].decode()
+        pos = q1200
     else:
-        raise _union_error(i1182, 2)
+        raise _union_error(i1198, 2)
     b = buf[pos]
     if b < 128:
-        i1185 = _ZD[b]
+        i1201 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1185 = (z >> 1) ^ -(z & 1)
+        i1201 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1185 = (z >> 1) ^ -(z & 1)
+        i1201 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1185, pos = _rlong(buf, pos)
-    if i1185 == 0:
+        i1201, pos = _rlong(buf, pos)
+    if i1201 == 0:
         f_time_limit_ms = None
-    elif i1185 == 1:
+    elif i1201 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4329,86 +4359,86 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1185, 2)
+        raise _union_error(i1201, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1186: list[Any] = []
+        acc1202: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1187 = _ZD[b]
+                c1203 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1187 = (z >> 1) ^ -(z & 1)
+                c1203 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1187 = (z >> 1) ^ -(z & 1)
+                c1203 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1187, pos = _rlong(buf, pos)
-            if c1187 == 0:
+                c1203, pos = _rlong(buf, pos)
+            if c1203 == 0:
                 break
-            if c1187 < 0:
-                c1187 = -c1187
+            if c1203 < 0:
+                c1203 = -c1203
                 b = buf[pos]
                 if b < 128:
-                    z1190 = _ZD[b]
+                    z1206 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1190 = (z >> 1) ^ -(z & 1)
+                    z1206 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1190 = (z >> 1) ^ -(z & 1)
+                    z1206 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1190, pos = _rlong(buf, pos)
-            if c1187 * 1 > end - pos:
-                raise _count_error(c1187, end - pos)
-            for _ in range(c1187):
-                n1191 = _ZL[buf[pos]]
-                if n1191 < 0:
-                    n1191, pos = _rlong(buf, pos)
-                    if n1191 < 0:
-                        raise _length_error(n1191, end - pos)
+                    z1206, pos = _rlong(buf, pos)
+            if c1203 * 1 > end - pos:
+                raise _count_error(c1203, end - pos)
+            for _ in range(c1203):
+                n1207 = _ZL[buf[pos]]
+                if n1207 < 0:
+                    n1207, pos = _rlong(buf, pos)
+                    if n1207 < 0:
+                        raise _length_error(n1207, end - pos)
                 else:
                     pos += 1
-                q1192 = pos + n1191
-                if q1192 > end:
-                    raise _length_error(n1191, end - pos)
-                x1188 = buf[pos:q1192].decode()
-                pos = q1192
-                acc1186.append(x1188)
-        f_depends_on = tuple(acc1186)
-    n1193 = _ZL[buf[pos]]
-    if n1193 < 0:
-        n1193, pos = _rlong(buf, pos)
-        if n1193 < 0:
-            raise _length_error(n1193, end - pos)
+                q1208 = pos + n1207
+                if q1208 > end:
+                    raise _length_error(n1207, end - pos)
+                x1204 = buf[pos:q1208].decode()
+                pos = q1208
+                acc1202.append(x1204)
+        f_depends_on = tuple(acc1202)
+    n1209 = _ZL[buf[pos]]
+    if n1209 < 0:
+        n1209, pos = _rlong(buf, pos)
+        if n1209 < 0:
+            raise _length_error(n1209, end - pos)
     else:
         pos += 1
-    q1194 = pos + n1193
-    if q1194 > end:
-        raise _length_error(n1193, end - pos)
-    f_dependency = buf[pos:q1194].decode()
-    pos = q1194
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
+    q1210 = pos + n1209
+    if q1210 > end:
+        raise _length_error(n1209, end - pos)
+    f_dependency = buf[pos:q1210].decode()
+    pos = q1210
+    n1211 = _ZL[buf[pos]]
+    if n1211 < 0:
+        n1211, pos = _rlong(buf, pos)
+        if n1211 < 0:
+            raise _length_error(n1211, end - pos)
     else:
         pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_preemption = buf[pos:q1196].decode()
-    pos = q1196
+    q1212 = pos + n1211
+    if q1212 > end:
+        raise _length_error(n1211, end - pos)
+    f_preemption = buf[pos:q1212].decode()
+    pos = q1212
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4427,44 +4457,44 @@ def _d_PodSpec1155(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1197 = _ZD[b]
+        i1213 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1197 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1197 = (z >> 1) ^ -(z & 1)
+        i1213 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1197, pos = _rlong(buf, pos)
-    if i1197 == 0:
+        i1213, pos = _rlong(buf, pos)
+    if i1213 == 0:
         f_retry = None
-    elif i1197 == 1:
-        f_retry, pos = _d_Retry415(buf, pos, end)
+    elif i1213 == 1:
+        f_retry, pos = _d_Retry418(buf, pos, end)
     else:
-        raise _union_error(i1197, 2)
+        raise _union_error(i1213, 2)
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
     return o, pos
 
 
-def _d_QueueReason1202(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1218(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1204 = _ZL[buf[pos]]
-    if n1204 < 0:
-        n1204, pos = _rlong(buf, pos)
-        if n1204 < 0:
-            raise _length_error(n1204, end - pos)
+    n1220 = _ZL[buf[pos]]
+    if n1220 < 0:
+        n1220, pos = _rlong(buf, pos)
+        if n1220 < 0:
+            raise _length_error(n1220, end - pos)
     else:
         pos += 1
-    q1205 = pos + n1204
-    if q1205 > end:
-        raise _length_error(n1204, end - pos)
-    f_code = buf[pos:q1205].decode()
-    pos = q1205
+    q1221 = pos + n1220
+    if q1221 > end:
+        raise _length_error(n1220, end - pos)
+    f_code = buf[pos:q1221].decode()
+    pos = q1221
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4479,134 +4509,134 @@ def _d_QueueReason1202(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    n1222 = _ZL[buf[pos]]
+    if n1222 < 0:
+        n1222, pos = _rlong(buf, pos)
+        if n1222 < 0:
+            raise _length_error(n1222, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_message = buf[pos:q1207].decode()
-    pos = q1207
+    q1223 = pos + n1222
+    if q1223 > end:
+        raise _length_error(n1222, end - pos)
+    f_message = buf[pos:q1223].decode()
+    pos = q1223
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1154(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1170(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1155(buf, pos, end)
+    f_pod, pos = _d_PodSpec1171(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1198: list[Any] = []
+        acc1214: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1199 = _ZD[b]
+                c1215 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1199 = (z >> 1) ^ -(z & 1)
+                c1215 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1199 = (z >> 1) ^ -(z & 1)
+                c1215 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1199, pos = _rlong(buf, pos)
-            if c1199 == 0:
+                c1215, pos = _rlong(buf, pos)
+            if c1215 == 0:
                 break
-            if c1199 < 0:
-                c1199 = -c1199
+            if c1215 < 0:
+                c1215 = -c1215
                 b = buf[pos]
                 if b < 128:
-                    z1202 = _ZD[b]
+                    z1218 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1202 = (z >> 1) ^ -(z & 1)
+                    z1218 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1202 = (z >> 1) ^ -(z & 1)
+                    z1218 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1202, pos = _rlong(buf, pos)
-            if c1199 * 3 > end - pos:
-                raise _count_error(c1199, end - pos)
-            for _ in range(c1199):
-                x1200, pos = _d_QueueReason1202(buf, pos, end)
-                acc1198.append(x1200)
-        f_reasons = tuple(acc1198)
+                    z1218, pos = _rlong(buf, pos)
+            if c1215 * 3 > end - pos:
+                raise _count_error(c1215, end - pos)
+            for _ in range(c1215):
+                x1216, pos = _d_QueueReason1218(buf, pos, end)
+                acc1214.append(x1216)
+        f_reasons = tuple(acc1214)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1208: list[Any] = []
+        acc1224: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1209 = _ZD[b]
+                c1225 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1209 = (z >> 1) ^ -(z & 1)
+                c1225 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1209 = (z >> 1) ^ -(z & 1)
+                c1225 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1209, pos = _rlong(buf, pos)
-            if c1209 == 0:
+                c1225, pos = _rlong(buf, pos)
+            if c1225 == 0:
                 break
-            if c1209 < 0:
-                c1209 = -c1209
+            if c1225 < 0:
+                c1225 = -c1225
                 b = buf[pos]
                 if b < 128:
-                    z1212 = _ZD[b]
+                    z1228 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1212 = (z >> 1) ^ -(z & 1)
+                    z1228 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1212 = (z >> 1) ^ -(z & 1)
+                    z1228 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1212, pos = _rlong(buf, pos)
-            if c1209 * 1 > end - pos:
-                raise _count_error(c1209, end - pos)
-            for _ in range(c1209):
-                n1213 = _ZL[buf[pos]]
-                if n1213 < 0:
-                    n1213, pos = _rlong(buf, pos)
-                    if n1213 < 0:
-                        raise _length_error(n1213, end - pos)
+                    z1228, pos = _rlong(buf, pos)
+            if c1225 * 1 > end - pos:
+                raise _count_error(c1225, end - pos)
+            for _ in range(c1225):
+                n1229 = _ZL[buf[pos]]
+                if n1229 < 0:
+                    n1229, pos = _rlong(buf, pos)
+                    if n1229 < 0:
+                        raise _length_error(n1229, end - pos)
                 else:
                     pos += 1
-                q1214 = pos + n1213
-                if q1214 > end:
-                    raise _length_error(n1213, end - pos)
-                x1210 = buf[pos:q1214].decode()
-                pos = q1214
-                acc1208.append(x1210)
-        f_waiting_for = tuple(acc1208)
+                q1230 = pos + n1229
+                if q1230 > end:
+                    raise _length_error(n1229, end - pos)
+                x1226 = buf[pos:q1230].decode()
+                pos = q1230
+                acc1224.append(x1226)
+        f_waiting_for = tuple(acc1224)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1238(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4641,7 +4671,7 @@ def _d_GpuShare1222(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1230(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4649,347 +4679,347 @@ def _d_PodScheduled1214(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1155(buf, pos, end)
-    n1216 = _ZL[buf[pos]]
-    if n1216 < 0:
-        n1216, pos = _rlong(buf, pos)
-        if n1216 < 0:
-            raise _length_error(n1216, end - pos)
+    f_pod, pos = _d_PodSpec1171(buf, pos, end)
+    n1232 = _ZL[buf[pos]]
+    if n1232 < 0:
+        n1232, pos = _rlong(buf, pos)
+        if n1232 < 0:
+            raise _length_error(n1232, end - pos)
     else:
         pos += 1
-    q1217 = pos + n1216
-    if q1217 > end:
-        raise _length_error(n1216, end - pos)
-    f_node_id = buf[pos:q1217].decode()
-    pos = q1217
+    q1233 = pos + n1232
+    if q1233 > end:
+        raise _length_error(n1232, end - pos)
+    f_node_id = buf[pos:q1233].decode()
+    pos = q1233
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1218: list[Any] = []
+        acc1234: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1219 = _ZD[b]
+                c1235 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1235 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1219 = (z >> 1) ^ -(z & 1)
+                c1235 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1219, pos = _rlong(buf, pos)
-            if c1219 == 0:
+                c1235, pos = _rlong(buf, pos)
+            if c1235 == 0:
                 break
-            if c1219 < 0:
-                c1219 = -c1219
+            if c1235 < 0:
+                c1235 = -c1235
                 b = buf[pos]
                 if b < 128:
-                    z1222 = _ZD[b]
+                    z1238 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1238 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1222 = (z >> 1) ^ -(z & 1)
+                    z1238 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1222, pos = _rlong(buf, pos)
-            if c1219 * 2 > end - pos:
-                raise _count_error(c1219, end - pos)
-            for _ in range(c1219):
-                x1220, pos = _d_GpuShare1222(buf, pos, end)
-                acc1218.append(x1220)
-        f_gpus = tuple(acc1218)
-    n1224 = _ZL[buf[pos]]
-    if n1224 < 0:
-        n1224, pos = _rlong(buf, pos)
-        if n1224 < 0:
-            raise _length_error(n1224, end - pos)
+                    z1238, pos = _rlong(buf, pos)
+            if c1235 * 2 > end - pos:
+                raise _count_error(c1235, end - pos)
+            for _ in range(c1235):
+                x1236, pos = _d_GpuShare1238(buf, pos, end)
+                acc1234.append(x1236)
+        f_gpus = tuple(acc1234)
+    n1240 = _ZL[buf[pos]]
+    if n1240 < 0:
+        n1240, pos = _rlong(buf, pos)
+        if n1240 < 0:
+            raise _length_error(n1240, end - pos)
     else:
         pos += 1
-    q1225 = pos + n1224
-    if q1225 > end:
-        raise _length_error(n1224, end - pos)
-    f_policy = buf[pos:q1225].decode()
-    pos = q1225
+    q1241 = pos + n1240
+    if q1241 > end:
+        raise _length_error(n1240, end - pos)
+    f_policy = buf[pos:q1241].decode()
+    pos = q1241
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1226: dict[str, Any] = {}
+        acc1242: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1227 = _ZD[b]
+                c1243 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1227 = (z >> 1) ^ -(z & 1)
+                c1243 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1227 = (z >> 1) ^ -(z & 1)
+                c1243 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1227, pos = _rlong(buf, pos)
-            if c1227 == 0:
+                c1243, pos = _rlong(buf, pos)
+            if c1243 == 0:
                 break
-            if c1227 < 0:
-                c1227 = -c1227
+            if c1243 < 0:
+                c1243 = -c1243
                 b = buf[pos]
                 if b < 128:
-                    z1230 = _ZD[b]
+                    z1246 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1230 = (z >> 1) ^ -(z & 1)
+                    z1246 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1230 = (z >> 1) ^ -(z & 1)
+                    z1246 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1230, pos = _rlong(buf, pos)
-            if c1227 * 9 > end - pos:
-                raise _count_error(c1227, end - pos)
-            for _ in range(c1227):
-                n1231 = _ZL[buf[pos]]
-                if n1231 < 0:
-                    n1231, pos = _rlong(buf, pos)
-                    if n1231 < 0:
-                        raise _length_error(n1231, end - pos)
+                    z1246, pos = _rlong(buf, pos)
+            if c1243 * 9 > end - pos:
+                raise _count_error(c1243, end - pos)
+            for _ in range(c1243):
+                n1247 = _ZL[buf[pos]]
+                if n1247 < 0:
+                    n1247, pos = _rlong(buf, pos)
+                    if n1247 < 0:
+                        raise _length_error(n1247, end - pos)
                 else:
                     pos += 1
-                q1232 = pos + n1231
-                if q1232 > end:
-                    raise _length_error(n1231, end - pos)
-                k1229 = buf[pos:q1232].decode()
-                pos = q1232
-                x1228, = _unpack_d(buf, pos)
+                q1248 = pos + n1247
+                if q1248 > end:
+                    raise _length_error(n1247, end - pos)
+                k1245 = buf[pos:q1248].decode()
+                pos = q1248
+                x1244, = _unpack_d(buf, pos)
                 pos += 8
-                acc1226[k1229] = x1228
-        f_scores = acc1226
+                acc1242[k1245] = x1244
+        f_scores = acc1242
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1233: list[Any] = []
+        acc1249: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1234 = _ZD[b]
+                c1250 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1234 = (z >> 1) ^ -(z & 1)
+                c1250 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1234 = (z >> 1) ^ -(z & 1)
+                c1250 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1234, pos = _rlong(buf, pos)
-            if c1234 == 0:
+                c1250, pos = _rlong(buf, pos)
+            if c1250 == 0:
                 break
-            if c1234 < 0:
-                c1234 = -c1234
+            if c1250 < 0:
+                c1250 = -c1250
                 b = buf[pos]
                 if b < 128:
-                    z1237 = _ZD[b]
+                    z1253 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1237 = (z >> 1) ^ -(z & 1)
+                    z1253 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1237 = (z >> 1) ^ -(z & 1)
+                    z1253 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1237, pos = _rlong(buf, pos)
-            if c1234 * 1 > end - pos:
-                raise _count_error(c1234, end - pos)
-            for _ in range(c1234):
-                n1238 = _ZL[buf[pos]]
-                if n1238 < 0:
-                    n1238, pos = _rlong(buf, pos)
-                    if n1238 < 0:
-                        raise _length_error(n1238, end - pos)
+                    z1253, pos = _rlong(buf, pos)
+            if c1250 * 1 > end - pos:
+                raise _count_error(c1250, end - pos)
+            for _ in range(c1250):
+                n1254 = _ZL[buf[pos]]
+                if n1254 < 0:
+                    n1254, pos = _rlong(buf, pos)
+                    if n1254 < 0:
+                        raise _length_error(n1254, end - pos)
                 else:
                     pos += 1
-                q1239 = pos + n1238
-                if q1239 > end:
-                    raise _length_error(n1238, end - pos)
-                x1235 = buf[pos:q1239].decode()
-                pos = q1239
-                acc1233.append(x1235)
-        f_preempted = tuple(acc1233)
+                q1255 = pos + n1254
+                if q1255 > end:
+                    raise _length_error(n1254, end - pos)
+                x1251 = buf[pos:q1255].decode()
+                pos = q1255
+                acc1249.append(x1251)
+        f_preempted = tuple(acc1249)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1239(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1255(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1241 = _ZL[buf[pos]]
-    if n1241 < 0:
-        n1241, pos = _rlong(buf, pos)
-        if n1241 < 0:
-            raise _length_error(n1241, end - pos)
+    n1257 = _ZL[buf[pos]]
+    if n1257 < 0:
+        n1257, pos = _rlong(buf, pos)
+        if n1257 < 0:
+            raise _length_error(n1257, end - pos)
     else:
         pos += 1
-    q1242 = pos + n1241
-    if q1242 > end:
-        raise _length_error(n1241, end - pos)
-    f_pod_id = buf[pos:q1242].decode()
-    pos = q1242
-    n1243 = _ZL[buf[pos]]
-    if n1243 < 0:
-        n1243, pos = _rlong(buf, pos)
-        if n1243 < 0:
-            raise _length_error(n1243, end - pos)
+    q1258 = pos + n1257
+    if q1258 > end:
+        raise _length_error(n1257, end - pos)
+    f_pod_id = buf[pos:q1258].decode()
+    pos = q1258
+    n1259 = _ZL[buf[pos]]
+    if n1259 < 0:
+        n1259, pos = _rlong(buf, pos)
+        if n1259 < 0:
+            raise _length_error(n1259, end - pos)
     else:
         pos += 1
-    q1244 = pos + n1243
-    if q1244 > end:
-        raise _length_error(n1243, end - pos)
-    f_node_id = buf[pos:q1244].decode()
-    pos = q1244
-    n1245 = _ZL[buf[pos]]
-    if n1245 < 0:
-        n1245, pos = _rlong(buf, pos)
-        if n1245 < 0:
-            raise _length_error(n1245, end - pos)
+    q1260 = pos + n1259
+    if q1260 > end:
+        raise _length_error(n1259, end - pos)
+    f_node_id = buf[pos:q1260].decode()
+    pos = q1260
+    n1261 = _ZL[buf[pos]]
+    if n1261 < 0:
+        n1261, pos = _rlong(buf, pos)
+        if n1261 < 0:
+            raise _length_error(n1261, end - pos)
     else:
         pos += 1
-    q1246 = pos + n1245
-    if q1246 > end:
-        raise _length_error(n1245, end - pos)
-    f_reason = buf[pos:q1246].decode()
-    pos = q1246
+    q1262 = pos + n1261
+    if q1262 > end:
+        raise _length_error(n1261, end - pos)
+    f_reason = buf[pos:q1262].decode()
+    pos = q1262
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1246(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1262(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1248 = _ZL[buf[pos]]
-    if n1248 < 0:
-        n1248, pos = _rlong(buf, pos)
-        if n1248 < 0:
-            raise _length_error(n1248, end - pos)
+    n1264 = _ZL[buf[pos]]
+    if n1264 < 0:
+        n1264, pos = _rlong(buf, pos)
+        if n1264 < 0:
+            raise _length_error(n1264, end - pos)
     else:
         pos += 1
-    q1249 = pos + n1248
-    if q1249 > end:
-        raise _length_error(n1248, end - pos)
-    f_pod_id = buf[pos:q1249].decode()
-    pos = q1249
+    q1265 = pos + n1264
+    if q1265 > end:
+        raise _length_error(n1264, end - pos)
+    f_pod_id = buf[pos:q1265].decode()
+    pos = q1265
     b = buf[pos]
     if b < 128:
-        i1250 = _ZD[b]
+        i1266 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1250 = (z >> 1) ^ -(z & 1)
+        i1266 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1250 = (z >> 1) ^ -(z & 1)
+        i1266 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1250, pos = _rlong(buf, pos)
-    if i1250 == 0:
+        i1266, pos = _rlong(buf, pos)
+    if i1266 == 0:
         f_node_id = None
-    elif i1250 == 1:
-        n1251 = _ZL[buf[pos]]
-        if n1251 < 0:
-            n1251, pos = _rlong(buf, pos)
-            if n1251 < 0:
-                raise _length_error(n1251, end - pos)
+    elif i1266 == 1:
+        n1267 = _ZL[buf[pos]]
+        if n1267 < 0:
+            n1267, pos = _rlong(buf, pos)
+            if n1267 < 0:
+                raise _length_error(n1267, end - pos)
         else:
             pos += 1
-        q1252 = pos + n1251
-        if q1252 > end:
-            raise _length_error(n1251, end - pos)
-        f_node_id = buf[pos:q1252].decode()
-        pos = q1252
+        q1268 = pos + n1267
+        if q1268 > end:
+            raise _length_error(n1267, end - pos)
+        f_node_id = buf[pos:q1268].decode()
+        pos = q1268
     else:
-        raise _union_error(i1250, 2)
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
+        raise _union_error(i1266, 2)
+    n1269 = _ZL[buf[pos]]
+    if n1269 < 0:
+        n1269, pos = _rlong(buf, pos)
+        if n1269 < 0:
+            raise _length_error(n1269, end - pos)
     else:
         pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_reason = buf[pos:q1254].decode()
-    pos = q1254
+    q1270 = pos + n1269
+    if q1270 > end:
+        raise _length_error(n1269, end - pos)
+    f_reason = buf[pos:q1270].decode()
+    pos = q1270
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1270(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+    n1272 = _ZL[buf[pos]]
+    if n1272 < 0:
+        n1272, pos = _rlong(buf, pos)
+        if n1272 < 0:
+            raise _length_error(n1272, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_policy = buf[pos:q1257].decode()
-    pos = q1257
-    n1258 = _ZL[buf[pos]]
-    if n1258 < 0:
-        n1258, pos = _rlong(buf, pos)
-        if n1258 < 0:
-            raise _length_error(n1258, end - pos)
+    q1273 = pos + n1272
+    if q1273 > end:
+        raise _length_error(n1272, end - pos)
+    f_policy = buf[pos:q1273].decode()
+    pos = q1273
+    n1274 = _ZL[buf[pos]]
+    if n1274 < 0:
+        n1274, pos = _rlong(buf, pos)
+        if n1274 < 0:
+            raise _length_error(n1274, end - pos)
     else:
         pos += 1
-    q1259 = pos + n1258
-    if q1259 > end:
-        raise _length_error(n1258, end - pos)
-    f_previous = buf[pos:q1259].decode()
-    pos = q1259
+    q1275 = pos + n1274
+    if q1275 > end:
+        raise _length_error(n1274, end - pos)
+    f_previous = buf[pos:q1275].decode()
+    pos = q1275
     b = buf[pos]
     if b < 128:
-        i1260 = _ZD[b]
+        i1276 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1260 = (z >> 1) ^ -(z & 1)
+        i1276 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1260 = (z >> 1) ^ -(z & 1)
+        i1276 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1260, pos = _rlong(buf, pos)
-    if i1260 == 0:
+        i1276, pos = _rlong(buf, pos)
+    if i1276 == 0:
         f_reserve_after_ms = None
-    elif i1260 == 1:
+    elif i1276 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5005,36 +5035,36 @@ def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1260, 2)
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
+        raise _union_error(i1276, 2)
+    n1277 = _ZL[buf[pos]]
+    if n1277 < 0:
+        n1277, pos = _rlong(buf, pos)
+        if n1277 < 0:
+            raise _length_error(n1277, end - pos)
     else:
         pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_queue_order = buf[pos:q1262].decode()
-    pos = q1262
+    q1278 = pos + n1277
+    if q1278 > end:
+        raise _length_error(n1277, end - pos)
+    f_queue_order = buf[pos:q1278].decode()
+    pos = q1278
     b = buf[pos]
     if b < 128:
-        i1263 = _ZD[b]
+        i1279 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1263 = (z >> 1) ^ -(z & 1)
+        i1279 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1263 = (z >> 1) ^ -(z & 1)
+        i1279 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1263, pos = _rlong(buf, pos)
-    if i1263 == 0:
+        i1279, pos = _rlong(buf, pos)
+    if i1279 == 0:
         f_max_clock_jump_ms = None
-    elif i1263 == 1:
+    elif i1279 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5050,69 +5080,69 @@ def _d_PolicyChanged1254(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1263, 2)
+        raise _union_error(i1279, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1263(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1279(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1265 = _ZL[buf[pos]]
-    if n1265 < 0:
-        n1265, pos = _rlong(buf, pos)
-        if n1265 < 0:
-            raise _length_error(n1265, end - pos)
+    n1281 = _ZL[buf[pos]]
+    if n1281 < 0:
+        n1281, pos = _rlong(buf, pos)
+        if n1281 < 0:
+            raise _length_error(n1281, end - pos)
     else:
         pos += 1
-    q1266 = pos + n1265
-    if q1266 > end:
-        raise _length_error(n1265, end - pos)
-    f_command_id = buf[pos:q1266].decode()
-    pos = q1266
-    n1267 = _ZL[buf[pos]]
-    if n1267 < 0:
-        n1267, pos = _rlong(buf, pos)
-        if n1267 < 0:
-            raise _length_error(n1267, end - pos)
+    q1282 = pos + n1281
+    if q1282 > end:
+        raise _length_error(n1281, end - pos)
+    f_command_id = buf[pos:q1282].decode()
+    pos = q1282
+    n1283 = _ZL[buf[pos]]
+    if n1283 < 0:
+        n1283, pos = _rlong(buf, pos)
+        if n1283 < 0:
+            raise _length_error(n1283, end - pos)
     else:
         pos += 1
-    q1268 = pos + n1267
-    if q1268 > end:
-        raise _length_error(n1267, end - pos)
-    f_command_type = buf[pos:q1268].decode()
-    pos = q1268
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
+    q1284 = pos + n1283
+    if q1284 > end:
+        raise _length_error(n1283, end - pos)
+    f_command_type = buf[pos:q1284].decode()
+    pos = q1284
+    n1285 = _ZL[buf[pos]]
+    if n1285 < 0:
+        n1285, pos = _rlong(buf, pos)
+        if n1285 < 0:
+            raise _length_error(n1285, end - pos)
     else:
         pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_code = buf[pos:q1270].decode()
-    pos = q1270
-    n1271 = _ZL[buf[pos]]
-    if n1271 < 0:
-        n1271, pos = _rlong(buf, pos)
-        if n1271 < 0:
-            raise _length_error(n1271, end - pos)
+    q1286 = pos + n1285
+    if q1286 > end:
+        raise _length_error(n1285, end - pos)
+    f_code = buf[pos:q1286].decode()
+    pos = q1286
+    n1287 = _ZL[buf[pos]]
+    if n1287 < 0:
+        n1287, pos = _rlong(buf, pos)
+        if n1287 < 0:
+            raise _length_error(n1287, end - pos)
     else:
         pos += 1
-    q1272 = pos + n1271
-    if q1272 > end:
-        raise _length_error(n1271, end - pos)
-    f_message = buf[pos:q1272].decode()
-    pos = q1272
+    q1288 = pos + n1287
+    if q1288 > end:
+        raise _length_error(n1287, end - pos)
+    f_message = buf[pos:q1288].decode()
+    pos = q1288
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5127,30 +5157,31 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_submitted_at: int
     f_arrival: int
     f_preemption: str
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    f_retry: Any
+    n1298 = _ZL[buf[pos]]
+    if n1298 < 0:
+        n1298, pos = _rlong(buf, pos)
+        if n1298 < 0:
+            raise _length_error(n1298, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_gang_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1299 = pos + n1298
+    if q1299 > end:
+        raise _length_error(n1298, end - pos)
+    f_gang_id = buf[pos:q1299].decode()
+    pos = q1299
+    n1300 = _ZL[buf[pos]]
+    if n1300 < 0:
+        n1300, pos = _rlong(buf, pos)
+        if n1300 < 0:
+            raise _length_error(n1300, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_tenant = buf[pos:q1285].decode()
-    pos = q1285
+    q1301 = pos + n1300
+    if q1301 > end:
+        raise _length_error(n1300, end - pos)
+    f_tenant = buf[pos:q1301].decode()
+    pos = q1301
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5169,46 +5200,46 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1286: list[Any] = []
+        acc1302: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1287 = _ZD[b]
+                c1303 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1303 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1303 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1287, pos = _rlong(buf, pos)
-            if c1287 == 0:
+                c1303, pos = _rlong(buf, pos)
+            if c1303 == 0:
                 break
-            if c1287 < 0:
-                c1287 = -c1287
+            if c1303 < 0:
+                c1303 = -c1303
                 b = buf[pos]
                 if b < 128:
-                    z1290 = _ZD[b]
+                    z1306 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1306 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1306 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1290, pos = _rlong(buf, pos)
-            if c1287 * 20 > end - pos:
-                raise _count_error(c1287, end - pos)
-            for _ in range(c1287):
-                x1288, pos = _d_PodSpec1155(buf, pos, end)
-                acc1286.append(x1288)
-        f_members = tuple(acc1286)
+                    z1306, pos = _rlong(buf, pos)
+            if c1303 * 20 > end - pos:
+                raise _count_error(c1303, end - pos)
+            for _ in range(c1303):
+                x1304, pos = _d_PodSpec1171(buf, pos, end)
+                acc1302.append(x1304)
+        f_members = tuple(acc1302)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5225,83 +5256,83 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1291 = _ZD[b]
+        i1307 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1291 = (z >> 1) ^ -(z & 1)
+        i1307 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1291 = (z >> 1) ^ -(z & 1)
+        i1307 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1291, pos = _rlong(buf, pos)
-    if i1291 == 0:
+        i1307, pos = _rlong(buf, pos)
+    if i1307 == 0:
         f_topology_required = None
-    elif i1291 == 1:
-        n1292 = _ZL[buf[pos]]
-        if n1292 < 0:
-            n1292, pos = _rlong(buf, pos)
-            if n1292 < 0:
-                raise _length_error(n1292, end - pos)
+    elif i1307 == 1:
+        n1308 = _ZL[buf[pos]]
+        if n1308 < 0:
+            n1308, pos = _rlong(buf, pos)
+            if n1308 < 0:
+                raise _length_error(n1308, end - pos)
         else:
             pos += 1
-        q1293 = pos + n1292
-        if q1293 > end:
-            raise _length_error(n1292, end - pos)
-        f_topology_required = buf[pos:q1293].decode()
-        pos = q1293
+        q1309 = pos + n1308
+        if q1309 > end:
+            raise _length_error(n1308, end - pos)
+        f_topology_required = buf[pos:q1309].decode()
+        pos = q1309
     else:
-        raise _union_error(i1291, 2)
+        raise _union_error(i1307, 2)
     b = buf[pos]
     if b < 128:
-        i1294 = _ZD[b]
+        i1310 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1294 = (z >> 1) ^ -(z & 1)
+        i1310 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1294 = (z >> 1) ^ -(z & 1)
+        i1310 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1294, pos = _rlong(buf, pos)
-    if i1294 == 0:
+        i1310, pos = _rlong(buf, pos)
+    if i1310 == 0:
         f_topology_preferred = None
-    elif i1294 == 1:
-        n1295 = _ZL[buf[pos]]
-        if n1295 < 0:
-            n1295, pos = _rlong(buf, pos)
-            if n1295 < 0:
-                raise _length_error(n1295, end - pos)
+    elif i1310 == 1:
+        n1311 = _ZL[buf[pos]]
+        if n1311 < 0:
+            n1311, pos = _rlong(buf, pos)
+            if n1311 < 0:
+                raise _length_error(n1311, end - pos)
         else:
             pos += 1
-        q1296 = pos + n1295
-        if q1296 > end:
-            raise _length_error(n1295, end - pos)
-        f_topology_preferred = buf[pos:q1296].decode()
-        pos = q1296
+        q1312 = pos + n1311
+        if q1312 > end:
+            raise _length_error(n1311, end - pos)
+        f_topology_preferred = buf[pos:q1312].decode()
+        pos = q1312
     else:
-        raise _union_error(i1294, 2)
+        raise _union_error(i1310, 2)
     b = buf[pos]
     if b < 128:
-        i1297 = _ZD[b]
+        i1313 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1313 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1297 = (z >> 1) ^ -(z & 1)
+        i1313 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1297, pos = _rlong(buf, pos)
-    if i1297 == 0:
+        i1313, pos = _rlong(buf, pos)
+    if i1313 == 0:
         f_timeout_ms = None
-    elif i1297 == 1:
+    elif i1313 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5317,24 +5348,24 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1297, 2)
+        raise _union_error(i1313, 2)
     b = buf[pos]
     if b < 128:
-        i1298 = _ZD[b]
+        i1314 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1298 = (z >> 1) ^ -(z & 1)
+        i1314 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1298 = (z >> 1) ^ -(z & 1)
+        i1314 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1298, pos = _rlong(buf, pos)
-    if i1298 == 0:
+        i1314, pos = _rlong(buf, pos)
+    if i1314 == 0:
         f_time_limit_ms = None
-    elif i1298 == 1:
+    elif i1314 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5350,74 +5381,74 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1298, 2)
+        raise _union_error(i1314, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1299: list[Any] = []
+        acc1315: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1300 = _ZD[b]
+                c1316 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1300 = (z >> 1) ^ -(z & 1)
+                c1316 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1300 = (z >> 1) ^ -(z & 1)
+                c1316 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1300, pos = _rlong(buf, pos)
-            if c1300 == 0:
+                c1316, pos = _rlong(buf, pos)
+            if c1316 == 0:
                 break
-            if c1300 < 0:
-                c1300 = -c1300
+            if c1316 < 0:
+                c1316 = -c1316
                 b = buf[pos]
                 if b < 128:
-                    z1303 = _ZD[b]
+                    z1319 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1303 = (z >> 1) ^ -(z & 1)
+                    z1319 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1303 = (z >> 1) ^ -(z & 1)
+                    z1319 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1303, pos = _rlong(buf, pos)
-            if c1300 * 1 > end - pos:
-                raise _count_error(c1300, end - pos)
-            for _ in range(c1300):
-                n1304 = _ZL[buf[pos]]
-                if n1304 < 0:
-                    n1304, pos = _rlong(buf, pos)
-                    if n1304 < 0:
-                        raise _length_error(n1304, end - pos)
+                    z1319, pos = _rlong(buf, pos)
+            if c1316 * 1 > end - pos:
+                raise _count_error(c1316, end - pos)
+            for _ in range(c1316):
+                n1320 = _ZL[buf[pos]]
+                if n1320 < 0:
+                    n1320, pos = _rlong(buf, pos)
+                    if n1320 < 0:
+                        raise _length_error(n1320, end - pos)
                 else:
                     pos += 1
-                q1305 = pos + n1304
-                if q1305 > end:
-                    raise _length_error(n1304, end - pos)
-                x1301 = buf[pos:q1305].decode()
-                pos = q1305
-                acc1299.append(x1301)
-        f_depends_on = tuple(acc1299)
-    n1306 = _ZL[buf[pos]]
-    if n1306 < 0:
-        n1306, pos = _rlong(buf, pos)
-        if n1306 < 0:
-            raise _length_error(n1306, end - pos)
+                q1321 = pos + n1320
+                if q1321 > end:
+                    raise _length_error(n1320, end - pos)
+                x1317 = buf[pos:q1321].decode()
+                pos = q1321
+                acc1315.append(x1317)
+        f_depends_on = tuple(acc1315)
+    n1322 = _ZL[buf[pos]]
+    if n1322 < 0:
+        n1322, pos = _rlong(buf, pos)
+        if n1322 < 0:
+            raise _length_error(n1322, end - pos)
     else:
         pos += 1
-    q1307 = pos + n1306
-    if q1307 > end:
-        raise _length_error(n1306, end - pos)
-    f_dependency = buf[pos:q1307].decode()
-    pos = q1307
+    q1323 = pos + n1322
+    if q1323 > end:
+        raise _length_error(n1322, end - pos)
+    f_dependency = buf[pos:q1323].decode()
+    pos = q1323
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5446,223 +5477,243 @@ def _d_GangSpec1280(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1308 = _ZL[buf[pos]]
-    if n1308 < 0:
-        n1308, pos = _rlong(buf, pos)
-        if n1308 < 0:
-            raise _length_error(n1308, end - pos)
+    n1324 = _ZL[buf[pos]]
+    if n1324 < 0:
+        n1324, pos = _rlong(buf, pos)
+        if n1324 < 0:
+            raise _length_error(n1324, end - pos)
     else:
         pos += 1
-    q1309 = pos + n1308
-    if q1309 > end:
-        raise _length_error(n1308, end - pos)
-    f_preemption = buf[pos:q1309].decode()
-    pos = q1309
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption)
+    q1325 = pos + n1324
+    if q1325 > end:
+        raise _length_error(n1324, end - pos)
+    f_preemption = buf[pos:q1325].decode()
+    pos = q1325
+    b = buf[pos]
+    if b < 128:
+        i1326 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1326 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1326 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1326, pos = _rlong(buf, pos)
+    if i1326 == 0:
+        f_retry = None
+    elif i1326 == 1:
+        f_retry, pos = _d_Retry418(buf, pos, end)
+    else:
+        raise _union_error(i1326, 2)
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry)
     return o, pos
 
 
-def _d_GangQueued1272(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1288(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
+    n1290 = _ZL[buf[pos]]
+    if n1290 < 0:
+        n1290, pos = _rlong(buf, pos)
+        if n1290 < 0:
+            raise _length_error(n1290, end - pos)
     else:
         pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_gang_id = buf[pos:q1275].decode()
-    pos = q1275
+    q1291 = pos + n1290
+    if q1291 > end:
+        raise _length_error(n1290, end - pos)
+    f_gang_id = buf[pos:q1291].decode()
+    pos = q1291
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1276: list[Any] = []
+        acc1292: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1277 = _ZD[b]
+                c1293 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1293 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1277 = (z >> 1) ^ -(z & 1)
+                c1293 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1277, pos = _rlong(buf, pos)
-            if c1277 == 0:
+                c1293, pos = _rlong(buf, pos)
+            if c1293 == 0:
                 break
-            if c1277 < 0:
-                c1277 = -c1277
+            if c1293 < 0:
+                c1293 = -c1293
                 b = buf[pos]
                 if b < 128:
-                    z1280 = _ZD[b]
+                    z1296 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1296 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1280 = (z >> 1) ^ -(z & 1)
+                    z1296 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1280, pos = _rlong(buf, pos)
-            if c1277 * 3 > end - pos:
-                raise _count_error(c1277, end - pos)
-            for _ in range(c1277):
-                x1278, pos = _d_QueueReason1202(buf, pos, end)
-                acc1276.append(x1278)
-        f_reasons = tuple(acc1276)
-    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+                    z1296, pos = _rlong(buf, pos)
+            if c1293 * 3 > end - pos:
+                raise _count_error(c1293, end - pos)
+            for _ in range(c1293):
+                x1294, pos = _d_QueueReason1218(buf, pos, end)
+                acc1292.append(x1294)
+        f_reasons = tuple(acc1292)
+    f_gang, pos = _d_GangSpec1296(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1310: list[Any] = []
+        acc1327: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1311 = _ZD[b]
+                c1328 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1311 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1311 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1311, pos = _rlong(buf, pos)
-            if c1311 == 0:
+                c1328, pos = _rlong(buf, pos)
+            if c1328 == 0:
                 break
-            if c1311 < 0:
-                c1311 = -c1311
+            if c1328 < 0:
+                c1328 = -c1328
                 b = buf[pos]
                 if b < 128:
-                    z1314 = _ZD[b]
+                    z1331 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1314 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1314 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1314, pos = _rlong(buf, pos)
-            if c1311 * 1 > end - pos:
-                raise _count_error(c1311, end - pos)
-            for _ in range(c1311):
-                n1315 = _ZL[buf[pos]]
-                if n1315 < 0:
-                    n1315, pos = _rlong(buf, pos)
-                    if n1315 < 0:
-                        raise _length_error(n1315, end - pos)
+                    z1331, pos = _rlong(buf, pos)
+            if c1328 * 1 > end - pos:
+                raise _count_error(c1328, end - pos)
+            for _ in range(c1328):
+                n1332 = _ZL[buf[pos]]
+                if n1332 < 0:
+                    n1332, pos = _rlong(buf, pos)
+                    if n1332 < 0:
+                        raise _length_error(n1332, end - pos)
                 else:
                     pos += 1
-                q1316 = pos + n1315
-                if q1316 > end:
-                    raise _length_error(n1315, end - pos)
-                x1312 = buf[pos:q1316].decode()
-                pos = q1316
-                acc1310.append(x1312)
-        f_waiting_for = tuple(acc1310)
+                q1333 = pos + n1332
+                if q1333 > end:
+                    raise _length_error(n1332, end - pos)
+                x1329 = buf[pos:q1333].decode()
+                pos = q1333
+                acc1327.append(x1329)
+        f_waiting_for = tuple(acc1327)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1324(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1341(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1326 = _ZL[buf[pos]]
-    if n1326 < 0:
-        n1326, pos = _rlong(buf, pos)
-        if n1326 < 0:
-            raise _length_error(n1326, end - pos)
+    n1343 = _ZL[buf[pos]]
+    if n1343 < 0:
+        n1343, pos = _rlong(buf, pos)
+        if n1343 < 0:
+            raise _length_error(n1343, end - pos)
     else:
         pos += 1
-    q1327 = pos + n1326
-    if q1327 > end:
-        raise _length_error(n1326, end - pos)
-    f_pod_id = buf[pos:q1327].decode()
-    pos = q1327
-    n1328 = _ZL[buf[pos]]
-    if n1328 < 0:
-        n1328, pos = _rlong(buf, pos)
-        if n1328 < 0:
-            raise _length_error(n1328, end - pos)
+    q1344 = pos + n1343
+    if q1344 > end:
+        raise _length_error(n1343, end - pos)
+    f_pod_id = buf[pos:q1344].decode()
+    pos = q1344
+    n1345 = _ZL[buf[pos]]
+    if n1345 < 0:
+        n1345, pos = _rlong(buf, pos)
+        if n1345 < 0:
+            raise _length_error(n1345, end - pos)
     else:
         pos += 1
-    q1329 = pos + n1328
-    if q1329 > end:
-        raise _length_error(n1328, end - pos)
-    f_node_id = buf[pos:q1329].decode()
-    pos = q1329
+    q1346 = pos + n1345
+    if q1346 > end:
+        raise _length_error(n1345, end - pos)
+    f_node_id = buf[pos:q1346].decode()
+    pos = q1346
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1330: list[Any] = []
+        acc1347: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1331 = _ZD[b]
+                c1348 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1348 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1348 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1331, pos = _rlong(buf, pos)
-            if c1331 == 0:
+                c1348, pos = _rlong(buf, pos)
+            if c1348 == 0:
                 break
-            if c1331 < 0:
-                c1331 = -c1331
+            if c1348 < 0:
+                c1348 = -c1348
                 b = buf[pos]
                 if b < 128:
-                    z1334 = _ZD[b]
+                    z1351 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1351 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1351 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1334, pos = _rlong(buf, pos)
-            if c1331 * 2 > end - pos:
-                raise _count_error(c1331, end - pos)
-            for _ in range(c1331):
-                x1332, pos = _d_GpuShare1222(buf, pos, end)
-                acc1330.append(x1332)
-        f_gpus = tuple(acc1330)
+                    z1351, pos = _rlong(buf, pos)
+            if c1348 * 2 > end - pos:
+                raise _count_error(c1348, end - pos)
+            for _ in range(c1348):
+                x1349, pos = _d_GpuShare1238(buf, pos, end)
+                acc1347.append(x1349)
+        f_gpus = tuple(acc1347)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1333(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5671,214 +5722,214 @@ def _d_GangScheduled1316(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1318 = _ZL[buf[pos]]
-    if n1318 < 0:
-        n1318, pos = _rlong(buf, pos)
-        if n1318 < 0:
-            raise _length_error(n1318, end - pos)
+    n1335 = _ZL[buf[pos]]
+    if n1335 < 0:
+        n1335, pos = _rlong(buf, pos)
+        if n1335 < 0:
+            raise _length_error(n1335, end - pos)
     else:
         pos += 1
-    q1319 = pos + n1318
-    if q1319 > end:
-        raise _length_error(n1318, end - pos)
-    f_gang_id = buf[pos:q1319].decode()
-    pos = q1319
+    q1336 = pos + n1335
+    if q1336 > end:
+        raise _length_error(n1335, end - pos)
+    f_gang_id = buf[pos:q1336].decode()
+    pos = q1336
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1320: list[Any] = []
+        acc1337: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1321 = _ZD[b]
+                c1338 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1321 = (z >> 1) ^ -(z & 1)
+                c1338 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1321 = (z >> 1) ^ -(z & 1)
+                c1338 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1321, pos = _rlong(buf, pos)
-            if c1321 == 0:
+                c1338, pos = _rlong(buf, pos)
+            if c1338 == 0:
                 break
-            if c1321 < 0:
-                c1321 = -c1321
+            if c1338 < 0:
+                c1338 = -c1338
                 b = buf[pos]
                 if b < 128:
-                    z1324 = _ZD[b]
+                    z1341 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1324 = (z >> 1) ^ -(z & 1)
+                    z1341 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1324 = (z >> 1) ^ -(z & 1)
+                    z1341 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1324, pos = _rlong(buf, pos)
-            if c1321 * 3 > end - pos:
-                raise _count_error(c1321, end - pos)
-            for _ in range(c1321):
-                x1322, pos = _d_MemberPlacement1324(buf, pos, end)
-                acc1320.append(x1322)
-        f_members = tuple(acc1320)
-    f_gang, pos = _d_GangSpec1280(buf, pos, end)
+                    z1341, pos = _rlong(buf, pos)
+            if c1338 * 3 > end - pos:
+                raise _count_error(c1338, end - pos)
+            for _ in range(c1338):
+                x1339, pos = _d_MemberPlacement1341(buf, pos, end)
+                acc1337.append(x1339)
+        f_members = tuple(acc1337)
+    f_gang, pos = _d_GangSpec1296(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1335 = _ZD[b]
+        i1352 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1335 = (z >> 1) ^ -(z & 1)
+        i1352 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1335 = (z >> 1) ^ -(z & 1)
+        i1352 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1335, pos = _rlong(buf, pos)
-    if i1335 == 0:
+        i1352, pos = _rlong(buf, pos)
+    if i1352 == 0:
         f_topology_key = None
-    elif i1335 == 1:
-        n1336 = _ZL[buf[pos]]
-        if n1336 < 0:
-            n1336, pos = _rlong(buf, pos)
-            if n1336 < 0:
-                raise _length_error(n1336, end - pos)
+    elif i1352 == 1:
+        n1353 = _ZL[buf[pos]]
+        if n1353 < 0:
+            n1353, pos = _rlong(buf, pos)
+            if n1353 < 0:
+                raise _length_error(n1353, end - pos)
         else:
             pos += 1
-        q1337 = pos + n1336
-        if q1337 > end:
-            raise _length_error(n1336, end - pos)
-        f_topology_key = buf[pos:q1337].decode()
-        pos = q1337
+        q1354 = pos + n1353
+        if q1354 > end:
+            raise _length_error(n1353, end - pos)
+        f_topology_key = buf[pos:q1354].decode()
+        pos = q1354
     else:
-        raise _union_error(i1335, 2)
+        raise _union_error(i1352, 2)
     b = buf[pos]
     if b < 128:
-        i1338 = _ZD[b]
+        i1355 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1355 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1338 = (z >> 1) ^ -(z & 1)
+        i1355 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1338, pos = _rlong(buf, pos)
-    if i1338 == 0:
+        i1355, pos = _rlong(buf, pos)
+    if i1355 == 0:
         f_domain = None
-    elif i1338 == 1:
-        n1339 = _ZL[buf[pos]]
-        if n1339 < 0:
-            n1339, pos = _rlong(buf, pos)
-            if n1339 < 0:
-                raise _length_error(n1339, end - pos)
+    elif i1355 == 1:
+        n1356 = _ZL[buf[pos]]
+        if n1356 < 0:
+            n1356, pos = _rlong(buf, pos)
+            if n1356 < 0:
+                raise _length_error(n1356, end - pos)
         else:
             pos += 1
-        q1340 = pos + n1339
-        if q1340 > end:
-            raise _length_error(n1339, end - pos)
-        f_domain = buf[pos:q1340].decode()
-        pos = q1340
+        q1357 = pos + n1356
+        if q1357 > end:
+            raise _length_error(n1356, end - pos)
+        f_domain = buf[pos:q1357].decode()
+        pos = q1357
     else:
-        raise _union_error(i1338, 2)
+        raise _union_error(i1355, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1341 = _ZL[buf[pos]]
-    if n1341 < 0:
-        n1341, pos = _rlong(buf, pos)
-        if n1341 < 0:
-            raise _length_error(n1341, end - pos)
+    n1358 = _ZL[buf[pos]]
+    if n1358 < 0:
+        n1358, pos = _rlong(buf, pos)
+        if n1358 < 0:
+            raise _length_error(n1358, end - pos)
     else:
         pos += 1
-    q1342 = pos + n1341
-    if q1342 > end:
-        raise _length_error(n1341, end - pos)
-    f_message = buf[pos:q1342].decode()
-    pos = q1342
+    q1359 = pos + n1358
+    if q1359 > end:
+        raise _length_error(n1358, end - pos)
+    f_message = buf[pos:q1359].decode()
+    pos = q1359
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1343: list[Any] = []
+        acc1360: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1344 = _ZD[b]
+                c1361 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1344 = (z >> 1) ^ -(z & 1)
+                c1361 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1344 = (z >> 1) ^ -(z & 1)
+                c1361 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1344, pos = _rlong(buf, pos)
-            if c1344 == 0:
+                c1361, pos = _rlong(buf, pos)
+            if c1361 == 0:
                 break
-            if c1344 < 0:
-                c1344 = -c1344
+            if c1361 < 0:
+                c1361 = -c1361
                 b = buf[pos]
                 if b < 128:
-                    z1347 = _ZD[b]
+                    z1364 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1347 = (z >> 1) ^ -(z & 1)
+                    z1364 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1347 = (z >> 1) ^ -(z & 1)
+                    z1364 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1347, pos = _rlong(buf, pos)
-            if c1344 * 1 > end - pos:
-                raise _count_error(c1344, end - pos)
-            for _ in range(c1344):
-                n1348 = _ZL[buf[pos]]
-                if n1348 < 0:
-                    n1348, pos = _rlong(buf, pos)
-                    if n1348 < 0:
-                        raise _length_error(n1348, end - pos)
+                    z1364, pos = _rlong(buf, pos)
+            if c1361 * 1 > end - pos:
+                raise _count_error(c1361, end - pos)
+            for _ in range(c1361):
+                n1365 = _ZL[buf[pos]]
+                if n1365 < 0:
+                    n1365, pos = _rlong(buf, pos)
+                    if n1365 < 0:
+                        raise _length_error(n1365, end - pos)
                 else:
                     pos += 1
-                q1349 = pos + n1348
-                if q1349 > end:
-                    raise _length_error(n1348, end - pos)
-                x1345 = buf[pos:q1349].decode()
-                pos = q1349
-                acc1343.append(x1345)
-        f_preempted = tuple(acc1343)
+                q1366 = pos + n1365
+                if q1366 > end:
+                    raise _length_error(n1365, end - pos)
+                x1362 = buf[pos:q1366].decode()
+                pos = q1366
+                acc1360.append(x1362)
+        f_preempted = tuple(acc1360)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1366(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1351 = _ZL[buf[pos]]
-    if n1351 < 0:
-        n1351, pos = _rlong(buf, pos)
-        if n1351 < 0:
-            raise _length_error(n1351, end - pos)
+    n1368 = _ZL[buf[pos]]
+    if n1368 < 0:
+        n1368, pos = _rlong(buf, pos)
+        if n1368 < 0:
+            raise _length_error(n1368, end - pos)
     else:
         pos += 1
-    q1352 = pos + n1351
-    if q1352 > end:
-        raise _length_error(n1351, end - pos)
-    f_gang_id = buf[pos:q1352].decode()
-    pos = q1352
+    q1369 = pos + n1368
+    if q1369 > end:
+        raise _length_error(n1368, end - pos)
+    f_gang_id = buf[pos:q1369].decode()
+    pos = q1369
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5893,85 +5944,85 @@ def _d_GangTimedOut1349(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1353 = _ZL[buf[pos]]
-    if n1353 < 0:
-        n1353, pos = _rlong(buf, pos)
-        if n1353 < 0:
-            raise _length_error(n1353, end - pos)
+    n1370 = _ZL[buf[pos]]
+    if n1370 < 0:
+        n1370, pos = _rlong(buf, pos)
+        if n1370 < 0:
+            raise _length_error(n1370, end - pos)
     else:
         pos += 1
-    q1354 = pos + n1353
-    if q1354 > end:
-        raise _length_error(n1353, end - pos)
-    f_message = buf[pos:q1354].decode()
-    pos = q1354
+    q1371 = pos + n1370
+    if q1371 > end:
+        raise _length_error(n1370, end - pos)
+    f_message = buf[pos:q1371].decode()
+    pos = q1371
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1371(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1356 = _ZL[buf[pos]]
-    if n1356 < 0:
-        n1356, pos = _rlong(buf, pos)
-        if n1356 < 0:
-            raise _length_error(n1356, end - pos)
+    n1373 = _ZL[buf[pos]]
+    if n1373 < 0:
+        n1373, pos = _rlong(buf, pos)
+        if n1373 < 0:
+            raise _length_error(n1373, end - pos)
     else:
         pos += 1
-    q1357 = pos + n1356
-    if q1357 > end:
-        raise _length_error(n1356, end - pos)
-    f_gang_id = buf[pos:q1357].decode()
-    pos = q1357
-    n1358 = _ZL[buf[pos]]
-    if n1358 < 0:
-        n1358, pos = _rlong(buf, pos)
-        if n1358 < 0:
-            raise _length_error(n1358, end - pos)
+    q1374 = pos + n1373
+    if q1374 > end:
+        raise _length_error(n1373, end - pos)
+    f_gang_id = buf[pos:q1374].decode()
+    pos = q1374
+    n1375 = _ZL[buf[pos]]
+    if n1375 < 0:
+        n1375, pos = _rlong(buf, pos)
+        if n1375 < 0:
+            raise _length_error(n1375, end - pos)
     else:
         pos += 1
-    q1359 = pos + n1358
-    if q1359 > end:
-        raise _length_error(n1358, end - pos)
-    f_reason = buf[pos:q1359].decode()
-    pos = q1359
+    q1376 = pos + n1375
+    if q1376 > end:
+        raise _length_error(n1375, end - pos)
+    f_reason = buf[pos:q1376].decode()
+    pos = q1376
     f_ok = buf[pos] != 0
     pos += 1
     o = _c_GangReleased(f_gang_id, f_reason, f_ok)
     return o, pos
 
 
-def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1361 = _ZL[buf[pos]]
-    if n1361 < 0:
-        n1361, pos = _rlong(buf, pos)
-        if n1361 < 0:
-            raise _length_error(n1361, end - pos)
+    n1378 = _ZL[buf[pos]]
+    if n1378 < 0:
+        n1378, pos = _rlong(buf, pos)
+        if n1378 < 0:
+            raise _length_error(n1378, end - pos)
     else:
         pos += 1
-    q1362 = pos + n1361
-    if q1362 > end:
-        raise _length_error(n1361, end - pos)
-    f_pod_id = buf[pos:q1362].decode()
-    pos = q1362
-    n1363 = _ZL[buf[pos]]
-    if n1363 < 0:
-        n1363, pos = _rlong(buf, pos)
-        if n1363 < 0:
-            raise _length_error(n1363, end - pos)
+    q1379 = pos + n1378
+    if q1379 > end:
+        raise _length_error(n1378, end - pos)
+    f_pod_id = buf[pos:q1379].decode()
+    pos = q1379
+    n1380 = _ZL[buf[pos]]
+    if n1380 < 0:
+        n1380, pos = _rlong(buf, pos)
+        if n1380 < 0:
+            raise _length_error(n1380, end - pos)
     else:
         pos += 1
-    q1364 = pos + n1363
-    if q1364 > end:
-        raise _length_error(n1363, end - pos)
-    f_node_id = buf[pos:q1364].decode()
-    pos = q1364
+    q1381 = pos + n1380
+    if q1381 > end:
+        raise _length_error(n1380, end - pos)
+    f_node_id = buf[pos:q1381].decode()
+    pos = q1381
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -5988,141 +6039,141 @@ def _d_PodTimeLimitReached1359(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1365 = _ZD[b]
+        i1382 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1365 = (z >> 1) ^ -(z & 1)
+        i1382 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1365 = (z >> 1) ^ -(z & 1)
+        i1382 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1365, pos = _rlong(buf, pos)
-    if i1365 == 0:
+        i1382, pos = _rlong(buf, pos)
+    if i1382 == 0:
         f_gang_id = None
-    elif i1365 == 1:
-        n1366 = _ZL[buf[pos]]
-        if n1366 < 0:
-            n1366, pos = _rlong(buf, pos)
-            if n1366 < 0:
-                raise _length_error(n1366, end - pos)
+    elif i1382 == 1:
+        n1383 = _ZL[buf[pos]]
+        if n1383 < 0:
+            n1383, pos = _rlong(buf, pos)
+            if n1383 < 0:
+                raise _length_error(n1383, end - pos)
         else:
             pos += 1
-        q1367 = pos + n1366
-        if q1367 > end:
-            raise _length_error(n1366, end - pos)
-        f_gang_id = buf[pos:q1367].decode()
-        pos = q1367
+        q1384 = pos + n1383
+        if q1384 > end:
+            raise _length_error(n1383, end - pos)
+        f_gang_id = buf[pos:q1384].decode()
+        pos = q1384
     else:
-        raise _union_error(i1365, 2)
+        raise _union_error(i1382, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1384(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1369 = _ZL[buf[pos]]
-    if n1369 < 0:
-        n1369, pos = _rlong(buf, pos)
-        if n1369 < 0:
-            raise _length_error(n1369, end - pos)
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
     else:
         pos += 1
-    q1370 = pos + n1369
-    if q1370 > end:
-        raise _length_error(n1369, end - pos)
-    f_holder_id = buf[pos:q1370].decode()
-    pos = q1370
-    n1371 = _ZL[buf[pos]]
-    if n1371 < 0:
-        n1371, pos = _rlong(buf, pos)
-        if n1371 < 0:
-            raise _length_error(n1371, end - pos)
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_holder_id = buf[pos:q1387].decode()
+    pos = q1387
+    n1388 = _ZL[buf[pos]]
+    if n1388 < 0:
+        n1388, pos = _rlong(buf, pos)
+        if n1388 < 0:
+            raise _length_error(n1388, end - pos)
     else:
         pos += 1
-    q1372 = pos + n1371
-    if q1372 > end:
-        raise _length_error(n1371, end - pos)
-    f_holder_kind = buf[pos:q1372].decode()
-    pos = q1372
+    q1389 = pos + n1388
+    if q1389 > end:
+        raise _length_error(n1388, end - pos)
+    f_holder_kind = buf[pos:q1389].decode()
+    pos = q1389
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1373: list[Any] = []
+        acc1390: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1374 = _ZD[b]
+                c1391 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1374 = (z >> 1) ^ -(z & 1)
+                c1391 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1374 = (z >> 1) ^ -(z & 1)
+                c1391 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1374, pos = _rlong(buf, pos)
-            if c1374 == 0:
+                c1391, pos = _rlong(buf, pos)
+            if c1391 == 0:
                 break
-            if c1374 < 0:
-                c1374 = -c1374
+            if c1391 < 0:
+                c1391 = -c1391
                 b = buf[pos]
                 if b < 128:
-                    z1377 = _ZD[b]
+                    z1394 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1377 = (z >> 1) ^ -(z & 1)
+                    z1394 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1377 = (z >> 1) ^ -(z & 1)
+                    z1394 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1377, pos = _rlong(buf, pos)
-            if c1374 * 1 > end - pos:
-                raise _count_error(c1374, end - pos)
-            for _ in range(c1374):
-                n1378 = _ZL[buf[pos]]
-                if n1378 < 0:
-                    n1378, pos = _rlong(buf, pos)
-                    if n1378 < 0:
-                        raise _length_error(n1378, end - pos)
+                    z1394, pos = _rlong(buf, pos)
+            if c1391 * 1 > end - pos:
+                raise _count_error(c1391, end - pos)
+            for _ in range(c1391):
+                n1395 = _ZL[buf[pos]]
+                if n1395 < 0:
+                    n1395, pos = _rlong(buf, pos)
+                    if n1395 < 0:
+                        raise _length_error(n1395, end - pos)
                 else:
                     pos += 1
-                q1379 = pos + n1378
-                if q1379 > end:
-                    raise _length_error(n1378, end - pos)
-                x1375 = buf[pos:q1379].decode()
-                pos = q1379
-                acc1373.append(x1375)
-        f_nodes = tuple(acc1373)
+                q1396 = pos + n1395
+                if q1396 > end:
+                    raise _length_error(n1395, end - pos)
+                x1392 = buf[pos:q1396].decode()
+                pos = q1396
+                acc1390.append(x1392)
+        f_nodes = tuple(acc1390)
     b = buf[pos]
     if b < 128:
-        i1380 = _ZD[b]
+        i1397 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1380 = (z >> 1) ^ -(z & 1)
+        i1397 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1380 = (z >> 1) ^ -(z & 1)
+        i1397 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1380, pos = _rlong(buf, pos)
-    if i1380 == 0:
+        i1397, pos = _rlong(buf, pos)
+    if i1397 == 0:
         f_expected_start = None
-    elif i1380 == 1:
+    elif i1397 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6138,194 +6189,194 @@ def _d_NodesReserved1367(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1380, 2)
-    n1381 = _ZL[buf[pos]]
-    if n1381 < 0:
-        n1381, pos = _rlong(buf, pos)
-        if n1381 < 0:
-            raise _length_error(n1381, end - pos)
+        raise _union_error(i1397, 2)
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
     else:
         pos += 1
-    q1382 = pos + n1381
-    if q1382 > end:
-        raise _length_error(n1381, end - pos)
-    f_message = buf[pos:q1382].decode()
-    pos = q1382
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_message = buf[pos:q1399].decode()
+    pos = q1399
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1382(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1399(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1384 = _ZL[buf[pos]]
-    if n1384 < 0:
-        n1384, pos = _rlong(buf, pos)
-        if n1384 < 0:
-            raise _length_error(n1384, end - pos)
+    n1401 = _ZL[buf[pos]]
+    if n1401 < 0:
+        n1401, pos = _rlong(buf, pos)
+        if n1401 < 0:
+            raise _length_error(n1401, end - pos)
     else:
         pos += 1
-    q1385 = pos + n1384
-    if q1385 > end:
-        raise _length_error(n1384, end - pos)
-    f_holder_id = buf[pos:q1385].decode()
-    pos = q1385
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
+    q1402 = pos + n1401
+    if q1402 > end:
+        raise _length_error(n1401, end - pos)
+    f_holder_id = buf[pos:q1402].decode()
+    pos = q1402
+    n1403 = _ZL[buf[pos]]
+    if n1403 < 0:
+        n1403, pos = _rlong(buf, pos)
+        if n1403 < 0:
+            raise _length_error(n1403, end - pos)
     else:
         pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_holder_kind = buf[pos:q1387].decode()
-    pos = q1387
+    q1404 = pos + n1403
+    if q1404 > end:
+        raise _length_error(n1403, end - pos)
+    f_holder_kind = buf[pos:q1404].decode()
+    pos = q1404
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1388: list[Any] = []
+        acc1405: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1389 = _ZD[b]
+                c1406 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1406 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1406 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
+                c1406, pos = _rlong(buf, pos)
+            if c1406 == 0:
                 break
-            if c1389 < 0:
-                c1389 = -c1389
+            if c1406 < 0:
+                c1406 = -c1406
                 b = buf[pos]
                 if b < 128:
-                    z1392 = _ZD[b]
+                    z1409 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1409 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1409 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 1 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                n1393 = _ZL[buf[pos]]
-                if n1393 < 0:
-                    n1393, pos = _rlong(buf, pos)
-                    if n1393 < 0:
-                        raise _length_error(n1393, end - pos)
+                    z1409, pos = _rlong(buf, pos)
+            if c1406 * 1 > end - pos:
+                raise _count_error(c1406, end - pos)
+            for _ in range(c1406):
+                n1410 = _ZL[buf[pos]]
+                if n1410 < 0:
+                    n1410, pos = _rlong(buf, pos)
+                    if n1410 < 0:
+                        raise _length_error(n1410, end - pos)
                 else:
                     pos += 1
-                q1394 = pos + n1393
-                if q1394 > end:
-                    raise _length_error(n1393, end - pos)
-                x1390 = buf[pos:q1394].decode()
-                pos = q1394
-                acc1388.append(x1390)
-        f_nodes = tuple(acc1388)
-    n1395 = _ZL[buf[pos]]
-    if n1395 < 0:
-        n1395, pos = _rlong(buf, pos)
-        if n1395 < 0:
-            raise _length_error(n1395, end - pos)
+                q1411 = pos + n1410
+                if q1411 > end:
+                    raise _length_error(n1410, end - pos)
+                x1407 = buf[pos:q1411].decode()
+                pos = q1411
+                acc1405.append(x1407)
+        f_nodes = tuple(acc1405)
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
     else:
         pos += 1
-    q1396 = pos + n1395
-    if q1396 > end:
-        raise _length_error(n1395, end - pos)
-    f_reason = buf[pos:q1396].decode()
-    pos = q1396
-    n1397 = _ZL[buf[pos]]
-    if n1397 < 0:
-        n1397, pos = _rlong(buf, pos)
-        if n1397 < 0:
-            raise _length_error(n1397, end - pos)
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_reason = buf[pos:q1413].decode()
+    pos = q1413
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
     else:
         pos += 1
-    q1398 = pos + n1397
-    if q1398 > end:
-        raise _length_error(n1397, end - pos)
-    f_message = buf[pos:q1398].decode()
-    pos = q1398
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_message = buf[pos:q1415].decode()
+    pos = q1415
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1398(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1415(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1400 = _ZL[buf[pos]]
-    if n1400 < 0:
-        n1400, pos = _rlong(buf, pos)
-        if n1400 < 0:
-            raise _length_error(n1400, end - pos)
+    n1417 = _ZL[buf[pos]]
+    if n1417 < 0:
+        n1417, pos = _rlong(buf, pos)
+        if n1417 < 0:
+            raise _length_error(n1417, end - pos)
     else:
         pos += 1
-    q1401 = pos + n1400
-    if q1401 > end:
-        raise _length_error(n1400, end - pos)
-    f_holder_id = buf[pos:q1401].decode()
-    pos = q1401
-    n1402 = _ZL[buf[pos]]
-    if n1402 < 0:
-        n1402, pos = _rlong(buf, pos)
-        if n1402 < 0:
-            raise _length_error(n1402, end - pos)
+    q1418 = pos + n1417
+    if q1418 > end:
+        raise _length_error(n1417, end - pos)
+    f_holder_id = buf[pos:q1418].decode()
+    pos = q1418
+    n1419 = _ZL[buf[pos]]
+    if n1419 < 0:
+        n1419, pos = _rlong(buf, pos)
+        if n1419 < 0:
+            raise _length_error(n1419, end - pos)
     else:
         pos += 1
-    q1403 = pos + n1402
-    if q1403 > end:
-        raise _length_error(n1402, end - pos)
-    f_holder_kind = buf[pos:q1403].decode()
-    pos = q1403
-    n1404 = _ZL[buf[pos]]
-    if n1404 < 0:
-        n1404, pos = _rlong(buf, pos)
-        if n1404 < 0:
-            raise _length_error(n1404, end - pos)
+    q1420 = pos + n1419
+    if q1420 > end:
+        raise _length_error(n1419, end - pos)
+    f_holder_kind = buf[pos:q1420].decode()
+    pos = q1420
+    n1421 = _ZL[buf[pos]]
+    if n1421 < 0:
+        n1421, pos = _rlong(buf, pos)
+        if n1421 < 0:
+            raise _length_error(n1421, end - pos)
     else:
         pos += 1
-    q1405 = pos + n1404
-    if q1405 > end:
-        raise _length_error(n1404, end - pos)
-    f_dependency_id = buf[pos:q1405].decode()
-    pos = q1405
-    n1406 = _ZL[buf[pos]]
-    if n1406 < 0:
-        n1406, pos = _rlong(buf, pos)
-        if n1406 < 0:
-            raise _length_error(n1406, end - pos)
+    q1422 = pos + n1421
+    if q1422 > end:
+        raise _length_error(n1421, end - pos)
+    f_dependency_id = buf[pos:q1422].decode()
+    pos = q1422
+    n1423 = _ZL[buf[pos]]
+    if n1423 < 0:
+        n1423, pos = _rlong(buf, pos)
+        if n1423 < 0:
+            raise _length_error(n1423, end - pos)
     else:
         pos += 1
-    q1407 = pos + n1406
-    if q1407 > end:
-        raise _length_error(n1406, end - pos)
-    f_message = buf[pos:q1407].decode()
-    pos = q1407
+    q1424 = pos + n1423
+    if q1424 > end:
+        raise _length_error(n1423, end - pos)
+    f_message = buf[pos:q1424].decode()
+    pos = q1424
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1424(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6348,176 +6399,24 @@ def _d_Ticked1407(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1410 = _ZL[buf[pos]]
-    if n1410 < 0:
-        n1410, pos = _rlong(buf, pos)
-        if n1410 < 0:
-            raise _length_error(n1410, end - pos)
+    n1427 = _ZL[buf[pos]]
+    if n1427 < 0:
+        n1427, pos = _rlong(buf, pos)
+        if n1427 < 0:
+            raise _length_error(n1427, end - pos)
     else:
         pos += 1
-    q1411 = pos + n1410
-    if q1411 > end:
-        raise _length_error(n1410, end - pos)
-    f_pod_id = buf[pos:q1411].decode()
-    pos = q1411
-    n1412 = _ZL[buf[pos]]
-    if n1412 < 0:
-        n1412, pos = _rlong(buf, pos)
-        if n1412 < 0:
-            raise _length_error(n1412, end - pos)
-    else:
-        pos += 1
-    q1413 = pos + n1412
-    if q1413 > end:
-        raise _length_error(n1412, end - pos)
-    f_node_id = buf[pos:q1413].decode()
-    pos = q1413
-    n1414 = _ZL[buf[pos]]
-    if n1414 < 0:
-        n1414, pos = _rlong(buf, pos)
-        if n1414 < 0:
-            raise _length_error(n1414, end - pos)
-    else:
-        pos += 1
-    q1415 = pos + n1414
-    if q1415 > end:
-        raise _length_error(n1414, end - pos)
-    f_by = buf[pos:q1415].decode()
-    pos = q1415
-    n1416 = _ZL[buf[pos]]
-    if n1416 < 0:
-        n1416, pos = _rlong(buf, pos)
-        if n1416 < 0:
-            raise _length_error(n1416, end - pos)
-    else:
-        pos += 1
-    q1417 = pos + n1416
-    if q1417 > end:
-        raise _length_error(n1416, end - pos)
-    f_reason = buf[pos:q1417].decode()
-    pos = q1417
-    n1418 = _ZL[buf[pos]]
-    if n1418 < 0:
-        n1418, pos = _rlong(buf, pos)
-        if n1418 < 0:
-            raise _length_error(n1418, end - pos)
-    else:
-        pos += 1
-    q1419 = pos + n1418
-    if q1419 > end:
-        raise _length_error(n1418, end - pos)
-    f_message = buf[pos:q1419].decode()
-    pos = q1419
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1419(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1421 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1421 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1421 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1421, pos = _rlong(buf, pos)
-    if i1421 == 0:
-        f_tenant = None
-    elif i1421 == 1:
-        n1422 = _ZL[buf[pos]]
-        if n1422 < 0:
-            n1422, pos = _rlong(buf, pos)
-            if n1422 < 0:
-                raise _length_error(n1422, end - pos)
-        else:
-            pos += 1
-        q1423 = pos + n1422
-        if q1423 > end:
-            raise _length_error(n1422, end - pos)
-        f_tenant = buf[pos:q1423].decode()
-        pos = q1423
-    else:
-        raise _union_error(i1421, 2)
-    b = buf[pos]
-    if b < 128:
-        i1424 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1424 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1424 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1424, pos = _rlong(buf, pos)
-    if i1424 == 0:
-        f_quota = None
-    elif i1424 == 1:
-        f_quota, pos = _d_Quota428(buf, pos, end)
-    else:
-        raise _union_error(i1424, 2)
-    b = buf[pos]
-    if b < 128:
-        i1425 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1425 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1425 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1425, pos = _rlong(buf, pos)
-    if i1425 == 0:
-        f_previous = None
-    elif i1425 == 1:
-        f_previous, pos = _d_Quota428(buf, pos, end)
-    else:
-        raise _union_error(i1425, 2)
-    n1426 = _ZL[buf[pos]]
-    if n1426 < 0:
-        n1426, pos = _rlong(buf, pos)
-        if n1426 < 0:
-            raise _length_error(n1426, end - pos)
-    else:
-        pos += 1
-    q1427 = pos + n1426
-    if q1427 > end:
-        raise _length_error(n1426, end - pos)
-    f_message = buf[pos:q1427].decode()
-    pos = q1427
-    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
-    return o, pos
-
-
-def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
-    f_pod_id: str
-    f_from_node: str
-    f_from_gpus: tuple[Any, ...]
-    f_to_node: str
-    f_to_gpus: tuple[Any, ...]
-    f_reason: str
-    f_message: str
+    q1428 = pos + n1427
+    if q1428 > end:
+        raise _length_error(n1427, end - pos)
+    f_pod_id = buf[pos:q1428].decode()
+    pos = q1428
     n1429 = _ZL[buf[pos]]
     if n1429 < 0:
         n1429, pos = _rlong(buf, pos)
@@ -6528,7 +6427,7 @@ def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1430 = pos + n1429
     if q1430 > end:
         raise _length_error(n1429, end - pos)
-    f_pod_id = buf[pos:q1430].decode()
+    f_node_id = buf[pos:q1430].decode()
     pos = q1430
     n1431 = _ZL[buf[pos]]
     if n1431 < 0:
@@ -6540,137 +6439,289 @@ def _d_PodMigrated1427(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     q1432 = pos + n1431
     if q1432 > end:
         raise _length_error(n1431, end - pos)
-    f_from_node = buf[pos:q1432].decode()
+    f_by = buf[pos:q1432].decode()
     pos = q1432
+    n1433 = _ZL[buf[pos]]
+    if n1433 < 0:
+        n1433, pos = _rlong(buf, pos)
+        if n1433 < 0:
+            raise _length_error(n1433, end - pos)
+    else:
+        pos += 1
+    q1434 = pos + n1433
+    if q1434 > end:
+        raise _length_error(n1433, end - pos)
+    f_reason = buf[pos:q1434].decode()
+    pos = q1434
+    n1435 = _ZL[buf[pos]]
+    if n1435 < 0:
+        n1435, pos = _rlong(buf, pos)
+        if n1435 < 0:
+            raise _length_error(n1435, end - pos)
+    else:
+        pos += 1
+    q1436 = pos + n1435
+    if q1436 > end:
+        raise _length_error(n1435, end - pos)
+    f_message = buf[pos:q1436].decode()
+    pos = q1436
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1436(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1438 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1438 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1438 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1438, pos = _rlong(buf, pos)
+    if i1438 == 0:
+        f_tenant = None
+    elif i1438 == 1:
+        n1439 = _ZL[buf[pos]]
+        if n1439 < 0:
+            n1439, pos = _rlong(buf, pos)
+            if n1439 < 0:
+                raise _length_error(n1439, end - pos)
+        else:
+            pos += 1
+        q1440 = pos + n1439
+        if q1440 > end:
+            raise _length_error(n1439, end - pos)
+        f_tenant = buf[pos:q1440].decode()
+        pos = q1440
+    else:
+        raise _union_error(i1438, 2)
+    b = buf[pos]
+    if b < 128:
+        i1441 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1441 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1441 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1441, pos = _rlong(buf, pos)
+    if i1441 == 0:
+        f_quota = None
+    elif i1441 == 1:
+        f_quota, pos = _d_Quota431(buf, pos, end)
+    else:
+        raise _union_error(i1441, 2)
+    b = buf[pos]
+    if b < 128:
+        i1442 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1442 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1442 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1442, pos = _rlong(buf, pos)
+    if i1442 == 0:
+        f_previous = None
+    elif i1442 == 1:
+        f_previous, pos = _d_Quota431(buf, pos, end)
+    else:
+        raise _union_error(i1442, 2)
+    n1443 = _ZL[buf[pos]]
+    if n1443 < 0:
+        n1443, pos = _rlong(buf, pos)
+        if n1443 < 0:
+            raise _length_error(n1443, end - pos)
+    else:
+        pos += 1
+    q1444 = pos + n1443
+    if q1444 > end:
+        raise _length_error(n1443, end - pos)
+    f_message = buf[pos:q1444].decode()
+    pos = q1444
+    o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
+    return o, pos
+
+
+def _d_PodMigrated1444(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+    f_pod_id: str
+    f_from_node: str
+    f_from_gpus: tuple[Any, ...]
+    f_to_node: str
+    f_to_gpus: tuple[Any, ...]
+    f_reason: str
+    f_message: str
+    n1446 = _ZL[buf[pos]]
+    if n1446 < 0:
+        n1446, pos = _rlong(buf, pos)
+        if n1446 < 0:
+            raise _length_error(n1446, end - pos)
+    else:
+        pos += 1
+    q1447 = pos + n1446
+    if q1447 > end:
+        raise _length_error(n1446, end - pos)
+    f_pod_id = buf[pos:q1447].decode()
+    pos = q1447
+    n1448 = _ZL[buf[pos]]
+    if n1448 < 0:
+        n1448, pos = _rlong(buf, pos)
+        if n1448 < 0:
+            raise _length_error(n1448, end - pos)
+    else:
+        pos += 1
+    q1449 = pos + n1448
+    if q1449 > end:
+        raise _length_error(n1448, end - pos)
+    f_from_node = buf[pos:q1449].decode()
+    pos = q1449
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1433: list[Any] = []
+        acc1450: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1434 = _ZD[b]
+                c1451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1434 = (z >> 1) ^ -(z & 1)
+                c1451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1434 = (z >> 1) ^ -(z & 1)
+                c1451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1434, pos = _rlong(buf, pos)
-            if c1434 == 0:
+                c1451, pos = _rlong(buf, pos)
+            if c1451 == 0:
                 break
-            if c1434 < 0:
-                c1434 = -c1434
+            if c1451 < 0:
+                c1451 = -c1451
                 b = buf[pos]
                 if b < 128:
-                    z1437 = _ZD[b]
+                    z1454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1437 = (z >> 1) ^ -(z & 1)
+                    z1454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1437 = (z >> 1) ^ -(z & 1)
+                    z1454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1437, pos = _rlong(buf, pos)
-            if c1434 * 2 > end - pos:
-                raise _count_error(c1434, end - pos)
-            for _ in range(c1434):
-                x1435, pos = _d_GpuShare1222(buf, pos, end)
-                acc1433.append(x1435)
-        f_from_gpus = tuple(acc1433)
-    n1438 = _ZL[buf[pos]]
-    if n1438 < 0:
-        n1438, pos = _rlong(buf, pos)
-        if n1438 < 0:
-            raise _length_error(n1438, end - pos)
+                    z1454, pos = _rlong(buf, pos)
+            if c1451 * 2 > end - pos:
+                raise _count_error(c1451, end - pos)
+            for _ in range(c1451):
+                x1452, pos = _d_GpuShare1238(buf, pos, end)
+                acc1450.append(x1452)
+        f_from_gpus = tuple(acc1450)
+    n1455 = _ZL[buf[pos]]
+    if n1455 < 0:
+        n1455, pos = _rlong(buf, pos)
+        if n1455 < 0:
+            raise _length_error(n1455, end - pos)
     else:
         pos += 1
-    q1439 = pos + n1438
-    if q1439 > end:
-        raise _length_error(n1438, end - pos)
-    f_to_node = buf[pos:q1439].decode()
-    pos = q1439
+    q1456 = pos + n1455
+    if q1456 > end:
+        raise _length_error(n1455, end - pos)
+    f_to_node = buf[pos:q1456].decode()
+    pos = q1456
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1440: list[Any] = []
+        acc1457: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1441 = _ZD[b]
+                c1458 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1441 = (z >> 1) ^ -(z & 1)
+                c1458 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1441 = (z >> 1) ^ -(z & 1)
+                c1458 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1441, pos = _rlong(buf, pos)
-            if c1441 == 0:
+                c1458, pos = _rlong(buf, pos)
+            if c1458 == 0:
                 break
-            if c1441 < 0:
-                c1441 = -c1441
+            if c1458 < 0:
+                c1458 = -c1458
                 b = buf[pos]
                 if b < 128:
-                    z1444 = _ZD[b]
+                    z1461 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1444 = (z >> 1) ^ -(z & 1)
+                    z1461 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1444 = (z >> 1) ^ -(z & 1)
+                    z1461 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1444, pos = _rlong(buf, pos)
-            if c1441 * 2 > end - pos:
-                raise _count_error(c1441, end - pos)
-            for _ in range(c1441):
-                x1442, pos = _d_GpuShare1222(buf, pos, end)
-                acc1440.append(x1442)
-        f_to_gpus = tuple(acc1440)
-    n1445 = _ZL[buf[pos]]
-    if n1445 < 0:
-        n1445, pos = _rlong(buf, pos)
-        if n1445 < 0:
-            raise _length_error(n1445, end - pos)
+                    z1461, pos = _rlong(buf, pos)
+            if c1458 * 2 > end - pos:
+                raise _count_error(c1458, end - pos)
+            for _ in range(c1458):
+                x1459, pos = _d_GpuShare1238(buf, pos, end)
+                acc1457.append(x1459)
+        f_to_gpus = tuple(acc1457)
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1446 = pos + n1445
-    if q1446 > end:
-        raise _length_error(n1445, end - pos)
-    f_reason = buf[pos:q1446].decode()
-    pos = q1446
-    n1447 = _ZL[buf[pos]]
-    if n1447 < 0:
-        n1447, pos = _rlong(buf, pos)
-        if n1447 < 0:
-            raise _length_error(n1447, end - pos)
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_reason = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
     else:
         pos += 1
-    q1448 = pos + n1447
-    if q1448 > end:
-        raise _length_error(n1447, end - pos)
-    f_message = buf[pos:q1448].decode()
-    pos = q1448
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_message = buf[pos:q1465].decode()
+    pos = q1465
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1465(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6720,138 +6771,138 @@ def _d_DefragmentationPlanned1448(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1450 = _ZD[b]
+        i1467 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1450 = (z >> 1) ^ -(z & 1)
+        i1467 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1450 = (z >> 1) ^ -(z & 1)
+        i1467 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1450, pos = _rlong(buf, pos)
-    if i1450 == 0:
+        i1467, pos = _rlong(buf, pos)
+    if i1467 == 0:
         f_target = None
-    elif i1450 == 1:
-        n1451 = _ZL[buf[pos]]
-        if n1451 < 0:
-            n1451, pos = _rlong(buf, pos)
-            if n1451 < 0:
-                raise _length_error(n1451, end - pos)
+    elif i1467 == 1:
+        n1468 = _ZL[buf[pos]]
+        if n1468 < 0:
+            n1468, pos = _rlong(buf, pos)
+            if n1468 < 0:
+                raise _length_error(n1468, end - pos)
         else:
             pos += 1
-        q1452 = pos + n1451
-        if q1452 > end:
-            raise _length_error(n1451, end - pos)
-        f_target = buf[pos:q1452].decode()
-        pos = q1452
+        q1469 = pos + n1468
+        if q1469 > end:
+            raise _length_error(n1468, end - pos)
+        f_target = buf[pos:q1469].decode()
+        pos = q1469
     else:
-        raise _union_error(i1450, 2)
-    n1453 = _ZL[buf[pos]]
-    if n1453 < 0:
-        n1453, pos = _rlong(buf, pos)
-        if n1453 < 0:
-            raise _length_error(n1453, end - pos)
+        raise _union_error(i1467, 2)
+    n1470 = _ZL[buf[pos]]
+    if n1470 < 0:
+        n1470, pos = _rlong(buf, pos)
+        if n1470 < 0:
+            raise _length_error(n1470, end - pos)
     else:
         pos += 1
-    q1454 = pos + n1453
-    if q1454 > end:
-        raise _length_error(n1453, end - pos)
-    f_message = buf[pos:q1454].decode()
-    pos = q1454
+    q1471 = pos + n1470
+    if q1471 > end:
+        raise _length_error(n1470, end - pos)
+    f_message = buf[pos:q1471].decode()
+    pos = q1471
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1454(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1471(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1456 = _ZL[buf[pos]]
-    if n1456 < 0:
-        n1456, pos = _rlong(buf, pos)
-        if n1456 < 0:
-            raise _length_error(n1456, end - pos)
+    n1473 = _ZL[buf[pos]]
+    if n1473 < 0:
+        n1473, pos = _rlong(buf, pos)
+        if n1473 < 0:
+            raise _length_error(n1473, end - pos)
     else:
         pos += 1
-    q1457 = pos + n1456
-    if q1457 > end:
-        raise _length_error(n1456, end - pos)
-    f_cluster = buf[pos:q1457].decode()
-    pos = q1457
-    n1458 = _ZL[buf[pos]]
-    if n1458 < 0:
-        n1458, pos = _rlong(buf, pos)
-        if n1458 < 0:
-            raise _length_error(n1458, end - pos)
+    q1474 = pos + n1473
+    if q1474 > end:
+        raise _length_error(n1473, end - pos)
+    f_cluster = buf[pos:q1474].decode()
+    pos = q1474
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1459 = pos + n1458
-    if q1459 > end:
-        raise _length_error(n1458, end - pos)
-    f_command_id = buf[pos:q1459].decode()
-    pos = q1459
-    n1460 = _ZL[buf[pos]]
-    if n1460 < 0:
-        n1460, pos = _rlong(buf, pos)
-        if n1460 < 0:
-            raise _length_error(n1460, end - pos)
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_command_id = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1461 = pos + n1460
-    if q1461 > end:
-        raise _length_error(n1460, end - pos)
-    f_error = buf[pos:q1461].decode()
-    pos = q1461
-    n1462 = _ZL[buf[pos]]
-    if n1462 < 0:
-        n1462, pos = _rlong(buf, pos)
-        if n1462 < 0:
-            raise _length_error(n1462, end - pos)
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_error = buf[pos:q1478].decode()
+    pos = q1478
+    n1479 = _ZL[buf[pos]]
+    if n1479 < 0:
+        n1479, pos = _rlong(buf, pos)
+        if n1479 < 0:
+            raise _length_error(n1479, end - pos)
     else:
         pos += 1
-    q1463 = pos + n1462
-    if q1463 > end:
-        raise _length_error(n1462, end - pos)
-    f_message = buf[pos:q1463].decode()
-    pos = q1463
+    q1480 = pos + n1479
+    if q1480 > end:
+        raise _length_error(n1479, end - pos)
+    f_message = buf[pos:q1480].decode()
+    pos = q1480
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1480(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1465 = _ZL[buf[pos]]
-    if n1465 < 0:
-        n1465, pos = _rlong(buf, pos)
-        if n1465 < 0:
-            raise _length_error(n1465, end - pos)
+    n1482 = _ZL[buf[pos]]
+    if n1482 < 0:
+        n1482, pos = _rlong(buf, pos)
+        if n1482 < 0:
+            raise _length_error(n1482, end - pos)
     else:
         pos += 1
-    q1466 = pos + n1465
-    if q1466 > end:
-        raise _length_error(n1465, end - pos)
-    f_cluster = buf[pos:q1466].decode()
-    pos = q1466
-    n1467 = _ZL[buf[pos]]
-    if n1467 < 0:
-        n1467, pos = _rlong(buf, pos)
-        if n1467 < 0:
-            raise _length_error(n1467, end - pos)
+    q1483 = pos + n1482
+    if q1483 > end:
+        raise _length_error(n1482, end - pos)
+    f_cluster = buf[pos:q1483].decode()
+    pos = q1483
+    n1484 = _ZL[buf[pos]]
+    if n1484 < 0:
+        n1484, pos = _rlong(buf, pos)
+        if n1484 < 0:
+            raise _length_error(n1484, end - pos)
     else:
         pos += 1
-    q1468 = pos + n1467
-    if q1468 > end:
-        raise _length_error(n1467, end - pos)
-    f_halted_command_id = buf[pos:q1468].decode()
-    pos = q1468
+    q1485 = pos + n1484
+    if q1485 > end:
+        raise _length_error(n1484, end - pos)
+    f_halted_command_id = buf[pos:q1485].decode()
+    pos = q1485
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6880,168 +6931,168 @@ def _d_ClusterResumed1463(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1469 = _ZL[buf[pos]]
-    if n1469 < 0:
-        n1469, pos = _rlong(buf, pos)
-        if n1469 < 0:
-            raise _length_error(n1469, end - pos)
+    n1486 = _ZL[buf[pos]]
+    if n1486 < 0:
+        n1486, pos = _rlong(buf, pos)
+        if n1486 < 0:
+            raise _length_error(n1486, end - pos)
     else:
         pos += 1
-    q1470 = pos + n1469
-    if q1470 > end:
-        raise _length_error(n1469, end - pos)
-    f_message = buf[pos:q1470].decode()
-    pos = q1470
+    q1487 = pos + n1486
+    if q1487 > end:
+        raise _length_error(n1486, end - pos)
+    f_message = buf[pos:q1487].decode()
+    pos = q1487
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1470(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1487(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    n1489 = _ZL[buf[pos]]
+    if n1489 < 0:
+        n1489, pos = _rlong(buf, pos)
+        if n1489 < 0:
+            raise _length_error(n1489, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_node_id = buf[pos:q1473].decode()
-    pos = q1473
+    q1490 = pos + n1489
+    if q1490 > end:
+        raise _length_error(n1489, end - pos)
+    f_node_id = buf[pos:q1490].decode()
+    pos = q1490
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1490(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1492 = _ZL[buf[pos]]
+    if n1492 < 0:
+        n1492, pos = _rlong(buf, pos)
+        if n1492 < 0:
+            raise _length_error(n1492, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_node_id = buf[pos:q1476].decode()
-    pos = q1476
+    q1493 = pos + n1492
+    if q1493 > end:
+        raise _length_error(n1492, end - pos)
+    f_node_id = buf[pos:q1493].decode()
+    pos = q1493
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1477: dict[str, Any] = {}
+        acc1494: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1478 = _ZD[b]
+                c1495 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1478 = (z >> 1) ^ -(z & 1)
+                c1495 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1478 = (z >> 1) ^ -(z & 1)
+                c1495 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1478, pos = _rlong(buf, pos)
-            if c1478 == 0:
+                c1495, pos = _rlong(buf, pos)
+            if c1495 == 0:
                 break
-            if c1478 < 0:
-                c1478 = -c1478
+            if c1495 < 0:
+                c1495 = -c1495
                 b = buf[pos]
                 if b < 128:
-                    z1481 = _ZD[b]
+                    z1498 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1481 = (z >> 1) ^ -(z & 1)
+                    z1498 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1481 = (z >> 1) ^ -(z & 1)
+                    z1498 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1481, pos = _rlong(buf, pos)
-            if c1478 * 2 > end - pos:
-                raise _count_error(c1478, end - pos)
-            for _ in range(c1478):
-                n1482 = _ZL[buf[pos]]
-                if n1482 < 0:
-                    n1482, pos = _rlong(buf, pos)
-                    if n1482 < 0:
-                        raise _length_error(n1482, end - pos)
+                    z1498, pos = _rlong(buf, pos)
+            if c1495 * 2 > end - pos:
+                raise _count_error(c1495, end - pos)
+            for _ in range(c1495):
+                n1499 = _ZL[buf[pos]]
+                if n1499 < 0:
+                    n1499, pos = _rlong(buf, pos)
+                    if n1499 < 0:
+                        raise _length_error(n1499, end - pos)
                 else:
                     pos += 1
-                q1483 = pos + n1482
-                if q1483 > end:
-                    raise _length_error(n1482, end - pos)
-                k1480 = buf[pos:q1483].decode()
-                pos = q1483
-                n1484 = _ZL[buf[pos]]
-                if n1484 < 0:
-                    n1484, pos = _rlong(buf, pos)
-                    if n1484 < 0:
-                        raise _length_error(n1484, end - pos)
+                q1500 = pos + n1499
+                if q1500 > end:
+                    raise _length_error(n1499, end - pos)
+                k1497 = buf[pos:q1500].decode()
+                pos = q1500
+                n1501 = _ZL[buf[pos]]
+                if n1501 < 0:
+                    n1501, pos = _rlong(buf, pos)
+                    if n1501 < 0:
+                        raise _length_error(n1501, end - pos)
                 else:
                     pos += 1
-                q1485 = pos + n1484
-                if q1485 > end:
-                    raise _length_error(n1484, end - pos)
-                x1479 = buf[pos:q1485].decode()
-                pos = q1485
-                acc1477[k1480] = x1479
-        f_labels = acc1477
+                q1502 = pos + n1501
+                if q1502 > end:
+                    raise _length_error(n1501, end - pos)
+                x1496 = buf[pos:q1502].decode()
+                pos = q1502
+                acc1494[k1497] = x1496
+        f_labels = acc1494
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1486: list[Any] = []
+        acc1503: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1487 = _ZD[b]
+                c1504 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1504 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1504 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1487, pos = _rlong(buf, pos)
-            if c1487 == 0:
+                c1504, pos = _rlong(buf, pos)
+            if c1504 == 0:
                 break
-            if c1487 < 0:
-                c1487 = -c1487
+            if c1504 < 0:
+                c1504 = -c1504
                 b = buf[pos]
                 if b < 128:
-                    z1490 = _ZD[b]
+                    z1507 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1507 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1507 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1490, pos = _rlong(buf, pos)
-            if c1487 * 3 > end - pos:
-                raise _count_error(c1487, end - pos)
-            for _ in range(c1487):
-                x1488, pos = _d_Taint343(buf, pos, end)
-                acc1486.append(x1488)
-        f_taints = tuple(acc1486)
+                    z1507, pos = _rlong(buf, pos)
+            if c1504 * 3 > end - pos:
+                raise _count_error(c1504, end - pos)
+            for _ in range(c1504):
+                x1505, pos = _d_Taint346(buf, pos, end)
+                acc1503.append(x1505)
+        f_taints = tuple(acc1503)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7060,22 +7111,23 @@ def _d_NodeUpdated1473(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1507(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
-    n1492 = _ZL[buf[pos]]
-    if n1492 < 0:
-        n1492, pos = _rlong(buf, pos)
-        if n1492 < 0:
-            raise _length_error(n1492, end - pos)
+    f_gang_id: Any
+    n1509 = _ZL[buf[pos]]
+    if n1509 < 0:
+        n1509, pos = _rlong(buf, pos)
+        if n1509 < 0:
+            raise _length_error(n1509, end - pos)
     else:
         pos += 1
-    q1493 = pos + n1492
-    if q1493 > end:
-        raise _length_error(n1492, end - pos)
-    f_pod_id = buf[pos:q1493].decode()
-    pos = q1493
+    q1510 = pos + n1509
+    if q1510 > end:
+        raise _length_error(n1509, end - pos)
+    f_pod_id = buf[pos:q1510].decode()
+    pos = q1510
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7104,176 +7156,207 @@ def _d_PodRetryScheduled1490(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         pos += 3
     else:
         f_not_before, pos = _rlong(buf, pos)
-    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before)
+    b = buf[pos]
+    if b < 128:
+        i1511 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1511 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1511 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1511, pos = _rlong(buf, pos)
+    if i1511 == 0:
+        f_gang_id = None
+    elif i1511 == 1:
+        n1512 = _ZL[buf[pos]]
+        if n1512 < 0:
+            n1512, pos = _rlong(buf, pos)
+            if n1512 < 0:
+                raise _length_error(n1512, end - pos)
+        else:
+            pos += 1
+        q1513 = pos + n1512
+        if q1513 > end:
+            raise _length_error(n1512, end - pos)
+        f_gang_id = buf[pos:q1513].decode()
+        pos = q1513
+    else:
+        raise _union_error(i1511, 2)
+    o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1513(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1495 = _ZL[buf[pos]]
-    if n1495 < 0:
-        n1495, pos = _rlong(buf, pos)
-        if n1495 < 0:
-            raise _length_error(n1495, end - pos)
+    n1515 = _ZL[buf[pos]]
+    if n1515 < 0:
+        n1515, pos = _rlong(buf, pos)
+        if n1515 < 0:
+            raise _length_error(n1515, end - pos)
     else:
         pos += 1
-    q1496 = pos + n1495
-    if q1496 > end:
-        raise _length_error(n1495, end - pos)
-    f_budget_id = buf[pos:q1496].decode()
-    pos = q1496
+    q1516 = pos + n1515
+    if q1516 > end:
+        raise _length_error(n1515, end - pos)
+    f_budget_id = buf[pos:q1516].decode()
+    pos = q1516
     b = buf[pos]
     if b < 128:
-        i1497 = _ZD[b]
+        i1517 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1497 = (z >> 1) ^ -(z & 1)
+        i1517 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1497 = (z >> 1) ^ -(z & 1)
+        i1517 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1497, pos = _rlong(buf, pos)
-    if i1497 == 0:
+        i1517, pos = _rlong(buf, pos)
+    if i1517 == 0:
         f_tenant = None
-    elif i1497 == 1:
-        n1498 = _ZL[buf[pos]]
-        if n1498 < 0:
-            n1498, pos = _rlong(buf, pos)
-            if n1498 < 0:
-                raise _length_error(n1498, end - pos)
+    elif i1517 == 1:
+        n1518 = _ZL[buf[pos]]
+        if n1518 < 0:
+            n1518, pos = _rlong(buf, pos)
+            if n1518 < 0:
+                raise _length_error(n1518, end - pos)
         else:
             pos += 1
-        q1499 = pos + n1498
-        if q1499 > end:
-            raise _length_error(n1498, end - pos)
-        f_tenant = buf[pos:q1499].decode()
-        pos = q1499
+        q1519 = pos + n1518
+        if q1519 > end:
+            raise _length_error(n1518, end - pos)
+        f_tenant = buf[pos:q1519].decode()
+        pos = q1519
     else:
-        raise _union_error(i1497, 2)
+        raise _union_error(i1517, 2)
     b = buf[pos]
     if b < 128:
-        i1500 = _ZD[b]
+        i1520 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1520 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1520 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1500, pos = _rlong(buf, pos)
-    if i1500 == 0:
+        i1520, pos = _rlong(buf, pos)
+    if i1520 == 0:
         f_gang_id = None
-    elif i1500 == 1:
-        n1501 = _ZL[buf[pos]]
-        if n1501 < 0:
-            n1501, pos = _rlong(buf, pos)
-            if n1501 < 0:
-                raise _length_error(n1501, end - pos)
+    elif i1520 == 1:
+        n1521 = _ZL[buf[pos]]
+        if n1521 < 0:
+            n1521, pos = _rlong(buf, pos)
+            if n1521 < 0:
+                raise _length_error(n1521, end - pos)
         else:
             pos += 1
-        q1502 = pos + n1501
-        if q1502 > end:
-            raise _length_error(n1501, end - pos)
-        f_gang_id = buf[pos:q1502].decode()
-        pos = q1502
+        q1522 = pos + n1521
+        if q1522 > end:
+            raise _length_error(n1521, end - pos)
+        f_gang_id = buf[pos:q1522].decode()
+        pos = q1522
     else:
-        raise _union_error(i1500, 2)
+        raise _union_error(i1520, 2)
     b = buf[pos]
     if b < 128:
-        i1503 = _ZD[b]
+        i1523 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1503 = (z >> 1) ^ -(z & 1)
+        i1523 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1503 = (z >> 1) ^ -(z & 1)
+        i1523 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1503, pos = _rlong(buf, pos)
-    if i1503 == 0:
+        i1523, pos = _rlong(buf, pos)
+    if i1523 == 0:
         f_label_selector = None
-    elif i1503 == 1:
+    elif i1523 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1504: dict[str, Any] = {}
+            acc1524: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1505 = _ZD[b]
+                    c1525 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1505 = (z >> 1) ^ -(z & 1)
+                    c1525 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1505 = (z >> 1) ^ -(z & 1)
+                    c1525 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1505, pos = _rlong(buf, pos)
-                if c1505 == 0:
+                    c1525, pos = _rlong(buf, pos)
+                if c1525 == 0:
                     break
-                if c1505 < 0:
-                    c1505 = -c1505
+                if c1525 < 0:
+                    c1525 = -c1525
                     b = buf[pos]
                     if b < 128:
-                        z1508 = _ZD[b]
+                        z1528 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1508 = (z >> 1) ^ -(z & 1)
+                        z1528 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1508 = (z >> 1) ^ -(z & 1)
+                        z1528 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1508, pos = _rlong(buf, pos)
-                if c1505 * 2 > end - pos:
-                    raise _count_error(c1505, end - pos)
-                for _ in range(c1505):
-                    n1509 = _ZL[buf[pos]]
-                    if n1509 < 0:
-                        n1509, pos = _rlong(buf, pos)
-                        if n1509 < 0:
-                            raise _length_error(n1509, end - pos)
+                        z1528, pos = _rlong(buf, pos)
+                if c1525 * 2 > end - pos:
+                    raise _count_error(c1525, end - pos)
+                for _ in range(c1525):
+                    n1529 = _ZL[buf[pos]]
+                    if n1529 < 0:
+                        n1529, pos = _rlong(buf, pos)
+                        if n1529 < 0:
+                            raise _length_error(n1529, end - pos)
                     else:
                         pos += 1
-                    q1510 = pos + n1509
-                    if q1510 > end:
-                        raise _length_error(n1509, end - pos)
-                    k1507 = buf[pos:q1510].decode()
-                    pos = q1510
-                    n1511 = _ZL[buf[pos]]
-                    if n1511 < 0:
-                        n1511, pos = _rlong(buf, pos)
-                        if n1511 < 0:
-                            raise _length_error(n1511, end - pos)
+                    q1530 = pos + n1529
+                    if q1530 > end:
+                        raise _length_error(n1529, end - pos)
+                    k1527 = buf[pos:q1530].decode()
+                    pos = q1530
+                    n1531 = _ZL[buf[pos]]
+                    if n1531 < 0:
+                        n1531, pos = _rlong(buf, pos)
+                        if n1531 < 0:
+                            raise _length_error(n1531, end - pos)
                     else:
                         pos += 1
-                    q1512 = pos + n1511
-                    if q1512 > end:
-                        raise _length_error(n1511, end - pos)
-                    x1506 = buf[pos:q1512].decode()
-                    pos = q1512
-                    acc1504[k1507] = x1506
-            f_label_selector = acc1504
+                    q1532 = pos + n1531
+                    if q1532 > end:
+                        raise _length_error(n1531, end - pos)
+                    x1526 = buf[pos:q1532].decode()
+                    pos = q1532
+                    acc1524[k1527] = x1526
+            f_label_selector = acc1524
     else:
-        raise _union_error(i1503, 2)
+        raise _union_error(i1523, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7292,66 +7375,66 @@ def _d_DisruptionBudgetSet1493(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1512(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1532(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1514 = _ZL[buf[pos]]
-    if n1514 < 0:
-        n1514, pos = _rlong(buf, pos)
-        if n1514 < 0:
-            raise _length_error(n1514, end - pos)
+    n1534 = _ZL[buf[pos]]
+    if n1534 < 0:
+        n1534, pos = _rlong(buf, pos)
+        if n1534 < 0:
+            raise _length_error(n1534, end - pos)
     else:
         pos += 1
-    q1515 = pos + n1514
-    if q1515 > end:
-        raise _length_error(n1514, end - pos)
-    f_budget_id = buf[pos:q1515].decode()
-    pos = q1515
+    q1535 = pos + n1534
+    if q1535 > end:
+        raise _length_error(n1534, end - pos)
+    f_budget_id = buf[pos:q1535].decode()
+    pos = q1535
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1535(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1517 = _ZL[buf[pos]]
-    if n1517 < 0:
-        n1517, pos = _rlong(buf, pos)
-        if n1517 < 0:
-            raise _length_error(n1517, end - pos)
+    n1537 = _ZL[buf[pos]]
+    if n1537 < 0:
+        n1537, pos = _rlong(buf, pos)
+        if n1537 < 0:
+            raise _length_error(n1537, end - pos)
     else:
         pos += 1
-    q1518 = pos + n1517
-    if q1518 > end:
-        raise _length_error(n1517, end - pos)
-    f_pod_id = buf[pos:q1518].decode()
-    pos = q1518
-    n1519 = _ZL[buf[pos]]
-    if n1519 < 0:
-        n1519, pos = _rlong(buf, pos)
-        if n1519 < 0:
-            raise _length_error(n1519, end - pos)
+    q1538 = pos + n1537
+    if q1538 > end:
+        raise _length_error(n1537, end - pos)
+    f_pod_id = buf[pos:q1538].decode()
+    pos = q1538
+    n1539 = _ZL[buf[pos]]
+    if n1539 < 0:
+        n1539, pos = _rlong(buf, pos)
+        if n1539 < 0:
+            raise _length_error(n1539, end - pos)
     else:
         pos += 1
-    q1520 = pos + n1519
-    if q1520 > end:
-        raise _length_error(n1519, end - pos)
-    f_node_id = buf[pos:q1520].decode()
-    pos = q1520
-    n1521 = _ZL[buf[pos]]
-    if n1521 < 0:
-        n1521, pos = _rlong(buf, pos)
-        if n1521 < 0:
-            raise _length_error(n1521, end - pos)
+    q1540 = pos + n1539
+    if q1540 > end:
+        raise _length_error(n1539, end - pos)
+    f_node_id = buf[pos:q1540].decode()
+    pos = q1540
+    n1541 = _ZL[buf[pos]]
+    if n1541 < 0:
+        n1541, pos = _rlong(buf, pos)
+        if n1541 < 0:
+            raise _length_error(n1541, end - pos)
     else:
         pos += 1
-    q1522 = pos + n1521
-    if q1522 > end:
-        raise _length_error(n1521, end - pos)
-    f_budget_id = buf[pos:q1522].decode()
-    pos = q1522
+    q1542 = pos + n1541
+    if q1542 > end:
+        raise _length_error(n1541, end - pos)
+    f_budget_id = buf[pos:q1542].decode()
+    pos = q1542
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7366,51 +7449,51 @@ def _d_EvictionBlocked1515(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1523 = _ZL[buf[pos]]
-    if n1523 < 0:
-        n1523, pos = _rlong(buf, pos)
-        if n1523 < 0:
-            raise _length_error(n1523, end - pos)
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
     else:
         pos += 1
-    q1524 = pos + n1523
-    if q1524 > end:
-        raise _length_error(n1523, end - pos)
-    f_reason = buf[pos:q1524].decode()
-    pos = q1524
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_reason = buf[pos:q1544].decode()
+    pos = q1544
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1524(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1544(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1526 = _ZL[buf[pos]]
-    if n1526 < 0:
-        n1526, pos = _rlong(buf, pos)
-        if n1526 < 0:
-            raise _length_error(n1526, end - pos)
+    n1546 = _ZL[buf[pos]]
+    if n1546 < 0:
+        n1546, pos = _rlong(buf, pos)
+        if n1546 < 0:
+            raise _length_error(n1546, end - pos)
     else:
         pos += 1
-    q1527 = pos + n1526
-    if q1527 > end:
-        raise _length_error(n1526, end - pos)
-    f_pod_id = buf[pos:q1527].decode()
-    pos = q1527
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+    q1547 = pos + n1546
+    if q1547 > end:
+        raise _length_error(n1546, end - pos)
+    f_pod_id = buf[pos:q1547].decode()
+    pos = q1547
+    n1548 = _ZL[buf[pos]]
+    if n1548 < 0:
+        n1548, pos = _rlong(buf, pos)
+        if n1548 < 0:
+            raise _length_error(n1548, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_node_id = buf[pos:q1529].decode()
-    pos = q1529
+    q1549 = pos + n1548
+    if q1549 > end:
+        raise _length_error(n1548, end - pos)
+    f_node_id = buf[pos:q1549].decode()
+    pos = q1549
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7436,7 +7519,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1112:
+    if frame[:10] != _k1128:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7477,30 +7560,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1114 = _ZL[buf[pos]]
-        if n1114 < 0:
-            n1114, pos = _rlong(buf, pos)
-            if n1114 < 0:
-                raise _length_error(n1114, end - pos)
+        n1130 = _ZL[buf[pos]]
+        if n1130 < 0:
+            n1130, pos = _rlong(buf, pos)
+            if n1130 < 0:
+                raise _length_error(n1130, end - pos)
         else:
             pos += 1
-        q1115 = pos + n1114
-        if q1115 > end:
-            raise _length_error(n1114, end - pos)
-        f_cluster = buf[pos:q1115].decode()
-        pos = q1115
-        n1116 = _ZL[buf[pos]]
-        if n1116 < 0:
-            n1116, pos = _rlong(buf, pos)
-            if n1116 < 0:
-                raise _length_error(n1116, end - pos)
+        q1131 = pos + n1130
+        if q1131 > end:
+            raise _length_error(n1130, end - pos)
+        f_cluster = buf[pos:q1131].decode()
+        pos = q1131
+        n1132 = _ZL[buf[pos]]
+        if n1132 < 0:
+            n1132, pos = _rlong(buf, pos)
+            if n1132 < 0:
+                raise _length_error(n1132, end - pos)
         else:
             pos += 1
-        q1117 = pos + n1116
-        if q1117 > end:
-            raise _length_error(n1116, end - pos)
-        f_command_id = buf[pos:q1117].decode()
-        pos = q1117
+        q1133 = pos + n1132
+        if q1133 > end:
+            raise _length_error(n1132, end - pos)
+        f_command_id = buf[pos:q1133].decode()
+        pos = q1133
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7531,21 +7614,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1118 = _ZD[b]
+            i1134 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1118 = (z >> 1) ^ -(z & 1)
+            i1134 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1118 = (z >> 1) ^ -(z & 1)
+            i1134 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1118, pos = _rlong(buf, pos)
-        if not 0 <= i1118 < 34:
-            raise _union_error(i1118, 34)
-        f_payload, pos = _k1529[i1118](buf, pos, end)
+            i1134, pos = _rlong(buf, pos)
+        if not 0 <= i1134 < 34:
+            raise _union_error(i1134, 34)
+        f_payload, pos = _k1549[i1134](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7564,7 +7647,11 @@ _k156: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k315: dict[type, Callable[[Any], bytes]] = {
+_k215: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k318: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7575,80 +7662,88 @@ _k315: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang163,
-    _c_ReleaseGang: _e_ReleaseGang214,
-    _c_Tick: _e_Tick220,
-    _c_SetQuota: _e_SetQuota222,
-    _c_RemoveQuota: _e_RemoveQuota254,
-    _c_Defragment: _e_Defragment258,
-    _c_ResumeCluster: _e_ResumeCluster267,
-    _c_RecoverNode: _e_RecoverNode271,
-    _c_UpdateNode: _e_UpdateNode275,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget289,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget311,
+    _c_ReleaseGang: _e_ReleaseGang217,
+    _c_Tick: _e_Tick223,
+    _c_SetQuota: _e_SetQuota225,
+    _c_RemoveQuota: _e_RemoveQuota257,
+    _c_Defragment: _e_Defragment261,
+    _c_ResumeCluster: _e_ResumeCluster270,
+    _c_RecoverNode: _e_RecoverNode274,
+    _c_UpdateNode: _e_UpdateNode278,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget292,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget314,
 }
 
-_k575: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode324, _d_RemoveNode350, _d_CordonNode353, _d_UncordonNode356, _d_DrainNode359, _d_MarkNodeFailed362, _d_SubmitPod367, _d_Release416, _d_SetPolicy421, _d_SubmitGang444, _d_ReleaseGang498, _d_Tick503, _d_SetQuota504, _d_RemoveQuota521, _d_Defragment524, _d_ResumeCluster528, _d_RecoverNode531, _d_UpdateNode534, _d_SetDisruptionBudget553, _d_RemoveDisruptionBudget572,)
+_k579: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode327, _d_RemoveNode353, _d_CordonNode356, _d_UncordonNode359, _d_DrainNode362, _d_MarkNodeFailed365, _d_SubmitPod370, _d_Release419, _d_SetPolicy424, _d_SubmitGang447, _d_ReleaseGang502, _d_Tick507, _d_SetQuota508, _d_RemoveQuota525, _d_Defragment528, _d_ResumeCluster532, _d_RecoverNode535, _d_UpdateNode538, _d_SetDisruptionBudget557, _d_RemoveDisruptionBudget576,)
 
-_k658: dict[type, Callable[[Any], bytes]] = {
+_k662: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k704: dict[type, Callable[[Any], bytes]] = {
+_k708: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k814: dict[type, Callable[[Any], bytes]] = {
+_k818: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k996: dict[type, Callable[[Any], bytes]] = {
+_k851: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k904: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k1006: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k999: dict[type, Callable[[Any], bytes]] = {
+_k1009: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1111: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded587,
-    _c_NodeRemoved: _e_NodeRemoved599,
-    _c_NodeCordoned: _e_NodeCordoned603,
-    _c_NodeUncordoned: _e_NodeUncordoned607,
-    _c_NodeDrained: _e_NodeDrained611,
-    _c_NodeFailed: _e_NodeFailed616,
-    _c_PodQueued: _e_PodQueued623,
-    _c_PodScheduled: _e_PodScheduled669,
-    _c_PodEvicted: _e_PodEvicted720,
-    _c_PodReleased: _e_PodReleased728,
-    _c_PolicyChanged: _e_PolicyChanged740,
-    _c_CommandRejected: _e_CommandRejected758,
-    _c_GangQueued: _e_GangQueued768,
-    _c_GangScheduled: _e_GangScheduled847,
-    _c_GangTimedOut: _e_GangTimedOut911,
-    _c_GangReleased: _e_GangReleased918,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached924,
-    _c_NodesReserved: _e_NodesReserved937,
-    _c_ReservationReleased: _e_ReservationReleased951,
-    _c_DependencyFailed: _e_DependencyFailed962,
-    _c_Ticked: _e_Ticked972,
-    _c_PodPreempted: _e_PodPreempted975,
-    _c_QuotaChanged: _e_QuotaChanged987,
-    _c_PodMigrated: _e_PodMigrated1003,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1017,
-    _c_ClusterHalted: _e_ClusterHalted1030,
-    _c_ClusterResumed: _e_ClusterResumed1040,
-    _c_NodeRecovered: _e_NodeRecovered1050,
-    _c_NodeUpdated: _e_NodeUpdated1054,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1061,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1067,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1089,
-    _c_EvictionBlocked: _e_EvictionBlocked1093,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1104,
+_k1127: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded591,
+    _c_NodeRemoved: _e_NodeRemoved603,
+    _c_NodeCordoned: _e_NodeCordoned607,
+    _c_NodeUncordoned: _e_NodeUncordoned611,
+    _c_NodeDrained: _e_NodeDrained615,
+    _c_NodeFailed: _e_NodeFailed620,
+    _c_PodQueued: _e_PodQueued627,
+    _c_PodScheduled: _e_PodScheduled673,
+    _c_PodEvicted: _e_PodEvicted724,
+    _c_PodReleased: _e_PodReleased732,
+    _c_PolicyChanged: _e_PolicyChanged744,
+    _c_CommandRejected: _e_CommandRejected762,
+    _c_GangQueued: _e_GangQueued772,
+    _c_GangScheduled: _e_GangScheduled854,
+    _c_GangTimedOut: _e_GangTimedOut921,
+    _c_GangReleased: _e_GangReleased928,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached934,
+    _c_NodesReserved: _e_NodesReserved947,
+    _c_ReservationReleased: _e_ReservationReleased961,
+    _c_DependencyFailed: _e_DependencyFailed972,
+    _c_Ticked: _e_Ticked982,
+    _c_PodPreempted: _e_PodPreempted985,
+    _c_QuotaChanged: _e_QuotaChanged997,
+    _c_PodMigrated: _e_PodMigrated1013,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1027,
+    _c_ClusterHalted: _e_ClusterHalted1040,
+    _c_ClusterResumed: _e_ClusterResumed1050,
+    _c_NodeRecovered: _e_NodeRecovered1060,
+    _c_NodeUpdated: _e_NodeUpdated1064,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1071,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1083,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1105,
+    _c_EvictionBlocked: _e_EvictionBlocked1109,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1120,
 }
 
-_k1529: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1118, _d_NodeRemoved1137, _d_NodeCordoned1140, _d_NodeUncordoned1143, _d_NodeDrained1146, _d_NodeFailed1149, _d_PodQueued1154, _d_PodScheduled1214, _d_PodEvicted1239, _d_PodReleased1246, _d_PolicyChanged1254, _d_CommandRejected1263, _d_GangQueued1272, _d_GangScheduled1316, _d_GangTimedOut1349, _d_GangReleased1354, _d_PodTimeLimitReached1359, _d_NodesReserved1367, _d_ReservationReleased1382, _d_DependencyFailed1398, _d_Ticked1407, _d_PodPreempted1408, _d_QuotaChanged1419, _d_PodMigrated1427, _d_DefragmentationPlanned1448, _d_ClusterHalted1454, _d_ClusterResumed1463, _d_NodeRecovered1470, _d_NodeUpdated1473, _d_PodRetryScheduled1490, _d_DisruptionBudgetSet1493, _d_DisruptionBudgetRemoved1512, _d_EvictionBlocked1515, _d_PodEvictionScheduled1524,)
+_k1549: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1134, _d_NodeRemoved1153, _d_NodeCordoned1156, _d_NodeUncordoned1159, _d_NodeDrained1162, _d_NodeFailed1165, _d_PodQueued1170, _d_PodScheduled1230, _d_PodEvicted1255, _d_PodReleased1262, _d_PolicyChanged1270, _d_CommandRejected1279, _d_GangQueued1288, _d_GangScheduled1333, _d_GangTimedOut1366, _d_GangReleased1371, _d_PodTimeLimitReached1376, _d_NodesReserved1384, _d_ReservationReleased1399, _d_DependencyFailed1415, _d_Ticked1424, _d_PodPreempted1425, _d_QuotaChanged1436, _d_PodMigrated1444, _d_DefragmentationPlanned1465, _d_ClusterHalted1471, _d_ClusterResumed1480, _d_NodeRecovered1487, _d_NodeUpdated1490, _d_PodRetryScheduled1507, _d_DisruptionBudgetSet1513, _d_DisruptionBudgetRemoved1532, _d_EvictionBlocked1535, _d_PodEvictionScheduled1544,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event576
+encode_event = _e_Event580

@@ -56,7 +56,8 @@ class TypicalPodSnapshot(Record):
 
 @dataclass(slots=True)
 class GangSnapshot(Record):
-    """A gang the fold knows: ``state`` is waiting (for dependencies), queued or running."""
+    """A gang the fold knows: ``state`` is waiting (for dependencies), queued, running or retrying (after a
+    failure, until ``retry_at``)."""
 
     gang: GangSpec
     state: str
@@ -66,6 +67,8 @@ class GangSnapshot(Record):
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
     ok: bool = True
+    attempt: int = 0
+    retry_at: int | None = None
 
 
 @dataclass(slots=True)

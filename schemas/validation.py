@@ -366,6 +366,8 @@ def check_submit_gang(command: SubmitGang) -> None:
         (command.gang_id, *(member.pod_id for member in command.members)), command.depends_on, command.dependency
     )
     check_preemption(command.preemption)
+    if command.retry is not None:
+        check_retry(command.retry)
 
 
 def check_release_gang(command: ReleaseGang) -> None:

@@ -630,11 +630,19 @@ def set_budgets(draw: st.DrawFn) -> SetDisruptionBudget:
     return SetDisruptionBudget(budget_id, tenant, gang_id, selector, draw(st.sampled_from((0, 1, 1, 2, 3))))
 
 
+@st.composite
+def retrying_gangs(draw: st.DrawFn) -> SubmitGang:
+    """A gang of ``submit_gangs`` with a retry policy or none (``SubmitGang.retry``)."""
+    gang = draw(submit_gangs())
+    gang.retry = draw(st.sampled_from((None, Retry(1, 1_000, 1_000), Retry(3, 2_000, 5_000))))
+    return gang
+
+
 disruption_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
     submit_pods(),
     submit_pods(),
     submit_pods(),
-    submit_gangs(),
+    retrying_gangs(),
     set_budgets(),
     set_budgets(),
     st.builds(RemoveDisruptionBudget, st.sampled_from(BUDGET_IDS)),

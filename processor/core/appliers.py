@@ -19,6 +19,7 @@ from processor.core.state import (
     EVICTED_MEMBER,
     GANG_NEW,
     GANG_QUEUED,
+    GANG_RETRYING,
     GANG_RUNNING,
     GANG_WAITING,
     ClusterState,
@@ -338,14 +339,59 @@ def _applied_pod_evicted(state: PartitionState, cluster: ClusterState, event: Po
 def _applied_pod_retry_scheduled(
     state: PartitionState, cluster: ClusterState, event: PodRetryScheduled, now: int
 ) -> None:
-    """A failed pod stops running and waits, outside the queue, for its retry at ``not_before`` (a timer). O(1)."""
+    """A failed pod stops running and waits, outside the queue, for its retry at ``not_before`` (a timer). O(1).
+
+    A gang member's failure takes its gang (its other members were evicted just before): O(M)."""
     pod = lookup(cluster.pods, event.pod_id)
-    if pod is None or not pod.running or event.attempt != pod.attempt + 1 or event.not_before <= now:
+    if event.gang_id is not None:
+        _gang_retry_scheduled(cluster, cluster.gangs.get(event.gang_id), pod, event, now)
+        return
+    if (
+        pod is None
+        or pod.spec.gang_id is not None
+        or not pod.running
+        or event.attempt != pod.attempt + 1
+        or event.not_before <= now
+    ):
         raise InvariantViolation(f"retry {event.attempt} of pod {event.pod_id!r} scheduled but it does not run")
     _unbind(cluster, pod)
     pod.attempt = event.attempt
     pod.retry_at = event.not_before
     cluster.timers.push(event.not_before, RETRY, event.pod_id)
+
+
+def _gang_retry_scheduled(
+    cluster: ClusterState, gang: Gang | None, pod: Pod | None, event: PodRetryScheduled, now: int
+) -> None:
+    """The failed member stops; its gang, none of whose members runs any more, leaves running: its members stop
+    being pods (as when it is requeued) and it waits, outside the queue, for its retry at ``not_before``. O(M)."""
+    if (
+        gang is None
+        or pod is None
+        or pod.spec.gang_id != gang.gang_id
+        or gang.state != GANG_RUNNING
+        or not pod.running
+        or event.attempt != gang.attempt + 1
+        or event.not_before <= now
+    ):
+        raise InvariantViolation(f"retry {event.attempt} of the gang of {event.pod_id!r} scheduled but it does not run")
+    _unbind(cluster, pod)
+    for pod_id in gang.placed:
+        member = cluster.pods.pop(pod_id)
+        if member.running:
+            raise InvariantViolation(f"gang {gang.gang_id!r} retried while member {pod_id!r} runs")
+        if cluster.blocked:
+            cluster.blocked.pop(pod_id, None)
+        if cluster.disrupted:
+            cluster.disrupted.pop(pod_id, None)
+        cluster.count_shape(member.shape, -1)
+    gang.placed = {}
+    gang.started_at = None
+    gang.topology_key = gang.domain = None
+    gang.state = GANG_RETRYING
+    gang.attempt = event.attempt
+    gang.retry_at = event.not_before
+    cluster.timers.push(event.not_before, RETRY, gang.gang_id)
 
 
 def _applied_budget_set(state: PartitionState, cluster: ClusterState, event: DisruptionBudgetSet, now: int) -> None:
@@ -446,6 +492,7 @@ def _gang_for(state: PartitionState, cluster: ClusterState, spec: GangSpec) -> G
     elif gang.state == GANG_WAITING:
         cluster.stop_waiting(spec.gang_id, gang.waiting_for)
         gang.waiting_for = ()
+    gang.retry_at = None
     return gang
 
 
@@ -464,6 +511,8 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
         gang.topology_key = gang.domain = None
         if gang.spec.timeout_ms is not None:
             cluster.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
+    elif gang.state == GANG_RETRYING and gang.spec.timeout_ms is not None:  # back from its retry: as requeued
+        cluster.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
     if event.waiting_for:
         gang.state = GANG_WAITING
         gang.waiting_for = tuple(event.waiting_for)

@@ -28,6 +28,7 @@ from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_memory_fits
 from processor.core.state import (
     GANG_QUEUED,
+    GANG_RETRYING,
     GANG_RUNNING,
     GANG_WAITING,
     ClusterState,
@@ -599,6 +600,9 @@ def _reservation_json(cluster: ClusterState, job_id: str, now: int) -> dict[str,
 
 # ------------------------------------------------------------------ gangs
 
+_GANG_STATES = {GANG_QUEUED: "pending", GANG_RUNNING: "running", GANG_WAITING: "waiting", GANG_RETRYING: "waiting"}
+"""A gang's state as queries name it (a gang waiting for its retry is waiting, like a pod)."""
+
 
 def gang_json(cluster: ClusterState, gang: Gang) -> dict[str, Any]:
     """A gang and its members: state, shapes, where the placed ones run."""
@@ -617,7 +621,7 @@ def gang_json(cluster: ClusterState, gang: Gang) -> dict[str, Any]:
                 "node_id": pod.node_id if pod is not None else None,
             }
         )
-    state = {GANG_QUEUED: "pending", GANG_RUNNING: "running", GANG_WAITING: "waiting"}.get(gang.state, gang.state)
+    state = _GANG_STATES.get(gang.state, gang.state)
     return {
         "gang_id": gang.gang_id,
         "tenant": spec.tenant,
@@ -680,13 +684,18 @@ def _explain_gang(cluster: ClusterState, gang: Gang, job_id: str, now: int) -> E
     spec = gang.spec
     gpus = sum(m.num_gpu * m.gpu_milli for m in spec.members) / GPU_MILLI
     request = f"{len(spec.members)} member(s), {gpus:g} GPU(s) in all"
-    state = {GANG_QUEUED: "pending", GANG_RUNNING: "running", GANG_WAITING: "waiting"}.get(gang.state, gang.state)
+    state = _GANG_STATES.get(gang.state, gang.state)
     result = Explanation(cluster.name, job_id, state, request, kind="gang")
     result.gang = gang_json(cluster, gang)
     member = "" if job_id == gang.gang_id else f"member {job_id!r} of "
     if gang.state == GANG_RUNNING:
         result.fits_now = True
         result.message = f"{member}gang {gang.gang_id!r} runs: {len(gang.placed)} member(s) placed"
+        return result
+    if gang.state == GANG_RETRYING:  # a member failed: its retry is a timer, not the queue
+        message = f"{member}gang {gang.gang_id!r} failed; retry {gang.attempt} is due at event time {gang.retry_at} ms"
+        result.reasons = [_reason(QueueReasonCode.WAITING_FOR_RETRY, 0, message)]
+        result.message = message + " (backoff)"
         return result
     if gang.state == GANG_WAITING:
         waiting = ", ".join(gang.waiting_for)

@@ -81,6 +81,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         now,
         arrival,
         preemption,
+        command.retry,
     )
 
 

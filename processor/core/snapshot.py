@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 from processor.core.state import (
     GANG_QUEUED,
+    GANG_RETRYING,
     GANG_RUNNING,
     GANG_WAITING,
     ClusterState,
@@ -90,6 +91,8 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
             gang.started_at,
             gang.waiting_for,
             gang.ok,
+            gang.attempt,
+            gang.retry_at,
         )
         for gang in (cluster.gangs[gang_id] for gang_id in sorted(cluster.gangs))
     )
@@ -225,6 +228,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
                 raw_gang.started_at,
                 tuple(raw_gang.waiting_for),
                 raw_gang.ok,
+                raw_gang.attempt,
+                raw_gang.retry_at,
             )
             cluster.gangs[gang.gang_id] = gang
             for member in gang.spec.members:
@@ -312,7 +317,9 @@ def rebuild_timers(state: PartitionState) -> None:
                 timers.push(pod.evicting_at, EVICTION, pod_id)
         for gang_id in sorted(cluster.gangs):
             gang = cluster.gangs[gang_id]
-            if gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
+            if gang.state == GANG_RETRYING and gang.retry_at is not None:
+                timers.push(gang.retry_at, RETRY, gang_id)
+            elif gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
                 timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
         reservation = cluster.reservation
         if reservation is not None and reservation.expected_start is not None:

@@ -308,11 +308,13 @@ GANG_NEW = "new"  # being created by its first event
 GANG_WAITING = "waiting"  # for dependencies
 GANG_QUEUED = "queued"
 GANG_RUNNING = "running"
+GANG_RETRYING = "retrying"  # a member failed and took the gang: it waits, outside the queue, until retry_at
 
 
 @dataclass(slots=True)
 class Gang:
-    """A gang the fold knows: waiting for dependencies, queued, or running with ``placed`` members."""
+    """A gang the fold knows: waiting for dependencies, queued, running with ``placed`` members, or retrying
+    (a member's failure took it; it goes back to placement at ``retry_at``, a timer)."""
 
     spec: GangSpec
     state: str
@@ -322,6 +324,8 @@ class Gang:
     started_at: int | None = None
     waiting_for: tuple[str, ...] = ()
     ok: bool = True  # every member released so far ended normally
+    attempt: int = 0  # retries of the whole gang used after failures (SubmitGang.retry)
+    retry_at: int | None = None  # retrying: due then
 
     @property
     def key(self) -> QueueKey:

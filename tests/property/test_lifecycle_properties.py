@@ -14,16 +14,22 @@ from schemas.commands import (
     Command,
     CommandPayload,
     DrainNode,
+    GangMember,
     MarkNodeFailed,
     RecoverNode,
     Release,
+    ReleaseGang,
     Retry,
+    SubmitGang,
     SubmitPod,
     Tick,
     UncordonNode,
 )
 from schemas.events import (
     Event,
+    GangQueued,
+    GangReleased,
+    GangScheduled,
     PodEvicted,
     PodEvictionScheduled,
     PodQueued,
@@ -124,6 +130,122 @@ def test_every_retry_happens_exactly_once_at_its_time(commands: list[Command]) -
             second = later[1].payload
             assert not isinstance(second, PodQueued), f"{pod_id} placed twice"
             assert not (isinstance(second, PodScheduled) and not second.from_queue), f"{pod_id} placed twice"
+
+
+GANGS = ("g0", "g1")
+MEMBERS = tuple(f"{gang}-{i}" for gang in GANGS for i in range(2))
+
+gang_retry_payloads: st.SearchStrategy[CommandPayload] = st.one_of(
+    st.builds(
+        SubmitGang,
+        st.sampled_from(GANGS),
+        members=st.builds(
+            lambda gpus: (GangMember("", 1, gpus, 100), GangMember("", 1, gpus, 100)),
+            st.sampled_from((500, 1000)),
+        ),
+        min_members=st.sampled_from((None, None, 1)),
+        retry=st.sampled_from((None, *RETRIES)),
+        depends_on=st.sampled_from(((), (), ("g0",))),
+    ),
+    st.builds(Release, st.sampled_from(MEMBERS), st.sampled_from(("failed", "failed", "failed", "completed"))),
+    st.builds(ReleaseGang, st.sampled_from(GANGS), st.sampled_from(("completed", "cancelled"))),
+    st.builds(DrainNode, st.sampled_from(NODES)),
+    st.builds(UncordonNode, st.sampled_from(NODES)),
+    st.builds(MarkNodeFailed, st.sampled_from(NODES)),
+    st.builds(RecoverNode, st.sampled_from(NODES)),
+    st.just(Tick()),
+    st.just(Tick()),
+)
+
+
+def _named_members(payload: CommandPayload) -> CommandPayload:
+    """A drawn gang's members are named after it (g0-0, g0-1)."""
+    if isinstance(payload, SubmitGang):
+        members = tuple(
+            GangMember(f"{payload.gang_id}-{i}", m.num_gpu, m.gpu_milli, m.cpu_milli)
+            for i, m in enumerate(payload.members)
+        )
+        payload.members = members
+    return payload
+
+
+@st.composite
+def gang_retry_streams(draw: st.DrawFn) -> list[Command]:
+    """Two small nodes (3 GPUs), then gangs of two 1-GPU (or half-GPU) members with retry policies whose members
+    fail often, gang releases, drains, failures, recoveries and ticks; time moves by 0 to 5 s per command."""
+    bodies: list[CommandPayload] = [AddNode("n0", 8000, 32768, "A100", 2), AddNode("n1", 8000, 32768, "A100", 1)]
+    bodies += [_named_members(p) for p in draw(st.lists(gang_retry_payloads, min_size=10, max_size=60))]
+    commands, clock = [], 0
+    for i, payload in enumerate(bodies):
+        clock += draw(st.sampled_from((0, 500, 1_000, 1_000, 2_000, 5_000)))
+        commands.append(Command(f"cmd-{i}", "c0", clock, payload, "hypothesis"))
+    return commands
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands=gang_retry_streams())
+def test_every_gang_retry_happens_exactly_once_at_its_time(commands: list[Command]) -> None:
+    """Each PodRetryScheduled of a gang member sends its whole gang back to placement exactly once, stamped at
+    not_before (GangScheduled or GangQueued, not from the queue), unless the gang was released before; the gang's
+    attempts count 1, 2, ... up to max_retries, each after its backoff; the invariants hold after every command."""
+    state = PartitionState()
+    events: list[Event] = []
+    for offset, command in enumerate(commands):
+        events.extend(decide(state, command, offset))
+        check_state(state)
+    cluster = state.clusters["c0"]
+    attempts: dict[str, int] = {}
+    for index, event in enumerate(events):
+        payload = event.payload
+        if isinstance(payload, GangReleased):
+            attempts.pop(payload.gang_id, None)  # it may be submitted again under the same id: counting starts over
+        if not isinstance(payload, PodRetryScheduled):
+            continue
+        gang_id = payload.pod_id.rsplit("-", 1)[0]
+        spec = next(
+            e.payload.gang
+            for e in reversed(events[:index])
+            if isinstance(e.payload, GangScheduled) and e.payload.gang_id == gang_id
+        )
+        assert spec.retry is not None and payload.attempt == attempts.get(gang_id, 0) + 1 <= spec.retry.max_retries
+        attempts[gang_id] = payload.attempt
+        assert payload.not_before == event.occurred_at + spec.retry.delay_ms(payload.attempt)
+        # Its other running members were evicted with it, just before, in the same command.
+        stopped = [e for e in events[:index] if e.command_id == event.command_id and isinstance(e.payload, PodEvicted)]
+        assert all(e.payload.reason == "gang:failed" for e in stopped if e.payload.pod_id.startswith(gang_id + "-"))
+        later = [e for e in events[index + 1 :] if _about_gang(e, gang_id)]
+        if not later:  # not due yet: still waiting for it
+            gang = cluster.gangs[gang_id]
+            assert cluster.clock < payload.not_before and gang.retry_at == payload.not_before
+            assert gang.state == "retrying" and not gang.placed
+            continue
+        first = later[0]
+        if isinstance(first.payload, GangReleased):  # cancelled while it waited
+            assert first.occurred_at <= payload.not_before
+            continue
+        assert isinstance(first.payload, GangScheduled | GangQueued), f"{gang_id} did {first.payload} while retrying"
+        assert first.occurred_at == payload.not_before, f"retry of {gang_id} at {first.occurred_at}"
+        if isinstance(first.payload, GangScheduled):
+            assert not first.payload.from_queue
+        else:
+            assert first.payload.requeued
+        # Exactly once: the next event about the gang is not a second placement by the same timer (an eviction
+        # or a release may come next, or its start from the queue if it was queued).
+        if len(later) > 1:
+            second = later[1].payload
+            assert not isinstance(second, GangQueued), f"{gang_id} placed twice"
+            assert not (isinstance(second, GangScheduled) and not second.from_queue), f"{gang_id} placed twice"
+
+
+def _about_gang(event: Event, gang_id: str) -> bool:
+    """An event about the gang itself or one of its members leaving (not the members' PodScheduled that follow
+    every GangScheduled)."""
+    payload = event.payload
+    if isinstance(payload, GangScheduled | GangQueued | GangReleased):
+        return payload.gang_id == gang_id
+    if isinstance(payload, PodEvicted | PodReleased | PodRetryScheduled):
+        return payload.pod_id.startswith(gang_id + "-")
+    return False
 
 
 def _voluntary(payload: object) -> bool:

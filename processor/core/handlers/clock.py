@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 from processor.core.decision import RESERVATION_UPKEEP, Decision
 from processor.core.handlers.disruptions import eviction_due
-from processor.core.handlers.gangs import end_gang
+from processor.core.handlers.gangs import end_gang, place_gang
 from processor.core.handlers.pods import place, release_pod
 from processor.core.handlers.reservations import release_reservation
 from processor.core.reservations import holder_waiting
-from processor.core.state import GANG_RUNNING, ClusterState, lookup
+from processor.core.state import GANG_RETRYING, GANG_RUNNING, ClusterState, lookup
 from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT, Timer
 from schemas.commands import Tick
 from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
@@ -53,7 +53,7 @@ def _time_limit_reached(decision: Decision, cluster: ClusterState, pod_id: str, 
 
 def _gang_timed_out(decision: Decision, cluster: ClusterState, gang_id: str, deadline: int) -> None:
     gang = cluster.gangs.get(gang_id)
-    if gang is None or gang.state == GANG_RUNNING or gang.spec.timeout_ms is None:
+    if gang is None or gang.state in (GANG_RUNNING, GANG_RETRYING) or gang.spec.timeout_ms is None:
         return
     if gang.spec.submitted_at + gang.spec.timeout_ms != deadline:
         return
@@ -76,10 +76,16 @@ def _reservation_due(decision: Decision, cluster: ClusterState, holder_id: str, 
         release_reservation(decision, cluster, "expected_start_passed")
 
 
-def _retry_due(decision: Decision, cluster: ClusterState, pod_id: str, deadline: int) -> None:
-    """A failed pod's backoff passed: it goes back to placement (started, or queued again), once."""
-    pod = lookup(cluster.pods, pod_id)
-    if pod is None or pod.retry_at != deadline:
+def _retry_due(decision: Decision, cluster: ClusterState, job_id: str, deadline: int) -> None:
+    """A failed pod's (or gang's) backoff passed: it goes back to placement (started, or queued again), once."""
+    pod = lookup(cluster.pods, job_id)
+    if pod is None:
+        gang = cluster.gangs.get(job_id)
+        if gang is None or gang.retry_at != deadline:
+            return  # released (cancelled) while it waited
+        place_gang(decision, cluster, gang.spec, from_queue=False, requeued=True)
+        return
+    if pod.retry_at != deadline:
         return  # released (cancelled) while it waited
     place(decision, cluster, pod.spec, pod.shape, from_queue=False, requeued=True)
 

@@ -17,7 +17,7 @@ from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
 from processor.core.handlers.reservations import holder_started
 from processor.core.reasons import blocked_by_earlier
-from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang
+from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, Pod
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
 from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, Quota, ReleaseGang, SubmitGang
 from schemas.events import (
@@ -28,10 +28,15 @@ from schemas.events import (
     MemberPlacement,
     PodEvicted,
     PodReleased,
+    PodRetryScheduled,
     PodScheduled,
     QueueReason,
 )
 from schemas.validation import check_release_gang, check_submit_gang
+
+GANG_FAILED = "gang:failed"
+"""The ``PodEvicted`` reason of the members a failed member takes with its gang when the gang retries
+(not a voluntary disruption: no budget counts it)."""
 
 # ---------------------------------------------------------------- commands
 
@@ -89,6 +94,33 @@ def end_gang(decision: Decision, cluster: ClusterState, gang: Gang, reason: str)
     ok = gang.ok and gang.state == GANG_RUNNING and reason == COMPLETED
     decision.emit(GangReleased(gang.gang_id, reason, ok), cluster.name)
     decision.then(WAKE_DEPENDANTS, cluster, gang.gang_id)
+
+
+def retry_gang(decision: Decision, cluster: ClusterState, gang: Gang, failed: Pod) -> bool:
+    """A running member failed: if that takes its gang (fewer than ``min_members`` would run on, the gang's
+    disruption mode) and the gang has retries left, its other running members are evicted (``gang:failed``,
+    not a voluntary disruption) and the failed member's ``PodRetryScheduled`` sends the whole gang to wait for
+    its retry, outside the queue; its dependants wait for the final outcome. Whether it did. O(M log M)."""
+    retry = gang.spec.retry
+    if retry is None or gang.state != GANG_RUNNING or failed.spec.pod_id not in gang.placed:
+        return False
+    attempt = gang.attempt + 1
+    if attempt > retry.max_retries:
+        return False
+    failed_id = failed.spec.pod_id
+    still = sum(1 for pod_id in gang.placed if pod_id != failed_id and cluster.pods[pod_id].running)
+    if still >= gang.spec.min_members:
+        return False  # the gang runs on without it: the member ends, as without retries
+    freed: list[str | None] = [failed.node_id]
+    for pod_id in sorted(gang.placed):  # sorted: a gang restored from a snapshot evicts in the same order
+        pod = cluster.pods[pod_id]
+        if pod_id != failed_id and pod.running:
+            freed.append(pod.node_id)
+            decision.emit(PodEvicted(pod_id, pod.node_id, GANG_FAILED), cluster.name)  # type: ignore[arg-type]
+    not_before = decision.now + retry.delay_ms(attempt)
+    decision.emit(PodRetryScheduled(failed_id, attempt, not_before, gang.gang_id), cluster.name)
+    decision.then(RETRY_QUEUE, cluster, tuple(n for n in dict.fromkeys(freed) if n is not None), None)
+    return True
 
 
 # ---------------------------------------------------------------- placement

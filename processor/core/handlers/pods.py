@@ -12,7 +12,7 @@ from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDAN
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
-from processor.core.handlers.gangs import end_gang
+from processor.core.handlers.gangs import end_gang, retry_gang
 from processor.core.handlers.reservations import holder_started
 from processor.core.policies.base import Choice
 from processor.core.reasons import blocked_by_earlier, queue_reasons
@@ -84,18 +84,24 @@ def release(decision: Decision, command: Release) -> None:
 def release_pod(decision: Decision, cluster: ClusterState, pod: Pod, reason: str) -> None:
     """Release one pod (a gang member too); end its gang if it was the last; then its dependants and the queue.
 
-    A running pod (not a gang member) that *failed* with retries left is not released: it stops, and its retry
-    is due after its backoff (``PodRetryScheduled``, a timer); its dependants wait for its final outcome."""
+    A running pod that *failed* with retries left is not released: it stops, and its retry is due after its
+    backoff (``PodRetryScheduled``, a timer); its dependants wait for its final outcome. A gang member's failure
+    that takes its gang (``SubmitGang.retry``: fewer than ``min_members`` would run on) retries the whole gang."""
     node_id = pod.node_id
     pod_id = pod.spec.pod_id
     gang_id = pod.spec.gang_id
-    retry = pod.spec.retry
-    if reason == FAILED and retry is not None and node_id is not None and gang_id is None:
-        attempt = pod.attempt + 1
-        if attempt <= retry.max_retries:
-            decision.emit(PodRetryScheduled(pod_id, attempt, decision.now + retry.delay_ms(attempt)), cluster.name)
-            decision.then(RETRY_QUEUE, cluster, (node_id,), None)
-            return
+    if reason == FAILED and node_id is not None:
+        if gang_id is not None:
+            gang = cluster.gangs.get(gang_id)
+            if gang is not None and retry_gang(decision, cluster, gang, pod):
+                return
+        elif pod.spec.retry is not None:
+            retry = pod.spec.retry
+            attempt = pod.attempt + 1
+            if attempt <= retry.max_retries:
+                decision.emit(PodRetryScheduled(pod_id, attempt, decision.now + retry.delay_ms(attempt)), cluster.name)
+                decision.then(RETRY_QUEUE, cluster, (node_id,), None)
+                return
     decision.emit(PodReleased(pod_id, node_id, reason), cluster.name)
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
