@@ -561,3 +561,15 @@ def test_disruption_all_is_the_default_a_victim_member_takes_its_whole_gang() ->
     assert len(of(events, "PodPreempted")) == 4 and "GangQueued" in types(events)
     (event,) = fold.run(SubmitGang("h", members=members("h", 1, 1), disruption="some"))
     assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+
+
+def test_a_gang_preemptor_that_needs_more_than_the_spare_members_takes_the_whole_gang() -> None:
+    """A gang of 2 x 2 GPUs (priority 5) on g's node: its first member could take the two spare members alone, its
+    second then takes the rest with the gang; no member is taken twice, g goes back to the queue, and every
+    PodPreempted says the whole gang goes."""
+    fold = elastic("above_min")
+    events = fold.run(SubmitGang("big", priority=5, members=members("big", 2, 2)))
+    preempted = of(events, "PodPreempted")
+    assert [e.payload.pod_id for e in preempted] == ["g-0", "g-1", "g-2", "g-3"]
+    assert all("whole gang 'g'" in e.payload.message for e in preempted)
+    assert fold.cluster.gangs["g"].state != GANG_RUNNING and fold.cluster.gangs["big"].state == GANG_RUNNING
