@@ -138,6 +138,20 @@ def test_a_waiting_member_does_not_start_while_its_gang_loses_its_members() -> N
     assert fold.cluster.pods["g-2"].queued
 
 
+def test_a_member_left_out_for_its_quota_on_one_model_starts_on_another_at_once() -> None:
+    """Best fit tries g-0 (2 GPUs) on the V100 node, which t's quota (A100 only) does not allow: the gang starts with
+    g-1 within the quota and g-0, left to wait, starts on the A100 node in the same command."""
+    fold = Fold()
+    fold.run(SetPolicy("best-fit", reserve_after_ms=-1))
+    fold.run(AddNode("a100", 32_000, 65_536, "A100", 4))
+    fold.run(AddNode("v100", 32_000, 65_536, "V100", 2))
+    fold.run(SetQuota("t", nominal_gpus={"A100": 4}))
+    gang = (GangMember("g-0", 2, 1000, 1000, 0), GangMember("g-1", 1, 1000, 1000, 0))
+    events = fold.run(SubmitGang("g", "t", members=gang, min_members=1))
+    assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["g-1", "g-0"]
+    assert fold.placement("g-0") == fold.placement("g-1") == "a100"
+
+
 def test_a_waiting_member_takes_only_free_capacity() -> None:
     """g (priority 5) starts one of its two members; g-1 waits and does not preempt x (priority 0) when the queue
     is retried (Volcano: only a job below its minimum preempts); it starts when x ends."""

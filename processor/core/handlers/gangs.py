@@ -454,6 +454,8 @@ def emit_gang_placement(
     holder_started(decision, cluster, spec.gang_id)
     if not decision.legacy_gangs and len(found.placed) < len(spec.members):
         _queue_waiting_members(decision, cluster, spec, found)
+        if cluster.quotas_on:  # a member its quota had no room for on the model it was tried on may fit another
+            decision.then(RETRY_QUEUE, cluster, (), {spec.tenant})
 
 
 def _queue_waiting_members(
