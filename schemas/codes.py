@@ -49,6 +49,7 @@ class RejectionCode:
     NOT_HALTED: Final = "NOT_HALTED"  # ResumeCluster of a cluster that is not halted
     NODE_NOT_FAILED: Final = "NODE_NOT_FAILED"  # RecoverNode of a node that has not failed
     UNKNOWN_BUDGET: Final = "UNKNOWN_BUDGET"  # RemoveDisruptionBudget of a budget that is not set
+    NODE_DRAINING: Final = "NODE_DRAINING"  # DrainNode of a node whose drain waits already, changing nothing
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -78,6 +79,7 @@ class RejectionCode:
         NOT_HALTED,
         NODE_NOT_FAILED,
         UNKNOWN_BUDGET,
+        NODE_DRAINING,
     )
 
 

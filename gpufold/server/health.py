@@ -10,9 +10,10 @@ in seconds: how long ago the oldest command not yet folded reached the log.
 ``/healthz`` answers 503 with the reasons when the fold or the replica is dead, a cluster is halted
 (``ClusterHalted``: its fold raised; the others go on), the database is unreachable, or the fold,
 the replica or the projection is behind by more than ``max_lag_seconds``; ``/v1/status`` gives
-everything. Both read the monitor's last sample, with one exception: an unhealthy sample older than
-``SAMPLE_SECONDS`` is taken again on the request (one at a time), so a 503 is never stale, even when
-the sampling thread is slow (a busy machine) and what was wrong (a replica restoring) has cleared.
+everything. Both read the monitor's last sample, unless it is old: an unhealthy sample older than
+``SAMPLE_SECONDS``, or a healthy one older than ``STALE_SECONDS``, is taken again on the request (one
+at a time), so neither a 503 nor an "ok" is stale, even when the sampling thread is slow (a busy
+machine) and what was wrong (a replica restoring) has cleared, or what was fine has broken.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ log = logging.getLogger("gpufold.serve.health")
 
 DEFAULT_MAX_LAG_SECONDS = 30.0
 SAMPLE_SECONDS = 0.5
+STALE_SECONDS = 4 * SAMPLE_SECONDS  # a healthy sample older than this is taken again on the request
 MAX_SAMPLES = 7_200  # an hour of samples per partition while behind; older ones are dropped
 
 
@@ -113,10 +115,12 @@ class HealthMonitor:
                 log.exception("health check")
 
     def report(self) -> dict[str, Any]:
-        """The last sample's report; an unhealthy one older than a sample period is taken again now (unless a
-        sample is being taken: then the last one), so a 503 always says what is wrong now."""
+        """The last sample's report; an unhealthy one older than a sample period, or a healthy one older than
+        :data:`STALE_SECONDS` (the sampling thread starved), is taken again now (unless a sample is being taken:
+        then the last one), so a 503 always says what is wrong now and an "ok" is never old."""
         report = self._report
-        if report["ok"] or self._clock() - self._sampled <= SAMPLE_SECONDS:
+        age = self._clock() - self._sampled
+        if age <= (STALE_SECONDS if report["ok"] else SAMPLE_SECONDS):
             return report
         if not self._checking.acquire(blocking=False):
             return report

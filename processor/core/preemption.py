@@ -59,9 +59,8 @@ from schemas.commands import GPU_MILLI
 def candidate_nodes(cluster: ClusterState, priority: int, near: Iterable[str] | None) -> list[str]:
     """Nodes running a pod of lower priority (among ``near`` if given), sorted by id."""
     found: set[str] = set()
-    for level, nodes in cluster.priority_nodes.items():
-        if level < priority:
-            found.update(nodes)
+    for level in cluster.priority_levels.irange(maximum=priority, inclusive=(True, False)):
+        found.update(cluster.priority_nodes[level])
     if near is not None:
         found.intersection_update(near)
     return sorted(found)

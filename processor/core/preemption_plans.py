@@ -90,8 +90,9 @@ def cost_of(units: Iterable[Unit]) -> tuple[int, int, int]:
 
 
 def lower_priority_exists(cluster: ClusterState, priority: int) -> bool:
-    """Whether any pod of lower priority runs in the cluster. O(distinct priorities)."""
-    return any(level < priority for level in cluster.priority_nodes)
+    """Whether any pod of lower priority runs in the cluster. O(1): the lowest priority that runs."""
+    levels = cluster.priority_levels
+    return bool(levels) and levels[0] < priority
 
 
 def unit_of(cluster: ClusterState, pod: Pod, now: int) -> Unit:

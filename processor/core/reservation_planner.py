@@ -9,12 +9,17 @@ limit end too (they are freed oldest first), the nodes are reserved with an unkn
 start. Everything freed on trial is allocated back before returning: the state is
 left exactly as it was.
 
-Cost: O(P log P) for the P running pods, plus one fit check per changed node and
-a placement (a gang trial) only at steps where one could succeed. It runs when a
-reservation is made, not per command.
+Cost, for a gang: O(P log P) for the P running pods, plus one fit check per changed
+node and a placement (a gang trial) only at steps where one could succeed. For a
+pod, node by node (:func:`_plan_pod`): O(N) plus the nodes that could end soonest.
+It runs when a reservation is made, not per command.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sortedcontainers import SortedList
 
 from processor.core import gangs, node_victims
 from processor.core.policies.base import Policy
@@ -81,11 +86,17 @@ def _plan_pod(
     it among every node that holds it. A node's fit changes only when its own pods are freed, so the first such
     step is the least, over the nodes, of each node's own trigger (:func:`_trigger`, over that node's pods
     only): the step at which it first holds the pod, or, for a node that holds it already, the first step that
-    frees one of its pods. Each node's answer is kept per holder shape while the node is unchanged
-    (``Node.changes``), so planning again after a few commands recomputes only the nodes that changed. If one
-    node alone holds the pod at that step, the pod goes there; otherwise the sweep's own state at that step is
-    built and the policy chooses, as the sweep does. Cost: O(N) plus O(p log p) per node changed since the
-    last plan for this shape, and O(P) only when several nodes hold the pod at that step."""
+    frees one of its pods. A node's trigger is never before its first release (the step of its earliest pod),
+    so the nodes are asked in order of their first release and the asking stops at the first node whose first
+    release comes after the least trigger found: the nodes that hold the pod now (the capacity index's) and
+    those few. Each node's answer is kept per holder shape while the node is unchanged (``Node.changes``), and
+    its first release too. If one node alone holds the pod at that step, the pod goes there; otherwise the
+    sweep's own state at that step is built and the policy chooses, as the sweep does.
+
+    Cost: O(D log N) to keep the nodes in order of their first release (D nodes changed since the last
+    plan; O(N + P) the first time), plus O(p log p) for each node asked whose answer is not kept (a node's
+    p pods); O(P) only when several nodes hold the pod at that step. A pod that asks for GPU memory asks
+    every node (the capacity index checks GPU memory, :func:`_trigger` does not)."""
     shape = cluster.pods[holder_id].shape
     answers = cluster.fit_cache.get(shape)
     if answers is None:
@@ -93,25 +104,91 @@ def _plan_pod(
             cluster.fit_cache.clear()
         answers = cluster.fit_cache[shape] = {}
     step: FitKey | None = None
-    holding: list[tuple[FitKey | None, str]] = []  # (the step from which it holds the pod: None now, node)
-    for node_id, node in cluster.nodes.items():
-        known = answers.get(node_id)
-        if known is None or known[0] != node.changes:
-            known = answers[node_id] = (node.changes, _trigger(cluster, node, shape))
-        answer = known[1]
-        if answer is None:
-            continue
-        holds_now, trigger = answer
-        holding.append((None if holds_now else trigger, node_id))
-        if trigger is not None and (step is None or trigger < step):
-            step = trigger
+    holding: dict[str, FitKey | None] = {}  # node -> the step from which it holds the pod (None: now)
+    if shape.gpu_memory_mib:
+        for node_id in cluster.nodes:
+            step = _ask(cluster, answers, shape, node_id, holding, step)
+    else:
+        for group in cluster.index.feasible(shape):  # the nodes that hold it now
+            for node_id in group.node_ids:
+                step = _ask(cluster, answers, shape, node_id, holding, step)
+        for first, node_id in _release_order(cluster):  # measure: the nodes not yet taken from the order
+            if step is not None and first > step:
+                break  # this node and every later one frees its first pod after the least trigger found
+            if node_id not in holding:
+                step = _ask(cluster, answers, shape, node_id, holding, step)
     if step is None:
         return None
-    at_step = [node_id for since, node_id in holding if since is None or since <= step]  # type: ignore[operator]
+    at_step = [node_id for node_id, since in holding.items() if since is None or since <= step]
     expected = step[1] if step[0] == 0 else None
     if len(at_step) == 1:
         return (at_step[0],), expected  # type: ignore[return-value]
     return _place_at(cluster, holder_id, policy, now, step), expected  # type: ignore[return-value]
+
+
+def _ask(
+    cluster: ClusterState,
+    answers: dict[str, tuple[int, tuple[bool, FitKey | None] | None]],
+    shape: PodShape,
+    node_id: str,
+    holding: dict[str, FitKey | None],
+    step: FitKey | None,
+) -> FitKey | None:
+    """Ask one node (its kept answer if it is unchanged): note in ``holding`` from which step it holds the
+    shape, if ever; the least trigger so far, ``step`` or this node's."""
+    node = cluster.nodes[node_id]
+    known = answers.get(node_id)
+    if known is None or known[0] != node.changes:
+        known = answers[node_id] = (node.changes, _trigger(cluster, node, shape))
+    answer = known[1]
+    if answer is None:
+        return step
+    holds_now, trigger = answer
+    holding[node_id] = None if holds_now else trigger
+    if trigger is not None and (step is None or trigger < step):
+        return trigger
+    return step
+
+
+def _release_order(cluster: ClusterState) -> SortedList:
+    """The nodes that run a pod as (the sweep's step that first frees one of its pods, node), in that order:
+    built once (O(N + P)), then kept up to date for the nodes changed since the last plan
+    (``ClusterState.release_changed``, marked by every ``reindex``): O(D log N) for D changed nodes."""
+    order = cluster.release_order
+    kept = cluster.first_release
+    if order is None:
+        order = cluster.release_order = SortedList()
+        kept.clear()
+        changed: Iterable[str] = list(cluster.nodes)
+    else:
+        changed = list(cluster.release_changed)
+    cluster.release_changed.clear()
+    for node_id in changed:  # measure: the changed nodes not yet refiled
+        old = kept.pop(node_id, None)
+        if old is not None:
+            order.remove((old, node_id))
+        node = lookup(cluster.nodes, node_id)
+        key = None if node is None else _first_release(cluster, node)
+        if key is not None:
+            kept[node_id] = key
+            order.add((key, node_id))
+    return order
+
+
+def _first_release(cluster: ClusterState, node: Node) -> FitKey | None:
+    """The sweep's first step that frees one of the node's pods (its step keys, as in :func:`_trigger`)."""
+    first: FitKey | None = None
+    for pod_id in node.pods:
+        pod = lookup(cluster.pods, pod_id)
+        if pod is None or pod.node_id is None:
+            continue
+        if pod.spec.time_limit_ms is not None and pod.started_at is not None:
+            key: FitKey = (0, pod.started_at + pod.spec.time_limit_ms)
+        else:
+            key = (1, (pod.started_at or 0, pod_id))
+        if first is None or key < first:
+            first = key
+    return first
 
 
 def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, FitKey | None] | None:

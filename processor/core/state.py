@@ -414,6 +414,7 @@ class ClusterState:
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
+    priority_levels: SortedList = field(default_factory=SortedList)  # derived: the keys of priority_nodes, sorted
     preemptible: PreemptionIndex = field(default_factory=PreemptionIndex)  # derived: nodes by victim class
     # Derived: each cohort's pool per quota key, (cohort, key) -> CohortPool, kept as pods start and stop so an
     # admission check is O(1).
@@ -445,6 +446,11 @@ class ClusterState:
     fit_cache: dict[PodShape, dict[str, tuple[int, tuple[bool, tuple[int, object] | None] | None]]] = field(
         default_factory=dict
     )  # derived: the reservation planner's answer per holder shape and node (reservation_planner._trigger)
+    # Derived: per node, the planner's step that first frees one of its pods (reservation_planner._first_release),
+    # the nodes in that order (None until the planner first needs it), and the nodes changed since.
+    first_release: dict[str, tuple[int, object] | None] = field(default_factory=dict)
+    release_order: SortedList | None = None
+    release_changed: dict[str, None] = field(default_factory=dict)
 
     def charge(self, pod: Pod, node: Node, sign: int) -> None:
         """A pod started (+1) or stopped (-1) running on a node: tenant usage and the priority index. O(1),
@@ -474,6 +480,7 @@ class ClusterState:
         at_priority = self.priority_nodes.get(spec.priority)
         if at_priority is None:
             at_priority = self.priority_nodes[spec.priority] = {}
+            self.priority_levels.add(spec.priority)
         count = at_priority.get(node.node_id, 0) + sign
         if count:
             at_priority[node.node_id] = count
@@ -481,6 +488,7 @@ class ClusterState:
             del at_priority[node.node_id]
             if not at_priority:
                 del self.priority_nodes[spec.priority]
+                self.priority_levels.remove(spec.priority)
 
     def _file_reclaimable(self, pod: Pod, node: Node, sign: int) -> None:
         """File (+1) or unfile (-1) a cohort tenant's running pod on a node in reclaim's order: under (tenant, "")
@@ -609,6 +617,8 @@ class ClusterState:
         the preemption index, which refiles it before its next search (or, past a bound on marked nodes,
         moves the oldest marked one to its pending bucket now)."""
         node.changes += 1
+        if self.release_order is not None:
+            self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
         if node.schedulable:
             self.index.update(node.node_id, node.signature())

@@ -435,6 +435,12 @@ def test_cordoning_twice_is_rejected(harness: Harness) -> None:
     assert harness.expect_rejection(frame(CordonNode("n2"), "cordon-2")).code == RejectionCode.NODE_ALREADY_CORDONED
 
 
+def test_draining_a_draining_node_again_is_rejected(harness: Harness) -> None:
+    """A second DrainNode that changes nothing (its pods already told of their eviction) is NODE_DRAINING."""
+    harness.feed(frame(DrainNode("n1", grace_ms=60_000), "drain-1"))
+    assert harness.expect_rejection(frame(DrainNode("n1", grace_ms=60_000), "drain-2")).code == "NODE_DRAINING"
+
+
 def test_a_command_dated_a_day_ahead_of_its_clusters_clock_is_clock_jump(harness: Harness) -> None:
     """More than max_clock_jump_ms (24 h) ahead of the cluster's clock: CLOCK_JUMP, and the clock stays."""
     rejection = harness.expect_rejection(frame(CordonNode("n2"), issued_at=5 + 25 * 3_600_000))
@@ -460,6 +466,7 @@ def test_every_rejection_code_is_covered_by_the_corpus() -> None:
         RejectionCode.DUPLICATE_COMMAND,
         RejectionCode.NODE_FAILED,
         RejectionCode.NODE_ALREADY_CORDONED,
+        RejectionCode.NODE_DRAINING,
         RejectionCode.TIME_OUT_OF_RANGE,
         RejectionCode.CLOCK_JUMP,
         RejectionCode.CLUSTER_HALTED,

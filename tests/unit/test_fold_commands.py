@@ -149,11 +149,13 @@ def test_issued_at_past_the_contract_range_is_time_out_of_range() -> None:
 
 def test_rejection_table_covers_every_code() -> None:
     """The table above has one case per RejectionCode (TIME_OUT_OF_RANGE has its own test, it needs a time; so does
-    CLOCK_JUMP, in test_fold_clock.py, and CLUSTER_HALTED needs a halted cluster, in test_fold_halting.py)."""
+    CLOCK_JUMP, in test_fold_clock.py, CLUSTER_HALTED needs a halted cluster, in test_fold_halting.py, and
+    NODE_DRAINING a drain that waits, in test_fold_disruptions.py)."""
     codes = [code for *_, code in REJECTIONS] + [
         RejectionCode.TIME_OUT_OF_RANGE,
         RejectionCode.CLOCK_JUMP,
         RejectionCode.CLUSTER_HALTED,
+        RejectionCode.NODE_DRAINING,
     ]
     assert sorted(codes) == sorted(RejectionCode.ALL)
 

@@ -103,6 +103,23 @@ def test_a_grace_period_tells_each_pod_then_evicts_it_at_that_time() -> None:
     assert all(fold.placement(p) == "b" for p in ("p1", "p2", "p3"))
 
 
+def test_draining_a_node_whose_drain_waits_again_is_node_draining() -> None:
+    """A second DrainNode that would change nothing (the node cordoned, every pod already told or blocked as
+    before) is refused with NODE_DRAINING and changes nothing; found by the property tests, where it yielded no
+    event at all. A drain without grace or budgets after it still evicts everything at once."""
+    fold = rack(budget=None)
+    fold.run(DrainNode("a", grace_ms=30_000), at=10_000)
+    before = clusters_hash(fold.state)
+    (refused,) = fold.run(DrainNode("a", grace_ms=30_000), at=11_000)
+    assert refused.payload.code == "NODE_DRAINING" and "already draining" in refused.payload.message
+    assert clusters_hash(fold.state) == before
+    blocked = rack(budget=0)
+    assert types(blocked.run(DrainNode("a"))) == ["NodeCordoned"] + ["EvictionBlocked"] * 3
+    assert types(blocked.run(DrainNode("a"))) == ["CommandRejected"]
+    events = fold.run(DrainNode("a", respect_budgets=False), at=12_000)
+    assert types(events)[:4] == ["NodeDrained", "PodEvicted", "PodEvicted", "PodEvicted"]
+
+
 def test_grace_and_budget_together_count_the_pods_being_evicted() -> None:
     """A pod in its grace period counts against the budget: with budget 1, one at a time."""
     fold = rack(budget=1)

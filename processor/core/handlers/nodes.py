@@ -119,7 +119,14 @@ def drain_node(decision: Decision, command: DrainNode) -> Task:
         raise Rejected(RejectionCode.NODE_FAILED, f"node {command.node_id!r} has failed; its pods were already evicted")
     cluster = decision.cluster
     if not decision.legacy and (command.grace_ms > 0 or (command.respect_budgets and cluster.budgets)):
+        mark = len(decision.events)
         yield from drain_waiting(decision, cluster, node, command.grace_ms, command.respect_budgets)
+        if len(decision.events) == mark:  # already cordoned, every pod already on its way or blocked as before
+            raise Rejected(
+                RejectionCode.NODE_DRAINING,
+                f"node {command.node_id!r} is already draining: its {len(node.pods)} pod(s) wait for their "
+                "eviction (a grace period or a disruption budget); this drain changes nothing",
+            )
         return
     if decision.legacy:
         if drop_reserved_node(decision, cluster, node, "node_drained"):
