@@ -157,6 +157,14 @@ def create_app(database: str | Engine, *, operational_routes: bool = True) -> Fa
         return queries.reservations(conn, cluster=cluster)
 
     @app.get(
+        "/v1/disruption-budgets",
+        summary="disruption budgets set now: filters, max_unavailable and the drain evictions each blocks",
+        responses=RESPONSES,
+    )
+    def disruption_budgets(conn: Conn, cluster: OptionalId = None) -> dict[str, Any]:
+        return queries.disruption_budgets(conn, cluster=cluster)
+
+    @app.get(
         "/v1/clusters/{cluster}/pods/{pod_id}/history",
         summary="a pod's events, each with its command",
         responses=RESPONSES,

@@ -7,6 +7,7 @@ log either way. ``tests/unit/projections/test_handlers.py`` checks that the two 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from projections.envelope import ProjectionError
@@ -14,6 +15,8 @@ from projections.rows import gang_row
 from projections.staging import Handler, StagedBatch
 from schemas.codes import QueueReasonCode
 from schemas.events import (
+    DisruptionBudgetRemoved,
+    DisruptionBudgetSet,
     Event,
     EvictionBlocked,
     GangQueued,
@@ -100,11 +103,20 @@ def _node_recovered(batch: StagedBatch, event: Event, p: NodeRecovered) -> None:
 
 
 def _node_updated(batch: StagedBatch, event: Event, p: NodeUpdated) -> None:
-    """A node's labels and taints are replaced (its evicted pods' PodEvicted events follow)."""
+    """A node's labels and taints are replaced (its evicted pods' PodEvicted events follow). Evictions its old
+    NoExecute taints had blocked are decided anew (unless a drain holds the node: it goes on)."""
     node = batch.node(event.cluster, p.node_id)
     node["labels"] = dict(p.labels)
     node["taints"] = [t.to_avro() for t in p.taints]
     node["updated_sequence"] = event.sequence
+    if not node["cordoned"]:
+        _unblock(batch, event, lambda blocked: blocked["node_id"] == p.node_id)
+
+
+def _node_uncordoned(batch: StagedBatch, event: Event, p: NodeUncordoned) -> None:
+    """Schedulable again; a drain of the node is cancelled, so the evictions it had blocked will not happen."""
+    _node_flag("cordoned", False)(batch, event, p)
+    _unblock(batch, event, lambda blocked: blocked["node_id"] == p.node_id)
 
 
 def _pod_queued(batch: StagedBatch, event: Event, p: PodQueued) -> None:
@@ -191,19 +203,70 @@ def _gang_retry_scheduled(batch: StagedBatch, event: Event, p: PodRetryScheduled
 
 
 def _eviction_blocked(batch: StagedBatch, event: Event, p: EvictionBlocked) -> None:
-    """A drain waits for a budget: the running pod's row says so (its reasons), until it moves."""
+    """A drain waits for a budget: the running pod's row says so (its reasons), until it moves, and the budget's
+    row lists it among the evictions it blocks."""
     pod = batch.pod(event.cluster, p.pod_id)
     message = f"a drain of node {p.node_id} waits: disruption budget {p.budget_id!r} has no room"
     pod["reasons"] = [{"code": "EVICTION_BLOCKED", "nodes": 0, "message": message}]
     pod["updated_sequence"] = event.sequence
+    _unblock(batch, event, lambda blocked: blocked["pod_id"] == p.pod_id)
+    budget = batch.budgets_of(event.cluster).get(p.budget_id)
+    if budget is not None:
+        entry = {"pod_id": p.pod_id, "node_id": p.node_id, "since": event.occurred_at, "reason": p.reason}
+        budget["blocked"] = [*budget["blocked"], entry]  # a new list: a staged copy never shares it
+        budget["updated_sequence"] = event.sequence
+        batch.dirty_budgets.add((event.cluster, p.budget_id))
 
 
 def _pod_eviction_scheduled(batch: StagedBatch, event: Event, p: PodEvictionScheduled) -> None:
-    """A drain evicts the running pod at ``at``: its row says when."""
+    """A drain evicts the running pod at ``at``: its row says when; no budget blocks it any more."""
     pod = batch.pod(event.cluster, p.pod_id)
     message = f"a drain of node {p.node_id} evicts it at event time {p.at} ms (grace period)"
     pod["reasons"] = [{"code": "EVICTION_SCHEDULED", "nodes": 0, "message": message}]
     pod["updated_sequence"] = event.sequence
+    _unblock(batch, event, lambda blocked: blocked["pod_id"] == p.pod_id)
+
+
+# ---------------------------------------------------------------- disruption budgets
+
+
+def _budget_set(batch: StagedBatch, event: Event, p: DisruptionBudgetSet) -> None:
+    """A budget is set, or replaced: its filters and limit; the evictions it blocks stay listed."""
+    rows = batch.budgets_of(event.cluster)
+    before = rows.get(p.budget_id)
+    rows[p.budget_id] = {
+        "cluster": event.cluster,
+        "budget_id": p.budget_id,
+        "tenant": p.tenant,
+        "gang_id": p.gang_id,
+        "label_selector": dict(sorted((p.label_selector or {}).items())),
+        "max_unavailable": p.max_unavailable,
+        "set_at": event.occurred_at,
+        "blocked": before["blocked"] if before is not None else [],
+        "updated_sequence": event.sequence,
+    }
+    batch.dirty_budgets.add((event.cluster, p.budget_id))
+
+
+def _budget_removed(batch: StagedBatch, event: Event, p: DisruptionBudgetRemoved) -> None:
+    """A budget goes, with the evictions it blocked (the fold decides them anew)."""
+    rows = batch.budgets_of(event.cluster)
+    if rows.get(p.budget_id) is None:
+        raise ProjectionError(f"disruption budget {p.budget_id!r} of cluster {event.cluster!r} removed but not set")
+    rows[p.budget_id] = None
+    batch.dirty_budgets.add((event.cluster, p.budget_id))
+
+
+def _unblock(batch: StagedBatch, event: Event, gone: Callable[[dict[str, Any]], bool]) -> None:
+    """Drop the blocked evictions ``gone`` picks from every budget of the event's cluster. O(B · E)."""
+    for budget_id, budget in batch.budgets_of(event.cluster).items():
+        if budget is None or not budget["blocked"]:
+            continue
+        kept = [blocked for blocked in budget["blocked"] if not gone(blocked)]
+        if len(kept) != len(budget["blocked"]):
+            budget["blocked"] = kept
+            budget["updated_sequence"] = event.sequence
+            batch.dirty_budgets.add((event.cluster, budget_id))
 
 
 def _pod_released(batch: StagedBatch, event: Event, p: PodReleased) -> None:
@@ -330,7 +393,7 @@ HANDLERS: dict[type, Handler] = {
     NodeRemoved: _node_removed,
     NodeCordoned: _node_flag("cordoned", True),
     NodeDrained: _node_flag("cordoned", True),
-    NodeUncordoned: _node_flag("cordoned", False),
+    NodeUncordoned: _node_uncordoned,
     NodeFailed: _node_failed,
     PodQueued: _pod_queued,
     PodScheduled: _pod_scheduled,
@@ -347,6 +410,8 @@ HANDLERS: dict[type, Handler] = {
     PodRetryScheduled: _pod_retry_scheduled,
     EvictionBlocked: _eviction_blocked,
     PodEvictionScheduled: _pod_eviction_scheduled,
+    DisruptionBudgetSet: _budget_set,
+    DisruptionBudgetRemoved: _budget_removed,
 }
 
 NOT_PROJECTED: dict[str, str] = {
@@ -363,7 +428,5 @@ NOT_PROJECTED: dict[str, str] = {
     "GangTimedOut": "its GangReleased follows and ends the gang",
     "DependencyFailed": "the dependant's release follows and ends it",
     "DefragmentationPlanned": "its PodMigrated events follow and move the pods",
-    "DisruptionBudgetSet": "no table of budgets yet (the fold holds them); the audit log keeps the change",
-    "DisruptionBudgetRemoved": "no table of budgets yet (the fold holds them); the audit log keeps the change",
 }
 """Event types that change no read-side table but the audit log, each with the reason."""

@@ -156,6 +156,26 @@ class ReservationRow(Base):
     updated_sequence: Mapped[int] = mapped_column(BigInteger)
 
 
+class DisruptionBudgetRow(Base):
+    """A disruption budget as set (deleted when removed), with the drain evictions it blocks: each
+    ``{pod_id, node_id, since, reason}`` as EvictionBlocked said, dropped when the eviction is scheduled or
+    the drain cancelled (uncordon) or decided anew; queries show only those whose pod still runs on that node
+    (an evicted or released pod is blocked no more). How many pods a budget counts unavailable needs the
+    pods' selectors, which no table keeps: the live replica answers it
+    (``/v1/clusters/{cluster}/disruption-budgets``)."""
+
+    __tablename__ = "disruption_budgets"
+    cluster: Mapped[str] = mapped_column(ID, primary_key=True)
+    budget_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str | None] = mapped_column(ID, nullable=True)
+    gang_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    label_selector: Mapped[Any] = mapped_column(JsonType)  # {} when it gives none
+    max_unavailable: Mapped[int] = mapped_column(Integer)
+    set_at: Mapped[int] = mapped_column(BigInteger)
+    blocked: Mapped[Any] = mapped_column(JsonType)  # [{pod_id, node_id, since, reason}, ...]
+    updated_sequence: Mapped[int] = mapped_column(BigInteger)
+
+
 class AllocationRow(Base):
     """One GPU (or share of one) held by a running pod."""
 
@@ -332,6 +352,7 @@ nodes: Table = cast(Table, NodeRow.__table__)
 pods: Table = cast(Table, PodRow.__table__)
 gangs: Table = cast(Table, GangRow.__table__)
 reservations: Table = cast(Table, ReservationRow.__table__)
+disruption_budgets: Table = cast(Table, DisruptionBudgetRow.__table__)
 allocations: Table = cast(Table, AllocationRow.__table__)
 audit_events: Table = cast(Table, AuditEventRow.__table__)
 projection_offsets: Table = cast(Table, ProjectionOffsetRow.__table__)

@@ -390,6 +390,35 @@ def reservations(conn: Connection, *, cluster: str | None = None) -> dict[str, A
     return {"reservations": out}
 
 
+def disruption_budgets(conn: Connection, *, cluster: str | None = None) -> dict[str, Any]:
+    """The disruption budgets set now, by cluster and id: filters, ``max_unavailable``, when set, and the drain
+    evictions each blocks now (those whose pod still runs on the node named: one evicted, released or moved
+    since is blocked no more). How many pods each counts unavailable is the live replica's to say (it needs the
+    pods' selectors). O(B + E) for B budgets and E blocked evictions."""
+    b = models.disruption_budgets
+    query = select(b).order_by(b.c.cluster, b.c.budget_id)
+    if cluster is not None:
+        cluster = check_id("cluster", cluster)
+        check_known_cluster(conn, cluster)
+        query = query.where(b.c.cluster == cluster)
+    rows = [dict(row._mapping) for row in conn.execute(query)]
+    running: set[tuple[str, str, str]] = set()
+    for name in sorted({row["cluster"] for row in rows if row["blocked"]}):
+        ids = sorted({blocked["pod_id"] for row in rows if row["cluster"] == name for blocked in row["blocked"]})
+        p = models.pods
+        found = conn.execute(
+            select(p.c.pod_id, p.c.node_id).where(p.c.cluster == name, p.c.pod_id.in_(ids), p.c.status == "running")
+        )
+        running.update((name, pod_id, node_id) for pod_id, node_id in found)
+    out = []
+    for row in rows:
+        row.pop("updated_sequence")
+        blocked = row.pop("blocked")
+        row["blocked_evictions"] = [e for e in blocked if (row["cluster"], e["pod_id"], e["node_id"]) in running]
+        out.append(row)
+    return {"budgets": out}
+
+
 def _payload(frame: bytes) -> dict[str, Any]:
     """The payload of an audited event frame, as JSON-ready values."""
     return dict(registry().codec(EVENT).decode(bytes(frame))["payload"][1])

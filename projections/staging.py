@@ -22,11 +22,17 @@ from projections.envelope import Envelope, ProjectionError
 from projections.rows import pod_row
 from projections.usage import UsageLedger, Write
 from schemas.events import (
+    DisruptionBudgetRemoved,
+    DisruptionBudgetSet,
     Event,
+    EvictionBlocked,
     GangQueued,
     GangReleased,
     GangScheduled,
     NodesReserved,
+    NodeUncordoned,
+    NodeUpdated,
+    PodEvictionScheduled,
     PodMigrated,
     PodQueued,
     PodRetryScheduled,
@@ -40,6 +46,10 @@ from schemas.limits import MAX_ISSUED_AT
 MINUTE_MS = 60_000
 _CHUNK = 500  # keys per IN (...) list on SQLite
 _GANG_EVENTS = (GangQueued, GangScheduled, GangReleased)
+_BUDGET_EVENTS = frozenset(
+    (DisruptionBudgetSet, DisruptionBudgetRemoved, EvictionBlocked, PodEvictionScheduled, NodeUncordoned, NodeUpdated)
+)
+"""Events that change a cluster's disruption budget rows (their blocked evictions): the batch loads them."""
 
 Handler = Callable[["StagedBatch", Event, Any], None]
 """Applies one event's payload to the staged rows (``projections.handlers``)."""
@@ -82,6 +92,9 @@ class StagedBatch:
         self.dirty_gangs: set[tuple[str, str]] = set()
         self.reservations: dict[str, dict[str, Any] | None] = {}  # cluster -> current reservation row
         self.reservations_in_db: set[str] = set()
+        self.budgets: dict[str, dict[str, dict[str, Any] | None]] = {}  # cluster -> budget id -> row (None: removed)
+        self.budgets_in_db: set[tuple[str, str]] = set()
+        self.dirty_budgets: set[tuple[str, str]] = set()
         self.realloc: set[tuple[str, str]] = set()  # pods whose allocation rows change
         # (cluster, model) -> [allocated, capacity, nodes, pods running]; cluster -> [pending, running]
         self.totals: dict[tuple[str, str], list[int]] = {}
@@ -100,6 +113,7 @@ class StagedBatch:
         pod_keys: set[tuple[str, str]] = set()
         gang_keys: set[tuple[str, str]] = set()
         reserved: set[str] = set()
+        budgeted: set[str] = set()
         placed: set[tuple[str, str]] = set()  # first placements
         retried: set[tuple[str, str]] = set()  # pods that stop for a retry: their node is not in the event
         clusters = self.clusters
@@ -138,6 +152,8 @@ class StagedBatch:
                     gang_keys.add((cluster, payload.gang_id))  # type: ignore[union-attr]
             elif kind is NodesReserved or kind is ReservationReleased:
                 reserved.add(cluster)
+            if kind in _BUDGET_EVENTS:
+                budgeted.add(cluster)
             elif kind is PodMigrated:  # both nodes change (its subject names neither)
                 node_keys.add((cluster, payload.from_node))  # type: ignore[union-attr]
                 node_keys.add((cluster, payload.to_node))  # type: ignore[union-attr]
@@ -158,6 +174,10 @@ class StagedBatch:
                 if row is not None:
                     self.reservations_in_db.add(cluster)
             reserved -= previous.reservations.keys()
+            for cluster in budgeted & previous.budgets.keys():
+                rows = self.budgets[cluster] = {b: row for b, row in previous.budgets[cluster].items() if row}
+                self.budgets_in_db.update((cluster, budget_id) for budget_id in rows)
+            budgeted -= previous.budgets.keys()
             self.totals.update((key, total) for key, total in previous.totals.items() if key[0] in carried)
             self.stats.update((cluster, counts) for cluster, counts in previous.stats.items() if cluster in carried)
             self.usage.carry(previous.usage, carried)
@@ -172,6 +192,13 @@ class StagedBatch:
             self.pods_in_db.update(self.pods)
         if placed:
             pod_keys |= placed & _evicted(conn, {cluster for cluster, _ in placed})
+        if budgeted:
+            table = models.disruption_budgets
+            for cluster in budgeted:
+                self.budgets[cluster] = {}
+            for found in conn.execute(select(table).where(table.c.cluster.in_(sorted(budgeted)))):
+                self.budgets[found.cluster][found.budget_id] = dict(found._mapping)
+                self.budgets_in_db.add((found.cluster, found.budget_id))
         if reserved:
             table = models.reservations
             for found in conn.execute(select(table).where(table.c.cluster.in_(sorted(reserved)))):
@@ -252,6 +279,14 @@ class StagedBatch:
             raise ProjectionError(f"event refers to node {node_id!r} of cluster {cluster!r}, which is not projected")
         self.dirty_nodes.add((cluster, node_id))
         return row
+
+    def budgets_of(self, cluster: str) -> dict[str, dict[str, Any] | None]:
+        """The cluster's disruption budget rows by id (None: removed in this batch); the caller marks what it
+        changes in ``dirty_budgets``."""
+        rows = self.budgets.get(cluster)
+        if rows is None:
+            raise ProjectionError(f"the disruption budgets of cluster {cluster!r} were not loaded")
+        return rows
 
     def pod(self, cluster: str, pod_id: str) -> dict[str, Any]:
         row = self.pods.get((cluster, pod_id))
@@ -354,6 +389,13 @@ class StagedBatch:
                     writes.append(partial(_delete_reservation, cluster=cluster))
             else:
                 writes.append(partial(bulk_upsert_replace, table=models.reservations, rows=[copy(row)]))
+        for cluster, budget_id in sorted(self.dirty_budgets):
+            budget = self.budgets[cluster].get(budget_id)
+            if budget is None:
+                if (cluster, budget_id) in self.budgets_in_db:
+                    writes.append(partial(_delete_budget, cluster=cluster, budget_id=budget_id))
+            else:
+                writes.append(partial(bulk_upsert_replace, table=models.disruption_budgets, rows=[copy(budget)]))
         stale = _by_cluster({key for key in self.realloc if key in self.pods_in_db})
         for cluster, ids in stale.items():
             writes.append(partial(_delete_pods, table=models.allocations, cluster=cluster, ids=ids))
@@ -430,6 +472,11 @@ def _delete_nodes(conn: Connection, keys: list[tuple[str, str]]) -> None:
     table = models.nodes
     for cluster, node_id in keys:
         conn.execute(delete(table).where(and_(table.c.cluster == cluster, table.c.node_id == node_id)))
+
+
+def _delete_budget(conn: Connection, cluster: str, budget_id: str) -> None:
+    table = models.disruption_budgets
+    conn.execute(delete(table).where(and_(table.c.cluster == cluster, table.c.budget_id == budget_id)))
 
 
 def _delete_reservation(conn: Connection, cluster: str) -> None:

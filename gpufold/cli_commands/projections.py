@@ -287,6 +287,7 @@ _QUERY_FUNCTIONS = {
     "pending": "pending",
     "gangs": "gangs",
     "reservations": "reservations",
+    "disruption-budgets": "disruption_budgets",
     "disruptions": "disruptions",
     "pod": "pod_history",
     "command": "command_outcome",
@@ -301,6 +302,7 @@ _QUERY_PARAMS = {
     "pending": ("cluster", "limit", "offset"),
     "gangs": ("cluster", "state", "limit", "offset"),
     "reservations": ("cluster",),
+    "disruption-budgets": ("cluster",),
     "disruptions": ("cluster", "pod_id", "limit", "offset"),
     "pod": ("cluster", "pod_id"),
     "command": ("command_id",),
@@ -353,6 +355,8 @@ def _register_query(subparsers: Any) -> None:
     sub.add_argument("--limit", type=int, help="at most this many gangs (1-1000, default 100)")
     sub.add_argument("--offset", type=int, help="skip this many gangs first (default 0)")
     sub = add("reservations", "current reservations: the nodes held for the head of each queue")
+    add_cluster_option(sub)
+    sub = add("disruption-budgets", "disruption budgets set now, each with the drain evictions it blocks")
     add_cluster_option(sub)
     sub = add("disruptions", "preemptions and migrations of a cluster, newest first, each with its cause")
     add_cluster_option(sub, required=True)

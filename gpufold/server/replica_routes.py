@@ -1,5 +1,5 @@
-"""The live replica's HTTP routes: pods, nodes, clusters, the queue, gangs, disruptions, explain, history,
-quotas, tenants and what-if.
+"""The live replica's HTTP routes: pods, nodes, clusters, the queue, gangs, disruptions, disruption budgets,
+explain, history, quotas, tenants and what-if.
 
 Every answer carries ``replica``: the offset each partition was answered at, the log's head and the
 lag (also the ``gpufold_replica_lag_commands`` metric). Every GET answers with an ``ETag`` that
@@ -175,6 +175,16 @@ def add_replica_routes(app: FastAPI, replica: Replica, what_if: Callable[..., An
             return {"cluster": cluster, "events": events, "replica": replica.position()}
 
         return tagged(request, replica.version(cluster), make)
+
+    @app.get(
+        "/v1/clusters/{cluster}/disruption-budgets",
+        summary="disruption budgets (live replica): filters, max_unavailable, pods unavailable now, disruptions "
+        "allowed now and the drain evictions each blocks",
+        responses=READ_RESPONSES,
+    )
+    def disruption_budgets(request: Request, cluster: PathId) -> Response:
+        known(cluster)
+        return tagged(request, replica.version(cluster), lambda: replica.disruption_budgets(cluster))
 
     def explain(cluster: str, job_id: str) -> dict[str, Any]:
         found = replica.explain(cluster, job_id)

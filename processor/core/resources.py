@@ -72,10 +72,13 @@ class Held:
     pods: int = 0
     gpu_pods: int = 0  # of them, the pods holding GPUs
     # GPU milli of one pod -> the latest start among the pods that size (never lowered when one stops, so it
-    # stays an upper bound); the latest start of all (-1: none) and the largest size in it (0: none).
+    # stays an upper bound, but dropped with the last pod of that size: a size no pod has any more would
+    # promise a victim that is not there); the latest start of all (-1: none) and the largest size in it (0:
+    # none); and how many pods of each size run.
     latest_starts: dict[int, int] = field(default_factory=dict)
     latest_start: int = -1
     largest_gpu_milli: int = 0
+    sizes: dict[int, int] = field(default_factory=dict)
 
     def copied(self) -> Held:
         """A copy with its own GPU list and starts (a what-if fork's)."""
@@ -88,7 +91,23 @@ class Held:
             dict(self.latest_starts),
             self.latest_start,
             self.largest_gpu_milli,
+            dict(self.sizes),
         )
+
+    def drop_size(self, milli: int) -> None:
+        """One pod of ``milli`` GPU milli stopped: the last one of its size takes the size's latest start along."""
+        count = self.sizes[milli] - 1
+        if count:
+            self.sizes[milli] = count
+            return
+        del self.sizes[milli]
+        started = self.latest_starts.pop(milli, None)
+        if started is None:
+            return
+        if started == self.latest_start:
+            self.latest_start = max(self.latest_starts.values(), default=-1)
+        if milli == self.largest_gpu_milli:
+            self.largest_gpu_milli = max(self.latest_starts, default=0)
 
 
 def gpu_fits(gpu_free: tuple[int, ...], num_gpu: int, gpu_milli: int) -> bool:

@@ -182,9 +182,10 @@ class Node:
         held = self.by_priority.get(level)
         if held is None:
             held = self.by_priority[level] = Held([0] * self.gpu_count)
+        milli = pod.num_gpu * pod.gpu_milli
+        held.sizes[milli] = held.sizes.get(milli, 0) + 1
         if started_at is not None:
             latest = held.latest_starts
-            milli = pod.num_gpu * pod.gpu_milli
             if latest.get(milli, -1) < started_at:
                 latest[milli] = started_at
                 if held.latest_start < started_at:
@@ -224,6 +225,8 @@ class Node:
             held.gpu_pods -= 1
         if not held.pods:
             del self.by_priority[level]
+        else:
+            held.drop_size(pod.num_gpu * pod.gpu_milli)
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")

@@ -552,6 +552,12 @@ class Replica:
             rows = [row for c in self._clusters(cluster) for row in views.quota_rows(c)]
             return {"quotas": rows, "replica": self.position()}
 
+    def disruption_budgets(self, cluster: str) -> dict[str, Any]:
+        """The cluster's disruption budgets with what each allows now and the evictions it blocks."""
+        with self._lock:
+            rows = [row for c in self._clusters(cluster) for row in views.budget_rows(c)]
+            return {"cluster": cluster, "budgets": rows, "replica": self.position()}
+
     def history(self, cluster: str) -> dict[str, Any]:
         """Utilization and fragmentation of a cluster over event time, as the replica folded it: a point per
         batch that changed the cluster, the last one as of now."""

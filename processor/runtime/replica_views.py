@@ -1,5 +1,6 @@
 """The replica's answers as JSON-ready values: pod and node rows, the GPU grid, clusters, the queue in
-scheduling order, gangs and quotas. Pure functions of the fold state, called under the replica's lock.
+scheduling order, gangs, quotas and disruption budgets. Pure functions of the fold state, called under the
+replica's lock.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from processor.core import quotas
+from processor.core import budgets, quotas
 from processor.core.explain import gang_json, gang_reasons, live_reasons, pending_reasons, request_text
 from processor.core.resources import PodShape
 from processor.core.state import GANG_QUEUED, GANG_WAITING, ClusterState
@@ -319,3 +320,33 @@ def gang_rows(cluster: ClusterState, state: str | None = None) -> list[dict[str,
 
 def quota_rows(cluster: ClusterState) -> list[dict[str, Any]]:
     return [{"cluster": cluster.name, **asdict(line)} for line in quotas.quota_report(cluster)]
+
+
+def budget_rows(cluster: ClusterState) -> list[dict[str, Any]]:
+    """Each disruption budget of the cluster, by id: its filters and ``max_unavailable``, the matching pods
+    unavailable now (evicted by a voluntary disruption and not running since, or being evicted), how many more
+    disruptions it allows now, and the drain evictions it blocks (pod and node). O(B · U + P_b) for B budgets,
+    U pods unavailable and P_b pods blocked."""
+    blocked: dict[str, list[dict[str, Any]]] = {}
+    for pod_id in sorted(cluster.blocked):
+        pod = cluster.pods.get(pod_id)
+        entry = {"pod_id": pod_id, "node_id": pod.node_id if pod is not None else None}
+        blocked.setdefault(cluster.blocked[pod_id], []).append(entry)
+    rows = []
+    for budget_id in sorted(cluster.budgets):
+        budget = cluster.budgets[budget_id]
+        unavailable = budgets.unavailable(cluster, budget)
+        rows.append(
+            {
+                "cluster": cluster.name,
+                "budget_id": budget_id,
+                "tenant": budget.tenant,
+                "gang_id": budget.gang_id,
+                "label_selector": dict(sorted((budget.label_selector or {}).items())),
+                "max_unavailable": budget.max_unavailable,
+                "unavailable": unavailable,
+                "allowed_disruptions": max(0, budget.max_unavailable - unavailable),
+                "blocked_evictions": blocked.get(budget_id, []),
+            }
+        )
+    return rows

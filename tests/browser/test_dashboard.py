@@ -1,6 +1,7 @@
 """The dashboard in a real headless browser (Debian's Chromium): summary first, the queue in scheduling order
-with live explain, running pods, gangs, quotas, disruptions, the GPU grid folded by model with a node panel,
-state in the URL, 390 px without sideways scrolling, refresh by ETag, and banners when the data is not live.
+with live explain, running pods, gangs, quotas, disruption budgets, disruptions, the GPU grid folded by model
+with a node panel, state in the URL, 390 px without sideways scrolling, refresh by ETag, and banners when the
+data is not live.
 Screenshots go to build/artifacts/ (the README's come from there)."""
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from schemas.commands import (
     AddNode,
     Command,
     Defragment,
+    DrainNode,
     GangMember,
     Release,
+    SetDisruptionBudget,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -108,7 +111,8 @@ class LiveServer:
 def lab_commands(t0: int = workload.START_MS) -> list[Command]:
     """A cluster with something in every view: zones and a taint, a quota, a cohort where one tenant borrows
     what another lends, running and queued pods of several tenants and priorities, a gang that waits, a
-    defragmentation that migrates two pods, preemptions, and a reservation in the queue (from event time
+    defragmentation that migrates two pods, preemptions, a reservation in the queue, and disruption budgets
+    one of which blocks a drain (from event time
     ``t0``: after the other clusters' commands on the partition, whose clock it shares)."""
     out: list[Command] = []
 
@@ -143,6 +147,9 @@ def lab_commands(t0: int = workload.START_MS) -> list[Command]:
     add(SubmitGang("train", "t1", 0, (GangMember("w0", 8, 1000), GangMember("w1", 8, 1000))), at=MINUTE)
     add(SubmitPod("urgent", "t2", 10, 1, 1000, 1000, 1024, ("A100",)), at=2 * MINUTE)  # preempts a run-* pod
     add(Tick(), at=8 * MINUTE)  # the head of the queue has waited: nodes reserved for it
+    add(SetDisruptionBudget("keep-borrower", tenant="borrower", max_unavailable=0), at=8 * MINUTE)
+    add(SetDisruptionBudget("zone-z0", label_selector={"zone": "z0"}, max_unavailable=2), at=8 * MINUTE)
+    add(DrainNode("h100-0"), at=8 * MINUTE)  # the borrower's 3 pods there: their evictions are blocked
     return out
 
 
@@ -402,6 +409,25 @@ def test_disruptions_name_their_cause(live: LiveServer, browser: Chromium) -> No
     assert causes["PodEvicted", preempted.pod_id] == "preempted:priority"
 
 
+def test_budgets_show_their_selector_limit_what_they_allow_and_the_evictions_they_block(
+    live: LiveServer, browser: Chromium
+) -> None:
+    """The budgets tab has a row per budget: its selector, max_unavailable, the pods it counts unavailable, the
+    disruptions it allows now and the drain evictions it blocks (pod on node), as the replica says."""
+    browser.open(live.url + "?cluster=lab&tab=budgets&refresh=500")
+    browser.wait_for("document.querySelectorAll('#content tr.budget').length === 2")
+    shown = browser.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#content tr.budget')].map(r => [r.dataset.budget,"
+        " [...r.querySelectorAll('td')].map(td => td.textContent)]))"
+    )
+    blocked = ", ".join(f"borrow-{i} on h100-0" for i in range(3))
+    assert shown["keep-borrower"] == ["keep-borrower", "tenant=borrower", "0", "0", "0", blocked]
+    assert shown["zone-z0"] == ["zone-z0", "zone=z0", "2", "0", "2", NONE]
+    rows = {b["budget_id"]: b for b in live.replica.disruption_budgets("lab")["budgets"]}
+    assert rows["keep-borrower"]["allowed_disruptions"] == 0 and len(rows["keep-borrower"]["blocked_evictions"]) == 3
+    browser.screenshot(ARTIFACTS / "dashboard-budgets.png", full_page=False)
+
+
 def test_state_lives_in_the_url(live: LiveServer, browser: Chromium) -> None:
     """A URL opens the same view (cluster, tab, filter); choosing a tab writes it back; with no cluster in
     the URL, the largest cluster is shown (never one a typo created) and written into the URL."""
@@ -477,7 +503,7 @@ def test_works_at_390_px_without_sideways_scrolling(live: LiveServer) -> None:
     """On a phone-sized screen every view fits its width (no horizontal scroll), the explain panel too."""
     phone = Chromium(chromium_binary(), width=390, height=844, mobile=True)
     try:
-        for tab in ("queue", "running", "gangs", "quotas", "disruptions", "nodes"):
+        for tab in ("queue", "running", "gangs", "quotas", "budgets", "disruptions", "nodes"):
             phone.open(live.url + f"?cluster=lab&tab={tab}&refresh=500")
             phone.wait_for(f"document.body.dataset.tab === '{tab}' && Number(document.body.dataset.refreshes) >= 1")
             width = phone.evaluate("document.documentElement.scrollWidth")

@@ -130,6 +130,13 @@ def check_indexes(cluster: ClusterState) -> None:
                 max(held.latest_starts.values(), default=-1),
                 max(held.latest_starts, default=0),
             )
+            assert set(held.latest_starts) <= set(held.sizes)  # no size without a pod of that size
+        sizes: dict[int, dict[int, int]] = {}  # priority -> GPU milli of one pod -> pods of the node
+        for pod_id in node.pods:
+            spec = cluster.pods[pod_id].spec
+            at = sizes.setdefault(spec.priority, {})
+            at[spec.num_gpu * spec.gpu_milli] = at.get(spec.num_gpu * spec.gpu_milli, 0) + 1
+        assert {priority: held.sizes for priority, held in node.by_priority.items()} == sizes
     preemptible = cluster.preemptible
     preemptible.refresh(cluster.nodes)  # what a search would see: the marked nodes refiled or pending
     assert not preemptible.dirty

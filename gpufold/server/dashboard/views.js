@@ -182,6 +182,25 @@
       pager(0, 0);
     },
 
+    async budgets(c) {
+      const page = await GF.get(`/v1/clusters/${GF.enc(c.cluster)}/disruption-budgets`);
+      filters(el("span", { class: "muted small", text: "disruption budgets: what each counts unavailable now, what it still allows, the drain evictions it blocks" }));
+      const selector = (b) => [b.tenant && `tenant=${b.tenant}`, b.gang_id && `gang=${b.gang_id}`, ...Object.entries(b.label_selector).map(([k, v]) => `${k}=${v}`)].filter(Boolean).join(", ") || "every pod";
+      const rows = page.budgets.map((b) =>
+        el("tr", { class: "budget", "data-budget": b.budget_id }, [
+          el("td", {}, [el("span", { class: "id", text: b.budget_id })]),
+          td(selector(b), "selector"),
+          td(b.max_unavailable, "max-unavailable num wide"),
+          td(b.unavailable, "unavailable num wide"),
+          td(b.allowed_disruptions, "allowed num"),
+          td(b.blocked_evictions.map((e) => `${e.pod_id} on ${e.node_id || "–"}`).join(", ") || "–", "blocked"),
+        ])
+      );
+      if (!rows.length) rows.push(el("tr", {}, [el("td", { colspan: "6", class: "muted", text: "no disruption budgets: drains evict at once" })]));
+      $("content").replaceChildren(table([["budget"], ["selector"], ["max_unavailable", "num wide"], ["unavailable", "num wide"], ["allowed", "num"], ["blocked evictions"]], rows, "budgets"));
+      pager(0, 0);
+    },
+
     async disruptions(c) {
       const page = await GF.get(`/v1/clusters/${GF.enc(c.cluster)}/disruptions?limit=100`);
       filters(el("span", { class: "muted small", text: "recent preemptions, evictions, migrations and time limits, newest first" }));

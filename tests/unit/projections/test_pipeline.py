@@ -3,7 +3,7 @@
 Each stream is projected through :class:`projections.pipeline.Pipeline` in small
 batches and must give exactly the tables of one unpipelined batch: every row a
 batch takes over from the batch before it (nodes removed and added again, pods,
-gangs, reservations, totals, usage rates and clocks) must be what that batch
+gangs, reservations, disruption budgets, totals, usage rates and clocks) must be what that batch
 left. When the offsets move under it (another projector of the group), a
 pipelined batch must be projected again, never twice.
 """
@@ -29,6 +29,8 @@ from projections.runner import run
 from projections.usage import DEFAULT_LATENESS_MS
 from schemas.commands import AddNode, Command, Defragment, Release, RemoveNode, SetPolicy, SubmitPod, Tick
 from tests import workload
+from tests.unit.projections.test_handlers_budgets import events_by_step
+from tests.unit.projections.test_handlers_gangs import retry_stream
 from tests.unit.projections.test_handlers_gangs import stream as gang_stream
 
 SOURCE = "gpufold.events"
@@ -55,6 +57,10 @@ STREAMS = {  # each built once (cached): the events are immutable
     "workload": cache(lambda: workload.fold(workload.commands(1_000, nodes=12, seed=5, step_ms=20_000))),
     "gangs": cache(gang_stream),
     "nodes": cache(_nodes_come_and_go),
+    # Budgets set, replaced and removed; drains blocked, cancelled and let through (issue #25).
+    "budgets": cache(lambda: [event for _, events in events_by_step() for event in events]),
+    # A gang and a pod retried after failures: member rows end, the gang waits, both start again.
+    "retries": cache(retry_stream),
 }
 
 
@@ -83,7 +89,18 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     eng.dispose()
 
 
-CASES = [("gangs", 1), ("gangs", 7), ("nodes", 1), ("nodes", 7), ("workload", 5), ("workload", 200)]
+CASES = [
+    ("gangs", 1),
+    ("gangs", 7),
+    ("nodes", 1),
+    ("nodes", 7),
+    ("workload", 5),
+    ("workload", 200),
+    ("budgets", 1),
+    ("budgets", 3),
+    ("retries", 1),
+    ("retries", 4),
+]
 
 
 @pytest.mark.parametrize(("name", "size"), CASES)

@@ -94,3 +94,24 @@ def test_projection_updates_the_prometheus_metrics(tmp_path: Path, log_path: Pat
     assert sample("gpufold_projector_events_total") - before[0] == stats.events
     assert sample("gpufold_projector_batches_total") - before[1] == stats.batches > 1
     assert sample("gpufold_projector_commit_seconds_count") - before[2] == stats.batches
+
+
+def test_query_disruption_budgets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`query disruption-budgets` answers each budget and the evictions it blocks, as the API does."""
+    from tests.unit.projections.test_handlers_budgets import events_by_step
+
+    steps = events_by_step()
+    events = [event for _, step in steps[: [n for n, _ in steps].index("drain") + 1] for event in step]
+    path = tmp_path / "budgets.log"
+    with EmbeddedLog(path) as log_:
+        log_.append("gpufold.events", [(0, b"lab", frame) for frame in workload.encode(events)])
+    url = f"sqlite:///{tmp_path / 'read.sqlite'}"
+    code, _, _ = run(capsys, "projector", "run", "--embedded-log", str(path), "--database-url", url,
+                     "--stop-when-idle", "--create")  # fmt: skip
+    assert code == 0
+    code, answer, _ = run(capsys, "query", "disruption-budgets", "--cluster", "lab", "--database-url", url)
+    assert code == 0
+    assert {b["budget_id"]: [e["pod_id"] for e in b["blocked_evictions"]] for b in answer["budgets"]} == {
+        "b-t": ["p1", "p2"],
+        "b-zone": [],
+    }

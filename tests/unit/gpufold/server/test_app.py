@@ -237,3 +237,23 @@ def test_gang_routes_come_from_the_contract(server: Server) -> None:
     assert server.get("/v1/pods")["total"] == 0
     schema = server.client.get("/openapi.json").json()["components"]["schemas"]
     assert "members" in schema["SubmitGangBody"]["properties"]
+
+
+def test_disruption_budgets_show_what_they_allow_and_block_now(server: Server) -> None:
+    """The replica's budgets: a drain under a budget of 1 evicts one pod (it has nowhere to go, so it counts),
+    the budget allows no more, and the other pod's eviction is listed as blocked on its node."""
+    pods = [
+        line(f"p{i}", {"SubmitPod": {"pod_id": f"p{i}", "tenant": "acme", "num_gpu": 1, "gpu_milli": 1000,
+                                     "gpu_models": ["A100"]}})
+        for i in (1, 2)
+    ]  # fmt: skip
+    budget = line("b", {"SetDisruptionBudget": {"budget_id": "b-acme", "tenant": "acme", "max_unavailable": 1}})
+    drain = line("d", {"DrainNode": {"node_id": "a100-1"}})
+    assert server.post("/v1/commands?wait=10&create_cluster=true", [*NODES, *pods, budget, drain]).status_code == 200
+    answer = server.get("/v1/clusters/lab/disruption-budgets")
+    (row,) = answer["budgets"]
+    assert (row["budget_id"], row["tenant"], row["gang_id"], row["label_selector"]) == ("b-acme", "acme", None, {})
+    assert (row["max_unavailable"], row["unavailable"], row["allowed_disruptions"]) == (1, 1, 0)
+    assert row["blocked_evictions"] == [{"pod_id": "p2", "node_id": "a100-1"}]
+    assert "replica" in answer
+    assert server.client.get("/v1/clusters/nope/disruption-budgets").status_code == 404
