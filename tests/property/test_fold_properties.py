@@ -25,7 +25,7 @@ from processor.core.preemption_index import PreemptionIndex, pending_entry
 from processor.core.reservations import usable_shape
 from processor.core.resources import PodShape, Signature, first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of
+from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of, victim_level
 from schemas import EVENT, registry
 from schemas.commands import GPU_MILLI, Quota
 from schemas.events import Event, GangQueued, GangScheduled, PodPreempted, PodQueued, PodScheduled, PodSpec
@@ -131,10 +131,10 @@ def check_indexes(cluster: ClusterState) -> None:
                 max(held.latest_starts, default=0),
             )
             assert set(held.latest_starts) <= set(held.sizes)  # no size without a pod of that size
-        sizes: dict[int, dict[int, int]] = {}  # priority -> GPU milli of one pod -> pods of the node
+        sizes: dict[int, dict[int, int]] = {}  # victim level -> GPU milli of one pod -> pods of the node
         for pod_id in node.pods:
             spec = cluster.pods[pod_id].spec
-            at = sizes.setdefault(spec.priority, {})
+            at = sizes.setdefault(victim_level(spec), {})  # a pod that is not preemptible: NEVER_VICTIM
             at[spec.num_gpu * spec.gpu_milli] = at.get(spec.num_gpu * spec.gpu_milli, 0) + 1
         assert {priority: held.sizes for priority, held in node.by_priority.items()} == sizes
     preemptible = cluster.preemptible
