@@ -29,7 +29,7 @@ from processor.core.fold import decide
 from processor.core.state import PartitionState
 from processor.runtime.loop import PartitionFolder
 from schemas import COMMAND, registry
-from schemas.commands import AddNode, Command, Release, SetPolicy, SubmitPod
+from schemas.commands import AddNode, Command, QuotaPreemption, Release, SetPolicy, SetQuota, SubmitPod
 from schemas.topics import Topics
 
 NODE_TYPES = [  # (model, gpus, cpu_milli, memory_mib, weight)
@@ -91,10 +91,27 @@ class Stream:
         return [self.submit() if i % 2 == 0 else self.release() for i in range(count)]
 
 
-def run(nodes: int, commands: int, mode: str, seed: int, policy: str = "") -> dict[str, object]:
+QUOTA = {"A100": 1_000_000, "*": 1_000_000}
+"""``--quotas``: a quota the stream never reaches (admission and fair share run, nothing waits for quota)."""
+
+
+def quota_commands(kind: str) -> list[Command]:
+    """``--quotas none|plain|policies``: no quota; the stream's tenant and a peer in one cohort; the same with
+    every preemption policy of ``SetQuota.preemption`` set (issue #24: what they cost when nothing preempts)."""
+    if kind == "none":
+        return []
+    policy = QuotaPreemption("lower_or_newer_equal_priority", "lower_priority", "lower_priority", 5)
+    return [
+        Command(f"quota-{tenant}", "bench", 0, SetQuota(tenant, "lab", dict(QUOTA), **extra))  # type: ignore[arg-type]
+        for tenant, extra in (("t1", {"preemption": policy} if kind == "policies" else {}), ("t2", {}))
+    ]
+
+
+def run(nodes: int, commands: int, mode: str, seed: int, policy: str = "", quotas: str = "none") -> dict[str, object]:
     rng = random.Random(seed)
     state = PartitionState()
     setup = [Command("policy", "bench", 0, SetPolicy(policy))] if policy else []
+    setup += quota_commands(quotas)
     setup += build_nodes(nodes, rng)
     stream = Stream(nodes, seed)
     setup += stream.warmup()
@@ -131,6 +148,7 @@ def run(nodes: int, commands: int, mode: str, seed: int, policy: str = "") -> di
         "us_per_command": round(elapsed / commands * 1e6, 2),
         "queued_pods": queued,
         "signatures": signatures,
+        "quotas": quotas,
     }
 
 
@@ -141,6 +159,7 @@ def main() -> int:
     parser.add_argument("--modes", default="fold,codec")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--policies", default="first-fit,best-fit,", help="comma-separated; empty = the default policy")
+    parser.add_argument("--quotas", default="none", choices=("none", "plain", "policies"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()} | python {platform.python_version()}", file=sys.stderr)
@@ -148,7 +167,7 @@ def main() -> int:
     for policy, mode in ((p, m) for p in args.policies.split(",") for m in args.modes.split(",")):
         baseline = None
         for nodes in (int(n) for n in args.nodes.split(",")):
-            row = run(nodes, args.commands, mode, args.seed, policy)
+            row = run(nodes, args.commands, mode, args.seed, policy, args.quotas)
             baseline = baseline or row["us_per_command"]
             row["cost_vs_first_size"] = round(row["us_per_command"] / baseline, 2)  # type: ignore[operator]
             rows.append(row)

@@ -315,11 +315,12 @@ def _gang_from_spec(batch: StagedBatch, event: Event, spec: GangSpec) -> dict[st
 
 
 def _close_evicted_members(batch: StagedBatch, event: Event, gang: dict[str, Any], reason: str) -> None:
-    """Members evicted with their gang stop being pods until it starts again: their rows end."""
+    """Members evicted with their gang stop being pods until it starts again: their rows end; so do those of
+    members that waited for room while it ran (contract v4: pending rows)."""
     for member in gang["members"]:
         key = (event.cluster, member["pod_id"])
         pod = batch.pods.get(key)
-        if pod is not None and pod["status"] == "evicted":
+        if pod is not None and pod["status"] in ("evicted", "pending"):
             batch.set_status(pod, "released")
             pod["ended_at"] = event.occurred_at
             pod["end_reason"] = reason

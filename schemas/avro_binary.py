@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from schemas.codec import COMMAND, EVENT, HEADER_SIZE, DecodeError, registry
-from schemas.commands import Command, V1Command, V2Command
+from schemas.commands import Command, V1Command, V2Command, V3Command
 from schemas.events import Event
 
 # Messages of the rejections fastavro would not make (see schemas/fastcodec.py).
@@ -74,12 +74,14 @@ def _union_error(index: int, size: int) -> DecodeError:
 
 
 def _slow_command(frame: Any) -> Command:
-    """A command through fastavro (another writer schema): a :class:`V1Command` or :class:`V2Command` if that
-    release wrote it, so it keeps its release's semantics."""
+    """A command through fastavro (another writer schema): a :class:`V1Command`, :class:`V2Command` or
+    :class:`V3Command` if that release wrote it, so it keeps its release's semantics."""
     codecs = registry()
     data = codecs.codec(COMMAND).decode(frame)
     version = codecs.released_version(COMMAND, bytes(frame[2:HEADER_SIZE]))
     kind = V1Command if version == "v1" else V2Command if version == "v2" else Command
+    if version == "v3":
+        kind = V3Command
     return kind.from_avro(data)
 
 

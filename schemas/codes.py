@@ -113,6 +113,9 @@ class QueueReasonCode:
     WAITING_FOR_PREEMPTION: Final = (
         "WAITING_FOR_PREEMPTION"  # it would fit once lower-priority pods end; it does not preempt
     )
+    GANG_MEMBER_WAITING: Final = (
+        "GANG_MEMBER_WAITING"  # a member beyond min_members of a running gang: it starts when it fits (v3)
+    )
 
 
 class DeadLetterCode:

@@ -31,7 +31,13 @@ PREEMPT_LOWER = "lower_priority"
 """A pod or gang that fits nowhere may preempt pods of strictly lower priority (the default)."""
 PREEMPT_NEVER = "never"
 """It waits instead (what every pod of contract v1 does)."""
-PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER)
+PREEMPT_LOWER_OR_NEWER = "lower_or_newer_equal_priority"
+"""Contract v4: also pods of equal priority submitted after it (Kueue's ``LowerOrNewerEqualPriority``)."""
+PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER, PREEMPT_LOWER_OR_NEWER)
+PREEMPTION_MODES_V3 = (PREEMPT_LOWER, PREEMPT_NEVER)
+"""The modes contracts v1 to v3 accepted (a command of theirs with another is refused, as it was)."""
+PREEMPTING = (PREEMPT_LOWER, PREEMPT_LOWER_OR_NEWER)
+"""The modes that preempt."""
 ANY_MODEL = "*"
 """In a quota's ``nominal_gpus``: the GPUs of every model the quota does not name."""
 
@@ -65,6 +71,39 @@ class Toleration(Record):
         return self.key == taint.key and self.value == taint.value
 
 
+WITHIN_NEVER = "never"
+WITHIN_LOWER = "lower_priority"
+WITHIN_LOWER_OR_NEWER = "lower_or_newer_equal_priority"
+WITHIN_TENANT_MODES = (WITHIN_NEVER, WITHIN_LOWER, WITHIN_LOWER_OR_NEWER)
+RECLAIM_ANY = "any"
+RECLAIM_LOWER = "lower_priority"
+RECLAIM_NEVER = "never"
+RECLAIM_MODES = (RECLAIM_ANY, RECLAIM_LOWER, RECLAIM_NEVER)
+BORROW_NEVER = "never"
+BORROW_LOWER = "lower_priority"
+BORROW_MODES = (BORROW_NEVER, BORROW_LOWER)
+
+
+@dataclass(slots=True, frozen=True)
+class QuotaPreemption(Record):
+    """Whom a tenant's work may preempt (contract v4; Kueue's ClusterQueue ``preemption``).
+
+    ``within_tenant`` (Kueue's ``withinClusterQueue``): a pod that does not fit its tenant's quota may preempt
+    the tenant's own lower-priority (or also newer equal-priority) work. ``reclaim_within_cohort``
+    (``reclaimWithinCohort``): which borrowers' pods a lender reclaims from: any, lower priority only, none.
+    ``borrow_within_cohort`` (``borrowWithinCohort``): a pod that must borrow may preempt other cohort tenants'
+    lower-priority pods, also those inside their nominal quota, of at most ``borrow_max_victim_priority``.
+    """
+
+    within_tenant: str = WITHIN_NEVER
+    reclaim_within_cohort: str = RECLAIM_ANY
+    borrow_within_cohort: str = BORROW_NEVER
+    borrow_max_victim_priority: int | None = None
+
+
+DEFAULT_QUOTA_PREEMPTION = QuotaPreemption()
+
+
 @dataclass(slots=True)
 class Quota(Record):
     """A tenant's quota (``SetQuota`` without the tenant), also the cluster's default (``SetPolicy``).
@@ -81,6 +120,12 @@ class Quota(Record):
     borrowing_limit_gpus: int | None = None
     lending_limit_gpus: int | None = None
     weight: int = 1
+    preemption: QuotaPreemption | None = None  # contract v4; None: DEFAULT_QUOTA_PREEMPTION
+
+    @property
+    def policy(self) -> QuotaPreemption:
+        """Whom the tenant's work may preempt (the defaults when not set)."""
+        return DEFAULT_QUOTA_PREEMPTION if self.preemption is None else self.preemption
 
     @property
     def limits_nothing(self) -> bool:
@@ -91,6 +136,7 @@ class Quota(Record):
             and self.nominal_memory_mib is None
             and self.cohort is None
             and self.weight == 1
+            and self.preemption is None
         )
 
 
@@ -173,6 +219,7 @@ class SubmitPod(Record):
     movable: bool = False
     gpu_memory_mib: int = 0
     retry: Retry | None = None
+    preemptible: bool = True  # contract v4: False: never a victim
 
 
 @dataclass(slots=True)
@@ -235,6 +282,7 @@ class SubmitGang(Record):
     dependency: str = AFTER_OK
     preemption: str = PREEMPT_LOWER
     retry: Retry | None = None
+    preemptible: bool = True  # contract v4: False: no member is ever a victim
 
 
 @dataclass(slots=True)
@@ -269,6 +317,7 @@ class SetQuota(Record):
     borrowing_limit_gpus: int | None = None
     lending_limit_gpus: int | None = None
     weight: int = 1
+    preemption: QuotaPreemption | None = None  # contract v4
 
     def quota(self) -> Quota:
         return Quota(
@@ -279,6 +328,7 @@ class SetQuota(Record):
             self.borrowing_limit_gpus,
             self.lending_limit_gpus,
             self.weight,
+            None if self.preemption == DEFAULT_QUOTA_PREEMPTION else self.preemption,
         )
 
 
@@ -456,11 +506,30 @@ class V2Command(Command):
         return "v2"
 
 
+@dataclass(slots=True)
+class V3Command(Command):
+    """A command written by a client of contract v4 (its frame's fingerprint says so).
+
+    It keeps v3's gang and dependency rules where issue #24 changed them since: members beyond
+    ``min_members`` that did not start are dropped (they do not wait as members), a gang under a quota starts
+    only whole, a gang reclaims only when capacity is free, its ``timeout_ms`` counts from its submission, a
+    dependency binds to the last incarnation of an id, a gang is judged against the nodes present even before
+    the first, and fair-share ``weight`` 0 and ``lower_or_newer_equal_priority`` are refused. A log written
+    entirely with v3 replays to exactly the decisions v3 made.
+    """
+
+    @property
+    def contract(self) -> str:
+        return "v3"
+
+
 # The record-valued fields of each record, for from_avro: kept outside the class bodies, where the
 # compiled (mypyc) dataclasses would take them for fields.
 nest(AddNode, {"taints": Taint})
 nest(SubmitPod, {"tolerations": Toleration, "retry": Retry})
 nest(SetPolicy, {"default_quota": Quota})
+nest(Quota, {"preemption": QuotaPreemption})
+nest(SetQuota, {"preemption": QuotaPreemption})
 nest(GangMember, {"tolerations": Toleration})
 nest(SubmitGang, {"members": GangMember, "retry": Retry})
 nest(UpdateNode, {"taints": Taint})

@@ -37,6 +37,7 @@ class PodSpec(Record):
     movable: bool = False
     gpu_memory_mib: int = 0
     retry: Retry | None = None
+    preemptible: bool = True  # contract v4: False: never a victim
 
     @property
     def gpu_milli_total(self) -> int:
@@ -72,6 +73,13 @@ class GangSpec(Record):
     arrival: int
     preemption: str = PREEMPT_LOWER
     retry: Retry | None = None
+    queued_at: int | None = None  # contract v4: the last requeue of a gang that ran (its timeout counts from it)
+    preemptible: bool = True  # contract v4: False: no member is ever a victim
+
+    @property
+    def waiting_since(self) -> int:
+        """Where the gang's ``timeout_ms`` counts from: its last requeue, else its submission."""
+        return self.submitted_at if self.queued_at is None else self.queued_at
 
     def __hash__(self) -> int:  # specs hold dicts; gangs are keyed by id
         return hash(self.gang_id)
@@ -221,6 +229,7 @@ class GangReleased(Record):
     gang_id: str
     reason: str
     ok: bool = False
+    members_ended: tuple[str, ...] = ()  # contract v4: members of a gang that ended while not running
 
 
 @dataclass(slots=True)

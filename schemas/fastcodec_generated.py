@@ -36,6 +36,7 @@ from schemas.commands import (
     GangMember as _c_GangMember,
     MarkNodeFailed as _c_MarkNodeFailed,
     Quota as _c_Quota,
+    QuotaPreemption as _c_QuotaPreemption,
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
@@ -100,7 +101,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\xd7\xed\x07\xa5\xdd\xe6D\x99'
+_k1 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -127,151 +128,160 @@ _k147 = b'\x02'
 _k149 = b'\x00'
 _k152 = b'\x02'
 _k154 = b'\x00'
-_k157 = b'\x00'
-_k160 = b'\x02'
-_k162 = b'\x00'
-_k164 = b'\x12'
-_k184 = b'\x02'
-_k186 = b'\x00'
-_k189 = b'\x02'
-_k192 = b'\x00'
-_k195 = b'\x02'
-_k198 = b'\x00'
-_k201 = b'\x02'
-_k203 = b'\x00'
-_k206 = b'\x02'
+_k158 = b'\x02'
+_k167 = b'\x02'
+_k169 = b'\x00'
+_k171 = b'\x00'
+_k173 = b'\x00'
+_k176 = b'\x02'
+_k178 = b'\x00'
+_k180 = b'\x12'
+_k200 = b'\x02'
+_k202 = b'\x00'
+_k205 = b'\x02'
 _k208 = b'\x00'
-_k216 = b'\x00'
-_k218 = b'\x14'
-_k224 = b'\x16'
-_k226 = b'\x18'
-_k231 = b'\x02'
-_k234 = b'\x00'
-_k238 = b'\x02'
-_k240 = b'\x00'
-_k243 = b'\x02'
-_k245 = b'\x00'
-_k248 = b'\x02'
+_k211 = b'\x02'
+_k214 = b'\x00'
+_k217 = b'\x02'
+_k219 = b'\x00'
+_k222 = b'\x02'
+_k224 = b'\x00'
+_k232 = b'\x00'
+_k234 = b'\x14'
+_k240 = b'\x16'
+_k242 = b'\x18'
+_k247 = b'\x02'
 _k250 = b'\x00'
-_k253 = b'\x02'
-_k255 = b'\x00'
-_k258 = b'\x1a'
-_k262 = b'\x1c'
-_k266 = b'\x02'
-_k269 = b'\x00'
-_k271 = b'\x1e'
-_k275 = b' '
-_k279 = b'"'
-_k284 = b'\x02'
-_k286 = b'\x00'
-_k289 = b'\x02'
-_k291 = b'\x00'
-_k293 = b'$'
-_k298 = b'\x02'
-_k301 = b'\x00'
-_k304 = b'\x02'
-_k307 = b'\x00'
-_k310 = b'\x02'
-_k312 = b'\x00'
-_k315 = b'&'
-_k319 = b'\xc3\x01\xd7\xed\x07\xa5\xdd\xe6D\x99'
-_k581 = b'\xc3\x01M\x81WtUM\x04\xf3'
-_k592 = b'\x00'
-_k604 = b'\x02'
-_k608 = b'\x04'
-_k612 = b'\x06'
-_k616 = b'\x08'
-_k621 = b'\n'
-_k628 = b'\x0c'
-_k646 = b'\x02'
-_k649 = b'\x00'
-_k652 = b'\x02'
-_k654 = b'\x00'
-_k663 = b'\x00'
-_k674 = b'\x0e'
-_k692 = b'\x02'
-_k695 = b'\x00'
-_k698 = b'\x02'
-_k700 = b'\x00'
-_k709 = b'\x00'
-_k725 = b'\x10'
-_k733 = b'\x12'
-_k738 = b'\x02'
-_k741 = b'\x00'
-_k745 = b'\x14'
-_k752 = b'\x02'
-_k754 = b'\x00'
-_k759 = b'\x02'
-_k761 = b'\x00'
-_k763 = b'\x16'
-_k773 = b'\x18'
-_k802 = b'\x02'
-_k805 = b'\x00'
-_k808 = b'\x02'
-_k810 = b'\x00'
-_k819 = b'\x00'
-_k823 = b'\x02'
-_k826 = b'\x00'
-_k829 = b'\x02'
-_k832 = b'\x00'
-_k835 = b'\x02'
-_k837 = b'\x00'
-_k840 = b'\x02'
-_k842 = b'\x00'
-_k852 = b'\x00'
-_k855 = b'\x1a'
-_k876 = b'\x02'
-_k879 = b'\x00'
-_k882 = b'\x02'
-_k885 = b'\x00'
-_k888 = b'\x02'
-_k890 = b'\x00'
-_k893 = b'\x02'
-_k895 = b'\x00'
-_k905 = b'\x00'
-_k908 = b'\x02'
-_k911 = b'\x00'
-_k914 = b'\x02'
-_k917 = b'\x00'
-_k922 = b'\x1c'
-_k929 = b'\x1e'
-_k935 = b' '
-_k943 = b'\x02'
-_k946 = b'\x00'
-_k948 = b'"'
-_k956 = b'\x02'
-_k958 = b'\x00'
-_k962 = b'$'
-_k973 = b'&'
-_k983 = b'('
-_k986 = b'*'
-_k998 = b','
-_k1001 = b'\x02'
-_k1004 = b'\x00'
-_k1007 = b'\x00'
-_k1010 = b'\x00'
-_k1014 = b'.'
-_k1028 = b'0'
-_k1034 = b'\x02'
-_k1037 = b'\x00'
-_k1041 = b'2'
-_k1051 = b'4'
-_k1061 = b'6'
-_k1065 = b'8'
-_k1072 = b':'
-_k1079 = b'\x02'
-_k1082 = b'\x00'
-_k1084 = b'<'
-_k1089 = b'\x02'
-_k1092 = b'\x00'
-_k1095 = b'\x02'
-_k1098 = b'\x00'
-_k1101 = b'\x02'
-_k1103 = b'\x00'
-_k1106 = b'>'
-_k1110 = b'@'
-_k1121 = b'B'
-_k1128 = b'\xc3\x01M\x81WtUM\x04\xf3'
+_k254 = b'\x02'
+_k256 = b'\x00'
+_k259 = b'\x02'
+_k261 = b'\x00'
+_k264 = b'\x02'
+_k266 = b'\x00'
+_k269 = b'\x02'
+_k271 = b'\x00'
+_k275 = b'\x00'
+_k277 = b'\x1a'
+_k281 = b'\x1c'
+_k285 = b'\x02'
+_k288 = b'\x00'
+_k290 = b'\x1e'
+_k294 = b' '
+_k298 = b'"'
+_k303 = b'\x02'
+_k305 = b'\x00'
+_k308 = b'\x02'
+_k310 = b'\x00'
+_k312 = b'$'
+_k317 = b'\x02'
+_k320 = b'\x00'
+_k323 = b'\x02'
+_k326 = b'\x00'
+_k329 = b'\x02'
+_k331 = b'\x00'
+_k334 = b'&'
+_k338 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
+_k610 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
+_k621 = b'\x00'
+_k633 = b'\x02'
+_k637 = b'\x04'
+_k641 = b'\x06'
+_k645 = b'\x08'
+_k650 = b'\n'
+_k657 = b'\x0c'
+_k675 = b'\x02'
+_k678 = b'\x00'
+_k681 = b'\x02'
+_k683 = b'\x00'
+_k692 = b'\x00'
+_k703 = b'\x0e'
+_k721 = b'\x02'
+_k724 = b'\x00'
+_k727 = b'\x02'
+_k729 = b'\x00'
+_k738 = b'\x00'
+_k754 = b'\x10'
+_k762 = b'\x12'
+_k767 = b'\x02'
+_k770 = b'\x00'
+_k774 = b'\x14'
+_k781 = b'\x02'
+_k783 = b'\x00'
+_k788 = b'\x02'
+_k790 = b'\x00'
+_k792 = b'\x16'
+_k802 = b'\x18'
+_k831 = b'\x02'
+_k834 = b'\x00'
+_k837 = b'\x02'
+_k839 = b'\x00'
+_k848 = b'\x00'
+_k852 = b'\x02'
+_k855 = b'\x00'
+_k858 = b'\x02'
+_k861 = b'\x00'
+_k864 = b'\x02'
+_k866 = b'\x00'
+_k869 = b'\x02'
+_k871 = b'\x00'
+_k881 = b'\x00'
+_k884 = b'\x02'
+_k886 = b'\x00'
+_k889 = b'\x1a'
+_k910 = b'\x02'
+_k913 = b'\x00'
+_k916 = b'\x02'
+_k919 = b'\x00'
+_k922 = b'\x02'
+_k924 = b'\x00'
+_k927 = b'\x02'
+_k929 = b'\x00'
+_k939 = b'\x00'
+_k942 = b'\x02'
+_k944 = b'\x00'
+_k947 = b'\x02'
+_k950 = b'\x00'
+_k953 = b'\x02'
+_k956 = b'\x00'
+_k961 = b'\x1c'
+_k968 = b'\x1e'
+_k975 = b' '
+_k983 = b'\x02'
+_k986 = b'\x00'
+_k988 = b'"'
+_k996 = b'\x02'
+_k998 = b'\x00'
+_k1002 = b'$'
+_k1013 = b'&'
+_k1023 = b'('
+_k1026 = b'*'
+_k1038 = b','
+_k1041 = b'\x02'
+_k1044 = b'\x00'
+_k1047 = b'\x00'
+_k1050 = b'\x00'
+_k1054 = b'.'
+_k1068 = b'0'
+_k1074 = b'\x02'
+_k1077 = b'\x00'
+_k1081 = b'2'
+_k1091 = b'4'
+_k1101 = b'6'
+_k1105 = b'8'
+_k1112 = b':'
+_k1119 = b'\x02'
+_k1122 = b'\x00'
+_k1124 = b'<'
+_k1129 = b'\x02'
+_k1132 = b'\x00'
+_k1135 = b'\x02'
+_k1138 = b'\x00'
+_k1141 = b'\x02'
+_k1143 = b'\x00'
+_k1146 = b'>'
+_k1150 = b'@'
+_k1161 = b'B'
+_k1168 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -380,7 +390,7 @@ def _e_Retry97(o: _c_Retry) -> bytes:
 
 
 def _e_SubmitPod58(o: _c_SubmitPod) -> bytes:
-    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)),))
+    return b"".join((_k59, (_P[n62] if (n62 := len(s61 := o.pod_id.encode())) < 8192 else _long(n62)), s61, (_P[n64] if (n64 := len(s63 := o.tenant.encode())) < 8192 else _long(n64)), s63, (_P[n65] if 0 <= (n65 := o.priority) < 8192 else _long(n65)), (_P[n66] if 0 <= (n66 := o.num_gpu) < 8192 else _long(n66)), (_P[n67] if 0 <= (n67 := o.gpu_milli) < 8192 else _long(n67)), (_P[n68] if 0 <= (n68 := o.cpu_milli) < 8192 else _long(n68)), (_P[n69] if 0 <= (n69 := o.memory_mib) < 8192 else _long(n69)), (_b71(a70) if (a70 := o.gpu_models) else b"\x00"), (_b21(a74) if (a74 := o.node_selector) else b"\x00"), (_b76(a75) if (a75 := o.tolerations) else b"\x00"), (_k89 if (u86 := o.time_limit_ms) is None else _u87(u86)), (_b71(a91) if (a91 := o.depends_on) else b"\x00"), (_P[n93] if (n93 := len(s92 := o.dependency.encode())) < 8192 else _long(n93)), s92, (_P[n95] if (n95 := len(s94 := o.preemption.encode())) < 8192 else _long(n95)), s94, (b"\x01" if o.movable else b"\x00"), (_P[n96] if 0 <= (n96 := o.gpu_memory_mib) < 8192 else _long(n96)), (_k103 if (u97 := o.retry) is None else _k102[type(u97)](u97)), (b"\x01" if o.preemptible else b"\x00"),))
 
 
 def _e_Release104(o: _c_Release) -> bytes:
@@ -419,142 +429,199 @@ def _u152(v: Any) -> bytes:
     return b"".join((_k152, (_P[n154] if 0 <= (n154 := v) < 8192 else _long(n154)),))
 
 
+def _u167(v: Any) -> bytes:
+    return b"".join((_k167, (_P[n169] if 0 <= (n169 := v) < 8192 else _long(n169)),))
+
+
+def _e_QuotaPreemption157(o: _c_QuotaPreemption) -> bytes:
+    return b"".join((_k158, (_P[n161] if (n161 := len(s160 := o.within_tenant.encode())) < 8192 else _long(n161)), s160, (_P[n163] if (n163 := len(s162 := o.reclaim_within_cohort.encode())) < 8192 else _long(n163)), s162, (_P[n165] if (n165 := len(s164 := o.borrow_within_cohort.encode())) < 8192 else _long(n165)), s164, (_k169 if (u166 := o.borrow_max_victim_priority) is None else _u167(u166)),))
+
+
 def _e_Quota122(o: _c_Quota) -> bytes:
-    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)),))
+    return b"".join((_k123, (_k129 if (u125 := o.cohort) is None else _u126(u125)), (_b132(a131) if (a131 := o.nominal_gpus) else b"\x00"), (_k139 if (u136 := o.nominal_cpu_milli) is None else _u137(u136)), (_k144 if (u141 := o.nominal_memory_mib) is None else _u142(u141)), (_k149 if (u146 := o.borrowing_limit_gpus) is None else _u147(u146)), (_k154 if (u151 := o.lending_limit_gpus) is None else _u152(u151)), (_P[n156] if 0 <= (n156 := o.weight) < 8192 else _long(n156)), (_k171 if (u157 := o.preemption) is None else _k170[type(u157)](u157)),))
 
 
-def _u160(v: Any) -> bytes:
-    return b"".join((_k160, (_P[n162] if 0 <= (n162 := v) < 8192 else _long(n162)),))
+def _u176(v: Any) -> bytes:
+    return b"".join((_k176, (_P[n178] if 0 <= (n178 := v) < 8192 else _long(n178)),))
 
 
 def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
-    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k157 if (u122 := o.default_quota) is None else _k156[type(u122)](u122)), (_k162 if (u159 := o.max_clock_jump_ms) is None else _u160(u159)),))
+    return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
 
 
-def _b172(a: Any) -> bytes:
+def _b188(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n175] if (n175 := len(s174 := x.pod_id.encode())) < 8192 else _long(n175)), s174, (_P[n176] if 0 <= (n176 := x.num_gpu) < 8192 else _long(n176)), (_P[n177] if 0 <= (n177 := x.gpu_milli) < 8192 else _long(n177)), (_P[n178] if 0 <= (n178 := x.cpu_milli) < 8192 else _long(n178)), (_P[n179] if 0 <= (n179 := x.memory_mib) < 8192 else _long(n179)), (_b71(a180) if (a180 := x.gpu_models) else b"\x00"), (_b21(a181) if (a181 := x.node_selector) else b"\x00"), (_b76(a182) if (a182 := x.tolerations) else b"\x00"),)
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u184(v: Any) -> bytes:
-    return b"".join((_k184, (_P[n186] if 0 <= (n186 := v) < 8192 else _long(n186)),))
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
 
 
-def _u189(v: Any) -> bytes:
-    return b"".join((_k189, (_P[n192] if (n192 := len(s191 := v.encode())) < 8192 else _long(n192)), s191,))
+def _u205(v: Any) -> bytes:
+    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
 
 
-def _u195(v: Any) -> bytes:
-    return b"".join((_k195, (_P[n198] if (n198 := len(s197 := v.encode())) < 8192 else _long(n198)), s197,))
+def _u211(v: Any) -> bytes:
+    return b"".join((_k211, (_P[n214] if (n214 := len(s213 := v.encode())) < 8192 else _long(n214)), s213,))
 
 
-def _u201(v: Any) -> bytes:
-    return b"".join((_k201, (_P[n203] if 0 <= (n203 := v) < 8192 else _long(n203)),))
+def _u217(v: Any) -> bytes:
+    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
 
 
-def _u206(v: Any) -> bytes:
-    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
+def _u222(v: Any) -> bytes:
+    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
 
 
-def _e_SubmitGang163(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k164, (_P[n167] if (n167 := len(s166 := o.gang_id.encode())) < 8192 else _long(n167)), s166, (_P[n169] if (n169 := len(s168 := o.tenant.encode())) < 8192 else _long(n169)), s168, (_P[n170] if 0 <= (n170 := o.priority) < 8192 else _long(n170)), (_b172(a171) if (a171 := o.members) else b"\x00"), (_k186 if (u183 := o.min_members) is None else _u184(u183)), (_k192 if (u188 := o.topology_required) is None else _u189(u188)), (_k198 if (u194 := o.topology_preferred) is None else _u195(u194)), (_k203 if (u200 := o.timeout_ms) is None else _u201(u200)), (_k208 if (u205 := o.time_limit_ms) is None else _u206(u205)), (_b71(a210) if (a210 := o.depends_on) else b"\x00"), (_P[n212] if (n212 := len(s211 := o.dependency.encode())) < 8192 else _long(n212)), s211, (_P[n214] if (n214 := len(s213 := o.preemption.encode())) < 8192 else _long(n214)), s213, (_k216 if (u215 := o.retry) is None else _k215[type(u215)](u215)),))
+def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"),))
 
 
-def _e_ReleaseGang217(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k218, (_P[n221] if (n221 := len(s220 := o.gang_id.encode())) < 8192 else _long(n221)), s220, (_P[n223] if (n223 := len(s222 := o.reason.encode())) < 8192 else _long(n223)), s222,))
+def _e_ReleaseGang233(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k234, (_P[n237] if (n237 := len(s236 := o.gang_id.encode())) < 8192 else _long(n237)), s236, (_P[n239] if (n239 := len(s238 := o.reason.encode())) < 8192 else _long(n239)), s238,))
 
 
-def _e_Tick223(o: _c_Tick) -> bytes:
-    return b"".join((_k224, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick239(o: _c_Tick) -> bytes:
+    return b"".join((_k240, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u231(v: Any) -> bytes:
-    return b"".join((_k231, (_P[n234] if (n234 := len(s233 := v.encode())) < 8192 else _long(n234)), s233,))
+def _u247(v: Any) -> bytes:
+    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := v.encode())) < 8192 else _long(n250)), s249,))
 
 
-def _u238(v: Any) -> bytes:
-    return b"".join((_k238, (_P[n240] if 0 <= (n240 := v) < 8192 else _long(n240)),))
+def _u254(v: Any) -> bytes:
+    return b"".join((_k254, (_P[n256] if 0 <= (n256 := v) < 8192 else _long(n256)),))
 
 
-def _u243(v: Any) -> bytes:
-    return b"".join((_k243, (_P[n245] if 0 <= (n245 := v) < 8192 else _long(n245)),))
+def _u259(v: Any) -> bytes:
+    return b"".join((_k259, (_P[n261] if 0 <= (n261 := v) < 8192 else _long(n261)),))
 
 
-def _u248(v: Any) -> bytes:
-    return b"".join((_k248, (_P[n250] if 0 <= (n250 := v) < 8192 else _long(n250)),))
+def _u264(v: Any) -> bytes:
+    return b"".join((_k264, (_P[n266] if 0 <= (n266 := v) < 8192 else _long(n266)),))
 
 
-def _u253(v: Any) -> bytes:
-    return b"".join((_k253, (_P[n255] if 0 <= (n255 := v) < 8192 else _long(n255)),))
+def _u269(v: Any) -> bytes:
+    return b"".join((_k269, (_P[n271] if 0 <= (n271 := v) < 8192 else _long(n271)),))
 
 
-def _e_SetQuota225(o: _c_SetQuota) -> bytes:
-    return b"".join((_k226, (_P[n229] if (n229 := len(s228 := o.tenant.encode())) < 8192 else _long(n229)), s228, (_k234 if (u230 := o.cohort) is None else _u231(u230)), (_b132(a236) if (a236 := o.nominal_gpus) else b"\x00"), (_k240 if (u237 := o.nominal_cpu_milli) is None else _u238(u237)), (_k245 if (u242 := o.nominal_memory_mib) is None else _u243(u242)), (_k250 if (u247 := o.borrowing_limit_gpus) is None else _u248(u247)), (_k255 if (u252 := o.lending_limit_gpus) is None else _u253(u252)), (_P[n257] if 0 <= (n257 := o.weight) < 8192 else _long(n257)),))
+def _e_SetQuota241(o: _c_SetQuota) -> bytes:
+    return b"".join((_k242, (_P[n245] if (n245 := len(s244 := o.tenant.encode())) < 8192 else _long(n245)), s244, (_k250 if (u246 := o.cohort) is None else _u247(u246)), (_b132(a252) if (a252 := o.nominal_gpus) else b"\x00"), (_k256 if (u253 := o.nominal_cpu_milli) is None else _u254(u253)), (_k261 if (u258 := o.nominal_memory_mib) is None else _u259(u258)), (_k266 if (u263 := o.borrowing_limit_gpus) is None else _u264(u263)), (_k271 if (u268 := o.lending_limit_gpus) is None else _u269(u268)), (_P[n273] if 0 <= (n273 := o.weight) < 8192 else _long(n273)), (_k275 if (u274 := o.preemption) is None else _k274[type(u274)](u274)),))
 
 
-def _e_RemoveQuota257(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k258, (_P[n261] if (n261 := len(s260 := o.tenant.encode())) < 8192 else _long(n261)), s260,))
+def _e_RemoveQuota276(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k277, (_P[n280] if (n280 := len(s279 := o.tenant.encode())) < 8192 else _long(n280)), s279,))
 
 
-def _u266(v: Any) -> bytes:
-    return b"".join((_k266, (_P[n269] if (n269 := len(s268 := v.encode())) < 8192 else _long(n269)), s268,))
+def _u285(v: Any) -> bytes:
+    return b"".join((_k285, (_P[n288] if (n288 := len(s287 := v.encode())) < 8192 else _long(n288)), s287,))
 
 
-def _e_Defragment261(o: _c_Defragment) -> bytes:
-    return b"".join((_k262, (_P[n264] if 0 <= (n264 := o.max_moves) < 8192 else _long(n264)), (_k269 if (u265 := o.target) is None else _u266(u265)),))
+def _e_Defragment280(o: _c_Defragment) -> bytes:
+    return b"".join((_k281, (_P[n283] if 0 <= (n283 := o.max_moves) < 8192 else _long(n283)), (_k288 if (u284 := o.target) is None else _u285(u284)),))
 
 
-def _e_ResumeCluster270(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k271, (_P[n274] if (n274 := len(s273 := o.reason.encode())) < 8192 else _long(n274)), s273,))
+def _e_ResumeCluster289(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.reason.encode())) < 8192 else _long(n293)), s292,))
 
 
-def _e_RecoverNode274(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k275, (_P[n278] if (n278 := len(s277 := o.node_id.encode())) < 8192 else _long(n278)), s277,))
+def _e_RecoverNode293(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k294, (_P[n297] if (n297 := len(s296 := o.node_id.encode())) < 8192 else _long(n297)), s296,))
 
 
-def _u284(v: Any) -> bytes:
-    return b"".join((_k284, (_b21(a286) if (a286 := v) else b"\x00"),))
+def _u303(v: Any) -> bytes:
+    return b"".join((_k303, (_b21(a305) if (a305 := v) else b"\x00"),))
 
 
-def _u289(v: Any) -> bytes:
-    return b"".join((_k289, (_b27(a291) if (a291 := v) else b"\x00"),))
+def _u308(v: Any) -> bytes:
+    return b"".join((_k308, (_b27(a310) if (a310 := v) else b"\x00"),))
 
 
-def _e_UpdateNode278(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.node_id.encode())) < 8192 else _long(n282)), s281, (_k286 if (u283 := o.labels) is None else _u284(u283)), (_k291 if (u288 := o.taints) is None else _u289(u288)),))
+def _e_UpdateNode297(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := o.node_id.encode())) < 8192 else _long(n301)), s300, (_k305 if (u302 := o.labels) is None else _u303(u302)), (_k310 if (u307 := o.taints) is None else _u308(u307)),))
 
 
-def _u298(v: Any) -> bytes:
-    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := v.encode())) < 8192 else _long(n301)), s300,))
+def _u317(v: Any) -> bytes:
+    return b"".join((_k317, (_P[n320] if (n320 := len(s319 := v.encode())) < 8192 else _long(n320)), s319,))
 
 
-def _u304(v: Any) -> bytes:
-    return b"".join((_k304, (_P[n307] if (n307 := len(s306 := v.encode())) < 8192 else _long(n307)), s306,))
+def _u323(v: Any) -> bytes:
+    return b"".join((_k323, (_P[n326] if (n326 := len(s325 := v.encode())) < 8192 else _long(n326)), s325,))
 
 
-def _u310(v: Any) -> bytes:
-    return b"".join((_k310, (_b21(a312) if (a312 := v) else b"\x00"),))
+def _u329(v: Any) -> bytes:
+    return b"".join((_k329, (_b21(a331) if (a331 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget292(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k293, (_P[n296] if (n296 := len(s295 := o.budget_id.encode())) < 8192 else _long(n296)), s295, (_k301 if (u297 := o.tenant) is None else _u298(u297)), (_k307 if (u303 := o.gang_id) is None else _u304(u303)), (_k312 if (u309 := o.label_selector) is None else _u310(u309)), (_P[n314] if 0 <= (n314 := o.max_unavailable) < 8192 else _long(n314)),))
+def _e_SetDisruptionBudget311(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314, (_k320 if (u316 := o.tenant) is None else _u317(u316)), (_k326 if (u322 := o.gang_id) is None else _u323(u322)), (_k331 if (u328 := o.label_selector) is None else _u329(u328)), (_P[n333] if 0 <= (n333 := o.max_unavailable) < 8192 else _long(n333)),))
 
 
-def _e_RemoveDisruptionBudget314(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k315, (_P[n318] if (n318 := len(s317 := o.budget_id.encode())) < 8192 else _long(n318)), s317,))
+def _e_RemoveDisruptionBudget333(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k334, (_P[n337] if (n337 := len(s336 := o.budget_id.encode())) < 8192 else _long(n337)), s336,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k318[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k337[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint346(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint365(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
+    n367 = _ZL[buf[pos]]
+    if n367 < 0:
+        n367, pos = _rlong(buf, pos)
+        if n367 < 0:
+            raise _length_error(n367, end - pos)
+    else:
+        pos += 1
+    q368 = pos + n367
+    if q368 > end:
+        raise _length_error(n367, end - pos)
+    f_key = buf[pos:q368].decode()
+    pos = q368
+    n369 = _ZL[buf[pos]]
+    if n369 < 0:
+        n369, pos = _rlong(buf, pos)
+        if n369 < 0:
+            raise _length_error(n369, end - pos)
+    else:
+        pos += 1
+    q370 = pos + n369
+    if q370 > end:
+        raise _length_error(n369, end - pos)
+    f_value = buf[pos:q370].decode()
+    pos = q370
+    n371 = _ZL[buf[pos]]
+    if n371 < 0:
+        n371, pos = _rlong(buf, pos)
+        if n371 < 0:
+            raise _length_error(n371, end - pos)
+    else:
+        pos += 1
+    q372 = pos + n371
+    if q372 > end:
+        raise _length_error(n371, end - pos)
+    f_effect = buf[pos:q372].decode()
+    pos = q372
+    o = _c_Taint(f_key, f_value, f_effect)
+    return o, pos
+
+
+def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+    f_node_id: str
+    f_gpu_model: str
+    f_gpu_count: int
+    f_cpu_milli: int
+    f_memory_mib: int
+    f_labels: dict[str, Any]
+    f_taints: tuple[Any, ...]
+    f_gpu_memory_mib: int
     n348 = _ZL[buf[pos]]
     if n348 < 0:
         n348, pos = _rlong(buf, pos)
@@ -565,7 +632,7 @@ def _d_Taint346(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q349 = pos + n348
     if q349 > end:
         raise _length_error(n348, end - pos)
-    f_key = buf[pos:q349].decode()
+    f_node_id = buf[pos:q349].decode()
     pos = q349
     n350 = _ZL[buf[pos]]
     if n350 < 0:
@@ -577,57 +644,8 @@ def _d_Taint346(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q351 = pos + n350
     if q351 > end:
         raise _length_error(n350, end - pos)
-    f_value = buf[pos:q351].decode()
+    f_gpu_model = buf[pos:q351].decode()
     pos = q351
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
-    else:
-        pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_effect = buf[pos:q353].decode()
-    pos = q353
-    o = _c_Taint(f_key, f_value, f_effect)
-    return o, pos
-
-
-def _d_AddNode327(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
-    f_node_id: str
-    f_gpu_model: str
-    f_gpu_count: int
-    f_cpu_milli: int
-    f_memory_mib: int
-    f_labels: dict[str, Any]
-    f_taints: tuple[Any, ...]
-    f_gpu_memory_mib: int
-    n329 = _ZL[buf[pos]]
-    if n329 < 0:
-        n329, pos = _rlong(buf, pos)
-        if n329 < 0:
-            raise _length_error(n329, end - pos)
-    else:
-        pos += 1
-    q330 = pos + n329
-    if q330 > end:
-        raise _length_error(n329, end - pos)
-    f_node_id = buf[pos:q330].decode()
-    pos = q330
-    n331 = _ZL[buf[pos]]
-    if n331 < 0:
-        n331, pos = _rlong(buf, pos)
-        if n331 < 0:
-            raise _length_error(n331, end - pos)
-    else:
-        pos += 1
-    q332 = pos + n331
-    if q332 > end:
-        raise _length_error(n331, end - pos)
-    f_gpu_model = buf[pos:q332].decode()
-    pos = q332
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -674,113 +692,113 @@ def _d_AddNode327(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc333: dict[str, Any] = {}
+        acc352: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c334 = _ZD[b]
+                c353 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c334 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c334 = (z >> 1) ^ -(z & 1)
+                c353 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c334, pos = _rlong(buf, pos)
-            if c334 == 0:
+                c353, pos = _rlong(buf, pos)
+            if c353 == 0:
                 break
-            if c334 < 0:
-                c334 = -c334
+            if c353 < 0:
+                c353 = -c353
                 b = buf[pos]
                 if b < 128:
-                    z337 = _ZD[b]
+                    z356 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z337 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z337 = (z >> 1) ^ -(z & 1)
+                    z356 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z337, pos = _rlong(buf, pos)
-            if c334 * 2 > end - pos:
-                raise _count_error(c334, end - pos)
-            for _ in range(c334):
-                n338 = _ZL[buf[pos]]
-                if n338 < 0:
-                    n338, pos = _rlong(buf, pos)
-                    if n338 < 0:
-                        raise _length_error(n338, end - pos)
+                    z356, pos = _rlong(buf, pos)
+            if c353 * 2 > end - pos:
+                raise _count_error(c353, end - pos)
+            for _ in range(c353):
+                n357 = _ZL[buf[pos]]
+                if n357 < 0:
+                    n357, pos = _rlong(buf, pos)
+                    if n357 < 0:
+                        raise _length_error(n357, end - pos)
                 else:
                     pos += 1
-                q339 = pos + n338
-                if q339 > end:
-                    raise _length_error(n338, end - pos)
-                k336 = buf[pos:q339].decode()
-                pos = q339
-                n340 = _ZL[buf[pos]]
-                if n340 < 0:
-                    n340, pos = _rlong(buf, pos)
-                    if n340 < 0:
-                        raise _length_error(n340, end - pos)
+                q358 = pos + n357
+                if q358 > end:
+                    raise _length_error(n357, end - pos)
+                k355 = buf[pos:q358].decode()
+                pos = q358
+                n359 = _ZL[buf[pos]]
+                if n359 < 0:
+                    n359, pos = _rlong(buf, pos)
+                    if n359 < 0:
+                        raise _length_error(n359, end - pos)
                 else:
                     pos += 1
-                q341 = pos + n340
-                if q341 > end:
-                    raise _length_error(n340, end - pos)
-                x335 = buf[pos:q341].decode()
-                pos = q341
-                acc333[k336] = x335
-        f_labels = acc333
+                q360 = pos + n359
+                if q360 > end:
+                    raise _length_error(n359, end - pos)
+                x354 = buf[pos:q360].decode()
+                pos = q360
+                acc352[k355] = x354
+        f_labels = acc352
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc342: list[Any] = []
+        acc361: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c343 = _ZD[b]
+                c362 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c343 = (z >> 1) ^ -(z & 1)
+                c362 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c343 = (z >> 1) ^ -(z & 1)
+                c362 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c343, pos = _rlong(buf, pos)
-            if c343 == 0:
+                c362, pos = _rlong(buf, pos)
+            if c362 == 0:
                 break
-            if c343 < 0:
-                c343 = -c343
+            if c362 < 0:
+                c362 = -c362
                 b = buf[pos]
                 if b < 128:
-                    z346 = _ZD[b]
+                    z365 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z346 = (z >> 1) ^ -(z & 1)
+                    z365 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z346 = (z >> 1) ^ -(z & 1)
+                    z365 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z346, pos = _rlong(buf, pos)
-            if c343 * 3 > end - pos:
-                raise _count_error(c343, end - pos)
-            for _ in range(c343):
-                x344, pos = _d_Taint346(buf, pos, end)
-                acc342.append(x344)
-        f_taints = tuple(acc342)
+                    z365, pos = _rlong(buf, pos)
+            if c362 * 3 > end - pos:
+                raise _count_error(c362, end - pos)
+            for _ in range(c362):
+                x363, pos = _d_Taint365(buf, pos, end)
+                acc361.append(x363)
+        f_taints = tuple(acc361)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -799,79 +817,79 @@ def _d_AddNode327(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode353(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode372(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n355 = _ZL[buf[pos]]
-    if n355 < 0:
-        n355, pos = _rlong(buf, pos)
-        if n355 < 0:
-            raise _length_error(n355, end - pos)
+    n374 = _ZL[buf[pos]]
+    if n374 < 0:
+        n374, pos = _rlong(buf, pos)
+        if n374 < 0:
+            raise _length_error(n374, end - pos)
     else:
         pos += 1
-    q356 = pos + n355
-    if q356 > end:
-        raise _length_error(n355, end - pos)
-    f_node_id = buf[pos:q356].decode()
-    pos = q356
+    q375 = pos + n374
+    if q375 > end:
+        raise _length_error(n374, end - pos)
+    f_node_id = buf[pos:q375].decode()
+    pos = q375
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode356(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n358 = _ZL[buf[pos]]
-    if n358 < 0:
-        n358, pos = _rlong(buf, pos)
-        if n358 < 0:
-            raise _length_error(n358, end - pos)
+    n377 = _ZL[buf[pos]]
+    if n377 < 0:
+        n377, pos = _rlong(buf, pos)
+        if n377 < 0:
+            raise _length_error(n377, end - pos)
     else:
         pos += 1
-    q359 = pos + n358
-    if q359 > end:
-        raise _length_error(n358, end - pos)
-    f_node_id = buf[pos:q359].decode()
-    pos = q359
+    q378 = pos + n377
+    if q378 > end:
+        raise _length_error(n377, end - pos)
+    f_node_id = buf[pos:q378].decode()
+    pos = q378
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode359(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode378(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    n380 = _ZL[buf[pos]]
+    if n380 < 0:
+        n380, pos = _rlong(buf, pos)
+        if n380 < 0:
+            raise _length_error(n380, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_node_id = buf[pos:q362].decode()
-    pos = q362
+    q381 = pos + n380
+    if q381 > end:
+        raise _length_error(n380, end - pos)
+    f_node_id = buf[pos:q381].decode()
+    pos = q381
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode362(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode381(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n364 = _ZL[buf[pos]]
-    if n364 < 0:
-        n364, pos = _rlong(buf, pos)
-        if n364 < 0:
-            raise _length_error(n364, end - pos)
+    n383 = _ZL[buf[pos]]
+    if n383 < 0:
+        n383, pos = _rlong(buf, pos)
+        if n383 < 0:
+            raise _length_error(n383, end - pos)
     else:
         pos += 1
-    q365 = pos + n364
-    if q365 > end:
-        raise _length_error(n364, end - pos)
-    f_node_id = buf[pos:q365].decode()
-    pos = q365
+    q384 = pos + n383
+    if q384 > end:
+        raise _length_error(n383, end - pos)
+    f_node_id = buf[pos:q384].decode()
+    pos = q384
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -892,95 +910,95 @@ def _d_DrainNode362(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed365(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed384(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n367 = _ZL[buf[pos]]
-    if n367 < 0:
-        n367, pos = _rlong(buf, pos)
-        if n367 < 0:
-            raise _length_error(n367, end - pos)
+    n386 = _ZL[buf[pos]]
+    if n386 < 0:
+        n386, pos = _rlong(buf, pos)
+        if n386 < 0:
+            raise _length_error(n386, end - pos)
     else:
         pos += 1
-    q368 = pos + n367
-    if q368 > end:
-        raise _length_error(n367, end - pos)
-    f_node_id = buf[pos:q368].decode()
-    pos = q368
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    q387 = pos + n386
+    if q387 > end:
+        raise _length_error(n386, end - pos)
+    f_node_id = buf[pos:q387].decode()
+    pos = q387
+    n388 = _ZL[buf[pos]]
+    if n388 < 0:
+        n388, pos = _rlong(buf, pos)
+        if n388 < 0:
+            raise _length_error(n388, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_reason = buf[pos:q370].decode()
-    pos = q370
+    q389 = pos + n388
+    if q389 > end:
+        raise _length_error(n388, end - pos)
+    f_reason = buf[pos:q389].decode()
+    pos = q389
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration396(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n398 = _ZL[buf[pos]]
-    if n398 < 0:
-        n398, pos = _rlong(buf, pos)
-        if n398 < 0:
-            raise _length_error(n398, end - pos)
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q399 = pos + n398
-    if q399 > end:
-        raise _length_error(n398, end - pos)
-    f_key = buf[pos:q399].decode()
-    pos = q399
-    n400 = _ZL[buf[pos]]
-    if n400 < 0:
-        n400, pos = _rlong(buf, pos)
-        if n400 < 0:
-            raise _length_error(n400, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_key = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q401 = pos + n400
-    if q401 > end:
-        raise _length_error(n400, end - pos)
-    f_operator = buf[pos:q401].decode()
-    pos = q401
-    n402 = _ZL[buf[pos]]
-    if n402 < 0:
-        n402, pos = _rlong(buf, pos)
-        if n402 < 0:
-            raise _length_error(n402, end - pos)
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_operator = buf[pos:q420].decode()
+    pos = q420
+    n421 = _ZL[buf[pos]]
+    if n421 < 0:
+        n421, pos = _rlong(buf, pos)
+        if n421 < 0:
+            raise _length_error(n421, end - pos)
     else:
         pos += 1
-    q403 = pos + n402
-    if q403 > end:
-        raise _length_error(n402, end - pos)
-    f_value = buf[pos:q403].decode()
-    pos = q403
-    n404 = _ZL[buf[pos]]
-    if n404 < 0:
-        n404, pos = _rlong(buf, pos)
-        if n404 < 0:
-            raise _length_error(n404, end - pos)
+    q422 = pos + n421
+    if q422 > end:
+        raise _length_error(n421, end - pos)
+    f_value = buf[pos:q422].decode()
+    pos = q422
+    n423 = _ZL[buf[pos]]
+    if n423 < 0:
+        n423, pos = _rlong(buf, pos)
+        if n423 < 0:
+            raise _length_error(n423, end - pos)
     else:
         pos += 1
-    q405 = pos + n404
-    if q405 > end:
-        raise _length_error(n404, end - pos)
-    f_effect = buf[pos:q405].decode()
-    pos = q405
+    q424 = pos + n423
+    if q424 > end:
+        raise _length_error(n423, end - pos)
+    f_effect = buf[pos:q424].decode()
+    pos = q424
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry418(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry437(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1030,7 +1048,7 @@ def _d_Retry418(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1048,30 +1066,31 @@ def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n372 = _ZL[buf[pos]]
-    if n372 < 0:
-        n372, pos = _rlong(buf, pos)
-        if n372 < 0:
-            raise _length_error(n372, end - pos)
+    f_preemptible: bool
+    n391 = _ZL[buf[pos]]
+    if n391 < 0:
+        n391, pos = _rlong(buf, pos)
+        if n391 < 0:
+            raise _length_error(n391, end - pos)
     else:
         pos += 1
-    q373 = pos + n372
-    if q373 > end:
-        raise _length_error(n372, end - pos)
-    f_pod_id = buf[pos:q373].decode()
-    pos = q373
-    n374 = _ZL[buf[pos]]
-    if n374 < 0:
-        n374, pos = _rlong(buf, pos)
-        if n374 < 0:
-            raise _length_error(n374, end - pos)
+    q392 = pos + n391
+    if q392 > end:
+        raise _length_error(n391, end - pos)
+    f_pod_id = buf[pos:q392].decode()
+    pos = q392
+    n393 = _ZL[buf[pos]]
+    if n393 < 0:
+        n393, pos = _rlong(buf, pos)
+        if n393 < 0:
+            raise _length_error(n393, end - pos)
     else:
         pos += 1
-    q375 = pos + n374
-    if q375 > end:
-        raise _length_error(n374, end - pos)
-    f_tenant = buf[pos:q375].decode()
-    pos = q375
+    q394 = pos + n393
+    if q394 > end:
+        raise _length_error(n393, end - pos)
+    f_tenant = buf[pos:q394].decode()
+    pos = q394
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1146,185 +1165,185 @@ def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc376: list[Any] = []
+        acc395: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c377 = _ZD[b]
+                c396 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c377 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c377 = (z >> 1) ^ -(z & 1)
+                c396 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c377, pos = _rlong(buf, pos)
-            if c377 == 0:
+                c396, pos = _rlong(buf, pos)
+            if c396 == 0:
                 break
-            if c377 < 0:
-                c377 = -c377
+            if c396 < 0:
+                c396 = -c396
                 b = buf[pos]
                 if b < 128:
-                    z380 = _ZD[b]
+                    z399 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z380 = (z >> 1) ^ -(z & 1)
+                    z399 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z380, pos = _rlong(buf, pos)
-            if c377 * 1 > end - pos:
-                raise _count_error(c377, end - pos)
-            for _ in range(c377):
-                n381 = _ZL[buf[pos]]
-                if n381 < 0:
-                    n381, pos = _rlong(buf, pos)
-                    if n381 < 0:
-                        raise _length_error(n381, end - pos)
+                    z399, pos = _rlong(buf, pos)
+            if c396 * 1 > end - pos:
+                raise _count_error(c396, end - pos)
+            for _ in range(c396):
+                n400 = _ZL[buf[pos]]
+                if n400 < 0:
+                    n400, pos = _rlong(buf, pos)
+                    if n400 < 0:
+                        raise _length_error(n400, end - pos)
                 else:
                     pos += 1
-                q382 = pos + n381
-                if q382 > end:
-                    raise _length_error(n381, end - pos)
-                x378 = buf[pos:q382].decode()
-                pos = q382
-                acc376.append(x378)
-        f_gpu_models = tuple(acc376)
+                q401 = pos + n400
+                if q401 > end:
+                    raise _length_error(n400, end - pos)
+                x397 = buf[pos:q401].decode()
+                pos = q401
+                acc395.append(x397)
+        f_gpu_models = tuple(acc395)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc383: dict[str, Any] = {}
+        acc402: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c384 = _ZD[b]
+                c403 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c384 = (z >> 1) ^ -(z & 1)
+                c403 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c384 = (z >> 1) ^ -(z & 1)
+                c403 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c384, pos = _rlong(buf, pos)
-            if c384 == 0:
+                c403, pos = _rlong(buf, pos)
+            if c403 == 0:
                 break
-            if c384 < 0:
-                c384 = -c384
+            if c403 < 0:
+                c403 = -c403
                 b = buf[pos]
                 if b < 128:
-                    z387 = _ZD[b]
+                    z406 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z387 = (z >> 1) ^ -(z & 1)
+                    z406 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z387 = (z >> 1) ^ -(z & 1)
+                    z406 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z387, pos = _rlong(buf, pos)
-            if c384 * 2 > end - pos:
-                raise _count_error(c384, end - pos)
-            for _ in range(c384):
-                n388 = _ZL[buf[pos]]
-                if n388 < 0:
-                    n388, pos = _rlong(buf, pos)
-                    if n388 < 0:
-                        raise _length_error(n388, end - pos)
+                    z406, pos = _rlong(buf, pos)
+            if c403 * 2 > end - pos:
+                raise _count_error(c403, end - pos)
+            for _ in range(c403):
+                n407 = _ZL[buf[pos]]
+                if n407 < 0:
+                    n407, pos = _rlong(buf, pos)
+                    if n407 < 0:
+                        raise _length_error(n407, end - pos)
                 else:
                     pos += 1
-                q389 = pos + n388
-                if q389 > end:
-                    raise _length_error(n388, end - pos)
-                k386 = buf[pos:q389].decode()
-                pos = q389
-                n390 = _ZL[buf[pos]]
-                if n390 < 0:
-                    n390, pos = _rlong(buf, pos)
-                    if n390 < 0:
-                        raise _length_error(n390, end - pos)
+                q408 = pos + n407
+                if q408 > end:
+                    raise _length_error(n407, end - pos)
+                k405 = buf[pos:q408].decode()
+                pos = q408
+                n409 = _ZL[buf[pos]]
+                if n409 < 0:
+                    n409, pos = _rlong(buf, pos)
+                    if n409 < 0:
+                        raise _length_error(n409, end - pos)
                 else:
                     pos += 1
-                q391 = pos + n390
-                if q391 > end:
-                    raise _length_error(n390, end - pos)
-                x385 = buf[pos:q391].decode()
-                pos = q391
-                acc383[k386] = x385
-        f_node_selector = acc383
+                q410 = pos + n409
+                if q410 > end:
+                    raise _length_error(n409, end - pos)
+                x404 = buf[pos:q410].decode()
+                pos = q410
+                acc402[k405] = x404
+        f_node_selector = acc402
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc392: list[Any] = []
+        acc411: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c393 = _ZD[b]
+                c412 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c393 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c393 = (z >> 1) ^ -(z & 1)
+                c412 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c393, pos = _rlong(buf, pos)
-            if c393 == 0:
+                c412, pos = _rlong(buf, pos)
+            if c412 == 0:
                 break
-            if c393 < 0:
-                c393 = -c393
+            if c412 < 0:
+                c412 = -c412
                 b = buf[pos]
                 if b < 128:
-                    z396 = _ZD[b]
+                    z415 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z396 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z396 = (z >> 1) ^ -(z & 1)
+                    z415 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z396, pos = _rlong(buf, pos)
-            if c393 * 4 > end - pos:
-                raise _count_error(c393, end - pos)
-            for _ in range(c393):
-                x394, pos = _d_Toleration396(buf, pos, end)
-                acc392.append(x394)
-        f_tolerations = tuple(acc392)
+                    z415, pos = _rlong(buf, pos)
+            if c412 * 4 > end - pos:
+                raise _count_error(c412, end - pos)
+            for _ in range(c412):
+                x413, pos = _d_Toleration415(buf, pos, end)
+                acc411.append(x413)
+        f_tolerations = tuple(acc411)
     b = buf[pos]
     if b < 128:
-        i406 = _ZD[b]
+        i425 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i406 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i406 = (z >> 1) ^ -(z & 1)
+        i425 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i406, pos = _rlong(buf, pos)
-    if i406 == 0:
+        i425, pos = _rlong(buf, pos)
+    if i425 == 0:
         f_time_limit_ms = None
-    elif i406 == 1:
+    elif i425 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1340,86 +1359,86 @@ def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i406, 2)
+        raise _union_error(i425, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc407: list[Any] = []
+        acc426: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c408 = _ZD[b]
+                c427 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c408 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c408 = (z >> 1) ^ -(z & 1)
+                c427 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c408, pos = _rlong(buf, pos)
-            if c408 == 0:
+                c427, pos = _rlong(buf, pos)
+            if c427 == 0:
                 break
-            if c408 < 0:
-                c408 = -c408
+            if c427 < 0:
+                c427 = -c427
                 b = buf[pos]
                 if b < 128:
-                    z411 = _ZD[b]
+                    z430 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z411 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z411 = (z >> 1) ^ -(z & 1)
+                    z430 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z411, pos = _rlong(buf, pos)
-            if c408 * 1 > end - pos:
-                raise _count_error(c408, end - pos)
-            for _ in range(c408):
-                n412 = _ZL[buf[pos]]
-                if n412 < 0:
-                    n412, pos = _rlong(buf, pos)
-                    if n412 < 0:
-                        raise _length_error(n412, end - pos)
+                    z430, pos = _rlong(buf, pos)
+            if c427 * 1 > end - pos:
+                raise _count_error(c427, end - pos)
+            for _ in range(c427):
+                n431 = _ZL[buf[pos]]
+                if n431 < 0:
+                    n431, pos = _rlong(buf, pos)
+                    if n431 < 0:
+                        raise _length_error(n431, end - pos)
                 else:
                     pos += 1
-                q413 = pos + n412
-                if q413 > end:
-                    raise _length_error(n412, end - pos)
-                x409 = buf[pos:q413].decode()
-                pos = q413
-                acc407.append(x409)
-        f_depends_on = tuple(acc407)
-    n414 = _ZL[buf[pos]]
-    if n414 < 0:
-        n414, pos = _rlong(buf, pos)
-        if n414 < 0:
-            raise _length_error(n414, end - pos)
+                q432 = pos + n431
+                if q432 > end:
+                    raise _length_error(n431, end - pos)
+                x428 = buf[pos:q432].decode()
+                pos = q432
+                acc426.append(x428)
+        f_depends_on = tuple(acc426)
+    n433 = _ZL[buf[pos]]
+    if n433 < 0:
+        n433, pos = _rlong(buf, pos)
+        if n433 < 0:
+            raise _length_error(n433, end - pos)
     else:
         pos += 1
-    q415 = pos + n414
-    if q415 > end:
-        raise _length_error(n414, end - pos)
-    f_dependency = buf[pos:q415].decode()
-    pos = q415
-    n416 = _ZL[buf[pos]]
-    if n416 < 0:
-        n416, pos = _rlong(buf, pos)
-        if n416 < 0:
-            raise _length_error(n416, end - pos)
+    q434 = pos + n433
+    if q434 > end:
+        raise _length_error(n433, end - pos)
+    f_dependency = buf[pos:q434].decode()
+    pos = q434
+    n435 = _ZL[buf[pos]]
+    if n435 < 0:
+        n435, pos = _rlong(buf, pos)
+        if n435 < 0:
+            raise _length_error(n435, end - pos)
     else:
         pos += 1
-    q417 = pos + n416
-    if q417 > end:
-        raise _length_error(n416, end - pos)
-    f_preemption = buf[pos:q417].decode()
-    pos = q417
+    q436 = pos + n435
+    if q436 > end:
+        raise _length_error(n435, end - pos)
+    f_preemption = buf[pos:q436].decode()
+    pos = q436
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1438,60 +1457,140 @@ def _d_SubmitPod370(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i418 = _ZD[b]
+        i437 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i418 = (z >> 1) ^ -(z & 1)
+        i437 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i418 = (z >> 1) ^ -(z & 1)
+        i437 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i418, pos = _rlong(buf, pos)
-    if i418 == 0:
+        i437, pos = _rlong(buf, pos)
+    if i437 == 0:
         f_retry = None
-    elif i418 == 1:
-        f_retry, pos = _d_Retry418(buf, pos, end)
+    elif i437 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
     else:
-        raise _union_error(i418, 2)
-    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
+        raise _union_error(i437, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release419(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release438(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n421 = _ZL[buf[pos]]
-    if n421 < 0:
-        n421, pos = _rlong(buf, pos)
-        if n421 < 0:
-            raise _length_error(n421, end - pos)
+    n440 = _ZL[buf[pos]]
+    if n440 < 0:
+        n440, pos = _rlong(buf, pos)
+        if n440 < 0:
+            raise _length_error(n440, end - pos)
     else:
         pos += 1
-    q422 = pos + n421
-    if q422 > end:
-        raise _length_error(n421, end - pos)
-    f_pod_id = buf[pos:q422].decode()
-    pos = q422
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
+    q441 = pos + n440
+    if q441 > end:
+        raise _length_error(n440, end - pos)
+    f_pod_id = buf[pos:q441].decode()
+    pos = q441
+    n442 = _ZL[buf[pos]]
+    if n442 < 0:
+        n442, pos = _rlong(buf, pos)
+        if n442 < 0:
+            raise _length_error(n442, end - pos)
     else:
         pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_reason = buf[pos:q424].decode()
-    pos = q424
+    q443 = pos + n442
+    if q443 > end:
+        raise _length_error(n442, end - pos)
+    f_reason = buf[pos:q443].decode()
+    pos = q443
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+    f_within_tenant: str
+    f_reclaim_within_cohort: str
+    f_borrow_within_cohort: str
+    f_borrow_max_victim_priority: Any
+    n468 = _ZL[buf[pos]]
+    if n468 < 0:
+        n468, pos = _rlong(buf, pos)
+        if n468 < 0:
+            raise _length_error(n468, end - pos)
+    else:
+        pos += 1
+    q469 = pos + n468
+    if q469 > end:
+        raise _length_error(n468, end - pos)
+    f_within_tenant = buf[pos:q469].decode()
+    pos = q469
+    n470 = _ZL[buf[pos]]
+    if n470 < 0:
+        n470, pos = _rlong(buf, pos)
+        if n470 < 0:
+            raise _length_error(n470, end - pos)
+    else:
+        pos += 1
+    q471 = pos + n470
+    if q471 > end:
+        raise _length_error(n470, end - pos)
+    f_reclaim_within_cohort = buf[pos:q471].decode()
+    pos = q471
+    n472 = _ZL[buf[pos]]
+    if n472 < 0:
+        n472, pos = _rlong(buf, pos)
+        if n472 < 0:
+            raise _length_error(n472, end - pos)
+    else:
+        pos += 1
+    q473 = pos + n472
+    if q473 > end:
+        raise _length_error(n472, end - pos)
+    f_borrow_within_cohort = buf[pos:q473].decode()
+    pos = q473
+    b = buf[pos]
+    if b < 128:
+        i474 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i474 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i474 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i474, pos = _rlong(buf, pos)
+    if i474 == 0:
+        f_borrow_max_victim_priority = None
+    elif i474 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrow_max_victim_priority = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrow_max_victim_priority = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrow_max_victim_priority, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i474, 2)
+    o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
+    return o, pos
+
+
+def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1499,123 +1598,124 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
+    f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i433 = _ZD[b]
+        i452 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i433 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i433 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i433, pos = _rlong(buf, pos)
-    if i433 == 0:
+        i452, pos = _rlong(buf, pos)
+    if i452 == 0:
         f_cohort = None
-    elif i433 == 1:
-        n434 = _ZL[buf[pos]]
-        if n434 < 0:
-            n434, pos = _rlong(buf, pos)
-            if n434 < 0:
-                raise _length_error(n434, end - pos)
+    elif i452 == 1:
+        n453 = _ZL[buf[pos]]
+        if n453 < 0:
+            n453, pos = _rlong(buf, pos)
+            if n453 < 0:
+                raise _length_error(n453, end - pos)
         else:
             pos += 1
-        q435 = pos + n434
-        if q435 > end:
-            raise _length_error(n434, end - pos)
-        f_cohort = buf[pos:q435].decode()
-        pos = q435
+        q454 = pos + n453
+        if q454 > end:
+            raise _length_error(n453, end - pos)
+        f_cohort = buf[pos:q454].decode()
+        pos = q454
     else:
-        raise _union_error(i433, 2)
+        raise _union_error(i452, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc436: dict[str, Any] = {}
+        acc455: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c437 = _ZD[b]
+                c456 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c437 = (z >> 1) ^ -(z & 1)
+                c456 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c437 = (z >> 1) ^ -(z & 1)
+                c456 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c437, pos = _rlong(buf, pos)
-            if c437 == 0:
+                c456, pos = _rlong(buf, pos)
+            if c456 == 0:
                 break
-            if c437 < 0:
-                c437 = -c437
+            if c456 < 0:
+                c456 = -c456
                 b = buf[pos]
                 if b < 128:
-                    z440 = _ZD[b]
+                    z459 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z440 = (z >> 1) ^ -(z & 1)
+                    z459 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z440 = (z >> 1) ^ -(z & 1)
+                    z459 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z440, pos = _rlong(buf, pos)
-            if c437 * 2 > end - pos:
-                raise _count_error(c437, end - pos)
-            for _ in range(c437):
-                n441 = _ZL[buf[pos]]
-                if n441 < 0:
-                    n441, pos = _rlong(buf, pos)
-                    if n441 < 0:
-                        raise _length_error(n441, end - pos)
+                    z459, pos = _rlong(buf, pos)
+            if c456 * 2 > end - pos:
+                raise _count_error(c456, end - pos)
+            for _ in range(c456):
+                n460 = _ZL[buf[pos]]
+                if n460 < 0:
+                    n460, pos = _rlong(buf, pos)
+                    if n460 < 0:
+                        raise _length_error(n460, end - pos)
                 else:
                     pos += 1
-                q442 = pos + n441
-                if q442 > end:
-                    raise _length_error(n441, end - pos)
-                k439 = buf[pos:q442].decode()
-                pos = q442
+                q461 = pos + n460
+                if q461 > end:
+                    raise _length_error(n460, end - pos)
+                k458 = buf[pos:q461].decode()
+                pos = q461
                 b = buf[pos]
                 if b < 128:
-                    x438 = _ZD[b]
+                    x457 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x438 = (z >> 1) ^ -(z & 1)
+                    x457 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x438 = (z >> 1) ^ -(z & 1)
+                    x457 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x438, pos = _rlong(buf, pos)
-                acc436[k439] = x438
-        f_nominal_gpus = acc436
+                    x457, pos = _rlong(buf, pos)
+                acc455[k458] = x457
+        f_nominal_gpus = acc455
     b = buf[pos]
     if b < 128:
-        i443 = _ZD[b]
+        i462 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i443 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i443 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i443, pos = _rlong(buf, pos)
-    if i443 == 0:
+        i462, pos = _rlong(buf, pos)
+    if i462 == 0:
         f_nominal_cpu_milli = None
-    elif i443 == 1:
+    elif i462 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1631,24 +1731,24 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i443, 2)
+        raise _union_error(i462, 2)
     b = buf[pos]
     if b < 128:
-        i444 = _ZD[b]
+        i463 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i444 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i444 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i444, pos = _rlong(buf, pos)
-    if i444 == 0:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
         f_nominal_memory_mib = None
-    elif i444 == 1:
+    elif i463 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1664,24 +1764,24 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i444, 2)
+        raise _union_error(i463, 2)
     b = buf[pos]
     if b < 128:
-        i445 = _ZD[b]
+        i464 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i445 = (z >> 1) ^ -(z & 1)
+        i464 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i445 = (z >> 1) ^ -(z & 1)
+        i464 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i445, pos = _rlong(buf, pos)
-    if i445 == 0:
+        i464, pos = _rlong(buf, pos)
+    if i464 == 0:
         f_borrowing_limit_gpus = None
-    elif i445 == 1:
+    elif i464 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1697,24 +1797,24 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i445, 2)
+        raise _union_error(i464, 2)
     b = buf[pos]
     if b < 128:
-        i446 = _ZD[b]
+        i465 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i446 = (z >> 1) ^ -(z & 1)
+        i465 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i446 = (z >> 1) ^ -(z & 1)
+        i465 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i446, pos = _rlong(buf, pos)
-    if i446 == 0:
+        i465, pos = _rlong(buf, pos)
+    if i465 == 0:
         f_lending_limit_gpus = None
-    elif i446 == 1:
+    elif i465 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1730,7 +1830,7 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i446, 2)
+        raise _union_error(i465, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1745,93 +1845,48 @@ def _d_Quota431(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i466 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i466 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i466 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i466, pos = _rlong(buf, pos)
+    if i466 == 0:
+        f_preemption = None
+    elif i466 == 1:
+        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
+    else:
+        raise _union_error(i466, 2)
+    o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy424(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy443(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n426 = _ZL[buf[pos]]
-    if n426 < 0:
-        n426, pos = _rlong(buf, pos)
-        if n426 < 0:
-            raise _length_error(n426, end - pos)
+    n445 = _ZL[buf[pos]]
+    if n445 < 0:
+        n445, pos = _rlong(buf, pos)
+        if n445 < 0:
+            raise _length_error(n445, end - pos)
     else:
         pos += 1
-    q427 = pos + n426
-    if q427 > end:
-        raise _length_error(n426, end - pos)
-    f_policy = buf[pos:q427].decode()
-    pos = q427
-    b = buf[pos]
-    if b < 128:
-        i428 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i428 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i428 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i428, pos = _rlong(buf, pos)
-    if i428 == 0:
-        f_reserve_after_ms = None
-    elif i428 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i428, 2)
-    n429 = _ZL[buf[pos]]
-    if n429 < 0:
-        n429, pos = _rlong(buf, pos)
-        if n429 < 0:
-            raise _length_error(n429, end - pos)
-    else:
-        pos += 1
-    q430 = pos + n429
-    if q430 > end:
-        raise _length_error(n429, end - pos)
-    f_queue_order = buf[pos:q430].decode()
-    pos = q430
-    b = buf[pos]
-    if b < 128:
-        i431 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i431 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i431 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i431, pos = _rlong(buf, pos)
-    if i431 == 0:
-        f_default_quota = None
-    elif i431 == 1:
-        f_default_quota, pos = _d_Quota431(buf, pos, end)
-    else:
-        raise _union_error(i431, 2)
+    q446 = pos + n445
+    if q446 > end:
+        raise _length_error(n445, end - pos)
+    f_policy = buf[pos:q446].decode()
+    pos = q446
     b = buf[pos]
     if b < 128:
         i447 = _ZD[b]
@@ -1847,8 +1902,73 @@ def _d_SetPolicy424(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     else:
         i447, pos = _rlong(buf, pos)
     if i447 == 0:
-        f_max_clock_jump_ms = None
+        f_reserve_after_ms = None
     elif i447 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i447, 2)
+    n448 = _ZL[buf[pos]]
+    if n448 < 0:
+        n448, pos = _rlong(buf, pos)
+        if n448 < 0:
+            raise _length_error(n448, end - pos)
+    else:
+        pos += 1
+    q449 = pos + n448
+    if q449 > end:
+        raise _length_error(n448, end - pos)
+    f_queue_order = buf[pos:q449].decode()
+    pos = q449
+    b = buf[pos]
+    if b < 128:
+        i450 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i450 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i450 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i450, pos = _rlong(buf, pos)
+    if i450 == 0:
+        f_default_quota = None
+    elif i450 == 1:
+        f_default_quota, pos = _d_Quota450(buf, pos, end)
+    else:
+        raise _union_error(i450, 2)
+    b = buf[pos]
+    if b < 128:
+        i475 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i475, pos = _rlong(buf, pos)
+    if i475 == 0:
+        f_max_clock_jump_ms = None
+    elif i475 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1864,12 +1984,12 @@ def _d_SetPolicy424(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i447, 2)
+        raise _union_error(i475, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember457(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1878,18 +1998,18 @@ def _d_GangMember457(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n459 = _ZL[buf[pos]]
-    if n459 < 0:
-        n459, pos = _rlong(buf, pos)
-        if n459 < 0:
-            raise _length_error(n459, end - pos)
+    n487 = _ZL[buf[pos]]
+    if n487 < 0:
+        n487, pos = _rlong(buf, pos)
+        if n487 < 0:
+            raise _length_error(n487, end - pos)
     else:
         pos += 1
-    q460 = pos + n459
-    if q460 > end:
-        raise _length_error(n459, end - pos)
-    f_pod_id = buf[pos:q460].decode()
-    pos = q460
+    q488 = pos + n487
+    if q488 > end:
+        raise _length_error(n487, end - pos)
+    f_pod_id = buf[pos:q488].decode()
+    pos = q488
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -1950,173 +2070,173 @@ def _d_GangMember457(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc461: list[Any] = []
+        acc489: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c462 = _ZD[b]
+                c490 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c462 = (z >> 1) ^ -(z & 1)
+                c490 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c462 = (z >> 1) ^ -(z & 1)
+                c490 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c462, pos = _rlong(buf, pos)
-            if c462 == 0:
+                c490, pos = _rlong(buf, pos)
+            if c490 == 0:
                 break
-            if c462 < 0:
-                c462 = -c462
+            if c490 < 0:
+                c490 = -c490
                 b = buf[pos]
                 if b < 128:
-                    z465 = _ZD[b]
+                    z493 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z465 = (z >> 1) ^ -(z & 1)
+                    z493 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z465 = (z >> 1) ^ -(z & 1)
+                    z493 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z465, pos = _rlong(buf, pos)
-            if c462 * 1 > end - pos:
-                raise _count_error(c462, end - pos)
-            for _ in range(c462):
-                n466 = _ZL[buf[pos]]
-                if n466 < 0:
-                    n466, pos = _rlong(buf, pos)
-                    if n466 < 0:
-                        raise _length_error(n466, end - pos)
+                    z493, pos = _rlong(buf, pos)
+            if c490 * 1 > end - pos:
+                raise _count_error(c490, end - pos)
+            for _ in range(c490):
+                n494 = _ZL[buf[pos]]
+                if n494 < 0:
+                    n494, pos = _rlong(buf, pos)
+                    if n494 < 0:
+                        raise _length_error(n494, end - pos)
                 else:
                     pos += 1
-                q467 = pos + n466
-                if q467 > end:
-                    raise _length_error(n466, end - pos)
-                x463 = buf[pos:q467].decode()
-                pos = q467
-                acc461.append(x463)
-        f_gpu_models = tuple(acc461)
+                q495 = pos + n494
+                if q495 > end:
+                    raise _length_error(n494, end - pos)
+                x491 = buf[pos:q495].decode()
+                pos = q495
+                acc489.append(x491)
+        f_gpu_models = tuple(acc489)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc468: dict[str, Any] = {}
+        acc496: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c469 = _ZD[b]
+                c497 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c469 = (z >> 1) ^ -(z & 1)
+                c497 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c469 = (z >> 1) ^ -(z & 1)
+                c497 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c469, pos = _rlong(buf, pos)
-            if c469 == 0:
+                c497, pos = _rlong(buf, pos)
+            if c497 == 0:
                 break
-            if c469 < 0:
-                c469 = -c469
+            if c497 < 0:
+                c497 = -c497
                 b = buf[pos]
                 if b < 128:
-                    z472 = _ZD[b]
+                    z500 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z472 = (z >> 1) ^ -(z & 1)
+                    z500 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z472 = (z >> 1) ^ -(z & 1)
+                    z500 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z472, pos = _rlong(buf, pos)
-            if c469 * 2 > end - pos:
-                raise _count_error(c469, end - pos)
-            for _ in range(c469):
-                n473 = _ZL[buf[pos]]
-                if n473 < 0:
-                    n473, pos = _rlong(buf, pos)
-                    if n473 < 0:
-                        raise _length_error(n473, end - pos)
+                    z500, pos = _rlong(buf, pos)
+            if c497 * 2 > end - pos:
+                raise _count_error(c497, end - pos)
+            for _ in range(c497):
+                n501 = _ZL[buf[pos]]
+                if n501 < 0:
+                    n501, pos = _rlong(buf, pos)
+                    if n501 < 0:
+                        raise _length_error(n501, end - pos)
                 else:
                     pos += 1
-                q474 = pos + n473
-                if q474 > end:
-                    raise _length_error(n473, end - pos)
-                k471 = buf[pos:q474].decode()
-                pos = q474
-                n475 = _ZL[buf[pos]]
-                if n475 < 0:
-                    n475, pos = _rlong(buf, pos)
-                    if n475 < 0:
-                        raise _length_error(n475, end - pos)
+                q502 = pos + n501
+                if q502 > end:
+                    raise _length_error(n501, end - pos)
+                k499 = buf[pos:q502].decode()
+                pos = q502
+                n503 = _ZL[buf[pos]]
+                if n503 < 0:
+                    n503, pos = _rlong(buf, pos)
+                    if n503 < 0:
+                        raise _length_error(n503, end - pos)
                 else:
                     pos += 1
-                q476 = pos + n475
-                if q476 > end:
-                    raise _length_error(n475, end - pos)
-                x470 = buf[pos:q476].decode()
-                pos = q476
-                acc468[k471] = x470
-        f_node_selector = acc468
+                q504 = pos + n503
+                if q504 > end:
+                    raise _length_error(n503, end - pos)
+                x498 = buf[pos:q504].decode()
+                pos = q504
+                acc496[k499] = x498
+        f_node_selector = acc496
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc477: list[Any] = []
+        acc505: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c478 = _ZD[b]
+                c506 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c478 = (z >> 1) ^ -(z & 1)
+                c506 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c478 = (z >> 1) ^ -(z & 1)
+                c506 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c478, pos = _rlong(buf, pos)
-            if c478 == 0:
+                c506, pos = _rlong(buf, pos)
+            if c506 == 0:
                 break
-            if c478 < 0:
-                c478 = -c478
+            if c506 < 0:
+                c506 = -c506
                 b = buf[pos]
                 if b < 128:
-                    z481 = _ZD[b]
+                    z509 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z481 = (z >> 1) ^ -(z & 1)
+                    z509 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z481 = (z >> 1) ^ -(z & 1)
+                    z509 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z481, pos = _rlong(buf, pos)
-            if c478 * 4 > end - pos:
-                raise _count_error(c478, end - pos)
-            for _ in range(c478):
-                x479, pos = _d_Toleration396(buf, pos, end)
-                acc477.append(x479)
-        f_tolerations = tuple(acc477)
+                    z509, pos = _rlong(buf, pos)
+            if c506 * 4 > end - pos:
+                raise _count_error(c506, end - pos)
+            for _ in range(c506):
+                x507, pos = _d_Toleration415(buf, pos, end)
+                acc505.append(x507)
+        f_tolerations = tuple(acc505)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2130,30 +2250,31 @@ def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_dependency: str
     f_preemption: str
     f_retry: Any
-    n449 = _ZL[buf[pos]]
-    if n449 < 0:
-        n449, pos = _rlong(buf, pos)
-        if n449 < 0:
-            raise _length_error(n449, end - pos)
+    f_preemptible: bool
+    n477 = _ZL[buf[pos]]
+    if n477 < 0:
+        n477, pos = _rlong(buf, pos)
+        if n477 < 0:
+            raise _length_error(n477, end - pos)
     else:
         pos += 1
-    q450 = pos + n449
-    if q450 > end:
-        raise _length_error(n449, end - pos)
-    f_gang_id = buf[pos:q450].decode()
-    pos = q450
-    n451 = _ZL[buf[pos]]
-    if n451 < 0:
-        n451, pos = _rlong(buf, pos)
-        if n451 < 0:
-            raise _length_error(n451, end - pos)
+    q478 = pos + n477
+    if q478 > end:
+        raise _length_error(n477, end - pos)
+    f_gang_id = buf[pos:q478].decode()
+    pos = q478
+    n479 = _ZL[buf[pos]]
+    if n479 < 0:
+        n479, pos = _rlong(buf, pos)
+        if n479 < 0:
+            raise _length_error(n479, end - pos)
     else:
         pos += 1
-    q452 = pos + n451
-    if q452 > end:
-        raise _length_error(n451, end - pos)
-    f_tenant = buf[pos:q452].decode()
-    pos = q452
+    q480 = pos + n479
+    if q480 > end:
+        raise _length_error(n479, end - pos)
+    f_tenant = buf[pos:q480].decode()
+    pos = q480
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2172,63 +2293,63 @@ def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc453: list[Any] = []
+        acc481: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c454 = _ZD[b]
+                c482 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c454 = (z >> 1) ^ -(z & 1)
+                c482 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c454 = (z >> 1) ^ -(z & 1)
+                c482 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c454, pos = _rlong(buf, pos)
-            if c454 == 0:
+                c482, pos = _rlong(buf, pos)
+            if c482 == 0:
                 break
-            if c454 < 0:
-                c454 = -c454
+            if c482 < 0:
+                c482 = -c482
                 b = buf[pos]
                 if b < 128:
-                    z457 = _ZD[b]
+                    z485 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z457 = (z >> 1) ^ -(z & 1)
+                    z485 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z457 = (z >> 1) ^ -(z & 1)
+                    z485 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z457, pos = _rlong(buf, pos)
-            if c454 * 8 > end - pos:
-                raise _count_error(c454, end - pos)
-            for _ in range(c454):
-                x455, pos = _d_GangMember457(buf, pos, end)
-                acc453.append(x455)
-        f_members = tuple(acc453)
+                    z485, pos = _rlong(buf, pos)
+            if c482 * 8 > end - pos:
+                raise _count_error(c482, end - pos)
+            for _ in range(c482):
+                x483, pos = _d_GangMember485(buf, pos, end)
+                acc481.append(x483)
+        f_members = tuple(acc481)
     b = buf[pos]
     if b < 128:
-        i482 = _ZD[b]
+        i510 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i482 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i482 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i482, pos = _rlong(buf, pos)
-    if i482 == 0:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
         f_min_members = None
-    elif i482 == 1:
+    elif i510 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2244,86 +2365,86 @@ def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i482, 2)
+        raise _union_error(i510, 2)
     b = buf[pos]
     if b < 128:
-        i483 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i483 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i483 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i483, pos = _rlong(buf, pos)
-    if i483 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_topology_required = None
-    elif i483 == 1:
-        n484 = _ZL[buf[pos]]
-        if n484 < 0:
-            n484, pos = _rlong(buf, pos)
-            if n484 < 0:
-                raise _length_error(n484, end - pos)
+    elif i511 == 1:
+        n512 = _ZL[buf[pos]]
+        if n512 < 0:
+            n512, pos = _rlong(buf, pos)
+            if n512 < 0:
+                raise _length_error(n512, end - pos)
         else:
             pos += 1
-        q485 = pos + n484
-        if q485 > end:
-            raise _length_error(n484, end - pos)
-        f_topology_required = buf[pos:q485].decode()
-        pos = q485
+        q513 = pos + n512
+        if q513 > end:
+            raise _length_error(n512, end - pos)
+        f_topology_required = buf[pos:q513].decode()
+        pos = q513
     else:
-        raise _union_error(i483, 2)
+        raise _union_error(i511, 2)
     b = buf[pos]
     if b < 128:
-        i486 = _ZD[b]
+        i514 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i486 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i486 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i486, pos = _rlong(buf, pos)
-    if i486 == 0:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
         f_topology_preferred = None
-    elif i486 == 1:
-        n487 = _ZL[buf[pos]]
-        if n487 < 0:
-            n487, pos = _rlong(buf, pos)
-            if n487 < 0:
-                raise _length_error(n487, end - pos)
+    elif i514 == 1:
+        n515 = _ZL[buf[pos]]
+        if n515 < 0:
+            n515, pos = _rlong(buf, pos)
+            if n515 < 0:
+                raise _length_error(n515, end - pos)
         else:
             pos += 1
-        q488 = pos + n487
-        if q488 > end:
-            raise _length_error(n487, end - pos)
-        f_topology_preferred = buf[pos:q488].decode()
-        pos = q488
+        q516 = pos + n515
+        if q516 > end:
+            raise _length_error(n515, end - pos)
+        f_topology_preferred = buf[pos:q516].decode()
+        pos = q516
     else:
-        raise _union_error(i486, 2)
+        raise _union_error(i514, 2)
     b = buf[pos]
     if b < 128:
-        i489 = _ZD[b]
+        i517 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i489 = (z >> 1) ^ -(z & 1)
+        i517 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i489 = (z >> 1) ^ -(z & 1)
+        i517 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i489, pos = _rlong(buf, pos)
-    if i489 == 0:
+        i517, pos = _rlong(buf, pos)
+    if i517 == 0:
         f_timeout_ms = None
-    elif i489 == 1:
+    elif i517 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2339,24 +2460,24 @@ def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i489, 2)
+        raise _union_error(i517, 2)
     b = buf[pos]
     if b < 128:
-        i490 = _ZD[b]
+        i518 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i490 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i490 = (z >> 1) ^ -(z & 1)
+        i518 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i490, pos = _rlong(buf, pos)
-    if i490 == 0:
+        i518, pos = _rlong(buf, pos)
+    if i518 == 0:
         f_time_limit_ms = None
-    elif i490 == 1:
+    elif i518 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2372,142 +2493,144 @@ def _d_SubmitGang447(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i490, 2)
+        raise _union_error(i518, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc491: list[Any] = []
+        acc519: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c492 = _ZD[b]
+                c520 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c492 = (z >> 1) ^ -(z & 1)
+                c520 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c492 = (z >> 1) ^ -(z & 1)
+                c520 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c492, pos = _rlong(buf, pos)
-            if c492 == 0:
+                c520, pos = _rlong(buf, pos)
+            if c520 == 0:
                 break
-            if c492 < 0:
-                c492 = -c492
+            if c520 < 0:
+                c520 = -c520
                 b = buf[pos]
                 if b < 128:
-                    z495 = _ZD[b]
+                    z523 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z523 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z523 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z495, pos = _rlong(buf, pos)
-            if c492 * 1 > end - pos:
-                raise _count_error(c492, end - pos)
-            for _ in range(c492):
-                n496 = _ZL[buf[pos]]
-                if n496 < 0:
-                    n496, pos = _rlong(buf, pos)
-                    if n496 < 0:
-                        raise _length_error(n496, end - pos)
+                    z523, pos = _rlong(buf, pos)
+            if c520 * 1 > end - pos:
+                raise _count_error(c520, end - pos)
+            for _ in range(c520):
+                n524 = _ZL[buf[pos]]
+                if n524 < 0:
+                    n524, pos = _rlong(buf, pos)
+                    if n524 < 0:
+                        raise _length_error(n524, end - pos)
                 else:
                     pos += 1
-                q497 = pos + n496
-                if q497 > end:
-                    raise _length_error(n496, end - pos)
-                x493 = buf[pos:q497].decode()
-                pos = q497
-                acc491.append(x493)
-        f_depends_on = tuple(acc491)
-    n498 = _ZL[buf[pos]]
-    if n498 < 0:
-        n498, pos = _rlong(buf, pos)
-        if n498 < 0:
-            raise _length_error(n498, end - pos)
+                q525 = pos + n524
+                if q525 > end:
+                    raise _length_error(n524, end - pos)
+                x521 = buf[pos:q525].decode()
+                pos = q525
+                acc519.append(x521)
+        f_depends_on = tuple(acc519)
+    n526 = _ZL[buf[pos]]
+    if n526 < 0:
+        n526, pos = _rlong(buf, pos)
+        if n526 < 0:
+            raise _length_error(n526, end - pos)
     else:
         pos += 1
-    q499 = pos + n498
-    if q499 > end:
-        raise _length_error(n498, end - pos)
-    f_dependency = buf[pos:q499].decode()
-    pos = q499
-    n500 = _ZL[buf[pos]]
-    if n500 < 0:
-        n500, pos = _rlong(buf, pos)
-        if n500 < 0:
-            raise _length_error(n500, end - pos)
+    q527 = pos + n526
+    if q527 > end:
+        raise _length_error(n526, end - pos)
+    f_dependency = buf[pos:q527].decode()
+    pos = q527
+    n528 = _ZL[buf[pos]]
+    if n528 < 0:
+        n528, pos = _rlong(buf, pos)
+        if n528 < 0:
+            raise _length_error(n528, end - pos)
     else:
         pos += 1
-    q501 = pos + n500
-    if q501 > end:
-        raise _length_error(n500, end - pos)
-    f_preemption = buf[pos:q501].decode()
-    pos = q501
+    q529 = pos + n528
+    if q529 > end:
+        raise _length_error(n528, end - pos)
+    f_preemption = buf[pos:q529].decode()
+    pos = q529
     b = buf[pos]
     if b < 128:
-        i502 = _ZD[b]
+        i530 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i502 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i502 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i502, pos = _rlong(buf, pos)
-    if i502 == 0:
+        i530, pos = _rlong(buf, pos)
+    if i530 == 0:
         f_retry = None
-    elif i502 == 1:
-        f_retry, pos = _d_Retry418(buf, pos, end)
+    elif i530 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
     else:
-        raise _union_error(i502, 2)
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry)
+        raise _union_error(i530, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_ReleaseGang502(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang530(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n504 = _ZL[buf[pos]]
-    if n504 < 0:
-        n504, pos = _rlong(buf, pos)
-        if n504 < 0:
-            raise _length_error(n504, end - pos)
+    n532 = _ZL[buf[pos]]
+    if n532 < 0:
+        n532, pos = _rlong(buf, pos)
+        if n532 < 0:
+            raise _length_error(n532, end - pos)
     else:
         pos += 1
-    q505 = pos + n504
-    if q505 > end:
-        raise _length_error(n504, end - pos)
-    f_gang_id = buf[pos:q505].decode()
-    pos = q505
-    n506 = _ZL[buf[pos]]
-    if n506 < 0:
-        n506, pos = _rlong(buf, pos)
-        if n506 < 0:
-            raise _length_error(n506, end - pos)
+    q533 = pos + n532
+    if q533 > end:
+        raise _length_error(n532, end - pos)
+    f_gang_id = buf[pos:q533].decode()
+    pos = q533
+    n534 = _ZL[buf[pos]]
+    if n534 < 0:
+        n534, pos = _rlong(buf, pos)
+        if n534 < 0:
+            raise _length_error(n534, end - pos)
     else:
         pos += 1
-    q507 = pos + n506
-    if q507 > end:
-        raise _length_error(n506, end - pos)
-    f_reason = buf[pos:q507].decode()
-    pos = q507
+    q535 = pos + n534
+    if q535 > end:
+        raise _length_error(n534, end - pos)
+    f_reason = buf[pos:q535].decode()
+    pos = q535
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick507(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick535(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2518,7 +2641,7 @@ def _d_Tick507(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2527,135 +2650,136 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
     f_weight: int
-    n510 = _ZL[buf[pos]]
-    if n510 < 0:
-        n510, pos = _rlong(buf, pos)
-        if n510 < 0:
-            raise _length_error(n510, end - pos)
+    f_preemption: Any
+    n538 = _ZL[buf[pos]]
+    if n538 < 0:
+        n538, pos = _rlong(buf, pos)
+        if n538 < 0:
+            raise _length_error(n538, end - pos)
     else:
         pos += 1
-    q511 = pos + n510
-    if q511 > end:
-        raise _length_error(n510, end - pos)
-    f_tenant = buf[pos:q511].decode()
-    pos = q511
+    q539 = pos + n538
+    if q539 > end:
+        raise _length_error(n538, end - pos)
+    f_tenant = buf[pos:q539].decode()
+    pos = q539
     b = buf[pos]
     if b < 128:
-        i512 = _ZD[b]
+        i540 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i512 = (z >> 1) ^ -(z & 1)
+        i540 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i512 = (z >> 1) ^ -(z & 1)
+        i540 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i512, pos = _rlong(buf, pos)
-    if i512 == 0:
+        i540, pos = _rlong(buf, pos)
+    if i540 == 0:
         f_cohort = None
-    elif i512 == 1:
-        n513 = _ZL[buf[pos]]
-        if n513 < 0:
-            n513, pos = _rlong(buf, pos)
-            if n513 < 0:
-                raise _length_error(n513, end - pos)
+    elif i540 == 1:
+        n541 = _ZL[buf[pos]]
+        if n541 < 0:
+            n541, pos = _rlong(buf, pos)
+            if n541 < 0:
+                raise _length_error(n541, end - pos)
         else:
             pos += 1
-        q514 = pos + n513
-        if q514 > end:
-            raise _length_error(n513, end - pos)
-        f_cohort = buf[pos:q514].decode()
-        pos = q514
+        q542 = pos + n541
+        if q542 > end:
+            raise _length_error(n541, end - pos)
+        f_cohort = buf[pos:q542].decode()
+        pos = q542
     else:
-        raise _union_error(i512, 2)
+        raise _union_error(i540, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc515: dict[str, Any] = {}
+        acc543: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c516 = _ZD[b]
+                c544 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c516 = (z >> 1) ^ -(z & 1)
+                c544 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c516 = (z >> 1) ^ -(z & 1)
+                c544 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c516, pos = _rlong(buf, pos)
-            if c516 == 0:
+                c544, pos = _rlong(buf, pos)
+            if c544 == 0:
                 break
-            if c516 < 0:
-                c516 = -c516
+            if c544 < 0:
+                c544 = -c544
                 b = buf[pos]
                 if b < 128:
-                    z519 = _ZD[b]
+                    z547 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z519 = (z >> 1) ^ -(z & 1)
+                    z547 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z519 = (z >> 1) ^ -(z & 1)
+                    z547 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z519, pos = _rlong(buf, pos)
-            if c516 * 2 > end - pos:
-                raise _count_error(c516, end - pos)
-            for _ in range(c516):
-                n520 = _ZL[buf[pos]]
-                if n520 < 0:
-                    n520, pos = _rlong(buf, pos)
-                    if n520 < 0:
-                        raise _length_error(n520, end - pos)
+                    z547, pos = _rlong(buf, pos)
+            if c544 * 2 > end - pos:
+                raise _count_error(c544, end - pos)
+            for _ in range(c544):
+                n548 = _ZL[buf[pos]]
+                if n548 < 0:
+                    n548, pos = _rlong(buf, pos)
+                    if n548 < 0:
+                        raise _length_error(n548, end - pos)
                 else:
                     pos += 1
-                q521 = pos + n520
-                if q521 > end:
-                    raise _length_error(n520, end - pos)
-                k518 = buf[pos:q521].decode()
-                pos = q521
+                q549 = pos + n548
+                if q549 > end:
+                    raise _length_error(n548, end - pos)
+                k546 = buf[pos:q549].decode()
+                pos = q549
                 b = buf[pos]
                 if b < 128:
-                    x517 = _ZD[b]
+                    x545 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x517 = (z >> 1) ^ -(z & 1)
+                    x545 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x517 = (z >> 1) ^ -(z & 1)
+                    x545 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x517, pos = _rlong(buf, pos)
-                acc515[k518] = x517
-        f_nominal_gpus = acc515
+                    x545, pos = _rlong(buf, pos)
+                acc543[k546] = x545
+        f_nominal_gpus = acc543
     b = buf[pos]
     if b < 128:
-        i522 = _ZD[b]
+        i550 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i522 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i522 = (z >> 1) ^ -(z & 1)
+        i550 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i522, pos = _rlong(buf, pos)
-    if i522 == 0:
+        i550, pos = _rlong(buf, pos)
+    if i550 == 0:
         f_nominal_cpu_milli = None
-    elif i522 == 1:
+    elif i550 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2671,24 +2795,24 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i522, 2)
+        raise _union_error(i550, 2)
     b = buf[pos]
     if b < 128:
-        i523 = _ZD[b]
+        i551 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i523 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i523 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i523, pos = _rlong(buf, pos)
-    if i523 == 0:
+        i551, pos = _rlong(buf, pos)
+    if i551 == 0:
         f_nominal_memory_mib = None
-    elif i523 == 1:
+    elif i551 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2704,24 +2828,24 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i523, 2)
+        raise _union_error(i551, 2)
     b = buf[pos]
     if b < 128:
-        i524 = _ZD[b]
+        i552 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i524 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i524 = (z >> 1) ^ -(z & 1)
+        i552 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i524, pos = _rlong(buf, pos)
-    if i524 == 0:
+        i552, pos = _rlong(buf, pos)
+    if i552 == 0:
         f_borrowing_limit_gpus = None
-    elif i524 == 1:
+    elif i552 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2737,24 +2861,24 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i524, 2)
+        raise _union_error(i552, 2)
     b = buf[pos]
     if b < 128:
-        i525 = _ZD[b]
+        i553 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i525 = (z >> 1) ^ -(z & 1)
+        i553 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i525 = (z >> 1) ^ -(z & 1)
+        i553 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i525, pos = _rlong(buf, pos)
-    if i525 == 0:
+        i553, pos = _rlong(buf, pos)
+    if i553 == 0:
         f_lending_limit_gpus = None
-    elif i525 == 1:
+    elif i553 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2770,7 +2894,7 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i525, 2)
+        raise _union_error(i553, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2785,29 +2909,49 @@ def _d_SetQuota508(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         pos += 3
     else:
         f_weight, pos = _rlong(buf, pos)
-    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight)
+    b = buf[pos]
+    if b < 128:
+        i554 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i554 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i554 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i554, pos = _rlong(buf, pos)
+    if i554 == 0:
+        f_preemption = None
+    elif i554 == 1:
+        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
+    else:
+        raise _union_error(i554, 2)
+    o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota525(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota554(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n527 = _ZL[buf[pos]]
-    if n527 < 0:
-        n527, pos = _rlong(buf, pos)
-        if n527 < 0:
-            raise _length_error(n527, end - pos)
+    n556 = _ZL[buf[pos]]
+    if n556 < 0:
+        n556, pos = _rlong(buf, pos)
+        if n556 < 0:
+            raise _length_error(n556, end - pos)
     else:
         pos += 1
-    q528 = pos + n527
-    if q528 > end:
-        raise _length_error(n527, end - pos)
-    f_tenant = buf[pos:q528].decode()
-    pos = q528
+    q557 = pos + n556
+    if q557 > end:
+        raise _length_error(n556, end - pos)
+    f_tenant = buf[pos:q557].decode()
+    pos = q557
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment528(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment557(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2826,410 +2970,410 @@ def _d_Defragment528(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i530 = _ZD[b]
+        i559 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i530 = (z >> 1) ^ -(z & 1)
+        i559 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i530 = (z >> 1) ^ -(z & 1)
+        i559 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i530, pos = _rlong(buf, pos)
-    if i530 == 0:
+        i559, pos = _rlong(buf, pos)
+    if i559 == 0:
         f_target = None
-    elif i530 == 1:
-        n531 = _ZL[buf[pos]]
-        if n531 < 0:
-            n531, pos = _rlong(buf, pos)
-            if n531 < 0:
-                raise _length_error(n531, end - pos)
+    elif i559 == 1:
+        n560 = _ZL[buf[pos]]
+        if n560 < 0:
+            n560, pos = _rlong(buf, pos)
+            if n560 < 0:
+                raise _length_error(n560, end - pos)
         else:
             pos += 1
-        q532 = pos + n531
-        if q532 > end:
-            raise _length_error(n531, end - pos)
-        f_target = buf[pos:q532].decode()
-        pos = q532
+        q561 = pos + n560
+        if q561 > end:
+            raise _length_error(n560, end - pos)
+        f_target = buf[pos:q561].decode()
+        pos = q561
     else:
-        raise _union_error(i530, 2)
+        raise _union_error(i559, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster532(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster561(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n534 = _ZL[buf[pos]]
-    if n534 < 0:
-        n534, pos = _rlong(buf, pos)
-        if n534 < 0:
-            raise _length_error(n534, end - pos)
+    n563 = _ZL[buf[pos]]
+    if n563 < 0:
+        n563, pos = _rlong(buf, pos)
+        if n563 < 0:
+            raise _length_error(n563, end - pos)
     else:
         pos += 1
-    q535 = pos + n534
-    if q535 > end:
-        raise _length_error(n534, end - pos)
-    f_reason = buf[pos:q535].decode()
-    pos = q535
+    q564 = pos + n563
+    if q564 > end:
+        raise _length_error(n563, end - pos)
+    f_reason = buf[pos:q564].decode()
+    pos = q564
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode535(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode564(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n537 = _ZL[buf[pos]]
-    if n537 < 0:
-        n537, pos = _rlong(buf, pos)
-        if n537 < 0:
-            raise _length_error(n537, end - pos)
+    n566 = _ZL[buf[pos]]
+    if n566 < 0:
+        n566, pos = _rlong(buf, pos)
+        if n566 < 0:
+            raise _length_error(n566, end - pos)
     else:
         pos += 1
-    q538 = pos + n537
-    if q538 > end:
-        raise _length_error(n537, end - pos)
-    f_node_id = buf[pos:q538].decode()
-    pos = q538
+    q567 = pos + n566
+    if q567 > end:
+        raise _length_error(n566, end - pos)
+    f_node_id = buf[pos:q567].decode()
+    pos = q567
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode538(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode567(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n540 = _ZL[buf[pos]]
-    if n540 < 0:
-        n540, pos = _rlong(buf, pos)
-        if n540 < 0:
-            raise _length_error(n540, end - pos)
+    n569 = _ZL[buf[pos]]
+    if n569 < 0:
+        n569, pos = _rlong(buf, pos)
+        if n569 < 0:
+            raise _length_error(n569, end - pos)
     else:
         pos += 1
-    q541 = pos + n540
-    if q541 > end:
-        raise _length_error(n540, end - pos)
-    f_node_id = buf[pos:q541].decode()
-    pos = q541
+    q570 = pos + n569
+    if q570 > end:
+        raise _length_error(n569, end - pos)
+    f_node_id = buf[pos:q570].decode()
+    pos = q570
     b = buf[pos]
     if b < 128:
-        i542 = _ZD[b]
+        i571 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i542 = (z >> 1) ^ -(z & 1)
+        i571 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i542 = (z >> 1) ^ -(z & 1)
+        i571 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i542, pos = _rlong(buf, pos)
-    if i542 == 0:
+        i571, pos = _rlong(buf, pos)
+    if i571 == 0:
         f_labels = None
-    elif i542 == 1:
+    elif i571 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc543: dict[str, Any] = {}
+            acc572: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c544 = _ZD[b]
+                    c573 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c544 = (z >> 1) ^ -(z & 1)
+                    c573 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c544 = (z >> 1) ^ -(z & 1)
+                    c573 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c544, pos = _rlong(buf, pos)
-                if c544 == 0:
+                    c573, pos = _rlong(buf, pos)
+                if c573 == 0:
                     break
-                if c544 < 0:
-                    c544 = -c544
+                if c573 < 0:
+                    c573 = -c573
                     b = buf[pos]
                     if b < 128:
-                        z547 = _ZD[b]
+                        z576 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z547 = (z >> 1) ^ -(z & 1)
+                        z576 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z547 = (z >> 1) ^ -(z & 1)
+                        z576 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z547, pos = _rlong(buf, pos)
-                if c544 * 2 > end - pos:
-                    raise _count_error(c544, end - pos)
-                for _ in range(c544):
-                    n548 = _ZL[buf[pos]]
-                    if n548 < 0:
-                        n548, pos = _rlong(buf, pos)
-                        if n548 < 0:
-                            raise _length_error(n548, end - pos)
+                        z576, pos = _rlong(buf, pos)
+                if c573 * 2 > end - pos:
+                    raise _count_error(c573, end - pos)
+                for _ in range(c573):
+                    n577 = _ZL[buf[pos]]
+                    if n577 < 0:
+                        n577, pos = _rlong(buf, pos)
+                        if n577 < 0:
+                            raise _length_error(n577, end - pos)
                     else:
                         pos += 1
-                    q549 = pos + n548
-                    if q549 > end:
-                        raise _length_error(n548, end - pos)
-                    k546 = buf[pos:q549].decode()
-                    pos = q549
-                    n550 = _ZL[buf[pos]]
-                    if n550 < 0:
-                        n550, pos = _rlong(buf, pos)
-                        if n550 < 0:
-                            raise _length_error(n550, end - pos)
+                    q578 = pos + n577
+                    if q578 > end:
+                        raise _length_error(n577, end - pos)
+                    k575 = buf[pos:q578].decode()
+                    pos = q578
+                    n579 = _ZL[buf[pos]]
+                    if n579 < 0:
+                        n579, pos = _rlong(buf, pos)
+                        if n579 < 0:
+                            raise _length_error(n579, end - pos)
                     else:
                         pos += 1
-                    q551 = pos + n550
-                    if q551 > end:
-                        raise _length_error(n550, end - pos)
-                    x545 = buf[pos:q551].decode()
-                    pos = q551
-                    acc543[k546] = x545
-            f_labels = acc543
+                    q580 = pos + n579
+                    if q580 > end:
+                        raise _length_error(n579, end - pos)
+                    x574 = buf[pos:q580].decode()
+                    pos = q580
+                    acc572[k575] = x574
+            f_labels = acc572
     else:
-        raise _union_error(i542, 2)
+        raise _union_error(i571, 2)
     b = buf[pos]
     if b < 128:
-        i552 = _ZD[b]
+        i581 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i552 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i552 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i552, pos = _rlong(buf, pos)
-    if i552 == 0:
+        i581, pos = _rlong(buf, pos)
+    if i581 == 0:
         f_taints = None
-    elif i552 == 1:
+    elif i581 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc553: list[Any] = []
+            acc582: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c554 = _ZD[b]
+                    c583 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c554 = (z >> 1) ^ -(z & 1)
+                    c583 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c554 = (z >> 1) ^ -(z & 1)
+                    c583 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c554, pos = _rlong(buf, pos)
-                if c554 == 0:
+                    c583, pos = _rlong(buf, pos)
+                if c583 == 0:
                     break
-                if c554 < 0:
-                    c554 = -c554
+                if c583 < 0:
+                    c583 = -c583
                     b = buf[pos]
                     if b < 128:
-                        z557 = _ZD[b]
+                        z586 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z557 = (z >> 1) ^ -(z & 1)
+                        z586 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z557 = (z >> 1) ^ -(z & 1)
+                        z586 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z557, pos = _rlong(buf, pos)
-                if c554 * 3 > end - pos:
-                    raise _count_error(c554, end - pos)
-                for _ in range(c554):
-                    x555, pos = _d_Taint346(buf, pos, end)
-                    acc553.append(x555)
-            f_taints = tuple(acc553)
+                        z586, pos = _rlong(buf, pos)
+                if c583 * 3 > end - pos:
+                    raise _count_error(c583, end - pos)
+                for _ in range(c583):
+                    x584, pos = _d_Taint365(buf, pos, end)
+                    acc582.append(x584)
+            f_taints = tuple(acc582)
     else:
-        raise _union_error(i552, 2)
+        raise _union_error(i581, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget557(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget586(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n559 = _ZL[buf[pos]]
-    if n559 < 0:
-        n559, pos = _rlong(buf, pos)
-        if n559 < 0:
-            raise _length_error(n559, end - pos)
+    n588 = _ZL[buf[pos]]
+    if n588 < 0:
+        n588, pos = _rlong(buf, pos)
+        if n588 < 0:
+            raise _length_error(n588, end - pos)
     else:
         pos += 1
-    q560 = pos + n559
-    if q560 > end:
-        raise _length_error(n559, end - pos)
-    f_budget_id = buf[pos:q560].decode()
-    pos = q560
+    q589 = pos + n588
+    if q589 > end:
+        raise _length_error(n588, end - pos)
+    f_budget_id = buf[pos:q589].decode()
+    pos = q589
     b = buf[pos]
     if b < 128:
-        i561 = _ZD[b]
+        i590 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i561 = (z >> 1) ^ -(z & 1)
+        i590 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i561 = (z >> 1) ^ -(z & 1)
+        i590 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i561, pos = _rlong(buf, pos)
-    if i561 == 0:
+        i590, pos = _rlong(buf, pos)
+    if i590 == 0:
         f_tenant = None
-    elif i561 == 1:
-        n562 = _ZL[buf[pos]]
-        if n562 < 0:
-            n562, pos = _rlong(buf, pos)
-            if n562 < 0:
-                raise _length_error(n562, end - pos)
+    elif i590 == 1:
+        n591 = _ZL[buf[pos]]
+        if n591 < 0:
+            n591, pos = _rlong(buf, pos)
+            if n591 < 0:
+                raise _length_error(n591, end - pos)
         else:
             pos += 1
-        q563 = pos + n562
-        if q563 > end:
-            raise _length_error(n562, end - pos)
-        f_tenant = buf[pos:q563].decode()
-        pos = q563
+        q592 = pos + n591
+        if q592 > end:
+            raise _length_error(n591, end - pos)
+        f_tenant = buf[pos:q592].decode()
+        pos = q592
     else:
-        raise _union_error(i561, 2)
+        raise _union_error(i590, 2)
     b = buf[pos]
     if b < 128:
-        i564 = _ZD[b]
+        i593 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i564 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i564 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i564, pos = _rlong(buf, pos)
-    if i564 == 0:
+        i593, pos = _rlong(buf, pos)
+    if i593 == 0:
         f_gang_id = None
-    elif i564 == 1:
-        n565 = _ZL[buf[pos]]
-        if n565 < 0:
-            n565, pos = _rlong(buf, pos)
-            if n565 < 0:
-                raise _length_error(n565, end - pos)
+    elif i593 == 1:
+        n594 = _ZL[buf[pos]]
+        if n594 < 0:
+            n594, pos = _rlong(buf, pos)
+            if n594 < 0:
+                raise _length_error(n594, end - pos)
         else:
             pos += 1
-        q566 = pos + n565
-        if q566 > end:
-            raise _length_error(n565, end - pos)
-        f_gang_id = buf[pos:q566].decode()
-        pos = q566
+        q595 = pos + n594
+        if q595 > end:
+            raise _length_error(n594, end - pos)
+        f_gang_id = buf[pos:q595].decode()
+        pos = q595
     else:
-        raise _union_error(i564, 2)
+        raise _union_error(i593, 2)
     b = buf[pos]
     if b < 128:
-        i567 = _ZD[b]
+        i596 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i567 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i567 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i567, pos = _rlong(buf, pos)
-    if i567 == 0:
+        i596, pos = _rlong(buf, pos)
+    if i596 == 0:
         f_label_selector = None
-    elif i567 == 1:
+    elif i596 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc568: dict[str, Any] = {}
+            acc597: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c569 = _ZD[b]
+                    c598 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c569 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c569 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c569, pos = _rlong(buf, pos)
-                if c569 == 0:
+                    c598, pos = _rlong(buf, pos)
+                if c598 == 0:
                     break
-                if c569 < 0:
-                    c569 = -c569
+                if c598 < 0:
+                    c598 = -c598
                     b = buf[pos]
                     if b < 128:
-                        z572 = _ZD[b]
+                        z601 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z572 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z572 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z572, pos = _rlong(buf, pos)
-                if c569 * 2 > end - pos:
-                    raise _count_error(c569, end - pos)
-                for _ in range(c569):
-                    n573 = _ZL[buf[pos]]
-                    if n573 < 0:
-                        n573, pos = _rlong(buf, pos)
-                        if n573 < 0:
-                            raise _length_error(n573, end - pos)
+                        z601, pos = _rlong(buf, pos)
+                if c598 * 2 > end - pos:
+                    raise _count_error(c598, end - pos)
+                for _ in range(c598):
+                    n602 = _ZL[buf[pos]]
+                    if n602 < 0:
+                        n602, pos = _rlong(buf, pos)
+                        if n602 < 0:
+                            raise _length_error(n602, end - pos)
                     else:
                         pos += 1
-                    q574 = pos + n573
-                    if q574 > end:
-                        raise _length_error(n573, end - pos)
-                    k571 = buf[pos:q574].decode()
-                    pos = q574
-                    n575 = _ZL[buf[pos]]
-                    if n575 < 0:
-                        n575, pos = _rlong(buf, pos)
-                        if n575 < 0:
-                            raise _length_error(n575, end - pos)
+                    q603 = pos + n602
+                    if q603 > end:
+                        raise _length_error(n602, end - pos)
+                    k600 = buf[pos:q603].decode()
+                    pos = q603
+                    n604 = _ZL[buf[pos]]
+                    if n604 < 0:
+                        n604, pos = _rlong(buf, pos)
+                        if n604 < 0:
+                            raise _length_error(n604, end - pos)
                     else:
                         pos += 1
-                    q576 = pos + n575
-                    if q576 > end:
-                        raise _length_error(n575, end - pos)
-                    x570 = buf[pos:q576].decode()
-                    pos = q576
-                    acc568[k571] = x570
-            f_label_selector = acc568
+                    q605 = pos + n604
+                    if q605 > end:
+                        raise _length_error(n604, end - pos)
+                    x599 = buf[pos:q605].decode()
+                    pos = q605
+                    acc597[k600] = x599
+            f_label_selector = acc597
     else:
-        raise _union_error(i567, 2)
+        raise _union_error(i596, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3248,20 +3392,20 @@ def _d_SetDisruptionBudget557(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget576(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget605(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n578 = _ZL[buf[pos]]
-    if n578 < 0:
-        n578, pos = _rlong(buf, pos)
-        if n578 < 0:
-            raise _length_error(n578, end - pos)
+    n607 = _ZL[buf[pos]]
+    if n607 < 0:
+        n607, pos = _rlong(buf, pos)
+        if n607 < 0:
+            raise _length_error(n607, end - pos)
     else:
         pos += 1
-    q579 = pos + n578
-    if q579 > end:
-        raise _length_error(n578, end - pos)
-    f_budget_id = buf[pos:q579].decode()
-    pos = q579
+    q608 = pos + n607
+    if q608 > end:
+        raise _length_error(n607, end - pos)
+    f_budget_id = buf[pos:q608].decode()
+    pos = q608
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3271,7 +3415,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k319:
+    if frame[:10] != _k338:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3282,30 +3426,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n321 = _ZL[buf[pos]]
-        if n321 < 0:
-            n321, pos = _rlong(buf, pos)
-            if n321 < 0:
-                raise _length_error(n321, end - pos)
+        n340 = _ZL[buf[pos]]
+        if n340 < 0:
+            n340, pos = _rlong(buf, pos)
+            if n340 < 0:
+                raise _length_error(n340, end - pos)
         else:
             pos += 1
-        q322 = pos + n321
-        if q322 > end:
-            raise _length_error(n321, end - pos)
-        f_command_id = buf[pos:q322].decode()
-        pos = q322
-        n323 = _ZL[buf[pos]]
-        if n323 < 0:
-            n323, pos = _rlong(buf, pos)
-            if n323 < 0:
-                raise _length_error(n323, end - pos)
+        q341 = pos + n340
+        if q341 > end:
+            raise _length_error(n340, end - pos)
+        f_command_id = buf[pos:q341].decode()
+        pos = q341
+        n342 = _ZL[buf[pos]]
+        if n342 < 0:
+            n342, pos = _rlong(buf, pos)
+            if n342 < 0:
+                raise _length_error(n342, end - pos)
         else:
             pos += 1
-        q324 = pos + n323
-        if q324 > end:
-            raise _length_error(n323, end - pos)
-        f_cluster = buf[pos:q324].decode()
-        pos = q324
+        q343 = pos + n342
+        if q343 > end:
+            raise _length_error(n342, end - pos)
+        f_cluster = buf[pos:q343].decode()
+        pos = q343
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3320,35 +3464,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n325 = _ZL[buf[pos]]
-        if n325 < 0:
-            n325, pos = _rlong(buf, pos)
-            if n325 < 0:
-                raise _length_error(n325, end - pos)
+        n344 = _ZL[buf[pos]]
+        if n344 < 0:
+            n344, pos = _rlong(buf, pos)
+            if n344 < 0:
+                raise _length_error(n344, end - pos)
         else:
             pos += 1
-        q326 = pos + n325
-        if q326 > end:
-            raise _length_error(n325, end - pos)
-        f_source = buf[pos:q326].decode()
-        pos = q326
+        q345 = pos + n344
+        if q345 > end:
+            raise _length_error(n344, end - pos)
+        f_source = buf[pos:q345].decode()
+        pos = q345
         b = buf[pos]
         if b < 128:
-            i327 = _ZD[b]
+            i346 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i327 = (z >> 1) ^ -(z & 1)
+            i346 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i327 = (z >> 1) ^ -(z & 1)
+            i346 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i327, pos = _rlong(buf, pos)
-        if not 0 <= i327 < 20:
-            raise _union_error(i327, 20)
-        f_payload, pos = _k579[i327](buf, pos, end)
+            i346, pos = _rlong(buf, pos)
+        if not 0 <= i346 < 20:
+            raise _union_error(i346, 20)
+        f_payload, pos = _k608[i346](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3359,295 +3503,303 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded591(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k592, (_P[n595] if (n595 := len(s594 := o.node_id.encode())) < 8192 else _long(n595)), s594, (_P[n597] if (n597 := len(s596 := o.gpu_model.encode())) < 8192 else _long(n597)), s596, (_P[n598] if 0 <= (n598 := o.gpu_count) < 8192 else _long(n598)), (_P[n599] if 0 <= (n599 := o.cpu_milli) < 8192 else _long(n599)), (_P[n600] if 0 <= (n600 := o.memory_mib) < 8192 else _long(n600)), (_b21(a601) if (a601 := o.labels) else b"\x00"), (_b27(a602) if (a602 := o.taints) else b"\x00"), (_P[n603] if 0 <= (n603 := o.gpu_memory_mib) < 8192 else _long(n603)),))
+def _e_NodeAdded620(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k621, (_P[n624] if (n624 := len(s623 := o.node_id.encode())) < 8192 else _long(n624)), s623, (_P[n626] if (n626 := len(s625 := o.gpu_model.encode())) < 8192 else _long(n626)), s625, (_P[n627] if 0 <= (n627 := o.gpu_count) < 8192 else _long(n627)), (_P[n628] if 0 <= (n628 := o.cpu_milli) < 8192 else _long(n628)), (_P[n629] if 0 <= (n629 := o.memory_mib) < 8192 else _long(n629)), (_b21(a630) if (a630 := o.labels) else b"\x00"), (_b27(a631) if (a631 := o.taints) else b"\x00"), (_P[n632] if 0 <= (n632 := o.gpu_memory_mib) < 8192 else _long(n632)),))
 
 
-def _e_NodeRemoved603(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k604, (_P[n607] if (n607 := len(s606 := o.node_id.encode())) < 8192 else _long(n607)), s606, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved632(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned607(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k608, (_P[n611] if (n611 := len(s610 := o.node_id.encode())) < 8192 else _long(n611)), s610,))
+def _e_NodeCordoned636(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639,))
 
 
-def _e_NodeUncordoned611(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k612, (_P[n615] if (n615 := len(s614 := o.node_id.encode())) < 8192 else _long(n615)), s614,))
+def _e_NodeUncordoned640(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
 
 
-def _e_NodeDrained615(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k616, (_P[n619] if (n619 := len(s618 := o.node_id.encode())) < 8192 else _long(n619)), s618, (_P[n620] if 0 <= (n620 := o.evicted) < 8192 else _long(n620)),))
+def _e_NodeDrained644(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647, (_P[n649] if 0 <= (n649 := o.evicted) < 8192 else _long(n649)),))
 
 
-def _e_NodeFailed620(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k621, (_P[n624] if (n624 := len(s623 := o.node_id.encode())) < 8192 else _long(n624)), s623, (_P[n626] if (n626 := len(s625 := o.reason.encode())) < 8192 else _long(n626)), s625, (_P[n627] if 0 <= (n627 := o.evicted) < 8192 else _long(n627)),))
+def _e_NodeFailed649(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k650, (_P[n653] if (n653 := len(s652 := o.node_id.encode())) < 8192 else _long(n653)), s652, (_P[n655] if (n655 := len(s654 := o.reason.encode())) < 8192 else _long(n655)), s654, (_P[n656] if 0 <= (n656 := o.evicted) < 8192 else _long(n656)),))
 
 
-def _u646(v: Any) -> bytes:
-    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := v.encode())) < 8192 else _long(n649)), s648,))
+def _u675(v: Any) -> bytes:
+    return b"".join((_k675, (_P[n678] if (n678 := len(s677 := v.encode())) < 8192 else _long(n678)), s677,))
 
 
-def _u652(v: Any) -> bytes:
-    return b"".join((_k652, (_P[n654] if 0 <= (n654 := v) < 8192 else _long(n654)),))
+def _u681(v: Any) -> bytes:
+    return b"".join((_k681, (_P[n683] if 0 <= (n683 := v) < 8192 else _long(n683)),))
 
 
-def _b666(a: Any) -> bytes:
+def _b695(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n669] if (n669 := len(s668 := x.code.encode())) < 8192 else _long(n669)), s668, (_P[n670] if 0 <= (n670 := x.nodes) < 8192 else _long(n670)), (_P[n672] if (n672 := len(s671 := x.message.encode())) < 8192 else _long(n672)), s671,)
+        out += ((_P[n698] if (n698 := len(s697 := x.code.encode())) < 8192 else _long(n698)), s697, (_P[n699] if 0 <= (n699 := x.nodes) < 8192 else _long(n699)), (_P[n701] if (n701 := len(s700 := x.message.encode())) < 8192 else _long(n701)), s700,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued627(o: _c_PodQueued) -> bytes:
-    return b"".join((_k628, (_P[n632] if (n632 := len(s631 := (r630 := o.pod).pod_id.encode())) < 8192 else _long(n632)), s631, (_P[n634] if (n634 := len(s633 := r630.tenant.encode())) < 8192 else _long(n634)), s633, (_P[n635] if 0 <= (n635 := r630.priority) < 8192 else _long(n635)), (_P[n636] if 0 <= (n636 := r630.num_gpu) < 8192 else _long(n636)), (_P[n637] if 0 <= (n637 := r630.gpu_milli) < 8192 else _long(n637)), (_P[n638] if 0 <= (n638 := r630.cpu_milli) < 8192 else _long(n638)), (_P[n639] if 0 <= (n639 := r630.memory_mib) < 8192 else _long(n639)), (_b71(a640) if (a640 := r630.gpu_models) else b"\x00"), (_b21(a641) if (a641 := r630.node_selector) else b"\x00"), (_b76(a642) if (a642 := r630.tolerations) else b"\x00"), (_P[n643] if 0 <= (n643 := r630.submitted_at) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := r630.arrival) < 8192 else _long(n644)), (_k649 if (u645 := r630.gang_id) is None else _u646(u645)), (_k654 if (u651 := r630.time_limit_ms) is None else _u652(u651)), (_b71(a656) if (a656 := r630.depends_on) else b"\x00"), (_P[n658] if (n658 := len(s657 := r630.dependency.encode())) < 8192 else _long(n658)), s657, (_P[n660] if (n660 := len(s659 := r630.preemption.encode())) < 8192 else _long(n660)), s659, (b"\x01" if r630.movable else b"\x00"), (_P[n661] if 0 <= (n661 := r630.gpu_memory_mib) < 8192 else _long(n661)), (_k663 if (u662 := r630.retry) is None else _k662[type(u662)](u662)), (_b666(a665) if (a665 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a673) if (a673 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued656(o: _c_PodQueued) -> bytes:
+    return b"".join((_k657, (_P[n661] if (n661 := len(s660 := (r659 := o.pod).pod_id.encode())) < 8192 else _long(n661)), s660, (_P[n663] if (n663 := len(s662 := r659.tenant.encode())) < 8192 else _long(n663)), s662, (_P[n664] if 0 <= (n664 := r659.priority) < 8192 else _long(n664)), (_P[n665] if 0 <= (n665 := r659.num_gpu) < 8192 else _long(n665)), (_P[n666] if 0 <= (n666 := r659.gpu_milli) < 8192 else _long(n666)), (_P[n667] if 0 <= (n667 := r659.cpu_milli) < 8192 else _long(n667)), (_P[n668] if 0 <= (n668 := r659.memory_mib) < 8192 else _long(n668)), (_b71(a669) if (a669 := r659.gpu_models) else b"\x00"), (_b21(a670) if (a670 := r659.node_selector) else b"\x00"), (_b76(a671) if (a671 := r659.tolerations) else b"\x00"), (_P[n672] if 0 <= (n672 := r659.submitted_at) < 8192 else _long(n672)), (_P[n673] if 0 <= (n673 := r659.arrival) < 8192 else _long(n673)), (_k678 if (u674 := r659.gang_id) is None else _u675(u674)), (_k683 if (u680 := r659.time_limit_ms) is None else _u681(u680)), (_b71(a685) if (a685 := r659.depends_on) else b"\x00"), (_P[n687] if (n687 := len(s686 := r659.dependency.encode())) < 8192 else _long(n687)), s686, (_P[n689] if (n689 := len(s688 := r659.preemption.encode())) < 8192 else _long(n689)), s688, (b"\x01" if r659.movable else b"\x00"), (_P[n690] if 0 <= (n690 := r659.gpu_memory_mib) < 8192 else _long(n690)), (_k692 if (u691 := r659.retry) is None else _k691[type(u691)](u691)), (b"\x01" if r659.preemptible else b"\x00"), (_b695(a694) if (a694 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a702) if (a702 := o.waiting_for) else b"\x00"),))
 
 
-def _u692(v: Any) -> bytes:
-    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := v.encode())) < 8192 else _long(n695)), s694,))
+def _u721(v: Any) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := v.encode())) < 8192 else _long(n724)), s723,))
 
 
-def _u698(v: Any) -> bytes:
-    return b"".join((_k698, (_P[n700] if 0 <= (n700 := v) < 8192 else _long(n700)),))
+def _u727(v: Any) -> bytes:
+    return b"".join((_k727, (_P[n729] if 0 <= (n729 := v) < 8192 else _long(n729)),))
 
 
-def _b714(a: Any) -> bytes:
+def _b743(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n716] if 0 <= (n716 := x.index) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := x.milli) < 8192 else _long(n717)),)
+        out += ((_P[n745] if 0 <= (n745 := x.index) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := x.milli) < 8192 else _long(n746)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b721(a: Any) -> bytes:
+def _b750(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n723] if (n723 := len(s722 := k.encode())) < 8192 else _long(n723)), s722, _pack_d(x),)
+        out += ((_P[n752] if (n752 := len(s751 := k.encode())) < 8192 else _long(n752)), s751, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled673(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k674, (_P[n678] if (n678 := len(s677 := (r676 := o.pod).pod_id.encode())) < 8192 else _long(n678)), s677, (_P[n680] if (n680 := len(s679 := r676.tenant.encode())) < 8192 else _long(n680)), s679, (_P[n681] if 0 <= (n681 := r676.priority) < 8192 else _long(n681)), (_P[n682] if 0 <= (n682 := r676.num_gpu) < 8192 else _long(n682)), (_P[n683] if 0 <= (n683 := r676.gpu_milli) < 8192 else _long(n683)), (_P[n684] if 0 <= (n684 := r676.cpu_milli) < 8192 else _long(n684)), (_P[n685] if 0 <= (n685 := r676.memory_mib) < 8192 else _long(n685)), (_b71(a686) if (a686 := r676.gpu_models) else b"\x00"), (_b21(a687) if (a687 := r676.node_selector) else b"\x00"), (_b76(a688) if (a688 := r676.tolerations) else b"\x00"), (_P[n689] if 0 <= (n689 := r676.submitted_at) < 8192 else _long(n689)), (_P[n690] if 0 <= (n690 := r676.arrival) < 8192 else _long(n690)), (_k695 if (u691 := r676.gang_id) is None else _u692(u691)), (_k700 if (u697 := r676.time_limit_ms) is None else _u698(u697)), (_b71(a702) if (a702 := r676.depends_on) else b"\x00"), (_P[n704] if (n704 := len(s703 := r676.dependency.encode())) < 8192 else _long(n704)), s703, (_P[n706] if (n706 := len(s705 := r676.preemption.encode())) < 8192 else _long(n706)), s705, (b"\x01" if r676.movable else b"\x00"), (_P[n707] if 0 <= (n707 := r676.gpu_memory_mib) < 8192 else _long(n707)), (_k709 if (u708 := r676.retry) is None else _k708[type(u708)](u708)), (_P[n712] if (n712 := len(s711 := o.node_id.encode())) < 8192 else _long(n712)), s711, (_b714(a713) if (a713 := o.gpus) else b"\x00"), (_P[n719] if (n719 := len(s718 := o.policy.encode())) < 8192 else _long(n719)), s718, (b"\x01" if o.from_queue else b"\x00"), (_b721(a720) if (a720 := o.scores) else b"\x00"), (_b71(a724) if (a724 := o.preempted) else b"\x00"),))
+def _e_PodScheduled702(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k703, (_P[n707] if (n707 := len(s706 := (r705 := o.pod).pod_id.encode())) < 8192 else _long(n707)), s706, (_P[n709] if (n709 := len(s708 := r705.tenant.encode())) < 8192 else _long(n709)), s708, (_P[n710] if 0 <= (n710 := r705.priority) < 8192 else _long(n710)), (_P[n711] if 0 <= (n711 := r705.num_gpu) < 8192 else _long(n711)), (_P[n712] if 0 <= (n712 := r705.gpu_milli) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := r705.cpu_milli) < 8192 else _long(n713)), (_P[n714] if 0 <= (n714 := r705.memory_mib) < 8192 else _long(n714)), (_b71(a715) if (a715 := r705.gpu_models) else b"\x00"), (_b21(a716) if (a716 := r705.node_selector) else b"\x00"), (_b76(a717) if (a717 := r705.tolerations) else b"\x00"), (_P[n718] if 0 <= (n718 := r705.submitted_at) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := r705.arrival) < 8192 else _long(n719)), (_k724 if (u720 := r705.gang_id) is None else _u721(u720)), (_k729 if (u726 := r705.time_limit_ms) is None else _u727(u726)), (_b71(a731) if (a731 := r705.depends_on) else b"\x00"), (_P[n733] if (n733 := len(s732 := r705.dependency.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := r705.preemption.encode())) < 8192 else _long(n735)), s734, (b"\x01" if r705.movable else b"\x00"), (_P[n736] if 0 <= (n736 := r705.gpu_memory_mib) < 8192 else _long(n736)), (_k738 if (u737 := r705.retry) is None else _k737[type(u737)](u737)), (b"\x01" if r705.preemptible else b"\x00"), (_P[n741] if (n741 := len(s740 := o.node_id.encode())) < 8192 else _long(n741)), s740, (_b743(a742) if (a742 := o.gpus) else b"\x00"), (_P[n748] if (n748 := len(s747 := o.policy.encode())) < 8192 else _long(n748)), s747, (b"\x01" if o.from_queue else b"\x00"), (_b750(a749) if (a749 := o.scores) else b"\x00"), (_b71(a753) if (a753 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted724(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := o.pod_id.encode())) < 8192 else _long(n728)), s727, (_P[n730] if (n730 := len(s729 := o.node_id.encode())) < 8192 else _long(n730)), s729, (_P[n732] if (n732 := len(s731 := o.reason.encode())) < 8192 else _long(n732)), s731,))
+def _e_PodEvicted753(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k754, (_P[n757] if (n757 := len(s756 := o.pod_id.encode())) < 8192 else _long(n757)), s756, (_P[n759] if (n759 := len(s758 := o.node_id.encode())) < 8192 else _long(n759)), s758, (_P[n761] if (n761 := len(s760 := o.reason.encode())) < 8192 else _long(n761)), s760,))
 
 
-def _u738(v: Any) -> bytes:
-    return b"".join((_k738, (_P[n741] if (n741 := len(s740 := v.encode())) < 8192 else _long(n741)), s740,))
+def _u767(v: Any) -> bytes:
+    return b"".join((_k767, (_P[n770] if (n770 := len(s769 := v.encode())) < 8192 else _long(n770)), s769,))
 
 
-def _e_PodReleased732(o: _c_PodReleased) -> bytes:
-    return b"".join((_k733, (_P[n736] if (n736 := len(s735 := o.pod_id.encode())) < 8192 else _long(n736)), s735, (_k741 if (u737 := o.node_id) is None else _u738(u737)), (_P[n744] if (n744 := len(s743 := o.reason.encode())) < 8192 else _long(n744)), s743,))
+def _e_PodReleased761(o: _c_PodReleased) -> bytes:
+    return b"".join((_k762, (_P[n765] if (n765 := len(s764 := o.pod_id.encode())) < 8192 else _long(n765)), s764, (_k770 if (u766 := o.node_id) is None else _u767(u766)), (_P[n773] if (n773 := len(s772 := o.reason.encode())) < 8192 else _long(n773)), s772,))
 
 
-def _u752(v: Any) -> bytes:
-    return b"".join((_k752, (_P[n754] if 0 <= (n754 := v) < 8192 else _long(n754)),))
+def _u781(v: Any) -> bytes:
+    return b"".join((_k781, (_P[n783] if 0 <= (n783 := v) < 8192 else _long(n783)),))
 
 
-def _u759(v: Any) -> bytes:
-    return b"".join((_k759, (_P[n761] if 0 <= (n761 := v) < 8192 else _long(n761)),))
+def _u788(v: Any) -> bytes:
+    return b"".join((_k788, (_P[n790] if 0 <= (n790 := v) < 8192 else _long(n790)),))
 
 
-def _e_PolicyChanged744(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k745, (_P[n748] if (n748 := len(s747 := o.policy.encode())) < 8192 else _long(n748)), s747, (_P[n750] if (n750 := len(s749 := o.previous.encode())) < 8192 else _long(n750)), s749, (_k754 if (u751 := o.reserve_after_ms) is None else _u752(u751)), (_P[n757] if (n757 := len(s756 := o.queue_order.encode())) < 8192 else _long(n757)), s756, (_k761 if (u758 := o.max_clock_jump_ms) is None else _u759(u758)),))
+def _e_PolicyChanged773(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.policy.encode())) < 8192 else _long(n777)), s776, (_P[n779] if (n779 := len(s778 := o.previous.encode())) < 8192 else _long(n779)), s778, (_k783 if (u780 := o.reserve_after_ms) is None else _u781(u780)), (_P[n786] if (n786 := len(s785 := o.queue_order.encode())) < 8192 else _long(n786)), s785, (_k790 if (u787 := o.max_clock_jump_ms) is None else _u788(u787)),))
 
 
-def _e_CommandRejected762(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k763, (_P[n766] if (n766 := len(s765 := o.command_id.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := o.command_type.encode())) < 8192 else _long(n768)), s767, (_P[n770] if (n770 := len(s769 := o.code.encode())) < 8192 else _long(n770)), s769, (_P[n772] if (n772 := len(s771 := o.message.encode())) < 8192 else _long(n772)), s771,))
+def _e_CommandRejected791(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k792, (_P[n795] if (n795 := len(s794 := o.command_id.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.command_type.encode())) < 8192 else _long(n797)), s796, (_P[n799] if (n799 := len(s798 := o.code.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.message.encode())) < 8192 else _long(n801)), s800,))
 
 
-def _u802(v: Any) -> bytes:
-    return b"".join((_k802, (_P[n805] if (n805 := len(s804 := v.encode())) < 8192 else _long(n805)), s804,))
+def _u831(v: Any) -> bytes:
+    return b"".join((_k831, (_P[n834] if (n834 := len(s833 := v.encode())) < 8192 else _long(n834)), s833,))
 
 
-def _u808(v: Any) -> bytes:
-    return b"".join((_k808, (_P[n810] if 0 <= (n810 := v) < 8192 else _long(n810)),))
+def _u837(v: Any) -> bytes:
+    return b"".join((_k837, (_P[n839] if 0 <= (n839 := v) < 8192 else _long(n839)),))
 
 
-def _b785(a: Any) -> bytes:
+def _b814(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n788] if (n788 := len(s787 := x.pod_id.encode())) < 8192 else _long(n788)), s787, (_P[n790] if (n790 := len(s789 := x.tenant.encode())) < 8192 else _long(n790)), s789, (_P[n791] if 0 <= (n791 := x.priority) < 8192 else _long(n791)), (_P[n792] if 0 <= (n792 := x.num_gpu) < 8192 else _long(n792)), (_P[n793] if 0 <= (n793 := x.gpu_milli) < 8192 else _long(n793)), (_P[n794] if 0 <= (n794 := x.cpu_milli) < 8192 else _long(n794)), (_P[n795] if 0 <= (n795 := x.memory_mib) < 8192 else _long(n795)), (_b71(a796) if (a796 := x.gpu_models) else b"\x00"), (_b21(a797) if (a797 := x.node_selector) else b"\x00"), (_b76(a798) if (a798 := x.tolerations) else b"\x00"), (_P[n799] if 0 <= (n799 := x.submitted_at) < 8192 else _long(n799)), (_P[n800] if 0 <= (n800 := x.arrival) < 8192 else _long(n800)), (_k805 if (u801 := x.gang_id) is None else _u802(u801)), (_k810 if (u807 := x.time_limit_ms) is None else _u808(u807)), (_b71(a812) if (a812 := x.depends_on) else b"\x00"), (_P[n814] if (n814 := len(s813 := x.dependency.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := x.preemption.encode())) < 8192 else _long(n816)), s815, (b"\x01" if x.movable else b"\x00"), (_P[n817] if 0 <= (n817 := x.gpu_memory_mib) < 8192 else _long(n817)), (_k819 if (u818 := x.retry) is None else _k818[type(u818)](u818)),)
+        out += ((_P[n817] if (n817 := len(s816 := x.pod_id.encode())) < 8192 else _long(n817)), s816, (_P[n819] if (n819 := len(s818 := x.tenant.encode())) < 8192 else _long(n819)), s818, (_P[n820] if 0 <= (n820 := x.priority) < 8192 else _long(n820)), (_P[n821] if 0 <= (n821 := x.num_gpu) < 8192 else _long(n821)), (_P[n822] if 0 <= (n822 := x.gpu_milli) < 8192 else _long(n822)), (_P[n823] if 0 <= (n823 := x.cpu_milli) < 8192 else _long(n823)), (_P[n824] if 0 <= (n824 := x.memory_mib) < 8192 else _long(n824)), (_b71(a825) if (a825 := x.gpu_models) else b"\x00"), (_b21(a826) if (a826 := x.node_selector) else b"\x00"), (_b76(a827) if (a827 := x.tolerations) else b"\x00"), (_P[n828] if 0 <= (n828 := x.submitted_at) < 8192 else _long(n828)), (_P[n829] if 0 <= (n829 := x.arrival) < 8192 else _long(n829)), (_k834 if (u830 := x.gang_id) is None else _u831(u830)), (_k839 if (u836 := x.time_limit_ms) is None else _u837(u836)), (_b71(a841) if (a841 := x.depends_on) else b"\x00"), (_P[n843] if (n843 := len(s842 := x.dependency.encode())) < 8192 else _long(n843)), s842, (_P[n845] if (n845 := len(s844 := x.preemption.encode())) < 8192 else _long(n845)), s844, (b"\x01" if x.movable else b"\x00"), (_P[n846] if 0 <= (n846 := x.gpu_memory_mib) < 8192 else _long(n846)), (_k848 if (u847 := x.retry) is None else _k847[type(u847)](u847)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u823(v: Any) -> bytes:
-    return b"".join((_k823, (_P[n826] if (n826 := len(s825 := v.encode())) < 8192 else _long(n826)), s825,))
+def _u852(v: Any) -> bytes:
+    return b"".join((_k852, (_P[n855] if (n855 := len(s854 := v.encode())) < 8192 else _long(n855)), s854,))
 
 
-def _u829(v: Any) -> bytes:
-    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := v.encode())) < 8192 else _long(n832)), s831,))
+def _u858(v: Any) -> bytes:
+    return b"".join((_k858, (_P[n861] if (n861 := len(s860 := v.encode())) < 8192 else _long(n861)), s860,))
 
 
-def _u835(v: Any) -> bytes:
-    return b"".join((_k835, (_P[n837] if 0 <= (n837 := v) < 8192 else _long(n837)),))
+def _u864(v: Any) -> bytes:
+    return b"".join((_k864, (_P[n866] if 0 <= (n866 := v) < 8192 else _long(n866)),))
 
 
-def _u840(v: Any) -> bytes:
-    return b"".join((_k840, (_P[n842] if 0 <= (n842 := v) < 8192 else _long(n842)),))
+def _u869(v: Any) -> bytes:
+    return b"".join((_k869, (_P[n871] if 0 <= (n871 := v) < 8192 else _long(n871)),))
 
 
-def _e_GangQueued772(o: _c_GangQueued) -> bytes:
-    return b"".join((_k773, (_P[n776] if (n776 := len(s775 := o.gang_id.encode())) < 8192 else _long(n776)), s775, (_b666(a777) if (a777 := o.reasons) else b"\x00"), (_P[n780] if (n780 := len(s779 := (r778 := o.gang).gang_id.encode())) < 8192 else _long(n780)), s779, (_P[n782] if (n782 := len(s781 := r778.tenant.encode())) < 8192 else _long(n782)), s781, (_P[n783] if 0 <= (n783 := r778.priority) < 8192 else _long(n783)), (_b785(a784) if (a784 := r778.members) else b"\x00"), (_P[n821] if 0 <= (n821 := r778.min_members) < 8192 else _long(n821)), (_k826 if (u822 := r778.topology_required) is None else _u823(u822)), (_k832 if (u828 := r778.topology_preferred) is None else _u829(u828)), (_k837 if (u834 := r778.timeout_ms) is None else _u835(u834)), (_k842 if (u839 := r778.time_limit_ms) is None else _u840(u839)), (_b71(a844) if (a844 := r778.depends_on) else b"\x00"), (_P[n846] if (n846 := len(s845 := r778.dependency.encode())) < 8192 else _long(n846)), s845, (_P[n847] if 0 <= (n847 := r778.submitted_at) < 8192 else _long(n847)), (_P[n848] if 0 <= (n848 := r778.arrival) < 8192 else _long(n848)), (_P[n850] if (n850 := len(s849 := r778.preemption.encode())) < 8192 else _long(n850)), s849, (_k852 if (u851 := r778.retry) is None else _k851[type(u851)](u851)), (b"\x01" if o.requeued else b"\x00"), (_b71(a854) if (a854 := o.waiting_for) else b"\x00"),))
+def _u884(v: Any) -> bytes:
+    return b"".join((_k884, (_P[n886] if 0 <= (n886 := v) < 8192 else _long(n886)),))
 
 
-def _b860(a: Any) -> bytes:
+def _e_GangQueued801(o: _c_GangQueued) -> bytes:
+    return b"".join((_k802, (_P[n805] if (n805 := len(s804 := o.gang_id.encode())) < 8192 else _long(n805)), s804, (_b695(a806) if (a806 := o.reasons) else b"\x00"), (_P[n809] if (n809 := len(s808 := (r807 := o.gang).gang_id.encode())) < 8192 else _long(n809)), s808, (_P[n811] if (n811 := len(s810 := r807.tenant.encode())) < 8192 else _long(n811)), s810, (_P[n812] if 0 <= (n812 := r807.priority) < 8192 else _long(n812)), (_b814(a813) if (a813 := r807.members) else b"\x00"), (_P[n850] if 0 <= (n850 := r807.min_members) < 8192 else _long(n850)), (_k855 if (u851 := r807.topology_required) is None else _u852(u851)), (_k861 if (u857 := r807.topology_preferred) is None else _u858(u857)), (_k866 if (u863 := r807.timeout_ms) is None else _u864(u863)), (_k871 if (u868 := r807.time_limit_ms) is None else _u869(u868)), (_b71(a873) if (a873 := r807.depends_on) else b"\x00"), (_P[n875] if (n875 := len(s874 := r807.dependency.encode())) < 8192 else _long(n875)), s874, (_P[n876] if 0 <= (n876 := r807.submitted_at) < 8192 else _long(n876)), (_P[n877] if 0 <= (n877 := r807.arrival) < 8192 else _long(n877)), (_P[n879] if (n879 := len(s878 := r807.preemption.encode())) < 8192 else _long(n879)), s878, (_k881 if (u880 := r807.retry) is None else _k880[type(u880)](u880)), (_k886 if (u883 := r807.queued_at) is None else _u884(u883)), (b"\x01" if r807.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a888) if (a888 := o.waiting_for) else b"\x00"),))
+
+
+def _b894(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n863] if (n863 := len(s862 := x.pod_id.encode())) < 8192 else _long(n863)), s862, (_P[n865] if (n865 := len(s864 := x.node_id.encode())) < 8192 else _long(n865)), s864, (_b714(a866) if (a866 := x.gpus) else b"\x00"),)
+        out += ((_P[n897] if (n897 := len(s896 := x.pod_id.encode())) < 8192 else _long(n897)), s896, (_P[n899] if (n899 := len(s898 := x.node_id.encode())) < 8192 else _long(n899)), s898, (_b743(a900) if (a900 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u876(v: Any) -> bytes:
-    return b"".join((_k876, (_P[n879] if (n879 := len(s878 := v.encode())) < 8192 else _long(n879)), s878,))
+def _u910(v: Any) -> bytes:
+    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
 
 
-def _u882(v: Any) -> bytes:
-    return b"".join((_k882, (_P[n885] if (n885 := len(s884 := v.encode())) < 8192 else _long(n885)), s884,))
+def _u916(v: Any) -> bytes:
+    return b"".join((_k916, (_P[n919] if (n919 := len(s918 := v.encode())) < 8192 else _long(n919)), s918,))
 
 
-def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
+def _u922(v: Any) -> bytes:
+    return b"".join((_k922, (_P[n924] if 0 <= (n924 := v) < 8192 else _long(n924)),))
 
 
-def _u893(v: Any) -> bytes:
-    return b"".join((_k893, (_P[n895] if 0 <= (n895 := v) < 8192 else _long(n895)),))
+def _u927(v: Any) -> bytes:
+    return b"".join((_k927, (_P[n929] if 0 <= (n929 := v) < 8192 else _long(n929)),))
 
 
-def _u908(v: Any) -> bytes:
-    return b"".join((_k908, (_P[n911] if (n911 := len(s910 := v.encode())) < 8192 else _long(n911)), s910,))
+def _u942(v: Any) -> bytes:
+    return b"".join((_k942, (_P[n944] if 0 <= (n944 := v) < 8192 else _long(n944)),))
 
 
-def _u914(v: Any) -> bytes:
-    return b"".join((_k914, (_P[n917] if (n917 := len(s916 := v.encode())) < 8192 else _long(n917)), s916,))
+def _u947(v: Any) -> bytes:
+    return b"".join((_k947, (_P[n950] if (n950 := len(s949 := v.encode())) < 8192 else _long(n950)), s949,))
 
 
-def _e_GangScheduled854(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k855, (_P[n858] if (n858 := len(s857 := o.gang_id.encode())) < 8192 else _long(n858)), s857, (_b860(a859) if (a859 := o.members) else b"\x00"), (_P[n869] if (n869 := len(s868 := (r867 := o.gang).gang_id.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := r867.tenant.encode())) < 8192 else _long(n871)), s870, (_P[n872] if 0 <= (n872 := r867.priority) < 8192 else _long(n872)), (_b785(a873) if (a873 := r867.members) else b"\x00"), (_P[n874] if 0 <= (n874 := r867.min_members) < 8192 else _long(n874)), (_k879 if (u875 := r867.topology_required) is None else _u876(u875)), (_k885 if (u881 := r867.topology_preferred) is None else _u882(u881)), (_k890 if (u887 := r867.timeout_ms) is None else _u888(u887)), (_k895 if (u892 := r867.time_limit_ms) is None else _u893(u892)), (_b71(a897) if (a897 := r867.depends_on) else b"\x00"), (_P[n899] if (n899 := len(s898 := r867.dependency.encode())) < 8192 else _long(n899)), s898, (_P[n900] if 0 <= (n900 := r867.submitted_at) < 8192 else _long(n900)), (_P[n901] if 0 <= (n901 := r867.arrival) < 8192 else _long(n901)), (_P[n903] if (n903 := len(s902 := r867.preemption.encode())) < 8192 else _long(n903)), s902, (_k905 if (u904 := r867.retry) is None else _k904[type(u904)](u904)), (_k911 if (u907 := o.topology_key) is None else _u908(u907)), (_k917 if (u913 := o.domain) is None else _u914(u913)), (b"\x01" if o.from_queue else b"\x00"), (_P[n920] if (n920 := len(s919 := o.message.encode())) < 8192 else _long(n920)), s919, (_b71(a921) if (a921 := o.preempted) else b"\x00"),))
+def _u953(v: Any) -> bytes:
+    return b"".join((_k953, (_P[n956] if (n956 := len(s955 := v.encode())) < 8192 else _long(n956)), s955,))
 
 
-def _e_GangTimedOut921(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := o.gang_id.encode())) < 8192 else _long(n925)), s924, (_P[n926] if 0 <= (n926 := o.waited_ms) < 8192 else _long(n926)), (_P[n928] if (n928 := len(s927 := o.message.encode())) < 8192 else _long(n928)), s927,))
+def _e_GangScheduled888(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.gang_id.encode())) < 8192 else _long(n892)), s891, (_b894(a893) if (a893 := o.members) else b"\x00"), (_P[n903] if (n903 := len(s902 := (r901 := o.gang).gang_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := r901.tenant.encode())) < 8192 else _long(n905)), s904, (_P[n906] if 0 <= (n906 := r901.priority) < 8192 else _long(n906)), (_b814(a907) if (a907 := r901.members) else b"\x00"), (_P[n908] if 0 <= (n908 := r901.min_members) < 8192 else _long(n908)), (_k913 if (u909 := r901.topology_required) is None else _u910(u909)), (_k919 if (u915 := r901.topology_preferred) is None else _u916(u915)), (_k924 if (u921 := r901.timeout_ms) is None else _u922(u921)), (_k929 if (u926 := r901.time_limit_ms) is None else _u927(u926)), (_b71(a931) if (a931 := r901.depends_on) else b"\x00"), (_P[n933] if (n933 := len(s932 := r901.dependency.encode())) < 8192 else _long(n933)), s932, (_P[n934] if 0 <= (n934 := r901.submitted_at) < 8192 else _long(n934)), (_P[n935] if 0 <= (n935 := r901.arrival) < 8192 else _long(n935)), (_P[n937] if (n937 := len(s936 := r901.preemption.encode())) < 8192 else _long(n937)), s936, (_k939 if (u938 := r901.retry) is None else _k938[type(u938)](u938)), (_k944 if (u941 := r901.queued_at) is None else _u942(u941)), (b"\x01" if r901.preemptible else b"\x00"), (_k950 if (u946 := o.topology_key) is None else _u947(u946)), (_k956 if (u952 := o.domain) is None else _u953(u952)), (b"\x01" if o.from_queue else b"\x00"), (_P[n959] if (n959 := len(s958 := o.message.encode())) < 8192 else _long(n959)), s958, (_b71(a960) if (a960 := o.preempted) else b"\x00"),))
 
 
-def _e_GangReleased928(o: _c_GangReleased) -> bytes:
-    return b"".join((_k929, (_P[n932] if (n932 := len(s931 := o.gang_id.encode())) < 8192 else _long(n932)), s931, (_P[n934] if (n934 := len(s933 := o.reason.encode())) < 8192 else _long(n934)), s933, (b"\x01" if o.ok else b"\x00"),))
+def _e_GangTimedOut960(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := o.gang_id.encode())) < 8192 else _long(n964)), s963, (_P[n965] if 0 <= (n965 := o.waited_ms) < 8192 else _long(n965)), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966,))
 
 
-def _u943(v: Any) -> bytes:
-    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
+def _e_GangReleased967(o: _c_GangReleased) -> bytes:
+    return b"".join((_k968, (_P[n971] if (n971 := len(s970 := o.gang_id.encode())) < 8192 else _long(n971)), s970, (_P[n973] if (n973 := len(s972 := o.reason.encode())) < 8192 else _long(n973)), s972, (b"\x01" if o.ok else b"\x00"), (_b71(a974) if (a974 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodTimeLimitReached934(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k935, (_P[n938] if (n938 := len(s937 := o.pod_id.encode())) < 8192 else _long(n938)), s937, (_P[n940] if (n940 := len(s939 := o.node_id.encode())) < 8192 else _long(n940)), s939, (_P[n941] if 0 <= (n941 := o.time_limit_ms) < 8192 else _long(n941)), (_k946 if (u942 := o.gang_id) is None else _u943(u942)),))
+def _u983(v: Any) -> bytes:
+    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := v.encode())) < 8192 else _long(n986)), s985,))
 
 
-def _u956(v: Any) -> bytes:
-    return b"".join((_k956, (_P[n958] if 0 <= (n958 := v) < 8192 else _long(n958)),))
+def _e_PodTimeLimitReached974(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k975, (_P[n978] if (n978 := len(s977 := o.pod_id.encode())) < 8192 else _long(n978)), s977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979, (_P[n981] if 0 <= (n981 := o.time_limit_ms) < 8192 else _long(n981)), (_k986 if (u982 := o.gang_id) is None else _u983(u982)),))
 
 
-def _e_NodesReserved947(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k948, (_P[n951] if (n951 := len(s950 := o.holder_id.encode())) < 8192 else _long(n951)), s950, (_P[n953] if (n953 := len(s952 := o.holder_kind.encode())) < 8192 else _long(n953)), s952, (_b71(a954) if (a954 := o.nodes) else b"\x00"), (_k958 if (u955 := o.expected_start) is None else _u956(u955)), (_P[n961] if (n961 := len(s960 := o.message.encode())) < 8192 else _long(n961)), s960,))
+def _u996(v: Any) -> bytes:
+    return b"".join((_k996, (_P[n998] if 0 <= (n998 := v) < 8192 else _long(n998)),))
 
 
-def _e_ReservationReleased961(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k962, (_P[n965] if (n965 := len(s964 := o.holder_id.encode())) < 8192 else _long(n965)), s964, (_P[n967] if (n967 := len(s966 := o.holder_kind.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.nodes) else b"\x00"), (_P[n970] if (n970 := len(s969 := o.reason.encode())) < 8192 else _long(n970)), s969, (_P[n972] if (n972 := len(s971 := o.message.encode())) < 8192 else _long(n972)), s971,))
+def _e_NodesReserved987(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k988, (_P[n991] if (n991 := len(s990 := o.holder_id.encode())) < 8192 else _long(n991)), s990, (_P[n993] if (n993 := len(s992 := o.holder_kind.encode())) < 8192 else _long(n993)), s992, (_b71(a994) if (a994 := o.nodes) else b"\x00"), (_k998 if (u995 := o.expected_start) is None else _u996(u995)), (_P[n1001] if (n1001 := len(s1000 := o.message.encode())) < 8192 else _long(n1001)), s1000,))
 
 
-def _e_DependencyFailed972(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k973, (_P[n976] if (n976 := len(s975 := o.holder_id.encode())) < 8192 else _long(n976)), s975, (_P[n978] if (n978 := len(s977 := o.holder_kind.encode())) < 8192 else _long(n978)), s977, (_P[n980] if (n980 := len(s979 := o.dependency_id.encode())) < 8192 else _long(n980)), s979, (_P[n982] if (n982 := len(s981 := o.message.encode())) < 8192 else _long(n982)), s981,))
+def _e_ReservationReleased1001(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := o.holder_id.encode())) < 8192 else _long(n1005)), s1004, (_P[n1007] if (n1007 := len(s1006 := o.holder_kind.encode())) < 8192 else _long(n1007)), s1006, (_b71(a1008) if (a1008 := o.nodes) else b"\x00"), (_P[n1010] if (n1010 := len(s1009 := o.reason.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
 
 
-def _e_Ticked982(o: _c_Ticked) -> bytes:
-    return b"".join((_k983, (_P[n985] if 0 <= (n985 := o.clock) < 8192 else _long(n985)), (b"\x01" if o.partition else b"\x00"),))
+def _e_DependencyFailed1012(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1013, (_P[n1016] if (n1016 := len(s1015 := o.holder_id.encode())) < 8192 else _long(n1016)), s1015, (_P[n1018] if (n1018 := len(s1017 := o.holder_kind.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.dependency_id.encode())) < 8192 else _long(n1020)), s1019, (_P[n1022] if (n1022 := len(s1021 := o.message.encode())) < 8192 else _long(n1022)), s1021,))
 
 
-def _e_PodPreempted985(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k986, (_P[n989] if (n989 := len(s988 := o.pod_id.encode())) < 8192 else _long(n989)), s988, (_P[n991] if (n991 := len(s990 := o.node_id.encode())) < 8192 else _long(n991)), s990, (_P[n993] if (n993 := len(s992 := o.by.encode())) < 8192 else _long(n993)), s992, (_P[n995] if (n995 := len(s994 := o.reason.encode())) < 8192 else _long(n995)), s994, (_P[n997] if (n997 := len(s996 := o.message.encode())) < 8192 else _long(n997)), s996,))
+def _e_Ticked1022(o: _c_Ticked) -> bytes:
+    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := o.clock) < 8192 else _long(n1025)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u1001(v: Any) -> bytes:
-    return b"".join((_k1001, (_P[n1004] if (n1004 := len(s1003 := v.encode())) < 8192 else _long(n1004)), s1003,))
+def _e_PodPreempted1025(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1026, (_P[n1029] if (n1029 := len(s1028 := o.pod_id.encode())) < 8192 else _long(n1029)), s1028, (_P[n1031] if (n1031 := len(s1030 := o.node_id.encode())) < 8192 else _long(n1031)), s1030, (_P[n1033] if (n1033 := len(s1032 := o.by.encode())) < 8192 else _long(n1033)), s1032, (_P[n1035] if (n1035 := len(s1034 := o.reason.encode())) < 8192 else _long(n1035)), s1034, (_P[n1037] if (n1037 := len(s1036 := o.message.encode())) < 8192 else _long(n1037)), s1036,))
 
 
-def _e_QuotaChanged997(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k998, (_k1004 if (u1000 := o.tenant) is None else _u1001(u1000)), (_k1007 if (u1006 := o.quota) is None else _k1006[type(u1006)](u1006)), (_k1010 if (u1009 := o.previous) is None else _k1009[type(u1009)](u1009)), (_P[n1013] if (n1013 := len(s1012 := o.message.encode())) < 8192 else _long(n1013)), s1012,))
+def _u1041(v: Any) -> bytes:
+    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := v.encode())) < 8192 else _long(n1044)), s1043,))
 
 
-def _e_PodMigrated1013(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1014, (_P[n1017] if (n1017 := len(s1016 := o.pod_id.encode())) < 8192 else _long(n1017)), s1016, (_P[n1019] if (n1019 := len(s1018 := o.from_node.encode())) < 8192 else _long(n1019)), s1018, (_b714(a1020) if (a1020 := o.from_gpus) else b"\x00"), (_P[n1022] if (n1022 := len(s1021 := o.to_node.encode())) < 8192 else _long(n1022)), s1021, (_b714(a1023) if (a1023 := o.to_gpus) else b"\x00"), (_P[n1025] if (n1025 := len(s1024 := o.reason.encode())) < 8192 else _long(n1025)), s1024, (_P[n1027] if (n1027 := len(s1026 := o.message.encode())) < 8192 else _long(n1027)), s1026,))
+def _e_QuotaChanged1037(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1038, (_k1044 if (u1040 := o.tenant) is None else _u1041(u1040)), (_k1047 if (u1046 := o.quota) is None else _k1046[type(u1046)](u1046)), (_k1050 if (u1049 := o.previous) is None else _k1049[type(u1049)](u1049)), (_P[n1053] if (n1053 := len(s1052 := o.message.encode())) < 8192 else _long(n1053)), s1052,))
 
 
-def _u1034(v: Any) -> bytes:
-    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := v.encode())) < 8192 else _long(n1037)), s1036,))
+def _e_PodMigrated1053(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1054, (_P[n1057] if (n1057 := len(s1056 := o.pod_id.encode())) < 8192 else _long(n1057)), s1056, (_P[n1059] if (n1059 := len(s1058 := o.from_node.encode())) < 8192 else _long(n1059)), s1058, (_b743(a1060) if (a1060 := o.from_gpus) else b"\x00"), (_P[n1062] if (n1062 := len(s1061 := o.to_node.encode())) < 8192 else _long(n1062)), s1061, (_b743(a1063) if (a1063 := o.to_gpus) else b"\x00"), (_P[n1065] if (n1065 := len(s1064 := o.reason.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.message.encode())) < 8192 else _long(n1067)), s1066,))
 
 
-def _e_DefragmentationPlanned1027(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1028, (_P[n1030] if 0 <= (n1030 := o.moves) < 8192 else _long(n1030)), (_P[n1031] if 0 <= (n1031 := o.gpus_freed) < 8192 else _long(n1031)), (_P[n1032] if 0 <= (n1032 := o.nodes_freed) < 8192 else _long(n1032)), (_k1037 if (u1033 := o.target) is None else _u1034(u1033)), (_P[n1040] if (n1040 := len(s1039 := o.message.encode())) < 8192 else _long(n1040)), s1039,))
+def _u1074(v: Any) -> bytes:
+    return b"".join((_k1074, (_P[n1077] if (n1077 := len(s1076 := v.encode())) < 8192 else _long(n1077)), s1076,))
 
 
-def _e_ClusterHalted1040(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := o.cluster.encode())) < 8192 else _long(n1044)), s1043, (_P[n1046] if (n1046 := len(s1045 := o.command_id.encode())) < 8192 else _long(n1046)), s1045, (_P[n1048] if (n1048 := len(s1047 := o.error.encode())) < 8192 else _long(n1048)), s1047, (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
+def _e_DefragmentationPlanned1067(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1068, (_P[n1070] if 0 <= (n1070 := o.moves) < 8192 else _long(n1070)), (_P[n1071] if 0 <= (n1071 := o.gpus_freed) < 8192 else _long(n1071)), (_P[n1072] if 0 <= (n1072 := o.nodes_freed) < 8192 else _long(n1072)), (_k1077 if (u1073 := o.target) is None else _u1074(u1073)), (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
 
 
-def _e_ClusterResumed1050(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.cluster.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.halted_command_id.encode())) < 8192 else _long(n1056)), s1055, (_P[n1057] if 0 <= (n1057 := o.halted_offset) < 8192 else _long(n1057)), (_P[n1058] if 0 <= (n1058 := o.refolded_from) < 8192 else _long(n1058)), (_P[n1060] if (n1060 := len(s1059 := o.message.encode())) < 8192 else _long(n1060)), s1059,))
+def _e_ClusterHalted1080(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1088] if (n1088 := len(s1087 := o.error.encode())) < 8192 else _long(n1088)), s1087, (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _e_NodeRecovered1060(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1061, (_P[n1064] if (n1064 := len(s1063 := o.node_id.encode())) < 8192 else _long(n1064)), s1063,))
+def _e_ClusterResumed1090(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.cluster.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.halted_command_id.encode())) < 8192 else _long(n1096)), s1095, (_P[n1097] if 0 <= (n1097 := o.halted_offset) < 8192 else _long(n1097)), (_P[n1098] if 0 <= (n1098 := o.refolded_from) < 8192 else _long(n1098)), (_P[n1100] if (n1100 := len(s1099 := o.message.encode())) < 8192 else _long(n1100)), s1099,))
 
 
-def _e_NodeUpdated1064(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.node_id.encode())) < 8192 else _long(n1068)), s1067, (_b21(a1069) if (a1069 := o.labels) else b"\x00"), (_b27(a1070) if (a1070 := o.taints) else b"\x00"), (_P[n1071] if 0 <= (n1071 := o.evicting) < 8192 else _long(n1071)),))
+def _e_NodeRecovered1100(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1101, (_P[n1104] if (n1104 := len(s1103 := o.node_id.encode())) < 8192 else _long(n1104)), s1103,))
 
 
-def _u1079(v: Any) -> bytes:
-    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := v.encode())) < 8192 else _long(n1082)), s1081,))
+def _e_NodeUpdated1104(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.node_id.encode())) < 8192 else _long(n1108)), s1107, (_b21(a1109) if (a1109 := o.labels) else b"\x00"), (_b27(a1110) if (a1110 := o.taints) else b"\x00"), (_P[n1111] if 0 <= (n1111 := o.evicting) < 8192 else _long(n1111)),))
 
 
-def _e_PodRetryScheduled1071(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1072, (_P[n1075] if (n1075 := len(s1074 := o.pod_id.encode())) < 8192 else _long(n1075)), s1074, (_P[n1076] if 0 <= (n1076 := o.attempt) < 8192 else _long(n1076)), (_P[n1077] if 0 <= (n1077 := o.not_before) < 8192 else _long(n1077)), (_k1082 if (u1078 := o.gang_id) is None else _u1079(u1078)),))
+def _u1119(v: Any) -> bytes:
+    return b"".join((_k1119, (_P[n1122] if (n1122 := len(s1121 := v.encode())) < 8192 else _long(n1122)), s1121,))
 
 
-def _u1089(v: Any) -> bytes:
-    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := v.encode())) < 8192 else _long(n1092)), s1091,))
+def _e_PodRetryScheduled1111(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1112, (_P[n1115] if (n1115 := len(s1114 := o.pod_id.encode())) < 8192 else _long(n1115)), s1114, (_P[n1116] if 0 <= (n1116 := o.attempt) < 8192 else _long(n1116)), (_P[n1117] if 0 <= (n1117 := o.not_before) < 8192 else _long(n1117)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)),))
 
 
-def _u1095(v: Any) -> bytes:
-    return b"".join((_k1095, (_P[n1098] if (n1098 := len(s1097 := v.encode())) < 8192 else _long(n1098)), s1097,))
+def _u1129(v: Any) -> bytes:
+    return b"".join((_k1129, (_P[n1132] if (n1132 := len(s1131 := v.encode())) < 8192 else _long(n1132)), s1131,))
 
 
-def _u1101(v: Any) -> bytes:
-    return b"".join((_k1101, (_b21(a1103) if (a1103 := v) else b"\x00"),))
+def _u1135(v: Any) -> bytes:
+    return b"".join((_k1135, (_P[n1138] if (n1138 := len(s1137 := v.encode())) < 8192 else _long(n1138)), s1137,))
 
 
-def _e_DisruptionBudgetSet1083(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1084, (_P[n1087] if (n1087 := len(s1086 := o.budget_id.encode())) < 8192 else _long(n1087)), s1086, (_k1092 if (u1088 := o.tenant) is None else _u1089(u1088)), (_k1098 if (u1094 := o.gang_id) is None else _u1095(u1094)), (_k1103 if (u1100 := o.label_selector) is None else _u1101(u1100)), (_P[n1105] if 0 <= (n1105 := o.max_unavailable) < 8192 else _long(n1105)),))
+def _u1141(v: Any) -> bytes:
+    return b"".join((_k1141, (_b21(a1143) if (a1143 := v) else b"\x00"),))
 
 
-def _e_DisruptionBudgetRemoved1105(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1106, (_P[n1109] if (n1109 := len(s1108 := o.budget_id.encode())) < 8192 else _long(n1109)), s1108,))
+def _e_DisruptionBudgetSet1123(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1124, (_P[n1127] if (n1127 := len(s1126 := o.budget_id.encode())) < 8192 else _long(n1127)), s1126, (_k1132 if (u1128 := o.tenant) is None else _u1129(u1128)), (_k1138 if (u1134 := o.gang_id) is None else _u1135(u1134)), (_k1143 if (u1140 := o.label_selector) is None else _u1141(u1140)), (_P[n1145] if 0 <= (n1145 := o.max_unavailable) < 8192 else _long(n1145)),))
 
 
-def _e_EvictionBlocked1109(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1110, (_P[n1113] if (n1113 := len(s1112 := o.pod_id.encode())) < 8192 else _long(n1113)), s1112, (_P[n1115] if (n1115 := len(s1114 := o.node_id.encode())) < 8192 else _long(n1115)), s1114, (_P[n1117] if (n1117 := len(s1116 := o.budget_id.encode())) < 8192 else _long(n1117)), s1116, (_P[n1118] if 0 <= (n1118 := o.grace_ms) < 8192 else _long(n1118)), (_P[n1120] if (n1120 := len(s1119 := o.reason.encode())) < 8192 else _long(n1120)), s1119,))
+def _e_DisruptionBudgetRemoved1145(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1146, (_P[n1149] if (n1149 := len(s1148 := o.budget_id.encode())) < 8192 else _long(n1149)), s1148,))
 
 
-def _e_PodEvictionScheduled1120(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1121, (_P[n1124] if (n1124 := len(s1123 := o.pod_id.encode())) < 8192 else _long(n1124)), s1123, (_P[n1126] if (n1126 := len(s1125 := o.node_id.encode())) < 8192 else _long(n1126)), s1125, (_P[n1127] if 0 <= (n1127 := o.at) < 8192 else _long(n1127)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_EvictionBlocked1149(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1150, (_P[n1153] if (n1153 := len(s1152 := o.pod_id.encode())) < 8192 else _long(n1153)), s1152, (_P[n1155] if (n1155 := len(s1154 := o.node_id.encode())) < 8192 else _long(n1155)), s1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156, (_P[n1158] if 0 <= (n1158 := o.grace_ms) < 8192 else _long(n1158)), (_P[n1160] if (n1160 := len(s1159 := o.reason.encode())) < 8192 else _long(n1160)), s1159,))
 
 
-def _e_Event580(o: _c_Event) -> bytes:
-    return b"".join((_k581, (_P[n583] if 0 <= (n583 := o.partition) < 8192 else _long(n583)), (_P[n584] if 0 <= (n584 := o.sequence) < 8192 else _long(n584)), (_P[n586] if (n586 := len(s585 := o.cluster.encode())) < 8192 else _long(n586)), s585, (_P[n588] if (n588 := len(s587 := o.command_id.encode())) < 8192 else _long(n588)), s587, (_P[n589] if 0 <= (n589 := o.command_offset) < 8192 else _long(n589)), (_P[n590] if 0 <= (n590 := o.occurred_at) < 8192 else _long(n590)), _k1127[type(u591 := o.payload)](u591),))
+def _e_PodEvictionScheduled1160(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1161, (_P[n1164] if (n1164 := len(s1163 := o.pod_id.encode())) < 8192 else _long(n1164)), s1163, (_P[n1166] if (n1166 := len(s1165 := o.node_id.encode())) < 8192 else _long(n1166)), s1165, (_P[n1167] if 0 <= (n1167 := o.at) < 8192 else _long(n1167)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _d_NodeAdded1134(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_Event609(o: _c_Event) -> bytes:
+    return b"".join((_k610, (_P[n612] if 0 <= (n612 := o.partition) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := o.sequence) < 8192 else _long(n613)), (_P[n615] if (n615 := len(s614 := o.cluster.encode())) < 8192 else _long(n615)), s614, (_P[n617] if (n617 := len(s616 := o.command_id.encode())) < 8192 else _long(n617)), s616, (_P[n618] if 0 <= (n618 := o.command_offset) < 8192 else _long(n618)), (_P[n619] if 0 <= (n619 := o.occurred_at) < 8192 else _long(n619)), _k1167[type(u620 := o.payload)](u620),))
+
+
+def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3656,30 +3808,30 @@ def _d_NodeAdded1134(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1136 = _ZL[buf[pos]]
-    if n1136 < 0:
-        n1136, pos = _rlong(buf, pos)
-        if n1136 < 0:
-            raise _length_error(n1136, end - pos)
+    n1176 = _ZL[buf[pos]]
+    if n1176 < 0:
+        n1176, pos = _rlong(buf, pos)
+        if n1176 < 0:
+            raise _length_error(n1176, end - pos)
     else:
         pos += 1
-    q1137 = pos + n1136
-    if q1137 > end:
-        raise _length_error(n1136, end - pos)
-    f_node_id = buf[pos:q1137].decode()
-    pos = q1137
-    n1138 = _ZL[buf[pos]]
-    if n1138 < 0:
-        n1138, pos = _rlong(buf, pos)
-        if n1138 < 0:
-            raise _length_error(n1138, end - pos)
+    q1177 = pos + n1176
+    if q1177 > end:
+        raise _length_error(n1176, end - pos)
+    f_node_id = buf[pos:q1177].decode()
+    pos = q1177
+    n1178 = _ZL[buf[pos]]
+    if n1178 < 0:
+        n1178, pos = _rlong(buf, pos)
+        if n1178 < 0:
+            raise _length_error(n1178, end - pos)
     else:
         pos += 1
-    q1139 = pos + n1138
-    if q1139 > end:
-        raise _length_error(n1138, end - pos)
-    f_gpu_model = buf[pos:q1139].decode()
-    pos = q1139
+    q1179 = pos + n1178
+    if q1179 > end:
+        raise _length_error(n1178, end - pos)
+    f_gpu_model = buf[pos:q1179].decode()
+    pos = q1179
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3726,113 +3878,113 @@ def _d_NodeAdded1134(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1140: dict[str, Any] = {}
+        acc1180: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1141 = _ZD[b]
+                c1181 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1141 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1141 = (z >> 1) ^ -(z & 1)
+                c1181 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1141, pos = _rlong(buf, pos)
-            if c1141 == 0:
+                c1181, pos = _rlong(buf, pos)
+            if c1181 == 0:
                 break
-            if c1141 < 0:
-                c1141 = -c1141
+            if c1181 < 0:
+                c1181 = -c1181
                 b = buf[pos]
                 if b < 128:
-                    z1144 = _ZD[b]
+                    z1184 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1144 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1144 = (z >> 1) ^ -(z & 1)
+                    z1184 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1144, pos = _rlong(buf, pos)
-            if c1141 * 2 > end - pos:
-                raise _count_error(c1141, end - pos)
-            for _ in range(c1141):
-                n1145 = _ZL[buf[pos]]
-                if n1145 < 0:
-                    n1145, pos = _rlong(buf, pos)
-                    if n1145 < 0:
-                        raise _length_error(n1145, end - pos)
+                    z1184, pos = _rlong(buf, pos)
+            if c1181 * 2 > end - pos:
+                raise _count_error(c1181, end - pos)
+            for _ in range(c1181):
+                n1185 = _ZL[buf[pos]]
+                if n1185 < 0:
+                    n1185, pos = _rlong(buf, pos)
+                    if n1185 < 0:
+                        raise _length_error(n1185, end - pos)
                 else:
                     pos += 1
-                q1146 = pos + n1145
-                if q1146 > end:
-                    raise _length_error(n1145, end - pos)
-                k1143 = buf[pos:q1146].decode()
-                pos = q1146
-                n1147 = _ZL[buf[pos]]
-                if n1147 < 0:
-                    n1147, pos = _rlong(buf, pos)
-                    if n1147 < 0:
-                        raise _length_error(n1147, end - pos)
+                q1186 = pos + n1185
+                if q1186 > end:
+                    raise _length_error(n1185, end - pos)
+                k1183 = buf[pos:q1186].decode()
+                pos = q1186
+                n1187 = _ZL[buf[pos]]
+                if n1187 < 0:
+                    n1187, pos = _rlong(buf, pos)
+                    if n1187 < 0:
+                        raise _length_error(n1187, end - pos)
                 else:
                     pos += 1
-                q1148 = pos + n1147
-                if q1148 > end:
-                    raise _length_error(n1147, end - pos)
-                x1142 = buf[pos:q1148].decode()
-                pos = q1148
-                acc1140[k1143] = x1142
-        f_labels = acc1140
+                q1188 = pos + n1187
+                if q1188 > end:
+                    raise _length_error(n1187, end - pos)
+                x1182 = buf[pos:q1188].decode()
+                pos = q1188
+                acc1180[k1183] = x1182
+        f_labels = acc1180
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1149: list[Any] = []
+        acc1189: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1150 = _ZD[b]
+                c1190 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1150 = (z >> 1) ^ -(z & 1)
+                c1190 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1150 = (z >> 1) ^ -(z & 1)
+                c1190 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1150, pos = _rlong(buf, pos)
-            if c1150 == 0:
+                c1190, pos = _rlong(buf, pos)
+            if c1190 == 0:
                 break
-            if c1150 < 0:
-                c1150 = -c1150
+            if c1190 < 0:
+                c1190 = -c1190
                 b = buf[pos]
                 if b < 128:
-                    z1153 = _ZD[b]
+                    z1193 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1153 = (z >> 1) ^ -(z & 1)
+                    z1193 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1153 = (z >> 1) ^ -(z & 1)
+                    z1193 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1153, pos = _rlong(buf, pos)
-            if c1150 * 3 > end - pos:
-                raise _count_error(c1150, end - pos)
-            for _ in range(c1150):
-                x1151, pos = _d_Taint346(buf, pos, end)
-                acc1149.append(x1151)
-        f_taints = tuple(acc1149)
+                    z1193, pos = _rlong(buf, pos)
+            if c1190 * 3 > end - pos:
+                raise _count_error(c1190, end - pos)
+            for _ in range(c1190):
+                x1191, pos = _d_Taint365(buf, pos, end)
+                acc1189.append(x1191)
+        f_taints = tuple(acc1189)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -3851,78 +4003,78 @@ def _d_NodeAdded1134(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1153(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1193(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1155 = _ZL[buf[pos]]
-    if n1155 < 0:
-        n1155, pos = _rlong(buf, pos)
-        if n1155 < 0:
-            raise _length_error(n1155, end - pos)
+    n1195 = _ZL[buf[pos]]
+    if n1195 < 0:
+        n1195, pos = _rlong(buf, pos)
+        if n1195 < 0:
+            raise _length_error(n1195, end - pos)
     else:
         pos += 1
-    q1156 = pos + n1155
-    if q1156 > end:
-        raise _length_error(n1155, end - pos)
-    f_node_id = buf[pos:q1156].decode()
-    pos = q1156
+    q1196 = pos + n1195
+    if q1196 > end:
+        raise _length_error(n1195, end - pos)
+    f_node_id = buf[pos:q1196].decode()
+    pos = q1196
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1156(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1196(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1158 = _ZL[buf[pos]]
-    if n1158 < 0:
-        n1158, pos = _rlong(buf, pos)
-        if n1158 < 0:
-            raise _length_error(n1158, end - pos)
+    n1198 = _ZL[buf[pos]]
+    if n1198 < 0:
+        n1198, pos = _rlong(buf, pos)
+        if n1198 < 0:
+            raise _length_error(n1198, end - pos)
     else:
         pos += 1
-    q1159 = pos + n1158
-    if q1159 > end:
-        raise _length_error(n1158, end - pos)
-    f_node_id = buf[pos:q1159].decode()
-    pos = q1159
+    q1199 = pos + n1198
+    if q1199 > end:
+        raise _length_error(n1198, end - pos)
+    f_node_id = buf[pos:q1199].decode()
+    pos = q1199
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1159(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1199(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1161 = _ZL[buf[pos]]
-    if n1161 < 0:
-        n1161, pos = _rlong(buf, pos)
-        if n1161 < 0:
-            raise _length_error(n1161, end - pos)
+    n1201 = _ZL[buf[pos]]
+    if n1201 < 0:
+        n1201, pos = _rlong(buf, pos)
+        if n1201 < 0:
+            raise _length_error(n1201, end - pos)
     else:
         pos += 1
-    q1162 = pos + n1161
-    if q1162 > end:
-        raise _length_error(n1161, end - pos)
-    f_node_id = buf[pos:q1162].decode()
-    pos = q1162
+    q1202 = pos + n1201
+    if q1202 > end:
+        raise _length_error(n1201, end - pos)
+    f_node_id = buf[pos:q1202].decode()
+    pos = q1202
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1162(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1202(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1164 = _ZL[buf[pos]]
-    if n1164 < 0:
-        n1164, pos = _rlong(buf, pos)
-        if n1164 < 0:
-            raise _length_error(n1164, end - pos)
+    n1204 = _ZL[buf[pos]]
+    if n1204 < 0:
+        n1204, pos = _rlong(buf, pos)
+        if n1204 < 0:
+            raise _length_error(n1204, end - pos)
     else:
         pos += 1
-    q1165 = pos + n1164
-    if q1165 > end:
-        raise _length_error(n1164, end - pos)
-    f_node_id = buf[pos:q1165].decode()
-    pos = q1165
+    q1205 = pos + n1204
+    if q1205 > end:
+        raise _length_error(n1204, end - pos)
+    f_node_id = buf[pos:q1205].decode()
+    pos = q1205
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3941,34 +4093,34 @@ def _d_NodeDrained1162(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1165(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1205(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1167 = _ZL[buf[pos]]
-    if n1167 < 0:
-        n1167, pos = _rlong(buf, pos)
-        if n1167 < 0:
-            raise _length_error(n1167, end - pos)
+    n1207 = _ZL[buf[pos]]
+    if n1207 < 0:
+        n1207, pos = _rlong(buf, pos)
+        if n1207 < 0:
+            raise _length_error(n1207, end - pos)
     else:
         pos += 1
-    q1168 = pos + n1167
-    if q1168 > end:
-        raise _length_error(n1167, end - pos)
-    f_node_id = buf[pos:q1168].decode()
-    pos = q1168
-    n1169 = _ZL[buf[pos]]
-    if n1169 < 0:
-        n1169, pos = _rlong(buf, pos)
-        if n1169 < 0:
-            raise _length_error(n1169, end - pos)
+    q1208 = pos + n1207
+    if q1208 > end:
+        raise _length_error(n1207, end - pos)
+    f_node_id = buf[pos:q1208].decode()
+    pos = q1208
+    n1209 = _ZL[buf[pos]]
+    if n1209 < 0:
+        n1209, pos = _rlong(buf, pos)
+        if n1209 < 0:
+            raise _length_error(n1209, end - pos)
     else:
         pos += 1
-    q1170 = pos + n1169
-    if q1170 > end:
-        raise _length_error(n1169, end - pos)
-    f_reason = buf[pos:q1170].decode()
-    pos = q1170
+    q1210 = pos + n1209
+    if q1210 > end:
+        raise _length_error(n1209, end - pos)
+    f_reason = buf[pos:q1210].decode()
+    pos = q1210
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -3987,7 +4139,7 @@ def _d_NodeFailed1165(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1171(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4008,30 +4160,31 @@ def _d_PodSpec1171(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_movable: bool
     f_gpu_memory_mib: int
     f_retry: Any
-    n1173 = _ZL[buf[pos]]
-    if n1173 < 0:
-        n1173, pos = _rlong(buf, pos)
-        if n1173 < 0:
-            raise _length_error(n1173, end - pos)
+    f_preemptible: bool
+    n1213 = _ZL[buf[pos]]
+    if n1213 < 0:
+        n1213, pos = _rlong(buf, pos)
+        if n1213 < 0:
+            raise _length_error(n1213, end - pos)
     else:
         pos += 1
-    q1174 = pos + n1173
-    if q1174 > end:
-        raise _length_error(n1173, end - pos)
-    f_pod_id = buf[pos:q1174].decode()
-    pos = q1174
-    n1175 = _ZL[buf[pos]]
-    if n1175 < 0:
-        n1175, pos = _rlong(buf, pos)
-        if n1175 < 0:
-            raise _length_error(n1175, end - pos)
+    q1214 = pos + n1213
+    if q1214 > end:
+        raise _length_error(n1213, end - pos)
+    f_pod_id = buf[pos:q1214].decode()
+    pos = q1214
+    n1215 = _ZL[buf[pos]]
+    if n1215 < 0:
+        n1215, pos = _rlong(buf, pos)
+        if n1215 < 0:
+            raise _length_error(n1215, end - pos)
     else:
         pos += 1
-    q1176 = pos + n1175
-    if q1176 > end:
-        raise _length_error(n1175, end - pos)
-    f_tenant = buf[pos:q1176].decode()
-    pos = q1176
+    q1216 = pos + n1215
+    if q1216 > end:
+        raise _length_error(n1215, end - pos)
+    f_tenant = buf[pos:q1216].decode()
+    pos = q1216
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4106,482 +4259,62 @@ def _d_PodSpec1171(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1177: list[Any] = []
+        acc1217: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1178 = _ZD[b]
+                c1218 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1178 = (z >> 1) ^ -(z & 1)
+                c1218 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1178 = (z >> 1) ^ -(z & 1)
+                c1218 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1178, pos = _rlong(buf, pos)
-            if c1178 == 0:
+                c1218, pos = _rlong(buf, pos)
+            if c1218 == 0:
                 break
-            if c1178 < 0:
-                c1178 = -c1178
+            if c1218 < 0:
+                c1218 = -c1218
                 b = buf[pos]
                 if b < 128:
-                    z1181 = _ZD[b]
+                    z1221 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1181 = (z >> 1) ^ -(z & 1)
+                    z1221 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1181 = (z >> 1) ^ -(z & 1)
+                    z1221 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1181, pos = _rlong(buf, pos)
-            if c1178 * 1 > end - pos:
-                raise _count_error(c1178, end - pos)
-            for _ in range(c1178):
-                n1182 = _ZL[buf[pos]]
-                if n1182 < 0:
-                    n1182, pos = _rlong(buf, pos)
-                    if n1182 < 0:
-                        raise _length_error(n1182, end - pos)
+                    z1221, pos = _rlong(buf, pos)
+            if c1218 * 1 > end - pos:
+                raise _count_error(c1218, end - pos)
+            for _ in range(c1218):
+                n1222 = _ZL[buf[pos]]
+                if n1222 < 0:
+                    n1222, pos = _rlong(buf, pos)
+                    if n1222 < 0:
+                        raise _length_error(n1222, end - pos)
                 else:
                     pos += 1
-                q1183 = pos + n1182
-                if q1183 > end:
-                    raise _length_error(n1182, end - pos)
-                x1179 = buf[pos:q1183].decode()
-                pos = q1183
-                acc1177.append(x1179)
-        f_gpu_models = tuple(acc1177)
+                q1223 = pos + n1222
+                if q1223 > end:
+                    raise _length_error(n1222, end - pos)
+                x1219 = buf[pos:q1223].decode()
+                pos = q1223
+                acc1217.append(x1219)
+        f_gpu_models = tuple(acc1217)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1184: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1185 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1185 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1185 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1185, pos = _rlong(buf, pos)
-            if c1185 == 0:
-                break
-            if c1185 < 0:
-                c1185 = -c1185
-                b = buf[pos]
-                if b < 128:
-                    z1188 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1188 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1188 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1188, pos = _rlong(buf, pos)
-            if c1185 * 2 > end - pos:
-                raise _count_error(c1185, end - pos)
-            for _ in range(c1185):
-                n1189 = _ZL[buf[pos]]
-                if n1189 < 0:
-                    n1189, pos = _rlong(buf, pos)
-                    if n1189 < 0:
-                        raise _length_error(n1189, end - pos)
-                else:
-                    pos += 1
-                q1190 = pos + n1189
-                if q1190 > end:
-                    raise _length_error(n1189, end - pos)
-                k1187 = buf[pos:q1190].decode()
-                pos = q1190
-                n1191 = _ZL[buf[pos]]
-                if n1191 < 0:
-                    n1191, pos = _rlong(buf, pos)
-                    if n1191 < 0:
-                        raise _length_error(n1191, end - pos)
-                else:
-                    pos += 1
-                q1192 = pos + n1191
-                if q1192 > end:
-                    raise _length_error(n1191, end - pos)
-                x1186 = buf[pos:q1192].decode()
-                pos = q1192
-                acc1184[k1187] = x1186
-        f_node_selector = acc1184
-    if buf[pos] == 0:
-        pos += 1
-        f_tolerations = ()
-    else:
-        acc1193: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1194 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1194 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1194 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1194, pos = _rlong(buf, pos)
-            if c1194 == 0:
-                break
-            if c1194 < 0:
-                c1194 = -c1194
-                b = buf[pos]
-                if b < 128:
-                    z1197 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1197 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1197 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1197, pos = _rlong(buf, pos)
-            if c1194 * 4 > end - pos:
-                raise _count_error(c1194, end - pos)
-            for _ in range(c1194):
-                x1195, pos = _d_Toleration396(buf, pos, end)
-                acc1193.append(x1195)
-        f_tolerations = tuple(acc1193)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1198 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1198 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1198 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1198, pos = _rlong(buf, pos)
-    if i1198 == 0:
-        f_gang_id = None
-    elif i1198 == 1:
-        n1199 = _ZL[buf[pos]]
-        if n1199 < 0:
-            n1199, pos = _rlong(buf, pos)
-            if n1199 < 0:
-                raise _length_error(n1199, end - pos)
-        else:
-            pos += 1
-        q1200 = pos + n1199
-        if q1200 > end:
-            raise _length_error(n1199, end - pos)
-        f_gang_id = buf[pos:q1200].decode()
-        pos = q1200
-    else:
-        raise _union_error(i1198, 2)
-    b = buf[pos]
-    if b < 128:
-        i1201 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1201 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1201 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1201, pos = _rlong(buf, pos)
-    if i1201 == 0:
-        f_time_limit_ms = None
-    elif i1201 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1201, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1202: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1203 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1203 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1203 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1203, pos = _rlong(buf, pos)
-            if c1203 == 0:
-                break
-            if c1203 < 0:
-                c1203 = -c1203
-                b = buf[pos]
-                if b < 128:
-                    z1206 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1206 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1206 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1206, pos = _rlong(buf, pos)
-            if c1203 * 1 > end - pos:
-                raise _count_error(c1203, end - pos)
-            for _ in range(c1203):
-                n1207 = _ZL[buf[pos]]
-                if n1207 < 0:
-                    n1207, pos = _rlong(buf, pos)
-                    if n1207 < 0:
-                        raise _length_error(n1207, end - pos)
-                else:
-                    pos += 1
-                q1208 = pos + n1207
-                if q1208 > end:
-                    raise _length_error(n1207, end - pos)
-                x1204 = buf[pos:q1208].decode()
-                pos = q1208
-                acc1202.append(x1204)
-        f_depends_on = tuple(acc1202)
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
-    else:
-        pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_dependency = buf[pos:q1210].decode()
-    pos = q1210
-    n1211 = _ZL[buf[pos]]
-    if n1211 < 0:
-        n1211, pos = _rlong(buf, pos)
-        if n1211 < 0:
-            raise _length_error(n1211, end - pos)
-    else:
-        pos += 1
-    q1212 = pos + n1211
-    if q1212 > end:
-        raise _length_error(n1211, end - pos)
-    f_preemption = buf[pos:q1212].decode()
-    pos = q1212
-    f_movable = buf[pos] != 0
-    pos += 1
-    b = buf[pos]
-    if b < 128:
-        f_gpu_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_memory_mib, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1213 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1213 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1213, pos = _rlong(buf, pos)
-    if i1213 == 0:
-        f_retry = None
-    elif i1213 == 1:
-        f_retry, pos = _d_Retry418(buf, pos, end)
-    else:
-        raise _union_error(i1213, 2)
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry)
-    return o, pos
-
-
-def _d_QueueReason1218(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1220 = _ZL[buf[pos]]
-    if n1220 < 0:
-        n1220, pos = _rlong(buf, pos)
-        if n1220 < 0:
-            raise _length_error(n1220, end - pos)
-    else:
-        pos += 1
-    q1221 = pos + n1220
-    if q1221 > end:
-        raise _length_error(n1220, end - pos)
-    f_code = buf[pos:q1221].decode()
-    pos = q1221
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1222 = _ZL[buf[pos]]
-    if n1222 < 0:
-        n1222, pos = _rlong(buf, pos)
-        if n1222 < 0:
-            raise _length_error(n1222, end - pos)
-    else:
-        pos += 1
-    q1223 = pos + n1222
-    if q1223 > end:
-        raise _length_error(n1222, end - pos)
-    f_message = buf[pos:q1223].decode()
-    pos = q1223
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1170(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1171(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1214: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1215 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1215 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1215 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1215, pos = _rlong(buf, pos)
-            if c1215 == 0:
-                break
-            if c1215 < 0:
-                c1215 = -c1215
-                b = buf[pos]
-                if b < 128:
-                    z1218 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1218 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1218 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1218, pos = _rlong(buf, pos)
-            if c1215 * 3 > end - pos:
-                raise _count_error(c1215, end - pos)
-            for _ in range(c1215):
-                x1216, pos = _d_QueueReason1218(buf, pos, end)
-                acc1214.append(x1216)
-        f_reasons = tuple(acc1214)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1224: list[Any] = []
+        acc1224: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -4615,7 +4348,7 @@ def _d_PodQueued1170(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]
                     pos += 3
                 else:
                     z1228, pos = _rlong(buf, pos)
-            if c1225 * 1 > end - pos:
+            if c1225 * 2 > end - pos:
                 raise _count_error(c1225, end - pos)
             for _ in range(c1225):
                 n1229 = _ZL[buf[pos]]
@@ -4628,15 +4361,437 @@ def _d_PodQueued1170(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]
                 q1230 = pos + n1229
                 if q1230 > end:
                     raise _length_error(n1229, end - pos)
-                x1226 = buf[pos:q1230].decode()
+                k1227 = buf[pos:q1230].decode()
                 pos = q1230
-                acc1224.append(x1226)
-        f_waiting_for = tuple(acc1224)
+                n1231 = _ZL[buf[pos]]
+                if n1231 < 0:
+                    n1231, pos = _rlong(buf, pos)
+                    if n1231 < 0:
+                        raise _length_error(n1231, end - pos)
+                else:
+                    pos += 1
+                q1232 = pos + n1231
+                if q1232 > end:
+                    raise _length_error(n1231, end - pos)
+                x1226 = buf[pos:q1232].decode()
+                pos = q1232
+                acc1224[k1227] = x1226
+        f_node_selector = acc1224
+    if buf[pos] == 0:
+        pos += 1
+        f_tolerations = ()
+    else:
+        acc1233: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1234 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1234 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1234, pos = _rlong(buf, pos)
+            if c1234 == 0:
+                break
+            if c1234 < 0:
+                c1234 = -c1234
+                b = buf[pos]
+                if b < 128:
+                    z1237 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1237 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1237, pos = _rlong(buf, pos)
+            if c1234 * 4 > end - pos:
+                raise _count_error(c1234, end - pos)
+            for _ in range(c1234):
+                x1235, pos = _d_Toleration415(buf, pos, end)
+                acc1233.append(x1235)
+        f_tolerations = tuple(acc1233)
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1238 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1238 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1238 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1238, pos = _rlong(buf, pos)
+    if i1238 == 0:
+        f_gang_id = None
+    elif i1238 == 1:
+        n1239 = _ZL[buf[pos]]
+        if n1239 < 0:
+            n1239, pos = _rlong(buf, pos)
+            if n1239 < 0:
+                raise _length_error(n1239, end - pos)
+        else:
+            pos += 1
+        q1240 = pos + n1239
+        if q1240 > end:
+            raise _length_error(n1239, end - pos)
+        f_gang_id = buf[pos:q1240].decode()
+        pos = q1240
+    else:
+        raise _union_error(i1238, 2)
+    b = buf[pos]
+    if b < 128:
+        i1241 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1241 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1241 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1241, pos = _rlong(buf, pos)
+    if i1241 == 0:
+        f_time_limit_ms = None
+    elif i1241 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1241, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1242: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1243 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1243 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1243 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1243, pos = _rlong(buf, pos)
+            if c1243 == 0:
+                break
+            if c1243 < 0:
+                c1243 = -c1243
+                b = buf[pos]
+                if b < 128:
+                    z1246 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1246 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1246 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1246, pos = _rlong(buf, pos)
+            if c1243 * 1 > end - pos:
+                raise _count_error(c1243, end - pos)
+            for _ in range(c1243):
+                n1247 = _ZL[buf[pos]]
+                if n1247 < 0:
+                    n1247, pos = _rlong(buf, pos)
+                    if n1247 < 0:
+                        raise _length_error(n1247, end - pos)
+                else:
+                    pos += 1
+                q1248 = pos + n1247
+                if q1248 > end:
+                    raise _length_error(n1247, end - pos)
+                x1244 = buf[pos:q1248].decode()
+                pos = q1248
+                acc1242.append(x1244)
+        f_depends_on = tuple(acc1242)
+    n1249 = _ZL[buf[pos]]
+    if n1249 < 0:
+        n1249, pos = _rlong(buf, pos)
+        if n1249 < 0:
+            raise _length_error(n1249, end - pos)
+    else:
+        pos += 1
+    q1250 = pos + n1249
+    if q1250 > end:
+        raise _length_error(n1249, end - pos)
+    f_dependency = buf[pos:q1250].decode()
+    pos = q1250
+    n1251 = _ZL[buf[pos]]
+    if n1251 < 0:
+        n1251, pos = _rlong(buf, pos)
+        if n1251 < 0:
+            raise _length_error(n1251, end - pos)
+    else:
+        pos += 1
+    q1252 = pos + n1251
+    if q1252 > end:
+        raise _length_error(n1251, end - pos)
+    f_preemption = buf[pos:q1252].decode()
+    pos = q1252
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1253 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1253 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1253 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1253, pos = _rlong(buf, pos)
+    if i1253 == 0:
+        f_retry = None
+    elif i1253 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
+    else:
+        raise _union_error(i1253, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
+    return o, pos
+
+
+def _d_QueueReason1258(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1260 = _ZL[buf[pos]]
+    if n1260 < 0:
+        n1260, pos = _rlong(buf, pos)
+        if n1260 < 0:
+            raise _length_error(n1260, end - pos)
+    else:
+        pos += 1
+    q1261 = pos + n1260
+    if q1261 > end:
+        raise _length_error(n1260, end - pos)
+    f_code = buf[pos:q1261].decode()
+    pos = q1261
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1262 = _ZL[buf[pos]]
+    if n1262 < 0:
+        n1262, pos = _rlong(buf, pos)
+        if n1262 < 0:
+            raise _length_error(n1262, end - pos)
+    else:
+        pos += 1
+    q1263 = pos + n1262
+    if q1263 > end:
+        raise _length_error(n1262, end - pos)
+    f_message = buf[pos:q1263].decode()
+    pos = q1263
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1210(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1211(buf, pos, end)
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1254: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1255 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1255 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1255 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1255, pos = _rlong(buf, pos)
+            if c1255 == 0:
+                break
+            if c1255 < 0:
+                c1255 = -c1255
+                b = buf[pos]
+                if b < 128:
+                    z1258 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1258 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1258 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1258, pos = _rlong(buf, pos)
+            if c1255 * 3 > end - pos:
+                raise _count_error(c1255, end - pos)
+            for _ in range(c1255):
+                x1256, pos = _d_QueueReason1258(buf, pos, end)
+                acc1254.append(x1256)
+        f_reasons = tuple(acc1254)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1264: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1265 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1265 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1265 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1265, pos = _rlong(buf, pos)
+            if c1265 == 0:
+                break
+            if c1265 < 0:
+                c1265 = -c1265
+                b = buf[pos]
+                if b < 128:
+                    z1268 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1268 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1268 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1268, pos = _rlong(buf, pos)
+            if c1265 * 1 > end - pos:
+                raise _count_error(c1265, end - pos)
+            for _ in range(c1265):
+                n1269 = _ZL[buf[pos]]
+                if n1269 < 0:
+                    n1269, pos = _rlong(buf, pos)
+                    if n1269 < 0:
+                        raise _length_error(n1269, end - pos)
+                else:
+                    pos += 1
+                q1270 = pos + n1269
+                if q1270 > end:
+                    raise _length_error(n1269, end - pos)
+                x1266 = buf[pos:q1270].decode()
+                pos = q1270
+                acc1264.append(x1266)
+        f_waiting_for = tuple(acc1264)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1238(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1278(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4671,7 +4826,7 @@ def _d_GpuShare1238(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1230(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4679,306 +4834,7 @@ def _d_PodScheduled1230(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1171(buf, pos, end)
-    n1232 = _ZL[buf[pos]]
-    if n1232 < 0:
-        n1232, pos = _rlong(buf, pos)
-        if n1232 < 0:
-            raise _length_error(n1232, end - pos)
-    else:
-        pos += 1
-    q1233 = pos + n1232
-    if q1233 > end:
-        raise _length_error(n1232, end - pos)
-    f_node_id = buf[pos:q1233].decode()
-    pos = q1233
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1234: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1235 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1235 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1235 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1235, pos = _rlong(buf, pos)
-            if c1235 == 0:
-                break
-            if c1235 < 0:
-                c1235 = -c1235
-                b = buf[pos]
-                if b < 128:
-                    z1238 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1238 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1238 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1238, pos = _rlong(buf, pos)
-            if c1235 * 2 > end - pos:
-                raise _count_error(c1235, end - pos)
-            for _ in range(c1235):
-                x1236, pos = _d_GpuShare1238(buf, pos, end)
-                acc1234.append(x1236)
-        f_gpus = tuple(acc1234)
-    n1240 = _ZL[buf[pos]]
-    if n1240 < 0:
-        n1240, pos = _rlong(buf, pos)
-        if n1240 < 0:
-            raise _length_error(n1240, end - pos)
-    else:
-        pos += 1
-    q1241 = pos + n1240
-    if q1241 > end:
-        raise _length_error(n1240, end - pos)
-    f_policy = buf[pos:q1241].decode()
-    pos = q1241
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1242: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1243 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1243 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1243 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1243, pos = _rlong(buf, pos)
-            if c1243 == 0:
-                break
-            if c1243 < 0:
-                c1243 = -c1243
-                b = buf[pos]
-                if b < 128:
-                    z1246 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1246 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1246 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1246, pos = _rlong(buf, pos)
-            if c1243 * 9 > end - pos:
-                raise _count_error(c1243, end - pos)
-            for _ in range(c1243):
-                n1247 = _ZL[buf[pos]]
-                if n1247 < 0:
-                    n1247, pos = _rlong(buf, pos)
-                    if n1247 < 0:
-                        raise _length_error(n1247, end - pos)
-                else:
-                    pos += 1
-                q1248 = pos + n1247
-                if q1248 > end:
-                    raise _length_error(n1247, end - pos)
-                k1245 = buf[pos:q1248].decode()
-                pos = q1248
-                x1244, = _unpack_d(buf, pos)
-                pos += 8
-                acc1242[k1245] = x1244
-        f_scores = acc1242
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1249: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1250 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1250 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1250 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1250, pos = _rlong(buf, pos)
-            if c1250 == 0:
-                break
-            if c1250 < 0:
-                c1250 = -c1250
-                b = buf[pos]
-                if b < 128:
-                    z1253 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1253 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1253 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1253, pos = _rlong(buf, pos)
-            if c1250 * 1 > end - pos:
-                raise _count_error(c1250, end - pos)
-            for _ in range(c1250):
-                n1254 = _ZL[buf[pos]]
-                if n1254 < 0:
-                    n1254, pos = _rlong(buf, pos)
-                    if n1254 < 0:
-                        raise _length_error(n1254, end - pos)
-                else:
-                    pos += 1
-                q1255 = pos + n1254
-                if q1255 > end:
-                    raise _length_error(n1254, end - pos)
-                x1251 = buf[pos:q1255].decode()
-                pos = q1255
-                acc1249.append(x1251)
-        f_preempted = tuple(acc1249)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1255(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
-    else:
-        pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_pod_id = buf[pos:q1258].decode()
-    pos = q1258
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
-    else:
-        pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_node_id = buf[pos:q1260].decode()
-    pos = q1260
-    n1261 = _ZL[buf[pos]]
-    if n1261 < 0:
-        n1261, pos = _rlong(buf, pos)
-        if n1261 < 0:
-            raise _length_error(n1261, end - pos)
-    else:
-        pos += 1
-    q1262 = pos + n1261
-    if q1262 > end:
-        raise _length_error(n1261, end - pos)
-    f_reason = buf[pos:q1262].decode()
-    pos = q1262
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1262(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1264 = _ZL[buf[pos]]
-    if n1264 < 0:
-        n1264, pos = _rlong(buf, pos)
-        if n1264 < 0:
-            raise _length_error(n1264, end - pos)
-    else:
-        pos += 1
-    q1265 = pos + n1264
-    if q1265 > end:
-        raise _length_error(n1264, end - pos)
-    f_pod_id = buf[pos:q1265].decode()
-    pos = q1265
-    b = buf[pos]
-    if b < 128:
-        i1266 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1266 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1266 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1266, pos = _rlong(buf, pos)
-    if i1266 == 0:
-        f_node_id = None
-    elif i1266 == 1:
-        n1267 = _ZL[buf[pos]]
-        if n1267 < 0:
-            n1267, pos = _rlong(buf, pos)
-            if n1267 < 0:
-                raise _length_error(n1267, end - pos)
-        else:
-            pos += 1
-        q1268 = pos + n1267
-        if q1268 > end:
-            raise _length_error(n1267, end - pos)
-        f_node_id = buf[pos:q1268].decode()
-        pos = q1268
-    else:
-        raise _union_error(i1266, 2)
-    n1269 = _ZL[buf[pos]]
-    if n1269 < 0:
-        n1269, pos = _rlong(buf, pos)
-        if n1269 < 0:
-            raise _length_error(n1269, end - pos)
-    else:
-        pos += 1
-    q1270 = pos + n1269
-    if q1270 > end:
-        raise _length_error(n1269, end - pos)
-    f_reason = buf[pos:q1270].decode()
-    pos = q1270
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1270(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
+    f_pod, pos = _d_PodSpec1211(buf, pos, end)
     n1272 = _ZL[buf[pos]]
     if n1272 < 0:
         n1272, pos = _rlong(buf, pos)
@@ -4989,37 +4845,336 @@ def _d_PolicyChanged1270(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
     q1273 = pos + n1272
     if q1273 > end:
         raise _length_error(n1272, end - pos)
-    f_policy = buf[pos:q1273].decode()
+    f_node_id = buf[pos:q1273].decode()
     pos = q1273
-    n1274 = _ZL[buf[pos]]
-    if n1274 < 0:
-        n1274, pos = _rlong(buf, pos)
-        if n1274 < 0:
-            raise _length_error(n1274, end - pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1274: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1275 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1275 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1275 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1275, pos = _rlong(buf, pos)
+            if c1275 == 0:
+                break
+            if c1275 < 0:
+                c1275 = -c1275
+                b = buf[pos]
+                if b < 128:
+                    z1278 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1278 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1278 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1278, pos = _rlong(buf, pos)
+            if c1275 * 2 > end - pos:
+                raise _count_error(c1275, end - pos)
+            for _ in range(c1275):
+                x1276, pos = _d_GpuShare1278(buf, pos, end)
+                acc1274.append(x1276)
+        f_gpus = tuple(acc1274)
+    n1280 = _ZL[buf[pos]]
+    if n1280 < 0:
+        n1280, pos = _rlong(buf, pos)
+        if n1280 < 0:
+            raise _length_error(n1280, end - pos)
     else:
         pos += 1
-    q1275 = pos + n1274
-    if q1275 > end:
-        raise _length_error(n1274, end - pos)
-    f_previous = buf[pos:q1275].decode()
-    pos = q1275
+    q1281 = pos + n1280
+    if q1281 > end:
+        raise _length_error(n1280, end - pos)
+    f_policy = buf[pos:q1281].decode()
+    pos = q1281
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1282: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1283 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1283 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1283 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1283, pos = _rlong(buf, pos)
+            if c1283 == 0:
+                break
+            if c1283 < 0:
+                c1283 = -c1283
+                b = buf[pos]
+                if b < 128:
+                    z1286 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1286 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1286 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1286, pos = _rlong(buf, pos)
+            if c1283 * 9 > end - pos:
+                raise _count_error(c1283, end - pos)
+            for _ in range(c1283):
+                n1287 = _ZL[buf[pos]]
+                if n1287 < 0:
+                    n1287, pos = _rlong(buf, pos)
+                    if n1287 < 0:
+                        raise _length_error(n1287, end - pos)
+                else:
+                    pos += 1
+                q1288 = pos + n1287
+                if q1288 > end:
+                    raise _length_error(n1287, end - pos)
+                k1285 = buf[pos:q1288].decode()
+                pos = q1288
+                x1284, = _unpack_d(buf, pos)
+                pos += 8
+                acc1282[k1285] = x1284
+        f_scores = acc1282
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1289: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1290 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1290 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1290 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1290, pos = _rlong(buf, pos)
+            if c1290 == 0:
+                break
+            if c1290 < 0:
+                c1290 = -c1290
+                b = buf[pos]
+                if b < 128:
+                    z1293 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1293 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1293 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1293, pos = _rlong(buf, pos)
+            if c1290 * 1 > end - pos:
+                raise _count_error(c1290, end - pos)
+            for _ in range(c1290):
+                n1294 = _ZL[buf[pos]]
+                if n1294 < 0:
+                    n1294, pos = _rlong(buf, pos)
+                    if n1294 < 0:
+                        raise _length_error(n1294, end - pos)
+                else:
+                    pos += 1
+                q1295 = pos + n1294
+                if q1295 > end:
+                    raise _length_error(n1294, end - pos)
+                x1291 = buf[pos:q1295].decode()
+                pos = q1295
+                acc1289.append(x1291)
+        f_preempted = tuple(acc1289)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1295(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1297 = _ZL[buf[pos]]
+    if n1297 < 0:
+        n1297, pos = _rlong(buf, pos)
+        if n1297 < 0:
+            raise _length_error(n1297, end - pos)
+    else:
+        pos += 1
+    q1298 = pos + n1297
+    if q1298 > end:
+        raise _length_error(n1297, end - pos)
+    f_pod_id = buf[pos:q1298].decode()
+    pos = q1298
+    n1299 = _ZL[buf[pos]]
+    if n1299 < 0:
+        n1299, pos = _rlong(buf, pos)
+        if n1299 < 0:
+            raise _length_error(n1299, end - pos)
+    else:
+        pos += 1
+    q1300 = pos + n1299
+    if q1300 > end:
+        raise _length_error(n1299, end - pos)
+    f_node_id = buf[pos:q1300].decode()
+    pos = q1300
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
+    else:
+        pos += 1
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_reason = buf[pos:q1302].decode()
+    pos = q1302
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
+    else:
+        pos += 1
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_pod_id = buf[pos:q1305].decode()
+    pos = q1305
     b = buf[pos]
     if b < 128:
-        i1276 = _ZD[b]
+        i1306 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1276 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1276 = (z >> 1) ^ -(z & 1)
+        i1306 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1276, pos = _rlong(buf, pos)
-    if i1276 == 0:
+        i1306, pos = _rlong(buf, pos)
+    if i1306 == 0:
+        f_node_id = None
+    elif i1306 == 1:
+        n1307 = _ZL[buf[pos]]
+        if n1307 < 0:
+            n1307, pos = _rlong(buf, pos)
+            if n1307 < 0:
+                raise _length_error(n1307, end - pos)
+        else:
+            pos += 1
+        q1308 = pos + n1307
+        if q1308 > end:
+            raise _length_error(n1307, end - pos)
+        f_node_id = buf[pos:q1308].decode()
+        pos = q1308
+    else:
+        raise _union_error(i1306, 2)
+    n1309 = _ZL[buf[pos]]
+    if n1309 < 0:
+        n1309, pos = _rlong(buf, pos)
+        if n1309 < 0:
+            raise _length_error(n1309, end - pos)
+    else:
+        pos += 1
+    q1310 = pos + n1309
+    if q1310 > end:
+        raise _length_error(n1309, end - pos)
+    f_reason = buf[pos:q1310].decode()
+    pos = q1310
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1312 = _ZL[buf[pos]]
+    if n1312 < 0:
+        n1312, pos = _rlong(buf, pos)
+        if n1312 < 0:
+            raise _length_error(n1312, end - pos)
+    else:
+        pos += 1
+    q1313 = pos + n1312
+    if q1313 > end:
+        raise _length_error(n1312, end - pos)
+    f_policy = buf[pos:q1313].decode()
+    pos = q1313
+    n1314 = _ZL[buf[pos]]
+    if n1314 < 0:
+        n1314, pos = _rlong(buf, pos)
+        if n1314 < 0:
+            raise _length_error(n1314, end - pos)
+    else:
+        pos += 1
+    q1315 = pos + n1314
+    if q1315 > end:
+        raise _length_error(n1314, end - pos)
+    f_previous = buf[pos:q1315].decode()
+    pos = q1315
+    b = buf[pos]
+    if b < 128:
+        i1316 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1316 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1316 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1316, pos = _rlong(buf, pos)
+    if i1316 == 0:
         f_reserve_after_ms = None
-    elif i1276 == 1:
+    elif i1316 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5035,36 +5190,36 @@ def _d_PolicyChanged1270(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1276, 2)
-    n1277 = _ZL[buf[pos]]
-    if n1277 < 0:
-        n1277, pos = _rlong(buf, pos)
-        if n1277 < 0:
-            raise _length_error(n1277, end - pos)
+        raise _union_error(i1316, 2)
+    n1317 = _ZL[buf[pos]]
+    if n1317 < 0:
+        n1317, pos = _rlong(buf, pos)
+        if n1317 < 0:
+            raise _length_error(n1317, end - pos)
     else:
         pos += 1
-    q1278 = pos + n1277
-    if q1278 > end:
-        raise _length_error(n1277, end - pos)
-    f_queue_order = buf[pos:q1278].decode()
-    pos = q1278
+    q1318 = pos + n1317
+    if q1318 > end:
+        raise _length_error(n1317, end - pos)
+    f_queue_order = buf[pos:q1318].decode()
+    pos = q1318
     b = buf[pos]
     if b < 128:
-        i1279 = _ZD[b]
+        i1319 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1279 = (z >> 1) ^ -(z & 1)
+        i1319 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1279 = (z >> 1) ^ -(z & 1)
+        i1319 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1279, pos = _rlong(buf, pos)
-    if i1279 == 0:
+        i1319, pos = _rlong(buf, pos)
+    if i1319 == 0:
         f_max_clock_jump_ms = None
-    elif i1279 == 1:
+    elif i1319 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5080,69 +5235,69 @@ def _d_PolicyChanged1270(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1279, 2)
+        raise _union_error(i1319, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1279(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1319(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1281 = _ZL[buf[pos]]
-    if n1281 < 0:
-        n1281, pos = _rlong(buf, pos)
-        if n1281 < 0:
-            raise _length_error(n1281, end - pos)
+    n1321 = _ZL[buf[pos]]
+    if n1321 < 0:
+        n1321, pos = _rlong(buf, pos)
+        if n1321 < 0:
+            raise _length_error(n1321, end - pos)
     else:
         pos += 1
-    q1282 = pos + n1281
-    if q1282 > end:
-        raise _length_error(n1281, end - pos)
-    f_command_id = buf[pos:q1282].decode()
-    pos = q1282
-    n1283 = _ZL[buf[pos]]
-    if n1283 < 0:
-        n1283, pos = _rlong(buf, pos)
-        if n1283 < 0:
-            raise _length_error(n1283, end - pos)
+    q1322 = pos + n1321
+    if q1322 > end:
+        raise _length_error(n1321, end - pos)
+    f_command_id = buf[pos:q1322].decode()
+    pos = q1322
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1284 = pos + n1283
-    if q1284 > end:
-        raise _length_error(n1283, end - pos)
-    f_command_type = buf[pos:q1284].decode()
-    pos = q1284
-    n1285 = _ZL[buf[pos]]
-    if n1285 < 0:
-        n1285, pos = _rlong(buf, pos)
-        if n1285 < 0:
-            raise _length_error(n1285, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_command_type = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1286 = pos + n1285
-    if q1286 > end:
-        raise _length_error(n1285, end - pos)
-    f_code = buf[pos:q1286].decode()
-    pos = q1286
-    n1287 = _ZL[buf[pos]]
-    if n1287 < 0:
-        n1287, pos = _rlong(buf, pos)
-        if n1287 < 0:
-            raise _length_error(n1287, end - pos)
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_code = buf[pos:q1326].decode()
+    pos = q1326
+    n1327 = _ZL[buf[pos]]
+    if n1327 < 0:
+        n1327, pos = _rlong(buf, pos)
+        if n1327 < 0:
+            raise _length_error(n1327, end - pos)
     else:
         pos += 1
-    q1288 = pos + n1287
-    if q1288 > end:
-        raise _length_error(n1287, end - pos)
-    f_message = buf[pos:q1288].decode()
-    pos = q1288
+    q1328 = pos + n1327
+    if q1328 > end:
+        raise _length_error(n1327, end - pos)
+    f_message = buf[pos:q1328].decode()
+    pos = q1328
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5158,30 +5313,32 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_arrival: int
     f_preemption: str
     f_retry: Any
-    n1298 = _ZL[buf[pos]]
-    if n1298 < 0:
-        n1298, pos = _rlong(buf, pos)
-        if n1298 < 0:
-            raise _length_error(n1298, end - pos)
+    f_queued_at: Any
+    f_preemptible: bool
+    n1338 = _ZL[buf[pos]]
+    if n1338 < 0:
+        n1338, pos = _rlong(buf, pos)
+        if n1338 < 0:
+            raise _length_error(n1338, end - pos)
     else:
         pos += 1
-    q1299 = pos + n1298
-    if q1299 > end:
-        raise _length_error(n1298, end - pos)
-    f_gang_id = buf[pos:q1299].decode()
-    pos = q1299
-    n1300 = _ZL[buf[pos]]
-    if n1300 < 0:
-        n1300, pos = _rlong(buf, pos)
-        if n1300 < 0:
-            raise _length_error(n1300, end - pos)
+    q1339 = pos + n1338
+    if q1339 > end:
+        raise _length_error(n1338, end - pos)
+    f_gang_id = buf[pos:q1339].decode()
+    pos = q1339
+    n1340 = _ZL[buf[pos]]
+    if n1340 < 0:
+        n1340, pos = _rlong(buf, pos)
+        if n1340 < 0:
+            raise _length_error(n1340, end - pos)
     else:
         pos += 1
-    q1301 = pos + n1300
-    if q1301 > end:
-        raise _length_error(n1300, end - pos)
-    f_tenant = buf[pos:q1301].decode()
-    pos = q1301
+    q1341 = pos + n1340
+    if q1341 > end:
+        raise _length_error(n1340, end - pos)
+    f_tenant = buf[pos:q1341].decode()
+    pos = q1341
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5200,46 +5357,46 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1302: list[Any] = []
+        acc1342: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1303 = _ZD[b]
+                c1343 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1303 = (z >> 1) ^ -(z & 1)
+                c1343 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1303 = (z >> 1) ^ -(z & 1)
+                c1343 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1303, pos = _rlong(buf, pos)
-            if c1303 == 0:
+                c1343, pos = _rlong(buf, pos)
+            if c1343 == 0:
                 break
-            if c1303 < 0:
-                c1303 = -c1303
+            if c1343 < 0:
+                c1343 = -c1343
                 b = buf[pos]
                 if b < 128:
-                    z1306 = _ZD[b]
+                    z1346 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1306 = (z >> 1) ^ -(z & 1)
+                    z1346 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1306 = (z >> 1) ^ -(z & 1)
+                    z1346 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1306, pos = _rlong(buf, pos)
-            if c1303 * 20 > end - pos:
-                raise _count_error(c1303, end - pos)
-            for _ in range(c1303):
-                x1304, pos = _d_PodSpec1171(buf, pos, end)
-                acc1302.append(x1304)
-        f_members = tuple(acc1302)
+                    z1346, pos = _rlong(buf, pos)
+            if c1343 * 21 > end - pos:
+                raise _count_error(c1343, end - pos)
+            for _ in range(c1343):
+                x1344, pos = _d_PodSpec1211(buf, pos, end)
+                acc1342.append(x1344)
+        f_members = tuple(acc1342)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5256,83 +5413,83 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1307 = _ZD[b]
+        i1347 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1307 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1307 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1307, pos = _rlong(buf, pos)
-    if i1307 == 0:
+        i1347, pos = _rlong(buf, pos)
+    if i1347 == 0:
         f_topology_required = None
-    elif i1307 == 1:
-        n1308 = _ZL[buf[pos]]
-        if n1308 < 0:
-            n1308, pos = _rlong(buf, pos)
-            if n1308 < 0:
-                raise _length_error(n1308, end - pos)
+    elif i1347 == 1:
+        n1348 = _ZL[buf[pos]]
+        if n1348 < 0:
+            n1348, pos = _rlong(buf, pos)
+            if n1348 < 0:
+                raise _length_error(n1348, end - pos)
         else:
             pos += 1
-        q1309 = pos + n1308
-        if q1309 > end:
-            raise _length_error(n1308, end - pos)
-        f_topology_required = buf[pos:q1309].decode()
-        pos = q1309
+        q1349 = pos + n1348
+        if q1349 > end:
+            raise _length_error(n1348, end - pos)
+        f_topology_required = buf[pos:q1349].decode()
+        pos = q1349
     else:
-        raise _union_error(i1307, 2)
+        raise _union_error(i1347, 2)
     b = buf[pos]
     if b < 128:
-        i1310 = _ZD[b]
+        i1350 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1310 = (z >> 1) ^ -(z & 1)
+        i1350 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1310 = (z >> 1) ^ -(z & 1)
+        i1350 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1310, pos = _rlong(buf, pos)
-    if i1310 == 0:
+        i1350, pos = _rlong(buf, pos)
+    if i1350 == 0:
         f_topology_preferred = None
-    elif i1310 == 1:
-        n1311 = _ZL[buf[pos]]
-        if n1311 < 0:
-            n1311, pos = _rlong(buf, pos)
-            if n1311 < 0:
-                raise _length_error(n1311, end - pos)
+    elif i1350 == 1:
+        n1351 = _ZL[buf[pos]]
+        if n1351 < 0:
+            n1351, pos = _rlong(buf, pos)
+            if n1351 < 0:
+                raise _length_error(n1351, end - pos)
         else:
             pos += 1
-        q1312 = pos + n1311
-        if q1312 > end:
-            raise _length_error(n1311, end - pos)
-        f_topology_preferred = buf[pos:q1312].decode()
-        pos = q1312
+        q1352 = pos + n1351
+        if q1352 > end:
+            raise _length_error(n1351, end - pos)
+        f_topology_preferred = buf[pos:q1352].decode()
+        pos = q1352
     else:
-        raise _union_error(i1310, 2)
+        raise _union_error(i1350, 2)
     b = buf[pos]
     if b < 128:
-        i1313 = _ZD[b]
+        i1353 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1313 = (z >> 1) ^ -(z & 1)
+        i1353 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1313 = (z >> 1) ^ -(z & 1)
+        i1353 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1313, pos = _rlong(buf, pos)
-    if i1313 == 0:
+        i1353, pos = _rlong(buf, pos)
+    if i1353 == 0:
         f_timeout_ms = None
-    elif i1313 == 1:
+    elif i1353 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5348,24 +5505,24 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1313, 2)
+        raise _union_error(i1353, 2)
     b = buf[pos]
     if b < 128:
-        i1314 = _ZD[b]
+        i1354 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1314 = (z >> 1) ^ -(z & 1)
+        i1354 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1314 = (z >> 1) ^ -(z & 1)
+        i1354 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1314, pos = _rlong(buf, pos)
-    if i1314 == 0:
+        i1354, pos = _rlong(buf, pos)
+    if i1354 == 0:
         f_time_limit_ms = None
-    elif i1314 == 1:
+    elif i1354 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5381,74 +5538,74 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1314, 2)
+        raise _union_error(i1354, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1315: list[Any] = []
+        acc1355: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1316 = _ZD[b]
+                c1356 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1356 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1316 = (z >> 1) ^ -(z & 1)
+                c1356 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1316, pos = _rlong(buf, pos)
-            if c1316 == 0:
+                c1356, pos = _rlong(buf, pos)
+            if c1356 == 0:
                 break
-            if c1316 < 0:
-                c1316 = -c1316
+            if c1356 < 0:
+                c1356 = -c1356
                 b = buf[pos]
                 if b < 128:
-                    z1319 = _ZD[b]
+                    z1359 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1359 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1319 = (z >> 1) ^ -(z & 1)
+                    z1359 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1319, pos = _rlong(buf, pos)
-            if c1316 * 1 > end - pos:
-                raise _count_error(c1316, end - pos)
-            for _ in range(c1316):
-                n1320 = _ZL[buf[pos]]
-                if n1320 < 0:
-                    n1320, pos = _rlong(buf, pos)
-                    if n1320 < 0:
-                        raise _length_error(n1320, end - pos)
+                    z1359, pos = _rlong(buf, pos)
+            if c1356 * 1 > end - pos:
+                raise _count_error(c1356, end - pos)
+            for _ in range(c1356):
+                n1360 = _ZL[buf[pos]]
+                if n1360 < 0:
+                    n1360, pos = _rlong(buf, pos)
+                    if n1360 < 0:
+                        raise _length_error(n1360, end - pos)
                 else:
                     pos += 1
-                q1321 = pos + n1320
-                if q1321 > end:
-                    raise _length_error(n1320, end - pos)
-                x1317 = buf[pos:q1321].decode()
-                pos = q1321
-                acc1315.append(x1317)
-        f_depends_on = tuple(acc1315)
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
+                q1361 = pos + n1360
+                if q1361 > end:
+                    raise _length_error(n1360, end - pos)
+                x1357 = buf[pos:q1361].decode()
+                pos = q1361
+                acc1355.append(x1357)
+        f_depends_on = tuple(acc1355)
+    n1362 = _ZL[buf[pos]]
+    if n1362 < 0:
+        n1362, pos = _rlong(buf, pos)
+        if n1362 < 0:
+            raise _length_error(n1362, end - pos)
     else:
         pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_dependency = buf[pos:q1323].decode()
-    pos = q1323
+    q1363 = pos + n1362
+    if q1363 > end:
+        raise _length_error(n1362, end - pos)
+    f_dependency = buf[pos:q1363].decode()
+    pos = q1363
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5477,243 +5634,278 @@ def _d_GangSpec1296(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1324 = _ZL[buf[pos]]
-    if n1324 < 0:
-        n1324, pos = _rlong(buf, pos)
-        if n1324 < 0:
-            raise _length_error(n1324, end - pos)
+    n1364 = _ZL[buf[pos]]
+    if n1364 < 0:
+        n1364, pos = _rlong(buf, pos)
+        if n1364 < 0:
+            raise _length_error(n1364, end - pos)
     else:
         pos += 1
-    q1325 = pos + n1324
-    if q1325 > end:
-        raise _length_error(n1324, end - pos)
-    f_preemption = buf[pos:q1325].decode()
-    pos = q1325
+    q1365 = pos + n1364
+    if q1365 > end:
+        raise _length_error(n1364, end - pos)
+    f_preemption = buf[pos:q1365].decode()
+    pos = q1365
     b = buf[pos]
     if b < 128:
-        i1326 = _ZD[b]
+        i1366 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1326 = (z >> 1) ^ -(z & 1)
+        i1366 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1326 = (z >> 1) ^ -(z & 1)
+        i1366 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1326, pos = _rlong(buf, pos)
-    if i1326 == 0:
+        i1366, pos = _rlong(buf, pos)
+    if i1366 == 0:
         f_retry = None
-    elif i1326 == 1:
-        f_retry, pos = _d_Retry418(buf, pos, end)
+    elif i1366 == 1:
+        f_retry, pos = _d_Retry437(buf, pos, end)
     else:
-        raise _union_error(i1326, 2)
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry)
+        raise _union_error(i1366, 2)
+    b = buf[pos]
+    if b < 128:
+        i1367 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1367 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1367 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1367, pos = _rlong(buf, pos)
+    if i1367 == 0:
+        f_queued_at = None
+    elif i1367 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1367, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible)
     return o, pos
 
 
-def _d_GangQueued1288(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1328(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1290 = _ZL[buf[pos]]
-    if n1290 < 0:
-        n1290, pos = _rlong(buf, pos)
-        if n1290 < 0:
-            raise _length_error(n1290, end - pos)
+    n1330 = _ZL[buf[pos]]
+    if n1330 < 0:
+        n1330, pos = _rlong(buf, pos)
+        if n1330 < 0:
+            raise _length_error(n1330, end - pos)
     else:
         pos += 1
-    q1291 = pos + n1290
-    if q1291 > end:
-        raise _length_error(n1290, end - pos)
-    f_gang_id = buf[pos:q1291].decode()
-    pos = q1291
+    q1331 = pos + n1330
+    if q1331 > end:
+        raise _length_error(n1330, end - pos)
+    f_gang_id = buf[pos:q1331].decode()
+    pos = q1331
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1292: list[Any] = []
+        acc1332: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1293 = _ZD[b]
+                c1333 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1293 = (z >> 1) ^ -(z & 1)
+                c1333 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1293 = (z >> 1) ^ -(z & 1)
+                c1333 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1293, pos = _rlong(buf, pos)
-            if c1293 == 0:
+                c1333, pos = _rlong(buf, pos)
+            if c1333 == 0:
                 break
-            if c1293 < 0:
-                c1293 = -c1293
+            if c1333 < 0:
+                c1333 = -c1333
                 b = buf[pos]
                 if b < 128:
-                    z1296 = _ZD[b]
+                    z1336 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1296 = (z >> 1) ^ -(z & 1)
+                    z1336 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1296 = (z >> 1) ^ -(z & 1)
+                    z1336 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1296, pos = _rlong(buf, pos)
-            if c1293 * 3 > end - pos:
-                raise _count_error(c1293, end - pos)
-            for _ in range(c1293):
-                x1294, pos = _d_QueueReason1218(buf, pos, end)
-                acc1292.append(x1294)
-        f_reasons = tuple(acc1292)
-    f_gang, pos = _d_GangSpec1296(buf, pos, end)
+                    z1336, pos = _rlong(buf, pos)
+            if c1333 * 3 > end - pos:
+                raise _count_error(c1333, end - pos)
+            for _ in range(c1333):
+                x1334, pos = _d_QueueReason1258(buf, pos, end)
+                acc1332.append(x1334)
+        f_reasons = tuple(acc1332)
+    f_gang, pos = _d_GangSpec1336(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1327: list[Any] = []
+        acc1368: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1328 = _ZD[b]
+                c1369 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1328 = (z >> 1) ^ -(z & 1)
+                c1369 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1328 = (z >> 1) ^ -(z & 1)
+                c1369 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1328, pos = _rlong(buf, pos)
-            if c1328 == 0:
+                c1369, pos = _rlong(buf, pos)
+            if c1369 == 0:
                 break
-            if c1328 < 0:
-                c1328 = -c1328
+            if c1369 < 0:
+                c1369 = -c1369
                 b = buf[pos]
                 if b < 128:
-                    z1331 = _ZD[b]
+                    z1372 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1331 = (z >> 1) ^ -(z & 1)
+                    z1372 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1331 = (z >> 1) ^ -(z & 1)
+                    z1372 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1331, pos = _rlong(buf, pos)
-            if c1328 * 1 > end - pos:
-                raise _count_error(c1328, end - pos)
-            for _ in range(c1328):
-                n1332 = _ZL[buf[pos]]
-                if n1332 < 0:
-                    n1332, pos = _rlong(buf, pos)
-                    if n1332 < 0:
-                        raise _length_error(n1332, end - pos)
+                    z1372, pos = _rlong(buf, pos)
+            if c1369 * 1 > end - pos:
+                raise _count_error(c1369, end - pos)
+            for _ in range(c1369):
+                n1373 = _ZL[buf[pos]]
+                if n1373 < 0:
+                    n1373, pos = _rlong(buf, pos)
+                    if n1373 < 0:
+                        raise _length_error(n1373, end - pos)
                 else:
                     pos += 1
-                q1333 = pos + n1332
-                if q1333 > end:
-                    raise _length_error(n1332, end - pos)
-                x1329 = buf[pos:q1333].decode()
-                pos = q1333
-                acc1327.append(x1329)
-        f_waiting_for = tuple(acc1327)
+                q1374 = pos + n1373
+                if q1374 > end:
+                    raise _length_error(n1373, end - pos)
+                x1370 = buf[pos:q1374].decode()
+                pos = q1374
+                acc1368.append(x1370)
+        f_waiting_for = tuple(acc1368)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1341(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1382(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1343 = _ZL[buf[pos]]
-    if n1343 < 0:
-        n1343, pos = _rlong(buf, pos)
-        if n1343 < 0:
-            raise _length_error(n1343, end - pos)
+    n1384 = _ZL[buf[pos]]
+    if n1384 < 0:
+        n1384, pos = _rlong(buf, pos)
+        if n1384 < 0:
+            raise _length_error(n1384, end - pos)
     else:
         pos += 1
-    q1344 = pos + n1343
-    if q1344 > end:
-        raise _length_error(n1343, end - pos)
-    f_pod_id = buf[pos:q1344].decode()
-    pos = q1344
-    n1345 = _ZL[buf[pos]]
-    if n1345 < 0:
-        n1345, pos = _rlong(buf, pos)
-        if n1345 < 0:
-            raise _length_error(n1345, end - pos)
+    q1385 = pos + n1384
+    if q1385 > end:
+        raise _length_error(n1384, end - pos)
+    f_pod_id = buf[pos:q1385].decode()
+    pos = q1385
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
     else:
         pos += 1
-    q1346 = pos + n1345
-    if q1346 > end:
-        raise _length_error(n1345, end - pos)
-    f_node_id = buf[pos:q1346].decode()
-    pos = q1346
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_node_id = buf[pos:q1387].decode()
+    pos = q1387
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1347: list[Any] = []
+        acc1388: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1348 = _ZD[b]
+                c1389 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1348 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1348 = (z >> 1) ^ -(z & 1)
+                c1389 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1348, pos = _rlong(buf, pos)
-            if c1348 == 0:
+                c1389, pos = _rlong(buf, pos)
+            if c1389 == 0:
                 break
-            if c1348 < 0:
-                c1348 = -c1348
+            if c1389 < 0:
+                c1389 = -c1389
                 b = buf[pos]
                 if b < 128:
-                    z1351 = _ZD[b]
+                    z1392 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1351 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1351 = (z >> 1) ^ -(z & 1)
+                    z1392 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1351, pos = _rlong(buf, pos)
-            if c1348 * 2 > end - pos:
-                raise _count_error(c1348, end - pos)
-            for _ in range(c1348):
-                x1349, pos = _d_GpuShare1238(buf, pos, end)
-                acc1347.append(x1349)
-        f_gpus = tuple(acc1347)
+                    z1392, pos = _rlong(buf, pos)
+            if c1389 * 2 > end - pos:
+                raise _count_error(c1389, end - pos)
+            for _ in range(c1389):
+                x1390, pos = _d_GpuShare1278(buf, pos, end)
+                acc1388.append(x1390)
+        f_gpus = tuple(acc1388)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1333(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1374(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5722,214 +5914,214 @@ def _d_GangScheduled1333(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
+    n1376 = _ZL[buf[pos]]
+    if n1376 < 0:
+        n1376, pos = _rlong(buf, pos)
+        if n1376 < 0:
+            raise _length_error(n1376, end - pos)
     else:
         pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_gang_id = buf[pos:q1336].decode()
-    pos = q1336
+    q1377 = pos + n1376
+    if q1377 > end:
+        raise _length_error(n1376, end - pos)
+    f_gang_id = buf[pos:q1377].decode()
+    pos = q1377
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1337: list[Any] = []
+        acc1378: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1338 = _ZD[b]
+                c1379 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1338 = (z >> 1) ^ -(z & 1)
+                c1379 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1338 = (z >> 1) ^ -(z & 1)
+                c1379 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1338, pos = _rlong(buf, pos)
-            if c1338 == 0:
+                c1379, pos = _rlong(buf, pos)
+            if c1379 == 0:
                 break
-            if c1338 < 0:
-                c1338 = -c1338
+            if c1379 < 0:
+                c1379 = -c1379
                 b = buf[pos]
                 if b < 128:
-                    z1341 = _ZD[b]
+                    z1382 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1341 = (z >> 1) ^ -(z & 1)
+                    z1382 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1341 = (z >> 1) ^ -(z & 1)
+                    z1382 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1341, pos = _rlong(buf, pos)
-            if c1338 * 3 > end - pos:
-                raise _count_error(c1338, end - pos)
-            for _ in range(c1338):
-                x1339, pos = _d_MemberPlacement1341(buf, pos, end)
-                acc1337.append(x1339)
-        f_members = tuple(acc1337)
-    f_gang, pos = _d_GangSpec1296(buf, pos, end)
+                    z1382, pos = _rlong(buf, pos)
+            if c1379 * 3 > end - pos:
+                raise _count_error(c1379, end - pos)
+            for _ in range(c1379):
+                x1380, pos = _d_MemberPlacement1382(buf, pos, end)
+                acc1378.append(x1380)
+        f_members = tuple(acc1378)
+    f_gang, pos = _d_GangSpec1336(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1352 = _ZD[b]
+        i1393 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1352 = (z >> 1) ^ -(z & 1)
+        i1393 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1352 = (z >> 1) ^ -(z & 1)
+        i1393 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1352, pos = _rlong(buf, pos)
-    if i1352 == 0:
+        i1393, pos = _rlong(buf, pos)
+    if i1393 == 0:
         f_topology_key = None
-    elif i1352 == 1:
-        n1353 = _ZL[buf[pos]]
-        if n1353 < 0:
-            n1353, pos = _rlong(buf, pos)
-            if n1353 < 0:
-                raise _length_error(n1353, end - pos)
+    elif i1393 == 1:
+        n1394 = _ZL[buf[pos]]
+        if n1394 < 0:
+            n1394, pos = _rlong(buf, pos)
+            if n1394 < 0:
+                raise _length_error(n1394, end - pos)
         else:
             pos += 1
-        q1354 = pos + n1353
-        if q1354 > end:
-            raise _length_error(n1353, end - pos)
-        f_topology_key = buf[pos:q1354].decode()
-        pos = q1354
+        q1395 = pos + n1394
+        if q1395 > end:
+            raise _length_error(n1394, end - pos)
+        f_topology_key = buf[pos:q1395].decode()
+        pos = q1395
     else:
-        raise _union_error(i1352, 2)
+        raise _union_error(i1393, 2)
     b = buf[pos]
     if b < 128:
-        i1355 = _ZD[b]
+        i1396 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1355 = (z >> 1) ^ -(z & 1)
+        i1396 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1355 = (z >> 1) ^ -(z & 1)
+        i1396 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1355, pos = _rlong(buf, pos)
-    if i1355 == 0:
+        i1396, pos = _rlong(buf, pos)
+    if i1396 == 0:
         f_domain = None
-    elif i1355 == 1:
-        n1356 = _ZL[buf[pos]]
-        if n1356 < 0:
-            n1356, pos = _rlong(buf, pos)
-            if n1356 < 0:
-                raise _length_error(n1356, end - pos)
+    elif i1396 == 1:
+        n1397 = _ZL[buf[pos]]
+        if n1397 < 0:
+            n1397, pos = _rlong(buf, pos)
+            if n1397 < 0:
+                raise _length_error(n1397, end - pos)
         else:
             pos += 1
-        q1357 = pos + n1356
-        if q1357 > end:
-            raise _length_error(n1356, end - pos)
-        f_domain = buf[pos:q1357].decode()
-        pos = q1357
+        q1398 = pos + n1397
+        if q1398 > end:
+            raise _length_error(n1397, end - pos)
+        f_domain = buf[pos:q1398].decode()
+        pos = q1398
     else:
-        raise _union_error(i1355, 2)
+        raise _union_error(i1396, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1358 = _ZL[buf[pos]]
-    if n1358 < 0:
-        n1358, pos = _rlong(buf, pos)
-        if n1358 < 0:
-            raise _length_error(n1358, end - pos)
+    n1399 = _ZL[buf[pos]]
+    if n1399 < 0:
+        n1399, pos = _rlong(buf, pos)
+        if n1399 < 0:
+            raise _length_error(n1399, end - pos)
     else:
         pos += 1
-    q1359 = pos + n1358
-    if q1359 > end:
-        raise _length_error(n1358, end - pos)
-    f_message = buf[pos:q1359].decode()
-    pos = q1359
+    q1400 = pos + n1399
+    if q1400 > end:
+        raise _length_error(n1399, end - pos)
+    f_message = buf[pos:q1400].decode()
+    pos = q1400
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1360: list[Any] = []
+        acc1401: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1361 = _ZD[b]
+                c1402 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1361 = (z >> 1) ^ -(z & 1)
+                c1402 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1361 = (z >> 1) ^ -(z & 1)
+                c1402 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1361, pos = _rlong(buf, pos)
-            if c1361 == 0:
+                c1402, pos = _rlong(buf, pos)
+            if c1402 == 0:
                 break
-            if c1361 < 0:
-                c1361 = -c1361
+            if c1402 < 0:
+                c1402 = -c1402
                 b = buf[pos]
                 if b < 128:
-                    z1364 = _ZD[b]
+                    z1405 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1364 = (z >> 1) ^ -(z & 1)
+                    z1405 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1364 = (z >> 1) ^ -(z & 1)
+                    z1405 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1364, pos = _rlong(buf, pos)
-            if c1361 * 1 > end - pos:
-                raise _count_error(c1361, end - pos)
-            for _ in range(c1361):
-                n1365 = _ZL[buf[pos]]
-                if n1365 < 0:
-                    n1365, pos = _rlong(buf, pos)
-                    if n1365 < 0:
-                        raise _length_error(n1365, end - pos)
+                    z1405, pos = _rlong(buf, pos)
+            if c1402 * 1 > end - pos:
+                raise _count_error(c1402, end - pos)
+            for _ in range(c1402):
+                n1406 = _ZL[buf[pos]]
+                if n1406 < 0:
+                    n1406, pos = _rlong(buf, pos)
+                    if n1406 < 0:
+                        raise _length_error(n1406, end - pos)
                 else:
                     pos += 1
-                q1366 = pos + n1365
-                if q1366 > end:
-                    raise _length_error(n1365, end - pos)
-                x1362 = buf[pos:q1366].decode()
-                pos = q1366
-                acc1360.append(x1362)
-        f_preempted = tuple(acc1360)
+                q1407 = pos + n1406
+                if q1407 > end:
+                    raise _length_error(n1406, end - pos)
+                x1403 = buf[pos:q1407].decode()
+                pos = q1407
+                acc1401.append(x1403)
+        f_preempted = tuple(acc1401)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1366(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1407(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1368 = _ZL[buf[pos]]
-    if n1368 < 0:
-        n1368, pos = _rlong(buf, pos)
-        if n1368 < 0:
-            raise _length_error(n1368, end - pos)
+    n1409 = _ZL[buf[pos]]
+    if n1409 < 0:
+        n1409, pos = _rlong(buf, pos)
+        if n1409 < 0:
+            raise _length_error(n1409, end - pos)
     else:
         pos += 1
-    q1369 = pos + n1368
-    if q1369 > end:
-        raise _length_error(n1368, end - pos)
-    f_gang_id = buf[pos:q1369].decode()
-    pos = q1369
+    q1410 = pos + n1409
+    if q1410 > end:
+        raise _length_error(n1409, end - pos)
+    f_gang_id = buf[pos:q1410].decode()
+    pos = q1410
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -5944,85 +6136,141 @@ def _d_GangTimedOut1366(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1370 = _ZL[buf[pos]]
-    if n1370 < 0:
-        n1370, pos = _rlong(buf, pos)
-        if n1370 < 0:
-            raise _length_error(n1370, end - pos)
+    n1411 = _ZL[buf[pos]]
+    if n1411 < 0:
+        n1411, pos = _rlong(buf, pos)
+        if n1411 < 0:
+            raise _length_error(n1411, end - pos)
     else:
         pos += 1
-    q1371 = pos + n1370
-    if q1371 > end:
-        raise _length_error(n1370, end - pos)
-    f_message = buf[pos:q1371].decode()
-    pos = q1371
+    q1412 = pos + n1411
+    if q1412 > end:
+        raise _length_error(n1411, end - pos)
+    f_message = buf[pos:q1412].decode()
+    pos = q1412
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1371(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1412(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
-    n1373 = _ZL[buf[pos]]
-    if n1373 < 0:
-        n1373, pos = _rlong(buf, pos)
-        if n1373 < 0:
-            raise _length_error(n1373, end - pos)
+    f_members_ended: tuple[Any, ...]
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
     else:
         pos += 1
-    q1374 = pos + n1373
-    if q1374 > end:
-        raise _length_error(n1373, end - pos)
-    f_gang_id = buf[pos:q1374].decode()
-    pos = q1374
-    n1375 = _ZL[buf[pos]]
-    if n1375 < 0:
-        n1375, pos = _rlong(buf, pos)
-        if n1375 < 0:
-            raise _length_error(n1375, end - pos)
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_gang_id = buf[pos:q1415].decode()
+    pos = q1415
+    n1416 = _ZL[buf[pos]]
+    if n1416 < 0:
+        n1416, pos = _rlong(buf, pos)
+        if n1416 < 0:
+            raise _length_error(n1416, end - pos)
     else:
         pos += 1
-    q1376 = pos + n1375
-    if q1376 > end:
-        raise _length_error(n1375, end - pos)
-    f_reason = buf[pos:q1376].decode()
-    pos = q1376
+    q1417 = pos + n1416
+    if q1417 > end:
+        raise _length_error(n1416, end - pos)
+    f_reason = buf[pos:q1417].decode()
+    pos = q1417
     f_ok = buf[pos] != 0
     pos += 1
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok)
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1418: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1419 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1419 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1419 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1419, pos = _rlong(buf, pos)
+            if c1419 == 0:
+                break
+            if c1419 < 0:
+                c1419 = -c1419
+                b = buf[pos]
+                if b < 128:
+                    z1422 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1422 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1422 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1422, pos = _rlong(buf, pos)
+            if c1419 * 1 > end - pos:
+                raise _count_error(c1419, end - pos)
+            for _ in range(c1419):
+                n1423 = _ZL[buf[pos]]
+                if n1423 < 0:
+                    n1423, pos = _rlong(buf, pos)
+                    if n1423 < 0:
+                        raise _length_error(n1423, end - pos)
+                else:
+                    pos += 1
+                q1424 = pos + n1423
+                if q1424 > end:
+                    raise _length_error(n1423, end - pos)
+                x1420 = buf[pos:q1424].decode()
+                pos = q1424
+                acc1418.append(x1420)
+        f_members_ended = tuple(acc1418)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1424(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1378 = _ZL[buf[pos]]
-    if n1378 < 0:
-        n1378, pos = _rlong(buf, pos)
-        if n1378 < 0:
-            raise _length_error(n1378, end - pos)
+    n1426 = _ZL[buf[pos]]
+    if n1426 < 0:
+        n1426, pos = _rlong(buf, pos)
+        if n1426 < 0:
+            raise _length_error(n1426, end - pos)
     else:
         pos += 1
-    q1379 = pos + n1378
-    if q1379 > end:
-        raise _length_error(n1378, end - pos)
-    f_pod_id = buf[pos:q1379].decode()
-    pos = q1379
-    n1380 = _ZL[buf[pos]]
-    if n1380 < 0:
-        n1380, pos = _rlong(buf, pos)
-        if n1380 < 0:
-            raise _length_error(n1380, end - pos)
+    q1427 = pos + n1426
+    if q1427 > end:
+        raise _length_error(n1426, end - pos)
+    f_pod_id = buf[pos:q1427].decode()
+    pos = q1427
+    n1428 = _ZL[buf[pos]]
+    if n1428 < 0:
+        n1428, pos = _rlong(buf, pos)
+        if n1428 < 0:
+            raise _length_error(n1428, end - pos)
     else:
         pos += 1
-    q1381 = pos + n1380
-    if q1381 > end:
-        raise _length_error(n1380, end - pos)
-    f_node_id = buf[pos:q1381].decode()
-    pos = q1381
+    q1429 = pos + n1428
+    if q1429 > end:
+        raise _length_error(n1428, end - pos)
+    f_node_id = buf[pos:q1429].decode()
+    pos = q1429
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6039,141 +6287,141 @@ def _d_PodTimeLimitReached1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1382 = _ZD[b]
+        i1430 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1382 = (z >> 1) ^ -(z & 1)
+        i1430 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1382 = (z >> 1) ^ -(z & 1)
+        i1430 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1382, pos = _rlong(buf, pos)
-    if i1382 == 0:
+        i1430, pos = _rlong(buf, pos)
+    if i1430 == 0:
         f_gang_id = None
-    elif i1382 == 1:
-        n1383 = _ZL[buf[pos]]
-        if n1383 < 0:
-            n1383, pos = _rlong(buf, pos)
-            if n1383 < 0:
-                raise _length_error(n1383, end - pos)
+    elif i1430 == 1:
+        n1431 = _ZL[buf[pos]]
+        if n1431 < 0:
+            n1431, pos = _rlong(buf, pos)
+            if n1431 < 0:
+                raise _length_error(n1431, end - pos)
         else:
             pos += 1
-        q1384 = pos + n1383
-        if q1384 > end:
-            raise _length_error(n1383, end - pos)
-        f_gang_id = buf[pos:q1384].decode()
-        pos = q1384
+        q1432 = pos + n1431
+        if q1432 > end:
+            raise _length_error(n1431, end - pos)
+        f_gang_id = buf[pos:q1432].decode()
+        pos = q1432
     else:
-        raise _union_error(i1382, 2)
+        raise _union_error(i1430, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1384(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1432(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
+    n1434 = _ZL[buf[pos]]
+    if n1434 < 0:
+        n1434, pos = _rlong(buf, pos)
+        if n1434 < 0:
+            raise _length_error(n1434, end - pos)
     else:
         pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_holder_id = buf[pos:q1387].decode()
-    pos = q1387
-    n1388 = _ZL[buf[pos]]
-    if n1388 < 0:
-        n1388, pos = _rlong(buf, pos)
-        if n1388 < 0:
-            raise _length_error(n1388, end - pos)
+    q1435 = pos + n1434
+    if q1435 > end:
+        raise _length_error(n1434, end - pos)
+    f_holder_id = buf[pos:q1435].decode()
+    pos = q1435
+    n1436 = _ZL[buf[pos]]
+    if n1436 < 0:
+        n1436, pos = _rlong(buf, pos)
+        if n1436 < 0:
+            raise _length_error(n1436, end - pos)
     else:
         pos += 1
-    q1389 = pos + n1388
-    if q1389 > end:
-        raise _length_error(n1388, end - pos)
-    f_holder_kind = buf[pos:q1389].decode()
-    pos = q1389
+    q1437 = pos + n1436
+    if q1437 > end:
+        raise _length_error(n1436, end - pos)
+    f_holder_kind = buf[pos:q1437].decode()
+    pos = q1437
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1390: list[Any] = []
+        acc1438: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1391 = _ZD[b]
+                c1439 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1391 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1391 = (z >> 1) ^ -(z & 1)
+                c1439 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1391, pos = _rlong(buf, pos)
-            if c1391 == 0:
+                c1439, pos = _rlong(buf, pos)
+            if c1439 == 0:
                 break
-            if c1391 < 0:
-                c1391 = -c1391
+            if c1439 < 0:
+                c1439 = -c1439
                 b = buf[pos]
                 if b < 128:
-                    z1394 = _ZD[b]
+                    z1442 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1394 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1394 = (z >> 1) ^ -(z & 1)
+                    z1442 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1394, pos = _rlong(buf, pos)
-            if c1391 * 1 > end - pos:
-                raise _count_error(c1391, end - pos)
-            for _ in range(c1391):
-                n1395 = _ZL[buf[pos]]
-                if n1395 < 0:
-                    n1395, pos = _rlong(buf, pos)
-                    if n1395 < 0:
-                        raise _length_error(n1395, end - pos)
+                    z1442, pos = _rlong(buf, pos)
+            if c1439 * 1 > end - pos:
+                raise _count_error(c1439, end - pos)
+            for _ in range(c1439):
+                n1443 = _ZL[buf[pos]]
+                if n1443 < 0:
+                    n1443, pos = _rlong(buf, pos)
+                    if n1443 < 0:
+                        raise _length_error(n1443, end - pos)
                 else:
                     pos += 1
-                q1396 = pos + n1395
-                if q1396 > end:
-                    raise _length_error(n1395, end - pos)
-                x1392 = buf[pos:q1396].decode()
-                pos = q1396
-                acc1390.append(x1392)
-        f_nodes = tuple(acc1390)
+                q1444 = pos + n1443
+                if q1444 > end:
+                    raise _length_error(n1443, end - pos)
+                x1440 = buf[pos:q1444].decode()
+                pos = q1444
+                acc1438.append(x1440)
+        f_nodes = tuple(acc1438)
     b = buf[pos]
     if b < 128:
-        i1397 = _ZD[b]
+        i1445 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1397 = (z >> 1) ^ -(z & 1)
+        i1445 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1397 = (z >> 1) ^ -(z & 1)
+        i1445 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1397, pos = _rlong(buf, pos)
-    if i1397 == 0:
+        i1445, pos = _rlong(buf, pos)
+    if i1445 == 0:
         f_expected_start = None
-    elif i1397 == 1:
+    elif i1445 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6189,194 +6437,194 @@ def _d_NodesReserved1384(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1397, 2)
-    n1398 = _ZL[buf[pos]]
-    if n1398 < 0:
-        n1398, pos = _rlong(buf, pos)
-        if n1398 < 0:
-            raise _length_error(n1398, end - pos)
+        raise _union_error(i1445, 2)
+    n1446 = _ZL[buf[pos]]
+    if n1446 < 0:
+        n1446, pos = _rlong(buf, pos)
+        if n1446 < 0:
+            raise _length_error(n1446, end - pos)
     else:
         pos += 1
-    q1399 = pos + n1398
-    if q1399 > end:
-        raise _length_error(n1398, end - pos)
-    f_message = buf[pos:q1399].decode()
-    pos = q1399
+    q1447 = pos + n1446
+    if q1447 > end:
+        raise _length_error(n1446, end - pos)
+    f_message = buf[pos:q1447].decode()
+    pos = q1447
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1399(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1447(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1401 = _ZL[buf[pos]]
-    if n1401 < 0:
-        n1401, pos = _rlong(buf, pos)
-        if n1401 < 0:
-            raise _length_error(n1401, end - pos)
+    n1449 = _ZL[buf[pos]]
+    if n1449 < 0:
+        n1449, pos = _rlong(buf, pos)
+        if n1449 < 0:
+            raise _length_error(n1449, end - pos)
     else:
         pos += 1
-    q1402 = pos + n1401
-    if q1402 > end:
-        raise _length_error(n1401, end - pos)
-    f_holder_id = buf[pos:q1402].decode()
-    pos = q1402
-    n1403 = _ZL[buf[pos]]
-    if n1403 < 0:
-        n1403, pos = _rlong(buf, pos)
-        if n1403 < 0:
-            raise _length_error(n1403, end - pos)
+    q1450 = pos + n1449
+    if q1450 > end:
+        raise _length_error(n1449, end - pos)
+    f_holder_id = buf[pos:q1450].decode()
+    pos = q1450
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
     else:
         pos += 1
-    q1404 = pos + n1403
-    if q1404 > end:
-        raise _length_error(n1403, end - pos)
-    f_holder_kind = buf[pos:q1404].decode()
-    pos = q1404
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_holder_kind = buf[pos:q1452].decode()
+    pos = q1452
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1405: list[Any] = []
+        acc1453: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1406 = _ZD[b]
+                c1454 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1406 = (z >> 1) ^ -(z & 1)
+                c1454 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1406 = (z >> 1) ^ -(z & 1)
+                c1454 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1406, pos = _rlong(buf, pos)
-            if c1406 == 0:
+                c1454, pos = _rlong(buf, pos)
+            if c1454 == 0:
                 break
-            if c1406 < 0:
-                c1406 = -c1406
+            if c1454 < 0:
+                c1454 = -c1454
                 b = buf[pos]
                 if b < 128:
-                    z1409 = _ZD[b]
+                    z1457 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1409 = (z >> 1) ^ -(z & 1)
+                    z1457 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1409 = (z >> 1) ^ -(z & 1)
+                    z1457 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1409, pos = _rlong(buf, pos)
-            if c1406 * 1 > end - pos:
-                raise _count_error(c1406, end - pos)
-            for _ in range(c1406):
-                n1410 = _ZL[buf[pos]]
-                if n1410 < 0:
-                    n1410, pos = _rlong(buf, pos)
-                    if n1410 < 0:
-                        raise _length_error(n1410, end - pos)
+                    z1457, pos = _rlong(buf, pos)
+            if c1454 * 1 > end - pos:
+                raise _count_error(c1454, end - pos)
+            for _ in range(c1454):
+                n1458 = _ZL[buf[pos]]
+                if n1458 < 0:
+                    n1458, pos = _rlong(buf, pos)
+                    if n1458 < 0:
+                        raise _length_error(n1458, end - pos)
                 else:
                     pos += 1
-                q1411 = pos + n1410
-                if q1411 > end:
-                    raise _length_error(n1410, end - pos)
-                x1407 = buf[pos:q1411].decode()
-                pos = q1411
-                acc1405.append(x1407)
-        f_nodes = tuple(acc1405)
-    n1412 = _ZL[buf[pos]]
-    if n1412 < 0:
-        n1412, pos = _rlong(buf, pos)
-        if n1412 < 0:
-            raise _length_error(n1412, end - pos)
+                q1459 = pos + n1458
+                if q1459 > end:
+                    raise _length_error(n1458, end - pos)
+                x1455 = buf[pos:q1459].decode()
+                pos = q1459
+                acc1453.append(x1455)
+        f_nodes = tuple(acc1453)
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
     else:
         pos += 1
-    q1413 = pos + n1412
-    if q1413 > end:
-        raise _length_error(n1412, end - pos)
-    f_reason = buf[pos:q1413].decode()
-    pos = q1413
-    n1414 = _ZL[buf[pos]]
-    if n1414 < 0:
-        n1414, pos = _rlong(buf, pos)
-        if n1414 < 0:
-            raise _length_error(n1414, end - pos)
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_reason = buf[pos:q1461].decode()
+    pos = q1461
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1415 = pos + n1414
-    if q1415 > end:
-        raise _length_error(n1414, end - pos)
-    f_message = buf[pos:q1415].decode()
-    pos = q1415
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_message = buf[pos:q1463].decode()
+    pos = q1463
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1415(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1463(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1417 = _ZL[buf[pos]]
-    if n1417 < 0:
-        n1417, pos = _rlong(buf, pos)
-        if n1417 < 0:
-            raise _length_error(n1417, end - pos)
+    n1465 = _ZL[buf[pos]]
+    if n1465 < 0:
+        n1465, pos = _rlong(buf, pos)
+        if n1465 < 0:
+            raise _length_error(n1465, end - pos)
     else:
         pos += 1
-    q1418 = pos + n1417
-    if q1418 > end:
-        raise _length_error(n1417, end - pos)
-    f_holder_id = buf[pos:q1418].decode()
-    pos = q1418
-    n1419 = _ZL[buf[pos]]
-    if n1419 < 0:
-        n1419, pos = _rlong(buf, pos)
-        if n1419 < 0:
-            raise _length_error(n1419, end - pos)
+    q1466 = pos + n1465
+    if q1466 > end:
+        raise _length_error(n1465, end - pos)
+    f_holder_id = buf[pos:q1466].decode()
+    pos = q1466
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
     else:
         pos += 1
-    q1420 = pos + n1419
-    if q1420 > end:
-        raise _length_error(n1419, end - pos)
-    f_holder_kind = buf[pos:q1420].decode()
-    pos = q1420
-    n1421 = _ZL[buf[pos]]
-    if n1421 < 0:
-        n1421, pos = _rlong(buf, pos)
-        if n1421 < 0:
-            raise _length_error(n1421, end - pos)
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_holder_kind = buf[pos:q1468].decode()
+    pos = q1468
+    n1469 = _ZL[buf[pos]]
+    if n1469 < 0:
+        n1469, pos = _rlong(buf, pos)
+        if n1469 < 0:
+            raise _length_error(n1469, end - pos)
     else:
         pos += 1
-    q1422 = pos + n1421
-    if q1422 > end:
-        raise _length_error(n1421, end - pos)
-    f_dependency_id = buf[pos:q1422].decode()
-    pos = q1422
-    n1423 = _ZL[buf[pos]]
-    if n1423 < 0:
-        n1423, pos = _rlong(buf, pos)
-        if n1423 < 0:
-            raise _length_error(n1423, end - pos)
+    q1470 = pos + n1469
+    if q1470 > end:
+        raise _length_error(n1469, end - pos)
+    f_dependency_id = buf[pos:q1470].decode()
+    pos = q1470
+    n1471 = _ZL[buf[pos]]
+    if n1471 < 0:
+        n1471, pos = _rlong(buf, pos)
+        if n1471 < 0:
+            raise _length_error(n1471, end - pos)
     else:
         pos += 1
-    q1424 = pos + n1423
-    if q1424 > end:
-        raise _length_error(n1423, end - pos)
-    f_message = buf[pos:q1424].decode()
-    pos = q1424
+    q1472 = pos + n1471
+    if q1472 > end:
+        raise _length_error(n1471, end - pos)
+    f_message = buf[pos:q1472].decode()
+    pos = q1472
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1424(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1472(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6399,169 +6647,169 @@ def _d_Ticked1424(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1425(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1473(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1427 = _ZL[buf[pos]]
-    if n1427 < 0:
-        n1427, pos = _rlong(buf, pos)
-        if n1427 < 0:
-            raise _length_error(n1427, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1428 = pos + n1427
-    if q1428 > end:
-        raise _length_error(n1427, end - pos)
-    f_pod_id = buf[pos:q1428].decode()
-    pos = q1428
-    n1429 = _ZL[buf[pos]]
-    if n1429 < 0:
-        n1429, pos = _rlong(buf, pos)
-        if n1429 < 0:
-            raise _length_error(n1429, end - pos)
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_pod_id = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1430 = pos + n1429
-    if q1430 > end:
-        raise _length_error(n1429, end - pos)
-    f_node_id = buf[pos:q1430].decode()
-    pos = q1430
-    n1431 = _ZL[buf[pos]]
-    if n1431 < 0:
-        n1431, pos = _rlong(buf, pos)
-        if n1431 < 0:
-            raise _length_error(n1431, end - pos)
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_node_id = buf[pos:q1478].decode()
+    pos = q1478
+    n1479 = _ZL[buf[pos]]
+    if n1479 < 0:
+        n1479, pos = _rlong(buf, pos)
+        if n1479 < 0:
+            raise _length_error(n1479, end - pos)
     else:
         pos += 1
-    q1432 = pos + n1431
-    if q1432 > end:
-        raise _length_error(n1431, end - pos)
-    f_by = buf[pos:q1432].decode()
-    pos = q1432
-    n1433 = _ZL[buf[pos]]
-    if n1433 < 0:
-        n1433, pos = _rlong(buf, pos)
-        if n1433 < 0:
-            raise _length_error(n1433, end - pos)
+    q1480 = pos + n1479
+    if q1480 > end:
+        raise _length_error(n1479, end - pos)
+    f_by = buf[pos:q1480].decode()
+    pos = q1480
+    n1481 = _ZL[buf[pos]]
+    if n1481 < 0:
+        n1481, pos = _rlong(buf, pos)
+        if n1481 < 0:
+            raise _length_error(n1481, end - pos)
     else:
         pos += 1
-    q1434 = pos + n1433
-    if q1434 > end:
-        raise _length_error(n1433, end - pos)
-    f_reason = buf[pos:q1434].decode()
-    pos = q1434
-    n1435 = _ZL[buf[pos]]
-    if n1435 < 0:
-        n1435, pos = _rlong(buf, pos)
-        if n1435 < 0:
-            raise _length_error(n1435, end - pos)
+    q1482 = pos + n1481
+    if q1482 > end:
+        raise _length_error(n1481, end - pos)
+    f_reason = buf[pos:q1482].decode()
+    pos = q1482
+    n1483 = _ZL[buf[pos]]
+    if n1483 < 0:
+        n1483, pos = _rlong(buf, pos)
+        if n1483 < 0:
+            raise _length_error(n1483, end - pos)
     else:
         pos += 1
-    q1436 = pos + n1435
-    if q1436 > end:
-        raise _length_error(n1435, end - pos)
-    f_message = buf[pos:q1436].decode()
-    pos = q1436
+    q1484 = pos + n1483
+    if q1484 > end:
+        raise _length_error(n1483, end - pos)
+    f_message = buf[pos:q1484].decode()
+    pos = q1484
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1436(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1484(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1438 = _ZD[b]
+        i1486 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1438 = (z >> 1) ^ -(z & 1)
+        i1486 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1438 = (z >> 1) ^ -(z & 1)
+        i1486 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1438, pos = _rlong(buf, pos)
-    if i1438 == 0:
+        i1486, pos = _rlong(buf, pos)
+    if i1486 == 0:
         f_tenant = None
-    elif i1438 == 1:
-        n1439 = _ZL[buf[pos]]
-        if n1439 < 0:
-            n1439, pos = _rlong(buf, pos)
-            if n1439 < 0:
-                raise _length_error(n1439, end - pos)
+    elif i1486 == 1:
+        n1487 = _ZL[buf[pos]]
+        if n1487 < 0:
+            n1487, pos = _rlong(buf, pos)
+            if n1487 < 0:
+                raise _length_error(n1487, end - pos)
         else:
             pos += 1
-        q1440 = pos + n1439
-        if q1440 > end:
-            raise _length_error(n1439, end - pos)
-        f_tenant = buf[pos:q1440].decode()
-        pos = q1440
+        q1488 = pos + n1487
+        if q1488 > end:
+            raise _length_error(n1487, end - pos)
+        f_tenant = buf[pos:q1488].decode()
+        pos = q1488
     else:
-        raise _union_error(i1438, 2)
+        raise _union_error(i1486, 2)
     b = buf[pos]
     if b < 128:
-        i1441 = _ZD[b]
+        i1489 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1441 = (z >> 1) ^ -(z & 1)
+        i1489 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1441 = (z >> 1) ^ -(z & 1)
+        i1489 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1441, pos = _rlong(buf, pos)
-    if i1441 == 0:
+        i1489, pos = _rlong(buf, pos)
+    if i1489 == 0:
         f_quota = None
-    elif i1441 == 1:
-        f_quota, pos = _d_Quota431(buf, pos, end)
+    elif i1489 == 1:
+        f_quota, pos = _d_Quota450(buf, pos, end)
     else:
-        raise _union_error(i1441, 2)
+        raise _union_error(i1489, 2)
     b = buf[pos]
     if b < 128:
-        i1442 = _ZD[b]
+        i1490 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1442 = (z >> 1) ^ -(z & 1)
+        i1490 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1442 = (z >> 1) ^ -(z & 1)
+        i1490 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1442, pos = _rlong(buf, pos)
-    if i1442 == 0:
+        i1490, pos = _rlong(buf, pos)
+    if i1490 == 0:
         f_previous = None
-    elif i1442 == 1:
-        f_previous, pos = _d_Quota431(buf, pos, end)
+    elif i1490 == 1:
+        f_previous, pos = _d_Quota450(buf, pos, end)
     else:
-        raise _union_error(i1442, 2)
-    n1443 = _ZL[buf[pos]]
-    if n1443 < 0:
-        n1443, pos = _rlong(buf, pos)
-        if n1443 < 0:
-            raise _length_error(n1443, end - pos)
+        raise _union_error(i1490, 2)
+    n1491 = _ZL[buf[pos]]
+    if n1491 < 0:
+        n1491, pos = _rlong(buf, pos)
+        if n1491 < 0:
+            raise _length_error(n1491, end - pos)
     else:
         pos += 1
-    q1444 = pos + n1443
-    if q1444 > end:
-        raise _length_error(n1443, end - pos)
-    f_message = buf[pos:q1444].decode()
-    pos = q1444
+    q1492 = pos + n1491
+    if q1492 > end:
+        raise _length_error(n1491, end - pos)
+    f_message = buf[pos:q1492].decode()
+    pos = q1492
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1444(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1492(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6569,159 +6817,159 @@ def _d_PodMigrated1444(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1446 = _ZL[buf[pos]]
-    if n1446 < 0:
-        n1446, pos = _rlong(buf, pos)
-        if n1446 < 0:
-            raise _length_error(n1446, end - pos)
+    n1494 = _ZL[buf[pos]]
+    if n1494 < 0:
+        n1494, pos = _rlong(buf, pos)
+        if n1494 < 0:
+            raise _length_error(n1494, end - pos)
     else:
         pos += 1
-    q1447 = pos + n1446
-    if q1447 > end:
-        raise _length_error(n1446, end - pos)
-    f_pod_id = buf[pos:q1447].decode()
-    pos = q1447
-    n1448 = _ZL[buf[pos]]
-    if n1448 < 0:
-        n1448, pos = _rlong(buf, pos)
-        if n1448 < 0:
-            raise _length_error(n1448, end - pos)
+    q1495 = pos + n1494
+    if q1495 > end:
+        raise _length_error(n1494, end - pos)
+    f_pod_id = buf[pos:q1495].decode()
+    pos = q1495
+    n1496 = _ZL[buf[pos]]
+    if n1496 < 0:
+        n1496, pos = _rlong(buf, pos)
+        if n1496 < 0:
+            raise _length_error(n1496, end - pos)
     else:
         pos += 1
-    q1449 = pos + n1448
-    if q1449 > end:
-        raise _length_error(n1448, end - pos)
-    f_from_node = buf[pos:q1449].decode()
-    pos = q1449
+    q1497 = pos + n1496
+    if q1497 > end:
+        raise _length_error(n1496, end - pos)
+    f_from_node = buf[pos:q1497].decode()
+    pos = q1497
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1450: list[Any] = []
+        acc1498: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1451 = _ZD[b]
+                c1499 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1451 = (z >> 1) ^ -(z & 1)
+                c1499 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1451 = (z >> 1) ^ -(z & 1)
+                c1499 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1451, pos = _rlong(buf, pos)
-            if c1451 == 0:
+                c1499, pos = _rlong(buf, pos)
+            if c1499 == 0:
                 break
-            if c1451 < 0:
-                c1451 = -c1451
+            if c1499 < 0:
+                c1499 = -c1499
                 b = buf[pos]
                 if b < 128:
-                    z1454 = _ZD[b]
+                    z1502 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1454 = (z >> 1) ^ -(z & 1)
+                    z1502 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1454 = (z >> 1) ^ -(z & 1)
+                    z1502 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1454, pos = _rlong(buf, pos)
-            if c1451 * 2 > end - pos:
-                raise _count_error(c1451, end - pos)
-            for _ in range(c1451):
-                x1452, pos = _d_GpuShare1238(buf, pos, end)
-                acc1450.append(x1452)
-        f_from_gpus = tuple(acc1450)
-    n1455 = _ZL[buf[pos]]
-    if n1455 < 0:
-        n1455, pos = _rlong(buf, pos)
-        if n1455 < 0:
-            raise _length_error(n1455, end - pos)
+                    z1502, pos = _rlong(buf, pos)
+            if c1499 * 2 > end - pos:
+                raise _count_error(c1499, end - pos)
+            for _ in range(c1499):
+                x1500, pos = _d_GpuShare1278(buf, pos, end)
+                acc1498.append(x1500)
+        f_from_gpus = tuple(acc1498)
+    n1503 = _ZL[buf[pos]]
+    if n1503 < 0:
+        n1503, pos = _rlong(buf, pos)
+        if n1503 < 0:
+            raise _length_error(n1503, end - pos)
     else:
         pos += 1
-    q1456 = pos + n1455
-    if q1456 > end:
-        raise _length_error(n1455, end - pos)
-    f_to_node = buf[pos:q1456].decode()
-    pos = q1456
+    q1504 = pos + n1503
+    if q1504 > end:
+        raise _length_error(n1503, end - pos)
+    f_to_node = buf[pos:q1504].decode()
+    pos = q1504
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1457: list[Any] = []
+        acc1505: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1458 = _ZD[b]
+                c1506 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1458 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1458 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1458, pos = _rlong(buf, pos)
-            if c1458 == 0:
+                c1506, pos = _rlong(buf, pos)
+            if c1506 == 0:
                 break
-            if c1458 < 0:
-                c1458 = -c1458
+            if c1506 < 0:
+                c1506 = -c1506
                 b = buf[pos]
                 if b < 128:
-                    z1461 = _ZD[b]
+                    z1509 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1461 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1461 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1461, pos = _rlong(buf, pos)
-            if c1458 * 2 > end - pos:
-                raise _count_error(c1458, end - pos)
-            for _ in range(c1458):
-                x1459, pos = _d_GpuShare1238(buf, pos, end)
-                acc1457.append(x1459)
-        f_to_gpus = tuple(acc1457)
-    n1462 = _ZL[buf[pos]]
-    if n1462 < 0:
-        n1462, pos = _rlong(buf, pos)
-        if n1462 < 0:
-            raise _length_error(n1462, end - pos)
+                    z1509, pos = _rlong(buf, pos)
+            if c1506 * 2 > end - pos:
+                raise _count_error(c1506, end - pos)
+            for _ in range(c1506):
+                x1507, pos = _d_GpuShare1278(buf, pos, end)
+                acc1505.append(x1507)
+        f_to_gpus = tuple(acc1505)
+    n1510 = _ZL[buf[pos]]
+    if n1510 < 0:
+        n1510, pos = _rlong(buf, pos)
+        if n1510 < 0:
+            raise _length_error(n1510, end - pos)
     else:
         pos += 1
-    q1463 = pos + n1462
-    if q1463 > end:
-        raise _length_error(n1462, end - pos)
-    f_reason = buf[pos:q1463].decode()
-    pos = q1463
-    n1464 = _ZL[buf[pos]]
-    if n1464 < 0:
-        n1464, pos = _rlong(buf, pos)
-        if n1464 < 0:
-            raise _length_error(n1464, end - pos)
+    q1511 = pos + n1510
+    if q1511 > end:
+        raise _length_error(n1510, end - pos)
+    f_reason = buf[pos:q1511].decode()
+    pos = q1511
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
     else:
         pos += 1
-    q1465 = pos + n1464
-    if q1465 > end:
-        raise _length_error(n1464, end - pos)
-    f_message = buf[pos:q1465].decode()
-    pos = q1465
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_message = buf[pos:q1513].decode()
+    pos = q1513
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1465(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1513(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -6771,138 +7019,138 @@ def _d_DefragmentationPlanned1465(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1467 = _ZD[b]
+        i1515 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1467 = (z >> 1) ^ -(z & 1)
+        i1515 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1467 = (z >> 1) ^ -(z & 1)
+        i1515 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1467, pos = _rlong(buf, pos)
-    if i1467 == 0:
+        i1515, pos = _rlong(buf, pos)
+    if i1515 == 0:
         f_target = None
-    elif i1467 == 1:
-        n1468 = _ZL[buf[pos]]
-        if n1468 < 0:
-            n1468, pos = _rlong(buf, pos)
-            if n1468 < 0:
-                raise _length_error(n1468, end - pos)
+    elif i1515 == 1:
+        n1516 = _ZL[buf[pos]]
+        if n1516 < 0:
+            n1516, pos = _rlong(buf, pos)
+            if n1516 < 0:
+                raise _length_error(n1516, end - pos)
         else:
             pos += 1
-        q1469 = pos + n1468
-        if q1469 > end:
-            raise _length_error(n1468, end - pos)
-        f_target = buf[pos:q1469].decode()
-        pos = q1469
+        q1517 = pos + n1516
+        if q1517 > end:
+            raise _length_error(n1516, end - pos)
+        f_target = buf[pos:q1517].decode()
+        pos = q1517
     else:
-        raise _union_error(i1467, 2)
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+        raise _union_error(i1515, 2)
+    n1518 = _ZL[buf[pos]]
+    if n1518 < 0:
+        n1518, pos = _rlong(buf, pos)
+        if n1518 < 0:
+            raise _length_error(n1518, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_message = buf[pos:q1471].decode()
-    pos = q1471
+    q1519 = pos + n1518
+    if q1519 > end:
+        raise _length_error(n1518, end - pos)
+    f_message = buf[pos:q1519].decode()
+    pos = q1519
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1471(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1519(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1473 = _ZL[buf[pos]]
-    if n1473 < 0:
-        n1473, pos = _rlong(buf, pos)
-        if n1473 < 0:
-            raise _length_error(n1473, end - pos)
+    n1521 = _ZL[buf[pos]]
+    if n1521 < 0:
+        n1521, pos = _rlong(buf, pos)
+        if n1521 < 0:
+            raise _length_error(n1521, end - pos)
     else:
         pos += 1
-    q1474 = pos + n1473
-    if q1474 > end:
-        raise _length_error(n1473, end - pos)
-    f_cluster = buf[pos:q1474].decode()
-    pos = q1474
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    q1522 = pos + n1521
+    if q1522 > end:
+        raise _length_error(n1521, end - pos)
+    f_cluster = buf[pos:q1522].decode()
+    pos = q1522
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_command_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_command_id = buf[pos:q1524].decode()
+    pos = q1524
+    n1525 = _ZL[buf[pos]]
+    if n1525 < 0:
+        n1525, pos = _rlong(buf, pos)
+        if n1525 < 0:
+            raise _length_error(n1525, end - pos)
     else:
         pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_error = buf[pos:q1478].decode()
-    pos = q1478
-    n1479 = _ZL[buf[pos]]
-    if n1479 < 0:
-        n1479, pos = _rlong(buf, pos)
-        if n1479 < 0:
-            raise _length_error(n1479, end - pos)
+    q1526 = pos + n1525
+    if q1526 > end:
+        raise _length_error(n1525, end - pos)
+    f_error = buf[pos:q1526].decode()
+    pos = q1526
+    n1527 = _ZL[buf[pos]]
+    if n1527 < 0:
+        n1527, pos = _rlong(buf, pos)
+        if n1527 < 0:
+            raise _length_error(n1527, end - pos)
     else:
         pos += 1
-    q1480 = pos + n1479
-    if q1480 > end:
-        raise _length_error(n1479, end - pos)
-    f_message = buf[pos:q1480].decode()
-    pos = q1480
+    q1528 = pos + n1527
+    if q1528 > end:
+        raise _length_error(n1527, end - pos)
+    f_message = buf[pos:q1528].decode()
+    pos = q1528
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1480(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1528(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1482 = _ZL[buf[pos]]
-    if n1482 < 0:
-        n1482, pos = _rlong(buf, pos)
-        if n1482 < 0:
-            raise _length_error(n1482, end - pos)
+    n1530 = _ZL[buf[pos]]
+    if n1530 < 0:
+        n1530, pos = _rlong(buf, pos)
+        if n1530 < 0:
+            raise _length_error(n1530, end - pos)
     else:
         pos += 1
-    q1483 = pos + n1482
-    if q1483 > end:
-        raise _length_error(n1482, end - pos)
-    f_cluster = buf[pos:q1483].decode()
-    pos = q1483
-    n1484 = _ZL[buf[pos]]
-    if n1484 < 0:
-        n1484, pos = _rlong(buf, pos)
-        if n1484 < 0:
-            raise _length_error(n1484, end - pos)
+    q1531 = pos + n1530
+    if q1531 > end:
+        raise _length_error(n1530, end - pos)
+    f_cluster = buf[pos:q1531].decode()
+    pos = q1531
+    n1532 = _ZL[buf[pos]]
+    if n1532 < 0:
+        n1532, pos = _rlong(buf, pos)
+        if n1532 < 0:
+            raise _length_error(n1532, end - pos)
     else:
         pos += 1
-    q1485 = pos + n1484
-    if q1485 > end:
-        raise _length_error(n1484, end - pos)
-    f_halted_command_id = buf[pos:q1485].decode()
-    pos = q1485
+    q1533 = pos + n1532
+    if q1533 > end:
+        raise _length_error(n1532, end - pos)
+    f_halted_command_id = buf[pos:q1533].decode()
+    pos = q1533
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -6931,168 +7179,168 @@ def _d_ClusterResumed1480(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1486 = _ZL[buf[pos]]
-    if n1486 < 0:
-        n1486, pos = _rlong(buf, pos)
-        if n1486 < 0:
-            raise _length_error(n1486, end - pos)
+    n1534 = _ZL[buf[pos]]
+    if n1534 < 0:
+        n1534, pos = _rlong(buf, pos)
+        if n1534 < 0:
+            raise _length_error(n1534, end - pos)
     else:
         pos += 1
-    q1487 = pos + n1486
-    if q1487 > end:
-        raise _length_error(n1486, end - pos)
-    f_message = buf[pos:q1487].decode()
-    pos = q1487
+    q1535 = pos + n1534
+    if q1535 > end:
+        raise _length_error(n1534, end - pos)
+    f_message = buf[pos:q1535].decode()
+    pos = q1535
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1487(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1535(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1489 = _ZL[buf[pos]]
-    if n1489 < 0:
-        n1489, pos = _rlong(buf, pos)
-        if n1489 < 0:
-            raise _length_error(n1489, end - pos)
+    n1537 = _ZL[buf[pos]]
+    if n1537 < 0:
+        n1537, pos = _rlong(buf, pos)
+        if n1537 < 0:
+            raise _length_error(n1537, end - pos)
     else:
         pos += 1
-    q1490 = pos + n1489
-    if q1490 > end:
-        raise _length_error(n1489, end - pos)
-    f_node_id = buf[pos:q1490].decode()
-    pos = q1490
+    q1538 = pos + n1537
+    if q1538 > end:
+        raise _length_error(n1537, end - pos)
+    f_node_id = buf[pos:q1538].decode()
+    pos = q1538
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1490(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1538(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1492 = _ZL[buf[pos]]
-    if n1492 < 0:
-        n1492, pos = _rlong(buf, pos)
-        if n1492 < 0:
-            raise _length_error(n1492, end - pos)
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
     else:
         pos += 1
-    q1493 = pos + n1492
-    if q1493 > end:
-        raise _length_error(n1492, end - pos)
-    f_node_id = buf[pos:q1493].decode()
-    pos = q1493
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_node_id = buf[pos:q1541].decode()
+    pos = q1541
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1494: dict[str, Any] = {}
+        acc1542: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1495 = _ZD[b]
+                c1543 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1495 = (z >> 1) ^ -(z & 1)
+                c1543 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1495 = (z >> 1) ^ -(z & 1)
+                c1543 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1495, pos = _rlong(buf, pos)
-            if c1495 == 0:
+                c1543, pos = _rlong(buf, pos)
+            if c1543 == 0:
                 break
-            if c1495 < 0:
-                c1495 = -c1495
+            if c1543 < 0:
+                c1543 = -c1543
                 b = buf[pos]
                 if b < 128:
-                    z1498 = _ZD[b]
+                    z1546 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1498 = (z >> 1) ^ -(z & 1)
+                    z1546 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1498 = (z >> 1) ^ -(z & 1)
+                    z1546 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1498, pos = _rlong(buf, pos)
-            if c1495 * 2 > end - pos:
-                raise _count_error(c1495, end - pos)
-            for _ in range(c1495):
-                n1499 = _ZL[buf[pos]]
-                if n1499 < 0:
-                    n1499, pos = _rlong(buf, pos)
-                    if n1499 < 0:
-                        raise _length_error(n1499, end - pos)
+                    z1546, pos = _rlong(buf, pos)
+            if c1543 * 2 > end - pos:
+                raise _count_error(c1543, end - pos)
+            for _ in range(c1543):
+                n1547 = _ZL[buf[pos]]
+                if n1547 < 0:
+                    n1547, pos = _rlong(buf, pos)
+                    if n1547 < 0:
+                        raise _length_error(n1547, end - pos)
                 else:
                     pos += 1
-                q1500 = pos + n1499
-                if q1500 > end:
-                    raise _length_error(n1499, end - pos)
-                k1497 = buf[pos:q1500].decode()
-                pos = q1500
-                n1501 = _ZL[buf[pos]]
-                if n1501 < 0:
-                    n1501, pos = _rlong(buf, pos)
-                    if n1501 < 0:
-                        raise _length_error(n1501, end - pos)
+                q1548 = pos + n1547
+                if q1548 > end:
+                    raise _length_error(n1547, end - pos)
+                k1545 = buf[pos:q1548].decode()
+                pos = q1548
+                n1549 = _ZL[buf[pos]]
+                if n1549 < 0:
+                    n1549, pos = _rlong(buf, pos)
+                    if n1549 < 0:
+                        raise _length_error(n1549, end - pos)
                 else:
                     pos += 1
-                q1502 = pos + n1501
-                if q1502 > end:
-                    raise _length_error(n1501, end - pos)
-                x1496 = buf[pos:q1502].decode()
-                pos = q1502
-                acc1494[k1497] = x1496
-        f_labels = acc1494
+                q1550 = pos + n1549
+                if q1550 > end:
+                    raise _length_error(n1549, end - pos)
+                x1544 = buf[pos:q1550].decode()
+                pos = q1550
+                acc1542[k1545] = x1544
+        f_labels = acc1542
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1503: list[Any] = []
+        acc1551: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1504 = _ZD[b]
+                c1552 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1504 = (z >> 1) ^ -(z & 1)
+                c1552 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1504 = (z >> 1) ^ -(z & 1)
+                c1552 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1504, pos = _rlong(buf, pos)
-            if c1504 == 0:
+                c1552, pos = _rlong(buf, pos)
+            if c1552 == 0:
                 break
-            if c1504 < 0:
-                c1504 = -c1504
+            if c1552 < 0:
+                c1552 = -c1552
                 b = buf[pos]
                 if b < 128:
-                    z1507 = _ZD[b]
+                    z1555 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1507 = (z >> 1) ^ -(z & 1)
+                    z1555 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1507 = (z >> 1) ^ -(z & 1)
+                    z1555 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1507, pos = _rlong(buf, pos)
-            if c1504 * 3 > end - pos:
-                raise _count_error(c1504, end - pos)
-            for _ in range(c1504):
-                x1505, pos = _d_Taint346(buf, pos, end)
-                acc1503.append(x1505)
-        f_taints = tuple(acc1503)
+                    z1555, pos = _rlong(buf, pos)
+            if c1552 * 3 > end - pos:
+                raise _count_error(c1552, end - pos)
+            for _ in range(c1552):
+                x1553, pos = _d_Taint365(buf, pos, end)
+                acc1551.append(x1553)
+        f_taints = tuple(acc1551)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7111,23 +7359,23 @@ def _d_NodeUpdated1490(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1507(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1555(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1509 = _ZL[buf[pos]]
-    if n1509 < 0:
-        n1509, pos = _rlong(buf, pos)
-        if n1509 < 0:
-            raise _length_error(n1509, end - pos)
+    n1557 = _ZL[buf[pos]]
+    if n1557 < 0:
+        n1557, pos = _rlong(buf, pos)
+        if n1557 < 0:
+            raise _length_error(n1557, end - pos)
     else:
         pos += 1
-    q1510 = pos + n1509
-    if q1510 > end:
-        raise _length_error(n1509, end - pos)
-    f_pod_id = buf[pos:q1510].decode()
-    pos = q1510
+    q1558 = pos + n1557
+    if q1558 > end:
+        raise _length_error(n1557, end - pos)
+    f_pod_id = buf[pos:q1558].decode()
+    pos = q1558
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7158,205 +7406,205 @@ def _d_PodRetryScheduled1507(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1511 = _ZD[b]
+        i1559 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1511 = (z >> 1) ^ -(z & 1)
+        i1559 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1511 = (z >> 1) ^ -(z & 1)
+        i1559 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1511, pos = _rlong(buf, pos)
-    if i1511 == 0:
+        i1559, pos = _rlong(buf, pos)
+    if i1559 == 0:
         f_gang_id = None
-    elif i1511 == 1:
-        n1512 = _ZL[buf[pos]]
-        if n1512 < 0:
-            n1512, pos = _rlong(buf, pos)
-            if n1512 < 0:
-                raise _length_error(n1512, end - pos)
+    elif i1559 == 1:
+        n1560 = _ZL[buf[pos]]
+        if n1560 < 0:
+            n1560, pos = _rlong(buf, pos)
+            if n1560 < 0:
+                raise _length_error(n1560, end - pos)
         else:
             pos += 1
-        q1513 = pos + n1512
-        if q1513 > end:
-            raise _length_error(n1512, end - pos)
-        f_gang_id = buf[pos:q1513].decode()
-        pos = q1513
+        q1561 = pos + n1560
+        if q1561 > end:
+            raise _length_error(n1560, end - pos)
+        f_gang_id = buf[pos:q1561].decode()
+        pos = q1561
     else:
-        raise _union_error(i1511, 2)
+        raise _union_error(i1559, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1513(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1561(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1515 = _ZL[buf[pos]]
-    if n1515 < 0:
-        n1515, pos = _rlong(buf, pos)
-        if n1515 < 0:
-            raise _length_error(n1515, end - pos)
+    n1563 = _ZL[buf[pos]]
+    if n1563 < 0:
+        n1563, pos = _rlong(buf, pos)
+        if n1563 < 0:
+            raise _length_error(n1563, end - pos)
     else:
         pos += 1
-    q1516 = pos + n1515
-    if q1516 > end:
-        raise _length_error(n1515, end - pos)
-    f_budget_id = buf[pos:q1516].decode()
-    pos = q1516
+    q1564 = pos + n1563
+    if q1564 > end:
+        raise _length_error(n1563, end - pos)
+    f_budget_id = buf[pos:q1564].decode()
+    pos = q1564
     b = buf[pos]
     if b < 128:
-        i1517 = _ZD[b]
+        i1565 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1517 = (z >> 1) ^ -(z & 1)
+        i1565 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1517 = (z >> 1) ^ -(z & 1)
+        i1565 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1517, pos = _rlong(buf, pos)
-    if i1517 == 0:
+        i1565, pos = _rlong(buf, pos)
+    if i1565 == 0:
         f_tenant = None
-    elif i1517 == 1:
-        n1518 = _ZL[buf[pos]]
-        if n1518 < 0:
-            n1518, pos = _rlong(buf, pos)
-            if n1518 < 0:
-                raise _length_error(n1518, end - pos)
+    elif i1565 == 1:
+        n1566 = _ZL[buf[pos]]
+        if n1566 < 0:
+            n1566, pos = _rlong(buf, pos)
+            if n1566 < 0:
+                raise _length_error(n1566, end - pos)
         else:
             pos += 1
-        q1519 = pos + n1518
-        if q1519 > end:
-            raise _length_error(n1518, end - pos)
-        f_tenant = buf[pos:q1519].decode()
-        pos = q1519
+        q1567 = pos + n1566
+        if q1567 > end:
+            raise _length_error(n1566, end - pos)
+        f_tenant = buf[pos:q1567].decode()
+        pos = q1567
     else:
-        raise _union_error(i1517, 2)
+        raise _union_error(i1565, 2)
     b = buf[pos]
     if b < 128:
-        i1520 = _ZD[b]
+        i1568 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1520 = (z >> 1) ^ -(z & 1)
+        i1568 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1520 = (z >> 1) ^ -(z & 1)
+        i1568 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1520, pos = _rlong(buf, pos)
-    if i1520 == 0:
+        i1568, pos = _rlong(buf, pos)
+    if i1568 == 0:
         f_gang_id = None
-    elif i1520 == 1:
-        n1521 = _ZL[buf[pos]]
-        if n1521 < 0:
-            n1521, pos = _rlong(buf, pos)
-            if n1521 < 0:
-                raise _length_error(n1521, end - pos)
+    elif i1568 == 1:
+        n1569 = _ZL[buf[pos]]
+        if n1569 < 0:
+            n1569, pos = _rlong(buf, pos)
+            if n1569 < 0:
+                raise _length_error(n1569, end - pos)
         else:
             pos += 1
-        q1522 = pos + n1521
-        if q1522 > end:
-            raise _length_error(n1521, end - pos)
-        f_gang_id = buf[pos:q1522].decode()
-        pos = q1522
+        q1570 = pos + n1569
+        if q1570 > end:
+            raise _length_error(n1569, end - pos)
+        f_gang_id = buf[pos:q1570].decode()
+        pos = q1570
     else:
-        raise _union_error(i1520, 2)
+        raise _union_error(i1568, 2)
     b = buf[pos]
     if b < 128:
-        i1523 = _ZD[b]
+        i1571 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1523 = (z >> 1) ^ -(z & 1)
+        i1571 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1523 = (z >> 1) ^ -(z & 1)
+        i1571 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1523, pos = _rlong(buf, pos)
-    if i1523 == 0:
+        i1571, pos = _rlong(buf, pos)
+    if i1571 == 0:
         f_label_selector = None
-    elif i1523 == 1:
+    elif i1571 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1524: dict[str, Any] = {}
+            acc1572: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1525 = _ZD[b]
+                    c1573 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1525 = (z >> 1) ^ -(z & 1)
+                    c1573 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1525 = (z >> 1) ^ -(z & 1)
+                    c1573 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1525, pos = _rlong(buf, pos)
-                if c1525 == 0:
+                    c1573, pos = _rlong(buf, pos)
+                if c1573 == 0:
                     break
-                if c1525 < 0:
-                    c1525 = -c1525
+                if c1573 < 0:
+                    c1573 = -c1573
                     b = buf[pos]
                     if b < 128:
-                        z1528 = _ZD[b]
+                        z1576 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1528 = (z >> 1) ^ -(z & 1)
+                        z1576 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1528 = (z >> 1) ^ -(z & 1)
+                        z1576 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1528, pos = _rlong(buf, pos)
-                if c1525 * 2 > end - pos:
-                    raise _count_error(c1525, end - pos)
-                for _ in range(c1525):
-                    n1529 = _ZL[buf[pos]]
-                    if n1529 < 0:
-                        n1529, pos = _rlong(buf, pos)
-                        if n1529 < 0:
-                            raise _length_error(n1529, end - pos)
+                        z1576, pos = _rlong(buf, pos)
+                if c1573 * 2 > end - pos:
+                    raise _count_error(c1573, end - pos)
+                for _ in range(c1573):
+                    n1577 = _ZL[buf[pos]]
+                    if n1577 < 0:
+                        n1577, pos = _rlong(buf, pos)
+                        if n1577 < 0:
+                            raise _length_error(n1577, end - pos)
                     else:
                         pos += 1
-                    q1530 = pos + n1529
-                    if q1530 > end:
-                        raise _length_error(n1529, end - pos)
-                    k1527 = buf[pos:q1530].decode()
-                    pos = q1530
-                    n1531 = _ZL[buf[pos]]
-                    if n1531 < 0:
-                        n1531, pos = _rlong(buf, pos)
-                        if n1531 < 0:
-                            raise _length_error(n1531, end - pos)
+                    q1578 = pos + n1577
+                    if q1578 > end:
+                        raise _length_error(n1577, end - pos)
+                    k1575 = buf[pos:q1578].decode()
+                    pos = q1578
+                    n1579 = _ZL[buf[pos]]
+                    if n1579 < 0:
+                        n1579, pos = _rlong(buf, pos)
+                        if n1579 < 0:
+                            raise _length_error(n1579, end - pos)
                     else:
                         pos += 1
-                    q1532 = pos + n1531
-                    if q1532 > end:
-                        raise _length_error(n1531, end - pos)
-                    x1526 = buf[pos:q1532].decode()
-                    pos = q1532
-                    acc1524[k1527] = x1526
-            f_label_selector = acc1524
+                    q1580 = pos + n1579
+                    if q1580 > end:
+                        raise _length_error(n1579, end - pos)
+                    x1574 = buf[pos:q1580].decode()
+                    pos = q1580
+                    acc1572[k1575] = x1574
+            f_label_selector = acc1572
     else:
-        raise _union_error(i1523, 2)
+        raise _union_error(i1571, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7375,66 +7623,66 @@ def _d_DisruptionBudgetSet1513(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1532(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1580(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1534 = _ZL[buf[pos]]
-    if n1534 < 0:
-        n1534, pos = _rlong(buf, pos)
-        if n1534 < 0:
-            raise _length_error(n1534, end - pos)
+    n1582 = _ZL[buf[pos]]
+    if n1582 < 0:
+        n1582, pos = _rlong(buf, pos)
+        if n1582 < 0:
+            raise _length_error(n1582, end - pos)
     else:
         pos += 1
-    q1535 = pos + n1534
-    if q1535 > end:
-        raise _length_error(n1534, end - pos)
-    f_budget_id = buf[pos:q1535].decode()
-    pos = q1535
+    q1583 = pos + n1582
+    if q1583 > end:
+        raise _length_error(n1582, end - pos)
+    f_budget_id = buf[pos:q1583].decode()
+    pos = q1583
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1535(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1583(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1537 = _ZL[buf[pos]]
-    if n1537 < 0:
-        n1537, pos = _rlong(buf, pos)
-        if n1537 < 0:
-            raise _length_error(n1537, end - pos)
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1538 = pos + n1537
-    if q1538 > end:
-        raise _length_error(n1537, end - pos)
-    f_pod_id = buf[pos:q1538].decode()
-    pos = q1538
-    n1539 = _ZL[buf[pos]]
-    if n1539 < 0:
-        n1539, pos = _rlong(buf, pos)
-        if n1539 < 0:
-            raise _length_error(n1539, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_pod_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1540 = pos + n1539
-    if q1540 > end:
-        raise _length_error(n1539, end - pos)
-    f_node_id = buf[pos:q1540].decode()
-    pos = q1540
-    n1541 = _ZL[buf[pos]]
-    if n1541 < 0:
-        n1541, pos = _rlong(buf, pos)
-        if n1541 < 0:
-            raise _length_error(n1541, end - pos)
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_node_id = buf[pos:q1588].decode()
+    pos = q1588
+    n1589 = _ZL[buf[pos]]
+    if n1589 < 0:
+        n1589, pos = _rlong(buf, pos)
+        if n1589 < 0:
+            raise _length_error(n1589, end - pos)
     else:
         pos += 1
-    q1542 = pos + n1541
-    if q1542 > end:
-        raise _length_error(n1541, end - pos)
-    f_budget_id = buf[pos:q1542].decode()
-    pos = q1542
+    q1590 = pos + n1589
+    if q1590 > end:
+        raise _length_error(n1589, end - pos)
+    f_budget_id = buf[pos:q1590].decode()
+    pos = q1590
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7449,51 +7697,51 @@ def _d_EvictionBlocked1535(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1543 = _ZL[buf[pos]]
-    if n1543 < 0:
-        n1543, pos = _rlong(buf, pos)
-        if n1543 < 0:
-            raise _length_error(n1543, end - pos)
+    n1591 = _ZL[buf[pos]]
+    if n1591 < 0:
+        n1591, pos = _rlong(buf, pos)
+        if n1591 < 0:
+            raise _length_error(n1591, end - pos)
     else:
         pos += 1
-    q1544 = pos + n1543
-    if q1544 > end:
-        raise _length_error(n1543, end - pos)
-    f_reason = buf[pos:q1544].decode()
-    pos = q1544
+    q1592 = pos + n1591
+    if q1592 > end:
+        raise _length_error(n1591, end - pos)
+    f_reason = buf[pos:q1592].decode()
+    pos = q1592
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1544(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1592(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1546 = _ZL[buf[pos]]
-    if n1546 < 0:
-        n1546, pos = _rlong(buf, pos)
-        if n1546 < 0:
-            raise _length_error(n1546, end - pos)
+    n1594 = _ZL[buf[pos]]
+    if n1594 < 0:
+        n1594, pos = _rlong(buf, pos)
+        if n1594 < 0:
+            raise _length_error(n1594, end - pos)
     else:
         pos += 1
-    q1547 = pos + n1546
-    if q1547 > end:
-        raise _length_error(n1546, end - pos)
-    f_pod_id = buf[pos:q1547].decode()
-    pos = q1547
-    n1548 = _ZL[buf[pos]]
-    if n1548 < 0:
-        n1548, pos = _rlong(buf, pos)
-        if n1548 < 0:
-            raise _length_error(n1548, end - pos)
+    q1595 = pos + n1594
+    if q1595 > end:
+        raise _length_error(n1594, end - pos)
+    f_pod_id = buf[pos:q1595].decode()
+    pos = q1595
+    n1596 = _ZL[buf[pos]]
+    if n1596 < 0:
+        n1596, pos = _rlong(buf, pos)
+        if n1596 < 0:
+            raise _length_error(n1596, end - pos)
     else:
         pos += 1
-    q1549 = pos + n1548
-    if q1549 > end:
-        raise _length_error(n1548, end - pos)
-    f_node_id = buf[pos:q1549].decode()
-    pos = q1549
+    q1597 = pos + n1596
+    if q1597 > end:
+        raise _length_error(n1596, end - pos)
+    f_node_id = buf[pos:q1597].decode()
+    pos = q1597
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7519,7 +7767,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1128:
+    if frame[:10] != _k1168:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7560,30 +7808,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1130 = _ZL[buf[pos]]
-        if n1130 < 0:
-            n1130, pos = _rlong(buf, pos)
-            if n1130 < 0:
-                raise _length_error(n1130, end - pos)
+        n1170 = _ZL[buf[pos]]
+        if n1170 < 0:
+            n1170, pos = _rlong(buf, pos)
+            if n1170 < 0:
+                raise _length_error(n1170, end - pos)
         else:
             pos += 1
-        q1131 = pos + n1130
-        if q1131 > end:
-            raise _length_error(n1130, end - pos)
-        f_cluster = buf[pos:q1131].decode()
-        pos = q1131
-        n1132 = _ZL[buf[pos]]
-        if n1132 < 0:
-            n1132, pos = _rlong(buf, pos)
-            if n1132 < 0:
-                raise _length_error(n1132, end - pos)
+        q1171 = pos + n1170
+        if q1171 > end:
+            raise _length_error(n1170, end - pos)
+        f_cluster = buf[pos:q1171].decode()
+        pos = q1171
+        n1172 = _ZL[buf[pos]]
+        if n1172 < 0:
+            n1172, pos = _rlong(buf, pos)
+            if n1172 < 0:
+                raise _length_error(n1172, end - pos)
         else:
             pos += 1
-        q1133 = pos + n1132
-        if q1133 > end:
-            raise _length_error(n1132, end - pos)
-        f_command_id = buf[pos:q1133].decode()
-        pos = q1133
+        q1173 = pos + n1172
+        if q1173 > end:
+            raise _length_error(n1172, end - pos)
+        f_command_id = buf[pos:q1173].decode()
+        pos = q1173
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7614,21 +7862,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1134 = _ZD[b]
+            i1174 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1134 = (z >> 1) ^ -(z & 1)
+            i1174 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1134 = (z >> 1) ^ -(z & 1)
+            i1174 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1134, pos = _rlong(buf, pos)
-        if not 0 <= i1134 < 34:
-            raise _union_error(i1134, 34)
-        f_payload, pos = _k1549[i1134](buf, pos, end)
+            i1174, pos = _rlong(buf, pos)
+        if not 0 <= i1174 < 34:
+            raise _union_error(i1174, 34)
+        f_payload, pos = _k1597[i1174](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7643,15 +7891,23 @@ _k102: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k156: dict[type, Callable[[Any], bytes]] = {
+_k170: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
+}
+
+_k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k215: dict[type, Callable[[Any], bytes]] = {
+_k231: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k318: dict[type, Callable[[Any], bytes]] = {
+_k274: dict[type, Callable[[Any], bytes]] = {
+    _c_QuotaPreemption: _e_QuotaPreemption157,
+}
+
+_k337: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7661,89 +7917,89 @@ _k318: dict[type, Callable[[Any], bytes]] = {
     _c_SubmitPod: _e_SubmitPod58,
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
-    _c_SubmitGang: _e_SubmitGang163,
-    _c_ReleaseGang: _e_ReleaseGang217,
-    _c_Tick: _e_Tick223,
-    _c_SetQuota: _e_SetQuota225,
-    _c_RemoveQuota: _e_RemoveQuota257,
-    _c_Defragment: _e_Defragment261,
-    _c_ResumeCluster: _e_ResumeCluster270,
-    _c_RecoverNode: _e_RecoverNode274,
-    _c_UpdateNode: _e_UpdateNode278,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget292,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget314,
+    _c_SubmitGang: _e_SubmitGang179,
+    _c_ReleaseGang: _e_ReleaseGang233,
+    _c_Tick: _e_Tick239,
+    _c_SetQuota: _e_SetQuota241,
+    _c_RemoveQuota: _e_RemoveQuota276,
+    _c_Defragment: _e_Defragment280,
+    _c_ResumeCluster: _e_ResumeCluster289,
+    _c_RecoverNode: _e_RecoverNode293,
+    _c_UpdateNode: _e_UpdateNode297,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget311,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget333,
 }
 
-_k579: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode327, _d_RemoveNode353, _d_CordonNode356, _d_UncordonNode359, _d_DrainNode362, _d_MarkNodeFailed365, _d_SubmitPod370, _d_Release419, _d_SetPolicy424, _d_SubmitGang447, _d_ReleaseGang502, _d_Tick507, _d_SetQuota508, _d_RemoveQuota525, _d_Defragment528, _d_ResumeCluster532, _d_RecoverNode535, _d_UpdateNode538, _d_SetDisruptionBudget557, _d_RemoveDisruptionBudget576,)
+_k608: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode346, _d_RemoveNode372, _d_CordonNode375, _d_UncordonNode378, _d_DrainNode381, _d_MarkNodeFailed384, _d_SubmitPod389, _d_Release438, _d_SetPolicy443, _d_SubmitGang475, _d_ReleaseGang530, _d_Tick535, _d_SetQuota536, _d_RemoveQuota554, _d_Defragment557, _d_ResumeCluster561, _d_RecoverNode564, _d_UpdateNode567, _d_SetDisruptionBudget586, _d_RemoveDisruptionBudget605,)
 
-_k662: dict[type, Callable[[Any], bytes]] = {
+_k691: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k708: dict[type, Callable[[Any], bytes]] = {
+_k737: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k818: dict[type, Callable[[Any], bytes]] = {
+_k847: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k851: dict[type, Callable[[Any], bytes]] = {
+_k880: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k904: dict[type, Callable[[Any], bytes]] = {
+_k938: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1006: dict[type, Callable[[Any], bytes]] = {
+_k1046: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1009: dict[type, Callable[[Any], bytes]] = {
+_k1049: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1127: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded591,
-    _c_NodeRemoved: _e_NodeRemoved603,
-    _c_NodeCordoned: _e_NodeCordoned607,
-    _c_NodeUncordoned: _e_NodeUncordoned611,
-    _c_NodeDrained: _e_NodeDrained615,
-    _c_NodeFailed: _e_NodeFailed620,
-    _c_PodQueued: _e_PodQueued627,
-    _c_PodScheduled: _e_PodScheduled673,
-    _c_PodEvicted: _e_PodEvicted724,
-    _c_PodReleased: _e_PodReleased732,
-    _c_PolicyChanged: _e_PolicyChanged744,
-    _c_CommandRejected: _e_CommandRejected762,
-    _c_GangQueued: _e_GangQueued772,
-    _c_GangScheduled: _e_GangScheduled854,
-    _c_GangTimedOut: _e_GangTimedOut921,
-    _c_GangReleased: _e_GangReleased928,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached934,
-    _c_NodesReserved: _e_NodesReserved947,
-    _c_ReservationReleased: _e_ReservationReleased961,
-    _c_DependencyFailed: _e_DependencyFailed972,
-    _c_Ticked: _e_Ticked982,
-    _c_PodPreempted: _e_PodPreempted985,
-    _c_QuotaChanged: _e_QuotaChanged997,
-    _c_PodMigrated: _e_PodMigrated1013,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1027,
-    _c_ClusterHalted: _e_ClusterHalted1040,
-    _c_ClusterResumed: _e_ClusterResumed1050,
-    _c_NodeRecovered: _e_NodeRecovered1060,
-    _c_NodeUpdated: _e_NodeUpdated1064,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1071,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1083,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1105,
-    _c_EvictionBlocked: _e_EvictionBlocked1109,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1120,
+_k1167: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded620,
+    _c_NodeRemoved: _e_NodeRemoved632,
+    _c_NodeCordoned: _e_NodeCordoned636,
+    _c_NodeUncordoned: _e_NodeUncordoned640,
+    _c_NodeDrained: _e_NodeDrained644,
+    _c_NodeFailed: _e_NodeFailed649,
+    _c_PodQueued: _e_PodQueued656,
+    _c_PodScheduled: _e_PodScheduled702,
+    _c_PodEvicted: _e_PodEvicted753,
+    _c_PodReleased: _e_PodReleased761,
+    _c_PolicyChanged: _e_PolicyChanged773,
+    _c_CommandRejected: _e_CommandRejected791,
+    _c_GangQueued: _e_GangQueued801,
+    _c_GangScheduled: _e_GangScheduled888,
+    _c_GangTimedOut: _e_GangTimedOut960,
+    _c_GangReleased: _e_GangReleased967,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached974,
+    _c_NodesReserved: _e_NodesReserved987,
+    _c_ReservationReleased: _e_ReservationReleased1001,
+    _c_DependencyFailed: _e_DependencyFailed1012,
+    _c_Ticked: _e_Ticked1022,
+    _c_PodPreempted: _e_PodPreempted1025,
+    _c_QuotaChanged: _e_QuotaChanged1037,
+    _c_PodMigrated: _e_PodMigrated1053,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1067,
+    _c_ClusterHalted: _e_ClusterHalted1080,
+    _c_ClusterResumed: _e_ClusterResumed1090,
+    _c_NodeRecovered: _e_NodeRecovered1100,
+    _c_NodeUpdated: _e_NodeUpdated1104,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1111,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1123,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1145,
+    _c_EvictionBlocked: _e_EvictionBlocked1149,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1160,
 }
 
-_k1549: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1134, _d_NodeRemoved1153, _d_NodeCordoned1156, _d_NodeUncordoned1159, _d_NodeDrained1162, _d_NodeFailed1165, _d_PodQueued1170, _d_PodScheduled1230, _d_PodEvicted1255, _d_PodReleased1262, _d_PolicyChanged1270, _d_CommandRejected1279, _d_GangQueued1288, _d_GangScheduled1333, _d_GangTimedOut1366, _d_GangReleased1371, _d_PodTimeLimitReached1376, _d_NodesReserved1384, _d_ReservationReleased1399, _d_DependencyFailed1415, _d_Ticked1424, _d_PodPreempted1425, _d_QuotaChanged1436, _d_PodMigrated1444, _d_DefragmentationPlanned1465, _d_ClusterHalted1471, _d_ClusterResumed1480, _d_NodeRecovered1487, _d_NodeUpdated1490, _d_PodRetryScheduled1507, _d_DisruptionBudgetSet1513, _d_DisruptionBudgetRemoved1532, _d_EvictionBlocked1535, _d_PodEvictionScheduled1544,)
+_k1597: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1174, _d_NodeRemoved1193, _d_NodeCordoned1196, _d_NodeUncordoned1199, _d_NodeDrained1202, _d_NodeFailed1205, _d_PodQueued1210, _d_PodScheduled1270, _d_PodEvicted1295, _d_PodReleased1302, _d_PolicyChanged1310, _d_CommandRejected1319, _d_GangQueued1328, _d_GangScheduled1374, _d_GangTimedOut1407, _d_GangReleased1412, _d_PodTimeLimitReached1424, _d_NodesReserved1432, _d_ReservationReleased1447, _d_DependencyFailed1463, _d_Ticked1472, _d_PodPreempted1473, _d_QuotaChanged1484, _d_PodMigrated1492, _d_DefragmentationPlanned1513, _d_ClusterHalted1519, _d_ClusterResumed1528, _d_NodeRecovered1535, _d_NodeUpdated1538, _d_PodRetryScheduled1555, _d_DisruptionBudgetSet1561, _d_DisruptionBudgetRemoved1580, _d_EvictionBlocked1583, _d_PodEvictionScheduled1592,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event580
+encode_event = _e_Event609

@@ -20,11 +20,14 @@ from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AFTER_OK,
     ANY_MODEL,
+    BORROW_MODES,
     DEPENDENCY_TYPES,
     GPU_MILLI,
     PREEMPT_LOWER,
     PREEMPTION_MODES,
     QUEUE_ORDERS,
+    RECLAIM_MODES,
+    WITHIN_TENANT_MODES,
     AddNode,
     Command,
     CordonNode,
@@ -281,12 +284,13 @@ def check_dependencies(own_ids: tuple[str, ...], depends_on: tuple[str, ...], de
             )
 
 
-def check_preemption(value: Any) -> None:
-    if value not in PREEMPTION_MODES:
-        raise Rejected(RejectionCode.INVALID_COMMAND, f"preemption must be one of {PREEMPTION_MODES}, got {value!r}")
+def check_preemption(value: Any, modes: tuple[str, ...] = PREEMPTION_MODES) -> None:
+    if value not in modes:
+        raise Rejected(RejectionCode.INVALID_COMMAND, f"preemption must be one of {modes}, got {value!r}")
 
 
-def check_submit_pod(command: SubmitPod) -> None:
+def check_submit_pod(command: SubmitPod, modes: tuple[str, ...] = PREEMPTION_MODES) -> None:
+    """``modes``: the preemption modes the command's contract accepts."""
     check_id("pod_id", command.pod_id)
     check_id("tenant", command.tenant)
     check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
@@ -296,7 +300,7 @@ def check_submit_pod(command: SubmitPod) -> None:
     if command.depends_on or command.dependency != AFTER_OK:
         check_dependencies((command.pod_id,), command.depends_on, command.dependency)
     if command.preemption != PREEMPT_LOWER:
-        check_preemption(command.preemption)
+        check_preemption(command.preemption, modes)
     if command.movable is not False and not isinstance(command.movable, bool):
         raise Rejected(RejectionCode.INVALID_COMMAND, f"movable must be true or false, got {command.movable!r}")
     if command.retry is not None:
@@ -321,7 +325,8 @@ def check_retry(retry: Retry) -> None:
     check_range("retry.backoff_max_ms", retry.backoff_max_ms, 1, MAX_DURATION_MS)
 
 
-def check_submit_gang(command: SubmitGang) -> None:
+def check_submit_gang(command: SubmitGang, modes: tuple[str, ...] = PREEMPTION_MODES) -> None:
+    """``modes``: the preemption modes the command's contract accepts."""
     check_id("gang_id", command.gang_id)
     check_id("tenant", command.tenant)
     check_range("priority", command.priority, -(1 << 31), (1 << 31) - 1)
@@ -365,7 +370,7 @@ def check_submit_gang(command: SubmitGang) -> None:
     check_dependencies(
         (command.gang_id, *(member.pod_id for member in command.members)), command.depends_on, command.dependency
     )
-    check_preemption(command.preemption)
+    check_preemption(command.preemption, modes)
     if command.retry is not None:
         check_retry(command.retry)
 
@@ -437,7 +442,21 @@ def check_quota(what: str, quota: Quota) -> None:
     _check_optional_amount(f"{what} nominal_memory_mib", quota.nominal_memory_mib, MAX_MEMORY_MIB * 1000)
     _check_optional_amount(f"{what} borrowing_limit_gpus", quota.borrowing_limit_gpus, MAX_QUOTA_GPUS)
     _check_optional_amount(f"{what} lending_limit_gpus", quota.lending_limit_gpus, MAX_QUOTA_GPUS)
-    check_range(f"{what} weight", quota.weight, 1, MAX_WEIGHT)
+    check_range(f"{what} weight", quota.weight, 0, MAX_WEIGHT)  # 0 (contract v4): only what no one else wants
+    policy = quota.preemption
+    if policy is not None:
+        for name, value, modes in (
+            ("within_tenant", policy.within_tenant, WITHIN_TENANT_MODES),
+            ("reclaim_within_cohort", policy.reclaim_within_cohort, RECLAIM_MODES),
+            ("borrow_within_cohort", policy.borrow_within_cohort, BORROW_MODES),
+        ):
+            if value not in modes:
+                raise Rejected(
+                    RejectionCode.INVALID_COMMAND, f"{what} preemption.{name} must be one of {modes}, got {value!r}"
+                )
+        limit = policy.borrow_max_victim_priority
+        if limit is not None:
+            check_range(f"{what} preemption.borrow_max_victim_priority", limit, -(2**31), 2**31 - 1)
     if quota.cohort is None and (quota.borrowing_limit_gpus is not None or quota.lending_limit_gpus is not None):
         raise Rejected(
             RejectionCode.INVALID_COMMAND,

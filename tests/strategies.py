@@ -18,6 +18,9 @@ from processor.core.snapshot import to_snapshot
 from processor.core.state import PartitionState
 from schemas import EVENT, registry
 from schemas.commands import (
+    BORROW_MODES,
+    RECLAIM_MODES,
+    WITHIN_TENANT_MODES,
     AddNode,
     Command,
     CommandPayload,
@@ -27,6 +30,7 @@ from schemas.commands import (
     GangMember,
     MarkNodeFailed,
     Quota,
+    QuotaPreemption,
     RecoverNode,
     Release,
     ReleaseGang,
@@ -460,6 +464,18 @@ def set_quotas(draw: st.DrawFn) -> SetQuota:
         borrowing_limit_gpus=draw(st.sampled_from((None, 0, 2))) if cohort else None,
         lending_limit_gpus=draw(st.sampled_from((None, 1))) if cohort else None,
         weight=draw(st.sampled_from((1, 1, 2, 3))),
+        preemption=draw(st.one_of(st.none(), quota_preemptions())),
+    )
+
+
+@st.composite
+def quota_preemptions(draw: st.DrawFn) -> QuotaPreemption:
+    """Every value of every policy of ``SetQuota.preemption`` (issue #24)."""
+    return QuotaPreemption(
+        draw(st.sampled_from(WITHIN_TENANT_MODES)),
+        draw(st.sampled_from(RECLAIM_MODES)),
+        draw(st.sampled_from(BORROW_MODES)),
+        draw(st.sampled_from((None, 0, 1, 3))),
     )
 
 
@@ -484,6 +500,7 @@ def shared_pods(draw: st.DrawFn, ids: tuple[str, ...] = POD_IDS) -> SubmitPod:
         time_limit_ms=draw(st.sampled_from((None, None, 20_000, 200_000))),
         preemption=draw(st.sampled_from(("lower_priority", "lower_priority", "lower_priority", "never"))),
         movable=draw(st.booleans()),
+        preemptible=draw(st.sampled_from((True, True, True, False))),
     )
 
 
@@ -501,6 +518,9 @@ def shared_gangs(draw: st.DrawFn) -> SubmitGang:
         members=members,
         topology_required=draw(st.sampled_from((None, None, "topology/rack"))),
         preemption=draw(st.sampled_from(("lower_priority", "never"))),
+        min_members=draw(st.sampled_from((None, None, 1))),
+        timeout_ms=draw(st.sampled_from((None, None, 30_000))),
+        preemptible=draw(st.sampled_from((True, True, False))),
     )
 
 

@@ -294,8 +294,13 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     gang_id = event.pod.gang_id
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
-        if gang is None or gang.state != GANG_RUNNING or event.pod.pod_id not in gang.placed:
+        if gang is None or gang.state != GANG_RUNNING:
             raise InvariantViolation(f"member {event.pod.pod_id!r} scheduled outside its gang's GangScheduled")
+        if event.pod.pod_id not in gang.placed:  # a member that waited for room while its gang ran (contract v4)
+            waiting = lookup(cluster.pods, event.pod.pod_id)
+            if waiting is None or not waiting.queued:
+                raise InvariantViolation(f"member {event.pod.pod_id!r} scheduled outside its gang's GangScheduled")
+            gang.placed[event.pod.pod_id] = None
     pod = _pod_for(cluster, event.pod)
     node.allocate(pod.spec, event.gpus, now)
     pod.node_id = node.node_id
@@ -385,6 +390,7 @@ def _gang_retry_scheduled(
         if cluster.disrupted:
             cluster.disrupted.pop(pod_id, None)
         cluster.count_shape(member.shape, -1)
+    _drop_waiting_members(cluster, gang)
     gang.placed = {}
     gang.started_at = None
     gang.topology_key = gang.domain = None
@@ -496,6 +502,17 @@ def _gang_for(state: PartitionState, cluster: ClusterState, spec: GangSpec) -> G
     return gang
 
 
+def _drop_waiting_members(cluster: ClusterState, gang: Gang) -> None:
+    """A gang leaves running (requeued, or waiting for its retry): its members that waited for room while it ran
+    (contract v4) stop being pods and wait with it again. O(M)."""
+    for member in gang.spec.members:
+        waiting = lookup(cluster.pods, member.pod_id)
+        if waiting is not None and waiting.queued:
+            cluster.queue.remove(waiting.group, waiting.queue_key)
+            del cluster.pods[member.pod_id]
+            cluster.count_shape(waiting.shape, -1)
+
+
 def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: GangQueued, now: int) -> None:
     gang = _gang_for(state, cluster, event.gang)
     if gang.state == GANG_RUNNING:  # requeued: its evicted members stop being pods until it starts again
@@ -506,13 +523,19 @@ def _applied_gang_queued(state: PartitionState, cluster: ClusterState, event: Ga
             if cluster.blocked:
                 cluster.blocked.pop(pod_id, None)
             cluster.count_shape(pod.shape, -1)
+        _drop_waiting_members(cluster, gang)
         gang.placed = {}
         gang.started_at = None
         gang.topology_key = gang.domain = None
+        if event.gang.queued_at is not None:  # contract v4: its timeout counts from this requeue
+            gang.spec = event.gang
         if gang.spec.timeout_ms is not None:
-            cluster.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
-    elif gang.state == GANG_RETRYING and gang.spec.timeout_ms is not None:  # back from its retry: as requeued
-        cluster.timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
+            cluster.timers.push(gang.spec.waiting_since + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
+    elif gang.state == GANG_RETRYING:  # back from its retry: as requeued
+        if event.gang.queued_at is not None:  # contract v4: its timeout counts from its retry
+            gang.spec = event.gang
+        if gang.spec.timeout_ms is not None:
+            cluster.timers.push(gang.spec.waiting_since + gang.spec.timeout_ms, GANG_TIMEOUT, gang.gang_id)
     if event.waiting_for:
         gang.state = GANG_WAITING
         gang.waiting_for = tuple(event.waiting_for)
@@ -551,6 +574,8 @@ def _applied_gang_released(state: PartitionState, cluster: ClusterState, event: 
         cluster.member_of.pop(member.pod_id, None)
         if cluster.disrupted:
             cluster.disrupted.pop(member.pod_id, None)
+    for member_id in event.members_ended:  # they never ran in this incarnation: ended, not ok (contract v4)
+        cluster.remember_end(member_id, False)
     cluster.remember_end(event.gang_id, event.ok)
 
 

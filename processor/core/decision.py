@@ -55,6 +55,11 @@ RESERVATION_UPKEEP = 4
 LEGACY_TIME = ("v1", "v2")
 """Contracts whose commands keep one clock per partition, and let a borrower preempt anyone lower."""
 
+LEGACY_GANGS = ("v1", "v2", "v3")
+"""Contracts whose commands keep the gang, dependency and admission rules of before issue #24 (``V3Command``):
+v3 was released without elastic gangs, live dependency binding, one admission rule, weight 0 and
+``lower_or_newer_equal_priority``."""
+
 RESERVATION_ROUNDS = 8
 """Rounds of reservation upkeep per call at most: each round releases or makes one reservation."""
 
@@ -108,6 +113,12 @@ class Decision:
     def legacy(self) -> bool:
         """A command of contract v1 or v2: it keeps its release's semantics where v3 changed them."""
         return self.command.contract in LEGACY_TIME
+
+    @property
+    def legacy_gangs(self) -> bool:
+        """A command of contract v1, v2 or v3: it keeps its release's gang, dependency and admission rules
+        (members beyond ``min_members`` dropped, whole gangs under a quota, timeouts from submission, ...)."""
+        return self.command.contract in LEGACY_GANGS
 
     @property
     def legacy_time(self) -> bool:

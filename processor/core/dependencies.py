@@ -6,6 +6,12 @@ arrive in any order). A dependency is met once a job with that id has ended
 way, for ``afterok`` normally (released while running with reason ``completed``).
 A job whose afterok dependency ended otherwise never starts (``DependencyFailed``).
 
+Which incarnation a dependency binds to (contract v4): an id may be used again once its job ended. A
+dependency names the job with that id that is in the cluster when the dependant is submitted (and is
+rechecked), else the latest one that ended; so a dependant of a reused id waits for the new job, never fails
+for the old one. Every dependant ends: a gang that ends without running ends its members too
+(``GangReleased.members_ended``), so jobs that waited for a member are failed (afterok) or started (afterany).
+
 Cycle detection is incremental: a new submission can only close a cycle if some job
 already waits for it (an edge into it), and only through jobs that are still waiting.
 So a job nothing waits for yet (a workflow submitted in order: the common case) is
@@ -23,9 +29,19 @@ from schemas.commands import AFTER_OK
 from schemas.events import QueueReason
 
 
-def unmet(cluster: ClusterState, depends_on: Iterable[str]) -> tuple[str, ...]:
-    """The dependencies that have not ended yet, sorted. O(d)."""
-    return tuple(sorted({job_id for job_id in depends_on if job_id not in cluster.ended}))
+def live(cluster: ClusterState, job_id: str) -> bool:
+    """Whether a pod or gang with this id is in the cluster now (waiting, queued or running; a gang's member
+    while its gang is). O(1)."""
+    return job_id in cluster.pods or job_id in cluster.gangs or job_id in cluster.member_of
+
+
+def unmet(cluster: ClusterState, depends_on: Iterable[str], bind_live: bool = False) -> tuple[str, ...]:
+    """The dependencies that have not ended yet, sorted. ``bind_live`` (contract v4): an id in use now is the
+    incarnation a dependency binds to, whatever an earlier job of that id did. O(d)."""
+    ended = cluster.ended
+    return tuple(
+        sorted({job_id for job_id in depends_on if job_id not in ended or (bind_live and live(cluster, job_id))})
+    )
 
 
 def waiting_reason(waiting: tuple[str, ...], dependency: str) -> QueueReason:
@@ -36,12 +52,15 @@ def waiting_reason(waiting: tuple[str, ...], dependency: str) -> QueueReason:
     )
 
 
-def failed_dependency(cluster: ClusterState, depends_on: Iterable[str], dependency: str) -> str | None:
-    """For ``afterok``, the first dependency (by id) that ended without success; None otherwise. O(d)."""
+def failed_dependency(
+    cluster: ClusterState, depends_on: Iterable[str], dependency: str, bind_live: bool = False
+) -> str | None:
+    """For ``afterok``, the first dependency (by id) that ended without success; None otherwise. ``bind_live``
+    as in :func:`unmet`: a reused id in use now has not ended. O(d)."""
     if dependency != AFTER_OK:
         return None
     for job_id in sorted(set(depends_on)):
-        if cluster.ended.get(job_id) is False:
+        if cluster.ended.get(job_id) is False and not (bind_live and live(cluster, job_id)):
             return job_id
     return None
 

@@ -270,6 +270,8 @@ def explain(cluster: ClusterState, job_id: str, now: int | None = None) -> Expla
     clock = 0 if now is None else now
     if pod is not None and pod.running:
         return _running(cluster, pod, gang)
+    if gang is not None and pod is not None and pod.queued and gang.state == GANG_RUNNING:
+        return _waiting_member(cluster, pod, gang, clock)
     if gang is not None:
         return _explain_gang(cluster, gang, job_id, clock)
     assert pod is not None
@@ -278,6 +280,21 @@ def explain(cluster: ClusterState, job_id: str, now: int | None = None) -> Expla
     if pod.retry_at is not None:
         return _retrying(cluster, pod)
     return _pending(cluster, pod, clock)
+
+
+def _waiting_member(cluster: ClusterState, pod: Pod, gang: Gang, now: int) -> Explanation:
+    """A member beyond ``min_members`` waiting for room while its gang runs (contract v4): a pending pod, the
+    first reason saying whose member it is."""
+    result = _pending(cluster, pod, now)
+    spec = gang.spec
+    words = (
+        f"member of gang {gang.gang_id!r}, which runs {len(gang.placed)} of {len(spec.members)} members "
+        f"(min_members {spec.min_members}): it starts when it fits"
+    )
+    result.reasons.insert(0, _reason(QueueReasonCode.GANG_MEMBER_WAITING, 0, words))
+    result.gang = gang_json(cluster, gang)
+    result.message = f"{words}; {result.message}"
+    return result
 
 
 def _running(cluster: ClusterState, pod: Pod, gang: Gang | None) -> Explanation:

@@ -63,6 +63,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
             (),
             AFTER_OK,
             preemption,
+            preemptible=command.preemptible,
         )
         for member in command.members
     )
@@ -82,6 +83,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         arrival,
         preemption,
         command.retry,
+        preemptible=command.preemptible,
     )
 
 

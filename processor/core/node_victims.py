@@ -97,7 +97,7 @@ def best_on_node(
     units: dict[str, Unit] = {}
     for pod_id in node.pods:
         pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
-        if pod is None or pod.spec.priority > level:
+        if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
             continue
         spec = pod.spec
         if spec.gang_id is None:
@@ -105,7 +105,7 @@ def best_on_node(
             units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
         elif spec.gang_id not in units:
             units[spec.gang_id] = unit_of(cluster, pod, now)
-    if allowed.protected or allowed.borrowers_only:
+    if allowed.restricts:
         units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
     if not units:
         return None

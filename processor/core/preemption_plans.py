@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from processor.core import gangs, quotas
 from processor.core.policies.base import Choice
 from processor.core.state import ClusterState, Pod
-from schemas.events import PodSpec
+from schemas.commands import BORROW_LOWER, PREEMPT_LOWER_OR_NEWER
+from schemas.events import GangSpec, PodSpec
 
 
 @dataclass(slots=True)
@@ -44,11 +45,55 @@ class Victims:
 
     protected: Mapping[str, None]
     borrowers_only: bool = False
+    # borrow_within_cohort (contract v4): with borrowers_only, the preemptor's cohort peers' pods may go too (also
+    # inside their nominal quota), those of priority at most ``peer_max_priority`` (None: any lower one).
+    peers: Mapping[str, None] | None = None
+    peer_max_priority: int | None = None
+    # lower_or_newer_equal_priority (contract v4): the preemptor's (priority, arrival); the search reaches its own
+    # priority, and of that priority only pods submitted after it may go.
+    equal: tuple[int, int] | None = None
+
+    @property
+    def restricts(self) -> bool:
+        """Whether the victims must be filtered (beyond priority and ``preemptible``)."""
+        return bool(self.protected) or self.borrowers_only or self.equal is not None
 
     def allow(self, cluster: ClusterState, pod: Pod) -> bool:
-        if pod.spec.pod_id in self.protected:
+        if pod.spec.pod_id in self.protected or not pod.spec.preemptible:
             return False
-        return not self.borrowers_only or quotas.borrowing(cluster, pod)
+        equal = self.equal
+        if equal is not None and pod.spec.priority == equal[0] and pod.spec.arrival <= equal[1]:
+            return False
+        if not self.borrowers_only or quotas.borrowing(cluster, pod):
+            return True
+        peers = self.peers
+        if peers is None or pod.spec.tenant not in peers:
+            return False
+        return self.peer_max_priority is None or pod.spec.priority <= self.peer_max_priority
+
+
+def reach(priority: int, mode: str) -> int:
+    """The priority below which a preemptor's search looks for victims: its own, or one more for
+    ``lower_or_newer_equal_priority`` (then :attr:`Victims.equal` keeps the older pods of its priority)."""
+    return priority + 1 if mode == PREEMPT_LOWER_OR_NEWER else priority
+
+
+def equal_of(spec: PodSpec | GangSpec) -> tuple[int, int] | None:
+    """:attr:`Victims.equal` for a preemptor: its (priority, arrival) if it may take newer work of its priority."""
+    return (spec.priority, spec.arrival) if spec.preemption == PREEMPT_LOWER_OR_NEWER else None
+
+
+def borrower_victims(
+    cluster: ClusterState, tenant: str, protected: Mapping[str, None], equal: tuple[int, int] | None = None
+) -> Victims:
+    """Whom a preemptor that would borrow quota may take (Kueue's rule): borrowers' pods; and, if its tenant's
+    ``borrow_within_cohort`` is ``lower_priority`` (contract v4), its cohort peers' pods too, of at most
+    ``borrow_max_victim_priority``. O(cohort members)."""
+    quota = quotas.quota_of(cluster, tenant)
+    if quota is None or quota.cohort is None or quota.policy.borrow_within_cohort != BORROW_LOWER:
+        return Victims(protected, True, equal=equal)
+    peers = {member: None for member in sorted(cluster.cohorts.get(quota.cohort, ())) if member != tenant}
+    return Victims(protected, True, peers, quota.policy.borrow_max_victim_priority, equal)
 
 
 ANY_VICTIM = Victims({})

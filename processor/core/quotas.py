@@ -30,6 +30,7 @@ Everything is O(models + cohort members) per check and only runs when a quota ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ from processor.core.quota_keys import (
 )
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
-from schemas.commands import ANY_MODEL, GPU_MILLI, Quota
+from schemas.commands import ANY_MODEL, BORROW_LOWER, GPU_MILLI, RECLAIM_NEVER, WITHIN_NEVER, Quota
 from schemas.events import PodSpec
 
 _NONE: dict[str, None] = {}
@@ -287,6 +288,31 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
     return False
 
 
+def may_reclaim(cluster: ClusterState, tenant: str) -> bool:
+    """Whether the tenant's ``reclaim_within_cohort`` lets it reclaim at all (contract v4: ``never`` does not)."""
+    quota = quota_of(cluster, tenant)
+    return quota is not None and quota.policy.reclaim_within_cohort != RECLAIM_NEVER
+
+
+def shielded(cluster: ClusterState, pod: Pod, priority: int) -> bool:
+    """Whether a borrower's pod is kept from a reclaim by work of ``priority``: its tenant's
+    ``borrow_within_cohort`` lets it take lower-priority work inside others' nominal quota, so lower-priority
+    work may not take it back (else the two would evict each other in turn). O(1)."""
+    if pod.spec.priority <= priority:
+        return False
+    quota = quota_of(cluster, pod.spec.tenant)
+    return quota is not None and quota.policy.borrow_within_cohort == BORROW_LOWER
+
+
+def has_policy(quota: Quota | None) -> bool:
+    """Whether a quota sets a policy by which a pod its quota has no room for may preempt (``within_tenant`` or
+    ``borrow_within_cohort``): the queue retries its tenant's work on any change, not only where it fits."""
+    if quota is None or quota.preemption is None:
+        return False
+    policy = quota.preemption
+    return policy.within_tenant != WITHIN_NEVER or policy.borrow_within_cohort == BORROW_LOWER
+
+
 def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None) -> set[str]:
     """The tenants and everyone who shares a cohort (now, or before a change) with one of them. O(members)."""
     out = set(tenants)
@@ -302,6 +328,9 @@ def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None
 
 def dominant_share(cluster: ClusterState, tenant: str) -> float:
     """The tenant's weighted dominant share: max over GPU, CPU, memory of its use over the cluster's, / weight."""
+    quota = quota_of(cluster, tenant)
+    if quota is not None and quota.weight == 0:
+        return math.inf  # weight 0 (contract v4): after every tenant with a weight, whatever it runs
     usage = cluster.usage.get(tenant)
     if usage is None:
         return 0.0
@@ -312,7 +341,6 @@ def dominant_share(cluster: ClusterState, tenant: str) -> float:
         share = max(share, usage.cpu / cluster.cpu_capacity)
     if cluster.memory_capacity > 0:
         share = max(share, usage.memory / cluster.memory_capacity)
-    quota = quota_of(cluster, tenant)
     return share / (quota.weight if quota is not None else 1)
 
 

@@ -14,7 +14,7 @@ from processor.core import node_victims, preemption, preemption_plans, quota_key
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
-from schemas.commands import ANY_MODEL, PREEMPT_LOWER, Quota
+from schemas.commands import ANY_MODEL, PREEMPTING, RECLAIM_LOWER, Quota
 from schemas.events import PodSpec
 
 NODE_PLANS = 64
@@ -34,13 +34,18 @@ class Borrowers:
     one trial evictions only lower usage, so a peer that stops borrowing never borrows again, and a pod evicted
     on trial leaves its list."""
 
-    __slots__ = ("cluster", "lender", "protected", "quota")
+    __slots__ = ("below", "cluster", "lender", "priority", "protected", "quota")
 
-    def __init__(self, cluster: ClusterState, lender: str, quota: Quota, protected: Mapping[str, None]) -> None:
+    def __init__(
+        self, cluster: ClusterState, lender: str, quota: Quota, protected: Mapping[str, None], priority: int = 0
+    ) -> None:
         self.cluster = cluster
         self.lender = lender
         self.quota = quota
         self.protected = protected
+        self.priority = priority
+        # reclaim_within_cohort (contract v4): lower_priority takes only borrowers' units below the lender's job.
+        self.below = priority if quota.policy.reclaim_within_cohort == RECLAIM_LOWER else None
 
     def lists(self, key: str) -> list[tuple[tuple[str, str], SortedList]]:
         """((peer, model), its list) for each peer of the lender's cohort that borrows on the key now, by peer
@@ -75,7 +80,12 @@ class Borrowers:
         return True  # filed under its model only if it holds GPUs
 
     def unit(self, pod: Pod) -> preemption_plans.Unit | None:
-        """The pod's eviction (a gang: all its running members), unless one of them is protected."""
+        """The pod's eviction (a gang: all its running members), unless one of them is protected or not
+        preemptible, or the lender's ``reclaim_within_cohort`` keeps it (not of lower priority)."""
+        if not pod.spec.preemptible or (self.below is not None and pod.spec.priority >= self.below):
+            return None
+        if quotas.shielded(self.cluster, pod, self.priority):
+            return None
         unit = preemption_plans.unit_of(self.cluster, pod, 0)
         if any(member.spec.pod_id in self.protected for member in unit.pods):
             return None
@@ -179,11 +189,12 @@ def reclaim_on_trial(
     wanted: quotas.Demand,
     protected: Mapping[str, None],
     walker: Walker | None = None,
+    priority: int = 0,
 ) -> list[preemption_plans.Unit] | None:
     """Evict borrowers on trial until ``wanted`` fits the lender's quota: the units taken, or None if the
     lender would still be short (or short on something reclaim cannot give)."""
     if walker is None:
-        walker = Borrowers(cluster, tenant, quota, protected).walker()
+        walker = Borrowers(cluster, tenant, quota, protected, priority).walker()
     units: list[preemption_plans.Unit] = []
     while True:  # measure: the borrowers' running pods not yet evicted on trial
         shortfall = quotas.check(cluster, tenant, quota, wanted)
@@ -229,7 +240,7 @@ def plan_pod(
         if shortfall.reclaimable:
             by_key.setdefault(shortfall.key, []).append(model)
     best: tuple[tuple[int, str], PodReclaim] | None = None
-    borrowers = Borrowers(cluster, spec.tenant, quota, protected)
+    borrowers = Borrowers(cluster, spec.tenant, quota, protected, spec.priority)
     for key in sorted(by_key):
         models = [model for model in by_key[key] if model]
         shape = usable._replace(gpu_models=tuple(models)) if models and spec.num_gpu else usable
@@ -349,10 +360,10 @@ def _option(
     if groups:
         choice = policy.place(cluster, shape, groups)
         return units, choice, preemption_plans.PodPlan(choice.node_id, [], (0, 0, 0))
-    if spec.preemption == PREEMPT_LOWER and preemption_plans.lower_priority_exists(cluster, spec.priority):
-        plan = preemption.plan_pod(
-            cluster, shape, spec.priority, now, None, preemption_plans.Victims(borrowers.protected)
-        )
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    if spec.preemption in PREEMPTING and preemption_plans.lower_priority_exists(cluster, level):
+        allowed = preemption_plans.Victims(borrowers.protected, equal=preemption_plans.equal_of(spec))
+        plan = preemption.plan_pod(cluster, shape, level, now, None, allowed)
         if plan is not None:
             return units, None, plan
     return None

@@ -336,7 +336,7 @@ def rebuild_timers(state: PartitionState) -> None:
             if gang.state == GANG_RETRYING and gang.retry_at is not None:
                 timers.push(gang.retry_at, RETRY, gang_id)
             elif gang.state != GANG_RUNNING and gang.spec.timeout_ms is not None:
-                timers.push(gang.spec.submitted_at + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
+                timers.push(gang.spec.waiting_since + gang.spec.timeout_ms, GANG_TIMEOUT, gang_id)
         reservation = cluster.reservation
         if reservation is not None and reservation.expected_start is not None:
             timers.push(reservation.expected_start, RESERVATION_START, reservation.holder_id)

@@ -30,6 +30,9 @@ DEFAULT_POLICY = "fgd-plus"
 COMPLETED = "completed"  # the Release reason of a normal end: what afterok dependants wait for
 EVICTED_MEMBER = "evicted:"  # a member beyond min_members lost its node; the gang runs on without it
 DEFAULT_SEEN_WINDOW = 100_000
+NEVER_VICTIM = 2**31
+"""The level a pod that is not ``preemptible`` is held at in ``Node.by_priority`` and ``priority_nodes``: above
+every priority (an Avro int), so no preemptor's search counts what it holds as room it could make."""
 """How many recent command ids each partition remembers for idempotency.
 
 A command id repeated within the last 100,000 commands of its partition is
@@ -175,9 +178,10 @@ class Node:
                     raise InvariantViolation(f"pod {pod.pod_id} over-commits the memory of GPU {share.index}")
             for share in gpus:
                 memory[share.index] -= need
-        held = self.by_priority.get(pod.priority)
+        level = victim_level(pod)
+        held = self.by_priority.get(level)
         if held is None:
-            held = self.by_priority[pod.priority] = Held([0] * self.gpu_count)
+            held = self.by_priority[level] = Held([0] * self.gpu_count)
         milli = pod.num_gpu * pod.gpu_milli
         held.sizes[milli] = held.sizes.get(milli, 0) + 1
         if started_at is not None:
@@ -202,7 +206,8 @@ class Node:
         self.pods[pod.pod_id] = None
 
     def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
-        held = self.by_priority[pod.priority]
+        level = victim_level(pod)
+        held = self.by_priority[level]
         held_gpus = held.gpu_milli
         for share in gpus:
             self.gpu_free[share.index] += share.milli
@@ -219,7 +224,7 @@ class Node:
         if gpus:
             held.gpu_pods -= 1
         if not held.pods:
-            del self.by_priority[pod.priority]
+            del self.by_priority[level]
         else:
             held.drop_size(pod.num_gpu * pod.gpu_milli)
         del self.pods[pod.pod_id]
@@ -291,6 +296,12 @@ class TenantUsage:
     @property
     def gpu_total(self) -> int:
         return sum(self.gpu.values())
+
+
+def victim_level(spec: PodSpec) -> int:
+    """Where the pod is held per priority on its node: its priority, or :data:`NEVER_VICTIM` if it is not
+    ``preemptible``."""
+    return spec.priority if spec.preemptible else NEVER_VICTIM
 
 
 def shape_of(spec: PodSpec) -> PodShape:
@@ -480,18 +491,19 @@ class ClusterState:
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
-        at_priority = self.priority_nodes.get(spec.priority)
+        level = victim_level(spec)
+        at_priority = self.priority_nodes.get(level)
         if at_priority is None:
-            at_priority = self.priority_nodes[spec.priority] = {}
-            self.priority_levels.add(spec.priority)
+            at_priority = self.priority_nodes[level] = {}
+            self.priority_levels.add(level)
         count = at_priority.get(node.node_id, 0) + sign
         if count:
             at_priority[node.node_id] = count
         else:
             del at_priority[node.node_id]
             if not at_priority:
-                del self.priority_nodes[spec.priority]
-                self.priority_levels.remove(spec.priority)
+                del self.priority_nodes[level]
+                self.priority_levels.remove(level)
 
     def _file_reclaimable(self, pod: Pod, node: Node, sign: int) -> None:
         """File (+1) or unfile (-1) a cohort tenant's running pod on a node in reclaim's order: under (tenant, "")

@@ -370,7 +370,7 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("negative quota", SetQuota("t", nominal_gpus={"A100": -1}), RejectionCode.INVALID_RESOURCES),
     ("absurd quota", SetQuota("t", nominal_gpus={"A100": BIG}), RejectionCode.INVALID_RESOURCES),
     ("quota of a bad model", SetQuota("t", nominal_gpus={"A 100": 1}), RejectionCode.UNKNOWN_GPU_MODEL),
-    ("quota with weight 0", SetQuota("t", weight=0), RejectionCode.INVALID_RESOURCES),
+    ("quota with a negative weight", SetQuota("t", weight=-1), RejectionCode.INVALID_RESOURCES),
     ("quota with a bad cohort", SetQuota("t", cohort=""), RejectionCode.INVALID_COMMAND),
     ("borrowing without a cohort", SetQuota("t", borrowing_limit_gpus=1), RejectionCode.INVALID_COMMAND),
     ("default quota with a cohort", SetPolicy(default_quota=Quota(cohort="lab")), RejectionCode.INVALID_COMMAND),

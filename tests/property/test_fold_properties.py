@@ -25,7 +25,7 @@ from processor.core.preemption_index import PreemptionIndex, pending_entry
 from processor.core.reservations import usable_shape
 from processor.core.resources import PodShape, Signature, first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of
+from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of, victim_level
 from processor.core.timers import PREEMPT_CHECK
 from schemas import EVENT, registry
 from schemas.commands import GPU_MILLI, Quota
@@ -132,10 +132,10 @@ def check_indexes(cluster: ClusterState) -> None:
                 max(held.latest_starts, default=0),
             )
             assert set(held.latest_starts) <= set(held.sizes)  # no size without a pod of that size
-        sizes: dict[int, dict[int, int]] = {}  # priority -> GPU milli of one pod -> pods of the node
+        sizes: dict[int, dict[int, int]] = {}  # victim level -> GPU milli of one pod -> pods of the node
         for pod_id in node.pods:
             spec = cluster.pods[pod_id].spec
-            at = sizes.setdefault(spec.priority, {})
+            at = sizes.setdefault(victim_level(spec), {})  # a pod that is not preemptible: NEVER_VICTIM
             at[spec.num_gpu * spec.gpu_milli] = at.get(spec.num_gpu * spec.gpu_milli, 0) + 1
         assert {priority: held.sizes for priority, held in node.by_priority.items()} == sizes
     preemptible = cluster.preemptible
@@ -282,9 +282,9 @@ def _freed_signature(cluster: ClusterState, node: Node, pods: list[Pod]) -> Sign
 
 def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
     """No queued pod that may preempt (and whose quota has room) waits while, on some node it may use, the
-    pods of strictly lower priority hold what it needs: removing them all would make it fit. Except on a node
-    whose preemption is checked at the cluster's next command (a PREEMPT_CHECK timer: a pod evicted earlier in
-    the command runs there again, and one command evicts a pod once)."""
+    preemptible pods of strictly lower priority hold what it needs: removing them all would make it fit. Except on
+    a node whose preemption is checked at the cluster's next command (a PREEMPT_CHECK timer: a pod evicted earlier
+    in the command runs there again, and one command evicts a pod once)."""
     if cluster.queue_order == "strict-fifo":
         return
     checked_next = {job_id for _, kind, job_id in cluster.timers.heap if kind == PREEMPT_CHECK}
@@ -292,10 +292,16 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
     for pod in cluster.pods.values():
         if not pod.queued or pod.spec.preemption != "lower_priority" or pod.spec.gpu_memory_mib:
             continue  # a pod that asks for GPU memory waits rather than preempting (the searches do not model it)
+        if pod.spec.gang_id is not None:
+            continue  # a member waiting while its gang runs takes only free capacity (README: elastic gangs)
         shape = usable_shape(cluster, pod.spec.pod_id, pod.shape, now)
         models = admitted_models(cluster, pod.spec)
         for node in nodes:
-            lower = [cluster.pods[p] for p in node.pods if cluster.pods[p].spec.priority < pod.spec.priority]
+            lower = [  # a pod that is not preemptible is never a victim
+                cluster.pods[p]
+                for p in node.pods
+                if cluster.pods[p].spec.priority < pod.spec.priority and cluster.pods[p].spec.preemptible
+            ]
             if lower and _may_use(node, models):
                 assert first_misfit(_freed_signature(cluster, node, lower), shape) is not None, (
                     f"queued pod {pod.spec.pod_id} (priority {pod.spec.priority}) could preempt on {node.node_id}"
@@ -303,8 +309,9 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
 
 
 def check_gangs(cluster: ClusterState) -> None:
-    """No partial gang: a running gang's members all run, in one domain if it required one; a waiting or queued
-    gang holds no pod at all; member ids map to their gang. (Starts with min_members: see the event check.)"""
+    """No partial gang: a running gang's placed members all run, in one domain if it required one, and its other
+    members present are queued (waiting for room, as members beyond min_members do); a waiting or queued gang
+    holds no pod at all; member ids map to their gang. (Starts with min_members: see the event check.)"""
     for gang_id, gang in cluster.gangs.items():
         spec = gang.spec
         assert all(cluster.member_of[member.pod_id] == gang_id for member in spec.members)
@@ -316,9 +323,15 @@ def check_gangs(cluster: ClusterState) -> None:
         # Members released one by one (Release of a member) may leave fewer than min_members running;
         # placement itself (GangScheduled, checked in check_started_jobs...) never starts fewer.
         assert gang.placed, f"running gang {gang_id} has no member"
-        running = [pod for pod in members if pod is not None]
+        running = [pod for pod in members if pod is not None and pod.spec.pod_id in gang.placed]
         assert {pod.spec.pod_id for pod in running} == set(gang.placed)
         assert all(pod.running for pod in running), f"gang {gang_id} has a member that is not running"
+        for pod in members:
+            if pod is not None and pod.spec.pod_id not in gang.placed:
+                assert pod.queued and pod.node_id is None, (
+                    f"gang {gang_id}'s member {pod.spec.pod_id} neither runs nor waits"
+                )
+                assert pod.spec.gang_id == gang_id
         if spec.topology_required is not None:
             domains = {cluster.nodes[pod.node_id].labels.get(spec.topology_required) for pod in running}  # type: ignore[index]
             assert domains == {gang.domain}, f"gang {gang_id} spans {domains} of {spec.topology_required}"

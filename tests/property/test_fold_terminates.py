@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from processor.core import defrag, defrag_gaps, defrag_moves
+from processor.core.errors import InvariantViolation
 from processor.core.fold import decide
 from processor.core.snapshot import state_hash
 from processor.core.state import PartitionState
@@ -265,6 +266,11 @@ RECORDED_SEEDS: dict[int, tuple[int, type[BaseException], str]] = {
     59: (200, AssertionError, "a Tick evicts p76 and p148 twice"),
     68: (200, AssertionError, "a Release evicts g71-0, p66 and p117 twice"),
     105: (300, AssertionError, "a SetQuota evicts p107 twice; later a ReleaseGang raises RecursionError"),
+    1469: (
+        200,
+        InvariantViolation,
+        "the tenants merge f29ad33: a DrainNode starts g84-2, a waiting member, then requeues g84",
+    ),
 }
 
 

@@ -119,12 +119,18 @@ def test_topology_preferred_falls_back_to_wider_domains() -> None:
 
 
 def test_min_members_lets_a_gang_start_without_every_member() -> None:
-    """With min_members 2 of 3 and room for two, the gang starts with two members."""
+    """With min_members 2 of 3 and room for two, the gang starts with two members; the third waits in the queue
+    as a member of the running gang (contract v4; it was dropped before) and starts when a node comes."""
     fold = Fold()
     racks(fold, {"r1": 2})
     events = fold.run(SubmitGang("g", members=members("g", 3), min_members=2))
-    assert types(events) == ["GangScheduled", "PodScheduled", "PodScheduled"]
+    assert types(events) == ["GangScheduled", "PodScheduled", "PodScheduled", "PodQueued"]
     assert len(events[0].payload.members) == 2
+    assert events[3].payload.pod.pod_id == "g-2"
+    assert events[3].payload.reasons[0].code == QueueReasonCode.GANG_MEMBER_WAITING
+    events = fold.run(AddNode("r1-2", 64_000, 262_144, "H100", 8, {RACK: "r1", BLOCK: "b0"}))
+    assert [e.payload.pod.pod_id for e in events if e.type_name == "PodScheduled"] == ["g-2"]
+    assert len(fold.cluster.gangs["g"].placed) == 3
 
 
 def test_a_failed_member_node_sends_the_whole_gang_back_to_the_queue() -> None:

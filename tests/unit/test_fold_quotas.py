@@ -183,7 +183,7 @@ def test_remove_quota_falls_back_to_the_default() -> None:
         (SetQuota("a", nominal_gpus={"A100": -1}), RejectionCode.INVALID_RESOURCES),
         (SetQuota("a", nominal_gpus={"A100": 10**12}), RejectionCode.INVALID_RESOURCES),
         (SetQuota("a", nominal_cpu_milli=-5), RejectionCode.INVALID_RESOURCES),
-        (SetQuota("a", weight=0), RejectionCode.INVALID_RESOURCES),
+        (SetQuota("a", weight=-1), RejectionCode.INVALID_RESOURCES),
         (SetQuota("a", nominal_gpus={"bad model": 1}), RejectionCode.UNKNOWN_GPU_MODEL),
         (SetQuota("a", borrowing_limit_gpus=2), RejectionCode.INVALID_COMMAND),
         (SetQuota("a", cohort="no spaces"), RejectionCode.INVALID_COMMAND),

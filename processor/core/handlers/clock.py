@@ -8,6 +8,7 @@ fires (:mod:`processor.core.fold` drives that). The timers themselves: :mod:`pro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from processor.core.decision import RESERVATION_UPKEEP, RETRY_QUEUE, Decision
@@ -64,9 +65,9 @@ def _gang_timed_out(decision: Decision, cluster: ClusterState, gang_id: str, dea
     gang = cluster.gangs.get(gang_id)
     if gang is None or gang.state in (GANG_RUNNING, GANG_RETRYING) or gang.spec.timeout_ms is None:
         return
-    if gang.spec.submitted_at + gang.spec.timeout_ms != deadline:
-        return
-    waited = decision.now - gang.spec.submitted_at
+    if gang.spec.waiting_since + gang.spec.timeout_ms != deadline:
+        return  # stale: a requeue started the wait again (contract v4)
+    waited = decision.now - gang.spec.waiting_since
     decision.emit(
         GangTimedOut(
             gang_id, waited, f"gang {gang_id!r} did not start within its timeout of {gang.spec.timeout_ms} ms"
@@ -92,7 +93,9 @@ def _retry_due(decision: Decision, cluster: ClusterState, job_id: str, deadline:
         gang = cluster.gangs.get(job_id)
         if gang is None or gang.retry_at != deadline:
             return  # released (cancelled) while it waited
-        place_gang(decision, cluster, gang.spec, from_queue=False, requeued=True)
+        # Contract v4: its timeout_ms counts from its retry, as from a requeue (it did not wait while it ran).
+        spec = gang.spec if decision.legacy_gangs else dataclasses.replace(gang.spec, queued_at=decision.now)
+        place_gang(decision, cluster, spec, from_queue=False, requeued=True)
         return
     if pod.retry_at != deadline:
         return  # released (cancelled) while it waited

@@ -26,11 +26,12 @@ from schemas.events import (
 def hold_new_job(decision: Decision, cluster: ClusterState, spec: PodSpec | GangSpec) -> bool:
     """A new job with dependencies: failed or held to wait (True), or free to go to placement (False). O(d)."""
     kind, job_id = ("pod", spec.pod_id) if isinstance(spec, PodSpec) else ("gang", spec.gang_id)
-    failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency)
+    live = not decision.legacy_gangs
+    failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency, live)
     if failed is not None:
         fail_dependant(decision, cluster, job_id, kind, failed, spec)
         return True
-    waiting = dependencies.unmet(cluster, spec.depends_on)
+    waiting = dependencies.unmet(cluster, spec.depends_on, live)
     if waiting:
         reason = dependencies.waiting_reason(waiting, spec.dependency)
         if isinstance(spec, PodSpec):
@@ -57,5 +58,10 @@ def fail_dependant(
     if kind == "pod":
         decision.emit(PodReleased(job_id, None, "dependency_failed"), cluster.name)
     else:
-        decision.emit(GangReleased(job_id, "dependency_failed", False), cluster.name)
+        members = () if decision.legacy_gangs else tuple(member.pod_id for member in spec.members)  # type: ignore[union-attr]
+        decision.emit(GangReleased(job_id, "dependency_failed", False, members), cluster.name)
+        decision.then(WAKE_DEPENDANTS, cluster, job_id)
+        for member_id in members:  # then its members' dependants
+            decision.then(WAKE_DEPENDANTS, cluster, member_id)
+        return
     decision.then(WAKE_DEPENDANTS, cluster, job_id)

@@ -30,6 +30,16 @@ def victim_events(
                 f"preempted to reclaim quota for {kind} {by!r}: its tenant asked for quota it lends to the cohort, "
                 f"which tenant {pod.spec.tenant!r} was borrowing (borrowers give back lowest priority, youngest first)"
             )
+        elif reason == "within_tenant" or reason == "within_tenant":
+            words = (
+                f"preempted by {kind} {by!r} of its own tenant {pod.spec.tenant!r}, which did not fit the tenant's "
+                "quota (the tenant's preemption.within_tenant lets it take lower-priority or newer work)"
+            )
+        elif reason == "borrow_within_cohort":
+            words = (
+                f"preempted by {kind} {by!r}, which borrows quota in the cohort and has a higher priority than "
+                f"{pod.spec.priority} (its tenant's preemption.borrow_within_cohort)"
+            )
         else:
             words = f"preempted by {kind} {by!r}, which has a higher priority than {pod.spec.priority}"
         if pod.spec.gang_id is not None:

@@ -7,19 +7,29 @@ synchronous and what it sets off is left as follow-up work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
-from processor.core import gang_preemption, gangs, preemption_plans, quotas, reclaim
+from processor.core import gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
 from processor.core.handlers.reservations import holder_started
-from processor.core.reasons import blocked_by_earlier
-from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, Pod
+from processor.core.reasons import blocked_by_earlier, queue_reasons
+from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, Quota, ReleaseGang, SubmitGang
+from schemas.commands import (
+    PREEMPT_NEVER,
+    PREEMPTING,
+    PREEMPTION_MODES,
+    PREEMPTION_MODES_V3,
+    RECLAIM_LOWER,
+    Quota,
+    ReleaseGang,
+    SubmitGang,
+)
 from schemas.events import (
     GangQueued,
     GangReleased,
@@ -27,9 +37,11 @@ from schemas.events import (
     GangSpec,
     MemberPlacement,
     PodEvicted,
+    PodQueued,
     PodReleased,
     PodRetryScheduled,
     PodScheduled,
+    PodSpec,
     QueueReason,
 )
 from schemas.validation import check_release_gang, check_submit_gang
@@ -42,15 +54,19 @@ GANG_FAILED = "gang:failed"
 
 
 def submit_gang(decision: Decision, command: SubmitGang) -> None:
-    check_submit_gang(command)
+    check_submit_gang(command, PREEMPTION_MODES_V3 if decision.legacy_gangs else PREEMPTION_MODES)
     cluster = decision.cluster
     name = decision.command.cluster
     ids = (command.gang_id, *(member.pod_id for member in command.members))
     check_new_job_ids(cluster, name, ids[:1], "gang")
     check_new_job_ids(cluster, name, ids[1:], "pod")
-    for member in command.members:
+    # One admission rule for pods and gangs (contract v4): a cluster with no node yet judges no shape (both queue,
+    # NO_NODES); once it has nodes, what no node present could hold is refused (UNKNOWN_GPU_MODEL,
+    # UNKNOWN_LABEL_KEY, NEVER_FITS) and what was accepted is never refused later: it waits when nodes go.
+    judged = bool(cluster.nodes) or decision.legacy_gangs
+    for member in command.members if judged else ():
         check_models(cluster, name, tuple(member.gpu_models))
-    for key in (command.topology_required, command.topology_preferred):
+    for key in (command.topology_required, command.topology_preferred) if judged else ():
         if key is not None and key not in cluster.label_keys:
             raise Rejected(
                 RejectionCode.UNKNOWN_LABEL_KEY,
@@ -59,7 +75,7 @@ def submit_gang(decision: Decision, command: SubmitGang) -> None:
     spec = gangs.gang_spec(
         command, decision.now, cluster.arrivals, command.preemption if decision.may_preempt else PREEMPT_NEVER
     )
-    never = gangs.never_fits(cluster, spec)
+    never = gangs.never_fits(cluster, spec) if judged else None
     if never is not None:
         raise Rejected(RejectionCode.NEVER_FITS, never)
     check_no_cycle(cluster, ids, spec.depends_on)
@@ -85,15 +101,47 @@ def release_gang(decision: Decision, command: ReleaseGang) -> Task:
         decision.emit(PodReleased(pod_id, pod.node_id, command.reason), cluster.name)
         decision.then(WAKE_DEPENDANTS, cluster, pod_id)
         yield  # the member's dependants before the next member
+    for pod_id in waiting_members(cluster, gang):  # an elastic gang's members still queued (contract v4)
+        decision.emit(PodReleased(pod_id, None, command.reason), cluster.name)
+        decision.then(WAKE_DEPENDANTS, cluster, pod_id)
+        yield
     end_gang(decision, cluster, gang, command.reason)
     decision.then(RETRY_QUEUE, cluster, tuple(node_id for node_id in dict.fromkeys(freed) if node_id is not None), None)
+
+
+GANG_ENDED = "gang_ended"
+"""The release reason of a member still waiting when the last running member of its gang ended."""
+
+
+def waiting_members(cluster: ClusterState, gang: Gang) -> list[str]:
+    """The members of a running gang that wait in the queue for room (members beyond ``min_members``, contract
+    v3), in the gang's member order. O(M)."""
+    if gang.state != GANG_RUNNING:
+        return []
+    out = []
+    for member in gang.spec.members:
+        pod = lookup(cluster.pods, member.pod_id)
+        if pod is not None and pod.queued:
+            out.append(member.pod_id)
+    return out
 
 
 def end_gang(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> None:
     """``GangReleased`` (``ok`` only if every member completed), then the gang's dependants."""
     ok = gang.ok and gang.state == GANG_RUNNING and reason == COMPLETED
-    decision.emit(GangReleased(gang.gang_id, reason, ok), cluster.name)
+    members = members_ending(decision, gang)
+    decision.emit(GangReleased(gang.gang_id, reason, ok, members), cluster.name)
     decision.then(WAKE_DEPENDANTS, cluster, gang.gang_id)
+    for member_id in members:
+        decision.then(WAKE_DEPENDANTS, cluster, member_id)
+
+
+def members_ending(decision: Decision, gang: Gang) -> tuple[str, ...]:
+    """The members that end with a gang that is not running (contract v4: jobs waiting for one end too; before,
+    they waited forever). A running gang's members each ended with their own ``PodReleased``."""
+    if decision.legacy_gangs or gang.state == GANG_RUNNING:
+        return ()
+    return tuple(member.pod_id for member in gang.spec.members)
 
 
 def retry_gang(decision: Decision, cluster: ClusterState, gang: Gang, failed: Pod) -> bool:
@@ -144,19 +192,29 @@ def place_gang(
             return False
     policy = cluster_policy(cluster)
     found = gangs.try_place(cluster, spec, policy, decision.now)
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt
+    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt
     reasons: tuple[QueueReason, ...] = ()
     if isinstance(found, gangs.GangPlacement):
         shortfall = gang_shortfall(cluster, spec, found) if cluster.quotas_on else None
         if shortfall is None:
             emit_gang_placement(decision, cluster, spec, found, from_queue)
             return True
-        if may_preempt and shortfall.reclaimable and _reclaim_for_gang(decision, cluster, spec, from_queue):
+        reclaims = may_preempt and shortfall.reclaimable and quotas.may_reclaim(cluster, spec.tenant)
+        if reclaims and _reclaim_for_gang(decision, cluster, spec, from_queue):
             return True
+        if not decision.legacy_gangs:  # partial admission: at least min_members within the quota (contract v4)
+            trimmed = within_quota(cluster, spec, found)
+            if trimmed is not None:
+                emit_gang_placement(decision, cluster, spec, trimmed, from_queue)
+                return True
         reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
     else:
         reasons = found
-        if may_preempt and preemption_plans.lower_priority_exists(cluster, spec.priority):
+        reclaiming = may_preempt and cluster.quotas_on and not decision.legacy_gangs
+        if reclaiming and _reclaim_capacity_for_gang(decision, cluster, spec, from_queue):
+            return True
+        level = preemption_plans.reach(spec.priority, spec.preemption)
+        if may_preempt and preemption_plans.lower_priority_exists(cluster, level):
 
             def admit(placement: gangs.GangPlacement) -> bool:
                 return not cluster.quotas_on or gang_shortfall(cluster, spec, placement) is None
@@ -180,7 +238,11 @@ def _plan_preemption(
     """The victims that make room for the gang, under the same rules as a pod's (``pods._plan_preemption``)."""
     policy = cluster_policy(cluster)
     protected = decision.evicted_in(cluster)
-    plan = gang_preemption.plan_gang(cluster, spec, policy, decision.now, admit, preemption_plans.Victims(protected))
+    equal = preemption_plans.equal_of(spec)
+    # lower_or_newer_equal_priority: the search reaches the gang's own priority, where only newer work may go
+    searched = spec if equal is None else dataclasses.replace(spec, priority=spec.priority + 1)
+    allowed = preemption_plans.Victims(protected, equal=equal)
+    plan = gang_preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -189,9 +251,8 @@ def _plan_preemption(
         return plan
     if not quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, plan.placement), victims):
         return plan
-    return gang_preemption.plan_gang(
-        cluster, spec, policy, decision.now, admit, preemption_plans.Victims(protected, True)
-    )
+    allowed = preemption_plans.borrower_victims(cluster, spec.tenant, protected, equal)
+    return gang_preemption.plan_gang(cluster, searched, policy, decision.now, admit, allowed)
 
 
 def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangPlacement) -> quotas.Shortfall | None:
@@ -200,6 +261,132 @@ def gang_shortfall(cluster: ClusterState, spec: GangSpec, placement: gangs.GangP
     if quota is None:
         return None
     return quotas.check(cluster, spec.tenant, quota, _gang_demand(cluster, quota, placement))
+
+
+def within_quota(cluster: ClusterState, spec: GangSpec, found: gangs.GangPlacement) -> gangs.GangPlacement | None:
+    """Partial admission (Kueue's, for a gang with ``min_members``): the placement without its largest members,
+    as few dropped as the quota needs, if at least ``min_members`` are left; None if even those go over.
+    O(M · keys)."""
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None:
+        return found
+    placed = list(found.placed)  # largest first (then id)
+    demands = [quotas.demand(quota, member, cluster.nodes[choice.node_id].gpu_model) for member, choice in placed]
+    total: quotas.Demand = {}
+    for wanted in demands:
+        quotas.add(total, wanted)
+    # Dropped first: the largest members (they free the most quota each), the last in member order among equals.
+    order = sorted(range(len(placed)), key=lambda i: (_size(placed[i][0]), i), reverse=True)
+    dropped: set[int] = set()
+    while quotas.check(cluster, spec.tenant, quota, total) is not None:  # measure: members left above min_members
+        if len(placed) - len(dropped) <= spec.min_members:
+            return None
+        position = order[len(dropped)]
+        dropped.add(position)
+        for key, amount in demands[position].items():
+            total[key] -= amount
+    kept = [item for i, item in enumerate(placed) if i not in dropped]
+    message = f"{found.message}; {len(kept)} start within tenant {spec.tenant!r}'s quota, the others wait"
+    return gangs.GangPlacement(kept, found.topology_key, found.domain, message)
+
+
+def _size(member: PodSpec) -> tuple[int, int, int]:
+    return (member.num_gpu * member.gpu_milli, member.cpu_milli, member.memory_mib)
+
+
+def _admitted(cluster: ClusterState, spec: GangSpec, found: gangs.GangPlacement) -> gangs.GangPlacement | None:
+    """The placement if the quota has room for it, else the most of it the quota has room for (at least
+    ``min_members``), else None."""
+    if gang_shortfall(cluster, spec, found) is None:
+        return found
+    return within_quota(cluster, spec, found)
+
+
+RECLAIM_UNITS = 64
+"""Borrowers' units a gang's reclaim on a full cluster evicts on trial at most before it gives up."""
+
+
+def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec, from_queue: bool) -> bool:
+    """A gang that fits no free capacity but would run inside its tenant's nominal quota takes capacity back from
+    the cohort's borrowers, as a pod's reclaim does (contract v4): borrowers' pods in reclaim's order (lowest
+    priority, then youngest) are evicted on trial until the gang fits and stays inside its nominal quota, then
+    those not needed are given back (latest first, Kueue's fill-back). Nothing is evicted unless the gang starts.
+
+    Cost: O(P) to list the borrowers' running pods, then O(placement) per unit tried (at most
+    :data:`RECLAIM_UNITS`), and as many again for the fill-back."""
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None or quota.cohort is None or not quotas.may_reclaim(cluster, spec.tenant):
+        return False
+    protected = decision.evicted_in(cluster)
+    candidates = quotas.reclaim_candidates(cluster, spec.tenant, quota, quota_keys.limited_keys(quota), protected)
+    below = spec.priority if quota.policy.reclaim_within_cohort == RECLAIM_LOWER else None
+    candidates = [
+        pod
+        for pod in candidates
+        if pod.spec.preemptible
+        and (below is None or pod.spec.priority < below)
+        and not quotas.shielded(cluster, pod, spec.priority)
+    ]
+    if not candidates:
+        return False
+    policy = cluster_policy(cluster)
+    now = decision.now
+
+    def fits_inside(units: list[preemption_plans.Unit]) -> gangs.GangPlacement | None:
+        trial = preemption_plans.Trial(cluster)
+        try:
+            for unit in units:
+                for pod in unit.pods:
+                    trial.evict(pod)
+            return _inside_nominal(cluster, spec, quota, gangs.try_place(cluster, spec, policy, now))
+        finally:
+            trial.rollback()
+
+    units: list[preemption_plans.Unit] = []
+    trial = preemption_plans.Trial(cluster)
+    taken: dict[str, None] = {}
+    found: gangs.GangPlacement | None = None
+    try:
+        for pod in candidates:  # measure: the candidates left (and at most RECLAIM_UNITS units taken)
+            if pod.spec.pod_id in taken or pod.node_id is None or not quotas.borrowing(cluster, pod):
+                continue  # taken with its gang, or its tenant no longer borrows after what was taken on trial
+            unit = preemption_plans.unit_of(cluster, pod, now)
+            if any(member.spec.pod_id in protected or member.spec.pod_id in taken for member in unit.pods):
+                continue
+            for member in unit.pods:
+                trial.evict(member)
+                taken[member.spec.pod_id] = None
+            units.append(unit)
+            found = _inside_nominal(cluster, spec, quota, gangs.try_place(cluster, spec, policy, now))
+            if found is not None or len(units) >= RECLAIM_UNITS:
+                break
+    finally:
+        trial.rollback()
+    if found is None:
+        return False
+    for position in range(len(units) - 1, -1, -1):  # measure: position; fill-back, latest taken first
+        fewer = units[:position] + units[position + 1 :]
+        if fewer and fits_inside(fewer) is not None:
+            units = fewer
+    victims = victim_events(decision, cluster, spec.gang_id, "gang", units, "reclaim")
+    placed = _inside_nominal(cluster, spec, quota, gangs.try_place(cluster, spec, policy, now))
+    if placed is None:
+        raise InvariantViolation(f"gang {spec.gang_id!r} does not fit after reclaiming capacity")
+    emit_gang_placement(decision, cluster, spec, placed, from_queue, tuple(p.spec.pod_id for p, _ in victims))
+    decision.then(AFTER_PREEMPTION, cluster, victims)
+    return True
+
+
+def _inside_nominal(
+    cluster: ClusterState, spec: GangSpec, quota: Quota, found: gangs.GangPlacement | tuple[QueueReason, ...]
+) -> gangs.GangPlacement | None:
+    """The placement (or the most of it its quota has room for) if it runs inside the tenant's nominal quota."""
+    if not isinstance(found, gangs.GangPlacement):
+        return None
+    admitted = _admitted(cluster, spec, found)
+    if admitted is None or quotas.would_borrow(cluster, spec.tenant, _gang_demand(cluster, quota, admitted), []):
+        return None
+    return admitted
 
 
 def _gang_demand(cluster: ClusterState, quota: Quota, placement: gangs.GangPlacement) -> quotas.Demand:
@@ -222,7 +409,9 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
             if not isinstance(found, gangs.GangPlacement):
                 return False
             wanted = _gang_demand(cluster, quota, found)
-            taken = reclaim.reclaim_on_trial(cluster, trial, spec.tenant, quota, wanted, decision.evicted_in(cluster))
+            taken = reclaim.reclaim_on_trial(
+                cluster, trial, spec.tenant, quota, wanted, decision.evicted_in(cluster), priority=spec.priority
+            )
             if taken is None:
                 return False
             if not taken:
@@ -263,6 +452,47 @@ def emit_gang_placement(
             PodScheduled(member, choice.node_id, choice.gpus, policy.name, from_queue, choice.scores), cluster.name
         )
     holder_started(decision, cluster, spec.gang_id)
+    if not decision.legacy_gangs and len(found.placed) < len(spec.members):
+        _queue_waiting_members(decision, cluster, spec, found)
+        if cluster.quotas_on:  # a member its quota had no room for on the model it was tried on may fit another
+            decision.then(RETRY_QUEUE, cluster, (), {spec.tenant})
+
+
+def _queue_waiting_members(
+    decision: Decision, cluster: ClusterState, spec: GangSpec, found: gangs.GangPlacement
+) -> None:
+    """The members that did not start with their gang wait in the queue as its members (contract v4; before, they
+    were dropped): each ``PodQueued`` says so, and why it does not fit now; a member of a gang placed in a
+    topology domain waits for a node of that domain. O(M) plus each member's reasons."""
+    started = {member.pod_id for member, _ in found.placed}
+    key, domain = found.topology_key, found.domain
+    head = (
+        f"member of gang {spec.gang_id!r}, which started with {len(started)} of {len(spec.members)} members "
+        f"(min_members {spec.min_members}): it starts when it fits"
+    )
+    if key is not None:
+        head += f" on a node of {key}={domain}"
+    quota = quotas.quota_of(cluster, spec.tenant) if cluster.quotas_on else None
+    for member in spec.members:
+        if member.pod_id in started:
+            continue
+        waiting = member if key is None else _in_domain(member, key, domain)  # type: ignore[arg-type]
+        shape = shape_of(waiting)
+        reasons: tuple[QueueReason, ...] = (QueueReason(QueueReasonCode.GANG_MEMBER_WAITING, 0, head),)
+        if quota is not None:
+            admission = quotas.admit(cluster, waiting, shape)
+            if admission.shortfalls:
+                words = quotas.shortfall_words(admission.shortfalls)
+                reasons += (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, words),)
+        reasons += queue_reasons(cluster, shape)
+        decision.emit(PodQueued(waiting, reasons, False), cluster.name)
+
+
+def _in_domain(member: PodSpec, key: str, domain: str) -> PodSpec:
+    """The member kept to its gang's topology domain (a node selector on the domain's label)."""
+    selector = dict(member.node_selector)
+    selector[key] = domain
+    return dataclasses.replace(member, node_selector=dict(sorted(selector.items())))
 
 
 # ---------------------------------------------------------------- a running gang that lost members
@@ -307,8 +537,9 @@ def gang_evict_members(decision: Decision, cluster: ClusterState, gang: Gang, re
 def gang_placed_back(decision: Decision, cluster: ClusterState, gang: Gang, freed: list[str | None]) -> None:
     """A gang whose members were all evicted goes back to the queue, and is placed again if it can be."""
     # Back to the queue (its members stop being pods), then placed again at once if it fits (and its quota
-    # has room), else it may still reclaim or preempt like any queued gang.
-    spec = gang.spec
+    # has room), else it may still reclaim or preempt like any queued gang. Since contract v4 its timeout
+    # counts from now: it limits waiting, and the gang did not wait while it ran.
+    spec = gang.spec if decision.legacy_gangs else dataclasses.replace(gang.spec, queued_at=decision.now)
     found = gangs.try_place(cluster, spec, cluster_policy(cluster), decision.now)
     placed = isinstance(found, gangs.GangPlacement)
     reasons: tuple[QueueReason, ...] = () if placed else found  # type: ignore[assignment]
@@ -319,6 +550,6 @@ def gang_placed_back(decision: Decision, cluster: ClusterState, gang: Gang, free
     decision.emit(GangQueued(gang.gang_id, reasons, spec, True), cluster.name)
     if placed:
         emit_gang_placement(decision, cluster, spec, found, True)  # type: ignore[arg-type]
-    elif spec.preemption == PREEMPT_LOWER and decision.may_preempt:
+    elif spec.preemption in PREEMPTING and decision.may_preempt:
         place_gang(decision, cluster, spec, from_queue=True, requeued=True, announce=False)
     decision.then(RETRY_QUEUE, cluster, tuple(n for n in dict.fromkeys(freed) if n is not None), None)

@@ -7,19 +7,28 @@ reservation) is left as follow-up work.
 
 from __future__ import annotations
 
-from processor.core import node_victims, preemption, preemption_plans, quotas, reclaim, reservations
+from processor.core import node_victims, preemption, preemption_plans, quota_preemption, quotas, reclaim, reservations
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, cluster_policy
+from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
-from processor.core.handlers.gangs import end_gang, retry_gang
+from processor.core.handlers.gangs import GANG_ENDED, end_gang, retry_gang, waiting_members
 from processor.core.handlers.reservations import holder_started
 from processor.core.policies.base import Choice
 from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.resources import PodShape
 from processor.core.state import GANG_RUNNING, ClusterState, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
-from schemas.commands import PREEMPT_LOWER, PREEMPT_NEVER, STRICT_FIFO, Release, SubmitPod
+from schemas.commands import (
+    PREEMPT_NEVER,
+    PREEMPTING,
+    PREEMPTION_MODES,
+    PREEMPTION_MODES_V3,
+    STRICT_FIFO,
+    Release,
+    SubmitPod,
+)
 from schemas.events import PodQueued, PodReleased, PodRetryScheduled, PodScheduled, PodSpec, QueueReason
 from schemas.validation import check_release, check_submit_pod
 
@@ -30,10 +39,10 @@ FAILED = "failed"
 
 
 def submit_pod(decision: Decision, command: SubmitPod) -> None:
-    check_submit_pod(command)
+    check_submit_pod(command, PREEMPTION_MODES_V3 if decision.legacy_gangs else PREEMPTION_MODES)
     cluster = decision.cluster
     name = decision.command.cluster
-    if command.gpu_models:
+    if command.gpu_models and (cluster.nodes or decision.legacy_gangs):  # the admission rule: ``handlers.gangs``
         check_models(cluster, name, tuple(command.gpu_models))
     if command.pod_id in cluster.pods:
         raise Rejected(RejectionCode.DUPLICATE_POD, f"pod {command.pod_id!r} is already queued or running")
@@ -62,6 +71,7 @@ def submit_pod(decision: Decision, command: SubmitPod) -> None:
         command.movable and not command.gpu_memory_mib,  # Defragment does not model GPU memory: never moved
         command.gpu_memory_mib,
         command.retry,
+        command.preemptible,
     )
     if spec.depends_on and hold_new_job(decision, cluster, spec):
         return
@@ -106,6 +116,9 @@ def release_pod(decision: Decision, cluster: ClusterState, pod: Pod, reason: str
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
         if gang is not None and gang.state == GANG_RUNNING and not gang.placed:
+            for member_id in waiting_members(cluster, gang):  # no member runs: those still waiting go with it
+                decision.emit(PodReleased(member_id, None, GANG_ENDED), cluster.name)
+                decision.then(WAKE_DEPENDANTS, cluster, member_id)
             end_gang(decision, cluster, gang, reason)
     decision.then(WAKE_DEPENDANTS, cluster, pod_id)
     if node_id is not None:
@@ -139,18 +152,22 @@ def place(
         if blocked is not None:
             decision.emit(PodQueued(spec, (blocked,), requeued), cluster.name)
             return False
+    member = spec.gang_id is not None  # a member beyond min_members that waits while its gang runs
+    if member and not member_may_start(cluster, spec):
+        return False  # its gang is losing members in this command: it waits with the gang, or starts after
     reserved = cluster.reservation is not None
     usable = reservations.usable_shape(cluster, spec.pod_id, shape, decision.now) if reserved else shape
     quota_reasons: tuple[QueueReason, ...] = ()
     # A pod that asks for GPU memory waits rather than preempting: the victim searches do not model GPU memory.
-    may_preempt = spec.preemption == PREEMPT_LOWER and decision.may_preempt and not spec.gpu_memory_mib
+    # A waiting member takes only free capacity (Volcano: only a job below its minimum preempts).
+    may_preempt = spec.preemption in PREEMPTING and decision.may_preempt and not spec.gpu_memory_mib and not member
     if cluster.quotas_on:
         admission = quotas.admit(cluster, spec, usable)
         if admission.shortfalls:
             quota_reasons = (quota_reason(admission.shortfalls, admission.shape is None),)
         if admission.shape is None:
             reclaimable = any(shortfall.reclaimable for _, shortfall in admission.shortfalls)
-            if may_preempt and reclaimable:
+            if may_preempt and reclaimable and quotas.may_reclaim(cluster, spec.tenant):
                 found = reclaim.plan_pod(
                     cluster,
                     spec,
@@ -164,6 +181,8 @@ def place(
                     units, choice, plan, reclaim_shape = found
                     _preempt_for_pod(decision, cluster, spec, reclaim_shape, units, plan, from_queue, choice)
                     return True
+            if may_preempt and _preempt_by_quota_policy(decision, cluster, spec, usable, from_queue):
+                return True
             if (not from_queue) if announce is None else announce:
                 decision.emit(PodQueued(spec, quota_reasons, requeued), cluster.name)
             return False
@@ -178,7 +197,9 @@ def place(
         if reserved:
             holder_started(decision, cluster, spec.pod_id)
         return True
-    if may_preempt and preemption_plans.lower_priority_exists(cluster, spec.priority):
+    if may_preempt and preemption_plans.lower_priority_exists(
+        cluster, preemption_plans.reach(spec.priority, spec.preemption)
+    ):
         preempting = _plan_preemption(decision, cluster, spec, usable, near)
         if preempting is not None:
             _preempt_for_pod(decision, cluster, spec, usable, [], preempting, from_queue)
@@ -191,6 +212,17 @@ def place(
     return False
 
 
+def member_may_start(cluster: ClusterState, spec: PodSpec) -> bool:
+    """Whether a waiting member of an elastic gang may start now: its gang runs and none of its placed members
+    was evicted in this command (then the gang runs on without them, or goes back to the queue with every
+    member, this one too). O(M)."""
+    gang = lookup(cluster.gangs, spec.gang_id)  # type: ignore[arg-type]
+    if gang is None or gang.state != GANG_RUNNING:
+        return False
+    pods = cluster.pods
+    return all(pods[pod_id].running for pod_id in gang.placed)
+
+
 def _plan_preemption(
     decision: Decision, cluster: ClusterState, spec: PodSpec, shape: PodShape, near: tuple[str, ...] | None
 ) -> preemption_plans.PodPlan | None:
@@ -198,7 +230,10 @@ def _plan_preemption(
     borrow quota to run there, only borrowers' pods (Kueue's rule: work inside its nominal quota is never the
     victim of a borrower)."""
     protected = decision.evicted_in(cluster)
-    plan = preemption.plan_pod(cluster, shape, spec.priority, decision.now, near, preemption_plans.Victims(protected))
+    level = preemption_plans.reach(spec.priority, spec.preemption)  # lower_or_newer_equal_priority: its own too
+    equal = preemption_plans.equal_of(spec)
+    allowed = preemption_plans.Victims(protected, equal=equal)
+    plan = preemption.plan_pod(cluster, shape, level, decision.now, near, allowed)
     if plan is None or not cluster.quotas_on or not decision.kueue_rule:
         return plan
     victims = plan.victims
@@ -208,9 +243,53 @@ def _plan_preemption(
     wanted = quotas.demand(quota, spec, cluster.nodes[plan.node_id].gpu_model)
     if not quotas.would_borrow(cluster, spec.tenant, wanted, victims):
         return plan
-    return preemption.plan_pod(
-        cluster, shape, spec.priority, decision.now, near, preemption_plans.Victims(protected, True)
+    allowed = preemption_plans.borrower_victims(cluster, spec.tenant, protected, equal)
+    return preemption.plan_pod(cluster, shape, level, decision.now, near, allowed)
+
+
+def _preempt_by_quota_policy(
+    decision: Decision, cluster: ClusterState, spec: PodSpec, usable: PodShape, from_queue: bool
+) -> bool:
+    """The tenant's ``SetQuota.preemption`` (contract v4), for a pod its quota has no room for: ``within_tenant``
+    (its own lower-priority or newer work), then ``borrow_within_cohort`` (cohort peers' lower-priority pods) go
+    so that it fits, and it starts on the capacity that freed (``processor.core.quota_preemption``)."""
+    units = None
+    reason = ""
+    for kind, policy_of in (
+        (quota_preemption.WITHIN_TENANT, quota_preemption.within_tenant),
+        (quota_preemption.BORROW_WITHIN_COHORT, quota_preemption.borrow_within_cohort),
+    ):
+        allowed = policy_of(cluster, spec)
+        if allowed is not None:
+            protected = decision.evicted_in(cluster)
+            units = quota_preemption.plan_pod(cluster, spec, usable, protected, decision.now, allowed)
+            if units is not None:
+                reason = kind
+                break
+    if units is None:
+        return False
+    victims = victim_events(decision, cluster, spec.pod_id, "pod", units, reason)
+    admission = quotas.admit(cluster, spec, usable)
+    groups = cluster.index.feasible(admission.shape) if admission.shape is not None else []
+    if not groups:
+        raise InvariantViolation(f"pod {spec.pod_id!r} does not fit after preempting within its tenant")
+    policy = cluster_policy(cluster)
+    choice = policy.place(cluster, admission.shape, groups)  # type: ignore[arg-type]
+    decision.emit(
+        PodScheduled(
+            spec,
+            choice.node_id,
+            choice.gpus,
+            policy.name,
+            from_queue,
+            choice.scores,
+            tuple(pod.spec.pod_id for pod, _ in victims),
+        ),
+        cluster.name,
     )
+    holder_started(decision, cluster, spec.pod_id)
+    decision.then(AFTER_PREEMPTION, cluster, victims)
+    return True
 
 
 def quota_reason(shortfalls: list[tuple[str, quotas.Shortfall]], everywhere: bool) -> QueueReason:

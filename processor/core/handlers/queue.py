@@ -18,7 +18,7 @@ from processor.core.handlers.gangs import place_gang
 from processor.core.handlers.pods import place
 from processor.core.resources import PodShape, Signature
 from processor.core.state import GANG_QUEUED, ClusterState, Node, lookup, shape_of
-from schemas.commands import PREEMPT_LOWER, STRICT_FIFO
+from schemas.commands import PREEMPT_LOWER_OR_NEWER, PREEMPTING, STRICT_FIFO
 from schemas.events import GangSpec
 
 Entry = tuple[tuple[Any, ...], int, Any, tuple[int, int, str], tuple[str, ...] | None]
@@ -58,7 +58,17 @@ def retry_queue(
     # priority than the queue's first (the highest priority waiting).
     first = cluster.queue.first()
     pods_preempt = preempting and first is not None and preemption_plans.lower_priority_exists(cluster, -first[0][0])
-    if not pods_preempt and not tenants:
+    equal_only = (
+        first is not None and not pods_preempt and preemption_plans.lower_priority_exists(cluster, 1 - first[0][0])
+    )
+    if preempting and equal_only:
+        # Only work of the head's priority runs below it: a group with lower_or_newer_equal_priority may take it
+        # (contract v4). O(Q) to look, as the screen below.
+        pods_preempt = any(group[1] == PREEMPT_LOWER_OR_NEWER for _, group in cluster.queue.heads())
+    # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v4): their work is
+    # retried on any change. O(tenants with a quota); none unless a tenant set such a policy.
+    policed = _policed_tenants(cluster) if fair else None
+    if not pods_preempt and not tenants and not policed:
         for key, group in _fitting_heads(decision, cluster, signatures):
             heap.append((_order(cluster, key, group[0], fair), 0, group, key, node_ids))
     else:
@@ -66,10 +76,12 @@ def retry_queue(
             tenant, mode, shape = group
             usable = reservations.usable_shape(cluster, key[2], shape, now)
             near: tuple[str, ...] | None = node_ids
-            if tenants and tenant in tenants:
+            if (tenants and tenant in tenants) or (policed and tenant in policed):
                 near = None
             elif not any(fits(signature, usable) for signature in signatures) and not (
-                pods_preempt and mode == PREEMPT_LOWER and _may_preempt_on(cluster, usable, -key[0], changed)
+                pods_preempt
+                and mode in PREEMPTING
+                and _may_preempt_on(cluster, usable, preemption_plans.reach(-key[0], mode), changed)
             ):
                 continue
             heap.append((_order(cluster, key, tenant, fair), 0, group, key, near))
@@ -78,7 +90,7 @@ def retry_queue(
         if not (
             (tenants and spec.tenant in tenants)
             or gangs.may_use(cluster, spec, signatures, now)
-            or (preempting and spec.preemption == PREEMPT_LOWER and _gang_may_preempt_on(cluster, spec, changed, now))
+            or (preempting and spec.preemption in PREEMPTING and _gang_may_preempt_on(cluster, spec, changed, now))
         ):
             continue
         heap.append((_order(cluster, key, spec.tenant, fair), 1, None, key, None))
@@ -86,6 +98,10 @@ def retry_queue(
         return None
     heapq.heapify(heap)
     return _retry(decision, cluster, heap, fair)
+
+
+def _policed_tenants(cluster: ClusterState) -> set[str]:
+    return {tenant for tenant, quota in cluster.quotas.items() if quotas.has_policy(quota)}
 
 
 def _retry(decision: Decision, cluster: ClusterState, heap: list[Entry], fair: bool) -> Task:
@@ -166,10 +182,11 @@ def _may_preempt_on(cluster: ClusterState, shape: PodShape, priority: int, nodes
 
 
 def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node], now: int) -> bool:
-    if not preemption_plans.lower_priority_exists(cluster, spec.priority):
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    if not preemption_plans.lower_priority_exists(cluster, level):
         return False
     shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
-    return any(_may_preempt_on(cluster, shape, spec.priority, nodes) for shape in sorted(shapes))
+    return any(_may_preempt_on(cluster, shape, level, nodes) for shape in sorted(shapes))
 
 
 def _start_heads(decision: Decision, cluster: ClusterState) -> Task:

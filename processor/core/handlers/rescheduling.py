@@ -82,19 +82,20 @@ def _recheck_all(decision: Decision, cluster: ClusterState, waiters: list[str]) 
 
 
 def _recheck(decision: Decision, cluster: ClusterState, waiter: str) -> None:
+    live = not decision.legacy_gangs  # contract v4: a dependency binds to the live incarnation of a reused id
     pod = lookup(cluster.pods, waiter)
     if pod is not None and not pod.queued and not pod.running:
         spec = pod.spec
-        failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency)
+        failed = dependencies.failed_dependency(cluster, spec.depends_on, spec.dependency, live)
         if failed is not None:
             fail_dependant(decision, cluster, waiter, "pod", failed, spec)
-        elif not dependencies.unmet(cluster, spec.depends_on):
+        elif not dependencies.unmet(cluster, spec.depends_on, live):
             place(decision, cluster, spec, pod.shape, from_queue=True, requeued=False, new=True, announce=True)
         return
     gang = cluster.gangs.get(waiter)
     if gang is not None and gang.state == GANG_WAITING:
-        failed = dependencies.failed_dependency(cluster, gang.spec.depends_on, gang.spec.dependency)
+        failed = dependencies.failed_dependency(cluster, gang.spec.depends_on, gang.spec.dependency, live)
         if failed is not None:
             fail_dependant(decision, cluster, waiter, "gang", failed, gang.spec)
-        elif not dependencies.unmet(cluster, gang.spec.depends_on):
+        elif not dependencies.unmet(cluster, gang.spec.depends_on, live):
             place_gang(decision, cluster, gang.spec, from_queue=True, requeued=False, new=True, announce=True)

@@ -17,6 +17,8 @@ from schemas.validation import check_remove_quota, check_set_policy, check_set_q
 
 def set_policy(decision: Decision, command: SetPolicy) -> Task:
     check_set_policy(command)
+    if command.default_quota is not None:
+        _check_weight(decision, command.default_quota.weight)
     cluster = decision.cluster
     was_strict = cluster.queue_order == STRICT_FIFO
     decision.emit(
@@ -54,6 +56,7 @@ def _queued_tenants(cluster: ClusterState) -> set[str]:
 
 def set_quota(decision: Decision, command: SetQuota) -> None:
     check_set_quota(command)
+    _check_weight(decision, command.weight)
     cluster = decision.cluster
     quota = command.quota()
     previous = cluster.quotas.get(command.tenant)
@@ -70,6 +73,13 @@ def set_quota(decision: Decision, command: SetQuota) -> None:
     decision.emit(QuotaChanged(command.tenant, quota, previous, message))
     cluster = decision.cluster
     decision.then(RETRY_QUEUE, cluster, (), quotas.with_peers(cluster, {command.tenant}, previous))
+
+
+def _check_weight(decision: Decision, weight: int) -> None:
+    """Weight 0 is contract v4's (capacity only when no one else wants it); v1, v2 and v3 refused it, so their logs
+    replay as they were."""
+    if weight == 0 and decision.legacy_gangs:
+        raise Rejected(RejectionCode.INVALID_RESOURCES, f"quota weight must be between 1 and 1000, got {weight}")
 
 
 def remove_quota(decision: Decision, command: RemoveQuota) -> None:

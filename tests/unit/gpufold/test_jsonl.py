@@ -52,6 +52,7 @@ def test_defaults_from_the_schema_fill_omitted_fields() -> None:
             "movable": False,
             "gpu_memory_mib": 0,
             "retry": None,
+            "preemptible": True,
         },
     )
 

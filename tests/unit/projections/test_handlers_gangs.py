@@ -194,3 +194,32 @@ def test_gang_retry_tables_do_not_depend_on_batch_boundaries() -> None:
     project(large, events, 10_000)
     with small.connect() as a, large.connect() as b:
         assert content_hashes(a) == content_hashes(b)
+
+
+def test_an_elastic_gangs_waiting_member_is_a_pending_row_until_its_gang_goes_back_to_the_queue(engine: Engine) -> None:
+    """Contract v4: a member beyond min_members that did not fit is a pending pod row (GANG_MEMBER_WAITING first);
+    when the gang is requeued that row ends with the gang's evicted members, and no row is left behind."""
+    payloads: list[tuple[int, object]] = [(0, SetPolicy("first-fit", reserve_after_ms=-1))]
+    payloads += [(0, AddNode(f"n{i}", 64_000, 262_144, "H100", 8)) for i in range(2)]
+    payloads += [
+        (MINUTE, SubmitPod("x", num_gpu=8, gpu_milli=1000, cpu_milli=1000, memory_mib=1024)),
+        (
+            MINUTE,
+            SubmitGang("e", members=tuple(GangMember(f"e-{i}", 8, 1000, 4000, 16384) for i in range(2)), min_members=1),
+        ),
+    ]
+    state = PartitionState()
+    events = []
+    for offset, (at, payload) in enumerate(payloads):
+        events.extend(decide(state, Command(f"c{offset}", "lab", at, payload), offset))  # type: ignore[arg-type]
+    project(engine, events)
+    with engine.connect() as conn:
+        rows = {r.pod_id: r.status for r in conn.execute(select(models.pods.c.pod_id, models.pods.c.status))}
+        assert rows["e-0"] == "running" and rows["e-1"] == "pending"
+    placed = state.clusters["lab"].pods["e-0"].node_id
+    more = decide(state, Command("c9", "lab", 2 * MINUTE, MarkNodeFailed(placed)), 9)
+    assert "GangQueued" in [e.type_name for e in more]
+    project(engine, more)
+    with engine.connect() as conn:
+        rows = {r.pod_id: r.status for r in conn.execute(select(models.pods.c.pod_id, models.pods.c.status))}
+        assert rows["e-0"] == rows["e-1"] == "released"

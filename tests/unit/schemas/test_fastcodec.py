@@ -268,8 +268,9 @@ def _s(text: str) -> bytes:
 ENVELOPE = HEADER + _s("id") + _s("c") + b"\x02" + _s("")  # command_id, cluster, issued_at 1, source
 # reserve_after_ms null, queue_order "", default_quota null, max_clock_jump_ms null
 SET_POLICY_TAIL = b"\x00\x00\x00\x00"
-# time_limit_ms null, depends_on [], dependency, preemption, movable false, gpu_memory_mib 0, retry null
-SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00\x00\x00"
+# time_limit_ms null, depends_on [], dependency, preemption, movable false, gpu_memory_mib 0, retry null,
+# preemptible true
+SUBMIT_POD_TAIL = b"\x00\x00" + _s("afterok") + _s("lower_priority") + b"\x00\x00\x00\x01"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,179 @@
+"""Issue #24's properties over random streams of quotas (every value of every ``SetQuota.preemption`` policy),
+cohorts, pods and gangs that may or may not be preemptible, elastic gangs, releases, failures and time:
+
+(b) no victim violates ``preemptible`` or the policy of the preemptor's tenant (``reclaim_within_cohort``,
+``within_tenant``, ``borrow_within_cohort`` with its ceiling), and priority preemption takes only lower
+priorities; Kueue's rule holds: a borrower's victims borrow, unless the borrower's ``borrow_within_cohort``
+says otherwise;
+(d) every command ends, with no halted cluster (a fold that raised would halt it).
+
+Kueue's rule itself (a borrower's victims borrow) is checked where it is decided, by
+``test_fold_properties``; hypothesis ``target`` steers the streams toward victims of every reason.
+
+(a), no tenant over nominal + borrowable, is checked on the same streams by ``test_fold_properties``'s
+invariants (the sharing streams draw these policies too); (c), minimality against an exhaustive search, is
+checked there for priority preemption (quota policies plan greedily with Kueue's fill-back: README).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, note, settings, target
+from hypothesis import strategies as st
+
+from processor.core import quotas
+from processor.core.fold import decide
+from processor.core.state import ClusterState, PartitionState
+from schemas.commands import (
+    BORROW_LOWER,
+    RECLAIM_LOWER,
+    RECLAIM_NEVER,
+    WITHIN_LOWER_OR_NEWER,
+    WITHIN_NEVER,
+    AddNode,
+    Command,
+    CommandPayload,
+    GangMember,
+    MarkNodeFailed,
+    Release,
+    ReleaseGang,
+    SetPolicy,
+    SetQuota,
+    SubmitGang,
+    SubmitPod,
+    Tick,
+)
+from schemas.events import GangScheduled, PodPreempted, PodScheduled, PodSpec
+from tests.strategies import quota_preemptions, sharing_streams
+
+TENANTS = ("t1", "t2", "t3")
+PODS = tuple(f"p{i}" for i in range(12))
+GANGS = ("g0", "g1")
+
+
+@st.composite
+def policy_streams(draw: st.DrawFn) -> list[Command]:
+    """A small full cluster shared by three tenants of one cohort, each with a policy drawn from every value, and
+    pods and gangs (elastic or not, preemptible or not) of several priorities coming and going: victims of every
+    reason."""
+    bodies: list[CommandPayload] = [SetPolicy("first-fit", -1)]
+    for i in range(draw(st.integers(2, 4))):
+        bodies.append(AddNode(f"n{i}", 32_000, 65_536, "A100", 4))
+    for tenant in TENANTS:
+        bodies.append(
+            SetQuota(
+                tenant,
+                cohort=draw(st.sampled_from(("lab", "lab", "lab", None))),
+                nominal_gpus={"A100": draw(st.sampled_from((0, 2, 4, 4, 6)))},
+                preemption=draw(quota_preemptions()),
+            )
+        )
+    pods = st.builds(
+        SubmitPod,
+        st.sampled_from(PODS),
+        st.sampled_from(TENANTS),
+        st.integers(0, 5),
+        st.integers(1, 4),
+        st.just(1000),
+        st.just(1000),
+        st.just(1024),
+        preemptible=st.sampled_from((True, True, True, False)),
+    )
+    gang_sizes = st.sampled_from(((1, 1000), (2, 1000)))
+    gang = st.builds(
+        lambda gang_id, tenant, priority, sizes, min_members, preemptible: SubmitGang(
+            gang_id,
+            tenant,
+            priority,
+            tuple(GangMember(f"{gang_id}-{i}", n, m, 1000, 1024) for i, (n, m) in enumerate(sizes)),
+            min_members=min_members,
+            preemptible=preemptible,
+        ),
+        st.sampled_from(GANGS),
+        st.sampled_from(TENANTS),
+        st.integers(0, 5),
+        st.lists(gang_sizes, min_size=1, max_size=3),
+        st.sampled_from((None, 1)),
+        st.booleans(),
+    )
+    policies = quota_preemptions()
+    payloads = st.one_of(
+        pods,
+        pods,
+        pods,
+        gang,
+        st.builds(Release, st.sampled_from((*PODS, "g0-0", "g1-1"))),
+        st.builds(ReleaseGang, st.sampled_from(GANGS)),
+        st.builds(MarkNodeFailed, st.sampled_from(("n0", "n1"))),
+        st.builds(SetQuota, st.sampled_from(TENANTS), st.just("lab"), st.just({"A100": 4}), preemption=policies),
+        st.just(Tick()),
+    )
+    bodies += draw(st.lists(payloads, min_size=15, max_size=45))
+    return [Command(f"cmd-{i}", "c0", 1000 * (i + 1), payload, "hypothesis") for i, payload in enumerate(bodies)]
+
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _check_victim(cluster: ClusterState, victim: PodSpec, by: PodSpec, reason: str) -> None:
+    assert victim.preemptible, f"{victim.pod_id} is not preemptible but was preempted ({reason}) by {by.pod_id}"
+    quota = quotas.quota_of(cluster, by.tenant)
+    policy = quota.policy if quota is not None else None
+    if reason == "reclaim":
+        assert policy is not None and policy.reclaim_within_cohort != RECLAIM_NEVER
+        assert victim.tenant != by.tenant
+        if policy.reclaim_within_cohort == RECLAIM_LOWER:
+            assert victim.priority < by.priority
+    elif reason == "within_tenant":
+        assert policy is not None and policy.within_tenant != WITHIN_NEVER
+        assert victim.tenant == by.tenant
+        newer = policy.within_tenant == WITHIN_LOWER_OR_NEWER
+        assert victim.priority < by.priority or (
+            newer and victim.priority == by.priority and victim.arrival > by.arrival
+        )
+    elif reason == "borrow_within_cohort":
+        assert policy is not None and policy.borrow_within_cohort == BORROW_LOWER
+        assert victim.tenant != by.tenant and victim.priority < by.priority
+        ceiling = policy.borrow_max_victim_priority
+        assert ceiling is None or victim.priority <= ceiling
+    else:
+        assert reason == "priority", reason
+        assert victim.priority < by.priority
+
+
+@SETTINGS
+@given(commands=st.one_of(policy_streams(), sharing_streams(max_size=45)))
+def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_command_ends(commands: list) -> None:
+    state = PartitionState()
+    specs: dict[str, PodSpec] = {}
+    seen: dict[str, int] = {}
+    for offset, command in enumerate(commands):
+        before = {
+            pod_id: pod.spec
+            for cluster in state.clusters.values()
+            for pod_id, pod in cluster.pods.items()
+            if pod.running
+        }
+        events = decide(state, command, offset)
+        assert events, "every command yields at least one event"
+        assert not any(event.type_name == "ClusterHalted" for event in events), events[-1]
+        preemptors: dict[str, PodSpec] = {}
+        for event in events:
+            payload = event.payload
+            if isinstance(payload, PodScheduled):
+                specs[payload.pod.pod_id] = payload.pod
+                preemptors[payload.pod.pod_id] = payload.pod
+            elif isinstance(payload, GangScheduled):
+                gang = payload.gang
+                preemptors[gang.gang_id] = gang.members[0]  # tenant, priority, arrival and flag are the gang's
+        cluster = state.clusters.get(command.cluster)
+        for event in events:
+            payload = event.payload
+            if isinstance(payload, PodPreempted):
+                victim = before[payload.pod_id]
+                by = preemptors[payload.by]
+                assert cluster is not None
+                _check_victim(cluster, victim, by, payload.reason)
+                seen[payload.reason] = seen.get(payload.reason, 0) + 1
+    for reason, count in sorted(seen.items()):
+        note(f"victims by {reason}: {count}")
+        target(float(count), label=f"victims by {reason}")
