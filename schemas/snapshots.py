@@ -119,6 +119,12 @@ class DrainSnapshot(Record):
 
 
 @dataclass(slots=True)
+class PreemptCheck(Record):
+    at: int
+    node_id: str
+
+
+@dataclass(slots=True)
 class ClusterSnapshot(Record):
     cluster: str
     policy: str
@@ -141,6 +147,7 @@ class ClusterSnapshot(Record):
     draining: tuple[DrainSnapshot, ...] = ()
     blocked: dict[str, str] = field(default_factory=dict)
     disrupted: tuple[str, ...] = ()
+    preempt_checks: tuple[PreemptCheck, ...] = ()
 
 
 @dataclass(slots=True)
@@ -191,6 +198,7 @@ nest(
         "halted": HaltSnapshot,
         "budgets": BudgetSnapshot,
         "draining": DrainSnapshot,
+        "preempt_checks": PreemptCheck,
     },
 )
 nest(Snapshot, {"clusters": ClusterSnapshot})

@@ -212,6 +212,7 @@ def clusters_hash(state: PartitionState) -> str:
     snapshot.next_offset, snapshot.sequence, snapshot.seen, snapshot.clock = 0, 0, (), 0
     for cluster in snapshot.clusters:  # pending reservation checks are timers: time passing pops them
         cluster.reserve_checks = ()
+        cluster.preempt_checks = ()
         cluster.clock = 0  # each cluster's clock, as the partition's above
         if cluster.halted is not None:
             cluster.halted.refused = 0

@@ -19,7 +19,8 @@ many items, and no item can be left forever, because what leaves items is bounde
   of reservations takes at most :data:`RESERVATION_ROUNDS` rounds per cluster per call;
 - a timer fires once, and timers set during a command lie strictly after its time (limits,
   timeouts and retry backoffs are at least 1 ms), except a requeued gang's timeout, which fires at
-  most once per eviction; a pod's retries are at most its ``max_retries``.
+  most once per eviction; a pod's retries are at most its ``max_retries``. (A ``PREEMPT_CHECK``
+  timer is set at the command's own time, after its last deadline fired: it fires at the next command.)
 
 So the items of one command are O(P + Q + T) for its cluster's P pods, Q waiting jobs and T due
 timers, each bounded in cost (the table in README.md).

@@ -45,7 +45,7 @@ from processor.core.handlers import (
 from processor.core.handlers.halting import ResumedCluster
 from processor.core.handlers.reservations import reservation_upkeep
 from processor.core.state import ClusterState, PartitionState, lookup
-from processor.core.timers import pop_due_in_partition
+from processor.core.timers import PREEMPT_CHECK, pop_due_in_partition
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
     AddNode,
@@ -257,6 +257,21 @@ def _finish(decision: Decision) -> None:
         cluster = lookup(clusters, name)
         if cluster is not None and cluster.timers.due(cluster.clock):
             _fire_cluster(decision, cluster, cluster.clock)
+    if decision.evicted:
+        for name in sorted(decision.evicted):
+            cluster = lookup(clusters, name)
+            if cluster is not None and cluster.halted is None and (cluster.queue.size or cluster.gang_queue):
+                _check_preemption_next(cluster, decision.evicted[name])
+
+
+def _check_preemption_next(cluster: ClusterState, evicted: dict[str, None]) -> None:
+    """Pods evicted in this command that run again (placed elsewhere) could not be victims of the queue in it (one
+    command evicts a pod once): their nodes are retried, preemption included, at the cluster's next command, so a
+    higher-priority pod that waits behind one does not wait for capacity to change. O(evicted)."""
+    for pod_id in evicted:
+        pod = lookup(cluster.pods, pod_id)
+        if pod is not None and pod.node_id is not None:
+            cluster.timers.push(cluster.clock, PREEMPT_CHECK, pod.node_id)
 
 
 def _bounded_envelope(command: Command) -> Command:

@@ -29,7 +29,15 @@ from processor.core.state import (
     lookup,
     shape_of,
 )
-from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT
+from processor.core.timers import (
+    EVICTION,
+    GANG_TIMEOUT,
+    PREEMPT_CHECK,
+    RESERVATION_START,
+    RESERVE_CHECK,
+    RETRY,
+    TIME_LIMIT,
+)
 from schemas.commands import GPU_MILLI
 from schemas.events import DisruptionBudgetSet
 from schemas.fragmentation import TypicalKey, TypicalPod
@@ -42,6 +50,7 @@ from schemas.snapshots import (
     HaltSnapshot,
     NodeSnapshot,
     PodSnapshot,
+    PreemptCheck,
     ReservationSnapshot,
     Snapshot,
     TenantQuota,
@@ -134,6 +143,11 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
         tuple(DrainSnapshot(node_id, *cluster.draining[node_id]) for node_id in sorted(cluster.draining)),
         dict(sorted(cluster.blocked.items())),
         tuple(cluster.disrupted),
+        tuple(
+            PreemptCheck(deadline, node_id)
+            for deadline, kind, node_id in sorted(cluster.timers.heap)
+            if kind == PREEMPT_CHECK
+        ),
     )
 
 
@@ -284,6 +298,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             cluster.reindex(cluster.nodes[node_id])
         for deadline in data.reserve_checks:
             cluster.timers.push(deadline, RESERVE_CHECK)
+        for check in data.preempt_checks:
+            cluster.timers.push(check.at, PREEMPT_CHECK, check.node_id)
         for raw_budget in data.budgets:
             cluster.budgets[raw_budget.budget_id] = DisruptionBudgetSet(
                 raw_budget.budget_id,
@@ -337,4 +353,5 @@ def state_hash(state: PartitionState) -> str:
     snapshot.next_offset = 0
     for cluster in snapshot.clusters:  # pending checks are kept for restores, not hashed (recorded hashes stay true)
         cluster.reserve_checks = ()
+        cluster.preempt_checks = ()
     return hashlib.sha256(encode_snapshot_body(snapshot)).hexdigest()

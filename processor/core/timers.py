@@ -25,6 +25,7 @@ GANG_TIMEOUT = 2  # a waiting gang's submission + timeout
 RESERVE_CHECK = 3  # the head of a queue has waited long enough for a reservation
 RETRY = 4  # a failed pod's retry is due (its backoff passed)
 EVICTION = 5  # a drain's grace period for a pod ended: it is evicted
+PREEMPT_CHECK = 6  # a pod evicted earlier in a command runs on this node again: the queue may preempt it now
 
 Timer = tuple[int, int, str]  # (deadline, kind, pod or gang id)
 

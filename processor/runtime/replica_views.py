@@ -12,7 +12,7 @@ from typing import Any
 from processor.core import budgets, quotas
 from processor.core.explain import gang_json, gang_reasons, live_reasons, pending_reasons, request_text
 from processor.core.resources import PodShape
-from processor.core.state import GANG_QUEUED, GANG_WAITING, ClusterState
+from processor.core.state import GANG_QUEUED, GANG_RETRYING, GANG_WAITING, ClusterState
 from processor.runtime.pod_index import pod_row
 from schemas.commands import GPU_MILLI, STRICT_FIFO
 
@@ -209,9 +209,16 @@ def scheduling_order(cluster: ClusterState) -> list[tuple[str, str]]:
 
 
 def waiting_jobs(cluster: ClusterState) -> list[tuple[str, str]]:
-    """Jobs outside the queue, waiting for dependencies: (kind, id) in arrival order."""
-    found = [(p.spec.arrival, "pod", pid) for pid, p in cluster.pods.items() if p.waiting_for and not p.queued]
-    found += [(g.spec.arrival, "gang", gid) for gid, g in cluster.gangs.items() if g.state == GANG_WAITING]
+    """Jobs outside the queue, waiting for dependencies or for their retry after a failure: (kind, id) in
+    arrival order."""
+    found = [
+        (p.spec.arrival, "pod", pid)
+        for pid, p in cluster.pods.items()
+        if (p.waiting_for or p.retry_at is not None) and not p.queued and not p.running
+    ]
+    found += [
+        (g.spec.arrival, "gang", gid) for gid, g in cluster.gangs.items() if g.state in (GANG_WAITING, GANG_RETRYING)
+    ]
     return [(kind, job_id) for _, kind, job_id in sorted(found)]
 
 
@@ -262,6 +269,8 @@ def _queue_row(
         spec = pod.spec
         if pod.waiting_for:
             reasons = [_dependency_reason(pod.waiting_for)]
+        elif pod.retry_at is not None:
+            reasons = [_retry_reason(pod.attempt, pod.retry_at)]
         else:
             key = (spec.tenant, pod.shape)
             if key not in cache or held is not None:  # a reservation makes reasons depend on the pod itself
@@ -275,12 +284,17 @@ def _queue_row(
             "gpu_models": list(spec.gpu_models),
             "text": request_text(pod.shape),
         }
-        state = "waiting" if pod.waiting_for else "pending"
+        state = "waiting" if pod.waiting_for or pod.retry_at is not None else "pending"
         tenant, priority, submitted_at = spec.tenant, spec.priority, spec.submitted_at
     else:
         gang = cluster.gangs[job_id]
         queued = gang.state == GANG_QUEUED
-        reasons = gang_reasons(cluster, gang, now) if queued else [_dependency_reason(gang.waiting_for)]
+        if queued:
+            reasons = gang_reasons(cluster, gang, now)
+        elif gang.state == GANG_RETRYING:
+            reasons = [_retry_reason(gang.attempt, gang.retry_at)]
+        else:
+            reasons = [_dependency_reason(gang.waiting_for)]
         members = gang.spec.members
         milli = sum(m.num_gpu * m.gpu_milli for m in members)
         request = {
@@ -305,6 +319,11 @@ def _queue_row(
         "expected_start": expected,
         "holds_reservation": held is not None and held.holder_id == job_id,
     }
+
+
+def _retry_reason(attempt: int, retry_at: int | None) -> dict[str, Any]:
+    message = f"it failed; retry {attempt} is due at event time {retry_at} ms (backoff)"
+    return {"code": "WAITING_FOR_RETRY", "nodes": 0, "message": message}
 
 
 def _dependency_reason(waiting_for: tuple[str, ...]) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from processor.core.preemption_index import PreemptionIndex, pending_entry
 from processor.core.reservations import usable_shape
 from processor.core.resources import PodShape, Signature, first_misfit
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
-from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of
+from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_of, victim_level
+from processor.core.timers import PREEMPT_CHECK
 from schemas import EVENT, registry
 from schemas.commands import GPU_MILLI, Quota
 from schemas.events import Event, GangQueued, GangScheduled, PodPreempted, PodQueued, PodScheduled, PodSpec
@@ -131,10 +132,10 @@ def check_indexes(cluster: ClusterState) -> None:
                 max(held.latest_starts, default=0),
             )
             assert set(held.latest_starts) <= set(held.sizes)  # no size without a pod of that size
-        sizes: dict[int, dict[int, int]] = {}  # priority -> GPU milli of one pod -> pods of the node
+        sizes: dict[int, dict[int, int]] = {}  # victim level -> GPU milli of one pod -> pods of the node
         for pod_id in node.pods:
             spec = cluster.pods[pod_id].spec
-            at = sizes.setdefault(spec.priority, {})
+            at = sizes.setdefault(victim_level(spec), {})  # a pod that is not preemptible: NEVER_VICTIM
             at[spec.num_gpu * spec.gpu_milli] = at.get(spec.num_gpu * spec.gpu_milli, 0) + 1
         assert {priority: held.sizes for priority, held in node.by_priority.items()} == sizes
     preemptible = cluster.preemptible
@@ -281,10 +282,13 @@ def _freed_signature(cluster: ClusterState, node: Node, pods: list[Pod]) -> Sign
 
 def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
     """No queued pod that may preempt (and whose quota has room) waits while, on some node it may use, the
-    preemptible pods of strictly lower priority hold what it needs: removing them all would make it fit."""
+    preemptible pods of strictly lower priority hold what it needs: removing them all would make it fit. Except on
+    a node whose preemption is checked at the cluster's next command (a PREEMPT_CHECK timer: a pod evicted earlier
+    in the command runs there again, and one command evicts a pod once)."""
     if cluster.queue_order == "strict-fifo":
         return
-    nodes = [node for node in cluster.nodes.values() if node.schedulable]
+    checked_next = {job_id for _, kind, job_id in cluster.timers.heap if kind == PREEMPT_CHECK}
+    nodes = [node for node in cluster.nodes.values() if node.schedulable and node.node_id not in checked_next]
     for pod in cluster.pods.values():
         if not pod.queued or pod.spec.preemption != "lower_priority" or pod.spec.gpu_memory_mib:
             continue  # a pod that asks for GPU memory waits rather than preempting (the searches do not model it)

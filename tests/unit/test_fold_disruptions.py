@@ -5,6 +5,7 @@ NodeDrained when the node is empty; failures ignore budgets but count."""
 from __future__ import annotations
 
 from processor.core.snapshot import from_snapshot, to_snapshot
+from processor.core.timers import PREEMPT_CHECK
 from schemas.commands import (
     AddNode,
     DrainNode,
@@ -21,6 +22,7 @@ from schemas.commands import (
     UncordonNode,
     UpdateNode,
 )
+from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import Fold, clusters_hash, types
 
 
@@ -205,3 +207,22 @@ def test_removing_the_last_budget_evicts_what_a_taint_kept_waiting() -> None:
     events = fold.run(RemoveDisruptionBudget("t-budget"))
     assert types(events).count("PodEvicted") == 3
     assert fold.cluster.blocked == {}
+
+
+def test_a_pod_evicted_and_placed_again_in_a_command_is_preempted_at_the_next() -> None:
+    """One command evicts a pod once: p1, evicted by a drain's deadline and placed again on n0 in the command that
+    submits p0 (priority 1, all of n0's GPUs), cannot be p0's victim in it. p0 waits, and the node is checked
+    again at the cluster's next command, where p0 preempts p1 (found by the property tests: p0 waited forever)."""
+    fold = Fold()
+    fold.run_all(SetPolicy("first-fit"), AddNode("n2", 4000, 8192, "A100", 1))
+    fold.run(SubmitPod("p1", tenant="t", num_gpu=1, gpu_milli=100, cpu_milli=100))
+    fold.run(AddNode("n0", 4000, 8192, "A100", 2))
+    fold.run(DrainNode("n2", grace_ms=2_000), at=10_000)
+    events = fold.run(SubmitPod("p0", priority=1, num_gpu=2, gpu_milli=1000, cpu_milli=100), at=13_000)
+    assert types(events) == ["PodEvicted", "NodeDrained", "PodScheduled", "PodQueued"]
+    assert fold.placement("p1") == "n0" and fold.placement("p0") is None
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(fold.state))))
+    assert (13_000, PREEMPT_CHECK, "n0") in restored.clusters["c0"].timers.heap  # a snapshot keeps the check
+    events = fold.run(Tick(), at=13_000)  # the next command, even at the same time
+    assert types(events)[:3] == ["PodPreempted", "PodEvicted", "PodScheduled"]
+    assert fold.placement("p0") == "n0" and fold.placement("p1") is None

@@ -11,14 +11,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from processor.core.decision import RESERVATION_UPKEEP, Decision
+from processor.core.decision import RESERVATION_UPKEEP, RETRY_QUEUE, Decision
 from processor.core.handlers.disruptions import eviction_due
 from processor.core.handlers.gangs import end_gang, place_gang
 from processor.core.handlers.pods import place, release_pod
 from processor.core.handlers.reservations import release_reservation
 from processor.core.reservations import holder_waiting
 from processor.core.state import GANG_RETRYING, GANG_RUNNING, ClusterState, lookup
-from processor.core.timers import EVICTION, GANG_TIMEOUT, RESERVATION_START, RESERVE_CHECK, RETRY, TIME_LIMIT, Timer
+from processor.core.timers import (
+    EVICTION,
+    GANG_TIMEOUT,
+    PREEMPT_CHECK,
+    RESERVATION_START,
+    RESERVE_CHECK,
+    RETRY,
+    TIME_LIMIT,
+    Timer,
+)
 from schemas.commands import Tick
 from schemas.events import GangTimedOut, PodTimeLimitReached, Ticked
 
@@ -97,6 +106,13 @@ def _reserve_check(decision: Decision, cluster: ClusterState, job_id: str, deadl
     decision.then(RESERVATION_UPKEEP, cluster)
 
 
+def _preempt_check(decision: Decision, cluster: ClusterState, node_id: str, deadline: int) -> None:
+    """A pod evicted in an earlier command was placed again on the node in that command, where the queue could
+    not take it as a victim (one command evicts a pod once): the queue retries the node, preemption included."""
+    if node_id in cluster.nodes:
+        decision.then(RETRY_QUEUE, cluster, (node_id,), None)
+
+
 _TIMER_HANDLERS: dict[int, Callable[[Decision, ClusterState, str, int], None]] = {
     TIME_LIMIT: _time_limit_reached,
     RESERVATION_START: _reservation_due,
@@ -104,4 +120,5 @@ _TIMER_HANDLERS: dict[int, Callable[[Decision, ClusterState, str, int], None]] =
     RESERVE_CHECK: _reserve_check,
     RETRY: _retry_due,
     EVICTION: eviction_due,
+    PREEMPT_CHECK: _preempt_check,
 }

@@ -15,7 +15,7 @@ from processor.core.snapshot import state_hash
 from processor.runtime.loop import Processor
 from processor.runtime.replica import Replica
 from schemas import COMMAND, registry
-from schemas.commands import AddNode, Command, DrainNode, Release, SetPolicy, SubmitPod
+from schemas.commands import AddNode, Command, DrainNode, GangMember, Release, Retry, SetPolicy, SubmitGang, SubmitPod
 from schemas.fastcodec import encode_event
 from tests import workload
 
@@ -266,3 +266,28 @@ def test_history_has_a_point_per_change_bounded_and_from_the_first_event(log: Em
     assert cluster is not None
     assert points[-1]["gpu_milli_allocated"] == cluster.gpu_milli_allocated
     assert points[-1]["fragmentation_pct"] == round(fragmentation_of(cluster), 3)
+
+
+def test_jobs_waiting_for_their_retry_are_listed_after_the_queue_with_the_reason(log: EmbeddedLog) -> None:
+    """A failed pod and a failed gang waiting for their retries are outside the queue: the queue listing shows
+    them after the queued jobs, waiting, with WAITING_FOR_RETRY and the time their retry is due."""
+    retry = Retry(max_retries=2, backoff_ms=60_000)
+    members = (GangMember("g-0", num_gpu=2, gpu_milli=1000), GangMember("g-1", num_gpu=2, gpu_milli=1000))
+    append(
+        log,
+        [
+            cmd("r0", AddNode("a100-1", 96_000, 786_432, "A100", 8)),
+            cmd("r1", SubmitPod("solo", "alice", 0, 1, 1000, 1000, 1024, retry=retry), t=1),
+            cmd("r2", SubmitGang("g", "research", members=members, min_members=1, retry=retry), t=2),
+            cmd("r3", Release("solo", "failed"), t=1_000),
+            cmd("r4", Release("g-0", "failed"), t=2_000),
+            cmd("r5", Release("g-1", "failed"), t=3_000),
+        ],
+    )
+    replica = replica_of(log)
+    jobs = {job["id"]: job for job in replica.queue("lab")["jobs"]}
+    assert set(jobs) == {"solo", "g"}
+    for job_id, due in (("solo", T0 + 61_000), ("g", T0 + 63_000)):
+        (reason,) = jobs[job_id]["reasons"]
+        assert jobs[job_id]["state"] == "waiting" and jobs[job_id]["position"] is None
+        assert reason["code"] == "WAITING_FOR_RETRY" and f"retry 1 is due at event time {due} ms" in reason["message"]
