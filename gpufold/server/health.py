@@ -13,7 +13,9 @@ the replica or the projection is behind by more than ``max_lag_seconds``; ``/v1/
 everything. Both read the monitor's last sample, unless it is old: an unhealthy sample older than
 ``SAMPLE_SECONDS``, or a healthy one older than ``STALE_SECONDS``, is taken again on the request (one
 at a time), so neither a 503 nor an "ok" is stale, even when the sampling thread is slow (a busy
-machine) and what was wrong (a replica restoring) has cleared, or what was fine has broken.
+machine) and what was wrong (a replica restoring) has cleared, or what was fine has broken. While a
+sample is being taken (it may wait on a database or the log), the request gets the last one with its
+in-memory part (the replica, the threads, halted clusters) read now.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class HealthMonitor:
         self._missing: dict[str, float] = {}  # cluster -> since when the replica has it and the projection not
         self._report: dict[str, Any] = {"ok": False, "problems": ["starting"], "checked_at": None}
         self._sampled = float("-inf")  # self._clock() when self._report was taken
+        self._live_at_sample: list[str] = []  # its problems that came from memory (see _with_live_problems)
         self._checking = threading.Lock()  # one sample at a time, the thread's or a request's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,13 +124,38 @@ class HealthMonitor:
         report = self._report
         age = self._clock() - self._sampled
         if age <= (STALE_SECONDS if report["ok"] else SAMPLE_SECONDS):
-            return report
+            return self._with_live_problems(report)
         if not self._checking.acquire(blocking=False):
-            return report
+            return self._with_live_problems(report)  # a sample is being taken (it may wait on a database)
         try:
             return self._check()
         finally:
             self._checking.release()
+
+    def _with_live_problems(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The last sample with what memory tells now in place of what memory told then (the replica's and the
+        threads' state, halted clusters: no I/O, no lock); what the sample read from the log or the database
+        (lags, an unreachable database) stays as sampled."""
+        live = self._live_problems()
+        then = self._live_at_sample
+        if live == then:
+            return report
+        known = set(then) | set(live)
+        problems = live + [p for p in report["problems"] if p not in known]
+        return {**report, "ok": not problems, "problems": problems}
+
+    def _live_problems(self) -> list[str]:
+        probes = self.probes
+        problems: list[str] = []
+        halted: list[dict[str, Any]] = []
+        if probes.replica is not None:
+            found = _replica_problem(probes.replica.status())
+            problems.extend([found] if found else [])
+            halted = [dict(item) for _, item in sorted(getattr(probes.replica, "halted", {}).items())]
+        for thread, what in ((probes.fold_thread, "fold"), (probes.projector_thread, "projector")):
+            found = _thread_problem(thread, what)
+            problems.extend([found] if found else [])
+        return problems + [_halted_problem(item) for item in halted]
 
     def warning(self) -> str | None:
         """One line for a write's answer when something is wrong (the command is in the log all the same)."""
@@ -144,6 +172,7 @@ class HealthMonitor:
     def _check(self) -> dict[str, Any]:
         now = self._clock()
         problems: list[str] = []
+        live = self._live_problems()  # read first: what the parts below find in memory is no older than this
         report: dict[str, Any] = {"checked_at": time.time(), "max_lag_seconds": self.max_lag}
         replica_part = self._replica_part(now, problems)
         report["replica"] = replica_part
@@ -152,12 +181,7 @@ class HealthMonitor:
         report["projection"] = self._projection_part(problems)
         halted = replica_part.get("halted_clusters") or []
         report["halted"] = halted
-        for item in halted:
-            problems.append(
-                f"cluster {item['cluster']!r} is halted: its fold raised on command {item['command_id']!r} "
-                f"({item['error'] or 'no message'}); {item.get('refused', 0)} of its commands refused since "
-                "(CLUSTER_HALTED, kept in the log for a ResumeCluster); the other clusters go on"
-            )
+        problems.extend(_halted_problem(item) for item in halted)
         for extra in self.probes.extra:
             try:
                 problems.extend(extra())
@@ -166,6 +190,8 @@ class HealthMonitor:
         report["ok"] = not problems
         report["problems"] = problems
         report["warnings"] = self._warnings(replica_part)
+        from_memory = set(live) | set(self._live_problems())  # before and after the parts read it
+        self._live_at_sample = [p for p in problems if p in from_memory]
         self._report = report
         self._sampled = now
         return report
@@ -197,12 +223,8 @@ class HealthMonitor:
             )  # fmt: skip
             if seconds > self.max_lag:
                 problems.append(f"the replica is {seconds:.0f} s behind on partition {p} ({head - offset} commands)")
-        if status.get("error"):
-            problems.append(f"the replica stopped following the log: {status['error']}")
-        elif not status.get("alive", True):
-            problems.append("the replica's thread is not running")
-        elif not status.get("ready"):
-            problems.append("the replica is restoring the state (not ready yet)")
+        found = _replica_problem(status)
+        problems.extend([found] if found else [])
         halted = [dict(item) for _, item in sorted(getattr(replica, "halted", {}).items())]
         return {
             "present": True,
@@ -222,10 +244,8 @@ class HealthMonitor:
         if thread is not None:
             part["alive"] = bool(thread.alive)
             part["error"] = thread.error
-            if thread.error:
-                problems.append(f"the fold stopped: {thread.error}")
-            elif not thread.alive:
-                problems.append("the fold's thread is not running")
+            found = _thread_problem(thread, "fold")
+            problems.extend([found] if found else [])
         if probes.fold_positions is None:
             return part
         try:
@@ -258,10 +278,8 @@ class HealthMonitor:
         if thread is not None:
             part["alive"] = bool(thread.alive)
             part["error"] = thread.error
-            if thread.error:
-                problems.append(f"the projector stopped: {thread.error}")
-            elif not thread.alive:
-                problems.append("the projector's thread is not running")
+            found = _thread_problem(thread, "projector")
+            problems.extend([found] if found else [])
         try:
             part.update(probes.projection())
         except Exception as error:
@@ -292,3 +310,32 @@ class HealthMonitor:
             where = "not projected" if cluster in self._missing else "of event time behind"
             problems.append(f"the projection is behind the fold: cluster {cluster!r}, {lag:.0f} s {where}")
         return part
+
+
+def _replica_problem(status: dict[str, Any]) -> str | None:
+    if status.get("error"):
+        return f"the replica stopped following the log: {status['error']}"
+    if not status.get("alive", True):
+        return "the replica's thread is not running"
+    if not status.get("ready"):
+        return "the replica is restoring the state (not ready yet)"
+    return None
+
+
+def _thread_problem(thread: Any, what: str) -> str | None:
+    """A processor's or a projector's thread in this process: stopped with an error, or not running."""
+    if thread is None:
+        return None
+    if thread.error:
+        return f"the {what} stopped: {thread.error}"
+    if not thread.alive:
+        return f"the {what}'s thread is not running"
+    return None
+
+
+def _halted_problem(item: dict[str, Any]) -> str:
+    return (
+        f"cluster {item['cluster']!r} is halted: its fold raised on command {item['command_id']!r} "
+        f"({item['error'] or 'no message'}); {item.get('refused', 0)} of its commands refused since "
+        "(CLUSTER_HALTED, kept in the log for a ResumeCluster); the other clusters go on"
+    )

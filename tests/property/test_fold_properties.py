@@ -584,9 +584,9 @@ def assert_same_plan(indexed: PodPlan | None, scanned: PodPlan | None, case: obj
 
 
 def exhaustive_victims(cluster: ClusterState, spec: PodSpec, now: int) -> tuple[str, list[str]] | None:
-    """Every node and every set of lower-priority victims (a gang member brings its whole gang) that makes
-    room: the node and victims least by (highest victim priority, victims, GPU milli x ms lost, node id,
-    victim ids)."""
+    """Every node and every set of lower-priority victims (a gang member brings its whole gang; a pod or gang
+    that is not ``preemptible`` is never one) that makes room: the node and victims least by (highest victim
+    priority, victims, GPU milli x ms lost, node id, victim ids)."""
     shape: PodShape = usable_shape(cluster, spec.pod_id, shape_of(spec), now)
     best: tuple[tuple[int, int, int, str, tuple[str, ...]], str, list[str]] | None = None
     for node_id in sorted(cluster.nodes):
@@ -596,10 +596,12 @@ def exhaustive_victims(cluster: ClusterState, spec: PodSpec, now: int) -> tuple[
         units: dict[str, list[Pod]] = {}
         for pod_id in node.pods:
             pod = cluster.pods[pod_id]
-            if pod.spec.priority >= spec.priority:
+            if pod.spec.priority >= spec.priority or not pod.spec.preemptible:
                 continue
             gang_id = pod.spec.gang_id
             if gang_id is not None:
+                if not cluster.gangs[gang_id].spec.preemptible:
+                    continue
                 members = [cluster.pods[m] for m in cluster.gangs[gang_id].placed]
                 units[gang_id] = [m for m in members if m.node_id is not None]
             else:

@@ -191,19 +191,45 @@ class Restoring:
 
 
 def test_a_503_is_sampled_again_when_the_sample_is_old_so_it_is_never_stale() -> None:
-    """The CI failure this answers: serve's replica was ready, yet /healthz still said "restoring" because the
-    sampling thread had not run since (a busy machine). An unhealthy sample older than a sample period is taken
-    again on the request; so is a healthy one older than STALE_SECONDS; a fresh one is served as it is."""
+    """The CI failure this answers: serve's replica was ready, yet /healthz still said "restoring" from the last
+    sample (taken a moment before). What memory holds (the replica's readiness) is read on every request; what a
+    sample reads from I/O (here an extra probe, as a lag) is taken again on the request once the sample is older
+    than a period if it was unhealthy, or older than STALE_SECONDS if it was healthy; a fresh one is served."""
     clock = Clock()
     replica = Restoring()
-    health = HealthMonitor(Probes(replica=replica), clock=clock)
+    io: list[str] = []
+    health = HealthMonitor(Probes(replica=replica, extra=[lambda: list(io)]), clock=clock)
     assert health.check()["problems"] == ["the replica is restoring the state (not ready yet)"]
     replica.ready = True
-    assert not health.report()["ok"], "a sample younger than a period is served as it is"
+    assert health.report()["ok"] and health.report()["problems"] == [], "memory is read now, sample or not"
+    io.append("the projection database is unreachable")
     clock.now += 0.6
-    assert health.report()["ok"] and health.report()["problems"] == []
-    replica.ready = False
+    assert health.report()["problems"] == io, "an old 503 is sampled again; here the old sample was a 503"
+    io.clear()
+    assert not health.report()["ok"], "a young 503 from I/O is served as sampled"
+    clock.now += 0.6
+    assert health.report()["ok"], "an old 503 is sampled again"
+    io.append("the projection database is unreachable")
     clock.now += 1
-    assert health.report()["ok"], "a healthy sample is re-taken by the thread, not the request, while it is young"
+    assert health.report()["ok"], "a young healthy sample is served as it is"
     clock.now += 1.5
     assert not health.report()["ok"], "an old healthy sample (the thread starved) is taken again"
+
+
+def test_while_a_sample_waits_on_io_the_answer_reads_memory_now() -> None:
+    """The second CI failure of the same README test: the sampling thread was inside a sample (waiting on the
+    log's lock) when /healthz came, so the request could not take one and served "restoring" although the
+    replica was ready. What memory holds (the replica, the threads, halted clusters) is read on the request;
+    what the sample read from I/O (here a lag) is kept as sampled."""
+    clock = Clock()
+    replica = Restoring()
+    lagging = ["the fold is 40 s behind on partition 0: 3 command(s) not folded"]
+    health = HealthMonitor(Probes(replica=replica, extra=[lambda: lagging]), clock=clock)
+    assert health.check()["problems"] == ["the replica is restoring the state (not ready yet)", *lagging]
+    replica.ready = True
+    clock.now += 0.6
+    with health._checking:  # the sampler is busy (e.g. blocked on the log)
+        assert health.report()["problems"] == lagging
+        lagging.clear()  # the lag clears, but only a sample can tell
+        assert not health.report()["ok"]
+    assert health.report() == {**health.report(), "ok": True, "problems": []}  # free again: sampled anew
