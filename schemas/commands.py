@@ -35,6 +35,11 @@ PREEMPT_LOWER_OR_NEWER = "lower_or_newer_equal_priority"
 """Contract v4: also pods of equal priority submitted after it (Kueue's ``LowerOrNewerEqualPriority``)."""
 PREEMPTION_MODES = (PREEMPT_LOWER, PREEMPT_NEVER, PREEMPT_LOWER_OR_NEWER)
 PREEMPTION_MODES_V3 = (PREEMPT_LOWER, PREEMPT_NEVER)
+DISRUPT_ALL = "all"
+"""A gang member chosen as a victim takes its whole gang (the default)."""
+DISRUPT_ABOVE_MIN = "above_min"
+"""Contract v4: members above ``min_members`` may be preempted or reclaimed one by one; the gang runs on."""
+DISRUPTION_MODES = (DISRUPT_ALL, DISRUPT_ABOVE_MIN)
 """The modes contracts v1 to v3 accepted (a command of theirs with another is refused, as it was)."""
 PREEMPTING = (PREEMPT_LOWER, PREEMPT_LOWER_OR_NEWER)
 """The modes that preempt."""
@@ -283,6 +288,7 @@ class SubmitGang(Record):
     preemption: str = PREEMPT_LOWER
     retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: no member is ever a victim
+    disruption: str = "all"  # contract v4: DISRUPTION_MODES
 
 
 @dataclass(slots=True)

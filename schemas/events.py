@@ -75,6 +75,7 @@ class GangSpec(Record):
     retry: Retry | None = None
     queued_at: int | None = None  # contract v4: the last requeue of a gang that ran (its timeout counts from it)
     preemptible: bool = True  # contract v4: False: no member is ever a victim
+    disruption: str = "all"  # contract v4: all or above_min (SubmitGang.disruption)
 
     @property
     def waiting_since(self) -> int:

@@ -101,7 +101,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
+_k1 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -147,141 +147,141 @@ _k219 = b'\x00'
 _k222 = b'\x02'
 _k224 = b'\x00'
 _k232 = b'\x00'
-_k234 = b'\x14'
-_k240 = b'\x16'
-_k242 = b'\x18'
-_k247 = b'\x02'
-_k250 = b'\x00'
-_k254 = b'\x02'
-_k256 = b'\x00'
-_k259 = b'\x02'
-_k261 = b'\x00'
-_k264 = b'\x02'
-_k266 = b'\x00'
-_k269 = b'\x02'
-_k271 = b'\x00'
-_k275 = b'\x00'
-_k277 = b'\x1a'
-_k281 = b'\x1c'
-_k285 = b'\x02'
-_k288 = b'\x00'
-_k290 = b'\x1e'
-_k294 = b' '
-_k298 = b'"'
-_k303 = b'\x02'
-_k305 = b'\x00'
-_k308 = b'\x02'
-_k310 = b'\x00'
-_k312 = b'$'
-_k317 = b'\x02'
-_k320 = b'\x00'
-_k323 = b'\x02'
-_k326 = b'\x00'
-_k329 = b'\x02'
-_k331 = b'\x00'
-_k334 = b'&'
-_k338 = b'\xc3\x01\xbe\x85*\x00Gc\xaa\xbb'
-_k610 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
-_k621 = b'\x00'
-_k633 = b'\x02'
-_k637 = b'\x04'
-_k641 = b'\x06'
-_k645 = b'\x08'
-_k650 = b'\n'
-_k657 = b'\x0c'
-_k675 = b'\x02'
-_k678 = b'\x00'
-_k681 = b'\x02'
-_k683 = b'\x00'
-_k692 = b'\x00'
-_k703 = b'\x0e'
-_k721 = b'\x02'
-_k724 = b'\x00'
-_k727 = b'\x02'
-_k729 = b'\x00'
-_k738 = b'\x00'
-_k754 = b'\x10'
-_k762 = b'\x12'
-_k767 = b'\x02'
-_k770 = b'\x00'
-_k774 = b'\x14'
-_k781 = b'\x02'
-_k783 = b'\x00'
-_k788 = b'\x02'
-_k790 = b'\x00'
-_k792 = b'\x16'
-_k802 = b'\x18'
-_k831 = b'\x02'
-_k834 = b'\x00'
-_k837 = b'\x02'
-_k839 = b'\x00'
-_k848 = b'\x00'
-_k852 = b'\x02'
-_k855 = b'\x00'
-_k858 = b'\x02'
-_k861 = b'\x00'
-_k864 = b'\x02'
-_k866 = b'\x00'
-_k869 = b'\x02'
-_k871 = b'\x00'
-_k881 = b'\x00'
-_k884 = b'\x02'
-_k886 = b'\x00'
-_k889 = b'\x1a'
-_k910 = b'\x02'
-_k913 = b'\x00'
+_k236 = b'\x14'
+_k242 = b'\x16'
+_k244 = b'\x18'
+_k249 = b'\x02'
+_k252 = b'\x00'
+_k256 = b'\x02'
+_k258 = b'\x00'
+_k261 = b'\x02'
+_k263 = b'\x00'
+_k266 = b'\x02'
+_k268 = b'\x00'
+_k271 = b'\x02'
+_k273 = b'\x00'
+_k277 = b'\x00'
+_k279 = b'\x1a'
+_k283 = b'\x1c'
+_k287 = b'\x02'
+_k290 = b'\x00'
+_k292 = b'\x1e'
+_k296 = b' '
+_k300 = b'"'
+_k305 = b'\x02'
+_k307 = b'\x00'
+_k310 = b'\x02'
+_k312 = b'\x00'
+_k314 = b'$'
+_k319 = b'\x02'
+_k322 = b'\x00'
+_k325 = b'\x02'
+_k328 = b'\x00'
+_k331 = b'\x02'
+_k333 = b'\x00'
+_k336 = b'&'
+_k340 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
+_k614 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
+_k625 = b'\x00'
+_k637 = b'\x02'
+_k641 = b'\x04'
+_k645 = b'\x06'
+_k649 = b'\x08'
+_k654 = b'\n'
+_k661 = b'\x0c'
+_k679 = b'\x02'
+_k682 = b'\x00'
+_k685 = b'\x02'
+_k687 = b'\x00'
+_k696 = b'\x00'
+_k707 = b'\x0e'
+_k725 = b'\x02'
+_k728 = b'\x00'
+_k731 = b'\x02'
+_k733 = b'\x00'
+_k742 = b'\x00'
+_k758 = b'\x10'
+_k766 = b'\x12'
+_k771 = b'\x02'
+_k774 = b'\x00'
+_k778 = b'\x14'
+_k785 = b'\x02'
+_k787 = b'\x00'
+_k792 = b'\x02'
+_k794 = b'\x00'
+_k796 = b'\x16'
+_k806 = b'\x18'
+_k835 = b'\x02'
+_k838 = b'\x00'
+_k841 = b'\x02'
+_k843 = b'\x00'
+_k852 = b'\x00'
+_k856 = b'\x02'
+_k859 = b'\x00'
+_k862 = b'\x02'
+_k865 = b'\x00'
+_k868 = b'\x02'
+_k870 = b'\x00'
+_k873 = b'\x02'
+_k875 = b'\x00'
+_k885 = b'\x00'
+_k888 = b'\x02'
+_k890 = b'\x00'
+_k895 = b'\x1a'
 _k916 = b'\x02'
 _k919 = b'\x00'
 _k922 = b'\x02'
-_k924 = b'\x00'
-_k927 = b'\x02'
-_k929 = b'\x00'
-_k939 = b'\x00'
-_k942 = b'\x02'
-_k944 = b'\x00'
-_k947 = b'\x02'
+_k925 = b'\x00'
+_k928 = b'\x02'
+_k930 = b'\x00'
+_k933 = b'\x02'
+_k935 = b'\x00'
+_k945 = b'\x00'
+_k948 = b'\x02'
 _k950 = b'\x00'
-_k953 = b'\x02'
-_k956 = b'\x00'
-_k961 = b'\x1c'
-_k968 = b'\x1e'
-_k975 = b' '
-_k983 = b'\x02'
-_k986 = b'\x00'
-_k988 = b'"'
-_k996 = b'\x02'
-_k998 = b'\x00'
-_k1002 = b'$'
-_k1013 = b'&'
-_k1023 = b'('
-_k1026 = b'*'
-_k1038 = b','
-_k1041 = b'\x02'
-_k1044 = b'\x00'
-_k1047 = b'\x00'
-_k1050 = b'\x00'
-_k1054 = b'.'
-_k1068 = b'0'
-_k1074 = b'\x02'
-_k1077 = b'\x00'
-_k1081 = b'2'
-_k1091 = b'4'
-_k1101 = b'6'
-_k1105 = b'8'
-_k1112 = b':'
-_k1119 = b'\x02'
-_k1122 = b'\x00'
-_k1124 = b'<'
-_k1129 = b'\x02'
-_k1132 = b'\x00'
-_k1135 = b'\x02'
-_k1138 = b'\x00'
-_k1141 = b'\x02'
-_k1143 = b'\x00'
-_k1146 = b'>'
-_k1150 = b'@'
-_k1161 = b'B'
-_k1168 = b'\xc3\x01uW\xdb\xc5\xd7\x03\xb1h'
+_k955 = b'\x02'
+_k958 = b'\x00'
+_k961 = b'\x02'
+_k964 = b'\x00'
+_k969 = b'\x1c'
+_k976 = b'\x1e'
+_k983 = b' '
+_k991 = b'\x02'
+_k994 = b'\x00'
+_k996 = b'"'
+_k1004 = b'\x02'
+_k1006 = b'\x00'
+_k1010 = b'$'
+_k1021 = b'&'
+_k1031 = b'('
+_k1034 = b'*'
+_k1046 = b','
+_k1049 = b'\x02'
+_k1052 = b'\x00'
+_k1055 = b'\x00'
+_k1058 = b'\x00'
+_k1062 = b'.'
+_k1076 = b'0'
+_k1082 = b'\x02'
+_k1085 = b'\x00'
+_k1089 = b'2'
+_k1099 = b'4'
+_k1109 = b'6'
+_k1113 = b'8'
+_k1120 = b':'
+_k1127 = b'\x02'
+_k1130 = b'\x00'
+_k1132 = b'<'
+_k1137 = b'\x02'
+_k1140 = b'\x00'
+_k1143 = b'\x02'
+_k1146 = b'\x00'
+_k1149 = b'\x02'
+_k1151 = b'\x00'
+_k1154 = b'>'
+_k1158 = b'@'
+_k1169 = b'B'
+_k1176 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -478,113 +478,101 @@ def _u222(v: Any) -> bytes:
 
 
 def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"),))
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"), (_P[n235] if (n235 := len(s234 := o.disruption.encode())) < 8192 else _long(n235)), s234,))
 
 
-def _e_ReleaseGang233(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k234, (_P[n237] if (n237 := len(s236 := o.gang_id.encode())) < 8192 else _long(n237)), s236, (_P[n239] if (n239 := len(s238 := o.reason.encode())) < 8192 else _long(n239)), s238,))
+def _e_ReleaseGang235(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k236, (_P[n239] if (n239 := len(s238 := o.gang_id.encode())) < 8192 else _long(n239)), s238, (_P[n241] if (n241 := len(s240 := o.reason.encode())) < 8192 else _long(n241)), s240,))
 
 
-def _e_Tick239(o: _c_Tick) -> bytes:
-    return b"".join((_k240, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick241(o: _c_Tick) -> bytes:
+    return b"".join((_k242, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u247(v: Any) -> bytes:
-    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := v.encode())) < 8192 else _long(n250)), s249,))
+def _u249(v: Any) -> bytes:
+    return b"".join((_k249, (_P[n252] if (n252 := len(s251 := v.encode())) < 8192 else _long(n252)), s251,))
 
 
-def _u254(v: Any) -> bytes:
-    return b"".join((_k254, (_P[n256] if 0 <= (n256 := v) < 8192 else _long(n256)),))
+def _u256(v: Any) -> bytes:
+    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
 
 
-def _u259(v: Any) -> bytes:
-    return b"".join((_k259, (_P[n261] if 0 <= (n261 := v) < 8192 else _long(n261)),))
+def _u261(v: Any) -> bytes:
+    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
 
 
-def _u264(v: Any) -> bytes:
-    return b"".join((_k264, (_P[n266] if 0 <= (n266 := v) < 8192 else _long(n266)),))
+def _u266(v: Any) -> bytes:
+    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
 
 
-def _u269(v: Any) -> bytes:
-    return b"".join((_k269, (_P[n271] if 0 <= (n271 := v) < 8192 else _long(n271)),))
+def _u271(v: Any) -> bytes:
+    return b"".join((_k271, (_P[n273] if 0 <= (n273 := v) < 8192 else _long(n273)),))
 
 
-def _e_SetQuota241(o: _c_SetQuota) -> bytes:
-    return b"".join((_k242, (_P[n245] if (n245 := len(s244 := o.tenant.encode())) < 8192 else _long(n245)), s244, (_k250 if (u246 := o.cohort) is None else _u247(u246)), (_b132(a252) if (a252 := o.nominal_gpus) else b"\x00"), (_k256 if (u253 := o.nominal_cpu_milli) is None else _u254(u253)), (_k261 if (u258 := o.nominal_memory_mib) is None else _u259(u258)), (_k266 if (u263 := o.borrowing_limit_gpus) is None else _u264(u263)), (_k271 if (u268 := o.lending_limit_gpus) is None else _u269(u268)), (_P[n273] if 0 <= (n273 := o.weight) < 8192 else _long(n273)), (_k275 if (u274 := o.preemption) is None else _k274[type(u274)](u274)),))
+def _e_SetQuota243(o: _c_SetQuota) -> bytes:
+    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246, (_k252 if (u248 := o.cohort) is None else _u249(u248)), (_b132(a254) if (a254 := o.nominal_gpus) else b"\x00"), (_k258 if (u255 := o.nominal_cpu_milli) is None else _u256(u255)), (_k263 if (u260 := o.nominal_memory_mib) is None else _u261(u260)), (_k268 if (u265 := o.borrowing_limit_gpus) is None else _u266(u265)), (_k273 if (u270 := o.lending_limit_gpus) is None else _u271(u270)), (_P[n275] if 0 <= (n275 := o.weight) < 8192 else _long(n275)), (_k277 if (u276 := o.preemption) is None else _k276[type(u276)](u276)),))
 
 
-def _e_RemoveQuota276(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k277, (_P[n280] if (n280 := len(s279 := o.tenant.encode())) < 8192 else _long(n280)), s279,))
+def _e_RemoveQuota278(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.tenant.encode())) < 8192 else _long(n282)), s281,))
 
 
-def _u285(v: Any) -> bytes:
-    return b"".join((_k285, (_P[n288] if (n288 := len(s287 := v.encode())) < 8192 else _long(n288)), s287,))
+def _u287(v: Any) -> bytes:
+    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := v.encode())) < 8192 else _long(n290)), s289,))
 
 
-def _e_Defragment280(o: _c_Defragment) -> bytes:
-    return b"".join((_k281, (_P[n283] if 0 <= (n283 := o.max_moves) < 8192 else _long(n283)), (_k288 if (u284 := o.target) is None else _u285(u284)),))
+def _e_Defragment282(o: _c_Defragment) -> bytes:
+    return b"".join((_k283, (_P[n285] if 0 <= (n285 := o.max_moves) < 8192 else _long(n285)), (_k290 if (u286 := o.target) is None else _u287(u286)),))
 
 
-def _e_ResumeCluster289(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.reason.encode())) < 8192 else _long(n293)), s292,))
+def _e_ResumeCluster291(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k292, (_P[n295] if (n295 := len(s294 := o.reason.encode())) < 8192 else _long(n295)), s294,))
 
 
-def _e_RecoverNode293(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k294, (_P[n297] if (n297 := len(s296 := o.node_id.encode())) < 8192 else _long(n297)), s296,))
+def _e_RecoverNode295(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k296, (_P[n299] if (n299 := len(s298 := o.node_id.encode())) < 8192 else _long(n299)), s298,))
 
 
-def _u303(v: Any) -> bytes:
-    return b"".join((_k303, (_b21(a305) if (a305 := v) else b"\x00"),))
+def _u305(v: Any) -> bytes:
+    return b"".join((_k305, (_b21(a307) if (a307 := v) else b"\x00"),))
 
 
-def _u308(v: Any) -> bytes:
-    return b"".join((_k308, (_b27(a310) if (a310 := v) else b"\x00"),))
+def _u310(v: Any) -> bytes:
+    return b"".join((_k310, (_b27(a312) if (a312 := v) else b"\x00"),))
 
 
-def _e_UpdateNode297(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := o.node_id.encode())) < 8192 else _long(n301)), s300, (_k305 if (u302 := o.labels) is None else _u303(u302)), (_k310 if (u307 := o.taints) is None else _u308(u307)),))
+def _e_UpdateNode299(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k300, (_P[n303] if (n303 := len(s302 := o.node_id.encode())) < 8192 else _long(n303)), s302, (_k307 if (u304 := o.labels) is None else _u305(u304)), (_k312 if (u309 := o.taints) is None else _u310(u309)),))
 
 
-def _u317(v: Any) -> bytes:
-    return b"".join((_k317, (_P[n320] if (n320 := len(s319 := v.encode())) < 8192 else _long(n320)), s319,))
+def _u319(v: Any) -> bytes:
+    return b"".join((_k319, (_P[n322] if (n322 := len(s321 := v.encode())) < 8192 else _long(n322)), s321,))
 
 
-def _u323(v: Any) -> bytes:
-    return b"".join((_k323, (_P[n326] if (n326 := len(s325 := v.encode())) < 8192 else _long(n326)), s325,))
+def _u325(v: Any) -> bytes:
+    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := v.encode())) < 8192 else _long(n328)), s327,))
 
 
-def _u329(v: Any) -> bytes:
-    return b"".join((_k329, (_b21(a331) if (a331 := v) else b"\x00"),))
+def _u331(v: Any) -> bytes:
+    return b"".join((_k331, (_b21(a333) if (a333 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget311(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k312, (_P[n315] if (n315 := len(s314 := o.budget_id.encode())) < 8192 else _long(n315)), s314, (_k320 if (u316 := o.tenant) is None else _u317(u316)), (_k326 if (u322 := o.gang_id) is None else _u323(u322)), (_k331 if (u328 := o.label_selector) is None else _u329(u328)), (_P[n333] if 0 <= (n333 := o.max_unavailable) < 8192 else _long(n333)),))
+def _e_SetDisruptionBudget313(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := o.budget_id.encode())) < 8192 else _long(n317)), s316, (_k322 if (u318 := o.tenant) is None else _u319(u318)), (_k328 if (u324 := o.gang_id) is None else _u325(u324)), (_k333 if (u330 := o.label_selector) is None else _u331(u330)), (_P[n335] if 0 <= (n335 := o.max_unavailable) < 8192 else _long(n335)),))
 
 
-def _e_RemoveDisruptionBudget333(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k334, (_P[n337] if (n337 := len(s336 := o.budget_id.encode())) < 8192 else _long(n337)), s336,))
+def _e_RemoveDisruptionBudget335(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := o.budget_id.encode())) < 8192 else _long(n339)), s338,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k337[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k339[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint365(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint367(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n367 = _ZL[buf[pos]]
-    if n367 < 0:
-        n367, pos = _rlong(buf, pos)
-        if n367 < 0:
-            raise _length_error(n367, end - pos)
-    else:
-        pos += 1
-    q368 = pos + n367
-    if q368 > end:
-        raise _length_error(n367, end - pos)
-    f_key = buf[pos:q368].decode()
-    pos = q368
     n369 = _ZL[buf[pos]]
     if n369 < 0:
         n369, pos = _rlong(buf, pos)
@@ -595,7 +583,7 @@ def _d_Taint365(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q370 = pos + n369
     if q370 > end:
         raise _length_error(n369, end - pos)
-    f_value = buf[pos:q370].decode()
+    f_key = buf[pos:q370].decode()
     pos = q370
     n371 = _ZL[buf[pos]]
     if n371 < 0:
@@ -607,13 +595,25 @@ def _d_Taint365(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     q372 = pos + n371
     if q372 > end:
         raise _length_error(n371, end - pos)
-    f_effect = buf[pos:q372].decode()
+    f_value = buf[pos:q372].decode()
     pos = q372
+    n373 = _ZL[buf[pos]]
+    if n373 < 0:
+        n373, pos = _rlong(buf, pos)
+        if n373 < 0:
+            raise _length_error(n373, end - pos)
+    else:
+        pos += 1
+    q374 = pos + n373
+    if q374 > end:
+        raise _length_error(n373, end - pos)
+    f_effect = buf[pos:q374].decode()
+    pos = q374
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -622,18 +622,6 @@ def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n348 = _ZL[buf[pos]]
-    if n348 < 0:
-        n348, pos = _rlong(buf, pos)
-        if n348 < 0:
-            raise _length_error(n348, end - pos)
-    else:
-        pos += 1
-    q349 = pos + n348
-    if q349 > end:
-        raise _length_error(n348, end - pos)
-    f_node_id = buf[pos:q349].decode()
-    pos = q349
     n350 = _ZL[buf[pos]]
     if n350 < 0:
         n350, pos = _rlong(buf, pos)
@@ -644,8 +632,20 @@ def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     q351 = pos + n350
     if q351 > end:
         raise _length_error(n350, end - pos)
-    f_gpu_model = buf[pos:q351].decode()
+    f_node_id = buf[pos:q351].decode()
     pos = q351
+    n352 = _ZL[buf[pos]]
+    if n352 < 0:
+        n352, pos = _rlong(buf, pos)
+        if n352 < 0:
+            raise _length_error(n352, end - pos)
+    else:
+        pos += 1
+    q353 = pos + n352
+    if q353 > end:
+        raise _length_error(n352, end - pos)
+    f_gpu_model = buf[pos:q353].decode()
+    pos = q353
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -692,55 +692,43 @@ def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc352: dict[str, Any] = {}
+        acc354: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c353 = _ZD[b]
+                c355 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c353 = (z >> 1) ^ -(z & 1)
+                c355 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c353 = (z >> 1) ^ -(z & 1)
+                c355 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c353, pos = _rlong(buf, pos)
-            if c353 == 0:
+                c355, pos = _rlong(buf, pos)
+            if c355 == 0:
                 break
-            if c353 < 0:
-                c353 = -c353
+            if c355 < 0:
+                c355 = -c355
                 b = buf[pos]
                 if b < 128:
-                    z356 = _ZD[b]
+                    z358 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z358 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z356 = (z >> 1) ^ -(z & 1)
+                    z358 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z356, pos = _rlong(buf, pos)
-            if c353 * 2 > end - pos:
-                raise _count_error(c353, end - pos)
-            for _ in range(c353):
-                n357 = _ZL[buf[pos]]
-                if n357 < 0:
-                    n357, pos = _rlong(buf, pos)
-                    if n357 < 0:
-                        raise _length_error(n357, end - pos)
-                else:
-                    pos += 1
-                q358 = pos + n357
-                if q358 > end:
-                    raise _length_error(n357, end - pos)
-                k355 = buf[pos:q358].decode()
-                pos = q358
+                    z358, pos = _rlong(buf, pos)
+            if c355 * 2 > end - pos:
+                raise _count_error(c355, end - pos)
+            for _ in range(c355):
                 n359 = _ZL[buf[pos]]
                 if n359 < 0:
                     n359, pos = _rlong(buf, pos)
@@ -751,54 +739,66 @@ def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
                 q360 = pos + n359
                 if q360 > end:
                     raise _length_error(n359, end - pos)
-                x354 = buf[pos:q360].decode()
+                k357 = buf[pos:q360].decode()
                 pos = q360
-                acc352[k355] = x354
-        f_labels = acc352
+                n361 = _ZL[buf[pos]]
+                if n361 < 0:
+                    n361, pos = _rlong(buf, pos)
+                    if n361 < 0:
+                        raise _length_error(n361, end - pos)
+                else:
+                    pos += 1
+                q362 = pos + n361
+                if q362 > end:
+                    raise _length_error(n361, end - pos)
+                x356 = buf[pos:q362].decode()
+                pos = q362
+                acc354[k357] = x356
+        f_labels = acc354
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc361: list[Any] = []
+        acc363: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c362 = _ZD[b]
+                c364 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c362 = (z >> 1) ^ -(z & 1)
+                c364 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c362 = (z >> 1) ^ -(z & 1)
+                c364 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c362, pos = _rlong(buf, pos)
-            if c362 == 0:
+                c364, pos = _rlong(buf, pos)
+            if c364 == 0:
                 break
-            if c362 < 0:
-                c362 = -c362
+            if c364 < 0:
+                c364 = -c364
                 b = buf[pos]
                 if b < 128:
-                    z365 = _ZD[b]
+                    z367 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z365 = (z >> 1) ^ -(z & 1)
+                    z367 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z365 = (z >> 1) ^ -(z & 1)
+                    z367 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z365, pos = _rlong(buf, pos)
-            if c362 * 3 > end - pos:
-                raise _count_error(c362, end - pos)
-            for _ in range(c362):
-                x363, pos = _d_Taint365(buf, pos, end)
-                acc361.append(x363)
-        f_taints = tuple(acc361)
+                    z367, pos = _rlong(buf, pos)
+            if c364 * 3 > end - pos:
+                raise _count_error(c364, end - pos)
+            for _ in range(c364):
+                x365, pos = _d_Taint367(buf, pos, end)
+                acc363.append(x365)
+        f_taints = tuple(acc363)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -817,79 +817,79 @@ def _d_AddNode346(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode372(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode374(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n374 = _ZL[buf[pos]]
-    if n374 < 0:
-        n374, pos = _rlong(buf, pos)
-        if n374 < 0:
-            raise _length_error(n374, end - pos)
+    n376 = _ZL[buf[pos]]
+    if n376 < 0:
+        n376, pos = _rlong(buf, pos)
+        if n376 < 0:
+            raise _length_error(n376, end - pos)
     else:
         pos += 1
-    q375 = pos + n374
-    if q375 > end:
-        raise _length_error(n374, end - pos)
-    f_node_id = buf[pos:q375].decode()
-    pos = q375
+    q377 = pos + n376
+    if q377 > end:
+        raise _length_error(n376, end - pos)
+    f_node_id = buf[pos:q377].decode()
+    pos = q377
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode375(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode377(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n377 = _ZL[buf[pos]]
-    if n377 < 0:
-        n377, pos = _rlong(buf, pos)
-        if n377 < 0:
-            raise _length_error(n377, end - pos)
+    n379 = _ZL[buf[pos]]
+    if n379 < 0:
+        n379, pos = _rlong(buf, pos)
+        if n379 < 0:
+            raise _length_error(n379, end - pos)
     else:
         pos += 1
-    q378 = pos + n377
-    if q378 > end:
-        raise _length_error(n377, end - pos)
-    f_node_id = buf[pos:q378].decode()
-    pos = q378
+    q380 = pos + n379
+    if q380 > end:
+        raise _length_error(n379, end - pos)
+    f_node_id = buf[pos:q380].decode()
+    pos = q380
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode378(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode380(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n380 = _ZL[buf[pos]]
-    if n380 < 0:
-        n380, pos = _rlong(buf, pos)
-        if n380 < 0:
-            raise _length_error(n380, end - pos)
+    n382 = _ZL[buf[pos]]
+    if n382 < 0:
+        n382, pos = _rlong(buf, pos)
+        if n382 < 0:
+            raise _length_error(n382, end - pos)
     else:
         pos += 1
-    q381 = pos + n380
-    if q381 > end:
-        raise _length_error(n380, end - pos)
-    f_node_id = buf[pos:q381].decode()
-    pos = q381
+    q383 = pos + n382
+    if q383 > end:
+        raise _length_error(n382, end - pos)
+    f_node_id = buf[pos:q383].decode()
+    pos = q383
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode381(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n383 = _ZL[buf[pos]]
-    if n383 < 0:
-        n383, pos = _rlong(buf, pos)
-        if n383 < 0:
-            raise _length_error(n383, end - pos)
+    n385 = _ZL[buf[pos]]
+    if n385 < 0:
+        n385, pos = _rlong(buf, pos)
+        if n385 < 0:
+            raise _length_error(n385, end - pos)
     else:
         pos += 1
-    q384 = pos + n383
-    if q384 > end:
-        raise _length_error(n383, end - pos)
-    f_node_id = buf[pos:q384].decode()
-    pos = q384
+    q386 = pos + n385
+    if q386 > end:
+        raise _length_error(n385, end - pos)
+    f_node_id = buf[pos:q386].decode()
+    pos = q386
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -910,21 +910,9 @@ def _d_DrainNode381(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed384(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed386(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n386 = _ZL[buf[pos]]
-    if n386 < 0:
-        n386, pos = _rlong(buf, pos)
-        if n386 < 0:
-            raise _length_error(n386, end - pos)
-    else:
-        pos += 1
-    q387 = pos + n386
-    if q387 > end:
-        raise _length_error(n386, end - pos)
-    f_node_id = buf[pos:q387].decode()
-    pos = q387
     n388 = _ZL[buf[pos]]
     if n388 < 0:
         n388, pos = _rlong(buf, pos)
@@ -935,29 +923,29 @@ def _d_MarkNodeFailed384(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFai
     q389 = pos + n388
     if q389 > end:
         raise _length_error(n388, end - pos)
-    f_reason = buf[pos:q389].decode()
+    f_node_id = buf[pos:q389].decode()
     pos = q389
+    n390 = _ZL[buf[pos]]
+    if n390 < 0:
+        n390, pos = _rlong(buf, pos)
+        if n390 < 0:
+            raise _length_error(n390, end - pos)
+    else:
+        pos += 1
+    q391 = pos + n390
+    if q391 > end:
+        raise _length_error(n390, end - pos)
+    f_reason = buf[pos:q391].decode()
+    pos = q391
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n417 = _ZL[buf[pos]]
-    if n417 < 0:
-        n417, pos = _rlong(buf, pos)
-        if n417 < 0:
-            raise _length_error(n417, end - pos)
-    else:
-        pos += 1
-    q418 = pos + n417
-    if q418 > end:
-        raise _length_error(n417, end - pos)
-    f_key = buf[pos:q418].decode()
-    pos = q418
     n419 = _ZL[buf[pos]]
     if n419 < 0:
         n419, pos = _rlong(buf, pos)
@@ -968,7 +956,7 @@ def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q420 = pos + n419
     if q420 > end:
         raise _length_error(n419, end - pos)
-    f_operator = buf[pos:q420].decode()
+    f_key = buf[pos:q420].decode()
     pos = q420
     n421 = _ZL[buf[pos]]
     if n421 < 0:
@@ -980,7 +968,7 @@ def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q422 = pos + n421
     if q422 > end:
         raise _length_error(n421, end - pos)
-    f_value = buf[pos:q422].decode()
+    f_operator = buf[pos:q422].decode()
     pos = q422
     n423 = _ZL[buf[pos]]
     if n423 < 0:
@@ -992,13 +980,25 @@ def _d_Toleration415(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q424 = pos + n423
     if q424 > end:
         raise _length_error(n423, end - pos)
-    f_effect = buf[pos:q424].decode()
+    f_value = buf[pos:q424].decode()
     pos = q424
+    n425 = _ZL[buf[pos]]
+    if n425 < 0:
+        n425, pos = _rlong(buf, pos)
+        if n425 < 0:
+            raise _length_error(n425, end - pos)
+    else:
+        pos += 1
+    q426 = pos + n425
+    if q426 > end:
+        raise _length_error(n425, end - pos)
+    f_effect = buf[pos:q426].decode()
+    pos = q426
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry437(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1048,7 +1048,7 @@ def _d_Retry437(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1067,18 +1067,6 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n391 = _ZL[buf[pos]]
-    if n391 < 0:
-        n391, pos = _rlong(buf, pos)
-        if n391 < 0:
-            raise _length_error(n391, end - pos)
-    else:
-        pos += 1
-    q392 = pos + n391
-    if q392 > end:
-        raise _length_error(n391, end - pos)
-    f_pod_id = buf[pos:q392].decode()
-    pos = q392
     n393 = _ZL[buf[pos]]
     if n393 < 0:
         n393, pos = _rlong(buf, pos)
@@ -1089,8 +1077,20 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     q394 = pos + n393
     if q394 > end:
         raise _length_error(n393, end - pos)
-    f_tenant = buf[pos:q394].decode()
+    f_pod_id = buf[pos:q394].decode()
     pos = q394
+    n395 = _ZL[buf[pos]]
+    if n395 < 0:
+        n395, pos = _rlong(buf, pos)
+        if n395 < 0:
+            raise _length_error(n395, end - pos)
+    else:
+        pos += 1
+    q396 = pos + n395
+    if q396 > end:
+        raise _length_error(n395, end - pos)
+    f_tenant = buf[pos:q396].decode()
+    pos = q396
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1165,110 +1165,98 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc395: list[Any] = []
+        acc397: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c396 = _ZD[b]
+                c398 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c396 = (z >> 1) ^ -(z & 1)
+                c398 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c396 = (z >> 1) ^ -(z & 1)
+                c398 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c396, pos = _rlong(buf, pos)
-            if c396 == 0:
+                c398, pos = _rlong(buf, pos)
+            if c398 == 0:
                 break
-            if c396 < 0:
-                c396 = -c396
+            if c398 < 0:
+                c398 = -c398
                 b = buf[pos]
                 if b < 128:
-                    z399 = _ZD[b]
+                    z401 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z399 = (z >> 1) ^ -(z & 1)
+                    z401 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z399 = (z >> 1) ^ -(z & 1)
+                    z401 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z399, pos = _rlong(buf, pos)
-            if c396 * 1 > end - pos:
-                raise _count_error(c396, end - pos)
-            for _ in range(c396):
-                n400 = _ZL[buf[pos]]
-                if n400 < 0:
-                    n400, pos = _rlong(buf, pos)
-                    if n400 < 0:
-                        raise _length_error(n400, end - pos)
+                    z401, pos = _rlong(buf, pos)
+            if c398 * 1 > end - pos:
+                raise _count_error(c398, end - pos)
+            for _ in range(c398):
+                n402 = _ZL[buf[pos]]
+                if n402 < 0:
+                    n402, pos = _rlong(buf, pos)
+                    if n402 < 0:
+                        raise _length_error(n402, end - pos)
                 else:
                     pos += 1
-                q401 = pos + n400
-                if q401 > end:
-                    raise _length_error(n400, end - pos)
-                x397 = buf[pos:q401].decode()
-                pos = q401
-                acc395.append(x397)
-        f_gpu_models = tuple(acc395)
+                q403 = pos + n402
+                if q403 > end:
+                    raise _length_error(n402, end - pos)
+                x399 = buf[pos:q403].decode()
+                pos = q403
+                acc397.append(x399)
+        f_gpu_models = tuple(acc397)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc402: dict[str, Any] = {}
+        acc404: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c403 = _ZD[b]
+                c405 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c403 = (z >> 1) ^ -(z & 1)
+                c405 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c403 = (z >> 1) ^ -(z & 1)
+                c405 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c403, pos = _rlong(buf, pos)
-            if c403 == 0:
+                c405, pos = _rlong(buf, pos)
+            if c405 == 0:
                 break
-            if c403 < 0:
-                c403 = -c403
+            if c405 < 0:
+                c405 = -c405
                 b = buf[pos]
                 if b < 128:
-                    z406 = _ZD[b]
+                    z408 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z406 = (z >> 1) ^ -(z & 1)
+                    z408 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z406 = (z >> 1) ^ -(z & 1)
+                    z408 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z406, pos = _rlong(buf, pos)
-            if c403 * 2 > end - pos:
-                raise _count_error(c403, end - pos)
-            for _ in range(c403):
-                n407 = _ZL[buf[pos]]
-                if n407 < 0:
-                    n407, pos = _rlong(buf, pos)
-                    if n407 < 0:
-                        raise _length_error(n407, end - pos)
-                else:
-                    pos += 1
-                q408 = pos + n407
-                if q408 > end:
-                    raise _length_error(n407, end - pos)
-                k405 = buf[pos:q408].decode()
-                pos = q408
+                    z408, pos = _rlong(buf, pos)
+            if c405 * 2 > end - pos:
+                raise _count_error(c405, end - pos)
+            for _ in range(c405):
                 n409 = _ZL[buf[pos]]
                 if n409 < 0:
                     n409, pos = _rlong(buf, pos)
@@ -1279,71 +1267,83 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
                 q410 = pos + n409
                 if q410 > end:
                     raise _length_error(n409, end - pos)
-                x404 = buf[pos:q410].decode()
+                k407 = buf[pos:q410].decode()
                 pos = q410
-                acc402[k405] = x404
-        f_node_selector = acc402
+                n411 = _ZL[buf[pos]]
+                if n411 < 0:
+                    n411, pos = _rlong(buf, pos)
+                    if n411 < 0:
+                        raise _length_error(n411, end - pos)
+                else:
+                    pos += 1
+                q412 = pos + n411
+                if q412 > end:
+                    raise _length_error(n411, end - pos)
+                x406 = buf[pos:q412].decode()
+                pos = q412
+                acc404[k407] = x406
+        f_node_selector = acc404
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc411: list[Any] = []
+        acc413: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c412 = _ZD[b]
+                c414 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c412 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c412 = (z >> 1) ^ -(z & 1)
+                c414 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c412, pos = _rlong(buf, pos)
-            if c412 == 0:
+                c414, pos = _rlong(buf, pos)
+            if c414 == 0:
                 break
-            if c412 < 0:
-                c412 = -c412
+            if c414 < 0:
+                c414 = -c414
                 b = buf[pos]
                 if b < 128:
-                    z415 = _ZD[b]
+                    z417 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z415 = (z >> 1) ^ -(z & 1)
+                    z417 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z415, pos = _rlong(buf, pos)
-            if c412 * 4 > end - pos:
-                raise _count_error(c412, end - pos)
-            for _ in range(c412):
-                x413, pos = _d_Toleration415(buf, pos, end)
-                acc411.append(x413)
-        f_tolerations = tuple(acc411)
+                    z417, pos = _rlong(buf, pos)
+            if c414 * 4 > end - pos:
+                raise _count_error(c414, end - pos)
+            for _ in range(c414):
+                x415, pos = _d_Toleration417(buf, pos, end)
+                acc413.append(x415)
+        f_tolerations = tuple(acc413)
     b = buf[pos]
     if b < 128:
-        i425 = _ZD[b]
+        i427 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i425 = (z >> 1) ^ -(z & 1)
+        i427 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i425 = (z >> 1) ^ -(z & 1)
+        i427 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i425, pos = _rlong(buf, pos)
-    if i425 == 0:
+        i427, pos = _rlong(buf, pos)
+    if i427 == 0:
         f_time_limit_ms = None
-    elif i425 == 1:
+    elif i427 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1359,74 +1359,62 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i425, 2)
+        raise _union_error(i427, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc426: list[Any] = []
+        acc428: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c427 = _ZD[b]
+                c429 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c427 = (z >> 1) ^ -(z & 1)
+                c429 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c427 = (z >> 1) ^ -(z & 1)
+                c429 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c427, pos = _rlong(buf, pos)
-            if c427 == 0:
+                c429, pos = _rlong(buf, pos)
+            if c429 == 0:
                 break
-            if c427 < 0:
-                c427 = -c427
+            if c429 < 0:
+                c429 = -c429
                 b = buf[pos]
                 if b < 128:
-                    z430 = _ZD[b]
+                    z432 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z432 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z430 = (z >> 1) ^ -(z & 1)
+                    z432 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z430, pos = _rlong(buf, pos)
-            if c427 * 1 > end - pos:
-                raise _count_error(c427, end - pos)
-            for _ in range(c427):
-                n431 = _ZL[buf[pos]]
-                if n431 < 0:
-                    n431, pos = _rlong(buf, pos)
-                    if n431 < 0:
-                        raise _length_error(n431, end - pos)
+                    z432, pos = _rlong(buf, pos)
+            if c429 * 1 > end - pos:
+                raise _count_error(c429, end - pos)
+            for _ in range(c429):
+                n433 = _ZL[buf[pos]]
+                if n433 < 0:
+                    n433, pos = _rlong(buf, pos)
+                    if n433 < 0:
+                        raise _length_error(n433, end - pos)
                 else:
                     pos += 1
-                q432 = pos + n431
-                if q432 > end:
-                    raise _length_error(n431, end - pos)
-                x428 = buf[pos:q432].decode()
-                pos = q432
-                acc426.append(x428)
-        f_depends_on = tuple(acc426)
-    n433 = _ZL[buf[pos]]
-    if n433 < 0:
-        n433, pos = _rlong(buf, pos)
-        if n433 < 0:
-            raise _length_error(n433, end - pos)
-    else:
-        pos += 1
-    q434 = pos + n433
-    if q434 > end:
-        raise _length_error(n433, end - pos)
-    f_dependency = buf[pos:q434].decode()
-    pos = q434
+                q434 = pos + n433
+                if q434 > end:
+                    raise _length_error(n433, end - pos)
+                x430 = buf[pos:q434].decode()
+                pos = q434
+                acc428.append(x430)
+        f_depends_on = tuple(acc428)
     n435 = _ZL[buf[pos]]
     if n435 < 0:
         n435, pos = _rlong(buf, pos)
@@ -1437,8 +1425,20 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     q436 = pos + n435
     if q436 > end:
         raise _length_error(n435, end - pos)
-    f_preemption = buf[pos:q436].decode()
+    f_dependency = buf[pos:q436].decode()
     pos = q436
+    n437 = _ZL[buf[pos]]
+    if n437 < 0:
+        n437, pos = _rlong(buf, pos)
+        if n437 < 0:
+            raise _length_error(n437, end - pos)
+    else:
+        pos += 1
+    q438 = pos + n437
+    if q438 > end:
+        raise _length_error(n437, end - pos)
+    f_preemption = buf[pos:q438].decode()
+    pos = q438
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1457,45 +1457,33 @@ def _d_SubmitPod389(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i437 = _ZD[b]
+        i439 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i437 = (z >> 1) ^ -(z & 1)
+        i439 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i437 = (z >> 1) ^ -(z & 1)
+        i439 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i437, pos = _rlong(buf, pos)
-    if i437 == 0:
+        i439, pos = _rlong(buf, pos)
+    if i439 == 0:
         f_retry = None
-    elif i437 == 1:
-        f_retry, pos = _d_Retry437(buf, pos, end)
+    elif i439 == 1:
+        f_retry, pos = _d_Retry439(buf, pos, end)
     else:
-        raise _union_error(i437, 2)
+        raise _union_error(i439, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release438(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release440(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n440 = _ZL[buf[pos]]
-    if n440 < 0:
-        n440, pos = _rlong(buf, pos)
-        if n440 < 0:
-            raise _length_error(n440, end - pos)
-    else:
-        pos += 1
-    q441 = pos + n440
-    if q441 > end:
-        raise _length_error(n440, end - pos)
-    f_pod_id = buf[pos:q441].decode()
-    pos = q441
     n442 = _ZL[buf[pos]]
     if n442 < 0:
         n442, pos = _rlong(buf, pos)
@@ -1506,29 +1494,29 @@ def _d_Release438(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     q443 = pos + n442
     if q443 > end:
         raise _length_error(n442, end - pos)
-    f_reason = buf[pos:q443].decode()
+    f_pod_id = buf[pos:q443].decode()
     pos = q443
+    n444 = _ZL[buf[pos]]
+    if n444 < 0:
+        n444, pos = _rlong(buf, pos)
+        if n444 < 0:
+            raise _length_error(n444, end - pos)
+    else:
+        pos += 1
+    q445 = pos + n444
+    if q445 > end:
+        raise _length_error(n444, end - pos)
+    f_reason = buf[pos:q445].decode()
+    pos = q445
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n468 = _ZL[buf[pos]]
-    if n468 < 0:
-        n468, pos = _rlong(buf, pos)
-        if n468 < 0:
-            raise _length_error(n468, end - pos)
-    else:
-        pos += 1
-    q469 = pos + n468
-    if q469 > end:
-        raise _length_error(n468, end - pos)
-    f_within_tenant = buf[pos:q469].decode()
-    pos = q469
     n470 = _ZL[buf[pos]]
     if n470 < 0:
         n470, pos = _rlong(buf, pos)
@@ -1539,7 +1527,7 @@ def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
     q471 = pos + n470
     if q471 > end:
         raise _length_error(n470, end - pos)
-    f_reclaim_within_cohort = buf[pos:q471].decode()
+    f_within_tenant = buf[pos:q471].decode()
     pos = q471
     n472 = _ZL[buf[pos]]
     if n472 < 0:
@@ -1551,25 +1539,37 @@ def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
     q473 = pos + n472
     if q473 > end:
         raise _length_error(n472, end - pos)
-    f_borrow_within_cohort = buf[pos:q473].decode()
+    f_reclaim_within_cohort = buf[pos:q473].decode()
     pos = q473
+    n474 = _ZL[buf[pos]]
+    if n474 < 0:
+        n474, pos = _rlong(buf, pos)
+        if n474 < 0:
+            raise _length_error(n474, end - pos)
+    else:
+        pos += 1
+    q475 = pos + n474
+    if q475 > end:
+        raise _length_error(n474, end - pos)
+    f_borrow_within_cohort = buf[pos:q475].decode()
+    pos = q475
     b = buf[pos]
     if b < 128:
-        i474 = _ZD[b]
+        i476 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i474 = (z >> 1) ^ -(z & 1)
+        i476 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i474 = (z >> 1) ^ -(z & 1)
+        i476 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i474, pos = _rlong(buf, pos)
-    if i474 == 0:
+        i476, pos = _rlong(buf, pos)
+    if i476 == 0:
         f_borrow_max_victim_priority = None
-    elif i474 == 1:
+    elif i476 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1585,12 +1585,12 @@ def _d_QuotaPreemption466(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i474, 2)
+        raise _union_error(i476, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1601,170 +1601,104 @@ def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i454 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i454 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i454 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i454, pos = _rlong(buf, pos)
+    if i454 == 0:
         f_cohort = None
-    elif i452 == 1:
-        n453 = _ZL[buf[pos]]
-        if n453 < 0:
-            n453, pos = _rlong(buf, pos)
-            if n453 < 0:
-                raise _length_error(n453, end - pos)
+    elif i454 == 1:
+        n455 = _ZL[buf[pos]]
+        if n455 < 0:
+            n455, pos = _rlong(buf, pos)
+            if n455 < 0:
+                raise _length_error(n455, end - pos)
         else:
             pos += 1
-        q454 = pos + n453
-        if q454 > end:
-            raise _length_error(n453, end - pos)
-        f_cohort = buf[pos:q454].decode()
-        pos = q454
+        q456 = pos + n455
+        if q456 > end:
+            raise _length_error(n455, end - pos)
+        f_cohort = buf[pos:q456].decode()
+        pos = q456
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i454, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc455: dict[str, Any] = {}
+        acc457: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c456 = _ZD[b]
+                c458 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c456 = (z >> 1) ^ -(z & 1)
+                c458 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c456 = (z >> 1) ^ -(z & 1)
+                c458 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c456, pos = _rlong(buf, pos)
-            if c456 == 0:
+                c458, pos = _rlong(buf, pos)
+            if c458 == 0:
                 break
-            if c456 < 0:
-                c456 = -c456
+            if c458 < 0:
+                c458 = -c458
                 b = buf[pos]
                 if b < 128:
-                    z459 = _ZD[b]
+                    z461 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z459 = (z >> 1) ^ -(z & 1)
+                    z461 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z459 = (z >> 1) ^ -(z & 1)
+                    z461 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z459, pos = _rlong(buf, pos)
-            if c456 * 2 > end - pos:
-                raise _count_error(c456, end - pos)
-            for _ in range(c456):
-                n460 = _ZL[buf[pos]]
-                if n460 < 0:
-                    n460, pos = _rlong(buf, pos)
-                    if n460 < 0:
-                        raise _length_error(n460, end - pos)
+                    z461, pos = _rlong(buf, pos)
+            if c458 * 2 > end - pos:
+                raise _count_error(c458, end - pos)
+            for _ in range(c458):
+                n462 = _ZL[buf[pos]]
+                if n462 < 0:
+                    n462, pos = _rlong(buf, pos)
+                    if n462 < 0:
+                        raise _length_error(n462, end - pos)
                 else:
                     pos += 1
-                q461 = pos + n460
-                if q461 > end:
-                    raise _length_error(n460, end - pos)
-                k458 = buf[pos:q461].decode()
-                pos = q461
+                q463 = pos + n462
+                if q463 > end:
+                    raise _length_error(n462, end - pos)
+                k460 = buf[pos:q463].decode()
+                pos = q463
                 b = buf[pos]
                 if b < 128:
-                    x457 = _ZD[b]
+                    x459 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x457 = (z >> 1) ^ -(z & 1)
+                    x459 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x457 = (z >> 1) ^ -(z & 1)
+                    x459 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x457, pos = _rlong(buf, pos)
-                acc455[k458] = x457
-        f_nominal_gpus = acc455
-    b = buf[pos]
-    if b < 128:
-        i462 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i462 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i462 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i462, pos = _rlong(buf, pos)
-    if i462 == 0:
-        f_nominal_cpu_milli = None
-    elif i462 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i462, 2)
-    b = buf[pos]
-    if b < 128:
-        i463 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i463 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i463 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i463, pos = _rlong(buf, pos)
-    if i463 == 0:
-        f_nominal_memory_mib = None
-    elif i463 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_memory_mib = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_memory_mib, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i463, 2)
+                    x459, pos = _rlong(buf, pos)
+                acc457[k460] = x459
+        f_nominal_gpus = acc457
     b = buf[pos]
     if b < 128:
         i464 = _ZD[b]
@@ -1780,22 +1714,22 @@ def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i464, pos = _rlong(buf, pos)
     if i464 == 0:
-        f_borrowing_limit_gpus = None
+        f_nominal_cpu_milli = None
     elif i464 == 1:
         b = buf[pos]
         if b < 128:
-            f_borrowing_limit_gpus = _ZD[b]
+            f_nominal_cpu_milli = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
         raise _union_error(i464, 2)
     b = buf[pos]
@@ -1813,8 +1747,74 @@ def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i465, pos = _rlong(buf, pos)
     if i465 == 0:
-        f_lending_limit_gpus = None
+        f_nominal_memory_mib = None
     elif i465 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i465, 2)
+    b = buf[pos]
+    if b < 128:
+        i466 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i466 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i466 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i466, pos = _rlong(buf, pos)
+    if i466 == 0:
+        f_borrowing_limit_gpus = None
+    elif i466 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i466, 2)
+    b = buf[pos]
+    if b < 128:
+        i467 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i467 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i467 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i467, pos = _rlong(buf, pos)
+    if i467 == 0:
+        f_lending_limit_gpus = None
+    elif i467 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1830,7 +1830,7 @@ def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i465, 2)
+        raise _union_error(i467, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1847,63 +1847,63 @@ def _d_Quota450(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i466 = _ZD[b]
+        i468 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i466 = (z >> 1) ^ -(z & 1)
+        i468 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i466 = (z >> 1) ^ -(z & 1)
+        i468 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i466, pos = _rlong(buf, pos)
-    if i466 == 0:
+        i468, pos = _rlong(buf, pos)
+    if i468 == 0:
         f_preemption = None
-    elif i466 == 1:
-        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
+    elif i468 == 1:
+        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
     else:
-        raise _union_error(i466, 2)
+        raise _union_error(i468, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy443(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n445 = _ZL[buf[pos]]
-    if n445 < 0:
-        n445, pos = _rlong(buf, pos)
-        if n445 < 0:
-            raise _length_error(n445, end - pos)
+    n447 = _ZL[buf[pos]]
+    if n447 < 0:
+        n447, pos = _rlong(buf, pos)
+        if n447 < 0:
+            raise _length_error(n447, end - pos)
     else:
         pos += 1
-    q446 = pos + n445
-    if q446 > end:
-        raise _length_error(n445, end - pos)
-    f_policy = buf[pos:q446].decode()
-    pos = q446
+    q448 = pos + n447
+    if q448 > end:
+        raise _length_error(n447, end - pos)
+    f_policy = buf[pos:q448].decode()
+    pos = q448
     b = buf[pos]
     if b < 128:
-        i447 = _ZD[b]
+        i449 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i447 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i447 = (z >> 1) ^ -(z & 1)
+        i449 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i447, pos = _rlong(buf, pos)
-    if i447 == 0:
+        i449, pos = _rlong(buf, pos)
+    if i449 == 0:
         f_reserve_after_ms = None
-    elif i447 == 1:
+    elif i449 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1919,56 +1919,56 @@ def _d_SetPolicy443(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i447, 2)
-    n448 = _ZL[buf[pos]]
-    if n448 < 0:
-        n448, pos = _rlong(buf, pos)
-        if n448 < 0:
-            raise _length_error(n448, end - pos)
+        raise _union_error(i449, 2)
+    n450 = _ZL[buf[pos]]
+    if n450 < 0:
+        n450, pos = _rlong(buf, pos)
+        if n450 < 0:
+            raise _length_error(n450, end - pos)
     else:
         pos += 1
-    q449 = pos + n448
-    if q449 > end:
-        raise _length_error(n448, end - pos)
-    f_queue_order = buf[pos:q449].decode()
-    pos = q449
+    q451 = pos + n450
+    if q451 > end:
+        raise _length_error(n450, end - pos)
+    f_queue_order = buf[pos:q451].decode()
+    pos = q451
     b = buf[pos]
     if b < 128:
-        i450 = _ZD[b]
+        i452 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i450 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i450 = (z >> 1) ^ -(z & 1)
+        i452 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i450, pos = _rlong(buf, pos)
-    if i450 == 0:
+        i452, pos = _rlong(buf, pos)
+    if i452 == 0:
         f_default_quota = None
-    elif i450 == 1:
-        f_default_quota, pos = _d_Quota450(buf, pos, end)
+    elif i452 == 1:
+        f_default_quota, pos = _d_Quota452(buf, pos, end)
     else:
-        raise _union_error(i450, 2)
+        raise _union_error(i452, 2)
     b = buf[pos]
     if b < 128:
-        i475 = _ZD[b]
+        i477 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i475 = (z >> 1) ^ -(z & 1)
+        i477 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i475 = (z >> 1) ^ -(z & 1)
+        i477 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i475, pos = _rlong(buf, pos)
-    if i475 == 0:
+        i477, pos = _rlong(buf, pos)
+    if i477 == 0:
         f_max_clock_jump_ms = None
-    elif i475 == 1:
+    elif i477 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1984,12 +1984,12 @@ def _d_SetPolicy443(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i475, 2)
+        raise _union_error(i477, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1998,18 +1998,18 @@ def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n487 = _ZL[buf[pos]]
-    if n487 < 0:
-        n487, pos = _rlong(buf, pos)
-        if n487 < 0:
-            raise _length_error(n487, end - pos)
+    n489 = _ZL[buf[pos]]
+    if n489 < 0:
+        n489, pos = _rlong(buf, pos)
+        if n489 < 0:
+            raise _length_error(n489, end - pos)
     else:
         pos += 1
-    q488 = pos + n487
-    if q488 > end:
-        raise _length_error(n487, end - pos)
-    f_pod_id = buf[pos:q488].decode()
-    pos = q488
+    q490 = pos + n489
+    if q490 > end:
+        raise _length_error(n489, end - pos)
+    f_pod_id = buf[pos:q490].decode()
+    pos = q490
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2070,110 +2070,98 @@ def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc489: list[Any] = []
+        acc491: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c490 = _ZD[b]
+                c492 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c490 = (z >> 1) ^ -(z & 1)
+                c492 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c490 = (z >> 1) ^ -(z & 1)
+                c492 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c490, pos = _rlong(buf, pos)
-            if c490 == 0:
+                c492, pos = _rlong(buf, pos)
+            if c492 == 0:
                 break
-            if c490 < 0:
-                c490 = -c490
+            if c492 < 0:
+                c492 = -c492
                 b = buf[pos]
                 if b < 128:
-                    z493 = _ZD[b]
+                    z495 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z493 = (z >> 1) ^ -(z & 1)
+                    z495 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z493 = (z >> 1) ^ -(z & 1)
+                    z495 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z493, pos = _rlong(buf, pos)
-            if c490 * 1 > end - pos:
-                raise _count_error(c490, end - pos)
-            for _ in range(c490):
-                n494 = _ZL[buf[pos]]
-                if n494 < 0:
-                    n494, pos = _rlong(buf, pos)
-                    if n494 < 0:
-                        raise _length_error(n494, end - pos)
+                    z495, pos = _rlong(buf, pos)
+            if c492 * 1 > end - pos:
+                raise _count_error(c492, end - pos)
+            for _ in range(c492):
+                n496 = _ZL[buf[pos]]
+                if n496 < 0:
+                    n496, pos = _rlong(buf, pos)
+                    if n496 < 0:
+                        raise _length_error(n496, end - pos)
                 else:
                     pos += 1
-                q495 = pos + n494
-                if q495 > end:
-                    raise _length_error(n494, end - pos)
-                x491 = buf[pos:q495].decode()
-                pos = q495
-                acc489.append(x491)
-        f_gpu_models = tuple(acc489)
+                q497 = pos + n496
+                if q497 > end:
+                    raise _length_error(n496, end - pos)
+                x493 = buf[pos:q497].decode()
+                pos = q497
+                acc491.append(x493)
+        f_gpu_models = tuple(acc491)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc496: dict[str, Any] = {}
+        acc498: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c497 = _ZD[b]
+                c499 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c497 = (z >> 1) ^ -(z & 1)
+                c499 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c497 = (z >> 1) ^ -(z & 1)
+                c499 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c497, pos = _rlong(buf, pos)
-            if c497 == 0:
+                c499, pos = _rlong(buf, pos)
+            if c499 == 0:
                 break
-            if c497 < 0:
-                c497 = -c497
+            if c499 < 0:
+                c499 = -c499
                 b = buf[pos]
                 if b < 128:
-                    z500 = _ZD[b]
+                    z502 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z500 = (z >> 1) ^ -(z & 1)
+                    z502 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z500 = (z >> 1) ^ -(z & 1)
+                    z502 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z500, pos = _rlong(buf, pos)
-            if c497 * 2 > end - pos:
-                raise _count_error(c497, end - pos)
-            for _ in range(c497):
-                n501 = _ZL[buf[pos]]
-                if n501 < 0:
-                    n501, pos = _rlong(buf, pos)
-                    if n501 < 0:
-                        raise _length_error(n501, end - pos)
-                else:
-                    pos += 1
-                q502 = pos + n501
-                if q502 > end:
-                    raise _length_error(n501, end - pos)
-                k499 = buf[pos:q502].decode()
-                pos = q502
+                    z502, pos = _rlong(buf, pos)
+            if c499 * 2 > end - pos:
+                raise _count_error(c499, end - pos)
+            for _ in range(c499):
                 n503 = _ZL[buf[pos]]
                 if n503 < 0:
                     n503, pos = _rlong(buf, pos)
@@ -2184,59 +2172,71 @@ def _d_GangMember485(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
                 q504 = pos + n503
                 if q504 > end:
                     raise _length_error(n503, end - pos)
-                x498 = buf[pos:q504].decode()
+                k501 = buf[pos:q504].decode()
                 pos = q504
-                acc496[k499] = x498
-        f_node_selector = acc496
+                n505 = _ZL[buf[pos]]
+                if n505 < 0:
+                    n505, pos = _rlong(buf, pos)
+                    if n505 < 0:
+                        raise _length_error(n505, end - pos)
+                else:
+                    pos += 1
+                q506 = pos + n505
+                if q506 > end:
+                    raise _length_error(n505, end - pos)
+                x500 = buf[pos:q506].decode()
+                pos = q506
+                acc498[k501] = x500
+        f_node_selector = acc498
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc505: list[Any] = []
+        acc507: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c506 = _ZD[b]
+                c508 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c506 = (z >> 1) ^ -(z & 1)
+                c508 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c506 = (z >> 1) ^ -(z & 1)
+                c508 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c506, pos = _rlong(buf, pos)
-            if c506 == 0:
+                c508, pos = _rlong(buf, pos)
+            if c508 == 0:
                 break
-            if c506 < 0:
-                c506 = -c506
+            if c508 < 0:
+                c508 = -c508
                 b = buf[pos]
                 if b < 128:
-                    z509 = _ZD[b]
+                    z511 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z509 = (z >> 1) ^ -(z & 1)
+                    z511 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z509 = (z >> 1) ^ -(z & 1)
+                    z511 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z509, pos = _rlong(buf, pos)
-            if c506 * 4 > end - pos:
-                raise _count_error(c506, end - pos)
-            for _ in range(c506):
-                x507, pos = _d_Toleration415(buf, pos, end)
-                acc505.append(x507)
-        f_tolerations = tuple(acc505)
+                    z511, pos = _rlong(buf, pos)
+            if c508 * 4 > end - pos:
+                raise _count_error(c508, end - pos)
+            for _ in range(c508):
+                x509, pos = _d_Toleration417(buf, pos, end)
+                acc507.append(x509)
+        f_tolerations = tuple(acc507)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2251,18 +2251,7 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_preemption: str
     f_retry: Any
     f_preemptible: bool
-    n477 = _ZL[buf[pos]]
-    if n477 < 0:
-        n477, pos = _rlong(buf, pos)
-        if n477 < 0:
-            raise _length_error(n477, end - pos)
-    else:
-        pos += 1
-    q478 = pos + n477
-    if q478 > end:
-        raise _length_error(n477, end - pos)
-    f_gang_id = buf[pos:q478].decode()
-    pos = q478
+    f_disruption: str
     n479 = _ZL[buf[pos]]
     if n479 < 0:
         n479, pos = _rlong(buf, pos)
@@ -2273,8 +2262,20 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     q480 = pos + n479
     if q480 > end:
         raise _length_error(n479, end - pos)
-    f_tenant = buf[pos:q480].decode()
+    f_gang_id = buf[pos:q480].decode()
     pos = q480
+    n481 = _ZL[buf[pos]]
+    if n481 < 0:
+        n481, pos = _rlong(buf, pos)
+        if n481 < 0:
+            raise _length_error(n481, end - pos)
+    else:
+        pos += 1
+    q482 = pos + n481
+    if q482 > end:
+        raise _length_error(n481, end - pos)
+    f_tenant = buf[pos:q482].decode()
+    pos = q482
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2293,63 +2294,63 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc481: list[Any] = []
+        acc483: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c482 = _ZD[b]
+                c484 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c482 = (z >> 1) ^ -(z & 1)
+                c484 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c482 = (z >> 1) ^ -(z & 1)
+                c484 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c482, pos = _rlong(buf, pos)
-            if c482 == 0:
+                c484, pos = _rlong(buf, pos)
+            if c484 == 0:
                 break
-            if c482 < 0:
-                c482 = -c482
+            if c484 < 0:
+                c484 = -c484
                 b = buf[pos]
                 if b < 128:
-                    z485 = _ZD[b]
+                    z487 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z485 = (z >> 1) ^ -(z & 1)
+                    z487 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z485 = (z >> 1) ^ -(z & 1)
+                    z487 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z485, pos = _rlong(buf, pos)
-            if c482 * 8 > end - pos:
-                raise _count_error(c482, end - pos)
-            for _ in range(c482):
-                x483, pos = _d_GangMember485(buf, pos, end)
-                acc481.append(x483)
-        f_members = tuple(acc481)
+                    z487, pos = _rlong(buf, pos)
+            if c484 * 8 > end - pos:
+                raise _count_error(c484, end - pos)
+            for _ in range(c484):
+                x485, pos = _d_GangMember487(buf, pos, end)
+                acc483.append(x485)
+        f_members = tuple(acc483)
     b = buf[pos]
     if b < 128:
-        i510 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i510 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i510 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i510, pos = _rlong(buf, pos)
-    if i510 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_min_members = None
-    elif i510 == 1:
+    elif i512 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2365,86 +2366,86 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i510, 2)
+        raise _union_error(i512, 2)
     b = buf[pos]
     if b < 128:
-        i511 = _ZD[b]
+        i513 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i511 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i511 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i511, pos = _rlong(buf, pos)
-    if i511 == 0:
+        i513, pos = _rlong(buf, pos)
+    if i513 == 0:
         f_topology_required = None
-    elif i511 == 1:
-        n512 = _ZL[buf[pos]]
-        if n512 < 0:
-            n512, pos = _rlong(buf, pos)
-            if n512 < 0:
-                raise _length_error(n512, end - pos)
+    elif i513 == 1:
+        n514 = _ZL[buf[pos]]
+        if n514 < 0:
+            n514, pos = _rlong(buf, pos)
+            if n514 < 0:
+                raise _length_error(n514, end - pos)
         else:
             pos += 1
-        q513 = pos + n512
-        if q513 > end:
-            raise _length_error(n512, end - pos)
-        f_topology_required = buf[pos:q513].decode()
-        pos = q513
+        q515 = pos + n514
+        if q515 > end:
+            raise _length_error(n514, end - pos)
+        f_topology_required = buf[pos:q515].decode()
+        pos = q515
     else:
-        raise _union_error(i511, 2)
+        raise _union_error(i513, 2)
     b = buf[pos]
     if b < 128:
-        i514 = _ZD[b]
+        i516 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i514 = (z >> 1) ^ -(z & 1)
+        i516 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i514 = (z >> 1) ^ -(z & 1)
+        i516 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i514, pos = _rlong(buf, pos)
-    if i514 == 0:
+        i516, pos = _rlong(buf, pos)
+    if i516 == 0:
         f_topology_preferred = None
-    elif i514 == 1:
-        n515 = _ZL[buf[pos]]
-        if n515 < 0:
-            n515, pos = _rlong(buf, pos)
-            if n515 < 0:
-                raise _length_error(n515, end - pos)
+    elif i516 == 1:
+        n517 = _ZL[buf[pos]]
+        if n517 < 0:
+            n517, pos = _rlong(buf, pos)
+            if n517 < 0:
+                raise _length_error(n517, end - pos)
         else:
             pos += 1
-        q516 = pos + n515
-        if q516 > end:
-            raise _length_error(n515, end - pos)
-        f_topology_preferred = buf[pos:q516].decode()
-        pos = q516
+        q518 = pos + n517
+        if q518 > end:
+            raise _length_error(n517, end - pos)
+        f_topology_preferred = buf[pos:q518].decode()
+        pos = q518
     else:
-        raise _union_error(i514, 2)
+        raise _union_error(i516, 2)
     b = buf[pos]
     if b < 128:
-        i517 = _ZD[b]
+        i519 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i517 = (z >> 1) ^ -(z & 1)
+        i519 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i517 = (z >> 1) ^ -(z & 1)
+        i519 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i517, pos = _rlong(buf, pos)
-    if i517 == 0:
+        i519, pos = _rlong(buf, pos)
+    if i519 == 0:
         f_timeout_ms = None
-    elif i517 == 1:
+    elif i519 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2460,24 +2461,24 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i517, 2)
+        raise _union_error(i519, 2)
     b = buf[pos]
     if b < 128:
-        i518 = _ZD[b]
+        i520 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i518 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i518 = (z >> 1) ^ -(z & 1)
+        i520 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i518, pos = _rlong(buf, pos)
-    if i518 == 0:
+        i520, pos = _rlong(buf, pos)
+    if i520 == 0:
         f_time_limit_ms = None
-    elif i518 == 1:
+    elif i520 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2493,74 +2494,62 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i518, 2)
+        raise _union_error(i520, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc519: list[Any] = []
+        acc521: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c520 = _ZD[b]
+                c522 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c520 = (z >> 1) ^ -(z & 1)
+                c522 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c520 = (z >> 1) ^ -(z & 1)
+                c522 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c520, pos = _rlong(buf, pos)
-            if c520 == 0:
+                c522, pos = _rlong(buf, pos)
+            if c522 == 0:
                 break
-            if c520 < 0:
-                c520 = -c520
+            if c522 < 0:
+                c522 = -c522
                 b = buf[pos]
                 if b < 128:
-                    z523 = _ZD[b]
+                    z525 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z523 = (z >> 1) ^ -(z & 1)
+                    z525 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z523 = (z >> 1) ^ -(z & 1)
+                    z525 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z523, pos = _rlong(buf, pos)
-            if c520 * 1 > end - pos:
-                raise _count_error(c520, end - pos)
-            for _ in range(c520):
-                n524 = _ZL[buf[pos]]
-                if n524 < 0:
-                    n524, pos = _rlong(buf, pos)
-                    if n524 < 0:
-                        raise _length_error(n524, end - pos)
+                    z525, pos = _rlong(buf, pos)
+            if c522 * 1 > end - pos:
+                raise _count_error(c522, end - pos)
+            for _ in range(c522):
+                n526 = _ZL[buf[pos]]
+                if n526 < 0:
+                    n526, pos = _rlong(buf, pos)
+                    if n526 < 0:
+                        raise _length_error(n526, end - pos)
                 else:
                     pos += 1
-                q525 = pos + n524
-                if q525 > end:
-                    raise _length_error(n524, end - pos)
-                x521 = buf[pos:q525].decode()
-                pos = q525
-                acc519.append(x521)
-        f_depends_on = tuple(acc519)
-    n526 = _ZL[buf[pos]]
-    if n526 < 0:
-        n526, pos = _rlong(buf, pos)
-        if n526 < 0:
-            raise _length_error(n526, end - pos)
-    else:
-        pos += 1
-    q527 = pos + n526
-    if q527 > end:
-        raise _length_error(n526, end - pos)
-    f_dependency = buf[pos:q527].decode()
-    pos = q527
+                q527 = pos + n526
+                if q527 > end:
+                    raise _length_error(n526, end - pos)
+                x523 = buf[pos:q527].decode()
+                pos = q527
+                acc521.append(x523)
+        f_depends_on = tuple(acc521)
     n528 = _ZL[buf[pos]]
     if n528 < 0:
         n528, pos = _rlong(buf, pos)
@@ -2571,86 +2560,73 @@ def _d_SubmitGang475(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     q529 = pos + n528
     if q529 > end:
         raise _length_error(n528, end - pos)
-    f_preemption = buf[pos:q529].decode()
+    f_dependency = buf[pos:q529].decode()
     pos = q529
+    n530 = _ZL[buf[pos]]
+    if n530 < 0:
+        n530, pos = _rlong(buf, pos)
+        if n530 < 0:
+            raise _length_error(n530, end - pos)
+    else:
+        pos += 1
+    q531 = pos + n530
+    if q531 > end:
+        raise _length_error(n530, end - pos)
+    f_preemption = buf[pos:q531].decode()
+    pos = q531
     b = buf[pos]
     if b < 128:
-        i530 = _ZD[b]
+        i532 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i530 = (z >> 1) ^ -(z & 1)
+        i532 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i530 = (z >> 1) ^ -(z & 1)
+        i532 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i530, pos = _rlong(buf, pos)
-    if i530 == 0:
+        i532, pos = _rlong(buf, pos)
+    if i532 == 0:
         f_retry = None
-    elif i530 == 1:
-        f_retry, pos = _d_Retry437(buf, pos, end)
+    elif i532 == 1:
+        f_retry, pos = _d_Retry439(buf, pos, end)
     else:
-        raise _union_error(i530, 2)
+        raise _union_error(i532, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible)
+    n533 = _ZL[buf[pos]]
+    if n533 < 0:
+        n533, pos = _rlong(buf, pos)
+        if n533 < 0:
+            raise _length_error(n533, end - pos)
+    else:
+        pos += 1
+    q534 = pos + n533
+    if q534 > end:
+        raise _length_error(n533, end - pos)
+    f_disruption = buf[pos:q534].decode()
+    pos = q534
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
     return o, pos
 
 
-def _d_ReleaseGang530(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang534(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n532 = _ZL[buf[pos]]
-    if n532 < 0:
-        n532, pos = _rlong(buf, pos)
-        if n532 < 0:
-            raise _length_error(n532, end - pos)
+    n536 = _ZL[buf[pos]]
+    if n536 < 0:
+        n536, pos = _rlong(buf, pos)
+        if n536 < 0:
+            raise _length_error(n536, end - pos)
     else:
         pos += 1
-    q533 = pos + n532
-    if q533 > end:
-        raise _length_error(n532, end - pos)
-    f_gang_id = buf[pos:q533].decode()
-    pos = q533
-    n534 = _ZL[buf[pos]]
-    if n534 < 0:
-        n534, pos = _rlong(buf, pos)
-        if n534 < 0:
-            raise _length_error(n534, end - pos)
-    else:
-        pos += 1
-    q535 = pos + n534
-    if q535 > end:
-        raise _length_error(n534, end - pos)
-    f_reason = buf[pos:q535].decode()
-    pos = q535
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick535(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
+    q537 = pos + n536
+    if q537 > end:
+        raise _length_error(n536, end - pos)
+    f_gang_id = buf[pos:q537].decode()
+    pos = q537
     n538 = _ZL[buf[pos]]
     if n538 < 0:
         n538, pos = _rlong(buf, pos)
@@ -2661,125 +2637,162 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     q539 = pos + n538
     if q539 > end:
         raise _length_error(n538, end - pos)
-    f_tenant = buf[pos:q539].decode()
+    f_reason = buf[pos:q539].decode()
     pos = q539
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick539(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n542 = _ZL[buf[pos]]
+    if n542 < 0:
+        n542, pos = _rlong(buf, pos)
+        if n542 < 0:
+            raise _length_error(n542, end - pos)
+    else:
+        pos += 1
+    q543 = pos + n542
+    if q543 > end:
+        raise _length_error(n542, end - pos)
+    f_tenant = buf[pos:q543].decode()
+    pos = q543
     b = buf[pos]
     if b < 128:
-        i540 = _ZD[b]
+        i544 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i540 = (z >> 1) ^ -(z & 1)
+        i544 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i540 = (z >> 1) ^ -(z & 1)
+        i544 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i540, pos = _rlong(buf, pos)
-    if i540 == 0:
+        i544, pos = _rlong(buf, pos)
+    if i544 == 0:
         f_cohort = None
-    elif i540 == 1:
-        n541 = _ZL[buf[pos]]
-        if n541 < 0:
-            n541, pos = _rlong(buf, pos)
-            if n541 < 0:
-                raise _length_error(n541, end - pos)
+    elif i544 == 1:
+        n545 = _ZL[buf[pos]]
+        if n545 < 0:
+            n545, pos = _rlong(buf, pos)
+            if n545 < 0:
+                raise _length_error(n545, end - pos)
         else:
             pos += 1
-        q542 = pos + n541
-        if q542 > end:
-            raise _length_error(n541, end - pos)
-        f_cohort = buf[pos:q542].decode()
-        pos = q542
+        q546 = pos + n545
+        if q546 > end:
+            raise _length_error(n545, end - pos)
+        f_cohort = buf[pos:q546].decode()
+        pos = q546
     else:
-        raise _union_error(i540, 2)
+        raise _union_error(i544, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc543: dict[str, Any] = {}
+        acc547: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c544 = _ZD[b]
+                c548 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c544 = (z >> 1) ^ -(z & 1)
+                c548 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c544 = (z >> 1) ^ -(z & 1)
+                c548 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c544, pos = _rlong(buf, pos)
-            if c544 == 0:
+                c548, pos = _rlong(buf, pos)
+            if c548 == 0:
                 break
-            if c544 < 0:
-                c544 = -c544
+            if c548 < 0:
+                c548 = -c548
                 b = buf[pos]
                 if b < 128:
-                    z547 = _ZD[b]
+                    z551 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z547 = (z >> 1) ^ -(z & 1)
+                    z551 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z547 = (z >> 1) ^ -(z & 1)
+                    z551 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z547, pos = _rlong(buf, pos)
-            if c544 * 2 > end - pos:
-                raise _count_error(c544, end - pos)
-            for _ in range(c544):
-                n548 = _ZL[buf[pos]]
-                if n548 < 0:
-                    n548, pos = _rlong(buf, pos)
-                    if n548 < 0:
-                        raise _length_error(n548, end - pos)
+                    z551, pos = _rlong(buf, pos)
+            if c548 * 2 > end - pos:
+                raise _count_error(c548, end - pos)
+            for _ in range(c548):
+                n552 = _ZL[buf[pos]]
+                if n552 < 0:
+                    n552, pos = _rlong(buf, pos)
+                    if n552 < 0:
+                        raise _length_error(n552, end - pos)
                 else:
                     pos += 1
-                q549 = pos + n548
-                if q549 > end:
-                    raise _length_error(n548, end - pos)
-                k546 = buf[pos:q549].decode()
-                pos = q549
+                q553 = pos + n552
+                if q553 > end:
+                    raise _length_error(n552, end - pos)
+                k550 = buf[pos:q553].decode()
+                pos = q553
                 b = buf[pos]
                 if b < 128:
-                    x545 = _ZD[b]
+                    x549 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x545 = (z >> 1) ^ -(z & 1)
+                    x549 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x545 = (z >> 1) ^ -(z & 1)
+                    x549 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x545, pos = _rlong(buf, pos)
-                acc543[k546] = x545
-        f_nominal_gpus = acc543
+                    x549, pos = _rlong(buf, pos)
+                acc547[k550] = x549
+        f_nominal_gpus = acc547
     b = buf[pos]
     if b < 128:
-        i550 = _ZD[b]
+        i554 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i550 = (z >> 1) ^ -(z & 1)
+        i554 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i550 = (z >> 1) ^ -(z & 1)
+        i554 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i550, pos = _rlong(buf, pos)
-    if i550 == 0:
+        i554, pos = _rlong(buf, pos)
+    if i554 == 0:
         f_nominal_cpu_milli = None
-    elif i550 == 1:
+    elif i554 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2795,24 +2808,24 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i550, 2)
+        raise _union_error(i554, 2)
     b = buf[pos]
     if b < 128:
-        i551 = _ZD[b]
+        i555 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i551 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i551 = (z >> 1) ^ -(z & 1)
+        i555 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i551, pos = _rlong(buf, pos)
-    if i551 == 0:
+        i555, pos = _rlong(buf, pos)
+    if i555 == 0:
         f_nominal_memory_mib = None
-    elif i551 == 1:
+    elif i555 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2828,24 +2841,24 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i551, 2)
+        raise _union_error(i555, 2)
     b = buf[pos]
     if b < 128:
-        i552 = _ZD[b]
+        i556 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i552 = (z >> 1) ^ -(z & 1)
+        i556 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i552 = (z >> 1) ^ -(z & 1)
+        i556 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i552, pos = _rlong(buf, pos)
-    if i552 == 0:
+        i556, pos = _rlong(buf, pos)
+    if i556 == 0:
         f_borrowing_limit_gpus = None
-    elif i552 == 1:
+    elif i556 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2861,24 +2874,24 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i552, 2)
+        raise _union_error(i556, 2)
     b = buf[pos]
     if b < 128:
-        i553 = _ZD[b]
+        i557 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i553 = (z >> 1) ^ -(z & 1)
+        i557 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i553 = (z >> 1) ^ -(z & 1)
+        i557 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i553, pos = _rlong(buf, pos)
-    if i553 == 0:
+        i557, pos = _rlong(buf, pos)
+    if i557 == 0:
         f_lending_limit_gpus = None
-    elif i553 == 1:
+    elif i557 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2894,7 +2907,7 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i553, 2)
+        raise _union_error(i557, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2911,47 +2924,47 @@ def _d_SetQuota536(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i554 = _ZD[b]
+        i558 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i554 = (z >> 1) ^ -(z & 1)
+        i558 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i554 = (z >> 1) ^ -(z & 1)
+        i558 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i554, pos = _rlong(buf, pos)
-    if i554 == 0:
+        i558, pos = _rlong(buf, pos)
+    if i558 == 0:
         f_preemption = None
-    elif i554 == 1:
-        f_preemption, pos = _d_QuotaPreemption466(buf, pos, end)
+    elif i558 == 1:
+        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
     else:
-        raise _union_error(i554, 2)
+        raise _union_error(i558, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota554(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota558(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n556 = _ZL[buf[pos]]
-    if n556 < 0:
-        n556, pos = _rlong(buf, pos)
-        if n556 < 0:
-            raise _length_error(n556, end - pos)
+    n560 = _ZL[buf[pos]]
+    if n560 < 0:
+        n560, pos = _rlong(buf, pos)
+        if n560 < 0:
+            raise _length_error(n560, end - pos)
     else:
         pos += 1
-    q557 = pos + n556
-    if q557 > end:
-        raise _length_error(n556, end - pos)
-    f_tenant = buf[pos:q557].decode()
-    pos = q557
+    q561 = pos + n560
+    if q561 > end:
+        raise _length_error(n560, end - pos)
+    f_tenant = buf[pos:q561].decode()
+    pos = q561
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment557(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2970,410 +2983,410 @@ def _d_Defragment557(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i559 = _ZD[b]
+        i563 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i559 = (z >> 1) ^ -(z & 1)
+        i563 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i559 = (z >> 1) ^ -(z & 1)
+        i563 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i559, pos = _rlong(buf, pos)
-    if i559 == 0:
+        i563, pos = _rlong(buf, pos)
+    if i563 == 0:
         f_target = None
-    elif i559 == 1:
-        n560 = _ZL[buf[pos]]
-        if n560 < 0:
-            n560, pos = _rlong(buf, pos)
-            if n560 < 0:
-                raise _length_error(n560, end - pos)
+    elif i563 == 1:
+        n564 = _ZL[buf[pos]]
+        if n564 < 0:
+            n564, pos = _rlong(buf, pos)
+            if n564 < 0:
+                raise _length_error(n564, end - pos)
         else:
             pos += 1
-        q561 = pos + n560
-        if q561 > end:
-            raise _length_error(n560, end - pos)
-        f_target = buf[pos:q561].decode()
-        pos = q561
+        q565 = pos + n564
+        if q565 > end:
+            raise _length_error(n564, end - pos)
+        f_target = buf[pos:q565].decode()
+        pos = q565
     else:
-        raise _union_error(i559, 2)
+        raise _union_error(i563, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster561(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster565(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n563 = _ZL[buf[pos]]
-    if n563 < 0:
-        n563, pos = _rlong(buf, pos)
-        if n563 < 0:
-            raise _length_error(n563, end - pos)
+    n567 = _ZL[buf[pos]]
+    if n567 < 0:
+        n567, pos = _rlong(buf, pos)
+        if n567 < 0:
+            raise _length_error(n567, end - pos)
     else:
         pos += 1
-    q564 = pos + n563
-    if q564 > end:
-        raise _length_error(n563, end - pos)
-    f_reason = buf[pos:q564].decode()
-    pos = q564
+    q568 = pos + n567
+    if q568 > end:
+        raise _length_error(n567, end - pos)
+    f_reason = buf[pos:q568].decode()
+    pos = q568
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode564(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode568(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n566 = _ZL[buf[pos]]
-    if n566 < 0:
-        n566, pos = _rlong(buf, pos)
-        if n566 < 0:
-            raise _length_error(n566, end - pos)
+    n570 = _ZL[buf[pos]]
+    if n570 < 0:
+        n570, pos = _rlong(buf, pos)
+        if n570 < 0:
+            raise _length_error(n570, end - pos)
     else:
         pos += 1
-    q567 = pos + n566
-    if q567 > end:
-        raise _length_error(n566, end - pos)
-    f_node_id = buf[pos:q567].decode()
-    pos = q567
+    q571 = pos + n570
+    if q571 > end:
+        raise _length_error(n570, end - pos)
+    f_node_id = buf[pos:q571].decode()
+    pos = q571
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode567(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode571(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n569 = _ZL[buf[pos]]
-    if n569 < 0:
-        n569, pos = _rlong(buf, pos)
-        if n569 < 0:
-            raise _length_error(n569, end - pos)
+    n573 = _ZL[buf[pos]]
+    if n573 < 0:
+        n573, pos = _rlong(buf, pos)
+        if n573 < 0:
+            raise _length_error(n573, end - pos)
     else:
         pos += 1
-    q570 = pos + n569
-    if q570 > end:
-        raise _length_error(n569, end - pos)
-    f_node_id = buf[pos:q570].decode()
-    pos = q570
+    q574 = pos + n573
+    if q574 > end:
+        raise _length_error(n573, end - pos)
+    f_node_id = buf[pos:q574].decode()
+    pos = q574
     b = buf[pos]
     if b < 128:
-        i571 = _ZD[b]
+        i575 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i571 = (z >> 1) ^ -(z & 1)
+        i575 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i571 = (z >> 1) ^ -(z & 1)
+        i575 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i571, pos = _rlong(buf, pos)
-    if i571 == 0:
+        i575, pos = _rlong(buf, pos)
+    if i575 == 0:
         f_labels = None
-    elif i571 == 1:
+    elif i575 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc572: dict[str, Any] = {}
+            acc576: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c573 = _ZD[b]
+                    c577 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c573 = (z >> 1) ^ -(z & 1)
+                    c577 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c573 = (z >> 1) ^ -(z & 1)
+                    c577 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c573, pos = _rlong(buf, pos)
-                if c573 == 0:
+                    c577, pos = _rlong(buf, pos)
+                if c577 == 0:
                     break
-                if c573 < 0:
-                    c573 = -c573
+                if c577 < 0:
+                    c577 = -c577
                     b = buf[pos]
                     if b < 128:
-                        z576 = _ZD[b]
+                        z580 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z576 = (z >> 1) ^ -(z & 1)
+                        z580 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z576 = (z >> 1) ^ -(z & 1)
+                        z580 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z576, pos = _rlong(buf, pos)
-                if c573 * 2 > end - pos:
-                    raise _count_error(c573, end - pos)
-                for _ in range(c573):
-                    n577 = _ZL[buf[pos]]
-                    if n577 < 0:
-                        n577, pos = _rlong(buf, pos)
-                        if n577 < 0:
-                            raise _length_error(n577, end - pos)
+                        z580, pos = _rlong(buf, pos)
+                if c577 * 2 > end - pos:
+                    raise _count_error(c577, end - pos)
+                for _ in range(c577):
+                    n581 = _ZL[buf[pos]]
+                    if n581 < 0:
+                        n581, pos = _rlong(buf, pos)
+                        if n581 < 0:
+                            raise _length_error(n581, end - pos)
                     else:
                         pos += 1
-                    q578 = pos + n577
-                    if q578 > end:
-                        raise _length_error(n577, end - pos)
-                    k575 = buf[pos:q578].decode()
-                    pos = q578
-                    n579 = _ZL[buf[pos]]
-                    if n579 < 0:
-                        n579, pos = _rlong(buf, pos)
-                        if n579 < 0:
-                            raise _length_error(n579, end - pos)
+                    q582 = pos + n581
+                    if q582 > end:
+                        raise _length_error(n581, end - pos)
+                    k579 = buf[pos:q582].decode()
+                    pos = q582
+                    n583 = _ZL[buf[pos]]
+                    if n583 < 0:
+                        n583, pos = _rlong(buf, pos)
+                        if n583 < 0:
+                            raise _length_error(n583, end - pos)
                     else:
                         pos += 1
-                    q580 = pos + n579
-                    if q580 > end:
-                        raise _length_error(n579, end - pos)
-                    x574 = buf[pos:q580].decode()
-                    pos = q580
-                    acc572[k575] = x574
-            f_labels = acc572
+                    q584 = pos + n583
+                    if q584 > end:
+                        raise _length_error(n583, end - pos)
+                    x578 = buf[pos:q584].decode()
+                    pos = q584
+                    acc576[k579] = x578
+            f_labels = acc576
     else:
-        raise _union_error(i571, 2)
+        raise _union_error(i575, 2)
     b = buf[pos]
     if b < 128:
-        i581 = _ZD[b]
+        i585 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i581 = (z >> 1) ^ -(z & 1)
+        i585 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i581 = (z >> 1) ^ -(z & 1)
+        i585 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i581, pos = _rlong(buf, pos)
-    if i581 == 0:
+        i585, pos = _rlong(buf, pos)
+    if i585 == 0:
         f_taints = None
-    elif i581 == 1:
+    elif i585 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc582: list[Any] = []
+            acc586: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c583 = _ZD[b]
+                    c587 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c583 = (z >> 1) ^ -(z & 1)
+                    c587 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c583 = (z >> 1) ^ -(z & 1)
+                    c587 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c583, pos = _rlong(buf, pos)
-                if c583 == 0:
+                    c587, pos = _rlong(buf, pos)
+                if c587 == 0:
                     break
-                if c583 < 0:
-                    c583 = -c583
+                if c587 < 0:
+                    c587 = -c587
                     b = buf[pos]
                     if b < 128:
-                        z586 = _ZD[b]
+                        z590 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z586 = (z >> 1) ^ -(z & 1)
+                        z590 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z586 = (z >> 1) ^ -(z & 1)
+                        z590 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z586, pos = _rlong(buf, pos)
-                if c583 * 3 > end - pos:
-                    raise _count_error(c583, end - pos)
-                for _ in range(c583):
-                    x584, pos = _d_Taint365(buf, pos, end)
-                    acc582.append(x584)
-            f_taints = tuple(acc582)
+                        z590, pos = _rlong(buf, pos)
+                if c587 * 3 > end - pos:
+                    raise _count_error(c587, end - pos)
+                for _ in range(c587):
+                    x588, pos = _d_Taint367(buf, pos, end)
+                    acc586.append(x588)
+            f_taints = tuple(acc586)
     else:
-        raise _union_error(i581, 2)
+        raise _union_error(i585, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget586(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n588 = _ZL[buf[pos]]
-    if n588 < 0:
-        n588, pos = _rlong(buf, pos)
-        if n588 < 0:
-            raise _length_error(n588, end - pos)
+    n592 = _ZL[buf[pos]]
+    if n592 < 0:
+        n592, pos = _rlong(buf, pos)
+        if n592 < 0:
+            raise _length_error(n592, end - pos)
     else:
         pos += 1
-    q589 = pos + n588
-    if q589 > end:
-        raise _length_error(n588, end - pos)
-    f_budget_id = buf[pos:q589].decode()
-    pos = q589
+    q593 = pos + n592
+    if q593 > end:
+        raise _length_error(n592, end - pos)
+    f_budget_id = buf[pos:q593].decode()
+    pos = q593
     b = buf[pos]
     if b < 128:
-        i590 = _ZD[b]
+        i594 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i590 = (z >> 1) ^ -(z & 1)
+        i594 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i590 = (z >> 1) ^ -(z & 1)
+        i594 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i590, pos = _rlong(buf, pos)
-    if i590 == 0:
+        i594, pos = _rlong(buf, pos)
+    if i594 == 0:
         f_tenant = None
-    elif i590 == 1:
-        n591 = _ZL[buf[pos]]
-        if n591 < 0:
-            n591, pos = _rlong(buf, pos)
-            if n591 < 0:
-                raise _length_error(n591, end - pos)
+    elif i594 == 1:
+        n595 = _ZL[buf[pos]]
+        if n595 < 0:
+            n595, pos = _rlong(buf, pos)
+            if n595 < 0:
+                raise _length_error(n595, end - pos)
         else:
             pos += 1
-        q592 = pos + n591
-        if q592 > end:
-            raise _length_error(n591, end - pos)
-        f_tenant = buf[pos:q592].decode()
-        pos = q592
+        q596 = pos + n595
+        if q596 > end:
+            raise _length_error(n595, end - pos)
+        f_tenant = buf[pos:q596].decode()
+        pos = q596
     else:
-        raise _union_error(i590, 2)
+        raise _union_error(i594, 2)
     b = buf[pos]
     if b < 128:
-        i593 = _ZD[b]
+        i597 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i593 = (z >> 1) ^ -(z & 1)
+        i597 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i593 = (z >> 1) ^ -(z & 1)
+        i597 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i593, pos = _rlong(buf, pos)
-    if i593 == 0:
+        i597, pos = _rlong(buf, pos)
+    if i597 == 0:
         f_gang_id = None
-    elif i593 == 1:
-        n594 = _ZL[buf[pos]]
-        if n594 < 0:
-            n594, pos = _rlong(buf, pos)
-            if n594 < 0:
-                raise _length_error(n594, end - pos)
+    elif i597 == 1:
+        n598 = _ZL[buf[pos]]
+        if n598 < 0:
+            n598, pos = _rlong(buf, pos)
+            if n598 < 0:
+                raise _length_error(n598, end - pos)
         else:
             pos += 1
-        q595 = pos + n594
-        if q595 > end:
-            raise _length_error(n594, end - pos)
-        f_gang_id = buf[pos:q595].decode()
-        pos = q595
+        q599 = pos + n598
+        if q599 > end:
+            raise _length_error(n598, end - pos)
+        f_gang_id = buf[pos:q599].decode()
+        pos = q599
     else:
-        raise _union_error(i593, 2)
+        raise _union_error(i597, 2)
     b = buf[pos]
     if b < 128:
-        i596 = _ZD[b]
+        i600 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i596 = (z >> 1) ^ -(z & 1)
+        i600 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i596 = (z >> 1) ^ -(z & 1)
+        i600 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i596, pos = _rlong(buf, pos)
-    if i596 == 0:
+        i600, pos = _rlong(buf, pos)
+    if i600 == 0:
         f_label_selector = None
-    elif i596 == 1:
+    elif i600 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc597: dict[str, Any] = {}
+            acc601: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c598 = _ZD[b]
+                    c602 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c598 = (z >> 1) ^ -(z & 1)
+                    c602 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c598 = (z >> 1) ^ -(z & 1)
+                    c602 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c598, pos = _rlong(buf, pos)
-                if c598 == 0:
+                    c602, pos = _rlong(buf, pos)
+                if c602 == 0:
                     break
-                if c598 < 0:
-                    c598 = -c598
+                if c602 < 0:
+                    c602 = -c602
                     b = buf[pos]
                     if b < 128:
-                        z601 = _ZD[b]
+                        z605 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z601 = (z >> 1) ^ -(z & 1)
+                        z605 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z601 = (z >> 1) ^ -(z & 1)
+                        z605 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z601, pos = _rlong(buf, pos)
-                if c598 * 2 > end - pos:
-                    raise _count_error(c598, end - pos)
-                for _ in range(c598):
-                    n602 = _ZL[buf[pos]]
-                    if n602 < 0:
-                        n602, pos = _rlong(buf, pos)
-                        if n602 < 0:
-                            raise _length_error(n602, end - pos)
+                        z605, pos = _rlong(buf, pos)
+                if c602 * 2 > end - pos:
+                    raise _count_error(c602, end - pos)
+                for _ in range(c602):
+                    n606 = _ZL[buf[pos]]
+                    if n606 < 0:
+                        n606, pos = _rlong(buf, pos)
+                        if n606 < 0:
+                            raise _length_error(n606, end - pos)
                     else:
                         pos += 1
-                    q603 = pos + n602
-                    if q603 > end:
-                        raise _length_error(n602, end - pos)
-                    k600 = buf[pos:q603].decode()
-                    pos = q603
-                    n604 = _ZL[buf[pos]]
-                    if n604 < 0:
-                        n604, pos = _rlong(buf, pos)
-                        if n604 < 0:
-                            raise _length_error(n604, end - pos)
+                    q607 = pos + n606
+                    if q607 > end:
+                        raise _length_error(n606, end - pos)
+                    k604 = buf[pos:q607].decode()
+                    pos = q607
+                    n608 = _ZL[buf[pos]]
+                    if n608 < 0:
+                        n608, pos = _rlong(buf, pos)
+                        if n608 < 0:
+                            raise _length_error(n608, end - pos)
                     else:
                         pos += 1
-                    q605 = pos + n604
-                    if q605 > end:
-                        raise _length_error(n604, end - pos)
-                    x599 = buf[pos:q605].decode()
-                    pos = q605
-                    acc597[k600] = x599
-            f_label_selector = acc597
+                    q609 = pos + n608
+                    if q609 > end:
+                        raise _length_error(n608, end - pos)
+                    x603 = buf[pos:q609].decode()
+                    pos = q609
+                    acc601[k604] = x603
+            f_label_selector = acc601
     else:
-        raise _union_error(i596, 2)
+        raise _union_error(i600, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3392,20 +3405,20 @@ def _d_SetDisruptionBudget586(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget605(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget609(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n607 = _ZL[buf[pos]]
-    if n607 < 0:
-        n607, pos = _rlong(buf, pos)
-        if n607 < 0:
-            raise _length_error(n607, end - pos)
+    n611 = _ZL[buf[pos]]
+    if n611 < 0:
+        n611, pos = _rlong(buf, pos)
+        if n611 < 0:
+            raise _length_error(n611, end - pos)
     else:
         pos += 1
-    q608 = pos + n607
-    if q608 > end:
-        raise _length_error(n607, end - pos)
-    f_budget_id = buf[pos:q608].decode()
-    pos = q608
+    q612 = pos + n611
+    if q612 > end:
+        raise _length_error(n611, end - pos)
+    f_budget_id = buf[pos:q612].decode()
+    pos = q612
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3415,7 +3428,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k338:
+    if frame[:10] != _k340:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3426,18 +3439,6 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n340 = _ZL[buf[pos]]
-        if n340 < 0:
-            n340, pos = _rlong(buf, pos)
-            if n340 < 0:
-                raise _length_error(n340, end - pos)
-        else:
-            pos += 1
-        q341 = pos + n340
-        if q341 > end:
-            raise _length_error(n340, end - pos)
-        f_command_id = buf[pos:q341].decode()
-        pos = q341
         n342 = _ZL[buf[pos]]
         if n342 < 0:
             n342, pos = _rlong(buf, pos)
@@ -3448,8 +3449,20 @@ def decode_command(frame: Any) -> _c_Command:
         q343 = pos + n342
         if q343 > end:
             raise _length_error(n342, end - pos)
-        f_cluster = buf[pos:q343].decode()
+        f_command_id = buf[pos:q343].decode()
         pos = q343
+        n344 = _ZL[buf[pos]]
+        if n344 < 0:
+            n344, pos = _rlong(buf, pos)
+            if n344 < 0:
+                raise _length_error(n344, end - pos)
+        else:
+            pos += 1
+        q345 = pos + n344
+        if q345 > end:
+            raise _length_error(n344, end - pos)
+        f_cluster = buf[pos:q345].decode()
+        pos = q345
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3464,35 +3477,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n344 = _ZL[buf[pos]]
-        if n344 < 0:
-            n344, pos = _rlong(buf, pos)
-            if n344 < 0:
-                raise _length_error(n344, end - pos)
+        n346 = _ZL[buf[pos]]
+        if n346 < 0:
+            n346, pos = _rlong(buf, pos)
+            if n346 < 0:
+                raise _length_error(n346, end - pos)
         else:
             pos += 1
-        q345 = pos + n344
-        if q345 > end:
-            raise _length_error(n344, end - pos)
-        f_source = buf[pos:q345].decode()
-        pos = q345
+        q347 = pos + n346
+        if q347 > end:
+            raise _length_error(n346, end - pos)
+        f_source = buf[pos:q347].decode()
+        pos = q347
         b = buf[pos]
         if b < 128:
-            i346 = _ZD[b]
+            i348 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i346 = (z >> 1) ^ -(z & 1)
+            i348 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i346 = (z >> 1) ^ -(z & 1)
+            i348 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i346, pos = _rlong(buf, pos)
-        if not 0 <= i346 < 20:
-            raise _union_error(i346, 20)
-        f_payload, pos = _k608[i346](buf, pos, end)
+            i348, pos = _rlong(buf, pos)
+        if not 0 <= i348 < 20:
+            raise _union_error(i348, 20)
+        f_payload, pos = _k612[i348](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3503,156 +3516,152 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded620(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k621, (_P[n624] if (n624 := len(s623 := o.node_id.encode())) < 8192 else _long(n624)), s623, (_P[n626] if (n626 := len(s625 := o.gpu_model.encode())) < 8192 else _long(n626)), s625, (_P[n627] if 0 <= (n627 := o.gpu_count) < 8192 else _long(n627)), (_P[n628] if 0 <= (n628 := o.cpu_milli) < 8192 else _long(n628)), (_P[n629] if 0 <= (n629 := o.memory_mib) < 8192 else _long(n629)), (_b21(a630) if (a630 := o.labels) else b"\x00"), (_b27(a631) if (a631 := o.taints) else b"\x00"), (_P[n632] if 0 <= (n632 := o.gpu_memory_mib) < 8192 else _long(n632)),))
+def _e_NodeAdded624(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k625, (_P[n628] if (n628 := len(s627 := o.node_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := o.gpu_model.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := o.gpu_count) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := o.cpu_milli) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := o.memory_mib) < 8192 else _long(n633)), (_b21(a634) if (a634 := o.labels) else b"\x00"), (_b27(a635) if (a635 := o.taints) else b"\x00"), (_P[n636] if 0 <= (n636 := o.gpu_memory_mib) < 8192 else _long(n636)),))
 
 
-def _e_NodeRemoved632(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k633, (_P[n636] if (n636 := len(s635 := o.node_id.encode())) < 8192 else _long(n636)), s635, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved636(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned636(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639,))
-
-
-def _e_NodeUncordoned640(o: _c_NodeUncordoned) -> bytes:
+def _e_NodeCordoned640(o: _c_NodeCordoned) -> bytes:
     return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
 
 
-def _e_NodeDrained644(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647, (_P[n649] if 0 <= (n649 := o.evicted) < 8192 else _long(n649)),))
+def _e_NodeUncordoned644(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647,))
 
 
-def _e_NodeFailed649(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k650, (_P[n653] if (n653 := len(s652 := o.node_id.encode())) < 8192 else _long(n653)), s652, (_P[n655] if (n655 := len(s654 := o.reason.encode())) < 8192 else _long(n655)), s654, (_P[n656] if 0 <= (n656 := o.evicted) < 8192 else _long(n656)),))
+def _e_NodeDrained648(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.node_id.encode())) < 8192 else _long(n652)), s651, (_P[n653] if 0 <= (n653 := o.evicted) < 8192 else _long(n653)),))
 
 
-def _u675(v: Any) -> bytes:
-    return b"".join((_k675, (_P[n678] if (n678 := len(s677 := v.encode())) < 8192 else _long(n678)), s677,))
+def _e_NodeFailed653(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k654, (_P[n657] if (n657 := len(s656 := o.node_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := o.evicted) < 8192 else _long(n660)),))
 
 
-def _u681(v: Any) -> bytes:
-    return b"".join((_k681, (_P[n683] if 0 <= (n683 := v) < 8192 else _long(n683)),))
+def _u679(v: Any) -> bytes:
+    return b"".join((_k679, (_P[n682] if (n682 := len(s681 := v.encode())) < 8192 else _long(n682)), s681,))
 
 
-def _b695(a: Any) -> bytes:
+def _u685(v: Any) -> bytes:
+    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
+
+
+def _b699(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n698] if (n698 := len(s697 := x.code.encode())) < 8192 else _long(n698)), s697, (_P[n699] if 0 <= (n699 := x.nodes) < 8192 else _long(n699)), (_P[n701] if (n701 := len(s700 := x.message.encode())) < 8192 else _long(n701)), s700,)
+        out += ((_P[n702] if (n702 := len(s701 := x.code.encode())) < 8192 else _long(n702)), s701, (_P[n703] if 0 <= (n703 := x.nodes) < 8192 else _long(n703)), (_P[n705] if (n705 := len(s704 := x.message.encode())) < 8192 else _long(n705)), s704,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued656(o: _c_PodQueued) -> bytes:
-    return b"".join((_k657, (_P[n661] if (n661 := len(s660 := (r659 := o.pod).pod_id.encode())) < 8192 else _long(n661)), s660, (_P[n663] if (n663 := len(s662 := r659.tenant.encode())) < 8192 else _long(n663)), s662, (_P[n664] if 0 <= (n664 := r659.priority) < 8192 else _long(n664)), (_P[n665] if 0 <= (n665 := r659.num_gpu) < 8192 else _long(n665)), (_P[n666] if 0 <= (n666 := r659.gpu_milli) < 8192 else _long(n666)), (_P[n667] if 0 <= (n667 := r659.cpu_milli) < 8192 else _long(n667)), (_P[n668] if 0 <= (n668 := r659.memory_mib) < 8192 else _long(n668)), (_b71(a669) if (a669 := r659.gpu_models) else b"\x00"), (_b21(a670) if (a670 := r659.node_selector) else b"\x00"), (_b76(a671) if (a671 := r659.tolerations) else b"\x00"), (_P[n672] if 0 <= (n672 := r659.submitted_at) < 8192 else _long(n672)), (_P[n673] if 0 <= (n673 := r659.arrival) < 8192 else _long(n673)), (_k678 if (u674 := r659.gang_id) is None else _u675(u674)), (_k683 if (u680 := r659.time_limit_ms) is None else _u681(u680)), (_b71(a685) if (a685 := r659.depends_on) else b"\x00"), (_P[n687] if (n687 := len(s686 := r659.dependency.encode())) < 8192 else _long(n687)), s686, (_P[n689] if (n689 := len(s688 := r659.preemption.encode())) < 8192 else _long(n689)), s688, (b"\x01" if r659.movable else b"\x00"), (_P[n690] if 0 <= (n690 := r659.gpu_memory_mib) < 8192 else _long(n690)), (_k692 if (u691 := r659.retry) is None else _k691[type(u691)](u691)), (b"\x01" if r659.preemptible else b"\x00"), (_b695(a694) if (a694 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a702) if (a702 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued660(o: _c_PodQueued) -> bytes:
+    return b"".join((_k661, (_P[n665] if (n665 := len(s664 := (r663 := o.pod).pod_id.encode())) < 8192 else _long(n665)), s664, (_P[n667] if (n667 := len(s666 := r663.tenant.encode())) < 8192 else _long(n667)), s666, (_P[n668] if 0 <= (n668 := r663.priority) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r663.num_gpu) < 8192 else _long(n669)), (_P[n670] if 0 <= (n670 := r663.gpu_milli) < 8192 else _long(n670)), (_P[n671] if 0 <= (n671 := r663.cpu_milli) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := r663.memory_mib) < 8192 else _long(n672)), (_b71(a673) if (a673 := r663.gpu_models) else b"\x00"), (_b21(a674) if (a674 := r663.node_selector) else b"\x00"), (_b76(a675) if (a675 := r663.tolerations) else b"\x00"), (_P[n676] if 0 <= (n676 := r663.submitted_at) < 8192 else _long(n676)), (_P[n677] if 0 <= (n677 := r663.arrival) < 8192 else _long(n677)), (_k682 if (u678 := r663.gang_id) is None else _u679(u678)), (_k687 if (u684 := r663.time_limit_ms) is None else _u685(u684)), (_b71(a689) if (a689 := r663.depends_on) else b"\x00"), (_P[n691] if (n691 := len(s690 := r663.dependency.encode())) < 8192 else _long(n691)), s690, (_P[n693] if (n693 := len(s692 := r663.preemption.encode())) < 8192 else _long(n693)), s692, (b"\x01" if r663.movable else b"\x00"), (_P[n694] if 0 <= (n694 := r663.gpu_memory_mib) < 8192 else _long(n694)), (_k696 if (u695 := r663.retry) is None else _k695[type(u695)](u695)), (b"\x01" if r663.preemptible else b"\x00"), (_b699(a698) if (a698 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a706) if (a706 := o.waiting_for) else b"\x00"),))
 
 
-def _u721(v: Any) -> bytes:
-    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := v.encode())) < 8192 else _long(n724)), s723,))
+def _u725(v: Any) -> bytes:
+    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := v.encode())) < 8192 else _long(n728)), s727,))
 
 
-def _u727(v: Any) -> bytes:
-    return b"".join((_k727, (_P[n729] if 0 <= (n729 := v) < 8192 else _long(n729)),))
+def _u731(v: Any) -> bytes:
+    return b"".join((_k731, (_P[n733] if 0 <= (n733 := v) < 8192 else _long(n733)),))
 
 
-def _b743(a: Any) -> bytes:
+def _b747(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n745] if 0 <= (n745 := x.index) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := x.milli) < 8192 else _long(n746)),)
+        out += ((_P[n749] if 0 <= (n749 := x.index) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.milli) < 8192 else _long(n750)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b750(a: Any) -> bytes:
+def _b754(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n752] if (n752 := len(s751 := k.encode())) < 8192 else _long(n752)), s751, _pack_d(x),)
+        out += ((_P[n756] if (n756 := len(s755 := k.encode())) < 8192 else _long(n756)), s755, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled702(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k703, (_P[n707] if (n707 := len(s706 := (r705 := o.pod).pod_id.encode())) < 8192 else _long(n707)), s706, (_P[n709] if (n709 := len(s708 := r705.tenant.encode())) < 8192 else _long(n709)), s708, (_P[n710] if 0 <= (n710 := r705.priority) < 8192 else _long(n710)), (_P[n711] if 0 <= (n711 := r705.num_gpu) < 8192 else _long(n711)), (_P[n712] if 0 <= (n712 := r705.gpu_milli) < 8192 else _long(n712)), (_P[n713] if 0 <= (n713 := r705.cpu_milli) < 8192 else _long(n713)), (_P[n714] if 0 <= (n714 := r705.memory_mib) < 8192 else _long(n714)), (_b71(a715) if (a715 := r705.gpu_models) else b"\x00"), (_b21(a716) if (a716 := r705.node_selector) else b"\x00"), (_b76(a717) if (a717 := r705.tolerations) else b"\x00"), (_P[n718] if 0 <= (n718 := r705.submitted_at) < 8192 else _long(n718)), (_P[n719] if 0 <= (n719 := r705.arrival) < 8192 else _long(n719)), (_k724 if (u720 := r705.gang_id) is None else _u721(u720)), (_k729 if (u726 := r705.time_limit_ms) is None else _u727(u726)), (_b71(a731) if (a731 := r705.depends_on) else b"\x00"), (_P[n733] if (n733 := len(s732 := r705.dependency.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := r705.preemption.encode())) < 8192 else _long(n735)), s734, (b"\x01" if r705.movable else b"\x00"), (_P[n736] if 0 <= (n736 := r705.gpu_memory_mib) < 8192 else _long(n736)), (_k738 if (u737 := r705.retry) is None else _k737[type(u737)](u737)), (b"\x01" if r705.preemptible else b"\x00"), (_P[n741] if (n741 := len(s740 := o.node_id.encode())) < 8192 else _long(n741)), s740, (_b743(a742) if (a742 := o.gpus) else b"\x00"), (_P[n748] if (n748 := len(s747 := o.policy.encode())) < 8192 else _long(n748)), s747, (b"\x01" if o.from_queue else b"\x00"), (_b750(a749) if (a749 := o.scores) else b"\x00"), (_b71(a753) if (a753 := o.preempted) else b"\x00"),))
+def _e_PodScheduled706(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k707, (_P[n711] if (n711 := len(s710 := (r709 := o.pod).pod_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r709.num_gpu) < 8192 else _long(n715)), (_P[n716] if 0 <= (n716 := r709.gpu_milli) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := r709.cpu_milli) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := r709.memory_mib) < 8192 else _long(n718)), (_b71(a719) if (a719 := r709.gpu_models) else b"\x00"), (_b21(a720) if (a720 := r709.node_selector) else b"\x00"), (_b76(a721) if (a721 := r709.tolerations) else b"\x00"), (_P[n722] if 0 <= (n722 := r709.submitted_at) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := r709.arrival) < 8192 else _long(n723)), (_k728 if (u724 := r709.gang_id) is None else _u725(u724)), (_k733 if (u730 := r709.time_limit_ms) is None else _u731(u730)), (_b71(a735) if (a735 := r709.depends_on) else b"\x00"), (_P[n737] if (n737 := len(s736 := r709.dependency.encode())) < 8192 else _long(n737)), s736, (_P[n739] if (n739 := len(s738 := r709.preemption.encode())) < 8192 else _long(n739)), s738, (b"\x01" if r709.movable else b"\x00"), (_P[n740] if 0 <= (n740 := r709.gpu_memory_mib) < 8192 else _long(n740)), (_k742 if (u741 := r709.retry) is None else _k741[type(u741)](u741)), (b"\x01" if r709.preemptible else b"\x00"), (_P[n745] if (n745 := len(s744 := o.node_id.encode())) < 8192 else _long(n745)), s744, (_b747(a746) if (a746 := o.gpus) else b"\x00"), (_P[n752] if (n752 := len(s751 := o.policy.encode())) < 8192 else _long(n752)), s751, (b"\x01" if o.from_queue else b"\x00"), (_b754(a753) if (a753 := o.scores) else b"\x00"), (_b71(a757) if (a757 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted753(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k754, (_P[n757] if (n757 := len(s756 := o.pod_id.encode())) < 8192 else _long(n757)), s756, (_P[n759] if (n759 := len(s758 := o.node_id.encode())) < 8192 else _long(n759)), s758, (_P[n761] if (n761 := len(s760 := o.reason.encode())) < 8192 else _long(n761)), s760,))
+def _e_PodEvicted757(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := o.node_id.encode())) < 8192 else _long(n763)), s762, (_P[n765] if (n765 := len(s764 := o.reason.encode())) < 8192 else _long(n765)), s764,))
 
 
-def _u767(v: Any) -> bytes:
-    return b"".join((_k767, (_P[n770] if (n770 := len(s769 := v.encode())) < 8192 else _long(n770)), s769,))
+def _u771(v: Any) -> bytes:
+    return b"".join((_k771, (_P[n774] if (n774 := len(s773 := v.encode())) < 8192 else _long(n774)), s773,))
 
 
-def _e_PodReleased761(o: _c_PodReleased) -> bytes:
-    return b"".join((_k762, (_P[n765] if (n765 := len(s764 := o.pod_id.encode())) < 8192 else _long(n765)), s764, (_k770 if (u766 := o.node_id) is None else _u767(u766)), (_P[n773] if (n773 := len(s772 := o.reason.encode())) < 8192 else _long(n773)), s772,))
+def _e_PodReleased765(o: _c_PodReleased) -> bytes:
+    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := o.pod_id.encode())) < 8192 else _long(n769)), s768, (_k774 if (u770 := o.node_id) is None else _u771(u770)), (_P[n777] if (n777 := len(s776 := o.reason.encode())) < 8192 else _long(n777)), s776,))
 
 
-def _u781(v: Any) -> bytes:
-    return b"".join((_k781, (_P[n783] if 0 <= (n783 := v) < 8192 else _long(n783)),))
+def _u785(v: Any) -> bytes:
+    return b"".join((_k785, (_P[n787] if 0 <= (n787 := v) < 8192 else _long(n787)),))
 
 
-def _u788(v: Any) -> bytes:
-    return b"".join((_k788, (_P[n790] if 0 <= (n790 := v) < 8192 else _long(n790)),))
+def _u792(v: Any) -> bytes:
+    return b"".join((_k792, (_P[n794] if 0 <= (n794 := v) < 8192 else _long(n794)),))
 
 
-def _e_PolicyChanged773(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k774, (_P[n777] if (n777 := len(s776 := o.policy.encode())) < 8192 else _long(n777)), s776, (_P[n779] if (n779 := len(s778 := o.previous.encode())) < 8192 else _long(n779)), s778, (_k783 if (u780 := o.reserve_after_ms) is None else _u781(u780)), (_P[n786] if (n786 := len(s785 := o.queue_order.encode())) < 8192 else _long(n786)), s785, (_k790 if (u787 := o.max_clock_jump_ms) is None else _u788(u787)),))
+def _e_PolicyChanged777(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k778, (_P[n781] if (n781 := len(s780 := o.policy.encode())) < 8192 else _long(n781)), s780, (_P[n783] if (n783 := len(s782 := o.previous.encode())) < 8192 else _long(n783)), s782, (_k787 if (u784 := o.reserve_after_ms) is None else _u785(u784)), (_P[n790] if (n790 := len(s789 := o.queue_order.encode())) < 8192 else _long(n790)), s789, (_k794 if (u791 := o.max_clock_jump_ms) is None else _u792(u791)),))
 
 
-def _e_CommandRejected791(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k792, (_P[n795] if (n795 := len(s794 := o.command_id.encode())) < 8192 else _long(n795)), s794, (_P[n797] if (n797 := len(s796 := o.command_type.encode())) < 8192 else _long(n797)), s796, (_P[n799] if (n799 := len(s798 := o.code.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.message.encode())) < 8192 else _long(n801)), s800,))
+def _e_CommandRejected795(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k796, (_P[n799] if (n799 := len(s798 := o.command_id.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.command_type.encode())) < 8192 else _long(n801)), s800, (_P[n803] if (n803 := len(s802 := o.code.encode())) < 8192 else _long(n803)), s802, (_P[n805] if (n805 := len(s804 := o.message.encode())) < 8192 else _long(n805)), s804,))
 
 
-def _u831(v: Any) -> bytes:
-    return b"".join((_k831, (_P[n834] if (n834 := len(s833 := v.encode())) < 8192 else _long(n834)), s833,))
+def _u835(v: Any) -> bytes:
+    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
 
 
-def _u837(v: Any) -> bytes:
-    return b"".join((_k837, (_P[n839] if 0 <= (n839 := v) < 8192 else _long(n839)),))
+def _u841(v: Any) -> bytes:
+    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
 
 
-def _b814(a: Any) -> bytes:
+def _b818(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n817] if (n817 := len(s816 := x.pod_id.encode())) < 8192 else _long(n817)), s816, (_P[n819] if (n819 := len(s818 := x.tenant.encode())) < 8192 else _long(n819)), s818, (_P[n820] if 0 <= (n820 := x.priority) < 8192 else _long(n820)), (_P[n821] if 0 <= (n821 := x.num_gpu) < 8192 else _long(n821)), (_P[n822] if 0 <= (n822 := x.gpu_milli) < 8192 else _long(n822)), (_P[n823] if 0 <= (n823 := x.cpu_milli) < 8192 else _long(n823)), (_P[n824] if 0 <= (n824 := x.memory_mib) < 8192 else _long(n824)), (_b71(a825) if (a825 := x.gpu_models) else b"\x00"), (_b21(a826) if (a826 := x.node_selector) else b"\x00"), (_b76(a827) if (a827 := x.tolerations) else b"\x00"), (_P[n828] if 0 <= (n828 := x.submitted_at) < 8192 else _long(n828)), (_P[n829] if 0 <= (n829 := x.arrival) < 8192 else _long(n829)), (_k834 if (u830 := x.gang_id) is None else _u831(u830)), (_k839 if (u836 := x.time_limit_ms) is None else _u837(u836)), (_b71(a841) if (a841 := x.depends_on) else b"\x00"), (_P[n843] if (n843 := len(s842 := x.dependency.encode())) < 8192 else _long(n843)), s842, (_P[n845] if (n845 := len(s844 := x.preemption.encode())) < 8192 else _long(n845)), s844, (b"\x01" if x.movable else b"\x00"), (_P[n846] if 0 <= (n846 := x.gpu_memory_mib) < 8192 else _long(n846)), (_k848 if (u847 := x.retry) is None else _k847[type(u847)](u847)), (b"\x01" if x.preemptible else b"\x00"),)
+        out += ((_P[n821] if (n821 := len(s820 := x.pod_id.encode())) < 8192 else _long(n821)), s820, (_P[n823] if (n823 := len(s822 := x.tenant.encode())) < 8192 else _long(n823)), s822, (_P[n824] if 0 <= (n824 := x.priority) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.num_gpu) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := x.gpu_milli) < 8192 else _long(n826)), (_P[n827] if 0 <= (n827 := x.cpu_milli) < 8192 else _long(n827)), (_P[n828] if 0 <= (n828 := x.memory_mib) < 8192 else _long(n828)), (_b71(a829) if (a829 := x.gpu_models) else b"\x00"), (_b21(a830) if (a830 := x.node_selector) else b"\x00"), (_b76(a831) if (a831 := x.tolerations) else b"\x00"), (_P[n832] if 0 <= (n832 := x.submitted_at) < 8192 else _long(n832)), (_P[n833] if 0 <= (n833 := x.arrival) < 8192 else _long(n833)), (_k838 if (u834 := x.gang_id) is None else _u835(u834)), (_k843 if (u840 := x.time_limit_ms) is None else _u841(u840)), (_b71(a845) if (a845 := x.depends_on) else b"\x00"), (_P[n847] if (n847 := len(s846 := x.dependency.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := x.preemption.encode())) < 8192 else _long(n849)), s848, (b"\x01" if x.movable else b"\x00"), (_P[n850] if 0 <= (n850 := x.gpu_memory_mib) < 8192 else _long(n850)), (_k852 if (u851 := x.retry) is None else _k851[type(u851)](u851)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u852(v: Any) -> bytes:
-    return b"".join((_k852, (_P[n855] if (n855 := len(s854 := v.encode())) < 8192 else _long(n855)), s854,))
+def _u856(v: Any) -> bytes:
+    return b"".join((_k856, (_P[n859] if (n859 := len(s858 := v.encode())) < 8192 else _long(n859)), s858,))
 
 
-def _u858(v: Any) -> bytes:
-    return b"".join((_k858, (_P[n861] if (n861 := len(s860 := v.encode())) < 8192 else _long(n861)), s860,))
+def _u862(v: Any) -> bytes:
+    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := v.encode())) < 8192 else _long(n865)), s864,))
 
 
-def _u864(v: Any) -> bytes:
-    return b"".join((_k864, (_P[n866] if 0 <= (n866 := v) < 8192 else _long(n866)),))
+def _u868(v: Any) -> bytes:
+    return b"".join((_k868, (_P[n870] if 0 <= (n870 := v) < 8192 else _long(n870)),))
 
 
-def _u869(v: Any) -> bytes:
-    return b"".join((_k869, (_P[n871] if 0 <= (n871 := v) < 8192 else _long(n871)),))
+def _u873(v: Any) -> bytes:
+    return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
 
 
-def _u884(v: Any) -> bytes:
-    return b"".join((_k884, (_P[n886] if 0 <= (n886 := v) < 8192 else _long(n886)),))
+def _u888(v: Any) -> bytes:
+    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
 
 
-def _e_GangQueued801(o: _c_GangQueued) -> bytes:
-    return b"".join((_k802, (_P[n805] if (n805 := len(s804 := o.gang_id.encode())) < 8192 else _long(n805)), s804, (_b695(a806) if (a806 := o.reasons) else b"\x00"), (_P[n809] if (n809 := len(s808 := (r807 := o.gang).gang_id.encode())) < 8192 else _long(n809)), s808, (_P[n811] if (n811 := len(s810 := r807.tenant.encode())) < 8192 else _long(n811)), s810, (_P[n812] if 0 <= (n812 := r807.priority) < 8192 else _long(n812)), (_b814(a813) if (a813 := r807.members) else b"\x00"), (_P[n850] if 0 <= (n850 := r807.min_members) < 8192 else _long(n850)), (_k855 if (u851 := r807.topology_required) is None else _u852(u851)), (_k861 if (u857 := r807.topology_preferred) is None else _u858(u857)), (_k866 if (u863 := r807.timeout_ms) is None else _u864(u863)), (_k871 if (u868 := r807.time_limit_ms) is None else _u869(u868)), (_b71(a873) if (a873 := r807.depends_on) else b"\x00"), (_P[n875] if (n875 := len(s874 := r807.dependency.encode())) < 8192 else _long(n875)), s874, (_P[n876] if 0 <= (n876 := r807.submitted_at) < 8192 else _long(n876)), (_P[n877] if 0 <= (n877 := r807.arrival) < 8192 else _long(n877)), (_P[n879] if (n879 := len(s878 := r807.preemption.encode())) < 8192 else _long(n879)), s878, (_k881 if (u880 := r807.retry) is None else _k880[type(u880)](u880)), (_k886 if (u883 := r807.queued_at) is None else _u884(u883)), (b"\x01" if r807.preemptible else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a888) if (a888 := o.waiting_for) else b"\x00"),))
+def _e_GangQueued805(o: _c_GangQueued) -> bytes:
+    return b"".join((_k806, (_P[n809] if (n809 := len(s808 := o.gang_id.encode())) < 8192 else _long(n809)), s808, (_b699(a810) if (a810 := o.reasons) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b818(a817) if (a817 := r811.members) else b"\x00"), (_P[n854] if 0 <= (n854 := r811.min_members) < 8192 else _long(n854)), (_k859 if (u855 := r811.topology_required) is None else _u856(u855)), (_k865 if (u861 := r811.topology_preferred) is None else _u862(u861)), (_k870 if (u867 := r811.timeout_ms) is None else _u868(u867)), (_k875 if (u872 := r811.time_limit_ms) is None else _u873(u872)), (_b71(a877) if (a877 := r811.depends_on) else b"\x00"), (_P[n879] if (n879 := len(s878 := r811.dependency.encode())) < 8192 else _long(n879)), s878, (_P[n880] if 0 <= (n880 := r811.submitted_at) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := r811.arrival) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := r811.preemption.encode())) < 8192 else _long(n883)), s882, (_k885 if (u884 := r811.retry) is None else _k884[type(u884)](u884)), (_k890 if (u887 := r811.queued_at) is None else _u888(u887)), (b"\x01" if r811.preemptible else b"\x00"), (_P[n893] if (n893 := len(s892 := r811.disruption.encode())) < 8192 else _long(n893)), s892, (b"\x01" if o.requeued else b"\x00"), (_b71(a894) if (a894 := o.waiting_for) else b"\x00"),))
 
 
-def _b894(a: Any) -> bytes:
+def _b900(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n897] if (n897 := len(s896 := x.pod_id.encode())) < 8192 else _long(n897)), s896, (_P[n899] if (n899 := len(s898 := x.node_id.encode())) < 8192 else _long(n899)), s898, (_b743(a900) if (a900 := x.gpus) else b"\x00"),)
+        out += ((_P[n903] if (n903 := len(s902 := x.pod_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := x.node_id.encode())) < 8192 else _long(n905)), s904, (_b747(a906) if (a906 := x.gpus) else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
-
-
-def _u910(v: Any) -> bytes:
-    return b"".join((_k910, (_P[n913] if (n913 := len(s912 := v.encode())) < 8192 else _long(n913)), s912,))
 
 
 def _u916(v: Any) -> bytes:
@@ -3660,146 +3669,150 @@ def _u916(v: Any) -> bytes:
 
 
 def _u922(v: Any) -> bytes:
-    return b"".join((_k922, (_P[n924] if 0 <= (n924 := v) < 8192 else _long(n924)),))
+    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := v.encode())) < 8192 else _long(n925)), s924,))
 
 
-def _u927(v: Any) -> bytes:
-    return b"".join((_k927, (_P[n929] if 0 <= (n929 := v) < 8192 else _long(n929)),))
+def _u928(v: Any) -> bytes:
+    return b"".join((_k928, (_P[n930] if 0 <= (n930 := v) < 8192 else _long(n930)),))
 
 
-def _u942(v: Any) -> bytes:
-    return b"".join((_k942, (_P[n944] if 0 <= (n944 := v) < 8192 else _long(n944)),))
+def _u933(v: Any) -> bytes:
+    return b"".join((_k933, (_P[n935] if 0 <= (n935 := v) < 8192 else _long(n935)),))
 
 
-def _u947(v: Any) -> bytes:
-    return b"".join((_k947, (_P[n950] if (n950 := len(s949 := v.encode())) < 8192 else _long(n950)), s949,))
+def _u948(v: Any) -> bytes:
+    return b"".join((_k948, (_P[n950] if 0 <= (n950 := v) < 8192 else _long(n950)),))
 
 
-def _u953(v: Any) -> bytes:
-    return b"".join((_k953, (_P[n956] if (n956 := len(s955 := v.encode())) < 8192 else _long(n956)), s955,))
+def _u955(v: Any) -> bytes:
+    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := v.encode())) < 8192 else _long(n958)), s957,))
 
 
-def _e_GangScheduled888(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k889, (_P[n892] if (n892 := len(s891 := o.gang_id.encode())) < 8192 else _long(n892)), s891, (_b894(a893) if (a893 := o.members) else b"\x00"), (_P[n903] if (n903 := len(s902 := (r901 := o.gang).gang_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := r901.tenant.encode())) < 8192 else _long(n905)), s904, (_P[n906] if 0 <= (n906 := r901.priority) < 8192 else _long(n906)), (_b814(a907) if (a907 := r901.members) else b"\x00"), (_P[n908] if 0 <= (n908 := r901.min_members) < 8192 else _long(n908)), (_k913 if (u909 := r901.topology_required) is None else _u910(u909)), (_k919 if (u915 := r901.topology_preferred) is None else _u916(u915)), (_k924 if (u921 := r901.timeout_ms) is None else _u922(u921)), (_k929 if (u926 := r901.time_limit_ms) is None else _u927(u926)), (_b71(a931) if (a931 := r901.depends_on) else b"\x00"), (_P[n933] if (n933 := len(s932 := r901.dependency.encode())) < 8192 else _long(n933)), s932, (_P[n934] if 0 <= (n934 := r901.submitted_at) < 8192 else _long(n934)), (_P[n935] if 0 <= (n935 := r901.arrival) < 8192 else _long(n935)), (_P[n937] if (n937 := len(s936 := r901.preemption.encode())) < 8192 else _long(n937)), s936, (_k939 if (u938 := r901.retry) is None else _k938[type(u938)](u938)), (_k944 if (u941 := r901.queued_at) is None else _u942(u941)), (b"\x01" if r901.preemptible else b"\x00"), (_k950 if (u946 := o.topology_key) is None else _u947(u946)), (_k956 if (u952 := o.domain) is None else _u953(u952)), (b"\x01" if o.from_queue else b"\x00"), (_P[n959] if (n959 := len(s958 := o.message.encode())) < 8192 else _long(n959)), s958, (_b71(a960) if (a960 := o.preempted) else b"\x00"),))
+def _u961(v: Any) -> bytes:
+    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := v.encode())) < 8192 else _long(n964)), s963,))
 
 
-def _e_GangTimedOut960(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := o.gang_id.encode())) < 8192 else _long(n964)), s963, (_P[n965] if 0 <= (n965 := o.waited_ms) < 8192 else _long(n965)), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966,))
+def _e_GangScheduled894(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.gang_id.encode())) < 8192 else _long(n898)), s897, (_b900(a899) if (a899 := o.members) else b"\x00"), (_P[n909] if (n909 := len(s908 := (r907 := o.gang).gang_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := r907.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := r907.priority) < 8192 else _long(n912)), (_b818(a913) if (a913 := r907.members) else b"\x00"), (_P[n914] if 0 <= (n914 := r907.min_members) < 8192 else _long(n914)), (_k919 if (u915 := r907.topology_required) is None else _u916(u915)), (_k925 if (u921 := r907.topology_preferred) is None else _u922(u921)), (_k930 if (u927 := r907.timeout_ms) is None else _u928(u927)), (_k935 if (u932 := r907.time_limit_ms) is None else _u933(u932)), (_b71(a937) if (a937 := r907.depends_on) else b"\x00"), (_P[n939] if (n939 := len(s938 := r907.dependency.encode())) < 8192 else _long(n939)), s938, (_P[n940] if 0 <= (n940 := r907.submitted_at) < 8192 else _long(n940)), (_P[n941] if 0 <= (n941 := r907.arrival) < 8192 else _long(n941)), (_P[n943] if (n943 := len(s942 := r907.preemption.encode())) < 8192 else _long(n943)), s942, (_k945 if (u944 := r907.retry) is None else _k944[type(u944)](u944)), (_k950 if (u947 := r907.queued_at) is None else _u948(u947)), (b"\x01" if r907.preemptible else b"\x00"), (_P[n953] if (n953 := len(s952 := r907.disruption.encode())) < 8192 else _long(n953)), s952, (_k958 if (u954 := o.topology_key) is None else _u955(u954)), (_k964 if (u960 := o.domain) is None else _u961(u960)), (b"\x01" if o.from_queue else b"\x00"), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.preempted) else b"\x00"),))
 
 
-def _e_GangReleased967(o: _c_GangReleased) -> bytes:
-    return b"".join((_k968, (_P[n971] if (n971 := len(s970 := o.gang_id.encode())) < 8192 else _long(n971)), s970, (_P[n973] if (n973 := len(s972 := o.reason.encode())) < 8192 else _long(n973)), s972, (b"\x01" if o.ok else b"\x00"), (_b71(a974) if (a974 := o.members_ended) else b"\x00"),))
+def _e_GangTimedOut968(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k969, (_P[n972] if (n972 := len(s971 := o.gang_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.waited_ms) < 8192 else _long(n973)), (_P[n975] if (n975 := len(s974 := o.message.encode())) < 8192 else _long(n975)), s974,))
 
 
-def _u983(v: Any) -> bytes:
-    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := v.encode())) < 8192 else _long(n986)), s985,))
+def _e_GangReleased975(o: _c_GangReleased) -> bytes:
+    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.gang_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (b"\x01" if o.ok else b"\x00"), (_b71(a982) if (a982 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodTimeLimitReached974(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k975, (_P[n978] if (n978 := len(s977 := o.pod_id.encode())) < 8192 else _long(n978)), s977, (_P[n980] if (n980 := len(s979 := o.node_id.encode())) < 8192 else _long(n980)), s979, (_P[n981] if 0 <= (n981 := o.time_limit_ms) < 8192 else _long(n981)), (_k986 if (u982 := o.gang_id) is None else _u983(u982)),))
+def _u991(v: Any) -> bytes:
+    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
 
 
-def _u996(v: Any) -> bytes:
-    return b"".join((_k996, (_P[n998] if 0 <= (n998 := v) < 8192 else _long(n998)),))
+def _e_PodTimeLimitReached982(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.pod_id.encode())) < 8192 else _long(n986)), s985, (_P[n988] if (n988 := len(s987 := o.node_id.encode())) < 8192 else _long(n988)), s987, (_P[n989] if 0 <= (n989 := o.time_limit_ms) < 8192 else _long(n989)), (_k994 if (u990 := o.gang_id) is None else _u991(u990)),))
 
 
-def _e_NodesReserved987(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k988, (_P[n991] if (n991 := len(s990 := o.holder_id.encode())) < 8192 else _long(n991)), s990, (_P[n993] if (n993 := len(s992 := o.holder_kind.encode())) < 8192 else _long(n993)), s992, (_b71(a994) if (a994 := o.nodes) else b"\x00"), (_k998 if (u995 := o.expected_start) is None else _u996(u995)), (_P[n1001] if (n1001 := len(s1000 := o.message.encode())) < 8192 else _long(n1001)), s1000,))
+def _u1004(v: Any) -> bytes:
+    return b"".join((_k1004, (_P[n1006] if 0 <= (n1006 := v) < 8192 else _long(n1006)),))
 
 
-def _e_ReservationReleased1001(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := o.holder_id.encode())) < 8192 else _long(n1005)), s1004, (_P[n1007] if (n1007 := len(s1006 := o.holder_kind.encode())) < 8192 else _long(n1007)), s1006, (_b71(a1008) if (a1008 := o.nodes) else b"\x00"), (_P[n1010] if (n1010 := len(s1009 := o.reason.encode())) < 8192 else _long(n1010)), s1009, (_P[n1012] if (n1012 := len(s1011 := o.message.encode())) < 8192 else _long(n1012)), s1011,))
+def _e_NodesReserved995(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := o.holder_id.encode())) < 8192 else _long(n999)), s998, (_P[n1001] if (n1001 := len(s1000 := o.holder_kind.encode())) < 8192 else _long(n1001)), s1000, (_b71(a1002) if (a1002 := o.nodes) else b"\x00"), (_k1006 if (u1003 := o.expected_start) is None else _u1004(u1003)), (_P[n1009] if (n1009 := len(s1008 := o.message.encode())) < 8192 else _long(n1009)), s1008,))
 
 
-def _e_DependencyFailed1012(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1013, (_P[n1016] if (n1016 := len(s1015 := o.holder_id.encode())) < 8192 else _long(n1016)), s1015, (_P[n1018] if (n1018 := len(s1017 := o.holder_kind.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.dependency_id.encode())) < 8192 else _long(n1020)), s1019, (_P[n1022] if (n1022 := len(s1021 := o.message.encode())) < 8192 else _long(n1022)), s1021,))
+def _e_ReservationReleased1009(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.holder_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1015] if (n1015 := len(s1014 := o.holder_kind.encode())) < 8192 else _long(n1015)), s1014, (_b71(a1016) if (a1016 := o.nodes) else b"\x00"), (_P[n1018] if (n1018 := len(s1017 := o.reason.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.message.encode())) < 8192 else _long(n1020)), s1019,))
 
 
-def _e_Ticked1022(o: _c_Ticked) -> bytes:
-    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := o.clock) < 8192 else _long(n1025)), (b"\x01" if o.partition else b"\x00"),))
+def _e_DependencyFailed1020(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.holder_id.encode())) < 8192 else _long(n1024)), s1023, (_P[n1026] if (n1026 := len(s1025 := o.holder_kind.encode())) < 8192 else _long(n1026)), s1025, (_P[n1028] if (n1028 := len(s1027 := o.dependency_id.encode())) < 8192 else _long(n1028)), s1027, (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
 
 
-def _e_PodPreempted1025(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1026, (_P[n1029] if (n1029 := len(s1028 := o.pod_id.encode())) < 8192 else _long(n1029)), s1028, (_P[n1031] if (n1031 := len(s1030 := o.node_id.encode())) < 8192 else _long(n1031)), s1030, (_P[n1033] if (n1033 := len(s1032 := o.by.encode())) < 8192 else _long(n1033)), s1032, (_P[n1035] if (n1035 := len(s1034 := o.reason.encode())) < 8192 else _long(n1035)), s1034, (_P[n1037] if (n1037 := len(s1036 := o.message.encode())) < 8192 else _long(n1037)), s1036,))
+def _e_Ticked1030(o: _c_Ticked) -> bytes:
+    return b"".join((_k1031, (_P[n1033] if 0 <= (n1033 := o.clock) < 8192 else _long(n1033)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u1041(v: Any) -> bytes:
-    return b"".join((_k1041, (_P[n1044] if (n1044 := len(s1043 := v.encode())) < 8192 else _long(n1044)), s1043,))
+def _e_PodPreempted1033(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := o.pod_id.encode())) < 8192 else _long(n1037)), s1036, (_P[n1039] if (n1039 := len(s1038 := o.node_id.encode())) < 8192 else _long(n1039)), s1038, (_P[n1041] if (n1041 := len(s1040 := o.by.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.reason.encode())) < 8192 else _long(n1043)), s1042, (_P[n1045] if (n1045 := len(s1044 := o.message.encode())) < 8192 else _long(n1045)), s1044,))
 
 
-def _e_QuotaChanged1037(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1038, (_k1044 if (u1040 := o.tenant) is None else _u1041(u1040)), (_k1047 if (u1046 := o.quota) is None else _k1046[type(u1046)](u1046)), (_k1050 if (u1049 := o.previous) is None else _k1049[type(u1049)](u1049)), (_P[n1053] if (n1053 := len(s1052 := o.message.encode())) < 8192 else _long(n1053)), s1052,))
+def _u1049(v: Any) -> bytes:
+    return b"".join((_k1049, (_P[n1052] if (n1052 := len(s1051 := v.encode())) < 8192 else _long(n1052)), s1051,))
 
 
-def _e_PodMigrated1053(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1054, (_P[n1057] if (n1057 := len(s1056 := o.pod_id.encode())) < 8192 else _long(n1057)), s1056, (_P[n1059] if (n1059 := len(s1058 := o.from_node.encode())) < 8192 else _long(n1059)), s1058, (_b743(a1060) if (a1060 := o.from_gpus) else b"\x00"), (_P[n1062] if (n1062 := len(s1061 := o.to_node.encode())) < 8192 else _long(n1062)), s1061, (_b743(a1063) if (a1063 := o.to_gpus) else b"\x00"), (_P[n1065] if (n1065 := len(s1064 := o.reason.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.message.encode())) < 8192 else _long(n1067)), s1066,))
+def _e_QuotaChanged1045(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1046, (_k1052 if (u1048 := o.tenant) is None else _u1049(u1048)), (_k1055 if (u1054 := o.quota) is None else _k1054[type(u1054)](u1054)), (_k1058 if (u1057 := o.previous) is None else _k1057[type(u1057)](u1057)), (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
 
 
-def _u1074(v: Any) -> bytes:
-    return b"".join((_k1074, (_P[n1077] if (n1077 := len(s1076 := v.encode())) < 8192 else _long(n1077)), s1076,))
+def _e_PodMigrated1061(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.from_node.encode())) < 8192 else _long(n1067)), s1066, (_b747(a1068) if (a1068 := o.from_gpus) else b"\x00"), (_P[n1070] if (n1070 := len(s1069 := o.to_node.encode())) < 8192 else _long(n1070)), s1069, (_b747(a1071) if (a1071 := o.to_gpus) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
 
 
-def _e_DefragmentationPlanned1067(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1068, (_P[n1070] if 0 <= (n1070 := o.moves) < 8192 else _long(n1070)), (_P[n1071] if 0 <= (n1071 := o.gpus_freed) < 8192 else _long(n1071)), (_P[n1072] if 0 <= (n1072 := o.nodes_freed) < 8192 else _long(n1072)), (_k1077 if (u1073 := o.target) is None else _u1074(u1073)), (_P[n1080] if (n1080 := len(s1079 := o.message.encode())) < 8192 else _long(n1080)), s1079,))
+def _u1082(v: Any) -> bytes:
+    return b"".join((_k1082, (_P[n1085] if (n1085 := len(s1084 := v.encode())) < 8192 else _long(n1085)), s1084,))
 
 
-def _e_ClusterHalted1080(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1081, (_P[n1084] if (n1084 := len(s1083 := o.cluster.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.command_id.encode())) < 8192 else _long(n1086)), s1085, (_P[n1088] if (n1088 := len(s1087 := o.error.encode())) < 8192 else _long(n1088)), s1087, (_P[n1090] if (n1090 := len(s1089 := o.message.encode())) < 8192 else _long(n1090)), s1089,))
+def _e_DefragmentationPlanned1075(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1076, (_P[n1078] if 0 <= (n1078 := o.moves) < 8192 else _long(n1078)), (_P[n1079] if 0 <= (n1079 := o.gpus_freed) < 8192 else _long(n1079)), (_P[n1080] if 0 <= (n1080 := o.nodes_freed) < 8192 else _long(n1080)), (_k1085 if (u1081 := o.target) is None else _u1082(u1081)), (_P[n1088] if (n1088 := len(s1087 := o.message.encode())) < 8192 else _long(n1088)), s1087,))
 
 
-def _e_ClusterResumed1090(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1091, (_P[n1094] if (n1094 := len(s1093 := o.cluster.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.halted_command_id.encode())) < 8192 else _long(n1096)), s1095, (_P[n1097] if 0 <= (n1097 := o.halted_offset) < 8192 else _long(n1097)), (_P[n1098] if 0 <= (n1098 := o.refolded_from) < 8192 else _long(n1098)), (_P[n1100] if (n1100 := len(s1099 := o.message.encode())) < 8192 else _long(n1100)), s1099,))
+def _e_ClusterHalted1088(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.cluster.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.command_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.error.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.message.encode())) < 8192 else _long(n1098)), s1097,))
 
 
-def _e_NodeRecovered1100(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1101, (_P[n1104] if (n1104 := len(s1103 := o.node_id.encode())) < 8192 else _long(n1104)), s1103,))
+def _e_ClusterResumed1098(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1099, (_P[n1102] if (n1102 := len(s1101 := o.cluster.encode())) < 8192 else _long(n1102)), s1101, (_P[n1104] if (n1104 := len(s1103 := o.halted_command_id.encode())) < 8192 else _long(n1104)), s1103, (_P[n1105] if 0 <= (n1105 := o.halted_offset) < 8192 else _long(n1105)), (_P[n1106] if 0 <= (n1106 := o.refolded_from) < 8192 else _long(n1106)), (_P[n1108] if (n1108 := len(s1107 := o.message.encode())) < 8192 else _long(n1108)), s1107,))
 
 
-def _e_NodeUpdated1104(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1105, (_P[n1108] if (n1108 := len(s1107 := o.node_id.encode())) < 8192 else _long(n1108)), s1107, (_b21(a1109) if (a1109 := o.labels) else b"\x00"), (_b27(a1110) if (a1110 := o.taints) else b"\x00"), (_P[n1111] if 0 <= (n1111 := o.evicting) < 8192 else _long(n1111)),))
+def _e_NodeRecovered1108(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1109, (_P[n1112] if (n1112 := len(s1111 := o.node_id.encode())) < 8192 else _long(n1112)), s1111,))
 
 
-def _u1119(v: Any) -> bytes:
-    return b"".join((_k1119, (_P[n1122] if (n1122 := len(s1121 := v.encode())) < 8192 else _long(n1122)), s1121,))
+def _e_NodeUpdated1112(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := o.node_id.encode())) < 8192 else _long(n1116)), s1115, (_b21(a1117) if (a1117 := o.labels) else b"\x00"), (_b27(a1118) if (a1118 := o.taints) else b"\x00"), (_P[n1119] if 0 <= (n1119 := o.evicting) < 8192 else _long(n1119)),))
 
 
-def _e_PodRetryScheduled1111(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1112, (_P[n1115] if (n1115 := len(s1114 := o.pod_id.encode())) < 8192 else _long(n1115)), s1114, (_P[n1116] if 0 <= (n1116 := o.attempt) < 8192 else _long(n1116)), (_P[n1117] if 0 <= (n1117 := o.not_before) < 8192 else _long(n1117)), (_k1122 if (u1118 := o.gang_id) is None else _u1119(u1118)),))
+def _u1127(v: Any) -> bytes:
+    return b"".join((_k1127, (_P[n1130] if (n1130 := len(s1129 := v.encode())) < 8192 else _long(n1130)), s1129,))
 
 
-def _u1129(v: Any) -> bytes:
-    return b"".join((_k1129, (_P[n1132] if (n1132 := len(s1131 := v.encode())) < 8192 else _long(n1132)), s1131,))
+def _e_PodRetryScheduled1119(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1120, (_P[n1123] if (n1123 := len(s1122 := o.pod_id.encode())) < 8192 else _long(n1123)), s1122, (_P[n1124] if 0 <= (n1124 := o.attempt) < 8192 else _long(n1124)), (_P[n1125] if 0 <= (n1125 := o.not_before) < 8192 else _long(n1125)), (_k1130 if (u1126 := o.gang_id) is None else _u1127(u1126)),))
 
 
-def _u1135(v: Any) -> bytes:
-    return b"".join((_k1135, (_P[n1138] if (n1138 := len(s1137 := v.encode())) < 8192 else _long(n1138)), s1137,))
+def _u1137(v: Any) -> bytes:
+    return b"".join((_k1137, (_P[n1140] if (n1140 := len(s1139 := v.encode())) < 8192 else _long(n1140)), s1139,))
 
 
-def _u1141(v: Any) -> bytes:
-    return b"".join((_k1141, (_b21(a1143) if (a1143 := v) else b"\x00"),))
+def _u1143(v: Any) -> bytes:
+    return b"".join((_k1143, (_P[n1146] if (n1146 := len(s1145 := v.encode())) < 8192 else _long(n1146)), s1145,))
 
 
-def _e_DisruptionBudgetSet1123(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1124, (_P[n1127] if (n1127 := len(s1126 := o.budget_id.encode())) < 8192 else _long(n1127)), s1126, (_k1132 if (u1128 := o.tenant) is None else _u1129(u1128)), (_k1138 if (u1134 := o.gang_id) is None else _u1135(u1134)), (_k1143 if (u1140 := o.label_selector) is None else _u1141(u1140)), (_P[n1145] if 0 <= (n1145 := o.max_unavailable) < 8192 else _long(n1145)),))
+def _u1149(v: Any) -> bytes:
+    return b"".join((_k1149, (_b21(a1151) if (a1151 := v) else b"\x00"),))
 
 
-def _e_DisruptionBudgetRemoved1145(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1146, (_P[n1149] if (n1149 := len(s1148 := o.budget_id.encode())) < 8192 else _long(n1149)), s1148,))
+def _e_DisruptionBudgetSet1131(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1132, (_P[n1135] if (n1135 := len(s1134 := o.budget_id.encode())) < 8192 else _long(n1135)), s1134, (_k1140 if (u1136 := o.tenant) is None else _u1137(u1136)), (_k1146 if (u1142 := o.gang_id) is None else _u1143(u1142)), (_k1151 if (u1148 := o.label_selector) is None else _u1149(u1148)), (_P[n1153] if 0 <= (n1153 := o.max_unavailable) < 8192 else _long(n1153)),))
 
 
-def _e_EvictionBlocked1149(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1150, (_P[n1153] if (n1153 := len(s1152 := o.pod_id.encode())) < 8192 else _long(n1153)), s1152, (_P[n1155] if (n1155 := len(s1154 := o.node_id.encode())) < 8192 else _long(n1155)), s1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156, (_P[n1158] if 0 <= (n1158 := o.grace_ms) < 8192 else _long(n1158)), (_P[n1160] if (n1160 := len(s1159 := o.reason.encode())) < 8192 else _long(n1160)), s1159,))
+def _e_DisruptionBudgetRemoved1153(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156,))
 
 
-def _e_PodEvictionScheduled1160(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1161, (_P[n1164] if (n1164 := len(s1163 := o.pod_id.encode())) < 8192 else _long(n1164)), s1163, (_P[n1166] if (n1166 := len(s1165 := o.node_id.encode())) < 8192 else _long(n1166)), s1165, (_P[n1167] if 0 <= (n1167 := o.at) < 8192 else _long(n1167)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_EvictionBlocked1157(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.node_id.encode())) < 8192 else _long(n1163)), s1162, (_P[n1165] if (n1165 := len(s1164 := o.budget_id.encode())) < 8192 else _long(n1165)), s1164, (_P[n1166] if 0 <= (n1166 := o.grace_ms) < 8192 else _long(n1166)), (_P[n1168] if (n1168 := len(s1167 := o.reason.encode())) < 8192 else _long(n1168)), s1167,))
 
 
-def _e_Event609(o: _c_Event) -> bytes:
-    return b"".join((_k610, (_P[n612] if 0 <= (n612 := o.partition) < 8192 else _long(n612)), (_P[n613] if 0 <= (n613 := o.sequence) < 8192 else _long(n613)), (_P[n615] if (n615 := len(s614 := o.cluster.encode())) < 8192 else _long(n615)), s614, (_P[n617] if (n617 := len(s616 := o.command_id.encode())) < 8192 else _long(n617)), s616, (_P[n618] if 0 <= (n618 := o.command_offset) < 8192 else _long(n618)), (_P[n619] if 0 <= (n619 := o.occurred_at) < 8192 else _long(n619)), _k1167[type(u620 := o.payload)](u620),))
+def _e_PodEvictionScheduled1168(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1169, (_P[n1172] if (n1172 := len(s1171 := o.pod_id.encode())) < 8192 else _long(n1172)), s1171, (_P[n1174] if (n1174 := len(s1173 := o.node_id.encode())) < 8192 else _long(n1174)), s1173, (_P[n1175] if 0 <= (n1175 := o.at) < 8192 else _long(n1175)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _e_Event613(o: _c_Event) -> bytes:
+    return b"".join((_k614, (_P[n616] if 0 <= (n616 := o.partition) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := o.sequence) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := o.cluster.encode())) < 8192 else _long(n619)), s618, (_P[n621] if (n621 := len(s620 := o.command_id.encode())) < 8192 else _long(n621)), s620, (_P[n622] if 0 <= (n622 := o.command_offset) < 8192 else _long(n622)), (_P[n623] if 0 <= (n623 := o.occurred_at) < 8192 else _long(n623)), _k1175[type(u624 := o.payload)](u624),))
+
+
+def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3808,30 +3821,30 @@ def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1176 = _ZL[buf[pos]]
-    if n1176 < 0:
-        n1176, pos = _rlong(buf, pos)
-        if n1176 < 0:
-            raise _length_error(n1176, end - pos)
+    n1184 = _ZL[buf[pos]]
+    if n1184 < 0:
+        n1184, pos = _rlong(buf, pos)
+        if n1184 < 0:
+            raise _length_error(n1184, end - pos)
     else:
         pos += 1
-    q1177 = pos + n1176
-    if q1177 > end:
-        raise _length_error(n1176, end - pos)
-    f_node_id = buf[pos:q1177].decode()
-    pos = q1177
-    n1178 = _ZL[buf[pos]]
-    if n1178 < 0:
-        n1178, pos = _rlong(buf, pos)
-        if n1178 < 0:
-            raise _length_error(n1178, end - pos)
+    q1185 = pos + n1184
+    if q1185 > end:
+        raise _length_error(n1184, end - pos)
+    f_node_id = buf[pos:q1185].decode()
+    pos = q1185
+    n1186 = _ZL[buf[pos]]
+    if n1186 < 0:
+        n1186, pos = _rlong(buf, pos)
+        if n1186 < 0:
+            raise _length_error(n1186, end - pos)
     else:
         pos += 1
-    q1179 = pos + n1178
-    if q1179 > end:
-        raise _length_error(n1178, end - pos)
-    f_gpu_model = buf[pos:q1179].decode()
-    pos = q1179
+    q1187 = pos + n1186
+    if q1187 > end:
+        raise _length_error(n1186, end - pos)
+    f_gpu_model = buf[pos:q1187].decode()
+    pos = q1187
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3878,113 +3891,113 @@ def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1180: dict[str, Any] = {}
+        acc1188: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1181 = _ZD[b]
+                c1189 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1181 = (z >> 1) ^ -(z & 1)
+                c1189 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1181 = (z >> 1) ^ -(z & 1)
+                c1189 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1181, pos = _rlong(buf, pos)
-            if c1181 == 0:
+                c1189, pos = _rlong(buf, pos)
+            if c1189 == 0:
                 break
-            if c1181 < 0:
-                c1181 = -c1181
+            if c1189 < 0:
+                c1189 = -c1189
                 b = buf[pos]
                 if b < 128:
-                    z1184 = _ZD[b]
+                    z1192 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1184 = (z >> 1) ^ -(z & 1)
+                    z1192 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1184 = (z >> 1) ^ -(z & 1)
+                    z1192 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1184, pos = _rlong(buf, pos)
-            if c1181 * 2 > end - pos:
-                raise _count_error(c1181, end - pos)
-            for _ in range(c1181):
-                n1185 = _ZL[buf[pos]]
-                if n1185 < 0:
-                    n1185, pos = _rlong(buf, pos)
-                    if n1185 < 0:
-                        raise _length_error(n1185, end - pos)
+                    z1192, pos = _rlong(buf, pos)
+            if c1189 * 2 > end - pos:
+                raise _count_error(c1189, end - pos)
+            for _ in range(c1189):
+                n1193 = _ZL[buf[pos]]
+                if n1193 < 0:
+                    n1193, pos = _rlong(buf, pos)
+                    if n1193 < 0:
+                        raise _length_error(n1193, end - pos)
                 else:
                     pos += 1
-                q1186 = pos + n1185
-                if q1186 > end:
-                    raise _length_error(n1185, end - pos)
-                k1183 = buf[pos:q1186].decode()
-                pos = q1186
-                n1187 = _ZL[buf[pos]]
-                if n1187 < 0:
-                    n1187, pos = _rlong(buf, pos)
-                    if n1187 < 0:
-                        raise _length_error(n1187, end - pos)
+                q1194 = pos + n1193
+                if q1194 > end:
+                    raise _length_error(n1193, end - pos)
+                k1191 = buf[pos:q1194].decode()
+                pos = q1194
+                n1195 = _ZL[buf[pos]]
+                if n1195 < 0:
+                    n1195, pos = _rlong(buf, pos)
+                    if n1195 < 0:
+                        raise _length_error(n1195, end - pos)
                 else:
                     pos += 1
-                q1188 = pos + n1187
-                if q1188 > end:
-                    raise _length_error(n1187, end - pos)
-                x1182 = buf[pos:q1188].decode()
-                pos = q1188
-                acc1180[k1183] = x1182
-        f_labels = acc1180
+                q1196 = pos + n1195
+                if q1196 > end:
+                    raise _length_error(n1195, end - pos)
+                x1190 = buf[pos:q1196].decode()
+                pos = q1196
+                acc1188[k1191] = x1190
+        f_labels = acc1188
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1189: list[Any] = []
+        acc1197: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1190 = _ZD[b]
+                c1198 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1190 = (z >> 1) ^ -(z & 1)
+                c1198 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1190 = (z >> 1) ^ -(z & 1)
+                c1198 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1190, pos = _rlong(buf, pos)
-            if c1190 == 0:
+                c1198, pos = _rlong(buf, pos)
+            if c1198 == 0:
                 break
-            if c1190 < 0:
-                c1190 = -c1190
+            if c1198 < 0:
+                c1198 = -c1198
                 b = buf[pos]
                 if b < 128:
-                    z1193 = _ZD[b]
+                    z1201 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1193 = (z >> 1) ^ -(z & 1)
+                    z1201 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1193 = (z >> 1) ^ -(z & 1)
+                    z1201 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1193, pos = _rlong(buf, pos)
-            if c1190 * 3 > end - pos:
-                raise _count_error(c1190, end - pos)
-            for _ in range(c1190):
-                x1191, pos = _d_Taint365(buf, pos, end)
-                acc1189.append(x1191)
-        f_taints = tuple(acc1189)
+                    z1201, pos = _rlong(buf, pos)
+            if c1198 * 3 > end - pos:
+                raise _count_error(c1198, end - pos)
+            for _ in range(c1198):
+                x1199, pos = _d_Taint367(buf, pos, end)
+                acc1197.append(x1199)
+        f_taints = tuple(acc1197)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4003,78 +4016,78 @@ def _d_NodeAdded1174(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1193(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1201(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1195 = _ZL[buf[pos]]
-    if n1195 < 0:
-        n1195, pos = _rlong(buf, pos)
-        if n1195 < 0:
-            raise _length_error(n1195, end - pos)
+    n1203 = _ZL[buf[pos]]
+    if n1203 < 0:
+        n1203, pos = _rlong(buf, pos)
+        if n1203 < 0:
+            raise _length_error(n1203, end - pos)
     else:
         pos += 1
-    q1196 = pos + n1195
-    if q1196 > end:
-        raise _length_error(n1195, end - pos)
-    f_node_id = buf[pos:q1196].decode()
-    pos = q1196
+    q1204 = pos + n1203
+    if q1204 > end:
+        raise _length_error(n1203, end - pos)
+    f_node_id = buf[pos:q1204].decode()
+    pos = q1204
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1196(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1204(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1198 = _ZL[buf[pos]]
-    if n1198 < 0:
-        n1198, pos = _rlong(buf, pos)
-        if n1198 < 0:
-            raise _length_error(n1198, end - pos)
+    n1206 = _ZL[buf[pos]]
+    if n1206 < 0:
+        n1206, pos = _rlong(buf, pos)
+        if n1206 < 0:
+            raise _length_error(n1206, end - pos)
     else:
         pos += 1
-    q1199 = pos + n1198
-    if q1199 > end:
-        raise _length_error(n1198, end - pos)
-    f_node_id = buf[pos:q1199].decode()
-    pos = q1199
+    q1207 = pos + n1206
+    if q1207 > end:
+        raise _length_error(n1206, end - pos)
+    f_node_id = buf[pos:q1207].decode()
+    pos = q1207
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1199(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1207(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1201 = _ZL[buf[pos]]
-    if n1201 < 0:
-        n1201, pos = _rlong(buf, pos)
-        if n1201 < 0:
-            raise _length_error(n1201, end - pos)
+    n1209 = _ZL[buf[pos]]
+    if n1209 < 0:
+        n1209, pos = _rlong(buf, pos)
+        if n1209 < 0:
+            raise _length_error(n1209, end - pos)
     else:
         pos += 1
-    q1202 = pos + n1201
-    if q1202 > end:
-        raise _length_error(n1201, end - pos)
-    f_node_id = buf[pos:q1202].decode()
-    pos = q1202
+    q1210 = pos + n1209
+    if q1210 > end:
+        raise _length_error(n1209, end - pos)
+    f_node_id = buf[pos:q1210].decode()
+    pos = q1210
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1202(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1204 = _ZL[buf[pos]]
-    if n1204 < 0:
-        n1204, pos = _rlong(buf, pos)
-        if n1204 < 0:
-            raise _length_error(n1204, end - pos)
+    n1212 = _ZL[buf[pos]]
+    if n1212 < 0:
+        n1212, pos = _rlong(buf, pos)
+        if n1212 < 0:
+            raise _length_error(n1212, end - pos)
     else:
         pos += 1
-    q1205 = pos + n1204
-    if q1205 > end:
-        raise _length_error(n1204, end - pos)
-    f_node_id = buf[pos:q1205].decode()
-    pos = q1205
+    q1213 = pos + n1212
+    if q1213 > end:
+        raise _length_error(n1212, end - pos)
+    f_node_id = buf[pos:q1213].decode()
+    pos = q1213
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4093,34 +4106,34 @@ def _d_NodeDrained1202(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1205(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1207 = _ZL[buf[pos]]
-    if n1207 < 0:
-        n1207, pos = _rlong(buf, pos)
-        if n1207 < 0:
-            raise _length_error(n1207, end - pos)
+    n1215 = _ZL[buf[pos]]
+    if n1215 < 0:
+        n1215, pos = _rlong(buf, pos)
+        if n1215 < 0:
+            raise _length_error(n1215, end - pos)
     else:
         pos += 1
-    q1208 = pos + n1207
-    if q1208 > end:
-        raise _length_error(n1207, end - pos)
-    f_node_id = buf[pos:q1208].decode()
-    pos = q1208
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
+    q1216 = pos + n1215
+    if q1216 > end:
+        raise _length_error(n1215, end - pos)
+    f_node_id = buf[pos:q1216].decode()
+    pos = q1216
+    n1217 = _ZL[buf[pos]]
+    if n1217 < 0:
+        n1217, pos = _rlong(buf, pos)
+        if n1217 < 0:
+            raise _length_error(n1217, end - pos)
     else:
         pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_reason = buf[pos:q1210].decode()
-    pos = q1210
+    q1218 = pos + n1217
+    if q1218 > end:
+        raise _length_error(n1217, end - pos)
+    f_reason = buf[pos:q1218].decode()
+    pos = q1218
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4139,7 +4152,7 @@ def _d_NodeFailed1205(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4161,30 +4174,30 @@ def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1213 = _ZL[buf[pos]]
-    if n1213 < 0:
-        n1213, pos = _rlong(buf, pos)
-        if n1213 < 0:
-            raise _length_error(n1213, end - pos)
+    n1221 = _ZL[buf[pos]]
+    if n1221 < 0:
+        n1221, pos = _rlong(buf, pos)
+        if n1221 < 0:
+            raise _length_error(n1221, end - pos)
     else:
         pos += 1
-    q1214 = pos + n1213
-    if q1214 > end:
-        raise _length_error(n1213, end - pos)
-    f_pod_id = buf[pos:q1214].decode()
-    pos = q1214
-    n1215 = _ZL[buf[pos]]
-    if n1215 < 0:
-        n1215, pos = _rlong(buf, pos)
-        if n1215 < 0:
-            raise _length_error(n1215, end - pos)
+    q1222 = pos + n1221
+    if q1222 > end:
+        raise _length_error(n1221, end - pos)
+    f_pod_id = buf[pos:q1222].decode()
+    pos = q1222
+    n1223 = _ZL[buf[pos]]
+    if n1223 < 0:
+        n1223, pos = _rlong(buf, pos)
+        if n1223 < 0:
+            raise _length_error(n1223, end - pos)
     else:
         pos += 1
-    q1216 = pos + n1215
-    if q1216 > end:
-        raise _length_error(n1215, end - pos)
-    f_tenant = buf[pos:q1216].decode()
-    pos = q1216
+    q1224 = pos + n1223
+    if q1224 > end:
+        raise _length_error(n1223, end - pos)
+    f_tenant = buf[pos:q1224].decode()
+    pos = q1224
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4259,168 +4272,168 @@ def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1217: list[Any] = []
+        acc1225: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1218 = _ZD[b]
+                c1226 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1218 = (z >> 1) ^ -(z & 1)
+                c1226 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1218 = (z >> 1) ^ -(z & 1)
+                c1226 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1218, pos = _rlong(buf, pos)
-            if c1218 == 0:
+                c1226, pos = _rlong(buf, pos)
+            if c1226 == 0:
                 break
-            if c1218 < 0:
-                c1218 = -c1218
+            if c1226 < 0:
+                c1226 = -c1226
                 b = buf[pos]
                 if b < 128:
-                    z1221 = _ZD[b]
+                    z1229 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1221 = (z >> 1) ^ -(z & 1)
+                    z1229 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1221 = (z >> 1) ^ -(z & 1)
+                    z1229 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1221, pos = _rlong(buf, pos)
-            if c1218 * 1 > end - pos:
-                raise _count_error(c1218, end - pos)
-            for _ in range(c1218):
-                n1222 = _ZL[buf[pos]]
-                if n1222 < 0:
-                    n1222, pos = _rlong(buf, pos)
-                    if n1222 < 0:
-                        raise _length_error(n1222, end - pos)
+                    z1229, pos = _rlong(buf, pos)
+            if c1226 * 1 > end - pos:
+                raise _count_error(c1226, end - pos)
+            for _ in range(c1226):
+                n1230 = _ZL[buf[pos]]
+                if n1230 < 0:
+                    n1230, pos = _rlong(buf, pos)
+                    if n1230 < 0:
+                        raise _length_error(n1230, end - pos)
                 else:
                     pos += 1
-                q1223 = pos + n1222
-                if q1223 > end:
-                    raise _length_error(n1222, end - pos)
-                x1219 = buf[pos:q1223].decode()
-                pos = q1223
-                acc1217.append(x1219)
-        f_gpu_models = tuple(acc1217)
+                q1231 = pos + n1230
+                if q1231 > end:
+                    raise _length_error(n1230, end - pos)
+                x1227 = buf[pos:q1231].decode()
+                pos = q1231
+                acc1225.append(x1227)
+        f_gpu_models = tuple(acc1225)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1224: dict[str, Any] = {}
+        acc1232: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1225 = _ZD[b]
+                c1233 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1233 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1225 = (z >> 1) ^ -(z & 1)
+                c1233 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1225, pos = _rlong(buf, pos)
-            if c1225 == 0:
+                c1233, pos = _rlong(buf, pos)
+            if c1233 == 0:
                 break
-            if c1225 < 0:
-                c1225 = -c1225
+            if c1233 < 0:
+                c1233 = -c1233
                 b = buf[pos]
                 if b < 128:
-                    z1228 = _ZD[b]
+                    z1236 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1236 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1228 = (z >> 1) ^ -(z & 1)
+                    z1236 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1228, pos = _rlong(buf, pos)
-            if c1225 * 2 > end - pos:
-                raise _count_error(c1225, end - pos)
-            for _ in range(c1225):
-                n1229 = _ZL[buf[pos]]
-                if n1229 < 0:
-                    n1229, pos = _rlong(buf, pos)
-                    if n1229 < 0:
-                        raise _length_error(n1229, end - pos)
+                    z1236, pos = _rlong(buf, pos)
+            if c1233 * 2 > end - pos:
+                raise _count_error(c1233, end - pos)
+            for _ in range(c1233):
+                n1237 = _ZL[buf[pos]]
+                if n1237 < 0:
+                    n1237, pos = _rlong(buf, pos)
+                    if n1237 < 0:
+                        raise _length_error(n1237, end - pos)
                 else:
                     pos += 1
-                q1230 = pos + n1229
-                if q1230 > end:
-                    raise _length_error(n1229, end - pos)
-                k1227 = buf[pos:q1230].decode()
-                pos = q1230
-                n1231 = _ZL[buf[pos]]
-                if n1231 < 0:
-                    n1231, pos = _rlong(buf, pos)
-                    if n1231 < 0:
-                        raise _length_error(n1231, end - pos)
+                q1238 = pos + n1237
+                if q1238 > end:
+                    raise _length_error(n1237, end - pos)
+                k1235 = buf[pos:q1238].decode()
+                pos = q1238
+                n1239 = _ZL[buf[pos]]
+                if n1239 < 0:
+                    n1239, pos = _rlong(buf, pos)
+                    if n1239 < 0:
+                        raise _length_error(n1239, end - pos)
                 else:
                     pos += 1
-                q1232 = pos + n1231
-                if q1232 > end:
-                    raise _length_error(n1231, end - pos)
-                x1226 = buf[pos:q1232].decode()
-                pos = q1232
-                acc1224[k1227] = x1226
-        f_node_selector = acc1224
+                q1240 = pos + n1239
+                if q1240 > end:
+                    raise _length_error(n1239, end - pos)
+                x1234 = buf[pos:q1240].decode()
+                pos = q1240
+                acc1232[k1235] = x1234
+        f_node_selector = acc1232
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1233: list[Any] = []
+        acc1241: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1234 = _ZD[b]
+                c1242 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1234 = (z >> 1) ^ -(z & 1)
+                c1242 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1234 = (z >> 1) ^ -(z & 1)
+                c1242 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1234, pos = _rlong(buf, pos)
-            if c1234 == 0:
+                c1242, pos = _rlong(buf, pos)
+            if c1242 == 0:
                 break
-            if c1234 < 0:
-                c1234 = -c1234
+            if c1242 < 0:
+                c1242 = -c1242
                 b = buf[pos]
                 if b < 128:
-                    z1237 = _ZD[b]
+                    z1245 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1237 = (z >> 1) ^ -(z & 1)
+                    z1245 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1237 = (z >> 1) ^ -(z & 1)
+                    z1245 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1237, pos = _rlong(buf, pos)
-            if c1234 * 4 > end - pos:
-                raise _count_error(c1234, end - pos)
-            for _ in range(c1234):
-                x1235, pos = _d_Toleration415(buf, pos, end)
-                acc1233.append(x1235)
-        f_tolerations = tuple(acc1233)
+                    z1245, pos = _rlong(buf, pos)
+            if c1242 * 4 > end - pos:
+                raise _count_error(c1242, end - pos)
+            for _ in range(c1242):
+                x1243, pos = _d_Toleration417(buf, pos, end)
+                acc1241.append(x1243)
+        f_tolerations = tuple(acc1241)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4451,52 +4464,52 @@ def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1238 = _ZD[b]
+        i1246 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1238 = (z >> 1) ^ -(z & 1)
+        i1246 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1238 = (z >> 1) ^ -(z & 1)
+        i1246 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1238, pos = _rlong(buf, pos)
-    if i1238 == 0:
+        i1246, pos = _rlong(buf, pos)
+    if i1246 == 0:
         f_gang_id = None
-    elif i1238 == 1:
-        n1239 = _ZL[buf[pos]]
-        if n1239 < 0:
-            n1239, pos = _rlong(buf, pos)
-            if n1239 < 0:
-                raise _length_error(n1239, end - pos)
+    elif i1246 == 1:
+        n1247 = _ZL[buf[pos]]
+        if n1247 < 0:
+            n1247, pos = _rlong(buf, pos)
+            if n1247 < 0:
+                raise _length_error(n1247, end - pos)
         else:
             pos += 1
-        q1240 = pos + n1239
-        if q1240 > end:
-            raise _length_error(n1239, end - pos)
-        f_gang_id = buf[pos:q1240].decode()
-        pos = q1240
+        q1248 = pos + n1247
+        if q1248 > end:
+            raise _length_error(n1247, end - pos)
+        f_gang_id = buf[pos:q1248].decode()
+        pos = q1248
     else:
-        raise _union_error(i1238, 2)
+        raise _union_error(i1246, 2)
     b = buf[pos]
     if b < 128:
-        i1241 = _ZD[b]
+        i1249 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1241 = (z >> 1) ^ -(z & 1)
+        i1249 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1241 = (z >> 1) ^ -(z & 1)
+        i1249 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1241, pos = _rlong(buf, pos)
-    if i1241 == 0:
+        i1249, pos = _rlong(buf, pos)
+    if i1249 == 0:
         f_time_limit_ms = None
-    elif i1241 == 1:
+    elif i1249 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4512,86 +4525,86 @@ def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1241, 2)
+        raise _union_error(i1249, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1242: list[Any] = []
+        acc1250: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1243 = _ZD[b]
+                c1251 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1243 = (z >> 1) ^ -(z & 1)
+                c1251 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1243 = (z >> 1) ^ -(z & 1)
+                c1251 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1243, pos = _rlong(buf, pos)
-            if c1243 == 0:
+                c1251, pos = _rlong(buf, pos)
+            if c1251 == 0:
                 break
-            if c1243 < 0:
-                c1243 = -c1243
+            if c1251 < 0:
+                c1251 = -c1251
                 b = buf[pos]
                 if b < 128:
-                    z1246 = _ZD[b]
+                    z1254 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1246 = (z >> 1) ^ -(z & 1)
+                    z1254 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1246 = (z >> 1) ^ -(z & 1)
+                    z1254 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1246, pos = _rlong(buf, pos)
-            if c1243 * 1 > end - pos:
-                raise _count_error(c1243, end - pos)
-            for _ in range(c1243):
-                n1247 = _ZL[buf[pos]]
-                if n1247 < 0:
-                    n1247, pos = _rlong(buf, pos)
-                    if n1247 < 0:
-                        raise _length_error(n1247, end - pos)
+                    z1254, pos = _rlong(buf, pos)
+            if c1251 * 1 > end - pos:
+                raise _count_error(c1251, end - pos)
+            for _ in range(c1251):
+                n1255 = _ZL[buf[pos]]
+                if n1255 < 0:
+                    n1255, pos = _rlong(buf, pos)
+                    if n1255 < 0:
+                        raise _length_error(n1255, end - pos)
                 else:
                     pos += 1
-                q1248 = pos + n1247
-                if q1248 > end:
-                    raise _length_error(n1247, end - pos)
-                x1244 = buf[pos:q1248].decode()
-                pos = q1248
-                acc1242.append(x1244)
-        f_depends_on = tuple(acc1242)
-    n1249 = _ZL[buf[pos]]
-    if n1249 < 0:
-        n1249, pos = _rlong(buf, pos)
-        if n1249 < 0:
-            raise _length_error(n1249, end - pos)
+                q1256 = pos + n1255
+                if q1256 > end:
+                    raise _length_error(n1255, end - pos)
+                x1252 = buf[pos:q1256].decode()
+                pos = q1256
+                acc1250.append(x1252)
+        f_depends_on = tuple(acc1250)
+    n1257 = _ZL[buf[pos]]
+    if n1257 < 0:
+        n1257, pos = _rlong(buf, pos)
+        if n1257 < 0:
+            raise _length_error(n1257, end - pos)
     else:
         pos += 1
-    q1250 = pos + n1249
-    if q1250 > end:
-        raise _length_error(n1249, end - pos)
-    f_dependency = buf[pos:q1250].decode()
-    pos = q1250
-    n1251 = _ZL[buf[pos]]
-    if n1251 < 0:
-        n1251, pos = _rlong(buf, pos)
-        if n1251 < 0:
-            raise _length_error(n1251, end - pos)
+    q1258 = pos + n1257
+    if q1258 > end:
+        raise _length_error(n1257, end - pos)
+    f_dependency = buf[pos:q1258].decode()
+    pos = q1258
+    n1259 = _ZL[buf[pos]]
+    if n1259 < 0:
+        n1259, pos = _rlong(buf, pos)
+        if n1259 < 0:
+            raise _length_error(n1259, end - pos)
     else:
         pos += 1
-    q1252 = pos + n1251
-    if q1252 > end:
-        raise _length_error(n1251, end - pos)
-    f_preemption = buf[pos:q1252].decode()
-    pos = q1252
+    q1260 = pos + n1259
+    if q1260 > end:
+        raise _length_error(n1259, end - pos)
+    f_preemption = buf[pos:q1260].decode()
+    pos = q1260
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4610,46 +4623,46 @@ def _d_PodSpec1211(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1253 = _ZD[b]
+        i1261 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1253 = (z >> 1) ^ -(z & 1)
+        i1261 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1253 = (z >> 1) ^ -(z & 1)
+        i1261 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1253, pos = _rlong(buf, pos)
-    if i1253 == 0:
+        i1261, pos = _rlong(buf, pos)
+    if i1261 == 0:
         f_retry = None
-    elif i1253 == 1:
-        f_retry, pos = _d_Retry437(buf, pos, end)
+    elif i1261 == 1:
+        f_retry, pos = _d_Retry439(buf, pos, end)
     else:
-        raise _union_error(i1253, 2)
+        raise _union_error(i1261, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_QueueReason1258(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1260 = _ZL[buf[pos]]
-    if n1260 < 0:
-        n1260, pos = _rlong(buf, pos)
-        if n1260 < 0:
-            raise _length_error(n1260, end - pos)
+    n1268 = _ZL[buf[pos]]
+    if n1268 < 0:
+        n1268, pos = _rlong(buf, pos)
+        if n1268 < 0:
+            raise _length_error(n1268, end - pos)
     else:
         pos += 1
-    q1261 = pos + n1260
-    if q1261 > end:
-        raise _length_error(n1260, end - pos)
-    f_code = buf[pos:q1261].decode()
-    pos = q1261
+    q1269 = pos + n1268
+    if q1269 > end:
+        raise _length_error(n1268, end - pos)
+    f_code = buf[pos:q1269].decode()
+    pos = q1269
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4664,134 +4677,134 @@ def _d_QueueReason1258(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1262 = _ZL[buf[pos]]
-    if n1262 < 0:
-        n1262, pos = _rlong(buf, pos)
-        if n1262 < 0:
-            raise _length_error(n1262, end - pos)
+    n1270 = _ZL[buf[pos]]
+    if n1270 < 0:
+        n1270, pos = _rlong(buf, pos)
+        if n1270 < 0:
+            raise _length_error(n1270, end - pos)
     else:
         pos += 1
-    q1263 = pos + n1262
-    if q1263 > end:
-        raise _length_error(n1262, end - pos)
-    f_message = buf[pos:q1263].decode()
-    pos = q1263
+    q1271 = pos + n1270
+    if q1271 > end:
+        raise _length_error(n1270, end - pos)
+    f_message = buf[pos:q1271].decode()
+    pos = q1271
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1210(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1218(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1211(buf, pos, end)
+    f_pod, pos = _d_PodSpec1219(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1254: list[Any] = []
+        acc1262: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1255 = _ZD[b]
+                c1263 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1255 = (z >> 1) ^ -(z & 1)
+                c1263 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1255 = (z >> 1) ^ -(z & 1)
+                c1263 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1255, pos = _rlong(buf, pos)
-            if c1255 == 0:
+                c1263, pos = _rlong(buf, pos)
+            if c1263 == 0:
                 break
-            if c1255 < 0:
-                c1255 = -c1255
+            if c1263 < 0:
+                c1263 = -c1263
                 b = buf[pos]
                 if b < 128:
-                    z1258 = _ZD[b]
+                    z1266 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1258 = (z >> 1) ^ -(z & 1)
+                    z1266 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1258 = (z >> 1) ^ -(z & 1)
+                    z1266 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1258, pos = _rlong(buf, pos)
-            if c1255 * 3 > end - pos:
-                raise _count_error(c1255, end - pos)
-            for _ in range(c1255):
-                x1256, pos = _d_QueueReason1258(buf, pos, end)
-                acc1254.append(x1256)
-        f_reasons = tuple(acc1254)
+                    z1266, pos = _rlong(buf, pos)
+            if c1263 * 3 > end - pos:
+                raise _count_error(c1263, end - pos)
+            for _ in range(c1263):
+                x1264, pos = _d_QueueReason1266(buf, pos, end)
+                acc1262.append(x1264)
+        f_reasons = tuple(acc1262)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1264: list[Any] = []
+        acc1272: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1265 = _ZD[b]
+                c1273 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1265 = (z >> 1) ^ -(z & 1)
+                c1273 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1265 = (z >> 1) ^ -(z & 1)
+                c1273 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1265, pos = _rlong(buf, pos)
-            if c1265 == 0:
+                c1273, pos = _rlong(buf, pos)
+            if c1273 == 0:
                 break
-            if c1265 < 0:
-                c1265 = -c1265
+            if c1273 < 0:
+                c1273 = -c1273
                 b = buf[pos]
                 if b < 128:
-                    z1268 = _ZD[b]
+                    z1276 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1268 = (z >> 1) ^ -(z & 1)
+                    z1276 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1268 = (z >> 1) ^ -(z & 1)
+                    z1276 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1268, pos = _rlong(buf, pos)
-            if c1265 * 1 > end - pos:
-                raise _count_error(c1265, end - pos)
-            for _ in range(c1265):
-                n1269 = _ZL[buf[pos]]
-                if n1269 < 0:
-                    n1269, pos = _rlong(buf, pos)
-                    if n1269 < 0:
-                        raise _length_error(n1269, end - pos)
+                    z1276, pos = _rlong(buf, pos)
+            if c1273 * 1 > end - pos:
+                raise _count_error(c1273, end - pos)
+            for _ in range(c1273):
+                n1277 = _ZL[buf[pos]]
+                if n1277 < 0:
+                    n1277, pos = _rlong(buf, pos)
+                    if n1277 < 0:
+                        raise _length_error(n1277, end - pos)
                 else:
                     pos += 1
-                q1270 = pos + n1269
-                if q1270 > end:
-                    raise _length_error(n1269, end - pos)
-                x1266 = buf[pos:q1270].decode()
-                pos = q1270
-                acc1264.append(x1266)
-        f_waiting_for = tuple(acc1264)
+                q1278 = pos + n1277
+                if q1278 > end:
+                    raise _length_error(n1277, end - pos)
+                x1274 = buf[pos:q1278].decode()
+                pos = q1278
+                acc1272.append(x1274)
+        f_waiting_for = tuple(acc1272)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1278(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4826,7 +4839,7 @@ def _d_GpuShare1278(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4834,63 +4847,7 @@ def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1211(buf, pos, end)
-    n1272 = _ZL[buf[pos]]
-    if n1272 < 0:
-        n1272, pos = _rlong(buf, pos)
-        if n1272 < 0:
-            raise _length_error(n1272, end - pos)
-    else:
-        pos += 1
-    q1273 = pos + n1272
-    if q1273 > end:
-        raise _length_error(n1272, end - pos)
-    f_node_id = buf[pos:q1273].decode()
-    pos = q1273
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1274: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1275 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1275 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1275 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1275, pos = _rlong(buf, pos)
-            if c1275 == 0:
-                break
-            if c1275 < 0:
-                c1275 = -c1275
-                b = buf[pos]
-                if b < 128:
-                    z1278 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1278 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1278 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1278, pos = _rlong(buf, pos)
-            if c1275 * 2 > end - pos:
-                raise _count_error(c1275, end - pos)
-            for _ in range(c1275):
-                x1276, pos = _d_GpuShare1278(buf, pos, end)
-                acc1274.append(x1276)
-        f_gpus = tuple(acc1274)
+    f_pod, pos = _d_PodSpec1219(buf, pos, end)
     n1280 = _ZL[buf[pos]]
     if n1280 < 0:
         n1280, pos = _rlong(buf, pos)
@@ -4901,15 +4858,13 @@ def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     q1281 = pos + n1280
     if q1281 > end:
         raise _length_error(n1280, end - pos)
-    f_policy = buf[pos:q1281].decode()
+    f_node_id = buf[pos:q1281].decode()
     pos = q1281
-    f_from_queue = buf[pos] != 0
-    pos += 1
     if buf[pos] == 0:
         pos += 1
-        f_scores = {}
+        f_gpus = ()
     else:
-        acc1282: dict[str, Any] = {}
+        acc1282: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
@@ -4943,175 +4898,170 @@ def _d_PodScheduled1270(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
                     pos += 3
                 else:
                     z1286, pos = _rlong(buf, pos)
-            if c1283 * 9 > end - pos:
+            if c1283 * 2 > end - pos:
                 raise _count_error(c1283, end - pos)
             for _ in range(c1283):
-                n1287 = _ZL[buf[pos]]
-                if n1287 < 0:
-                    n1287, pos = _rlong(buf, pos)
-                    if n1287 < 0:
-                        raise _length_error(n1287, end - pos)
+                x1284, pos = _d_GpuShare1286(buf, pos, end)
+                acc1282.append(x1284)
+        f_gpus = tuple(acc1282)
+    n1288 = _ZL[buf[pos]]
+    if n1288 < 0:
+        n1288, pos = _rlong(buf, pos)
+        if n1288 < 0:
+            raise _length_error(n1288, end - pos)
+    else:
+        pos += 1
+    q1289 = pos + n1288
+    if q1289 > end:
+        raise _length_error(n1288, end - pos)
+    f_policy = buf[pos:q1289].decode()
+    pos = q1289
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1290: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1291 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1291 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1291 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1291, pos = _rlong(buf, pos)
+            if c1291 == 0:
+                break
+            if c1291 < 0:
+                c1291 = -c1291
+                b = buf[pos]
+                if b < 128:
+                    z1294 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1294 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1294 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1294, pos = _rlong(buf, pos)
+            if c1291 * 9 > end - pos:
+                raise _count_error(c1291, end - pos)
+            for _ in range(c1291):
+                n1295 = _ZL[buf[pos]]
+                if n1295 < 0:
+                    n1295, pos = _rlong(buf, pos)
+                    if n1295 < 0:
+                        raise _length_error(n1295, end - pos)
                 else:
                     pos += 1
-                q1288 = pos + n1287
-                if q1288 > end:
-                    raise _length_error(n1287, end - pos)
-                k1285 = buf[pos:q1288].decode()
-                pos = q1288
-                x1284, = _unpack_d(buf, pos)
+                q1296 = pos + n1295
+                if q1296 > end:
+                    raise _length_error(n1295, end - pos)
+                k1293 = buf[pos:q1296].decode()
+                pos = q1296
+                x1292, = _unpack_d(buf, pos)
                 pos += 8
-                acc1282[k1285] = x1284
-        f_scores = acc1282
+                acc1290[k1293] = x1292
+        f_scores = acc1290
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1289: list[Any] = []
+        acc1297: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1290 = _ZD[b]
+                c1298 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1290 = (z >> 1) ^ -(z & 1)
+                c1298 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1290 = (z >> 1) ^ -(z & 1)
+                c1298 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1290, pos = _rlong(buf, pos)
-            if c1290 == 0:
+                c1298, pos = _rlong(buf, pos)
+            if c1298 == 0:
                 break
-            if c1290 < 0:
-                c1290 = -c1290
+            if c1298 < 0:
+                c1298 = -c1298
                 b = buf[pos]
                 if b < 128:
-                    z1293 = _ZD[b]
+                    z1301 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1293 = (z >> 1) ^ -(z & 1)
+                    z1301 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1293 = (z >> 1) ^ -(z & 1)
+                    z1301 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1293, pos = _rlong(buf, pos)
-            if c1290 * 1 > end - pos:
-                raise _count_error(c1290, end - pos)
-            for _ in range(c1290):
-                n1294 = _ZL[buf[pos]]
-                if n1294 < 0:
-                    n1294, pos = _rlong(buf, pos)
-                    if n1294 < 0:
-                        raise _length_error(n1294, end - pos)
+                    z1301, pos = _rlong(buf, pos)
+            if c1298 * 1 > end - pos:
+                raise _count_error(c1298, end - pos)
+            for _ in range(c1298):
+                n1302 = _ZL[buf[pos]]
+                if n1302 < 0:
+                    n1302, pos = _rlong(buf, pos)
+                    if n1302 < 0:
+                        raise _length_error(n1302, end - pos)
                 else:
                     pos += 1
-                q1295 = pos + n1294
-                if q1295 > end:
-                    raise _length_error(n1294, end - pos)
-                x1291 = buf[pos:q1295].decode()
-                pos = q1295
-                acc1289.append(x1291)
-        f_preempted = tuple(acc1289)
+                q1303 = pos + n1302
+                if q1303 > end:
+                    raise _length_error(n1302, end - pos)
+                x1299 = buf[pos:q1303].decode()
+                pos = q1303
+                acc1297.append(x1299)
+        f_preempted = tuple(acc1297)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1295(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1303(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1297 = _ZL[buf[pos]]
-    if n1297 < 0:
-        n1297, pos = _rlong(buf, pos)
-        if n1297 < 0:
-            raise _length_error(n1297, end - pos)
+    n1305 = _ZL[buf[pos]]
+    if n1305 < 0:
+        n1305, pos = _rlong(buf, pos)
+        if n1305 < 0:
+            raise _length_error(n1305, end - pos)
     else:
         pos += 1
-    q1298 = pos + n1297
-    if q1298 > end:
-        raise _length_error(n1297, end - pos)
-    f_pod_id = buf[pos:q1298].decode()
-    pos = q1298
-    n1299 = _ZL[buf[pos]]
-    if n1299 < 0:
-        n1299, pos = _rlong(buf, pos)
-        if n1299 < 0:
-            raise _length_error(n1299, end - pos)
-    else:
-        pos += 1
-    q1300 = pos + n1299
-    if q1300 > end:
-        raise _length_error(n1299, end - pos)
-    f_node_id = buf[pos:q1300].decode()
-    pos = q1300
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
-    else:
-        pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_reason = buf[pos:q1302].decode()
-    pos = q1302
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
-    else:
-        pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_pod_id = buf[pos:q1305].decode()
-    pos = q1305
-    b = buf[pos]
-    if b < 128:
-        i1306 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1306 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1306 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1306, pos = _rlong(buf, pos)
-    if i1306 == 0:
-        f_node_id = None
-    elif i1306 == 1:
-        n1307 = _ZL[buf[pos]]
+    q1306 = pos + n1305
+    if q1306 > end:
+        raise _length_error(n1305, end - pos)
+    f_pod_id = buf[pos:q1306].decode()
+    pos = q1306
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
         if n1307 < 0:
-            n1307, pos = _rlong(buf, pos)
-            if n1307 < 0:
-                raise _length_error(n1307, end - pos)
-        else:
-            pos += 1
-        q1308 = pos + n1307
-        if q1308 > end:
             raise _length_error(n1307, end - pos)
-        f_node_id = buf[pos:q1308].decode()
-        pos = q1308
     else:
-        raise _union_error(i1306, 2)
+        pos += 1
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_node_id = buf[pos:q1308].decode()
+    pos = q1308
     n1309 = _ZL[buf[pos]]
     if n1309 < 0:
         n1309, pos = _rlong(buf, pos)
@@ -5124,16 +5074,14 @@ def _d_PodReleased1302(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, 
         raise _length_error(n1309, end - pos)
     f_reason = buf[pos:q1310].decode()
     pos = q1310
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
+def _d_PodReleased1310(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
     n1312 = _ZL[buf[pos]]
     if n1312 < 0:
         n1312, pos = _rlong(buf, pos)
@@ -5144,37 +5092,102 @@ def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
     q1313 = pos + n1312
     if q1313 > end:
         raise _length_error(n1312, end - pos)
-    f_policy = buf[pos:q1313].decode()
+    f_pod_id = buf[pos:q1313].decode()
     pos = q1313
-    n1314 = _ZL[buf[pos]]
-    if n1314 < 0:
-        n1314, pos = _rlong(buf, pos)
-        if n1314 < 0:
-            raise _length_error(n1314, end - pos)
-    else:
-        pos += 1
-    q1315 = pos + n1314
-    if q1315 > end:
-        raise _length_error(n1314, end - pos)
-    f_previous = buf[pos:q1315].decode()
-    pos = q1315
     b = buf[pos]
     if b < 128:
-        i1316 = _ZD[b]
+        i1314 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1316 = (z >> 1) ^ -(z & 1)
+        i1314 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1316 = (z >> 1) ^ -(z & 1)
+        i1314 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1316, pos = _rlong(buf, pos)
-    if i1316 == 0:
+        i1314, pos = _rlong(buf, pos)
+    if i1314 == 0:
+        f_node_id = None
+    elif i1314 == 1:
+        n1315 = _ZL[buf[pos]]
+        if n1315 < 0:
+            n1315, pos = _rlong(buf, pos)
+            if n1315 < 0:
+                raise _length_error(n1315, end - pos)
+        else:
+            pos += 1
+        q1316 = pos + n1315
+        if q1316 > end:
+            raise _length_error(n1315, end - pos)
+        f_node_id = buf[pos:q1316].decode()
+        pos = q1316
+    else:
+        raise _union_error(i1314, 2)
+    n1317 = _ZL[buf[pos]]
+    if n1317 < 0:
+        n1317, pos = _rlong(buf, pos)
+        if n1317 < 0:
+            raise _length_error(n1317, end - pos)
+    else:
+        pos += 1
+    q1318 = pos + n1317
+    if q1318 > end:
+        raise _length_error(n1317, end - pos)
+    f_reason = buf[pos:q1318].decode()
+    pos = q1318
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1320 = _ZL[buf[pos]]
+    if n1320 < 0:
+        n1320, pos = _rlong(buf, pos)
+        if n1320 < 0:
+            raise _length_error(n1320, end - pos)
+    else:
+        pos += 1
+    q1321 = pos + n1320
+    if q1321 > end:
+        raise _length_error(n1320, end - pos)
+    f_policy = buf[pos:q1321].decode()
+    pos = q1321
+    n1322 = _ZL[buf[pos]]
+    if n1322 < 0:
+        n1322, pos = _rlong(buf, pos)
+        if n1322 < 0:
+            raise _length_error(n1322, end - pos)
+    else:
+        pos += 1
+    q1323 = pos + n1322
+    if q1323 > end:
+        raise _length_error(n1322, end - pos)
+    f_previous = buf[pos:q1323].decode()
+    pos = q1323
+    b = buf[pos]
+    if b < 128:
+        i1324 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1324 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1324 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1324, pos = _rlong(buf, pos)
+    if i1324 == 0:
         f_reserve_after_ms = None
-    elif i1316 == 1:
+    elif i1324 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5190,36 +5203,36 @@ def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1316, 2)
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
+        raise _union_error(i1324, 2)
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_queue_order = buf[pos:q1318].decode()
-    pos = q1318
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_queue_order = buf[pos:q1326].decode()
+    pos = q1326
     b = buf[pos]
     if b < 128:
-        i1319 = _ZD[b]
+        i1327 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1319 = (z >> 1) ^ -(z & 1)
+        i1327 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1319 = (z >> 1) ^ -(z & 1)
+        i1327 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1319, pos = _rlong(buf, pos)
-    if i1319 == 0:
+        i1327, pos = _rlong(buf, pos)
+    if i1327 == 0:
         f_max_clock_jump_ms = None
-    elif i1319 == 1:
+    elif i1327 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5235,69 +5248,69 @@ def _d_PolicyChanged1310(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1319, 2)
+        raise _union_error(i1327, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1319(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1327(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1321 = _ZL[buf[pos]]
-    if n1321 < 0:
-        n1321, pos = _rlong(buf, pos)
-        if n1321 < 0:
-            raise _length_error(n1321, end - pos)
+    n1329 = _ZL[buf[pos]]
+    if n1329 < 0:
+        n1329, pos = _rlong(buf, pos)
+        if n1329 < 0:
+            raise _length_error(n1329, end - pos)
     else:
         pos += 1
-    q1322 = pos + n1321
-    if q1322 > end:
-        raise _length_error(n1321, end - pos)
-    f_command_id = buf[pos:q1322].decode()
-    pos = q1322
-    n1323 = _ZL[buf[pos]]
-    if n1323 < 0:
-        n1323, pos = _rlong(buf, pos)
-        if n1323 < 0:
-            raise _length_error(n1323, end - pos)
+    q1330 = pos + n1329
+    if q1330 > end:
+        raise _length_error(n1329, end - pos)
+    f_command_id = buf[pos:q1330].decode()
+    pos = q1330
+    n1331 = _ZL[buf[pos]]
+    if n1331 < 0:
+        n1331, pos = _rlong(buf, pos)
+        if n1331 < 0:
+            raise _length_error(n1331, end - pos)
     else:
         pos += 1
-    q1324 = pos + n1323
-    if q1324 > end:
-        raise _length_error(n1323, end - pos)
-    f_command_type = buf[pos:q1324].decode()
-    pos = q1324
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
+    q1332 = pos + n1331
+    if q1332 > end:
+        raise _length_error(n1331, end - pos)
+    f_command_type = buf[pos:q1332].decode()
+    pos = q1332
+    n1333 = _ZL[buf[pos]]
+    if n1333 < 0:
+        n1333, pos = _rlong(buf, pos)
+        if n1333 < 0:
+            raise _length_error(n1333, end - pos)
     else:
         pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_code = buf[pos:q1326].decode()
-    pos = q1326
-    n1327 = _ZL[buf[pos]]
-    if n1327 < 0:
-        n1327, pos = _rlong(buf, pos)
-        if n1327 < 0:
-            raise _length_error(n1327, end - pos)
+    q1334 = pos + n1333
+    if q1334 > end:
+        raise _length_error(n1333, end - pos)
+    f_code = buf[pos:q1334].decode()
+    pos = q1334
+    n1335 = _ZL[buf[pos]]
+    if n1335 < 0:
+        n1335, pos = _rlong(buf, pos)
+        if n1335 < 0:
+            raise _length_error(n1335, end - pos)
     else:
         pos += 1
-    q1328 = pos + n1327
-    if q1328 > end:
-        raise _length_error(n1327, end - pos)
-    f_message = buf[pos:q1328].decode()
-    pos = q1328
+    q1336 = pos + n1335
+    if q1336 > end:
+        raise _length_error(n1335, end - pos)
+    f_message = buf[pos:q1336].decode()
+    pos = q1336
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5315,30 +5328,31 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_retry: Any
     f_queued_at: Any
     f_preemptible: bool
-    n1338 = _ZL[buf[pos]]
-    if n1338 < 0:
-        n1338, pos = _rlong(buf, pos)
-        if n1338 < 0:
-            raise _length_error(n1338, end - pos)
+    f_disruption: str
+    n1346 = _ZL[buf[pos]]
+    if n1346 < 0:
+        n1346, pos = _rlong(buf, pos)
+        if n1346 < 0:
+            raise _length_error(n1346, end - pos)
     else:
         pos += 1
-    q1339 = pos + n1338
-    if q1339 > end:
-        raise _length_error(n1338, end - pos)
-    f_gang_id = buf[pos:q1339].decode()
-    pos = q1339
-    n1340 = _ZL[buf[pos]]
-    if n1340 < 0:
-        n1340, pos = _rlong(buf, pos)
-        if n1340 < 0:
-            raise _length_error(n1340, end - pos)
+    q1347 = pos + n1346
+    if q1347 > end:
+        raise _length_error(n1346, end - pos)
+    f_gang_id = buf[pos:q1347].decode()
+    pos = q1347
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1341 = pos + n1340
-    if q1341 > end:
-        raise _length_error(n1340, end - pos)
-    f_tenant = buf[pos:q1341].decode()
-    pos = q1341
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_tenant = buf[pos:q1349].decode()
+    pos = q1349
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5357,46 +5371,46 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1342: list[Any] = []
+        acc1350: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1343 = _ZD[b]
+                c1351 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1343 = (z >> 1) ^ -(z & 1)
+                c1351 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1343 = (z >> 1) ^ -(z & 1)
+                c1351 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1343, pos = _rlong(buf, pos)
-            if c1343 == 0:
+                c1351, pos = _rlong(buf, pos)
+            if c1351 == 0:
                 break
-            if c1343 < 0:
-                c1343 = -c1343
+            if c1351 < 0:
+                c1351 = -c1351
                 b = buf[pos]
                 if b < 128:
-                    z1346 = _ZD[b]
+                    z1354 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1346 = (z >> 1) ^ -(z & 1)
+                    z1354 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1346 = (z >> 1) ^ -(z & 1)
+                    z1354 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1346, pos = _rlong(buf, pos)
-            if c1343 * 21 > end - pos:
-                raise _count_error(c1343, end - pos)
-            for _ in range(c1343):
-                x1344, pos = _d_PodSpec1211(buf, pos, end)
-                acc1342.append(x1344)
-        f_members = tuple(acc1342)
+                    z1354, pos = _rlong(buf, pos)
+            if c1351 * 21 > end - pos:
+                raise _count_error(c1351, end - pos)
+            for _ in range(c1351):
+                x1352, pos = _d_PodSpec1219(buf, pos, end)
+                acc1350.append(x1352)
+        f_members = tuple(acc1350)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5413,83 +5427,83 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1347 = _ZD[b]
+        i1355 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1347 = (z >> 1) ^ -(z & 1)
+        i1355 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1347 = (z >> 1) ^ -(z & 1)
+        i1355 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1347, pos = _rlong(buf, pos)
-    if i1347 == 0:
+        i1355, pos = _rlong(buf, pos)
+    if i1355 == 0:
         f_topology_required = None
-    elif i1347 == 1:
-        n1348 = _ZL[buf[pos]]
-        if n1348 < 0:
-            n1348, pos = _rlong(buf, pos)
-            if n1348 < 0:
-                raise _length_error(n1348, end - pos)
+    elif i1355 == 1:
+        n1356 = _ZL[buf[pos]]
+        if n1356 < 0:
+            n1356, pos = _rlong(buf, pos)
+            if n1356 < 0:
+                raise _length_error(n1356, end - pos)
         else:
             pos += 1
-        q1349 = pos + n1348
-        if q1349 > end:
-            raise _length_error(n1348, end - pos)
-        f_topology_required = buf[pos:q1349].decode()
-        pos = q1349
+        q1357 = pos + n1356
+        if q1357 > end:
+            raise _length_error(n1356, end - pos)
+        f_topology_required = buf[pos:q1357].decode()
+        pos = q1357
     else:
-        raise _union_error(i1347, 2)
+        raise _union_error(i1355, 2)
     b = buf[pos]
     if b < 128:
-        i1350 = _ZD[b]
+        i1358 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1350 = (z >> 1) ^ -(z & 1)
+        i1358 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1350 = (z >> 1) ^ -(z & 1)
+        i1358 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1350, pos = _rlong(buf, pos)
-    if i1350 == 0:
+        i1358, pos = _rlong(buf, pos)
+    if i1358 == 0:
         f_topology_preferred = None
-    elif i1350 == 1:
-        n1351 = _ZL[buf[pos]]
-        if n1351 < 0:
-            n1351, pos = _rlong(buf, pos)
-            if n1351 < 0:
-                raise _length_error(n1351, end - pos)
+    elif i1358 == 1:
+        n1359 = _ZL[buf[pos]]
+        if n1359 < 0:
+            n1359, pos = _rlong(buf, pos)
+            if n1359 < 0:
+                raise _length_error(n1359, end - pos)
         else:
             pos += 1
-        q1352 = pos + n1351
-        if q1352 > end:
-            raise _length_error(n1351, end - pos)
-        f_topology_preferred = buf[pos:q1352].decode()
-        pos = q1352
+        q1360 = pos + n1359
+        if q1360 > end:
+            raise _length_error(n1359, end - pos)
+        f_topology_preferred = buf[pos:q1360].decode()
+        pos = q1360
     else:
-        raise _union_error(i1350, 2)
+        raise _union_error(i1358, 2)
     b = buf[pos]
     if b < 128:
-        i1353 = _ZD[b]
+        i1361 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1353 = (z >> 1) ^ -(z & 1)
+        i1361 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1353 = (z >> 1) ^ -(z & 1)
+        i1361 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1353, pos = _rlong(buf, pos)
-    if i1353 == 0:
+        i1361, pos = _rlong(buf, pos)
+    if i1361 == 0:
         f_timeout_ms = None
-    elif i1353 == 1:
+    elif i1361 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5505,24 +5519,24 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1353, 2)
+        raise _union_error(i1361, 2)
     b = buf[pos]
     if b < 128:
-        i1354 = _ZD[b]
+        i1362 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1354 = (z >> 1) ^ -(z & 1)
+        i1362 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1354 = (z >> 1) ^ -(z & 1)
+        i1362 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1354, pos = _rlong(buf, pos)
-    if i1354 == 0:
+        i1362, pos = _rlong(buf, pos)
+    if i1362 == 0:
         f_time_limit_ms = None
-    elif i1354 == 1:
+    elif i1362 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5538,74 +5552,74 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1354, 2)
+        raise _union_error(i1362, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1355: list[Any] = []
+        acc1363: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1356 = _ZD[b]
+                c1364 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1356 = (z >> 1) ^ -(z & 1)
+                c1364 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1356 = (z >> 1) ^ -(z & 1)
+                c1364 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1356, pos = _rlong(buf, pos)
-            if c1356 == 0:
+                c1364, pos = _rlong(buf, pos)
+            if c1364 == 0:
                 break
-            if c1356 < 0:
-                c1356 = -c1356
+            if c1364 < 0:
+                c1364 = -c1364
                 b = buf[pos]
                 if b < 128:
-                    z1359 = _ZD[b]
+                    z1367 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1359 = (z >> 1) ^ -(z & 1)
+                    z1367 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1359 = (z >> 1) ^ -(z & 1)
+                    z1367 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1359, pos = _rlong(buf, pos)
-            if c1356 * 1 > end - pos:
-                raise _count_error(c1356, end - pos)
-            for _ in range(c1356):
-                n1360 = _ZL[buf[pos]]
-                if n1360 < 0:
-                    n1360, pos = _rlong(buf, pos)
-                    if n1360 < 0:
-                        raise _length_error(n1360, end - pos)
+                    z1367, pos = _rlong(buf, pos)
+            if c1364 * 1 > end - pos:
+                raise _count_error(c1364, end - pos)
+            for _ in range(c1364):
+                n1368 = _ZL[buf[pos]]
+                if n1368 < 0:
+                    n1368, pos = _rlong(buf, pos)
+                    if n1368 < 0:
+                        raise _length_error(n1368, end - pos)
                 else:
                     pos += 1
-                q1361 = pos + n1360
-                if q1361 > end:
-                    raise _length_error(n1360, end - pos)
-                x1357 = buf[pos:q1361].decode()
-                pos = q1361
-                acc1355.append(x1357)
-        f_depends_on = tuple(acc1355)
-    n1362 = _ZL[buf[pos]]
-    if n1362 < 0:
-        n1362, pos = _rlong(buf, pos)
-        if n1362 < 0:
-            raise _length_error(n1362, end - pos)
+                q1369 = pos + n1368
+                if q1369 > end:
+                    raise _length_error(n1368, end - pos)
+                x1365 = buf[pos:q1369].decode()
+                pos = q1369
+                acc1363.append(x1365)
+        f_depends_on = tuple(acc1363)
+    n1370 = _ZL[buf[pos]]
+    if n1370 < 0:
+        n1370, pos = _rlong(buf, pos)
+        if n1370 < 0:
+            raise _length_error(n1370, end - pos)
     else:
         pos += 1
-    q1363 = pos + n1362
-    if q1363 > end:
-        raise _length_error(n1362, end - pos)
-    f_dependency = buf[pos:q1363].decode()
-    pos = q1363
+    q1371 = pos + n1370
+    if q1371 > end:
+        raise _length_error(n1370, end - pos)
+    f_dependency = buf[pos:q1371].decode()
+    pos = q1371
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5634,55 +5648,55 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1364 = _ZL[buf[pos]]
-    if n1364 < 0:
-        n1364, pos = _rlong(buf, pos)
-        if n1364 < 0:
-            raise _length_error(n1364, end - pos)
+    n1372 = _ZL[buf[pos]]
+    if n1372 < 0:
+        n1372, pos = _rlong(buf, pos)
+        if n1372 < 0:
+            raise _length_error(n1372, end - pos)
     else:
         pos += 1
-    q1365 = pos + n1364
-    if q1365 > end:
-        raise _length_error(n1364, end - pos)
-    f_preemption = buf[pos:q1365].decode()
-    pos = q1365
+    q1373 = pos + n1372
+    if q1373 > end:
+        raise _length_error(n1372, end - pos)
+    f_preemption = buf[pos:q1373].decode()
+    pos = q1373
     b = buf[pos]
     if b < 128:
-        i1366 = _ZD[b]
+        i1374 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1366 = (z >> 1) ^ -(z & 1)
+        i1374 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1366 = (z >> 1) ^ -(z & 1)
+        i1374 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1366, pos = _rlong(buf, pos)
-    if i1366 == 0:
+        i1374, pos = _rlong(buf, pos)
+    if i1374 == 0:
         f_retry = None
-    elif i1366 == 1:
-        f_retry, pos = _d_Retry437(buf, pos, end)
+    elif i1374 == 1:
+        f_retry, pos = _d_Retry439(buf, pos, end)
     else:
-        raise _union_error(i1366, 2)
+        raise _union_error(i1374, 2)
     b = buf[pos]
     if b < 128:
-        i1367 = _ZD[b]
+        i1375 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1367 = (z >> 1) ^ -(z & 1)
+        i1375 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1367 = (z >> 1) ^ -(z & 1)
+        i1375 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1367, pos = _rlong(buf, pos)
-    if i1367 == 0:
+        i1375, pos = _rlong(buf, pos)
+    if i1375 == 0:
         f_queued_at = None
-    elif i1367 == 1:
+    elif i1375 == 1:
         b = buf[pos]
         if b < 128:
             f_queued_at = _ZD[b]
@@ -5698,222 +5712,9 @@ def _d_GangSpec1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_queued_at, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1367, 2)
+        raise _union_error(i1375, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible)
-    return o, pos
-
-
-def _d_GangQueued1328(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1330 = _ZL[buf[pos]]
-    if n1330 < 0:
-        n1330, pos = _rlong(buf, pos)
-        if n1330 < 0:
-            raise _length_error(n1330, end - pos)
-    else:
-        pos += 1
-    q1331 = pos + n1330
-    if q1331 > end:
-        raise _length_error(n1330, end - pos)
-    f_gang_id = buf[pos:q1331].decode()
-    pos = q1331
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1332: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1333 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1333 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1333 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1333, pos = _rlong(buf, pos)
-            if c1333 == 0:
-                break
-            if c1333 < 0:
-                c1333 = -c1333
-                b = buf[pos]
-                if b < 128:
-                    z1336 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1336 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1336 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1336, pos = _rlong(buf, pos)
-            if c1333 * 3 > end - pos:
-                raise _count_error(c1333, end - pos)
-            for _ in range(c1333):
-                x1334, pos = _d_QueueReason1258(buf, pos, end)
-                acc1332.append(x1334)
-        f_reasons = tuple(acc1332)
-    f_gang, pos = _d_GangSpec1336(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1368: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1369 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1369 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1369 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1369, pos = _rlong(buf, pos)
-            if c1369 == 0:
-                break
-            if c1369 < 0:
-                c1369 = -c1369
-                b = buf[pos]
-                if b < 128:
-                    z1372 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1372 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1372 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1372, pos = _rlong(buf, pos)
-            if c1369 * 1 > end - pos:
-                raise _count_error(c1369, end - pos)
-            for _ in range(c1369):
-                n1373 = _ZL[buf[pos]]
-                if n1373 < 0:
-                    n1373, pos = _rlong(buf, pos)
-                    if n1373 < 0:
-                        raise _length_error(n1373, end - pos)
-                else:
-                    pos += 1
-                q1374 = pos + n1373
-                if q1374 > end:
-                    raise _length_error(n1373, end - pos)
-                x1370 = buf[pos:q1374].decode()
-                pos = q1374
-                acc1368.append(x1370)
-        f_waiting_for = tuple(acc1368)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_MemberPlacement1382(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1384 = _ZL[buf[pos]]
-    if n1384 < 0:
-        n1384, pos = _rlong(buf, pos)
-        if n1384 < 0:
-            raise _length_error(n1384, end - pos)
-    else:
-        pos += 1
-    q1385 = pos + n1384
-    if q1385 > end:
-        raise _length_error(n1384, end - pos)
-    f_pod_id = buf[pos:q1385].decode()
-    pos = q1385
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
-    else:
-        pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_node_id = buf[pos:q1387].decode()
-    pos = q1387
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1388: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1389 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
-                break
-            if c1389 < 0:
-                c1389 = -c1389
-                b = buf[pos]
-                if b < 128:
-                    z1392 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 2 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                x1390, pos = _d_GpuShare1278(buf, pos, end)
-                acc1388.append(x1390)
-        f_gpus = tuple(acc1388)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
-    return o, pos
-
-
-def _d_GangScheduled1374(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
     n1376 = _ZL[buf[pos]]
     if n1376 < 0:
         n1376, pos = _rlong(buf, pos)
@@ -5924,11 +5725,80 @@ def _d_GangScheduled1374(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     q1377 = pos + n1376
     if q1377 > end:
         raise _length_error(n1376, end - pos)
-    f_gang_id = buf[pos:q1377].decode()
+    f_disruption = buf[pos:q1377].decode()
     pos = q1377
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
+    return o, pos
+
+
+def _d_GangQueued1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1338 = _ZL[buf[pos]]
+    if n1338 < 0:
+        n1338, pos = _rlong(buf, pos)
+        if n1338 < 0:
+            raise _length_error(n1338, end - pos)
+    else:
+        pos += 1
+    q1339 = pos + n1338
+    if q1339 > end:
+        raise _length_error(n1338, end - pos)
+    f_gang_id = buf[pos:q1339].decode()
+    pos = q1339
     if buf[pos] == 0:
         pos += 1
-        f_members = ()
+        f_reasons = ()
+    else:
+        acc1340: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1341 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1341 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1341 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1341, pos = _rlong(buf, pos)
+            if c1341 == 0:
+                break
+            if c1341 < 0:
+                c1341 = -c1341
+                b = buf[pos]
+                if b < 128:
+                    z1344 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1344 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1344 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1344, pos = _rlong(buf, pos)
+            if c1341 * 3 > end - pos:
+                raise _count_error(c1341, end - pos)
+            for _ in range(c1341):
+                x1342, pos = _d_QueueReason1266(buf, pos, end)
+                acc1340.append(x1342)
+        f_reasons = tuple(acc1340)
+    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
     else:
         acc1378: list[Any] = []
         while True:
@@ -5964,152 +5834,233 @@ def _d_GangScheduled1374(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
                     pos += 3
                 else:
                     z1382, pos = _rlong(buf, pos)
-            if c1379 * 3 > end - pos:
+            if c1379 * 1 > end - pos:
                 raise _count_error(c1379, end - pos)
             for _ in range(c1379):
-                x1380, pos = _d_MemberPlacement1382(buf, pos, end)
+                n1383 = _ZL[buf[pos]]
+                if n1383 < 0:
+                    n1383, pos = _rlong(buf, pos)
+                    if n1383 < 0:
+                        raise _length_error(n1383, end - pos)
+                else:
+                    pos += 1
+                q1384 = pos + n1383
+                if q1384 > end:
+                    raise _length_error(n1383, end - pos)
+                x1380 = buf[pos:q1384].decode()
+                pos = q1384
                 acc1378.append(x1380)
-        f_members = tuple(acc1378)
-    f_gang, pos = _d_GangSpec1336(buf, pos, end)
-    b = buf[pos]
-    if b < 128:
-        i1393 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1393 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1393 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1393, pos = _rlong(buf, pos)
-    if i1393 == 0:
-        f_topology_key = None
-    elif i1393 == 1:
-        n1394 = _ZL[buf[pos]]
-        if n1394 < 0:
-            n1394, pos = _rlong(buf, pos)
-            if n1394 < 0:
-                raise _length_error(n1394, end - pos)
-        else:
-            pos += 1
-        q1395 = pos + n1394
-        if q1395 > end:
-            raise _length_error(n1394, end - pos)
-        f_topology_key = buf[pos:q1395].decode()
-        pos = q1395
-    else:
-        raise _union_error(i1393, 2)
-    b = buf[pos]
-    if b < 128:
-        i1396 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1396 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1396 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1396, pos = _rlong(buf, pos)
-    if i1396 == 0:
-        f_domain = None
-    elif i1396 == 1:
-        n1397 = _ZL[buf[pos]]
-        if n1397 < 0:
-            n1397, pos = _rlong(buf, pos)
-            if n1397 < 0:
-                raise _length_error(n1397, end - pos)
-        else:
-            pos += 1
-        q1398 = pos + n1397
-        if q1398 > end:
-            raise _length_error(n1397, end - pos)
-        f_domain = buf[pos:q1398].decode()
-        pos = q1398
-    else:
-        raise _union_error(i1396, 2)
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    n1399 = _ZL[buf[pos]]
-    if n1399 < 0:
-        n1399, pos = _rlong(buf, pos)
-        if n1399 < 0:
-            raise _length_error(n1399, end - pos)
-    else:
-        pos += 1
-    q1400 = pos + n1399
-    if q1400 > end:
-        raise _length_error(n1399, end - pos)
-    f_message = buf[pos:q1400].decode()
-    pos = q1400
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1401: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1402 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1402 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1402 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1402, pos = _rlong(buf, pos)
-            if c1402 == 0:
-                break
-            if c1402 < 0:
-                c1402 = -c1402
-                b = buf[pos]
-                if b < 128:
-                    z1405 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1405 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1405 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1405, pos = _rlong(buf, pos)
-            if c1402 * 1 > end - pos:
-                raise _count_error(c1402, end - pos)
-            for _ in range(c1402):
-                n1406 = _ZL[buf[pos]]
-                if n1406 < 0:
-                    n1406, pos = _rlong(buf, pos)
-                    if n1406 < 0:
-                        raise _length_error(n1406, end - pos)
-                else:
-                    pos += 1
-                q1407 = pos + n1406
-                if q1407 > end:
-                    raise _length_error(n1406, end - pos)
-                x1403 = buf[pos:q1407].decode()
-                pos = q1407
-                acc1401.append(x1403)
-        f_preempted = tuple(acc1401)
-    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
+        f_waiting_for = tuple(acc1378)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GangTimedOut1407(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_MemberPlacement1392(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1394 = _ZL[buf[pos]]
+    if n1394 < 0:
+        n1394, pos = _rlong(buf, pos)
+        if n1394 < 0:
+            raise _length_error(n1394, end - pos)
+    else:
+        pos += 1
+    q1395 = pos + n1394
+    if q1395 > end:
+        raise _length_error(n1394, end - pos)
+    f_pod_id = buf[pos:q1395].decode()
+    pos = q1395
+    n1396 = _ZL[buf[pos]]
+    if n1396 < 0:
+        n1396, pos = _rlong(buf, pos)
+        if n1396 < 0:
+            raise _length_error(n1396, end - pos)
+    else:
+        pos += 1
+    q1397 = pos + n1396
+    if q1397 > end:
+        raise _length_error(n1396, end - pos)
+    f_node_id = buf[pos:q1397].decode()
+    pos = q1397
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1398: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1399 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1399 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1399 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1399, pos = _rlong(buf, pos)
+            if c1399 == 0:
+                break
+            if c1399 < 0:
+                c1399 = -c1399
+                b = buf[pos]
+                if b < 128:
+                    z1402 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1402 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1402 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1402, pos = _rlong(buf, pos)
+            if c1399 * 2 > end - pos:
+                raise _count_error(c1399, end - pos)
+            for _ in range(c1399):
+                x1400, pos = _d_GpuShare1286(buf, pos, end)
+                acc1398.append(x1400)
+        f_gpus = tuple(acc1398)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
-    f_waited_ms: int
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
     f_message: str
+    f_preempted: tuple[Any, ...]
+    n1386 = _ZL[buf[pos]]
+    if n1386 < 0:
+        n1386, pos = _rlong(buf, pos)
+        if n1386 < 0:
+            raise _length_error(n1386, end - pos)
+    else:
+        pos += 1
+    q1387 = pos + n1386
+    if q1387 > end:
+        raise _length_error(n1386, end - pos)
+    f_gang_id = buf[pos:q1387].decode()
+    pos = q1387
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1388: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1389 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1389 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1389 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1389, pos = _rlong(buf, pos)
+            if c1389 == 0:
+                break
+            if c1389 < 0:
+                c1389 = -c1389
+                b = buf[pos]
+                if b < 128:
+                    z1392 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1392 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1392 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1392, pos = _rlong(buf, pos)
+            if c1389 * 3 > end - pos:
+                raise _count_error(c1389, end - pos)
+            for _ in range(c1389):
+                x1390, pos = _d_MemberPlacement1392(buf, pos, end)
+                acc1388.append(x1390)
+        f_members = tuple(acc1388)
+    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1403 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1403 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1403 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1403, pos = _rlong(buf, pos)
+    if i1403 == 0:
+        f_topology_key = None
+    elif i1403 == 1:
+        n1404 = _ZL[buf[pos]]
+        if n1404 < 0:
+            n1404, pos = _rlong(buf, pos)
+            if n1404 < 0:
+                raise _length_error(n1404, end - pos)
+        else:
+            pos += 1
+        q1405 = pos + n1404
+        if q1405 > end:
+            raise _length_error(n1404, end - pos)
+        f_topology_key = buf[pos:q1405].decode()
+        pos = q1405
+    else:
+        raise _union_error(i1403, 2)
+    b = buf[pos]
+    if b < 128:
+        i1406 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1406 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1406 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1406, pos = _rlong(buf, pos)
+    if i1406 == 0:
+        f_domain = None
+    elif i1406 == 1:
+        n1407 = _ZL[buf[pos]]
+        if n1407 < 0:
+            n1407, pos = _rlong(buf, pos)
+            if n1407 < 0:
+                raise _length_error(n1407, end - pos)
+        else:
+            pos += 1
+        q1408 = pos + n1407
+        if q1408 > end:
+            raise _length_error(n1407, end - pos)
+        f_domain = buf[pos:q1408].decode()
+        pos = q1408
+    else:
+        raise _union_error(i1406, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
     n1409 = _ZL[buf[pos]]
     if n1409 < 0:
         n1409, pos = _rlong(buf, pos)
@@ -6120,8 +6071,83 @@ def _d_GangTimedOut1407(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
     q1410 = pos + n1409
     if q1410 > end:
         raise _length_error(n1409, end - pos)
-    f_gang_id = buf[pos:q1410].decode()
+    f_message = buf[pos:q1410].decode()
     pos = q1410
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1411: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1412 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1412 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1412 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1412, pos = _rlong(buf, pos)
+            if c1412 == 0:
+                break
+            if c1412 < 0:
+                c1412 = -c1412
+                b = buf[pos]
+                if b < 128:
+                    z1415 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1415 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1415 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1415, pos = _rlong(buf, pos)
+            if c1412 * 1 > end - pos:
+                raise _count_error(c1412, end - pos)
+            for _ in range(c1412):
+                n1416 = _ZL[buf[pos]]
+                if n1416 < 0:
+                    n1416, pos = _rlong(buf, pos)
+                    if n1416 < 0:
+                        raise _length_error(n1416, end - pos)
+                else:
+                    pos += 1
+                q1417 = pos + n1416
+                if q1417 > end:
+                    raise _length_error(n1416, end - pos)
+                x1413 = buf[pos:q1417].decode()
+                pos = q1417
+                acc1411.append(x1413)
+        f_preempted = tuple(acc1411)
+    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
+    return o, pos
+
+
+def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+    f_gang_id: str
+    f_waited_ms: int
+    f_message: str
+    n1419 = _ZL[buf[pos]]
+    if n1419 < 0:
+        n1419, pos = _rlong(buf, pos)
+        if n1419 < 0:
+            raise _length_error(n1419, end - pos)
+    else:
+        pos += 1
+    q1420 = pos + n1419
+    if q1420 > end:
+        raise _length_error(n1419, end - pos)
+    f_gang_id = buf[pos:q1420].decode()
+    pos = q1420
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -6136,117 +6162,39 @@ def _d_GangTimedOut1407(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1411 = _ZL[buf[pos]]
-    if n1411 < 0:
-        n1411, pos = _rlong(buf, pos)
-        if n1411 < 0:
-            raise _length_error(n1411, end - pos)
+    n1421 = _ZL[buf[pos]]
+    if n1421 < 0:
+        n1421, pos = _rlong(buf, pos)
+        if n1421 < 0:
+            raise _length_error(n1421, end - pos)
     else:
         pos += 1
-    q1412 = pos + n1411
-    if q1412 > end:
-        raise _length_error(n1411, end - pos)
-    f_message = buf[pos:q1412].decode()
-    pos = q1412
+    q1422 = pos + n1421
+    if q1422 > end:
+        raise _length_error(n1421, end - pos)
+    f_message = buf[pos:q1422].decode()
+    pos = q1422
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1412(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1422(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1414 = _ZL[buf[pos]]
-    if n1414 < 0:
-        n1414, pos = _rlong(buf, pos)
-        if n1414 < 0:
-            raise _length_error(n1414, end - pos)
+    n1424 = _ZL[buf[pos]]
+    if n1424 < 0:
+        n1424, pos = _rlong(buf, pos)
+        if n1424 < 0:
+            raise _length_error(n1424, end - pos)
     else:
         pos += 1
-    q1415 = pos + n1414
-    if q1415 > end:
-        raise _length_error(n1414, end - pos)
-    f_gang_id = buf[pos:q1415].decode()
-    pos = q1415
-    n1416 = _ZL[buf[pos]]
-    if n1416 < 0:
-        n1416, pos = _rlong(buf, pos)
-        if n1416 < 0:
-            raise _length_error(n1416, end - pos)
-    else:
-        pos += 1
-    q1417 = pos + n1416
-    if q1417 > end:
-        raise _length_error(n1416, end - pos)
-    f_reason = buf[pos:q1417].decode()
-    pos = q1417
-    f_ok = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_members_ended = ()
-    else:
-        acc1418: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1419 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1419 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1419 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1419, pos = _rlong(buf, pos)
-            if c1419 == 0:
-                break
-            if c1419 < 0:
-                c1419 = -c1419
-                b = buf[pos]
-                if b < 128:
-                    z1422 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1422 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1422 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1422, pos = _rlong(buf, pos)
-            if c1419 * 1 > end - pos:
-                raise _count_error(c1419, end - pos)
-            for _ in range(c1419):
-                n1423 = _ZL[buf[pos]]
-                if n1423 < 0:
-                    n1423, pos = _rlong(buf, pos)
-                    if n1423 < 0:
-                        raise _length_error(n1423, end - pos)
-                else:
-                    pos += 1
-                q1424 = pos + n1423
-                if q1424 > end:
-                    raise _length_error(n1423, end - pos)
-                x1420 = buf[pos:q1424].decode()
-                pos = q1424
-                acc1418.append(x1420)
-        f_members_ended = tuple(acc1418)
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
-    return o, pos
-
-
-def _d_PodTimeLimitReached1424(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_time_limit_ms: int
-    f_gang_id: Any
+    q1425 = pos + n1424
+    if q1425 > end:
+        raise _length_error(n1424, end - pos)
+    f_gang_id = buf[pos:q1425].decode()
+    pos = q1425
     n1426 = _ZL[buf[pos]]
     if n1426 < 0:
         n1426, pos = _rlong(buf, pos)
@@ -6257,20 +6205,98 @@ def _d_PodTimeLimitReached1424(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
     q1427 = pos + n1426
     if q1427 > end:
         raise _length_error(n1426, end - pos)
-    f_pod_id = buf[pos:q1427].decode()
+    f_reason = buf[pos:q1427].decode()
     pos = q1427
-    n1428 = _ZL[buf[pos]]
-    if n1428 < 0:
-        n1428, pos = _rlong(buf, pos)
-        if n1428 < 0:
-            raise _length_error(n1428, end - pos)
+    f_ok = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1428: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1429 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1429 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1429 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1429, pos = _rlong(buf, pos)
+            if c1429 == 0:
+                break
+            if c1429 < 0:
+                c1429 = -c1429
+                b = buf[pos]
+                if b < 128:
+                    z1432 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1432 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1432 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1432, pos = _rlong(buf, pos)
+            if c1429 * 1 > end - pos:
+                raise _count_error(c1429, end - pos)
+            for _ in range(c1429):
+                n1433 = _ZL[buf[pos]]
+                if n1433 < 0:
+                    n1433, pos = _rlong(buf, pos)
+                    if n1433 < 0:
+                        raise _length_error(n1433, end - pos)
+                else:
+                    pos += 1
+                q1434 = pos + n1433
+                if q1434 > end:
+                    raise _length_error(n1433, end - pos)
+                x1430 = buf[pos:q1434].decode()
+                pos = q1434
+                acc1428.append(x1430)
+        f_members_ended = tuple(acc1428)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
+    return o, pos
+
+
+def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_time_limit_ms: int
+    f_gang_id: Any
+    n1436 = _ZL[buf[pos]]
+    if n1436 < 0:
+        n1436, pos = _rlong(buf, pos)
+        if n1436 < 0:
+            raise _length_error(n1436, end - pos)
     else:
         pos += 1
-    q1429 = pos + n1428
-    if q1429 > end:
-        raise _length_error(n1428, end - pos)
-    f_node_id = buf[pos:q1429].decode()
-    pos = q1429
+    q1437 = pos + n1436
+    if q1437 > end:
+        raise _length_error(n1436, end - pos)
+    f_pod_id = buf[pos:q1437].decode()
+    pos = q1437
+    n1438 = _ZL[buf[pos]]
+    if n1438 < 0:
+        n1438, pos = _rlong(buf, pos)
+        if n1438 < 0:
+            raise _length_error(n1438, end - pos)
+    else:
+        pos += 1
+    q1439 = pos + n1438
+    if q1439 > end:
+        raise _length_error(n1438, end - pos)
+    f_node_id = buf[pos:q1439].decode()
+    pos = q1439
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6287,141 +6313,141 @@ def _d_PodTimeLimitReached1424(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1430 = _ZD[b]
+        i1440 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1430 = (z >> 1) ^ -(z & 1)
+        i1440 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1430 = (z >> 1) ^ -(z & 1)
+        i1440 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1430, pos = _rlong(buf, pos)
-    if i1430 == 0:
+        i1440, pos = _rlong(buf, pos)
+    if i1440 == 0:
         f_gang_id = None
-    elif i1430 == 1:
-        n1431 = _ZL[buf[pos]]
-        if n1431 < 0:
-            n1431, pos = _rlong(buf, pos)
-            if n1431 < 0:
-                raise _length_error(n1431, end - pos)
+    elif i1440 == 1:
+        n1441 = _ZL[buf[pos]]
+        if n1441 < 0:
+            n1441, pos = _rlong(buf, pos)
+            if n1441 < 0:
+                raise _length_error(n1441, end - pos)
         else:
             pos += 1
-        q1432 = pos + n1431
-        if q1432 > end:
-            raise _length_error(n1431, end - pos)
-        f_gang_id = buf[pos:q1432].decode()
-        pos = q1432
+        q1442 = pos + n1441
+        if q1442 > end:
+            raise _length_error(n1441, end - pos)
+        f_gang_id = buf[pos:q1442].decode()
+        pos = q1442
     else:
-        raise _union_error(i1430, 2)
+        raise _union_error(i1440, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1432(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1434 = _ZL[buf[pos]]
-    if n1434 < 0:
-        n1434, pos = _rlong(buf, pos)
-        if n1434 < 0:
-            raise _length_error(n1434, end - pos)
+    n1444 = _ZL[buf[pos]]
+    if n1444 < 0:
+        n1444, pos = _rlong(buf, pos)
+        if n1444 < 0:
+            raise _length_error(n1444, end - pos)
     else:
         pos += 1
-    q1435 = pos + n1434
-    if q1435 > end:
-        raise _length_error(n1434, end - pos)
-    f_holder_id = buf[pos:q1435].decode()
-    pos = q1435
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+    q1445 = pos + n1444
+    if q1445 > end:
+        raise _length_error(n1444, end - pos)
+    f_holder_id = buf[pos:q1445].decode()
+    pos = q1445
+    n1446 = _ZL[buf[pos]]
+    if n1446 < 0:
+        n1446, pos = _rlong(buf, pos)
+        if n1446 < 0:
+            raise _length_error(n1446, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_holder_kind = buf[pos:q1437].decode()
-    pos = q1437
+    q1447 = pos + n1446
+    if q1447 > end:
+        raise _length_error(n1446, end - pos)
+    f_holder_kind = buf[pos:q1447].decode()
+    pos = q1447
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1438: list[Any] = []
+        acc1448: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1439 = _ZD[b]
+                c1449 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1449 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1449 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1439, pos = _rlong(buf, pos)
-            if c1439 == 0:
+                c1449, pos = _rlong(buf, pos)
+            if c1449 == 0:
                 break
-            if c1439 < 0:
-                c1439 = -c1439
+            if c1449 < 0:
+                c1449 = -c1449
                 b = buf[pos]
                 if b < 128:
-                    z1442 = _ZD[b]
+                    z1452 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1452 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1452 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1442, pos = _rlong(buf, pos)
-            if c1439 * 1 > end - pos:
-                raise _count_error(c1439, end - pos)
-            for _ in range(c1439):
-                n1443 = _ZL[buf[pos]]
-                if n1443 < 0:
-                    n1443, pos = _rlong(buf, pos)
-                    if n1443 < 0:
-                        raise _length_error(n1443, end - pos)
+                    z1452, pos = _rlong(buf, pos)
+            if c1449 * 1 > end - pos:
+                raise _count_error(c1449, end - pos)
+            for _ in range(c1449):
+                n1453 = _ZL[buf[pos]]
+                if n1453 < 0:
+                    n1453, pos = _rlong(buf, pos)
+                    if n1453 < 0:
+                        raise _length_error(n1453, end - pos)
                 else:
                     pos += 1
-                q1444 = pos + n1443
-                if q1444 > end:
-                    raise _length_error(n1443, end - pos)
-                x1440 = buf[pos:q1444].decode()
-                pos = q1444
-                acc1438.append(x1440)
-        f_nodes = tuple(acc1438)
+                q1454 = pos + n1453
+                if q1454 > end:
+                    raise _length_error(n1453, end - pos)
+                x1450 = buf[pos:q1454].decode()
+                pos = q1454
+                acc1448.append(x1450)
+        f_nodes = tuple(acc1448)
     b = buf[pos]
     if b < 128:
-        i1445 = _ZD[b]
+        i1455 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1445 = (z >> 1) ^ -(z & 1)
+        i1455 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1445 = (z >> 1) ^ -(z & 1)
+        i1455 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1445, pos = _rlong(buf, pos)
-    if i1445 == 0:
+        i1455, pos = _rlong(buf, pos)
+    if i1455 == 0:
         f_expected_start = None
-    elif i1445 == 1:
+    elif i1455 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6437,194 +6463,194 @@ def _d_NodesReserved1432(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1445, 2)
-    n1446 = _ZL[buf[pos]]
-    if n1446 < 0:
-        n1446, pos = _rlong(buf, pos)
-        if n1446 < 0:
-            raise _length_error(n1446, end - pos)
+        raise _union_error(i1455, 2)
+    n1456 = _ZL[buf[pos]]
+    if n1456 < 0:
+        n1456, pos = _rlong(buf, pos)
+        if n1456 < 0:
+            raise _length_error(n1456, end - pos)
     else:
         pos += 1
-    q1447 = pos + n1446
-    if q1447 > end:
-        raise _length_error(n1446, end - pos)
-    f_message = buf[pos:q1447].decode()
-    pos = q1447
+    q1457 = pos + n1456
+    if q1457 > end:
+        raise _length_error(n1456, end - pos)
+    f_message = buf[pos:q1457].decode()
+    pos = q1457
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1447(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1457(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1449 = _ZL[buf[pos]]
-    if n1449 < 0:
-        n1449, pos = _rlong(buf, pos)
-        if n1449 < 0:
-            raise _length_error(n1449, end - pos)
+    n1459 = _ZL[buf[pos]]
+    if n1459 < 0:
+        n1459, pos = _rlong(buf, pos)
+        if n1459 < 0:
+            raise _length_error(n1459, end - pos)
     else:
         pos += 1
-    q1450 = pos + n1449
-    if q1450 > end:
-        raise _length_error(n1449, end - pos)
-    f_holder_id = buf[pos:q1450].decode()
-    pos = q1450
-    n1451 = _ZL[buf[pos]]
-    if n1451 < 0:
-        n1451, pos = _rlong(buf, pos)
-        if n1451 < 0:
-            raise _length_error(n1451, end - pos)
+    q1460 = pos + n1459
+    if q1460 > end:
+        raise _length_error(n1459, end - pos)
+    f_holder_id = buf[pos:q1460].decode()
+    pos = q1460
+    n1461 = _ZL[buf[pos]]
+    if n1461 < 0:
+        n1461, pos = _rlong(buf, pos)
+        if n1461 < 0:
+            raise _length_error(n1461, end - pos)
     else:
         pos += 1
-    q1452 = pos + n1451
-    if q1452 > end:
-        raise _length_error(n1451, end - pos)
-    f_holder_kind = buf[pos:q1452].decode()
-    pos = q1452
+    q1462 = pos + n1461
+    if q1462 > end:
+        raise _length_error(n1461, end - pos)
+    f_holder_kind = buf[pos:q1462].decode()
+    pos = q1462
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1453: list[Any] = []
+        acc1463: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1454 = _ZD[b]
+                c1464 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1454 = (z >> 1) ^ -(z & 1)
+                c1464 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1454 = (z >> 1) ^ -(z & 1)
+                c1464 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1454, pos = _rlong(buf, pos)
-            if c1454 == 0:
+                c1464, pos = _rlong(buf, pos)
+            if c1464 == 0:
                 break
-            if c1454 < 0:
-                c1454 = -c1454
+            if c1464 < 0:
+                c1464 = -c1464
                 b = buf[pos]
                 if b < 128:
-                    z1457 = _ZD[b]
+                    z1467 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1457 = (z >> 1) ^ -(z & 1)
+                    z1467 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1457 = (z >> 1) ^ -(z & 1)
+                    z1467 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1457, pos = _rlong(buf, pos)
-            if c1454 * 1 > end - pos:
-                raise _count_error(c1454, end - pos)
-            for _ in range(c1454):
-                n1458 = _ZL[buf[pos]]
-                if n1458 < 0:
-                    n1458, pos = _rlong(buf, pos)
-                    if n1458 < 0:
-                        raise _length_error(n1458, end - pos)
+                    z1467, pos = _rlong(buf, pos)
+            if c1464 * 1 > end - pos:
+                raise _count_error(c1464, end - pos)
+            for _ in range(c1464):
+                n1468 = _ZL[buf[pos]]
+                if n1468 < 0:
+                    n1468, pos = _rlong(buf, pos)
+                    if n1468 < 0:
+                        raise _length_error(n1468, end - pos)
                 else:
                     pos += 1
-                q1459 = pos + n1458
-                if q1459 > end:
-                    raise _length_error(n1458, end - pos)
-                x1455 = buf[pos:q1459].decode()
-                pos = q1459
-                acc1453.append(x1455)
-        f_nodes = tuple(acc1453)
-    n1460 = _ZL[buf[pos]]
-    if n1460 < 0:
-        n1460, pos = _rlong(buf, pos)
-        if n1460 < 0:
-            raise _length_error(n1460, end - pos)
+                q1469 = pos + n1468
+                if q1469 > end:
+                    raise _length_error(n1468, end - pos)
+                x1465 = buf[pos:q1469].decode()
+                pos = q1469
+                acc1463.append(x1465)
+        f_nodes = tuple(acc1463)
+    n1470 = _ZL[buf[pos]]
+    if n1470 < 0:
+        n1470, pos = _rlong(buf, pos)
+        if n1470 < 0:
+            raise _length_error(n1470, end - pos)
     else:
         pos += 1
-    q1461 = pos + n1460
-    if q1461 > end:
-        raise _length_error(n1460, end - pos)
-    f_reason = buf[pos:q1461].decode()
-    pos = q1461
-    n1462 = _ZL[buf[pos]]
-    if n1462 < 0:
-        n1462, pos = _rlong(buf, pos)
-        if n1462 < 0:
-            raise _length_error(n1462, end - pos)
+    q1471 = pos + n1470
+    if q1471 > end:
+        raise _length_error(n1470, end - pos)
+    f_reason = buf[pos:q1471].decode()
+    pos = q1471
+    n1472 = _ZL[buf[pos]]
+    if n1472 < 0:
+        n1472, pos = _rlong(buf, pos)
+        if n1472 < 0:
+            raise _length_error(n1472, end - pos)
     else:
         pos += 1
-    q1463 = pos + n1462
-    if q1463 > end:
-        raise _length_error(n1462, end - pos)
-    f_message = buf[pos:q1463].decode()
-    pos = q1463
+    q1473 = pos + n1472
+    if q1473 > end:
+        raise _length_error(n1472, end - pos)
+    f_message = buf[pos:q1473].decode()
+    pos = q1473
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1463(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1473(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1465 = _ZL[buf[pos]]
-    if n1465 < 0:
-        n1465, pos = _rlong(buf, pos)
-        if n1465 < 0:
-            raise _length_error(n1465, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1466 = pos + n1465
-    if q1466 > end:
-        raise _length_error(n1465, end - pos)
-    f_holder_id = buf[pos:q1466].decode()
-    pos = q1466
-    n1467 = _ZL[buf[pos]]
-    if n1467 < 0:
-        n1467, pos = _rlong(buf, pos)
-        if n1467 < 0:
-            raise _length_error(n1467, end - pos)
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_holder_id = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1468 = pos + n1467
-    if q1468 > end:
-        raise _length_error(n1467, end - pos)
-    f_holder_kind = buf[pos:q1468].decode()
-    pos = q1468
-    n1469 = _ZL[buf[pos]]
-    if n1469 < 0:
-        n1469, pos = _rlong(buf, pos)
-        if n1469 < 0:
-            raise _length_error(n1469, end - pos)
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_holder_kind = buf[pos:q1478].decode()
+    pos = q1478
+    n1479 = _ZL[buf[pos]]
+    if n1479 < 0:
+        n1479, pos = _rlong(buf, pos)
+        if n1479 < 0:
+            raise _length_error(n1479, end - pos)
     else:
         pos += 1
-    q1470 = pos + n1469
-    if q1470 > end:
-        raise _length_error(n1469, end - pos)
-    f_dependency_id = buf[pos:q1470].decode()
-    pos = q1470
-    n1471 = _ZL[buf[pos]]
-    if n1471 < 0:
-        n1471, pos = _rlong(buf, pos)
-        if n1471 < 0:
-            raise _length_error(n1471, end - pos)
+    q1480 = pos + n1479
+    if q1480 > end:
+        raise _length_error(n1479, end - pos)
+    f_dependency_id = buf[pos:q1480].decode()
+    pos = q1480
+    n1481 = _ZL[buf[pos]]
+    if n1481 < 0:
+        n1481, pos = _rlong(buf, pos)
+        if n1481 < 0:
+            raise _length_error(n1481, end - pos)
     else:
         pos += 1
-    q1472 = pos + n1471
-    if q1472 > end:
-        raise _length_error(n1471, end - pos)
-    f_message = buf[pos:q1472].decode()
-    pos = q1472
+    q1482 = pos + n1481
+    if q1482 > end:
+        raise _length_error(n1481, end - pos)
+    f_message = buf[pos:q1482].decode()
+    pos = q1482
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1472(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6647,152 +6673,48 @@ def _d_Ticked1472(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1473(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1483(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1485 = _ZL[buf[pos]]
+    if n1485 < 0:
+        n1485, pos = _rlong(buf, pos)
+        if n1485 < 0:
+            raise _length_error(n1485, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_pod_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
-    else:
-        pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_node_id = buf[pos:q1478].decode()
-    pos = q1478
-    n1479 = _ZL[buf[pos]]
-    if n1479 < 0:
-        n1479, pos = _rlong(buf, pos)
-        if n1479 < 0:
-            raise _length_error(n1479, end - pos)
-    else:
-        pos += 1
-    q1480 = pos + n1479
-    if q1480 > end:
-        raise _length_error(n1479, end - pos)
-    f_by = buf[pos:q1480].decode()
-    pos = q1480
-    n1481 = _ZL[buf[pos]]
-    if n1481 < 0:
-        n1481, pos = _rlong(buf, pos)
-        if n1481 < 0:
-            raise _length_error(n1481, end - pos)
-    else:
-        pos += 1
-    q1482 = pos + n1481
-    if q1482 > end:
-        raise _length_error(n1481, end - pos)
-    f_reason = buf[pos:q1482].decode()
-    pos = q1482
-    n1483 = _ZL[buf[pos]]
-    if n1483 < 0:
-        n1483, pos = _rlong(buf, pos)
-        if n1483 < 0:
-            raise _length_error(n1483, end - pos)
-    else:
-        pos += 1
-    q1484 = pos + n1483
-    if q1484 > end:
-        raise _length_error(n1483, end - pos)
-    f_message = buf[pos:q1484].decode()
-    pos = q1484
-    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
-    return o, pos
-
-
-def _d_QuotaChanged1484(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
-    f_tenant: Any
-    f_quota: Any
-    f_previous: Any
-    f_message: str
-    b = buf[pos]
-    if b < 128:
-        i1486 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1486 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1486 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1486, pos = _rlong(buf, pos)
-    if i1486 == 0:
-        f_tenant = None
-    elif i1486 == 1:
-        n1487 = _ZL[buf[pos]]
+    q1486 = pos + n1485
+    if q1486 > end:
+        raise _length_error(n1485, end - pos)
+    f_pod_id = buf[pos:q1486].decode()
+    pos = q1486
+    n1487 = _ZL[buf[pos]]
+    if n1487 < 0:
+        n1487, pos = _rlong(buf, pos)
         if n1487 < 0:
-            n1487, pos = _rlong(buf, pos)
-            if n1487 < 0:
-                raise _length_error(n1487, end - pos)
-        else:
-            pos += 1
-        q1488 = pos + n1487
-        if q1488 > end:
             raise _length_error(n1487, end - pos)
-        f_tenant = buf[pos:q1488].decode()
-        pos = q1488
     else:
-        raise _union_error(i1486, 2)
-    b = buf[pos]
-    if b < 128:
-        i1489 = _ZD[b]
         pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1489 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1489 = (z >> 1) ^ -(z & 1)
-        pos += 3
+    q1488 = pos + n1487
+    if q1488 > end:
+        raise _length_error(n1487, end - pos)
+    f_node_id = buf[pos:q1488].decode()
+    pos = q1488
+    n1489 = _ZL[buf[pos]]
+    if n1489 < 0:
+        n1489, pos = _rlong(buf, pos)
+        if n1489 < 0:
+            raise _length_error(n1489, end - pos)
     else:
-        i1489, pos = _rlong(buf, pos)
-    if i1489 == 0:
-        f_quota = None
-    elif i1489 == 1:
-        f_quota, pos = _d_Quota450(buf, pos, end)
-    else:
-        raise _union_error(i1489, 2)
-    b = buf[pos]
-    if b < 128:
-        i1490 = _ZD[b]
         pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1490 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1490 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1490, pos = _rlong(buf, pos)
-    if i1490 == 0:
-        f_previous = None
-    elif i1490 == 1:
-        f_previous, pos = _d_Quota450(buf, pos, end)
-    else:
-        raise _union_error(i1490, 2)
+    q1490 = pos + n1489
+    if q1490 > end:
+        raise _length_error(n1489, end - pos)
+    f_by = buf[pos:q1490].decode()
+    pos = q1490
     n1491 = _ZL[buf[pos]]
     if n1491 < 0:
         n1491, pos = _rlong(buf, pos)
@@ -6803,13 +6725,117 @@ def _d_QuotaChanged1484(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged
     q1492 = pos + n1491
     if q1492 > end:
         raise _length_error(n1491, end - pos)
-    f_message = buf[pos:q1492].decode()
+    f_reason = buf[pos:q1492].decode()
     pos = q1492
+    n1493 = _ZL[buf[pos]]
+    if n1493 < 0:
+        n1493, pos = _rlong(buf, pos)
+        if n1493 < 0:
+            raise _length_error(n1493, end - pos)
+    else:
+        pos += 1
+    q1494 = pos + n1493
+    if q1494 > end:
+        raise _length_error(n1493, end - pos)
+    f_message = buf[pos:q1494].decode()
+    pos = q1494
+    o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
+    return o, pos
+
+
+def _d_QuotaChanged1494(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+    f_tenant: Any
+    f_quota: Any
+    f_previous: Any
+    f_message: str
+    b = buf[pos]
+    if b < 128:
+        i1496 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1496 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1496 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1496, pos = _rlong(buf, pos)
+    if i1496 == 0:
+        f_tenant = None
+    elif i1496 == 1:
+        n1497 = _ZL[buf[pos]]
+        if n1497 < 0:
+            n1497, pos = _rlong(buf, pos)
+            if n1497 < 0:
+                raise _length_error(n1497, end - pos)
+        else:
+            pos += 1
+        q1498 = pos + n1497
+        if q1498 > end:
+            raise _length_error(n1497, end - pos)
+        f_tenant = buf[pos:q1498].decode()
+        pos = q1498
+    else:
+        raise _union_error(i1496, 2)
+    b = buf[pos]
+    if b < 128:
+        i1499 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1499 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1499 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1499, pos = _rlong(buf, pos)
+    if i1499 == 0:
+        f_quota = None
+    elif i1499 == 1:
+        f_quota, pos = _d_Quota452(buf, pos, end)
+    else:
+        raise _union_error(i1499, 2)
+    b = buf[pos]
+    if b < 128:
+        i1500 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
+        f_previous = None
+    elif i1500 == 1:
+        f_previous, pos = _d_Quota452(buf, pos, end)
+    else:
+        raise _union_error(i1500, 2)
+    n1501 = _ZL[buf[pos]]
+    if n1501 < 0:
+        n1501, pos = _rlong(buf, pos)
+        if n1501 < 0:
+            raise _length_error(n1501, end - pos)
+    else:
+        pos += 1
+    q1502 = pos + n1501
+    if q1502 > end:
+        raise _length_error(n1501, end - pos)
+    f_message = buf[pos:q1502].decode()
+    pos = q1502
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1492(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6817,159 +6843,159 @@ def _d_PodMigrated1492(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1494 = _ZL[buf[pos]]
-    if n1494 < 0:
-        n1494, pos = _rlong(buf, pos)
-        if n1494 < 0:
-            raise _length_error(n1494, end - pos)
+    n1504 = _ZL[buf[pos]]
+    if n1504 < 0:
+        n1504, pos = _rlong(buf, pos)
+        if n1504 < 0:
+            raise _length_error(n1504, end - pos)
     else:
         pos += 1
-    q1495 = pos + n1494
-    if q1495 > end:
-        raise _length_error(n1494, end - pos)
-    f_pod_id = buf[pos:q1495].decode()
-    pos = q1495
-    n1496 = _ZL[buf[pos]]
-    if n1496 < 0:
-        n1496, pos = _rlong(buf, pos)
-        if n1496 < 0:
-            raise _length_error(n1496, end - pos)
+    q1505 = pos + n1504
+    if q1505 > end:
+        raise _length_error(n1504, end - pos)
+    f_pod_id = buf[pos:q1505].decode()
+    pos = q1505
+    n1506 = _ZL[buf[pos]]
+    if n1506 < 0:
+        n1506, pos = _rlong(buf, pos)
+        if n1506 < 0:
+            raise _length_error(n1506, end - pos)
     else:
         pos += 1
-    q1497 = pos + n1496
-    if q1497 > end:
-        raise _length_error(n1496, end - pos)
-    f_from_node = buf[pos:q1497].decode()
-    pos = q1497
+    q1507 = pos + n1506
+    if q1507 > end:
+        raise _length_error(n1506, end - pos)
+    f_from_node = buf[pos:q1507].decode()
+    pos = q1507
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1498: list[Any] = []
+        acc1508: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1499 = _ZD[b]
+                c1509 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1499 = (z >> 1) ^ -(z & 1)
+                c1509 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1499 = (z >> 1) ^ -(z & 1)
+                c1509 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1499, pos = _rlong(buf, pos)
-            if c1499 == 0:
+                c1509, pos = _rlong(buf, pos)
+            if c1509 == 0:
                 break
-            if c1499 < 0:
-                c1499 = -c1499
+            if c1509 < 0:
+                c1509 = -c1509
                 b = buf[pos]
                 if b < 128:
-                    z1502 = _ZD[b]
+                    z1512 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1502 = (z >> 1) ^ -(z & 1)
+                    z1512 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1502 = (z >> 1) ^ -(z & 1)
+                    z1512 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1502, pos = _rlong(buf, pos)
-            if c1499 * 2 > end - pos:
-                raise _count_error(c1499, end - pos)
-            for _ in range(c1499):
-                x1500, pos = _d_GpuShare1278(buf, pos, end)
-                acc1498.append(x1500)
-        f_from_gpus = tuple(acc1498)
-    n1503 = _ZL[buf[pos]]
-    if n1503 < 0:
-        n1503, pos = _rlong(buf, pos)
-        if n1503 < 0:
-            raise _length_error(n1503, end - pos)
+                    z1512, pos = _rlong(buf, pos)
+            if c1509 * 2 > end - pos:
+                raise _count_error(c1509, end - pos)
+            for _ in range(c1509):
+                x1510, pos = _d_GpuShare1286(buf, pos, end)
+                acc1508.append(x1510)
+        f_from_gpus = tuple(acc1508)
+    n1513 = _ZL[buf[pos]]
+    if n1513 < 0:
+        n1513, pos = _rlong(buf, pos)
+        if n1513 < 0:
+            raise _length_error(n1513, end - pos)
     else:
         pos += 1
-    q1504 = pos + n1503
-    if q1504 > end:
-        raise _length_error(n1503, end - pos)
-    f_to_node = buf[pos:q1504].decode()
-    pos = q1504
+    q1514 = pos + n1513
+    if q1514 > end:
+        raise _length_error(n1513, end - pos)
+    f_to_node = buf[pos:q1514].decode()
+    pos = q1514
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1505: list[Any] = []
+        acc1515: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1506 = _ZD[b]
+                c1516 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1506 = (z >> 1) ^ -(z & 1)
+                c1516 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1506 = (z >> 1) ^ -(z & 1)
+                c1516 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1506, pos = _rlong(buf, pos)
-            if c1506 == 0:
+                c1516, pos = _rlong(buf, pos)
+            if c1516 == 0:
                 break
-            if c1506 < 0:
-                c1506 = -c1506
+            if c1516 < 0:
+                c1516 = -c1516
                 b = buf[pos]
                 if b < 128:
-                    z1509 = _ZD[b]
+                    z1519 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1509 = (z >> 1) ^ -(z & 1)
+                    z1519 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1509 = (z >> 1) ^ -(z & 1)
+                    z1519 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1509, pos = _rlong(buf, pos)
-            if c1506 * 2 > end - pos:
-                raise _count_error(c1506, end - pos)
-            for _ in range(c1506):
-                x1507, pos = _d_GpuShare1278(buf, pos, end)
-                acc1505.append(x1507)
-        f_to_gpus = tuple(acc1505)
-    n1510 = _ZL[buf[pos]]
-    if n1510 < 0:
-        n1510, pos = _rlong(buf, pos)
-        if n1510 < 0:
-            raise _length_error(n1510, end - pos)
+                    z1519, pos = _rlong(buf, pos)
+            if c1516 * 2 > end - pos:
+                raise _count_error(c1516, end - pos)
+            for _ in range(c1516):
+                x1517, pos = _d_GpuShare1286(buf, pos, end)
+                acc1515.append(x1517)
+        f_to_gpus = tuple(acc1515)
+    n1520 = _ZL[buf[pos]]
+    if n1520 < 0:
+        n1520, pos = _rlong(buf, pos)
+        if n1520 < 0:
+            raise _length_error(n1520, end - pos)
     else:
         pos += 1
-    q1511 = pos + n1510
-    if q1511 > end:
-        raise _length_error(n1510, end - pos)
-    f_reason = buf[pos:q1511].decode()
-    pos = q1511
-    n1512 = _ZL[buf[pos]]
-    if n1512 < 0:
-        n1512, pos = _rlong(buf, pos)
-        if n1512 < 0:
-            raise _length_error(n1512, end - pos)
+    q1521 = pos + n1520
+    if q1521 > end:
+        raise _length_error(n1520, end - pos)
+    f_reason = buf[pos:q1521].decode()
+    pos = q1521
+    n1522 = _ZL[buf[pos]]
+    if n1522 < 0:
+        n1522, pos = _rlong(buf, pos)
+        if n1522 < 0:
+            raise _length_error(n1522, end - pos)
     else:
         pos += 1
-    q1513 = pos + n1512
-    if q1513 > end:
-        raise _length_error(n1512, end - pos)
-    f_message = buf[pos:q1513].decode()
-    pos = q1513
+    q1523 = pos + n1522
+    if q1523 > end:
+        raise _length_error(n1522, end - pos)
+    f_message = buf[pos:q1523].decode()
+    pos = q1523
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1513(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7019,138 +7045,138 @@ def _d_DefragmentationPlanned1513(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1515 = _ZD[b]
+        i1525 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1515 = (z >> 1) ^ -(z & 1)
+        i1525 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1515 = (z >> 1) ^ -(z & 1)
+        i1525 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1515, pos = _rlong(buf, pos)
-    if i1515 == 0:
+        i1525, pos = _rlong(buf, pos)
+    if i1525 == 0:
         f_target = None
-    elif i1515 == 1:
-        n1516 = _ZL[buf[pos]]
-        if n1516 < 0:
-            n1516, pos = _rlong(buf, pos)
-            if n1516 < 0:
-                raise _length_error(n1516, end - pos)
+    elif i1525 == 1:
+        n1526 = _ZL[buf[pos]]
+        if n1526 < 0:
+            n1526, pos = _rlong(buf, pos)
+            if n1526 < 0:
+                raise _length_error(n1526, end - pos)
         else:
             pos += 1
-        q1517 = pos + n1516
-        if q1517 > end:
-            raise _length_error(n1516, end - pos)
-        f_target = buf[pos:q1517].decode()
-        pos = q1517
+        q1527 = pos + n1526
+        if q1527 > end:
+            raise _length_error(n1526, end - pos)
+        f_target = buf[pos:q1527].decode()
+        pos = q1527
     else:
-        raise _union_error(i1515, 2)
-    n1518 = _ZL[buf[pos]]
-    if n1518 < 0:
-        n1518, pos = _rlong(buf, pos)
-        if n1518 < 0:
-            raise _length_error(n1518, end - pos)
+        raise _union_error(i1525, 2)
+    n1528 = _ZL[buf[pos]]
+    if n1528 < 0:
+        n1528, pos = _rlong(buf, pos)
+        if n1528 < 0:
+            raise _length_error(n1528, end - pos)
     else:
         pos += 1
-    q1519 = pos + n1518
-    if q1519 > end:
-        raise _length_error(n1518, end - pos)
-    f_message = buf[pos:q1519].decode()
-    pos = q1519
+    q1529 = pos + n1528
+    if q1529 > end:
+        raise _length_error(n1528, end - pos)
+    f_message = buf[pos:q1529].decode()
+    pos = q1529
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1519(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1529(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1521 = _ZL[buf[pos]]
-    if n1521 < 0:
-        n1521, pos = _rlong(buf, pos)
-        if n1521 < 0:
-            raise _length_error(n1521, end - pos)
+    n1531 = _ZL[buf[pos]]
+    if n1531 < 0:
+        n1531, pos = _rlong(buf, pos)
+        if n1531 < 0:
+            raise _length_error(n1531, end - pos)
     else:
         pos += 1
-    q1522 = pos + n1521
-    if q1522 > end:
-        raise _length_error(n1521, end - pos)
-    f_cluster = buf[pos:q1522].decode()
-    pos = q1522
-    n1523 = _ZL[buf[pos]]
-    if n1523 < 0:
-        n1523, pos = _rlong(buf, pos)
-        if n1523 < 0:
-            raise _length_error(n1523, end - pos)
+    q1532 = pos + n1531
+    if q1532 > end:
+        raise _length_error(n1531, end - pos)
+    f_cluster = buf[pos:q1532].decode()
+    pos = q1532
+    n1533 = _ZL[buf[pos]]
+    if n1533 < 0:
+        n1533, pos = _rlong(buf, pos)
+        if n1533 < 0:
+            raise _length_error(n1533, end - pos)
     else:
         pos += 1
-    q1524 = pos + n1523
-    if q1524 > end:
-        raise _length_error(n1523, end - pos)
-    f_command_id = buf[pos:q1524].decode()
-    pos = q1524
-    n1525 = _ZL[buf[pos]]
-    if n1525 < 0:
-        n1525, pos = _rlong(buf, pos)
-        if n1525 < 0:
-            raise _length_error(n1525, end - pos)
+    q1534 = pos + n1533
+    if q1534 > end:
+        raise _length_error(n1533, end - pos)
+    f_command_id = buf[pos:q1534].decode()
+    pos = q1534
+    n1535 = _ZL[buf[pos]]
+    if n1535 < 0:
+        n1535, pos = _rlong(buf, pos)
+        if n1535 < 0:
+            raise _length_error(n1535, end - pos)
     else:
         pos += 1
-    q1526 = pos + n1525
-    if q1526 > end:
-        raise _length_error(n1525, end - pos)
-    f_error = buf[pos:q1526].decode()
-    pos = q1526
-    n1527 = _ZL[buf[pos]]
-    if n1527 < 0:
-        n1527, pos = _rlong(buf, pos)
-        if n1527 < 0:
-            raise _length_error(n1527, end - pos)
+    q1536 = pos + n1535
+    if q1536 > end:
+        raise _length_error(n1535, end - pos)
+    f_error = buf[pos:q1536].decode()
+    pos = q1536
+    n1537 = _ZL[buf[pos]]
+    if n1537 < 0:
+        n1537, pos = _rlong(buf, pos)
+        if n1537 < 0:
+            raise _length_error(n1537, end - pos)
     else:
         pos += 1
-    q1528 = pos + n1527
-    if q1528 > end:
-        raise _length_error(n1527, end - pos)
-    f_message = buf[pos:q1528].decode()
-    pos = q1528
+    q1538 = pos + n1537
+    if q1538 > end:
+        raise _length_error(n1537, end - pos)
+    f_message = buf[pos:q1538].decode()
+    pos = q1538
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1528(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1530 = _ZL[buf[pos]]
-    if n1530 < 0:
-        n1530, pos = _rlong(buf, pos)
-        if n1530 < 0:
-            raise _length_error(n1530, end - pos)
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
     else:
         pos += 1
-    q1531 = pos + n1530
-    if q1531 > end:
-        raise _length_error(n1530, end - pos)
-    f_cluster = buf[pos:q1531].decode()
-    pos = q1531
-    n1532 = _ZL[buf[pos]]
-    if n1532 < 0:
-        n1532, pos = _rlong(buf, pos)
-        if n1532 < 0:
-            raise _length_error(n1532, end - pos)
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_cluster = buf[pos:q1541].decode()
+    pos = q1541
+    n1542 = _ZL[buf[pos]]
+    if n1542 < 0:
+        n1542, pos = _rlong(buf, pos)
+        if n1542 < 0:
+            raise _length_error(n1542, end - pos)
     else:
         pos += 1
-    q1533 = pos + n1532
-    if q1533 > end:
-        raise _length_error(n1532, end - pos)
-    f_halted_command_id = buf[pos:q1533].decode()
-    pos = q1533
+    q1543 = pos + n1542
+    if q1543 > end:
+        raise _length_error(n1542, end - pos)
+    f_halted_command_id = buf[pos:q1543].decode()
+    pos = q1543
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7179,168 +7205,168 @@ def _d_ClusterResumed1528(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1534 = _ZL[buf[pos]]
-    if n1534 < 0:
-        n1534, pos = _rlong(buf, pos)
-        if n1534 < 0:
-            raise _length_error(n1534, end - pos)
+    n1544 = _ZL[buf[pos]]
+    if n1544 < 0:
+        n1544, pos = _rlong(buf, pos)
+        if n1544 < 0:
+            raise _length_error(n1544, end - pos)
     else:
         pos += 1
-    q1535 = pos + n1534
-    if q1535 > end:
-        raise _length_error(n1534, end - pos)
-    f_message = buf[pos:q1535].decode()
-    pos = q1535
+    q1545 = pos + n1544
+    if q1545 > end:
+        raise _length_error(n1544, end - pos)
+    f_message = buf[pos:q1545].decode()
+    pos = q1545
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1535(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1545(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1537 = _ZL[buf[pos]]
-    if n1537 < 0:
-        n1537, pos = _rlong(buf, pos)
-        if n1537 < 0:
-            raise _length_error(n1537, end - pos)
+    n1547 = _ZL[buf[pos]]
+    if n1547 < 0:
+        n1547, pos = _rlong(buf, pos)
+        if n1547 < 0:
+            raise _length_error(n1547, end - pos)
     else:
         pos += 1
-    q1538 = pos + n1537
-    if q1538 > end:
-        raise _length_error(n1537, end - pos)
-    f_node_id = buf[pos:q1538].decode()
-    pos = q1538
+    q1548 = pos + n1547
+    if q1548 > end:
+        raise _length_error(n1547, end - pos)
+    f_node_id = buf[pos:q1548].decode()
+    pos = q1548
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1538(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    n1550 = _ZL[buf[pos]]
+    if n1550 < 0:
+        n1550, pos = _rlong(buf, pos)
+        if n1550 < 0:
+            raise _length_error(n1550, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_node_id = buf[pos:q1541].decode()
-    pos = q1541
+    q1551 = pos + n1550
+    if q1551 > end:
+        raise _length_error(n1550, end - pos)
+    f_node_id = buf[pos:q1551].decode()
+    pos = q1551
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1542: dict[str, Any] = {}
+        acc1552: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1543 = _ZD[b]
+                c1553 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1543 = (z >> 1) ^ -(z & 1)
+                c1553 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1543 = (z >> 1) ^ -(z & 1)
+                c1553 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1543, pos = _rlong(buf, pos)
-            if c1543 == 0:
+                c1553, pos = _rlong(buf, pos)
+            if c1553 == 0:
                 break
-            if c1543 < 0:
-                c1543 = -c1543
+            if c1553 < 0:
+                c1553 = -c1553
                 b = buf[pos]
                 if b < 128:
-                    z1546 = _ZD[b]
+                    z1556 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1546 = (z >> 1) ^ -(z & 1)
+                    z1556 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1546 = (z >> 1) ^ -(z & 1)
+                    z1556 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1546, pos = _rlong(buf, pos)
-            if c1543 * 2 > end - pos:
-                raise _count_error(c1543, end - pos)
-            for _ in range(c1543):
-                n1547 = _ZL[buf[pos]]
-                if n1547 < 0:
-                    n1547, pos = _rlong(buf, pos)
-                    if n1547 < 0:
-                        raise _length_error(n1547, end - pos)
+                    z1556, pos = _rlong(buf, pos)
+            if c1553 * 2 > end - pos:
+                raise _count_error(c1553, end - pos)
+            for _ in range(c1553):
+                n1557 = _ZL[buf[pos]]
+                if n1557 < 0:
+                    n1557, pos = _rlong(buf, pos)
+                    if n1557 < 0:
+                        raise _length_error(n1557, end - pos)
                 else:
                     pos += 1
-                q1548 = pos + n1547
-                if q1548 > end:
-                    raise _length_error(n1547, end - pos)
-                k1545 = buf[pos:q1548].decode()
-                pos = q1548
-                n1549 = _ZL[buf[pos]]
-                if n1549 < 0:
-                    n1549, pos = _rlong(buf, pos)
-                    if n1549 < 0:
-                        raise _length_error(n1549, end - pos)
+                q1558 = pos + n1557
+                if q1558 > end:
+                    raise _length_error(n1557, end - pos)
+                k1555 = buf[pos:q1558].decode()
+                pos = q1558
+                n1559 = _ZL[buf[pos]]
+                if n1559 < 0:
+                    n1559, pos = _rlong(buf, pos)
+                    if n1559 < 0:
+                        raise _length_error(n1559, end - pos)
                 else:
                     pos += 1
-                q1550 = pos + n1549
-                if q1550 > end:
-                    raise _length_error(n1549, end - pos)
-                x1544 = buf[pos:q1550].decode()
-                pos = q1550
-                acc1542[k1545] = x1544
-        f_labels = acc1542
+                q1560 = pos + n1559
+                if q1560 > end:
+                    raise _length_error(n1559, end - pos)
+                x1554 = buf[pos:q1560].decode()
+                pos = q1560
+                acc1552[k1555] = x1554
+        f_labels = acc1552
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1551: list[Any] = []
+        acc1561: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1552 = _ZD[b]
+                c1562 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1552 = (z >> 1) ^ -(z & 1)
+                c1562 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1552 = (z >> 1) ^ -(z & 1)
+                c1562 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1552, pos = _rlong(buf, pos)
-            if c1552 == 0:
+                c1562, pos = _rlong(buf, pos)
+            if c1562 == 0:
                 break
-            if c1552 < 0:
-                c1552 = -c1552
+            if c1562 < 0:
+                c1562 = -c1562
                 b = buf[pos]
                 if b < 128:
-                    z1555 = _ZD[b]
+                    z1565 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1555 = (z >> 1) ^ -(z & 1)
+                    z1565 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1555 = (z >> 1) ^ -(z & 1)
+                    z1565 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1555, pos = _rlong(buf, pos)
-            if c1552 * 3 > end - pos:
-                raise _count_error(c1552, end - pos)
-            for _ in range(c1552):
-                x1553, pos = _d_Taint365(buf, pos, end)
-                acc1551.append(x1553)
-        f_taints = tuple(acc1551)
+                    z1565, pos = _rlong(buf, pos)
+            if c1562 * 3 > end - pos:
+                raise _count_error(c1562, end - pos)
+            for _ in range(c1562):
+                x1563, pos = _d_Taint367(buf, pos, end)
+                acc1561.append(x1563)
+        f_taints = tuple(acc1561)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7359,23 +7385,23 @@ def _d_NodeUpdated1538(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1555(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1557 = _ZL[buf[pos]]
-    if n1557 < 0:
-        n1557, pos = _rlong(buf, pos)
-        if n1557 < 0:
-            raise _length_error(n1557, end - pos)
+    n1567 = _ZL[buf[pos]]
+    if n1567 < 0:
+        n1567, pos = _rlong(buf, pos)
+        if n1567 < 0:
+            raise _length_error(n1567, end - pos)
     else:
         pos += 1
-    q1558 = pos + n1557
-    if q1558 > end:
-        raise _length_error(n1557, end - pos)
-    f_pod_id = buf[pos:q1558].decode()
-    pos = q1558
+    q1568 = pos + n1567
+    if q1568 > end:
+        raise _length_error(n1567, end - pos)
+    f_pod_id = buf[pos:q1568].decode()
+    pos = q1568
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7406,205 +7432,205 @@ def _d_PodRetryScheduled1555(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1559 = _ZD[b]
+        i1569 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1559 = (z >> 1) ^ -(z & 1)
+        i1569 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1559 = (z >> 1) ^ -(z & 1)
+        i1569 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1559, pos = _rlong(buf, pos)
-    if i1559 == 0:
+        i1569, pos = _rlong(buf, pos)
+    if i1569 == 0:
         f_gang_id = None
-    elif i1559 == 1:
-        n1560 = _ZL[buf[pos]]
-        if n1560 < 0:
-            n1560, pos = _rlong(buf, pos)
-            if n1560 < 0:
-                raise _length_error(n1560, end - pos)
+    elif i1569 == 1:
+        n1570 = _ZL[buf[pos]]
+        if n1570 < 0:
+            n1570, pos = _rlong(buf, pos)
+            if n1570 < 0:
+                raise _length_error(n1570, end - pos)
         else:
             pos += 1
-        q1561 = pos + n1560
-        if q1561 > end:
-            raise _length_error(n1560, end - pos)
-        f_gang_id = buf[pos:q1561].decode()
-        pos = q1561
+        q1571 = pos + n1570
+        if q1571 > end:
+            raise _length_error(n1570, end - pos)
+        f_gang_id = buf[pos:q1571].decode()
+        pos = q1571
     else:
-        raise _union_error(i1559, 2)
+        raise _union_error(i1569, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1561(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1563 = _ZL[buf[pos]]
-    if n1563 < 0:
-        n1563, pos = _rlong(buf, pos)
-        if n1563 < 0:
-            raise _length_error(n1563, end - pos)
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1564 = pos + n1563
-    if q1564 > end:
-        raise _length_error(n1563, end - pos)
-    f_budget_id = buf[pos:q1564].decode()
-    pos = q1564
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_budget_id = buf[pos:q1574].decode()
+    pos = q1574
     b = buf[pos]
     if b < 128:
-        i1565 = _ZD[b]
+        i1575 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1565 = (z >> 1) ^ -(z & 1)
+        i1575 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1565 = (z >> 1) ^ -(z & 1)
+        i1575 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1565, pos = _rlong(buf, pos)
-    if i1565 == 0:
+        i1575, pos = _rlong(buf, pos)
+    if i1575 == 0:
         f_tenant = None
-    elif i1565 == 1:
-        n1566 = _ZL[buf[pos]]
-        if n1566 < 0:
-            n1566, pos = _rlong(buf, pos)
-            if n1566 < 0:
-                raise _length_error(n1566, end - pos)
+    elif i1575 == 1:
+        n1576 = _ZL[buf[pos]]
+        if n1576 < 0:
+            n1576, pos = _rlong(buf, pos)
+            if n1576 < 0:
+                raise _length_error(n1576, end - pos)
         else:
             pos += 1
-        q1567 = pos + n1566
-        if q1567 > end:
-            raise _length_error(n1566, end - pos)
-        f_tenant = buf[pos:q1567].decode()
-        pos = q1567
+        q1577 = pos + n1576
+        if q1577 > end:
+            raise _length_error(n1576, end - pos)
+        f_tenant = buf[pos:q1577].decode()
+        pos = q1577
     else:
-        raise _union_error(i1565, 2)
+        raise _union_error(i1575, 2)
     b = buf[pos]
     if b < 128:
-        i1568 = _ZD[b]
+        i1578 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1568 = (z >> 1) ^ -(z & 1)
+        i1578 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1568 = (z >> 1) ^ -(z & 1)
+        i1578 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1568, pos = _rlong(buf, pos)
-    if i1568 == 0:
+        i1578, pos = _rlong(buf, pos)
+    if i1578 == 0:
         f_gang_id = None
-    elif i1568 == 1:
-        n1569 = _ZL[buf[pos]]
-        if n1569 < 0:
-            n1569, pos = _rlong(buf, pos)
-            if n1569 < 0:
-                raise _length_error(n1569, end - pos)
+    elif i1578 == 1:
+        n1579 = _ZL[buf[pos]]
+        if n1579 < 0:
+            n1579, pos = _rlong(buf, pos)
+            if n1579 < 0:
+                raise _length_error(n1579, end - pos)
         else:
             pos += 1
-        q1570 = pos + n1569
-        if q1570 > end:
-            raise _length_error(n1569, end - pos)
-        f_gang_id = buf[pos:q1570].decode()
-        pos = q1570
+        q1580 = pos + n1579
+        if q1580 > end:
+            raise _length_error(n1579, end - pos)
+        f_gang_id = buf[pos:q1580].decode()
+        pos = q1580
     else:
-        raise _union_error(i1568, 2)
+        raise _union_error(i1578, 2)
     b = buf[pos]
     if b < 128:
-        i1571 = _ZD[b]
+        i1581 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1571 = (z >> 1) ^ -(z & 1)
+        i1581 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1571 = (z >> 1) ^ -(z & 1)
+        i1581 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1571, pos = _rlong(buf, pos)
-    if i1571 == 0:
+        i1581, pos = _rlong(buf, pos)
+    if i1581 == 0:
         f_label_selector = None
-    elif i1571 == 1:
+    elif i1581 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1572: dict[str, Any] = {}
+            acc1582: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1573 = _ZD[b]
+                    c1583 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1573 = (z >> 1) ^ -(z & 1)
+                    c1583 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1573 = (z >> 1) ^ -(z & 1)
+                    c1583 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1573, pos = _rlong(buf, pos)
-                if c1573 == 0:
+                    c1583, pos = _rlong(buf, pos)
+                if c1583 == 0:
                     break
-                if c1573 < 0:
-                    c1573 = -c1573
+                if c1583 < 0:
+                    c1583 = -c1583
                     b = buf[pos]
                     if b < 128:
-                        z1576 = _ZD[b]
+                        z1586 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1576 = (z >> 1) ^ -(z & 1)
+                        z1586 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1576 = (z >> 1) ^ -(z & 1)
+                        z1586 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1576, pos = _rlong(buf, pos)
-                if c1573 * 2 > end - pos:
-                    raise _count_error(c1573, end - pos)
-                for _ in range(c1573):
-                    n1577 = _ZL[buf[pos]]
-                    if n1577 < 0:
-                        n1577, pos = _rlong(buf, pos)
-                        if n1577 < 0:
-                            raise _length_error(n1577, end - pos)
+                        z1586, pos = _rlong(buf, pos)
+                if c1583 * 2 > end - pos:
+                    raise _count_error(c1583, end - pos)
+                for _ in range(c1583):
+                    n1587 = _ZL[buf[pos]]
+                    if n1587 < 0:
+                        n1587, pos = _rlong(buf, pos)
+                        if n1587 < 0:
+                            raise _length_error(n1587, end - pos)
                     else:
                         pos += 1
-                    q1578 = pos + n1577
-                    if q1578 > end:
-                        raise _length_error(n1577, end - pos)
-                    k1575 = buf[pos:q1578].decode()
-                    pos = q1578
-                    n1579 = _ZL[buf[pos]]
-                    if n1579 < 0:
-                        n1579, pos = _rlong(buf, pos)
-                        if n1579 < 0:
-                            raise _length_error(n1579, end - pos)
+                    q1588 = pos + n1587
+                    if q1588 > end:
+                        raise _length_error(n1587, end - pos)
+                    k1585 = buf[pos:q1588].decode()
+                    pos = q1588
+                    n1589 = _ZL[buf[pos]]
+                    if n1589 < 0:
+                        n1589, pos = _rlong(buf, pos)
+                        if n1589 < 0:
+                            raise _length_error(n1589, end - pos)
                     else:
                         pos += 1
-                    q1580 = pos + n1579
-                    if q1580 > end:
-                        raise _length_error(n1579, end - pos)
-                    x1574 = buf[pos:q1580].decode()
-                    pos = q1580
-                    acc1572[k1575] = x1574
-            f_label_selector = acc1572
+                    q1590 = pos + n1589
+                    if q1590 > end:
+                        raise _length_error(n1589, end - pos)
+                    x1584 = buf[pos:q1590].decode()
+                    pos = q1590
+                    acc1582[k1585] = x1584
+            f_label_selector = acc1582
     else:
-        raise _union_error(i1571, 2)
+        raise _union_error(i1581, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7623,66 +7649,66 @@ def _d_DisruptionBudgetSet1561(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1580(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1590(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1582 = _ZL[buf[pos]]
-    if n1582 < 0:
-        n1582, pos = _rlong(buf, pos)
-        if n1582 < 0:
-            raise _length_error(n1582, end - pos)
+    n1592 = _ZL[buf[pos]]
+    if n1592 < 0:
+        n1592, pos = _rlong(buf, pos)
+        if n1592 < 0:
+            raise _length_error(n1592, end - pos)
     else:
         pos += 1
-    q1583 = pos + n1582
-    if q1583 > end:
-        raise _length_error(n1582, end - pos)
-    f_budget_id = buf[pos:q1583].decode()
-    pos = q1583
+    q1593 = pos + n1592
+    if q1593 > end:
+        raise _length_error(n1592, end - pos)
+    f_budget_id = buf[pos:q1593].decode()
+    pos = q1593
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1583(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1585 = _ZL[buf[pos]]
-    if n1585 < 0:
-        n1585, pos = _rlong(buf, pos)
-        if n1585 < 0:
-            raise _length_error(n1585, end - pos)
+    n1595 = _ZL[buf[pos]]
+    if n1595 < 0:
+        n1595, pos = _rlong(buf, pos)
+        if n1595 < 0:
+            raise _length_error(n1595, end - pos)
     else:
         pos += 1
-    q1586 = pos + n1585
-    if q1586 > end:
-        raise _length_error(n1585, end - pos)
-    f_pod_id = buf[pos:q1586].decode()
-    pos = q1586
-    n1587 = _ZL[buf[pos]]
-    if n1587 < 0:
-        n1587, pos = _rlong(buf, pos)
-        if n1587 < 0:
-            raise _length_error(n1587, end - pos)
+    q1596 = pos + n1595
+    if q1596 > end:
+        raise _length_error(n1595, end - pos)
+    f_pod_id = buf[pos:q1596].decode()
+    pos = q1596
+    n1597 = _ZL[buf[pos]]
+    if n1597 < 0:
+        n1597, pos = _rlong(buf, pos)
+        if n1597 < 0:
+            raise _length_error(n1597, end - pos)
     else:
         pos += 1
-    q1588 = pos + n1587
-    if q1588 > end:
-        raise _length_error(n1587, end - pos)
-    f_node_id = buf[pos:q1588].decode()
-    pos = q1588
-    n1589 = _ZL[buf[pos]]
-    if n1589 < 0:
-        n1589, pos = _rlong(buf, pos)
-        if n1589 < 0:
-            raise _length_error(n1589, end - pos)
+    q1598 = pos + n1597
+    if q1598 > end:
+        raise _length_error(n1597, end - pos)
+    f_node_id = buf[pos:q1598].decode()
+    pos = q1598
+    n1599 = _ZL[buf[pos]]
+    if n1599 < 0:
+        n1599, pos = _rlong(buf, pos)
+        if n1599 < 0:
+            raise _length_error(n1599, end - pos)
     else:
         pos += 1
-    q1590 = pos + n1589
-    if q1590 > end:
-        raise _length_error(n1589, end - pos)
-    f_budget_id = buf[pos:q1590].decode()
-    pos = q1590
+    q1600 = pos + n1599
+    if q1600 > end:
+        raise _length_error(n1599, end - pos)
+    f_budget_id = buf[pos:q1600].decode()
+    pos = q1600
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7697,51 +7723,51 @@ def _d_EvictionBlocked1583(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1591 = _ZL[buf[pos]]
-    if n1591 < 0:
-        n1591, pos = _rlong(buf, pos)
-        if n1591 < 0:
-            raise _length_error(n1591, end - pos)
+    n1601 = _ZL[buf[pos]]
+    if n1601 < 0:
+        n1601, pos = _rlong(buf, pos)
+        if n1601 < 0:
+            raise _length_error(n1601, end - pos)
     else:
         pos += 1
-    q1592 = pos + n1591
-    if q1592 > end:
-        raise _length_error(n1591, end - pos)
-    f_reason = buf[pos:q1592].decode()
-    pos = q1592
+    q1602 = pos + n1601
+    if q1602 > end:
+        raise _length_error(n1601, end - pos)
+    f_reason = buf[pos:q1602].decode()
+    pos = q1602
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1592(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1594 = _ZL[buf[pos]]
-    if n1594 < 0:
-        n1594, pos = _rlong(buf, pos)
-        if n1594 < 0:
-            raise _length_error(n1594, end - pos)
+    n1604 = _ZL[buf[pos]]
+    if n1604 < 0:
+        n1604, pos = _rlong(buf, pos)
+        if n1604 < 0:
+            raise _length_error(n1604, end - pos)
     else:
         pos += 1
-    q1595 = pos + n1594
-    if q1595 > end:
-        raise _length_error(n1594, end - pos)
-    f_pod_id = buf[pos:q1595].decode()
-    pos = q1595
-    n1596 = _ZL[buf[pos]]
-    if n1596 < 0:
-        n1596, pos = _rlong(buf, pos)
-        if n1596 < 0:
-            raise _length_error(n1596, end - pos)
+    q1605 = pos + n1604
+    if q1605 > end:
+        raise _length_error(n1604, end - pos)
+    f_pod_id = buf[pos:q1605].decode()
+    pos = q1605
+    n1606 = _ZL[buf[pos]]
+    if n1606 < 0:
+        n1606, pos = _rlong(buf, pos)
+        if n1606 < 0:
+            raise _length_error(n1606, end - pos)
     else:
         pos += 1
-    q1597 = pos + n1596
-    if q1597 > end:
-        raise _length_error(n1596, end - pos)
-    f_node_id = buf[pos:q1597].decode()
-    pos = q1597
+    q1607 = pos + n1606
+    if q1607 > end:
+        raise _length_error(n1606, end - pos)
+    f_node_id = buf[pos:q1607].decode()
+    pos = q1607
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7767,7 +7793,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1168:
+    if frame[:10] != _k1176:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7808,30 +7834,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1170 = _ZL[buf[pos]]
-        if n1170 < 0:
-            n1170, pos = _rlong(buf, pos)
-            if n1170 < 0:
-                raise _length_error(n1170, end - pos)
+        n1178 = _ZL[buf[pos]]
+        if n1178 < 0:
+            n1178, pos = _rlong(buf, pos)
+            if n1178 < 0:
+                raise _length_error(n1178, end - pos)
         else:
             pos += 1
-        q1171 = pos + n1170
-        if q1171 > end:
-            raise _length_error(n1170, end - pos)
-        f_cluster = buf[pos:q1171].decode()
-        pos = q1171
-        n1172 = _ZL[buf[pos]]
-        if n1172 < 0:
-            n1172, pos = _rlong(buf, pos)
-            if n1172 < 0:
-                raise _length_error(n1172, end - pos)
+        q1179 = pos + n1178
+        if q1179 > end:
+            raise _length_error(n1178, end - pos)
+        f_cluster = buf[pos:q1179].decode()
+        pos = q1179
+        n1180 = _ZL[buf[pos]]
+        if n1180 < 0:
+            n1180, pos = _rlong(buf, pos)
+            if n1180 < 0:
+                raise _length_error(n1180, end - pos)
         else:
             pos += 1
-        q1173 = pos + n1172
-        if q1173 > end:
-            raise _length_error(n1172, end - pos)
-        f_command_id = buf[pos:q1173].decode()
-        pos = q1173
+        q1181 = pos + n1180
+        if q1181 > end:
+            raise _length_error(n1180, end - pos)
+        f_command_id = buf[pos:q1181].decode()
+        pos = q1181
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7862,21 +7888,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1174 = _ZD[b]
+            i1182 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1174 = (z >> 1) ^ -(z & 1)
+            i1182 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1174 = (z >> 1) ^ -(z & 1)
+            i1182 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1174, pos = _rlong(buf, pos)
-        if not 0 <= i1174 < 34:
-            raise _union_error(i1174, 34)
-        f_payload, pos = _k1597[i1174](buf, pos, end)
+            i1182, pos = _rlong(buf, pos)
+        if not 0 <= i1182 < 34:
+            raise _union_error(i1182, 34)
+        f_payload, pos = _k1607[i1182](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7903,11 +7929,11 @@ _k231: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k274: dict[type, Callable[[Any], bytes]] = {
+_k276: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k337: dict[type, Callable[[Any], bytes]] = {
+_k339: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7918,88 +7944,88 @@ _k337: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang179,
-    _c_ReleaseGang: _e_ReleaseGang233,
-    _c_Tick: _e_Tick239,
-    _c_SetQuota: _e_SetQuota241,
-    _c_RemoveQuota: _e_RemoveQuota276,
-    _c_Defragment: _e_Defragment280,
-    _c_ResumeCluster: _e_ResumeCluster289,
-    _c_RecoverNode: _e_RecoverNode293,
-    _c_UpdateNode: _e_UpdateNode297,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget311,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget333,
+    _c_ReleaseGang: _e_ReleaseGang235,
+    _c_Tick: _e_Tick241,
+    _c_SetQuota: _e_SetQuota243,
+    _c_RemoveQuota: _e_RemoveQuota278,
+    _c_Defragment: _e_Defragment282,
+    _c_ResumeCluster: _e_ResumeCluster291,
+    _c_RecoverNode: _e_RecoverNode295,
+    _c_UpdateNode: _e_UpdateNode299,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget313,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget335,
 }
 
-_k608: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode346, _d_RemoveNode372, _d_CordonNode375, _d_UncordonNode378, _d_DrainNode381, _d_MarkNodeFailed384, _d_SubmitPod389, _d_Release438, _d_SetPolicy443, _d_SubmitGang475, _d_ReleaseGang530, _d_Tick535, _d_SetQuota536, _d_RemoveQuota554, _d_Defragment557, _d_ResumeCluster561, _d_RecoverNode564, _d_UpdateNode567, _d_SetDisruptionBudget586, _d_RemoveDisruptionBudget605,)
+_k612: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode348, _d_RemoveNode374, _d_CordonNode377, _d_UncordonNode380, _d_DrainNode383, _d_MarkNodeFailed386, _d_SubmitPod391, _d_Release440, _d_SetPolicy445, _d_SubmitGang477, _d_ReleaseGang534, _d_Tick539, _d_SetQuota540, _d_RemoveQuota558, _d_Defragment561, _d_ResumeCluster565, _d_RecoverNode568, _d_UpdateNode571, _d_SetDisruptionBudget590, _d_RemoveDisruptionBudget609,)
 
-_k691: dict[type, Callable[[Any], bytes]] = {
+_k695: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k737: dict[type, Callable[[Any], bytes]] = {
+_k741: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k847: dict[type, Callable[[Any], bytes]] = {
+_k851: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k880: dict[type, Callable[[Any], bytes]] = {
+_k884: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k938: dict[type, Callable[[Any], bytes]] = {
+_k944: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1046: dict[type, Callable[[Any], bytes]] = {
+_k1054: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1049: dict[type, Callable[[Any], bytes]] = {
+_k1057: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1167: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded620,
-    _c_NodeRemoved: _e_NodeRemoved632,
-    _c_NodeCordoned: _e_NodeCordoned636,
-    _c_NodeUncordoned: _e_NodeUncordoned640,
-    _c_NodeDrained: _e_NodeDrained644,
-    _c_NodeFailed: _e_NodeFailed649,
-    _c_PodQueued: _e_PodQueued656,
-    _c_PodScheduled: _e_PodScheduled702,
-    _c_PodEvicted: _e_PodEvicted753,
-    _c_PodReleased: _e_PodReleased761,
-    _c_PolicyChanged: _e_PolicyChanged773,
-    _c_CommandRejected: _e_CommandRejected791,
-    _c_GangQueued: _e_GangQueued801,
-    _c_GangScheduled: _e_GangScheduled888,
-    _c_GangTimedOut: _e_GangTimedOut960,
-    _c_GangReleased: _e_GangReleased967,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached974,
-    _c_NodesReserved: _e_NodesReserved987,
-    _c_ReservationReleased: _e_ReservationReleased1001,
-    _c_DependencyFailed: _e_DependencyFailed1012,
-    _c_Ticked: _e_Ticked1022,
-    _c_PodPreempted: _e_PodPreempted1025,
-    _c_QuotaChanged: _e_QuotaChanged1037,
-    _c_PodMigrated: _e_PodMigrated1053,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1067,
-    _c_ClusterHalted: _e_ClusterHalted1080,
-    _c_ClusterResumed: _e_ClusterResumed1090,
-    _c_NodeRecovered: _e_NodeRecovered1100,
-    _c_NodeUpdated: _e_NodeUpdated1104,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1111,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1123,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1145,
-    _c_EvictionBlocked: _e_EvictionBlocked1149,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1160,
+_k1175: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded624,
+    _c_NodeRemoved: _e_NodeRemoved636,
+    _c_NodeCordoned: _e_NodeCordoned640,
+    _c_NodeUncordoned: _e_NodeUncordoned644,
+    _c_NodeDrained: _e_NodeDrained648,
+    _c_NodeFailed: _e_NodeFailed653,
+    _c_PodQueued: _e_PodQueued660,
+    _c_PodScheduled: _e_PodScheduled706,
+    _c_PodEvicted: _e_PodEvicted757,
+    _c_PodReleased: _e_PodReleased765,
+    _c_PolicyChanged: _e_PolicyChanged777,
+    _c_CommandRejected: _e_CommandRejected795,
+    _c_GangQueued: _e_GangQueued805,
+    _c_GangScheduled: _e_GangScheduled894,
+    _c_GangTimedOut: _e_GangTimedOut968,
+    _c_GangReleased: _e_GangReleased975,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached982,
+    _c_NodesReserved: _e_NodesReserved995,
+    _c_ReservationReleased: _e_ReservationReleased1009,
+    _c_DependencyFailed: _e_DependencyFailed1020,
+    _c_Ticked: _e_Ticked1030,
+    _c_PodPreempted: _e_PodPreempted1033,
+    _c_QuotaChanged: _e_QuotaChanged1045,
+    _c_PodMigrated: _e_PodMigrated1061,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1075,
+    _c_ClusterHalted: _e_ClusterHalted1088,
+    _c_ClusterResumed: _e_ClusterResumed1098,
+    _c_NodeRecovered: _e_NodeRecovered1108,
+    _c_NodeUpdated: _e_NodeUpdated1112,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1119,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1131,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1153,
+    _c_EvictionBlocked: _e_EvictionBlocked1157,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1168,
 }
 
-_k1597: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1174, _d_NodeRemoved1193, _d_NodeCordoned1196, _d_NodeUncordoned1199, _d_NodeDrained1202, _d_NodeFailed1205, _d_PodQueued1210, _d_PodScheduled1270, _d_PodEvicted1295, _d_PodReleased1302, _d_PolicyChanged1310, _d_CommandRejected1319, _d_GangQueued1328, _d_GangScheduled1374, _d_GangTimedOut1407, _d_GangReleased1412, _d_PodTimeLimitReached1424, _d_NodesReserved1432, _d_ReservationReleased1447, _d_DependencyFailed1463, _d_Ticked1472, _d_PodPreempted1473, _d_QuotaChanged1484, _d_PodMigrated1492, _d_DefragmentationPlanned1513, _d_ClusterHalted1519, _d_ClusterResumed1528, _d_NodeRecovered1535, _d_NodeUpdated1538, _d_PodRetryScheduled1555, _d_DisruptionBudgetSet1561, _d_DisruptionBudgetRemoved1580, _d_EvictionBlocked1583, _d_PodEvictionScheduled1592,)
+_k1607: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1182, _d_NodeRemoved1201, _d_NodeCordoned1204, _d_NodeUncordoned1207, _d_NodeDrained1210, _d_NodeFailed1213, _d_PodQueued1218, _d_PodScheduled1278, _d_PodEvicted1303, _d_PodReleased1310, _d_PolicyChanged1318, _d_CommandRejected1327, _d_GangQueued1336, _d_GangScheduled1384, _d_GangTimedOut1417, _d_GangReleased1422, _d_PodTimeLimitReached1434, _d_NodesReserved1442, _d_ReservationReleased1457, _d_DependencyFailed1473, _d_Ticked1482, _d_PodPreempted1483, _d_QuotaChanged1494, _d_PodMigrated1502, _d_DefragmentationPlanned1523, _d_ClusterHalted1529, _d_ClusterResumed1538, _d_NodeRecovered1545, _d_NodeUpdated1548, _d_PodRetryScheduled1565, _d_DisruptionBudgetSet1571, _d_DisruptionBudgetRemoved1590, _d_EvictionBlocked1593, _d_PodEvictionScheduled1602,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event609
+encode_event = _e_Event613

@@ -22,6 +22,8 @@ from schemas.commands import (
     ANY_MODEL,
     BORROW_MODES,
     DEPENDENCY_TYPES,
+    DISRUPT_ALL,
+    DISRUPTION_MODES,
     GPU_MILLI,
     PREEMPT_LOWER,
     PREEMPTION_MODES,
@@ -373,6 +375,10 @@ def check_submit_gang(command: SubmitGang, modes: tuple[str, ...] = PREEMPTION_M
     check_preemption(command.preemption, modes)
     if command.retry is not None:
         check_retry(command.retry)
+    if command.disruption != DISRUPT_ALL and command.disruption not in DISRUPTION_MODES:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND, f"disruption must be one of {DISRUPTION_MODES}, got {command.disruption!r}"
+        )
 
 
 def check_release_gang(command: ReleaseGang) -> None:

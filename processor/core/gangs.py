@@ -84,6 +84,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         preemption,
         command.retry,
         preemptible=command.preemptible,
+        disruption=command.disruption,
     )
 
 

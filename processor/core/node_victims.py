@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from processor.core.preemption_plans import ANY_VICTIM, PodPlan, Unit, Victims, unit_of
+from processor.core.preemption_plans import ANY_VICTIM, PodPlan, Unit, Victims, spare_members, unit_of, work_lost
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, lookup
 from schemas.commands import GPU_MILLI
@@ -95,16 +95,23 @@ def best_on_node(
     checked. At most :data:`SEARCH_BUDGET` sets per node; past it, the greedy set."""
     pods = cluster.pods
     units: dict[str, Unit] = {}
+    spare: dict[str, int] = {}  # gangs whose members above min_members go one by one (disruption above_min)
     for pod_id in node.pods:
         pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
         if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
             continue
         spec = pod.spec
-        if spec.gang_id is None:
+        gang_id = spec.gang_id
+        if gang_id is None:
             started = pod.started_at if pod.started_at is not None else now
             units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
-        elif spec.gang_id not in units:
-            units[spec.gang_id] = unit_of(cluster, pod, now)
+            continue
+        if gang_id not in units:
+            units[gang_id] = unit_of(cluster, pod, now)
+            if pods_spare := spare_members(cluster, pod):
+                spare[gang_id] = pods_spare
+        if gang_id in spare:  # the member alone, beside its whole gang: see _allowed_together
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))
     if allowed.restricts:
         units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
     if not units:
@@ -149,14 +156,32 @@ def best_on_node(
                     gpu[index] += milli
             if cpu < shape.cpu_milli or memory < shape.memory_mib or not gpus_fit(gpu, shape):
                 continue
+            if spare and not _allowed_together([ordered[i] for i in chosen], spare):
+                continue
             ids = tuple(sorted(pod.spec.pod_id for i in chosen for pod in ordered[i].pods))
             if best is None or ((count, work), ids) < (best[0], best[1]):
                 best = ((count, work), ids, [ordered[i] for i in chosen])
         if budget < 0:
             break
     if best is None and budget < 0:
-        return _greedy(node, shape, ordered, contributions, beat)
+        return _greedy(node, shape, ordered, contributions, beat, spare)
     return None if best is None else (best[0], best[2])
+
+
+def _allowed_together(chosen: list[Unit], spare: dict[str, int]) -> bool:
+    """Whether units may go together when some gangs' members above ``min_members`` may go one by one
+    (``disruption: above_min``): a gang whole or at most its spare members alone, never both. O(units)."""
+    alone: dict[str, int] = {}
+    whole: set[str] = set()
+    for unit in chosen:
+        gang_id = unit.pods[0].spec.gang_id
+        if gang_id is None or gang_id not in spare:
+            continue
+        if unit.key == gang_id:
+            whole.add(gang_id)
+        else:
+            alone[gang_id] = alone.get(gang_id, 0) + 1
+    return all(gang_id not in whole and count <= spare[gang_id] for gang_id, count in alone.items())
 
 
 def gpu_deficit(free: list[int], shape: PodShape) -> int:
@@ -175,8 +200,10 @@ def _greedy(
     ordered: list[Unit],
     contributions: list[tuple[int, int, list[tuple[int, int]]]],
     beat: tuple[int, int] | None,
+    spare: dict[str, int],
 ) -> tuple[tuple[int, int], list[Unit]] | None:
-    """Past the budget: units by the most GPU they free on the node, then fewest victims, until it fits."""
+    """Past the budget: units by the most GPU they free on the node, then fewest victims, until it fits (a unit
+    that may not go with those taken is passed over)."""
     order = sorted(
         range(len(ordered)),
         key=lambda i: (-sum(m for _, m in contributions[i][2]), -contributions[i][0], ordered[i].count, ordered[i].key),
@@ -184,6 +211,8 @@ def _greedy(
     cpu, memory, gpu = node.cpu_free, node.memory_free, list(node.gpu_free)
     chosen: list[int] = []
     for i in order:
+        if spare and not _allowed_together([ordered[j] for j in (*chosen, i)], spare):
+            continue
         chosen.append(i)
         more_cpu, more_memory, more_gpus = contributions[i]
         cpu += more_cpu

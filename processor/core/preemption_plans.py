@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from processor.core import gangs, quotas
 from processor.core.policies.base import Choice
 from processor.core.state import ClusterState, Pod
-from schemas.commands import BORROW_LOWER, PREEMPT_LOWER_OR_NEWER
+from schemas.commands import BORROW_LOWER, DISRUPT_ABOVE_MIN, PREEMPT_LOWER_OR_NEWER
 from schemas.events import GangSpec, PodSpec
 
 
@@ -141,16 +141,37 @@ def lower_priority_exists(cluster: ClusterState, priority: int) -> bool:
 
 
 def unit_of(cluster: ClusterState, pod: Pod, now: int) -> Unit:
-    """The eviction a running pod stands for: itself, or its whole gang."""
+    """The eviction a running pod stands for: itself, or its whole gang (its members still on their nodes: one
+    evicted on trial is not counted again)."""
     gang_id = pod.spec.gang_id
     if gang_id is not None:
         gang = cluster.gangs.get(gang_id)
         if gang is not None:
-            members = tuple(
-                cluster.pods[pod_id] for pod_id in sorted(gang.placed) if cluster.pods[pod_id].node_id is not None
-            )
+            members = _on_nodes(cluster, gang.placed)
             return Unit(gang_id, pod.spec.priority, members, sum(work_lost(member, now) for member in members))
     return Unit(pod.spec.pod_id, pod.spec.priority, (pod,), work_lost(pod, now))
+
+
+def _on_nodes(cluster: ClusterState, pod_ids: Iterable[str]) -> tuple[Pod, ...]:
+    nodes, pods = cluster.nodes, cluster.pods
+    out = []
+    for pod_id in sorted(pod_ids):
+        member = pods[pod_id]
+        if member.node_id is not None and pod_id in nodes[member.node_id].pods:
+            out.append(member)
+    return tuple(out)
+
+
+def spare_members(cluster: ClusterState, pod: Pod) -> int:
+    """How many members of the pod's gang may be taken one by one (``SubmitGang.disruption: above_min``, contract
+    v4): those running (and not evicted on trial) above ``min_members``; 0 for any other pod. O(M)."""
+    gang_id = pod.spec.gang_id
+    if gang_id is None:
+        return 0
+    gang = cluster.gangs.get(gang_id)
+    if gang is None or gang.spec.disruption != DISRUPT_ABOVE_MIN:
+        return 0
+    return max(0, len(_on_nodes(cluster, gang.placed)) - gang.spec.min_members)
 
 
 @dataclass(slots=True)

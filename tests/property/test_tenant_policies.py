@@ -1,5 +1,6 @@
 """Issue #24's properties over random streams of quotas (every value of every ``SetQuota.preemption`` policy),
-cohorts, pods and gangs that may or may not be preemptible, elastic gangs, releases, failures and time:
+cohorts, pods and gangs that may or may not be preemptible, elastic gangs (``disruption`` all or above_min),
+releases, failures and time:
 
 (b) no victim violates ``preemptible`` or the policy of the preemptor's tenant (``reclaim_within_cohort``,
 ``within_tenant``, ``borrow_within_cohort`` with its ceiling), and priority preemption takes only lower
@@ -80,13 +81,14 @@ def policy_streams(draw: st.DrawFn) -> list[Command]:
     )
     gang_sizes = st.sampled_from(((1, 1000), (2, 1000)))
     gang = st.builds(
-        lambda gang_id, tenant, priority, sizes, min_members, preemptible: SubmitGang(
+        lambda gang_id, tenant, priority, sizes, min_members, preemptible, disruption: SubmitGang(
             gang_id,
             tenant,
             priority,
             tuple(GangMember(f"{gang_id}-{i}", n, m, 1000, 1024) for i, (n, m) in enumerate(sizes)),
             min_members=min_members,
             preemptible=preemptible,
+            disruption=disruption,
         ),
         st.sampled_from(GANGS),
         st.sampled_from(TENANTS),
@@ -94,6 +96,7 @@ def policy_streams(draw: st.DrawFn) -> list[Command]:
         st.lists(gang_sizes, min_size=1, max_size=3),
         st.sampled_from((None, 1)),
         st.booleans(),
+        st.sampled_from(("all", "above_min")),
     )
     policies = quota_preemptions()
     payloads = st.one_of(
@@ -174,6 +177,12 @@ def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_comma
                 assert cluster is not None
                 _check_victim(cluster, victim, by, payload.reason)
                 seen[payload.reason] = seen.get(payload.reason, 0) + 1
+                gang = cluster.gangs.get(victim.gang_id) if victim.gang_id is not None else None
+                if gang is not None and gang.state == "running" and victim.pod_id not in cluster.pods:
+                    # Taken alone (disruption above_min): it ended, and its gang runs on.
+                    assert gang.spec.disruption == "above_min", f"{victim.pod_id} taken without its gang"
+                    assert len(gang.placed) >= gang.spec.min_members, f"gang {gang.gang_id} below min_members"
+                    seen["member alone"] = seen.get("member alone", 0) + 1
     for reason, count in sorted(seen.items()):
         note(f"victims by {reason}: {count}")
         target(float(count), label=f"victims by {reason}")

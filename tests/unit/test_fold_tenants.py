@@ -527,3 +527,63 @@ def test_a_gangs_timeout_counts_from_its_retry() -> None:
     assert "GangTimedOut" not in types(fold.run(Tick(), at=139_000))
     (timed_out,) = of(fold.run(Tick(), at=141_000), "GangTimedOut")
     assert timed_out.payload.waited_ms == 30_000
+
+
+# ---------------------------------------------------------------- SubmitGang.disruption
+
+
+def elastic(disruption: str) -> Fold:
+    """One node of 4 GPUs full with gang g (4 x 1 GPU, min_members 2, priority 0)."""
+    fold = cluster(nodes=1, size=4)
+    fold.run(SubmitGang("g", members=members("g", 4, 1), min_members=2, disruption=disruption))
+    assert len(fold.cluster.gangs["g"].placed) == 4
+    return fold
+
+
+def test_above_min_lets_a_preemptor_take_members_above_min_members_one_by_one() -> None:
+    """disruption above_min: a 1-GPU preemptor takes one member, which ends; the gang runs on with 3. A second takes
+    one more. A third finds the gang at min_members: it takes the whole gang, which goes back to the queue."""
+    fold = elastic("above_min")
+    events = fold.run(gpus("p1", priority=5))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-0"]
+    assert "above_min" in of(events, "PodPreempted")[0].payload.message
+    (ended,) = of(events, "PodReleased")
+    assert ended.payload.pod_id == "g-0" and ended.payload.reason == "evicted:preempted"
+    assert fold.cluster.gangs["g"].state == GANG_RUNNING and len(fold.cluster.gangs["g"].placed) == 3
+    events = fold.run(gpus("p2", priority=5))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-1"]
+    events = fold.run(gpus("p3", priority=5))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-2", "g-3"]
+    assert "GangQueued" in types(events) and fold.placement("p3") is not None
+
+
+def test_above_min_never_takes_more_members_alone_than_the_gang_can_spare() -> None:
+    """3 GPUs wanted, 2 members to spare: not three members alone (the gang would fall below min_members) but the
+    whole gang; 2 GPUs wanted: two members alone."""
+    fold = elastic("above_min")
+    events = fold.run(gpus("p", priority=5, count=3))
+    assert len(of(events, "PodPreempted")) == 4 and "GangQueued" in types(events)
+    fold = elastic("above_min")
+    events = fold.run(gpus("p", priority=5, count=2))
+    assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-0", "g-1"]
+    assert fold.cluster.gangs["g"].state == GANG_RUNNING and set(fold.cluster.gangs["g"].placed) == {"g-2", "g-3"}
+
+
+def test_disruption_all_is_the_default_a_victim_member_takes_its_whole_gang() -> None:
+    fold = elastic("all")
+    events = fold.run(gpus("p", priority=5))
+    assert len(of(events, "PodPreempted")) == 4 and "GangQueued" in types(events)
+    (event,) = fold.run(SubmitGang("h", members=members("h", 1, 1), disruption="some"))
+    assert event.type_name == "CommandRejected" and event.payload.code == "INVALID_COMMAND"
+
+
+def test_a_gang_preemptor_that_needs_more_than_the_spare_members_takes_the_whole_gang() -> None:
+    """A gang of 2 x 2 GPUs (priority 5) on g's node: its first member could take the two spare members alone, its
+    second then takes the rest with the gang; no member is taken twice, g goes back to the queue, and every
+    PodPreempted says the whole gang goes."""
+    fold = elastic("above_min")
+    events = fold.run(SubmitGang("big", priority=5, members=members("big", 2, 2)))
+    preempted = of(events, "PodPreempted")
+    assert [e.payload.pod_id for e in preempted] == ["g-0", "g-1", "g-2", "g-3"]
+    assert all("whole gang 'g'" in e.payload.message for e in preempted)
+    assert fold.cluster.gangs["g"].state != GANG_RUNNING and fold.cluster.gangs["big"].state == GANG_RUNNING

@@ -20,6 +20,9 @@ def victim_events(
     """``PodPreempted`` (why, and by whom), then ``PodEvicted``, for every pod of the units, by pod id;
     returns the victims with the nodes they ran on. O(V log V) for V victims."""
     victims = sorted((pod for unit in units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
+    # Members taken alone: above their gang's min_members (disruption above_min), the gang runs on.
+    whole = {unit.key for unit in units if unit.pods[0].spec.gang_id == unit.key}
+    alone = {unit.key for unit in units if unit.pods[0].spec.gang_id not in (None, unit.key, *whole)}
     out = []
     for pod in victims:
         node_id = pod.node_id
@@ -42,7 +45,9 @@ def victim_events(
             )
         else:
             words = f"preempted by {kind} {by!r}, which has a higher priority than {pod.spec.priority}"
-        if pod.spec.gang_id is not None:
+        if pod.spec.pod_id in alone:
+            words += f"; a member of gang {pod.spec.gang_id!r} above its min_members (disruption above_min): it runs on"
+        elif pod.spec.gang_id is not None:
             words += f"; its whole gang {pod.spec.gang_id!r} goes with it"
         decision.emit(PodPreempted(pod.spec.pod_id, node_id, by, reason, words), cluster.name)
         decision.emit(PodEvicted(pod.spec.pod_id, node_id, f"preempted:{reason}"), cluster.name)
