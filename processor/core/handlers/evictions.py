@@ -22,7 +22,11 @@ def victim_events(
     victims = sorted((pod for unit in units for pod in unit.pods), key=lambda pod: pod.spec.pod_id)
     # Members taken alone: above their gang's min_members (disruption above_min), the gang runs on.
     whole = {unit.key for unit in units if unit.pods[0].spec.gang_id == unit.key}
-    alone = {unit.key for unit in units if unit.pods[0].spec.gang_id not in (None, unit.key, *whole)}
+    alone: set[str] = set()
+    for unit in units:  # (a loop: mypyc cannot compile a starred tuple in a comprehension's condition)
+        gang_id = unit.pods[0].spec.gang_id
+        if gang_id is not None and gang_id != unit.key and gang_id not in whole:
+            alone.add(unit.key)
     out = []
     for pod in victims:
         node_id = pod.node_id
@@ -33,7 +37,7 @@ def victim_events(
                 f"preempted to reclaim quota for {kind} {by!r}: its tenant asked for quota it lends to the cohort, "
                 f"which tenant {pod.spec.tenant!r} was borrowing (borrowers give back lowest priority, youngest first)"
             )
-        elif reason == "within_tenant" or reason == "within_tenant":
+        elif reason == "within_tenant":
             words = (
                 f"preempted by {kind} {by!r} of its own tenant {pod.spec.tenant!r}, which did not fit the tenant's "
                 "quota (the tenant's preemption.within_tenant lets it take lower-priority or newer work)"

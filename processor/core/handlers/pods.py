@@ -216,7 +216,8 @@ def member_may_start(cluster: ClusterState, spec: PodSpec) -> bool:
     """Whether a waiting member of an elastic gang may start now: its gang runs and none of its placed members
     was evicted in this command (then the gang runs on without them, or goes back to the queue with every
     member, this one too). O(M)."""
-    gang = lookup(cluster.gangs, spec.gang_id)  # type: ignore[arg-type]
+    gang_id = spec.gang_id
+    gang = lookup(cluster.gangs, gang_id) if gang_id is not None else None
     if gang is None or gang.state != GANG_RUNNING:
         return False
     pods = cluster.pods
