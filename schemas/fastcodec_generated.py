@@ -101,7 +101,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
+_k1 = b'\xc3\x01N\xfc\xa2\xd9D\xdaF\x05'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -137,151 +137,159 @@ _k176 = b'\x02'
 _k178 = b'\x00'
 _k180 = b'\x12'
 _k200 = b'\x02'
-_k202 = b'\x00'
-_k205 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
 _k208 = b'\x00'
 _k211 = b'\x02'
 _k214 = b'\x00'
 _k217 = b'\x02'
-_k219 = b'\x00'
-_k222 = b'\x02'
-_k224 = b'\x00'
-_k232 = b'\x00'
-_k236 = b'\x14'
-_k242 = b'\x16'
-_k244 = b'\x18'
-_k249 = b'\x02'
-_k252 = b'\x00'
-_k256 = b'\x02'
-_k258 = b'\x00'
-_k261 = b'\x02'
+_k220 = b'\x00'
+_k223 = b'\x02'
+_k225 = b'\x00'
+_k228 = b'\x02'
+_k230 = b'\x00'
+_k238 = b'\x00'
+_k247 = b'\x14'
+_k253 = b'\x16'
+_k255 = b'\x18'
+_k260 = b'\x02'
 _k263 = b'\x00'
-_k266 = b'\x02'
-_k268 = b'\x00'
-_k271 = b'\x02'
-_k273 = b'\x00'
-_k277 = b'\x00'
-_k279 = b'\x1a'
-_k283 = b'\x1c'
-_k287 = b'\x02'
-_k290 = b'\x00'
-_k292 = b'\x1e'
-_k296 = b' '
-_k300 = b'"'
-_k305 = b'\x02'
-_k307 = b'\x00'
-_k310 = b'\x02'
-_k312 = b'\x00'
-_k314 = b'$'
-_k319 = b'\x02'
-_k322 = b'\x00'
-_k325 = b'\x02'
-_k328 = b'\x00'
-_k331 = b'\x02'
+_k267 = b'\x02'
+_k269 = b'\x00'
+_k272 = b'\x02'
+_k274 = b'\x00'
+_k277 = b'\x02'
+_k279 = b'\x00'
+_k282 = b'\x02'
+_k284 = b'\x00'
+_k288 = b'\x00'
+_k290 = b'\x1a'
+_k294 = b'\x1c'
+_k298 = b'\x02'
+_k301 = b'\x00'
+_k303 = b'\x1e'
+_k307 = b' '
+_k311 = b'"'
+_k316 = b'\x02'
+_k318 = b'\x00'
+_k321 = b'\x02'
+_k323 = b'\x00'
+_k325 = b'$'
+_k330 = b'\x02'
 _k333 = b'\x00'
-_k336 = b'&'
-_k340 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
-_k614 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
-_k625 = b'\x00'
-_k637 = b'\x02'
-_k641 = b'\x04'
-_k645 = b'\x06'
-_k649 = b'\x08'
-_k654 = b'\n'
-_k661 = b'\x0c'
-_k679 = b'\x02'
-_k682 = b'\x00'
-_k685 = b'\x02'
-_k687 = b'\x00'
-_k696 = b'\x00'
-_k707 = b'\x0e'
-_k725 = b'\x02'
-_k728 = b'\x00'
-_k731 = b'\x02'
-_k733 = b'\x00'
-_k742 = b'\x00'
-_k758 = b'\x10'
-_k766 = b'\x12'
-_k771 = b'\x02'
-_k774 = b'\x00'
-_k778 = b'\x14'
-_k785 = b'\x02'
-_k787 = b'\x00'
-_k792 = b'\x02'
-_k794 = b'\x00'
-_k796 = b'\x16'
-_k806 = b'\x18'
-_k835 = b'\x02'
-_k838 = b'\x00'
-_k841 = b'\x02'
-_k843 = b'\x00'
-_k852 = b'\x00'
-_k856 = b'\x02'
-_k859 = b'\x00'
-_k862 = b'\x02'
-_k865 = b'\x00'
+_k336 = b'\x02'
+_k339 = b'\x00'
+_k342 = b'\x02'
+_k344 = b'\x00'
+_k347 = b'&'
+_k351 = b'\xc3\x01N\xfc\xa2\xd9D\xdaF\x05'
+_k635 = b'\xc3\x01\xe1YF\x04\x8a\x96\xb6\x11'
+_k646 = b'\x00'
+_k658 = b'\x02'
+_k662 = b'\x04'
+_k666 = b'\x06'
+_k670 = b'\x08'
+_k675 = b'\n'
+_k682 = b'\x0c'
+_k700 = b'\x02'
+_k703 = b'\x00'
+_k706 = b'\x02'
+_k708 = b'\x00'
+_k717 = b'\x00'
+_k720 = b'\x02'
+_k723 = b'\x00'
+_k734 = b'\x0e'
+_k752 = b'\x02'
+_k755 = b'\x00'
+_k758 = b'\x02'
+_k760 = b'\x00'
+_k769 = b'\x00'
+_k772 = b'\x02'
+_k775 = b'\x00'
+_k791 = b'\x10'
+_k799 = b'\x12'
+_k804 = b'\x02'
+_k807 = b'\x00'
+_k811 = b'\x14'
+_k818 = b'\x02'
+_k820 = b'\x00'
+_k825 = b'\x02'
+_k827 = b'\x00'
+_k829 = b'\x16'
+_k839 = b'\x18'
 _k868 = b'\x02'
-_k870 = b'\x00'
-_k873 = b'\x02'
-_k875 = b'\x00'
+_k871 = b'\x00'
+_k874 = b'\x02'
+_k876 = b'\x00'
 _k885 = b'\x00'
 _k888 = b'\x02'
-_k890 = b'\x00'
-_k895 = b'\x1a'
-_k916 = b'\x02'
-_k919 = b'\x00'
-_k922 = b'\x02'
-_k925 = b'\x00'
-_k928 = b'\x02'
-_k930 = b'\x00'
-_k933 = b'\x02'
-_k935 = b'\x00'
-_k945 = b'\x00'
-_k948 = b'\x02'
-_k950 = b'\x00'
-_k955 = b'\x02'
-_k958 = b'\x00'
-_k961 = b'\x02'
-_k964 = b'\x00'
-_k969 = b'\x1c'
-_k976 = b'\x1e'
-_k983 = b' '
-_k991 = b'\x02'
-_k994 = b'\x00'
-_k996 = b'"'
-_k1004 = b'\x02'
-_k1006 = b'\x00'
-_k1010 = b'$'
-_k1021 = b'&'
-_k1031 = b'('
-_k1034 = b'*'
-_k1046 = b','
-_k1049 = b'\x02'
-_k1052 = b'\x00'
-_k1055 = b'\x00'
-_k1058 = b'\x00'
-_k1062 = b'.'
-_k1076 = b'0'
-_k1082 = b'\x02'
-_k1085 = b'\x00'
-_k1089 = b'2'
-_k1099 = b'4'
-_k1109 = b'6'
-_k1113 = b'8'
-_k1120 = b':'
-_k1127 = b'\x02'
-_k1130 = b'\x00'
-_k1132 = b'<'
-_k1137 = b'\x02'
-_k1140 = b'\x00'
-_k1143 = b'\x02'
-_k1146 = b'\x00'
-_k1149 = b'\x02'
-_k1151 = b'\x00'
-_k1154 = b'>'
-_k1158 = b'@'
-_k1169 = b'B'
-_k1176 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
+_k891 = b'\x00'
+_k895 = b'\x02'
+_k898 = b'\x00'
+_k901 = b'\x02'
+_k904 = b'\x00'
+_k907 = b'\x02'
+_k909 = b'\x00'
+_k912 = b'\x02'
+_k914 = b'\x00'
+_k924 = b'\x00'
+_k927 = b'\x02'
+_k929 = b'\x00'
+_k935 = b'\x1a'
+_k956 = b'\x02'
+_k959 = b'\x00'
+_k962 = b'\x02'
+_k965 = b'\x00'
+_k968 = b'\x02'
+_k970 = b'\x00'
+_k973 = b'\x02'
+_k975 = b'\x00'
+_k985 = b'\x00'
+_k988 = b'\x02'
+_k990 = b'\x00'
+_k996 = b'\x02'
+_k999 = b'\x00'
+_k1002 = b'\x02'
+_k1005 = b'\x00'
+_k1010 = b'\x1c'
+_k1017 = b'\x1e'
+_k1024 = b' '
+_k1032 = b'\x02'
+_k1035 = b'\x00'
+_k1037 = b'"'
+_k1045 = b'\x02'
+_k1047 = b'\x00'
+_k1051 = b'$'
+_k1062 = b'&'
+_k1072 = b'('
+_k1075 = b'*'
+_k1087 = b','
+_k1090 = b'\x02'
+_k1093 = b'\x00'
+_k1096 = b'\x00'
+_k1099 = b'\x00'
+_k1103 = b'.'
+_k1117 = b'0'
+_k1123 = b'\x02'
+_k1126 = b'\x00'
+_k1130 = b'2'
+_k1140 = b'4'
+_k1150 = b'6'
+_k1154 = b'8'
+_k1161 = b':'
+_k1168 = b'\x02'
+_k1171 = b'\x00'
+_k1173 = b'<'
+_k1178 = b'\x02'
+_k1181 = b'\x00'
+_k1184 = b'\x02'
+_k1187 = b'\x00'
+_k1190 = b'\x02'
+_k1192 = b'\x00'
+_k1195 = b'>'
+_k1199 = b'@'
+_k1210 = b'B'
+_k1217 = b'\xc3\x01\xe1YF\x04\x8a\x96\xb6\x11'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -449,20 +457,20 @@ def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
     return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
 
 
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n203] if (n203 := len(s202 := v.encode())) < 8192 else _long(n203)), s202,))
+
+
 def _b188(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"), (_k203 if (u199 := x.role) is None else _u200(u199)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u200(v: Any) -> bytes:
-    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
-
-
-def _u205(v: Any) -> bytes:
-    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
 def _u211(v: Any) -> bytes:
@@ -470,150 +478,162 @@ def _u211(v: Any) -> bytes:
 
 
 def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
+    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
 
 
-def _u222(v: Any) -> bytes:
-    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
+def _u223(v: Any) -> bytes:
+    return b"".join((_k223, (_P[n225] if 0 <= (n225 := v) < 8192 else _long(n225)),))
+
+
+def _u228(v: Any) -> bytes:
+    return b"".join((_k228, (_P[n230] if 0 <= (n230 := v) < 8192 else _long(n230)),))
+
+
+def _b243(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for k, x in a.items():
+        out += ((_P[n245] if (n245 := len(s244 := k.encode())) < 8192 else _long(n245)), s244, (_P[n246] if 0 <= (n246 := x) < 8192 else _long(n246)),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"), (_P[n235] if (n235 := len(s234 := o.disruption.encode())) < 8192 else _long(n235)), s234,))
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k208 if (u205 := o.min_members) is None else _u206(u205)), (_k214 if (u210 := o.topology_required) is None else _u211(u210)), (_k220 if (u216 := o.topology_preferred) is None else _u217(u216)), (_k225 if (u222 := o.timeout_ms) is None else _u223(u222)), (_k230 if (u227 := o.time_limit_ms) is None else _u228(u227)), (_b71(a232) if (a232 := o.depends_on) else b"\x00"), (_P[n234] if (n234 := len(s233 := o.dependency.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.preemption.encode())) < 8192 else _long(n236)), s235, (_k238 if (u237 := o.retry) is None else _k237[type(u237)](u237)), (b"\x01" if o.preemptible else b"\x00"), (_P[n241] if (n241 := len(s240 := o.disruption.encode())) < 8192 else _long(n241)), s240, (_b243(a242) if (a242 := o.min_members_per_role) else b"\x00"),))
 
 
-def _e_ReleaseGang235(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k236, (_P[n239] if (n239 := len(s238 := o.gang_id.encode())) < 8192 else _long(n239)), s238, (_P[n241] if (n241 := len(s240 := o.reason.encode())) < 8192 else _long(n241)), s240,))
+def _e_ReleaseGang246(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := o.gang_id.encode())) < 8192 else _long(n250)), s249, (_P[n252] if (n252 := len(s251 := o.reason.encode())) < 8192 else _long(n252)), s251,))
 
 
-def _e_Tick241(o: _c_Tick) -> bytes:
-    return b"".join((_k242, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick252(o: _c_Tick) -> bytes:
+    return b"".join((_k253, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u249(v: Any) -> bytes:
-    return b"".join((_k249, (_P[n252] if (n252 := len(s251 := v.encode())) < 8192 else _long(n252)), s251,))
+def _u260(v: Any) -> bytes:
+    return b"".join((_k260, (_P[n263] if (n263 := len(s262 := v.encode())) < 8192 else _long(n263)), s262,))
 
 
-def _u256(v: Any) -> bytes:
-    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
+def _u267(v: Any) -> bytes:
+    return b"".join((_k267, (_P[n269] if 0 <= (n269 := v) < 8192 else _long(n269)),))
 
 
-def _u261(v: Any) -> bytes:
-    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
+def _u272(v: Any) -> bytes:
+    return b"".join((_k272, (_P[n274] if 0 <= (n274 := v) < 8192 else _long(n274)),))
 
 
-def _u266(v: Any) -> bytes:
-    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
+def _u277(v: Any) -> bytes:
+    return b"".join((_k277, (_P[n279] if 0 <= (n279 := v) < 8192 else _long(n279)),))
 
 
-def _u271(v: Any) -> bytes:
-    return b"".join((_k271, (_P[n273] if 0 <= (n273 := v) < 8192 else _long(n273)),))
+def _u282(v: Any) -> bytes:
+    return b"".join((_k282, (_P[n284] if 0 <= (n284 := v) < 8192 else _long(n284)),))
 
 
-def _e_SetQuota243(o: _c_SetQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246, (_k252 if (u248 := o.cohort) is None else _u249(u248)), (_b132(a254) if (a254 := o.nominal_gpus) else b"\x00"), (_k258 if (u255 := o.nominal_cpu_milli) is None else _u256(u255)), (_k263 if (u260 := o.nominal_memory_mib) is None else _u261(u260)), (_k268 if (u265 := o.borrowing_limit_gpus) is None else _u266(u265)), (_k273 if (u270 := o.lending_limit_gpus) is None else _u271(u270)), (_P[n275] if 0 <= (n275 := o.weight) < 8192 else _long(n275)), (_k277 if (u276 := o.preemption) is None else _k276[type(u276)](u276)),))
+def _e_SetQuota254(o: _c_SetQuota) -> bytes:
+    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257, (_k263 if (u259 := o.cohort) is None else _u260(u259)), (_b132(a265) if (a265 := o.nominal_gpus) else b"\x00"), (_k269 if (u266 := o.nominal_cpu_milli) is None else _u267(u266)), (_k274 if (u271 := o.nominal_memory_mib) is None else _u272(u271)), (_k279 if (u276 := o.borrowing_limit_gpus) is None else _u277(u276)), (_k284 if (u281 := o.lending_limit_gpus) is None else _u282(u281)), (_P[n286] if 0 <= (n286 := o.weight) < 8192 else _long(n286)), (_k288 if (u287 := o.preemption) is None else _k287[type(u287)](u287)),))
 
 
-def _e_RemoveQuota278(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.tenant.encode())) < 8192 else _long(n282)), s281,))
+def _e_RemoveQuota289(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.tenant.encode())) < 8192 else _long(n293)), s292,))
 
 
-def _u287(v: Any) -> bytes:
-    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := v.encode())) < 8192 else _long(n290)), s289,))
+def _u298(v: Any) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := v.encode())) < 8192 else _long(n301)), s300,))
 
 
-def _e_Defragment282(o: _c_Defragment) -> bytes:
-    return b"".join((_k283, (_P[n285] if 0 <= (n285 := o.max_moves) < 8192 else _long(n285)), (_k290 if (u286 := o.target) is None else _u287(u286)),))
+def _e_Defragment293(o: _c_Defragment) -> bytes:
+    return b"".join((_k294, (_P[n296] if 0 <= (n296 := o.max_moves) < 8192 else _long(n296)), (_k301 if (u297 := o.target) is None else _u298(u297)),))
 
 
-def _e_ResumeCluster291(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k292, (_P[n295] if (n295 := len(s294 := o.reason.encode())) < 8192 else _long(n295)), s294,))
+def _e_ResumeCluster302(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k303, (_P[n306] if (n306 := len(s305 := o.reason.encode())) < 8192 else _long(n306)), s305,))
 
 
-def _e_RecoverNode295(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k296, (_P[n299] if (n299 := len(s298 := o.node_id.encode())) < 8192 else _long(n299)), s298,))
+def _e_RecoverNode306(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k307, (_P[n310] if (n310 := len(s309 := o.node_id.encode())) < 8192 else _long(n310)), s309,))
 
 
-def _u305(v: Any) -> bytes:
-    return b"".join((_k305, (_b21(a307) if (a307 := v) else b"\x00"),))
+def _u316(v: Any) -> bytes:
+    return b"".join((_k316, (_b21(a318) if (a318 := v) else b"\x00"),))
 
 
-def _u310(v: Any) -> bytes:
-    return b"".join((_k310, (_b27(a312) if (a312 := v) else b"\x00"),))
+def _u321(v: Any) -> bytes:
+    return b"".join((_k321, (_b27(a323) if (a323 := v) else b"\x00"),))
 
 
-def _e_UpdateNode299(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k300, (_P[n303] if (n303 := len(s302 := o.node_id.encode())) < 8192 else _long(n303)), s302, (_k307 if (u304 := o.labels) is None else _u305(u304)), (_k312 if (u309 := o.taints) is None else _u310(u309)),))
+def _e_UpdateNode310(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k311, (_P[n314] if (n314 := len(s313 := o.node_id.encode())) < 8192 else _long(n314)), s313, (_k318 if (u315 := o.labels) is None else _u316(u315)), (_k323 if (u320 := o.taints) is None else _u321(u320)),))
 
 
-def _u319(v: Any) -> bytes:
-    return b"".join((_k319, (_P[n322] if (n322 := len(s321 := v.encode())) < 8192 else _long(n322)), s321,))
+def _u330(v: Any) -> bytes:
+    return b"".join((_k330, (_P[n333] if (n333 := len(s332 := v.encode())) < 8192 else _long(n333)), s332,))
 
 
-def _u325(v: Any) -> bytes:
-    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := v.encode())) < 8192 else _long(n328)), s327,))
+def _u336(v: Any) -> bytes:
+    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := v.encode())) < 8192 else _long(n339)), s338,))
 
 
-def _u331(v: Any) -> bytes:
-    return b"".join((_k331, (_b21(a333) if (a333 := v) else b"\x00"),))
+def _u342(v: Any) -> bytes:
+    return b"".join((_k342, (_b21(a344) if (a344 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget313(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := o.budget_id.encode())) < 8192 else _long(n317)), s316, (_k322 if (u318 := o.tenant) is None else _u319(u318)), (_k328 if (u324 := o.gang_id) is None else _u325(u324)), (_k333 if (u330 := o.label_selector) is None else _u331(u330)), (_P[n335] if 0 <= (n335 := o.max_unavailable) < 8192 else _long(n335)),))
+def _e_SetDisruptionBudget324(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := o.budget_id.encode())) < 8192 else _long(n328)), s327, (_k333 if (u329 := o.tenant) is None else _u330(u329)), (_k339 if (u335 := o.gang_id) is None else _u336(u335)), (_k344 if (u341 := o.label_selector) is None else _u342(u341)), (_P[n346] if 0 <= (n346 := o.max_unavailable) < 8192 else _long(n346)),))
 
 
-def _e_RemoveDisruptionBudget335(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := o.budget_id.encode())) < 8192 else _long(n339)), s338,))
+def _e_RemoveDisruptionBudget346(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k347, (_P[n350] if (n350 := len(s349 := o.budget_id.encode())) < 8192 else _long(n350)), s349,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k339[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k350[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint367(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint378(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    n380 = _ZL[buf[pos]]
+    if n380 < 0:
+        n380, pos = _rlong(buf, pos)
+        if n380 < 0:
+            raise _length_error(n380, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_key = buf[pos:q370].decode()
-    pos = q370
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
+    q381 = pos + n380
+    if q381 > end:
+        raise _length_error(n380, end - pos)
+    f_key = buf[pos:q381].decode()
+    pos = q381
+    n382 = _ZL[buf[pos]]
+    if n382 < 0:
+        n382, pos = _rlong(buf, pos)
+        if n382 < 0:
+            raise _length_error(n382, end - pos)
     else:
         pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_value = buf[pos:q372].decode()
-    pos = q372
-    n373 = _ZL[buf[pos]]
-    if n373 < 0:
-        n373, pos = _rlong(buf, pos)
-        if n373 < 0:
-            raise _length_error(n373, end - pos)
+    q383 = pos + n382
+    if q383 > end:
+        raise _length_error(n382, end - pos)
+    f_value = buf[pos:q383].decode()
+    pos = q383
+    n384 = _ZL[buf[pos]]
+    if n384 < 0:
+        n384, pos = _rlong(buf, pos)
+        if n384 < 0:
+            raise _length_error(n384, end - pos)
     else:
         pos += 1
-    q374 = pos + n373
-    if q374 > end:
-        raise _length_error(n373, end - pos)
-    f_effect = buf[pos:q374].decode()
-    pos = q374
+    q385 = pos + n384
+    if q385 > end:
+        raise _length_error(n384, end - pos)
+    f_effect = buf[pos:q385].decode()
+    pos = q385
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode359(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -622,30 +642,30 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n350 = _ZL[buf[pos]]
-    if n350 < 0:
-        n350, pos = _rlong(buf, pos)
-        if n350 < 0:
-            raise _length_error(n350, end - pos)
+    n361 = _ZL[buf[pos]]
+    if n361 < 0:
+        n361, pos = _rlong(buf, pos)
+        if n361 < 0:
+            raise _length_error(n361, end - pos)
     else:
         pos += 1
-    q351 = pos + n350
-    if q351 > end:
-        raise _length_error(n350, end - pos)
-    f_node_id = buf[pos:q351].decode()
-    pos = q351
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
+    q362 = pos + n361
+    if q362 > end:
+        raise _length_error(n361, end - pos)
+    f_node_id = buf[pos:q362].decode()
+    pos = q362
+    n363 = _ZL[buf[pos]]
+    if n363 < 0:
+        n363, pos = _rlong(buf, pos)
+        if n363 < 0:
+            raise _length_error(n363, end - pos)
     else:
         pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_gpu_model = buf[pos:q353].decode()
-    pos = q353
+    q364 = pos + n363
+    if q364 > end:
+        raise _length_error(n363, end - pos)
+    f_gpu_model = buf[pos:q364].decode()
+    pos = q364
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -692,113 +712,113 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc354: dict[str, Any] = {}
+        acc365: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c355 = _ZD[b]
+                c366 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c355 = (z >> 1) ^ -(z & 1)
+                c366 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c355 = (z >> 1) ^ -(z & 1)
+                c366 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c355, pos = _rlong(buf, pos)
-            if c355 == 0:
+                c366, pos = _rlong(buf, pos)
+            if c366 == 0:
                 break
-            if c355 < 0:
-                c355 = -c355
+            if c366 < 0:
+                c366 = -c366
                 b = buf[pos]
                 if b < 128:
-                    z358 = _ZD[b]
+                    z369 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z369 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z369 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z358, pos = _rlong(buf, pos)
-            if c355 * 2 > end - pos:
-                raise _count_error(c355, end - pos)
-            for _ in range(c355):
-                n359 = _ZL[buf[pos]]
-                if n359 < 0:
-                    n359, pos = _rlong(buf, pos)
-                    if n359 < 0:
-                        raise _length_error(n359, end - pos)
+                    z369, pos = _rlong(buf, pos)
+            if c366 * 2 > end - pos:
+                raise _count_error(c366, end - pos)
+            for _ in range(c366):
+                n370 = _ZL[buf[pos]]
+                if n370 < 0:
+                    n370, pos = _rlong(buf, pos)
+                    if n370 < 0:
+                        raise _length_error(n370, end - pos)
                 else:
                     pos += 1
-                q360 = pos + n359
-                if q360 > end:
-                    raise _length_error(n359, end - pos)
-                k357 = buf[pos:q360].decode()
-                pos = q360
-                n361 = _ZL[buf[pos]]
-                if n361 < 0:
-                    n361, pos = _rlong(buf, pos)
-                    if n361 < 0:
-                        raise _length_error(n361, end - pos)
+                q371 = pos + n370
+                if q371 > end:
+                    raise _length_error(n370, end - pos)
+                k368 = buf[pos:q371].decode()
+                pos = q371
+                n372 = _ZL[buf[pos]]
+                if n372 < 0:
+                    n372, pos = _rlong(buf, pos)
+                    if n372 < 0:
+                        raise _length_error(n372, end - pos)
                 else:
                     pos += 1
-                q362 = pos + n361
-                if q362 > end:
-                    raise _length_error(n361, end - pos)
-                x356 = buf[pos:q362].decode()
-                pos = q362
-                acc354[k357] = x356
-        f_labels = acc354
+                q373 = pos + n372
+                if q373 > end:
+                    raise _length_error(n372, end - pos)
+                x367 = buf[pos:q373].decode()
+                pos = q373
+                acc365[k368] = x367
+        f_labels = acc365
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc363: list[Any] = []
+        acc374: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c364 = _ZD[b]
+                c375 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c364 = (z >> 1) ^ -(z & 1)
+                c375 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c364 = (z >> 1) ^ -(z & 1)
+                c375 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c364, pos = _rlong(buf, pos)
-            if c364 == 0:
+                c375, pos = _rlong(buf, pos)
+            if c375 == 0:
                 break
-            if c364 < 0:
-                c364 = -c364
+            if c375 < 0:
+                c375 = -c375
                 b = buf[pos]
                 if b < 128:
-                    z367 = _ZD[b]
+                    z378 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z378 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z378 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z367, pos = _rlong(buf, pos)
-            if c364 * 3 > end - pos:
-                raise _count_error(c364, end - pos)
-            for _ in range(c364):
-                x365, pos = _d_Taint367(buf, pos, end)
-                acc363.append(x365)
-        f_taints = tuple(acc363)
+                    z378, pos = _rlong(buf, pos)
+            if c375 * 3 > end - pos:
+                raise _count_error(c375, end - pos)
+            for _ in range(c375):
+                x376, pos = _d_Taint378(buf, pos, end)
+                acc374.append(x376)
+        f_taints = tuple(acc374)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -817,79 +837,79 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode374(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode385(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n376 = _ZL[buf[pos]]
-    if n376 < 0:
-        n376, pos = _rlong(buf, pos)
-        if n376 < 0:
-            raise _length_error(n376, end - pos)
+    n387 = _ZL[buf[pos]]
+    if n387 < 0:
+        n387, pos = _rlong(buf, pos)
+        if n387 < 0:
+            raise _length_error(n387, end - pos)
     else:
         pos += 1
-    q377 = pos + n376
-    if q377 > end:
-        raise _length_error(n376, end - pos)
-    f_node_id = buf[pos:q377].decode()
-    pos = q377
+    q388 = pos + n387
+    if q388 > end:
+        raise _length_error(n387, end - pos)
+    f_node_id = buf[pos:q388].decode()
+    pos = q388
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode377(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode388(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
+    n390 = _ZL[buf[pos]]
+    if n390 < 0:
+        n390, pos = _rlong(buf, pos)
+        if n390 < 0:
+            raise _length_error(n390, end - pos)
     else:
         pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_node_id = buf[pos:q380].decode()
-    pos = q380
+    q391 = pos + n390
+    if q391 > end:
+        raise _length_error(n390, end - pos)
+    f_node_id = buf[pos:q391].decode()
+    pos = q391
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode380(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode391(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n382 = _ZL[buf[pos]]
-    if n382 < 0:
-        n382, pos = _rlong(buf, pos)
-        if n382 < 0:
-            raise _length_error(n382, end - pos)
+    n393 = _ZL[buf[pos]]
+    if n393 < 0:
+        n393, pos = _rlong(buf, pos)
+        if n393 < 0:
+            raise _length_error(n393, end - pos)
     else:
         pos += 1
-    q383 = pos + n382
-    if q383 > end:
-        raise _length_error(n382, end - pos)
-    f_node_id = buf[pos:q383].decode()
-    pos = q383
+    q394 = pos + n393
+    if q394 > end:
+        raise _length_error(n393, end - pos)
+    f_node_id = buf[pos:q394].decode()
+    pos = q394
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode394(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    n396 = _ZL[buf[pos]]
+    if n396 < 0:
+        n396, pos = _rlong(buf, pos)
+        if n396 < 0:
+            raise _length_error(n396, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_node_id = buf[pos:q386].decode()
-    pos = q386
+    q397 = pos + n396
+    if q397 > end:
+        raise _length_error(n396, end - pos)
+    f_node_id = buf[pos:q397].decode()
+    pos = q397
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -910,95 +930,95 @@ def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed386(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed397(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n388 = _ZL[buf[pos]]
-    if n388 < 0:
-        n388, pos = _rlong(buf, pos)
-        if n388 < 0:
-            raise _length_error(n388, end - pos)
+    n399 = _ZL[buf[pos]]
+    if n399 < 0:
+        n399, pos = _rlong(buf, pos)
+        if n399 < 0:
+            raise _length_error(n399, end - pos)
     else:
         pos += 1
-    q389 = pos + n388
-    if q389 > end:
-        raise _length_error(n388, end - pos)
-    f_node_id = buf[pos:q389].decode()
-    pos = q389
-    n390 = _ZL[buf[pos]]
-    if n390 < 0:
-        n390, pos = _rlong(buf, pos)
-        if n390 < 0:
-            raise _length_error(n390, end - pos)
+    q400 = pos + n399
+    if q400 > end:
+        raise _length_error(n399, end - pos)
+    f_node_id = buf[pos:q400].decode()
+    pos = q400
+    n401 = _ZL[buf[pos]]
+    if n401 < 0:
+        n401, pos = _rlong(buf, pos)
+        if n401 < 0:
+            raise _length_error(n401, end - pos)
     else:
         pos += 1
-    q391 = pos + n390
-    if q391 > end:
-        raise _length_error(n390, end - pos)
-    f_reason = buf[pos:q391].decode()
-    pos = q391
+    q402 = pos + n401
+    if q402 > end:
+        raise _length_error(n401, end - pos)
+    f_reason = buf[pos:q402].decode()
+    pos = q402
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration428(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
+    n430 = _ZL[buf[pos]]
+    if n430 < 0:
+        n430, pos = _rlong(buf, pos)
+        if n430 < 0:
+            raise _length_error(n430, end - pos)
     else:
         pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_key = buf[pos:q420].decode()
-    pos = q420
-    n421 = _ZL[buf[pos]]
-    if n421 < 0:
-        n421, pos = _rlong(buf, pos)
-        if n421 < 0:
-            raise _length_error(n421, end - pos)
+    q431 = pos + n430
+    if q431 > end:
+        raise _length_error(n430, end - pos)
+    f_key = buf[pos:q431].decode()
+    pos = q431
+    n432 = _ZL[buf[pos]]
+    if n432 < 0:
+        n432, pos = _rlong(buf, pos)
+        if n432 < 0:
+            raise _length_error(n432, end - pos)
     else:
         pos += 1
-    q422 = pos + n421
-    if q422 > end:
-        raise _length_error(n421, end - pos)
-    f_operator = buf[pos:q422].decode()
-    pos = q422
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
+    q433 = pos + n432
+    if q433 > end:
+        raise _length_error(n432, end - pos)
+    f_operator = buf[pos:q433].decode()
+    pos = q433
+    n434 = _ZL[buf[pos]]
+    if n434 < 0:
+        n434, pos = _rlong(buf, pos)
+        if n434 < 0:
+            raise _length_error(n434, end - pos)
     else:
         pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_value = buf[pos:q424].decode()
-    pos = q424
-    n425 = _ZL[buf[pos]]
-    if n425 < 0:
-        n425, pos = _rlong(buf, pos)
-        if n425 < 0:
-            raise _length_error(n425, end - pos)
+    q435 = pos + n434
+    if q435 > end:
+        raise _length_error(n434, end - pos)
+    f_value = buf[pos:q435].decode()
+    pos = q435
+    n436 = _ZL[buf[pos]]
+    if n436 < 0:
+        n436, pos = _rlong(buf, pos)
+        if n436 < 0:
+            raise _length_error(n436, end - pos)
     else:
         pos += 1
-    q426 = pos + n425
-    if q426 > end:
-        raise _length_error(n425, end - pos)
-    f_effect = buf[pos:q426].decode()
-    pos = q426
+    q437 = pos + n436
+    if q437 > end:
+        raise _length_error(n436, end - pos)
+    f_effect = buf[pos:q437].decode()
+    pos = q437
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry450(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1048,7 +1068,7 @@ def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1067,30 +1087,30 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
+    n404 = _ZL[buf[pos]]
+    if n404 < 0:
+        n404, pos = _rlong(buf, pos)
+        if n404 < 0:
+            raise _length_error(n404, end - pos)
     else:
         pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_pod_id = buf[pos:q394].decode()
-    pos = q394
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
+    q405 = pos + n404
+    if q405 > end:
+        raise _length_error(n404, end - pos)
+    f_pod_id = buf[pos:q405].decode()
+    pos = q405
+    n406 = _ZL[buf[pos]]
+    if n406 < 0:
+        n406, pos = _rlong(buf, pos)
+        if n406 < 0:
+            raise _length_error(n406, end - pos)
     else:
         pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_tenant = buf[pos:q396].decode()
-    pos = q396
+    q407 = pos + n406
+    if q407 > end:
+        raise _length_error(n406, end - pos)
+    f_tenant = buf[pos:q407].decode()
+    pos = q407
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1165,185 +1185,185 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc397: list[Any] = []
+        acc408: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c398 = _ZD[b]
+                c409 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c398 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c398 = (z >> 1) ^ -(z & 1)
+                c409 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c398, pos = _rlong(buf, pos)
-            if c398 == 0:
+                c409, pos = _rlong(buf, pos)
+            if c409 == 0:
                 break
-            if c398 < 0:
-                c398 = -c398
+            if c409 < 0:
+                c409 = -c409
                 b = buf[pos]
                 if b < 128:
-                    z401 = _ZD[b]
+                    z412 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z412 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z401, pos = _rlong(buf, pos)
-            if c398 * 1 > end - pos:
-                raise _count_error(c398, end - pos)
-            for _ in range(c398):
-                n402 = _ZL[buf[pos]]
-                if n402 < 0:
-                    n402, pos = _rlong(buf, pos)
-                    if n402 < 0:
-                        raise _length_error(n402, end - pos)
+                    z412, pos = _rlong(buf, pos)
+            if c409 * 1 > end - pos:
+                raise _count_error(c409, end - pos)
+            for _ in range(c409):
+                n413 = _ZL[buf[pos]]
+                if n413 < 0:
+                    n413, pos = _rlong(buf, pos)
+                    if n413 < 0:
+                        raise _length_error(n413, end - pos)
                 else:
                     pos += 1
-                q403 = pos + n402
-                if q403 > end:
-                    raise _length_error(n402, end - pos)
-                x399 = buf[pos:q403].decode()
-                pos = q403
-                acc397.append(x399)
-        f_gpu_models = tuple(acc397)
+                q414 = pos + n413
+                if q414 > end:
+                    raise _length_error(n413, end - pos)
+                x410 = buf[pos:q414].decode()
+                pos = q414
+                acc408.append(x410)
+        f_gpu_models = tuple(acc408)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc404: dict[str, Any] = {}
+        acc415: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c405 = _ZD[b]
+                c416 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c405 = (z >> 1) ^ -(z & 1)
+                c416 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c405 = (z >> 1) ^ -(z & 1)
+                c416 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c405, pos = _rlong(buf, pos)
-            if c405 == 0:
+                c416, pos = _rlong(buf, pos)
+            if c416 == 0:
                 break
-            if c405 < 0:
-                c405 = -c405
+            if c416 < 0:
+                c416 = -c416
                 b = buf[pos]
                 if b < 128:
-                    z408 = _ZD[b]
+                    z419 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z419 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z419 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z408, pos = _rlong(buf, pos)
-            if c405 * 2 > end - pos:
-                raise _count_error(c405, end - pos)
-            for _ in range(c405):
-                n409 = _ZL[buf[pos]]
-                if n409 < 0:
-                    n409, pos = _rlong(buf, pos)
-                    if n409 < 0:
-                        raise _length_error(n409, end - pos)
+                    z419, pos = _rlong(buf, pos)
+            if c416 * 2 > end - pos:
+                raise _count_error(c416, end - pos)
+            for _ in range(c416):
+                n420 = _ZL[buf[pos]]
+                if n420 < 0:
+                    n420, pos = _rlong(buf, pos)
+                    if n420 < 0:
+                        raise _length_error(n420, end - pos)
                 else:
                     pos += 1
-                q410 = pos + n409
-                if q410 > end:
-                    raise _length_error(n409, end - pos)
-                k407 = buf[pos:q410].decode()
-                pos = q410
-                n411 = _ZL[buf[pos]]
-                if n411 < 0:
-                    n411, pos = _rlong(buf, pos)
-                    if n411 < 0:
-                        raise _length_error(n411, end - pos)
+                q421 = pos + n420
+                if q421 > end:
+                    raise _length_error(n420, end - pos)
+                k418 = buf[pos:q421].decode()
+                pos = q421
+                n422 = _ZL[buf[pos]]
+                if n422 < 0:
+                    n422, pos = _rlong(buf, pos)
+                    if n422 < 0:
+                        raise _length_error(n422, end - pos)
                 else:
                     pos += 1
-                q412 = pos + n411
-                if q412 > end:
-                    raise _length_error(n411, end - pos)
-                x406 = buf[pos:q412].decode()
-                pos = q412
-                acc404[k407] = x406
-        f_node_selector = acc404
+                q423 = pos + n422
+                if q423 > end:
+                    raise _length_error(n422, end - pos)
+                x417 = buf[pos:q423].decode()
+                pos = q423
+                acc415[k418] = x417
+        f_node_selector = acc415
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc413: list[Any] = []
+        acc424: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c414 = _ZD[b]
+                c425 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c414 = (z >> 1) ^ -(z & 1)
+                c425 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c414 = (z >> 1) ^ -(z & 1)
+                c425 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c414, pos = _rlong(buf, pos)
-            if c414 == 0:
+                c425, pos = _rlong(buf, pos)
+            if c425 == 0:
                 break
-            if c414 < 0:
-                c414 = -c414
+            if c425 < 0:
+                c425 = -c425
                 b = buf[pos]
                 if b < 128:
-                    z417 = _ZD[b]
+                    z428 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z428 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z428 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z417, pos = _rlong(buf, pos)
-            if c414 * 4 > end - pos:
-                raise _count_error(c414, end - pos)
-            for _ in range(c414):
-                x415, pos = _d_Toleration417(buf, pos, end)
-                acc413.append(x415)
-        f_tolerations = tuple(acc413)
+                    z428, pos = _rlong(buf, pos)
+            if c425 * 4 > end - pos:
+                raise _count_error(c425, end - pos)
+            for _ in range(c425):
+                x426, pos = _d_Toleration428(buf, pos, end)
+                acc424.append(x426)
+        f_tolerations = tuple(acc424)
     b = buf[pos]
     if b < 128:
-        i427 = _ZD[b]
+        i438 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i427 = (z >> 1) ^ -(z & 1)
+        i438 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i427 = (z >> 1) ^ -(z & 1)
+        i438 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i427, pos = _rlong(buf, pos)
-    if i427 == 0:
+        i438, pos = _rlong(buf, pos)
+    if i438 == 0:
         f_time_limit_ms = None
-    elif i427 == 1:
+    elif i438 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1359,86 +1379,86 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i427, 2)
+        raise _union_error(i438, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc428: list[Any] = []
+        acc439: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c429 = _ZD[b]
+                c440 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c429 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c429 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c429, pos = _rlong(buf, pos)
-            if c429 == 0:
+                c440, pos = _rlong(buf, pos)
+            if c440 == 0:
                 break
-            if c429 < 0:
-                c429 = -c429
+            if c440 < 0:
+                c440 = -c440
                 b = buf[pos]
                 if b < 128:
-                    z432 = _ZD[b]
+                    z443 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z432, pos = _rlong(buf, pos)
-            if c429 * 1 > end - pos:
-                raise _count_error(c429, end - pos)
-            for _ in range(c429):
-                n433 = _ZL[buf[pos]]
-                if n433 < 0:
-                    n433, pos = _rlong(buf, pos)
-                    if n433 < 0:
-                        raise _length_error(n433, end - pos)
+                    z443, pos = _rlong(buf, pos)
+            if c440 * 1 > end - pos:
+                raise _count_error(c440, end - pos)
+            for _ in range(c440):
+                n444 = _ZL[buf[pos]]
+                if n444 < 0:
+                    n444, pos = _rlong(buf, pos)
+                    if n444 < 0:
+                        raise _length_error(n444, end - pos)
                 else:
                     pos += 1
-                q434 = pos + n433
-                if q434 > end:
-                    raise _length_error(n433, end - pos)
-                x430 = buf[pos:q434].decode()
-                pos = q434
-                acc428.append(x430)
-        f_depends_on = tuple(acc428)
-    n435 = _ZL[buf[pos]]
-    if n435 < 0:
-        n435, pos = _rlong(buf, pos)
-        if n435 < 0:
-            raise _length_error(n435, end - pos)
+                q445 = pos + n444
+                if q445 > end:
+                    raise _length_error(n444, end - pos)
+                x441 = buf[pos:q445].decode()
+                pos = q445
+                acc439.append(x441)
+        f_depends_on = tuple(acc439)
+    n446 = _ZL[buf[pos]]
+    if n446 < 0:
+        n446, pos = _rlong(buf, pos)
+        if n446 < 0:
+            raise _length_error(n446, end - pos)
     else:
         pos += 1
-    q436 = pos + n435
-    if q436 > end:
-        raise _length_error(n435, end - pos)
-    f_dependency = buf[pos:q436].decode()
-    pos = q436
-    n437 = _ZL[buf[pos]]
-    if n437 < 0:
-        n437, pos = _rlong(buf, pos)
-        if n437 < 0:
-            raise _length_error(n437, end - pos)
+    q447 = pos + n446
+    if q447 > end:
+        raise _length_error(n446, end - pos)
+    f_dependency = buf[pos:q447].decode()
+    pos = q447
+    n448 = _ZL[buf[pos]]
+    if n448 < 0:
+        n448, pos = _rlong(buf, pos)
+        if n448 < 0:
+            raise _length_error(n448, end - pos)
     else:
         pos += 1
-    q438 = pos + n437
-    if q438 > end:
-        raise _length_error(n437, end - pos)
-    f_preemption = buf[pos:q438].decode()
-    pos = q438
+    q449 = pos + n448
+    if q449 > end:
+        raise _length_error(n448, end - pos)
+    f_preemption = buf[pos:q449].decode()
+    pos = q449
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1457,119 +1477,119 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i439 = _ZD[b]
+        i450 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i439 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i439 = (z >> 1) ^ -(z & 1)
+        i450 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i439, pos = _rlong(buf, pos)
-    if i439 == 0:
+        i450, pos = _rlong(buf, pos)
+    if i450 == 0:
         f_retry = None
-    elif i439 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i450 == 1:
+        f_retry, pos = _d_Retry450(buf, pos, end)
     else:
-        raise _union_error(i439, 2)
+        raise _union_error(i450, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release440(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release451(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n442 = _ZL[buf[pos]]
-    if n442 < 0:
-        n442, pos = _rlong(buf, pos)
-        if n442 < 0:
-            raise _length_error(n442, end - pos)
+    n453 = _ZL[buf[pos]]
+    if n453 < 0:
+        n453, pos = _rlong(buf, pos)
+        if n453 < 0:
+            raise _length_error(n453, end - pos)
     else:
         pos += 1
-    q443 = pos + n442
-    if q443 > end:
-        raise _length_error(n442, end - pos)
-    f_pod_id = buf[pos:q443].decode()
-    pos = q443
-    n444 = _ZL[buf[pos]]
-    if n444 < 0:
-        n444, pos = _rlong(buf, pos)
-        if n444 < 0:
-            raise _length_error(n444, end - pos)
+    q454 = pos + n453
+    if q454 > end:
+        raise _length_error(n453, end - pos)
+    f_pod_id = buf[pos:q454].decode()
+    pos = q454
+    n455 = _ZL[buf[pos]]
+    if n455 < 0:
+        n455, pos = _rlong(buf, pos)
+        if n455 < 0:
+            raise _length_error(n455, end - pos)
     else:
         pos += 1
-    q445 = pos + n444
-    if q445 > end:
-        raise _length_error(n444, end - pos)
-    f_reason = buf[pos:q445].decode()
-    pos = q445
+    q456 = pos + n455
+    if q456 > end:
+        raise _length_error(n455, end - pos)
+    f_reason = buf[pos:q456].decode()
+    pos = q456
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption479(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n470 = _ZL[buf[pos]]
-    if n470 < 0:
-        n470, pos = _rlong(buf, pos)
-        if n470 < 0:
-            raise _length_error(n470, end - pos)
+    n481 = _ZL[buf[pos]]
+    if n481 < 0:
+        n481, pos = _rlong(buf, pos)
+        if n481 < 0:
+            raise _length_error(n481, end - pos)
     else:
         pos += 1
-    q471 = pos + n470
-    if q471 > end:
-        raise _length_error(n470, end - pos)
-    f_within_tenant = buf[pos:q471].decode()
-    pos = q471
-    n472 = _ZL[buf[pos]]
-    if n472 < 0:
-        n472, pos = _rlong(buf, pos)
-        if n472 < 0:
-            raise _length_error(n472, end - pos)
+    q482 = pos + n481
+    if q482 > end:
+        raise _length_error(n481, end - pos)
+    f_within_tenant = buf[pos:q482].decode()
+    pos = q482
+    n483 = _ZL[buf[pos]]
+    if n483 < 0:
+        n483, pos = _rlong(buf, pos)
+        if n483 < 0:
+            raise _length_error(n483, end - pos)
     else:
         pos += 1
-    q473 = pos + n472
-    if q473 > end:
-        raise _length_error(n472, end - pos)
-    f_reclaim_within_cohort = buf[pos:q473].decode()
-    pos = q473
-    n474 = _ZL[buf[pos]]
-    if n474 < 0:
-        n474, pos = _rlong(buf, pos)
-        if n474 < 0:
-            raise _length_error(n474, end - pos)
+    q484 = pos + n483
+    if q484 > end:
+        raise _length_error(n483, end - pos)
+    f_reclaim_within_cohort = buf[pos:q484].decode()
+    pos = q484
+    n485 = _ZL[buf[pos]]
+    if n485 < 0:
+        n485, pos = _rlong(buf, pos)
+        if n485 < 0:
+            raise _length_error(n485, end - pos)
     else:
         pos += 1
-    q475 = pos + n474
-    if q475 > end:
-        raise _length_error(n474, end - pos)
-    f_borrow_within_cohort = buf[pos:q475].decode()
-    pos = q475
+    q486 = pos + n485
+    if q486 > end:
+        raise _length_error(n485, end - pos)
+    f_borrow_within_cohort = buf[pos:q486].decode()
+    pos = q486
     b = buf[pos]
     if b < 128:
-        i476 = _ZD[b]
+        i487 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i476 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i476 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i476, pos = _rlong(buf, pos)
-    if i476 == 0:
+        i487, pos = _rlong(buf, pos)
+    if i487 == 0:
         f_borrow_max_victim_priority = None
-    elif i476 == 1:
+    elif i487 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1585,12 +1605,12 @@ def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i476, 2)
+        raise _union_error(i487, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1599,139 +1619,6 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_lending_limit_gpus: Any
     f_weight: int
     f_preemption: Any
-    b = buf[pos]
-    if b < 128:
-        i454 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i454 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i454 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i454, pos = _rlong(buf, pos)
-    if i454 == 0:
-        f_cohort = None
-    elif i454 == 1:
-        n455 = _ZL[buf[pos]]
-        if n455 < 0:
-            n455, pos = _rlong(buf, pos)
-            if n455 < 0:
-                raise _length_error(n455, end - pos)
-        else:
-            pos += 1
-        q456 = pos + n455
-        if q456 > end:
-            raise _length_error(n455, end - pos)
-        f_cohort = buf[pos:q456].decode()
-        pos = q456
-    else:
-        raise _union_error(i454, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc457: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c458 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c458 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c458 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c458, pos = _rlong(buf, pos)
-            if c458 == 0:
-                break
-            if c458 < 0:
-                c458 = -c458
-                b = buf[pos]
-                if b < 128:
-                    z461 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z461 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z461 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z461, pos = _rlong(buf, pos)
-            if c458 * 2 > end - pos:
-                raise _count_error(c458, end - pos)
-            for _ in range(c458):
-                n462 = _ZL[buf[pos]]
-                if n462 < 0:
-                    n462, pos = _rlong(buf, pos)
-                    if n462 < 0:
-                        raise _length_error(n462, end - pos)
-                else:
-                    pos += 1
-                q463 = pos + n462
-                if q463 > end:
-                    raise _length_error(n462, end - pos)
-                k460 = buf[pos:q463].decode()
-                pos = q463
-                b = buf[pos]
-                if b < 128:
-                    x459 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x459 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x459 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x459, pos = _rlong(buf, pos)
-                acc457[k460] = x459
-        f_nominal_gpus = acc457
-    b = buf[pos]
-    if b < 128:
-        i464 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i464 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i464 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i464, pos = _rlong(buf, pos)
-    if i464 == 0:
-        f_nominal_cpu_milli = None
-    elif i464 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i464, 2)
     b = buf[pos]
     if b < 128:
         i465 = _ZD[b]
@@ -1747,8 +1634,141 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i465, pos = _rlong(buf, pos)
     if i465 == 0:
-        f_nominal_memory_mib = None
+        f_cohort = None
     elif i465 == 1:
+        n466 = _ZL[buf[pos]]
+        if n466 < 0:
+            n466, pos = _rlong(buf, pos)
+            if n466 < 0:
+                raise _length_error(n466, end - pos)
+        else:
+            pos += 1
+        q467 = pos + n466
+        if q467 > end:
+            raise _length_error(n466, end - pos)
+        f_cohort = buf[pos:q467].decode()
+        pos = q467
+    else:
+        raise _union_error(i465, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc468: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c469 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c469 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c469 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c469, pos = _rlong(buf, pos)
+            if c469 == 0:
+                break
+            if c469 < 0:
+                c469 = -c469
+                b = buf[pos]
+                if b < 128:
+                    z472 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z472 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z472 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z472, pos = _rlong(buf, pos)
+            if c469 * 2 > end - pos:
+                raise _count_error(c469, end - pos)
+            for _ in range(c469):
+                n473 = _ZL[buf[pos]]
+                if n473 < 0:
+                    n473, pos = _rlong(buf, pos)
+                    if n473 < 0:
+                        raise _length_error(n473, end - pos)
+                else:
+                    pos += 1
+                q474 = pos + n473
+                if q474 > end:
+                    raise _length_error(n473, end - pos)
+                k471 = buf[pos:q474].decode()
+                pos = q474
+                b = buf[pos]
+                if b < 128:
+                    x470 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x470 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x470 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x470, pos = _rlong(buf, pos)
+                acc468[k471] = x470
+        f_nominal_gpus = acc468
+    b = buf[pos]
+    if b < 128:
+        i475 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i475 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i475, pos = _rlong(buf, pos)
+    if i475 == 0:
+        f_nominal_cpu_milli = None
+    elif i475 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i475, 2)
+    b = buf[pos]
+    if b < 128:
+        i476 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i476 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i476 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i476, pos = _rlong(buf, pos)
+    if i476 == 0:
+        f_nominal_memory_mib = None
+    elif i476 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1764,24 +1784,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i465, 2)
+        raise _union_error(i476, 2)
     b = buf[pos]
     if b < 128:
-        i466 = _ZD[b]
+        i477 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i466 = (z >> 1) ^ -(z & 1)
+        i477 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i466 = (z >> 1) ^ -(z & 1)
+        i477 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i466, pos = _rlong(buf, pos)
-    if i466 == 0:
+        i477, pos = _rlong(buf, pos)
+    if i477 == 0:
         f_borrowing_limit_gpus = None
-    elif i466 == 1:
+    elif i477 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1797,24 +1817,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i466, 2)
+        raise _union_error(i477, 2)
     b = buf[pos]
     if b < 128:
-        i467 = _ZD[b]
+        i478 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i467 = (z >> 1) ^ -(z & 1)
+        i478 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i467 = (z >> 1) ^ -(z & 1)
+        i478 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i467, pos = _rlong(buf, pos)
-    if i467 == 0:
+        i478, pos = _rlong(buf, pos)
+    if i478 == 0:
         f_lending_limit_gpus = None
-    elif i467 == 1:
+    elif i478 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1830,7 +1850,7 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i467, 2)
+        raise _union_error(i478, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1847,63 +1867,63 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i468 = _ZD[b]
+        i479 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i468 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i468 = (z >> 1) ^ -(z & 1)
+        i479 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i468, pos = _rlong(buf, pos)
-    if i468 == 0:
+        i479, pos = _rlong(buf, pos)
+    if i479 == 0:
         f_preemption = None
-    elif i468 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i479 == 1:
+        f_preemption, pos = _d_QuotaPreemption479(buf, pos, end)
     else:
-        raise _union_error(i468, 2)
+        raise _union_error(i479, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy456(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n447 = _ZL[buf[pos]]
-    if n447 < 0:
-        n447, pos = _rlong(buf, pos)
-        if n447 < 0:
-            raise _length_error(n447, end - pos)
+    n458 = _ZL[buf[pos]]
+    if n458 < 0:
+        n458, pos = _rlong(buf, pos)
+        if n458 < 0:
+            raise _length_error(n458, end - pos)
     else:
         pos += 1
-    q448 = pos + n447
-    if q448 > end:
-        raise _length_error(n447, end - pos)
-    f_policy = buf[pos:q448].decode()
-    pos = q448
+    q459 = pos + n458
+    if q459 > end:
+        raise _length_error(n458, end - pos)
+    f_policy = buf[pos:q459].decode()
+    pos = q459
     b = buf[pos]
     if b < 128:
-        i449 = _ZD[b]
+        i460 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i449 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i449 = (z >> 1) ^ -(z & 1)
+        i460 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i449, pos = _rlong(buf, pos)
-    if i449 == 0:
+        i460, pos = _rlong(buf, pos)
+    if i460 == 0:
         f_reserve_after_ms = None
-    elif i449 == 1:
+    elif i460 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1919,56 +1939,56 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i449, 2)
-    n450 = _ZL[buf[pos]]
-    if n450 < 0:
-        n450, pos = _rlong(buf, pos)
-        if n450 < 0:
-            raise _length_error(n450, end - pos)
+        raise _union_error(i460, 2)
+    n461 = _ZL[buf[pos]]
+    if n461 < 0:
+        n461, pos = _rlong(buf, pos)
+        if n461 < 0:
+            raise _length_error(n461, end - pos)
     else:
         pos += 1
-    q451 = pos + n450
-    if q451 > end:
-        raise _length_error(n450, end - pos)
-    f_queue_order = buf[pos:q451].decode()
-    pos = q451
+    q462 = pos + n461
+    if q462 > end:
+        raise _length_error(n461, end - pos)
+    f_queue_order = buf[pos:q462].decode()
+    pos = q462
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i463 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i463 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i463, pos = _rlong(buf, pos)
+    if i463 == 0:
         f_default_quota = None
-    elif i452 == 1:
-        f_default_quota, pos = _d_Quota452(buf, pos, end)
+    elif i463 == 1:
+        f_default_quota, pos = _d_Quota463(buf, pos, end)
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i463, 2)
     b = buf[pos]
     if b < 128:
-        i477 = _ZD[b]
+        i488 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i477 = (z >> 1) ^ -(z & 1)
+        i488 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i477 = (z >> 1) ^ -(z & 1)
+        i488 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i477, pos = _rlong(buf, pos)
-    if i477 == 0:
+        i488, pos = _rlong(buf, pos)
+    if i488 == 0:
         f_max_clock_jump_ms = None
-    elif i477 == 1:
+    elif i488 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1984,12 +2004,12 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i477, 2)
+        raise _union_error(i488, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember498(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1998,18 +2018,19 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n489 = _ZL[buf[pos]]
-    if n489 < 0:
-        n489, pos = _rlong(buf, pos)
-        if n489 < 0:
-            raise _length_error(n489, end - pos)
+    f_role: Any
+    n500 = _ZL[buf[pos]]
+    if n500 < 0:
+        n500, pos = _rlong(buf, pos)
+        if n500 < 0:
+            raise _length_error(n500, end - pos)
     else:
         pos += 1
-    q490 = pos + n489
-    if q490 > end:
-        raise _length_error(n489, end - pos)
-    f_pod_id = buf[pos:q490].decode()
-    pos = q490
+    q501 = pos + n500
+    if q501 > end:
+        raise _length_error(n500, end - pos)
+    f_pod_id = buf[pos:q501].decode()
+    pos = q501
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2070,173 +2091,204 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc491: list[Any] = []
+        acc502: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c492 = _ZD[b]
+                c503 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c492 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c492 = (z >> 1) ^ -(z & 1)
+                c503 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c492, pos = _rlong(buf, pos)
-            if c492 == 0:
+                c503, pos = _rlong(buf, pos)
+            if c503 == 0:
                 break
-            if c492 < 0:
-                c492 = -c492
+            if c503 < 0:
+                c503 = -c503
                 b = buf[pos]
                 if b < 128:
-                    z495 = _ZD[b]
+                    z506 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z506 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z495, pos = _rlong(buf, pos)
-            if c492 * 1 > end - pos:
-                raise _count_error(c492, end - pos)
-            for _ in range(c492):
-                n496 = _ZL[buf[pos]]
-                if n496 < 0:
-                    n496, pos = _rlong(buf, pos)
-                    if n496 < 0:
-                        raise _length_error(n496, end - pos)
+                    z506, pos = _rlong(buf, pos)
+            if c503 * 1 > end - pos:
+                raise _count_error(c503, end - pos)
+            for _ in range(c503):
+                n507 = _ZL[buf[pos]]
+                if n507 < 0:
+                    n507, pos = _rlong(buf, pos)
+                    if n507 < 0:
+                        raise _length_error(n507, end - pos)
                 else:
                     pos += 1
-                q497 = pos + n496
-                if q497 > end:
-                    raise _length_error(n496, end - pos)
-                x493 = buf[pos:q497].decode()
-                pos = q497
-                acc491.append(x493)
-        f_gpu_models = tuple(acc491)
+                q508 = pos + n507
+                if q508 > end:
+                    raise _length_error(n507, end - pos)
+                x504 = buf[pos:q508].decode()
+                pos = q508
+                acc502.append(x504)
+        f_gpu_models = tuple(acc502)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc498: dict[str, Any] = {}
+        acc509: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c499 = _ZD[b]
+                c510 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c499 = (z >> 1) ^ -(z & 1)
+                c510 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c499 = (z >> 1) ^ -(z & 1)
+                c510 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c499, pos = _rlong(buf, pos)
-            if c499 == 0:
+                c510, pos = _rlong(buf, pos)
+            if c510 == 0:
                 break
-            if c499 < 0:
-                c499 = -c499
+            if c510 < 0:
+                c510 = -c510
                 b = buf[pos]
                 if b < 128:
-                    z502 = _ZD[b]
+                    z513 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z513 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z513 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z502, pos = _rlong(buf, pos)
-            if c499 * 2 > end - pos:
-                raise _count_error(c499, end - pos)
-            for _ in range(c499):
-                n503 = _ZL[buf[pos]]
-                if n503 < 0:
-                    n503, pos = _rlong(buf, pos)
-                    if n503 < 0:
-                        raise _length_error(n503, end - pos)
+                    z513, pos = _rlong(buf, pos)
+            if c510 * 2 > end - pos:
+                raise _count_error(c510, end - pos)
+            for _ in range(c510):
+                n514 = _ZL[buf[pos]]
+                if n514 < 0:
+                    n514, pos = _rlong(buf, pos)
+                    if n514 < 0:
+                        raise _length_error(n514, end - pos)
                 else:
                     pos += 1
-                q504 = pos + n503
-                if q504 > end:
-                    raise _length_error(n503, end - pos)
-                k501 = buf[pos:q504].decode()
-                pos = q504
-                n505 = _ZL[buf[pos]]
-                if n505 < 0:
-                    n505, pos = _rlong(buf, pos)
-                    if n505 < 0:
-                        raise _length_error(n505, end - pos)
+                q515 = pos + n514
+                if q515 > end:
+                    raise _length_error(n514, end - pos)
+                k512 = buf[pos:q515].decode()
+                pos = q515
+                n516 = _ZL[buf[pos]]
+                if n516 < 0:
+                    n516, pos = _rlong(buf, pos)
+                    if n516 < 0:
+                        raise _length_error(n516, end - pos)
                 else:
                     pos += 1
-                q506 = pos + n505
-                if q506 > end:
-                    raise _length_error(n505, end - pos)
-                x500 = buf[pos:q506].decode()
-                pos = q506
-                acc498[k501] = x500
-        f_node_selector = acc498
+                q517 = pos + n516
+                if q517 > end:
+                    raise _length_error(n516, end - pos)
+                x511 = buf[pos:q517].decode()
+                pos = q517
+                acc509[k512] = x511
+        f_node_selector = acc509
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc507: list[Any] = []
+        acc518: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c508 = _ZD[b]
+                c519 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c508 = (z >> 1) ^ -(z & 1)
+                c519 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c508 = (z >> 1) ^ -(z & 1)
+                c519 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c508, pos = _rlong(buf, pos)
-            if c508 == 0:
+                c519, pos = _rlong(buf, pos)
+            if c519 == 0:
                 break
-            if c508 < 0:
-                c508 = -c508
+            if c519 < 0:
+                c519 = -c519
                 b = buf[pos]
                 if b < 128:
-                    z511 = _ZD[b]
+                    z522 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z522 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z522 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z511, pos = _rlong(buf, pos)
-            if c508 * 4 > end - pos:
-                raise _count_error(c508, end - pos)
-            for _ in range(c508):
-                x509, pos = _d_Toleration417(buf, pos, end)
-                acc507.append(x509)
-        f_tolerations = tuple(acc507)
-    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
+                    z522, pos = _rlong(buf, pos)
+            if c519 * 4 > end - pos:
+                raise _count_error(c519, end - pos)
+            for _ in range(c519):
+                x520, pos = _d_Toleration428(buf, pos, end)
+                acc518.append(x520)
+        f_tolerations = tuple(acc518)
+    b = buf[pos]
+    if b < 128:
+        i523 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i523 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i523 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i523, pos = _rlong(buf, pos)
+    if i523 == 0:
+        f_role = None
+    elif i523 == 1:
+        n524 = _ZL[buf[pos]]
+        if n524 < 0:
+            n524, pos = _rlong(buf, pos)
+            if n524 < 0:
+                raise _length_error(n524, end - pos)
+        else:
+            pos += 1
+        q525 = pos + n524
+        if q525 > end:
+            raise _length_error(n524, end - pos)
+        f_role = buf[pos:q525].decode()
+        pos = q525
+    else:
+        raise _union_error(i523, 2)
+    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_role)
     return o, pos
 
 
-def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang488(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2252,30 +2304,31 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_retry: Any
     f_preemptible: bool
     f_disruption: str
-    n479 = _ZL[buf[pos]]
-    if n479 < 0:
-        n479, pos = _rlong(buf, pos)
-        if n479 < 0:
-            raise _length_error(n479, end - pos)
+    f_min_members_per_role: dict[str, Any]
+    n490 = _ZL[buf[pos]]
+    if n490 < 0:
+        n490, pos = _rlong(buf, pos)
+        if n490 < 0:
+            raise _length_error(n490, end - pos)
     else:
         pos += 1
-    q480 = pos + n479
-    if q480 > end:
-        raise _length_error(n479, end - pos)
-    f_gang_id = buf[pos:q480].decode()
-    pos = q480
-    n481 = _ZL[buf[pos]]
-    if n481 < 0:
-        n481, pos = _rlong(buf, pos)
-        if n481 < 0:
-            raise _length_error(n481, end - pos)
+    q491 = pos + n490
+    if q491 > end:
+        raise _length_error(n490, end - pos)
+    f_gang_id = buf[pos:q491].decode()
+    pos = q491
+    n492 = _ZL[buf[pos]]
+    if n492 < 0:
+        n492, pos = _rlong(buf, pos)
+        if n492 < 0:
+            raise _length_error(n492, end - pos)
     else:
         pos += 1
-    q482 = pos + n481
-    if q482 > end:
-        raise _length_error(n481, end - pos)
-    f_tenant = buf[pos:q482].decode()
-    pos = q482
+    q493 = pos + n492
+    if q493 > end:
+        raise _length_error(n492, end - pos)
+    f_tenant = buf[pos:q493].decode()
+    pos = q493
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2294,63 +2347,63 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc483: list[Any] = []
+        acc494: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c484 = _ZD[b]
+                c495 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c484 = (z >> 1) ^ -(z & 1)
+                c495 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c484 = (z >> 1) ^ -(z & 1)
+                c495 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c484, pos = _rlong(buf, pos)
-            if c484 == 0:
+                c495, pos = _rlong(buf, pos)
+            if c495 == 0:
                 break
-            if c484 < 0:
-                c484 = -c484
+            if c495 < 0:
+                c495 = -c495
                 b = buf[pos]
                 if b < 128:
-                    z487 = _ZD[b]
+                    z498 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z498 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z498 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z487, pos = _rlong(buf, pos)
-            if c484 * 8 > end - pos:
-                raise _count_error(c484, end - pos)
-            for _ in range(c484):
-                x485, pos = _d_GangMember487(buf, pos, end)
-                acc483.append(x485)
-        f_members = tuple(acc483)
+                    z498, pos = _rlong(buf, pos)
+            if c495 * 9 > end - pos:
+                raise _count_error(c495, end - pos)
+            for _ in range(c495):
+                x496, pos = _d_GangMember498(buf, pos, end)
+                acc494.append(x496)
+        f_members = tuple(acc494)
     b = buf[pos]
     if b < 128:
-        i512 = _ZD[b]
+        i526 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i512 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i512 = (z >> 1) ^ -(z & 1)
+        i526 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i512, pos = _rlong(buf, pos)
-    if i512 == 0:
+        i526, pos = _rlong(buf, pos)
+    if i526 == 0:
         f_min_members = None
-    elif i512 == 1:
+    elif i526 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2366,86 +2419,86 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i512, 2)
+        raise _union_error(i526, 2)
     b = buf[pos]
     if b < 128:
-        i513 = _ZD[b]
+        i527 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i513 = (z >> 1) ^ -(z & 1)
+        i527 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i513 = (z >> 1) ^ -(z & 1)
+        i527 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i513, pos = _rlong(buf, pos)
-    if i513 == 0:
+        i527, pos = _rlong(buf, pos)
+    if i527 == 0:
         f_topology_required = None
-    elif i513 == 1:
-        n514 = _ZL[buf[pos]]
-        if n514 < 0:
-            n514, pos = _rlong(buf, pos)
-            if n514 < 0:
-                raise _length_error(n514, end - pos)
+    elif i527 == 1:
+        n528 = _ZL[buf[pos]]
+        if n528 < 0:
+            n528, pos = _rlong(buf, pos)
+            if n528 < 0:
+                raise _length_error(n528, end - pos)
         else:
             pos += 1
-        q515 = pos + n514
-        if q515 > end:
-            raise _length_error(n514, end - pos)
-        f_topology_required = buf[pos:q515].decode()
-        pos = q515
+        q529 = pos + n528
+        if q529 > end:
+            raise _length_error(n528, end - pos)
+        f_topology_required = buf[pos:q529].decode()
+        pos = q529
     else:
-        raise _union_error(i513, 2)
+        raise _union_error(i527, 2)
     b = buf[pos]
     if b < 128:
-        i516 = _ZD[b]
+        i530 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i516 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i516 = (z >> 1) ^ -(z & 1)
+        i530 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i516, pos = _rlong(buf, pos)
-    if i516 == 0:
+        i530, pos = _rlong(buf, pos)
+    if i530 == 0:
         f_topology_preferred = None
-    elif i516 == 1:
-        n517 = _ZL[buf[pos]]
-        if n517 < 0:
-            n517, pos = _rlong(buf, pos)
-            if n517 < 0:
-                raise _length_error(n517, end - pos)
+    elif i530 == 1:
+        n531 = _ZL[buf[pos]]
+        if n531 < 0:
+            n531, pos = _rlong(buf, pos)
+            if n531 < 0:
+                raise _length_error(n531, end - pos)
         else:
             pos += 1
-        q518 = pos + n517
-        if q518 > end:
-            raise _length_error(n517, end - pos)
-        f_topology_preferred = buf[pos:q518].decode()
-        pos = q518
+        q532 = pos + n531
+        if q532 > end:
+            raise _length_error(n531, end - pos)
+        f_topology_preferred = buf[pos:q532].decode()
+        pos = q532
     else:
-        raise _union_error(i516, 2)
+        raise _union_error(i530, 2)
     b = buf[pos]
     if b < 128:
-        i519 = _ZD[b]
+        i533 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i519 = (z >> 1) ^ -(z & 1)
+        i533 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i519 = (z >> 1) ^ -(z & 1)
+        i533 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i519, pos = _rlong(buf, pos)
-    if i519 == 0:
+        i533, pos = _rlong(buf, pos)
+    if i533 == 0:
         f_timeout_ms = None
-    elif i519 == 1:
+    elif i533 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2461,24 +2514,24 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i519, 2)
+        raise _union_error(i533, 2)
     b = buf[pos]
     if b < 128:
-        i520 = _ZD[b]
+        i534 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i520 = (z >> 1) ^ -(z & 1)
+        i534 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i520 = (z >> 1) ^ -(z & 1)
+        i534 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i520, pos = _rlong(buf, pos)
-    if i520 == 0:
+        i534, pos = _rlong(buf, pos)
+    if i534 == 0:
         f_time_limit_ms = None
-    elif i520 == 1:
+    elif i534 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2494,176 +2547,62 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i520, 2)
+        raise _union_error(i534, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc521: list[Any] = []
+        acc535: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c522 = _ZD[b]
+                c536 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c522 = (z >> 1) ^ -(z & 1)
+                c536 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c522 = (z >> 1) ^ -(z & 1)
+                c536 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c522, pos = _rlong(buf, pos)
-            if c522 == 0:
+                c536, pos = _rlong(buf, pos)
+            if c536 == 0:
                 break
-            if c522 < 0:
-                c522 = -c522
+            if c536 < 0:
+                c536 = -c536
                 b = buf[pos]
                 if b < 128:
-                    z525 = _ZD[b]
+                    z539 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z525 = (z >> 1) ^ -(z & 1)
+                    z539 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z525 = (z >> 1) ^ -(z & 1)
+                    z539 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z525, pos = _rlong(buf, pos)
-            if c522 * 1 > end - pos:
-                raise _count_error(c522, end - pos)
-            for _ in range(c522):
-                n526 = _ZL[buf[pos]]
-                if n526 < 0:
-                    n526, pos = _rlong(buf, pos)
-                    if n526 < 0:
-                        raise _length_error(n526, end - pos)
+                    z539, pos = _rlong(buf, pos)
+            if c536 * 1 > end - pos:
+                raise _count_error(c536, end - pos)
+            for _ in range(c536):
+                n540 = _ZL[buf[pos]]
+                if n540 < 0:
+                    n540, pos = _rlong(buf, pos)
+                    if n540 < 0:
+                        raise _length_error(n540, end - pos)
                 else:
                     pos += 1
-                q527 = pos + n526
-                if q527 > end:
-                    raise _length_error(n526, end - pos)
-                x523 = buf[pos:q527].decode()
-                pos = q527
-                acc521.append(x523)
-        f_depends_on = tuple(acc521)
-    n528 = _ZL[buf[pos]]
-    if n528 < 0:
-        n528, pos = _rlong(buf, pos)
-        if n528 < 0:
-            raise _length_error(n528, end - pos)
-    else:
-        pos += 1
-    q529 = pos + n528
-    if q529 > end:
-        raise _length_error(n528, end - pos)
-    f_dependency = buf[pos:q529].decode()
-    pos = q529
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
-    else:
-        pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_preemption = buf[pos:q531].decode()
-    pos = q531
-    b = buf[pos]
-    if b < 128:
-        i532 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i532 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i532 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i532, pos = _rlong(buf, pos)
-    if i532 == 0:
-        f_retry = None
-    elif i532 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
-    else:
-        raise _union_error(i532, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n533 = _ZL[buf[pos]]
-    if n533 < 0:
-        n533, pos = _rlong(buf, pos)
-        if n533 < 0:
-            raise _length_error(n533, end - pos)
-    else:
-        pos += 1
-    q534 = pos + n533
-    if q534 > end:
-        raise _length_error(n533, end - pos)
-    f_disruption = buf[pos:q534].decode()
-    pos = q534
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
-    return o, pos
-
-
-def _d_ReleaseGang534(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n536 = _ZL[buf[pos]]
-    if n536 < 0:
-        n536, pos = _rlong(buf, pos)
-        if n536 < 0:
-            raise _length_error(n536, end - pos)
-    else:
-        pos += 1
-    q537 = pos + n536
-    if q537 > end:
-        raise _length_error(n536, end - pos)
-    f_gang_id = buf[pos:q537].decode()
-    pos = q537
-    n538 = _ZL[buf[pos]]
-    if n538 < 0:
-        n538, pos = _rlong(buf, pos)
-        if n538 < 0:
-            raise _length_error(n538, end - pos)
-    else:
-        pos += 1
-    q539 = pos + n538
-    if q539 > end:
-        raise _length_error(n538, end - pos)
-    f_reason = buf[pos:q539].decode()
-    pos = q539
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick539(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
+                q541 = pos + n540
+                if q541 > end:
+                    raise _length_error(n540, end - pos)
+                x537 = buf[pos:q541].decode()
+                pos = q541
+                acc535.append(x537)
+        f_depends_on = tuple(acc535)
     n542 = _ZL[buf[pos]]
     if n542 < 0:
         n542, pos = _rlong(buf, pos)
@@ -2674,125 +2613,308 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     q543 = pos + n542
     if q543 > end:
         raise _length_error(n542, end - pos)
-    f_tenant = buf[pos:q543].decode()
+    f_dependency = buf[pos:q543].decode()
     pos = q543
+    n544 = _ZL[buf[pos]]
+    if n544 < 0:
+        n544, pos = _rlong(buf, pos)
+        if n544 < 0:
+            raise _length_error(n544, end - pos)
+    else:
+        pos += 1
+    q545 = pos + n544
+    if q545 > end:
+        raise _length_error(n544, end - pos)
+    f_preemption = buf[pos:q545].decode()
+    pos = q545
     b = buf[pos]
     if b < 128:
-        i544 = _ZD[b]
+        i546 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i544 = (z >> 1) ^ -(z & 1)
+        i546 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i544 = (z >> 1) ^ -(z & 1)
+        i546 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i544, pos = _rlong(buf, pos)
-    if i544 == 0:
+        i546, pos = _rlong(buf, pos)
+    if i546 == 0:
+        f_retry = None
+    elif i546 == 1:
+        f_retry, pos = _d_Retry450(buf, pos, end)
+    else:
+        raise _union_error(i546, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n547 = _ZL[buf[pos]]
+    if n547 < 0:
+        n547, pos = _rlong(buf, pos)
+        if n547 < 0:
+            raise _length_error(n547, end - pos)
+    else:
+        pos += 1
+    q548 = pos + n547
+    if q548 > end:
+        raise _length_error(n547, end - pos)
+    f_disruption = buf[pos:q548].decode()
+    pos = q548
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc549: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c550 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c550 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c550 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c550, pos = _rlong(buf, pos)
+            if c550 == 0:
+                break
+            if c550 < 0:
+                c550 = -c550
+                b = buf[pos]
+                if b < 128:
+                    z553 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z553 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z553 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z553, pos = _rlong(buf, pos)
+            if c550 * 2 > end - pos:
+                raise _count_error(c550, end - pos)
+            for _ in range(c550):
+                n554 = _ZL[buf[pos]]
+                if n554 < 0:
+                    n554, pos = _rlong(buf, pos)
+                    if n554 < 0:
+                        raise _length_error(n554, end - pos)
+                else:
+                    pos += 1
+                q555 = pos + n554
+                if q555 > end:
+                    raise _length_error(n554, end - pos)
+                k552 = buf[pos:q555].decode()
+                pos = q555
+                b = buf[pos]
+                if b < 128:
+                    x551 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x551 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x551 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x551, pos = _rlong(buf, pos)
+                acc549[k552] = x551
+        f_min_members_per_role = acc549
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_ReleaseGang555(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n557 = _ZL[buf[pos]]
+    if n557 < 0:
+        n557, pos = _rlong(buf, pos)
+        if n557 < 0:
+            raise _length_error(n557, end - pos)
+    else:
+        pos += 1
+    q558 = pos + n557
+    if q558 > end:
+        raise _length_error(n557, end - pos)
+    f_gang_id = buf[pos:q558].decode()
+    pos = q558
+    n559 = _ZL[buf[pos]]
+    if n559 < 0:
+        n559, pos = _rlong(buf, pos)
+        if n559 < 0:
+            raise _length_error(n559, end - pos)
+    else:
+        pos += 1
+    q560 = pos + n559
+    if q560 > end:
+        raise _length_error(n559, end - pos)
+    f_reason = buf[pos:q560].decode()
+    pos = q560
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick560(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n563 = _ZL[buf[pos]]
+    if n563 < 0:
+        n563, pos = _rlong(buf, pos)
+        if n563 < 0:
+            raise _length_error(n563, end - pos)
+    else:
+        pos += 1
+    q564 = pos + n563
+    if q564 > end:
+        raise _length_error(n563, end - pos)
+    f_tenant = buf[pos:q564].decode()
+    pos = q564
+    b = buf[pos]
+    if b < 128:
+        i565 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i565 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i565 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i565, pos = _rlong(buf, pos)
+    if i565 == 0:
         f_cohort = None
-    elif i544 == 1:
-        n545 = _ZL[buf[pos]]
-        if n545 < 0:
-            n545, pos = _rlong(buf, pos)
-            if n545 < 0:
-                raise _length_error(n545, end - pos)
+    elif i565 == 1:
+        n566 = _ZL[buf[pos]]
+        if n566 < 0:
+            n566, pos = _rlong(buf, pos)
+            if n566 < 0:
+                raise _length_error(n566, end - pos)
         else:
             pos += 1
-        q546 = pos + n545
-        if q546 > end:
-            raise _length_error(n545, end - pos)
-        f_cohort = buf[pos:q546].decode()
-        pos = q546
+        q567 = pos + n566
+        if q567 > end:
+            raise _length_error(n566, end - pos)
+        f_cohort = buf[pos:q567].decode()
+        pos = q567
     else:
-        raise _union_error(i544, 2)
+        raise _union_error(i565, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc547: dict[str, Any] = {}
+        acc568: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c548 = _ZD[b]
+                c569 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c548 = (z >> 1) ^ -(z & 1)
+                c569 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c548 = (z >> 1) ^ -(z & 1)
+                c569 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c548, pos = _rlong(buf, pos)
-            if c548 == 0:
+                c569, pos = _rlong(buf, pos)
+            if c569 == 0:
                 break
-            if c548 < 0:
-                c548 = -c548
+            if c569 < 0:
+                c569 = -c569
                 b = buf[pos]
                 if b < 128:
-                    z551 = _ZD[b]
+                    z572 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z551 = (z >> 1) ^ -(z & 1)
+                    z572 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z551 = (z >> 1) ^ -(z & 1)
+                    z572 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z551, pos = _rlong(buf, pos)
-            if c548 * 2 > end - pos:
-                raise _count_error(c548, end - pos)
-            for _ in range(c548):
-                n552 = _ZL[buf[pos]]
-                if n552 < 0:
-                    n552, pos = _rlong(buf, pos)
-                    if n552 < 0:
-                        raise _length_error(n552, end - pos)
+                    z572, pos = _rlong(buf, pos)
+            if c569 * 2 > end - pos:
+                raise _count_error(c569, end - pos)
+            for _ in range(c569):
+                n573 = _ZL[buf[pos]]
+                if n573 < 0:
+                    n573, pos = _rlong(buf, pos)
+                    if n573 < 0:
+                        raise _length_error(n573, end - pos)
                 else:
                     pos += 1
-                q553 = pos + n552
-                if q553 > end:
-                    raise _length_error(n552, end - pos)
-                k550 = buf[pos:q553].decode()
-                pos = q553
+                q574 = pos + n573
+                if q574 > end:
+                    raise _length_error(n573, end - pos)
+                k571 = buf[pos:q574].decode()
+                pos = q574
                 b = buf[pos]
                 if b < 128:
-                    x549 = _ZD[b]
+                    x570 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x549 = (z >> 1) ^ -(z & 1)
+                    x570 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x549 = (z >> 1) ^ -(z & 1)
+                    x570 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x549, pos = _rlong(buf, pos)
-                acc547[k550] = x549
-        f_nominal_gpus = acc547
+                    x570, pos = _rlong(buf, pos)
+                acc568[k571] = x570
+        f_nominal_gpus = acc568
     b = buf[pos]
     if b < 128:
-        i554 = _ZD[b]
+        i575 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i554 = (z >> 1) ^ -(z & 1)
+        i575 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i554 = (z >> 1) ^ -(z & 1)
+        i575 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i554, pos = _rlong(buf, pos)
-    if i554 == 0:
+        i575, pos = _rlong(buf, pos)
+    if i575 == 0:
         f_nominal_cpu_milli = None
-    elif i554 == 1:
+    elif i575 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2808,24 +2930,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i554, 2)
+        raise _union_error(i575, 2)
     b = buf[pos]
     if b < 128:
-        i555 = _ZD[b]
+        i576 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i555 = (z >> 1) ^ -(z & 1)
+        i576 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i555 = (z >> 1) ^ -(z & 1)
+        i576 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i555, pos = _rlong(buf, pos)
-    if i555 == 0:
+        i576, pos = _rlong(buf, pos)
+    if i576 == 0:
         f_nominal_memory_mib = None
-    elif i555 == 1:
+    elif i576 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2841,24 +2963,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i555, 2)
+        raise _union_error(i576, 2)
     b = buf[pos]
     if b < 128:
-        i556 = _ZD[b]
+        i577 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i556 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i556 = (z >> 1) ^ -(z & 1)
+        i577 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i556, pos = _rlong(buf, pos)
-    if i556 == 0:
+        i577, pos = _rlong(buf, pos)
+    if i577 == 0:
         f_borrowing_limit_gpus = None
-    elif i556 == 1:
+    elif i577 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2874,24 +2996,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i556, 2)
+        raise _union_error(i577, 2)
     b = buf[pos]
     if b < 128:
-        i557 = _ZD[b]
+        i578 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i557 = (z >> 1) ^ -(z & 1)
+        i578 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i557 = (z >> 1) ^ -(z & 1)
+        i578 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i557, pos = _rlong(buf, pos)
-    if i557 == 0:
+        i578, pos = _rlong(buf, pos)
+    if i578 == 0:
         f_lending_limit_gpus = None
-    elif i557 == 1:
+    elif i578 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2907,7 +3029,7 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i557, 2)
+        raise _union_error(i578, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2924,47 +3046,47 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i558 = _ZD[b]
+        i579 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i558 = (z >> 1) ^ -(z & 1)
+        i579 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i558 = (z >> 1) ^ -(z & 1)
+        i579 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i558, pos = _rlong(buf, pos)
-    if i558 == 0:
+        i579, pos = _rlong(buf, pos)
+    if i579 == 0:
         f_preemption = None
-    elif i558 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i579 == 1:
+        f_preemption, pos = _d_QuotaPreemption479(buf, pos, end)
     else:
-        raise _union_error(i558, 2)
+        raise _union_error(i579, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota558(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota579(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n560 = _ZL[buf[pos]]
-    if n560 < 0:
-        n560, pos = _rlong(buf, pos)
-        if n560 < 0:
-            raise _length_error(n560, end - pos)
+    n581 = _ZL[buf[pos]]
+    if n581 < 0:
+        n581, pos = _rlong(buf, pos)
+        if n581 < 0:
+            raise _length_error(n581, end - pos)
     else:
         pos += 1
-    q561 = pos + n560
-    if q561 > end:
-        raise _length_error(n560, end - pos)
-    f_tenant = buf[pos:q561].decode()
-    pos = q561
+    q582 = pos + n581
+    if q582 > end:
+        raise _length_error(n581, end - pos)
+    f_tenant = buf[pos:q582].decode()
+    pos = q582
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment582(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2983,410 +3105,410 @@ def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i563 = _ZD[b]
+        i584 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i563 = (z >> 1) ^ -(z & 1)
+        i584 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i563 = (z >> 1) ^ -(z & 1)
+        i584 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i563, pos = _rlong(buf, pos)
-    if i563 == 0:
+        i584, pos = _rlong(buf, pos)
+    if i584 == 0:
         f_target = None
-    elif i563 == 1:
-        n564 = _ZL[buf[pos]]
-        if n564 < 0:
-            n564, pos = _rlong(buf, pos)
-            if n564 < 0:
-                raise _length_error(n564, end - pos)
+    elif i584 == 1:
+        n585 = _ZL[buf[pos]]
+        if n585 < 0:
+            n585, pos = _rlong(buf, pos)
+            if n585 < 0:
+                raise _length_error(n585, end - pos)
         else:
             pos += 1
-        q565 = pos + n564
-        if q565 > end:
-            raise _length_error(n564, end - pos)
-        f_target = buf[pos:q565].decode()
-        pos = q565
+        q586 = pos + n585
+        if q586 > end:
+            raise _length_error(n585, end - pos)
+        f_target = buf[pos:q586].decode()
+        pos = q586
     else:
-        raise _union_error(i563, 2)
+        raise _union_error(i584, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster565(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster586(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n567 = _ZL[buf[pos]]
-    if n567 < 0:
-        n567, pos = _rlong(buf, pos)
-        if n567 < 0:
-            raise _length_error(n567, end - pos)
+    n588 = _ZL[buf[pos]]
+    if n588 < 0:
+        n588, pos = _rlong(buf, pos)
+        if n588 < 0:
+            raise _length_error(n588, end - pos)
     else:
         pos += 1
-    q568 = pos + n567
-    if q568 > end:
-        raise _length_error(n567, end - pos)
-    f_reason = buf[pos:q568].decode()
-    pos = q568
+    q589 = pos + n588
+    if q589 > end:
+        raise _length_error(n588, end - pos)
+    f_reason = buf[pos:q589].decode()
+    pos = q589
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode568(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode589(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n570 = _ZL[buf[pos]]
-    if n570 < 0:
-        n570, pos = _rlong(buf, pos)
-        if n570 < 0:
-            raise _length_error(n570, end - pos)
+    n591 = _ZL[buf[pos]]
+    if n591 < 0:
+        n591, pos = _rlong(buf, pos)
+        if n591 < 0:
+            raise _length_error(n591, end - pos)
     else:
         pos += 1
-    q571 = pos + n570
-    if q571 > end:
-        raise _length_error(n570, end - pos)
-    f_node_id = buf[pos:q571].decode()
-    pos = q571
+    q592 = pos + n591
+    if q592 > end:
+        raise _length_error(n591, end - pos)
+    f_node_id = buf[pos:q592].decode()
+    pos = q592
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode571(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode592(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n573 = _ZL[buf[pos]]
-    if n573 < 0:
-        n573, pos = _rlong(buf, pos)
-        if n573 < 0:
-            raise _length_error(n573, end - pos)
+    n594 = _ZL[buf[pos]]
+    if n594 < 0:
+        n594, pos = _rlong(buf, pos)
+        if n594 < 0:
+            raise _length_error(n594, end - pos)
     else:
         pos += 1
-    q574 = pos + n573
-    if q574 > end:
-        raise _length_error(n573, end - pos)
-    f_node_id = buf[pos:q574].decode()
-    pos = q574
+    q595 = pos + n594
+    if q595 > end:
+        raise _length_error(n594, end - pos)
+    f_node_id = buf[pos:q595].decode()
+    pos = q595
     b = buf[pos]
     if b < 128:
-        i575 = _ZD[b]
+        i596 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i575 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i575 = (z >> 1) ^ -(z & 1)
+        i596 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i575, pos = _rlong(buf, pos)
-    if i575 == 0:
+        i596, pos = _rlong(buf, pos)
+    if i596 == 0:
         f_labels = None
-    elif i575 == 1:
+    elif i596 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc576: dict[str, Any] = {}
+            acc597: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c577 = _ZD[b]
+                    c598 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c598 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c577, pos = _rlong(buf, pos)
-                if c577 == 0:
+                    c598, pos = _rlong(buf, pos)
+                if c598 == 0:
                     break
-                if c577 < 0:
-                    c577 = -c577
+                if c598 < 0:
+                    c598 = -c598
                     b = buf[pos]
                     if b < 128:
-                        z580 = _ZD[b]
+                        z601 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z601 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z580, pos = _rlong(buf, pos)
-                if c577 * 2 > end - pos:
-                    raise _count_error(c577, end - pos)
-                for _ in range(c577):
-                    n581 = _ZL[buf[pos]]
-                    if n581 < 0:
-                        n581, pos = _rlong(buf, pos)
-                        if n581 < 0:
-                            raise _length_error(n581, end - pos)
+                        z601, pos = _rlong(buf, pos)
+                if c598 * 2 > end - pos:
+                    raise _count_error(c598, end - pos)
+                for _ in range(c598):
+                    n602 = _ZL[buf[pos]]
+                    if n602 < 0:
+                        n602, pos = _rlong(buf, pos)
+                        if n602 < 0:
+                            raise _length_error(n602, end - pos)
                     else:
                         pos += 1
-                    q582 = pos + n581
-                    if q582 > end:
-                        raise _length_error(n581, end - pos)
-                    k579 = buf[pos:q582].decode()
-                    pos = q582
-                    n583 = _ZL[buf[pos]]
-                    if n583 < 0:
-                        n583, pos = _rlong(buf, pos)
-                        if n583 < 0:
-                            raise _length_error(n583, end - pos)
+                    q603 = pos + n602
+                    if q603 > end:
+                        raise _length_error(n602, end - pos)
+                    k600 = buf[pos:q603].decode()
+                    pos = q603
+                    n604 = _ZL[buf[pos]]
+                    if n604 < 0:
+                        n604, pos = _rlong(buf, pos)
+                        if n604 < 0:
+                            raise _length_error(n604, end - pos)
                     else:
                         pos += 1
-                    q584 = pos + n583
-                    if q584 > end:
-                        raise _length_error(n583, end - pos)
-                    x578 = buf[pos:q584].decode()
-                    pos = q584
-                    acc576[k579] = x578
-            f_labels = acc576
+                    q605 = pos + n604
+                    if q605 > end:
+                        raise _length_error(n604, end - pos)
+                    x599 = buf[pos:q605].decode()
+                    pos = q605
+                    acc597[k600] = x599
+            f_labels = acc597
     else:
-        raise _union_error(i575, 2)
+        raise _union_error(i596, 2)
     b = buf[pos]
     if b < 128:
-        i585 = _ZD[b]
+        i606 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i585 = (z >> 1) ^ -(z & 1)
+        i606 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i585 = (z >> 1) ^ -(z & 1)
+        i606 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i585, pos = _rlong(buf, pos)
-    if i585 == 0:
+        i606, pos = _rlong(buf, pos)
+    if i606 == 0:
         f_taints = None
-    elif i585 == 1:
+    elif i606 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc586: list[Any] = []
+            acc607: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c587 = _ZD[b]
+                    c608 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c608 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c608 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c587, pos = _rlong(buf, pos)
-                if c587 == 0:
+                    c608, pos = _rlong(buf, pos)
+                if c608 == 0:
                     break
-                if c587 < 0:
-                    c587 = -c587
+                if c608 < 0:
+                    c608 = -c608
                     b = buf[pos]
                     if b < 128:
-                        z590 = _ZD[b]
+                        z611 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z611 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z611 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z590, pos = _rlong(buf, pos)
-                if c587 * 3 > end - pos:
-                    raise _count_error(c587, end - pos)
-                for _ in range(c587):
-                    x588, pos = _d_Taint367(buf, pos, end)
-                    acc586.append(x588)
-            f_taints = tuple(acc586)
+                        z611, pos = _rlong(buf, pos)
+                if c608 * 3 > end - pos:
+                    raise _count_error(c608, end - pos)
+                for _ in range(c608):
+                    x609, pos = _d_Taint378(buf, pos, end)
+                    acc607.append(x609)
+            f_taints = tuple(acc607)
     else:
-        raise _union_error(i585, 2)
+        raise _union_error(i606, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget611(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n592 = _ZL[buf[pos]]
-    if n592 < 0:
-        n592, pos = _rlong(buf, pos)
-        if n592 < 0:
-            raise _length_error(n592, end - pos)
+    n613 = _ZL[buf[pos]]
+    if n613 < 0:
+        n613, pos = _rlong(buf, pos)
+        if n613 < 0:
+            raise _length_error(n613, end - pos)
     else:
         pos += 1
-    q593 = pos + n592
-    if q593 > end:
-        raise _length_error(n592, end - pos)
-    f_budget_id = buf[pos:q593].decode()
-    pos = q593
+    q614 = pos + n613
+    if q614 > end:
+        raise _length_error(n613, end - pos)
+    f_budget_id = buf[pos:q614].decode()
+    pos = q614
     b = buf[pos]
     if b < 128:
-        i594 = _ZD[b]
+        i615 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i594 = (z >> 1) ^ -(z & 1)
+        i615 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i594 = (z >> 1) ^ -(z & 1)
+        i615 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i594, pos = _rlong(buf, pos)
-    if i594 == 0:
+        i615, pos = _rlong(buf, pos)
+    if i615 == 0:
         f_tenant = None
-    elif i594 == 1:
-        n595 = _ZL[buf[pos]]
-        if n595 < 0:
-            n595, pos = _rlong(buf, pos)
-            if n595 < 0:
-                raise _length_error(n595, end - pos)
+    elif i615 == 1:
+        n616 = _ZL[buf[pos]]
+        if n616 < 0:
+            n616, pos = _rlong(buf, pos)
+            if n616 < 0:
+                raise _length_error(n616, end - pos)
         else:
             pos += 1
-        q596 = pos + n595
-        if q596 > end:
-            raise _length_error(n595, end - pos)
-        f_tenant = buf[pos:q596].decode()
-        pos = q596
+        q617 = pos + n616
+        if q617 > end:
+            raise _length_error(n616, end - pos)
+        f_tenant = buf[pos:q617].decode()
+        pos = q617
     else:
-        raise _union_error(i594, 2)
+        raise _union_error(i615, 2)
     b = buf[pos]
     if b < 128:
-        i597 = _ZD[b]
+        i618 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i597 = (z >> 1) ^ -(z & 1)
+        i618 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i597 = (z >> 1) ^ -(z & 1)
+        i618 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i597, pos = _rlong(buf, pos)
-    if i597 == 0:
+        i618, pos = _rlong(buf, pos)
+    if i618 == 0:
         f_gang_id = None
-    elif i597 == 1:
-        n598 = _ZL[buf[pos]]
-        if n598 < 0:
-            n598, pos = _rlong(buf, pos)
-            if n598 < 0:
-                raise _length_error(n598, end - pos)
+    elif i618 == 1:
+        n619 = _ZL[buf[pos]]
+        if n619 < 0:
+            n619, pos = _rlong(buf, pos)
+            if n619 < 0:
+                raise _length_error(n619, end - pos)
         else:
             pos += 1
-        q599 = pos + n598
-        if q599 > end:
-            raise _length_error(n598, end - pos)
-        f_gang_id = buf[pos:q599].decode()
-        pos = q599
+        q620 = pos + n619
+        if q620 > end:
+            raise _length_error(n619, end - pos)
+        f_gang_id = buf[pos:q620].decode()
+        pos = q620
     else:
-        raise _union_error(i597, 2)
+        raise _union_error(i618, 2)
     b = buf[pos]
     if b < 128:
-        i600 = _ZD[b]
+        i621 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i600 = (z >> 1) ^ -(z & 1)
+        i621 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i600 = (z >> 1) ^ -(z & 1)
+        i621 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i600, pos = _rlong(buf, pos)
-    if i600 == 0:
+        i621, pos = _rlong(buf, pos)
+    if i621 == 0:
         f_label_selector = None
-    elif i600 == 1:
+    elif i621 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc601: dict[str, Any] = {}
+            acc622: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c602 = _ZD[b]
+                    c623 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c623 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c623 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c602, pos = _rlong(buf, pos)
-                if c602 == 0:
+                    c623, pos = _rlong(buf, pos)
+                if c623 == 0:
                     break
-                if c602 < 0:
-                    c602 = -c602
+                if c623 < 0:
+                    c623 = -c623
                     b = buf[pos]
                     if b < 128:
-                        z605 = _ZD[b]
+                        z626 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z626 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z626 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z605, pos = _rlong(buf, pos)
-                if c602 * 2 > end - pos:
-                    raise _count_error(c602, end - pos)
-                for _ in range(c602):
-                    n606 = _ZL[buf[pos]]
-                    if n606 < 0:
-                        n606, pos = _rlong(buf, pos)
-                        if n606 < 0:
-                            raise _length_error(n606, end - pos)
+                        z626, pos = _rlong(buf, pos)
+                if c623 * 2 > end - pos:
+                    raise _count_error(c623, end - pos)
+                for _ in range(c623):
+                    n627 = _ZL[buf[pos]]
+                    if n627 < 0:
+                        n627, pos = _rlong(buf, pos)
+                        if n627 < 0:
+                            raise _length_error(n627, end - pos)
                     else:
                         pos += 1
-                    q607 = pos + n606
-                    if q607 > end:
-                        raise _length_error(n606, end - pos)
-                    k604 = buf[pos:q607].decode()
-                    pos = q607
-                    n608 = _ZL[buf[pos]]
-                    if n608 < 0:
-                        n608, pos = _rlong(buf, pos)
-                        if n608 < 0:
-                            raise _length_error(n608, end - pos)
+                    q628 = pos + n627
+                    if q628 > end:
+                        raise _length_error(n627, end - pos)
+                    k625 = buf[pos:q628].decode()
+                    pos = q628
+                    n629 = _ZL[buf[pos]]
+                    if n629 < 0:
+                        n629, pos = _rlong(buf, pos)
+                        if n629 < 0:
+                            raise _length_error(n629, end - pos)
                     else:
                         pos += 1
-                    q609 = pos + n608
-                    if q609 > end:
-                        raise _length_error(n608, end - pos)
-                    x603 = buf[pos:q609].decode()
-                    pos = q609
-                    acc601[k604] = x603
-            f_label_selector = acc601
+                    q630 = pos + n629
+                    if q630 > end:
+                        raise _length_error(n629, end - pos)
+                    x624 = buf[pos:q630].decode()
+                    pos = q630
+                    acc622[k625] = x624
+            f_label_selector = acc622
     else:
-        raise _union_error(i600, 2)
+        raise _union_error(i621, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3405,20 +3527,20 @@ def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget609(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget630(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n611 = _ZL[buf[pos]]
-    if n611 < 0:
-        n611, pos = _rlong(buf, pos)
-        if n611 < 0:
-            raise _length_error(n611, end - pos)
+    n632 = _ZL[buf[pos]]
+    if n632 < 0:
+        n632, pos = _rlong(buf, pos)
+        if n632 < 0:
+            raise _length_error(n632, end - pos)
     else:
         pos += 1
-    q612 = pos + n611
-    if q612 > end:
-        raise _length_error(n611, end - pos)
-    f_budget_id = buf[pos:q612].decode()
-    pos = q612
+    q633 = pos + n632
+    if q633 > end:
+        raise _length_error(n632, end - pos)
+    f_budget_id = buf[pos:q633].decode()
+    pos = q633
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
@@ -3428,7 +3550,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k340:
+    if frame[:10] != _k351:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3439,30 +3561,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n342 = _ZL[buf[pos]]
-        if n342 < 0:
-            n342, pos = _rlong(buf, pos)
-            if n342 < 0:
-                raise _length_error(n342, end - pos)
+        n353 = _ZL[buf[pos]]
+        if n353 < 0:
+            n353, pos = _rlong(buf, pos)
+            if n353 < 0:
+                raise _length_error(n353, end - pos)
         else:
             pos += 1
-        q343 = pos + n342
-        if q343 > end:
-            raise _length_error(n342, end - pos)
-        f_command_id = buf[pos:q343].decode()
-        pos = q343
-        n344 = _ZL[buf[pos]]
-        if n344 < 0:
-            n344, pos = _rlong(buf, pos)
-            if n344 < 0:
-                raise _length_error(n344, end - pos)
+        q354 = pos + n353
+        if q354 > end:
+            raise _length_error(n353, end - pos)
+        f_command_id = buf[pos:q354].decode()
+        pos = q354
+        n355 = _ZL[buf[pos]]
+        if n355 < 0:
+            n355, pos = _rlong(buf, pos)
+            if n355 < 0:
+                raise _length_error(n355, end - pos)
         else:
             pos += 1
-        q345 = pos + n344
-        if q345 > end:
-            raise _length_error(n344, end - pos)
-        f_cluster = buf[pos:q345].decode()
-        pos = q345
+        q356 = pos + n355
+        if q356 > end:
+            raise _length_error(n355, end - pos)
+        f_cluster = buf[pos:q356].decode()
+        pos = q356
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3477,35 +3599,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n346 = _ZL[buf[pos]]
-        if n346 < 0:
-            n346, pos = _rlong(buf, pos)
-            if n346 < 0:
-                raise _length_error(n346, end - pos)
+        n357 = _ZL[buf[pos]]
+        if n357 < 0:
+            n357, pos = _rlong(buf, pos)
+            if n357 < 0:
+                raise _length_error(n357, end - pos)
         else:
             pos += 1
-        q347 = pos + n346
-        if q347 > end:
-            raise _length_error(n346, end - pos)
-        f_source = buf[pos:q347].decode()
-        pos = q347
+        q358 = pos + n357
+        if q358 > end:
+            raise _length_error(n357, end - pos)
+        f_source = buf[pos:q358].decode()
+        pos = q358
         b = buf[pos]
         if b < 128:
-            i348 = _ZD[b]
+            i359 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i348 = (z >> 1) ^ -(z & 1)
+            i359 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i348 = (z >> 1) ^ -(z & 1)
+            i359 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i348, pos = _rlong(buf, pos)
-        if not 0 <= i348 < 20:
-            raise _union_error(i348, 20)
-        f_payload, pos = _k612[i348](buf, pos, end)
+            i359, pos = _rlong(buf, pos)
+        if not 0 <= i359 < 20:
+            raise _union_error(i359, 20)
+        f_payload, pos = _k633[i359](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3516,303 +3638,315 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded624(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k625, (_P[n628] if (n628 := len(s627 := o.node_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := o.gpu_model.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := o.gpu_count) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := o.cpu_milli) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := o.memory_mib) < 8192 else _long(n633)), (_b21(a634) if (a634 := o.labels) else b"\x00"), (_b27(a635) if (a635 := o.taints) else b"\x00"), (_P[n636] if 0 <= (n636 := o.gpu_memory_mib) < 8192 else _long(n636)),))
+def _e_NodeAdded645(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := o.node_id.encode())) < 8192 else _long(n649)), s648, (_P[n651] if (n651 := len(s650 := o.gpu_model.encode())) < 8192 else _long(n651)), s650, (_P[n652] if 0 <= (n652 := o.gpu_count) < 8192 else _long(n652)), (_P[n653] if 0 <= (n653 := o.cpu_milli) < 8192 else _long(n653)), (_P[n654] if 0 <= (n654 := o.memory_mib) < 8192 else _long(n654)), (_b21(a655) if (a655 := o.labels) else b"\x00"), (_b27(a656) if (a656 := o.taints) else b"\x00"), (_P[n657] if 0 <= (n657 := o.gpu_memory_mib) < 8192 else _long(n657)),))
 
 
-def _e_NodeRemoved636(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved657(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k658, (_P[n661] if (n661 := len(s660 := o.node_id.encode())) < 8192 else _long(n661)), s660, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned640(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
+def _e_NodeCordoned661(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k662, (_P[n665] if (n665 := len(s664 := o.node_id.encode())) < 8192 else _long(n665)), s664,))
 
 
-def _e_NodeUncordoned644(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647,))
+def _e_NodeUncordoned665(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k666, (_P[n669] if (n669 := len(s668 := o.node_id.encode())) < 8192 else _long(n669)), s668,))
 
 
-def _e_NodeDrained648(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.node_id.encode())) < 8192 else _long(n652)), s651, (_P[n653] if 0 <= (n653 := o.evicted) < 8192 else _long(n653)),))
+def _e_NodeDrained669(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k670, (_P[n673] if (n673 := len(s672 := o.node_id.encode())) < 8192 else _long(n673)), s672, (_P[n674] if 0 <= (n674 := o.evicted) < 8192 else _long(n674)),))
 
 
-def _e_NodeFailed653(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k654, (_P[n657] if (n657 := len(s656 := o.node_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := o.evicted) < 8192 else _long(n660)),))
+def _e_NodeFailed674(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k675, (_P[n678] if (n678 := len(s677 := o.node_id.encode())) < 8192 else _long(n678)), s677, (_P[n680] if (n680 := len(s679 := o.reason.encode())) < 8192 else _long(n680)), s679, (_P[n681] if 0 <= (n681 := o.evicted) < 8192 else _long(n681)),))
 
 
-def _u679(v: Any) -> bytes:
-    return b"".join((_k679, (_P[n682] if (n682 := len(s681 := v.encode())) < 8192 else _long(n682)), s681,))
+def _u700(v: Any) -> bytes:
+    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := v.encode())) < 8192 else _long(n703)), s702,))
 
 
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
+def _u706(v: Any) -> bytes:
+    return b"".join((_k706, (_P[n708] if 0 <= (n708 := v) < 8192 else _long(n708)),))
 
 
-def _b699(a: Any) -> bytes:
+def _u720(v: Any) -> bytes:
+    return b"".join((_k720, (_P[n723] if (n723 := len(s722 := v.encode())) < 8192 else _long(n723)), s722,))
+
+
+def _b726(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n702] if (n702 := len(s701 := x.code.encode())) < 8192 else _long(n702)), s701, (_P[n703] if 0 <= (n703 := x.nodes) < 8192 else _long(n703)), (_P[n705] if (n705 := len(s704 := x.message.encode())) < 8192 else _long(n705)), s704,)
+        out += ((_P[n729] if (n729 := len(s728 := x.code.encode())) < 8192 else _long(n729)), s728, (_P[n730] if 0 <= (n730 := x.nodes) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := x.message.encode())) < 8192 else _long(n732)), s731,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued660(o: _c_PodQueued) -> bytes:
-    return b"".join((_k661, (_P[n665] if (n665 := len(s664 := (r663 := o.pod).pod_id.encode())) < 8192 else _long(n665)), s664, (_P[n667] if (n667 := len(s666 := r663.tenant.encode())) < 8192 else _long(n667)), s666, (_P[n668] if 0 <= (n668 := r663.priority) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r663.num_gpu) < 8192 else _long(n669)), (_P[n670] if 0 <= (n670 := r663.gpu_milli) < 8192 else _long(n670)), (_P[n671] if 0 <= (n671 := r663.cpu_milli) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := r663.memory_mib) < 8192 else _long(n672)), (_b71(a673) if (a673 := r663.gpu_models) else b"\x00"), (_b21(a674) if (a674 := r663.node_selector) else b"\x00"), (_b76(a675) if (a675 := r663.tolerations) else b"\x00"), (_P[n676] if 0 <= (n676 := r663.submitted_at) < 8192 else _long(n676)), (_P[n677] if 0 <= (n677 := r663.arrival) < 8192 else _long(n677)), (_k682 if (u678 := r663.gang_id) is None else _u679(u678)), (_k687 if (u684 := r663.time_limit_ms) is None else _u685(u684)), (_b71(a689) if (a689 := r663.depends_on) else b"\x00"), (_P[n691] if (n691 := len(s690 := r663.dependency.encode())) < 8192 else _long(n691)), s690, (_P[n693] if (n693 := len(s692 := r663.preemption.encode())) < 8192 else _long(n693)), s692, (b"\x01" if r663.movable else b"\x00"), (_P[n694] if 0 <= (n694 := r663.gpu_memory_mib) < 8192 else _long(n694)), (_k696 if (u695 := r663.retry) is None else _k695[type(u695)](u695)), (b"\x01" if r663.preemptible else b"\x00"), (_b699(a698) if (a698 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a706) if (a706 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued681(o: _c_PodQueued) -> bytes:
+    return b"".join((_k682, (_P[n686] if (n686 := len(s685 := (r684 := o.pod).pod_id.encode())) < 8192 else _long(n686)), s685, (_P[n688] if (n688 := len(s687 := r684.tenant.encode())) < 8192 else _long(n688)), s687, (_P[n689] if 0 <= (n689 := r684.priority) < 8192 else _long(n689)), (_P[n690] if 0 <= (n690 := r684.num_gpu) < 8192 else _long(n690)), (_P[n691] if 0 <= (n691 := r684.gpu_milli) < 8192 else _long(n691)), (_P[n692] if 0 <= (n692 := r684.cpu_milli) < 8192 else _long(n692)), (_P[n693] if 0 <= (n693 := r684.memory_mib) < 8192 else _long(n693)), (_b71(a694) if (a694 := r684.gpu_models) else b"\x00"), (_b21(a695) if (a695 := r684.node_selector) else b"\x00"), (_b76(a696) if (a696 := r684.tolerations) else b"\x00"), (_P[n697] if 0 <= (n697 := r684.submitted_at) < 8192 else _long(n697)), (_P[n698] if 0 <= (n698 := r684.arrival) < 8192 else _long(n698)), (_k703 if (u699 := r684.gang_id) is None else _u700(u699)), (_k708 if (u705 := r684.time_limit_ms) is None else _u706(u705)), (_b71(a710) if (a710 := r684.depends_on) else b"\x00"), (_P[n712] if (n712 := len(s711 := r684.dependency.encode())) < 8192 else _long(n712)), s711, (_P[n714] if (n714 := len(s713 := r684.preemption.encode())) < 8192 else _long(n714)), s713, (b"\x01" if r684.movable else b"\x00"), (_P[n715] if 0 <= (n715 := r684.gpu_memory_mib) < 8192 else _long(n715)), (_k717 if (u716 := r684.retry) is None else _k716[type(u716)](u716)), (b"\x01" if r684.preemptible else b"\x00"), (_k723 if (u719 := r684.role) is None else _u720(u719)), (_b726(a725) if (a725 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a733) if (a733 := o.waiting_for) else b"\x00"),))
 
 
-def _u725(v: Any) -> bytes:
-    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := v.encode())) < 8192 else _long(n728)), s727,))
+def _u752(v: Any) -> bytes:
+    return b"".join((_k752, (_P[n755] if (n755 := len(s754 := v.encode())) < 8192 else _long(n755)), s754,))
 
 
-def _u731(v: Any) -> bytes:
-    return b"".join((_k731, (_P[n733] if 0 <= (n733 := v) < 8192 else _long(n733)),))
+def _u758(v: Any) -> bytes:
+    return b"".join((_k758, (_P[n760] if 0 <= (n760 := v) < 8192 else _long(n760)),))
 
 
-def _b747(a: Any) -> bytes:
+def _u772(v: Any) -> bytes:
+    return b"".join((_k772, (_P[n775] if (n775 := len(s774 := v.encode())) < 8192 else _long(n775)), s774,))
+
+
+def _b780(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n749] if 0 <= (n749 := x.index) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.milli) < 8192 else _long(n750)),)
+        out += ((_P[n782] if 0 <= (n782 := x.index) < 8192 else _long(n782)), (_P[n783] if 0 <= (n783 := x.milli) < 8192 else _long(n783)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b754(a: Any) -> bytes:
+def _b787(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n756] if (n756 := len(s755 := k.encode())) < 8192 else _long(n756)), s755, _pack_d(x),)
+        out += ((_P[n789] if (n789 := len(s788 := k.encode())) < 8192 else _long(n789)), s788, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled706(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k707, (_P[n711] if (n711 := len(s710 := (r709 := o.pod).pod_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r709.num_gpu) < 8192 else _long(n715)), (_P[n716] if 0 <= (n716 := r709.gpu_milli) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := r709.cpu_milli) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := r709.memory_mib) < 8192 else _long(n718)), (_b71(a719) if (a719 := r709.gpu_models) else b"\x00"), (_b21(a720) if (a720 := r709.node_selector) else b"\x00"), (_b76(a721) if (a721 := r709.tolerations) else b"\x00"), (_P[n722] if 0 <= (n722 := r709.submitted_at) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := r709.arrival) < 8192 else _long(n723)), (_k728 if (u724 := r709.gang_id) is None else _u725(u724)), (_k733 if (u730 := r709.time_limit_ms) is None else _u731(u730)), (_b71(a735) if (a735 := r709.depends_on) else b"\x00"), (_P[n737] if (n737 := len(s736 := r709.dependency.encode())) < 8192 else _long(n737)), s736, (_P[n739] if (n739 := len(s738 := r709.preemption.encode())) < 8192 else _long(n739)), s738, (b"\x01" if r709.movable else b"\x00"), (_P[n740] if 0 <= (n740 := r709.gpu_memory_mib) < 8192 else _long(n740)), (_k742 if (u741 := r709.retry) is None else _k741[type(u741)](u741)), (b"\x01" if r709.preemptible else b"\x00"), (_P[n745] if (n745 := len(s744 := o.node_id.encode())) < 8192 else _long(n745)), s744, (_b747(a746) if (a746 := o.gpus) else b"\x00"), (_P[n752] if (n752 := len(s751 := o.policy.encode())) < 8192 else _long(n752)), s751, (b"\x01" if o.from_queue else b"\x00"), (_b754(a753) if (a753 := o.scores) else b"\x00"), (_b71(a757) if (a757 := o.preempted) else b"\x00"),))
+def _e_PodScheduled733(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k734, (_P[n738] if (n738 := len(s737 := (r736 := o.pod).pod_id.encode())) < 8192 else _long(n738)), s737, (_P[n740] if (n740 := len(s739 := r736.tenant.encode())) < 8192 else _long(n740)), s739, (_P[n741] if 0 <= (n741 := r736.priority) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := r736.num_gpu) < 8192 else _long(n742)), (_P[n743] if 0 <= (n743 := r736.gpu_milli) < 8192 else _long(n743)), (_P[n744] if 0 <= (n744 := r736.cpu_milli) < 8192 else _long(n744)), (_P[n745] if 0 <= (n745 := r736.memory_mib) < 8192 else _long(n745)), (_b71(a746) if (a746 := r736.gpu_models) else b"\x00"), (_b21(a747) if (a747 := r736.node_selector) else b"\x00"), (_b76(a748) if (a748 := r736.tolerations) else b"\x00"), (_P[n749] if 0 <= (n749 := r736.submitted_at) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := r736.arrival) < 8192 else _long(n750)), (_k755 if (u751 := r736.gang_id) is None else _u752(u751)), (_k760 if (u757 := r736.time_limit_ms) is None else _u758(u757)), (_b71(a762) if (a762 := r736.depends_on) else b"\x00"), (_P[n764] if (n764 := len(s763 := r736.dependency.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := r736.preemption.encode())) < 8192 else _long(n766)), s765, (b"\x01" if r736.movable else b"\x00"), (_P[n767] if 0 <= (n767 := r736.gpu_memory_mib) < 8192 else _long(n767)), (_k769 if (u768 := r736.retry) is None else _k768[type(u768)](u768)), (b"\x01" if r736.preemptible else b"\x00"), (_k775 if (u771 := r736.role) is None else _u772(u771)), (_P[n778] if (n778 := len(s777 := o.node_id.encode())) < 8192 else _long(n778)), s777, (_b780(a779) if (a779 := o.gpus) else b"\x00"), (_P[n785] if (n785 := len(s784 := o.policy.encode())) < 8192 else _long(n785)), s784, (b"\x01" if o.from_queue else b"\x00"), (_b787(a786) if (a786 := o.scores) else b"\x00"), (_b71(a790) if (a790 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted757(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := o.node_id.encode())) < 8192 else _long(n763)), s762, (_P[n765] if (n765 := len(s764 := o.reason.encode())) < 8192 else _long(n765)), s764,))
+def _e_PodEvicted790(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k791, (_P[n794] if (n794 := len(s793 := o.pod_id.encode())) < 8192 else _long(n794)), s793, (_P[n796] if (n796 := len(s795 := o.node_id.encode())) < 8192 else _long(n796)), s795, (_P[n798] if (n798 := len(s797 := o.reason.encode())) < 8192 else _long(n798)), s797,))
 
 
-def _u771(v: Any) -> bytes:
-    return b"".join((_k771, (_P[n774] if (n774 := len(s773 := v.encode())) < 8192 else _long(n774)), s773,))
+def _u804(v: Any) -> bytes:
+    return b"".join((_k804, (_P[n807] if (n807 := len(s806 := v.encode())) < 8192 else _long(n807)), s806,))
 
 
-def _e_PodReleased765(o: _c_PodReleased) -> bytes:
-    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := o.pod_id.encode())) < 8192 else _long(n769)), s768, (_k774 if (u770 := o.node_id) is None else _u771(u770)), (_P[n777] if (n777 := len(s776 := o.reason.encode())) < 8192 else _long(n777)), s776,))
+def _e_PodReleased798(o: _c_PodReleased) -> bytes:
+    return b"".join((_k799, (_P[n802] if (n802 := len(s801 := o.pod_id.encode())) < 8192 else _long(n802)), s801, (_k807 if (u803 := o.node_id) is None else _u804(u803)), (_P[n810] if (n810 := len(s809 := o.reason.encode())) < 8192 else _long(n810)), s809,))
 
 
-def _u785(v: Any) -> bytes:
-    return b"".join((_k785, (_P[n787] if 0 <= (n787 := v) < 8192 else _long(n787)),))
+def _u818(v: Any) -> bytes:
+    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
 
 
-def _u792(v: Any) -> bytes:
-    return b"".join((_k792, (_P[n794] if 0 <= (n794 := v) < 8192 else _long(n794)),))
+def _u825(v: Any) -> bytes:
+    return b"".join((_k825, (_P[n827] if 0 <= (n827 := v) < 8192 else _long(n827)),))
 
 
-def _e_PolicyChanged777(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k778, (_P[n781] if (n781 := len(s780 := o.policy.encode())) < 8192 else _long(n781)), s780, (_P[n783] if (n783 := len(s782 := o.previous.encode())) < 8192 else _long(n783)), s782, (_k787 if (u784 := o.reserve_after_ms) is None else _u785(u784)), (_P[n790] if (n790 := len(s789 := o.queue_order.encode())) < 8192 else _long(n790)), s789, (_k794 if (u791 := o.max_clock_jump_ms) is None else _u792(u791)),))
+def _e_PolicyChanged810(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k811, (_P[n814] if (n814 := len(s813 := o.policy.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := o.previous.encode())) < 8192 else _long(n816)), s815, (_k820 if (u817 := o.reserve_after_ms) is None else _u818(u817)), (_P[n823] if (n823 := len(s822 := o.queue_order.encode())) < 8192 else _long(n823)), s822, (_k827 if (u824 := o.max_clock_jump_ms) is None else _u825(u824)),))
 
 
-def _e_CommandRejected795(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k796, (_P[n799] if (n799 := len(s798 := o.command_id.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.command_type.encode())) < 8192 else _long(n801)), s800, (_P[n803] if (n803 := len(s802 := o.code.encode())) < 8192 else _long(n803)), s802, (_P[n805] if (n805 := len(s804 := o.message.encode())) < 8192 else _long(n805)), s804,))
-
-
-def _u835(v: Any) -> bytes:
-    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
-
-
-def _u841(v: Any) -> bytes:
-    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
-
-
-def _b818(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n821] if (n821 := len(s820 := x.pod_id.encode())) < 8192 else _long(n821)), s820, (_P[n823] if (n823 := len(s822 := x.tenant.encode())) < 8192 else _long(n823)), s822, (_P[n824] if 0 <= (n824 := x.priority) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.num_gpu) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := x.gpu_milli) < 8192 else _long(n826)), (_P[n827] if 0 <= (n827 := x.cpu_milli) < 8192 else _long(n827)), (_P[n828] if 0 <= (n828 := x.memory_mib) < 8192 else _long(n828)), (_b71(a829) if (a829 := x.gpu_models) else b"\x00"), (_b21(a830) if (a830 := x.node_selector) else b"\x00"), (_b76(a831) if (a831 := x.tolerations) else b"\x00"), (_P[n832] if 0 <= (n832 := x.submitted_at) < 8192 else _long(n832)), (_P[n833] if 0 <= (n833 := x.arrival) < 8192 else _long(n833)), (_k838 if (u834 := x.gang_id) is None else _u835(u834)), (_k843 if (u840 := x.time_limit_ms) is None else _u841(u840)), (_b71(a845) if (a845 := x.depends_on) else b"\x00"), (_P[n847] if (n847 := len(s846 := x.dependency.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := x.preemption.encode())) < 8192 else _long(n849)), s848, (b"\x01" if x.movable else b"\x00"), (_P[n850] if 0 <= (n850 := x.gpu_memory_mib) < 8192 else _long(n850)), (_k852 if (u851 := x.retry) is None else _k851[type(u851)](u851)), (b"\x01" if x.preemptible else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u856(v: Any) -> bytes:
-    return b"".join((_k856, (_P[n859] if (n859 := len(s858 := v.encode())) < 8192 else _long(n859)), s858,))
-
-
-def _u862(v: Any) -> bytes:
-    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := v.encode())) < 8192 else _long(n865)), s864,))
+def _e_CommandRejected828(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := o.command_id.encode())) < 8192 else _long(n832)), s831, (_P[n834] if (n834 := len(s833 := o.command_type.encode())) < 8192 else _long(n834)), s833, (_P[n836] if (n836 := len(s835 := o.code.encode())) < 8192 else _long(n836)), s835, (_P[n838] if (n838 := len(s837 := o.message.encode())) < 8192 else _long(n838)), s837,))
 
 
 def _u868(v: Any) -> bytes:
-    return b"".join((_k868, (_P[n870] if 0 <= (n870 := v) < 8192 else _long(n870)),))
+    return b"".join((_k868, (_P[n871] if (n871 := len(s870 := v.encode())) < 8192 else _long(n871)), s870,))
 
 
-def _u873(v: Any) -> bytes:
-    return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
+def _u874(v: Any) -> bytes:
+    return b"".join((_k874, (_P[n876] if 0 <= (n876 := v) < 8192 else _long(n876)),))
 
 
 def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
+    return b"".join((_k888, (_P[n891] if (n891 := len(s890 := v.encode())) < 8192 else _long(n891)), s890,))
 
 
-def _e_GangQueued805(o: _c_GangQueued) -> bytes:
-    return b"".join((_k806, (_P[n809] if (n809 := len(s808 := o.gang_id.encode())) < 8192 else _long(n809)), s808, (_b699(a810) if (a810 := o.reasons) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b818(a817) if (a817 := r811.members) else b"\x00"), (_P[n854] if 0 <= (n854 := r811.min_members) < 8192 else _long(n854)), (_k859 if (u855 := r811.topology_required) is None else _u856(u855)), (_k865 if (u861 := r811.topology_preferred) is None else _u862(u861)), (_k870 if (u867 := r811.timeout_ms) is None else _u868(u867)), (_k875 if (u872 := r811.time_limit_ms) is None else _u873(u872)), (_b71(a877) if (a877 := r811.depends_on) else b"\x00"), (_P[n879] if (n879 := len(s878 := r811.dependency.encode())) < 8192 else _long(n879)), s878, (_P[n880] if 0 <= (n880 := r811.submitted_at) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := r811.arrival) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := r811.preemption.encode())) < 8192 else _long(n883)), s882, (_k885 if (u884 := r811.retry) is None else _k884[type(u884)](u884)), (_k890 if (u887 := r811.queued_at) is None else _u888(u887)), (b"\x01" if r811.preemptible else b"\x00"), (_P[n893] if (n893 := len(s892 := r811.disruption.encode())) < 8192 else _long(n893)), s892, (b"\x01" if o.requeued else b"\x00"), (_b71(a894) if (a894 := o.waiting_for) else b"\x00"),))
-
-
-def _b900(a: Any) -> bytes:
+def _b851(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n903] if (n903 := len(s902 := x.pod_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := x.node_id.encode())) < 8192 else _long(n905)), s904, (_b747(a906) if (a906 := x.gpus) else b"\x00"),)
+        out += ((_P[n854] if (n854 := len(s853 := x.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := x.tenant.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := x.priority) < 8192 else _long(n857)), (_P[n858] if 0 <= (n858 := x.num_gpu) < 8192 else _long(n858)), (_P[n859] if 0 <= (n859 := x.gpu_milli) < 8192 else _long(n859)), (_P[n860] if 0 <= (n860 := x.cpu_milli) < 8192 else _long(n860)), (_P[n861] if 0 <= (n861 := x.memory_mib) < 8192 else _long(n861)), (_b71(a862) if (a862 := x.gpu_models) else b"\x00"), (_b21(a863) if (a863 := x.node_selector) else b"\x00"), (_b76(a864) if (a864 := x.tolerations) else b"\x00"), (_P[n865] if 0 <= (n865 := x.submitted_at) < 8192 else _long(n865)), (_P[n866] if 0 <= (n866 := x.arrival) < 8192 else _long(n866)), (_k871 if (u867 := x.gang_id) is None else _u868(u867)), (_k876 if (u873 := x.time_limit_ms) is None else _u874(u873)), (_b71(a878) if (a878 := x.depends_on) else b"\x00"), (_P[n880] if (n880 := len(s879 := x.dependency.encode())) < 8192 else _long(n880)), s879, (_P[n882] if (n882 := len(s881 := x.preemption.encode())) < 8192 else _long(n882)), s881, (b"\x01" if x.movable else b"\x00"), (_P[n883] if 0 <= (n883 := x.gpu_memory_mib) < 8192 else _long(n883)), (_k885 if (u884 := x.retry) is None else _k884[type(u884)](u884)), (b"\x01" if x.preemptible else b"\x00"), (_k891 if (u887 := x.role) is None else _u888(u887)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u916(v: Any) -> bytes:
-    return b"".join((_k916, (_P[n919] if (n919 := len(s918 := v.encode())) < 8192 else _long(n919)), s918,))
+def _u895(v: Any) -> bytes:
+    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := v.encode())) < 8192 else _long(n898)), s897,))
 
 
-def _u922(v: Any) -> bytes:
-    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := v.encode())) < 8192 else _long(n925)), s924,))
+def _u901(v: Any) -> bytes:
+    return b"".join((_k901, (_P[n904] if (n904 := len(s903 := v.encode())) < 8192 else _long(n904)), s903,))
 
 
-def _u928(v: Any) -> bytes:
-    return b"".join((_k928, (_P[n930] if 0 <= (n930 := v) < 8192 else _long(n930)),))
+def _u907(v: Any) -> bytes:
+    return b"".join((_k907, (_P[n909] if 0 <= (n909 := v) < 8192 else _long(n909)),))
 
 
-def _u933(v: Any) -> bytes:
-    return b"".join((_k933, (_P[n935] if 0 <= (n935 := v) < 8192 else _long(n935)),))
+def _u912(v: Any) -> bytes:
+    return b"".join((_k912, (_P[n914] if 0 <= (n914 := v) < 8192 else _long(n914)),))
 
 
-def _u948(v: Any) -> bytes:
-    return b"".join((_k948, (_P[n950] if 0 <= (n950 := v) < 8192 else _long(n950)),))
+def _u927(v: Any) -> bytes:
+    return b"".join((_k927, (_P[n929] if 0 <= (n929 := v) < 8192 else _long(n929)),))
 
 
-def _u955(v: Any) -> bytes:
-    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := v.encode())) < 8192 else _long(n958)), s957,))
+def _e_GangQueued838(o: _c_GangQueued) -> bytes:
+    return b"".join((_k839, (_P[n842] if (n842 := len(s841 := o.gang_id.encode())) < 8192 else _long(n842)), s841, (_b726(a843) if (a843 := o.reasons) else b"\x00"), (_P[n846] if (n846 := len(s845 := (r844 := o.gang).gang_id.encode())) < 8192 else _long(n846)), s845, (_P[n848] if (n848 := len(s847 := r844.tenant.encode())) < 8192 else _long(n848)), s847, (_P[n849] if 0 <= (n849 := r844.priority) < 8192 else _long(n849)), (_b851(a850) if (a850 := r844.members) else b"\x00"), (_P[n893] if 0 <= (n893 := r844.min_members) < 8192 else _long(n893)), (_k898 if (u894 := r844.topology_required) is None else _u895(u894)), (_k904 if (u900 := r844.topology_preferred) is None else _u901(u900)), (_k909 if (u906 := r844.timeout_ms) is None else _u907(u906)), (_k914 if (u911 := r844.time_limit_ms) is None else _u912(u911)), (_b71(a916) if (a916 := r844.depends_on) else b"\x00"), (_P[n918] if (n918 := len(s917 := r844.dependency.encode())) < 8192 else _long(n918)), s917, (_P[n919] if 0 <= (n919 := r844.submitted_at) < 8192 else _long(n919)), (_P[n920] if 0 <= (n920 := r844.arrival) < 8192 else _long(n920)), (_P[n922] if (n922 := len(s921 := r844.preemption.encode())) < 8192 else _long(n922)), s921, (_k924 if (u923 := r844.retry) is None else _k923[type(u923)](u923)), (_k929 if (u926 := r844.queued_at) is None else _u927(u926)), (b"\x01" if r844.preemptible else b"\x00"), (_P[n932] if (n932 := len(s931 := r844.disruption.encode())) < 8192 else _long(n932)), s931, (_b243(a933) if (a933 := r844.min_members_per_role) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a934) if (a934 := o.waiting_for) else b"\x00"),))
 
 
-def _u961(v: Any) -> bytes:
-    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := v.encode())) < 8192 else _long(n964)), s963,))
+def _b940(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n943] if (n943 := len(s942 := x.pod_id.encode())) < 8192 else _long(n943)), s942, (_P[n945] if (n945 := len(s944 := x.node_id.encode())) < 8192 else _long(n945)), s944, (_b780(a946) if (a946 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
-def _e_GangScheduled894(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.gang_id.encode())) < 8192 else _long(n898)), s897, (_b900(a899) if (a899 := o.members) else b"\x00"), (_P[n909] if (n909 := len(s908 := (r907 := o.gang).gang_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := r907.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := r907.priority) < 8192 else _long(n912)), (_b818(a913) if (a913 := r907.members) else b"\x00"), (_P[n914] if 0 <= (n914 := r907.min_members) < 8192 else _long(n914)), (_k919 if (u915 := r907.topology_required) is None else _u916(u915)), (_k925 if (u921 := r907.topology_preferred) is None else _u922(u921)), (_k930 if (u927 := r907.timeout_ms) is None else _u928(u927)), (_k935 if (u932 := r907.time_limit_ms) is None else _u933(u932)), (_b71(a937) if (a937 := r907.depends_on) else b"\x00"), (_P[n939] if (n939 := len(s938 := r907.dependency.encode())) < 8192 else _long(n939)), s938, (_P[n940] if 0 <= (n940 := r907.submitted_at) < 8192 else _long(n940)), (_P[n941] if 0 <= (n941 := r907.arrival) < 8192 else _long(n941)), (_P[n943] if (n943 := len(s942 := r907.preemption.encode())) < 8192 else _long(n943)), s942, (_k945 if (u944 := r907.retry) is None else _k944[type(u944)](u944)), (_k950 if (u947 := r907.queued_at) is None else _u948(u947)), (b"\x01" if r907.preemptible else b"\x00"), (_P[n953] if (n953 := len(s952 := r907.disruption.encode())) < 8192 else _long(n953)), s952, (_k958 if (u954 := o.topology_key) is None else _u955(u954)), (_k964 if (u960 := o.domain) is None else _u961(u960)), (b"\x01" if o.from_queue else b"\x00"), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.preempted) else b"\x00"),))
+def _u956(v: Any) -> bytes:
+    return b"".join((_k956, (_P[n959] if (n959 := len(s958 := v.encode())) < 8192 else _long(n959)), s958,))
 
 
-def _e_GangTimedOut968(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k969, (_P[n972] if (n972 := len(s971 := o.gang_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.waited_ms) < 8192 else _long(n973)), (_P[n975] if (n975 := len(s974 := o.message.encode())) < 8192 else _long(n975)), s974,))
+def _u962(v: Any) -> bytes:
+    return b"".join((_k962, (_P[n965] if (n965 := len(s964 := v.encode())) < 8192 else _long(n965)), s964,))
 
 
-def _e_GangReleased975(o: _c_GangReleased) -> bytes:
-    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.gang_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (b"\x01" if o.ok else b"\x00"), (_b71(a982) if (a982 := o.members_ended) else b"\x00"),))
+def _u968(v: Any) -> bytes:
+    return b"".join((_k968, (_P[n970] if 0 <= (n970 := v) < 8192 else _long(n970)),))
 
 
-def _u991(v: Any) -> bytes:
-    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
+def _u973(v: Any) -> bytes:
+    return b"".join((_k973, (_P[n975] if 0 <= (n975 := v) < 8192 else _long(n975)),))
 
 
-def _e_PodTimeLimitReached982(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.pod_id.encode())) < 8192 else _long(n986)), s985, (_P[n988] if (n988 := len(s987 := o.node_id.encode())) < 8192 else _long(n988)), s987, (_P[n989] if 0 <= (n989 := o.time_limit_ms) < 8192 else _long(n989)), (_k994 if (u990 := o.gang_id) is None else _u991(u990)),))
+def _u988(v: Any) -> bytes:
+    return b"".join((_k988, (_P[n990] if 0 <= (n990 := v) < 8192 else _long(n990)),))
 
 
-def _u1004(v: Any) -> bytes:
-    return b"".join((_k1004, (_P[n1006] if 0 <= (n1006 := v) < 8192 else _long(n1006)),))
+def _u996(v: Any) -> bytes:
+    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := v.encode())) < 8192 else _long(n999)), s998,))
 
 
-def _e_NodesReserved995(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := o.holder_id.encode())) < 8192 else _long(n999)), s998, (_P[n1001] if (n1001 := len(s1000 := o.holder_kind.encode())) < 8192 else _long(n1001)), s1000, (_b71(a1002) if (a1002 := o.nodes) else b"\x00"), (_k1006 if (u1003 := o.expected_start) is None else _u1004(u1003)), (_P[n1009] if (n1009 := len(s1008 := o.message.encode())) < 8192 else _long(n1009)), s1008,))
+def _u1002(v: Any) -> bytes:
+    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := v.encode())) < 8192 else _long(n1005)), s1004,))
 
 
-def _e_ReservationReleased1009(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.holder_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1015] if (n1015 := len(s1014 := o.holder_kind.encode())) < 8192 else _long(n1015)), s1014, (_b71(a1016) if (a1016 := o.nodes) else b"\x00"), (_P[n1018] if (n1018 := len(s1017 := o.reason.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.message.encode())) < 8192 else _long(n1020)), s1019,))
+def _e_GangScheduled934(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k935, (_P[n938] if (n938 := len(s937 := o.gang_id.encode())) < 8192 else _long(n938)), s937, (_b940(a939) if (a939 := o.members) else b"\x00"), (_P[n949] if (n949 := len(s948 := (r947 := o.gang).gang_id.encode())) < 8192 else _long(n949)), s948, (_P[n951] if (n951 := len(s950 := r947.tenant.encode())) < 8192 else _long(n951)), s950, (_P[n952] if 0 <= (n952 := r947.priority) < 8192 else _long(n952)), (_b851(a953) if (a953 := r947.members) else b"\x00"), (_P[n954] if 0 <= (n954 := r947.min_members) < 8192 else _long(n954)), (_k959 if (u955 := r947.topology_required) is None else _u956(u955)), (_k965 if (u961 := r947.topology_preferred) is None else _u962(u961)), (_k970 if (u967 := r947.timeout_ms) is None else _u968(u967)), (_k975 if (u972 := r947.time_limit_ms) is None else _u973(u972)), (_b71(a977) if (a977 := r947.depends_on) else b"\x00"), (_P[n979] if (n979 := len(s978 := r947.dependency.encode())) < 8192 else _long(n979)), s978, (_P[n980] if 0 <= (n980 := r947.submitted_at) < 8192 else _long(n980)), (_P[n981] if 0 <= (n981 := r947.arrival) < 8192 else _long(n981)), (_P[n983] if (n983 := len(s982 := r947.preemption.encode())) < 8192 else _long(n983)), s982, (_k985 if (u984 := r947.retry) is None else _k984[type(u984)](u984)), (_k990 if (u987 := r947.queued_at) is None else _u988(u987)), (b"\x01" if r947.preemptible else b"\x00"), (_P[n993] if (n993 := len(s992 := r947.disruption.encode())) < 8192 else _long(n993)), s992, (_b243(a994) if (a994 := r947.min_members_per_role) else b"\x00"), (_k999 if (u995 := o.topology_key) is None else _u996(u995)), (_k1005 if (u1001 := o.domain) is None else _u1002(u1001)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1008] if (n1008 := len(s1007 := o.message.encode())) < 8192 else _long(n1008)), s1007, (_b71(a1009) if (a1009 := o.preempted) else b"\x00"),))
 
 
-def _e_DependencyFailed1020(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.holder_id.encode())) < 8192 else _long(n1024)), s1023, (_P[n1026] if (n1026 := len(s1025 := o.holder_kind.encode())) < 8192 else _long(n1026)), s1025, (_P[n1028] if (n1028 := len(s1027 := o.dependency_id.encode())) < 8192 else _long(n1028)), s1027, (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _e_GangTimedOut1009(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.gang_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1014] if 0 <= (n1014 := o.waited_ms) < 8192 else _long(n1014)), (_P[n1016] if (n1016 := len(s1015 := o.message.encode())) < 8192 else _long(n1016)), s1015,))
 
 
-def _e_Ticked1030(o: _c_Ticked) -> bytes:
-    return b"".join((_k1031, (_P[n1033] if 0 <= (n1033 := o.clock) < 8192 else _long(n1033)), (b"\x01" if o.partition else b"\x00"),))
+def _e_GangReleased1016(o: _c_GangReleased) -> bytes:
+    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := o.gang_id.encode())) < 8192 else _long(n1020)), s1019, (_P[n1022] if (n1022 := len(s1021 := o.reason.encode())) < 8192 else _long(n1022)), s1021, (b"\x01" if o.ok else b"\x00"), (_b71(a1023) if (a1023 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodPreempted1033(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := o.pod_id.encode())) < 8192 else _long(n1037)), s1036, (_P[n1039] if (n1039 := len(s1038 := o.node_id.encode())) < 8192 else _long(n1039)), s1038, (_P[n1041] if (n1041 := len(s1040 := o.by.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.reason.encode())) < 8192 else _long(n1043)), s1042, (_P[n1045] if (n1045 := len(s1044 := o.message.encode())) < 8192 else _long(n1045)), s1044,))
+def _u1032(v: Any) -> bytes:
+    return b"".join((_k1032, (_P[n1035] if (n1035 := len(s1034 := v.encode())) < 8192 else _long(n1035)), s1034,))
 
 
-def _u1049(v: Any) -> bytes:
-    return b"".join((_k1049, (_P[n1052] if (n1052 := len(s1051 := v.encode())) < 8192 else _long(n1052)), s1051,))
+def _e_PodTimeLimitReached1023(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := o.pod_id.encode())) < 8192 else _long(n1027)), s1026, (_P[n1029] if (n1029 := len(s1028 := o.node_id.encode())) < 8192 else _long(n1029)), s1028, (_P[n1030] if 0 <= (n1030 := o.time_limit_ms) < 8192 else _long(n1030)), (_k1035 if (u1031 := o.gang_id) is None else _u1032(u1031)),))
 
 
-def _e_QuotaChanged1045(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1046, (_k1052 if (u1048 := o.tenant) is None else _u1049(u1048)), (_k1055 if (u1054 := o.quota) is None else _k1054[type(u1054)](u1054)), (_k1058 if (u1057 := o.previous) is None else _k1057[type(u1057)](u1057)), (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
+def _u1045(v: Any) -> bytes:
+    return b"".join((_k1045, (_P[n1047] if 0 <= (n1047 := v) < 8192 else _long(n1047)),))
 
 
-def _e_PodMigrated1061(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.from_node.encode())) < 8192 else _long(n1067)), s1066, (_b747(a1068) if (a1068 := o.from_gpus) else b"\x00"), (_P[n1070] if (n1070 := len(s1069 := o.to_node.encode())) < 8192 else _long(n1070)), s1069, (_b747(a1071) if (a1071 := o.to_gpus) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
+def _e_NodesReserved1036(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k1037, (_P[n1040] if (n1040 := len(s1039 := o.holder_id.encode())) < 8192 else _long(n1040)), s1039, (_P[n1042] if (n1042 := len(s1041 := o.holder_kind.encode())) < 8192 else _long(n1042)), s1041, (_b71(a1043) if (a1043 := o.nodes) else b"\x00"), (_k1047 if (u1044 := o.expected_start) is None else _u1045(u1044)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
 
 
-def _u1082(v: Any) -> bytes:
-    return b"".join((_k1082, (_P[n1085] if (n1085 := len(s1084 := v.encode())) < 8192 else _long(n1085)), s1084,))
+def _e_ReservationReleased1050(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.holder_id.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.holder_kind.encode())) < 8192 else _long(n1056)), s1055, (_b71(a1057) if (a1057 := o.nodes) else b"\x00"), (_P[n1059] if (n1059 := len(s1058 := o.reason.encode())) < 8192 else _long(n1059)), s1058, (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
 
 
-def _e_DefragmentationPlanned1075(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1076, (_P[n1078] if 0 <= (n1078 := o.moves) < 8192 else _long(n1078)), (_P[n1079] if 0 <= (n1079 := o.gpus_freed) < 8192 else _long(n1079)), (_P[n1080] if 0 <= (n1080 := o.nodes_freed) < 8192 else _long(n1080)), (_k1085 if (u1081 := o.target) is None else _u1082(u1081)), (_P[n1088] if (n1088 := len(s1087 := o.message.encode())) < 8192 else _long(n1088)), s1087,))
+def _e_DependencyFailed1061(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.holder_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.holder_kind.encode())) < 8192 else _long(n1067)), s1066, (_P[n1069] if (n1069 := len(s1068 := o.dependency_id.encode())) < 8192 else _long(n1069)), s1068, (_P[n1071] if (n1071 := len(s1070 := o.message.encode())) < 8192 else _long(n1071)), s1070,))
 
 
-def _e_ClusterHalted1088(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.cluster.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.command_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.error.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.message.encode())) < 8192 else _long(n1098)), s1097,))
+def _e_Ticked1071(o: _c_Ticked) -> bytes:
+    return b"".join((_k1072, (_P[n1074] if 0 <= (n1074 := o.clock) < 8192 else _long(n1074)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterResumed1098(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1099, (_P[n1102] if (n1102 := len(s1101 := o.cluster.encode())) < 8192 else _long(n1102)), s1101, (_P[n1104] if (n1104 := len(s1103 := o.halted_command_id.encode())) < 8192 else _long(n1104)), s1103, (_P[n1105] if 0 <= (n1105 := o.halted_offset) < 8192 else _long(n1105)), (_P[n1106] if 0 <= (n1106 := o.refolded_from) < 8192 else _long(n1106)), (_P[n1108] if (n1108 := len(s1107 := o.message.encode())) < 8192 else _long(n1108)), s1107,))
+def _e_PodPreempted1074(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1075, (_P[n1078] if (n1078 := len(s1077 := o.pod_id.encode())) < 8192 else _long(n1078)), s1077, (_P[n1080] if (n1080 := len(s1079 := o.node_id.encode())) < 8192 else _long(n1080)), s1079, (_P[n1082] if (n1082 := len(s1081 := o.by.encode())) < 8192 else _long(n1082)), s1081, (_P[n1084] if (n1084 := len(s1083 := o.reason.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.message.encode())) < 8192 else _long(n1086)), s1085,))
 
 
-def _e_NodeRecovered1108(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1109, (_P[n1112] if (n1112 := len(s1111 := o.node_id.encode())) < 8192 else _long(n1112)), s1111,))
+def _u1090(v: Any) -> bytes:
+    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := v.encode())) < 8192 else _long(n1093)), s1092,))
 
 
-def _e_NodeUpdated1112(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := o.node_id.encode())) < 8192 else _long(n1116)), s1115, (_b21(a1117) if (a1117 := o.labels) else b"\x00"), (_b27(a1118) if (a1118 := o.taints) else b"\x00"), (_P[n1119] if 0 <= (n1119 := o.evicting) < 8192 else _long(n1119)),))
+def _e_QuotaChanged1086(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1087, (_k1093 if (u1089 := o.tenant) is None else _u1090(u1089)), (_k1096 if (u1095 := o.quota) is None else _k1095[type(u1095)](u1095)), (_k1099 if (u1098 := o.previous) is None else _k1098[type(u1098)](u1098)), (_P[n1102] if (n1102 := len(s1101 := o.message.encode())) < 8192 else _long(n1102)), s1101,))
 
 
-def _u1127(v: Any) -> bytes:
-    return b"".join((_k1127, (_P[n1130] if (n1130 := len(s1129 := v.encode())) < 8192 else _long(n1130)), s1129,))
+def _e_PodMigrated1102(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1103, (_P[n1106] if (n1106 := len(s1105 := o.pod_id.encode())) < 8192 else _long(n1106)), s1105, (_P[n1108] if (n1108 := len(s1107 := o.from_node.encode())) < 8192 else _long(n1108)), s1107, (_b780(a1109) if (a1109 := o.from_gpus) else b"\x00"), (_P[n1111] if (n1111 := len(s1110 := o.to_node.encode())) < 8192 else _long(n1111)), s1110, (_b780(a1112) if (a1112 := o.to_gpus) else b"\x00"), (_P[n1114] if (n1114 := len(s1113 := o.reason.encode())) < 8192 else _long(n1114)), s1113, (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _e_PodRetryScheduled1119(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1120, (_P[n1123] if (n1123 := len(s1122 := o.pod_id.encode())) < 8192 else _long(n1123)), s1122, (_P[n1124] if 0 <= (n1124 := o.attempt) < 8192 else _long(n1124)), (_P[n1125] if 0 <= (n1125 := o.not_before) < 8192 else _long(n1125)), (_k1130 if (u1126 := o.gang_id) is None else _u1127(u1126)),))
+def _u1123(v: Any) -> bytes:
+    return b"".join((_k1123, (_P[n1126] if (n1126 := len(s1125 := v.encode())) < 8192 else _long(n1126)), s1125,))
 
 
-def _u1137(v: Any) -> bytes:
-    return b"".join((_k1137, (_P[n1140] if (n1140 := len(s1139 := v.encode())) < 8192 else _long(n1140)), s1139,))
+def _e_DefragmentationPlanned1116(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1117, (_P[n1119] if 0 <= (n1119 := o.moves) < 8192 else _long(n1119)), (_P[n1120] if 0 <= (n1120 := o.gpus_freed) < 8192 else _long(n1120)), (_P[n1121] if 0 <= (n1121 := o.nodes_freed) < 8192 else _long(n1121)), (_k1126 if (u1122 := o.target) is None else _u1123(u1122)), (_P[n1129] if (n1129 := len(s1128 := o.message.encode())) < 8192 else _long(n1129)), s1128,))
 
 
-def _u1143(v: Any) -> bytes:
-    return b"".join((_k1143, (_P[n1146] if (n1146 := len(s1145 := v.encode())) < 8192 else _long(n1146)), s1145,))
+def _e_ClusterHalted1129(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.cluster.encode())) < 8192 else _long(n1133)), s1132, (_P[n1135] if (n1135 := len(s1134 := o.command_id.encode())) < 8192 else _long(n1135)), s1134, (_P[n1137] if (n1137 := len(s1136 := o.error.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.message.encode())) < 8192 else _long(n1139)), s1138,))
 
 
-def _u1149(v: Any) -> bytes:
-    return b"".join((_k1149, (_b21(a1151) if (a1151 := v) else b"\x00"),))
+def _e_ClusterResumed1139(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1140, (_P[n1143] if (n1143 := len(s1142 := o.cluster.encode())) < 8192 else _long(n1143)), s1142, (_P[n1145] if (n1145 := len(s1144 := o.halted_command_id.encode())) < 8192 else _long(n1145)), s1144, (_P[n1146] if 0 <= (n1146 := o.halted_offset) < 8192 else _long(n1146)), (_P[n1147] if 0 <= (n1147 := o.refolded_from) < 8192 else _long(n1147)), (_P[n1149] if (n1149 := len(s1148 := o.message.encode())) < 8192 else _long(n1149)), s1148,))
 
 
-def _e_DisruptionBudgetSet1131(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1132, (_P[n1135] if (n1135 := len(s1134 := o.budget_id.encode())) < 8192 else _long(n1135)), s1134, (_k1140 if (u1136 := o.tenant) is None else _u1137(u1136)), (_k1146 if (u1142 := o.gang_id) is None else _u1143(u1142)), (_k1151 if (u1148 := o.label_selector) is None else _u1149(u1148)), (_P[n1153] if 0 <= (n1153 := o.max_unavailable) < 8192 else _long(n1153)),))
+def _e_NodeRecovered1149(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1150, (_P[n1153] if (n1153 := len(s1152 := o.node_id.encode())) < 8192 else _long(n1153)), s1152,))
 
 
-def _e_DisruptionBudgetRemoved1153(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156,))
+def _e_NodeUpdated1153(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.node_id.encode())) < 8192 else _long(n1157)), s1156, (_b21(a1158) if (a1158 := o.labels) else b"\x00"), (_b27(a1159) if (a1159 := o.taints) else b"\x00"), (_P[n1160] if 0 <= (n1160 := o.evicting) < 8192 else _long(n1160)),))
 
 
-def _e_EvictionBlocked1157(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.node_id.encode())) < 8192 else _long(n1163)), s1162, (_P[n1165] if (n1165 := len(s1164 := o.budget_id.encode())) < 8192 else _long(n1165)), s1164, (_P[n1166] if 0 <= (n1166 := o.grace_ms) < 8192 else _long(n1166)), (_P[n1168] if (n1168 := len(s1167 := o.reason.encode())) < 8192 else _long(n1168)), s1167,))
+def _u1168(v: Any) -> bytes:
+    return b"".join((_k1168, (_P[n1171] if (n1171 := len(s1170 := v.encode())) < 8192 else _long(n1171)), s1170,))
 
 
-def _e_PodEvictionScheduled1168(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1169, (_P[n1172] if (n1172 := len(s1171 := o.pod_id.encode())) < 8192 else _long(n1172)), s1171, (_P[n1174] if (n1174 := len(s1173 := o.node_id.encode())) < 8192 else _long(n1174)), s1173, (_P[n1175] if 0 <= (n1175 := o.at) < 8192 else _long(n1175)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_PodRetryScheduled1160(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1161, (_P[n1164] if (n1164 := len(s1163 := o.pod_id.encode())) < 8192 else _long(n1164)), s1163, (_P[n1165] if 0 <= (n1165 := o.attempt) < 8192 else _long(n1165)), (_P[n1166] if 0 <= (n1166 := o.not_before) < 8192 else _long(n1166)), (_k1171 if (u1167 := o.gang_id) is None else _u1168(u1167)),))
 
 
-def _e_Event613(o: _c_Event) -> bytes:
-    return b"".join((_k614, (_P[n616] if 0 <= (n616 := o.partition) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := o.sequence) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := o.cluster.encode())) < 8192 else _long(n619)), s618, (_P[n621] if (n621 := len(s620 := o.command_id.encode())) < 8192 else _long(n621)), s620, (_P[n622] if 0 <= (n622 := o.command_offset) < 8192 else _long(n622)), (_P[n623] if 0 <= (n623 := o.occurred_at) < 8192 else _long(n623)), _k1175[type(u624 := o.payload)](u624),))
+def _u1178(v: Any) -> bytes:
+    return b"".join((_k1178, (_P[n1181] if (n1181 := len(s1180 := v.encode())) < 8192 else _long(n1181)), s1180,))
 
 
-def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1184(v: Any) -> bytes:
+    return b"".join((_k1184, (_P[n1187] if (n1187 := len(s1186 := v.encode())) < 8192 else _long(n1187)), s1186,))
+
+
+def _u1190(v: Any) -> bytes:
+    return b"".join((_k1190, (_b21(a1192) if (a1192 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1172(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1173, (_P[n1176] if (n1176 := len(s1175 := o.budget_id.encode())) < 8192 else _long(n1176)), s1175, (_k1181 if (u1177 := o.tenant) is None else _u1178(u1177)), (_k1187 if (u1183 := o.gang_id) is None else _u1184(u1183)), (_k1192 if (u1189 := o.label_selector) is None else _u1190(u1189)), (_P[n1194] if 0 <= (n1194 := o.max_unavailable) < 8192 else _long(n1194)),))
+
+
+def _e_DisruptionBudgetRemoved1194(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1195, (_P[n1198] if (n1198 := len(s1197 := o.budget_id.encode())) < 8192 else _long(n1198)), s1197,))
+
+
+def _e_EvictionBlocked1198(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1199, (_P[n1202] if (n1202 := len(s1201 := o.pod_id.encode())) < 8192 else _long(n1202)), s1201, (_P[n1204] if (n1204 := len(s1203 := o.node_id.encode())) < 8192 else _long(n1204)), s1203, (_P[n1206] if (n1206 := len(s1205 := o.budget_id.encode())) < 8192 else _long(n1206)), s1205, (_P[n1207] if 0 <= (n1207 := o.grace_ms) < 8192 else _long(n1207)), (_P[n1209] if (n1209 := len(s1208 := o.reason.encode())) < 8192 else _long(n1209)), s1208,))
+
+
+def _e_PodEvictionScheduled1209(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1210, (_P[n1213] if (n1213 := len(s1212 := o.pod_id.encode())) < 8192 else _long(n1213)), s1212, (_P[n1215] if (n1215 := len(s1214 := o.node_id.encode())) < 8192 else _long(n1215)), s1214, (_P[n1216] if 0 <= (n1216 := o.at) < 8192 else _long(n1216)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _e_Event634(o: _c_Event) -> bytes:
+    return b"".join((_k635, (_P[n637] if 0 <= (n637 := o.partition) < 8192 else _long(n637)), (_P[n638] if 0 <= (n638 := o.sequence) < 8192 else _long(n638)), (_P[n640] if (n640 := len(s639 := o.cluster.encode())) < 8192 else _long(n640)), s639, (_P[n642] if (n642 := len(s641 := o.command_id.encode())) < 8192 else _long(n642)), s641, (_P[n643] if 0 <= (n643 := o.command_offset) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := o.occurred_at) < 8192 else _long(n644)), _k1216[type(u645 := o.payload)](u645),))
+
+
+def _d_NodeAdded1223(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3821,30 +3955,30 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1184 = _ZL[buf[pos]]
-    if n1184 < 0:
-        n1184, pos = _rlong(buf, pos)
-        if n1184 < 0:
-            raise _length_error(n1184, end - pos)
+    n1225 = _ZL[buf[pos]]
+    if n1225 < 0:
+        n1225, pos = _rlong(buf, pos)
+        if n1225 < 0:
+            raise _length_error(n1225, end - pos)
     else:
         pos += 1
-    q1185 = pos + n1184
-    if q1185 > end:
-        raise _length_error(n1184, end - pos)
-    f_node_id = buf[pos:q1185].decode()
-    pos = q1185
-    n1186 = _ZL[buf[pos]]
-    if n1186 < 0:
-        n1186, pos = _rlong(buf, pos)
-        if n1186 < 0:
-            raise _length_error(n1186, end - pos)
+    q1226 = pos + n1225
+    if q1226 > end:
+        raise _length_error(n1225, end - pos)
+    f_node_id = buf[pos:q1226].decode()
+    pos = q1226
+    n1227 = _ZL[buf[pos]]
+    if n1227 < 0:
+        n1227, pos = _rlong(buf, pos)
+        if n1227 < 0:
+            raise _length_error(n1227, end - pos)
     else:
         pos += 1
-    q1187 = pos + n1186
-    if q1187 > end:
-        raise _length_error(n1186, end - pos)
-    f_gpu_model = buf[pos:q1187].decode()
-    pos = q1187
+    q1228 = pos + n1227
+    if q1228 > end:
+        raise _length_error(n1227, end - pos)
+    f_gpu_model = buf[pos:q1228].decode()
+    pos = q1228
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3891,113 +4025,113 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1188: dict[str, Any] = {}
+        acc1229: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1189 = _ZD[b]
+                c1230 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1230 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1230 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1189, pos = _rlong(buf, pos)
-            if c1189 == 0:
+                c1230, pos = _rlong(buf, pos)
+            if c1230 == 0:
                 break
-            if c1189 < 0:
-                c1189 = -c1189
+            if c1230 < 0:
+                c1230 = -c1230
                 b = buf[pos]
                 if b < 128:
-                    z1192 = _ZD[b]
+                    z1233 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1233 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1233 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1192, pos = _rlong(buf, pos)
-            if c1189 * 2 > end - pos:
-                raise _count_error(c1189, end - pos)
-            for _ in range(c1189):
-                n1193 = _ZL[buf[pos]]
-                if n1193 < 0:
-                    n1193, pos = _rlong(buf, pos)
-                    if n1193 < 0:
-                        raise _length_error(n1193, end - pos)
+                    z1233, pos = _rlong(buf, pos)
+            if c1230 * 2 > end - pos:
+                raise _count_error(c1230, end - pos)
+            for _ in range(c1230):
+                n1234 = _ZL[buf[pos]]
+                if n1234 < 0:
+                    n1234, pos = _rlong(buf, pos)
+                    if n1234 < 0:
+                        raise _length_error(n1234, end - pos)
                 else:
                     pos += 1
-                q1194 = pos + n1193
-                if q1194 > end:
-                    raise _length_error(n1193, end - pos)
-                k1191 = buf[pos:q1194].decode()
-                pos = q1194
-                n1195 = _ZL[buf[pos]]
-                if n1195 < 0:
-                    n1195, pos = _rlong(buf, pos)
-                    if n1195 < 0:
-                        raise _length_error(n1195, end - pos)
+                q1235 = pos + n1234
+                if q1235 > end:
+                    raise _length_error(n1234, end - pos)
+                k1232 = buf[pos:q1235].decode()
+                pos = q1235
+                n1236 = _ZL[buf[pos]]
+                if n1236 < 0:
+                    n1236, pos = _rlong(buf, pos)
+                    if n1236 < 0:
+                        raise _length_error(n1236, end - pos)
                 else:
                     pos += 1
-                q1196 = pos + n1195
-                if q1196 > end:
-                    raise _length_error(n1195, end - pos)
-                x1190 = buf[pos:q1196].decode()
-                pos = q1196
-                acc1188[k1191] = x1190
-        f_labels = acc1188
+                q1237 = pos + n1236
+                if q1237 > end:
+                    raise _length_error(n1236, end - pos)
+                x1231 = buf[pos:q1237].decode()
+                pos = q1237
+                acc1229[k1232] = x1231
+        f_labels = acc1229
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1197: list[Any] = []
+        acc1238: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1198 = _ZD[b]
+                c1239 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1239 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1239 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1198, pos = _rlong(buf, pos)
-            if c1198 == 0:
+                c1239, pos = _rlong(buf, pos)
+            if c1239 == 0:
                 break
-            if c1198 < 0:
-                c1198 = -c1198
+            if c1239 < 0:
+                c1239 = -c1239
                 b = buf[pos]
                 if b < 128:
-                    z1201 = _ZD[b]
+                    z1242 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1242 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1242 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1201, pos = _rlong(buf, pos)
-            if c1198 * 3 > end - pos:
-                raise _count_error(c1198, end - pos)
-            for _ in range(c1198):
-                x1199, pos = _d_Taint367(buf, pos, end)
-                acc1197.append(x1199)
-        f_taints = tuple(acc1197)
+                    z1242, pos = _rlong(buf, pos)
+            if c1239 * 3 > end - pos:
+                raise _count_error(c1239, end - pos)
+            for _ in range(c1239):
+                x1240, pos = _d_Taint378(buf, pos, end)
+                acc1238.append(x1240)
+        f_taints = tuple(acc1238)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4016,78 +4150,78 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1201(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
+    n1244 = _ZL[buf[pos]]
+    if n1244 < 0:
+        n1244, pos = _rlong(buf, pos)
+        if n1244 < 0:
+            raise _length_error(n1244, end - pos)
     else:
         pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_node_id = buf[pos:q1204].decode()
-    pos = q1204
+    q1245 = pos + n1244
+    if q1245 > end:
+        raise _length_error(n1244, end - pos)
+    f_node_id = buf[pos:q1245].decode()
+    pos = q1245
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1204(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1245(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    n1247 = _ZL[buf[pos]]
+    if n1247 < 0:
+        n1247, pos = _rlong(buf, pos)
+        if n1247 < 0:
+            raise _length_error(n1247, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_node_id = buf[pos:q1207].decode()
-    pos = q1207
+    q1248 = pos + n1247
+    if q1248 > end:
+        raise _length_error(n1247, end - pos)
+    f_node_id = buf[pos:q1248].decode()
+    pos = q1248
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1207(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1248(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
+    n1250 = _ZL[buf[pos]]
+    if n1250 < 0:
+        n1250, pos = _rlong(buf, pos)
+        if n1250 < 0:
+            raise _length_error(n1250, end - pos)
     else:
         pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_node_id = buf[pos:q1210].decode()
-    pos = q1210
+    q1251 = pos + n1250
+    if q1251 > end:
+        raise _length_error(n1250, end - pos)
+    f_node_id = buf[pos:q1251].decode()
+    pos = q1251
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1251(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1212 = _ZL[buf[pos]]
-    if n1212 < 0:
-        n1212, pos = _rlong(buf, pos)
-        if n1212 < 0:
-            raise _length_error(n1212, end - pos)
+    n1253 = _ZL[buf[pos]]
+    if n1253 < 0:
+        n1253, pos = _rlong(buf, pos)
+        if n1253 < 0:
+            raise _length_error(n1253, end - pos)
     else:
         pos += 1
-    q1213 = pos + n1212
-    if q1213 > end:
-        raise _length_error(n1212, end - pos)
-    f_node_id = buf[pos:q1213].decode()
-    pos = q1213
+    q1254 = pos + n1253
+    if q1254 > end:
+        raise _length_error(n1253, end - pos)
+    f_node_id = buf[pos:q1254].decode()
+    pos = q1254
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4106,34 +4240,34 @@ def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1254(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1215 = _ZL[buf[pos]]
-    if n1215 < 0:
-        n1215, pos = _rlong(buf, pos)
-        if n1215 < 0:
-            raise _length_error(n1215, end - pos)
+    n1256 = _ZL[buf[pos]]
+    if n1256 < 0:
+        n1256, pos = _rlong(buf, pos)
+        if n1256 < 0:
+            raise _length_error(n1256, end - pos)
     else:
         pos += 1
-    q1216 = pos + n1215
-    if q1216 > end:
-        raise _length_error(n1215, end - pos)
-    f_node_id = buf[pos:q1216].decode()
-    pos = q1216
-    n1217 = _ZL[buf[pos]]
-    if n1217 < 0:
-        n1217, pos = _rlong(buf, pos)
-        if n1217 < 0:
-            raise _length_error(n1217, end - pos)
+    q1257 = pos + n1256
+    if q1257 > end:
+        raise _length_error(n1256, end - pos)
+    f_node_id = buf[pos:q1257].decode()
+    pos = q1257
+    n1258 = _ZL[buf[pos]]
+    if n1258 < 0:
+        n1258, pos = _rlong(buf, pos)
+        if n1258 < 0:
+            raise _length_error(n1258, end - pos)
     else:
         pos += 1
-    q1218 = pos + n1217
-    if q1218 > end:
-        raise _length_error(n1217, end - pos)
-    f_reason = buf[pos:q1218].decode()
-    pos = q1218
+    q1259 = pos + n1258
+    if q1259 > end:
+        raise _length_error(n1258, end - pos)
+    f_reason = buf[pos:q1259].decode()
+    pos = q1259
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4152,7 +4286,7 @@ def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4174,30 +4308,31 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
+    f_role: Any
+    n1262 = _ZL[buf[pos]]
+    if n1262 < 0:
+        n1262, pos = _rlong(buf, pos)
+        if n1262 < 0:
+            raise _length_error(n1262, end - pos)
     else:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_pod_id = buf[pos:q1222].decode()
-    pos = q1222
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
+    q1263 = pos + n1262
+    if q1263 > end:
+        raise _length_error(n1262, end - pos)
+    f_pod_id = buf[pos:q1263].decode()
+    pos = q1263
+    n1264 = _ZL[buf[pos]]
+    if n1264 < 0:
+        n1264, pos = _rlong(buf, pos)
+        if n1264 < 0:
+            raise _length_error(n1264, end - pos)
     else:
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_tenant = buf[pos:q1224].decode()
-    pos = q1224
+    q1265 = pos + n1264
+    if q1265 > end:
+        raise _length_error(n1264, end - pos)
+    f_tenant = buf[pos:q1265].decode()
+    pos = q1265
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4272,597 +4407,127 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1225: list[Any] = []
+        acc1266: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1226 = _ZD[b]
+                c1267 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1267 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1267 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1226, pos = _rlong(buf, pos)
-            if c1226 == 0:
+                c1267, pos = _rlong(buf, pos)
+            if c1267 == 0:
                 break
-            if c1226 < 0:
-                c1226 = -c1226
+            if c1267 < 0:
+                c1267 = -c1267
                 b = buf[pos]
                 if b < 128:
-                    z1229 = _ZD[b]
+                    z1270 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1270 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1270 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1229, pos = _rlong(buf, pos)
-            if c1226 * 1 > end - pos:
-                raise _count_error(c1226, end - pos)
-            for _ in range(c1226):
-                n1230 = _ZL[buf[pos]]
-                if n1230 < 0:
-                    n1230, pos = _rlong(buf, pos)
-                    if n1230 < 0:
-                        raise _length_error(n1230, end - pos)
+                    z1270, pos = _rlong(buf, pos)
+            if c1267 * 1 > end - pos:
+                raise _count_error(c1267, end - pos)
+            for _ in range(c1267):
+                n1271 = _ZL[buf[pos]]
+                if n1271 < 0:
+                    n1271, pos = _rlong(buf, pos)
+                    if n1271 < 0:
+                        raise _length_error(n1271, end - pos)
                 else:
                     pos += 1
-                q1231 = pos + n1230
-                if q1231 > end:
-                    raise _length_error(n1230, end - pos)
-                x1227 = buf[pos:q1231].decode()
-                pos = q1231
-                acc1225.append(x1227)
-        f_gpu_models = tuple(acc1225)
+                q1272 = pos + n1271
+                if q1272 > end:
+                    raise _length_error(n1271, end - pos)
+                x1268 = buf[pos:q1272].decode()
+                pos = q1272
+                acc1266.append(x1268)
+        f_gpu_models = tuple(acc1266)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1232: dict[str, Any] = {}
+        acc1273: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1233 = _ZD[b]
+                c1274 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1274 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1274 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1233, pos = _rlong(buf, pos)
-            if c1233 == 0:
+                c1274, pos = _rlong(buf, pos)
+            if c1274 == 0:
                 break
-            if c1233 < 0:
-                c1233 = -c1233
+            if c1274 < 0:
+                c1274 = -c1274
                 b = buf[pos]
                 if b < 128:
-                    z1236 = _ZD[b]
+                    z1277 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1277 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1277 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1236, pos = _rlong(buf, pos)
-            if c1233 * 2 > end - pos:
-                raise _count_error(c1233, end - pos)
-            for _ in range(c1233):
-                n1237 = _ZL[buf[pos]]
-                if n1237 < 0:
-                    n1237, pos = _rlong(buf, pos)
-                    if n1237 < 0:
-                        raise _length_error(n1237, end - pos)
+                    z1277, pos = _rlong(buf, pos)
+            if c1274 * 2 > end - pos:
+                raise _count_error(c1274, end - pos)
+            for _ in range(c1274):
+                n1278 = _ZL[buf[pos]]
+                if n1278 < 0:
+                    n1278, pos = _rlong(buf, pos)
+                    if n1278 < 0:
+                        raise _length_error(n1278, end - pos)
                 else:
                     pos += 1
-                q1238 = pos + n1237
-                if q1238 > end:
-                    raise _length_error(n1237, end - pos)
-                k1235 = buf[pos:q1238].decode()
-                pos = q1238
-                n1239 = _ZL[buf[pos]]
-                if n1239 < 0:
-                    n1239, pos = _rlong(buf, pos)
-                    if n1239 < 0:
-                        raise _length_error(n1239, end - pos)
+                q1279 = pos + n1278
+                if q1279 > end:
+                    raise _length_error(n1278, end - pos)
+                k1276 = buf[pos:q1279].decode()
+                pos = q1279
+                n1280 = _ZL[buf[pos]]
+                if n1280 < 0:
+                    n1280, pos = _rlong(buf, pos)
+                    if n1280 < 0:
+                        raise _length_error(n1280, end - pos)
                 else:
                     pos += 1
-                q1240 = pos + n1239
-                if q1240 > end:
-                    raise _length_error(n1239, end - pos)
-                x1234 = buf[pos:q1240].decode()
-                pos = q1240
-                acc1232[k1235] = x1234
-        f_node_selector = acc1232
+                q1281 = pos + n1280
+                if q1281 > end:
+                    raise _length_error(n1280, end - pos)
+                x1275 = buf[pos:q1281].decode()
+                pos = q1281
+                acc1273[k1276] = x1275
+        f_node_selector = acc1273
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
-    else:
-        acc1241: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1242 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1242 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1242 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1242, pos = _rlong(buf, pos)
-            if c1242 == 0:
-                break
-            if c1242 < 0:
-                c1242 = -c1242
-                b = buf[pos]
-                if b < 128:
-                    z1245 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1245 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1245 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1245, pos = _rlong(buf, pos)
-            if c1242 * 4 > end - pos:
-                raise _count_error(c1242, end - pos)
-            for _ in range(c1242):
-                x1243, pos = _d_Toleration417(buf, pos, end)
-                acc1241.append(x1243)
-        f_tolerations = tuple(acc1241)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1246 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1246 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1246 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1246, pos = _rlong(buf, pos)
-    if i1246 == 0:
-        f_gang_id = None
-    elif i1246 == 1:
-        n1247 = _ZL[buf[pos]]
-        if n1247 < 0:
-            n1247, pos = _rlong(buf, pos)
-            if n1247 < 0:
-                raise _length_error(n1247, end - pos)
-        else:
-            pos += 1
-        q1248 = pos + n1247
-        if q1248 > end:
-            raise _length_error(n1247, end - pos)
-        f_gang_id = buf[pos:q1248].decode()
-        pos = q1248
-    else:
-        raise _union_error(i1246, 2)
-    b = buf[pos]
-    if b < 128:
-        i1249 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1249 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1249 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1249, pos = _rlong(buf, pos)
-    if i1249 == 0:
-        f_time_limit_ms = None
-    elif i1249 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1249, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1250: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1251 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1251 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1251 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1251, pos = _rlong(buf, pos)
-            if c1251 == 0:
-                break
-            if c1251 < 0:
-                c1251 = -c1251
-                b = buf[pos]
-                if b < 128:
-                    z1254 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1254 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1254 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1254, pos = _rlong(buf, pos)
-            if c1251 * 1 > end - pos:
-                raise _count_error(c1251, end - pos)
-            for _ in range(c1251):
-                n1255 = _ZL[buf[pos]]
-                if n1255 < 0:
-                    n1255, pos = _rlong(buf, pos)
-                    if n1255 < 0:
-                        raise _length_error(n1255, end - pos)
-                else:
-                    pos += 1
-                q1256 = pos + n1255
-                if q1256 > end:
-                    raise _length_error(n1255, end - pos)
-                x1252 = buf[pos:q1256].decode()
-                pos = q1256
-                acc1250.append(x1252)
-        f_depends_on = tuple(acc1250)
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
-    else:
-        pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_dependency = buf[pos:q1258].decode()
-    pos = q1258
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
-    else:
-        pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_preemption = buf[pos:q1260].decode()
-    pos = q1260
-    f_movable = buf[pos] != 0
-    pos += 1
-    b = buf[pos]
-    if b < 128:
-        f_gpu_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_memory_mib, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1261 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1261 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1261 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1261, pos = _rlong(buf, pos)
-    if i1261 == 0:
-        f_retry = None
-    elif i1261 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
-    else:
-        raise _union_error(i1261, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
-    return o, pos
-
-
-def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1268 = _ZL[buf[pos]]
-    if n1268 < 0:
-        n1268, pos = _rlong(buf, pos)
-        if n1268 < 0:
-            raise _length_error(n1268, end - pos)
-    else:
-        pos += 1
-    q1269 = pos + n1268
-    if q1269 > end:
-        raise _length_error(n1268, end - pos)
-    f_code = buf[pos:q1269].decode()
-    pos = q1269
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
-    else:
-        pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_message = buf[pos:q1271].decode()
-    pos = q1271
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1218(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1262: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1263 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1263 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1263 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1263, pos = _rlong(buf, pos)
-            if c1263 == 0:
-                break
-            if c1263 < 0:
-                c1263 = -c1263
-                b = buf[pos]
-                if b < 128:
-                    z1266 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1266 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1266 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1266, pos = _rlong(buf, pos)
-            if c1263 * 3 > end - pos:
-                raise _count_error(c1263, end - pos)
-            for _ in range(c1263):
-                x1264, pos = _d_QueueReason1266(buf, pos, end)
-                acc1262.append(x1264)
-        f_reasons = tuple(acc1262)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1272: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1273 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1273 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1273 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1273, pos = _rlong(buf, pos)
-            if c1273 == 0:
-                break
-            if c1273 < 0:
-                c1273 = -c1273
-                b = buf[pos]
-                if b < 128:
-                    z1276 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1276 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1276 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1276, pos = _rlong(buf, pos)
-            if c1273 * 1 > end - pos:
-                raise _count_error(c1273, end - pos)
-            for _ in range(c1273):
-                n1277 = _ZL[buf[pos]]
-                if n1277 < 0:
-                    n1277, pos = _rlong(buf, pos)
-                    if n1277 < 0:
-                        raise _length_error(n1277, end - pos)
-                else:
-                    pos += 1
-                q1278 = pos + n1277
-                if q1278 > end:
-                    raise _length_error(n1277, end - pos)
-                x1274 = buf[pos:q1278].decode()
-                pos = q1278
-                acc1272.append(x1274)
-        f_waiting_for = tuple(acc1272)
-    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
-    f_index: int
-    f_milli: int
-    b = buf[pos]
-    if b < 128:
-        f_index = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_index, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_milli, pos = _rlong(buf, pos)
-    o = _c_GpuShare(f_index, f_milli)
-    return o, pos
-
-
-def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
-    f_pod: _c_PodSpec
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    f_policy: str
-    f_from_queue: bool
-    f_scores: dict[str, Any]
-    f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
-    else:
-        pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_node_id = buf[pos:q1281].decode()
-    pos = q1281
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
     else:
         acc1282: list[Any] = []
         while True:
@@ -4898,728 +4563,12 @@ def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
                     pos += 3
                 else:
                     z1286, pos = _rlong(buf, pos)
-            if c1283 * 2 > end - pos:
+            if c1283 * 4 > end - pos:
                 raise _count_error(c1283, end - pos)
             for _ in range(c1283):
-                x1284, pos = _d_GpuShare1286(buf, pos, end)
+                x1284, pos = _d_Toleration428(buf, pos, end)
                 acc1282.append(x1284)
-        f_gpus = tuple(acc1282)
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
-    else:
-        pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_policy = buf[pos:q1289].decode()
-    pos = q1289
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1290: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1291 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1291 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1291 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1291, pos = _rlong(buf, pos)
-            if c1291 == 0:
-                break
-            if c1291 < 0:
-                c1291 = -c1291
-                b = buf[pos]
-                if b < 128:
-                    z1294 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1294 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1294 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1294, pos = _rlong(buf, pos)
-            if c1291 * 9 > end - pos:
-                raise _count_error(c1291, end - pos)
-            for _ in range(c1291):
-                n1295 = _ZL[buf[pos]]
-                if n1295 < 0:
-                    n1295, pos = _rlong(buf, pos)
-                    if n1295 < 0:
-                        raise _length_error(n1295, end - pos)
-                else:
-                    pos += 1
-                q1296 = pos + n1295
-                if q1296 > end:
-                    raise _length_error(n1295, end - pos)
-                k1293 = buf[pos:q1296].decode()
-                pos = q1296
-                x1292, = _unpack_d(buf, pos)
-                pos += 8
-                acc1290[k1293] = x1292
-        f_scores = acc1290
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1297: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1298 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1298 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1298 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1298, pos = _rlong(buf, pos)
-            if c1298 == 0:
-                break
-            if c1298 < 0:
-                c1298 = -c1298
-                b = buf[pos]
-                if b < 128:
-                    z1301 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1301 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1301 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1301, pos = _rlong(buf, pos)
-            if c1298 * 1 > end - pos:
-                raise _count_error(c1298, end - pos)
-            for _ in range(c1298):
-                n1302 = _ZL[buf[pos]]
-                if n1302 < 0:
-                    n1302, pos = _rlong(buf, pos)
-                    if n1302 < 0:
-                        raise _length_error(n1302, end - pos)
-                else:
-                    pos += 1
-                q1303 = pos + n1302
-                if q1303 > end:
-                    raise _length_error(n1302, end - pos)
-                x1299 = buf[pos:q1303].decode()
-                pos = q1303
-                acc1297.append(x1299)
-        f_preempted = tuple(acc1297)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1303(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1305 = _ZL[buf[pos]]
-    if n1305 < 0:
-        n1305, pos = _rlong(buf, pos)
-        if n1305 < 0:
-            raise _length_error(n1305, end - pos)
-    else:
-        pos += 1
-    q1306 = pos + n1305
-    if q1306 > end:
-        raise _length_error(n1305, end - pos)
-    f_pod_id = buf[pos:q1306].decode()
-    pos = q1306
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
-    else:
-        pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_node_id = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
-    else:
-        pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_reason = buf[pos:q1310].decode()
-    pos = q1310
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1310(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
-    else:
-        pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_pod_id = buf[pos:q1313].decode()
-    pos = q1313
-    b = buf[pos]
-    if b < 128:
-        i1314 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1314 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1314 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1314, pos = _rlong(buf, pos)
-    if i1314 == 0:
-        f_node_id = None
-    elif i1314 == 1:
-        n1315 = _ZL[buf[pos]]
-        if n1315 < 0:
-            n1315, pos = _rlong(buf, pos)
-            if n1315 < 0:
-                raise _length_error(n1315, end - pos)
-        else:
-            pos += 1
-        q1316 = pos + n1315
-        if q1316 > end:
-            raise _length_error(n1315, end - pos)
-        f_node_id = buf[pos:q1316].decode()
-        pos = q1316
-    else:
-        raise _union_error(i1314, 2)
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
-    else:
-        pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_reason = buf[pos:q1318].decode()
-    pos = q1318
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
-    else:
-        pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_policy = buf[pos:q1321].decode()
-    pos = q1321
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
-    else:
-        pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_previous = buf[pos:q1323].decode()
-    pos = q1323
-    b = buf[pos]
-    if b < 128:
-        i1324 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1324 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1324 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1324, pos = _rlong(buf, pos)
-    if i1324 == 0:
-        f_reserve_after_ms = None
-    elif i1324 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1324, 2)
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
-    else:
-        pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_queue_order = buf[pos:q1326].decode()
-    pos = q1326
-    b = buf[pos]
-    if b < 128:
-        i1327 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1327 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1327 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1327, pos = _rlong(buf, pos)
-    if i1327 == 0:
-        f_max_clock_jump_ms = None
-    elif i1327 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1327, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1327(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1329 = _ZL[buf[pos]]
-    if n1329 < 0:
-        n1329, pos = _rlong(buf, pos)
-        if n1329 < 0:
-            raise _length_error(n1329, end - pos)
-    else:
-        pos += 1
-    q1330 = pos + n1329
-    if q1330 > end:
-        raise _length_error(n1329, end - pos)
-    f_command_id = buf[pos:q1330].decode()
-    pos = q1330
-    n1331 = _ZL[buf[pos]]
-    if n1331 < 0:
-        n1331, pos = _rlong(buf, pos)
-        if n1331 < 0:
-            raise _length_error(n1331, end - pos)
-    else:
-        pos += 1
-    q1332 = pos + n1331
-    if q1332 > end:
-        raise _length_error(n1331, end - pos)
-    f_command_type = buf[pos:q1332].decode()
-    pos = q1332
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
-    else:
-        pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_code = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
-    else:
-        pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_message = buf[pos:q1336].decode()
-    pos = q1336
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    f_retry: Any
-    f_queued_at: Any
-    f_preemptible: bool
-    f_disruption: str
-    n1346 = _ZL[buf[pos]]
-    if n1346 < 0:
-        n1346, pos = _rlong(buf, pos)
-        if n1346 < 0:
-            raise _length_error(n1346, end - pos)
-    else:
-        pos += 1
-    q1347 = pos + n1346
-    if q1347 > end:
-        raise _length_error(n1346, end - pos)
-    f_gang_id = buf[pos:q1347].decode()
-    pos = q1347
-    n1348 = _ZL[buf[pos]]
-    if n1348 < 0:
-        n1348, pos = _rlong(buf, pos)
-        if n1348 < 0:
-            raise _length_error(n1348, end - pos)
-    else:
-        pos += 1
-    q1349 = pos + n1348
-    if q1349 > end:
-        raise _length_error(n1348, end - pos)
-    f_tenant = buf[pos:q1349].decode()
-    pos = q1349
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1350: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1351 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1351 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1351 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1351, pos = _rlong(buf, pos)
-            if c1351 == 0:
-                break
-            if c1351 < 0:
-                c1351 = -c1351
-                b = buf[pos]
-                if b < 128:
-                    z1354 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1354 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1354 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1354, pos = _rlong(buf, pos)
-            if c1351 * 21 > end - pos:
-                raise _count_error(c1351, end - pos)
-            for _ in range(c1351):
-                x1352, pos = _d_PodSpec1219(buf, pos, end)
-                acc1350.append(x1352)
-        f_members = tuple(acc1350)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1355 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1355 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1355 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1355, pos = _rlong(buf, pos)
-    if i1355 == 0:
-        f_topology_required = None
-    elif i1355 == 1:
-        n1356 = _ZL[buf[pos]]
-        if n1356 < 0:
-            n1356, pos = _rlong(buf, pos)
-            if n1356 < 0:
-                raise _length_error(n1356, end - pos)
-        else:
-            pos += 1
-        q1357 = pos + n1356
-        if q1357 > end:
-            raise _length_error(n1356, end - pos)
-        f_topology_required = buf[pos:q1357].decode()
-        pos = q1357
-    else:
-        raise _union_error(i1355, 2)
-    b = buf[pos]
-    if b < 128:
-        i1358 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1358, pos = _rlong(buf, pos)
-    if i1358 == 0:
-        f_topology_preferred = None
-    elif i1358 == 1:
-        n1359 = _ZL[buf[pos]]
-        if n1359 < 0:
-            n1359, pos = _rlong(buf, pos)
-            if n1359 < 0:
-                raise _length_error(n1359, end - pos)
-        else:
-            pos += 1
-        q1360 = pos + n1359
-        if q1360 > end:
-            raise _length_error(n1359, end - pos)
-        f_topology_preferred = buf[pos:q1360].decode()
-        pos = q1360
-    else:
-        raise _union_error(i1358, 2)
-    b = buf[pos]
-    if b < 128:
-        i1361 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1361 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1361 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1361, pos = _rlong(buf, pos)
-    if i1361 == 0:
-        f_timeout_ms = None
-    elif i1361 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1361, 2)
-    b = buf[pos]
-    if b < 128:
-        i1362 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1362 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1362 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1362, pos = _rlong(buf, pos)
-    if i1362 == 0:
-        f_time_limit_ms = None
-    elif i1362 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1362, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1363: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1364 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1364 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1364 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1364, pos = _rlong(buf, pos)
-            if c1364 == 0:
-                break
-            if c1364 < 0:
-                c1364 = -c1364
-                b = buf[pos]
-                if b < 128:
-                    z1367 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1367 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1367 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1367, pos = _rlong(buf, pos)
-            if c1364 * 1 > end - pos:
-                raise _count_error(c1364, end - pos)
-            for _ in range(c1364):
-                n1368 = _ZL[buf[pos]]
-                if n1368 < 0:
-                    n1368, pos = _rlong(buf, pos)
-                    if n1368 < 0:
-                        raise _length_error(n1368, end - pos)
-                else:
-                    pos += 1
-                q1369 = pos + n1368
-                if q1369 > end:
-                    raise _length_error(n1368, end - pos)
-                x1365 = buf[pos:q1369].decode()
-                pos = q1369
-                acc1363.append(x1365)
-        f_depends_on = tuple(acc1363)
-    n1370 = _ZL[buf[pos]]
-    if n1370 < 0:
-        n1370, pos = _rlong(buf, pos)
-        if n1370 < 0:
-            raise _length_error(n1370, end - pos)
-    else:
-        pos += 1
-    q1371 = pos + n1370
-    if q1371 > end:
-        raise _length_error(n1370, end - pos)
-    f_dependency = buf[pos:q1371].decode()
-    pos = q1371
+        f_tolerations = tuple(acc1282)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5648,386 +4597,1096 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1372 = _ZL[buf[pos]]
-    if n1372 < 0:
-        n1372, pos = _rlong(buf, pos)
-        if n1372 < 0:
-            raise _length_error(n1372, end - pos)
-    else:
-        pos += 1
-    q1373 = pos + n1372
-    if q1373 > end:
-        raise _length_error(n1372, end - pos)
-    f_preemption = buf[pos:q1373].decode()
-    pos = q1373
     b = buf[pos]
     if b < 128:
-        i1374 = _ZD[b]
+        i1287 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1374 = (z >> 1) ^ -(z & 1)
+        i1287 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1374 = (z >> 1) ^ -(z & 1)
+        i1287 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1374, pos = _rlong(buf, pos)
-    if i1374 == 0:
-        f_retry = None
-    elif i1374 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+        i1287, pos = _rlong(buf, pos)
+    if i1287 == 0:
+        f_gang_id = None
+    elif i1287 == 1:
+        n1288 = _ZL[buf[pos]]
+        if n1288 < 0:
+            n1288, pos = _rlong(buf, pos)
+            if n1288 < 0:
+                raise _length_error(n1288, end - pos)
+        else:
+            pos += 1
+        q1289 = pos + n1288
+        if q1289 > end:
+            raise _length_error(n1288, end - pos)
+        f_gang_id = buf[pos:q1289].decode()
+        pos = q1289
     else:
-        raise _union_error(i1374, 2)
+        raise _union_error(i1287, 2)
     b = buf[pos]
     if b < 128:
-        i1375 = _ZD[b]
+        i1290 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1375 = (z >> 1) ^ -(z & 1)
+        i1290 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1375 = (z >> 1) ^ -(z & 1)
+        i1290 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1375, pos = _rlong(buf, pos)
-    if i1375 == 0:
-        f_queued_at = None
-    elif i1375 == 1:
+        i1290, pos = _rlong(buf, pos)
+    if i1290 == 0:
+        f_time_limit_ms = None
+    elif i1290 == 1:
         b = buf[pos]
         if b < 128:
-            f_queued_at = _ZD[b]
+            f_time_limit_ms = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_queued_at, pos = _rlong(buf, pos)
+            f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1375, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n1376 = _ZL[buf[pos]]
-    if n1376 < 0:
-        n1376, pos = _rlong(buf, pos)
-        if n1376 < 0:
-            raise _length_error(n1376, end - pos)
+        raise _union_error(i1290, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1291: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1292 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1292 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1292 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1292, pos = _rlong(buf, pos)
+            if c1292 == 0:
+                break
+            if c1292 < 0:
+                c1292 = -c1292
+                b = buf[pos]
+                if b < 128:
+                    z1295 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1295 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1295 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1295, pos = _rlong(buf, pos)
+            if c1292 * 1 > end - pos:
+                raise _count_error(c1292, end - pos)
+            for _ in range(c1292):
+                n1296 = _ZL[buf[pos]]
+                if n1296 < 0:
+                    n1296, pos = _rlong(buf, pos)
+                    if n1296 < 0:
+                        raise _length_error(n1296, end - pos)
+                else:
+                    pos += 1
+                q1297 = pos + n1296
+                if q1297 > end:
+                    raise _length_error(n1296, end - pos)
+                x1293 = buf[pos:q1297].decode()
+                pos = q1297
+                acc1291.append(x1293)
+        f_depends_on = tuple(acc1291)
+    n1298 = _ZL[buf[pos]]
+    if n1298 < 0:
+        n1298, pos = _rlong(buf, pos)
+        if n1298 < 0:
+            raise _length_error(n1298, end - pos)
     else:
         pos += 1
-    q1377 = pos + n1376
-    if q1377 > end:
-        raise _length_error(n1376, end - pos)
-    f_disruption = buf[pos:q1377].decode()
-    pos = q1377
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
+    q1299 = pos + n1298
+    if q1299 > end:
+        raise _length_error(n1298, end - pos)
+    f_dependency = buf[pos:q1299].decode()
+    pos = q1299
+    n1300 = _ZL[buf[pos]]
+    if n1300 < 0:
+        n1300, pos = _rlong(buf, pos)
+        if n1300 < 0:
+            raise _length_error(n1300, end - pos)
+    else:
+        pos += 1
+    q1301 = pos + n1300
+    if q1301 > end:
+        raise _length_error(n1300, end - pos)
+    f_preemption = buf[pos:q1301].decode()
+    pos = q1301
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1302 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1302 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1302 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1302, pos = _rlong(buf, pos)
+    if i1302 == 0:
+        f_retry = None
+    elif i1302 == 1:
+        f_retry, pos = _d_Retry450(buf, pos, end)
+    else:
+        raise _union_error(i1302, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        i1303 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1303 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1303 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1303, pos = _rlong(buf, pos)
+    if i1303 == 0:
+        f_role = None
+    elif i1303 == 1:
+        n1304 = _ZL[buf[pos]]
+        if n1304 < 0:
+            n1304, pos = _rlong(buf, pos)
+            if n1304 < 0:
+                raise _length_error(n1304, end - pos)
+        else:
+            pos += 1
+        q1305 = pos + n1304
+        if q1305 > end:
+            raise _length_error(n1304, end - pos)
+        f_role = buf[pos:q1305].decode()
+        pos = q1305
+    else:
+        raise _union_error(i1303, 2)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible, f_role)
     return o, pos
 
 
-def _d_GangQueued1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1338 = _ZL[buf[pos]]
-    if n1338 < 0:
-        n1338, pos = _rlong(buf, pos)
-        if n1338 < 0:
-            raise _length_error(n1338, end - pos)
+def _d_QueueReason1310(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1312 = _ZL[buf[pos]]
+    if n1312 < 0:
+        n1312, pos = _rlong(buf, pos)
+        if n1312 < 0:
+            raise _length_error(n1312, end - pos)
     else:
         pos += 1
-    q1339 = pos + n1338
-    if q1339 > end:
-        raise _length_error(n1338, end - pos)
-    f_gang_id = buf[pos:q1339].decode()
-    pos = q1339
+    q1313 = pos + n1312
+    if q1313 > end:
+        raise _length_error(n1312, end - pos)
+    f_code = buf[pos:q1313].decode()
+    pos = q1313
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1314 = _ZL[buf[pos]]
+    if n1314 < 0:
+        n1314, pos = _rlong(buf, pos)
+        if n1314 < 0:
+            raise _length_error(n1314, end - pos)
+    else:
+        pos += 1
+    q1315 = pos + n1314
+    if q1315 > end:
+        raise _length_error(n1314, end - pos)
+    f_message = buf[pos:q1315].decode()
+    pos = q1315
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1259(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1260(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1340: list[Any] = []
+        acc1306: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1341 = _ZD[b]
+                c1307 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1307 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1307 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1341, pos = _rlong(buf, pos)
-            if c1341 == 0:
+                c1307, pos = _rlong(buf, pos)
+            if c1307 == 0:
                 break
-            if c1341 < 0:
-                c1341 = -c1341
+            if c1307 < 0:
+                c1307 = -c1307
                 b = buf[pos]
                 if b < 128:
-                    z1344 = _ZD[b]
+                    z1310 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1310 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1310 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1344, pos = _rlong(buf, pos)
-            if c1341 * 3 > end - pos:
-                raise _count_error(c1341, end - pos)
-            for _ in range(c1341):
-                x1342, pos = _d_QueueReason1266(buf, pos, end)
-                acc1340.append(x1342)
-        f_reasons = tuple(acc1340)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+                    z1310, pos = _rlong(buf, pos)
+            if c1307 * 3 > end - pos:
+                raise _count_error(c1307, end - pos)
+            for _ in range(c1307):
+                x1308, pos = _d_QueueReason1310(buf, pos, end)
+                acc1306.append(x1308)
+        f_reasons = tuple(acc1306)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1378: list[Any] = []
+        acc1316: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1379 = _ZD[b]
+                c1317 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1379 = (z >> 1) ^ -(z & 1)
+                c1317 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1379 = (z >> 1) ^ -(z & 1)
+                c1317 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1379, pos = _rlong(buf, pos)
-            if c1379 == 0:
+                c1317, pos = _rlong(buf, pos)
+            if c1317 == 0:
                 break
-            if c1379 < 0:
-                c1379 = -c1379
+            if c1317 < 0:
+                c1317 = -c1317
                 b = buf[pos]
                 if b < 128:
-                    z1382 = _ZD[b]
+                    z1320 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1382 = (z >> 1) ^ -(z & 1)
+                    z1320 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1382 = (z >> 1) ^ -(z & 1)
+                    z1320 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1382, pos = _rlong(buf, pos)
-            if c1379 * 1 > end - pos:
-                raise _count_error(c1379, end - pos)
-            for _ in range(c1379):
-                n1383 = _ZL[buf[pos]]
-                if n1383 < 0:
-                    n1383, pos = _rlong(buf, pos)
-                    if n1383 < 0:
-                        raise _length_error(n1383, end - pos)
+                    z1320, pos = _rlong(buf, pos)
+            if c1317 * 1 > end - pos:
+                raise _count_error(c1317, end - pos)
+            for _ in range(c1317):
+                n1321 = _ZL[buf[pos]]
+                if n1321 < 0:
+                    n1321, pos = _rlong(buf, pos)
+                    if n1321 < 0:
+                        raise _length_error(n1321, end - pos)
                 else:
                     pos += 1
-                q1384 = pos + n1383
-                if q1384 > end:
-                    raise _length_error(n1383, end - pos)
-                x1380 = buf[pos:q1384].decode()
-                pos = q1384
-                acc1378.append(x1380)
-        f_waiting_for = tuple(acc1378)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+                q1322 = pos + n1321
+                if q1322 > end:
+                    raise _length_error(n1321, end - pos)
+                x1318 = buf[pos:q1322].decode()
+                pos = q1322
+                acc1316.append(x1318)
+        f_waiting_for = tuple(acc1316)
+    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1392(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
+def _d_GpuShare1330(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+    f_index: int
+    f_milli: int
+    b = buf[pos]
+    if b < 128:
+        f_index = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_index, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_milli, pos = _rlong(buf, pos)
+    o = _c_GpuShare(f_index, f_milli)
+    return o, pos
+
+
+def _d_PodScheduled1322(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+    f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1394 = _ZL[buf[pos]]
-    if n1394 < 0:
-        n1394, pos = _rlong(buf, pos)
-        if n1394 < 0:
-            raise _length_error(n1394, end - pos)
+    f_policy: str
+    f_from_queue: bool
+    f_scores: dict[str, Any]
+    f_preempted: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1260(buf, pos, end)
+    n1324 = _ZL[buf[pos]]
+    if n1324 < 0:
+        n1324, pos = _rlong(buf, pos)
+        if n1324 < 0:
+            raise _length_error(n1324, end - pos)
     else:
         pos += 1
-    q1395 = pos + n1394
-    if q1395 > end:
-        raise _length_error(n1394, end - pos)
-    f_pod_id = buf[pos:q1395].decode()
-    pos = q1395
-    n1396 = _ZL[buf[pos]]
-    if n1396 < 0:
-        n1396, pos = _rlong(buf, pos)
-        if n1396 < 0:
-            raise _length_error(n1396, end - pos)
-    else:
-        pos += 1
-    q1397 = pos + n1396
-    if q1397 > end:
-        raise _length_error(n1396, end - pos)
-    f_node_id = buf[pos:q1397].decode()
-    pos = q1397
+    q1325 = pos + n1324
+    if q1325 > end:
+        raise _length_error(n1324, end - pos)
+    f_node_id = buf[pos:q1325].decode()
+    pos = q1325
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1398: list[Any] = []
+        acc1326: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1399 = _ZD[b]
+                c1327 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1399 = (z >> 1) ^ -(z & 1)
+                c1327 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1399 = (z >> 1) ^ -(z & 1)
+                c1327 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1399, pos = _rlong(buf, pos)
-            if c1399 == 0:
+                c1327, pos = _rlong(buf, pos)
+            if c1327 == 0:
                 break
-            if c1399 < 0:
-                c1399 = -c1399
+            if c1327 < 0:
+                c1327 = -c1327
                 b = buf[pos]
                 if b < 128:
-                    z1402 = _ZD[b]
+                    z1330 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1402 = (z >> 1) ^ -(z & 1)
+                    z1330 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1402 = (z >> 1) ^ -(z & 1)
+                    z1330 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1402, pos = _rlong(buf, pos)
-            if c1399 * 2 > end - pos:
-                raise _count_error(c1399, end - pos)
-            for _ in range(c1399):
-                x1400, pos = _d_GpuShare1286(buf, pos, end)
-                acc1398.append(x1400)
-        f_gpus = tuple(acc1398)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+                    z1330, pos = _rlong(buf, pos)
+            if c1327 * 2 > end - pos:
+                raise _count_error(c1327, end - pos)
+            for _ in range(c1327):
+                x1328, pos = _d_GpuShare1330(buf, pos, end)
+                acc1326.append(x1328)
+        f_gpus = tuple(acc1326)
+    n1332 = _ZL[buf[pos]]
+    if n1332 < 0:
+        n1332, pos = _rlong(buf, pos)
+        if n1332 < 0:
+            raise _length_error(n1332, end - pos)
+    else:
+        pos += 1
+    q1333 = pos + n1332
+    if q1333 > end:
+        raise _length_error(n1332, end - pos)
+    f_policy = buf[pos:q1333].decode()
+    pos = q1333
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1334: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1335 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1335 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1335 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1335, pos = _rlong(buf, pos)
+            if c1335 == 0:
+                break
+            if c1335 < 0:
+                c1335 = -c1335
+                b = buf[pos]
+                if b < 128:
+                    z1338 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1338 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1338 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1338, pos = _rlong(buf, pos)
+            if c1335 * 9 > end - pos:
+                raise _count_error(c1335, end - pos)
+            for _ in range(c1335):
+                n1339 = _ZL[buf[pos]]
+                if n1339 < 0:
+                    n1339, pos = _rlong(buf, pos)
+                    if n1339 < 0:
+                        raise _length_error(n1339, end - pos)
+                else:
+                    pos += 1
+                q1340 = pos + n1339
+                if q1340 > end:
+                    raise _length_error(n1339, end - pos)
+                k1337 = buf[pos:q1340].decode()
+                pos = q1340
+                x1336, = _unpack_d(buf, pos)
+                pos += 8
+                acc1334[k1337] = x1336
+        f_scores = acc1334
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1341: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1342 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1342 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1342 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1342, pos = _rlong(buf, pos)
+            if c1342 == 0:
+                break
+            if c1342 < 0:
+                c1342 = -c1342
+                b = buf[pos]
+                if b < 128:
+                    z1345 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1345 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1345 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1345, pos = _rlong(buf, pos)
+            if c1342 * 1 > end - pos:
+                raise _count_error(c1342, end - pos)
+            for _ in range(c1342):
+                n1346 = _ZL[buf[pos]]
+                if n1346 < 0:
+                    n1346, pos = _rlong(buf, pos)
+                    if n1346 < 0:
+                        raise _length_error(n1346, end - pos)
+                else:
+                    pos += 1
+                q1347 = pos + n1346
+                if q1347 > end:
+                    raise _length_error(n1346, end - pos)
+                x1343 = buf[pos:q1347].decode()
+                pos = q1347
+                acc1341.append(x1343)
+        f_preempted = tuple(acc1341)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
+def _d_PodEvicted1347(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1349 = _ZL[buf[pos]]
+    if n1349 < 0:
+        n1349, pos = _rlong(buf, pos)
+        if n1349 < 0:
+            raise _length_error(n1349, end - pos)
     else:
         pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_gang_id = buf[pos:q1387].decode()
-    pos = q1387
+    q1350 = pos + n1349
+    if q1350 > end:
+        raise _length_error(n1349, end - pos)
+    f_pod_id = buf[pos:q1350].decode()
+    pos = q1350
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
+    else:
+        pos += 1
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_node_id = buf[pos:q1352].decode()
+    pos = q1352
+    n1353 = _ZL[buf[pos]]
+    if n1353 < 0:
+        n1353, pos = _rlong(buf, pos)
+        if n1353 < 0:
+            raise _length_error(n1353, end - pos)
+    else:
+        pos += 1
+    q1354 = pos + n1353
+    if q1354 > end:
+        raise _length_error(n1353, end - pos)
+    f_reason = buf[pos:q1354].decode()
+    pos = q1354
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
+    else:
+        pos += 1
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_pod_id = buf[pos:q1357].decode()
+    pos = q1357
+    b = buf[pos]
+    if b < 128:
+        i1358 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1358 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1358 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1358, pos = _rlong(buf, pos)
+    if i1358 == 0:
+        f_node_id = None
+    elif i1358 == 1:
+        n1359 = _ZL[buf[pos]]
+        if n1359 < 0:
+            n1359, pos = _rlong(buf, pos)
+            if n1359 < 0:
+                raise _length_error(n1359, end - pos)
+        else:
+            pos += 1
+        q1360 = pos + n1359
+        if q1360 > end:
+            raise _length_error(n1359, end - pos)
+        f_node_id = buf[pos:q1360].decode()
+        pos = q1360
+    else:
+        raise _union_error(i1358, 2)
+    n1361 = _ZL[buf[pos]]
+    if n1361 < 0:
+        n1361, pos = _rlong(buf, pos)
+        if n1361 < 0:
+            raise _length_error(n1361, end - pos)
+    else:
+        pos += 1
+    q1362 = pos + n1361
+    if q1362 > end:
+        raise _length_error(n1361, end - pos)
+    f_reason = buf[pos:q1362].decode()
+    pos = q1362
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1362(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1364 = _ZL[buf[pos]]
+    if n1364 < 0:
+        n1364, pos = _rlong(buf, pos)
+        if n1364 < 0:
+            raise _length_error(n1364, end - pos)
+    else:
+        pos += 1
+    q1365 = pos + n1364
+    if q1365 > end:
+        raise _length_error(n1364, end - pos)
+    f_policy = buf[pos:q1365].decode()
+    pos = q1365
+    n1366 = _ZL[buf[pos]]
+    if n1366 < 0:
+        n1366, pos = _rlong(buf, pos)
+        if n1366 < 0:
+            raise _length_error(n1366, end - pos)
+    else:
+        pos += 1
+    q1367 = pos + n1366
+    if q1367 > end:
+        raise _length_error(n1366, end - pos)
+    f_previous = buf[pos:q1367].decode()
+    pos = q1367
+    b = buf[pos]
+    if b < 128:
+        i1368 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1368 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1368 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1368, pos = _rlong(buf, pos)
+    if i1368 == 0:
+        f_reserve_after_ms = None
+    elif i1368 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1368, 2)
+    n1369 = _ZL[buf[pos]]
+    if n1369 < 0:
+        n1369, pos = _rlong(buf, pos)
+        if n1369 < 0:
+            raise _length_error(n1369, end - pos)
+    else:
+        pos += 1
+    q1370 = pos + n1369
+    if q1370 > end:
+        raise _length_error(n1369, end - pos)
+    f_queue_order = buf[pos:q1370].decode()
+    pos = q1370
+    b = buf[pos]
+    if b < 128:
+        i1371 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1371 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1371 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1371, pos = _rlong(buf, pos)
+    if i1371 == 0:
+        f_max_clock_jump_ms = None
+    elif i1371 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1371, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1371(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1373 = _ZL[buf[pos]]
+    if n1373 < 0:
+        n1373, pos = _rlong(buf, pos)
+        if n1373 < 0:
+            raise _length_error(n1373, end - pos)
+    else:
+        pos += 1
+    q1374 = pos + n1373
+    if q1374 > end:
+        raise _length_error(n1373, end - pos)
+    f_command_id = buf[pos:q1374].decode()
+    pos = q1374
+    n1375 = _ZL[buf[pos]]
+    if n1375 < 0:
+        n1375, pos = _rlong(buf, pos)
+        if n1375 < 0:
+            raise _length_error(n1375, end - pos)
+    else:
+        pos += 1
+    q1376 = pos + n1375
+    if q1376 > end:
+        raise _length_error(n1375, end - pos)
+    f_command_type = buf[pos:q1376].decode()
+    pos = q1376
+    n1377 = _ZL[buf[pos]]
+    if n1377 < 0:
+        n1377, pos = _rlong(buf, pos)
+        if n1377 < 0:
+            raise _length_error(n1377, end - pos)
+    else:
+        pos += 1
+    q1378 = pos + n1377
+    if q1378 > end:
+        raise _length_error(n1377, end - pos)
+    f_code = buf[pos:q1378].decode()
+    pos = q1378
+    n1379 = _ZL[buf[pos]]
+    if n1379 < 0:
+        n1379, pos = _rlong(buf, pos)
+        if n1379 < 0:
+            raise _length_error(n1379, end - pos)
+    else:
+        pos += 1
+    q1380 = pos + n1379
+    if q1380 > end:
+        raise _length_error(n1379, end - pos)
+    f_message = buf[pos:q1380].decode()
+    pos = q1380
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1388(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    f_retry: Any
+    f_queued_at: Any
+    f_preemptible: bool
+    f_disruption: str
+    f_min_members_per_role: dict[str, Any]
+    n1390 = _ZL[buf[pos]]
+    if n1390 < 0:
+        n1390, pos = _rlong(buf, pos)
+        if n1390 < 0:
+            raise _length_error(n1390, end - pos)
+    else:
+        pos += 1
+    q1391 = pos + n1390
+    if q1391 > end:
+        raise _length_error(n1390, end - pos)
+    f_gang_id = buf[pos:q1391].decode()
+    pos = q1391
+    n1392 = _ZL[buf[pos]]
+    if n1392 < 0:
+        n1392, pos = _rlong(buf, pos)
+        if n1392 < 0:
+            raise _length_error(n1392, end - pos)
+    else:
+        pos += 1
+    q1393 = pos + n1392
+    if q1393 > end:
+        raise _length_error(n1392, end - pos)
+    f_tenant = buf[pos:q1393].decode()
+    pos = q1393
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1388: list[Any] = []
+        acc1394: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1389 = _ZD[b]
+                c1395 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1395 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1395 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
+                c1395, pos = _rlong(buf, pos)
+            if c1395 == 0:
                 break
-            if c1389 < 0:
-                c1389 = -c1389
+            if c1395 < 0:
+                c1395 = -c1395
                 b = buf[pos]
                 if b < 128:
-                    z1392 = _ZD[b]
+                    z1398 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1398 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1398 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 3 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                x1390, pos = _d_MemberPlacement1392(buf, pos, end)
-                acc1388.append(x1390)
-        f_members = tuple(acc1388)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+                    z1398, pos = _rlong(buf, pos)
+            if c1395 * 22 > end - pos:
+                raise _count_error(c1395, end - pos)
+            for _ in range(c1395):
+                x1396, pos = _d_PodSpec1260(buf, pos, end)
+                acc1394.append(x1396)
+        f_members = tuple(acc1394)
     b = buf[pos]
     if b < 128:
-        i1403 = _ZD[b]
+        f_min_members = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1403 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1403 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1403, pos = _rlong(buf, pos)
-    if i1403 == 0:
-        f_topology_key = None
-    elif i1403 == 1:
-        n1404 = _ZL[buf[pos]]
-        if n1404 < 0:
-            n1404, pos = _rlong(buf, pos)
-            if n1404 < 0:
-                raise _length_error(n1404, end - pos)
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1399 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1399 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1399 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1399, pos = _rlong(buf, pos)
+    if i1399 == 0:
+        f_topology_required = None
+    elif i1399 == 1:
+        n1400 = _ZL[buf[pos]]
+        if n1400 < 0:
+            n1400, pos = _rlong(buf, pos)
+            if n1400 < 0:
+                raise _length_error(n1400, end - pos)
         else:
             pos += 1
-        q1405 = pos + n1404
-        if q1405 > end:
-            raise _length_error(n1404, end - pos)
-        f_topology_key = buf[pos:q1405].decode()
-        pos = q1405
+        q1401 = pos + n1400
+        if q1401 > end:
+            raise _length_error(n1400, end - pos)
+        f_topology_required = buf[pos:q1401].decode()
+        pos = q1401
     else:
-        raise _union_error(i1403, 2)
+        raise _union_error(i1399, 2)
+    b = buf[pos]
+    if b < 128:
+        i1402 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1402 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1402 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1402, pos = _rlong(buf, pos)
+    if i1402 == 0:
+        f_topology_preferred = None
+    elif i1402 == 1:
+        n1403 = _ZL[buf[pos]]
+        if n1403 < 0:
+            n1403, pos = _rlong(buf, pos)
+            if n1403 < 0:
+                raise _length_error(n1403, end - pos)
+        else:
+            pos += 1
+        q1404 = pos + n1403
+        if q1404 > end:
+            raise _length_error(n1403, end - pos)
+        f_topology_preferred = buf[pos:q1404].decode()
+        pos = q1404
+    else:
+        raise _union_error(i1402, 2)
+    b = buf[pos]
+    if b < 128:
+        i1405 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1405 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1405 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1405, pos = _rlong(buf, pos)
+    if i1405 == 0:
+        f_timeout_ms = None
+    elif i1405 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1405, 2)
     b = buf[pos]
     if b < 128:
         i1406 = _ZD[b]
@@ -6043,111 +5702,688 @@ def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     else:
         i1406, pos = _rlong(buf, pos)
     if i1406 == 0:
-        f_domain = None
+        f_time_limit_ms = None
     elif i1406 == 1:
-        n1407 = _ZL[buf[pos]]
-        if n1407 < 0:
-            n1407, pos = _rlong(buf, pos)
-            if n1407 < 0:
-                raise _length_error(n1407, end - pos)
-        else:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
             pos += 1
-        q1408 = pos + n1407
-        if q1408 > end:
-            raise _length_error(n1407, end - pos)
-        f_domain = buf[pos:q1408].decode()
-        pos = q1408
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i1406, 2)
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    n1409 = _ZL[buf[pos]]
-    if n1409 < 0:
-        n1409, pos = _rlong(buf, pos)
-        if n1409 < 0:
-            raise _length_error(n1409, end - pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1407: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1408 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1408 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1408 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1408, pos = _rlong(buf, pos)
+            if c1408 == 0:
+                break
+            if c1408 < 0:
+                c1408 = -c1408
+                b = buf[pos]
+                if b < 128:
+                    z1411 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1411 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1411 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1411, pos = _rlong(buf, pos)
+            if c1408 * 1 > end - pos:
+                raise _count_error(c1408, end - pos)
+            for _ in range(c1408):
+                n1412 = _ZL[buf[pos]]
+                if n1412 < 0:
+                    n1412, pos = _rlong(buf, pos)
+                    if n1412 < 0:
+                        raise _length_error(n1412, end - pos)
+                else:
+                    pos += 1
+                q1413 = pos + n1412
+                if q1413 > end:
+                    raise _length_error(n1412, end - pos)
+                x1409 = buf[pos:q1413].decode()
+                pos = q1413
+                acc1407.append(x1409)
+        f_depends_on = tuple(acc1407)
+    n1414 = _ZL[buf[pos]]
+    if n1414 < 0:
+        n1414, pos = _rlong(buf, pos)
+        if n1414 < 0:
+            raise _length_error(n1414, end - pos)
     else:
         pos += 1
-    q1410 = pos + n1409
-    if q1410 > end:
-        raise _length_error(n1409, end - pos)
-    f_message = buf[pos:q1410].decode()
-    pos = q1410
+    q1415 = pos + n1414
+    if q1415 > end:
+        raise _length_error(n1414, end - pos)
+    f_dependency = buf[pos:q1415].decode()
+    pos = q1415
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1416 = _ZL[buf[pos]]
+    if n1416 < 0:
+        n1416, pos = _rlong(buf, pos)
+        if n1416 < 0:
+            raise _length_error(n1416, end - pos)
+    else:
+        pos += 1
+    q1417 = pos + n1416
+    if q1417 > end:
+        raise _length_error(n1416, end - pos)
+    f_preemption = buf[pos:q1417].decode()
+    pos = q1417
+    b = buf[pos]
+    if b < 128:
+        i1418 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1418 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1418 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1418, pos = _rlong(buf, pos)
+    if i1418 == 0:
+        f_retry = None
+    elif i1418 == 1:
+        f_retry, pos = _d_Retry450(buf, pos, end)
+    else:
+        raise _union_error(i1418, 2)
+    b = buf[pos]
+    if b < 128:
+        i1419 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1419 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1419 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1419, pos = _rlong(buf, pos)
+    if i1419 == 0:
+        f_queued_at = None
+    elif i1419 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1419, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n1420 = _ZL[buf[pos]]
+    if n1420 < 0:
+        n1420, pos = _rlong(buf, pos)
+        if n1420 < 0:
+            raise _length_error(n1420, end - pos)
+    else:
+        pos += 1
+    q1421 = pos + n1420
+    if q1421 > end:
+        raise _length_error(n1420, end - pos)
+    f_disruption = buf[pos:q1421].decode()
+    pos = q1421
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc1422: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1423 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1423 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1423 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1423, pos = _rlong(buf, pos)
+            if c1423 == 0:
+                break
+            if c1423 < 0:
+                c1423 = -c1423
+                b = buf[pos]
+                if b < 128:
+                    z1426 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1426 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1426 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1426, pos = _rlong(buf, pos)
+            if c1423 * 2 > end - pos:
+                raise _count_error(c1423, end - pos)
+            for _ in range(c1423):
+                n1427 = _ZL[buf[pos]]
+                if n1427 < 0:
+                    n1427, pos = _rlong(buf, pos)
+                    if n1427 < 0:
+                        raise _length_error(n1427, end - pos)
+                else:
+                    pos += 1
+                q1428 = pos + n1427
+                if q1428 > end:
+                    raise _length_error(n1427, end - pos)
+                k1425 = buf[pos:q1428].decode()
+                pos = q1428
+                b = buf[pos]
+                if b < 128:
+                    x1424 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1424 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1424 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1424, pos = _rlong(buf, pos)
+                acc1422[k1425] = x1424
+        f_min_members_per_role = acc1422
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_GangQueued1380(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1382 = _ZL[buf[pos]]
+    if n1382 < 0:
+        n1382, pos = _rlong(buf, pos)
+        if n1382 < 0:
+            raise _length_error(n1382, end - pos)
+    else:
+        pos += 1
+    q1383 = pos + n1382
+    if q1383 > end:
+        raise _length_error(n1382, end - pos)
+    f_gang_id = buf[pos:q1383].decode()
+    pos = q1383
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1384: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1385 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1385 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1385 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1385, pos = _rlong(buf, pos)
+            if c1385 == 0:
+                break
+            if c1385 < 0:
+                c1385 = -c1385
+                b = buf[pos]
+                if b < 128:
+                    z1388 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1388 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1388 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1388, pos = _rlong(buf, pos)
+            if c1385 * 3 > end - pos:
+                raise _count_error(c1385, end - pos)
+            for _ in range(c1385):
+                x1386, pos = _d_QueueReason1310(buf, pos, end)
+                acc1384.append(x1386)
+        f_reasons = tuple(acc1384)
+    f_gang, pos = _d_GangSpec1388(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1429: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1430 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1430 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1430 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1430, pos = _rlong(buf, pos)
+            if c1430 == 0:
+                break
+            if c1430 < 0:
+                c1430 = -c1430
+                b = buf[pos]
+                if b < 128:
+                    z1433 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1433 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1433 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1433, pos = _rlong(buf, pos)
+            if c1430 * 1 > end - pos:
+                raise _count_error(c1430, end - pos)
+            for _ in range(c1430):
+                n1434 = _ZL[buf[pos]]
+                if n1434 < 0:
+                    n1434, pos = _rlong(buf, pos)
+                    if n1434 < 0:
+                        raise _length_error(n1434, end - pos)
+                else:
+                    pos += 1
+                q1435 = pos + n1434
+                if q1435 > end:
+                    raise _length_error(n1434, end - pos)
+                x1431 = buf[pos:q1435].decode()
+                pos = q1435
+                acc1429.append(x1431)
+        f_waiting_for = tuple(acc1429)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1443(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1445 = _ZL[buf[pos]]
+    if n1445 < 0:
+        n1445, pos = _rlong(buf, pos)
+        if n1445 < 0:
+            raise _length_error(n1445, end - pos)
+    else:
+        pos += 1
+    q1446 = pos + n1445
+    if q1446 > end:
+        raise _length_error(n1445, end - pos)
+    f_pod_id = buf[pos:q1446].decode()
+    pos = q1446
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
+    else:
+        pos += 1
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_node_id = buf[pos:q1448].decode()
+    pos = q1448
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1449: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1450 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1450 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1450 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1450, pos = _rlong(buf, pos)
+            if c1450 == 0:
+                break
+            if c1450 < 0:
+                c1450 = -c1450
+                b = buf[pos]
+                if b < 128:
+                    z1453 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1453 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1453 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1453, pos = _rlong(buf, pos)
+            if c1450 * 2 > end - pos:
+                raise _count_error(c1450, end - pos)
+            for _ in range(c1450):
+                x1451, pos = _d_GpuShare1330(buf, pos, end)
+                acc1449.append(x1451)
+        f_gpus = tuple(acc1449)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1435(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1437 = _ZL[buf[pos]]
+    if n1437 < 0:
+        n1437, pos = _rlong(buf, pos)
+        if n1437 < 0:
+            raise _length_error(n1437, end - pos)
+    else:
+        pos += 1
+    q1438 = pos + n1437
+    if q1438 > end:
+        raise _length_error(n1437, end - pos)
+    f_gang_id = buf[pos:q1438].decode()
+    pos = q1438
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1439: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1440 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1440 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1440 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1440, pos = _rlong(buf, pos)
+            if c1440 == 0:
+                break
+            if c1440 < 0:
+                c1440 = -c1440
+                b = buf[pos]
+                if b < 128:
+                    z1443 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1443 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1443 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1443, pos = _rlong(buf, pos)
+            if c1440 * 3 > end - pos:
+                raise _count_error(c1440, end - pos)
+            for _ in range(c1440):
+                x1441, pos = _d_MemberPlacement1443(buf, pos, end)
+                acc1439.append(x1441)
+        f_members = tuple(acc1439)
+    f_gang, pos = _d_GangSpec1388(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1454 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1454 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1454 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1454, pos = _rlong(buf, pos)
+    if i1454 == 0:
+        f_topology_key = None
+    elif i1454 == 1:
+        n1455 = _ZL[buf[pos]]
+        if n1455 < 0:
+            n1455, pos = _rlong(buf, pos)
+            if n1455 < 0:
+                raise _length_error(n1455, end - pos)
+        else:
+            pos += 1
+        q1456 = pos + n1455
+        if q1456 > end:
+            raise _length_error(n1455, end - pos)
+        f_topology_key = buf[pos:q1456].decode()
+        pos = q1456
+    else:
+        raise _union_error(i1454, 2)
+    b = buf[pos]
+    if b < 128:
+        i1457 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1457 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1457 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1457, pos = _rlong(buf, pos)
+    if i1457 == 0:
+        f_domain = None
+    elif i1457 == 1:
+        n1458 = _ZL[buf[pos]]
+        if n1458 < 0:
+            n1458, pos = _rlong(buf, pos)
+            if n1458 < 0:
+                raise _length_error(n1458, end - pos)
+        else:
+            pos += 1
+        q1459 = pos + n1458
+        if q1459 > end:
+            raise _length_error(n1458, end - pos)
+        f_domain = buf[pos:q1459].decode()
+        pos = q1459
+    else:
+        raise _union_error(i1457, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    n1460 = _ZL[buf[pos]]
+    if n1460 < 0:
+        n1460, pos = _rlong(buf, pos)
+        if n1460 < 0:
+            raise _length_error(n1460, end - pos)
+    else:
+        pos += 1
+    q1461 = pos + n1460
+    if q1461 > end:
+        raise _length_error(n1460, end - pos)
+    f_message = buf[pos:q1461].decode()
+    pos = q1461
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1411: list[Any] = []
+        acc1462: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1412 = _ZD[b]
+                c1463 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1463 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1463 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1412, pos = _rlong(buf, pos)
-            if c1412 == 0:
+                c1463, pos = _rlong(buf, pos)
+            if c1463 == 0:
                 break
-            if c1412 < 0:
-                c1412 = -c1412
+            if c1463 < 0:
+                c1463 = -c1463
                 b = buf[pos]
                 if b < 128:
-                    z1415 = _ZD[b]
+                    z1466 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1466 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1466 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1415, pos = _rlong(buf, pos)
-            if c1412 * 1 > end - pos:
-                raise _count_error(c1412, end - pos)
-            for _ in range(c1412):
-                n1416 = _ZL[buf[pos]]
-                if n1416 < 0:
-                    n1416, pos = _rlong(buf, pos)
-                    if n1416 < 0:
-                        raise _length_error(n1416, end - pos)
+                    z1466, pos = _rlong(buf, pos)
+            if c1463 * 1 > end - pos:
+                raise _count_error(c1463, end - pos)
+            for _ in range(c1463):
+                n1467 = _ZL[buf[pos]]
+                if n1467 < 0:
+                    n1467, pos = _rlong(buf, pos)
+                    if n1467 < 0:
+                        raise _length_error(n1467, end - pos)
                 else:
                     pos += 1
-                q1417 = pos + n1416
-                if q1417 > end:
-                    raise _length_error(n1416, end - pos)
-                x1413 = buf[pos:q1417].decode()
-                pos = q1417
-                acc1411.append(x1413)
-        f_preempted = tuple(acc1411)
+                q1468 = pos + n1467
+                if q1468 > end:
+                    raise _length_error(n1467, end - pos)
+                x1464 = buf[pos:q1468].decode()
+                pos = q1468
+                acc1462.append(x1464)
+        f_preempted = tuple(acc1462)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1468(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1419 = _ZL[buf[pos]]
-    if n1419 < 0:
-        n1419, pos = _rlong(buf, pos)
-        if n1419 < 0:
-            raise _length_error(n1419, end - pos)
+    n1470 = _ZL[buf[pos]]
+    if n1470 < 0:
+        n1470, pos = _rlong(buf, pos)
+        if n1470 < 0:
+            raise _length_error(n1470, end - pos)
     else:
         pos += 1
-    q1420 = pos + n1419
-    if q1420 > end:
-        raise _length_error(n1419, end - pos)
-    f_gang_id = buf[pos:q1420].decode()
-    pos = q1420
+    q1471 = pos + n1470
+    if q1471 > end:
+        raise _length_error(n1470, end - pos)
+    f_gang_id = buf[pos:q1471].decode()
+    pos = q1471
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -6162,141 +6398,141 @@ def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1421 = _ZL[buf[pos]]
-    if n1421 < 0:
-        n1421, pos = _rlong(buf, pos)
-        if n1421 < 0:
-            raise _length_error(n1421, end - pos)
+    n1472 = _ZL[buf[pos]]
+    if n1472 < 0:
+        n1472, pos = _rlong(buf, pos)
+        if n1472 < 0:
+            raise _length_error(n1472, end - pos)
     else:
         pos += 1
-    q1422 = pos + n1421
-    if q1422 > end:
-        raise _length_error(n1421, end - pos)
-    f_message = buf[pos:q1422].decode()
-    pos = q1422
+    q1473 = pos + n1472
+    if q1473 > end:
+        raise _length_error(n1472, end - pos)
+    f_message = buf[pos:q1473].decode()
+    pos = q1473
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1422(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1473(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1424 = _ZL[buf[pos]]
-    if n1424 < 0:
-        n1424, pos = _rlong(buf, pos)
-        if n1424 < 0:
-            raise _length_error(n1424, end - pos)
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1425 = pos + n1424
-    if q1425 > end:
-        raise _length_error(n1424, end - pos)
-    f_gang_id = buf[pos:q1425].decode()
-    pos = q1425
-    n1426 = _ZL[buf[pos]]
-    if n1426 < 0:
-        n1426, pos = _rlong(buf, pos)
-        if n1426 < 0:
-            raise _length_error(n1426, end - pos)
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_gang_id = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1427 = pos + n1426
-    if q1427 > end:
-        raise _length_error(n1426, end - pos)
-    f_reason = buf[pos:q1427].decode()
-    pos = q1427
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_reason = buf[pos:q1478].decode()
+    pos = q1478
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1428: list[Any] = []
+        acc1479: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1429 = _ZD[b]
+                c1480 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1429 = (z >> 1) ^ -(z & 1)
+                c1480 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1429 = (z >> 1) ^ -(z & 1)
+                c1480 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1429, pos = _rlong(buf, pos)
-            if c1429 == 0:
+                c1480, pos = _rlong(buf, pos)
+            if c1480 == 0:
                 break
-            if c1429 < 0:
-                c1429 = -c1429
+            if c1480 < 0:
+                c1480 = -c1480
                 b = buf[pos]
                 if b < 128:
-                    z1432 = _ZD[b]
+                    z1483 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1432 = (z >> 1) ^ -(z & 1)
+                    z1483 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1432 = (z >> 1) ^ -(z & 1)
+                    z1483 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1432, pos = _rlong(buf, pos)
-            if c1429 * 1 > end - pos:
-                raise _count_error(c1429, end - pos)
-            for _ in range(c1429):
-                n1433 = _ZL[buf[pos]]
-                if n1433 < 0:
-                    n1433, pos = _rlong(buf, pos)
-                    if n1433 < 0:
-                        raise _length_error(n1433, end - pos)
+                    z1483, pos = _rlong(buf, pos)
+            if c1480 * 1 > end - pos:
+                raise _count_error(c1480, end - pos)
+            for _ in range(c1480):
+                n1484 = _ZL[buf[pos]]
+                if n1484 < 0:
+                    n1484, pos = _rlong(buf, pos)
+                    if n1484 < 0:
+                        raise _length_error(n1484, end - pos)
                 else:
                     pos += 1
-                q1434 = pos + n1433
-                if q1434 > end:
-                    raise _length_error(n1433, end - pos)
-                x1430 = buf[pos:q1434].decode()
-                pos = q1434
-                acc1428.append(x1430)
-        f_members_ended = tuple(acc1428)
+                q1485 = pos + n1484
+                if q1485 > end:
+                    raise _length_error(n1484, end - pos)
+                x1481 = buf[pos:q1485].decode()
+                pos = q1485
+                acc1479.append(x1481)
+        f_members_ended = tuple(acc1479)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1485(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+    n1487 = _ZL[buf[pos]]
+    if n1487 < 0:
+        n1487, pos = _rlong(buf, pos)
+        if n1487 < 0:
+            raise _length_error(n1487, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_pod_id = buf[pos:q1437].decode()
-    pos = q1437
-    n1438 = _ZL[buf[pos]]
-    if n1438 < 0:
-        n1438, pos = _rlong(buf, pos)
-        if n1438 < 0:
-            raise _length_error(n1438, end - pos)
+    q1488 = pos + n1487
+    if q1488 > end:
+        raise _length_error(n1487, end - pos)
+    f_pod_id = buf[pos:q1488].decode()
+    pos = q1488
+    n1489 = _ZL[buf[pos]]
+    if n1489 < 0:
+        n1489, pos = _rlong(buf, pos)
+        if n1489 < 0:
+            raise _length_error(n1489, end - pos)
     else:
         pos += 1
-    q1439 = pos + n1438
-    if q1439 > end:
-        raise _length_error(n1438, end - pos)
-    f_node_id = buf[pos:q1439].decode()
-    pos = q1439
+    q1490 = pos + n1489
+    if q1490 > end:
+        raise _length_error(n1489, end - pos)
+    f_node_id = buf[pos:q1490].decode()
+    pos = q1490
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6313,141 +6549,141 @@ def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1440 = _ZD[b]
+        i1491 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1440 = (z >> 1) ^ -(z & 1)
+        i1491 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1440 = (z >> 1) ^ -(z & 1)
+        i1491 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1440, pos = _rlong(buf, pos)
-    if i1440 == 0:
+        i1491, pos = _rlong(buf, pos)
+    if i1491 == 0:
         f_gang_id = None
-    elif i1440 == 1:
-        n1441 = _ZL[buf[pos]]
-        if n1441 < 0:
-            n1441, pos = _rlong(buf, pos)
-            if n1441 < 0:
-                raise _length_error(n1441, end - pos)
+    elif i1491 == 1:
+        n1492 = _ZL[buf[pos]]
+        if n1492 < 0:
+            n1492, pos = _rlong(buf, pos)
+            if n1492 < 0:
+                raise _length_error(n1492, end - pos)
         else:
             pos += 1
-        q1442 = pos + n1441
-        if q1442 > end:
-            raise _length_error(n1441, end - pos)
-        f_gang_id = buf[pos:q1442].decode()
-        pos = q1442
+        q1493 = pos + n1492
+        if q1493 > end:
+            raise _length_error(n1492, end - pos)
+        f_gang_id = buf[pos:q1493].decode()
+        pos = q1493
     else:
-        raise _union_error(i1440, 2)
+        raise _union_error(i1491, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1493(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1444 = _ZL[buf[pos]]
-    if n1444 < 0:
-        n1444, pos = _rlong(buf, pos)
-        if n1444 < 0:
-            raise _length_error(n1444, end - pos)
+    n1495 = _ZL[buf[pos]]
+    if n1495 < 0:
+        n1495, pos = _rlong(buf, pos)
+        if n1495 < 0:
+            raise _length_error(n1495, end - pos)
     else:
         pos += 1
-    q1445 = pos + n1444
-    if q1445 > end:
-        raise _length_error(n1444, end - pos)
-    f_holder_id = buf[pos:q1445].decode()
-    pos = q1445
-    n1446 = _ZL[buf[pos]]
-    if n1446 < 0:
-        n1446, pos = _rlong(buf, pos)
-        if n1446 < 0:
-            raise _length_error(n1446, end - pos)
+    q1496 = pos + n1495
+    if q1496 > end:
+        raise _length_error(n1495, end - pos)
+    f_holder_id = buf[pos:q1496].decode()
+    pos = q1496
+    n1497 = _ZL[buf[pos]]
+    if n1497 < 0:
+        n1497, pos = _rlong(buf, pos)
+        if n1497 < 0:
+            raise _length_error(n1497, end - pos)
     else:
         pos += 1
-    q1447 = pos + n1446
-    if q1447 > end:
-        raise _length_error(n1446, end - pos)
-    f_holder_kind = buf[pos:q1447].decode()
-    pos = q1447
+    q1498 = pos + n1497
+    if q1498 > end:
+        raise _length_error(n1497, end - pos)
+    f_holder_kind = buf[pos:q1498].decode()
+    pos = q1498
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1448: list[Any] = []
+        acc1499: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1449 = _ZD[b]
+                c1500 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1449 = (z >> 1) ^ -(z & 1)
+                c1500 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1449 = (z >> 1) ^ -(z & 1)
+                c1500 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1449, pos = _rlong(buf, pos)
-            if c1449 == 0:
+                c1500, pos = _rlong(buf, pos)
+            if c1500 == 0:
                 break
-            if c1449 < 0:
-                c1449 = -c1449
+            if c1500 < 0:
+                c1500 = -c1500
                 b = buf[pos]
                 if b < 128:
-                    z1452 = _ZD[b]
+                    z1503 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1452 = (z >> 1) ^ -(z & 1)
+                    z1503 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1452 = (z >> 1) ^ -(z & 1)
+                    z1503 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1452, pos = _rlong(buf, pos)
-            if c1449 * 1 > end - pos:
-                raise _count_error(c1449, end - pos)
-            for _ in range(c1449):
-                n1453 = _ZL[buf[pos]]
-                if n1453 < 0:
-                    n1453, pos = _rlong(buf, pos)
-                    if n1453 < 0:
-                        raise _length_error(n1453, end - pos)
+                    z1503, pos = _rlong(buf, pos)
+            if c1500 * 1 > end - pos:
+                raise _count_error(c1500, end - pos)
+            for _ in range(c1500):
+                n1504 = _ZL[buf[pos]]
+                if n1504 < 0:
+                    n1504, pos = _rlong(buf, pos)
+                    if n1504 < 0:
+                        raise _length_error(n1504, end - pos)
                 else:
                     pos += 1
-                q1454 = pos + n1453
-                if q1454 > end:
-                    raise _length_error(n1453, end - pos)
-                x1450 = buf[pos:q1454].decode()
-                pos = q1454
-                acc1448.append(x1450)
-        f_nodes = tuple(acc1448)
+                q1505 = pos + n1504
+                if q1505 > end:
+                    raise _length_error(n1504, end - pos)
+                x1501 = buf[pos:q1505].decode()
+                pos = q1505
+                acc1499.append(x1501)
+        f_nodes = tuple(acc1499)
     b = buf[pos]
     if b < 128:
-        i1455 = _ZD[b]
+        i1506 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1455 = (z >> 1) ^ -(z & 1)
+        i1506 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1455 = (z >> 1) ^ -(z & 1)
+        i1506 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1455, pos = _rlong(buf, pos)
-    if i1455 == 0:
+        i1506, pos = _rlong(buf, pos)
+    if i1506 == 0:
         f_expected_start = None
-    elif i1455 == 1:
+    elif i1506 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6463,194 +6699,194 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1455, 2)
-    n1456 = _ZL[buf[pos]]
-    if n1456 < 0:
-        n1456, pos = _rlong(buf, pos)
-        if n1456 < 0:
-            raise _length_error(n1456, end - pos)
+        raise _union_error(i1506, 2)
+    n1507 = _ZL[buf[pos]]
+    if n1507 < 0:
+        n1507, pos = _rlong(buf, pos)
+        if n1507 < 0:
+            raise _length_error(n1507, end - pos)
     else:
         pos += 1
-    q1457 = pos + n1456
-    if q1457 > end:
-        raise _length_error(n1456, end - pos)
-    f_message = buf[pos:q1457].decode()
-    pos = q1457
+    q1508 = pos + n1507
+    if q1508 > end:
+        raise _length_error(n1507, end - pos)
+    f_message = buf[pos:q1508].decode()
+    pos = q1508
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1457(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1508(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1459 = _ZL[buf[pos]]
-    if n1459 < 0:
-        n1459, pos = _rlong(buf, pos)
-        if n1459 < 0:
-            raise _length_error(n1459, end - pos)
+    n1510 = _ZL[buf[pos]]
+    if n1510 < 0:
+        n1510, pos = _rlong(buf, pos)
+        if n1510 < 0:
+            raise _length_error(n1510, end - pos)
     else:
         pos += 1
-    q1460 = pos + n1459
-    if q1460 > end:
-        raise _length_error(n1459, end - pos)
-    f_holder_id = buf[pos:q1460].decode()
-    pos = q1460
-    n1461 = _ZL[buf[pos]]
-    if n1461 < 0:
-        n1461, pos = _rlong(buf, pos)
-        if n1461 < 0:
-            raise _length_error(n1461, end - pos)
+    q1511 = pos + n1510
+    if q1511 > end:
+        raise _length_error(n1510, end - pos)
+    f_holder_id = buf[pos:q1511].decode()
+    pos = q1511
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
     else:
         pos += 1
-    q1462 = pos + n1461
-    if q1462 > end:
-        raise _length_error(n1461, end - pos)
-    f_holder_kind = buf[pos:q1462].decode()
-    pos = q1462
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_holder_kind = buf[pos:q1513].decode()
+    pos = q1513
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1463: list[Any] = []
+        acc1514: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1464 = _ZD[b]
+                c1515 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1515 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1515 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1464, pos = _rlong(buf, pos)
-            if c1464 == 0:
+                c1515, pos = _rlong(buf, pos)
+            if c1515 == 0:
                 break
-            if c1464 < 0:
-                c1464 = -c1464
+            if c1515 < 0:
+                c1515 = -c1515
                 b = buf[pos]
                 if b < 128:
-                    z1467 = _ZD[b]
+                    z1518 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1518 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1518 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1467, pos = _rlong(buf, pos)
-            if c1464 * 1 > end - pos:
-                raise _count_error(c1464, end - pos)
-            for _ in range(c1464):
-                n1468 = _ZL[buf[pos]]
-                if n1468 < 0:
-                    n1468, pos = _rlong(buf, pos)
-                    if n1468 < 0:
-                        raise _length_error(n1468, end - pos)
+                    z1518, pos = _rlong(buf, pos)
+            if c1515 * 1 > end - pos:
+                raise _count_error(c1515, end - pos)
+            for _ in range(c1515):
+                n1519 = _ZL[buf[pos]]
+                if n1519 < 0:
+                    n1519, pos = _rlong(buf, pos)
+                    if n1519 < 0:
+                        raise _length_error(n1519, end - pos)
                 else:
                     pos += 1
-                q1469 = pos + n1468
-                if q1469 > end:
-                    raise _length_error(n1468, end - pos)
-                x1465 = buf[pos:q1469].decode()
-                pos = q1469
-                acc1463.append(x1465)
-        f_nodes = tuple(acc1463)
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+                q1520 = pos + n1519
+                if q1520 > end:
+                    raise _length_error(n1519, end - pos)
+                x1516 = buf[pos:q1520].decode()
+                pos = q1520
+                acc1514.append(x1516)
+        f_nodes = tuple(acc1514)
+    n1521 = _ZL[buf[pos]]
+    if n1521 < 0:
+        n1521, pos = _rlong(buf, pos)
+        if n1521 < 0:
+            raise _length_error(n1521, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_reason = buf[pos:q1471].decode()
-    pos = q1471
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    q1522 = pos + n1521
+    if q1522 > end:
+        raise _length_error(n1521, end - pos)
+    f_reason = buf[pos:q1522].decode()
+    pos = q1522
+    n1523 = _ZL[buf[pos]]
+    if n1523 < 0:
+        n1523, pos = _rlong(buf, pos)
+        if n1523 < 0:
+            raise _length_error(n1523, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_message = buf[pos:q1473].decode()
-    pos = q1473
+    q1524 = pos + n1523
+    if q1524 > end:
+        raise _length_error(n1523, end - pos)
+    f_message = buf[pos:q1524].decode()
+    pos = q1524
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1473(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1524(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1526 = _ZL[buf[pos]]
+    if n1526 < 0:
+        n1526, pos = _rlong(buf, pos)
+        if n1526 < 0:
+            raise _length_error(n1526, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_holder_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
+    q1527 = pos + n1526
+    if q1527 > end:
+        raise _length_error(n1526, end - pos)
+    f_holder_id = buf[pos:q1527].decode()
+    pos = q1527
+    n1528 = _ZL[buf[pos]]
+    if n1528 < 0:
+        n1528, pos = _rlong(buf, pos)
+        if n1528 < 0:
+            raise _length_error(n1528, end - pos)
     else:
         pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_holder_kind = buf[pos:q1478].decode()
-    pos = q1478
-    n1479 = _ZL[buf[pos]]
-    if n1479 < 0:
-        n1479, pos = _rlong(buf, pos)
-        if n1479 < 0:
-            raise _length_error(n1479, end - pos)
+    q1529 = pos + n1528
+    if q1529 > end:
+        raise _length_error(n1528, end - pos)
+    f_holder_kind = buf[pos:q1529].decode()
+    pos = q1529
+    n1530 = _ZL[buf[pos]]
+    if n1530 < 0:
+        n1530, pos = _rlong(buf, pos)
+        if n1530 < 0:
+            raise _length_error(n1530, end - pos)
     else:
         pos += 1
-    q1480 = pos + n1479
-    if q1480 > end:
-        raise _length_error(n1479, end - pos)
-    f_dependency_id = buf[pos:q1480].decode()
-    pos = q1480
-    n1481 = _ZL[buf[pos]]
-    if n1481 < 0:
-        n1481, pos = _rlong(buf, pos)
-        if n1481 < 0:
-            raise _length_error(n1481, end - pos)
+    q1531 = pos + n1530
+    if q1531 > end:
+        raise _length_error(n1530, end - pos)
+    f_dependency_id = buf[pos:q1531].decode()
+    pos = q1531
+    n1532 = _ZL[buf[pos]]
+    if n1532 < 0:
+        n1532, pos = _rlong(buf, pos)
+        if n1532 < 0:
+            raise _length_error(n1532, end - pos)
     else:
         pos += 1
-    q1482 = pos + n1481
-    if q1482 > end:
-        raise _length_error(n1481, end - pos)
-    f_message = buf[pos:q1482].decode()
-    pos = q1482
+    q1533 = pos + n1532
+    if q1533 > end:
+        raise _length_error(n1532, end - pos)
+    f_message = buf[pos:q1533].decode()
+    pos = q1533
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1533(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6673,169 +6909,169 @@ def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1483(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1534(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1485 = _ZL[buf[pos]]
-    if n1485 < 0:
-        n1485, pos = _rlong(buf, pos)
-        if n1485 < 0:
-            raise _length_error(n1485, end - pos)
+    n1536 = _ZL[buf[pos]]
+    if n1536 < 0:
+        n1536, pos = _rlong(buf, pos)
+        if n1536 < 0:
+            raise _length_error(n1536, end - pos)
     else:
         pos += 1
-    q1486 = pos + n1485
-    if q1486 > end:
-        raise _length_error(n1485, end - pos)
-    f_pod_id = buf[pos:q1486].decode()
-    pos = q1486
-    n1487 = _ZL[buf[pos]]
-    if n1487 < 0:
-        n1487, pos = _rlong(buf, pos)
-        if n1487 < 0:
-            raise _length_error(n1487, end - pos)
+    q1537 = pos + n1536
+    if q1537 > end:
+        raise _length_error(n1536, end - pos)
+    f_pod_id = buf[pos:q1537].decode()
+    pos = q1537
+    n1538 = _ZL[buf[pos]]
+    if n1538 < 0:
+        n1538, pos = _rlong(buf, pos)
+        if n1538 < 0:
+            raise _length_error(n1538, end - pos)
     else:
         pos += 1
-    q1488 = pos + n1487
-    if q1488 > end:
-        raise _length_error(n1487, end - pos)
-    f_node_id = buf[pos:q1488].decode()
-    pos = q1488
-    n1489 = _ZL[buf[pos]]
-    if n1489 < 0:
-        n1489, pos = _rlong(buf, pos)
-        if n1489 < 0:
-            raise _length_error(n1489, end - pos)
+    q1539 = pos + n1538
+    if q1539 > end:
+        raise _length_error(n1538, end - pos)
+    f_node_id = buf[pos:q1539].decode()
+    pos = q1539
+    n1540 = _ZL[buf[pos]]
+    if n1540 < 0:
+        n1540, pos = _rlong(buf, pos)
+        if n1540 < 0:
+            raise _length_error(n1540, end - pos)
     else:
         pos += 1
-    q1490 = pos + n1489
-    if q1490 > end:
-        raise _length_error(n1489, end - pos)
-    f_by = buf[pos:q1490].decode()
-    pos = q1490
-    n1491 = _ZL[buf[pos]]
-    if n1491 < 0:
-        n1491, pos = _rlong(buf, pos)
-        if n1491 < 0:
-            raise _length_error(n1491, end - pos)
+    q1541 = pos + n1540
+    if q1541 > end:
+        raise _length_error(n1540, end - pos)
+    f_by = buf[pos:q1541].decode()
+    pos = q1541
+    n1542 = _ZL[buf[pos]]
+    if n1542 < 0:
+        n1542, pos = _rlong(buf, pos)
+        if n1542 < 0:
+            raise _length_error(n1542, end - pos)
     else:
         pos += 1
-    q1492 = pos + n1491
-    if q1492 > end:
-        raise _length_error(n1491, end - pos)
-    f_reason = buf[pos:q1492].decode()
-    pos = q1492
-    n1493 = _ZL[buf[pos]]
-    if n1493 < 0:
-        n1493, pos = _rlong(buf, pos)
-        if n1493 < 0:
-            raise _length_error(n1493, end - pos)
+    q1543 = pos + n1542
+    if q1543 > end:
+        raise _length_error(n1542, end - pos)
+    f_reason = buf[pos:q1543].decode()
+    pos = q1543
+    n1544 = _ZL[buf[pos]]
+    if n1544 < 0:
+        n1544, pos = _rlong(buf, pos)
+        if n1544 < 0:
+            raise _length_error(n1544, end - pos)
     else:
         pos += 1
-    q1494 = pos + n1493
-    if q1494 > end:
-        raise _length_error(n1493, end - pos)
-    f_message = buf[pos:q1494].decode()
-    pos = q1494
+    q1545 = pos + n1544
+    if q1545 > end:
+        raise _length_error(n1544, end - pos)
+    f_message = buf[pos:q1545].decode()
+    pos = q1545
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1494(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1545(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1496 = _ZD[b]
+        i1547 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1547 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1547 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1496, pos = _rlong(buf, pos)
-    if i1496 == 0:
+        i1547, pos = _rlong(buf, pos)
+    if i1547 == 0:
         f_tenant = None
-    elif i1496 == 1:
-        n1497 = _ZL[buf[pos]]
-        if n1497 < 0:
-            n1497, pos = _rlong(buf, pos)
-            if n1497 < 0:
-                raise _length_error(n1497, end - pos)
+    elif i1547 == 1:
+        n1548 = _ZL[buf[pos]]
+        if n1548 < 0:
+            n1548, pos = _rlong(buf, pos)
+            if n1548 < 0:
+                raise _length_error(n1548, end - pos)
         else:
             pos += 1
-        q1498 = pos + n1497
-        if q1498 > end:
-            raise _length_error(n1497, end - pos)
-        f_tenant = buf[pos:q1498].decode()
-        pos = q1498
+        q1549 = pos + n1548
+        if q1549 > end:
+            raise _length_error(n1548, end - pos)
+        f_tenant = buf[pos:q1549].decode()
+        pos = q1549
     else:
-        raise _union_error(i1496, 2)
+        raise _union_error(i1547, 2)
     b = buf[pos]
     if b < 128:
-        i1499 = _ZD[b]
+        i1550 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1550 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1550 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1499, pos = _rlong(buf, pos)
-    if i1499 == 0:
+        i1550, pos = _rlong(buf, pos)
+    if i1550 == 0:
         f_quota = None
-    elif i1499 == 1:
-        f_quota, pos = _d_Quota452(buf, pos, end)
+    elif i1550 == 1:
+        f_quota, pos = _d_Quota463(buf, pos, end)
     else:
-        raise _union_error(i1499, 2)
+        raise _union_error(i1550, 2)
     b = buf[pos]
     if b < 128:
-        i1500 = _ZD[b]
+        i1551 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1551 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1551 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1500, pos = _rlong(buf, pos)
-    if i1500 == 0:
+        i1551, pos = _rlong(buf, pos)
+    if i1551 == 0:
         f_previous = None
-    elif i1500 == 1:
-        f_previous, pos = _d_Quota452(buf, pos, end)
+    elif i1551 == 1:
+        f_previous, pos = _d_Quota463(buf, pos, end)
     else:
-        raise _union_error(i1500, 2)
-    n1501 = _ZL[buf[pos]]
-    if n1501 < 0:
-        n1501, pos = _rlong(buf, pos)
-        if n1501 < 0:
-            raise _length_error(n1501, end - pos)
+        raise _union_error(i1551, 2)
+    n1552 = _ZL[buf[pos]]
+    if n1552 < 0:
+        n1552, pos = _rlong(buf, pos)
+        if n1552 < 0:
+            raise _length_error(n1552, end - pos)
     else:
         pos += 1
-    q1502 = pos + n1501
-    if q1502 > end:
-        raise _length_error(n1501, end - pos)
-    f_message = buf[pos:q1502].decode()
-    pos = q1502
+    q1553 = pos + n1552
+    if q1553 > end:
+        raise _length_error(n1552, end - pos)
+    f_message = buf[pos:q1553].decode()
+    pos = q1553
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1553(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6843,159 +7079,159 @@ def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1504 = _ZL[buf[pos]]
-    if n1504 < 0:
-        n1504, pos = _rlong(buf, pos)
-        if n1504 < 0:
-            raise _length_error(n1504, end - pos)
+    n1555 = _ZL[buf[pos]]
+    if n1555 < 0:
+        n1555, pos = _rlong(buf, pos)
+        if n1555 < 0:
+            raise _length_error(n1555, end - pos)
     else:
         pos += 1
-    q1505 = pos + n1504
-    if q1505 > end:
-        raise _length_error(n1504, end - pos)
-    f_pod_id = buf[pos:q1505].decode()
-    pos = q1505
-    n1506 = _ZL[buf[pos]]
-    if n1506 < 0:
-        n1506, pos = _rlong(buf, pos)
-        if n1506 < 0:
-            raise _length_error(n1506, end - pos)
+    q1556 = pos + n1555
+    if q1556 > end:
+        raise _length_error(n1555, end - pos)
+    f_pod_id = buf[pos:q1556].decode()
+    pos = q1556
+    n1557 = _ZL[buf[pos]]
+    if n1557 < 0:
+        n1557, pos = _rlong(buf, pos)
+        if n1557 < 0:
+            raise _length_error(n1557, end - pos)
     else:
         pos += 1
-    q1507 = pos + n1506
-    if q1507 > end:
-        raise _length_error(n1506, end - pos)
-    f_from_node = buf[pos:q1507].decode()
-    pos = q1507
+    q1558 = pos + n1557
+    if q1558 > end:
+        raise _length_error(n1557, end - pos)
+    f_from_node = buf[pos:q1558].decode()
+    pos = q1558
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1508: list[Any] = []
+        acc1559: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1509 = _ZD[b]
+                c1560 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1560 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1560 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1509, pos = _rlong(buf, pos)
-            if c1509 == 0:
+                c1560, pos = _rlong(buf, pos)
+            if c1560 == 0:
                 break
-            if c1509 < 0:
-                c1509 = -c1509
+            if c1560 < 0:
+                c1560 = -c1560
                 b = buf[pos]
                 if b < 128:
-                    z1512 = _ZD[b]
+                    z1563 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1563 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1563 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1512, pos = _rlong(buf, pos)
-            if c1509 * 2 > end - pos:
-                raise _count_error(c1509, end - pos)
-            for _ in range(c1509):
-                x1510, pos = _d_GpuShare1286(buf, pos, end)
-                acc1508.append(x1510)
-        f_from_gpus = tuple(acc1508)
-    n1513 = _ZL[buf[pos]]
-    if n1513 < 0:
-        n1513, pos = _rlong(buf, pos)
-        if n1513 < 0:
-            raise _length_error(n1513, end - pos)
+                    z1563, pos = _rlong(buf, pos)
+            if c1560 * 2 > end - pos:
+                raise _count_error(c1560, end - pos)
+            for _ in range(c1560):
+                x1561, pos = _d_GpuShare1330(buf, pos, end)
+                acc1559.append(x1561)
+        f_from_gpus = tuple(acc1559)
+    n1564 = _ZL[buf[pos]]
+    if n1564 < 0:
+        n1564, pos = _rlong(buf, pos)
+        if n1564 < 0:
+            raise _length_error(n1564, end - pos)
     else:
         pos += 1
-    q1514 = pos + n1513
-    if q1514 > end:
-        raise _length_error(n1513, end - pos)
-    f_to_node = buf[pos:q1514].decode()
-    pos = q1514
+    q1565 = pos + n1564
+    if q1565 > end:
+        raise _length_error(n1564, end - pos)
+    f_to_node = buf[pos:q1565].decode()
+    pos = q1565
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1515: list[Any] = []
+        acc1566: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1516 = _ZD[b]
+                c1567 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1567 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1567 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1516, pos = _rlong(buf, pos)
-            if c1516 == 0:
+                c1567, pos = _rlong(buf, pos)
+            if c1567 == 0:
                 break
-            if c1516 < 0:
-                c1516 = -c1516
+            if c1567 < 0:
+                c1567 = -c1567
                 b = buf[pos]
                 if b < 128:
-                    z1519 = _ZD[b]
+                    z1570 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1570 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1570 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1519, pos = _rlong(buf, pos)
-            if c1516 * 2 > end - pos:
-                raise _count_error(c1516, end - pos)
-            for _ in range(c1516):
-                x1517, pos = _d_GpuShare1286(buf, pos, end)
-                acc1515.append(x1517)
-        f_to_gpus = tuple(acc1515)
-    n1520 = _ZL[buf[pos]]
-    if n1520 < 0:
-        n1520, pos = _rlong(buf, pos)
-        if n1520 < 0:
-            raise _length_error(n1520, end - pos)
+                    z1570, pos = _rlong(buf, pos)
+            if c1567 * 2 > end - pos:
+                raise _count_error(c1567, end - pos)
+            for _ in range(c1567):
+                x1568, pos = _d_GpuShare1330(buf, pos, end)
+                acc1566.append(x1568)
+        f_to_gpus = tuple(acc1566)
+    n1571 = _ZL[buf[pos]]
+    if n1571 < 0:
+        n1571, pos = _rlong(buf, pos)
+        if n1571 < 0:
+            raise _length_error(n1571, end - pos)
     else:
         pos += 1
-    q1521 = pos + n1520
-    if q1521 > end:
-        raise _length_error(n1520, end - pos)
-    f_reason = buf[pos:q1521].decode()
-    pos = q1521
-    n1522 = _ZL[buf[pos]]
-    if n1522 < 0:
-        n1522, pos = _rlong(buf, pos)
-        if n1522 < 0:
-            raise _length_error(n1522, end - pos)
+    q1572 = pos + n1571
+    if q1572 > end:
+        raise _length_error(n1571, end - pos)
+    f_reason = buf[pos:q1572].decode()
+    pos = q1572
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1523 = pos + n1522
-    if q1523 > end:
-        raise _length_error(n1522, end - pos)
-    f_message = buf[pos:q1523].decode()
-    pos = q1523
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_message = buf[pos:q1574].decode()
+    pos = q1574
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1574(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7045,138 +7281,138 @@ def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1525 = _ZD[b]
+        i1576 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1576 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1576 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1525, pos = _rlong(buf, pos)
-    if i1525 == 0:
+        i1576, pos = _rlong(buf, pos)
+    if i1576 == 0:
         f_target = None
-    elif i1525 == 1:
-        n1526 = _ZL[buf[pos]]
-        if n1526 < 0:
-            n1526, pos = _rlong(buf, pos)
-            if n1526 < 0:
-                raise _length_error(n1526, end - pos)
+    elif i1576 == 1:
+        n1577 = _ZL[buf[pos]]
+        if n1577 < 0:
+            n1577, pos = _rlong(buf, pos)
+            if n1577 < 0:
+                raise _length_error(n1577, end - pos)
         else:
             pos += 1
-        q1527 = pos + n1526
-        if q1527 > end:
-            raise _length_error(n1526, end - pos)
-        f_target = buf[pos:q1527].decode()
-        pos = q1527
+        q1578 = pos + n1577
+        if q1578 > end:
+            raise _length_error(n1577, end - pos)
+        f_target = buf[pos:q1578].decode()
+        pos = q1578
     else:
-        raise _union_error(i1525, 2)
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+        raise _union_error(i1576, 2)
+    n1579 = _ZL[buf[pos]]
+    if n1579 < 0:
+        n1579, pos = _rlong(buf, pos)
+        if n1579 < 0:
+            raise _length_error(n1579, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_message = buf[pos:q1529].decode()
-    pos = q1529
+    q1580 = pos + n1579
+    if q1580 > end:
+        raise _length_error(n1579, end - pos)
+    f_message = buf[pos:q1580].decode()
+    pos = q1580
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1529(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1580(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1531 = _ZL[buf[pos]]
-    if n1531 < 0:
-        n1531, pos = _rlong(buf, pos)
-        if n1531 < 0:
-            raise _length_error(n1531, end - pos)
+    n1582 = _ZL[buf[pos]]
+    if n1582 < 0:
+        n1582, pos = _rlong(buf, pos)
+        if n1582 < 0:
+            raise _length_error(n1582, end - pos)
     else:
         pos += 1
-    q1532 = pos + n1531
-    if q1532 > end:
-        raise _length_error(n1531, end - pos)
-    f_cluster = buf[pos:q1532].decode()
-    pos = q1532
-    n1533 = _ZL[buf[pos]]
-    if n1533 < 0:
-        n1533, pos = _rlong(buf, pos)
-        if n1533 < 0:
-            raise _length_error(n1533, end - pos)
+    q1583 = pos + n1582
+    if q1583 > end:
+        raise _length_error(n1582, end - pos)
+    f_cluster = buf[pos:q1583].decode()
+    pos = q1583
+    n1584 = _ZL[buf[pos]]
+    if n1584 < 0:
+        n1584, pos = _rlong(buf, pos)
+        if n1584 < 0:
+            raise _length_error(n1584, end - pos)
     else:
         pos += 1
-    q1534 = pos + n1533
-    if q1534 > end:
-        raise _length_error(n1533, end - pos)
-    f_command_id = buf[pos:q1534].decode()
-    pos = q1534
-    n1535 = _ZL[buf[pos]]
-    if n1535 < 0:
-        n1535, pos = _rlong(buf, pos)
-        if n1535 < 0:
-            raise _length_error(n1535, end - pos)
+    q1585 = pos + n1584
+    if q1585 > end:
+        raise _length_error(n1584, end - pos)
+    f_command_id = buf[pos:q1585].decode()
+    pos = q1585
+    n1586 = _ZL[buf[pos]]
+    if n1586 < 0:
+        n1586, pos = _rlong(buf, pos)
+        if n1586 < 0:
+            raise _length_error(n1586, end - pos)
     else:
         pos += 1
-    q1536 = pos + n1535
-    if q1536 > end:
-        raise _length_error(n1535, end - pos)
-    f_error = buf[pos:q1536].decode()
-    pos = q1536
-    n1537 = _ZL[buf[pos]]
-    if n1537 < 0:
-        n1537, pos = _rlong(buf, pos)
-        if n1537 < 0:
-            raise _length_error(n1537, end - pos)
+    q1587 = pos + n1586
+    if q1587 > end:
+        raise _length_error(n1586, end - pos)
+    f_error = buf[pos:q1587].decode()
+    pos = q1587
+    n1588 = _ZL[buf[pos]]
+    if n1588 < 0:
+        n1588, pos = _rlong(buf, pos)
+        if n1588 < 0:
+            raise _length_error(n1588, end - pos)
     else:
         pos += 1
-    q1538 = pos + n1537
-    if q1538 > end:
-        raise _length_error(n1537, end - pos)
-    f_message = buf[pos:q1538].decode()
-    pos = q1538
+    q1589 = pos + n1588
+    if q1589 > end:
+        raise _length_error(n1588, end - pos)
+    f_message = buf[pos:q1589].decode()
+    pos = q1589
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1589(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    n1591 = _ZL[buf[pos]]
+    if n1591 < 0:
+        n1591, pos = _rlong(buf, pos)
+        if n1591 < 0:
+            raise _length_error(n1591, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_cluster = buf[pos:q1541].decode()
-    pos = q1541
-    n1542 = _ZL[buf[pos]]
-    if n1542 < 0:
-        n1542, pos = _rlong(buf, pos)
-        if n1542 < 0:
-            raise _length_error(n1542, end - pos)
+    q1592 = pos + n1591
+    if q1592 > end:
+        raise _length_error(n1591, end - pos)
+    f_cluster = buf[pos:q1592].decode()
+    pos = q1592
+    n1593 = _ZL[buf[pos]]
+    if n1593 < 0:
+        n1593, pos = _rlong(buf, pos)
+        if n1593 < 0:
+            raise _length_error(n1593, end - pos)
     else:
         pos += 1
-    q1543 = pos + n1542
-    if q1543 > end:
-        raise _length_error(n1542, end - pos)
-    f_halted_command_id = buf[pos:q1543].decode()
-    pos = q1543
+    q1594 = pos + n1593
+    if q1594 > end:
+        raise _length_error(n1593, end - pos)
+    f_halted_command_id = buf[pos:q1594].decode()
+    pos = q1594
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7205,168 +7441,168 @@ def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1544 = _ZL[buf[pos]]
-    if n1544 < 0:
-        n1544, pos = _rlong(buf, pos)
-        if n1544 < 0:
-            raise _length_error(n1544, end - pos)
+    n1595 = _ZL[buf[pos]]
+    if n1595 < 0:
+        n1595, pos = _rlong(buf, pos)
+        if n1595 < 0:
+            raise _length_error(n1595, end - pos)
     else:
         pos += 1
-    q1545 = pos + n1544
-    if q1545 > end:
-        raise _length_error(n1544, end - pos)
-    f_message = buf[pos:q1545].decode()
-    pos = q1545
+    q1596 = pos + n1595
+    if q1596 > end:
+        raise _length_error(n1595, end - pos)
+    f_message = buf[pos:q1596].decode()
+    pos = q1596
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1545(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1596(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1547 = _ZL[buf[pos]]
-    if n1547 < 0:
-        n1547, pos = _rlong(buf, pos)
-        if n1547 < 0:
-            raise _length_error(n1547, end - pos)
+    n1598 = _ZL[buf[pos]]
+    if n1598 < 0:
+        n1598, pos = _rlong(buf, pos)
+        if n1598 < 0:
+            raise _length_error(n1598, end - pos)
     else:
         pos += 1
-    q1548 = pos + n1547
-    if q1548 > end:
-        raise _length_error(n1547, end - pos)
-    f_node_id = buf[pos:q1548].decode()
-    pos = q1548
+    q1599 = pos + n1598
+    if q1599 > end:
+        raise _length_error(n1598, end - pos)
+    f_node_id = buf[pos:q1599].decode()
+    pos = q1599
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1599(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1550 = _ZL[buf[pos]]
-    if n1550 < 0:
-        n1550, pos = _rlong(buf, pos)
-        if n1550 < 0:
-            raise _length_error(n1550, end - pos)
+    n1601 = _ZL[buf[pos]]
+    if n1601 < 0:
+        n1601, pos = _rlong(buf, pos)
+        if n1601 < 0:
+            raise _length_error(n1601, end - pos)
     else:
         pos += 1
-    q1551 = pos + n1550
-    if q1551 > end:
-        raise _length_error(n1550, end - pos)
-    f_node_id = buf[pos:q1551].decode()
-    pos = q1551
+    q1602 = pos + n1601
+    if q1602 > end:
+        raise _length_error(n1601, end - pos)
+    f_node_id = buf[pos:q1602].decode()
+    pos = q1602
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1552: dict[str, Any] = {}
+        acc1603: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1553 = _ZD[b]
+                c1604 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1604 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1604 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1553, pos = _rlong(buf, pos)
-            if c1553 == 0:
+                c1604, pos = _rlong(buf, pos)
+            if c1604 == 0:
                 break
-            if c1553 < 0:
-                c1553 = -c1553
+            if c1604 < 0:
+                c1604 = -c1604
                 b = buf[pos]
                 if b < 128:
-                    z1556 = _ZD[b]
+                    z1607 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1607 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1607 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1556, pos = _rlong(buf, pos)
-            if c1553 * 2 > end - pos:
-                raise _count_error(c1553, end - pos)
-            for _ in range(c1553):
-                n1557 = _ZL[buf[pos]]
-                if n1557 < 0:
-                    n1557, pos = _rlong(buf, pos)
-                    if n1557 < 0:
-                        raise _length_error(n1557, end - pos)
+                    z1607, pos = _rlong(buf, pos)
+            if c1604 * 2 > end - pos:
+                raise _count_error(c1604, end - pos)
+            for _ in range(c1604):
+                n1608 = _ZL[buf[pos]]
+                if n1608 < 0:
+                    n1608, pos = _rlong(buf, pos)
+                    if n1608 < 0:
+                        raise _length_error(n1608, end - pos)
                 else:
                     pos += 1
-                q1558 = pos + n1557
-                if q1558 > end:
-                    raise _length_error(n1557, end - pos)
-                k1555 = buf[pos:q1558].decode()
-                pos = q1558
-                n1559 = _ZL[buf[pos]]
-                if n1559 < 0:
-                    n1559, pos = _rlong(buf, pos)
-                    if n1559 < 0:
-                        raise _length_error(n1559, end - pos)
+                q1609 = pos + n1608
+                if q1609 > end:
+                    raise _length_error(n1608, end - pos)
+                k1606 = buf[pos:q1609].decode()
+                pos = q1609
+                n1610 = _ZL[buf[pos]]
+                if n1610 < 0:
+                    n1610, pos = _rlong(buf, pos)
+                    if n1610 < 0:
+                        raise _length_error(n1610, end - pos)
                 else:
                     pos += 1
-                q1560 = pos + n1559
-                if q1560 > end:
-                    raise _length_error(n1559, end - pos)
-                x1554 = buf[pos:q1560].decode()
-                pos = q1560
-                acc1552[k1555] = x1554
-        f_labels = acc1552
+                q1611 = pos + n1610
+                if q1611 > end:
+                    raise _length_error(n1610, end - pos)
+                x1605 = buf[pos:q1611].decode()
+                pos = q1611
+                acc1603[k1606] = x1605
+        f_labels = acc1603
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1561: list[Any] = []
+        acc1612: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1562 = _ZD[b]
+                c1613 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1562, pos = _rlong(buf, pos)
-            if c1562 == 0:
+                c1613, pos = _rlong(buf, pos)
+            if c1613 == 0:
                 break
-            if c1562 < 0:
-                c1562 = -c1562
+            if c1613 < 0:
+                c1613 = -c1613
                 b = buf[pos]
                 if b < 128:
-                    z1565 = _ZD[b]
+                    z1616 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1565, pos = _rlong(buf, pos)
-            if c1562 * 3 > end - pos:
-                raise _count_error(c1562, end - pos)
-            for _ in range(c1562):
-                x1563, pos = _d_Taint367(buf, pos, end)
-                acc1561.append(x1563)
-        f_taints = tuple(acc1561)
+                    z1616, pos = _rlong(buf, pos)
+            if c1613 * 3 > end - pos:
+                raise _count_error(c1613, end - pos)
+            for _ in range(c1613):
+                x1614, pos = _d_Taint378(buf, pos, end)
+                acc1612.append(x1614)
+        f_taints = tuple(acc1612)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7385,23 +7621,23 @@ def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1616(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1567 = _ZL[buf[pos]]
-    if n1567 < 0:
-        n1567, pos = _rlong(buf, pos)
-        if n1567 < 0:
-            raise _length_error(n1567, end - pos)
+    n1618 = _ZL[buf[pos]]
+    if n1618 < 0:
+        n1618, pos = _rlong(buf, pos)
+        if n1618 < 0:
+            raise _length_error(n1618, end - pos)
     else:
         pos += 1
-    q1568 = pos + n1567
-    if q1568 > end:
-        raise _length_error(n1567, end - pos)
-    f_pod_id = buf[pos:q1568].decode()
-    pos = q1568
+    q1619 = pos + n1618
+    if q1619 > end:
+        raise _length_error(n1618, end - pos)
+    f_pod_id = buf[pos:q1619].decode()
+    pos = q1619
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7432,205 +7668,205 @@ def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1569 = _ZD[b]
+        i1620 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1620 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1620 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1569, pos = _rlong(buf, pos)
-    if i1569 == 0:
+        i1620, pos = _rlong(buf, pos)
+    if i1620 == 0:
         f_gang_id = None
-    elif i1569 == 1:
-        n1570 = _ZL[buf[pos]]
-        if n1570 < 0:
-            n1570, pos = _rlong(buf, pos)
-            if n1570 < 0:
-                raise _length_error(n1570, end - pos)
+    elif i1620 == 1:
+        n1621 = _ZL[buf[pos]]
+        if n1621 < 0:
+            n1621, pos = _rlong(buf, pos)
+            if n1621 < 0:
+                raise _length_error(n1621, end - pos)
         else:
             pos += 1
-        q1571 = pos + n1570
-        if q1571 > end:
-            raise _length_error(n1570, end - pos)
-        f_gang_id = buf[pos:q1571].decode()
-        pos = q1571
+        q1622 = pos + n1621
+        if q1622 > end:
+            raise _length_error(n1621, end - pos)
+        f_gang_id = buf[pos:q1622].decode()
+        pos = q1622
     else:
-        raise _union_error(i1569, 2)
+        raise _union_error(i1620, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1622(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1573 = _ZL[buf[pos]]
-    if n1573 < 0:
-        n1573, pos = _rlong(buf, pos)
-        if n1573 < 0:
-            raise _length_error(n1573, end - pos)
+    n1624 = _ZL[buf[pos]]
+    if n1624 < 0:
+        n1624, pos = _rlong(buf, pos)
+        if n1624 < 0:
+            raise _length_error(n1624, end - pos)
     else:
         pos += 1
-    q1574 = pos + n1573
-    if q1574 > end:
-        raise _length_error(n1573, end - pos)
-    f_budget_id = buf[pos:q1574].decode()
-    pos = q1574
+    q1625 = pos + n1624
+    if q1625 > end:
+        raise _length_error(n1624, end - pos)
+    f_budget_id = buf[pos:q1625].decode()
+    pos = q1625
     b = buf[pos]
     if b < 128:
-        i1575 = _ZD[b]
+        i1626 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1626 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1626 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1575, pos = _rlong(buf, pos)
-    if i1575 == 0:
+        i1626, pos = _rlong(buf, pos)
+    if i1626 == 0:
         f_tenant = None
-    elif i1575 == 1:
-        n1576 = _ZL[buf[pos]]
-        if n1576 < 0:
-            n1576, pos = _rlong(buf, pos)
-            if n1576 < 0:
-                raise _length_error(n1576, end - pos)
+    elif i1626 == 1:
+        n1627 = _ZL[buf[pos]]
+        if n1627 < 0:
+            n1627, pos = _rlong(buf, pos)
+            if n1627 < 0:
+                raise _length_error(n1627, end - pos)
         else:
             pos += 1
-        q1577 = pos + n1576
-        if q1577 > end:
-            raise _length_error(n1576, end - pos)
-        f_tenant = buf[pos:q1577].decode()
-        pos = q1577
+        q1628 = pos + n1627
+        if q1628 > end:
+            raise _length_error(n1627, end - pos)
+        f_tenant = buf[pos:q1628].decode()
+        pos = q1628
     else:
-        raise _union_error(i1575, 2)
+        raise _union_error(i1626, 2)
     b = buf[pos]
     if b < 128:
-        i1578 = _ZD[b]
+        i1629 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1629 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1629 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1578, pos = _rlong(buf, pos)
-    if i1578 == 0:
+        i1629, pos = _rlong(buf, pos)
+    if i1629 == 0:
         f_gang_id = None
-    elif i1578 == 1:
-        n1579 = _ZL[buf[pos]]
-        if n1579 < 0:
-            n1579, pos = _rlong(buf, pos)
-            if n1579 < 0:
-                raise _length_error(n1579, end - pos)
+    elif i1629 == 1:
+        n1630 = _ZL[buf[pos]]
+        if n1630 < 0:
+            n1630, pos = _rlong(buf, pos)
+            if n1630 < 0:
+                raise _length_error(n1630, end - pos)
         else:
             pos += 1
-        q1580 = pos + n1579
-        if q1580 > end:
-            raise _length_error(n1579, end - pos)
-        f_gang_id = buf[pos:q1580].decode()
-        pos = q1580
+        q1631 = pos + n1630
+        if q1631 > end:
+            raise _length_error(n1630, end - pos)
+        f_gang_id = buf[pos:q1631].decode()
+        pos = q1631
     else:
-        raise _union_error(i1578, 2)
+        raise _union_error(i1629, 2)
     b = buf[pos]
     if b < 128:
-        i1581 = _ZD[b]
+        i1632 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1632 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1632 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1581, pos = _rlong(buf, pos)
-    if i1581 == 0:
+        i1632, pos = _rlong(buf, pos)
+    if i1632 == 0:
         f_label_selector = None
-    elif i1581 == 1:
+    elif i1632 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1582: dict[str, Any] = {}
+            acc1633: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1583 = _ZD[b]
+                    c1634 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1634 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1634 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1583, pos = _rlong(buf, pos)
-                if c1583 == 0:
+                    c1634, pos = _rlong(buf, pos)
+                if c1634 == 0:
                     break
-                if c1583 < 0:
-                    c1583 = -c1583
+                if c1634 < 0:
+                    c1634 = -c1634
                     b = buf[pos]
                     if b < 128:
-                        z1586 = _ZD[b]
+                        z1637 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1637 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1637 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1586, pos = _rlong(buf, pos)
-                if c1583 * 2 > end - pos:
-                    raise _count_error(c1583, end - pos)
-                for _ in range(c1583):
-                    n1587 = _ZL[buf[pos]]
-                    if n1587 < 0:
-                        n1587, pos = _rlong(buf, pos)
-                        if n1587 < 0:
-                            raise _length_error(n1587, end - pos)
+                        z1637, pos = _rlong(buf, pos)
+                if c1634 * 2 > end - pos:
+                    raise _count_error(c1634, end - pos)
+                for _ in range(c1634):
+                    n1638 = _ZL[buf[pos]]
+                    if n1638 < 0:
+                        n1638, pos = _rlong(buf, pos)
+                        if n1638 < 0:
+                            raise _length_error(n1638, end - pos)
                     else:
                         pos += 1
-                    q1588 = pos + n1587
-                    if q1588 > end:
-                        raise _length_error(n1587, end - pos)
-                    k1585 = buf[pos:q1588].decode()
-                    pos = q1588
-                    n1589 = _ZL[buf[pos]]
-                    if n1589 < 0:
-                        n1589, pos = _rlong(buf, pos)
-                        if n1589 < 0:
-                            raise _length_error(n1589, end - pos)
+                    q1639 = pos + n1638
+                    if q1639 > end:
+                        raise _length_error(n1638, end - pos)
+                    k1636 = buf[pos:q1639].decode()
+                    pos = q1639
+                    n1640 = _ZL[buf[pos]]
+                    if n1640 < 0:
+                        n1640, pos = _rlong(buf, pos)
+                        if n1640 < 0:
+                            raise _length_error(n1640, end - pos)
                     else:
                         pos += 1
-                    q1590 = pos + n1589
-                    if q1590 > end:
-                        raise _length_error(n1589, end - pos)
-                    x1584 = buf[pos:q1590].decode()
-                    pos = q1590
-                    acc1582[k1585] = x1584
-            f_label_selector = acc1582
+                    q1641 = pos + n1640
+                    if q1641 > end:
+                        raise _length_error(n1640, end - pos)
+                    x1635 = buf[pos:q1641].decode()
+                    pos = q1641
+                    acc1633[k1636] = x1635
+            f_label_selector = acc1633
     else:
-        raise _union_error(i1581, 2)
+        raise _union_error(i1632, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7649,66 +7885,66 @@ def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1590(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1641(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1592 = _ZL[buf[pos]]
-    if n1592 < 0:
-        n1592, pos = _rlong(buf, pos)
-        if n1592 < 0:
-            raise _length_error(n1592, end - pos)
+    n1643 = _ZL[buf[pos]]
+    if n1643 < 0:
+        n1643, pos = _rlong(buf, pos)
+        if n1643 < 0:
+            raise _length_error(n1643, end - pos)
     else:
         pos += 1
-    q1593 = pos + n1592
-    if q1593 > end:
-        raise _length_error(n1592, end - pos)
-    f_budget_id = buf[pos:q1593].decode()
-    pos = q1593
+    q1644 = pos + n1643
+    if q1644 > end:
+        raise _length_error(n1643, end - pos)
+    f_budget_id = buf[pos:q1644].decode()
+    pos = q1644
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1644(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1595 = _ZL[buf[pos]]
-    if n1595 < 0:
-        n1595, pos = _rlong(buf, pos)
-        if n1595 < 0:
-            raise _length_error(n1595, end - pos)
+    n1646 = _ZL[buf[pos]]
+    if n1646 < 0:
+        n1646, pos = _rlong(buf, pos)
+        if n1646 < 0:
+            raise _length_error(n1646, end - pos)
     else:
         pos += 1
-    q1596 = pos + n1595
-    if q1596 > end:
-        raise _length_error(n1595, end - pos)
-    f_pod_id = buf[pos:q1596].decode()
-    pos = q1596
-    n1597 = _ZL[buf[pos]]
-    if n1597 < 0:
-        n1597, pos = _rlong(buf, pos)
-        if n1597 < 0:
-            raise _length_error(n1597, end - pos)
+    q1647 = pos + n1646
+    if q1647 > end:
+        raise _length_error(n1646, end - pos)
+    f_pod_id = buf[pos:q1647].decode()
+    pos = q1647
+    n1648 = _ZL[buf[pos]]
+    if n1648 < 0:
+        n1648, pos = _rlong(buf, pos)
+        if n1648 < 0:
+            raise _length_error(n1648, end - pos)
     else:
         pos += 1
-    q1598 = pos + n1597
-    if q1598 > end:
-        raise _length_error(n1597, end - pos)
-    f_node_id = buf[pos:q1598].decode()
-    pos = q1598
-    n1599 = _ZL[buf[pos]]
-    if n1599 < 0:
-        n1599, pos = _rlong(buf, pos)
-        if n1599 < 0:
-            raise _length_error(n1599, end - pos)
+    q1649 = pos + n1648
+    if q1649 > end:
+        raise _length_error(n1648, end - pos)
+    f_node_id = buf[pos:q1649].decode()
+    pos = q1649
+    n1650 = _ZL[buf[pos]]
+    if n1650 < 0:
+        n1650, pos = _rlong(buf, pos)
+        if n1650 < 0:
+            raise _length_error(n1650, end - pos)
     else:
         pos += 1
-    q1600 = pos + n1599
-    if q1600 > end:
-        raise _length_error(n1599, end - pos)
-    f_budget_id = buf[pos:q1600].decode()
-    pos = q1600
+    q1651 = pos + n1650
+    if q1651 > end:
+        raise _length_error(n1650, end - pos)
+    f_budget_id = buf[pos:q1651].decode()
+    pos = q1651
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7723,51 +7959,51 @@ def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1601 = _ZL[buf[pos]]
-    if n1601 < 0:
-        n1601, pos = _rlong(buf, pos)
-        if n1601 < 0:
-            raise _length_error(n1601, end - pos)
+    n1652 = _ZL[buf[pos]]
+    if n1652 < 0:
+        n1652, pos = _rlong(buf, pos)
+        if n1652 < 0:
+            raise _length_error(n1652, end - pos)
     else:
         pos += 1
-    q1602 = pos + n1601
-    if q1602 > end:
-        raise _length_error(n1601, end - pos)
-    f_reason = buf[pos:q1602].decode()
-    pos = q1602
+    q1653 = pos + n1652
+    if q1653 > end:
+        raise _length_error(n1652, end - pos)
+    f_reason = buf[pos:q1653].decode()
+    pos = q1653
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1653(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1604 = _ZL[buf[pos]]
-    if n1604 < 0:
-        n1604, pos = _rlong(buf, pos)
-        if n1604 < 0:
-            raise _length_error(n1604, end - pos)
+    n1655 = _ZL[buf[pos]]
+    if n1655 < 0:
+        n1655, pos = _rlong(buf, pos)
+        if n1655 < 0:
+            raise _length_error(n1655, end - pos)
     else:
         pos += 1
-    q1605 = pos + n1604
-    if q1605 > end:
-        raise _length_error(n1604, end - pos)
-    f_pod_id = buf[pos:q1605].decode()
-    pos = q1605
-    n1606 = _ZL[buf[pos]]
-    if n1606 < 0:
-        n1606, pos = _rlong(buf, pos)
-        if n1606 < 0:
-            raise _length_error(n1606, end - pos)
+    q1656 = pos + n1655
+    if q1656 > end:
+        raise _length_error(n1655, end - pos)
+    f_pod_id = buf[pos:q1656].decode()
+    pos = q1656
+    n1657 = _ZL[buf[pos]]
+    if n1657 < 0:
+        n1657, pos = _rlong(buf, pos)
+        if n1657 < 0:
+            raise _length_error(n1657, end - pos)
     else:
         pos += 1
-    q1607 = pos + n1606
-    if q1607 > end:
-        raise _length_error(n1606, end - pos)
-    f_node_id = buf[pos:q1607].decode()
-    pos = q1607
+    q1658 = pos + n1657
+    if q1658 > end:
+        raise _length_error(n1657, end - pos)
+    f_node_id = buf[pos:q1658].decode()
+    pos = q1658
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7793,7 +8029,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1176:
+    if frame[:10] != _k1217:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7834,30 +8070,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1178 = _ZL[buf[pos]]
-        if n1178 < 0:
-            n1178, pos = _rlong(buf, pos)
-            if n1178 < 0:
-                raise _length_error(n1178, end - pos)
+        n1219 = _ZL[buf[pos]]
+        if n1219 < 0:
+            n1219, pos = _rlong(buf, pos)
+            if n1219 < 0:
+                raise _length_error(n1219, end - pos)
         else:
             pos += 1
-        q1179 = pos + n1178
-        if q1179 > end:
-            raise _length_error(n1178, end - pos)
-        f_cluster = buf[pos:q1179].decode()
-        pos = q1179
-        n1180 = _ZL[buf[pos]]
-        if n1180 < 0:
-            n1180, pos = _rlong(buf, pos)
-            if n1180 < 0:
-                raise _length_error(n1180, end - pos)
+        q1220 = pos + n1219
+        if q1220 > end:
+            raise _length_error(n1219, end - pos)
+        f_cluster = buf[pos:q1220].decode()
+        pos = q1220
+        n1221 = _ZL[buf[pos]]
+        if n1221 < 0:
+            n1221, pos = _rlong(buf, pos)
+            if n1221 < 0:
+                raise _length_error(n1221, end - pos)
         else:
             pos += 1
-        q1181 = pos + n1180
-        if q1181 > end:
-            raise _length_error(n1180, end - pos)
-        f_command_id = buf[pos:q1181].decode()
-        pos = q1181
+        q1222 = pos + n1221
+        if q1222 > end:
+            raise _length_error(n1221, end - pos)
+        f_command_id = buf[pos:q1222].decode()
+        pos = q1222
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7888,21 +8124,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1182 = _ZD[b]
+            i1223 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1223 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1223 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1182, pos = _rlong(buf, pos)
-        if not 0 <= i1182 < 34:
-            raise _union_error(i1182, 34)
-        f_payload, pos = _k1607[i1182](buf, pos, end)
+            i1223, pos = _rlong(buf, pos)
+        if not 0 <= i1223 < 34:
+            raise _union_error(i1223, 34)
+        f_payload, pos = _k1658[i1223](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7925,15 +8161,15 @@ _k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k231: dict[type, Callable[[Any], bytes]] = {
+_k237: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k276: dict[type, Callable[[Any], bytes]] = {
+_k287: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k339: dict[type, Callable[[Any], bytes]] = {
+_k350: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7944,29 +8180,25 @@ _k339: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang179,
-    _c_ReleaseGang: _e_ReleaseGang235,
-    _c_Tick: _e_Tick241,
-    _c_SetQuota: _e_SetQuota243,
-    _c_RemoveQuota: _e_RemoveQuota278,
-    _c_Defragment: _e_Defragment282,
-    _c_ResumeCluster: _e_ResumeCluster291,
-    _c_RecoverNode: _e_RecoverNode295,
-    _c_UpdateNode: _e_UpdateNode299,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget313,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget335,
+    _c_ReleaseGang: _e_ReleaseGang246,
+    _c_Tick: _e_Tick252,
+    _c_SetQuota: _e_SetQuota254,
+    _c_RemoveQuota: _e_RemoveQuota289,
+    _c_Defragment: _e_Defragment293,
+    _c_ResumeCluster: _e_ResumeCluster302,
+    _c_RecoverNode: _e_RecoverNode306,
+    _c_UpdateNode: _e_UpdateNode310,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget324,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget346,
 }
 
-_k612: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode348, _d_RemoveNode374, _d_CordonNode377, _d_UncordonNode380, _d_DrainNode383, _d_MarkNodeFailed386, _d_SubmitPod391, _d_Release440, _d_SetPolicy445, _d_SubmitGang477, _d_ReleaseGang534, _d_Tick539, _d_SetQuota540, _d_RemoveQuota558, _d_Defragment561, _d_ResumeCluster565, _d_RecoverNode568, _d_UpdateNode571, _d_SetDisruptionBudget590, _d_RemoveDisruptionBudget609,)
+_k633: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode359, _d_RemoveNode385, _d_CordonNode388, _d_UncordonNode391, _d_DrainNode394, _d_MarkNodeFailed397, _d_SubmitPod402, _d_Release451, _d_SetPolicy456, _d_SubmitGang488, _d_ReleaseGang555, _d_Tick560, _d_SetQuota561, _d_RemoveQuota579, _d_Defragment582, _d_ResumeCluster586, _d_RecoverNode589, _d_UpdateNode592, _d_SetDisruptionBudget611, _d_RemoveDisruptionBudget630,)
 
-_k695: dict[type, Callable[[Any], bytes]] = {
+_k716: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k741: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry97,
-}
-
-_k851: dict[type, Callable[[Any], bytes]] = {
+_k768: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
@@ -7974,58 +8206,62 @@ _k884: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k944: dict[type, Callable[[Any], bytes]] = {
+_k923: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1054: dict[type, Callable[[Any], bytes]] = {
+_k984: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k1095: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1057: dict[type, Callable[[Any], bytes]] = {
+_k1098: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1175: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded624,
-    _c_NodeRemoved: _e_NodeRemoved636,
-    _c_NodeCordoned: _e_NodeCordoned640,
-    _c_NodeUncordoned: _e_NodeUncordoned644,
-    _c_NodeDrained: _e_NodeDrained648,
-    _c_NodeFailed: _e_NodeFailed653,
-    _c_PodQueued: _e_PodQueued660,
-    _c_PodScheduled: _e_PodScheduled706,
-    _c_PodEvicted: _e_PodEvicted757,
-    _c_PodReleased: _e_PodReleased765,
-    _c_PolicyChanged: _e_PolicyChanged777,
-    _c_CommandRejected: _e_CommandRejected795,
-    _c_GangQueued: _e_GangQueued805,
-    _c_GangScheduled: _e_GangScheduled894,
-    _c_GangTimedOut: _e_GangTimedOut968,
-    _c_GangReleased: _e_GangReleased975,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached982,
-    _c_NodesReserved: _e_NodesReserved995,
-    _c_ReservationReleased: _e_ReservationReleased1009,
-    _c_DependencyFailed: _e_DependencyFailed1020,
-    _c_Ticked: _e_Ticked1030,
-    _c_PodPreempted: _e_PodPreempted1033,
-    _c_QuotaChanged: _e_QuotaChanged1045,
-    _c_PodMigrated: _e_PodMigrated1061,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1075,
-    _c_ClusterHalted: _e_ClusterHalted1088,
-    _c_ClusterResumed: _e_ClusterResumed1098,
-    _c_NodeRecovered: _e_NodeRecovered1108,
-    _c_NodeUpdated: _e_NodeUpdated1112,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1119,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1131,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1153,
-    _c_EvictionBlocked: _e_EvictionBlocked1157,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1168,
+_k1216: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded645,
+    _c_NodeRemoved: _e_NodeRemoved657,
+    _c_NodeCordoned: _e_NodeCordoned661,
+    _c_NodeUncordoned: _e_NodeUncordoned665,
+    _c_NodeDrained: _e_NodeDrained669,
+    _c_NodeFailed: _e_NodeFailed674,
+    _c_PodQueued: _e_PodQueued681,
+    _c_PodScheduled: _e_PodScheduled733,
+    _c_PodEvicted: _e_PodEvicted790,
+    _c_PodReleased: _e_PodReleased798,
+    _c_PolicyChanged: _e_PolicyChanged810,
+    _c_CommandRejected: _e_CommandRejected828,
+    _c_GangQueued: _e_GangQueued838,
+    _c_GangScheduled: _e_GangScheduled934,
+    _c_GangTimedOut: _e_GangTimedOut1009,
+    _c_GangReleased: _e_GangReleased1016,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached1023,
+    _c_NodesReserved: _e_NodesReserved1036,
+    _c_ReservationReleased: _e_ReservationReleased1050,
+    _c_DependencyFailed: _e_DependencyFailed1061,
+    _c_Ticked: _e_Ticked1071,
+    _c_PodPreempted: _e_PodPreempted1074,
+    _c_QuotaChanged: _e_QuotaChanged1086,
+    _c_PodMigrated: _e_PodMigrated1102,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1116,
+    _c_ClusterHalted: _e_ClusterHalted1129,
+    _c_ClusterResumed: _e_ClusterResumed1139,
+    _c_NodeRecovered: _e_NodeRecovered1149,
+    _c_NodeUpdated: _e_NodeUpdated1153,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1160,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1172,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1194,
+    _c_EvictionBlocked: _e_EvictionBlocked1198,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1209,
 }
 
-_k1607: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1182, _d_NodeRemoved1201, _d_NodeCordoned1204, _d_NodeUncordoned1207, _d_NodeDrained1210, _d_NodeFailed1213, _d_PodQueued1218, _d_PodScheduled1278, _d_PodEvicted1303, _d_PodReleased1310, _d_PolicyChanged1318, _d_CommandRejected1327, _d_GangQueued1336, _d_GangScheduled1384, _d_GangTimedOut1417, _d_GangReleased1422, _d_PodTimeLimitReached1434, _d_NodesReserved1442, _d_ReservationReleased1457, _d_DependencyFailed1473, _d_Ticked1482, _d_PodPreempted1483, _d_QuotaChanged1494, _d_PodMigrated1502, _d_DefragmentationPlanned1523, _d_ClusterHalted1529, _d_ClusterResumed1538, _d_NodeRecovered1545, _d_NodeUpdated1548, _d_PodRetryScheduled1565, _d_DisruptionBudgetSet1571, _d_DisruptionBudgetRemoved1590, _d_EvictionBlocked1593, _d_PodEvictionScheduled1602,)
+_k1658: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1223, _d_NodeRemoved1242, _d_NodeCordoned1245, _d_NodeUncordoned1248, _d_NodeDrained1251, _d_NodeFailed1254, _d_PodQueued1259, _d_PodScheduled1322, _d_PodEvicted1347, _d_PodReleased1354, _d_PolicyChanged1362, _d_CommandRejected1371, _d_GangQueued1380, _d_GangScheduled1435, _d_GangTimedOut1468, _d_GangReleased1473, _d_PodTimeLimitReached1485, _d_NodesReserved1493, _d_ReservationReleased1508, _d_DependencyFailed1524, _d_Ticked1533, _d_PodPreempted1534, _d_QuotaChanged1545, _d_PodMigrated1553, _d_DefragmentationPlanned1574, _d_ClusterHalted1580, _d_ClusterResumed1589, _d_NodeRecovered1596, _d_NodeUpdated1599, _d_PodRetryScheduled1616, _d_DisruptionBudgetSet1622, _d_DisruptionBudgetRemoved1641, _d_EvictionBlocked1644, _d_PodEvictionScheduled1653,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event613
+encode_event = _e_Event634
