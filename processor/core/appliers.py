@@ -38,6 +38,7 @@ from schemas.commands import GPU_MILLI
 from schemas.events import (
     ClusterHalted,
     ClusterResumed,
+    CohortChanged,
     CommandRejected,
     DefragmentationPlanned,
     DependencyFailed,
@@ -616,6 +617,10 @@ def _applied_quota_changed(state: PartitionState, cluster: ClusterState, event: 
         cluster.set_quota(event.tenant, event.quota)
 
 
+def _applied_cohort_changed(state: PartitionState, cluster: ClusterState, event: CohortChanged, now: int) -> None:
+    cluster.set_cohort(event.cohort, event.spec)
+
+
 def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: PodMigrated, now: int) -> None:
     pod = lookup(cluster.pods, event.pod_id)
     if pod is None or pod.node_id != event.from_node or pod.gpus != tuple(event.from_gpus):
@@ -670,4 +675,5 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     DisruptionBudgetRemoved: _applied_budget_removed,
     EvictionBlocked: _applied_eviction_blocked,
     PodEvictionScheduled: _applied_pod_eviction_scheduled,
+    CohortChanged: _applied_cohort_changed,
 }

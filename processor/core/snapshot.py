@@ -148,6 +148,7 @@ def _cluster_snapshot(cluster: ClusterState, reserve_checks: tuple[int, ...] = (
             for deadline, kind, node_id in sorted(cluster.timers.heap)
             if kind == PREEMPT_CHECK
         ),
+        tuple(cluster.cohort_specs[name] for name in sorted(cluster.cohort_specs)),
     )
 
 
@@ -204,6 +205,8 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             else Halt(data.halted.command_id, data.halted.offset, data.halted.error, data.halted.refused),
         )
         cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
+        for spec in data.cohorts:  # before the quotas: their pools are built on the tree
+            cluster.set_cohort(spec.cohort, spec)
         for entry in data.quotas:
             cluster.set_quota(entry.tenant, entry.quota)
         cluster.default_quota = data.default_quota
