@@ -300,9 +300,10 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
 def could_hold_somewhere(cluster: ClusterState, shape: PodShape) -> bool:
     """Whether some node present could hold the shape once emptied: :func:`could_hold` on each distinct fixed
     capacity (model, node class without a reservation's taint, GPUs, CPU, memory), schedulability aside: a
-    superset of the nodes :func:`could_hold` admits. O(C) for C distinct capacities, whatever the nodes."""
+    superset of the nodes :func:`could_hold` admits. O(C) for C distinct capacities, whatever the nodes (a pod
+    with a node selector: those with its rarest label)."""
     whole = shape.gpu_milli >= GPU_MILLI
-    for model, node_class, gpu_count, cpu, memory in cluster.capacities:
+    for model, node_class, gpu_count, cpu, memory in cluster.capacities_for(shape.node_selector):
         if shape.gpu_models and model not in shape.gpu_models:
             continue
         if shape.num_gpu and gpu_count < (shape.num_gpu if whole else 1):
