@@ -594,15 +594,6 @@ class ClusterState:
         O(members · keys + cohorts · depth); on quota and cohort changes only."""
         self.pools = cohort_tree.build_pools(self.cohort_specs, self.cohorts, self.quotas, self.usage)
 
-    def set_cohort(self, cohort: str, spec: CohortQuota | None) -> None:
-        """Declare, change (a spec) or forget (None) a cohort of the tree, and rebuild the pools. O(C log C)."""
-        if spec is None:
-            self.cohort_specs.pop(cohort, None)
-        else:
-            self.cohort_specs[cohort] = spec
-        self.cohort_children = cohort_tree.children_of(self.cohort_specs)
-        self.rebuild_pools()
-
     @property
     def quotas_on(self) -> bool:
         """Whether any quota applies: only then do admission checks and fair-share ordering act."""
