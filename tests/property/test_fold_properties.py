@@ -120,6 +120,10 @@ def check_indexes(cluster: ClusterState) -> None:
             expected_queue.setdefault(pod.group, []).append(pod.queue_key)
     assert cluster.queue.content() == expected_queue
     assert len(cluster.queue) == sum(len(keys) for keys in expected_queue.values())
+    settings: dict[object, int] = {}  # waiting groups per preemption setting
+    for group in expected_queue:
+        settings[group[1]] = settings.get(group[1], 0) + 1  # type: ignore[index]
+    assert cluster.queue._settings == settings
     models: dict[str, int] = {}
     for node in cluster.nodes.values():
         models[node.gpu_model] = models.get(node.gpu_model, 0) + 1
