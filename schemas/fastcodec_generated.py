@@ -29,6 +29,7 @@ from schemas.avro_binary import (
 from schemas.codec import DecodeError
 from schemas.commands import (
     AddNode as _c_AddNode,
+    CohortQuota as _c_CohortQuota,
     Command as _c_Command,
     CordonNode as _c_CordonNode,
     Defragment as _c_Defragment,
@@ -40,11 +41,13 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveCohort as _c_RemoveCohort,
     RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
     Retry as _c_Retry,
+    SetCohort as _c_SetCohort,
     SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
@@ -59,6 +62,7 @@ from schemas.commands import (
 from schemas.events import (
     ClusterHalted as _c_ClusterHalted,
     ClusterResumed as _c_ClusterResumed,
+    CohortChanged as _c_CohortChanged,
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
@@ -101,7 +105,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
+_k1 = b'\xc3\x01\x833\x12\xd9\xebG\xfdh'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -180,108 +184,134 @@ _k328 = b'\x00'
 _k331 = b'\x02'
 _k333 = b'\x00'
 _k336 = b'&'
-_k340 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
-_k614 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
-_k625 = b'\x00'
-_k637 = b'\x02'
-_k641 = b'\x04'
-_k645 = b'\x06'
-_k649 = b'\x08'
-_k654 = b'\n'
-_k661 = b'\x0c'
-_k679 = b'\x02'
-_k682 = b'\x00'
-_k685 = b'\x02'
-_k687 = b'\x00'
-_k696 = b'\x00'
-_k707 = b'\x0e'
-_k725 = b'\x02'
-_k728 = b'\x00'
-_k731 = b'\x02'
-_k733 = b'\x00'
+_k340 = b'('
+_k345 = b'\x02'
+_k348 = b'\x00'
+_k352 = b'\x02'
+_k354 = b'\x00'
+_k357 = b'\x02'
+_k359 = b'\x00'
+_k362 = b'\x02'
+_k364 = b'\x00'
+_k367 = b'\x02'
+_k369 = b'\x00'
+_k371 = b'*'
+_k375 = b'\xc3\x01\x833\x12\xd9\xebG\xfdh'
+_k669 = b'\xc3\x01\xe3c\xc0O\xec\xa4\xb0\x96'
+_k680 = b'\x00'
+_k692 = b'\x02'
+_k696 = b'\x04'
+_k700 = b'\x06'
+_k704 = b'\x08'
+_k709 = b'\n'
+_k716 = b'\x0c'
+_k734 = b'\x02'
+_k737 = b'\x00'
+_k740 = b'\x02'
 _k742 = b'\x00'
-_k758 = b'\x10'
-_k766 = b'\x12'
-_k771 = b'\x02'
-_k774 = b'\x00'
-_k778 = b'\x14'
-_k785 = b'\x02'
-_k787 = b'\x00'
-_k792 = b'\x02'
-_k794 = b'\x00'
-_k796 = b'\x16'
-_k806 = b'\x18'
-_k835 = b'\x02'
-_k838 = b'\x00'
-_k841 = b'\x02'
-_k843 = b'\x00'
-_k852 = b'\x00'
-_k856 = b'\x02'
-_k859 = b'\x00'
-_k862 = b'\x02'
-_k865 = b'\x00'
-_k868 = b'\x02'
-_k870 = b'\x00'
-_k873 = b'\x02'
-_k875 = b'\x00'
-_k885 = b'\x00'
-_k888 = b'\x02'
-_k890 = b'\x00'
-_k895 = b'\x1a'
-_k916 = b'\x02'
-_k919 = b'\x00'
-_k922 = b'\x02'
+_k751 = b'\x00'
+_k762 = b'\x0e'
+_k780 = b'\x02'
+_k783 = b'\x00'
+_k786 = b'\x02'
+_k788 = b'\x00'
+_k797 = b'\x00'
+_k813 = b'\x10'
+_k821 = b'\x12'
+_k826 = b'\x02'
+_k829 = b'\x00'
+_k833 = b'\x14'
+_k840 = b'\x02'
+_k842 = b'\x00'
+_k847 = b'\x02'
+_k849 = b'\x00'
+_k851 = b'\x16'
+_k861 = b'\x18'
+_k890 = b'\x02'
+_k893 = b'\x00'
+_k896 = b'\x02'
+_k898 = b'\x00'
+_k907 = b'\x00'
+_k911 = b'\x02'
+_k914 = b'\x00'
+_k917 = b'\x02'
+_k920 = b'\x00'
+_k923 = b'\x02'
 _k925 = b'\x00'
 _k928 = b'\x02'
 _k930 = b'\x00'
-_k933 = b'\x02'
-_k935 = b'\x00'
+_k940 = b'\x00'
+_k943 = b'\x02'
 _k945 = b'\x00'
-_k948 = b'\x02'
-_k950 = b'\x00'
-_k955 = b'\x02'
-_k958 = b'\x00'
-_k961 = b'\x02'
-_k964 = b'\x00'
-_k969 = b'\x1c'
-_k976 = b'\x1e'
-_k983 = b' '
-_k991 = b'\x02'
-_k994 = b'\x00'
-_k996 = b'"'
-_k1004 = b'\x02'
-_k1006 = b'\x00'
-_k1010 = b'$'
-_k1021 = b'&'
-_k1031 = b'('
-_k1034 = b'*'
-_k1046 = b','
-_k1049 = b'\x02'
-_k1052 = b'\x00'
-_k1055 = b'\x00'
-_k1058 = b'\x00'
-_k1062 = b'.'
-_k1076 = b'0'
-_k1082 = b'\x02'
-_k1085 = b'\x00'
-_k1089 = b'2'
-_k1099 = b'4'
-_k1109 = b'6'
-_k1113 = b'8'
-_k1120 = b':'
-_k1127 = b'\x02'
-_k1130 = b'\x00'
-_k1132 = b'<'
+_k950 = b'\x1a'
+_k971 = b'\x02'
+_k974 = b'\x00'
+_k977 = b'\x02'
+_k980 = b'\x00'
+_k983 = b'\x02'
+_k985 = b'\x00'
+_k988 = b'\x02'
+_k990 = b'\x00'
+_k1000 = b'\x00'
+_k1003 = b'\x02'
+_k1005 = b'\x00'
+_k1010 = b'\x02'
+_k1013 = b'\x00'
+_k1016 = b'\x02'
+_k1019 = b'\x00'
+_k1024 = b'\x1c'
+_k1031 = b'\x1e'
+_k1038 = b' '
+_k1046 = b'\x02'
+_k1049 = b'\x00'
+_k1051 = b'"'
+_k1059 = b'\x02'
+_k1061 = b'\x00'
+_k1065 = b'$'
+_k1076 = b'&'
+_k1086 = b'('
+_k1089 = b'*'
+_k1101 = b','
+_k1104 = b'\x02'
+_k1107 = b'\x00'
+_k1110 = b'\x00'
+_k1113 = b'\x00'
+_k1117 = b'.'
+_k1131 = b'0'
 _k1137 = b'\x02'
 _k1140 = b'\x00'
-_k1143 = b'\x02'
-_k1146 = b'\x00'
-_k1149 = b'\x02'
-_k1151 = b'\x00'
-_k1154 = b'>'
-_k1158 = b'@'
-_k1169 = b'B'
-_k1176 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
+_k1144 = b'2'
+_k1154 = b'4'
+_k1164 = b'6'
+_k1168 = b'8'
+_k1175 = b':'
+_k1182 = b'\x02'
+_k1185 = b'\x00'
+_k1187 = b'<'
+_k1192 = b'\x02'
+_k1195 = b'\x00'
+_k1198 = b'\x02'
+_k1201 = b'\x00'
+_k1204 = b'\x02'
+_k1206 = b'\x00'
+_k1209 = b'>'
+_k1213 = b'@'
+_k1224 = b'B'
+_k1231 = b'D'
+_k1236 = b'\x02'
+_k1241 = b'\x02'
+_k1244 = b'\x00'
+_k1248 = b'\x02'
+_k1250 = b'\x00'
+_k1253 = b'\x02'
+_k1255 = b'\x00'
+_k1258 = b'\x02'
+_k1260 = b'\x00'
+_k1263 = b'\x02'
+_k1265 = b'\x00'
+_k1267 = b'\x00'
+_k1270 = b'\x00'
+_k1274 = b'\xc3\x01\xe3c\xc0O\xec\xa4\xb0\x96'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -565,55 +595,83 @@ def _e_RemoveDisruptionBudget335(o: _c_RemoveDisruptionBudget) -> bytes:
     return b"".join((_k336, (_P[n339] if (n339 := len(s338 := o.budget_id.encode())) < 8192 else _long(n339)), s338,))
 
 
+def _u345(v: Any) -> bytes:
+    return b"".join((_k345, (_P[n348] if (n348 := len(s347 := v.encode())) < 8192 else _long(n348)), s347,))
+
+
+def _u352(v: Any) -> bytes:
+    return b"".join((_k352, (_P[n354] if 0 <= (n354 := v) < 8192 else _long(n354)),))
+
+
+def _u357(v: Any) -> bytes:
+    return b"".join((_k357, (_P[n359] if 0 <= (n359 := v) < 8192 else _long(n359)),))
+
+
+def _u362(v: Any) -> bytes:
+    return b"".join((_k362, (_P[n364] if 0 <= (n364 := v) < 8192 else _long(n364)),))
+
+
+def _u367(v: Any) -> bytes:
+    return b"".join((_k367, (_P[n369] if 0 <= (n369 := v) < 8192 else _long(n369)),))
+
+
+def _e_SetCohort339(o: _c_SetCohort) -> bytes:
+    return b"".join((_k340, (_P[n343] if (n343 := len(s342 := o.cohort.encode())) < 8192 else _long(n343)), s342, (_k348 if (u344 := o.parent) is None else _u345(u344)), (_b132(a350) if (a350 := o.nominal_gpus) else b"\x00"), (_k354 if (u351 := o.nominal_cpu_milli) is None else _u352(u351)), (_k359 if (u356 := o.nominal_memory_mib) is None else _u357(u356)), (_k364 if (u361 := o.borrowing_limit_gpus) is None else _u362(u361)), (_k369 if (u366 := o.lending_limit_gpus) is None else _u367(u366)),))
+
+
+def _e_RemoveCohort370(o: _c_RemoveCohort) -> bytes:
+    return b"".join((_k371, (_P[n374] if (n374 := len(s373 := o.cohort.encode())) < 8192 else _long(n374)), s373,))
+
+
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k339[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k374[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint367(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint402(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    n404 = _ZL[buf[pos]]
+    if n404 < 0:
+        n404, pos = _rlong(buf, pos)
+        if n404 < 0:
+            raise _length_error(n404, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_key = buf[pos:q370].decode()
-    pos = q370
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
+    q405 = pos + n404
+    if q405 > end:
+        raise _length_error(n404, end - pos)
+    f_key = buf[pos:q405].decode()
+    pos = q405
+    n406 = _ZL[buf[pos]]
+    if n406 < 0:
+        n406, pos = _rlong(buf, pos)
+        if n406 < 0:
+            raise _length_error(n406, end - pos)
     else:
         pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_value = buf[pos:q372].decode()
-    pos = q372
-    n373 = _ZL[buf[pos]]
-    if n373 < 0:
-        n373, pos = _rlong(buf, pos)
-        if n373 < 0:
-            raise _length_error(n373, end - pos)
+    q407 = pos + n406
+    if q407 > end:
+        raise _length_error(n406, end - pos)
+    f_value = buf[pos:q407].decode()
+    pos = q407
+    n408 = _ZL[buf[pos]]
+    if n408 < 0:
+        n408, pos = _rlong(buf, pos)
+        if n408 < 0:
+            raise _length_error(n408, end - pos)
     else:
         pos += 1
-    q374 = pos + n373
-    if q374 > end:
-        raise _length_error(n373, end - pos)
-    f_effect = buf[pos:q374].decode()
-    pos = q374
+    q409 = pos + n408
+    if q409 > end:
+        raise _length_error(n408, end - pos)
+    f_effect = buf[pos:q409].decode()
+    pos = q409
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode383(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -622,30 +680,30 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n350 = _ZL[buf[pos]]
-    if n350 < 0:
-        n350, pos = _rlong(buf, pos)
-        if n350 < 0:
-            raise _length_error(n350, end - pos)
+    n385 = _ZL[buf[pos]]
+    if n385 < 0:
+        n385, pos = _rlong(buf, pos)
+        if n385 < 0:
+            raise _length_error(n385, end - pos)
     else:
         pos += 1
-    q351 = pos + n350
-    if q351 > end:
-        raise _length_error(n350, end - pos)
-    f_node_id = buf[pos:q351].decode()
-    pos = q351
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
+    q386 = pos + n385
+    if q386 > end:
+        raise _length_error(n385, end - pos)
+    f_node_id = buf[pos:q386].decode()
+    pos = q386
+    n387 = _ZL[buf[pos]]
+    if n387 < 0:
+        n387, pos = _rlong(buf, pos)
+        if n387 < 0:
+            raise _length_error(n387, end - pos)
     else:
         pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_gpu_model = buf[pos:q353].decode()
-    pos = q353
+    q388 = pos + n387
+    if q388 > end:
+        raise _length_error(n387, end - pos)
+    f_gpu_model = buf[pos:q388].decode()
+    pos = q388
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -692,113 +750,113 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc354: dict[str, Any] = {}
+        acc389: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c355 = _ZD[b]
+                c390 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c355 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c355 = (z >> 1) ^ -(z & 1)
+                c390 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c355, pos = _rlong(buf, pos)
-            if c355 == 0:
+                c390, pos = _rlong(buf, pos)
+            if c390 == 0:
                 break
-            if c355 < 0:
-                c355 = -c355
+            if c390 < 0:
+                c390 = -c390
                 b = buf[pos]
                 if b < 128:
-                    z358 = _ZD[b]
+                    z393 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z393 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z358, pos = _rlong(buf, pos)
-            if c355 * 2 > end - pos:
-                raise _count_error(c355, end - pos)
-            for _ in range(c355):
-                n359 = _ZL[buf[pos]]
-                if n359 < 0:
-                    n359, pos = _rlong(buf, pos)
-                    if n359 < 0:
-                        raise _length_error(n359, end - pos)
+                    z393, pos = _rlong(buf, pos)
+            if c390 * 2 > end - pos:
+                raise _count_error(c390, end - pos)
+            for _ in range(c390):
+                n394 = _ZL[buf[pos]]
+                if n394 < 0:
+                    n394, pos = _rlong(buf, pos)
+                    if n394 < 0:
+                        raise _length_error(n394, end - pos)
                 else:
                     pos += 1
-                q360 = pos + n359
-                if q360 > end:
-                    raise _length_error(n359, end - pos)
-                k357 = buf[pos:q360].decode()
-                pos = q360
-                n361 = _ZL[buf[pos]]
-                if n361 < 0:
-                    n361, pos = _rlong(buf, pos)
-                    if n361 < 0:
-                        raise _length_error(n361, end - pos)
+                q395 = pos + n394
+                if q395 > end:
+                    raise _length_error(n394, end - pos)
+                k392 = buf[pos:q395].decode()
+                pos = q395
+                n396 = _ZL[buf[pos]]
+                if n396 < 0:
+                    n396, pos = _rlong(buf, pos)
+                    if n396 < 0:
+                        raise _length_error(n396, end - pos)
                 else:
                     pos += 1
-                q362 = pos + n361
-                if q362 > end:
-                    raise _length_error(n361, end - pos)
-                x356 = buf[pos:q362].decode()
-                pos = q362
-                acc354[k357] = x356
-        f_labels = acc354
+                q397 = pos + n396
+                if q397 > end:
+                    raise _length_error(n396, end - pos)
+                x391 = buf[pos:q397].decode()
+                pos = q397
+                acc389[k392] = x391
+        f_labels = acc389
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc363: list[Any] = []
+        acc398: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c364 = _ZD[b]
+                c399 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c364 = (z >> 1) ^ -(z & 1)
+                c399 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c364 = (z >> 1) ^ -(z & 1)
+                c399 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c364, pos = _rlong(buf, pos)
-            if c364 == 0:
+                c399, pos = _rlong(buf, pos)
+            if c399 == 0:
                 break
-            if c364 < 0:
-                c364 = -c364
+            if c399 < 0:
+                c399 = -c399
                 b = buf[pos]
                 if b < 128:
-                    z367 = _ZD[b]
+                    z402 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z402 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z402 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z367, pos = _rlong(buf, pos)
-            if c364 * 3 > end - pos:
-                raise _count_error(c364, end - pos)
-            for _ in range(c364):
-                x365, pos = _d_Taint367(buf, pos, end)
-                acc363.append(x365)
-        f_taints = tuple(acc363)
+                    z402, pos = _rlong(buf, pos)
+            if c399 * 3 > end - pos:
+                raise _count_error(c399, end - pos)
+            for _ in range(c399):
+                x400, pos = _d_Taint402(buf, pos, end)
+                acc398.append(x400)
+        f_taints = tuple(acc398)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -817,79 +875,79 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode374(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode409(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n376 = _ZL[buf[pos]]
-    if n376 < 0:
-        n376, pos = _rlong(buf, pos)
-        if n376 < 0:
-            raise _length_error(n376, end - pos)
+    n411 = _ZL[buf[pos]]
+    if n411 < 0:
+        n411, pos = _rlong(buf, pos)
+        if n411 < 0:
+            raise _length_error(n411, end - pos)
     else:
         pos += 1
-    q377 = pos + n376
-    if q377 > end:
-        raise _length_error(n376, end - pos)
-    f_node_id = buf[pos:q377].decode()
-    pos = q377
+    q412 = pos + n411
+    if q412 > end:
+        raise _length_error(n411, end - pos)
+    f_node_id = buf[pos:q412].decode()
+    pos = q412
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode377(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode412(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
+    n414 = _ZL[buf[pos]]
+    if n414 < 0:
+        n414, pos = _rlong(buf, pos)
+        if n414 < 0:
+            raise _length_error(n414, end - pos)
     else:
         pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_node_id = buf[pos:q380].decode()
-    pos = q380
+    q415 = pos + n414
+    if q415 > end:
+        raise _length_error(n414, end - pos)
+    f_node_id = buf[pos:q415].decode()
+    pos = q415
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode380(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode415(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n382 = _ZL[buf[pos]]
-    if n382 < 0:
-        n382, pos = _rlong(buf, pos)
-        if n382 < 0:
-            raise _length_error(n382, end - pos)
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q383 = pos + n382
-    if q383 > end:
-        raise _length_error(n382, end - pos)
-    f_node_id = buf[pos:q383].decode()
-    pos = q383
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_node_id = buf[pos:q418].decode()
+    pos = q418
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode418(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    n420 = _ZL[buf[pos]]
+    if n420 < 0:
+        n420, pos = _rlong(buf, pos)
+        if n420 < 0:
+            raise _length_error(n420, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_node_id = buf[pos:q386].decode()
-    pos = q386
+    q421 = pos + n420
+    if q421 > end:
+        raise _length_error(n420, end - pos)
+    f_node_id = buf[pos:q421].decode()
+    pos = q421
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -910,66 +968,9 @@ def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed386(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed421(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n388 = _ZL[buf[pos]]
-    if n388 < 0:
-        n388, pos = _rlong(buf, pos)
-        if n388 < 0:
-            raise _length_error(n388, end - pos)
-    else:
-        pos += 1
-    q389 = pos + n388
-    if q389 > end:
-        raise _length_error(n388, end - pos)
-    f_node_id = buf[pos:q389].decode()
-    pos = q389
-    n390 = _ZL[buf[pos]]
-    if n390 < 0:
-        n390, pos = _rlong(buf, pos)
-        if n390 < 0:
-            raise _length_error(n390, end - pos)
-    else:
-        pos += 1
-    q391 = pos + n390
-    if q391 > end:
-        raise _length_error(n390, end - pos)
-    f_reason = buf[pos:q391].decode()
-    pos = q391
-    o = _c_MarkNodeFailed(f_node_id, f_reason)
-    return o, pos
-
-
-def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
-    f_key: str
-    f_operator: str
-    f_value: str
-    f_effect: str
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
-    else:
-        pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_key = buf[pos:q420].decode()
-    pos = q420
-    n421 = _ZL[buf[pos]]
-    if n421 < 0:
-        n421, pos = _rlong(buf, pos)
-        if n421 < 0:
-            raise _length_error(n421, end - pos)
-    else:
-        pos += 1
-    q422 = pos + n421
-    if q422 > end:
-        raise _length_error(n421, end - pos)
-    f_operator = buf[pos:q422].decode()
-    pos = q422
     n423 = _ZL[buf[pos]]
     if n423 < 0:
         n423, pos = _rlong(buf, pos)
@@ -980,7 +981,7 @@ def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q424 = pos + n423
     if q424 > end:
         raise _length_error(n423, end - pos)
-    f_value = buf[pos:q424].decode()
+    f_node_id = buf[pos:q424].decode()
     pos = q424
     n425 = _ZL[buf[pos]]
     if n425 < 0:
@@ -992,13 +993,70 @@ def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q426 = pos + n425
     if q426 > end:
         raise _length_error(n425, end - pos)
-    f_effect = buf[pos:q426].decode()
+    f_reason = buf[pos:q426].decode()
     pos = q426
+    o = _c_MarkNodeFailed(f_node_id, f_reason)
+    return o, pos
+
+
+def _d_Toleration452(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+    f_key: str
+    f_operator: str
+    f_value: str
+    f_effect: str
+    n454 = _ZL[buf[pos]]
+    if n454 < 0:
+        n454, pos = _rlong(buf, pos)
+        if n454 < 0:
+            raise _length_error(n454, end - pos)
+    else:
+        pos += 1
+    q455 = pos + n454
+    if q455 > end:
+        raise _length_error(n454, end - pos)
+    f_key = buf[pos:q455].decode()
+    pos = q455
+    n456 = _ZL[buf[pos]]
+    if n456 < 0:
+        n456, pos = _rlong(buf, pos)
+        if n456 < 0:
+            raise _length_error(n456, end - pos)
+    else:
+        pos += 1
+    q457 = pos + n456
+    if q457 > end:
+        raise _length_error(n456, end - pos)
+    f_operator = buf[pos:q457].decode()
+    pos = q457
+    n458 = _ZL[buf[pos]]
+    if n458 < 0:
+        n458, pos = _rlong(buf, pos)
+        if n458 < 0:
+            raise _length_error(n458, end - pos)
+    else:
+        pos += 1
+    q459 = pos + n458
+    if q459 > end:
+        raise _length_error(n458, end - pos)
+    f_value = buf[pos:q459].decode()
+    pos = q459
+    n460 = _ZL[buf[pos]]
+    if n460 < 0:
+        n460, pos = _rlong(buf, pos)
+        if n460 < 0:
+            raise _length_error(n460, end - pos)
+    else:
+        pos += 1
+    q461 = pos + n460
+    if q461 > end:
+        raise _length_error(n460, end - pos)
+    f_effect = buf[pos:q461].decode()
+    pos = q461
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry474(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1048,7 +1106,7 @@ def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1067,30 +1125,30 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
+    n428 = _ZL[buf[pos]]
+    if n428 < 0:
+        n428, pos = _rlong(buf, pos)
+        if n428 < 0:
+            raise _length_error(n428, end - pos)
     else:
         pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_pod_id = buf[pos:q394].decode()
-    pos = q394
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
+    q429 = pos + n428
+    if q429 > end:
+        raise _length_error(n428, end - pos)
+    f_pod_id = buf[pos:q429].decode()
+    pos = q429
+    n430 = _ZL[buf[pos]]
+    if n430 < 0:
+        n430, pos = _rlong(buf, pos)
+        if n430 < 0:
+            raise _length_error(n430, end - pos)
     else:
         pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_tenant = buf[pos:q396].decode()
-    pos = q396
+    q431 = pos + n430
+    if q431 > end:
+        raise _length_error(n430, end - pos)
+    f_tenant = buf[pos:q431].decode()
+    pos = q431
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1165,185 +1223,185 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc397: list[Any] = []
+        acc432: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c398 = _ZD[b]
+                c433 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c398 = (z >> 1) ^ -(z & 1)
+                c433 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c398 = (z >> 1) ^ -(z & 1)
+                c433 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c398, pos = _rlong(buf, pos)
-            if c398 == 0:
+                c433, pos = _rlong(buf, pos)
+            if c433 == 0:
                 break
-            if c398 < 0:
-                c398 = -c398
+            if c433 < 0:
+                c433 = -c433
                 b = buf[pos]
                 if b < 128:
-                    z401 = _ZD[b]
+                    z436 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z436 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z436 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z401, pos = _rlong(buf, pos)
-            if c398 * 1 > end - pos:
-                raise _count_error(c398, end - pos)
-            for _ in range(c398):
-                n402 = _ZL[buf[pos]]
-                if n402 < 0:
-                    n402, pos = _rlong(buf, pos)
-                    if n402 < 0:
-                        raise _length_error(n402, end - pos)
+                    z436, pos = _rlong(buf, pos)
+            if c433 * 1 > end - pos:
+                raise _count_error(c433, end - pos)
+            for _ in range(c433):
+                n437 = _ZL[buf[pos]]
+                if n437 < 0:
+                    n437, pos = _rlong(buf, pos)
+                    if n437 < 0:
+                        raise _length_error(n437, end - pos)
                 else:
                     pos += 1
-                q403 = pos + n402
-                if q403 > end:
-                    raise _length_error(n402, end - pos)
-                x399 = buf[pos:q403].decode()
-                pos = q403
-                acc397.append(x399)
-        f_gpu_models = tuple(acc397)
+                q438 = pos + n437
+                if q438 > end:
+                    raise _length_error(n437, end - pos)
+                x434 = buf[pos:q438].decode()
+                pos = q438
+                acc432.append(x434)
+        f_gpu_models = tuple(acc432)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc404: dict[str, Any] = {}
+        acc439: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c405 = _ZD[b]
+                c440 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c405 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c405 = (z >> 1) ^ -(z & 1)
+                c440 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c405, pos = _rlong(buf, pos)
-            if c405 == 0:
+                c440, pos = _rlong(buf, pos)
+            if c440 == 0:
                 break
-            if c405 < 0:
-                c405 = -c405
+            if c440 < 0:
+                c440 = -c440
                 b = buf[pos]
                 if b < 128:
-                    z408 = _ZD[b]
+                    z443 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z443 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z408, pos = _rlong(buf, pos)
-            if c405 * 2 > end - pos:
-                raise _count_error(c405, end - pos)
-            for _ in range(c405):
-                n409 = _ZL[buf[pos]]
-                if n409 < 0:
-                    n409, pos = _rlong(buf, pos)
-                    if n409 < 0:
-                        raise _length_error(n409, end - pos)
+                    z443, pos = _rlong(buf, pos)
+            if c440 * 2 > end - pos:
+                raise _count_error(c440, end - pos)
+            for _ in range(c440):
+                n444 = _ZL[buf[pos]]
+                if n444 < 0:
+                    n444, pos = _rlong(buf, pos)
+                    if n444 < 0:
+                        raise _length_error(n444, end - pos)
                 else:
                     pos += 1
-                q410 = pos + n409
-                if q410 > end:
-                    raise _length_error(n409, end - pos)
-                k407 = buf[pos:q410].decode()
-                pos = q410
-                n411 = _ZL[buf[pos]]
-                if n411 < 0:
-                    n411, pos = _rlong(buf, pos)
-                    if n411 < 0:
-                        raise _length_error(n411, end - pos)
+                q445 = pos + n444
+                if q445 > end:
+                    raise _length_error(n444, end - pos)
+                k442 = buf[pos:q445].decode()
+                pos = q445
+                n446 = _ZL[buf[pos]]
+                if n446 < 0:
+                    n446, pos = _rlong(buf, pos)
+                    if n446 < 0:
+                        raise _length_error(n446, end - pos)
                 else:
                     pos += 1
-                q412 = pos + n411
-                if q412 > end:
-                    raise _length_error(n411, end - pos)
-                x406 = buf[pos:q412].decode()
-                pos = q412
-                acc404[k407] = x406
-        f_node_selector = acc404
+                q447 = pos + n446
+                if q447 > end:
+                    raise _length_error(n446, end - pos)
+                x441 = buf[pos:q447].decode()
+                pos = q447
+                acc439[k442] = x441
+        f_node_selector = acc439
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc413: list[Any] = []
+        acc448: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c414 = _ZD[b]
+                c449 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c414 = (z >> 1) ^ -(z & 1)
+                c449 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c414 = (z >> 1) ^ -(z & 1)
+                c449 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c414, pos = _rlong(buf, pos)
-            if c414 == 0:
+                c449, pos = _rlong(buf, pos)
+            if c449 == 0:
                 break
-            if c414 < 0:
-                c414 = -c414
+            if c449 < 0:
+                c449 = -c449
                 b = buf[pos]
                 if b < 128:
-                    z417 = _ZD[b]
+                    z452 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z452 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z452 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z417, pos = _rlong(buf, pos)
-            if c414 * 4 > end - pos:
-                raise _count_error(c414, end - pos)
-            for _ in range(c414):
-                x415, pos = _d_Toleration417(buf, pos, end)
-                acc413.append(x415)
-        f_tolerations = tuple(acc413)
+                    z452, pos = _rlong(buf, pos)
+            if c449 * 4 > end - pos:
+                raise _count_error(c449, end - pos)
+            for _ in range(c449):
+                x450, pos = _d_Toleration452(buf, pos, end)
+                acc448.append(x450)
+        f_tolerations = tuple(acc448)
     b = buf[pos]
     if b < 128:
-        i427 = _ZD[b]
+        i462 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i427 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i427 = (z >> 1) ^ -(z & 1)
+        i462 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i427, pos = _rlong(buf, pos)
-    if i427 == 0:
+        i462, pos = _rlong(buf, pos)
+    if i462 == 0:
         f_time_limit_ms = None
-    elif i427 == 1:
+    elif i462 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1359,86 +1417,86 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i427, 2)
+        raise _union_error(i462, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc428: list[Any] = []
+        acc463: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c429 = _ZD[b]
+                c464 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c429 = (z >> 1) ^ -(z & 1)
+                c464 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c429 = (z >> 1) ^ -(z & 1)
+                c464 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c429, pos = _rlong(buf, pos)
-            if c429 == 0:
+                c464, pos = _rlong(buf, pos)
+            if c464 == 0:
                 break
-            if c429 < 0:
-                c429 = -c429
+            if c464 < 0:
+                c464 = -c464
                 b = buf[pos]
                 if b < 128:
-                    z432 = _ZD[b]
+                    z467 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z467 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z467 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z432, pos = _rlong(buf, pos)
-            if c429 * 1 > end - pos:
-                raise _count_error(c429, end - pos)
-            for _ in range(c429):
-                n433 = _ZL[buf[pos]]
-                if n433 < 0:
-                    n433, pos = _rlong(buf, pos)
-                    if n433 < 0:
-                        raise _length_error(n433, end - pos)
+                    z467, pos = _rlong(buf, pos)
+            if c464 * 1 > end - pos:
+                raise _count_error(c464, end - pos)
+            for _ in range(c464):
+                n468 = _ZL[buf[pos]]
+                if n468 < 0:
+                    n468, pos = _rlong(buf, pos)
+                    if n468 < 0:
+                        raise _length_error(n468, end - pos)
                 else:
                     pos += 1
-                q434 = pos + n433
-                if q434 > end:
-                    raise _length_error(n433, end - pos)
-                x430 = buf[pos:q434].decode()
-                pos = q434
-                acc428.append(x430)
-        f_depends_on = tuple(acc428)
-    n435 = _ZL[buf[pos]]
-    if n435 < 0:
-        n435, pos = _rlong(buf, pos)
-        if n435 < 0:
-            raise _length_error(n435, end - pos)
+                q469 = pos + n468
+                if q469 > end:
+                    raise _length_error(n468, end - pos)
+                x465 = buf[pos:q469].decode()
+                pos = q469
+                acc463.append(x465)
+        f_depends_on = tuple(acc463)
+    n470 = _ZL[buf[pos]]
+    if n470 < 0:
+        n470, pos = _rlong(buf, pos)
+        if n470 < 0:
+            raise _length_error(n470, end - pos)
     else:
         pos += 1
-    q436 = pos + n435
-    if q436 > end:
-        raise _length_error(n435, end - pos)
-    f_dependency = buf[pos:q436].decode()
-    pos = q436
-    n437 = _ZL[buf[pos]]
-    if n437 < 0:
-        n437, pos = _rlong(buf, pos)
-        if n437 < 0:
-            raise _length_error(n437, end - pos)
+    q471 = pos + n470
+    if q471 > end:
+        raise _length_error(n470, end - pos)
+    f_dependency = buf[pos:q471].decode()
+    pos = q471
+    n472 = _ZL[buf[pos]]
+    if n472 < 0:
+        n472, pos = _rlong(buf, pos)
+        if n472 < 0:
+            raise _length_error(n472, end - pos)
     else:
         pos += 1
-    q438 = pos + n437
-    if q438 > end:
-        raise _length_error(n437, end - pos)
-    f_preemption = buf[pos:q438].decode()
-    pos = q438
+    q473 = pos + n472
+    if q473 > end:
+        raise _length_error(n472, end - pos)
+    f_preemption = buf[pos:q473].decode()
+    pos = q473
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1457,119 +1515,119 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i439 = _ZD[b]
+        i474 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i439 = (z >> 1) ^ -(z & 1)
+        i474 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i439 = (z >> 1) ^ -(z & 1)
+        i474 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i439, pos = _rlong(buf, pos)
-    if i439 == 0:
+        i474, pos = _rlong(buf, pos)
+    if i474 == 0:
         f_retry = None
-    elif i439 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i474 == 1:
+        f_retry, pos = _d_Retry474(buf, pos, end)
     else:
-        raise _union_error(i439, 2)
+        raise _union_error(i474, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release440(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release475(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n442 = _ZL[buf[pos]]
-    if n442 < 0:
-        n442, pos = _rlong(buf, pos)
-        if n442 < 0:
-            raise _length_error(n442, end - pos)
+    n477 = _ZL[buf[pos]]
+    if n477 < 0:
+        n477, pos = _rlong(buf, pos)
+        if n477 < 0:
+            raise _length_error(n477, end - pos)
     else:
         pos += 1
-    q443 = pos + n442
-    if q443 > end:
-        raise _length_error(n442, end - pos)
-    f_pod_id = buf[pos:q443].decode()
-    pos = q443
-    n444 = _ZL[buf[pos]]
-    if n444 < 0:
-        n444, pos = _rlong(buf, pos)
-        if n444 < 0:
-            raise _length_error(n444, end - pos)
+    q478 = pos + n477
+    if q478 > end:
+        raise _length_error(n477, end - pos)
+    f_pod_id = buf[pos:q478].decode()
+    pos = q478
+    n479 = _ZL[buf[pos]]
+    if n479 < 0:
+        n479, pos = _rlong(buf, pos)
+        if n479 < 0:
+            raise _length_error(n479, end - pos)
     else:
         pos += 1
-    q445 = pos + n444
-    if q445 > end:
-        raise _length_error(n444, end - pos)
-    f_reason = buf[pos:q445].decode()
-    pos = q445
+    q480 = pos + n479
+    if q480 > end:
+        raise _length_error(n479, end - pos)
+    f_reason = buf[pos:q480].decode()
+    pos = q480
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption503(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n470 = _ZL[buf[pos]]
-    if n470 < 0:
-        n470, pos = _rlong(buf, pos)
-        if n470 < 0:
-            raise _length_error(n470, end - pos)
+    n505 = _ZL[buf[pos]]
+    if n505 < 0:
+        n505, pos = _rlong(buf, pos)
+        if n505 < 0:
+            raise _length_error(n505, end - pos)
     else:
         pos += 1
-    q471 = pos + n470
-    if q471 > end:
-        raise _length_error(n470, end - pos)
-    f_within_tenant = buf[pos:q471].decode()
-    pos = q471
-    n472 = _ZL[buf[pos]]
-    if n472 < 0:
-        n472, pos = _rlong(buf, pos)
-        if n472 < 0:
-            raise _length_error(n472, end - pos)
+    q506 = pos + n505
+    if q506 > end:
+        raise _length_error(n505, end - pos)
+    f_within_tenant = buf[pos:q506].decode()
+    pos = q506
+    n507 = _ZL[buf[pos]]
+    if n507 < 0:
+        n507, pos = _rlong(buf, pos)
+        if n507 < 0:
+            raise _length_error(n507, end - pos)
     else:
         pos += 1
-    q473 = pos + n472
-    if q473 > end:
-        raise _length_error(n472, end - pos)
-    f_reclaim_within_cohort = buf[pos:q473].decode()
-    pos = q473
-    n474 = _ZL[buf[pos]]
-    if n474 < 0:
-        n474, pos = _rlong(buf, pos)
-        if n474 < 0:
-            raise _length_error(n474, end - pos)
+    q508 = pos + n507
+    if q508 > end:
+        raise _length_error(n507, end - pos)
+    f_reclaim_within_cohort = buf[pos:q508].decode()
+    pos = q508
+    n509 = _ZL[buf[pos]]
+    if n509 < 0:
+        n509, pos = _rlong(buf, pos)
+        if n509 < 0:
+            raise _length_error(n509, end - pos)
     else:
         pos += 1
-    q475 = pos + n474
-    if q475 > end:
-        raise _length_error(n474, end - pos)
-    f_borrow_within_cohort = buf[pos:q475].decode()
-    pos = q475
+    q510 = pos + n509
+    if q510 > end:
+        raise _length_error(n509, end - pos)
+    f_borrow_within_cohort = buf[pos:q510].decode()
+    pos = q510
     b = buf[pos]
     if b < 128:
-        i476 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i476 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i476 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i476, pos = _rlong(buf, pos)
-    if i476 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_borrow_max_victim_priority = None
-    elif i476 == 1:
+    elif i511 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1585,12 +1643,12 @@ def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i476, 2)
+        raise _union_error(i511, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1601,121 +1659,121 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i454 = _ZD[b]
+        i489 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i454 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i454 = (z >> 1) ^ -(z & 1)
+        i489 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i454, pos = _rlong(buf, pos)
-    if i454 == 0:
+        i489, pos = _rlong(buf, pos)
+    if i489 == 0:
         f_cohort = None
-    elif i454 == 1:
-        n455 = _ZL[buf[pos]]
-        if n455 < 0:
-            n455, pos = _rlong(buf, pos)
-            if n455 < 0:
-                raise _length_error(n455, end - pos)
+    elif i489 == 1:
+        n490 = _ZL[buf[pos]]
+        if n490 < 0:
+            n490, pos = _rlong(buf, pos)
+            if n490 < 0:
+                raise _length_error(n490, end - pos)
         else:
             pos += 1
-        q456 = pos + n455
-        if q456 > end:
-            raise _length_error(n455, end - pos)
-        f_cohort = buf[pos:q456].decode()
-        pos = q456
+        q491 = pos + n490
+        if q491 > end:
+            raise _length_error(n490, end - pos)
+        f_cohort = buf[pos:q491].decode()
+        pos = q491
     else:
-        raise _union_error(i454, 2)
+        raise _union_error(i489, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc457: dict[str, Any] = {}
+        acc492: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c458 = _ZD[b]
+                c493 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c458 = (z >> 1) ^ -(z & 1)
+                c493 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c458 = (z >> 1) ^ -(z & 1)
+                c493 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c458, pos = _rlong(buf, pos)
-            if c458 == 0:
+                c493, pos = _rlong(buf, pos)
+            if c493 == 0:
                 break
-            if c458 < 0:
-                c458 = -c458
+            if c493 < 0:
+                c493 = -c493
                 b = buf[pos]
                 if b < 128:
-                    z461 = _ZD[b]
+                    z496 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z461 = (z >> 1) ^ -(z & 1)
+                    z496 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z461 = (z >> 1) ^ -(z & 1)
+                    z496 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z461, pos = _rlong(buf, pos)
-            if c458 * 2 > end - pos:
-                raise _count_error(c458, end - pos)
-            for _ in range(c458):
-                n462 = _ZL[buf[pos]]
-                if n462 < 0:
-                    n462, pos = _rlong(buf, pos)
-                    if n462 < 0:
-                        raise _length_error(n462, end - pos)
+                    z496, pos = _rlong(buf, pos)
+            if c493 * 2 > end - pos:
+                raise _count_error(c493, end - pos)
+            for _ in range(c493):
+                n497 = _ZL[buf[pos]]
+                if n497 < 0:
+                    n497, pos = _rlong(buf, pos)
+                    if n497 < 0:
+                        raise _length_error(n497, end - pos)
                 else:
                     pos += 1
-                q463 = pos + n462
-                if q463 > end:
-                    raise _length_error(n462, end - pos)
-                k460 = buf[pos:q463].decode()
-                pos = q463
+                q498 = pos + n497
+                if q498 > end:
+                    raise _length_error(n497, end - pos)
+                k495 = buf[pos:q498].decode()
+                pos = q498
                 b = buf[pos]
                 if b < 128:
-                    x459 = _ZD[b]
+                    x494 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x459 = (z >> 1) ^ -(z & 1)
+                    x494 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x459 = (z >> 1) ^ -(z & 1)
+                    x494 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x459, pos = _rlong(buf, pos)
-                acc457[k460] = x459
-        f_nominal_gpus = acc457
+                    x494, pos = _rlong(buf, pos)
+                acc492[k495] = x494
+        f_nominal_gpus = acc492
     b = buf[pos]
     if b < 128:
-        i464 = _ZD[b]
+        i499 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i464 = (z >> 1) ^ -(z & 1)
+        i499 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i464 = (z >> 1) ^ -(z & 1)
+        i499 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i464, pos = _rlong(buf, pos)
-    if i464 == 0:
+        i499, pos = _rlong(buf, pos)
+    if i499 == 0:
         f_nominal_cpu_milli = None
-    elif i464 == 1:
+    elif i499 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1731,24 +1789,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i464, 2)
+        raise _union_error(i499, 2)
     b = buf[pos]
     if b < 128:
-        i465 = _ZD[b]
+        i500 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i465 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i465 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i465, pos = _rlong(buf, pos)
-    if i465 == 0:
+        i500, pos = _rlong(buf, pos)
+    if i500 == 0:
         f_nominal_memory_mib = None
-    elif i465 == 1:
+    elif i500 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1764,24 +1822,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i465, 2)
+        raise _union_error(i500, 2)
     b = buf[pos]
     if b < 128:
-        i466 = _ZD[b]
+        i501 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i466 = (z >> 1) ^ -(z & 1)
+        i501 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i466 = (z >> 1) ^ -(z & 1)
+        i501 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i466, pos = _rlong(buf, pos)
-    if i466 == 0:
+        i501, pos = _rlong(buf, pos)
+    if i501 == 0:
         f_borrowing_limit_gpus = None
-    elif i466 == 1:
+    elif i501 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1797,24 +1855,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i466, 2)
+        raise _union_error(i501, 2)
     b = buf[pos]
     if b < 128:
-        i467 = _ZD[b]
+        i502 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i467 = (z >> 1) ^ -(z & 1)
+        i502 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i467 = (z >> 1) ^ -(z & 1)
+        i502 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i467, pos = _rlong(buf, pos)
-    if i467 == 0:
+        i502, pos = _rlong(buf, pos)
+    if i502 == 0:
         f_lending_limit_gpus = None
-    elif i467 == 1:
+    elif i502 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1830,7 +1888,7 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i467, 2)
+        raise _union_error(i502, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1847,63 +1905,63 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i468 = _ZD[b]
+        i503 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i468 = (z >> 1) ^ -(z & 1)
+        i503 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i468 = (z >> 1) ^ -(z & 1)
+        i503 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i468, pos = _rlong(buf, pos)
-    if i468 == 0:
+        i503, pos = _rlong(buf, pos)
+    if i503 == 0:
         f_preemption = None
-    elif i468 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i503 == 1:
+        f_preemption, pos = _d_QuotaPreemption503(buf, pos, end)
     else:
-        raise _union_error(i468, 2)
+        raise _union_error(i503, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy480(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n447 = _ZL[buf[pos]]
-    if n447 < 0:
-        n447, pos = _rlong(buf, pos)
-        if n447 < 0:
-            raise _length_error(n447, end - pos)
+    n482 = _ZL[buf[pos]]
+    if n482 < 0:
+        n482, pos = _rlong(buf, pos)
+        if n482 < 0:
+            raise _length_error(n482, end - pos)
     else:
         pos += 1
-    q448 = pos + n447
-    if q448 > end:
-        raise _length_error(n447, end - pos)
-    f_policy = buf[pos:q448].decode()
-    pos = q448
+    q483 = pos + n482
+    if q483 > end:
+        raise _length_error(n482, end - pos)
+    f_policy = buf[pos:q483].decode()
+    pos = q483
     b = buf[pos]
     if b < 128:
-        i449 = _ZD[b]
+        i484 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i449 = (z >> 1) ^ -(z & 1)
+        i484 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i449 = (z >> 1) ^ -(z & 1)
+        i484 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i449, pos = _rlong(buf, pos)
-    if i449 == 0:
+        i484, pos = _rlong(buf, pos)
+    if i484 == 0:
         f_reserve_after_ms = None
-    elif i449 == 1:
+    elif i484 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1919,56 +1977,56 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i449, 2)
-    n450 = _ZL[buf[pos]]
-    if n450 < 0:
-        n450, pos = _rlong(buf, pos)
-        if n450 < 0:
-            raise _length_error(n450, end - pos)
+        raise _union_error(i484, 2)
+    n485 = _ZL[buf[pos]]
+    if n485 < 0:
+        n485, pos = _rlong(buf, pos)
+        if n485 < 0:
+            raise _length_error(n485, end - pos)
     else:
         pos += 1
-    q451 = pos + n450
-    if q451 > end:
-        raise _length_error(n450, end - pos)
-    f_queue_order = buf[pos:q451].decode()
-    pos = q451
+    q486 = pos + n485
+    if q486 > end:
+        raise _length_error(n485, end - pos)
+    f_queue_order = buf[pos:q486].decode()
+    pos = q486
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i487 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i487 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i487, pos = _rlong(buf, pos)
+    if i487 == 0:
         f_default_quota = None
-    elif i452 == 1:
-        f_default_quota, pos = _d_Quota452(buf, pos, end)
+    elif i487 == 1:
+        f_default_quota, pos = _d_Quota487(buf, pos, end)
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i487, 2)
     b = buf[pos]
     if b < 128:
-        i477 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i477 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i477 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i477, pos = _rlong(buf, pos)
-    if i477 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_max_clock_jump_ms = None
-    elif i477 == 1:
+    elif i512 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1984,12 +2042,12 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i477, 2)
+        raise _union_error(i512, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember522(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1998,18 +2056,18 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n489 = _ZL[buf[pos]]
-    if n489 < 0:
-        n489, pos = _rlong(buf, pos)
-        if n489 < 0:
-            raise _length_error(n489, end - pos)
+    n524 = _ZL[buf[pos]]
+    if n524 < 0:
+        n524, pos = _rlong(buf, pos)
+        if n524 < 0:
+            raise _length_error(n524, end - pos)
     else:
         pos += 1
-    q490 = pos + n489
-    if q490 > end:
-        raise _length_error(n489, end - pos)
-    f_pod_id = buf[pos:q490].decode()
-    pos = q490
+    q525 = pos + n524
+    if q525 > end:
+        raise _length_error(n524, end - pos)
+    f_pod_id = buf[pos:q525].decode()
+    pos = q525
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2070,173 +2128,173 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc491: list[Any] = []
+        acc526: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c492 = _ZD[b]
+                c527 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c492 = (z >> 1) ^ -(z & 1)
+                c527 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c492 = (z >> 1) ^ -(z & 1)
+                c527 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c492, pos = _rlong(buf, pos)
-            if c492 == 0:
+                c527, pos = _rlong(buf, pos)
+            if c527 == 0:
                 break
-            if c492 < 0:
-                c492 = -c492
+            if c527 < 0:
+                c527 = -c527
                 b = buf[pos]
                 if b < 128:
-                    z495 = _ZD[b]
+                    z530 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z530 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z530 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z495, pos = _rlong(buf, pos)
-            if c492 * 1 > end - pos:
-                raise _count_error(c492, end - pos)
-            for _ in range(c492):
-                n496 = _ZL[buf[pos]]
-                if n496 < 0:
-                    n496, pos = _rlong(buf, pos)
-                    if n496 < 0:
-                        raise _length_error(n496, end - pos)
+                    z530, pos = _rlong(buf, pos)
+            if c527 * 1 > end - pos:
+                raise _count_error(c527, end - pos)
+            for _ in range(c527):
+                n531 = _ZL[buf[pos]]
+                if n531 < 0:
+                    n531, pos = _rlong(buf, pos)
+                    if n531 < 0:
+                        raise _length_error(n531, end - pos)
                 else:
                     pos += 1
-                q497 = pos + n496
-                if q497 > end:
-                    raise _length_error(n496, end - pos)
-                x493 = buf[pos:q497].decode()
-                pos = q497
-                acc491.append(x493)
-        f_gpu_models = tuple(acc491)
+                q532 = pos + n531
+                if q532 > end:
+                    raise _length_error(n531, end - pos)
+                x528 = buf[pos:q532].decode()
+                pos = q532
+                acc526.append(x528)
+        f_gpu_models = tuple(acc526)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc498: dict[str, Any] = {}
+        acc533: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c499 = _ZD[b]
+                c534 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c499 = (z >> 1) ^ -(z & 1)
+                c534 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c499 = (z >> 1) ^ -(z & 1)
+                c534 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c499, pos = _rlong(buf, pos)
-            if c499 == 0:
+                c534, pos = _rlong(buf, pos)
+            if c534 == 0:
                 break
-            if c499 < 0:
-                c499 = -c499
+            if c534 < 0:
+                c534 = -c534
                 b = buf[pos]
                 if b < 128:
-                    z502 = _ZD[b]
+                    z537 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z537 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z537 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z502, pos = _rlong(buf, pos)
-            if c499 * 2 > end - pos:
-                raise _count_error(c499, end - pos)
-            for _ in range(c499):
-                n503 = _ZL[buf[pos]]
-                if n503 < 0:
-                    n503, pos = _rlong(buf, pos)
-                    if n503 < 0:
-                        raise _length_error(n503, end - pos)
+                    z537, pos = _rlong(buf, pos)
+            if c534 * 2 > end - pos:
+                raise _count_error(c534, end - pos)
+            for _ in range(c534):
+                n538 = _ZL[buf[pos]]
+                if n538 < 0:
+                    n538, pos = _rlong(buf, pos)
+                    if n538 < 0:
+                        raise _length_error(n538, end - pos)
                 else:
                     pos += 1
-                q504 = pos + n503
-                if q504 > end:
-                    raise _length_error(n503, end - pos)
-                k501 = buf[pos:q504].decode()
-                pos = q504
-                n505 = _ZL[buf[pos]]
-                if n505 < 0:
-                    n505, pos = _rlong(buf, pos)
-                    if n505 < 0:
-                        raise _length_error(n505, end - pos)
+                q539 = pos + n538
+                if q539 > end:
+                    raise _length_error(n538, end - pos)
+                k536 = buf[pos:q539].decode()
+                pos = q539
+                n540 = _ZL[buf[pos]]
+                if n540 < 0:
+                    n540, pos = _rlong(buf, pos)
+                    if n540 < 0:
+                        raise _length_error(n540, end - pos)
                 else:
                     pos += 1
-                q506 = pos + n505
-                if q506 > end:
-                    raise _length_error(n505, end - pos)
-                x500 = buf[pos:q506].decode()
-                pos = q506
-                acc498[k501] = x500
-        f_node_selector = acc498
+                q541 = pos + n540
+                if q541 > end:
+                    raise _length_error(n540, end - pos)
+                x535 = buf[pos:q541].decode()
+                pos = q541
+                acc533[k536] = x535
+        f_node_selector = acc533
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc507: list[Any] = []
+        acc542: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c508 = _ZD[b]
+                c543 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c508 = (z >> 1) ^ -(z & 1)
+                c543 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c508 = (z >> 1) ^ -(z & 1)
+                c543 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c508, pos = _rlong(buf, pos)
-            if c508 == 0:
+                c543, pos = _rlong(buf, pos)
+            if c543 == 0:
                 break
-            if c508 < 0:
-                c508 = -c508
+            if c543 < 0:
+                c543 = -c543
                 b = buf[pos]
                 if b < 128:
-                    z511 = _ZD[b]
+                    z546 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z546 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z546 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z511, pos = _rlong(buf, pos)
-            if c508 * 4 > end - pos:
-                raise _count_error(c508, end - pos)
-            for _ in range(c508):
-                x509, pos = _d_Toleration417(buf, pos, end)
-                acc507.append(x509)
-        f_tolerations = tuple(acc507)
+                    z546, pos = _rlong(buf, pos)
+            if c543 * 4 > end - pos:
+                raise _count_error(c543, end - pos)
+            for _ in range(c543):
+                x544, pos = _d_Toleration452(buf, pos, end)
+                acc542.append(x544)
+        f_tolerations = tuple(acc542)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
     return o, pos
 
 
-def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2252,30 +2310,30 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_retry: Any
     f_preemptible: bool
     f_disruption: str
-    n479 = _ZL[buf[pos]]
-    if n479 < 0:
-        n479, pos = _rlong(buf, pos)
-        if n479 < 0:
-            raise _length_error(n479, end - pos)
+    n514 = _ZL[buf[pos]]
+    if n514 < 0:
+        n514, pos = _rlong(buf, pos)
+        if n514 < 0:
+            raise _length_error(n514, end - pos)
     else:
         pos += 1
-    q480 = pos + n479
-    if q480 > end:
-        raise _length_error(n479, end - pos)
-    f_gang_id = buf[pos:q480].decode()
-    pos = q480
-    n481 = _ZL[buf[pos]]
-    if n481 < 0:
-        n481, pos = _rlong(buf, pos)
-        if n481 < 0:
-            raise _length_error(n481, end - pos)
+    q515 = pos + n514
+    if q515 > end:
+        raise _length_error(n514, end - pos)
+    f_gang_id = buf[pos:q515].decode()
+    pos = q515
+    n516 = _ZL[buf[pos]]
+    if n516 < 0:
+        n516, pos = _rlong(buf, pos)
+        if n516 < 0:
+            raise _length_error(n516, end - pos)
     else:
         pos += 1
-    q482 = pos + n481
-    if q482 > end:
-        raise _length_error(n481, end - pos)
-    f_tenant = buf[pos:q482].decode()
-    pos = q482
+    q517 = pos + n516
+    if q517 > end:
+        raise _length_error(n516, end - pos)
+    f_tenant = buf[pos:q517].decode()
+    pos = q517
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2294,63 +2352,63 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc483: list[Any] = []
+        acc518: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c484 = _ZD[b]
+                c519 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c484 = (z >> 1) ^ -(z & 1)
+                c519 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c484 = (z >> 1) ^ -(z & 1)
+                c519 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c484, pos = _rlong(buf, pos)
-            if c484 == 0:
+                c519, pos = _rlong(buf, pos)
+            if c519 == 0:
                 break
-            if c484 < 0:
-                c484 = -c484
+            if c519 < 0:
+                c519 = -c519
                 b = buf[pos]
                 if b < 128:
-                    z487 = _ZD[b]
+                    z522 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z522 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z522 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z487, pos = _rlong(buf, pos)
-            if c484 * 8 > end - pos:
-                raise _count_error(c484, end - pos)
-            for _ in range(c484):
-                x485, pos = _d_GangMember487(buf, pos, end)
-                acc483.append(x485)
-        f_members = tuple(acc483)
+                    z522, pos = _rlong(buf, pos)
+            if c519 * 8 > end - pos:
+                raise _count_error(c519, end - pos)
+            for _ in range(c519):
+                x520, pos = _d_GangMember522(buf, pos, end)
+                acc518.append(x520)
+        f_members = tuple(acc518)
     b = buf[pos]
     if b < 128:
-        i512 = _ZD[b]
+        i547 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i512 = (z >> 1) ^ -(z & 1)
+        i547 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i512 = (z >> 1) ^ -(z & 1)
+        i547 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i512, pos = _rlong(buf, pos)
-    if i512 == 0:
+        i547, pos = _rlong(buf, pos)
+    if i547 == 0:
         f_min_members = None
-    elif i512 == 1:
+    elif i547 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2366,416 +2424,69 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i512, 2)
+        raise _union_error(i547, 2)
     b = buf[pos]
     if b < 128:
-        i513 = _ZD[b]
+        i548 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i513 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i513 = (z >> 1) ^ -(z & 1)
+        i548 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i513, pos = _rlong(buf, pos)
-    if i513 == 0:
+        i548, pos = _rlong(buf, pos)
+    if i548 == 0:
         f_topology_required = None
-    elif i513 == 1:
-        n514 = _ZL[buf[pos]]
-        if n514 < 0:
-            n514, pos = _rlong(buf, pos)
-            if n514 < 0:
-                raise _length_error(n514, end - pos)
+    elif i548 == 1:
+        n549 = _ZL[buf[pos]]
+        if n549 < 0:
+            n549, pos = _rlong(buf, pos)
+            if n549 < 0:
+                raise _length_error(n549, end - pos)
         else:
             pos += 1
-        q515 = pos + n514
-        if q515 > end:
-            raise _length_error(n514, end - pos)
-        f_topology_required = buf[pos:q515].decode()
-        pos = q515
+        q550 = pos + n549
+        if q550 > end:
+            raise _length_error(n549, end - pos)
+        f_topology_required = buf[pos:q550].decode()
+        pos = q550
     else:
-        raise _union_error(i513, 2)
+        raise _union_error(i548, 2)
     b = buf[pos]
     if b < 128:
-        i516 = _ZD[b]
+        i551 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i516 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i516 = (z >> 1) ^ -(z & 1)
+        i551 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i516, pos = _rlong(buf, pos)
-    if i516 == 0:
+        i551, pos = _rlong(buf, pos)
+    if i551 == 0:
         f_topology_preferred = None
-    elif i516 == 1:
-        n517 = _ZL[buf[pos]]
-        if n517 < 0:
-            n517, pos = _rlong(buf, pos)
-            if n517 < 0:
-                raise _length_error(n517, end - pos)
+    elif i551 == 1:
+        n552 = _ZL[buf[pos]]
+        if n552 < 0:
+            n552, pos = _rlong(buf, pos)
+            if n552 < 0:
+                raise _length_error(n552, end - pos)
         else:
             pos += 1
-        q518 = pos + n517
-        if q518 > end:
-            raise _length_error(n517, end - pos)
-        f_topology_preferred = buf[pos:q518].decode()
-        pos = q518
+        q553 = pos + n552
+        if q553 > end:
+            raise _length_error(n552, end - pos)
+        f_topology_preferred = buf[pos:q553].decode()
+        pos = q553
     else:
-        raise _union_error(i516, 2)
-    b = buf[pos]
-    if b < 128:
-        i519 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i519 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i519 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i519, pos = _rlong(buf, pos)
-    if i519 == 0:
-        f_timeout_ms = None
-    elif i519 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i519, 2)
-    b = buf[pos]
-    if b < 128:
-        i520 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i520 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i520 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i520, pos = _rlong(buf, pos)
-    if i520 == 0:
-        f_time_limit_ms = None
-    elif i520 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i520, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc521: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c522 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c522 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c522 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c522, pos = _rlong(buf, pos)
-            if c522 == 0:
-                break
-            if c522 < 0:
-                c522 = -c522
-                b = buf[pos]
-                if b < 128:
-                    z525 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z525 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z525 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z525, pos = _rlong(buf, pos)
-            if c522 * 1 > end - pos:
-                raise _count_error(c522, end - pos)
-            for _ in range(c522):
-                n526 = _ZL[buf[pos]]
-                if n526 < 0:
-                    n526, pos = _rlong(buf, pos)
-                    if n526 < 0:
-                        raise _length_error(n526, end - pos)
-                else:
-                    pos += 1
-                q527 = pos + n526
-                if q527 > end:
-                    raise _length_error(n526, end - pos)
-                x523 = buf[pos:q527].decode()
-                pos = q527
-                acc521.append(x523)
-        f_depends_on = tuple(acc521)
-    n528 = _ZL[buf[pos]]
-    if n528 < 0:
-        n528, pos = _rlong(buf, pos)
-        if n528 < 0:
-            raise _length_error(n528, end - pos)
-    else:
-        pos += 1
-    q529 = pos + n528
-    if q529 > end:
-        raise _length_error(n528, end - pos)
-    f_dependency = buf[pos:q529].decode()
-    pos = q529
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
-    else:
-        pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_preemption = buf[pos:q531].decode()
-    pos = q531
-    b = buf[pos]
-    if b < 128:
-        i532 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i532 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i532 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i532, pos = _rlong(buf, pos)
-    if i532 == 0:
-        f_retry = None
-    elif i532 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
-    else:
-        raise _union_error(i532, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n533 = _ZL[buf[pos]]
-    if n533 < 0:
-        n533, pos = _rlong(buf, pos)
-        if n533 < 0:
-            raise _length_error(n533, end - pos)
-    else:
-        pos += 1
-    q534 = pos + n533
-    if q534 > end:
-        raise _length_error(n533, end - pos)
-    f_disruption = buf[pos:q534].decode()
-    pos = q534
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
-    return o, pos
-
-
-def _d_ReleaseGang534(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n536 = _ZL[buf[pos]]
-    if n536 < 0:
-        n536, pos = _rlong(buf, pos)
-        if n536 < 0:
-            raise _length_error(n536, end - pos)
-    else:
-        pos += 1
-    q537 = pos + n536
-    if q537 > end:
-        raise _length_error(n536, end - pos)
-    f_gang_id = buf[pos:q537].decode()
-    pos = q537
-    n538 = _ZL[buf[pos]]
-    if n538 < 0:
-        n538, pos = _rlong(buf, pos)
-        if n538 < 0:
-            raise _length_error(n538, end - pos)
-    else:
-        pos += 1
-    q539 = pos + n538
-    if q539 > end:
-        raise _length_error(n538, end - pos)
-    f_reason = buf[pos:q539].decode()
-    pos = q539
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick539(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
-    n542 = _ZL[buf[pos]]
-    if n542 < 0:
-        n542, pos = _rlong(buf, pos)
-        if n542 < 0:
-            raise _length_error(n542, end - pos)
-    else:
-        pos += 1
-    q543 = pos + n542
-    if q543 > end:
-        raise _length_error(n542, end - pos)
-    f_tenant = buf[pos:q543].decode()
-    pos = q543
-    b = buf[pos]
-    if b < 128:
-        i544 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i544 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i544 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i544, pos = _rlong(buf, pos)
-    if i544 == 0:
-        f_cohort = None
-    elif i544 == 1:
-        n545 = _ZL[buf[pos]]
-        if n545 < 0:
-            n545, pos = _rlong(buf, pos)
-            if n545 < 0:
-                raise _length_error(n545, end - pos)
-        else:
-            pos += 1
-        q546 = pos + n545
-        if q546 > end:
-            raise _length_error(n545, end - pos)
-        f_cohort = buf[pos:q546].decode()
-        pos = q546
-    else:
-        raise _union_error(i544, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc547: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c548 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c548 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c548 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c548, pos = _rlong(buf, pos)
-            if c548 == 0:
-                break
-            if c548 < 0:
-                c548 = -c548
-                b = buf[pos]
-                if b < 128:
-                    z551 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z551 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z551 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z551, pos = _rlong(buf, pos)
-            if c548 * 2 > end - pos:
-                raise _count_error(c548, end - pos)
-            for _ in range(c548):
-                n552 = _ZL[buf[pos]]
-                if n552 < 0:
-                    n552, pos = _rlong(buf, pos)
-                    if n552 < 0:
-                        raise _length_error(n552, end - pos)
-                else:
-                    pos += 1
-                q553 = pos + n552
-                if q553 > end:
-                    raise _length_error(n552, end - pos)
-                k550 = buf[pos:q553].decode()
-                pos = q553
-                b = buf[pos]
-                if b < 128:
-                    x549 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x549 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x549 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x549, pos = _rlong(buf, pos)
-                acc547[k550] = x549
-        f_nominal_gpus = acc547
+        raise _union_error(i551, 2)
     b = buf[pos]
     if b < 128:
         i554 = _ZD[b]
@@ -2791,22 +2502,22 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i554, pos = _rlong(buf, pos)
     if i554 == 0:
-        f_nominal_cpu_milli = None
+        f_timeout_ms = None
     elif i554 == 1:
         b = buf[pos]
         if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
+            f_timeout_ms = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+            f_timeout_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i554, 2)
     b = buf[pos]
@@ -2824,8 +2535,355 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i555, pos = _rlong(buf, pos)
     if i555 == 0:
-        f_nominal_memory_mib = None
+        f_time_limit_ms = None
     elif i555 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i555, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc556: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c557 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c557 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c557 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c557, pos = _rlong(buf, pos)
+            if c557 == 0:
+                break
+            if c557 < 0:
+                c557 = -c557
+                b = buf[pos]
+                if b < 128:
+                    z560 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z560 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z560 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z560, pos = _rlong(buf, pos)
+            if c557 * 1 > end - pos:
+                raise _count_error(c557, end - pos)
+            for _ in range(c557):
+                n561 = _ZL[buf[pos]]
+                if n561 < 0:
+                    n561, pos = _rlong(buf, pos)
+                    if n561 < 0:
+                        raise _length_error(n561, end - pos)
+                else:
+                    pos += 1
+                q562 = pos + n561
+                if q562 > end:
+                    raise _length_error(n561, end - pos)
+                x558 = buf[pos:q562].decode()
+                pos = q562
+                acc556.append(x558)
+        f_depends_on = tuple(acc556)
+    n563 = _ZL[buf[pos]]
+    if n563 < 0:
+        n563, pos = _rlong(buf, pos)
+        if n563 < 0:
+            raise _length_error(n563, end - pos)
+    else:
+        pos += 1
+    q564 = pos + n563
+    if q564 > end:
+        raise _length_error(n563, end - pos)
+    f_dependency = buf[pos:q564].decode()
+    pos = q564
+    n565 = _ZL[buf[pos]]
+    if n565 < 0:
+        n565, pos = _rlong(buf, pos)
+        if n565 < 0:
+            raise _length_error(n565, end - pos)
+    else:
+        pos += 1
+    q566 = pos + n565
+    if q566 > end:
+        raise _length_error(n565, end - pos)
+    f_preemption = buf[pos:q566].decode()
+    pos = q566
+    b = buf[pos]
+    if b < 128:
+        i567 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i567 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i567 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i567, pos = _rlong(buf, pos)
+    if i567 == 0:
+        f_retry = None
+    elif i567 == 1:
+        f_retry, pos = _d_Retry474(buf, pos, end)
+    else:
+        raise _union_error(i567, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n568 = _ZL[buf[pos]]
+    if n568 < 0:
+        n568, pos = _rlong(buf, pos)
+        if n568 < 0:
+            raise _length_error(n568, end - pos)
+    else:
+        pos += 1
+    q569 = pos + n568
+    if q569 > end:
+        raise _length_error(n568, end - pos)
+    f_disruption = buf[pos:q569].decode()
+    pos = q569
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
+    return o, pos
+
+
+def _d_ReleaseGang569(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n571 = _ZL[buf[pos]]
+    if n571 < 0:
+        n571, pos = _rlong(buf, pos)
+        if n571 < 0:
+            raise _length_error(n571, end - pos)
+    else:
+        pos += 1
+    q572 = pos + n571
+    if q572 > end:
+        raise _length_error(n571, end - pos)
+    f_gang_id = buf[pos:q572].decode()
+    pos = q572
+    n573 = _ZL[buf[pos]]
+    if n573 < 0:
+        n573, pos = _rlong(buf, pos)
+        if n573 < 0:
+            raise _length_error(n573, end - pos)
+    else:
+        pos += 1
+    q574 = pos + n573
+    if q574 > end:
+        raise _length_error(n573, end - pos)
+    f_reason = buf[pos:q574].decode()
+    pos = q574
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick574(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n577 = _ZL[buf[pos]]
+    if n577 < 0:
+        n577, pos = _rlong(buf, pos)
+        if n577 < 0:
+            raise _length_error(n577, end - pos)
+    else:
+        pos += 1
+    q578 = pos + n577
+    if q578 > end:
+        raise _length_error(n577, end - pos)
+    f_tenant = buf[pos:q578].decode()
+    pos = q578
+    b = buf[pos]
+    if b < 128:
+        i579 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i579 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i579 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i579, pos = _rlong(buf, pos)
+    if i579 == 0:
+        f_cohort = None
+    elif i579 == 1:
+        n580 = _ZL[buf[pos]]
+        if n580 < 0:
+            n580, pos = _rlong(buf, pos)
+            if n580 < 0:
+                raise _length_error(n580, end - pos)
+        else:
+            pos += 1
+        q581 = pos + n580
+        if q581 > end:
+            raise _length_error(n580, end - pos)
+        f_cohort = buf[pos:q581].decode()
+        pos = q581
+    else:
+        raise _union_error(i579, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc582: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c583 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c583 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c583 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c583, pos = _rlong(buf, pos)
+            if c583 == 0:
+                break
+            if c583 < 0:
+                c583 = -c583
+                b = buf[pos]
+                if b < 128:
+                    z586 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z586 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z586 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z586, pos = _rlong(buf, pos)
+            if c583 * 2 > end - pos:
+                raise _count_error(c583, end - pos)
+            for _ in range(c583):
+                n587 = _ZL[buf[pos]]
+                if n587 < 0:
+                    n587, pos = _rlong(buf, pos)
+                    if n587 < 0:
+                        raise _length_error(n587, end - pos)
+                else:
+                    pos += 1
+                q588 = pos + n587
+                if q588 > end:
+                    raise _length_error(n587, end - pos)
+                k585 = buf[pos:q588].decode()
+                pos = q588
+                b = buf[pos]
+                if b < 128:
+                    x584 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x584 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x584 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x584, pos = _rlong(buf, pos)
+                acc582[k585] = x584
+        f_nominal_gpus = acc582
+    b = buf[pos]
+    if b < 128:
+        i589 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i589 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i589 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i589, pos = _rlong(buf, pos)
+    if i589 == 0:
+        f_nominal_cpu_milli = None
+    elif i589 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i589, 2)
+    b = buf[pos]
+    if b < 128:
+        i590 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i590 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i590 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i590, pos = _rlong(buf, pos)
+    if i590 == 0:
+        f_nominal_memory_mib = None
+    elif i590 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2841,24 +2899,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i555, 2)
+        raise _union_error(i590, 2)
     b = buf[pos]
     if b < 128:
-        i556 = _ZD[b]
+        i591 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i556 = (z >> 1) ^ -(z & 1)
+        i591 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i556 = (z >> 1) ^ -(z & 1)
+        i591 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i556, pos = _rlong(buf, pos)
-    if i556 == 0:
+        i591, pos = _rlong(buf, pos)
+    if i591 == 0:
         f_borrowing_limit_gpus = None
-    elif i556 == 1:
+    elif i591 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2874,24 +2932,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i556, 2)
+        raise _union_error(i591, 2)
     b = buf[pos]
     if b < 128:
-        i557 = _ZD[b]
+        i592 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i557 = (z >> 1) ^ -(z & 1)
+        i592 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i557 = (z >> 1) ^ -(z & 1)
+        i592 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i557, pos = _rlong(buf, pos)
-    if i557 == 0:
+        i592, pos = _rlong(buf, pos)
+    if i592 == 0:
         f_lending_limit_gpus = None
-    elif i557 == 1:
+    elif i592 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2907,7 +2965,7 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i557, 2)
+        raise _union_error(i592, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2924,47 +2982,47 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i558 = _ZD[b]
+        i593 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i558 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i558 = (z >> 1) ^ -(z & 1)
+        i593 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i558, pos = _rlong(buf, pos)
-    if i558 == 0:
+        i593, pos = _rlong(buf, pos)
+    if i593 == 0:
         f_preemption = None
-    elif i558 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i593 == 1:
+        f_preemption, pos = _d_QuotaPreemption503(buf, pos, end)
     else:
-        raise _union_error(i558, 2)
+        raise _union_error(i593, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota558(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota593(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n560 = _ZL[buf[pos]]
-    if n560 < 0:
-        n560, pos = _rlong(buf, pos)
-        if n560 < 0:
-            raise _length_error(n560, end - pos)
+    n595 = _ZL[buf[pos]]
+    if n595 < 0:
+        n595, pos = _rlong(buf, pos)
+        if n595 < 0:
+            raise _length_error(n595, end - pos)
     else:
         pos += 1
-    q561 = pos + n560
-    if q561 > end:
-        raise _length_error(n560, end - pos)
-    f_tenant = buf[pos:q561].decode()
-    pos = q561
+    q596 = pos + n595
+    if q596 > end:
+        raise _length_error(n595, end - pos)
+    f_tenant = buf[pos:q596].decode()
+    pos = q596
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment596(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2983,410 +3041,410 @@ def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i563 = _ZD[b]
+        i598 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i563 = (z >> 1) ^ -(z & 1)
+        i598 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i563 = (z >> 1) ^ -(z & 1)
+        i598 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i563, pos = _rlong(buf, pos)
-    if i563 == 0:
+        i598, pos = _rlong(buf, pos)
+    if i598 == 0:
         f_target = None
-    elif i563 == 1:
-        n564 = _ZL[buf[pos]]
-        if n564 < 0:
-            n564, pos = _rlong(buf, pos)
-            if n564 < 0:
-                raise _length_error(n564, end - pos)
+    elif i598 == 1:
+        n599 = _ZL[buf[pos]]
+        if n599 < 0:
+            n599, pos = _rlong(buf, pos)
+            if n599 < 0:
+                raise _length_error(n599, end - pos)
         else:
             pos += 1
-        q565 = pos + n564
-        if q565 > end:
-            raise _length_error(n564, end - pos)
-        f_target = buf[pos:q565].decode()
-        pos = q565
+        q600 = pos + n599
+        if q600 > end:
+            raise _length_error(n599, end - pos)
+        f_target = buf[pos:q600].decode()
+        pos = q600
     else:
-        raise _union_error(i563, 2)
+        raise _union_error(i598, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster565(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster600(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n567 = _ZL[buf[pos]]
-    if n567 < 0:
-        n567, pos = _rlong(buf, pos)
-        if n567 < 0:
-            raise _length_error(n567, end - pos)
+    n602 = _ZL[buf[pos]]
+    if n602 < 0:
+        n602, pos = _rlong(buf, pos)
+        if n602 < 0:
+            raise _length_error(n602, end - pos)
     else:
         pos += 1
-    q568 = pos + n567
-    if q568 > end:
-        raise _length_error(n567, end - pos)
-    f_reason = buf[pos:q568].decode()
-    pos = q568
+    q603 = pos + n602
+    if q603 > end:
+        raise _length_error(n602, end - pos)
+    f_reason = buf[pos:q603].decode()
+    pos = q603
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode568(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode603(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n570 = _ZL[buf[pos]]
-    if n570 < 0:
-        n570, pos = _rlong(buf, pos)
-        if n570 < 0:
-            raise _length_error(n570, end - pos)
+    n605 = _ZL[buf[pos]]
+    if n605 < 0:
+        n605, pos = _rlong(buf, pos)
+        if n605 < 0:
+            raise _length_error(n605, end - pos)
     else:
         pos += 1
-    q571 = pos + n570
-    if q571 > end:
-        raise _length_error(n570, end - pos)
-    f_node_id = buf[pos:q571].decode()
-    pos = q571
+    q606 = pos + n605
+    if q606 > end:
+        raise _length_error(n605, end - pos)
+    f_node_id = buf[pos:q606].decode()
+    pos = q606
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode571(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode606(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n573 = _ZL[buf[pos]]
-    if n573 < 0:
-        n573, pos = _rlong(buf, pos)
-        if n573 < 0:
-            raise _length_error(n573, end - pos)
+    n608 = _ZL[buf[pos]]
+    if n608 < 0:
+        n608, pos = _rlong(buf, pos)
+        if n608 < 0:
+            raise _length_error(n608, end - pos)
     else:
         pos += 1
-    q574 = pos + n573
-    if q574 > end:
-        raise _length_error(n573, end - pos)
-    f_node_id = buf[pos:q574].decode()
-    pos = q574
+    q609 = pos + n608
+    if q609 > end:
+        raise _length_error(n608, end - pos)
+    f_node_id = buf[pos:q609].decode()
+    pos = q609
     b = buf[pos]
     if b < 128:
-        i575 = _ZD[b]
+        i610 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i575 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i575 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i575, pos = _rlong(buf, pos)
-    if i575 == 0:
+        i610, pos = _rlong(buf, pos)
+    if i610 == 0:
         f_labels = None
-    elif i575 == 1:
+    elif i610 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc576: dict[str, Any] = {}
+            acc611: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c577 = _ZD[b]
+                    c612 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c612 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c612 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c577, pos = _rlong(buf, pos)
-                if c577 == 0:
+                    c612, pos = _rlong(buf, pos)
+                if c612 == 0:
                     break
-                if c577 < 0:
-                    c577 = -c577
+                if c612 < 0:
+                    c612 = -c612
                     b = buf[pos]
                     if b < 128:
-                        z580 = _ZD[b]
+                        z615 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z615 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z615 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z580, pos = _rlong(buf, pos)
-                if c577 * 2 > end - pos:
-                    raise _count_error(c577, end - pos)
-                for _ in range(c577):
-                    n581 = _ZL[buf[pos]]
-                    if n581 < 0:
-                        n581, pos = _rlong(buf, pos)
-                        if n581 < 0:
-                            raise _length_error(n581, end - pos)
+                        z615, pos = _rlong(buf, pos)
+                if c612 * 2 > end - pos:
+                    raise _count_error(c612, end - pos)
+                for _ in range(c612):
+                    n616 = _ZL[buf[pos]]
+                    if n616 < 0:
+                        n616, pos = _rlong(buf, pos)
+                        if n616 < 0:
+                            raise _length_error(n616, end - pos)
                     else:
                         pos += 1
-                    q582 = pos + n581
-                    if q582 > end:
-                        raise _length_error(n581, end - pos)
-                    k579 = buf[pos:q582].decode()
-                    pos = q582
-                    n583 = _ZL[buf[pos]]
-                    if n583 < 0:
-                        n583, pos = _rlong(buf, pos)
-                        if n583 < 0:
-                            raise _length_error(n583, end - pos)
+                    q617 = pos + n616
+                    if q617 > end:
+                        raise _length_error(n616, end - pos)
+                    k614 = buf[pos:q617].decode()
+                    pos = q617
+                    n618 = _ZL[buf[pos]]
+                    if n618 < 0:
+                        n618, pos = _rlong(buf, pos)
+                        if n618 < 0:
+                            raise _length_error(n618, end - pos)
                     else:
                         pos += 1
-                    q584 = pos + n583
-                    if q584 > end:
-                        raise _length_error(n583, end - pos)
-                    x578 = buf[pos:q584].decode()
-                    pos = q584
-                    acc576[k579] = x578
-            f_labels = acc576
+                    q619 = pos + n618
+                    if q619 > end:
+                        raise _length_error(n618, end - pos)
+                    x613 = buf[pos:q619].decode()
+                    pos = q619
+                    acc611[k614] = x613
+            f_labels = acc611
     else:
-        raise _union_error(i575, 2)
+        raise _union_error(i610, 2)
     b = buf[pos]
     if b < 128:
-        i585 = _ZD[b]
+        i620 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i585 = (z >> 1) ^ -(z & 1)
+        i620 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i585 = (z >> 1) ^ -(z & 1)
+        i620 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i585, pos = _rlong(buf, pos)
-    if i585 == 0:
+        i620, pos = _rlong(buf, pos)
+    if i620 == 0:
         f_taints = None
-    elif i585 == 1:
+    elif i620 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc586: list[Any] = []
+            acc621: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c587 = _ZD[b]
+                    c622 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c622 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c622 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c587, pos = _rlong(buf, pos)
-                if c587 == 0:
+                    c622, pos = _rlong(buf, pos)
+                if c622 == 0:
                     break
-                if c587 < 0:
-                    c587 = -c587
+                if c622 < 0:
+                    c622 = -c622
                     b = buf[pos]
                     if b < 128:
-                        z590 = _ZD[b]
+                        z625 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z625 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z625 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z590, pos = _rlong(buf, pos)
-                if c587 * 3 > end - pos:
-                    raise _count_error(c587, end - pos)
-                for _ in range(c587):
-                    x588, pos = _d_Taint367(buf, pos, end)
-                    acc586.append(x588)
-            f_taints = tuple(acc586)
+                        z625, pos = _rlong(buf, pos)
+                if c622 * 3 > end - pos:
+                    raise _count_error(c622, end - pos)
+                for _ in range(c622):
+                    x623, pos = _d_Taint402(buf, pos, end)
+                    acc621.append(x623)
+            f_taints = tuple(acc621)
     else:
-        raise _union_error(i585, 2)
+        raise _union_error(i620, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget625(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n592 = _ZL[buf[pos]]
-    if n592 < 0:
-        n592, pos = _rlong(buf, pos)
-        if n592 < 0:
-            raise _length_error(n592, end - pos)
+    n627 = _ZL[buf[pos]]
+    if n627 < 0:
+        n627, pos = _rlong(buf, pos)
+        if n627 < 0:
+            raise _length_error(n627, end - pos)
     else:
         pos += 1
-    q593 = pos + n592
-    if q593 > end:
-        raise _length_error(n592, end - pos)
-    f_budget_id = buf[pos:q593].decode()
-    pos = q593
+    q628 = pos + n627
+    if q628 > end:
+        raise _length_error(n627, end - pos)
+    f_budget_id = buf[pos:q628].decode()
+    pos = q628
     b = buf[pos]
     if b < 128:
-        i594 = _ZD[b]
+        i629 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i594 = (z >> 1) ^ -(z & 1)
+        i629 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i594 = (z >> 1) ^ -(z & 1)
+        i629 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i594, pos = _rlong(buf, pos)
-    if i594 == 0:
+        i629, pos = _rlong(buf, pos)
+    if i629 == 0:
         f_tenant = None
-    elif i594 == 1:
-        n595 = _ZL[buf[pos]]
-        if n595 < 0:
-            n595, pos = _rlong(buf, pos)
-            if n595 < 0:
-                raise _length_error(n595, end - pos)
+    elif i629 == 1:
+        n630 = _ZL[buf[pos]]
+        if n630 < 0:
+            n630, pos = _rlong(buf, pos)
+            if n630 < 0:
+                raise _length_error(n630, end - pos)
         else:
             pos += 1
-        q596 = pos + n595
-        if q596 > end:
-            raise _length_error(n595, end - pos)
-        f_tenant = buf[pos:q596].decode()
-        pos = q596
+        q631 = pos + n630
+        if q631 > end:
+            raise _length_error(n630, end - pos)
+        f_tenant = buf[pos:q631].decode()
+        pos = q631
     else:
-        raise _union_error(i594, 2)
+        raise _union_error(i629, 2)
     b = buf[pos]
     if b < 128:
-        i597 = _ZD[b]
+        i632 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i597 = (z >> 1) ^ -(z & 1)
+        i632 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i597 = (z >> 1) ^ -(z & 1)
+        i632 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i597, pos = _rlong(buf, pos)
-    if i597 == 0:
+        i632, pos = _rlong(buf, pos)
+    if i632 == 0:
         f_gang_id = None
-    elif i597 == 1:
-        n598 = _ZL[buf[pos]]
-        if n598 < 0:
-            n598, pos = _rlong(buf, pos)
-            if n598 < 0:
-                raise _length_error(n598, end - pos)
+    elif i632 == 1:
+        n633 = _ZL[buf[pos]]
+        if n633 < 0:
+            n633, pos = _rlong(buf, pos)
+            if n633 < 0:
+                raise _length_error(n633, end - pos)
         else:
             pos += 1
-        q599 = pos + n598
-        if q599 > end:
-            raise _length_error(n598, end - pos)
-        f_gang_id = buf[pos:q599].decode()
-        pos = q599
+        q634 = pos + n633
+        if q634 > end:
+            raise _length_error(n633, end - pos)
+        f_gang_id = buf[pos:q634].decode()
+        pos = q634
     else:
-        raise _union_error(i597, 2)
+        raise _union_error(i632, 2)
     b = buf[pos]
     if b < 128:
-        i600 = _ZD[b]
+        i635 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i600 = (z >> 1) ^ -(z & 1)
+        i635 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i600 = (z >> 1) ^ -(z & 1)
+        i635 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i600, pos = _rlong(buf, pos)
-    if i600 == 0:
+        i635, pos = _rlong(buf, pos)
+    if i635 == 0:
         f_label_selector = None
-    elif i600 == 1:
+    elif i635 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc601: dict[str, Any] = {}
+            acc636: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c602 = _ZD[b]
+                    c637 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c637 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c637 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c602, pos = _rlong(buf, pos)
-                if c602 == 0:
+                    c637, pos = _rlong(buf, pos)
+                if c637 == 0:
                     break
-                if c602 < 0:
-                    c602 = -c602
+                if c637 < 0:
+                    c637 = -c637
                     b = buf[pos]
                     if b < 128:
-                        z605 = _ZD[b]
+                        z640 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z640 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z640 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z605, pos = _rlong(buf, pos)
-                if c602 * 2 > end - pos:
-                    raise _count_error(c602, end - pos)
-                for _ in range(c602):
-                    n606 = _ZL[buf[pos]]
-                    if n606 < 0:
-                        n606, pos = _rlong(buf, pos)
-                        if n606 < 0:
-                            raise _length_error(n606, end - pos)
+                        z640, pos = _rlong(buf, pos)
+                if c637 * 2 > end - pos:
+                    raise _count_error(c637, end - pos)
+                for _ in range(c637):
+                    n641 = _ZL[buf[pos]]
+                    if n641 < 0:
+                        n641, pos = _rlong(buf, pos)
+                        if n641 < 0:
+                            raise _length_error(n641, end - pos)
                     else:
                         pos += 1
-                    q607 = pos + n606
-                    if q607 > end:
-                        raise _length_error(n606, end - pos)
-                    k604 = buf[pos:q607].decode()
-                    pos = q607
-                    n608 = _ZL[buf[pos]]
-                    if n608 < 0:
-                        n608, pos = _rlong(buf, pos)
-                        if n608 < 0:
-                            raise _length_error(n608, end - pos)
+                    q642 = pos + n641
+                    if q642 > end:
+                        raise _length_error(n641, end - pos)
+                    k639 = buf[pos:q642].decode()
+                    pos = q642
+                    n643 = _ZL[buf[pos]]
+                    if n643 < 0:
+                        n643, pos = _rlong(buf, pos)
+                        if n643 < 0:
+                            raise _length_error(n643, end - pos)
                     else:
                         pos += 1
-                    q609 = pos + n608
-                    if q609 > end:
-                        raise _length_error(n608, end - pos)
-                    x603 = buf[pos:q609].decode()
-                    pos = q609
-                    acc601[k604] = x603
-            f_label_selector = acc601
+                    q644 = pos + n643
+                    if q644 > end:
+                        raise _length_error(n643, end - pos)
+                    x638 = buf[pos:q644].decode()
+                    pos = q644
+                    acc636[k639] = x638
+            f_label_selector = acc636
     else:
-        raise _union_error(i600, 2)
+        raise _union_error(i635, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3405,21 +3463,295 @@ def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget609(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget644(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n611 = _ZL[buf[pos]]
-    if n611 < 0:
-        n611, pos = _rlong(buf, pos)
-        if n611 < 0:
-            raise _length_error(n611, end - pos)
+    n646 = _ZL[buf[pos]]
+    if n646 < 0:
+        n646, pos = _rlong(buf, pos)
+        if n646 < 0:
+            raise _length_error(n646, end - pos)
     else:
         pos += 1
-    q612 = pos + n611
-    if q612 > end:
-        raise _length_error(n611, end - pos)
-    f_budget_id = buf[pos:q612].decode()
-    pos = q612
+    q647 = pos + n646
+    if q647 > end:
+        raise _length_error(n646, end - pos)
+    f_budget_id = buf[pos:q647].decode()
+    pos = q647
     o = _c_RemoveDisruptionBudget(f_budget_id)
+    return o, pos
+
+
+def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n649 = _ZL[buf[pos]]
+    if n649 < 0:
+        n649, pos = _rlong(buf, pos)
+        if n649 < 0:
+            raise _length_error(n649, end - pos)
+    else:
+        pos += 1
+    q650 = pos + n649
+    if q650 > end:
+        raise _length_error(n649, end - pos)
+    f_cohort = buf[pos:q650].decode()
+    pos = q650
+    b = buf[pos]
+    if b < 128:
+        i651 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i651 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i651 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i651, pos = _rlong(buf, pos)
+    if i651 == 0:
+        f_parent = None
+    elif i651 == 1:
+        n652 = _ZL[buf[pos]]
+        if n652 < 0:
+            n652, pos = _rlong(buf, pos)
+            if n652 < 0:
+                raise _length_error(n652, end - pos)
+        else:
+            pos += 1
+        q653 = pos + n652
+        if q653 > end:
+            raise _length_error(n652, end - pos)
+        f_parent = buf[pos:q653].decode()
+        pos = q653
+    else:
+        raise _union_error(i651, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc654: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c655 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c655 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c655 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c655, pos = _rlong(buf, pos)
+            if c655 == 0:
+                break
+            if c655 < 0:
+                c655 = -c655
+                b = buf[pos]
+                if b < 128:
+                    z658 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z658 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z658 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z658, pos = _rlong(buf, pos)
+            if c655 * 2 > end - pos:
+                raise _count_error(c655, end - pos)
+            for _ in range(c655):
+                n659 = _ZL[buf[pos]]
+                if n659 < 0:
+                    n659, pos = _rlong(buf, pos)
+                    if n659 < 0:
+                        raise _length_error(n659, end - pos)
+                else:
+                    pos += 1
+                q660 = pos + n659
+                if q660 > end:
+                    raise _length_error(n659, end - pos)
+                k657 = buf[pos:q660].decode()
+                pos = q660
+                b = buf[pos]
+                if b < 128:
+                    x656 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x656 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x656 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x656, pos = _rlong(buf, pos)
+                acc654[k657] = x656
+        f_nominal_gpus = acc654
+    b = buf[pos]
+    if b < 128:
+        i661 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i661 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i661 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i661, pos = _rlong(buf, pos)
+    if i661 == 0:
+        f_nominal_cpu_milli = None
+    elif i661 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i661, 2)
+    b = buf[pos]
+    if b < 128:
+        i662 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i662 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i662 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i662, pos = _rlong(buf, pos)
+    if i662 == 0:
+        f_nominal_memory_mib = None
+    elif i662 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i662, 2)
+    b = buf[pos]
+    if b < 128:
+        i663 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i663 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i663 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i663, pos = _rlong(buf, pos)
+    if i663 == 0:
+        f_borrowing_limit_gpus = None
+    elif i663 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i663, 2)
+    b = buf[pos]
+    if b < 128:
+        i664 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i664 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i664 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i664, pos = _rlong(buf, pos)
+    if i664 == 0:
+        f_lending_limit_gpus = None
+    elif i664 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i664, 2)
+    o = _c_SetCohort(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_RemoveCohort664(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveCohort, int]:
+    f_cohort: str
+    n666 = _ZL[buf[pos]]
+    if n666 < 0:
+        n666, pos = _rlong(buf, pos)
+        if n666 < 0:
+            raise _length_error(n666, end - pos)
+    else:
+        pos += 1
+    q667 = pos + n666
+    if q667 > end:
+        raise _length_error(n666, end - pos)
+    f_cohort = buf[pos:q667].decode()
+    pos = q667
+    o = _c_RemoveCohort(f_cohort)
     return o, pos
 
 
@@ -3428,7 +3760,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k340:
+    if frame[:10] != _k375:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3439,30 +3771,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n342 = _ZL[buf[pos]]
-        if n342 < 0:
-            n342, pos = _rlong(buf, pos)
-            if n342 < 0:
-                raise _length_error(n342, end - pos)
+        n377 = _ZL[buf[pos]]
+        if n377 < 0:
+            n377, pos = _rlong(buf, pos)
+            if n377 < 0:
+                raise _length_error(n377, end - pos)
         else:
             pos += 1
-        q343 = pos + n342
-        if q343 > end:
-            raise _length_error(n342, end - pos)
-        f_command_id = buf[pos:q343].decode()
-        pos = q343
-        n344 = _ZL[buf[pos]]
-        if n344 < 0:
-            n344, pos = _rlong(buf, pos)
-            if n344 < 0:
-                raise _length_error(n344, end - pos)
+        q378 = pos + n377
+        if q378 > end:
+            raise _length_error(n377, end - pos)
+        f_command_id = buf[pos:q378].decode()
+        pos = q378
+        n379 = _ZL[buf[pos]]
+        if n379 < 0:
+            n379, pos = _rlong(buf, pos)
+            if n379 < 0:
+                raise _length_error(n379, end - pos)
         else:
             pos += 1
-        q345 = pos + n344
-        if q345 > end:
-            raise _length_error(n344, end - pos)
-        f_cluster = buf[pos:q345].decode()
-        pos = q345
+        q380 = pos + n379
+        if q380 > end:
+            raise _length_error(n379, end - pos)
+        f_cluster = buf[pos:q380].decode()
+        pos = q380
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3477,35 +3809,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n346 = _ZL[buf[pos]]
-        if n346 < 0:
-            n346, pos = _rlong(buf, pos)
-            if n346 < 0:
-                raise _length_error(n346, end - pos)
+        n381 = _ZL[buf[pos]]
+        if n381 < 0:
+            n381, pos = _rlong(buf, pos)
+            if n381 < 0:
+                raise _length_error(n381, end - pos)
         else:
             pos += 1
-        q347 = pos + n346
-        if q347 > end:
-            raise _length_error(n346, end - pos)
-        f_source = buf[pos:q347].decode()
-        pos = q347
+        q382 = pos + n381
+        if q382 > end:
+            raise _length_error(n381, end - pos)
+        f_source = buf[pos:q382].decode()
+        pos = q382
         b = buf[pos]
         if b < 128:
-            i348 = _ZD[b]
+            i383 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i348 = (z >> 1) ^ -(z & 1)
+            i383 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i348 = (z >> 1) ^ -(z & 1)
+            i383 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i348, pos = _rlong(buf, pos)
-        if not 0 <= i348 < 20:
-            raise _union_error(i348, 20)
-        f_payload, pos = _k612[i348](buf, pos, end)
+            i383, pos = _rlong(buf, pos)
+        if not 0 <= i383 < 22:
+            raise _union_error(i383, 22)
+        f_payload, pos = _k667[i383](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3516,303 +3848,331 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded624(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k625, (_P[n628] if (n628 := len(s627 := o.node_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := o.gpu_model.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := o.gpu_count) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := o.cpu_milli) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := o.memory_mib) < 8192 else _long(n633)), (_b21(a634) if (a634 := o.labels) else b"\x00"), (_b27(a635) if (a635 := o.taints) else b"\x00"), (_P[n636] if 0 <= (n636 := o.gpu_memory_mib) < 8192 else _long(n636)),))
+def _e_NodeAdded679(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.node_id.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.gpu_model.encode())) < 8192 else _long(n685)), s684, (_P[n686] if 0 <= (n686 := o.gpu_count) < 8192 else _long(n686)), (_P[n687] if 0 <= (n687 := o.cpu_milli) < 8192 else _long(n687)), (_P[n688] if 0 <= (n688 := o.memory_mib) < 8192 else _long(n688)), (_b21(a689) if (a689 := o.labels) else b"\x00"), (_b27(a690) if (a690 := o.taints) else b"\x00"), (_P[n691] if 0 <= (n691 := o.gpu_memory_mib) < 8192 else _long(n691)),))
 
 
-def _e_NodeRemoved636(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved691(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := o.node_id.encode())) < 8192 else _long(n695)), s694, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned640(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
+def _e_NodeCordoned695(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k696, (_P[n699] if (n699 := len(s698 := o.node_id.encode())) < 8192 else _long(n699)), s698,))
 
 
-def _e_NodeUncordoned644(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647,))
+def _e_NodeUncordoned699(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := o.node_id.encode())) < 8192 else _long(n703)), s702,))
 
 
-def _e_NodeDrained648(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.node_id.encode())) < 8192 else _long(n652)), s651, (_P[n653] if 0 <= (n653 := o.evicted) < 8192 else _long(n653)),))
+def _e_NodeDrained703(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k704, (_P[n707] if (n707 := len(s706 := o.node_id.encode())) < 8192 else _long(n707)), s706, (_P[n708] if 0 <= (n708 := o.evicted) < 8192 else _long(n708)),))
 
 
-def _e_NodeFailed653(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k654, (_P[n657] if (n657 := len(s656 := o.node_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := o.evicted) < 8192 else _long(n660)),))
+def _e_NodeFailed708(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k709, (_P[n712] if (n712 := len(s711 := o.node_id.encode())) < 8192 else _long(n712)), s711, (_P[n714] if (n714 := len(s713 := o.reason.encode())) < 8192 else _long(n714)), s713, (_P[n715] if 0 <= (n715 := o.evicted) < 8192 else _long(n715)),))
 
 
-def _u679(v: Any) -> bytes:
-    return b"".join((_k679, (_P[n682] if (n682 := len(s681 := v.encode())) < 8192 else _long(n682)), s681,))
+def _u734(v: Any) -> bytes:
+    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
 
 
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
-
-
-def _b699(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n702] if (n702 := len(s701 := x.code.encode())) < 8192 else _long(n702)), s701, (_P[n703] if 0 <= (n703 := x.nodes) < 8192 else _long(n703)), (_P[n705] if (n705 := len(s704 := x.message.encode())) < 8192 else _long(n705)), s704,)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _e_PodQueued660(o: _c_PodQueued) -> bytes:
-    return b"".join((_k661, (_P[n665] if (n665 := len(s664 := (r663 := o.pod).pod_id.encode())) < 8192 else _long(n665)), s664, (_P[n667] if (n667 := len(s666 := r663.tenant.encode())) < 8192 else _long(n667)), s666, (_P[n668] if 0 <= (n668 := r663.priority) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r663.num_gpu) < 8192 else _long(n669)), (_P[n670] if 0 <= (n670 := r663.gpu_milli) < 8192 else _long(n670)), (_P[n671] if 0 <= (n671 := r663.cpu_milli) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := r663.memory_mib) < 8192 else _long(n672)), (_b71(a673) if (a673 := r663.gpu_models) else b"\x00"), (_b21(a674) if (a674 := r663.node_selector) else b"\x00"), (_b76(a675) if (a675 := r663.tolerations) else b"\x00"), (_P[n676] if 0 <= (n676 := r663.submitted_at) < 8192 else _long(n676)), (_P[n677] if 0 <= (n677 := r663.arrival) < 8192 else _long(n677)), (_k682 if (u678 := r663.gang_id) is None else _u679(u678)), (_k687 if (u684 := r663.time_limit_ms) is None else _u685(u684)), (_b71(a689) if (a689 := r663.depends_on) else b"\x00"), (_P[n691] if (n691 := len(s690 := r663.dependency.encode())) < 8192 else _long(n691)), s690, (_P[n693] if (n693 := len(s692 := r663.preemption.encode())) < 8192 else _long(n693)), s692, (b"\x01" if r663.movable else b"\x00"), (_P[n694] if 0 <= (n694 := r663.gpu_memory_mib) < 8192 else _long(n694)), (_k696 if (u695 := r663.retry) is None else _k695[type(u695)](u695)), (b"\x01" if r663.preemptible else b"\x00"), (_b699(a698) if (a698 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a706) if (a706 := o.waiting_for) else b"\x00"),))
-
-
-def _u725(v: Any) -> bytes:
-    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := v.encode())) < 8192 else _long(n728)), s727,))
-
-
-def _u731(v: Any) -> bytes:
-    return b"".join((_k731, (_P[n733] if 0 <= (n733 := v) < 8192 else _long(n733)),))
-
-
-def _b747(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n749] if 0 <= (n749 := x.index) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.milli) < 8192 else _long(n750)),)
-    out.append(b"\x00")
-    return b"".join(out)
+def _u740(v: Any) -> bytes:
+    return b"".join((_k740, (_P[n742] if 0 <= (n742 := v) < 8192 else _long(n742)),))
 
 
 def _b754(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n757] if (n757 := len(s756 := x.code.encode())) < 8192 else _long(n757)), s756, (_P[n758] if 0 <= (n758 := x.nodes) < 8192 else _long(n758)), (_P[n760] if (n760 := len(s759 := x.message.encode())) < 8192 else _long(n760)), s759,)
+    out.append(b"\x00")
+    return b"".join(out)
+
+
+def _e_PodQueued715(o: _c_PodQueued) -> bytes:
+    return b"".join((_k716, (_P[n720] if (n720 := len(s719 := (r718 := o.pod).pod_id.encode())) < 8192 else _long(n720)), s719, (_P[n722] if (n722 := len(s721 := r718.tenant.encode())) < 8192 else _long(n722)), s721, (_P[n723] if 0 <= (n723 := r718.priority) < 8192 else _long(n723)), (_P[n724] if 0 <= (n724 := r718.num_gpu) < 8192 else _long(n724)), (_P[n725] if 0 <= (n725 := r718.gpu_milli) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := r718.cpu_milli) < 8192 else _long(n726)), (_P[n727] if 0 <= (n727 := r718.memory_mib) < 8192 else _long(n727)), (_b71(a728) if (a728 := r718.gpu_models) else b"\x00"), (_b21(a729) if (a729 := r718.node_selector) else b"\x00"), (_b76(a730) if (a730 := r718.tolerations) else b"\x00"), (_P[n731] if 0 <= (n731 := r718.submitted_at) < 8192 else _long(n731)), (_P[n732] if 0 <= (n732 := r718.arrival) < 8192 else _long(n732)), (_k737 if (u733 := r718.gang_id) is None else _u734(u733)), (_k742 if (u739 := r718.time_limit_ms) is None else _u740(u739)), (_b71(a744) if (a744 := r718.depends_on) else b"\x00"), (_P[n746] if (n746 := len(s745 := r718.dependency.encode())) < 8192 else _long(n746)), s745, (_P[n748] if (n748 := len(s747 := r718.preemption.encode())) < 8192 else _long(n748)), s747, (b"\x01" if r718.movable else b"\x00"), (_P[n749] if 0 <= (n749 := r718.gpu_memory_mib) < 8192 else _long(n749)), (_k751 if (u750 := r718.retry) is None else _k750[type(u750)](u750)), (b"\x01" if r718.preemptible else b"\x00"), (_b754(a753) if (a753 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a761) if (a761 := o.waiting_for) else b"\x00"),))
+
+
+def _u780(v: Any) -> bytes:
+    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := v.encode())) < 8192 else _long(n783)), s782,))
+
+
+def _u786(v: Any) -> bytes:
+    return b"".join((_k786, (_P[n788] if 0 <= (n788 := v) < 8192 else _long(n788)),))
+
+
+def _b802(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n804] if 0 <= (n804 := x.index) < 8192 else _long(n804)), (_P[n805] if 0 <= (n805 := x.milli) < 8192 else _long(n805)),)
+    out.append(b"\x00")
+    return b"".join(out)
+
+
+def _b809(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n756] if (n756 := len(s755 := k.encode())) < 8192 else _long(n756)), s755, _pack_d(x),)
+        out += ((_P[n811] if (n811 := len(s810 := k.encode())) < 8192 else _long(n811)), s810, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled706(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k707, (_P[n711] if (n711 := len(s710 := (r709 := o.pod).pod_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r709.num_gpu) < 8192 else _long(n715)), (_P[n716] if 0 <= (n716 := r709.gpu_milli) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := r709.cpu_milli) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := r709.memory_mib) < 8192 else _long(n718)), (_b71(a719) if (a719 := r709.gpu_models) else b"\x00"), (_b21(a720) if (a720 := r709.node_selector) else b"\x00"), (_b76(a721) if (a721 := r709.tolerations) else b"\x00"), (_P[n722] if 0 <= (n722 := r709.submitted_at) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := r709.arrival) < 8192 else _long(n723)), (_k728 if (u724 := r709.gang_id) is None else _u725(u724)), (_k733 if (u730 := r709.time_limit_ms) is None else _u731(u730)), (_b71(a735) if (a735 := r709.depends_on) else b"\x00"), (_P[n737] if (n737 := len(s736 := r709.dependency.encode())) < 8192 else _long(n737)), s736, (_P[n739] if (n739 := len(s738 := r709.preemption.encode())) < 8192 else _long(n739)), s738, (b"\x01" if r709.movable else b"\x00"), (_P[n740] if 0 <= (n740 := r709.gpu_memory_mib) < 8192 else _long(n740)), (_k742 if (u741 := r709.retry) is None else _k741[type(u741)](u741)), (b"\x01" if r709.preemptible else b"\x00"), (_P[n745] if (n745 := len(s744 := o.node_id.encode())) < 8192 else _long(n745)), s744, (_b747(a746) if (a746 := o.gpus) else b"\x00"), (_P[n752] if (n752 := len(s751 := o.policy.encode())) < 8192 else _long(n752)), s751, (b"\x01" if o.from_queue else b"\x00"), (_b754(a753) if (a753 := o.scores) else b"\x00"), (_b71(a757) if (a757 := o.preempted) else b"\x00"),))
+def _e_PodScheduled761(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k762, (_P[n766] if (n766 := len(s765 := (r764 := o.pod).pod_id.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := r764.tenant.encode())) < 8192 else _long(n768)), s767, (_P[n769] if 0 <= (n769 := r764.priority) < 8192 else _long(n769)), (_P[n770] if 0 <= (n770 := r764.num_gpu) < 8192 else _long(n770)), (_P[n771] if 0 <= (n771 := r764.gpu_milli) < 8192 else _long(n771)), (_P[n772] if 0 <= (n772 := r764.cpu_milli) < 8192 else _long(n772)), (_P[n773] if 0 <= (n773 := r764.memory_mib) < 8192 else _long(n773)), (_b71(a774) if (a774 := r764.gpu_models) else b"\x00"), (_b21(a775) if (a775 := r764.node_selector) else b"\x00"), (_b76(a776) if (a776 := r764.tolerations) else b"\x00"), (_P[n777] if 0 <= (n777 := r764.submitted_at) < 8192 else _long(n777)), (_P[n778] if 0 <= (n778 := r764.arrival) < 8192 else _long(n778)), (_k783 if (u779 := r764.gang_id) is None else _u780(u779)), (_k788 if (u785 := r764.time_limit_ms) is None else _u786(u785)), (_b71(a790) if (a790 := r764.depends_on) else b"\x00"), (_P[n792] if (n792 := len(s791 := r764.dependency.encode())) < 8192 else _long(n792)), s791, (_P[n794] if (n794 := len(s793 := r764.preemption.encode())) < 8192 else _long(n794)), s793, (b"\x01" if r764.movable else b"\x00"), (_P[n795] if 0 <= (n795 := r764.gpu_memory_mib) < 8192 else _long(n795)), (_k797 if (u796 := r764.retry) is None else _k796[type(u796)](u796)), (b"\x01" if r764.preemptible else b"\x00"), (_P[n800] if (n800 := len(s799 := o.node_id.encode())) < 8192 else _long(n800)), s799, (_b802(a801) if (a801 := o.gpus) else b"\x00"), (_P[n807] if (n807 := len(s806 := o.policy.encode())) < 8192 else _long(n807)), s806, (b"\x01" if o.from_queue else b"\x00"), (_b809(a808) if (a808 := o.scores) else b"\x00"), (_b71(a812) if (a812 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted757(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := o.node_id.encode())) < 8192 else _long(n763)), s762, (_P[n765] if (n765 := len(s764 := o.reason.encode())) < 8192 else _long(n765)), s764,))
+def _e_PodEvicted812(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k813, (_P[n816] if (n816 := len(s815 := o.pod_id.encode())) < 8192 else _long(n816)), s815, (_P[n818] if (n818 := len(s817 := o.node_id.encode())) < 8192 else _long(n818)), s817, (_P[n820] if (n820 := len(s819 := o.reason.encode())) < 8192 else _long(n820)), s819,))
 
 
-def _u771(v: Any) -> bytes:
-    return b"".join((_k771, (_P[n774] if (n774 := len(s773 := v.encode())) < 8192 else _long(n774)), s773,))
+def _u826(v: Any) -> bytes:
+    return b"".join((_k826, (_P[n829] if (n829 := len(s828 := v.encode())) < 8192 else _long(n829)), s828,))
 
 
-def _e_PodReleased765(o: _c_PodReleased) -> bytes:
-    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := o.pod_id.encode())) < 8192 else _long(n769)), s768, (_k774 if (u770 := o.node_id) is None else _u771(u770)), (_P[n777] if (n777 := len(s776 := o.reason.encode())) < 8192 else _long(n777)), s776,))
+def _e_PodReleased820(o: _c_PodReleased) -> bytes:
+    return b"".join((_k821, (_P[n824] if (n824 := len(s823 := o.pod_id.encode())) < 8192 else _long(n824)), s823, (_k829 if (u825 := o.node_id) is None else _u826(u825)), (_P[n832] if (n832 := len(s831 := o.reason.encode())) < 8192 else _long(n832)), s831,))
 
 
-def _u785(v: Any) -> bytes:
-    return b"".join((_k785, (_P[n787] if 0 <= (n787 := v) < 8192 else _long(n787)),))
+def _u840(v: Any) -> bytes:
+    return b"".join((_k840, (_P[n842] if 0 <= (n842 := v) < 8192 else _long(n842)),))
 
 
-def _u792(v: Any) -> bytes:
-    return b"".join((_k792, (_P[n794] if 0 <= (n794 := v) < 8192 else _long(n794)),))
+def _u847(v: Any) -> bytes:
+    return b"".join((_k847, (_P[n849] if 0 <= (n849 := v) < 8192 else _long(n849)),))
 
 
-def _e_PolicyChanged777(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k778, (_P[n781] if (n781 := len(s780 := o.policy.encode())) < 8192 else _long(n781)), s780, (_P[n783] if (n783 := len(s782 := o.previous.encode())) < 8192 else _long(n783)), s782, (_k787 if (u784 := o.reserve_after_ms) is None else _u785(u784)), (_P[n790] if (n790 := len(s789 := o.queue_order.encode())) < 8192 else _long(n790)), s789, (_k794 if (u791 := o.max_clock_jump_ms) is None else _u792(u791)),))
+def _e_PolicyChanged832(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k833, (_P[n836] if (n836 := len(s835 := o.policy.encode())) < 8192 else _long(n836)), s835, (_P[n838] if (n838 := len(s837 := o.previous.encode())) < 8192 else _long(n838)), s837, (_k842 if (u839 := o.reserve_after_ms) is None else _u840(u839)), (_P[n845] if (n845 := len(s844 := o.queue_order.encode())) < 8192 else _long(n845)), s844, (_k849 if (u846 := o.max_clock_jump_ms) is None else _u847(u846)),))
 
 
-def _e_CommandRejected795(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k796, (_P[n799] if (n799 := len(s798 := o.command_id.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.command_type.encode())) < 8192 else _long(n801)), s800, (_P[n803] if (n803 := len(s802 := o.code.encode())) < 8192 else _long(n803)), s802, (_P[n805] if (n805 := len(s804 := o.message.encode())) < 8192 else _long(n805)), s804,))
+def _e_CommandRejected850(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.command_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.command_type.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := o.code.encode())) < 8192 else _long(n858)), s857, (_P[n860] if (n860 := len(s859 := o.message.encode())) < 8192 else _long(n860)), s859,))
 
 
-def _u835(v: Any) -> bytes:
-    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
+def _u890(v: Any) -> bytes:
+    return b"".join((_k890, (_P[n893] if (n893 := len(s892 := v.encode())) < 8192 else _long(n893)), s892,))
 
 
-def _u841(v: Any) -> bytes:
-    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
+def _u896(v: Any) -> bytes:
+    return b"".join((_k896, (_P[n898] if 0 <= (n898 := v) < 8192 else _long(n898)),))
 
 
-def _b818(a: Any) -> bytes:
+def _b873(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n821] if (n821 := len(s820 := x.pod_id.encode())) < 8192 else _long(n821)), s820, (_P[n823] if (n823 := len(s822 := x.tenant.encode())) < 8192 else _long(n823)), s822, (_P[n824] if 0 <= (n824 := x.priority) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.num_gpu) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := x.gpu_milli) < 8192 else _long(n826)), (_P[n827] if 0 <= (n827 := x.cpu_milli) < 8192 else _long(n827)), (_P[n828] if 0 <= (n828 := x.memory_mib) < 8192 else _long(n828)), (_b71(a829) if (a829 := x.gpu_models) else b"\x00"), (_b21(a830) if (a830 := x.node_selector) else b"\x00"), (_b76(a831) if (a831 := x.tolerations) else b"\x00"), (_P[n832] if 0 <= (n832 := x.submitted_at) < 8192 else _long(n832)), (_P[n833] if 0 <= (n833 := x.arrival) < 8192 else _long(n833)), (_k838 if (u834 := x.gang_id) is None else _u835(u834)), (_k843 if (u840 := x.time_limit_ms) is None else _u841(u840)), (_b71(a845) if (a845 := x.depends_on) else b"\x00"), (_P[n847] if (n847 := len(s846 := x.dependency.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := x.preemption.encode())) < 8192 else _long(n849)), s848, (b"\x01" if x.movable else b"\x00"), (_P[n850] if 0 <= (n850 := x.gpu_memory_mib) < 8192 else _long(n850)), (_k852 if (u851 := x.retry) is None else _k851[type(u851)](u851)), (b"\x01" if x.preemptible else b"\x00"),)
+        out += ((_P[n876] if (n876 := len(s875 := x.pod_id.encode())) < 8192 else _long(n876)), s875, (_P[n878] if (n878 := len(s877 := x.tenant.encode())) < 8192 else _long(n878)), s877, (_P[n879] if 0 <= (n879 := x.priority) < 8192 else _long(n879)), (_P[n880] if 0 <= (n880 := x.num_gpu) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := x.gpu_milli) < 8192 else _long(n881)), (_P[n882] if 0 <= (n882 := x.cpu_milli) < 8192 else _long(n882)), (_P[n883] if 0 <= (n883 := x.memory_mib) < 8192 else _long(n883)), (_b71(a884) if (a884 := x.gpu_models) else b"\x00"), (_b21(a885) if (a885 := x.node_selector) else b"\x00"), (_b76(a886) if (a886 := x.tolerations) else b"\x00"), (_P[n887] if 0 <= (n887 := x.submitted_at) < 8192 else _long(n887)), (_P[n888] if 0 <= (n888 := x.arrival) < 8192 else _long(n888)), (_k893 if (u889 := x.gang_id) is None else _u890(u889)), (_k898 if (u895 := x.time_limit_ms) is None else _u896(u895)), (_b71(a900) if (a900 := x.depends_on) else b"\x00"), (_P[n902] if (n902 := len(s901 := x.dependency.encode())) < 8192 else _long(n902)), s901, (_P[n904] if (n904 := len(s903 := x.preemption.encode())) < 8192 else _long(n904)), s903, (b"\x01" if x.movable else b"\x00"), (_P[n905] if 0 <= (n905 := x.gpu_memory_mib) < 8192 else _long(n905)), (_k907 if (u906 := x.retry) is None else _k906[type(u906)](u906)), (b"\x01" if x.preemptible else b"\x00"),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u856(v: Any) -> bytes:
-    return b"".join((_k856, (_P[n859] if (n859 := len(s858 := v.encode())) < 8192 else _long(n859)), s858,))
+def _u911(v: Any) -> bytes:
+    return b"".join((_k911, (_P[n914] if (n914 := len(s913 := v.encode())) < 8192 else _long(n914)), s913,))
 
 
-def _u862(v: Any) -> bytes:
-    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := v.encode())) < 8192 else _long(n865)), s864,))
+def _u917(v: Any) -> bytes:
+    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
 
 
-def _u868(v: Any) -> bytes:
-    return b"".join((_k868, (_P[n870] if 0 <= (n870 := v) < 8192 else _long(n870)),))
-
-
-def _u873(v: Any) -> bytes:
-    return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
-
-
-def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
-
-
-def _e_GangQueued805(o: _c_GangQueued) -> bytes:
-    return b"".join((_k806, (_P[n809] if (n809 := len(s808 := o.gang_id.encode())) < 8192 else _long(n809)), s808, (_b699(a810) if (a810 := o.reasons) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b818(a817) if (a817 := r811.members) else b"\x00"), (_P[n854] if 0 <= (n854 := r811.min_members) < 8192 else _long(n854)), (_k859 if (u855 := r811.topology_required) is None else _u856(u855)), (_k865 if (u861 := r811.topology_preferred) is None else _u862(u861)), (_k870 if (u867 := r811.timeout_ms) is None else _u868(u867)), (_k875 if (u872 := r811.time_limit_ms) is None else _u873(u872)), (_b71(a877) if (a877 := r811.depends_on) else b"\x00"), (_P[n879] if (n879 := len(s878 := r811.dependency.encode())) < 8192 else _long(n879)), s878, (_P[n880] if 0 <= (n880 := r811.submitted_at) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := r811.arrival) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := r811.preemption.encode())) < 8192 else _long(n883)), s882, (_k885 if (u884 := r811.retry) is None else _k884[type(u884)](u884)), (_k890 if (u887 := r811.queued_at) is None else _u888(u887)), (b"\x01" if r811.preemptible else b"\x00"), (_P[n893] if (n893 := len(s892 := r811.disruption.encode())) < 8192 else _long(n893)), s892, (b"\x01" if o.requeued else b"\x00"), (_b71(a894) if (a894 := o.waiting_for) else b"\x00"),))
-
-
-def _b900(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n903] if (n903 := len(s902 := x.pod_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := x.node_id.encode())) < 8192 else _long(n905)), s904, (_b747(a906) if (a906 := x.gpus) else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u916(v: Any) -> bytes:
-    return b"".join((_k916, (_P[n919] if (n919 := len(s918 := v.encode())) < 8192 else _long(n919)), s918,))
-
-
-def _u922(v: Any) -> bytes:
-    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := v.encode())) < 8192 else _long(n925)), s924,))
+def _u923(v: Any) -> bytes:
+    return b"".join((_k923, (_P[n925] if 0 <= (n925 := v) < 8192 else _long(n925)),))
 
 
 def _u928(v: Any) -> bytes:
     return b"".join((_k928, (_P[n930] if 0 <= (n930 := v) < 8192 else _long(n930)),))
 
 
-def _u933(v: Any) -> bytes:
-    return b"".join((_k933, (_P[n935] if 0 <= (n935 := v) < 8192 else _long(n935)),))
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n945] if 0 <= (n945 := v) < 8192 else _long(n945)),))
 
 
-def _u948(v: Any) -> bytes:
-    return b"".join((_k948, (_P[n950] if 0 <= (n950 := v) < 8192 else _long(n950)),))
+def _e_GangQueued860(o: _c_GangQueued) -> bytes:
+    return b"".join((_k861, (_P[n864] if (n864 := len(s863 := o.gang_id.encode())) < 8192 else _long(n864)), s863, (_b754(a865) if (a865 := o.reasons) else b"\x00"), (_P[n868] if (n868 := len(s867 := (r866 := o.gang).gang_id.encode())) < 8192 else _long(n868)), s867, (_P[n870] if (n870 := len(s869 := r866.tenant.encode())) < 8192 else _long(n870)), s869, (_P[n871] if 0 <= (n871 := r866.priority) < 8192 else _long(n871)), (_b873(a872) if (a872 := r866.members) else b"\x00"), (_P[n909] if 0 <= (n909 := r866.min_members) < 8192 else _long(n909)), (_k914 if (u910 := r866.topology_required) is None else _u911(u910)), (_k920 if (u916 := r866.topology_preferred) is None else _u917(u916)), (_k925 if (u922 := r866.timeout_ms) is None else _u923(u922)), (_k930 if (u927 := r866.time_limit_ms) is None else _u928(u927)), (_b71(a932) if (a932 := r866.depends_on) else b"\x00"), (_P[n934] if (n934 := len(s933 := r866.dependency.encode())) < 8192 else _long(n934)), s933, (_P[n935] if 0 <= (n935 := r866.submitted_at) < 8192 else _long(n935)), (_P[n936] if 0 <= (n936 := r866.arrival) < 8192 else _long(n936)), (_P[n938] if (n938 := len(s937 := r866.preemption.encode())) < 8192 else _long(n938)), s937, (_k940 if (u939 := r866.retry) is None else _k939[type(u939)](u939)), (_k945 if (u942 := r866.queued_at) is None else _u943(u942)), (b"\x01" if r866.preemptible else b"\x00"), (_P[n948] if (n948 := len(s947 := r866.disruption.encode())) < 8192 else _long(n948)), s947, (b"\x01" if o.requeued else b"\x00"), (_b71(a949) if (a949 := o.waiting_for) else b"\x00"),))
 
 
-def _u955(v: Any) -> bytes:
-    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := v.encode())) < 8192 else _long(n958)), s957,))
+def _b955(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n958] if (n958 := len(s957 := x.pod_id.encode())) < 8192 else _long(n958)), s957, (_P[n960] if (n960 := len(s959 := x.node_id.encode())) < 8192 else _long(n960)), s959, (_b802(a961) if (a961 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
-def _u961(v: Any) -> bytes:
-    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := v.encode())) < 8192 else _long(n964)), s963,))
+def _u971(v: Any) -> bytes:
+    return b"".join((_k971, (_P[n974] if (n974 := len(s973 := v.encode())) < 8192 else _long(n974)), s973,))
 
 
-def _e_GangScheduled894(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.gang_id.encode())) < 8192 else _long(n898)), s897, (_b900(a899) if (a899 := o.members) else b"\x00"), (_P[n909] if (n909 := len(s908 := (r907 := o.gang).gang_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := r907.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := r907.priority) < 8192 else _long(n912)), (_b818(a913) if (a913 := r907.members) else b"\x00"), (_P[n914] if 0 <= (n914 := r907.min_members) < 8192 else _long(n914)), (_k919 if (u915 := r907.topology_required) is None else _u916(u915)), (_k925 if (u921 := r907.topology_preferred) is None else _u922(u921)), (_k930 if (u927 := r907.timeout_ms) is None else _u928(u927)), (_k935 if (u932 := r907.time_limit_ms) is None else _u933(u932)), (_b71(a937) if (a937 := r907.depends_on) else b"\x00"), (_P[n939] if (n939 := len(s938 := r907.dependency.encode())) < 8192 else _long(n939)), s938, (_P[n940] if 0 <= (n940 := r907.submitted_at) < 8192 else _long(n940)), (_P[n941] if 0 <= (n941 := r907.arrival) < 8192 else _long(n941)), (_P[n943] if (n943 := len(s942 := r907.preemption.encode())) < 8192 else _long(n943)), s942, (_k945 if (u944 := r907.retry) is None else _k944[type(u944)](u944)), (_k950 if (u947 := r907.queued_at) is None else _u948(u947)), (b"\x01" if r907.preemptible else b"\x00"), (_P[n953] if (n953 := len(s952 := r907.disruption.encode())) < 8192 else _long(n953)), s952, (_k958 if (u954 := o.topology_key) is None else _u955(u954)), (_k964 if (u960 := o.domain) is None else _u961(u960)), (b"\x01" if o.from_queue else b"\x00"), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.preempted) else b"\x00"),))
+def _u977(v: Any) -> bytes:
+    return b"".join((_k977, (_P[n980] if (n980 := len(s979 := v.encode())) < 8192 else _long(n980)), s979,))
 
 
-def _e_GangTimedOut968(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k969, (_P[n972] if (n972 := len(s971 := o.gang_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.waited_ms) < 8192 else _long(n973)), (_P[n975] if (n975 := len(s974 := o.message.encode())) < 8192 else _long(n975)), s974,))
+def _u983(v: Any) -> bytes:
+    return b"".join((_k983, (_P[n985] if 0 <= (n985 := v) < 8192 else _long(n985)),))
 
 
-def _e_GangReleased975(o: _c_GangReleased) -> bytes:
-    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.gang_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (b"\x01" if o.ok else b"\x00"), (_b71(a982) if (a982 := o.members_ended) else b"\x00"),))
+def _u988(v: Any) -> bytes:
+    return b"".join((_k988, (_P[n990] if 0 <= (n990 := v) < 8192 else _long(n990)),))
 
 
-def _u991(v: Any) -> bytes:
-    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
+def _u1003(v: Any) -> bytes:
+    return b"".join((_k1003, (_P[n1005] if 0 <= (n1005 := v) < 8192 else _long(n1005)),))
 
 
-def _e_PodTimeLimitReached982(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.pod_id.encode())) < 8192 else _long(n986)), s985, (_P[n988] if (n988 := len(s987 := o.node_id.encode())) < 8192 else _long(n988)), s987, (_P[n989] if 0 <= (n989 := o.time_limit_ms) < 8192 else _long(n989)), (_k994 if (u990 := o.gang_id) is None else _u991(u990)),))
+def _u1010(v: Any) -> bytes:
+    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := v.encode())) < 8192 else _long(n1013)), s1012,))
 
 
-def _u1004(v: Any) -> bytes:
-    return b"".join((_k1004, (_P[n1006] if 0 <= (n1006 := v) < 8192 else _long(n1006)),))
+def _u1016(v: Any) -> bytes:
+    return b"".join((_k1016, (_P[n1019] if (n1019 := len(s1018 := v.encode())) < 8192 else _long(n1019)), s1018,))
 
 
-def _e_NodesReserved995(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := o.holder_id.encode())) < 8192 else _long(n999)), s998, (_P[n1001] if (n1001 := len(s1000 := o.holder_kind.encode())) < 8192 else _long(n1001)), s1000, (_b71(a1002) if (a1002 := o.nodes) else b"\x00"), (_k1006 if (u1003 := o.expected_start) is None else _u1004(u1003)), (_P[n1009] if (n1009 := len(s1008 := o.message.encode())) < 8192 else _long(n1009)), s1008,))
+def _e_GangScheduled949(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := o.gang_id.encode())) < 8192 else _long(n953)), s952, (_b955(a954) if (a954 := o.members) else b"\x00"), (_P[n964] if (n964 := len(s963 := (r962 := o.gang).gang_id.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := r962.tenant.encode())) < 8192 else _long(n966)), s965, (_P[n967] if 0 <= (n967 := r962.priority) < 8192 else _long(n967)), (_b873(a968) if (a968 := r962.members) else b"\x00"), (_P[n969] if 0 <= (n969 := r962.min_members) < 8192 else _long(n969)), (_k974 if (u970 := r962.topology_required) is None else _u971(u970)), (_k980 if (u976 := r962.topology_preferred) is None else _u977(u976)), (_k985 if (u982 := r962.timeout_ms) is None else _u983(u982)), (_k990 if (u987 := r962.time_limit_ms) is None else _u988(u987)), (_b71(a992) if (a992 := r962.depends_on) else b"\x00"), (_P[n994] if (n994 := len(s993 := r962.dependency.encode())) < 8192 else _long(n994)), s993, (_P[n995] if 0 <= (n995 := r962.submitted_at) < 8192 else _long(n995)), (_P[n996] if 0 <= (n996 := r962.arrival) < 8192 else _long(n996)), (_P[n998] if (n998 := len(s997 := r962.preemption.encode())) < 8192 else _long(n998)), s997, (_k1000 if (u999 := r962.retry) is None else _k999[type(u999)](u999)), (_k1005 if (u1002 := r962.queued_at) is None else _u1003(u1002)), (b"\x01" if r962.preemptible else b"\x00"), (_P[n1008] if (n1008 := len(s1007 := r962.disruption.encode())) < 8192 else _long(n1008)), s1007, (_k1013 if (u1009 := o.topology_key) is None else _u1010(u1009)), (_k1019 if (u1015 := o.domain) is None else _u1016(u1015)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1022] if (n1022 := len(s1021 := o.message.encode())) < 8192 else _long(n1022)), s1021, (_b71(a1023) if (a1023 := o.preempted) else b"\x00"),))
 
 
-def _e_ReservationReleased1009(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.holder_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1015] if (n1015 := len(s1014 := o.holder_kind.encode())) < 8192 else _long(n1015)), s1014, (_b71(a1016) if (a1016 := o.nodes) else b"\x00"), (_P[n1018] if (n1018 := len(s1017 := o.reason.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.message.encode())) < 8192 else _long(n1020)), s1019,))
+def _e_GangTimedOut1023(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := o.gang_id.encode())) < 8192 else _long(n1027)), s1026, (_P[n1028] if 0 <= (n1028 := o.waited_ms) < 8192 else _long(n1028)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
 
 
-def _e_DependencyFailed1020(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.holder_id.encode())) < 8192 else _long(n1024)), s1023, (_P[n1026] if (n1026 := len(s1025 := o.holder_kind.encode())) < 8192 else _long(n1026)), s1025, (_P[n1028] if (n1028 := len(s1027 := o.dependency_id.encode())) < 8192 else _long(n1028)), s1027, (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _e_GangReleased1030(o: _c_GangReleased) -> bytes:
+    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.gang_id.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.reason.encode())) < 8192 else _long(n1036)), s1035, (b"\x01" if o.ok else b"\x00"), (_b71(a1037) if (a1037 := o.members_ended) else b"\x00"),))
 
 
-def _e_Ticked1030(o: _c_Ticked) -> bytes:
-    return b"".join((_k1031, (_P[n1033] if 0 <= (n1033 := o.clock) < 8192 else _long(n1033)), (b"\x01" if o.partition else b"\x00"),))
+def _u1046(v: Any) -> bytes:
+    return b"".join((_k1046, (_P[n1049] if (n1049 := len(s1048 := v.encode())) < 8192 else _long(n1049)), s1048,))
 
 
-def _e_PodPreempted1033(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := o.pod_id.encode())) < 8192 else _long(n1037)), s1036, (_P[n1039] if (n1039 := len(s1038 := o.node_id.encode())) < 8192 else _long(n1039)), s1038, (_P[n1041] if (n1041 := len(s1040 := o.by.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.reason.encode())) < 8192 else _long(n1043)), s1042, (_P[n1045] if (n1045 := len(s1044 := o.message.encode())) < 8192 else _long(n1045)), s1044,))
+def _e_PodTimeLimitReached1037(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k1038, (_P[n1041] if (n1041 := len(s1040 := o.pod_id.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.node_id.encode())) < 8192 else _long(n1043)), s1042, (_P[n1044] if 0 <= (n1044 := o.time_limit_ms) < 8192 else _long(n1044)), (_k1049 if (u1045 := o.gang_id) is None else _u1046(u1045)),))
 
 
-def _u1049(v: Any) -> bytes:
-    return b"".join((_k1049, (_P[n1052] if (n1052 := len(s1051 := v.encode())) < 8192 else _long(n1052)), s1051,))
+def _u1059(v: Any) -> bytes:
+    return b"".join((_k1059, (_P[n1061] if 0 <= (n1061 := v) < 8192 else _long(n1061)),))
 
 
-def _e_QuotaChanged1045(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1046, (_k1052 if (u1048 := o.tenant) is None else _u1049(u1048)), (_k1055 if (u1054 := o.quota) is None else _k1054[type(u1054)](u1054)), (_k1058 if (u1057 := o.previous) is None else _k1057[type(u1057)](u1057)), (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
+def _e_NodesReserved1050(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.holder_id.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.holder_kind.encode())) < 8192 else _long(n1056)), s1055, (_b71(a1057) if (a1057 := o.nodes) else b"\x00"), (_k1061 if (u1058 := o.expected_start) is None else _u1059(u1058)), (_P[n1064] if (n1064 := len(s1063 := o.message.encode())) < 8192 else _long(n1064)), s1063,))
 
 
-def _e_PodMigrated1061(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.from_node.encode())) < 8192 else _long(n1067)), s1066, (_b747(a1068) if (a1068 := o.from_gpus) else b"\x00"), (_P[n1070] if (n1070 := len(s1069 := o.to_node.encode())) < 8192 else _long(n1070)), s1069, (_b747(a1071) if (a1071 := o.to_gpus) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
+def _e_ReservationReleased1064(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.holder_id.encode())) < 8192 else _long(n1068)), s1067, (_P[n1070] if (n1070 := len(s1069 := o.holder_kind.encode())) < 8192 else _long(n1070)), s1069, (_b71(a1071) if (a1071 := o.nodes) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
 
 
-def _u1082(v: Any) -> bytes:
-    return b"".join((_k1082, (_P[n1085] if (n1085 := len(s1084 := v.encode())) < 8192 else _long(n1085)), s1084,))
+def _e_DependencyFailed1075(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1076, (_P[n1079] if (n1079 := len(s1078 := o.holder_id.encode())) < 8192 else _long(n1079)), s1078, (_P[n1081] if (n1081 := len(s1080 := o.holder_kind.encode())) < 8192 else _long(n1081)), s1080, (_P[n1083] if (n1083 := len(s1082 := o.dependency_id.encode())) < 8192 else _long(n1083)), s1082, (_P[n1085] if (n1085 := len(s1084 := o.message.encode())) < 8192 else _long(n1085)), s1084,))
 
 
-def _e_DefragmentationPlanned1075(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1076, (_P[n1078] if 0 <= (n1078 := o.moves) < 8192 else _long(n1078)), (_P[n1079] if 0 <= (n1079 := o.gpus_freed) < 8192 else _long(n1079)), (_P[n1080] if 0 <= (n1080 := o.nodes_freed) < 8192 else _long(n1080)), (_k1085 if (u1081 := o.target) is None else _u1082(u1081)), (_P[n1088] if (n1088 := len(s1087 := o.message.encode())) < 8192 else _long(n1088)), s1087,))
+def _e_Ticked1085(o: _c_Ticked) -> bytes:
+    return b"".join((_k1086, (_P[n1088] if 0 <= (n1088 := o.clock) < 8192 else _long(n1088)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterHalted1088(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.cluster.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.command_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.error.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.message.encode())) < 8192 else _long(n1098)), s1097,))
+def _e_PodPreempted1088(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.pod_id.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.node_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.by.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.reason.encode())) < 8192 else _long(n1098)), s1097, (_P[n1100] if (n1100 := len(s1099 := o.message.encode())) < 8192 else _long(n1100)), s1099,))
 
 
-def _e_ClusterResumed1098(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1099, (_P[n1102] if (n1102 := len(s1101 := o.cluster.encode())) < 8192 else _long(n1102)), s1101, (_P[n1104] if (n1104 := len(s1103 := o.halted_command_id.encode())) < 8192 else _long(n1104)), s1103, (_P[n1105] if 0 <= (n1105 := o.halted_offset) < 8192 else _long(n1105)), (_P[n1106] if 0 <= (n1106 := o.refolded_from) < 8192 else _long(n1106)), (_P[n1108] if (n1108 := len(s1107 := o.message.encode())) < 8192 else _long(n1108)), s1107,))
+def _u1104(v: Any) -> bytes:
+    return b"".join((_k1104, (_P[n1107] if (n1107 := len(s1106 := v.encode())) < 8192 else _long(n1107)), s1106,))
 
 
-def _e_NodeRecovered1108(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1109, (_P[n1112] if (n1112 := len(s1111 := o.node_id.encode())) < 8192 else _long(n1112)), s1111,))
+def _e_QuotaChanged1100(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1101, (_k1107 if (u1103 := o.tenant) is None else _u1104(u1103)), (_k1110 if (u1109 := o.quota) is None else _k1109[type(u1109)](u1109)), (_k1113 if (u1112 := o.previous) is None else _k1112[type(u1112)](u1112)), (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _e_NodeUpdated1112(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := o.node_id.encode())) < 8192 else _long(n1116)), s1115, (_b21(a1117) if (a1117 := o.labels) else b"\x00"), (_b27(a1118) if (a1118 := o.taints) else b"\x00"), (_P[n1119] if 0 <= (n1119 := o.evicting) < 8192 else _long(n1119)),))
-
-
-def _u1127(v: Any) -> bytes:
-    return b"".join((_k1127, (_P[n1130] if (n1130 := len(s1129 := v.encode())) < 8192 else _long(n1130)), s1129,))
-
-
-def _e_PodRetryScheduled1119(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1120, (_P[n1123] if (n1123 := len(s1122 := o.pod_id.encode())) < 8192 else _long(n1123)), s1122, (_P[n1124] if 0 <= (n1124 := o.attempt) < 8192 else _long(n1124)), (_P[n1125] if 0 <= (n1125 := o.not_before) < 8192 else _long(n1125)), (_k1130 if (u1126 := o.gang_id) is None else _u1127(u1126)),))
+def _e_PodMigrated1116(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1117, (_P[n1120] if (n1120 := len(s1119 := o.pod_id.encode())) < 8192 else _long(n1120)), s1119, (_P[n1122] if (n1122 := len(s1121 := o.from_node.encode())) < 8192 else _long(n1122)), s1121, (_b802(a1123) if (a1123 := o.from_gpus) else b"\x00"), (_P[n1125] if (n1125 := len(s1124 := o.to_node.encode())) < 8192 else _long(n1125)), s1124, (_b802(a1126) if (a1126 := o.to_gpus) else b"\x00"), (_P[n1128] if (n1128 := len(s1127 := o.reason.encode())) < 8192 else _long(n1128)), s1127, (_P[n1130] if (n1130 := len(s1129 := o.message.encode())) < 8192 else _long(n1130)), s1129,))
 
 
 def _u1137(v: Any) -> bytes:
     return b"".join((_k1137, (_P[n1140] if (n1140 := len(s1139 := v.encode())) < 8192 else _long(n1140)), s1139,))
 
 
-def _u1143(v: Any) -> bytes:
-    return b"".join((_k1143, (_P[n1146] if (n1146 := len(s1145 := v.encode())) < 8192 else _long(n1146)), s1145,))
+def _e_DefragmentationPlanned1130(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1131, (_P[n1133] if 0 <= (n1133 := o.moves) < 8192 else _long(n1133)), (_P[n1134] if 0 <= (n1134 := o.gpus_freed) < 8192 else _long(n1134)), (_P[n1135] if 0 <= (n1135 := o.nodes_freed) < 8192 else _long(n1135)), (_k1140 if (u1136 := o.target) is None else _u1137(u1136)), (_P[n1143] if (n1143 := len(s1142 := o.message.encode())) < 8192 else _long(n1143)), s1142,))
 
 
-def _u1149(v: Any) -> bytes:
-    return b"".join((_k1149, (_b21(a1151) if (a1151 := v) else b"\x00"),))
+def _e_ClusterHalted1143(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1144, (_P[n1147] if (n1147 := len(s1146 := o.cluster.encode())) < 8192 else _long(n1147)), s1146, (_P[n1149] if (n1149 := len(s1148 := o.command_id.encode())) < 8192 else _long(n1149)), s1148, (_P[n1151] if (n1151 := len(s1150 := o.error.encode())) < 8192 else _long(n1151)), s1150, (_P[n1153] if (n1153 := len(s1152 := o.message.encode())) < 8192 else _long(n1153)), s1152,))
 
 
-def _e_DisruptionBudgetSet1131(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1132, (_P[n1135] if (n1135 := len(s1134 := o.budget_id.encode())) < 8192 else _long(n1135)), s1134, (_k1140 if (u1136 := o.tenant) is None else _u1137(u1136)), (_k1146 if (u1142 := o.gang_id) is None else _u1143(u1142)), (_k1151 if (u1148 := o.label_selector) is None else _u1149(u1148)), (_P[n1153] if 0 <= (n1153 := o.max_unavailable) < 8192 else _long(n1153)),))
+def _e_ClusterResumed1153(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.cluster.encode())) < 8192 else _long(n1157)), s1156, (_P[n1159] if (n1159 := len(s1158 := o.halted_command_id.encode())) < 8192 else _long(n1159)), s1158, (_P[n1160] if 0 <= (n1160 := o.halted_offset) < 8192 else _long(n1160)), (_P[n1161] if 0 <= (n1161 := o.refolded_from) < 8192 else _long(n1161)), (_P[n1163] if (n1163 := len(s1162 := o.message.encode())) < 8192 else _long(n1163)), s1162,))
 
 
-def _e_DisruptionBudgetRemoved1153(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156,))
+def _e_NodeRecovered1163(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1164, (_P[n1167] if (n1167 := len(s1166 := o.node_id.encode())) < 8192 else _long(n1167)), s1166,))
 
 
-def _e_EvictionBlocked1157(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.node_id.encode())) < 8192 else _long(n1163)), s1162, (_P[n1165] if (n1165 := len(s1164 := o.budget_id.encode())) < 8192 else _long(n1165)), s1164, (_P[n1166] if 0 <= (n1166 := o.grace_ms) < 8192 else _long(n1166)), (_P[n1168] if (n1168 := len(s1167 := o.reason.encode())) < 8192 else _long(n1168)), s1167,))
+def _e_NodeUpdated1167(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1168, (_P[n1171] if (n1171 := len(s1170 := o.node_id.encode())) < 8192 else _long(n1171)), s1170, (_b21(a1172) if (a1172 := o.labels) else b"\x00"), (_b27(a1173) if (a1173 := o.taints) else b"\x00"), (_P[n1174] if 0 <= (n1174 := o.evicting) < 8192 else _long(n1174)),))
 
 
-def _e_PodEvictionScheduled1168(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1169, (_P[n1172] if (n1172 := len(s1171 := o.pod_id.encode())) < 8192 else _long(n1172)), s1171, (_P[n1174] if (n1174 := len(s1173 := o.node_id.encode())) < 8192 else _long(n1174)), s1173, (_P[n1175] if 0 <= (n1175 := o.at) < 8192 else _long(n1175)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _u1182(v: Any) -> bytes:
+    return b"".join((_k1182, (_P[n1185] if (n1185 := len(s1184 := v.encode())) < 8192 else _long(n1185)), s1184,))
 
 
-def _e_Event613(o: _c_Event) -> bytes:
-    return b"".join((_k614, (_P[n616] if 0 <= (n616 := o.partition) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := o.sequence) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := o.cluster.encode())) < 8192 else _long(n619)), s618, (_P[n621] if (n621 := len(s620 := o.command_id.encode())) < 8192 else _long(n621)), s620, (_P[n622] if 0 <= (n622 := o.command_offset) < 8192 else _long(n622)), (_P[n623] if 0 <= (n623 := o.occurred_at) < 8192 else _long(n623)), _k1175[type(u624 := o.payload)](u624),))
+def _e_PodRetryScheduled1174(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1175, (_P[n1178] if (n1178 := len(s1177 := o.pod_id.encode())) < 8192 else _long(n1178)), s1177, (_P[n1179] if 0 <= (n1179 := o.attempt) < 8192 else _long(n1179)), (_P[n1180] if 0 <= (n1180 := o.not_before) < 8192 else _long(n1180)), (_k1185 if (u1181 := o.gang_id) is None else _u1182(u1181)),))
 
 
-def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1192(v: Any) -> bytes:
+    return b"".join((_k1192, (_P[n1195] if (n1195 := len(s1194 := v.encode())) < 8192 else _long(n1195)), s1194,))
+
+
+def _u1198(v: Any) -> bytes:
+    return b"".join((_k1198, (_P[n1201] if (n1201 := len(s1200 := v.encode())) < 8192 else _long(n1201)), s1200,))
+
+
+def _u1204(v: Any) -> bytes:
+    return b"".join((_k1204, (_b21(a1206) if (a1206 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1186(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1187, (_P[n1190] if (n1190 := len(s1189 := o.budget_id.encode())) < 8192 else _long(n1190)), s1189, (_k1195 if (u1191 := o.tenant) is None else _u1192(u1191)), (_k1201 if (u1197 := o.gang_id) is None else _u1198(u1197)), (_k1206 if (u1203 := o.label_selector) is None else _u1204(u1203)), (_P[n1208] if 0 <= (n1208 := o.max_unavailable) < 8192 else _long(n1208)),))
+
+
+def _e_DisruptionBudgetRemoved1208(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1209, (_P[n1212] if (n1212 := len(s1211 := o.budget_id.encode())) < 8192 else _long(n1212)), s1211,))
+
+
+def _e_EvictionBlocked1212(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1213, (_P[n1216] if (n1216 := len(s1215 := o.pod_id.encode())) < 8192 else _long(n1216)), s1215, (_P[n1218] if (n1218 := len(s1217 := o.node_id.encode())) < 8192 else _long(n1218)), s1217, (_P[n1220] if (n1220 := len(s1219 := o.budget_id.encode())) < 8192 else _long(n1220)), s1219, (_P[n1221] if 0 <= (n1221 := o.grace_ms) < 8192 else _long(n1221)), (_P[n1223] if (n1223 := len(s1222 := o.reason.encode())) < 8192 else _long(n1223)), s1222,))
+
+
+def _e_PodEvictionScheduled1223(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1224, (_P[n1227] if (n1227 := len(s1226 := o.pod_id.encode())) < 8192 else _long(n1227)), s1226, (_P[n1229] if (n1229 := len(s1228 := o.node_id.encode())) < 8192 else _long(n1229)), s1228, (_P[n1230] if 0 <= (n1230 := o.at) < 8192 else _long(n1230)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _u1241(v: Any) -> bytes:
+    return b"".join((_k1241, (_P[n1244] if (n1244 := len(s1243 := v.encode())) < 8192 else _long(n1244)), s1243,))
+
+
+def _u1248(v: Any) -> bytes:
+    return b"".join((_k1248, (_P[n1250] if 0 <= (n1250 := v) < 8192 else _long(n1250)),))
+
+
+def _u1253(v: Any) -> bytes:
+    return b"".join((_k1253, (_P[n1255] if 0 <= (n1255 := v) < 8192 else _long(n1255)),))
+
+
+def _u1258(v: Any) -> bytes:
+    return b"".join((_k1258, (_P[n1260] if 0 <= (n1260 := v) < 8192 else _long(n1260)),))
+
+
+def _u1263(v: Any) -> bytes:
+    return b"".join((_k1263, (_P[n1265] if 0 <= (n1265 := v) < 8192 else _long(n1265)),))
+
+
+def _e_CohortQuota1235(o: _c_CohortQuota) -> bytes:
+    return b"".join((_k1236, (_P[n1239] if (n1239 := len(s1238 := o.cohort.encode())) < 8192 else _long(n1239)), s1238, (_k1244 if (u1240 := o.parent) is None else _u1241(u1240)), (_b132(a1246) if (a1246 := o.nominal_gpus) else b"\x00"), (_k1250 if (u1247 := o.nominal_cpu_milli) is None else _u1248(u1247)), (_k1255 if (u1252 := o.nominal_memory_mib) is None else _u1253(u1252)), (_k1260 if (u1257 := o.borrowing_limit_gpus) is None else _u1258(u1257)), (_k1265 if (u1262 := o.lending_limit_gpus) is None else _u1263(u1262)),))
+
+
+def _e_CohortChanged1230(o: _c_CohortChanged) -> bytes:
+    return b"".join((_k1231, (_P[n1234] if (n1234 := len(s1233 := o.cohort.encode())) < 8192 else _long(n1234)), s1233, (_k1267 if (u1235 := o.spec) is None else _k1266[type(u1235)](u1235)), (_k1270 if (u1269 := o.previous) is None else _k1269[type(u1269)](u1269)), (_P[n1273] if (n1273 := len(s1272 := o.message.encode())) < 8192 else _long(n1273)), s1272,))
+
+
+def _e_Event668(o: _c_Event) -> bytes:
+    return b"".join((_k669, (_P[n671] if 0 <= (n671 := o.partition) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := o.sequence) < 8192 else _long(n672)), (_P[n674] if (n674 := len(s673 := o.cluster.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := o.command_id.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := o.command_offset) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := o.occurred_at) < 8192 else _long(n678)), _k1273[type(u679 := o.payload)](u679),))
+
+
+def _d_NodeAdded1280(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3821,30 +4181,30 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1184 = _ZL[buf[pos]]
-    if n1184 < 0:
-        n1184, pos = _rlong(buf, pos)
-        if n1184 < 0:
-            raise _length_error(n1184, end - pos)
+    n1282 = _ZL[buf[pos]]
+    if n1282 < 0:
+        n1282, pos = _rlong(buf, pos)
+        if n1282 < 0:
+            raise _length_error(n1282, end - pos)
     else:
         pos += 1
-    q1185 = pos + n1184
-    if q1185 > end:
-        raise _length_error(n1184, end - pos)
-    f_node_id = buf[pos:q1185].decode()
-    pos = q1185
-    n1186 = _ZL[buf[pos]]
-    if n1186 < 0:
-        n1186, pos = _rlong(buf, pos)
-        if n1186 < 0:
-            raise _length_error(n1186, end - pos)
+    q1283 = pos + n1282
+    if q1283 > end:
+        raise _length_error(n1282, end - pos)
+    f_node_id = buf[pos:q1283].decode()
+    pos = q1283
+    n1284 = _ZL[buf[pos]]
+    if n1284 < 0:
+        n1284, pos = _rlong(buf, pos)
+        if n1284 < 0:
+            raise _length_error(n1284, end - pos)
     else:
         pos += 1
-    q1187 = pos + n1186
-    if q1187 > end:
-        raise _length_error(n1186, end - pos)
-    f_gpu_model = buf[pos:q1187].decode()
-    pos = q1187
+    q1285 = pos + n1284
+    if q1285 > end:
+        raise _length_error(n1284, end - pos)
+    f_gpu_model = buf[pos:q1285].decode()
+    pos = q1285
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3891,113 +4251,113 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1188: dict[str, Any] = {}
+        acc1286: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1189 = _ZD[b]
+                c1287 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1287 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1287 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1189, pos = _rlong(buf, pos)
-            if c1189 == 0:
+                c1287, pos = _rlong(buf, pos)
+            if c1287 == 0:
                 break
-            if c1189 < 0:
-                c1189 = -c1189
+            if c1287 < 0:
+                c1287 = -c1287
                 b = buf[pos]
                 if b < 128:
-                    z1192 = _ZD[b]
+                    z1290 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1290 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1290 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1192, pos = _rlong(buf, pos)
-            if c1189 * 2 > end - pos:
-                raise _count_error(c1189, end - pos)
-            for _ in range(c1189):
-                n1193 = _ZL[buf[pos]]
-                if n1193 < 0:
-                    n1193, pos = _rlong(buf, pos)
-                    if n1193 < 0:
-                        raise _length_error(n1193, end - pos)
+                    z1290, pos = _rlong(buf, pos)
+            if c1287 * 2 > end - pos:
+                raise _count_error(c1287, end - pos)
+            for _ in range(c1287):
+                n1291 = _ZL[buf[pos]]
+                if n1291 < 0:
+                    n1291, pos = _rlong(buf, pos)
+                    if n1291 < 0:
+                        raise _length_error(n1291, end - pos)
                 else:
                     pos += 1
-                q1194 = pos + n1193
-                if q1194 > end:
-                    raise _length_error(n1193, end - pos)
-                k1191 = buf[pos:q1194].decode()
-                pos = q1194
-                n1195 = _ZL[buf[pos]]
-                if n1195 < 0:
-                    n1195, pos = _rlong(buf, pos)
-                    if n1195 < 0:
-                        raise _length_error(n1195, end - pos)
+                q1292 = pos + n1291
+                if q1292 > end:
+                    raise _length_error(n1291, end - pos)
+                k1289 = buf[pos:q1292].decode()
+                pos = q1292
+                n1293 = _ZL[buf[pos]]
+                if n1293 < 0:
+                    n1293, pos = _rlong(buf, pos)
+                    if n1293 < 0:
+                        raise _length_error(n1293, end - pos)
                 else:
                     pos += 1
-                q1196 = pos + n1195
-                if q1196 > end:
-                    raise _length_error(n1195, end - pos)
-                x1190 = buf[pos:q1196].decode()
-                pos = q1196
-                acc1188[k1191] = x1190
-        f_labels = acc1188
+                q1294 = pos + n1293
+                if q1294 > end:
+                    raise _length_error(n1293, end - pos)
+                x1288 = buf[pos:q1294].decode()
+                pos = q1294
+                acc1286[k1289] = x1288
+        f_labels = acc1286
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1197: list[Any] = []
+        acc1295: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1198 = _ZD[b]
+                c1296 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1296 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1296 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1198, pos = _rlong(buf, pos)
-            if c1198 == 0:
+                c1296, pos = _rlong(buf, pos)
+            if c1296 == 0:
                 break
-            if c1198 < 0:
-                c1198 = -c1198
+            if c1296 < 0:
+                c1296 = -c1296
                 b = buf[pos]
                 if b < 128:
-                    z1201 = _ZD[b]
+                    z1299 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1299 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1299 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1201, pos = _rlong(buf, pos)
-            if c1198 * 3 > end - pos:
-                raise _count_error(c1198, end - pos)
-            for _ in range(c1198):
-                x1199, pos = _d_Taint367(buf, pos, end)
-                acc1197.append(x1199)
-        f_taints = tuple(acc1197)
+                    z1299, pos = _rlong(buf, pos)
+            if c1296 * 3 > end - pos:
+                raise _count_error(c1296, end - pos)
+            for _ in range(c1296):
+                x1297, pos = _d_Taint402(buf, pos, end)
+                acc1295.append(x1297)
+        f_taints = tuple(acc1295)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4016,78 +4376,78 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1201(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1299(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
+    n1301 = _ZL[buf[pos]]
+    if n1301 < 0:
+        n1301, pos = _rlong(buf, pos)
+        if n1301 < 0:
+            raise _length_error(n1301, end - pos)
     else:
         pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_node_id = buf[pos:q1204].decode()
-    pos = q1204
+    q1302 = pos + n1301
+    if q1302 > end:
+        raise _length_error(n1301, end - pos)
+    f_node_id = buf[pos:q1302].decode()
+    pos = q1302
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1204(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1302(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    n1304 = _ZL[buf[pos]]
+    if n1304 < 0:
+        n1304, pos = _rlong(buf, pos)
+        if n1304 < 0:
+            raise _length_error(n1304, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_node_id = buf[pos:q1207].decode()
-    pos = q1207
+    q1305 = pos + n1304
+    if q1305 > end:
+        raise _length_error(n1304, end - pos)
+    f_node_id = buf[pos:q1305].decode()
+    pos = q1305
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1207(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1305(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
+    n1307 = _ZL[buf[pos]]
+    if n1307 < 0:
+        n1307, pos = _rlong(buf, pos)
+        if n1307 < 0:
+            raise _length_error(n1307, end - pos)
     else:
         pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_node_id = buf[pos:q1210].decode()
-    pos = q1210
+    q1308 = pos + n1307
+    if q1308 > end:
+        raise _length_error(n1307, end - pos)
+    f_node_id = buf[pos:q1308].decode()
+    pos = q1308
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1308(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1212 = _ZL[buf[pos]]
-    if n1212 < 0:
-        n1212, pos = _rlong(buf, pos)
-        if n1212 < 0:
-            raise _length_error(n1212, end - pos)
+    n1310 = _ZL[buf[pos]]
+    if n1310 < 0:
+        n1310, pos = _rlong(buf, pos)
+        if n1310 < 0:
+            raise _length_error(n1310, end - pos)
     else:
         pos += 1
-    q1213 = pos + n1212
-    if q1213 > end:
-        raise _length_error(n1212, end - pos)
-    f_node_id = buf[pos:q1213].decode()
-    pos = q1213
+    q1311 = pos + n1310
+    if q1311 > end:
+        raise _length_error(n1310, end - pos)
+    f_node_id = buf[pos:q1311].decode()
+    pos = q1311
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4106,34 +4466,34 @@ def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1311(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1215 = _ZL[buf[pos]]
-    if n1215 < 0:
-        n1215, pos = _rlong(buf, pos)
-        if n1215 < 0:
-            raise _length_error(n1215, end - pos)
+    n1313 = _ZL[buf[pos]]
+    if n1313 < 0:
+        n1313, pos = _rlong(buf, pos)
+        if n1313 < 0:
+            raise _length_error(n1313, end - pos)
     else:
         pos += 1
-    q1216 = pos + n1215
-    if q1216 > end:
-        raise _length_error(n1215, end - pos)
-    f_node_id = buf[pos:q1216].decode()
-    pos = q1216
-    n1217 = _ZL[buf[pos]]
-    if n1217 < 0:
-        n1217, pos = _rlong(buf, pos)
-        if n1217 < 0:
-            raise _length_error(n1217, end - pos)
+    q1314 = pos + n1313
+    if q1314 > end:
+        raise _length_error(n1313, end - pos)
+    f_node_id = buf[pos:q1314].decode()
+    pos = q1314
+    n1315 = _ZL[buf[pos]]
+    if n1315 < 0:
+        n1315, pos = _rlong(buf, pos)
+        if n1315 < 0:
+            raise _length_error(n1315, end - pos)
     else:
         pos += 1
-    q1218 = pos + n1217
-    if q1218 > end:
-        raise _length_error(n1217, end - pos)
-    f_reason = buf[pos:q1218].decode()
-    pos = q1218
+    q1316 = pos + n1315
+    if q1316 > end:
+        raise _length_error(n1315, end - pos)
+    f_reason = buf[pos:q1316].decode()
+    pos = q1316
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4152,7 +4512,7 @@ def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1317(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4174,30 +4534,30 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
+    n1319 = _ZL[buf[pos]]
+    if n1319 < 0:
+        n1319, pos = _rlong(buf, pos)
+        if n1319 < 0:
+            raise _length_error(n1319, end - pos)
     else:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_pod_id = buf[pos:q1222].decode()
-    pos = q1222
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
+    q1320 = pos + n1319
+    if q1320 > end:
+        raise _length_error(n1319, end - pos)
+    f_pod_id = buf[pos:q1320].decode()
+    pos = q1320
+    n1321 = _ZL[buf[pos]]
+    if n1321 < 0:
+        n1321, pos = _rlong(buf, pos)
+        if n1321 < 0:
+            raise _length_error(n1321, end - pos)
     else:
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_tenant = buf[pos:q1224].decode()
-    pos = q1224
+    q1322 = pos + n1321
+    if q1322 > end:
+        raise _length_error(n1321, end - pos)
+    f_tenant = buf[pos:q1322].decode()
+    pos = q1322
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4272,168 +4632,168 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1225: list[Any] = []
+        acc1323: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1226 = _ZD[b]
+                c1324 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1324 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1324 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1226, pos = _rlong(buf, pos)
-            if c1226 == 0:
+                c1324, pos = _rlong(buf, pos)
+            if c1324 == 0:
                 break
-            if c1226 < 0:
-                c1226 = -c1226
+            if c1324 < 0:
+                c1324 = -c1324
                 b = buf[pos]
                 if b < 128:
-                    z1229 = _ZD[b]
+                    z1327 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1327 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1327 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1229, pos = _rlong(buf, pos)
-            if c1226 * 1 > end - pos:
-                raise _count_error(c1226, end - pos)
-            for _ in range(c1226):
-                n1230 = _ZL[buf[pos]]
-                if n1230 < 0:
-                    n1230, pos = _rlong(buf, pos)
-                    if n1230 < 0:
-                        raise _length_error(n1230, end - pos)
+                    z1327, pos = _rlong(buf, pos)
+            if c1324 * 1 > end - pos:
+                raise _count_error(c1324, end - pos)
+            for _ in range(c1324):
+                n1328 = _ZL[buf[pos]]
+                if n1328 < 0:
+                    n1328, pos = _rlong(buf, pos)
+                    if n1328 < 0:
+                        raise _length_error(n1328, end - pos)
                 else:
                     pos += 1
-                q1231 = pos + n1230
-                if q1231 > end:
-                    raise _length_error(n1230, end - pos)
-                x1227 = buf[pos:q1231].decode()
-                pos = q1231
-                acc1225.append(x1227)
-        f_gpu_models = tuple(acc1225)
+                q1329 = pos + n1328
+                if q1329 > end:
+                    raise _length_error(n1328, end - pos)
+                x1325 = buf[pos:q1329].decode()
+                pos = q1329
+                acc1323.append(x1325)
+        f_gpu_models = tuple(acc1323)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1232: dict[str, Any] = {}
+        acc1330: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1233 = _ZD[b]
+                c1331 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1331 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1331 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1233, pos = _rlong(buf, pos)
-            if c1233 == 0:
+                c1331, pos = _rlong(buf, pos)
+            if c1331 == 0:
                 break
-            if c1233 < 0:
-                c1233 = -c1233
+            if c1331 < 0:
+                c1331 = -c1331
                 b = buf[pos]
                 if b < 128:
-                    z1236 = _ZD[b]
+                    z1334 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1334 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1334 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1236, pos = _rlong(buf, pos)
-            if c1233 * 2 > end - pos:
-                raise _count_error(c1233, end - pos)
-            for _ in range(c1233):
-                n1237 = _ZL[buf[pos]]
-                if n1237 < 0:
-                    n1237, pos = _rlong(buf, pos)
-                    if n1237 < 0:
-                        raise _length_error(n1237, end - pos)
+                    z1334, pos = _rlong(buf, pos)
+            if c1331 * 2 > end - pos:
+                raise _count_error(c1331, end - pos)
+            for _ in range(c1331):
+                n1335 = _ZL[buf[pos]]
+                if n1335 < 0:
+                    n1335, pos = _rlong(buf, pos)
+                    if n1335 < 0:
+                        raise _length_error(n1335, end - pos)
                 else:
                     pos += 1
-                q1238 = pos + n1237
-                if q1238 > end:
-                    raise _length_error(n1237, end - pos)
-                k1235 = buf[pos:q1238].decode()
-                pos = q1238
-                n1239 = _ZL[buf[pos]]
-                if n1239 < 0:
-                    n1239, pos = _rlong(buf, pos)
-                    if n1239 < 0:
-                        raise _length_error(n1239, end - pos)
+                q1336 = pos + n1335
+                if q1336 > end:
+                    raise _length_error(n1335, end - pos)
+                k1333 = buf[pos:q1336].decode()
+                pos = q1336
+                n1337 = _ZL[buf[pos]]
+                if n1337 < 0:
+                    n1337, pos = _rlong(buf, pos)
+                    if n1337 < 0:
+                        raise _length_error(n1337, end - pos)
                 else:
                     pos += 1
-                q1240 = pos + n1239
-                if q1240 > end:
-                    raise _length_error(n1239, end - pos)
-                x1234 = buf[pos:q1240].decode()
-                pos = q1240
-                acc1232[k1235] = x1234
-        f_node_selector = acc1232
+                q1338 = pos + n1337
+                if q1338 > end:
+                    raise _length_error(n1337, end - pos)
+                x1332 = buf[pos:q1338].decode()
+                pos = q1338
+                acc1330[k1333] = x1332
+        f_node_selector = acc1330
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1241: list[Any] = []
+        acc1339: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1242 = _ZD[b]
+                c1340 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1242 = (z >> 1) ^ -(z & 1)
+                c1340 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1242 = (z >> 1) ^ -(z & 1)
+                c1340 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1242, pos = _rlong(buf, pos)
-            if c1242 == 0:
+                c1340, pos = _rlong(buf, pos)
+            if c1340 == 0:
                 break
-            if c1242 < 0:
-                c1242 = -c1242
+            if c1340 < 0:
+                c1340 = -c1340
                 b = buf[pos]
                 if b < 128:
-                    z1245 = _ZD[b]
+                    z1343 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1245 = (z >> 1) ^ -(z & 1)
+                    z1343 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1245 = (z >> 1) ^ -(z & 1)
+                    z1343 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1245, pos = _rlong(buf, pos)
-            if c1242 * 4 > end - pos:
-                raise _count_error(c1242, end - pos)
-            for _ in range(c1242):
-                x1243, pos = _d_Toleration417(buf, pos, end)
-                acc1241.append(x1243)
-        f_tolerations = tuple(acc1241)
+                    z1343, pos = _rlong(buf, pos)
+            if c1340 * 4 > end - pos:
+                raise _count_error(c1340, end - pos)
+            for _ in range(c1340):
+                x1341, pos = _d_Toleration452(buf, pos, end)
+                acc1339.append(x1341)
+        f_tolerations = tuple(acc1339)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4464,52 +4824,52 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1246 = _ZD[b]
+        i1344 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1344 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1344 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1246, pos = _rlong(buf, pos)
-    if i1246 == 0:
+        i1344, pos = _rlong(buf, pos)
+    if i1344 == 0:
         f_gang_id = None
-    elif i1246 == 1:
-        n1247 = _ZL[buf[pos]]
-        if n1247 < 0:
-            n1247, pos = _rlong(buf, pos)
-            if n1247 < 0:
-                raise _length_error(n1247, end - pos)
+    elif i1344 == 1:
+        n1345 = _ZL[buf[pos]]
+        if n1345 < 0:
+            n1345, pos = _rlong(buf, pos)
+            if n1345 < 0:
+                raise _length_error(n1345, end - pos)
         else:
             pos += 1
-        q1248 = pos + n1247
-        if q1248 > end:
-            raise _length_error(n1247, end - pos)
-        f_gang_id = buf[pos:q1248].decode()
-        pos = q1248
+        q1346 = pos + n1345
+        if q1346 > end:
+            raise _length_error(n1345, end - pos)
+        f_gang_id = buf[pos:q1346].decode()
+        pos = q1346
     else:
-        raise _union_error(i1246, 2)
+        raise _union_error(i1344, 2)
     b = buf[pos]
     if b < 128:
-        i1249 = _ZD[b]
+        i1347 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1347 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1249, pos = _rlong(buf, pos)
-    if i1249 == 0:
+        i1347, pos = _rlong(buf, pos)
+    if i1347 == 0:
         f_time_limit_ms = None
-    elif i1249 == 1:
+    elif i1347 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4525,86 +4885,86 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1249, 2)
+        raise _union_error(i1347, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1250: list[Any] = []
+        acc1348: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1251 = _ZD[b]
+                c1349 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1349 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1349 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1251, pos = _rlong(buf, pos)
-            if c1251 == 0:
+                c1349, pos = _rlong(buf, pos)
+            if c1349 == 0:
                 break
-            if c1251 < 0:
-                c1251 = -c1251
+            if c1349 < 0:
+                c1349 = -c1349
                 b = buf[pos]
                 if b < 128:
-                    z1254 = _ZD[b]
+                    z1352 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1352 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1352 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1254, pos = _rlong(buf, pos)
-            if c1251 * 1 > end - pos:
-                raise _count_error(c1251, end - pos)
-            for _ in range(c1251):
-                n1255 = _ZL[buf[pos]]
-                if n1255 < 0:
-                    n1255, pos = _rlong(buf, pos)
-                    if n1255 < 0:
-                        raise _length_error(n1255, end - pos)
+                    z1352, pos = _rlong(buf, pos)
+            if c1349 * 1 > end - pos:
+                raise _count_error(c1349, end - pos)
+            for _ in range(c1349):
+                n1353 = _ZL[buf[pos]]
+                if n1353 < 0:
+                    n1353, pos = _rlong(buf, pos)
+                    if n1353 < 0:
+                        raise _length_error(n1353, end - pos)
                 else:
                     pos += 1
-                q1256 = pos + n1255
-                if q1256 > end:
-                    raise _length_error(n1255, end - pos)
-                x1252 = buf[pos:q1256].decode()
-                pos = q1256
-                acc1250.append(x1252)
-        f_depends_on = tuple(acc1250)
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
+                q1354 = pos + n1353
+                if q1354 > end:
+                    raise _length_error(n1353, end - pos)
+                x1350 = buf[pos:q1354].decode()
+                pos = q1354
+                acc1348.append(x1350)
+        f_depends_on = tuple(acc1348)
+    n1355 = _ZL[buf[pos]]
+    if n1355 < 0:
+        n1355, pos = _rlong(buf, pos)
+        if n1355 < 0:
+            raise _length_error(n1355, end - pos)
     else:
         pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_dependency = buf[pos:q1258].decode()
-    pos = q1258
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
+    q1356 = pos + n1355
+    if q1356 > end:
+        raise _length_error(n1355, end - pos)
+    f_dependency = buf[pos:q1356].decode()
+    pos = q1356
+    n1357 = _ZL[buf[pos]]
+    if n1357 < 0:
+        n1357, pos = _rlong(buf, pos)
+        if n1357 < 0:
+            raise _length_error(n1357, end - pos)
     else:
         pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_preemption = buf[pos:q1260].decode()
-    pos = q1260
+    q1358 = pos + n1357
+    if q1358 > end:
+        raise _length_error(n1357, end - pos)
+    f_preemption = buf[pos:q1358].decode()
+    pos = q1358
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4623,46 +4983,46 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1261 = _ZD[b]
+        i1359 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1359 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1359 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1261, pos = _rlong(buf, pos)
-    if i1261 == 0:
+        i1359, pos = _rlong(buf, pos)
+    if i1359 == 0:
         f_retry = None
-    elif i1261 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i1359 == 1:
+        f_retry, pos = _d_Retry474(buf, pos, end)
     else:
-        raise _union_error(i1261, 2)
+        raise _union_error(i1359, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1364(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1268 = _ZL[buf[pos]]
-    if n1268 < 0:
-        n1268, pos = _rlong(buf, pos)
-        if n1268 < 0:
-            raise _length_error(n1268, end - pos)
+    n1366 = _ZL[buf[pos]]
+    if n1366 < 0:
+        n1366, pos = _rlong(buf, pos)
+        if n1366 < 0:
+            raise _length_error(n1366, end - pos)
     else:
         pos += 1
-    q1269 = pos + n1268
-    if q1269 > end:
-        raise _length_error(n1268, end - pos)
-    f_code = buf[pos:q1269].decode()
-    pos = q1269
+    q1367 = pos + n1366
+    if q1367 > end:
+        raise _length_error(n1366, end - pos)
+    f_code = buf[pos:q1367].decode()
+    pos = q1367
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4677,134 +5037,134 @@ def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
+    n1368 = _ZL[buf[pos]]
+    if n1368 < 0:
+        n1368, pos = _rlong(buf, pos)
+        if n1368 < 0:
+            raise _length_error(n1368, end - pos)
     else:
         pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_message = buf[pos:q1271].decode()
-    pos = q1271
+    q1369 = pos + n1368
+    if q1369 > end:
+        raise _length_error(n1368, end - pos)
+    f_message = buf[pos:q1369].decode()
+    pos = q1369
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1218(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1316(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
+    f_pod, pos = _d_PodSpec1317(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1262: list[Any] = []
+        acc1360: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1263 = _ZD[b]
+                c1361 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1263 = (z >> 1) ^ -(z & 1)
+                c1361 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1263 = (z >> 1) ^ -(z & 1)
+                c1361 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1263, pos = _rlong(buf, pos)
-            if c1263 == 0:
+                c1361, pos = _rlong(buf, pos)
+            if c1361 == 0:
                 break
-            if c1263 < 0:
-                c1263 = -c1263
+            if c1361 < 0:
+                c1361 = -c1361
                 b = buf[pos]
                 if b < 128:
-                    z1266 = _ZD[b]
+                    z1364 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1266 = (z >> 1) ^ -(z & 1)
+                    z1364 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1266 = (z >> 1) ^ -(z & 1)
+                    z1364 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1266, pos = _rlong(buf, pos)
-            if c1263 * 3 > end - pos:
-                raise _count_error(c1263, end - pos)
-            for _ in range(c1263):
-                x1264, pos = _d_QueueReason1266(buf, pos, end)
-                acc1262.append(x1264)
-        f_reasons = tuple(acc1262)
+                    z1364, pos = _rlong(buf, pos)
+            if c1361 * 3 > end - pos:
+                raise _count_error(c1361, end - pos)
+            for _ in range(c1361):
+                x1362, pos = _d_QueueReason1364(buf, pos, end)
+                acc1360.append(x1362)
+        f_reasons = tuple(acc1360)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1272: list[Any] = []
+        acc1370: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1273 = _ZD[b]
+                c1371 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1273 = (z >> 1) ^ -(z & 1)
+                c1371 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1273 = (z >> 1) ^ -(z & 1)
+                c1371 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1273, pos = _rlong(buf, pos)
-            if c1273 == 0:
+                c1371, pos = _rlong(buf, pos)
+            if c1371 == 0:
                 break
-            if c1273 < 0:
-                c1273 = -c1273
+            if c1371 < 0:
+                c1371 = -c1371
                 b = buf[pos]
                 if b < 128:
-                    z1276 = _ZD[b]
+                    z1374 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1276 = (z >> 1) ^ -(z & 1)
+                    z1374 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1276 = (z >> 1) ^ -(z & 1)
+                    z1374 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1276, pos = _rlong(buf, pos)
-            if c1273 * 1 > end - pos:
-                raise _count_error(c1273, end - pos)
-            for _ in range(c1273):
-                n1277 = _ZL[buf[pos]]
-                if n1277 < 0:
-                    n1277, pos = _rlong(buf, pos)
-                    if n1277 < 0:
-                        raise _length_error(n1277, end - pos)
+                    z1374, pos = _rlong(buf, pos)
+            if c1371 * 1 > end - pos:
+                raise _count_error(c1371, end - pos)
+            for _ in range(c1371):
+                n1375 = _ZL[buf[pos]]
+                if n1375 < 0:
+                    n1375, pos = _rlong(buf, pos)
+                    if n1375 < 0:
+                        raise _length_error(n1375, end - pos)
                 else:
                     pos += 1
-                q1278 = pos + n1277
-                if q1278 > end:
-                    raise _length_error(n1277, end - pos)
-                x1274 = buf[pos:q1278].decode()
-                pos = q1278
-                acc1272.append(x1274)
-        f_waiting_for = tuple(acc1272)
+                q1376 = pos + n1375
+                if q1376 > end:
+                    raise _length_error(n1375, end - pos)
+                x1372 = buf[pos:q1376].decode()
+                pos = q1376
+                acc1370.append(x1372)
+        f_waiting_for = tuple(acc1370)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1384(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4839,7 +5199,7 @@ def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4847,1099 +5207,63 @@ def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
+    f_pod, pos = _d_PodSpec1317(buf, pos, end)
+    n1378 = _ZL[buf[pos]]
+    if n1378 < 0:
+        n1378, pos = _rlong(buf, pos)
+        if n1378 < 0:
+            raise _length_error(n1378, end - pos)
     else:
         pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_node_id = buf[pos:q1281].decode()
-    pos = q1281
+    q1379 = pos + n1378
+    if q1379 > end:
+        raise _length_error(n1378, end - pos)
+    f_node_id = buf[pos:q1379].decode()
+    pos = q1379
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1282: list[Any] = []
+        acc1380: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1283 = _ZD[b]
+                c1381 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1283, pos = _rlong(buf, pos)
-            if c1283 == 0:
+                c1381, pos = _rlong(buf, pos)
+            if c1381 == 0:
                 break
-            if c1283 < 0:
-                c1283 = -c1283
+            if c1381 < 0:
+                c1381 = -c1381
                 b = buf[pos]
                 if b < 128:
-                    z1286 = _ZD[b]
+                    z1384 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1286, pos = _rlong(buf, pos)
-            if c1283 * 2 > end - pos:
-                raise _count_error(c1283, end - pos)
-            for _ in range(c1283):
-                x1284, pos = _d_GpuShare1286(buf, pos, end)
-                acc1282.append(x1284)
-        f_gpus = tuple(acc1282)
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
-    else:
-        pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_policy = buf[pos:q1289].decode()
-    pos = q1289
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1290: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1291 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1291 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1291 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1291, pos = _rlong(buf, pos)
-            if c1291 == 0:
-                break
-            if c1291 < 0:
-                c1291 = -c1291
-                b = buf[pos]
-                if b < 128:
-                    z1294 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1294 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1294 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1294, pos = _rlong(buf, pos)
-            if c1291 * 9 > end - pos:
-                raise _count_error(c1291, end - pos)
-            for _ in range(c1291):
-                n1295 = _ZL[buf[pos]]
-                if n1295 < 0:
-                    n1295, pos = _rlong(buf, pos)
-                    if n1295 < 0:
-                        raise _length_error(n1295, end - pos)
-                else:
-                    pos += 1
-                q1296 = pos + n1295
-                if q1296 > end:
-                    raise _length_error(n1295, end - pos)
-                k1293 = buf[pos:q1296].decode()
-                pos = q1296
-                x1292, = _unpack_d(buf, pos)
-                pos += 8
-                acc1290[k1293] = x1292
-        f_scores = acc1290
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1297: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1298 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1298 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1298 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1298, pos = _rlong(buf, pos)
-            if c1298 == 0:
-                break
-            if c1298 < 0:
-                c1298 = -c1298
-                b = buf[pos]
-                if b < 128:
-                    z1301 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1301 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1301 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1301, pos = _rlong(buf, pos)
-            if c1298 * 1 > end - pos:
-                raise _count_error(c1298, end - pos)
-            for _ in range(c1298):
-                n1302 = _ZL[buf[pos]]
-                if n1302 < 0:
-                    n1302, pos = _rlong(buf, pos)
-                    if n1302 < 0:
-                        raise _length_error(n1302, end - pos)
-                else:
-                    pos += 1
-                q1303 = pos + n1302
-                if q1303 > end:
-                    raise _length_error(n1302, end - pos)
-                x1299 = buf[pos:q1303].decode()
-                pos = q1303
-                acc1297.append(x1299)
-        f_preempted = tuple(acc1297)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1303(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1305 = _ZL[buf[pos]]
-    if n1305 < 0:
-        n1305, pos = _rlong(buf, pos)
-        if n1305 < 0:
-            raise _length_error(n1305, end - pos)
-    else:
-        pos += 1
-    q1306 = pos + n1305
-    if q1306 > end:
-        raise _length_error(n1305, end - pos)
-    f_pod_id = buf[pos:q1306].decode()
-    pos = q1306
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
-    else:
-        pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_node_id = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
-    else:
-        pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_reason = buf[pos:q1310].decode()
-    pos = q1310
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1310(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
-    else:
-        pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_pod_id = buf[pos:q1313].decode()
-    pos = q1313
-    b = buf[pos]
-    if b < 128:
-        i1314 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1314 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1314 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1314, pos = _rlong(buf, pos)
-    if i1314 == 0:
-        f_node_id = None
-    elif i1314 == 1:
-        n1315 = _ZL[buf[pos]]
-        if n1315 < 0:
-            n1315, pos = _rlong(buf, pos)
-            if n1315 < 0:
-                raise _length_error(n1315, end - pos)
-        else:
-            pos += 1
-        q1316 = pos + n1315
-        if q1316 > end:
-            raise _length_error(n1315, end - pos)
-        f_node_id = buf[pos:q1316].decode()
-        pos = q1316
-    else:
-        raise _union_error(i1314, 2)
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
-    else:
-        pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_reason = buf[pos:q1318].decode()
-    pos = q1318
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
-    else:
-        pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_policy = buf[pos:q1321].decode()
-    pos = q1321
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
-    else:
-        pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_previous = buf[pos:q1323].decode()
-    pos = q1323
-    b = buf[pos]
-    if b < 128:
-        i1324 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1324 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1324 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1324, pos = _rlong(buf, pos)
-    if i1324 == 0:
-        f_reserve_after_ms = None
-    elif i1324 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1324, 2)
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
-    else:
-        pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_queue_order = buf[pos:q1326].decode()
-    pos = q1326
-    b = buf[pos]
-    if b < 128:
-        i1327 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1327 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1327 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1327, pos = _rlong(buf, pos)
-    if i1327 == 0:
-        f_max_clock_jump_ms = None
-    elif i1327 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1327, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1327(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1329 = _ZL[buf[pos]]
-    if n1329 < 0:
-        n1329, pos = _rlong(buf, pos)
-        if n1329 < 0:
-            raise _length_error(n1329, end - pos)
-    else:
-        pos += 1
-    q1330 = pos + n1329
-    if q1330 > end:
-        raise _length_error(n1329, end - pos)
-    f_command_id = buf[pos:q1330].decode()
-    pos = q1330
-    n1331 = _ZL[buf[pos]]
-    if n1331 < 0:
-        n1331, pos = _rlong(buf, pos)
-        if n1331 < 0:
-            raise _length_error(n1331, end - pos)
-    else:
-        pos += 1
-    q1332 = pos + n1331
-    if q1332 > end:
-        raise _length_error(n1331, end - pos)
-    f_command_type = buf[pos:q1332].decode()
-    pos = q1332
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
-    else:
-        pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_code = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
-    else:
-        pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_message = buf[pos:q1336].decode()
-    pos = q1336
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    f_retry: Any
-    f_queued_at: Any
-    f_preemptible: bool
-    f_disruption: str
-    n1346 = _ZL[buf[pos]]
-    if n1346 < 0:
-        n1346, pos = _rlong(buf, pos)
-        if n1346 < 0:
-            raise _length_error(n1346, end - pos)
-    else:
-        pos += 1
-    q1347 = pos + n1346
-    if q1347 > end:
-        raise _length_error(n1346, end - pos)
-    f_gang_id = buf[pos:q1347].decode()
-    pos = q1347
-    n1348 = _ZL[buf[pos]]
-    if n1348 < 0:
-        n1348, pos = _rlong(buf, pos)
-        if n1348 < 0:
-            raise _length_error(n1348, end - pos)
-    else:
-        pos += 1
-    q1349 = pos + n1348
-    if q1349 > end:
-        raise _length_error(n1348, end - pos)
-    f_tenant = buf[pos:q1349].decode()
-    pos = q1349
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1350: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1351 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1351 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1351 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1351, pos = _rlong(buf, pos)
-            if c1351 == 0:
-                break
-            if c1351 < 0:
-                c1351 = -c1351
-                b = buf[pos]
-                if b < 128:
-                    z1354 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1354 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1354 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1354, pos = _rlong(buf, pos)
-            if c1351 * 21 > end - pos:
-                raise _count_error(c1351, end - pos)
-            for _ in range(c1351):
-                x1352, pos = _d_PodSpec1219(buf, pos, end)
-                acc1350.append(x1352)
-        f_members = tuple(acc1350)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1355 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1355 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1355 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1355, pos = _rlong(buf, pos)
-    if i1355 == 0:
-        f_topology_required = None
-    elif i1355 == 1:
-        n1356 = _ZL[buf[pos]]
-        if n1356 < 0:
-            n1356, pos = _rlong(buf, pos)
-            if n1356 < 0:
-                raise _length_error(n1356, end - pos)
-        else:
-            pos += 1
-        q1357 = pos + n1356
-        if q1357 > end:
-            raise _length_error(n1356, end - pos)
-        f_topology_required = buf[pos:q1357].decode()
-        pos = q1357
-    else:
-        raise _union_error(i1355, 2)
-    b = buf[pos]
-    if b < 128:
-        i1358 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1358, pos = _rlong(buf, pos)
-    if i1358 == 0:
-        f_topology_preferred = None
-    elif i1358 == 1:
-        n1359 = _ZL[buf[pos]]
-        if n1359 < 0:
-            n1359, pos = _rlong(buf, pos)
-            if n1359 < 0:
-                raise _length_error(n1359, end - pos)
-        else:
-            pos += 1
-        q1360 = pos + n1359
-        if q1360 > end:
-            raise _length_error(n1359, end - pos)
-        f_topology_preferred = buf[pos:q1360].decode()
-        pos = q1360
-    else:
-        raise _union_error(i1358, 2)
-    b = buf[pos]
-    if b < 128:
-        i1361 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1361 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1361 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1361, pos = _rlong(buf, pos)
-    if i1361 == 0:
-        f_timeout_ms = None
-    elif i1361 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1361, 2)
-    b = buf[pos]
-    if b < 128:
-        i1362 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1362 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1362 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1362, pos = _rlong(buf, pos)
-    if i1362 == 0:
-        f_time_limit_ms = None
-    elif i1362 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1362, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1363: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1364 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1364 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1364 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1364, pos = _rlong(buf, pos)
-            if c1364 == 0:
-                break
-            if c1364 < 0:
-                c1364 = -c1364
-                b = buf[pos]
-                if b < 128:
-                    z1367 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1367 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1367 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1367, pos = _rlong(buf, pos)
-            if c1364 * 1 > end - pos:
-                raise _count_error(c1364, end - pos)
-            for _ in range(c1364):
-                n1368 = _ZL[buf[pos]]
-                if n1368 < 0:
-                    n1368, pos = _rlong(buf, pos)
-                    if n1368 < 0:
-                        raise _length_error(n1368, end - pos)
-                else:
-                    pos += 1
-                q1369 = pos + n1368
-                if q1369 > end:
-                    raise _length_error(n1368, end - pos)
-                x1365 = buf[pos:q1369].decode()
-                pos = q1369
-                acc1363.append(x1365)
-        f_depends_on = tuple(acc1363)
-    n1370 = _ZL[buf[pos]]
-    if n1370 < 0:
-        n1370, pos = _rlong(buf, pos)
-        if n1370 < 0:
-            raise _length_error(n1370, end - pos)
-    else:
-        pos += 1
-    q1371 = pos + n1370
-    if q1371 > end:
-        raise _length_error(n1370, end - pos)
-    f_dependency = buf[pos:q1371].decode()
-    pos = q1371
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    n1372 = _ZL[buf[pos]]
-    if n1372 < 0:
-        n1372, pos = _rlong(buf, pos)
-        if n1372 < 0:
-            raise _length_error(n1372, end - pos)
-    else:
-        pos += 1
-    q1373 = pos + n1372
-    if q1373 > end:
-        raise _length_error(n1372, end - pos)
-    f_preemption = buf[pos:q1373].decode()
-    pos = q1373
-    b = buf[pos]
-    if b < 128:
-        i1374 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1374 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1374 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1374, pos = _rlong(buf, pos)
-    if i1374 == 0:
-        f_retry = None
-    elif i1374 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
-    else:
-        raise _union_error(i1374, 2)
-    b = buf[pos]
-    if b < 128:
-        i1375 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1375 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1375 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1375, pos = _rlong(buf, pos)
-    if i1375 == 0:
-        f_queued_at = None
-    elif i1375 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_queued_at = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_queued_at, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1375, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n1376 = _ZL[buf[pos]]
-    if n1376 < 0:
-        n1376, pos = _rlong(buf, pos)
-        if n1376 < 0:
-            raise _length_error(n1376, end - pos)
-    else:
-        pos += 1
-    q1377 = pos + n1376
-    if q1377 > end:
-        raise _length_error(n1376, end - pos)
-    f_disruption = buf[pos:q1377].decode()
-    pos = q1377
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
-    return o, pos
-
-
-def _d_GangQueued1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1338 = _ZL[buf[pos]]
-    if n1338 < 0:
-        n1338, pos = _rlong(buf, pos)
-        if n1338 < 0:
-            raise _length_error(n1338, end - pos)
-    else:
-        pos += 1
-    q1339 = pos + n1338
-    if q1339 > end:
-        raise _length_error(n1338, end - pos)
-    f_gang_id = buf[pos:q1339].decode()
-    pos = q1339
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1340: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1341 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1341 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1341 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1341, pos = _rlong(buf, pos)
-            if c1341 == 0:
-                break
-            if c1341 < 0:
-                c1341 = -c1341
-                b = buf[pos]
-                if b < 128:
-                    z1344 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1344 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1344 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1344, pos = _rlong(buf, pos)
-            if c1341 * 3 > end - pos:
-                raise _count_error(c1341, end - pos)
-            for _ in range(c1341):
-                x1342, pos = _d_QueueReason1266(buf, pos, end)
-                acc1340.append(x1342)
-        f_reasons = tuple(acc1340)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1378: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1379 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1379 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1379 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1379, pos = _rlong(buf, pos)
-            if c1379 == 0:
-                break
-            if c1379 < 0:
-                c1379 = -c1379
-                b = buf[pos]
-                if b < 128:
-                    z1382 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1382 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1382 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1382, pos = _rlong(buf, pos)
-            if c1379 * 1 > end - pos:
-                raise _count_error(c1379, end - pos)
-            for _ in range(c1379):
-                n1383 = _ZL[buf[pos]]
-                if n1383 < 0:
-                    n1383, pos = _rlong(buf, pos)
-                    if n1383 < 0:
-                        raise _length_error(n1383, end - pos)
-                else:
-                    pos += 1
-                q1384 = pos + n1383
-                if q1384 > end:
-                    raise _length_error(n1383, end - pos)
-                x1380 = buf[pos:q1384].decode()
-                pos = q1384
-                acc1378.append(x1380)
-        f_waiting_for = tuple(acc1378)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_MemberPlacement1392(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1394 = _ZL[buf[pos]]
-    if n1394 < 0:
-        n1394, pos = _rlong(buf, pos)
-        if n1394 < 0:
-            raise _length_error(n1394, end - pos)
-    else:
-        pos += 1
-    q1395 = pos + n1394
-    if q1395 > end:
-        raise _length_error(n1394, end - pos)
-    f_pod_id = buf[pos:q1395].decode()
-    pos = q1395
-    n1396 = _ZL[buf[pos]]
-    if n1396 < 0:
-        n1396, pos = _rlong(buf, pos)
-        if n1396 < 0:
-            raise _length_error(n1396, end - pos)
-    else:
-        pos += 1
-    q1397 = pos + n1396
-    if q1397 > end:
-        raise _length_error(n1396, end - pos)
-    f_node_id = buf[pos:q1397].decode()
-    pos = q1397
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1398: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1399 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1399 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1399 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1399, pos = _rlong(buf, pos)
-            if c1399 == 0:
-                break
-            if c1399 < 0:
-                c1399 = -c1399
-                b = buf[pos]
-                if b < 128:
-                    z1402 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1402 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1402 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1402, pos = _rlong(buf, pos)
-            if c1399 * 2 > end - pos:
-                raise _count_error(c1399, end - pos)
-            for _ in range(c1399):
-                x1400, pos = _d_GpuShare1286(buf, pos, end)
-                acc1398.append(x1400)
-        f_gpus = tuple(acc1398)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
-    return o, pos
-
-
-def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
+                    z1384, pos = _rlong(buf, pos)
+            if c1381 * 2 > end - pos:
+                raise _count_error(c1381, end - pos)
+            for _ in range(c1381):
+                x1382, pos = _d_GpuShare1384(buf, pos, end)
+                acc1380.append(x1382)
+        f_gpus = tuple(acc1380)
     n1386 = _ZL[buf[pos]]
     if n1386 < 0:
         n1386, pos = _rlong(buf, pos)
@@ -5950,13 +5274,15 @@ def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     q1387 = pos + n1386
     if q1387 > end:
         raise _length_error(n1386, end - pos)
-    f_gang_id = buf[pos:q1387].decode()
+    f_policy = buf[pos:q1387].decode()
     pos = q1387
+    f_from_queue = buf[pos] != 0
+    pos += 1
     if buf[pos] == 0:
         pos += 1
-        f_members = ()
+        f_scores = {}
     else:
-        acc1388: list[Any] = []
+        acc1388: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
@@ -5990,368 +5316,379 @@ def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
                     pos += 3
                 else:
                     z1392, pos = _rlong(buf, pos)
-            if c1389 * 3 > end - pos:
+            if c1389 * 9 > end - pos:
                 raise _count_error(c1389, end - pos)
             for _ in range(c1389):
-                x1390, pos = _d_MemberPlacement1392(buf, pos, end)
-                acc1388.append(x1390)
-        f_members = tuple(acc1388)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
-    b = buf[pos]
-    if b < 128:
-        i1403 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1403 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1403 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1403, pos = _rlong(buf, pos)
-    if i1403 == 0:
-        f_topology_key = None
-    elif i1403 == 1:
-        n1404 = _ZL[buf[pos]]
-        if n1404 < 0:
-            n1404, pos = _rlong(buf, pos)
-            if n1404 < 0:
-                raise _length_error(n1404, end - pos)
-        else:
-            pos += 1
-        q1405 = pos + n1404
-        if q1405 > end:
-            raise _length_error(n1404, end - pos)
-        f_topology_key = buf[pos:q1405].decode()
-        pos = q1405
-    else:
-        raise _union_error(i1403, 2)
-    b = buf[pos]
-    if b < 128:
-        i1406 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1406 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1406 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1406, pos = _rlong(buf, pos)
-    if i1406 == 0:
-        f_domain = None
-    elif i1406 == 1:
-        n1407 = _ZL[buf[pos]]
-        if n1407 < 0:
-            n1407, pos = _rlong(buf, pos)
-            if n1407 < 0:
-                raise _length_error(n1407, end - pos)
-        else:
-            pos += 1
-        q1408 = pos + n1407
-        if q1408 > end:
-            raise _length_error(n1407, end - pos)
-        f_domain = buf[pos:q1408].decode()
-        pos = q1408
-    else:
-        raise _union_error(i1406, 2)
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    n1409 = _ZL[buf[pos]]
-    if n1409 < 0:
-        n1409, pos = _rlong(buf, pos)
-        if n1409 < 0:
-            raise _length_error(n1409, end - pos)
-    else:
-        pos += 1
-    q1410 = pos + n1409
-    if q1410 > end:
-        raise _length_error(n1409, end - pos)
-    f_message = buf[pos:q1410].decode()
-    pos = q1410
+                n1393 = _ZL[buf[pos]]
+                if n1393 < 0:
+                    n1393, pos = _rlong(buf, pos)
+                    if n1393 < 0:
+                        raise _length_error(n1393, end - pos)
+                else:
+                    pos += 1
+                q1394 = pos + n1393
+                if q1394 > end:
+                    raise _length_error(n1393, end - pos)
+                k1391 = buf[pos:q1394].decode()
+                pos = q1394
+                x1390, = _unpack_d(buf, pos)
+                pos += 8
+                acc1388[k1391] = x1390
+        f_scores = acc1388
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1411: list[Any] = []
+        acc1395: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1412 = _ZD[b]
+                c1396 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1396 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1396 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1412, pos = _rlong(buf, pos)
-            if c1412 == 0:
+                c1396, pos = _rlong(buf, pos)
+            if c1396 == 0:
                 break
-            if c1412 < 0:
-                c1412 = -c1412
+            if c1396 < 0:
+                c1396 = -c1396
                 b = buf[pos]
                 if b < 128:
-                    z1415 = _ZD[b]
+                    z1399 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1399 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1399 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1415, pos = _rlong(buf, pos)
-            if c1412 * 1 > end - pos:
-                raise _count_error(c1412, end - pos)
-            for _ in range(c1412):
-                n1416 = _ZL[buf[pos]]
-                if n1416 < 0:
-                    n1416, pos = _rlong(buf, pos)
-                    if n1416 < 0:
-                        raise _length_error(n1416, end - pos)
+                    z1399, pos = _rlong(buf, pos)
+            if c1396 * 1 > end - pos:
+                raise _count_error(c1396, end - pos)
+            for _ in range(c1396):
+                n1400 = _ZL[buf[pos]]
+                if n1400 < 0:
+                    n1400, pos = _rlong(buf, pos)
+                    if n1400 < 0:
+                        raise _length_error(n1400, end - pos)
                 else:
                     pos += 1
-                q1417 = pos + n1416
-                if q1417 > end:
-                    raise _length_error(n1416, end - pos)
-                x1413 = buf[pos:q1417].decode()
-                pos = q1417
-                acc1411.append(x1413)
-        f_preempted = tuple(acc1411)
-    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
+                q1401 = pos + n1400
+                if q1401 > end:
+                    raise _length_error(n1400, end - pos)
+                x1397 = buf[pos:q1401].decode()
+                pos = q1401
+                acc1395.append(x1397)
+        f_preempted = tuple(acc1395)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
-    f_gang_id: str
-    f_waited_ms: int
-    f_message: str
-    n1419 = _ZL[buf[pos]]
-    if n1419 < 0:
-        n1419, pos = _rlong(buf, pos)
-        if n1419 < 0:
-            raise _length_error(n1419, end - pos)
-    else:
-        pos += 1
-    q1420 = pos + n1419
-    if q1420 > end:
-        raise _length_error(n1419, end - pos)
-    f_gang_id = buf[pos:q1420].decode()
-    pos = q1420
-    b = buf[pos]
-    if b < 128:
-        f_waited_ms = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_waited_ms = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_waited_ms = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_waited_ms, pos = _rlong(buf, pos)
-    n1421 = _ZL[buf[pos]]
-    if n1421 < 0:
-        n1421, pos = _rlong(buf, pos)
-        if n1421 < 0:
-            raise _length_error(n1421, end - pos)
-    else:
-        pos += 1
-    q1422 = pos + n1421
-    if q1422 > end:
-        raise _length_error(n1421, end - pos)
-    f_message = buf[pos:q1422].decode()
-    pos = q1422
-    o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
-    return o, pos
-
-
-def _d_GangReleased1422(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
-    f_gang_id: str
-    f_reason: str
-    f_ok: bool
-    f_members_ended: tuple[Any, ...]
-    n1424 = _ZL[buf[pos]]
-    if n1424 < 0:
-        n1424, pos = _rlong(buf, pos)
-        if n1424 < 0:
-            raise _length_error(n1424, end - pos)
-    else:
-        pos += 1
-    q1425 = pos + n1424
-    if q1425 > end:
-        raise _length_error(n1424, end - pos)
-    f_gang_id = buf[pos:q1425].decode()
-    pos = q1425
-    n1426 = _ZL[buf[pos]]
-    if n1426 < 0:
-        n1426, pos = _rlong(buf, pos)
-        if n1426 < 0:
-            raise _length_error(n1426, end - pos)
-    else:
-        pos += 1
-    q1427 = pos + n1426
-    if q1427 > end:
-        raise _length_error(n1426, end - pos)
-    f_reason = buf[pos:q1427].decode()
-    pos = q1427
-    f_ok = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_members_ended = ()
-    else:
-        acc1428: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1429 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1429 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1429 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1429, pos = _rlong(buf, pos)
-            if c1429 == 0:
-                break
-            if c1429 < 0:
-                c1429 = -c1429
-                b = buf[pos]
-                if b < 128:
-                    z1432 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1432 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1432 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1432, pos = _rlong(buf, pos)
-            if c1429 * 1 > end - pos:
-                raise _count_error(c1429, end - pos)
-            for _ in range(c1429):
-                n1433 = _ZL[buf[pos]]
-                if n1433 < 0:
-                    n1433, pos = _rlong(buf, pos)
-                    if n1433 < 0:
-                        raise _length_error(n1433, end - pos)
-                else:
-                    pos += 1
-                q1434 = pos + n1433
-                if q1434 > end:
-                    raise _length_error(n1433, end - pos)
-                x1430 = buf[pos:q1434].decode()
-                pos = q1434
-                acc1428.append(x1430)
-        f_members_ended = tuple(acc1428)
-    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
-    return o, pos
-
-
-def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodEvicted1401(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
-    f_time_limit_ms: int
-    f_gang_id: Any
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+    f_reason: str
+    n1403 = _ZL[buf[pos]]
+    if n1403 < 0:
+        n1403, pos = _rlong(buf, pos)
+        if n1403 < 0:
+            raise _length_error(n1403, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_pod_id = buf[pos:q1437].decode()
-    pos = q1437
-    n1438 = _ZL[buf[pos]]
-    if n1438 < 0:
-        n1438, pos = _rlong(buf, pos)
-        if n1438 < 0:
-            raise _length_error(n1438, end - pos)
+    q1404 = pos + n1403
+    if q1404 > end:
+        raise _length_error(n1403, end - pos)
+    f_pod_id = buf[pos:q1404].decode()
+    pos = q1404
+    n1405 = _ZL[buf[pos]]
+    if n1405 < 0:
+        n1405, pos = _rlong(buf, pos)
+        if n1405 < 0:
+            raise _length_error(n1405, end - pos)
     else:
         pos += 1
-    q1439 = pos + n1438
-    if q1439 > end:
-        raise _length_error(n1438, end - pos)
-    f_node_id = buf[pos:q1439].decode()
-    pos = q1439
-    b = buf[pos]
-    if b < 128:
-        f_time_limit_ms = _ZD[b]
+    q1406 = pos + n1405
+    if q1406 > end:
+        raise _length_error(n1405, end - pos)
+    f_node_id = buf[pos:q1406].decode()
+    pos = q1406
+    n1407 = _ZL[buf[pos]]
+    if n1407 < 0:
+        n1407, pos = _rlong(buf, pos)
+        if n1407 < 0:
+            raise _length_error(n1407, end - pos)
+    else:
         pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_time_limit_ms = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_time_limit_ms = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_time_limit_ms, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1440 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1440 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1440 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1440, pos = _rlong(buf, pos)
-    if i1440 == 0:
-        f_gang_id = None
-    elif i1440 == 1:
-        n1441 = _ZL[buf[pos]]
-        if n1441 < 0:
-            n1441, pos = _rlong(buf, pos)
-            if n1441 < 0:
-                raise _length_error(n1441, end - pos)
-        else:
-            pos += 1
-        q1442 = pos + n1441
-        if q1442 > end:
-            raise _length_error(n1441, end - pos)
-        f_gang_id = buf[pos:q1442].decode()
-        pos = q1442
-    else:
-        raise _union_error(i1440, 2)
-    o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
+    q1408 = pos + n1407
+    if q1408 > end:
+        raise _length_error(n1407, end - pos)
+    f_reason = buf[pos:q1408].decode()
+    pos = q1408
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
-    f_holder_id: str
-    f_holder_kind: str
-    f_nodes: tuple[Any, ...]
-    f_expected_start: Any
+def _d_PodReleased1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
+    else:
+        pos += 1
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_pod_id = buf[pos:q1411].decode()
+    pos = q1411
+    b = buf[pos]
+    if b < 128:
+        i1412 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1412 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1412 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1412, pos = _rlong(buf, pos)
+    if i1412 == 0:
+        f_node_id = None
+    elif i1412 == 1:
+        n1413 = _ZL[buf[pos]]
+        if n1413 < 0:
+            n1413, pos = _rlong(buf, pos)
+            if n1413 < 0:
+                raise _length_error(n1413, end - pos)
+        else:
+            pos += 1
+        q1414 = pos + n1413
+        if q1414 > end:
+            raise _length_error(n1413, end - pos)
+        f_node_id = buf[pos:q1414].decode()
+        pos = q1414
+    else:
+        raise _union_error(i1412, 2)
+    n1415 = _ZL[buf[pos]]
+    if n1415 < 0:
+        n1415, pos = _rlong(buf, pos)
+        if n1415 < 0:
+            raise _length_error(n1415, end - pos)
+    else:
+        pos += 1
+    q1416 = pos + n1415
+    if q1416 > end:
+        raise _length_error(n1415, end - pos)
+    f_reason = buf[pos:q1416].decode()
+    pos = q1416
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1416(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1418 = _ZL[buf[pos]]
+    if n1418 < 0:
+        n1418, pos = _rlong(buf, pos)
+        if n1418 < 0:
+            raise _length_error(n1418, end - pos)
+    else:
+        pos += 1
+    q1419 = pos + n1418
+    if q1419 > end:
+        raise _length_error(n1418, end - pos)
+    f_policy = buf[pos:q1419].decode()
+    pos = q1419
+    n1420 = _ZL[buf[pos]]
+    if n1420 < 0:
+        n1420, pos = _rlong(buf, pos)
+        if n1420 < 0:
+            raise _length_error(n1420, end - pos)
+    else:
+        pos += 1
+    q1421 = pos + n1420
+    if q1421 > end:
+        raise _length_error(n1420, end - pos)
+    f_previous = buf[pos:q1421].decode()
+    pos = q1421
+    b = buf[pos]
+    if b < 128:
+        i1422 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1422 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1422 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1422, pos = _rlong(buf, pos)
+    if i1422 == 0:
+        f_reserve_after_ms = None
+    elif i1422 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1422, 2)
+    n1423 = _ZL[buf[pos]]
+    if n1423 < 0:
+        n1423, pos = _rlong(buf, pos)
+        if n1423 < 0:
+            raise _length_error(n1423, end - pos)
+    else:
+        pos += 1
+    q1424 = pos + n1423
+    if q1424 > end:
+        raise _length_error(n1423, end - pos)
+    f_queue_order = buf[pos:q1424].decode()
+    pos = q1424
+    b = buf[pos]
+    if b < 128:
+        i1425 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1425 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1425 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1425, pos = _rlong(buf, pos)
+    if i1425 == 0:
+        f_max_clock_jump_ms = None
+    elif i1425 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1425, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1425(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
     f_message: str
+    n1427 = _ZL[buf[pos]]
+    if n1427 < 0:
+        n1427, pos = _rlong(buf, pos)
+        if n1427 < 0:
+            raise _length_error(n1427, end - pos)
+    else:
+        pos += 1
+    q1428 = pos + n1427
+    if q1428 > end:
+        raise _length_error(n1427, end - pos)
+    f_command_id = buf[pos:q1428].decode()
+    pos = q1428
+    n1429 = _ZL[buf[pos]]
+    if n1429 < 0:
+        n1429, pos = _rlong(buf, pos)
+        if n1429 < 0:
+            raise _length_error(n1429, end - pos)
+    else:
+        pos += 1
+    q1430 = pos + n1429
+    if q1430 > end:
+        raise _length_error(n1429, end - pos)
+    f_command_type = buf[pos:q1430].decode()
+    pos = q1430
+    n1431 = _ZL[buf[pos]]
+    if n1431 < 0:
+        n1431, pos = _rlong(buf, pos)
+        if n1431 < 0:
+            raise _length_error(n1431, end - pos)
+    else:
+        pos += 1
+    q1432 = pos + n1431
+    if q1432 > end:
+        raise _length_error(n1431, end - pos)
+    f_code = buf[pos:q1432].decode()
+    pos = q1432
+    n1433 = _ZL[buf[pos]]
+    if n1433 < 0:
+        n1433, pos = _rlong(buf, pos)
+        if n1433 < 0:
+            raise _length_error(n1433, end - pos)
+    else:
+        pos += 1
+    q1434 = pos + n1433
+    if q1434 > end:
+        raise _length_error(n1433, end - pos)
+    f_message = buf[pos:q1434].decode()
+    pos = q1434
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1442(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    f_retry: Any
+    f_queued_at: Any
+    f_preemptible: bool
+    f_disruption: str
     n1444 = _ZL[buf[pos]]
     if n1444 < 0:
         n1444, pos = _rlong(buf, pos)
@@ -6362,7 +5699,7 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
     q1445 = pos + n1444
     if q1445 > end:
         raise _length_error(n1444, end - pos)
-    f_holder_id = buf[pos:q1445].decode()
+    f_gang_id = buf[pos:q1445].decode()
     pos = q1445
     n1446 = _ZL[buf[pos]]
     if n1446 < 0:
@@ -6374,11 +5711,25 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
     q1447 = pos + n1446
     if q1447 > end:
         raise _length_error(n1446, end - pos)
-    f_holder_kind = buf[pos:q1447].decode()
+    f_tenant = buf[pos:q1447].decode()
     pos = q1447
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
     if buf[pos] == 0:
         pos += 1
-        f_nodes = ()
+        f_members = ()
     else:
         acc1448: list[Any] = []
         while True:
@@ -6414,40 +5765,1049 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
                     pos += 3
                 else:
                     z1452, pos = _rlong(buf, pos)
-            if c1449 * 1 > end - pos:
+            if c1449 * 21 > end - pos:
                 raise _count_error(c1449, end - pos)
             for _ in range(c1449):
-                n1453 = _ZL[buf[pos]]
-                if n1453 < 0:
-                    n1453, pos = _rlong(buf, pos)
-                    if n1453 < 0:
-                        raise _length_error(n1453, end - pos)
-                else:
-                    pos += 1
-                q1454 = pos + n1453
-                if q1454 > end:
-                    raise _length_error(n1453, end - pos)
-                x1450 = buf[pos:q1454].decode()
-                pos = q1454
+                x1450, pos = _d_PodSpec1317(buf, pos, end)
                 acc1448.append(x1450)
-        f_nodes = tuple(acc1448)
+        f_members = tuple(acc1448)
     b = buf[pos]
     if b < 128:
-        i1455 = _ZD[b]
+        f_min_members = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1455 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1455 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1455, pos = _rlong(buf, pos)
-    if i1455 == 0:
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1453 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1453 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1453 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1453, pos = _rlong(buf, pos)
+    if i1453 == 0:
+        f_topology_required = None
+    elif i1453 == 1:
+        n1454 = _ZL[buf[pos]]
+        if n1454 < 0:
+            n1454, pos = _rlong(buf, pos)
+            if n1454 < 0:
+                raise _length_error(n1454, end - pos)
+        else:
+            pos += 1
+        q1455 = pos + n1454
+        if q1455 > end:
+            raise _length_error(n1454, end - pos)
+        f_topology_required = buf[pos:q1455].decode()
+        pos = q1455
+    else:
+        raise _union_error(i1453, 2)
+    b = buf[pos]
+    if b < 128:
+        i1456 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1456 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1456 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1456, pos = _rlong(buf, pos)
+    if i1456 == 0:
+        f_topology_preferred = None
+    elif i1456 == 1:
+        n1457 = _ZL[buf[pos]]
+        if n1457 < 0:
+            n1457, pos = _rlong(buf, pos)
+            if n1457 < 0:
+                raise _length_error(n1457, end - pos)
+        else:
+            pos += 1
+        q1458 = pos + n1457
+        if q1458 > end:
+            raise _length_error(n1457, end - pos)
+        f_topology_preferred = buf[pos:q1458].decode()
+        pos = q1458
+    else:
+        raise _union_error(i1456, 2)
+    b = buf[pos]
+    if b < 128:
+        i1459 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1459 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1459 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1459, pos = _rlong(buf, pos)
+    if i1459 == 0:
+        f_timeout_ms = None
+    elif i1459 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1459, 2)
+    b = buf[pos]
+    if b < 128:
+        i1460 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1460 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1460 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1460, pos = _rlong(buf, pos)
+    if i1460 == 0:
+        f_time_limit_ms = None
+    elif i1460 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1460, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1461: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1462 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1462 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1462 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1462, pos = _rlong(buf, pos)
+            if c1462 == 0:
+                break
+            if c1462 < 0:
+                c1462 = -c1462
+                b = buf[pos]
+                if b < 128:
+                    z1465 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1465 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1465 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1465, pos = _rlong(buf, pos)
+            if c1462 * 1 > end - pos:
+                raise _count_error(c1462, end - pos)
+            for _ in range(c1462):
+                n1466 = _ZL[buf[pos]]
+                if n1466 < 0:
+                    n1466, pos = _rlong(buf, pos)
+                    if n1466 < 0:
+                        raise _length_error(n1466, end - pos)
+                else:
+                    pos += 1
+                q1467 = pos + n1466
+                if q1467 > end:
+                    raise _length_error(n1466, end - pos)
+                x1463 = buf[pos:q1467].decode()
+                pos = q1467
+                acc1461.append(x1463)
+        f_depends_on = tuple(acc1461)
+    n1468 = _ZL[buf[pos]]
+    if n1468 < 0:
+        n1468, pos = _rlong(buf, pos)
+        if n1468 < 0:
+            raise _length_error(n1468, end - pos)
+    else:
+        pos += 1
+    q1469 = pos + n1468
+    if q1469 > end:
+        raise _length_error(n1468, end - pos)
+    f_dependency = buf[pos:q1469].decode()
+    pos = q1469
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1470 = _ZL[buf[pos]]
+    if n1470 < 0:
+        n1470, pos = _rlong(buf, pos)
+        if n1470 < 0:
+            raise _length_error(n1470, end - pos)
+    else:
+        pos += 1
+    q1471 = pos + n1470
+    if q1471 > end:
+        raise _length_error(n1470, end - pos)
+    f_preemption = buf[pos:q1471].decode()
+    pos = q1471
+    b = buf[pos]
+    if b < 128:
+        i1472 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1472 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1472 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1472, pos = _rlong(buf, pos)
+    if i1472 == 0:
+        f_retry = None
+    elif i1472 == 1:
+        f_retry, pos = _d_Retry474(buf, pos, end)
+    else:
+        raise _union_error(i1472, 2)
+    b = buf[pos]
+    if b < 128:
+        i1473 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1473 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1473 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1473, pos = _rlong(buf, pos)
+    if i1473 == 0:
+        f_queued_at = None
+    elif i1473 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1473, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n1474 = _ZL[buf[pos]]
+    if n1474 < 0:
+        n1474, pos = _rlong(buf, pos)
+        if n1474 < 0:
+            raise _length_error(n1474, end - pos)
+    else:
+        pos += 1
+    q1475 = pos + n1474
+    if q1475 > end:
+        raise _length_error(n1474, end - pos)
+    f_disruption = buf[pos:q1475].decode()
+    pos = q1475
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
+    return o, pos
+
+
+def _d_GangQueued1434(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1436 = _ZL[buf[pos]]
+    if n1436 < 0:
+        n1436, pos = _rlong(buf, pos)
+        if n1436 < 0:
+            raise _length_error(n1436, end - pos)
+    else:
+        pos += 1
+    q1437 = pos + n1436
+    if q1437 > end:
+        raise _length_error(n1436, end - pos)
+    f_gang_id = buf[pos:q1437].decode()
+    pos = q1437
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1438: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1439 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1439 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1439 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1439, pos = _rlong(buf, pos)
+            if c1439 == 0:
+                break
+            if c1439 < 0:
+                c1439 = -c1439
+                b = buf[pos]
+                if b < 128:
+                    z1442 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1442 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1442 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1442, pos = _rlong(buf, pos)
+            if c1439 * 3 > end - pos:
+                raise _count_error(c1439, end - pos)
+            for _ in range(c1439):
+                x1440, pos = _d_QueueReason1364(buf, pos, end)
+                acc1438.append(x1440)
+        f_reasons = tuple(acc1438)
+    f_gang, pos = _d_GangSpec1442(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1476: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1477 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1477 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1477 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1477, pos = _rlong(buf, pos)
+            if c1477 == 0:
+                break
+            if c1477 < 0:
+                c1477 = -c1477
+                b = buf[pos]
+                if b < 128:
+                    z1480 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1480 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1480 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1480, pos = _rlong(buf, pos)
+            if c1477 * 1 > end - pos:
+                raise _count_error(c1477, end - pos)
+            for _ in range(c1477):
+                n1481 = _ZL[buf[pos]]
+                if n1481 < 0:
+                    n1481, pos = _rlong(buf, pos)
+                    if n1481 < 0:
+                        raise _length_error(n1481, end - pos)
+                else:
+                    pos += 1
+                q1482 = pos + n1481
+                if q1482 > end:
+                    raise _length_error(n1481, end - pos)
+                x1478 = buf[pos:q1482].decode()
+                pos = q1482
+                acc1476.append(x1478)
+        f_waiting_for = tuple(acc1476)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1490(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1492 = _ZL[buf[pos]]
+    if n1492 < 0:
+        n1492, pos = _rlong(buf, pos)
+        if n1492 < 0:
+            raise _length_error(n1492, end - pos)
+    else:
+        pos += 1
+    q1493 = pos + n1492
+    if q1493 > end:
+        raise _length_error(n1492, end - pos)
+    f_pod_id = buf[pos:q1493].decode()
+    pos = q1493
+    n1494 = _ZL[buf[pos]]
+    if n1494 < 0:
+        n1494, pos = _rlong(buf, pos)
+        if n1494 < 0:
+            raise _length_error(n1494, end - pos)
+    else:
+        pos += 1
+    q1495 = pos + n1494
+    if q1495 > end:
+        raise _length_error(n1494, end - pos)
+    f_node_id = buf[pos:q1495].decode()
+    pos = q1495
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1496: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1497 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1497 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1497 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1497, pos = _rlong(buf, pos)
+            if c1497 == 0:
+                break
+            if c1497 < 0:
+                c1497 = -c1497
+                b = buf[pos]
+                if b < 128:
+                    z1500 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1500 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1500 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1500, pos = _rlong(buf, pos)
+            if c1497 * 2 > end - pos:
+                raise _count_error(c1497, end - pos)
+            for _ in range(c1497):
+                x1498, pos = _d_GpuShare1384(buf, pos, end)
+                acc1496.append(x1498)
+        f_gpus = tuple(acc1496)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1482(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1484 = _ZL[buf[pos]]
+    if n1484 < 0:
+        n1484, pos = _rlong(buf, pos)
+        if n1484 < 0:
+            raise _length_error(n1484, end - pos)
+    else:
+        pos += 1
+    q1485 = pos + n1484
+    if q1485 > end:
+        raise _length_error(n1484, end - pos)
+    f_gang_id = buf[pos:q1485].decode()
+    pos = q1485
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1486: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1487 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1487 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1487 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1487, pos = _rlong(buf, pos)
+            if c1487 == 0:
+                break
+            if c1487 < 0:
+                c1487 = -c1487
+                b = buf[pos]
+                if b < 128:
+                    z1490 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1490 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1490 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1490, pos = _rlong(buf, pos)
+            if c1487 * 3 > end - pos:
+                raise _count_error(c1487, end - pos)
+            for _ in range(c1487):
+                x1488, pos = _d_MemberPlacement1490(buf, pos, end)
+                acc1486.append(x1488)
+        f_members = tuple(acc1486)
+    f_gang, pos = _d_GangSpec1442(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1501 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1501 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1501 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1501, pos = _rlong(buf, pos)
+    if i1501 == 0:
+        f_topology_key = None
+    elif i1501 == 1:
+        n1502 = _ZL[buf[pos]]
+        if n1502 < 0:
+            n1502, pos = _rlong(buf, pos)
+            if n1502 < 0:
+                raise _length_error(n1502, end - pos)
+        else:
+            pos += 1
+        q1503 = pos + n1502
+        if q1503 > end:
+            raise _length_error(n1502, end - pos)
+        f_topology_key = buf[pos:q1503].decode()
+        pos = q1503
+    else:
+        raise _union_error(i1501, 2)
+    b = buf[pos]
+    if b < 128:
+        i1504 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1504 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1504 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1504, pos = _rlong(buf, pos)
+    if i1504 == 0:
+        f_domain = None
+    elif i1504 == 1:
+        n1505 = _ZL[buf[pos]]
+        if n1505 < 0:
+            n1505, pos = _rlong(buf, pos)
+            if n1505 < 0:
+                raise _length_error(n1505, end - pos)
+        else:
+            pos += 1
+        q1506 = pos + n1505
+        if q1506 > end:
+            raise _length_error(n1505, end - pos)
+        f_domain = buf[pos:q1506].decode()
+        pos = q1506
+    else:
+        raise _union_error(i1504, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    n1507 = _ZL[buf[pos]]
+    if n1507 < 0:
+        n1507, pos = _rlong(buf, pos)
+        if n1507 < 0:
+            raise _length_error(n1507, end - pos)
+    else:
+        pos += 1
+    q1508 = pos + n1507
+    if q1508 > end:
+        raise _length_error(n1507, end - pos)
+    f_message = buf[pos:q1508].decode()
+    pos = q1508
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1509: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1510 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1510 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1510 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1510, pos = _rlong(buf, pos)
+            if c1510 == 0:
+                break
+            if c1510 < 0:
+                c1510 = -c1510
+                b = buf[pos]
+                if b < 128:
+                    z1513 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1513 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1513 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1513, pos = _rlong(buf, pos)
+            if c1510 * 1 > end - pos:
+                raise _count_error(c1510, end - pos)
+            for _ in range(c1510):
+                n1514 = _ZL[buf[pos]]
+                if n1514 < 0:
+                    n1514, pos = _rlong(buf, pos)
+                    if n1514 < 0:
+                        raise _length_error(n1514, end - pos)
+                else:
+                    pos += 1
+                q1515 = pos + n1514
+                if q1515 > end:
+                    raise _length_error(n1514, end - pos)
+                x1511 = buf[pos:q1515].decode()
+                pos = q1515
+                acc1509.append(x1511)
+        f_preempted = tuple(acc1509)
+    o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
+    return o, pos
+
+
+def _d_GangTimedOut1515(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+    f_gang_id: str
+    f_waited_ms: int
+    f_message: str
+    n1517 = _ZL[buf[pos]]
+    if n1517 < 0:
+        n1517, pos = _rlong(buf, pos)
+        if n1517 < 0:
+            raise _length_error(n1517, end - pos)
+    else:
+        pos += 1
+    q1518 = pos + n1517
+    if q1518 > end:
+        raise _length_error(n1517, end - pos)
+    f_gang_id = buf[pos:q1518].decode()
+    pos = q1518
+    b = buf[pos]
+    if b < 128:
+        f_waited_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_waited_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_waited_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_waited_ms, pos = _rlong(buf, pos)
+    n1519 = _ZL[buf[pos]]
+    if n1519 < 0:
+        n1519, pos = _rlong(buf, pos)
+        if n1519 < 0:
+            raise _length_error(n1519, end - pos)
+    else:
+        pos += 1
+    q1520 = pos + n1519
+    if q1520 > end:
+        raise _length_error(n1519, end - pos)
+    f_message = buf[pos:q1520].decode()
+    pos = q1520
+    o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
+    return o, pos
+
+
+def _d_GangReleased1520(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+    f_gang_id: str
+    f_reason: str
+    f_ok: bool
+    f_members_ended: tuple[Any, ...]
+    n1522 = _ZL[buf[pos]]
+    if n1522 < 0:
+        n1522, pos = _rlong(buf, pos)
+        if n1522 < 0:
+            raise _length_error(n1522, end - pos)
+    else:
+        pos += 1
+    q1523 = pos + n1522
+    if q1523 > end:
+        raise _length_error(n1522, end - pos)
+    f_gang_id = buf[pos:q1523].decode()
+    pos = q1523
+    n1524 = _ZL[buf[pos]]
+    if n1524 < 0:
+        n1524, pos = _rlong(buf, pos)
+        if n1524 < 0:
+            raise _length_error(n1524, end - pos)
+    else:
+        pos += 1
+    q1525 = pos + n1524
+    if q1525 > end:
+        raise _length_error(n1524, end - pos)
+    f_reason = buf[pos:q1525].decode()
+    pos = q1525
+    f_ok = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_members_ended = ()
+    else:
+        acc1526: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1527 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1527 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1527 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1527, pos = _rlong(buf, pos)
+            if c1527 == 0:
+                break
+            if c1527 < 0:
+                c1527 = -c1527
+                b = buf[pos]
+                if b < 128:
+                    z1530 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1530 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1530 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1530, pos = _rlong(buf, pos)
+            if c1527 * 1 > end - pos:
+                raise _count_error(c1527, end - pos)
+            for _ in range(c1527):
+                n1531 = _ZL[buf[pos]]
+                if n1531 < 0:
+                    n1531, pos = _rlong(buf, pos)
+                    if n1531 < 0:
+                        raise _length_error(n1531, end - pos)
+                else:
+                    pos += 1
+                q1532 = pos + n1531
+                if q1532 > end:
+                    raise _length_error(n1531, end - pos)
+                x1528 = buf[pos:q1532].decode()
+                pos = q1532
+                acc1526.append(x1528)
+        f_members_ended = tuple(acc1526)
+    o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
+    return o, pos
+
+
+def _d_PodTimeLimitReached1532(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_time_limit_ms: int
+    f_gang_id: Any
+    n1534 = _ZL[buf[pos]]
+    if n1534 < 0:
+        n1534, pos = _rlong(buf, pos)
+        if n1534 < 0:
+            raise _length_error(n1534, end - pos)
+    else:
+        pos += 1
+    q1535 = pos + n1534
+    if q1535 > end:
+        raise _length_error(n1534, end - pos)
+    f_pod_id = buf[pos:q1535].decode()
+    pos = q1535
+    n1536 = _ZL[buf[pos]]
+    if n1536 < 0:
+        n1536, pos = _rlong(buf, pos)
+        if n1536 < 0:
+            raise _length_error(n1536, end - pos)
+    else:
+        pos += 1
+    q1537 = pos + n1536
+    if q1537 > end:
+        raise _length_error(n1536, end - pos)
+    f_node_id = buf[pos:q1537].decode()
+    pos = q1537
+    b = buf[pos]
+    if b < 128:
+        f_time_limit_ms = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_time_limit_ms = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_time_limit_ms = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_time_limit_ms, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1538 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1538 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1538 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1538, pos = _rlong(buf, pos)
+    if i1538 == 0:
+        f_gang_id = None
+    elif i1538 == 1:
+        n1539 = _ZL[buf[pos]]
+        if n1539 < 0:
+            n1539, pos = _rlong(buf, pos)
+            if n1539 < 0:
+                raise _length_error(n1539, end - pos)
+        else:
+            pos += 1
+        q1540 = pos + n1539
+        if q1540 > end:
+            raise _length_error(n1539, end - pos)
+        f_gang_id = buf[pos:q1540].decode()
+        pos = q1540
+    else:
+        raise _union_error(i1538, 2)
+    o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
+    return o, pos
+
+
+def _d_NodesReserved1540(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+    f_holder_id: str
+    f_holder_kind: str
+    f_nodes: tuple[Any, ...]
+    f_expected_start: Any
+    f_message: str
+    n1542 = _ZL[buf[pos]]
+    if n1542 < 0:
+        n1542, pos = _rlong(buf, pos)
+        if n1542 < 0:
+            raise _length_error(n1542, end - pos)
+    else:
+        pos += 1
+    q1543 = pos + n1542
+    if q1543 > end:
+        raise _length_error(n1542, end - pos)
+    f_holder_id = buf[pos:q1543].decode()
+    pos = q1543
+    n1544 = _ZL[buf[pos]]
+    if n1544 < 0:
+        n1544, pos = _rlong(buf, pos)
+        if n1544 < 0:
+            raise _length_error(n1544, end - pos)
+    else:
+        pos += 1
+    q1545 = pos + n1544
+    if q1545 > end:
+        raise _length_error(n1544, end - pos)
+    f_holder_kind = buf[pos:q1545].decode()
+    pos = q1545
+    if buf[pos] == 0:
+        pos += 1
+        f_nodes = ()
+    else:
+        acc1546: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1547 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1547 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1547 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1547, pos = _rlong(buf, pos)
+            if c1547 == 0:
+                break
+            if c1547 < 0:
+                c1547 = -c1547
+                b = buf[pos]
+                if b < 128:
+                    z1550 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1550 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1550 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1550, pos = _rlong(buf, pos)
+            if c1547 * 1 > end - pos:
+                raise _count_error(c1547, end - pos)
+            for _ in range(c1547):
+                n1551 = _ZL[buf[pos]]
+                if n1551 < 0:
+                    n1551, pos = _rlong(buf, pos)
+                    if n1551 < 0:
+                        raise _length_error(n1551, end - pos)
+                else:
+                    pos += 1
+                q1552 = pos + n1551
+                if q1552 > end:
+                    raise _length_error(n1551, end - pos)
+                x1548 = buf[pos:q1552].decode()
+                pos = q1552
+                acc1546.append(x1548)
+        f_nodes = tuple(acc1546)
+    b = buf[pos]
+    if b < 128:
+        i1553 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1553 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1553 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1553, pos = _rlong(buf, pos)
+    if i1553 == 0:
         f_expected_start = None
-    elif i1455 == 1:
+    elif i1553 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6463,194 +6823,194 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1455, 2)
-    n1456 = _ZL[buf[pos]]
-    if n1456 < 0:
-        n1456, pos = _rlong(buf, pos)
-        if n1456 < 0:
-            raise _length_error(n1456, end - pos)
+        raise _union_error(i1553, 2)
+    n1554 = _ZL[buf[pos]]
+    if n1554 < 0:
+        n1554, pos = _rlong(buf, pos)
+        if n1554 < 0:
+            raise _length_error(n1554, end - pos)
     else:
         pos += 1
-    q1457 = pos + n1456
-    if q1457 > end:
-        raise _length_error(n1456, end - pos)
-    f_message = buf[pos:q1457].decode()
-    pos = q1457
+    q1555 = pos + n1554
+    if q1555 > end:
+        raise _length_error(n1554, end - pos)
+    f_message = buf[pos:q1555].decode()
+    pos = q1555
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1457(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1555(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1459 = _ZL[buf[pos]]
-    if n1459 < 0:
-        n1459, pos = _rlong(buf, pos)
-        if n1459 < 0:
-            raise _length_error(n1459, end - pos)
+    n1557 = _ZL[buf[pos]]
+    if n1557 < 0:
+        n1557, pos = _rlong(buf, pos)
+        if n1557 < 0:
+            raise _length_error(n1557, end - pos)
     else:
         pos += 1
-    q1460 = pos + n1459
-    if q1460 > end:
-        raise _length_error(n1459, end - pos)
-    f_holder_id = buf[pos:q1460].decode()
-    pos = q1460
-    n1461 = _ZL[buf[pos]]
-    if n1461 < 0:
-        n1461, pos = _rlong(buf, pos)
-        if n1461 < 0:
-            raise _length_error(n1461, end - pos)
+    q1558 = pos + n1557
+    if q1558 > end:
+        raise _length_error(n1557, end - pos)
+    f_holder_id = buf[pos:q1558].decode()
+    pos = q1558
+    n1559 = _ZL[buf[pos]]
+    if n1559 < 0:
+        n1559, pos = _rlong(buf, pos)
+        if n1559 < 0:
+            raise _length_error(n1559, end - pos)
     else:
         pos += 1
-    q1462 = pos + n1461
-    if q1462 > end:
-        raise _length_error(n1461, end - pos)
-    f_holder_kind = buf[pos:q1462].decode()
-    pos = q1462
+    q1560 = pos + n1559
+    if q1560 > end:
+        raise _length_error(n1559, end - pos)
+    f_holder_kind = buf[pos:q1560].decode()
+    pos = q1560
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1463: list[Any] = []
+        acc1561: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1464 = _ZD[b]
+                c1562 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1562 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1562 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1464, pos = _rlong(buf, pos)
-            if c1464 == 0:
+                c1562, pos = _rlong(buf, pos)
+            if c1562 == 0:
                 break
-            if c1464 < 0:
-                c1464 = -c1464
+            if c1562 < 0:
+                c1562 = -c1562
                 b = buf[pos]
                 if b < 128:
-                    z1467 = _ZD[b]
+                    z1565 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1565 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1565 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1467, pos = _rlong(buf, pos)
-            if c1464 * 1 > end - pos:
-                raise _count_error(c1464, end - pos)
-            for _ in range(c1464):
-                n1468 = _ZL[buf[pos]]
-                if n1468 < 0:
-                    n1468, pos = _rlong(buf, pos)
-                    if n1468 < 0:
-                        raise _length_error(n1468, end - pos)
+                    z1565, pos = _rlong(buf, pos)
+            if c1562 * 1 > end - pos:
+                raise _count_error(c1562, end - pos)
+            for _ in range(c1562):
+                n1566 = _ZL[buf[pos]]
+                if n1566 < 0:
+                    n1566, pos = _rlong(buf, pos)
+                    if n1566 < 0:
+                        raise _length_error(n1566, end - pos)
                 else:
                     pos += 1
-                q1469 = pos + n1468
-                if q1469 > end:
-                    raise _length_error(n1468, end - pos)
-                x1465 = buf[pos:q1469].decode()
-                pos = q1469
-                acc1463.append(x1465)
-        f_nodes = tuple(acc1463)
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+                q1567 = pos + n1566
+                if q1567 > end:
+                    raise _length_error(n1566, end - pos)
+                x1563 = buf[pos:q1567].decode()
+                pos = q1567
+                acc1561.append(x1563)
+        f_nodes = tuple(acc1561)
+    n1568 = _ZL[buf[pos]]
+    if n1568 < 0:
+        n1568, pos = _rlong(buf, pos)
+        if n1568 < 0:
+            raise _length_error(n1568, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_reason = buf[pos:q1471].decode()
-    pos = q1471
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    q1569 = pos + n1568
+    if q1569 > end:
+        raise _length_error(n1568, end - pos)
+    f_reason = buf[pos:q1569].decode()
+    pos = q1569
+    n1570 = _ZL[buf[pos]]
+    if n1570 < 0:
+        n1570, pos = _rlong(buf, pos)
+        if n1570 < 0:
+            raise _length_error(n1570, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_message = buf[pos:q1473].decode()
-    pos = q1473
+    q1571 = pos + n1570
+    if q1571 > end:
+        raise _length_error(n1570, end - pos)
+    f_message = buf[pos:q1571].decode()
+    pos = q1571
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1473(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1571(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_holder_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_holder_id = buf[pos:q1574].decode()
+    pos = q1574
+    n1575 = _ZL[buf[pos]]
+    if n1575 < 0:
+        n1575, pos = _rlong(buf, pos)
+        if n1575 < 0:
+            raise _length_error(n1575, end - pos)
     else:
         pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_holder_kind = buf[pos:q1478].decode()
-    pos = q1478
-    n1479 = _ZL[buf[pos]]
-    if n1479 < 0:
-        n1479, pos = _rlong(buf, pos)
-        if n1479 < 0:
-            raise _length_error(n1479, end - pos)
+    q1576 = pos + n1575
+    if q1576 > end:
+        raise _length_error(n1575, end - pos)
+    f_holder_kind = buf[pos:q1576].decode()
+    pos = q1576
+    n1577 = _ZL[buf[pos]]
+    if n1577 < 0:
+        n1577, pos = _rlong(buf, pos)
+        if n1577 < 0:
+            raise _length_error(n1577, end - pos)
     else:
         pos += 1
-    q1480 = pos + n1479
-    if q1480 > end:
-        raise _length_error(n1479, end - pos)
-    f_dependency_id = buf[pos:q1480].decode()
-    pos = q1480
-    n1481 = _ZL[buf[pos]]
-    if n1481 < 0:
-        n1481, pos = _rlong(buf, pos)
-        if n1481 < 0:
-            raise _length_error(n1481, end - pos)
+    q1578 = pos + n1577
+    if q1578 > end:
+        raise _length_error(n1577, end - pos)
+    f_dependency_id = buf[pos:q1578].decode()
+    pos = q1578
+    n1579 = _ZL[buf[pos]]
+    if n1579 < 0:
+        n1579, pos = _rlong(buf, pos)
+        if n1579 < 0:
+            raise _length_error(n1579, end - pos)
     else:
         pos += 1
-    q1482 = pos + n1481
-    if q1482 > end:
-        raise _length_error(n1481, end - pos)
-    f_message = buf[pos:q1482].decode()
-    pos = q1482
+    q1580 = pos + n1579
+    if q1580 > end:
+        raise _length_error(n1579, end - pos)
+    f_message = buf[pos:q1580].decode()
+    pos = q1580
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1580(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6673,169 +7033,169 @@ def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1483(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1581(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1485 = _ZL[buf[pos]]
-    if n1485 < 0:
-        n1485, pos = _rlong(buf, pos)
-        if n1485 < 0:
-            raise _length_error(n1485, end - pos)
+    n1583 = _ZL[buf[pos]]
+    if n1583 < 0:
+        n1583, pos = _rlong(buf, pos)
+        if n1583 < 0:
+            raise _length_error(n1583, end - pos)
     else:
         pos += 1
-    q1486 = pos + n1485
-    if q1486 > end:
-        raise _length_error(n1485, end - pos)
-    f_pod_id = buf[pos:q1486].decode()
-    pos = q1486
-    n1487 = _ZL[buf[pos]]
-    if n1487 < 0:
-        n1487, pos = _rlong(buf, pos)
-        if n1487 < 0:
-            raise _length_error(n1487, end - pos)
+    q1584 = pos + n1583
+    if q1584 > end:
+        raise _length_error(n1583, end - pos)
+    f_pod_id = buf[pos:q1584].decode()
+    pos = q1584
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1488 = pos + n1487
-    if q1488 > end:
-        raise _length_error(n1487, end - pos)
-    f_node_id = buf[pos:q1488].decode()
-    pos = q1488
-    n1489 = _ZL[buf[pos]]
-    if n1489 < 0:
-        n1489, pos = _rlong(buf, pos)
-        if n1489 < 0:
-            raise _length_error(n1489, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_node_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1490 = pos + n1489
-    if q1490 > end:
-        raise _length_error(n1489, end - pos)
-    f_by = buf[pos:q1490].decode()
-    pos = q1490
-    n1491 = _ZL[buf[pos]]
-    if n1491 < 0:
-        n1491, pos = _rlong(buf, pos)
-        if n1491 < 0:
-            raise _length_error(n1491, end - pos)
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_by = buf[pos:q1588].decode()
+    pos = q1588
+    n1589 = _ZL[buf[pos]]
+    if n1589 < 0:
+        n1589, pos = _rlong(buf, pos)
+        if n1589 < 0:
+            raise _length_error(n1589, end - pos)
     else:
         pos += 1
-    q1492 = pos + n1491
-    if q1492 > end:
-        raise _length_error(n1491, end - pos)
-    f_reason = buf[pos:q1492].decode()
-    pos = q1492
-    n1493 = _ZL[buf[pos]]
-    if n1493 < 0:
-        n1493, pos = _rlong(buf, pos)
-        if n1493 < 0:
-            raise _length_error(n1493, end - pos)
+    q1590 = pos + n1589
+    if q1590 > end:
+        raise _length_error(n1589, end - pos)
+    f_reason = buf[pos:q1590].decode()
+    pos = q1590
+    n1591 = _ZL[buf[pos]]
+    if n1591 < 0:
+        n1591, pos = _rlong(buf, pos)
+        if n1591 < 0:
+            raise _length_error(n1591, end - pos)
     else:
         pos += 1
-    q1494 = pos + n1493
-    if q1494 > end:
-        raise _length_error(n1493, end - pos)
-    f_message = buf[pos:q1494].decode()
-    pos = q1494
+    q1592 = pos + n1591
+    if q1592 > end:
+        raise _length_error(n1591, end - pos)
+    f_message = buf[pos:q1592].decode()
+    pos = q1592
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1494(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1592(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1496 = _ZD[b]
+        i1594 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1594 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1594 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1496, pos = _rlong(buf, pos)
-    if i1496 == 0:
+        i1594, pos = _rlong(buf, pos)
+    if i1594 == 0:
         f_tenant = None
-    elif i1496 == 1:
-        n1497 = _ZL[buf[pos]]
-        if n1497 < 0:
-            n1497, pos = _rlong(buf, pos)
-            if n1497 < 0:
-                raise _length_error(n1497, end - pos)
+    elif i1594 == 1:
+        n1595 = _ZL[buf[pos]]
+        if n1595 < 0:
+            n1595, pos = _rlong(buf, pos)
+            if n1595 < 0:
+                raise _length_error(n1595, end - pos)
         else:
             pos += 1
-        q1498 = pos + n1497
-        if q1498 > end:
-            raise _length_error(n1497, end - pos)
-        f_tenant = buf[pos:q1498].decode()
-        pos = q1498
+        q1596 = pos + n1595
+        if q1596 > end:
+            raise _length_error(n1595, end - pos)
+        f_tenant = buf[pos:q1596].decode()
+        pos = q1596
     else:
-        raise _union_error(i1496, 2)
+        raise _union_error(i1594, 2)
     b = buf[pos]
     if b < 128:
-        i1499 = _ZD[b]
+        i1597 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1597 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1597 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1499, pos = _rlong(buf, pos)
-    if i1499 == 0:
+        i1597, pos = _rlong(buf, pos)
+    if i1597 == 0:
         f_quota = None
-    elif i1499 == 1:
-        f_quota, pos = _d_Quota452(buf, pos, end)
+    elif i1597 == 1:
+        f_quota, pos = _d_Quota487(buf, pos, end)
     else:
-        raise _union_error(i1499, 2)
+        raise _union_error(i1597, 2)
     b = buf[pos]
     if b < 128:
-        i1500 = _ZD[b]
+        i1598 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1598 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1598 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1500, pos = _rlong(buf, pos)
-    if i1500 == 0:
+        i1598, pos = _rlong(buf, pos)
+    if i1598 == 0:
         f_previous = None
-    elif i1500 == 1:
-        f_previous, pos = _d_Quota452(buf, pos, end)
+    elif i1598 == 1:
+        f_previous, pos = _d_Quota487(buf, pos, end)
     else:
-        raise _union_error(i1500, 2)
-    n1501 = _ZL[buf[pos]]
-    if n1501 < 0:
-        n1501, pos = _rlong(buf, pos)
-        if n1501 < 0:
-            raise _length_error(n1501, end - pos)
+        raise _union_error(i1598, 2)
+    n1599 = _ZL[buf[pos]]
+    if n1599 < 0:
+        n1599, pos = _rlong(buf, pos)
+        if n1599 < 0:
+            raise _length_error(n1599, end - pos)
     else:
         pos += 1
-    q1502 = pos + n1501
-    if q1502 > end:
-        raise _length_error(n1501, end - pos)
-    f_message = buf[pos:q1502].decode()
-    pos = q1502
+    q1600 = pos + n1599
+    if q1600 > end:
+        raise _length_error(n1599, end - pos)
+    f_message = buf[pos:q1600].decode()
+    pos = q1600
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1600(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6843,159 +7203,159 @@ def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1504 = _ZL[buf[pos]]
-    if n1504 < 0:
-        n1504, pos = _rlong(buf, pos)
-        if n1504 < 0:
-            raise _length_error(n1504, end - pos)
+    n1602 = _ZL[buf[pos]]
+    if n1602 < 0:
+        n1602, pos = _rlong(buf, pos)
+        if n1602 < 0:
+            raise _length_error(n1602, end - pos)
     else:
         pos += 1
-    q1505 = pos + n1504
-    if q1505 > end:
-        raise _length_error(n1504, end - pos)
-    f_pod_id = buf[pos:q1505].decode()
-    pos = q1505
-    n1506 = _ZL[buf[pos]]
-    if n1506 < 0:
-        n1506, pos = _rlong(buf, pos)
-        if n1506 < 0:
-            raise _length_error(n1506, end - pos)
+    q1603 = pos + n1602
+    if q1603 > end:
+        raise _length_error(n1602, end - pos)
+    f_pod_id = buf[pos:q1603].decode()
+    pos = q1603
+    n1604 = _ZL[buf[pos]]
+    if n1604 < 0:
+        n1604, pos = _rlong(buf, pos)
+        if n1604 < 0:
+            raise _length_error(n1604, end - pos)
     else:
         pos += 1
-    q1507 = pos + n1506
-    if q1507 > end:
-        raise _length_error(n1506, end - pos)
-    f_from_node = buf[pos:q1507].decode()
-    pos = q1507
+    q1605 = pos + n1604
+    if q1605 > end:
+        raise _length_error(n1604, end - pos)
+    f_from_node = buf[pos:q1605].decode()
+    pos = q1605
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1508: list[Any] = []
+        acc1606: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1509 = _ZD[b]
+                c1607 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1607 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1607 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1509, pos = _rlong(buf, pos)
-            if c1509 == 0:
+                c1607, pos = _rlong(buf, pos)
+            if c1607 == 0:
                 break
-            if c1509 < 0:
-                c1509 = -c1509
+            if c1607 < 0:
+                c1607 = -c1607
                 b = buf[pos]
                 if b < 128:
-                    z1512 = _ZD[b]
+                    z1610 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1610 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1610 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1512, pos = _rlong(buf, pos)
-            if c1509 * 2 > end - pos:
-                raise _count_error(c1509, end - pos)
-            for _ in range(c1509):
-                x1510, pos = _d_GpuShare1286(buf, pos, end)
-                acc1508.append(x1510)
-        f_from_gpus = tuple(acc1508)
-    n1513 = _ZL[buf[pos]]
-    if n1513 < 0:
-        n1513, pos = _rlong(buf, pos)
-        if n1513 < 0:
-            raise _length_error(n1513, end - pos)
+                    z1610, pos = _rlong(buf, pos)
+            if c1607 * 2 > end - pos:
+                raise _count_error(c1607, end - pos)
+            for _ in range(c1607):
+                x1608, pos = _d_GpuShare1384(buf, pos, end)
+                acc1606.append(x1608)
+        f_from_gpus = tuple(acc1606)
+    n1611 = _ZL[buf[pos]]
+    if n1611 < 0:
+        n1611, pos = _rlong(buf, pos)
+        if n1611 < 0:
+            raise _length_error(n1611, end - pos)
     else:
         pos += 1
-    q1514 = pos + n1513
-    if q1514 > end:
-        raise _length_error(n1513, end - pos)
-    f_to_node = buf[pos:q1514].decode()
-    pos = q1514
+    q1612 = pos + n1611
+    if q1612 > end:
+        raise _length_error(n1611, end - pos)
+    f_to_node = buf[pos:q1612].decode()
+    pos = q1612
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1515: list[Any] = []
+        acc1613: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1516 = _ZD[b]
+                c1614 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1614 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1614 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1516, pos = _rlong(buf, pos)
-            if c1516 == 0:
+                c1614, pos = _rlong(buf, pos)
+            if c1614 == 0:
                 break
-            if c1516 < 0:
-                c1516 = -c1516
+            if c1614 < 0:
+                c1614 = -c1614
                 b = buf[pos]
                 if b < 128:
-                    z1519 = _ZD[b]
+                    z1617 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1617 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1617 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1519, pos = _rlong(buf, pos)
-            if c1516 * 2 > end - pos:
-                raise _count_error(c1516, end - pos)
-            for _ in range(c1516):
-                x1517, pos = _d_GpuShare1286(buf, pos, end)
-                acc1515.append(x1517)
-        f_to_gpus = tuple(acc1515)
-    n1520 = _ZL[buf[pos]]
-    if n1520 < 0:
-        n1520, pos = _rlong(buf, pos)
-        if n1520 < 0:
-            raise _length_error(n1520, end - pos)
+                    z1617, pos = _rlong(buf, pos)
+            if c1614 * 2 > end - pos:
+                raise _count_error(c1614, end - pos)
+            for _ in range(c1614):
+                x1615, pos = _d_GpuShare1384(buf, pos, end)
+                acc1613.append(x1615)
+        f_to_gpus = tuple(acc1613)
+    n1618 = _ZL[buf[pos]]
+    if n1618 < 0:
+        n1618, pos = _rlong(buf, pos)
+        if n1618 < 0:
+            raise _length_error(n1618, end - pos)
     else:
         pos += 1
-    q1521 = pos + n1520
-    if q1521 > end:
-        raise _length_error(n1520, end - pos)
-    f_reason = buf[pos:q1521].decode()
-    pos = q1521
-    n1522 = _ZL[buf[pos]]
-    if n1522 < 0:
-        n1522, pos = _rlong(buf, pos)
-        if n1522 < 0:
-            raise _length_error(n1522, end - pos)
+    q1619 = pos + n1618
+    if q1619 > end:
+        raise _length_error(n1618, end - pos)
+    f_reason = buf[pos:q1619].decode()
+    pos = q1619
+    n1620 = _ZL[buf[pos]]
+    if n1620 < 0:
+        n1620, pos = _rlong(buf, pos)
+        if n1620 < 0:
+            raise _length_error(n1620, end - pos)
     else:
         pos += 1
-    q1523 = pos + n1522
-    if q1523 > end:
-        raise _length_error(n1522, end - pos)
-    f_message = buf[pos:q1523].decode()
-    pos = q1523
+    q1621 = pos + n1620
+    if q1621 > end:
+        raise _length_error(n1620, end - pos)
+    f_message = buf[pos:q1621].decode()
+    pos = q1621
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1621(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7045,138 +7405,138 @@ def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1525 = _ZD[b]
+        i1623 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1623 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1623 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1525, pos = _rlong(buf, pos)
-    if i1525 == 0:
+        i1623, pos = _rlong(buf, pos)
+    if i1623 == 0:
         f_target = None
-    elif i1525 == 1:
-        n1526 = _ZL[buf[pos]]
-        if n1526 < 0:
-            n1526, pos = _rlong(buf, pos)
-            if n1526 < 0:
-                raise _length_error(n1526, end - pos)
+    elif i1623 == 1:
+        n1624 = _ZL[buf[pos]]
+        if n1624 < 0:
+            n1624, pos = _rlong(buf, pos)
+            if n1624 < 0:
+                raise _length_error(n1624, end - pos)
         else:
             pos += 1
-        q1527 = pos + n1526
-        if q1527 > end:
-            raise _length_error(n1526, end - pos)
-        f_target = buf[pos:q1527].decode()
-        pos = q1527
+        q1625 = pos + n1624
+        if q1625 > end:
+            raise _length_error(n1624, end - pos)
+        f_target = buf[pos:q1625].decode()
+        pos = q1625
     else:
-        raise _union_error(i1525, 2)
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+        raise _union_error(i1623, 2)
+    n1626 = _ZL[buf[pos]]
+    if n1626 < 0:
+        n1626, pos = _rlong(buf, pos)
+        if n1626 < 0:
+            raise _length_error(n1626, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_message = buf[pos:q1529].decode()
-    pos = q1529
+    q1627 = pos + n1626
+    if q1627 > end:
+        raise _length_error(n1626, end - pos)
+    f_message = buf[pos:q1627].decode()
+    pos = q1627
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1529(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1627(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1531 = _ZL[buf[pos]]
-    if n1531 < 0:
-        n1531, pos = _rlong(buf, pos)
-        if n1531 < 0:
-            raise _length_error(n1531, end - pos)
+    n1629 = _ZL[buf[pos]]
+    if n1629 < 0:
+        n1629, pos = _rlong(buf, pos)
+        if n1629 < 0:
+            raise _length_error(n1629, end - pos)
     else:
         pos += 1
-    q1532 = pos + n1531
-    if q1532 > end:
-        raise _length_error(n1531, end - pos)
-    f_cluster = buf[pos:q1532].decode()
-    pos = q1532
-    n1533 = _ZL[buf[pos]]
-    if n1533 < 0:
-        n1533, pos = _rlong(buf, pos)
-        if n1533 < 0:
-            raise _length_error(n1533, end - pos)
+    q1630 = pos + n1629
+    if q1630 > end:
+        raise _length_error(n1629, end - pos)
+    f_cluster = buf[pos:q1630].decode()
+    pos = q1630
+    n1631 = _ZL[buf[pos]]
+    if n1631 < 0:
+        n1631, pos = _rlong(buf, pos)
+        if n1631 < 0:
+            raise _length_error(n1631, end - pos)
     else:
         pos += 1
-    q1534 = pos + n1533
-    if q1534 > end:
-        raise _length_error(n1533, end - pos)
-    f_command_id = buf[pos:q1534].decode()
-    pos = q1534
-    n1535 = _ZL[buf[pos]]
-    if n1535 < 0:
-        n1535, pos = _rlong(buf, pos)
-        if n1535 < 0:
-            raise _length_error(n1535, end - pos)
+    q1632 = pos + n1631
+    if q1632 > end:
+        raise _length_error(n1631, end - pos)
+    f_command_id = buf[pos:q1632].decode()
+    pos = q1632
+    n1633 = _ZL[buf[pos]]
+    if n1633 < 0:
+        n1633, pos = _rlong(buf, pos)
+        if n1633 < 0:
+            raise _length_error(n1633, end - pos)
     else:
         pos += 1
-    q1536 = pos + n1535
-    if q1536 > end:
-        raise _length_error(n1535, end - pos)
-    f_error = buf[pos:q1536].decode()
-    pos = q1536
-    n1537 = _ZL[buf[pos]]
-    if n1537 < 0:
-        n1537, pos = _rlong(buf, pos)
-        if n1537 < 0:
-            raise _length_error(n1537, end - pos)
+    q1634 = pos + n1633
+    if q1634 > end:
+        raise _length_error(n1633, end - pos)
+    f_error = buf[pos:q1634].decode()
+    pos = q1634
+    n1635 = _ZL[buf[pos]]
+    if n1635 < 0:
+        n1635, pos = _rlong(buf, pos)
+        if n1635 < 0:
+            raise _length_error(n1635, end - pos)
     else:
         pos += 1
-    q1538 = pos + n1537
-    if q1538 > end:
-        raise _length_error(n1537, end - pos)
-    f_message = buf[pos:q1538].decode()
-    pos = q1538
+    q1636 = pos + n1635
+    if q1636 > end:
+        raise _length_error(n1635, end - pos)
+    f_message = buf[pos:q1636].decode()
+    pos = q1636
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1636(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    n1638 = _ZL[buf[pos]]
+    if n1638 < 0:
+        n1638, pos = _rlong(buf, pos)
+        if n1638 < 0:
+            raise _length_error(n1638, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_cluster = buf[pos:q1541].decode()
-    pos = q1541
-    n1542 = _ZL[buf[pos]]
-    if n1542 < 0:
-        n1542, pos = _rlong(buf, pos)
-        if n1542 < 0:
-            raise _length_error(n1542, end - pos)
+    q1639 = pos + n1638
+    if q1639 > end:
+        raise _length_error(n1638, end - pos)
+    f_cluster = buf[pos:q1639].decode()
+    pos = q1639
+    n1640 = _ZL[buf[pos]]
+    if n1640 < 0:
+        n1640, pos = _rlong(buf, pos)
+        if n1640 < 0:
+            raise _length_error(n1640, end - pos)
     else:
         pos += 1
-    q1543 = pos + n1542
-    if q1543 > end:
-        raise _length_error(n1542, end - pos)
-    f_halted_command_id = buf[pos:q1543].decode()
-    pos = q1543
+    q1641 = pos + n1640
+    if q1641 > end:
+        raise _length_error(n1640, end - pos)
+    f_halted_command_id = buf[pos:q1641].decode()
+    pos = q1641
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7205,168 +7565,168 @@ def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1544 = _ZL[buf[pos]]
-    if n1544 < 0:
-        n1544, pos = _rlong(buf, pos)
-        if n1544 < 0:
-            raise _length_error(n1544, end - pos)
+    n1642 = _ZL[buf[pos]]
+    if n1642 < 0:
+        n1642, pos = _rlong(buf, pos)
+        if n1642 < 0:
+            raise _length_error(n1642, end - pos)
     else:
         pos += 1
-    q1545 = pos + n1544
-    if q1545 > end:
-        raise _length_error(n1544, end - pos)
-    f_message = buf[pos:q1545].decode()
-    pos = q1545
+    q1643 = pos + n1642
+    if q1643 > end:
+        raise _length_error(n1642, end - pos)
+    f_message = buf[pos:q1643].decode()
+    pos = q1643
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1545(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1643(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1547 = _ZL[buf[pos]]
-    if n1547 < 0:
-        n1547, pos = _rlong(buf, pos)
-        if n1547 < 0:
-            raise _length_error(n1547, end - pos)
+    n1645 = _ZL[buf[pos]]
+    if n1645 < 0:
+        n1645, pos = _rlong(buf, pos)
+        if n1645 < 0:
+            raise _length_error(n1645, end - pos)
     else:
         pos += 1
-    q1548 = pos + n1547
-    if q1548 > end:
-        raise _length_error(n1547, end - pos)
-    f_node_id = buf[pos:q1548].decode()
-    pos = q1548
+    q1646 = pos + n1645
+    if q1646 > end:
+        raise _length_error(n1645, end - pos)
+    f_node_id = buf[pos:q1646].decode()
+    pos = q1646
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1646(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1550 = _ZL[buf[pos]]
-    if n1550 < 0:
-        n1550, pos = _rlong(buf, pos)
-        if n1550 < 0:
-            raise _length_error(n1550, end - pos)
+    n1648 = _ZL[buf[pos]]
+    if n1648 < 0:
+        n1648, pos = _rlong(buf, pos)
+        if n1648 < 0:
+            raise _length_error(n1648, end - pos)
     else:
         pos += 1
-    q1551 = pos + n1550
-    if q1551 > end:
-        raise _length_error(n1550, end - pos)
-    f_node_id = buf[pos:q1551].decode()
-    pos = q1551
+    q1649 = pos + n1648
+    if q1649 > end:
+        raise _length_error(n1648, end - pos)
+    f_node_id = buf[pos:q1649].decode()
+    pos = q1649
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1552: dict[str, Any] = {}
+        acc1650: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1553 = _ZD[b]
+                c1651 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1651 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1651 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1553, pos = _rlong(buf, pos)
-            if c1553 == 0:
+                c1651, pos = _rlong(buf, pos)
+            if c1651 == 0:
                 break
-            if c1553 < 0:
-                c1553 = -c1553
+            if c1651 < 0:
+                c1651 = -c1651
                 b = buf[pos]
                 if b < 128:
-                    z1556 = _ZD[b]
+                    z1654 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1654 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1654 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1556, pos = _rlong(buf, pos)
-            if c1553 * 2 > end - pos:
-                raise _count_error(c1553, end - pos)
-            for _ in range(c1553):
-                n1557 = _ZL[buf[pos]]
-                if n1557 < 0:
-                    n1557, pos = _rlong(buf, pos)
-                    if n1557 < 0:
-                        raise _length_error(n1557, end - pos)
+                    z1654, pos = _rlong(buf, pos)
+            if c1651 * 2 > end - pos:
+                raise _count_error(c1651, end - pos)
+            for _ in range(c1651):
+                n1655 = _ZL[buf[pos]]
+                if n1655 < 0:
+                    n1655, pos = _rlong(buf, pos)
+                    if n1655 < 0:
+                        raise _length_error(n1655, end - pos)
                 else:
                     pos += 1
-                q1558 = pos + n1557
-                if q1558 > end:
-                    raise _length_error(n1557, end - pos)
-                k1555 = buf[pos:q1558].decode()
-                pos = q1558
-                n1559 = _ZL[buf[pos]]
-                if n1559 < 0:
-                    n1559, pos = _rlong(buf, pos)
-                    if n1559 < 0:
-                        raise _length_error(n1559, end - pos)
+                q1656 = pos + n1655
+                if q1656 > end:
+                    raise _length_error(n1655, end - pos)
+                k1653 = buf[pos:q1656].decode()
+                pos = q1656
+                n1657 = _ZL[buf[pos]]
+                if n1657 < 0:
+                    n1657, pos = _rlong(buf, pos)
+                    if n1657 < 0:
+                        raise _length_error(n1657, end - pos)
                 else:
                     pos += 1
-                q1560 = pos + n1559
-                if q1560 > end:
-                    raise _length_error(n1559, end - pos)
-                x1554 = buf[pos:q1560].decode()
-                pos = q1560
-                acc1552[k1555] = x1554
-        f_labels = acc1552
+                q1658 = pos + n1657
+                if q1658 > end:
+                    raise _length_error(n1657, end - pos)
+                x1652 = buf[pos:q1658].decode()
+                pos = q1658
+                acc1650[k1653] = x1652
+        f_labels = acc1650
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1561: list[Any] = []
+        acc1659: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1562 = _ZD[b]
+                c1660 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1660 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1660 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1562, pos = _rlong(buf, pos)
-            if c1562 == 0:
+                c1660, pos = _rlong(buf, pos)
+            if c1660 == 0:
                 break
-            if c1562 < 0:
-                c1562 = -c1562
+            if c1660 < 0:
+                c1660 = -c1660
                 b = buf[pos]
                 if b < 128:
-                    z1565 = _ZD[b]
+                    z1663 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1663 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1663 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1565, pos = _rlong(buf, pos)
-            if c1562 * 3 > end - pos:
-                raise _count_error(c1562, end - pos)
-            for _ in range(c1562):
-                x1563, pos = _d_Taint367(buf, pos, end)
-                acc1561.append(x1563)
-        f_taints = tuple(acc1561)
+                    z1663, pos = _rlong(buf, pos)
+            if c1660 * 3 > end - pos:
+                raise _count_error(c1660, end - pos)
+            for _ in range(c1660):
+                x1661, pos = _d_Taint402(buf, pos, end)
+                acc1659.append(x1661)
+        f_taints = tuple(acc1659)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7385,23 +7745,23 @@ def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1663(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1567 = _ZL[buf[pos]]
-    if n1567 < 0:
-        n1567, pos = _rlong(buf, pos)
-        if n1567 < 0:
-            raise _length_error(n1567, end - pos)
+    n1665 = _ZL[buf[pos]]
+    if n1665 < 0:
+        n1665, pos = _rlong(buf, pos)
+        if n1665 < 0:
+            raise _length_error(n1665, end - pos)
     else:
         pos += 1
-    q1568 = pos + n1567
-    if q1568 > end:
-        raise _length_error(n1567, end - pos)
-    f_pod_id = buf[pos:q1568].decode()
-    pos = q1568
+    q1666 = pos + n1665
+    if q1666 > end:
+        raise _length_error(n1665, end - pos)
+    f_pod_id = buf[pos:q1666].decode()
+    pos = q1666
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7432,205 +7792,205 @@ def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1569 = _ZD[b]
+        i1667 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1667 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1667 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1569, pos = _rlong(buf, pos)
-    if i1569 == 0:
+        i1667, pos = _rlong(buf, pos)
+    if i1667 == 0:
         f_gang_id = None
-    elif i1569 == 1:
-        n1570 = _ZL[buf[pos]]
-        if n1570 < 0:
-            n1570, pos = _rlong(buf, pos)
-            if n1570 < 0:
-                raise _length_error(n1570, end - pos)
+    elif i1667 == 1:
+        n1668 = _ZL[buf[pos]]
+        if n1668 < 0:
+            n1668, pos = _rlong(buf, pos)
+            if n1668 < 0:
+                raise _length_error(n1668, end - pos)
         else:
             pos += 1
-        q1571 = pos + n1570
-        if q1571 > end:
-            raise _length_error(n1570, end - pos)
-        f_gang_id = buf[pos:q1571].decode()
-        pos = q1571
+        q1669 = pos + n1668
+        if q1669 > end:
+            raise _length_error(n1668, end - pos)
+        f_gang_id = buf[pos:q1669].decode()
+        pos = q1669
     else:
-        raise _union_error(i1569, 2)
+        raise _union_error(i1667, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1669(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1573 = _ZL[buf[pos]]
-    if n1573 < 0:
-        n1573, pos = _rlong(buf, pos)
-        if n1573 < 0:
-            raise _length_error(n1573, end - pos)
+    n1671 = _ZL[buf[pos]]
+    if n1671 < 0:
+        n1671, pos = _rlong(buf, pos)
+        if n1671 < 0:
+            raise _length_error(n1671, end - pos)
     else:
         pos += 1
-    q1574 = pos + n1573
-    if q1574 > end:
-        raise _length_error(n1573, end - pos)
-    f_budget_id = buf[pos:q1574].decode()
-    pos = q1574
+    q1672 = pos + n1671
+    if q1672 > end:
+        raise _length_error(n1671, end - pos)
+    f_budget_id = buf[pos:q1672].decode()
+    pos = q1672
     b = buf[pos]
     if b < 128:
-        i1575 = _ZD[b]
+        i1673 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1673 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1673 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1575, pos = _rlong(buf, pos)
-    if i1575 == 0:
+        i1673, pos = _rlong(buf, pos)
+    if i1673 == 0:
         f_tenant = None
-    elif i1575 == 1:
-        n1576 = _ZL[buf[pos]]
-        if n1576 < 0:
-            n1576, pos = _rlong(buf, pos)
-            if n1576 < 0:
-                raise _length_error(n1576, end - pos)
+    elif i1673 == 1:
+        n1674 = _ZL[buf[pos]]
+        if n1674 < 0:
+            n1674, pos = _rlong(buf, pos)
+            if n1674 < 0:
+                raise _length_error(n1674, end - pos)
         else:
             pos += 1
-        q1577 = pos + n1576
-        if q1577 > end:
-            raise _length_error(n1576, end - pos)
-        f_tenant = buf[pos:q1577].decode()
-        pos = q1577
+        q1675 = pos + n1674
+        if q1675 > end:
+            raise _length_error(n1674, end - pos)
+        f_tenant = buf[pos:q1675].decode()
+        pos = q1675
     else:
-        raise _union_error(i1575, 2)
+        raise _union_error(i1673, 2)
     b = buf[pos]
     if b < 128:
-        i1578 = _ZD[b]
+        i1676 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1676 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1676 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1578, pos = _rlong(buf, pos)
-    if i1578 == 0:
+        i1676, pos = _rlong(buf, pos)
+    if i1676 == 0:
         f_gang_id = None
-    elif i1578 == 1:
-        n1579 = _ZL[buf[pos]]
-        if n1579 < 0:
-            n1579, pos = _rlong(buf, pos)
-            if n1579 < 0:
-                raise _length_error(n1579, end - pos)
+    elif i1676 == 1:
+        n1677 = _ZL[buf[pos]]
+        if n1677 < 0:
+            n1677, pos = _rlong(buf, pos)
+            if n1677 < 0:
+                raise _length_error(n1677, end - pos)
         else:
             pos += 1
-        q1580 = pos + n1579
-        if q1580 > end:
-            raise _length_error(n1579, end - pos)
-        f_gang_id = buf[pos:q1580].decode()
-        pos = q1580
+        q1678 = pos + n1677
+        if q1678 > end:
+            raise _length_error(n1677, end - pos)
+        f_gang_id = buf[pos:q1678].decode()
+        pos = q1678
     else:
-        raise _union_error(i1578, 2)
+        raise _union_error(i1676, 2)
     b = buf[pos]
     if b < 128:
-        i1581 = _ZD[b]
+        i1679 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1679 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1679 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1581, pos = _rlong(buf, pos)
-    if i1581 == 0:
+        i1679, pos = _rlong(buf, pos)
+    if i1679 == 0:
         f_label_selector = None
-    elif i1581 == 1:
+    elif i1679 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1582: dict[str, Any] = {}
+            acc1680: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1583 = _ZD[b]
+                    c1681 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1681 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1681 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1583, pos = _rlong(buf, pos)
-                if c1583 == 0:
+                    c1681, pos = _rlong(buf, pos)
+                if c1681 == 0:
                     break
-                if c1583 < 0:
-                    c1583 = -c1583
+                if c1681 < 0:
+                    c1681 = -c1681
                     b = buf[pos]
                     if b < 128:
-                        z1586 = _ZD[b]
+                        z1684 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1684 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1684 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1586, pos = _rlong(buf, pos)
-                if c1583 * 2 > end - pos:
-                    raise _count_error(c1583, end - pos)
-                for _ in range(c1583):
-                    n1587 = _ZL[buf[pos]]
-                    if n1587 < 0:
-                        n1587, pos = _rlong(buf, pos)
-                        if n1587 < 0:
-                            raise _length_error(n1587, end - pos)
+                        z1684, pos = _rlong(buf, pos)
+                if c1681 * 2 > end - pos:
+                    raise _count_error(c1681, end - pos)
+                for _ in range(c1681):
+                    n1685 = _ZL[buf[pos]]
+                    if n1685 < 0:
+                        n1685, pos = _rlong(buf, pos)
+                        if n1685 < 0:
+                            raise _length_error(n1685, end - pos)
                     else:
                         pos += 1
-                    q1588 = pos + n1587
-                    if q1588 > end:
-                        raise _length_error(n1587, end - pos)
-                    k1585 = buf[pos:q1588].decode()
-                    pos = q1588
-                    n1589 = _ZL[buf[pos]]
-                    if n1589 < 0:
-                        n1589, pos = _rlong(buf, pos)
-                        if n1589 < 0:
-                            raise _length_error(n1589, end - pos)
+                    q1686 = pos + n1685
+                    if q1686 > end:
+                        raise _length_error(n1685, end - pos)
+                    k1683 = buf[pos:q1686].decode()
+                    pos = q1686
+                    n1687 = _ZL[buf[pos]]
+                    if n1687 < 0:
+                        n1687, pos = _rlong(buf, pos)
+                        if n1687 < 0:
+                            raise _length_error(n1687, end - pos)
                     else:
                         pos += 1
-                    q1590 = pos + n1589
-                    if q1590 > end:
-                        raise _length_error(n1589, end - pos)
-                    x1584 = buf[pos:q1590].decode()
-                    pos = q1590
-                    acc1582[k1585] = x1584
-            f_label_selector = acc1582
+                    q1688 = pos + n1687
+                    if q1688 > end:
+                        raise _length_error(n1687, end - pos)
+                    x1682 = buf[pos:q1688].decode()
+                    pos = q1688
+                    acc1680[k1683] = x1682
+            f_label_selector = acc1680
     else:
-        raise _union_error(i1581, 2)
+        raise _union_error(i1679, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7649,66 +8009,66 @@ def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1590(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1688(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1592 = _ZL[buf[pos]]
-    if n1592 < 0:
-        n1592, pos = _rlong(buf, pos)
-        if n1592 < 0:
-            raise _length_error(n1592, end - pos)
+    n1690 = _ZL[buf[pos]]
+    if n1690 < 0:
+        n1690, pos = _rlong(buf, pos)
+        if n1690 < 0:
+            raise _length_error(n1690, end - pos)
     else:
         pos += 1
-    q1593 = pos + n1592
-    if q1593 > end:
-        raise _length_error(n1592, end - pos)
-    f_budget_id = buf[pos:q1593].decode()
-    pos = q1593
+    q1691 = pos + n1690
+    if q1691 > end:
+        raise _length_error(n1690, end - pos)
+    f_budget_id = buf[pos:q1691].decode()
+    pos = q1691
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1691(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1595 = _ZL[buf[pos]]
-    if n1595 < 0:
-        n1595, pos = _rlong(buf, pos)
-        if n1595 < 0:
-            raise _length_error(n1595, end - pos)
+    n1693 = _ZL[buf[pos]]
+    if n1693 < 0:
+        n1693, pos = _rlong(buf, pos)
+        if n1693 < 0:
+            raise _length_error(n1693, end - pos)
     else:
         pos += 1
-    q1596 = pos + n1595
-    if q1596 > end:
-        raise _length_error(n1595, end - pos)
-    f_pod_id = buf[pos:q1596].decode()
-    pos = q1596
-    n1597 = _ZL[buf[pos]]
-    if n1597 < 0:
-        n1597, pos = _rlong(buf, pos)
-        if n1597 < 0:
-            raise _length_error(n1597, end - pos)
+    q1694 = pos + n1693
+    if q1694 > end:
+        raise _length_error(n1693, end - pos)
+    f_pod_id = buf[pos:q1694].decode()
+    pos = q1694
+    n1695 = _ZL[buf[pos]]
+    if n1695 < 0:
+        n1695, pos = _rlong(buf, pos)
+        if n1695 < 0:
+            raise _length_error(n1695, end - pos)
     else:
         pos += 1
-    q1598 = pos + n1597
-    if q1598 > end:
-        raise _length_error(n1597, end - pos)
-    f_node_id = buf[pos:q1598].decode()
-    pos = q1598
-    n1599 = _ZL[buf[pos]]
-    if n1599 < 0:
-        n1599, pos = _rlong(buf, pos)
-        if n1599 < 0:
-            raise _length_error(n1599, end - pos)
+    q1696 = pos + n1695
+    if q1696 > end:
+        raise _length_error(n1695, end - pos)
+    f_node_id = buf[pos:q1696].decode()
+    pos = q1696
+    n1697 = _ZL[buf[pos]]
+    if n1697 < 0:
+        n1697, pos = _rlong(buf, pos)
+        if n1697 < 0:
+            raise _length_error(n1697, end - pos)
     else:
         pos += 1
-    q1600 = pos + n1599
-    if q1600 > end:
-        raise _length_error(n1599, end - pos)
-    f_budget_id = buf[pos:q1600].decode()
-    pos = q1600
+    q1698 = pos + n1697
+    if q1698 > end:
+        raise _length_error(n1697, end - pos)
+    f_budget_id = buf[pos:q1698].decode()
+    pos = q1698
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7723,51 +8083,51 @@ def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1601 = _ZL[buf[pos]]
-    if n1601 < 0:
-        n1601, pos = _rlong(buf, pos)
-        if n1601 < 0:
-            raise _length_error(n1601, end - pos)
+    n1699 = _ZL[buf[pos]]
+    if n1699 < 0:
+        n1699, pos = _rlong(buf, pos)
+        if n1699 < 0:
+            raise _length_error(n1699, end - pos)
     else:
         pos += 1
-    q1602 = pos + n1601
-    if q1602 > end:
-        raise _length_error(n1601, end - pos)
-    f_reason = buf[pos:q1602].decode()
-    pos = q1602
+    q1700 = pos + n1699
+    if q1700 > end:
+        raise _length_error(n1699, end - pos)
+    f_reason = buf[pos:q1700].decode()
+    pos = q1700
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1700(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1604 = _ZL[buf[pos]]
-    if n1604 < 0:
-        n1604, pos = _rlong(buf, pos)
-        if n1604 < 0:
-            raise _length_error(n1604, end - pos)
+    n1702 = _ZL[buf[pos]]
+    if n1702 < 0:
+        n1702, pos = _rlong(buf, pos)
+        if n1702 < 0:
+            raise _length_error(n1702, end - pos)
     else:
         pos += 1
-    q1605 = pos + n1604
-    if q1605 > end:
-        raise _length_error(n1604, end - pos)
-    f_pod_id = buf[pos:q1605].decode()
-    pos = q1605
-    n1606 = _ZL[buf[pos]]
-    if n1606 < 0:
-        n1606, pos = _rlong(buf, pos)
-        if n1606 < 0:
-            raise _length_error(n1606, end - pos)
+    q1703 = pos + n1702
+    if q1703 > end:
+        raise _length_error(n1702, end - pos)
+    f_pod_id = buf[pos:q1703].decode()
+    pos = q1703
+    n1704 = _ZL[buf[pos]]
+    if n1704 < 0:
+        n1704, pos = _rlong(buf, pos)
+        if n1704 < 0:
+            raise _length_error(n1704, end - pos)
     else:
         pos += 1
-    q1607 = pos + n1606
-    if q1607 > end:
-        raise _length_error(n1606, end - pos)
-    f_node_id = buf[pos:q1607].decode()
-    pos = q1607
+    q1705 = pos + n1704
+    if q1705 > end:
+        raise _length_error(n1704, end - pos)
+    f_node_id = buf[pos:q1705].decode()
+    pos = q1705
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7788,12 +8148,341 @@ def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodE
     return o, pos
 
 
+def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n1711 = _ZL[buf[pos]]
+    if n1711 < 0:
+        n1711, pos = _rlong(buf, pos)
+        if n1711 < 0:
+            raise _length_error(n1711, end - pos)
+    else:
+        pos += 1
+    q1712 = pos + n1711
+    if q1712 > end:
+        raise _length_error(n1711, end - pos)
+    f_cohort = buf[pos:q1712].decode()
+    pos = q1712
+    b = buf[pos]
+    if b < 128:
+        i1713 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1713 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1713 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1713, pos = _rlong(buf, pos)
+    if i1713 == 0:
+        f_parent = None
+    elif i1713 == 1:
+        n1714 = _ZL[buf[pos]]
+        if n1714 < 0:
+            n1714, pos = _rlong(buf, pos)
+            if n1714 < 0:
+                raise _length_error(n1714, end - pos)
+        else:
+            pos += 1
+        q1715 = pos + n1714
+        if q1715 > end:
+            raise _length_error(n1714, end - pos)
+        f_parent = buf[pos:q1715].decode()
+        pos = q1715
+    else:
+        raise _union_error(i1713, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc1716: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1717 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1717 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1717 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1717, pos = _rlong(buf, pos)
+            if c1717 == 0:
+                break
+            if c1717 < 0:
+                c1717 = -c1717
+                b = buf[pos]
+                if b < 128:
+                    z1720 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1720 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1720 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1720, pos = _rlong(buf, pos)
+            if c1717 * 2 > end - pos:
+                raise _count_error(c1717, end - pos)
+            for _ in range(c1717):
+                n1721 = _ZL[buf[pos]]
+                if n1721 < 0:
+                    n1721, pos = _rlong(buf, pos)
+                    if n1721 < 0:
+                        raise _length_error(n1721, end - pos)
+                else:
+                    pos += 1
+                q1722 = pos + n1721
+                if q1722 > end:
+                    raise _length_error(n1721, end - pos)
+                k1719 = buf[pos:q1722].decode()
+                pos = q1722
+                b = buf[pos]
+                if b < 128:
+                    x1718 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1718 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1718 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1718, pos = _rlong(buf, pos)
+                acc1716[k1719] = x1718
+        f_nominal_gpus = acc1716
+    b = buf[pos]
+    if b < 128:
+        i1723 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1723 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1723 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1723, pos = _rlong(buf, pos)
+    if i1723 == 0:
+        f_nominal_cpu_milli = None
+    elif i1723 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1723, 2)
+    b = buf[pos]
+    if b < 128:
+        i1724 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1724 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1724 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1724, pos = _rlong(buf, pos)
+    if i1724 == 0:
+        f_nominal_memory_mib = None
+    elif i1724 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1724, 2)
+    b = buf[pos]
+    if b < 128:
+        i1725 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1725 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1725 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1725, pos = _rlong(buf, pos)
+    if i1725 == 0:
+        f_borrowing_limit_gpus = None
+    elif i1725 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1725, 2)
+    b = buf[pos]
+    if b < 128:
+        i1726 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1726 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1726 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1726, pos = _rlong(buf, pos)
+    if i1726 == 0:
+        f_lending_limit_gpus = None
+    elif i1726 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1726, 2)
+    o = _c_CohortQuota(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_CohortChanged1705(buf: bytes, pos: int, end: int) -> tuple[_c_CohortChanged, int]:
+    f_cohort: str
+    f_spec: Any
+    f_previous: Any
+    f_message: str
+    n1707 = _ZL[buf[pos]]
+    if n1707 < 0:
+        n1707, pos = _rlong(buf, pos)
+        if n1707 < 0:
+            raise _length_error(n1707, end - pos)
+    else:
+        pos += 1
+    q1708 = pos + n1707
+    if q1708 > end:
+        raise _length_error(n1707, end - pos)
+    f_cohort = buf[pos:q1708].decode()
+    pos = q1708
+    b = buf[pos]
+    if b < 128:
+        i1709 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1709 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1709 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1709, pos = _rlong(buf, pos)
+    if i1709 == 0:
+        f_spec = None
+    elif i1709 == 1:
+        f_spec, pos = _d_CohortQuota1709(buf, pos, end)
+    else:
+        raise _union_error(i1709, 2)
+    b = buf[pos]
+    if b < 128:
+        i1727 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1727 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1727 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1727, pos = _rlong(buf, pos)
+    if i1727 == 0:
+        f_previous = None
+    elif i1727 == 1:
+        f_previous, pos = _d_CohortQuota1709(buf, pos, end)
+    else:
+        raise _union_error(i1727, 2)
+    n1728 = _ZL[buf[pos]]
+    if n1728 < 0:
+        n1728, pos = _rlong(buf, pos)
+        if n1728 < 0:
+            raise _length_error(n1728, end - pos)
+    else:
+        pos += 1
+    q1729 = pos + n1728
+    if q1729 > end:
+        raise _length_error(n1728, end - pos)
+    f_message = buf[pos:q1729].decode()
+    pos = q1729
+    o = _c_CohortChanged(f_cohort, f_spec, f_previous, f_message)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1176:
+    if frame[:10] != _k1274:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7834,30 +8523,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1178 = _ZL[buf[pos]]
-        if n1178 < 0:
-            n1178, pos = _rlong(buf, pos)
-            if n1178 < 0:
-                raise _length_error(n1178, end - pos)
+        n1276 = _ZL[buf[pos]]
+        if n1276 < 0:
+            n1276, pos = _rlong(buf, pos)
+            if n1276 < 0:
+                raise _length_error(n1276, end - pos)
         else:
             pos += 1
-        q1179 = pos + n1178
-        if q1179 > end:
-            raise _length_error(n1178, end - pos)
-        f_cluster = buf[pos:q1179].decode()
-        pos = q1179
-        n1180 = _ZL[buf[pos]]
-        if n1180 < 0:
-            n1180, pos = _rlong(buf, pos)
-            if n1180 < 0:
-                raise _length_error(n1180, end - pos)
+        q1277 = pos + n1276
+        if q1277 > end:
+            raise _length_error(n1276, end - pos)
+        f_cluster = buf[pos:q1277].decode()
+        pos = q1277
+        n1278 = _ZL[buf[pos]]
+        if n1278 < 0:
+            n1278, pos = _rlong(buf, pos)
+            if n1278 < 0:
+                raise _length_error(n1278, end - pos)
         else:
             pos += 1
-        q1181 = pos + n1180
-        if q1181 > end:
-            raise _length_error(n1180, end - pos)
-        f_command_id = buf[pos:q1181].decode()
-        pos = q1181
+        q1279 = pos + n1278
+        if q1279 > end:
+            raise _length_error(n1278, end - pos)
+        f_command_id = buf[pos:q1279].decode()
+        pos = q1279
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7888,21 +8577,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1182 = _ZD[b]
+            i1280 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1280 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1280 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1182, pos = _rlong(buf, pos)
-        if not 0 <= i1182 < 34:
-            raise _union_error(i1182, 34)
-        f_payload, pos = _k1607[i1182](buf, pos, end)
+            i1280, pos = _rlong(buf, pos)
+        if not 0 <= i1280 < 35:
+            raise _union_error(i1280, 35)
+        f_payload, pos = _k1729[i1280](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7933,7 +8622,7 @@ _k276: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k339: dict[type, Callable[[Any], bytes]] = {
+_k374: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7954,78 +8643,89 @@ _k339: dict[type, Callable[[Any], bytes]] = {
     _c_UpdateNode: _e_UpdateNode299,
     _c_SetDisruptionBudget: _e_SetDisruptionBudget313,
     _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget335,
+    _c_SetCohort: _e_SetCohort339,
+    _c_RemoveCohort: _e_RemoveCohort370,
 }
 
-_k612: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode348, _d_RemoveNode374, _d_CordonNode377, _d_UncordonNode380, _d_DrainNode383, _d_MarkNodeFailed386, _d_SubmitPod391, _d_Release440, _d_SetPolicy445, _d_SubmitGang477, _d_ReleaseGang534, _d_Tick539, _d_SetQuota540, _d_RemoveQuota558, _d_Defragment561, _d_ResumeCluster565, _d_RecoverNode568, _d_UpdateNode571, _d_SetDisruptionBudget590, _d_RemoveDisruptionBudget609,)
+_k667: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode383, _d_RemoveNode409, _d_CordonNode412, _d_UncordonNode415, _d_DrainNode418, _d_MarkNodeFailed421, _d_SubmitPod426, _d_Release475, _d_SetPolicy480, _d_SubmitGang512, _d_ReleaseGang569, _d_Tick574, _d_SetQuota575, _d_RemoveQuota593, _d_Defragment596, _d_ResumeCluster600, _d_RecoverNode603, _d_UpdateNode606, _d_SetDisruptionBudget625, _d_RemoveDisruptionBudget644, _d_SetCohort647, _d_RemoveCohort664,)
 
-_k695: dict[type, Callable[[Any], bytes]] = {
+_k750: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k741: dict[type, Callable[[Any], bytes]] = {
+_k796: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k851: dict[type, Callable[[Any], bytes]] = {
+_k906: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k884: dict[type, Callable[[Any], bytes]] = {
+_k939: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k944: dict[type, Callable[[Any], bytes]] = {
+_k999: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1054: dict[type, Callable[[Any], bytes]] = {
+_k1109: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1057: dict[type, Callable[[Any], bytes]] = {
+_k1112: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1175: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded624,
-    _c_NodeRemoved: _e_NodeRemoved636,
-    _c_NodeCordoned: _e_NodeCordoned640,
-    _c_NodeUncordoned: _e_NodeUncordoned644,
-    _c_NodeDrained: _e_NodeDrained648,
-    _c_NodeFailed: _e_NodeFailed653,
-    _c_PodQueued: _e_PodQueued660,
-    _c_PodScheduled: _e_PodScheduled706,
-    _c_PodEvicted: _e_PodEvicted757,
-    _c_PodReleased: _e_PodReleased765,
-    _c_PolicyChanged: _e_PolicyChanged777,
-    _c_CommandRejected: _e_CommandRejected795,
-    _c_GangQueued: _e_GangQueued805,
-    _c_GangScheduled: _e_GangScheduled894,
-    _c_GangTimedOut: _e_GangTimedOut968,
-    _c_GangReleased: _e_GangReleased975,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached982,
-    _c_NodesReserved: _e_NodesReserved995,
-    _c_ReservationReleased: _e_ReservationReleased1009,
-    _c_DependencyFailed: _e_DependencyFailed1020,
-    _c_Ticked: _e_Ticked1030,
-    _c_PodPreempted: _e_PodPreempted1033,
-    _c_QuotaChanged: _e_QuotaChanged1045,
-    _c_PodMigrated: _e_PodMigrated1061,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1075,
-    _c_ClusterHalted: _e_ClusterHalted1088,
-    _c_ClusterResumed: _e_ClusterResumed1098,
-    _c_NodeRecovered: _e_NodeRecovered1108,
-    _c_NodeUpdated: _e_NodeUpdated1112,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1119,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1131,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1153,
-    _c_EvictionBlocked: _e_EvictionBlocked1157,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1168,
+_k1266: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1235,
 }
 
-_k1607: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1182, _d_NodeRemoved1201, _d_NodeCordoned1204, _d_NodeUncordoned1207, _d_NodeDrained1210, _d_NodeFailed1213, _d_PodQueued1218, _d_PodScheduled1278, _d_PodEvicted1303, _d_PodReleased1310, _d_PolicyChanged1318, _d_CommandRejected1327, _d_GangQueued1336, _d_GangScheduled1384, _d_GangTimedOut1417, _d_GangReleased1422, _d_PodTimeLimitReached1434, _d_NodesReserved1442, _d_ReservationReleased1457, _d_DependencyFailed1473, _d_Ticked1482, _d_PodPreempted1483, _d_QuotaChanged1494, _d_PodMigrated1502, _d_DefragmentationPlanned1523, _d_ClusterHalted1529, _d_ClusterResumed1538, _d_NodeRecovered1545, _d_NodeUpdated1548, _d_PodRetryScheduled1565, _d_DisruptionBudgetSet1571, _d_DisruptionBudgetRemoved1590, _d_EvictionBlocked1593, _d_PodEvictionScheduled1602,)
+_k1269: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1235,
+}
+
+_k1273: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded679,
+    _c_NodeRemoved: _e_NodeRemoved691,
+    _c_NodeCordoned: _e_NodeCordoned695,
+    _c_NodeUncordoned: _e_NodeUncordoned699,
+    _c_NodeDrained: _e_NodeDrained703,
+    _c_NodeFailed: _e_NodeFailed708,
+    _c_PodQueued: _e_PodQueued715,
+    _c_PodScheduled: _e_PodScheduled761,
+    _c_PodEvicted: _e_PodEvicted812,
+    _c_PodReleased: _e_PodReleased820,
+    _c_PolicyChanged: _e_PolicyChanged832,
+    _c_CommandRejected: _e_CommandRejected850,
+    _c_GangQueued: _e_GangQueued860,
+    _c_GangScheduled: _e_GangScheduled949,
+    _c_GangTimedOut: _e_GangTimedOut1023,
+    _c_GangReleased: _e_GangReleased1030,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached1037,
+    _c_NodesReserved: _e_NodesReserved1050,
+    _c_ReservationReleased: _e_ReservationReleased1064,
+    _c_DependencyFailed: _e_DependencyFailed1075,
+    _c_Ticked: _e_Ticked1085,
+    _c_PodPreempted: _e_PodPreempted1088,
+    _c_QuotaChanged: _e_QuotaChanged1100,
+    _c_PodMigrated: _e_PodMigrated1116,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1130,
+    _c_ClusterHalted: _e_ClusterHalted1143,
+    _c_ClusterResumed: _e_ClusterResumed1153,
+    _c_NodeRecovered: _e_NodeRecovered1163,
+    _c_NodeUpdated: _e_NodeUpdated1167,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1174,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1186,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1208,
+    _c_EvictionBlocked: _e_EvictionBlocked1212,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1223,
+    _c_CohortChanged: _e_CohortChanged1230,
+}
+
+_k1729: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1280, _d_NodeRemoved1299, _d_NodeCordoned1302, _d_NodeUncordoned1305, _d_NodeDrained1308, _d_NodeFailed1311, _d_PodQueued1316, _d_PodScheduled1376, _d_PodEvicted1401, _d_PodReleased1408, _d_PolicyChanged1416, _d_CommandRejected1425, _d_GangQueued1434, _d_GangScheduled1482, _d_GangTimedOut1515, _d_GangReleased1520, _d_PodTimeLimitReached1532, _d_NodesReserved1540, _d_ReservationReleased1555, _d_DependencyFailed1571, _d_Ticked1580, _d_PodPreempted1581, _d_QuotaChanged1592, _d_PodMigrated1600, _d_DefragmentationPlanned1621, _d_ClusterHalted1627, _d_ClusterResumed1636, _d_NodeRecovered1643, _d_NodeUpdated1646, _d_PodRetryScheduled1663, _d_DisruptionBudgetSet1669, _d_DisruptionBudgetRemoved1688, _d_EvictionBlocked1691, _d_PodEvictionScheduled1700, _d_CohortChanged1705,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event613
+encode_event = _e_Event668

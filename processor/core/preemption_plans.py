@@ -92,7 +92,7 @@ def borrower_victims(
     quota = quotas.quota_of(cluster, tenant)
     if quota is None or quota.cohort is None or quota.policy.borrow_within_cohort != BORROW_LOWER:
         return Victims(protected, True, equal=equal)
-    peers = {member: None for member in sorted(cluster.cohorts.get(quota.cohort, ())) if member != tenant}
+    peers = {member: None for member in quotas.tree_members(cluster, quota.cohort) if member != tenant}
     return Victims(protected, True, peers, quota.policy.borrow_max_victim_priority, equal)
 
 
