@@ -9,6 +9,7 @@ before; a gang of ``disruption: all`` keeps today's rule (a member lost above ``
 
 from __future__ import annotations
 
+from processor.core.explain import explain
 from processor.core.state import GANG_QUEUED, GANG_RUNNING
 from schemas.codes import QueueReasonCode
 from schemas.commands import (
@@ -64,6 +65,9 @@ def test_a_failed_node_takes_an_above_min_member_alone_and_it_waits_as_a_member_
     gang = fold.cluster.gangs["g"]
     assert gang.state == GANG_RUNNING and sorted(gang.placed) == ["g-0", "g-1"]
     assert fold.cluster.pods["g-2"].queued
+    found = explain(fold.cluster, "g-2", 10_000)
+    assert found is not None and found.state == "pending" and found.reasons[0]["code"] == "GANG_MEMBER_WAITING"
+    assert "member (role 'ps') of gang 'g', which runs 2 of 4" in found.message
     events = fold.run(RecoverNode("n2"))
     assert [e.payload.pod.pod_id for e in of(events, "PodScheduled")] == ["g-2"]
     assert sorted(fold.cluster.gangs["g"].placed) == ["g-0", "g-1", "g-2"]
